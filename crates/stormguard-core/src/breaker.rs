@@ -1,0 +1,1 @@
+//! breaker (being written)

@@ -1,0 +1,1 @@
+//! pushback (being written)

@@ -1,0 +1,1 @@
+//! throttle (being written)

@@ -1,0 +1,18 @@
+//! The demo `stormguard.demo.v1.Inventory` service, generated from
+//! `proto/stormguard/demo/v1/inventory.proto` without a system `protoc`.
+//!
+//! It lives in its own unpublished crate so that examples, tests and benches share one
+//! generated copy and library users never compile it.
+
+#![allow(missing_docs, unreachable_pub, clippy::unwrap_used)]
+
+/// Generated messages, client and server for `stormguard.demo.v1`.
+pub mod v1 {
+    tonic::include_proto!("stormguard.demo.v1");
+}
+
+pub use v1::{
+    ReserveReply, ReserveRequest, StockLevel, WatchStockRequest,
+    inventory_client::InventoryClient,
+    inventory_server::{Inventory, InventoryServer},
+};

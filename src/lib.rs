@@ -1,0 +1,2 @@
+//! stormguard facade
+pub use stormguard_core as core;
