@@ -1,0 +1,1 @@
+//! stormguard-client (being written)

@@ -1,0 +1,1 @@
+//! stormguard-server (being written)

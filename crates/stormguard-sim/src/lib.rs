@@ -1,0 +1,1 @@
+//! stormguard-sim (being written)
