@@ -1,1 +1,328 @@
-//! backoff (being written)
+//! Backoff between attempts: full jitter by default, gRPC A6 as an option.
+//!
+//! Retries that wait the same time arrive together, as a pulse that overloads the server
+//! again. *Full jitter* draws the whole delay at random, `rand(0, min(cap, base · mult^n))`,
+//! which spreads a burst of failures over the window and roughly halves the calls needed
+//! to get through compared with exponential backoff plus a little jitter (tower's backoff
+//! adds jitter on top of the exponential value). The A6 mode reproduces what standard gRPC
+//! clients do, `min(initial · mult^(n−1), max) · rand(0.8, 1.2)`, for users who want
+//! stormguard to behave like the service config they already have.
+//!
+//! After a server pushback the sequence restarts from its first step ([`Backoff::reset`]).
+
+use std::time::Duration;
+
+use crate::config::ConfigError;
+
+/// How delays grow between attempts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum BackoffConfig {
+    /// `rand(0, min(cap, base · multiplier^n))` for the n-th retry (n from 0).
+    FullJitter {
+        /// The first window.
+        base: Duration,
+        /// The largest window.
+        cap: Duration,
+        /// Growth of the window per retry (≥ 1).
+        multiplier: f64,
+    },
+    /// gRPC A6: `min(initial · multiplier^(n−1), max) · rand(0.8, 1.2)` for the n-th retry
+    /// (n from 1).
+    A6 {
+        /// `initialBackoff`.
+        initial: Duration,
+        /// `maxBackoff`.
+        max: Duration,
+        /// `backoffMultiplier` (> 0).
+        multiplier: f64,
+    },
+}
+
+impl Default for BackoffConfig {
+    /// Full jitter with a 50 ms base, a 2 s cap and a multiplier of 2.
+    fn default() -> Self {
+        BackoffConfig::FullJitter {
+            base: Duration::from_millis(50),
+            cap: Duration::from_secs(2),
+            multiplier: 2.0,
+        }
+    }
+}
+
+impl BackoffConfig {
+    /// Checks the ranges; `field` prefixes the names in errors (e.g. `"retry.backoff"`).
+    pub fn validate(&self, field: &str) -> Result<(), ConfigError> {
+        let (first, first_name, last, last_name, mult, min_mult) = match *self {
+            BackoffConfig::FullJitter {
+                base,
+                cap,
+                multiplier,
+            } => (base, "base", cap, "cap", multiplier, 1.0),
+            BackoffConfig::A6 {
+                initial,
+                max,
+                multiplier,
+            } => (initial, "initialBackoff", max, "maxBackoff", multiplier, f64::MIN_POSITIVE),
+        };
+        if first.is_zero() {
+            return Err(ConfigError::invalid(
+                format!("{field}.{first_name}"),
+                "must be greater than zero",
+            ));
+        }
+        if last < first {
+            return Err(ConfigError::invalid(
+                format!("{field}.{last_name}"),
+                format!("must be at least {first_name} ({first:?}), got {last:?}"),
+            ));
+        }
+        if !mult.is_finite() || mult < min_mult {
+            let bound = if min_mult >= 1.0 { "at least 1" } else { "greater than 0" };
+            return Err(ConfigError::invalid(
+                format!("{field}.multiplier"),
+                format!("must be finite and {bound}, got {mult}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The delays of one logical call.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::backoff::{Backoff, BackoffConfig};
+///
+/// let config = BackoffConfig::FullJitter {
+///     base: Duration::from_millis(10),
+///     cap: Duration::from_millis(100),
+///     multiplier: 2.0,
+/// };
+/// let mut backoff = Backoff::new(config, 7);
+/// let windows = [10, 20, 40, 80, 100, 100];
+/// for w in windows {
+///     assert!(backoff.next_delay() <= Duration::from_millis(w));
+/// }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    config: BackoffConfig,
+    retries: u32,
+    rng: fastrand::Rng,
+}
+
+impl Backoff {
+    /// A fresh sequence, with its RNG seeded by `seed`.
+    pub fn new(config: BackoffConfig, seed: u64) -> Self {
+        Backoff {
+            config,
+            retries: 0,
+            rng: fastrand::Rng::with_seed(seed),
+        }
+    }
+
+    /// The delay before the next retry; advances the sequence.
+    pub fn next_delay(&mut self) -> Duration {
+        let n = self.retries;
+        self.retries = self.retries.saturating_add(1);
+        match self.config {
+            BackoffConfig::FullJitter {
+                base,
+                cap,
+                multiplier,
+            } => {
+                let window = scaled(base, multiplier, n, cap);
+                window.mul_f64(self.rng.f64())
+            }
+            BackoffConfig::A6 {
+                initial,
+                max,
+                multiplier,
+            } => {
+                let step = scaled(initial, multiplier, n, max);
+                step.mul_f64(0.8 + 0.4 * self.rng.f64())
+            }
+        }
+    }
+
+    /// The upper bound of the next delay, without advancing.
+    pub fn next_window(&self) -> Duration {
+        match self.config {
+            BackoffConfig::FullJitter {
+                base,
+                cap,
+                multiplier,
+            } => scaled(base, multiplier, self.retries, cap),
+            BackoffConfig::A6 {
+                initial,
+                max,
+                multiplier,
+            } => scaled(initial, multiplier, self.retries, max).mul_f64(1.2),
+        }
+    }
+
+    /// Restarts the sequence from its first step (after a server pushback).
+    pub fn reset(&mut self) {
+        self.retries = 0;
+    }
+}
+
+/// `min(cap, first · multiplier^n)`, without overflow.
+fn scaled(first: Duration, multiplier: f64, n: u32, cap: Duration) -> Duration {
+    let factor = multiplier.powi(i32::try_from(n).unwrap_or(i32::MAX));
+    let secs = first.as_secs_f64() * factor;
+    if !secs.is_finite() || secs >= cap.as_secs_f64() {
+        cap
+    } else {
+        Duration::from_secs_f64(secs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn full_jitter_spreads_over_the_whole_window() {
+        let config = BackoffConfig::FullJitter {
+            base: ms(100),
+            cap: ms(1000),
+            multiplier: 2.0,
+        };
+        // The first delay over many seeded sequences covers [0, 100 ms) evenly.
+        let mut buckets = [0u32; 10];
+        for seed in 0..10_000 {
+            let d = Backoff::new(config, seed).next_delay();
+            assert!(d < ms(100));
+            buckets[(d.as_millis() / 10) as usize] += 1;
+        }
+        for count in buckets {
+            assert!((800..1200).contains(&count), "uneven spread {buckets:?}");
+        }
+    }
+
+    #[test]
+    fn full_jitter_window_grows_then_caps() {
+        let config = BackoffConfig::FullJitter {
+            base: ms(10),
+            cap: ms(50),
+            multiplier: 3.0,
+        };
+        let mut b = Backoff::new(config, 1);
+        let mut windows = vec![];
+        for _ in 0..5 {
+            windows.push(b.next_window());
+            b.next_delay();
+        }
+        assert_eq!(windows, [ms(10), ms(30), ms(50), ms(50), ms(50)]);
+    }
+
+    #[test]
+    fn a6_is_exponential_with_twenty_percent_jitter() {
+        let config = BackoffConfig::A6 {
+            initial: ms(100),
+            max: ms(1000),
+            multiplier: 2.0,
+        };
+        for seed in 0..200 {
+            let mut b = Backoff::new(config, seed);
+            for step in [100.0, 200.0, 400.0, 800.0, 1000.0, 1000.0] {
+                let d = b.next_delay().as_secs_f64() * 1000.0;
+                assert!(d >= step * 0.8 - 1e-6 && d <= step * 1.2 + 1e-6, "{d} vs {step}");
+            }
+        }
+    }
+
+    #[test]
+    fn reset_restarts_the_sequence() {
+        let config = BackoffConfig::FullJitter {
+            base: ms(10),
+            cap: ms(1000),
+            multiplier: 2.0,
+        };
+        let mut b = Backoff::new(config, 3);
+        for _ in 0..4 {
+            b.next_delay();
+        }
+        assert_eq!(b.next_window(), ms(160));
+        b.reset();
+        assert_eq!(b.next_window(), ms(10));
+    }
+
+    #[test]
+    fn same_seed_same_sequence() {
+        let a: Vec<_> = {
+            let mut b = Backoff::new(BackoffConfig::default(), 42);
+            (0..8).map(|_| b.next_delay()).collect()
+        };
+        let mut b = Backoff::new(BackoffConfig::default(), 42);
+        let again: Vec<_> = (0..8).map(|_| b.next_delay()).collect();
+        assert_eq!(a, again);
+        let mut c = Backoff::new(BackoffConfig::default(), 43);
+        let other: Vec<_> = (0..8).map(|_| c.next_delay()).collect();
+        assert_ne!(a, other);
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let bad = BackoffConfig::FullJitter {
+            base: ms(0),
+            cap: ms(10),
+            multiplier: 2.0,
+        };
+        assert_eq!(
+            bad.validate("retry.backoff"),
+            Err(ConfigError::invalid("retry.backoff.base", "must be greater than zero"))
+        );
+        let bad = BackoffConfig::A6 {
+            initial: ms(10),
+            max: ms(5),
+            multiplier: 2.0,
+        };
+        assert!(matches!(
+            bad.validate("retryPolicy"),
+            Err(ConfigError::Invalid { field, .. }) if field == "retryPolicy.maxBackoff"
+        ));
+        let bad = BackoffConfig::FullJitter {
+            base: ms(10),
+            cap: ms(50),
+            multiplier: f64::NAN,
+        };
+        assert!(bad.validate("b").is_err());
+        assert!(BackoffConfig::default().validate("b").is_ok());
+    }
+
+    proptest! {
+        #[test]
+        fn full_jitter_stays_in_bounds(base_ms in 1u64..10_000, cap_extra in 0u64..100_000,
+                                       mult in 1.0f64..10.0, seed: u64, n in 0usize..80) {
+            let base = ms(base_ms);
+            let cap = base + ms(cap_extra);
+            let mut b = Backoff::new(BackoffConfig::FullJitter { base, cap, multiplier: mult }, seed);
+            let mut window = base;
+            for _ in 0..n {
+                let w = b.next_window();
+                prop_assert!(w >= window.min(cap) && w <= cap);
+                window = w;
+                prop_assert!(b.next_delay() <= w);
+            }
+        }
+
+        #[test]
+        fn a6_stays_in_bounds(initial_ms in 1u64..10_000, max_extra in 0u64..100_000,
+                              mult in 0.1f64..10.0, seed: u64, n in 0usize..80) {
+            let initial = ms(initial_ms);
+            let max = initial + ms(max_extra);
+            let mut b = Backoff::new(BackoffConfig::A6 { initial, max, multiplier: mult }, seed);
+            for _ in 0..n {
+                let d = b.next_delay();
+                prop_assert!(d <= max.mul_f64(1.2) + Duration::from_nanos(1));
+            }
+        }
+    }
+}

@@ -1,1 +1,235 @@
-//! policy (being written)
+//! Which failures of which methods may be retried.
+//!
+//! A retry is only safe when repeating the call cannot do harm: the status says the server
+//! did not do the work (by default only `UNAVAILABLE`, as in gRPC A6) and the method is
+//! idempotent or configured as retryable. Methods with no policy are never retried: a
+//! retry is something a user opts into per method, never a default surprise.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backoff::BackoffConfig;
+use crate::code::{Code, CodeSet};
+use crate::config::ConfigError;
+
+/// The largest number of attempts A6 allows; larger configured values are treated as this.
+pub const MAX_ATTEMPTS_CAP: u32 = 5;
+
+/// How one method's failures are retried.
+///
+/// ```
+/// use stormguard_core::{code::Code, policy::RetryPolicy};
+///
+/// let policy = RetryPolicy::default();
+/// assert_eq!(policy.max_attempts, 3);
+/// assert!(policy.retryable_codes.contains(Code::Unavailable));
+/// assert!(!policy.retryable_codes.contains(Code::Internal));
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts of one logical call, the first included (A6: at least 2; above 5 counts as 5).
+    pub max_attempts: u32,
+    /// Codes that mean "the server did not do the work; trying again may succeed".
+    pub retryable_codes: CodeSet,
+    /// Delays between attempts.
+    pub backoff: BackoffConfig,
+    /// Whether repeating the method is harmless. A non-idempotent method is retried only
+    /// when the request never reached the server (a failed connection).
+    pub idempotent: bool,
+    /// A retry needs at least this much time left after its delay to be worth sending.
+    pub min_attempt_time: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// Retry `UNAVAILABLE`, 3 attempts, full jitter, idempotent, 5 ms minimum attempt.
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 3,
+            retryable_codes: CodeSet::single(Code::Unavailable),
+            backoff: BackoffConfig::default(),
+            idempotent: true,
+            min_attempt_time: Duration::from_millis(5),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Attempts actually allowed: `max_attempts` capped at [`MAX_ATTEMPTS_CAP`].
+    pub fn effective_max_attempts(&self) -> u32 {
+        self.max_attempts.min(MAX_ATTEMPTS_CAP)
+    }
+
+    /// Checks the ranges; `field` prefixes the names in errors.
+    pub fn validate(&self, field: &str) -> Result<(), ConfigError> {
+        if self.max_attempts < 2 {
+            return Err(ConfigError::invalid(
+                format!("{field}.maxAttempts"),
+                format!(
+                    "must be at least 2 (one retry), got {}; configure no retry policy to disable retries",
+                    self.max_attempts
+                ),
+            ));
+        }
+        if self.retryable_codes.is_empty() {
+            return Err(ConfigError::invalid(
+                format!("{field}.retryableStatusCodes"),
+                "must name at least one status code",
+            ));
+        }
+        if self.retryable_codes.contains(Code::Ok) {
+            return Err(ConfigError::invalid(
+                format!("{field}.retryableStatusCodes"),
+                "OK is not a failure and cannot be retried",
+            ));
+        }
+        self.backoff.validate(&format!("{field}.backoff"))
+    }
+}
+
+/// Retry policies by method, matched like the gRPC service config's `methodConfig[].name`:
+/// an exact `service/method` entry wins over a whole-`service` entry, which wins over the
+/// default.
+///
+/// ```
+/// use std::sync::Arc;
+/// use stormguard_core::policy::{MethodTable, RetryPolicy};
+///
+/// let mut table = MethodTable::none();
+/// table.insert_service("stormguard.demo.v1.Inventory", Some(RetryPolicy::default()));
+/// table.insert_method("stormguard.demo.v1.Inventory", "Cancel", None);
+/// assert!(table.lookup("/stormguard.demo.v1.Inventory/Reserve").is_some());
+/// assert!(table.lookup("/stormguard.demo.v1.Inventory/Cancel").is_none());
+/// assert!(table.lookup("/other.Service/Reserve").is_none());
+/// ```
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MethodTable {
+    default: Option<Arc<RetryPolicy>>,
+    services: HashMap<String, Option<Arc<RetryPolicy>>>,
+    methods: HashMap<String, Option<Arc<RetryPolicy>>>,
+}
+
+impl MethodTable {
+    /// A table that retries nothing.
+    pub fn none() -> Self {
+        MethodTable::default()
+    }
+
+    /// A table that applies `policy` to every method.
+    pub fn uniform(policy: RetryPolicy) -> Self {
+        MethodTable {
+            default: Some(Arc::new(policy)),
+            ..MethodTable::default()
+        }
+    }
+
+    /// Sets the policy of methods that match nothing more specific.
+    pub fn set_default(&mut self, policy: Option<RetryPolicy>) {
+        self.default = policy.map(Arc::new);
+    }
+
+    /// Sets the policy of every method of `service` (fully qualified, `pkg.Service`);
+    /// `None` disables retries for it.
+    pub fn insert_service(&mut self, service: &str, policy: Option<RetryPolicy>) {
+        self.services.insert(service.to_owned(), policy.map(Arc::new));
+    }
+
+    /// Sets the policy of one method; `None` disables retries for it.
+    pub fn insert_method(&mut self, service: &str, method: &str, policy: Option<RetryPolicy>) {
+        self.methods
+            .insert(format!("{service}/{method}"), policy.map(Arc::new));
+    }
+
+    /// The policy for a request path (`/pkg.Service/Method`), or `None` when the method is
+    /// not retried. Allocates nothing.
+    pub fn lookup(&self, path: &str) -> Option<&Arc<RetryPolicy>> {
+        let key = path.strip_prefix('/').unwrap_or(path);
+        if let Some(p) = self.methods.get(key) {
+            return p.as_ref();
+        }
+        if let Some((service, _)) = key.split_once('/') {
+            if let Some(p) = self.services.get(service) {
+                return p.as_ref();
+            }
+        }
+        self.default.as_ref()
+    }
+
+    /// Every policy in the table (for validation and reporting).
+    pub fn policies(&self) -> impl Iterator<Item = &RetryPolicy> {
+        self.default
+            .iter()
+            .chain(self.services.values().flatten())
+            .chain(self.methods.values().flatten())
+            .map(|p| p.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn most_specific_entry_wins() {
+        let fast = RetryPolicy {
+            max_attempts: 2,
+            ..RetryPolicy::default()
+        };
+        let slow = RetryPolicy {
+            max_attempts: 4,
+            ..RetryPolicy::default()
+        };
+        let mut t = MethodTable::uniform(RetryPolicy::default());
+        t.insert_service("a.S", Some(fast.clone()));
+        t.insert_method("a.S", "M", Some(slow.clone()));
+        t.insert_method("a.S", "Never", None);
+        assert_eq!(t.lookup("/a.S/M").map(|p| p.max_attempts), Some(4));
+        assert_eq!(t.lookup("/a.S/Other").map(|p| p.max_attempts), Some(2));
+        assert_eq!(t.lookup("/b.S/M").map(|p| p.max_attempts), Some(3));
+        assert!(t.lookup("/a.S/Never").is_none());
+        assert_eq!(t.policies().count(), 3);
+    }
+
+    #[test]
+    fn empty_table_retries_nothing() {
+        let t = MethodTable::none();
+        assert!(t.lookup("/a.S/M").is_none());
+        assert!(t.lookup("").is_none());
+        assert!(t.lookup("garbage").is_none());
+    }
+
+    #[test]
+    fn attempts_above_five_count_as_five() {
+        let p = RetryPolicy {
+            max_attempts: 9,
+            ..RetryPolicy::default()
+        };
+        assert!(p.validate("p").is_ok());
+        assert_eq!(p.effective_max_attempts(), 5);
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let p = RetryPolicy {
+            max_attempts: 1,
+            ..RetryPolicy::default()
+        };
+        assert!(matches!(
+            p.validate("methodConfig[0].retryPolicy"),
+            Err(ConfigError::Invalid { field, .. }) if field == "methodConfig[0].retryPolicy.maxAttempts"
+        ));
+        let p = RetryPolicy {
+            retryable_codes: CodeSet::EMPTY,
+            ..RetryPolicy::default()
+        };
+        assert!(matches!(
+            p.validate("r"),
+            Err(ConfigError::Invalid { field, .. }) if field == "r.retryableStatusCodes"
+        ));
+        let p = RetryPolicy {
+            retryable_codes: CodeSet::single(Code::Ok),
+            ..RetryPolicy::default()
+        };
+        assert!(p.validate("r").is_err());
+    }
+}

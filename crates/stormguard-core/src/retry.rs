@@ -1,1 +1,748 @@
-//! retry (being written)
+//! The retry decision: may this failed attempt be tried again, and after how long?
+//!
+//! This is the one place where the pieces of the policy meet, so that the client layer and
+//! the fleet simulator make exactly the same decisions. A failed attempt is retried only
+//! when **all** of these hold, checked in this order (the first that fails names the
+//! [`Refusal`]):
+//!
+//! 1. the caller's deadline has not passed (its own deadline running out is final, whatever
+//!    code the server used: tonic answers an expired `grpc-timeout` with `CANCELLED`);
+//! 2. the method has a retry policy and the status is one of its retryable codes;
+//! 3. the server did not push back with "do not retry";
+//! 4. the method is idempotent, or the request never reached the server;
+//! 5. the request can be replayed (its body was buffered);
+//! 6. attempts so far < `maxAttempts`;
+//! 7. the deadline leaves room for the delay plus a useful attempt (a pushback longer than
+//!    the time left means no retry);
+//! 8. the breaker is not open;
+//! 9. the budget grants a withdrawal (checked last, because it consumes).
+//!
+//! The delay is the server's pushback when it sent one (exactly, and the backoff restarts),
+//! else the next backoff step.
+//!
+//! ```
+//! use std::{sync::Arc, time::Duration};
+//! use stormguard_core::{
+//!     budget::{Budget, BudgetConfig, RetryBudget},
+//!     code::Code,
+//!     policy::{MethodTable, RetryPolicy},
+//!     retry::{Decision, Failure, RetryController},
+//!     Instant,
+//! };
+//!
+//! let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default()).unwrap());
+//! let controller = RetryController::new(MethodTable::uniform(RetryPolicy::default()), budget, None, 1);
+//! let now = Instant::now();
+//! let mut call = controller.begin_at("/pkg.Svc/Get", None, now).unwrap();
+//! match call.on_failure_at(&Failure::status(Code::Unavailable), now) {
+//!     Decision::Retry { delay } => {
+//!         assert!(delay <= Duration::from_millis(50));
+//!         call.start_retry_at(now + delay).unwrap();
+//!         assert_eq!(call.previous_attempts(), 1);
+//!     }
+//!     Decision::GiveUp(why) => panic!("refused: {why}"),
+//! }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::Instant;
+use crate::backoff::Backoff;
+use crate::breaker::{BreakerPermit, BreakerState, CircuitBreaker};
+use crate::budget::Budget;
+use crate::code::Code;
+use crate::policy::{MethodTable, RetryPolicy};
+use crate::pushback::Pushback;
+
+/// Why a failed attempt was not retried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Refusal {
+    /// The status is not retryable for this method, or the method has no retry policy.
+    NotRetryable,
+    /// The method is not idempotent and the request may have reached the server.
+    NotIdempotent,
+    /// The server's pushback said not to retry.
+    Pushback,
+    /// The attempt limit was reached.
+    Attempts,
+    /// Not enough time is left on the caller's deadline.
+    Deadline,
+    /// The circuit breaker is open.
+    Breaker,
+    /// The retry budget is spent.
+    Budget,
+    /// The request body was too large to buffer for replay.
+    ReplayLimit,
+}
+
+impl Refusal {
+    /// Every refusal, in check order.
+    pub const ALL: [Refusal; 8] = [
+        Refusal::NotRetryable,
+        Refusal::NotIdempotent,
+        Refusal::Pushback,
+        Refusal::Attempts,
+        Refusal::Deadline,
+        Refusal::Breaker,
+        Refusal::Budget,
+        Refusal::ReplayLimit,
+    ];
+
+    /// A short stable name, used as a metric label and a JSON key.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::NotRetryable => "not_retryable",
+            Refusal::NotIdempotent => "not_idempotent",
+            Refusal::Pushback => "pushback",
+            Refusal::Attempts => "attempts",
+            Refusal::Deadline => "deadline",
+            Refusal::Breaker => "breaker",
+            Refusal::Budget => "budget",
+            Refusal::ReplayLimit => "replay_limit",
+        }
+    }
+
+    /// Whether the failure was retryable and stormguard chose not to retry it (budget,
+    /// breaker, attempts, deadline). Such a failure should not be retried by any layer
+    /// above either: the client layer answers it with `grpc-retry-pushback-ms: -1`.
+    pub fn is_retryable_but_refused(self) -> bool {
+        matches!(
+            self,
+            Refusal::Attempts | Refusal::Deadline | Refusal::Breaker | Refusal::Budget
+        )
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What is known about a failed attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// The status code of the attempt (`UNAVAILABLE` for a transport failure).
+    pub code: Code,
+    /// The server's `grpc-retry-pushback-ms`, if it sent one.
+    pub pushback: Option<Pushback>,
+    /// Whether the request can be sent again (its body was buffered).
+    pub replayable: bool,
+    /// Whether the request provably never reached the server (the connection failed), so
+    /// that even a non-idempotent method may be retried.
+    pub unsent: bool,
+}
+
+impl Failure {
+    /// A replayable failure with `code`, no pushback, that may have reached the server.
+    pub fn status(code: Code) -> Self {
+        Failure {
+            code,
+            pushback: None,
+            replayable: true,
+            unsent: false,
+        }
+    }
+
+    /// The same failure with a pushback.
+    pub fn with_pushback(self, pushback: Option<Pushback>) -> Self {
+        Failure { pushback, ..self }
+    }
+}
+
+/// The verdict on a failed attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Wait `delay`, call [`CallRetry::start_retry_at`], then send the next attempt.
+    Retry {
+        /// How long to wait first.
+        delay: Duration,
+    },
+    /// Return the last status to the caller.
+    GiveUp(Refusal),
+}
+
+/// The retry policy of one dependency: its method table, one budget and one optional
+/// breaker, shared by every clone.
+#[derive(Clone)]
+pub struct RetryController {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    methods: MethodTable,
+    budget: Arc<dyn Budget>,
+    breaker: Option<CircuitBreaker>,
+    seed: u64,
+    calls: AtomicU64,
+}
+
+impl fmt::Debug for RetryController {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryController")
+            .field("methods", &self.shared.methods)
+            .field("budget", &self.shared.budget)
+            .field("breaker", &self.shared.breaker.is_some())
+            .finish()
+    }
+}
+
+impl RetryController {
+    /// A controller over `methods`, paying for retries from `budget`, failing fast through
+    /// `breaker`. `seed` seeds the backoff jitter of every call (call `i` uses a seed
+    /// derived from `seed` and `i`), so a seeded run is reproducible.
+    pub fn new(
+        methods: MethodTable,
+        budget: Arc<dyn Budget>,
+        breaker: Option<CircuitBreaker>,
+        seed: u64,
+    ) -> Self {
+        RetryController {
+            shared: Arc::new(Shared {
+                methods,
+                budget,
+                breaker,
+                seed,
+                calls: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The budget that pays for retries.
+    pub fn budget(&self) -> &Arc<dyn Budget> {
+        &self.shared.budget
+    }
+
+    /// The breaker, if one is configured.
+    pub fn breaker(&self) -> Option<&CircuitBreaker> {
+        self.shared.breaker.as_ref()
+    }
+
+    /// The method table.
+    pub fn methods(&self) -> &MethodTable {
+        &self.shared.methods
+    }
+
+    /// Starts a logical call to `path` (`/pkg.Service/Method`) whose caller waits until
+    /// `deadline`. Fails only when the breaker is open: then the first attempt is rejected
+    /// at once, without touching the network.
+    pub fn begin_at(
+        &self,
+        path: &str,
+        deadline: Option<Instant>,
+        now: Instant,
+    ) -> Result<CallRetry, Refusal> {
+        let permit = match &self.shared.breaker {
+            Some(b) => Some(b.acquire_at(now).map_err(|_| Refusal::Breaker)?),
+            None => None,
+        };
+        let policy = self.shared.methods.lookup(path).cloned();
+        let backoff = policy.as_ref().map(|p| {
+            let n = self.shared.calls.fetch_add(1, Ordering::Relaxed);
+            Backoff::new(p.backoff, splitmix64(self.shared.seed ^ splitmix64(n)))
+        });
+        Ok(CallRetry {
+            shared: Arc::clone(&self.shared),
+            policy,
+            backoff,
+            previous_attempts: 0,
+            deadline,
+            permit,
+        })
+    }
+
+    /// [`begin_at`](Self::begin_at) now.
+    pub fn begin(&self, path: &str, deadline: Option<Instant>) -> Result<CallRetry, Refusal> {
+        self.begin_at(path, deadline, Instant::now())
+    }
+}
+
+/// The retry state of one logical call.
+pub struct CallRetry {
+    shared: Arc<Shared>,
+    policy: Option<Arc<RetryPolicy>>,
+    backoff: Option<Backoff>,
+    previous_attempts: u32,
+    deadline: Option<Instant>,
+    permit: Option<BreakerPermit>,
+}
+
+impl fmt::Debug for CallRetry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CallRetry")
+            .field("policy", &self.policy)
+            .field("previous_attempts", &self.previous_attempts)
+            .field("deadline", &self.deadline)
+            .finish()
+    }
+}
+
+impl CallRetry {
+    /// Attempts made before the one in flight: the value of `grpc-previous-rpc-attempts`
+    /// (0 on the first attempt).
+    pub fn previous_attempts(&self) -> u32 {
+        self.previous_attempts
+    }
+
+    /// The caller's deadline.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// Time left at `now` on the caller's deadline.
+    pub fn remaining_at(&self, now: Instant) -> Option<Duration> {
+        self.deadline.map(|d| d.saturating_duration_since(now))
+    }
+
+    /// Whether the method may be retried at all; when it may not, there is no need to
+    /// buffer its request body.
+    pub fn is_retryable_method(&self) -> bool {
+        self.policy.is_some()
+    }
+
+    /// The attempt answered: `OK`, or a status that is not a failure of the dependency.
+    /// Deposits into the budget and reports success to the breaker.
+    pub fn on_success_at(&mut self, now: Instant) {
+        self.shared.budget.deposit_at(now);
+        if let Some(permit) = self.permit.take() {
+            permit.success_at(now);
+        }
+    }
+
+    /// The attempt failed before the call was committed. Records the failure (breaker,
+    /// throttle) and decides whether to retry.
+    pub fn on_failure_at(&mut self, failure: &Failure, now: Instant) -> Decision {
+        let retryable_code = self
+            .policy
+            .as_ref()
+            .map_or(failure.code == Code::Unavailable, |p| {
+                p.retryable_codes.contains(failure.code)
+            });
+        let deadline_passed = self.deadline.is_some_and(|d| now >= d);
+        let dependency_failed = retryable_code || failure.code == Code::DeadlineExceeded;
+
+        if dependency_failed {
+            if let Some(permit) = self.permit.take() {
+                permit.failure_at(now);
+            }
+        }
+        if retryable_code || failure.pushback == Some(Pushback::DoNotRetry) {
+            self.shared.budget.record_failure_at(now);
+        } else if !dependency_failed {
+            // The dependency answered: an application error is a sign of life.
+            self.on_success_at(now);
+        }
+
+        match self.decide(failure, retryable_code, deadline_passed, now) {
+            Ok(delay) => Decision::Retry { delay },
+            Err(refusal) => Decision::GiveUp(refusal),
+        }
+    }
+
+    fn decide(
+        &mut self,
+        failure: &Failure,
+        retryable_code: bool,
+        deadline_passed: bool,
+        now: Instant,
+    ) -> Result<Duration, Refusal> {
+        if deadline_passed {
+            return Err(Refusal::Deadline);
+        }
+        let (Some(policy), Some(backoff)) = (&self.policy, &mut self.backoff) else {
+            return Err(Refusal::NotRetryable);
+        };
+        if !retryable_code {
+            return Err(Refusal::NotRetryable);
+        }
+        let pushback = match failure.pushback {
+            Some(Pushback::DoNotRetry) => return Err(Refusal::Pushback),
+            Some(Pushback::RetryAfter(d)) => Some(d),
+            None => None,
+        };
+        if !policy.idempotent && !failure.unsent {
+            return Err(Refusal::NotIdempotent);
+        }
+        if !failure.replayable {
+            return Err(Refusal::ReplayLimit);
+        }
+        if self.previous_attempts.saturating_add(1) >= policy.effective_max_attempts() {
+            return Err(Refusal::Attempts);
+        }
+        let delay = match pushback {
+            Some(d) => {
+                backoff.reset();
+                d
+            }
+            None => backoff.next_delay(),
+        };
+        if let Some(deadline) = self.deadline {
+            let left = deadline.saturating_duration_since(now);
+            if delay.saturating_add(policy.min_attempt_time) >= left {
+                return Err(Refusal::Deadline);
+            }
+        }
+        if let Some(breaker) = &self.shared.breaker {
+            if matches!(breaker.state_at(now), BreakerState::Open { .. }) {
+                return Err(Refusal::Breaker);
+            }
+        }
+        if !self.shared.budget.withdraw_at(now) {
+            return Err(Refusal::Budget);
+        }
+        Ok(delay)
+    }
+
+    /// The retry's delay has passed: takes a breaker permit for the next attempt and counts
+    /// it. Fails when the breaker opened meanwhile or the deadline passed.
+    pub fn start_retry_at(&mut self, now: Instant) -> Result<(), Refusal> {
+        if self.deadline.is_some_and(|d| now >= d) {
+            return Err(Refusal::Deadline);
+        }
+        if let Some(breaker) = &self.shared.breaker {
+            self.permit = Some(breaker.acquire_at(now).map_err(|_| Refusal::Breaker)?);
+        }
+        self.previous_attempts = self.previous_attempts.saturating_add(1);
+        Ok(())
+    }
+}
+
+/// A 64-bit mixer, so that consecutive call numbers give unrelated seeds.
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::breaker::BreakerConfig;
+    use crate::budget::{BudgetConfig, RetryBudget};
+    use crate::code::CodeSet;
+    use crate::throttle::{A6Throttle, ThrottleConfig};
+
+    const PATH: &str = "/pkg.Svc/Get";
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn budget(floor: u32, ratio: f64) -> Arc<dyn Budget> {
+        Arc::new(
+            RetryBudget::new(BudgetConfig {
+                ttl: Duration::from_secs(10),
+                min_retries_per_second: floor,
+                retry_ratio: ratio,
+            })
+            .unwrap(),
+        )
+    }
+
+    fn controller(policy: RetryPolicy, budget: Arc<dyn Budget>) -> RetryController {
+        RetryController::new(MethodTable::uniform(policy), budget, None, 9)
+    }
+
+    fn unavailable() -> Failure {
+        Failure::status(Code::Unavailable)
+    }
+
+    #[test]
+    fn retries_until_the_attempt_limit() {
+        let c = controller(RetryPolicy::default(), budget(5, 0.1));
+        let now = Instant::now();
+        let mut call = c.begin_at(PATH, None, now).unwrap();
+        assert_eq!(call.previous_attempts(), 0);
+        for n in 1..=2 {
+            let Decision::Retry { delay } = call.on_failure_at(&unavailable(), now) else {
+                panic!("retry {n} refused");
+            };
+            call.start_retry_at(now + delay).unwrap();
+            assert_eq!(call.previous_attempts(), n);
+        }
+        assert_eq!(
+            call.on_failure_at(&unavailable(), now),
+            Decision::GiveUp(Refusal::Attempts)
+        );
+    }
+
+    #[test]
+    fn only_retryable_codes_of_retryable_methods() {
+        let mut table = MethodTable::none();
+        table.insert_method("pkg.Svc", "Get", Some(RetryPolicy::default()));
+        let c = RetryController::new(table, budget(5, 0.1), None, 1);
+        let now = Instant::now();
+        let mut call = c.begin_at(PATH, None, now).unwrap();
+        assert!(call.is_retryable_method());
+        assert_eq!(
+            call.on_failure_at(&Failure::status(Code::Internal), now),
+            Decision::GiveUp(Refusal::NotRetryable)
+        );
+        let mut other = c.begin_at("/pkg.Svc/Put", None, now).unwrap();
+        assert!(!other.is_retryable_method());
+        assert_eq!(
+            other.on_failure_at(&unavailable(), now),
+            Decision::GiveUp(Refusal::NotRetryable)
+        );
+    }
+
+    #[test]
+    fn pushback_is_exact_and_restarts_the_backoff() {
+        let c = controller(
+            RetryPolicy {
+                max_attempts: 5,
+                ..RetryPolicy::default()
+            },
+            budget(5, 0.1),
+        );
+        let now = Instant::now();
+        let mut call = c.begin_at(PATH, None, now).unwrap();
+        // Two backoff steps so the window has grown.
+        for _ in 0..2 {
+            let Decision::Retry { delay } = call.on_failure_at(&unavailable(), now) else {
+                panic!()
+            };
+            call.start_retry_at(now + delay).unwrap();
+        }
+        let f = unavailable().with_pushback(Some(Pushback::RetryAfter(ms(777))));
+        assert_eq!(
+            call.on_failure_at(&f, now),
+            Decision::Retry { delay: ms(777) }
+        );
+        call.start_retry_at(now).unwrap();
+        // After the pushback the next backoff is drawn from the first window again.
+        let Decision::Retry { delay } = call.on_failure_at(&unavailable(), now) else {
+            panic!()
+        };
+        assert!(delay <= ms(50), "backoff did not restart: {delay:?}");
+    }
+
+    #[test]
+    fn pushback_zero_means_retry_now() {
+        let c = controller(RetryPolicy::default(), budget(5, 0.1));
+        let now = Instant::now();
+        let mut call = c.begin_at(PATH, None, now).unwrap();
+        let f = unavailable().with_pushback(Some(Pushback::RetryAfter(Duration::ZERO)));
+        assert_eq!(
+            call.on_failure_at(&f, now),
+            Decision::Retry {
+                delay: Duration::ZERO
+            }
+        );
+    }
+
+    #[test]
+    fn do_not_retry_pushback_is_final_and_costs_nothing() {
+        let b = budget(1, 0.1);
+        let c = controller(RetryPolicy::default(), Arc::clone(&b));
+        let now = Instant::now();
+        let before = b.balance_at(now);
+        let mut call = c.begin_at(PATH, None, now).unwrap();
+        let f = unavailable().with_pushback(Some(Pushback::DoNotRetry));
+        assert_eq!(call.on_failure_at(&f, now), Decision::GiveUp(Refusal::Pushback));
+        assert_eq!(b.balance_at(now), before);
+    }
+
+    #[test]
+    fn pushback_longer_than_the_time_left_is_refused() {
+        let c = controller(RetryPolicy::default(), budget(5, 0.1));
+        let now = Instant::now();
+        let mut call = c.begin_at(PATH, Some(now + ms(100)), now).unwrap();
+        let f = unavailable().with_pushback(Some(Pushback::RetryAfter(ms(100))));
+        assert_eq!(call.on_failure_at(&f, now), Decision::GiveUp(Refusal::Deadline));
+        let mut call = c.begin_at(PATH, Some(now + ms(100)), now).unwrap();
+        let f = unavailable().with_pushback(Some(Pushback::RetryAfter(ms(90))));
+        assert_eq!(call.on_failure_at(&f, now), Decision::Retry { delay: ms(90) });
+    }
+
+    #[test]
+    fn own_deadline_passing_is_final_whatever_the_code() {
+        let c = controller(
+            RetryPolicy {
+                retryable_codes: [Code::Unavailable, Code::Cancelled].into_iter().collect(),
+                ..RetryPolicy::default()
+            },
+            budget(5, 0.1),
+        );
+        let now = Instant::now();
+        let mut call = c.begin_at(PATH, Some(now + ms(50)), now).unwrap();
+        assert_eq!(
+            call.on_failure_at(&Failure::status(Code::Cancelled), now + ms(50)),
+            Decision::GiveUp(Refusal::Deadline)
+        );
+        assert_eq!(call.start_retry_at(now + ms(60)), Err(Refusal::Deadline));
+    }
+
+    #[test]
+    fn non_idempotent_methods_retry_only_unsent_requests() {
+        let c = controller(
+            RetryPolicy {
+                idempotent: false,
+                ..RetryPolicy::default()
+            },
+            budget(5, 0.1),
+        );
+        let now = Instant::now();
+        let mut call = c.begin_at(PATH, None, now).unwrap();
+        assert_eq!(
+            call.on_failure_at(&unavailable(), now),
+            Decision::GiveUp(Refusal::NotIdempotent)
+        );
+        let mut call = c.begin_at(PATH, None, now).unwrap();
+        let unsent = Failure {
+            unsent: true,
+            ..unavailable()
+        };
+        assert!(matches!(call.on_failure_at(&unsent, now), Decision::Retry { .. }));
+    }
+
+    #[test]
+    fn unbuffered_bodies_are_not_replayed() {
+        let c = controller(RetryPolicy::default(), budget(5, 0.1));
+        let now = Instant::now();
+        let mut call = c.begin_at(PATH, None, now).unwrap();
+        let f = Failure {
+            replayable: false,
+            ..unavailable()
+        };
+        assert_eq!(call.on_failure_at(&f, now), Decision::GiveUp(Refusal::ReplayLimit));
+    }
+
+    #[test]
+    fn budget_bounds_retries_to_the_ratio_of_successes() {
+        // No floor: only successes mint retries, 1 per 10.
+        let c = controller(RetryPolicy::default(), budget(0, 0.1));
+        let now = Instant::now();
+        let mut call = c.begin_at(PATH, None, now).unwrap();
+        assert_eq!(call.on_failure_at(&unavailable(), now), Decision::GiveUp(Refusal::Budget));
+        for _ in 0..100 {
+            c.begin_at(PATH, None, now).unwrap().on_success_at(now);
+        }
+        let mut granted = 0;
+        for _ in 0..100 {
+            let mut call = c.begin_at(PATH, None, now).unwrap();
+            match call.on_failure_at(&unavailable(), now) {
+                Decision::Retry { .. } => granted += 1,
+                Decision::GiveUp(r) => assert_eq!(r, Refusal::Budget),
+            }
+        }
+        assert_eq!(granted, 10);
+    }
+
+    #[test]
+    fn a6_throttle_counts_failures_and_stops_retries_at_half() {
+        let throttle: Arc<dyn Budget> = Arc::new(
+            A6Throttle::new(ThrottleConfig {
+                max_tokens: 10.0,
+                token_ratio: 0.1,
+            })
+            .unwrap(),
+        );
+        let c = controller(RetryPolicy::default(), throttle);
+        let now = Instant::now();
+        let mut refused_after = None;
+        for i in 0..10 {
+            let mut call = c.begin_at(PATH, None, now).unwrap();
+            if call.on_failure_at(&unavailable(), now) == Decision::GiveUp(Refusal::Budget) {
+                refused_after = Some(i);
+                break;
+            }
+        }
+        // 10 tokens; each failure costs one; retries stop once tokens <= 5.
+        assert_eq!(refused_after, Some(4));
+    }
+
+    #[test]
+    fn open_breaker_rejects_first_attempts_and_retries() {
+        let breaker = CircuitBreaker::new(
+            BreakerConfig {
+                min_requests: 4,
+                failure_rate: 0.5,
+                ..BreakerConfig::default()
+            },
+            3,
+        )
+        .unwrap();
+        let c = RetryController::new(
+            MethodTable::uniform(RetryPolicy::default()),
+            budget(100, 0.1),
+            Some(breaker),
+            1,
+        );
+        let now = Instant::now();
+        let mut refusals = vec![];
+        for _ in 0..4 {
+            let mut call = c.begin_at(PATH, None, now).unwrap();
+            if let Decision::GiveUp(r) = call.on_failure_at(&unavailable(), now) {
+                refusals.push(r);
+            }
+        }
+        // The fourth failure opened the breaker: its own retry was refused.
+        assert_eq!(refusals, [Refusal::Breaker]);
+        assert_eq!(c.begin_at(PATH, None, now).err(), Some(Refusal::Breaker));
+    }
+
+    #[test]
+    fn application_errors_are_signs_of_life() {
+        let b = budget(0, 0.5);
+        let c = controller(RetryPolicy::default(), Arc::clone(&b));
+        let now = Instant::now();
+        let mut call = c.begin_at(PATH, None, now).unwrap();
+        assert_eq!(
+            call.on_failure_at(&Failure::status(Code::NotFound), now),
+            Decision::GiveUp(Refusal::NotRetryable)
+        );
+        assert!((b.balance_at(now) - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn refusal_names_are_stable() {
+        let names: Vec<_> = Refusal::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "not_retryable",
+                "not_idempotent",
+                "pushback",
+                "attempts",
+                "deadline",
+                "breaker",
+                "budget",
+                "replay_limit"
+            ]
+        );
+        assert!(Refusal::Budget.is_retryable_but_refused());
+        assert!(!Refusal::Pushback.is_retryable_but_refused());
+        assert!(!Refusal::NotRetryable.is_retryable_but_refused());
+    }
+
+    #[test]
+    fn seeded_controllers_draw_the_same_delays() {
+        let delays = |seed| {
+            let c = RetryController::new(
+                MethodTable::uniform(RetryPolicy {
+                    retryable_codes: CodeSet::single(Code::Unavailable),
+                    ..RetryPolicy::default()
+                }),
+                budget(100, 0.1),
+                None,
+                seed,
+            );
+            let now = Instant::now();
+            (0..20)
+                .map(|_| {
+                    c.begin_at(PATH, None, now)
+                        .unwrap()
+                        .on_failure_at(&unavailable(), now)
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(delays(5), delays(5));
+        assert_ne!(delays(5), delays(6));
+    }
+}
