@@ -251,10 +251,10 @@ struct Inner {
 impl Inner {
     /// Applies the time-driven transition Open → HalfOpen.
     fn refresh(&mut self, now: Instant) {
-        if let BreakerState::Open { until } = self.state {
-            if now >= until {
-                self.transition(BreakerState::HalfOpen);
-            }
+        if let BreakerState::Open { until } = self.state
+            && now >= until
+        {
+            self.transition(BreakerState::HalfOpen);
         }
     }
 
@@ -634,6 +634,16 @@ mod tests {
             b.state_at(t0 + 10 * SEC),
             BreakerState::Open { .. }
         ));
+
+        // Expiry by age, not only by a bucket being reused: 15 s later the new outcome
+        // lands in another bucket while the old failures still sit in theirs.
+        let b = breaker(exact());
+        record(&b, t0, 0, 19);
+        record(&b, t0 + 15 * SEC, 0, 1);
+        assert_eq!(b.state_at(t0 + 15 * SEC), BreakerState::Closed);
+        // Long idle gaps (many windows) expire everything too.
+        record(&b, t0 + 3600 * SEC, 0, 19);
+        assert_eq!(b.state_at(t0 + 3600 * SEC), BreakerState::Closed);
 
         // Partial slide: failures at 0 s expire, those at 6 s remain.
         let b = breaker(exact());
