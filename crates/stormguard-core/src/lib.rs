@@ -1,6 +1,44 @@
-//! stormguard-core: the shared policy of stormguard.
+//! stormguard-core: the policy that stormguard's client and server layers share.
+//!
+//! # Why
+//!
+//! Retries are how a gRPC system survives a blip, and how it turns a blip into an outage.
+//! Three layers that each try 3 times send 27 calls to the bottom service for one user
+//! request. A per-request attempt cap bounds one request, not the fleet: at 100 % failure,
+//! 3 attempts are still 3× the load, exactly when the dependency can least take it. Worse,
+//! a short trigger (a slow deploy, a GC pause) fills queues, calls time out, clients retry,
+//! and the retry load alone keeps the service saturated after the trigger is gone: a
+//! *metastable* failure that does not recover by itself.
+//!
+//! stormguard's answer is a policy that asks *can the system afford another attempt?*
+//! rather than *has this request been tried enough?*:
+//!
+//! * a **retry budget** ([`budget`]) minted by successes — retries ≤ 10 % of recent
+//!   successes plus a small floor — holds amplification near 1.1× however bad the failure;
+//!   the gRPC A6 token bucket ([`throttle`]) is there for users who want the standard one;
+//! * **full-jitter backoff** ([`backoff`]) so retries do not arrive as pulses;
+//! * **server pushback** ([`pushback`], `grpc-retry-pushback-ms`) honoured exactly;
+//! * a **circuit breaker** ([`breaker`]) for latency: fail fast while a dependency is dead,
+//!   probe it back on a jittered schedule;
+//! * **deadlines** ([`deadline`]): a retry gets what is left of the caller's time, never a
+//!   fresh timeout;
+//! * **classification** ([`code`], [`policy`]): only transient codes of idempotent methods
+//!   are retried;
+//! * the **retry decision** ([`retry`]) that combines them, in one place;
+//! * the server's **admission policy** ([`admission`]): which work to keep when it cannot
+//!   serve all of it — retries are shed before first attempts;
+//! * **configuration** ([`config`]) in stormguard's shape or the standard gRPC service
+//!   config JSON.
+//!
+//! This crate knows nothing of tonic, http or a runtime: plain types that the
+//! `stormguard-client` and `stormguard-server` tower layers adapt, and that the fleet
+//! simulator drives on a virtual clock. Time is [`Instant`] (`tokio::time::Instant`, so
+//! tests run on paused time), and every time-dependent method has an `*_at(now)` form.
+
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
+/// The clock every policy object reads: `tokio::time::Instant`, which works without a
+/// runtime and follows `tokio::time::pause()` in tests.
 pub use tokio::time::Instant;
 
 pub mod admission;
@@ -14,3 +52,7 @@ pub mod policy;
 pub mod pushback;
 pub mod retry;
 pub mod throttle;
+
+pub use code::Code;
+pub use config::ConfigError;
+pub use retry::{CallRetry, Decision, Failure, Refusal, RetryController};
