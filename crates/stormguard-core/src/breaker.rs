@@ -914,6 +914,26 @@ mod tests {
         }
         assert_eq!(b.state_at(until), BreakerState::Closed);
         assert_eq!(b.config(), a.config());
+
+        // Across threads: four clones each see 10 failures; only together do they reach
+        // the volume of 40.
+        fn send_sync<T: Send + Sync + 'static>() {}
+        send_sync::<CircuitBreaker>();
+        send_sync::<BreakerPermit>();
+        let shared = breaker(BreakerConfig {
+            min_requests: 40,
+            ..exact()
+        });
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let b = shared.clone();
+                std::thread::spawn(move || record(&b, t0, 0, 10))
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("no panic");
+        }
+        assert!(matches!(shared.state_at(t0), BreakerState::Open { .. }));
     }
 
     #[test]
