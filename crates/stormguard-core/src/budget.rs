@@ -1,1 +1,972 @@
-//! budget (being written)
+//! Retry budgets: "can this process afford one more retry right now?"
+//!
+//! # Why a budget, and not only a maximum number of attempts
+//!
+//! A per-request cap such as "at most 3 attempts" bounds what *one request* may cost; it
+//! does not bound what the *fleet* sends. When a dependency fails every call, each logical
+//! call still makes all its attempts: 3 attempts is 3× the load on a service that is
+//! already failing, and the multiplication compounds through a call chain (3 layers × 3
+//! attempts = 27 calls at the bottom for one user request). That extra load is what keeps
+//! an overloaded service down after the trigger has passed (a metastable failure).
+//!
+//! A retry budget bounds retries by the *success* traffic instead: every success mints a
+//! fraction (`retry_ratio`, 10 % by default) of a retry that stays valid for a window
+//! (`ttl`), and every retry spends one. At 100 % failure nothing is minted, so after the
+//! small standing reserve is spent the client sends ~1× its offered load, and during a
+//! partial outage the retry load stays within ~1.1× — however many attempts a single
+//! request would be allowed.
+//!
+//! The reserve (`min_retries_per_second × ttl` retries per window) lets a client that has
+//! just started, or that makes few calls, retry at all.
+//!
+//! # Two implementations, one trait
+//!
+//! [`Budget`] is the interface the retry controller and the fleet simulator use (through
+//! `Arc<dyn Budget>`). [`RetryBudget`] is the Finagle-style budget described above;
+//! [`crate::throttle::A6Throttle`] is gRPC's A6 `retryThrottling` token bucket.
+//!
+//! # How [`RetryBudget`] differs from tower's `TpsBudget`
+//!
+//! It follows the same semantics, with three fixes:
+//!
+//! - **No lock.** The window is two rings of slots (deposits and withdrawals), each slot
+//!   one `AtomicU64` holding a 32-bit slot epoch and a 32-bit count, updated by
+//!   compare-and-swap. A withdrawal is counted first, the window is summed again, and the
+//!   withdrawal is undone and refused if the balance went below zero, so concurrent
+//!   callers can never take more retries than the window holds.
+//! - **An exact window.** A slot's epoch is derived from the call's own instant, so a
+//!   deposit counts for `ttl` (minus at most one slot width, never more) whatever the
+//!   timing of the calls. tower's slots advance from the time of the last expiry and, when
+//!   calls do not line up with its slot width, deposits expire about twice too early.
+//! - **Exact ratios.** Accounting is in integer micro-retries, so a ratio of 0.6 gives
+//!   exactly 6 retries per 10 successes (tower issue #857 over-allocates below 1) and
+//!   there is no floating-point drift.
+//!
+//! Time comes only from the `now` argument of the `*_at` methods (the convenience forms
+//! read [`Instant::now`], which follows tokio's paused clock in tests).
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use stormguard_core::Instant;
+//! use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
+//!
+//! let config = BudgetConfig { min_retries_per_second: 0, ..BudgetConfig::default() };
+//! let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(config)?);
+//!
+//! let t0 = Instant::now();
+//! for _ in 0..10 {
+//!     budget.deposit_at(t0); // ten successes at a 10 % ratio mint one retry
+//! }
+//! assert_eq!(budget.balance_at(t0), 1.0);
+//! assert!(budget.withdraw_at(t0));
+//! assert!(!budget.withdraw_at(t0)); // spent
+//!
+//! // Eleven seconds later the successes are outside the 10 s window.
+//! let later = t0 + Duration::from_secs(11);
+//! for _ in 0..9 {
+//!     budget.deposit_at(later);
+//! }
+//! assert!(!budget.withdraw_at(later)); // 0.9 of a retry is not a retry
+//! # Ok::<(), stormguard_core::config::ConfigError>(())
+//! ```
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use crate::Instant;
+use crate::config::ConfigError;
+
+/// A retry budget: decides whether the process can afford one more retry now.
+///
+/// Implemented by [`RetryBudget`] and [`crate::throttle::A6Throttle`]; callers hold it as
+/// `Arc<dyn Budget>`. Every method has an `_at(now)` form that takes the time from its
+/// argument (so a simulator can drive it on a virtual clock) and a convenience form that
+/// reads [`Instant::now`].
+pub trait Budget: Send + Sync + fmt::Debug {
+    /// A logical call succeeded.
+    fn deposit_at(&self, now: Instant);
+
+    /// An attempt failed with a retryable status, or a pushback said "do not retry"
+    /// (A6 counts these). Default: no-op.
+    fn record_failure_at(&self, now: Instant) {
+        let _ = now;
+    }
+
+    /// May one more retry go out now? `true` consumes the retry where the implementation
+    /// consumes.
+    fn withdraw_at(&self, now: Instant) -> bool;
+
+    /// Retries currently affordable (observability), may be fractional; never negative.
+    fn balance_at(&self, now: Instant) -> f64;
+
+    /// [`Budget::deposit_at`] at [`Instant::now`].
+    fn deposit(&self) {
+        self.deposit_at(Instant::now());
+    }
+
+    /// [`Budget::record_failure_at`] at [`Instant::now`].
+    fn record_failure(&self) {
+        self.record_failure_at(Instant::now());
+    }
+
+    /// [`Budget::withdraw_at`] at [`Instant::now`].
+    fn withdraw(&self) -> bool {
+        self.withdraw_at(Instant::now())
+    }
+
+    /// [`Budget::balance_at`] at [`Instant::now`].
+    fn balance(&self) -> f64 {
+        self.balance_at(Instant::now())
+    }
+}
+
+/// Configuration of a [`RetryBudget`].
+///
+/// Build it with `..BudgetConfig::default()` for the fields you do not set, so that fields
+/// added later do not break your code.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::budget::BudgetConfig;
+///
+/// let config = BudgetConfig { retry_ratio: 0.2, ..BudgetConfig::default() };
+/// assert_eq!(config.ttl, Duration::from_secs(10));
+/// assert!(config.validate().is_ok());
+/// assert!(BudgetConfig { retry_ratio: 0.0, ..config }.validate().is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetConfig {
+    /// How long a deposit (a success) and a withdrawal (a retry) count. 1 s to 60 s.
+    pub ttl: Duration,
+    /// The standing reserve: `min_retries_per_second × ttl` retries per window, whatever
+    /// the success traffic. Below 2³¹.
+    pub min_retries_per_second: u32,
+    /// Retries minted per success: 0.1 allows one retry per ten successes. In (0, 1000],
+    /// resolved to millionths (truncated), and at least 0.000001.
+    pub retry_ratio: f64,
+}
+
+impl Default for BudgetConfig {
+    /// ttl 10 s, 5 retries per second floor, ratio 0.1.
+    fn default() -> Self {
+        BudgetConfig {
+            ttl: Duration::from_secs(10),
+            min_retries_per_second: 5,
+            retry_ratio: 0.1,
+        }
+    }
+}
+
+impl BudgetConfig {
+    /// Checks every field; the error names the first field out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.ttl < Duration::from_secs(1) || self.ttl > Duration::from_secs(60) {
+            return Err(ConfigError::invalid(
+                "retry.budget.ttl",
+                format!("must be between 1 s and 60 s, got {:?}", self.ttl),
+            ));
+        }
+        if self.min_retries_per_second > i32::MAX as u32 {
+            return Err(ConfigError::invalid(
+                "retry.budget.min_retries_per_second",
+                format!(
+                    "must be below 2^31 (as in Finagle and tower), got {}",
+                    self.min_retries_per_second
+                ),
+            ));
+        }
+        let ratio = self.retry_ratio;
+        if !ratio.is_finite() || ratio <= 0.0 || ratio > 1000.0 {
+            return Err(ConfigError::invalid(
+                "retry.budget.retry_ratio",
+                format!("must be finite, greater than 0 and at most 1000, got {ratio}"),
+            ));
+        }
+        if truncate_decimal(ratio, MICROS_PER_RETRY as f64) == 0 {
+            return Err(ConfigError::invalid(
+                "retry.budget.retry_ratio",
+                format!("must be at least 0.000001 (the accounting resolution), got {ratio}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The largest integer `m` with `m / scale <= x`, for finite `0 <= x`.
+///
+/// This truncates `x` to the decimal resolution `1 / scale` without the off-by-one that
+/// `(x * scale).floor()` gives for values such as 0.29 (`0.29 * 1000.0 < 290.0`): a
+/// decimal written with at most that many places maps to exactly its digits.
+pub(crate) fn truncate_decimal(x: f64, scale: f64) -> u64 {
+    let mut m = (x * scale).floor();
+    if m > 0.0 && m / scale > x {
+        m -= 1.0;
+    } else if (m + 1.0) / scale <= x {
+        m += 1.0;
+    }
+    // `as` saturates; the callers validated `x` to a small finite range.
+    m as u64
+}
+
+/// Slots per window. A deposit counts for between `ttl - ttl/SLOTS` and `ttl`.
+const SLOTS: usize = 16;
+
+/// Accounting unit: one retry is a million micro-retries.
+const MICROS_PER_RETRY: i128 = 1_000_000;
+
+/// How many epochs a slot may be ahead of a caller's `now` and still be taken as newer
+/// (the caller is late) rather than as left over from a previous lap of the 32-bit epoch.
+const STALE_LIMIT: u32 = 1 << 20;
+
+/// A Finagle-style retry budget (see the [module docs](self)): successes mint
+/// `retry_ratio` retries each, valid for `ttl`, on top of a standing reserve of
+/// `min_retries_per_second × ttl` retries; retries spent also count for `ttl`.
+///
+/// Lock-free: every operation is a few atomic loads and one compare-and-swap. Clones share
+/// one budget, so one budget can be shared by every channel to a service.
+///
+/// ```
+/// use stormguard_core::Instant;
+/// use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
+///
+/// let budget = RetryBudget::new(BudgetConfig::default())?; // reserve: 5/s × 10 s
+/// let clone = budget.clone();
+/// let now = Instant::now();
+/// assert_eq!(budget.balance_at(now), 50.0);
+/// assert!(clone.withdraw_at(now));
+/// assert_eq!(budget.balance_at(now), 49.0); // the clone spent from the same budget
+/// # Ok::<(), stormguard_core::config::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct RetryBudget {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    config: BudgetConfig,
+    /// Slot epochs count from the first instant the budget sees, so a virtual clock that
+    /// starts before or after construction works alike.
+    origin: OnceLock<Instant>,
+    /// Width of one slot; `SLOTS * slot_nanos <= ttl`.
+    slot_nanos: u64,
+    /// The standing reserve, in micro-retries. (A fleet-aware floor would replace this.)
+    reserve_micros: i128,
+    /// Micro-retries minted per deposit.
+    mint_micros: i128,
+    deposits: Ring,
+    withdrawals: Ring,
+}
+
+impl RetryBudget {
+    /// A budget with `config`, or the validation error.
+    pub fn new(config: BudgetConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let ttl_nanos = u64::try_from(config.ttl.as_nanos()).unwrap_or(u64::MAX);
+        let ttl_micros = i128::try_from(config.ttl.as_micros()).unwrap_or(i128::MAX);
+        // min/s × ttl µs = micro-retries exactly, also for a fractional ttl.
+        let reserve_micros = i128::from(config.min_retries_per_second) * ttl_micros;
+        let mint_micros = i128::from(truncate_decimal(
+            config.retry_ratio,
+            MICROS_PER_RETRY as f64,
+        ));
+        Ok(RetryBudget {
+            shared: Arc::new(Shared {
+                origin: OnceLock::new(),
+                slot_nanos: ttl_nanos / SLOTS as u64,
+                reserve_micros,
+                mint_micros,
+                deposits: Ring::new(),
+                withdrawals: Ring::new(),
+                config,
+            }),
+        })
+    }
+
+    /// The configuration this budget was built with.
+    pub fn config(&self) -> &BudgetConfig {
+        &self.shared.config
+    }
+}
+
+impl Shared {
+    /// The slot epoch of `now` (32-bit, wrapping).
+    fn epoch(&self, now: Instant) -> u32 {
+        let origin = *self.origin.get_or_init(|| now);
+        let since = now.saturating_duration_since(origin);
+        let nanos = since
+            .as_secs()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::from(since.subsec_nanos()));
+        // Truncation is the wrap of the 32-bit epoch.
+        (nanos / self.slot_nanos) as u32
+    }
+
+    /// The balance at `epoch` in micro-retries (may be negative).
+    fn balance_micros(&self, epoch: u32) -> i128 {
+        let mut deposits: u64 = 0;
+        let mut withdrawals: u64 = 0;
+        for i in 0..SLOTS {
+            let (e, n) = unpack(self.deposits.slots[i].load(Ordering::SeqCst));
+            if epoch.wrapping_sub(e) < SLOTS as u32 {
+                deposits += u64::from(n);
+            }
+            let (e, n) = unpack(self.withdrawals.slots[i].load(Ordering::SeqCst));
+            let age = epoch.wrapping_sub(e);
+            // Withdrawals made by callers whose clock is ahead of ours count too: a late
+            // caller must not spend retries that were already spent.
+            if age < SLOTS as u32 || age > u32::MAX - STALE_LIMIT {
+                withdrawals += u64::from(n);
+            }
+        }
+        self.reserve_micros + self.mint_micros * i128::from(deposits)
+            - MICROS_PER_RETRY * i128::from(withdrawals)
+    }
+
+    /// Counts a withdrawal, re-sums, and undoes it if the balance went below zero.
+    fn try_withdraw(&self, epoch: u32) -> bool {
+        if !self.withdrawals.add(epoch) {
+            return false;
+        }
+        if self.balance_micros(epoch) >= 0 {
+            true
+        } else {
+            self.withdrawals.remove(epoch);
+            false
+        }
+    }
+}
+
+impl Budget for RetryBudget {
+    fn deposit_at(&self, now: Instant) {
+        let shared = &*self.shared;
+        // A deposit older than a window (a very late caller), or beyond 2³² per slot, is
+        // dropped: it could only make the budget more generous.
+        let _ = shared.deposits.add(shared.epoch(now));
+    }
+
+    fn withdraw_at(&self, now: Instant) -> bool {
+        let shared = &*self.shared;
+        shared.try_withdraw(shared.epoch(now))
+    }
+
+    fn balance_at(&self, now: Instant) -> f64 {
+        let shared = &*self.shared;
+        let micros = shared.balance_micros(shared.epoch(now)).max(0);
+        micros as f64 / MICROS_PER_RETRY as f64
+    }
+}
+
+impl fmt::Debug for RetryBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryBudget")
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A ring of `SLOTS` counters, each `epoch << 32 | count` in one atomic word.
+struct Ring {
+    slots: [AtomicU64; SLOTS],
+}
+
+fn pack(epoch: u32, count: u32) -> u64 {
+    (u64::from(epoch) << 32) | u64::from(count)
+}
+
+fn unpack(word: u64) -> (u32, u32) {
+    ((word >> 32) as u32, word as u32)
+}
+
+impl Ring {
+    fn new() -> Self {
+        Ring {
+            slots: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    /// Counts one event in `epoch`'s slot, starting the slot afresh if it holds an older
+    /// epoch. `false` (nothing counted) if the slot is full or already holds a newer epoch
+    /// (the caller is more than a window late).
+    fn add(&self, epoch: u32) -> bool {
+        let slot = &self.slots[epoch as usize % SLOTS];
+        let mut current = slot.load(Ordering::SeqCst);
+        loop {
+            let (e, n) = unpack(current);
+            let next = if e == epoch {
+                match n.checked_add(1) {
+                    Some(n) => pack(epoch, n),
+                    None => return false,
+                }
+            } else if e.wrapping_sub(epoch) <= STALE_LIMIT {
+                return false;
+            } else {
+                pack(epoch, 1)
+            };
+            match slot.compare_exchange_weak(current, next, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Undoes one [`Ring::add`] in `epoch`; nothing if the slot has moved on (the event
+    /// has expired with it).
+    fn remove(&self, epoch: u32) {
+        let slot = &self.slots[epoch as usize % SLOTS];
+        let mut current = slot.load(Ordering::SeqCst);
+        loop {
+            let (e, n) = unpack(current);
+            if e != epoch || n == 0 {
+                return;
+            }
+            match slot.compare_exchange_weak(
+                current,
+                pack(e, n - 1),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::sync::Barrier;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn budget(ttl_secs: u64, min: u32, ratio: f64) -> RetryBudget {
+        RetryBudget::new(BudgetConfig {
+            ttl: Duration::from_secs(ttl_secs),
+            min_retries_per_second: min,
+            retry_ratio: ratio,
+        })
+        .expect("valid test config")
+    }
+
+    fn drain(b: &RetryBudget, now: Instant) -> u32 {
+        let mut granted = 0;
+        while b.withdraw_at(now) {
+            granted += 1;
+            assert!(granted <= 1_000_000, "budget never ran dry");
+        }
+        granted
+    }
+
+    fn field_of(err: ConfigError) -> String {
+        match err {
+            ConfigError::Invalid { field, .. } => field,
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn default_config_is_ten_seconds_five_per_second_ten_percent() {
+        let config = BudgetConfig::default();
+        assert_eq!(config.ttl, Duration::from_secs(10));
+        assert_eq!(config.min_retries_per_second, 5);
+        assert_eq!(config.retry_ratio, 0.1);
+        assert_eq!(config.validate(), Ok(()));
+        let b = RetryBudget::new(config.clone()).expect("default is valid");
+        assert_eq!(b.config(), &config);
+    }
+
+    #[test]
+    fn validate_names_ttl_out_of_range() {
+        for ttl in [Duration::ZERO, ms(999), Duration::from_secs(61)] {
+            let config = BudgetConfig {
+                ttl,
+                ..BudgetConfig::default()
+            };
+            let err = config.validate().expect_err("ttl out of range");
+            assert_eq!(field_of(err.clone()), "retry.budget.ttl");
+            assert_eq!(RetryBudget::new(config).expect_err("refused"), err);
+        }
+        for ttl in [Duration::from_secs(1), ms(1500), Duration::from_secs(60)] {
+            let config = BudgetConfig {
+                ttl,
+                ..BudgetConfig::default()
+            };
+            assert_eq!(config.validate(), Ok(()), "{ttl:?}");
+        }
+    }
+
+    #[test]
+    fn validate_names_bad_ratio() {
+        for ratio in [0.0, -0.1, f64::NAN, f64::INFINITY, 1000.001, 1e-7] {
+            let config = BudgetConfig {
+                retry_ratio: ratio,
+                ..BudgetConfig::default()
+            };
+            let err = config.validate().expect_err("bad ratio");
+            assert_eq!(field_of(err), "retry.budget.retry_ratio", "{ratio}");
+        }
+        for ratio in [1e-6, 0.6, 1.0, 1000.0] {
+            let config = BudgetConfig {
+                retry_ratio: ratio,
+                ..BudgetConfig::default()
+            };
+            assert_eq!(config.validate(), Ok(()), "{ratio}");
+        }
+    }
+
+    #[test]
+    fn validate_names_floor_too_large() {
+        let config = BudgetConfig {
+            min_retries_per_second: 1 << 31,
+            ..BudgetConfig::default()
+        };
+        let err = config.validate().expect_err("floor too large");
+        assert_eq!(field_of(err), "retry.budget.min_retries_per_second");
+        let config = BudgetConfig {
+            min_retries_per_second: i32::MAX as u32,
+            ..BudgetConfig::default()
+        };
+        assert_eq!(config.validate(), Ok(()));
+    }
+
+    #[test]
+    fn truncate_decimal_keeps_every_three_place_decimal_exact() {
+        for k in 0..=1_000_000u64 {
+            let x = k as f64 / 1000.0;
+            assert_eq!(truncate_decimal(x, 1000.0), k, "{x}");
+        }
+        assert_eq!(truncate_decimal(0.29, 1000.0), 290);
+        assert_eq!(truncate_decimal(0.1239, 1000.0), 123);
+        assert_eq!(truncate_decimal(0.6, 1e6), 600_000);
+        assert_eq!(truncate_decimal(0.0000019, 1e6), 1);
+    }
+
+    #[test]
+    fn reserve_is_floor_times_ttl() {
+        let t0 = Instant::now();
+        assert_eq!(drain(&budget(10, 5, 0.1), t0), 50);
+        assert_eq!(drain(&budget(1, 0, 0.1), t0), 0);
+        let fractional = RetryBudget::new(BudgetConfig {
+            ttl: ms(1500),
+            min_retries_per_second: 3,
+            retry_ratio: 0.1,
+        })
+        .expect("valid");
+        assert_eq!(fractional.balance_at(t0), 4.5);
+        assert_eq!(drain(&fractional, t0), 4);
+    }
+
+    #[test]
+    fn ratio_point_six_gives_exactly_six_per_ten_successes() {
+        // tower issue #857: 1/0.6 truncates to a withdraw cost of 1, allowing 10 per 10.
+        let t0 = Instant::now();
+        let b = budget(10, 0, 0.6);
+        for _ in 0..10 {
+            b.deposit_at(t0);
+        }
+        assert_eq!(drain(&b, t0), 6);
+        let b = budget(10, 0, 0.6);
+        let mut granted = 0;
+        for _ in 0..1000 {
+            b.deposit_at(t0);
+            if b.withdraw_at(t0) {
+                granted += 1;
+            }
+        }
+        assert_eq!(granted, 600);
+        assert_eq!(b.balance_at(t0), 0.0);
+    }
+
+    #[test]
+    fn ratio_point_one_gives_one_per_ten_and_no_drift() {
+        let t0 = Instant::now();
+        let b = budget(10, 0, 0.1);
+        for _ in 0..9 {
+            b.deposit_at(t0);
+        }
+        assert!(!b.withdraw_at(t0), "0.9 of a retry is not a retry");
+        b.deposit_at(t0);
+        assert!(b.withdraw_at(t0));
+        assert!(!b.withdraw_at(t0));
+        // 10 000 successes: f64 summation of 0.1 would drift below 1000.
+        let b = budget(10, 0, 0.1);
+        for _ in 0..10_000 {
+            b.deposit_at(t0);
+        }
+        assert_eq!(b.balance_at(t0), 1000.0);
+        assert_eq!(drain(&b, t0), 1000);
+    }
+
+    #[test]
+    fn ratios_above_one_mint_several_retries_per_success() {
+        let t0 = Instant::now();
+        let b = budget(10, 0, 2.5);
+        for _ in 0..10 {
+            b.deposit_at(t0);
+        }
+        assert_eq!(drain(&b, t0), 25);
+        let b = budget(10, 0, 1000.0);
+        b.deposit_at(t0);
+        assert_eq!(drain(&b, t0), 1000);
+    }
+
+    #[test]
+    fn withdraw_needs_a_whole_retry() {
+        let t0 = Instant::now();
+        let b = budget(10, 0, 0.5);
+        assert!(!b.withdraw_at(t0));
+        b.deposit_at(t0);
+        assert_eq!(b.balance_at(t0), 0.5);
+        assert!(!b.withdraw_at(t0));
+        assert_eq!(b.balance_at(t0), 0.5, "a refused withdrawal costs nothing");
+        b.deposit_at(t0);
+        assert!(b.withdraw_at(t0));
+        assert_eq!(b.balance_at(t0), 0.0);
+    }
+
+    #[test]
+    fn balance_is_exact() {
+        let t0 = Instant::now();
+        let b = budget(10, 5, 0.1);
+        assert_eq!(b.balance_at(t0), 50.0);
+        for _ in 0..13 {
+            b.deposit_at(t0 + ms(100));
+        }
+        assert_eq!(b.balance_at(t0 + ms(100)), 51.3);
+        assert!(b.withdraw_at(t0 + ms(200)));
+        assert!(b.withdraw_at(t0 + ms(200)));
+        assert_eq!(b.balance_at(t0 + ms(300)), 49.3);
+        let b = budget(10, 0, 0.001);
+        for _ in 0..7 {
+            b.deposit_at(t0);
+        }
+        assert_eq!(b.balance_at(t0), 0.007);
+    }
+
+    #[test]
+    fn balance_reports_zero_not_debt() {
+        // Withdrawals outlive the deposits that paid for them: no negative gauge.
+        let t0 = Instant::now();
+        let b = budget(1, 0, 1.0);
+        b.deposit_at(t0);
+        assert!(b.withdraw_at(t0 + ms(500)));
+        let t = t0 + ms(1100);
+        assert_eq!(b.balance_at(t), 0.0);
+        assert!(!b.withdraw_at(t));
+    }
+
+    /// Counts how long a single deposit made at `t0 + offset` counts, sampling every ms.
+    fn lifetime_of_one_deposit(ttl_secs: u64, offset: Duration, first_call: Instant) -> Duration {
+        let b = budget(ttl_secs, 0, 1.0);
+        assert_eq!(b.balance_at(first_call), 0.0);
+        let at = first_call + offset;
+        b.deposit_at(at);
+        let mut lived = Duration::ZERO;
+        let mut t = at;
+        loop {
+            if b.balance_at(t) != 1.0 {
+                return lived;
+            }
+            t += ms(1);
+            lived += ms(1);
+            assert!(lived <= Duration::from_secs(ttl_secs + 1), "never expired");
+        }
+    }
+
+    #[test]
+    fn a_deposit_counts_for_ttl_within_one_slot_whatever_its_offset() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let t0 = Instant::now();
+        for ttl_secs in [1, 3, 10] {
+            let ttl = Duration::from_secs(ttl_secs);
+            let slot = ttl / SLOTS as u32;
+            for _ in 0..20 {
+                let offset = ms(rng.u64(0..5000));
+                let lived = lifetime_of_one_deposit(ttl_secs, offset, t0);
+                assert!(lived <= ttl, "counted {lived:?} > ttl {ttl:?}");
+                assert!(
+                    lived + slot + ms(1) > ttl,
+                    "expired after {lived:?}, ttl {ttl:?}"
+                );
+            }
+        }
+    }
+
+    /// Deposits at the given instants (sorted) and, every ms, checks that the balance lies
+    /// between the deposits younger than `ttl - slot` and those younger than `ttl`.
+    fn check_window(ttl_secs: u64, deposits: &[Instant], start: Instant, end: Instant) {
+        let ttl = Duration::from_secs(ttl_secs);
+        let slot = ttl / SLOTS as u32;
+        let b = budget(ttl_secs, 0, 1.0);
+        let mut next = 0;
+        let mut t = start;
+        while t <= end {
+            while next < deposits.len() && deposits[next] <= t {
+                b.deposit_at(deposits[next]);
+                next += 1;
+            }
+            let made = &deposits[..next];
+            let must = made.iter().filter(|&&d| t - d < ttl - slot).count();
+            let may = made.iter().filter(|&&d| t - d < ttl).count();
+            let balance = b.balance_at(t);
+            assert!(
+                balance >= must as f64 && balance <= may as f64,
+                "at {:?}: balance {balance}, expected {must}..={may}",
+                t - start
+            );
+            t += ms(1);
+        }
+    }
+
+    #[test]
+    fn deposits_every_7ms_count_for_the_whole_ttl() {
+        // tower's TpsBudget loses about half of these (its slots advance twice per
+        // expiry when calls do not line up with the slot width).
+        let t0 = Instant::now();
+        let deposits: Vec<Instant> = (0..700).map(|i| t0 + ms(7 * i)).collect();
+        check_window(1, &deposits, t0, t0 + ms(7 * 700 + 1500));
+        // After a full window of steady deposits the balance is close to ttl / 7 ms.
+        let b = budget(1, 0, 1.0);
+        for d in &deposits {
+            b.deposit_at(*d);
+        }
+        let at = *deposits.last().expect("non-empty");
+        let balance = b.balance_at(at);
+        assert!(balance >= (1000 - 63) as f64 / 7.0 - 1.0, "{balance}");
+        assert!(balance <= 1000.0 / 7.0 + 1.0, "{balance}");
+    }
+
+    #[test]
+    fn deposits_at_random_intervals_count_for_the_whole_ttl() {
+        for seed in 0..5 {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let t0 = Instant::now();
+            let mut t = t0;
+            let mut deposits = Vec::new();
+            for _ in 0..300 {
+                t += Duration::from_micros(rng.u64(0..40_000));
+                deposits.push(t);
+            }
+            check_window(2, &deposits, t0, t + ms(2500));
+        }
+    }
+
+    #[test]
+    fn withdrawals_count_for_the_window_then_the_reserve_returns() {
+        let t0 = Instant::now();
+        let b = budget(2, 5, 0.1); // reserve 10
+        assert_eq!(drain(&b, t0), 10);
+        assert!(
+            !b.withdraw_at(t0 + ms(1800)),
+            "still spent inside the window"
+        );
+        assert_eq!(
+            drain(&b, t0 + ms(2000)),
+            10,
+            "spent retries expire with the window"
+        );
+    }
+
+    #[test]
+    fn clones_share_one_budget() {
+        let t0 = Instant::now();
+        let a = budget(10, 0, 1.0);
+        let b = a.clone();
+        a.deposit_at(t0);
+        a.deposit_at(t0);
+        assert!(b.withdraw_at(t0));
+        assert_eq!(a.balance_at(t0), 1.0);
+        assert!(a.withdraw_at(t0));
+        assert!(!b.withdraw_at(t0));
+    }
+
+    #[test]
+    fn works_through_arc_dyn_budget_and_default_record_failure_is_a_no_op() {
+        let t0 = Instant::now();
+        let b: Arc<dyn Budget> = Arc::new(budget(10, 1, 0.1));
+        for _ in 0..100 {
+            b.record_failure_at(t0);
+        }
+        assert_eq!(b.balance_at(t0), 10.0);
+        assert!(b.withdraw_at(t0));
+        assert!(format!("{b:?}").contains("RetryBudget"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn convenience_forms_follow_tokio_paused_time() {
+        let b = budget(1, 0, 1.0);
+        b.deposit();
+        assert_eq!(b.balance(), 1.0);
+        tokio::time::advance(ms(500)).await;
+        assert_eq!(b.balance(), 1.0);
+        tokio::time::advance(ms(600)).await;
+        assert_eq!(b.balance(), 0.0, "expired on the paused clock");
+        b.deposit();
+        assert!(b.withdraw());
+        assert!(!b.withdraw());
+    }
+
+    #[test]
+    fn a_caller_more_than_a_window_late_is_not_counted() {
+        let t0 = Instant::now();
+        let b = budget(1, 0, 1.0);
+        b.deposit_at(t0);
+        b.deposit_at(t0 + ms(5000));
+        // A late deposit for t0 lands on a slot already reused by t0 + 5 s: dropped.
+        b.deposit_at(t0);
+        assert_eq!(b.balance_at(t0 + ms(5000)), 1.0);
+        // A late withdrawal is refused rather than counted in an expired slot.
+        assert!(!b.withdraw_at(t0));
+        assert!(b.withdraw_at(t0 + ms(5000)));
+    }
+
+    #[test]
+    fn instants_before_the_first_call_do_not_panic() {
+        let t0 = Instant::now();
+        let b = budget(1, 1, 1.0);
+        b.deposit_at(t0 + ms(100));
+        b.deposit_at(t0);
+        assert_eq!(b.balance_at(t0), 3.0);
+    }
+
+    #[test]
+    fn interleaved_withdrawals_cannot_both_take_the_last_retry() {
+        // Replays the lock-free protocol step by step: two callers count their withdrawal
+        // before either re-sums. Both then see both withdrawals and at most one may win.
+        let t0 = Instant::now();
+        let b = budget(10, 0, 1.0);
+        b.deposit_at(t0);
+        let s = &*b.shared;
+        let epoch = s.epoch(t0);
+        assert!(s.withdrawals.add(epoch)); // caller A counts
+        assert!(s.withdrawals.add(epoch)); // caller B counts
+        assert!(s.balance_micros(epoch) < 0); // A re-sums: refuses and undoes
+        s.withdrawals.remove(epoch);
+        assert!(s.balance_micros(epoch) >= 0); // B re-sums after A's undo: granted
+        assert!(!b.withdraw_at(t0), "the single retry is spent");
+        assert_eq!(b.balance_at(t0), 0.0);
+    }
+
+    #[test]
+    fn concurrent_callers_never_over_allocate() {
+        const THREADS: usize = 4;
+        const OPS: u32 = 2000;
+        let t0 = Instant::now();
+        let b = budget(10, 5, 0.1); // 50 + 0.1 × 8000 = 850 retries in the window
+        let barrier = Barrier::new(THREADS);
+        let granted: u32 = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..THREADS)
+                .map(|i| {
+                    let b = b.clone();
+                    let barrier = &barrier;
+                    scope.spawn(move || {
+                        barrier.wait();
+                        let mut granted = 0;
+                        for j in 0..OPS {
+                            let now = t0 + Duration::from_micros(u64::from(j) * 450 + i as u64);
+                            b.deposit_at(now);
+                            for _ in 0..2 {
+                                if b.withdraw_at(now) {
+                                    granted += 1;
+                                }
+                            }
+                        }
+                        granted
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("worker")).sum()
+        });
+        let allowed = 50 + THREADS as u32 * OPS / 10;
+        assert!(granted <= allowed, "granted {granted} > {allowed}");
+        // No count was lost: what is left is exactly the rest of the window.
+        let rest = drain(&b, t0 + ms(900));
+        assert_eq!(granted + rest, allowed);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Deposit(u64),
+        Withdraw(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u64..5_000_000).prop_map(Op::Deposit),
+            (0u64..5_000_000).prop_map(Op::Withdraw),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Within one window nothing expires: the budget agrees exactly with an integer
+        /// model, and grants never exceed reserve + ratio × deposits.
+        #[test]
+        fn within_one_window_grants_match_the_model(
+            ops in proptest::collection::vec(op(), 0..300),
+            min in 0u32..5,
+            ratio_milli in 1u32..3000,
+        ) {
+            let ratio = f64::from(ratio_milli) / 1000.0;
+            let b = budget(10, min, ratio);
+            let t0 = Instant::now();
+            let reserve = i128::from(min) * 10 * 1000;
+            let (mut deposits, mut granted) = (0i128, 0i128);
+            for op in ops {
+                // Offsets below 5 s keep every call inside the 10 s window.
+                match op {
+                    Op::Deposit(us) => {
+                        b.deposit_at(t0 + Duration::from_micros(us));
+                        deposits += 1;
+                    }
+                    Op::Withdraw(us) => {
+                        let expect = reserve + i128::from(ratio_milli) * deposits - 1000 * granted >= 1000;
+                        let got = b.withdraw_at(t0 + Duration::from_micros(5_000_000 + us % 1000));
+                        prop_assert_eq!(got, expect);
+                        if got { granted += 1; }
+                    }
+                }
+                prop_assert!(1000 * granted <= reserve + i128::from(ratio_milli) * deposits);
+            }
+        }
+
+        /// Over several windows, in any order of time: the retries granted in the last
+        /// `ttl - slot` never exceed the reserve plus what the deposits of the last `ttl`
+        /// minted.
+        #[test]
+        fn across_windows_grants_stay_within_the_window(
+            steps in proptest::collection::vec((0u64..400, any::<bool>()), 0..400),
+            min in 0u32..3,
+            ratio_milli in 1u32..2000,
+        ) {
+            let ttl = Duration::from_secs(1);
+            let slot = ttl / SLOTS as u32;
+            let b = budget(1, min, f64::from(ratio_milli) / 1000.0);
+            let t0 = Instant::now();
+            let mut t = t0;
+            let mut deposits = Vec::new();
+            let mut grants = Vec::new();
+            for (gap, is_deposit) in steps {
+                t += ms(gap);
+                if is_deposit {
+                    b.deposit_at(t);
+                    deposits.push(t);
+                } else if b.withdraw_at(t) {
+                    grants.push(t);
+                    let g = grants.iter().filter(|&&w| t - w < ttl - slot).count() as i128;
+                    let d = deposits.iter().filter(|&&d| t - d < ttl).count() as i128;
+                    prop_assert!(1000 * g <= i128::from(min) * 1000 + i128::from(ratio_milli) * d);
+                }
+            }
+        }
+    }
+}

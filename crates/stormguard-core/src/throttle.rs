@@ -1,1 +1,420 @@
-//! throttle (being written)
+//! gRPC A6 `retryThrottling`: the standard gRPC client's retry budget, as a [`Budget`].
+//!
+//! # Why
+//!
+//! A maximum number of attempts bounds one request, not the fleet: when a service fails
+//! every call, 3 attempts per call is still 3× the load on a service that is already down.
+//! gRPC's retry design (proposal A6) bounds retries with a token bucket per server instead:
+//! failures drain it, successes refill it, and once it is half empty no call is retried
+//! until successes refill it. At 100 % failure retries stop after a handful of failures,
+//! so the load stays ~1×; at low failure rates the bucket stays full and retries flow.
+//!
+//! Use this implementation to behave exactly like other gRPC clients configured with the
+//! same service config (`"retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}`);
+//! [`crate::budget::RetryBudget`] is the time-windowed alternative, which bounds retries
+//! by a ratio of recent successes.
+//!
+//! # The rules (gRPC A6)
+//!
+//! - The bucket starts full, at `maxTokens`.
+//! - Every failed attempt (a retryable status, or a pushback saying "do not retry")
+//!   removes 1 token ([`Budget::record_failure_at`]); the count never goes below 0.
+//! - Every success adds `tokenRatio` tokens ([`Budget::deposit_at`]); the count never
+//!   exceeds `maxTokens`.
+//! - A retry may go out only while the count is strictly greater than `maxTokens / 2`
+//!   ([`Budget::withdraw_at`]); asking does not consume anything: the failure of the retry
+//!   is what costs a token.
+//! - `tokenRatio` keeps 3 decimal places (further places are ignored), so counts are kept
+//!   in integer milli-tokens.
+//!
+//! The bucket does not depend on time; the `now` arguments are ignored.
+//!
+//! ```
+//! use stormguard_core::Instant;
+//! use stormguard_core::budget::Budget;
+//! use stormguard_core::throttle::{A6Throttle, ThrottleConfig};
+//!
+//! let throttle = A6Throttle::new(ThrottleConfig { max_tokens: 10.0, token_ratio: 0.1 })?;
+//! let now = Instant::now();
+//! for _ in 0..4 {
+//!     throttle.record_failure_at(now);
+//! }
+//! assert!(throttle.withdraw_at(now)); // 6 > 5
+//! throttle.record_failure_at(now);
+//! assert!(!throttle.withdraw_at(now)); // 5 is not > 5: throttled
+//! throttle.deposit_at(now);
+//! assert!(throttle.withdraw_at(now)); // 5.1 > 5
+//! # Ok::<(), stormguard_core::config::ConfigError>(())
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::Instant;
+use crate::budget::{Budget, truncate_decimal};
+use crate::config::ConfigError;
+
+const MILLI: u64 = 1000;
+
+/// Configuration of an [`A6Throttle`]: the service config's `retryThrottling` object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ThrottleConfig {
+    /// `maxTokens`: the bucket's size, and where it starts. In (0, 1000], kept to 3
+    /// decimal places.
+    pub max_tokens: f64,
+    /// `tokenRatio`: tokens added per success. Greater than 0 and finite; truncated to
+    /// 3 decimal places, and at least 0.001 once truncated.
+    pub token_ratio: f64,
+}
+
+impl ThrottleConfig {
+    /// Checks both fields; the error names the field as the service config spells it.
+    ///
+    /// ```
+    /// use stormguard_core::throttle::ThrottleConfig;
+    ///
+    /// assert!(ThrottleConfig { max_tokens: 10.0, token_ratio: 0.1 }.validate().is_ok());
+    /// let err = ThrottleConfig { max_tokens: 10.0, token_ratio: 0.0004 }.validate();
+    /// assert!(err.unwrap_err().to_string().contains("retryThrottling.tokenRatio"));
+    /// ```
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let max = self.max_tokens;
+        if !max.is_finite() || max <= 0.0 || max > 1000.0 {
+            return Err(ConfigError::invalid(
+                "retryThrottling.maxTokens",
+                format!("must be greater than 0 and at most 1000, got {max}"),
+            ));
+        }
+        if truncate_decimal(max, MILLI as f64) == 0 {
+            return Err(ConfigError::invalid(
+                "retryThrottling.maxTokens",
+                format!("must be at least 0.001 (3 decimal places are kept), got {max}"),
+            ));
+        }
+        let ratio = self.token_ratio;
+        if !ratio.is_finite() || ratio <= 0.0 {
+            return Err(ConfigError::invalid(
+                "retryThrottling.tokenRatio",
+                format!("must be finite and greater than 0, got {ratio}"),
+            ));
+        }
+        if truncate_decimal(ratio, MILLI as f64) == 0 {
+            return Err(ConfigError::invalid(
+                "retryThrottling.tokenRatio",
+                format!("must be at least 0.001 (3 decimal places are kept), got {ratio}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// gRPC A6 `retryThrottling` token bucket (see the [module docs](self)).
+///
+/// Lock-free (one atomic word); clones share one bucket, as gRPC keeps one per server.
+#[derive(Clone)]
+pub struct A6Throttle {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    config: ThrottleConfig,
+    max_milli: u64,
+    ratio_milli: u64,
+    /// Current tokens, in milli-tokens, in `0..=max_milli`.
+    tokens_milli: AtomicU64,
+}
+
+impl A6Throttle {
+    /// A full bucket for `config`, or the validation error.
+    pub fn new(config: ThrottleConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let max_milli = truncate_decimal(config.max_tokens, MILLI as f64);
+        let ratio_milli = truncate_decimal(config.token_ratio, MILLI as f64);
+        Ok(A6Throttle {
+            shared: Arc::new(Shared {
+                config,
+                max_milli,
+                ratio_milli,
+                tokens_milli: AtomicU64::new(max_milli),
+            }),
+        })
+    }
+
+    /// The configuration this bucket was built with.
+    pub fn config(&self) -> &ThrottleConfig {
+        &self.shared.config
+    }
+
+    /// The current token count (A6's `token_count`), to 3 decimal places.
+    pub fn tokens(&self) -> f64 {
+        self.shared.tokens_milli.load(Ordering::SeqCst) as f64 / MILLI as f64
+    }
+
+    fn update(&self, f: impl Fn(u64) -> u64) {
+        let result =
+            self.shared
+                .tokens_milli
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| Some(f(t)));
+        // The closure always returns `Some`, so the update always succeeds.
+        debug_assert!(result.is_ok());
+    }
+}
+
+impl Budget for A6Throttle {
+    /// A success: `+tokenRatio`, capped at `maxTokens`.
+    fn deposit_at(&self, _now: Instant) {
+        let (max, ratio) = (self.shared.max_milli, self.shared.ratio_milli);
+        self.update(|t| t.saturating_add(ratio).min(max));
+    }
+
+    /// A failed attempt: `-1`, never below 0.
+    fn record_failure_at(&self, _now: Instant) {
+        self.update(|t| t.saturating_sub(MILLI));
+    }
+
+    /// `true` while the tokens are strictly above `maxTokens / 2`; consumes nothing.
+    fn withdraw_at(&self, _now: Instant) -> bool {
+        let tokens = self.shared.tokens_milli.load(Ordering::SeqCst);
+        2 * tokens > self.shared.max_milli
+    }
+
+    /// Tokens above the `maxTokens / 2` threshold (0 when throttled): retries stop once
+    /// that many more attempts have failed.
+    fn balance_at(&self, _now: Instant) -> f64 {
+        let tokens = self.shared.tokens_milli.load(Ordering::SeqCst);
+        (2 * tokens).saturating_sub(self.shared.max_milli) as f64 / (2 * MILLI) as f64
+    }
+}
+
+impl fmt::Debug for A6Throttle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("A6Throttle")
+            .field("config", &self.shared.config)
+            .field("tokens", &self.tokens())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn throttle(max_tokens: f64, token_ratio: f64) -> A6Throttle {
+        A6Throttle::new(ThrottleConfig {
+            max_tokens,
+            token_ratio,
+        })
+        .expect("valid test config")
+    }
+
+    fn field_of(err: ConfigError) -> String {
+        match err {
+            ConfigError::Invalid { field, .. } => field,
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn starts_full() {
+        let now = Instant::now();
+        let t = throttle(10.0, 0.1);
+        assert_eq!(t.tokens(), 10.0);
+        assert!(t.withdraw_at(now));
+        assert_eq!(t.balance_at(now), 5.0);
+        assert_eq!(t.config().max_tokens, 10.0);
+    }
+
+    #[test]
+    fn withdraw_consumes_nothing() {
+        let now = Instant::now();
+        let t = throttle(10.0, 0.1);
+        for _ in 0..100 {
+            assert!(t.withdraw_at(now));
+        }
+        assert_eq!(t.tokens(), 10.0);
+    }
+
+    #[test]
+    fn failure_costs_one_token_and_never_goes_below_zero() {
+        let now = Instant::now();
+        let t = throttle(3.0, 0.5);
+        t.record_failure_at(now);
+        assert_eq!(t.tokens(), 2.0);
+        for _ in 0..10 {
+            t.record_failure_at(now);
+        }
+        assert_eq!(t.tokens(), 0.0);
+        assert_eq!(t.balance_at(now), 0.0);
+        t.deposit_at(now);
+        assert_eq!(t.tokens(), 0.5, "the floor did not leave a debt");
+    }
+
+    #[test]
+    fn success_adds_token_ratio_up_to_max_tokens() {
+        let now = Instant::now();
+        let t = throttle(10.0, 0.1);
+        t.deposit_at(now);
+        assert_eq!(t.tokens(), 10.0, "already full");
+        t.record_failure_at(now);
+        for _ in 0..5 {
+            t.deposit_at(now);
+        }
+        assert_eq!(t.tokens(), 9.5);
+        for _ in 0..20 {
+            t.deposit_at(now);
+        }
+        assert_eq!(t.tokens(), 10.0, "capped at maxTokens");
+        let t = throttle(4.0, 3.0);
+        t.record_failure_at(now);
+        t.deposit_at(now);
+        assert_eq!(t.tokens(), 4.0, "a big ratio is capped too");
+    }
+
+    #[test]
+    fn threshold_is_strictly_greater_than_half() {
+        let now = Instant::now();
+        let t = throttle(10.0, 0.1);
+        for _ in 0..4 {
+            t.record_failure_at(now);
+        }
+        assert_eq!(t.tokens(), 6.0);
+        assert!(t.withdraw_at(now));
+        assert_eq!(t.balance_at(now), 1.0);
+        t.record_failure_at(now);
+        assert_eq!(t.tokens(), 5.0);
+        assert!(!t.withdraw_at(now), "5 is not greater than 10 / 2");
+        assert_eq!(t.balance_at(now), 0.0);
+        // An odd maximum: 3 / 2 = 1.5, so 2 tokens retry and 1 does not.
+        let t = throttle(3.0, 0.1);
+        t.record_failure_at(now);
+        assert!(t.withdraw_at(now));
+        assert_eq!(t.balance_at(now), 0.5);
+        t.record_failure_at(now);
+        assert!(!t.withdraw_at(now));
+    }
+
+    #[test]
+    fn token_ratio_is_truncated_to_three_decimals() {
+        let now = Instant::now();
+        let t = throttle(10.0, 0.1239);
+        t.record_failure_at(now);
+        t.deposit_at(now);
+        assert_eq!(t.tokens(), 9.123, "0.1239 counts as 0.123");
+        // 0.29 * 1000.0 is 289.99999999999994 in f64: truncation must still give 0.290.
+        let t = throttle(10.0, 0.29);
+        t.record_failure_at(now);
+        t.deposit_at(now);
+        assert_eq!(t.tokens(), 9.29);
+        // Ten successes at 0.1 make exactly one token (no float drift).
+        let t = throttle(10.0, 0.1);
+        for _ in 0..6 {
+            t.record_failure_at(now);
+        }
+        for _ in 0..10 {
+            t.deposit_at(now);
+        }
+        assert_eq!(t.tokens(), 5.0);
+        assert!(!t.withdraw_at(now));
+    }
+
+    #[test]
+    fn a6_sequence_max_10_ratio_point_1() {
+        // The proposal's example service config: maxTokens 10, tokenRatio 0.1.
+        let now = Instant::now();
+        let t = throttle(10.0, 0.1);
+        let mut allowed = Vec::new();
+        for _ in 0..6 {
+            allowed.push(t.withdraw_at(now));
+            t.record_failure_at(now);
+        }
+        // 10, 9, 8, 7, 6 allow a retry; at 5 retries stop.
+        assert_eq!(allowed, [true, true, true, true, true, false]);
+        assert_eq!(t.tokens(), 4.0);
+        for _ in 0..10 {
+            t.deposit_at(now);
+        }
+        assert_eq!(t.tokens(), 5.0);
+        assert!(!t.withdraw_at(now), "back to 5: still throttled");
+        t.deposit_at(now);
+        assert!(t.withdraw_at(now), "5.1 > 5");
+        t.record_failure_at(now);
+        assert!(!t.withdraw_at(now), "4.1");
+    }
+
+    #[test]
+    fn validate_names_max_tokens() {
+        for max in [0.0, -1.0, 1000.001, f64::NAN, f64::INFINITY, 0.0004] {
+            let config = ThrottleConfig {
+                max_tokens: max,
+                token_ratio: 0.1,
+            };
+            let err = config.validate().expect_err("bad maxTokens");
+            assert_eq!(field_of(err.clone()), "retryThrottling.maxTokens", "{max}");
+            assert_eq!(A6Throttle::new(config).expect_err("refused"), err);
+        }
+        for max in [0.001, 1.0, 1000.0] {
+            let config = ThrottleConfig {
+                max_tokens: max,
+                token_ratio: 0.1,
+            };
+            assert_eq!(config.validate(), Ok(()), "{max}");
+        }
+    }
+
+    #[test]
+    fn validate_names_token_ratio() {
+        for ratio in [0.0, -0.5, f64::NAN, f64::INFINITY, 0.0009] {
+            let config = ThrottleConfig {
+                max_tokens: 10.0,
+                token_ratio: ratio,
+            };
+            let err = config.validate().expect_err("bad tokenRatio");
+            assert_eq!(field_of(err), "retryThrottling.tokenRatio", "{ratio}");
+        }
+        for ratio in [0.001, 0.1, 5000.0] {
+            let config = ThrottleConfig {
+                max_tokens: 10.0,
+                token_ratio: ratio,
+            };
+            assert_eq!(config.validate(), Ok(()), "{ratio}");
+        }
+    }
+
+    #[test]
+    fn clones_share_one_bucket_through_arc_dyn_budget() {
+        let now = Instant::now();
+        let t = throttle(2.0, 0.5);
+        let shared: Arc<dyn Budget> = Arc::new(t.clone());
+        shared.record_failure_at(now);
+        assert_eq!(t.tokens(), 1.0);
+        assert!(!shared.withdraw_at(now));
+        assert!(format!("{shared:?}").contains("A6Throttle"));
+        shared.deposit();
+        assert!(t.withdraw());
+        shared.record_failure();
+        assert_eq!(t.balance(), 0.0);
+    }
+
+    #[test]
+    fn concurrent_updates_are_not_lost() {
+        let t = throttle(1000.0, 0.25);
+        let now = Instant::now();
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                let t = t.clone();
+                scope.spawn(move || {
+                    for _ in 0..100 {
+                        t.record_failure_at(now);
+                    }
+                    for _ in 0..200 {
+                        t.deposit_at(now);
+                    }
+                });
+            }
+        });
+        // Each worker: -100 then +50; none can hit the floor or the cap on its own path
+        // because the failures of all workers total 400 of 1000 tokens.
+        assert_eq!(t.tokens(), 800.0);
+    }
+}
