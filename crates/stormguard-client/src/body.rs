@@ -1,0 +1,385 @@
+//! A request body that can be sent more than once, within a memory bound.
+//!
+//! A retry must resend the request, but an HTTP body is a stream that is consumed as it is
+//! sent. [`ReplayBody`] copies the data frames of the original body into a shared buffer as
+//! the first attempt sends them, up to a byte limit; a later attempt replays the buffer and
+//! then goes on reading the original body where the previous attempt left it. If the body
+//! outgrows the limit the buffer is dropped at once (memory stays bounded by the limit per
+//! call) and the call is no longer replayable: it is sent once and not retried.
+//!
+//! The buffering is lazy, so a streaming request body is never held back: data goes to the
+//! wire as soon as the caller produces it.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use tonic::Status;
+use tonic::body::Body;
+
+/// The default bound on the bytes buffered per call for replay: 64 KiB.
+pub const DEFAULT_REPLAY_LIMIT: usize = 64 * 1024;
+
+/// The shared buffer of one logical call; each attempt gets a [`ReplayBody`] over it.
+#[derive(Debug, Clone)]
+pub(crate) struct Replay {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    limit: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Data frames seen so far, while their total stays within the limit.
+    chunks: Vec<Bytes>,
+    /// Bytes in `chunks`.
+    len: usize,
+    /// The body outgrew the limit (or failed): the buffer is gone, no replay.
+    broken: bool,
+    /// The rest of the original body, when no attempt holds it.
+    rest: Option<Body>,
+    /// The original body has ended.
+    complete: bool,
+    /// Trailers of the original body, if it had any.
+    trailers: Option<HeaderMap>,
+    /// An attempt waiting for the previous attempt to give the original body back.
+    waiting: Option<Waker>,
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Replay {
+    /// Wraps `body` for replay of up to `limit` bytes and returns the first attempt's body.
+    ///
+    /// Returns `None` (and gives the body back unchanged) when the body announces a length
+    /// over the limit: such a body is sent once without any copying.
+    pub(crate) fn new(body: Body, limit: usize) -> Result<(Replay, ReplayBody), Body> {
+        let hint = body.size_hint();
+        if hint.lower() > limit as u64 {
+            return Err(body);
+        }
+        let complete = body.is_end_stream();
+        let state = State {
+            rest: if complete { None } else { Some(body) },
+            complete,
+            ..State::default()
+        };
+        let replay = Replay {
+            shared: Arc::new(Shared {
+                limit,
+                state: Mutex::new(state),
+            }),
+        };
+        let first = replay.body();
+        Ok((replay, first))
+    }
+
+    /// A fresh body for the next attempt: replays what was buffered, then reads on.
+    pub(crate) fn body(&self) -> ReplayBody {
+        ReplayBody {
+            shared: self.shared.clone(),
+            replayed: 0,
+            replayed_bytes: 0,
+            rest: None,
+            passthrough: false,
+            trailers_sent: false,
+        }
+    }
+
+    /// Whether a new attempt can resend the body: it has stayed within the limit.
+    pub(crate) fn is_replayable(&self) -> bool {
+        !lock(&self.shared.state).broken
+    }
+
+    /// Bytes currently buffered for this call.
+    #[cfg(test)]
+    pub(crate) fn buffered(&self) -> usize {
+        lock(&self.shared.state).len
+    }
+}
+
+/// One attempt's view of a replayable request body.
+///
+/// It first yields the frames that earlier attempts buffered, then the rest of the
+/// original body, buffering it for later attempts while it stays within the limit. When
+/// dropped it hands the original body back so that the next attempt can continue it.
+#[derive(Debug)]
+pub(crate) struct ReplayBody {
+    shared: Arc<Shared>,
+    /// Buffered chunks this attempt has yielded.
+    replayed: usize,
+    /// Bytes of those chunks.
+    replayed_bytes: usize,
+    /// The original body, while this attempt is the one reading it.
+    rest: Option<Body>,
+    /// The buffer overflowed while this attempt read: it streams the rest straight through.
+    passthrough: bool,
+    trailers_sent: bool,
+}
+
+impl HttpBody for ReplayBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = self.get_mut();
+        if !this.passthrough {
+            let mut state = lock(&this.shared.state);
+            if state.broken && this.rest.is_none() {
+                // Another attempt overflowed the buffer: this one cannot resend the body.
+                return Poll::Ready(Some(Err(Status::internal(
+                    "stormguard: request body exceeded the replay limit and cannot be resent",
+                ))));
+            }
+            if let Some(chunk) = state.chunks.get(this.replayed) {
+                let chunk = chunk.clone();
+                this.replayed += 1;
+                this.replayed_bytes += chunk.len();
+                return Poll::Ready(Some(Ok(Frame::data(chunk))));
+            }
+            if state.complete {
+                if !this.trailers_sent {
+                    this.trailers_sent = true;
+                    if let Some(trailers) = state.trailers.clone() {
+                        return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+                    }
+                }
+                return Poll::Ready(None);
+            }
+            if this.rest.is_none() {
+                match state.rest.take() {
+                    Some(rest) => this.rest = Some(rest),
+                    None => {
+                        // The previous attempt still holds the original body (its transport
+                        // has not dropped it yet): wait until it hands it back.
+                        state.waiting = Some(cx.waker().clone());
+                        return Poll::Pending;
+                    }
+                }
+            }
+        }
+
+        let Some(rest) = this.rest.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let frame = match Pin::new(rest).poll_frame(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(frame) => frame,
+        };
+        if this.passthrough {
+            return Poll::Ready(frame);
+        }
+        let mut state = lock(&this.shared.state);
+        match frame {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    if state.len + data.len() > this.shared.limit {
+                        // Over the bound: free the buffer now and stream the rest once.
+                        state.broken = true;
+                        state.chunks = Vec::new();
+                        state.len = 0;
+                        this.passthrough = true;
+                    } else {
+                        state.len += data.len();
+                        state.chunks.push(data.clone());
+                        this.replayed += 1;
+                        this.replayed_bytes += data.len();
+                    }
+                } else if let Some(trailers) = frame.trailers_ref() {
+                    state.trailers = Some(trailers.clone());
+                    state.complete = true;
+                    this.trailers_sent = true;
+                    this.rest = None;
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Some(Err(status)) => {
+                state.broken = true;
+                state.chunks = Vec::new();
+                state.len = 0;
+                this.rest = None;
+                Poll::Ready(Some(Err(status)))
+            }
+            None => {
+                state.complete = true;
+                this.rest = None;
+                this.trailers_sent = true;
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        if self.passthrough {
+            return self.rest.as_ref().is_none_or(HttpBody::is_end_stream);
+        }
+        let state = lock(&self.shared.state);
+        !state.broken
+            && state.complete
+            && self.replayed >= state.chunks.len()
+            && (self.trailers_sent || state.trailers.is_none())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.passthrough {
+            return self
+                .rest
+                .as_ref()
+                .map_or_else(|| SizeHint::with_exact(0), HttpBody::size_hint);
+        }
+        let state = lock(&self.shared.state);
+        if state.complete && !state.broken {
+            return SizeHint::with_exact((state.len - self.replayed_bytes.min(state.len)) as u64);
+        }
+        let buffered = (state.len - self.replayed_bytes.min(state.len)) as u64;
+        let rest = self
+            .rest
+            .as_ref()
+            .or(state.rest.as_ref())
+            .map(HttpBody::size_hint)
+            .unwrap_or_default();
+        let mut hint = SizeHint::new();
+        hint.set_lower(buffered + rest.lower());
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(buffered + upper);
+        }
+        hint
+    }
+}
+
+impl Drop for ReplayBody {
+    fn drop(&mut self) {
+        if let Some(rest) = self.rest.take() {
+            let mut state = lock(&self.shared.state);
+            state.rest = Some(rest);
+            if let Some(waker) = state.waiting.take() {
+                waker.wake();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use std::collections::VecDeque;
+
+    /// A body that yields the given chunks one frame at a time, with no length announced.
+    struct Chunks(VecDeque<Bytes>);
+
+    impl HttpBody for Chunks {
+        type Data = Bytes;
+        type Error = Status;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+            Poll::Ready(self.get_mut().0.pop_front().map(|c| Ok(Frame::data(c))))
+        }
+        fn is_end_stream(&self) -> bool {
+            self.0.is_empty()
+        }
+    }
+
+    fn chunked(chunks: &[&'static [u8]]) -> Body {
+        Body::new(Chunks(
+            chunks.iter().map(|c| Bytes::from_static(c)).collect(),
+        ))
+    }
+
+    async fn collect(body: ReplayBody) -> Bytes {
+        body.collect().await.unwrap().to_bytes()
+    }
+
+    #[tokio::test]
+    async fn replays_the_whole_body_to_every_attempt() {
+        let (replay, first) = Replay::new(chunked(&[b"ab", b"cd"]), 16).unwrap();
+        assert_eq!(collect(first).await, Bytes::from_static(b"abcd"));
+        assert!(replay.is_replayable());
+        assert_eq!(collect(replay.body()).await, Bytes::from_static(b"abcd"));
+        assert_eq!(collect(replay.body()).await, Bytes::from_static(b"abcd"));
+    }
+
+    #[tokio::test]
+    async fn a_retry_continues_a_body_the_first_attempt_left_half_read() {
+        let (replay, mut first) = Replay::new(chunked(&[b"ab", b"cd", b"ef"]), 16).unwrap();
+        let frame = first.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), Bytes::from_static(b"ab"));
+        drop(first);
+        assert_eq!(collect(replay.body()).await, Bytes::from_static(b"abcdef"));
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_sent_once_and_the_buffer_is_freed() {
+        let (replay, first) = Replay::new(chunked(&[b"abcd", b"efgh", b"ij"]), 6).unwrap();
+        assert_eq!(collect(first).await, Bytes::from_static(b"abcdefghij"));
+        assert!(!replay.is_replayable());
+        assert_eq!(replay.buffered(), 0);
+        let err = replay.body().collect().await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Internal);
+    }
+
+    #[tokio::test]
+    async fn a_body_exactly_at_the_limit_stays_replayable() {
+        let (replay, first) = Replay::new(chunked(&[b"abc", b"def"]), 6).unwrap();
+        assert_eq!(collect(first).await, Bytes::from_static(b"abcdef"));
+        assert!(replay.is_replayable());
+        assert_eq!(replay.buffered(), 6);
+    }
+
+    #[tokio::test]
+    async fn an_announced_length_over_the_limit_is_not_wrapped() {
+        let body = Body::new(http_body_util::Full::new(Bytes::from(vec![0u8; 100])));
+        assert!(Replay::new(body, 99).is_err());
+    }
+
+    #[tokio::test]
+    async fn an_empty_body_replays_as_empty() {
+        let (replay, first) = Replay::new(Body::empty(), 16).unwrap();
+        assert!(first.is_end_stream());
+        assert!(replay.body().is_end_stream());
+        assert_eq!(collect(replay.body()).await, Bytes::new());
+    }
+
+    #[tokio::test]
+    async fn replay_waits_until_the_previous_attempt_hands_the_body_back() {
+        let (replay, mut first) = Replay::new(chunked(&[b"ab", b"cd"]), 16).unwrap();
+        let _ = first.frame().await.unwrap().unwrap();
+        let mut second = replay.body();
+        // Replays "ab", then must wait: the first attempt still holds the original body.
+        assert_eq!(
+            second.frame().await.unwrap().unwrap().into_data().unwrap(),
+            Bytes::from_static(b"ab")
+        );
+        let pending = futures_poll_once(&mut second);
+        assert!(pending.is_none(), "must wait for the original body");
+        drop(first);
+        assert_eq!(
+            second.frame().await.unwrap().unwrap().into_data().unwrap(),
+            Bytes::from_static(b"cd")
+        );
+    }
+
+    fn futures_poll_once(body: &mut ReplayBody) -> Option<()> {
+        let waker = Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        match Pin::new(body).poll_frame(&mut cx) {
+            Poll::Pending => None,
+            Poll::Ready(_) => Some(()),
+        }
+    }
+}

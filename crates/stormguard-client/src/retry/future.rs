@@ -1,0 +1,444 @@
+//! The response future of [`Retry`](super::Retry): one logical call, attempt by attempt.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue, Method, Uri, Version};
+use pin_project_lite::pin_project;
+use stormguard_core::Instant;
+use stormguard_core::code::Code;
+use stormguard_core::deadline::{GRPC_TIMEOUT_HEADER, decode_grpc_timeout, encode_grpc_timeout};
+use stormguard_core::retry::{CallRetry, Decision, Failure, Refusal};
+use tokio::time::Sleep;
+use tonic::Status;
+use tonic::body::Body;
+use tower_service::Service;
+
+use super::layer::Shared;
+use crate::body::Replay;
+use crate::context::CallContext;
+use crate::stats::RetryStats;
+use crate::status::{
+    BoxError, PREVIOUS_ATTEMPTS_HEADER, classify_error, mark_do_not_retry, pushback,
+    status_do_not_retry, status_from_error, trailers_only_code,
+};
+
+pin_project! {
+    /// The future of one logical call through the retry layer.
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<http::Request<Body>, Response = http::Response<B>>,
+    {
+        svc: S,
+        call: Option<CallRetry>,
+        template: Template,
+        replay: Option<Replay>,
+        stats: RetryStats,
+        // The failure the next attempt retries, returned if the retry cannot be sent.
+        last: Option<Last<B>>,
+        // `retry.reason` of the next attempt.
+        reason: &'static str,
+        span: tracing::Span,
+        #[pin]
+        state: State<S::Future>,
+        // Fires when the caller's deadline runs out; races every attempt.
+        #[pin]
+        deadline: Option<Sleep>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        // An attempt is in flight.
+        Calling { #[pin] fut: F },
+        // Waiting out the retry delay.
+        Delaying { #[pin] sleep: Sleep },
+        // The delay is over: readying the service for the retry.
+        Readying,
+        // The call ends without (another) attempt.
+        Finished { status: Option<Status> },
+    }
+}
+
+/// What is kept of a request to build the next attempt.
+struct Template {
+    method: Method,
+    uri: Uri,
+    version: Version,
+    headers: HeaderMap,
+    extensions: http::Extensions,
+}
+
+enum Last<B> {
+    Response(http::Response<B>),
+    Error(Status),
+}
+
+impl<S, B> fmt::Debug for ResponseFuture<S, B>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture")
+            .field("call", &self.call)
+            .field("uri", &self.template.uri)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The logical deadline of a call: the earliest of the caller's `grpc-timeout` and the
+/// context's deadline; the layer's default only when neither is set.
+fn logical_deadline(
+    headers: &HeaderMap,
+    default: Option<Duration>,
+    now: Instant,
+) -> Option<Instant> {
+    let own = headers
+        .get(GRPC_TIMEOUT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| decode_grpc_timeout(v).ok())
+        .map(|t| now + t);
+    let ctx = CallContext::current().and_then(|c| c.deadline());
+    match (own, ctx) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (Some(a), None) | (None, Some(a)) => Some(a),
+        (None, None) => default.map(|t| now + t),
+    }
+}
+
+fn attempt_span(uri: &Uri, attempt: u32, reason: &'static str) -> tracing::Span {
+    tracing::debug_span!(
+        "stormguard.attempt",
+        rpc.method = uri.path(),
+        retry.attempt = attempt,
+        retry.reason = reason,
+    )
+}
+
+impl<S, B> ResponseFuture<S, B>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>>,
+    S::Error: Into<BoxError>,
+{
+    pub(super) fn start(svc: S, request: http::Request<Body>, shared: &Shared) -> Self {
+        let now = Instant::now();
+        let stats = shared.stats.clone();
+        stats.logical();
+        let (parts, body) = request.into_parts();
+        let template = Template {
+            method: parts.method,
+            uri: parts.uri,
+            version: parts.version,
+            headers: parts.headers,
+            extensions: parts.extensions,
+        };
+        let deadline = logical_deadline(&template.headers, shared.default_timeout, now);
+        let path = template.uri.path().to_owned();
+
+        let mut fut = ResponseFuture {
+            svc,
+            call: None,
+            template,
+            replay: None,
+            stats,
+            last: None,
+            reason: "initial",
+            span: tracing::Span::none(),
+            state: State::Finished { status: None },
+            deadline: None,
+        };
+
+        let call = match shared.controller.begin_at(&path, deadline, now) {
+            Ok(call) => call,
+            Err(refusal) => {
+                // Only an open breaker rejects a first attempt: fail fast, and tell callers
+                // above not to retry into it either.
+                fut.stats.refused(refusal);
+                fut.stats.outcome(false);
+                let status = Status::unavailable(format!(
+                    "stormguard: call not sent ({refusal}): the circuit breaker is open"
+                ));
+                fut.state = State::Finished {
+                    status: Some(status_do_not_retry(status)),
+                };
+                return fut;
+            }
+        };
+        if let Some(deadline) = deadline {
+            let left = deadline.saturating_duration_since(now);
+            if left.is_zero() {
+                fut.stats.deadline_exceeded();
+                fut.stats.outcome(false);
+                fut.state = State::Finished {
+                    status: Some(Status::deadline_exceeded(
+                        "stormguard: the call's deadline had passed before it was sent",
+                    )),
+                };
+                return fut;
+            }
+            set_timeout(&mut fut.template.headers, left);
+            fut.deadline = Some(tokio::time::sleep_until(deadline));
+        }
+
+        let body = if call.is_retryable_method() {
+            match Replay::new(body, shared.replay_limit) {
+                Ok((replay, first)) => {
+                    fut.replay = Some(replay);
+                    Body::new(first)
+                }
+                // The body announced a length over the bound: sent once, never copied.
+                Err(body) => body,
+            }
+        } else {
+            body
+        };
+        fut.call = Some(call);
+        let request = fut.template.request(body);
+        fut.span = attempt_span(&fut.template.uri, 0, "initial");
+        fut.stats.attempt(false);
+        let inner = {
+            let _enter = fut.span.enter();
+            fut.svc.call(request)
+        };
+        fut.state = State::Calling { fut: inner };
+        fut
+    }
+}
+
+impl Template {
+    fn request(&self, body: Body) -> http::Request<Body> {
+        let mut request = http::Request::new(body);
+        *request.method_mut() = self.method.clone();
+        *request.uri_mut() = self.uri.clone();
+        *request.version_mut() = self.version;
+        *request.headers_mut() = self.headers.clone();
+        *request.extensions_mut() = self.extensions.clone();
+        request
+    }
+}
+
+fn set_timeout(headers: &mut HeaderMap, left: Duration) {
+    if let Ok(value) = HeaderValue::from_str(encode_grpc_timeout(left).as_str()) {
+        headers.insert(GRPC_TIMEOUT_HEADER, value);
+    }
+}
+
+/// What an attempt ended in, as the retry decision needs it.
+enum Outcome<B> {
+    /// Passed to the caller as it is (success, committed, or the final answer).
+    Done(Result<http::Response<B>, BoxError>),
+    /// A failure before commit: decide.
+    Failed { failure: Failure, last: Last<B> },
+}
+
+impl<S, B> Future for ResponseFuture<S, B>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<http::Response<B>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Finished { status } => {
+                    let status = status.take().unwrap_or_else(|| {
+                        Status::internal("stormguard: call polled after completion")
+                    });
+                    return Poll::Ready(Err(Box::new(status)));
+                }
+                StateProj::Calling { fut } => {
+                    if this
+                        .deadline
+                        .as_mut()
+                        .as_pin_mut()
+                        .is_some_and(|d| d.poll(cx).is_ready())
+                    {
+                        // The caller's deadline ran out mid-attempt: final, whatever the
+                        // server would have said. Dropping the attempt cancels its stream.
+                        this.state.set(State::Finished { status: None });
+                        if let Some(call) = this.call.as_mut() {
+                            let failure = Failure {
+                                replayable: false,
+                                ..Failure::status(Code::DeadlineExceeded)
+                            };
+                            let _ = call.on_failure_at(&failure, Instant::now());
+                        }
+                        this.stats.deadline_exceeded();
+                        this.stats.outcome(false);
+                        return Poll::Ready(Err(Box::new(Status::deadline_exceeded(
+                            "stormguard: the call's deadline was exceeded",
+                        ))));
+                    }
+                    let result = {
+                        let _enter = this.span.enter();
+                        ready!(fut.poll(cx))
+                    };
+                    let replayable = this.replay.as_ref().is_some_and(Replay::is_replayable);
+                    let now = Instant::now();
+                    let outcome = classify(result, replayable);
+                    let (failure, last) = match outcome {
+                        Outcome::Done(result) => {
+                            if let Some(call) = this.call.as_mut() {
+                                call.on_success_at(now);
+                            }
+                            if matches!(&result, Ok(r) if trailers_only_code(r.headers()).is_none())
+                            {
+                                this.stats.committed();
+                            }
+                            this.stats.outcome(true);
+                            this.state.set(State::Finished { status: None });
+                            return Poll::Ready(result);
+                        }
+                        Outcome::Failed { failure, last } => (failure, last),
+                    };
+                    let decision = match this.call.as_mut() {
+                        Some(call) => call.on_failure_at(&failure, now),
+                        None => Decision::GiveUp(Refusal::NotRetryable),
+                    };
+                    match decision {
+                        Decision::Retry { delay } => {
+                            tracing::debug!(
+                                parent: &*this.span,
+                                code = failure.code.name(),
+                                delay_ms = delay.as_millis() as u64,
+                                "stormguard: retrying"
+                            );
+                            *this.reason = failure.code.name();
+                            *this.last = Some(last);
+                            this.state.set(State::Delaying {
+                                sleep: tokio::time::sleep(delay),
+                            });
+                        }
+                        Decision::GiveUp(refusal) => {
+                            this.state.set(State::Finished { status: None });
+                            return Poll::Ready(give_up(this.stats, refusal, last));
+                        }
+                    }
+                }
+                StateProj::Delaying { sleep } => {
+                    ready!(sleep.poll(cx));
+                    let started = match this.call.as_mut() {
+                        Some(call) => call.start_retry_at(Instant::now()),
+                        None => Err(Refusal::NotRetryable),
+                    };
+                    if let Err(refusal) = started {
+                        this.state.set(State::Finished { status: None });
+                        let last = this.last.take().unwrap_or_else(|| {
+                            Last::Error(Status::unavailable("stormguard: retry refused"))
+                        });
+                        return Poll::Ready(give_up(this.stats, refusal, last));
+                    }
+                    this.state.set(State::Readying);
+                }
+                StateProj::Readying => {
+                    if let Err(err) = ready!(this.svc.poll_ready(cx)) {
+                        this.state.set(State::Finished { status: None });
+                        this.stats.outcome(false);
+                        return Poll::Ready(Err(err.into()));
+                    }
+                    let Some(call) = this.call.as_ref() else {
+                        this.state.set(State::Finished { status: None });
+                        return Poll::Ready(Err(Box::new(Status::internal(
+                            "stormguard: no call state",
+                        ))));
+                    };
+                    let attempt = call.previous_attempts();
+                    let now = Instant::now();
+                    let headers = &mut this.template.headers;
+                    headers.insert(PREVIOUS_ATTEMPTS_HEADER, HeaderValue::from(attempt));
+                    if let Some(left) = call.remaining_at(now) {
+                        set_timeout(headers, left);
+                    }
+                    let body = match this.replay.as_ref() {
+                        Some(replay) => Body::new(replay.body()),
+                        None => Body::empty(),
+                    };
+                    let request = this.template.request(body);
+                    *this.last = None;
+                    *this.span = attempt_span(&this.template.uri, attempt, this.reason);
+                    this.stats.attempt(true);
+                    let fut = {
+                        let _enter = this.span.enter();
+                        this.svc.call(request)
+                    };
+                    this.state.set(State::Calling { fut });
+                }
+            }
+        }
+    }
+}
+
+/// Sorts an attempt's result into "pass it to the caller" and "a failure before commit".
+fn classify<B, E: Into<BoxError>>(
+    result: Result<http::Response<B>, E>,
+    replayable: bool,
+) -> Outcome<B> {
+    match result {
+        Ok(response) => match trailers_only_code(response.headers()) {
+            // Committed (headers without a status), or a trailers-only OK.
+            None | Some(Code::Ok) => Outcome::Done(Ok(response)),
+            Some(code) => Outcome::Failed {
+                failure: Failure {
+                    code,
+                    pushback: pushback(response.headers()),
+                    replayable,
+                    unsent: false,
+                },
+                last: Last::Response(response),
+            },
+        },
+        Err(err) => {
+            let err: BoxError = err.into();
+            let transport = classify_error(&*err);
+            let (code, status) = if transport.timed_out {
+                // The per-attempt timer in the channel (our `grpc-timeout`) ran out.
+                (
+                    Code::DeadlineExceeded,
+                    Status::deadline_exceeded(err.to_string()),
+                )
+            } else {
+                (transport.code, status_from_error(err, transport.code))
+            };
+            Outcome::Failed {
+                failure: Failure {
+                    code,
+                    pushback: None,
+                    replayable,
+                    unsent: transport.unsent,
+                },
+                last: Last::Error(status),
+            }
+        }
+    }
+}
+
+/// The caller gets the last failure; marked "do not retry" when stormguard refused to
+/// retry a retryable failure.
+fn give_up<B>(
+    stats: &RetryStats,
+    refusal: Refusal,
+    last: Last<B>,
+) -> Result<http::Response<B>, BoxError> {
+    stats.refused(refusal);
+    stats.outcome(false);
+    let mark = refusal.is_retryable_but_refused();
+    match last {
+        Last::Response(mut response) => {
+            if mark {
+                mark_do_not_retry(response.headers_mut());
+            }
+            Ok(response)
+        }
+        Last::Error(status) => Err(Box::new(if mark {
+            status_do_not_retry(status)
+        } else {
+            status
+        })),
+    }
+}

@@ -1,0 +1,100 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use stormguard_core::retry::RetryController;
+use tower_layer::Layer;
+
+use super::Retry;
+use crate::body::DEFAULT_REPLAY_LIMIT;
+use crate::stats::RetryStats;
+
+/// Wraps a tonic channel (any `Clone` service of `http::Request<tonic::body::Body>`) in a
+/// [`Retry`] service.
+///
+/// One layer is one dependency's retry policy: a single [`RetryController`] (method table,
+/// budget, breaker) and a single set of counters, shared by every service the layer builds
+/// and by every clone of those services.
+#[derive(Clone)]
+pub struct RetryLayer {
+    pub(super) shared: Arc<Shared>,
+}
+
+#[derive(Clone)]
+pub(super) struct Shared {
+    pub(super) controller: RetryController,
+    pub(super) stats: RetryStats,
+    pub(super) replay_limit: usize,
+    pub(super) default_timeout: Option<Duration>,
+}
+
+impl RetryLayer {
+    /// A layer that decides every retry with `controller`.
+    ///
+    /// Request bodies are buffered for replay up to [`DEFAULT_REPLAY_LIMIT`] bytes; calls
+    /// without a deadline of their own have none (see [`with_default_timeout`](Self::with_default_timeout)).
+    pub fn new(controller: impl Into<RetryController>) -> Self {
+        RetryLayer {
+            shared: Arc::new(Shared {
+                controller: controller.into(),
+                stats: RetryStats::new(),
+                replay_limit: DEFAULT_REPLAY_LIMIT,
+                default_timeout: None,
+            }),
+        }
+    }
+
+    /// Buffer up to `bytes` of each request body so that it can be replayed. A call whose
+    /// body is larger is sent once and not retried (counted as `replay_limit`). Memory held
+    /// for replay is at most `bytes` per call in flight.
+    pub fn with_replay_limit(mut self, bytes: usize) -> Self {
+        Arc::make_mut(&mut self.shared).replay_limit = bytes;
+        self
+    }
+
+    /// Give calls that carry no deadline (no `grpc-timeout` from `Request::set_timeout` and
+    /// none in the [`CallContext`](crate::context::CallContext)) this one. Retries then stop
+    /// when it runs out, and each attempt tells the server how long it has.
+    pub fn with_default_timeout(mut self, timeout: Duration) -> Self {
+        Arc::make_mut(&mut self.shared).default_timeout = Some(timeout);
+        self
+    }
+
+    /// Count into `stats` instead of the layer's own counters (to share counters across
+    /// layers, or to keep a handle made before the layer).
+    pub fn with_stats(mut self, stats: RetryStats) -> Self {
+        Arc::make_mut(&mut self.shared).stats = stats;
+        self
+    }
+
+    /// The counters of this layer.
+    pub fn stats(&self) -> RetryStats {
+        self.shared.stats.clone()
+    }
+
+    /// The controller that decides retries (its budget and breaker are shared by all calls).
+    pub fn controller(&self) -> &RetryController {
+        &self.shared.controller
+    }
+}
+
+impl fmt::Debug for RetryLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryLayer")
+            .field("controller", &self.shared.controller)
+            .field("replay_limit", &self.shared.replay_limit)
+            .field("default_timeout", &self.shared.default_timeout)
+            .finish()
+    }
+}
+
+impl<S> Layer<S> for RetryLayer {
+    type Service = Retry<S>;
+
+    fn layer(&self, inner: S) -> Retry<S> {
+        Retry {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! Counters of one retry layer: logical calls and physical attempts apart, refusals by
+//! cause.
+//!
+//! The number that tells whether retries amplify load is `attempts / logical`; a budget
+//! keeps it near `1 + retry_ratio` however badly the dependency fails. The refusal counters
+//! say which guard held the line.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use stormguard_core::retry::Refusal;
+
+/// A cloneable handle on a layer's counters; every clone of the layer and its services
+/// counts into the same ones.
+#[derive(Clone, Debug, Default)]
+pub struct RetryStats {
+    inner: Arc<Counters>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    logical: AtomicU64,
+    attempts: AtomicU64,
+    retries: AtomicU64,
+    ok: AtomicU64,
+    failed: AtomicU64,
+    committed: AtomicU64,
+    deadline_exceeded: AtomicU64,
+    refused: [AtomicU64; Refusal::ALL.len()],
+}
+
+fn index(r: Refusal) -> usize {
+    Refusal::ALL.iter().position(|x| *x == r).unwrap_or(0)
+}
+
+impl RetryStats {
+    /// Fresh counters, all zero.
+    pub fn new() -> Self {
+        RetryStats::default()
+    }
+
+    pub(crate) fn logical(&self) {
+        self.inner.logical.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn attempt(&self, retry: bool) {
+        self.inner.attempts.fetch_add(1, Ordering::Relaxed);
+        if retry {
+            self.inner.retries.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn outcome(&self, ok: bool) {
+        let c = if ok {
+            &self.inner.ok
+        } else {
+            &self.inner.failed
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn committed(&self) {
+        self.inner.committed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn deadline_exceeded(&self) {
+        self.inner.deadline_exceeded.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn refused(&self, r: Refusal) {
+        self.inner.refused[index(r)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counters now. Each counter is read atomically, the set is not (a call that ends
+    /// while this runs may be half counted).
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let c = &self.inner;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let r = |x: Refusal| load(&c.refused[index(x)]);
+        StatsSnapshot {
+            logical: load(&c.logical),
+            attempts: load(&c.attempts),
+            retries: load(&c.retries),
+            ok: load(&c.ok),
+            failed: load(&c.failed),
+            committed: load(&c.committed),
+            deadline_exceeded: load(&c.deadline_exceeded),
+            refused: RefusedCounts {
+                not_retryable: r(Refusal::NotRetryable),
+                not_idempotent: r(Refusal::NotIdempotent),
+                pushback: r(Refusal::Pushback),
+                attempts: r(Refusal::Attempts),
+                deadline: r(Refusal::Deadline),
+                breaker: r(Refusal::Breaker),
+                budget: r(Refusal::Budget),
+                replay_limit: r(Refusal::ReplayLimit),
+            },
+        }
+    }
+}
+
+/// The counters of a layer at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Logical calls started (what the caller asked for).
+    pub logical: u64,
+    /// Physical attempts sent (first attempts plus retries).
+    pub attempts: u64,
+    /// Attempts that were retries.
+    pub retries: u64,
+    /// Logical calls that ended in `OK`, or committed (response headers without a status).
+    pub ok: u64,
+    /// Logical calls that ended in a failure status or error.
+    pub failed: u64,
+    /// Calls whose response headers arrived without a status: passed through, never retried.
+    pub committed: u64,
+    /// Calls cut short because the caller's deadline ran out while an attempt was in flight.
+    pub deadline_exceeded: u64,
+    /// Failures that were not retried, by cause. A first attempt rejected by an open
+    /// breaker counts under `breaker` too.
+    pub refused: RefusedCounts,
+}
+
+impl StatsSnapshot {
+    /// Attempts per logical call (1.0 when nothing was retried; 0.0 before any call).
+    pub fn amplification(&self) -> f64 {
+        if self.logical == 0 {
+            0.0
+        } else {
+            self.attempts as f64 / self.logical as f64
+        }
+    }
+}
+
+/// Failures not retried, by [`Refusal`] cause.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RefusedCounts {
+    /// The code was not retryable for the method (or the method has no policy).
+    pub not_retryable: u64,
+    /// The method is not idempotent and the request may have reached the server.
+    pub not_idempotent: u64,
+    /// The server's pushback said not to retry.
+    pub pushback: u64,
+    /// The attempt limit was reached.
+    pub attempts: u64,
+    /// Not enough time was left on the deadline.
+    pub deadline: u64,
+    /// The circuit breaker was open.
+    pub breaker: u64,
+    /// The retry budget was spent.
+    pub budget: u64,
+    /// The request body was larger than the replay buffer.
+    pub replay_limit: u64,
+}
+
+impl RefusedCounts {
+    /// `(name, count)` for every cause, with the names of [`Refusal::as_str`].
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        [
+            (Refusal::NotRetryable, self.not_retryable),
+            (Refusal::NotIdempotent, self.not_idempotent),
+            (Refusal::Pushback, self.pushback),
+            (Refusal::Attempts, self.attempts),
+            (Refusal::Deadline, self.deadline),
+            (Refusal::Breaker, self.breaker),
+            (Refusal::Budget, self.budget),
+            (Refusal::ReplayLimit, self.replay_limit),
+        ]
+        .into_iter()
+        .map(|(r, n)| (r.as_str(), n))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clones_share_counters_and_refusals_land_in_their_own_slot() {
+        let stats = RetryStats::new();
+        let other = stats.clone();
+        stats.logical();
+        stats.attempt(false);
+        other.attempt(true);
+        for r in Refusal::ALL {
+            other.refused(r);
+        }
+        other.refused(Refusal::Budget);
+        let s = stats.snapshot();
+        assert_eq!((s.logical, s.attempts, s.retries), (1, 2, 1));
+        assert_eq!(s.amplification(), 2.0);
+        let by_name: Vec<_> = s.refused.iter().collect();
+        assert_eq!(by_name.len(), Refusal::ALL.len());
+        for (name, n) in by_name {
+            assert_eq!(n, if name == "budget" { 2 } else { 1 }, "{name}");
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! Reading a failed attempt: its gRPC status, its pushback, whether it was committed.
+//!
+//! gRPC A6 draws the line a retrying client must respect: a call is *committed* once the
+//! server has sent response headers without a status, because from then on the caller may
+//! have seen messages. Before that, two kinds of failure are visible to a tower layer:
+//!
+//! - a **trailers-only** response: the headers already carry `grpc-status` (tonic answers
+//!   every handler error returned before the first message this way), with the status's
+//!   metadata such as `grpc-retry-pushback-ms` beside it;
+//! - a **transport error** from the inner service (connection refused or reset, stream
+//!   refused), which the layer treats as `UNAVAILABLE` unless the error carries a status.
+//!
+//! Everything here maps between those wire facts and `stormguard_core` types, in one place.
+
+use http::{HeaderMap, HeaderValue};
+use stormguard_core::code::Code;
+use stormguard_core::pushback::{PUSHBACK_HEADER, Pushback, parse_pushback};
+use tonic::Status;
+
+/// The boxed error type of the retry service.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The `grpc-status` response header (or trailer).
+pub(crate) const GRPC_STATUS: &str = "grpc-status";
+
+/// The standard header that tells a server how many attempts of this call came before.
+pub const PREVIOUS_ATTEMPTS_HEADER: &str = "grpc-previous-rpc-attempts";
+
+/// The code of a trailers-only response, or `None` when the headers carry no status (the
+/// call is committed). A status that is not a valid code reads as `UNKNOWN`, as the gRPC
+/// spec asks.
+pub(crate) fn trailers_only_code(headers: &HeaderMap) -> Option<Code> {
+    let value = headers.get(GRPC_STATUS)?;
+    let code = std::str::from_utf8(value.as_bytes())
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .and_then(Code::from_i32)
+        .unwrap_or(Code::Unknown);
+    Some(code)
+}
+
+/// The server's pushback in `headers`, if it sent one.
+pub(crate) fn pushback(headers: &HeaderMap) -> Option<Pushback> {
+    parse_pushback(
+        headers
+            .get_all(PUSHBACK_HEADER)
+            .iter()
+            .map(HeaderValue::as_bytes),
+    )
+}
+
+/// Marks response headers with `grpc-retry-pushback-ms: -1`, replacing any pushback the
+/// server sent: stormguard gave up on a retryable failure, and no layer above should retry.
+pub(crate) fn mark_do_not_retry(headers: &mut HeaderMap) {
+    headers.insert(PUSHBACK_HEADER, HeaderValue::from_static("-1"));
+}
+
+/// A `tonic::Code` as a core code (they share numbers).
+pub fn code_from_tonic(code: tonic::Code) -> Code {
+    Code::from_i32(code as i32).unwrap_or(Code::Unknown)
+}
+
+/// A core code as a `tonic::Code`.
+pub fn code_to_tonic(code: Code) -> tonic::Code {
+    tonic::Code::from_i32(code.as_i32())
+}
+
+/// How the layer reads an error from the inner service.
+#[derive(Debug)]
+pub(crate) struct TransportFailure {
+    /// The code used for the retry decision.
+    pub(crate) code: Code,
+    /// The request never reached the server (the connection could not be made).
+    pub(crate) unsent: bool,
+    /// The client-side per-attempt timer (`grpc-timeout` in the channel) ran out.
+    pub(crate) timed_out: bool,
+}
+
+/// Classifies an error of the inner service: a status found in the error's source chain
+/// keeps its code; a connection that could not be made, or any other transport failure
+/// before response headers, is `UNAVAILABLE`.
+pub(crate) fn classify_error(err: &(dyn std::error::Error + 'static)) -> TransportFailure {
+    let mut unsent = false;
+    let mut timed_out = false;
+    let mut code = None;
+    let mut source = Some(err);
+    while let Some(e) = source {
+        if let Some(status) = e.downcast_ref::<Status>() {
+            code.get_or_insert(code_from_tonic(status.code()));
+        }
+        if e.downcast_ref::<tonic::ConnectError>().is_some() {
+            unsent = true;
+        }
+        if e.downcast_ref::<tonic::TimeoutExpired>().is_some() {
+            timed_out = true;
+        }
+        source = e.source();
+    }
+    TransportFailure {
+        code: code.unwrap_or(Code::Unavailable),
+        unsent,
+        timed_out,
+    }
+}
+
+/// The status a caller sees for an inner-service error the layer does not retry.
+///
+/// A status in the error's chain is kept (with its metadata); otherwise the status has the
+/// classified code and the error's message, and keeps the error as its source.
+pub(crate) fn status_from_error(err: BoxError, code: Code) -> Status {
+    match Status::try_from_error(err) {
+        Ok(status) if status.code() != tonic::Code::Unknown || code == Code::Unknown => status,
+        Ok(status) => Status::new(code_to_tonic(code), status.message().to_owned()),
+        Err(err) => Status::new(code_to_tonic(code), err.to_string()),
+    }
+}
+
+/// Adds `grpc-retry-pushback-ms: -1` to a status's metadata.
+pub(crate) fn status_do_not_retry(mut status: Status) -> Status {
+    status.metadata_mut().insert(
+        PUSHBACK_HEADER,
+        tonic::metadata::MetadataValue::from_static("-1"),
+    );
+    status
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn trailers_only_status_is_read_from_headers() {
+        assert_eq!(
+            trailers_only_code(&headers(&[("grpc-status", "14")])),
+            Some(Code::Unavailable)
+        );
+        assert_eq!(
+            trailers_only_code(&headers(&[("grpc-status", "0")])),
+            Some(Code::Ok)
+        );
+        assert_eq!(
+            trailers_only_code(&headers(&[("content-type", "application/grpc")])),
+            None
+        );
+    }
+
+    #[test]
+    fn a_malformed_status_reads_as_unknown() {
+        assert_eq!(
+            trailers_only_code(&headers(&[("grpc-status", "x")])),
+            Some(Code::Unknown)
+        );
+        assert_eq!(
+            trailers_only_code(&headers(&[("grpc-status", "99")])),
+            Some(Code::Unknown)
+        );
+    }
+
+    #[test]
+    fn pushback_is_read_from_headers() {
+        assert_eq!(pushback(&headers(&[])), None);
+        assert_eq!(
+            pushback(&headers(&[("grpc-retry-pushback-ms", "250")])),
+            Some(Pushback::RetryAfter(Duration::from_millis(250)))
+        );
+        assert_eq!(
+            pushback(&headers(&[("grpc-retry-pushback-ms", "-1")])),
+            Some(Pushback::DoNotRetry)
+        );
+    }
+
+    #[test]
+    fn giving_up_replaces_the_servers_pushback_with_minus_one() {
+        let mut h = headers(&[
+            ("grpc-retry-pushback-ms", "250"),
+            ("grpc-retry-pushback-ms", "9"),
+        ]);
+        mark_do_not_retry(&mut h);
+        assert_eq!(h.get_all(PUSHBACK_HEADER).iter().count(), 1);
+        assert_eq!(pushback(&h), Some(Pushback::DoNotRetry));
+    }
+
+    #[test]
+    fn tonic_codes_round_trip() {
+        for n in 0..17 {
+            let code = tonic::Code::from_i32(n);
+            assert_eq!(code_to_tonic(code_from_tonic(code)), code);
+        }
+    }
+
+    #[test]
+    fn an_error_without_a_status_is_unavailable() {
+        let err: BoxError = "connection reset".into();
+        let f = classify_error(&*err);
+        assert_eq!(f.code, Code::Unavailable);
+        assert!(!f.unsent);
+        let status = status_from_error(err, f.code);
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert_eq!(status.message(), "connection reset");
+    }
+
+    #[test]
+    fn a_connect_error_is_unsent_and_unavailable() {
+        let err: BoxError = Box::new(tonic::ConnectError("refused".into()));
+        let f = classify_error(&*err);
+        assert_eq!(f.code, Code::Unavailable);
+        assert!(f.unsent);
+    }
+
+    #[test]
+    fn a_status_in_the_chain_keeps_its_code_and_metadata() {
+        let mut st = Status::resource_exhausted("full");
+        st.metadata_mut().insert("x-k", "v".parse().unwrap());
+        let err: BoxError = Box::new(st);
+        let f = classify_error(&*err);
+        assert_eq!(f.code, Code::ResourceExhausted);
+        let back = status_from_error(err, f.code);
+        assert_eq!(back.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(back.metadata().get("x-k").unwrap(), "v");
+    }
+
+    #[test]
+    fn a_given_up_status_carries_minus_one() {
+        let st = status_do_not_retry(Status::unavailable("down"));
+        assert_eq!(st.metadata().get(PUSHBACK_HEADER).unwrap(), "-1");
+    }
+}
