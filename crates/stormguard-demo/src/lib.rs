@@ -6,6 +6,8 @@
 
 #![allow(missing_docs, unreachable_pub, clippy::unwrap_used)]
 
+pub mod server;
+
 /// Generated messages, client and server for `stormguard.demo.v1`.
 pub mod v1 {
     tonic::include_proto!("stormguard.demo.v1");

@@ -1,1 +1,55 @@
-//! stormguard-server (being written)
+//! stormguard-server: an admission queue for tonic servers that sheds retries first.
+//!
+//! # Why
+//!
+//! When a server falls behind, its queue fills, callers time out, and their clients
+//! retry: the retries join the same queue, so the server works on calls whose callers
+//! have already left while new callers time out in turn. The retry load alone can keep
+//! the server saturated after whatever slowed it is gone (a *metastable* failure). Two
+//! things break the loop:
+//!
+//! - **Bound the work.** A fixed number of workers and a bounded wait queue: memory
+//!   stays bounded under any offered load, and work that can no longer finish in time
+//!   (its `grpc-timeout` is nearly gone, or it has waited too long) is dropped before
+//!   it takes a worker.
+//! - **Choose what to drop.** A retry is evidence of load already being amplified; a
+//!   first attempt is a user's only chance so far. Retries are shed as soon as the queue
+//!   passes a threshold; first attempts only when the queue is full. Under sustained
+//!   overload retries absorb the shedding and first attempts keep the capacity.
+//!
+//! Every shed answer tells the client when to come back: `grpc-retry-pushback-ms` is the
+//! estimated time for the queue to drain, jittered, and never `0` (gRPC C-core clients
+//! never finish a call told to retry after 0 ms), or `-1` ("do not retry") for retries
+//! under deep overload when configured.
+//!
+//! # Use
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use stormguard_core::admission::AdmissionConfig;
+//! use stormguard_server::ShedLayer;
+//!
+//! let admission = AdmissionConfig { workers: 32, queue_capacity: 128, ..AdmissionConfig::default() };
+//! tonic::transport::Server::builder()
+//!     .layer(ShedLayer::new(admission)?)
+//!     // .add_service(InventoryServer::new(svc))
+//!     // .add_service(OtherServer::new(other))
+//! #   .add_routes(tonic::service::Routes::default())
+//!     .serve("127.0.0.1:50051".parse()?)
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! The decision itself (attempt classes, thresholds, pushback, expiry, queue order) is
+//! [`stormguard_core::admission`], shared with the fleet simulator; this crate is the
+//! queue and the tower plumbing around it.
+
+pub mod shed;
+pub mod stats;
+mod timeout;
+
+pub use shed::{ResponseFuture, ShedLayer, ShedService};
+pub use stats::{Occupancy, ShedStats, StatsSnapshot};
+pub use stormguard_core::admission::{
+    AdmissionConfig, AdmissionPolicy, AttemptClass, QueueOrder, RetryThreshold,
+};

@@ -1,0 +1,171 @@
+//! Future types.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use pin_project_lite::pin_project;
+use tokio::time::Sleep;
+use tower_service::Service;
+
+use super::queue::{Ticket, Turn, WorkerPermit};
+use super::response;
+
+pin_project! {
+    /// The response future of [`ShedService`](super::ShedService).
+    ///
+    /// A hand-written state machine, no boxing: a queued call holds its place
+    /// ([`Ticket`]), a timer for its expiry, the readied inner service and the request;
+    /// once a worker is granted it calls the inner service and holds the worker
+    /// ([`WorkerPermit`]) until the inner future finishes. Dropping the future at any
+    /// point gives back what it holds.
+    pub struct ResponseFuture<S, Req>
+    where
+        S: Service<Req>,
+    {
+        #[pin]
+        state: State<S, Req>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, Req>
+    where
+        S: Service<Req>,
+    {
+        Queued {
+            ticket: Ticket,
+            #[pin]
+            timer: Sleep,
+            service: Option<S>,
+            request: Option<Req>,
+        },
+        Running {
+            #[pin]
+            future: S::Future,
+            permit: Option<WorkerPermit>,
+        },
+        Answered {
+            response: Option<S::Response>,
+        },
+    }
+}
+
+impl<S, Req> ResponseFuture<S, Req>
+where
+    S: Service<Req>,
+{
+    pub(crate) fn running(future: S::Future, permit: WorkerPermit) -> Self {
+        ResponseFuture {
+            state: State::Running {
+                future,
+                permit: Some(permit),
+            },
+        }
+    }
+
+    pub(crate) fn queued(ticket: Ticket, service: S, request: Req) -> Self {
+        let timer = tokio::time::sleep_until(ticket.expiry());
+        ResponseFuture {
+            state: State::Queued {
+                ticket,
+                timer,
+                service: Some(service),
+                request: Some(request),
+            },
+        }
+    }
+
+    pub(crate) fn answered(response: S::Response) -> Self {
+        ResponseFuture {
+            state: State::Answered {
+                response: Some(response),
+            },
+        }
+    }
+}
+
+impl<S, Req, B> Future for ResponseFuture<S, Req>
+where
+    S: Service<Req, Response = http::Response<B>>,
+    B: Default,
+{
+    type Output = Result<http::Response<B>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Queued {
+                    ticket,
+                    timer,
+                    service,
+                    request,
+                } => {
+                    let fired = timer.poll(cx).is_ready();
+                    match ticket.poll_turn(cx.waker(), fired) {
+                        Turn::Wait => return Poll::Pending,
+                        Turn::Expired => {
+                            state.set(State::Answered { response: None });
+                            return Poll::Ready(Ok(response::expired()));
+                        }
+                        Turn::Run(permit) => {
+                            let (Some(mut service), Some(request)) =
+                                (service.take(), request.take())
+                            else {
+                                // The state only holds both until this transition.
+                                unreachable_state();
+                                return Poll::Ready(Ok(response::expired()));
+                            };
+                            let future = service.call(request);
+                            state.set(State::Running {
+                                future,
+                                permit: Some(permit),
+                            });
+                        }
+                    }
+                }
+                StateProj::Running { future, permit } => {
+                    let output = std::task::ready!(future.poll(cx));
+                    // Give the worker back now, not when the response is written out.
+                    if let Some(permit) = permit.take() {
+                        permit.finished();
+                    }
+                    return Poll::Ready(output);
+                }
+                StateProj::Answered { response } => {
+                    return match response.take() {
+                        Some(response) => Poll::Ready(Ok(response)),
+                        None => {
+                            unreachable_state();
+                            Poll::Pending
+                        }
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// Logs a state the future cannot reach (polled after completion); never panics.
+fn unreachable_state() {
+    tracing::error!("stormguard ShedService future polled after completion");
+}
+
+impl<S, Req> fmt::Debug for ResponseFuture<S, Req>
+where
+    S: Service<Req>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Queued { .. } => "queued",
+            State::Running { .. } => "running",
+            State::Answered { .. } => "answered",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}

@@ -1,0 +1,76 @@
+use std::fmt;
+use std::sync::Arc;
+
+use stormguard_core::admission::{AdmissionConfig, AdmissionPolicy};
+use stormguard_core::config::ConfigError;
+use tower_layer::Layer;
+
+use super::ShedService;
+use super::queue::Queue;
+use crate::stats::ShedStats;
+
+/// Puts services behind one admission queue that sheds retries before first attempts.
+///
+/// One layer is one queue: every service it wraps (on a tonic server, the whole
+/// router) shares the same workers, queue and counters. Cloning the layer shares them
+/// too; build a second layer for a second queue.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use stormguard_core::admission::AdmissionConfig;
+/// use stormguard_server::ShedLayer;
+///
+/// let admission = AdmissionConfig { workers: 16, queue_capacity: 64, ..AdmissionConfig::default() };
+/// let layer = ShedLayer::new(admission)?;
+/// let stats = layer.stats();
+/// tonic::transport::Server::builder()
+///     .layer(layer)
+///     // .add_service(InventoryServer::new(svc))
+/// #   .add_routes(tonic::service::Routes::default())
+///     .serve("127.0.0.1:50051".parse()?)
+///     .await?;
+/// println!("{:?}", stats.snapshot());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ShedLayer {
+    queue: Arc<Queue>,
+}
+
+impl ShedLayer {
+    /// A layer with its own queue, for a valid `config`.
+    pub fn new(config: AdmissionConfig) -> Result<Self, ConfigError> {
+        AdmissionPolicy::new(config).map(Self::from_policy)
+    }
+
+    /// A layer with its own queue, driven by `policy`.
+    pub fn from_policy(policy: AdmissionPolicy) -> Self {
+        ShedLayer {
+            queue: Arc::new(Queue::new(policy)),
+        }
+    }
+
+    /// The queue's counters.
+    pub fn stats(&self) -> ShedStats {
+        ShedStats::new(Arc::clone(&self.queue))
+    }
+}
+
+impl<S> Layer<S> for ShedLayer {
+    type Service = ShedService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ShedService {
+            inner,
+            queue: Arc::clone(&self.queue),
+        }
+    }
+}
+
+impl fmt::Debug for ShedLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShedLayer")
+            .field("queue", &self.queue.snapshot())
+            .finish()
+    }
+}

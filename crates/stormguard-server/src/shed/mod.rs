@@ -1,0 +1,142 @@
+//! The admission queue as a tower middleware: [`ShedLayer`] and [`ShedService`].
+//!
+//! # Readiness contract
+//!
+//! [`ShedService`] is ready exactly when its inner service is. It never waits for a
+//! worker in `poll_ready`: admission happens in `call`, where the call's attempt class
+//! and deadline are known, and where a call that must not wait can be answered at once.
+//! Waiting in `poll_ready` would stall hyper's connection task and could shed nothing.
+//!
+//! # What `call` does
+//!
+//! 1. Reads the attempt class (`grpc-previous-rpc-attempts`, else `x-retry-attempt`)
+//!    and the deadline (`grpc-timeout`, malformed = none) from the request headers.
+//! 2. Asks the [`AdmissionPolicy`](stormguard_core::admission::AdmissionPolicy):
+//!    - *admit*: a worker is free; the inner service is called now;
+//!    - *queue*: the readied inner service and the request wait in the returned future
+//!      for a worker; the inner service is called only when one is granted, so a call
+//!      that expires or whose caller leaves never reaches the handler;
+//!    - *shed*: the future answers at once with the shed status and
+//!      `grpc-retry-pushback-ms`.
+//! 3. A queued call whose expiry passes (too little `grpc-timeout` left, or queued for
+//!    `max_time_queued`) is answered `DEADLINE_EXCEEDED` without running.
+//!
+//! The worker is given back when the inner future completes (before the response body
+//! is streamed) or when the future is dropped, whichever comes first.
+//!
+//! # Where to put it
+//!
+//! On a tonic server, `Server::builder().layer(ShedLayer::new(..)?)` wraps all the
+//! services of the router behind one queue. Tonic's own `grpc-timeout` handling sits
+//! outside user layers; the queue answers a call slightly before that timer fires
+//! ([`AdmissionConfig::min_time_left`](stormguard_core::admission::AdmissionConfig)),
+//! so the caller sees `DEADLINE_EXCEEDED` rather than tonic's `CANCELLED`.
+
+mod future;
+mod layer;
+pub(crate) mod queue;
+pub(crate) mod response;
+
+pub use future::ResponseFuture;
+pub use layer::ShedLayer;
+pub use response::{MESSAGE_EXPIRED, MESSAGE_QUEUE_FULL, MESSAGE_RETRY_SHED};
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::HeaderName;
+use stormguard_core::Instant;
+use stormguard_core::admission::AttemptClass;
+use tower_service::Service;
+
+use crate::stats::ShedStats;
+use crate::timeout;
+use queue::{Arrival, Queue};
+
+const PREVIOUS_RPC_ATTEMPTS: HeaderName = HeaderName::from_static("grpc-previous-rpc-attempts");
+const X_RETRY_ATTEMPT: HeaderName = HeaderName::from_static("x-retry-attempt");
+const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(timeout::GRPC_TIMEOUT);
+
+/// A service behind the admission queue. Built by [`ShedLayer`]; every clone, and every
+/// service the same layer wraps, shares one queue.
+pub struct ShedService<S> {
+    inner: S,
+    queue: Arc<Queue>,
+}
+
+impl<S> ShedService<S> {
+    /// The queue's counters.
+    pub fn stats(&self) -> ShedStats {
+        ShedStats::new(Arc::clone(&self.queue))
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: Clone> Clone for ShedService<S> {
+    fn clone(&self) -> Self {
+        ShedService {
+            inner: self.inner.clone(),
+            queue: Arc::clone(&self.queue),
+        }
+    }
+}
+
+impl<S> fmt::Debug for ShedService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShedService")
+            .field("queue", &self.queue.snapshot())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for ShedService<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, ReqBody, B> Service<http::Request<ReqBody>> for ShedService<S>
+where
+    S: Service<http::Request<ReqBody>, Response = http::Response<B>> + Clone,
+    B: Default,
+{
+    type Response = http::Response<B>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, http::Request<ReqBody>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
+        let now = Instant::now();
+        let headers = request.headers();
+        let class = AttemptClass::from_headers(
+            headers.get(PREVIOUS_RPC_ATTEMPTS).map(|v| v.as_bytes()),
+            headers.get(X_RETRY_ATTEMPT).map(|v| v.as_bytes()),
+        );
+        let deadline = headers
+            .get(GRPC_TIMEOUT)
+            .and_then(|v| timeout::decode(v.as_bytes()))
+            .and_then(|t| now.checked_add(t));
+        match self.queue.arrive(now, class, deadline) {
+            Arrival::Admitted(permit) => ResponseFuture::running(self.inner.call(request), permit),
+            Arrival::Queued(ticket) => {
+                // Keep the service that was made ready for this call; the clone takes
+                // its place for the next poll_ready.
+                let clone = self.inner.clone();
+                let ready = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::queued(ticket, ready, request)
+            }
+            Arrival::Shed(shed) => ResponseFuture::answered(response::shed(
+                self.queue.shed_code(),
+                shed.reason,
+                shed.pushback,
+            )),
+            Arrival::Expired => ResponseFuture::answered(response::expired()),
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! The layer's own answers: trailers-only gRPC responses.
+//!
+//! A shed answer must cost less than the work it refuses, or shedding itself becomes
+//! the overload. So these responses are put together from static header values (one
+//! per status code, fixed messages) plus one small integer for the pushback: no
+//! `tonic::Status`, no `String`, no metadata map. The body is empty (`B::default()`),
+//! so hyper sends the headers with END_STREAM: a trailers-only response, which every
+//! gRPC client reads as the call's status (and which is retryable under gRPC A6).
+
+use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
+use stormguard_core::admission::{ShedPushback, ShedReason};
+use stormguard_core::code::Code;
+
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+/// The header a shed answer's pushback travels in (gRPC A6).
+pub(crate) const PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// The `grpc-message` of a call shed because the queue was full.
+pub const MESSAGE_QUEUE_FULL: &str = "stormguard: overloaded, queue full";
+/// The `grpc-message` of a retry shed past the retry threshold.
+pub const MESSAGE_RETRY_SHED: &str = "stormguard: overloaded, retries shed first";
+/// The `grpc-message` of a call dropped before running because its deadline was too
+/// close or it waited too long.
+pub const MESSAGE_EXPIRED: &str = "stormguard: deadline expired while queued";
+
+fn status_value(code: Code) -> HeaderValue {
+    HeaderValue::from_static(match code {
+        Code::Ok => "0",
+        Code::Cancelled => "1",
+        Code::Unknown => "2",
+        Code::InvalidArgument => "3",
+        Code::DeadlineExceeded => "4",
+        Code::NotFound => "5",
+        Code::AlreadyExists => "6",
+        Code::PermissionDenied => "7",
+        Code::ResourceExhausted => "8",
+        Code::FailedPrecondition => "9",
+        Code::Aborted => "10",
+        Code::OutOfRange => "11",
+        Code::Unimplemented => "12",
+        Code::Internal => "13",
+        Code::Unavailable => "14",
+        Code::DataLoss => "15",
+        Code::Unauthenticated => "16",
+    })
+}
+
+fn trailers_only<B: Default>(code: Code, message: &'static str) -> http::Response<B> {
+    let mut response = http::Response::new(B::default());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(GRPC_STATUS, status_value(code));
+    headers.insert(GRPC_MESSAGE, HeaderValue::from_static(message));
+    response
+}
+
+/// The answer to a shed call: `code`, a fixed message, and `grpc-retry-pushback-ms`.
+pub(crate) fn shed<B: Default>(
+    code: Code,
+    reason: ShedReason,
+    pushback: ShedPushback,
+) -> http::Response<B> {
+    let message = match reason {
+        ShedReason::QueueFull => MESSAGE_QUEUE_FULL,
+        ShedReason::RetryThreshold => MESSAGE_RETRY_SHED,
+    };
+    let mut response = trailers_only(code, message);
+    response
+        .headers_mut()
+        .insert(PUSHBACK, HeaderValue::from(pushback.millis()));
+    response
+}
+
+/// The answer to a call dropped before it ran: `DEADLINE_EXCEEDED`, no pushback (the
+/// caller's deadline is gone or nearly so; there is nothing to come back for).
+pub(crate) fn expired<B: Default>() -> http::Response<B> {
+    trailers_only(Code::DeadlineExceeded, MESSAGE_EXPIRED)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn status_values_match_code_numbers() {
+        for code in Code::ALL {
+            assert_eq!(
+                status_value(code).to_str().unwrap(),
+                code.as_i32().to_string()
+            );
+        }
+    }
+
+    #[test]
+    fn shed_answer_is_trailers_only_with_pushback() {
+        let r: http::Response<String> = shed(
+            Code::Unavailable,
+            ShedReason::RetryThreshold,
+            ShedPushback::After(Duration::from_millis(37)),
+        );
+        assert!(r.body().is_empty());
+        let h = r.headers();
+        assert_eq!(h["content-type"], "application/grpc");
+        assert_eq!(h["grpc-status"], "14");
+        assert_eq!(h["grpc-message"], MESSAGE_RETRY_SHED);
+        assert_eq!(h["grpc-retry-pushback-ms"], "37");
+        let r: http::Response<String> = shed(
+            Code::ResourceExhausted,
+            ShedReason::QueueFull,
+            ShedPushback::DoNotRetry,
+        );
+        assert_eq!(r.headers()["grpc-status"], "8");
+        assert_eq!(r.headers()["grpc-retry-pushback-ms"], "-1");
+        let r: http::Response<String> = expired();
+        assert_eq!(r.headers()["grpc-status"], "4");
+        assert!(r.headers().get("grpc-retry-pushback-ms").is_none());
+    }
+}

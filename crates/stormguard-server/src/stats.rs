@@ -1,0 +1,118 @@
+//! Counters of the admission queue.
+//!
+//! Counters are atomics updated where the event happens and read without the queue's
+//! lock, so reading them costs the server nothing. Every count is cumulative since the
+//! layer was built; gauges (`queue_depth`, `in_flight`) are the value at the read.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::shed::queue::Queue;
+
+/// A cloneable handle on one [`ShedLayer`](crate::ShedLayer)'s counters.
+///
+/// Take it from the layer before handing the layer to the server builder:
+///
+/// ```
+/// use stormguard_core::admission::AdmissionConfig;
+/// use stormguard_server::ShedLayer;
+///
+/// let layer = ShedLayer::new(AdmissionConfig::default()).expect("valid config");
+/// let stats = layer.stats();
+/// // ... Server::builder().layer(layer) ...
+/// assert_eq!(stats.snapshot().admitted, 0);
+/// ```
+#[derive(Clone)]
+pub struct ShedStats {
+    queue: Arc<Queue>,
+}
+
+impl ShedStats {
+    pub(crate) fn new(queue: Arc<Queue>) -> Self {
+        ShedStats { queue }
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        self.queue.snapshot()
+    }
+
+    /// The number of workers (the concurrency bound).
+    pub fn workers(&self) -> usize {
+        self.queue.workers()
+    }
+
+    /// Exact occupancy read under the queue's lock: free workers, calls waiting, and
+    /// calls taken off the queue whose future has not yet seen its outcome. At rest
+    /// (no call in progress) it is `(workers, 0, 0)`: anything else is a leak.
+    pub fn occupancy(&self) -> Occupancy {
+        let (free_workers, waiting, unsettled) = self.queue.occupancy();
+        Occupancy {
+            free_workers,
+            waiting,
+            unsettled,
+        }
+    }
+}
+
+impl fmt::Debug for ShedStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShedStats")
+            .field("snapshot", &self.snapshot())
+            .finish()
+    }
+}
+
+/// The queue's exact occupancy (see [`ShedStats::occupancy`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Occupancy {
+    /// Workers not running a call.
+    pub free_workers: usize,
+    /// Calls waiting for a worker.
+    pub waiting: usize,
+    /// Calls granted a worker or expired whose future has not yet looked.
+    pub unsettled: usize,
+}
+
+/// The counters of one admission queue at one moment. Serializes to one JSON object.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StatsSnapshot {
+    /// Calls given a worker (at once or after queuing).
+    pub admitted: u64,
+    /// Calls whose handler finished (with any status) on a worker.
+    pub completed: u64,
+    /// First attempts answered with the shed status.
+    pub shed_first: u64,
+    /// Retries answered with the shed status.
+    pub shed_retry: u64,
+    /// Calls answered `DEADLINE_EXCEEDED` before running: too little time left, or
+    /// queued longer than `max_time_queued`.
+    pub expired: u64,
+    /// Calls whose caller went away (cancelled, timed out, reset) while queued.
+    pub cancelled_queued: u64,
+    /// Calls waiting for a worker now.
+    pub queue_depth: usize,
+    /// Calls running now.
+    pub in_flight: usize,
+    /// Calls that left the queue (to run, expired or cancelled).
+    pub dequeued: u64,
+    /// Total time spent queued by the calls that left the queue, in microseconds.
+    pub time_queued_us: u64,
+    /// The longest time one call spent queued, in microseconds.
+    pub max_time_queued_us: u64,
+}
+
+impl StatsSnapshot {
+    /// Calls shed, both classes.
+    pub fn shed(&self) -> u64 {
+        self.shed_first + self.shed_retry
+    }
+
+    /// Mean time queued of the calls that left the queue (`None` when none did).
+    pub fn mean_time_queued(&self) -> Option<Duration> {
+        (self.dequeued > 0).then(|| Duration::from_micros(self.time_queued_us / self.dequeued))
+    }
+}
