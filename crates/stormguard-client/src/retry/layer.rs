@@ -2,7 +2,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use stormguard_core::breaker::CircuitBreaker;
+use stormguard_core::budget::{Budget, RetryBudget};
+use stormguard_core::config::{BudgetChoice, ClientConfig, ConfigError};
 use stormguard_core::retry::RetryController;
+use stormguard_core::throttle::A6Throttle;
 use tower_layer::Layer;
 
 use super::Retry;
@@ -42,6 +46,43 @@ impl RetryLayer {
                 default_timeout: None,
             }),
         }
+    }
+
+    /// A layer for `config` (validated first), with a random jitter seed.
+    ///
+    /// ```
+    /// use stormguard_client::RetryLayer;
+    /// use stormguard_core::config::ClientConfig;
+    ///
+    /// let layer = RetryLayer::from_config(&ClientConfig::standard()).unwrap();
+    /// let json = r#"{"methodConfig":[{"name":[{}],"retryPolicy":{"maxAttempts":2,
+    ///   "initialBackoff":"0.1s","maxBackoff":"1s","backoffMultiplier":2,
+    ///   "retryableStatusCodes":["UNAVAILABLE"]}}]}"#;
+    /// let from_grpc = RetryLayer::from_config(&ClientConfig::from_service_config_json(json).unwrap()).unwrap();
+    /// # let _ = (layer, from_grpc);
+    /// ```
+    pub fn from_config(config: &ClientConfig) -> Result<Self, ConfigError> {
+        Self::from_config_seeded(config, fastrand::u64(..))
+    }
+
+    /// A layer for `config` whose backoff jitter and breaker are seeded with `seed`, so a
+    /// run can be reproduced.
+    pub fn from_config_seeded(config: &ClientConfig, seed: u64) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let budget: Arc<dyn Budget> = match &config.budget {
+            BudgetChoice::Stormguard(b) => Arc::new(RetryBudget::new(b.clone())?),
+            BudgetChoice::A6(t) => Arc::new(A6Throttle::new(t.clone())?),
+        };
+        let breaker = match &config.breaker {
+            Some(b) => Some(CircuitBreaker::new(b.clone(), seed.rotate_left(17))?),
+            None => None,
+        };
+        Ok(Self::new(RetryController::new(
+            config.methods.clone(),
+            budget,
+            breaker,
+            seed,
+        )))
     }
 
     /// Buffer up to `bytes` of each request body so that it can be replayed. A call whose
