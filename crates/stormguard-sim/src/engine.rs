@@ -1,0 +1,963 @@
+//! The discrete-event engine: one scenario, one seeded run, one [`RunStats`].
+//!
+//! Time is virtual. Every event sits in a binary heap ordered by (time, sequence number),
+//! so two events at the same instant run in the order they were scheduled and a seed fixes
+//! the whole run. Instants handed to the core objects are `base + offset`, with `base`
+//! taken once per run: the core objects only ever look at differences between instants,
+//! so the base does not change any result.
+//!
+//! The engine decides nothing about retries itself. Each simulated client process holds a
+//! real [`RetryController`] (its own budget and breaker, as in production); every logical
+//! call is a real [`CallRetry`](stormguard_core::retry::CallRetry) driven through
+//! `begin_at`, `on_failure_at`, `on_success_at` and `start_retry_at`. A server that sheds
+//! asks a real [`AdmissionPolicy`] for its decision, its pushback, its queue order and the
+//! expiry of queued work.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use stormguard_core::Instant;
+use stormguard_core::admission::{
+    AdmissionConfig, AdmissionPolicy, AttemptClass, Decision as Admission, QueueLoad, ShedPushback,
+};
+use stormguard_core::breaker::{BreakerConfig, CircuitBreaker};
+use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
+use stormguard_core::code::Code;
+use stormguard_core::policy::{MethodTable, RetryPolicy};
+use stormguard_core::pushback::Pushback;
+use stormguard_core::retry::{CallRetry, Decision, Failure, Refusal, RetryController};
+use stormguard_core::throttle::{A6Throttle, ThrottleConfig};
+
+use crate::SimError;
+
+/// The method every simulated call invokes.
+pub const PATH: &str = "/stormguard.demo.v1.Inventory/Reserve";
+
+/// What pays for a client's retries.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BudgetKind {
+    /// Every retry is granted ([`Unlimited`]): the classic "N attempts" client.
+    Unlimited,
+    /// gRPC A6 `retryThrottling` ([`A6Throttle`]).
+    Throttle(ThrottleConfig),
+    /// stormguard's [`RetryBudget`].
+    Budget(BudgetConfig),
+}
+
+/// How one simulated client process retries.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClientPolicy {
+    /// A short name for tables (`"three-attempts"`, `"stormguard"`, ...).
+    pub name: String,
+    /// The retry policy of the called method; `None` never retries.
+    pub retry: Option<RetryPolicy>,
+    /// What pays for retries (one per process, or one per shard and process).
+    pub budget: BudgetKind,
+    /// The circuit breaker of each process (one per shard with `budget_per_shard`).
+    pub breaker: Option<BreakerConfig>,
+    /// Per-attempt timeout set by the client (`None`: only the logical deadline).
+    /// A timed-out attempt fails with `DEADLINE_EXCEEDED`.
+    pub attempt_timeout: Option<Duration>,
+    /// Deadline of a logical call, from its arrival.
+    pub deadline: Option<Duration>,
+    /// One budget and breaker per (process, shard) instead of one per process.
+    pub budget_per_shard: bool,
+}
+
+/// A window of virtual time, `[from, until)`, measured from the start of the run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// Start (inclusive).
+    pub from: Duration,
+    /// End (exclusive).
+    pub until: Duration,
+}
+
+impl Window {
+    fn contains(self, t: u64) -> bool {
+        nanos(self.from) <= t && t < nanos(self.until)
+    }
+}
+
+/// A server with a bounded number of workers and a wait queue.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueServer {
+    /// Calls served at once.
+    pub workers: usize,
+    /// Time one call holds a worker.
+    pub service_time: Duration,
+    /// Longest wait queue of the plain FIFO server; beyond it calls fail `UNAVAILABLE`
+    /// at once. (The shedding server uses its admission config instead.)
+    pub queue_capacity: usize,
+    /// A capacity drop: service time multiplied by `factor` during `window`.
+    pub slowdown: Option<(Window, f64)>,
+    /// `None`: a plain FIFO that runs everything it queued, even work whose caller has
+    /// given up. `Some`: stormguard's admission policy (shed retries first, pushback,
+    /// drop expired work, queue order).
+    pub shedding: Option<AdmissionConfig>,
+}
+
+/// How a shard answers.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ServerKind {
+    /// Unlimited capacity: every attempt is answered after `latency` (round trip).
+    Unbounded {
+        /// Round-trip time of one attempt.
+        latency: Duration,
+    },
+    /// Bounded capacity, see [`QueueServer`].
+    Queue(QueueServer),
+}
+
+/// One shard (or tier) of the called service. Calls pick a shard uniformly at random.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Shard {
+    /// Capacity model.
+    pub server: ServerKind,
+    /// Probability that an attempt fails `UNAVAILABLE` at once, in `[0, 1]`.
+    pub failure_rate: f64,
+    /// A full outage: every attempt fails `UNAVAILABLE` during the window.
+    pub outage: Option<Window>,
+}
+
+/// A simulated fleet and what it calls.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scenario {
+    /// Client processes, each with its own controller (budget, breaker).
+    pub clients: usize,
+    /// Poisson arrivals of logical calls per process per second.
+    pub rate_per_client: f64,
+    /// Arrivals stop at this virtual time; the run then finishes every call in flight.
+    pub duration: Duration,
+    /// Calls arriving before this time are not counted in the totals (warm-up); the
+    /// per-bin series covers the whole run.
+    pub measure_from: Duration,
+    /// Width of one bin of the time series.
+    pub bin: Duration,
+    /// One-way network delay between a client and a queueing server.
+    pub network: Duration,
+    /// The shards of the called service.
+    pub shards: Vec<Shard>,
+    /// The client policy of every process.
+    pub policy: ClientPolicy,
+    /// Seed of the whole run.
+    pub seed: u64,
+}
+
+impl Scenario {
+    /// Checks the scenario; every core config is validated by the core object itself
+    /// when the run builds it.
+    pub fn validate(&self) -> Result<(), SimError> {
+        let bad = |field: &'static str, reason: String| Err(SimError::Scenario { field, reason });
+        if self.clients == 0 {
+            return bad("clients", "must be at least 1".into());
+        }
+        if self.clients > u32::MAX as usize {
+            return bad(
+                "clients",
+                format!("must fit in 32 bits, got {}", self.clients),
+            );
+        }
+        if !(self.rate_per_client.is_finite() && self.rate_per_client > 0.0) {
+            return bad(
+                "rate_per_client",
+                format!("must be finite and above 0, got {}", self.rate_per_client),
+            );
+        }
+        if self.duration.is_zero() || self.duration > Duration::from_secs(24 * 3600) {
+            return bad(
+                "duration",
+                format!("must be in (0, 24 h], got {:?}", self.duration),
+            );
+        }
+        if self.measure_from >= self.duration {
+            return bad(
+                "measure_from",
+                format!(
+                    "must be before the end of the run, got {:?}",
+                    self.measure_from
+                ),
+            );
+        }
+        if self.bin.is_zero() || self.duration.as_nanos() / self.bin.as_nanos() > 1_000_000 {
+            return bad(
+                "bin",
+                format!(
+                    "must be above 0 and give at most 10^6 bins, got {:?}",
+                    self.bin
+                ),
+            );
+        }
+        if self.shards.is_empty() || self.shards.len() > u32::MAX as usize {
+            return bad("shards", "must name at least one shard".into());
+        }
+        for shard in &self.shards {
+            if !(0.0..=1.0).contains(&shard.failure_rate) {
+                return bad(
+                    "shards.failure_rate",
+                    format!("must be in [0, 1], got {}", shard.failure_rate),
+                );
+            }
+            if let ServerKind::Queue(q) = &shard.server {
+                if q.workers == 0 {
+                    return bad("shards.server.workers", "must be at least 1".into());
+                }
+                if q.service_time.is_zero() {
+                    return bad("shards.server.service_time", "must be above 0".into());
+                }
+                if let Some((_, factor)) = q.slowdown
+                    && !(factor.is_finite() && factor > 0.0 && factor <= 1000.0)
+                {
+                    return bad(
+                        "shards.server.slowdown",
+                        format!("factor must be in (0, 1000], got {factor}"),
+                    );
+                }
+            }
+        }
+        if let Some(retry) = &self.policy.retry {
+            retry.validate("policy.retry")?;
+        }
+        Ok(())
+    }
+}
+
+/// Counts for one bin of virtual time.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Bin {
+    /// Logical calls that arrived in the bin.
+    pub calls: u64,
+    /// Of those, how many succeeded.
+    pub successes: u64,
+    /// Attempts sent in the bin (first attempts and retries).
+    pub attempts: u64,
+    /// Retries sent in the bin.
+    pub retries: u64,
+}
+
+/// Totals of one shard over the measured window.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ShardStats {
+    /// Logical calls.
+    pub calls: u64,
+    /// Successful logical calls.
+    pub successes: u64,
+    /// Attempts those calls made.
+    pub attempts: u64,
+}
+
+/// What one run measured. Totals count the logical calls that arrived in
+/// `[measure_from, duration)` and every attempt those calls made.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RunStats {
+    /// Logical calls.
+    pub calls: u64,
+    /// Logical calls that succeeded before their deadline.
+    pub successes: u64,
+    /// Attempts sent (a call rejected by an open breaker sends none).
+    pub attempts: u64,
+    /// Retries sent.
+    pub retries: u64,
+    /// Why failed calls stopped, by [`Refusal`] name; `"rejected_by_breaker"` counts calls
+    /// whose first attempt an open breaker refused.
+    pub gave_up: BTreeMap<String, u64>,
+    /// Per-shard totals.
+    pub shards: Vec<ShardStats>,
+    /// The whole run, bin by bin.
+    pub bins: Vec<Bin>,
+    /// Width of a bin, seconds.
+    pub bin_seconds: f64,
+    /// Seconds in the measured window.
+    pub measured_seconds: f64,
+    /// Events processed (a measure of the run's cost, not of the system).
+    pub events: u64,
+}
+
+impl RunStats {
+    /// Attempts per logical call.
+    pub fn amplification(&self) -> f64 {
+        ratio(self.attempts, self.calls)
+    }
+
+    /// Fraction of logical calls that succeeded.
+    pub fn success_rate(&self) -> f64 {
+        ratio(self.successes, self.calls)
+    }
+
+    /// Retries sent per second over the measured window.
+    pub fn retries_per_second(&self) -> f64 {
+        self.retries as f64 / self.measured_seconds
+    }
+
+    /// Attempts sent per second over the measured window.
+    pub fn attempts_per_second(&self) -> f64 {
+        self.attempts as f64 / self.measured_seconds
+    }
+}
+
+pub(crate) fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 { 0.0 } else { a as f64 / b as f64 }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Mixes a seed with a stream number, so every object gets an unrelated seed.
+pub(crate) fn mix(seed: u64, stream: u64) -> u64 {
+    let mut x = seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// What comes back to a client for one attempt.
+#[derive(Clone, Copy, Debug)]
+enum Outcome {
+    Ok,
+    Failed(Failure),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Event {
+    Arrival,
+    /// An attempt's answer reaches its client.
+    Response {
+        slot: u32,
+        id: u64,
+        outcome: Outcome,
+    },
+    /// The client's timer for an attempt fires.
+    Timeout {
+        slot: u32,
+        id: u64,
+    },
+    /// A retry's delay has passed.
+    RetryStart {
+        slot: u32,
+        id: u64,
+    },
+    /// An attempt reaches a queueing server.
+    ServerArrive {
+        shard: u32,
+        slot: u32,
+        id: u64,
+        retry: bool,
+        deadline: Option<u64>,
+    },
+    /// A worker finishes an attempt.
+    ServiceDone {
+        shard: u32,
+        slot: u32,
+        id: u64,
+    },
+}
+
+#[derive(Debug)]
+struct Scheduled {
+    at: u64,
+    seq: u64,
+    event: Event,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    /// Reversed: the heap pops the earliest (time, sequence) first.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+struct Call {
+    retry: CallRetry,
+    shard: u32,
+    arrived: u64,
+    deadline: Option<u64>,
+    /// Id of the current attempt (or of the pending retry).
+    id: u64,
+    in_flight: bool,
+    attempts: u64,
+    measured: bool,
+}
+
+struct Job {
+    slot: u32,
+    id: u64,
+    enqueued: u64,
+    expiry: Option<u64>,
+}
+
+struct Server {
+    busy: usize,
+    queue: VecDeque<Job>,
+    admission: Option<AdmissionPolicy>,
+}
+
+struct Sim<'a> {
+    sc: &'a Scenario,
+    base: Instant,
+    now: u64,
+    seq: u64,
+    heap: BinaryHeap<Scheduled>,
+    rng: fastrand::Rng,
+    controllers: Vec<RetryController>,
+    calls: Vec<Option<Call>>,
+    free: Vec<u32>,
+    next_id: u64,
+    servers: Vec<Server>,
+    stats: RunStats,
+    end: u64,
+    measure_from: u64,
+    bin: u64,
+    fleet_rate: f64,
+}
+
+/// Runs `scenario` to the end and returns what it measured.
+///
+/// Reproducible: the same scenario (seed included) gives the same [`RunStats`].
+pub fn run(scenario: &Scenario) -> Result<RunStats, SimError> {
+    scenario.validate()?;
+    let mut sim = Sim::new(scenario)?;
+    sim.run();
+    Ok(sim.stats)
+}
+
+fn build_controller(
+    policy: &ClientPolicy,
+    seed: u64,
+    stream: u64,
+) -> Result<RetryController, SimError> {
+    let methods = match &policy.retry {
+        Some(p) => MethodTable::uniform(p.clone()),
+        None => MethodTable::none(),
+    };
+    let budget: Arc<dyn Budget> = match &policy.budget {
+        BudgetKind::Unlimited => Arc::new(Unlimited),
+        BudgetKind::Throttle(c) => Arc::new(A6Throttle::new(c.clone())?),
+        BudgetKind::Budget(c) => Arc::new(RetryBudget::new(c.clone())?),
+    };
+    let breaker = match &policy.breaker {
+        Some(c) => Some(CircuitBreaker::new(c.clone(), mix(seed, 2 * stream + 1))?),
+        None => None,
+    };
+    Ok(RetryController::new(
+        methods,
+        budget,
+        breaker,
+        mix(seed, 2 * stream),
+    ))
+}
+
+impl<'a> Sim<'a> {
+    fn new(sc: &'a Scenario) -> Result<Self, SimError> {
+        let per_client = if sc.policy.budget_per_shard {
+            sc.shards.len()
+        } else {
+            1
+        };
+        let mut controllers = Vec::with_capacity(sc.clients * per_client);
+        for i in 0..sc.clients * per_client {
+            controllers.push(build_controller(&sc.policy, sc.seed, i as u64 + 1)?);
+        }
+        let mut servers = Vec::with_capacity(sc.shards.len());
+        for (i, shard) in sc.shards.iter().enumerate() {
+            let admission = match &shard.server {
+                ServerKind::Queue(QueueServer {
+                    shedding: Some(c), ..
+                }) => {
+                    let config = AdmissionConfig {
+                        seed: mix(sc.seed ^ c.seed, 1 << 40 | i as u64),
+                        ..c.clone()
+                    };
+                    Some(AdmissionPolicy::new(config)?)
+                }
+                _ => None,
+            };
+            servers.push(Server {
+                busy: 0,
+                queue: VecDeque::new(),
+                admission,
+            });
+        }
+        let end = nanos(sc.duration);
+        let bin = nanos(sc.bin);
+        let bins = end.div_ceil(bin) as usize;
+        let stats = RunStats {
+            shards: vec![ShardStats::default(); sc.shards.len()],
+            bins: vec![Bin::default(); bins],
+            bin_seconds: sc.bin.as_secs_f64(),
+            measured_seconds: (sc.duration - sc.measure_from).as_secs_f64(),
+            ..RunStats::default()
+        };
+        Ok(Sim {
+            sc,
+            base: Instant::now(),
+            now: 0,
+            seq: 0,
+            heap: BinaryHeap::new(),
+            rng: fastrand::Rng::with_seed(mix(sc.seed, 0)),
+            controllers,
+            calls: Vec::new(),
+            free: Vec::new(),
+            next_id: 0,
+            servers,
+            stats,
+            end,
+            measure_from: nanos(sc.measure_from),
+            bin,
+            fleet_rate: sc.rate_per_client * sc.clients as f64,
+        })
+    }
+
+    fn at(&self, t: u64) -> Instant {
+        self.base + Duration::from_nanos(t)
+    }
+
+    fn instant(&self) -> Instant {
+        self.at(self.now)
+    }
+
+    fn schedule(&mut self, at: u64, event: Event) {
+        self.seq += 1;
+        self.heap.push(Scheduled {
+            at,
+            seq: self.seq,
+            event,
+        });
+    }
+
+    fn bin_of(&mut self, t: u64) -> Option<&mut Bin> {
+        let i = (t / self.bin) as usize;
+        self.stats.bins.get_mut(i)
+    }
+
+    fn next_arrival(&mut self) {
+        // Exponential gaps: the fleet's arrivals are one Poisson process, each call going
+        // to a uniformly chosen process, which is N independent Poisson processes.
+        let u = 1.0 - self.rng.f64();
+        let gap = (-u.ln() / self.fleet_rate * 1e9) as u64;
+        let at = self.now.saturating_add(gap.max(1));
+        if at < self.end {
+            self.schedule(at, Event::Arrival);
+        }
+    }
+
+    fn run(&mut self) {
+        self.next_arrival();
+        while let Some(Scheduled { at, event, .. }) = self.heap.pop() {
+            self.now = at;
+            self.stats.events += 1;
+            match event {
+                Event::Arrival => {
+                    self.arrival();
+                    self.next_arrival();
+                }
+                Event::Response { slot, id, outcome } => self.response(slot, id, outcome),
+                Event::Timeout { slot, id } => self.timeout(slot, id),
+                Event::RetryStart { slot, id } => self.retry_start(slot, id),
+                Event::ServerArrive {
+                    shard,
+                    slot,
+                    id,
+                    retry,
+                    deadline,
+                } => self.server_arrive(shard, slot, id, retry, deadline),
+                Event::ServiceDone { shard, slot, id } => self.service_done(shard, slot, id),
+            }
+        }
+    }
+
+    fn arrival(&mut self) {
+        let client = self.rng.usize(0..self.sc.clients);
+        let shard = self.rng.usize(0..self.sc.shards.len());
+        let index = if self.sc.policy.budget_per_shard {
+            client * self.sc.shards.len() + shard
+        } else {
+            client
+        };
+        let measured = self.now >= self.measure_from;
+        if let Some(bin) = self.bin_of(self.now) {
+            bin.calls += 1;
+        }
+        if measured {
+            self.stats.calls += 1;
+            self.stats.shards[shard].calls += 1;
+        }
+        let deadline = self
+            .sc
+            .policy
+            .deadline
+            .map(|d| self.now.saturating_add(nanos(d)));
+        let now = self.instant();
+        let begun = self.controllers[index].begin_at(PATH, deadline.map(|d| self.at(d)), now);
+        let retry = match begun {
+            Ok(retry) => retry,
+            Err(_) => {
+                if measured {
+                    *self
+                        .stats
+                        .gave_up
+                        .entry("rejected_by_breaker".into())
+                        .or_default() += 1;
+                }
+                return;
+            }
+        };
+        let call = Call {
+            retry,
+            shard: shard as u32,
+            arrived: self.now,
+            deadline,
+            id: 0,
+            in_flight: false,
+            attempts: 0,
+            measured,
+        };
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.calls[slot as usize] = Some(call);
+                slot
+            }
+            None => {
+                self.calls.push(Some(call));
+                (self.calls.len() - 1) as u32
+            }
+        };
+        self.send_attempt(slot);
+    }
+
+    fn send_attempt(&mut self, slot: u32) {
+        self.next_id += 1;
+        let id = self.next_id;
+        let now = self.now;
+        let Some(call) = self.calls[slot as usize].as_mut() else {
+            return;
+        };
+        call.id = id;
+        call.in_flight = true;
+        call.attempts += 1;
+        let retry = call.retry.previous_attempts() > 0;
+        let shard_index = call.shard;
+        let deadline = call.deadline;
+        let measured = call.measured;
+        if let Some(bin) = self.bin_of(now) {
+            bin.attempts += 1;
+            if retry {
+                bin.retries += 1;
+            }
+        }
+        if measured {
+            self.stats.attempts += 1;
+            self.stats.shards[shard_index as usize].attempts += 1;
+            if retry {
+                self.stats.retries += 1;
+            }
+        }
+        // The client's timer: the attempt timeout, cut by the logical deadline.
+        let timer = match (self.sc.policy.attempt_timeout, deadline) {
+            (Some(t), Some(d)) => Some(now.saturating_add(nanos(t)).min(d)),
+            (Some(t), None) => Some(now.saturating_add(nanos(t))),
+            (None, d) => d,
+        };
+        if let Some(at) = timer {
+            self.schedule(at, Event::Timeout { slot, id });
+        }
+        let shard = &self.sc.shards[shard_index as usize];
+        let down = shard.outage.is_some_and(|w| w.contains(now));
+        let fails = down || (shard.failure_rate > 0.0 && self.rng.f64() < shard.failure_rate);
+        match &shard.server {
+            ServerKind::Unbounded { latency } => {
+                let outcome = if fails {
+                    Outcome::Failed(Failure::status(Code::Unavailable))
+                } else {
+                    Outcome::Ok
+                };
+                self.schedule(
+                    now.saturating_add(nanos(*latency)),
+                    Event::Response { slot, id, outcome },
+                );
+            }
+            ServerKind::Queue(_) => {
+                let net = nanos(self.sc.network);
+                if fails {
+                    let outcome = Outcome::Failed(Failure::status(Code::Unavailable));
+                    self.schedule(
+                        now.saturating_add(2 * net),
+                        Event::Response { slot, id, outcome },
+                    );
+                } else {
+                    self.schedule(
+                        now.saturating_add(net),
+                        Event::ServerArrive {
+                            shard: shard_index,
+                            slot,
+                            id,
+                            retry,
+                            deadline: timer,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// The current attempt of `slot`, if `id` is still it and it is still in flight.
+    fn live(&mut self, slot: u32, id: u64) -> bool {
+        self.calls
+            .get(slot as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|c| c.id == id && c.in_flight)
+    }
+
+    fn response(&mut self, slot: u32, id: u64, outcome: Outcome) {
+        if !self.live(slot, id) {
+            return; // the caller gave up on this attempt already
+        }
+        match outcome {
+            Outcome::Ok => {
+                let now = self.instant();
+                if let Some(call) = self.calls[slot as usize].as_mut() {
+                    call.retry.on_success_at(now);
+                }
+                self.finish(slot, None);
+            }
+            Outcome::Failed(failure) => self.failed(slot, failure),
+        }
+    }
+
+    fn timeout(&mut self, slot: u32, id: u64) {
+        if self.live(slot, id) {
+            self.failed(slot, Failure::status(Code::DeadlineExceeded));
+        }
+    }
+
+    fn failed(&mut self, slot: u32, failure: Failure) {
+        let now = self.instant();
+        let Some(call) = self.calls[slot as usize].as_mut() else {
+            return;
+        };
+        call.in_flight = false;
+        match call.retry.on_failure_at(&failure, now) {
+            Decision::Retry { delay } => {
+                let id = call.id;
+                let at = self.now.saturating_add(nanos(delay));
+                self.schedule(at, Event::RetryStart { slot, id });
+            }
+            Decision::GiveUp(refusal) => self.finish(slot, Some(refusal)),
+        }
+    }
+
+    fn retry_start(&mut self, slot: u32, id: u64) {
+        let now = self.instant();
+        let Some(call) = self.calls[slot as usize].as_mut() else {
+            return;
+        };
+        if call.id != id || call.in_flight {
+            return;
+        }
+        match call.retry.start_retry_at(now) {
+            Ok(()) => self.send_attempt(slot),
+            Err(refusal) => self.finish(slot, Some(refusal)),
+        }
+    }
+
+    /// Ends a logical call: `None` is a success.
+    fn finish(&mut self, slot: u32, refusal: Option<Refusal>) {
+        let Some(call) = self.calls[slot as usize].take() else {
+            return;
+        };
+        self.free.push(slot);
+        let success = refusal.is_none() && call.deadline.is_none_or(|d| self.now <= d);
+        if success {
+            if let Some(bin) = self.bin_of(call.arrived) {
+                bin.successes += 1;
+            }
+        }
+        if !call.measured {
+            return;
+        }
+        if success {
+            self.stats.successes += 1;
+            self.stats.shards[call.shard as usize].successes += 1;
+        } else {
+            let name = refusal.map_or("late", Refusal::as_str);
+            *self.stats.gave_up.entry(name.to_owned()).or_default() += 1;
+        }
+    }
+
+    fn queue_server(&self, shard: u32) -> &'a QueueServer {
+        match &self.sc.shards[shard as usize].server {
+            ServerKind::Queue(q) => q,
+            ServerKind::Unbounded { .. } => unreachable!("only queueing shards get server events"),
+        }
+    }
+
+    fn service_time(&self, shard: u32) -> u64 {
+        let q = self.queue_server(shard);
+        let base = q.service_time;
+        match q.slowdown {
+            Some((window, factor)) if window.contains(self.now) => nanos(base.mul_f64(factor)),
+            _ => nanos(base),
+        }
+    }
+
+    fn answer(&mut self, slot: u32, id: u64, outcome: Outcome) {
+        let at = self.now.saturating_add(nanos(self.sc.network));
+        self.schedule(at, Event::Response { slot, id, outcome });
+    }
+
+    fn start_service(&mut self, shard: u32, slot: u32, id: u64) {
+        self.servers[shard as usize].busy += 1;
+        let at = self.now.saturating_add(self.service_time(shard));
+        self.schedule(at, Event::ServiceDone { shard, slot, id });
+    }
+
+    fn server_arrive(
+        &mut self,
+        shard: u32,
+        slot: u32,
+        id: u64,
+        retry: bool,
+        deadline: Option<u64>,
+    ) {
+        let q = self.queue_server(shard);
+        let now = self.instant();
+        let t = self.now;
+        let base = self.base;
+        let server = &mut self.servers[shard as usize];
+        let Some(policy) = server.admission.as_mut() else {
+            // Plain FIFO: run it, queue it, or refuse it when the queue is full.
+            if server.busy < q.workers {
+                self.start_service(shard, slot, id);
+            } else if server.queue.len() < q.queue_capacity {
+                server.queue.push_back(Job {
+                    slot,
+                    id,
+                    enqueued: t,
+                    expiry: None,
+                });
+            } else {
+                let outcome = Outcome::Failed(Failure::status(Code::Unavailable));
+                self.answer(slot, id, outcome);
+            }
+            return;
+        };
+        // Work that expired while queued is answered before it is counted as load.
+        let mut expired = Vec::new();
+        while let Some(job) = server.queue.front() {
+            if job.expiry.is_some_and(|e| e <= t) {
+                expired.extend(server.queue.pop_front());
+            } else {
+                break;
+            }
+        }
+        let load = QueueLoad {
+            free_workers: q.workers.saturating_sub(server.busy),
+            depth: server.queue.len(),
+            oldest_enqueued: server
+                .queue
+                .front()
+                .map(|j| base + Duration::from_nanos(j.enqueued)),
+        };
+        let class = if retry {
+            AttemptClass::Retry
+        } else {
+            AttemptClass::First
+        };
+        let mut reply = None;
+        let mut admit = false;
+        match policy.decide_at(now, load, class) {
+            Admission::Admit => admit = true,
+            Admission::Queue => {
+                let expiry = policy.expiry(now, deadline.map(|d| base + Duration::from_nanos(d)));
+                let expiry = nanos(expiry.saturating_duration_since(base));
+                server.queue.push_back(Job {
+                    slot,
+                    id,
+                    enqueued: t,
+                    expiry: Some(expiry),
+                });
+            }
+            Admission::Shed(shed) => {
+                let pushback = match shed.pushback {
+                    ShedPushback::After(d) => Pushback::RetryAfter(d),
+                    ShedPushback::DoNotRetry => Pushback::DoNotRetry,
+                };
+                let code = policy.config().shed_code;
+                reply = Some(Failure::status(code).with_pushback(Some(pushback)));
+            }
+        }
+        if admit {
+            self.start_service(shard, slot, id);
+        }
+        if let Some(failure) = reply {
+            self.answer(slot, id, Outcome::Failed(failure));
+        }
+        self.answer_expired(expired);
+    }
+
+    /// Queued work whose time ran out is answered `DEADLINE_EXCEEDED` without running.
+    fn answer_expired(&mut self, expired: Vec<Job>) {
+        for job in expired {
+            let failure = Failure::status(Code::DeadlineExceeded);
+            self.answer(job.slot, job.id, Outcome::Failed(failure));
+        }
+    }
+
+    fn service_done(&mut self, shard: u32, slot: u32, id: u64) {
+        let now = self.instant();
+        let t = self.now;
+        self.answer(slot, id, Outcome::Ok);
+        let server = &mut self.servers[shard as usize];
+        server.busy -= 1;
+        let mut expired = Vec::new();
+        let next = match server.admission.as_mut() {
+            None => server.queue.pop_front(),
+            Some(policy) => {
+                policy.record_completion_at(now);
+                loop {
+                    let newest = policy.serve_newest(server.queue.len());
+                    let job = if newest {
+                        server.queue.pop_back()
+                    } else {
+                        server.queue.pop_front()
+                    };
+                    match job {
+                        Some(job) if job.expiry.is_some_and(|e| e <= t) => expired.push(job),
+                        other => break other,
+                    }
+                }
+            }
+        };
+        if let Some(job) = next {
+            self.start_service(shard, job.slot, job.id);
+        }
+        self.answer_expired(expired);
+    }
+}
+
+// TEMPORARY until stormguard_core::budget::Unlimited lands (budget.rs owner, ~09:05).
+#[derive(Debug)]
+struct Unlimited;
+impl Budget for Unlimited {
+    fn deposit_at(&self, _now: Instant) {}
+    fn withdraw_at(&self, _now: Instant) -> bool {
+        true
+    }
+    fn balance_at(&self, _now: Instant) -> f64 {
+        f64::INFINITY
+    }
+}
