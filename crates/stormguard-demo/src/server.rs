@@ -9,6 +9,7 @@
 //! fill workers and queues without racing the clock. Counters say which calls reached the
 //! handler, by attempt class, and the most that ever ran at once.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -74,7 +75,11 @@ struct Shared {
     failed: AtomicU64,
     running: AtomicUsize,
     max_running: AtomicUsize,
+    entry_log: Mutex<VecDeque<String>>,
 }
+
+/// How many `request_id`s [`DemoControl::entry_log`] keeps.
+pub const ENTRY_LOG_CAPACITY: usize = 1024;
 
 /// The demo `stormguard.demo.v1.Inventory` service. Clones share knobs and counters.
 #[derive(Clone, Debug)]
@@ -104,6 +109,7 @@ impl DemoInventory {
             failed: AtomicU64::new(0),
             running: AtomicUsize::new(0),
             max_running: AtomicUsize::new(0),
+            entry_log: Mutex::new(VecDeque::new()),
         };
         DemoInventory {
             shared: Arc::new(shared),
@@ -161,6 +167,18 @@ impl DemoControl {
         }
     }
 
+    /// The non-empty `request_id`s of the `Reserve` calls that reached the handler, in
+    /// the order they reached it (the last [`ENTRY_LOG_CAPACITY`]). Calls without an id
+    /// are not logged, so load tests pay nothing for it.
+    pub fn entry_log(&self) -> Vec<String> {
+        let log = self
+            .shared
+            .entry_log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        log.iter().cloned().collect()
+    }
+
     /// The counters now.
     pub fn counts(&self) -> DemoCounts {
         let s = &self.shared;
@@ -204,6 +222,14 @@ impl Inventory for DemoInventory {
             .and_then(|v| v.to_str().ok())
             .and_then(decode_timeout_ms)
             .unwrap_or(0);
+        let request_id = &request.get_ref().request_id;
+        if !request_id.is_empty() {
+            let mut log = s.entry_log.lock().unwrap_or_else(PoisonError::into_inner);
+            if log.len() == ENTRY_LOG_CAPACITY {
+                log.pop_front();
+            }
+            log.push_back(request_id.clone());
+        }
         s.entered.fetch_add(1, Ordering::SeqCst);
         if previous == 0 {
             s.entered_first.fetch_add(1, Ordering::SeqCst);
