@@ -1,0 +1,162 @@
+//! End-to-end: what the layer tells operators (counters, spans) and what the interceptor
+//! stamps for code with its own call loop.
+#![allow(clippy::unwrap_used)]
+
+mod client_support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use client_support::*;
+use stormguard_client::context::{self, CallContext};
+use stormguard_client::{ContextInterceptor, RetryLayer};
+use stormguard_demo::InventoryClient;
+use tonic::{Code, Request};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Metadata, Subscriber};
+
+/// Records the name and fields of every span created.
+#[derive(Clone, Default)]
+struct Spans(Arc<Mutex<Vec<(String, Vec<(String, String)>)>>>);
+
+struct Fields(Vec<(String, String)>);
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.push((field.name().to_owned(), format!("{value:?}")));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.push((field.name().to_owned(), value.to_owned()));
+    }
+}
+
+impl Subscriber for Spans {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, span: &Attributes<'_>) -> Id {
+        let mut fields = Fields(Vec::new());
+        span.record(&mut fields);
+        let mut spans = self.0.lock().unwrap();
+        spans.push((span.metadata().name().to_owned(), fields.0));
+        Id::from_u64(spans.len() as u64)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, _: &Event<'_>) {}
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+#[tokio::test]
+async fn each_attempt_runs_in_a_span_with_its_number_and_reason() {
+    let spans = Spans::default();
+    let _guard = tracing::subscriber::set_default(spans.clone());
+    let svc = Scripted::new(
+        [Step::Fail(Code::Unavailable), Step::pushback(Code::ResourceExhausted, "1")],
+        Step::Ok,
+    );
+    let policy = stormguard_core::policy::RetryPolicy {
+        retryable_codes: [
+            stormguard_core::code::Code::Unavailable,
+            stormguard_core::code::Code::ResourceExhausted,
+        ]
+        .into_iter()
+        .collect(),
+        ..quick_policy()
+    };
+    let mut client = setup(&svc, RetryLayer::new(controller(policy))).await;
+    client.reserve(reserve("a")).await.unwrap();
+
+    let attempts: Vec<(String, String)> = spans
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(name, _)| name == "stormguard.attempt")
+        .map(|(_, fields)| {
+            let get = |k: &str| fields.iter().find(|(n, _)| n == k).unwrap().1.clone();
+            (get("retry.attempt"), get("retry.reason"))
+        })
+        .collect();
+    assert_eq!(
+        attempts,
+        [
+            ("0".to_owned(), "initial".to_owned()),
+            ("1".to_owned(), "UNAVAILABLE".to_owned()),
+            ("2".to_owned(), "RESOURCE_EXHAUSTED".to_owned()),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn logical_calls_and_attempts_are_counted_apart() {
+    let svc = Scripted::new(
+        [
+            Step::Fail(Code::Unavailable),
+            Step::Fail(Code::Unavailable),
+            Step::Fail(Code::Unavailable),
+            Step::Fail(Code::NotFound),
+        ],
+        Step::Ok,
+    );
+    let layer = RetryLayer::new(controller(quick_policy()));
+    let stats = layer.stats();
+    let mut client = setup(&svc, layer.clone()).await;
+    // A second service from the same layer counts into the same counters.
+    let mut other = setup(&svc, layer).await;
+
+    assert!(client.reserve(reserve("1")).await.is_err()); // 3 attempts, refused: attempts
+    assert_eq!(other.reserve(reserve("2")).await.unwrap_err().code(), Code::NotFound);
+    other.reserve(reserve("3")).await.unwrap();
+    let s = stats.snapshot();
+    assert_eq!((s.logical, s.attempts, s.retries), (3, 5, 2));
+    assert_eq!((s.ok, s.failed), (1, 2));
+    assert_eq!(s.refused.attempts, 1);
+    assert_eq!(s.refused.not_retryable, 1);
+    assert!((s.amplification() - 5.0 / 3.0).abs() < 1e-9);
+}
+
+#[tokio::test]
+async fn the_interceptor_stamps_deadline_and_attempt_from_the_context() {
+    let svc = Scripted::always(Step::Ok);
+    let addr = serve(svc.clone()).await;
+    let mut client = InventoryClient::with_interceptor(channel(addr).await, ContextInterceptor::new());
+
+    // Outside any context: nothing stamped.
+    client.reserve(reserve("plain")).await.unwrap();
+    // A user's own loop marks its second attempt and the work's deadline.
+    let ctx = CallContext::new()
+        .with_timeout(Duration::from_secs(2))
+        .with_previous_attempts(1);
+    context::scope(ctx, client.reserve(reserve("looped"))).await.unwrap();
+    // A context whose deadline passed: the call is not sent.
+    let expired = CallContext::new().with_deadline(tokio::time::Instant::now());
+    let status = context::scope(expired, client.reserve(Request::new(reserve("late"))))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded);
+
+    let seen = svc.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!((seen[0].previous_attempts.clone(), seen[0].timeout.clone()), (None, None));
+    assert_eq!(seen[1].previous_attempts.as_deref(), Some("1"));
+    let t = seen[1].timeout().unwrap();
+    assert!(t <= Duration::from_secs(2) && t > Duration::from_secs(1), "{t:?}");
+}
+
+#[tokio::test]
+async fn an_expired_context_deadline_fails_the_call_without_sending_it() {
+    let svc = Scripted::always(Step::Ok);
+    let layer = RetryLayer::new(controller(quick_policy()));
+    let stats = layer.stats();
+    let mut client = setup(&svc, layer).await;
+    let expired = CallContext::new().with_deadline(tokio::time::Instant::now());
+    let status = context::scope(expired, client.reserve(reserve("late")))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded);
+    assert!(svc.seen().is_empty());
+    assert_eq!(stats.snapshot().deadline_exceeded, 1);
+}
