@@ -219,3 +219,564 @@ pub fn amplification(options: &Options) -> Result<Vec<AmplificationRow>, SimErro
     }
     Ok(rows)
 }
+
+// ---------------------------------------------------------------------------------------
+// Table 2
+
+/// The variants of table 2.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FleetVariant {
+    /// 3 attempts, every retry granted (the reference).
+    ThreeAttempts,
+    /// stormguard's budget with its default floor, per process (5 retries/s each).
+    PerProcessFloor,
+    /// The same budget with the floor divided by the fleet size.
+    FleetAwareFloor,
+    /// The per-process floor plus stormguard's default circuit breaker.
+    PerProcessFloorWithBreaker,
+}
+
+impl FleetVariant {
+    /// All variants, in table order.
+    pub const ALL: [FleetVariant; 3] = [
+        FleetVariant::ThreeAttempts,
+        FleetVariant::PerProcessFloor,
+        FleetVariant::PerProcessFloorWithBreaker,
+    ];
+
+    /// The name used in tables and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FleetVariant::ThreeAttempts => "three-attempts",
+            FleetVariant::PerProcessFloor => "per-process-floor",
+            FleetVariant::FleetAwareFloor => "fleet-aware-floor",
+            FleetVariant::PerProcessFloorWithBreaker => "per-process-floor+breaker",
+        }
+    }
+}
+
+/// One row of table 2.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FleetRow {
+    /// Client processes.
+    pub fleet_size: usize,
+    /// The variant.
+    pub variant: FleetVariant,
+    /// Logical calls per second offered by the whole fleet.
+    pub calls_per_second: f64,
+    /// Retries per second reaching the dead dependency (mean over the measured window).
+    pub retries_per_second: f64,
+    /// Attempts per second reaching it (first attempts and retries).
+    pub attempts_per_second: f64,
+    /// The largest attempts per second over any 100 ms bin of the measured window: how
+    /// synchronised the fleet's attempts are (breaker probes, reserve refills).
+    pub peak_attempts_per_second: f64,
+    /// Attempts per logical call.
+    pub amplification: f64,
+}
+
+/// Fleet sizes of table 2 (quick: the first three).
+pub const FLEET_SIZES: [usize; 5] = [1, 10, 100, 500, 1000];
+
+/// The scenario of table 2: `fleet_size` processes × 10 calls/s against a dead dependency
+/// (every attempt fails `UNAVAILABLE` after 1 ms, as a refused connection does);
+/// 1 s deadline; measured from 10 s to 40 s (5 s to 15 s quick).
+pub fn fleet_scenario(fleet_size: usize, variant: FleetVariant, options: &Options) -> Scenario {
+    let (duration, warmup) = if options.quick {
+        (15.0, 5.0)
+    } else {
+        (40.0, 10.0)
+    };
+    let name = match variant {
+        FleetVariant::ThreeAttempts => PolicyName::ThreeAttempts,
+        _ => PolicyName::Stormguard,
+    };
+    let mut policy = client(name, secs(1.0), None, a6_backoff(ms(20)), false);
+    policy.name = variant.as_str().to_owned();
+    // FLEET-FLOOR: wired once the core budget has the option.
+    if variant == FleetVariant::PerProcessFloorWithBreaker {
+        policy.breaker = Some(BreakerConfig::default());
+    }
+    Scenario {
+        clients: fleet_size,
+        rate_per_client: 10.0,
+        duration: secs(duration),
+        measure_from: secs(warmup),
+        bin: ms(100),
+        network: ms(1),
+        shards: vec![Shard {
+            server: ServerKind::Unbounded { latency: ms(1) },
+            failure_rate: 1.0,
+            outage: None,
+        }],
+        policy,
+        seed: mix(options.seed, 2_000 + fleet_size as u64),
+    }
+}
+
+/// The largest per-second rate of `attempts` over the bins from `from_bin` on.
+fn peak_rate(stats: &RunStats, from_bin: usize) -> f64 {
+    let peak = stats
+        .bins
+        .iter()
+        .skip(from_bin)
+        .map(|b| b.attempts)
+        .max()
+        .unwrap_or(0);
+    peak as f64 / stats.bin_seconds
+}
+
+/// Table 2: retries per second reaching a dead dependency, by fleet size.
+pub fn fleet_floor(options: &Options) -> Result<Vec<FleetRow>, SimError> {
+    let sizes: &[usize] = if options.quick {
+        &FLEET_SIZES[..3]
+    } else {
+        &FLEET_SIZES
+    };
+    let mut rows = Vec::new();
+    for &fleet_size in sizes {
+        for variant in FleetVariant::ALL {
+            let scenario = fleet_scenario(fleet_size, variant, options);
+            let from_bin = (scenario.measure_from.as_nanos() / scenario.bin.as_nanos()) as usize;
+            let stats = run(&scenario)?;
+            rows.push(FleetRow {
+                fleet_size,
+                variant,
+                calls_per_second: ratio(stats.calls, 1) / stats.measured_seconds,
+                retries_per_second: stats.retries_per_second(),
+                attempts_per_second: stats.attempts_per_second(),
+                peak_attempts_per_second: peak_rate(&stats, from_bin),
+                amplification: stats.amplification(),
+            });
+        }
+    }
+    Ok(rows)
+}
+
+// ---------------------------------------------------------------------------------------
+// Table 3
+
+/// The variants of table 3: a client policy and a server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RecoveryVariant {
+    /// One attempt, plain FIFO server.
+    NoRetries,
+    /// 3 attempts, every retry granted, plain FIFO server.
+    ThreeAttempts,
+    /// 3 attempts, A6 throttle, plain FIFO server.
+    A6Throttle,
+    /// 3 attempts, stormguard budget, plain FIFO server.
+    Stormguard,
+    /// 3 attempts, stormguard budget, stormguard admission (shedding) server.
+    StormguardShedding,
+    /// As `StormguardShedding`, plus stormguard's default circuit breaker in each client.
+    StormguardSheddingBreaker,
+}
+
+impl RecoveryVariant {
+    /// All variants, in table order.
+    pub const ALL: [RecoveryVariant; 6] = [
+        RecoveryVariant::NoRetries,
+        RecoveryVariant::ThreeAttempts,
+        RecoveryVariant::A6Throttle,
+        RecoveryVariant::Stormguard,
+        RecoveryVariant::StormguardShedding,
+        RecoveryVariant::StormguardSheddingBreaker,
+    ];
+
+    /// The name used in tables and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecoveryVariant::NoRetries => "no-retries",
+            RecoveryVariant::ThreeAttempts => "three-attempts",
+            RecoveryVariant::A6Throttle => "a6-throttle",
+            RecoveryVariant::Stormguard => "stormguard",
+            RecoveryVariant::StormguardShedding => "stormguard+shedding",
+            RecoveryVariant::StormguardSheddingBreaker => "stormguard+shedding+breaker",
+        }
+    }
+
+    fn policy(self) -> PolicyName {
+        match self {
+            RecoveryVariant::NoRetries => PolicyName::NoRetries,
+            RecoveryVariant::ThreeAttempts => PolicyName::ThreeAttempts,
+            RecoveryVariant::A6Throttle => PolicyName::A6Throttle,
+            _ => PolicyName::Stormguard,
+        }
+    }
+}
+
+/// One row of table 3.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RecoveryRow {
+    /// Client policy and server.
+    pub variant: RecoveryVariant,
+    /// Client processes.
+    pub clients: usize,
+    /// Whether the success rate came back (see `time_to_recover_s`) before the run ended.
+    pub recovered: bool,
+    /// Seconds from the end of the capacity drop to the start of the first 1 s bin from
+    /// which every bin's success rate is at least 95 %; `None` if that never happened.
+    pub time_to_recover_s: Option<f64>,
+    /// Success rate of the calls arriving from the start of the drop to the end.
+    pub success_after_trigger: f64,
+    /// Attempts per logical call over the same calls.
+    pub amplification_after_trigger: f64,
+    /// Success rate per 1 s bin, the whole run (the shape of the recovery).
+    pub success_by_second: Vec<f64>,
+}
+
+/// The capacity drop of table 3, as in storm-notes: service time × 2.5 for 3 s, after a
+/// 5 s warm-up.
+pub const TRIGGER: Window = Window {
+    from: Duration::from_secs(5),
+    until: Duration::from_secs(8),
+};
+
+/// The scenario of table 3: the storm-notes server (8 workers × 11.1 ms, ~720/s) scaled
+/// by 10 (80 workers, ~7,200/s) and offered 75 % of it (5,400 calls/s) by 100 client
+/// processes, 100× the single client of the storm notes; 50 ms per-attempt timeout
+/// (retried), 200 ms deadline, 0.5 ms each way. Quick: the unscaled server, 10 clients.
+pub fn recovery_scenario(variant: RecoveryVariant, options: &Options) -> Scenario {
+    let (scale, clients, duration) = if options.quick {
+        (1, 10, 20.0)
+    } else {
+        (10, 100, 30.0)
+    };
+    let workers = 8 * scale;
+    let offered = 540.0 * scale as f64;
+    let shedding = matches!(
+        variant,
+        RecoveryVariant::StormguardShedding | RecoveryVariant::StormguardSheddingBreaker
+    );
+    let mut policy = client(
+        variant.policy(),
+        ms(200),
+        Some(ms(50)),
+        a6_backoff(ms(10)),
+        true,
+    );
+    policy.name = variant.as_str().to_owned();
+    if variant == RecoveryVariant::StormguardSheddingBreaker {
+        policy.breaker = Some(BreakerConfig::default());
+    }
+    let server = QueueServer {
+        workers,
+        service_time: Duration::from_micros(11_100),
+        queue_capacity: 10_000,
+        slowdown: Some((TRIGGER, 2.5)),
+        shedding: shedding.then(|| AdmissionConfig {
+            workers,
+            // Sized to the deadline: at the degraded rate (service × 2.5) a queue of
+            // workers / 2 drains in ~14 ms, so queued work still fits in its 50 ms.
+            queue_capacity: workers / 2,
+            retry_threshold: stormguard_core::admission::RetryThreshold {
+                depth: Some((workers / 16).max(1)),
+                queue_delay: None,
+            },
+            ..AdmissionConfig::default()
+        }),
+    };
+    Scenario {
+        clients,
+        rate_per_client: offered / clients as f64,
+        duration: secs(duration),
+        measure_from: TRIGGER.from,
+        bin: secs(1.0),
+        network: Duration::from_micros(500),
+        shards: vec![Shard {
+            server: ServerKind::Queue(server),
+            failure_rate: 0.0,
+            outage: None,
+        }],
+        policy,
+        seed: mix(options.seed, 3_000),
+    }
+}
+
+/// Table 3: time to recover from a capacity drop, per policy and server.
+pub fn recovery(options: &Options) -> Result<Vec<RecoveryRow>, SimError> {
+    let mut rows = Vec::new();
+    for variant in RecoveryVariant::ALL {
+        let scenario = recovery_scenario(variant, options);
+        let stats = run(&scenario)?;
+        let success: Vec<f64> = stats
+            .bins
+            .iter()
+            .map(|b| ratio(b.successes, b.calls))
+            .collect();
+        let end = TRIGGER.until.as_secs() as usize;
+        // The first bin from which every later bin is healthy.
+        let mut first_healthy = success.len();
+        while first_healthy > end && success[first_healthy - 1] >= 0.95 {
+            first_healthy -= 1;
+        }
+        let recovered = first_healthy < success.len();
+        rows.push(RecoveryRow {
+            variant,
+            clients: scenario.clients,
+            recovered,
+            time_to_recover_s: recovered.then(|| (first_healthy - end) as f64),
+            success_after_trigger: stats.success_rate(),
+            amplification_after_trigger: stats.amplification(),
+            success_by_second: success
+                .iter()
+                .map(|s| (s * 1000.0).round() / 1000.0)
+                .collect(),
+        });
+    }
+    Ok(rows)
+}
+
+// ---------------------------------------------------------------------------------------
+// Table 4
+
+/// The variants of table 4.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ShardVariant {
+    /// 3 attempts, every retry granted (the reference).
+    ThreeAttempts,
+    /// One stormguard budget per process, shared by all shards.
+    SharedBudget,
+    /// One stormguard budget per process and shard.
+    PerShardBudget,
+}
+
+impl ShardVariant {
+    /// All variants, in table order.
+    pub const ALL: [ShardVariant; 3] = [
+        ShardVariant::ThreeAttempts,
+        ShardVariant::SharedBudget,
+        ShardVariant::PerShardBudget,
+    ];
+
+    /// The name used in tables and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShardVariant::ThreeAttempts => "three-attempts",
+            ShardVariant::SharedBudget => "shared-budget",
+            ShardVariant::PerShardBudget => "per-shard-budget",
+        }
+    }
+}
+
+/// One row of table 4.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ShardRow {
+    /// The budget layout.
+    pub variant: ShardVariant,
+    /// Success rate of calls to the nine healthy shards.
+    pub healthy_success: f64,
+    /// Attempts per call to the healthy shards.
+    pub healthy_amplification: f64,
+    /// Success rate of calls to the bad shard (it is down: 0).
+    pub bad_success: f64,
+    /// Attempts per call to the bad shard: the extra load aimed at it.
+    pub bad_amplification: f64,
+}
+
+/// Shards in table 4; shard 0 is the bad one.
+pub const SHARDS: usize = 10;
+
+/// Failure rate of the healthy shards in table 4.
+pub const HEALTHY_FAILURE_RATE: f64 = 0.05;
+
+/// The scenario of table 4: 10 processes × 200 calls/s spread uniformly over 10 shards of
+/// unlimited capacity (2 ms); shard 0 fails every attempt, the others 5 % at random;
+/// 1 s deadline; measured after 10 s (2 s quick).
+pub fn partial_failure_scenario(variant: ShardVariant, options: &Options) -> Scenario {
+    let (duration, warmup) = if options.quick {
+        (12.0, 2.0)
+    } else {
+        (70.0, 10.0)
+    };
+    let name = match variant {
+        ShardVariant::ThreeAttempts => PolicyName::ThreeAttempts,
+        _ => PolicyName::Stormguard,
+    };
+    let mut policy = client(name, secs(1.0), None, a6_backoff(ms(20)), false);
+    policy.name = variant.as_str().to_owned();
+    policy.budget_per_shard = variant == ShardVariant::PerShardBudget;
+    let shards = (0..SHARDS)
+        .map(|i| Shard {
+            server: ServerKind::Unbounded { latency: ms(2) },
+            failure_rate: if i == 0 { 1.0 } else { HEALTHY_FAILURE_RATE },
+            outage: None,
+        })
+        .collect();
+    Scenario {
+        clients: 10,
+        rate_per_client: 200.0,
+        duration: secs(duration),
+        measure_from: secs(warmup),
+        bin: secs(1.0),
+        network: ms(1),
+        shards,
+        policy,
+        seed: mix(options.seed, 4_000),
+    }
+}
+
+/// Table 4: one bad shard of ten, shared budget against per-shard budgets.
+pub fn partial_failure(options: &Options) -> Result<Vec<ShardRow>, SimError> {
+    let mut rows = Vec::new();
+    for variant in ShardVariant::ALL {
+        let stats = run(&partial_failure_scenario(variant, options))?;
+        let bad = &stats.shards[0];
+        let healthy = stats.shards[1..].iter().fold((0, 0, 0), |(c, s, a), sh| {
+            (c + sh.calls, s + sh.successes, a + sh.attempts)
+        });
+        rows.push(ShardRow {
+            variant,
+            healthy_success: ratio(healthy.1, healthy.0),
+            healthy_amplification: ratio(healthy.2, healthy.0),
+            bad_success: ratio(bad.successes, bad.calls),
+            bad_amplification: ratio(bad.attempts, bad.calls),
+        });
+    }
+    Ok(rows)
+}
+
+// ---------------------------------------------------------------------------------------
+// All four
+
+/// The four tables.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Tables {
+    /// Table 1.
+    pub amplification: Vec<AmplificationRow>,
+    /// Table 2.
+    pub fleet_floor: Vec<FleetRow>,
+    /// Table 3.
+    pub recovery: Vec<RecoveryRow>,
+    /// Table 4.
+    pub partial_failure: Vec<ShardRow>,
+}
+
+impl Tables {
+    /// Runs all four experiments.
+    pub fn run(options: &Options) -> Result<Tables, SimError> {
+        Ok(Tables {
+            amplification: amplification(options)?,
+            fleet_floor: fleet_floor(options)?,
+            recovery: recovery(options)?,
+            partial_failure: partial_failure(options)?,
+        })
+    }
+
+    /// The tables as pretty-printed JSON.
+    pub fn to_json(&self) -> String {
+        // Serializing plain structs of numbers and strings cannot fail.
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+}
+
+impl fmt::Display for Tables {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "Table 1: amplification (attempts / logical calls) and success rate"
+        )?;
+        write!(f, "{:>8}", "failure")?;
+        for p in PolicyName::ALL {
+            write!(f, " | {:>22}", p.as_str())?;
+        }
+        writeln!(f)?;
+        for rate in FAILURE_RATES {
+            write!(f, "{:>7.0}%", rate * 100.0)?;
+            for p in PolicyName::ALL {
+                match self
+                    .amplification
+                    .iter()
+                    .find(|r| r.policy == p && r.failure_rate == rate)
+                {
+                    Some(r) => write!(
+                        f,
+                        " | {:>8.3}x {:>9.3}%",
+                        r.amplification,
+                        r.success * 100.0
+                    )?,
+                    None => write!(f, " | {:>22}", "-")?,
+                }
+            }
+            writeln!(f)?;
+        }
+
+        writeln!(
+            f,
+            "\nTable 2: a dead dependency, by fleet size (10 calls/s per process)"
+        )?;
+        writeln!(
+            f,
+            "{:>6} | {:<26} | {:>9} | {:>10} | {:>10} | {:>11} | {:>6}",
+            "fleet", "variant", "calls/s", "retries/s", "attempts/s", "peak att/s", "ampl"
+        )?;
+        for r in &self.fleet_floor {
+            writeln!(
+                f,
+                "{:>6} | {:<26} | {:>9.0} | {:>10.1} | {:>10.1} | {:>11.0} | {:>6.3}",
+                r.fleet_size,
+                r.variant.as_str(),
+                r.calls_per_second,
+                r.retries_per_second,
+                r.attempts_per_second,
+                r.peak_attempts_per_second,
+                r.amplification
+            )?;
+        }
+
+        writeln!(
+            f,
+            "\nTable 3: recovery from a 3 s capacity drop (x2.5 service time) at 75 % load"
+        )?;
+        writeln!(
+            f,
+            "{:<28} | {:>7} | {:>10} | {:>9} | {:>6} | success per second",
+            "variant", "clients", "recover s", "success", "ampl"
+        )?;
+        for r in &self.recovery {
+            let recover = r
+                .time_to_recover_s
+                .map_or("never".to_owned(), |s| format!("{s:.0}"));
+            let mut series = String::new();
+            for s in &r.success_by_second {
+                let _ = write!(series, "{:>4.0}", s * 100.0);
+            }
+            writeln!(
+                f,
+                "{:<28} | {:>7} | {:>10} | {:>8.2}% | {:>6.3} |{}",
+                r.variant.as_str(),
+                r.clients,
+                recover,
+                r.success_after_trigger * 100.0,
+                r.amplification_after_trigger,
+                series
+            )?;
+        }
+
+        writeln!(
+            f,
+            "\nTable 4: one bad shard of ten (healthy shards fail 5 % at random)"
+        )?;
+        writeln!(
+            f,
+            "{:<18} | {:>15} | {:>12} | {:>11} | {:>9}",
+            "variant", "healthy success", "healthy ampl", "bad success", "bad ampl"
+        )?;
+        for r in &self.partial_failure {
+            writeln!(
+                f,
+                "{:<18} | {:>14.3}% | {:>12.3} | {:>10.3}% | {:>9.3}",
+                r.variant.as_str(),
+                r.healthy_success * 100.0,
+                r.healthy_amplification,
+                r.bad_success * 100.0,
+                r.bad_amplification
+            )?;
+        }
+        Ok(())
+    }
+}
