@@ -99,3 +99,23 @@ pub fn reserve(
     }
     request
 }
+
+/// Sets `key: value` on a request's metadata.
+pub fn with_header<T>(
+    mut request: tonic::Request<T>,
+    key: &'static str,
+    value: &str,
+) -> tonic::Request<T> {
+    request
+        .metadata_mut()
+        .insert(key, value.parse().expect("ascii metadata"));
+    request
+}
+
+/// The `grpc-retry-pushback-ms` of a status, as sent.
+pub fn pushback(status: &tonic::Status) -> Option<String> {
+    status
+        .metadata()
+        .get("grpc-retry-pushback-ms")
+        .map(|v| v.to_str().expect("ascii pushback").to_owned())
+}

@@ -1,0 +1,169 @@
+//! Behaviour 5: a shed answer is trailers-only, with the configured status and a
+//! jittered `grpc-retry-pushback-ms` within [1 ms, max], never 0; `-1` for retries
+//! under deep overload when configured.
+
+mod server_support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use server_support::{channel, eventually, pushback, reserve, start};
+use stormguard_core::code::Code as CoreCode;
+use stormguard_demo::InventoryClient;
+use stormguard_demo::server::DemoConfig;
+use stormguard_server::{AdmissionConfig, RetryThreshold};
+use tower::ServiceExt;
+
+fn no_queue(pushback_max_ms: u64) -> AdmissionConfig {
+    AdmissionConfig {
+        workers: 1,
+        queue_capacity: 0,
+        retry_threshold: RetryThreshold {
+            depth: None,
+            queue_delay: None,
+        },
+        pushback_max: Duration::from_millis(pushback_max_ms),
+        ..AdmissionConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shed_answers_carry_a_jittered_pushback_never_zero_never_above_max() {
+    let server = start(no_queue(200), DemoConfig::default(), true).await;
+    let mut client = InventoryClient::new(channel(server.addr).await);
+    let hold = tokio::spawn({
+        let mut client = client.clone();
+        async move { client.reserve(reserve("hold", None)).await }
+    });
+    server.control.wait_running(1).await;
+    let mut seen = BTreeSet::new();
+    for i in 0..100 {
+        let request = reserve("", (i % 2 == 1).then_some("1"));
+        let status = client.reserve(request).await.expect_err("shed");
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        let value = pushback(&status).expect("pushback header");
+        let ms: u64 = value.parse().expect("a non-negative integer");
+        // No completion observed yet: the drain estimate is the max, jittered over
+        // [max/2, max].
+        assert!((100..=200).contains(&ms), "{ms}");
+        seen.insert(ms);
+    }
+    assert!(seen.len() >= 20, "pushback not jittered: {seen:?}");
+    server.control.open_gate();
+    hold.await.expect("task").expect("held call served");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shed_status_is_configurable_and_the_answer_is_trailers_only() {
+    let admission = AdmissionConfig {
+        shed_code: CoreCode::ResourceExhausted,
+        ..no_queue(50)
+    };
+    let server = start(admission, DemoConfig::default(), true).await;
+    let channel = channel(server.addr).await;
+    let hold = tokio::spawn({
+        let mut client = InventoryClient::new(channel.clone());
+        async move { client.reserve(reserve("hold", None)).await }
+    });
+    server.control.wait_running(1).await;
+
+    let status = InventoryClient::new(channel.clone())
+        .reserve(reserve("", None))
+        .await
+        .expect_err("shed");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+
+    // The raw HTTP/2 answer: status and pushback in the response *headers* (no body, no
+    // separate trailers), which is what makes it retryable under gRPC A6.
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!(
+            "http://{}/stormguard.demo.v1.Inventory/Reserve",
+            server.addr
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(tonic::body::Body::empty())
+        .expect("request");
+    let response = channel.oneshot(request).await.expect("http response");
+    assert_eq!(response.status(), http::StatusCode::OK);
+    let headers = response.headers();
+    assert_eq!(headers["content-type"], "application/grpc");
+    assert_eq!(headers["grpc-status"], "8");
+    let ms: u64 = headers["grpc-retry-pushback-ms"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("integer");
+    assert!((1..=50).contains(&ms), "{ms}");
+
+    server.control.open_gate();
+    hold.await.expect("task").expect("held call served");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_shed_under_deep_overload_are_told_not_to_retry() {
+    let admission = AdmissionConfig {
+        workers: 1,
+        queue_capacity: 2,
+        retry_threshold: RetryThreshold {
+            depth: Some(1),
+            queue_delay: None,
+        },
+        no_retry_depth: Some(2),
+        ..AdmissionConfig::default()
+    };
+    let server = start(admission, DemoConfig::default(), true).await;
+    let client = InventoryClient::new(channel(server.addr).await);
+    let mut held = tokio::task::JoinSet::new();
+    for id in ["hold", "q1"] {
+        let mut client = client.clone();
+        held.spawn(async move { client.reserve(reserve(id, None)).await });
+        if id == "hold" {
+            server.control.wait_running(1).await;
+        }
+    }
+    eventually("q1 queued", || server.stats.snapshot().queue_depth == 1).await;
+    // Depth 1: past the retry threshold, below the no-retry depth.
+    let status = client
+        .clone()
+        .reserve(reserve("", Some("1")))
+        .await
+        .expect_err("shed");
+    assert!(
+        pushback(&status)
+            .expect("pushback")
+            .parse::<u64>()
+            .expect("ms")
+            >= 1
+    );
+
+    let mut more = client.clone();
+    held.spawn(async move { more.reserve(reserve("q2", None)).await });
+    eventually("q2 queued", || server.stats.snapshot().queue_depth == 2).await;
+    // Depth 2: retries are told "do not retry"...
+    let status = client
+        .clone()
+        .reserve(reserve("", Some("1")))
+        .await
+        .expect_err("shed");
+    assert_eq!(pushback(&status).as_deref(), Some("-1"));
+    // ...first attempts never are.
+    let status = client
+        .clone()
+        .reserve(reserve("", None))
+        .await
+        .expect_err("shed");
+    assert!(
+        pushback(&status)
+            .expect("pushback")
+            .parse::<u64>()
+            .expect("ms")
+            >= 1
+    );
+
+    server.control.open_gate();
+    while let Some(result) = held.join_next().await {
+        result.expect("task").expect("served");
+    }
+}

@@ -1,0 +1,185 @@
+//! Behaviours 2 and 3: attempt classes from the standard and the older header, malformed
+//! values counted as retries; retries shed past the threshold, first attempts only when
+//! the queue is full; under 4× overload retries absorb the shedding.
+
+mod server_support;
+
+use std::time::Duration;
+
+use server_support::{channel, eventually, pushback, reserve, start, with_header};
+use stormguard_demo::InventoryClient;
+use stormguard_demo::server::DemoConfig;
+use stormguard_server::shed::{MESSAGE_QUEUE_FULL, MESSAGE_RETRY_SHED};
+use stormguard_server::{AdmissionConfig, RetryThreshold};
+use tokio::task::JoinSet;
+use tonic::Code;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_are_shed_past_the_threshold_and_first_attempts_queue_until_full() {
+    let admission = AdmissionConfig {
+        workers: 1,
+        queue_capacity: 4,
+        retry_threshold: RetryThreshold {
+            depth: Some(1),
+            queue_delay: None,
+        },
+        ..AdmissionConfig::default()
+    };
+    let server = start(admission, DemoConfig::default(), true).await;
+    let client = InventoryClient::new(channel(server.addr).await);
+    let mut queued = JoinSet::new();
+    let spawn = |set: &mut JoinSet<_>, request| {
+        let mut client = client.clone();
+        set.spawn(async move { client.reserve(request).await });
+    };
+
+    spawn(&mut queued, reserve("hold", None));
+    server.control.wait_running(1).await;
+    // A retry below the threshold waits like anyone else.
+    spawn(&mut queued, reserve("retry-below-threshold", Some("1")));
+    eventually("first queued call", || {
+        server.stats.snapshot().queue_depth == 1
+    })
+    .await;
+
+    // Past the threshold, every retry form is answered at once.
+    let retries = [
+        reserve("r1", Some("1")),
+        reserve("r2", Some("7")),
+        with_header(reserve("r3", None), "x-retry-attempt", "2"),
+        reserve("r4", Some("abc")),
+        reserve("r5", Some("-1")),
+        reserve("r6", Some("")),
+    ];
+    for request in retries {
+        let status = client
+            .clone()
+            .reserve(request)
+            .await
+            .expect_err("retry shed at once");
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(status.message(), MESSAGE_RETRY_SHED);
+        assert!(pushback(&status).is_some());
+    }
+    // First attempts, however marked, still queue.
+    spawn(&mut queued, reserve("f1", Some("0")));
+    eventually("f1 queued", || server.stats.snapshot().queue_depth == 2).await;
+    spawn(
+        &mut queued,
+        with_header(reserve("f2", None), "x-retry-attempt", "0"),
+    );
+    eventually("f2 queued", || server.stats.snapshot().queue_depth == 3).await;
+    spawn(&mut queued, reserve("f3", None));
+    eventually("f3 queued", || server.stats.snapshot().queue_depth == 4).await;
+
+    // The queue is full: first attempts are shed too, and so are retries.
+    let status = client
+        .clone()
+        .reserve(reserve("f4", None))
+        .await
+        .expect_err("queue full");
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(status.message(), MESSAGE_QUEUE_FULL);
+    let status = client
+        .clone()
+        .reserve(reserve("r7", Some("2")))
+        .await
+        .expect_err("queue full");
+    assert_eq!(status.message(), MESSAGE_QUEUE_FULL);
+
+    let stats = server.stats.snapshot();
+    assert_eq!((stats.shed_first, stats.shed_retry), (1, 7));
+
+    server.control.open_gate();
+    while let Some(result) = queued.join_next().await {
+        result.expect("task").expect("queued calls are served");
+    }
+    let log = server.control.entry_log();
+    assert_eq!(log, ["hold", "retry-below-threshold", "f1", "f2", "f3"]);
+    assert_eq!(server.control.counts().entered_retry, 1);
+}
+
+/// Offered load 4× capacity, half of it marked as retries (`grpc-previous-rpc-attempts:
+/// 1`). Returns (ok first, ok retry, shed first, shed retry, expired).
+async fn overload_run(retry_threshold: RetryThreshold) -> [u64; 5] {
+    let admission = AdmissionConfig {
+        workers: 2,
+        queue_capacity: 16,
+        retry_threshold,
+        ..AdmissionConfig::default()
+    };
+    let demo = DemoConfig {
+        service_time: Duration::from_millis(10),
+        ..DemoConfig::default()
+    };
+    let server = start(admission, demo, false).await;
+    let client = InventoryClient::new(channel(server.addr).await);
+    // Capacity is 2 workers / 10 ms = 2 calls per 10 ms (a little less in practice:
+    // a 10 ms sleep takes ~11 ms). Offer 8 per 10 ms, half retries, for 1.5 s.
+    let mut calls = JoinSet::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    // Shuffled so that neither class is systematically first in a round.
+    let mut rng = fastrand::Rng::with_seed(4);
+    for round in 0..150 {
+        tick.tick().await;
+        let mut classes = [false, true, false, true, false, true, false, true];
+        rng.shuffle(&mut classes);
+        for retry in classes {
+            let mut client = client.clone();
+            let request = reserve("", retry.then_some("1"));
+            calls.spawn(async move {
+                let _ = round;
+                (retry, client.reserve(request).await)
+            });
+        }
+    }
+    let mut out = [0u64; 5];
+    while let Some(result) = calls.join_next().await {
+        let (retry, result) = result.expect("task");
+        let slot = match (&result, retry) {
+            (Ok(_), false) => 0,
+            (Ok(_), true) => 1,
+            (Err(s), false) if s.code() == Code::Unavailable => 2,
+            (Err(s), true) if s.code() == Code::Unavailable => 3,
+            (Err(s), _) if s.code() == Code::DeadlineExceeded => 4,
+            (Err(s), _) => panic!("unexpected status {s:?}"),
+        };
+        out[slot] += 1;
+    }
+    let stats = server.stats.snapshot();
+    assert_eq!(stats.shed_first, out[2]);
+    assert_eq!(stats.shed_retry, out[3]);
+    assert_eq!(stats.completed, out[0] + out[1]);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_four_times_overload_retries_absorb_the_shedding() {
+    let shed_first = overload_run(RetryThreshold {
+        depth: Some(4),
+        queue_delay: None,
+    })
+    .await;
+    let equal = overload_run(RetryThreshold {
+        depth: None,
+        queue_delay: None,
+    })
+    .await;
+    let share = |r: [u64; 5]| r[0] as f64 / (r[0] + r[1]).max(1) as f64;
+    eprintln!(
+        "4x overload, half retries [ok_first, ok_retry, shed_first, shed_retry, expired]: \
+         retries shed first {shed_first:?} (first-attempt share of goodput {:.3}); \
+         no retry threshold {equal:?} (share {:.3})",
+        share(shed_first),
+        share(equal)
+    );
+    // The server was overloaded in both runs.
+    assert!(shed_first[2] + shed_first[3] > shed_first[0] + shed_first[1]);
+    assert!(equal[2] + equal[3] > equal[0] + equal[1]);
+    // With the retry threshold, first attempts get the capacity...
+    assert!(share(shed_first) >= 0.9, "{shed_first:?}");
+    // ...and retries take the shedding.
+    assert!(shed_first[3] > shed_first[2], "{shed_first:?}");
+    // Without it, capacity is split about evenly between the classes.
+    assert!((0.3..=0.7).contains(&share(equal)), "{equal:?}");
+}
