@@ -1,0 +1,293 @@
+//! Behaviour 7: a caller that cancels or times out while queued frees its slot at once;
+//! after 100 000 such calls nothing is leaked.
+//!
+//! The 100 000-call test drives the tower service directly (no network), on paused
+//! time, so it runs in about a second; the network test shows the same over tonic,
+//! where the server learns of the caller leaving from an HTTP/2 reset.
+
+mod server_support;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use server_support::{channel, eventually, reserve, start};
+use stormguard_demo::InventoryClient;
+use stormguard_demo::server::DemoConfig;
+use stormguard_server::{AdmissionConfig, Occupancy, RetryThreshold, ShedLayer};
+use tokio::sync::Semaphore;
+use tower::{Layer, Service, ServiceExt};
+
+fn admission(workers: usize, queue: usize) -> AdmissionConfig {
+    AdmissionConfig {
+        workers,
+        queue_capacity: queue,
+        retry_threshold: RetryThreshold {
+            depth: None,
+            queue_delay: None,
+        },
+        max_time_queued: Duration::from_secs(3600),
+        ..AdmissionConfig::default()
+    }
+}
+
+/// A handler that waits for a permit from `gate` before answering.
+fn gated_handler(
+    gate: Arc<Semaphore>,
+) -> impl Service<
+    http::Request<()>,
+    Response = http::Response<()>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<http::Response<()>, Infallible>> + Send,
+> + Clone {
+    tower::service_fn(move |_req: http::Request<()>| {
+        let gate = Arc::clone(&gate);
+        async move {
+            gate.acquire().await.expect("gate open").forget();
+            Ok::<_, Infallible>(http::Response::new(()))
+        }
+    })
+}
+
+fn request(grpc_timeout: Option<&'static str>) -> http::Request<()> {
+    let mut builder = http::Request::builder().uri("/stormguard.demo.v1.Inventory/Reserve");
+    if let Some(timeout) = grpc_timeout {
+        builder = builder.header("grpc-timeout", timeout);
+    }
+    builder.body(()).expect("request")
+}
+
+/// Polls `future` once and reports whether it was still pending.
+async fn poll_once<F: Future + Unpin>(future: &mut F) -> bool {
+    std::future::poll_fn(|cx| Poll::Ready(std::pin::Pin::new(&mut *future).poll(cx).is_pending()))
+        .await
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_hundred_thousand_calls_cancelled_or_timed_out_while_queued_leak_nothing() {
+    let layer = ShedLayer::new(admission(2, 64)).expect("config");
+    let stats = layer.stats();
+    let gate = Arc::new(Semaphore::new(0));
+    let mut service = layer.layer(gated_handler(Arc::clone(&gate)));
+
+    // Both workers busy until the gate opens.
+    let blockers: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(service.clone().oneshot(request(None))))
+        .collect();
+    while stats.snapshot().in_flight < 2 {
+        tokio::task::yield_now().await;
+    }
+
+    let (mut dropped, mut timed_out, mut expired) = (0u64, 0u64, 0u64);
+    for i in 0..100_000u32 {
+        match i % 3 {
+            // The caller goes away (an HTTP/2 reset drops the future).
+            0 => {
+                let mut call = Box::pin(service.ready().await.expect("ready").call(request(None)));
+                assert!(poll_once(&mut call).await, "queued");
+                assert_eq!(stats.snapshot().queue_depth, 1);
+                drop(call);
+                dropped += 1;
+            }
+            // The caller times out (a timeout layer outside drops the future).
+            1 => {
+                let call = service.ready().await.expect("ready").call(request(None));
+                let outcome = tokio::time::timeout(Duration::from_millis(3), call).await;
+                assert!(outcome.is_err(), "timed out while queued");
+                timed_out += 1;
+            }
+            // The call's own grpc-timeout runs out: answered DEADLINE_EXCEEDED.
+            _ => {
+                let call = service
+                    .ready()
+                    .await
+                    .expect("ready")
+                    .call(request(Some("5m")));
+                let response = call.await.expect("infallible");
+                assert_eq!(response.headers()["grpc-status"], "4");
+                expired += 1;
+            }
+        }
+        assert_eq!(stats.snapshot().queue_depth, 0, "slot freed at once ({i})");
+    }
+
+    let s = stats.snapshot();
+    assert_eq!(s.cancelled_queued, dropped + timed_out);
+    assert_eq!(s.expired, expired);
+    assert_eq!(s.admitted, 2);
+    assert_eq!(
+        stats.occupancy(),
+        Occupancy {
+            free_workers: 0,
+            waiting: 0,
+            unsettled: 0
+        }
+    );
+
+    gate.add_permits(2);
+    for blocker in blockers {
+        blocker.await.expect("task").expect("infallible");
+    }
+    assert_eq!(
+        stats.occupancy(),
+        Occupancy {
+            free_workers: 2,
+            waiting: 0,
+            unsettled: 0
+        }
+    );
+    // Both workers are really free: two calls run at once without queuing.
+    gate.add_permits(2);
+    let a = service.ready().await.expect("ready").call(request(None));
+    let b = service.ready().await.expect("ready").call(request(None));
+    assert_eq!(stats.snapshot().queue_depth, 0);
+    a.await.expect("infallible");
+    b.await.expect("infallible");
+    assert_eq!(stats.snapshot().completed, 4);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_worker_granted_to_a_caller_that_left_goes_to_the_next() {
+    let layer = ShedLayer::new(admission(1, 8)).expect("config");
+    let stats = layer.stats();
+    let gate = Arc::new(Semaphore::new(0));
+    let mut service = layer.layer(gated_handler(Arc::clone(&gate)));
+
+    let blocker = tokio::spawn(service.clone().oneshot(request(None)));
+    while stats.snapshot().in_flight < 1 {
+        tokio::task::yield_now().await;
+    }
+    let mut first = Box::pin(service.ready().await.expect("ready").call(request(None)));
+    let mut second = Box::pin(service.ready().await.expect("ready").call(request(None)));
+    assert!(poll_once(&mut first).await && poll_once(&mut second).await);
+    assert_eq!(stats.snapshot().queue_depth, 2);
+
+    // The blocker finishes: its worker is granted to `first` (FIFO)...
+    gate.add_permits(1);
+    blocker.await.expect("task").expect("infallible");
+    assert_eq!(
+        stats.occupancy(),
+        Occupancy {
+            free_workers: 0,
+            waiting: 1,
+            unsettled: 1
+        }
+    );
+    // ...whose caller leaves before using it: the worker passes to `second`.
+    drop(first);
+    assert_eq!(
+        stats.occupancy(),
+        Occupancy {
+            free_workers: 0,
+            waiting: 0,
+            unsettled: 1
+        }
+    );
+    gate.add_permits(1);
+    second.await.expect("infallible");
+    assert_eq!(
+        stats.occupancy(),
+        Occupancy {
+            free_workers: 1,
+            waiting: 0,
+            unsettled: 0
+        }
+    );
+    let s = stats.snapshot();
+    assert_eq!((s.admitted, s.completed, s.cancelled_queued), (2, 2, 1));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_grant_that_comes_after_the_expiry_is_passed_on_not_run() {
+    let layer = ShedLayer::new(AdmissionConfig {
+        min_time_left: Duration::ZERO,
+        ..admission(1, 8)
+    })
+    .expect("config");
+    let stats = layer.stats();
+    let gate = Arc::new(Semaphore::new(0));
+    let mut service = layer.layer(gated_handler(Arc::clone(&gate)));
+    let blocker = tokio::spawn(service.clone().oneshot(request(None)));
+    while stats.snapshot().in_flight < 1 {
+        tokio::task::yield_now().await;
+    }
+    // `late` expires in 10 ms; `patient` has no deadline.
+    let mut late = Box::pin(
+        service
+            .ready()
+            .await
+            .expect("ready")
+            .call(request(Some("10m"))),
+    );
+    let mut patient = Box::pin(service.ready().await.expect("ready").call(request(None)));
+    assert!(poll_once(&mut late).await && poll_once(&mut patient).await);
+    // Time passes beyond `late`'s expiry, then the worker frees: the hand-off skips
+    // `late` and gives the worker to `patient`.
+    tokio::time::advance(Duration::from_millis(20)).await;
+    gate.add_permits(2);
+    blocker.await.expect("task").expect("infallible");
+    let response = late.await.expect("infallible");
+    assert_eq!(response.headers()["grpc-status"], "4");
+    patient.await.expect("infallible");
+    let s = stats.snapshot();
+    assert_eq!((s.admitted, s.completed, s.expired), (2, 2, 1));
+    assert_eq!(stats.occupancy().free_workers, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_that_time_out_while_queued_free_their_slots_over_the_network() {
+    let server = start(admission(1, 8), DemoConfig::default(), true).await;
+    let client = InventoryClient::new(channel(server.addr).await);
+    let hold = tokio::spawn({
+        let mut client = client.clone();
+        async move { client.reserve(reserve("hold", None)).await }
+    });
+    server.control.wait_running(1).await;
+
+    // 40 callers that give up after 200 ms (client side only, no grpc-timeout sent):
+    // 8 wait in the queue until they give up, the others are shed at once.
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..40 {
+        let mut client = client.clone();
+        calls.spawn(async move {
+            let call = client.reserve(reserve("", None));
+            tokio::time::timeout(Duration::from_millis(200), call).await
+        });
+    }
+    let (mut gave_up, mut shed) = (0u64, 0u64);
+    while let Some(result) = calls.join_next().await {
+        match result.expect("task") {
+            Err(_elapsed) => gave_up += 1,
+            Ok(Err(status)) if status.code() == tonic::Code::Unavailable => shed += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!((gave_up, shed), (8, 32));
+    // The resets reach the server and every queued slot is freed.
+    eventually("queue emptied by resets", || {
+        server.stats.snapshot().queue_depth == 0
+    })
+    .await;
+    let s = server.stats.snapshot();
+    assert_eq!((s.cancelled_queued, s.shed()), (8, 32), "{s:?}");
+    assert_eq!(
+        server.stats.occupancy(),
+        Occupancy {
+            free_workers: 0,
+            waiting: 0,
+            unsettled: 0
+        }
+    );
+    server.control.open_gate();
+    hold.await.expect("task").expect("held call served");
+    // Nothing left holding a slot: a new call runs at once.
+    client
+        .clone()
+        .reserve(reserve("after", None))
+        .await
+        .expect("served");
+    assert_eq!(server.control.entry_log(), ["hold", "after"]);
+    assert_eq!(server.stats.occupancy().free_workers, 1);
+}

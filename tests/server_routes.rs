@@ -1,0 +1,139 @@
+//! The layer on tonic's `Router`: several services behind one layer share one queue;
+//! a layer on one service (via `NamedService`) leaves the others alone.
+
+mod server_support;
+
+use std::convert::Infallible;
+use std::future::{Ready, ready};
+use std::net::SocketAddr;
+use std::task::{Context, Poll};
+
+use server_support::{channel, reserve};
+use stormguard_demo::server::{DemoConfig, DemoInventory};
+use stormguard_demo::{InventoryClient, InventoryServer};
+use stormguard_server::{AdmissionConfig, RetryThreshold, ShedLayer};
+use tokio::net::TcpListener;
+use tonic::server::NamedService;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Channel, Server};
+use tower::{Layer, Service, ServiceExt};
+
+/// A second gRPC service, `test.Echo`, that answers OK at once.
+#[derive(Clone, Debug)]
+struct Echo;
+
+impl NamedService for Echo {
+    const NAME: &'static str = "test.Echo";
+}
+
+impl Service<http::Request<tonic::body::Body>> for Echo {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Request<tonic::body::Body>) -> Self::Future {
+        ready(Ok(tonic::Status::new(tonic::Code::Ok, "").into_http()))
+    }
+}
+
+/// Calls `/test.Echo/Ping` and returns its `grpc-status`.
+async fn echo(channel: &Channel, addr: SocketAddr) -> String {
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/test.Echo/Ping"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(tonic::body::Body::empty())
+        .expect("request");
+    let response = channel.clone().oneshot(request).await.expect("response");
+    response.headers()["grpc-status"]
+        .to_str()
+        .expect("ascii")
+        .to_owned()
+}
+
+fn one_worker_no_queue() -> AdmissionConfig {
+    AdmissionConfig {
+        workers: 1,
+        queue_capacity: 0,
+        retry_threshold: RetryThreshold {
+            depth: None,
+            queue_delay: None,
+        },
+        ..AdmissionConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_behind_one_layer_share_one_queue() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let layer = ShedLayer::new(one_worker_no_queue()).expect("config");
+    let stats = layer.stats();
+    let inventory = DemoInventory::new(DemoConfig::default());
+    let control = inventory.control();
+    control.close_gate();
+    let server = Server::builder()
+        .layer(layer)
+        .add_service(InventoryServer::new(inventory))
+        .add_service(Echo)
+        .serve_with_incoming(TcpIncoming::from(listener));
+    let server = tokio::spawn(server);
+
+    let channel = channel(addr).await;
+    assert_eq!(echo(&channel, addr).await, "0", "a free worker serves Echo");
+    let hold = tokio::spawn({
+        let mut client = InventoryClient::new(channel.clone());
+        async move { client.reserve(reserve("hold", None)).await }
+    });
+    control.wait_running(1).await;
+    // The one worker is busy with Inventory: Echo, behind the same queue, is shed.
+    assert_eq!(echo(&channel, addr).await, "14");
+    assert_eq!(stats.snapshot().shed_first, 1);
+    control.open_gate();
+    hold.await.expect("task").expect("served");
+    assert_eq!(echo(&channel, addr).await, "0");
+    assert_eq!(stats.snapshot().completed, 3);
+    server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_on_one_service_keeps_its_route_and_leaves_the_others_alone() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let layer = ShedLayer::new(one_worker_no_queue()).expect("config");
+    let stats = layer.stats();
+    let inventory = DemoInventory::new(DemoConfig::default());
+    let control = inventory.control();
+    control.close_gate();
+    let server = Server::builder()
+        .add_service(layer.layer(InventoryServer::new(inventory)))
+        .add_service(Echo)
+        .serve_with_incoming(TcpIncoming::from(listener));
+    let server = tokio::spawn(server);
+
+    let channel = channel(addr).await;
+    let hold = tokio::spawn({
+        let mut client = InventoryClient::new(channel.clone());
+        async move { client.reserve(reserve("hold", None)).await }
+    });
+    control.wait_running(1).await;
+    assert_eq!(
+        echo(&channel, addr).await,
+        "0",
+        "Echo is not behind the queue"
+    );
+    let status = InventoryClient::new(channel.clone())
+        .reserve(reserve("", None))
+        .await
+        .expect_err("Inventory is");
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    control.open_gate();
+    hold.await.expect("task").expect("served");
+    assert_eq!(stats.snapshot().shed_first, 1);
+    server.abort();
+}
