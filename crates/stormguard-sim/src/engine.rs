@@ -781,10 +781,8 @@ impl<'a> Sim<'a> {
         };
         self.free.push(slot);
         let success = refusal.is_none() && call.deadline.is_none_or(|d| self.now <= d);
-        if success {
-            if let Some(bin) = self.bin_of(call.arrived) {
-                bin.successes += 1;
-            }
+        if success && let Some(bin) = self.bin_of(call.arrived) {
+            bin.successes += 1;
         }
         if !call.measured {
             return;

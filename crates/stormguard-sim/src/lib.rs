@@ -1,4 +1,66 @@
 //! stormguard-sim: a deterministic fleet simulator over stormguard's real policy objects.
+//!
+//! # Why
+//!
+//! End-to-end tests run real tonic on one machine: tens of clients, one server. Users run
+//! hundreds of client pods against tiers of services, and some effects only appear at
+//! that scale: a retry-budget floor of 5 retries/s *per pod* is 5,000 retries/s from
+//! 1,000 pods against a dead dependency; breakers that opened together probe together;
+//! one bad shard drains a budget shared with nine healthy ones. This crate shows those
+//! effects on a virtual clock, in seconds of wall time, before users meet them.
+//!
+//! # No copies of the policy
+//!
+//! The simulator decides nothing about retries itself. Each simulated client process owns
+//! a real [`RetryController`](stormguard_core::retry::RetryController) with its own
+//! budget ([`RetryBudget`](stormguard_core::budget::RetryBudget),
+//! [`A6Throttle`](stormguard_core::throttle::A6Throttle) or
+//! [`Unlimited`](stormguard_core::budget::Unlimited)) and its own optional
+//! [`CircuitBreaker`](stormguard_core::breaker::CircuitBreaker), exactly as the client
+//! layer builds them; each logical call is a real
+//! [`CallRetry`](stormguard_core::retry::CallRetry), so backoff, pushback, deadlines,
+//! attempt limits, breaker and budget are the production code paths. A shedding server
+//! asks a real [`AdmissionPolicy`](stormguard_core::admission::AdmissionPolicy) what to
+//! admit, queue or shed, what pushback to send, which queued call to serve next and when
+//! queued work has expired. What the simulator adds is only the world around them: Poisson
+//! arrivals, workers and queues, network delay, failure injection.
+//!
+//! # Determinism
+//!
+//! Events run in (virtual time, sequence) order from a binary heap, all randomness comes
+//! from seeded generators, and the instants given to the core objects are
+//! `base + offset` where only differences matter. The same [`Scenario`] gives the same
+//! [`RunStats`], and the same [`Options`] give the same [`Tables`] and JSON bytes.
+//!
+//! # The four tables
+//!
+//! [`Tables::run`] produces them (`cargo run --release --example sim -- --json FILE`
+//! prints them and writes the JSON):
+//!
+//! 1. [`amplification`]: attempts per logical call and success rate against the failure
+//!    rate, for no retries, 3 attempts, the A6 throttle and stormguard's budget;
+//! 2. [`fleet_floor`]: retries per second reaching a dead dependency from 1 to 1,000
+//!    client processes, per-process floor against fleet-aware floor;
+//! 3. [`recovery`]: time to recover from a capacity drop per policy, with a plain FIFO
+//!    server and with stormguard's admission policy;
+//! 4. [`partial_failure`]: one bad shard of ten, one budget per process against one per
+//!    shard.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use stormguard_sim::{Options, PolicyName, amplification_scenario, run};
+//!
+//! // Three attempts against a server that fails every call: 3 attempts per call.
+//! let options = Options { quick: true, seed: 7 };
+//! let mut scenario = amplification_scenario(PolicyName::ThreeAttempts, 1.0, &options);
+//! scenario.duration = Duration::from_secs(4);
+//! let stats = run(&scenario)?;
+//! assert_eq!(stats.amplification(), 3.0);
+//! assert_eq!(stats.success_rate(), 0.0);
+//! # Ok::<(), stormguard_sim::SimError>(())
+//! ```
 
 mod engine;
 mod tables;

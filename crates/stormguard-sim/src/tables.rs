@@ -471,7 +471,7 @@ pub fn recovery_scenario(variant: RecoveryVariant, options: &Options) -> Scenari
             workers,
             // Sized to the deadline: at the degraded rate (service × 2.5) a queue of
             // workers / 2 drains in ~14 ms, so queued work still fits in its 50 ms.
-            queue_capacity: workers / 2,
+            queue_capacity: (workers / 2).max(1),
             retry_threshold: stormguard_core::admission::RetryThreshold {
                 depth: Some((workers / 16).max(1)),
                 queue_delay: None,

@@ -1,0 +1,188 @@
+//! The shapes of the four tables, on the `--quick` runs.
+
+use stormguard_sim::{
+    AmplificationRow, FleetVariant, Options, PolicyName, RecoveryVariant, ShardVariant, Tables,
+    amplification, amplification_scenario, fleet_floor, partial_failure, recovery, run,
+};
+
+const QUICK: Options = Options {
+    quick: true,
+    seed: 1,
+};
+
+fn row(rows: &[AmplificationRow], policy: PolicyName, rate: f64) -> &AmplificationRow {
+    rows.iter()
+        .find(|r| r.policy == policy && r.failure_rate == rate)
+        .expect("every policy is run at every failure rate")
+}
+
+#[test]
+fn amplification_table_matches_the_published_shapes() {
+    let rows = amplification(&QUICK).expect("valid scenarios");
+    assert_eq!(rows.len(), 4 * 12);
+
+    // No retries: one attempt per call, success = 1 - failure rate.
+    for r in rows.iter().filter(|r| r.policy == PolicyName::NoRetries) {
+        assert_eq!(r.amplification, 1.0);
+        assert!((r.success - (1.0 - r.failure_rate)).abs() < 0.02, "{r:?}");
+    }
+
+    // Three attempts: 1 + p + p², so 1.11x at 10 %, 1.75x at 50 %, 3.0x at 100 %.
+    for r in rows
+        .iter()
+        .filter(|r| r.policy == PolicyName::ThreeAttempts)
+    {
+        let p = r.failure_rate;
+        assert!((r.amplification - (1.0 + p + p * p)).abs() < 0.05, "{r:?}");
+    }
+    let naive_dead = row(&rows, PolicyName::ThreeAttempts, 1.0);
+    assert!(
+        (naive_dead.amplification - 3.0).abs() <= 0.05,
+        "{naive_dead:?}"
+    );
+    assert_eq!(naive_dead.success, 0.0);
+
+    // stormguard: at most 1.1x when everything fails, and >= 99.9 % success at 5 %.
+    let sg_dead = row(&rows, PolicyName::Stormguard, 1.0);
+    assert!(sg_dead.amplification <= 1.1, "{sg_dead:?}");
+    let sg_five = row(&rows, PolicyName::Stormguard, 0.05);
+    assert!(sg_five.success >= 0.999, "{sg_five:?}");
+    // Nowhere does the budget let the load grow past ~1.15x.
+    for r in rows.iter().filter(|r| r.policy == PolicyName::Stormguard) {
+        assert!(r.amplification <= 1.15, "{r:?}");
+    }
+
+    // The A6 throttle stops retrying early: cheap under failure, but it loses successes
+    // that stormguard keeps at 10-20 % failure.
+    for rate in [0.3, 0.5, 1.0] {
+        assert!(row(&rows, PolicyName::A6Throttle, rate).amplification <= 1.01);
+    }
+    for rate in [0.1, 0.2] {
+        let a6 = row(&rows, PolicyName::A6Throttle, rate);
+        let sg = row(&rows, PolicyName::Stormguard, rate);
+        assert!(sg.success > a6.success + 0.05, "{sg:?} vs {a6:?}");
+    }
+}
+
+#[test]
+fn fleet_floor_table_scales_with_the_fleet_and_the_breaker_cuts_it() {
+    let rows = fleet_floor(&QUICK).expect("valid scenarios");
+    let get = |size, variant| {
+        rows.iter()
+            .find(|r| r.fleet_size == size && r.variant == variant)
+            .expect("every variant at every size")
+    };
+    for size in [1, 10, 100] {
+        let naive = get(size, FleetVariant::ThreeAttempts);
+        assert!((naive.amplification - 3.0).abs() < 1e-9, "{naive:?}");
+        // The per-process floor: 5 retries/s from every process, whatever the fleet.
+        let floor = get(size, FleetVariant::PerProcessFloor);
+        let expected = 5.0 * size as f64;
+        assert!(
+            (floor.retries_per_second - expected).abs() <= 0.05 * expected,
+            "{floor:?}"
+        );
+        // The breaker turns a dead dependency into fast failures: almost no attempts.
+        let breaker = get(size, FleetVariant::PerProcessFloorWithBreaker);
+        assert!(breaker.amplification < 0.1, "{breaker:?}");
+    }
+}
+
+#[test]
+fn recovery_table_naive_stays_down_shedding_recovers_first() {
+    let rows = recovery(&QUICK).expect("valid scenarios");
+    let get = |variant| {
+        rows.iter()
+            .find(|r| r.variant == variant)
+            .expect("every variant")
+    };
+    // Three attempts keep the server saturated after the trigger: metastable.
+    let naive = get(RecoveryVariant::ThreeAttempts);
+    assert!(!naive.recovered, "{naive:?}");
+    assert_eq!(naive.time_to_recover_s, None);
+    assert!(naive.amplification_after_trigger > 2.5, "{naive:?}");
+
+    for variant in [
+        RecoveryVariant::NoRetries,
+        RecoveryVariant::A6Throttle,
+        RecoveryVariant::Stormguard,
+        RecoveryVariant::StormguardShedding,
+    ] {
+        assert!(get(variant).recovered, "{:?}", get(variant));
+    }
+    // With the admission policy the server keeps serving through the drop and is healthy
+    // as soon as it ends.
+    let shedding = get(RecoveryVariant::StormguardShedding);
+    assert_eq!(shedding.time_to_recover_s, Some(0.0), "{shedding:?}");
+    let during = &shedding.success_by_second[5..8];
+    assert!(during.iter().all(|s| *s >= 0.4), "{shedding:?}");
+    for variant in [RecoveryVariant::NoRetries, RecoveryVariant::A6Throttle] {
+        let other = get(variant);
+        assert!(
+            other.time_to_recover_s > shedding.time_to_recover_s,
+            "{other:?}"
+        );
+        assert!(other.success_after_trigger < shedding.success_after_trigger);
+    }
+}
+
+#[test]
+fn partial_failure_table_shared_budget_starves_healthy_shards() {
+    let rows = partial_failure(&QUICK).expect("valid scenarios");
+    let get = |variant| {
+        rows.iter()
+            .find(|r| r.variant == variant)
+            .expect("every variant")
+    };
+    let shared = get(ShardVariant::SharedBudget);
+    let per_shard = get(ShardVariant::PerShardBudget);
+    for r in &rows {
+        assert_eq!(r.bad_success, 0.0, "the bad shard is down: {r:?}");
+    }
+    // The dead shard spends the shared budget: healthy shards lose their retries.
+    assert!(shared.healthy_success < 0.99, "{shared:?}");
+    assert!(per_shard.healthy_success >= 0.999, "{per_shard:?}");
+    // Per-shard budgets also bound the load on the dead shard to its own floor.
+    assert!(per_shard.bad_amplification < shared.bad_amplification);
+    assert!(get(ShardVariant::ThreeAttempts).bad_amplification > 2.9);
+}
+
+#[test]
+fn same_seed_same_json_bytes_other_seed_other_figures() {
+    let once = Tables::run(&QUICK).expect("valid").to_json();
+    let twice = Tables::run(&QUICK).expect("valid").to_json();
+    assert_eq!(once, twice);
+    let json: serde_json::Value = serde_json::from_str(&once).expect("valid JSON");
+    let first = &json["amplification"][0];
+    let mut keys: Vec<&str> = first
+        .as_object()
+        .expect("rows are objects")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["amplification", "failure_rate", "policy", "success"]);
+    let policies: Vec<&str> = json["amplification"]
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|r| r["policy"].as_str().expect("a name"))
+        .collect();
+    for name in ["no-retries", "three-attempts", "a6-throttle", "stormguard"] {
+        assert!(policies.contains(&name), "{name} missing");
+    }
+    for table in ["fleet_floor", "recovery", "partial_failure"] {
+        assert!(
+            !json[table].as_array().expect("an array").is_empty(),
+            "{table}"
+        );
+    }
+
+    let scenario = amplification_scenario(PolicyName::Stormguard, 0.3, &QUICK);
+    let other = amplification_scenario(PolicyName::Stormguard, 0.3, &Options { seed: 2, ..QUICK });
+    assert_eq!(
+        run(&scenario).expect("valid"),
+        run(&scenario).expect("valid")
+    );
+    assert_ne!(run(&scenario).expect("valid"), run(&other).expect("valid"));
+}
