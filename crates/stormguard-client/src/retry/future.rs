@@ -232,7 +232,12 @@ enum Outcome<B> {
     /// Passed to the caller as it is (success, committed, or the final answer).
     Done(Result<http::Response<B>, BoxError>),
     /// A failure before commit: decide.
-    Failed { failure: Failure, last: Last<B> },
+    Failed {
+        failure: Failure,
+        last: Last<B>,
+        /// The channel's per-attempt `grpc-timeout` timer ran out.
+        timed_out: bool,
+    },
 }
 
 impl<S, B> Future for ResponseFuture<S, B>
@@ -253,27 +258,11 @@ where
                     return Poll::Ready(Err(Box::new(status)));
                 }
                 StateProj::Calling { fut } => {
-                    if this
-                        .deadline
-                        .as_mut()
-                        .as_pin_mut()
-                        .is_some_and(|d| d.poll(cx).is_ready())
-                    {
+                    if deadline_passed(this.deadline.as_mut(), cx) {
                         // The caller's deadline ran out mid-attempt: final, whatever the
                         // server would have said. Dropping the attempt cancels its stream.
                         this.state.set(State::Finished { status: None });
-                        if let Some(call) = this.call.as_mut() {
-                            let failure = Failure {
-                                replayable: false,
-                                ..Failure::status(Code::DeadlineExceeded)
-                            };
-                            let _ = call.on_failure_at(&failure, Instant::now());
-                        }
-                        this.stats.deadline_exceeded();
-                        this.stats.outcome(false);
-                        return Poll::Ready(Err(Box::new(Status::deadline_exceeded(
-                            "stormguard: the call's deadline was exceeded",
-                        ))));
+                        return Poll::Ready(expire(this.call, this.stats));
                     }
                     let result = {
                         let _enter = this.span.enter();
@@ -295,7 +284,24 @@ where
                             this.state.set(State::Finished { status: None });
                             return Poll::Ready(result);
                         }
-                        Outcome::Failed { failure, last } => (failure, last),
+                        Outcome::Failed {
+                            failure,
+                            last,
+                            timed_out,
+                        } => {
+                            if timed_out
+                                && this
+                                    .call
+                                    .as_ref()
+                                    .and_then(|c| c.deadline())
+                                    .is_some_and(|d| now >= d)
+                            {
+                                // The channel's own `grpc-timeout` timer beat ours to it.
+                                this.state.set(State::Finished { status: None });
+                                return Poll::Ready(expire(this.call, this.stats));
+                            }
+                            (failure, last)
+                        }
                     };
                     let decision = match this.call.as_mut() {
                         Some(call) => call.on_failure_at(&failure, now),
@@ -337,6 +343,10 @@ where
                     this.state.set(State::Readying);
                 }
                 StateProj::Readying => {
+                    if deadline_passed(this.deadline.as_mut(), cx) {
+                        this.state.set(State::Finished { status: None });
+                        return Poll::Ready(expire(this.call, this.stats));
+                    }
                     if let Err(err) = ready!(this.svc.poll_ready(cx)) {
                         this.state.set(State::Finished { status: None });
                         this.stats.outcome(false);
@@ -374,6 +384,32 @@ where
     }
 }
 
+/// Polls the deadline timer, if the call has a deadline.
+fn deadline_passed(deadline: Pin<&mut Option<Sleep>>, cx: &mut Context<'_>) -> bool {
+    deadline.as_pin_mut().is_some_and(|d| d.poll(cx).is_ready())
+}
+
+/// The caller's deadline ran out: the call ends with `DEADLINE_EXCEEDED`, never retried.
+/// The breaker still hears of the failure (a slow dependency is a failing one).
+fn expire<B>(
+    call: &mut Option<CallRetry>,
+    stats: &RetryStats,
+) -> Result<http::Response<B>, BoxError> {
+    if let Some(call) = call.as_mut() {
+        let failure = Failure {
+            replayable: false,
+            ..Failure::status(Code::DeadlineExceeded)
+        };
+        // Past the deadline the decision is always "give up" (no budget is spent).
+        let _ = call.on_failure_at(&failure, Instant::now());
+    }
+    stats.deadline_exceeded();
+    stats.outcome(false);
+    Err(Box::new(Status::deadline_exceeded(
+        "stormguard: the call's deadline was exceeded",
+    )))
+}
+
 /// Sorts an attempt's result into "pass it to the caller" and "a failure before commit".
 fn classify<B, E: Into<BoxError>>(
     result: Result<http::Response<B>, E>,
@@ -391,6 +427,7 @@ fn classify<B, E: Into<BoxError>>(
                     unsent: false,
                 },
                 last: Last::Response(response),
+                timed_out: false,
             },
         },
         Err(err) => {
@@ -413,6 +450,7 @@ fn classify<B, E: Into<BoxError>>(
                     unsent: transport.unsent,
                 },
                 last: Last::Error(status),
+                timed_out: transport.timed_out,
             }
         }
     }

@@ -100,3 +100,121 @@ where
         ResponseFuture::start(ready, request, &self.shared)
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
+    use stormguard_core::policy::{MethodTable, RetryPolicy};
+    use stormguard_core::retry::RetryController;
+    use tower::ServiceExt;
+    use tower_layer::Layer;
+
+    /// A service that enforces tower's readiness contract: `call` panics unless
+    /// `poll_ready` returned ready on this very instance since its last call; clones start
+    /// unready. It answers with scripted `grpc-status` values (`None` = committed headers).
+    struct Strict {
+        ready: bool,
+        script: Arc<Mutex<VecDeque<Option<&'static str>>>>,
+        calls: Arc<AtomicUsize>,
+    }
+
+    impl Clone for Strict {
+        fn clone(&self) -> Self {
+            Strict {
+                ready: false,
+                script: self.script.clone(),
+                calls: self.calls.clone(),
+            }
+        }
+    }
+
+    impl Service<http::Request<Body>> for Strict {
+        type Response = http::Response<Body>;
+        type Error = BoxError;
+        type Future = std::future::Ready<Result<http::Response<Body>, BoxError>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            self.ready = true;
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+            assert!(self.ready, "call without poll_ready");
+            self.ready = false;
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let attempt = req.headers().get("grpc-previous-rpc-attempts").cloned();
+            let mut response = http::Response::new(Body::empty());
+            if let Some(status) = self.script.lock().unwrap().pop_front().flatten() {
+                response
+                    .headers_mut()
+                    .insert("grpc-status", http::HeaderValue::from_static(status));
+            }
+            if let Some(a) = attempt {
+                response.headers_mut().insert("x-attempt", a);
+            }
+            std::future::ready(Ok(response))
+        }
+    }
+
+    fn layer() -> RetryLayer {
+        let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default()).unwrap());
+        RetryLayer::new(RetryController::new(
+            MethodTable::uniform(RetryPolicy::default()),
+            budget,
+            None,
+            3,
+        ))
+    }
+
+    fn request() -> http::Request<Body> {
+        http::Request::builder()
+            .uri("http://svc/pkg.Svc/Get")
+            .body(Body::empty())
+            .unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_ready_the_service_before_calling_it() {
+        let script = Arc::new(Mutex::new(VecDeque::from([Some("14"), Some("14"), None])));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let strict = Strict {
+            ready: false,
+            script,
+            calls: calls.clone(),
+        };
+        let mut svc = layer().layer(strict);
+        let response = svc.ready().await.unwrap().call(request()).await.unwrap();
+        assert!(
+            response.headers().get("grpc-status").is_none(),
+            "committed response passed through"
+        );
+        assert_eq!(response.headers().get("x-attempt").unwrap(), "2");
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_service_left_behind_by_call_must_be_readied_again() {
+        let script = Arc::new(Mutex::new(VecDeque::from([None, None])));
+        let strict = Strict {
+            ready: false,
+            script,
+            calls: Arc::new(AtomicUsize::new(0)),
+        };
+        let mut svc = layer().layer(strict);
+        // Two calls in flight at once: each takes the readied service, leaving a clone.
+        let first = svc.ready().await.unwrap().call(request());
+        let second = svc.ready().await.unwrap().call(request());
+        let (a, b) = tokio::join!(first, second);
+        assert!(a.is_ok() && b.is_ok());
+        assert!(
+            !svc.get_ref().ready,
+            "the service kept by the layer is an unready clone"
+        );
+    }
+}
