@@ -429,8 +429,13 @@ struct Sim<'a> {
 ///
 /// Reproducible: the same scenario (seed included) gives the same [`RunStats`].
 pub fn run(scenario: &Scenario) -> Result<RunStats, SimError> {
+    run_from(scenario, Instant::now())
+}
+
+/// [`run`] with virtual time starting at `base`.
+fn run_from(scenario: &Scenario, base: Instant) -> Result<RunStats, SimError> {
     scenario.validate()?;
-    let mut sim = Sim::new(scenario)?;
+    let mut sim = Sim::new(scenario, base)?;
     sim.run();
     Ok(sim.stats)
 }
@@ -462,7 +467,7 @@ fn build_controller(
 }
 
 impl<'a> Sim<'a> {
-    fn new(sc: &'a Scenario) -> Result<Self, SimError> {
+    fn new(sc: &'a Scenario, base: Instant) -> Result<Self, SimError> {
         let per_client = if sc.policy.budget_per_shard {
             sc.shards.len()
         } else {
@@ -504,7 +509,7 @@ impl<'a> Sim<'a> {
         };
         Ok(Sim {
             sc,
-            base: Instant::now(),
+            base,
             now: 0,
             seq: 0,
             heap: BinaryHeap::new(),
@@ -957,5 +962,270 @@ impl Budget for Unlimited {
     }
     fn balance_at(&self, _now: Instant) -> f64 {
         f64::INFINITY
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(retry: Option<RetryPolicy>, budget: BudgetKind) -> ClientPolicy {
+        ClientPolicy {
+            name: "test".into(),
+            retry,
+            budget,
+            breaker: None,
+            attempt_timeout: None,
+            deadline: Some(Duration::from_secs(1)),
+            budget_per_shard: false,
+        }
+    }
+
+    fn scenario(failure_rate: f64, policy: ClientPolicy) -> Scenario {
+        Scenario {
+            clients: 4,
+            rate_per_client: 50.0,
+            duration: Duration::from_secs(6),
+            measure_from: Duration::ZERO,
+            bin: Duration::from_millis(500),
+            network: Duration::from_millis(1),
+            shards: vec![Shard {
+                server: ServerKind::Unbounded {
+                    latency: Duration::from_millis(2),
+                },
+                failure_rate,
+                outage: None,
+            }],
+            policy,
+            seed: 11,
+        }
+    }
+
+    fn field(err: SimError) -> &'static str {
+        match err {
+            SimError::Scenario { field, .. } => field,
+            other => panic!("not a scenario error: {other}"),
+        }
+    }
+
+    #[test]
+    fn bad_scenarios_name_their_field() {
+        let ok = scenario(0.1, policy(None, BudgetKind::Unlimited));
+        assert!(ok.validate().is_ok());
+        let cases: Vec<(Scenario, &str)> = vec![
+            (
+                Scenario {
+                    clients: 0,
+                    ..ok.clone()
+                },
+                "clients",
+            ),
+            (
+                Scenario {
+                    rate_per_client: f64::NAN,
+                    ..ok.clone()
+                },
+                "rate_per_client",
+            ),
+            (
+                Scenario {
+                    rate_per_client: 0.0,
+                    ..ok.clone()
+                },
+                "rate_per_client",
+            ),
+            (
+                Scenario {
+                    duration: Duration::ZERO,
+                    ..ok.clone()
+                },
+                "duration",
+            ),
+            (
+                Scenario {
+                    measure_from: ok.duration,
+                    ..ok.clone()
+                },
+                "measure_from",
+            ),
+            (
+                Scenario {
+                    bin: Duration::ZERO,
+                    ..ok.clone()
+                },
+                "bin",
+            ),
+            (
+                Scenario {
+                    shards: vec![],
+                    ..ok.clone()
+                },
+                "shards",
+            ),
+            (scenario(1.5, ok.policy.clone()), "shards.failure_rate"),
+        ];
+        for (bad, name) in cases {
+            let err = run(&bad).expect_err("invalid scenario");
+            assert_eq!(field(err), name);
+        }
+    }
+
+    #[test]
+    fn core_configs_are_validated_by_the_core() {
+        let bad_budget = BudgetKind::Budget(BudgetConfig {
+            retry_ratio: 0.0,
+            ..BudgetConfig::default()
+        });
+        let err = run(&scenario(
+            0.1,
+            policy(Some(RetryPolicy::default()), bad_budget),
+        ))
+        .expect_err("invalid budget");
+        assert!(matches!(err, SimError::Config(_)), "{err}");
+        assert!(err.to_string().contains("retry_ratio"), "{err}");
+        let bad_retry = RetryPolicy {
+            max_attempts: 1,
+            ..RetryPolicy::default()
+        };
+        let err = run(&scenario(
+            0.1,
+            policy(Some(bad_retry), BudgetKind::Unlimited),
+        ))
+        .expect_err("invalid retry policy");
+        assert!(err.to_string().contains("maxAttempts"), "{err}");
+    }
+
+    #[test]
+    fn results_do_not_depend_on_the_base_instant() {
+        let sc = scenario(
+            0.3,
+            policy(
+                Some(RetryPolicy::default()),
+                BudgetKind::Budget(BudgetConfig::default()),
+            ),
+        );
+        let now = Instant::now();
+        let a = run_from(&sc, now).expect("valid");
+        let b = run_from(&sc, now + Duration::from_secs(3 * 3600)).expect("valid");
+        assert_eq!(a, b);
+        assert!(a.retries > 0);
+    }
+
+    #[test]
+    fn bins_add_up_to_the_totals_when_everything_is_measured() {
+        let sc = scenario(
+            0.5,
+            policy(Some(RetryPolicy::default()), BudgetKind::Unlimited),
+        );
+        let stats = run(&sc).expect("valid");
+        let sum = |f: fn(&Bin) -> u64| stats.bins.iter().map(f).sum::<u64>();
+        assert_eq!(stats.bins.len(), 12);
+        assert_eq!(sum(|b| b.calls), stats.calls);
+        assert_eq!(sum(|b| b.successes), stats.successes);
+        // Bins count attempts by send time: only retries can be sent after the last
+        // arrival, while the run finishes the calls in flight.
+        let late_retries = stats.retries - sum(|b| b.retries);
+        assert_eq!(sum(|b| b.attempts) + late_retries, stats.attempts);
+        assert!(late_retries < stats.retries / 10, "{late_retries}");
+        assert_eq!(stats.attempts, stats.calls + stats.retries);
+        let failed: u64 = stats.gave_up.values().sum();
+        assert_eq!(stats.successes + failed, stats.calls);
+        // Unlimited retries at 50 %: calls that failed used all three attempts.
+        assert_eq!(stats.gave_up.get("attempts").copied(), Some(failed));
+    }
+
+    #[test]
+    fn an_open_breaker_rejects_calls_without_an_attempt() {
+        let mut p = policy(
+            Some(RetryPolicy::default()),
+            BudgetKind::Budget(BudgetConfig::default()),
+        );
+        p.breaker = Some(BreakerConfig::default());
+        let stats = run(&scenario(1.0, p)).expect("valid");
+        let rejected = stats
+            .gave_up
+            .get("rejected_by_breaker")
+            .copied()
+            .unwrap_or(0);
+        assert!(rejected > stats.calls / 2, "{stats:?}");
+        assert!(stats.attempts < stats.calls / 2, "{stats:?}");
+    }
+
+    #[test]
+    fn the_attempt_timeout_cuts_slow_attempts_and_is_retried_when_configured() {
+        // A server slower than the attempt timeout: every attempt times out.
+        let retry = RetryPolicy {
+            retryable_codes: [Code::Unavailable, Code::DeadlineExceeded]
+                .into_iter()
+                .collect(),
+            ..RetryPolicy::default()
+        };
+        let mut p = policy(Some(retry), BudgetKind::Unlimited);
+        p.attempt_timeout = Some(Duration::from_millis(20));
+        let mut sc = scenario(0.0, p);
+        sc.shards[0].server = ServerKind::Unbounded {
+            latency: Duration::from_millis(30),
+        };
+        let stats = run(&sc).expect("valid");
+        assert_eq!(stats.successes, 0);
+        assert_eq!(stats.amplification(), 3.0);
+        // Without DEADLINE_EXCEEDED in the retryable codes the timeout is final.
+        sc.policy.retry = Some(RetryPolicy::default());
+        let stats = run(&sc).expect("valid");
+        assert_eq!(stats.amplification(), 1.0);
+        assert_eq!(stats.gave_up.get("not_retryable"), Some(&stats.calls));
+    }
+
+    #[test]
+    fn an_outage_window_fails_only_inside_it() {
+        let mut sc = scenario(0.0, policy(None, BudgetKind::Unlimited));
+        sc.shards[0].outage = Some(Window {
+            from: Duration::from_secs(2),
+            until: Duration::from_secs(4),
+        });
+        let stats = run(&sc).expect("valid");
+        for (i, bin) in stats.bins.iter().enumerate() {
+            let inside = (4..8).contains(&i);
+            let expect = if inside { 0 } else { bin.calls };
+            assert_eq!(bin.successes, expect, "bin {i}: {bin:?}");
+        }
+    }
+
+    #[test]
+    fn a_shedding_server_sheds_retries_with_pushback_and_serves_first_attempts() {
+        // One worker, twice as much work as it can do: the admission policy queues a
+        // little, sheds retries first and tells them when to come back.
+        let retry = RetryPolicy::default();
+        let p = policy(Some(retry), BudgetKind::Unlimited);
+        let mut sc = scenario(0.0, p);
+        sc.clients = 2;
+        sc.rate_per_client = 100.0;
+        sc.shards[0].server = ServerKind::Queue(QueueServer {
+            workers: 1,
+            service_time: Duration::from_millis(10),
+            queue_capacity: 1000,
+            slowdown: None,
+            shedding: Some(AdmissionConfig {
+                workers: 1,
+                queue_capacity: 4,
+                retry_threshold: stormguard_core::admission::RetryThreshold {
+                    depth: Some(1),
+                    queue_delay: None,
+                },
+                ..AdmissionConfig::default()
+            }),
+        });
+        let stats = run(&sc).expect("valid");
+        // Capacity is 100/s of 200/s offered: about half succeed, and no more attempts
+        // than the capacity can serve are wasted on long queues.
+        let rate = stats.success_rate();
+        assert!((0.35..=0.6).contains(&rate), "{rate}: {stats:?}");
+        // The same load on a plain FIFO of the same capacity: the queue grows and every
+        // call waits past its deadline.
+        if let ServerKind::Queue(q) = &mut sc.shards[0].server {
+            q.shedding = None;
+        }
+        let fifo = run(&sc).expect("valid");
+        assert!(fifo.success_rate() < rate / 2.0, "{fifo:?}");
     }
 }
