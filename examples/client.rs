@@ -136,7 +136,9 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Args, ArgEr
         }
     }
     if policy_given && config_given {
-        return Err(ArgError("--policy and --service-config exclude each other".into()));
+        return Err(ArgError(
+            "--policy and --service-config exclude each other".into(),
+        ));
     }
     if out.concurrency == 0 {
         return Err(ArgError("--concurrency must be at least 1".into()));

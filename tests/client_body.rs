@@ -18,15 +18,24 @@ fn with_payload(len: usize) -> ReserveRequest {
 
 #[tokio::test]
 async fn every_retry_resends_the_same_body() {
-    let svc = Scripted::new([Step::Fail(Code::Unavailable), Step::Fail(Code::Unavailable)], Step::Ok);
+    let svc = Scripted::new(
+        [Step::Fail(Code::Unavailable), Step::Fail(Code::Unavailable)],
+        Step::Ok,
+    );
     let mut client = setup(&svc, RetryLayer::new(controller(quick_policy()))).await;
 
     let request = with_payload(10_000);
-    client.reserve(request.clone()).await.expect("third attempt succeeds");
+    client
+        .reserve(request.clone())
+        .await
+        .expect("third attempt succeeds");
     let seen = svc.seen();
     assert_eq!(seen.len(), 3);
     for s in &seen {
-        assert_eq!(s.payload, request.payload, "a replayed body must be byte-identical");
+        assert_eq!(
+            s.payload, request.payload,
+            "a replayed body must be byte-identical"
+        );
     }
 }
 
@@ -42,12 +51,18 @@ async fn a_body_over_the_bound_is_sent_once_and_not_retried() {
     assert_eq!(status.code(), Code::Unavailable);
     let seen = svc.seen();
     assert_eq!(seen.len(), 1, "not retried");
-    assert_eq!(seen[0].payload, request.payload, "the whole body still went out once");
+    assert_eq!(
+        seen[0].payload, request.payload,
+        "the whole body still went out once"
+    );
     assert_eq!(stats.snapshot().refused.replay_limit, 1);
 
     // A small body on the same layer is still retried.
     svc.push([Step::Fail(Code::Unavailable)]);
-    client.reserve(with_payload(100)).await.expect("small bodies replay");
+    client
+        .reserve(with_payload(100))
+        .await
+        .expect("small bodies replay");
     assert_eq!(svc.seen().len(), 3);
 }
 
@@ -60,7 +75,10 @@ async fn the_default_bound_is_64_kib() {
     let mut client = setup(&svc, layer).await;
 
     // ~60 KB on the wire: buffered and retried.
-    client.reserve(with_payload(60_000)).await.expect("under the bound: retried");
+    client
+        .reserve(with_payload(60_000))
+        .await
+        .expect("under the bound: retried");
     assert_eq!(svc.seen().len(), 2);
 
     // ~70 KB: over the bound, sent once.

@@ -37,7 +37,9 @@ fn args(addr: std::net::SocketAddr, extra: &[&str]) -> example::Args {
 }
 
 fn n(report: &serde_json::Value, key: &str) -> f64 {
-    report[key].as_f64().unwrap_or_else(|| panic!("{key} in {report}"))
+    report[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} in {report}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -52,9 +54,19 @@ async fn default_policy_against_an_always_unavailable_server_stays_within_the_bu
     assert_eq!(n(&report, "failed"), 1000.0);
     assert_eq!(n(&report, "ok"), 0.0);
     assert!(attempts <= 1.1 * logical + RESERVE, "{report}");
-    assert!(n(&report, "retries") >= 1.0, "the reserve pays for some retries: {report}");
-    assert!(report["refused"]["budget"].as_u64().unwrap() > 0, "{report}");
-    assert_eq!(svc.seen().len() as f64, attempts, "the server saw every attempt");
+    assert!(
+        n(&report, "retries") >= 1.0,
+        "the reserve pays for some retries: {report}"
+    );
+    assert!(
+        report["refused"]["budget"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+    assert_eq!(
+        svc.seen().len() as f64,
+        attempts,
+        "the server saw every attempt"
+    );
     assert_eq!(report["codes"]["UNAVAILABLE"].as_u64(), Some(1000));
 }
 
@@ -62,7 +74,9 @@ async fn default_policy_against_an_always_unavailable_server_stays_within_the_bu
 async fn policy_none_sends_exactly_one_attempt_per_call() {
     let svc = Scripted::always(Step::Fail(Code::Unavailable));
     let addr = serve(svc.clone()).await;
-    let report = example::run(&args(addr, &["--policy", "none"])).await.unwrap();
+    let report = example::run(&args(addr, &["--policy", "none"]))
+        .await
+        .unwrap();
     println!("policy none: {report}");
     assert_eq!(n(&report, "attempts"), 1000.0);
     assert_eq!(n(&report, "retries"), 0.0);
@@ -92,14 +106,26 @@ async fn a_service_config_with_retry_throttling_is_loaded() {
     let (logical, attempts) = (n(&report, "logical"), n(&report, "attempts"));
     assert_eq!(logical, 1000.0);
     assert!(attempts <= logical + 10.0, "{report}");
-    assert!(report["refused"]["budget"].as_u64().unwrap() > 900, "{report}");
+    assert!(
+        report["refused"]["budget"].as_u64().unwrap() > 900,
+        "{report}"
+    );
 }
 
 #[test]
 fn the_command_line_is_parsed_by_hand_with_clear_errors() {
     let parsed = example::parse_args(
-        ["--target", "http://h:1", "--requests", "5", "--concurrency", "2", "--deadline-ms", "250"]
-            .map(String::from),
+        [
+            "--target",
+            "http://h:1",
+            "--requests",
+            "5",
+            "--concurrency",
+            "2",
+            "--deadline-ms",
+            "250",
+        ]
+        .map(String::from),
     )
     .unwrap();
     assert_eq!(parsed.target, "http://h:1");
@@ -107,7 +133,11 @@ fn the_command_line_is_parsed_by_hand_with_clear_errors() {
     assert_eq!(parsed.deadline, std::time::Duration::from_millis(250));
     assert_eq!(parsed.policy, example::PolicyArg::Default);
 
-    let err = |a: &[&str]| example::parse_args(a.iter().map(|s| s.to_string())).unwrap_err().0;
+    let err = |a: &[&str]| {
+        example::parse_args(a.iter().map(|s| s.to_string()))
+            .unwrap_err()
+            .0
+    };
     assert!(err(&["--requests", "many"]).contains("--requests"));
     assert!(err(&["--requests"]).contains("needs a value"));
     assert!(err(&["--policy", "sometimes"]).contains("unknown policy"));

@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use client_support::*;
 use stormguard_client::RetryLayer;
+use tonic::Request;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
-use tonic::Request;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_of_expiring_calls_keeps_the_connection_healthy() {
@@ -67,15 +67,25 @@ async fn a_storm_of_expiring_calls_keeps_the_connection_healthy() {
         .filter(|(k, _)| k.starts_with("DeadlineExceeded"))
         .map(|(_, v)| v)
         .sum::<u64>();
-    assert_eq!(expired, 64 * 80, "every call ends in its own deadline, nothing else: {codes:?}");
+    assert_eq!(
+        expired,
+        64 * 80,
+        "every call ends in its own deadline, nothing else: {codes:?}"
+    );
     let s = stats.snapshot();
-    assert_eq!(s.attempts, s.logical, "an expired deadline is never retried");
+    assert_eq!(
+        s.attempts, s.logical,
+        "an expired deadline is never retried"
+    );
     assert_eq!(s.deadline_exceeded, 64 * 80);
 
     // The same channel still serves a call with time to finish.
     let mut client = client.clone();
     let mut req = Request::new(reserve("after"));
     req.set_timeout(Duration::from_secs(5));
-    let reply = client.reserve(req).await.expect("the connection survived the storm");
+    let reply = client
+        .reserve(req)
+        .await
+        .expect("the connection survived the storm");
     assert_eq!(reply.get_ref().attempt, 1);
 }

@@ -16,9 +16,12 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
 
+/// A span's name and its fields as `(name, value)` pairs.
+type SpanRecord = (String, Vec<(String, String)>);
+
 /// Records the name and fields of every span created.
 #[derive(Clone, Default)]
-struct Spans(Arc<Mutex<Vec<(String, Vec<(String, String)>)>>>);
+struct Spans(Arc<Mutex<Vec<SpanRecord>>>);
 
 struct Fields(Vec<(String, String)>);
 
@@ -54,7 +57,10 @@ async fn each_attempt_runs_in_a_span_with_its_number_and_reason() {
     let spans = Spans::default();
     let _guard = tracing::subscriber::set_default(spans.clone());
     let svc = Scripted::new(
-        [Step::Fail(Code::Unavailable), Step::pushback(Code::ResourceExhausted, "1")],
+        [
+            Step::Fail(Code::Unavailable),
+            Step::pushback(Code::ResourceExhausted, "1"),
+        ],
         Step::Ok,
     );
     let policy = stormguard_core::policy::RetryPolicy {
@@ -108,7 +114,10 @@ async fn logical_calls_and_attempts_are_counted_apart() {
     let mut other = setup(&svc, layer).await;
 
     assert!(client.reserve(reserve("1")).await.is_err()); // 3 attempts, refused: attempts
-    assert_eq!(other.reserve(reserve("2")).await.unwrap_err().code(), Code::NotFound);
+    assert_eq!(
+        other.reserve(reserve("2")).await.unwrap_err().code(),
+        Code::NotFound
+    );
     other.reserve(reserve("3")).await.unwrap();
     let s = stats.snapshot();
     assert_eq!((s.logical, s.attempts, s.retries), (3, 5, 2));
@@ -122,7 +131,8 @@ async fn logical_calls_and_attempts_are_counted_apart() {
 async fn the_interceptor_stamps_deadline_and_attempt_from_the_context() {
     let svc = Scripted::always(Step::Ok);
     let addr = serve(svc.clone()).await;
-    let mut client = InventoryClient::with_interceptor(channel(addr).await, ContextInterceptor::new());
+    let mut client =
+        InventoryClient::with_interceptor(channel(addr).await, ContextInterceptor::new());
 
     // Outside any context: nothing stamped.
     client.reserve(reserve("plain")).await.unwrap();
@@ -130,7 +140,9 @@ async fn the_interceptor_stamps_deadline_and_attempt_from_the_context() {
     let ctx = CallContext::new()
         .with_timeout(Duration::from_secs(2))
         .with_previous_attempts(1);
-    context::scope(ctx, client.reserve(reserve("looped"))).await.unwrap();
+    context::scope(ctx, client.reserve(reserve("looped")))
+        .await
+        .unwrap();
     // A context whose deadline passed: the call is not sent.
     let expired = CallContext::new().with_deadline(tokio::time::Instant::now());
     let status = context::scope(expired, client.reserve(Request::new(reserve("late"))))
@@ -140,10 +152,16 @@ async fn the_interceptor_stamps_deadline_and_attempt_from_the_context() {
 
     let seen = svc.seen();
     assert_eq!(seen.len(), 2);
-    assert_eq!((seen[0].previous_attempts.clone(), seen[0].timeout.clone()), (None, None));
+    assert_eq!(
+        (seen[0].previous_attempts.clone(), seen[0].timeout.clone()),
+        (None, None)
+    );
     assert_eq!(seen[1].previous_attempts.as_deref(), Some("1"));
     let t = seen[1].timeout().unwrap();
-    assert!(t <= Duration::from_secs(2) && t > Duration::from_secs(1), "{t:?}");
+    assert!(
+        t <= Duration::from_secs(2) && t > Duration::from_secs(1),
+        "{t:?}"
+    );
 }
 
 #[tokio::test]

@@ -18,19 +18,35 @@ fn ms(n: u64) -> Duration {
 
 #[tokio::test]
 async fn n_failures_then_success_is_retried_with_attempt_headers() {
-    let svc = Scripted::new([Step::Fail(Code::Unavailable), Step::Fail(Code::Unavailable)], Step::Ok);
+    let svc = Scripted::new(
+        [Step::Fail(Code::Unavailable), Step::Fail(Code::Unavailable)],
+        Step::Ok,
+    );
     let layer = RetryLayer::new(controller(quick_policy()));
     let stats = layer.stats();
     let mut client = setup(&svc, layer).await;
 
-    let reply = client.reserve(reserve("a")).await.expect("third attempt succeeds");
-    assert_eq!(reply.get_ref().attempt, 3, "the server saw the third attempt");
+    let reply = client
+        .reserve(reserve("a"))
+        .await
+        .expect("third attempt succeeds");
+    assert_eq!(
+        reply.get_ref().attempt,
+        3,
+        "the server saw the third attempt"
+    );
     let seen = svc.seen();
     let attempts: Vec<_> = seen.iter().map(|s| s.previous_attempts.clone()).collect();
     assert_eq!(attempts, [None, Some("1".into()), Some("2".into())]);
-    assert!(seen.iter().all(|s| s.request_id == "a"), "every attempt resends the same request");
+    assert!(
+        seen.iter().all(|s| s.request_id == "a"),
+        "every attempt resends the same request"
+    );
     let s = stats.snapshot();
-    assert_eq!((s.logical, s.attempts, s.retries, s.ok, s.failed), (1, 3, 2, 1, 0));
+    assert_eq!(
+        (s.logical, s.attempts, s.retries, s.ok, s.failed),
+        (1, 3, 2, 1, 0)
+    );
 }
 
 #[tokio::test]
@@ -99,12 +115,18 @@ async fn configured_retryable_codes_are_retried() {
 async fn the_delay_is_the_servers_pushback_exactly() {
     // 30 s is far beyond the 2 s backoff cap: only the pushback can explain such a wait.
     let svc = Scripted::new(
-        [Step::pushback(Code::Unavailable, "30000"), Step::pushback(Code::Unavailable, "700")],
+        [
+            Step::pushback(Code::Unavailable, "30000"),
+            Step::pushback(Code::Unavailable, "700"),
+        ],
         Step::Ok,
     );
     let mut client = setup(&svc, RetryLayer::new(controller(RetryPolicy::default()))).await;
 
-    client.reserve(reserve("a")).await.expect("third attempt succeeds");
+    client
+        .reserve(reserve("a"))
+        .await
+        .expect("third attempt succeeds");
     let seen = svc.seen();
     assert_eq!(seen.len(), 3);
     assert_eq!(seen[1].at - seen[0].at, ms(30_000));
@@ -116,7 +138,10 @@ async fn a_zero_pushback_retries_at_once() {
     let svc = Scripted::new([Step::pushback(Code::Unavailable, "0")], Step::Ok);
     let mut client = setup(&svc, RetryLayer::new(controller(RetryPolicy::default()))).await;
 
-    let reply = client.reserve(reserve("a")).await.expect("retried at once and succeeded");
+    let reply = client
+        .reserve(reserve("a"))
+        .await
+        .expect("retried at once and succeeded");
     assert_eq!(reply.get_ref().attempt, 2);
     let seen = svc.seen();
     assert_eq!(seen[1].at - seen[0].at, Duration::ZERO);
@@ -131,7 +156,11 @@ async fn a_negative_pushback_is_not_retried() {
 
     let status = client.reserve(reserve("a")).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable);
-    assert_eq!(pushback_of(&status).as_deref(), Some("-1"), "the server's -1 is passed up");
+    assert_eq!(
+        pushback_of(&status).as_deref(),
+        Some("-1"),
+        "the server's -1 is passed up"
+    );
     assert_eq!(svc.seen().len(), 1);
     assert_eq!(stats.snapshot().refused.pushback, 1);
 }
@@ -139,7 +168,10 @@ async fn a_negative_pushback_is_not_retried() {
 #[tokio::test]
 async fn a_garbage_or_repeated_pushback_is_not_retried() {
     for values in [vec!["soon"], vec![""], vec!["1.5"], vec!["5", "5"]] {
-        let svc = Scripted::new([Step::Pushback(Code::Unavailable, values.clone())], Step::Ok);
+        let svc = Scripted::new(
+            [Step::Pushback(Code::Unavailable, values.clone())],
+            Step::Ok,
+        );
         let layer = RetryLayer::new(controller(quick_policy()));
         let stats = layer.stats();
         let mut client = setup(&svc, layer).await;
@@ -161,11 +193,16 @@ async fn a_retry_carries_what_is_left_of_the_deadline() {
     client.reserve(request).await.expect("retried");
     let seen = svc.seen();
     assert_eq!(seen.len(), 2);
-    let first = seen[0].timeout().expect("first attempt carries grpc-timeout");
+    let first = seen[0]
+        .timeout()
+        .expect("first attempt carries grpc-timeout");
     let second = seen[1].timeout().expect("the retry carries grpc-timeout");
     assert!(first <= Duration::from_secs(5));
     // Not a fresh timeout: at least the 300 ms pushback has been spent.
-    assert!(second <= Duration::from_secs(5) - ms(300), "retry got {second:?}");
+    assert!(
+        second <= Duration::from_secs(5) - ms(300),
+        "retry got {second:?}"
+    );
     assert!(second >= Duration::from_secs(1), "retry got {second:?}");
     assert!(second < first);
     assert_eq!(seen[1].previous_attempts.as_deref(), Some("1"));
@@ -174,7 +211,8 @@ async fn a_retry_carries_what_is_left_of_the_deadline() {
 #[tokio::test]
 async fn the_layer_default_deadline_applies_to_calls_without_one() {
     let svc = Scripted::always(Step::Ok);
-    let layer = RetryLayer::new(controller(quick_policy())).with_default_timeout(Duration::from_secs(2));
+    let layer =
+        RetryLayer::new(controller(quick_policy())).with_default_timeout(Duration::from_secs(2));
     let mut client = setup(&svc, layer).await;
 
     client.reserve(reserve("a")).await.unwrap();
@@ -183,9 +221,17 @@ async fn the_layer_default_deadline_applies_to_calls_without_one() {
     client.reserve(request).await.unwrap();
     let seen = svc.seen();
     let t0 = seen[0].timeout().expect("the default deadline is sent");
-    assert!(t0 <= Duration::from_secs(2) && t0 > Duration::from_secs(1), "{t0:?}");
-    let t1 = seen[1].timeout().expect("the caller's own deadline is sent");
-    assert!(t1 <= ms(700), "the caller's deadline wins over the default: {t1:?}");
+    assert!(
+        t0 <= Duration::from_secs(2) && t0 > Duration::from_secs(1),
+        "{t0:?}"
+    );
+    let t1 = seen[1]
+        .timeout()
+        .expect("the caller's own deadline is sent");
+    assert!(
+        t1 <= ms(700),
+        "the caller's deadline wins over the default: {t1:?}"
+    );
 }
 
 #[tokio::test]
@@ -199,7 +245,10 @@ async fn a_deadline_in_the_call_context_is_inherited() {
     request.set_timeout(Duration::from_secs(60));
     context::scope(ctx, client.reserve(request)).await.unwrap();
     let t = svc.seen()[0].timeout().unwrap();
-    assert!(t <= Duration::from_secs(3), "the inherited deadline is shorter: {t:?}");
+    assert!(
+        t <= Duration::from_secs(3),
+        "the inherited deadline is shorter: {t:?}"
+    );
 }
 
 /// The client's own deadline running out is final, even when the code the caller would see
@@ -207,11 +256,21 @@ async fn a_deadline_in_the_call_context_is_inherited() {
 /// CANCELLED).
 #[tokio::test]
 async fn the_callers_deadline_running_out_is_final() {
-    let svc = Scripted::new([Step::slow(Duration::from_secs(30), Step::Fail(Code::Unavailable))], Step::Ok);
+    let svc = Scripted::new(
+        [Step::slow(
+            Duration::from_secs(30),
+            Step::Fail(Code::Unavailable),
+        )],
+        Step::Ok,
+    );
     let policy = RetryPolicy {
-        retryable_codes: [CoreCode::Unavailable, CoreCode::Cancelled, CoreCode::DeadlineExceeded]
-            .into_iter()
-            .collect::<CodeSet>(),
+        retryable_codes: [
+            CoreCode::Unavailable,
+            CoreCode::Cancelled,
+            CoreCode::DeadlineExceeded,
+        ]
+        .into_iter()
+        .collect::<CodeSet>(),
         ..quick_policy()
     };
     let layer = RetryLayer::new(controller(policy));
@@ -226,7 +285,11 @@ async fn the_callers_deadline_running_out_is_final() {
         "{status:?}"
     );
     let s = stats.snapshot();
-    assert_eq!((s.attempts, s.retries), (1, 0), "no retry after the deadline");
+    assert_eq!(
+        (s.attempts, s.retries),
+        (1, 0),
+        "no retry after the deadline"
+    );
     assert_eq!(svc.seen().len(), 1);
 }
 
@@ -235,7 +298,10 @@ async fn the_callers_deadline_running_out_is_final() {
 #[tokio::test]
 async fn no_retry_when_the_deadline_leaves_no_room() {
     let svc = Scripted::new(
-        [Step::slow(ms(300), Step::pushback(Code::Unavailable, "5000"))],
+        [Step::slow(
+            ms(300),
+            Step::pushback(Code::Unavailable, "5000"),
+        )],
         Step::Ok,
     );
     let layer = RetryLayer::new(controller(quick_policy()));
@@ -255,7 +321,12 @@ async fn no_retry_when_the_deadline_leaves_no_room() {
 async fn successes_pay_for_retries_and_an_empty_budget_refuses_with_minus_one() {
     // No standing reserve: only successes mint retries (0.1 each).
     let svc = Scripted::new([Step::Fail(Code::Unavailable)], Step::Ok);
-    let controller = RetryController::new(MethodTable::uniform(quick_policy()), budget(0, 0.1), None, 5);
+    let controller = RetryController::new(
+        MethodTable::uniform(quick_policy()),
+        budget(0, 0.1),
+        None,
+        5,
+    );
     let budget = controller.budget().clone();
     let layer = RetryLayer::new(controller);
     let stats = layer.stats();
@@ -269,9 +340,16 @@ async fn successes_pay_for_retries_and_an_empty_budget_refuses_with_minus_one() 
     for i in 0..10 {
         client.reserve(reserve(&format!("ok{i}"))).await.unwrap();
     }
-    assert!(budget.balance() >= 1.0, "ten successes mint one retry: {}", budget.balance());
+    assert!(
+        budget.balance() >= 1.0,
+        "ten successes mint one retry: {}",
+        budget.balance()
+    );
     svc.push([Step::Fail(Code::Unavailable)]);
-    let reply = client.reserve(reserve("paid")).await.expect("the deposits pay for one retry");
+    let reply = client
+        .reserve(reserve("paid"))
+        .await
+        .expect("the deposits pay for one retry");
     assert_eq!(reply.get_ref().attempt, 2);
     assert_eq!(stats.snapshot().refused.budget, 1);
 }
@@ -313,7 +391,11 @@ async fn an_open_breaker_rejects_the_first_attempt_fast() {
     let status = client.reserve(reserve("fast")).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable);
     assert_eq!(pushback_of(&status).as_deref(), Some("-1"));
-    assert_eq!(svc.seen().len(), sent_before_open, "rejected without touching the network");
+    assert_eq!(
+        svc.seen().len(),
+        sent_before_open,
+        "rejected without touching the network"
+    );
 }
 
 #[tokio::test]
@@ -353,17 +435,18 @@ async fn a_connection_reset_before_headers_is_retried_on_a_new_connection() {
             }
         }
     });
-    tokio::spawn(
-        Server::builder().serve_with_incoming(
-            stormguard_demo::InventoryServer::new(svc.clone()),
-            ReceiverStream::new(rx),
-        ),
-    );
+    tokio::spawn(Server::builder().serve_with_incoming(
+        stormguard_demo::InventoryServer::new(svc.clone()),
+        ReceiverStream::new(rx),
+    ));
     let layer = RetryLayer::new(controller(quick_policy()));
     let stats = layer.stats();
     let mut client = client(endpoint(addr).connect_lazy(), layer);
 
-    client.reserve(reserve("a")).await.expect("the retry reaches the server");
+    client
+        .reserve(reserve("a"))
+        .await
+        .expect("the retry reaches the server");
     assert_eq!(svc.seen().len(), 1, "only the retry reached the handler");
     assert_eq!(stats.snapshot().retries, 1);
 }

@@ -22,7 +22,11 @@ async fn a_stream_that_fails_before_headers_is_retried() {
     let stats = layer.stats();
     let mut client = setup(&svc, layer).await;
 
-    let mut stream = client.watch_stock(watch(3)).await.expect("retried").into_inner();
+    let mut stream = client
+        .watch_stock(watch(3))
+        .await
+        .expect("retried")
+        .into_inner();
     let mut seqs = Vec::new();
     while let Some(level) = stream.message().await.unwrap() {
         seqs.push(level.seq);

@@ -114,7 +114,13 @@ impl Scripted {
         self.inner.lock().unwrap().script.extend(steps);
     }
 
-    fn next<T>(&self, method: &'static str, req: &Request<T>, payload: Vec<u8>, request_id: String) -> Step {
+    fn next<T>(
+        &self,
+        method: &'static str,
+        req: &Request<T>,
+        payload: Vec<u8>,
+        request_id: String,
+    ) -> Step {
         let header = |name: &str| {
             req.metadata()
                 .get(name)
@@ -158,7 +164,10 @@ type LevelStream = std::pin::Pin<Box<dyn Stream<Item = Result<StockLevel, Status
 
 #[tonic::codegen::async_trait]
 impl Inventory for Scripted {
-    async fn reserve(&self, req: Request<ReserveRequest>) -> Result<Response<ReserveReply>, Status> {
+    async fn reserve(
+        &self,
+        req: Request<ReserveRequest>,
+    ) -> Result<Response<ReserveReply>, Status> {
         let step = self.next(
             "Reserve",
             &req,
@@ -219,7 +228,8 @@ pub async fn serve(svc: Scripted) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(
-        Server::builder().serve_with_incoming(InventoryServer::new(svc), TcpIncoming::from(listener)),
+        Server::builder()
+            .serve_with_incoming(InventoryServer::new(svc), TcpIncoming::from(listener)),
     );
     addr
 }

@@ -25,14 +25,37 @@
 //! `poll_ready` on it inside the response future before sending. The inner service must
 //! therefore be `Clone`, and clones must share the connection (tonic's `Channel` does).
 //!
+//! # Success, for the budget and the breaker
+//!
+//! An attempt counts as a success (a deposit into the budget, a success for the breaker)
+//! when its answer shows the dependency alive: a trailers-only `OK`, a status the policy does
+//! not retry (an application error), or response headers without a status. The last case is
+//! decided at commit time, before the trailers arrive: a stream that fails later is still
+//! passed through and not retried, and the dependency is taken as alive because it answered.
+//!
+//! # Deadlines
+//!
+//! The logical deadline of a call is the earliest of the caller's `grpc-timeout`
+//! (`tonic::Request::set_timeout`) and the deadline of the current
+//! [`CallContext`](crate::context::CallContext); when neither is set, the layer's
+//! [default](RetryLayer::with_default_timeout), if any. Every attempt carries what is left
+//! of it as `grpc-timeout`. The layer also races each attempt against the deadline itself
+//! (time spent waiting for the channel counts), and when it runs out the call ends with
+//! `DEADLINE_EXCEEDED`, never retried, whatever code the server used.
+//!
 //! # Keeping the connection healthy
 //!
-//! A storm of calls whose deadlines expire makes many streams end in resets. h2 closes a
-//! connection that sees more than 1024 such local error resets (`GOAWAY
-//! ENHANCE_YOUR_CALM`), failing every call in flight on it with `RESOURCE_EXHAUSTED` and
-//! flushing the server's queue, which looks like a recovery but is an artifact. Build the
-//! channel with `Endpoint::http2_max_local_error_reset_streams(None)` when calls may time
-//! out in bulk.
+//! Each call whose deadline expires resets its HTTP/2 stream. h2 guards against reset
+//! floods: a client connection that sees more than 1024 local error resets sends `GOAWAY
+//! ENHANCE_YOUR_CALM`, and a server closes a connection whose peer resets many streams
+//! before they are accepted. Either way every call in flight on the connection fails with
+//! `RESOURCE_EXHAUSTED` ("h2 protocol error") or `UNAVAILABLE`, and the server's queue is
+//! flushed, which looks like a recovery but is an artifact. In a storm of expiring calls,
+//! build the channel with `Endpoint::http2_max_local_error_reset_streams(None)` and the
+//! server with `Server::builder().http2_max_pending_accept_reset_streams(Some(n))` (n in
+//! the thousands) and `.http2_max_local_error_reset_streams(None)`; `tests/client_h2.rs`
+//! runs such a storm (5 120 expiring calls on one connection) and checks that every call
+//! ends in its own deadline and the connection still serves afterwards.
 
 mod future;
 mod layer;
