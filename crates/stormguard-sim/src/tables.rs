@@ -274,6 +274,9 @@ pub struct FleetRow {
     pub peak_attempts_per_second: f64,
     /// Attempts per logical call.
     pub amplification: f64,
+    /// What the variant costs when the dependency is healthy but flaky: the success rate
+    /// of the same fleet when 5 % of attempts fail instead of all of them.
+    pub success_at_5_percent: f64,
 }
 
 /// Fleet sizes of table 2 (quick: the first three).
@@ -340,6 +343,13 @@ pub fn fleet_floor(options: &Options) -> Result<Vec<FleetRow>, SimError> {
             let scenario = fleet_scenario(fleet_size, variant, options);
             let from_bin = (scenario.measure_from.as_nanos() / scenario.bin.as_nanos()) as usize;
             let stats = run(&scenario)?;
+            let flaky = run(&Scenario {
+                shards: vec![Shard {
+                    failure_rate: 0.05,
+                    ..scenario.shards[0].clone()
+                }],
+                ..scenario.clone()
+            })?;
             rows.push(FleetRow {
                 fleet_size,
                 variant,
@@ -348,6 +358,7 @@ pub fn fleet_floor(options: &Options) -> Result<Vec<FleetRow>, SimError> {
                 attempts_per_second: stats.attempts_per_second(),
                 peak_attempts_per_second: peak_rate(&stats, from_bin),
                 amplification: stats.amplification(),
+                success_at_5_percent: flaky.success_rate(),
             });
         }
     }
@@ -711,20 +722,28 @@ impl fmt::Display for Tables {
         )?;
         writeln!(
             f,
-            "{:>6} | {:<26} | {:>9} | {:>10} | {:>10} | {:>11} | {:>6}",
-            "fleet", "variant", "calls/s", "retries/s", "attempts/s", "peak att/s", "ampl"
+            "{:>6} | {:<26} | {:>9} | {:>10} | {:>10} | {:>11} | {:>6} | {:>11}",
+            "fleet",
+            "variant",
+            "calls/s",
+            "retries/s",
+            "attempts/s",
+            "peak att/s",
+            "ampl",
+            "success@5%"
         )?;
         for r in &self.fleet_floor {
             writeln!(
                 f,
-                "{:>6} | {:<26} | {:>9.0} | {:>10.1} | {:>10.1} | {:>11.0} | {:>6.3}",
+                "{:>6} | {:<26} | {:>9.0} | {:>10.1} | {:>10.1} | {:>11.0} | {:>6.3} | {:>10.3}%",
                 r.fleet_size,
                 r.variant.as_str(),
                 r.calls_per_second,
                 r.retries_per_second,
                 r.attempts_per_second,
                 r.peak_attempts_per_second,
-                r.amplification
+                r.amplification,
+                r.success_at_5_percent * 100.0
             )?;
         }
 
