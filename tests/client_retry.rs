@@ -450,3 +450,60 @@ async fn a_connection_reset_before_headers_is_retried_on_a_new_connection() {
     assert_eq!(svc.seen().len(), 1, "only the retry reached the handler");
     assert_eq!(stats.snapshot().retries, 1);
 }
+
+#[tokio::test]
+async fn per_method_policies_from_a_grpc_service_config() {
+    use stormguard_core::config::ClientConfig;
+    let json = r#"{"methodConfig":[{"name":[{"service":"stormguard.demo.v1.Inventory","method":"Reserve"}],
+        "retryPolicy":{"maxAttempts":2,"initialBackoff":"0.001s","maxBackoff":"0.002s",
+        "backoffMultiplier":2,"retryableStatusCodes":["UNAVAILABLE"]}}]}"#;
+    let config = ClientConfig::from_service_config_json(json).unwrap();
+    let svc = Scripted::always(Step::Fail(Code::Unavailable));
+    let layer = RetryLayer::from_config_seeded(&config, 9).unwrap();
+    let stats = layer.stats();
+    let mut client = setup(&svc, layer).await;
+
+    // Reserve has a policy of 2 attempts.
+    let status = client.reserve(reserve("a")).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(svc.seen().len(), 2);
+    // WatchStock is not named: no policy, one attempt.
+    let request = stormguard_demo::WatchStockRequest {
+        sku: "s".into(),
+        count: 1,
+    };
+    assert!(client.watch_stock(request).await.is_err());
+    assert_eq!(svc.seen().len(), 3);
+    let s = stats.snapshot();
+    assert_eq!((s.refused.attempts, s.refused.not_retryable), (1, 1));
+}
+
+#[tokio::test]
+async fn a_non_idempotent_method_is_retried_only_when_the_request_was_never_sent() {
+    let policy = RetryPolicy {
+        idempotent: false,
+        ..quick_policy()
+    };
+    // The server saw the request: not retried.
+    let svc = Scripted::new([Step::Fail(Code::Unavailable)], Step::Ok);
+    let layer = RetryLayer::new(controller(policy.clone()));
+    let stats = layer.stats();
+    let mut client = setup(&svc, layer).await;
+    assert!(client.reserve(reserve("a")).await.is_err());
+    assert_eq!(svc.seen().len(), 1);
+    assert_eq!(stats.snapshot().refused.not_idempotent, 1);
+
+    // The connection was refused: the request never left, so it is retried.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let layer = RetryLayer::new(controller(policy));
+    let stats = layer.stats();
+    let mut refused = client_support::client(endpoint(addr).connect_lazy(), layer);
+    assert!(refused.reserve(reserve("b")).await.is_err());
+    let s = stats.snapshot();
+    assert_eq!(
+        (s.attempts, s.refused.attempts, s.refused.not_idempotent),
+        (3, 1, 0)
+    );
+}
