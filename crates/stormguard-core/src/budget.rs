@@ -892,6 +892,49 @@ mod tests {
         assert_eq!(granted + rest, allowed);
     }
 
+    #[test]
+    fn simultaneous_withdrawals_never_take_more_than_was_deposited() {
+        // Rounds of: one deposit (one retry at ratio 1), then every thread tries to
+        // withdraw at the same moment. A check-then-act budget hands the same retry to
+        // several threads; the count-then-verify protocol never does.
+        const THREADS: usize = 4;
+        const ROUNDS: u32 = 3000;
+        let t0 = Instant::now();
+        let b = budget(10, 0, 1.0);
+        let start = Barrier::new(THREADS + 1);
+        let end = Barrier::new(THREADS + 1);
+        let granted = std::sync::atomic::AtomicU32::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..THREADS {
+                let (b, start, end, granted) = (b.clone(), &start, &end, &granted);
+                scope.spawn(move || {
+                    for _ in 0..ROUNDS {
+                        start.wait();
+                        if b.withdraw_at(t0) {
+                            granted.fetch_add(1, Ordering::SeqCst);
+                        }
+                        end.wait();
+                    }
+                });
+            }
+            // No assertion inside the rounds: a panic here would leave the workers
+            // waiting on the barrier forever.
+            let mut first_excess = None;
+            for round in 1..=ROUNDS {
+                b.deposit_at(t0);
+                start.wait();
+                end.wait();
+                let granted = granted.load(Ordering::SeqCst);
+                if granted > round && first_excess.is_none() {
+                    first_excess = Some((round, granted));
+                }
+            }
+            assert_eq!(first_excess, None, "(round, retries granted by then)");
+        });
+        let granted = granted.load(Ordering::SeqCst);
+        assert_eq!(granted + drain(&b, t0), ROUNDS, "no count was lost");
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Deposit(u64),
