@@ -196,8 +196,13 @@ where
         } else {
             body
         };
+        let request = if call.is_retryable_method() {
+            fut.template.request(body)
+        } else {
+            // Never resent: move the parts instead of copying them.
+            fut.template.take_request(body)
+        };
         fut.call = Some(call);
-        let request = fut.template.request(body);
         fut.span = attempt_span(&fut.template.uri, 0, "initial");
         fut.stats.attempt(false);
         let inner = {
@@ -217,6 +222,18 @@ impl Template {
         *request.version_mut() = self.version;
         *request.headers_mut() = self.headers.clone();
         *request.extensions_mut() = self.extensions.clone();
+        request
+    }
+}
+
+impl Template {
+    fn take_request(&mut self, body: Body) -> http::Request<Body> {
+        let mut request = http::Request::new(body);
+        *request.method_mut() = self.method.clone();
+        *request.uri_mut() = self.uri.clone();
+        *request.version_mut() = self.version;
+        *request.headers_mut() = std::mem::take(&mut self.headers);
+        *request.extensions_mut() = std::mem::take(&mut self.extensions);
         request
     }
 }
