@@ -65,6 +65,23 @@ pub struct ClientPolicy {
     pub deadline: Option<Duration>,
     /// One budget and breaker per (process, shard) instead of one per process.
     pub budget_per_shard: bool,
+    /// When a middle tier's client gives up on a retryable failure (budget, breaker,
+    /// attempts, deadline), its answer upstream carries `grpc-retry-pushback-ms: -1`, so
+    /// no tier above retries the same failure (what stormguard's client layer does; a
+    /// standard client passes the status up without it).
+    pub pushback_on_give_up: bool,
+}
+
+/// A middle tier between the fleet and the shards: server processes that handle each
+/// attempt by making a call of their own to the next tier, through their own client
+/// (with the fleet's [`ClientPolicy`] and its own budget and breaker per process), and
+/// answer with its outcome. The inbound attempt's deadline is the outbound call's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tier {
+    /// Server processes of the tier; an attempt goes to one chosen at random.
+    pub processes: usize,
+    /// Round trip between the tier above and this one.
+    pub latency: Duration,
 }
 
 /// A window of virtual time, `[from, until)`, measured from the start of the run.
@@ -139,7 +156,11 @@ pub struct Scenario {
     pub bin: Duration,
     /// One-way network delay between a client and a queueing server.
     pub network: Duration,
-    /// The shards of the called service.
+    /// Middle tiers the fleet's calls go through before reaching the shards (a call
+    /// chain: fleet, `tiers[0]`, `tiers[1]`, ..., a shard). Empty: the fleet calls the
+    /// shards directly.
+    pub tiers: Vec<Tier>,
+    /// The shards of the service at the bottom.
     pub shards: Vec<Shard>,
     /// The client policy of every process.
     pub policy: ClientPolicy,
@@ -218,6 +239,17 @@ impl Scenario {
                 }
             }
         }
+        if self.tiers.len() > 8 {
+            return bad("tiers", format!("at most 8, got {}", self.tiers.len()));
+        }
+        for tier in &self.tiers {
+            if tier.processes == 0 || tier.processes > 100_000 {
+                return bad(
+                    "tiers.processes",
+                    format!("must be in [1, 100000], got {}", tier.processes),
+                );
+            }
+        }
         if let Some(retry) = &self.policy.retry {
             retry.validate("policy.retry")?;
         }
@@ -264,8 +296,11 @@ pub struct RunStats {
     /// Why failed calls stopped, by [`Refusal`] name; `"rejected_by_breaker"` counts calls
     /// whose first attempt an open breaker refused.
     pub gave_up: BTreeMap<String, u64>,
-    /// Per-shard totals.
+    /// Per-shard totals (of the fleet's own calls; empty when there are middle tiers).
     pub shards: Vec<ShardStats>,
+    /// Attempts that reached each level of the chain for the measured calls: index 0 is
+    /// the fleet's own attempts, the last the attempts reaching the shards.
+    pub attempts_by_level: Vec<u64>,
     /// The whole run, bin by bin.
     pub bins: Vec<Bin>,
     /// Width of a bin, seconds.
@@ -295,6 +330,15 @@ impl RunStats {
     /// Attempts sent per second over the measured window.
     pub fn attempts_per_second(&self) -> f64 {
         self.attempts as f64 / self.measured_seconds
+    }
+
+    /// Attempts reaching the bottom of the chain (the shards) per logical call of the
+    /// fleet: the amplification a call chain multiplies.
+    pub fn bottom_amplification(&self) -> f64 {
+        ratio(
+            self.attempts_by_level.last().copied().unwrap_or(0),
+            self.calls,
+        )
     }
 }
 
@@ -340,6 +384,13 @@ enum Event {
         slot: u32,
         id: u64,
     },
+    /// An attempt reaches a middle tier.
+    RelayArrive {
+        level: u8,
+        slot: u32,
+        id: u64,
+        deadline: Option<u64>,
+    },
     /// An attempt reaches a queueing server.
     ServerArrive {
         shard: u32,
@@ -383,6 +434,10 @@ impl Ord for Scheduled {
 
 struct Call {
     retry: CallRetry,
+    /// 0 for the fleet's calls, k for calls made by tier k - 1.
+    level: u8,
+    /// The attempt this call serves, for calls made by a middle tier.
+    parent: Option<(u32, u64)>,
     shard: u32,
     arrived: u64,
     deadline: Option<u64>,
@@ -414,6 +469,8 @@ struct Sim<'a> {
     heap: BinaryHeap<Scheduled>,
     rng: fastrand::Rng,
     controllers: Vec<RetryController>,
+    /// The clients of each middle tier's processes.
+    relays: Vec<Vec<RetryController>>,
     calls: Vec<Option<Call>>,
     free: Vec<u32>,
     next_id: u64,
@@ -477,6 +534,16 @@ impl<'a> Sim<'a> {
         for i in 0..sc.clients * per_client {
             controllers.push(build_controller(&sc.policy, sc.seed, i as u64 + 1)?);
         }
+        let mut relays = Vec::with_capacity(sc.tiers.len());
+        let mut stream = controllers.len() as u64 + 1;
+        for tier in &sc.tiers {
+            let mut processes = Vec::with_capacity(tier.processes);
+            for _ in 0..tier.processes {
+                processes.push(build_controller(&sc.policy, sc.seed, stream)?);
+                stream += 1;
+            }
+            relays.push(processes);
+        }
         let mut servers = Vec::with_capacity(sc.shards.len());
         for (i, shard) in sc.shards.iter().enumerate() {
             let admission = match &shard.server {
@@ -500,8 +567,14 @@ impl<'a> Sim<'a> {
         let end = nanos(sc.duration);
         let bin = nanos(sc.bin);
         let bins = end.div_ceil(bin) as usize;
+        let shard_stats = if sc.tiers.is_empty() {
+            sc.shards.len()
+        } else {
+            0
+        };
         let stats = RunStats {
-            shards: vec![ShardStats::default(); sc.shards.len()],
+            shards: vec![ShardStats::default(); shard_stats],
+            attempts_by_level: vec![0; sc.tiers.len() + 1],
             bins: vec![Bin::default(); bins],
             bin_seconds: sc.bin.as_secs_f64(),
             measured_seconds: (sc.duration - sc.measure_from).as_secs_f64(),
@@ -515,6 +588,7 @@ impl<'a> Sim<'a> {
             heap: BinaryHeap::new(),
             rng: fastrand::Rng::with_seed(mix(sc.seed, 0)),
             controllers,
+            relays,
             calls: Vec::new(),
             free: Vec::new(),
             next_id: 0,
@@ -573,6 +647,12 @@ impl<'a> Sim<'a> {
                 Event::Response { slot, id, outcome } => self.response(slot, id, outcome),
                 Event::Timeout { slot, id } => self.timeout(slot, id),
                 Event::RetryStart { slot, id } => self.retry_start(slot, id),
+                Event::RelayArrive {
+                    level,
+                    slot,
+                    id,
+                    deadline,
+                } => self.relay_arrive(level, slot, id, deadline),
                 Event::ServerArrive {
                     shard,
                     slot,
@@ -599,7 +679,9 @@ impl<'a> Sim<'a> {
         }
         if measured {
             self.stats.calls += 1;
-            self.stats.shards[shard].calls += 1;
+            if let Some(stats) = self.stats.shards.get_mut(shard) {
+                stats.calls += 1;
+            }
         }
         let deadline = self
             .sc
@@ -623,6 +705,8 @@ impl<'a> Sim<'a> {
         };
         let call = Call {
             retry,
+            level: 0,
+            parent: None,
             shard: shard as u32,
             arrived: self.now,
             deadline,
@@ -631,6 +715,10 @@ impl<'a> Sim<'a> {
             attempts: 0,
             measured,
         };
+        self.start_call(call);
+    }
+
+    fn start_call(&mut self, call: Call) {
         let slot = match self.free.pop() {
             Some(slot) => {
                 self.calls[slot as usize] = Some(call);
@@ -658,17 +746,25 @@ impl<'a> Sim<'a> {
         let shard_index = call.shard;
         let deadline = call.deadline;
         let measured = call.measured;
-        if let Some(bin) = self.bin_of(now) {
-            bin.attempts += 1;
-            if retry {
-                bin.retries += 1;
-            }
-        }
+        let level = call.level;
         if measured {
-            self.stats.attempts += 1;
-            self.stats.shards[shard_index as usize].attempts += 1;
-            if retry {
-                self.stats.retries += 1;
+            self.stats.attempts_by_level[level as usize] += 1;
+        }
+        if level == 0 {
+            if let Some(bin) = self.bin_of(now) {
+                bin.attempts += 1;
+                if retry {
+                    bin.retries += 1;
+                }
+            }
+            if measured {
+                self.stats.attempts += 1;
+                if let Some(stats) = self.stats.shards.get_mut(shard_index as usize) {
+                    stats.attempts += 1;
+                }
+                if retry {
+                    self.stats.retries += 1;
+                }
             }
         }
         // The client's timer: the attempt timeout, cut by the logical deadline.
@@ -679,6 +775,20 @@ impl<'a> Sim<'a> {
         };
         if let Some(at) = timer {
             self.schedule(at, Event::Timeout { slot, id });
+        }
+        if let Some(tier) = self.sc.tiers.get(level as usize) {
+            let at = now.saturating_add(nanos(tier.latency) / 2);
+            let deadline = timer;
+            self.schedule(
+                at,
+                Event::RelayArrive {
+                    level,
+                    slot,
+                    id,
+                    deadline,
+                },
+            );
+            return;
         }
         let shard = &self.sc.shards[shard_index as usize];
         let down = shard.outage.is_some_and(|w| w.contains(now));
@@ -786,6 +896,10 @@ impl<'a> Sim<'a> {
         };
         self.free.push(slot);
         let success = refusal.is_none() && call.deadline.is_none_or(|d| self.now <= d);
+        if let Some((parent, parent_id)) = call.parent {
+            self.answer_parent(&call, parent, parent_id, success, refusal);
+            return;
+        }
         if success && let Some(bin) = self.bin_of(call.arrived) {
             bin.successes += 1;
         }
@@ -794,10 +908,92 @@ impl<'a> Sim<'a> {
         }
         if success {
             self.stats.successes += 1;
-            self.stats.shards[call.shard as usize].successes += 1;
+            if let Some(stats) = self.stats.shards.get_mut(call.shard as usize) {
+                stats.successes += 1;
+            }
         } else {
             let name = refusal.map_or("late", Refusal::as_str);
             *self.stats.gave_up.entry(name.to_owned()).or_default() += 1;
+        }
+    }
+
+    /// A middle tier's call ended: its process answers the attempt it was serving.
+    fn answer_parent(
+        &mut self,
+        call: &Call,
+        parent: u32,
+        parent_id: u64,
+        success: bool,
+        refusal: Option<Refusal>,
+    ) {
+        let outcome = if success {
+            Outcome::Ok
+        } else {
+            Outcome::Failed(self.upstream_failure(refusal))
+        };
+        let tier = &self.sc.tiers[call.level as usize - 1];
+        let at = self.now.saturating_add(nanos(tier.latency) / 2);
+        self.schedule(
+            at,
+            Event::Response {
+                slot: parent,
+                id: parent_id,
+                outcome,
+            },
+        );
+    }
+
+    /// What a middle tier answers when its own call failed: the status passes up
+    /// (`UNAVAILABLE`, or `DEADLINE_EXCEEDED` when time ran out), with "do not retry"
+    /// when the policy says so and the tier's client refused a retryable failure or was
+    /// itself told not to retry.
+    fn upstream_failure(&self, refusal: Option<Refusal>) -> Failure {
+        let code = match refusal {
+            Some(Refusal::Deadline) | None => Code::DeadlineExceeded,
+            Some(_) => Code::Unavailable,
+        };
+        // A "do not retry" from below passes up as it came (the status is returned with
+        // its metadata), and the tier's own refusals of a retryable failure add one.
+        let refused =
+            refusal.is_some_and(|r| r == Refusal::Pushback || r.is_retryable_but_refused());
+        let pushback =
+            (self.sc.policy.pushback_on_give_up && refused).then_some(Pushback::DoNotRetry);
+        Failure::status(code).with_pushback(pushback)
+    }
+
+    /// An attempt reaches middle tier `level`: one of its processes starts its own call
+    /// to the next level, with the attempt's deadline.
+    fn relay_arrive(&mut self, level: u8, slot: u32, id: u64, deadline: Option<u64>) {
+        let Some(parent) = self.calls.get(slot as usize).and_then(Option::as_ref) else {
+            return;
+        };
+        let measured = parent.measured;
+        let processes = &self.relays[level as usize];
+        let process = self.rng.usize(0..processes.len());
+        let shard = self.rng.usize(0..self.sc.shards.len());
+        let now = self.instant();
+        let begun =
+            self.relays[level as usize][process].begin_at(PATH, deadline.map(|d| self.at(d)), now);
+        match begun {
+            Ok(retry) => self.start_call(Call {
+                retry,
+                level: level + 1,
+                parent: Some((slot, id)),
+                shard: shard as u32,
+                arrived: self.now,
+                deadline,
+                id: 0,
+                in_flight: false,
+                attempts: 0,
+                measured,
+            }),
+            Err(refusal) => {
+                let failure = self.upstream_failure(Some(refusal));
+                let tier = &self.sc.tiers[level as usize];
+                let at = self.now.saturating_add(nanos(tier.latency) / 2);
+                let outcome = Outcome::Failed(failure);
+                self.schedule(at, Event::Response { slot, id, outcome });
+            }
         }
     }
 
@@ -978,6 +1174,7 @@ mod tests {
             attempt_timeout: None,
             deadline: Some(Duration::from_secs(1)),
             budget_per_shard: false,
+            pushback_on_give_up: false,
         }
     }
 
@@ -989,6 +1186,7 @@ mod tests {
             measure_from: Duration::ZERO,
             bin: Duration::from_millis(500),
             network: Duration::from_millis(1),
+            tiers: vec![],
             shards: vec![Shard {
                 server: ServerKind::Unbounded {
                     latency: Duration::from_millis(2),

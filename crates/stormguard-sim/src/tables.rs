@@ -19,8 +19,8 @@ use stormguard_core::throttle::ThrottleConfig;
 
 use crate::SimError;
 use crate::engine::{
-    BudgetKind, ClientPolicy, QueueServer, RunStats, Scenario, ServerKind, Shard, Window, mix,
-    ratio, run,
+    BudgetKind, ClientPolicy, QueueServer, RunStats, Scenario, ServerKind, Shard, Tier, Window,
+    mix, ratio, run,
 };
 
 /// How long and how large the runs are.
@@ -143,6 +143,7 @@ fn client(
         attempt_timeout,
         deadline: Some(deadline),
         budget_per_shard: false,
+        pushback_on_give_up: name == PolicyName::Stormguard,
     }
 }
 
@@ -193,6 +194,7 @@ pub fn amplification_scenario(
         measure_from: secs(warmup),
         bin: secs(1.0),
         network: ms(1),
+        tiers: vec![],
         shards: vec![Shard {
             server: ServerKind::Unbounded { latency: ms(2) },
             failure_rate,
@@ -308,6 +310,7 @@ pub fn fleet_scenario(fleet_size: usize, variant: FleetVariant, options: &Option
         measure_from: secs(warmup),
         bin: ms(100),
         network: ms(1),
+        tiers: vec![],
         shards: vec![Shard {
             server: ServerKind::Unbounded { latency: ms(1) },
             failure_rate: 1.0,
@@ -497,6 +500,7 @@ pub fn recovery_scenario(variant: RecoveryVariant, options: &Options) -> Scenari
         measure_from: TRIGGER.from,
         bin: secs(1.0),
         network: Duration::from_micros(500),
+        tiers: vec![],
         shards: vec![Shard {
             server: ServerKind::Queue(server),
             failure_rate: 0.0,
@@ -625,6 +629,7 @@ pub fn partial_failure_scenario(variant: ShardVariant, options: &Options) -> Sce
         measure_from: secs(warmup),
         bin: secs(1.0),
         network: ms(1),
+        tiers: vec![],
         shards,
         policy,
         seed: mix(options.seed, 4_000),
@@ -652,6 +657,67 @@ pub fn partial_failure(options: &Options) -> Result<Vec<ShardRow>, SimError> {
 }
 
 // ---------------------------------------------------------------------------------------
+// Table 5 (beyond the four asked for): a call chain
+
+/// One row of table 5.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ChainRow {
+    /// The client policy, at every hop.
+    pub policy: PolicyName,
+    /// Probability that an attempt at the bottom service fails `UNAVAILABLE`.
+    pub failure_rate: f64,
+    /// Attempts reaching the bottom service per logical call of the fleet.
+    pub bottom_amplification: f64,
+    /// Fraction of the fleet's logical calls that succeeded.
+    pub success: f64,
+}
+
+/// Failure rates of table 5.
+pub const CHAIN_FAILURE_RATES: [f64; 4] = [0.05, 0.2, 0.5, 1.0];
+
+/// The scenario of table 5: the fleet of table 1 (10 processes × 100 calls/s) calls
+/// tier A, which calls tier B (10 processes each, 1 ms round trip), which calls the
+/// bottom service (unlimited capacity, 2 ms) whose attempts fail with `failure_rate`.
+/// Every hop runs the same client policy; 1 s deadline from the top, propagated down;
+/// measured from 10 s to 40 s (1 s to 4 s quick).
+pub fn chain_scenario(policy: PolicyName, failure_rate: f64, options: &Options) -> Scenario {
+    let tier = Tier {
+        processes: 10,
+        latency: ms(1),
+    };
+    let base = amplification_scenario(policy, failure_rate, options);
+    let (duration, warmup) = if options.quick {
+        (4.0, 1.0)
+    } else {
+        (40.0, 10.0)
+    };
+    Scenario {
+        tiers: vec![tier.clone(), tier],
+        duration: secs(duration),
+        measure_from: secs(warmup),
+        seed: mix(options.seed, 5_000 + (failure_rate * 1000.0) as u64),
+        ..base
+    }
+}
+
+/// Table 5: amplification through a chain of three hops.
+pub fn call_chain(options: &Options) -> Result<Vec<ChainRow>, SimError> {
+    let mut rows = Vec::new();
+    for policy in PolicyName::ALL {
+        for failure_rate in CHAIN_FAILURE_RATES {
+            let stats = run(&chain_scenario(policy, failure_rate, options))?;
+            rows.push(ChainRow {
+                policy,
+                failure_rate,
+                bottom_amplification: stats.bottom_amplification(),
+                success: stats.success_rate(),
+            });
+        }
+    }
+    Ok(rows)
+}
+
+// ---------------------------------------------------------------------------------------
 // All four
 
 /// The four tables.
@@ -665,6 +731,8 @@ pub struct Tables {
     pub recovery: Vec<RecoveryRow>,
     /// Table 4.
     pub partial_failure: Vec<ShardRow>,
+    /// Table 5, beyond the four asked for: amplification through a call chain.
+    pub call_chain: Vec<ChainRow>,
 }
 
 impl Tables {
@@ -675,6 +743,7 @@ impl Tables {
             fleet_floor: fleet_floor(options)?,
             recovery: recovery(options)?,
             partial_failure: partial_failure(options)?,
+            call_chain: call_chain(options)?,
         })
     }
 
@@ -795,6 +864,35 @@ impl fmt::Display for Tables {
                 r.bad_success * 100.0,
                 r.bad_amplification
             )?;
+        }
+
+        writeln!(
+            f,
+            "\nTable 5: a call chain (fleet -> A -> B -> bottom), attempts reaching the bottom per call"
+        )?;
+        write!(f, "{:>8}", "failure")?;
+        for p in PolicyName::ALL {
+            write!(f, " | {:>22}", p.as_str())?;
+        }
+        writeln!(f)?;
+        for rate in CHAIN_FAILURE_RATES {
+            write!(f, "{:>7.0}%", rate * 100.0)?;
+            for p in PolicyName::ALL {
+                match self
+                    .call_chain
+                    .iter()
+                    .find(|r| r.policy == p && r.failure_rate == rate)
+                {
+                    Some(r) => write!(
+                        f,
+                        " | {:>8.3}x {:>9.3}%",
+                        r.bottom_amplification,
+                        r.success * 100.0
+                    )?,
+                    None => write!(f, " | {:>22}", "-")?,
+                }
+            }
+            writeln!(f)?;
         }
         Ok(())
     }

@@ -1,14 +1,23 @@
-//! The shapes of the four tables, on the `--quick` runs.
+//! The shapes of the tables, on the `--quick` runs.
+
+use std::sync::OnceLock;
 
 use stormguard_sim::{
     AmplificationRow, FleetVariant, Options, PolicyName, RecoveryVariant, ShardVariant, Tables,
-    amplification, amplification_scenario, fleet_floor, partial_failure, recovery, run,
+    amplification_scenario, run,
 };
 
 const QUICK: Options = Options {
     quick: true,
     seed: 1,
 };
+
+/// The quick tables, run once and shared by the tests (the determinism test runs them a
+/// second time and compares the bytes).
+fn tables() -> &'static Tables {
+    static TABLES: OnceLock<Tables> = OnceLock::new();
+    TABLES.get_or_init(|| Tables::run(&QUICK).expect("valid scenarios"))
+}
 
 fn row(rows: &[AmplificationRow], policy: PolicyName, rate: f64) -> &AmplificationRow {
     rows.iter()
@@ -18,7 +27,7 @@ fn row(rows: &[AmplificationRow], policy: PolicyName, rate: f64) -> &Amplificati
 
 #[test]
 fn amplification_table_matches_the_published_shapes() {
-    let rows = amplification(&QUICK).expect("valid scenarios");
+    let rows = &tables().amplification;
     assert_eq!(rows.len(), 4 * 12);
 
     // No retries: one attempt per call, success = 1 - failure rate.
@@ -35,7 +44,7 @@ fn amplification_table_matches_the_published_shapes() {
         let p = r.failure_rate;
         assert!((r.amplification - (1.0 + p + p * p)).abs() < 0.05, "{r:?}");
     }
-    let naive_dead = row(&rows, PolicyName::ThreeAttempts, 1.0);
+    let naive_dead = row(rows, PolicyName::ThreeAttempts, 1.0);
     assert!(
         (naive_dead.amplification - 3.0).abs() <= 0.05,
         "{naive_dead:?}"
@@ -43,9 +52,9 @@ fn amplification_table_matches_the_published_shapes() {
     assert_eq!(naive_dead.success, 0.0);
 
     // stormguard: at most 1.1x when everything fails, and >= 99.9 % success at 5 %.
-    let sg_dead = row(&rows, PolicyName::Stormguard, 1.0);
+    let sg_dead = row(rows, PolicyName::Stormguard, 1.0);
     assert!(sg_dead.amplification <= 1.1, "{sg_dead:?}");
-    let sg_five = row(&rows, PolicyName::Stormguard, 0.05);
+    let sg_five = row(rows, PolicyName::Stormguard, 0.05);
     assert!(sg_five.success >= 0.999, "{sg_five:?}");
     // Nowhere does the budget let the load grow past ~1.15x.
     for r in rows.iter().filter(|r| r.policy == PolicyName::Stormguard) {
@@ -55,18 +64,18 @@ fn amplification_table_matches_the_published_shapes() {
     // The A6 throttle stops retrying early: cheap under failure, but it loses successes
     // that stormguard keeps at 10-20 % failure.
     for rate in [0.3, 0.5, 1.0] {
-        assert!(row(&rows, PolicyName::A6Throttle, rate).amplification <= 1.01);
+        assert!(row(rows, PolicyName::A6Throttle, rate).amplification <= 1.01);
     }
     for rate in [0.1, 0.2] {
-        let a6 = row(&rows, PolicyName::A6Throttle, rate);
-        let sg = row(&rows, PolicyName::Stormguard, rate);
+        let a6 = row(rows, PolicyName::A6Throttle, rate);
+        let sg = row(rows, PolicyName::Stormguard, rate);
         assert!(sg.success > a6.success + 0.05, "{sg:?} vs {a6:?}");
     }
 }
 
 #[test]
 fn fleet_floor_table_scales_with_the_fleet_and_the_breaker_cuts_it() {
-    let rows = fleet_floor(&QUICK).expect("valid scenarios");
+    let rows = &tables().fleet_floor;
     let get = |size, variant| {
         rows.iter()
             .find(|r| r.fleet_size == size && r.variant == variant)
@@ -90,7 +99,7 @@ fn fleet_floor_table_scales_with_the_fleet_and_the_breaker_cuts_it() {
 
 #[test]
 fn recovery_table_naive_stays_down_shedding_recovers_first() {
-    let rows = recovery(&QUICK).expect("valid scenarios");
+    let rows = &tables().recovery;
     let get = |variant| {
         rows.iter()
             .find(|r| r.variant == variant)
@@ -128,7 +137,7 @@ fn recovery_table_naive_stays_down_shedding_recovers_first() {
 
 #[test]
 fn partial_failure_table_shared_budget_starves_healthy_shards() {
-    let rows = partial_failure(&QUICK).expect("valid scenarios");
+    let rows = &tables().partial_failure;
     let get = |variant| {
         rows.iter()
             .find(|r| r.variant == variant)
@@ -136,7 +145,7 @@ fn partial_failure_table_shared_budget_starves_healthy_shards() {
     };
     let shared = get(ShardVariant::SharedBudget);
     let per_shard = get(ShardVariant::PerShardBudget);
-    for r in &rows {
+    for r in rows {
         assert_eq!(r.bad_success, 0.0, "the bad shard is down: {r:?}");
     }
     // The dead shard spends the shared budget: healthy shards lose their retries.
@@ -148,8 +157,26 @@ fn partial_failure_table_shared_budget_starves_healthy_shards() {
 }
 
 #[test]
+fn call_chain_multiplies_naive_retries_and_stormguard_retries_once() {
+    let rows = &tables().call_chain;
+    let get = |policy, rate| {
+        rows.iter()
+            .find(|r| r.policy == policy && r.failure_rate == rate)
+            .expect("every policy at every rate")
+    };
+    // 3 attempts at each of 3 hops: 27 attempts at the bottom for one call.
+    let naive = get(PolicyName::ThreeAttempts, 1.0);
+    assert!((naive.bottom_amplification - 27.0).abs() < 0.1, "{naive:?}");
+    // stormguard: only the hop next to the failure retries, "do not retry" goes up.
+    let sg = get(PolicyName::Stormguard, 1.0);
+    assert!(sg.bottom_amplification <= 1.1, "{sg:?}");
+    assert!(get(PolicyName::Stormguard, 0.05).success >= 0.999);
+    assert_eq!(get(PolicyName::NoRetries, 0.5).bottom_amplification, 1.0);
+}
+
+#[test]
 fn same_seed_same_json_bytes_other_seed_other_figures() {
-    let once = Tables::run(&QUICK).expect("valid").to_json();
+    let once = tables().to_json();
     let twice = Tables::run(&QUICK).expect("valid").to_json();
     assert_eq!(once, twice);
     let json: serde_json::Value = serde_json::from_str(&once).expect("valid JSON");
@@ -171,7 +198,7 @@ fn same_seed_same_json_bytes_other_seed_other_figures() {
     for name in ["no-retries", "three-attempts", "a6-throttle", "stormguard"] {
         assert!(policies.contains(&name), "{name} missing");
     }
-    for table in ["fleet_floor", "recovery", "partial_failure"] {
+    for table in ["fleet_floor", "recovery", "partial_failure", "call_chain"] {
         assert!(
             !json[table].as_array().expect("an array").is_empty(),
             "{table}"
