@@ -252,8 +252,10 @@ struct Shared {
     /// Slot epochs count from the first instant the budget sees, so a virtual clock that
     /// starts before or after construction works alike.
     origin: OnceLock<Instant>,
-    /// Width of one slot; `SLOTS * slot_nanos <= ttl`.
-    slot_nanos: u64,
+    /// `u64::MAX / slot_nanos`: the epoch is a multiply and a shift, not a division.
+    /// Slot width is `ttl / SLOTS - 1` ns (+1 ns at most from the reciprocal), so
+    /// `SLOTS` slots never span more than `ttl`.
+    slot_reciprocal: u64,
     /// The standing reserve, in micro-retries. (A fleet-aware floor would replace this.)
     reserve_micros: i128,
     /// Micro-retries minted per deposit.
@@ -277,7 +279,7 @@ impl RetryBudget {
         Ok(RetryBudget {
             shared: Arc::new(Shared {
                 origin: OnceLock::new(),
-                slot_nanos: ttl_nanos / SLOTS as u64,
+                slot_reciprocal: u64::MAX / (ttl_nanos / SLOTS as u64 - 1),
                 reserve_micros,
                 mint_micros,
                 deposits: Ring::new(),
@@ -302,33 +304,40 @@ impl Shared {
             .as_secs()
             .saturating_mul(1_000_000_000)
             .saturating_add(u64::from(since.subsec_nanos()));
-        // Truncation is the wrap of the 32-bit epoch.
-        (nanos / self.slot_nanos) as u32
+        // ⌊nanos / slot⌋ or one less: monotonic, with every slot `slot` or `slot + 1` ns
+        // wide. Truncation to 32 bits is the wrap of the epoch.
+        ((u128::from(nanos) * u128::from(self.slot_reciprocal)) >> 64) as u32
     }
 
     /// The balance at `epoch` in micro-retries (may be negative).
     fn balance_micros(&self, epoch: u32) -> i128 {
         let mut deposits: u64 = 0;
         let mut withdrawals: u64 = 0;
+        // Branch-free: this loop is most of the cost of a withdrawal.
         for i in 0..SLOTS {
             let (e, n) = unpack(self.deposits.slots[i].load(Ordering::SeqCst));
-            if epoch.wrapping_sub(e) < SLOTS as u32 {
-                deposits += u64::from(n);
-            }
+            let in_window = epoch.wrapping_sub(e) < SLOTS as u32;
+            deposits += u64::from(n) * u64::from(in_window);
             let (e, n) = unpack(self.withdrawals.slots[i].load(Ordering::SeqCst));
             let age = epoch.wrapping_sub(e);
             // Withdrawals made by callers whose clock is ahead of ours count too: a late
             // caller must not spend retries that were already spent.
-            if age < SLOTS as u32 || age > u32::MAX - STALE_LIMIT {
-                withdrawals += u64::from(n);
-            }
+            let counts = age < SLOTS as u32 || age > u32::MAX - STALE_LIMIT;
+            withdrawals += u64::from(n) * u64::from(counts);
         }
         self.reserve_micros + self.mint_micros * i128::from(deposits)
             - MICROS_PER_RETRY * i128::from(withdrawals)
     }
 
-    /// Counts a withdrawal, re-sums, and undoes it if the balance went below zero.
+    /// Refuses without writing if less than one retry is left; otherwise counts the
+    /// withdrawal, re-sums, and undoes it if concurrent withdrawals took the balance below
+    /// zero.
     fn try_withdraw(&self, epoch: u32) -> bool {
+        // Read-only refusal: during a storm most withdrawals are refused, and this keeps
+        // them from writing to (and contending on) the shared slots.
+        if self.balance_micros(epoch) < MICROS_PER_RETRY {
+            return false;
+        }
         if !self.withdrawals.add(epoch) {
             return false;
         }
@@ -369,7 +378,9 @@ impl fmt::Debug for RetryBudget {
     }
 }
 
-/// A ring of `SLOTS` counters, each `epoch << 32 | count` in one atomic word.
+/// A ring of `SLOTS` counters, each `epoch << 32 | count` in one atomic word, on cache
+/// lines of its own (so writes do not evict the read-mostly fields next to it).
+#[repr(align(64))]
 struct Ring {
     slots: [AtomicU64; SLOTS],
 }
