@@ -141,6 +141,23 @@ impl Default for RetryThreshold {
 }
 
 /// The order in which queued calls get a free worker.
+///
+/// # Which is better
+///
+/// Measured with `examples/server_measure.rs` (8 workers × 10 ms, a naive client at
+/// 540 logical calls/s: 3 attempts, 10 ms backoff, 50 ms per attempt; service time
+/// ×2.5 from 5 s to 8 s). Share of logical calls that succeeded per 3 s window:
+///
+/// | server | 0–3 s | 3–6 s | 6–9 s | 9–12 s | after |
+/// |---|---|---|---|---|---|
+/// | bounded pool, deep FIFO queue, no shedding | 1.00 | 0.66 | 0.01 | 0.00 | ≤ 0.02 (metastable) |
+/// | stormguard, FIFO | 1.00 | 0.67 | 0.35 | 1.00 | 1.00 |
+/// | stormguard, adaptive LIFO from 8 | 1.00 | 0.84 | 0.70 | 1.00 | 1.00 |
+///
+/// Both recover as soon as the trigger ends; adaptive LIFO keeps twice the goodput
+/// during it, with fewer attempts per call (1.61 against 2.30 in the worst window) and
+/// almost no work abandoned mid-run (36 calls against 1 551), because the newest calls
+/// are the ones whose callers are still waiting. Hence the default.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QueueOrder {
     /// Oldest first, always.
@@ -175,7 +192,8 @@ pub struct AdmissionConfig {
     /// before the transport's own timeout fires (tonic answers that one `CANCELLED`).
     /// Default 2 ms.
     pub min_time_left: Duration,
-    /// FIFO or adaptive LIFO. Default: see [`AdmissionConfig::default`].
+    /// FIFO or adaptive LIFO. Default: adaptive LIFO from 8 queued, which measured
+    /// better than FIFO under a capacity drop (see [`QueueOrder`]).
     pub queue_order: QueueOrder,
     /// The largest `grpc-retry-pushback-ms` sent. Between 1 ms and [`MAX_PUSHBACK`].
     /// Default 1 s.
@@ -193,7 +211,8 @@ pub struct AdmissionConfig {
 
 impl Default for AdmissionConfig {
     /// 64 workers, 64 queued, retries shed from 8 queued, 1 s in queue at most, 2 ms
-    /// minimum time left, FIFO, pushback at most 1 s, shed with `UNAVAILABLE`.
+    /// minimum time left, adaptive LIFO from 8 queued, pushback at most 1 s, shed with
+    /// `UNAVAILABLE`.
     fn default() -> Self {
         AdmissionConfig {
             workers: 64,
@@ -201,7 +220,7 @@ impl Default for AdmissionConfig {
             retry_threshold: RetryThreshold::default(),
             max_time_queued: Duration::from_secs(1),
             min_time_left: Duration::from_millis(2),
-            queue_order: QueueOrder::Fifo,
+            queue_order: QueueOrder::AdaptiveLifo { from_depth: 8 },
             pushback_max: Duration::from_secs(1),
             shed_code: Code::Unavailable,
             no_retry_depth: None,
@@ -864,7 +883,11 @@ mod tests {
 
     #[test]
     fn adaptive_lifo_switches_at_its_depth() {
-        let fifo = AdmissionPolicy::new(config()).unwrap();
+        let fifo = AdmissionPolicy::new(AdmissionConfig {
+            queue_order: QueueOrder::Fifo,
+            ..config()
+        })
+        .unwrap();
         assert!(!fifo.serve_newest(0) && !fifo.serve_newest(10));
         let lifo = AdmissionPolicy::new(AdmissionConfig {
             queue_order: QueueOrder::AdaptiveLifo { from_depth: 3 },

@@ -46,7 +46,6 @@
 
 pub mod shed;
 pub mod stats;
-mod timeout;
 
 pub use shed::{ResponseFuture, ShedLayer, ShedService};
 pub use stats::{Occupancy, ShedStats, StatsSnapshot};

@@ -51,12 +51,12 @@ use stormguard_core::admission::AttemptClass;
 use tower_service::Service;
 
 use crate::stats::ShedStats;
-use crate::timeout;
 use queue::{Arrival, Queue};
+use stormguard_core::deadline::{GRPC_TIMEOUT_HEADER, decode_grpc_timeout};
 
 const PREVIOUS_RPC_ATTEMPTS: HeaderName = HeaderName::from_static("grpc-previous-rpc-attempts");
 const X_RETRY_ATTEMPT: HeaderName = HeaderName::from_static("x-retry-attempt");
-const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(timeout::GRPC_TIMEOUT);
+const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(GRPC_TIMEOUT_HEADER);
 
 /// A service behind the admission queue. Built by [`ShedLayer`]; every clone, and every
 /// service the same layer wraps, shares one queue.
@@ -120,7 +120,8 @@ where
         );
         let deadline = headers
             .get(GRPC_TIMEOUT)
-            .and_then(|v| timeout::decode(v.as_bytes()))
+            // Malformed (or non-ASCII) values read as "no deadline", as tonic does.
+            .and_then(|v| decode_grpc_timeout(v.to_str().ok()?).ok())
             .and_then(|t| now.checked_add(t));
         match self.queue.arrive(now, class, deadline) {
             Arrival::Admitted(permit) => ResponseFuture::running(self.inner.call(request), permit),

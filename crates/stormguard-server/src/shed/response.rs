@@ -14,7 +14,7 @@ use stormguard_core::code::Code;
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 /// The header a shed answer's pushback travels in (gRPC A6).
-pub(crate) const PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+const PUSHBACK: HeaderName = HeaderName::from_static(stormguard_core::pushback::PUSHBACK_HEADER);
 
 /// The `grpc-message` of a call shed because the queue was full.
 pub const MESSAGE_QUEUE_FULL: &str = "stormguard: overloaded, queue full";

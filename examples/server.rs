@@ -1,0 +1,222 @@
+//! The demo Inventory server behind stormguard's admission queue.
+//!
+//! ```text
+//! cargo run --release --example server -- --addr 127.0.0.1:0 --workers 4 --queue 64 \
+//!     --service-time-ms 5 [--fail-rate 0.0] [--no-shed] [--retry-depth N] [--lifo-depth N]
+//! ```
+//!
+//! Prints `listening on ADDR` once bound (the real port when given `:0`), then one JSON
+//! line per second on stdout with the cumulative counters:
+//! `{"admitted":N,"completed":N,"shed_first":N,"shed_retry":N,"expired":N,"queue_depth":N,...}`.
+//!
+//! `Reserve` takes `--service-time-ms` of wall time (a sleep, not CPU); `--fail-rate`
+//! answers that fraction `UNAVAILABLE` at once. `--no-shed` serves the same service with
+//! no stormguard layer (tonic runs every call at once); its JSON line then counts the
+//! handler's calls (`admitted` = calls that reached the handler, `completed` = calls it
+//! answered) and reports 0 for what only the queue does.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use serde::Serialize;
+use stormguard::core::admission::{AdmissionConfig, QueueOrder, RetryThreshold};
+use stormguard::server::{ShedLayer, ShedStats};
+use stormguard_demo::InventoryServer;
+use stormguard_demo::server::{DemoConfig, DemoControl, DemoInventory};
+use tokio::net::TcpListener;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+
+const USAGE: &str = "usage: server --addr ADDR --workers N --queue N --service-time-ms MS \
+                     [--fail-rate F] [--no-shed] [--retry-depth N] [--lifo-depth N] [--seed N]";
+
+#[derive(Debug)]
+struct Args {
+    addr: SocketAddr,
+    workers: usize,
+    queue: usize,
+    service_time: Duration,
+    fail_rate: f64,
+    no_shed: bool,
+    retry_depth: Option<usize>,
+    lifo_depth: Option<usize>,
+    seed: u64,
+}
+
+fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut parsed = Args {
+        addr: "127.0.0.1:50051".parse().map_err(|e| format!("{e}"))?,
+        workers: 4,
+        queue: 64,
+        service_time: Duration::from_millis(5),
+        fail_rate: 0.0,
+        no_shed: false,
+        retry_depth: None,
+        lifo_depth: None,
+        seed: 1,
+    };
+    fn value<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
+        let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
+        v.parse().map_err(|_| format!("{flag}: cannot read {v:?}"))
+    }
+    while let Some(flag) = args.next() {
+        match flag.as_str() {
+            "--addr" => parsed.addr = value(&flag, args.next())?,
+            "--workers" => parsed.workers = value(&flag, args.next())?,
+            "--queue" => parsed.queue = value(&flag, args.next())?,
+            "--service-time-ms" => {
+                let ms: f64 = value(&flag, args.next())?;
+                parsed.service_time = Duration::try_from_secs_f64(ms / 1000.0)
+                    .map_err(|_| format!("--service-time-ms: {ms} is not a duration"))?;
+            }
+            "--fail-rate" => {
+                let rate: f64 = value(&flag, args.next())?;
+                if !(0.0..=1.0).contains(&rate) {
+                    return Err(format!("--fail-rate: {rate} is outside [0, 1]"));
+                }
+                parsed.fail_rate = rate;
+            }
+            "--no-shed" => parsed.no_shed = true,
+            "--retry-depth" => parsed.retry_depth = Some(value(&flag, args.next())?),
+            "--lifo-depth" => parsed.lifo_depth = Some(value(&flag, args.next())?),
+            "--seed" => parsed.seed = value(&flag, args.next())?,
+            "-h" | "--help" => return Err(USAGE.to_owned()),
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    Ok(parsed)
+}
+
+/// One stats line.
+#[derive(Serialize)]
+struct Line {
+    admitted: u64,
+    completed: u64,
+    shed_first: u64,
+    shed_retry: u64,
+    expired: u64,
+    queue_depth: usize,
+    in_flight: usize,
+    cancelled_queued: u64,
+    time_queued_us: u64,
+    handler_ok: u64,
+    handler_failed: u64,
+}
+
+fn line(stats: Option<&ShedStats>, control: &DemoControl) -> Line {
+    let demo = control.counts();
+    match stats.map(ShedStats::snapshot) {
+        Some(s) => Line {
+            admitted: s.admitted,
+            completed: s.completed,
+            shed_first: s.shed_first,
+            shed_retry: s.shed_retry,
+            expired: s.expired,
+            queue_depth: s.queue_depth,
+            in_flight: s.in_flight,
+            cancelled_queued: s.cancelled_queued,
+            time_queued_us: s.time_queued_us,
+            handler_ok: demo.ok,
+            handler_failed: demo.failed,
+        },
+        None => Line {
+            admitted: demo.entered,
+            completed: demo.ok + demo.failed,
+            shed_first: 0,
+            shed_retry: 0,
+            expired: 0,
+            queue_depth: 0,
+            in_flight: demo.running,
+            cancelled_queued: 0,
+            time_queued_us: 0,
+            handler_ok: demo.ok,
+            handler_failed: demo.failed,
+        },
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("server: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let inventory = DemoInventory::new(DemoConfig {
+        service_time: args.service_time,
+        fail_rate: args.fail_rate,
+        seed: args.seed,
+    });
+    let control = inventory.control();
+    let layer = if args.no_shed {
+        None
+    } else {
+        let defaults = AdmissionConfig::default();
+        let admission = AdmissionConfig {
+            workers: args.workers,
+            queue_capacity: args.queue,
+            retry_threshold: RetryThreshold {
+                depth: Some(
+                    args.retry_depth
+                        .unwrap_or_else(|| (args.queue / 8).max(1).min(args.queue)),
+                ),
+                queue_delay: None,
+            },
+            queue_order: args.lifo_depth.map_or(defaults.queue_order, |from_depth| {
+                QueueOrder::AdaptiveLifo { from_depth }
+            }),
+            seed: args.seed,
+            ..defaults
+        };
+        Some(ShedLayer::new(admission)?)
+    };
+    let stats = layer.as_ref().map(ShedLayer::stats);
+
+    let listener = TcpListener::bind(args.addr).await?;
+    println!("listening on {}", listener.local_addr()?);
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+
+    let reporter = {
+        let control = control.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                match serde_json::to_string(&line(stats.as_ref(), &control)) {
+                    Ok(json) => println!("{json}"),
+                    Err(error) => eprintln!("server: stats line: {error}"),
+                }
+            }
+        })
+    };
+
+    let shutdown = async {
+        // Without a signal handler the server simply runs until killed.
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    let builder = Server::builder()
+        .layer(tower::util::option_layer(layer))
+        .add_service(InventoryServer::new(inventory));
+    let served = builder
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await;
+    reporter.abort();
+    served?;
+    Ok(())
+}

@@ -1,0 +1,254 @@
+//! Measures the admission queue's disciplines under a capacity drop that sends a naive
+//! client metastable (the scenario of `storm-notes.md`), in one process over loopback.
+//!
+//! ```text
+//! cargo run --release --example server_measure -- [--secs 30] [--load 540] [--only NAME]
+//! ```
+//!
+//! Server: the demo Inventory, 8 workers × 10 ms of sleep. Client: one tonic `Channel`,
+//! open-loop Poisson arrivals at `--load` logical calls/s, up to 3 attempts with a fixed
+//! 10 ms backoff, 50 ms per attempt (a `tokio::time::timeout` around the call, with the
+//! same `grpc-timeout` sent), retries marked with `grpc-previous-rpc-attempts`, server
+//! pushback ignored (a naive client). Trigger: service time × 2.5 from 5 s to 8 s.
+//! Prints, per scenario, the share of logical calls that succeeded in each 3 s window
+//! (by arrival time) and the server's counters.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use stormguard::core::admission::{AdmissionConfig, QueueOrder, RetryThreshold};
+use stormguard::server::{ShedLayer, StatsSnapshot};
+use stormguard_demo::server::{DemoConfig, DemoInventory};
+use stormguard_demo::{InventoryClient, InventoryServer, ReserveRequest};
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Endpoint, Server};
+
+const WORKERS: usize = 8;
+const SERVICE: Duration = Duration::from_millis(10);
+const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(50);
+const BACKOFF: Duration = Duration::from_millis(10);
+const WINDOW: Duration = Duration::from_secs(3);
+const TRIGGER_AT: Duration = Duration::from_secs(5);
+const TRIGGER_FOR: Duration = Duration::from_secs(3);
+
+fn scenarios() -> Vec<(&'static str, AdmissionConfig)> {
+    let base = AdmissionConfig {
+        workers: WORKERS,
+        ..AdmissionConfig::default()
+    };
+    vec![
+        // A plain bounded worker pool: deep FIFO queue, no retry threshold, no expiry
+        // short of the deadline itself. The naive baseline.
+        (
+            "pool-fifo",
+            AdmissionConfig {
+                queue_capacity: 10_000,
+                retry_threshold: RetryThreshold {
+                    depth: None,
+                    queue_delay: None,
+                },
+                max_time_queued: Duration::from_secs(60),
+                min_time_left: Duration::ZERO,
+                ..base.clone()
+            },
+        ),
+        ("stormguard-fifo", base.clone()),
+        (
+            "stormguard-lifo",
+            AdmissionConfig {
+                queue_order: QueueOrder::AdaptiveLifo { from_depth: 8 },
+                ..base.clone()
+            },
+        ),
+        (
+            "stormguard-fifo-minleft10",
+            AdmissionConfig {
+                min_time_left: SERVICE,
+                ..base.clone()
+            },
+        ),
+        (
+            "stormguard-lifo-minleft10",
+            AdmissionConfig {
+                queue_order: QueueOrder::AdaptiveLifo { from_depth: 8 },
+                min_time_left: SERVICE,
+                ..base
+            },
+        ),
+    ]
+}
+
+struct Windows {
+    offered: Vec<AtomicU64>,
+    ok: Vec<AtomicU64>,
+    attempts: Vec<AtomicU64>,
+}
+
+impl Windows {
+    fn new(n: usize) -> Self {
+        let v = || (0..n).map(|_| AtomicU64::new(0)).collect();
+        Windows {
+            offered: v(),
+            ok: v(),
+            attempts: v(),
+        }
+    }
+}
+
+async fn run(name: &str, admission: AdmissionConfig, secs: u64, load: f64, seed: u64) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let layer = ShedLayer::new(admission).expect("config");
+    let stats = layer.stats();
+    let inventory = DemoInventory::new(DemoConfig {
+        service_time: SERVICE,
+        fail_rate: 0.0,
+        seed,
+    });
+    let control = inventory.control();
+    let server = tokio::spawn(
+        Server::builder()
+            .layer(layer)
+            .add_service(InventoryServer::new(inventory))
+            .serve_with_incoming(TcpIncoming::from(listener).with_nodelay(Some(true))),
+    );
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .http2_max_local_error_reset_streams(None)
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .expect("connect");
+    let client = InventoryClient::new(channel);
+
+    let n_windows = usize::try_from(secs.div_ceil(WINDOW.as_secs())).expect("windows");
+    let windows = Arc::new(Windows::new(n_windows));
+    let transport_errors = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let end = start + Duration::from_secs(secs);
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut next = start;
+    let mut triggered = false;
+    let mut restored = false;
+    let mut tasks = tokio::task::JoinSet::new();
+    while next < end {
+        tokio::time::sleep_until(next).await;
+        let now = Instant::now();
+        if !triggered && now >= start + TRIGGER_AT {
+            control.set_service_time(SERVICE.mul_f64(2.5));
+            triggered = true;
+        }
+        if !restored && now >= start + TRIGGER_AT + TRIGGER_FOR {
+            control.set_service_time(SERVICE);
+            restored = true;
+        }
+        let window = ((next - start).as_secs() / WINDOW.as_secs()) as usize;
+        windows.offered[window].fetch_add(1, Ordering::Relaxed);
+        let mut client = client.clone();
+        let windows = Arc::clone(&windows);
+        let transport_errors = Arc::clone(&transport_errors);
+        tasks.spawn(async move {
+            for attempt in 0..3u32 {
+                windows.attempts[window].fetch_add(1, Ordering::Relaxed);
+                let mut request = tonic::Request::new(ReserveRequest::default());
+                request.set_timeout(ATTEMPT_TIMEOUT);
+                if attempt > 0 {
+                    request.metadata_mut().insert(
+                        "grpc-previous-rpc-attempts",
+                        attempt.to_string().parse().expect("ascii"),
+                    );
+                }
+                match tokio::time::timeout(ATTEMPT_TIMEOUT, client.reserve(request)).await {
+                    Ok(Ok(_)) => {
+                        windows.ok[window].fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                    Ok(Err(status)) if status.message().contains("h2 protocol error") => {
+                        transport_errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => {}
+                }
+                tokio::time::sleep(BACKOFF).await;
+            }
+        });
+        // Exponential inter-arrival times: a Poisson process at `load` per second.
+        let gap = -(1.0 - rng.f64()).ln() / load;
+        next += Duration::from_secs_f64(gap);
+        // Reap finished tasks so the set stays small.
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+    let s: StatsSnapshot = stats.snapshot();
+    let share: Vec<String> = (0..n_windows)
+        .map(|w| {
+            let offered = windows.offered[w].load(Ordering::Relaxed).max(1);
+            format!(
+                "{:.2}",
+                windows.ok[w].load(Ordering::Relaxed) as f64 / offered as f64
+            )
+        })
+        .collect();
+    let amplification: Vec<String> = (0..n_windows)
+        .map(|w| {
+            let offered = windows.offered[w].load(Ordering::Relaxed).max(1);
+            format!(
+                "{:.2}",
+                windows.attempts[w].load(Ordering::Relaxed) as f64 / offered as f64
+            )
+        })
+        .collect();
+    println!(
+        "{name:<28} success/3s: {}\n{:<28} attempts/call: {}\n{:<28} server: admitted {} completed {} \
+         shed_first {} shed_retry {} expired {} cancelled_queued {} mean queued {:?}; h2 errors {}",
+        share.join(" "),
+        "",
+        amplification.join(" "),
+        "",
+        s.admitted,
+        s.completed,
+        s.shed_first,
+        s.shed_retry,
+        s.expired,
+        s.cancelled_queued,
+        s.mean_time_queued().unwrap_or_default(),
+        transport_errors.load(Ordering::Relaxed),
+    );
+    server.abort();
+}
+
+#[tokio::main]
+async fn main() {
+    let mut secs = 30u64;
+    let mut load = 540.0f64;
+    let mut only: Option<String> = None;
+    let mut seed = 7u64;
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args.next();
+        match (flag.as_str(), value) {
+            ("--secs", Some(v)) => secs = v.parse().expect("--secs N"),
+            ("--load", Some(v)) => load = v.parse().expect("--load PER_SECOND"),
+            ("--only", Some(v)) => only = Some(v),
+            ("--seed", Some(v)) => seed = v.parse().expect("--seed N"),
+            (other, _) => {
+                eprintln!(
+                    "unknown argument {other:?}; usage: server_measure [--secs N] [--load N] [--only NAME] [--seed N]"
+                );
+                std::process::exit(2);
+            }
+        }
+    }
+    println!(
+        "{WORKERS} workers x {SERVICE:?}, load {load}/s Poisson, 3 attempts, {BACKOFF:?} backoff, \
+         {ATTEMPT_TIMEOUT:?} per attempt, trigger x2.5 at {TRIGGER_AT:?} for {TRIGGER_FOR:?}, {secs} s"
+    );
+    for (name, admission) in scenarios() {
+        if only.as_deref().is_some_and(|o| o != name) {
+            continue;
+        }
+        run(name, admission, secs, load, seed).await;
+    }
+}
