@@ -102,6 +102,9 @@ fn attribution(c: &mut Criterion) {
     group.bench_function("clock: 2x tokio Instant::now", |b| {
         b.iter(|| (black_box(Instant::now()), black_box(Instant::now())))
     });
+    group.bench_function("clock: 2x std Instant::now", |b| {
+        b.iter(|| (black_box(StdInstant::now()), black_box(StdInstant::now())))
+    });
     let sg = stormguard();
     let now = Instant::now();
     group.bench_function("stormguard deposit_at+withdraw_at, no clock", |b| {
@@ -116,7 +119,7 @@ fn attribution(c: &mut Criterion) {
 fn config() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(2))
+        .measurement_time(Duration::from_secs(3))
         .sample_size(30)
 }
 

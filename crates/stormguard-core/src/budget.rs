@@ -31,9 +31,10 @@
 //!
 //! - **No lock.** The window is two rings of slots (deposits and withdrawals), each slot
 //!   one `AtomicU64` holding a 32-bit slot epoch and a 32-bit count, updated by
-//!   compare-and-swap. A withdrawal is counted first, the window is summed again, and the
-//!   withdrawal is undone and refused if the balance went below zero, so concurrent
-//!   callers can never take more retries than the window holds.
+//!   compare-and-swap. A withdrawal that finds less than one retry is refused without
+//!   writing anything; otherwise it is counted first, the window is summed again, and it
+//!   is undone and refused if the balance went below zero, so concurrent callers can
+//!   never take more retries than the window holds (a race can only refuse too many).
 //! - **An exact window.** A slot's epoch is derived from the call's own instant, so a
 //!   deposit counts for `ttl` (minus at most one slot width, never more) whatever the
 //!   timing of the calls. tower's slots advance from the time of the last expiry and, when
@@ -227,7 +228,8 @@ const STALE_LIMIT: u32 = 1 << 20;
 /// `retry_ratio` retries each, valid for `ttl`, on top of a standing reserve of
 /// `min_retries_per_second × ttl` retries; retries spent also count for `ttl`.
 ///
-/// Lock-free: every operation is a few atomic loads and one compare-and-swap. Clones share
+/// Lock-free: a deposit is one compare-and-swap; a withdrawal sums the window (32 atomic
+/// loads) and, when it may succeed, counts itself with one compare-and-swap. Clones share
 /// one budget, so one budget can be shared by every channel to a service.
 ///
 /// ```
