@@ -589,7 +589,8 @@ mod tests {
     #[test]
     fn class_parsing() {
         use AttemptClass::*;
-        let cases: &[(Option<&[u8]>, Option<&[u8]>, AttemptClass)] = &[
+        type Case = (Option<&'static [u8]>, Option<&'static [u8]>, AttemptClass);
+        let cases: &[Case] = &[
             (None, None, First),
             (Some(b"0"), None, First),
             (Some(b"000"), None, First),
