@@ -9,6 +9,12 @@
 //! line per second on stdout with the cumulative counters:
 //! `{"admitted":N,"completed":N,"shed_first":N,"shed_retry":N,"expired":N,"queue_depth":N,...}`.
 //!
+//! The HTTP/2 limit on streams reset before the server accepted them
+//! (`--max-pending-resets`, default 10 000 here) is raised from h2's 20: under a storm,
+//! callers that time out reset their streams faster than a busy connection accepts
+//! them, and at 20 the server answers with GOAWAY (ENHANCE_YOUR_CALM), dropping every
+//! call on the connection: an artifact that looks like a recovery. Both modes use it.
+//!
 //! `Reserve` takes `--service-time-ms` of wall time (a sleep, not CPU); `--fail-rate`
 //! answers that fraction `UNAVAILABLE` at once. `--no-shed` serves the same service with
 //! no stormguard layer (tonic runs every call at once); its JSON line then counts the
@@ -29,7 +35,8 @@ use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
 const USAGE: &str = "usage: server --addr ADDR --workers N --queue N --service-time-ms MS \
-                     [--fail-rate F] [--no-shed] [--retry-depth N] [--lifo-depth N] [--seed N]";
+                     [--fail-rate F] [--no-shed] [--retry-depth N] [--lifo-depth N] [--seed N] \
+                     [--max-pending-resets N]";
 
 #[derive(Debug)]
 struct Args {
@@ -42,6 +49,7 @@ struct Args {
     retry_depth: Option<usize>,
     lifo_depth: Option<usize>,
     seed: u64,
+    max_pending_resets: usize,
 }
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -55,6 +63,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         retry_depth: None,
         lifo_depth: None,
         seed: 1,
+        max_pending_resets: 10_000,
     };
     fn value<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
         let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
@@ -81,6 +90,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--retry-depth" => parsed.retry_depth = Some(value(&flag, args.next())?),
             "--lifo-depth" => parsed.lifo_depth = Some(value(&flag, args.next())?),
             "--seed" => parsed.seed = value(&flag, args.next())?,
+            "--max-pending-resets" => parsed.max_pending_resets = value(&flag, args.next())?,
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -211,6 +221,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let builder = Server::builder()
+        .http2_max_pending_accept_reset_streams(Some(args.max_pending_resets))
         .layer(tower::util::option_layer(layer))
         .add_service(InventoryServer::new(inventory));
     let served = builder
