@@ -183,3 +183,47 @@ async fn under_four_times_overload_retries_absorb_the_shedding() {
     // Without it, capacity is split about evenly between the classes.
     assert!((0.3..=0.7).contains(&share(equal)), "{equal:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_are_shed_once_the_oldest_queued_call_has_waited_past_the_delay_threshold() {
+    let admission = AdmissionConfig {
+        workers: 1,
+        queue_capacity: 8,
+        retry_threshold: RetryThreshold {
+            depth: None,
+            queue_delay: Some(Duration::from_secs(1)),
+        },
+        max_time_queued: Duration::from_secs(30),
+        ..AdmissionConfig::default()
+    };
+    let server = start(admission, DemoConfig::default(), true).await;
+    let client = InventoryClient::new(channel(server.addr).await);
+    let mut queued = JoinSet::new();
+    let spawn = |set: &mut JoinSet<_>, request| {
+        let mut client = client.clone();
+        set.spawn(async move { client.reserve(request).await });
+    };
+    spawn(&mut queued, reserve("hold", None));
+    server.control.wait_running(1).await;
+    spawn(&mut queued, reserve("f1", None));
+    eventually("f1 queued", || server.stats.snapshot().queue_depth == 1).await;
+    // The oldest call has just been queued: a retry still waits.
+    spawn(&mut queued, reserve("r1", Some("1")));
+    eventually("r1 queued", || server.stats.snapshot().queue_depth == 2).await;
+    // Once the oldest has waited a second, retries are answered at once, whatever the
+    // depth, while first attempts still queue.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let status = client
+        .clone()
+        .reserve(reserve("r2", Some("1")))
+        .await
+        .expect_err("shed by queue delay");
+    assert_eq!(status.message(), MESSAGE_RETRY_SHED);
+    spawn(&mut queued, reserve("f2", None));
+    eventually("f2 queued", || server.stats.snapshot().queue_depth == 3).await;
+    server.control.open_gate();
+    while let Some(result) = queued.join_next().await {
+        result.expect("task").expect("queued calls are served");
+    }
+    assert_eq!(server.control.entry_log(), ["hold", "f1", "r1", "f2"]);
+}
