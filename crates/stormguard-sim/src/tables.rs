@@ -9,7 +9,7 @@ use std::fmt::{self, Write as _};
 use std::time::Duration;
 
 use serde::Serialize;
-use stormguard_core::admission::AdmissionConfig;
+use stormguard_core::admission::{AdmissionConfig, QueueOrder};
 use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::breaker::BreakerConfig;
 use stormguard_core::budget::BudgetConfig;
@@ -387,17 +387,21 @@ pub enum RecoveryVariant {
     StormguardShedding,
     /// As `StormguardShedding`, plus stormguard's default circuit breaker in each client.
     StormguardSheddingBreaker,
+    /// As `StormguardShedding`, with the queue served oldest first instead of the default
+    /// adaptive LIFO.
+    StormguardSheddingFifo,
 }
 
 impl RecoveryVariant {
     /// All variants, in table order.
-    pub const ALL: [RecoveryVariant; 6] = [
+    pub const ALL: [RecoveryVariant; 7] = [
         RecoveryVariant::NoRetries,
         RecoveryVariant::ThreeAttempts,
         RecoveryVariant::A6Throttle,
         RecoveryVariant::Stormguard,
         RecoveryVariant::StormguardShedding,
         RecoveryVariant::StormguardSheddingBreaker,
+        RecoveryVariant::StormguardSheddingFifo,
     ];
 
     /// The name used in tables and JSON.
@@ -409,6 +413,7 @@ impl RecoveryVariant {
             RecoveryVariant::Stormguard => "stormguard",
             RecoveryVariant::StormguardShedding => "stormguard+shedding",
             RecoveryVariant::StormguardSheddingBreaker => "stormguard+shedding+breaker",
+            RecoveryVariant::StormguardSheddingFifo => "stormguard+shedding, FIFO",
         }
     }
 
@@ -463,7 +468,9 @@ pub fn recovery_scenario(variant: RecoveryVariant, options: &Options) -> Scenari
     let offered = 540.0 * scale as f64;
     let shedding = matches!(
         variant,
-        RecoveryVariant::StormguardShedding | RecoveryVariant::StormguardSheddingBreaker
+        RecoveryVariant::StormguardShedding
+            | RecoveryVariant::StormguardSheddingBreaker
+            | RecoveryVariant::StormguardSheddingFifo
     );
     let mut policy = client(
         variant.policy(),
@@ -481,14 +488,16 @@ pub fn recovery_scenario(variant: RecoveryVariant, options: &Options) -> Scenari
         service_time: Duration::from_micros(11_100),
         queue_capacity: 10_000,
         slowdown: Some((TRIGGER, 2.5)),
+        // The admission defaults (retries shed from 8 queued, adaptive LIFO from 8 queued,
+        // pushback at most 1 s) with a queue of 2 × workers: 55 ms of work at the
+        // degraded rate, more than the 50 ms deadline.
         shedding: shedding.then(|| AdmissionConfig {
             workers,
-            // Sized to the deadline: at the degraded rate (service × 2.5) a queue of
-            // workers / 2 drains in ~14 ms, so queued work still fits in its 50 ms.
-            queue_capacity: (workers / 2).max(1),
-            retry_threshold: stormguard_core::admission::RetryThreshold {
-                depth: Some((workers / 16).max(1)),
-                queue_delay: None,
+            queue_capacity: 2 * workers,
+            queue_order: if variant == RecoveryVariant::StormguardSheddingFifo {
+                QueueOrder::Fifo
+            } else {
+                AdmissionConfig::default().queue_order
             },
             ..AdmissionConfig::default()
         }),
@@ -822,7 +831,7 @@ impl fmt::Display for Tables {
         )?;
         writeln!(
             f,
-            "{:<28} | {:>7} | {:>10} | {:>9} | {:>6} | success per second",
+            "{:<31} | {:>7} | {:>10} | {:>9} | {:>6} | success per second",
             "variant", "clients", "recover s", "success", "ampl"
         )?;
         for r in &self.recovery {
@@ -835,7 +844,7 @@ impl fmt::Display for Tables {
             }
             writeln!(
                 f,
-                "{:<28} | {:>7} | {:>10} | {:>8.2}% | {:>6.3} |{}",
+                "{:<31} | {:>7} | {:>10} | {:>8.2}% | {:>6.3} |{}",
                 r.variant.as_str(),
                 r.clients,
                 recover,

@@ -125,6 +125,14 @@ fn recovery_table_naive_stays_down_shedding_recovers_first() {
     assert_eq!(shedding.time_to_recover_s, Some(0.0), "{shedding:?}");
     let during = &shedding.success_by_second[5..8];
     assert!(during.iter().all(|s| *s >= 0.4), "{shedding:?}");
+    // Served oldest first, a queue deeper than the deadline allows wastes the drop on
+    // work whose callers have left; adaptive LIFO (the default) serves the newest.
+    let fifo = get(RecoveryVariant::StormguardSheddingFifo);
+    assert!(
+        fifo.success_by_second[5..8].iter().all(|s| *s < 0.3),
+        "{fifo:?}"
+    );
+    assert!(fifo.recovered, "{fifo:?}");
     for variant in [RecoveryVariant::NoRetries, RecoveryVariant::A6Throttle] {
         let other = get(variant);
         assert!(
