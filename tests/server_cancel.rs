@@ -246,14 +246,14 @@ async fn callers_that_time_out_while_queued_free_their_slots_over_the_network() 
     });
     server.control.wait_running(1).await;
 
-    // 40 callers that give up after 200 ms (client side only, no grpc-timeout sent):
+    // 40 callers that give up after 500 ms (client side only, no grpc-timeout sent):
     // 8 wait in the queue until they give up, the others are shed at once.
     let mut calls = tokio::task::JoinSet::new();
     for _ in 0..40 {
         let mut client = client.clone();
         calls.spawn(async move {
             let call = client.reserve(reserve("", None));
-            tokio::time::timeout(Duration::from_millis(200), call).await
+            tokio::time::timeout(Duration::from_millis(500), call).await
         });
     }
     let (mut gave_up, mut shed) = (0u64, 0u64);
