@@ -1375,6 +1375,43 @@ mod tests {
     }
 
     #[test]
+    fn a_chain_multiplies_retries_unless_give_ups_say_do_not_retry() {
+        // Delays of at most 1 ms keep the 27 attempts of a call inside its deadline.
+        let fast = RetryPolicy {
+            backoff: stormguard_core::backoff::BackoffConfig::FullJitter {
+                base: Duration::from_millis(1),
+                cap: Duration::from_millis(1),
+                multiplier: 1.0,
+            },
+            ..RetryPolicy::default()
+        };
+        let mut sc = scenario(1.0, policy(Some(fast), BudgetKind::Unlimited));
+        let tier = Tier {
+            processes: 3,
+            latency: Duration::from_millis(1),
+        };
+        sc.tiers = vec![tier.clone(), tier];
+        let stats = run(&sc).expect("valid");
+        let n = stats.calls;
+        assert_eq!(stats.attempts_by_level, [3 * n, 9 * n, 27 * n]);
+        assert_eq!(stats.bottom_amplification(), 27.0);
+        assert!(stats.shards.is_empty());
+        // With "do not retry" on give-ups only the bottom hop retries.
+        sc.policy.pushback_on_give_up = true;
+        let stats = run(&sc).expect("valid");
+        let n = stats.calls;
+        assert_eq!(stats.attempts_by_level, [n, n, 3 * n]);
+        assert_eq!(stats.gave_up.get("pushback"), Some(&n));
+        // Without retries every level sees each call once, and healthy chains succeed.
+        sc.policy.retry = None;
+        sc.shards[0].failure_rate = 0.0;
+        let stats = run(&sc).expect("valid");
+        let n = stats.calls;
+        assert_eq!(stats.attempts_by_level, [n, n, n]);
+        assert_eq!(stats.successes, n);
+    }
+
+    #[test]
     fn an_outage_window_fails_only_inside_it() {
         let mut sc = scenario(0.0, policy(None, BudgetKind::Unlimited));
         sc.shards[0].outage = Some(Window {
