@@ -480,11 +480,16 @@ impl AdmissionPolicy {
         self.record_completion_at(Instant::now());
     }
 
-    /// The un-jittered estimate of the time for `depth` queued calls to drain, clamped
-    /// to `[1 ms, pushback_max]`. Before any rate is known it is `pushback_max`.
+    /// The un-jittered estimate of the time until `depth` queued calls have drained and
+    /// a worker is free for one more (`(depth + 1) × gap`), clamped to
+    /// `[1 ms, pushback_max]`. Before any rate is known it is `pushback_max`.
+    ///
+    /// The `+ 1` matters without a queue: a call shed with every worker busy and
+    /// nothing queued is told to come back when a worker frees up, not "now".
     pub fn drain_estimate_at(&self, now: Instant, depth: usize) -> Duration {
         let max = self.max_pushback_millis();
-        let estimate = self.rate.drain_time_at(now, depth).map_or(max, |d| {
+        let slots = depth.saturating_add(1);
+        let estimate = self.rate.drain_time_at(now, slots).map_or(max, |d| {
             // Whole milliseconds, rounded up: 0.3 ms of backlog is 1 ms, not 0.
             let ms = d.as_nanos().div_ceil(1_000_000);
             u64::try_from(ms).unwrap_or(u64::MAX)
@@ -827,17 +832,38 @@ mod tests {
             p.record_completion_at(t0 + Duration::from_millis(2 * i));
         }
         let now = t0 + Duration::from_millis(98);
-        assert_eq!(p.drain_estimate_at(now, 10), Duration::from_millis(20));
+        // 10 queued and this one: 11 completions, 2 ms apart.
+        assert_eq!(p.drain_estimate_at(now, 10), Duration::from_millis(22));
         assert_eq!(
             p.completion_rate().per_second_at(now).map(|r| r.round()),
             Some(500.0)
         );
-        // Clamped: never below 1 ms, never above the max.
-        assert_eq!(p.drain_estimate_at(now, 0), Duration::from_millis(1));
+        // Nothing queued: one gap, until a worker frees up.
+        assert_eq!(p.drain_estimate_at(now, 0), Duration::from_millis(2));
+        // Clamped above.
         assert_eq!(p.drain_estimate_at(now, 10_000), Duration::from_millis(500));
         // A stalled server looks slow, not fast: 50 ms of silence per completion.
         let later = now + Duration::from_millis(50);
-        assert_eq!(p.drain_estimate_at(later, 3), Duration::from_millis(150));
+        assert_eq!(p.drain_estimate_at(later, 3), Duration::from_millis(200));
+    }
+
+    #[test]
+    fn drain_estimate_is_never_below_one_millisecond() {
+        let mut p = AdmissionPolicy::new(config()).unwrap();
+        let t0 = Instant::now();
+        // A completion every 10 µs.
+        for i in 0..100 {
+            p.record_completion_at(t0 + Duration::from_micros(10 * i));
+        }
+        let now = t0 + Duration::from_micros(990);
+        assert_eq!(p.drain_estimate_at(now, 0), Duration::from_millis(1));
+        assert_eq!(p.pushback_at(now, 0), Duration::from_millis(1));
+        // All at the same instant: a zero gap still gives 1 ms.
+        let mut q = AdmissionPolicy::new(config()).unwrap();
+        for _ in 0..10 {
+            q.record_completion_at(t0);
+        }
+        assert_eq!(q.drain_estimate_at(t0, 5), Duration::from_millis(1));
     }
 
     #[test]
@@ -851,7 +877,7 @@ mod tests {
         let values: Vec<u128> = (0..200)
             .map(|_| p.pushback_at(now, 50).as_millis())
             .collect();
-        assert!(values.iter().all(|v| (50..=100).contains(v)), "{values:?}");
+        assert!(values.iter().all(|v| (51..=102).contains(v)), "{values:?}");
         let distinct: std::collections::BTreeSet<_> = values.iter().collect();
         assert!(distinct.len() > 20, "not jittered: {distinct:?}");
     }

@@ -182,7 +182,8 @@ impl Queue {
         }
     }
 
-    /// Gives a worker back (a call finished or its caller left mid-run).
+    /// Gives a worker back (a call finished or its caller left mid-run). Either way a
+    /// worker turned over, so both feed the drain estimate.
     fn release(&self, now: Instant) {
         let mut state = self.lock();
         state.policy.record_completion_at(now);
