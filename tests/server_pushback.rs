@@ -167,3 +167,58 @@ async fn retries_shed_under_deep_overload_are_told_not_to_retry() {
         result.expect("task").expect("served");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pushback_follows_the_observed_completion_rate() {
+    let admission = AdmissionConfig {
+        workers: 1,
+        queue_capacity: 4,
+        retry_threshold: RetryThreshold {
+            depth: None,
+            queue_delay: None,
+        },
+        pushback_max: Duration::from_secs(1),
+        ..AdmissionConfig::default()
+    };
+    let demo = DemoConfig {
+        service_time: Duration::from_millis(20),
+        ..DemoConfig::default()
+    };
+    let server = start(admission, demo, false).await;
+    let client = InventoryClient::new(channel(server.addr).await);
+    // Warm up: completions about 21 ms apart (a 20 ms sleep and the call around it).
+    for _ in 0..20 {
+        client
+            .clone()
+            .reserve(reserve("", None))
+            .await
+            .expect("served");
+    }
+    // One running (held at the gate, so the queue stays full while we look), four
+    // queued, then the rest shed: the drain estimate is about (4 + 1) × 21 ms ≈ 105 ms,
+    // jittered over [e/2, e]. Without a rate it would be the max (1 s), jittered over
+    // [500, 1000].
+    server.control.close_gate();
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..5 {
+        let mut client = client.clone();
+        calls.spawn(async move { client.reserve(reserve("", None)).await });
+    }
+    eventually("queue full", || server.stats.snapshot().queue_depth == 4).await;
+    for _ in 0..10 {
+        let status = client
+            .clone()
+            .reserve(reserve("", None))
+            .await
+            .expect_err("shed");
+        let ms: u64 = pushback(&status)
+            .expect("pushback")
+            .parse()
+            .expect("integer");
+        assert!((40..=400).contains(&ms), "pushback {ms} ms");
+    }
+    server.control.open_gate();
+    while let Some(result) = calls.join_next().await {
+        result.expect("task").expect("served");
+    }
+}
