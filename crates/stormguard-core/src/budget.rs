@@ -264,6 +264,25 @@ struct Shared {
     mint_micros: i128,
     deposits: Ring,
     withdrawals: Ring,
+    head: Head,
+}
+
+/// The latest epoch seen by a withdrawal or a balance read, and a cache of the
+/// withdrawals in the window's closed slots for it, so the hot path reads the withdrawal
+/// ring's head slot instead of summing all of it.
+///
+/// Withdrawals are always counted in the head slot (a late caller is charged at the latest
+/// time seen, which is conservative), and a withdrawal is only granted if the head has not
+/// moved while it ran. So a cache built after the head reached `c` holds every granted
+/// withdrawal of the slots before `c`. Deposits are not cached: a late deposit may land
+/// in a closed slot at any time, and must still count.
+#[repr(align(64))]
+struct Head {
+    /// The head epoch (64-bit: never wraps).
+    epoch: AtomicU64,
+    /// `epoch << 32 | withdrawals in the 15 slots before it` (`u32::MAX`: too many to
+    /// cache, use the full sum).
+    closed_withdrawals: AtomicU64,
 }
 
 impl RetryBudget {
@@ -286,6 +305,10 @@ impl RetryBudget {
                 mint_micros,
                 deposits: Ring::new(),
                 withdrawals: Ring::new(),
+                head: Head {
+                    epoch: AtomicU64::new(0),
+                    closed_withdrawals: AtomicU64::new(0),
+                },
                 config,
             }),
         })
@@ -298,8 +321,8 @@ impl RetryBudget {
 }
 
 impl Shared {
-    /// The slot epoch of `now` (32-bit, wrapping).
-    fn epoch(&self, now: Instant) -> u32 {
+    /// The slot epoch of `now`. Slot words keep its low 32 bits.
+    fn epoch(&self, now: Instant) -> u64 {
         let origin = *self.origin.get_or_init(|| now);
         let since = now.saturating_duration_since(origin);
         let nanos = since
@@ -307,47 +330,137 @@ impl Shared {
             .saturating_mul(1_000_000_000)
             .saturating_add(u64::from(since.subsec_nanos()));
         // ⌊nanos / slot⌋ or one less: monotonic, with every slot `slot` or `slot + 1` ns
-        // wide. Truncation to 32 bits is the wrap of the epoch.
-        ((u128::from(nanos) * u128::from(self.slot_reciprocal)) >> 64) as u32
+        // wide.
+        ((u128::from(nanos) * u128::from(self.slot_reciprocal)) >> 64) as u64
     }
 
-    /// The balance at `epoch` in micro-retries (may be negative).
-    fn balance_micros(&self, epoch: u32) -> i128 {
-        let mut deposits: u64 = 0;
-        let mut withdrawals: u64 = 0;
-        // Branch-free: this loop is most of the cost of a withdrawal.
-        for i in 0..SLOTS {
-            let (e, n) = unpack(self.deposits.slots[i].load(Ordering::SeqCst));
+    /// Moves the head to `epoch` if it is behind; returns the head afterwards.
+    fn advance_head(&self, epoch: u64) -> u64 {
+        let head = self.head.epoch.load(Ordering::SeqCst);
+        if epoch <= head {
+            return head;
+        }
+        self.head
+            .epoch
+            .fetch_max(epoch, Ordering::SeqCst)
+            .max(epoch)
+    }
+
+    /// Withdrawals in the 15 closed slots before `head`, from the cache or summed (and
+    /// cached). `None` if they are too many to cache. Call only once the head has reached
+    /// `head`.
+    fn closed_withdrawals(&self, head: u64) -> Option<u64> {
+        let epoch = head as u32;
+        let (e, n) = unpack(self.head.closed_withdrawals.load(Ordering::SeqCst));
+        if e == epoch {
+            return (n != u32::MAX).then_some(u64::from(n));
+        }
+        let mut withdrawals = 0u64;
+        for slot in &self.withdrawals.slots {
+            let (e, n) = unpack(slot.load(Ordering::SeqCst));
+            if (1..SLOTS as u32).contains(&epoch.wrapping_sub(e)) {
+                withdrawals += u64::from(n);
+            }
+        }
+        let withdrawals = u32::try_from(withdrawals).unwrap_or(u32::MAX);
+        publish(&self.head.closed_withdrawals, epoch, withdrawals);
+        (withdrawals != u32::MAX).then_some(u64::from(withdrawals))
+    }
+
+    /// Deposits in the window at `epoch` (its slot and the 15 before it).
+    fn window_deposits(&self, epoch: u32) -> u64 {
+        let mut deposits = 0u64;
+        for slot in &self.deposits.slots {
+            let (e, n) = unpack(slot.load(Ordering::SeqCst));
             let in_window = epoch.wrapping_sub(e) < SLOTS as u32;
             deposits += u64::from(n) * u64::from(in_window);
-            let (e, n) = unpack(self.withdrawals.slots[i].load(Ordering::SeqCst));
-            let age = epoch.wrapping_sub(e);
-            // Withdrawals made by callers whose clock is ahead of ours count too: a late
-            // caller must not spend retries that were already spent.
-            let counts = age < SLOTS as u32 || age > u32::MAX - STALE_LIMIT;
-            withdrawals += u64::from(n) * u64::from(counts);
         }
+        deposits
+    }
+
+    /// The balance at the head epoch `head` in micro-retries (may be negative).
+    fn head_balance_micros(&self, head: u64) -> i128 {
+        let Some(closed) = self.closed_withdrawals(head) else {
+            return self.full_balance_micros(head as u32);
+        };
+        let epoch = head as u32;
+        let withdrawals = closed + u64::from(self.withdrawals.count(epoch));
+        self.micros(self.window_deposits(epoch), withdrawals)
+    }
+
+    fn micros(&self, deposits: u64, withdrawals: u64) -> i128 {
         self.reserve_micros + self.mint_micros * i128::from(deposits)
             - MICROS_PER_RETRY * i128::from(withdrawals)
     }
 
-    /// Refuses without writing if less than one retry is left; otherwise counts the
-    /// withdrawal, re-sums, and undoes it if concurrent withdrawals took the balance below
-    /// zero.
-    fn try_withdraw(&self, epoch: u32) -> bool {
+    /// The balance at any `epoch` in micro-retries (may be negative), summing every slot.
+    fn full_balance_micros(&self, epoch: u32) -> i128 {
+        let mut withdrawals: u64 = 0;
+        for slot in &self.withdrawals.slots {
+            let (e, n) = unpack(slot.load(Ordering::SeqCst));
+            let age = epoch.wrapping_sub(e);
+            // Withdrawals charged to a later epoch than ours count too: they were spent.
+            let counts = age < SLOTS as u32 || age > u32::MAX - STALE_LIMIT;
+            withdrawals += u64::from(n) * u64::from(counts);
+        }
+        self.micros(self.window_deposits(epoch), withdrawals)
+    }
+
+    /// Refuses without writing if less than one retry is left at the head; otherwise
+    /// counts the withdrawal in the head slot, re-reads, and undoes it if the head moved
+    /// or concurrent withdrawals took the balance below zero.
+    fn try_withdraw(&self, epoch: u64) -> bool {
+        let head = self.advance_head(epoch);
         // Read-only refusal: during a storm most withdrawals are refused, and this keeps
         // them from writing to (and contending on) the shared slots.
-        if self.balance_micros(epoch) < MICROS_PER_RETRY {
+        if self.head_balance_micros(head) < MICROS_PER_RETRY {
             return false;
         }
-        if !self.withdrawals.add(epoch) {
+        if !self.withdrawals.add(head as u32) {
             return false;
         }
-        if self.balance_micros(epoch) >= 0 {
+        if self.confirm(head) {
             true
         } else {
-            self.withdrawals.remove(epoch);
+            self.withdrawals.remove(head as u32);
             false
+        }
+    }
+
+    /// After counting a withdrawal in the `head` slot: may it stand? Only if the head has
+    /// not moved (a cache built for a later head may have missed it) and the balance,
+    /// with every withdrawal counted so far, is not below zero.
+    fn confirm(&self, head: u64) -> bool {
+        self.head.epoch.load(Ordering::SeqCst) == head && self.head_balance_micros(head) >= 0
+    }
+
+    fn balance_micros(&self, epoch: u64) -> i128 {
+        let head = self.advance_head(epoch);
+        if epoch == head {
+            self.head_balance_micros(head)
+        } else {
+            // A late read: sum the window as it was at `epoch`.
+            self.full_balance_micros(epoch as u32)
+        }
+    }
+}
+
+/// Stores `epoch << 32 | count` in `word` unless it already holds `epoch` or a later one.
+fn publish(word: &AtomicU64, epoch: u32, count: u32) {
+    let mut current = word.load(Ordering::SeqCst);
+    loop {
+        // Never replace the cache of a later epoch.
+        if unpack(current).0.wrapping_sub(epoch) <= STALE_LIMIT {
+            return;
+        }
+        match word.compare_exchange_weak(
+            current,
+            pack(epoch, count),
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        ) {
+            Ok(_) => return,
+            Err(actual) => current = actual,
         }
     }
 }
@@ -357,7 +470,7 @@ impl Budget for RetryBudget {
         let shared = &*self.shared;
         // A deposit older than a window (a very late caller), or beyond 2³² per slot, is
         // dropped: it could only make the budget more generous.
-        let _ = shared.deposits.add(shared.epoch(now));
+        let _ = shared.deposits.add(shared.epoch(now) as u32);
     }
 
     fn withdraw_at(&self, now: Instant) -> bool {
@@ -425,6 +538,12 @@ impl Ring {
                 Err(actual) => current = actual,
             }
         }
+    }
+
+    /// The count of `epoch`'s slot (0 if the slot holds another epoch).
+    fn count(&self, epoch: u32) -> u32 {
+        let (e, n) = unpack(self.slots[epoch as usize % SLOTS].load(Ordering::SeqCst));
+        if e == epoch { n } else { 0 }
     }
 
     /// Undoes one [`Ring::add`] in `epoch`; nothing if the slot has moved on (the event
@@ -828,7 +947,7 @@ mod tests {
     }
 
     #[test]
-    fn a_caller_more_than_a_window_late_is_not_counted() {
+    fn a_late_deposit_is_dropped_and_a_late_withdrawal_is_charged_at_the_latest_time() {
         let t0 = Instant::now();
         let b = budget(1, 0, 1.0);
         b.deposit_at(t0);
@@ -836,9 +955,14 @@ mod tests {
         // A late deposit for t0 lands on a slot already reused by t0 + 5 s: dropped.
         b.deposit_at(t0);
         assert_eq!(b.balance_at(t0 + ms(5000)), 1.0);
-        // A late withdrawal is refused rather than counted in an expired slot.
+        // A late withdrawal spends from the window at the latest instant seen (t0 + 5 s),
+        // never from the expired one at t0.
+        assert!(b.withdraw_at(t0));
         assert!(!b.withdraw_at(t0));
-        assert!(b.withdraw_at(t0 + ms(5000)));
+        assert_eq!(b.balance_at(t0 + ms(5000)), 0.0);
+        // A late balance read sums the window as it was then: t0's deposit (the late one
+        // was dropped) and the withdrawal charged at t0 + 5 s, which counts as spent.
+        assert_eq!(b.balance_at(t0), 0.0);
     }
 
     #[test]
@@ -853,19 +977,43 @@ mod tests {
     #[test]
     fn interleaved_withdrawals_cannot_both_take_the_last_retry() {
         // Replays the lock-free protocol step by step: two callers count their withdrawal
-        // before either re-sums. Both then see both withdrawals and at most one may win.
+        // before either re-reads. Both then see both withdrawals and at most one may win.
         let t0 = Instant::now();
         let b = budget(10, 0, 1.0);
         b.deposit_at(t0);
         let s = &*b.shared;
-        let epoch = s.epoch(t0);
-        assert!(s.withdrawals.add(epoch)); // caller A counts
-        assert!(s.withdrawals.add(epoch)); // caller B counts
-        assert!(s.balance_micros(epoch) < 0); // A re-sums: refuses and undoes
-        s.withdrawals.remove(epoch);
-        assert!(s.balance_micros(epoch) >= 0); // B re-sums after A's undo: granted
+        let head = s.advance_head(s.epoch(t0));
+        assert!(s.head_balance_micros(head) >= MICROS_PER_RETRY); // both pass the pre-check
+        assert!(s.withdrawals.add(head as u32)); // caller A counts
+        assert!(s.withdrawals.add(head as u32)); // caller B counts
+        assert!(!s.confirm(head)); // A re-reads: refuses and undoes
+        s.withdrawals.remove(head as u32);
+        assert!(s.confirm(head)); // B re-reads after A's undo: granted
         assert!(!b.withdraw_at(t0), "the single retry is spent");
         assert_eq!(b.balance_at(t0), 0.0);
+    }
+
+    #[test]
+    fn a_withdrawal_racing_a_slot_boundary_is_refused() {
+        // One retry in the budget. Caller A passes the pre-check at the head slot; before
+        // A counts itself, caller B moves the head to a later slot, caches the closed
+        // slots (without A) and takes the retry. A then counts itself in the old slot: it
+        // must see that the head moved and refuse, or the one retry is spent twice.
+        let t0 = Instant::now();
+        let b = budget(1, 0, 1.0);
+        b.deposit_at(t0);
+        let s = &*b.shared;
+        let head = s.advance_head(s.epoch(t0));
+        assert!(s.head_balance_micros(head) >= MICROS_PER_RETRY); // A's pre-check
+        assert!(
+            b.withdraw_at(t0 + ms(100)),
+            "B, two slots later, takes the retry"
+        );
+        assert!(s.withdrawals.add(head as u32)); // A counts itself
+        assert!(!s.confirm(head), "A's head moved: refused");
+        s.withdrawals.remove(head as u32); // A's undo
+        assert_eq!(b.balance_at(t0 + ms(100)), 0.0);
+        assert!(!b.withdraw_at(t0 + ms(100)));
     }
 
     #[test]
@@ -1013,6 +1161,10 @@ mod tests {
             let mut grants = Vec::new();
             for (gap, is_deposit) in steps {
                 t += ms(gap);
+                // The cached head window agrees with a full sum of the slots.
+                let s = &*b.shared;
+                let epoch = s.epoch(t);
+                prop_assert_eq!(s.balance_micros(epoch), s.full_balance_micros(epoch as u32));
                 if is_deposit {
                     b.deposit_at(t);
                     deposits.push(t);
