@@ -997,15 +997,18 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn queue_server(&self, shard: u32) -> &'a QueueServer {
+    /// The queueing server of `shard` (only those get server events).
+    fn queue_server(&self, shard: u32) -> Option<&'a QueueServer> {
         match &self.sc.shards[shard as usize].server {
-            ServerKind::Queue(q) => q,
-            ServerKind::Unbounded { .. } => unreachable!("only queueing shards get server events"),
+            ServerKind::Queue(q) => Some(q),
+            ServerKind::Unbounded { .. } => None,
         }
     }
 
     fn service_time(&self, shard: u32) -> u64 {
-        let q = self.queue_server(shard);
+        let Some(q) = self.queue_server(shard) else {
+            return 0;
+        };
         let base = q.service_time;
         match q.slowdown {
             Some((window, factor)) if window.contains(self.now) => nanos(base.mul_f64(factor)),
@@ -1032,7 +1035,9 @@ impl<'a> Sim<'a> {
         retry: bool,
         deadline: Option<u64>,
     ) {
-        let q = self.queue_server(shard);
+        let Some(q) = self.queue_server(shard) else {
+            return;
+        };
         let now = self.instant();
         let t = self.now;
         let base = self.base;
