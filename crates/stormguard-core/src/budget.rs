@@ -228,9 +228,17 @@ const STALE_LIMIT: u32 = 1 << 20;
 /// `retry_ratio` retries each, valid for `ttl`, on top of a standing reserve of
 /// `min_retries_per_second × ttl` retries; retries spent also count for `ttl`.
 ///
-/// Lock-free: a deposit is one compare-and-swap; a withdrawal sums the window (32 atomic
-/// loads) and, when it may succeed, counts itself with one compare-and-swap. Clones share
-/// one budget, so one budget can be shared by every channel to a service.
+/// Lock-free: a deposit is one compare-and-swap; a withdrawal reads the deposit ring and
+/// a few words (a cached sum of past withdrawals) and, when it may succeed, counts itself
+/// with one compare-and-swap. Clones share one budget, so one budget can be shared by
+/// every channel to a service.
+///
+/// Calls may come with instants out of order (threads read the clock at slightly
+/// different times; a simulator may replay). A deposit counts in the slot of its own
+/// instant (dropped if that is more than a window before the latest instant seen). A
+/// withdrawal is charged at the latest instant seen so far, so a late caller never spends
+/// from a window that has already moved on. `balance_at` with an earlier instant sums the
+/// window as it was then.
 ///
 /// ```
 /// use stormguard_core::Instant;
