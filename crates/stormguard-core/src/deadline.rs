@@ -273,7 +273,7 @@ mod tests {
         assert!(d.is_expired_at(t0 + Duration::from_millis(100)));
         assert_eq!(
             d.grpc_timeout_at(t0 + Duration::from_millis(40)).map(|t| t.to_string()),
-            Some("60000u".to_owned())
+            Some("60000000n".to_owned())
         );
         assert_eq!(d.grpc_timeout_at(t0 + Duration::from_millis(100)), None);
         let shorter = Deadline::after_at(t0, Duration::from_millis(10));

@@ -54,5 +54,5 @@ pub mod retry;
 pub mod throttle;
 
 pub use code::Code;
-pub use config::ConfigError;
+pub use config::{ClientConfig, ConfigError};
 pub use retry::{CallRetry, Decision, Failure, Refusal, RetryController};

@@ -147,10 +147,10 @@ impl MethodTable {
         if let Some(p) = self.methods.get(key) {
             return p.as_ref();
         }
-        if let Some((service, _)) = key.split_once('/') {
-            if let Some(p) = self.services.get(service) {
-                return p.as_ref();
-            }
+        if let Some((service, _)) = key.split_once('/')
+            && let Some(p) = self.services.get(service)
+        {
+            return p.as_ref();
         }
         self.default.as_ref()
     }

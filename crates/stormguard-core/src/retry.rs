@@ -324,10 +324,8 @@ impl CallRetry {
         let deadline_passed = self.deadline.is_some_and(|d| now >= d);
         let dependency_failed = retryable_code || failure.code == Code::DeadlineExceeded;
 
-        if dependency_failed {
-            if let Some(permit) = self.permit.take() {
-                permit.failure_at(now);
-            }
+        if dependency_failed && let Some(permit) = self.permit.take() {
+            permit.failure_at(now);
         }
         if retryable_code || failure.pushback == Some(Pushback::DoNotRetry) {
             self.shared.budget.record_failure_at(now);
@@ -385,10 +383,10 @@ impl CallRetry {
                 return Err(Refusal::Deadline);
             }
         }
-        if let Some(breaker) = &self.shared.breaker {
-            if matches!(breaker.state_at(now), BreakerState::Open { .. }) {
-                return Err(Refusal::Breaker);
-            }
+        if let Some(breaker) = &self.shared.breaker
+            && matches!(breaker.state_at(now), BreakerState::Open { .. })
+        {
+            return Err(Refusal::Breaker);
         }
         if !self.shared.budget.withdraw_at(now) {
             return Err(Refusal::Budget);
