@@ -52,8 +52,10 @@ use std::time::Duration;
 use crate::Instant;
 use crate::backoff::Backoff;
 use crate::breaker::{BreakerPermit, BreakerState, CircuitBreaker};
-use crate::budget::Budget;
+use crate::budget::{Budget, RetryBudget};
 use crate::code::Code;
+use crate::config::{BudgetChoice, ClientConfig, ConfigError};
+use crate::throttle::A6Throttle;
 use crate::policy::{MethodTable, RetryPolicy};
 use crate::pushback::Pushback;
 
@@ -211,6 +213,34 @@ impl RetryController {
         }
     }
 
+    /// A controller for `config` (validated first): its method table, the budget or A6
+    /// throttle it names, and its breaker. `seed` seeds the backoff jitter and the breaker's
+    /// open-duration jitter, so a seeded run can be reproduced.
+    ///
+    /// ```
+    /// use stormguard_core::{config::ClientConfig, retry::RetryController};
+    ///
+    /// let controller = RetryController::from_config(&ClientConfig::standard(), 7).unwrap();
+    /// assert!(controller.methods().lookup("/pkg.Svc/Get").is_some());
+    /// ```
+    pub fn from_config(config: &ClientConfig, seed: u64) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let budget: Arc<dyn Budget> = match &config.budget {
+            BudgetChoice::Stormguard(b) => Arc::new(RetryBudget::new(b.clone())?),
+            BudgetChoice::A6(t) => Arc::new(A6Throttle::new(t.clone())?),
+        };
+        let breaker = match &config.breaker {
+            Some(b) => Some(CircuitBreaker::new(b.clone(), splitmix64(seed ^ 0xB2EA_4E2))?),
+            None => None,
+        };
+        Ok(RetryController::new(
+            config.methods.clone(),
+            budget,
+            breaker,
+            seed,
+        ))
+    }
+
     /// The budget that pays for retries.
     pub fn budget(&self) -> &Arc<dyn Budget> {
         &self.shared.budget
@@ -315,29 +345,44 @@ impl CallRetry {
     /// The attempt failed before the call was committed. Records the failure (breaker,
     /// throttle) and decides whether to retry.
     pub fn on_failure_at(&mut self, failure: &Failure, now: Instant) -> Decision {
-        let retryable_code = self
-            .policy
-            .as_ref()
-            .map_or(failure.code == Code::Unavailable, |p| {
-                p.retryable_codes.contains(failure.code)
-            });
+        let retryable_code = self.record_outcome_at(failure.code, failure.pushback, now);
         let deadline_passed = self.deadline.is_some_and(|d| now >= d);
-        let dependency_failed = retryable_code || failure.code == Code::DeadlineExceeded;
-
-        if dependency_failed && let Some(permit) = self.permit.take() {
-            permit.failure_at(now);
-        }
-        if retryable_code || failure.pushback == Some(Pushback::DoNotRetry) {
-            self.shared.budget.record_failure_at(now);
-        } else if !dependency_failed {
-            // The dependency answered: an application error is a sign of life.
-            self.on_success_at(now);
-        }
-
         match self.decide(failure, retryable_code, deadline_passed, now) {
             Ok(delay) => Decision::Retry { delay },
             Err(refusal) => Decision::GiveUp(refusal),
         }
+    }
+
+    /// A committed call (its response headers had arrived, so it is never retried) ended
+    /// with `code`, e.g. a stream whose trailers carried a status. Records the outcome in
+    /// the budget and the breaker as [`on_success_at`](Self::on_success_at) and
+    /// [`on_failure_at`](Self::on_failure_at) would, and decides nothing.
+    pub fn on_committed_at(&mut self, code: Code, now: Instant) {
+        if code == Code::Ok {
+            self.on_success_at(now);
+        } else {
+            self.record_outcome_at(code, None, now);
+        }
+    }
+
+    /// Records a non-`OK` outcome; returns whether `code` is retryable for this method.
+    /// A retryable code (or `DEADLINE_EXCEEDED`) is a failure of the dependency for the
+    /// breaker; any other code is an application answer, a sign of life.
+    fn record_outcome_at(&mut self, code: Code, pushback: Option<Pushback>, now: Instant) -> bool {
+        let retryable_code = self
+            .policy
+            .as_ref()
+            .map_or(code == Code::Unavailable, |p| p.retryable_codes.contains(code));
+        let dependency_failed = retryable_code || code == Code::DeadlineExceeded;
+        if dependency_failed && let Some(permit) = self.permit.take() {
+            permit.failure_at(now);
+        }
+        if retryable_code || pushback == Some(Pushback::DoNotRetry) {
+            self.shared.budget.record_failure_at(now);
+        } else if !dependency_failed {
+            self.on_success_at(now);
+        }
+        retryable_code
     }
 
     fn decide(
@@ -696,6 +741,49 @@ mod tests {
             Decision::GiveUp(Refusal::NotRetryable)
         );
         assert!((b.balance_at(now) - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn committed_outcomes_are_recorded_without_a_decision() {
+        let throttle: Arc<dyn Budget> = Arc::new(
+            A6Throttle::new(ThrottleConfig {
+                max_tokens: 10.0,
+                token_ratio: 0.5,
+            })
+            .unwrap(),
+        );
+        let c = controller(RetryPolicy::default(), Arc::clone(&throttle));
+        let now = Instant::now();
+        // The balance is tokens above maxTokens / 2: 5 when full.
+        assert!((throttle.balance_at(now) - 5.0).abs() < 1e-9);
+        // A stream that failed in its trailers costs a token, like a failed attempt.
+        c.begin_at(PATH, None, now).unwrap().on_committed_at(Code::Unavailable, now);
+        assert!((throttle.balance_at(now) - 4.0).abs() < 1e-9);
+        // One that ended OK pays it back in part.
+        c.begin_at(PATH, None, now).unwrap().on_committed_at(Code::Ok, now);
+        assert!((throttle.balance_at(now) - 4.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn from_config_builds_the_named_budget_and_breaker() {
+        let json = r#"{"retryThrottling": {"maxTokens": 4, "tokenRatio": 0.1},
+            "methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 2, "initialBackoff": "0.1s",
+            "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}"#;
+        let config = ClientConfig::from_service_config_json(json).unwrap();
+        let c = RetryController::from_config(&config, 1).unwrap();
+        let now = Instant::now();
+        // An A6 throttle of 4 tokens: 2 above the threshold.
+        assert!((c.budget().balance_at(now) - 2.0).abs() < 1e-9);
+        assert!(c.breaker().is_none());
+        let mut with_breaker = ClientConfig::standard();
+        with_breaker.breaker = Some(BreakerConfig::default());
+        assert!(RetryController::from_config(&with_breaker, 1).unwrap().breaker().is_some());
+        let mut bad = ClientConfig::standard();
+        bad.breaker = Some(BreakerConfig {
+            failure_rate: 0.0,
+            ..BreakerConfig::default()
+        });
+        assert!(RetryController::from_config(&bad, 1).is_err());
     }
 
     #[test]

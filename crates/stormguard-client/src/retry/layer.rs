@@ -2,11 +2,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use stormguard_core::breaker::CircuitBreaker;
-use stormguard_core::budget::{Budget, RetryBudget};
-use stormguard_core::config::{BudgetChoice, ClientConfig, ConfigError};
+use stormguard_core::config::{ClientConfig, ConfigError};
 use stormguard_core::retry::RetryController;
-use stormguard_core::throttle::A6Throttle;
 use tower_layer::Layer;
 
 use super::Retry;
@@ -68,21 +65,7 @@ impl RetryLayer {
     /// A layer for `config` whose backoff jitter and breaker are seeded with `seed`, so a
     /// run can be reproduced.
     pub fn from_config_seeded(config: &ClientConfig, seed: u64) -> Result<Self, ConfigError> {
-        config.validate()?;
-        let budget: Arc<dyn Budget> = match &config.budget {
-            BudgetChoice::Stormguard(b) => Arc::new(RetryBudget::new(b.clone())?),
-            BudgetChoice::A6(t) => Arc::new(A6Throttle::new(t.clone())?),
-        };
-        let breaker = match &config.breaker {
-            Some(b) => Some(CircuitBreaker::new(b.clone(), seed.rotate_left(17))?),
-            None => None,
-        };
-        Ok(Self::new(RetryController::new(
-            config.methods.clone(),
-            budget,
-            breaker,
-            seed,
-        )))
+        RetryController::from_config(config, seed).map(Self::new)
     }
 
     /// Buffer up to `bytes` of each request body so that it can be replayed. A call whose
