@@ -1,4 +1,39 @@
-//! stormguard facade
+//! stormguard stops retry storms and metastable failures in gRPC systems built on tonic.
+//!
+//! One dependency gives you all of it:
+//!
+//! * [`client`]: `RetryLayer`, the retry controller for tonic channels. It retries only
+//!   when the failure is transient, the method is safe to repeat, time is left, the breaker
+//!   is closed and a **retry budget** minted by successes can pay for it.
+//! * [`server`]: `ShedLayer`, a depth-aware admission queue for tonic servers that **sheds
+//!   retries before first attempts**, drops work whose deadline has passed and answers with
+//!   `grpc-retry-pushback-ms`.
+//! * [`core`]: the policy both share (budgets, backoff, breaker, deadlines,
+//!   classification, admission, config), with no tonic dependency.
+//!
+//! Why budgets and not attempt caps: a cap bounds one request, not the fleet. At 100 %
+//! failure, 3 attempts are 3× the load on a dependency that is already down, and through
+//! three layers of services 27×. A budget of retries ≤ 10 % of recent successes holds the
+//! whole process near 1.1×, however bad the failure, while still hiding the occasional
+//! blip.
+//!
+//! ```no_run
+//! use stormguard::client::RetryLayer;
+//! use stormguard::core::ClientConfig;
+//! use tonic::transport::Endpoint;
+//! use tower::ServiceBuilder;
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let channel = Endpoint::from_static("http://127.0.0.1:50051").connect().await?;
+//! let channel = ServiceBuilder::new()
+//!     .layer(RetryLayer::from_config(&ClientConfig::standard())?)
+//!     .service(channel);
+//! // let mut client = InventoryClient::new(channel); // the generated client, unchanged
+//! # let _ = channel;
+//! # Ok(())
+//! # }
+//! ```
+
 pub use stormguard_client as client;
 pub use stormguard_core as core;
 pub use stormguard_server as server;
