@@ -377,11 +377,14 @@ impl Shared {
 
     /// Deposits in the window at `epoch` (its slot and the 15 before it).
     fn window_deposits(&self, epoch: u32) -> u64 {
+        // In the window iff `epoch - e < SLOTS` (mod 2³²), i.e. `e - oldest < SLOTS`: done on
+        // the packed word (subtracting only epoch bits cannot borrow from the count).
+        let oldest = u64::from(epoch.wrapping_sub(SLOTS as u32 - 1)) << 32;
         let mut deposits = 0u64;
         for slot in &self.deposits.slots {
-            let (e, n) = unpack(slot.load(Ordering::SeqCst));
-            let in_window = epoch.wrapping_sub(e) < SLOTS as u32;
-            deposits += u64::from(n) * u64::from(in_window);
+            let word = slot.load(Ordering::SeqCst);
+            let in_window = word.wrapping_sub(oldest) < (SLOTS as u64) << 32;
+            deposits += (word & u64::from(u32::MAX)) * u64::from(in_window);
         }
         deposits
     }
