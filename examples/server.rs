@@ -191,7 +191,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             seed: args.seed,
             ..defaults
         };
-        Some(ShedLayer::new(admission)?)
+        Some(ShedLayer::from_config(admission)?)
     };
     let stats = layer.as_ref().map(ShedLayer::stats);
 

@@ -101,7 +101,7 @@ impl Windows {
 async fn run(name: &str, admission: AdmissionConfig, secs: u64, load: f64, seed: u64) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let layer = ShedLayer::new(admission).expect("config");
+    let layer = ShedLayer::from_config(admission).expect("config");
     let stats = layer.stats();
     let inventory = DemoInventory::new(DemoConfig {
         service_time: SERVICE,

@@ -67,7 +67,7 @@ async fn poll_once<F: Future + Unpin>(future: &mut F) -> bool {
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_hundred_thousand_calls_cancelled_or_timed_out_while_queued_leak_nothing() {
-    let layer = ShedLayer::new(admission(2, 64)).expect("config");
+    let layer = ShedLayer::from_config(admission(2, 64)).expect("config");
     let stats = layer.stats();
     let gate = Arc::new(Semaphore::new(0));
     let mut service = layer.layer(gated_handler(Arc::clone(&gate)));
@@ -150,7 +150,7 @@ async fn a_hundred_thousand_calls_cancelled_or_timed_out_while_queued_leak_nothi
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_worker_granted_to_a_caller_that_left_goes_to_the_next() {
-    let layer = ShedLayer::new(admission(1, 8)).expect("config");
+    let layer = ShedLayer::from_config(admission(1, 8)).expect("config");
     let stats = layer.stats();
     let gate = Arc::new(Semaphore::new(0));
     let mut service = layer.layer(gated_handler(Arc::clone(&gate)));
@@ -201,7 +201,7 @@ async fn a_worker_granted_to_a_caller_that_left_goes_to_the_next() {
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_grant_that_comes_after_the_expiry_is_passed_on_not_run() {
-    let layer = ShedLayer::new(AdmissionConfig {
+    let layer = ShedLayer::from_config(AdmissionConfig {
         min_time_left: Duration::ZERO,
         ..admission(1, 8)
     })

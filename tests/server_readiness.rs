@@ -53,7 +53,7 @@ fn ready_exactly_when_the_inner_service_is_even_with_the_queue_full() {
         .build()
         .expect("runtime");
     let _guard = runtime.enter();
-    let layer = ShedLayer::new(AdmissionConfig {
+    let layer = ShedLayer::from_config(AdmissionConfig {
         workers: 1,
         queue_capacity: 1,
         retry_threshold: RetryThreshold {

@@ -72,7 +72,7 @@ fn one_worker_no_queue() -> AdmissionConfig {
 async fn services_behind_one_layer_share_one_queue() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let layer = ShedLayer::new(one_worker_no_queue()).expect("config");
+    let layer = ShedLayer::from_config(one_worker_no_queue()).expect("config");
     let stats = layer.stats();
     let inventory = DemoInventory::new(DemoConfig::default());
     let control = inventory.control();
@@ -105,7 +105,7 @@ async fn services_behind_one_layer_share_one_queue() {
 async fn a_layer_on_one_service_keeps_its_route_and_leaves_the_others_alone() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let layer = ShedLayer::new(one_worker_no_queue()).expect("config");
+    let layer = ShedLayer::from_config(one_worker_no_queue()).expect("config");
     let stats = layer.stats();
     let inventory = DemoInventory::new(DemoConfig::default());
     let control = inventory.control();

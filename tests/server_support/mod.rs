@@ -26,14 +26,14 @@ impl Drop for TestServer {
     }
 }
 
-/// Binds 127.0.0.1:0, then serves the demo Inventory behind `ShedLayer::new(admission)`.
+/// Binds 127.0.0.1:0, then serves the demo Inventory behind `ShedLayer::from_config(admission)`.
 /// The demo's gate starts closed when `gated`.
 pub async fn start(admission: AdmissionConfig, demo: DemoConfig, gated: bool) -> TestServer {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind loopback");
     let addr = listener.local_addr().expect("local addr");
-    let layer = ShedLayer::new(admission).expect("valid admission config");
+    let layer = ShedLayer::from_config(admission).expect("valid admission config");
     let stats = layer.stats();
     let inventory = DemoInventory::new(demo);
     let control = inventory.control();

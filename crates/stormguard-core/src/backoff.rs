@@ -62,7 +62,14 @@ impl BackoffConfig {
                 initial,
                 max,
                 multiplier,
-            } => (initial, "initialBackoff", max, "maxBackoff", multiplier, f64::MIN_POSITIVE),
+            } => (
+                initial,
+                "initialBackoff",
+                max,
+                "maxBackoff",
+                multiplier,
+                f64::MIN_POSITIVE,
+            ),
         };
         if first.is_zero() {
             return Err(ConfigError::invalid(
@@ -77,7 +84,11 @@ impl BackoffConfig {
             ));
         }
         if !mult.is_finite() || mult < min_mult {
-            let bound = if min_mult >= 1.0 { "at least 1" } else { "greater than 0" };
+            let bound = if min_mult >= 1.0 {
+                "at least 1"
+            } else {
+                "greater than 0"
+            };
             return Err(ConfigError::invalid(
                 format!("{field}.multiplier"),
                 format!("must be finite and {bound}, got {mult}"),
@@ -233,7 +244,10 @@ mod tests {
             let mut b = Backoff::new(config, seed);
             for step in [100.0, 200.0, 400.0, 800.0, 1000.0, 1000.0] {
                 let d = b.next_delay().as_secs_f64() * 1000.0;
-                assert!(d >= step * 0.8 - 1e-6 && d <= step * 1.2 + 1e-6, "{d} vs {step}");
+                assert!(
+                    d >= step * 0.8 - 1e-6 && d <= step * 1.2 + 1e-6,
+                    "{d} vs {step}"
+                );
             }
         }
     }
@@ -277,7 +291,10 @@ mod tests {
         };
         assert_eq!(
             bad.validate("retry.backoff"),
-            Err(ConfigError::invalid("retry.backoff.base", "must be greater than zero"))
+            Err(ConfigError::invalid(
+                "retry.backoff.base",
+                "must be greater than zero"
+            ))
         );
         let bad = BackoffConfig::A6 {
             initial: ms(10),

@@ -82,7 +82,9 @@ impl Code {
 
     /// The code with this number, or `None` outside 0..=16.
     pub fn from_i32(value: i32) -> Option<Code> {
-        usize::try_from(value).ok().and_then(|i| ALL.get(i).copied())
+        usize::try_from(value)
+            .ok()
+            .and_then(|i| ALL.get(i).copied())
     }
 
     /// The code's number on the wire.

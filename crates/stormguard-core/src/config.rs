@@ -153,10 +153,9 @@ impl ClientConfig {
                     Some(p) => Some(a6_retry_policy(p, &format!("{field}.retryPolicy"))?),
                     None => None,
                 };
-                let names = entry
-                    .get("name")
-                    .and_then(Value::as_array)
-                    .ok_or_else(|| ConfigError::invalid(format!("{field}.name"), "must be an array of names"))?;
+                let names = entry.get("name").and_then(Value::as_array).ok_or_else(|| {
+                    ConfigError::invalid(format!("{field}.name"), "must be an array of names")
+                })?;
                 for (j, name) in names.iter().enumerate() {
                     let nf = format!("{field}.name[{j}]");
                     let name = as_object(name, &nf)?;
@@ -230,11 +229,8 @@ impl ClientConfig {
                     ));
                 }
             }
-            let (mut base, mut cap, mut multiplier) = (
-                Duration::from_millis(50),
-                Duration::from_secs(2),
-                2.0,
-            );
+            let (mut base, mut cap, mut multiplier) =
+                (Duration::from_millis(50), Duration::from_secs(2), 2.0);
             if let Some(v) = r.get("base") {
                 base = as_duration(v, "retry.base")?;
             }
@@ -244,8 +240,16 @@ impl ClientConfig {
             if let Some(v) = r.get("multiplier") {
                 multiplier = as_f64(v, "retry.multiplier")?;
             }
-            policy.backoff = match r.get("backoff").map(|v| as_str(v, "retry.backoff")).transpose()? {
-                None | Some("full_jitter") => BackoffConfig::FullJitter { base, cap, multiplier },
+            policy.backoff = match r
+                .get("backoff")
+                .map(|v| as_str(v, "retry.backoff"))
+                .transpose()?
+            {
+                None | Some("full_jitter") => BackoffConfig::FullJitter {
+                    base,
+                    cap,
+                    multiplier,
+                },
                 Some("a6") | Some("exponential") => BackoffConfig::A6 {
                     initial: base,
                     max: cap,
@@ -262,9 +266,9 @@ impl ClientConfig {
                 policy.retryable_codes = codes(v, "retry.retryable_codes")?;
             }
             if let Some(v) = r.get("idempotent") {
-                policy.idempotent = v
-                    .as_bool()
-                    .ok_or_else(|| ConfigError::invalid("retry.idempotent", "must be true or false"))?;
+                policy.idempotent = v.as_bool().ok_or_else(|| {
+                    ConfigError::invalid("retry.idempotent", "must be true or false")
+                })?;
             }
             if let Some(v) = r.get("min_attempt_time") {
                 policy.min_attempt_time = as_duration(v, "retry.min_attempt_time")?;
@@ -354,8 +358,14 @@ fn breaker_config(v: &Value) -> Result<BreakerConfig, ConfigError> {
 /// A6 `retryPolicy`: every field required.
 fn a6_retry_policy(v: &Value, field: &str) -> Result<RetryPolicy, ConfigError> {
     let p = as_object(v, field)?;
-    let max_attempts = as_u32(req(p, "maxAttempts", field)?, &format!("{field}.maxAttempts"))?;
-    let initial = proto_duration(req(p, "initialBackoff", field)?, &format!("{field}.initialBackoff"))?;
+    let max_attempts = as_u32(
+        req(p, "maxAttempts", field)?,
+        &format!("{field}.maxAttempts"),
+    )?;
+    let initial = proto_duration(
+        req(p, "initialBackoff", field)?,
+        &format!("{field}.initialBackoff"),
+    )?;
     let max = proto_duration(req(p, "maxBackoff", field)?, &format!("{field}.maxBackoff"))?;
     let multiplier = req_f64(p, "backoffMultiplier", field)?;
     let retryable_codes = codes(
@@ -379,7 +389,9 @@ fn a6_retry_policy(v: &Value, field: &str) -> Result<RetryPolicy, ConfigError> {
 fn parse_object(json: &str) -> Result<Map<String, Value>, ConfigError> {
     match serde_json::from_str::<Value>(json) {
         Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(ConfigError::Malformed("the document must be a JSON object".into())),
+        Ok(_) => Err(ConfigError::Malformed(
+            "the document must be a JSON object".into(),
+        )),
         Err(e) => Err(ConfigError::Malformed(e.to_string())),
     }
 }
@@ -448,7 +460,10 @@ fn as_u32(v: &Value, field: &str) -> Result<u32, ConfigError> {
         _ => None,
     };
     n.and_then(|n| u32::try_from(n).ok()).ok_or_else(|| {
-        ConfigError::invalid(field, format!("must be a whole number from 0 to {}, got {v}", u32::MAX))
+        ConfigError::invalid(
+            field,
+            format!("must be a whole number from 0 to {}, got {v}", u32::MAX),
+        )
     })
 }
 
@@ -460,13 +475,18 @@ fn codes(v: &Value, field: &str) -> Result<CodeSet, ConfigError> {
     for (i, c) in list.iter().enumerate() {
         let code = match c {
             Value::String(s) => s.parse::<Code>().ok(),
-            Value::Number(n) => n.as_i64().and_then(|n| i32::try_from(n).ok()).and_then(Code::from_i32),
+            Value::Number(n) => n
+                .as_i64()
+                .and_then(|n| i32::try_from(n).ok())
+                .and_then(Code::from_i32),
             _ => None,
         };
         let code = code.ok_or_else(|| {
             ConfigError::invalid(
                 format!("{field}[{i}]"),
-                format!("{c} is not a gRPC status code (a name such as UNAVAILABLE or a number 0 to 16)"),
+                format!(
+                    "{c} is not a gRPC status code (a name such as UNAVAILABLE or a number 0 to 16)"
+                ),
             )
         })?;
         set.insert(code);
@@ -479,10 +499,16 @@ fn codes(v: &Value, field: &str) -> Result<CodeSet, ConfigError> {
 fn proto_duration(v: &Value, field: &str) -> Result<Duration, ConfigError> {
     let s = as_str(v, field)?;
     let secs = s.strip_suffix('s').ok_or_else(|| {
-        ConfigError::invalid(field, format!("a duration is decimal seconds ending in \"s\" (\"0.1s\"), got {s:?}"))
+        ConfigError::invalid(
+            field,
+            format!("a duration is decimal seconds ending in \"s\" (\"0.1s\"), got {s:?}"),
+        )
     })?;
     decimal(secs, 1_000_000_000).ok_or_else(|| {
-        ConfigError::invalid(field, format!("a duration is decimal seconds ending in \"s\" (\"0.1s\"), got {s:?}"))
+        ConfigError::invalid(
+            field,
+            format!("a duration is decimal seconds ending in \"s\" (\"0.1s\"), got {s:?}"),
+        )
     })
 }
 
@@ -531,7 +557,11 @@ fn decimal(number: &str, unit_nanos: u128) -> Option<Duration> {
         return None;
     }
     let int: u128 = if int.is_empty() { 0 } else { int.parse().ok()? };
-    let frac_value: u128 = if frac.is_empty() { 0 } else { frac.parse().ok()? };
+    let frac_value: u128 = if frac.is_empty() {
+        0
+    } else {
+        frac.parse().ok()?
+    };
     let scale = 10u128.pow(frac.len() as u32);
     let nanos = int * unit_nanos + frac_value * unit_nanos / scale;
     let secs = u64::try_from(nanos / 1_000_000_000).ok()?;
@@ -575,7 +605,11 @@ mod tests {
                 multiplier: 2.0
             }
         );
-        assert!(c.methods.lookup(&format!("/{INVENTORY}/WatchStock")).is_none());
+        assert!(
+            c.methods
+                .lookup(&format!("/{INVENTORY}/WatchStock"))
+                .is_none()
+        );
         assert_eq!(c.methods.lookup("/x.Y/Z").unwrap().max_attempts, 2);
         assert_eq!(c.budget, BudgetChoice::Stormguard(BudgetConfig::default()));
     }
@@ -654,7 +688,10 @@ mod tests {
             "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
             "retryableStatusCodes": ["UNAVAILABLE"]}}]}"#;
         let c = ClientConfig::from_service_config_json(json).unwrap();
-        assert_eq!(c.methods.lookup("/a.B/C").unwrap().effective_max_attempts(), 5);
+        assert_eq!(
+            c.methods.lookup("/a.B/C").unwrap().effective_max_attempts(),
+            5
+        );
     }
 
     #[test]
@@ -695,14 +732,29 @@ mod tests {
         assert_eq!(c, ClientConfig::standard());
         let cases = [
             (r#"{"retry": {"max_atempts": 3}}"#, "retry.max_atempts"),
-            (r#"{"retry": {"budget": {"ttl": "0.5s"}}}"#, "retry.budget.ttl"),
-            (r#"{"retry": {"budget": {"ttl": "ten seconds"}}}"#, "retry.budget.ttl"),
-            (r#"{"retry": {"budget": {"retry_ratio": -1}}}"#, "retry.budget.retry_ratio"),
-            (r#"{"retry": {"budget_exhausted": "queue"}}"#, "retry.budget_exhausted"),
+            (
+                r#"{"retry": {"budget": {"ttl": "0.5s"}}}"#,
+                "retry.budget.ttl",
+            ),
+            (
+                r#"{"retry": {"budget": {"ttl": "ten seconds"}}}"#,
+                "retry.budget.ttl",
+            ),
+            (
+                r#"{"retry": {"budget": {"retry_ratio": -1}}}"#,
+                "retry.budget.retry_ratio",
+            ),
+            (
+                r#"{"retry": {"budget_exhausted": "queue"}}"#,
+                "retry.budget_exhausted",
+            ),
             (r#"{"retry": {"backoff": "linear"}}"#, "retry.backoff"),
             (r#"{"retry": {"max_attempts": -2}}"#, "retry.max_attempts"),
             (r#"{"retry": {"max_attempts": 1}}"#, "retry.max_attempts"),
-            (r#"{"breaker": {"failure_rate": 2}}"#, "breaker.failure_rate"),
+            (
+                r#"{"breaker": {"failure_rate": 2}}"#,
+                "breaker.failure_rate",
+            ),
         ];
         for (json, field) in cases {
             let e = ClientConfig::from_json(json).unwrap_err();
@@ -720,7 +772,17 @@ mod tests {
         assert_eq!(parse_duration("250us"), Some(Duration::from_micros(250)));
         assert_eq!(parse_duration("7ns"), Some(Duration::from_nanos(7)));
         assert_eq!(parse_duration(".5s"), Some(Duration::from_millis(500)));
-        for bad in ["", "s", "10", "-1s", "1e3s", "1.2.3s", "ms", "1,5s", "1.0000000001s"] {
+        for bad in [
+            "",
+            "s",
+            "10",
+            "-1s",
+            "1e3s",
+            "1.2.3s",
+            "ms",
+            "1,5s",
+            "1.0000000001s",
+        ] {
             assert_eq!(parse_duration(bad), None, "{bad:?}");
         }
         assert!(

@@ -234,12 +234,30 @@ mod tests {
     #[test]
     fn rejects_malformed_values() {
         assert_eq!(decode_grpc_timeout(""), Err(TimeoutError::Empty));
-        assert!(matches!(decode_grpc_timeout("m"), Err(TimeoutError::BadValue(_))));
-        assert!(matches!(decode_grpc_timeout("123456789S"), Err(TimeoutError::BadValue(_))));
-        assert!(matches!(decode_grpc_timeout("-1S"), Err(TimeoutError::BadValue(_))));
-        assert!(matches!(decode_grpc_timeout("+1S"), Err(TimeoutError::BadValue(_))));
-        assert!(matches!(decode_grpc_timeout(" 1S"), Err(TimeoutError::BadValue(_))));
-        assert!(matches!(decode_grpc_timeout("1.5S"), Err(TimeoutError::BadValue(_))));
+        assert!(matches!(
+            decode_grpc_timeout("m"),
+            Err(TimeoutError::BadValue(_))
+        ));
+        assert!(matches!(
+            decode_grpc_timeout("123456789S"),
+            Err(TimeoutError::BadValue(_))
+        ));
+        assert!(matches!(
+            decode_grpc_timeout("-1S"),
+            Err(TimeoutError::BadValue(_))
+        ));
+        assert!(matches!(
+            decode_grpc_timeout("+1S"),
+            Err(TimeoutError::BadValue(_))
+        ));
+        assert!(matches!(
+            decode_grpc_timeout(" 1S"),
+            Err(TimeoutError::BadValue(_))
+        ));
+        assert!(matches!(
+            decode_grpc_timeout("1.5S"),
+            Err(TimeoutError::BadValue(_))
+        ));
         assert_eq!(decode_grpc_timeout("10s"), Err(TimeoutError::BadUnit('s')));
         assert_eq!(decode_grpc_timeout("10é"), Err(TimeoutError::BadUnit('é')));
     }
@@ -247,9 +265,18 @@ mod tests {
     #[test]
     fn encodes_in_the_finest_unit_that_fits() {
         assert_eq!(encode_grpc_timeout(Duration::from_nanos(1)).as_str(), "1n");
-        assert_eq!(encode_grpc_timeout(Duration::from_nanos(99_999_999)).as_str(), "99999999n");
-        assert_eq!(encode_grpc_timeout(Duration::from_nanos(100_000_000)).as_str(), "100000u");
-        assert_eq!(encode_grpc_timeout(Duration::from_millis(1500)).as_str(), "1500000u");
+        assert_eq!(
+            encode_grpc_timeout(Duration::from_nanos(99_999_999)).as_str(),
+            "99999999n"
+        );
+        assert_eq!(
+            encode_grpc_timeout(Duration::from_nanos(100_000_000)).as_str(),
+            "100000u"
+        );
+        assert_eq!(
+            encode_grpc_timeout(Duration::from_millis(1500)).as_str(),
+            "1500000u"
+        );
         assert_eq!(encode_grpc_timeout(Duration::ZERO).as_str(), "0n");
         assert_eq!(
             encode_grpc_timeout(Duration::from_secs(u64::MAX)).as_str(),
@@ -260,7 +287,10 @@ mod tests {
     #[test]
     fn coarsening_rounds_up_never_to_zero() {
         // 100 000 000 ns + 1 ns does not fit in ns; in µs it rounds up.
-        assert_eq!(encode_grpc_timeout(Duration::from_nanos(100_000_001)).as_str(), "100001u");
+        assert_eq!(
+            encode_grpc_timeout(Duration::from_nanos(100_000_001)).as_str(),
+            "100001u"
+        );
     }
 
     #[test]
@@ -272,7 +302,8 @@ mod tests {
         assert!(!d.is_expired_at(t0 + Duration::from_millis(99)));
         assert!(d.is_expired_at(t0 + Duration::from_millis(100)));
         assert_eq!(
-            d.grpc_timeout_at(t0 + Duration::from_millis(40)).map(|t| t.to_string()),
+            d.grpc_timeout_at(t0 + Duration::from_millis(40))
+                .map(|t| t.to_string()),
             Some("60000000n".to_owned())
         );
         assert_eq!(d.grpc_timeout_at(t0 + Duration::from_millis(100)), None);

@@ -131,7 +131,8 @@ impl MethodTable {
     /// Sets the policy of every method of `service` (fully qualified, `pkg.Service`);
     /// `None` disables retries for it.
     pub fn insert_service(&mut self, service: &str, policy: Option<RetryPolicy>) {
-        self.services.insert(service.to_owned(), policy.map(Arc::new));
+        self.services
+            .insert(service.to_owned(), policy.map(Arc::new));
     }
 
     /// Sets the policy of one method; `None` disables retries for it.

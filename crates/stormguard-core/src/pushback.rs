@@ -109,8 +109,14 @@ mod tests {
     #[test]
     fn well_formed_values_are_exact() {
         assert_eq!(one("0"), Some(Pushback::RetryAfter(Duration::ZERO)));
-        assert_eq!(one("1"), Some(Pushback::RetryAfter(Duration::from_millis(1))));
-        assert_eq!(one("007"), Some(Pushback::RetryAfter(Duration::from_millis(7))));
+        assert_eq!(
+            one("1"),
+            Some(Pushback::RetryAfter(Duration::from_millis(1)))
+        );
+        assert_eq!(
+            one("007"),
+            Some(Pushback::RetryAfter(Duration::from_millis(7)))
+        );
         assert_eq!(
             one("4294967295"),
             Some(Pushback::RetryAfter(Duration::from_millis(4_294_967_295)))
@@ -135,7 +141,10 @@ mod tests {
         ] {
             assert_eq!(one(bad), Some(Pushback::DoNotRetry), "value {bad:?}");
         }
-        assert_eq!(parse_pushback([&[0xff, 0xfe][..]]), Some(Pushback::DoNotRetry));
+        assert_eq!(
+            parse_pushback([&[0xff, 0xfe][..]]),
+            Some(Pushback::DoNotRetry)
+        );
     }
 
     #[test]

@@ -55,9 +55,9 @@ use crate::breaker::{BreakerPermit, BreakerState, CircuitBreaker};
 use crate::budget::{Budget, RetryBudget};
 use crate::code::Code;
 use crate::config::{BudgetChoice, ClientConfig, ConfigError};
-use crate::throttle::A6Throttle;
 use crate::policy::{MethodTable, RetryPolicy};
 use crate::pushback::Pushback;
+use crate::throttle::A6Throttle;
 
 /// Why a failed attempt was not retried.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -230,7 +230,10 @@ impl RetryController {
             BudgetChoice::A6(t) => Arc::new(A6Throttle::new(t.clone())?),
         };
         let breaker = match &config.breaker {
-            Some(b) => Some(CircuitBreaker::new(b.clone(), splitmix64(seed ^ 0xB2EA_4E2))?),
+            Some(b) => Some(CircuitBreaker::new(
+                b.clone(),
+                splitmix64(seed ^ 0xB2EA_4E2),
+            )?),
             None => None,
         };
         Ok(RetryController::new(
@@ -369,10 +372,9 @@ impl CallRetry {
     /// A retryable code (or `DEADLINE_EXCEEDED`) is a failure of the dependency for the
     /// breaker; any other code is an application answer, a sign of life.
     fn record_outcome_at(&mut self, code: Code, pushback: Option<Pushback>, now: Instant) -> bool {
-        let retryable_code = self
-            .policy
-            .as_ref()
-            .map_or(code == Code::Unavailable, |p| p.retryable_codes.contains(code));
+        let retryable_code = self.policy.as_ref().map_or(code == Code::Unavailable, |p| {
+            p.retryable_codes.contains(code)
+        });
         let dependency_failed = retryable_code || code == Code::DeadlineExceeded;
         if dependency_failed && let Some(permit) = self.permit.take() {
             permit.failure_at(now);
@@ -587,7 +589,10 @@ mod tests {
         let before = b.balance_at(now);
         let mut call = c.begin_at(PATH, None, now).unwrap();
         let f = unavailable().with_pushback(Some(Pushback::DoNotRetry));
-        assert_eq!(call.on_failure_at(&f, now), Decision::GiveUp(Refusal::Pushback));
+        assert_eq!(
+            call.on_failure_at(&f, now),
+            Decision::GiveUp(Refusal::Pushback)
+        );
         assert_eq!(b.balance_at(now), before);
     }
 
@@ -597,10 +602,16 @@ mod tests {
         let now = Instant::now();
         let mut call = c.begin_at(PATH, Some(now + ms(100)), now).unwrap();
         let f = unavailable().with_pushback(Some(Pushback::RetryAfter(ms(100))));
-        assert_eq!(call.on_failure_at(&f, now), Decision::GiveUp(Refusal::Deadline));
+        assert_eq!(
+            call.on_failure_at(&f, now),
+            Decision::GiveUp(Refusal::Deadline)
+        );
         let mut call = c.begin_at(PATH, Some(now + ms(100)), now).unwrap();
         let f = unavailable().with_pushback(Some(Pushback::RetryAfter(ms(90))));
-        assert_eq!(call.on_failure_at(&f, now), Decision::Retry { delay: ms(90) });
+        assert_eq!(
+            call.on_failure_at(&f, now),
+            Decision::Retry { delay: ms(90) }
+        );
     }
 
     #[test]
@@ -641,7 +652,10 @@ mod tests {
             unsent: true,
             ..unavailable()
         };
-        assert!(matches!(call.on_failure_at(&unsent, now), Decision::Retry { .. }));
+        assert!(matches!(
+            call.on_failure_at(&unsent, now),
+            Decision::Retry { .. }
+        ));
     }
 
     #[test]
@@ -653,7 +667,10 @@ mod tests {
             replayable: false,
             ..unavailable()
         };
-        assert_eq!(call.on_failure_at(&f, now), Decision::GiveUp(Refusal::ReplayLimit));
+        assert_eq!(
+            call.on_failure_at(&f, now),
+            Decision::GiveUp(Refusal::ReplayLimit)
+        );
     }
 
     #[test]
@@ -662,7 +679,10 @@ mod tests {
         let c = controller(RetryPolicy::default(), budget(0, 0.1));
         let now = Instant::now();
         let mut call = c.begin_at(PATH, None, now).unwrap();
-        assert_eq!(call.on_failure_at(&unavailable(), now), Decision::GiveUp(Refusal::Budget));
+        assert_eq!(
+            call.on_failure_at(&unavailable(), now),
+            Decision::GiveUp(Refusal::Budget)
+        );
         for _ in 0..100 {
             c.begin_at(PATH, None, now).unwrap().on_success_at(now);
         }
@@ -757,10 +777,14 @@ mod tests {
         // The balance is tokens above maxTokens / 2: 5 when full.
         assert!((throttle.balance_at(now) - 5.0).abs() < 1e-9);
         // A stream that failed in its trailers costs a token, like a failed attempt.
-        c.begin_at(PATH, None, now).unwrap().on_committed_at(Code::Unavailable, now);
+        c.begin_at(PATH, None, now)
+            .unwrap()
+            .on_committed_at(Code::Unavailable, now);
         assert!((throttle.balance_at(now) - 4.0).abs() < 1e-9);
         // One that ended OK pays it back in part.
-        c.begin_at(PATH, None, now).unwrap().on_committed_at(Code::Ok, now);
+        c.begin_at(PATH, None, now)
+            .unwrap()
+            .on_committed_at(Code::Ok, now);
         assert!((throttle.balance_at(now) - 4.5).abs() < 1e-9);
     }
 
@@ -777,7 +801,12 @@ mod tests {
         assert!(c.breaker().is_none());
         let mut with_breaker = ClientConfig::standard();
         with_breaker.breaker = Some(BreakerConfig::default());
-        assert!(RetryController::from_config(&with_breaker, 1).unwrap().breaker().is_some());
+        assert!(
+            RetryController::from_config(&with_breaker, 1)
+                .unwrap()
+                .breaker()
+                .is_some()
+        );
         let mut bad = ClientConfig::standard();
         bad.breaker = Some(BreakerConfig {
             failure_rate: 0.0,

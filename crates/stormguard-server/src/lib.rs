@@ -26,12 +26,17 @@
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! use stormguard_core::admission::AdmissionConfig;
+//! use stormguard_core::admission::{AdmissionConfig, AdmissionPolicy};
 //! use stormguard_server::ShedLayer;
 //!
-//! let admission = AdmissionConfig { workers: 32, queue_capacity: 128, ..AdmissionConfig::default() };
+//! // Validated once, at start-up: a bad value is an error that names the field.
+//! let admission = AdmissionPolicy::new(AdmissionConfig {
+//!     workers: 32,
+//!     queue_capacity: 128,
+//!     ..AdmissionConfig::default()
+//! })?;
 //! tonic::transport::Server::builder()
-//!     .layer(ShedLayer::new(admission)?)
+//!     .layer(ShedLayer::new(admission))
 //!     // .add_service(InventoryServer::new(svc))
 //!     // .add_service(OtherServer::new(other))
 //! #   .add_routes(tonic::service::Routes::default())

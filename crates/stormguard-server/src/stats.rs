@@ -20,7 +20,7 @@ use crate::shed::queue::Queue;
 /// use stormguard_core::admission::AdmissionConfig;
 /// use stormguard_server::ShedLayer;
 ///
-/// let layer = ShedLayer::new(AdmissionConfig::default()).expect("valid config");
+/// let layer = ShedLayer::from_config(AdmissionConfig::default()).expect("valid config");
 /// let stats = layer.stats();
 /// // ... Server::builder().layer(layer) ...
 /// assert_eq!(stats.snapshot().admitted, 0);

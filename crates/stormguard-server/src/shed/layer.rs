@@ -21,7 +21,7 @@ use crate::stats::ShedStats;
 /// use stormguard_server::ShedLayer;
 ///
 /// let admission = AdmissionConfig { workers: 16, queue_capacity: 64, ..AdmissionConfig::default() };
-/// let layer = ShedLayer::new(admission)?;
+/// let layer = ShedLayer::from_config(admission)?;
 /// let stats = layer.stats();
 /// tonic::transport::Server::builder()
 ///     .layer(layer)
@@ -38,13 +38,13 @@ pub struct ShedLayer {
 }
 
 impl ShedLayer {
-    /// A layer with its own queue, for a valid `config`.
-    pub fn new(config: AdmissionConfig) -> Result<Self, ConfigError> {
-        AdmissionPolicy::new(config).map(Self::from_policy)
+    /// A layer with its own queue, for a valid `config` (see [`AdmissionConfig::validate`]).
+    pub fn from_config(config: AdmissionConfig) -> Result<Self, ConfigError> {
+        AdmissionPolicy::new(config).map(Self::new)
     }
 
-    /// A layer with its own queue, driven by `policy`.
-    pub fn from_policy(policy: AdmissionPolicy) -> Self {
+    /// A layer with its own queue, driven by `policy` (already validated).
+    pub fn new(policy: AdmissionPolicy) -> Self {
         ShedLayer {
             queue: Arc::new(Queue::new(policy)),
         }

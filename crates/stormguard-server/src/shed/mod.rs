@@ -26,7 +26,7 @@
 //!
 //! # Where to put it
 //!
-//! On a tonic server, `Server::builder().layer(ShedLayer::new(..)?)` wraps all the
+//! On a tonic server, `Server::builder().layer(ShedLayer::from_config(..)?)` wraps all the
 //! services of the router behind one queue. Tonic's own `grpc-timeout` handling sits
 //! outside user layers; the queue answers a call slightly before that timer fires
 //! ([`AdmissionConfig::min_time_left`](stormguard_core::admission::AdmissionConfig)),

@@ -1,0 +1,480 @@
+//! The response body of [`Retry`](super::Retry): records how a committed call ended.
+//!
+//! # Why
+//!
+//! Once response headers without `grpc-status` arrive, the call is committed (gRPC A6): it
+//! is passed through and never retried. Its outcome is not known yet, though: a stream, or
+//! a unary call whose status comes in the trailers, may still end with `UNAVAILABLE`.
+//! Counting it as a success when the headers arrive would let failures mint retry budget
+//! (or A6 tokens) and keep the breaker closed while the dependency fails. So the layer
+//! hands the caller a [`ResponseBody`] that holds the call's retry state and records the
+//! final outcome (`CallRetry::on_committed_at`) when the body ends.
+//!
+//! # What is recorded
+//!
+//! | how the body ends | code recorded |
+//! |---|---|
+//! | a trailers frame with `grpc-status` | that code (a malformed value reads as `UNKNOWN`) |
+//! | a trailers frame without `grpc-status`, or the end of the body without trailers, after HTTP `200` | `UNAVAILABLE` |
+//! | the same after another HTTP status | the code tonic shows the caller (`503` → `UNAVAILABLE`, `404` → `UNIMPLEMENTED`, …) |
+//! | an error from the body | `UNAVAILABLE` |
+//! | dropped before any of these | nothing |
+//!
+//! A body error means the stream broke before the server sent its final status: the
+//! connection was lost, the stream was reset, or the connection received `GOAWAY`. That is
+//! the same failure as a transport error before the response headers, which the layer reads
+//! as `UNAVAILABLE`, and it is recorded the same way, whatever code tonic attaches to it
+//! (tonic maps most h2 reset reasons to `INTERNAL`, `UNKNOWN` or `CANCELLED`, codes a
+//! policy would take for application answers, letting a dying connection mint budget).
+//! A `200` stream that ends without a final status is the same kind of failure: hyper turns
+//! a `RST_STREAM` with `NO_ERROR` or `CANCEL` (a proxy cutting the stream, for example) into
+//! a clean end of the body. tonic shows the caller `UNKNOWN` there; for the budget and the
+//! breaker it is `UNAVAILABLE`, the dependency did not finish the call.
+//!
+//! A body dropped before its end means the caller lost interest: nothing is known about
+//! the dependency, so nothing is recorded, and the breaker permit the call held is released
+//! without an outcome.
+//!
+//! The recorded code then counts as [`CallRetry::on_committed_at`] says: `OK` deposits into
+//! the budget and is a breaker success; a code the method's policy retries (default:
+//! `UNAVAILABLE`) is a breaker failure and costs an A6 token; any other code is an
+//! application answer, a sign of life.
+
+use std::fmt;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use http::{HeaderMap, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use stormguard_core::Instant;
+use stormguard_core::code::Code;
+use stormguard_core::retry::CallRetry;
+
+use crate::stats::RetryStats;
+use crate::status::{code_from_http_status, trailers_only_code};
+
+pin_project! {
+    /// The response body of a call through [`Retry`](super::Retry).
+    ///
+    /// Data, size hint and end of stream are forwarded from the inner body unchanged, as
+    /// are its errors. When the call was committed (response headers without
+    /// `grpc-status`), the body also records the call's final outcome in the layer's
+    /// budget, breaker and counters when it ends; see the [module docs](self) for how each
+    /// ending is read. Other responses (trailers-only answers, whose status the layer
+    /// already read from the headers) are only forwarded.
+    pub struct ResponseBody<B> {
+        #[pin]
+        inner: B,
+        pending: Option<Pending>,
+    }
+}
+
+/// A committed call whose outcome is not known yet.
+struct Pending {
+    call: Option<CallRetry>,
+    stats: RetryStats,
+    http_status: StatusCode,
+    ended: bool,
+}
+
+/// How a committed body ended.
+enum End<'a> {
+    /// A trailers frame.
+    Trailers(&'a HeaderMap),
+    /// The end of the body, without trailers.
+    Eos,
+    /// An error from the body.
+    Error,
+}
+
+impl<B: Body> ResponseBody<B> {
+    /// A committed call's body: records the outcome of `call` when it ends.
+    pub(super) fn committed(
+        inner: B,
+        call: Option<CallRetry>,
+        stats: RetryStats,
+        http_status: StatusCode,
+    ) -> Self {
+        let pending = Pending {
+            call,
+            stats,
+            http_status,
+            ended: false,
+        };
+        if inner.is_end_stream() {
+            // Headers that ended the stream without a status: nothing more will come (and
+            // `tonic::body::Body::new` would drop this body unpolled).
+            pending.end(End::Eos);
+            return ResponseBody::passthrough(inner);
+        }
+        ResponseBody {
+            inner,
+            pending: Some(pending),
+        }
+    }
+}
+
+impl<B> ResponseBody<B> {
+    /// A body whose outcome is already recorded, or not the layer's to record.
+    pub(super) fn passthrough(inner: B) -> Self {
+        ResponseBody {
+            inner,
+            pending: None,
+        }
+    }
+
+    /// The inner body.
+    pub fn get_ref(&self) -> &B {
+        &self.inner
+    }
+}
+
+impl Pending {
+    fn end(mut self, end: End<'_>) {
+        let code = match end {
+            End::Trailers(trailers) => trailers_only_code(trailers)
+                .unwrap_or_else(|| missing_status_code(self.http_status)),
+            End::Eos => missing_status_code(self.http_status),
+            End::Error => Code::Unavailable,
+        };
+        if let Some(call) = self.call.as_mut() {
+            call.on_committed_at(code, Instant::now());
+        }
+        self.stats.committed_ended(code == Code::Ok);
+        self.ended = true;
+    }
+}
+
+/// The code recorded for a committed response that ended without a `grpc-status`.
+fn missing_status_code(http_status: StatusCode) -> Code {
+    if http_status == StatusCode::OK {
+        // The stream was cut before its final status.
+        Code::Unavailable
+    } else {
+        code_from_http_status(http_status)
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.ended {
+            // The caller dropped the body before its end: the call's permit is released
+            // without an outcome, and the budget hears nothing.
+            self.stats.committed_abandoned();
+        }
+    }
+}
+
+impl<B: Body> Body for ResponseBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        let frame = ready!(this.inner.poll_frame(cx));
+        let end = match &frame {
+            Some(Ok(frame)) => frame.trailers_ref().map(End::Trailers),
+            Some(Err(_)) => Some(End::Error),
+            None => Some(End::Eos),
+        };
+        if let Some(end) = end
+            && let Some(pending) = this.pending.take()
+        {
+            pending.end(end);
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<B: fmt::Debug> fmt::Debug for ResponseBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseBody")
+            .field("inner", &self.inner)
+            .field("recording", &self.pending.is_some())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use http::HeaderValue;
+    use http_body_util::BodyExt;
+    use stormguard_core::breaker::{BreakerConfig, CircuitBreaker};
+    use stormguard_core::budget::Budget;
+    use stormguard_core::policy::{MethodTable, RetryPolicy};
+    use stormguard_core::retry::{Refusal, RetryController};
+    use stormguard_core::throttle::{A6Throttle, ThrottleConfig};
+    use tonic::Status;
+
+    const PATH: &str = "/pkg.Svc/Watch";
+
+    /// A body that yields the given frames one by one.
+    struct Frames(VecDeque<Result<Frame<Bytes>, Status>>);
+
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = Status;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+            Poll::Ready(self.get_mut().0.pop_front())
+        }
+        fn is_end_stream(&self) -> bool {
+            self.0.is_empty()
+        }
+        fn size_hint(&self) -> SizeHint {
+            SizeHint::with_exact(7)
+        }
+    }
+
+    fn data(s: &'static str) -> Result<Frame<Bytes>, Status> {
+        Ok(Frame::data(Bytes::from_static(s.as_bytes())))
+    }
+
+    fn trailers(status: Option<&'static str>) -> Result<Frame<Bytes>, Status> {
+        let mut map = HeaderMap::new();
+        if let Some(s) = status {
+            map.insert("grpc-status", HeaderValue::from_static(s));
+        }
+        Ok(Frame::trailers(map))
+    }
+
+    /// A controller paying from an A6 throttle of 10 tokens, ratio 0.5 (balance 5 when
+    /// full: each failure costs 1, each success adds 0.5), and its throttle.
+    fn a6(breaker: Option<CircuitBreaker>) -> (RetryController, Arc<dyn Budget>) {
+        let throttle: Arc<dyn Budget> = Arc::new(
+            A6Throttle::new(ThrottleConfig {
+                max_tokens: 10.0,
+                token_ratio: 0.5,
+            })
+            .unwrap(),
+        );
+        let c = RetryController::new(
+            MethodTable::uniform(RetryPolicy::default()),
+            Arc::clone(&throttle),
+            breaker,
+            1,
+        );
+        (c, throttle)
+    }
+
+    fn body(
+        c: &RetryController,
+        stats: &RetryStats,
+        http_status: StatusCode,
+        frames: Vec<Result<Frame<Bytes>, Status>>,
+    ) -> ResponseBody<Frames> {
+        let call = c.begin(PATH, None).unwrap();
+        ResponseBody::committed(
+            Frames(frames.into()),
+            Some(call),
+            stats.clone(),
+            http_status,
+        )
+    }
+
+    /// Drains `body`, returning how many data frames it gave and whether it ended in error.
+    async fn drain(mut body: ResponseBody<Frames>) -> (usize, bool) {
+        let mut n = 0;
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(f) if f.is_data() => n += 1,
+                Ok(_) => {}
+                Err(_) => return (n, true),
+            }
+        }
+        (n, false)
+    }
+
+    fn balance(b: &Arc<dyn Budget>) -> f64 {
+        b.balance_at(Instant::now())
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    #[tokio::test]
+    async fn a_failure_in_the_trailers_costs_a_token_and_counts_as_failed() {
+        let (c, throttle) = a6(None);
+        let stats = RetryStats::new();
+        let b = body(
+            &c,
+            &stats,
+            StatusCode::OK,
+            vec![data("a"), data("b"), trailers(Some("14"))],
+        );
+        assert!(close(balance(&throttle), 5.0));
+        assert_eq!(drain(b).await, (2, false));
+        assert!(close(balance(&throttle), 4.0), "{}", balance(&throttle));
+        let s = stats.snapshot();
+        assert_eq!((s.ok, s.failed, s.committed_failed), (0, 1, 1));
+        assert_eq!(s.committed_abandoned, 0);
+    }
+
+    #[tokio::test]
+    async fn ok_in_the_trailers_deposits_and_counts_as_ok() {
+        let (c, throttle) = a6(None);
+        throttle.record_failure_at(Instant::now());
+        let stats = RetryStats::new();
+        let b = body(&c, &stats, StatusCode::OK, vec![data("a"), trailers(Some("0"))]);
+        assert_eq!(drain(b).await, (1, false));
+        assert!(close(balance(&throttle), 4.5), "{}", balance(&throttle));
+        let s = stats.snapshot();
+        assert_eq!((s.ok, s.failed, s.committed_failed), (1, 0, 0));
+    }
+
+    #[tokio::test]
+    async fn an_application_error_in_the_trailers_is_a_sign_of_life() {
+        let (c, throttle) = a6(None);
+        throttle.record_failure_at(Instant::now());
+        let stats = RetryStats::new();
+        let b = body(&c, &stats, StatusCode::OK, vec![trailers(Some("5"))]);
+        drain(b).await;
+        assert!(close(balance(&throttle), 4.5), "NOT_FOUND is an answer");
+        let s = stats.snapshot();
+        assert_eq!((s.ok, s.failed, s.committed_failed), (0, 1, 1));
+    }
+
+    #[tokio::test]
+    async fn a_body_error_is_recorded_as_unavailable() {
+        let (c, throttle) = a6(None);
+        let stats = RetryStats::new();
+        // tonic reads an h2 reset as INTERNAL: still a failure of the dependency.
+        let b = body(
+            &c,
+            &stats,
+            StatusCode::OK,
+            vec![data("a"), Err(Status::internal("h2 protocol error"))],
+        );
+        assert_eq!(drain(b).await, (1, true));
+        assert!(close(balance(&throttle), 4.0));
+        assert_eq!(stats.snapshot().committed_failed, 1);
+    }
+
+    #[tokio::test]
+    async fn a_stream_cut_without_a_status_is_recorded_as_unavailable() {
+        for frames in [vec![data("a")], vec![data("a"), trailers(None)]] {
+            let (c, throttle) = a6(None);
+            let stats = RetryStats::new();
+            drain(body(&c, &stats, StatusCode::OK, frames)).await;
+            assert!(close(balance(&throttle), 4.0));
+            let s = stats.snapshot();
+            assert_eq!((s.ok, s.failed, s.committed_failed), (0, 1, 1));
+        }
+    }
+
+    #[tokio::test]
+    async fn without_a_status_a_non_200_answer_is_read_as_tonic_reads_it() {
+        let (c, throttle) = a6(None);
+        let stats = RetryStats::new();
+        drain(body(&c, &stats, StatusCode::BAD_GATEWAY, vec![data("x")])).await;
+        assert!(close(balance(&throttle), 4.0), "502 reads as UNAVAILABLE");
+        throttle.record_failure_at(Instant::now());
+        drain(body(&c, &stats, StatusCode::NOT_FOUND, vec![data("x")])).await;
+        assert!(close(balance(&throttle), 3.5), "404 reads as UNIMPLEMENTED, an answer");
+        assert_eq!(stats.snapshot().committed_failed, 2);
+    }
+
+    #[tokio::test]
+    async fn a_body_ended_at_the_headers_is_recorded_at_once() {
+        let (c, throttle) = a6(None);
+        let stats = RetryStats::new();
+        let b = body(&c, &stats, StatusCode::SERVICE_UNAVAILABLE, vec![]);
+        // Recorded before any poll: tonic drops a body that is already at its end.
+        assert!(close(balance(&throttle), 4.0));
+        drop(b);
+        let s = stats.snapshot();
+        assert_eq!((s.failed, s.committed_failed, s.committed_abandoned), (1, 1, 0));
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_before_its_end_records_nothing() {
+        let breaker = CircuitBreaker::new(
+            BreakerConfig {
+                min_requests: 1,
+                failure_rate: 1.0,
+                half_open_probes: 1,
+                ..BreakerConfig::default()
+            },
+            2,
+        )
+        .unwrap();
+        let (c, throttle) = a6(Some(breaker));
+        throttle.record_failure_at(Instant::now());
+        let stats = RetryStats::new();
+        let mut b = body(
+            &c,
+            &stats,
+            StatusCode::OK,
+            vec![data("a"), data("b"), trailers(Some("14"))],
+        );
+        b.frame().await.unwrap().unwrap();
+        drop(b);
+        assert!(close(balance(&throttle), 4.0), "neither a deposit nor a cost");
+        let s = stats.snapshot();
+        assert_eq!((s.ok, s.failed, s.committed_abandoned), (0, 0, 1));
+        // A failure would have opened this breaker (one outcome, all failed).
+        assert!(c.begin(PATH, None).is_ok(), "the breaker heard nothing");
+        // The same stream read to its end does open it.
+        let b = body(&c, &stats, StatusCode::OK, vec![trailers(Some("14"))]);
+        drain(b).await;
+        assert_eq!(c.begin(PATH, None).err(), Some(Refusal::Breaker));
+    }
+
+    #[tokio::test]
+    async fn frames_size_hint_and_end_are_forwarded() {
+        let (c, _) = a6(None);
+        let stats = RetryStats::new();
+        let mut b = body(&c, &stats, StatusCode::OK, vec![data("ab"), trailers(Some("0"))]);
+        assert_eq!(b.size_hint().exact(), Some(7));
+        assert!(!b.is_end_stream());
+        let frame = b.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), Bytes::from_static(b"ab"));
+        let frame = b.frame().await.unwrap().unwrap();
+        assert_eq!(frame.trailers_ref().unwrap()["grpc-status"], "0");
+        assert!(b.is_end_stream());
+        assert!(b.frame().await.is_none());
+        // Recorded once, whatever is polled after the end.
+        assert_eq!(stats.snapshot().ok, 1);
+    }
+
+    #[tokio::test]
+    async fn a_passthrough_body_records_nothing() {
+        let stats = RetryStats::new();
+        let b = ResponseBody::passthrough(Frames(vec![trailers(Some("14"))].into()));
+        let _ = b.collect().await.unwrap();
+        assert_eq!(stats.snapshot(), Default::default());
+    }
+
+    #[test]
+    fn tonic_clients_accept_the_body_of_a_channel() {
+        // The bounds tonic's generated clients put on a service's response body.
+        fn grpc_body<T>()
+        where
+            T: Body<Data = Bytes> + Send + 'static,
+            T::Error: Into<crate::BoxError> + Send,
+        {
+        }
+        grpc_body::<ResponseBody<tonic::body::Body>>();
+    }
+}
