@@ -4,6 +4,15 @@
 //! The number that tells whether retries amplify load is `attempts / logical`; a budget
 //! keeps it near `1 + retry_ratio` however badly the dependency fails. The refusal counters
 //! say which guard held the line.
+//!
+//! A call's outcome (`ok` or `failed`) is counted when it is known. For most calls that is
+//! when the layer returns the response or the error. A *committed* call (response headers
+//! without `grpc-status`: every successful unary call from tonic, and every stream) is only
+//! known when its response body ends, so it is counted then, from the `grpc-status` of its
+//! trailers; a committed call whose body is dropped before its end is counted as
+//! `committed_abandoned` instead. Once no call is in flight,
+//! `ok + failed + committed_abandoned == logical`, less the calls whose response future
+//! was dropped before it resolved (they count in `logical` only).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +34,8 @@ struct Counters {
     ok: AtomicU64,
     failed: AtomicU64,
     committed: AtomicU64,
+    committed_failed: AtomicU64,
+    committed_abandoned: AtomicU64,
     deadline_exceeded: AtomicU64,
     refused: [AtomicU64; Refusal::ALL.len()],
 }
@@ -63,6 +74,21 @@ impl RetryStats {
         self.inner.committed.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A committed call's body ended; `ok` when its final status was `OK`.
+    pub(crate) fn committed_ended(&self, ok: bool) {
+        self.outcome(ok);
+        if !ok {
+            self.inner.committed_failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A committed call's body was dropped before its end.
+    pub(crate) fn committed_abandoned(&self) {
+        self.inner
+            .committed_abandoned
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn deadline_exceeded(&self) {
         self.inner.deadline_exceeded.fetch_add(1, Ordering::Relaxed);
     }
@@ -84,6 +110,8 @@ impl RetryStats {
             ok: load(&c.ok),
             failed: load(&c.failed),
             committed: load(&c.committed),
+            committed_failed: load(&c.committed_failed),
+            committed_abandoned: load(&c.committed_abandoned),
             deadline_exceeded: load(&c.deadline_exceeded),
             refused: RefusedCounts {
                 not_retryable: r(Refusal::NotRetryable),
@@ -108,12 +136,25 @@ pub struct StatsSnapshot {
     pub attempts: u64,
     /// Attempts that were retries.
     pub retries: u64,
-    /// Logical calls that ended in `OK`, or committed (response headers without a status).
+    /// Logical calls that ended in `OK`: a trailers-only `OK` (counted when the layer
+    /// returns it), or a committed call whose trailers carried `grpc-status: 0` (counted
+    /// when the caller reads them).
     pub ok: u64,
-    /// Logical calls that ended in a failure status or error.
+    /// Logical calls that ended in anything but `OK`: a status or error the layer returned
+    /// (counted then), or a committed call whose body ended with a non-`OK` status, without
+    /// a status, or with an error (counted then; these are also in `committed_failed`).
     pub failed: u64,
-    /// Calls whose response headers arrived without a status: passed through, never retried.
+    /// Calls whose response headers arrived without a status: passed through, never
+    /// retried. Counted when the headers arrive; the outcome follows when the body ends.
     pub committed: u64,
+    /// Committed calls whose body ended without `OK`: a non-`OK` `grpc-status` in the
+    /// trailers, no status at all, or a body error (a part of both `committed` and
+    /// `failed`). These are failures the A6 commit rule forbids retrying; those the policy
+    /// counts as failures of the dependency still cost budget and count for the breaker.
+    pub committed_failed: u64,
+    /// Committed calls whose body the caller dropped before its end (it lost interest):
+    /// in neither `ok` nor `failed`, and recorded nowhere else.
+    pub committed_abandoned: u64,
     /// Calls cut short because the caller's deadline ran out while an attempt was in flight.
     pub deadline_exceeded: u64,
     /// Failures that were not retried, by cause. A first attempt rejected by an open

@@ -28,7 +28,7 @@ pub const PREVIOUS_ATTEMPTS_HEADER: &str = "grpc-previous-rpc-attempts";
 
 /// The code of a trailers-only response, or `None` when the headers carry no status (the
 /// call is committed). A status that is not a valid code reads as `UNKNOWN`, as the gRPC
-/// spec asks.
+/// spec asks. Reads the `grpc-status` of trailers the same way.
 pub(crate) fn trailers_only_code(headers: &HeaderMap) -> Option<Code> {
     let value = headers.get(GRPC_STATUS)?;
     let code = std::str::from_utf8(value.as_bytes())
@@ -37,6 +37,22 @@ pub(crate) fn trailers_only_code(headers: &HeaderMap) -> Option<Code> {
         .and_then(Code::from_i32)
         .unwrap_or(Code::Unknown);
     Some(code)
+}
+
+/// The code of a response that ended without a `grpc-status`, from its HTTP status, as
+/// tonic maps it for the caller (after gRPC's `http-grpc-status-mapping.md`).
+pub(crate) fn code_from_http_status(status: http::StatusCode) -> Code {
+    use http::StatusCode as S;
+    match status {
+        S::BAD_REQUEST => Code::Internal,
+        S::UNAUTHORIZED => Code::Unauthenticated,
+        S::FORBIDDEN => Code::PermissionDenied,
+        S::NOT_FOUND => Code::Unimplemented,
+        S::TOO_MANY_REQUESTS | S::BAD_GATEWAY | S::SERVICE_UNAVAILABLE | S::GATEWAY_TIMEOUT => {
+            Code::Unavailable
+        }
+        _ => Code::Unknown,
+    }
 }
 
 /// The server's pushback in `headers`, if it sent one.
@@ -164,6 +180,26 @@ mod tests {
             trailers_only_code(&headers(&[("grpc-status", "99")])),
             Some(Code::Unknown)
         );
+    }
+
+    #[test]
+    fn http_statuses_map_as_tonic_maps_them() {
+        use http::StatusCode as S;
+        let cases = [
+            (S::BAD_REQUEST, Code::Internal),
+            (S::UNAUTHORIZED, Code::Unauthenticated),
+            (S::FORBIDDEN, Code::PermissionDenied),
+            (S::NOT_FOUND, Code::Unimplemented),
+            (S::TOO_MANY_REQUESTS, Code::Unavailable),
+            (S::BAD_GATEWAY, Code::Unavailable),
+            (S::SERVICE_UNAVAILABLE, Code::Unavailable),
+            (S::GATEWAY_TIMEOUT, Code::Unavailable),
+            (S::OK, Code::Unknown),
+            (S::INTERNAL_SERVER_ERROR, Code::Unknown),
+        ];
+        for (http, code) in cases {
+            assert_eq!(code_from_http_status(http), code, "{http}");
+        }
     }
 
     #[test]

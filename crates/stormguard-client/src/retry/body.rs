@@ -336,7 +336,12 @@ mod tests {
         let (c, throttle) = a6(None);
         throttle.record_failure_at(Instant::now());
         let stats = RetryStats::new();
-        let b = body(&c, &stats, StatusCode::OK, vec![data("a"), trailers(Some("0"))]);
+        let b = body(
+            &c,
+            &stats,
+            StatusCode::OK,
+            vec![data("a"), trailers(Some("0"))],
+        );
         assert_eq!(drain(b).await, (1, false));
         assert!(close(balance(&throttle), 4.5), "{}", balance(&throttle));
         let s = stats.snapshot();
@@ -391,7 +396,10 @@ mod tests {
         assert!(close(balance(&throttle), 4.0), "502 reads as UNAVAILABLE");
         throttle.record_failure_at(Instant::now());
         drain(body(&c, &stats, StatusCode::NOT_FOUND, vec![data("x")])).await;
-        assert!(close(balance(&throttle), 3.5), "404 reads as UNIMPLEMENTED, an answer");
+        assert!(
+            close(balance(&throttle), 3.5),
+            "404 reads as UNIMPLEMENTED, an answer"
+        );
         assert_eq!(stats.snapshot().committed_failed, 2);
     }
 
@@ -404,7 +412,10 @@ mod tests {
         assert!(close(balance(&throttle), 4.0));
         drop(b);
         let s = stats.snapshot();
-        assert_eq!((s.failed, s.committed_failed, s.committed_abandoned), (1, 1, 0));
+        assert_eq!(
+            (s.failed, s.committed_failed, s.committed_abandoned),
+            (1, 1, 0)
+        );
     }
 
     #[tokio::test]
@@ -430,7 +441,10 @@ mod tests {
         );
         b.frame().await.unwrap().unwrap();
         drop(b);
-        assert!(close(balance(&throttle), 4.0), "neither a deposit nor a cost");
+        assert!(
+            close(balance(&throttle), 4.0),
+            "neither a deposit nor a cost"
+        );
         let s = stats.snapshot();
         assert_eq!((s.ok, s.failed, s.committed_abandoned), (0, 0, 1));
         // A failure would have opened this breaker (one outcome, all failed).
@@ -445,7 +459,12 @@ mod tests {
     async fn frames_size_hint_and_end_are_forwarded() {
         let (c, _) = a6(None);
         let stats = RetryStats::new();
-        let mut b = body(&c, &stats, StatusCode::OK, vec![data("ab"), trailers(Some("0"))]);
+        let mut b = body(
+            &c,
+            &stats,
+            StatusCode::OK,
+            vec![data("ab"), trailers(Some("0"))],
+        );
         assert_eq!(b.size_hint().exact(), Some(7));
         assert!(!b.is_end_stream());
         let frame = b.frame().await.unwrap().unwrap();
@@ -456,14 +475,6 @@ mod tests {
         assert!(b.frame().await.is_none());
         // Recorded once, whatever is polled after the end.
         assert_eq!(stats.snapshot().ok, 1);
-    }
-
-    #[tokio::test]
-    async fn a_passthrough_body_records_nothing() {
-        let stats = RetryStats::new();
-        let b = ResponseBody::passthrough(Frames(vec![trailers(Some("14"))].into()));
-        let _ = b.collect().await.unwrap();
-        assert_eq!(stats.snapshot(), Default::default());
     }
 
     #[test]

@@ -17,6 +17,7 @@ use tonic::Status;
 use tonic::body::Body;
 use tower_service::Service;
 
+use super::body::ResponseBody;
 use super::layer::Shared;
 use crate::body::Replay;
 use crate::context::CallContext;
@@ -246,8 +247,11 @@ fn set_timeout(headers: &mut HeaderMap, left: Duration) {
 
 /// What an attempt ended in, as the retry decision needs it.
 enum Outcome<B> {
-    /// Passed to the caller as it is (success, committed, or the final answer).
-    Done(Result<http::Response<B>, BoxError>),
+    /// A trailers-only `OK`.
+    Ok(http::Response<B>),
+    /// Response headers without a status: the call is committed, its outcome comes with the
+    /// trailers.
+    Committed(http::Response<B>),
     /// A failure before commit: decide.
     Failed {
         failure: Failure,
@@ -261,8 +265,9 @@ impl<S, B> Future for ResponseFuture<S, B>
 where
     S: Service<http::Request<Body>, Response = http::Response<B>>,
     S::Error: Into<BoxError>,
+    B: http_body::Body,
 {
-    type Output = Result<http::Response<B>, BoxError>;
+    type Output = Result<http::Response<ResponseBody<B>>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -289,17 +294,28 @@ where
                     let now = Instant::now();
                     let outcome = classify(result, replayable);
                     let (failure, last) = match outcome {
-                        Outcome::Done(result) => {
+                        Outcome::Ok(response) => {
+                            // A trailers-only `OK`: the outcome is known now.
                             if let Some(call) = this.call.as_mut() {
                                 call.on_success_at(now);
                             }
-                            if matches!(&result, Ok(r) if trailers_only_code(r.headers()).is_none())
-                            {
-                                this.stats.committed();
-                            }
                             this.stats.outcome(true);
                             this.state.set(State::Finished { status: None });
-                            return Poll::Ready(result);
+                            return Poll::Ready(Ok(response.map(ResponseBody::passthrough)));
+                        }
+                        Outcome::Committed(response) => {
+                            // Passed through, never retried; the outcome is recorded when
+                            // the body ends (see `body`).
+                            this.stats.committed();
+                            this.state.set(State::Finished { status: None });
+                            let (parts, body) = response.into_parts();
+                            let body = ResponseBody::committed(
+                                body,
+                                this.call.take(),
+                                this.stats.clone(),
+                                parts.status,
+                            );
+                            return Poll::Ready(Ok(http::Response::from_parts(parts, body)));
                         }
                         Outcome::Failed {
                             failure,
@@ -411,7 +427,7 @@ fn deadline_passed(deadline: Pin<&mut Option<Sleep>>, cx: &mut Context<'_>) -> b
 fn expire<B>(
     call: &mut Option<CallRetry>,
     stats: &RetryStats,
-) -> Result<http::Response<B>, BoxError> {
+) -> Result<http::Response<ResponseBody<B>>, BoxError> {
     if let Some(call) = call.as_mut() {
         let failure = Failure {
             replayable: false,
@@ -434,8 +450,8 @@ fn classify<B, E: Into<BoxError>>(
 ) -> Outcome<B> {
     match result {
         Ok(response) => match trailers_only_code(response.headers()) {
-            // Committed (headers without a status), or a trailers-only OK.
-            None | Some(Code::Ok) => Outcome::Done(Ok(response)),
+            None => Outcome::Committed(response),
+            Some(Code::Ok) => Outcome::Ok(response),
             Some(code) => Outcome::Failed {
                 failure: Failure {
                     code,
@@ -479,7 +495,7 @@ fn give_up<B>(
     stats: &RetryStats,
     refusal: Refusal,
     last: Last<B>,
-) -> Result<http::Response<B>, BoxError> {
+) -> Result<http::Response<ResponseBody<B>>, BoxError> {
     stats.refused(refusal);
     stats.outcome(false);
     let mark = refusal.is_retryable_but_refused();
@@ -488,7 +504,7 @@ fn give_up<B>(
             if mark {
                 mark_do_not_retry(response.headers_mut());
             }
-            Ok(response)
+            Ok(response.map(ResponseBody::passthrough))
         }
         Last::Error(status) => Err(Box::new(if mark {
             status_do_not_retry(status)

@@ -28,10 +28,19 @@
 //! # Success, for the budget and the breaker
 //!
 //! An attempt counts as a success (a deposit into the budget, a success for the breaker)
-//! when its answer shows the dependency alive: a trailers-only `OK`, a status the policy does
-//! not retry (an application error), or response headers without a status. The last case is
-//! decided at commit time, before the trailers arrive: a stream that fails later is still
-//! passed through and not retried, and the dependency is taken as alive because it answered.
+//! when its answer shows the dependency alive: `OK`, or a status the policy does not retry
+//! (an application error). A status the policy retries is a failure: the breaker counts it
+//! and an A6 throttle takes a token, whether or not the layer retries it.
+//!
+//! For a trailers-only answer the status is in the headers and is recorded at once. A
+//! committed call (headers without a status: a stream, or a unary call whose status comes
+//! in the trailers) is recorded when its body ends, by the [`ResponseBody`] the caller
+//! reads: the `grpc-status` of the trailers; `UNAVAILABLE` when the body fails or ends
+//! without a status (the stream broke before the server finished the call); nothing when
+//! the caller drops the body before its end. So a stream that fails with `UNAVAILABLE` after
+//! some messages is passed through and not retried, yet it mints no budget and counts
+//! against the breaker. The call's breaker permit is held until then: a long stream that
+//! started as a half-open probe keeps its probe slot until it ends.
 //!
 //! # Deadlines
 //!
@@ -57,6 +66,7 @@
 //! runs such a storm (5 120 expiring calls on one connection) and checks that every call
 //! ends in its own deadline and the connection still serves afterwards.
 
+mod body;
 mod future;
 mod layer;
 
@@ -67,6 +77,7 @@ use std::task::{Context, Poll};
 use tonic::body::Body;
 use tower_service::Service;
 
+pub use self::body::ResponseBody;
 pub use self::future::ResponseFuture;
 pub use self::layer::RetryLayer;
 use crate::stats::RetryStats;
@@ -74,7 +85,8 @@ use crate::status::BoxError;
 
 /// A tonic channel wrapped in stormguard's retry controller; built by [`RetryLayer`].
 ///
-/// Responses pass through unchanged except when the layer gives up on a retryable failure
+/// Responses pass through unchanged (their body wrapped in a [`ResponseBody`], which
+/// forwards it and records how a committed call ended) except when the layer gives up on a retryable failure
 /// (budget, breaker, attempts, deadline): then the returned status carries
 /// `grpc-retry-pushback-ms: -1`, so that a handler passing it up tells standard gRPC
 /// clients above it not to retry either.
@@ -108,8 +120,9 @@ impl<S, B> Service<http::Request<Body>> for Retry<S>
 where
     S: Service<http::Request<Body>, Response = http::Response<B>> + Clone,
     S::Error: Into<BoxError>,
+    B: http_body::Body,
 {
-    type Response = http::Response<B>;
+    type Response = http::Response<ResponseBody<B>>;
     type Error = BoxError;
     type Future = ResponseFuture<S, B>;
 
