@@ -232,7 +232,7 @@ impl RetryController {
         let breaker = match &config.breaker {
             Some(b) => Some(CircuitBreaker::new(
                 b.clone(),
-                splitmix64(seed ^ 0xB2EA_4E2),
+                splitmix64(seed ^ 0x0B2E_A4E2),
             )?),
             None => None,
         };
