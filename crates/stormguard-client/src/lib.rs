@@ -58,6 +58,6 @@ mod status;
 
 pub use body::DEFAULT_REPLAY_LIMIT;
 pub use interceptor::ContextInterceptor;
-pub use retry::{Retry, RetryLayer};
+pub use retry::{ResponseBody, Retry, RetryLayer};
 pub use stats::{RefusedCounts, RetryStats, StatsSnapshot};
 pub use status::{BoxError, PREVIOUS_ATTEMPTS_HEADER, code_from_tonic, code_to_tonic};

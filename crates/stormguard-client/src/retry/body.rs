@@ -1,44 +1,12 @@
 //! The response body of [`Retry`](super::Retry): records how a committed call ended.
 //!
-//! # Why
-//!
 //! Once response headers without `grpc-status` arrive, the call is committed (gRPC A6): it
 //! is passed through and never retried. Its outcome is not known yet, though: a stream, or
 //! a unary call whose status comes in the trailers, may still end with `UNAVAILABLE`.
 //! Counting it as a success when the headers arrive would let failures mint retry budget
 //! (or A6 tokens) and keep the breaker closed while the dependency fails. So the layer
 //! hands the caller a [`ResponseBody`] that holds the call's retry state and records the
-//! final outcome (`CallRetry::on_committed_at`) when the body ends.
-//!
-//! # What is recorded
-//!
-//! | how the body ends | code recorded |
-//! |---|---|
-//! | a trailers frame with `grpc-status` | that code (a malformed value reads as `UNKNOWN`) |
-//! | a trailers frame without `grpc-status`, or the end of the body without trailers, after HTTP `200` | `UNAVAILABLE` |
-//! | the same after another HTTP status | the code tonic shows the caller (`503` → `UNAVAILABLE`, `404` → `UNIMPLEMENTED`, …) |
-//! | an error from the body | `UNAVAILABLE` |
-//! | dropped before any of these | nothing |
-//!
-//! A body error means the stream broke before the server sent its final status: the
-//! connection was lost, the stream was reset, or the connection received `GOAWAY`. That is
-//! the same failure as a transport error before the response headers, which the layer reads
-//! as `UNAVAILABLE`, and it is recorded the same way, whatever code tonic attaches to it
-//! (tonic maps most h2 reset reasons to `INTERNAL`, `UNKNOWN` or `CANCELLED`, codes a
-//! policy would take for application answers, letting a dying connection mint budget).
-//! A `200` stream that ends without a final status is the same kind of failure: hyper turns
-//! a `RST_STREAM` with `NO_ERROR` or `CANCEL` (a proxy cutting the stream, for example) into
-//! a clean end of the body. tonic shows the caller `UNKNOWN` there; for the budget and the
-//! breaker it is `UNAVAILABLE`, the dependency did not finish the call.
-//!
-//! A body dropped before its end means the caller lost interest: nothing is known about
-//! the dependency, so nothing is recorded, and the breaker permit the call held is released
-//! without an outcome.
-//!
-//! The recorded code then counts as [`CallRetry::on_committed_at`] says: `OK` deposits into
-//! the budget and is a breaker success; a code the method's policy retries (default:
-//! `UNAVAILABLE`) is a breaker failure and costs an A6 token; any other code is an
-//! application answer, a sign of life.
+//! final outcome when the body ends; the rules are on [`ResponseBody`].
 
 use std::fmt;
 use std::pin::Pin;
@@ -58,11 +26,42 @@ pin_project! {
     /// The response body of a call through [`Retry`](super::Retry).
     ///
     /// Data, size hint and end of stream are forwarded from the inner body unchanged, as
-    /// are its errors. When the call was committed (response headers without
-    /// `grpc-status`), the body also records the call's final outcome in the layer's
-    /// budget, breaker and counters when it ends; see the [module docs](self) for how each
-    /// ending is read. Other responses (trailers-only answers, whose status the layer
-    /// already read from the headers) are only forwarded.
+    /// are its errors. Other responses (trailers-only answers, whose status the layer read
+    /// from the headers) are only forwarded. When the call was committed (response headers
+    /// without `grpc-status`), the body also records the call's final outcome in the
+    /// layer's budget, breaker and [counters](crate::StatsSnapshot) when it ends, once:
+    ///
+    /// | how the body ends | code recorded |
+    /// |---|---|
+    /// | a trailers frame with `grpc-status` | that code (a malformed value reads as `UNKNOWN`) |
+    /// | a trailers frame without `grpc-status`, or the end of the body without trailers, after HTTP `200` | `UNAVAILABLE` |
+    /// | the same after another HTTP status | the code tonic shows the caller (`503` → `UNAVAILABLE`, `404` → `UNIMPLEMENTED`, …) |
+    /// | an error from the body | `UNAVAILABLE` |
+    /// | dropped before any of these | nothing |
+    ///
+    /// The recorded code then counts as
+    /// [`CallRetry::on_committed_at`](stormguard_core::retry::CallRetry::on_committed_at)
+    /// says: `OK` deposits into the budget and is a breaker success; a code the method's
+    /// policy retries (default: `UNAVAILABLE`) is a breaker failure and costs an A6 token;
+    /// any other code is an application answer, a sign of life.
+    ///
+    /// A body error means the stream broke before the server sent its final status: the
+    /// connection was lost, the stream was reset, or the connection received `GOAWAY`. That
+    /// is the failure a transport error before the response headers is, which the layer
+    /// reads as `UNAVAILABLE`, and it is recorded the same way whatever code tonic attaches
+    /// to it: tonic maps most h2 reset reasons to `INTERNAL`, `UNKNOWN` or `CANCELLED`,
+    /// codes a policy takes for application answers, which would let a dying connection
+    /// mint budget. A `200` response that ends without a final status is the same kind of
+    /// failure: hyper turns a `RST_STREAM` with `NO_ERROR` or `CANCEL` (a proxy cutting the
+    /// stream, say) into a clean end of the body. tonic shows the caller `UNKNOWN` there;
+    /// for the budget and the breaker it is `UNAVAILABLE`, as the dependency did not finish
+    /// the call.
+    ///
+    /// A body dropped before its end means the caller lost interest: nothing is known about
+    /// the dependency, so nothing is recorded (the call counts as `committed_abandoned`),
+    /// and the breaker permit the call held is released without an outcome. Until the body
+    /// ends or is dropped, the call holds that permit: a long stream that started as a
+    /// half-open probe keeps its probe slot.
     pub struct ResponseBody<B> {
         #[pin]
         inner: B,
