@@ -35,7 +35,12 @@ async fn a_stream_that_fails_before_headers_is_retried() {
     let seen = svc.seen();
     assert_eq!(seen.len(), 2);
     assert_eq!(seen[1].previous_attempts.as_deref(), Some("1"));
-    assert_eq!(stats.snapshot().committed, 1);
+    let s = stats.snapshot();
+    // The retried stream ended OK in its trailers: one logical call, ok.
+    assert_eq!(
+        (s.committed, s.ok, s.failed, s.committed_failed),
+        (1, 1, 0, 0)
+    );
 }
 
 #[tokio::test]
@@ -61,6 +66,7 @@ async fn a_committed_stream_is_never_retried() {
     assert_eq!(svc.seen().len(), 1, "no retry after commit");
     let s = stats.snapshot();
     assert_eq!((s.attempts, s.retries, s.committed), (1, 0, 1));
+    assert_eq!((s.ok, s.failed, s.committed_failed), (0, 1, 1));
 }
 
 #[tokio::test]
