@@ -23,8 +23,8 @@ use crate::body::Replay;
 use crate::context::CallContext;
 use crate::stats::RetryStats;
 use crate::status::{
-    BoxError, PREVIOUS_ATTEMPTS_HEADER, classify_error, mark_do_not_retry, pushback,
-    status_do_not_retry, status_from_error, trailers_only_code,
+    BoxError, PREVIOUS_ATTEMPTS_HEADER, classify_error, code_from_http_status, mark_do_not_retry,
+    pushback, status_do_not_retry, status_from_error, trailers_only_code,
 };
 
 pin_project! {
@@ -450,6 +450,19 @@ fn classify<B, E: Into<BoxError>>(
 ) -> Outcome<B> {
     match result {
         Ok(response) => match trailers_only_code(response.headers()) {
+            // Not a gRPC answer: a proxy or load balancer in front of the server said
+            // 502/503/504 (or worse) before any gRPC response began. Nothing was committed;
+            // classify it as tonic will report it to the caller.
+            None if response.status() != http::StatusCode::OK => Outcome::Failed {
+                failure: Failure {
+                    code: code_from_http_status(response.status()),
+                    pushback: pushback(response.headers()),
+                    replayable,
+                    unsent: false,
+                },
+                last: Last::Response(response),
+                timed_out: false,
+            },
             None => Outcome::Committed(response),
             Some(Code::Ok) => Outcome::Ok(response),
             Some(code) => Outcome::Failed {
