@@ -580,6 +580,35 @@ impl Ring {
     }
 }
 
+/// A budget that grants every retry: the classic "N attempts and nothing else" client.
+///
+/// It exists to measure what stormguard protects against (the fleet simulator's
+/// `three-attempts` policy, baselines in benchmarks), and for the rare dependency whose
+/// retries are paid for elsewhere. Do not use it against a dependency that can fail as a
+/// whole: at 100 % failure it multiplies the load by the attempt limit.
+///
+/// ```
+/// use stormguard_core::budget::{Budget, Unlimited};
+///
+/// let b = Unlimited;
+/// assert!((0..1000).all(|_| b.withdraw()));
+/// assert_eq!(b.balance(), f64::INFINITY);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Unlimited;
+
+impl Budget for Unlimited {
+    fn deposit_at(&self, _now: Instant) {}
+
+    fn withdraw_at(&self, _now: Instant) -> bool {
+        true
+    }
+
+    fn balance_at(&self, _now: Instant) -> f64 {
+        f64::INFINITY
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
