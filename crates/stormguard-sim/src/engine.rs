@@ -24,7 +24,7 @@ use stormguard_core::admission::{
     AdmissionConfig, AdmissionPolicy, AttemptClass, Decision as Admission, QueueLoad, ShedPushback,
 };
 use stormguard_core::breaker::{BreakerConfig, CircuitBreaker};
-use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
+use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget, Unlimited};
 use stormguard_core::code::Code;
 use stormguard_core::policy::{MethodTable, RetryPolicy};
 use stormguard_core::pushback::Pushback;
@@ -1150,19 +1150,6 @@ impl<'a> Sim<'a> {
             self.start_service(shard, job.slot, job.id);
         }
         self.answer_expired(expired);
-    }
-}
-
-// TEMPORARY until stormguard_core::budget::Unlimited lands (budget.rs owner, ~09:05).
-#[derive(Debug)]
-struct Unlimited;
-impl Budget for Unlimited {
-    fn deposit_at(&self, _now: Instant) {}
-    fn withdraw_at(&self, _now: Instant) -> bool {
-        true
-    }
-    fn balance_at(&self, _now: Instant) -> f64 {
-        f64::INFINITY
     }
 }
 
