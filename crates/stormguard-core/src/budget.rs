@@ -19,6 +19,21 @@
 //! The reserve (`min_retries_per_second × ttl` retries per window) lets a client that has
 //! just started, or that makes few calls, retry at all.
 //!
+//! # A floor for the fleet, not for each process
+//!
+//! The reserve is per process. Against a dead dependency a fleet therefore sends
+//! `processes × min_retries_per_second` retries per second however little it calls: the
+//! fleet simulator (`stormguard-sim`, table 2) measures 5,000 retries/s from 1,000
+//! processes of 10 calls/s each with the default floor of 5/s, i.e. 1.5× the offered
+//! load, arriving as a pulse every `ttl` because the reserves that were spent together
+//! refill together. [`RetryBudget::with_fleet_size`] divides the reserve by the number of
+//! processes that share the dependency, so the *fleet* gets the floor: at most
+//! `min_retries_per_second` retries per second between them. A process whose share is
+//! below one retry per window retries only on what its own successes mint (with 10 % of
+//! 10 calls/s that is still a retry per second). [`RetryBudget::set_fleet_estimate`]
+//! updates the divisor at run time (from service discovery, say); an estimate can only
+//! make the floor smaller than the configured one, never larger.
+//!
 //! # Two implementations, one trait
 //!
 //! [`Budget`] is the interface the retry controller and the fleet simulator use (through
@@ -75,7 +90,7 @@
 //! ```
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -217,6 +232,9 @@ pub(crate) fn truncate_decimal(x: f64, scale: f64) -> u64 {
 /// Slots per window. A deposit counts for between `ttl - ttl/SLOTS` and `ttl`.
 const SLOTS: usize = 16;
 
+/// The largest fleet size a [`RetryBudget`] accepts.
+pub const MAX_FLEET_SIZE: u32 = 1_000_000;
+
 /// Accounting unit: one retry is a million micro-retries.
 const MICROS_PER_RETRY: i128 = 1_000_000;
 
@@ -266,8 +284,12 @@ struct Shared {
     /// Slot width is `ttl / SLOTS - 1` ns (+1 ns at most from the reciprocal), so
     /// `SLOTS` slots never span more than `ttl`.
     slot_reciprocal: u64,
-    /// The standing reserve, in micro-retries. (A fleet-aware floor would replace this.)
+    /// The standing reserve of a fleet of one, in micro-retries; divided by `fleet`.
     reserve_micros: i128,
+    /// The configured fleet size: the smallest divisor of the reserve.
+    configured_fleet: u32,
+    /// The fleet size in effect: `max(configured_fleet, latest estimate)`.
+    fleet: AtomicU32,
     /// Micro-retries minted per deposit.
     mint_micros: i128,
     deposits: Ring,
@@ -296,6 +318,32 @@ struct Head {
 impl RetryBudget {
     /// A budget with `config`, or the validation error.
     pub fn new(config: BudgetConfig) -> Result<Self, ConfigError> {
+        Self::with_fleet_size(config, 1)
+    }
+
+    /// A budget with `config` whose standing reserve is shared by a fleet of
+    /// `fleet_size` processes (see [the module docs](self#a-floor-for-the-fleet-not-for-each-process)):
+    /// each process gets `min_retries_per_second × ttl / fleet_size` retries per window,
+    /// so the fleet together gets the configured floor. `fleet_size` is 1 to
+    /// [`MAX_FLEET_SIZE`]; 1 is [`RetryBudget::new`].
+    ///
+    /// ```
+    /// use stormguard_core::Instant;
+    /// use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
+    ///
+    /// // 5 retries/s × 10 s shared by 10 processes: 5 per process per window.
+    /// let budget = RetryBudget::with_fleet_size(BudgetConfig::default(), 10)?;
+    /// assert_eq!(budget.balance_at(Instant::now()), 5.0);
+    /// assert!(RetryBudget::with_fleet_size(BudgetConfig::default(), 0).is_err());
+    /// # Ok::<(), stormguard_core::config::ConfigError>(())
+    /// ```
+    pub fn with_fleet_size(config: BudgetConfig, fleet_size: u32) -> Result<Self, ConfigError> {
+        if fleet_size == 0 || fleet_size > MAX_FLEET_SIZE {
+            return Err(ConfigError::invalid(
+                "retry.budget.fleet_size",
+                format!("must be between 1 and {MAX_FLEET_SIZE}, got {fleet_size}"),
+            ));
+        }
         config.validate()?;
         let ttl_nanos = u64::try_from(config.ttl.as_nanos()).unwrap_or(u64::MAX);
         let ttl_micros = i128::try_from(config.ttl.as_micros()).unwrap_or(i128::MAX);
@@ -310,6 +358,8 @@ impl RetryBudget {
                 origin: OnceLock::new(),
                 slot_reciprocal: u64::MAX / (ttl_nanos / SLOTS as u64 - 1),
                 reserve_micros,
+                configured_fleet: fleet_size,
+                fleet: AtomicU32::new(fleet_size),
                 mint_micros,
                 deposits: Ring::new(),
                 withdrawals: Ring::new(),
@@ -325,6 +375,33 @@ impl RetryBudget {
     /// The configuration this budget was built with.
     pub fn config(&self) -> &BudgetConfig {
         &self.shared.config
+    }
+
+    /// The fleet size dividing the standing reserve now.
+    pub fn fleet_size(&self) -> u32 {
+        self.shared.fleet.load(Ordering::Relaxed)
+    }
+
+    /// Updates the estimated number of processes sharing the dependency (0 forgets the
+    /// estimate). The reserve is divided by `max(configured fleet size, estimate)`, capped
+    /// at [`MAX_FLEET_SIZE`]: an estimate can lower the floor below the configured one,
+    /// never raise it above. Retries already granted are not taken back.
+    ///
+    /// ```
+    /// use stormguard_core::Instant;
+    /// use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
+    ///
+    /// let budget = RetryBudget::with_fleet_size(BudgetConfig::default(), 10)?;
+    /// budget.set_fleet_estimate(50);
+    /// assert_eq!(budget.balance_at(Instant::now()), 1.0);
+    /// budget.set_fleet_estimate(2); // below the configured 10: the floor stays at 5
+    /// assert_eq!(budget.balance_at(Instant::now()), 5.0);
+    /// # Ok::<(), stormguard_core::config::ConfigError>(())
+    /// ```
+    pub fn set_fleet_estimate(&self, estimate: u32) {
+        let shared = &*self.shared;
+        let fleet = estimate.clamp(shared.configured_fleet, MAX_FLEET_SIZE);
+        shared.fleet.store(fleet, Ordering::Relaxed);
     }
 }
 
@@ -400,7 +477,8 @@ impl Shared {
     }
 
     fn micros(&self, deposits: u64, withdrawals: u64) -> i128 {
-        self.reserve_micros + self.mint_micros * i128::from(deposits)
+        let fleet = i128::from(self.fleet.load(Ordering::Relaxed).max(1));
+        self.reserve_micros / fleet + self.mint_micros * i128::from(deposits)
             - MICROS_PER_RETRY * i128::from(withdrawals)
     }
 
@@ -500,6 +578,7 @@ impl fmt::Debug for RetryBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryBudget")
             .field("config", &self.shared.config)
+            .field("fleet_size", &self.fleet_size())
             .finish_non_exhaustive()
     }
 }
@@ -642,6 +721,77 @@ mod tests {
             ConfigError::Invalid { field, .. } => field,
             other => panic!("expected Invalid, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn fleet_size_divides_the_reserve_and_only_the_reserve() {
+        let t0 = Instant::now();
+        let config = BudgetConfig::default(); // 5/s × 10 s = 50 per window
+        let ten = RetryBudget::with_fleet_size(config.clone(), 10).expect("valid");
+        assert_eq!(ten.fleet_size(), 10);
+        assert_eq!(ten.balance_at(t0), 5.0);
+        assert_eq!(drain(&ten, t0), 5);
+        // A share below one retry per window grants nothing by itself ...
+        let thousand = RetryBudget::with_fleet_size(config.clone(), 1000).expect("valid");
+        assert_eq!(thousand.balance_at(t0), 0.05);
+        assert!(!thousand.withdraw_at(t0));
+        // ... but adds to what successes mint: 0.05 + 10 × 0.1 = 1.05.
+        for _ in 0..10 {
+            thousand.deposit_at(t0);
+        }
+        assert_eq!(drain(&thousand, t0), 1);
+        // A fleet of one is `new`.
+        let one = RetryBudget::with_fleet_size(config.clone(), 1).expect("valid");
+        let plain = RetryBudget::new(config).expect("valid");
+        assert_eq!(one.balance_at(t0), plain.balance_at(t0));
+        assert!(format!("{ten:?}").contains("fleet_size: 10"));
+    }
+
+    #[test]
+    fn fleet_size_is_validated() {
+        for bad in [0, MAX_FLEET_SIZE + 1, u32::MAX] {
+            let err = RetryBudget::with_fleet_size(BudgetConfig::default(), bad)
+                .expect_err("out of range");
+            assert_eq!(field_of(err), "retry.budget.fleet_size");
+        }
+        assert!(RetryBudget::with_fleet_size(BudgetConfig::default(), MAX_FLEET_SIZE).is_ok());
+        // The config is still validated.
+        let bad_config = BudgetConfig {
+            retry_ratio: 0.0,
+            ..BudgetConfig::default()
+        };
+        let err = RetryBudget::with_fleet_size(bad_config, 10).expect_err("bad ratio");
+        assert_eq!(field_of(err), "retry.budget.retry_ratio");
+    }
+
+    #[test]
+    fn a_fleet_estimate_can_lower_the_floor_never_raise_it() {
+        let t0 = Instant::now();
+        let b = RetryBudget::with_fleet_size(BudgetConfig::default(), 10).expect("valid");
+        b.set_fleet_estimate(25);
+        assert_eq!(b.fleet_size(), 25);
+        assert_eq!(b.balance_at(t0), 2.0);
+        b.set_fleet_estimate(1);
+        assert_eq!(
+            b.fleet_size(),
+            10,
+            "an estimate below the configured size is ignored"
+        );
+        assert_eq!(b.balance_at(t0), 5.0);
+        b.set_fleet_estimate(0);
+        assert_eq!(b.fleet_size(), 10);
+        b.set_fleet_estimate(u32::MAX);
+        assert_eq!(b.fleet_size(), MAX_FLEET_SIZE);
+        // Retries granted before the estimate grew stay spent: the balance is clamped at 0.
+        let b = RetryBudget::with_fleet_size(BudgetConfig::default(), 1).expect("valid");
+        assert_eq!(drain(&b, t0), 50);
+        b.set_fleet_estimate(100);
+        assert_eq!(b.balance_at(t0), 0.0);
+        assert!(!b.withdraw_at(t0));
+        // Clones share the estimate.
+        let clone = b.clone();
+        clone.set_fleet_estimate(1);
+        assert_eq!(b.fleet_size(), 1);
     }
 
     #[test]
