@@ -45,6 +45,14 @@ pub enum BudgetKind {
     Throttle(ThrottleConfig),
     /// stormguard's [`RetryBudget`].
     Budget(BudgetConfig),
+    /// stormguard's [`RetryBudget`] with its floor shared by `fleet_size` processes
+    /// ([`RetryBudget::with_fleet_size`]).
+    FleetBudget {
+        /// The budget's configuration.
+        config: BudgetConfig,
+        /// Processes sharing the floor.
+        fleet_size: u32,
+    },
 }
 
 /// How one simulated client process retries.
@@ -510,6 +518,9 @@ fn build_controller(
         BudgetKind::Unlimited => Arc::new(Unlimited),
         BudgetKind::Throttle(c) => Arc::new(A6Throttle::new(c.clone())?),
         BudgetKind::Budget(c) => Arc::new(RetryBudget::new(c.clone())?),
+        BudgetKind::FleetBudget { config, fleet_size } => {
+            Arc::new(RetryBudget::with_fleet_size(config.clone(), *fleet_size)?)
+        }
     };
     let breaker = match &policy.breaker {
         Some(c) => Some(CircuitBreaker::new(c.clone(), mix(seed, 2 * stream + 1))?),

@@ -241,9 +241,10 @@ pub enum FleetVariant {
 
 impl FleetVariant {
     /// All variants, in table order.
-    pub const ALL: [FleetVariant; 3] = [
+    pub const ALL: [FleetVariant; 4] = [
         FleetVariant::ThreeAttempts,
         FleetVariant::PerProcessFloor,
+        FleetVariant::FleetAwareFloor,
         FleetVariant::PerProcessFloorWithBreaker,
     ];
 
@@ -299,7 +300,12 @@ pub fn fleet_scenario(fleet_size: usize, variant: FleetVariant, options: &Option
     };
     let mut policy = client(name, secs(1.0), None, a6_backoff(ms(20)), false);
     policy.name = variant.as_str().to_owned();
-    // FLEET-FLOOR: wired once the core budget has the option.
+    if variant == FleetVariant::FleetAwareFloor {
+        policy.budget = BudgetKind::FleetBudget {
+            config: BudgetConfig::default(),
+            fleet_size: u32::try_from(fleet_size).unwrap_or(u32::MAX),
+        };
+    }
     if variant == FleetVariant::PerProcessFloorWithBreaker {
         policy.breaker = Some(BreakerConfig::default());
     }
@@ -567,14 +573,19 @@ pub enum ShardVariant {
     SharedBudget,
     /// One stormguard budget per process and shard.
     PerShardBudget,
+    /// One budget per process and shard, each shard's floor shared by the fleet
+    /// ([`RetryBudget::with_fleet_size`](stormguard_core::budget::RetryBudget::with_fleet_size)
+    /// with the number of processes).
+    PerShardFleetFloor,
 }
 
 impl ShardVariant {
     /// All variants, in table order.
-    pub const ALL: [ShardVariant; 3] = [
+    pub const ALL: [ShardVariant; 4] = [
         ShardVariant::ThreeAttempts,
         ShardVariant::SharedBudget,
         ShardVariant::PerShardBudget,
+        ShardVariant::PerShardFleetFloor,
     ];
 
     /// The name used in tables and JSON.
@@ -583,6 +594,7 @@ impl ShardVariant {
             ShardVariant::ThreeAttempts => "three-attempts",
             ShardVariant::SharedBudget => "shared-budget",
             ShardVariant::PerShardBudget => "per-shard-budget",
+            ShardVariant::PerShardFleetFloor => "per-shard-fleet-floor",
         }
     }
 }
@@ -605,6 +617,9 @@ pub struct ShardRow {
 /// Shards in table 4; shard 0 is the bad one.
 pub const SHARDS: usize = 10;
 
+/// Client processes in table 4.
+const CLIENTS: usize = 10;
+
 /// Failure rate of the healthy shards in table 4.
 pub const HEALTHY_FAILURE_RATE: f64 = 0.05;
 
@@ -623,7 +638,16 @@ pub fn partial_failure_scenario(variant: ShardVariant, options: &Options) -> Sce
     };
     let mut policy = client(name, secs(1.0), None, a6_backoff(ms(20)), false);
     policy.name = variant.as_str().to_owned();
-    policy.budget_per_shard = variant == ShardVariant::PerShardBudget;
+    policy.budget_per_shard = matches!(
+        variant,
+        ShardVariant::PerShardBudget | ShardVariant::PerShardFleetFloor
+    );
+    if variant == ShardVariant::PerShardFleetFloor {
+        policy.budget = BudgetKind::FleetBudget {
+            config: BudgetConfig::default(),
+            fleet_size: CLIENTS as u32,
+        };
+    }
     let shards = (0..SHARDS)
         .map(|i| Shard {
             server: ServerKind::Unbounded { latency: ms(2) },
@@ -632,7 +656,7 @@ pub fn partial_failure_scenario(variant: ShardVariant, options: &Options) -> Sce
         })
         .collect();
     Scenario {
-        clients: 10,
+        clients: CLIENTS,
         rate_per_client: 200.0,
         duration: secs(duration),
         measure_from: secs(warmup),
@@ -860,13 +884,13 @@ impl fmt::Display for Tables {
         )?;
         writeln!(
             f,
-            "{:<18} | {:>15} | {:>12} | {:>11} | {:>9}",
+            "{:<21} | {:>15} | {:>12} | {:>11} | {:>9}",
             "variant", "healthy success", "healthy ampl", "bad success", "bad ampl"
         )?;
         for r in &self.partial_failure {
             writeln!(
                 f,
-                "{:<18} | {:>14.3}% | {:>12.3} | {:>10.3}% | {:>9.3}",
+                "{:<21} | {:>14.3}% | {:>12.3} | {:>10.3}% | {:>9.3}",
                 r.variant.as_str(),
                 r.healthy_success * 100.0,
                 r.healthy_amplification,

@@ -91,6 +91,12 @@ fn fleet_floor_table_scales_with_the_fleet_and_the_breaker_cuts_it() {
             (floor.retries_per_second - expected).abs() <= 0.05 * expected,
             "{floor:?}"
         );
+        // The fleet-aware floor: the fleet together gets at most the floor of one process.
+        let fleet = get(size, FleetVariant::FleetAwareFloor);
+        assert!(fleet.retries_per_second <= 5.0 * 1.05, "{fleet:?}");
+        if size >= 100 {
+            assert!(fleet.amplification < 1.01, "{fleet:?}");
+        }
         // The breaker turns a dead dependency into fast failures: almost no attempts.
         let breaker = get(size, FleetVariant::PerProcessFloorWithBreaker);
         assert!(breaker.amplification < 0.1, "{breaker:?}");
@@ -161,6 +167,11 @@ fn partial_failure_table_shared_budget_starves_healthy_shards() {
     assert!(per_shard.healthy_success >= 0.999, "{per_shard:?}");
     // Per-shard budgets also bound the load on the dead shard to its own floor.
     assert!(per_shard.bad_amplification < shared.bad_amplification);
+    // Sharing each shard's floor across the fleet keeps the isolation and cuts the load
+    // on the dead shard to a few percent.
+    let fleet = get(ShardVariant::PerShardFleetFloor);
+    assert!(fleet.healthy_success >= 0.999, "{fleet:?}");
+    assert!(fleet.bad_amplification < 1.05, "{fleet:?}");
     assert!(get(ShardVariant::ThreeAttempts).bad_amplification > 2.9);
 }
 
