@@ -28,6 +28,7 @@ fn stormguard() -> RetryBudget {
         ttl: TTL,
         min_retries_per_second: MIN_PER_SEC,
         retry_ratio: RATIO,
+        ..BudgetConfig::default()
     })
     .expect("valid bench config")
 }

@@ -251,6 +251,7 @@ pub fn budget(floor: u32, ratio: f64) -> Arc<dyn Budget> {
             ttl: Duration::from_secs(10),
             min_retries_per_second: floor,
             retry_ratio: ratio,
+            ..BudgetConfig::default()
         })
         .unwrap(),
     )

@@ -165,15 +165,21 @@ pub struct BudgetConfig {
     /// Retries minted per success: 0.1 allows one retry per ten successes. In (0, 1000],
     /// resolved to millionths (truncated), and at least 0.000001.
     pub retry_ratio: f64,
+    /// How many processes share the dependency: the standing reserve is divided by it, so
+    /// the *fleet* gets `min_retries_per_second`, not each process (see
+    /// [the module docs](self#a-floor-for-the-fleet-not-for-each-process)). 1 (the
+    /// default) to [`MAX_FLEET_SIZE`].
+    pub fleet_size: u32,
 }
 
 impl Default for BudgetConfig {
-    /// ttl 10 s, 5 retries per second floor, ratio 0.1.
+    /// ttl 10 s, 5 retries per second floor, ratio 0.1, a fleet of one.
     fn default() -> Self {
         BudgetConfig {
             ttl: Duration::from_secs(10),
             min_retries_per_second: 5,
             retry_ratio: 0.1,
+            fleet_size: 1,
         }
     }
 }
@@ -193,6 +199,15 @@ impl BudgetConfig {
                 format!(
                     "must be below 2^31 (as in Finagle and tower), got {}",
                     self.min_retries_per_second
+                ),
+            ));
+        }
+        if self.fleet_size == 0 || self.fleet_size > MAX_FLEET_SIZE {
+            return Err(ConfigError::invalid(
+                "retry.budget.fleet_size",
+                format!(
+                    "must be between 1 and {MAX_FLEET_SIZE}, got {}",
+                    self.fleet_size
                 ),
             ));
         }
@@ -318,14 +333,15 @@ struct Head {
 impl RetryBudget {
     /// A budget with `config`, or the validation error.
     pub fn new(config: BudgetConfig) -> Result<Self, ConfigError> {
-        Self::with_fleet_size(config, 1)
+        let fleet_size = config.fleet_size;
+        Self::with_fleet_size(config, fleet_size)
     }
 
     /// A budget with `config` whose standing reserve is shared by a fleet of
     /// `fleet_size` processes (see [the module docs](self#a-floor-for-the-fleet-not-for-each-process)):
     /// each process gets `min_retries_per_second × ttl / fleet_size` retries per window,
     /// so the fleet together gets the configured floor. `fleet_size` is 1 to
-    /// [`MAX_FLEET_SIZE`]; 1 is [`RetryBudget::new`].
+    /// [`MAX_FLEET_SIZE`] and replaces `config.fleet_size`.
     ///
     /// ```
     /// use stormguard_core::Instant;
@@ -337,13 +353,8 @@ impl RetryBudget {
     /// assert!(RetryBudget::with_fleet_size(BudgetConfig::default(), 0).is_err());
     /// # Ok::<(), stormguard_core::config::ConfigError>(())
     /// ```
-    pub fn with_fleet_size(config: BudgetConfig, fleet_size: u32) -> Result<Self, ConfigError> {
-        if fleet_size == 0 || fleet_size > MAX_FLEET_SIZE {
-            return Err(ConfigError::invalid(
-                "retry.budget.fleet_size",
-                format!("must be between 1 and {MAX_FLEET_SIZE}, got {fleet_size}"),
-            ));
-        }
+    pub fn with_fleet_size(mut config: BudgetConfig, fleet_size: u32) -> Result<Self, ConfigError> {
+        config.fleet_size = fleet_size;
         config.validate()?;
         let ttl_nanos = u64::try_from(config.ttl.as_nanos()).unwrap_or(u64::MAX);
         let ttl_micros = i128::try_from(config.ttl.as_micros()).unwrap_or(i128::MAX);
@@ -698,11 +709,32 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    #[test]
+    fn config_fleet_size_divides_the_reserve() {
+        let t0 = Instant::now();
+        let b = RetryBudget::new(BudgetConfig {
+            fleet_size: 10,
+            ..BudgetConfig::default()
+        })
+        .expect("valid");
+        assert_eq!(b.fleet_size(), 10);
+        assert_eq!(b.balance_at(t0), 5.0);
+        assert!(
+            BudgetConfig {
+                fleet_size: 0,
+                ..BudgetConfig::default()
+            }
+            .validate()
+            .is_err()
+        );
+    }
+
     fn budget(ttl_secs: u64, min: u32, ratio: f64) -> RetryBudget {
         RetryBudget::new(BudgetConfig {
             ttl: Duration::from_secs(ttl_secs),
             min_retries_per_second: min,
             retry_ratio: ratio,
+            ..BudgetConfig::default()
         })
         .expect("valid test config")
     }
@@ -880,6 +912,7 @@ mod tests {
             ttl: ms(1500),
             min_retries_per_second: 3,
             retry_ratio: 0.1,
+            ..BudgetConfig::default()
         })
         .expect("valid");
         assert_eq!(fractional.balance_at(t0), 4.5);

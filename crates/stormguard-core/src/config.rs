@@ -14,7 +14,8 @@
 //!     "max_attempts": 3,
 //!     "backoff": "full_jitter", "base": "50ms", "cap": "2s",
 //!     "retryable_codes": ["UNAVAILABLE"],
-//!     "budget": { "ttl": "10s", "min_retries_per_second": 5, "retry_ratio": 0.1 },
+//!     "budget": { "ttl": "10s", "min_retries_per_second": 5, "retry_ratio": 0.1,
+//!                 "fleet_size": 1 },
 //!     "budget_exhausted": "fail_fast" } }
 //! ```
 //!
@@ -291,7 +292,7 @@ impl ClientConfig {
                 check_keys(
                     b,
                     "retry.budget",
-                    &["ttl", "min_retries_per_second", "retry_ratio"],
+                    &["ttl", "min_retries_per_second", "retry_ratio", "fleet_size"],
                 )?;
                 if let Some(v) = b.get("ttl") {
                     budget.ttl = as_duration(v, "retry.budget.ttl")?;
@@ -302,6 +303,9 @@ impl ClientConfig {
                 }
                 if let Some(v) = b.get("retry_ratio") {
                     budget.retry_ratio = as_f64(v, "retry.budget.retry_ratio")?;
+                }
+                if let Some(v) = b.get("fleet_size") {
+                    budget.fleet_size = as_u32(v, "retry.budget.fleet_size")?;
                 }
             }
         }
@@ -698,7 +702,7 @@ mod tests {
     fn stormguard_shape_reads_every_field() {
         let json = r#"{"retry": {"max_attempts": 4, "backoff": "full_jitter", "base": "20ms", "cap": "1s",
             "retryable_codes": ["UNAVAILABLE", 8], "budget": {"ttl": "5s", "min_retries_per_second": 2,
-            "retry_ratio": 0.2}, "budget_exhausted": "fail_fast"},
+            "retry_ratio": 0.2, "fleet_size": 40}, "budget_exhausted": "fail_fast"},
             "breaker": {"failure_rate": 0.6, "min_requests": 10, "open_for": "2s"}}"#;
         let c = ClientConfig::from_json(json).unwrap();
         let p = c.methods.lookup("/any.Svc/Any").unwrap();
@@ -717,7 +721,8 @@ mod tests {
             BudgetChoice::Stormguard(BudgetConfig {
                 ttl: Duration::from_secs(5),
                 min_retries_per_second: 2,
-                retry_ratio: 0.2
+                retry_ratio: 0.2,
+                fleet_size: 40,
             })
         );
         let b = c.breaker.unwrap();

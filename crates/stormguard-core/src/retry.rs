@@ -484,6 +484,7 @@ mod tests {
                 ttl: Duration::from_secs(10),
                 min_retries_per_second: floor,
                 retry_ratio: ratio,
+                ..BudgetConfig::default()
             })
             .unwrap(),
         )
