@@ -3,13 +3,15 @@
 
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use stormguard_demo::InventoryServer;
 use stormguard_demo::server::{DemoConfig, DemoControl, DemoInventory};
+use stormguard_demo::{InventoryClient, InventoryServer, ReserveReply, ReserveRequest};
 use stormguard_server::{AdmissionConfig, ShedLayer, ShedStats};
 use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint, Server};
 
@@ -29,6 +31,26 @@ impl Drop for TestServer {
 /// Binds 127.0.0.1:0, then serves the demo Inventory behind `ShedLayer::from_config(admission)`.
 /// The demo's gate starts closed when `gated`.
 pub async fn start(admission: AdmissionConfig, demo: DemoConfig, gated: bool) -> TestServer {
+    start_with(admission, demo, gated, |layer, inventory, incoming| {
+        Server::builder()
+            .layer(layer)
+            .add_service(inventory)
+            .serve_with_incoming(incoming)
+    })
+    .await
+}
+
+/// Like [`start`], but `serve` decides where the layer goes and what else is served: it
+/// gets the layer, the demo Inventory and the bound listener, and returns the server.
+pub async fn start_with<F>(
+    admission: AdmissionConfig,
+    demo: DemoConfig,
+    gated: bool,
+    serve: impl FnOnce(ShedLayer, InventoryServer<DemoInventory>, TcpIncoming) -> F,
+) -> TestServer
+where
+    F: Future<Output = Result<(), tonic::transport::Error>> + Send + 'static,
+{
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind loopback");
@@ -41,10 +63,7 @@ pub async fn start(admission: AdmissionConfig, demo: DemoConfig, gated: bool) ->
         control.close_gate();
     }
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let server = Server::builder()
-        .layer(layer)
-        .add_service(InventoryServer::new(inventory))
-        .serve_with_incoming(incoming);
+    let server = serve(layer, InventoryServer::new(inventory), incoming);
     let task = tokio::spawn(async move {
         server.await.expect("server runs");
     });
@@ -118,4 +137,55 @@ pub fn pushback(status: &tonic::Status) -> Option<String> {
         .metadata()
         .get("grpc-retry-pushback-ms")
         .map(|v| v.to_str().expect("ascii pushback").to_owned())
+}
+
+/// The outcome of a `Reserve` call.
+pub type ReserveResult = Result<tonic::Response<ReserveReply>, tonic::Status>;
+
+/// The call from [`hold_worker`], to hand to [`release`].
+pub type HeldCall = JoinHandle<ReserveResult>;
+
+/// Sends `Reserve("hold")` from a task and waits until its handler runs. With the demo's
+/// gate closed it keeps one worker busy until [`release`].
+pub async fn hold_worker(client: &InventoryClient<Channel>, control: &DemoControl) -> HeldCall {
+    let mut client = client.clone();
+    let held = tokio::spawn(async move { client.reserve(reserve("hold", None)).await });
+    control.wait_running(1).await;
+    held
+}
+
+/// Opens the demo's gate and waits for the call from [`hold_worker`] to be served.
+pub async fn release(control: &DemoControl, held: HeldCall) {
+    control.open_gate();
+    held.await.expect("task").expect("held call served");
+}
+
+/// Calls sent each from its own task, so the test can go on while they queue.
+pub struct Background {
+    client: InventoryClient<Channel>,
+    calls: JoinSet<ReserveResult>,
+}
+
+impl Background {
+    pub fn new(client: &InventoryClient<Channel>) -> Self {
+        Self {
+            client: client.clone(),
+            calls: JoinSet::new(),
+        }
+    }
+
+    /// Sends `request` from a new task.
+    pub fn send(&mut self, request: tonic::Request<ReserveRequest>) {
+        let mut client = self.client.clone();
+        self.calls
+            .spawn(async move { client.reserve(request).await });
+    }
+
+    /// Opens the demo's gate and waits until every call sent has been served.
+    pub async fn serve_all(mut self, control: &DemoControl) {
+        control.open_gate();
+        while let Some(result) = self.calls.join_next().await {
+            result.expect("task").expect("background call served");
+        }
+    }
 }
