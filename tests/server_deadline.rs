@@ -6,12 +6,15 @@ mod server_support;
 
 use std::time::Duration;
 
-use server_support::{channel, eventually, reserve, start, with_header};
+use server_support::{
+    HeldCall, TestServer, channel, eventually, hold_worker, release, reserve, start, with_header,
+};
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
 use stormguard_server::shed::MESSAGE_EXPIRED;
 use stormguard_server::{AdmissionConfig, RetryThreshold};
 use tonic::Code;
+use tonic::transport::Channel;
 
 fn admission(max_time_queued: Duration) -> AdmissionConfig {
     AdmissionConfig {
@@ -29,20 +32,20 @@ fn admission(max_time_queued: Duration) -> AdmissionConfig {
     }
 }
 
+/// A gated server with `admission(max_time_queued)`, a client to it, and the call that
+/// keeps its one worker busy (see `hold_worker`).
+async fn one_worker_held(
+    max_time_queued: Duration,
+) -> (TestServer, InventoryClient<Channel>, HeldCall) {
+    let server = start(admission(max_time_queued), DemoConfig::default(), true).await;
+    let client = InventoryClient::new(channel(server.addr).await);
+    let hold = hold_worker(&client, &server.control).await;
+    (server, client, hold)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_whose_deadline_runs_out_while_queued_never_runs() {
-    let server = start(
-        admission(Duration::from_secs(30)),
-        DemoConfig::default(),
-        true,
-    )
-    .await;
-    let client = InventoryClient::new(channel(server.addr).await);
-    let hold = tokio::spawn({
-        let mut client = client.clone();
-        async move { client.reserve(reserve("hold", None)).await }
-    });
-    server.control.wait_running(1).await;
+    let (server, client, hold) = one_worker_held(Duration::from_secs(30)).await;
 
     let mut request = reserve("late", None);
     request.set_timeout(Duration::from_millis(300));
@@ -57,8 +60,7 @@ async fn a_call_whose_deadline_runs_out_while_queued_never_runs() {
     assert_eq!(stats.expired, 1);
     assert_eq!(stats.queue_depth, 0);
 
-    server.control.open_gate();
-    hold.await.expect("task").expect("held call served");
+    release(&server.control, hold).await;
     assert_eq!(server.control.entry_log(), ["hold"]);
     let stats = server.stats.snapshot();
     assert_eq!((stats.admitted, stats.completed, stats.expired), (1, 1, 1));
@@ -66,43 +68,20 @@ async fn a_call_whose_deadline_runs_out_while_queued_never_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_too_close_to_wait_for_is_answered_at_once() {
-    let server = start(
-        admission(Duration::from_secs(30)),
-        DemoConfig::default(),
-        true,
-    )
-    .await;
-    let client = InventoryClient::new(channel(server.addr).await);
-    let hold = tokio::spawn({
-        let mut client = client.clone();
-        async move { client.reserve(reserve("hold", None)).await }
-    });
-    server.control.wait_running(1).await;
+    let (server, client, hold) = one_worker_held(Duration::from_secs(30)).await;
     // 50 ms left is below min_time_left (100 ms): not even queued.
     let mut request = reserve("hopeless", None);
     request.set_timeout(Duration::from_millis(50));
     let status = client.clone().reserve(request).await.expect_err("expired");
     assert_eq!(status.code(), Code::DeadlineExceeded);
     assert_eq!(server.stats.snapshot().dequeued, 0, "never queued");
-    server.control.open_gate();
-    hold.await.expect("task").expect("held call served");
+    release(&server.control, hold).await;
     assert_eq!(server.control.entry_log(), ["hold"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn time_queued_is_bounded_even_without_a_deadline() {
-    let server = start(
-        admission(Duration::from_millis(50)),
-        DemoConfig::default(),
-        true,
-    )
-    .await;
-    let client = InventoryClient::new(channel(server.addr).await);
-    let hold = tokio::spawn({
-        let mut client = client.clone();
-        async move { client.reserve(reserve("hold", None)).await }
-    });
-    server.control.wait_running(1).await;
+    let (server, client, hold) = one_worker_held(Duration::from_millis(50)).await;
     let status = client
         .clone()
         .reserve(reserve("waits-too-long", None))
@@ -111,33 +90,20 @@ async fn time_queued_is_bounded_even_without_a_deadline() {
     assert_eq!(status.code(), Code::DeadlineExceeded);
     let stats = server.stats.snapshot();
     assert!(stats.max_time_queued_us >= 50_000, "{stats:?}");
-    server.control.open_gate();
-    hold.await.expect("task").expect("held call served");
+    release(&server.control, hold).await;
     assert_eq!(server.control.entry_log(), ["hold"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_grpc_timeout_counts_as_no_deadline() {
-    let server = start(
-        admission(Duration::from_secs(30)),
-        DemoConfig::default(),
-        true,
-    )
-    .await;
-    let client = InventoryClient::new(channel(server.addr).await);
-    let hold = tokio::spawn({
-        let mut client = client.clone();
-        async move { client.reserve(reserve("hold", None)).await }
-    });
-    server.control.wait_running(1).await;
+    let (server, client, hold) = one_worker_held(Duration::from_secs(30)).await;
     let queued = tokio::spawn({
         let mut client = client.clone();
         let request = with_header(reserve("odd-timeout", None), "grpc-timeout", "12345678901m");
         async move { client.reserve(request).await }
     });
     eventually("queued", || server.stats.snapshot().queue_depth == 1).await;
-    server.control.open_gate();
-    hold.await.expect("task").expect("held call served");
+    release(&server.control, hold).await;
     queued
         .await
         .expect("task")
