@@ -7,11 +7,14 @@ mod server_support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use server_support::{channel, eventually, pushback, reserve, start};
+use server_support::{
+    Background, channel, eventually, hold_worker, pushback, release, reserve, start,
+};
 use stormguard_core::code::Code as CoreCode;
-use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
+use stormguard_demo::{InventoryClient, ReserveRequest};
 use stormguard_server::{AdmissionConfig, RetryThreshold};
+use tonic::transport::Channel;
 use tower::ServiceExt;
 
 fn no_queue(pushback_max_ms: u64) -> AdmissionConfig {
@@ -27,30 +30,39 @@ fn no_queue(pushback_max_ms: u64) -> AdmissionConfig {
     }
 }
 
+/// Sends `request`, which the server is expected to shed, and returns the answer.
+async fn shed(
+    client: &InventoryClient<Channel>,
+    request: tonic::Request<ReserveRequest>,
+) -> tonic::Status {
+    client.clone().reserve(request).await.expect_err("shed")
+}
+
+/// The `grpc-retry-pushback-ms` of a shed answer, as a number of milliseconds.
+fn pushback_ms(status: &tonic::Status) -> u64 {
+    pushback(status)
+        .expect("pushback header")
+        .parse()
+        .expect("a non-negative integer")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shed_answers_carry_a_jittered_pushback_never_zero_never_above_max() {
     let server = start(no_queue(200), DemoConfig::default(), true).await;
-    let mut client = InventoryClient::new(channel(server.addr).await);
-    let hold = tokio::spawn({
-        let mut client = client.clone();
-        async move { client.reserve(reserve("hold", None)).await }
-    });
-    server.control.wait_running(1).await;
+    let client = InventoryClient::new(channel(server.addr).await);
+    let hold = hold_worker(&client, &server.control).await;
     let mut seen = BTreeSet::new();
     for i in 0..100 {
-        let request = reserve("", (i % 2 == 1).then_some("1"));
-        let status = client.reserve(request).await.expect_err("shed");
+        let status = shed(&client, reserve("", (i % 2 == 1).then_some("1"))).await;
         assert_eq!(status.code(), tonic::Code::Unavailable);
-        let value = pushback(&status).expect("pushback header");
-        let ms: u64 = value.parse().expect("a non-negative integer");
+        let ms = pushback_ms(&status);
         // No completion observed yet: the drain estimate is the max, jittered over
         // [max/2, max].
         assert!((100..=200).contains(&ms), "{ms}");
         seen.insert(ms);
     }
     assert!(seen.len() >= 20, "pushback not jittered: {seen:?}");
-    server.control.open_gate();
-    hold.await.expect("task").expect("held call served");
+    release(&server.control, hold).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -61,16 +73,10 @@ async fn the_shed_status_is_configurable_and_the_answer_is_trailers_only() {
     };
     let server = start(admission, DemoConfig::default(), true).await;
     let channel = channel(server.addr).await;
-    let hold = tokio::spawn({
-        let mut client = InventoryClient::new(channel.clone());
-        async move { client.reserve(reserve("hold", None)).await }
-    });
-    server.control.wait_running(1).await;
+    let client = InventoryClient::new(channel.clone());
+    let hold = hold_worker(&client, &server.control).await;
 
-    let status = InventoryClient::new(channel.clone())
-        .reserve(reserve("", None))
-        .await
-        .expect_err("shed");
+    let status = shed(&client, reserve("", None)).await;
     assert_eq!(status.code(), tonic::Code::ResourceExhausted);
 
     // The raw HTTP/2 answer: status and pushback in the response *headers* (no body, no
@@ -97,8 +103,7 @@ async fn the_shed_status_is_configurable_and_the_answer_is_trailers_only() {
         .expect("integer");
     assert!((1..=50).contains(&ms), "{ms}");
 
-    server.control.open_gate();
-    hold.await.expect("task").expect("held call served");
+    release(&server.control, hold).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,57 +120,25 @@ async fn retries_shed_under_deep_overload_are_told_not_to_retry() {
     };
     let server = start(admission, DemoConfig::default(), true).await;
     let client = InventoryClient::new(channel(server.addr).await);
-    let mut held = tokio::task::JoinSet::new();
-    for id in ["hold", "q1"] {
-        let mut client = client.clone();
-        held.spawn(async move { client.reserve(reserve(id, None)).await });
-        if id == "hold" {
-            server.control.wait_running(1).await;
-        }
-    }
+    let mut held = Background::new(&client);
+    held.send(reserve("hold", None));
+    server.control.wait_running(1).await;
+    held.send(reserve("q1", None));
     eventually("q1 queued", || server.stats.snapshot().queue_depth == 1).await;
     // Depth 1: past the retry threshold, below the no-retry depth.
-    let status = client
-        .clone()
-        .reserve(reserve("", Some("1")))
-        .await
-        .expect_err("shed");
-    assert!(
-        pushback(&status)
-            .expect("pushback")
-            .parse::<u64>()
-            .expect("ms")
-            >= 1
-    );
+    let status = shed(&client, reserve("", Some("1"))).await;
+    assert!(pushback_ms(&status) >= 1);
 
-    let mut more = client.clone();
-    held.spawn(async move { more.reserve(reserve("q2", None)).await });
+    held.send(reserve("q2", None));
     eventually("q2 queued", || server.stats.snapshot().queue_depth == 2).await;
     // Depth 2: retries are told "do not retry"...
-    let status = client
-        .clone()
-        .reserve(reserve("", Some("1")))
-        .await
-        .expect_err("shed");
+    let status = shed(&client, reserve("", Some("1"))).await;
     assert_eq!(pushback(&status).as_deref(), Some("-1"));
     // ...first attempts never are.
-    let status = client
-        .clone()
-        .reserve(reserve("", None))
-        .await
-        .expect_err("shed");
-    assert!(
-        pushback(&status)
-            .expect("pushback")
-            .parse::<u64>()
-            .expect("ms")
-            >= 1
-    );
+    let status = shed(&client, reserve("", None)).await;
+    assert!(pushback_ms(&status) >= 1);
 
-    server.control.open_gate();
-    while let Some(result) = held.join_next().await {
-        result.expect("task").expect("served");
-    }
+    held.serve_all(&server.control).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -199,26 +172,14 @@ async fn the_pushback_follows_the_observed_completion_rate() {
     // jittered over [e/2, e]. Without a rate it would be the max (1 s), jittered over
     // [500, 1000].
     server.control.close_gate();
-    let mut calls = tokio::task::JoinSet::new();
+    let mut calls = Background::new(&client);
     for _ in 0..5 {
-        let mut client = client.clone();
-        calls.spawn(async move { client.reserve(reserve("", None)).await });
+        calls.send(reserve("", None));
     }
     eventually("queue full", || server.stats.snapshot().queue_depth == 4).await;
     for _ in 0..10 {
-        let status = client
-            .clone()
-            .reserve(reserve("", None))
-            .await
-            .expect_err("shed");
-        let ms: u64 = pushback(&status)
-            .expect("pushback")
-            .parse()
-            .expect("integer");
+        let ms = pushback_ms(&shed(&client, reserve("", None)).await);
         assert!((40..=400).contains(&ms), "pushback {ms} ms");
     }
-    server.control.open_gate();
-    while let Some(result) = calls.join_next().await {
-        result.expect("task").expect("served");
-    }
+    calls.serve_all(&server.control).await;
 }
