@@ -8,13 +8,11 @@ use std::future::{Ready, ready};
 use std::net::SocketAddr;
 use std::task::{Context, Poll};
 
-use server_support::{channel, reserve};
-use stormguard_demo::server::{DemoConfig, DemoInventory};
-use stormguard_demo::{InventoryClient, InventoryServer};
-use stormguard_server::{AdmissionConfig, RetryThreshold, ShedLayer};
-use tokio::net::TcpListener;
+use server_support::{channel, hold_worker, release, reserve, start_with};
+use stormguard_demo::InventoryClient;
+use stormguard_demo::server::DemoConfig;
+use stormguard_server::{AdmissionConfig, RetryThreshold};
 use tonic::server::NamedService;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server};
 use tower::{Layer, Service, ServiceExt};
 
@@ -70,58 +68,50 @@ fn one_worker_no_queue() -> AdmissionConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn services_behind_one_layer_share_one_queue() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let layer = ShedLayer::from_config(one_worker_no_queue()).expect("config");
-    let stats = layer.stats();
-    let inventory = DemoInventory::new(DemoConfig::default());
-    let control = inventory.control();
-    control.close_gate();
-    let server = Server::builder()
-        .layer(layer)
-        .add_service(InventoryServer::new(inventory))
-        .add_service(Echo)
-        .serve_with_incoming(TcpIncoming::from(listener));
-    let server = tokio::spawn(server);
+    let server = start_with(
+        one_worker_no_queue(),
+        DemoConfig::default(),
+        true,
+        |layer, inventory, incoming| {
+            Server::builder()
+                .layer(layer)
+                .add_service(inventory)
+                .add_service(Echo)
+                .serve_with_incoming(incoming)
+        },
+    )
+    .await;
+    let (addr, control) = (server.addr, &server.control);
 
     let channel = channel(addr).await;
     assert_eq!(echo(&channel, addr).await, "0", "a free worker serves Echo");
-    let hold = tokio::spawn({
-        let mut client = InventoryClient::new(channel.clone());
-        async move { client.reserve(reserve("hold", None)).await }
-    });
-    control.wait_running(1).await;
+    let hold = hold_worker(&InventoryClient::new(channel.clone()), control).await;
     // The one worker is busy with Inventory: Echo, behind the same queue, is shed.
     assert_eq!(echo(&channel, addr).await, "14");
-    assert_eq!(stats.snapshot().shed_first, 1);
-    control.open_gate();
-    hold.await.expect("task").expect("served");
+    assert_eq!(server.stats.snapshot().shed_first, 1);
+    release(control, hold).await;
     assert_eq!(echo(&channel, addr).await, "0");
-    assert_eq!(stats.snapshot().completed, 3);
-    server.abort();
+    assert_eq!(server.stats.snapshot().completed, 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_layer_on_one_service_keeps_its_route_and_leaves_the_others_alone() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let layer = ShedLayer::from_config(one_worker_no_queue()).expect("config");
-    let stats = layer.stats();
-    let inventory = DemoInventory::new(DemoConfig::default());
-    let control = inventory.control();
-    control.close_gate();
-    let server = Server::builder()
-        .add_service(layer.layer(InventoryServer::new(inventory)))
-        .add_service(Echo)
-        .serve_with_incoming(TcpIncoming::from(listener));
-    let server = tokio::spawn(server);
+    let server = start_with(
+        one_worker_no_queue(),
+        DemoConfig::default(),
+        true,
+        |layer, inventory, incoming| {
+            Server::builder()
+                .add_service(layer.layer(inventory))
+                .add_service(Echo)
+                .serve_with_incoming(incoming)
+        },
+    )
+    .await;
+    let (addr, control) = (server.addr, &server.control);
 
     let channel = channel(addr).await;
-    let hold = tokio::spawn({
-        let mut client = InventoryClient::new(channel.clone());
-        async move { client.reserve(reserve("hold", None)).await }
-    });
-    control.wait_running(1).await;
+    let hold = hold_worker(&InventoryClient::new(channel.clone()), control).await;
     assert_eq!(
         echo(&channel, addr).await,
         "0",
@@ -132,8 +122,6 @@ async fn a_layer_on_one_service_keeps_its_route_and_leaves_the_others_alone() {
         .await
         .expect_err("Inventory is");
     assert_eq!(status.code(), tonic::Code::Unavailable);
-    control.open_gate();
-    hold.await.expect("task").expect("served");
-    assert_eq!(stats.snapshot().shed_first, 1);
-    server.abort();
+    release(control, hold).await;
+    assert_eq!(server.stats.snapshot().shed_first, 1);
 }
