@@ -6,7 +6,7 @@ mod server_support;
 
 use std::time::Duration;
 
-use server_support::{channel, eventually, pushback, reserve, start, with_header};
+use server_support::{Background, channel, eventually, pushback, reserve, start, with_header};
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
 use stormguard_server::shed::{MESSAGE_QUEUE_FULL, MESSAGE_RETRY_SHED};
@@ -27,16 +27,12 @@ async fn retries_are_shed_past_the_threshold_and_first_attempts_queue_until_full
     };
     let server = start(admission, DemoConfig::default(), true).await;
     let client = InventoryClient::new(channel(server.addr).await);
-    let mut queued = JoinSet::new();
-    let spawn = |set: &mut JoinSet<_>, request| {
-        let mut client = client.clone();
-        set.spawn(async move { client.reserve(request).await });
-    };
+    let mut queued = Background::new(&client);
 
-    spawn(&mut queued, reserve("hold", None));
+    queued.send(reserve("hold", None));
     server.control.wait_running(1).await;
     // A retry below the threshold waits like anyone else.
-    spawn(&mut queued, reserve("retry-below-threshold", Some("1")));
+    queued.send(reserve("retry-below-threshold", Some("1")));
     eventually("first queued call", || {
         server.stats.snapshot().queue_depth == 1
     })
@@ -62,14 +58,11 @@ async fn retries_are_shed_past_the_threshold_and_first_attempts_queue_until_full
         assert!(pushback(&status).is_some());
     }
     // First attempts, however marked, still queue.
-    spawn(&mut queued, reserve("f1", Some("0")));
+    queued.send(reserve("f1", Some("0")));
     eventually("f1 queued", || server.stats.snapshot().queue_depth == 2).await;
-    spawn(
-        &mut queued,
-        with_header(reserve("f2", None), "x-retry-attempt", "0"),
-    );
+    queued.send(with_header(reserve("f2", None), "x-retry-attempt", "0"));
     eventually("f2 queued", || server.stats.snapshot().queue_depth == 3).await;
-    spawn(&mut queued, reserve("f3", None));
+    queued.send(reserve("f3", None));
     eventually("f3 queued", || server.stats.snapshot().queue_depth == 4).await;
 
     // The queue is full: first attempts are shed too, and so are retries.
@@ -90,10 +83,7 @@ async fn retries_are_shed_past_the_threshold_and_first_attempts_queue_until_full
     let stats = server.stats.snapshot();
     assert_eq!((stats.shed_first, stats.shed_retry), (1, 7));
 
-    server.control.open_gate();
-    while let Some(result) = queued.join_next().await {
-        result.expect("task").expect("queued calls are served");
-    }
+    queued.serve_all(&server.control).await;
     let log = server.control.entry_log();
     assert_eq!(log, ["hold", "retry-below-threshold", "f1", "f2", "f3"]);
     assert_eq!(server.control.counts().entered_retry, 1);
@@ -198,17 +188,13 @@ async fn retries_are_shed_once_the_oldest_queued_call_has_waited_past_the_delay_
     };
     let server = start(admission, DemoConfig::default(), true).await;
     let client = InventoryClient::new(channel(server.addr).await);
-    let mut queued = JoinSet::new();
-    let spawn = |set: &mut JoinSet<_>, request| {
-        let mut client = client.clone();
-        set.spawn(async move { client.reserve(request).await });
-    };
-    spawn(&mut queued, reserve("hold", None));
+    let mut queued = Background::new(&client);
+    queued.send(reserve("hold", None));
     server.control.wait_running(1).await;
-    spawn(&mut queued, reserve("f1", None));
+    queued.send(reserve("f1", None));
     eventually("f1 queued", || server.stats.snapshot().queue_depth == 1).await;
     // The oldest call has just been queued: a retry still waits.
-    spawn(&mut queued, reserve("r1", Some("1")));
+    queued.send(reserve("r1", Some("1")));
     eventually("r1 queued", || server.stats.snapshot().queue_depth == 2).await;
     // Once the oldest has waited a second, retries are answered at once, whatever the
     // depth, while first attempts still queue.
@@ -219,11 +205,8 @@ async fn retries_are_shed_once_the_oldest_queued_call_has_waited_past_the_delay_
         .await
         .expect_err("shed by queue delay");
     assert_eq!(status.message(), MESSAGE_RETRY_SHED);
-    spawn(&mut queued, reserve("f2", None));
+    queued.send(reserve("f2", None));
     eventually("f2 queued", || server.stats.snapshot().queue_depth == 3).await;
-    server.control.open_gate();
-    while let Some(result) = queued.join_next().await {
-        result.expect("task").expect("queued calls are served");
-    }
+    queued.serve_all(&server.control).await;
     assert_eq!(server.control.entry_log(), ["hold", "f1", "r1", "f2"]);
 }
