@@ -13,11 +13,14 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use server_support::{channel, eventually, reserve, start};
+use server_support::{channel, eventually, hold_worker, release, reserve, start};
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
-use stormguard_server::{AdmissionConfig, Occupancy, RetryThreshold, ShedLayer};
+use stormguard_server::{
+    AdmissionConfig, Occupancy, RetryThreshold, ShedLayer, ShedService, ShedStats,
+};
 use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
 use tower::{Layer, Service, ServiceExt};
 
 fn admission(workers: usize, queue: usize) -> AdmissionConfig {
@@ -51,6 +54,40 @@ fn gated_handler(
     })
 }
 
+/// A `ShedService` around `gated_handler`, with `N` calls already running in it.
+struct Busy<S, const N: usize> {
+    service: ShedService<S>,
+    stats: ShedStats,
+    /// The handler's gate, with no permits yet.
+    gate: Arc<Semaphore>,
+    /// The running calls, each holding a worker until it gets a permit.
+    blockers: [JoinHandle<Result<http::Response<()>, Infallible>>; N],
+}
+
+/// Builds a `ShedLayer` from `config` around `gated_handler`, starts `N` calls and
+/// returns once all of them are running.
+async fn busy<const N: usize>(
+    config: AdmissionConfig,
+) -> Busy<
+    impl Service<http::Request<()>, Response = http::Response<()>, Error = Infallible> + Clone,
+    N,
+> {
+    let layer = ShedLayer::from_config(config).expect("config");
+    let stats = layer.stats();
+    let gate = Arc::new(Semaphore::new(0));
+    let service = layer.layer(gated_handler(Arc::clone(&gate)));
+    let blockers = std::array::from_fn(|_| tokio::spawn(service.clone().oneshot(request(None))));
+    while stats.snapshot().in_flight < N {
+        tokio::task::yield_now().await;
+    }
+    Busy {
+        service,
+        stats,
+        gate,
+        blockers,
+    }
+}
+
 fn request(grpc_timeout: Option<&'static str>) -> http::Request<()> {
     let mut builder = http::Request::builder().uri("/stormguard.demo.v1.Inventory/Reserve");
     if let Some(timeout) = grpc_timeout {
@@ -67,18 +104,13 @@ async fn poll_once<F: Future + Unpin>(future: &mut F) -> bool {
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_hundred_thousand_calls_cancelled_or_timed_out_while_queued_leak_nothing() {
-    let layer = ShedLayer::from_config(admission(2, 64)).expect("config");
-    let stats = layer.stats();
-    let gate = Arc::new(Semaphore::new(0));
-    let mut service = layer.layer(gated_handler(Arc::clone(&gate)));
-
     // Both workers busy until the gate opens.
-    let blockers: Vec<_> = (0..2)
-        .map(|_| tokio::spawn(service.clone().oneshot(request(None))))
-        .collect();
-    while stats.snapshot().in_flight < 2 {
-        tokio::task::yield_now().await;
-    }
+    let Busy {
+        mut service,
+        stats,
+        gate,
+        blockers,
+    } = busy::<2>(admission(2, 64)).await;
 
     let (mut dropped, mut timed_out, mut expired) = (0u64, 0u64, 0u64);
     for i in 0..100_000u32 {
@@ -150,15 +182,12 @@ async fn a_hundred_thousand_calls_cancelled_or_timed_out_while_queued_leak_nothi
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_worker_granted_to_a_caller_that_left_goes_to_the_next() {
-    let layer = ShedLayer::from_config(admission(1, 8)).expect("config");
-    let stats = layer.stats();
-    let gate = Arc::new(Semaphore::new(0));
-    let mut service = layer.layer(gated_handler(Arc::clone(&gate)));
-
-    let blocker = tokio::spawn(service.clone().oneshot(request(None)));
-    while stats.snapshot().in_flight < 1 {
-        tokio::task::yield_now().await;
-    }
+    let Busy {
+        mut service,
+        stats,
+        gate,
+        blockers: [blocker],
+    } = busy(admission(1, 8)).await;
     let mut first = Box::pin(service.ready().await.expect("ready").call(request(None)));
     let mut second = Box::pin(service.ready().await.expect("ready").call(request(None)));
     assert!(poll_once(&mut first).await && poll_once(&mut second).await);
@@ -201,18 +230,16 @@ async fn a_worker_granted_to_a_caller_that_left_goes_to_the_next() {
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_grant_that_comes_after_the_expiry_is_passed_on_not_run() {
-    let layer = ShedLayer::from_config(AdmissionConfig {
+    let Busy {
+        mut service,
+        stats,
+        gate,
+        blockers: [blocker],
+    } = busy(AdmissionConfig {
         min_time_left: Duration::ZERO,
         ..admission(1, 8)
     })
-    .expect("config");
-    let stats = layer.stats();
-    let gate = Arc::new(Semaphore::new(0));
-    let mut service = layer.layer(gated_handler(Arc::clone(&gate)));
-    let blocker = tokio::spawn(service.clone().oneshot(request(None)));
-    while stats.snapshot().in_flight < 1 {
-        tokio::task::yield_now().await;
-    }
+    .await;
     // `late` expires in 10 ms; `patient` has no deadline.
     let mut late = Box::pin(
         service
@@ -240,11 +267,7 @@ async fn a_grant_that_comes_after_the_expiry_is_passed_on_not_run() {
 async fn callers_that_time_out_while_queued_free_their_slots_over_the_network() {
     let server = start(admission(1, 8), DemoConfig::default(), true).await;
     let client = InventoryClient::new(channel(server.addr).await);
-    let hold = tokio::spawn({
-        let mut client = client.clone();
-        async move { client.reserve(reserve("hold", None)).await }
-    });
-    server.control.wait_running(1).await;
+    let hold = hold_worker(&client, &server.control).await;
 
     // 40 callers that give up after 500 ms (client side only, no grpc-timeout sent):
     // 8 wait in the queue until they give up, the others are shed at once.
@@ -280,8 +303,7 @@ async fn callers_that_time_out_while_queued_free_their_slots_over_the_network() 
             unsettled: 0
         }
     );
-    server.control.open_gate();
-    hold.await.expect("task").expect("held call served");
+    release(&server.control, hold).await;
     // Nothing left holding a slot: a new call runs at once.
     client
         .clone()
