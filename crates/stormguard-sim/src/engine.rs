@@ -714,10 +714,23 @@ impl<'a> Sim<'a> {
                 return;
             }
         };
+        self.start_call(retry, 0, None, shard, deadline, measured);
+    }
+
+    /// Starts a call at `level` (see [`Call`]) arriving now, and sends its first attempt.
+    fn start_call(
+        &mut self,
+        retry: CallRetry,
+        level: u8,
+        parent: Option<(u32, u64)>,
+        shard: usize,
+        deadline: Option<u64>,
+        measured: bool,
+    ) {
         let call = Call {
             retry,
-            level: 0,
-            parent: None,
+            level,
+            parent,
             shard: shard as u32,
             arrived: self.now,
             deadline,
@@ -726,10 +739,6 @@ impl<'a> Sim<'a> {
             attempts: 0,
             measured,
         };
-        self.start_call(call);
-    }
-
-    fn start_call(&mut self, call: Call) {
         let slot = match self.free.pop() {
             Some(slot) => {
                 self.calls[slot as usize] = Some(call);
@@ -986,18 +995,14 @@ impl<'a> Sim<'a> {
         let begun =
             self.relays[level as usize][process].begin_at(PATH, deadline.map(|d| self.at(d)), now);
         match begun {
-            Ok(retry) => self.start_call(Call {
+            Ok(retry) => self.start_call(
                 retry,
-                level: level + 1,
-                parent: Some((slot, id)),
-                shard: shard as u32,
-                arrived: self.now,
+                level + 1,
+                Some((slot, id)),
+                shard,
                 deadline,
-                id: 0,
-                in_flight: false,
-                attempts: 0,
                 measured,
-            }),
+            ),
             Err(refusal) => {
                 let failure = self.upstream_failure(Some(refusal));
                 let tier = &self.sc.tiers[level as usize];
