@@ -106,6 +106,26 @@ impl Interceptor for ContextInterceptor {
 mod tests {
     use super::*;
 
+    /// Stamps `ctx` at `now` on a request whose own timeout is `request_timeout`; returns
+    /// the stamped request and its `grpc-timeout`, decoded.
+    fn stamp_with_timeout(
+        ctx: CallContext,
+        now: Instant,
+        request_timeout: Duration,
+    ) -> (Request<()>, Duration) {
+        let mut req = Request::new(());
+        req.set_timeout(request_timeout);
+        let req = ContextInterceptor::stamp(ctx, now, req).unwrap();
+        let v = req
+            .metadata()
+            .get("grpc-timeout")
+            .unwrap()
+            .to_str()
+            .unwrap();
+        let timeout = decode_grpc_timeout(v).unwrap();
+        (req, timeout)
+    }
+
     #[test]
     fn without_a_context_the_request_is_untouched() {
         let mut req = Request::new(());
@@ -133,16 +153,8 @@ mod tests {
     fn a_shorter_request_timeout_is_kept() {
         let now = Instant::now();
         let ctx = CallContext::new().with_deadline(now + Duration::from_secs(10));
-        let mut req = Request::new(());
-        req.set_timeout(Duration::from_millis(200));
-        let req = ContextInterceptor::stamp(ctx, now, req).unwrap();
-        let v = req
-            .metadata()
-            .get("grpc-timeout")
-            .unwrap()
-            .to_str()
-            .unwrap();
-        assert_eq!(decode_grpc_timeout(v).unwrap(), Duration::from_millis(200));
+        let (req, timeout) = stamp_with_timeout(ctx, now, Duration::from_millis(200));
+        assert_eq!(timeout, Duration::from_millis(200));
         assert!(req.metadata().get("grpc-previous-rpc-attempts").is_none());
     }
 
@@ -150,16 +162,8 @@ mod tests {
     fn a_longer_request_timeout_is_cut_to_the_context() {
         let now = Instant::now();
         let ctx = CallContext::new().with_deadline(now + Duration::from_millis(300));
-        let mut req = Request::new(());
-        req.set_timeout(Duration::from_secs(30));
-        let req = ContextInterceptor::stamp(ctx, now, req).unwrap();
-        let v = req
-            .metadata()
-            .get("grpc-timeout")
-            .unwrap()
-            .to_str()
-            .unwrap();
-        assert_eq!(decode_grpc_timeout(v).unwrap(), Duration::from_millis(300));
+        let (_, timeout) = stamp_with_timeout(ctx, now, Duration::from_secs(30));
+        assert_eq!(timeout, Duration::from_millis(300));
     }
 
     #[test]
