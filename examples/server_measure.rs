@@ -182,24 +182,20 @@ async fn run(name: &str, admission: AdmissionConfig, secs: u64, load: f64, seed:
     }
     while tasks.join_next().await.is_some() {}
     let s: StatsSnapshot = stats.snapshot();
-    let share: Vec<String> = (0..n_windows)
-        .map(|w| {
-            let offered = windows.offered[w].load(Ordering::Relaxed).max(1);
-            format!(
-                "{:.2}",
-                windows.ok[w].load(Ordering::Relaxed) as f64 / offered as f64
-            )
-        })
-        .collect();
-    let amplification: Vec<String> = (0..n_windows)
-        .map(|w| {
-            let offered = windows.offered[w].load(Ordering::Relaxed).max(1);
-            format!(
-                "{:.2}",
-                windows.attempts[w].load(Ordering::Relaxed) as f64 / offered as f64
-            )
-        })
-        .collect();
+    // Per window, `counts` per offered call.
+    let per_offered = |counts: &[AtomicU64]| -> Vec<String> {
+        (0..n_windows)
+            .map(|w| {
+                let offered = windows.offered[w].load(Ordering::Relaxed).max(1);
+                format!(
+                    "{:.2}",
+                    counts[w].load(Ordering::Relaxed) as f64 / offered as f64
+                )
+            })
+            .collect()
+    };
+    let share = per_offered(&windows.ok);
+    let amplification = per_offered(&windows.attempts);
     println!(
         "{name:<28} success/3s: {}\n{:<28} attempts/call: {}\n{:<28} server: admitted {} completed {} \
          shed_first {} shed_retry {} expired {} cancelled_queued {} mean queued {:?}; h2 errors {}",
