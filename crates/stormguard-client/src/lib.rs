@@ -50,8 +50,11 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
 mod body;
-pub mod context;
 pub mod interceptor;
+
+/// The call context (deadline and attempt number) that outgoing calls inherit; it lives in
+/// the policy crate so that the server layer can set it. See [`stormguard_core::context`].
+pub use stormguard_core::context;
 pub mod retry;
 pub mod stats;
 mod status;

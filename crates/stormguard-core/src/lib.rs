@@ -21,7 +21,8 @@
 //! * a **circuit breaker** ([`breaker`]) for latency: fail fast while a dependency is dead,
 //!   probe it back on a jittered schedule;
 //! * **deadlines** ([`deadline`]): a retry gets what is left of the caller's time, never a
-//!   fresh timeout;
+//!   fresh timeout, and a handler's downstream calls inherit the inbound deadline through
+//!   the task-local [`context`];
 //! * **classification** ([`code`], [`policy`]): only transient codes of idempotent methods
 //!   are retried;
 //! * the **retry decision** ([`retry`]) that combines them, in one place;
@@ -47,6 +48,7 @@ pub mod breaker;
 pub mod budget;
 pub mod code;
 pub mod config;
+pub mod context;
 pub mod deadline;
 pub mod policy;
 pub mod pushback;

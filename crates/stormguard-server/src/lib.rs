@@ -45,6 +45,15 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Across hops
+//!
+//! Each call the layer runs is polled with its
+//! [`CallContext`](stormguard_core::context::CallContext) set: the deadline from the
+//! inbound `grpc-timeout`. A handler's outgoing calls through the client's `RetryLayer`
+//! inherit what is left of it, with no code in the handler. Futures the handler spawns onto
+//! other tasks do not inherit it; wrap them in
+//! [`context::scope`](stormguard_core::context::scope).
+//!
 //! # Operating notes
 //!
 //! - **Raise h2's pending-reset limit.** Callers that time out reset their HTTP/2

@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
+use stormguard_core::context::{self, CallContext, Scoped};
 use tokio::time::Sleep;
 use tower_service::Service;
 
@@ -18,8 +19,10 @@ pin_project! {
     /// A hand-written state machine, no boxing: a queued call holds its place
     /// ([`Ticket`]), a timer for its expiry, the readied inner service and the request;
     /// once a worker is granted it calls the inner service and holds the worker
-    /// ([`WorkerPermit`]) until the inner future finishes. Dropping the future at any
-    /// point gives back what it holds.
+    /// ([`WorkerPermit`]) until the inner future finishes. The inner future runs with the
+    /// call's [`CallContext`] set (its deadline from the inbound `grpc-timeout`), so the
+    /// handler's outgoing calls through a `RetryLayer` inherit the deadline. Dropping the
+    /// future at any point gives back what it holds.
     pub struct ResponseFuture<S, Req>
     where
         S: Service<Req>,
@@ -41,10 +44,11 @@ pin_project! {
             timer: Sleep,
             service: Option<S>,
             request: Option<Req>,
+            context: CallContext,
         },
         Running {
             #[pin]
-            future: S::Future,
+            future: Scoped<S::Future>,
             permit: Option<WorkerPermit>,
         },
         Answered {
@@ -57,16 +61,16 @@ impl<S, Req> ResponseFuture<S, Req>
 where
     S: Service<Req>,
 {
-    pub(crate) fn running(future: S::Future, permit: WorkerPermit) -> Self {
+    pub(crate) fn running(context: CallContext, future: S::Future, permit: WorkerPermit) -> Self {
         ResponseFuture {
             state: State::Running {
-                future,
+                future: context::scope(context, future),
                 permit: Some(permit),
             },
         }
     }
 
-    pub(crate) fn queued(ticket: Ticket, service: S, request: Req) -> Self {
+    pub(crate) fn queued(context: CallContext, ticket: Ticket, service: S, request: Req) -> Self {
         let timer = tokio::time::sleep_until(ticket.expiry());
         ResponseFuture {
             state: State::Queued {
@@ -74,6 +78,7 @@ where
                 timer,
                 service: Some(service),
                 request: Some(request),
+                context,
             },
         }
     }
@@ -103,6 +108,7 @@ where
                     timer,
                     service,
                     request,
+                    context,
                 } => {
                     let fired = timer.poll(cx).is_ready();
                     match ticket.poll_turn(cx.waker(), fired) {
@@ -119,7 +125,7 @@ where
                                 unreachable_state();
                                 return Poll::Ready(Ok(response::expired()));
                             };
-                            let future = service.call(request);
+                            let future = context::scope(*context, service.call(request));
                             state.set(State::Running {
                                 future,
                                 permit: Some(permit),

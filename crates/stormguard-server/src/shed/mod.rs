@@ -52,6 +52,7 @@ use tower_service::Service;
 
 use crate::stats::ShedStats;
 use queue::{Arrival, Queue};
+use stormguard_core::context::CallContext;
 use stormguard_core::deadline::{GRPC_TIMEOUT_HEADER, decode_grpc_timeout};
 
 const PREVIOUS_RPC_ATTEMPTS: HeaderName = HeaderName::from_static("grpc-previous-rpc-attempts");
@@ -123,14 +124,21 @@ where
             // Malformed (or non-ASCII) values read as "no deadline", as tonic does.
             .and_then(|v| decode_grpc_timeout(v.to_str().ok()?).ok())
             .and_then(|t| now.checked_add(t));
+        // The handler's outgoing calls inherit this call's deadline (see `CallContext`).
+        let context = match deadline {
+            Some(d) => CallContext::new().with_deadline(d),
+            None => CallContext::new(),
+        };
         match self.queue.arrive(now, class, deadline) {
-            Arrival::Admitted(permit) => ResponseFuture::running(self.inner.call(request), permit),
+            Arrival::Admitted(permit) => {
+                ResponseFuture::running(context, self.inner.call(request), permit)
+            }
             Arrival::Queued(ticket) => {
                 // Keep the service that was made ready for this call; the clone takes
                 // its place for the next poll_ready.
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::queued(ticket, ready, request)
+                ResponseFuture::queued(context, ticket, ready, request)
             }
             Arrival::Shed(shed) => ResponseFuture::answered(response::shed(
                 self.queue.shed_code(),

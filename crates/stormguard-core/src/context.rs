@@ -4,16 +4,20 @@
 //! its own caller gave it, and a downstream server sheds retries first, so it wants to know
 //! which calls are retries. [`CallContext`] carries both in a tokio task-local:
 //!
-//! - the stormguard server layer sets it for each inbound call (the deadline from the
-//!   inbound `grpc-timeout`), so a handler's outgoing calls inherit it;
+//! - the stormguard server layer (`ShedLayer`) sets it for each inbound call it runs (the
+//!   deadline from the inbound `grpc-timeout`), so a handler's outgoing calls inherit it;
 //! - code with its own call loop sets it with [`scope`] around each attempt;
-//! - the [`RetryLayer`](crate::RetryLayer) reads the deadline, and the
-//!   [`ContextInterceptor`](crate::ContextInterceptor) stamps deadline and attempt
-//!   metadata onto outgoing requests.
+//! - the client's `RetryLayer` reads the deadline, and its `ContextInterceptor` stamps
+//!   deadline and attempt metadata onto outgoing requests.
+//!
+//! It lives in the policy crate so that both layers share one task-local without the
+//! server depending on the client. A task-local is set by the future that polls the
+//! handler, so work the handler spawns onto other tasks does not inherit it: scope those
+//! futures explicitly.
 //!
 //! ```
 //! use std::time::Duration;
-//! use stormguard_client::context::{self, CallContext};
+//! use stormguard_core::context::{self, CallContext};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let ctx = CallContext::new().with_timeout(Duration::from_secs(2)).with_previous_attempts(1);
@@ -26,7 +30,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use stormguard_core::Instant;
+use crate::Instant;
 
 tokio::task_local! {
     static CURRENT: CallContext;
@@ -64,7 +68,7 @@ impl CallContext {
     }
 
     /// The same context marked as attempt `previous_attempts + 1` of its call: outgoing
-    /// requests stamped by the [`ContextInterceptor`](crate::ContextInterceptor) carry
+    /// requests stamped by the client's `ContextInterceptor` carry
     /// `grpc-previous-rpc-attempts: previous_attempts` when it is above zero.
     pub fn with_previous_attempts(self, previous_attempts: u32) -> Self {
         CallContext {
@@ -97,9 +101,12 @@ impl CallContext {
 /// Runs `fut` with `ctx` as the current [`CallContext`]. Scopes nest: the innermost wins
 /// (combine with [`CallContext::current`] and [`CallContext::with_deadline`] to keep an
 /// outer, earlier deadline).
-pub fn scope<F: Future>(ctx: CallContext, fut: F) -> impl Future<Output = F::Output> {
+pub fn scope<F: Future>(ctx: CallContext, fut: F) -> Scoped<F> {
     CURRENT.scope(ctx, fut)
 }
+
+/// The future returned by [`scope`]: `fut`, polled with its [`CallContext`] set.
+pub type Scoped<F> = tokio::task::futures::TaskLocalFuture<CallContext, F>;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
