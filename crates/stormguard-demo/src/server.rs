@@ -297,17 +297,9 @@ fn clamp_rate(rate: f64) -> f64 {
     }
 }
 
-/// Milliseconds of a `grpc-timeout` value (for the reply's `timeout_ms`), rounded down.
+/// Milliseconds of a `grpc-timeout` value (for the reply's `timeout_ms`), rounded down;
+/// `None` when malformed.
 fn decode_timeout_ms(value: &str) -> Option<u64> {
-    let unit = value.chars().last()?;
-    let n: u64 = value.get(..value.len() - unit.len_utf8())?.parse().ok()?;
-    Some(match unit {
-        'H' => n.saturating_mul(3_600_000),
-        'M' => n.saturating_mul(60_000),
-        'S' => n.saturating_mul(1_000),
-        'm' => n,
-        'u' => n / 1_000,
-        'n' => n / 1_000_000,
-        _ => return None,
-    })
+    let timeout = stormguard_core::deadline::decode_grpc_timeout(value).ok()?;
+    Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX))
 }
