@@ -61,6 +61,10 @@ use crate::config::ConfigError;
 /// The largest `pushback_max` accepted: one hour. Longer advice is no advice.
 pub const MAX_PUSHBACK: Duration = Duration::from_secs(3600);
 
+/// The largest `max_time_queued` accepted: one hour. A call waiting longer has no
+/// caller left; and a bound near `Duration::MAX` would not fit in an `Instant`.
+pub const MAX_TIME_QUEUED: Duration = Duration::from_secs(3600);
+
 /// Whether a call is a first attempt or a retry, as the client declared it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AttemptClass {
@@ -184,7 +188,8 @@ pub struct AdmissionConfig {
     /// When retries start to be shed. Default: 8 queued calls.
     pub retry_threshold: RetryThreshold,
     /// The longest a call may wait for a worker; after it the call is answered
-    /// `DEADLINE_EXCEEDED` without running. Above zero. Default 1 s.
+    /// `DEADLINE_EXCEEDED` without running. Above zero, at most [`MAX_TIME_QUEUED`].
+    /// Default 1 s.
     pub max_time_queued: Duration,
     /// Queued work whose `grpc-timeout` leaves less than this is answered
     /// `DEADLINE_EXCEEDED` without running: it could not finish in time, and running it
@@ -254,10 +259,13 @@ impl AdmissionConfig {
                 format!("{depth} is above queue_capacity ({})", self.queue_capacity),
             ));
         }
-        if self.max_time_queued.is_zero() {
+        if self.max_time_queued.is_zero() || self.max_time_queued > MAX_TIME_QUEUED {
             return Err(ConfigError::invalid(
                 "admission.max_time_queued",
-                "must be above zero",
+                format!(
+                    "{:?} is outside (0, {:?}]",
+                    self.max_time_queued, MAX_TIME_QUEUED
+                ),
             ));
         }
         if self.pushback_max < Duration::from_millis(1) || self.pushback_max > MAX_PUSHBACK {
@@ -648,13 +656,19 @@ mod tests {
             }),
             "admission.retry_threshold.depth"
         );
-        assert_eq!(
-            field(AdmissionConfig {
-                max_time_queued: Duration::ZERO,
-                ..base.clone()
-            }),
-            "admission.max_time_queued"
-        );
+        for bad in [
+            Duration::ZERO,
+            MAX_TIME_QUEUED + Duration::from_millis(1),
+            Duration::MAX,
+        ] {
+            assert_eq!(
+                field(AdmissionConfig {
+                    max_time_queued: bad,
+                    ..base.clone()
+                }),
+                "admission.max_time_queued"
+            );
+        }
         for bad in [
             Duration::ZERO,
             Duration::from_micros(999),
@@ -906,6 +920,26 @@ mod tests {
         assert_eq!(p.expiry(t0, Some(t0 + ms(50))), t0 + ms(45));
         assert_eq!(p.expiry(t0, Some(t0 + ms(500))), t0 + ms(100));
         assert_eq!(p.expiry(t0 + ms(10), Some(t0 + ms(12))), t0 + ms(7));
+    }
+
+    #[test]
+    fn longest_accepted_max_time_queued_does_not_expire_calls_at_once() {
+        // `Duration::MAX` used to be accepted, overflowed the instant and made every
+        // queued call expire the moment it arrived; the bound keeps expiry in range.
+        let p = AdmissionPolicy::new(AdmissionConfig {
+            max_time_queued: MAX_TIME_QUEUED,
+            ..config()
+        })
+        .unwrap();
+        let t0 = Instant::now();
+        assert_eq!(p.expiry(t0, None), t0 + MAX_TIME_QUEUED);
+        assert!(
+            AdmissionPolicy::new(AdmissionConfig {
+                max_time_queued: Duration::MAX,
+                ..config()
+            })
+            .is_err()
+        );
     }
 
     #[test]
