@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use stormguard_core::admission::AttemptClass;
 use tokio::sync::watch;
 use tonic::codegen::tokio_stream::{self, Stream};
 use tonic::{Request, Response, Status};
@@ -48,9 +49,11 @@ impl Default for DemoConfig {
 pub struct DemoCounts {
     /// `Reserve` calls that reached the handler.
     pub entered: u64,
-    /// Of those, first attempts (no or zero `grpc-previous-rpc-attempts`).
+    /// Of those, first attempts, classified as the shed layer classifies them
+    /// ([`AttemptClass::from_headers`]: no or zero `grpc-previous-rpc-attempts`, else no
+    /// or zero `x-retry-attempt`).
     pub entered_first: u64,
-    /// Of those, retries.
+    /// Of those, retries (including calls whose attempt header could not be read).
     pub entered_retry: u64,
     /// `Reserve` calls answered OK.
     pub ok: u64,
@@ -231,7 +234,17 @@ impl Inventory for DemoInventory {
             log.push_back(request_id.clone());
         }
         s.entered.fetch_add(1, Ordering::SeqCst);
-        if previous == 0 {
+        let class = AttemptClass::from_headers(
+            request
+                .metadata()
+                .get("grpc-previous-rpc-attempts")
+                .map(|v| v.as_bytes()),
+            request
+                .metadata()
+                .get("x-retry-attempt")
+                .map(|v| v.as_bytes()),
+        );
+        if class == AttemptClass::First {
             s.entered_first.fetch_add(1, Ordering::SeqCst);
         } else {
             s.entered_retry.fetch_add(1, Ordering::SeqCst);
@@ -302,4 +315,42 @@ fn clamp_rate(rate: f64) -> f64 {
 fn decode_timeout_ms(value: &str) -> Option<u64> {
     let timeout = stormguard_core::deadline::decode_grpc_timeout(value).ok()?;
     Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::task::{Context, Poll, Waker};
+
+    /// Runs one `Reserve` with the given metadata; the gate is open and the service
+    /// time zero, so the handler finishes on its first poll.
+    fn reserve_with(demo: &DemoInventory, headers: &[(&'static str, &'static str)]) {
+        let mut request = Request::new(ReserveRequest::default());
+        for (name, value) in headers {
+            request
+                .metadata_mut()
+                .insert(*name, value.parse().expect("valid ASCII metadata"));
+        }
+        let mut call = demo.reserve(request);
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(matches!(call.as_mut().poll(&mut cx), Poll::Ready(Ok(_))));
+    }
+
+    #[test]
+    fn attempt_class_counted_as_the_shed_layer_reads_it() {
+        let demo = DemoInventory::new(DemoConfig {
+            service_time: Duration::ZERO,
+            ..DemoConfig::default()
+        });
+        reserve_with(&demo, &[]);
+        reserve_with(&demo, &[("grpc-previous-rpc-attempts", "0")]);
+        // A malformed value is a retry to the layer (a peer cannot buy priority with
+        // garbage), and `x-retry-attempt` marks a retry when the standard header is absent.
+        reserve_with(&demo, &[("grpc-previous-rpc-attempts", "two")]);
+        reserve_with(&demo, &[("x-retry-attempt", "1")]);
+        reserve_with(&demo, &[("grpc-previous-rpc-attempts", "2")]);
+        let counts = demo.control().counts();
+        assert_eq!(counts.entered, 5);
+        assert_eq!((counts.entered_first, counts.entered_retry), (2, 3));
+    }
 }
