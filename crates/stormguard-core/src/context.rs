@@ -31,6 +31,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::Instant;
+use crate::deadline::Deadline;
 
 tokio::task_local! {
     static CURRENT: CallContext;
@@ -63,8 +64,9 @@ impl CallContext {
     }
 
     /// The same context with a deadline `timeout` from now (see [`with_deadline`](Self::with_deadline)).
+    /// An absurdly long timeout saturates at about a century instead of overflowing.
     pub fn with_timeout(self, timeout: Duration) -> Self {
-        self.with_deadline(Instant::now() + timeout)
+        self.with_deadline(Deadline::after(timeout).instant())
     }
 
     /// The same context marked as attempt `previous_attempts + 1` of its call: outgoing
@@ -121,6 +123,16 @@ mod tests {
         assert_eq!(shorter.deadline(), Some(now + Duration::from_secs(1)));
         let longer = shorter.with_deadline(now + Duration::from_secs(9));
         assert_eq!(longer.deadline(), Some(now + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn an_absurd_timeout_saturates_instead_of_panicking() {
+        let ctx = CallContext::new().with_timeout(Duration::MAX);
+        let left = ctx.remaining_at(Instant::now()).expect("a deadline is set");
+        assert!(left > Duration::from_secs(365 * 24 * 3600));
+        // An earlier deadline still wins over the far one.
+        let soon = Instant::now() + Duration::from_secs(1);
+        assert_eq!(ctx.with_deadline(soon).deadline(), Some(soon));
     }
 
     #[test]

@@ -10,7 +10,9 @@ use http::{HeaderMap, HeaderValue, Method, Uri, Version};
 use pin_project_lite::pin_project;
 use stormguard_core::Instant;
 use stormguard_core::code::Code;
-use stormguard_core::deadline::{GRPC_TIMEOUT_HEADER, decode_grpc_timeout, encode_grpc_timeout};
+use stormguard_core::deadline::{
+    Deadline, GRPC_TIMEOUT_HEADER, decode_grpc_timeout, encode_grpc_timeout,
+};
 use stormguard_core::retry::{CallRetry, Decision, Failure, Refusal};
 use tokio::time::Sleep;
 use tonic::Status;
@@ -102,12 +104,13 @@ fn logical_deadline(
         .get(GRPC_TIMEOUT_HEADER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| decode_grpc_timeout(v).ok())
-        .map(|t| now + t);
+        .map(|t| Deadline::after_at(now, t).instant());
     let ctx = CallContext::current().and_then(|c| c.deadline());
     match (own, ctx) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (Some(a), None) | (None, Some(a)) => Some(a),
-        (None, None) => default.map(|t| now + t),
+        // Saturates: a default of `Duration::MAX` means "no practical limit", not a panic.
+        (None, None) => default.map(|t| Deadline::after_at(now, t).instant()),
     }
 }
 

@@ -235,6 +235,21 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn an_absurd_default_timeout_saturates_instead_of_panicking() {
+        let script = Arc::new(Mutex::new(VecDeque::from([None])));
+        let strict = Strict {
+            ready: false,
+            script,
+            calls: Arc::new(AtomicUsize::new(0)),
+        };
+        let mut svc = layer()
+            .with_default_timeout(std::time::Duration::MAX)
+            .layer(strict);
+        let response = svc.ready().await.unwrap().call(request()).await.unwrap();
+        assert!(response.headers().get("grpc-status").is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn the_service_left_behind_by_call_must_be_readied_again() {
         let script = Arc::new(Mutex::new(VecDeque::from([None, None])));
         let strict = Strict {
