@@ -456,6 +456,7 @@ struct Call {
     measured: bool,
 }
 
+#[derive(Clone, Copy)]
 struct Job {
     slot: u32,
     id: u64,
@@ -1104,12 +1105,19 @@ impl<'a> Sim<'a> {
             Admission::Queue => {
                 let expiry = policy.expiry(now, deadline.map(|d| base + Duration::from_nanos(d)));
                 let expiry = nanos(expiry.saturating_duration_since(base));
-                server.queue.push_back(Job {
+                let job = Job {
                     slot,
                     id,
                     enqueued: t,
                     expiry: Some(expiry),
-                });
+                };
+                // Too close to its deadline to be worth queuing: answered at once, as
+                // the real queue does, not held as load until the next event.
+                if expiry <= t {
+                    expired.push(job);
+                } else {
+                    server.queue.push_back(job);
+                }
             }
             Admission::Shed(shed) => {
                 let pushback = match shed.pushback {
@@ -1432,6 +1440,55 @@ mod tests {
             let expect = if inside { 0 } else { bin.calls };
             assert_eq!(bin.successes, expect, "bin {i}: {bin:?}");
         }
+    }
+
+    /// A one-worker shedding shard for driving `server_arrive` directly.
+    fn one_worker_shard(depth: Option<usize>) -> Scenario {
+        let mut sc = scenario(0.0, policy(None, BudgetKind::Unlimited));
+        sc.shards[0].server = ServerKind::Queue(QueueServer {
+            workers: 1,
+            service_time: Duration::from_millis(10),
+            queue_capacity: 8,
+            slowdown: None,
+            shedding: Some(AdmissionConfig {
+                workers: 1,
+                queue_capacity: 8,
+                retry_threshold: stormguard_core::admission::RetryThreshold {
+                    depth,
+                    queue_delay: None,
+                },
+                min_time_left: Duration::from_millis(2),
+                ..AdmissionConfig::default()
+            }),
+        });
+        sc
+    }
+
+    /// The codes of the failures answered to `slot` so far.
+    fn answered(sim: &Sim<'_>, slot: u32) -> Vec<Code> {
+        sim.heap
+            .iter()
+            .filter_map(|s| match &s.event {
+                Event::Response {
+                    slot: to,
+                    outcome: Outcome::Failed(f),
+                    ..
+                } if *to == slot => Some(f.code),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn work_expired_on_arrival_is_answered_at_once_not_queued() {
+        let sc = one_worker_shard(None);
+        let mut sim = Sim::new(&sc, Instant::now()).expect("valid");
+        let ms = 1_000_000;
+        sim.server_arrive(0, 0, 0, false, None); // takes the worker
+        // 1 ms left, under min_time_left: the real queue answers DEADLINE_EXCEEDED now.
+        sim.server_arrive(0, 1, 1, false, Some(ms));
+        assert!(sim.servers[0].queue.is_empty());
+        assert_eq!(answered(&sim, 1), [Code::DeadlineExceeded]);
     }
 
     #[test]
