@@ -1076,15 +1076,18 @@ impl<'a> Sim<'a> {
             }
             return;
         };
-        // Work that expired while queued is answered before it is counted as load.
+        // Work that expired while queued is answered before it is counted as load, as the
+        // real queue's per-call timer takes it out. Anywhere in the queue: expiries are
+        // not in arrival order (a retry has less of its deadline left than the first
+        // attempt queued before it).
         let mut expired = Vec::new();
-        while let Some(job) = server.queue.front() {
-            if job.expiry.is_some_and(|e| e <= t) {
-                expired.extend(server.queue.pop_front());
-            } else {
-                break;
+        server.queue.retain(|job| {
+            let live = job.expiry.is_none_or(|e| e > t);
+            if !live {
+                expired.push(*job);
             }
-        }
+            live
+        });
         let load = QueueLoad {
             free_workers: q.workers.saturating_sub(server.busy),
             depth: server.queue.len(),
@@ -1491,6 +1494,27 @@ mod tests {
         assert_eq!(answered(&sim, 1), [Code::DeadlineExceeded]);
     }
 
+    #[test]
+    fn expired_work_behind_live_work_is_not_counted_as_depth() {
+        // Retries shed from 2 queued. A (no deadline) and B (10 ms) queue behind the
+        // running call; 20 ms later B has expired behind A. The real queue's timer has
+        // taken B out, so a retry arriving now sees depth 1 and queues.
+        let sc = one_worker_shard(Some(2));
+        let mut sim = Sim::new(&sc, Instant::now()).expect("valid");
+        let ms = 1_000_000;
+        sim.server_arrive(0, 0, 0, false, None);
+        sim.server_arrive(0, 1, 1, false, None);
+        sim.server_arrive(0, 2, 2, false, Some(10 * ms));
+        assert_eq!(sim.servers[0].queue.len(), 2);
+        sim.now = 20 * ms;
+        sim.server_arrive(0, 3, 3, true, Some(500 * ms));
+        let queued: Vec<u32> = sim.servers[0].queue.iter().map(|j| j.slot).collect();
+        assert_eq!(queued, [1, 3]);
+        assert_eq!(answered(&sim, 2), [Code::DeadlineExceeded]);
+        assert!(answered(&sim, 3).is_empty());
+    }
+
+    #[test]
     #[test]
     fn a_shedding_server_sheds_retries_with_pushback_and_serves_first_attempts() {
         // One worker, twice as much work as it can do: the admission policy queues a
