@@ -1515,7 +1515,6 @@ mod tests {
     }
 
     #[test]
-    #[test]
     fn a_shedding_server_sheds_retries_with_pushback_and_serves_first_attempts() {
         // One worker, twice as much work as it can do: the admission policy queues a
         // little, sheds retries first and tells them when to come back.
