@@ -121,7 +121,7 @@ pub struct QueueServer {
     pub slowdown: Option<(Window, f64)>,
     /// `None`: a plain FIFO that runs everything it queued, even work whose caller has
     /// given up. `Some`: stormguard's admission policy (shed retries first, pushback,
-    /// drop expired work, queue order).
+    /// drop expired work, queue order); its `workers` must equal `workers`.
     pub shedding: Option<AdmissionConfig>,
 }
 
@@ -236,6 +236,16 @@ impl Scenario {
                 }
                 if q.service_time.is_zero() {
                     return bad("shards.server.service_time", "must be above 0".into());
+                }
+                // The engine counts free workers from `workers`; a different number in the
+                // admission config would be silently ignored.
+                if let Some(c) = &q.shedding
+                    && c.workers != q.workers
+                {
+                    return bad(
+                        "shards.server.shedding.workers",
+                        format!("must equal workers ({}), got {}", q.workers, c.workers),
+                    );
                 }
                 if let Some((_, factor)) = q.slowdown
                     && !(factor.is_finite() && factor > 0.0 && factor <= 1000.0)
@@ -1285,6 +1295,22 @@ mod tests {
             let err = run(&bad).expect_err("invalid scenario");
             assert_eq!(field(err), name);
         }
+    }
+
+    #[test]
+    fn a_shedding_config_with_another_worker_count_is_refused() {
+        // The engine runs `QueueServer::workers` workers; an admission config that says
+        // otherwise used to be ignored without a word.
+        let mut sc = one_worker_shard(None);
+        if let ServerKind::Queue(QueueServer {
+            shedding: Some(c), ..
+        }) = &mut sc.shards[0].server
+        {
+            c.workers = 4;
+        }
+        let err = run(&sc).expect_err("mismatched workers");
+        assert_eq!(field(err), "shards.server.shedding.workers");
+        assert!(run(&one_worker_shard(None)).is_ok());
     }
 
     #[test]
