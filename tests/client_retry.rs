@@ -280,16 +280,15 @@ async fn the_callers_deadline_running_out_is_final() {
     let mut request = Request::new(reserve("a"));
     request.set_timeout(ms(400));
     let status = client.reserve(request).await.unwrap_err();
-    assert!(
-        matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled),
-        "{status:?}"
-    );
+    // The server's own timer answers CANCELLED after ours ran out: still DEADLINE_EXCEEDED.
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
     let s = stats.snapshot();
     assert_eq!(
         (s.attempts, s.retries),
         (1, 0),
         "no retry after the deadline"
     );
+    assert_eq!((s.deadline_exceeded, s.refused.deadline), (1, 0));
     assert_eq!(svc.seen().len(), 1);
 }
 

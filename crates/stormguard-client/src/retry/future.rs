@@ -256,12 +256,7 @@ enum Outcome<B> {
     /// trailers.
     Committed(http::Response<B>),
     /// A failure before commit: decide.
-    Failed {
-        failure: Failure,
-        last: Last<B>,
-        /// The channel's per-attempt `grpc-timeout` timer ran out.
-        timed_out: bool,
-    },
+    Failed { failure: Failure, last: Last<B> },
 }
 
 impl<S, B> Future for ResponseFuture<S, B>
@@ -287,7 +282,7 @@ where
                         // The caller's deadline ran out mid-attempt: final, whatever the
                         // server would have said. Dropping the attempt cancels its stream.
                         this.state.set(State::Finished { status: None });
-                        return Poll::Ready(expire(this.call, this.stats));
+                        return Poll::Ready(expire(this.call, this.stats, &EXPIRED));
                     }
                     let result = {
                         let _enter = this.span.enter();
@@ -320,21 +315,19 @@ where
                             );
                             return Poll::Ready(Ok(http::Response::from_parts(parts, body)));
                         }
-                        Outcome::Failed {
-                            failure,
-                            last,
-                            timed_out,
-                        } => {
-                            if timed_out
-                                && this
-                                    .call
-                                    .as_ref()
-                                    .and_then(|c| c.deadline())
-                                    .is_some_and(|d| now >= d)
+                        Outcome::Failed { failure, last } => {
+                            if this
+                                .call
+                                .as_ref()
+                                .and_then(CallRetry::deadline)
+                                .is_some_and(|d| now >= d)
                             {
-                                // The channel's own `grpc-timeout` timer beat ours to it.
+                                // The caller's deadline ran out while this answer was on its
+                                // way (the channel's `grpc-timeout` timer, or a server's late
+                                // `CANCELLED`, beat our timer to it): final, as if our timer
+                                // had fired first. The answer is still recorded as it came.
                                 this.state.set(State::Finished { status: None });
-                                return Poll::Ready(expire(this.call, this.stats));
+                                return Poll::Ready(expire(this.call, this.stats, &failure));
                             }
                             (failure, last)
                         }
@@ -381,7 +374,7 @@ where
                 StateProj::Readying => {
                     if deadline_passed(this.deadline.as_mut(), cx) {
                         this.state.set(State::Finished { status: None });
-                        return Poll::Ready(expire(this.call, this.stats));
+                        return Poll::Ready(expire(this.call, this.stats, &EXPIRED));
                     }
                     if let Err(err) = ready!(this.svc.poll_ready(cx)) {
                         this.state.set(State::Finished { status: None });
@@ -425,19 +418,25 @@ fn deadline_passed(deadline: Pin<&mut Option<Sleep>>, cx: &mut Context<'_>) -> b
     deadline.as_pin_mut().is_some_and(|d| d.poll(cx).is_ready())
 }
 
-/// The caller's deadline ran out: the call ends with `DEADLINE_EXCEEDED`, never retried.
-/// The breaker still hears of the failure (a slow dependency is a failing one).
+/// What [`expire`] records when the layer's own timer ended the call.
+const EXPIRED: Failure = Failure {
+    code: Code::DeadlineExceeded,
+    pushback: None,
+    replayable: false,
+    unsent: false,
+};
+
+/// The caller's deadline ran out: the call ends with `DEADLINE_EXCEEDED`, never retried,
+/// whatever the attempt's `failure` was. The breaker still hears of it (a slow dependency
+/// is a failing one).
 fn expire<B>(
     call: &mut Option<CallRetry>,
     stats: &RetryStats,
+    failure: &Failure,
 ) -> Result<http::Response<ResponseBody<B>>, BoxError> {
     if let Some(call) = call.as_mut() {
-        let failure = Failure {
-            replayable: false,
-            ..Failure::status(Code::DeadlineExceeded)
-        };
         // Past the deadline the decision is always "give up" (no budget is spent).
-        let _ = call.on_failure_at(&failure, Instant::now());
+        let _ = call.on_failure_at(failure, Instant::now());
     }
     stats.deadline_exceeded();
     stats.outcome(false);
@@ -464,7 +463,6 @@ fn classify<B, E: Into<BoxError>>(
                     unsent: false,
                 },
                 last: Last::Response(response),
-                timed_out: false,
             },
             None => Outcome::Committed(response),
             Some(Code::Ok) => Outcome::Ok(response),
@@ -476,7 +474,6 @@ fn classify<B, E: Into<BoxError>>(
                     unsent: false,
                 },
                 last: Last::Response(response),
-                timed_out: false,
             },
         },
         Err(err) => {
@@ -499,7 +496,6 @@ fn classify<B, E: Into<BoxError>>(
                     unsent: transport.unsent,
                 },
                 last: Last::Error(status),
-                timed_out: transport.timed_out,
             }
         }
     }

@@ -50,7 +50,9 @@
 //! [default](RetryLayer::with_default_timeout), if any. Every attempt carries what is left
 //! of it as `grpc-timeout`. The layer also races each attempt against the deadline itself
 //! (time spent waiting for the channel counts), and when it runs out the call ends with
-//! `DEADLINE_EXCEEDED`, never retried, whatever code the server used.
+//! `DEADLINE_EXCEEDED`, never retried, whatever code the server used: a failure that is
+//! read at or after the deadline ends the same way, even when it won the race against the
+//! layer's timer.
 //!
 //! # Keeping the connection healthy
 //!
@@ -247,6 +249,81 @@ mod tests {
             .layer(strict);
         let response = svc.ready().await.unwrap().call(request()).await.unwrap();
         assert!(response.headers().get("grpc-status").is_none());
+    }
+
+    /// Answers every call with a trailers-only `grpc-status: 1` (CANCELLED, what a tonic
+    /// server sends when its `grpc-timeout` runs out) that becomes visible together with
+    /// the caller's deadline: its future moves the paused clock by `late` and is ready in
+    /// the same poll, before the runtime's timer has fired the layer's deadline.
+    #[derive(Clone)]
+    struct LateCancel {
+        late: std::time::Duration,
+    }
+
+    impl Service<http::Request<Body>> for LateCancel {
+        type Response = http::Response<Body>;
+        type Error = BoxError;
+        type Future = std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<http::Response<Body>, BoxError>> + Send>,
+        >;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Request<Body>) -> Self::Future {
+            let late = self.late;
+            Box::pin(async move {
+                let mut advance = std::pin::pin!(tokio::time::advance(late));
+                std::future::poll_fn(|cx| {
+                    // Moves the clock; the yield it then asks for is not waited for.
+                    let _ = advance.as_mut().poll(cx);
+                    Poll::Ready(())
+                })
+                .await;
+                let mut response = http::Response::new(Body::empty());
+                response
+                    .headers_mut()
+                    .insert("grpc-status", http::HeaderValue::from_static("1"));
+                Ok(response)
+            })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failure_that_arrives_after_the_deadline_ends_as_deadline_exceeded() {
+        use stormguard_core::code::{Code, CodeSet};
+
+        let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default()).unwrap());
+        let policy = RetryPolicy {
+            retryable_codes: [Code::Unavailable, Code::Cancelled]
+                .into_iter()
+                .collect::<CodeSet>(),
+            ..RetryPolicy::default()
+        };
+        let layer = RetryLayer::new(RetryController::new(
+            MethodTable::uniform(policy),
+            budget,
+            None,
+            3,
+        ))
+        .with_default_timeout(std::time::Duration::from_millis(100));
+        let stats = layer.stats();
+        let mut svc = layer.layer(LateCancel {
+            late: std::time::Duration::from_millis(150),
+        });
+        let err = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(request())
+            .await
+            .expect_err("the caller's deadline ran out");
+        let status = err.downcast::<tonic::Status>().unwrap();
+        assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+        let s = stats.snapshot();
+        assert_eq!((s.attempts, s.deadline_exceeded, s.failed), (1, 1, 1));
+        assert_eq!(s.refused.deadline, 0, "an expiry, not a refused retry");
     }
 
     #[tokio::test(start_paused = true)]
