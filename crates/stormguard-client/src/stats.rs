@@ -155,7 +155,9 @@ pub struct StatsSnapshot {
     /// Committed calls whose body the caller dropped before its end (it lost interest):
     /// in neither `ok` nor `failed`, and recorded nowhere else.
     pub committed_abandoned: u64,
-    /// Calls cut short because the caller's deadline ran out while an attempt was in flight.
+    /// Calls that ended with `DEADLINE_EXCEEDED` because the caller's deadline ran out:
+    /// before the first attempt was sent, while an attempt was in flight or its failure was
+    /// on its way, or while the channel was being readied for a retry.
     pub deadline_exceeded: u64,
     /// Failures that were not retried, by cause. A first attempt rejected by an open
     /// breaker counts under `breaker` too.
