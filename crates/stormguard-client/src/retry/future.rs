@@ -141,7 +141,10 @@ where
             extensions: parts.extensions,
         };
         let deadline = logical_deadline(&template.headers, shared.default_timeout, now);
-        let path = template.uri.path().to_owned();
+        // Begun before the template moves into the future, so the path is borrowed, not copied.
+        let begun = shared
+            .controller
+            .begin_at(template.uri.path(), deadline, now);
 
         let mut fut = ResponseFuture {
             svc,
@@ -156,7 +159,7 @@ where
             deadline: None,
         };
 
-        let call = match shared.controller.begin_at(&path, deadline, now) {
+        let call = match begun {
             Ok(call) => call,
             Err(refusal) => {
                 // Only an open breaker rejects a first attempt: fail fast, and tell callers
