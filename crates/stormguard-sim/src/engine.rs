@@ -1038,7 +1038,10 @@ impl<'a> Sim<'a> {
         };
         let base = q.service_time;
         match q.slowdown {
-            Some((window, factor)) if window.contains(self.now) => nanos(base.mul_f64(factor)),
+            // `mul_f64` panics past `Duration::MAX`; a service time that long saturates.
+            Some((window, factor)) if window.contains(self.now) => {
+                Duration::try_from_secs_f64(base.as_secs_f64() * factor).map_or(u64::MAX, nanos)
+            }
             _ => nanos(base),
         }
     }
@@ -1311,6 +1314,23 @@ mod tests {
         let err = run(&sc).expect_err("mismatched workers");
         assert_eq!(field(err), "shards.server.shedding.workers");
         assert!(run(&one_worker_shard(None)).is_ok());
+    }
+
+    #[test]
+    fn a_huge_service_time_under_a_slowdown_saturates_instead_of_panicking() {
+        let mut sc = one_worker_shard(None);
+        if let ServerKind::Queue(q) = &mut sc.shards[0].server {
+            q.service_time = Duration::MAX;
+            q.slowdown = Some((
+                Window {
+                    from: Duration::ZERO,
+                    until: sc.duration,
+                },
+                2.0,
+            ));
+        }
+        let stats = run(&sc).expect("valid scenario");
+        assert_eq!(stats.successes, 0, "no call finishes within the run");
     }
 
     #[test]
