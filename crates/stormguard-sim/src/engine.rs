@@ -841,7 +841,7 @@ impl<'a> Sim<'a> {
                 if fails {
                     let outcome = Outcome::Failed(Failure::status(Code::Unavailable));
                     self.schedule(
-                        now.saturating_add(2 * net),
+                        now.saturating_add(net.saturating_mul(2)),
                         Event::Response { slot, id, outcome },
                     );
                 } else {
@@ -1331,6 +1331,16 @@ mod tests {
         }
         let stats = run(&sc).expect("valid scenario");
         assert_eq!(stats.successes, 0, "no call finishes within the run");
+    }
+
+    #[test]
+    fn a_huge_network_delay_saturates_instead_of_overflowing() {
+        // A failed attempt on a queueing shard is answered after a round trip (2 × network).
+        let mut sc = one_worker_shard(None);
+        sc.network = Duration::MAX;
+        sc.shards[0].failure_rate = 1.0;
+        let stats = run(&sc).expect("valid scenario");
+        assert_eq!(stats.successes, 0, "no answer comes back within the run");
     }
 
     #[test]
