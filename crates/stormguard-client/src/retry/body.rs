@@ -12,7 +12,7 @@ use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use http::{HeaderMap, StatusCode};
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use stormguard_core::Instant;
@@ -20,7 +20,7 @@ use stormguard_core::code::Code;
 use stormguard_core::retry::CallRetry;
 
 use crate::stats::RetryStats;
-use crate::status::{code_from_http_status, trailers_only_code};
+use crate::status::trailers_only_code;
 
 pin_project! {
     /// The response body of a call through [`Retry`](super::Retry).
@@ -34,8 +34,7 @@ pin_project! {
     /// | how the body ends | code recorded |
     /// |---|---|
     /// | a trailers frame with `grpc-status` | that code (a malformed value reads as `UNKNOWN`) |
-    /// | a trailers frame without `grpc-status`, or the end of the body without trailers, after HTTP `200` | `UNAVAILABLE` |
-    /// | the same after another HTTP status | the code tonic shows the caller (`503` → `UNAVAILABLE`, `404` → `UNIMPLEMENTED`, …) |
+    /// | a trailers frame without `grpc-status`, or the end of the body without trailers | `UNAVAILABLE` |
     /// | an error from the body | `UNAVAILABLE` |
     /// | dropped before any of these | nothing |
     ///
@@ -55,7 +54,8 @@ pin_project! {
     /// failure: hyper turns a `RST_STREAM` with `NO_ERROR` or `CANCEL` (a proxy cutting the
     /// stream, say) into a clean end of the body. tonic shows the caller `UNKNOWN` there;
     /// for the budget and the breaker it is `UNAVAILABLE`, as the dependency did not finish
-    /// the call.
+    /// the call. (Only HTTP `200` answers are committed: another HTTP status without
+    /// `grpc-status` is a proxy's error, a failure before commit that the layer decides on.)
     ///
     /// A body dropped before its end means the caller lost interest: nothing is known about
     /// the dependency, so nothing is recorded (the call counts as `committed_abandoned`),
@@ -73,7 +73,6 @@ pin_project! {
 struct Pending {
     call: Option<CallRetry>,
     stats: RetryStats,
-    http_status: StatusCode,
     ended: bool,
 }
 
@@ -89,16 +88,10 @@ enum End<'a> {
 
 impl<B: Body> ResponseBody<B> {
     /// A committed call's body: records the outcome of `call` when it ends.
-    pub(super) fn committed(
-        inner: B,
-        call: Option<CallRetry>,
-        stats: RetryStats,
-        http_status: StatusCode,
-    ) -> Self {
+    pub(super) fn committed(inner: B, call: Option<CallRetry>, stats: RetryStats) -> Self {
         let pending = Pending {
             call,
             stats,
-            http_status,
             ended: false,
         };
         if inner.is_end_stream() {
@@ -132,26 +125,15 @@ impl<B> ResponseBody<B> {
 impl Pending {
     fn end(mut self, end: End<'_>) {
         let code = match end {
-            End::Trailers(trailers) => trailers_only_code(trailers)
-                .unwrap_or_else(|| missing_status_code(self.http_status)),
-            End::Eos => missing_status_code(self.http_status),
-            End::Error => Code::Unavailable,
+            // Without a final status the stream was cut before the server finished the call.
+            End::Trailers(trailers) => trailers_only_code(trailers).unwrap_or(Code::Unavailable),
+            End::Eos | End::Error => Code::Unavailable,
         };
         if let Some(call) = self.call.as_mut() {
             call.on_committed_at(code, Instant::now());
         }
         self.stats.committed_ended(code == Code::Ok);
         self.ended = true;
-    }
-}
-
-/// The code recorded for a committed response that ended without a `grpc-status`.
-fn missing_status_code(http_status: StatusCode) -> Code {
-    if http_status == StatusCode::OK {
-        // The stream was cut before its final status.
-        Code::Unavailable
-    } else {
-        code_from_http_status(http_status)
     }
 }
 
@@ -279,16 +261,10 @@ mod tests {
     fn body(
         c: &RetryController,
         stats: &RetryStats,
-        http_status: StatusCode,
         frames: Vec<Result<Frame<Bytes>, Status>>,
     ) -> ResponseBody<Frames> {
         let call = c.begin(PATH, None).unwrap();
-        ResponseBody::committed(
-            Frames(frames.into()),
-            Some(call),
-            stats.clone(),
-            http_status,
-        )
+        ResponseBody::committed(Frames(frames.into()), Some(call), stats.clone())
     }
 
     /// Drains `body`, returning how many data frames it gave and whether it ended in error.
@@ -316,12 +292,7 @@ mod tests {
     async fn a_failure_in_the_trailers_costs_a_token_and_counts_as_failed() {
         let (c, throttle) = a6(None);
         let stats = RetryStats::new();
-        let b = body(
-            &c,
-            &stats,
-            StatusCode::OK,
-            vec![data("a"), data("b"), trailers(Some("14"))],
-        );
+        let b = body(&c, &stats, vec![data("a"), data("b"), trailers(Some("14"))]);
         assert!(close(balance(&throttle), 5.0));
         assert_eq!(drain(b).await, (2, false));
         assert!(close(balance(&throttle), 4.0), "{}", balance(&throttle));
@@ -335,12 +306,7 @@ mod tests {
         let (c, throttle) = a6(None);
         throttle.record_failure_at(Instant::now());
         let stats = RetryStats::new();
-        let b = body(
-            &c,
-            &stats,
-            StatusCode::OK,
-            vec![data("a"), trailers(Some("0"))],
-        );
+        let b = body(&c, &stats, vec![data("a"), trailers(Some("0"))]);
         assert_eq!(drain(b).await, (1, false));
         assert!(close(balance(&throttle), 4.5), "{}", balance(&throttle));
         let s = stats.snapshot();
@@ -352,7 +318,7 @@ mod tests {
         let (c, throttle) = a6(None);
         throttle.record_failure_at(Instant::now());
         let stats = RetryStats::new();
-        let b = body(&c, &stats, StatusCode::OK, vec![trailers(Some("5"))]);
+        let b = body(&c, &stats, vec![trailers(Some("5"))]);
         drain(b).await;
         assert!(close(balance(&throttle), 4.5), "NOT_FOUND is an answer");
         let s = stats.snapshot();
@@ -367,7 +333,6 @@ mod tests {
         let b = body(
             &c,
             &stats,
-            StatusCode::OK,
             vec![data("a"), Err(Status::internal("h2 protocol error"))],
         );
         assert_eq!(drain(b).await, (1, true));
@@ -380,7 +345,7 @@ mod tests {
         for frames in [vec![data("a")], vec![data("a"), trailers(None)]] {
             let (c, throttle) = a6(None);
             let stats = RetryStats::new();
-            drain(body(&c, &stats, StatusCode::OK, frames)).await;
+            drain(body(&c, &stats, frames)).await;
             assert!(close(balance(&throttle), 4.0));
             let s = stats.snapshot();
             assert_eq!((s.ok, s.failed, s.committed_failed), (0, 1, 1));
@@ -388,25 +353,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn without_a_status_a_non_200_answer_is_read_as_tonic_reads_it() {
-        let (c, throttle) = a6(None);
-        let stats = RetryStats::new();
-        drain(body(&c, &stats, StatusCode::BAD_GATEWAY, vec![data("x")])).await;
-        assert!(close(balance(&throttle), 4.0), "502 reads as UNAVAILABLE");
-        throttle.record_failure_at(Instant::now());
-        drain(body(&c, &stats, StatusCode::NOT_FOUND, vec![data("x")])).await;
-        assert!(
-            close(balance(&throttle), 3.5),
-            "404 reads as UNIMPLEMENTED, an answer"
-        );
-        assert_eq!(stats.snapshot().committed_failed, 2);
-    }
-
-    #[tokio::test]
     async fn a_body_ended_at_the_headers_is_recorded_at_once() {
         let (c, throttle) = a6(None);
         let stats = RetryStats::new();
-        let b = body(&c, &stats, StatusCode::SERVICE_UNAVAILABLE, vec![]);
+        let b = body(&c, &stats, vec![]);
         // Recorded before any poll: tonic drops a body that is already at its end.
         assert!(close(balance(&throttle), 4.0));
         drop(b);
@@ -432,12 +382,7 @@ mod tests {
         let (c, throttle) = a6(Some(breaker));
         throttle.record_failure_at(Instant::now());
         let stats = RetryStats::new();
-        let mut b = body(
-            &c,
-            &stats,
-            StatusCode::OK,
-            vec![data("a"), data("b"), trailers(Some("14"))],
-        );
+        let mut b = body(&c, &stats, vec![data("a"), data("b"), trailers(Some("14"))]);
         b.frame().await.unwrap().unwrap();
         drop(b);
         assert!(
@@ -449,7 +394,7 @@ mod tests {
         // A failure would have opened this breaker (one outcome, all failed).
         assert!(c.begin(PATH, None).is_ok(), "the breaker heard nothing");
         // The same stream read to its end does open it.
-        let b = body(&c, &stats, StatusCode::OK, vec![trailers(Some("14"))]);
+        let b = body(&c, &stats, vec![trailers(Some("14"))]);
         drain(b).await;
         assert_eq!(c.begin(PATH, None).err(), Some(Refusal::Breaker));
     }
@@ -458,12 +403,7 @@ mod tests {
     async fn frames_size_hint_and_end_are_forwarded() {
         let (c, _) = a6(None);
         let stats = RetryStats::new();
-        let mut b = body(
-            &c,
-            &stats,
-            StatusCode::OK,
-            vec![data("ab"), trailers(Some("0"))],
-        );
+        let mut b = body(&c, &stats, vec![data("ab"), trailers(Some("0"))]);
         assert_eq!(b.size_hint().exact(), Some(7));
         assert!(!b.is_end_stream());
         let frame = b.frame().await.unwrap().unwrap();

@@ -310,12 +310,8 @@ where
                             this.stats.committed();
                             this.state.set(State::Finished { status: None });
                             let (parts, body) = response.into_parts();
-                            let body = ResponseBody::committed(
-                                body,
-                                this.call.take(),
-                                this.stats.clone(),
-                                parts.status,
-                            );
+                            let body =
+                                ResponseBody::committed(body, this.call.take(), this.stats.clone());
                             return Poll::Ready(Ok(http::Response::from_parts(parts, body)));
                         }
                         Outcome::Failed { failure, last } => {
