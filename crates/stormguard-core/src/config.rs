@@ -57,6 +57,21 @@ impl ConfigError {
             reason: reason.into(),
         }
     }
+
+    /// The same error with its field renamed by the first `(from, to)` pair whose `from`
+    /// is the field: for a document that spells a field differently from the struct.
+    fn renamed(self, names: &[(&str, &str)]) -> Self {
+        match self {
+            ConfigError::Invalid { field, reason } => {
+                let field = names
+                    .iter()
+                    .find(|(from, _)| *from == field)
+                    .map_or(field, |(_, to)| (*to).to_owned());
+                ConfigError::Invalid { field, reason }
+            }
+            malformed => malformed,
+        }
+    }
 }
 
 /// Which budget pays for retries.
@@ -313,6 +328,19 @@ impl ClientConfig {
             None | Some(Value::Null) => None,
             Some(v) => Some(breaker_config(v)?),
         };
+        // `RetryPolicy::validate` names fields as the struct (and A6) spell them; this
+        // document spells them `retry.base`, `retry.retryable_codes`, ...
+        policy.validate("retry").map_err(|e| {
+            e.renamed(&[
+                ("retry.maxAttempts", "retry.max_attempts"),
+                ("retry.retryableStatusCodes", "retry.retryable_codes"),
+                ("retry.backoff.base", "retry.base"),
+                ("retry.backoff.cap", "retry.cap"),
+                ("retry.backoff.initialBackoff", "retry.base"),
+                ("retry.backoff.maxBackoff", "retry.cap"),
+                ("retry.backoff.multiplier", "retry.multiplier"),
+            ])
+        })?;
         let config = ClientConfig {
             methods: MethodTable::uniform(policy),
             budget: BudgetChoice::Stormguard(budget),
@@ -386,7 +414,23 @@ fn a6_retry_policy(v: &Value, field: &str) -> Result<RetryPolicy, ConfigError> {
         },
         ..RetryPolicy::default()
     };
-    policy.validate(field)?;
+    // The backoff fields sit directly in `retryPolicy`, not in a `backoff` object.
+    policy.validate(field).map_err(|e| {
+        e.renamed(&[
+            (
+                &format!("{field}.backoff.initialBackoff"),
+                &format!("{field}.initialBackoff"),
+            ),
+            (
+                &format!("{field}.backoff.maxBackoff"),
+                &format!("{field}.maxBackoff"),
+            ),
+            (
+                &format!("{field}.backoff.multiplier"),
+                &format!("{field}.backoffMultiplier"),
+            ),
+        ])
+    })?;
     Ok(policy)
 }
 
@@ -660,6 +704,24 @@ mod tests {
                 "methodConfig[0].retryPolicy.retryableStatusCodes",
             ),
             (
+                r#"{"methodConfig": [{"name": [{"service": "s"}], "retryPolicy": {"maxAttempts": 3,
+                    "initialBackoff": "0s", "maxBackoff": "1s", "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"]}}]}"#,
+                "methodConfig[0].retryPolicy.initialBackoff",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{"service": "s"}], "retryPolicy": {"maxAttempts": 3,
+                    "initialBackoff": "2s", "maxBackoff": "1s", "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"]}}]}"#,
+                "methodConfig[0].retryPolicy.maxBackoff",
+            ),
+            (
+                r#"{"methodConfig": [{"name": [{"service": "s"}], "retryPolicy": {"maxAttempts": 3,
+                    "initialBackoff": "1s", "maxBackoff": "1s", "backoffMultiplier": 0,
+                    "retryableStatusCodes": ["UNAVAILABLE"]}}]}"#,
+                "methodConfig[0].retryPolicy.backoffMultiplier",
+            ),
+            (
                 r#"{"methodConfig": [{"name": [{"method": "M"}]}]}"#,
                 "methodConfig[0].name[0].service",
             ),
@@ -756,6 +818,18 @@ mod tests {
             (r#"{"retry": {"backoff": "linear"}}"#, "retry.backoff"),
             (r#"{"retry": {"max_attempts": -2}}"#, "retry.max_attempts"),
             (r#"{"retry": {"max_attempts": 1}}"#, "retry.max_attempts"),
+            // Errors found by validation name the field as this document spells it.
+            (r#"{"retry": {"base": "0ms"}}"#, "retry.base"),
+            (r#"{"retry": {"base": "2s", "cap": "1s"}}"#, "retry.cap"),
+            (r#"{"retry": {"multiplier": 0.5}}"#, "retry.multiplier"),
+            (
+                r#"{"retry": {"retryable_codes": []}}"#,
+                "retry.retryable_codes",
+            ),
+            (
+                r#"{"retry": {"retryable_codes": ["OK"]}}"#,
+                "retry.retryable_codes",
+            ),
             (
                 r#"{"breaker": {"failure_rate": 2}}"#,
                 "breaker.failure_rate",
