@@ -203,10 +203,11 @@ where
         } else {
             body
         };
-        let request = if call.is_retryable_method() {
+        // Only a replayable body can be resent (see `Failure::replayable`): any other request
+        // goes out once, so its parts are moved instead of copied.
+        let request = if fut.replay.is_some() {
             fut.template.request(body)
         } else {
-            // Never resent: move the parts instead of copying them.
             fut.template.take_request(body)
         };
         fut.call = Some(call);
@@ -231,9 +232,7 @@ impl Template {
         *request.extensions_mut() = self.extensions.clone();
         request
     }
-}
 
-impl Template {
     fn take_request(&mut self, body: Body) -> http::Request<Body> {
         let mut request = http::Request::new(body);
         *request.method_mut() = self.method.clone();
