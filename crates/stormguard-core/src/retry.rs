@@ -81,7 +81,8 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// Every refusal, in check order.
+    /// Every refusal, in declaration order (the [module docs](self) give the order in which
+    /// the checks run: a passed deadline first, the budget last).
     pub const ALL: [Refusal; 8] = [
         Refusal::NotRetryable,
         Refusal::NotIdempotent,
