@@ -49,8 +49,12 @@ struct State {
     complete: bool,
     /// Trailers of the original body, if it had any.
     trailers: Option<HeaderMap>,
-    /// An attempt waiting for the previous attempt to give the original body back.
-    waiting: Option<Waker>,
+    /// Attempts waiting for the one that holds the original body to give it back, by
+    /// body id. More than one can wait (an attempt the layer gave up on is still polled by
+    /// its transport); all are woken. At most one entry per body, so at most one per attempt.
+    waiting: Vec<(usize, Waker)>,
+    /// Bodies handed out so far; the next body's id.
+    bodies: usize,
 }
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -85,8 +89,14 @@ impl Replay {
 
     /// A fresh body for the next attempt: replays what was buffered, then reads on.
     pub(crate) fn body(&self) -> ReplayBody {
+        let id = {
+            let mut state = lock(&self.shared.state);
+            state.bodies += 1;
+            state.bodies
+        };
         ReplayBody {
             shared: self.shared.clone(),
+            id,
             replayed: 0,
             replayed_bytes: 0,
             rest: None,
@@ -115,6 +125,8 @@ impl Replay {
 #[derive(Debug)]
 pub(crate) struct ReplayBody {
     shared: Arc<Shared>,
+    /// Which body of the call this is (for its entry among the waiting).
+    id: usize,
     /// Buffered chunks this attempt has yielded.
     replayed: usize,
     /// Bytes of those chunks.
@@ -164,7 +176,11 @@ impl HttpBody for ReplayBody {
                     None => {
                         // The previous attempt still holds the original body (its transport
                         // has not dropped it yet): wait until it hands it back.
-                        state.waiting = Some(cx.waker().clone());
+                        let id = this.id;
+                        match state.waiting.iter_mut().find(|(w, _)| *w == id) {
+                            Some((_, waker)) => waker.clone_from(cx.waker()),
+                            None => state.waiting.push((id, cx.waker().clone())),
+                        }
                         return Poll::Pending;
                     }
                 }
@@ -264,7 +280,7 @@ impl Drop for ReplayBody {
         if let Some(rest) = self.rest.take() {
             let mut state = lock(&self.shared.state);
             state.rest = Some(rest);
-            if let Some(waker) = state.waiting.take() {
+            for (_, waker) in state.waiting.drain(..) {
                 waker.wake();
             }
         }
@@ -370,6 +386,48 @@ mod tests {
         drop(first);
         assert_eq!(
             second.frame().await.unwrap().unwrap().into_data().unwrap(),
+            Bytes::from_static(b"cd")
+        );
+    }
+
+    /// A waker that records whether it was woken.
+    struct Flag(std::sync::atomic::AtomicBool);
+
+    impl std::task::Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    fn poll_with(body: &mut ReplayBody, flag: &Arc<Flag>) -> Poll<()> {
+        let waker = Waker::from(flag.clone());
+        let mut cx = Context::from_waker(&waker);
+        Pin::new(body).poll_frame(&mut cx).map(|_| ())
+    }
+
+    #[tokio::test]
+    async fn every_attempt_waiting_for_the_body_is_woken_when_it_comes_back() {
+        let (replay, mut first) = Replay::new(chunked(&[b"ab", b"cd"]), 16).unwrap();
+        let _ = first.frame().await.unwrap().unwrap();
+        // Two later attempts (a retry whose own retry is already under way) both replay
+        // "ab" and then wait for the original body, which the first attempt still holds.
+        let (mut second, mut third) = (replay.body(), replay.body());
+        let (w2, w3) = (Arc::new(Flag(false.into())), Arc::new(Flag(false.into())));
+        for (body, flag) in [(&mut second, &w2), (&mut third, &w3)] {
+            assert!(
+                poll_with(body, flag).is_ready(),
+                "replays the buffered chunk"
+            );
+            assert!(poll_with(body, flag).is_pending());
+        }
+        // The second attempt's transport polls it again while it waits.
+        assert!(poll_with(&mut second, &w2).is_pending());
+        drop(first);
+        let woken = |f: &Arc<Flag>| f.0.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(woken(&w2) && woken(&w3), "no waiting attempt is forgotten");
+        drop(second);
+        assert_eq!(
+            third.frame().await.unwrap().unwrap().into_data().unwrap(),
             Bytes::from_static(b"cd")
         );
     }
