@@ -12,7 +12,7 @@
 //! ```json
 //! { "retry": {
 //!     "max_attempts": 3,
-//!     "backoff": "full_jitter", "base": "50ms", "cap": "2s",
+//!     "backoff": "full_jitter", "base": "50ms", "cap": "2s", "max_pushback": "30s",
 //!     "retryable_codes": ["UNAVAILABLE"],
 //!     "budget": { "ttl": "10s", "min_retries_per_second": 5, "retry_ratio": 0.1,
 //!                 "fleet_size": 1 },
@@ -232,6 +232,7 @@ impl ClientConfig {
                     "retryable_codes",
                     "idempotent",
                     "min_attempt_time",
+                    "max_pushback",
                     "budget",
                     "budget_exhausted",
                 ],
@@ -288,6 +289,9 @@ impl ClientConfig {
             }
             if let Some(v) = r.get("min_attempt_time") {
                 policy.min_attempt_time = as_duration(v, "retry.min_attempt_time")?;
+            }
+            if let Some(v) = r.get("max_pushback") {
+                policy.max_pushback = as_duration(v, "retry.max_pushback")?;
             }
             if let Some(v) = r.get("budget_exhausted") {
                 match as_str(v, "retry.budget_exhausted")? {
@@ -762,7 +766,7 @@ mod tests {
 
     #[test]
     fn stormguard_shape_reads_every_field() {
-        let json = r#"{"retry": {"max_attempts": 4, "backoff": "full_jitter", "base": "20ms", "cap": "1s",
+        let json = r#"{"retry": {"max_attempts": 4, "backoff": "full_jitter", "base": "20ms", "cap": "1s", "max_pushback": "5s",
             "retryable_codes": ["UNAVAILABLE", 8], "budget": {"ttl": "5s", "min_retries_per_second": 2,
             "retry_ratio": 0.2, "fleet_size": 40}, "budget_exhausted": "fail_fast"},
             "breaker": {"failure_rate": 0.6, "min_requests": 10, "open_for": "2s"}}"#;
@@ -778,6 +782,7 @@ mod tests {
             }
         );
         assert!(p.retryable_codes.contains(Code::ResourceExhausted));
+        assert_eq!(p.max_pushback, Duration::from_secs(5));
         assert_eq!(
             c.budget,
             BudgetChoice::Stormguard(BudgetConfig {

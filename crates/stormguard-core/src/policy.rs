@@ -39,10 +39,16 @@ pub struct RetryPolicy {
     pub idempotent: bool,
     /// A retry needs at least this much time left after its delay to be worth sending.
     pub min_attempt_time: Duration,
+    /// The longest server pushback honoured. A longer one (a peer asking this call to wait
+    /// for minutes) means no retry: a peer may make the client more careful, never park
+    /// its calls. Matters for calls without a deadline; with one, a pushback longer than the
+    /// time left already means no retry.
+    pub max_pushback: Duration,
 }
 
 impl Default for RetryPolicy {
-    /// Retry `UNAVAILABLE`, 3 attempts, full jitter, idempotent, 5 ms minimum attempt.
+    /// Retry `UNAVAILABLE`, 3 attempts, full jitter, idempotent, 5 ms minimum attempt,
+    /// pushback honoured up to 30 s.
     fn default() -> Self {
         RetryPolicy {
             max_attempts: 3,
@@ -50,6 +56,7 @@ impl Default for RetryPolicy {
             backoff: BackoffConfig::default(),
             idempotent: true,
             min_attempt_time: Duration::from_millis(5),
+            max_pushback: Duration::from_secs(30),
         }
     }
 }

@@ -8,7 +8,8 @@
 //! 1. the caller's deadline has not passed (its own deadline running out is final, whatever
 //!    code the server used: tonic answers an expired `grpc-timeout` with `CANCELLED`);
 //! 2. the method has a retry policy and the status is one of its retryable codes;
-//! 3. the server did not push back with "do not retry";
+//! 3. the server did not push back with "do not retry", nor ask for a wait longer than the
+//!    policy's `max_pushback`;
 //! 4. the method is idempotent, or the request never reached the server;
 //! 5. the request can be replayed (its body was buffered);
 //! 6. attempts so far < `maxAttempts`;
@@ -406,6 +407,9 @@ impl CallRetry {
         }
         let pushback = match failure.pushback {
             Some(Pushback::DoNotRetry) => return Err(Refusal::Pushback),
+            Some(Pushback::RetryAfter(d)) if d > policy.max_pushback => {
+                return Err(Refusal::Pushback);
+            }
             Some(Pushback::RetryAfter(d)) => Some(d),
             None => None,
         };
@@ -567,6 +571,35 @@ mod tests {
             panic!()
         };
         assert!(delay <= ms(50), "backoff did not restart: {delay:?}");
+    }
+
+    #[test]
+    fn pushback_beyond_the_policy_maximum_is_refused_even_without_a_deadline() {
+        let c = controller(
+            RetryPolicy {
+                max_pushback: Duration::from_secs(10),
+                ..RetryPolicy::default()
+            },
+            budget(5, 0.1),
+        );
+        let now = Instant::now();
+        let mut call = c.begin_at(PATH, None, now).unwrap();
+        let days = unavailable().with_pushback(Some(Pushback::RetryAfter(Duration::from_secs(
+            49 * 24 * 3600,
+        ))));
+        assert_eq!(
+            call.on_failure_at(&days, now),
+            Decision::GiveUp(Refusal::Pushback)
+        );
+        let mut call = c.begin_at(PATH, None, now).unwrap();
+        let at_max =
+            unavailable().with_pushback(Some(Pushback::RetryAfter(Duration::from_secs(10))));
+        assert_eq!(
+            call.on_failure_at(&at_max, now),
+            Decision::Retry {
+                delay: Duration::from_secs(10)
+            }
+        );
     }
 
     #[test]
