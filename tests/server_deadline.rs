@@ -80,6 +80,23 @@ async fn a_deadline_too_close_to_wait_for_is_answered_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_too_close_is_answered_even_with_a_worker_free() {
+    let (server, client, hold) = one_worker_held(Duration::from_secs(30)).await;
+    release(&server.control, hold).await;
+    // The worker is free, but 50 ms left is below min_time_left (100 ms).
+    let mut request = reserve("hopeless", None);
+    request.set_timeout(Duration::from_millis(50));
+    let status = client.clone().reserve(request).await.expect_err("expired");
+    assert_eq!(status.code(), Code::DeadlineExceeded);
+    assert_eq!(
+        server.control.entry_log(),
+        ["hold"],
+        "never reached the handler"
+    );
+    assert_eq!(server.stats.snapshot().expired, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn time_queued_is_bounded_even_without_a_deadline() {
     let (server, client, hold) = one_worker_held(Duration::from_millis(50)).await;
     let status = client

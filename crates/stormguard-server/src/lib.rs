@@ -9,10 +9,10 @@
 //! things break the loop:
 //!
 //! - **Bound the work.** A fixed number of workers and a bounded wait queue: memory
-//!   stays bounded under any offered load, and queued work that can no longer finish
-//!   in time (its `grpc-timeout` is nearly gone, or it has waited too long) is dropped
-//!   instead of being given a worker. A call that finds a worker free runs at once,
-//!   whatever its deadline: the deadline is checked only where a call would wait.
+//!   stays bounded under any offered load, and work that can no longer finish in time
+//!   (its `grpc-timeout` leaves less than `min_time_left`, on arrival or while queued, or
+//!   it has waited `max_time_queued`) is answered `DEADLINE_EXCEEDED` instead of being
+//!   given a worker.
 //! - **Choose what to drop.** A retry is evidence of load already being amplified; a
 //!   first attempt is a user's only chance so far. Retries are shed as soon as the queue
 //!   passes a threshold; first attempts only when the queue is full. Under sustained

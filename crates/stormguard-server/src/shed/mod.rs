@@ -11,14 +11,16 @@
 //!
 //! 1. Reads the attempt class (`grpc-previous-rpc-attempts`, else `x-retry-attempt`)
 //!    and the deadline (`grpc-timeout`, malformed = none) from the request headers.
-//! 2. Asks the [`AdmissionPolicy`](stormguard_core::admission::AdmissionPolicy):
+//! 2. Answers `DEADLINE_EXCEEDED` at once when the deadline leaves less than
+//!    `min_time_left`, even with a worker free.
+//! 3. Asks the [`AdmissionPolicy`](stormguard_core::admission::AdmissionPolicy):
 //!    - *admit*: a worker is free; the inner service is called now;
 //!    - *queue*: the readied inner service and the request wait in the returned future
 //!      for a worker; the inner service is called only when one is granted, so a call
 //!      that expires or whose caller leaves never reaches the handler;
 //!    - *shed*: the future answers at once with the shed status and
 //!      `grpc-retry-pushback-ms`.
-//! 3. A queued call whose expiry passes (too little `grpc-timeout` left, or queued for
+//! 4. A queued call whose expiry passes (too little `grpc-timeout` left, or queued for
 //!    `max_time_queued`) is answered `DEADLINE_EXCEEDED` without running.
 //!
 //! The worker is given back when the inner future completes (before the response body

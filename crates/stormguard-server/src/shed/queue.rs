@@ -130,6 +130,15 @@ impl Queue {
         deadline: Option<Instant>,
     ) -> Arrival {
         let mut state = self.lock();
+        // Work that cannot finish in time is answered now, whether or not a worker is free:
+        // running it would only take a worker from a call that can finish (and tonic's own
+        // timer would answer it CANCELLED a moment later).
+        let expiry = state.policy.expiry(now, deadline);
+        if expiry <= now {
+            drop(state);
+            self.counters.expired.fetch_add(1, Ordering::Relaxed);
+            return Arrival::Expired;
+        }
         let load = QueueLoad {
             free_workers: state.free,
             depth: state.waiting.len(),
@@ -146,12 +155,6 @@ impl Queue {
                 })
             }
             Decision::Queue => {
-                let expiry = state.policy.expiry(now, deadline);
-                if expiry <= now {
-                    drop(state);
-                    self.counters.expired.fetch_add(1, Ordering::Relaxed);
-                    return Arrival::Expired;
-                }
                 let seq = state.next_seq;
                 state.next_seq += 1;
                 state.waiting.insert(
