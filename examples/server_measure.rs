@@ -52,10 +52,18 @@ fn scenarios() -> Vec<(&'static str, AdmissionConfig)> {
                 },
                 max_time_queued: Duration::from_secs(60),
                 min_time_left: Duration::ZERO,
+                queue_order: QueueOrder::Fifo,
                 ..base.clone()
             },
         ),
-        ("stormguard-fifo", base.clone()),
+        // Every variant names its queue order: the default is one of the things measured.
+        (
+            "stormguard-fifo",
+            AdmissionConfig {
+                queue_order: QueueOrder::Fifo,
+                ..base.clone()
+            },
+        ),
         (
             "stormguard-lifo",
             AdmissionConfig {
@@ -66,6 +74,7 @@ fn scenarios() -> Vec<(&'static str, AdmissionConfig)> {
         (
             "stormguard-fifo-minleft10",
             AdmissionConfig {
+                queue_order: QueueOrder::Fifo,
                 min_time_left: SERVICE,
                 ..base.clone()
             },
