@@ -23,8 +23,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// The `grpc-status` response header (or trailer).
 pub(crate) const GRPC_STATUS: &str = "grpc-status";
 
-/// The standard header that tells a server how many attempts of this call came before.
-pub const PREVIOUS_ATTEMPTS_HEADER: &str = "grpc-previous-rpc-attempts";
+pub use stormguard_core::retry::PREVIOUS_ATTEMPTS_HEADER;
 
 /// The code of a trailers-only response, or `None` when the headers carry no status (the
 /// call is committed). A status that is not a valid code reads as `UNKNOWN`, as the gRPC

@@ -65,6 +65,11 @@ pub const MAX_PUSHBACK: Duration = Duration::from_secs(3600);
 /// caller left; and a bound near `Duration::MAX` would not fit in an `Instant`.
 pub const MAX_TIME_QUEUED: Duration = Duration::from_secs(3600);
 
+/// An older, non-standard attempt header, read when [`PREVIOUS_ATTEMPTS_HEADER`] is absent.
+///
+/// [`PREVIOUS_ATTEMPTS_HEADER`]: crate::retry::PREVIOUS_ATTEMPTS_HEADER
+pub const X_RETRY_ATTEMPT_HEADER: &str = "x-retry-attempt";
+
 /// Whether a call is a first attempt or a retry, as the client declared it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AttemptClass {

@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use stormguard_core::admission::AttemptClass;
+use stormguard_core::admission::{AttemptClass, X_RETRY_ATTEMPT_HEADER};
+use stormguard_core::deadline::GRPC_TIMEOUT_HEADER;
+use stormguard_core::retry::PREVIOUS_ATTEMPTS_HEADER;
 use tokio::sync::watch;
 use tonic::codegen::tokio_stream::{self, Stream};
 use tonic::{Request, Response, Status};
@@ -215,13 +217,13 @@ impl Inventory for DemoInventory {
         let s = &*self.shared;
         let previous: u32 = request
             .metadata()
-            .get("grpc-previous-rpc-attempts")
+            .get(PREVIOUS_ATTEMPTS_HEADER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0);
         let timeout_ms = request
             .metadata()
-            .get("grpc-timeout")
+            .get(GRPC_TIMEOUT_HEADER)
             .and_then(|v| v.to_str().ok())
             .and_then(decode_timeout_ms)
             .unwrap_or(0);
@@ -237,11 +239,11 @@ impl Inventory for DemoInventory {
         let class = AttemptClass::from_headers(
             request
                 .metadata()
-                .get("grpc-previous-rpc-attempts")
+                .get(PREVIOUS_ATTEMPTS_HEADER)
                 .map(|v| v.as_bytes()),
             request
                 .metadata()
-                .get("x-retry-attempt")
+                .get(X_RETRY_ATTEMPT_HEADER)
                 .map(|v| v.as_bytes()),
         );
         if class == AttemptClass::First {

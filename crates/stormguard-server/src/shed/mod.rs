@@ -49,16 +49,17 @@ use std::task::{Context, Poll};
 
 use http::HeaderName;
 use stormguard_core::Instant;
-use stormguard_core::admission::AttemptClass;
+use stormguard_core::admission::{AttemptClass, X_RETRY_ATTEMPT_HEADER};
 use tower_service::Service;
 
 use crate::stats::ShedStats;
 use queue::{Arrival, Queue};
 use stormguard_core::context::CallContext;
 use stormguard_core::deadline::{GRPC_TIMEOUT_HEADER, decode_grpc_timeout};
+use stormguard_core::retry::PREVIOUS_ATTEMPTS_HEADER;
 
-const PREVIOUS_RPC_ATTEMPTS: HeaderName = HeaderName::from_static("grpc-previous-rpc-attempts");
-const X_RETRY_ATTEMPT: HeaderName = HeaderName::from_static("x-retry-attempt");
+const PREVIOUS_RPC_ATTEMPTS: HeaderName = HeaderName::from_static(PREVIOUS_ATTEMPTS_HEADER);
+const X_RETRY_ATTEMPT: HeaderName = HeaderName::from_static(X_RETRY_ATTEMPT_HEADER);
 const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(GRPC_TIMEOUT_HEADER);
 
 /// A service behind the admission queue. Built by [`ShedLayer`]; every clone, and every
