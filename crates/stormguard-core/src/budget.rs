@@ -261,9 +261,8 @@ const STALE_LIMIT: u32 = 1 << 20;
 /// `retry_ratio` retries each, valid for `ttl`, on top of a standing reserve of
 /// `min_retries_per_second × ttl` retries; retries spent also count for `ttl`.
 ///
-/// Lock-free: a deposit is one compare-and-swap; a withdrawal reads the deposit ring and
-/// a few words (a cached sum of past withdrawals) and, when it may succeed, counts itself
-/// with one compare-and-swap. Clones share one budget, so one budget can be shared by
+/// Lock-free: a deposit is one compare-and-swap; a withdrawal sums the two rings and,
+/// when it may succeed, counts itself with one compare-and-swap. Clones share one budget, so one budget can be shared by
 /// every channel to a service.
 ///
 /// Calls may come with instants out of order (threads read the clock at slightly
@@ -312,22 +311,19 @@ struct Shared {
     head: Head,
 }
 
-/// The latest epoch seen by a withdrawal or a balance read, and a cache of the
-/// withdrawals in the window's closed slots for it, so the hot path reads the withdrawal
-/// ring's head slot instead of summing all of it.
+/// The latest epoch seen by a withdrawal or a balance read.
 ///
 /// Withdrawals are always counted in the head slot (a late caller is charged at the latest
 /// time seen, which is conservative), and a withdrawal is only granted if the head has not
-/// moved while it ran. So a cache built after the head reached `c` holds every granted
-/// withdrawal of the slots before `c`. Deposits are not cached: a late deposit may land
-/// in a closed slot at any time, and must still count.
+/// moved while it ran.
+///
+/// There is deliberately no cached sum of the closed slots' withdrawals: a withdrawal that
+/// is undone after such a sum was taken would stay counted in it, and the budget would
+/// lose a retry for the rest of the window.
 #[repr(align(64))]
 struct Head {
     /// The head epoch (64-bit: never wraps).
     epoch: AtomicU64,
-    /// `epoch << 32 | withdrawals in the 15 slots before it` (`u32::MAX`: too many to
-    /// cache, use the full sum).
-    closed_withdrawals: AtomicU64,
 }
 
 impl RetryBudget {
@@ -376,7 +372,6 @@ impl RetryBudget {
                 withdrawals: Ring::new(),
                 head: Head {
                     epoch: AtomicU64::new(0),
-                    closed_withdrawals: AtomicU64::new(0),
                 },
                 config,
             }),
@@ -442,27 +437,6 @@ impl Shared {
             .max(epoch)
     }
 
-    /// Withdrawals in the 15 closed slots before `head`, from the cache or summed (and
-    /// cached). `None` if they are too many to cache. Call only once the head has reached
-    /// `head`.
-    fn closed_withdrawals(&self, head: u64) -> Option<u64> {
-        let epoch = head as u32;
-        let (e, n) = unpack(self.head.closed_withdrawals.load(Ordering::SeqCst));
-        if e == epoch {
-            return (n != u32::MAX).then_some(u64::from(n));
-        }
-        let mut withdrawals = 0u64;
-        for slot in &self.withdrawals.slots {
-            let (e, n) = unpack(slot.load(Ordering::SeqCst));
-            if (1..SLOTS as u32).contains(&epoch.wrapping_sub(e)) {
-                withdrawals += u64::from(n);
-            }
-        }
-        let withdrawals = u32::try_from(withdrawals).unwrap_or(u32::MAX);
-        publish(&self.head.closed_withdrawals, epoch, withdrawals);
-        (withdrawals != u32::MAX).then_some(u64::from(withdrawals))
-    }
-
     /// Deposits in the window at `epoch` (its slot and the 15 before it).
     fn window_deposits(&self, epoch: u32) -> u64 {
         // In the window iff `epoch - e < SLOTS` (mod 2³²), i.e. `e - oldest < SLOTS`: done on
@@ -479,12 +453,7 @@ impl Shared {
 
     /// The balance at the head epoch `head` in micro-retries (may be negative).
     fn head_balance_micros(&self, head: u64) -> i128 {
-        let Some(closed) = self.closed_withdrawals(head) else {
-            return self.full_balance_micros(head as u32);
-        };
-        let epoch = head as u32;
-        let withdrawals = closed + u64::from(self.withdrawals.count(epoch));
-        self.micros(self.window_deposits(epoch), withdrawals)
+        self.full_balance_micros(head as u32)
     }
 
     fn micros(&self, deposits: u64, withdrawals: u64) -> i128 {
@@ -528,7 +497,7 @@ impl Shared {
     }
 
     /// After counting a withdrawal in the `head` slot: may it stand? Only if the head has
-    /// not moved (a cache built for a later head may have missed it) and the balance,
+    /// not moved (a caller at a later head may have read the ring without it) and the balance,
     /// with every withdrawal counted so far, is not below zero.
     fn confirm(&self, head: u64) -> bool {
         self.head.epoch.load(Ordering::SeqCst) == head && self.head_balance_micros(head) >= 0
@@ -541,26 +510,6 @@ impl Shared {
         } else {
             // A late read: sum the window as it was at `epoch`.
             self.full_balance_micros(epoch as u32)
-        }
-    }
-}
-
-/// Stores `epoch << 32 | count` in `word` unless it already holds `epoch` or a later one.
-fn publish(word: &AtomicU64, epoch: u32, count: u32) {
-    let mut current = word.load(Ordering::SeqCst);
-    loop {
-        // Never replace the cache of a later epoch.
-        if unpack(current).0.wrapping_sub(epoch) <= STALE_LIMIT {
-            return;
-        }
-        match word.compare_exchange_weak(
-            current,
-            pack(epoch, count),
-            Ordering::SeqCst,
-            Ordering::SeqCst,
-        ) {
-            Ok(_) => return,
-            Err(actual) => current = actual,
         }
     }
 }
@@ -639,12 +588,6 @@ impl Ring {
                 Err(actual) => current = actual,
             }
         }
-    }
-
-    /// The count of `epoch`'s slot (0 if the slot holds another epoch).
-    fn count(&self, epoch: u32) -> u32 {
-        let (e, n) = unpack(self.slots[epoch as usize % SLOTS].load(Ordering::SeqCst));
-        if e == epoch { n } else { 0 }
     }
 
     /// Undoes one [`Ring::add`] in `epoch`; nothing if the slot has moved on (the event
@@ -1217,10 +1160,31 @@ mod tests {
     }
 
     #[test]
+    fn an_undone_withdrawal_does_not_stay_counted_after_the_head_moves() {
+        // Caller A counts itself in the head slot; caller B moves the head to a later slot
+        // and reads the balance (with A counted); A sees the head moved and undoes itself.
+        // The undo must be visible at the new head: no retry may be lost for the window.
+        let t0 = Instant::now();
+        let b = budget(1, 0, 1.0);
+        for _ in 0..3 {
+            b.deposit_at(t0);
+        }
+        let s = &*b.shared;
+        let head = s.advance_head(s.epoch(t0));
+        assert!(s.withdrawals.add(head as u32)); // A counts itself
+        let later = t0 + ms(100);
+        assert_eq!(b.balance_at(later), 2.0, "B reads with A counted");
+        assert!(!s.confirm(head), "A's head moved: refused");
+        s.withdrawals.remove(head as u32); // A's undo
+        assert_eq!(b.balance_at(later), 3.0);
+        assert_eq!(drain(&b, later), 3);
+    }
+
+    #[test]
     fn a_withdrawal_racing_a_slot_boundary_is_refused() {
         // One retry in the budget. Caller A passes the pre-check at the head slot; before
-        // A counts itself, caller B moves the head to a later slot, caches the closed
-        // slots (without A) and takes the retry. A then counts itself in the old slot: it
+        // A counts itself, caller B moves the head to a later slot, reads the slots
+        // (without A) and takes the retry. A then counts itself in the old slot: it
         // must see that the head moved and refuse, or the one retry is spent twice.
         let t0 = Instant::now();
         let b = budget(1, 0, 1.0);
@@ -1384,10 +1348,6 @@ mod tests {
             let mut grants = Vec::new();
             for (gap, is_deposit) in steps {
                 t += ms(gap);
-                // The cached head window agrees with a full sum of the slots.
-                let s = &*b.shared;
-                let epoch = s.epoch(t);
-                prop_assert_eq!(s.balance_micros(epoch), s.full_balance_micros(epoch as u32));
                 if is_deposit {
                     b.deposit_at(t);
                     deposits.push(t);
