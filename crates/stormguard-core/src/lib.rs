@@ -52,6 +52,7 @@ pub mod context;
 pub mod deadline;
 pub mod policy;
 pub mod pushback;
+pub mod queue;
 pub mod retry;
 pub mod throttle;
 

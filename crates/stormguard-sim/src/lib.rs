@@ -62,10 +62,19 @@
 //! # Ok::<(), stormguard_sim::SimError>(())
 //! ```
 
-mod engine;
+mod event_loop;
+mod fleet;
+mod scenario;
+mod server;
+mod stats;
 mod tables;
 
-pub use engine::*;
+pub use event_loop::run;
+pub use scenario::{
+    BudgetKind, ClientPolicy, PATH, QueueServer, Scenario, ServerKind, Shard, Tier, Window,
+};
+pub use server::{Job, ServerAction, SimServer};
+pub use stats::{Bin, RunStats, ShardStats};
 pub use tables::*;
 
 use stormguard_core::config::ConfigError;
