@@ -372,3 +372,6 @@ impl Drop for Ticket {
         }
     }
 }
+
+#[cfg(test)]
+mod parity;
