@@ -38,7 +38,7 @@
 //! use stormguard_core::admission::{AdmissionConfig, AttemptClass};
 //! use stormguard_core::queue::{AdmissionQueue, Arrival, Dispatch};
 //!
-//! let config = AdmissionConfig { workers: 1, queue_capacity: 4, ..AdmissionConfig::default() };
+//! let config = AdmissionConfig { workers: 1, queue_capacity: 16, ..AdmissionConfig::default() };
 //! let mut queue = AdmissionQueue::from_config(config).expect("valid config");
 //! let t0 = Instant::now();
 //! let ignore = |_: Dispatch<&str>| {};
