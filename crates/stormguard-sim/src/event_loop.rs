@@ -252,34 +252,44 @@ impl<'a> Sim<'a> {
 
     pub(crate) fn run(&mut self) {
         self.next_arrival();
-        while let Some(Scheduled { at, event, .. }) = self.heap.pop() {
-            self.now = at;
-            self.stats.events += 1;
-            match event {
-                Event::Arrival => {
-                    self.arrival();
-                    self.next_arrival();
-                }
-                Event::Response { slot, id, outcome } => self.response(slot, id, outcome),
-                Event::Timeout { slot, id } => self.timeout(slot, id),
-                Event::RetryStart { slot, id } => self.retry_start(slot, id),
-                Event::RelayArrive {
-                    level,
-                    slot,
-                    id,
-                    deadline,
-                } => self.relay_arrive(level, slot, id, deadline),
-                Event::ServerArrive {
-                    shard,
-                    job,
-                    retry,
-                    deadline,
-                } => self.server_arrive(shard, job, retry, deadline),
-                Event::ServiceDone { shard, job } => self.service_done(shard, job),
-                Event::ServerTimer { shard, job } => self.server_timer(shard, job),
-                Event::ServerCancel { shard, job } => self.server_cancel(shard, job),
-            }
+        while self.step(u64::MAX) {}
+    }
+
+    /// Runs the next event if it is due at or before `until`; `false` when none is.
+    pub(crate) fn step(&mut self, until: u64) -> bool {
+        if self.heap.peek().is_none_or(|next| next.at > until) {
+            return false;
         }
+        let Some(Scheduled { at, event, .. }) = self.heap.pop() else {
+            return false;
+        };
+        self.now = at;
+        self.stats.events += 1;
+        match event {
+            Event::Arrival => {
+                self.arrival();
+                self.next_arrival();
+            }
+            Event::Response { slot, id, outcome } => self.response(slot, id, outcome),
+            Event::Timeout { slot, id } => self.timeout(slot, id),
+            Event::RetryStart { slot, id } => self.retry_start(slot, id),
+            Event::RelayArrive {
+                level,
+                slot,
+                id,
+                deadline,
+            } => self.relay_arrive(level, slot, id, deadline),
+            Event::ServerArrive {
+                shard,
+                job,
+                retry,
+                deadline,
+            } => self.server_arrive(shard, job, retry, deadline),
+            Event::ServiceDone { shard, job } => self.service_done(shard, job),
+            Event::ServerTimer { shard, job } => self.server_timer(shard, job),
+            Event::ServerCancel { shard, job } => self.server_cancel(shard, job),
+        }
+        true
     }
 }
 
@@ -617,6 +627,31 @@ mod tests {
             }),
         });
         sc
+    }
+
+    #[test]
+    fn a_client_timeout_frees_the_worker_of_a_shedding_server_not_of_a_plain_one() {
+        // One worker, 100 ms of service, the client gives up after 10 ms: its reset
+        // reaches the server at 11 ms. The shipped layer drops the handler's future and
+        // gives the worker back; a plain FIFO server runs the call to the end.
+        let mut sc = one_worker_shard(None);
+        sc.network = Duration::from_millis(1);
+        sc.policy.attempt_timeout = Some(Duration::from_millis(10));
+        if let ServerKind::Queue(q) = &mut sc.shards[0].server {
+            q.service_time = Duration::from_millis(100);
+        }
+        let running_at = |sc: &Scenario, ms: u64| {
+            let mut sim = Sim::new(sc, Instant::now()).expect("valid");
+            sim.arrival();
+            while sim.step(ms * 1_000_000) {}
+            sim.servers[0].as_ref().map(SimServer::running)
+        };
+        assert_eq!(running_at(&sc, 5), Some(1));
+        assert_eq!(running_at(&sc, 12), Some(0));
+        if let ServerKind::Queue(q) = &mut sc.shards[0].server {
+            q.shedding = None;
+        }
+        assert_eq!(running_at(&sc, 12), Some(1));
     }
 
     #[test]
