@@ -435,7 +435,7 @@ mod tests {
         let t0 = Instant::now();
         q.arrive_at(t0, AttemptClass::First, None, 0, none);
         for i in 1..=3 {
-            queued(q.arrive_at(t0 + i * MS, AttemptClass::First, None, i as u32, none));
+            queued(q.arrive_at(t0 + i * MS, AttemptClass::First, None, i, none));
         }
         let mut out = Vec::new();
         q.finish_at(t0 + 10 * MS, collect(&mut out));
@@ -638,10 +638,10 @@ mod tests {
                         }
                     }
                     Op::Withdraw(i) => {
-                        if let Some(&id) = queued_ids.get(i) {
-                            if let Some(l) = q.withdraw_at(now, id) {
-                                prop_assert!(left.insert(l.id), "left twice: {:?}", l.id);
-                            }
+                        if let Some(&id) = queued_ids.get(i)
+                            && let Some(l) = q.withdraw_at(now, id)
+                        {
+                            prop_assert!(left.insert(l.id), "left twice: {:?}", l.id);
                         }
                     }
                     Op::GiveBack => {

@@ -68,13 +68,16 @@ enum Kind {
         busy: usize,
         queue: VecDeque<Job>,
     },
-    Shedding {
-        queue: AdmissionQueue<Job>,
-        /// Waiting jobs, to find their place when their timer fires or they are cancelled.
-        queued: HashMap<Job, QueuedId>,
-        /// Jobs on a worker.
-        running: HashSet<Job>,
-    },
+    Shedding(Box<Shedding>),
+}
+
+#[derive(Debug)]
+struct Shedding {
+    queue: AdmissionQueue<Job>,
+    /// Waiting jobs, to find their place when their timer fires or they are cancelled.
+    queued: HashMap<Job, QueuedId>,
+    /// Jobs on a worker.
+    running: HashSet<Job>,
 }
 
 impl SimServer {
@@ -93,11 +96,11 @@ impl SimServer {
     /// A server behind stormguard's admission queue, configured by `config`.
     pub fn shedding(config: AdmissionConfig) -> Result<Self, SimError> {
         Ok(SimServer {
-            kind: Kind::Shedding {
+            kind: Kind::Shedding(Box::new(Shedding {
                 queue: AdmissionQueue::from_config(config)?,
                 queued: HashMap::new(),
                 running: HashSet::new(),
-            },
+            })),
         })
     }
 
@@ -105,7 +108,7 @@ impl SimServer {
     pub fn shed_code(&self) -> Code {
         match &self.kind {
             Kind::Plain { .. } => Code::Unavailable,
-            Kind::Shedding { queue, .. } => queue.policy().config().shed_code,
+            Kind::Shedding(s) => s.queue.policy().config().shed_code,
         }
     }
 
@@ -113,7 +116,7 @@ impl SimServer {
     pub fn running(&self) -> usize {
         match &self.kind {
             Kind::Plain { busy, .. } => *busy,
-            Kind::Shedding { queue, .. } => queue.running(),
+            Kind::Shedding(s) => s.queue.running(),
         }
     }
 
@@ -121,7 +124,7 @@ impl SimServer {
     pub fn depth(&self) -> usize {
         match &self.kind {
             Kind::Plain { queue, .. } => queue.len(),
-            Kind::Shedding { queue, .. } => queue.depth(),
+            Kind::Shedding(s) => s.queue.depth(),
         }
     }
 
@@ -150,11 +153,12 @@ impl SimServer {
                     out.push(ServerAction::Refused(job));
                 }
             }
-            Kind::Shedding {
-                queue,
-                queued,
-                running,
-            } => {
+            Kind::Shedding(s) => {
+                let Shedding {
+                    queue,
+                    queued,
+                    running,
+                } = &mut **s;
                 let arrival =
                     queue.arrive_at(now, class, deadline, job, dispatcher(queued, running, out));
                 out.push(match arrival {
@@ -178,18 +182,19 @@ impl SimServer {
     pub fn done(&mut self, now: Instant, job: Job, out: &mut Vec<ServerAction>) -> bool {
         match &mut self.kind {
             Kind::Plain { busy, queue, .. } => {
-                *busy -= 1;
+                *busy = busy.saturating_sub(1);
                 if let Some(next) = queue.pop_front() {
                     *busy += 1;
                     out.push(ServerAction::Start(next));
                 }
                 true
             }
-            Kind::Shedding {
-                queue,
-                queued,
-                running,
-            } => {
+            Kind::Shedding(s) => {
+                let Shedding {
+                    queue,
+                    queued,
+                    running,
+                } = &mut **s;
                 if !running.remove(&job) {
                     return false;
                 }
@@ -202,9 +207,9 @@ impl SimServer {
     /// The expiry timer of queued `job` fires at `now`: if it still waits, it is answered
     /// `DEADLINE_EXCEEDED`.
     pub fn timer(&mut self, now: Instant, job: Job, out: &mut Vec<ServerAction>) {
-        if let Kind::Shedding { queue, queued, .. } = &mut self.kind
-            && let Some(id) = queued.remove(&job)
-            && queue.withdraw_at(now, id).is_some()
+        if let Kind::Shedding(s) = &mut self.kind
+            && let Some(id) = s.queued.remove(&job)
+            && s.queue.withdraw_at(now, id).is_some()
         {
             out.push(ServerAction::Expired(job));
         }
@@ -214,14 +219,14 @@ impl SimServer {
     /// one gives its worker back (the tower layer drops the handler's future). A plain
     /// server does not notice and runs it anyway.
     pub fn cancel(&mut self, now: Instant, job: Job, out: &mut Vec<ServerAction>) {
-        let Kind::Shedding {
+        let Kind::Shedding(s) = &mut self.kind else {
+            return;
+        };
+        let Shedding {
             queue,
             queued,
             running,
-        } = &mut self.kind
-        else {
-            return;
-        };
+        } = &mut **s;
         if let Some(id) = queued.remove(&job) {
             queue.withdraw_at(now, id);
         } else if running.remove(&job) {

@@ -402,6 +402,12 @@ async fn server_queue_and_simulator_decide_alike() {
             &records,
             |w| matches!(w, What::Shed { pushback_ms, .. } if *pushback_ms == -1),
         );
+        println!(
+            "{order:?} seed {seed}: {} decisions equal ({run} run, {queued} queued, \
+             {retry_shed} retries shed, {full} shed full, {do_not_retry} told not to retry, \
+             {expired} expired)",
+            records.len()
+        );
         for (name, n) in [
             ("queued", queued),
             ("run", run),
