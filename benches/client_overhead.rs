@@ -9,8 +9,9 @@
 //! - `shed`: the plain channel to a server behind a `ShedLayer` (default admission);
 //! - `both`: the `RetryLayer` channel to the `ShedLayer` server.
 //!
-//! Rounds are interleaved (bare, retry, shed, both, then again), each variant running for
-//! the same time per round, and each round's figures are divided by that round's `bare`,
+//! Rounds are interleaved (every variant once per round, each round starting with the next
+//! variant), each variant running for the same time per round, and each round's figures
+//! are divided by that round's `bare`,
 //! so a machine that gets busier or quieter during the run moves every variant alike. Per
 //! variant and round it prints calls per second, the ratio to bare, allocations per call
 //! (a counting global allocator: client and server together, as both live in this process)
@@ -335,21 +336,27 @@ fn main() {
         let mut allocs: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
         let mut cpus: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
         for round in 1..=o.rounds {
-            let mut base = f64::NAN;
-            for (i, (name, c)) in clients.iter().enumerate() {
-                let s = run_for(c, o.callers, o.secs).await;
-                let rate = s.calls as f64 / s.secs;
-                if i == 0 {
-                    base = rate;
-                }
+            // Each round starts with a different variant, so that no variant always runs
+            // first (or right after the same other one).
+            let mut samples: Vec<Option<Sample>> = (0..clients.len()).map(|_| None).collect();
+            for k in 0..clients.len() {
+                let i = (round - 1 + k) % clients.len();
+                samples[i] = Some(run_for(&clients[i].1, o.callers, o.secs).await);
+            }
+            let rate = |s: &Sample| s.calls as f64 / s.secs;
+            let base = samples[0].as_ref().map_or(f64::NAN, rate);
+            for (i, s) in samples.iter().enumerate() {
+                let Some(s) = s else { continue };
+                let name = clients[i].0;
                 let per_call_allocs = s.allocations as f64 / s.calls as f64;
                 let cpu = s.cpu.as_secs_f64() * 1e6 / s.calls as f64;
-                ratios[i].push(rate / base);
+                ratios[i].push(rate(s) / base);
                 allocs[i].push(per_call_allocs);
                 cpus[i].push(cpu);
                 println!(
-                    "{round:>5} {name:>7} {rate:>10.0} {:>7.3} {per_call_allocs:>12.2} {cpu:>11.2}",
-                    rate / base
+                    "{round:>5} {name:>7} {:>10.0} {:>7.3} {per_call_allocs:>12.2} {cpu:>11.2}",
+                    rate(s),
+                    rate(s) / base
                 );
             }
         }
