@@ -43,6 +43,9 @@ struct State {
     len: usize,
     /// The body outgrew the limit (or failed): the buffer is gone, no replay.
     broken: bool,
+    /// The call committed: no attempt will follow, so what the live attempt reads from
+    /// here on is passed through, not buffered.
+    committed: bool,
     /// The rest of the original body, when no attempt holds it.
     rest: Option<Body>,
     /// The original body has ended.
@@ -103,6 +106,13 @@ impl Replay {
             passthrough: false,
             trailers_sent: false,
         }
+    }
+
+    /// The call committed: no retry can follow, so the buffer stops filling. The attempt
+    /// reading the original body passes the rest of it straight through (and frees what
+    /// was buffered once it gets there).
+    pub(crate) fn commit(&self) {
+        lock(&self.shared.state).committed = true;
     }
 
     /// Whether a new attempt can resend the body: it has stayed within the limit.
@@ -198,6 +208,14 @@ impl HttpBody for ReplayBody {
             return Poll::Ready(frame);
         }
         let mut state = lock(&this.shared.state);
+        if state.committed {
+            // No attempt will follow: the buffer has no reader left.
+            state.broken = true;
+            state.chunks = Vec::new();
+            state.len = 0;
+            this.passthrough = true;
+            return Poll::Ready(frame);
+        }
         match frame {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
@@ -347,6 +365,19 @@ mod tests {
         assert_eq!(replay.buffered(), 0);
         let err = replay.body().collect().await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::Internal);
+    }
+
+    #[tokio::test]
+    async fn once_the_call_commits_the_buffer_stops_filling() {
+        let (replay, mut first) = Replay::new(chunked(&[b"ab", b"cd", b"ef"]), 64).unwrap();
+        let frame = first.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), Bytes::from_static(b"ab"));
+        assert_eq!(replay.buffered(), 2);
+        replay.commit();
+        // The rest still reaches the wire, unbuffered; the buffer is freed.
+        assert_eq!(collect(first).await, Bytes::from_static(b"cdef"));
+        assert_eq!(replay.buffered(), 0);
+        assert!(!replay.is_replayable());
     }
 
     #[tokio::test]

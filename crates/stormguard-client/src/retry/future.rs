@@ -348,7 +348,7 @@ where
                             // The caller's deadline ran out mid-attempt: final, whatever the
                             // server would have said. Dropping the attempt cancels its stream.
                             this.state.set(State::Finished { status: None });
-                            return Poll::Ready(expire(this.call, this.stats, &EXPIRED));
+                            return Poll::Ready(expire(this.call, this.stats, None));
                         }
                         // The attempt's own timeout ran out: dropping it cancels its stream
                         // (and tells the server through `RST_STREAM`).
@@ -382,7 +382,14 @@ where
                             }
                             Outcome::Committed(response) => {
                                 // Passed through, never retried; the outcome is recorded when
-                                // the body ends (see `body`).
+                                // the body ends (see `body`). No retry can follow: stop
+                                // buffering the request body, and settle a half-open probe.
+                                if let Some(replay) = this.replay.take() {
+                                    replay.commit();
+                                }
+                                if let Some(call) = this.call.as_mut() {
+                                    call.on_commit_at(now);
+                                }
                                 this.stats.committed();
                                 this.state.set(State::Finished { status: None });
                                 let (parts, body) = response.into_parts();
@@ -405,7 +412,8 @@ where
                                     // as if our timer had fired first. The answer is still
                                     // recorded as it came.
                                     this.state.set(State::Finished { status: None });
-                                    return Poll::Ready(expire(this.call, this.stats, &failure));
+                                    let answer = (!timed_out).then_some(&failure);
+                                    return Poll::Ready(expire(this.call, this.stats, answer));
                                 }
                                 // Past the attempt's own deadline, the expiry answers of the
                                 // channel's timer and of the server (tonic's `CANCELLED`) are
@@ -462,37 +470,41 @@ where
                 }
                 StateProj::Delaying { sleep } => {
                     ready!(sleep.poll(cx));
-                    let started = match this.call.as_mut() {
-                        Some(call) => call.start_retry_at(Instant::now()),
-                        None => Err(Refusal::NotRetryable),
-                    };
-                    if let Err(refusal) = started {
-                        this.state.set(State::Finished { status: None });
-                        let last = this.last.take().unwrap_or_else(|| {
-                            Last::Error(Status::unavailable("stormguard: retry refused"))
-                        });
-                        return Poll::Ready(give_up(this.stats, refusal, last));
-                    }
                     this.state.set(State::Readying);
                 }
                 StateProj::Readying => {
                     if timer_fired(this.timer.as_mut(), cx) {
                         this.state.set(State::Finished { status: None });
-                        return Poll::Ready(expire(this.call, this.stats, &EXPIRED));
+                        return Poll::Ready(expire(this.call, this.stats, None));
                     }
                     if let Err(err) = ready!(this.svc.poll_ready(cx)) {
+                        // The channel cannot take the retry: the call ends like every other
+                        // give-up, as a status marked "do not retry" (the granted retry
+                        // goes back to the budget when the call state is dropped).
                         this.state.set(State::Finished { status: None });
                         this.stats.outcome(false);
-                        return Poll::Ready(Err(err.into()));
+                        drop(this.call.take());
+                        let err: BoxError = err.into();
+                        let code = classify_error(&*err).code;
+                        return Poll::Ready(Err(Box::new(status_do_not_retry(status_from_error(
+                            err, code,
+                        )))));
                     }
-                    let Some(call) = this.call.as_ref() else {
-                        this.state.set(State::Finished { status: None });
-                        return Poll::Ready(Err(Box::new(Status::internal(
-                            "stormguard: no call state",
-                        ))));
-                    };
-                    let attempt = call.previous_attempts();
                     let now = Instant::now();
+                    let started = match this.call.as_mut() {
+                        Some(call) => call.start_retry_at(now).map(|()| call.previous_attempts()),
+                        None => Err(Refusal::NotRetryable),
+                    };
+                    let attempt = match started {
+                        Ok(attempt) => attempt,
+                        Err(refusal) => {
+                            this.state.set(State::Finished { status: None });
+                            let last = this.last.take().unwrap_or_else(|| {
+                                Last::Error(Status::unavailable("stormguard: retry refused"))
+                            });
+                            return Poll::Ready(give_up(this.stats, refusal, last));
+                        }
+                    };
                     let headers = &mut this.template.headers;
                     headers.insert(PREVIOUS_ATTEMPTS_HEADER, HeaderValue::from(attempt));
                     let timers = AttemptTimers::at(*this.logical, *this.attempt_timeout, now);
@@ -525,25 +537,18 @@ fn timer_fired(timer: Pin<&mut Option<Sleep>>, cx: &mut Context<'_>) -> bool {
     timer.as_pin_mut().is_some_and(|d| d.poll(cx).is_ready())
 }
 
-/// What [`expire`] records when the layer's own timer ended the call.
-const EXPIRED: Failure = Failure {
-    code: Code::DeadlineExceeded,
-    pushback: None,
-    replayable: false,
-    unsent: false,
-};
-
 /// The caller's deadline ran out: the call ends with `DEADLINE_EXCEEDED`, never retried,
-/// whatever the attempt's `failure` was. The breaker still hears of it (a slow dependency
-/// is a failing one).
+/// whatever the attempt's `answer` was (`None`: no answer, the timer fired). The expiry
+/// itself is recorded nowhere (see `CallRetry::on_deadline_passed_at`): the caller's
+/// deadline says nothing about the dependency.
 fn expire<B>(
     call: &mut Option<CallRetry>,
     stats: &RetryStats,
-    failure: &Failure,
+    answer: Option<&Failure>,
 ) -> Result<http::Response<ResponseBody<B>>, BoxError> {
-    if let Some(call) = call.as_mut() {
-        // Past the deadline the decision is always "give up" (no budget is spent).
-        let _ = call.on_failure_at(failure, Instant::now());
+    if let Some(mut call) = call.take() {
+        // Dropping the call state also gives back a retry granted but not started.
+        call.on_deadline_passed_at(answer, Instant::now());
     }
     stats.deadline_exceeded();
     stats.outcome(false);
