@@ -262,7 +262,8 @@ pub fn controller(policy: RetryPolicy) -> RetryController {
     RetryController::new(MethodTable::uniform(policy), budget(100, 0.1), None, 42)
 }
 
-/// The default policy with a tiny backoff, so tests on real time stay quick.
+/// The default policy for an idempotent method, with a tiny backoff, so tests on real
+/// time stay quick.
 pub fn quick_policy() -> RetryPolicy {
     RetryPolicy {
         backoff: stormguard_core::backoff::BackoffConfig::FullJitter {
@@ -270,6 +271,8 @@ pub fn quick_policy() -> RetryPolicy {
             cap: Duration::from_millis(5),
             multiplier: 2.0,
         },
+        // Reserve carries a request id: repeating it is harmless.
+        idempotent: true,
         ..RetryPolicy::default()
     }
 }

@@ -32,7 +32,8 @@
 //! };
 //!
 //! let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default()).unwrap());
-//! let controller = RetryController::new(MethodTable::uniform(RetryPolicy::default()), budget, None, 1);
+//! let policy = RetryPolicy { idempotent: true, ..RetryPolicy::default() };
+//! let controller = RetryController::new(MethodTable::uniform(policy), budget, None, 1);
 //! let now = Instant::now();
 //! let mut call = controller.begin_at("/pkg.Svc/Get", None, now).unwrap();
 //! match call.on_failure_at(&Failure::status(Code::Unavailable), now) {
@@ -585,6 +586,14 @@ mod tests {
 
     const PATH: &str = "/pkg.Svc/Get";
 
+    /// The default policy for a method marked idempotent.
+    fn retried() -> RetryPolicy {
+        RetryPolicy {
+            idempotent: true,
+            ..RetryPolicy::default()
+        }
+    }
+
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
     }
@@ -611,7 +620,7 @@ mod tests {
 
     #[test]
     fn retries_until_the_attempt_limit() {
-        let c = controller(RetryPolicy::default(), budget(5, 0.1));
+        let c = controller(retried(), budget(5, 0.1));
         let now = Instant::now();
         let mut call = c.begin_at(PATH, None, now).unwrap();
         assert_eq!(call.previous_attempts(), 0);
@@ -631,7 +640,7 @@ mod tests {
     #[test]
     fn only_retryable_codes_of_retryable_methods() {
         let mut table = MethodTable::none();
-        table.insert_method("pkg.Svc", "Get", Some(RetryPolicy::default()));
+        table.insert_method("pkg.Svc", "Get", Some(retried()));
         let c = RetryController::new(table, budget(5, 0.1), None, 1);
         let now = Instant::now();
         let mut call = c.begin_at(PATH, None, now).unwrap();
@@ -653,7 +662,7 @@ mod tests {
         let c = controller(
             RetryPolicy {
                 max_attempts: 5,
-                ..RetryPolicy::default()
+                ..retried()
             },
             budget(5, 0.1),
         );
@@ -684,7 +693,7 @@ mod tests {
         let c = controller(
             RetryPolicy {
                 max_pushback: Duration::from_secs(10),
-                ..RetryPolicy::default()
+                ..retried()
             },
             budget(5, 0.1),
         );
@@ -710,7 +719,7 @@ mod tests {
 
     #[test]
     fn pushback_zero_means_retry_now() {
-        let c = controller(RetryPolicy::default(), budget(5, 0.1));
+        let c = controller(retried(), budget(5, 0.1));
         let now = Instant::now();
         let mut call = c.begin_at(PATH, None, now).unwrap();
         let f = unavailable().with_pushback(Some(Pushback::RetryAfter(Duration::ZERO)));
@@ -725,7 +734,7 @@ mod tests {
     #[test]
     fn do_not_retry_pushback_is_final_and_costs_nothing() {
         let b = budget(1, 0.1);
-        let c = controller(RetryPolicy::default(), Arc::clone(&b));
+        let c = controller(retried(), Arc::clone(&b));
         let now = Instant::now();
         let before = b.balance_at(now);
         let mut call = c.begin_at(PATH, None, now).unwrap();
@@ -739,7 +748,7 @@ mod tests {
 
     #[test]
     fn pushback_longer_than_the_time_left_is_refused() {
-        let c = controller(RetryPolicy::default(), budget(5, 0.1));
+        let c = controller(retried(), budget(5, 0.1));
         let now = Instant::now();
         let mut call = c.begin_at(PATH, Some(now + ms(100)), now).unwrap();
         let f = unavailable().with_pushback(Some(Pushback::RetryAfter(ms(100))));
@@ -760,7 +769,7 @@ mod tests {
         let c = controller(
             RetryPolicy {
                 retryable_codes: [Code::Unavailable, Code::Cancelled].into_iter().collect(),
-                ..RetryPolicy::default()
+                ..retried()
             },
             budget(5, 0.1),
         );
@@ -778,7 +787,7 @@ mod tests {
         let c = controller(
             RetryPolicy {
                 idempotent: false,
-                ..RetryPolicy::default()
+                ..retried()
             },
             budget(5, 0.1),
         );
@@ -801,7 +810,7 @@ mod tests {
 
     #[test]
     fn unbuffered_bodies_are_not_replayed() {
-        let c = controller(RetryPolicy::default(), budget(5, 0.1));
+        let c = controller(retried(), budget(5, 0.1));
         let now = Instant::now();
         let mut call = c.begin_at(PATH, None, now).unwrap();
         let f = Failure {
@@ -817,7 +826,7 @@ mod tests {
     #[test]
     fn budget_bounds_retries_to_the_ratio_of_successes() {
         // No floor: only successes mint retries, 1 per 10.
-        let c = controller(RetryPolicy::default(), budget(0, 0.1));
+        let c = controller(retried(), budget(0, 0.1));
         let now = Instant::now();
         let mut call = c.begin_at(PATH, None, now).unwrap();
         assert_eq!(
@@ -848,7 +857,7 @@ mod tests {
             })
             .unwrap(),
         );
-        let c = controller(RetryPolicy::default(), throttle);
+        let c = controller(retried(), throttle);
         let now = Instant::now();
         let mut refused_after = None;
         for i in 0..10 {
@@ -874,7 +883,7 @@ mod tests {
         )
         .unwrap();
         let c = RetryController::new(
-            MethodTable::uniform(RetryPolicy::default()),
+            MethodTable::uniform(retried()),
             budget(100, 0.1),
             Some(breaker),
             1,
@@ -895,7 +904,7 @@ mod tests {
     #[test]
     fn only_ok_mints_retries() {
         let b = budget(0, 0.5);
-        let c = controller(RetryPolicy::default(), Arc::clone(&b));
+        let c = controller(retried(), Arc::clone(&b));
         let now = Instant::now();
         let answers = [
             Failure::status(Code::NotFound),
@@ -928,7 +937,7 @@ mod tests {
             })
             .unwrap(),
         );
-        let c = controller(RetryPolicy::default(), Arc::clone(&throttle));
+        let c = controller(retried(), Arc::clone(&throttle));
         let now = Instant::now();
         // Two failures: 8 tokens, 3 above the threshold.
         for _ in 0..2 {
@@ -967,7 +976,7 @@ mod tests {
     #[test]
     fn an_overload_answer_is_never_health_for_the_breaker() {
         let c = RetryController::new(
-            MethodTable::uniform(RetryPolicy::default()),
+            MethodTable::uniform(retried()),
             budget(100, 0.1),
             Some(breaker(2, 0.6, 1)),
             1,
@@ -992,7 +1001,7 @@ mod tests {
         assert_eq!(c.begin_at(PATH, None, now).err(), Some(Refusal::Breaker));
         // An application answer is still a sign of life.
         let c = RetryController::new(
-            MethodTable::uniform(RetryPolicy::default()),
+            MethodTable::uniform(retried()),
             budget(100, 0.1),
             Some(breaker(2, 0.6, 1)),
             1,
@@ -1016,7 +1025,7 @@ mod tests {
                 retryable_codes: [Code::Unavailable, Code::DeadlineExceeded]
                     .into_iter()
                     .collect(),
-                ..RetryPolicy::default()
+                ..retried()
             }),
             budget(100, 0.1),
             Some(breaker(2, 0.5, 1)),
@@ -1047,7 +1056,7 @@ mod tests {
     #[test]
     fn a_half_open_probe_is_settled_when_its_call_commits() {
         let c = RetryController::new(
-            MethodTable::uniform(RetryPolicy::default()),
+            MethodTable::uniform(retried()),
             budget(100, 0.1),
             Some(breaker(1, 0.5, 1)),
             1,
@@ -1069,7 +1078,7 @@ mod tests {
     fn a_retry_granted_but_never_started_gives_its_token_back() {
         let b = budget(0, 1.0);
         let c = RetryController::new(
-            MethodTable::uniform(RetryPolicy::default()),
+            MethodTable::uniform(retried()),
             Arc::clone(&b),
             Some(breaker(5, 0.6, 1)),
             1,
@@ -1097,7 +1106,7 @@ mod tests {
         assert_eq!(call.start_retry_at(now + ms(1)), Err(Refusal::Breaker));
         assert_eq!(b.balance_at(now), 2.0);
         // The caller went away during the delay.
-        let c = controller(RetryPolicy::default(), Arc::clone(&b));
+        let c = controller(retried(), Arc::clone(&b));
         let mut call = c
             .begin_at(PATH, None, now + Duration::from_secs(2))
             .unwrap();
@@ -1128,7 +1137,7 @@ mod tests {
             })
             .unwrap(),
         );
-        let c = controller(RetryPolicy::default(), Arc::clone(&throttle));
+        let c = controller(retried(), Arc::clone(&throttle));
         let now = Instant::now();
         // The balance is tokens above maxTokens / 2: 5 when full.
         assert!((throttle.balance_at(now) - 5.0).abs() < 1e-9);
@@ -1193,7 +1202,7 @@ mod tests {
             // DEADLINE_EXCEEDED is not among them: the timeout is retried anyway.
             retryable_codes: CodeSet::single(Code::Unavailable),
             per_attempt_timeout: Some(ms(50)),
-            ..RetryPolicy::default()
+            ..retried()
         };
         let c = RetryController::new(
             MethodTable::uniform(policy),
@@ -1222,7 +1231,7 @@ mod tests {
             RetryPolicy {
                 idempotent: false,
                 per_attempt_timeout: Some(ms(50)),
-                ..RetryPolicy::default()
+                ..retried()
             },
             budget(5, 0.1),
         );
@@ -1260,7 +1269,7 @@ mod tests {
             let c = RetryController::new(
                 MethodTable::uniform(RetryPolicy {
                     retryable_codes: CodeSet::single(Code::Unavailable),
-                    ..RetryPolicy::default()
+                    ..retried()
                 }),
                 budget(100, 0.1),
                 None,

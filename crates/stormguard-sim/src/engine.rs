@@ -1351,14 +1351,23 @@ mod tests {
         });
         let err = run(&scenario(
             0.1,
-            policy(Some(RetryPolicy::default()), bad_budget),
+            policy(
+                Some(RetryPolicy {
+                    idempotent: true,
+                    ..RetryPolicy::default()
+                }),
+                bad_budget,
+            ),
         ))
         .expect_err("invalid budget");
         assert!(matches!(err, SimError::Config(_)), "{err}");
         assert!(err.to_string().contains("retry_ratio"), "{err}");
         let bad_retry = RetryPolicy {
             max_attempts: 1,
-            ..RetryPolicy::default()
+            ..RetryPolicy {
+                idempotent: true,
+                ..RetryPolicy::default()
+            }
         };
         let err = run(&scenario(
             0.1,
@@ -1373,7 +1382,10 @@ mod tests {
         let sc = scenario(
             0.3,
             policy(
-                Some(RetryPolicy::default()),
+                Some(RetryPolicy {
+                    idempotent: true,
+                    ..RetryPolicy::default()
+                }),
                 BudgetKind::Budget(BudgetConfig::default()),
             ),
         );
@@ -1388,7 +1400,13 @@ mod tests {
     fn bins_add_up_to_the_totals_when_everything_is_measured() {
         let sc = scenario(
             0.5,
-            policy(Some(RetryPolicy::default()), BudgetKind::Unlimited),
+            policy(
+                Some(RetryPolicy {
+                    idempotent: true,
+                    ..RetryPolicy::default()
+                }),
+                BudgetKind::Unlimited,
+            ),
         );
         let stats = run(&sc).expect("valid");
         let sum = |f: fn(&Bin) -> u64| stats.bins.iter().map(f).sum::<u64>();
@@ -1410,7 +1428,10 @@ mod tests {
     #[test]
     fn an_open_breaker_rejects_calls_without_an_attempt() {
         let mut p = policy(
-            Some(RetryPolicy::default()),
+            Some(RetryPolicy {
+                idempotent: true,
+                ..RetryPolicy::default()
+            }),
             BudgetKind::Budget(BudgetConfig::default()),
         );
         p.breaker = Some(BreakerConfig::default());
@@ -1431,7 +1452,10 @@ mod tests {
             retryable_codes: [Code::Unavailable, Code::DeadlineExceeded]
                 .into_iter()
                 .collect(),
-            ..RetryPolicy::default()
+            ..RetryPolicy {
+                idempotent: true,
+                ..RetryPolicy::default()
+            }
         };
         let mut p = policy(Some(retry), BudgetKind::Unlimited);
         p.attempt_timeout = Some(Duration::from_millis(20));
@@ -1443,7 +1467,10 @@ mod tests {
         assert_eq!(stats.successes, 0);
         assert_eq!(stats.amplification(), 3.0);
         // Without DEADLINE_EXCEEDED in the retryable codes the timeout is final.
-        sc.policy.retry = Some(RetryPolicy::default());
+        sc.policy.retry = Some(RetryPolicy {
+            idempotent: true,
+            ..RetryPolicy::default()
+        });
         let stats = run(&sc).expect("valid");
         assert_eq!(stats.amplification(), 1.0);
         assert_eq!(stats.gave_up.get("not_retryable"), Some(&stats.calls));
@@ -1458,7 +1485,10 @@ mod tests {
                 cap: Duration::from_millis(1),
                 multiplier: 1.0,
             },
-            ..RetryPolicy::default()
+            ..RetryPolicy {
+                idempotent: true,
+                ..RetryPolicy::default()
+            }
         };
         let mut sc = scenario(1.0, policy(Some(fast), BudgetKind::Unlimited));
         let tier = Tier {
@@ -1574,7 +1604,10 @@ mod tests {
     fn a_shedding_server_sheds_retries_with_pushback_and_serves_first_attempts() {
         // One worker, twice as much work as it can do: the admission policy queues a
         // little, sheds retries first and tells them when to come back.
-        let retry = RetryPolicy::default();
+        let retry = RetryPolicy {
+            idempotent: true,
+            ..RetryPolicy::default()
+        };
         let p = policy(Some(retry), BudgetKind::Unlimited);
         let mut sc = scenario(0.0, p);
         sc.clients = 2;

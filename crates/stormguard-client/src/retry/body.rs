@@ -251,7 +251,10 @@ mod tests {
             .unwrap(),
         );
         let c = RetryController::new(
-            MethodTable::uniform(RetryPolicy::default()),
+            MethodTable::uniform(RetryPolicy {
+                idempotent: true,
+                ..RetryPolicy::default()
+            }),
             Arc::clone(&throttle),
             breaker,
             1,

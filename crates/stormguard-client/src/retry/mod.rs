@@ -220,7 +220,10 @@ mod tests {
     fn layer() -> RetryLayer {
         let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default()).unwrap());
         RetryLayer::new(RetryController::new(
-            MethodTable::uniform(RetryPolicy::default()),
+            MethodTable::uniform(RetryPolicy {
+                idempotent: true,
+                ..RetryPolicy::default()
+            }),
             budget,
             None,
             3,
@@ -316,6 +319,7 @@ mod tests {
             retryable_codes: [Code::Unavailable, Code::Cancelled]
                 .into_iter()
                 .collect::<CodeSet>(),
+            idempotent: true,
             ..RetryPolicy::default()
         };
         let layer = RetryLayer::new(RetryController::new(
@@ -402,6 +406,7 @@ mod tests {
                 cap: Duration::from_millis(1),
                 multiplier: 1.0,
             },
+            idempotent: true,
             ..RetryPolicy::default()
         };
         RetryLayer::new(RetryController::new(
@@ -509,7 +514,10 @@ mod tests {
     fn breaker_layer(breaker: CircuitBreaker) -> RetryLayer {
         let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default()).unwrap());
         RetryLayer::new(RetryController::new(
-            MethodTable::uniform(RetryPolicy::default()),
+            MethodTable::uniform(RetryPolicy {
+                idempotent: true,
+                ..RetryPolicy::default()
+            }),
             budget,
             Some(breaker),
             3,
