@@ -6,6 +6,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, Method, Uri, Version};
 use pin_project_lite::pin_project;
 use stormguard_core::Instant;
@@ -15,13 +17,13 @@ use stormguard_core::deadline::{
 };
 use stormguard_core::retry::{CallRetry, Decision, Failure, Refusal};
 use tokio::time::Sleep;
-use tonic::Status;
 use tonic::body::Body;
+use tonic::{GrpcMethod, Status};
 use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::layer::Shared;
-use crate::body::Replay;
+use crate::body::{Buffered, Replay, buffer};
 use crate::context::CallContext;
 use crate::stats::RetryStats;
 use crate::status::{
@@ -38,7 +40,7 @@ pin_project! {
         svc: S,
         call: Option<CallRetry>,
         template: Template,
-        replay: Option<Replay>,
+        resend: Resend,
         stats: RetryStats,
         // The failure the next attempt retries, returned if the retry cannot be sent.
         last: Option<Last<B>>,
@@ -73,13 +75,13 @@ pin_project! {
     }
 }
 
-/// What is kept of a request to build the next attempt.
+/// What is kept of a request to build a retry.
 struct Template {
     method: Method,
     uri: Uri,
     version: Version,
-    headers: HeaderMap,
-    extensions: http::Extensions,
+    headers: SavedHeaders,
+    extensions: SavedExtensions,
 }
 
 enum Last<B> {
@@ -138,25 +140,21 @@ where
         let now = Instant::now();
         let stats = shared.stats.clone();
         stats.logical();
-        let (parts, body) = request.into_parts();
-        let template = Template {
-            method: parts.method,
-            uri: parts.uri,
-            version: parts.version,
-            headers: parts.headers,
-            extensions: parts.extensions,
-        };
-        let deadline = logical_deadline(&template.headers, shared.default_timeout, now);
-        // Begun before the template moves into the future, so the path is borrowed, not copied.
-        let begun = shared
-            .controller
-            .begin_at(template.uri.path(), deadline, now);
+        let (mut parts, body) = request.into_parts();
+        let deadline = logical_deadline(&parts.headers, shared.default_timeout, now);
+        let begun = shared.controller.begin_at(parts.uri.path(), deadline, now);
 
         let mut fut = ResponseFuture {
             svc,
             call: None,
-            template,
-            replay: None,
+            template: Template {
+                method: parts.method.clone(),
+                uri: parts.uri.clone(),
+                version: parts.version,
+                headers: SavedHeaders::Few(Default::default()),
+                extensions: SavedExtensions::Empty,
+            },
+            resend: Resend::Never,
             stats,
             last: None,
             reason: "initial",
@@ -197,30 +195,35 @@ where
         fut.attempt_timeout = call.per_attempt_timeout().or(shared.per_attempt_timeout);
         let timers = AttemptTimers::at(deadline, fut.attempt_timeout, now);
         if let Some(at) = timers.fire_at {
-            set_timeout(&mut fut.template.headers, at.saturating_duration_since(now));
+            set_timeout(&mut parts.headers, at.saturating_duration_since(now));
             fut.timer = Some(tokio::time::sleep_until(at));
         }
         fut.attempt_deadline = timers.attempt_deadline;
 
         let body = if call.is_retryable_method() {
-            match Replay::new(body, shared.replay_limit) {
-                Ok((replay, first)) => {
-                    fut.replay = Some(replay);
+            match buffer(body, shared.replay_limit) {
+                Buffered::Whole(data) => {
+                    fut.resend = Resend::Whole(data.clone());
+                    full(data)
+                }
+                Buffered::Stream(replay, first) => {
+                    fut.resend = Resend::Stream(replay);
                     Body::new(first)
                 }
                 // The body announced a length over the bound: sent once, never copied.
-                Err(body) => body,
+                Buffered::Once(body) => body,
             }
         } else {
             body
         };
-        // Only a replayable body can be resent (see `Failure::replayable`): any other request
-        // goes out once, so its parts are moved instead of copied.
-        let request = if fut.replay.is_some() {
-            fut.template.request(body)
-        } else {
-            fut.template.take_request(body)
-        };
+        // Only a replayable body can be resent (see `Failure::replayable`): the parts of any
+        // other request go out once and are not copied. The first attempt always takes the
+        // caller's parts themselves.
+        if !matches!(fut.resend, Resend::Never) {
+            fut.template.headers = SavedHeaders::of(&parts.headers);
+            fut.template.extensions = SavedExtensions::of(&parts.extensions);
+        }
+        let request = http::Request::from_parts(parts, body);
         fut.call = Some(call);
         fut.span = attempt_span(&fut.template.uri, 0, "initial");
         fut.stats.attempt(false);
@@ -233,24 +236,117 @@ where
     }
 }
 
+/// A body that sends `data`.
+fn full(data: Bytes) -> Body {
+    Body::new(http_body_util::Full::new(data))
+}
+
+/// How a retry resends the request body.
+enum Resend {
+    /// It cannot: the method is not retried, or the body was too large to keep.
+    Never,
+    /// The whole body, read before the first attempt.
+    Whole(Bytes),
+    /// The body as buffered while the first attempt sent it.
+    Stream(Replay),
+}
+
+impl Resend {
+    fn is_replayable(&self) -> bool {
+        match self {
+            Resend::Never => false,
+            Resend::Whole(_) => true,
+            Resend::Stream(replay) => replay.is_replayable(),
+        }
+    }
+
+    fn body(&self) -> Body {
+        match self {
+            Resend::Never => Body::empty(),
+            Resend::Whole(data) => full(data.clone()),
+            Resend::Stream(replay) => Body::new(replay.body()),
+        }
+    }
+}
+
+/// Headers kept for a retry: a handful inline (a gRPC request usually carries `te`,
+/// `content-type` and little else), more in a copied map.
+enum SavedHeaders {
+    Few([Option<(HeaderName, HeaderValue)>; FEW_HEADERS]),
+    Many(HeaderMap),
+}
+
+const FEW_HEADERS: usize = 4;
+
+impl SavedHeaders {
+    fn of(headers: &HeaderMap) -> Self {
+        if headers.len() > FEW_HEADERS {
+            return SavedHeaders::Many(headers.clone());
+        }
+        let mut few: [Option<(HeaderName, HeaderValue)>; FEW_HEADERS] = Default::default();
+        for (slot, (name, value)) in few.iter_mut().zip(headers) {
+            *slot = Some((name.clone(), value.clone()));
+        }
+        SavedHeaders::Few(few)
+    }
+
+    fn to_map(&self) -> HeaderMap {
+        match self {
+            SavedHeaders::Few(few) => {
+                let mut map = HeaderMap::with_capacity(FEW_HEADERS + 2);
+                for (name, value) in few.iter().flatten() {
+                    map.append(name.clone(), value.clone());
+                }
+                map
+            }
+            SavedHeaders::Many(map) => map.clone(),
+        }
+    }
+}
+
+/// Extensions kept for a retry. tonic's generated clients add one, the method's name
+/// ([`GrpcMethod`]), which is kept as it is; any other set is cloned whole.
+enum SavedExtensions {
+    Empty,
+    Method(GrpcMethod<'static>),
+    All(http::Extensions),
+}
+
+impl SavedExtensions {
+    fn of(extensions: &http::Extensions) -> Self {
+        if extensions.is_empty() {
+            return SavedExtensions::Empty;
+        }
+        if extensions.len() == 1
+            && let Some(method) = extensions.get::<GrpcMethod<'static>>()
+        {
+            return SavedExtensions::Method(method.clone());
+        }
+        SavedExtensions::All(extensions.clone())
+    }
+
+    fn to_extensions(&self) -> http::Extensions {
+        match self {
+            SavedExtensions::Empty => http::Extensions::new(),
+            SavedExtensions::Method(method) => {
+                let mut extensions = http::Extensions::new();
+                extensions.insert(method.clone());
+                extensions
+            }
+            SavedExtensions::All(extensions) => extensions.clone(),
+        }
+    }
+}
+
 impl Template {
+    /// A retry's request, with `body`.
     fn request(&self, body: Body) -> http::Request<Body> {
         let mut request = http::Request::new(body);
         *request.method_mut() = self.method.clone();
         *request.uri_mut() = self.uri.clone();
         *request.version_mut() = self.version;
-        *request.headers_mut() = self.headers.clone();
-        *request.extensions_mut() = self.extensions.clone();
-        request
-    }
-
-    fn take_request(&mut self, body: Body) -> http::Request<Body> {
-        let mut request = http::Request::new(body);
-        *request.method_mut() = self.method.clone();
-        *request.uri_mut() = self.uri.clone();
-        *request.version_mut() = self.version;
-        *request.headers_mut() = std::mem::take(&mut self.headers);
-        *request.extensions_mut() = std::mem::take(&mut self.extensions);
+        *request.headers_mut() = self.headers.to_map();
+        *request.extensions_mut() = self.extensions.to_extensions();
         request
     }
 }
@@ -356,7 +452,7 @@ where
                         let failure = Failure {
                             code: Code::DeadlineExceeded,
                             pushback: None,
-                            replayable: this.replay.as_ref().is_some_and(Replay::is_replayable),
+                            replayable: this.resend.is_replayable(),
                             unsent: false,
                         };
                         let last = Last::Error(Status::deadline_exceeded(
@@ -368,7 +464,7 @@ where
                             let _enter = this.span.enter();
                             ready!(fut.poll(cx))
                         };
-                        let replayable = this.replay.as_ref().is_some_and(Replay::is_replayable);
+                        let replayable = this.resend.is_replayable();
                         let now = Instant::now();
                         match classify(result, replayable) {
                             Outcome::Ok(response) => {
@@ -384,7 +480,9 @@ where
                                 // Passed through, never retried; the outcome is recorded when
                                 // the body ends (see `body`). No retry can follow: stop
                                 // buffering the request body, and settle a half-open probe.
-                                if let Some(replay) = this.replay.take() {
+                                if let Resend::Stream(replay) =
+                                    std::mem::replace(this.resend, Resend::Never)
+                                {
                                     replay.commit();
                                 }
                                 if let Some(call) = this.call.as_mut() {
@@ -505,7 +603,8 @@ where
                             return Poll::Ready(give_up(this.stats, refusal, last));
                         }
                     };
-                    let headers = &mut this.template.headers;
+                    let mut request = this.template.request(this.resend.body());
+                    let headers = request.headers_mut();
                     headers.insert(PREVIOUS_ATTEMPTS_HEADER, HeaderValue::from(attempt));
                     let timers = AttemptTimers::at(*this.logical, *this.attempt_timeout, now);
                     if let Some(at) = timers.fire_at {
@@ -513,11 +612,6 @@ where
                         arm(this.timer.as_mut(), Some(at));
                     }
                     *this.attempt_deadline = timers.attempt_deadline;
-                    let body = match this.replay.as_ref() {
-                        Some(replay) => Body::new(replay.body()),
-                        None => Body::empty(),
-                    };
-                    let request = this.template.request(body);
                     *this.last = None;
                     *this.span = attempt_span(&this.template.uri, attempt, this.reason);
                     this.stats.attempt(true);

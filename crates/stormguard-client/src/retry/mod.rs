@@ -671,6 +671,97 @@ mod tests {
         assert_eq!(budget.balance(), before);
     }
 
+    /// Fails the first attempt with `UNAVAILABLE`, answers OK after; records what each
+    /// attempt carried.
+    #[derive(Clone, Default)]
+    struct Recorder {
+        seen: Arc<Mutex<Vec<Carried>>>,
+    }
+
+    /// GrpcMethod present, the `Mark` extension, the `x-key` header, the body.
+    type Carried = (bool, Option<u32>, Option<String>, Vec<u8>);
+
+    #[derive(Clone)]
+    struct Mark(u32);
+
+    impl Service<http::Request<Body>> for Recorder {
+        type Response = http::Response<Body>;
+        type Error = BoxError;
+        type Future = std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<http::Response<Body>, BoxError>> + Send>,
+        >;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+            let seen = self.seen.clone();
+            Box::pin(async move {
+                let (parts, body) = req.into_parts();
+                let data = http_body_util::BodyExt::collect(body)
+                    .await
+                    .unwrap()
+                    .to_bytes()
+                    .to_vec();
+                let first = {
+                    let mut seen = seen.lock().unwrap();
+                    seen.push((
+                        parts
+                            .extensions
+                            .get::<tonic::GrpcMethod<'static>>()
+                            .is_some(),
+                        parts.extensions.get::<Mark>().map(|m| m.0),
+                        parts
+                            .headers
+                            .get("x-key")
+                            .map(|v| v.to_str().unwrap().to_owned()),
+                        data,
+                    ));
+                    seen.len() == 1
+                };
+                let mut response = http::Response::new(Body::empty());
+                let status = if first { "14" } else { "0" };
+                response
+                    .headers_mut()
+                    .insert("grpc-status", http::HeaderValue::from_static(status));
+                Ok(response)
+            })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_carries_the_requests_headers_extensions_and_body() {
+        for mark in [None, Some(7)] {
+            let recorder = Recorder::default();
+            let mut svc = layer().layer(recorder.clone());
+            let mut req = http::Request::builder()
+                .uri("http://svc/pkg.Svc/Get")
+                .header("x-key", "v")
+                .header("te", "trailers")
+                .header("content-type", "application/grpc")
+                .body(Body::new(http_body_util::Full::new(
+                    bytes::Bytes::from_static(b"payload"),
+                )))
+                .unwrap();
+            req.extensions_mut()
+                .insert(tonic::GrpcMethod::new("pkg.Svc", "Get"));
+            if let Some(m) = mark {
+                req.extensions_mut().insert(Mark(m));
+            }
+            let response = svc.ready().await.unwrap().call(req).await.unwrap();
+            assert_eq!(response.headers().get("grpc-status").unwrap(), "0");
+            let seen = recorder.seen.lock().unwrap().clone();
+            assert_eq!(seen.len(), 2);
+            for attempt in seen {
+                assert_eq!(
+                    attempt,
+                    (true, mark, Some("v".to_owned()), b"payload".to_vec())
+                );
+            }
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_service_left_behind_by_call_must_be_readied_again() {
         let script = Arc::new(Mutex::new(VecDeque::from([None, None])));
