@@ -104,11 +104,11 @@ async fn serve_bare() -> SocketAddr {
 async fn serve_shed() -> SocketAddr {
     let (listener, addr) = listener().await;
     let shed = ShedLayer::from_config(AdmissionConfig::default()).expect("admission config");
+    // Served exactly as the bare server, the layer aside (no router in either).
     tokio::spawn(
         Server::builder()
             .layer(shed)
-            .add_service(InventoryServer::new(Echo))
-            .serve_with_incoming(TcpIncoming::from(listener)),
+            .serve_with_incoming(InventoryServer::new(Echo), TcpIncoming::from(listener)),
     );
     addr
 }

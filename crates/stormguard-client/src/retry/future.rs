@@ -238,7 +238,32 @@ where
 
 /// A body that sends `data`.
 fn full(data: Bytes) -> Body {
-    Body::new(http_body_util::Full::new(data))
+    if data.is_empty() {
+        return Body::empty();
+    }
+    Body::new(OneChunk(Some(data)))
+}
+
+/// A body that sends one chunk of data. Unlike `http_body_util::Full` it announces no
+/// exact length, as tonic's own request body does not: hyper then adds no
+/// `content-length`, and the attempt is framed exactly as it would be without the layer.
+struct OneChunk(Option<Bytes>);
+
+impl http_body::Body for OneChunk {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(
+            self.get_mut()
+                .0
+                .take()
+                .map(|d| Ok(http_body::Frame::data(d))),
+        )
+    }
 }
 
 /// How a retry resends the request body.
