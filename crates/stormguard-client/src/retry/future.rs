@@ -102,23 +102,25 @@ where
 }
 
 /// The logical deadline of a call: the earliest of the caller's `grpc-timeout` and the
-/// context's deadline; the layer's default only when neither is set.
+/// context's deadline; the layer's default only when neither is set. The flag says
+/// whether the caller's own `grpc-timeout` is that deadline (then the first attempt can
+/// send it as it is).
 fn logical_deadline(
     headers: &HeaderMap,
     default: Option<Duration>,
     now: Instant,
-) -> Option<Instant> {
+) -> (Option<Instant>, bool) {
     let own = headers
         .get(GRPC_TIMEOUT_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| decode_grpc_timeout(v).ok())
+        .and_then(|v| decode_grpc_timeout(v.to_str().ok()?).ok())
         .map(|t| Deadline::after_at(now, t).instant());
     let ctx = CallContext::current().and_then(|c| c.deadline());
     match (own, ctx) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (Some(a), None) | (None, Some(a)) => Some(a),
+        (Some(a), Some(b)) => (Some(a.min(b)), a <= b),
+        (Some(a), None) => (Some(a), true),
+        (None, Some(b)) => (Some(b), false),
         // Saturates: a default of `Duration::MAX` means "no practical limit", not a panic.
-        (None, None) => default.map(|t| Deadline::after_at(now, t).instant()),
+        (None, None) => (default.map(|t| Deadline::after_at(now, t).instant()), false),
     }
 }
 
@@ -141,7 +143,7 @@ where
         let stats = shared.stats.clone();
         stats.logical();
         let (mut parts, body) = request.into_parts();
-        let deadline = logical_deadline(&parts.headers, shared.default_timeout, now);
+        let (deadline, own_header) = logical_deadline(&parts.headers, shared.default_timeout, now);
         let begun = shared.controller.begin_at(parts.uri.path(), deadline, now);
 
         let mut fut = ResponseFuture {
@@ -195,7 +197,11 @@ where
         fut.attempt_timeout = call.per_attempt_timeout().or(shared.per_attempt_timeout);
         let timers = AttemptTimers::at(deadline, fut.attempt_timeout, now);
         if let Some(at) = timers.fire_at {
-            set_timeout(&mut parts.headers, at.saturating_duration_since(now));
+            // The caller's own `grpc-timeout`, when it is what the attempt has, goes out as
+            // the caller wrote it (it was encoded a moment ago): no second encoding.
+            if !(own_header && timers.attempt_deadline.is_none()) {
+                set_timeout(&mut parts.headers, at.saturating_duration_since(now));
+            }
             fut.timer = Some(tokio::time::sleep_until(at));
         }
         fut.attempt_deadline = timers.attempt_deadline;

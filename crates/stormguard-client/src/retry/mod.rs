@@ -353,6 +353,7 @@ mod tests {
     struct Hang {
         hang: Arc<Mutex<VecDeque<bool>>>,
         timeouts: Arc<Mutex<Vec<std::time::Duration>>>,
+        raw: Arc<Mutex<Vec<String>>>,
     }
 
     impl Hang {
@@ -360,6 +361,7 @@ mod tests {
             Hang {
                 hang: Arc::new(Mutex::new(hang.into_iter().collect())),
                 timeouts: Arc::default(),
+                raw: Arc::default(),
             }
         }
     }
@@ -383,6 +385,12 @@ mod tests {
                 .and_then(|v| stormguard_core::deadline::decode_grpc_timeout(v).ok());
             if let Some(t) = timeout {
                 self.timeouts.lock().unwrap().push(t);
+            }
+            if let Some(v) = req.headers().get("grpc-timeout") {
+                self.raw
+                    .lock()
+                    .unwrap()
+                    .push(v.to_str().unwrap().to_owned());
             }
             let hang = self.hang.lock().unwrap().pop_front().unwrap_or(false);
             Box::pin(async move {
@@ -457,6 +465,31 @@ mod tests {
             "{}",
             throttle.balance_at(now)
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_callers_own_grpc_timeout_goes_out_as_written_and_retries_carry_what_is_left() {
+        let hang = Hang::new([false]);
+        let mut svc = layer().layer(hang.clone());
+        let mut req = request();
+        req.headers_mut()
+            .insert("grpc-timeout", http::HeaderValue::from_static("250m"));
+        svc.ready().await.unwrap().call(req).await.unwrap();
+        assert_eq!(*hang.raw.lock().unwrap(), ["250m"]);
+        // Shortened by a per-attempt timeout: encoded anew.
+        let hang = Hang::new([true, false]);
+        let layer = timeout_layer(
+            Arc::new(RetryBudget::new(BudgetConfig::default()).unwrap()),
+            None,
+        );
+        let mut svc = layer.layer(hang.clone());
+        let mut req = request();
+        req.headers_mut()
+            .insert("grpc-timeout", http::HeaderValue::from_static("250m"));
+        svc.ready().await.unwrap().call(req).await.unwrap();
+        let raw = hang.raw.lock().unwrap().clone();
+        assert_eq!(raw[0], "50000000n");
+        assert_eq!(raw.len(), 2);
     }
 
     #[tokio::test(start_paused = true)]
