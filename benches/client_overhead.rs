@@ -21,7 +21,8 @@
 //! `--secs S` per variant and round, `--callers C`).
 //!
 //! Instructions per call, repeatable on a noisy machine: run one variant for a fixed number
-//! of calls under callgrind, twice with different counts, and divide the difference by the
+//! of calls under callgrind (on a single-threaded runtime, so that the count does not
+//! depend on scheduling), twice with different counts, and divide the difference by the
 //! difference in calls (start-up cancels out):
 //!
 //! ```text
@@ -305,10 +306,16 @@ fn options() -> Options {
 
 fn main() {
     let o = options();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    // A fixed number of calls is for instruction counts: one thread, so that the count
+    // does not depend on how the scheduler happened to spread the work.
+    let runtime = if o.calls.is_some() {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    }
+    .enable_all()
+    .build()
+    .expect("runtime");
     runtime.block_on(async {
         let (bare, shed) = (serve_bare().await, serve_shed().await);
         if let (Some(variant), Some(calls)) = (&o.variant, o.calls) {
