@@ -111,7 +111,7 @@ fn logical_deadline(
     now: Instant,
 ) -> (Option<Instant>, bool) {
     let own = headers
-        .get(GRPC_TIMEOUT_HEADER)
+        .get(&GRPC_TIMEOUT)
         .and_then(|v| decode_grpc_timeout(v.to_str().ok()?).ok())
         .map(|t| Deadline::after_at(now, t).instant());
     let ctx = CallContext::current().and_then(|c| c.deadline());
@@ -428,9 +428,12 @@ fn arm(mut timer: Pin<&mut Option<Sleep>>, at: Option<Instant>) {
     }
 }
 
+/// The `grpc-timeout` header, as a name built once (a `&str` key is parsed on every use).
+const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(GRPC_TIMEOUT_HEADER);
+
 fn set_timeout(headers: &mut HeaderMap, left: Duration) {
     if let Ok(value) = HeaderValue::from_str(encode_grpc_timeout(left).as_str()) {
-        headers.insert(GRPC_TIMEOUT_HEADER, value);
+        headers.insert(GRPC_TIMEOUT, value);
     }
 }
 
