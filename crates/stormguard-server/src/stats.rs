@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::shed::drain::{DrainCounts, Drains};
 use crate::shed::queue::Queue;
 
 /// A cloneable handle on one [`ShedLayer`](crate::ShedLayer)'s counters.
@@ -28,11 +29,18 @@ use crate::shed::queue::Queue;
 #[derive(Clone)]
 pub struct ShedStats {
     queue: Arc<Queue>,
+    drains: Arc<Drains>,
 }
 
 impl ShedStats {
-    pub(crate) fn new(queue: Arc<Queue>) -> Self {
-        ShedStats { queue }
+    pub(crate) fn new(queue: Arc<Queue>, drains: Arc<Drains>) -> Self {
+        ShedStats { queue, drains }
+    }
+
+    /// What happened to the request bodies of calls answered before they were read
+    /// (see [`drain`](crate::shed::drain)).
+    pub fn drains(&self) -> DrainCounts {
+        self.drains.counts()
     }
 
     /// The counters now.
@@ -62,6 +70,7 @@ impl fmt::Debug for ShedStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShedStats")
             .field("snapshot", &self.snapshot())
+            .field("drains", &self.drains())
             .finish()
     }
 }

@@ -10,6 +10,7 @@ use stormguard_core::context::{self, CallContext, Scoped};
 use tokio::time::Sleep;
 use tower_service::Service;
 
+use super::drain::Unread;
 use super::queue::{Ticket, Turn, WorkerPermit};
 use super::response;
 
@@ -43,7 +44,7 @@ pin_project! {
             #[pin]
             timer: Sleep,
             service: Option<S>,
-            request: Option<Req>,
+            request: Unread<Req>,
             context: CallContext,
         },
         Running {
@@ -70,14 +71,19 @@ where
         }
     }
 
-    pub(crate) fn queued(context: CallContext, ticket: Ticket, service: S, request: Req) -> Self {
+    pub(crate) fn queued(
+        context: CallContext,
+        ticket: Ticket,
+        service: S,
+        request: Unread<Req>,
+    ) -> Self {
         let timer = tokio::time::sleep_until(ticket.expiry());
         ResponseFuture {
             state: State::Queued {
                 ticket,
                 timer,
                 service: Some(service),
-                request: Some(request),
+                request,
                 context,
             },
         }
@@ -114,6 +120,7 @@ where
                     match ticket.poll_turn(cx.waker(), fired) {
                         Turn::Wait => return Poll::Pending,
                         Turn::Expired => {
+                            // Dropping the queued state discards the unread request body.
                             state.set(State::Answered { response: None });
                             return Poll::Ready(Ok(response::expired()));
                         }

@@ -6,6 +6,7 @@ use stormguard_core::config::ConfigError;
 use tower_layer::Layer;
 
 use super::ShedService;
+use super::drain::Drains;
 use super::queue::Queue;
 use crate::stats::ShedStats;
 
@@ -35,6 +36,7 @@ use crate::stats::ShedStats;
 #[derive(Clone)]
 pub struct ShedLayer {
     queue: Arc<Queue>,
+    drains: Arc<Drains>,
 }
 
 impl ShedLayer {
@@ -47,12 +49,13 @@ impl ShedLayer {
     pub fn new(policy: AdmissionPolicy) -> Self {
         ShedLayer {
             queue: Arc::new(Queue::new(policy)),
+            drains: Arc::default(),
         }
     }
 
     /// The queue's counters.
     pub fn stats(&self) -> ShedStats {
-        ShedStats::new(Arc::clone(&self.queue))
+        ShedStats::new(Arc::clone(&self.queue), Arc::clone(&self.drains))
     }
 }
 
@@ -63,6 +66,7 @@ impl<S> Layer<S> for ShedLayer {
         ShedService {
             inner,
             queue: Arc::clone(&self.queue),
+            drains: Arc::clone(&self.drains),
         }
     }
 }

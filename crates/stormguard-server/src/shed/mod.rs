@@ -34,11 +34,13 @@
 //! ([`AdmissionConfig::min_time_left`](stormguard_core::admission::AdmissionConfig)),
 //! so the caller sees `DEADLINE_EXCEEDED` rather than tonic's `CANCELLED`.
 
+pub mod drain;
 mod future;
 mod layer;
 pub(crate) mod queue;
 pub(crate) mod response;
 
+pub use drain::DrainCounts;
 pub use future::ResponseFuture;
 pub use layer::ShedLayer;
 pub use response::{MESSAGE_EXPIRED, MESSAGE_QUEUE_FULL, MESSAGE_RETRY_SHED};
@@ -53,6 +55,7 @@ use stormguard_core::admission::{AttemptClass, X_RETRY_ATTEMPT_HEADER};
 use tower_service::Service;
 
 use crate::stats::ShedStats;
+use drain::{Drains, Unread};
 use queue::{Arrival, Queue};
 use stormguard_core::context::CallContext;
 use stormguard_core::deadline::{GRPC_TIMEOUT_HEADER, decode_grpc_timeout};
@@ -67,12 +70,13 @@ const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(GRPC_TIMEOUT_HEADER);
 pub struct ShedService<S> {
     inner: S,
     queue: Arc<Queue>,
+    drains: Arc<Drains>,
 }
 
 impl<S> ShedService<S> {
     /// The queue's counters.
     pub fn stats(&self) -> ShedStats {
-        ShedStats::new(Arc::clone(&self.queue))
+        ShedStats::new(Arc::clone(&self.queue), Arc::clone(&self.drains))
     }
 
     /// The wrapped service.
@@ -86,6 +90,7 @@ impl<S: Clone> Clone for ShedService<S> {
         ShedService {
             inner: self.inner.clone(),
             queue: Arc::clone(&self.queue),
+            drains: Arc::clone(&self.drains),
         }
     }
 }
@@ -105,6 +110,7 @@ impl<S: tonic::server::NamedService> tonic::server::NamedService for ShedService
 impl<S, ReqBody, B> Service<http::Request<ReqBody>> for ShedService<S>
 where
     S: Service<http::Request<ReqBody>, Response = http::Response<B>> + Clone,
+    ReqBody: http_body::Body + Send + Unpin + 'static,
     B: Default,
 {
     type Response = http::Response<B>;
@@ -141,14 +147,21 @@ where
                 // its place for the next poll_ready.
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
+                let request = Unread::new(request, &self.drains);
                 ResponseFuture::queued(context, ticket, ready, request)
             }
-            Arrival::Shed(shed) => ResponseFuture::answered(response::shed(
-                self.queue.shed_code(),
-                shed.reason,
-                shed.pushback,
-            )),
-            Arrival::Expired => ResponseFuture::answered(response::expired()),
+            Arrival::Shed(shed) => {
+                drain::discard_request(request, &self.drains);
+                ResponseFuture::answered(response::shed(
+                    self.queue.shed_code(),
+                    shed.reason,
+                    shed.pushback,
+                ))
+            }
+            Arrival::Expired => {
+                drain::discard_request(request, &self.drains);
+                ResponseFuture::answered(response::expired())
+            }
         }
     }
 }
