@@ -78,7 +78,7 @@
 pub mod shed;
 pub mod stats;
 
-pub use shed::DrainCounts;
+pub use shed::{DrainCounts, ShedBody};
 pub use shed::{ResponseFuture, ShedLayer, ShedService};
 pub use stats::{Occupancy, ShedStats, StatsSnapshot};
 pub use stormguard_core::admission::{

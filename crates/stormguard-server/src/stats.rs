@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::shed::drain::{DrainCounts, Drains};
+use crate::shed::exempt::Bypassed;
 use crate::shed::queue::Queue;
 
 /// A cloneable handle on one [`ShedLayer`](crate::ShedLayer)'s counters.
@@ -30,11 +31,22 @@ use crate::shed::queue::Queue;
 pub struct ShedStats {
     queue: Arc<Queue>,
     drains: Arc<Drains>,
+    bypassed: Arc<Bypassed>,
 }
 
 impl ShedStats {
-    pub(crate) fn new(queue: Arc<Queue>, drains: Arc<Drains>) -> Self {
-        ShedStats { queue, drains }
+    pub(crate) fn new(queue: Arc<Queue>, drains: Arc<Drains>, bypassed: Arc<Bypassed>) -> Self {
+        ShedStats {
+            queue,
+            drains,
+            bypassed,
+        }
+    }
+
+    /// Calls that bypassed the queue because they are never shed (health checks and
+    /// the paths named with [`ShedLayer::never_shed`](crate::ShedLayer::never_shed)).
+    pub fn never_shed(&self) -> u64 {
+        self.bypassed.get()
     }
 
     /// What happened to the request bodies of calls answered before they were read

@@ -34,13 +34,17 @@
 //! ([`AdmissionConfig::min_time_left`](stormguard_core::admission::AdmissionConfig)),
 //! so the caller sees `DEADLINE_EXCEEDED` rather than tonic's `CANCELLED`.
 
+mod body;
 pub mod drain;
+pub mod exempt;
 mod future;
 mod layer;
 pub(crate) mod queue;
 pub(crate) mod response;
 
+pub use body::ShedBody;
 pub use drain::DrainCounts;
+pub use exempt::HEALTH_SERVICE;
 pub use future::ResponseFuture;
 pub use layer::ShedLayer;
 pub use response::{MESSAGE_EXPIRED, MESSAGE_QUEUE_FULL, MESSAGE_RETRY_SHED};
@@ -56,6 +60,7 @@ use tower_service::Service;
 
 use crate::stats::ShedStats;
 use drain::{Drains, Unread};
+use exempt::{Bypassed, NeverShed};
 use queue::{Arrival, Queue};
 use stormguard_core::context::CallContext;
 use stormguard_core::deadline::{GRPC_TIMEOUT_HEADER, decode_grpc_timeout};
@@ -70,13 +75,19 @@ const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(GRPC_TIMEOUT_HEADER);
 pub struct ShedService<S> {
     inner: S,
     queue: Arc<Queue>,
+    never_shed: Arc<NeverShed>,
+    bypassed: Arc<Bypassed>,
     drains: Arc<Drains>,
 }
 
 impl<S> ShedService<S> {
     /// The queue's counters.
     pub fn stats(&self) -> ShedStats {
-        ShedStats::new(Arc::clone(&self.queue), Arc::clone(&self.drains))
+        ShedStats::new(
+            Arc::clone(&self.queue),
+            Arc::clone(&self.drains),
+            Arc::clone(&self.bypassed),
+        )
     }
 
     /// The wrapped service.
@@ -90,6 +101,8 @@ impl<S: Clone> Clone for ShedService<S> {
         ShedService {
             inner: self.inner.clone(),
             queue: Arc::clone(&self.queue),
+            never_shed: Arc::clone(&self.never_shed),
+            bypassed: Arc::clone(&self.bypassed),
             drains: Arc::clone(&self.drains),
         }
     }
@@ -111,9 +124,9 @@ impl<S, ReqBody, B> Service<http::Request<ReqBody>> for ShedService<S>
 where
     S: Service<http::Request<ReqBody>, Response = http::Response<B>> + Clone,
     ReqBody: http_body::Body + Send + Unpin + 'static,
-    B: Default,
+    B: http_body::Body,
 {
-    type Response = http::Response<B>;
+    type Response = http::Response<ShedBody<B>>;
     type Error = S::Error;
     type Future = ResponseFuture<S, http::Request<ReqBody>>;
 
@@ -138,6 +151,10 @@ where
             Some(d) => CallContext::new().with_deadline(d),
             None => CallContext::new(),
         };
+        if self.never_shed.matches(request.uri().path()) {
+            self.bypassed.record();
+            return ResponseFuture::bypass(context, self.inner.call(request));
+        }
         match self.queue.arrive(now, class, deadline) {
             Arrival::Admitted(permit) => {
                 ResponseFuture::running(context, self.inner.call(request), permit)
