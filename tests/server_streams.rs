@@ -1,0 +1,191 @@
+//! A streaming call holds its worker until its response stream ends or is dropped, not
+//! only while its handler builds the stream, so streams stay within the worker bound.
+//! Both directions over real tonic streams: a server stream (`WatchStock`) and a client
+//! stream (`InventoryBatch.ReserveBatch`), against one worker and no queue.
+
+mod server_support;
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use server_support::{TestServer, channel, eventually, reserve, start_with};
+use stormguard_demo::server::{DemoConfig, DemoInventory};
+use stormguard_demo::{
+    InventoryBatchClient, InventoryBatchServer, InventoryClient, ReserveRequest, WatchStockRequest,
+};
+use stormguard_server::shed::MESSAGE_QUEUE_FULL;
+use stormguard_server::{AdmissionConfig, RetryThreshold};
+use tokio::sync::mpsc;
+use tonic::Code;
+use tonic::codegen::tokio_stream::Stream;
+use tonic::transport::Server;
+
+async fn serve() -> TestServer {
+    let admission = AdmissionConfig {
+        workers: 1,
+        queue_capacity: 0,
+        retry_threshold: RetryThreshold {
+            depth: None,
+            queue_delay: None,
+        },
+        ..AdmissionConfig::default()
+    };
+    start_with(
+        admission,
+        DemoConfig::default(),
+        false,
+        |layer, inventory, incoming| {
+            // The batch method keeps no state of its own: a second demo instance serves it.
+            let batch = InventoryBatchServer::new(DemoInventory::new(DemoConfig::default()));
+            Server::builder()
+                .layer(layer)
+                .add_service(inventory)
+                .add_service(batch)
+                .serve_with_incoming(incoming)
+        },
+    )
+    .await
+}
+
+/// A `Reserve` that the server sheds, because the only worker is taken.
+async fn assert_reserve_shed(client: &InventoryClient<tonic::transport::Channel>) {
+    let status = client
+        .clone()
+        .reserve(reserve("", None))
+        .await
+        .expect_err("shed: the worker is held");
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(status.message(), MESSAGE_QUEUE_FULL);
+}
+
+/// Waits until the only worker is free again, then shows it with a served `Reserve`.
+async fn assert_worker_freed(
+    server: &TestServer,
+    client: &InventoryClient<tonic::transport::Channel>,
+) {
+    eventually("worker given back", || {
+        server.stats.snapshot().in_flight == 0
+    })
+    .await;
+    client
+        .clone()
+        .reserve(reserve("", None))
+        .await
+        .expect("served on the freed worker");
+}
+
+/// A stream of 10 000 levels of 1 KiB each: far more than HTTP/2's flow-control
+/// windows hold, so the server cannot finish sending before the caller reads it.
+fn long_watch() -> WatchStockRequest {
+    WatchStockRequest {
+        sku: "x".repeat(1024),
+        count: 10_000,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_stream_holds_its_worker_until_dropped() {
+    let server = serve().await;
+    let client = InventoryClient::new(channel(server.addr).await);
+    let mut stream = client
+        .clone()
+        .watch_stock(long_watch())
+        .await
+        .expect("admitted")
+        .into_inner();
+    stream
+        .message()
+        .await
+        .expect("stream")
+        .expect("first level");
+    // The handler has returned; the stream has not ended: the worker is still taken.
+    assert_eq!(server.stats.snapshot().in_flight, 1);
+    assert_reserve_shed(&client).await;
+    // The caller drops the stream: the worker comes back, not counted as a completion.
+    drop(stream);
+    assert_worker_freed(&server, &client).await;
+    let s = server.stats.snapshot();
+    assert_eq!((s.admitted, s.completed, s.shed_first), (2, 1, 1), "{s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_stream_read_to_its_end_gives_its_worker_back_as_completed() {
+    let server = serve().await;
+    let client = InventoryClient::new(channel(server.addr).await);
+    let mut stream = client
+        .clone()
+        .watch_stock(long_watch())
+        .await
+        .expect("admitted")
+        .into_inner();
+    let mut levels = 0;
+    while stream.message().await.expect("stream").is_some() {
+        levels += 1;
+        if levels == 5_000 {
+            assert_reserve_shed(&client).await;
+        }
+    }
+    assert_eq!(levels, 10_000);
+    assert_worker_freed(&server, &client).await;
+    let s = server.stats.snapshot();
+    assert_eq!((s.admitted, s.completed, s.shed_first), (2, 2, 1), "{s:?}");
+}
+
+/// The receiving end of a channel as a request stream: the test decides when each
+/// message goes and when the stream ends.
+struct Trickle(mpsc::Receiver<ReserveRequest>);
+
+impl Stream for Trickle {
+    type Item = ReserveRequest;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+fn item(quantity: u32) -> ReserveRequest {
+    ReserveRequest {
+        sku: "sku-1".into(),
+        quantity,
+        request_id: String::new(),
+        payload: Vec::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickling_client_stream_holds_its_worker_until_its_answer_ends() {
+    let server = serve().await;
+    let channel = channel(server.addr).await;
+    let client = InventoryClient::new(channel.clone());
+    let batch = InventoryBatchClient::new(channel);
+
+    let (send, receive) = mpsc::channel(1);
+    let call = tokio::spawn({
+        let mut batch = batch.clone();
+        async move { batch.reserve_batch(Trickle(receive)).await }
+    });
+    send.send(item(2)).await.expect("first item");
+    eventually("client stream admitted", || {
+        server.stats.snapshot().in_flight == 1
+    })
+    .await;
+    // While the caller takes its time, its call holds the only worker: a unary call
+    // and a second client stream are both shed.
+    assert_reserve_shed(&client).await;
+    let (_send2, receive2) = mpsc::channel(1);
+    let status = batch
+        .clone()
+        .reserve_batch(Trickle(receive2))
+        .await
+        .expect_err("shed");
+    assert_eq!(status.message(), MESSAGE_QUEUE_FULL);
+    send.send(item(3)).await.expect("second item");
+    assert_eq!(server.stats.snapshot().in_flight, 1);
+    // The caller ends its stream: the answer comes and the worker is given back.
+    drop(send);
+    let reply = call.await.expect("task").expect("served").into_inner();
+    assert_eq!((reply.reserved, reply.quantity), (2, 5));
+    assert_worker_freed(&server, &client).await;
+    let s = server.stats.snapshot();
+    assert_eq!((s.admitted, s.completed, s.shed_first), (2, 2, 2), "{s:?}");
+}
