@@ -22,7 +22,7 @@ fn request() -> http::Request<String> {
         .uri("/stormguard.demo.v1.Inventory/Reserve")
         .header("grpc-previous-rpc-attempts", "1")
         .header("grpc-timeout", "250m")
-        .body(())
+        .body(String::new())
         .expect("request")
 }
 

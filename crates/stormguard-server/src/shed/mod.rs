@@ -9,22 +9,30 @@
 //!
 //! # What `call` does
 //!
-//! 1. Reads the attempt class (`grpc-previous-rpc-attempts`, else `x-retry-attempt`)
+//! 1. Lets a call that is never shed ([`exempt`]: health checks by default) through to
+//!    the inner service at once, without a worker.
+//! 2. Reads the attempt class (`grpc-previous-rpc-attempts`, else `x-retry-attempt`)
 //!    and the deadline (`grpc-timeout`, malformed = none) from the request headers.
-//! 2. Answers `DEADLINE_EXCEEDED` at once when the deadline leaves less than
+//! 3. Answers `DEADLINE_EXCEEDED` at once when the deadline leaves less than
 //!    `min_time_left`, even with a worker free.
-//! 3. Asks the [`AdmissionPolicy`](stormguard_core::admission::AdmissionPolicy):
+//! 4. Asks the [`AdmissionPolicy`](stormguard_core::admission::AdmissionPolicy):
 //!    - *admit*: a worker is free; the inner service is called now;
 //!    - *queue*: the readied inner service and the request wait in the returned future
 //!      for a worker; the inner service is called only when one is granted, so a call
 //!      that expires or whose caller leaves never reaches the handler;
 //!    - *shed*: the future answers at once with the shed status and
 //!      `grpc-retry-pushback-ms`.
-//! 4. A queued call whose expiry passes (too little `grpc-timeout` left, or queued for
+//! 5. A queued call whose expiry passes (too little `grpc-timeout` left, or queued for
 //!    `max_time_queued`) is answered `DEADLINE_EXCEEDED` without running.
 //!
-//! The worker is given back when the inner future completes (before the response body
-//! is streamed) or when the future is dropped, whichever comes first.
+//! After every answer the layer gives before the handler has the request (shed,
+//! expired on arrival or while queued, or a queued call dropped by the transport), the
+//! request body is read and discarded within bounds ([`drain`]), so the connection
+//! survives any number of them.
+//!
+//! The worker is given back when the response body ([`ShedBody`]) ends or is dropped,
+//! or when the future is dropped before that: a streaming response holds its worker for
+//! as long as it streams.
 //!
 //! # Where to put it
 //!
