@@ -111,3 +111,77 @@ async fn two_hundred_thousand_shed_answers_keep_one_connection() {
         .expect("held call served over the same connection");
     assert_eq!(accepted.load(Ordering::SeqCst), 1, "the client reconnected");
 }
+
+/// Every kind of early answer reads what the caller sent: shed, expired on arrival,
+/// expired while queued, and a queued call dropped by the transport.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn every_early_answer_reads_the_request_body() {
+    use std::convert::Infallible;
+    use tower::{Layer, ServiceExt};
+
+    let layer = stormguard_server::ShedLayer::from_config(AdmissionConfig {
+        workers: 1,
+        queue_capacity: 1,
+        retry_threshold: RetryThreshold {
+            depth: None,
+            queue_delay: None,
+        },
+        min_time_left: Duration::ZERO,
+        ..AdmissionConfig::default()
+    })
+    .expect("valid config");
+    let stats = layer.stats();
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let service = layer.layer(tower::service_fn(move |_req: http::Request<String>| {
+        let mut gate = gate.clone();
+        async move {
+            let _ = gate.wait_for(|open| *open).await;
+            Ok::<_, Infallible>(http::Response::new(String::new()))
+        }
+    }));
+    let call = |timeout: Option<&'static str>| {
+        let mut request = http::Request::new("a request body".to_owned());
+        if let Some(timeout) = timeout {
+            request
+                .headers_mut()
+                .insert("grpc-timeout", timeout.parse().expect("header"));
+        }
+        service.clone().oneshot(request)
+    };
+    let held = tokio::spawn(call(None));
+    while stats.snapshot().in_flight < 1 {
+        tokio::task::yield_now().await;
+    }
+    let read = || stats.drains().ended;
+    // Expired on arrival.
+    let response = call(Some("0n")).await.expect("infallible");
+    assert_eq!(response.headers()["grpc-status"], "4");
+    assert_eq!(read(), 1);
+    // Expired while queued.
+    let response = call(Some("10m")).await.expect("infallible");
+    assert_eq!(response.headers()["grpc-status"], "4");
+    assert_eq!(read(), 2);
+    // Dropped while queued (the caller reset the stream, or a timeout outside gave up).
+    let queued = tokio::time::timeout(Duration::from_millis(5), call(None)).await;
+    assert!(queued.is_err(), "still queued");
+    assert_eq!(read(), 3);
+    // Shed: one call queued, the next one shed.
+    let queued = tokio::spawn(call(None));
+    while stats.snapshot().queue_depth < 1 {
+        tokio::task::yield_now().await;
+    }
+    let response = call(None).await.expect("infallible");
+    assert_eq!(response.headers()["grpc-status"], "14");
+    assert_eq!(read(), 4);
+    // Calls that ran were read by their handler (here: not at all), not by the layer.
+    open.send_replace(true);
+    held.await.expect("task").expect("infallible");
+    queued.await.expect("task").expect("infallible");
+    assert_eq!(
+        stats.drains(),
+        stormguard_server::DrainCounts {
+            ended: 4,
+            ..Default::default()
+        }
+    );
+}
