@@ -5,28 +5,18 @@
 
 mod server_support;
 
-use server_support::{TestServer, channel, hold_worker, release, reserve, start_with};
+use server_support::{
+    TestServer, channel, hold_worker, one_worker_no_queue, release, reserve, start_with,
+};
 use stormguard_demo::server::DemoConfig;
 use stormguard_demo::{InventoryClient, WatchStockRequest};
+use stormguard_server::ShedLayer;
 use stormguard_server::shed::MESSAGE_QUEUE_FULL;
-use stormguard_server::{AdmissionConfig, RetryThreshold, ShedLayer};
 use tonic::Code;
 use tonic::transport::{Channel, Server};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
-
-fn one_worker_no_queue() -> AdmissionConfig {
-    AdmissionConfig {
-        workers: 1,
-        queue_capacity: 0,
-        retry_threshold: RetryThreshold {
-            depth: None,
-            queue_delay: None,
-        },
-        ..AdmissionConfig::default()
-    }
-}
 
 /// The demo and tonic-health's service behind `configure(layer)`.
 async fn serve(configure: fn(ShedLayer) -> ShedLayer) -> TestServer {

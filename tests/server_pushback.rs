@@ -180,57 +180,46 @@ async fn the_pushback_follows_the_observed_completion_rate() {
         }
     }));
     let call = || service.clone().oneshot(http::Request::new(String::new()));
+    // One running (held at the gate, so the queue stays full while we look), four
+    // queued, then `n` shed: their pushbacks.
+    let shed_while_full = |n: usize| {
+        let gate = &gate;
+        let stats = &stats;
+        async move {
+            gate.send_replace(false);
+            let mut calls = vec![tokio::spawn(call())];
+            while stats.snapshot().in_flight < 1 {
+                tokio::task::yield_now().await;
+            }
+            calls.extend((0..4).map(|_| tokio::spawn(call())));
+            while stats.snapshot().queue_depth < 4 {
+                tokio::task::yield_now().await;
+            }
+            let mut pushbacks = Vec::new();
+            for _ in 0..n {
+                pushbacks.push(header_pushback_ms(&call().await.expect("infallible")));
+            }
+            gate.send_replace(true);
+            for call in calls {
+                call.await.expect("task").expect("infallible");
+            }
+            pushbacks
+        }
+    };
     // Before any completion the estimate is the max (1 s), jittered over [500, 1000].
-    gate.send_replace(false);
-    let held = tokio::spawn(call());
-    while stats.snapshot().in_flight < 1 {
-        tokio::task::yield_now().await;
-    }
-    let mut queued = Vec::new();
-    for _ in 0..4 {
-        queued.push(tokio::spawn(call()));
-    }
-    while stats.snapshot().queue_depth < 4 {
-        tokio::task::yield_now().await;
-    }
-    for _ in 0..10 {
-        let ms = header_pushback_ms(&call().await.expect("infallible"));
+    for ms in shed_while_full(10).await {
         assert!((500..=1000).contains(&ms), "no rate yet: pushback {ms} ms");
-    }
-    gate.send_replace(true);
-    held.await.expect("task").expect("infallible");
-    for call in queued {
-        call.await.expect("task").expect("infallible");
     }
     // Warm up: 20 calls one after another, completions exactly 20 ms apart.
     for _ in 0..20 {
         call().await.expect("infallible");
     }
-    // One running (held at the gate, so the queue stays full while we look), four
-    // queued, then the rest shed at the instant of the last completion: the drain
-    // estimate is (4 + 1) × 20 ms = 100 ms, jittered over [50, 100].
-    gate.send_replace(false);
-    let held = tokio::spawn(call());
-    while stats.snapshot().in_flight < 1 {
-        tokio::task::yield_now().await;
-    }
-    let mut queued = Vec::new();
-    for _ in 0..4 {
-        queued.push(tokio::spawn(call()));
-    }
-    while stats.snapshot().queue_depth < 4 {
-        tokio::task::yield_now().await;
-    }
+    // Shed at the instant of the last completion: the drain estimate is
+    // (4 + 1) × 20 ms = 100 ms, jittered over [50, 100].
     let mut seen = BTreeSet::new();
-    for _ in 0..20 {
-        let ms = header_pushback_ms(&call().await.expect("infallible"));
+    for ms in shed_while_full(20).await {
         assert!((50..=100).contains(&ms), "pushback {ms} ms");
         seen.insert(ms);
     }
     assert!(seen.len() > 1, "pushback not jittered: {seen:?}");
-    gate.send_replace(true);
-    held.await.expect("task").expect("infallible");
-    for call in queued {
-        call.await.expect("task").expect("infallible");
-    }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use server_support::{channel, hold_worker, reserve, start_with};
+use server_support::{channel, hold_worker, one_worker_no_queue, reserve, start_with};
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
 use stormguard_server::shed::MESSAGE_QUEUE_FULL;
@@ -26,15 +26,7 @@ const CALLERS: u64 = 64;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_thousand_shed_answers_keep_one_connection() {
-    let admission = AdmissionConfig {
-        workers: 1,
-        queue_capacity: 0,
-        retry_threshold: RetryThreshold {
-            depth: None,
-            queue_delay: None,
-        },
-        ..AdmissionConfig::default()
-    };
+    let admission = one_worker_no_queue();
     let accepted = Arc::new(AtomicU64::new(0));
     let counter = Arc::clone(&accepted);
     // tonic's default server settings: nothing but the layer and the service.

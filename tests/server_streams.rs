@@ -8,30 +8,20 @@ mod server_support;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use server_support::{TestServer, channel, eventually, reserve, start_with};
+use server_support::{TestServer, channel, eventually, one_worker_no_queue, reserve, start_with};
 use stormguard_demo::server::{DemoConfig, DemoInventory};
 use stormguard_demo::{
     InventoryBatchClient, InventoryBatchServer, InventoryClient, ReserveRequest, WatchStockRequest,
 };
 use stormguard_server::shed::MESSAGE_QUEUE_FULL;
-use stormguard_server::{AdmissionConfig, RetryThreshold};
 use tokio::sync::mpsc;
 use tonic::Code;
 use tonic::codegen::tokio_stream::Stream;
 use tonic::transport::Server;
 
 async fn serve() -> TestServer {
-    let admission = AdmissionConfig {
-        workers: 1,
-        queue_capacity: 0,
-        retry_threshold: RetryThreshold {
-            depth: None,
-            queue_delay: None,
-        },
-        ..AdmissionConfig::default()
-    };
     start_with(
-        admission,
+        one_worker_no_queue(),
         DemoConfig::default(),
         false,
         |layer, inventory, incoming| {
@@ -74,25 +64,28 @@ async fn assert_worker_freed(
         .expect("served on the freed worker");
 }
 
-/// A stream of 10 000 levels of 1 KiB each: far more than HTTP/2's flow-control
+/// Opens a stream of 10 000 levels of 1 KiB each: far more than HTTP/2's flow-control
 /// windows hold, so the server cannot finish sending before the caller reads it.
-fn long_watch() -> WatchStockRequest {
-    WatchStockRequest {
+async fn open_long_watch(
+    client: &InventoryClient<tonic::transport::Channel>,
+) -> tonic::Streaming<stormguard_demo::StockLevel> {
+    let request = WatchStockRequest {
         sku: "x".repeat(1024),
         count: 10_000,
-    }
+    };
+    client
+        .clone()
+        .watch_stock(request)
+        .await
+        .expect("admitted")
+        .into_inner()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_stream_holds_its_worker_until_dropped() {
     let server = serve().await;
     let client = InventoryClient::new(channel(server.addr).await);
-    let mut stream = client
-        .clone()
-        .watch_stock(long_watch())
-        .await
-        .expect("admitted")
-        .into_inner();
+    let mut stream = open_long_watch(&client).await;
     stream
         .message()
         .await
@@ -112,12 +105,7 @@ async fn a_server_stream_holds_its_worker_until_dropped() {
 async fn a_server_stream_read_to_its_end_gives_its_worker_back_as_completed() {
     let server = serve().await;
     let client = InventoryClient::new(channel(server.addr).await);
-    let mut stream = client
-        .clone()
-        .watch_stock(long_watch())
-        .await
-        .expect("admitted")
-        .into_inner();
+    let mut stream = open_long_watch(&client).await;
     let mut levels = 0;
     while stream.message().await.expect("stream").is_some() {
         levels += 1;
