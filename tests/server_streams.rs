@@ -1,7 +1,8 @@
 //! A streaming call holds its worker until its response stream ends or is dropped, not
 //! only while its handler builds the stream, so streams stay within the worker bound.
 //! Both directions over real tonic streams: a server stream (`WatchStock`) and a client
-//! stream (`InventoryBatch.ReserveBatch`), against one worker and no queue.
+//! stream (`InventoryBatch.ReserveBatch`), against one worker and no queue; and the
+//! separate stream limit: a streaming service behind a layer of its own.
 
 mod server_support;
 
@@ -13,11 +14,13 @@ use stormguard_demo::server::{DemoConfig, DemoInventory};
 use stormguard_demo::{
     InventoryBatchClient, InventoryBatchServer, InventoryClient, ReserveRequest, WatchStockRequest,
 };
+use stormguard_server::ShedLayer;
 use stormguard_server::shed::MESSAGE_QUEUE_FULL;
 use tokio::sync::mpsc;
 use tonic::Code;
 use tonic::codegen::tokio_stream::Stream;
 use tonic::transport::Server;
+use tower::Layer;
 
 async fn serve() -> TestServer {
     start_with(
@@ -176,4 +179,61 @@ async fn a_trickling_client_stream_holds_its_worker_until_its_answer_ends() {
     assert_worker_freed(&server, &client).await;
     let s = server.stats.snapshot();
     assert_eq!((s.admitted, s.completed, s.shed_first), (2, 2, 2), "{s:?}");
+}
+
+/// The separate stream limit: the client-streaming service behind a `ShedLayer` of its
+/// own. Its trickling streams hold that layer's worker and leave the unary service's
+/// worker alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_of_its_own_gives_client_streams_a_separate_limit() {
+    let streams = ShedLayer::from_config(one_worker_no_queue()).expect("valid config");
+    let stream_stats = streams.stats();
+    let server = start_with(
+        one_worker_no_queue(),
+        DemoConfig::default(),
+        false,
+        move |unary, inventory, incoming| {
+            let batch = InventoryBatchServer::new(DemoInventory::new(DemoConfig::default()));
+            Server::builder()
+                .add_service(unary.layer(inventory))
+                .add_service(streams.layer(batch))
+                .serve_with_incoming(incoming)
+        },
+    )
+    .await;
+    let channel = channel(server.addr).await;
+    let client = InventoryClient::new(channel.clone());
+    let batch = InventoryBatchClient::new(channel);
+
+    let (send, receive) = mpsc::channel(1);
+    let call = tokio::spawn({
+        let mut batch = batch.clone();
+        async move { batch.reserve_batch(Trickle(receive)).await }
+    });
+    send.send(item(1)).await.expect("first item");
+    eventually("client stream admitted", || {
+        stream_stats.snapshot().in_flight == 1
+    })
+    .await;
+    // The stream limit is taken: a second stream is shed...
+    let (_send2, receive2) = mpsc::channel(1);
+    let status = batch
+        .clone()
+        .reserve_batch(Trickle(receive2))
+        .await
+        .expect_err("shed");
+    assert_eq!(status.message(), MESSAGE_QUEUE_FULL);
+    // ...while unary calls still have their worker.
+    for _ in 0..3 {
+        client
+            .clone()
+            .reserve(reserve("", None))
+            .await
+            .expect("served beside the stream");
+    }
+    drop(send);
+    let reply = call.await.expect("task").expect("served").into_inner();
+    assert_eq!(reply.reserved, 1);
+    assert_eq!(server.stats.snapshot().completed, 3);
+    assert_eq!(stream_stats.snapshot().shed_first, 1);
 }
