@@ -9,7 +9,8 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use server_support::{
-    Background, channel, eventually, hold_worker, pushback, release, reserve, start,
+    Background, channel, eventually, hold_worker, one_worker_no_queue, pushback, release, reserve,
+    start,
 };
 use stormguard_core::code::Code as CoreCode;
 use stormguard_demo::server::DemoConfig;
@@ -21,14 +22,8 @@ use tower::{Layer, ServiceExt};
 
 fn no_queue(pushback_max_ms: u64) -> AdmissionConfig {
     AdmissionConfig {
-        workers: 1,
-        queue_capacity: 0,
-        retry_threshold: RetryThreshold {
-            depth: None,
-            queue_delay: None,
-        },
         pushback_max: Duration::from_millis(pushback_max_ms),
-        ..AdmissionConfig::default()
+        ..one_worker_no_queue()
     }
 }
 

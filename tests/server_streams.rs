@@ -143,6 +143,23 @@ fn item(quantity: u32) -> ReserveRequest {
     }
 }
 
+type BatchCall = tokio::task::JoinHandle<
+    Result<tonic::Response<stormguard_demo::ReserveBatchReply>, tonic::Status>,
+>;
+
+/// Starts a `ReserveBatch` whose first message is `first`; the test sends the rest, and
+/// ends the stream by dropping the sender.
+async fn start_batch(
+    batch: &InventoryBatchClient<tonic::transport::Channel>,
+    first: ReserveRequest,
+) -> (mpsc::Sender<ReserveRequest>, BatchCall) {
+    let (send, receive) = mpsc::channel(1);
+    let mut batch = batch.clone();
+    let call = tokio::spawn(async move { batch.reserve_batch(Trickle(receive)).await });
+    send.send(first).await.expect("first item");
+    (send, call)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trickling_client_stream_holds_its_worker_until_its_answer_ends() {
     let server = serve().await;
@@ -150,12 +167,7 @@ async fn a_trickling_client_stream_holds_its_worker_until_its_answer_ends() {
     let client = InventoryClient::new(channel.clone());
     let batch = InventoryBatchClient::new(channel);
 
-    let (send, receive) = mpsc::channel(1);
-    let call = tokio::spawn({
-        let mut batch = batch.clone();
-        async move { batch.reserve_batch(Trickle(receive)).await }
-    });
-    send.send(item(2)).await.expect("first item");
+    let (send, call) = start_batch(&batch, item(2)).await;
     eventually("client stream admitted", || {
         server.stats.snapshot().in_flight == 1
     })
@@ -205,12 +217,7 @@ async fn a_layer_of_its_own_gives_client_streams_a_separate_limit() {
     let client = InventoryClient::new(channel.clone());
     let batch = InventoryBatchClient::new(channel);
 
-    let (send, receive) = mpsc::channel(1);
-    let call = tokio::spawn({
-        let mut batch = batch.clone();
-        async move { batch.reserve_batch(Trickle(receive)).await }
-    });
-    send.send(item(1)).await.expect("first item");
+    let (send, call) = start_batch(&batch, item(1)).await;
     eventually("client stream admitted", || {
         stream_stats.snapshot().in_flight == 1
     })
