@@ -143,6 +143,18 @@ fn item(quantity: u32) -> ReserveRequest {
     }
 }
 
+/// A second client stream, shed at once because the limit is taken.
+async fn assert_batch_shed(batch: &InventoryBatchClient<tonic::transport::Channel>) {
+    let (_send, receive) = mpsc::channel(1);
+    let status = batch
+        .clone()
+        .reserve_batch(Trickle(receive))
+        .await
+        .expect_err("shed");
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(status.message(), MESSAGE_QUEUE_FULL);
+}
+
 type BatchCall = tokio::task::JoinHandle<
     Result<tonic::Response<stormguard_demo::ReserveBatchReply>, tonic::Status>,
 >;
@@ -175,13 +187,7 @@ async fn a_trickling_client_stream_holds_its_worker_until_its_answer_ends() {
     // While the caller takes its time, its call holds the only worker: a unary call
     // and a second client stream are both shed.
     assert_reserve_shed(&client).await;
-    let (_send2, receive2) = mpsc::channel(1);
-    let status = batch
-        .clone()
-        .reserve_batch(Trickle(receive2))
-        .await
-        .expect_err("shed");
-    assert_eq!(status.message(), MESSAGE_QUEUE_FULL);
+    assert_batch_shed(&batch).await;
     send.send(item(3)).await.expect("second item");
     assert_eq!(server.stats.snapshot().in_flight, 1);
     // The caller ends its stream: the answer comes and the worker is given back.
@@ -223,13 +229,7 @@ async fn a_layer_of_its_own_gives_client_streams_a_separate_limit() {
     })
     .await;
     // The stream limit is taken: a second stream is shed...
-    let (_send2, receive2) = mpsc::channel(1);
-    let status = batch
-        .clone()
-        .reserve_batch(Trickle(receive2))
-        .await
-        .expect_err("shed");
-    assert_eq!(status.message(), MESSAGE_QUEUE_FULL);
+    assert_batch_shed(&batch).await;
     // ...while unary calls still have their worker.
     for _ in 0..3 {
         client
