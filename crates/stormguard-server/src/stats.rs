@@ -103,7 +103,8 @@ pub struct Occupancy {
 pub struct StatsSnapshot {
     /// Calls given a worker (at once or after queuing).
     pub admitted: u64,
-    /// Calls whose handler finished (with any status) on a worker.
+    /// Calls that finished (with any status) on a worker: the handler returned and the
+    /// response body ended (for a stream, its last message and trailers were read).
     pub completed: u64,
     /// First attempts answered with the shed status.
     pub shed_first: u64,
@@ -116,7 +117,7 @@ pub struct StatsSnapshot {
     pub cancelled_queued: u64,
     /// Calls waiting for a worker now.
     pub queue_depth: usize,
-    /// Calls running now.
+    /// Calls holding a worker now (running, or streaming their response).
     pub in_flight: usize,
     /// Calls that left the queue (to run, expired or cancelled).
     pub dequeued: u64,
