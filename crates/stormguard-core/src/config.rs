@@ -13,6 +13,7 @@
 //! { "retry": {
 //!     "max_attempts": 3,
 //!     "backoff": "full_jitter", "base": "50ms", "cap": "2s", "max_pushback": "30s",
+//!     "per_attempt_timeout": "50ms",
 //!     "retryable_codes": ["UNAVAILABLE"],
 //!     "budget": { "ttl": "10s", "min_retries_per_second": 5, "retry_ratio": 0.1,
 //!                 "fleet_size": 1 },
@@ -233,6 +234,7 @@ impl ClientConfig {
                     "idempotent",
                     "min_attempt_time",
                     "max_pushback",
+                    "per_attempt_timeout",
                     "budget",
                     "budget_exhausted",
                 ],
@@ -293,6 +295,9 @@ impl ClientConfig {
             if let Some(v) = r.get("max_pushback") {
                 policy.max_pushback = as_duration(v, "retry.max_pushback")?;
             }
+            if let Some(v) = r.get("per_attempt_timeout") {
+                policy.per_attempt_timeout = Some(as_duration(v, "retry.per_attempt_timeout")?);
+            }
             if let Some(v) = r.get("budget_exhausted") {
                 match as_str(v, "retry.budget_exhausted")? {
                     "fail_fast" => {}
@@ -338,6 +343,7 @@ impl ClientConfig {
             e.renamed(&[
                 ("retry.maxAttempts", "retry.max_attempts"),
                 ("retry.retryableStatusCodes", "retry.retryable_codes"),
+                ("retry.perAttemptRecvTimeout", "retry.per_attempt_timeout"),
                 ("retry.backoff.base", "retry.base"),
                 ("retry.backoff.cap", "retry.cap"),
                 ("retry.backoff.initialBackoff", "retry.base"),
@@ -408,9 +414,15 @@ fn a6_retry_policy(v: &Value, field: &str) -> Result<RetryPolicy, ConfigError> {
         req(p, "retryableStatusCodes", field)?,
         &format!("{field}.retryableStatusCodes"),
     )?;
+    // Optional, as in gRPC's service config.
+    let per_attempt_timeout = p
+        .get("perAttemptRecvTimeout")
+        .map(|v| proto_duration(v, &format!("{field}.perAttemptRecvTimeout")))
+        .transpose()?;
     let policy = RetryPolicy {
         max_attempts,
         retryable_codes,
+        per_attempt_timeout,
         backoff: BackoffConfig::A6 {
             initial,
             max,
@@ -438,7 +450,7 @@ fn a6_retry_policy(v: &Value, field: &str) -> Result<RetryPolicy, ConfigError> {
     Ok(policy)
 }
 
-fn parse_object(json: &str) -> Result<Map<String, Value>, ConfigError> {
+pub(crate) fn parse_object(json: &str) -> Result<Map<String, Value>, ConfigError> {
     match serde_json::from_str::<Value>(json) {
         Ok(Value::Object(map)) => Ok(map),
         Ok(_) => Err(ConfigError::Malformed(
@@ -448,7 +460,11 @@ fn parse_object(json: &str) -> Result<Map<String, Value>, ConfigError> {
     }
 }
 
-fn check_keys(map: &Map<String, Value>, field: &str, known: &[&str]) -> Result<(), ConfigError> {
+pub(crate) fn check_keys(
+    map: &Map<String, Value>,
+    field: &str,
+    known: &[&str],
+) -> Result<(), ConfigError> {
     for key in map.keys() {
         if !known.contains(&key.as_str()) {
             let path = if field.is_empty() {
@@ -465,7 +481,10 @@ fn check_keys(map: &Map<String, Value>, field: &str, known: &[&str]) -> Result<(
     Ok(())
 }
 
-fn as_object<'a>(v: &'a Value, field: &str) -> Result<&'a Map<String, Value>, ConfigError> {
+pub(crate) fn as_object<'a>(
+    v: &'a Value,
+    field: &str,
+) -> Result<&'a Map<String, Value>, ConfigError> {
     v.as_object()
         .ok_or_else(|| ConfigError::invalid(field, "must be an object"))
 }
@@ -489,7 +508,7 @@ fn opt_str<'a>(
         .transpose()
 }
 
-fn as_str<'a>(v: &'a Value, field: &str) -> Result<&'a str, ConfigError> {
+pub(crate) fn as_str<'a>(v: &'a Value, field: &str) -> Result<&'a str, ConfigError> {
     v.as_str()
         .ok_or_else(|| ConfigError::invalid(field, "must be a string"))
 }
@@ -505,7 +524,22 @@ fn as_f64(v: &Value, field: &str) -> Result<f64, ConfigError> {
         .ok_or_else(|| ConfigError::invalid(field, format!("must be a finite number, got {v}")))
 }
 
-fn as_u32(v: &Value, field: &str) -> Result<u32, ConfigError> {
+/// A whole number from 0 to `u64::MAX`, as a JSON number or a string of digits.
+pub(crate) fn as_u64(v: &Value, field: &str) -> Result<u64, ConfigError> {
+    let n = match v {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.trim().parse::<u64>().ok(),
+        _ => None,
+    };
+    n.ok_or_else(|| {
+        ConfigError::invalid(
+            field,
+            format!("must be a whole number from 0 to {}, got {v}", u64::MAX),
+        )
+    })
+}
+
+pub(crate) fn as_u32(v: &Value, field: &str) -> Result<u32, ConfigError> {
     let n = match v {
         Value::Number(n) => n.as_u64(),
         Value::String(s) => s.trim().parse::<u64>().ok(),
@@ -525,25 +559,29 @@ fn codes(v: &Value, field: &str) -> Result<CodeSet, ConfigError> {
         .ok_or_else(|| ConfigError::invalid(field, "must be an array of status codes"))?;
     let mut set = CodeSet::EMPTY;
     for (i, c) in list.iter().enumerate() {
-        let code = match c {
-            Value::String(s) => s.parse::<Code>().ok(),
-            Value::Number(n) => n
-                .as_i64()
-                .and_then(|n| i32::try_from(n).ok())
-                .and_then(Code::from_i32),
-            _ => None,
-        };
-        let code = code.ok_or_else(|| {
-            ConfigError::invalid(
-                format!("{field}[{i}]"),
-                format!(
-                    "{c} is not a gRPC status code (a name such as UNAVAILABLE or a number 0 to 16)"
-                ),
-            )
-        })?;
-        set.insert(code);
+        set.insert(code(c, &format!("{field}[{i}]"))?);
     }
     Ok(set)
+}
+
+/// One status code: a name (any case) or a number.
+pub(crate) fn code(v: &Value, field: &str) -> Result<Code, ConfigError> {
+    let code = match v {
+        Value::String(s) => s.parse::<Code>().ok(),
+        Value::Number(n) => n
+            .as_i64()
+            .and_then(|n| i32::try_from(n).ok())
+            .and_then(Code::from_i32),
+        _ => None,
+    };
+    code.ok_or_else(|| {
+        ConfigError::invalid(
+            field,
+            format!(
+                "{v} is not a gRPC status code (a name such as UNAVAILABLE or a number 0 to 16)"
+            ),
+        )
+    })
 }
 
 /// A proto3 JSON duration: decimal seconds with an `s` suffix, up to 9 fractional digits
@@ -586,7 +624,7 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
     decimal(number, nanos_per_unit)
 }
 
-fn as_duration(v: &Value, field: &str) -> Result<Duration, ConfigError> {
+pub(crate) fn as_duration(v: &Value, field: &str) -> Result<Duration, ConfigError> {
     let s = as_str(v, field)?;
     parse_duration(s).ok_or_else(|| {
         ConfigError::invalid(
@@ -750,6 +788,63 @@ mod tests {
             ClientConfig::from_service_config_json("{"),
             Err(ConfigError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn per_attempt_timeout_is_read_from_both_shapes() {
+        let json = r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 3,
+            "initialBackoff": "0.01s", "maxBackoff": "1s", "backoffMultiplier": 2,
+            "retryableStatusCodes": ["UNAVAILABLE"], "perAttemptRecvTimeout": "0.05s"}}]}"#;
+        let c = ClientConfig::from_service_config_json(json).unwrap();
+        assert_eq!(
+            c.methods.lookup("/a.B/C").unwrap().per_attempt_timeout,
+            Some(Duration::from_millis(50))
+        );
+        let c = ClientConfig::from_json(r#"{"retry": {"per_attempt_timeout": "50ms"}}"#).unwrap();
+        assert_eq!(
+            c.methods.lookup("/a.B/C").unwrap().per_attempt_timeout,
+            Some(Duration::from_millis(50))
+        );
+        // Absent: no per-attempt timeout.
+        assert_eq!(
+            ClientConfig::from_json("{}")
+                .unwrap()
+                .methods
+                .lookup("/a.B/C")
+                .unwrap()
+                .per_attempt_timeout,
+            None
+        );
+        let zero = r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 3,
+            "initialBackoff": "0.01s", "maxBackoff": "1s", "backoffMultiplier": 2,
+            "retryableStatusCodes": ["UNAVAILABLE"], "perAttemptRecvTimeout": "0s"}}]}"#;
+        assert_eq!(
+            field_of(ClientConfig::from_service_config_json(zero).unwrap_err()),
+            "methodConfig[0].retryPolicy.perAttemptRecvTimeout"
+        );
+        let bad = r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 3,
+            "initialBackoff": "0.01s", "maxBackoff": "1s", "backoffMultiplier": 2,
+            "retryableStatusCodes": ["UNAVAILABLE"], "perAttemptRecvTimeout": "50ms"}}]}"#;
+        assert_eq!(
+            field_of(ClientConfig::from_service_config_json(bad).unwrap_err()),
+            "methodConfig[0].retryPolicy.perAttemptRecvTimeout"
+        );
+        for (json, field) in [
+            (
+                r#"{"retry": {"per_attempt_timeout": "0ms"}}"#,
+                "retry.per_attempt_timeout",
+            ),
+            (
+                r#"{"retry": {"per_attempt_timeout": 50}}"#,
+                "retry.per_attempt_timeout",
+            ),
+        ] {
+            assert_eq!(
+                field_of(ClientConfig::from_json(json).unwrap_err()),
+                field,
+                "{json}"
+            );
+        }
     }
 
     #[test]
