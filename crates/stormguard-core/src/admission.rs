@@ -481,6 +481,16 @@ pub enum ShedReason {
     RetryThreshold,
 }
 
+impl ShedReason {
+    /// `"queue_full"` or `"retry_threshold"`, for logs and metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShedReason::QueueFull => "queue_full",
+            ShedReason::RetryThreshold => "retry_threshold",
+        }
+    }
+}
+
 /// What a shed answer tells the client about coming back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ShedPushback {

@@ -110,6 +110,9 @@ pub struct StatsSnapshot {
     pub shed_first: u64,
     /// Retries answered with the shed status.
     pub shed_retry: u64,
+    /// Of `shed_retry`, those shed because the queue had passed the retry threshold (the
+    /// others, and every shed first attempt, were shed because the queue was full).
+    pub shed_retry_threshold: u64,
     /// Calls answered `DEADLINE_EXCEEDED` before running: too little time left, or
     /// queued longer than `max_time_queued`.
     pub expired: u64,

@@ -24,7 +24,7 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::layer::Shared;
 use crate::body::{Buffered, Replay, buffer};
-use crate::context::CallContext;
+use crate::context::{self, CallContext, RETRY_BUDGET_HEADER};
 use crate::stats::RetryStats;
 use crate::status::{
     BoxError, PREVIOUS_ATTEMPTS_HEADER, classify_error, code_from_http_status, mark_do_not_retry,
@@ -46,6 +46,8 @@ pin_project! {
         last: Option<Last<B>>,
         // `retry.reason` of the next attempt.
         reason: &'static str,
+        // `retry.delay_ms` of the next attempt: the delay waited before it.
+        delay: Duration,
         span: tracing::Span,
         #[pin]
         state: State<S::Future>,
@@ -124,13 +126,50 @@ fn logical_deadline(
     }
 }
 
-fn attempt_span(uri: &Uri, attempt: u32, reason: &'static str) -> tracing::Span {
+fn attempt_span(uri: &Uri, attempt: u32, reason: &'static str, delay: Duration) -> tracing::Span {
     tracing::debug_span!(
         "stormguard.attempt",
         rpc.method = uri.path(),
         retry.attempt = attempt,
+        retry.delay_ms = delay.as_millis() as u64,
         retry.reason = reason,
     )
+}
+
+/// The `x-retry-budget` header, as a name built once.
+const X_RETRY_BUDGET: HeaderName = HeaderName::from_static(RETRY_BUDGET_HEADER);
+
+/// Stamps what is left of the request's retry allowance, if it has one, on an attempt.
+fn stamp_allowance(headers: &mut HeaderMap) {
+    if let Some(left) = context::remaining_allowance() {
+        headers.insert(X_RETRY_BUDGET, HeaderValue::from(left));
+    }
+}
+
+/// A retry was refused: an event with its cause, the attempt it followed and the time left
+/// on the call's deadline. Refusals that a healthy service makes all the time (a status
+/// that is not retryable, a pushback) are at DEBUG; those that mean a dependency is
+/// failing beyond what the policy pays for (budget, breaker, attempts, deadline, the
+/// request's allowance) are at INFO.
+fn log_refusal(uri: &Uri, refusal: Refusal, attempt: u32, left: Option<Duration>) {
+    let left_ms = left.map(|d| d.as_millis() as u64);
+    if refusal.is_retryable_but_refused() {
+        tracing::info!(
+            rpc.method = uri.path(),
+            retry.refused = refusal.as_str(),
+            retry.attempt = attempt,
+            deadline.left_ms = left_ms,
+            "stormguard: retry refused"
+        );
+    } else {
+        tracing::debug!(
+            rpc.method = uri.path(),
+            retry.refused = refusal.as_str(),
+            retry.attempt = attempt,
+            deadline.left_ms = left_ms,
+            "stormguard: retry refused"
+        );
+    }
 }
 
 impl<S, B> ResponseFuture<S, B>
@@ -160,6 +199,7 @@ where
             stats,
             last: None,
             reason: "initial",
+            delay: Duration::ZERO,
             span: tracing::Span::none(),
             state: State::Finished { status: None },
             logical: deadline,
@@ -205,6 +245,7 @@ where
             fut.timer = Some(tokio::time::sleep_until(at));
         }
         fut.attempt_deadline = timers.attempt_deadline;
+        stamp_allowance(&mut parts.headers);
 
         let body = if call.is_retryable_method() {
             match buffer(body, shared.replay_limit) {
@@ -231,7 +272,7 @@ where
         }
         let request = http::Request::from_parts(parts, body);
         fut.call = Some(call);
-        fut.span = attempt_span(&fut.template.uri, 0, "initial");
+        fut.span = attempt_span(&fut.template.uri, 0, "initial", Duration::ZERO);
         fut.stats.attempt(false);
         let inner = {
             let _enter = fut.span.enter();
@@ -577,6 +618,11 @@ where
                                 delay_ms = delay.as_millis() as u64,
                                 "stormguard: retrying"
                             );
+                            *this.delay = delay;
+                            this.stats.delayed(matches!(
+                                failure.pushback,
+                                Some(stormguard_core::pushback::Pushback::RetryAfter(_))
+                            ));
                             *this.reason = if timed_out {
                                 "per_attempt_timeout"
                             } else {
@@ -593,6 +639,9 @@ where
                         }
                         Decision::GiveUp(refusal) => {
                             this.state.set(State::Finished { status: None });
+                            let attempt = this.call.as_ref().map_or(0, CallRetry::previous_attempts);
+                            let left = this.call.as_ref().and_then(|c| c.remaining_at(now));
+                            log_refusal(&this.template.uri, refusal, attempt, left);
                             if timed_out {
                                 return Poll::Ready(give_up_timed_out(this.stats, refusal));
                             }
@@ -631,6 +680,9 @@ where
                         Ok(attempt) => attempt,
                         Err(refusal) => {
                             this.state.set(State::Finished { status: None });
+                            let attempt = this.call.as_ref().map_or(0, CallRetry::previous_attempts);
+                            let left = this.call.as_ref().and_then(|c| c.remaining_at(now));
+                            log_refusal(&this.template.uri, refusal, attempt, left);
                             let last = this.last.take().unwrap_or_else(|| {
                                 Last::Error(Status::unavailable("stormguard: retry refused"))
                             });
@@ -647,7 +699,9 @@ where
                     }
                     *this.attempt_deadline = timers.attempt_deadline;
                     *this.last = None;
-                    *this.span = attempt_span(&this.template.uri, attempt, this.reason);
+                    stamp_allowance(headers);
+                    *this.span =
+                        attempt_span(&this.template.uri, attempt, this.reason, *this.delay);
                     this.stats.attempt(true);
                     let fut = {
                         let _enter = this.span.enter();

@@ -21,7 +21,7 @@ use std::task::Waker;
 use std::time::Duration;
 
 use stormguard_core::Instant;
-use stormguard_core::admission::{AdmissionPolicy, AttemptClass, Shed};
+use stormguard_core::admission::{AdmissionPolicy, AttemptClass, Shed, ShedReason};
 use stormguard_core::code::Code;
 use stormguard_core::queue::{AdmissionQueue, Arrival as Admission, Dispatch, QueuedId};
 
@@ -57,6 +57,7 @@ struct Counters {
     completed: AtomicU64,
     shed_first: AtomicU64,
     shed_retry: AtomicU64,
+    shed_retry_threshold: AtomicU64,
     expired: AtomicU64,
     cancelled_queued: AtomicU64,
     dequeued: AtomicU64,
@@ -190,6 +191,11 @@ impl Queue {
                     AttemptClass::Retry => &self.counters.shed_retry,
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
+                if shed.reason == ShedReason::RetryThreshold {
+                    self.counters
+                        .shed_retry_threshold
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 Arrival::Shed(shed)
             }
             Admission::Expired => {
@@ -289,6 +295,7 @@ impl Queue {
             completed: get(&c.completed),
             shed_first: get(&c.shed_first),
             shed_retry: get(&c.shed_retry),
+            shed_retry_threshold: get(&c.shed_retry_threshold),
             expired: get(&c.expired),
             cancelled_queued: get(&c.cancelled_queued),
             queue_depth: c.queue_depth.load(Ordering::Relaxed),
@@ -310,6 +317,11 @@ impl Queue {
     }
 
     /// The number of workers (the concurrency limit) now.
+    /// Calls waiting for a worker now (read without the lock).
+    pub(crate) fn depth(&self) -> usize {
+        self.counters.queue_depth.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn workers(&self) -> usize {
         self.counters.workers.load(Ordering::Relaxed)
     }
