@@ -179,7 +179,8 @@ impl RequestScope {
     pub fn with_allowance(self, retries: u32) -> Self {
         let retries = retries.min(MAX_RETRY_ALLOWANCE);
         let current = self.allowance.load(Ordering::Relaxed);
-        self.allowance.store(current.min(retries), Ordering::Relaxed);
+        self.allowance
+            .store(current.min(retries), Ordering::Relaxed);
         self
     }
 
@@ -307,11 +308,17 @@ mod tests {
 
     #[test]
     fn a_peer_can_lower_the_allowance_but_never_raise_or_create_it() {
-        let lowered = RequestScope::new().with_allowance(3).with_peer_allowance(b"1");
+        let lowered = RequestScope::new()
+            .with_allowance(3)
+            .with_peer_allowance(b"1");
         assert_eq!(lowered.allowance(), Some(1));
-        let kept = RequestScope::new().with_allowance(3).with_peer_allowance(b"9");
+        let kept = RequestScope::new()
+            .with_allowance(3)
+            .with_peer_allowance(b"9");
         assert_eq!(kept.allowance(), Some(3));
-        let ignored = RequestScope::new().with_allowance(3).with_peer_allowance(b"-2");
+        let ignored = RequestScope::new()
+            .with_allowance(3)
+            .with_peer_allowance(b"-2");
         assert_eq!(ignored.allowance(), Some(3));
         let off = RequestScope::new().with_peer_allowance(b"1");
         assert_eq!(off.allowance(), None);
@@ -319,17 +326,18 @@ mod tests {
 
     #[tokio::test]
     async fn spending_stops_at_zero_and_refunds_give_back() {
-        let (first, second, refunded, outside) = request_scope(
-            RequestScope::new().with_allowance(1),
-            async {
+        let (first, second, refunded, outside) =
+            request_scope(RequestScope::new().with_allowance(1), async {
                 let first = spend_retry();
                 let second = spend_retry();
                 refund_retry();
                 (first, second, remaining_allowance(), ())
-            },
-        )
-        .await;
-        assert_eq!((first, second, refunded, outside), (true, false, Some(1), ()));
+            })
+            .await;
+        assert_eq!(
+            (first, second, refunded, outside),
+            (true, false, Some(1), ())
+        );
         // No scope, or a scope without an allowance: nothing limits.
         assert!(spend_retry());
         assert!(request_scope(RequestScope::new(), async { spend_retry() }).await);

@@ -639,7 +639,8 @@ where
                         }
                         Decision::GiveUp(refusal) => {
                             this.state.set(State::Finished { status: None });
-                            let attempt = this.call.as_ref().map_or(0, CallRetry::previous_attempts);
+                            let attempt =
+                                this.call.as_ref().map_or(0, CallRetry::previous_attempts);
                             let left = this.call.as_ref().and_then(|c| c.remaining_at(now));
                             log_refusal(&this.template.uri, refusal, attempt, left);
                             if timed_out {
@@ -680,7 +681,8 @@ where
                         Ok(attempt) => attempt,
                         Err(refusal) => {
                             this.state.set(State::Finished { status: None });
-                            let attempt = this.call.as_ref().map_or(0, CallRetry::previous_attempts);
+                            let attempt =
+                                this.call.as_ref().map_or(0, CallRetry::previous_attempts);
                             let left = this.call.as_ref().and_then(|c| c.remaining_at(now));
                             log_refusal(&this.template.uri, refusal, attempt, left);
                             let last = this.last.take().unwrap_or_else(|| {
@@ -813,7 +815,8 @@ fn give_up_timed_out<B>(
 }
 
 /// The caller gets the last failure; marked "do not retry" when stormguard refused to
-/// retry a retryable failure.
+/// retry a retryable failure. Either way, and when a pushback refused the retry, the
+/// current request scope records the refusal (see `status::mark_do_not_retry`).
 fn give_up<B>(
     stats: &RetryStats,
     refusal: Refusal,
@@ -822,6 +825,12 @@ fn give_up<B>(
     stats.refused(refusal);
     stats.outcome(false);
     let mark = refusal.is_retryable_but_refused();
+    if refusal == Refusal::Pushback {
+        // The server said not to retry (or to wait longer than the policy allows): its
+        // answer goes up as it came, and the request scope learns that this call was
+        // refused, so that a handler's own answer is marked too.
+        context::mark_downstream_refused();
+    }
     match last {
         Last::Response(mut response) => {
             if mark {

@@ -165,10 +165,7 @@ where
                         }
                     }
                 }
-                StateProj::Running {
-                    mut future,
-                    permit,
-                } => {
+                StateProj::Running { mut future, permit } => {
                     let output = std::task::ready!(future.as_mut().poll(cx));
                     let permit = permit.take();
                     // A client layer inside the handler gave up on a retryable failure:
