@@ -25,7 +25,7 @@ use super::body::ResponseBody;
 use super::layer::Shared;
 use crate::body::{Buffered, Replay, buffer};
 use crate::context::{self, CallContext, RETRY_BUDGET_HEADER};
-use crate::stats::RetryStats;
+use crate::stats::CallStats;
 use crate::status::{
     BoxError, PREVIOUS_ATTEMPTS_HEADER, classify_error, code_from_http_status, mark_do_not_retry,
     pushback, status_do_not_retry, status_from_error, trailers_only_code,
@@ -41,7 +41,7 @@ pin_project! {
         call: Option<CallRetry>,
         template: Template,
         resend: Resend,
-        stats: RetryStats,
+        stats: CallStats,
         // The failure the next attempt retries, returned if the retry cannot be sent.
         last: Option<Last<B>>,
         // `retry.reason` of the next attempt.
@@ -89,6 +89,17 @@ struct Template {
 enum Last<B> {
     Response(http::Response<B>),
     Error(Status),
+}
+
+impl<B> Last<B> {
+    /// The code the caller will see.
+    fn code(&self) -> Code {
+        match self {
+            Last::Response(r) => trailers_only_code(r.headers())
+                .unwrap_or_else(|| code_from_http_status(r.status())),
+            Last::Error(status) => crate::status::code_from_tonic(status.code()),
+        }
+    }
 }
 
 impl<S, B> fmt::Debug for ResponseFuture<S, B>
@@ -179,9 +190,8 @@ where
 {
     pub(super) fn start(svc: S, request: http::Request<Body>, shared: &Shared) -> Self {
         let now = Instant::now();
-        let stats = shared.stats.clone();
-        stats.logical();
         let (mut parts, body) = request.into_parts();
+        let stats = CallStats::new(shared.stats.clone(), shared.call_metrics(parts.uri.path()));
         let (deadline, own_header) = logical_deadline(&parts.headers, shared.default_timeout, now);
         let begun = shared.controller.begin_at(parts.uri.path(), deadline, now);
 
@@ -214,7 +224,7 @@ where
                 // Only an open breaker rejects a first attempt: fail fast, and tell callers
                 // above not to retry into it either.
                 fut.stats.refused(refusal);
-                fut.stats.outcome(false);
+                fut.stats.outcome(Code::Unavailable);
                 let status = Status::unavailable(format!(
                     "stormguard: call not sent ({refusal}): the circuit breaker is open"
                 ));
@@ -226,7 +236,7 @@ where
         };
         if deadline.is_some_and(|d| d <= now) {
             fut.stats.deadline_exceeded();
-            fut.stats.outcome(false);
+            fut.stats.outcome(Code::DeadlineExceeded);
             fut.state = State::Finished {
                 status: Some(Status::deadline_exceeded(
                     "stormguard: the call's deadline had passed before it was sent",
@@ -547,7 +557,7 @@ where
                                 if let Some(call) = this.call.as_mut() {
                                     call.on_success_at(now);
                                 }
-                                this.stats.outcome(true);
+                                this.stats.outcome(Code::Ok);
                                 this.state.set(State::Finished { status: None });
                                 return Poll::Ready(Ok(response.map(ResponseBody::passthrough)));
                             }
@@ -566,11 +576,7 @@ where
                                 this.stats.committed();
                                 this.state.set(State::Finished { status: None });
                                 let (parts, body) = response.into_parts();
-                                let body = ResponseBody::committed(
-                                    body,
-                                    this.call.take(),
-                                    this.stats.clone(),
-                                );
+                                let body = ResponseBody::committed(body, this.call.take(), this.stats.take());
                                 return Poll::Ready(Ok(http::Response::from_parts(parts, body)));
                             }
                             Outcome::Failed {
@@ -664,10 +670,10 @@ where
                         // give-up, as a status marked "do not retry" (the granted retry
                         // goes back to the budget when the call state is dropped).
                         this.state.set(State::Finished { status: None });
-                        this.stats.outcome(false);
                         drop(this.call.take());
                         let err: BoxError = err.into();
                         let code = classify_error(&*err).code;
+                        this.stats.outcome(code);
                         return Poll::Ready(Err(Box::new(status_do_not_retry(status_from_error(
                             err, code,
                         )))));
@@ -727,7 +733,7 @@ fn timer_fired(timer: Pin<&mut Option<Sleep>>, cx: &mut Context<'_>) -> bool {
 /// deadline says nothing about the dependency.
 fn expire<B>(
     call: &mut Option<CallRetry>,
-    stats: &RetryStats,
+    stats: &mut CallStats,
     answer: Option<&Failure>,
 ) -> Result<http::Response<ResponseBody<B>>, BoxError> {
     if let Some(mut call) = call.take() {
@@ -735,7 +741,7 @@ fn expire<B>(
         call.on_deadline_passed_at(answer, Instant::now());
     }
     stats.deadline_exceeded();
-    stats.outcome(false);
+    stats.outcome(Code::DeadlineExceeded);
     Err(Box::new(Status::deadline_exceeded(
         "stormguard: the call's deadline was exceeded",
     )))
@@ -804,11 +810,11 @@ fn classify<B, E: Into<BoxError>>(
 /// `DEADLINE_EXCEEDED`, marked "do not retry" (the call already took its time; a layer
 /// above that retried it would multiply the load on a slow dependency).
 fn give_up_timed_out<B>(
-    stats: &RetryStats,
+    stats: &mut CallStats,
     refusal: Refusal,
 ) -> Result<http::Response<ResponseBody<B>>, BoxError> {
     stats.refused(refusal);
-    stats.outcome(false);
+    stats.outcome(Code::DeadlineExceeded);
     Err(Box::new(status_do_not_retry(Status::deadline_exceeded(
         format!("stormguard: the attempt timed out and was not retried ({refusal})"),
     ))))
@@ -818,12 +824,12 @@ fn give_up_timed_out<B>(
 /// retry a retryable failure. Either way, and when a pushback refused the retry, the
 /// current request scope records the refusal (see `status::mark_do_not_retry`).
 fn give_up<B>(
-    stats: &RetryStats,
+    stats: &mut CallStats,
     refusal: Refusal,
     last: Last<B>,
 ) -> Result<http::Response<ResponseBody<B>>, BoxError> {
     stats.refused(refusal);
-    stats.outcome(false);
+    stats.outcome(last.code());
     let mark = refusal.is_retryable_but_refused();
     if refusal == Refusal::Pushback {
         // The server said not to retry (or to wait longer than the policy allows): its

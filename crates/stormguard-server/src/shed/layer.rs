@@ -41,6 +41,8 @@ pub struct ShedLayer {
     bypassed: Arc<Bypassed>,
     drains: Arc<Drains>,
     retry_allowance: Option<u32>,
+    #[cfg(feature = "opentelemetry")]
+    metrics: Option<Arc<crate::metrics::ServerMetrics>>,
 }
 
 impl ShedLayer {
@@ -57,6 +59,8 @@ impl ShedLayer {
             bypassed: Arc::default(),
             drains: Arc::default(),
             retry_allowance: None,
+            #[cfg(feature = "opentelemetry")]
+            metrics: None,
         }
     }
 
@@ -138,6 +142,31 @@ impl ShedLayer {
     /// [`MAX_RETRY_ALLOWANCE`]: stormguard_core::context::MAX_RETRY_ALLOWANCE
     pub fn with_retry_allowance(mut self, retries: u32) -> Self {
         self.retry_allowance = Some(retries);
+        self
+    }
+
+    /// Record this layer's metrics into `meter` (feature `opentelemetry`); the
+    /// [`metrics`](crate::metrics) module lists them. Nothing global is read or set: the
+    /// application owns the meter provider and its exporters.
+    ///
+    /// ```
+    /// use opentelemetry::metrics::MeterProvider as _;
+    /// use stormguard_core::admission::AdmissionConfig;
+    /// use stormguard_server::ShedLayer;
+    ///
+    /// # fn provider() -> impl opentelemetry::metrics::MeterProvider { opentelemetry::metrics::noop::NoopMeterProvider::new() }
+    /// let meter = provider().meter("inventory");
+    /// let layer = ShedLayer::from_config(AdmissionConfig::default()).unwrap().with_meter(&meter);
+    /// # let _ = layer;
+    /// ```
+    #[cfg(feature = "opentelemetry")]
+    pub fn with_meter(mut self, meter: &opentelemetry::metrics::Meter) -> Self {
+        self.queue
+            .record_time_queued_into(crate::metrics::queue_time(meter));
+        self.metrics = Some(Arc::new(crate::metrics::ServerMetrics::register(
+            meter,
+            &self.queue,
+        )));
         self
     }
 

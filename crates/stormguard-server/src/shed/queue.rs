@@ -66,6 +66,9 @@ struct Counters {
     queue_depth: AtomicUsize,
     in_flight: AtomicUsize,
     workers: AtomicUsize,
+    /// Where each call's time queued is also recorded, once a meter is set.
+    #[cfg(feature = "opentelemetry")]
+    time_queued: std::sync::OnceLock<opentelemetry::metrics::Histogram<f64>>,
 }
 
 impl Counters {
@@ -74,6 +77,10 @@ impl Counters {
         self.dequeued.fetch_add(1, Ordering::Relaxed);
         self.time_queued_us.fetch_add(us, Ordering::Relaxed);
         self.max_time_queued_us.fetch_max(us, Ordering::Relaxed);
+        #[cfg(feature = "opentelemetry")]
+        if let Some(histogram) = self.time_queued.get() {
+            histogram.record(waited.as_secs_f64(), &[]);
+        }
     }
 }
 
@@ -317,6 +324,13 @@ impl Queue {
     }
 
     /// The number of workers (the concurrency limit) now.
+    /// Records each call's time queued into `histogram` from now on (the first one set
+    /// stays).
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) fn record_time_queued_into(&self, histogram: opentelemetry::metrics::Histogram<f64>) {
+        let _ = self.counters.time_queued.set(histogram);
+    }
+
     /// Calls waiting for a worker now (read without the lock).
     pub(crate) fn depth(&self) -> usize {
         self.counters.queue_depth.load(Ordering::Relaxed)
