@@ -465,8 +465,10 @@ pub const TRIGGER: Window = Window {
 
 /// The scenario of table 3: the storm-notes server (8 workers × 11.1 ms, ~720/s) scaled
 /// by 10 (80 workers, ~7,200/s) and offered 75 % of it (5,400 calls/s) by 100 client
-/// processes, 100× the single client of the storm notes; 50 ms per-attempt timeout
-/// (retried), 200 ms deadline, 0.5 ms each way. Quick: the unscaled server, 10 clients.
+/// processes, 100× the single client of the storm notes; 50 ms per-attempt timeout (the
+/// retry policy's, so a timed-out attempt is retried with only `UNAVAILABLE` in the
+/// retryable codes; the layer's own for the client that never retries), 200 ms deadline,
+/// 0.5 ms each way. Quick: the unscaled server, 10 clients.
 pub fn recovery_scenario(variant: RecoveryVariant, options: &Options) -> Scenario {
     let (scale, clients, duration) = if options.quick {
         (1, 10, 20.0)
