@@ -623,6 +623,23 @@ mod tests {
     }
 
     #[test]
+    fn a_tier_sends_nothing_for_an_attempt_whose_time_ran_out_on_the_way() {
+        // 20 ms each way to the tier, a 10 ms attempt timeout from the fleet: each attempt
+        // reaches the tier after its deadline, and the tier's client, like the layer, sends
+        // no call of its own.
+        let mut sc = scenario(0.0, policy(None, BudgetKind::Unlimited));
+        sc.policy.layer_per_attempt_timeout = Some(Duration::from_millis(10));
+        sc.tiers = vec![Tier {
+            processes: 2,
+            latency: Duration::from_millis(40),
+        }];
+        let stats = run(&sc).expect("valid");
+        let n = stats.calls;
+        assert_eq!(stats.attempts_by_level, [n, 0]);
+        assert_eq!(stats.gave_up.get("not_retryable"), Some(&n));
+    }
+
+    #[test]
     fn a_chain_multiplies_retries_unless_give_ups_say_do_not_retry() {
         // Delays of at most 1 ms keep the 27 attempts of a call inside its deadline.
         let fast = RetryPolicy {

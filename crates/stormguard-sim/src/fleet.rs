@@ -4,11 +4,11 @@
 //! the same moments: `begin_at` when the call starts, `on_success_at` on `OK`,
 //! `on_failure_at` on any other answer, `on_attempt_timeout_at` when an attempt runs out
 //! of its per-attempt timeout, `on_deadline_passed_at` (final) when the caller's own
-//! deadline runs out, mid-attempt or when an answer arrives past it, and `start_retry_at`
-//! when a retry's delay is over, after checking that deadline. The simulator decides
-//! nothing about retries itself: this module only sends the attempts those objects ask
-//! for, runs their timers, and passes the answers back. (A simulated answer is a status
-//! with no streamed body, so no call commits: `on_commit_at` has no moment here.)
+//! deadline runs out mid-attempt, and `start_retry_at` when a retry's delay is over. The
+//! simulator decides nothing about retries itself: this module only sends the attempts
+//! those objects ask for, runs their timers, and passes the answers back. (A simulated
+//! answer is a status with no streamed body, so no call commits: `on_commit_at` has no
+//! moment here.)
 
 use std::sync::Arc;
 
@@ -291,29 +291,19 @@ impl Sim<'_> {
         if !self.live(slot, id) {
             return; // the caller gave up on this attempt already
         }
-        let now = self.instant();
-        let Some(call) = self.calls[slot as usize].as_mut() else {
-            return;
-        };
         match outcome {
             Outcome::Ok => {
-                call.retry.on_success_at(now);
+                let now = self.instant();
+                if let Some(call) = self.calls[slot as usize].as_mut() {
+                    call.retry.on_success_at(now);
+                }
                 self.finish(slot, End::Ok);
             }
-            Outcome::Failed(failure) => {
-                if call.deadline.is_some_and(|d| self.now >= d) {
-                    // The answer came as the caller's deadline ran out: final, and recorded
-                    // only if it says something about the dependency.
-                    call.retry.on_deadline_passed_at(Some(&failure), now);
-                    self.finish(slot, End::Expired);
-                    return;
-                }
-                // Past the attempt's own deadline, an expiry answer is that attempt's
-                // timeout, whichever side noticed first.
-                let timed_out = call.attempt_deadline.is_some_and(|a| self.now >= a)
-                    && matches!(failure.code, Code::DeadlineExceeded | Code::Cancelled);
-                self.failed(slot, failure, timed_out);
-            }
+            // The attempt's timer is scheduled before any answer to it and wins a tie, so a
+            // live answer always comes before the attempt's timeout and the caller's
+            // deadline: unlike the layer, whose channel may report an expiry first, the
+            // simulator sees every expiry through `timeout`.
+            Outcome::Failed(failure) => self.failed(slot, failure, false),
         }
     }
 
@@ -382,13 +372,10 @@ impl Sim<'_> {
         if call.id != id || call.in_flight {
             return;
         }
-        if call.deadline.is_some_and(|d| self.now >= d) {
-            // The caller's deadline ran out during the delay: final, and recorded nowhere
-            // (the granted retry goes back to the budget with the call state).
-            call.retry.on_deadline_passed_at(None, now);
-            self.finish(slot, End::Expired);
-            return;
-        }
+        // A granted retry's delay ends before the caller's deadline (the decision leaves it
+        // time), so the layer's expiry check at this moment never fires here; were the
+        // deadline past, `start_retry_at` would refuse and refund the grant, as the layer's
+        // expiry does by dropping the call state.
         match call.retry.start_retry_at(now) {
             Ok(()) => self.send_attempt(slot),
             Err(refusal) => {
