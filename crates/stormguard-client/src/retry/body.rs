@@ -193,6 +193,7 @@ impl<B: fmt::Debug> fmt::Debug for ResponseBody<B> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::stats::RetryStats;
     use std::collections::VecDeque;
     use std::sync::Arc;
 
