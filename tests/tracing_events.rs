@@ -122,7 +122,11 @@ async fn info_is_quiet_when_healthy_and_tells_what_was_refused_or_shed() {
             .await
             .unwrap();
     }
-    assert_eq!(recorder.take_info().len(), 0, "a healthy client is quiet at INFO");
+    assert_eq!(
+        recorder.take_info().len(),
+        0,
+        "a healthy client is quiet at INFO"
+    );
     let retry_span = recorder
         .spans
         .lock()
@@ -133,10 +137,19 @@ async fn info_is_quiet_when_healthy_and_tells_what_was_refused_or_shed() {
         })
         .cloned()
         .unwrap();
-    let field = |k: &str| retry_span.1.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let field = |k: &str| {
+        retry_span
+            .1
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+    };
     assert_eq!(field("retry.reason").as_deref(), Some("UNAVAILABLE"));
     let delay: u64 = field("retry.delay_ms").unwrap().parse().unwrap();
-    assert!(delay <= 5, "the retry's backoff delay, at most the cap: {delay}");
+    assert!(
+        delay <= 5,
+        "the retry's backoff delay, at most the cap: {delay}"
+    );
 
     // Client, failing: the attempt limit refuses the last retry, at INFO.
     svc.push([
@@ -172,7 +185,11 @@ async fn info_is_quiet_when_healthy_and_tells_what_was_refused_or_shed() {
         .reserve(server_support::reserve("ok", None))
         .await
         .unwrap();
-    assert_eq!(recorder.take_info().len(), 0, "a healthy server is quiet at INFO");
+    assert_eq!(
+        recorder.take_info().len(),
+        0,
+        "a healthy server is quiet at INFO"
+    );
     server.control.close_gate();
     let held = server_support::hold_worker(&plain, &server.control).await;
     let shed = plain

@@ -66,8 +66,6 @@ pub(crate) struct Methods {
 impl Methods {
     fn new() -> Self {
         let slots: Vec<Slot> = (0..=MAX_METHODS).map(|_| Slot::default()).collect();
-        let other = &slots[MAX_METHODS];
-        let _ = other.name.set((Arc::from("_OTHER"), Arc::from("_OTHER")));
         Methods {
             slots: slots.into_boxed_slice(),
         }
@@ -92,6 +90,11 @@ impl Methods {
                 Err(_) => {}
             }
         }
+        // Named on first use, so that it is exported only once a call lands in it.
+        let other = &self.slots[MAX_METHODS];
+        let _ = other
+            .name
+            .get_or_init(|| (Arc::from("_OTHER"), Arc::from("_OTHER")));
         MAX_METHODS
     }
 }
@@ -136,7 +139,11 @@ fn method_attributes(slot: &Slot) -> Option<[KeyValue; 3]> {
 }
 
 impl ClientMetrics {
-    pub(crate) fn register(meter: &Meter, stats: &RetryStats, controller: &RetryController) -> Self {
+    pub(crate) fn register(
+        meter: &Meter,
+        stats: &RetryStats,
+        controller: &RetryController,
+    ) -> Self {
         let methods = Arc::new(Methods::new());
         let mut counters = Vec::new();
 
@@ -214,7 +221,10 @@ impl ClientMetrics {
                 .with_unit("{retry}")
                 .with_callback(move |o| {
                     for (cause, n) in s.snapshot().refused.iter() {
-                        o.observe(n, &[system(), KeyValue::new("stormguard.refusal.cause", cause)]);
+                        o.observe(
+                            n,
+                            &[system(), KeyValue::new("stormguard.refusal.cause", cause)],
+                        );
                     }
                 })
                 .build(),
@@ -231,7 +241,10 @@ impl ClientMetrics {
                         ("backoff", snap.delayed_by_backoff),
                         ("pushback", snap.delayed_by_pushback),
                     ] {
-                        o.observe(n, &[system(), KeyValue::new("stormguard.delay.source", source)]);
+                        o.observe(
+                            n,
+                            &[system(), KeyValue::new("stormguard.delay.source", source)],
+                        );
                     }
                 })
                 .build(),
@@ -334,6 +347,10 @@ mod tests {
             methods.index(&format!("/pkg.Svc/M{n}"));
         }
         assert_eq!(methods.index("/pkg.Svc/Z"), MAX_METHODS, "_OTHER");
-        assert_eq!(methods.index("/pkg.Svc/A"), a, "earlier methods keep their slot");
+        assert_eq!(
+            methods.index("/pkg.Svc/A"),
+            a,
+            "earlier methods keep their slot"
+        );
     }
 }

@@ -1273,6 +1273,66 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn the_requests_allowance_is_spent_last_and_given_back_when_unused() {
+        use crate::context::{self, RequestScope};
+        let now = Instant::now();
+        let failure = Failure::status(Code::Unavailable);
+        // A budget that grants nothing: the allowance it was about to spend comes back.
+        let dry = budget(0, 0.001);
+        let c = RetryController::new(MethodTable::uniform(retried()), dry, None, 1);
+        let left = context::request_scope(RequestScope::new().with_allowance(1), async {
+            let mut call = c.begin_at(PATH, None, now).unwrap();
+            let d = call.on_failure_at(&failure, now);
+            (d, context::remaining_allowance())
+        })
+        .await;
+        assert_eq!(left, (Decision::GiveUp(Refusal::Budget), Some(1)));
+
+        // With a budget: a granted retry dropped before it started gives its allowance
+        // back; then each retry spends one, and the one after the last is refused.
+        let five = RetryPolicy {
+            max_attempts: 5,
+            ..retried()
+        };
+        let c = RetryController::new(MethodTable::uniform(five), budget(100, 0.1), None, 1);
+        let seen = context::request_scope(RequestScope::new().with_allowance(2), async {
+            let mut dropped = c.begin_at(PATH, None, now).unwrap();
+            assert!(matches!(
+                dropped.on_failure_at(&failure, now),
+                Decision::Retry { .. }
+            ));
+            let while_granted = context::remaining_allowance();
+            drop(dropped);
+            let after_drop = context::remaining_allowance();
+            let mut call = c.begin_at(PATH, None, now).unwrap();
+            for _ in 0..2 {
+                assert!(matches!(
+                    call.on_failure_at(&failure, now),
+                    Decision::Retry { .. }
+                ));
+                call.start_retry_at(now).unwrap();
+            }
+            let third = call.on_failure_at(&failure, now);
+            (
+                while_granted,
+                after_drop,
+                third,
+                context::remaining_allowance(),
+            )
+        })
+        .await;
+        assert_eq!(
+            seen,
+            (
+                Some(1),
+                Some(2),
+                Decision::GiveUp(Refusal::Allowance),
+                Some(0)
+            )
+        );
+    }
+
     #[test]
     fn refusal_names_are_stable() {
         let names: Vec<_> = Refusal::ALL.iter().map(|r| r.as_str()).collect();

@@ -95,8 +95,9 @@ impl<B> Last<B> {
     /// The code the caller will see.
     fn code(&self) -> Code {
         match self {
-            Last::Response(r) => trailers_only_code(r.headers())
-                .unwrap_or_else(|| code_from_http_status(r.status())),
+            Last::Response(r) => {
+                trailers_only_code(r.headers()).unwrap_or_else(|| code_from_http_status(r.status()))
+            }
             Last::Error(status) => crate::status::code_from_tonic(status.code()),
         }
     }
@@ -576,7 +577,11 @@ where
                                 this.stats.committed();
                                 this.state.set(State::Finished { status: None });
                                 let (parts, body) = response.into_parts();
-                                let body = ResponseBody::committed(body, this.call.take(), this.stats.take());
+                                let body = ResponseBody::committed(
+                                    body,
+                                    this.call.take(),
+                                    this.stats.take(),
+                                );
                                 return Poll::Ready(Ok(http::Response::from_parts(parts, body)));
                             }
                             Outcome::Failed {

@@ -327,7 +327,10 @@ impl Queue {
     /// Records each call's time queued into `histogram` from now on (the first one set
     /// stays).
     #[cfg(feature = "opentelemetry")]
-    pub(crate) fn record_time_queued_into(&self, histogram: opentelemetry::metrics::Histogram<f64>) {
+    pub(crate) fn record_time_queued_into(
+        &self,
+        histogram: opentelemetry::metrics::Histogram<f64>,
+    ) {
         let _ = self.counters.time_queued.set(histogram);
     }
 
