@@ -12,65 +12,23 @@
 //!   sets it.
 #![allow(clippy::unwrap_used)]
 
+mod hops_support;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use stormguard_client::{Retry, RetryLayer, RetryStats};
+use hops_support::{Client, client, retry_layer};
+use stormguard_client::RetryStats;
 use stormguard_core::admission::AdmissionConfig;
-use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
-use stormguard_core::policy::{MethodTable, RetryPolicy};
-use stormguard_core::retry::RetryController;
 use stormguard_demo::{
-    Inventory, InventoryClient, InventoryServer, ReserveReply, ReserveRequest, StockLevel,
-    WatchStockRequest,
+    Inventory, InventoryServer, ReserveReply, ReserveRequest, StockLevel, WatchStockRequest,
 };
 use stormguard_server::ShedLayer;
 use tokio::net::TcpListener;
 use tonic::codegen::tokio_stream::Stream;
+use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Request, Response, Status};
-use tower::ServiceBuilder;
-
-type Client = InventoryClient<Retry<Channel>>;
-
-/// Five attempts, a tiny backoff, a budget that never runs dry in these tests: only the
-/// rules under test limit retries.
-fn retry_layer() -> RetryLayer {
-    let policy = RetryPolicy {
-        backoff: stormguard_core::backoff::BackoffConfig::FullJitter {
-            base: Duration::from_millis(1),
-            cap: Duration::from_millis(2),
-            multiplier: 2.0,
-        },
-        max_attempts: 5,
-        idempotent: true,
-        ..RetryPolicy::default()
-    };
-    let budget: Arc<dyn Budget> = Arc::new(
-        RetryBudget::new(BudgetConfig {
-            min_retries_per_second: 1_000,
-            ..BudgetConfig::default()
-        })
-        .unwrap(),
-    );
-    RetryLayer::new(RetryController::new(
-        MethodTable::uniform(policy),
-        budget,
-        None,
-        11,
-    ))
-}
-
-async fn client(addr: SocketAddr, layer: RetryLayer) -> Client {
-    let channel = Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    InventoryClient::new(ServiceBuilder::new().layer(layer).service(channel))
-}
 
 /// What the back saw of each attempt: its `x-retry-budget`, if any.
 #[derive(Clone, Default)]
@@ -192,7 +150,7 @@ async fn serve_hop(
     shed: ShedLayer,
     on_failure: OnFailure,
 ) -> (SocketAddr, RetryStats, Arc<Mutex<u32>>) {
-    let layer = retry_layer();
+    let layer = retry_layer(5);
     let stats = layer.stats();
     let entered = Arc::new(Mutex::new(0));
     let hop = Hop {
@@ -234,7 +192,7 @@ async fn chain(front_shed: ShedLayer, middle_shed: ShedLayer, on_failure: OnFail
     let (back_addr, back) = serve_back().await;
     let (middle_addr, middle, middle_entered) = serve_hop(back_addr, middle_shed, on_failure).await;
     let (front_addr, front, front_entered) = serve_hop(middle_addr, front_shed, on_failure).await;
-    let layer = retry_layer();
+    let layer = retry_layer(5);
     let caller_stats = layer.stats();
     Chain {
         caller: client(front_addr, layer).await,
@@ -247,14 +205,20 @@ async fn chain(front_shed: ShedLayer, middle_shed: ShedLayer, on_failure: OnFail
     }
 }
 
+impl Chain {
+    /// One call from the caller, which fails.
+    async fn call(&mut self) -> Status {
+        self.caller
+            .reserve(ReserveRequest::default())
+            .await
+            .unwrap_err()
+    }
+}
+
 #[tokio::test]
 async fn do_not_retry_survives_handlers_that_answer_with_their_own_status() {
     let mut c = chain(shed_layer(), shed_layer(), OnFailure::OwnUnavailable).await;
-    let status = c
-        .caller
-        .reserve(ReserveRequest::default())
-        .await
-        .unwrap_err();
+    let status = c.call().await;
     assert_eq!(status.code(), Code::Unavailable);
     assert_eq!(status.message(), "hop: inventory unavailable");
     assert_eq!(pushback(&status), Some("-1"));
@@ -279,11 +243,7 @@ async fn do_not_retry_survives_handlers_that_answer_with_their_own_status() {
 #[tokio::test]
 async fn a_handlers_answer_is_marked_only_for_codes_clients_retry() {
     let mut c = chain(shed_layer(), shed_layer(), OnFailure::OwnInternal).await;
-    let status = c
-        .caller
-        .reserve(ReserveRequest::default())
-        .await
-        .unwrap_err();
+    let status = c.call().await;
     assert_eq!(status.code(), Code::Internal);
     assert_eq!(pushback(&status), None, "INTERNAL is not retried anyway");
     assert_eq!(c.back.budgets().len(), 5);
@@ -300,7 +260,7 @@ async fn a_handlers_own_failure_without_a_refused_downstream_call_stays_retryabl
         serve_hop(back_addr, shed_layer(), OnFailure::FailAlone).await;
     let (front_addr, front, _) =
         serve_hop(middle_addr, shed_layer(), OnFailure::OwnUnavailable).await;
-    let layer = retry_layer();
+    let layer = retry_layer(5);
     let caller_stats = layer.stats();
     let mut caller = client(front_addr, layer).await;
 

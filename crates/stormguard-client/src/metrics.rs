@@ -316,6 +316,11 @@ pub(crate) struct CallMetrics {
 }
 
 impl CallMetrics {
+    /// Counters for a call of a layer without a meter: nothing.
+    pub(crate) fn none() -> Self {
+        CallMetrics { slot: None }
+    }
+
     /// An attempt was sent.
     pub(crate) fn attempt(&self) {
         if let Some((methods, i)) = &self.slot {

@@ -272,7 +272,7 @@ mod tests {
         ResponseBody::committed(
             Frames(frames.into()),
             Some(call),
-            CallStats::new(stats.clone(), Default::default()),
+            CallStats::new(stats.clone(), crate::metrics::CallMetrics::none()),
         )
     }
 

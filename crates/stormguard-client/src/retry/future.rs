@@ -165,22 +165,22 @@ fn stamp_allowance(headers: &mut HeaderMap) {
 /// request's allowance) are at INFO.
 fn log_refusal(uri: &Uri, refusal: Refusal, attempt: u32, left: Option<Duration>) {
     let left_ms = left.map(|d| d.as_millis() as u64);
+    macro_rules! refused {
+        ($level:expr) => {
+            tracing::event!(
+                $level,
+                rpc.method = uri.path(),
+                retry.refused = refusal.as_str(),
+                retry.attempt = attempt,
+                deadline.left_ms = left_ms,
+                "stormguard: retry refused"
+            )
+        };
+    }
     if refusal.is_retryable_but_refused() {
-        tracing::info!(
-            rpc.method = uri.path(),
-            retry.refused = refusal.as_str(),
-            retry.attempt = attempt,
-            deadline.left_ms = left_ms,
-            "stormguard: retry refused"
-        );
+        refused!(tracing::Level::INFO);
     } else {
-        tracing::debug!(
-            rpc.method = uri.path(),
-            retry.refused = refusal.as_str(),
-            retry.attempt = attempt,
-            deadline.left_ms = left_ms,
-            "stormguard: retry refused"
-        );
+        refused!(tracing::Level::DEBUG);
     }
 }
 

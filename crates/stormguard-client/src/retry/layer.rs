@@ -40,7 +40,7 @@ impl Shared {
             return metrics.call(path);
         }
         let _ = path;
-        crate::metrics::CallMetrics::default()
+        crate::metrics::CallMetrics::none()
     }
 }
 
