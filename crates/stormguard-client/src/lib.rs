@@ -15,7 +15,7 @@
 //! # Use
 //!
 //! ```no_run
-//! use std::sync::Arc;
+//! use std::{sync::Arc, time::Duration};
 //! use stormguard_client::RetryLayer;
 //! use stormguard_core::{
 //!     budget::{Budget, BudgetConfig, RetryBudget},
@@ -31,14 +31,41 @@
 //!     .connect()
 //!     .await?;
 //! let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default())?);
-//! let controller = RetryController::new(MethodTable::uniform(RetryPolicy::default()), budget, None, 7);
-//! let layer = RetryLayer::new(controller);
+//! let policy = RetryPolicy {
+//!     // Abandon (and retry) an attempt after 50 ms; see "Timeouts" below.
+//!     per_attempt_timeout: Some(Duration::from_millis(50)),
+//!     ..RetryPolicy::default()
+//! };
+//! let controller = RetryController::new(MethodTable::uniform(policy), budget, None, 7);
+//! // Calls that set no deadline of their own get 150 ms for all their attempts.
+//! let layer = RetryLayer::new(controller).with_default_timeout(Duration::from_millis(150));
 //! let stats = layer.stats();
 //! let svc = ServiceBuilder::new().layer(layer).service(channel);
 //! // let mut client = InventoryClient::new(svc);   // the generated client, unchanged
 //! # let _ = (svc, stats);
 //! # Ok(()) }
 //! ```
+//!
+//! # Timeouts
+//!
+//! A call has one deadline for all its attempts and, optionally, a shorter limit per
+//! attempt. Four knobs set them; this is how each one meets the layer.
+//!
+//! | knob | bounds | the server learns it | when it runs out |
+//! |---|---|---|---|
+//! | `tonic::Request::set_timeout` | the whole call: every attempt and every backoff delay | yes: each attempt's `grpc-timeout` is what is left | `DEADLINE_EXCEEDED`, final (never retried) |
+//! | per-attempt timeout: [`RetryPolicy::per_attempt_timeout`](stormguard_core::policy::RetryPolicy::per_attempt_timeout), `retry.per_attempt_timeout`, `retryPolicy.perAttemptRecvTimeout`, [`RetryLayer::with_per_attempt_timeout`] | one attempt | yes: `grpc-timeout` is the smaller of it and what is left of the call | a failure of the dependency (budget, breaker), retried; when the layer gives up, `DEADLINE_EXCEEDED` with `grpc-retry-pushback-ms: -1` |
+//! | `Endpoint::timeout`, or a `tower::timeout` layer *under* the `RetryLayer` | one attempt (the channel takes the smaller of it and `grpc-timeout`) | no | read by the layer exactly as a per-attempt timeout |
+//! | a `tower::timeout` layer *above* the `RetryLayer` | the whole call | no | the layer's future is dropped: the attempt in flight is cancelled, nothing is recorded for the budget or the breaker, the caller gets `tower`'s `Elapsed`, not a gRPC status |
+//!
+//! Prefer `Request::set_timeout` (or [`RetryLayer::with_default_timeout`], or a deadline in
+//! the [`CallContext`](context::CallContext)) for the call and the per-attempt timeout for
+//! attempts: the server then knows both and can drop work nobody waits for. The call's
+//! deadline is the earliest of the request's `grpc-timeout` and the context's deadline; the
+//! layer's default applies only when neither is set. The layer's own timer also counts the
+//! time an attempt waits in the channel's buffer, which the channel's `grpc-timeout` timer
+//! does not. An attempt answered after its per-attempt timeout with `DEADLINE_EXCEEDED` or
+//! `CANCELLED` (tonic's answer to an expired `grpc-timeout`) counts as timed out too.
 //!
 //! # Layer or interceptor?
 //!

@@ -37,6 +37,7 @@ struct Counters {
     committed_failed: AtomicU64,
     committed_abandoned: AtomicU64,
     deadline_exceeded: AtomicU64,
+    attempt_timeouts: AtomicU64,
     refused: [AtomicU64; Refusal::ALL.len()],
 }
 
@@ -93,6 +94,10 @@ impl RetryStats {
         self.inner.deadline_exceeded.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(crate) fn attempt_timed_out(&self) {
+        self.inner.attempt_timeouts.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn refused(&self, r: Refusal) {
         self.inner.refused[index(r)].fetch_add(1, Ordering::Relaxed);
     }
@@ -113,6 +118,7 @@ impl RetryStats {
             committed_failed: load(&c.committed_failed),
             committed_abandoned: load(&c.committed_abandoned),
             deadline_exceeded: load(&c.deadline_exceeded),
+            attempt_timeouts: load(&c.attempt_timeouts),
             refused: RefusedCounts {
                 not_retryable: r(Refusal::NotRetryable),
                 not_idempotent: r(Refusal::NotIdempotent),
@@ -159,6 +165,11 @@ pub struct StatsSnapshot {
     /// before the first attempt was sent, while an attempt was in flight or its failure was
     /// on its way, or while the channel was being readied for a retry.
     pub deadline_exceeded: u64,
+    /// Attempts abandoned because their per-attempt timeout ran out before the call's
+    /// deadline (the layer's own timer, or a timer below it: `Endpoint::timeout`, a
+    /// `tower::timeout` layer). Each is a failure of the dependency; the call went on with a
+    /// retry or ended with `DEADLINE_EXCEEDED`.
+    pub attempt_timeouts: u64,
     /// Failures that were not retried, by cause. A first attempt rejected by an open
     /// breaker counts under `breaker` too.
     pub refused: RefusedCounts,

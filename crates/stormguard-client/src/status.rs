@@ -87,7 +87,8 @@ pub(crate) struct TransportFailure {
     pub(crate) code: Code,
     /// The request never reached the server (the connection could not be made).
     pub(crate) unsent: bool,
-    /// The client-side per-attempt timer (`grpc-timeout` in the channel) ran out.
+    /// A timer below the layer ended the attempt: tonic's channel (`grpc-timeout`, or
+    /// `Endpoint::timeout`) or a `tower::timeout` layer.
     pub(crate) timed_out: bool,
 }
 
@@ -106,7 +107,9 @@ pub(crate) fn classify_error(err: &(dyn std::error::Error + 'static)) -> Transpo
         if e.downcast_ref::<tonic::ConnectError>().is_some() {
             unsent = true;
         }
-        if e.downcast_ref::<tonic::TimeoutExpired>().is_some() {
+        if e.downcast_ref::<tonic::TimeoutExpired>().is_some()
+            || e.downcast_ref::<tower::timeout::error::Elapsed>().is_some()
+        {
             timed_out = true;
         }
         source = e.source();

@@ -13,6 +13,7 @@
 //! { "retry": {
 //!     "max_attempts": 3,
 //!     "backoff": "full_jitter", "base": "50ms", "cap": "2s", "max_pushback": "30s",
+//!     "per_attempt_timeout": "50ms",
 //!     "retryable_codes": ["UNAVAILABLE"],
 //!     "budget": { "ttl": "10s", "min_retries_per_second": 5, "retry_ratio": 0.1,
 //!                 "fleet_size": 1 },
@@ -233,6 +234,7 @@ impl ClientConfig {
                     "idempotent",
                     "min_attempt_time",
                     "max_pushback",
+                    "per_attempt_timeout",
                     "budget",
                     "budget_exhausted",
                 ],
@@ -293,6 +295,9 @@ impl ClientConfig {
             if let Some(v) = r.get("max_pushback") {
                 policy.max_pushback = as_duration(v, "retry.max_pushback")?;
             }
+            if let Some(v) = r.get("per_attempt_timeout") {
+                policy.per_attempt_timeout = Some(as_duration(v, "retry.per_attempt_timeout")?);
+            }
             if let Some(v) = r.get("budget_exhausted") {
                 match as_str(v, "retry.budget_exhausted")? {
                     "fail_fast" => {}
@@ -338,6 +343,7 @@ impl ClientConfig {
             e.renamed(&[
                 ("retry.maxAttempts", "retry.max_attempts"),
                 ("retry.retryableStatusCodes", "retry.retryable_codes"),
+                ("retry.perAttemptRecvTimeout", "retry.per_attempt_timeout"),
                 ("retry.backoff.base", "retry.base"),
                 ("retry.backoff.cap", "retry.cap"),
                 ("retry.backoff.initialBackoff", "retry.base"),
@@ -408,9 +414,15 @@ fn a6_retry_policy(v: &Value, field: &str) -> Result<RetryPolicy, ConfigError> {
         req(p, "retryableStatusCodes", field)?,
         &format!("{field}.retryableStatusCodes"),
     )?;
+    // Optional, as in gRPC's service config.
+    let per_attempt_timeout = p
+        .get("perAttemptRecvTimeout")
+        .map(|v| proto_duration(v, &format!("{field}.perAttemptRecvTimeout")))
+        .transpose()?;
     let policy = RetryPolicy {
         max_attempts,
         retryable_codes,
+        per_attempt_timeout,
         backoff: BackoffConfig::A6 {
             initial,
             max,
@@ -750,6 +762,63 @@ mod tests {
             ClientConfig::from_service_config_json("{"),
             Err(ConfigError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn per_attempt_timeout_is_read_from_both_shapes() {
+        let json = r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 3,
+            "initialBackoff": "0.01s", "maxBackoff": "1s", "backoffMultiplier": 2,
+            "retryableStatusCodes": ["UNAVAILABLE"], "perAttemptRecvTimeout": "0.05s"}}]}"#;
+        let c = ClientConfig::from_service_config_json(json).unwrap();
+        assert_eq!(
+            c.methods.lookup("/a.B/C").unwrap().per_attempt_timeout,
+            Some(Duration::from_millis(50))
+        );
+        let c = ClientConfig::from_json(r#"{"retry": {"per_attempt_timeout": "50ms"}}"#).unwrap();
+        assert_eq!(
+            c.methods.lookup("/a.B/C").unwrap().per_attempt_timeout,
+            Some(Duration::from_millis(50))
+        );
+        // Absent: no per-attempt timeout.
+        assert_eq!(
+            ClientConfig::from_json("{}")
+                .unwrap()
+                .methods
+                .lookup("/a.B/C")
+                .unwrap()
+                .per_attempt_timeout,
+            None
+        );
+        let zero = r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 3,
+            "initialBackoff": "0.01s", "maxBackoff": "1s", "backoffMultiplier": 2,
+            "retryableStatusCodes": ["UNAVAILABLE"], "perAttemptRecvTimeout": "0s"}}]}"#;
+        assert_eq!(
+            field_of(ClientConfig::from_service_config_json(zero).unwrap_err()),
+            "methodConfig[0].retryPolicy.perAttemptRecvTimeout"
+        );
+        let bad = r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 3,
+            "initialBackoff": "0.01s", "maxBackoff": "1s", "backoffMultiplier": 2,
+            "retryableStatusCodes": ["UNAVAILABLE"], "perAttemptRecvTimeout": "50ms"}}]}"#;
+        assert_eq!(
+            field_of(ClientConfig::from_service_config_json(bad).unwrap_err()),
+            "methodConfig[0].retryPolicy.perAttemptRecvTimeout"
+        );
+        for (json, field) in [
+            (
+                r#"{"retry": {"per_attempt_timeout": "0ms"}}"#,
+                "retry.per_attempt_timeout",
+            ),
+            (
+                r#"{"retry": {"per_attempt_timeout": 50}}"#,
+                "retry.per_attempt_timeout",
+            ),
+        ] {
+            assert_eq!(
+                field_of(ClientConfig::from_json(json).unwrap_err()),
+                field,
+                "{json}"
+            );
+        }
     }
 
     #[test]

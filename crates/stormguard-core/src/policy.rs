@@ -44,11 +44,19 @@ pub struct RetryPolicy {
     /// its calls. Matters for calls without a deadline; with one, a pushback longer than the
     /// time left already means no retry.
     pub max_pushback: Duration,
+    /// How long one attempt may take before it is abandoned (gRPC's
+    /// `perAttemptRecvTimeout`); `None`: an attempt may use all that is left of the call's
+    /// deadline. Each attempt tells the server the smaller of the two as `grpc-timeout`, so
+    /// the server can drop work its caller no longer waits for. An attempt that times out
+    /// is a failure of the dependency (it counts for the breaker and the budget) and is
+    /// retried like a retryable status, whatever [`retryable_codes`](Self::retryable_codes)
+    /// says; when the call's own deadline runs out first, the call ends as usual.
+    pub per_attempt_timeout: Option<Duration>,
 }
 
 impl Default for RetryPolicy {
     /// Retry `UNAVAILABLE`, 3 attempts, full jitter, idempotent, 5 ms minimum attempt,
-    /// pushback honoured up to 30 s.
+    /// pushback honoured up to 30 s, no per-attempt timeout.
     fn default() -> Self {
         RetryPolicy {
             max_attempts: 3,
@@ -57,6 +65,7 @@ impl Default for RetryPolicy {
             idempotent: true,
             min_attempt_time: Duration::from_millis(5),
             max_pushback: Duration::from_secs(30),
+            per_attempt_timeout: None,
         }
     }
 }
@@ -88,6 +97,12 @@ impl RetryPolicy {
             return Err(ConfigError::invalid(
                 format!("{field}.retryableStatusCodes"),
                 "OK is not a failure and cannot be retried",
+            ));
+        }
+        if self.per_attempt_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(ConfigError::invalid(
+                format!("{field}.perAttemptRecvTimeout"),
+                "must be greater than zero; leave it out for no per-attempt timeout",
             ));
         }
         self.backoff.validate(&format!("{field}.backoff"))

@@ -362,6 +362,32 @@ impl CallRetry {
         }
     }
 
+    /// The method's per-attempt timeout ([`RetryPolicy::per_attempt_timeout`]), if any.
+    pub fn per_attempt_timeout(&self) -> Option<Duration> {
+        self.policy.as_ref().and_then(|p| p.per_attempt_timeout)
+    }
+
+    /// The attempt ran out of its per-attempt timeout before the call's deadline: a
+    /// failure of the dependency (the breaker counts it, an A6 throttle takes a token) that
+    /// is retried like a retryable status whatever the method's retryable codes, under every
+    /// other rule (pushback, idempotency, attempts, deadline, breaker, budget). `failure`
+    /// says whether the request can be replayed; its code is read as `DEADLINE_EXCEEDED`.
+    pub fn on_attempt_timeout_at(&mut self, failure: &Failure, now: Instant) -> Decision {
+        let failure = Failure {
+            code: Code::DeadlineExceeded,
+            ..*failure
+        };
+        if let Some(permit) = self.permit.take() {
+            permit.failure_at(now);
+        }
+        self.shared.budget.record_failure_at(now);
+        let deadline_passed = self.deadline.is_some_and(|d| now >= d);
+        match self.decide(&failure, true, deadline_passed, now) {
+            Ok(delay) => Decision::Retry { delay },
+            Err(refusal) => Decision::GiveUp(refusal),
+        }
+    }
+
     /// A committed call (its response headers had arrived, so it is never retried) ended
     /// with `code`, e.g. a stream whose trailers carried a status. Records the outcome in
     /// the budget and the breaker as [`on_success_at`](Self::on_success_at) and
@@ -852,6 +878,68 @@ mod tests {
             ..BreakerConfig::default()
         });
         assert!(RetryController::from_config(&bad, 1).is_err());
+    }
+
+    #[test]
+    fn an_attempt_timeout_is_a_retryable_failure_whatever_the_codes() {
+        let throttle: Arc<dyn Budget> = Arc::new(
+            A6Throttle::new(ThrottleConfig {
+                max_tokens: 10.0,
+                token_ratio: 0.1,
+            })
+            .unwrap(),
+        );
+        let breaker = CircuitBreaker::new(
+            BreakerConfig {
+                min_requests: 2,
+                failure_rate: 0.5,
+                ..BreakerConfig::default()
+            },
+            3,
+        )
+        .unwrap();
+        let policy = RetryPolicy {
+            // DEADLINE_EXCEEDED is not among them: the timeout is retried anyway.
+            retryable_codes: CodeSet::single(Code::Unavailable),
+            per_attempt_timeout: Some(ms(50)),
+            ..RetryPolicy::default()
+        };
+        let c = RetryController::new(
+            MethodTable::uniform(policy),
+            Arc::clone(&throttle),
+            Some(breaker),
+            1,
+        );
+        let now = Instant::now();
+        let mut call = c.begin_at(PATH, Some(now + ms(500)), now).unwrap();
+        assert_eq!(call.per_attempt_timeout(), Some(ms(50)));
+        let timeout = Failure::status(Code::Cancelled);
+        assert!(matches!(
+            call.on_attempt_timeout_at(&timeout, now + ms(50)),
+            Decision::Retry { .. }
+        ));
+        // It cost a token, as a failure does.
+        assert!((throttle.balance_at(now) - 4.0).abs() < 1e-9);
+        call.start_retry_at(now + ms(60)).unwrap();
+        // The second timeout opens the breaker (2 failures of 2): its retry is refused.
+        assert_eq!(
+            call.on_attempt_timeout_at(&timeout, now + ms(110)),
+            Decision::GiveUp(Refusal::Breaker)
+        );
+        // Not idempotent: the attempt may have done the work.
+        let c = controller(
+            RetryPolicy {
+                idempotent: false,
+                per_attempt_timeout: Some(ms(50)),
+                ..RetryPolicy::default()
+            },
+            budget(5, 0.1),
+        );
+        let mut call = c.begin_at(PATH, None, now).unwrap();
+        assert_eq!(
+            call.on_attempt_timeout_at(&timeout, now + ms(50)),
+            Decision::GiveUp(Refusal::NotIdempotent)
+        );
     }
 
     #[test]

@@ -47,9 +47,15 @@ pin_project! {
         span: tracing::Span,
         #[pin]
         state: State<S::Future>,
-        // Fires when the caller's deadline runs out; races every attempt.
+        // The caller's deadline, if any.
+        logical: Option<Instant>,
+        // How long each attempt may take, if limited.
+        attempt_timeout: Option<Duration>,
+        // When the attempt in flight times out, if before `logical`.
+        attempt_deadline: Option<Instant>,
+        // Fires at the earlier of `logical` and `attempt_deadline`; races every attempt.
         #[pin]
-        deadline: Option<Sleep>,
+        timer: Option<Sleep>,
     }
 }
 
@@ -156,7 +162,10 @@ where
             reason: "initial",
             span: tracing::Span::none(),
             state: State::Finished { status: None },
-            deadline: None,
+            logical: deadline,
+            attempt_timeout: None,
+            attempt_deadline: None,
+            timer: None,
         };
 
         let call = match begun {
@@ -175,21 +184,23 @@ where
                 return fut;
             }
         };
-        if let Some(deadline) = deadline {
-            let left = deadline.saturating_duration_since(now);
-            if left.is_zero() {
-                fut.stats.deadline_exceeded();
-                fut.stats.outcome(false);
-                fut.state = State::Finished {
-                    status: Some(Status::deadline_exceeded(
-                        "stormguard: the call's deadline had passed before it was sent",
-                    )),
-                };
-                return fut;
-            }
-            set_timeout(&mut fut.template.headers, left);
-            fut.deadline = Some(tokio::time::sleep_until(deadline));
+        if deadline.is_some_and(|d| d <= now) {
+            fut.stats.deadline_exceeded();
+            fut.stats.outcome(false);
+            fut.state = State::Finished {
+                status: Some(Status::deadline_exceeded(
+                    "stormguard: the call's deadline had passed before it was sent",
+                )),
+            };
+            return fut;
         }
+        fut.attempt_timeout = call.per_attempt_timeout().or(shared.per_attempt_timeout);
+        let timers = AttemptTimers::at(deadline, fut.attempt_timeout, now);
+        if let Some(at) = timers.fire_at {
+            set_timeout(&mut fut.template.headers, at.saturating_duration_since(now));
+            fut.timer = Some(tokio::time::sleep_until(at));
+        }
+        fut.attempt_deadline = timers.attempt_deadline;
 
         let body = if call.is_retryable_method() {
             match Replay::new(body, shared.replay_limit) {
@@ -244,6 +255,52 @@ impl Template {
     }
 }
 
+/// When an attempt sent at some instant must end.
+struct AttemptTimers {
+    /// The attempt's own deadline, when its timeout ends it before the call's deadline.
+    attempt_deadline: Option<Instant>,
+    /// The earlier of the call's deadline and the attempt's: the attempt's `grpc-timeout`
+    /// and the layer's timer.
+    fire_at: Option<Instant>,
+}
+
+impl AttemptTimers {
+    fn at(logical: Option<Instant>, attempt_timeout: Option<Duration>, now: Instant) -> Self {
+        // Saturates: an absurd timeout means "no practical limit", not a panic.
+        let attempt = attempt_timeout.map(|t| Deadline::after_at(now, t).instant());
+        match (logical, attempt) {
+            (Some(l), Some(a)) if a < l => AttemptTimers {
+                attempt_deadline: Some(a),
+                fire_at: Some(a),
+            },
+            (Some(l), _) => AttemptTimers {
+                attempt_deadline: None,
+                fire_at: Some(l),
+            },
+            (None, a) => AttemptTimers {
+                attempt_deadline: a,
+                fire_at: a,
+            },
+        }
+    }
+}
+
+/// Points `timer` at `at` (or disarms it), reusing its registration when it has one.
+fn arm(mut timer: Pin<&mut Option<Sleep>>, at: Option<Instant>) {
+    match at {
+        Some(at) => {
+            if let Some(sleep) = timer.as_mut().as_pin_mut() {
+                if sleep.deadline() != at {
+                    sleep.reset(at);
+                }
+            } else {
+                timer.set(Some(tokio::time::sleep_until(at)));
+            }
+        }
+        None => timer.set(None),
+    }
+}
+
 fn set_timeout(headers: &mut HeaderMap, left: Duration) {
     if let Ok(value) = HeaderValue::from_str(encode_grpc_timeout(left).as_str()) {
         headers.insert(GRPC_TIMEOUT_HEADER, value);
@@ -257,8 +314,14 @@ enum Outcome<B> {
     /// Response headers without a status: the call is committed, its outcome comes with the
     /// trailers.
     Committed(http::Response<B>),
-    /// A failure before commit: decide.
-    Failed { failure: Failure, last: Last<B> },
+    /// A failure before commit: decide. `timed_out`: a timer below the layer ended the
+    /// attempt (`Endpoint::timeout` or the `grpc-timeout` in tonic's channel, or a
+    /// `tower::timeout` layer).
+    Failed {
+        failure: Failure,
+        last: Last<B>,
+        timed_out: bool,
+    },
 }
 
 impl<S, B> Future for ResponseFuture<S, B>
@@ -280,76 +343,119 @@ where
                     return Poll::Ready(Err(Box::new(status)));
                 }
                 StateProj::Calling { fut } => {
-                    if deadline_passed(this.deadline.as_mut(), cx) {
-                        // The caller's deadline ran out mid-attempt: final, whatever the
-                        // server would have said. Dropping the attempt cancels its stream.
+                    let (failure, last, timed_out, now) = if timer_fired(this.timer.as_mut(), cx) {
+                        if this.attempt_deadline.is_none() {
+                            // The caller's deadline ran out mid-attempt: final, whatever the
+                            // server would have said. Dropping the attempt cancels its stream.
+                            this.state.set(State::Finished { status: None });
+                            return Poll::Ready(expire(this.call, this.stats, &EXPIRED));
+                        }
+                        // The attempt's own timeout ran out: dropping it cancels its stream
+                        // (and tells the server through `RST_STREAM`).
                         this.state.set(State::Finished { status: None });
-                        return Poll::Ready(expire(this.call, this.stats, &EXPIRED));
-                    }
-                    let result = {
-                        let _enter = this.span.enter();
-                        ready!(fut.poll(cx))
-                    };
-                    let replayable = this.replay.as_ref().is_some_and(Replay::is_replayable);
-                    let now = Instant::now();
-                    let outcome = classify(result, replayable);
-                    let (failure, last) = match outcome {
-                        Outcome::Ok(response) => {
-                            // A trailers-only `OK`: the outcome is known now.
-                            if let Some(call) = this.call.as_mut() {
-                                call.on_success_at(now);
-                            }
-                            this.stats.outcome(true);
-                            this.state.set(State::Finished { status: None });
-                            return Poll::Ready(Ok(response.map(ResponseBody::passthrough)));
-                        }
-                        Outcome::Committed(response) => {
-                            // Passed through, never retried; the outcome is recorded when
-                            // the body ends (see `body`).
-                            this.stats.committed();
-                            this.state.set(State::Finished { status: None });
-                            let (parts, body) = response.into_parts();
-                            let body =
-                                ResponseBody::committed(body, this.call.take(), this.stats.clone());
-                            return Poll::Ready(Ok(http::Response::from_parts(parts, body)));
-                        }
-                        Outcome::Failed { failure, last } => {
-                            if this
-                                .call
-                                .as_ref()
-                                .and_then(CallRetry::deadline)
-                                .is_some_and(|d| now >= d)
-                            {
-                                // The caller's deadline ran out while this answer was on its
-                                // way (the channel's `grpc-timeout` timer, or a server's late
-                                // `CANCELLED`, beat our timer to it): final, as if our timer
-                                // had fired first. The answer is still recorded as it came.
+                        let failure = Failure {
+                            code: Code::DeadlineExceeded,
+                            pushback: None,
+                            replayable: this.replay.as_ref().is_some_and(Replay::is_replayable),
+                            unsent: false,
+                        };
+                        let last = Last::Error(Status::deadline_exceeded(
+                            "stormguard: the attempt's timeout ran out",
+                        ));
+                        (failure, last, true, Instant::now())
+                    } else {
+                        let result = {
+                            let _enter = this.span.enter();
+                            ready!(fut.poll(cx))
+                        };
+                        let replayable = this.replay.as_ref().is_some_and(Replay::is_replayable);
+                        let now = Instant::now();
+                        match classify(result, replayable) {
+                            Outcome::Ok(response) => {
+                                // A trailers-only `OK`: the outcome is known now.
+                                if let Some(call) = this.call.as_mut() {
+                                    call.on_success_at(now);
+                                }
+                                this.stats.outcome(true);
                                 this.state.set(State::Finished { status: None });
-                                return Poll::Ready(expire(this.call, this.stats, &failure));
+                                return Poll::Ready(Ok(response.map(ResponseBody::passthrough)));
                             }
-                            (failure, last)
+                            Outcome::Committed(response) => {
+                                // Passed through, never retried; the outcome is recorded when
+                                // the body ends (see `body`).
+                                this.stats.committed();
+                                this.state.set(State::Finished { status: None });
+                                let (parts, body) = response.into_parts();
+                                let body = ResponseBody::committed(
+                                    body,
+                                    this.call.take(),
+                                    this.stats.clone(),
+                                );
+                                return Poll::Ready(Ok(http::Response::from_parts(parts, body)));
+                            }
+                            Outcome::Failed {
+                                failure,
+                                last,
+                                timed_out,
+                            } => {
+                                if this.logical.is_some_and(|d| now >= d) {
+                                    // The caller's deadline ran out while this answer was on
+                                    // its way (the channel's `grpc-timeout` timer, or a
+                                    // server's late `CANCELLED`, beat our timer to it): final,
+                                    // as if our timer had fired first. The answer is still
+                                    // recorded as it came.
+                                    this.state.set(State::Finished { status: None });
+                                    return Poll::Ready(expire(this.call, this.stats, &failure));
+                                }
+                                // Past the attempt's own deadline, the expiry answers of the
+                                // channel's timer and of the server (tonic's `CANCELLED`) are
+                                // that attempt's timeout, whichever came first.
+                                let attempt_expired =
+                                    this.attempt_deadline.is_some_and(|a| now >= a)
+                                        && matches!(
+                                            failure.code,
+                                            Code::DeadlineExceeded | Code::Cancelled
+                                        );
+                                (failure, last, timed_out || attempt_expired, now)
+                            }
                         }
                     };
                     let decision = match this.call.as_mut() {
+                        Some(call) if timed_out => call.on_attempt_timeout_at(&failure, now),
                         Some(call) => call.on_failure_at(&failure, now),
                         None => Decision::GiveUp(Refusal::NotRetryable),
                     };
+                    if timed_out {
+                        this.stats.attempt_timed_out();
+                    }
                     match decision {
                         Decision::Retry { delay } => {
                             tracing::debug!(
                                 parent: &*this.span,
                                 code = failure.code.name(),
+                                timed_out,
                                 delay_ms = delay.as_millis() as u64,
                                 "stormguard: retrying"
                             );
-                            *this.reason = failure.code.name();
+                            *this.reason = if timed_out {
+                                "per_attempt_timeout"
+                            } else {
+                                failure.code.name()
+                            };
                             *this.last = Some(last);
+                            if this.attempt_deadline.take().is_some() {
+                                // Until the next attempt only the call's deadline matters.
+                                arm(this.timer.as_mut(), *this.logical);
+                            }
                             this.state.set(State::Delaying {
                                 sleep: tokio::time::sleep(delay),
                             });
                         }
                         Decision::GiveUp(refusal) => {
                             this.state.set(State::Finished { status: None });
+                            if timed_out {
+                                return Poll::Ready(give_up_timed_out(this.stats, refusal));
+                            }
                             return Poll::Ready(give_up(this.stats, refusal, last));
                         }
                     }
@@ -370,7 +476,7 @@ where
                     this.state.set(State::Readying);
                 }
                 StateProj::Readying => {
-                    if deadline_passed(this.deadline.as_mut(), cx) {
+                    if timer_fired(this.timer.as_mut(), cx) {
                         this.state.set(State::Finished { status: None });
                         return Poll::Ready(expire(this.call, this.stats, &EXPIRED));
                     }
@@ -389,9 +495,12 @@ where
                     let now = Instant::now();
                     let headers = &mut this.template.headers;
                     headers.insert(PREVIOUS_ATTEMPTS_HEADER, HeaderValue::from(attempt));
-                    if let Some(left) = call.remaining_at(now) {
-                        set_timeout(headers, left);
+                    let timers = AttemptTimers::at(*this.logical, *this.attempt_timeout, now);
+                    if let Some(at) = timers.fire_at {
+                        set_timeout(headers, at.saturating_duration_since(now));
+                        arm(this.timer.as_mut(), Some(at));
                     }
+                    *this.attempt_deadline = timers.attempt_deadline;
                     let body = match this.replay.as_ref() {
                         Some(replay) => Body::new(replay.body()),
                         None => Body::empty(),
@@ -411,9 +520,9 @@ where
     }
 }
 
-/// Polls the deadline timer, if the call has a deadline.
-fn deadline_passed(deadline: Pin<&mut Option<Sleep>>, cx: &mut Context<'_>) -> bool {
-    deadline.as_pin_mut().is_some_and(|d| d.poll(cx).is_ready())
+/// Polls the timer, if it is armed.
+fn timer_fired(timer: Pin<&mut Option<Sleep>>, cx: &mut Context<'_>) -> bool {
+    timer.as_pin_mut().is_some_and(|d| d.poll(cx).is_ready())
 }
 
 /// What [`expire`] records when the layer's own timer ended the call.
@@ -461,6 +570,7 @@ fn classify<B, E: Into<BoxError>>(
                     unsent: false,
                 },
                 last: Last::Response(response),
+                timed_out: false,
             },
             None => Outcome::Committed(response),
             Some(Code::Ok) => Outcome::Ok(response),
@@ -472,6 +582,7 @@ fn classify<B, E: Into<BoxError>>(
                     unsent: false,
                 },
                 last: Last::Response(response),
+                timed_out: false,
             },
         },
         Err(err) => {
@@ -494,9 +605,24 @@ fn classify<B, E: Into<BoxError>>(
                     unsent: transport.unsent,
                 },
                 last: Last::Error(status),
+                timed_out: transport.timed_out,
             }
         }
     }
+}
+
+/// An attempt timed out and the layer will not retry it: the caller gets
+/// `DEADLINE_EXCEEDED`, marked "do not retry" (the call already took its time; a layer
+/// above that retried it would multiply the load on a slow dependency).
+fn give_up_timed_out<B>(
+    stats: &RetryStats,
+    refusal: Refusal,
+) -> Result<http::Response<ResponseBody<B>>, BoxError> {
+    stats.refused(refusal);
+    stats.outcome(false);
+    Err(Box::new(status_do_not_retry(Status::deadline_exceeded(
+        format!("stormguard: the attempt timed out and was not retried ({refusal})"),
+    ))))
 }
 
 /// The caller gets the last failure; marked "do not retry" when stormguard refused to

@@ -27,6 +27,7 @@ pub(super) struct Shared {
     pub(super) stats: RetryStats,
     pub(super) replay_limit: usize,
     pub(super) default_timeout: Option<Duration>,
+    pub(super) per_attempt_timeout: Option<Duration>,
 }
 
 impl RetryLayer {
@@ -41,6 +42,7 @@ impl RetryLayer {
                 stats: RetryStats::new(),
                 replay_limit: DEFAULT_REPLAY_LIMIT,
                 default_timeout: None,
+                per_attempt_timeout: None,
             }),
         }
     }
@@ -84,6 +86,34 @@ impl RetryLayer {
         self
     }
 
+    /// Limit each attempt of methods whose [`RetryPolicy`] sets no
+    /// [`per_attempt_timeout`](stormguard_core::policy::RetryPolicy::per_attempt_timeout)
+    /// (and of methods with no policy) to `timeout`. The policy's own value, when set, wins.
+    ///
+    /// Each attempt carries the smaller of this and what is left of the call's deadline as
+    /// `grpc-timeout`. An attempt that runs out of it is abandoned (its stream is reset) and
+    /// counted as a failure of the dependency, then retried under the usual rules; when the
+    /// layer does not retry it, the caller gets `DEADLINE_EXCEEDED` marked
+    /// `grpc-retry-pushback-ms: -1`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard_client::RetryLayer;
+    /// use stormguard_core::config::ClientConfig;
+    ///
+    /// let layer = RetryLayer::from_config(&ClientConfig::standard())
+    ///     .unwrap()
+    ///     .with_default_timeout(Duration::from_millis(150))
+    ///     .with_per_attempt_timeout(Duration::from_millis(50));
+    /// # let _ = layer;
+    /// ```
+    ///
+    /// [`RetryPolicy`]: stormguard_core::policy::RetryPolicy
+    pub fn with_per_attempt_timeout(mut self, timeout: Duration) -> Self {
+        Arc::make_mut(&mut self.shared).per_attempt_timeout = Some(timeout);
+        self
+    }
+
     /// Count into `stats` instead of the layer's own counters (to share counters across
     /// layers, or to keep a handle made before the layer).
     pub fn with_stats(mut self, stats: RetryStats) -> Self {
@@ -108,6 +138,7 @@ impl fmt::Debug for RetryLayer {
             .field("controller", &self.shared.controller)
             .field("replay_limit", &self.shared.replay_limit)
             .field("default_timeout", &self.shared.default_timeout)
+            .field("per_attempt_timeout", &self.shared.per_attempt_timeout)
             .finish()
     }
 }

@@ -54,6 +54,9 @@
 //! read at or after the deadline ends the same way, even when it won the race against the
 //! layer's timer.
 //!
+//! An attempt may also have a per-attempt timeout; the crate docs ("Timeouts") say how it
+//! and the other timeouts of tonic and tower meet the layer.
+//!
 //! # Keeping the connection healthy
 //!
 //! Each call whose deadline expires resets its HTTP/2 stream. h2 guards against reset
@@ -147,9 +150,12 @@ mod tests {
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    use std::time::Duration;
+    use stormguard_core::breaker::{BreakerConfig, CircuitBreaker};
     use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
     use stormguard_core::policy::{MethodTable, RetryPolicy};
     use stormguard_core::retry::RetryController;
+    use stormguard_core::throttle::{A6Throttle, ThrottleConfig};
     use tower::ServiceExt;
     use tower_layer::Layer;
 
@@ -324,6 +330,154 @@ mod tests {
         let s = stats.snapshot();
         assert_eq!((s.attempts, s.deadline_exceeded, s.failed), (1, 1, 1));
         assert_eq!(s.refused.deadline, 0, "an expiry, not a refused retry");
+    }
+
+    /// Records each attempt's `grpc-timeout`; the attempts listed in `hang` never answer,
+    /// the others answer a trailers-only OK.
+    #[derive(Clone)]
+    struct Hang {
+        hang: Arc<Mutex<VecDeque<bool>>>,
+        timeouts: Arc<Mutex<Vec<std::time::Duration>>>,
+    }
+
+    impl Hang {
+        fn new(hang: impl IntoIterator<Item = bool>) -> Self {
+            Hang {
+                hang: Arc::new(Mutex::new(hang.into_iter().collect())),
+                timeouts: Arc::default(),
+            }
+        }
+    }
+
+    impl Service<http::Request<Body>> for Hang {
+        type Response = http::Response<Body>;
+        type Error = BoxError;
+        type Future = std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<http::Response<Body>, BoxError>> + Send>,
+        >;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+            let timeout = req
+                .headers()
+                .get("grpc-timeout")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| stormguard_core::deadline::decode_grpc_timeout(v).ok());
+            if let Some(t) = timeout {
+                self.timeouts.lock().unwrap().push(t);
+            }
+            let hang = self.hang.lock().unwrap().pop_front().unwrap_or(false);
+            Box::pin(async move {
+                if hang {
+                    std::future::pending::<()>().await;
+                }
+                let mut response = http::Response::new(Body::empty());
+                response
+                    .headers_mut()
+                    .insert("grpc-status", http::HeaderValue::from_static("0"));
+                Ok(response)
+            })
+        }
+    }
+
+    fn timeout_layer(budget: Arc<dyn Budget>, breaker: Option<CircuitBreaker>) -> RetryLayer {
+        let policy = RetryPolicy {
+            per_attempt_timeout: Some(Duration::from_millis(50)),
+            backoff: stormguard_core::backoff::BackoffConfig::FullJitter {
+                base: Duration::from_millis(1),
+                cap: Duration::from_millis(1),
+                multiplier: 1.0,
+            },
+            ..RetryPolicy::default()
+        };
+        RetryLayer::new(RetryController::new(
+            MethodTable::uniform(policy),
+            budget,
+            breaker,
+            3,
+        ))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_that_times_out_is_retried_and_paid_for() {
+        let throttle: Arc<dyn Budget> = Arc::new(
+            A6Throttle::new(ThrottleConfig {
+                max_tokens: 10.0,
+                token_ratio: 0.1,
+            })
+            .unwrap(),
+        );
+        let layer =
+            timeout_layer(throttle.clone(), None).with_default_timeout(Duration::from_millis(80));
+        let stats = layer.stats();
+        let hang = Hang::new([true, false]);
+        let mut svc = layer.layer(hang.clone());
+        let started = tokio::time::Instant::now();
+        let response = svc.ready().await.unwrap().call(request()).await.unwrap();
+        assert_eq!(response.headers().get("grpc-status").unwrap(), "0");
+        // The first attempt timed out at 50 ms, not at the call's 80 ms deadline.
+        let elapsed = started.elapsed();
+        assert!(elapsed >= Duration::from_millis(50) && elapsed < Duration::from_millis(60));
+        let timeouts = hang.timeouts.lock().unwrap().clone();
+        assert_eq!(timeouts.len(), 2);
+        assert_eq!(
+            timeouts[0],
+            Duration::from_millis(50),
+            "the per-attempt limit"
+        );
+        assert!(
+            timeouts[1] <= Duration::from_millis(30),
+            "the time left on the call's deadline: {timeouts:?}"
+        );
+        let s = stats.snapshot();
+        assert_eq!((s.attempts, s.attempt_timeouts, s.ok), (2, 1, 1));
+        // The timeout cost a token (10 → 9); the OK gave back 0.1.
+        let now = stormguard_core::Instant::now();
+        assert!(
+            (throttle.balance_at(now) - 4.1).abs() < 1e-9,
+            "{}",
+            throttle.balance_at(now)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn attempt_timeouts_open_the_breaker_and_the_caller_gets_deadline_exceeded() {
+        let breaker = CircuitBreaker::new(
+            BreakerConfig {
+                min_requests: 2,
+                failure_rate: 0.5,
+                ..BreakerConfig::default()
+            },
+            1,
+        )
+        .unwrap();
+        let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default()).unwrap());
+        let layer = timeout_layer(budget, Some(breaker));
+        let stats = layer.stats();
+        let mut svc = layer.layer(Hang::new([true, true, true]));
+        let err = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(request())
+            .await
+            .expect_err("every attempt hangs");
+        let status = err.downcast::<tonic::Status>().unwrap();
+        assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+        assert_eq!(
+            status.metadata().get("grpc-retry-pushback-ms").unwrap(),
+            "-1"
+        );
+        let s = stats.snapshot();
+        // Two timeouts of two calls: the breaker opened and refused the second retry.
+        assert_eq!(
+            (s.attempts, s.attempt_timeouts, s.refused.breaker),
+            (2, 2, 1)
+        );
+        assert_eq!(s.deadline_exceeded, 0);
     }
 
     #[tokio::test(start_paused = true)]
