@@ -16,11 +16,13 @@ use stormguard_demo::storm::chain::{ChainConfig, run_chain};
 
 const USAGE: &str = "usage: chain [--quick] [--json FILE] [--seed N]
 
-  --quick      50 requests/s for 2 s instead of 200/s for 8 s
+  --quick      25 requests/s for 2 s instead of 200/s for 8 s
   --json FILE  also write the result as JSON to FILE
   --seed N     seed of failures and jitter (default 1)";
 
-fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<(ChainConfig, Option<String>)>, String> {
+fn parse(
+    mut args: impl Iterator<Item = String>,
+) -> Result<Option<(ChainConfig, Option<String>)>, String> {
     let mut quick = false;
     let mut seed = None;
     let mut json = None;
@@ -29,7 +31,11 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<(ChainConfig, 
             "--quick" => quick = true,
             "--seed" => {
                 let value = args.next().ok_or("--seed needs a value")?;
-                seed = Some(value.parse().map_err(|e| format!("--seed {value:?}: {e}"))?);
+                seed = Some(
+                    value
+                        .parse()
+                        .map_err(|e| format!("--seed {value:?}: {e}"))?,
+                );
             }
             "--json" => json = Some(args.next().ok_or("--json needs a file name")?),
             "-h" | "--help" => return Ok(None),

@@ -19,7 +19,8 @@ use stormguard_demo::storm::{
     Policy, ServerModel, StormConfig, StormReport, measure_capacity, run_policy, storm_report,
 };
 
-const USAGE: &str = "usage: storm [--quick] [--json FILE] [--svg FILE] [--seed N] [--model cancelling|pool]
+const USAGE: &str =
+    "usage: storm [--quick] [--json FILE] [--svg FILE] [--seed N] [--model cancelling|pool]
 
   --quick        1 s before the trigger, 2 s of it, 3 s after (about 40 s in all)
   --json FILE    also write the result as JSON to FILE
@@ -49,7 +50,11 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String>
             "--quick" => quick = true,
             "--seed" => {
                 let value = args.next().ok_or("--seed needs a value")?;
-                seed = Some(value.parse().map_err(|e| format!("--seed {value:?}: {e}"))?);
+                seed = Some(
+                    value
+                        .parse()
+                        .map_err(|e| format!("--seed {value:?}: {e}"))?,
+                );
             }
             "--model" => {
                 model = Some(match args.next().as_deref() {
@@ -72,11 +77,17 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String>
             }
             "--load" => {
                 let value = args.next().ok_or("--load needs a value")?;
-                load = Some(value.parse().map_err(|e| format!("--load {value:?}: {e}"))?);
+                load = Some(
+                    value
+                        .parse()
+                        .map_err(|e| format!("--load {value:?}: {e}"))?,
+                );
             }
             "--deadline-ms" => {
                 let value = args.next().ok_or("--deadline-ms needs a value")?;
-                let ms: u64 = value.parse().map_err(|e| format!("--deadline-ms {value:?}: {e}"))?;
+                let ms: u64 = value
+                    .parse()
+                    .map_err(|e| format!("--deadline-ms {value:?}: {e}"))?;
                 deadline = Some(std::time::Duration::from_millis(ms));
             }
             "--json" => json = Some(args.next().ok_or("--json needs a file name")?),
@@ -136,7 +147,8 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     let rate = config.load * capacity.normal;
 
     let bars = MultiProgress::new();
-    let style = ProgressStyle::with_template("{prefix:>14} [{bar:40}] {msg}")?.progress_chars("=> ");
+    let style =
+        ProgressStyle::with_template("{prefix:>14} [{bar:40}] {msg}")?.progress_chars("=> ");
     let policy_bars: Vec<ProgressBar> = args
         .policies
         .iter()
@@ -153,15 +165,20 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
         let run = run_policy(policy, config, rate, &progress).await?;
         let offered: u64 = run.timeline.iter().map(|s| s.offered).sum();
         let goodput: u64 = run.timeline.iter().map(|s| s.goodput).sum();
-        bar.finish_with_message(format!(
-            "{goodput} of {offered} calls succeeded",
-        ));
+        bar.finish_with_message(format!("{goodput} of {offered} calls succeeded",));
         runs.push(run);
     }
 
     let start_s = config.warmup_s;
     let end_s = config.warmup_s + config.trigger_s;
-    let report = storm_report(&runs, start_s, end_s, capacity.normal, capacity.reduced, rate);
+    let report = storm_report(
+        &runs,
+        start_s,
+        end_s,
+        capacity.normal,
+        capacity.reduced,
+        rate,
+    );
     println!(
         "{}\n",
         report.headline(config.slowdown, config.per_attempt, config.deadline)
@@ -204,14 +221,16 @@ fn draw(report: &StormReport, path: &str) -> Result<(), Box<dyn Error>> {
     root.fill(&WHITE)?;
     let (top, bottom) = root.split_vertically(380);
     let panels: [(_, &str, fn(&stormguard_demo::storm::Second) -> u64); 2] = [
-        (top, "goodput (successful logical calls per second)", |s| s.goodput),
+        (top, "goodput (successful logical calls per second)", |s| {
+            s.goodput
+        }),
         (bottom, "attempts sent per second", |s| s.attempts),
     ];
     let (start, end) = (
         f64::from(report.trigger.start_s),
         f64::from(report.trigger.end_s),
     );
-    for (area, title, value) in panels {
+    for (panel, (area, title, value)) in panels.into_iter().enumerate() {
         let peak = report
             .policies
             .iter()
@@ -228,7 +247,9 @@ fn draw(report: &StormReport, path: &str) -> Result<(), Box<dyn Error>> {
         chart
             .configure_mesh()
             .x_desc("seconds")
+            .y_label_formatter(&|v| format!("{v:.0}"))
             .disable_x_mesh()
+            .light_line_style(WHITE)
             .draw()?;
         chart
             .draw_series(std::iter::once(Rectangle::new(
@@ -272,12 +293,15 @@ fn draw(report: &StormReport, path: &str) -> Result<(), Box<dyn Error>> {
                     PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
                 });
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.3))
-            .draw()?;
+        // One legend, where the lines of the first panel leave room for it.
+        if panel == 0 {
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::MiddleRight)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK.mix(0.3))
+                .draw()?;
+        }
     }
     root.present()?;
     Ok(())

@@ -7,9 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 use stormguard_demo::storm::chain::{ChainConfig, run_chain};
-use stormguard_demo::storm::{
-    Policy, StormConfig, measure_capacity, run_policy, storm_report,
-};
+use stormguard_demo::storm::{Policy, StormConfig, measure_capacity, run_policy, storm_report};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_storm_has_the_shape_of_the_report() {
@@ -22,12 +20,31 @@ async fn quick_storm_has_the_shape_of_the_report() {
         runs.push(run_policy(policy, &config, rate, &|_| {}).await.unwrap());
     }
     let (start_s, end_s) = (config.warmup_s, config.warmup_s + config.trigger_s);
-    let report = storm_report(&runs, start_s, end_s, capacity.normal, capacity.reduced, rate);
+    let report = storm_report(
+        &runs,
+        start_s,
+        end_s,
+        capacity.normal,
+        capacity.reduced,
+        rate,
+    );
+    eprintln!(
+        "{}\n{}",
+        report.headline(config.slowdown, config.per_attempt, config.deadline),
+        report.table()
+    );
 
     let names: Vec<&str> = report.policies.iter().map(|p| p.name).collect();
     assert_eq!(
         names,
-        ["naive", "jitter", "grpc-throttle", "client-only", "server-only", "stormguard"]
+        [
+            "naive",
+            "jitter",
+            "grpc-throttle",
+            "client-only",
+            "server-only",
+            "stormguard"
+        ]
     );
     for p in &report.policies {
         assert_eq!(p.timeline.len(), config.total_s() as usize, "{}", p.name);
@@ -46,7 +63,11 @@ async fn quick_storm_has_the_shape_of_the_report() {
         // no attempt is lost to a closed connection, however hard the storm.
         assert_eq!(p.connection_errors, 0, "{}: connection failures", p.name);
         // Only a shedding server sends pushback; only a budgeted client refuses retries.
-        let policy = runs.iter().find(|r| r.policy.as_str() == p.name).unwrap().policy;
+        let policy = runs
+            .iter()
+            .find(|r| r.policy.as_str() == p.name)
+            .unwrap()
+            .policy;
         if !policy.sheds() {
             assert_eq!(p.shed, 0, "{}: shed by a plain server", p.name);
         }
@@ -56,7 +77,11 @@ async fn quick_storm_has_the_shape_of_the_report() {
         );
         assert_eq!(p.budget_refusals.is_some(), budgeted, "{}", p.name);
         if let Some(recovery) = p.recovery_s {
-            assert!(recovery + 3 <= config.after_s, "{}: recovery {recovery}", p.name);
+            assert!(
+                recovery + 3 <= config.after_s,
+                "{}: recovery {recovery}",
+                p.name
+            );
         }
     }
     // The naive clients send up to 3 attempts per call and the budgeted ones do not: the
@@ -92,7 +117,12 @@ async fn quick_storm_has_the_shape_of_the_report() {
         );
         assert!(p["recovery_s"].is_null() || p["recovery_s"].is_u64());
         let second = &p["timeline"][0];
-        let mut keys: Vec<&str> = second.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut keys: Vec<&str> = second
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
         keys.sort_unstable();
         assert_eq!(keys, ["attempts", "goodput", "offered", "shed", "t"]);
     }
@@ -102,6 +132,7 @@ async fn quick_storm_has_the_shape_of_the_report() {
 async fn quick_chain_multiplies_naive_retries_and_not_stormguard() {
     let config = ChainConfig::quick();
     let report = run_chain(&config).await.unwrap();
+    eprintln!("{}", report.table(config.flaky_rate));
     let dead = &report.dead.policies;
     assert_eq!(dead[0].name, "naive");
     assert_eq!(dead[1].name, "stormguard");
@@ -123,7 +154,12 @@ async fn quick_chain_multiplies_naive_retries_and_not_stormguard() {
     assert!(flaky[0].bottom_calls_per_request > 1.0);
 
     let json = serde_json::to_value(&report).unwrap();
-    let mut keys: Vec<&str> = json.as_object().unwrap().keys().map(String::as_str).collect();
+    let mut keys: Vec<&str> = json
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
     keys.sort_unstable();
     assert_eq!(keys, ["flaky", "policies"]);
     for case in [&json["policies"], &json["flaky"]["policies"]] {
@@ -132,7 +168,13 @@ async fn quick_chain_multiplies_naive_retries_and_not_stormguard() {
             keys.sort_unstable();
             assert_eq!(
                 keys,
-                ["bottom_calls", "bottom_calls_per_request", "name", "success", "user_requests"]
+                [
+                    "bottom_calls",
+                    "bottom_calls_per_request",
+                    "name",
+                    "success",
+                    "user_requests"
+                ]
             );
         }
     }

@@ -253,13 +253,12 @@ pub fn stormguard_client_config(per_attempt: Option<Duration>) -> ClientConfig {
     let mut config = ClientConfig::standard();
     let policy = RetryPolicy {
         idempotent: true,
+        per_attempt_timeout: per_attempt,
         ..RetryPolicy::default()
     };
-    config.methods.insert_method(
-        INVENTORY_SERVICE,
-        RESERVE_METHOD,
-        Some(with_attempt_timeout(policy, per_attempt)),
-    );
+    config
+        .methods
+        .insert_method(INVENTORY_SERVICE, RESERVE_METHOD, Some(policy));
     config
 }
 
@@ -268,11 +267,14 @@ pub fn stormguard_client_config(per_attempt: Option<Duration>) -> ClientConfig {
 pub fn grpc_throttle_client_config(
     per_attempt: Option<Duration>,
 ) -> Result<ClientConfig, ConfigError> {
+    let per_attempt = per_attempt.map_or_else(String::new, |t| {
+        format!(r#", "perAttemptRecvTimeout": "{}s""#, t.as_secs_f64())
+    });
     let json = format!(
         r#"{{ "methodConfig": [{{
               "name": [{{ "service": "{INVENTORY_SERVICE}", "method": "{RESERVE_METHOD}" }}],
               "retryPolicy": {{ "maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
-                                "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"] }} }}],
+                                "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]{per_attempt} }} }}],
             "retryThrottling": {{ "maxTokens": 10, "tokenRatio": 0.1 }} }}"#
     );
     let mut config = ClientConfig::from_service_config_json(&json)?;
@@ -282,44 +284,35 @@ pub fn grpc_throttle_client_config(
             idempotent: true,
             ..RetryPolicy::clone(policy)
         };
-        config.methods.insert_method(
-            INVENTORY_SERVICE,
-            RESERVE_METHOD,
-            Some(with_attempt_timeout(policy, per_attempt)),
-        );
+        config
+            .methods
+            .insert_method(INVENTORY_SERVICE, RESERVE_METHOD, Some(policy));
     }
     Ok(config)
 }
 
-/// The one place where the per-attempt timeout enters a stormguard policy.
-fn with_attempt_timeout(policy: RetryPolicy, _per_attempt: Option<Duration>) -> RetryPolicy {
-    policy
-}
-
 /// The client stack of the stormguard policies, below the generated client.
-pub(crate) type Layered = RetryService<tower::timeout::Timeout<Observe<Channel>>>;
+pub(crate) type Layered = RetryService<Observe<Channel>>;
 
-/// `channel` under a `RetryLayer` for `config`; returns the client and its counters.
+/// `channel` under a `RetryLayer` for `config` (whose policies carry the per-attempt
+/// timeout); returns the client and its counters.
 pub(crate) fn layered_client(
     channel: Observe<Channel>,
     config: &ClientConfig,
-    per_attempt: Option<Duration>,
     seed: u64,
 ) -> Result<(InventoryClient<Layered>, RetryStats), ConfigError> {
     let layer = RetryLayer::from_config_seeded(config, seed)?;
     let stats = layer.stats();
-    let service = ServiceBuilder::new()
-        .layer(layer)
-        .layer(tower::timeout::TimeoutLayer::new(
-            per_attempt.unwrap_or(Duration::MAX),
-        ))
-        .service(channel);
+    let service = ServiceBuilder::new().layer(layer).service(channel);
     Ok((InventoryClient::new(service), stats))
 }
 
 /// A caller through a layered client: `timeout` is the logical call's deadline (sent as
 /// `grpc-timeout`); without one the call inherits the inbound call's context.
-pub(crate) fn layered_caller(client: InventoryClient<Layered>, timeout: Option<Duration>) -> Caller {
+pub(crate) fn layered_caller(
+    client: InventoryClient<Layered>,
+    timeout: Option<Duration>,
+) -> Caller {
     BoxCloneSyncService::new(tower::service_fn(move |()| {
         let mut client = client.clone();
         async move {

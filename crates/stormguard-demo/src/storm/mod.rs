@@ -14,8 +14,8 @@
 //!
 //! The `storm` example runs it; the test suite runs [`StormConfig::quick`].
 
-mod client;
 pub mod chain;
+mod client;
 mod report;
 mod server;
 
@@ -34,8 +34,8 @@ pub use client::{
     grpc_throttle_client_config, stormguard_client_config,
 };
 pub use report::{
-    PolicyRun, PolicySummary, RECOVERED_FOR_S, RECOVERED_SHARE, Second, StormReport,
-    TriggerReport, recovery_s, storm_report, summarize,
+    PolicyRun, PolicySummary, RECOVERED_FOR_S, RECOVERED_SHARE, Second, StormReport, TriggerReport,
+    recovery_s, storm_report, summarize,
 };
 pub use server::{MAX_PENDING_ACCEPT_RESET_STREAMS, ServerModel, Workers};
 
@@ -310,8 +310,7 @@ pub async fn run_policy(
             } else {
                 stormguard_client_config(per_attempt)
             };
-            let (client, stats) =
-                layered_client(observed, &client_config, per_attempt, config.seed)?;
+            let (client, stats) = layered_client(observed, &client_config, config.seed)?;
             (layered_caller(client, Some(config.deadline)), Some(stats))
         }
     };
@@ -345,7 +344,8 @@ pub async fn run_policy(
         let timeline = Arc::clone(&timeline);
         calls.spawn(async move {
             let called = Instant::now();
-            let answer = tokio::time::timeout(deadline, tower::ServiceExt::oneshot(caller, ())).await;
+            let answer =
+                tokio::time::timeout(deadline, tower::ServiceExt::oneshot(caller, ())).await;
             if matches!(answer, Ok(Ok(_))) && called.elapsed() <= deadline {
                 timeline.goodput(second);
             }

@@ -214,7 +214,9 @@ pub fn recovery_s(timeline: &[Second], end_s: u32) -> Option<u32> {
 }
 
 fn window(timeline: &[Second], from: usize, to: usize) -> (u64, u64, u64) {
-    let w = timeline.get(from.min(timeline.len())..to.min(timeline.len())).unwrap_or(&[]);
+    let w = timeline
+        .get(from.min(timeline.len())..to.min(timeline.len()))
+        .unwrap_or(&[]);
     w.iter().fold((0, 0, 0), |(o, g, a), s| {
         (o + s.offered, g + s.goodput, a + s.attempts)
     })
@@ -310,7 +312,12 @@ impl StormReport {
     }
 
     /// One line on the capacity and the offered load.
-    pub fn headline(&self, trigger_slowdown: f64, per_attempt: Duration, deadline: Duration) -> String {
+    pub fn headline(
+        &self,
+        trigger_slowdown: f64,
+        per_attempt: Duration,
+        deadline: Duration,
+    ) -> String {
         format!(
             "capacity {:.0} calls/s measured ({:.0}/s during the trigger), offered {:.0}/s ({:.0} %); \
              service time x{trigger_slowdown} from {} s to {} s: at most {:.1} % of offered can succeed then; \
