@@ -16,7 +16,7 @@ use stormguard_demo::storm::chain::{ChainConfig, run_chain};
 
 const USAGE: &str = "usage: chain [--quick] [--json FILE] [--seed N]
 
-  --quick      25 requests/s for 2 s instead of 200/s for 8 s
+  --quick      25 requests/s for 2 s instead of 100/s for 8 s
   --json FILE  also write the result as JSON to FILE
   --seed N     seed of failures and jitter (default 1)";
 

@@ -16,7 +16,8 @@ use std::process::ExitCode;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use plotters::prelude::*;
 use stormguard_demo::storm::{
-    Policy, ServerModel, StormConfig, StormReport, measure_capacity, run_policy, storm_report,
+    Policy, Second, ServerModel, StormConfig, StormReport, measure_capacity, run_policy,
+    storm_report,
 };
 
 const USAGE: &str =
@@ -210,6 +211,9 @@ const COLOURS: [RGBColor; 6] = [
     RGBColor(44, 160, 44),
 ];
 
+/// What one panel plots, per second.
+type Metric = fn(&Second) -> u64;
+
 fn draw(report: &StormReport, path: &str) -> Result<(), Box<dyn Error>> {
     let seconds = report
         .policies
@@ -220,7 +224,7 @@ fn draw(report: &StormReport, path: &str) -> Result<(), Box<dyn Error>> {
     let root = SVGBackend::new(path, (1000, 760)).into_drawing_area();
     root.fill(&WHITE)?;
     let (top, bottom) = root.split_vertically(380);
-    let panels: [(_, &str, fn(&stormguard_demo::storm::Second) -> u64); 2] = [
+    let panels: [(_, &str, Metric); 2] = [
         (top, "goodput (successful logical calls per second)", |s| {
             s.goodput
         }),
