@@ -15,10 +15,7 @@ use std::process::ExitCode;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use plotters::prelude::*;
-use stormguard_demo::storm::{
-    Policy, Second, ServerModel, StormConfig, StormReport, measure_capacity, run_policy,
-    storm_report,
-};
+use stormguard_demo::storm::{Policy, Second, ServerModel, StormConfig, StormReport, run_storm};
 
 const USAGE: &str =
     "usage: storm [--quick] [--json FILE] [--svg FILE] [--seed N] [--model cancelling|pool]
@@ -144,42 +141,28 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
         config.service_time,
         config.model.as_str()
     );
-    let capacity = measure_capacity(config).await?;
-    let rate = config.load * capacity.normal;
-
     let bars = MultiProgress::new();
     let style =
         ProgressStyle::with_template("{prefix:>14} [{bar:40}] {msg}")?.progress_chars("=> ");
-    let policy_bars: Vec<ProgressBar> = args
+    let policy_bars: Vec<(Policy, ProgressBar)> = args
         .policies
         .iter()
-        .map(|p| {
+        .map(|&p| {
             let bar = bars.add(ProgressBar::new(1000));
             bar.set_style(style.clone());
             bar.set_prefix(p.as_str());
-            bar
+            (p, bar)
         })
         .collect();
-    let mut runs = Vec::new();
-    for (&policy, bar) in args.policies.iter().zip(&policy_bars) {
-        let progress = |done: f64| bar.set_position((done * 1000.0) as u64);
-        let run = run_policy(policy, config, rate, &progress).await?;
-        let offered: u64 = run.timeline.iter().map(|s| s.offered).sum();
-        let goodput: u64 = run.timeline.iter().map(|s| s.goodput).sum();
-        bar.finish_with_message(format!("{goodput} of {offered} calls succeeded",));
-        runs.push(run);
-    }
-
-    let start_s = config.warmup_s;
-    let end_s = config.warmup_s + config.trigger_s;
-    let report = storm_report(
-        &runs,
-        start_s,
-        end_s,
-        capacity.normal,
-        capacity.reduced,
-        rate,
-    );
+    let progress = |policy: Policy, done: f64| {
+        if let Some((_, bar)) = policy_bars.iter().find(|(p, _)| *p == policy) {
+            bar.set_position((done * 1000.0) as u64);
+            if done >= 1.0 {
+                bar.finish_with_message("done");
+            }
+        }
+    };
+    let report = run_storm(config, &args.policies, &progress).await?;
     println!(
         "{}\n",
         report.headline(config.slowdown, config.per_attempt, config.deadline)

@@ -40,7 +40,7 @@ pub use report::{
 pub use server::{MAX_PENDING_ACCEPT_RESET_STREAMS, ServerModel, Workers};
 
 use crate::InventoryClient;
-use crate::server::{DemoConfig, DemoInventory};
+use crate::server::{DemoConfig, DemoControl, DemoInventory};
 use client::{Naive, Observe, connect, layered_caller, layered_client, naive_caller};
 use report::Timeline;
 use server::serve;
@@ -205,16 +205,22 @@ pub struct Capacity {
     pub reduced: f64,
 }
 
-/// Measures the server's capacity at both service times: `2 × workers` callers in a
-/// closed loop without deadlines keep every worker busy, and completions are counted.
-pub async fn measure_capacity(config: &StormConfig) -> Result<Capacity, StormError> {
+/// The demo Inventory at the normal service time behind the scenario's capacity model,
+/// and the handle that changes its service time.
+fn capacity_model(config: &StormConfig) -> (Workers, DemoControl) {
     let demo = DemoInventory::new(DemoConfig {
         service_time: config.service_time,
         fail_rate: 0.0,
         seed: config.seed,
     });
     let control = demo.control();
-    let workers = Workers::new(demo, config.workers, config.model);
+    (Workers::new(demo, config.workers, config.model), control)
+}
+
+/// Measures the server's capacity at both service times: `2 × workers` callers in a
+/// closed loop without deadlines keep every worker busy, and completions are counted.
+pub async fn measure_capacity(config: &StormConfig) -> Result<Capacity, StormError> {
+    let (workers, control) = capacity_model(config);
     let serving = serve(workers.clone(), None).await?;
     let client = InventoryClient::new(connect(serving.addr).await?);
     let mut callers = JoinSet::new();
@@ -256,6 +262,30 @@ pub async fn measure_capacity(config: &StormConfig) -> Result<Capacity, StormErr
     })
 }
 
+/// The whole storm: measures the capacity, offers `config.load` of it to each of
+/// `policies` in turn, and reports. `progress` is called with each policy and the share of
+/// its run done (1.0 when it ends).
+pub async fn run_storm(
+    config: &StormConfig,
+    policies: &[Policy],
+    progress: &(dyn Fn(Policy, f64) + Send + Sync),
+) -> Result<StormReport, StormError> {
+    let capacity = measure_capacity(config).await?;
+    let rate = config.load * capacity.normal;
+    let mut runs = Vec::with_capacity(policies.len());
+    for &policy in policies {
+        runs.push(run_policy(policy, config, rate, &|done| progress(policy, done)).await?);
+    }
+    Ok(storm_report(
+        &runs,
+        config.warmup_s,
+        config.warmup_s + config.trigger_s,
+        capacity.normal,
+        capacity.reduced,
+        rate,
+    ))
+}
+
 /// Runs `policy` through the scenario at `rate` logical calls per second. `progress` is
 /// called with the share of the run done, about ten times a second.
 pub async fn run_policy(
@@ -264,13 +294,7 @@ pub async fn run_policy(
     rate: f64,
     progress: &(dyn Fn(f64) + Send + Sync),
 ) -> Result<PolicyRun, StormError> {
-    let demo = DemoInventory::new(DemoConfig {
-        service_time: config.service_time,
-        fail_rate: 0.0,
-        seed: config.seed,
-    });
-    let control = demo.control();
-    let workers = Workers::new(demo, config.workers, config.model);
+    let (workers, control) = capacity_model(config);
     let admission = policy.sheds().then(|| config.admission());
     let serving = serve(workers.clone(), admission).await?;
     let channel: Channel = connect(serving.addr).await?;

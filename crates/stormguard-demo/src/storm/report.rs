@@ -389,25 +389,6 @@ mod tests {
         assert_eq!(s.amplification_after_trigger, 1.0);
         assert_eq!(s.recovery_s, None);
         let json = serde_json::to_value(&s).expect("serializes");
-        let keys: Vec<&str> = json
-            .as_object()
-            .expect("an object")
-            .keys()
-            .map(String::as_str)
-            .collect();
-        assert_eq!(
-            keys,
-            [
-                "amplification_after_trigger",
-                "amplification_during_trigger",
-                "goodput_after",
-                "goodput_before",
-                "goodput_during",
-                "name",
-                "recovery_s",
-                "timeline"
-            ]
-        );
         assert!(json["recovery_s"].is_null());
     }
 }
