@@ -98,6 +98,7 @@ impl Subscriber for Recorder {
 async fn info_is_quiet_when_healthy_and_tells_what_was_refused_or_shed() {
     let recorder = Recorder::default();
     let _guard = tracing::subscriber::set_default(recorder.clone());
+    tracing::callsite::rebuild_interest_cache();
 
     // Client, healthy: a failure retried once, an application error, successes.
     let svc = Scripted::new(

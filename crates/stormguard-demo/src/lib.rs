@@ -7,6 +7,7 @@
 #![allow(missing_docs, unreachable_pub, clippy::unwrap_used)]
 
 pub mod server;
+pub mod storm;
 
 /// Generated messages, client and server for `stormguard.demo.v1`.
 pub mod v1 {
