@@ -120,7 +120,9 @@ impl ServerMetrics {
                 .build(),
         );
 
-        let gauges: [(&'static str, &'static str, &'static str, fn(&Queue) -> u64); 3] = [
+        // (name, description, unit, read)
+        type GaugeSpec = (&'static str, &'static str, &'static str, fn(&Queue) -> u64);
+        let gauges: [GaugeSpec; 3] = [
             (
                 "stormguard.server.queue.depth",
                 "Calls waiting for a worker",
