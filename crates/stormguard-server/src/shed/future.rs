@@ -117,6 +117,15 @@ where
                             state.set(State::Answered { response: None });
                             return Poll::Ready(Ok(response::expired()));
                         }
+                        Turn::Shed(shed) => {
+                            let code = ticket.shed_code();
+                            state.set(State::Answered { response: None });
+                            return Poll::Ready(Ok(response::shed(
+                                code,
+                                shed.reason,
+                                shed.pushback,
+                            )));
+                        }
                         Turn::Run(permit) => {
                             let (Some(mut service), Some(request)) =
                                 (service.take(), request.take())
