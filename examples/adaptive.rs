@@ -40,14 +40,13 @@ use stormguard::core::admission::AdmissionConfig;
 use stormguard::core::config::ClientConfig;
 use stormguard::core::limit::AdaptiveLimitConfig;
 use stormguard::server::{ShedLayer, ShedStats};
-use stormguard_demo::v1::WatchStockRequest;
-use stormguard_demo::{Inventory, InventoryClient, InventoryServer, ReserveReply, ReserveRequest};
+use stormguard_demo::pool::PoolInventory;
+use stormguard_demo::{InventoryClient, InventoryServer, ReserveRequest};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio::time::{Instant, MissedTickBehavior};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Endpoint, Server};
-use tonic::{Request, Response, Status};
+use tonic::Request;
 use tower::ServiceBuilder;
 
 const DEADLINE: Duration = Duration::from_millis(150);
@@ -100,61 +99,9 @@ fn parse_args() -> Result<Args, String> {
     Ok(out)
 }
 
-/// `Reserve` holds one of C permits for the service time: concurrency beyond C waits
-/// inside the handler.
-#[derive(Clone, Debug)]
-struct Pool {
-    permits: Arc<Semaphore>,
-    service: Duration,
-}
-
-impl Pool {
-    fn new(capacity: usize, service: Duration) -> Self {
-        Pool {
-            permits: Arc::new(Semaphore::new(capacity)),
-            service,
-        }
-    }
-
-    async fn use_once(&self) -> Result<(), Status> {
-        let _permit = self
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| Status::internal("pool closed"))?;
-        tokio::time::sleep(self.service).await;
-        Ok(())
-    }
-}
-
-#[tonic::async_trait]
-impl Inventory for Pool {
-    async fn reserve(
-        &self,
-        _request: Request<ReserveRequest>,
-    ) -> Result<Response<ReserveReply>, Status> {
-        self.use_once().await?;
-        Ok(Response::new(ReserveReply {
-            reserved: true,
-            ..ReserveReply::default()
-        }))
-    }
-
-    type WatchStockStream = tonic::codegen::tokio_stream::Empty<
-        Result<stormguard_demo::StockLevel, Status>,
-    >;
-
-    async fn watch_stock(
-        &self,
-        _request: Request<WatchStockRequest>,
-    ) -> Result<Response<Self::WatchStockStream>, Status> {
-        Err(Status::unimplemented("not in this example"))
-    }
-}
-
 /// Completions per second of `capacity` loops over the pool, for 2 s.
 async fn measure_capacity(capacity: usize, service: Duration) -> f64 {
-    let pool = Pool::new(capacity, service);
+    let pool = PoolInventory::new(capacity, service);
     let done = Arc::new(AtomicU64::new(0));
     let end = Instant::now() + Duration::from_secs(2);
     let start = Instant::now();
@@ -200,7 +147,7 @@ fn admission(name: &str, c: usize) -> AdmissionConfig {
     }
 }
 
-async fn serve(pool: Pool, layer: ShedLayer) -> Result<SocketAddr, Box<dyn std::error::Error>> {
+async fn serve(pool: PoolInventory, layer: ShedLayer) -> Result<SocketAddr, Box<dyn std::error::Error>> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
@@ -221,7 +168,7 @@ async fn run(
 ) -> Result<Outcome, Box<dyn std::error::Error>> {
     let layer = ShedLayer::from_config(admission(name, args.capacity))?;
     let stats: ShedStats = layer.stats();
-    let addr = serve(Pool::new(args.capacity, args.service), layer).await?;
+    let addr = serve(PoolInventory::new(args.capacity, args.service), layer).await?;
 
     let retry = RetryLayer::from_config_seeded(&ClientConfig::standard(), 7)?
         .with_per_attempt_timeout(PER_ATTEMPT);
