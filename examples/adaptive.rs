@@ -44,9 +44,9 @@ use stormguard_demo::pool::PoolInventory;
 use stormguard_demo::{InventoryClient, InventoryServer, ReserveRequest};
 use tokio::net::TcpListener;
 use tokio::time::{Instant, MissedTickBehavior};
+use tonic::Request;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Endpoint, Server};
-use tonic::Request;
 use tower::ServiceBuilder;
 
 const DEADLINE: Duration = Duration::from_millis(150);
@@ -79,7 +79,8 @@ fn parse_args() -> Result<Args, String> {
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
         fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String> {
-            v.parse().map_err(|_| format!("{flag}: `{v}` is not a valid number"))
+            v.parse()
+                .map_err(|_| format!("{flag}: `{v}` is not a valid number"))
         }
         match flag.as_str() {
             "--json" => out.json = Some(value()?),
@@ -93,7 +94,7 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
-    if out.capacity < 4 || out.secs == 0 || out.service.is_zero() || !(out.load > 0.0) {
+    if out.capacity < 4 || out.secs == 0 || out.service.is_zero() || out.load.is_nan() || out.load <= 0.0 {
         return Err("--capacity must be at least 4; --secs, --service-ms, --load above 0".into());
     }
     Ok(out)
@@ -138,8 +139,14 @@ fn admission(name: &str, c: usize) -> AdmissionConfig {
     let base = AdmissionConfig::default();
     match name {
         "fixed-right" => AdmissionConfig { workers: c, ..base },
-        "fixed-high" => AdmissionConfig { workers: 4 * c, ..base },
-        "fixed-low" => AdmissionConfig { workers: (c / 4).max(1), ..base },
+        "fixed-high" => AdmissionConfig {
+            workers: 4 * c,
+            ..base
+        },
+        "fixed-low" => AdmissionConfig {
+            workers: (c / 4).max(1),
+            ..base
+        },
         _ => AdmissionConfig {
             adaptive: Some(AdaptiveLimitConfig::default()),
             ..base
@@ -147,7 +154,10 @@ fn admission(name: &str, c: usize) -> AdmissionConfig {
     }
 }
 
-async fn serve(pool: PoolInventory, layer: ShedLayer) -> Result<SocketAddr, Box<dyn std::error::Error>> {
+async fn serve(
+    pool: PoolInventory,
+    layer: ShedLayer,
+) -> Result<SocketAddr, Box<dyn std::error::Error>> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
@@ -209,7 +219,8 @@ async fn run(
     let logical_at_measure = Arc::new(AtomicU64::new(u64::MAX));
     while Instant::now() < end {
         tick.tick().await;
-        if Instant::now() >= measure_from && attempts_at_measure.load(Ordering::Relaxed) == u64::MAX {
+        if Instant::now() >= measure_from && attempts_at_measure.load(Ordering::Relaxed) == u64::MAX
+        {
             let s = client_stats.snapshot();
             attempts_at_measure.store(s.attempts, Ordering::Relaxed);
             logical_at_measure.store(s.logical, Ordering::Relaxed);
@@ -247,7 +258,10 @@ async fn run(
     let s = client_stats.snapshot();
     let attempts = s.attempts - attempts_at_measure.load(Ordering::Relaxed).min(s.attempts);
     let logical = s.logical - logical_at_measure.load(Ordering::Relaxed).min(s.logical);
-    let mut lat = latencies.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let mut lat = latencies
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
     lat.sort_unstable();
     let p99 = lat
         .get((lat.len() * 99 / 100).min(lat.len().saturating_sub(1)))
@@ -326,8 +340,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let get = |n: &str| outcomes.iter().find(|o| o.name == n);
-    if let (Some(a), Some(r), Some(h)) = (get("adaptive"), get("fixed-right"), get("fixed-high"))
-    {
+    if let (Some(a), Some(r), Some(h)) = (get("adaptive"), get("fixed-right"), get("fixed-high")) {
         println!(
             "adaptive / fixed-right goodput {:.2}; adaptive / fixed-high {:.2}; final limit / C {:.2}",
             a.goodput_share / r.goodput_share.max(1e-9),

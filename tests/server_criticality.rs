@@ -43,12 +43,17 @@ fn shed_message(result: &ReserveResult) -> &str {
 
 /// Runs the scenario against a server whose table is `table`; returns the entry log.
 async fn scenario(table: CriticalityTable, critical_granted: bool) -> Vec<String> {
-    let server = start_with(admission(), DemoConfig::default(), true, |layer, inv, incoming| {
-        Server::builder()
-            .layer(layer.with_criticality(table))
-            .add_service(inv)
-            .serve_with_incoming(incoming)
-    })
+    let server = start_with(
+        admission(),
+        DemoConfig::default(),
+        true,
+        |layer, inv, incoming| {
+            Server::builder()
+                .layer(layer.with_criticality(table))
+                .add_service(inv)
+                .serve_with_incoming(incoming)
+        },
+    )
     .await;
     let channel = channel(server.addr).await;
     let client = InventoryClient::new(channel.clone());
@@ -65,7 +70,8 @@ async fn scenario(table: CriticalityTable, critical_granted: bool) -> Vec<String
             .with_method(RESERVE, Criticality::Sheddable)
             .expect("valid"),
     );
-    let mut sheddable = InventoryClient::new(ServiceBuilder::new().layer(stamping).service(channel));
+    let mut sheddable =
+        InventoryClient::new(ServiceBuilder::new().layer(stamping).service(channel));
     let answer = sheddable.reserve(reserve("s1", None)).await;
     assert_eq!(shed_message(&answer), MESSAGE_SHEDDABLE);
 
@@ -93,7 +99,11 @@ async fn scenario(table: CriticalityTable, critical_granted: bool) -> Vec<String
     let answer = c.reserve(reserve("q4", None)).await;
     assert_eq!(shed_message(&answer), MESSAGE_QUEUE_FULL);
     let answer = c
-        .reserve(with_header(reserve("x1", None), "stormguard-criticality", "CRITICAL"))
+        .reserve(with_header(
+            reserve("x1", None),
+            "stormguard-criticality",
+            "CRITICAL",
+        ))
         .await;
     assert_eq!(shed_message(&answer), MESSAGE_QUEUE_FULL);
 
@@ -112,7 +122,10 @@ async fn scenario(table: CriticalityTable, critical_granted: bool) -> Vec<String
     }
     let snapshot = server.stats.snapshot();
     assert_eq!(snapshot.shed_sheddable, 1, "{snapshot:?}");
-    assert_eq!(snapshot.shed_displaced, if critical_granted { 2 } else { 1 });
+    assert_eq!(
+        snapshot.shed_displaced,
+        if critical_granted { 2 } else { 1 }
+    );
 
     server.control.open_gate();
     held.await.expect("task").expect("held call served");

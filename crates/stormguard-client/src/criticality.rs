@@ -111,7 +111,9 @@ mod tests {
             .unwrap();
         let echo = service_fn(|r: http::Request<()>| async move {
             Ok::<_, std::convert::Infallible>(
-                r.headers().get(HEADER).map(|v| v.to_str().unwrap().to_owned()),
+                r.headers()
+                    .get(HEADER)
+                    .map(|v| v.to_str().unwrap().to_owned()),
             )
         });
         let svc = CriticalityLayer::new(table).layer(echo);
@@ -122,8 +124,14 @@ mod tests {
             }
             svc.clone().oneshot(r.body(()).unwrap())
         };
-        assert_eq!(call("/a.S/Pay", None).await.unwrap().as_deref(), Some("critical"));
-        assert_eq!(call("/a.S/Get", None).await.unwrap().as_deref(), Some("sheddable"));
+        assert_eq!(
+            call("/a.S/Pay", None).await.unwrap().as_deref(),
+            Some("critical")
+        );
+        assert_eq!(
+            call("/a.S/Get", None).await.unwrap().as_deref(),
+            Some("sheddable")
+        );
         assert_eq!(
             call("/a.S/Pay", Some("default")).await.unwrap().as_deref(),
             Some("default")

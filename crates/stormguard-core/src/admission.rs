@@ -87,11 +87,11 @@ use crate::Instant;
 use serde_json::Value;
 
 use crate::code::Code;
-use crate::criticality::{CallClass, Criticality};
-use crate::limit::AdaptiveLimitConfig;
 use crate::config::{
     ConfigError, as_duration, as_object, as_str, as_u32, as_u64, check_keys, code, parse_object,
 };
+use crate::criticality::{CallClass, Criticality};
+use crate::limit::AdaptiveLimitConfig;
 
 /// The largest `pushback_max` accepted: one hour. Longer advice is no advice.
 pub const MAX_PUSHBACK: Duration = Duration::from_secs(3600);
@@ -713,7 +713,6 @@ impl AdmissionPolicy {
     pub fn decide(&mut self, load: QueueLoad, class: impl Into<CallClass>) -> Decision {
         self.decide_at(Instant::now(), load, class)
     }
-
 
     /// Records a call finishing on a worker at `now` (feeds the drain estimate).
     pub fn record_completion_at(&mut self, now: Instant) {

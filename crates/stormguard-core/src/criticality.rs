@@ -324,8 +324,16 @@ mod tests {
         assert_eq!(t.class_for("/b.S/Get"), Sheddable);
         // "/a." does not end in '/': exact only.
         assert_eq!(t.class_for("/a.T/Get"), Sheddable);
-        assert!(CriticalityTable::default().with_method("a.S/", Default).is_err());
-        assert!(CriticalityTable::default().with_method("/", Default).is_err());
+        assert!(
+            CriticalityTable::default()
+                .with_method("a.S/", Default)
+                .is_err()
+        );
+        assert!(
+            CriticalityTable::default()
+                .with_method("/", Default)
+                .is_err()
+        );
     }
 
     #[test]

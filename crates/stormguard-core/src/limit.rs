@@ -228,7 +228,11 @@ pub struct AdaptiveLimit {
 impl AdaptiveLimit {
     /// A limit starting at `initial` (clamped to the bounds) for a valid `config`;
     /// `seed` varies the probe jitter between servers.
-    pub fn new(config: AdaptiveLimitConfig, initial: usize, seed: u64) -> Result<Self, ConfigError> {
+    pub fn new(
+        config: AdaptiveLimitConfig,
+        initial: usize,
+        seed: u64,
+    ) -> Result<Self, ConfigError> {
         config.validate()?;
         let limit = initial.clamp(config.min_limit, config.max_limit) as f64;
         let rng = fastrand::Rng::with_seed(config.seed ^ seed);
@@ -329,7 +333,11 @@ impl AdaptiveLimit {
     /// latency `m`, in which at most `used` calls ran at once.
     fn next_limit(&self, m: f64, rtt: f64, used: f64) -> f64 {
         let limit = self.limit;
-        let queued = if rtt > 0.0 { limit * (1.0 - m / rtt) } else { 0.0 };
+        let queued = if rtt > 0.0 {
+            limit * (1.0 - m / rtt)
+        } else {
+            0.0
+        };
         let l = limit.log10().max(1.0);
         let (alpha, beta) = (2.0 * l, 4.0 * l);
         // Growing a limit that was not used tests nothing.
@@ -410,7 +418,10 @@ mod tests {
         let mut limit = AdaptiveLimit::new(config(), 16, 0).unwrap();
         let mut t0 = Instant::now();
         let start = t0;
-        let slow = (start + Duration::from_secs(2), start + Duration::from_secs(3));
+        let slow = (
+            start + Duration::from_secs(2),
+            start + Duration::from_secs(3),
+        );
         let service = |t: Instant| {
             if t >= slow.0 && t < slow.1 {
                 25 * MS
@@ -482,20 +493,47 @@ mod tests {
             assert!((4..=6).contains(&l));
         }
         for (bad, field) in [
-            (AdaptiveLimitConfig { min_limit: 0, ..c.clone() }, "min_limit"),
-            (AdaptiveLimitConfig { max_limit: 3, ..c.clone() }, "max_limit"),
-            (AdaptiveLimitConfig { window: Duration::ZERO, ..c.clone() }, "window"),
             (
-                AdaptiveLimitConfig { min_window_samples: 0, ..c.clone() },
+                AdaptiveLimitConfig {
+                    min_limit: 0,
+                    ..c.clone()
+                },
+                "min_limit",
+            ),
+            (
+                AdaptiveLimitConfig {
+                    max_limit: 3,
+                    ..c.clone()
+                },
+                "max_limit",
+            ),
+            (
+                AdaptiveLimitConfig {
+                    window: Duration::ZERO,
+                    ..c.clone()
+                },
+                "window",
+            ),
+            (
+                AdaptiveLimitConfig {
+                    min_window_samples: 0,
+                    ..c.clone()
+                },
                 "min_window_samples",
             ),
             (
-                AdaptiveLimitConfig { probe_interval: Duration::ZERO, ..c.clone() },
+                AdaptiveLimitConfig {
+                    probe_interval: Duration::ZERO,
+                    ..c.clone()
+                },
                 "probe_interval",
             ),
         ] {
             let err = bad.validate().unwrap_err().to_string();
-            assert!(err.contains(&format!("admission.adaptive.{field}")), "{err}");
+            assert!(
+                err.contains(&format!("admission.adaptive.{field}")),
+                "{err}"
+            );
         }
     }
 }

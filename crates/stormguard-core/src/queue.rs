@@ -171,7 +171,9 @@ impl<T> AdmissionQueue<T> {
             // The policy validated its config, adaptive part included.
             AdaptiveLimit::new(adaptive, config.workers, config.seed).ok()
         });
-        let limit = adaptive.as_ref().map_or(config.workers, AdaptiveLimit::limit);
+        let limit = adaptive
+            .as_ref()
+            .map_or(config.workers, AdaptiveLimit::limit);
         AdmissionQueue {
             policy,
             limit,
@@ -278,8 +280,7 @@ impl<T> AdmissionQueue<T> {
                         if let Some(out) = self.take(id) {
                             let depth = self.waiting.len();
                             let pushback =
-                                self.policy
-                                    .shed_pushback_at(now, depth, out.class.attempt);
+                                self.policy.shed_pushback_at(now, depth, out.class.attempt);
                             let reason = ShedReason::Sheddable;
                             sink(Dispatch::Shed(
                                 Left {
@@ -689,7 +690,10 @@ mod tests {
         queued(q.arrive_at(t0, first, None, 8, collect(&mut out)));
         assert_eq!(out, [(3, false)]);
         // Now only first attempts wait: another one is shed, a critical one is not.
-        assert_eq!(shed(q.arrive_at(t0, first, None, 9, none)), ShedReason::QueueFull);
+        assert_eq!(
+            shed(q.arrive_at(t0, first, None, 9, none)),
+            ShedReason::QueueFull
+        );
         out.clear();
         let critical = class(first, Criticality::Critical);
         queued(q.arrive_at(t0, critical, None, 10, collect(&mut out)));
@@ -701,7 +705,10 @@ mod tests {
             queued(q.arrive_at(t0, critical, None, i, collect(&mut out)));
             assert_eq!(out, [(want, false)]);
         }
-        assert_eq!(shed(q.arrive_at(t0, critical, None, 14, none)), ShedReason::QueueFull);
+        assert_eq!(
+            shed(q.arrive_at(t0, critical, None, 14, none)),
+            ShedReason::QueueFull
+        );
         assert_eq!(q.depth(), 4);
     }
 
@@ -744,7 +751,10 @@ mod tests {
         assert_eq!(q.worker_limit(), 8);
         let t0 = Instant::now();
         for i in 0..8 {
-            assert_eq!(q.arrive_at(t0, AttemptClass::First, None, i, none), Arrival::Run);
+            assert_eq!(
+                q.arrive_at(t0, AttemptClass::First, None, i, none),
+                Arrival::Run
+            );
         }
         for i in 8..20 {
             queued(q.arrive_at(t0, AttemptClass::First, None, i, none));

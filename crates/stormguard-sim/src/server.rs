@@ -20,8 +20,8 @@ use std::time::Duration;
 use stormguard_core::Instant;
 use stormguard_core::admission::{AdmissionConfig, AttemptClass, Shed, ShedPushback};
 use stormguard_core::code::Code;
-use stormguard_core::pushback::Pushback;
 use stormguard_core::criticality::CallClass;
+use stormguard_core::pushback::Pushback;
 use stormguard_core::queue::{AdmissionQueue, Arrival, Dispatch, QueuedId};
 use stormguard_core::retry::Failure;
 

@@ -317,7 +317,12 @@ async fn play(side: &mut impl Side, t0: Instant, script: &[(Duration, Step)]) ->
         note(now, decided, &mut timers, &mut running);
         if side.limit() != limit {
             limit = side.limit();
-            note(now, vec![(0, What::Limit(limit))], &mut timers, &mut running);
+            note(
+                now,
+                vec![(0, What::Limit(limit))],
+                &mut timers,
+                &mut running,
+            );
         }
     }
     records.sort();
@@ -431,10 +436,22 @@ fn adaptive(queue_order: QueueOrder) -> AdmissionConfig {
 #[tokio::test(start_paused = true)]
 async fn server_queue_and_simulator_decide_alike() {
     for (name, config, seed) in [
-        ("lifo", config(QueueOrder::AdaptiveLifo { from_depth: 4 }), 1),
-        ("lifo", config(QueueOrder::AdaptiveLifo { from_depth: 4 }), 2),
+        (
+            "lifo",
+            config(QueueOrder::AdaptiveLifo { from_depth: 4 }),
+            1,
+        ),
+        (
+            "lifo",
+            config(QueueOrder::AdaptiveLifo { from_depth: 4 }),
+            2,
+        ),
         ("fifo", config(QueueOrder::Fifo), 3),
-        ("adaptive-lifo", adaptive(QueueOrder::AdaptiveLifo { from_depth: 4 }), 4),
+        (
+            "adaptive-lifo",
+            adaptive(QueueOrder::AdaptiveLifo { from_depth: 4 }),
+            4,
+        ),
         ("adaptive-fifo", adaptive(QueueOrder::Fifo), 5),
     ] {
         let is_adaptive = config.adaptive.is_some();
