@@ -11,7 +11,7 @@
 //!
 //! 1. Reads the attempt class (`grpc-previous-rpc-attempts`, else `x-retry-attempt`),
 //!    the criticality (`stormguard-criticality`, capped by the layer's
-//!    [`CriticalityTable`](stormguard_core::criticality::CriticalityTable) for the
+//!    `CriticalityTable` for the
 //!    method's path; see [`ShedLayer::with_criticality`]) and the deadline
 //!    (`grpc-timeout`, malformed = none) from the request headers.
 //! 2. Answers `DEADLINE_EXCEEDED` at once when the deadline leaves less than
