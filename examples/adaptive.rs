@@ -94,7 +94,12 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
-    if out.capacity < 4 || out.secs == 0 || out.service.is_zero() || out.load.is_nan() || out.load <= 0.0 {
+    if out.capacity < 4
+        || out.secs == 0
+        || out.service.is_zero()
+        || out.load.is_nan()
+        || out.load <= 0.0
+    {
         return Err("--capacity must be at least 4; --secs, --service-ms, --load above 0".into());
     }
     Ok(out)

@@ -1,5 +1,5 @@
 //! Criticality over real tonic: sheddable work is shed first, then retries, then the
-//! rest; a full queue gives a lower-ranked waiter's place to a higher-ranked call; a
+//! rest; a full queue gives a critical call the place of a lower-criticality waiter; a
 //! peer's claim is capped by the server's table; the client layer stamps the class.
 
 mod server_support;
@@ -81,51 +81,53 @@ async fn scenario(table: CriticalityTable, critical_granted: bool) -> Vec<String
         tokio::spawn(async move { client.reserve(request).await })
     };
     let mut bg = Vec::new();
-    let displaced = send(reserve("r1", Some("1")));
+    let r1 = send(reserve("r1", Some("1")));
     depth(1).await;
-    let oldest_first = send(reserve("q1", None));
+    let q1 = send(reserve("q1", None));
     depth(2).await;
     bg.push(send(reserve("q2", None)));
     depth(3).await;
 
-    // Full: a first attempt takes the retry's place; the retry is answered shed.
-    bg.push(send(reserve("q3", None)));
-    let r1 = displaced.await.expect("task");
-    assert_eq!(shed_message(&r1), MESSAGE_SHEDDABLE);
-    depth(3).await;
-
-    // Full of first attempts: another one is shed, and so is a malformed claim.
+    // Full: between calls of one criticality nothing gives way; a malformed claim is
+    // the default class.
     let mut c = client.clone();
-    let answer = c.reserve(reserve("q4", None)).await;
+    let answer = c.reserve(reserve("q3", None)).await;
     assert_eq!(shed_message(&answer), MESSAGE_QUEUE_FULL);
-    let answer = c
-        .reserve(with_header(
-            reserve("x1", None),
-            "stormguard-criticality",
-            "CRITICAL",
-        ))
-        .await;
+    let claim = |id| with_header(reserve(id, None), "stormguard-criticality", "CRITICAL");
+    let answer = c.reserve(claim("x1")).await;
     assert_eq!(shed_message(&answer), MESSAGE_QUEUE_FULL);
 
-    // A claim of critical: displaces the oldest first attempt only where granted.
-    let claim = with_header(reserve("c1", None), "stormguard-criticality", "critical");
+    // A claim of critical, where the server grants it, takes the place of the retry,
+    // then of the oldest first attempt; where it does not, it is a default call.
+    let claim = |id| with_header(reserve(id, None), "stormguard-criticality", "critical");
     if critical_granted {
-        bg.push(send(claim));
-        let q1 = oldest_first.await.expect("task");
+        bg.push(send(claim("c1")));
+        let r1 = r1.await.expect("task");
+        assert_eq!(shed_message(&r1), MESSAGE_SHEDDABLE);
+        bg.push(send(claim("c2")));
+        let q1 = q1.await.expect("task");
         assert_eq!(shed_message(&q1), MESSAGE_SHEDDABLE);
+        depth(3).await;
     } else {
-        let answer = c.reserve(claim).await;
-        assert_eq!(shed_message(&answer), MESSAGE_QUEUE_FULL);
-        // Nothing left the queue for it: q1 still waits.
+        for id in ["c1", "c2"] {
+            let answer = c.reserve(claim(id)).await;
+            assert_eq!(shed_message(&answer), MESSAGE_QUEUE_FULL);
+        }
+        // Nothing left the queue for them.
         assert_eq!(server.stats.snapshot().queue_depth, 3);
-        bg.push(oldest_first);
+        bg.push(r1);
+        bg.push(q1);
     }
     let snapshot = server.stats.snapshot();
+    let granted = u64::from(critical_granted);
     assert_eq!(snapshot.shed_sheddable, 1, "{snapshot:?}");
+    assert_eq!(snapshot.shed_retry, granted, "{snapshot:?}");
     assert_eq!(
-        snapshot.shed_displaced,
-        if critical_granted { 2 } else { 1 }
+        snapshot.shed_first,
+        2 + (1 - granted) * 2 + granted,
+        "{snapshot:?}"
     );
+    assert_eq!(snapshot.shed_displaced, 2 * granted, "{snapshot:?}");
 
     server.control.open_gate();
     held.await.expect("task").expect("held call served");
@@ -140,13 +142,13 @@ async fn sheddable_then_retries_then_the_rest_and_critical_only_where_granted() 
     let granted = CriticalityTable::default()
         .with_method(RESERVE, Criticality::Critical)
         .expect("valid");
-    assert_eq!(scenario(granted, true).await, ["hold", "q2", "q3", "c1"]);
+    assert_eq!(scenario(granted, true).await, ["hold", "q2", "c1", "c2"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_cannot_claim_more_than_the_server_grants() {
     assert_eq!(
         scenario(CriticalityTable::default(), false).await,
-        ["hold", "q1", "q2", "q3"]
+        ["hold", "r1", "q1", "q2"]
     );
 }

@@ -528,8 +528,8 @@ pub enum ShedReason {
     /// A retry arrived after the queue passed the retry threshold.
     RetryThreshold,
     /// A sheddable call arrived after the queue passed the sheddable threshold, or a
-    /// full queue gave its place to a call of a higher rank
-    /// ([`CallClass::rank`]).
+    /// queued call gave its place in a full queue to a call of a higher criticality
+    /// ([`crate::queue`]).
     Sheddable,
 }
 

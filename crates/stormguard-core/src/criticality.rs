@@ -8,8 +8,8 @@
 //! | value | class | shed |
 //! |---|---|---|
 //! | `sheddable` | [`Criticality::Sheddable`] | first: once its own threshold is passed (by default as soon as it would have to wait) |
-//! | `default` | [`Criticality::Default`] | retries past the retry threshold, first attempts when the queue is full |
-//! | `critical` | [`Criticality::Critical`] | as `default`, but a full queue gives it a lower-ranked waiter's place |
+//! | `default` | [`Criticality::Default`] | retries past the retry threshold, first attempts when the queue is full (a full queue gives it a queued sheddable call's place first) |
+//! | `critical` | [`Criticality::Critical`] | as `default`, but a full queue gives it the place of a waiter of lower criticality (the lowest-ranked, oldest first) |
 //!
 //! Under overload a server sheds **sheddable work first, then retries, then the rest**
 //! ([`CallClass::rank`]). A retry of a critical call is still a retry: the attempt
@@ -68,7 +68,7 @@ pub enum Criticality {
     #[default]
     Default,
     /// Work that must be served if anything is: a full queue gives it the place of a
-    /// lower-ranked waiter.
+    /// waiter of lower criticality.
     Critical,
 }
 
@@ -134,7 +134,9 @@ impl CallClass {
     }
 
     /// The shed order, lowest shed first: 0 sheddable (any attempt), 1 a retry, 2 a
-    /// retry of a critical call, 3 a first attempt, 4 a critical first attempt.
+    /// retry of a critical call, 3 a first attempt, 4 a critical first attempt. When a
+    /// full queue gives a waiter's place to a call of higher criticality, it is the
+    /// lowest-ranked waiter of lower criticality.
     ///
     /// ```
     /// use stormguard_core::admission::AttemptClass::{First, Retry};

@@ -26,10 +26,12 @@
 //!   over; the next live waiter gets it, oldest or newest first as the policy says for
 //!   the depth of *live* waiters.
 //! - Criticality ([`crate::criticality`]): sheddable calls are shed first, retries
-//!   next; and when the queue is full, a call of a higher [`CallClass::rank`] takes the
-//!   place of the lowest-ranked waiter (the oldest of them), which is answered with the
-//!   shed status ([`Dispatch::Shed`]). So a full queue of retries and sheddable work
-//!   does not turn away a first attempt.
+//!   next; and when the queue is full, a call takes the place of a waiter of a *lower
+//!   criticality* if there is one (the lowest-ranked by [`CallClass::rank`], the oldest
+//!   of those), which is answered with the shed status ([`Dispatch::Shed`]). So a full
+//!   queue of default work does not turn away a critical call, nor one of sheddable
+//!   work a default one. Between calls of one criticality nothing changes: a full queue
+//!   sheds the arrival.
 //! - The worker limit: fixed ([`AdmissionConfig::workers`]) or adaptive
 //!   ([`AdmissionConfig::adaptive`], [`crate::limit`]): every call that leaves its
 //!   worker ([`AdmissionQueue::finish_at`], with the instant it started) is a latency
@@ -72,9 +74,10 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use crate::Instant;
+use crate::admission::AttemptClass;
 use crate::admission::{AdmissionConfig, AdmissionPolicy, Decision, QueueLoad, Shed, ShedReason};
 use crate::config::ConfigError;
-use crate::criticality::CallClass;
+use crate::criticality::{CallClass, Criticality};
 use crate::limit::AdaptiveLimit;
 
 /// The place of one queued call, unique for the life of its queue.
@@ -118,6 +121,8 @@ pub struct Left<T> {
     pub waiter: T,
     /// How long it waited.
     pub waited: Duration,
+    /// Its class, as it arrived.
+    pub class: CallClass,
 }
 
 /// What the queue did with a waiter while handing out workers.
@@ -272,11 +277,10 @@ impl<T> AdmissionQueue<T> {
             }
             Decision::Queue => self.enqueue(now, class, expiry, waiter),
             Decision::Shed(shed) if shed.reason == ShedReason::QueueFull => {
-                // A full queue: the lowest-ranked waiter gives its place up, if it ranks
-                // below this call.
-                let lowest = self.by_rank.first().copied();
-                match lowest {
-                    Some((rank, id)) if rank < class.rank() => {
+                // A full queue: the lowest-ranked waiter of a lower criticality gives its
+                // place up, if there is one.
+                match self.displaceable(class) {
+                    Some(id) => {
                         if let Some(out) = self.take(id) {
                             let depth = self.waiting.len();
                             let pushback =
@@ -287,13 +291,14 @@ impl<T> AdmissionQueue<T> {
                                     id: QueuedId(id),
                                     waiter: out.waiter,
                                     waited: now.saturating_duration_since(out.enqueued_at),
+                                    class: out.class,
                                 },
                                 Shed { reason, pushback },
                             ));
                         }
                         self.enqueue(now, class, expiry, waiter)
                     }
-                    _ => Arrival::Shed(shed),
+                    None => Arrival::Shed(shed),
                 }
             }
             Decision::Shed(shed) => Arrival::Shed(shed),
@@ -318,6 +323,26 @@ impl<T> AdmissionQueue<T> {
             id: QueuedId(id),
             expiry,
         }
+    }
+
+    /// The waiter that gives its place up to an arrival of `class` in a full queue: of
+    /// the waiters of a lower criticality, the lowest-ranked, oldest first.
+    fn displaceable(&self, class: CallClass) -> Option<u64> {
+        let mut ranks: Vec<u8> = Criticality::ALL
+            .into_iter()
+            .filter(|c| *c < class.criticality)
+            .flat_map(|c| {
+                [AttemptClass::First, AttemptClass::Retry].map(|a| CallClass::new(a, c).rank())
+            })
+            .collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        ranks.into_iter().find_map(|rank| {
+            self.by_rank
+                .range((rank, 0)..=(rank, u64::MAX))
+                .next()
+                .map(|(_, id)| *id)
+        })
     }
 
     /// Takes waiter `id` out of every index.
@@ -359,6 +384,7 @@ impl<T> AdmissionQueue<T> {
             id,
             waiter: waiting.waiter,
             waited: now.saturating_duration_since(waiting.enqueued_at),
+            class: waiting.class,
         })
     }
 
@@ -374,6 +400,7 @@ impl<T> AdmissionQueue<T> {
                     id: QueuedId(id),
                     waiter: waiting.waiter,
                     waited: now.saturating_duration_since(waiting.enqueued_at),
+                    class: waiting.class,
                 }));
             }
         }
@@ -413,6 +440,7 @@ impl<T> AdmissionQueue<T> {
                 id: QueuedId(id),
                 waiter: waiting.waiter,
                 waited: now.saturating_duration_since(waiting.enqueued_at),
+                class: waiting.class,
             }));
         }
     }
@@ -422,8 +450,7 @@ impl<T> AdmissionQueue<T> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::admission::{AttemptClass, QueueOrder, RetryThreshold};
-    use crate::criticality::Criticality;
+    use crate::admission::{QueueOrder, RetryThreshold};
     use crate::limit::AdaptiveLimitConfig;
     use proptest::prelude::*;
 
@@ -486,11 +513,7 @@ mod tests {
         );
         queued(q.arrive_at(t0, first, None, 5, none));
         queued(q.arrive_at(t0, first, None, 6, none));
-        // Full: a first attempt takes the queued retry's place (it is shed instead).
-        let mut out = Vec::new();
-        queued(q.arrive_at(t0, first, None, 7, collect(&mut out)));
-        assert_eq!(out, [(3, false)]);
-        let full = q.arrive_at(t0, first, None, 8, none);
+        let full = q.arrive_at(t0, first, None, 7, none);
         assert!(
             matches!(full, Arrival::Shed(s) if s.reason == ShedReason::QueueFull),
             "{full:?}"
@@ -664,6 +687,7 @@ mod tests {
         };
         let (first, retry) = (AttemptClass::First, AttemptClass::Retry);
         let sheddable = class(first, Criticality::Sheddable);
+        let critical = class(first, Criticality::Critical);
         // A free worker: even sheddable work runs.
         assert_eq!(q.arrive_at(t0, sheddable, None, 0, none), Arrival::Run);
         // No worker free, nothing queued: sheddable is shed, a retry still queues.
@@ -681,49 +705,53 @@ mod tests {
         queued(q.arrive_at(t0, first, None, 5, none));
         queued(q.arrive_at(t0, first, None, 6, none));
         assert_eq!(q.depth(), 4);
-        // Full. A first attempt takes the place of the lowest-ranked waiter: the
-        // default retry (2) before the critical retry (3).
-        let mut out = Vec::new();
-        queued(q.arrive_at(t0, first, None, 7, collect(&mut out)));
-        assert_eq!(out, [(2, false)]);
-        out.clear();
-        queued(q.arrive_at(t0, first, None, 8, collect(&mut out)));
-        assert_eq!(out, [(3, false)]);
-        // Now only first attempts wait: another one is shed, a critical one is not.
+        // Full. Between calls of one criticality nothing gives way.
         assert_eq!(
-            shed(q.arrive_at(t0, first, None, 9, none)),
+            shed(q.arrive_at(t0, first, None, 7, none)),
             ShedReason::QueueFull
         );
-        out.clear();
-        let critical = class(first, Criticality::Critical);
-        queued(q.arrive_at(t0, critical, None, 10, collect(&mut out)));
-        assert_eq!(out, [(5, false)]);
-        // A full queue of critical first attempts and default ones: a critical arrival
-        // can still displace a default one, but not another critical one.
-        for (i, want) in [(11, 6), (12, 7), (13, 8)] {
-            out.clear();
+        // A critical call takes the place of the lowest-ranked waiter of a lower
+        // criticality: the default retry (2); the critical retry (3) is not one, so then
+        // the oldest default first attempt (5), then the next (6).
+        for (i, want) in [(8, 2), (9, 5), (10, 6)] {
+            let mut out = Vec::new();
             queued(q.arrive_at(t0, critical, None, i, collect(&mut out)));
             assert_eq!(out, [(want, false)]);
         }
+        // Now only critical calls wait: a critical arrival is shed like any other.
         assert_eq!(
-            shed(q.arrive_at(t0, critical, None, 14, none)),
+            shed(q.arrive_at(t0, critical, None, 11, none)),
             ShedReason::QueueFull
         );
         assert_eq!(q.depth(), 4);
+        let mut out = Vec::new();
+        for _ in 0..5 {
+            q.finish_at(t0 + MS, t0, collect(&mut out));
+        }
+        assert_eq!(out, [(3, true), (8, true), (9, true), (10, true)]);
     }
 
     #[test]
     fn a_displaced_waiter_is_told_when_to_come_back() {
-        let mut q = queue(config(1, 2));
+        // Sheddable work may queue here: its threshold is off.
+        let mut q = queue(AdmissionConfig {
+            sheddable_threshold: RetryThreshold {
+                depth: None,
+                queue_delay: None,
+            },
+            ..config(1, 2)
+        });
         let t0 = Instant::now();
+        let sheddable = |a| class(a, Criticality::Sheddable);
         q.arrive_at(t0, AttemptClass::First, None, 0, none);
-        queued(q.arrive_at(t0, AttemptClass::Retry, None, 1, none));
+        queued(q.arrive_at(t0, sheddable(AttemptClass::First), None, 1, none));
         queued(q.arrive_at(t0, AttemptClass::First, None, 2, none));
         let mut seen = Vec::new();
         queued(q.arrive_at(t0 + MS, AttemptClass::First, None, 3, |d| seen.push(d)));
         match seen.as_slice() {
             [Dispatch::Shed(left, shed)] => {
                 assert_eq!((left.waiter, left.waited), (1, MS));
+                assert_eq!(left.class, sheddable(AttemptClass::First));
                 assert_eq!(shed.reason, ShedReason::Sheddable);
                 assert!(shed.pushback.millis() >= 1);
             }

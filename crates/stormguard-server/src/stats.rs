@@ -85,15 +85,15 @@ pub struct StatsSnapshot {
     pub admitted: u64,
     /// Calls whose handler finished (with any status) on a worker.
     pub completed: u64,
-    /// First attempts answered with the shed status.
+    /// First attempts answered with the shed status (sheddable ones are counted apart).
     pub shed_first: u64,
     /// Retries answered with the shed status (sheddable ones are counted apart).
     pub shed_retry: u64,
-    /// Calls of the `sheddable` criticality answered with the shed status on arrival.
+    /// Calls of the `sheddable` criticality answered with the shed status.
     pub shed_sheddable: u64,
-    /// Queued calls answered with the shed status because a call of a higher rank
-    /// (sheddable < retry < first attempt < critical first attempt) took their place in
-    /// a full queue.
+    /// Of the calls counted in `shed_first`, `shed_retry` and `shed_sheddable`, those
+    /// answered after queuing, because a call of a higher criticality took their place
+    /// in a full queue.
     pub shed_displaced: u64,
     /// Calls answered `DEADLINE_EXCEEDED` before running: too little time left, or
     /// queued longer than `max_time_queued`.
@@ -121,7 +121,7 @@ pub struct StatsSnapshot {
 impl StatsSnapshot {
     /// Calls shed, whatever their class.
     pub fn shed(&self) -> u64 {
-        self.shed_first + self.shed_retry + self.shed_sheddable + self.shed_displaced
+        self.shed_first + self.shed_retry + self.shed_sheddable
     }
 
     /// Mean time queued of the calls that left the queue (`None` when none did).

@@ -136,6 +136,7 @@ impl State {
                     (left, Outcome::Expired)
                 }
                 Dispatch::Shed(left, shed) => {
+                    counters.record_shed(left.class);
                     counters.shed_displaced.fetch_add(1, Ordering::Relaxed);
                     (left, Outcome::Shed(shed))
                 }

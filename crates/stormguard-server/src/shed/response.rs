@@ -21,7 +21,7 @@ pub const MESSAGE_QUEUE_FULL: &str = "stormguard: overloaded, queue full";
 /// The `grpc-message` of a retry shed past the retry threshold.
 pub const MESSAGE_RETRY_SHED: &str = "stormguard: overloaded, retries shed first";
 /// The `grpc-message` of a sheddable call shed first, or of a queued call that gave
-/// its place to a call of a higher rank.
+/// its place to a call of a higher criticality.
 pub const MESSAGE_SHEDDABLE: &str = "stormguard: overloaded, lower-priority work shed first";
 /// The `grpc-message` of a call dropped before running because its deadline was too
 /// close or it waited too long.
