@@ -248,7 +248,7 @@ impl<T> AdmissionQueue<T> {
     }
 
     /// Decides what to do with a call of `class` (an
-    /// [`AttemptClass`](crate::admission::AttemptClass), or a [`CallClass`] with its
+    /// [`AttemptClass`], or a [`CallClass`] with its
     /// criticality), with `deadline`, arriving at `now`. `waiter` is kept with the call
     /// if it is queued, and dropped otherwise. Waiters whose expiry has passed are taken
     /// out first, and a waiter that gives its place up to this call is answered; both
