@@ -15,7 +15,9 @@ pub mod v1 {
 }
 
 pub use v1::{
-    ReserveReply, ReserveRequest, StockLevel, WatchStockRequest,
+    ReserveBatchReply, ReserveReply, ReserveRequest, StockLevel, WatchStockRequest,
+    inventory_batch_client::InventoryBatchClient,
+    inventory_batch_server::{InventoryBatch, InventoryBatchServer},
     inventory_client::InventoryClient,
     inventory_server::{Inventory, InventoryServer},
 };
