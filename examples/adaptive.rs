@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release --example adaptive -- [--json FILE] [--secs 8] [--warmup 4]
-//!     [--capacity 16] [--service-ms 20] [--load 2.0] [--only NAME]
+//!     [--capacity 16] [--service-ms 20] [--load 2.0] [--only NAME] [--storm]
 //! ```
 //!
 //! The server is real tonic over loopback with a `ShedLayer`. Its `Reserve` handler
@@ -29,13 +29,19 @@
 //! concurrent loops over the same pool (a 20 ms sleep takes a little longer than 20 ms).
 //! `--json FILE` writes
 //! `{"policies":[{"name":..,"goodput_share_of_capacity":..,"p99_ms":..,"final_limit":..},..],"capacity":C}`.
+//!
+//! `--storm` then runs the storm scenario on the same server (C permits × 10 ms, so a
+//! slowed call still fits in one attempt) with `fixed-right`, `fixed-high` and
+//! `adaptive`: 75 % of capacity offered, the pool's service time ×2.5 for 3 s (capacity
+//! drops below the offered load), and reports when the share of calls served is back
+//! above 90 % for good.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use stormguard::client::RetryLayer;
+use stormguard::client::{RetryLayer, RetryStats};
 use stormguard::core::admission::AdmissionConfig;
 use stormguard::core::config::ClientConfig;
 use stormguard::core::limit::AdaptiveLimitConfig;
@@ -51,8 +57,9 @@ use tower::ServiceBuilder;
 
 const DEADLINE: Duration = Duration::from_millis(150);
 const PER_ATTEMPT: Duration = Duration::from_millis(50);
+const STORM_SERVICE: Duration = Duration::from_millis(10);
 const USAGE: &str = "usage: adaptive [--json FILE] [--secs N] [--warmup N] [--capacity C] \
-[--service-ms S] [--load X] [--only NAME]";
+[--service-ms S] [--load X] [--only NAME] [--storm]";
 
 #[derive(Clone, Debug)]
 struct Args {
@@ -63,6 +70,7 @@ struct Args {
     service: Duration,
     load: f64,
     only: Option<String>,
+    storm: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -74,6 +82,7 @@ fn parse_args() -> Result<Args, String> {
         service: Duration::from_millis(20),
         load: 2.0,
         only: None,
+        storm: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -90,6 +99,7 @@ fn parse_args() -> Result<Args, String> {
             "--service-ms" => out.service = Duration::from_millis(num(&flag, value()?)?),
             "--load" => out.load = num(&flag, value()?)?,
             "--only" => out.only = Some(value()?),
+            "--storm" => out.storm = true,
             "-h" | "--help" => return Err("help".into()),
             other => return Err(format!("unknown argument `{other}`")),
         }
@@ -176,6 +186,103 @@ async fn serve(
     Ok(addr)
 }
 
+type Client = InventoryClient<stormguard::client::Retry<tonic::transport::Channel>>;
+
+/// A tonic channel to `addr` through a `RetryLayer` (standard policy, 50 ms per attempt).
+async fn connect(addr: SocketAddr) -> Result<(Client, RetryStats), Box<dyn std::error::Error>> {
+    let retry = RetryLayer::from_config_seeded(&ClientConfig::standard(), 7)?
+        .with_per_attempt_timeout(PER_ATTEMPT);
+    let stats = retry.stats();
+    let channel = Endpoint::from_shared(format!("http://{addr}"))?
+        .http2_max_local_error_reset_streams(None)
+        .tcp_nodelay(true)
+        .connect()
+        .await?;
+    Ok((
+        InventoryClient::new(ServiceBuilder::new().layer(retry).service(channel)),
+        stats,
+    ))
+}
+
+fn request(i: u64) -> Request<ReserveRequest> {
+    let mut request = Request::new(ReserveRequest {
+        sku: "sku".into(),
+        quantity: 1,
+        request_id: format!("req-{i}"),
+        payload: Vec::new(),
+    });
+    request.set_timeout(DEADLINE);
+    request
+}
+
+/// The storm scenario on this server, with a 10 ms service time (as in the storm
+/// scenario, so that a slowed call still fits in one 50 ms attempt): offered 75 % of
+/// `capacity` (measured for that service time); from 5 s to 8 s the pool's service time
+/// is ×2.5 (capacity drops to 40 %, the offered load is 1.9× it); then back. Returns the share of logical calls that succeeded per 500 ms (by send
+/// time) over 16 s, the limit every 500 ms, and the recovery: the time from the end of
+/// the trigger to the first window from which every window serves at least 90 %.
+async fn storm(
+    name: &str,
+    args: &Args,
+    capacity: f64,
+) -> Result<(Vec<f64>, Vec<usize>, Option<Duration>), Box<dyn std::error::Error>> {
+    const WINDOW: Duration = Duration::from_millis(500);
+    const WINDOWS: usize = 32;
+    let (trigger_from, trigger_until) = (10, 16);
+    let layer = ShedLayer::from_config(admission(name, args.capacity))?;
+    let stats = layer.stats();
+    let pool = PoolInventory::new(args.capacity, STORM_SERVICE);
+    let addr = serve(pool.clone(), layer).await?;
+    let (client, _) = connect(addr).await?;
+    let sent: Arc<Vec<AtomicU64>> = Arc::new((0..WINDOWS).map(|_| AtomicU64::new(0)).collect());
+    let ok: Arc<Vec<AtomicU64>> = Arc::new((0..WINDOWS).map(|_| AtomicU64::new(0)).collect());
+    let mut limits = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / (capacity * 0.75)));
+    tick.set_missed_tick_behavior(MissedTickBehavior::Burst);
+    let start = Instant::now();
+    let end = start + WINDOW * u32::try_from(WINDOWS).unwrap_or(u32::MAX);
+    let mut calls = Vec::new();
+    let mut window = 0;
+    let mut i = 0u64;
+    while Instant::now() < end {
+        tick.tick().await;
+        let w = usize::try_from(start.elapsed().as_millis() / WINDOW.as_millis()).unwrap_or(0);
+        if w != window {
+            window = w;
+            limits.push(stats.workers());
+            if w == trigger_from {
+                pool.set_service_time(STORM_SERVICE.mul_f64(2.5));
+            } else if w == trigger_until {
+                pool.set_service_time(STORM_SERVICE);
+            }
+        }
+        let Some(slot) = sent.get(w) else { break };
+        slot.fetch_add(1, Ordering::Relaxed);
+        i += 1;
+        let (mut client, ok) = (client.clone(), ok.clone());
+        calls.push(tokio::spawn(async move {
+            if client.reserve(request(i)).await.is_ok() {
+                ok[w].fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+        if calls.len() > 4096 {
+            calls.retain(|c| !c.is_finished());
+        }
+    }
+    for c in calls {
+        let _ = c.await;
+    }
+    let share: Vec<f64> = (0..WINDOWS)
+        .map(|w| {
+            let n = sent[w].load(Ordering::Relaxed).max(1) as f64;
+            ok[w].load(Ordering::Relaxed) as f64 / n
+        })
+        .collect();
+    let recovered = (trigger_until..WINDOWS).find(|&w| share[w..].iter().all(|s| *s >= 0.9));
+    let recovery = recovered.map(|w| WINDOW * u32::try_from(w - trigger_until).unwrap_or(0));
+    Ok((share, limits, recovery))
+}
+
 async fn run(
     name: &str,
     args: &Args,
@@ -185,15 +292,7 @@ async fn run(
     let stats: ShedStats = layer.stats();
     let addr = serve(PoolInventory::new(args.capacity, args.service), layer).await?;
 
-    let retry = RetryLayer::from_config_seeded(&ClientConfig::standard(), 7)?
-        .with_per_attempt_timeout(PER_ATTEMPT);
-    let client_stats = retry.stats();
-    let channel = Endpoint::from_shared(format!("http://{addr}"))?
-        .http2_max_local_error_reset_streams(None)
-        .tcp_nodelay(true)
-        .connect()
-        .await?;
-    let client = InventoryClient::new(ServiceBuilder::new().layer(retry).service(channel));
+    let (client, client_stats) = connect(addr).await?;
 
     let rate = capacity * args.load;
     let start = Instant::now();
@@ -235,14 +334,7 @@ async fn run(
         let (latencies, ok) = (latencies.clone(), ok.clone());
         calls.push(tokio::spawn(async move {
             let sent = Instant::now();
-            let mut request = Request::new(ReserveRequest {
-                sku: "sku".into(),
-                quantity: 1,
-                request_id: format!("req-{i}"),
-                payload: Vec::new(),
-            });
-            request.set_timeout(DEADLINE);
-            let result = client.reserve(request).await;
+            let result = client.reserve(request(i)).await;
             if result.is_ok() && sent >= measure_from && sent < end {
                 ok.fetch_add(1, Ordering::Relaxed);
                 let us = u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX);
@@ -352,6 +444,31 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             a.goodput_share / h.goodput_share.max(1e-9),
             a.final_limit as f64 / args.capacity as f64
         );
+    }
+    if args.storm {
+        let capacity = measure_capacity(args.capacity, STORM_SERVICE).await;
+        println!(
+            "storm: C = {} permits x {STORM_SERVICE:?} = {capacity:.0} completions/s measured; \
+             75 % of capacity offered; pool service time x2.5 from 5 s to 8 s; share of \
+             calls served per 500 ms (by send time); recovery = from 8 s to the first window \
+             from which every window serves >= 90 %",
+            args.capacity
+        );
+        for name in ["fixed-right", "fixed-high", "adaptive"] {
+            if args.only.as_deref().is_some_and(|o| o != name) {
+                continue;
+            }
+            let (share, limits, recovery) = storm(name, &args, capacity).await?;
+            let share: Vec<String> = share.iter().map(|s| format!("{:.2}", s)).collect();
+            let limits: Vec<String> = limits.iter().map(usize::to_string).collect();
+            println!(
+                "storm {name:<12} recovery {}\n  served: {}\n  limit:  {}",
+                recovery.map_or("never (within 8 s)".to_owned(), |d| format!("{d:?}")),
+                share.join(" "),
+                limits.join(" ")
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
     }
     if let Some(path) = &args.json {
         let policies: Vec<serde_json::Value> = outcomes

@@ -5,7 +5,8 @@
 //! capacity that reach the handler wait *inside* it, where an admission queue in front
 //! cannot see, order or shed them: the server that a fixed worker count set too high
 //! gets wrong, and that an adaptive limit has to find by itself. A call whose caller
-//! leaves gives its permit back at once (the handler's future is dropped).
+//! leaves gives its permit back at once (the handler's future is dropped). The service
+//! time can change while it runs ([`PoolInventory::set_service_time`]): a capacity drop.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -27,7 +28,7 @@ pub struct PoolInventory {
 struct Shared {
     permits: Semaphore,
     capacity: usize,
-    service_time: Duration,
+    service_time_ns: AtomicU64,
     completed: AtomicU64,
     inside: AtomicUsize,
     max_inside: AtomicUsize,
@@ -49,7 +50,9 @@ impl PoolInventory {
             shared: Arc::new(Shared {
                 permits: Semaphore::new(capacity),
                 capacity,
-                service_time,
+                service_time_ns: AtomicU64::new(
+                    u64::try_from(service_time.as_nanos()).unwrap_or(u64::MAX),
+                ),
                 completed: AtomicU64::new(0),
                 inside: AtomicUsize::new(0),
                 max_inside: AtomicUsize::new(0),
@@ -60,6 +63,12 @@ impl PoolInventory {
     /// The pool's capacity C.
     pub fn capacity(&self) -> usize {
         self.shared.capacity
+    }
+
+    /// Changes the service time from the next call on (a slowdown of the resource).
+    pub fn set_service_time(&self, service_time: Duration) {
+        let ns = u64::try_from(service_time.as_nanos()).unwrap_or(u64::MAX);
+        self.shared.service_time_ns.store(ns, Ordering::Relaxed);
     }
 
     /// Takes a permit for the service time: one unit of the resource's work.
@@ -73,7 +82,8 @@ impl PoolInventory {
             .acquire()
             .await
             .map_err(|_| Status::internal("pool closed"))?;
-        tokio::time::sleep(s.service_time).await;
+        let service_time = Duration::from_nanos(s.service_time_ns.load(Ordering::Relaxed));
+        tokio::time::sleep(service_time).await;
         s.completed.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
