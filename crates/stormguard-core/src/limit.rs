@@ -17,8 +17,12 @@
 //! ```
 //!
 //! and steers `queued` into a small band `[α, β]`, with `l = max(1, log10 L)`, `α = 2l`,
-//! `β = 4l`: above `β` the limit drops by `l`; below `α` it grows by `l`, and by `β` at
-//! once when nothing is queued at all. So the limit settles a few calls above `C`: every
+//! `β = 4l`: above `β` the limit drops to the capacity the window measured (`L·m/rtt`)
+//! plus the middle of the band (at least by `l`); below `α` it grows by `l`, and by `β`
+//! at once when nothing is queued at all. Dropping at once matters: a limit far too high
+//! (a deploy made calls slower, or the start value was a guess) makes every call wait
+//! inside the handler until callers time out, and stepping down by `l` per window would
+//! take seconds. So the limit settles a few calls above `C`: every
 //! unit of real capacity stays busy, and the calls beyond it wait in the admission queue,
 //! where they can be ordered, expired and shed (retries first), instead of inside the
 //! handler. (Netflix's `VegasLimit` uses `3l` and `6l`; with C = 16 that settled at 21–22
@@ -51,7 +55,12 @@
 //!   together) it drops to [`AdaptiveLimitConfig::min_limit`], waits until no more than
 //!   that many calls run, takes the median latency of the next
 //!   [`AdaptiveLimitConfig::min_window_samples`] calls as `m`, and returns to the limit it
-//!   had. Between probes `m` may only fall (to a lower window mean).
+//!   had. Between probes `m` may only fall (to a lower window mean). A limit cut below
+//!   half of where the last probe left it, or a window clearly faster than `m`, probes
+//!   again at once (at most once a second): Vegas cannot tell a higher latency floor (a
+//!   slower dependency, a capacity drop that slows every call) from queueing, and without
+//!   a new `m` it would hold the limit far below the real capacity, or (once the floor
+//!   falls back) let it drift above it, until the next scheduled probe.
 //! - Calls whose caller left mid-run are samples too (their time so far is a lower
 //!   bound on their latency): under overload, those are the slow ones.
 //!
@@ -222,6 +231,8 @@ pub struct AdaptiveLimit {
     probe: Option<Probe>,
     /// When the next probe starts (`None`: at the first sample).
     next_probe: Option<Instant>,
+    /// The limit when the last probe ended, and when that was.
+    after_probe: Option<(f64, Instant)>,
     rng: fastrand::Rng,
 }
 
@@ -243,6 +254,7 @@ impl AdaptiveLimit {
             window: None,
             probe: None,
             next_probe: None,
+            after_probe: None,
             rng,
         })
     }
@@ -293,6 +305,7 @@ impl AdaptiveLimit {
                 let median = probe.samples[probe.samples.len() / 2];
                 self.min_latency = Some(median.max(Duration::from_micros(1)));
                 self.limit = probe.saved;
+                self.after_probe = Some((probe.saved, now));
                 self.probe = None;
                 let jitter = 0.75 + 0.5 * self.rng.f64();
                 self.next_probe = now.checked_add(self.config.probe_interval.mul_f64(jitter));
@@ -321,11 +334,24 @@ impl AdaptiveLimit {
         let rtt = window.sum_secs / window.count as f64;
         let used = window.max_running as f64;
         self.window = None;
+        // A whole window faster than the floor: the floor fell (the slowdown is over).
+        let floor_fell = rtt < 0.8 * m.as_secs_f64();
         let m = m.as_secs_f64().min(rtt);
         if rtt > 0.0 {
             self.min_latency = Duration::try_from_secs_f64(m).ok().or(self.min_latency);
         }
         self.limit = self.next_limit(m, rtt, used);
+        // The floor fell, or the limit was cut below half of where the last probe left
+        // it: either the handler's capacity fell or its latency floor rose (a slower
+        // dependency), which Vegas cannot tell from queueing. A probe tells which; at
+        // most one a second.
+        if let Some((reference, at)) = self.after_probe
+            && (floor_fell || self.limit < reference / 2.0)
+            && now.saturating_duration_since(at) >= Duration::from_secs(1)
+        {
+            self.next_probe = Some(now);
+            self.after_probe = Some((self.limit, now));
+        }
         self.limit()
     }
 
@@ -347,7 +373,10 @@ impl AdaptiveLimit {
         } else if queued < alpha && busy {
             limit + l
         } else if queued > beta {
-            limit - l
+            // `L · m / rtt` is the capacity the window measured: go at once to it plus
+            // the middle of the band, or by `l` if that is less of a step.
+            let target = limit * m / rtt + (alpha + beta) / 2.0;
+            target.min(limit - l)
         } else {
             limit
         };
@@ -414,13 +443,14 @@ mod tests {
     }
 
     #[test]
-    fn follows_a_slowdown_down_and_back_up() {
+    fn a_slower_floor_is_probed_again_and_the_limit_follows_it_both_ways() {
         let mut limit = AdaptiveLimit::new(config(), 16, 0).unwrap();
         let mut t0 = Instant::now();
         let start = t0;
+        // Every call takes 2.5x longer from 2 s to 6 s: the same 16 slots, slower.
         let slow = (
             start + Duration::from_secs(2),
-            start + Duration::from_secs(3),
+            start + Duration::from_secs(6),
         );
         let service = |t: Instant| {
             if t >= slow.0 && t < slow.1 {
@@ -432,16 +462,24 @@ mod tests {
         drive(&mut limit, &mut t0, 16.0, service, 40, None);
         let before = limit.limit();
         assert!((17..=24).contains(&before), "{before}");
-        while t0 < slow.1 {
+        while t0 < slow.1 - Duration::from_millis(300) {
             drive(&mut limit, &mut t0, 16.0, service, 1, None);
         }
+        // Vegas first reads the slower calls as queueing and cuts the limit; the cut
+        // starts a probe, which finds the new floor, and the limit returns above the
+        // capacity instead of staying far below it until the next scheduled probe.
+        let m = limit.min_latency().unwrap();
+        assert!(m >= 25 * MS && m < 27 * MS, "floor during the slowdown: {m:?}");
         let during = limit.limit();
-        assert!(during < 16, "during the slowdown: {during}");
+        assert!((17..=24).contains(&during), "during the slowdown: {during}");
         let back = t0;
         while t0 < back + Duration::from_millis(1500) {
             drive(&mut limit, &mut t0, 16.0, service, 1, None);
         }
-        assert!(limit.limit() >= 17, "after: {}", limit.limit());
+        // Once calls are faster than the floor again, it is probed again too.
+        let m = limit.min_latency().unwrap();
+        assert!(m < 11 * MS, "floor after: {m:?}");
+        assert!((17..=24).contains(&limit.limit()), "after: {}", limit.limit());
     }
 
     #[test]
