@@ -469,7 +469,10 @@ mod tests {
         // starts a probe, which finds the new floor, and the limit returns above the
         // capacity instead of staying far below it until the next scheduled probe.
         let m = limit.min_latency().unwrap();
-        assert!(m >= 25 * MS && m < 27 * MS, "floor during the slowdown: {m:?}");
+        assert!(
+            m >= 25 * MS && m < 27 * MS,
+            "floor during the slowdown: {m:?}"
+        );
         let during = limit.limit();
         assert!((17..=24).contains(&during), "during the slowdown: {during}");
         let back = t0;
@@ -479,7 +482,11 @@ mod tests {
         // Once calls are faster than the floor again, it is probed again too.
         let m = limit.min_latency().unwrap();
         assert!(m < 11 * MS, "floor after: {m:?}");
-        assert!((17..=24).contains(&limit.limit()), "after: {}", limit.limit());
+        assert!(
+            (17..=24).contains(&limit.limit()),
+            "after: {}",
+            limit.limit()
+        );
     }
 
     #[test]
