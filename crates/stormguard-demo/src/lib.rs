@@ -8,6 +8,7 @@
 
 pub mod pool;
 pub mod server;
+pub mod storm;
 
 /// Generated messages, client and server for `stormguard.demo.v1`.
 pub mod v1 {

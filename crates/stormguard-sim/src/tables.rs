@@ -456,16 +456,16 @@ pub struct RecoveryRow {
     pub success_by_second: Vec<f64>,
 }
 
-/// The capacity drop of table 3, as in storm-notes: service time × 2.5 for 3 s, after a
+/// The capacity drop of table 3, as in the storm measured on tonic: service time × 2.5 for 3 s, after a
 /// 5 s warm-up.
 pub const TRIGGER: Window = Window {
     from: Duration::from_secs(5),
     until: Duration::from_secs(8),
 };
 
-/// The scenario of table 3: the storm-notes server (8 workers × 11.1 ms, ~720/s) scaled
+/// The scenario of table 3: the server of the storm measured on tonic (8 workers × 11.1 ms, ~720/s) scaled
 /// by 10 (80 workers, ~7,200/s) and offered 75 % of it (5,400 calls/s) by 100 client
-/// processes, 100× the single client of the storm notes; 50 ms per-attempt timeout (the
+/// processes, 100× that storm's single client; 50 ms per-attempt timeout (the
 /// retry policy's, so a timed-out attempt is retried with only `UNAVAILABLE` in the
 /// retryable codes; the layer's own for the client that never retries), 200 ms deadline,
 /// 0.5 ms each way. Quick: the unscaled server, 10 clients.
