@@ -225,9 +225,9 @@ async fn exported_values_equal_the_layers_own_counters() {
         total(
             m,
             "stormguard.server.shed",
-            &[("stormguard.shed.reason", "retry_threshold")]
+            &[("stormguard.criticality", "sheddable")]
         ),
-        s.shed_retry_threshold
+        s.shed_sheddable
     );
     assert!(s.shed() > 0, "the run shed: {s:?}");
     assert_eq!(total(m, "stormguard.server.expired", &[]), s.expired);

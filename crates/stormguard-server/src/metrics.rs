@@ -11,7 +11,7 @@
 //! | name | kind | unit | attributes |
 //! |---|---|---|---|
 //! | `stormguard.server.admitted` | counter | `{call}` | `rpc.system` |
-//! | `stormguard.server.shed` | counter | `{call}` | `rpc.system`, `stormguard.attempt.class` (`first`, `retry`), `stormguard.shed.reason` (`queue_full`, `retry_threshold`) |
+//! | `stormguard.server.shed` | counter | `{call}` | `rpc.system`, `stormguard.attempt.class` (`first`, `retry`), `stormguard.criticality` (`sheddable`, `default`, `critical`), `stormguard.shed.reason` (`queue_full`, `retry_threshold`, `sheddable`) |
 //! | `stormguard.server.expired` | counter | `{call}` | `rpc.system` |
 //! | `stormguard.server.cancelled_queued` | counter | `{call}` | `rpc.system` |
 //! | `stormguard.server.completed` | counter | `{call}` | `rpc.system` |
@@ -102,17 +102,12 @@ impl ServerMetrics {
                 .with_description("Calls answered with the shed status, by class and reason")
                 .with_unit("{call}")
                 .with_callback(move |o| {
-                    let s = q.snapshot();
-                    // A retry threshold only ever sheds retries.
-                    for (class, reason, n) in [
-                        ("first", "queue_full", s.shed_first),
-                        ("retry", "queue_full", s.shed_retry - s.shed_retry_threshold),
-                        ("retry", "retry_threshold", s.shed_retry_threshold),
-                    ] {
+                    for (attempt, criticality, reason, n) in q.shed_breakdown() {
                         let attrs = [
                             system(),
-                            KeyValue::new("stormguard.attempt.class", class),
-                            KeyValue::new("stormguard.shed.reason", reason),
+                            KeyValue::new("stormguard.attempt.class", attempt.as_str()),
+                            KeyValue::new("stormguard.criticality", criticality.as_str()),
+                            KeyValue::new("stormguard.shed.reason", reason.as_str()),
                         ];
                         o.observe(n, &attrs);
                     }
