@@ -20,6 +20,15 @@
 //! no stormguard layer (tonic runs every call at once); its JSON line then counts the
 //! handler's calls (`admitted` = calls that reached the handler, `completed` = calls it
 //! answered) and reports 0 for what only the queue does.
+//!
+//! `--log-calls` also prints one JSON line per answered call, written when its response
+//! headers leave the ShedLayer, for tools that check a peer's retry behaviour from outside:
+//! `{"call":"ID","attempt":N,"arrived_us":T,"answered_us":T,"status":"14","pushback":"120"}`,
+//! where `call` is the request's `x-call-id` metadata (a client sets it once per logical
+//! call, so every attempt carries it), `attempt` its `grpc-previous-rpc-attempts` (absent on
+//! a first attempt), times are microseconds since the server started, and `status` and
+//! `pushback` are the `grpc-status` and `grpc-retry-pushback-ms` response headers (absent on
+//! answers whose status comes in the trailers, as every served call's does).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -36,7 +45,7 @@ use tonic::transport::server::TcpIncoming;
 
 const USAGE: &str = "usage: server --addr ADDR --workers N --queue N --service-time-ms MS \
                      [--fail-rate F] [--no-shed] [--retry-depth N] [--lifo-depth N] [--seed N] \
-                     [--max-pending-resets N]";
+                     [--max-pending-resets N] [--log-calls]";
 
 #[derive(Debug)]
 struct Args {
@@ -50,6 +59,7 @@ struct Args {
     lifo_depth: Option<usize>,
     seed: u64,
     max_pending_resets: usize,
+    log_calls: bool,
 }
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -64,6 +74,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         lifo_depth: None,
         seed: 1,
         max_pending_resets: 10_000,
+        log_calls: false,
     };
     fn value<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
         let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
@@ -87,6 +98,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                 parsed.fail_rate = rate;
             }
             "--no-shed" => parsed.no_shed = true,
+            "--log-calls" => parsed.log_calls = true,
             "--retry-depth" => parsed.retry_depth = Some(value(&flag, args.next())?),
             "--lifo-depth" => parsed.lifo_depth = Some(value(&flag, args.next())?),
             "--seed" => parsed.seed = value(&flag, args.next())?,
@@ -220,8 +232,12 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             std::future::pending::<()>().await;
         }
     };
+    let log = args.log_calls.then(|| CallLogLayer {
+        started: std::time::Instant::now(),
+    });
     let builder = Server::builder()
         .http2_max_pending_accept_reset_streams(Some(args.max_pending_resets))
+        .layer(tower::util::option_layer(log))
         .layer(tower::util::option_layer(layer))
         .add_service(InventoryServer::new(inventory));
     let served = builder
@@ -230,4 +246,93 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     reporter.abort();
     served?;
     Ok(())
+}
+
+/// `--log-calls`: one JSON line per answered call (see the module docs).
+#[derive(Clone, Copy, Debug)]
+struct CallLogLayer {
+    started: std::time::Instant,
+}
+
+impl<S> tower::Layer<S> for CallLogLayer {
+    type Service = CallLog<S>;
+
+    fn layer(&self, inner: S) -> CallLog<S> {
+        CallLog {
+            inner,
+            started: self.started,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct CallLog<S> {
+    inner: S,
+    started: std::time::Instant,
+}
+
+/// One `--log-calls` line.
+#[derive(Serialize)]
+struct CallLine {
+    call: Option<String>,
+    attempt: Option<String>,
+    arrived_us: u128,
+    answered_us: u128,
+    status: Option<String>,
+    pushback: Option<String>,
+}
+
+fn header(headers: &http::HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+}
+
+impl<S, B, R> tower::Service<http::Request<B>> for CallLog<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let started = self.started;
+        let call = header(request.headers(), "x-call-id");
+        let attempt = header(
+            request.headers(),
+            stormguard::core::retry::PREVIOUS_ATTEMPTS_HEADER,
+        );
+        let arrived_us = started.elapsed().as_micros();
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let answer = answer.await;
+            if let Ok(response) = &answer {
+                let line = CallLine {
+                    call,
+                    attempt,
+                    arrived_us,
+                    answered_us: started.elapsed().as_micros(),
+                    status: header(response.headers(), "grpc-status"),
+                    pushback: header(
+                        response.headers(),
+                        stormguard::core::pushback::PUSHBACK_HEADER,
+                    ),
+                };
+                if let Ok(json) = serde_json::to_string(&line) {
+                    println!("{json}");
+                }
+            }
+            answer
+        })
+    }
 }
