@@ -120,6 +120,10 @@ struct Line {
     expired: u64,
     queue_depth: usize,
     in_flight: usize,
+    /// Calls granted a worker (or expired) whose future has not looked yet: 0 at rest.
+    unsettled: usize,
+    /// Tasks alive in the server's runtime (connections, streams, the reporter).
+    tasks: usize,
     cancelled_queued: u64,
     time_queued_us: u64,
     handler_ok: u64,
@@ -128,6 +132,9 @@ struct Line {
 
 fn line(stats: Option<&ShedStats>, control: &DemoControl) -> Line {
     let demo = control.counts();
+    let tasks = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
     match stats.map(ShedStats::snapshot) {
         Some(s) => Line {
             admitted: s.admitted,
@@ -137,6 +144,8 @@ fn line(stats: Option<&ShedStats>, control: &DemoControl) -> Line {
             expired: s.expired,
             queue_depth: s.queue_depth,
             in_flight: s.in_flight,
+            unsettled: stats.map_or(0, |st| st.occupancy().unsettled),
+            tasks,
             cancelled_queued: s.cancelled_queued,
             time_queued_us: s.time_queued_us,
             handler_ok: demo.ok,
@@ -150,6 +159,8 @@ fn line(stats: Option<&ShedStats>, control: &DemoControl) -> Line {
             expired: 0,
             queue_depth: 0,
             in_flight: demo.running,
+            unsettled: 0,
+            tasks,
             cancelled_queued: 0,
             time_queued_us: 0,
             handler_ok: demo.ok,
