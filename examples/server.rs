@@ -3,7 +3,15 @@
 //! ```text
 //! cargo run --release --example server -- --addr 127.0.0.1:0 --workers 4 --queue 64 \
 //!     --service-time-ms 5 [--fail-rate 0.0] [--no-shed] [--retry-depth N] [--lifo-depth N]
+//! cargo run --release --example server -- --addr 127.0.0.1:0 --config admission.json \
+//!     --service-time-ms 5
 //! ```
+//!
+//! `--config FILE` reads the whole admission configuration from a JSON document
+//! (`{"admission": {"workers": 4, "queue_capacity": 64, "max_time_queued": "500ms", ...}}`,
+//! see `AdmissionConfig::from_json`); a bad document stops the server with an error that
+//! names the field. It excludes the flags that also set it (`--workers`, `--queue`,
+//! `--retry-depth`, `--lifo-depth`, `--no-shed`).
 //!
 //! Prints `listening on ADDR` once bound (the real port when given `:0`), then one JSON
 //! line per second on stdout with the cumulative counters:
@@ -30,6 +38,7 @@
 //! `pushback` are the `grpc-status` and `grpc-retry-pushback-ms` response headers (absent on
 //! answers whose status comes in the trailers, as every served call's does).
 
+use std::error::Error;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -45,10 +54,13 @@ use tonic::transport::server::TcpIncoming;
 
 const USAGE: &str = "usage: server --addr ADDR --workers N --queue N --service-time-ms MS \
                      [--fail-rate F] [--no-shed] [--retry-depth N] [--lifo-depth N] [--seed N] \
-                     [--max-pending-resets N] [--log-calls]";
+                     [--max-pending-resets N] [--config FILE] [--log-calls]";
 
+/// The command line.
 #[derive(Debug)]
-struct Args {
+pub struct Args {
+    /// The admission configuration file (`--config`), which replaces the flags that set it.
+    pub config: Option<String>,
     addr: SocketAddr,
     workers: usize,
     queue: usize,
@@ -62,8 +74,11 @@ struct Args {
     log_calls: bool,
 }
 
-fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+/// Parses the arguments after the program name.
+pub fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut admission_flag = None;
     let mut parsed = Args {
+        config: None,
         addr: "127.0.0.1:50051".parse().map_err(|e| format!("{e}"))?,
         workers: 4,
         queue: 64,
@@ -81,7 +96,14 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         v.parse().map_err(|_| format!("{flag}: cannot read {v:?}"))
     }
     while let Some(flag) = args.next() {
+        if matches!(
+            flag.as_str(),
+            "--workers" | "--queue" | "--retry-depth" | "--lifo-depth" | "--no-shed"
+        ) {
+            admission_flag = Some(flag.clone());
+        }
         match flag.as_str() {
+            "--config" => parsed.config = Some(value(&flag, args.next())?),
             "--addr" => parsed.addr = value(&flag, args.next())?,
             "--workers" => parsed.workers = value(&flag, args.next())?,
             "--queue" => parsed.queue = value(&flag, args.next())?,
@@ -107,7 +129,41 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }
+    if let (Some(_), Some(flag)) = (&parsed.config, admission_flag) {
+        return Err(format!("--config and {flag} exclude each other"));
+    }
     Ok(parsed)
+}
+
+/// The admission configuration: from `--config FILE`, else from the flags; `None` with
+/// `--no-shed`.
+pub fn admission(args: &Args) -> Result<Option<AdmissionConfig>, Box<dyn Error>> {
+    if let Some(path) = &args.config {
+        let json = std::fs::read_to_string(path).map_err(|e| format!("--config {path}: {e}"))?;
+        let config =
+            AdmissionConfig::from_json(&json).map_err(|e| format!("--config {path}: {e}"))?;
+        return Ok(Some(config));
+    }
+    if args.no_shed {
+        return Ok(None);
+    }
+    let defaults = AdmissionConfig::default();
+    Ok(Some(AdmissionConfig {
+        workers: args.workers,
+        queue_capacity: args.queue,
+        retry_threshold: RetryThreshold {
+            depth: Some(
+                args.retry_depth
+                    .unwrap_or_else(|| (args.queue / 8).max(1).min(args.queue)),
+            ),
+            queue_delay: None,
+        },
+        queue_order: args.lifo_depth.map_or(defaults.queue_order, |from_depth| {
+            QueueOrder::AdaptiveLifo { from_depth }
+        }),
+        seed: args.seed,
+        ..defaults
+    }))
 }
 
 /// One stats line.
@@ -187,35 +243,14 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+async fn run(args: Args) -> Result<(), Box<dyn Error>> {
     let inventory = DemoInventory::new(DemoConfig {
         service_time: args.service_time,
         fail_rate: args.fail_rate,
         seed: args.seed,
     });
     let control = inventory.control();
-    let layer = if args.no_shed {
-        None
-    } else {
-        let defaults = AdmissionConfig::default();
-        let admission = AdmissionConfig {
-            workers: args.workers,
-            queue_capacity: args.queue,
-            retry_threshold: RetryThreshold {
-                depth: Some(
-                    args.retry_depth
-                        .unwrap_or_else(|| (args.queue / 8).max(1).min(args.queue)),
-                ),
-                queue_delay: None,
-            },
-            queue_order: args.lifo_depth.map_or(defaults.queue_order, |from_depth| {
-                QueueOrder::AdaptiveLifo { from_depth }
-            }),
-            seed: args.seed,
-            ..defaults
-        };
-        Some(ShedLayer::from_config(admission)?)
-    };
+    let layer = admission(&args)?.map(ShedLayer::from_config).transpose()?;
     let stats = layer.as_ref().map(ShedLayer::stats);
 
     let listener = TcpListener::bind(args.addr).await?;

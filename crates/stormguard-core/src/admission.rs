@@ -28,7 +28,29 @@
 //! - [`AdmissionPolicy::serve_newest`]: FIFO, or newest-first once a queue has formed
 //!   ([`QueueOrder::AdaptiveLifo`]).
 //!
-//! Every time-dependent method has an `_at(now)` form taking the instant explicitly.
+//! Every time-dependent method has an `_at(now)` form taking the instant explicitly. The
+//! queue that asks these questions at the right moments is [`crate::queue`].
+//!
+//! # Configuration from JSON
+//!
+//! [`AdmissionConfig::from_json`] reads the same fields under `admission`, with durations
+//! written with their unit and codes by name or number. Every field is optional and
+//! defaults as in [`AdmissionConfig::default`]; unknown fields are errors, and every error
+//! names the field as the document spells it (`admission.retry_threshold.queue_delay`).
+//!
+//! ```json
+//! { "admission": {
+//!     "workers": 16, "queue_capacity": 64,
+//!     "retry_threshold": { "depth": 8, "queue_delay": "20ms" },
+//!     "max_time_queued": "1s", "min_time_left": "2ms",
+//!     "queue_order": "adaptive_lifo", "lifo_from_depth": 8,
+//!     "pushback_max": "1s", "shed_code": "UNAVAILABLE", "no_retry_depth": 48,
+//!     "seed": 7 } }
+//! ```
+//!
+//! `queue_order` is `"fifo"` or `"adaptive_lifo"` (newest first from `lifo_from_depth`
+//! queued calls, default 8); `null` turns off `retry_threshold.depth`,
+//! `retry_threshold.queue_delay` or `no_retry_depth`.
 //!
 //! ```
 //! use std::time::Duration;
@@ -55,8 +77,12 @@
 use std::time::Duration;
 
 use crate::Instant;
+use serde_json::Value;
+
 use crate::code::Code;
-use crate::config::ConfigError;
+use crate::config::{
+    ConfigError, as_duration, as_object, as_str, as_u32, as_u64, check_keys, code, parse_object,
+};
 
 /// The largest `pushback_max` accepted: one hour. Longer advice is no advice.
 pub const MAX_PUSHBACK: Duration = Duration::from_secs(3600);
@@ -298,6 +324,140 @@ impl AdmissionConfig {
             ));
         }
         Ok(())
+    }
+}
+
+impl AdmissionConfig {
+    /// Reads the `admission` document (see the [module docs](self#configuration-from-json))
+    /// and validates it. An error names the field as the document spells it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard_core::admission::{AdmissionConfig, QueueOrder};
+    ///
+    /// let config = AdmissionConfig::from_json(r#"{ "admission": {
+    ///     "workers": 8, "queue_capacity": 32, "max_time_queued": "250ms",
+    ///     "queue_order": "fifo" } }"#).expect("valid");
+    /// assert_eq!(config.workers, 8);
+    /// assert_eq!(config.max_time_queued, Duration::from_millis(250));
+    /// assert_eq!(config.queue_order, QueueOrder::Fifo);
+    ///
+    /// let bad = AdmissionConfig::from_json(r#"{ "admission": { "pushback_max": "soon" } }"#);
+    /// assert!(bad.unwrap_err().to_string().contains("admission.pushback_max"));
+    /// ```
+    pub fn from_json(json: &str) -> Result<Self, ConfigError> {
+        let root = parse_object(json)?;
+        check_keys(&root, "", &["admission"])?;
+        let mut config = AdmissionConfig::default();
+        let Some(admission) = root.get("admission") else {
+            return Ok(config);
+        };
+        let a = as_object(admission, "admission")?;
+        check_keys(
+            a,
+            "admission",
+            &[
+                "workers",
+                "queue_capacity",
+                "retry_threshold",
+                "max_time_queued",
+                "min_time_left",
+                "queue_order",
+                "lifo_from_depth",
+                "pushback_max",
+                "shed_code",
+                "no_retry_depth",
+                "seed",
+            ],
+        )?;
+        let count = |key: &str| -> Result<Option<usize>, ConfigError> {
+            a.get(key)
+                .map(|v| as_count(v, &format!("admission.{key}")))
+                .transpose()
+        };
+        if let Some(n) = count("workers")? {
+            config.workers = n;
+        }
+        if let Some(n) = count("queue_capacity")? {
+            config.queue_capacity = n;
+        }
+        if let Some(v) = a.get("retry_threshold") {
+            let t = as_object(v, "admission.retry_threshold")?;
+            check_keys(t, "admission.retry_threshold", &["depth", "queue_delay"])?;
+            if let Some(v) = t.get("depth") {
+                config.retry_threshold.depth =
+                    nullable(v, |v| as_count(v, "admission.retry_threshold.depth"))?;
+            }
+            if let Some(v) = t.get("queue_delay") {
+                config.retry_threshold.queue_delay = nullable(v, |v| {
+                    as_duration(v, "admission.retry_threshold.queue_delay")
+                })?;
+            }
+        }
+        if let Some(v) = a.get("max_time_queued") {
+            config.max_time_queued = as_duration(v, "admission.max_time_queued")?;
+        }
+        if let Some(v) = a.get("min_time_left") {
+            config.min_time_left = as_duration(v, "admission.min_time_left")?;
+        }
+        let from_depth = count("lifo_from_depth")?;
+        config.queue_order = match a
+            .get("queue_order")
+            .map(|v| as_str(v, "admission.queue_order"))
+            .transpose()?
+        {
+            Some("fifo") if from_depth.is_some() => {
+                return Err(ConfigError::invalid(
+                    "admission.lifo_from_depth",
+                    "only applies with queue_order \"adaptive_lifo\"",
+                ));
+            }
+            Some("fifo") => QueueOrder::Fifo,
+            None | Some("adaptive_lifo") => match (from_depth, config.queue_order) {
+                (Some(from_depth), _) => QueueOrder::AdaptiveLifo { from_depth },
+                (None, QueueOrder::AdaptiveLifo { from_depth }) => {
+                    QueueOrder::AdaptiveLifo { from_depth }
+                }
+                (None, QueueOrder::Fifo) => QueueOrder::AdaptiveLifo { from_depth: 8 },
+            },
+            Some(other) => {
+                return Err(ConfigError::invalid(
+                    "admission.queue_order",
+                    format!("expected \"fifo\" or \"adaptive_lifo\", got {other:?}"),
+                ));
+            }
+        };
+        if let Some(v) = a.get("pushback_max") {
+            config.pushback_max = as_duration(v, "admission.pushback_max")?;
+        }
+        if let Some(v) = a.get("shed_code") {
+            config.shed_code = code(v, "admission.shed_code")?;
+        }
+        if let Some(v) = a.get("no_retry_depth") {
+            config.no_retry_depth = nullable(v, |v| as_count(v, "admission.no_retry_depth"))?;
+        }
+        if let Some(v) = a.get("seed") {
+            config.seed = as_u64(v, "admission.seed")?;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+/// A count of calls (workers, queue places, a depth): a whole number that fits in 32 bits.
+fn as_count(v: &Value, field: &str) -> Result<usize, ConfigError> {
+    let n = as_u32(v, field)?;
+    usize::try_from(n).map_err(|_| ConfigError::invalid(field, format!("{n} is too large")))
+}
+
+/// `null` is `None`; anything else is read by `read`.
+fn nullable<T>(
+    v: &Value,
+    read: impl FnOnce(&Value) -> Result<T, ConfigError>,
+) -> Result<Option<T>, ConfigError> {
+    match v {
+        Value::Null => Ok(None),
+        v => read(v).map(Some),
     }
 }
 
@@ -702,6 +862,143 @@ mod tests {
             "admission.no_retry_depth"
         );
         assert!(AdmissionPolicy::new(AdmissionConfig { workers: 0, ..base }).is_err());
+    }
+
+    #[test]
+    fn json_reads_every_field() {
+        let json = r#"{ "admission": {
+            "workers": 16, "queue_capacity": 64,
+            "retry_threshold": { "depth": 12, "queue_delay": "20ms" },
+            "max_time_queued": "1.5s", "min_time_left": "750us",
+            "queue_order": "adaptive_lifo", "lifo_from_depth": 4,
+            "pushback_max": "2s", "shed_code": "resource_exhausted", "no_retry_depth": 48,
+            "seed": "18446744073709551615" } }"#;
+        let c = AdmissionConfig::from_json(json).unwrap();
+        assert_eq!(
+            c,
+            AdmissionConfig {
+                workers: 16,
+                queue_capacity: 64,
+                retry_threshold: RetryThreshold {
+                    depth: Some(12),
+                    queue_delay: Some(Duration::from_millis(20)),
+                },
+                max_time_queued: Duration::from_millis(1500),
+                min_time_left: Duration::from_micros(750),
+                queue_order: QueueOrder::AdaptiveLifo { from_depth: 4 },
+                pushback_max: Duration::from_secs(2),
+                shed_code: Code::ResourceExhausted,
+                no_retry_depth: Some(48),
+                seed: u64::MAX,
+            }
+        );
+        // Defaults, FIFO, nulls and a code by number.
+        assert_eq!(
+            AdmissionConfig::from_json("{}").unwrap(),
+            AdmissionConfig::default()
+        );
+        assert_eq!(
+            AdmissionConfig::from_json(r#"{"admission": {}}"#).unwrap(),
+            AdmissionConfig::default()
+        );
+        let c = AdmissionConfig::from_json(
+            r#"{"admission": {"queue_order": "fifo", "shed_code": 8,
+                "retry_threshold": {"depth": null, "queue_delay": null}, "no_retry_depth": null}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.queue_order, QueueOrder::Fifo);
+        assert_eq!(c.shed_code, Code::ResourceExhausted);
+        assert_eq!(
+            c.retry_threshold,
+            RetryThreshold {
+                depth: None,
+                queue_delay: None
+            }
+        );
+        let c = AdmissionConfig::from_json(r#"{"admission": {"lifo_from_depth": 2}}"#).unwrap();
+        assert_eq!(c.queue_order, QueueOrder::AdaptiveLifo { from_depth: 2 });
+    }
+
+    #[test]
+    fn json_errors_name_the_field_as_written() {
+        let field = |json: &str| match AdmissionConfig::from_json(json).unwrap_err() {
+            ConfigError::Invalid { field, .. } => field,
+            ConfigError::Malformed(m) => format!("malformed: {m}"),
+        };
+        let cases = [
+            (r#"{"admision": {}}"#, "admision"),
+            (r#"{"admission": []}"#, "admission"),
+            (r#"{"admission": {"worker": 4}}"#, "admission.worker"),
+            (r#"{"admission": {"workers": 0}}"#, "admission.workers"),
+            (r#"{"admission": {"workers": -1}}"#, "admission.workers"),
+            (r#"{"admission": {"workers": 2.5}}"#, "admission.workers"),
+            (
+                r#"{"admission": {"queue_capacity": 4}}"#,
+                "admission.retry_threshold.depth",
+            ),
+            (
+                r#"{"admission": {"retry_threshold": {"depth": 8, "delay": "1ms"}}}"#,
+                "admission.retry_threshold.delay",
+            ),
+            (
+                r#"{"admission": {"retry_threshold": {"queue_delay": 20}}}"#,
+                "admission.retry_threshold.queue_delay",
+            ),
+            (
+                r#"{"admission": {"retry_threshold": "8"}}"#,
+                "admission.retry_threshold",
+            ),
+            (
+                r#"{"admission": {"max_time_queued": "0ms"}}"#,
+                "admission.max_time_queued",
+            ),
+            (
+                r#"{"admission": {"max_time_queued": "2h"}}"#,
+                "admission.max_time_queued",
+            ),
+            (
+                r#"{"admission": {"min_time_left": "2 ms"}}"#,
+                "admission.min_time_left",
+            ),
+            (
+                r#"{"admission": {"queue_order": "lifo"}}"#,
+                "admission.queue_order",
+            ),
+            (
+                r#"{"admission": {"queue_order": "fifo", "lifo_from_depth": 3}}"#,
+                "admission.lifo_from_depth",
+            ),
+            (
+                r#"{"admission": {"pushback_max": "500us"}}"#,
+                "admission.pushback_max",
+            ),
+            (
+                r#"{"admission": {"shed_code": "OK"}}"#,
+                "admission.shed_code",
+            ),
+            (
+                r#"{"admission": {"shed_code": "NOPE"}}"#,
+                "admission.shed_code",
+            ),
+            (r#"{"admission": {"shed_code": 17}}"#, "admission.shed_code"),
+            (
+                r#"{"admission": {"no_retry_depth": 65}}"#,
+                "admission.no_retry_depth",
+            ),
+            (r#"{"admission": {"seed": -3}}"#, "admission.seed"),
+        ];
+        for (json, want) in cases {
+            assert_eq!(field(json), want, "{json}");
+        }
+        for malformed in ["", "{", "[1]", r#""admission""#] {
+            assert!(
+                matches!(
+                    AdmissionConfig::from_json(malformed),
+                    Err(ConfigError::Malformed(_))
+                ),
+                "{malformed:?}"
+            );
+        }
     }
 
     #[test]

@@ -450,7 +450,7 @@ fn a6_retry_policy(v: &Value, field: &str) -> Result<RetryPolicy, ConfigError> {
     Ok(policy)
 }
 
-fn parse_object(json: &str) -> Result<Map<String, Value>, ConfigError> {
+pub(crate) fn parse_object(json: &str) -> Result<Map<String, Value>, ConfigError> {
     match serde_json::from_str::<Value>(json) {
         Ok(Value::Object(map)) => Ok(map),
         Ok(_) => Err(ConfigError::Malformed(
@@ -460,7 +460,11 @@ fn parse_object(json: &str) -> Result<Map<String, Value>, ConfigError> {
     }
 }
 
-fn check_keys(map: &Map<String, Value>, field: &str, known: &[&str]) -> Result<(), ConfigError> {
+pub(crate) fn check_keys(
+    map: &Map<String, Value>,
+    field: &str,
+    known: &[&str],
+) -> Result<(), ConfigError> {
     for key in map.keys() {
         if !known.contains(&key.as_str()) {
             let path = if field.is_empty() {
@@ -477,7 +481,10 @@ fn check_keys(map: &Map<String, Value>, field: &str, known: &[&str]) -> Result<(
     Ok(())
 }
 
-fn as_object<'a>(v: &'a Value, field: &str) -> Result<&'a Map<String, Value>, ConfigError> {
+pub(crate) fn as_object<'a>(
+    v: &'a Value,
+    field: &str,
+) -> Result<&'a Map<String, Value>, ConfigError> {
     v.as_object()
         .ok_or_else(|| ConfigError::invalid(field, "must be an object"))
 }
@@ -501,7 +508,7 @@ fn opt_str<'a>(
         .transpose()
 }
 
-fn as_str<'a>(v: &'a Value, field: &str) -> Result<&'a str, ConfigError> {
+pub(crate) fn as_str<'a>(v: &'a Value, field: &str) -> Result<&'a str, ConfigError> {
     v.as_str()
         .ok_or_else(|| ConfigError::invalid(field, "must be a string"))
 }
@@ -517,7 +524,22 @@ fn as_f64(v: &Value, field: &str) -> Result<f64, ConfigError> {
         .ok_or_else(|| ConfigError::invalid(field, format!("must be a finite number, got {v}")))
 }
 
-fn as_u32(v: &Value, field: &str) -> Result<u32, ConfigError> {
+/// A whole number from 0 to `u64::MAX`, as a JSON number or a string of digits.
+pub(crate) fn as_u64(v: &Value, field: &str) -> Result<u64, ConfigError> {
+    let n = match v {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.trim().parse::<u64>().ok(),
+        _ => None,
+    };
+    n.ok_or_else(|| {
+        ConfigError::invalid(
+            field,
+            format!("must be a whole number from 0 to {}, got {v}", u64::MAX),
+        )
+    })
+}
+
+pub(crate) fn as_u32(v: &Value, field: &str) -> Result<u32, ConfigError> {
     let n = match v {
         Value::Number(n) => n.as_u64(),
         Value::String(s) => s.trim().parse::<u64>().ok(),
@@ -537,25 +559,29 @@ fn codes(v: &Value, field: &str) -> Result<CodeSet, ConfigError> {
         .ok_or_else(|| ConfigError::invalid(field, "must be an array of status codes"))?;
     let mut set = CodeSet::EMPTY;
     for (i, c) in list.iter().enumerate() {
-        let code = match c {
-            Value::String(s) => s.parse::<Code>().ok(),
-            Value::Number(n) => n
-                .as_i64()
-                .and_then(|n| i32::try_from(n).ok())
-                .and_then(Code::from_i32),
-            _ => None,
-        };
-        let code = code.ok_or_else(|| {
-            ConfigError::invalid(
-                format!("{field}[{i}]"),
-                format!(
-                    "{c} is not a gRPC status code (a name such as UNAVAILABLE or a number 0 to 16)"
-                ),
-            )
-        })?;
-        set.insert(code);
+        set.insert(code(c, &format!("{field}[{i}]"))?);
     }
     Ok(set)
+}
+
+/// One status code: a name (any case) or a number.
+pub(crate) fn code(v: &Value, field: &str) -> Result<Code, ConfigError> {
+    let code = match v {
+        Value::String(s) => s.parse::<Code>().ok(),
+        Value::Number(n) => n
+            .as_i64()
+            .and_then(|n| i32::try_from(n).ok())
+            .and_then(Code::from_i32),
+        _ => None,
+    };
+    code.ok_or_else(|| {
+        ConfigError::invalid(
+            field,
+            format!(
+                "{v} is not a gRPC status code (a name such as UNAVAILABLE or a number 0 to 16)"
+            ),
+        )
+    })
 }
 
 /// A proto3 JSON duration: decimal seconds with an `s` suffix, up to 9 fractional digits
@@ -598,7 +624,7 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
     decimal(number, nanos_per_unit)
 }
 
-fn as_duration(v: &Value, field: &str) -> Result<Duration, ConfigError> {
+pub(crate) fn as_duration(v: &Value, field: &str) -> Result<Duration, ConfigError> {
     let s = as_str(v, field)?;
     parse_duration(s).ok_or_else(|| {
         ConfigError::invalid(

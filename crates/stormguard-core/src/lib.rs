@@ -27,7 +27,9 @@
 //!   are retried;
 //! * the **retry decision** ([`retry`]) that combines them, in one place;
 //! * the server's **admission policy** ([`admission`]): which work to keep when it cannot
-//!   serve all of it — retries are shed before first attempts;
+//!   serve all of it — retries are shed before first attempts — and the **admission
+//!   queue** ([`queue`]) that applies it to workers and waiters, shared by the server layer
+//!   and the simulator;
 //! * **configuration** ([`config`]) in stormguard's shape or the standard gRPC service
 //!   config JSON.
 //!
@@ -52,6 +54,7 @@ pub mod context;
 pub mod deadline;
 pub mod policy;
 pub mod pushback;
+pub mod queue;
 pub mod retry;
 pub mod throttle;
 

@@ -3,8 +3,9 @@
 //!
 //! A gRPC peer controls `grpc-retry-pushback-ms` (on answers), `grpc-previous-rpc-attempts`,
 //! `x-retry-attempt` and `grpc-timeout` (on requests); whoever writes the config controls
-//! the service config and stormguard's JSON. Each has a [target](targets::TARGETS) that
-//! checks the parser against its contract, not only that it returns:
+//! the service config and stormguard's client and admission JSON. Each has a
+//! [target](targets::TARGETS) that checks the parser against its contract, not only that
+//! it returns:
 //!
 //! ```text
 //! cargo run --release -p stormguard-fuzz -- --inputs 1000000 [--seed N] [--target NAME]

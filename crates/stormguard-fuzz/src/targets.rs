@@ -8,7 +8,7 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Duration;
 
-use stormguard_core::admission::AttemptClass;
+use stormguard_core::admission::{AdmissionConfig, AdmissionPolicy, AttemptClass, QueueLoad};
 use stormguard_core::code::Code;
 use stormguard_core::config::{ClientConfig, ConfigError, parse_duration};
 use stormguard_core::deadline::{decode_grpc_timeout, encode_grpc_timeout};
@@ -97,6 +97,12 @@ pub const TARGETS: &[Target] = &[
         name: "stormguard-json",
         run: stormguard_json,
         seeds: STORMGUARD_JSON_SEEDS,
+        dictionary: JSON_TOKENS,
+    },
+    Target {
+        name: "admission-json",
+        run: admission_json,
+        seeds: ADMISSION_JSON_SEEDS,
         dictionary: JSON_TOKENS,
     },
 ];
@@ -225,6 +231,31 @@ const JSON_TOKENS: &[&str] = &[
     "\"retryable_codes\"",
     "\"budget_exhausted\"",
     "\"breaker\"",
+    "\"admission\"",
+    "\"workers\"",
+    "\"queue_capacity\"",
+    "\"retry_threshold\"",
+    "\"depth\"",
+    "\"queue_delay\"",
+    "\"max_time_queued\"",
+    "\"min_time_left\"",
+    "\"queue_order\"",
+    "\"fifo\"",
+    "\"adaptive_lifo\"",
+    "\"lifo_from_depth\"",
+    "\"no_retry_depth\"",
+    "\"pushback_max\"",
+    "\"shed_code\"",
+    "\"seed\"",
+];
+
+const ADMISSION_JSON_SEEDS: &[&str] = &[
+    r#"{ "admission": { "workers": 6, "queue_capacity": 24,
+         "retry_threshold": { "depth": 3, "queue_delay": "15ms" },
+         "max_time_queued": "400ms", "queue_order": "fifo",
+         "shed_code": "RESOURCE_EXHAUSTED", "seed": 5 } }"#,
+    r#"{"admission":{"workers":1,"queue_capacity":1,"queue_order":{"adaptive_lifo":{"lifo_from_depth":1}},"no_retry_depth":1,"pushback_max":"1ms","min_time_left":"0s"}}"#,
+    r#"{}"#,
 ];
 
 const SERVICE_CONFIG_SEEDS: &[&str] = &[
@@ -384,6 +415,53 @@ fn config(input: &[u8], parse: fn(&str) -> Result<ClientConfig, ConfigError>) ->
             assert_eq!(config.validate(), Ok(()), "accepted but invalid: {text}");
             drive(&config, &text);
             Outcome::accepted(config.methods.policies().count())
+        }
+        Err(e) => {
+            assert!(!e.to_string().is_empty(), "empty error for {text}");
+            Outcome::rejected(error_kind(&e))
+        }
+    }
+}
+
+/// The server's admission config (stormguard's JSON, `{"admission": {...}}`): an accepted
+/// one builds a policy whose decisions and pushbacks stay in range at any queue depth.
+pub fn admission_json(input: &[u8]) -> Outcome {
+    let text = String::from_utf8_lossy(input);
+    match AdmissionConfig::from_json(&text) {
+        Ok(config) => {
+            assert_eq!(config.validate(), Ok(()), "accepted but invalid: {text}");
+            let mut policy = match AdmissionPolicy::new(config.clone()) {
+                Ok(p) => p,
+                Err(e) => panic!("accepted config does not build ({e}): {text}"),
+            };
+            let start = Instant::now();
+            let mut t = start;
+            for gap in [0, 1, 3_600_000] {
+                t += Duration::from_millis(gap);
+                policy.record_completion_at(t);
+            }
+            for depth in [0, 1, config.queue_capacity, usize::MAX] {
+                for class in [AttemptClass::First, AttemptClass::Retry] {
+                    let load = QueueLoad {
+                        free_workers: 0,
+                        depth,
+                        oldest_enqueued: Some(start),
+                    };
+                    let _ = policy.decide_at(t, load, class);
+                    let pushback = policy.pushback_at(t, depth);
+                    assert!(
+                        pushback >= Duration::from_millis(1) && pushback <= config.pushback_max,
+                        "pushback {pushback:?} at depth {depth}: {text}"
+                    );
+                    let _ = policy.shed_pushback_at(t, depth, class);
+                }
+            }
+            let far = t.checked_add(Duration::from_secs(99_999_999 * 3600));
+            assert!(
+                policy.expiry(t, far) >= t && policy.expiry(t, None) >= t,
+                "{text}"
+            );
+            Outcome::accepted(config.workers.min(2))
         }
         Err(e) => {
             assert!(!e.to_string().is_empty(), "empty error for {text}");

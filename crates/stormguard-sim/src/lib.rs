@@ -20,10 +20,19 @@
 //! layer builds them; each logical call is a real
 //! [`CallRetry`](stormguard_core::retry::CallRetry), so backoff, pushback, deadlines,
 //! attempt limits, breaker and budget are the production code paths. A shedding server
-//! asks a real [`AdmissionPolicy`](stormguard_core::admission::AdmissionPolicy) what to
-//! admit, queue or shed, what pushback to send, which queued call to serve next and when
-//! queued work has expired. What the simulator adds is only the world around them: Poisson
-//! arrivals, workers and queues, network delay, failure injection.
+//! ([`SimServer`]) is the same
+//! [`AdmissionQueue`](stormguard_core::queue::AdmissionQueue) the server layer wraps: it
+//! decides what to admit, queue or shed, what pushback to send, which work is refused for
+//! lack of time, which queued call a freed worker goes to and when queued work has
+//! expired, and it cannot drift from the layer (a test in `stormguard-server` runs one
+//! script through both and compares every decision). What the simulator adds is only the
+//! world around them: Poisson arrivals, network delay, failure injection.
+//!
+//! # Layout
+//!
+//! `scenario` (what a run simulates), `fleet` (the clients and their calls), `server`
+//! ([`SimServer`]), `event_loop` ([`run`]), `stats` ([`RunStats`]) and `tables` (the
+//! experiments).
 //!
 //! # Determinism
 //!
@@ -62,10 +71,19 @@
 //! # Ok::<(), stormguard_sim::SimError>(())
 //! ```
 
-mod engine;
+mod event_loop;
+mod fleet;
+mod scenario;
+mod server;
+mod stats;
 mod tables;
 
-pub use engine::*;
+pub use event_loop::run;
+pub use scenario::{
+    BudgetKind, ClientPolicy, PATH, QueueServer, Scenario, ServerKind, Shard, Tier, Window,
+};
+pub use server::{Job, ServerAction, SimServer};
+pub use stats::{Bin, RunStats, ShardStats};
 pub use tables::*;
 
 use stormguard_core::config::ConfigError;

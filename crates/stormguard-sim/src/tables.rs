@@ -18,10 +18,11 @@ use stormguard_core::policy::RetryPolicy;
 use stormguard_core::throttle::ThrottleConfig;
 
 use crate::SimError;
-use crate::engine::{
-    BudgetKind, ClientPolicy, QueueServer, RunStats, Scenario, ServerKind, Shard, Tier, Window,
-    mix, ratio, run,
+use crate::event_loop::run;
+use crate::scenario::{
+    BudgetKind, ClientPolicy, QueueServer, Scenario, ServerKind, Shard, Tier, Window, mix,
 };
+use crate::stats::{RunStats, ratio};
 
 /// How long and how large the runs are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

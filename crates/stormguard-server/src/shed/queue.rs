@@ -4,49 +4,45 @@
 //! invisible from outside: it cannot serve the newest call first under overload, cannot
 //! say how long the oldest call has waited (the retry threshold by queue delay), and
 //! cannot skip expired waiters when a worker frees up. So the queue keeps its own
-//! waiter list under one short-held mutex, and hands a freed worker directly to the
-//! chosen waiter. Resources are still RAII: a [`WorkerPermit`] gives its worker back
+//! waiter list, hands a freed worker directly to the chosen waiter, and wakes it.
+//!
+//! Every decision (admit, queue, shed, expire, which waiter runs next, pushback) is
+//! [`stormguard_core::queue::AdmissionQueue`]'s, the same type the fleet simulator
+//! drives on its virtual clock. This module is only the synchronisation around it: one
+//! short-held mutex, a waker per waiter, the outcomes its futures have not yet seen, and
+//! lock-free counters. Resources are still RAII: a [`WorkerPermit`] gives its worker back
 //! when dropped, and a [`Ticket`] leaves the queue (or passes on a worker it was granted
 //! but never used) when dropped, so a caller that goes away frees its slot at once.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Waker;
 use std::time::Duration;
 
 use stormguard_core::Instant;
-use stormguard_core::admission::{AdmissionPolicy, AttemptClass, Decision, QueueLoad, Shed};
+use stormguard_core::admission::{AdmissionPolicy, AttemptClass, Shed};
 use stormguard_core::code::Code;
+use stormguard_core::queue::{AdmissionQueue, Arrival as Admission, Dispatch, QueuedId};
 
 use crate::stats::StatsSnapshot;
 
-/// One server's admission queue: the policy, the free workers, the waiters, the counters.
+/// One server's admission queue: the core queue (every decision), the outcomes its
+/// waiters have not yet seen, and the counters.
 #[derive(Debug)]
 pub(crate) struct Queue {
     state: Mutex<State>,
     counters: Counters,
-    workers: usize,
     shed_code: Code,
 }
 
 #[derive(Debug)]
 struct State {
-    policy: AdmissionPolicy,
-    free: usize,
-    /// Calls waiting for a worker, by arrival order (the first is the oldest).
-    waiting: BTreeMap<u64, Waiter>,
-    /// Calls taken out of `waiting` whose future has not yet seen the outcome.
+    /// Workers, waiters (each with the waker of its task) and the decisions about them.
+    core: AdmissionQueue<Option<Waker>>,
+    /// Calls taken out of the queue whose future has not yet seen the outcome.
     /// At most `workers` granted plus the expired ones; every entry was a waiter.
-    decided: HashMap<u64, Outcome>,
-    next_seq: u64,
-}
-
-#[derive(Debug)]
-struct Waiter {
-    waker: Option<Waker>,
-    enqueued_at: Instant,
-    expiry: Instant,
+    decided: HashMap<QueuedId, Outcome>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +64,16 @@ struct Counters {
     max_time_queued_us: AtomicU64,
     queue_depth: AtomicUsize,
     in_flight: AtomicUsize,
+    workers: AtomicUsize,
+}
+
+impl Counters {
+    fn record_time_queued(&self, waited: Duration) {
+        let us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+        self.dequeued.fetch_add(1, Ordering::Relaxed);
+        self.time_queued_us.fetch_add(us, Ordering::Relaxed);
+        self.max_time_queued_us.fetch_max(us, Ordering::Relaxed);
+    }
 }
 
 /// What happens to an arriving call.
@@ -94,20 +100,52 @@ pub(crate) enum Turn {
     Expired,
 }
 
+impl State {
+    /// Runs `op` on the core queue and applies what it dispatched: a waiter given a
+    /// worker or found expired is marked for its future and woken. Wakers are woken under
+    /// the lock; a task's waker only schedules it.
+    fn apply(
+        &mut self,
+        counters: &Counters,
+        op: impl FnOnce(&mut AdmissionQueue<Option<Waker>>, &mut dyn FnMut(Dispatch<Option<Waker>>)),
+    ) {
+        let State { core, decided } = self;
+        let mut sink = |dispatch: Dispatch<Option<Waker>>| {
+            let (left, outcome) = match dispatch {
+                Dispatch::Run(left) => (left, Outcome::Granted),
+                Dispatch::Expired(left) => {
+                    counters.expired.fetch_add(1, Ordering::Relaxed);
+                    (left, Outcome::Expired)
+                }
+            };
+            counters.record_time_queued(left.waited);
+            decided.insert(left.id, outcome);
+            if let Some(waker) = left.waiter {
+                waker.wake();
+            }
+        };
+        op(core, &mut sink);
+        counters.queue_depth.store(core.depth(), Ordering::Relaxed);
+        counters.in_flight.store(core.running(), Ordering::Relaxed);
+        counters
+            .workers
+            .store(core.worker_limit(), Ordering::Relaxed);
+    }
+}
+
 impl Queue {
     pub(crate) fn new(policy: AdmissionPolicy) -> Self {
-        let workers = policy.config().workers;
         let shed_code = policy.config().shed_code;
+        let counters = Counters::default();
+        counters
+            .workers
+            .store(policy.config().workers, Ordering::Relaxed);
         Queue {
             state: Mutex::new(State {
-                policy,
-                free: workers,
-                waiting: BTreeMap::new(),
+                core: AdmissionQueue::new(policy),
                 decided: HashMap::new(),
-                next_seq: 0,
             }),
-            counters: Counters::default(),
-            workers,
+            counters,
             shed_code,
         }
     }
@@ -129,52 +167,24 @@ impl Queue {
         class: AttemptClass,
         deadline: Option<Instant>,
     ) -> Arrival {
-        let mut state = self.lock();
-        // Work that cannot finish in time is answered now, whether or not a worker is free:
-        // running it would only take a worker from a call that can finish (and tonic's own
-        // timer would answer it CANCELLED a moment later).
-        let expiry = state.policy.expiry(now, deadline);
-        if expiry <= now {
-            drop(state);
-            self.counters.expired.fetch_add(1, Ordering::Relaxed);
-            return Arrival::Expired;
-        }
-        let load = QueueLoad {
-            free_workers: state.free,
-            depth: state.waiting.len(),
-            oldest_enqueued: state.waiting.first_key_value().map(|(_, w)| w.enqueued_at),
-        };
-        match state.policy.decide_at(now, load, class) {
-            Decision::Admit => {
-                state.free -= 1;
-                self.set_in_flight(&state);
-                drop(state);
+        let mut admission = Admission::Expired;
+        self.lock().apply(&self.counters, |core, sink| {
+            admission = core.arrive_at(now, class, deadline, None, sink);
+        });
+        match admission {
+            Admission::Run => {
                 self.counters.admitted.fetch_add(1, Ordering::Relaxed);
                 Arrival::Admitted(WorkerPermit {
                     queue: Arc::clone(self),
                 })
             }
-            Decision::Queue => {
-                let seq = state.next_seq;
-                state.next_seq += 1;
-                state.waiting.insert(
-                    seq,
-                    Waiter {
-                        waker: None,
-                        enqueued_at: now,
-                        expiry,
-                    },
-                );
-                self.set_depth(&state);
-                Arrival::Queued(Ticket {
-                    queue: Arc::clone(self),
-                    seq,
-                    expiry,
-                    settled: false,
-                })
-            }
-            Decision::Shed(shed) => {
-                drop(state);
+            Admission::Queued { id, expiry } => Arrival::Queued(Ticket {
+                queue: Arc::clone(self),
+                id,
+                expiry,
+                settled: false,
+            }),
+            Admission::Shed(shed) => {
                 let counter = match class {
                     AttemptClass::First => &self.counters.shed_first,
                     AttemptClass::Retry => &self.counters.shed_retry,
@@ -182,58 +192,25 @@ impl Queue {
                 counter.fetch_add(1, Ordering::Relaxed);
                 Arrival::Shed(shed)
             }
+            Admission::Expired => {
+                self.counters.expired.fetch_add(1, Ordering::Relaxed);
+                Arrival::Expired
+            }
         }
     }
 
     /// Gives a worker back (a call finished or its caller left mid-run). Either way a
     /// worker turned over, so both feed the drain estimate.
     fn release(&self, now: Instant) {
-        let mut state = self.lock();
-        state.policy.record_completion_at(now);
-        let wake = self.hand_off(&mut state, now);
-        drop(state);
-        if let Some(waker) = wake {
-            waker.wake();
-        }
+        self.lock()
+            .apply(&self.counters, |core, sink| core.finish_at(now, sink));
     }
 
-    /// Gives one free worker to the next live waiter (oldest or newest per the policy),
-    /// marking the expired waiters met on the way; with no live waiter the worker
-    /// becomes free. Returns the waker of the waiter to wake.
-    fn hand_off(&self, state: &mut State, now: Instant) -> Option<Waker> {
-        loop {
-            let newest = state.policy.serve_newest(state.waiting.len());
-            let next = if newest {
-                state.waiting.pop_last()
-            } else {
-                state.waiting.pop_first()
-            };
-            let Some((seq, waiter)) = next else {
-                state.free += 1;
-                self.set_depth(state);
-                self.set_in_flight(state);
-                return None;
-            };
-            self.record_time_queued(now.saturating_duration_since(waiter.enqueued_at));
-            if waiter.expiry <= now {
-                state.decided.insert(seq, Outcome::Expired);
-                self.counters.expired.fetch_add(1, Ordering::Relaxed);
-                if let Some(waker) = waiter.waker {
-                    waker.wake();
-                }
-                continue;
-            }
-            state.decided.insert(seq, Outcome::Granted);
-            self.set_depth(state);
-            return waiter.waker;
-        }
-    }
-
-    /// Whether the call holding ticket `seq` may run, given that its expiry timer has
+    /// Whether the call holding ticket `id` may run, given that its expiry timer has
     /// (`timer_fired`) or has not fired.
     fn poll_turn(
         self: &Arc<Self>,
-        seq: u64,
+        id: QueuedId,
         expiry: Instant,
         waker: &Waker,
         timer_fired: bool,
@@ -241,15 +218,11 @@ impl Queue {
     ) -> Turn {
         let mut state = self.lock();
         let expired = timer_fired || expiry <= now;
-        match state.decided.remove(&seq) {
+        match state.decided.remove(&id) {
             Some(Outcome::Granted) if expired => {
                 // Granted a worker, but too late to use it: pass it on.
                 self.counters.expired.fetch_add(1, Ordering::Relaxed);
-                let wake = self.hand_off(&mut state, now);
-                drop(state);
-                if let Some(waker) = wake {
-                    waker.wake();
-                }
+                state.apply(&self.counters, |core, sink| core.give_back_at(now, sink));
                 return Turn::Expired;
             }
             Some(Outcome::Granted) => {
@@ -263,18 +236,19 @@ impl Queue {
             None => {}
         }
         if expired {
-            if let Some(waiter) = state.waiting.remove(&seq) {
-                self.set_depth(&state);
-                drop(state);
-                self.record_time_queued(now.saturating_duration_since(waiter.enqueued_at));
+            let mut left = None;
+            state.apply(&self.counters, |core, _| left = core.withdraw_at(now, id));
+            drop(state);
+            if let Some(left) = left {
+                self.counters.record_time_queued(left.waited);
                 self.counters.expired.fetch_add(1, Ordering::Relaxed);
             }
             return Turn::Expired;
         }
-        match state.waiting.get_mut(&seq) {
-            Some(waiter) => {
-                if !waiter.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
-                    waiter.waker = Some(waker.clone());
+        match state.core.waiter_mut(id) {
+            Some(slot) => {
+                if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
+                    *slot = Some(waker.clone());
                 }
                 Turn::Wait
             }
@@ -284,50 +258,27 @@ impl Queue {
         }
     }
 
-    /// The caller of ticket `seq` went away before its turn was settled.
-    fn leave(&self, seq: u64, now: Instant) {
+    /// The caller of ticket `id` went away before its turn was settled.
+    fn leave(&self, id: QueuedId, now: Instant) {
         let mut state = self.lock();
-        if let Some(waiter) = state.waiting.remove(&seq) {
-            self.set_depth(&state);
+        let mut left = None;
+        state.apply(&self.counters, |core, _| left = core.withdraw_at(now, id));
+        if let Some(left) = left {
             drop(state);
-            self.record_time_queued(now.saturating_duration_since(waiter.enqueued_at));
+            self.counters.record_time_queued(left.waited);
             self.counters
                 .cancelled_queued
                 .fetch_add(1, Ordering::Relaxed);
             return;
         }
-        if state.decided.remove(&seq) == Some(Outcome::Granted) {
+        if state.decided.remove(&id) == Some(Outcome::Granted) {
             // Granted but never used: the worker goes to the next waiter. Counted as
             // cancelled; its queued time was recorded when it was granted.
             self.counters
                 .cancelled_queued
                 .fetch_add(1, Ordering::Relaxed);
-            let wake = self.hand_off(&mut state, now);
-            drop(state);
-            if let Some(waker) = wake {
-                waker.wake();
-            }
+            state.apply(&self.counters, |core, sink| core.give_back_at(now, sink));
         }
-    }
-
-    fn record_time_queued(&self, waited: Duration) {
-        let us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
-        let c = &self.counters;
-        c.dequeued.fetch_add(1, Ordering::Relaxed);
-        c.time_queued_us.fetch_add(us, Ordering::Relaxed);
-        c.max_time_queued_us.fetch_max(us, Ordering::Relaxed);
-    }
-
-    fn set_depth(&self, state: &State) {
-        self.counters
-            .queue_depth
-            .store(state.waiting.len(), Ordering::Relaxed);
-    }
-
-    fn set_in_flight(&self, state: &State) {
-        self.counters
-            .in_flight
-            .store(self.workers - state.free, Ordering::Relaxed);
     }
 
     pub(crate) fn snapshot(&self) -> StatsSnapshot {
@@ -351,11 +302,16 @@ impl Queue {
     /// Exact internal sizes, read under the lock: (free workers, waiting, decided).
     pub(crate) fn occupancy(&self) -> (usize, usize, usize) {
         let state = self.lock();
-        (state.free, state.waiting.len(), state.decided.len())
+        (
+            state.core.free_workers(),
+            state.core.depth(),
+            state.decided.len(),
+        )
     }
 
+    /// The number of workers (the concurrency limit) now.
     pub(crate) fn workers(&self) -> usize {
-        self.workers
+        self.counters.workers.load(Ordering::Relaxed)
     }
 }
 
@@ -386,7 +342,7 @@ impl Drop for WorkerPermit {
 #[derive(Debug)]
 pub(crate) struct Ticket {
     queue: Arc<Queue>,
-    seq: u64,
+    id: QueuedId,
     expiry: Instant,
     settled: bool,
 }
@@ -401,7 +357,7 @@ impl Ticket {
     pub(crate) fn poll_turn(&mut self, waker: &Waker, timer_fired: bool) -> Turn {
         let turn = self
             .queue
-            .poll_turn(self.seq, self.expiry, waker, timer_fired, Instant::now());
+            .poll_turn(self.id, self.expiry, waker, timer_fired, Instant::now());
         if !matches!(turn, Turn::Wait) {
             self.settled = true;
         }
@@ -412,7 +368,10 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         if !self.settled {
-            self.queue.leave(self.seq, Instant::now());
+            self.queue.leave(self.id, Instant::now());
         }
     }
 }
+
+#[cfg(test)]
+mod parity;

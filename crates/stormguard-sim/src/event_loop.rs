@@ -1,0 +1,694 @@
+//! The event loop: one scenario, one seeded run, one [`RunStats`].
+//!
+//! Time is virtual. Every event sits in a binary heap ordered by (time, sequence number),
+//! so two events at the same instant run in the order they were scheduled and a seed fixes
+//! the whole run. Instants handed to the core objects are `base + offset`, with `base`
+//! taken once per run: the core objects only ever look at differences between instants,
+//! so the base does not change any result.
+//!
+//! The loop only dispatches events; the fleet's clients ([`crate::fleet`]) and the
+//! servers ([`crate::server`]) say what each event does.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+use std::time::Duration;
+
+use stormguard_core::Instant;
+use stormguard_core::admission::AdmissionConfig;
+use stormguard_core::retry::{Failure, RetryController};
+
+use crate::SimError;
+use crate::fleet::{Call, build_controller};
+use crate::scenario::{Scenario, ServerKind, mix, nanos};
+use crate::server::{Job, ServerAction, SimServer};
+use crate::stats::{Bin, RunStats, ShardStats};
+
+/// What comes back to a client for one attempt.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Outcome {
+    Ok,
+    Failed(Failure),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Event {
+    Arrival,
+    /// An attempt's answer reaches its client.
+    Response {
+        slot: u32,
+        id: u64,
+        outcome: Outcome,
+    },
+    /// The client's timer for an attempt fires.
+    Timeout {
+        slot: u32,
+        id: u64,
+    },
+    /// A retry's delay has passed.
+    RetryStart {
+        slot: u32,
+        id: u64,
+    },
+    /// An attempt reaches a middle tier.
+    RelayArrive {
+        level: u8,
+        slot: u32,
+        id: u64,
+        deadline: Option<u64>,
+    },
+    /// An attempt reaches a queueing server.
+    ServerArrive {
+        shard: u32,
+        job: Job,
+        retry: bool,
+        deadline: Option<u64>,
+    },
+    /// A worker finishes an attempt.
+    ServiceDone {
+        shard: u32,
+        job: Job,
+    },
+    /// The expiry timer of a queued attempt fires.
+    ServerTimer {
+        shard: u32,
+        job: Job,
+    },
+    /// The client gave up on an attempt: the stream reset reaches the server.
+    ServerCancel {
+        shard: u32,
+        job: Job,
+    },
+}
+
+#[derive(Debug)]
+pub(crate) struct Scheduled {
+    pub(crate) at: u64,
+    seq: u64,
+    pub(crate) event: Event,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    /// Reversed: the heap pops the earliest (time, sequence) first.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+pub(crate) struct Sim<'a> {
+    pub(crate) sc: &'a Scenario,
+    pub(crate) base: Instant,
+    pub(crate) now: u64,
+    pub(crate) seq: u64,
+    pub(crate) heap: BinaryHeap<Scheduled>,
+    pub(crate) rng: fastrand::Rng,
+    pub(crate) controllers: Vec<RetryController>,
+    /// The clients of each middle tier's processes.
+    pub(crate) relays: Vec<Vec<RetryController>>,
+    pub(crate) calls: Vec<Option<Call>>,
+    pub(crate) free: Vec<u32>,
+    pub(crate) next_id: u64,
+    /// The server of each queueing shard (`None` for the others).
+    pub(crate) servers: Vec<Option<SimServer>>,
+    /// What a server did about the current event (a buffer kept between events).
+    pub(crate) server_actions: Vec<ServerAction>,
+    pub(crate) stats: RunStats,
+    pub(crate) end: u64,
+    pub(crate) measure_from: u64,
+    pub(crate) bin: u64,
+    pub(crate) fleet_rate: f64,
+}
+
+/// Runs `scenario` to the end and returns what it measured.
+///
+/// Reproducible: the same scenario (seed included) gives the same [`RunStats`].
+pub fn run(scenario: &Scenario) -> Result<RunStats, SimError> {
+    run_from(scenario, Instant::now())
+}
+
+/// [`run`] with virtual time starting at `base`.
+pub(crate) fn run_from(scenario: &Scenario, base: Instant) -> Result<RunStats, SimError> {
+    scenario.validate()?;
+    let mut sim = Sim::new(scenario, base)?;
+    sim.run();
+    Ok(sim.stats)
+}
+
+impl<'a> Sim<'a> {
+    pub(crate) fn new(sc: &'a Scenario, base: Instant) -> Result<Self, SimError> {
+        let per_client = if sc.policy.budget_per_shard {
+            sc.shards.len()
+        } else {
+            1
+        };
+        let mut controllers = Vec::with_capacity(sc.clients * per_client);
+        for i in 0..sc.clients * per_client {
+            controllers.push(build_controller(&sc.policy, sc.seed, i as u64 + 1)?);
+        }
+        let mut relays = Vec::with_capacity(sc.tiers.len());
+        let mut stream = controllers.len() as u64 + 1;
+        for tier in &sc.tiers {
+            let mut processes = Vec::with_capacity(tier.processes);
+            for _ in 0..tier.processes {
+                processes.push(build_controller(&sc.policy, sc.seed, stream)?);
+                stream += 1;
+            }
+            relays.push(processes);
+        }
+        let mut servers = Vec::with_capacity(sc.shards.len());
+        for (i, shard) in sc.shards.iter().enumerate() {
+            let server = match &shard.server {
+                ServerKind::Queue(q) => Some(match &q.shedding {
+                    Some(c) => SimServer::shedding(AdmissionConfig {
+                        seed: mix(sc.seed ^ c.seed, 1 << 40 | i as u64),
+                        ..c.clone()
+                    })?,
+                    None => SimServer::plain(q.workers, q.queue_capacity),
+                }),
+                ServerKind::Unbounded { .. } => None,
+            };
+            servers.push(server);
+        }
+        let end = nanos(sc.duration);
+        let bin = nanos(sc.bin);
+        let bins = end.div_ceil(bin) as usize;
+        let shard_stats = if sc.tiers.is_empty() {
+            sc.shards.len()
+        } else {
+            0
+        };
+        let stats = RunStats {
+            shards: vec![ShardStats::default(); shard_stats],
+            attempts_by_level: vec![0; sc.tiers.len() + 1],
+            bins: vec![Bin::default(); bins],
+            bin_seconds: sc.bin.as_secs_f64(),
+            measured_seconds: (sc.duration - sc.measure_from).as_secs_f64(),
+            ..RunStats::default()
+        };
+        Ok(Sim {
+            sc,
+            base,
+            now: 0,
+            seq: 0,
+            heap: BinaryHeap::new(),
+            rng: fastrand::Rng::with_seed(mix(sc.seed, 0)),
+            controllers,
+            relays,
+            calls: Vec::new(),
+            free: Vec::new(),
+            next_id: 0,
+            servers,
+            server_actions: Vec::new(),
+            stats,
+            end,
+            measure_from: nanos(sc.measure_from),
+            bin,
+            fleet_rate: sc.rate_per_client * sc.clients as f64,
+        })
+    }
+
+    pub(crate) fn at(&self, t: u64) -> Instant {
+        self.base + Duration::from_nanos(t)
+    }
+
+    pub(crate) fn instant(&self) -> Instant {
+        self.at(self.now)
+    }
+
+    pub(crate) fn schedule(&mut self, at: u64, event: Event) {
+        self.seq += 1;
+        self.heap.push(Scheduled {
+            at,
+            seq: self.seq,
+            event,
+        });
+    }
+
+    pub(crate) fn bin_of(&mut self, t: u64) -> Option<&mut Bin> {
+        let i = (t / self.bin) as usize;
+        self.stats.bins.get_mut(i)
+    }
+
+    pub(crate) fn next_arrival(&mut self) {
+        // Exponential gaps: the fleet's arrivals are one Poisson process, each call going
+        // to a uniformly chosen process, which is N independent Poisson processes.
+        let u = 1.0 - self.rng.f64();
+        let gap = (-u.ln() / self.fleet_rate * 1e9) as u64;
+        let at = self.now.saturating_add(gap.max(1));
+        if at < self.end {
+            self.schedule(at, Event::Arrival);
+        }
+    }
+
+    pub(crate) fn run(&mut self) {
+        self.next_arrival();
+        while self.step(u64::MAX) {}
+    }
+
+    /// Runs the next event if it is due at or before `until`; `false` when none is.
+    pub(crate) fn step(&mut self, until: u64) -> bool {
+        if self.heap.peek().is_none_or(|next| next.at > until) {
+            return false;
+        }
+        let Some(Scheduled { at, event, .. }) = self.heap.pop() else {
+            return false;
+        };
+        self.now = at;
+        self.stats.events += 1;
+        match event {
+            Event::Arrival => {
+                self.arrival();
+                self.next_arrival();
+            }
+            Event::Response { slot, id, outcome } => self.response(slot, id, outcome),
+            Event::Timeout { slot, id } => self.timeout(slot, id),
+            Event::RetryStart { slot, id } => self.retry_start(slot, id),
+            Event::RelayArrive {
+                level,
+                slot,
+                id,
+                deadline,
+            } => self.relay_arrive(level, slot, id, deadline),
+            Event::ServerArrive {
+                shard,
+                job,
+                retry,
+                deadline,
+            } => self.server_arrive(shard, job, retry, deadline),
+            Event::ServiceDone { shard, job } => self.service_done(shard, job),
+            Event::ServerTimer { shard, job } => self.server_timer(shard, job),
+            Event::ServerCancel { shard, job } => self.server_cancel(shard, job),
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::{BudgetKind, ClientPolicy, QueueServer, Shard, Tier, Window};
+    use crate::stats::Bin;
+    use stormguard_core::breaker::BreakerConfig;
+    use stormguard_core::budget::BudgetConfig;
+    use stormguard_core::code::Code;
+    use stormguard_core::policy::RetryPolicy;
+
+    fn policy(retry: Option<RetryPolicy>, budget: BudgetKind) -> ClientPolicy {
+        ClientPolicy {
+            name: "test".into(),
+            retry,
+            budget,
+            breaker: None,
+            attempt_timeout: None,
+            deadline: Some(Duration::from_secs(1)),
+            budget_per_shard: false,
+            pushback_on_give_up: false,
+        }
+    }
+
+    fn scenario(failure_rate: f64, policy: ClientPolicy) -> Scenario {
+        Scenario {
+            clients: 4,
+            rate_per_client: 50.0,
+            duration: Duration::from_secs(6),
+            measure_from: Duration::ZERO,
+            bin: Duration::from_millis(500),
+            network: Duration::from_millis(1),
+            tiers: vec![],
+            shards: vec![Shard {
+                server: ServerKind::Unbounded {
+                    latency: Duration::from_millis(2),
+                },
+                failure_rate,
+                outage: None,
+            }],
+            policy,
+            seed: 11,
+        }
+    }
+
+    fn field(err: SimError) -> &'static str {
+        match err {
+            SimError::Scenario { field, .. } => field,
+            other => panic!("not a scenario error: {other}"),
+        }
+    }
+
+    #[test]
+    fn bad_scenarios_name_their_field() {
+        let ok = scenario(0.1, policy(None, BudgetKind::Unlimited));
+        assert!(ok.validate().is_ok());
+        let cases: Vec<(Scenario, &str)> = vec![
+            (
+                Scenario {
+                    clients: 0,
+                    ..ok.clone()
+                },
+                "clients",
+            ),
+            (
+                Scenario {
+                    rate_per_client: f64::NAN,
+                    ..ok.clone()
+                },
+                "rate_per_client",
+            ),
+            (
+                Scenario {
+                    rate_per_client: 0.0,
+                    ..ok.clone()
+                },
+                "rate_per_client",
+            ),
+            (
+                Scenario {
+                    duration: Duration::ZERO,
+                    ..ok.clone()
+                },
+                "duration",
+            ),
+            (
+                Scenario {
+                    measure_from: ok.duration,
+                    ..ok.clone()
+                },
+                "measure_from",
+            ),
+            (
+                Scenario {
+                    bin: Duration::ZERO,
+                    ..ok.clone()
+                },
+                "bin",
+            ),
+            (
+                Scenario {
+                    shards: vec![],
+                    ..ok.clone()
+                },
+                "shards",
+            ),
+            (scenario(1.5, ok.policy.clone()), "shards.failure_rate"),
+        ];
+        for (bad, name) in cases {
+            let err = run(&bad).expect_err("invalid scenario");
+            assert_eq!(field(err), name);
+        }
+    }
+
+    #[test]
+    fn a_shedding_config_with_another_worker_count_is_refused() {
+        // The engine runs `QueueServer::workers` workers; an admission config that says
+        // otherwise used to be ignored without a word.
+        let mut sc = one_worker_shard(None);
+        if let ServerKind::Queue(QueueServer {
+            shedding: Some(c), ..
+        }) = &mut sc.shards[0].server
+        {
+            c.workers = 4;
+        }
+        let err = run(&sc).expect_err("mismatched workers");
+        assert_eq!(field(err), "shards.server.shedding.workers");
+        assert!(run(&one_worker_shard(None)).is_ok());
+    }
+
+    #[test]
+    fn a_huge_service_time_under_a_slowdown_saturates_instead_of_panicking() {
+        let mut sc = one_worker_shard(None);
+        if let ServerKind::Queue(q) = &mut sc.shards[0].server {
+            q.service_time = Duration::MAX;
+            q.slowdown = Some((
+                Window {
+                    from: Duration::ZERO,
+                    until: sc.duration,
+                },
+                2.0,
+            ));
+        }
+        let stats = run(&sc).expect("valid scenario");
+        assert_eq!(stats.successes, 0, "no call finishes within the run");
+    }
+
+    #[test]
+    fn a_huge_network_delay_saturates_instead_of_overflowing() {
+        // A failed attempt on a queueing shard is answered after a round trip (2 × network).
+        let mut sc = one_worker_shard(None);
+        sc.network = Duration::MAX;
+        sc.shards[0].failure_rate = 1.0;
+        let stats = run(&sc).expect("valid scenario");
+        assert_eq!(stats.successes, 0, "no answer comes back within the run");
+    }
+
+    #[test]
+    fn core_configs_are_validated_by_the_core() {
+        let bad_budget = BudgetKind::Budget(BudgetConfig {
+            retry_ratio: 0.0,
+            ..BudgetConfig::default()
+        });
+        let err = run(&scenario(
+            0.1,
+            policy(Some(RetryPolicy::default()), bad_budget),
+        ))
+        .expect_err("invalid budget");
+        assert!(matches!(err, SimError::Config(_)), "{err}");
+        assert!(err.to_string().contains("retry_ratio"), "{err}");
+        let bad_retry = RetryPolicy {
+            max_attempts: 1,
+            ..RetryPolicy::default()
+        };
+        let err = run(&scenario(
+            0.1,
+            policy(Some(bad_retry), BudgetKind::Unlimited),
+        ))
+        .expect_err("invalid retry policy");
+        assert!(err.to_string().contains("maxAttempts"), "{err}");
+    }
+
+    #[test]
+    fn results_do_not_depend_on_the_base_instant() {
+        let sc = scenario(
+            0.3,
+            policy(
+                Some(RetryPolicy::default()),
+                BudgetKind::Budget(BudgetConfig::default()),
+            ),
+        );
+        let now = Instant::now();
+        let a = run_from(&sc, now).expect("valid");
+        let b = run_from(&sc, now + Duration::from_secs(3 * 3600)).expect("valid");
+        assert_eq!(a, b);
+        assert!(a.retries > 0);
+    }
+
+    #[test]
+    fn bins_add_up_to_the_totals_when_everything_is_measured() {
+        let sc = scenario(
+            0.5,
+            policy(Some(RetryPolicy::default()), BudgetKind::Unlimited),
+        );
+        let stats = run(&sc).expect("valid");
+        let sum = |f: fn(&Bin) -> u64| stats.bins.iter().map(f).sum::<u64>();
+        assert_eq!(stats.bins.len(), 12);
+        assert_eq!(sum(|b| b.calls), stats.calls);
+        assert_eq!(sum(|b| b.successes), stats.successes);
+        // Bins count attempts by send time: only retries can be sent after the last
+        // arrival, while the run finishes the calls in flight.
+        let late_retries = stats.retries - sum(|b| b.retries);
+        assert_eq!(sum(|b| b.attempts) + late_retries, stats.attempts);
+        assert!(late_retries < stats.retries / 10, "{late_retries}");
+        assert_eq!(stats.attempts, stats.calls + stats.retries);
+        let failed: u64 = stats.gave_up.values().sum();
+        assert_eq!(stats.successes + failed, stats.calls);
+        // Unlimited retries at 50 %: calls that failed used all three attempts.
+        assert_eq!(stats.gave_up.get("attempts").copied(), Some(failed));
+    }
+
+    #[test]
+    fn an_open_breaker_rejects_calls_without_an_attempt() {
+        let mut p = policy(
+            Some(RetryPolicy::default()),
+            BudgetKind::Budget(BudgetConfig::default()),
+        );
+        p.breaker = Some(BreakerConfig::default());
+        let stats = run(&scenario(1.0, p)).expect("valid");
+        let rejected = stats
+            .gave_up
+            .get("rejected_by_breaker")
+            .copied()
+            .unwrap_or(0);
+        assert!(rejected > stats.calls / 2, "{stats:?}");
+        assert!(stats.attempts < stats.calls / 2, "{stats:?}");
+    }
+
+    #[test]
+    fn the_attempt_timeout_cuts_slow_attempts_and_is_retried_when_configured() {
+        // A server slower than the attempt timeout: every attempt times out.
+        let retry = RetryPolicy {
+            retryable_codes: [Code::Unavailable, Code::DeadlineExceeded]
+                .into_iter()
+                .collect(),
+            ..RetryPolicy::default()
+        };
+        let mut p = policy(Some(retry), BudgetKind::Unlimited);
+        p.attempt_timeout = Some(Duration::from_millis(20));
+        let mut sc = scenario(0.0, p);
+        sc.shards[0].server = ServerKind::Unbounded {
+            latency: Duration::from_millis(30),
+        };
+        let stats = run(&sc).expect("valid");
+        assert_eq!(stats.successes, 0);
+        assert_eq!(stats.amplification(), 3.0);
+        // Without DEADLINE_EXCEEDED in the retryable codes the timeout is final.
+        sc.policy.retry = Some(RetryPolicy::default());
+        let stats = run(&sc).expect("valid");
+        assert_eq!(stats.amplification(), 1.0);
+        assert_eq!(stats.gave_up.get("not_retryable"), Some(&stats.calls));
+    }
+
+    #[test]
+    fn a_chain_multiplies_retries_unless_give_ups_say_do_not_retry() {
+        // Delays of at most 1 ms keep the 27 attempts of a call inside its deadline.
+        let fast = RetryPolicy {
+            backoff: stormguard_core::backoff::BackoffConfig::FullJitter {
+                base: Duration::from_millis(1),
+                cap: Duration::from_millis(1),
+                multiplier: 1.0,
+            },
+            ..RetryPolicy::default()
+        };
+        let mut sc = scenario(1.0, policy(Some(fast), BudgetKind::Unlimited));
+        let tier = Tier {
+            processes: 3,
+            latency: Duration::from_millis(1),
+        };
+        sc.tiers = vec![tier.clone(), tier];
+        let stats = run(&sc).expect("valid");
+        let n = stats.calls;
+        assert_eq!(stats.attempts_by_level, [3 * n, 9 * n, 27 * n]);
+        assert_eq!(stats.bottom_amplification(), 27.0);
+        assert!(stats.shards.is_empty());
+        // With "do not retry" on give-ups only the bottom hop retries.
+        sc.policy.pushback_on_give_up = true;
+        let stats = run(&sc).expect("valid");
+        let n = stats.calls;
+        assert_eq!(stats.attempts_by_level, [n, n, 3 * n]);
+        assert_eq!(stats.gave_up.get("pushback"), Some(&n));
+        // Without retries every level sees each call once, and healthy chains succeed.
+        sc.policy.retry = None;
+        sc.shards[0].failure_rate = 0.0;
+        let stats = run(&sc).expect("valid");
+        let n = stats.calls;
+        assert_eq!(stats.attempts_by_level, [n, n, n]);
+        assert_eq!(stats.successes, n);
+    }
+
+    #[test]
+    fn an_outage_window_fails_only_inside_it() {
+        let mut sc = scenario(0.0, policy(None, BudgetKind::Unlimited));
+        sc.shards[0].outage = Some(Window {
+            from: Duration::from_secs(2),
+            until: Duration::from_secs(4),
+        });
+        let stats = run(&sc).expect("valid");
+        for (i, bin) in stats.bins.iter().enumerate() {
+            let inside = (4..8).contains(&i);
+            let expect = if inside { 0 } else { bin.calls };
+            assert_eq!(bin.successes, expect, "bin {i}: {bin:?}");
+        }
+    }
+
+    /// A one-worker shedding shard.
+    fn one_worker_shard(depth: Option<usize>) -> Scenario {
+        let mut sc = scenario(0.0, policy(None, BudgetKind::Unlimited));
+        sc.shards[0].server = ServerKind::Queue(QueueServer {
+            workers: 1,
+            service_time: Duration::from_millis(10),
+            queue_capacity: 8,
+            slowdown: None,
+            shedding: Some(AdmissionConfig {
+                workers: 1,
+                queue_capacity: 8,
+                retry_threshold: stormguard_core::admission::RetryThreshold {
+                    depth,
+                    queue_delay: None,
+                },
+                min_time_left: Duration::from_millis(2),
+                ..AdmissionConfig::default()
+            }),
+        });
+        sc
+    }
+
+    #[test]
+    fn a_client_timeout_frees_the_worker_of_a_shedding_server_not_of_a_plain_one() {
+        // One worker, 100 ms of service, the client gives up after 10 ms: its reset
+        // reaches the server at 11 ms. The shipped layer drops the handler's future and
+        // gives the worker back; a plain FIFO server runs the call to the end.
+        let mut sc = one_worker_shard(None);
+        sc.network = Duration::from_millis(1);
+        sc.policy.attempt_timeout = Some(Duration::from_millis(10));
+        if let ServerKind::Queue(q) = &mut sc.shards[0].server {
+            q.service_time = Duration::from_millis(100);
+        }
+        let running_at = |sc: &Scenario, ms: u64| {
+            let mut sim = Sim::new(sc, Instant::now()).expect("valid");
+            sim.arrival();
+            while sim.step(ms * 1_000_000) {}
+            sim.servers[0].as_ref().map(SimServer::running)
+        };
+        assert_eq!(running_at(&sc, 5), Some(1));
+        assert_eq!(running_at(&sc, 12), Some(0));
+        if let ServerKind::Queue(q) = &mut sc.shards[0].server {
+            q.shedding = None;
+        }
+        assert_eq!(running_at(&sc, 12), Some(1));
+    }
+
+    #[test]
+    fn a_shedding_server_sheds_retries_with_pushback_and_serves_first_attempts() {
+        // One worker, twice as much work as it can do: the admission policy queues a
+        // little, sheds retries first and tells them when to come back.
+        let retry = RetryPolicy::default();
+        let p = policy(Some(retry), BudgetKind::Unlimited);
+        let mut sc = scenario(0.0, p);
+        sc.clients = 2;
+        sc.rate_per_client = 100.0;
+        sc.shards[0].server = ServerKind::Queue(QueueServer {
+            workers: 1,
+            service_time: Duration::from_millis(10),
+            queue_capacity: 1000,
+            slowdown: None,
+            shedding: Some(AdmissionConfig {
+                workers: 1,
+                queue_capacity: 4,
+                retry_threshold: stormguard_core::admission::RetryThreshold {
+                    depth: Some(1),
+                    queue_delay: None,
+                },
+                ..AdmissionConfig::default()
+            }),
+        });
+        let stats = run(&sc).expect("valid");
+        // Capacity is 100/s of 200/s offered: about half succeed, and no more attempts
+        // than the capacity can serve are wasted on long queues.
+        let rate = stats.success_rate();
+        assert!((0.35..=0.6).contains(&rate), "{rate}: {stats:?}");
+        // The same load on a plain FIFO of the same capacity: the queue grows and every
+        // call waits past its deadline.
+        if let ServerKind::Queue(q) = &mut sc.shards[0].server {
+            q.shedding = None;
+        }
+        let fifo = run(&sc).expect("valid");
+        assert!(fifo.success_rate() < rate / 2.0, "{fifo:?}");
+    }
+}

@@ -1,0 +1,420 @@
+//! The fleet's clients: one real [`RetryController`] per simulated client process (its
+//! own budget and breaker, as in production) and per middle-tier process, and every
+//! logical call a real [`CallRetry`] driven through `begin_at`, `on_failure_at`,
+//! `on_success_at` and `start_retry_at`. The simulator decides nothing about retries
+//! itself: this module only sends the attempts those objects ask for, runs their timers,
+//! and passes the answers back.
+
+use std::sync::Arc;
+
+use stormguard_core::breaker::CircuitBreaker;
+use stormguard_core::budget::{Budget, RetryBudget, Unlimited};
+use stormguard_core::code::Code;
+use stormguard_core::policy::MethodTable;
+use stormguard_core::pushback::Pushback;
+use stormguard_core::retry::{CallRetry, Decision, Failure, Refusal, RetryController};
+use stormguard_core::throttle::A6Throttle;
+
+use crate::SimError;
+use crate::event_loop::{Event, Outcome, Sim};
+use crate::scenario::{BudgetKind, ClientPolicy, PATH, ServerKind, mix, nanos};
+use crate::server::Job;
+
+/// One logical call in flight: the fleet's, or one a middle tier makes for an attempt.
+pub(crate) struct Call {
+    pub(crate) retry: CallRetry,
+    /// 0 for the fleet's calls, k for calls made by tier k - 1.
+    pub(crate) level: u8,
+    /// The attempt this call serves, for calls made by a middle tier.
+    pub(crate) parent: Option<(u32, u64)>,
+    pub(crate) shard: u32,
+    pub(crate) arrived: u64,
+    pub(crate) deadline: Option<u64>,
+    /// Id of the current attempt (or of the pending retry).
+    pub(crate) id: u64,
+    pub(crate) in_flight: bool,
+    pub(crate) attempts: u64,
+    pub(crate) measured: bool,
+}
+
+pub(crate) fn build_controller(
+    policy: &ClientPolicy,
+    seed: u64,
+    stream: u64,
+) -> Result<RetryController, SimError> {
+    let methods = match &policy.retry {
+        Some(p) => MethodTable::uniform(p.clone()),
+        None => MethodTable::none(),
+    };
+    let budget: Arc<dyn Budget> = match &policy.budget {
+        BudgetKind::Unlimited => Arc::new(Unlimited),
+        BudgetKind::Throttle(c) => Arc::new(A6Throttle::new(c.clone())?),
+        BudgetKind::Budget(c) => Arc::new(RetryBudget::new(c.clone())?),
+        BudgetKind::FleetBudget { config, fleet_size } => {
+            Arc::new(RetryBudget::with_fleet_size(config.clone(), *fleet_size)?)
+        }
+    };
+    let breaker = match &policy.breaker {
+        Some(c) => Some(CircuitBreaker::new(c.clone(), mix(seed, 2 * stream + 1))?),
+        None => None,
+    };
+    Ok(RetryController::new(
+        methods,
+        budget,
+        breaker,
+        mix(seed, 2 * stream),
+    ))
+}
+
+impl Sim<'_> {
+    pub(crate) fn arrival(&mut self) {
+        let client = self.rng.usize(0..self.sc.clients);
+        let shard = self.rng.usize(0..self.sc.shards.len());
+        let index = if self.sc.policy.budget_per_shard {
+            client * self.sc.shards.len() + shard
+        } else {
+            client
+        };
+        let measured = self.now >= self.measure_from;
+        if let Some(bin) = self.bin_of(self.now) {
+            bin.calls += 1;
+        }
+        if measured {
+            self.stats.calls += 1;
+            if let Some(stats) = self.stats.shards.get_mut(shard) {
+                stats.calls += 1;
+            }
+        }
+        let deadline = self
+            .sc
+            .policy
+            .deadline
+            .map(|d| self.now.saturating_add(nanos(d)));
+        let now = self.instant();
+        let begun = self.controllers[index].begin_at(PATH, deadline.map(|d| self.at(d)), now);
+        let retry = match begun {
+            Ok(retry) => retry,
+            Err(_) => {
+                if measured {
+                    *self
+                        .stats
+                        .gave_up
+                        .entry("rejected_by_breaker".into())
+                        .or_default() += 1;
+                }
+                return;
+            }
+        };
+        self.start_call(retry, 0, None, shard, deadline, measured);
+    }
+
+    /// Starts a call at `level` (see [`Call`]) arriving now, and sends its first attempt.
+    fn start_call(
+        &mut self,
+        retry: CallRetry,
+        level: u8,
+        parent: Option<(u32, u64)>,
+        shard: usize,
+        deadline: Option<u64>,
+        measured: bool,
+    ) {
+        let call = Call {
+            retry,
+            level,
+            parent,
+            shard: shard as u32,
+            arrived: self.now,
+            deadline,
+            id: 0,
+            in_flight: false,
+            attempts: 0,
+            measured,
+        };
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.calls[slot as usize] = Some(call);
+                slot
+            }
+            None => {
+                self.calls.push(Some(call));
+                (self.calls.len() - 1) as u32
+            }
+        };
+        self.send_attempt(slot);
+    }
+
+    fn send_attempt(&mut self, slot: u32) {
+        self.next_id += 1;
+        let id = self.next_id;
+        let now = self.now;
+        let Some(call) = self.calls[slot as usize].as_mut() else {
+            return;
+        };
+        call.id = id;
+        call.in_flight = true;
+        call.attempts += 1;
+        let retry = call.retry.previous_attempts() > 0;
+        let shard_index = call.shard;
+        let deadline = call.deadline;
+        let measured = call.measured;
+        let level = call.level;
+        if measured {
+            self.stats.attempts_by_level[level as usize] += 1;
+        }
+        if level == 0 {
+            if let Some(bin) = self.bin_of(now) {
+                bin.attempts += 1;
+                if retry {
+                    bin.retries += 1;
+                }
+            }
+            if measured {
+                self.stats.attempts += 1;
+                if let Some(stats) = self.stats.shards.get_mut(shard_index as usize) {
+                    stats.attempts += 1;
+                }
+                if retry {
+                    self.stats.retries += 1;
+                }
+            }
+        }
+        // The client's timer: the attempt timeout, cut by the logical deadline.
+        let timer = match (self.sc.policy.attempt_timeout, deadline) {
+            (Some(t), Some(d)) => Some(now.saturating_add(nanos(t)).min(d)),
+            (Some(t), None) => Some(now.saturating_add(nanos(t))),
+            (None, d) => d,
+        };
+        if let Some(at) = timer {
+            self.schedule(at, Event::Timeout { slot, id });
+        }
+        if let Some(tier) = self.sc.tiers.get(level as usize) {
+            let at = now.saturating_add(nanos(tier.latency) / 2);
+            let deadline = timer;
+            self.schedule(
+                at,
+                Event::RelayArrive {
+                    level,
+                    slot,
+                    id,
+                    deadline,
+                },
+            );
+            return;
+        }
+        let shard = &self.sc.shards[shard_index as usize];
+        let down = shard.outage.is_some_and(|w| w.contains(now));
+        let fails = down || (shard.failure_rate > 0.0 && self.rng.f64() < shard.failure_rate);
+        match &shard.server {
+            ServerKind::Unbounded { latency } => {
+                let outcome = if fails {
+                    Outcome::Failed(Failure::status(Code::Unavailable))
+                } else {
+                    Outcome::Ok
+                };
+                self.schedule(
+                    now.saturating_add(nanos(*latency)),
+                    Event::Response { slot, id, outcome },
+                );
+            }
+            ServerKind::Queue(_) => {
+                let net = nanos(self.sc.network);
+                if fails {
+                    let outcome = Outcome::Failed(Failure::status(Code::Unavailable));
+                    self.schedule(
+                        now.saturating_add(net.saturating_mul(2)),
+                        Event::Response { slot, id, outcome },
+                    );
+                } else {
+                    self.schedule(
+                        now.saturating_add(net),
+                        Event::ServerArrive {
+                            shard: shard_index,
+                            job: Job { slot, id },
+                            retry,
+                            deadline: timer,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// The current attempt of `slot`, if `id` is still it and it is still in flight.
+    fn live(&mut self, slot: u32, id: u64) -> bool {
+        self.calls
+            .get(slot as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|c| c.id == id && c.in_flight)
+    }
+
+    pub(crate) fn response(&mut self, slot: u32, id: u64, outcome: Outcome) {
+        if !self.live(slot, id) {
+            return; // the caller gave up on this attempt already
+        }
+        match outcome {
+            Outcome::Ok => {
+                let now = self.instant();
+                if let Some(call) = self.calls[slot as usize].as_mut() {
+                    call.retry.on_success_at(now);
+                }
+                self.finish(slot, None);
+            }
+            Outcome::Failed(failure) => self.failed(slot, failure),
+        }
+    }
+
+    pub(crate) fn timeout(&mut self, slot: u32, id: u64) {
+        if !self.live(slot, id) {
+            return;
+        }
+        // The client resets the attempt's stream; a queueing server hears of it one
+        // network delay later (and frees what the attempt held there).
+        if let Some(call) = self.calls[slot as usize].as_ref()
+            && self.sc.tiers.len() == call.level as usize
+            && matches!(
+                self.sc.shards[call.shard as usize].server,
+                ServerKind::Queue(_)
+            )
+        {
+            let shard = call.shard;
+            let at = self.now.saturating_add(nanos(self.sc.network));
+            let job = Job { slot, id };
+            self.schedule(at, Event::ServerCancel { shard, job });
+        }
+        self.failed(slot, Failure::status(Code::DeadlineExceeded));
+    }
+
+    fn failed(&mut self, slot: u32, failure: Failure) {
+        let now = self.instant();
+        let Some(call) = self.calls[slot as usize].as_mut() else {
+            return;
+        };
+        call.in_flight = false;
+        match call.retry.on_failure_at(&failure, now) {
+            Decision::Retry { delay } => {
+                let id = call.id;
+                let at = self.now.saturating_add(nanos(delay));
+                self.schedule(at, Event::RetryStart { slot, id });
+            }
+            Decision::GiveUp(refusal) => self.finish(slot, Some(refusal)),
+        }
+    }
+
+    pub(crate) fn retry_start(&mut self, slot: u32, id: u64) {
+        let now = self.instant();
+        let Some(call) = self.calls[slot as usize].as_mut() else {
+            return;
+        };
+        if call.id != id || call.in_flight {
+            return;
+        }
+        match call.retry.start_retry_at(now) {
+            Ok(()) => self.send_attempt(slot),
+            Err(refusal) => self.finish(slot, Some(refusal)),
+        }
+    }
+
+    /// Ends a logical call: `None` is a success.
+    fn finish(&mut self, slot: u32, refusal: Option<Refusal>) {
+        let Some(call) = self.calls[slot as usize].take() else {
+            return;
+        };
+        self.free.push(slot);
+        let success = refusal.is_none() && call.deadline.is_none_or(|d| self.now <= d);
+        if let Some((parent, parent_id)) = call.parent {
+            self.answer_parent(&call, parent, parent_id, success, refusal);
+            return;
+        }
+        if success && let Some(bin) = self.bin_of(call.arrived) {
+            bin.successes += 1;
+        }
+        if !call.measured {
+            return;
+        }
+        if success {
+            self.stats.successes += 1;
+            if let Some(stats) = self.stats.shards.get_mut(call.shard as usize) {
+                stats.successes += 1;
+            }
+        } else {
+            let name = refusal.map_or("late", Refusal::as_str);
+            *self.stats.gave_up.entry(name.to_owned()).or_default() += 1;
+        }
+    }
+
+    /// A middle tier's call ended: its process answers the attempt it was serving.
+    fn answer_parent(
+        &mut self,
+        call: &Call,
+        parent: u32,
+        parent_id: u64,
+        success: bool,
+        refusal: Option<Refusal>,
+    ) {
+        let outcome = if success {
+            Outcome::Ok
+        } else {
+            Outcome::Failed(self.upstream_failure(refusal))
+        };
+        let tier = &self.sc.tiers[call.level as usize - 1];
+        let at = self.now.saturating_add(nanos(tier.latency) / 2);
+        self.schedule(
+            at,
+            Event::Response {
+                slot: parent,
+                id: parent_id,
+                outcome,
+            },
+        );
+    }
+
+    /// What a middle tier answers when its own call failed: the status passes up
+    /// (`UNAVAILABLE`, or `DEADLINE_EXCEEDED` when time ran out), with "do not retry"
+    /// when the policy says so and the tier's client refused a retryable failure or was
+    /// itself told not to retry.
+    fn upstream_failure(&self, refusal: Option<Refusal>) -> Failure {
+        let code = match refusal {
+            Some(Refusal::Deadline) | None => Code::DeadlineExceeded,
+            Some(_) => Code::Unavailable,
+        };
+        // A "do not retry" from below passes up as it came (the status is returned with
+        // its metadata), and the tier's own refusals of a retryable failure add one.
+        let refused =
+            refusal.is_some_and(|r| r == Refusal::Pushback || r.is_retryable_but_refused());
+        let pushback =
+            (self.sc.policy.pushback_on_give_up && refused).then_some(Pushback::DoNotRetry);
+        Failure::status(code).with_pushback(pushback)
+    }
+
+    /// An attempt reaches middle tier `level`: one of its processes starts its own call
+    /// to the next level, with the attempt's deadline.
+    pub(crate) fn relay_arrive(&mut self, level: u8, slot: u32, id: u64, deadline: Option<u64>) {
+        let Some(parent) = self.calls.get(slot as usize).and_then(Option::as_ref) else {
+            return;
+        };
+        let measured = parent.measured;
+        let processes = &self.relays[level as usize];
+        let process = self.rng.usize(0..processes.len());
+        let shard = self.rng.usize(0..self.sc.shards.len());
+        let now = self.instant();
+        let begun =
+            self.relays[level as usize][process].begin_at(PATH, deadline.map(|d| self.at(d)), now);
+        match begun {
+            Ok(retry) => self.start_call(
+                retry,
+                level + 1,
+                Some((slot, id)),
+                shard,
+                deadline,
+                measured,
+            ),
+            Err(refusal) => {
+                let failure = self.upstream_failure(Some(refusal));
+                let tier = &self.sc.tiers[level as usize];
+                let at = self.now.saturating_add(nanos(tier.latency) / 2);
+                let outcome = Outcome::Failed(failure);
+                self.schedule(at, Event::Response { slot, id, outcome });
+            }
+        }
+    }
+}

@@ -1,0 +1,492 @@
+//! The servers of queueing shards: workers, a wait queue, and what each answers.
+//!
+//! A shedding server is stormguard's admission queue itself: a
+//! [`stormguard_core::queue::AdmissionQueue`], the type the `ShedLayer` of
+//! `stormguard-server` wraps, driven here on the virtual clock. Every decision (admit,
+//! queue, shed and the pushback, refuse work too close to its deadline, expire queued
+//! work, which waiter a freed worker goes to) is that type's; [`SimServer`] only turns
+//! the decisions into [`ServerAction`]s, and the event loop turns those into events. The
+//! driving mirrors the tower layer's: a timer per queued call at its expiry, a worker
+//! given back when a call finishes or its caller resets the stream, and a queued call
+//! withdrawn when its caller resets. A test in `stormguard-server` runs one script
+//! through both and compares every decision.
+//!
+//! A plain server (the baseline) is a bounded FIFO that runs everything it queued, even
+//! work whose caller has left, and refuses calls `UNAVAILABLE` when its queue is full.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Duration;
+
+use stormguard_core::Instant;
+use stormguard_core::admission::{AdmissionConfig, AttemptClass, Shed, ShedPushback};
+use stormguard_core::code::Code;
+use stormguard_core::pushback::Pushback;
+use stormguard_core::queue::{AdmissionQueue, Arrival, Dispatch, QueuedId};
+use stormguard_core::retry::Failure;
+
+use crate::SimError;
+use crate::event_loop::{Event, Outcome, Sim};
+use crate::scenario::{QueueServer, ServerKind, nanos};
+
+/// One attempt at a server: the slot of its call and the attempt's id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Job {
+    /// The slot of the call (reused once the call ends).
+    pub slot: u32,
+    /// The attempt, unique in a run.
+    pub id: u64,
+}
+
+/// What a server does about an event, for the event loop to carry out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerAction {
+    /// Serve the job on a worker from now on; tell the server when it is
+    /// [`done`](SimServer::done).
+    Start(Job),
+    /// The job waits. If it is still waiting at `expiry`, call [`SimServer::timer`].
+    Queued(Job, Instant),
+    /// Answer the job at once with the shed status and this pushback.
+    Shed(Job, Shed),
+    /// Answer the job `DEADLINE_EXCEEDED` without running it: too little time left on
+    /// arrival, or its expiry passed while it waited.
+    Expired(Job),
+    /// Answer the job `UNAVAILABLE` (a plain server's full queue), with no pushback.
+    Refused(Job),
+}
+
+/// A queueing shard's server: stormguard's admission queue, or a plain FIFO.
+#[derive(Debug)]
+pub struct SimServer {
+    kind: Kind,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Plain {
+        workers: usize,
+        capacity: usize,
+        busy: usize,
+        queue: VecDeque<Job>,
+    },
+    Shedding(Box<Shedding>),
+}
+
+#[derive(Debug)]
+struct Shedding {
+    queue: AdmissionQueue<Job>,
+    /// Waiting jobs, to find their place when their timer fires or they are cancelled.
+    queued: HashMap<Job, QueuedId>,
+    /// Jobs on a worker.
+    running: HashSet<Job>,
+}
+
+impl SimServer {
+    /// A plain FIFO server of `workers` with a wait queue of `capacity`.
+    pub fn plain(workers: usize, capacity: usize) -> Self {
+        SimServer {
+            kind: Kind::Plain {
+                workers,
+                capacity,
+                busy: 0,
+                queue: VecDeque::new(),
+            },
+        }
+    }
+
+    /// A server behind stormguard's admission queue, configured by `config`.
+    pub fn shedding(config: AdmissionConfig) -> Result<Self, SimError> {
+        Ok(SimServer {
+            kind: Kind::Shedding(Box::new(Shedding {
+                queue: AdmissionQueue::from_config(config)?,
+                queued: HashMap::new(),
+                running: HashSet::new(),
+            })),
+        })
+    }
+
+    /// The status a shed answer carries (`UNAVAILABLE` for a plain server's refusals).
+    pub fn shed_code(&self) -> Code {
+        match &self.kind {
+            Kind::Plain { .. } => Code::Unavailable,
+            Kind::Shedding(s) => s.queue.policy().config().shed_code,
+        }
+    }
+
+    /// Jobs on a worker now.
+    pub fn running(&self) -> usize {
+        match &self.kind {
+            Kind::Plain { busy, .. } => *busy,
+            Kind::Shedding(s) => s.queue.running(),
+        }
+    }
+
+    /// Jobs waiting now.
+    pub fn depth(&self) -> usize {
+        match &self.kind {
+            Kind::Plain { queue, .. } => queue.len(),
+            Kind::Shedding(s) => s.queue.depth(),
+        }
+    }
+
+    /// `job`, a first attempt or a retry (`class`) with `deadline`, arrives at `now`.
+    pub fn arrive(
+        &mut self,
+        now: Instant,
+        job: Job,
+        class: AttemptClass,
+        deadline: Option<Instant>,
+        out: &mut Vec<ServerAction>,
+    ) {
+        match &mut self.kind {
+            Kind::Plain {
+                workers,
+                capacity,
+                busy,
+                queue,
+            } => {
+                if *busy < *workers {
+                    *busy += 1;
+                    out.push(ServerAction::Start(job));
+                } else if queue.len() < *capacity {
+                    queue.push_back(job);
+                } else {
+                    out.push(ServerAction::Refused(job));
+                }
+            }
+            Kind::Shedding(s) => {
+                let Shedding {
+                    queue,
+                    queued,
+                    running,
+                } = &mut **s;
+                let arrival =
+                    queue.arrive_at(now, class, deadline, job, dispatcher(queued, running, out));
+                out.push(match arrival {
+                    Arrival::Run => {
+                        running.insert(job);
+                        ServerAction::Start(job)
+                    }
+                    Arrival::Queued { id, expiry } => {
+                        queued.insert(job, id);
+                        ServerAction::Queued(job, expiry)
+                    }
+                    Arrival::Shed(shed) => ServerAction::Shed(job, shed),
+                    Arrival::Expired => ServerAction::Expired(job),
+                });
+            }
+        }
+    }
+
+    /// `job`'s service ends at `now`. Returns whether it was still on a worker (and its
+    /// answer goes out): a job whose caller reset the stream was dropped already.
+    pub fn done(&mut self, now: Instant, job: Job, out: &mut Vec<ServerAction>) -> bool {
+        match &mut self.kind {
+            Kind::Plain { busy, queue, .. } => {
+                *busy = busy.saturating_sub(1);
+                if let Some(next) = queue.pop_front() {
+                    *busy += 1;
+                    out.push(ServerAction::Start(next));
+                }
+                true
+            }
+            Kind::Shedding(s) => {
+                let Shedding {
+                    queue,
+                    queued,
+                    running,
+                } = &mut **s;
+                if !running.remove(&job) {
+                    return false;
+                }
+                queue.finish_at(now, dispatcher(queued, running, out));
+                true
+            }
+        }
+    }
+
+    /// The expiry timer of queued `job` fires at `now`: if it still waits, it is answered
+    /// `DEADLINE_EXCEEDED`.
+    pub fn timer(&mut self, now: Instant, job: Job, out: &mut Vec<ServerAction>) {
+        if let Kind::Shedding(s) = &mut self.kind
+            && let Some(id) = s.queued.remove(&job)
+            && s.queue.withdraw_at(now, id).is_some()
+        {
+            out.push(ServerAction::Expired(job));
+        }
+    }
+
+    /// `job`'s caller reset its stream at `now`: a waiting job leaves the queue, a running
+    /// one gives its worker back (the tower layer drops the handler's future). A plain
+    /// server does not notice and runs it anyway.
+    pub fn cancel(&mut self, now: Instant, job: Job, out: &mut Vec<ServerAction>) {
+        let Kind::Shedding(s) = &mut self.kind else {
+            return;
+        };
+        let Shedding {
+            queue,
+            queued,
+            running,
+        } = &mut **s;
+        if let Some(id) = queued.remove(&job) {
+            queue.withdraw_at(now, id);
+        } else if running.remove(&job) {
+            queue.finish_at(now, dispatcher(queued, running, out));
+        }
+    }
+}
+
+/// Turns what the admission queue dispatched into actions, keeping track of who waits
+/// and who runs.
+fn dispatcher<'a>(
+    queued: &'a mut HashMap<Job, QueuedId>,
+    running: &'a mut HashSet<Job>,
+    out: &'a mut Vec<ServerAction>,
+) -> impl FnMut(Dispatch<Job>) + 'a {
+    move |dispatch| match dispatch {
+        Dispatch::Run(left) => {
+            queued.remove(&left.waiter);
+            running.insert(left.waiter);
+            out.push(ServerAction::Start(left.waiter));
+        }
+        Dispatch::Expired(left) => {
+            queued.remove(&left.waiter);
+            out.push(ServerAction::Expired(left.waiter));
+        }
+    }
+}
+
+impl Sim<'_> {
+    /// The queueing server of `shard` (only those get server events).
+    fn queue_server(&self, shard: u32) -> Option<&QueueServer> {
+        match &self.sc.shards[shard as usize].server {
+            ServerKind::Queue(q) => Some(q),
+            ServerKind::Unbounded { .. } => None,
+        }
+    }
+
+    fn service_time(&self, shard: u32) -> u64 {
+        let Some(q) = self.queue_server(shard) else {
+            return 0;
+        };
+        let base = q.service_time;
+        match q.slowdown {
+            // `mul_f64` panics past `Duration::MAX`; a service time that long saturates.
+            Some((window, factor)) if window.contains(self.now) => {
+                Duration::try_from_secs_f64(base.as_secs_f64() * factor).map_or(u64::MAX, nanos)
+            }
+            _ => nanos(base),
+        }
+    }
+
+    fn answer(&mut self, job: Job, outcome: Outcome) {
+        let at = self.now.saturating_add(nanos(self.sc.network));
+        let Job { slot, id } = job;
+        self.schedule(at, Event::Response { slot, id, outcome });
+    }
+
+    /// Runs `event` on the server of `shard` (if it has one); its actions wait in
+    /// `server_actions` for [`Sim::carry_out`].
+    fn on_server<R>(
+        &mut self,
+        shard: u32,
+        event: impl FnOnce(&mut SimServer, Instant, &mut Vec<ServerAction>) -> R,
+    ) -> Option<R> {
+        let now = self.instant();
+        let server = self.servers[shard as usize].as_mut()?;
+        Some(event(server, now, &mut self.server_actions))
+    }
+
+    /// Turns the actions of the server of `shard` into events.
+    fn carry_out(&mut self, shard: u32) {
+        let shed_code = self.servers[shard as usize]
+            .as_ref()
+            .map_or(Code::Unavailable, SimServer::shed_code);
+        let mut actions = std::mem::take(&mut self.server_actions);
+        for action in actions.drain(..) {
+            match action {
+                ServerAction::Start(job) => {
+                    let at = self.now.saturating_add(self.service_time(shard));
+                    self.schedule(at, Event::ServiceDone { shard, job });
+                }
+                ServerAction::Queued(job, expiry) => {
+                    let at = nanos(expiry.saturating_duration_since(self.base));
+                    self.schedule(at, Event::ServerTimer { shard, job });
+                }
+                ServerAction::Shed(job, shed) => {
+                    let pushback = match shed.pushback {
+                        ShedPushback::After(d) => Pushback::RetryAfter(d),
+                        ShedPushback::DoNotRetry => Pushback::DoNotRetry,
+                    };
+                    let failure = Failure::status(shed_code).with_pushback(Some(pushback));
+                    self.answer(job, Outcome::Failed(failure));
+                }
+                ServerAction::Expired(job) => {
+                    let failure = Failure::status(Code::DeadlineExceeded);
+                    self.answer(job, Outcome::Failed(failure));
+                }
+                ServerAction::Refused(job) => {
+                    let failure = Failure::status(Code::Unavailable);
+                    self.answer(job, Outcome::Failed(failure));
+                }
+            }
+        }
+        // Keep the buffer's capacity for the next event.
+        self.server_actions = actions;
+    }
+
+    pub(crate) fn server_arrive(
+        &mut self,
+        shard: u32,
+        job: Job,
+        retry: bool,
+        deadline: Option<u64>,
+    ) {
+        let class = if retry {
+            AttemptClass::Retry
+        } else {
+            AttemptClass::First
+        };
+        let deadline = deadline.map(|d| self.at(d));
+        self.on_server(shard, |server, now, out| {
+            server.arrive(now, job, class, deadline, out);
+        });
+        self.carry_out(shard);
+    }
+
+    pub(crate) fn service_done(&mut self, shard: u32, job: Job) {
+        if self.on_server(shard, |server, now, out| server.done(now, job, out)) == Some(true) {
+            self.answer(job, Outcome::Ok);
+        }
+        self.carry_out(shard);
+    }
+
+    pub(crate) fn server_timer(&mut self, shard: u32, job: Job) {
+        self.on_server(shard, |server, now, out| server.timer(now, job, out));
+        self.carry_out(shard);
+    }
+
+    pub(crate) fn server_cancel(&mut self, shard: u32, job: Job) {
+        self.on_server(shard, |server, now, out| server.cancel(now, job, out));
+        self.carry_out(shard);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use stormguard_core::admission::RetryThreshold;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn one_worker(depth: Option<usize>) -> SimServer {
+        SimServer::shedding(AdmissionConfig {
+            workers: 1,
+            queue_capacity: 8,
+            retry_threshold: RetryThreshold {
+                depth,
+                queue_delay: None,
+            },
+            min_time_left: 2 * MS,
+            ..AdmissionConfig::default()
+        })
+        .unwrap()
+    }
+
+    fn job(n: u32) -> Job {
+        Job {
+            slot: n,
+            id: n.into(),
+        }
+    }
+
+    #[test]
+    fn work_expired_on_arrival_is_answered_at_once_even_with_a_worker_free() {
+        // The server's check, which the simulator used to lack: 1 ms left, under
+        // min_time_left, is refused whether or not a worker is free.
+        let mut s = one_worker(None);
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        s.arrive(t0, job(0), AttemptClass::First, Some(t0 + MS), &mut out);
+        assert_eq!(out, [ServerAction::Expired(job(0))]);
+        assert_eq!((s.running(), s.depth()), (0, 0));
+    }
+
+    #[test]
+    fn expired_work_behind_live_work_is_not_counted_as_depth() {
+        // Retries shed from 2 queued. A (no deadline) and B (10 ms) queue behind the
+        // running call; 20 ms later B has expired behind A, so a retry sees depth 1.
+        let mut s = one_worker(Some(2));
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        s.arrive(t0, job(0), AttemptClass::First, None, &mut out);
+        s.arrive(t0, job(1), AttemptClass::First, None, &mut out);
+        s.arrive(
+            t0,
+            job(2),
+            AttemptClass::First,
+            Some(t0 + 10 * MS),
+            &mut out,
+        );
+        assert_eq!(s.depth(), 2);
+        out.clear();
+        let later = t0 + 20 * MS;
+        s.arrive(
+            later,
+            job(3),
+            AttemptClass::Retry,
+            Some(later + 500 * MS),
+            &mut out,
+        );
+        assert!(
+            matches!(
+                out.as_slice(),
+                [ServerAction::Expired(b), ServerAction::Queued(r, _)] if *b == job(2) && *r == job(3)
+            ),
+            "{out:?}"
+        );
+        // Its timer, firing late, finds nothing to do.
+        out.clear();
+        s.timer(later, job(2), &mut out);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn a_cancelled_running_job_frees_its_worker_and_its_end_is_ignored() {
+        let mut s = one_worker(None);
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        s.arrive(t0, job(0), AttemptClass::First, None, &mut out);
+        s.arrive(t0, job(1), AttemptClass::First, None, &mut out);
+        s.arrive(t0, job(2), AttemptClass::First, None, &mut out);
+        out.clear();
+        // Job 1 leaves the queue; job 0's caller leaves mid-run: the worker goes to 2.
+        s.cancel(t0 + MS, job(1), &mut out);
+        assert!(out.is_empty());
+        s.cancel(t0 + 2 * MS, job(0), &mut out);
+        assert_eq!(out, [ServerAction::Start(job(2))]);
+        out.clear();
+        assert!(!s.done(t0 + 10 * MS, job(0), &mut out));
+        assert!(s.done(t0 + 10 * MS, job(2), &mut out));
+        assert!(out.is_empty());
+        assert_eq!((s.running(), s.depth()), (0, 0));
+    }
+
+    #[test]
+    fn a_plain_server_queues_refuses_and_ignores_cancels() {
+        let mut s = SimServer::plain(1, 1);
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        s.arrive(t0, job(0), AttemptClass::Retry, None, &mut out);
+        s.arrive(t0, job(1), AttemptClass::Retry, Some(t0), &mut out);
+        s.arrive(t0, job(2), AttemptClass::First, None, &mut out);
+        s.cancel(t0, job(1), &mut out);
+        assert_eq!(
+            out,
+            [ServerAction::Start(job(0)), ServerAction::Refused(job(2))]
+        );
+        out.clear();
+        assert!(s.done(t0 + MS, job(0), &mut out));
+        assert_eq!(out, [ServerAction::Start(job(1))]);
+    }
+}
