@@ -31,12 +31,14 @@
 //!
 //! `--log-calls` also prints one JSON line per answered call, written when its response
 //! headers leave the ShedLayer, for tools that check a peer's retry behaviour from outside:
-//! `{"call":"ID","attempt":N,"arrived_us":T,"answered_us":T,"status":"14","pushback":"120"}`,
+//! `{"call":"ID","attempt":N,"arrived_us":T,"answered_us":T,"status":"14","pushback":"120",
+//! "cancelled":false}`,
 //! where `call` is the request's `x-call-id` metadata (a client sets it once per logical
 //! call, so every attempt carries it), `attempt` its `grpc-previous-rpc-attempts` (absent on
 //! a first attempt), times are microseconds since the server started, and `status` and
 //! `pushback` are the `grpc-status` and `grpc-retry-pushback-ms` response headers (absent on
-//! answers whose status comes in the trailers, as every served call's does).
+//! answers whose status comes in the trailers, as every served call's does). A call whose
+//! caller left before the answer is logged when it is dropped, with `"cancelled":true`.
 
 use std::error::Error;
 use std::net::SocketAddr;
@@ -326,6 +328,7 @@ struct CallLine {
     answered_us: u128,
     status: Option<String>,
     pushback: Option<String>,
+    cancelled: bool,
 }
 
 fn header(headers: &http::HeaderMap, name: &str) -> Option<String> {
@@ -361,24 +364,44 @@ where
         let arrived_us = started.elapsed().as_micros();
         let answer = self.inner.call(request);
         Box::pin(async move {
-            let answer = answer.await;
-            if let Ok(response) = &answer {
-                let line = CallLine {
+            // A call whose caller leaves first is logged too, as `"cancelled":true`.
+            let mut pending = Pending(
+                started,
+                Some(CallLine {
                     call,
                     attempt,
                     arrived_us,
-                    answered_us: started.elapsed().as_micros(),
-                    status: header(response.headers(), "grpc-status"),
-                    pushback: header(
-                        response.headers(),
-                        stormguard::core::pushback::PUSHBACK_HEADER,
-                    ),
-                };
-                if let Ok(json) = serde_json::to_string(&line) {
-                    println!("{json}");
-                }
+                    answered_us: 0,
+                    status: None,
+                    pushback: None,
+                    cancelled: true,
+                }),
+            );
+            let answer = answer.await;
+            if let (Ok(response), Some(line)) = (&answer, pending.1.as_mut()) {
+                line.cancelled = false;
+                line.status = header(response.headers(), "grpc-status");
+                line.pushback = header(
+                    response.headers(),
+                    stormguard::core::pushback::PUSHBACK_HEADER,
+                );
             }
+            drop(pending);
             answer
         })
+    }
+}
+
+/// Prints its line when dropped: at the answer, or when the call is dropped unanswered.
+struct Pending(std::time::Instant, Option<CallLine>);
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(mut line) = self.1.take() {
+            line.answered_us = self.0.elapsed().as_micros();
+            if let Ok(json) = serde_json::to_string(&line) {
+                println!("{json}");
+            }
+        }
     }
 }

