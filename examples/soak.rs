@@ -47,6 +47,8 @@ const USAGE: &str = "usage: soak [--seconds N] [--overload X] [--clients N] [--d
                      [--server PATH]";
 const WINDOW: Duration = Duration::from_secs(5);
 const WARM_UP: Duration = Duration::from_secs(10);
+/// The most arrivals one client sends at once after falling behind.
+const MAX_BURST: u64 = 16;
 /// Bound on every wait for the server (start-up, a stats line, draining, exit).
 const BOUND: Duration = Duration::from_secs(30);
 
@@ -211,6 +213,7 @@ fn rss_kib(status_file: &str) -> Option<u64> {
 #[derive(Default)]
 struct Counts {
     started: AtomicU64,
+    skipped: AtomicU64,
     ended: AtomicU64,
     ok: AtomicU64,
     failed: AtomicU64,
@@ -335,34 +338,43 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
 
     // The soak: open-loop arrivals at `rate`, spread over the clients.
     let soak_start = counts.ok.load(Ordering::Relaxed);
-    let period = Duration::from_secs_f64(args.clients as f64 / rate);
-    let end = Instant::now() + Duration::from_secs(args.seconds);
+    let per_client = rate / args.clients as f64;
+    let begin = Instant::now();
+    let end = begin + Duration::from_secs(args.seconds);
     let mut generators = tokio::task::JoinSet::new();
     for (k, c) in clients.iter().enumerate() {
         let (c, counts, deadline) = (c.clone(), counts.clone(), args.deadline);
         generators.spawn(async move {
             let mut calls = tokio::task::JoinSet::new();
-            let mut tick = tokio::time::interval(period);
-            // A generator that fell behind (the machine stalled it) skips the arrivals it
-            // missed rather than sending them all at once.
+            // Every millisecond, send the arrivals that are due by now at `per_client`/s: the
+            // rate holds whatever the timer's granularity. A generator that fell far behind
+            // (the machine stalled it) sends at most MAX_BURST at once and skips the rest.
+            let mut tick = tokio::time::interval(Duration::from_millis(1));
             tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
-            let mut i = (k as u64) << 40;
+            let (mut due_done, mut i) = (0u64, (k as u64) << 40);
             while Instant::now() < end {
                 tick.tick().await;
-                let (mut c, counts) = (c.clone(), counts.clone());
-                counts.started.fetch_add(1, Ordering::Relaxed);
-                let r = request(i);
-                i += 1;
-                calls.spawn(async move {
-                    let mut r = tonic::Request::new(r);
-                    r.set_timeout(deadline);
-                    let counter = match c.reserve(r).await {
-                        Ok(_) => &counts.ok,
-                        Err(_) => &counts.failed,
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
-                    counts.ended.fetch_add(1, Ordering::Relaxed);
-                });
+                let due = (begin.elapsed().as_secs_f64() * per_client) as u64;
+                let behind = due.saturating_sub(due_done);
+                let now = behind.min(MAX_BURST);
+                counts.skipped.fetch_add(behind - now, Ordering::Relaxed);
+                due_done = due;
+                for _ in 0..now {
+                    let (mut c, counts) = (c.clone(), counts.clone());
+                    counts.started.fetch_add(1, Ordering::Relaxed);
+                    let r = request(i);
+                    i += 1;
+                    calls.spawn(async move {
+                        let mut r = tonic::Request::new(r);
+                        r.set_timeout(deadline);
+                        let counter = match c.reserve(r).await {
+                            Ok(_) => &counts.ok,
+                            Err(_) => &counts.failed,
+                        };
+                        counter.fetch_add(1, Ordering::Relaxed);
+                        counts.ended.fetch_add(1, Ordering::Relaxed);
+                    });
+                }
                 // Reap finished calls so the set does not grow for the whole run.
                 while calls.try_join_next().is_some() {}
             }
@@ -450,10 +462,13 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
         *totals.entry("deadline_exceeded").or_insert(0) += s.deadline_exceeded;
     }
     println!(
-        "server RSS peak {peak} KiB, client RSS peak {client_peak} KiB; calls started {}, ended {}, \
-         ok {}, failed {}; connections {} for {} clients; RetryLayer totals {totals:?}; \
-         server at rest {}",
+        "server RSS peak {peak} KiB, client RSS peak {client_peak} KiB; calls started {} \
+         ({:.0}/s; {} arrivals skipped while a generator was stalled), ended {}, ok {}, \
+         failed {}; connections {} for {} clients; RetryLayer totals {totals:?}; server at \
+         rest {}",
         counts.started.load(Ordering::Relaxed),
+        counts.started.load(Ordering::Relaxed) as f64 / args.seconds as f64,
+        counts.skipped.load(Ordering::Relaxed),
         counts.ended.load(Ordering::Relaxed),
         counts.ok.load(Ordering::Relaxed),
         counts.failed.load(Ordering::Relaxed),
@@ -542,6 +557,14 @@ fn evaluate(
     );
     if started != ended {
         failures.push(format!("{started} calls started, {ended} ended"));
+    }
+    let offered = started as f64 / args.seconds as f64;
+    let target = capacity * args.overload;
+    if offered < target / 2.0 {
+        failures.push(format!(
+            "offered {offered:.0} calls/s, not even half the {target:.0}/s intended: the \
+             machine could not generate the load"
+        ));
     }
     let connections = counts.connections.load(Ordering::Relaxed);
     if connections != args.clients as u64 {
