@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use stormguard_client::RetryLayer;
 use stormguard_core::config::ClientConfig;
+use stormguard_core::policy::RetryPolicy;
 use stormguard_demo::{InventoryClient, ReserveRequest};
 use tokio::time::Instant;
 use tonic::transport::Endpoint;
@@ -42,7 +43,8 @@ const USAGE: &str = "usage: client [--target URL] [--requests N] [--concurrency 
 /// Which retry configuration to use.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PolicyArg {
-    /// `ClientConfig::standard()`.
+    /// `ClientConfig::standard()`, with the demo's `Reserve` marked idempotent (each call
+    /// carries a request id), so that its failures are retried.
     Default,
     /// `ClientConfig::no_retries()`.
     None,
@@ -152,7 +154,18 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Args, ArgEr
 /// Runs the load and returns the JSON report.
 pub async fn run(args: &Args) -> Result<serde_json::Value, Box<dyn Error + Send + Sync>> {
     let config = match &args.policy {
-        PolicyArg::Default => ClientConfig::standard(),
+        PolicyArg::Default => {
+            let mut config = ClientConfig::standard();
+            config.methods.insert_method(
+                "stormguard.demo.v1.Inventory",
+                "Reserve",
+                Some(RetryPolicy {
+                    idempotent: true,
+                    ..RetryPolicy::default()
+                }),
+            );
+            config
+        }
         PolicyArg::None => ClientConfig::no_retries(),
         PolicyArg::ServiceConfig(path) => {
             let json = std::fs::read_to_string(path)

@@ -39,6 +39,7 @@ fn retry_layer() -> RetryLayer {
             cap: Duration::from_millis(4),
             multiplier: 2.0,
         },
+        idempotent: true,
         ..RetryPolicy::default()
     };
     let budget: std::sync::Arc<dyn Budget> = std::sync::Arc::new(

@@ -121,7 +121,7 @@ async fn the_delay_is_the_servers_pushback_exactly() {
         ],
         Step::Ok,
     );
-    let mut client = setup(&svc, RetryLayer::new(controller(RetryPolicy::default()))).await;
+    let mut client = setup(&svc, RetryLayer::new(controller(idempotent_policy()))).await;
 
     client
         .reserve(reserve("a"))
@@ -136,7 +136,7 @@ async fn the_delay_is_the_servers_pushback_exactly() {
 #[tokio::test(start_paused = true)]
 async fn a_zero_pushback_retries_at_once() {
     let svc = Scripted::new([Step::pushback(Code::Unavailable, "0")], Step::Ok);
-    let mut client = setup(&svc, RetryLayer::new(controller(RetryPolicy::default()))).await;
+    let mut client = setup(&svc, RetryLayer::new(controller(idempotent_policy()))).await;
 
     let reply = client
         .reserve(reserve("a"))
@@ -186,7 +186,7 @@ async fn a_garbage_or_repeated_pushback_is_not_retried() {
 #[tokio::test]
 async fn a_retry_carries_what_is_left_of_the_deadline() {
     let svc = Scripted::new([Step::pushback(Code::Unavailable, "300")], Step::Ok);
-    let mut client = setup(&svc, RetryLayer::new(controller(RetryPolicy::default()))).await;
+    let mut client = setup(&svc, RetryLayer::new(controller(idempotent_policy()))).await;
 
     let mut request = Request::new(reserve("a"));
     request.set_timeout(Duration::from_secs(5));

@@ -262,7 +262,16 @@ pub fn controller(policy: RetryPolicy) -> RetryController {
     RetryController::new(MethodTable::uniform(policy), budget(100, 0.1), None, 42)
 }
 
-/// The default policy with a tiny backoff, so tests on real time stay quick.
+/// The default policy for an idempotent method (`Reserve` carries a request id).
+pub fn idempotent_policy() -> RetryPolicy {
+    RetryPolicy {
+        idempotent: true,
+        ..RetryPolicy::default()
+    }
+}
+
+/// The default policy for an idempotent method, with a tiny backoff, so tests on real
+/// time stay quick.
 pub fn quick_policy() -> RetryPolicy {
     RetryPolicy {
         backoff: stormguard_core::backoff::BackoffConfig::FullJitter {
@@ -270,7 +279,7 @@ pub fn quick_policy() -> RetryPolicy {
             cap: Duration::from_millis(5),
             multiplier: 2.0,
         },
-        ..RetryPolicy::default()
+        ..idempotent_policy()
     }
 }
 

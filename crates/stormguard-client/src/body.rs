@@ -7,14 +7,17 @@
 //! outgrows the limit the buffer is dropped at once (memory stays bounded by the limit per
 //! call) and the call is no longer replayable: it is sent once and not retried.
 //!
-//! The buffering is lazy, so a streaming request body is never held back: data goes to the
-//! wire as soon as the caller produces it.
+//! A body that is ready at once (a unary request: tonic encodes the message as soon as the
+//! body is polled) is read whole before the first attempt, without a shared buffer: every
+//! attempt sends the same [`Bytes`] (see [`buffer`]). Any other body is buffered lazily, so
+//! a streaming request body is never held back: data goes to the wire as soon as the caller
+//! produces it.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use tonic::Status;
@@ -22,6 +25,121 @@ use tonic::body::Body;
 
 /// The default bound on the bytes buffered per call for replay: 64 KiB.
 pub const DEFAULT_REPLAY_LIMIT: usize = 64 * 1024;
+
+/// A request body made ready for a retry by [`buffer`].
+#[derive(Debug)]
+pub(crate) enum Buffered {
+    /// The whole body, read before the first attempt; every attempt sends these bytes.
+    Whole(Bytes),
+    /// A body that was not ready at once, buffered as the first attempt sends it.
+    Stream(Replay, ReplayBody),
+    /// A body that announced a length over the limit: sent once, never copied.
+    Once(Body),
+}
+
+/// Makes `body` replayable within `limit` bytes.
+///
+/// The body is first polled without waiting (a no-op waker): a unary request's body is
+/// ready at once, and is then read whole into one [`Bytes`] (no copy for a single frame)
+/// with no lock or shared buffer on the way. Whatever is not ready at once, or not plain
+/// data, or over the limit, goes on through a [`Replay`], with the frames already read put
+/// back in front.
+pub(crate) fn buffer(mut body: Body, limit: usize) -> Buffered {
+    if body.size_hint().lower() > limit as u64 {
+        return Buffered::Once(body);
+    }
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut read = Read::default();
+    loop {
+        if body.is_end_stream() {
+            return Buffered::Whole(read.into_bytes());
+        }
+        let unread = match Pin::new(&mut body).poll_frame(&mut cx) {
+            Poll::Ready(None) => return Buffered::Whole(read.into_bytes()),
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) if read.len + data.len() <= limit => {
+                    read.push(data);
+                    continue;
+                }
+                Ok(data) => Some(Ok(Frame::data(data))),
+                Err(frame) => Some(Ok(frame)),
+            },
+            Poll::Ready(Some(Err(status))) => Some(Err(status)),
+            Poll::Pending => None,
+        };
+        let rest = Body::new(Unread {
+            read: Some(read.into_bytes()).filter(|b| !b.is_empty()),
+            unread,
+            rest: body,
+        });
+        return match Replay::new(rest, limit) {
+            Ok((replay, first)) => Buffered::Stream(replay, first),
+            Err(body) => Buffered::Once(body),
+        };
+    }
+}
+
+/// Data read by [`buffer`] so far.
+#[derive(Default)]
+struct Read {
+    first: Option<Bytes>,
+    more: Option<BytesMut>,
+    len: usize,
+}
+
+impl Read {
+    fn push(&mut self, data: Bytes) {
+        self.len += data.len();
+        match (&mut self.first, &mut self.more) {
+            (None, _) => self.first = Some(data),
+            (Some(first), None) => {
+                let mut all = BytesMut::with_capacity(first.len() + data.len());
+                all.extend_from_slice(first);
+                all.extend_from_slice(&data);
+                self.more = Some(all);
+            }
+            (Some(_), Some(all)) => all.extend_from_slice(&data),
+        }
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match (self.first, self.more) {
+            (_, Some(all)) => all.freeze(),
+            (Some(first), None) => first,
+            (None, None) => Bytes::new(),
+        }
+    }
+}
+
+/// A body whose first frames were already read: yields them again, then the rest.
+struct Unread {
+    read: Option<Bytes>,
+    unread: Option<Result<Frame<Bytes>, Status>>,
+    rest: Body,
+}
+
+impl HttpBody for Unread {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = self.get_mut();
+        if let Some(data) = this.read.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if let Some(frame) = this.unread.take() {
+            return Poll::Ready(Some(frame));
+        }
+        Pin::new(&mut this.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.read.is_none() && self.unread.is_none() && self.rest.is_end_stream()
+    }
+}
 
 /// The shared buffer of one logical call; each attempt gets a [`ReplayBody`] over it.
 #[derive(Debug, Clone)]
@@ -43,6 +161,9 @@ struct State {
     len: usize,
     /// The body outgrew the limit (or failed): the buffer is gone, no replay.
     broken: bool,
+    /// The call committed: no attempt will follow, so what the live attempt reads from
+    /// here on is passed through, not buffered.
+    committed: bool,
     /// The rest of the original body, when no attempt holds it.
     rest: Option<Body>,
     /// The original body has ended.
@@ -103,6 +224,13 @@ impl Replay {
             passthrough: false,
             trailers_sent: false,
         }
+    }
+
+    /// The call committed: no retry can follow, so the buffer stops filling. The attempt
+    /// reading the original body passes the rest of it straight through (and frees what
+    /// was buffered once it gets there).
+    pub(crate) fn commit(&self) {
+        lock(&self.shared.state).committed = true;
     }
 
     /// Whether a new attempt can resend the body: it has stayed within the limit.
@@ -198,6 +326,14 @@ impl HttpBody for ReplayBody {
             return Poll::Ready(frame);
         }
         let mut state = lock(&this.shared.state);
+        if state.committed {
+            // No attempt will follow: the buffer has no reader left.
+            state.broken = true;
+            state.chunks = Vec::new();
+            state.len = 0;
+            this.passthrough = true;
+            return Poll::Ready(frame);
+        }
         match frame {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
@@ -347,6 +483,119 @@ mod tests {
         assert_eq!(replay.buffered(), 0);
         let err = replay.body().collect().await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::Internal);
+    }
+
+    /// Yields its frames, returning `Pending` once before each (waking itself).
+    struct Slow {
+        frames: VecDeque<Result<Frame<Bytes>, Status>>,
+        ready: bool,
+    }
+
+    impl HttpBody for Slow {
+        type Data = Bytes;
+        type Error = Status;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+            let this = self.get_mut();
+            if !std::mem::replace(&mut this.ready, false) {
+                this.ready = true;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Poll::Ready(this.frames.pop_front())
+        }
+    }
+
+    /// Yields its frames, every one ready at once.
+    struct Listed(VecDeque<Result<Frame<Bytes>, Status>>);
+
+    impl HttpBody for Listed {
+        type Data = Bytes;
+        type Error = Status;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+            Poll::Ready(self.get_mut().0.pop_front())
+        }
+    }
+
+    async fn collect_body(body: Body) -> Result<Bytes, Status> {
+        Ok(body.collect().await?.to_bytes())
+    }
+
+    #[tokio::test]
+    async fn a_body_ready_at_once_is_read_whole_before_the_first_attempt() {
+        match buffer(chunked(&[b"ab"]), 16) {
+            Buffered::Whole(data) => assert_eq!(data, Bytes::from_static(b"ab")),
+            other => panic!("{other:?}"),
+        }
+        match buffer(chunked(&[b"ab", b"cd", b"ef"]), 16) {
+            Buffered::Whole(data) => assert_eq!(data, Bytes::from_static(b"abcdef")),
+            other => panic!("{other:?}"),
+        }
+        match buffer(Body::empty(), 16) {
+            Buffered::Whole(data) => assert!(data.is_empty()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_not_ready_at_once_is_buffered_as_it_goes_with_nothing_lost() {
+        let slow = Slow {
+            frames: [b"ab", b"cd"]
+                .into_iter()
+                .map(|c| Ok(Frame::data(Bytes::from_static(c))))
+                .collect(),
+            ready: true,
+        };
+        // The first frame is ready, the second is not.
+        let Buffered::Stream(replay, first) = buffer(Body::new(slow), 16) else {
+            panic!("not ready at once")
+        };
+        assert_eq!(collect(first).await, Bytes::from_static(b"abcd"));
+        assert_eq!(collect(replay.body()).await, Bytes::from_static(b"abcd"));
+    }
+
+    #[tokio::test]
+    async fn a_body_that_outgrows_the_limit_while_read_is_sent_once_whole() {
+        let Buffered::Stream(replay, first) = buffer(chunked(&[b"abcd", b"efgh", b"ij"]), 6) else {
+            panic!("over the limit")
+        };
+        assert_eq!(collect(first).await, Bytes::from_static(b"abcdefghij"));
+        assert!(!replay.is_replayable());
+    }
+
+    #[tokio::test]
+    async fn an_error_read_before_the_first_attempt_reaches_it() {
+        let failing = Listed(
+            [
+                Ok(Frame::data(Bytes::from_static(b"ab"))),
+                Err(Status::internal("encoding failed")),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        let Buffered::Stream(_, first) = buffer(Body::new(failing), 16) else {
+            panic!("an error is not a whole body")
+        };
+        let err = collect_body(Body::new(first)).await.unwrap_err();
+        assert_eq!(err.message(), "encoding failed");
+    }
+
+    #[tokio::test]
+    async fn once_the_call_commits_the_buffer_stops_filling() {
+        let (replay, mut first) = Replay::new(chunked(&[b"ab", b"cd", b"ef"]), 64).unwrap();
+        let frame = first.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), Bytes::from_static(b"ab"));
+        assert_eq!(replay.buffered(), 2);
+        replay.commit();
+        // The rest still reaches the wire, unbuffered; the buffer is freed.
+        assert_eq!(collect(first).await, Bytes::from_static(b"cdef"));
+        assert_eq!(replay.buffered(), 0);
+        assert!(!replay.is_replayable());
     }
 
     #[tokio::test]

@@ -31,12 +31,18 @@
 //!     .connect()
 //!     .await?;
 //! let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default())?);
-//! let policy = RetryPolicy {
+//! // Every method: retry only requests that never reached the server (a failed connection).
+//! let mut methods = MethodTable::uniform(RetryPolicy::default());
+//! // Reserve carries a request id, so repeating it is harmless: retry its UNAVAILABLE
+//! // answers too.
+//! let reserve = RetryPolicy {
+//!     idempotent: true,
 //!     // Abandon (and retry) an attempt after 50 ms; see "Timeouts" below.
 //!     per_attempt_timeout: Some(Duration::from_millis(50)),
 //!     ..RetryPolicy::default()
 //! };
-//! let controller = RetryController::new(MethodTable::uniform(policy), budget, None, 7);
+//! methods.insert_method("stormguard.demo.v1.Inventory", "Reserve", Some(reserve));
+//! let controller = RetryController::new(methods, budget, None, 7);
 //! // Calls that set no deadline of their own get 150 ms for all their attempts.
 //! let layer = RetryLayer::new(controller).with_default_timeout(Duration::from_millis(150));
 //! let stats = layer.stats();

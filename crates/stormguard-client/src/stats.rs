@@ -15,7 +15,7 @@
 //! was dropped before it resolved (they count in `logical` only).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use stormguard_core::retry::Refusal;
 
@@ -23,10 +23,30 @@ use stormguard_core::retry::Refusal;
 /// counts into the same ones.
 #[derive(Clone, Debug, Default)]
 pub struct RetryStats {
-    inner: Arc<Counters>,
+    inner: Arc<Shards>,
+}
+
+/// Every call counts several events; with one set of counters, callers on every core would
+/// write the same cache line several times per call. Each thread counts into a shard of its
+/// own (by a per-thread index), on cache lines of its own; a snapshot sums the shards.
+const SHARDS: usize = 16;
+
+#[derive(Debug, Default)]
+struct Shards {
+    shards: [Counters; SHARDS],
+}
+
+/// The shard index of the current thread: threads are numbered as they first count.
+fn shard_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    }
+    INDEX.with(|i| *i)
 }
 
 #[derive(Debug, Default)]
+#[repr(align(128))]
 struct Counters {
     logical: AtomicU64,
     attempts: AtomicU64,
@@ -51,74 +71,92 @@ impl RetryStats {
         RetryStats::default()
     }
 
+    /// The calling thread's counters.
+    fn shard(&self) -> &Counters {
+        &self.inner.shards[shard_index()]
+    }
+
     pub(crate) fn logical(&self) {
-        self.inner.logical.fetch_add(1, Ordering::Relaxed);
+        self.shard().logical.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn attempt(&self, retry: bool) {
-        self.inner.attempts.fetch_add(1, Ordering::Relaxed);
+        self.shard().attempts.fetch_add(1, Ordering::Relaxed);
         if retry {
-            self.inner.retries.fetch_add(1, Ordering::Relaxed);
+            self.shard().retries.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     pub(crate) fn outcome(&self, ok: bool) {
-        let c = if ok {
-            &self.inner.ok
-        } else {
-            &self.inner.failed
-        };
+        let shard = self.shard();
+        let c = if ok { &shard.ok } else { &shard.failed };
         c.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn committed(&self) {
-        self.inner.committed.fetch_add(1, Ordering::Relaxed);
+        self.shard().committed.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A committed call's body ended; `ok` when its final status was `OK`.
     pub(crate) fn committed_ended(&self, ok: bool) {
         self.outcome(ok);
         if !ok {
-            self.inner.committed_failed.fetch_add(1, Ordering::Relaxed);
+            self.shard()
+                .committed_failed
+                .fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// A committed call's body was dropped before its end.
     pub(crate) fn committed_abandoned(&self) {
-        self.inner
+        self.shard()
             .committed_abandoned
             .fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn deadline_exceeded(&self) {
-        self.inner.deadline_exceeded.fetch_add(1, Ordering::Relaxed);
+        self.shard()
+            .deadline_exceeded
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn attempt_timed_out(&self) {
-        self.inner.attempt_timeouts.fetch_add(1, Ordering::Relaxed);
+        self.shard()
+            .attempt_timeouts
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn refused(&self, r: Refusal) {
-        self.inner.refused[index(r)].fetch_add(1, Ordering::Relaxed);
+        self.shard().refused[index(r)].fetch_add(1, Ordering::Relaxed);
     }
 
     /// The counters now. Each counter is read atomically, the set is not (a call that ends
     /// while this runs may be half counted).
     pub fn snapshot(&self) -> StatsSnapshot {
-        let c = &self.inner;
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let r = |x: Refusal| load(&c.refused[index(x)]);
+        let shards = &self.inner.shards;
+        let load = |f: fn(&Counters) -> &AtomicU64| {
+            shards
+                .iter()
+                .map(|c| f(c).load(Ordering::Relaxed))
+                .sum::<u64>()
+        };
+        let r = |x: Refusal| {
+            shards
+                .iter()
+                .map(|c| c.refused[index(x)].load(Ordering::Relaxed))
+                .sum::<u64>()
+        };
         StatsSnapshot {
-            logical: load(&c.logical),
-            attempts: load(&c.attempts),
-            retries: load(&c.retries),
-            ok: load(&c.ok),
-            failed: load(&c.failed),
-            committed: load(&c.committed),
-            committed_failed: load(&c.committed_failed),
-            committed_abandoned: load(&c.committed_abandoned),
-            deadline_exceeded: load(&c.deadline_exceeded),
-            attempt_timeouts: load(&c.attempt_timeouts),
+            logical: load(|c| &c.logical),
+            attempts: load(|c| &c.attempts),
+            retries: load(|c| &c.retries),
+            ok: load(|c| &c.ok),
+            failed: load(|c| &c.failed),
+            committed: load(|c| &c.committed),
+            committed_failed: load(|c| &c.committed_failed),
+            committed_abandoned: load(|c| &c.committed_abandoned),
+            deadline_exceeded: load(|c| &c.deadline_exceeded),
+            attempt_timeouts: load(|c| &c.attempt_timeouts),
             refused: RefusedCounts {
                 not_retryable: r(Refusal::NotRetryable),
                 not_idempotent: r(Refusal::NotIdempotent),
@@ -228,6 +266,29 @@ impl RefusedCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_from_many_threads_all_add_up() {
+        let stats = RetryStats::new();
+        let threads: Vec<_> = (0..2 * SHARDS + 3)
+            .map(|_| {
+                let stats = stats.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..100 {
+                        stats.logical();
+                        stats.attempt(false);
+                        stats.refused(Refusal::Budget);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("counting thread");
+        }
+        let s = stats.snapshot();
+        let n = (2 * SHARDS as u64 + 3) * 100;
+        assert_eq!((s.logical, s.attempts, s.refused.budget), (n, n, n));
+    }
 
     #[test]
     fn clones_share_counters_and_refusals_land_in_their_own_slot() {

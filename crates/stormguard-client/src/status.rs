@@ -20,8 +20,9 @@ use tonic::Status;
 /// The boxed error type of the retry service.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// The `grpc-status` response header (or trailer).
-pub(crate) const GRPC_STATUS: &str = "grpc-status";
+/// The `grpc-status` response header (or trailer), as a name built once: a lookup by
+/// `&str` parses and checks the name again on every call.
+pub(crate) const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
 
 pub use stormguard_core::retry::PREVIOUS_ATTEMPTS_HEADER;
 
@@ -29,7 +30,7 @@ pub use stormguard_core::retry::PREVIOUS_ATTEMPTS_HEADER;
 /// call is committed). A status that is not a valid code reads as `UNKNOWN`, as the gRPC
 /// spec asks. Reads the `grpc-status` of trailers the same way.
 pub(crate) fn trailers_only_code(headers: &HeaderMap) -> Option<Code> {
-    let value = headers.get(GRPC_STATUS)?;
+    let value = headers.get(&GRPC_STATUS)?;
     let code = std::str::from_utf8(value.as_bytes())
         .ok()
         .and_then(|s| s.trim().parse::<i32>().ok())

@@ -143,7 +143,7 @@ impl Backoff {
                 multiplier,
             } => {
                 let window = scaled(base, multiplier, n, cap);
-                window.mul_f64(self.rng.f64())
+                mul_saturating(window, self.rng.f64())
             }
             BackoffConfig::A6 {
                 initial,
@@ -151,7 +151,7 @@ impl Backoff {
                 multiplier,
             } => {
                 let step = scaled(initial, multiplier, n, max);
-                step.mul_f64(0.8 + 0.4 * self.rng.f64())
+                mul_saturating(step, 0.8 + 0.4 * self.rng.f64())
             }
         }
     }
@@ -168,7 +168,7 @@ impl Backoff {
                 initial,
                 max,
                 multiplier,
-            } => scaled(initial, multiplier, self.retries, max).mul_f64(1.2),
+            } => mul_saturating(scaled(initial, multiplier, self.retries, max), 1.2),
         }
     }
 
@@ -185,8 +185,14 @@ fn scaled(first: Duration, multiplier: f64, n: u32, cap: Duration) -> Duration {
     if !secs.is_finite() || secs >= cap.as_secs_f64() {
         cap
     } else {
-        Duration::from_secs_f64(secs)
+        Duration::try_from_secs_f64(secs).map_or(cap, |d| d.min(cap))
     }
+}
+
+/// `d · factor` (factor ≥ 0), saturating at `Duration::MAX` where `Duration::mul_f64`
+/// would panic (a validated config may say `max = Duration::MAX`).
+fn mul_saturating(d: Duration, factor: f64) -> Duration {
+    Duration::try_from_secs_f64(d.as_secs_f64() * factor).unwrap_or(Duration::MAX)
 }
 
 #[cfg(test)]
@@ -214,6 +220,42 @@ mod tests {
         }
         for count in buckets {
             assert!((800..1200).contains(&count), "uneven spread {buckets:?}");
+        }
+    }
+
+    #[test]
+    fn absurd_configs_that_validate_saturate_instead_of_panicking() {
+        let configs = [
+            BackoffConfig::A6 {
+                initial: ms(100),
+                max: Duration::MAX,
+                multiplier: 2.0,
+            },
+            BackoffConfig::A6 {
+                initial: Duration::MAX,
+                max: Duration::MAX,
+                multiplier: 1.0,
+            },
+            BackoffConfig::A6 {
+                initial: ms(1),
+                max: Duration::from_secs(u64::MAX / 2),
+                multiplier: 1e300,
+            },
+            BackoffConfig::FullJitter {
+                base: Duration::MAX,
+                cap: Duration::MAX,
+                multiplier: f64::MAX,
+            },
+        ];
+        for config in configs {
+            assert!(config.validate("b").is_ok(), "{config:?}");
+            for seed in 0..50 {
+                let mut b = Backoff::new(config, seed);
+                for _ in 0..70 {
+                    let window = b.next_window();
+                    assert!(b.next_delay() <= window, "{config:?}");
+                }
+            }
         }
     }
 

@@ -383,6 +383,12 @@ enum Outcome {
 }
 
 impl BreakerPermit {
+    /// Whether this permit is one of the half-open state's probes (it holds a probe slot
+    /// until it is settled or dropped).
+    pub fn is_probe(&self) -> bool {
+        self.probe
+    }
+
     /// The attempt succeeded at `now`.
     pub fn success_at(mut self, now: Instant) {
         self.settle(Some((Outcome::Success, now)));

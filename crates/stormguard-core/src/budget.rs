@@ -107,8 +107,8 @@ pub trait Budget: Send + Sync + fmt::Debug {
     /// A logical call succeeded.
     fn deposit_at(&self, now: Instant);
 
-    /// An attempt failed with a retryable status, or a pushback said "do not retry"
-    /// (A6 counts these). Default: no-op.
+    /// An attempt failed with a status its method's policy retries (or ran out of its
+    /// per-attempt timeout); A6 counts these. Default: no-op.
     fn record_failure_at(&self, now: Instant) {
         let _ = now;
     }
@@ -119,6 +119,14 @@ pub trait Budget: Send + Sync + fmt::Debug {
 
     /// Retries currently affordable (observability), may be fractional; never negative.
     fn balance_at(&self, now: Instant) -> f64;
+
+    /// Gives back a retry that [`withdraw_at`](Budget::withdraw_at)`(granted_at)` granted
+    /// but that was never sent (the breaker opened or the deadline ran out during its
+    /// delay, the caller went away). Default: no-op, for budgets whose withdrawals consume
+    /// nothing.
+    fn refund_at(&self, granted_at: Instant) {
+        let _ = granted_at;
+    }
 
     /// [`Budget::deposit_at`] at [`Instant::now`].
     fn deposit(&self) {
@@ -291,8 +299,10 @@ pub struct RetryBudget {
 
 struct Shared {
     config: BudgetConfig,
-    /// Slot epochs count from the first instant the budget sees, so a virtual clock that
-    /// starts before or after construction works alike.
+    /// Slot epochs count from one window before the first instant the budget sees, so a
+    /// virtual clock that starts before or after construction works alike, and an instant
+    /// up to a window older than the first one seen (another thread read the clock a
+    /// little earlier) still lands in its own slot.
     origin: OnceLock<Instant>,
     /// `u64::MAX / slot_nanos`: the epoch is a multiply and a shift, not a division.
     /// Slot width is `ttl / SLOTS - 1` ns (+1 ns at most from the reciprocal), so
@@ -414,7 +424,10 @@ impl RetryBudget {
 impl Shared {
     /// The slot epoch of `now`. Slot words keep its low 32 bits.
     fn epoch(&self, now: Instant) -> u64 {
-        let origin = *self.origin.get_or_init(|| now);
+        let window = self.config.ttl;
+        let origin = *self
+            .origin
+            .get_or_init(|| now.checked_sub(window).unwrap_or(now));
         let since = now.saturating_duration_since(origin);
         let nanos = since
             .as_secs()
@@ -532,6 +545,25 @@ impl Budget for RetryBudget {
         let micros = shared.balance_micros(shared.epoch(now)).max(0);
         micros as f64 / MICROS_PER_RETRY as f64
     }
+
+    /// Undoes one withdrawal. It was counted in the head slot of its time, somewhere from
+    /// the slot of `granted_at` to today's head; the oldest of those slots that still holds
+    /// a withdrawal gives one back, so a refund never outlives the retry it returns.
+    fn refund_at(&self, granted_at: Instant) {
+        let shared = &*self.shared;
+        let head = shared.head.epoch.load(Ordering::SeqCst);
+        let from = shared.epoch(granted_at);
+        if from.saturating_add(SLOTS as u64 - 1) < head {
+            // Granted more than a window ago: it has expired, or was charged to a slot
+            // that cannot be told apart from others' withdrawals. Keep it spent.
+            return;
+        }
+        for epoch in from..=head {
+            if shared.withdrawals.remove(epoch as u32) {
+                return;
+            }
+        }
+    }
 }
 
 impl fmt::Debug for RetryBudget {
@@ -590,15 +622,15 @@ impl Ring {
         }
     }
 
-    /// Undoes one [`Ring::add`] in `epoch`; nothing if the slot has moved on (the event
-    /// has expired with it).
-    fn remove(&self, epoch: u32) {
+    /// Undoes one [`Ring::add`] in `epoch`; nothing (`false`) if the slot has moved on
+    /// (the event has expired with it) or holds nothing.
+    fn remove(&self, epoch: u32) -> bool {
         let slot = &self.slots[epoch as usize % SLOTS];
         let mut current = slot.load(Ordering::SeqCst);
         loop {
             let (e, n) = unpack(current);
             if e != epoch || n == 0 {
-                return;
+                return false;
             }
             match slot.compare_exchange_weak(
                 current,
@@ -606,7 +638,7 @@ impl Ring {
                 Ordering::SeqCst,
                 Ordering::SeqCst,
             ) {
-                Ok(_) => return,
+                Ok(_) => return true,
                 Err(actual) => current = actual,
             }
         }
@@ -1137,7 +1169,52 @@ mod tests {
         let b = budget(1, 1, 1.0);
         b.deposit_at(t0 + ms(100));
         b.deposit_at(t0);
-        assert_eq!(b.balance_at(t0), 3.0);
+        // Each deposit counts from its own instant: at t0 only the one made at t0 existed.
+        assert_eq!(b.balance_at(t0), 2.0);
+        assert_eq!(b.balance_at(t0 + ms(100)), 3.0);
+        // Far older than a window: nothing to count, and no panic.
+        b.deposit_at(t0.checked_sub(Duration::from_secs(5)).unwrap_or(t0));
+        assert_eq!(b.balance_at(t0 + ms(100)), 3.0);
+    }
+
+    #[test]
+    fn a_deposit_made_before_the_first_instant_seen_expires_a_window_after_its_own_instant() {
+        let t1 = Instant::now() + Duration::from_secs(20);
+        let t0 = t1 - Duration::from_secs(1);
+        let b = budget(10, 0, 1.0);
+        // The first use is at t1; another thread had read the clock at t0 and deposits now.
+        assert!(!b.withdraw_at(t1));
+        b.deposit_at(t0);
+        assert_eq!(b.balance_at(t1), 1.0);
+        // 10 s after t0 (less one slot) it still counts; 10 s after t0 it is gone, not
+        // 10 s after t1.
+        assert_eq!(b.balance_at(t0 + Duration::from_secs(9)), 1.0);
+        assert_eq!(b.balance_at(t0 + Duration::from_secs(10)), 0.0);
+        assert_eq!(b.balance_at(t1 + Duration::from_millis(9500)), 0.0);
+    }
+
+    #[test]
+    fn a_refund_returns_the_retry_once_and_never_outlives_it() {
+        let t0 = Instant::now();
+        let b = budget(1, 1, 1.0); // one retry in reserve
+        assert!(b.withdraw_at(t0));
+        assert!(!b.withdraw_at(t0));
+        b.refund_at(t0);
+        assert_eq!(b.balance_at(t0), 1.0);
+        // A second refund of the same grant finds nothing more to give back.
+        b.refund_at(t0);
+        assert_eq!(b.balance_at(t0), 1.0);
+        // A grant charged at a later head is found from the grant's own instant.
+        assert!(b.withdraw_at(t0 + ms(300)));
+        assert!(!b.withdraw_at(t0 + ms(300)));
+        b.refund_at(t0 + ms(300));
+        assert_eq!(b.balance_at(t0 + ms(300)), 1.0);
+        // A refund of a withdrawal that has expired gives nothing extra.
+        assert!(b.withdraw_at(t0 + ms(400)));
+        b.refund_at(t0.checked_sub(Duration::from_secs(5)).unwrap_or(t0));
+        assert_eq!(b.balance_at(t0 + ms(5000)), 1.0);
+        assert!(b.withdraw_at(t0 + ms(5000)));
+        assert!(!b.withdraw_at(t0 + ms(5000)));
     }
 
     #[test]

@@ -14,11 +14,14 @@
 //!     "max_attempts": 3,
 //!     "backoff": "full_jitter", "base": "50ms", "cap": "2s", "max_pushback": "30s",
 //!     "per_attempt_timeout": "50ms",
-//!     "retryable_codes": ["UNAVAILABLE"],
+//!     "retryable_codes": ["UNAVAILABLE"], "idempotent": true,
 //!     "budget": { "ttl": "10s", "min_retries_per_second": 5, "retry_ratio": 0.1,
 //!                 "fleet_size": 1 },
 //!     "budget_exhausted": "fail_fast" } }
 //! ```
+//!
+//! `idempotent` defaults to `false`, as in [`RetryPolicy`]: without it, only requests that
+//! never reached the server are retried.
 //!
 //! Every value is checked; an error names the field as a dotted path and says why, so a bad
 //! deploy fails loudly at start-up rather than quietly retrying everything.
@@ -123,7 +126,9 @@ pub struct ClientConfig {
 
 impl ClientConfig {
     /// stormguard's defaults for every method: retry `UNAVAILABLE`, 3 attempts, full jitter,
-    /// the default budget, no breaker.
+    /// the default budget, no breaker. No method is taken for idempotent, so only requests
+    /// that never reached the server are retried; mark the methods that are safe to repeat
+    /// with a policy of their own (see [`policy`](crate::policy)).
     pub fn standard() -> Self {
         ClientConfig {
             methods: MethodTable::uniform(RetryPolicy::default()),
@@ -423,6 +428,9 @@ fn a6_retry_policy(v: &Value, field: &str) -> Result<RetryPolicy, ConfigError> {
         max_attempts,
         retryable_codes,
         per_attempt_timeout,
+        // gRPC retries every method its service config gives a retry policy: naming the
+        // method there is the user's statement that repeating it is harmless.
+        idempotent: true,
         backoff: BackoffConfig::A6 {
             initial,
             max,
@@ -788,6 +796,23 @@ mod tests {
             ClientConfig::from_service_config_json("{"),
             Err(ConfigError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn only_methods_marked_idempotent_have_their_answers_retried() {
+        // stormguard's shape applies to every method: not idempotent unless it says so.
+        let c = ClientConfig::from_json("{}").unwrap();
+        assert!(!c.methods.lookup("/a.B/C").unwrap().idempotent);
+        assert_eq!(c, ClientConfig::standard());
+        let c = ClientConfig::from_json(r#"{"retry": {"idempotent": true}}"#).unwrap();
+        assert!(c.methods.lookup("/a.B/C").unwrap().idempotent);
+        // The gRPC service config names the methods it retries: gRPC retries them.
+        let json = r#"{"methodConfig": [{"name": [{"service": "a.B"}], "retryPolicy": {"maxAttempts": 3,
+            "initialBackoff": "0.01s", "maxBackoff": "1s", "backoffMultiplier": 2,
+            "retryableStatusCodes": ["UNAVAILABLE"]}}]}"#;
+        let c = ClientConfig::from_service_config_json(json).unwrap();
+        assert!(c.methods.lookup("/a.B/C").unwrap().idempotent);
+        assert!(c.methods.lookup("/x.Y/Z").is_none());
     }
 
     #[test]

@@ -1,9 +1,32 @@
 //! Which failures of which methods may be retried.
 //!
-//! A retry is only safe when repeating the call cannot do harm: the status says the server
-//! did not do the work (by default only `UNAVAILABLE`, as in gRPC A6) and the method is
-//! idempotent or configured as retryable. Methods with no policy are never retried: a
-//! retry is something a user opts into per method, never a default surprise.
+//! A retry is only safe when repeating the call cannot do harm. A method with no policy is
+//! never retried. A method with a policy is retried when the status says the server did
+//! not do the work (by default only `UNAVAILABLE`, as in gRPC A6) and either the request
+//! provably never reached the server (the connection failed), or the method is marked
+//! [`idempotent`](RetryPolicy::idempotent). The default policy is **not** idempotent: a
+//! server that answers `UNAVAILABLE` may have done part of the work before it did, and
+//! sending a payment or a reservation twice is worse than failing it once. Retrying
+//! answers is something a user opts into per method, by saying the method is safe to
+//! repeat:
+//!
+//! ```
+//! use stormguard_core::policy::{MethodTable, RetryPolicy};
+//!
+//! // Every method: retry only requests that never reached the server.
+//! let mut table = MethodTable::uniform(RetryPolicy::default());
+//! // Reserve carries a request id that makes it idempotent: retry its failures too.
+//! table.insert_method(
+//!     "stormguard.demo.v1.Inventory",
+//!     "Reserve",
+//!     Some(RetryPolicy { idempotent: true, ..RetryPolicy::default() }),
+//! );
+//! assert!(!table.lookup("/stormguard.demo.v1.Inventory/Cancel").unwrap().idempotent);
+//! assert!(table.lookup("/stormguard.demo.v1.Inventory/Reserve").unwrap().idempotent);
+//! ```
+//!
+//! A standard gRPC service config is read the way gRPC reads it: a method it gives a
+//! `retryPolicy` is retried (naming the method there is the opt-in).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,6 +46,7 @@ pub const MAX_ATTEMPTS_CAP: u32 = 5;
 ///
 /// let policy = RetryPolicy::default();
 /// assert_eq!(policy.max_attempts, 3);
+/// assert!(!policy.idempotent, "answers are retried only for methods marked idempotent");
 /// assert!(policy.retryable_codes.contains(Code::Unavailable));
 /// assert!(!policy.retryable_codes.contains(Code::Internal));
 /// ```
@@ -35,7 +59,7 @@ pub struct RetryPolicy {
     /// Delays between attempts.
     pub backoff: BackoffConfig,
     /// Whether repeating the method is harmless. A non-idempotent method is retried only
-    /// when the request never reached the server (a failed connection).
+    /// when the request never reached the server (a failed connection). Default: `false`.
     pub idempotent: bool,
     /// A retry needs at least this much time left after its delay to be worth sending.
     pub min_attempt_time: Duration,
@@ -55,14 +79,15 @@ pub struct RetryPolicy {
 }
 
 impl Default for RetryPolicy {
-    /// Retry `UNAVAILABLE`, 3 attempts, full jitter, idempotent, 5 ms minimum attempt,
-    /// pushback honoured up to 30 s, no per-attempt timeout.
+    /// Retry `UNAVAILABLE`, 3 attempts, full jitter, not idempotent (only requests that
+    /// never reached the server are retried), 5 ms minimum attempt, pushback honoured up to
+    /// 30 s, no per-attempt timeout.
     fn default() -> Self {
         RetryPolicy {
             max_attempts: 3,
             retryable_codes: CodeSet::single(Code::Unavailable),
             backoff: BackoffConfig::default(),
-            idempotent: true,
+            idempotent: false,
             min_attempt_time: Duration::from_millis(5),
             max_pushback: Duration::from_secs(30),
             per_attempt_timeout: None,

@@ -20,10 +20,10 @@ use std::time::Duration;
 /// The header a server sets to push back on retries.
 pub const PUSHBACK_HEADER: &str = "grpc-retry-pushback-ms";
 
-/// The largest pushback taken at face value: about 49 days. Longer values parse as
-/// [`Pushback::DoNotRetry`] (no call lives that long, and it keeps arithmetic on instants
-/// from overflowing).
-pub const MAX_PUSHBACK_MS: u64 = u32::MAX as u64;
+/// The largest pushback taken at face value: `i32::MAX` ms, about 24.8 days. A6 defines the
+/// header as a signed 32-bit integer, so a larger value is not a valid pushback and parses
+/// as [`Pushback::DoNotRetry`], like any other malformed value.
+pub const MAX_PUSHBACK_MS: u64 = i32::MAX as u64;
 
 /// What a server's pushback says about retrying.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -118,8 +118,24 @@ mod tests {
             Some(Pushback::RetryAfter(Duration::from_millis(7)))
         );
         assert_eq!(
-            one("4294967295"),
-            Some(Pushback::RetryAfter(Duration::from_millis(4_294_967_295)))
+            one("2147483647"),
+            Some(Pushback::RetryAfter(Duration::from_millis(2_147_483_647)))
+        );
+    }
+
+    #[test]
+    fn values_beyond_a_signed_32_bit_integer_mean_do_not_retry() {
+        for v in [
+            "2147483648",
+            "4294967295",
+            "4294967296",
+            "99999999999999999999",
+        ] {
+            assert_eq!(one(v), Some(Pushback::DoNotRetry), "{v}");
+        }
+        assert_eq!(
+            Pushback::RetryAfter(Duration::MAX).to_header_value(),
+            "2147483647"
         );
     }
 

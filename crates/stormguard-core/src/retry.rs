@@ -32,7 +32,8 @@
 //! };
 //!
 //! let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default()).unwrap());
-//! let controller = RetryController::new(MethodTable::uniform(RetryPolicy::default()), budget, None, 1);
+//! let policy = RetryPolicy { idempotent: true, ..RetryPolicy::default() };
+//! let controller = RetryController::new(MethodTable::uniform(policy), budget, None, 1);
 //! let now = Instant::now();
 //! let mut call = controller.begin_at("/pkg.Svc/Get", None, now).unwrap();
 //! match call.on_failure_at(&Failure::status(Code::Unavailable), now) {
@@ -290,6 +291,7 @@ impl RetryController {
             previous_attempts: 0,
             deadline,
             permit,
+            granted: None,
         })
     }
 
@@ -307,6 +309,17 @@ pub struct CallRetry {
     previous_attempts: u32,
     deadline: Option<Instant>,
     permit: Option<BreakerPermit>,
+    /// When the budget granted the retry that has not started yet.
+    granted: Option<Instant>,
+}
+
+impl Drop for CallRetry {
+    /// A retry the budget granted but that never started goes back to the budget.
+    fn drop(&mut self) {
+        if let Some(at) = self.granted.take() {
+            self.shared.budget.refund_at(at);
+        }
+    }
 }
 
 impl fmt::Debug for CallRetry {
@@ -342,8 +355,8 @@ impl CallRetry {
         self.policy.is_some()
     }
 
-    /// The attempt answered: `OK`, or a status that is not a failure of the dependency.
-    /// Deposits into the budget and reports success to the breaker.
+    /// The attempt answered `OK`: deposits into the budget and reports a success to the
+    /// breaker. Only `OK` mints retries (as in gRPC A6 and its C-core and Java clients).
     pub fn on_success_at(&mut self, now: Instant) {
         self.shared.budget.deposit_at(now);
         if let Some(permit) = self.permit.take() {
@@ -388,6 +401,36 @@ impl CallRetry {
         }
     }
 
+    /// The call committed at `now` (response headers without a status arrived; it will not
+    /// be retried). A half-open probe is settled as a success here: the dependency
+    /// answered, and a long stream must not hold a probe slot (and so keep the breaker
+    /// half-open) for as long as it lasts. Any other permit is settled when the call ends.
+    pub fn on_commit_at(&mut self, now: Instant) {
+        if self.permit.as_ref().is_some_and(BreakerPermit::is_probe)
+            && let Some(permit) = self.permit.take()
+        {
+            permit.success_at(now);
+        }
+    }
+
+    /// The caller's own deadline ran out at `now`; the call ends without a retry. `answer`
+    /// is the failure that arrived at that moment, if one did. The caller's deadline says
+    /// nothing about the dependency (a batch job with 5 ms deadlines on a 10 ms method must
+    /// not open the breaker every other caller shares), so an expiry is recorded nowhere:
+    /// the breaker permit is released without an outcome. An answer that is itself an
+    /// expiry (`DEADLINE_EXCEEDED`, or `CANCELLED`, tonic's answer to an expired
+    /// `grpc-timeout`) is the same; any other answer is recorded as it came. A dependency
+    /// that hangs is seen by the breaker through the per-attempt timeout
+    /// ([`on_attempt_timeout_at`](Self::on_attempt_timeout_at)).
+    pub fn on_deadline_passed_at(&mut self, answer: Option<&Failure>, now: Instant) {
+        match answer {
+            Some(f) if !matches!(f.code, Code::DeadlineExceeded | Code::Cancelled) => {
+                self.record_outcome_at(f.code, f.pushback, now);
+            }
+            _ => drop(self.permit.take()),
+        }
+    }
+
     /// A committed call (its response headers had arrived, so it is never retried) ended
     /// with `code`, e.g. a stream whose trailers carried a status. Records the outcome in
     /// the budget and the breaker as [`on_success_at`](Self::on_success_at) and
@@ -400,21 +443,33 @@ impl CallRetry {
         }
     }
 
-    /// Records a non-`OK` outcome; returns whether `code` is retryable for this method.
-    /// A retryable code (or `DEADLINE_EXCEEDED`) is a failure of the dependency for the
-    /// breaker; any other code is an application answer, a sign of life.
+    /// Records an outcome; returns whether `code` is retryable for this method.
+    ///
+    /// For the budget and an A6 throttle only `OK` is a success and only a retryable code
+    /// is a failure; any other code is neither (it mints nothing and costs nothing). For
+    /// the breaker a retryable code is a failure, `OK` and application answers
+    /// (`NOT_FOUND`, `INVALID_ARGUMENT`, ...) are signs of life, and an overload or expiry
+    /// answer (`UNAVAILABLE`, `RESOURCE_EXHAUSTED`, `DEADLINE_EXCEEDED`, `CANCELLED`, or
+    /// any answer carrying a pushback) is never health: it releases the permit without an
+    /// outcome.
     fn record_outcome_at(&mut self, code: Code, pushback: Option<Pushback>, now: Instant) -> bool {
+        if code == Code::Ok {
+            self.on_success_at(now);
+            return false;
+        }
         let retryable_code = self.policy.as_ref().map_or(code == Code::Unavailable, |p| {
             p.retryable_codes.contains(code)
         });
-        let dependency_failed = retryable_code || code == Code::DeadlineExceeded;
-        if dependency_failed && let Some(permit) = self.permit.take() {
-            permit.failure_at(now);
-        }
-        if retryable_code || pushback == Some(Pushback::DoNotRetry) {
+        let permit = self.permit.take();
+        if retryable_code {
+            if let Some(permit) = permit {
+                permit.failure_at(now);
+            }
             self.shared.budget.record_failure_at(now);
-        } else if !dependency_failed {
-            self.on_success_at(now);
+        } else if !is_overload(code, pushback)
+            && let Some(permit) = permit
+        {
+            permit.success_at(now);
         }
         retryable_code
     }
@@ -473,12 +528,25 @@ impl CallRetry {
         if !self.shared.budget.withdraw_at(now) {
             return Err(Refusal::Budget);
         }
+        self.granted = Some(now);
         Ok(delay)
     }
 
-    /// The retry's delay has passed: takes a breaker permit for the next attempt and counts
-    /// it. Fails when the breaker opened meanwhile or the deadline passed.
+    /// The retry's delay has passed and it is about to be sent: takes a breaker permit for
+    /// the next attempt and counts it. Fails when the breaker opened meanwhile or the
+    /// deadline passed; the budget then gets the retry back, as it does when the call is
+    /// dropped before the retry starts.
     pub fn start_retry_at(&mut self, now: Instant) -> Result<(), Refusal> {
+        let started = self.try_start_retry_at(now);
+        if let Some(at) = self.granted.take()
+            && started.is_err()
+        {
+            self.shared.budget.refund_at(at);
+        }
+        started
+    }
+
+    fn try_start_retry_at(&mut self, now: Instant) -> Result<(), Refusal> {
         if self.deadline.is_some_and(|d| now >= d) {
             return Err(Refusal::Deadline);
         }
@@ -488,6 +556,15 @@ impl CallRetry {
         self.previous_attempts = self.previous_attempts.saturating_add(1);
         Ok(())
     }
+}
+
+/// An answer that says the server is overloaded or out of time: never a sign of health.
+fn is_overload(code: Code, pushback: Option<Pushback>) -> bool {
+    pushback.is_some()
+        || matches!(
+            code,
+            Code::Unavailable | Code::ResourceExhausted | Code::DeadlineExceeded | Code::Cancelled
+        )
 }
 
 /// A 64-bit mixer, so that consecutive call numbers give unrelated seeds.
@@ -508,6 +585,14 @@ mod tests {
     use crate::throttle::{A6Throttle, ThrottleConfig};
 
     const PATH: &str = "/pkg.Svc/Get";
+
+    /// The default policy for a method marked idempotent.
+    fn retried() -> RetryPolicy {
+        RetryPolicy {
+            idempotent: true,
+            ..RetryPolicy::default()
+        }
+    }
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
@@ -535,7 +620,7 @@ mod tests {
 
     #[test]
     fn retries_until_the_attempt_limit() {
-        let c = controller(RetryPolicy::default(), budget(5, 0.1));
+        let c = controller(retried(), budget(5, 0.1));
         let now = Instant::now();
         let mut call = c.begin_at(PATH, None, now).unwrap();
         assert_eq!(call.previous_attempts(), 0);
@@ -555,7 +640,7 @@ mod tests {
     #[test]
     fn only_retryable_codes_of_retryable_methods() {
         let mut table = MethodTable::none();
-        table.insert_method("pkg.Svc", "Get", Some(RetryPolicy::default()));
+        table.insert_method("pkg.Svc", "Get", Some(retried()));
         let c = RetryController::new(table, budget(5, 0.1), None, 1);
         let now = Instant::now();
         let mut call = c.begin_at(PATH, None, now).unwrap();
@@ -577,7 +662,7 @@ mod tests {
         let c = controller(
             RetryPolicy {
                 max_attempts: 5,
-                ..RetryPolicy::default()
+                ..retried()
             },
             budget(5, 0.1),
         );
@@ -608,7 +693,7 @@ mod tests {
         let c = controller(
             RetryPolicy {
                 max_pushback: Duration::from_secs(10),
-                ..RetryPolicy::default()
+                ..retried()
             },
             budget(5, 0.1),
         );
@@ -634,7 +719,7 @@ mod tests {
 
     #[test]
     fn pushback_zero_means_retry_now() {
-        let c = controller(RetryPolicy::default(), budget(5, 0.1));
+        let c = controller(retried(), budget(5, 0.1));
         let now = Instant::now();
         let mut call = c.begin_at(PATH, None, now).unwrap();
         let f = unavailable().with_pushback(Some(Pushback::RetryAfter(Duration::ZERO)));
@@ -649,7 +734,7 @@ mod tests {
     #[test]
     fn do_not_retry_pushback_is_final_and_costs_nothing() {
         let b = budget(1, 0.1);
-        let c = controller(RetryPolicy::default(), Arc::clone(&b));
+        let c = controller(retried(), Arc::clone(&b));
         let now = Instant::now();
         let before = b.balance_at(now);
         let mut call = c.begin_at(PATH, None, now).unwrap();
@@ -663,7 +748,7 @@ mod tests {
 
     #[test]
     fn pushback_longer_than_the_time_left_is_refused() {
-        let c = controller(RetryPolicy::default(), budget(5, 0.1));
+        let c = controller(retried(), budget(5, 0.1));
         let now = Instant::now();
         let mut call = c.begin_at(PATH, Some(now + ms(100)), now).unwrap();
         let f = unavailable().with_pushback(Some(Pushback::RetryAfter(ms(100))));
@@ -684,7 +769,7 @@ mod tests {
         let c = controller(
             RetryPolicy {
                 retryable_codes: [Code::Unavailable, Code::Cancelled].into_iter().collect(),
-                ..RetryPolicy::default()
+                ..retried()
             },
             budget(5, 0.1),
         );
@@ -702,7 +787,7 @@ mod tests {
         let c = controller(
             RetryPolicy {
                 idempotent: false,
-                ..RetryPolicy::default()
+                ..retried()
             },
             budget(5, 0.1),
         );
@@ -725,7 +810,7 @@ mod tests {
 
     #[test]
     fn unbuffered_bodies_are_not_replayed() {
-        let c = controller(RetryPolicy::default(), budget(5, 0.1));
+        let c = controller(retried(), budget(5, 0.1));
         let now = Instant::now();
         let mut call = c.begin_at(PATH, None, now).unwrap();
         let f = Failure {
@@ -741,7 +826,7 @@ mod tests {
     #[test]
     fn budget_bounds_retries_to_the_ratio_of_successes() {
         // No floor: only successes mint retries, 1 per 10.
-        let c = controller(RetryPolicy::default(), budget(0, 0.1));
+        let c = controller(retried(), budget(0, 0.1));
         let now = Instant::now();
         let mut call = c.begin_at(PATH, None, now).unwrap();
         assert_eq!(
@@ -751,15 +836,16 @@ mod tests {
         for _ in 0..100 {
             c.begin_at(PATH, None, now).unwrap().on_success_at(now);
         }
-        let mut granted = 0;
+        let mut granted = Vec::new();
         for _ in 0..100 {
             let mut call = c.begin_at(PATH, None, now).unwrap();
             match call.on_failure_at(&unavailable(), now) {
-                Decision::Retry { .. } => granted += 1,
+                // Kept: a granted retry dropped before it starts goes back to the budget.
+                Decision::Retry { .. } => granted.push(call),
                 Decision::GiveUp(r) => assert_eq!(r, Refusal::Budget),
             }
         }
-        assert_eq!(granted, 10);
+        assert_eq!(granted.len(), 10);
     }
 
     #[test]
@@ -771,7 +857,7 @@ mod tests {
             })
             .unwrap(),
         );
-        let c = controller(RetryPolicy::default(), throttle);
+        let c = controller(retried(), throttle);
         let now = Instant::now();
         let mut refused_after = None;
         for i in 0..10 {
@@ -797,7 +883,7 @@ mod tests {
         )
         .unwrap();
         let c = RetryController::new(
-            MethodTable::uniform(RetryPolicy::default()),
+            MethodTable::uniform(retried()),
             budget(100, 0.1),
             Some(breaker),
             1,
@@ -816,16 +902,230 @@ mod tests {
     }
 
     #[test]
-    fn application_errors_are_signs_of_life() {
+    fn only_ok_mints_retries() {
         let b = budget(0, 0.5);
-        let c = controller(RetryPolicy::default(), Arc::clone(&b));
+        let c = controller(retried(), Arc::clone(&b));
+        let now = Instant::now();
+        let answers = [
+            Failure::status(Code::NotFound),
+            Failure::status(Code::InvalidArgument),
+            // A late CANCELLED (tonic's answer to an expired grpc-timeout).
+            Failure::status(Code::Cancelled),
+            // A shed answer with a code the policy does not retry.
+            Failure::status(Code::ResourceExhausted).with_pushback(Some(Pushback::DoNotRetry)),
+            Failure::status(Code::ResourceExhausted)
+                .with_pushback(Some(Pushback::RetryAfter(ms(10)))),
+        ];
+        for f in answers {
+            let mut call = c.begin_at(PATH, None, now).unwrap();
+            assert!(matches!(call.on_failure_at(&f, now), Decision::GiveUp(_)));
+            c.begin_at(PATH, None, now)
+                .unwrap()
+                .on_committed_at(f.code, now);
+        }
+        assert_eq!(b.balance_at(now), 0.0, "no answer but OK mints");
+        c.begin_at(PATH, None, now).unwrap().on_success_at(now);
+        assert!((b.balance_at(now) - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn only_retryable_codes_cost_a6_tokens() {
+        let throttle: Arc<dyn Budget> = Arc::new(
+            A6Throttle::new(ThrottleConfig {
+                max_tokens: 10.0,
+                token_ratio: 0.5,
+            })
+            .unwrap(),
+        );
+        let c = controller(retried(), Arc::clone(&throttle));
+        let now = Instant::now();
+        // Two failures: 8 tokens, 3 above the threshold.
+        for _ in 0..2 {
+            c.begin_at(PATH, None, now)
+                .unwrap()
+                .on_committed_at(Code::Unavailable, now);
+        }
+        assert!((throttle.balance_at(now) - 3.0).abs() < 1e-9);
+        for code in [Code::NotFound, Code::Cancelled, Code::ResourceExhausted] {
+            let mut call = c.begin_at(PATH, None, now).unwrap();
+            let f = Failure::status(code).with_pushback(Some(Pushback::DoNotRetry));
+            let _ = call.on_failure_at(&f, now);
+        }
+        assert!(
+            (throttle.balance_at(now) - 3.0).abs() < 1e-9,
+            "neither a success nor a failure: {}",
+            throttle.balance_at(now)
+        );
+    }
+
+    fn breaker(min_requests: u32, failure_rate: f64, probes: u32) -> CircuitBreaker {
+        CircuitBreaker::new(
+            BreakerConfig {
+                min_requests,
+                failure_rate,
+                half_open_probes: probes,
+                open_for: Duration::from_secs(1),
+                open_jitter: 0.0,
+                ..BreakerConfig::default()
+            },
+            3,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn an_overload_answer_is_never_health_for_the_breaker() {
+        let c = RetryController::new(
+            MethodTable::uniform(retried()),
+            budget(100, 0.1),
+            Some(breaker(2, 0.6, 1)),
+            1,
+        );
+        let now = Instant::now();
+        let overload = [
+            Failure::status(Code::ResourceExhausted),
+            Failure::status(Code::NotFound).with_pushback(Some(Pushback::DoNotRetry)),
+        ];
+        let fail = || {
+            let mut call = c.begin_at(PATH, None, now).unwrap();
+            let _ = call.on_failure_at(&Failure::status(Code::Unavailable), now);
+        };
+        fail();
+        for f in overload {
+            let mut call = c.begin_at(PATH, None, now).unwrap();
+            let _ = call.on_failure_at(&f, now);
+        }
+        fail();
+        // Two failures of two counted outcomes: open (had the overload answers counted as
+        // successes, 2 of 4 would have stayed under 60 %).
+        assert_eq!(c.begin_at(PATH, None, now).err(), Some(Refusal::Breaker));
+        // An application answer is still a sign of life.
+        let c = RetryController::new(
+            MethodTable::uniform(retried()),
+            budget(100, 0.1),
+            Some(breaker(2, 0.6, 1)),
+            1,
+        );
+        for code in [
+            Code::Unavailable,
+            Code::NotFound,
+            Code::NotFound,
+            Code::Unavailable,
+        ] {
+            let mut call = c.begin_at(PATH, None, now).unwrap();
+            let _ = call.on_failure_at(&Failure::status(code), now);
+        }
+        assert!(c.begin_at(PATH, None, now).is_ok(), "2 of 4 is under 60 %");
+    }
+
+    #[test]
+    fn the_callers_own_deadline_does_not_count_for_the_breaker() {
+        let c = RetryController::new(
+            MethodTable::uniform(RetryPolicy {
+                retryable_codes: [Code::Unavailable, Code::DeadlineExceeded]
+                    .into_iter()
+                    .collect(),
+                ..retried()
+            }),
+            budget(100, 0.1),
+            Some(breaker(2, 0.5, 1)),
+            1,
+        );
+        let now = Instant::now();
+        for answer in [
+            None,
+            Some(Failure::status(Code::DeadlineExceeded)),
+            Some(Failure::status(Code::Cancelled)),
+            None,
+        ] {
+            let mut call = c.begin_at(PATH, Some(now + ms(5)), now).unwrap();
+            call.on_deadline_passed_at(answer.as_ref(), now + ms(5));
+        }
+        assert!(c.begin_at(PATH, None, now + ms(5)).is_ok());
+        // A real failure that arrived with the deadline is recorded as it came.
+        for _ in 0..2 {
+            let mut call = c.begin_at(PATH, Some(now + ms(5)), now).unwrap();
+            call.on_deadline_passed_at(Some(&unavailable()), now + ms(5));
+        }
+        assert_eq!(
+            c.begin_at(PATH, None, now + ms(5)).err(),
+            Some(Refusal::Breaker)
+        );
+    }
+
+    #[test]
+    fn a_half_open_probe_is_settled_when_its_call_commits() {
+        let c = RetryController::new(
+            MethodTable::uniform(retried()),
+            budget(100, 0.1),
+            Some(breaker(1, 0.5, 1)),
+            1,
+        );
         let now = Instant::now();
         let mut call = c.begin_at(PATH, None, now).unwrap();
-        assert_eq!(
-            call.on_failure_at(&Failure::status(Code::NotFound), now),
-            Decision::GiveUp(Refusal::NotRetryable)
+        let _ = call.on_failure_at(&unavailable(), now);
+        let later = now + Duration::from_secs(2);
+        assert_eq!(c.begin_at(PATH, None, now).err(), Some(Refusal::Breaker));
+        let mut probe = c.begin_at(PATH, None, later).unwrap();
+        probe.on_commit_at(later);
+        // The probe's stream is still open, but its slot is free and the breaker closed.
+        assert!(c.begin_at(PATH, None, later).is_ok());
+        assert!(c.begin_at(PATH, None, later).is_ok());
+        probe.on_committed_at(Code::Ok, later + Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn a_retry_granted_but_never_started_gives_its_token_back() {
+        let b = budget(0, 1.0);
+        let c = RetryController::new(
+            MethodTable::uniform(retried()),
+            Arc::clone(&b),
+            Some(breaker(5, 0.6, 1)),
+            1,
         );
-        assert!((b.balance_at(now) - 0.5).abs() < 1e-9);
+        let now = Instant::now();
+        c.begin_at(PATH, None, now).unwrap().on_success_at(now);
+        c.begin_at(PATH, None, now).unwrap().on_success_at(now);
+        assert_eq!(b.balance_at(now), 2.0);
+        // The deadline runs out during the delay.
+        let mut call = c.begin_at(PATH, Some(now + ms(100)), now).unwrap();
+        let Decision::Retry { .. } = call.on_failure_at(&unavailable(), now) else {
+            panic!("granted")
+        };
+        assert_eq!(b.balance_at(now), 1.0);
+        assert_eq!(call.start_retry_at(now + ms(100)), Err(Refusal::Deadline));
+        assert_eq!(b.balance_at(now), 2.0);
+        // The breaker opens during the delay.
+        let mut call = c.begin_at(PATH, None, now).unwrap();
+        let Decision::Retry { .. } = call.on_failure_at(&unavailable(), now) else {
+            panic!("granted")
+        };
+        // Three failures of five: the breaker opens.
+        let mut other = c.begin_at(PATH, None, now).unwrap();
+        let _ = other.on_failure_at(&unavailable(), now);
+        assert_eq!(call.start_retry_at(now + ms(1)), Err(Refusal::Breaker));
+        assert_eq!(b.balance_at(now), 2.0);
+        // The caller went away during the delay.
+        let c = controller(retried(), Arc::clone(&b));
+        let mut call = c
+            .begin_at(PATH, None, now + Duration::from_secs(2))
+            .unwrap();
+        let Decision::Retry { .. } =
+            call.on_failure_at(&unavailable(), now + Duration::from_secs(2))
+        else {
+            panic!("granted")
+        };
+        drop(call);
+        drop(other);
+        assert_eq!(b.balance_at(now + Duration::from_secs(2)), 2.0);
+        // A retry that starts keeps its token.
+        let mut call = c
+            .begin_at(PATH, None, now + Duration::from_secs(2))
+            .unwrap();
+        let _ = call.on_failure_at(&unavailable(), now + Duration::from_secs(2));
+        call.start_retry_at(now + Duration::from_secs(2)).unwrap();
+        drop(call);
+        assert_eq!(b.balance_at(now + Duration::from_secs(2)), 1.0);
     }
 
     #[test]
@@ -837,7 +1137,7 @@ mod tests {
             })
             .unwrap(),
         );
-        let c = controller(RetryPolicy::default(), Arc::clone(&throttle));
+        let c = controller(retried(), Arc::clone(&throttle));
         let now = Instant::now();
         // The balance is tokens above maxTokens / 2: 5 when full.
         assert!((throttle.balance_at(now) - 5.0).abs() < 1e-9);
@@ -902,7 +1202,7 @@ mod tests {
             // DEADLINE_EXCEEDED is not among them: the timeout is retried anyway.
             retryable_codes: CodeSet::single(Code::Unavailable),
             per_attempt_timeout: Some(ms(50)),
-            ..RetryPolicy::default()
+            ..retried()
         };
         let c = RetryController::new(
             MethodTable::uniform(policy),
@@ -931,7 +1231,7 @@ mod tests {
             RetryPolicy {
                 idempotent: false,
                 per_attempt_timeout: Some(ms(50)),
-                ..RetryPolicy::default()
+                ..retried()
             },
             budget(5, 0.1),
         );
@@ -969,7 +1269,7 @@ mod tests {
             let c = RetryController::new(
                 MethodTable::uniform(RetryPolicy {
                     retryable_codes: CodeSet::single(Code::Unavailable),
-                    ..RetryPolicy::default()
+                    ..retried()
                 }),
                 budget(100, 0.1),
                 None,

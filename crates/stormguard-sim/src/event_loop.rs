@@ -303,6 +303,14 @@ mod tests {
     use stormguard_core::code::Code;
     use stormguard_core::policy::RetryPolicy;
 
+    /// The default policy for a method whose answers may be retried.
+    fn retried() -> RetryPolicy {
+        RetryPolicy {
+            idempotent: true,
+            ..RetryPolicy::default()
+        }
+    }
+
     fn policy(retry: Option<RetryPolicy>, budget: BudgetKind) -> ClientPolicy {
         ClientPolicy {
             name: "test".into(),
@@ -457,14 +465,14 @@ mod tests {
         });
         let err = run(&scenario(
             0.1,
-            policy(Some(RetryPolicy::default()), bad_budget),
+            policy(Some(retried()), bad_budget),
         ))
         .expect_err("invalid budget");
         assert!(matches!(err, SimError::Config(_)), "{err}");
         assert!(err.to_string().contains("retry_ratio"), "{err}");
         let bad_retry = RetryPolicy {
             max_attempts: 1,
-            ..RetryPolicy::default()
+            ..retried()
         };
         let err = run(&scenario(
             0.1,
@@ -479,7 +487,7 @@ mod tests {
         let sc = scenario(
             0.3,
             policy(
-                Some(RetryPolicy::default()),
+                Some(retried()),
                 BudgetKind::Budget(BudgetConfig::default()),
             ),
         );
@@ -494,7 +502,7 @@ mod tests {
     fn bins_add_up_to_the_totals_when_everything_is_measured() {
         let sc = scenario(
             0.5,
-            policy(Some(RetryPolicy::default()), BudgetKind::Unlimited),
+            policy(Some(retried()), BudgetKind::Unlimited),
         );
         let stats = run(&sc).expect("valid");
         let sum = |f: fn(&Bin) -> u64| stats.bins.iter().map(f).sum::<u64>();
@@ -516,7 +524,7 @@ mod tests {
     #[test]
     fn an_open_breaker_rejects_calls_without_an_attempt() {
         let mut p = policy(
-            Some(RetryPolicy::default()),
+            Some(retried()),
             BudgetKind::Budget(BudgetConfig::default()),
         );
         p.breaker = Some(BreakerConfig::default());
@@ -537,7 +545,7 @@ mod tests {
             retryable_codes: [Code::Unavailable, Code::DeadlineExceeded]
                 .into_iter()
                 .collect(),
-            ..RetryPolicy::default()
+            ..retried()
         };
         let mut p = policy(Some(retry), BudgetKind::Unlimited);
         p.attempt_timeout = Some(Duration::from_millis(20));
@@ -549,7 +557,7 @@ mod tests {
         assert_eq!(stats.successes, 0);
         assert_eq!(stats.amplification(), 3.0);
         // Without DEADLINE_EXCEEDED in the retryable codes the timeout is final.
-        sc.policy.retry = Some(RetryPolicy::default());
+        sc.policy.retry = Some(retried());
         let stats = run(&sc).expect("valid");
         assert_eq!(stats.amplification(), 1.0);
         assert_eq!(stats.gave_up.get("not_retryable"), Some(&stats.calls));
@@ -564,7 +572,7 @@ mod tests {
                 cap: Duration::from_millis(1),
                 multiplier: 1.0,
             },
-            ..RetryPolicy::default()
+            ..retried()
         };
         let mut sc = scenario(1.0, policy(Some(fast), BudgetKind::Unlimited));
         let tier = Tier {
@@ -658,7 +666,7 @@ mod tests {
     fn a_shedding_server_sheds_retries_with_pushback_and_serves_first_attempts() {
         // One worker, twice as much work as it can do: the admission policy queues a
         // little, sheds retries first and tells them when to come back.
-        let retry = RetryPolicy::default();
+        let retry = retried();
         let p = policy(Some(retry), BudgetKind::Unlimited);
         let mut sc = scenario(0.0, p);
         sc.clients = 2;

@@ -90,6 +90,7 @@ fn three_attempts(backoff: BackoffConfig, retry_timeouts: bool) -> RetryPolicy {
         max_attempts: 3,
         retryable_codes: codes,
         backoff,
+        idempotent: true,
         ..RetryPolicy::default()
     }
 }

@@ -42,7 +42,10 @@ pin_project! {
     /// [`CallRetry::on_committed_at`](stormguard_core::retry::CallRetry::on_committed_at)
     /// says: `OK` deposits into the budget and is a breaker success; a code the method's
     /// policy retries (default: `UNAVAILABLE`) is a breaker failure and costs an A6 token;
-    /// any other code is an application answer, a sign of life.
+    /// any other code neither mints nor costs anything, and counts for the breaker as a sign
+    /// of life when it is an application answer (`NOT_FOUND`, ...), never when it is an
+    /// overload or expiry answer. A call that began as a half-open probe had its probe
+    /// settled when it committed, so its end is recorded in the budget only.
     ///
     /// A body error means the stream broke before the server sent its final status: the
     /// connection was lost, the stream was reset, or the connection received `GOAWAY`. That
@@ -59,9 +62,7 @@ pin_project! {
     ///
     /// A body dropped before its end means the caller lost interest: nothing is known about
     /// the dependency, so nothing is recorded (the call counts as `committed_abandoned`),
-    /// and the breaker permit the call held is released without an outcome. Until the body
-    /// ends or is dropped, the call holds that permit: a long stream that started as a
-    /// half-open probe keeps its probe slot.
+    /// and the breaker permit the call held is released without an outcome.
     pub struct ResponseBody<B> {
         #[pin]
         inner: B,
@@ -250,7 +251,10 @@ mod tests {
             .unwrap(),
         );
         let c = RetryController::new(
-            MethodTable::uniform(RetryPolicy::default()),
+            MethodTable::uniform(RetryPolicy {
+                idempotent: true,
+                ..RetryPolicy::default()
+            }),
             Arc::clone(&throttle),
             breaker,
             1,
@@ -314,13 +318,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_application_error_in_the_trailers_is_a_sign_of_life() {
+    async fn an_application_error_in_the_trailers_neither_mints_nor_costs() {
         let (c, throttle) = a6(None);
         throttle.record_failure_at(Instant::now());
         let stats = RetryStats::new();
         let b = body(&c, &stats, vec![trailers(Some("5"))]);
         drain(b).await;
-        assert!(close(balance(&throttle), 4.5), "NOT_FOUND is an answer");
+        // Only OK is a success for the throttle; NOT_FOUND is not a failure either.
+        assert!(close(balance(&throttle), 4.0), "{}", balance(&throttle));
         let s = stats.snapshot();
         assert_eq!((s.ok, s.failed, s.committed_failed), (0, 1, 1));
     }

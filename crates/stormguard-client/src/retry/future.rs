@@ -6,6 +6,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, Method, Uri, Version};
 use pin_project_lite::pin_project;
 use stormguard_core::Instant;
@@ -15,13 +17,13 @@ use stormguard_core::deadline::{
 };
 use stormguard_core::retry::{CallRetry, Decision, Failure, Refusal};
 use tokio::time::Sleep;
-use tonic::Status;
 use tonic::body::Body;
+use tonic::{GrpcMethod, Status};
 use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::layer::Shared;
-use crate::body::Replay;
+use crate::body::{Buffered, Replay, buffer};
 use crate::context::CallContext;
 use crate::stats::RetryStats;
 use crate::status::{
@@ -38,7 +40,7 @@ pin_project! {
         svc: S,
         call: Option<CallRetry>,
         template: Template,
-        replay: Option<Replay>,
+        resend: Resend,
         stats: RetryStats,
         // The failure the next attempt retries, returned if the retry cannot be sent.
         last: Option<Last<B>>,
@@ -73,13 +75,13 @@ pin_project! {
     }
 }
 
-/// What is kept of a request to build the next attempt.
+/// What is kept of a request to build a retry.
 struct Template {
     method: Method,
     uri: Uri,
     version: Version,
-    headers: HeaderMap,
-    extensions: http::Extensions,
+    headers: SavedHeaders,
+    extensions: SavedExtensions,
 }
 
 enum Last<B> {
@@ -100,23 +102,25 @@ where
 }
 
 /// The logical deadline of a call: the earliest of the caller's `grpc-timeout` and the
-/// context's deadline; the layer's default only when neither is set.
+/// context's deadline; the layer's default only when neither is set. The flag says
+/// whether the caller's own `grpc-timeout` is that deadline (then the first attempt can
+/// send it as it is).
 fn logical_deadline(
     headers: &HeaderMap,
     default: Option<Duration>,
     now: Instant,
-) -> Option<Instant> {
+) -> (Option<Instant>, bool) {
     let own = headers
-        .get(GRPC_TIMEOUT_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| decode_grpc_timeout(v).ok())
+        .get(&GRPC_TIMEOUT)
+        .and_then(|v| decode_grpc_timeout(v.to_str().ok()?).ok())
         .map(|t| Deadline::after_at(now, t).instant());
     let ctx = CallContext::current().and_then(|c| c.deadline());
     match (own, ctx) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (Some(a), None) | (None, Some(a)) => Some(a),
+        (Some(a), Some(b)) => (Some(a.min(b)), a <= b),
+        (Some(a), None) => (Some(a), true),
+        (None, Some(b)) => (Some(b), false),
         // Saturates: a default of `Duration::MAX` means "no practical limit", not a panic.
-        (None, None) => default.map(|t| Deadline::after_at(now, t).instant()),
+        (None, None) => (default.map(|t| Deadline::after_at(now, t).instant()), false),
     }
 }
 
@@ -138,25 +142,21 @@ where
         let now = Instant::now();
         let stats = shared.stats.clone();
         stats.logical();
-        let (parts, body) = request.into_parts();
-        let template = Template {
-            method: parts.method,
-            uri: parts.uri,
-            version: parts.version,
-            headers: parts.headers,
-            extensions: parts.extensions,
-        };
-        let deadline = logical_deadline(&template.headers, shared.default_timeout, now);
-        // Begun before the template moves into the future, so the path is borrowed, not copied.
-        let begun = shared
-            .controller
-            .begin_at(template.uri.path(), deadline, now);
+        let (mut parts, body) = request.into_parts();
+        let (deadline, own_header) = logical_deadline(&parts.headers, shared.default_timeout, now);
+        let begun = shared.controller.begin_at(parts.uri.path(), deadline, now);
 
         let mut fut = ResponseFuture {
             svc,
             call: None,
-            template,
-            replay: None,
+            template: Template {
+                method: parts.method.clone(),
+                uri: parts.uri.clone(),
+                version: parts.version,
+                headers: SavedHeaders::Few(Default::default()),
+                extensions: SavedExtensions::Empty,
+            },
+            resend: Resend::Never,
             stats,
             last: None,
             reason: "initial",
@@ -197,30 +197,39 @@ where
         fut.attempt_timeout = call.per_attempt_timeout().or(shared.per_attempt_timeout);
         let timers = AttemptTimers::at(deadline, fut.attempt_timeout, now);
         if let Some(at) = timers.fire_at {
-            set_timeout(&mut fut.template.headers, at.saturating_duration_since(now));
+            // The caller's own `grpc-timeout`, when it is what the attempt has, goes out as
+            // the caller wrote it (it was encoded a moment ago): no second encoding.
+            if !(own_header && timers.attempt_deadline.is_none()) {
+                set_timeout(&mut parts.headers, at.saturating_duration_since(now));
+            }
             fut.timer = Some(tokio::time::sleep_until(at));
         }
         fut.attempt_deadline = timers.attempt_deadline;
 
         let body = if call.is_retryable_method() {
-            match Replay::new(body, shared.replay_limit) {
-                Ok((replay, first)) => {
-                    fut.replay = Some(replay);
+            match buffer(body, shared.replay_limit) {
+                Buffered::Whole(data) => {
+                    fut.resend = Resend::Whole(data.clone());
+                    full(data)
+                }
+                Buffered::Stream(replay, first) => {
+                    fut.resend = Resend::Stream(replay);
                     Body::new(first)
                 }
                 // The body announced a length over the bound: sent once, never copied.
-                Err(body) => body,
+                Buffered::Once(body) => body,
             }
         } else {
             body
         };
-        // Only a replayable body can be resent (see `Failure::replayable`): any other request
-        // goes out once, so its parts are moved instead of copied.
-        let request = if fut.replay.is_some() {
-            fut.template.request(body)
-        } else {
-            fut.template.take_request(body)
-        };
+        // Only a replayable body can be resent (see `Failure::replayable`): the parts of any
+        // other request go out once and are not copied. The first attempt always takes the
+        // caller's parts themselves.
+        if !matches!(fut.resend, Resend::Never) {
+            fut.template.headers = SavedHeaders::of(&parts.headers);
+            fut.template.extensions = SavedExtensions::of(&parts.extensions);
+        }
+        let request = http::Request::from_parts(parts, body);
         fut.call = Some(call);
         fut.span = attempt_span(&fut.template.uri, 0, "initial");
         fut.stats.attempt(false);
@@ -233,24 +242,142 @@ where
     }
 }
 
+/// A body that sends `data`.
+fn full(data: Bytes) -> Body {
+    if data.is_empty() {
+        return Body::empty();
+    }
+    Body::new(OneChunk(Some(data)))
+}
+
+/// A body that sends one chunk of data. Unlike `http_body_util::Full` it announces no
+/// exact length, as tonic's own request body does not: hyper then adds no
+/// `content-length`, and the attempt is framed exactly as it would be without the layer.
+struct OneChunk(Option<Bytes>);
+
+impl http_body::Body for OneChunk {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(
+            self.get_mut()
+                .0
+                .take()
+                .map(|d| Ok(http_body::Frame::data(d))),
+        )
+    }
+}
+
+/// How a retry resends the request body.
+enum Resend {
+    /// It cannot: the method is not retried, or the body was too large to keep.
+    Never,
+    /// The whole body, read before the first attempt.
+    Whole(Bytes),
+    /// The body as buffered while the first attempt sent it.
+    Stream(Replay),
+}
+
+impl Resend {
+    fn is_replayable(&self) -> bool {
+        match self {
+            Resend::Never => false,
+            Resend::Whole(_) => true,
+            Resend::Stream(replay) => replay.is_replayable(),
+        }
+    }
+
+    fn body(&self) -> Body {
+        match self {
+            Resend::Never => Body::empty(),
+            Resend::Whole(data) => full(data.clone()),
+            Resend::Stream(replay) => Body::new(replay.body()),
+        }
+    }
+}
+
+/// Headers kept for a retry: a handful inline (a gRPC request usually carries `te`,
+/// `content-type` and little else), more in a copied map.
+enum SavedHeaders {
+    Few([Option<(HeaderName, HeaderValue)>; FEW_HEADERS]),
+    Many(HeaderMap),
+}
+
+const FEW_HEADERS: usize = 4;
+
+impl SavedHeaders {
+    fn of(headers: &HeaderMap) -> Self {
+        if headers.len() > FEW_HEADERS {
+            return SavedHeaders::Many(headers.clone());
+        }
+        let mut few: [Option<(HeaderName, HeaderValue)>; FEW_HEADERS] = Default::default();
+        for (slot, (name, value)) in few.iter_mut().zip(headers) {
+            *slot = Some((name.clone(), value.clone()));
+        }
+        SavedHeaders::Few(few)
+    }
+
+    fn to_map(&self) -> HeaderMap {
+        match self {
+            SavedHeaders::Few(few) => {
+                let mut map = HeaderMap::with_capacity(FEW_HEADERS + 2);
+                for (name, value) in few.iter().flatten() {
+                    map.append(name.clone(), value.clone());
+                }
+                map
+            }
+            SavedHeaders::Many(map) => map.clone(),
+        }
+    }
+}
+
+/// Extensions kept for a retry. tonic's generated clients add one, the method's name
+/// ([`GrpcMethod`]), which is kept as it is; any other set is cloned whole.
+enum SavedExtensions {
+    Empty,
+    Method(GrpcMethod<'static>),
+    All(http::Extensions),
+}
+
+impl SavedExtensions {
+    fn of(extensions: &http::Extensions) -> Self {
+        if extensions.is_empty() {
+            return SavedExtensions::Empty;
+        }
+        if extensions.len() == 1
+            && let Some(method) = extensions.get::<GrpcMethod<'static>>()
+        {
+            return SavedExtensions::Method(method.clone());
+        }
+        SavedExtensions::All(extensions.clone())
+    }
+
+    fn to_extensions(&self) -> http::Extensions {
+        match self {
+            SavedExtensions::Empty => http::Extensions::new(),
+            SavedExtensions::Method(method) => {
+                let mut extensions = http::Extensions::new();
+                extensions.insert(method.clone());
+                extensions
+            }
+            SavedExtensions::All(extensions) => extensions.clone(),
+        }
+    }
+}
+
 impl Template {
+    /// A retry's request, with `body`.
     fn request(&self, body: Body) -> http::Request<Body> {
         let mut request = http::Request::new(body);
         *request.method_mut() = self.method.clone();
         *request.uri_mut() = self.uri.clone();
         *request.version_mut() = self.version;
-        *request.headers_mut() = self.headers.clone();
-        *request.extensions_mut() = self.extensions.clone();
-        request
-    }
-
-    fn take_request(&mut self, body: Body) -> http::Request<Body> {
-        let mut request = http::Request::new(body);
-        *request.method_mut() = self.method.clone();
-        *request.uri_mut() = self.uri.clone();
-        *request.version_mut() = self.version;
-        *request.headers_mut() = std::mem::take(&mut self.headers);
-        *request.extensions_mut() = std::mem::take(&mut self.extensions);
+        *request.headers_mut() = self.headers.to_map();
+        *request.extensions_mut() = self.extensions.to_extensions();
         request
     }
 }
@@ -301,9 +428,12 @@ fn arm(mut timer: Pin<&mut Option<Sleep>>, at: Option<Instant>) {
     }
 }
 
+/// The `grpc-timeout` header, as a name built once (a `&str` key is parsed on every use).
+const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(GRPC_TIMEOUT_HEADER);
+
 fn set_timeout(headers: &mut HeaderMap, left: Duration) {
     if let Ok(value) = HeaderValue::from_str(encode_grpc_timeout(left).as_str()) {
-        headers.insert(GRPC_TIMEOUT_HEADER, value);
+        headers.insert(GRPC_TIMEOUT, value);
     }
 }
 
@@ -348,7 +478,7 @@ where
                             // The caller's deadline ran out mid-attempt: final, whatever the
                             // server would have said. Dropping the attempt cancels its stream.
                             this.state.set(State::Finished { status: None });
-                            return Poll::Ready(expire(this.call, this.stats, &EXPIRED));
+                            return Poll::Ready(expire(this.call, this.stats, None));
                         }
                         // The attempt's own timeout ran out: dropping it cancels its stream
                         // (and tells the server through `RST_STREAM`).
@@ -356,7 +486,7 @@ where
                         let failure = Failure {
                             code: Code::DeadlineExceeded,
                             pushback: None,
-                            replayable: this.replay.as_ref().is_some_and(Replay::is_replayable),
+                            replayable: this.resend.is_replayable(),
                             unsent: false,
                         };
                         let last = Last::Error(Status::deadline_exceeded(
@@ -368,7 +498,7 @@ where
                             let _enter = this.span.enter();
                             ready!(fut.poll(cx))
                         };
-                        let replayable = this.replay.as_ref().is_some_and(Replay::is_replayable);
+                        let replayable = this.resend.is_replayable();
                         let now = Instant::now();
                         match classify(result, replayable) {
                             Outcome::Ok(response) => {
@@ -382,7 +512,16 @@ where
                             }
                             Outcome::Committed(response) => {
                                 // Passed through, never retried; the outcome is recorded when
-                                // the body ends (see `body`).
+                                // the body ends (see `body`). No retry can follow: stop
+                                // buffering the request body, and settle a half-open probe.
+                                if let Resend::Stream(replay) =
+                                    std::mem::replace(this.resend, Resend::Never)
+                                {
+                                    replay.commit();
+                                }
+                                if let Some(call) = this.call.as_mut() {
+                                    call.on_commit_at(now);
+                                }
                                 this.stats.committed();
                                 this.state.set(State::Finished { status: None });
                                 let (parts, body) = response.into_parts();
@@ -405,7 +544,8 @@ where
                                     // as if our timer had fired first. The answer is still
                                     // recorded as it came.
                                     this.state.set(State::Finished { status: None });
-                                    return Poll::Ready(expire(this.call, this.stats, &failure));
+                                    let answer = (!timed_out).then_some(&failure);
+                                    return Poll::Ready(expire(this.call, this.stats, answer));
                                 }
                                 // Past the attempt's own deadline, the expiry answers of the
                                 // channel's timer and of the server (tonic's `CANCELLED`) are
@@ -462,38 +602,43 @@ where
                 }
                 StateProj::Delaying { sleep } => {
                     ready!(sleep.poll(cx));
-                    let started = match this.call.as_mut() {
-                        Some(call) => call.start_retry_at(Instant::now()),
-                        None => Err(Refusal::NotRetryable),
-                    };
-                    if let Err(refusal) = started {
-                        this.state.set(State::Finished { status: None });
-                        let last = this.last.take().unwrap_or_else(|| {
-                            Last::Error(Status::unavailable("stormguard: retry refused"))
-                        });
-                        return Poll::Ready(give_up(this.stats, refusal, last));
-                    }
                     this.state.set(State::Readying);
                 }
                 StateProj::Readying => {
                     if timer_fired(this.timer.as_mut(), cx) {
                         this.state.set(State::Finished { status: None });
-                        return Poll::Ready(expire(this.call, this.stats, &EXPIRED));
+                        return Poll::Ready(expire(this.call, this.stats, None));
                     }
                     if let Err(err) = ready!(this.svc.poll_ready(cx)) {
+                        // The channel cannot take the retry: the call ends like every other
+                        // give-up, as a status marked "do not retry" (the granted retry
+                        // goes back to the budget when the call state is dropped).
                         this.state.set(State::Finished { status: None });
                         this.stats.outcome(false);
-                        return Poll::Ready(Err(err.into()));
+                        drop(this.call.take());
+                        let err: BoxError = err.into();
+                        let code = classify_error(&*err).code;
+                        return Poll::Ready(Err(Box::new(status_do_not_retry(status_from_error(
+                            err, code,
+                        )))));
                     }
-                    let Some(call) = this.call.as_ref() else {
-                        this.state.set(State::Finished { status: None });
-                        return Poll::Ready(Err(Box::new(Status::internal(
-                            "stormguard: no call state",
-                        ))));
-                    };
-                    let attempt = call.previous_attempts();
                     let now = Instant::now();
-                    let headers = &mut this.template.headers;
+                    let started = match this.call.as_mut() {
+                        Some(call) => call.start_retry_at(now).map(|()| call.previous_attempts()),
+                        None => Err(Refusal::NotRetryable),
+                    };
+                    let attempt = match started {
+                        Ok(attempt) => attempt,
+                        Err(refusal) => {
+                            this.state.set(State::Finished { status: None });
+                            let last = this.last.take().unwrap_or_else(|| {
+                                Last::Error(Status::unavailable("stormguard: retry refused"))
+                            });
+                            return Poll::Ready(give_up(this.stats, refusal, last));
+                        }
+                    };
+                    let mut request = this.template.request(this.resend.body());
+                    let headers = request.headers_mut();
                     headers.insert(PREVIOUS_ATTEMPTS_HEADER, HeaderValue::from(attempt));
                     let timers = AttemptTimers::at(*this.logical, *this.attempt_timeout, now);
                     if let Some(at) = timers.fire_at {
@@ -501,11 +646,6 @@ where
                         arm(this.timer.as_mut(), Some(at));
                     }
                     *this.attempt_deadline = timers.attempt_deadline;
-                    let body = match this.replay.as_ref() {
-                        Some(replay) => Body::new(replay.body()),
-                        None => Body::empty(),
-                    };
-                    let request = this.template.request(body);
                     *this.last = None;
                     *this.span = attempt_span(&this.template.uri, attempt, this.reason);
                     this.stats.attempt(true);
@@ -525,25 +665,18 @@ fn timer_fired(timer: Pin<&mut Option<Sleep>>, cx: &mut Context<'_>) -> bool {
     timer.as_pin_mut().is_some_and(|d| d.poll(cx).is_ready())
 }
 
-/// What [`expire`] records when the layer's own timer ended the call.
-const EXPIRED: Failure = Failure {
-    code: Code::DeadlineExceeded,
-    pushback: None,
-    replayable: false,
-    unsent: false,
-};
-
 /// The caller's deadline ran out: the call ends with `DEADLINE_EXCEEDED`, never retried,
-/// whatever the attempt's `failure` was. The breaker still hears of it (a slow dependency
-/// is a failing one).
+/// whatever the attempt's `answer` was (`None`: no answer, the timer fired). The expiry
+/// itself is recorded nowhere (see `CallRetry::on_deadline_passed_at`): the caller's
+/// deadline says nothing about the dependency.
 fn expire<B>(
     call: &mut Option<CallRetry>,
     stats: &RetryStats,
-    failure: &Failure,
+    answer: Option<&Failure>,
 ) -> Result<http::Response<ResponseBody<B>>, BoxError> {
-    if let Some(call) = call.as_mut() {
-        // Past the deadline the decision is always "give up" (no budget is spent).
-        let _ = call.on_failure_at(failure, Instant::now());
+    if let Some(mut call) = call.take() {
+        // Dropping the call state also gives back a retry granted but not started.
+        call.on_deadline_passed_at(answer, Instant::now());
     }
     stats.deadline_exceeded();
     stats.outcome(false);

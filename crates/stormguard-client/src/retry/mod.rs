@@ -27,10 +27,16 @@
 //!
 //! # Success, for the budget and the breaker
 //!
-//! An attempt counts as a success (a deposit into the budget, a success for the breaker)
-//! when its answer shows the dependency alive: `OK`, or a status the policy does not retry
-//! (an application error). A status the policy retries is a failure: the breaker counts it
-//! and an A6 throttle takes a token, whether or not the layer retries it.
+//! Only an `OK` answer is a success: it deposits into the budget (or adds to an A6
+//! throttle) and counts for the breaker, as in gRPC A6 and its C-core and Java clients. A
+//! status the policy retries is a failure: the breaker counts it and an A6 throttle takes a
+//! token, whether or not the layer retries it; so is an attempt that ran out of its
+//! per-attempt timeout. Any other status mints nothing and costs nothing. For the breaker,
+//! an application answer (`NOT_FOUND`, `INVALID_ARGUMENT`, ...) is still a sign of life,
+//! but an overload or expiry answer (`RESOURCE_EXHAUSTED`, `DEADLINE_EXCEEDED`, `CANCELLED`,
+//! anything carrying a pushback) never is. The caller's own deadline running out is recorded
+//! nowhere: a caller with a short deadline must not open the breaker every other method on
+//! the channel shares.
 //!
 //! For a trailers-only answer the status is in the headers and is recorded at once. A
 //! committed call (headers without a status: a stream, or a unary call whose status comes
@@ -39,8 +45,13 @@
 //! without a status (the stream broke before the server finished the call); nothing when
 //! the caller drops the body before its end. So a stream that fails with `UNAVAILABLE` after
 //! some messages is passed through and not retried, yet it mints no budget and counts
-//! against the breaker. The call's breaker permit is held until then: a long stream that
-//! started as a half-open probe keeps its probe slot until it ends.
+//! against the breaker. A call that began as a half-open probe has its probe settled as a
+//! success when it commits, so long streams cannot hold every probe slot. Once a call
+//! commits, its request body is no longer buffered for replay.
+//!
+//! A retry the budget granted but that never went out (the breaker opened or the deadline
+//! ran out during its delay, the channel could not be readied, the caller went away) gives
+//! its token back.
 //!
 //! # Deadlines
 //!
@@ -209,7 +220,10 @@ mod tests {
     fn layer() -> RetryLayer {
         let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default()).unwrap());
         RetryLayer::new(RetryController::new(
-            MethodTable::uniform(RetryPolicy::default()),
+            MethodTable::uniform(RetryPolicy {
+                idempotent: true,
+                ..RetryPolicy::default()
+            }),
             budget,
             None,
             3,
@@ -305,6 +319,7 @@ mod tests {
             retryable_codes: [Code::Unavailable, Code::Cancelled]
                 .into_iter()
                 .collect::<CodeSet>(),
+            idempotent: true,
             ..RetryPolicy::default()
         };
         let layer = RetryLayer::new(RetryController::new(
@@ -338,6 +353,7 @@ mod tests {
     struct Hang {
         hang: Arc<Mutex<VecDeque<bool>>>,
         timeouts: Arc<Mutex<Vec<std::time::Duration>>>,
+        raw: Arc<Mutex<Vec<String>>>,
     }
 
     impl Hang {
@@ -345,6 +361,7 @@ mod tests {
             Hang {
                 hang: Arc::new(Mutex::new(hang.into_iter().collect())),
                 timeouts: Arc::default(),
+                raw: Arc::default(),
             }
         }
     }
@@ -369,6 +386,12 @@ mod tests {
             if let Some(t) = timeout {
                 self.timeouts.lock().unwrap().push(t);
             }
+            if let Some(v) = req.headers().get("grpc-timeout") {
+                self.raw
+                    .lock()
+                    .unwrap()
+                    .push(v.to_str().unwrap().to_owned());
+            }
             let hang = self.hang.lock().unwrap().pop_front().unwrap_or(false);
             Box::pin(async move {
                 if hang {
@@ -391,6 +414,7 @@ mod tests {
                 cap: Duration::from_millis(1),
                 multiplier: 1.0,
             },
+            idempotent: true,
             ..RetryPolicy::default()
         };
         RetryLayer::new(RetryController::new(
@@ -444,6 +468,31 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn the_callers_own_grpc_timeout_goes_out_as_written_and_retries_carry_what_is_left() {
+        let hang = Hang::new([false]);
+        let mut svc = layer().layer(hang.clone());
+        let mut req = request();
+        req.headers_mut()
+            .insert("grpc-timeout", http::HeaderValue::from_static("250m"));
+        svc.ready().await.unwrap().call(req).await.unwrap();
+        assert_eq!(*hang.raw.lock().unwrap(), ["250m"]);
+        // Shortened by a per-attempt timeout: encoded anew.
+        let hang = Hang::new([true, false]);
+        let layer = timeout_layer(
+            Arc::new(RetryBudget::new(BudgetConfig::default()).unwrap()),
+            None,
+        );
+        let mut svc = layer.layer(hang.clone());
+        let mut req = request();
+        req.headers_mut()
+            .insert("grpc-timeout", http::HeaderValue::from_static("250m"));
+        svc.ready().await.unwrap().call(req).await.unwrap();
+        let raw = hang.raw.lock().unwrap().clone();
+        assert_eq!(raw[0], "50000000n");
+        assert_eq!(raw.len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn attempt_timeouts_open_the_breaker_and_the_caller_gets_deadline_exceeded() {
         let breaker = CircuitBreaker::new(
             BreakerConfig {
@@ -478,6 +527,272 @@ mod tests {
             (2, 2, 1)
         );
         assert_eq!(s.deadline_exceeded, 0);
+    }
+
+    fn breaker(min_requests: u32, probes: u32) -> CircuitBreaker {
+        CircuitBreaker::new(
+            BreakerConfig {
+                min_requests,
+                failure_rate: 0.5,
+                half_open_probes: probes,
+                open_for: Duration::from_secs(1),
+                open_jitter: 0.0,
+                ..BreakerConfig::default()
+            },
+            1,
+        )
+        .unwrap()
+    }
+
+    fn breaker_layer(breaker: CircuitBreaker) -> RetryLayer {
+        let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default()).unwrap());
+        RetryLayer::new(RetryController::new(
+            MethodTable::uniform(RetryPolicy {
+                idempotent: true,
+                ..RetryPolicy::default()
+            }),
+            budget,
+            Some(breaker),
+            3,
+        ))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_callers_short_deadline_does_not_open_the_shared_breaker() {
+        // A batch path with 5 ms deadlines on a method that takes longer.
+        let layer = breaker_layer(breaker(2, 1)).with_default_timeout(Duration::from_millis(5));
+        let stats = layer.stats();
+        let mut svc = layer.layer(Hang::new([true; 10]));
+        for _ in 0..10 {
+            let err = svc
+                .ready()
+                .await
+                .unwrap()
+                .call(request())
+                .await
+                .expect_err("every call runs out of its deadline");
+            let status = err.downcast::<tonic::Status>().unwrap();
+            assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
+        }
+        let s = stats.snapshot();
+        assert_eq!(
+            (s.attempts, s.deadline_exceeded, s.refused.breaker),
+            (10, 10, 0)
+        );
+        // Every other caller of the channel still gets through.
+        let response = svc.ready().await.unwrap().call(request()).await.unwrap();
+        assert_eq!(response.headers().get("grpc-status").unwrap(), "0");
+    }
+
+    /// A body that never ends (a long stream).
+    struct Endless;
+
+    impl http_body::Body for Endless {
+        type Data = bytes::Bytes;
+        type Error = tonic::Status;
+
+        fn poll_frame(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
+            Poll::Pending
+        }
+    }
+
+    /// Answers `UNAVAILABLE` (trailers-only) while `fail` is set, else commits a response
+    /// whose body never ends.
+    #[derive(Clone)]
+    struct StreamOrFail {
+        fail: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Service<http::Request<Body>> for StreamOrFail {
+        type Response = http::Response<Body>;
+        type Error = BoxError;
+        type Future = std::future::Ready<Result<http::Response<Body>, BoxError>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Request<Body>) -> Self::Future {
+            let response = if self.fail.load(Ordering::SeqCst) {
+                let mut r = http::Response::new(Body::empty());
+                r.headers_mut()
+                    .insert("grpc-status", http::HeaderValue::from_static("14"));
+                r
+            } else {
+                http::Response::new(Body::new(Endless))
+            };
+            std::future::ready(Ok(response))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_stream_that_began_as_a_probe_does_not_hold_its_probe_slot() {
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let layer = breaker_layer(breaker(1, 1));
+        let stats = layer.stats();
+        let mut svc = layer.layer(StreamOrFail { fail: fail.clone() });
+        // One failure opens the breaker (its retry is refused).
+        let response = svc.ready().await.unwrap().call(request()).await.unwrap();
+        assert_eq!(response.headers().get("grpc-status").unwrap(), "14");
+        assert_eq!(stats.snapshot().refused.breaker, 1);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        fail.store(false, Ordering::SeqCst);
+        // The probe commits: a stream that stays open.
+        let stream = svc.ready().await.unwrap().call(request()).await.unwrap();
+        assert!(stream.headers().get("grpc-status").is_none());
+        // While it stays open, other calls get through: the probe settled at commit.
+        let other = svc.ready().await.unwrap().call(request()).await;
+        assert!(other.is_ok(), "{:?}", other.err());
+        drop(stream);
+    }
+
+    /// Answers `UNAVAILABLE`; readying any clone after the first fails (a channel whose
+    /// worker is gone).
+    #[derive(Clone)]
+    struct BrokenAfterFirst {
+        readied: Arc<AtomicUsize>,
+    }
+
+    impl Service<http::Request<Body>> for BrokenAfterFirst {
+        type Response = http::Response<Body>;
+        type Error = BoxError;
+        type Future = std::future::Ready<Result<http::Response<Body>, BoxError>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            if self.readied.fetch_add(1, Ordering::SeqCst) == 0 {
+                Poll::Ready(Ok(()))
+            } else {
+                Poll::Ready(Err("the channel's worker is gone".into()))
+            }
+        }
+
+        fn call(&mut self, _: http::Request<Body>) -> Self::Future {
+            let mut r = http::Response::new(Body::empty());
+            r.headers_mut()
+                .insert("grpc-status", http::HeaderValue::from_static("14"));
+            std::future::ready(Ok(r))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_error_readying_a_retry_reaches_the_caller_as_a_status_marked_do_not_retry() {
+        let layer = layer();
+        let budget = layer.controller().budget().clone();
+        let before = budget.balance();
+        let mut svc = layer.layer(BrokenAfterFirst {
+            readied: Arc::new(AtomicUsize::new(0)),
+        });
+        let err = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(request())
+            .await
+            .expect_err("the retry cannot be sent");
+        let status = err
+            .downcast::<tonic::Status>()
+            .expect("a status, not the channel's raw error");
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert_eq!(
+            status.metadata().get("grpc-retry-pushback-ms").unwrap(),
+            "-1"
+        );
+        // The retry never went out: the budget has it back.
+        assert_eq!(budget.balance(), before);
+    }
+
+    /// Fails the first attempt with `UNAVAILABLE`, answers OK after; records what each
+    /// attempt carried.
+    #[derive(Clone, Default)]
+    struct Recorder {
+        seen: Arc<Mutex<Vec<Carried>>>,
+    }
+
+    /// GrpcMethod present, the `Mark` extension, the `x-key` header, the body.
+    type Carried = (bool, Option<u32>, Option<String>, Vec<u8>);
+
+    #[derive(Clone)]
+    struct Mark(u32);
+
+    impl Service<http::Request<Body>> for Recorder {
+        type Response = http::Response<Body>;
+        type Error = BoxError;
+        type Future = std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<http::Response<Body>, BoxError>> + Send>,
+        >;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+            let seen = self.seen.clone();
+            Box::pin(async move {
+                let (parts, body) = req.into_parts();
+                let data = http_body_util::BodyExt::collect(body)
+                    .await
+                    .unwrap()
+                    .to_bytes()
+                    .to_vec();
+                let first = {
+                    let mut seen = seen.lock().unwrap();
+                    seen.push((
+                        parts
+                            .extensions
+                            .get::<tonic::GrpcMethod<'static>>()
+                            .is_some(),
+                        parts.extensions.get::<Mark>().map(|m| m.0),
+                        parts
+                            .headers
+                            .get("x-key")
+                            .map(|v| v.to_str().unwrap().to_owned()),
+                        data,
+                    ));
+                    seen.len() == 1
+                };
+                let mut response = http::Response::new(Body::empty());
+                let status = if first { "14" } else { "0" };
+                response
+                    .headers_mut()
+                    .insert("grpc-status", http::HeaderValue::from_static(status));
+                Ok(response)
+            })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_carries_the_requests_headers_extensions_and_body() {
+        for mark in [None, Some(7)] {
+            let recorder = Recorder::default();
+            let mut svc = layer().layer(recorder.clone());
+            let mut req = http::Request::builder()
+                .uri("http://svc/pkg.Svc/Get")
+                .header("x-key", "v")
+                .header("te", "trailers")
+                .header("content-type", "application/grpc")
+                .body(Body::new(http_body_util::Full::new(
+                    bytes::Bytes::from_static(b"payload"),
+                )))
+                .unwrap();
+            req.extensions_mut()
+                .insert(tonic::GrpcMethod::new("pkg.Svc", "Get"));
+            if let Some(m) = mark {
+                req.extensions_mut().insert(Mark(m));
+            }
+            let response = svc.ready().await.unwrap().call(req).await.unwrap();
+            assert_eq!(response.headers().get("grpc-status").unwrap(), "0");
+            let seen = recorder.seen.lock().unwrap().clone();
+            assert_eq!(seen.len(), 2);
+            for attempt in seen {
+                assert_eq!(
+                    attempt,
+                    (true, mark, Some("v".to_owned()), b"payload".to_vec())
+                );
+            }
+        }
     }
 
     #[tokio::test(start_paused = true)]
