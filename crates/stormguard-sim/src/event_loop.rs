@@ -463,11 +463,8 @@ mod tests {
             retry_ratio: 0.0,
             ..BudgetConfig::default()
         });
-        let err = run(&scenario(
-            0.1,
-            policy(Some(retried()), bad_budget),
-        ))
-        .expect_err("invalid budget");
+        let err =
+            run(&scenario(0.1, policy(Some(retried()), bad_budget))).expect_err("invalid budget");
         assert!(matches!(err, SimError::Config(_)), "{err}");
         assert!(err.to_string().contains("retry_ratio"), "{err}");
         let bad_retry = RetryPolicy {
@@ -486,10 +483,7 @@ mod tests {
     fn results_do_not_depend_on_the_base_instant() {
         let sc = scenario(
             0.3,
-            policy(
-                Some(retried()),
-                BudgetKind::Budget(BudgetConfig::default()),
-            ),
+            policy(Some(retried()), BudgetKind::Budget(BudgetConfig::default())),
         );
         let now = Instant::now();
         let a = run_from(&sc, now).expect("valid");
@@ -500,10 +494,7 @@ mod tests {
 
     #[test]
     fn bins_add_up_to_the_totals_when_everything_is_measured() {
-        let sc = scenario(
-            0.5,
-            policy(Some(retried()), BudgetKind::Unlimited),
-        );
+        let sc = scenario(0.5, policy(Some(retried()), BudgetKind::Unlimited));
         let stats = run(&sc).expect("valid");
         let sum = |f: fn(&Bin) -> u64| stats.bins.iter().map(f).sum::<u64>();
         assert_eq!(stats.bins.len(), 12);
@@ -523,10 +514,7 @@ mod tests {
 
     #[test]
     fn an_open_breaker_rejects_calls_without_an_attempt() {
-        let mut p = policy(
-            Some(retried()),
-            BudgetKind::Budget(BudgetConfig::default()),
-        );
+        let mut p = policy(Some(retried()), BudgetKind::Budget(BudgetConfig::default()));
         p.breaker = Some(BreakerConfig::default());
         let stats = run(&scenario(1.0, p)).expect("valid");
         let rejected = stats
