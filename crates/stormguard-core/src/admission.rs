@@ -81,8 +81,9 @@ use serde_json::Value;
 
 use crate::code::Code;
 use crate::config::{
-    ConfigError, as_duration, as_object, as_str, as_u32, as_u64, check_keys, code, parse_object,
+    as_duration, as_object, as_str, as_u32, as_u64, check_keys, code, parse_object,
 };
+use crate::error::ConfigError;
 
 /// The largest `pushback_max` accepted: one hour. Longer advice is no advice.
 pub const MAX_PUSHBACK: Duration = Duration::from_secs(3600);
@@ -924,6 +925,7 @@ mod tests {
         let field = |json: &str| match AdmissionConfig::from_json(json).unwrap_err() {
             ConfigError::Invalid { field, .. } => field,
             ConfigError::Malformed(m) => format!("malformed: {m}"),
+            read @ ConfigError::Read { .. } => read.to_string(),
         };
         let cases = [
             (r#"{"admision": {}}"#, "admision"),

@@ -31,52 +31,12 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use crate::backoff::BackoffConfig;
+pub use crate::error::ConfigError;
 use crate::breaker::BreakerConfig;
 use crate::budget::BudgetConfig;
 use crate::code::{Code, CodeSet};
 use crate::policy::{MethodTable, RetryPolicy};
 use crate::throttle::ThrottleConfig;
-
-/// An invalid configuration: names the field and the reason.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
-    /// A field holds a value outside its valid range or of the wrong form.
-    #[error("invalid `{field}`: {reason}")]
-    Invalid {
-        /// The field, as a dotted path (`retry.budget.ttl`).
-        field: String,
-        /// Why the value is refused.
-        reason: String,
-    },
-    /// The document is not well-formed JSON, or not of the expected shape.
-    #[error("malformed config: {0}")]
-    Malformed(String),
-}
-
-impl ConfigError {
-    /// An error for `field` with `reason`.
-    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        ConfigError::Invalid {
-            field: field.into(),
-            reason: reason.into(),
-        }
-    }
-
-    /// The same error with its field renamed by the first `(from, to)` pair whose `from`
-    /// is the field: for a document that spells a field differently from the struct.
-    fn renamed(self, names: &[(&str, &str)]) -> Self {
-        match self {
-            ConfigError::Invalid { field, reason } => {
-                let field = names
-                    .iter()
-                    .find(|(from, _)| *from == field)
-                    .map_or(field, |(_, to)| (*to).to_owned());
-                ConfigError::Invalid { field, reason }
-            }
-            malformed => malformed,
-        }
-    }
-}
 
 /// Which budget pays for retries.
 #[derive(Clone, Debug, PartialEq)]
@@ -676,6 +636,7 @@ mod tests {
         match e {
             ConfigError::Invalid { field, .. } => field,
             ConfigError::Malformed(m) => format!("malformed: {m}"),
+            read @ ConfigError::Read { .. } => read.to_string(),
         }
     }
 

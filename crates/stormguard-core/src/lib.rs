@@ -52,6 +52,7 @@ pub mod code;
 pub mod config;
 pub mod context;
 pub mod deadline;
+pub mod error;
 pub mod policy;
 pub mod pushback;
 pub mod queue;

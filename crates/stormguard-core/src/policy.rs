@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use crate::backoff::BackoffConfig;
 use crate::code::{Code, CodeSet};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 
 /// The largest number of attempts A6 allows; larger configured values are treated as this.
 pub const MAX_ATTEMPTS_CAP: u32 = 5;

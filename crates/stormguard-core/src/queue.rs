@@ -65,7 +65,7 @@ use std::time::Duration;
 
 use crate::Instant;
 use crate::admission::{AdmissionConfig, AdmissionPolicy, AttemptClass, Decision, QueueLoad, Shed};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 
 /// The place of one queued call, unique for the life of its queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -497,6 +497,7 @@ fn error_kind(e: &ConfigError) -> (bool, String, String) {
             (true, field, words(reason))
         }
         ConfigError::Malformed(message) => (false, String::new(), words(message)),
+        ConfigError::Read { reason, .. } => (false, String::new(), words(reason)),
     }
 }
 
