@@ -8,9 +8,9 @@
 //!
 //! The handler holds no retry logic of its own: the layers give the downstream call what is
 //! left of the inbound deadline, retry it under the standard client policy
-//! (`ClientConfig::standard()`, or `--service-config FILE`), and when they give up, mark the
-//! status with `grpc-retry-pushback-ms: -1` so that no caller above retries the same
-//! failure, whatever gRPC implementation it runs.
+//! (`ClientConfig::standard()`, or `--service-config FILE`: JSON, YAML or TOML, either
+//! shape), and when they give up, mark the status with `grpc-retry-pushback-ms: -1` so
+//! that no caller above retries the same failure, whatever gRPC implementation it runs.
 //!
 //! Prints `listening on ADDR` once bound, then one JSON line per second with the inbound
 //! queue's and the downstream client's cumulative counters:
@@ -145,7 +145,7 @@ async fn main() -> ExitCode {
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let config = match &args.service_config {
         None => ClientConfig::standard(),
-        Some(path) => ClientConfig::from_service_config_json(&std::fs::read_to_string(path)?)?,
+        Some(path) => ClientConfig::from_path(path)?,
     };
     let retry = RetryLayer::from_config(&config)?;
     let client_stats = retry.stats();

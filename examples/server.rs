@@ -7,10 +7,10 @@
 //!     --service-time-ms 5
 //! ```
 //!
-//! `--config FILE` reads the whole admission configuration from a JSON document
-//! (`{"admission": {"workers": 4, "queue_capacity": 64, "max_time_queued": "500ms", ...}}`,
-//! see `AdmissionConfig::from_json`); a bad document stops the server with an error that
-//! names the field. It excludes the flags that also set it (`--workers`, `--queue`,
+//! `--config FILE` reads the whole admission configuration from a JSON, YAML or TOML file
+//! (by its extension; `{"admission": {"workers": 4, "queue_capacity": 64,
+//! "max_time_queued": "500ms", ...}}` in JSON, see `AdmissionConfig::from_path`); a bad
+//! document stops the server with an error that names the field. It excludes the flags that also set it (`--workers`, `--queue`,
 //! `--retry-depth`, `--lifo-depth`, `--no-shed`).
 //!
 //! Prints `listening on ADDR` once bound (the real port when given `:0`), then one JSON
@@ -141,9 +141,8 @@ pub fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String
 /// `--no-shed`.
 pub fn admission(args: &Args) -> Result<Option<AdmissionConfig>, Box<dyn Error>> {
     if let Some(path) = &args.config {
-        let json = std::fs::read_to_string(path).map_err(|e| format!("--config {path}: {e}"))?;
         let config =
-            AdmissionConfig::from_json(&json).map_err(|e| format!("--config {path}: {e}"))?;
+            AdmissionConfig::from_path(path).map_err(|e| format!("--config {path}: {e}"))?;
         return Ok(Some(config));
     }
     if args.no_shed {

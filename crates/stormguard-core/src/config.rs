@@ -26,15 +26,16 @@
 //! Every value is checked; an error names the field as a dotted path and says why, so a bad
 //! deploy fails loudly at start-up rather than quietly retrying everything.
 
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
 
 use crate::backoff::BackoffConfig;
-pub use crate::error::ConfigError;
 use crate::breaker::BreakerConfig;
 use crate::budget::BudgetConfig;
 use crate::code::{Code, CodeSet};
+pub use crate::error::ConfigError;
 use crate::policy::{MethodTable, RetryPolicy};
 use crate::throttle::ThrottleConfig;
 
@@ -120,9 +121,65 @@ impl ClientConfig {
         Ok(())
     }
 
+    /// Reads a config file, JSON, YAML or TOML by its extension (`.json`, `.yaml` / `.yml`,
+    /// `.toml`), in either shape: a standard gRPC service config when its root has
+    /// `methodConfig` or `retryThrottling`, stormguard's own shape otherwise.
+    ///
+    /// ```no_run
+    /// use stormguard_core::config::ClientConfig;
+    ///
+    /// let config = ClientConfig::from_path("retry.yaml")?;
+    /// # Ok::<(), stormguard_core::config::ConfigError>(())
+    /// ```
+    pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        Self::from_document(read_document(path.as_ref())?)
+    }
+
+    /// [`ClientConfig::from_path`] for a document already in memory.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard_core::config::{BudgetChoice, ClientConfig, Format};
+    ///
+    /// let yaml = "
+    /// retry:
+    ///   budget:
+    ///     ttl: 10s
+    ///     min_retries_per_second: 5
+    ///     retry_ratio: 0.1
+    ///   backoff: full_jitter
+    ///   base: 100ms
+    ///   max_attempts: 3
+    ///   budget_exhausted: fail_fast
+    /// ";
+    /// let config = ClientConfig::from_text(yaml, Format::Yaml).unwrap();
+    /// let BudgetChoice::Stormguard(budget) = &config.budget else { panic!() };
+    /// assert_eq!(budget.ttl, Duration::from_secs(10));
+    ///
+    /// let toml = "[retry]\nmax_attempts = 3\nbase = \"100ms\"\n[retry.budget]\nttl = \"10s\"\n";
+    /// assert_eq!(ClientConfig::from_text(toml, Format::Toml).unwrap(), config);
+    /// ```
+    pub fn from_text(text: &str, format: Format) -> Result<Self, ConfigError> {
+        Self::from_document(parse_document(text, format)?)
+    }
+
+    fn from_document(root: Map<String, Value>) -> Result<Self, ConfigError> {
+        let service_config = ["methodConfig", "retryThrottling"]
+            .iter()
+            .any(|key| root.contains_key(*key));
+        if service_config {
+            Self::from_service_config(&root)
+        } else {
+            Self::from_stormguard(&root)
+        }
+    }
+
     /// Reads a standard gRPC service config (JSON).
     pub fn from_service_config_json(json: &str) -> Result<Self, ConfigError> {
-        let root = parse_object(json)?;
+        Self::from_service_config(&parse_object(json)?)
+    }
+
+    fn from_service_config(root: &Map<String, Value>) -> Result<Self, ConfigError> {
         let mut methods = MethodTable::none();
         if let Some(list) = root.get("methodConfig") {
             let list = list
@@ -131,6 +188,14 @@ impl ClientConfig {
             for (i, entry) in list.iter().enumerate() {
                 let field = format!("methodConfig[{i}]");
                 let entry = as_object(entry, &field)?;
+                if entry.contains_key("hedgingPolicy") {
+                    return Err(ConfigError::invalid(
+                        format!("{field}.hedgingPolicy"),
+                        "hedging is not supported; use `retryPolicy` (a hedging policy is \
+                         refused rather than dropped, so that calls are never sent other \
+                         than as configured)",
+                    ));
+                }
                 let policy = match entry.get("retryPolicy") {
                     Some(p) => Some(a6_retry_policy(p, &format!("{field}.retryPolicy"))?),
                     None => None,
@@ -180,8 +245,11 @@ impl ClientConfig {
     /// and defaults as in [`ClientConfig::standard`]; unknown fields are errors (a typo must
     /// not silently fall back to a default).
     pub fn from_json(json: &str) -> Result<Self, ConfigError> {
-        let root = parse_object(json)?;
-        check_keys(&root, "", &["retry", "breaker"])?;
+        Self::from_stormguard(&parse_object(json)?)
+    }
+
+    fn from_stormguard(root: &Map<String, Value>) -> Result<Self, ConfigError> {
+        check_keys(root, "", &["retry", "breaker"])?;
         let mut policy = RetryPolicy::default();
         let mut budget = BudgetConfig::default();
         if let Some(retry) = root.get("retry") {
@@ -447,6 +515,75 @@ pub(crate) fn check_keys(
         }
     }
     Ok(())
+}
+
+/// The format of a config document.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// JSON (`.json`).
+    Json,
+    /// YAML (`.yaml`, `.yml`).
+    Yaml,
+    /// TOML (`.toml`).
+    Toml,
+}
+
+impl Format {
+    /// The format a file's extension names.
+    ///
+    /// ```
+    /// use std::path::Path;
+    /// use stormguard_core::config::Format;
+    ///
+    /// assert_eq!(Format::from_path(Path::new("retry.yml")).unwrap(), Format::Yaml);
+    /// assert!(Format::from_path(Path::new("retry.ini")).is_err());
+    /// ```
+    pub fn from_path(path: &Path) -> Result<Format, ConfigError> {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("json") => Ok(Format::Json),
+            Some("yaml" | "yml") => Ok(Format::Yaml),
+            Some("toml") => Ok(Format::Toml),
+            _ => Err(ConfigError::Read {
+                path: path.display().to_string(),
+                reason: "the name must end in .json, .yaml, .yml or .toml".to_owned(),
+            }),
+        }
+    }
+}
+
+/// A document's root object, in any [`Format`]. An empty YAML document is an empty object.
+pub(crate) fn parse_document(
+    text: &str,
+    format: Format,
+) -> Result<Map<String, Value>, ConfigError> {
+    let root: Value = match format {
+        Format::Json => return parse_object(text),
+        Format::Yaml => serde_norway::from_str(text)
+            .map_err(|e| ConfigError::Malformed(format!("YAML: {e}")))?,
+        Format::Toml => {
+            toml::from_str(text).map_err(|e| ConfigError::Malformed(format!("TOML: {e}")))?
+        }
+    };
+    match root {
+        Value::Object(map) => Ok(map),
+        Value::Null => Ok(Map::new()),
+        _ => Err(ConfigError::Malformed(
+            "the document's root must be a mapping of fields".to_owned(),
+        )),
+    }
+}
+
+/// A config file's root object; the format comes from the file's extension.
+pub(crate) fn read_document(path: &Path) -> Result<Map<String, Value>, ConfigError> {
+    let format = Format::from_path(path)?;
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    parse_document(&text, format).map_err(|e| match e {
+        ConfigError::Malformed(m) => ConfigError::Malformed(format!("{}: {m}", path.display())),
+        other => other,
+    })
 }
 
 pub(crate) fn as_object<'a>(

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use stormguard_core::admission::{AdmissionConfig, AdmissionPolicy, AttemptClass, QueueLoad};
 use stormguard_core::code::Code;
-use stormguard_core::config::{ClientConfig, ConfigError, parse_duration};
+use stormguard_core::config::{ClientConfig, ConfigError, Format, parse_duration};
 use stormguard_core::deadline::{decode_grpc_timeout, encode_grpc_timeout};
 use stormguard_core::pushback::{MAX_PUSHBACK_MS, Pushback, parse_pushback};
 use stormguard_core::retry::{Decision, Failure, RetryController};
@@ -98,6 +98,18 @@ pub const TARGETS: &[Target] = &[
         run: stormguard_json,
         seeds: STORMGUARD_JSON_SEEDS,
         dictionary: JSON_TOKENS,
+    },
+    Target {
+        name: "stormguard-yaml",
+        run: stormguard_yaml,
+        seeds: YAML_SEEDS,
+        dictionary: YAML_TOKENS,
+    },
+    Target {
+        name: "stormguard-toml",
+        run: stormguard_toml,
+        seeds: TOML_SEEDS,
+        dictionary: TOML_TOKENS,
     },
     Target {
         name: "admission-json",
@@ -247,6 +259,93 @@ const JSON_TOKENS: &[&str] = &[
     "\"pushback_max\"",
     "\"shed_code\"",
     "\"seed\"",
+];
+
+const YAML_SEEDS: &[&str] = &[
+    "retry:\n  budget:\n    ttl: 10s\n    min_retries_per_second: 5\n    retry_ratio: 0.1\n  backoff: full_jitter\n  base: 100ms\n  max_attempts: 3\n  budget_exhausted: fail_fast\n",
+    "methodConfig:\n  - name: [{ service: stormguard.demo.v1.Inventory }]\n    retryPolicy: { maxAttempts: 4, initialBackoff: 0.1s, maxBackoff: 1s, backoffMultiplier: 2, retryableStatusCodes: [UNAVAILABLE] }\nretryThrottling: { maxTokens: 10, tokenRatio: 0.1 }\n",
+    "",
+];
+
+const YAML_TOKENS: &[&str] = &[
+    "\n",
+    "  ",
+    "- ",
+    ": ",
+    "{",
+    "}",
+    "[",
+    "]",
+    "&a ",
+    "*a",
+    "!!str ",
+    "!!binary ",
+    "~",
+    "null",
+    "yes",
+    "0x10",
+    "1e308",
+    ".inf",
+    ".nan",
+    "-1",
+    "2147483648",
+    "'",
+    "\"",
+    "#",
+    "<<: ",
+    "---\n",
+    "retry",
+    "budget",
+    "ttl",
+    "10s",
+    "base",
+    "cap",
+    "max_attempts",
+    "breaker",
+    "methodConfig",
+    "retryPolicy",
+    "hedgingPolicy",
+    "maxAttempts",
+    "retryThrottling",
+    "admission",
+];
+
+const TOML_SEEDS: &[&str] = &[
+    "[retry]\nbackoff = \"full_jitter\"\nbase = \"100ms\"\nmax_attempts = 3\n[retry.budget]\nttl = \"10s\"\nmin_retries_per_second = 5\nretry_ratio = 0.1\n",
+    "[[methodConfig]]\nname = [{ service = \"s\" }]\n[methodConfig.retryPolicy]\nmaxAttempts = 3\ninitialBackoff = \"0.1s\"\nmaxBackoff = \"1s\"\nbackoffMultiplier = 2\nretryableStatusCodes = [\"UNAVAILABLE\"]\n",
+    "",
+];
+
+const TOML_TOKENS: &[&str] = &[
+    "\n",
+    "[",
+    "]",
+    "[[",
+    "]]",
+    " = ",
+    "\"",
+    "'",
+    "{",
+    "}",
+    ",",
+    ".",
+    "inf",
+    "nan",
+    "-1",
+    "1979-05-27T07:32:00Z",
+    "0x7fffffff",
+    "1e308",
+    "true",
+    "retry",
+    "budget",
+    "ttl",
+    "\"10s\"",
+    "base",
+    "max_attempts",
+    "breaker",
+    "methodConfig",
+    "retryPolicy",
+    "hedgingPolicy",
 ];
 
 const ADMISSION_JSON_SEEDS: &[&str] = &[
@@ -408,6 +507,16 @@ pub fn stormguard_json(input: &[u8]) -> Outcome {
     config(input, ClientConfig::from_json)
 }
 
+/// stormguard's config in YAML (either shape, as `ClientConfig::from_path` reads a file).
+pub fn stormguard_yaml(input: &[u8]) -> Outcome {
+    config(input, |text| ClientConfig::from_text(text, Format::Yaml))
+}
+
+/// stormguard's config in TOML (either shape).
+pub fn stormguard_toml(input: &[u8]) -> Outcome {
+    config(input, |text| ClientConfig::from_text(text, Format::Toml))
+}
+
 fn config(input: &[u8], parse: fn(&str) -> Result<ClientConfig, ConfigError>) -> Outcome {
     let text = String::from_utf8_lossy(input);
     match parse(&text) {
@@ -496,7 +605,11 @@ fn error_kind(e: &ConfigError) -> (bool, String, String) {
             let field = if known { field.clone() } else { String::new() };
             (true, field, words(reason))
         }
-        ConfigError::Malformed(message) => (false, String::new(), words(message)),
+        // A syntax error: its first words say which kind (the rest names the place).
+        ConfigError::Malformed(message) => {
+            let kind: String = words(message).chars().take(24).collect();
+            (false, String::new(), kind)
+        }
         ConfigError::Read { reason, .. } => (false, String::new(), words(reason)),
     }
 }
