@@ -6,7 +6,10 @@
 //!   read): `methodConfig[].name` / `retryPolicy` and `retryThrottling`, with proto3 JSON
 //!   durations (`"0.1s"`) and status codes by name (any case) or number. Its retry policies
 //!   use the A6 backoff and its `retryThrottling` becomes the A6 token bucket; without
-//!   `retryThrottling` retries are paid from stormguard's budget with default settings;
+//!   `retryThrottling` retries are paid from stormguard's budget with default settings; a
+//!   method's `timeout` becomes its default deadline
+//!   ([`MethodTable::timeout`](crate::policy::MethodTable::timeout)), and a
+//!   `hedgingPolicy` is refused with an error (stormguard does not hedge);
 //! * stormguard's own shape, for users who want the budget and full jitter:
 //!
 //! ```json
@@ -200,6 +203,18 @@ impl ClientConfig {
                     Some(p) => Some(a6_retry_policy(p, &format!("{field}.retryPolicy"))?),
                     None => None,
                 };
+                // The method's default deadline: what a call gets when its caller set none.
+                let timeout = match entry.get("timeout") {
+                    Some(t) => {
+                        let tf = format!("{field}.timeout");
+                        let t = proto_duration(t, &tf)?;
+                        if t.is_zero() {
+                            return Err(ConfigError::invalid(tf, "must be greater than 0"));
+                        }
+                        Some(t)
+                    }
+                    None => None,
+                };
                 let names = entry.get("name").and_then(Value::as_array).ok_or_else(|| {
                     ConfigError::invalid(format!("{field}.name"), "must be an array of names")
                 })?;
@@ -209,15 +224,24 @@ impl ClientConfig {
                     let service = opt_str(name, "service", &nf)?.unwrap_or("");
                     let method = opt_str(name, "method", &nf)?.unwrap_or("");
                     match (service, method) {
-                        ("", "") => methods.set_default(policy.clone()),
+                        ("", "") => {
+                            methods.set_default(policy.clone());
+                            methods.set_default_timeout(timeout);
+                        }
                         ("", _) => {
                             return Err(ConfigError::invalid(
                                 format!("{nf}.service"),
                                 "a method name needs its service",
                             ));
                         }
-                        (s, "") => methods.insert_service(s, policy.clone()),
-                        (s, m) => methods.insert_method(s, m, policy.clone()),
+                        (s, "") => {
+                            methods.insert_service(s, policy.clone());
+                            methods.insert_service_timeout(s, timeout);
+                        }
+                        (s, m) => {
+                            methods.insert_method(s, m, policy.clone());
+                            methods.insert_method_timeout(s, m, timeout);
+                        }
                     }
                 }
             }

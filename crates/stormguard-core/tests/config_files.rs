@@ -156,6 +156,35 @@ fn a_hedging_policy_is_refused_not_dropped() {
 }
 
 #[test]
+fn a_method_timeout_becomes_its_default_deadline() {
+    let yaml = "
+methodConfig:
+  - name: [{ service: pkg.Svc }]
+    timeout: 1.5s
+  - name: [{ service: pkg.Svc, method: Stream }]
+  - name: [{}]
+    timeout: 10s
+";
+    let config = ClientConfig::from_text(yaml, Format::Yaml).unwrap();
+    assert_eq!(
+        config.methods.timeout("/pkg.Svc/Get"),
+        Some(Duration::from_millis(1500))
+    );
+    // The most specific entry wins, as for the retry policy: this one has no timeout.
+    assert_eq!(config.methods.timeout("/pkg.Svc/Stream"), None);
+    assert_eq!(
+        config.methods.timeout("/other.Svc/Get"),
+        Some(Duration::from_secs(10))
+    );
+    for (bad, why) in [("0s", "greater than 0"), ("soon", "")] {
+        let json = format!(r#"{{"methodConfig":[{{"name":[{{}}],"timeout":"{bad}"}}]}}"#);
+        let e = ClientConfig::from_service_config_json(&json).unwrap_err();
+        assert!(e.to_string().contains(why), "{e}");
+        assert_eq!(field(e), "methodConfig[0].timeout");
+    }
+}
+
+#[test]
 fn files_that_cannot_be_read_say_which_and_why() {
     let missing = std::env::temp_dir().join("stormguard-config-files-missing.yaml");
     let e = ClientConfig::from_path(&missing).unwrap_err();
