@@ -32,7 +32,6 @@ use std::time::Duration;
 
 use stormguard_client::RetryLayer;
 use stormguard_core::config::ClientConfig;
-use stormguard_core::policy::RetryPolicy;
 use stormguard_demo::{InventoryClient, ReserveRequest};
 use tokio::time::Instant;
 use tonic::transport::Endpoint;
@@ -155,18 +154,7 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Args, ArgEr
 /// Runs the load and returns the JSON report.
 pub async fn run(args: &Args) -> Result<serde_json::Value, Box<dyn Error + Send + Sync>> {
     let config = match &args.policy {
-        PolicyArg::Default => {
-            let mut config = ClientConfig::standard();
-            config.methods.insert_method(
-                "stormguard.demo.v1.Inventory",
-                "Reserve",
-                Some(RetryPolicy {
-                    idempotent: true,
-                    ..RetryPolicy::default()
-                }),
-            );
-            config
-        }
+        PolicyArg::Default => stormguard_demo::client_config(),
         PolicyArg::None => ClientConfig::no_retries(),
         PolicyArg::ServiceConfig(path) => {
             ClientConfig::from_path(path).map_err(|e| format!("--service-config {path}: {e}"))?

@@ -8,7 +8,7 @@
 //!
 //! The handler holds no retry logic of its own: the layers give the downstream call what is
 //! left of the inbound deadline, retry it under the standard client policy
-//! (`ClientConfig::standard()`, or `--service-config FILE`: JSON, YAML or TOML, either
+//! (`stormguard_demo::client_config()`, or `--service-config FILE`: JSON, YAML or TOML, either
 //! shape), and when they give up, mark the status with `grpc-retry-pushback-ms: -1` so
 //! that no caller above retries the same failure, whatever gRPC implementation it runs.
 //!
@@ -144,7 +144,7 @@ async fn main() -> ExitCode {
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let config = match &args.service_config {
-        None => ClientConfig::standard(),
+        None => stormguard_demo::client_config(),
         Some(path) => ClientConfig::from_path(path)?,
     };
     let retry = RetryLayer::from_config(&config)?;

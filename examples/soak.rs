@@ -9,7 +9,7 @@
 //! Starts the example server (`--server`, by default the `server` binary next to this one)
 //! with 4 workers × 20 ms, measures its capacity with a short saturating run, then offers
 //! `--overload` × that capacity from `--clients` channels, each behind its own `RetryLayer`
-//! (standard policy), each call with a `--deadline-ms` deadline, arrivals at a fixed rate
+//! (standard policy, `Reserve` idempotent), each call with a `--deadline-ms` deadline, arrivals at a fixed rate
 //! whatever the answers (open loop). Every 5 s it prints the server's and its own resident
 //! memory and what was served. At the end it checks, and exits non-zero if any fails:
 //!
@@ -36,7 +36,6 @@ use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use stormguard::client::RetryLayer;
-use stormguard::core::config::ClientConfig;
 use stormguard_demo::{InventoryClient, ReserveRequest};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -225,7 +224,8 @@ type Client = InventoryClient<stormguard::client::Retry<tonic::transport::Channe
 /// One client "process": a channel whose connector counts connections, behind its own
 /// `RetryLayer`.
 fn client(addr: &str, counts: &Arc<Counts>) -> Result<(Client, RetryLayer), String> {
-    let layer = RetryLayer::from_config(&ClientConfig::standard()).map_err(|e| e.to_string())?;
+    let layer =
+        RetryLayer::from_config(&stormguard_demo::client_config()).map_err(|e| e.to_string())?;
     let target = addr.to_owned();
     let counted = counts.clone();
     let connector = tower::service_fn(move |_: Uri| {
