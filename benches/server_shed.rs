@@ -17,22 +17,24 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use stormguard_server::{AdmissionConfig, RetryThreshold, ShedLayer};
 use tower::{Layer, Service, ServiceExt};
 
-fn request() -> http::Request<()> {
+fn request() -> http::Request<String> {
     http::Request::builder()
         .uri("/stormguard.demo.v1.Inventory/Reserve")
         .header("grpc-previous-rpc-attempts", "1")
         .header("grpc-timeout", "250m")
-        .body(())
+        .body(String::new())
         .expect("request")
 }
 
 fn handler() -> impl Service<
-    http::Request<()>,
-    Response = http::Response<()>,
+    http::Request<String>,
+    Response = http::Response<String>,
     Error = Infallible,
-    Future = std::future::Ready<Result<http::Response<()>, Infallible>>,
+    Future = std::future::Ready<Result<http::Response<String>, Infallible>>,
 > + Clone {
-    tower::service_fn(|_req: http::Request<()>| std::future::ready(Ok(http::Response::new(()))))
+    tower::service_fn(|_req: http::Request<String>| {
+        std::future::ready(Ok(http::Response::new(String::new())))
+    })
 }
 
 fn bench(c: &mut Criterion) {
@@ -57,11 +59,11 @@ fn bench(c: &mut Criterion) {
     let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
     let held = {
         let gate = std::sync::Arc::clone(&gate);
-        full.layer(tower::service_fn(move |_req: http::Request<()>| {
+        full.layer(tower::service_fn(move |_req: http::Request<String>| {
             let gate = std::sync::Arc::clone(&gate);
             async move {
                 let _permit = gate.acquire().await;
-                Ok::<_, Infallible>(http::Response::new(()))
+                Ok::<_, Infallible>(http::Response::new(String::new()))
             }
         }))
     };

@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use stormguard::core::admission::{AdmissionConfig, QueueOrder, RetryThreshold};
-use stormguard::server::{ShedLayer, ShedStats};
+use stormguard::server::{ShedBody, ShedLayer, ShedStats};
 use stormguard_demo::InventoryServer;
 use stormguard_demo::server::{DemoConfig, DemoControl, DemoInventory};
 use tokio::net::TcpListener;
@@ -285,7 +285,15 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
     let builder = Server::builder()
         .http2_max_pending_accept_reset_streams(Some(args.max_pending_resets))
         .layer(tower::util::option_layer(log))
-        .layer(tower::util::option_layer(layer))
+        // Both arms answer with tonic's body type: the layer's body (which holds a worker
+        // until a response ends) is boxed into it, the bare arm is unchanged.
+        .layer(tower::util::option_layer(layer.map(|layer| {
+            tower::ServiceBuilder::new()
+                .map_response(|r: http::Response<ShedBody<tonic::body::Body>>| {
+                    r.map(tonic::body::Body::new)
+                })
+                .layer(layer)
+        })))
         .add_service(InventoryServer::new(inventory));
     let served = builder
         .serve_with_incoming_shutdown(incoming, shutdown)

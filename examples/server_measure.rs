@@ -1,5 +1,5 @@
 //! Measures the admission queue's disciplines under a capacity drop that sends a naive
-//! client metastable (the scenario of `storm-notes.md`), in one process over loopback.
+//! client metastable (the storm measured on tonic, as `examples/storm.rs` runs it), in one process over loopback.
 //!
 //! ```text
 //! cargo run --release --example server_measure -- [--secs 30] [--load 540] [--only NAME]

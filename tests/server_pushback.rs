@@ -5,28 +5,25 @@
 mod server_support;
 
 use std::collections::BTreeSet;
+use std::convert::Infallible;
 use std::time::Duration;
 
 use server_support::{
-    Background, channel, eventually, hold_worker, pushback, release, reserve, start,
+    Background, channel, eventually, hold_worker, one_worker_no_queue, pushback, release, reserve,
+    start,
 };
 use stormguard_core::code::Code as CoreCode;
 use stormguard_demo::server::DemoConfig;
 use stormguard_demo::{InventoryClient, ReserveRequest};
-use stormguard_server::{AdmissionConfig, RetryThreshold};
+use stormguard_server::{AdmissionConfig, RetryThreshold, ShedLayer};
+use tokio::sync::watch;
 use tonic::transport::Channel;
-use tower::ServiceExt;
+use tower::{Layer, ServiceExt};
 
 fn no_queue(pushback_max_ms: u64) -> AdmissionConfig {
     AdmissionConfig {
-        workers: 1,
-        queue_capacity: 0,
-        retry_threshold: RetryThreshold {
-            depth: None,
-            queue_delay: None,
-        },
         pushback_max: Duration::from_millis(pushback_max_ms),
-        ..AdmissionConfig::default()
+        ..one_worker_no_queue()
     }
 }
 
@@ -141,9 +138,21 @@ async fn retries_shed_under_deep_overload_are_told_not_to_retry() {
     held.serve_all(&server.control).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// The `grpc-retry-pushback-ms` of a response from the tower service, in milliseconds.
+fn header_pushback_ms<B>(response: &http::Response<B>) -> u64 {
+    response.headers()["grpc-retry-pushback-ms"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("a non-negative integer")
+}
+
+/// Driven through the tower service on paused time, so the completions are exactly
+/// 20 ms apart and no idle time passes between them and the shed answers: the drain
+/// estimate is exact, not a band wide enough for a loaded machine.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn the_pushback_follows_the_observed_completion_rate() {
-    let admission = AdmissionConfig {
+    let layer = ShedLayer::from_config(AdmissionConfig {
         workers: 1,
         queue_capacity: 4,
         retry_threshold: RetryThreshold {
@@ -152,34 +161,60 @@ async fn the_pushback_follows_the_observed_completion_rate() {
         },
         pushback_max: Duration::from_secs(1),
         ..AdmissionConfig::default()
-    };
-    let demo = DemoConfig {
-        service_time: Duration::from_millis(20),
-        ..DemoConfig::default()
-    };
-    let server = start(admission, demo, false).await;
-    let client = InventoryClient::new(channel(server.addr).await);
-    // Warm up: completions about 21 ms apart (a 20 ms sleep and the call around it).
-    for _ in 0..20 {
-        client
-            .clone()
-            .reserve(reserve("", None))
-            .await
-            .expect("served");
-    }
+    })
+    .expect("valid config");
+    let stats = layer.stats();
+    // The handler waits at the gate (open or closed), then takes 20 ms.
+    let (gate, gate_rx) = watch::channel(true);
+    let service = layer.layer(tower::service_fn(move |_req: http::Request<String>| {
+        let mut gate = gate_rx.clone();
+        async move {
+            let _ = gate.wait_for(|open| *open).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok::<_, Infallible>(http::Response::new(String::new()))
+        }
+    }));
+    let call = || service.clone().oneshot(http::Request::new(String::new()));
     // One running (held at the gate, so the queue stays full while we look), four
-    // queued, then the rest shed: the drain estimate is about (4 + 1) × 21 ms ≈ 105 ms,
-    // jittered over [e/2, e]. Without a rate it would be the max (1 s), jittered over
-    // [500, 1000].
-    server.control.close_gate();
-    let mut calls = Background::new(&client);
-    for _ in 0..5 {
-        calls.send(reserve("", None));
+    // queued, then `n` shed: their pushbacks.
+    let shed_while_full = |n: usize| {
+        let gate = &gate;
+        let stats = &stats;
+        async move {
+            gate.send_replace(false);
+            let mut calls = vec![tokio::spawn(call())];
+            while stats.snapshot().in_flight < 1 {
+                tokio::task::yield_now().await;
+            }
+            calls.extend((0..4).map(|_| tokio::spawn(call())));
+            while stats.snapshot().queue_depth < 4 {
+                tokio::task::yield_now().await;
+            }
+            let mut pushbacks = Vec::new();
+            for _ in 0..n {
+                pushbacks.push(header_pushback_ms(&call().await.expect("infallible")));
+            }
+            gate.send_replace(true);
+            for call in calls {
+                call.await.expect("task").expect("infallible");
+            }
+            pushbacks
+        }
+    };
+    // Before any completion the estimate is the max (1 s), jittered over [500, 1000].
+    for ms in shed_while_full(10).await {
+        assert!((500..=1000).contains(&ms), "no rate yet: pushback {ms} ms");
     }
-    eventually("queue full", || server.stats.snapshot().queue_depth == 4).await;
-    for _ in 0..10 {
-        let ms = pushback_ms(&shed(&client, reserve("", None)).await);
-        assert!((40..=400).contains(&ms), "pushback {ms} ms");
+    // Warm up: 20 calls one after another, completions exactly 20 ms apart.
+    for _ in 0..20 {
+        call().await.expect("infallible");
     }
-    calls.serve_all(&server.control).await;
+    // Shed at the instant of the last completion: the drain estimate is
+    // (4 + 1) × 20 ms = 100 ms, jittered over [50, 100].
+    let mut seen = BTreeSet::new();
+    for ms in shed_while_full(20).await {
+        assert!((50..=100).contains(&ms), "pushback {ms} ms");
+        seen.insert(ms);
+    }
+    assert!(seen.len() > 1, "pushback not jittered: {seen:?}");
 }

@@ -16,11 +16,11 @@ struct Switch {
     ready: Arc<AtomicBool>,
 }
 
-impl Service<http::Request<()>> for Switch {
-    type Response = http::Response<()>;
+impl Service<http::Request<String>> for Switch {
+    type Response = http::Response<String>;
     type Error = Infallible;
     type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<http::Response<()>, Infallible>> + Send>,
+        Box<dyn std::future::Future<Output = Result<http::Response<String>, Infallible>> + Send>,
     >;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
@@ -31,19 +31,19 @@ impl Service<http::Request<()>> for Switch {
         }
     }
 
-    fn call(&mut self, _: http::Request<()>) -> Self::Future {
+    fn call(&mut self, _: http::Request<String>) -> Self::Future {
         Box::pin(std::future::pending())
     }
 }
 
-fn poll_ready_once<S: Service<http::Request<()>>>(service: &mut S) -> bool {
+fn poll_ready_once<S: Service<http::Request<String>>>(service: &mut S) -> bool {
     let waker = std::task::Waker::noop();
     let mut cx = Context::from_waker(waker);
     service.poll_ready(&mut cx).is_ready()
 }
 
-fn request() -> http::Request<()> {
-    http::Request::new(())
+fn request() -> http::Request<String> {
+    http::Request::new(String::new())
 }
 
 #[test]

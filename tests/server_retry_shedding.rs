@@ -1,18 +1,21 @@
 //! Behaviours 2 and 3: attempt classes from the standard and the older header, malformed
 //! values counted as retries; retries shed past the threshold, first attempts only when
-//! the queue is full; under 4× overload retries absorb the shedding.
+//! the queue is full; under 4× overload retries absorb the shedding (on paused time, so
+//! the overload run's decisions are the same on every machine).
 
 mod server_support;
 
+use std::convert::Infallible;
 use std::time::Duration;
 
 use server_support::{Background, channel, eventually, pushback, reserve, start, with_header};
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
 use stormguard_server::shed::{MESSAGE_QUEUE_FULL, MESSAGE_RETRY_SHED};
-use stormguard_server::{AdmissionConfig, RetryThreshold};
+use stormguard_server::{AdmissionConfig, RetryThreshold, ShedLayer};
 use tokio::task::JoinSet;
 use tonic::Code;
+use tower::{Layer, ServiceExt};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_are_shed_past_the_threshold_and_first_attempts_queue_until_full() {
@@ -90,60 +93,69 @@ async fn retries_are_shed_past_the_threshold_and_first_attempts_queue_until_full
 }
 
 /// Offered load 4× capacity, half of it marked as retries (`grpc-previous-rpc-attempts:
-/// 1`). Returns (ok first, ok retry, shed first, shed retry, expired).
+/// 1`), driven through the tower service on paused time: the handler takes exactly
+/// 10 ms, arrivals come exactly every 10 ms, so every run makes the same decisions.
+/// Returns (ok first, ok retry, shed first, shed retry, expired).
 async fn overload_run(retry_threshold: RetryThreshold) -> [u64; 5] {
-    let admission = AdmissionConfig {
+    let layer = ShedLayer::from_config(AdmissionConfig {
         workers: 2,
         queue_capacity: 16,
         retry_threshold,
         ..AdmissionConfig::default()
-    };
-    let demo = DemoConfig {
-        service_time: Duration::from_millis(10),
-        ..DemoConfig::default()
-    };
-    let server = start(admission, demo, false).await;
-    let client = InventoryClient::new(channel(server.addr).await);
-    // Capacity is 2 workers / 10 ms = 2 calls per 10 ms (a little less in practice:
-    // a 10 ms sleep takes ~11 ms). Offer 8 per 10 ms, half retries, for 1.5 s.
+    })
+    .expect("valid config");
+    let stats = layer.stats();
+    let service = layer.layer(tower::service_fn(|_req: http::Request<String>| async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        Ok::<_, Infallible>(http::Response::new(String::new()))
+    }));
+    // Capacity is 2 workers / 10 ms = 2 calls per 10 ms. Offer 8 per 10 ms, half
+    // retries, for 1.5 s.
     let mut calls = JoinSet::new();
     let mut tick = tokio::time::interval(Duration::from_millis(10));
     // Shuffled so that neither class is systematically first in a round.
     let mut rng = fastrand::Rng::with_seed(4);
-    for round in 0..150 {
+    for _round in 0..150 {
         tick.tick().await;
         let mut classes = [false, true, false, true, false, true, false, true];
         rng.shuffle(&mut classes);
         for retry in classes {
-            let mut client = client.clone();
-            let request = reserve("", retry.then_some("1"));
-            calls.spawn(async move {
-                let _ = round;
-                (retry, client.reserve(request).await)
-            });
+            let mut request = http::Request::new(String::new());
+            if retry {
+                request
+                    .headers_mut()
+                    .insert("grpc-previous-rpc-attempts", "1".parse().expect("header"));
+            }
+            let call = service.clone().oneshot(request);
+            calls.spawn(async move { (retry, call.await) });
         }
     }
     let mut out = [0u64; 5];
     while let Some(result) = calls.join_next().await {
-        let (retry, result) = result.expect("task");
-        let slot = match (&result, retry) {
-            (Ok(_), false) => 0,
-            (Ok(_), true) => 1,
-            (Err(s), false) if s.code() == Code::Unavailable => 2,
-            (Err(s), true) if s.code() == Code::Unavailable => 3,
-            (Err(s), _) if s.code() == Code::DeadlineExceeded => 4,
-            (Err(s), _) => panic!("unexpected status {s:?}"),
+        let (retry, response) = result.expect("task");
+        let response = response.expect("infallible");
+        let status = response
+            .headers()
+            .get("grpc-status")
+            .map(|v| v.to_str().expect("ascii").to_owned());
+        let slot = match (status.as_deref(), retry) {
+            (None, false) => 0,
+            (None, true) => 1,
+            (Some("14"), false) => 2,
+            (Some("14"), true) => 3,
+            (Some("4"), _) => 4,
+            (Some(other), _) => panic!("unexpected status {other}"),
         };
         out[slot] += 1;
     }
-    let stats = server.stats.snapshot();
+    let stats = stats.snapshot();
     assert_eq!(stats.shed_first, out[2]);
     assert_eq!(stats.shed_retry, out[3]);
     assert_eq!(stats.completed, out[0] + out[1]);
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn under_four_times_overload_retries_absorb_the_shedding() {
     let shed_first = overload_run(RetryThreshold {
         depth: Some(4),
@@ -163,9 +175,13 @@ async fn under_four_times_overload_retries_absorb_the_shedding() {
         share(shed_first),
         share(equal)
     );
-    // The server was overloaded in both runs.
-    assert!(shed_first[2] + shed_first[3] > shed_first[0] + shed_first[1]);
-    assert!(equal[2] + equal[3] > equal[0] + equal[1]);
+    // Both runs served at capacity (2 per 10 ms over 1.5 s, the queue drained after)
+    // and were overloaded.
+    for run in [shed_first, equal] {
+        assert_eq!(run.iter().sum::<u64>(), 1200, "{run:?}");
+        assert!(run[0] + run[1] >= 300, "{run:?}");
+        assert!(run[2] + run[3] > run[0] + run[1], "{run:?}");
+    }
     // With the retry threshold, first attempts get the capacity...
     assert!(share(shed_first) >= 0.9, "{shed_first:?}");
     // ...and retries take the shedding.

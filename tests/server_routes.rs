@@ -8,10 +8,9 @@ use std::future::{Ready, ready};
 use std::net::SocketAddr;
 use std::task::{Context, Poll};
 
-use server_support::{channel, hold_worker, release, reserve, start_with};
+use server_support::{channel, hold_worker, one_worker_no_queue, release, reserve, start_with};
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
-use stormguard_server::{AdmissionConfig, RetryThreshold};
 use tonic::server::NamedService;
 use tonic::transport::{Channel, Server};
 use tower::{Layer, Service, ServiceExt};
@@ -52,18 +51,6 @@ async fn echo(channel: &Channel, addr: SocketAddr) -> String {
         .to_str()
         .expect("ascii")
         .to_owned()
-}
-
-fn one_worker_no_queue() -> AdmissionConfig {
-    AdmissionConfig {
-        workers: 1,
-        queue_capacity: 0,
-        retry_threshold: RetryThreshold {
-            depth: None,
-            queue_delay: None,
-        },
-        ..AdmissionConfig::default()
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use stormguard_demo::server::{DemoConfig, DemoControl, DemoInventory};
 use stormguard_demo::{InventoryClient, InventoryServer, ReserveReply, ReserveRequest};
-use stormguard_server::{AdmissionConfig, ShedLayer, ShedStats};
+use stormguard_server::{AdmissionConfig, RetryThreshold, ShedLayer, ShedStats};
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 use tonic::transport::server::TcpIncoming;
@@ -25,6 +25,20 @@ pub struct TestServer {
 impl Drop for TestServer {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// One worker, no queue, no retry threshold: with the worker held, every other call is
+/// shed on arrival.
+pub fn one_worker_no_queue() -> AdmissionConfig {
+    AdmissionConfig {
+        workers: 1,
+        queue_capacity: 0,
+        retry_threshold: RetryThreshold {
+            depth: None,
+            queue_delay: None,
+        },
+        ..AdmissionConfig::default()
     }
 }
 

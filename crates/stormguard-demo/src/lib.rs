@@ -7,6 +7,7 @@
 #![allow(missing_docs, unreachable_pub, clippy::unwrap_used)]
 
 pub mod server;
+pub mod storm;
 
 /// Generated messages, client and server for `stormguard.demo.v1`.
 pub mod v1 {
@@ -14,7 +15,9 @@ pub mod v1 {
 }
 
 pub use v1::{
-    ReserveReply, ReserveRequest, StockLevel, WatchStockRequest,
+    ReserveBatchReply, ReserveReply, ReserveRequest, StockLevel, WatchStockRequest,
+    inventory_batch_client::InventoryBatchClient,
+    inventory_batch_server::{InventoryBatch, InventoryBatchServer},
     inventory_client::InventoryClient,
     inventory_server::{Inventory, InventoryServer},
 };

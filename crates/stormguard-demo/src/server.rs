@@ -22,7 +22,10 @@ use tokio::sync::watch;
 use tonic::codegen::tokio_stream::{self, Stream};
 use tonic::{Request, Response, Status};
 
-use crate::{Inventory, ReserveReply, ReserveRequest, StockLevel, WatchStockRequest};
+use crate::{
+    Inventory, InventoryBatch, ReserveBatchReply, ReserveReply, ReserveRequest, StockLevel,
+    WatchStockRequest,
+};
 
 /// The knobs of a [`DemoInventory`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -297,6 +300,25 @@ impl Inventory for DemoInventory {
             })
         });
         Ok(Response::new(Box::pin(tokio_stream::iter(levels))))
+    }
+}
+
+#[tonic::async_trait]
+impl InventoryBatch for DemoInventory {
+    /// Reads the whole stream, then answers with the count and the total quantity. Not
+    /// gated and not counted as `Reserve` calls: it shows what a client stream costs
+    /// the server while the caller sends it.
+    async fn reserve_batch(
+        &self,
+        request: Request<tonic::Streaming<ReserveRequest>>,
+    ) -> Result<Response<ReserveBatchReply>, Status> {
+        let mut stream = request.into_inner();
+        let (mut reserved, mut quantity) = (0u32, 0u64);
+        while let Some(item) = stream.message().await? {
+            reserved = reserved.saturating_add(1);
+            quantity = quantity.saturating_add(u64::from(item.quantity));
+        }
+        Ok(Response::new(ReserveBatchReply { reserved, quantity }))
     }
 }
 

@@ -65,11 +65,22 @@
 //!   callers giving up after 5 ms on one connection broke it; with
 //!   `Server::builder().http2_max_pending_accept_reset_streams(Some(10_000))` it held.
 //!   The queue frees the slots of those callers either way.
-//! - **The worker is held until the handler's future completes**: for a unary call that
-//!   is the whole call; for a server-streaming call it is until the handler returns the
-//!   stream, not until the stream ends.
+//! - **Early answers cost the connection nothing.** A shed or expired call is answered
+//!   before its request body is read; the layer then reads and discards what the caller
+//!   still sends, within bounds, because h2 closes a connection on which too many small
+//!   request DATA frames arrive unread (see [`shed::drain`]).
+//! - **Health checks are never shed** (`grpc.health.v1.Health`, see [`shed::exempt`]):
+//!   [`ShedLayer::never_shed`] and [`ShedLayer::never_shed_if`] name more methods,
+//!   [`ShedLayer::shed_health_checks`] turns the default off.
+//! - **The worker is held until the response ends**: the response body ([`ShedBody`])
+//!   holds it until its last frame is read or it is dropped. For a unary call that is
+//!   the handler plus writing out one message; a server-streaming call holds its worker
+//!   for as long as it streams, and a client-streaming call for as long as its caller
+//!   sends. So streams never escape the concurrency bound; to keep them from taking the
+//!   workers of unary calls, serve streaming services behind a layer of their own.
 //! - **One layer is one queue**: wrap the router (`Server::builder().layer(..)`) to
-//!   share workers between services, or wrap one service to bound it alone.
+//!   share workers between services, or wrap one service to bound it alone (a separate
+//!   limit for a streaming service, say).
 //!
 //! The decision itself (attempt classes, thresholds, pushback, expiry, queue order) is
 //! [`stormguard_core::admission`], shared with the fleet simulator; this crate is the
@@ -78,6 +89,7 @@
 pub mod shed;
 pub mod stats;
 
+pub use shed::{DrainCounts, ShedBody};
 pub use shed::{ResponseFuture, ShedLayer, ShedService};
 pub use stats::{Occupancy, ShedStats, StatsSnapshot};
 pub use stormguard_core::admission::{

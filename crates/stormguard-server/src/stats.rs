@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::shed::drain::{DrainCounts, Drains};
+use crate::shed::exempt::Bypassed;
 use crate::shed::queue::Queue;
 
 /// A cloneable handle on one [`ShedLayer`](crate::ShedLayer)'s counters.
@@ -28,11 +30,29 @@ use crate::shed::queue::Queue;
 #[derive(Clone)]
 pub struct ShedStats {
     queue: Arc<Queue>,
+    drains: Arc<Drains>,
+    bypassed: Arc<Bypassed>,
 }
 
 impl ShedStats {
-    pub(crate) fn new(queue: Arc<Queue>) -> Self {
-        ShedStats { queue }
+    pub(crate) fn new(queue: Arc<Queue>, drains: Arc<Drains>, bypassed: Arc<Bypassed>) -> Self {
+        ShedStats {
+            queue,
+            drains,
+            bypassed,
+        }
+    }
+
+    /// Calls that bypassed the queue because they are never shed (health checks and
+    /// the paths named with [`ShedLayer::never_shed`](crate::ShedLayer::never_shed)).
+    pub fn never_shed(&self) -> u64 {
+        self.bypassed.get()
+    }
+
+    /// What happened to the request bodies of calls answered before they were read
+    /// (see [`drain`](crate::shed::drain)).
+    pub fn drains(&self) -> DrainCounts {
+        self.drains.counts()
     }
 
     /// The counters now.
@@ -62,6 +82,7 @@ impl fmt::Debug for ShedStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShedStats")
             .field("snapshot", &self.snapshot())
+            .field("drains", &self.drains())
             .finish()
     }
 }
@@ -82,7 +103,8 @@ pub struct Occupancy {
 pub struct StatsSnapshot {
     /// Calls given a worker (at once or after queuing).
     pub admitted: u64,
-    /// Calls whose handler finished (with any status) on a worker.
+    /// Calls that finished (with any status) on a worker: the handler returned and the
+    /// response body ended (for a stream, its last message and trailers were read).
     pub completed: u64,
     /// First attempts answered with the shed status.
     pub shed_first: u64,
@@ -95,7 +117,7 @@ pub struct StatsSnapshot {
     pub cancelled_queued: u64,
     /// Calls waiting for a worker now.
     pub queue_depth: usize,
-    /// Calls running now.
+    /// Calls holding a worker now (running, or streaming their response).
     pub in_flight: usize,
     /// Calls that left the queue (to run, expired or cancelled).
     pub dequeued: u64,

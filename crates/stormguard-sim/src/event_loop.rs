@@ -300,7 +300,7 @@ mod tests {
     use crate::stats::Bin;
     use stormguard_core::breaker::BreakerConfig;
     use stormguard_core::budget::BudgetConfig;
-    use stormguard_core::code::Code;
+    use stormguard_core::code::{Code, CodeSet};
     use stormguard_core::policy::RetryPolicy;
 
     /// The default policy for a method whose answers may be retried.
@@ -317,7 +317,7 @@ mod tests {
             retry,
             budget,
             breaker: None,
-            attempt_timeout: None,
+            layer_per_attempt_timeout: None,
             deadline: Some(Duration::from_secs(1)),
             budget_per_shard: false,
             pushback_on_give_up: false,
@@ -407,6 +407,16 @@ mod tests {
                 "shards",
             ),
             (scenario(1.5, ok.policy.clone()), "shards.failure_rate"),
+            (
+                scenario(
+                    0.1,
+                    ClientPolicy {
+                        layer_per_attempt_timeout: Some(Duration::ZERO),
+                        ..ok.policy.clone()
+                    },
+                ),
+                "policy.layer_per_attempt_timeout",
+            ),
         ];
         for (bad, name) in cases {
             let err = run(&bad).expect_err("invalid scenario");
@@ -527,8 +537,43 @@ mod tests {
     }
 
     #[test]
-    fn the_attempt_timeout_cuts_slow_attempts_and_is_retried_when_configured() {
-        // A server slower than the attempt timeout: every attempt times out.
+    fn a_timed_out_attempt_is_retried_whatever_the_retryable_codes() {
+        // A server slower than the attempt timeout: every attempt times out. Only
+        // UNAVAILABLE is retryable, yet a timed-out attempt is retried, as the client layer
+        // retries it, until the attempt limit.
+        let retry = RetryPolicy {
+            per_attempt_timeout: Some(Duration::from_millis(20)),
+            ..retried()
+        };
+        let mut sc = scenario(0.0, policy(Some(retry), BudgetKind::Unlimited));
+        sc.shards[0].server = ServerKind::Unbounded {
+            latency: Duration::from_millis(30),
+        };
+        let stats = run(&sc).expect("valid");
+        assert_eq!(stats.successes, 0);
+        assert_eq!(stats.amplification(), 3.0);
+        assert_eq!(stats.gave_up.get("attempts"), Some(&stats.calls));
+        // The layer's own attempt timeout limits a method with no retry policy: one
+        // attempt, not retried.
+        sc.policy.retry = None;
+        sc.policy.layer_per_attempt_timeout = Some(Duration::from_millis(20));
+        let stats = run(&sc).expect("valid");
+        assert_eq!(stats.amplification(), 1.0);
+        assert_eq!(stats.gave_up.get("not_retryable"), Some(&stats.calls));
+        // The policy's own timeout wins over the layer's: 40 ms lets every attempt finish.
+        sc.policy.retry = Some(RetryPolicy {
+            per_attempt_timeout: Some(Duration::from_millis(40)),
+            ..retried()
+        });
+        let stats = run(&sc).expect("valid");
+        assert_eq!(stats.successes, stats.calls);
+        assert_eq!(stats.amplification(), 1.0);
+    }
+
+    /// A breaker-guarded client calling a server that takes 30 ms, with DEADLINE_EXCEEDED
+    /// among the retryable codes (as a policy may list it for a server's own expiry
+    /// answers).
+    fn slow_server_with_breaker() -> Scenario {
         let retry = RetryPolicy {
             retryable_codes: [Code::Unavailable, Code::DeadlineExceeded]
                 .into_iter()
@@ -536,19 +581,62 @@ mod tests {
             ..retried()
         };
         let mut p = policy(Some(retry), BudgetKind::Unlimited);
-        p.attempt_timeout = Some(Duration::from_millis(20));
+        p.breaker = Some(BreakerConfig::default());
         let mut sc = scenario(0.0, p);
         sc.shards[0].server = ServerKind::Unbounded {
             latency: Duration::from_millis(30),
         };
+        sc
+    }
+
+    #[test]
+    fn a_callers_short_deadline_is_final_and_does_not_open_the_breaker() {
+        // Callers wait 20 ms for a method that takes 30 ms: every call ends at its deadline,
+        // after one attempt, and the shared breaker hears nothing of it.
+        let mut sc = slow_server_with_breaker();
+        sc.policy.deadline = Some(Duration::from_millis(20));
         let stats = run(&sc).expect("valid");
         assert_eq!(stats.successes, 0);
-        assert_eq!(stats.amplification(), 3.0);
-        // Without DEADLINE_EXCEEDED in the retryable codes the timeout is final.
-        sc.policy.retry = Some(retried());
+        assert_eq!(stats.attempts, stats.calls);
+        assert_eq!(stats.gave_up.get("rejected_by_breaker"), None, "{stats:?}");
+        assert_eq!(stats.gave_up.get("deadline"), Some(&stats.calls));
+    }
+
+    #[test]
+    fn a_hanging_dependency_opens_the_breaker_through_the_attempt_timeout() {
+        // The same slow server seen through a 20 ms per-attempt timeout and a 1 s deadline:
+        // each timed-out attempt is a failure of the dependency, so the breaker opens and
+        // then rejects most calls without sending them.
+        let mut sc = slow_server_with_breaker();
+        if let Some(retry) = sc.policy.retry.as_mut() {
+            retry.retryable_codes = CodeSet::single(Code::Unavailable);
+            retry.per_attempt_timeout = Some(Duration::from_millis(20));
+        }
         let stats = run(&sc).expect("valid");
-        assert_eq!(stats.amplification(), 1.0);
-        assert_eq!(stats.gave_up.get("not_retryable"), Some(&stats.calls));
+        let rejected = stats
+            .gave_up
+            .get("rejected_by_breaker")
+            .copied()
+            .unwrap_or(0);
+        assert_eq!(stats.successes, 0);
+        assert!(rejected > stats.calls / 2, "{stats:?}");
+    }
+
+    #[test]
+    fn a_tier_sends_nothing_for_an_attempt_whose_time_ran_out_on_the_way() {
+        // 20 ms each way to the tier, a 10 ms attempt timeout from the fleet: each attempt
+        // reaches the tier after its deadline, and the tier's client, like the layer, sends
+        // no call of its own.
+        let mut sc = scenario(0.0, policy(None, BudgetKind::Unlimited));
+        sc.policy.layer_per_attempt_timeout = Some(Duration::from_millis(10));
+        sc.tiers = vec![Tier {
+            processes: 2,
+            latency: Duration::from_millis(40),
+        }];
+        let stats = run(&sc).expect("valid");
+        let n = stats.calls;
+        assert_eq!(stats.attempts_by_level, [n, 0]);
+        assert_eq!(stats.gave_up.get("not_retryable"), Some(&n));
     }
 
     #[test]
@@ -632,7 +720,7 @@ mod tests {
         // gives the worker back; a plain FIFO server runs the call to the end.
         let mut sc = one_worker_shard(None);
         sc.network = Duration::from_millis(1);
-        sc.policy.attempt_timeout = Some(Duration::from_millis(10));
+        sc.policy.layer_per_attempt_timeout = Some(Duration::from_millis(10));
         if let ServerKind::Queue(q) = &mut sc.shards[0].server {
             q.service_time = Duration::from_millis(100);
         }

@@ -1,9 +1,14 @@
 //! The fleet's clients: one real [`RetryController`] per simulated client process (its
 //! own budget and breaker, as in production) and per middle-tier process, and every
-//! logical call a real [`CallRetry`] driven through `begin_at`, `on_failure_at`,
-//! `on_success_at` and `start_retry_at`. The simulator decides nothing about retries
-//! itself: this module only sends the attempts those objects ask for, runs their timers,
-//! and passes the answers back.
+//! logical call a real [`CallRetry`] driven as stormguard's client layer drives it, at
+//! the same moments: `begin_at` when the call starts, `on_success_at` on `OK`,
+//! `on_failure_at` on any other answer, `on_attempt_timeout_at` when an attempt runs out
+//! of its per-attempt timeout, `on_deadline_passed_at` (final) when the caller's own
+//! deadline runs out mid-attempt, and `start_retry_at` when a retry's delay is over. The
+//! simulator decides nothing about retries itself: this module only sends the attempts
+//! those objects ask for, runs their timers, and passes the answers back. (A simulated
+//! answer is a status with no streamed body, so no call commits: `on_commit_at` has no
+//! moment here.)
 
 use std::sync::Arc;
 
@@ -20,6 +25,19 @@ use crate::event_loop::{Event, Outcome, Sim};
 use crate::scenario::{BudgetKind, ClientPolicy, PATH, ServerKind, mix, nanos};
 use crate::server::Job;
 
+/// How a logical call ended.
+#[derive(Clone, Copy, Debug)]
+enum End {
+    /// An attempt answered `OK`.
+    Ok,
+    /// The call gave up on this failure (or its retry could not start).
+    GaveUp(Refusal, Failure),
+    /// An attempt ran out of its per-attempt timeout and was not retried.
+    TimedOut(Refusal),
+    /// The caller's deadline ran out.
+    Expired,
+}
+
 /// One logical call in flight: the fleet's, or one a middle tier makes for an attempt.
 pub(crate) struct Call {
     pub(crate) retry: CallRetry,
@@ -30,6 +48,12 @@ pub(crate) struct Call {
     pub(crate) shard: u32,
     pub(crate) arrived: u64,
     pub(crate) deadline: Option<u64>,
+    /// When the attempt in flight runs out of its per-attempt timeout, if that is before
+    /// `deadline` (the client layer's rule: otherwise the caller's deadline ends it).
+    pub(crate) attempt_deadline: Option<u64>,
+    /// The failure the pending retry retries: what the caller gets if the retry cannot
+    /// start.
+    pub(crate) last: Option<Failure>,
     /// Id of the current attempt (or of the pending retry).
     pub(crate) id: u64,
     pub(crate) in_flight: bool,
@@ -125,6 +149,8 @@ impl Sim<'_> {
             shard: shard as u32,
             arrived: self.now,
             deadline,
+            attempt_deadline: None,
+            last: None,
             id: 0,
             in_flight: false,
             attempts: 0,
@@ -140,6 +166,12 @@ impl Sim<'_> {
                 (self.calls.len() - 1) as u32
             }
         };
+        if deadline.is_some_and(|d| d <= self.now) {
+            // The client layer sends nothing when the deadline had passed before the call
+            // began, and records nothing (its call state is dropped).
+            self.finish(slot, End::Expired);
+            return;
+        }
         self.send_attempt(slot);
     }
 
@@ -158,6 +190,20 @@ impl Sim<'_> {
         let deadline = call.deadline;
         let measured = call.measured;
         let level = call.level;
+        // The client's timer, as the layer sets it: the attempt's own deadline when its
+        // timeout (the method's policy's, else the layer's) ends it before the call's
+        // deadline, else the call's deadline.
+        let attempt = call
+            .retry
+            .per_attempt_timeout()
+            .or(self.sc.policy.layer_per_attempt_timeout)
+            .map(|t| now.saturating_add(nanos(t)));
+        call.attempt_deadline = match (attempt, deadline) {
+            (Some(a), Some(d)) if a < d => Some(a),
+            (_, Some(_)) => None,
+            (a, None) => a,
+        };
+        let timer = call.attempt_deadline.or(deadline);
         if measured {
             self.stats.attempts_by_level[level as usize] += 1;
         }
@@ -178,12 +224,6 @@ impl Sim<'_> {
                 }
             }
         }
-        // The client's timer: the attempt timeout, cut by the logical deadline.
-        let timer = match (self.sc.policy.attempt_timeout, deadline) {
-            (Some(t), Some(d)) => Some(now.saturating_add(nanos(t)).min(d)),
-            (Some(t), None) => Some(now.saturating_add(nanos(t))),
-            (None, d) => d,
-        };
         if let Some(at) = timer {
             self.schedule(at, Event::Timeout { slot, id });
         }
@@ -257,9 +297,13 @@ impl Sim<'_> {
                 if let Some(call) = self.calls[slot as usize].as_mut() {
                     call.retry.on_success_at(now);
                 }
-                self.finish(slot, None);
+                self.finish(slot, End::Ok);
             }
-            Outcome::Failed(failure) => self.failed(slot, failure),
+            // The attempt's timer is scheduled before any answer to it and wins a tie, so a
+            // live answer always comes before the attempt's timeout and the caller's
+            // deadline: unlike the layer, whose channel may report an expiry first, the
+            // simulator sees every expiry through `timeout`.
+            Outcome::Failed(failure) => self.failed(slot, failure, false),
         }
     }
 
@@ -281,22 +325,42 @@ impl Sim<'_> {
             let job = Job { slot, id };
             self.schedule(at, Event::ServerCancel { shard, job });
         }
-        self.failed(slot, Failure::status(Code::DeadlineExceeded));
+        let now = self.instant();
+        let Some(call) = self.calls[slot as usize].as_mut() else {
+            return;
+        };
+        if call.attempt_deadline.is_none() {
+            // The caller's deadline ran out mid-attempt: final, and recorded nowhere.
+            call.retry.on_deadline_passed_at(None, now);
+            self.finish(slot, End::Expired);
+            return;
+        }
+        // The attempt's own timeout ran out: a failure of the dependency.
+        self.failed(slot, Failure::status(Code::DeadlineExceeded), true);
     }
 
-    fn failed(&mut self, slot: u32, failure: Failure) {
+    /// The attempt in flight failed (`timed_out`: it ran out of its per-attempt timeout)
+    /// before the caller's deadline: the call's retry state decides what follows.
+    fn failed(&mut self, slot: u32, failure: Failure, timed_out: bool) {
         let now = self.instant();
         let Some(call) = self.calls[slot as usize].as_mut() else {
             return;
         };
         call.in_flight = false;
-        match call.retry.on_failure_at(&failure, now) {
+        let decision = if timed_out {
+            call.retry.on_attempt_timeout_at(&failure, now)
+        } else {
+            call.retry.on_failure_at(&failure, now)
+        };
+        match decision {
             Decision::Retry { delay } => {
+                call.last = Some(failure);
                 let id = call.id;
                 let at = self.now.saturating_add(nanos(delay));
                 self.schedule(at, Event::RetryStart { slot, id });
             }
-            Decision::GiveUp(refusal) => self.finish(slot, Some(refusal)),
+            Decision::GiveUp(refusal) if timed_out => self.finish(slot, End::TimedOut(refusal)),
+            Decision::GiveUp(refusal) => self.finish(slot, End::GaveUp(refusal, failure)),
         }
     }
 
@@ -308,23 +372,30 @@ impl Sim<'_> {
         if call.id != id || call.in_flight {
             return;
         }
+        // A granted retry's delay ends before the caller's deadline (the decision leaves it
+        // time), so the layer's expiry check at this moment never fires here; were the
+        // deadline past, `start_retry_at` would refuse and refund the grant, as the layer's
+        // expiry does by dropping the call state.
         match call.retry.start_retry_at(now) {
             Ok(()) => self.send_attempt(slot),
-            Err(refusal) => self.finish(slot, Some(refusal)),
+            Err(refusal) => {
+                let last = call.last.unwrap_or(Failure::status(Code::Unavailable));
+                self.finish(slot, End::GaveUp(refusal, last));
+            }
         }
     }
 
-    /// Ends a logical call: `None` is a success.
-    fn finish(&mut self, slot: u32, refusal: Option<Refusal>) {
+    /// Ends a logical call as `end` says.
+    fn finish(&mut self, slot: u32, end: End) {
         let Some(call) = self.calls[slot as usize].take() else {
             return;
         };
         self.free.push(slot);
-        let success = refusal.is_none() && call.deadline.is_none_or(|d| self.now <= d);
         if let Some((parent, parent_id)) = call.parent {
-            self.answer_parent(&call, parent, parent_id, success, refusal);
+            self.answer_parent(&call, parent, parent_id, end);
             return;
         }
+        let success = matches!(end, End::Ok) && call.deadline.is_none_or(|d| self.now <= d);
         if success && let Some(bin) = self.bin_of(call.arrived) {
             bin.successes += 1;
         }
@@ -337,24 +408,20 @@ impl Sim<'_> {
                 stats.successes += 1;
             }
         } else {
-            let name = refusal.map_or("late", Refusal::as_str);
+            let name = match end {
+                End::Ok => "late",
+                End::GaveUp(refusal, _) | End::TimedOut(refusal) => refusal.as_str(),
+                End::Expired => Refusal::Deadline.as_str(),
+            };
             *self.stats.gave_up.entry(name.to_owned()).or_default() += 1;
         }
     }
 
     /// A middle tier's call ended: its process answers the attempt it was serving.
-    fn answer_parent(
-        &mut self,
-        call: &Call,
-        parent: u32,
-        parent_id: u64,
-        success: bool,
-        refusal: Option<Refusal>,
-    ) {
-        let outcome = if success {
-            Outcome::Ok
-        } else {
-            Outcome::Failed(self.upstream_failure(refusal))
+    fn answer_parent(&mut self, call: &Call, parent: u32, parent_id: u64, end: End) {
+        let outcome = match end {
+            End::Ok => Outcome::Ok,
+            end => Outcome::Failed(self.upstream_failure(end)),
         };
         let tier = &self.sc.tiers[call.level as usize - 1];
         let at = self.now.saturating_add(nanos(tier.latency) / 2);
@@ -368,21 +435,26 @@ impl Sim<'_> {
         );
     }
 
-    /// What a middle tier answers when its own call failed: the status passes up
-    /// (`UNAVAILABLE`, or `DEADLINE_EXCEEDED` when time ran out), with "do not retry"
-    /// when the policy says so and the tier's client refused a retryable failure or was
-    /// itself told not to retry.
-    fn upstream_failure(&self, refusal: Option<Refusal>) -> Failure {
-        let code = match refusal {
-            Some(Refusal::Deadline) | None => Code::DeadlineExceeded,
-            Some(_) => Code::Unavailable,
+    /// What a middle tier answers when its own call failed, as the client layer returns it:
+    /// the last answer when the call gave up on it, `DEADLINE_EXCEEDED` when an attempt
+    /// timed out and was not retried, and when the caller's deadline ran out. With
+    /// stormguard's client (`pushback_on_give_up`) the answer is marked "do not retry" when
+    /// the client refused a retryable failure (budget, breaker, attempts, deadline) or an
+    /// attempt timed out, and otherwise keeps the pushback it came with; a standard client
+    /// passes the status up without either.
+    fn upstream_failure(&self, end: End) -> Failure {
+        let (code, refused, came_with) = match end {
+            End::GaveUp(refusal, last) => {
+                (last.code, refusal.is_retryable_but_refused(), last.pushback)
+            }
+            End::TimedOut(_) => (Code::DeadlineExceeded, true, None),
+            End::Expired | End::Ok => (Code::DeadlineExceeded, false, None),
         };
-        // A "do not retry" from below passes up as it came (the status is returned with
-        // its metadata), and the tier's own refusals of a retryable failure add one.
-        let refused =
-            refusal.is_some_and(|r| r == Refusal::Pushback || r.is_retryable_but_refused());
-        let pushback =
-            (self.sc.policy.pushback_on_give_up && refused).then_some(Pushback::DoNotRetry);
+        let pushback = match (self.sc.policy.pushback_on_give_up, refused) {
+            (false, _) => None,
+            (true, true) => Some(Pushback::DoNotRetry),
+            (true, false) => came_with,
+        };
         Failure::status(code).with_pushback(pushback)
     }
 
@@ -409,7 +481,10 @@ impl Sim<'_> {
                 measured,
             ),
             Err(refusal) => {
-                let failure = self.upstream_failure(Some(refusal));
+                // Only an open breaker refuses a first attempt: the layer fails the call at
+                // once with `UNAVAILABLE`.
+                let end = End::GaveUp(refusal, Failure::status(Code::Unavailable));
+                let failure = self.upstream_failure(end);
                 let tier = &self.sc.tiers[level as usize];
                 let at = self.now.saturating_add(nanos(tier.latency) / 2);
                 let outcome = Outcome::Failed(failure);

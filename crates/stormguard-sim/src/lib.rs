@@ -19,7 +19,12 @@
 //! [`CircuitBreaker`](stormguard_core::breaker::CircuitBreaker), exactly as the client
 //! layer builds them; each logical call is a real
 //! [`CallRetry`](stormguard_core::retry::CallRetry), so backoff, pushback, deadlines,
-//! attempt limits, breaker and budget are the production code paths. A shedding server
+//! attempt limits, breaker and budget are the production code paths. The calls are made at
+//! the moments the client layer makes them: a success, a failure, an attempt that ran out
+//! of its per-attempt timeout (a failure of the dependency, retried whatever the codes),
+//! the caller's own deadline running out (final, and recorded nowhere), the start of a
+//! retry; and the per-attempt timeout is the one the layer would use (the method's retry
+//! policy's, else the layer's own). A shedding server
 //! ([`SimServer`]) is the same
 //! [`AdmissionQueue`](stormguard_core::queue::AdmissionQueue) the server layer wraps: it
 //! decides what to admit, queue or shed, what pushback to send, which work is refused for

@@ -44,9 +44,12 @@ pub struct ClientPolicy {
     pub budget: BudgetKind,
     /// The circuit breaker of each process (one per shard with `budget_per_shard`).
     pub breaker: Option<BreakerConfig>,
-    /// Per-attempt timeout set by the client (`None`: only the logical deadline).
-    /// A timed-out attempt fails with `DEADLINE_EXCEEDED`.
-    pub attempt_timeout: Option<Duration>,
+    /// The client layer's own per-attempt timeout (`RetryLayer::with_per_attempt_timeout`
+    /// of `stormguard-client`): it limits the attempts of a method whose retry policy sets
+    /// no [`per_attempt_timeout`](RetryPolicy::per_attempt_timeout), and of a method with
+    /// no retry policy at all, such as the one attempt of a client that never retries.
+    /// The policy's own value, when set, wins, as in the layer. `None`: only the policy's.
+    pub layer_per_attempt_timeout: Option<Duration>,
     /// Deadline of a logical call, from its arrival.
     pub deadline: Option<Duration>,
     /// One budget and breaker per (process, shard) instead of one per process.
@@ -245,6 +248,16 @@ impl Scenario {
                     format!("must be in [1, 100000], got {}", tier.processes),
                 );
             }
+        }
+        if self
+            .policy
+            .layer_per_attempt_timeout
+            .is_some_and(|t| t.is_zero())
+        {
+            return bad(
+                "policy.layer_per_attempt_timeout",
+                "must be above 0; leave it out for no per-attempt timeout".into(),
+            );
         }
         if let Some(retry) = &self.policy.retry {
             retry.validate("policy.retry")?;

@@ -77,20 +77,16 @@ impl PolicyName {
     }
 }
 
-/// The retry policy every retrying client uses: 3 attempts of an idempotent method.
-/// `retry_timeouts` adds `DEADLINE_EXCEEDED` (a per-attempt timeout) to `UNAVAILABLE`.
-fn three_attempts(backoff: BackoffConfig, retry_timeouts: bool) -> RetryPolicy {
-    let mut codes = CodeSet::single(Code::Unavailable);
-    if retry_timeouts {
-        codes = [Code::Unavailable, Code::DeadlineExceeded]
-            .into_iter()
-            .collect();
-    }
+/// The retry policy every retrying client uses: 3 attempts of an idempotent method,
+/// `UNAVAILABLE` retried, and `per_attempt_timeout` (a timed-out attempt is retried
+/// whatever the codes).
+fn three_attempts(backoff: BackoffConfig, per_attempt_timeout: Option<Duration>) -> RetryPolicy {
     RetryPolicy {
         max_attempts: 3,
-        retryable_codes: codes,
+        retryable_codes: CodeSet::single(Code::Unavailable),
         backoff,
         idempotent: true,
+        per_attempt_timeout,
         ..RetryPolicy::default()
     }
 }
@@ -112,37 +108,42 @@ pub fn a6_throttle_config() -> ThrottleConfig {
     }
 }
 
-/// The client policy `name`, with `deadline`, `attempt_timeout`, the backoff of the
-/// standard clients (`std_backoff`) and whether timeouts are retried. stormguard keeps
-/// its own default backoff (full jitter).
+/// The client policy `name`, with `deadline`, `attempt_timeout`, and the backoff of the
+/// standard clients (`std_backoff`). stormguard keeps its own default backoff (full
+/// jitter). The attempt timeout is the retry policy's; a client that never retries has
+/// no policy, so its one attempt gets it from the layer's own setting instead.
 fn client(
     name: PolicyName,
     deadline: Duration,
     attempt_timeout: Option<Duration>,
     std_backoff: BackoffConfig,
-    retry_timeouts: bool,
 ) -> ClientPolicy {
     let (retry, budget) = match name {
         PolicyName::NoRetries => (None, BudgetKind::Unlimited),
         PolicyName::ThreeAttempts => (
-            Some(three_attempts(std_backoff, retry_timeouts)),
+            Some(three_attempts(std_backoff, attempt_timeout)),
             BudgetKind::Unlimited,
         ),
         PolicyName::A6Throttle => (
-            Some(three_attempts(std_backoff, retry_timeouts)),
+            Some(three_attempts(std_backoff, attempt_timeout)),
             BudgetKind::Throttle(a6_throttle_config()),
         ),
         PolicyName::Stormguard => (
-            Some(three_attempts(BackoffConfig::default(), retry_timeouts)),
+            Some(three_attempts(BackoffConfig::default(), attempt_timeout)),
             BudgetKind::Budget(BudgetConfig::default()),
         ),
+    };
+    let layer_per_attempt_timeout = if retry.is_none() {
+        attempt_timeout
+    } else {
+        None
     };
     ClientPolicy {
         name: name.as_str().to_owned(),
         retry,
         budget,
         breaker: None,
-        attempt_timeout,
+        layer_per_attempt_timeout,
         deadline: Some(deadline),
         budget_per_shard: false,
         pushback_on_give_up: name == PolicyName::Stormguard,
@@ -202,7 +203,7 @@ pub fn amplification_scenario(
             failure_rate,
             outage: None,
         }],
-        policy: client(policy, secs(1.0), None, a6_backoff(ms(20)), false),
+        policy: client(policy, secs(1.0), None, a6_backoff(ms(20))),
         seed: mix(options.seed, (failure_rate * 1000.0) as u64),
     }
 }
@@ -300,7 +301,7 @@ pub fn fleet_scenario(fleet_size: usize, variant: FleetVariant, options: &Option
         FleetVariant::ThreeAttempts => PolicyName::ThreeAttempts,
         _ => PolicyName::Stormguard,
     };
-    let mut policy = client(name, secs(1.0), None, a6_backoff(ms(20)), false);
+    let mut policy = client(name, secs(1.0), None, a6_backoff(ms(20)));
     policy.name = variant.as_str().to_owned();
     if variant == FleetVariant::FleetAwareFloor {
         policy.budget = BudgetKind::FleetBudget {
@@ -455,17 +456,19 @@ pub struct RecoveryRow {
     pub success_by_second: Vec<f64>,
 }
 
-/// The capacity drop of table 3, as in storm-notes: service time × 2.5 for 3 s, after a
+/// The capacity drop of table 3, as in the storm measured on tonic: service time × 2.5 for 3 s, after a
 /// 5 s warm-up.
 pub const TRIGGER: Window = Window {
     from: Duration::from_secs(5),
     until: Duration::from_secs(8),
 };
 
-/// The scenario of table 3: the storm-notes server (8 workers × 11.1 ms, ~720/s) scaled
+/// The scenario of table 3: the server of the storm measured on tonic (8 workers × 11.1 ms, ~720/s) scaled
 /// by 10 (80 workers, ~7,200/s) and offered 75 % of it (5,400 calls/s) by 100 client
-/// processes, 100× the single client of the storm notes; 50 ms per-attempt timeout
-/// (retried), 200 ms deadline, 0.5 ms each way. Quick: the unscaled server, 10 clients.
+/// processes, 100× that storm's single client; 50 ms per-attempt timeout (the
+/// retry policy's, so a timed-out attempt is retried with only `UNAVAILABLE` in the
+/// retryable codes; the layer's own for the client that never retries), 200 ms deadline,
+/// 0.5 ms each way. Quick: the unscaled server, 10 clients.
 pub fn recovery_scenario(variant: RecoveryVariant, options: &Options) -> Scenario {
     let (scale, clients, duration) = if options.quick {
         (1, 10, 20.0)
@@ -480,13 +483,7 @@ pub fn recovery_scenario(variant: RecoveryVariant, options: &Options) -> Scenari
             | RecoveryVariant::StormguardSheddingBreaker
             | RecoveryVariant::StormguardSheddingFifo
     );
-    let mut policy = client(
-        variant.policy(),
-        ms(200),
-        Some(ms(50)),
-        a6_backoff(ms(10)),
-        true,
-    );
+    let mut policy = client(variant.policy(), ms(200), Some(ms(50)), a6_backoff(ms(10)));
     policy.name = variant.as_str().to_owned();
     if variant == RecoveryVariant::StormguardSheddingBreaker {
         policy.breaker = Some(BreakerConfig::default());
@@ -638,7 +635,7 @@ pub fn partial_failure_scenario(variant: ShardVariant, options: &Options) -> Sce
         ShardVariant::ThreeAttempts => PolicyName::ThreeAttempts,
         _ => PolicyName::Stormguard,
     };
-    let mut policy = client(name, secs(1.0), None, a6_backoff(ms(20)), false);
+    let mut policy = client(name, secs(1.0), None, a6_backoff(ms(20)));
     policy.name = variant.as_str().to_owned();
     policy.budget_per_shard = matches!(
         variant,

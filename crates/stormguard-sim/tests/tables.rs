@@ -1,10 +1,12 @@
 //! The shapes of the tables, on the `--quick` runs.
 
 use std::sync::OnceLock;
+use std::time::Duration;
 
+use stormguard_core::code::{Code, CodeSet};
 use stormguard_sim::{
     AmplificationRow, FleetVariant, Options, PolicyName, RecoveryVariant, ShardVariant, Tables,
-    amplification_scenario, run,
+    amplification_scenario, recovery_scenario, run,
 };
 
 const QUICK: Options = Options {
@@ -146,6 +148,32 @@ fn recovery_table_naive_stays_down_shedding_recovers_first() {
             "{other:?}"
         );
         assert!(other.success_after_trigger < shedding.success_after_trigger);
+    }
+}
+
+#[test]
+fn recovery_attempt_timeouts_are_the_retry_policys_and_retried_without_deadline_exceeded() {
+    // One source for the attempt timeout: the retry policy's, as the client layer reads
+    // it; only the client without a policy takes the layer's own. A timed-out attempt is
+    // retried whatever the codes, so no policy needs DEADLINE_EXCEEDED listed to retry it.
+    let timeout = Some(Duration::from_millis(50));
+    for variant in RecoveryVariant::ALL {
+        let policy = recovery_scenario(variant, &QUICK).policy;
+        match &policy.retry {
+            Some(retry) => {
+                assert_eq!(retry.per_attempt_timeout, timeout, "{variant:?}");
+                assert_eq!(
+                    retry.retryable_codes,
+                    CodeSet::single(Code::Unavailable),
+                    "{variant:?}"
+                );
+                assert_eq!(policy.layer_per_attempt_timeout, None, "{variant:?}");
+            }
+            None => {
+                assert_eq!(variant, RecoveryVariant::NoRetries);
+                assert_eq!(policy.layer_per_attempt_timeout, timeout);
+            }
+        }
     }
 }
 

@@ -10,6 +10,8 @@ use stormguard_core::context::{self, CallContext, Scoped};
 use tokio::time::Sleep;
 use tower_service::Service;
 
+use super::body::ShedBody;
+use super::drain::Unread;
 use super::queue::{Ticket, Turn, WorkerPermit};
 use super::response;
 
@@ -19,7 +21,8 @@ pin_project! {
     /// A hand-written state machine, no boxing: a queued call holds its place
     /// ([`Ticket`]), a timer for its expiry, the readied inner service and the request;
     /// once a worker is granted it calls the inner service and holds the worker
-    /// ([`WorkerPermit`]) until the inner future finishes. The inner future runs with the
+    /// ([`WorkerPermit`]) until the inner future finishes, then hands it to the response
+    /// body ([`ShedBody`]), which holds it until the body ends. The inner future runs with the
     /// call's [`CallContext`] set (its deadline from the inbound `grpc-timeout`), so the
     /// handler's outgoing calls through a `RetryLayer` inherit the deadline. Dropping the
     /// future at any point gives back what it holds.
@@ -43,7 +46,7 @@ pin_project! {
             #[pin]
             timer: Sleep,
             service: Option<S>,
-            request: Option<Req>,
+            request: Unread<Req>,
             context: CallContext,
         },
         Running {
@@ -52,7 +55,7 @@ pin_project! {
             permit: Option<WorkerPermit>,
         },
         Answered {
-            response: Option<S::Response>,
+            response: Option<http::Response<()>>,
         },
     }
 }
@@ -70,20 +73,35 @@ where
         }
     }
 
-    pub(crate) fn queued(context: CallContext, ticket: Ticket, service: S, request: Req) -> Self {
+    pub(crate) fn queued(
+        context: CallContext,
+        ticket: Ticket,
+        service: S,
+        request: Unread<Req>,
+    ) -> Self {
         let timer = tokio::time::sleep_until(ticket.expiry());
         ResponseFuture {
             state: State::Queued {
                 ticket,
                 timer,
                 service: Some(service),
-                request: Some(request),
+                request,
                 context,
             },
         }
     }
 
-    pub(crate) fn answered(response: S::Response) -> Self {
+    /// A call that bypasses the queue: no worker to hold.
+    pub(crate) fn bypass(context: CallContext, future: S::Future) -> Self {
+        ResponseFuture {
+            state: State::Running {
+                future: context::scope(context, future),
+                permit: None,
+            },
+        }
+    }
+
+    pub(crate) fn answered(response: http::Response<()>) -> Self {
         ResponseFuture {
             state: State::Answered {
                 response: Some(response),
@@ -95,9 +113,9 @@ where
 impl<S, Req, B> Future for ResponseFuture<S, Req>
 where
     S: Service<Req, Response = http::Response<B>>,
-    B: Default,
+    B: http_body::Body,
 {
-    type Output = Result<http::Response<B>, S::Error>;
+    type Output = Result<http::Response<ShedBody<B>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
@@ -114,8 +132,9 @@ where
                     match ticket.poll_turn(cx.waker(), fired) {
                         Turn::Wait => return Poll::Pending,
                         Turn::Expired => {
+                            // Dropping the queued state discards the unread request body.
                             state.set(State::Answered { response: None });
-                            return Poll::Ready(Ok(response::expired()));
+                            return Poll::Ready(Ok(with_empty_body(response::expired())));
                         }
                         Turn::Run(permit) => {
                             let (Some(mut service), Some(request)) =
@@ -123,7 +142,7 @@ where
                             else {
                                 // The state only holds both until this transition.
                                 unreachable_state();
-                                return Poll::Ready(Ok(response::expired()));
+                                return Poll::Ready(Ok(with_empty_body(response::expired())));
                             };
                             let future = context::scope(*context, service.call(request));
                             state.set(State::Running {
@@ -135,15 +154,21 @@ where
                 }
                 StateProj::Running { future, permit } => {
                     let output = std::task::ready!(future.poll(cx));
-                    // Give the worker back now, not when the response is written out.
-                    if let Some(permit) = permit.take() {
-                        permit.finished();
-                    }
-                    return Poll::Ready(output);
+                    let permit = permit.take();
+                    return Poll::Ready(match output {
+                        // The body holds the worker until it ends (see `ShedBody`).
+                        Ok(response) => Ok(response.map(|body| ShedBody::holding(body, permit))),
+                        Err(error) => {
+                            if let Some(permit) = permit {
+                                permit.finished();
+                            }
+                            Err(error)
+                        }
+                    });
                 }
                 StateProj::Answered { response } => {
                     return match response.take() {
-                        Some(response) => Poll::Ready(Ok(response)),
+                        Some(response) => Poll::Ready(Ok(with_empty_body(response))),
                         None => {
                             unreachable_state();
                             Poll::Pending
@@ -153,6 +178,10 @@ where
             }
         }
     }
+}
+
+fn with_empty_body<B>(response: http::Response<()>) -> http::Response<ShedBody<B>> {
+    response.map(|()| ShedBody::empty())
 }
 
 /// Logs a state the future cannot reach (polled after completion); never panics.

@@ -6,6 +6,8 @@ use stormguard_core::config::ConfigError;
 use tower_layer::Layer;
 
 use super::ShedService;
+use super::drain::Drains;
+use super::exempt::{Bypassed, NeverShed};
 use super::queue::Queue;
 use crate::stats::ShedStats;
 
@@ -35,6 +37,9 @@ use crate::stats::ShedStats;
 #[derive(Clone)]
 pub struct ShedLayer {
     queue: Arc<Queue>,
+    never_shed: Arc<NeverShed>,
+    bypassed: Arc<Bypassed>,
+    drains: Arc<Drains>,
 }
 
 impl ShedLayer {
@@ -47,12 +52,77 @@ impl ShedLayer {
     pub fn new(policy: AdmissionPolicy) -> Self {
         ShedLayer {
             queue: Arc::new(Queue::new(policy)),
+            never_shed: Arc::default(),
+            bypassed: Arc::default(),
+            drains: Arc::default(),
         }
+    }
+
+    /// Never sheds calls to `entries`, each a whole service (`package.Service`) or one
+    /// method (`/package.Service/Method`), on top of the health service (see
+    /// [`exempt`](crate::shed::exempt)). Such calls run at once, without a worker.
+    ///
+    /// ```
+    /// use stormguard_core::admission::AdmissionConfig;
+    /// use stormguard_server::ShedLayer;
+    ///
+    /// let layer = ShedLayer::from_config(AdmissionConfig::default())?
+    ///     .never_shed(["my.pkg.Admin", "/my.pkg.Inventory/Ping"])?;
+    /// assert!(ShedLayer::from_config(AdmissionConfig::default())?
+    ///     .never_shed(["Inventory/Ping"])
+    ///     .is_err());
+    /// # Ok::<(), stormguard_core::config::ConfigError>(())
+    /// ```
+    pub fn never_shed<I>(self, entries: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let mut never = NeverShed::clone(&self.never_shed);
+        for entry in entries {
+            never.add(entry.as_ref())?;
+        }
+        Ok(self.with_never_shed(never))
+    }
+
+    /// Never sheds calls whose path (`/package.Service/Method`) `predicate` accepts, on
+    /// top of the named ones. Called again, it replaces the previous predicate.
+    ///
+    /// ```
+    /// use stormguard_core::admission::AdmissionConfig;
+    /// use stormguard_server::ShedLayer;
+    ///
+    /// let layer = ShedLayer::from_config(AdmissionConfig::default())?
+    ///     .never_shed_if(|path| path.ends_with("/Ping"));
+    /// # Ok::<(), stormguard_core::config::ConfigError>(())
+    /// ```
+    pub fn never_shed_if(self, predicate: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
+        let mut never = NeverShed::clone(&self.never_shed);
+        never.set_predicate(Arc::new(predicate));
+        self.with_never_shed(never)
+    }
+
+    /// Treats health checks (`grpc.health.v1.Health`) like any other call: queued,
+    /// and shed under overload. Off by default, for the reasons in
+    /// [`exempt`](crate::shed::exempt).
+    pub fn shed_health_checks(self) -> Self {
+        let mut never = NeverShed::clone(&self.never_shed);
+        never.set_health(false);
+        self.with_never_shed(never)
+    }
+
+    fn with_never_shed(mut self, never: NeverShed) -> Self {
+        self.never_shed = Arc::new(never);
+        self
     }
 
     /// The queue's counters.
     pub fn stats(&self) -> ShedStats {
-        ShedStats::new(Arc::clone(&self.queue))
+        ShedStats::new(
+            Arc::clone(&self.queue),
+            Arc::clone(&self.drains),
+            Arc::clone(&self.bypassed),
+        )
     }
 }
 
@@ -63,6 +133,9 @@ impl<S> Layer<S> for ShedLayer {
         ShedService {
             inner,
             queue: Arc::clone(&self.queue),
+            never_shed: Arc::clone(&self.never_shed),
+            bypassed: Arc::clone(&self.bypassed),
+            drains: Arc::clone(&self.drains),
         }
     }
 }
@@ -71,6 +144,7 @@ impl fmt::Debug for ShedLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShedLayer")
             .field("queue", &self.queue.snapshot())
+            .field("never_shed", &self.never_shed)
             .finish()
     }
 }

@@ -9,22 +9,30 @@
 //!
 //! # What `call` does
 //!
-//! 1. Reads the attempt class (`grpc-previous-rpc-attempts`, else `x-retry-attempt`)
+//! 1. Lets a call that is never shed ([`exempt`]: health checks by default) through to
+//!    the inner service at once, without a worker.
+//! 2. Reads the attempt class (`grpc-previous-rpc-attempts`, else `x-retry-attempt`)
 //!    and the deadline (`grpc-timeout`, malformed = none) from the request headers.
-//! 2. Answers `DEADLINE_EXCEEDED` at once when the deadline leaves less than
+//! 3. Answers `DEADLINE_EXCEEDED` at once when the deadline leaves less than
 //!    `min_time_left`, even with a worker free.
-//! 3. Asks the [`AdmissionPolicy`](stormguard_core::admission::AdmissionPolicy):
+//! 4. Asks the [`AdmissionPolicy`](stormguard_core::admission::AdmissionPolicy):
 //!    - *admit*: a worker is free; the inner service is called now;
 //!    - *queue*: the readied inner service and the request wait in the returned future
 //!      for a worker; the inner service is called only when one is granted, so a call
 //!      that expires or whose caller leaves never reaches the handler;
 //!    - *shed*: the future answers at once with the shed status and
 //!      `grpc-retry-pushback-ms`.
-//! 4. A queued call whose expiry passes (too little `grpc-timeout` left, or queued for
+//! 5. A queued call whose expiry passes (too little `grpc-timeout` left, or queued for
 //!    `max_time_queued`) is answered `DEADLINE_EXCEEDED` without running.
 //!
-//! The worker is given back when the inner future completes (before the response body
-//! is streamed) or when the future is dropped, whichever comes first.
+//! After every answer the layer gives before the handler has the request (shed,
+//! expired on arrival or while queued, or a queued call dropped by the transport), the
+//! request body is read and discarded within bounds ([`drain`]), so the connection
+//! survives any number of them.
+//!
+//! The worker is given back when the response body ([`ShedBody`]) ends or is dropped,
+//! or when the future is dropped before that: a streaming response holds its worker for
+//! as long as it streams.
 //!
 //! # Where to put it
 //!
@@ -34,11 +42,17 @@
 //! ([`AdmissionConfig::min_time_left`](stormguard_core::admission::AdmissionConfig)),
 //! so the caller sees `DEADLINE_EXCEEDED` rather than tonic's `CANCELLED`.
 
+mod body;
+pub mod drain;
+pub mod exempt;
 mod future;
 mod layer;
 pub(crate) mod queue;
 pub(crate) mod response;
 
+pub use body::ShedBody;
+pub use drain::DrainCounts;
+pub use exempt::HEALTH_SERVICE;
 pub use future::ResponseFuture;
 pub use layer::ShedLayer;
 pub use response::{MESSAGE_EXPIRED, MESSAGE_QUEUE_FULL, MESSAGE_RETRY_SHED};
@@ -53,6 +67,8 @@ use stormguard_core::admission::{AttemptClass, X_RETRY_ATTEMPT_HEADER};
 use tower_service::Service;
 
 use crate::stats::ShedStats;
+use drain::{Drains, Unread};
+use exempt::{Bypassed, NeverShed};
 use queue::{Arrival, Queue};
 use stormguard_core::context::CallContext;
 use stormguard_core::deadline::{GRPC_TIMEOUT_HEADER, decode_grpc_timeout};
@@ -67,12 +83,19 @@ const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(GRPC_TIMEOUT_HEADER);
 pub struct ShedService<S> {
     inner: S,
     queue: Arc<Queue>,
+    never_shed: Arc<NeverShed>,
+    bypassed: Arc<Bypassed>,
+    drains: Arc<Drains>,
 }
 
 impl<S> ShedService<S> {
     /// The queue's counters.
     pub fn stats(&self) -> ShedStats {
-        ShedStats::new(Arc::clone(&self.queue))
+        ShedStats::new(
+            Arc::clone(&self.queue),
+            Arc::clone(&self.drains),
+            Arc::clone(&self.bypassed),
+        )
     }
 
     /// The wrapped service.
@@ -86,6 +109,9 @@ impl<S: Clone> Clone for ShedService<S> {
         ShedService {
             inner: self.inner.clone(),
             queue: Arc::clone(&self.queue),
+            never_shed: Arc::clone(&self.never_shed),
+            bypassed: Arc::clone(&self.bypassed),
+            drains: Arc::clone(&self.drains),
         }
     }
 }
@@ -105,9 +131,10 @@ impl<S: tonic::server::NamedService> tonic::server::NamedService for ShedService
 impl<S, ReqBody, B> Service<http::Request<ReqBody>> for ShedService<S>
 where
     S: Service<http::Request<ReqBody>, Response = http::Response<B>> + Clone,
-    B: Default,
+    ReqBody: http_body::Body + Send + Unpin + 'static,
+    B: http_body::Body,
 {
-    type Response = http::Response<B>;
+    type Response = http::Response<ShedBody<B>>;
     type Error = S::Error;
     type Future = ResponseFuture<S, http::Request<ReqBody>>;
 
@@ -132,6 +159,10 @@ where
             Some(d) => CallContext::new().with_deadline(d),
             None => CallContext::new(),
         };
+        if self.never_shed.matches(request.uri().path()) {
+            self.bypassed.record();
+            return ResponseFuture::bypass(context, self.inner.call(request));
+        }
         match self.queue.arrive(now, class, deadline) {
             Arrival::Admitted(permit) => {
                 ResponseFuture::running(context, self.inner.call(request), permit)
@@ -141,14 +172,21 @@ where
                 // its place for the next poll_ready.
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
+                let request = Unread::new(request, &self.drains);
                 ResponseFuture::queued(context, ticket, ready, request)
             }
-            Arrival::Shed(shed) => ResponseFuture::answered(response::shed(
-                self.queue.shed_code(),
-                shed.reason,
-                shed.pushback,
-            )),
-            Arrival::Expired => ResponseFuture::answered(response::expired()),
+            Arrival::Shed(shed) => {
+                drain::discard_request(request, &self.drains);
+                ResponseFuture::answered(response::shed(
+                    self.queue.shed_code(),
+                    shed.reason,
+                    shed.pushback,
+                ))
+            }
+            Arrival::Expired => {
+                drain::discard_request(request, &self.drains);
+                ResponseFuture::answered(response::expired())
+            }
         }
     }
 }

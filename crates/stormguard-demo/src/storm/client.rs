@@ -1,0 +1,329 @@
+//! The client side of the scenarios: how each policy makes one logical `Reserve` call.
+//!
+//! Every policy ends in the same place: a tonic `Channel` with the storm's h2 settings,
+//! under an [`Observe`] layer that counts physical attempts and shed answers. Above it
+//! sits either the [`NaiveRetry`] policy (a `tower::retry` policy, the retry loop users
+//! write by hand) or stormguard's `RetryLayer`.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use stormguard_client::{Retry as RetryService, RetryLayer, RetryStats};
+use stormguard_core::backoff::{Backoff, BackoffConfig};
+use stormguard_core::config::{ClientConfig, ConfigError};
+use stormguard_core::policy::RetryPolicy;
+use stormguard_core::pushback::PUSHBACK_HEADER;
+use stormguard_core::retry::PREVIOUS_ATTEMPTS_HEADER;
+use tokio::time::{Instant, Sleep};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
+use tower::util::BoxCloneSyncService;
+use tower::{Service, ServiceBuilder, ServiceExt};
+
+use super::StormError;
+use super::report::Timeline;
+use crate::{InventoryClient, ReserveReply, ReserveRequest};
+
+/// The demo service's name, as the gRPC service config spells it.
+pub const INVENTORY_SERVICE: &str = "stormguard.demo.v1.Inventory";
+/// The method every scenario calls.
+pub const RESERVE_METHOD: &str = "Reserve";
+
+/// One logical `Reserve` call (request `()`): a cloneable service, whatever the policy.
+pub type Caller = BoxCloneSyncService<(), ReserveReply, Status>;
+
+/// Connects a channel to `addr` with the storm's client h2 settings: callers that give up
+/// reset their streams faster than h2's default local limit allows, and the connection
+/// would be closed with `GOAWAY (ENHANCE_YOUR_CALM)` (see the README's operating notes).
+pub(crate) async fn connect(addr: SocketAddr) -> Result<Channel, StormError> {
+    let channel = Endpoint::from_shared(format!("http://{addr}"))?
+        .http2_max_local_error_reset_streams(None)
+        .tcp_nodelay(true)
+        .connect()
+        .await?;
+    Ok(channel)
+}
+
+/// Counts every physical attempt sent through it, the answers that carry
+/// `grpc-retry-pushback-ms` (shed answers), and failures of the connection itself (an
+/// attempt whose `grpc-timeout` ran out in the channel is not one).
+#[derive(Clone, Debug)]
+pub(crate) struct Observe<S> {
+    inner: S,
+    timeline: Arc<Timeline>,
+}
+
+impl<S> Observe<S> {
+    pub(crate) fn new(inner: S, timeline: Arc<Timeline>) -> Self {
+        Observe { inner, timeline }
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, B, Rq> Service<http::Request<Rq>> for Observe<S>
+where
+    S: Service<http::Request<Rq>, Response = http::Response<B>>,
+    S::Future: Send + 'static,
+    S::Error: std::error::Error + 'static,
+    B: 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Rq>) -> Self::Future {
+        self.timeline.attempt(Instant::now());
+        let timeline = Arc::clone(&self.timeline);
+        let future = self.inner.call(request);
+        Box::pin(async move {
+            let result = future.await;
+            match &result {
+                Ok(response) if response.headers().contains_key(PUSHBACK_HEADER) => {
+                    timeline.shed(Instant::now());
+                }
+                Ok(_) => {}
+                Err(e) if !timed_out(e) => timeline.connection_error(),
+                Err(_) => {}
+            }
+            result
+        })
+    }
+}
+
+/// Whether `error` is the channel's own `grpc-timeout` running out (not a connection
+/// failure).
+fn timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(e) = source {
+        if e.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// The delays of a [`NaiveRetry`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Delays {
+    /// The same delay before every retry.
+    Fixed(Duration),
+    /// Exponential full jitter, drawn by stormguard's backoff.
+    Jittered(BackoffConfig),
+}
+
+/// The retry loop users write by hand, as a `tower::retry` policy: up to `max_attempts`
+/// attempts of a call that failed `UNAVAILABLE` or ran out of its per-attempt time
+/// (`DEADLINE_EXCEEDED`, or `CANCELLED`, which tonic answers when the server's
+/// `grpc-timeout` fires), a delay between them, no budget, and server pushback ignored.
+/// Retries carry `grpc-previous-rpc-attempts`, as every standard gRPC client's do.
+#[derive(Clone, Debug)]
+pub struct NaiveRetry {
+    max_attempts: u32,
+    delays: Delays,
+    seeds: Arc<AtomicU64>,
+    backoff: Option<Backoff>,
+}
+
+impl NaiveRetry {
+    /// A policy of `max_attempts` attempts with `delays`; jitter seeded from `seed`.
+    pub fn new(max_attempts: u32, delays: Delays, seed: u64) -> Self {
+        NaiveRetry {
+            max_attempts,
+            delays,
+            seeds: Arc::new(AtomicU64::new(seed)),
+            backoff: None,
+        }
+    }
+}
+
+/// One attempt of a [`NaiveRetry`] call: the logical deadline and the attempts before it.
+#[derive(Clone, Copy, Debug)]
+pub struct Attempt {
+    /// When the logical call gives up.
+    pub deadline: Instant,
+    /// Attempts sent before this one.
+    pub previous: u32,
+}
+
+impl tower::retry::Policy<Attempt, ReserveReply, Status> for NaiveRetry {
+    type Future = Sleep;
+
+    fn retry(
+        &mut self,
+        request: &mut Attempt,
+        result: &mut Result<ReserveReply, Status>,
+    ) -> Option<Sleep> {
+        let Err(status) = result else { return None };
+        let retryable = matches!(
+            status.code(),
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled
+        );
+        if !retryable || request.previous + 1 >= self.max_attempts {
+            return None;
+        }
+        let delay = match self.delays {
+            Delays::Fixed(delay) => delay,
+            Delays::Jittered(_) => self
+                .backoff
+                .as_mut()
+                .map_or(Duration::ZERO, Backoff::next_delay),
+        };
+        let at = Instant::now() + delay;
+        if at >= request.deadline {
+            return None;
+        }
+        request.previous += 1;
+        Some(tokio::time::sleep_until(at))
+    }
+
+    fn clone_request(&mut self, request: &Attempt) -> Option<Attempt> {
+        // tower calls this on the shared policy before copying it for a new call: a first
+        // attempt gets a fresh jitter sequence of its own.
+        if request.previous == 0
+            && let Delays::Jittered(config) = self.delays
+        {
+            let seed = self
+                .seeds
+                .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
+            self.backoff = Some(Backoff::new(config, seed));
+        }
+        Some(*request)
+    }
+}
+
+/// How a naive caller behaves.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Naive {
+    pub(crate) max_attempts: u32,
+    pub(crate) delays: Delays,
+    pub(crate) deadline: Duration,
+    pub(crate) per_attempt: Option<Duration>,
+    pub(crate) seed: u64,
+}
+
+/// A caller that retries with [`NaiveRetry`] through a plain tonic client.
+pub(crate) fn naive_caller(client: InventoryClient<Observe<Channel>>, naive: Naive) -> Caller {
+    let per_attempt = naive.per_attempt;
+    let attempt = tower::service_fn(move |attempt: Attempt| {
+        let mut client = client.clone();
+        async move {
+            let left = attempt.deadline.saturating_duration_since(Instant::now());
+            let timeout = per_attempt.map_or(left, |p| p.min(left));
+            if timeout.is_zero() {
+                return Err(Status::deadline_exceeded("naive: deadline passed"));
+            }
+            let mut request = Request::new(ReserveRequest::default());
+            request.set_timeout(timeout);
+            if attempt.previous > 0 {
+                request
+                    .metadata_mut()
+                    .insert(PREVIOUS_ATTEMPTS_HEADER, attempt.previous.into());
+            }
+            match tokio::time::timeout(timeout, client.reserve(request)).await {
+                Ok(answer) => answer.map(tonic::Response::into_inner),
+                Err(_) => Err(Status::deadline_exceeded("naive: attempt timed out")),
+            }
+        }
+    });
+    let policy = NaiveRetry::new(naive.max_attempts, naive.delays, naive.seed);
+    let retry = tower::retry::Retry::new(policy, attempt);
+    let deadline = naive.deadline;
+    BoxCloneSyncService::new(tower::service_fn(move |()| {
+        let retry = retry.clone();
+        retry.oneshot(Attempt {
+            deadline: Instant::now() + deadline,
+            previous: 0,
+        })
+    }))
+}
+
+/// stormguard's client defaults, with `Reserve` configured explicitly as idempotent (so
+/// the scenario does not depend on the default idempotency of methods).
+pub fn stormguard_client_config(per_attempt: Option<Duration>) -> ClientConfig {
+    let mut config = ClientConfig::standard();
+    let policy = RetryPolicy {
+        idempotent: true,
+        per_attempt_timeout: per_attempt,
+        ..RetryPolicy::default()
+    };
+    config
+        .methods
+        .insert_method(INVENTORY_SERVICE, RESERVE_METHOD, Some(policy));
+    config
+}
+
+/// A standard gRPC service config with A6 retry throttling (10, 0.1) and the A6 backoff,
+/// `Reserve` configured explicitly as idempotent.
+pub fn grpc_throttle_client_config(
+    per_attempt: Option<Duration>,
+) -> Result<ClientConfig, ConfigError> {
+    let per_attempt = per_attempt.map_or_else(String::new, |t| {
+        format!(r#", "perAttemptRecvTimeout": "{}s""#, t.as_secs_f64())
+    });
+    let json = format!(
+        r#"{{ "methodConfig": [{{
+              "name": [{{ "service": "{INVENTORY_SERVICE}", "method": "{RESERVE_METHOD}" }}],
+              "retryPolicy": {{ "maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
+                                "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]{per_attempt} }} }}],
+            "retryThrottling": {{ "maxTokens": 10, "tokenRatio": 0.1 }} }}"#
+    );
+    let mut config = ClientConfig::from_service_config_json(&json)?;
+    let path = format!("/{INVENTORY_SERVICE}/{RESERVE_METHOD}");
+    if let Some(policy) = config.methods.lookup(&path) {
+        let policy = RetryPolicy {
+            idempotent: true,
+            ..RetryPolicy::clone(policy)
+        };
+        config
+            .methods
+            .insert_method(INVENTORY_SERVICE, RESERVE_METHOD, Some(policy));
+    }
+    Ok(config)
+}
+
+/// The client stack of the stormguard policies, below the generated client.
+pub(crate) type Layered = RetryService<Observe<Channel>>;
+
+/// `channel` under a `RetryLayer` for `config` (whose policies carry the per-attempt
+/// timeout); returns the client and its counters.
+pub(crate) fn layered_client(
+    channel: Observe<Channel>,
+    config: &ClientConfig,
+    seed: u64,
+) -> Result<(InventoryClient<Layered>, RetryStats), ConfigError> {
+    let layer = RetryLayer::from_config_seeded(config, seed)?;
+    let stats = layer.stats();
+    let service = ServiceBuilder::new().layer(layer).service(channel);
+    Ok((InventoryClient::new(service), stats))
+}
+
+/// A caller through a layered client: `timeout` is the logical call's deadline (sent as
+/// `grpc-timeout`); without one the call inherits the inbound call's context.
+pub(crate) fn layered_caller(
+    client: InventoryClient<Layered>,
+    timeout: Option<Duration>,
+) -> Caller {
+    BoxCloneSyncService::new(tower::service_fn(move |()| {
+        let mut client = client.clone();
+        async move {
+            let mut request = Request::new(ReserveRequest::default());
+            if let Some(timeout) = timeout {
+                request.set_timeout(timeout);
+            }
+            client
+                .reserve(request)
+                .await
+                .map(tonic::Response::into_inner)
+        }
+    }))
+}

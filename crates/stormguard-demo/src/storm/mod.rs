@@ -1,0 +1,392 @@
+//! The storm: a metastable failure on real tonic, and what each retry policy does with it.
+//!
+//! One tonic Inventory server on loopback with a fixed capacity (`workers` ×
+//! `service_time` of wall time, see [`Workers`]) and an open-loop client fleet: Poisson
+//! arrivals at a share of the *measured* capacity (a 10 ms `tokio::time::sleep` takes
+//! about 11 ms, so `workers / service_time` overstates it), every logical call with a
+//! deadline and a per-attempt timeout. From `warmup_s` on, for `trigger_s` seconds, the
+//! service time is multiplied by `slowdown`; then it comes back. The same timeline runs
+//! once per [`Policy`], each with a fresh server, channel and counters.
+//!
+//! Offered calls and goodput are counted in the second the call arrived (a call lasts at
+//! most its deadline); attempts and shed answers in the second they were sent or
+//! received.
+//!
+//! The `storm` example runs it; the test suite runs [`StormConfig::quick`].
+
+pub mod chain;
+mod client;
+mod report;
+mod server;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use stormguard_core::admission::AdmissionConfig;
+use stormguard_core::backoff::BackoffConfig;
+use stormguard_core::config::ConfigError;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+
+pub use client::{
+    Attempt, Caller, Delays, INVENTORY_SERVICE, NaiveRetry, RESERVE_METHOD,
+    grpc_throttle_client_config, stormguard_client_config,
+};
+pub use report::{
+    PolicyRun, PolicySummary, RECOVERED_FOR_S, RECOVERED_SHARE, Second, StormReport, TriggerReport,
+    recovery_s, storm_report, summarize,
+};
+pub use server::{MAX_PENDING_ACCEPT_RESET_STREAMS, ServerModel, Workers};
+
+use crate::InventoryClient;
+use crate::server::{DemoConfig, DemoControl, DemoInventory};
+use client::{Naive, Observe, connect, layered_caller, layered_client, naive_caller};
+use report::Timeline;
+use server::serve;
+
+/// Why a scenario could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum StormError {
+    /// Binding or reading a loopback socket failed.
+    #[error("loopback socket: {0}")]
+    Io(#[from] std::io::Error),
+    /// Connecting a tonic channel failed.
+    #[error("tonic transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// A policy's configuration was refused.
+    #[error("configuration: {0}")]
+    Config(#[from] ConfigError),
+}
+
+/// The retry policies compared, in the order they run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Policy {
+    /// 3 attempts, a fixed short backoff, no budget, pushback ignored; plain server.
+    Naive,
+    /// The same with full-jitter exponential backoff.
+    Jitter,
+    /// gRPC A6 retry throttling (10, 0.1) with the A6 backoff, from a standard service
+    /// config, through stormguard's `RetryLayer`; plain server.
+    GrpcThrottle,
+    /// stormguard's `RetryLayer` with defaults; plain server.
+    ClientOnly,
+    /// The naive client against stormguard's `ShedLayer` with defaults.
+    ServerOnly,
+    /// Both layers with defaults.
+    Stormguard,
+}
+
+impl Policy {
+    /// Every policy, in the order they run.
+    pub const ALL: [Policy; 6] = [
+        Policy::Naive,
+        Policy::Jitter,
+        Policy::GrpcThrottle,
+        Policy::ClientOnly,
+        Policy::ServerOnly,
+        Policy::Stormguard,
+    ];
+
+    /// The policy's name in tables and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Naive => "naive",
+            Policy::Jitter => "jitter",
+            Policy::GrpcThrottle => "grpc-throttle",
+            Policy::ClientOnly => "client-only",
+            Policy::ServerOnly => "server-only",
+            Policy::Stormguard => "stormguard",
+        }
+    }
+
+    /// Whether the server runs behind a `ShedLayer`.
+    pub fn sheds(self) -> bool {
+        matches!(self, Policy::ServerOnly | Policy::Stormguard)
+    }
+}
+
+/// The scenario's knobs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StormConfig {
+    /// Calls the server runs at once.
+    pub workers: usize,
+    /// Wall time of one call at normal speed.
+    pub service_time: Duration,
+    /// The trigger multiplies the service time by this.
+    pub slowdown: f64,
+    /// Offered load as a share of the measured capacity.
+    pub load: f64,
+    /// The deadline of a logical call.
+    pub deadline: Duration,
+    /// The longest one attempt may take.
+    pub per_attempt: Duration,
+    /// The fixed delay between a naive client's attempts (and the first window of the
+    /// jittered one).
+    pub naive_backoff: Duration,
+    /// Attempts of the naive clients.
+    pub naive_attempts: u32,
+    /// Seconds before the trigger.
+    pub warmup_s: u32,
+    /// Seconds of the trigger.
+    pub trigger_s: u32,
+    /// Seconds after the trigger.
+    pub after_s: u32,
+    /// How long each capacity measurement takes.
+    pub calibration: Duration,
+    /// What the server does with work whose caller left.
+    pub model: ServerModel,
+    /// Seed of arrivals and jitter.
+    pub seed: u64,
+}
+
+impl StormConfig {
+    /// The default run: 8 workers × 10 ms, 78 % load, 200 ms deadline (room for three
+    /// whole attempts and their delays), 50 ms per attempt,
+    /// service time × 2.5 from 5 s to 9 s, 16 s after.
+    pub fn standard() -> Self {
+        StormConfig {
+            workers: 8,
+            service_time: Duration::from_millis(10),
+            slowdown: 2.5,
+            load: 0.78,
+            deadline: Duration::from_millis(200),
+            per_attempt: Duration::from_millis(50),
+            naive_backoff: Duration::from_millis(10),
+            naive_attempts: 3,
+            warmup_s: 5,
+            trigger_s: 4,
+            after_s: 16,
+            calibration: Duration::from_millis(1500),
+            model: ServerModel::Cancelling,
+            seed: 1,
+        }
+    }
+
+    /// A shorter run for tests: 1 s before, 2 s of trigger, 3 s after.
+    pub fn quick() -> Self {
+        StormConfig {
+            warmup_s: 1,
+            trigger_s: 2,
+            after_s: 3,
+            calibration: Duration::from_millis(600),
+            ..StormConfig::standard()
+        }
+    }
+
+    /// Seconds of one policy's run.
+    pub fn total_s(&self) -> u32 {
+        self.warmup_s + self.trigger_s + self.after_s
+    }
+
+    fn trigger_start(&self) -> Duration {
+        Duration::from_secs(u64::from(self.warmup_s))
+    }
+
+    fn trigger_end(&self) -> Duration {
+        Duration::from_secs(u64::from(self.warmup_s + self.trigger_s))
+    }
+
+    /// The shed layer's configuration: the defaults, with the server's real concurrency.
+    pub fn admission(&self) -> AdmissionConfig {
+        AdmissionConfig {
+            workers: self.workers,
+            ..AdmissionConfig::default()
+        }
+    }
+}
+
+/// Completions per second the server managed at normal speed and during the trigger.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Capacity {
+    /// At the normal service time.
+    pub normal: f64,
+    /// At the slowed-down service time.
+    pub reduced: f64,
+}
+
+/// The demo Inventory at the normal service time behind the scenario's capacity model,
+/// and the handle that changes its service time.
+fn capacity_model(config: &StormConfig) -> (Workers, DemoControl) {
+    let demo = DemoInventory::new(DemoConfig {
+        service_time: config.service_time,
+        fail_rate: 0.0,
+        seed: config.seed,
+    });
+    let control = demo.control();
+    (Workers::new(demo, config.workers, config.model), control)
+}
+
+/// Measures the server's capacity at both service times: `2 × workers` callers in a
+/// closed loop without deadlines keep every worker busy, and completions are counted.
+pub async fn measure_capacity(config: &StormConfig) -> Result<Capacity, StormError> {
+    let (workers, control) = capacity_model(config);
+    let serving = serve(workers.clone(), None).await?;
+    let client = InventoryClient::new(connect(serving.addr).await?);
+    let mut callers = JoinSet::new();
+    for _ in 0..2 * config.workers {
+        let mut client = client.clone();
+        callers.spawn(async move {
+            loop {
+                if client
+                    .reserve(crate::ReserveRequest::default())
+                    .await
+                    .is_err()
+                {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        });
+    }
+    let mut rates = [0.0; 2];
+    for (i, service_time) in [
+        config.service_time,
+        config.service_time.mul_f64(config.slowdown),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        control.set_service_time(service_time);
+        // Let the callers settle at the new speed, then count.
+        tokio::time::sleep(config.calibration / 4).await;
+        let (before, t0) = (control.counts().ok, Instant::now());
+        tokio::time::sleep(config.calibration).await;
+        let done = control.counts().ok - before;
+        rates[i] = done as f64 / t0.elapsed().as_secs_f64();
+    }
+    callers.abort_all();
+    workers.close();
+    Ok(Capacity {
+        normal: rates[0],
+        reduced: rates[1],
+    })
+}
+
+/// The whole storm: measures the capacity, offers `config.load` of it to each of
+/// `policies` in turn, and reports. `progress` is called with each policy and the share of
+/// its run done (1.0 when it ends).
+pub async fn run_storm(
+    config: &StormConfig,
+    policies: &[Policy],
+    progress: &(dyn Fn(Policy, f64) + Send + Sync),
+) -> Result<StormReport, StormError> {
+    let capacity = measure_capacity(config).await?;
+    let rate = config.load * capacity.normal;
+    let mut runs = Vec::with_capacity(policies.len());
+    for &policy in policies {
+        runs.push(run_policy(policy, config, rate, &|done| progress(policy, done)).await?);
+    }
+    Ok(storm_report(
+        &runs,
+        config.warmup_s,
+        config.warmup_s + config.trigger_s,
+        capacity.normal,
+        capacity.reduced,
+        rate,
+    ))
+}
+
+/// Runs `policy` through the scenario at `rate` logical calls per second. `progress` is
+/// called with the share of the run done, about ten times a second.
+pub async fn run_policy(
+    policy: Policy,
+    config: &StormConfig,
+    rate: f64,
+    progress: &(dyn Fn(f64) + Send + Sync),
+) -> Result<PolicyRun, StormError> {
+    let (workers, control) = capacity_model(config);
+    let admission = policy.sheds().then(|| config.admission());
+    let serving = serve(workers.clone(), admission).await?;
+    let channel: Channel = connect(serving.addr).await?;
+
+    let total = Duration::from_secs(u64::from(config.total_s()));
+    let start = Instant::now();
+    let timeline = Arc::new(Timeline::new(start, config.total_s() as usize));
+    let observed = Observe::new(channel, Arc::clone(&timeline));
+    let per_attempt = Some(config.per_attempt);
+    let naive = |delays| Naive {
+        max_attempts: config.naive_attempts,
+        delays,
+        deadline: config.deadline,
+        per_attempt,
+        seed: config.seed,
+    };
+    let fixed = Delays::Fixed(config.naive_backoff);
+    let (caller, stats) = match policy {
+        Policy::Naive | Policy::ServerOnly => (
+            naive_caller(InventoryClient::new(observed), naive(fixed)),
+            None,
+        ),
+        Policy::Jitter => {
+            let jitter = Delays::Jittered(BackoffConfig::FullJitter {
+                base: config.naive_backoff,
+                cap: config.deadline,
+                multiplier: 2.0,
+            });
+            (
+                naive_caller(InventoryClient::new(observed), naive(jitter)),
+                None,
+            )
+        }
+        Policy::GrpcThrottle | Policy::ClientOnly | Policy::Stormguard => {
+            let client_config = if policy == Policy::GrpcThrottle {
+                grpc_throttle_client_config(per_attempt)?
+            } else {
+                stormguard_client_config(per_attempt)
+            };
+            let (client, stats) = layered_client(observed, &client_config, config.seed)?;
+            (layered_caller(client, Some(config.deadline)), Some(stats))
+        }
+    };
+
+    let mut rng = fastrand::Rng::with_seed(config.seed);
+    let mut calls = JoinSet::new();
+    let mut next = start;
+    let mut slowed = false;
+    let mut restored = false;
+    let mut last_progress = start;
+    let deadline = config.deadline;
+    while next < start + total {
+        tokio::time::sleep_until(next).await;
+        let now = Instant::now();
+        let elapsed = now - start;
+        if !slowed && elapsed >= config.trigger_start() {
+            control.set_service_time(config.service_time.mul_f64(config.slowdown));
+            slowed = true;
+        }
+        if !restored && elapsed >= config.trigger_end() {
+            control.set_service_time(config.service_time);
+            restored = true;
+        }
+        if now - last_progress >= Duration::from_millis(100) {
+            progress(elapsed.as_secs_f64() / total.as_secs_f64());
+            last_progress = now;
+        }
+        let second = timeline.second(next);
+        timeline.offered(second);
+        let caller = caller.clone();
+        let timeline = Arc::clone(&timeline);
+        calls.spawn(async move {
+            let called = Instant::now();
+            let answer =
+                tokio::time::timeout(deadline, tower::ServiceExt::oneshot(caller, ())).await;
+            if matches!(answer, Ok(Ok(_))) && called.elapsed() <= deadline {
+                timeline.goodput(second);
+            }
+        });
+        // Exponential gaps: a Poisson process at `rate` per second.
+        let gap = -(1.0 - rng.f64()).ln() / rate;
+        next += Duration::from_secs_f64(gap);
+        while calls.try_join_next().is_some() {}
+    }
+    while calls.join_next().await.is_some() {}
+    progress(1.0);
+    workers.close();
+    drop(serving);
+    Ok(PolicyRun {
+        policy,
+        timeline: timeline.snapshot(),
+        budget_refusals: stats.map(|s| s.snapshot().refused.budget),
+        connection_errors: timeline.connection_errors(),
+    })
+}

@@ -1,0 +1,149 @@
+//! The server side of the scenarios: the demo Inventory behind a fixed capacity model,
+//! served by tonic on loopback with the h2 settings a storm needs.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use stormguard_core::admission::AdmissionConfig;
+use stormguard_server::ShedLayer;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+
+use super::StormError;
+use crate::server::DemoInventory;
+use crate::{Inventory, InventoryServer, ReserveReply, ReserveRequest, WatchStockRequest};
+
+/// Streams a client may reset before their server reads them, per connection. Under a
+/// storm every caller that gives up resets its stream; h2's default (20) closes the
+/// connection with `GOAWAY (ENHANCE_YOUR_CALM)`, which flushes the server's queue and
+/// looks like a recovery. The README's operating notes give the same value.
+pub const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 10_000;
+
+/// What happens to the work of a caller that has left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerModel {
+    /// The handler holds one of the workers while it runs and waits for one in FIFO
+    /// order; a caller that resets its stream drops the handler, so abandoned work, queued
+    /// or running, costs nothing more. What a tonic handler behind a semaphore does.
+    Cancelling,
+    /// Workers fed by an unbounded FIFO queue that finish every call they take, even
+    /// when its caller has left: a thread pool, or a query already sent to a database.
+    Pool,
+}
+
+impl ServerModel {
+    /// `"cancelling"` or `"pool"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServerModel::Cancelling => "cancelling",
+            ServerModel::Pool => "pool",
+        }
+    }
+}
+
+/// The demo Inventory with a fixed capacity: at most `workers` `Reserve` calls run at
+/// once, each taking the demo's service time of wall time.
+#[derive(Clone, Debug)]
+pub struct Workers {
+    inner: DemoInventory,
+    permits: Arc<Semaphore>,
+    model: ServerModel,
+}
+
+impl Workers {
+    /// `inner` limited to `workers` calls at once, with `model` for abandoned work.
+    pub fn new(inner: DemoInventory, workers: usize, model: ServerModel) -> Self {
+        Workers {
+            inner,
+            permits: Arc::new(Semaphore::new(workers)),
+            model,
+        }
+    }
+
+    /// Stops taking work: calls waiting for a worker end `UNAVAILABLE`. For the end of a
+    /// run, so that a pool's backlog does not outlive its server.
+    pub fn close(&self) {
+        self.permits.close();
+    }
+}
+
+fn closed() -> Status {
+    Status::unavailable("demo: server closed")
+}
+
+#[tonic::async_trait]
+impl Inventory for Workers {
+    async fn reserve(
+        &self,
+        request: Request<ReserveRequest>,
+    ) -> Result<Response<ReserveReply>, Status> {
+        match self.model {
+            ServerModel::Cancelling => {
+                let _worker = self.permits.acquire().await.map_err(|_| closed())?;
+                self.inner.reserve(request).await
+            }
+            ServerModel::Pool => {
+                let permits = Arc::clone(&self.permits);
+                let inner = self.inner.clone();
+                // The spawned task is not cancelled when this handler is dropped.
+                let job = tokio::spawn(async move {
+                    let _worker = permits.acquire_owned().await.map_err(|_| closed())?;
+                    inner.reserve(request).await
+                });
+                job.await
+                    .map_err(|e| Status::internal(format!("demo: worker failed: {e}")))?
+            }
+        }
+    }
+
+    type WatchStockStream = <DemoInventory as Inventory>::WatchStockStream;
+
+    async fn watch_stock(
+        &self,
+        request: Request<WatchStockRequest>,
+    ) -> Result<Response<Self::WatchStockStream>, Status> {
+        self.inner.watch_stock(request).await
+    }
+}
+
+/// A tonic server running on loopback until dropped.
+#[derive(Debug)]
+pub(crate) struct Serving {
+    pub(crate) addr: SocketAddr,
+    task: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Serves `service` on a fresh loopback port, behind a `ShedLayer` with `admission` when
+/// given, with the storm's h2 settings.
+pub(crate) async fn serve<T: Inventory>(
+    service: T,
+    admission: Option<AdmissionConfig>,
+) -> Result<Serving, StormError> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let builder = Server::builder()
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS));
+    let service = InventoryServer::new(service);
+    let task = match admission {
+        Some(config) => {
+            let mut builder = builder.layer(ShedLayer::from_config(config)?);
+            tokio::spawn(builder.add_service(service).serve_with_incoming(incoming))
+        }
+        None => {
+            let mut builder = builder;
+            tokio::spawn(builder.add_service(service).serve_with_incoming(incoming))
+        }
+    };
+    Ok(Serving { addr, task })
+}

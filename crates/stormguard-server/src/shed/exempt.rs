@@ -1,0 +1,175 @@
+//! Calls the layer never sheds: health checks by default, and whatever the user names.
+//!
+//! # Why
+//!
+//! A health check shed under overload reads as "this server is dead": the orchestrator
+//! restarts it or takes it out of rotation, and its load moves to the others, which
+//! makes the overload worse. So calls to `grpc.health.v1.Health` are never shed by
+//! default. They do not wait for a worker either (a health check that queues behind
+//! the backlog times out just the same): they run at once, beside the workers, and are
+//! counted apart ([`ShedStats::never_shed`](crate::ShedStats::never_shed)). Keep such
+//! methods cheap: the layer does not bound them.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use stormguard_core::config::ConfigError;
+
+/// The gRPC health service (`grpc.health.v1.Health`), never shed unless
+/// [`ShedLayer::shed_health_checks`](crate::ShedLayer::shed_health_checks) is called.
+pub const HEALTH_SERVICE: &str = "grpc.health.v1.Health";
+
+type Predicate = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// The calls a layer never sheds, matched on the request path (`/package.Service/Method`).
+#[derive(Clone)]
+pub(crate) struct NeverShed {
+    health: bool,
+    /// `/package.Service/` prefixes.
+    services: Vec<String>,
+    /// Exact `/package.Service/Method` paths.
+    methods: Vec<String>,
+    predicate: Option<Predicate>,
+}
+
+impl Default for NeverShed {
+    fn default() -> Self {
+        NeverShed {
+            health: true,
+            services: Vec::new(),
+            methods: Vec::new(),
+            predicate: None,
+        }
+    }
+}
+
+impl NeverShed {
+    /// Whether a call to `path` bypasses the queue.
+    pub(crate) fn matches(&self, path: &str) -> bool {
+        if self.health && service_of(path) == Some(HEALTH_SERVICE) {
+            return true;
+        }
+        if !self.methods.is_empty() && self.methods.iter().any(|m| m == path) {
+            return true;
+        }
+        if let Some(service) = service_of(path)
+            && self.services.iter().any(|s| s == service)
+        {
+            return true;
+        }
+        self.predicate.as_ref().is_some_and(|p| p(path))
+    }
+
+    /// Adds `entry`: a service (`package.Service`) or a method (`/package.Service/Method`).
+    pub(crate) fn add(&mut self, entry: &str) -> Result<(), ConfigError> {
+        let bad = |why: &str| ConfigError::invalid("never_shed", format!("{entry:?}: {why}"));
+        if entry.is_empty() || entry.contains(char::is_whitespace) {
+            return Err(bad(
+                "expected `package.Service` or `/package.Service/Method`",
+            ));
+        }
+        match entry.strip_prefix('/') {
+            Some(rest) => match rest.split_once('/') {
+                Some((service, method))
+                    if !service.is_empty() && !method.is_empty() && !method.contains('/') =>
+                {
+                    self.methods.push(entry.to_owned());
+                }
+                _ => return Err(bad("a method path is `/package.Service/Method`")),
+            },
+            None if entry.contains('/') => {
+                return Err(bad(
+                    "a service is named without slashes (`package.Service`)",
+                ));
+            }
+            None => self.services.push(entry.to_owned()),
+        }
+        Ok(())
+    }
+
+    pub(crate) fn set_predicate(&mut self, predicate: Predicate) {
+        self.predicate = Some(predicate);
+    }
+
+    pub(crate) fn set_health(&mut self, health: bool) {
+        self.health = health;
+    }
+}
+
+/// `package.Service` of `/package.Service/Method`.
+fn service_of(path: &str) -> Option<&str> {
+    let (service, _method) = path.strip_prefix('/')?.split_once('/')?;
+    Some(service)
+}
+
+impl fmt::Debug for NeverShed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NeverShed")
+            .field("health", &self.health)
+            .field("services", &self.services)
+            .field("methods", &self.methods)
+            .field("predicate", &self.predicate.is_some())
+            .finish()
+    }
+}
+
+/// Counts the calls that bypassed the queue.
+#[derive(Debug, Default)]
+pub(crate) struct Bypassed(AtomicU64);
+
+impl Bypassed {
+    pub(crate) fn record(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_is_exempt_by_default_and_can_be_turned_off() {
+        let mut never = NeverShed::default();
+        assert!(never.matches("/grpc.health.v1.Health/Check"));
+        assert!(never.matches("/grpc.health.v1.Health/Watch"));
+        assert!(!never.matches("/grpc.health.v1.HealthX/Check"));
+        assert!(!never.matches("/pkg.Svc/Check"));
+        never.set_health(false);
+        assert!(!never.matches("/grpc.health.v1.Health/Check"));
+    }
+
+    #[test]
+    fn services_methods_and_a_predicate_can_be_named() {
+        let mut never = NeverShed::default();
+        never.add("pkg.Admin").unwrap();
+        never.add("/pkg.Inventory/Ping").unwrap();
+        assert!(never.matches("/pkg.Admin/Anything"));
+        assert!(never.matches("/pkg.Inventory/Ping"));
+        assert!(!never.matches("/pkg.Inventory/Reserve"));
+        assert!(!never.matches("/pkg.Inventory/Ping/x"));
+        never.set_predicate(Arc::new(|path: &str| path.ends_with("/Reserve")));
+        assert!(never.matches("/pkg.Inventory/Reserve"));
+    }
+
+    #[test]
+    fn malformed_entries_are_refused_with_the_field_named() {
+        for bad in [
+            "",
+            "pkg.Svc/M",
+            "/pkg.Svc",
+            "/pkg.Svc/",
+            "//M",
+            "/a/b/c",
+            "pkg Svc",
+        ] {
+            let err = NeverShed::default().add(bad).unwrap_err();
+            assert!(err.to_string().contains("never_shed"), "{bad:?}: {err}");
+        }
+    }
+}

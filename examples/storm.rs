@@ -1,0 +1,295 @@
+//! The storm on real tonic: a metastable failure, and what six retry policies do with it.
+//!
+//! ```text
+//! cargo run --release --example storm -- [--quick] [--json FILE] [--svg FILE] [--seed N] [--model cancelling|pool]
+//! ```
+//!
+//! One tonic Inventory server on loopback with a fixed capacity (8 workers × 10 ms), an
+//! open-loop Poisson fleet at ~78 % of the measured capacity, every call with a 200 ms
+//! deadline and 50 ms per attempt; the service time rises ×2.5 for a few seconds, then
+//! comes back. The same timeline runs for each policy; then a table, and `storm.svg`
+//! (goodput and attempts per second, one line per policy, the trigger shaded).
+
+use std::error::Error;
+use std::process::ExitCode;
+
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use plotters::prelude::*;
+use stormguard_demo::storm::{Policy, Second, ServerModel, StormConfig, StormReport, run_storm};
+
+const USAGE: &str =
+    "usage: storm [--quick] [--json FILE] [--svg FILE] [--seed N] [--model cancelling|pool]
+
+  --quick        1 s before the trigger, 2 s of it, 3 s after (about 40 s in all)
+  --json FILE    also write the result as JSON to FILE
+  --svg FILE     where to draw the picture (default storm.svg)
+  --seed N       seed of arrivals and jitter (default 1)
+  --model M      what the server does with work whose caller left: `cancelling` drops it
+                 (a tonic handler behind a semaphore, the default), `pool` finishes it";
+
+struct Args {
+    config: StormConfig,
+    json: Option<String>,
+    svg: String,
+    policies: Vec<Policy>,
+}
+
+fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
+    let mut quick = false;
+    let mut seed = None;
+    let mut model = None;
+    let mut json = None;
+    let mut svg = "storm.svg".to_owned();
+    let mut policies = Policy::ALL.to_vec();
+    let mut load = None;
+    let mut deadline = None;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--seed" => {
+                let value = args.next().ok_or("--seed needs a value")?;
+                seed = Some(
+                    value
+                        .parse()
+                        .map_err(|e| format!("--seed {value:?}: {e}"))?,
+                );
+            }
+            "--model" => {
+                model = Some(match args.next().as_deref() {
+                    Some("cancelling") => ServerModel::Cancelling,
+                    Some("pool") => ServerModel::Pool,
+                    other => return Err(format!("--model {other:?}: cancelling or pool")),
+                });
+            }
+            "--policies" => {
+                let value = args.next().ok_or("--policies needs a list")?;
+                policies = value
+                    .split(',')
+                    .map(|name| {
+                        Policy::ALL
+                            .into_iter()
+                            .find(|p| p.as_str() == name)
+                            .ok_or_else(|| format!("--policies: unknown policy {name:?}"))
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
+            "--load" => {
+                let value = args.next().ok_or("--load needs a value")?;
+                load = Some(
+                    value
+                        .parse()
+                        .map_err(|e| format!("--load {value:?}: {e}"))?,
+                );
+            }
+            "--deadline-ms" => {
+                let value = args.next().ok_or("--deadline-ms needs a value")?;
+                let ms: u64 = value
+                    .parse()
+                    .map_err(|e| format!("--deadline-ms {value:?}: {e}"))?;
+                deadline = Some(std::time::Duration::from_millis(ms));
+            }
+            "--json" => json = Some(args.next().ok_or("--json needs a file name")?),
+            "--svg" => svg = args.next().ok_or("--svg needs a file name")?,
+            "-h" | "--help" => return Ok(None),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    let mut config = if quick {
+        StormConfig::quick()
+    } else {
+        StormConfig::standard()
+    };
+    config.seed = seed.unwrap_or(config.seed);
+    config.model = model.unwrap_or(config.model);
+    config.load = load.unwrap_or(config.load);
+    config.deadline = deadline.unwrap_or(config.deadline);
+    Ok(Some(Args {
+        config,
+        json,
+        svg,
+        policies,
+    }))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = match parse(std::env::args().skip(1)) {
+        Ok(Some(args)) => args,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("storm: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("storm: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
+    let config = &args.config;
+    eprintln!(
+        "measuring the server's capacity ({} workers x {:?}, {} model)...",
+        config.workers,
+        config.service_time,
+        config.model.as_str()
+    );
+    let bars = MultiProgress::new();
+    let style =
+        ProgressStyle::with_template("{prefix:>14} [{bar:40}] {msg}")?.progress_chars("=> ");
+    let policy_bars: Vec<(Policy, ProgressBar)> = args
+        .policies
+        .iter()
+        .map(|&p| {
+            let bar = bars.add(ProgressBar::new(1000));
+            bar.set_style(style.clone());
+            bar.set_prefix(p.as_str());
+            (p, bar)
+        })
+        .collect();
+    let progress = |policy: Policy, done: f64| {
+        if let Some((_, bar)) = policy_bars.iter().find(|(p, _)| *p == policy) {
+            bar.set_position((done * 1000.0) as u64);
+            if done >= 1.0 {
+                bar.finish_with_message("done");
+            }
+        }
+    };
+    let report = run_storm(config, &args.policies, &progress).await?;
+    println!(
+        "{}\n",
+        report.headline(config.slowdown, config.per_attempt, config.deadline)
+    );
+    print!("{}", report.table());
+    for p in report.policies.iter().filter(|p| p.connection_errors > 0) {
+        println!(
+            "{}: {} attempts failed with their connection",
+            p.name, p.connection_errors
+        );
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .map_err(|e| format!("cannot write {path}: {e}"))?;
+        println!("result written to {path}");
+    }
+    draw(&report, &args.svg)?;
+    println!("picture drawn to {}", args.svg);
+    Ok(())
+}
+
+/// One colour per policy, in [`Policy::ALL`]'s order.
+const COLOURS: [RGBColor; 6] = [
+    RGBColor(214, 39, 40),
+    RGBColor(255, 127, 14),
+    RGBColor(148, 103, 189),
+    RGBColor(31, 119, 180),
+    RGBColor(140, 86, 75),
+    RGBColor(44, 160, 44),
+];
+
+/// What one panel plots, per second.
+type Metric = fn(&Second) -> u64;
+
+fn draw(report: &StormReport, path: &str) -> Result<(), Box<dyn Error>> {
+    let seconds = report
+        .policies
+        .iter()
+        .map(|p| p.timeline.len())
+        .max()
+        .unwrap_or(1) as f64;
+    let root = SVGBackend::new(path, (1000, 760)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (top, bottom) = root.split_vertically(380);
+    let panels: [(_, &str, Metric); 2] = [
+        (top, "goodput (successful logical calls per second)", |s| {
+            s.goodput
+        }),
+        (bottom, "attempts sent per second", |s| s.attempts),
+    ];
+    let (start, end) = (
+        f64::from(report.trigger.start_s),
+        f64::from(report.trigger.end_s),
+    );
+    for (panel, (area, title, value)) in panels.into_iter().enumerate() {
+        let peak = report
+            .policies
+            .iter()
+            .flat_map(|p| p.timeline.iter().map(|s| value(s).max(s.offered)))
+            .max()
+            .unwrap_or(1) as f64;
+        let y_max = peak * 1.1;
+        let mut chart = ChartBuilder::on(&area)
+            .caption(title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(32)
+            .y_label_area_size(56)
+            .build_cartesian_2d(0f64..seconds, 0f64..y_max)?;
+        chart
+            .configure_mesh()
+            .x_desc("seconds")
+            .y_label_formatter(&|v| format!("{v:.0}"))
+            .disable_x_mesh()
+            .light_line_style(WHITE)
+            .draw()?;
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(start, 0.0), (end, y_max)],
+                RGBColor(255, 170, 170).mix(0.35).filled(),
+            )))?
+            .label("trigger (service time x2.5)")
+            .legend(|(x, y)| {
+                Rectangle::new(
+                    [(x, y - 5), (x + 20, y + 5)],
+                    RGBColor(255, 170, 170).mix(0.35).filled(),
+                )
+            });
+        if let Some(first) = report.policies.first() {
+            chart
+                .draw_series(LineSeries::new(
+                    first
+                        .timeline
+                        .iter()
+                        .map(|s| (f64::from(s.t) + 0.5, s.offered as f64)),
+                    BLACK.mix(0.5).stroke_width(1),
+                ))?
+                .label("offered")
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.5)));
+        }
+        for policy in &report.policies {
+            let colour = Policy::ALL
+                .iter()
+                .position(|p| p.as_str() == policy.name)
+                .map_or(BLACK, |i| COLOURS[i]);
+            chart
+                .draw_series(LineSeries::new(
+                    policy
+                        .timeline
+                        .iter()
+                        .map(|s| (f64::from(s.t) + 0.5, value(s) as f64)),
+                    colour.stroke_width(2),
+                ))?
+                .label(policy.name)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
+                });
+        }
+        // One legend, where the lines of the first panel leave room for it.
+        if panel == 0 {
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::MiddleRight)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK.mix(0.3))
+                .draw()?;
+        }
+    }
+    root.present()?;
+    Ok(())
+}

@@ -1,0 +1,170 @@
+//! The `storm` and `chain` examples' quick runs, in process over real tonic on loopback.
+//!
+//! These check the shape of the result (every policy, every second, counts that add up,
+//! the JSON the examples write) and the outcomes that hold by construction (about 27 bottom
+//! calls per request through three naive hops; no connection lost to h2's reset limits),
+//! never how fast anything ran.
+#![allow(clippy::unwrap_used)]
+
+use stormguard_demo::storm::chain::{ChainConfig, run_chain};
+use stormguard_demo::storm::{Policy, StormConfig, run_storm};
+
+/// The keys of a JSON object, sorted.
+fn keys(value: &serde_json::Value) -> Vec<&str> {
+    let mut keys: Vec<&str> = value
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    keys
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_storm_has_the_shape_of_the_report() {
+    let config = StormConfig::quick();
+    let report = run_storm(&config, &Policy::ALL, &|_, _| {}).await.unwrap();
+    let (start_s, end_s) = (config.warmup_s, config.warmup_s + config.trigger_s);
+    assert!(report.capacity > 0.0 && report.reduced_capacity > 0.0);
+    assert!(report.offered_rate > 0.0);
+    eprintln!(
+        "{}\n{}",
+        report.headline(config.slowdown, config.per_attempt, config.deadline),
+        report.table()
+    );
+
+    let names: Vec<&str> = report.policies.iter().map(|p| p.name).collect();
+    assert_eq!(
+        names,
+        [
+            "naive",
+            "jitter",
+            "grpc-throttle",
+            "client-only",
+            "server-only",
+            "stormguard"
+        ]
+    );
+    for p in &report.policies {
+        assert_eq!(p.timeline.len(), config.total_s() as usize, "{}", p.name);
+        for (t, s) in p.timeline.iter().enumerate() {
+            assert_eq!(s.t as usize, t);
+            assert!(s.offered > 0, "{}: no call offered in second {t}", p.name);
+            assert!(s.goodput <= s.offered, "{}: second {t}", p.name);
+        }
+        let attempts: u64 = p.timeline.iter().map(|s| s.attempts).sum();
+        let offered: u64 = p.timeline.iter().map(|s| s.offered).sum();
+        assert!(attempts >= offered, "{}: fewer attempts than calls", p.name);
+        for share in [p.goodput_before, p.goodput_during, p.goodput_after] {
+            assert!((0.0..=1.0).contains(&share), "{}: share {share}", p.name);
+        }
+        // Every policy's client and server use the h2 settings of the operating notes:
+        // no attempt is lost to a closed connection, however hard the storm.
+        assert_eq!(p.connection_errors, 0, "{}: connection failures", p.name);
+        // Only a shedding server sends pushback; only a budgeted client refuses retries.
+        let policy = Policy::ALL
+            .into_iter()
+            .find(|x| x.as_str() == p.name)
+            .unwrap();
+        if !policy.sheds() {
+            assert_eq!(p.shed, 0, "{}: shed by a plain server", p.name);
+        }
+        let budgeted = matches!(
+            policy,
+            Policy::GrpcThrottle | Policy::ClientOnly | Policy::Stormguard
+        );
+        assert_eq!(p.budget_refusals.is_some(), budgeted, "{}", p.name);
+        if let Some(recovery) = p.recovery_s {
+            assert!(
+                recovery + 3 <= config.after_s,
+                "{}: recovery {recovery}",
+                p.name
+            );
+        }
+    }
+    // The naive clients send up to 3 attempts per call and the budgeted ones do not: the
+    // shape of the storm, whatever the machine's speed.
+    let by_name = |n: &str| report.policies.iter().find(|p| p.name == n).unwrap();
+    assert!(
+        by_name("naive").amplification_during_trigger
+            > by_name("stormguard").amplification_during_trigger
+    );
+
+    let json = serde_json::to_value(&report).unwrap();
+    let trigger = &json["trigger"];
+    assert_eq!(trigger["start_s"], u64::from(start_s));
+    assert_eq!(trigger["end_s"], u64::from(end_s));
+    assert!(trigger["capacity_share"].as_f64().unwrap() > 0.0);
+    let policies = json["policies"].as_array().unwrap();
+    assert_eq!(policies.len(), 6);
+    for p in policies {
+        assert_eq!(
+            keys(p),
+            [
+                "amplification_after_trigger",
+                "amplification_during_trigger",
+                "goodput_after",
+                "goodput_before",
+                "goodput_during",
+                "name",
+                "recovery_s",
+                "timeline"
+            ]
+        );
+        assert!(p["recovery_s"].is_null() || p["recovery_s"].is_u64());
+        assert_eq!(
+            keys(&p["timeline"][0]),
+            ["attempts", "goodput", "offered", "shed", "t"]
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_chain_multiplies_naive_retries_and_not_stormguard() {
+    let config = ChainConfig::quick();
+    let report = run_chain(&config).await.unwrap();
+    eprintln!("{}", report.table(config.flaky_rate));
+    let dead = &report.dead.policies;
+    assert_eq!(dead[0].name, "naive");
+    assert_eq!(dead[1].name, "stormguard");
+    let requests = (config.rate * config.duration.as_secs_f64()).round() as u64;
+    for r in dead.iter().chain(&report.flaky.policies) {
+        assert_eq!(r.user_requests, requests, "{}", r.name);
+    }
+    // Three naive hops of three attempts against a dead inventory: 27 each, fewer only
+    // for a call whose deadline ran out first on a starved machine.
+    assert!(dead[0].bottom_calls <= 27 * requests);
+    assert!(
+        dead[0].bottom_calls >= 20 * requests,
+        "{}",
+        dead[0].bottom_calls
+    );
+    assert_eq!(dead[0].success, 0.0);
+    // One budgeted hop: one attempt per request plus what the budget's floor allows
+    // (a reserve of 50 and 5 per second), never a retry from the hops above.
+    assert!(dead[1].bottom_calls >= requests);
+    assert!(dead[1].bottom_calls <= requests + 50 + 5 * config.duration.as_secs() + 5);
+    assert_eq!(dead[1].success, 0.0);
+    // A flaky inventory: both succeed mostly; the naive chain costs more bottom calls.
+    let flaky = &report.flaky.policies;
+    assert!(flaky[0].success > 0.9 && flaky[1].success > 0.6);
+    assert!(flaky[0].bottom_calls_per_request > 1.0);
+
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(keys(&json), ["flaky", "policies"]);
+    for case in [&json["policies"], &json["flaky"]["policies"]] {
+        for p in case.as_array().unwrap() {
+            assert_eq!(
+                keys(p),
+                [
+                    "bottom_calls",
+                    "bottom_calls_per_request",
+                    "name",
+                    "success",
+                    "user_requests"
+                ]
+            );
+        }
+    }
+}
