@@ -1,7 +1,7 @@
 //! The storm on real tonic: a metastable failure, and what six retry policies do with it.
 //!
 //! ```text
-//! cargo run --release --example storm -- [--quick] [--json FILE] [--svg FILE] [--seed N] [--model cancelling|pool]
+//! cargo run --release --example storm -- [--quick] [--json FILE] [--svg FILE] [--seed N] [--model cancelling|pool] [--limit fixed|adaptive]
 //! ```
 //!
 //! One tonic Inventory server on loopback with a fixed capacity (8 workers × 10 ms), an
@@ -19,13 +19,16 @@ use stormguard_demo::storm::{Policy, Second, ServerModel, StormConfig, StormRepo
 
 const USAGE: &str =
     "usage: storm [--quick] [--json FILE] [--svg FILE] [--seed N] [--model cancelling|pool]
+             [--limit fixed|adaptive]
 
   --quick        1 s before the trigger, 2 s of it, 3 s after (about 40 s in all)
   --json FILE    also write the result as JSON to FILE
   --svg FILE     where to draw the picture (default storm.svg)
   --seed N       seed of arrivals and jitter (default 1)
   --model M      what the server does with work whose caller left: `cancelling` drops it
-                 (a tonic handler behind a semaphore, the default), `pool` finishes it";
+                 (a tonic handler behind a semaphore, the default), `pool` finishes it
+  --limit L      the shed layer's worker limit: `fixed` at the server's workers (the
+                 default) or `adaptive`, starting at 64 and following latency";
 
 struct Args {
     config: StormConfig,
@@ -43,6 +46,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String>
     let mut policies = Policy::ALL.to_vec();
     let mut load = None;
     let mut deadline = None;
+    let mut adaptive_limit = false;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => quick = true,
@@ -88,6 +92,13 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String>
                     .map_err(|e| format!("--deadline-ms {value:?}: {e}"))?;
                 deadline = Some(std::time::Duration::from_millis(ms));
             }
+            "--limit" => {
+                adaptive_limit = match args.next().as_deref() {
+                    Some("fixed") => false,
+                    Some("adaptive") => true,
+                    other => return Err(format!("--limit {other:?}: fixed or adaptive")),
+                };
+            }
             "--json" => json = Some(args.next().ok_or("--json needs a file name")?),
             "--svg" => svg = args.next().ok_or("--svg needs a file name")?,
             "-h" | "--help" => return Ok(None),
@@ -103,6 +114,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String>
     config.model = model.unwrap_or(config.model);
     config.load = load.unwrap_or(config.load);
     config.deadline = deadline.unwrap_or(config.deadline);
+    config.adaptive_limit = adaptive_limit;
     Ok(Some(Args {
         config,
         json,

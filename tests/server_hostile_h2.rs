@@ -30,6 +30,7 @@ const HEADERS: &[&str] = &[
     "x-retry-attempt",
     "grpc-retry-pushback-ms",
     "x-retry-budget",
+    "stormguard-criticality",
 ];
 
 /// Hostile values for one header, each a list of values sent together (repeats).

@@ -83,6 +83,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
 mod body;
+pub mod criticality;
 pub mod interceptor;
 
 /// The call context (deadline and attempt number) that outgoing calls inherit; it lives in
@@ -93,6 +94,7 @@ pub mod stats;
 mod status;
 
 pub use body::DEFAULT_REPLAY_LIMIT;
+pub use criticality::{CriticalityLayer, StampCriticality};
 pub use interceptor::ContextInterceptor;
 pub use retry::{ResponseBody, Retry, RetryLayer};
 pub use stats::{RefusedCounts, RetryStats, StatsSnapshot};

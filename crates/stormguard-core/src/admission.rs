@@ -12,7 +12,9 @@
 //!
 //! - [`AttemptClass`]: first attempt or retry, read from `grpc-previous-rpc-attempts`
 //!   (what standard gRPC clients send on retries) or `x-retry-attempt`. A malformed value
-//!   counts as a retry: a peer cannot buy priority with garbage.
+//!   counts as a retry: a peer cannot buy priority with garbage. With the call's
+//!   [`Criticality`] it makes a [`CallClass`] ([`crate::criticality`]): sheddable work is
+//!   shed before retries, retries before the rest.
 //! - [`AdmissionPolicy::decide_at`]: admit at once, queue, or shed. **Retries are shed
 //!   first**: once the queue passes the [`RetryThreshold`] a retry is answered at once,
 //!   while a first attempt is shed only when the queue is full. Under sustained overload
@@ -45,12 +47,17 @@
 //!     "max_time_queued": "1s", "min_time_left": "2ms",
 //!     "queue_order": "adaptive_lifo", "lifo_from_depth": 8,
 //!     "pushback_max": "1s", "shed_code": "UNAVAILABLE", "no_retry_depth": 48,
-//!     "seed": 7 } }
+//!     "seed": 7,
+//!     "sheddable_threshold": { "depth": 0, "queue_delay": null },
+//!     "adaptive": { "min_limit": 2, "max_limit": 256, "window": "100ms",
+//!                   "min_window_samples": 16, "probe_interval": "30s" } } }
 //! ```
 //!
 //! `queue_order` is `"fifo"` or `"adaptive_lifo"` (newest first from `lifo_from_depth`
 //! queued calls, default 8); `null` turns off `retry_threshold.depth`,
-//! `retry_threshold.queue_delay` or `no_retry_depth`.
+//! `retry_threshold.queue_delay`, `sheddable_threshold.*`, `no_retry_depth` or
+//! `adaptive` (a fixed limit of `workers`). With `adaptive`, `workers` is the starting
+//! limit (see [`crate::limit`]).
 //!
 //! ```
 //! use std::time::Duration;
@@ -84,7 +91,9 @@ use crate::config::{
     Format, as_duration, as_object, as_str, as_u32, as_u64, check_keys, code, parse_document,
     parse_object, read_document,
 };
+use crate::criticality::{CallClass, Criticality};
 use crate::error::ConfigError;
+use crate::limit::AdaptiveLimitConfig;
 
 /// The largest `pushback_max` accepted: one hour. Longer advice is no advice.
 pub const MAX_PUSHBACK: Duration = Duration::from_secs(3600);
@@ -245,6 +254,14 @@ pub struct AdmissionConfig {
     pub no_retry_depth: Option<usize>,
     /// Seed of the pushback jitter.
     pub seed: u64,
+    /// When calls of [`Criticality::Sheddable`] start to be shed: once either set
+    /// condition holds. Default depth 0: a sheddable call runs if a worker is free and
+    /// is shed rather than queued otherwise, before any retry is.
+    pub sheddable_threshold: RetryThreshold,
+    /// An adaptive worker limit: `workers` is then only the starting point, and the
+    /// limit follows measured latency between the bounds given here (see
+    /// [`crate::limit`]). Default `None`: `workers` is fixed.
+    pub adaptive: Option<AdaptiveLimitConfig>,
 }
 
 impl Default for AdmissionConfig {
@@ -263,6 +280,11 @@ impl Default for AdmissionConfig {
             shed_code: Code::Unavailable,
             no_retry_depth: None,
             seed: 0x5eed_57a6,
+            sheddable_threshold: RetryThreshold {
+                depth: Some(0),
+                queue_delay: None,
+            },
+            adaptive: None,
         }
     }
 }
@@ -324,6 +346,17 @@ impl AdmissionConfig {
                 "admission.no_retry_depth",
                 format!("{depth} is above queue_capacity ({})", self.queue_capacity),
             ));
+        }
+        if let Some(depth) = self.sheddable_threshold.depth
+            && depth > self.queue_capacity
+        {
+            return Err(ConfigError::invalid(
+                "admission.sheddable_threshold.depth",
+                format!("{depth} is above queue_capacity ({})", self.queue_capacity),
+            ));
+        }
+        if let Some(adaptive) = &self.adaptive {
+            adaptive.validate()?;
         }
         Ok(())
     }
@@ -401,6 +434,8 @@ impl AdmissionConfig {
                 "shed_code",
                 "no_retry_depth",
                 "seed",
+                "sheddable_threshold",
+                "adaptive",
             ],
         )?;
         let count = |key: &str| -> Result<Option<usize>, ConfigError> {
@@ -415,17 +450,17 @@ impl AdmissionConfig {
             config.queue_capacity = n;
         }
         if let Some(v) = a.get("retry_threshold") {
-            let t = as_object(v, "admission.retry_threshold")?;
-            check_keys(t, "admission.retry_threshold", &["depth", "queue_delay"])?;
-            if let Some(v) = t.get("depth") {
-                config.retry_threshold.depth =
-                    nullable(v, |v| as_count(v, "admission.retry_threshold.depth"))?;
-            }
-            if let Some(v) = t.get("queue_delay") {
-                config.retry_threshold.queue_delay = nullable(v, |v| {
-                    as_duration(v, "admission.retry_threshold.queue_delay")
-                })?;
-            }
+            threshold(v, "admission.retry_threshold", &mut config.retry_threshold)?;
+        }
+        if let Some(v) = a.get("sheddable_threshold") {
+            threshold(
+                v,
+                "admission.sheddable_threshold",
+                &mut config.sheddable_threshold,
+            )?;
+        }
+        if let Some(v) = a.get("adaptive") {
+            config.adaptive = nullable(v, AdaptiveLimitConfig::from_value)?;
         }
         if let Some(v) = a.get("max_time_queued") {
             config.max_time_queued = as_duration(v, "admission.max_time_queued")?;
@@ -477,6 +512,19 @@ impl AdmissionConfig {
     }
 }
 
+/// Reads a `{depth, queue_delay}` threshold into `into` (absent keys keep their value).
+fn threshold(v: &Value, field: &str, into: &mut RetryThreshold) -> Result<(), ConfigError> {
+    let t = as_object(v, field)?;
+    check_keys(t, field, &["depth", "queue_delay"])?;
+    if let Some(v) = t.get("depth") {
+        into.depth = nullable(v, |v| as_count(v, &format!("{field}.depth")))?;
+    }
+    if let Some(v) = t.get("queue_delay") {
+        into.queue_delay = nullable(v, |v| as_duration(v, &format!("{field}.queue_delay")))?;
+    }
+    Ok(())
+}
+
 /// A count of calls (workers, queue places, a depth): a whole number that fits in 32 bits.
 fn as_count(v: &Value, field: &str) -> Result<usize, ConfigError> {
     let n = as_u32(v, field)?;
@@ -512,6 +560,10 @@ pub enum ShedReason {
     QueueFull,
     /// A retry arrived after the queue passed the retry threshold.
     RetryThreshold,
+    /// A sheddable call arrived after the queue passed the sheddable threshold, or a
+    /// queued call gave its place in a full queue to a call of a higher criticality
+    /// ([`crate::queue`]).
+    Sheddable,
 }
 
 /// What a shed answer tells the client about coming back.
@@ -551,6 +603,17 @@ pub enum Decision {
     Queue,
     /// Answer at once with the shed status.
     Shed(Shed),
+}
+
+/// Whether a queue in state `load` at `now` has passed `threshold`.
+fn passed(threshold: RetryThreshold, now: Instant, load: QueueLoad) -> bool {
+    let RetryThreshold { depth, queue_delay } = threshold;
+    let by_depth = depth.is_some_and(|d| load.depth >= d);
+    let by_delay = match (queue_delay, load.oldest_enqueued) {
+        (Some(limit), Some(oldest)) => now.saturating_duration_since(oldest) >= limit,
+        _ => false,
+    };
+    by_depth || by_delay
 }
 
 /// Estimates the server's completion rate from the gaps between completions.
@@ -644,36 +707,44 @@ impl AdmissionPolicy {
         &self.rate
     }
 
-    /// Decides what to do with a call of `class` arriving at `now` on a queue in state
-    /// `load`. A shed decision carries its jittered pushback.
-    pub fn decide_at(&mut self, now: Instant, load: QueueLoad, class: AttemptClass) -> Decision {
+    /// Decides what to do with a call of `class` (an [`AttemptClass`], or a
+    /// [`CallClass`] with its criticality) arriving at `now` on a queue in state `load`.
+    /// A shed decision carries its jittered pushback.
+    ///
+    /// With no worker free: a full queue sheds; a sheddable call is shed past the
+    /// sheddable threshold, a retry past the retry threshold; anything else queues.
+    /// (Whether a full queue gives a lower-ranked waiter's place to the call instead is
+    /// the queue's business: [`crate::queue::AdmissionQueue`].)
+    pub fn decide_at(
+        &mut self,
+        now: Instant,
+        load: QueueLoad,
+        class: impl Into<CallClass>,
+    ) -> Decision {
+        let class = class.into();
         if load.free_workers > 0 {
             return Decision::Admit;
         }
         let reason = if load.depth >= self.config.queue_capacity {
             ShedReason::QueueFull
-        } else if class == AttemptClass::Retry && self.retry_threshold_passed(now, load) {
+        } else if class.criticality == Criticality::Sheddable
+            && passed(self.config.sheddable_threshold, now, load)
+        {
+            ShedReason::Sheddable
+        } else if class.attempt == AttemptClass::Retry
+            && passed(self.config.retry_threshold, now, load)
+        {
             ShedReason::RetryThreshold
         } else {
             return Decision::Queue;
         };
-        let pushback = self.shed_pushback_at(now, load.depth, class);
+        let pushback = self.shed_pushback_at(now, load.depth, class.attempt);
         Decision::Shed(Shed { reason, pushback })
     }
 
     /// [`AdmissionPolicy::decide_at`] at `Instant::now()`.
-    pub fn decide(&mut self, load: QueueLoad, class: AttemptClass) -> Decision {
+    pub fn decide(&mut self, load: QueueLoad, class: impl Into<CallClass>) -> Decision {
         self.decide_at(Instant::now(), load, class)
-    }
-
-    fn retry_threshold_passed(&self, now: Instant, load: QueueLoad) -> bool {
-        let RetryThreshold { depth, queue_delay } = self.config.retry_threshold;
-        let by_depth = depth.is_some_and(|d| load.depth >= d);
-        let by_delay = match (queue_delay, load.oldest_enqueued) {
-            (Some(limit), Some(oldest)) => now.saturating_duration_since(oldest) >= limit,
-            _ => false,
-        };
-        by_depth || by_delay
     }
 
     /// Records a call finishing on a worker at `now` (feeds the drain estimate).
@@ -905,7 +976,10 @@ mod tests {
             "max_time_queued": "1.5s", "min_time_left": "750us",
             "queue_order": "adaptive_lifo", "lifo_from_depth": 4,
             "pushback_max": "2s", "shed_code": "resource_exhausted", "no_retry_depth": 48,
-            "seed": "18446744073709551615" } }"#;
+            "seed": "18446744073709551615",
+            "sheddable_threshold": { "depth": 2, "queue_delay": "5ms" },
+            "adaptive": { "min_limit": 3, "max_limit": 200, "window": "50ms",
+                          "min_window_samples": 10, "probe_interval": "10s", "seed": 4 } } }"#;
         let c = AdmissionConfig::from_json(json).unwrap();
         assert_eq!(
             c,
@@ -923,6 +997,18 @@ mod tests {
                 shed_code: Code::ResourceExhausted,
                 no_retry_depth: Some(48),
                 seed: u64::MAX,
+                sheddable_threshold: RetryThreshold {
+                    depth: Some(2),
+                    queue_delay: Some(Duration::from_millis(5)),
+                },
+                adaptive: Some(AdaptiveLimitConfig {
+                    min_limit: 3,
+                    max_limit: 200,
+                    window: Duration::from_millis(50),
+                    min_window_samples: 10,
+                    probe_interval: Duration::from_secs(10),
+                    seed: 4,
+                }),
             }
         );
         // Defaults, FIFO, nulls and a code by number.
@@ -1020,6 +1106,22 @@ mod tests {
                 "admission.no_retry_depth",
             ),
             (r#"{"admission": {"seed": -3}}"#, "admission.seed"),
+            (
+                r#"{"admission": {"sheddable_threshold": {"depth": 65}}}"#,
+                "admission.sheddable_threshold.depth",
+            ),
+            (
+                r#"{"admission": {"adaptive": {"min_limit": 0}}}"#,
+                "admission.adaptive.min_limit",
+            ),
+            (
+                r#"{"admission": {"adaptive": {"max": 10}}}"#,
+                "admission.adaptive.max",
+            ),
+            (
+                r#"{"admission": {"adaptive": {"window": "fast"}}}"#,
+                "admission.adaptive.window",
+            ),
         ];
         for (json, want) in cases {
             assert_eq!(field(json), want, "{json}");

@@ -25,12 +25,22 @@
 //! - [`AdmissionQueue::finish_at`] / [`AdmissionQueue::give_back_at`]: a worker turned
 //!   over; the next live waiter gets it, oldest or newest first as the policy says for
 //!   the depth of *live* waiters.
-//! - [`AdmissionQueue::set_worker_limit_at`]: the number of workers can change while
-//!   calls run (an adaptive concurrency limit). Raising it hands the new workers to
-//!   waiters at once; lowering it takes effect as running calls finish.
+//! - Criticality ([`crate::criticality`]): sheddable calls are shed first, retries
+//!   next; and when the queue is full, a call takes the place of a waiter of a *lower
+//!   criticality* if there is one (the lowest-ranked by [`CallClass::rank`], the oldest
+//!   of those), which is answered with the shed status ([`Dispatch::Shed`]). So a full
+//!   queue of default work does not turn away a critical call, nor one of sheddable
+//!   work a default one. Between calls of one criticality nothing changes: a full queue
+//!   sheds the arrival.
+//! - The worker limit: fixed ([`AdmissionConfig::workers`]) or adaptive
+//!   ([`AdmissionConfig::adaptive`], [`crate::limit`]): every call that leaves its
+//!   worker ([`AdmissionQueue::finish_at`], with the instant it started) is a latency
+//!   sample, and the limit follows them. [`AdmissionQueue::set_worker_limit_at`] sets it
+//!   from outside. Raising the limit hands the new workers to waiters at once; lowering
+//!   it takes effect as running calls finish.
 //!
-//! Workers handed to waiters, and waiters found expired, are reported to a `sink`
-//! closure as [`Dispatch`] values, in the order they happen.
+//! Workers handed to waiters, waiters found expired and waiters that gave their place
+//! up are reported to a `sink` closure as [`Dispatch`] values, in the order they happen.
 //!
 //! ```
 //! use std::time::Duration;
@@ -55,7 +65,7 @@
 //!
 //! // When the first call finishes, the worker goes to "b".
 //! let mut handed = Vec::new();
-//! queue.finish_at(t0 + Duration::from_millis(5), |d| handed.push(d));
+//! queue.finish_at(t0 + Duration::from_millis(5), t0, |d| handed.push(d));
 //! assert!(matches!(handed.as_slice(), [Dispatch::Run(left)] if left.id == id && left.waiter == "b"));
 //! ```
 
@@ -64,8 +74,11 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use crate::Instant;
-use crate::admission::{AdmissionConfig, AdmissionPolicy, AttemptClass, Decision, QueueLoad, Shed};
+use crate::admission::AttemptClass;
+use crate::admission::{AdmissionConfig, AdmissionPolicy, Decision, QueueLoad, Shed, ShedReason};
+use crate::criticality::{CallClass, Criticality};
 use crate::error::ConfigError;
+use crate::limit::AdaptiveLimit;
 
 /// The place of one queued call, unique for the life of its queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -108,6 +121,8 @@ pub struct Left<T> {
     pub waiter: T,
     /// How long it waited.
     pub waited: Duration,
+    /// Its class, as it arrived.
+    pub class: CallClass,
 }
 
 /// What the queue did with a waiter while handing out workers.
@@ -118,6 +133,9 @@ pub enum Dispatch<T> {
     Run(Left<T>),
     /// Its expiry passed while it waited: answer `DEADLINE_EXCEEDED` without running it.
     Expired(Left<T>),
+    /// The queue was full and a call of a higher rank took its place: answer with the
+    /// shed status and this pushback, without running it.
+    Shed(Left<T>, Shed),
 }
 
 #[derive(Debug)]
@@ -125,6 +143,7 @@ struct Waiting<T> {
     waiter: T,
     enqueued_at: Instant,
     expiry: Instant,
+    class: CallClass,
 }
 
 /// One server's workers and wait queue, and the policy that decides about both.
@@ -142,21 +161,40 @@ pub struct AdmissionQueue<T> {
     waiting: BTreeMap<u64, Waiting<T>>,
     /// The same waiters by expiry, to take out the expired ones first.
     by_expiry: BTreeSet<(Instant, u64)>,
+    /// The same waiters by shed rank, then age: the first gives its place up first.
+    by_rank: BTreeSet<(u8, u64)>,
     next_id: u64,
+    adaptive: Option<AdaptiveLimit>,
 }
 
 impl<T> AdmissionQueue<T> {
-    /// A queue with `policy.config().workers` free workers and nobody waiting.
+    /// A queue with `policy.config().workers` free workers and nobody waiting (with an
+    /// adaptive limit, that is where the limit starts, within its bounds).
     pub fn new(policy: AdmissionPolicy) -> Self {
-        let limit = policy.config().workers;
+        let config = policy.config();
+        let adaptive = config.adaptive.clone().and_then(|adaptive| {
+            // The policy validated its config, adaptive part included.
+            AdaptiveLimit::new(adaptive, config.workers, config.seed).ok()
+        });
+        let limit = adaptive
+            .as_ref()
+            .map_or(config.workers, AdaptiveLimit::limit);
         AdmissionQueue {
             policy,
             limit,
             running: 0,
             waiting: BTreeMap::new(),
             by_expiry: BTreeSet::new(),
+            by_rank: BTreeSet::new(),
             next_id: 0,
+            adaptive,
         }
+    }
+
+    /// The adaptive limit's state (its limit, its no-load latency), if the limit is
+    /// adaptive.
+    pub fn adaptive(&self) -> Option<&AdaptiveLimit> {
+        self.adaptive.as_ref()
     }
 
     /// A queue for a valid `config` (see [`AdmissionConfig::validate`]).
@@ -209,56 +247,123 @@ impl<T> AdmissionQueue<T> {
         }
     }
 
-    /// Decides what to do with a call of `class`, with `deadline`, arriving at `now`.
-    /// `waiter` is kept with the call if it is queued, and dropped otherwise. Waiters
-    /// whose expiry has passed are taken out first and reported to `sink`.
+    /// Decides what to do with a call of `class` (an
+    /// [`AttemptClass`], or a [`CallClass`] with its
+    /// criticality), with `deadline`, arriving at `now`. `waiter` is kept with the call
+    /// if it is queued, and dropped otherwise. Waiters whose expiry has passed are taken
+    /// out first, and a waiter that gives its place up to this call is answered; both
+    /// are reported to `sink`.
     pub fn arrive_at(
         &mut self,
         now: Instant,
-        class: AttemptClass,
+        class: impl Into<CallClass>,
         deadline: Option<Instant>,
         waiter: T,
-        sink: impl FnMut(Dispatch<T>),
+        mut sink: impl FnMut(Dispatch<T>),
     ) -> Arrival {
-        self.expire_due_at(now, sink);
+        let class = class.into();
+        self.expire_due_at(now, &mut sink);
         // Work that cannot finish in time is answered now, whether or not a worker is
         // free: running it would only take a worker from a call that can finish.
         let expiry = self.policy.expiry(now, deadline);
         if expiry <= now {
             return Arrival::Expired;
         }
-        match self.policy.decide_at(now, self.load(), class) {
+        let decision = self.policy.decide_at(now, self.load(), class);
+        match decision {
             Decision::Admit => {
                 self.running += 1;
                 Arrival::Run
             }
-            Decision::Queue => {
-                let id = self.next_id;
-                self.next_id += 1;
-                self.waiting.insert(
-                    id,
-                    Waiting {
-                        waiter,
-                        enqueued_at: now,
-                        expiry,
-                    },
-                );
-                self.by_expiry.insert((expiry, id));
-                Arrival::Queued {
-                    id: QueuedId(id),
-                    expiry,
+            Decision::Queue => self.enqueue(now, class, expiry, waiter),
+            Decision::Shed(shed) if shed.reason == ShedReason::QueueFull => {
+                // A full queue: the lowest-ranked waiter of a lower criticality gives its
+                // place up, if there is one.
+                match self.displaceable(class) {
+                    Some(id) => {
+                        if let Some(out) = self.take(id) {
+                            let depth = self.waiting.len();
+                            let pushback =
+                                self.policy.shed_pushback_at(now, depth, out.class.attempt);
+                            let reason = ShedReason::Sheddable;
+                            sink(Dispatch::Shed(
+                                Left {
+                                    id: QueuedId(id),
+                                    waiter: out.waiter,
+                                    waited: now.saturating_duration_since(out.enqueued_at),
+                                    class: out.class,
+                                },
+                                Shed { reason, pushback },
+                            ));
+                        }
+                        self.enqueue(now, class, expiry, waiter)
+                    }
+                    None => Arrival::Shed(shed),
                 }
             }
             Decision::Shed(shed) => Arrival::Shed(shed),
         }
     }
 
-    /// A running call finished at `now` (or its caller left mid-run): its worker goes to
-    /// the next live waiter, reported to `sink`. Either way a worker turned over, so it
-    /// feeds the drain estimate behind the pushback.
-    pub fn finish_at(&mut self, now: Instant, sink: impl FnMut(Dispatch<T>)) {
+    fn enqueue(&mut self, now: Instant, class: CallClass, expiry: Instant, waiter: T) -> Arrival {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.waiting.insert(
+            id,
+            Waiting {
+                waiter,
+                enqueued_at: now,
+                expiry,
+                class,
+            },
+        );
+        self.by_expiry.insert((expiry, id));
+        self.by_rank.insert((class.rank(), id));
+        Arrival::Queued {
+            id: QueuedId(id),
+            expiry,
+        }
+    }
+
+    /// The waiter that gives its place up to an arrival of `class` in a full queue: of
+    /// the waiters of a lower criticality, the lowest-ranked, oldest first.
+    fn displaceable(&self, class: CallClass) -> Option<u64> {
+        let mut ranks: Vec<u8> = Criticality::ALL
+            .into_iter()
+            .filter(|c| *c < class.criticality)
+            .flat_map(|c| {
+                [AttemptClass::First, AttemptClass::Retry].map(|a| CallClass::new(a, c).rank())
+            })
+            .collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        ranks.into_iter().find_map(|rank| {
+            self.by_rank
+                .range((rank, 0)..=(rank, u64::MAX))
+                .next()
+                .map(|(_, id)| *id)
+        })
+    }
+
+    /// Takes waiter `id` out of every index.
+    fn take(&mut self, id: u64) -> Option<Waiting<T>> {
+        let waiting = self.waiting.remove(&id)?;
+        self.by_expiry.remove(&(waiting.expiry, id));
+        self.by_rank.remove(&(waiting.class.rank(), id));
+        Some(waiting)
+    }
+
+    /// A running call that got its worker at `started` finished at `now` (or its caller
+    /// left mid-run): its worker goes to the next live waiter, reported to `sink`.
+    /// Either way a worker turned over, so it feeds the drain estimate behind the
+    /// pushback, and its time on the worker is a latency sample for an adaptive limit
+    /// (a call abandoned mid-run took at least that long).
+    pub fn finish_at(&mut self, now: Instant, started: Instant, sink: impl FnMut(Dispatch<T>)) {
         self.running = self.running.saturating_sub(1);
         self.policy.record_completion_at(now);
+        if let Some(adaptive) = &mut self.adaptive {
+            self.limit = adaptive.sample_at(now, started, self.running);
+        }
         self.dispatch_at(now, sink);
     }
 
@@ -274,12 +379,12 @@ impl<T> AdmissionQueue<T> {
     /// expiry timer fired. `None` if it no longer waits (it was given a worker or
     /// reported expired already).
     pub fn withdraw_at(&mut self, now: Instant, id: QueuedId) -> Option<Left<T>> {
-        let waiting = self.waiting.remove(&id.0)?;
-        self.by_expiry.remove(&(waiting.expiry, id.0));
+        let waiting = self.take(id.0)?;
         Some(Left {
             id,
             waiter: waiting.waiter,
             waited: now.saturating_duration_since(waiting.enqueued_at),
+            class: waiting.class,
         })
     }
 
@@ -290,12 +395,12 @@ impl<T> AdmissionQueue<T> {
             if expiry > now {
                 break;
             }
-            self.by_expiry.pop_first();
-            if let Some(waiting) = self.waiting.remove(&id) {
+            if let Some(waiting) = self.take(id) {
                 sink(Dispatch::Expired(Left {
                     id: QueuedId(id),
                     waiter: waiting.waiter,
                     waited: now.saturating_duration_since(waiting.enqueued_at),
+                    class: waiting.class,
                 }));
             }
         }
@@ -303,7 +408,8 @@ impl<T> AdmissionQueue<T> {
 
     /// Sets the number of calls that may run at once, from `now` on. Raised: the new
     /// workers go to waiters at once (reported to `sink`). Lowered: no call is stopped;
-    /// no waiter gets a worker until fewer than `limit` calls run.
+    /// no waiter gets a worker until fewer than `limit` calls run. With an adaptive
+    /// limit, the limit's next decision replaces this value.
     pub fn set_worker_limit_at(
         &mut self,
         now: Instant,
@@ -328,11 +434,13 @@ impl<T> AdmissionQueue<T> {
                 return;
             };
             self.by_expiry.remove(&(waiting.expiry, id));
+            self.by_rank.remove(&(waiting.class.rank(), id));
             self.running += 1;
             sink(Dispatch::Run(Left {
                 id: QueuedId(id),
                 waiter: waiting.waiter,
                 waited: now.saturating_duration_since(waiting.enqueued_at),
+                class: waiting.class,
             }));
         }
     }
@@ -342,7 +450,8 @@ impl<T> AdmissionQueue<T> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::admission::{QueueOrder, RetryThreshold, ShedReason};
+    use crate::admission::{QueueOrder, RetryThreshold};
+    use crate::limit::AdaptiveLimitConfig;
     use proptest::prelude::*;
 
     const MS: Duration = Duration::from_millis(1);
@@ -370,7 +479,7 @@ mod tests {
     fn collect(into: &mut Vec<(u32, bool)>) -> impl FnMut(Dispatch<u32>) + '_ {
         |d| match d {
             Dispatch::Run(l) => into.push((l.waiter, true)),
-            Dispatch::Expired(l) => into.push((l.waiter, false)),
+            Dispatch::Expired(l) | Dispatch::Shed(l, _) => into.push((l.waiter, false)),
         }
     }
 
@@ -438,7 +547,7 @@ mod tests {
             queued(q.arrive_at(t0 + i * MS, AttemptClass::First, None, i, none));
         }
         let mut out = Vec::new();
-        q.finish_at(t0 + 10 * MS, collect(&mut out));
+        q.finish_at(t0 + 10 * MS, t0, collect(&mut out));
         assert_eq!(out, [(1, true)]);
         assert_eq!((q.running(), q.depth()), (1, 2));
     }
@@ -456,7 +565,7 @@ mod tests {
         }
         let mut out = Vec::new();
         for _ in 0..4 {
-            q.finish_at(t0 + MS, collect(&mut out));
+            q.finish_at(t0 + MS, t0, collect(&mut out));
         }
         // Depths 4, 3: newest first; then 2, 1: oldest first.
         assert_eq!(out, [(4, true), (3, true), (1, true), (2, true)]);
@@ -485,8 +594,8 @@ mod tests {
         assert_eq!(out, [(2, false)]);
         // The worker goes to waiter 1, then 3.
         out.clear();
-        q.finish_at(t0 + 30 * MS, collect(&mut out));
-        q.finish_at(t0 + 30 * MS, collect(&mut out));
+        q.finish_at(t0 + 30 * MS, t0, collect(&mut out));
+        q.finish_at(t0 + 30 * MS, t0, collect(&mut out));
         assert_eq!(out, [(1, true), (3, true)]);
     }
 
@@ -498,7 +607,7 @@ mod tests {
         queued(q.arrive_at(t0, AttemptClass::First, Some(t0 + 5 * MS), 1, none));
         queued(q.arrive_at(t0, AttemptClass::First, None, 2, none));
         let mut out = Vec::new();
-        q.finish_at(t0 + 4 * MS, collect(&mut out));
+        q.finish_at(t0 + 4 * MS, t0, collect(&mut out));
         assert_eq!(out, [(1, false), (2, true)]);
         // max_time_queued (100 ms) applies without a deadline.
         let id = queued(q.arrive_at(t0 + 4 * MS, AttemptClass::First, None, 3, none));
@@ -523,14 +632,14 @@ mod tests {
         assert!(q.withdraw_at(t0 + 3 * MS, a).is_none());
         // The running call finishes; waiter 2 is handed the worker but never uses it.
         let mut out = Vec::new();
-        q.finish_at(t0 + 5 * MS, collect(&mut out));
+        q.finish_at(t0 + 5 * MS, t0, collect(&mut out));
         assert_eq!(out, [(2, true)]);
         assert!(q.policy().completion_rate().mean_gap_at(t0).is_none());
         q.give_back_at(t0 + 6 * MS, none);
         assert_eq!((q.running(), q.free_workers(), q.depth()), (0, 1, 0));
         // One completion so far: a give-back is not one.
         q.arrive_at(t0 + 7 * MS, AttemptClass::First, None, 3, none);
-        q.finish_at(t0 + 9 * MS, none);
+        q.finish_at(t0 + 9 * MS, t0, none);
         assert_eq!(
             q.policy().completion_rate().mean_gap_at(t0 + 9 * MS),
             Some(4 * MS)
@@ -553,14 +662,160 @@ mod tests {
         // Lowered to 1: nothing stops, and finishing calls hand out no worker until
         // fewer than one runs.
         q.set_worker_limit_at(t0 + MS, NonZeroUsize::MIN, none);
-        q.finish_at(t0 + 2 * MS, none);
-        q.finish_at(t0 + 3 * MS, none);
+        q.finish_at(t0 + 2 * MS, t0, none);
+        q.finish_at(t0 + 3 * MS, t0, none);
         assert_eq!((q.running(), q.free_workers(), q.depth()), (1, 0, 2));
         out.clear();
-        q.finish_at(t0 + 4 * MS, collect(&mut out));
+        q.finish_at(t0 + 4 * MS, t0, collect(&mut out));
         assert_eq!(out, [(3, true)]);
         // A new arrival queues behind the remaining waiter: no free worker.
         queued(q.arrive_at(t0 + 4 * MS, AttemptClass::First, None, 5, none));
+    }
+
+    fn class(attempt: AttemptClass, criticality: Criticality) -> CallClass {
+        CallClass::new(attempt, criticality)
+    }
+
+    #[test]
+    fn sheddable_work_is_shed_first_then_retries_then_the_rest() {
+        // Retries shed from 2 queued; sheddable as soon as no worker is free.
+        let mut q = queue(config(1, 4));
+        let t0 = Instant::now();
+        let shed = |a: Arrival| match a {
+            Arrival::Shed(s) => s.reason,
+            other => panic!("not shed: {other:?}"),
+        };
+        let (first, retry) = (AttemptClass::First, AttemptClass::Retry);
+        let sheddable = class(first, Criticality::Sheddable);
+        let critical = class(first, Criticality::Critical);
+        // A free worker: even sheddable work runs.
+        assert_eq!(q.arrive_at(t0, sheddable, None, 0, none), Arrival::Run);
+        // No worker free, nothing queued: sheddable is shed, a retry still queues.
+        assert_eq!(
+            shed(q.arrive_at(t0, sheddable, None, 1, none)),
+            ShedReason::Sheddable
+        );
+        queued(q.arrive_at(t0, retry, None, 2, none));
+        queued(q.arrive_at(t0, class(retry, Criticality::Critical), None, 3, none));
+        // Depth 2: retries are shed, critical or not; first attempts queue.
+        assert_eq!(
+            shed(q.arrive_at(t0, class(retry, Criticality::Critical), None, 4, none)),
+            ShedReason::RetryThreshold
+        );
+        queued(q.arrive_at(t0, first, None, 5, none));
+        queued(q.arrive_at(t0, first, None, 6, none));
+        assert_eq!(q.depth(), 4);
+        // Full. Between calls of one criticality nothing gives way.
+        assert_eq!(
+            shed(q.arrive_at(t0, first, None, 7, none)),
+            ShedReason::QueueFull
+        );
+        // A critical call takes the place of the lowest-ranked waiter of a lower
+        // criticality: the default retry (2); the critical retry (3) is not one, so then
+        // the oldest default first attempt (5), then the next (6).
+        for (i, want) in [(8, 2), (9, 5), (10, 6)] {
+            let mut out = Vec::new();
+            queued(q.arrive_at(t0, critical, None, i, collect(&mut out)));
+            assert_eq!(out, [(want, false)]);
+        }
+        // Now only critical calls wait: a critical arrival is shed like any other.
+        assert_eq!(
+            shed(q.arrive_at(t0, critical, None, 11, none)),
+            ShedReason::QueueFull
+        );
+        assert_eq!(q.depth(), 4);
+        let mut out = Vec::new();
+        for _ in 0..5 {
+            q.finish_at(t0 + MS, t0, collect(&mut out));
+        }
+        assert_eq!(out, [(3, true), (8, true), (9, true), (10, true)]);
+    }
+
+    #[test]
+    fn a_displaced_waiter_is_told_when_to_come_back() {
+        // Sheddable work may queue here: its threshold is off.
+        let mut q = queue(AdmissionConfig {
+            sheddable_threshold: RetryThreshold {
+                depth: None,
+                queue_delay: None,
+            },
+            ..config(1, 2)
+        });
+        let t0 = Instant::now();
+        let sheddable = |a| class(a, Criticality::Sheddable);
+        q.arrive_at(t0, AttemptClass::First, None, 0, none);
+        queued(q.arrive_at(t0, sheddable(AttemptClass::First), None, 1, none));
+        queued(q.arrive_at(t0, AttemptClass::First, None, 2, none));
+        let mut seen = Vec::new();
+        queued(q.arrive_at(t0 + MS, AttemptClass::First, None, 3, |d| seen.push(d)));
+        match seen.as_slice() {
+            [Dispatch::Shed(left, shed)] => {
+                assert_eq!((left.waiter, left.waited), (1, MS));
+                assert_eq!(left.class, sheddable(AttemptClass::First));
+                assert_eq!(shed.reason, ShedReason::Sheddable);
+                assert!(shed.pushback.millis() >= 1);
+            }
+            other => panic!("{other:?}"),
+        }
+        // The displaced waiter never gets a worker.
+        let mut out = Vec::new();
+        q.finish_at(t0 + 2 * MS, t0, collect(&mut out));
+        q.finish_at(t0 + 3 * MS, t0, collect(&mut out));
+        assert_eq!(out, [(2, true), (3, true)]);
+    }
+
+    #[test]
+    fn an_adaptive_limit_is_fed_by_finishing_calls() {
+        let mut q = queue(AdmissionConfig {
+            workers: 8,
+            adaptive: Some(AdaptiveLimitConfig {
+                min_limit: 2,
+                max_limit: 64,
+                min_window_samples: 4,
+                ..AdaptiveLimitConfig::default()
+            }),
+            ..config(8, 64)
+        });
+        assert_eq!(q.worker_limit(), 8);
+        let t0 = Instant::now();
+        for i in 0..8 {
+            assert_eq!(
+                q.arrive_at(t0, AttemptClass::First, None, i, none),
+                Arrival::Run
+            );
+        }
+        for i in 8..20 {
+            queued(q.arrive_at(t0, AttemptClass::First, None, i, none));
+        }
+        // The first finish starts a probe: the limit drops to the floor and no waiter
+        // gets the freed worker.
+        q.finish_at(t0 + 10 * MS, t0, none);
+        assert_eq!(q.worker_limit(), 2);
+        assert!(q.adaptive().unwrap().probing());
+        // Calls drain to the floor; then 4 clean calls of 10 ms measure the no-load
+        // latency and the limit returns to 8.
+        let mut now = t0 + 10 * MS;
+        for _ in 0..5 {
+            q.finish_at(now, t0, none);
+        }
+        assert_eq!(q.running(), 2);
+        // Two calls that started before the floor was reached: not clean samples.
+        let mut out = Vec::new();
+        q.finish_at(now, t0, collect(&mut out));
+        q.finish_at(now, t0, collect(&mut out));
+        assert_eq!(out, [(8, true), (9, true)]);
+        assert!(q.adaptive().unwrap().probing());
+        // Four clean ones (two rounds of two) end the probe; the limit is back at 8 and
+        // the freed workers go to waiters at once.
+        for _ in 0..2 {
+            now += 10 * MS;
+            q.finish_at(now, now - 10 * MS, |_| {});
+            q.finish_at(now, now - 10 * MS, |_| {});
+        }
+        assert!(!q.adaptive().unwrap().probing());
+        assert_eq!(q.adaptive().unwrap().min_latency(), Some(10 * MS));
+        assert_eq!(q.worker_limit(), 8);
+        assert_eq!(q.running(), 8);
     }
 
     #[derive(Clone, Debug)]
@@ -568,6 +823,7 @@ mod tests {
         Arrive {
             retry: bool,
             deadline_ms: Option<u64>,
+            criticality: Criticality,
         },
         Finish,
         Withdraw(usize),
@@ -578,8 +834,12 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            4 => (any::<bool>(), proptest::option::of(0u64..60))
-                .prop_map(|(retry, deadline_ms)| Op::Arrive { retry, deadline_ms }),
+            4 => (any::<bool>(), proptest::option::of(0u64..60), 0usize..3)
+                .prop_map(|(retry, deadline_ms, c)| Op::Arrive {
+                    retry,
+                    deadline_ms,
+                    criticality: Criticality::ALL[c],
+                }),
             2 => Just(Op::Finish),
             1 => (0usize..16).prop_map(Op::Withdraw),
             1 => Just(Op::GiveBack),
@@ -614,8 +874,9 @@ mod tests {
                 let mut seen = Vec::new();
                 let mut sink = |d: Dispatch<u32>| seen.push(d);
                 match op {
-                    Op::Arrive { retry, deadline_ms } => {
-                        let class = if retry { AttemptClass::Retry } else { AttemptClass::First };
+                    Op::Arrive { retry, deadline_ms, criticality } => {
+                        let attempt = if retry { AttemptClass::Retry } else { AttemptClass::First };
+                        let class = CallClass::new(attempt, criticality);
                         let deadline = deadline_ms.map(|d| now + Duration::from_millis(d));
                         let before = q.depth();
                         match q.arrive_at(now, class, deadline, 0, &mut sink) {
@@ -634,7 +895,7 @@ mod tests {
                     Op::Finish => {
                         if q.running() > 0 {
                             purged = true;
-                            q.finish_at(now, &mut sink);
+                            q.finish_at(now, now, &mut sink);
                         }
                     }
                     Op::Withdraw(i) => {
@@ -665,6 +926,10 @@ mod tests {
                         }
                         Dispatch::Expired(l) => {
                             prop_assert!(expiries[&l.id] <= now, "expired early");
+                            l
+                        }
+                        Dispatch::Shed(l, shed) => {
+                            prop_assert_eq!(shed.reason, ShedReason::Sheddable);
                             l
                         }
                     };

@@ -6,6 +6,7 @@
 
 #![allow(missing_docs, unreachable_pub, clippy::unwrap_used)]
 
+pub mod pool;
 pub mod server;
 pub mod storm;
 

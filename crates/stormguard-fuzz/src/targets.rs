@@ -11,6 +11,7 @@ use std::time::Duration;
 use stormguard_core::admission::{AdmissionConfig, AdmissionPolicy, AttemptClass, QueueLoad};
 use stormguard_core::code::Code;
 use stormguard_core::config::{ClientConfig, ConfigError, Format, parse_duration};
+use stormguard_core::criticality::{Criticality, CriticalityTable};
 use stormguard_core::deadline::{decode_grpc_timeout, encode_grpc_timeout};
 use stormguard_core::pushback::{MAX_PUSHBACK_MS, Pushback, parse_pushback};
 use stormguard_core::retry::{Decision, Failure, RetryController};
@@ -110,6 +111,23 @@ pub const TARGETS: &[Target] = &[
         run: stormguard_toml,
         seeds: TOML_SEEDS,
         dictionary: TOML_TOKENS,
+    },
+    Target {
+        name: "criticality",
+        run: criticality,
+        seeds: &[
+            "/pkg.Svc/Get\x00critical",
+            "/pkg.Svc/Cheap\x00critical",
+            "/x/y\x00sheddable",
+            "/x/y",
+        ],
+        dictionary: CRITICALITY_TOKENS,
+    },
+    Target {
+        name: "criticality-json",
+        run: criticality_json,
+        seeds: &[TABLE, r#"{"criticality":{"default":"sheddable"}}"#, "{}"],
+        dictionary: JSON_TOKENS,
     },
     Target {
         name: "admission-json",
@@ -260,6 +278,22 @@ const JSON_TOKENS: &[&str] = &[
     "\"shed_code\"",
     "\"seed\"",
 ];
+
+const CRITICALITY_TOKENS: &[&str] = &[
+    "critical",
+    "default",
+    "sheddable",
+    "Critical",
+    " ",
+    "\x00",
+    "/",
+    "/pkg.Svc/",
+    "Cheap",
+    "é",
+];
+
+/// The table the `criticality` target resolves against.
+const TABLE: &str = r#"{"criticality":{"default":"default","methods":{"/pkg.Svc/":"critical","/pkg.Svc/Cheap":"sheddable"}}}"#;
 
 const YAML_SEEDS: &[&str] = &[
     "retry:\n  budget:\n    ttl: 10s\n    min_retries_per_second: 5\n    retry_ratio: 0.1\n  backoff: full_jitter\n  base: 100ms\n  max_attempts: 3\n  budget_exhausted: fail_fast\n",
@@ -571,6 +605,55 @@ pub fn admission_json(input: &[u8]) -> Outcome {
                 "{text}"
             );
             Outcome::accepted(config.workers.min(2))
+        }
+        Err(e) => {
+            assert!(!e.to_string().is_empty(), "empty error for {text}");
+            Outcome::rejected(error_kind(&e))
+        }
+    }
+}
+
+/// `stormguard-criticality`: a call's path, then (after a NUL) the header value if any. The
+/// peer's claim reads exactly or not at all, and can only lower what the table allows.
+pub fn criticality(input: &[u8]) -> Outcome {
+    let (path, header) = match input.iter().position(|b| *b == 0) {
+        Some(i) => (&input[..i], Some(&input[i + 1..])),
+        None => (input, None),
+    };
+    let path = String::from_utf8_lossy(path);
+    let claim = Criticality::from_header(header);
+    let want = header
+        .and_then(|h| {
+            Criticality::ALL
+                .into_iter()
+                .find(|c| c.as_str().as_bytes() == h)
+        })
+        .unwrap_or_default();
+    assert_eq!(claim, want, "claim {header:?}");
+    let table = match CriticalityTable::from_json(TABLE) {
+        Ok(t) => t,
+        Err(e) => panic!("the target's own table: {e}"),
+    };
+    let resolved = table.resolve(&path, header);
+    assert!(
+        resolved <= table.class_for(&path) && resolved <= claim,
+        "{input:?}"
+    );
+    Outcome::accepted(resolved.as_str())
+}
+
+/// The server's criticality table (`{"criticality": {...}}`).
+pub fn criticality_json(input: &[u8]) -> Outcome {
+    let text = String::from_utf8_lossy(input);
+    match CriticalityTable::from_json(&text) {
+        Ok(table) => {
+            for path in ["/pkg.Svc/Get", "/pkg.Svc/Cheap", "", "/"] {
+                for claim in Criticality::ALL {
+                    let got = table.resolve(path, Some(claim.as_str().as_bytes()));
+                    assert!(got <= claim && got <= table.class_for(path), "{text}");
+                }
+            }
+            Outcome::accepted(table.class_for("/").as_str())
         }
         Err(e) => {
             assert!(!e.to_string().is_empty(), "empty error for {text}");

@@ -16,7 +16,8 @@ fn every_target_runs_clean_on_fixed_seeds() {
             };
             assert_eq!(report.inputs, INPUTS);
             assert!(report.features >= 2, "{report:?}");
-            if target.name != "attempt" {
+            // Classifiers (attempt, criticality) map every input to a class: nothing to refuse.
+            if !matches!(target.name, "attempt" | "criticality") {
                 assert!(report.accepted > 0 && report.rejected > 0, "{report:?}");
             }
         }

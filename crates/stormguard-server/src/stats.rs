@@ -60,7 +60,8 @@ impl ShedStats {
         self.queue.snapshot()
     }
 
-    /// The number of workers (the concurrency bound).
+    /// The number of workers (the concurrency bound; with an adaptive limit, where it
+    /// stands now).
     pub fn workers(&self) -> usize {
         self.queue.workers()
     }
@@ -106,10 +107,16 @@ pub struct StatsSnapshot {
     /// Calls that finished (with any status) on a worker: the handler returned and the
     /// response body ended (for a stream, its last message and trailers were read).
     pub completed: u64,
-    /// First attempts answered with the shed status.
+    /// First attempts answered with the shed status (sheddable ones are counted apart).
     pub shed_first: u64,
-    /// Retries answered with the shed status.
+    /// Retries answered with the shed status (sheddable ones are counted apart).
     pub shed_retry: u64,
+    /// Calls of the `sheddable` criticality answered with the shed status.
+    pub shed_sheddable: u64,
+    /// Of the calls counted in `shed_first`, `shed_retry` and `shed_sheddable`, those
+    /// answered after queuing, because a call of a higher criticality took their place
+    /// in a full queue.
+    pub shed_displaced: u64,
     /// Calls answered `DEADLINE_EXCEEDED` before running: too little time left, or
     /// queued longer than `max_time_queued`.
     pub expired: u64,
@@ -125,12 +132,18 @@ pub struct StatsSnapshot {
     pub time_queued_us: u64,
     /// The longest time one call spent queued, in microseconds.
     pub max_time_queued_us: u64,
+    /// Calls that may run at once now: the configured workers, or where the adaptive
+    /// limit stands.
+    pub worker_limit: usize,
+    /// The adaptive limit's measured no-load latency, in microseconds (`None` with a
+    /// fixed limit, or before its first measurement).
+    pub min_latency_us: Option<u64>,
 }
 
 impl StatsSnapshot {
-    /// Calls shed, both classes.
+    /// Calls shed, whatever their class.
     pub fn shed(&self) -> u64 {
-        self.shed_first + self.shed_retry
+        self.shed_first + self.shed_retry + self.shed_sheddable
     }
 
     /// Mean time queued of the calls that left the queue (`None` when none did).

@@ -107,6 +107,9 @@ pub struct QueueServer {
 }
 
 /// How a shard answers.
+// A description built once per shard, not state moved about while a run goes: its size
+// does not matter, and a box would only make scenarios harder to write.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum ServerKind {
     /// Unlimited capacity: every attempt is answered after `latency` (round trip).

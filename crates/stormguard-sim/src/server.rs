@@ -14,12 +14,13 @@
 //! A plain server (the baseline) is a bounded FIFO that runs everything it queued, even
 //! work whose caller has left, and refuses calls `UNAVAILABLE` when its queue is full.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use stormguard_core::Instant;
 use stormguard_core::admission::{AdmissionConfig, AttemptClass, Shed, ShedPushback};
 use stormguard_core::code::Code;
+use stormguard_core::criticality::CallClass;
 use stormguard_core::pushback::Pushback;
 use stormguard_core::queue::{AdmissionQueue, Arrival, Dispatch, QueuedId};
 use stormguard_core::retry::Failure;
@@ -76,8 +77,8 @@ struct Shedding {
     queue: AdmissionQueue<Job>,
     /// Waiting jobs, to find their place when their timer fires or they are cancelled.
     queued: HashMap<Job, QueuedId>,
-    /// Jobs on a worker.
-    running: HashSet<Job>,
+    /// Jobs on a worker, with when they got it.
+    running: HashMap<Job, Instant>,
 }
 
 impl SimServer {
@@ -99,7 +100,7 @@ impl SimServer {
             kind: Kind::Shedding(Box::new(Shedding {
                 queue: AdmissionQueue::from_config(config)?,
                 queued: HashMap::new(),
-                running: HashSet::new(),
+                running: HashMap::new(),
             })),
         })
     }
@@ -120,6 +121,15 @@ impl SimServer {
         }
     }
 
+    /// Jobs that may run at once now: the configured workers, or where an adaptive
+    /// limit stands.
+    pub fn worker_limit(&self) -> usize {
+        match &self.kind {
+            Kind::Plain { workers, .. } => *workers,
+            Kind::Shedding(s) => s.queue.worker_limit(),
+        }
+    }
+
     /// Jobs waiting now.
     pub fn depth(&self) -> usize {
         match &self.kind {
@@ -128,12 +138,13 @@ impl SimServer {
         }
     }
 
-    /// `job`, a first attempt or a retry (`class`) with `deadline`, arrives at `now`.
+    /// `job`, a first attempt or a retry with its criticality (`class`) and `deadline`,
+    /// arrives at `now`.
     pub fn arrive(
         &mut self,
         now: Instant,
         job: Job,
-        class: AttemptClass,
+        class: impl Into<CallClass>,
         deadline: Option<Instant>,
         out: &mut Vec<ServerAction>,
     ) {
@@ -159,11 +170,16 @@ impl SimServer {
                     queued,
                     running,
                 } = &mut **s;
-                let arrival =
-                    queue.arrive_at(now, class, deadline, job, dispatcher(queued, running, out));
+                let arrival = queue.arrive_at(
+                    now,
+                    class,
+                    deadline,
+                    job,
+                    dispatcher(now, queued, running, out),
+                );
                 out.push(match arrival {
                     Arrival::Run => {
-                        running.insert(job);
+                        running.insert(job, now);
                         ServerAction::Start(job)
                     }
                     Arrival::Queued { id, expiry } => {
@@ -195,10 +211,10 @@ impl SimServer {
                     queued,
                     running,
                 } = &mut **s;
-                if !running.remove(&job) {
+                let Some(started) = running.remove(&job) else {
                     return false;
-                }
-                queue.finish_at(now, dispatcher(queued, running, out));
+                };
+                queue.finish_at(now, started, dispatcher(now, queued, running, out));
                 true
             }
         }
@@ -229,8 +245,8 @@ impl SimServer {
         } = &mut **s;
         if let Some(id) = queued.remove(&job) {
             queue.withdraw_at(now, id);
-        } else if running.remove(&job) {
-            queue.finish_at(now, dispatcher(queued, running, out));
+        } else if let Some(started) = running.remove(&job) {
+            queue.finish_at(now, started, dispatcher(now, queued, running, out));
         }
     }
 }
@@ -238,19 +254,24 @@ impl SimServer {
 /// Turns what the admission queue dispatched into actions, keeping track of who waits
 /// and who runs.
 fn dispatcher<'a>(
+    now: Instant,
     queued: &'a mut HashMap<Job, QueuedId>,
-    running: &'a mut HashSet<Job>,
+    running: &'a mut HashMap<Job, Instant>,
     out: &'a mut Vec<ServerAction>,
 ) -> impl FnMut(Dispatch<Job>) + 'a {
     move |dispatch| match dispatch {
         Dispatch::Run(left) => {
             queued.remove(&left.waiter);
-            running.insert(left.waiter);
+            running.insert(left.waiter, now);
             out.push(ServerAction::Start(left.waiter));
         }
         Dispatch::Expired(left) => {
             queued.remove(&left.waiter);
             out.push(ServerAction::Expired(left.waiter));
+        }
+        Dispatch::Shed(left, shed) => {
+            queued.remove(&left.waiter);
+            out.push(ServerAction::Shed(left.waiter, shed));
         }
     }
 }

@@ -138,6 +138,9 @@ pub struct StormConfig {
     pub model: ServerModel,
     /// Seed of arrivals and jitter.
     pub seed: u64,
+    /// Whether the shed layer's worker limit is adaptive (starting at the default 64 and
+    /// following latency) rather than `workers`.
+    pub adaptive_limit: bool,
 }
 
 impl StormConfig {
@@ -160,6 +163,7 @@ impl StormConfig {
             calibration: Duration::from_millis(1500),
             model: ServerModel::Cancelling,
             seed: 1,
+            adaptive_limit: false,
         }
     }
 
@@ -187,8 +191,15 @@ impl StormConfig {
         Duration::from_secs(u64::from(self.warmup_s + self.trigger_s))
     }
 
-    /// The shed layer's configuration: the defaults, with the server's real concurrency.
+    /// The shed layer's configuration: the defaults, with the server's real concurrency,
+    /// or (with `adaptive_limit`) an adaptive limit that is not told it.
     pub fn admission(&self) -> AdmissionConfig {
+        if self.adaptive_limit {
+            return AdmissionConfig {
+                adaptive: Some(stormguard_core::limit::AdaptiveLimitConfig::default()),
+                ..AdmissionConfig::default()
+            };
+        }
         AdmissionConfig {
             workers: self.workers,
             ..AdmissionConfig::default()

@@ -136,6 +136,14 @@ where
                             state.set(State::Answered { response: None });
                             return Poll::Ready(Ok(with_empty_body(response::expired())));
                         }
+                        Turn::Shed(shed) => {
+                            // Gave its place up in a full queue; as when expired, dropping
+                            // the queued state discards the unread request body.
+                            let code = ticket.shed_code();
+                            state.set(State::Answered { response: None });
+                            let answer = response::shed(code, shed.reason, shed.pushback);
+                            return Poll::Ready(Ok(with_empty_body(answer)));
+                        }
                         Turn::Run(permit) => {
                             let (Some(mut service), Some(request)) =
                                 (service.take(), request.take())

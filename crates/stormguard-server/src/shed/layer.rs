@@ -3,6 +3,7 @@ use std::sync::Arc;
 
 use stormguard_core::admission::{AdmissionConfig, AdmissionPolicy};
 use stormguard_core::config::ConfigError;
+use stormguard_core::criticality::CriticalityTable;
 use tower_layer::Layer;
 
 use super::ShedService;
@@ -37,6 +38,7 @@ use crate::stats::ShedStats;
 #[derive(Clone)]
 pub struct ShedLayer {
     queue: Arc<Queue>,
+    criticality: Arc<CriticalityTable>,
     never_shed: Arc<NeverShed>,
     bypassed: Arc<Bypassed>,
     drains: Arc<Drains>,
@@ -52,10 +54,33 @@ impl ShedLayer {
     pub fn new(policy: AdmissionPolicy) -> Self {
         ShedLayer {
             queue: Arc::new(Queue::new(policy)),
+            criticality: Arc::new(CriticalityTable::default()),
             never_shed: Arc::default(),
             bypassed: Arc::default(),
             drains: Arc::default(),
         }
+    }
+
+    /// The highest criticality a peer may claim, per method (the
+    /// `stormguard-criticality` request header). A call's class is the lower of its
+    /// claim and `table`'s class for its path; a missing or malformed claim is
+    /// `default`. Without this, every method allows at most `default`: a peer's
+    /// `critical` is read as `default`, and `sheddable` is honoured.
+    ///
+    /// ```
+    /// use stormguard_core::admission::AdmissionConfig;
+    /// use stormguard_core::criticality::{Criticality, CriticalityTable};
+    /// use stormguard_server::ShedLayer;
+    ///
+    /// let table = CriticalityTable::default()
+    ///     .with_method("/shop.Cart/Checkout", Criticality::Critical)?
+    ///     .with_method("/shop.Reports/", Criticality::Sheddable)?;
+    /// let layer = ShedLayer::from_config(AdmissionConfig::default())?.with_criticality(table);
+    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// ```
+    pub fn with_criticality(mut self, table: CriticalityTable) -> Self {
+        self.criticality = Arc::new(table);
+        self
     }
 
     /// Never sheds calls to `entries`, each a whole service (`package.Service`) or one
@@ -133,6 +158,7 @@ impl<S> Layer<S> for ShedLayer {
         ShedService {
             inner,
             queue: Arc::clone(&self.queue),
+            criticality: Arc::clone(&self.criticality),
             never_shed: Arc::clone(&self.never_shed),
             bypassed: Arc::clone(&self.bypassed),
             drains: Arc::clone(&self.drains),

@@ -11,8 +11,10 @@
 //!
 //! 1. Lets a call that is never shed ([`exempt`]: health checks by default) through to
 //!    the inner service at once, without a worker.
-//! 2. Reads the attempt class (`grpc-previous-rpc-attempts`, else `x-retry-attempt`)
-//!    and the deadline (`grpc-timeout`, malformed = none) from the request headers.
+//! 2. Reads the attempt class (`grpc-previous-rpc-attempts`, else `x-retry-attempt`),
+//!    the criticality (`stormguard-criticality`, capped by the layer's table for the
+//!    method's path; see [`ShedLayer::with_criticality`]) and the deadline
+//!    (`grpc-timeout`, malformed = none) from the request headers.
 //! 3. Answers `DEADLINE_EXCEEDED` at once when the deadline leaves less than
 //!    `min_time_left`, even with a worker free.
 //! 4. Asks the [`AdmissionPolicy`](stormguard_core::admission::AdmissionPolicy):
@@ -55,7 +57,7 @@ pub use drain::DrainCounts;
 pub use exempt::HEALTH_SERVICE;
 pub use future::ResponseFuture;
 pub use layer::ShedLayer;
-pub use response::{MESSAGE_EXPIRED, MESSAGE_QUEUE_FULL, MESSAGE_RETRY_SHED};
+pub use response::{MESSAGE_EXPIRED, MESSAGE_QUEUE_FULL, MESSAGE_RETRY_SHED, MESSAGE_SHEDDABLE};
 
 use std::fmt;
 use std::sync::Arc;
@@ -71,18 +73,21 @@ use drain::{Drains, Unread};
 use exempt::{Bypassed, NeverShed};
 use queue::{Arrival, Queue};
 use stormguard_core::context::CallContext;
+use stormguard_core::criticality::{CRITICALITY_HEADER, CallClass, CriticalityTable};
 use stormguard_core::deadline::{GRPC_TIMEOUT_HEADER, decode_grpc_timeout};
 use stormguard_core::retry::PREVIOUS_ATTEMPTS_HEADER;
 
 const PREVIOUS_RPC_ATTEMPTS: HeaderName = HeaderName::from_static(PREVIOUS_ATTEMPTS_HEADER);
 const X_RETRY_ATTEMPT: HeaderName = HeaderName::from_static(X_RETRY_ATTEMPT_HEADER);
 const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(GRPC_TIMEOUT_HEADER);
+const CRITICALITY: HeaderName = HeaderName::from_static(CRITICALITY_HEADER);
 
 /// A service behind the admission queue. Built by [`ShedLayer`]; every clone, and every
 /// service the same layer wraps, shares one queue.
 pub struct ShedService<S> {
     inner: S,
     queue: Arc<Queue>,
+    criticality: Arc<CriticalityTable>,
     never_shed: Arc<NeverShed>,
     bypassed: Arc<Bypassed>,
     drains: Arc<Drains>,
@@ -109,6 +114,7 @@ impl<S: Clone> Clone for ShedService<S> {
         ShedService {
             inner: self.inner.clone(),
             queue: Arc::clone(&self.queue),
+            criticality: Arc::clone(&self.criticality),
             never_shed: Arc::clone(&self.never_shed),
             bypassed: Arc::clone(&self.bypassed),
             drains: Arc::clone(&self.drains),
@@ -149,6 +155,12 @@ where
             headers.get(PREVIOUS_RPC_ATTEMPTS).map(|v| v.as_bytes()),
             headers.get(X_RETRY_ATTEMPT).map(|v| v.as_bytes()),
         );
+        // A peer's claim, never above what this server grants the method.
+        let criticality = self.criticality.resolve(
+            request.uri().path(),
+            headers.get(CRITICALITY).map(|v| v.as_bytes()),
+        );
+        let class = CallClass::new(class, criticality);
         let deadline = headers
             .get(GRPC_TIMEOUT)
             // Malformed (or non-ASCII) values read as "no deadline", as tonic does.

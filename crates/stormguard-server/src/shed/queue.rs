@@ -23,6 +23,7 @@ use std::time::Duration;
 use stormguard_core::Instant;
 use stormguard_core::admission::{AdmissionPolicy, AttemptClass, Shed};
 use stormguard_core::code::Code;
+use stormguard_core::criticality::{CallClass, Criticality};
 use stormguard_core::queue::{AdmissionQueue, Arrival as Admission, Dispatch, QueuedId};
 
 use crate::stats::StatsSnapshot;
@@ -49,6 +50,8 @@ struct State {
 enum Outcome {
     Granted,
     Expired,
+    /// A call of a higher rank took its place in a full queue.
+    Shed(Shed),
 }
 
 #[derive(Debug, Default)]
@@ -57,6 +60,8 @@ struct Counters {
     completed: AtomicU64,
     shed_first: AtomicU64,
     shed_retry: AtomicU64,
+    shed_sheddable: AtomicU64,
+    shed_displaced: AtomicU64,
     expired: AtomicU64,
     cancelled_queued: AtomicU64,
     dequeued: AtomicU64,
@@ -65,9 +70,20 @@ struct Counters {
     queue_depth: AtomicUsize,
     in_flight: AtomicUsize,
     workers: AtomicUsize,
+    /// The adaptive limit's no-load latency in microseconds; 0 until measured.
+    min_latency_us: AtomicU64,
 }
 
 impl Counters {
+    fn record_shed(&self, class: CallClass) {
+        let counter = match (class.criticality, class.attempt) {
+            (Criticality::Sheddable, _) => &self.shed_sheddable,
+            (_, AttemptClass::First) => &self.shed_first,
+            (_, AttemptClass::Retry) => &self.shed_retry,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn record_time_queued(&self, waited: Duration) {
         let us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
         self.dequeued.fetch_add(1, Ordering::Relaxed);
@@ -98,6 +114,8 @@ pub(crate) enum Turn {
     Run(WorkerPermit),
     /// Too late to run: answer `DEADLINE_EXCEEDED`.
     Expired,
+    /// Gave its place to a call of a higher rank: answer with the shed status.
+    Shed(Shed),
 }
 
 impl State {
@@ -117,6 +135,11 @@ impl State {
                     counters.expired.fetch_add(1, Ordering::Relaxed);
                     (left, Outcome::Expired)
                 }
+                Dispatch::Shed(left, shed) => {
+                    counters.record_shed(left.class);
+                    counters.shed_displaced.fetch_add(1, Ordering::Relaxed);
+                    (left, Outcome::Shed(shed))
+                }
             };
             counters.record_time_queued(left.waited);
             decided.insert(left.id, outcome);
@@ -130,6 +153,10 @@ impl State {
         counters
             .workers
             .store(core.worker_limit(), Ordering::Relaxed);
+        if let Some(m) = core.adaptive().and_then(|a| a.min_latency()) {
+            let us = u64::try_from(m.as_micros()).unwrap_or(u64::MAX).max(1);
+            counters.min_latency_us.store(us, Ordering::Relaxed);
+        }
     }
 }
 
@@ -137,12 +164,13 @@ impl Queue {
     pub(crate) fn new(policy: AdmissionPolicy) -> Self {
         let shed_code = policy.config().shed_code;
         let counters = Counters::default();
+        let core = AdmissionQueue::new(policy);
         counters
             .workers
-            .store(policy.config().workers, Ordering::Relaxed);
+            .store(core.worker_limit(), Ordering::Relaxed);
         Queue {
             state: Mutex::new(State {
-                core: AdmissionQueue::new(policy),
+                core,
                 decided: HashMap::new(),
             }),
             counters,
@@ -164,9 +192,10 @@ impl Queue {
     pub(crate) fn arrive(
         self: &Arc<Self>,
         now: Instant,
-        class: AttemptClass,
+        class: impl Into<CallClass>,
         deadline: Option<Instant>,
     ) -> Arrival {
+        let class = class.into();
         let mut admission = Admission::Expired;
         self.lock().apply(&self.counters, |core, sink| {
             admission = core.arrive_at(now, class, deadline, None, sink);
@@ -176,6 +205,7 @@ impl Queue {
                 self.counters.admitted.fetch_add(1, Ordering::Relaxed);
                 Arrival::Admitted(WorkerPermit {
                     queue: Arc::clone(self),
+                    started: now,
                 })
             }
             Admission::Queued { id, expiry } => Arrival::Queued(Ticket {
@@ -185,11 +215,7 @@ impl Queue {
                 settled: false,
             }),
             Admission::Shed(shed) => {
-                let counter = match class {
-                    AttemptClass::First => &self.counters.shed_first,
-                    AttemptClass::Retry => &self.counters.shed_retry,
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
+                self.counters.record_shed(class);
                 Arrival::Shed(shed)
             }
             Admission::Expired => {
@@ -199,11 +225,13 @@ impl Queue {
         }
     }
 
-    /// Gives a worker back (a call finished or its caller left mid-run). Either way a
-    /// worker turned over, so both feed the drain estimate.
-    fn release(&self, now: Instant) {
-        self.lock()
-            .apply(&self.counters, |core, sink| core.finish_at(now, sink));
+    /// Gives a worker back (a call that got it at `started` finished, or its caller
+    /// left mid-run). Either way a worker turned over, so both feed the drain estimate
+    /// and an adaptive limit.
+    fn release(&self, now: Instant, started: Instant) {
+        self.lock().apply(&self.counters, |core, sink| {
+            core.finish_at(now, started, sink);
+        });
     }
 
     /// Whether the call holding ticket `id` may run, given that its expiry timer has
@@ -230,9 +258,11 @@ impl Queue {
                 self.counters.admitted.fetch_add(1, Ordering::Relaxed);
                 return Turn::Run(WorkerPermit {
                     queue: Arc::clone(self),
+                    started: now,
                 });
             }
             Some(Outcome::Expired) => return Turn::Expired,
+            Some(Outcome::Shed(shed)) => return Turn::Shed(shed),
             None => {}
         }
         if expired {
@@ -289,6 +319,8 @@ impl Queue {
             completed: get(&c.completed),
             shed_first: get(&c.shed_first),
             shed_retry: get(&c.shed_retry),
+            shed_sheddable: get(&c.shed_sheddable),
+            shed_displaced: get(&c.shed_displaced),
             expired: get(&c.expired),
             cancelled_queued: get(&c.cancelled_queued),
             queue_depth: c.queue_depth.load(Ordering::Relaxed),
@@ -296,6 +328,8 @@ impl Queue {
             dequeued: get(&c.dequeued),
             time_queued_us: get(&c.time_queued_us),
             max_time_queued_us: get(&c.max_time_queued_us),
+            worker_limit: c.workers.load(Ordering::Relaxed),
+            min_latency_us: Some(get(&c.min_latency_us)).filter(|us| *us > 0),
         }
     }
 
@@ -319,6 +353,8 @@ impl Queue {
 #[derive(Debug)]
 pub(crate) struct WorkerPermit {
     queue: Arc<Queue>,
+    /// When the call got the worker (its latency sample starts here).
+    started: Instant,
 }
 
 impl WorkerPermit {
@@ -333,7 +369,7 @@ impl WorkerPermit {
 
 impl Drop for WorkerPermit {
     fn drop(&mut self) {
-        self.queue.release(Instant::now());
+        self.queue.release(Instant::now(), self.started);
     }
 }
 
@@ -351,6 +387,11 @@ impl Ticket {
     /// When the call stops being worth running.
     pub(crate) fn expiry(&self) -> Instant {
         self.expiry
+    }
+
+    /// The status of a shed answer.
+    pub(crate) fn shed_code(&self) -> Code {
+        self.queue.shed_code
     }
 
     /// Checks the call's turn; registers `waker` while it waits.

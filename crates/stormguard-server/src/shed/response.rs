@@ -20,6 +20,9 @@ const PUSHBACK: HeaderName = HeaderName::from_static(stormguard_core::pushback::
 pub const MESSAGE_QUEUE_FULL: &str = "stormguard: overloaded, queue full";
 /// The `grpc-message` of a retry shed past the retry threshold.
 pub const MESSAGE_RETRY_SHED: &str = "stormguard: overloaded, retries shed first";
+/// The `grpc-message` of a sheddable call shed first, or of a queued call that gave
+/// its place to a call of a higher criticality.
+pub const MESSAGE_SHEDDABLE: &str = "stormguard: overloaded, lower-priority work shed first";
 /// The `grpc-message` of a call dropped before running because its deadline was too
 /// close or it waited too long.
 pub const MESSAGE_EXPIRED: &str = "stormguard: deadline expired while queued";
@@ -64,6 +67,7 @@ pub(crate) fn shed<B: Default>(
     let message = match reason {
         ShedReason::QueueFull => MESSAGE_QUEUE_FULL,
         ShedReason::RetryThreshold => MESSAGE_RETRY_SHED,
+        ShedReason::Sheddable => MESSAGE_SHEDDABLE,
     };
     let mut response = trailers_only(code, message);
     response

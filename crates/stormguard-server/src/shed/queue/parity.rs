@@ -1,12 +1,14 @@
 //! The server's queue and the simulator's server decide alike.
 //!
-//! One script (arrivals of first attempts and retries with and without deadlines,
-//! completions, cancellations, at scripted instants) runs through this crate's [`Queue`]
+//! One script (arrivals of first attempts and retries of every criticality, with and
+//! without deadlines, completions, cancellations, at scripted instants) runs through this crate's [`Queue`]
 //! (on paused time, polling tickets as the response future does, with the expiry timers
 //! firing at their instants) and through `stormguard_sim::SimServer` (on the same
 //! instants). Every decision is recorded with its instant: a call run (at once or
-//! later), queued (with its expiry), shed (why, and the pushback sent), or expired (on
-//! arrival or while queued). The two records must be equal, decision by decision.
+//! later), queued (with its expiry), shed (why, and the pushback sent; on arrival or
+//! displaced from a full queue), or expired (on arrival or while queued). The two
+//! records must be equal, decision by decision, with a fixed and with an adaptive limit
+//! (the limit's every step is compared too).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -17,6 +19,8 @@ use stormguard_core::Instant;
 use stormguard_core::admission::{
     AdmissionConfig, AdmissionPolicy, AttemptClass, QueueOrder, RetryThreshold, Shed, ShedReason,
 };
+use stormguard_core::criticality::{CallClass, Criticality};
+use stormguard_core::limit::AdaptiveLimitConfig;
 use stormguard_sim::{Job, ServerAction, SimServer};
 
 use super::{Arrival, Queue, Ticket, Turn, WorkerPermit};
@@ -30,10 +34,13 @@ enum What {
         expires_in: Duration,
     },
     Shed {
-        retry_threshold: bool,
+        /// 0 queue full, 1 retry threshold, 2 sheddable (or displaced).
+        reason: u8,
         pushback_ms: i64,
     },
     Expired,
+    /// The worker limit after the step (recorded when it changed).
+    Limit(usize),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -47,7 +54,7 @@ struct Record {
 enum Step {
     Arrive {
         call: u32,
-        class: AttemptClass,
+        class: CallClass,
         deadline: Option<Duration>,
     },
     /// The call that has run longest finishes.
@@ -62,9 +69,11 @@ trait Side {
         &mut self,
         now: Instant,
         call: u32,
-        class: AttemptClass,
+        class: CallClass,
         deadline: Option<Instant>,
     ) -> Vec<(u32, What)>;
+    /// The worker limit now.
+    fn limit(&self) -> usize;
     fn finish(&mut self, now: Instant, call: u32) -> Vec<(u32, What)>;
     fn cancel(&mut self, now: Instant, call: u32) -> Vec<(u32, What)>;
     fn timer(&mut self, now: Instant, call: u32) -> Vec<(u32, What)>;
@@ -72,7 +81,11 @@ trait Side {
 
 fn shed(s: Shed) -> What {
     What::Shed {
-        retry_threshold: s.reason == ShedReason::RetryThreshold,
+        reason: match s.reason {
+            ShedReason::QueueFull => 0,
+            ShedReason::RetryThreshold => 1,
+            ShedReason::Sheddable => 2,
+        },
         pushback_ms: s.pushback.millis(),
     }
 }
@@ -110,16 +123,24 @@ impl Server {
                 self.tickets.remove(&call);
                 out.push((call, What::Expired));
             }
+            Turn::Shed(s) => {
+                self.tickets.remove(&call);
+                out.push((call, shed(s)));
+            }
         }
     }
 }
 
 impl Side for Server {
+    fn limit(&self) -> usize {
+        self.queue.workers()
+    }
+
     fn arrive(
         &mut self,
         now: Instant,
         call: u32,
-        class: AttemptClass,
+        class: CallClass,
         deadline: Option<Instant>,
     ) -> Vec<(u32, What)> {
         let mut out = Vec::new();
@@ -195,11 +216,15 @@ fn sim_records(now: Instant, actions: Vec<ServerAction>) -> Vec<(u32, What)> {
 }
 
 impl Side for Sim {
+    fn limit(&self) -> usize {
+        self.0.worker_limit()
+    }
+
     fn arrive(
         &mut self,
         now: Instant,
         call: u32,
-        class: AttemptClass,
+        class: CallClass,
         deadline: Option<Instant>,
     ) -> Vec<(u32, What)> {
         let mut out = Vec::new();
@@ -234,10 +259,15 @@ async fn play(side: &mut impl Side, t0: Instant, script: &[(Duration, Step)]) ->
     let mut timers: BTreeSet<(Instant, u32)> = BTreeSet::new();
     let mut running: BTreeMap<usize, u32> = BTreeMap::new();
     let mut started = 0usize;
+    let mut limit = side.limit();
     let mut note = |now: Instant,
                     decided: Vec<(u32, What)>,
                     timers: &mut BTreeSet<(Instant, u32)>,
                     running: &mut BTreeMap<usize, u32>| {
+        // Calls started in one step (a raised limit starts several) take their start
+        // order from their number, not from the order a side reported them in.
+        let mut decided = decided;
+        decided.sort_by_key(|(call, _)| *call);
         for (call, what) in decided {
             match what {
                 What::Queued { expires_in } => {
@@ -285,12 +315,21 @@ async fn play(side: &mut impl Side, t0: Instant, script: &[(Duration, Step)]) ->
             }
         };
         note(now, decided, &mut timers, &mut running);
+        if side.limit() != limit {
+            limit = side.limit();
+            note(
+                now,
+                vec![(0, What::Limit(limit))],
+                &mut timers,
+                &mut running,
+            );
+        }
     }
     records.sort();
     records
 }
 
-/// A seeded script, 0 to 3 ms between steps: 7 in 10 are arrivals (a third of them
+/// A seeded script, 0 to 2 ms between steps: 7 in 10 are arrivals (a third of them
 /// retries, four in five with a deadline 1 to 40 ms away), 2 in 10 completions, 1 in 10
 /// a cancellation of one of the last calls. Arrivals outpace completions, so the queue
 /// fills, sheds and expires.
@@ -307,17 +346,24 @@ fn script(seed: u64, steps: usize) -> Vec<(Duration, Step)> {
     let mut calls = 0u32;
     let mut script = Vec::with_capacity(steps);
     for _ in 0..steps {
-        at += MS * u32::try_from(next(4)).unwrap_or(0);
+        at += MS * u32::try_from(next(3)).unwrap_or(0);
         let step = match next(10) {
             0..=6 => {
                 calls += 1;
+                let attempt = if next(3) == 0 {
+                    AttemptClass::Retry
+                } else {
+                    AttemptClass::First
+                };
+                // One in ten sheddable, one in ten critical.
+                let criticality = match next(10) {
+                    0 => Criticality::Sheddable,
+                    1 => Criticality::Critical,
+                    _ => Criticality::Default,
+                };
                 Step::Arrive {
                     call: calls,
-                    class: if next(3) == 0 {
-                        AttemptClass::Retry
-                    } else {
-                        AttemptClass::First
-                    },
+                    class: CallClass::new(attempt, criticality),
                     deadline: (next(5) != 0).then(|| MS * u32::try_from(1 + next(40)).unwrap_or(1)),
                 }
             }
@@ -373,50 +419,76 @@ fn count(records: &[Record], pred: impl Fn(&What) -> bool) -> usize {
     records.iter().filter(|r| pred(&r.what)).count()
 }
 
+fn adaptive(queue_order: QueueOrder) -> AdmissionConfig {
+    AdmissionConfig {
+        adaptive: Some(AdaptiveLimitConfig {
+            min_limit: 1,
+            max_limit: 8,
+            window: 5 * MS,
+            min_window_samples: 3,
+            probe_interval: 150 * MS,
+            seed: 5,
+        }),
+        ..config(queue_order)
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn server_queue_and_simulator_decide_alike() {
-    for (order, seed) in [
-        (QueueOrder::AdaptiveLifo { from_depth: 4 }, 1),
-        (QueueOrder::AdaptiveLifo { from_depth: 4 }, 2),
-        (QueueOrder::Fifo, 3),
+    for (name, config, seed) in [
+        (
+            "lifo",
+            config(QueueOrder::AdaptiveLifo { from_depth: 4 }),
+            1,
+        ),
+        (
+            "lifo",
+            config(QueueOrder::AdaptiveLifo { from_depth: 4 }),
+            2,
+        ),
+        ("fifo", config(QueueOrder::Fifo), 3),
+        (
+            "adaptive-lifo",
+            adaptive(QueueOrder::AdaptiveLifo { from_depth: 4 }),
+            4,
+        ),
+        ("adaptive-fifo", adaptive(QueueOrder::Fifo), 5),
     ] {
-        let records = compare(config(order), seed).await;
+        let is_adaptive = config.adaptive.is_some();
+        let records = compare(config, seed).await;
         // The script reaches every kind of decision, so the comparison covers them all.
         let queued = count(&records, |w| matches!(w, What::Queued { .. }));
         let run = count(&records, |w| *w == What::Run);
         let expired = count(&records, |w| *w == What::Expired);
         let retry_shed = count(
             &records,
-            |w| matches!(w, What::Shed { retry_threshold: true, pushback_ms } if *pushback_ms > 0),
+            |w| matches!(w, What::Shed { reason: 1, pushback_ms } if *pushback_ms > 0),
         );
-        let full = count(&records, |w| {
-            matches!(
-                w,
-                What::Shed {
-                    retry_threshold: false,
-                    ..
-                }
-            )
-        });
+        let full = count(&records, |w| matches!(w, What::Shed { reason: 0, .. }));
+        let sheddable = count(&records, |w| matches!(w, What::Shed { reason: 2, .. }));
         let do_not_retry = count(
             &records,
             |w| matches!(w, What::Shed { pushback_ms, .. } if *pushback_ms == -1),
         );
+        let limits = count(&records, |w| matches!(w, What::Limit(_)));
         println!(
-            "{order:?} seed {seed}: {} decisions equal ({run} run, {queued} queued, \
-             {retry_shed} retries shed, {full} shed full, {do_not_retry} told not to retry, \
-             {expired} expired)",
+            "{name} seed {seed}: {} decisions equal ({run} run, {queued} queued, \
+             {retry_shed} retries shed, {full} shed full, {sheddable} sheddable shed or \
+             displaced, {do_not_retry} told not to retry, {expired} expired, {limits} limit \
+             changes)",
             records.len()
         );
-        for (name, n) in [
+        for (what, n) in [
             ("queued", queued),
             ("run", run),
             ("expired", expired),
             ("retries shed with a pushback", retry_shed),
             ("shed because full", full),
+            ("sheddable shed or displaced", sheddable),
             ("told not to retry", do_not_retry),
+            ("limit changes", if is_adaptive { limits } else { 5 }),
         ] {
-            assert!(n >= 5, "{order:?}/{seed}: only {n} {name}");
+            assert!(n >= 5, "{name}/{seed}: only {n} {what}");
         }
     }
 }

@@ -1,0 +1,140 @@
+//! Stamping each call with its criticality: [`CriticalityLayer`].
+//!
+//! A server sheds sheddable work first, then retries, then the rest (see
+//! [`stormguard_core::criticality`]). It learns a call's class from the
+//! `stormguard-criticality` request header; this layer sets that header from a
+//! [`CriticalityTable`] of classes per method, so the code that makes the calls does not
+//! have to. A call that already carries the header (set by the caller for that one call)
+//! keeps it. The server caps whatever a call claims at what its own table grants the
+//! method, so stamping `critical` only helps where the server allows it.
+//!
+//! ```
+//! use stormguard_client::CriticalityLayer;
+//! use tower::ServiceBuilder;
+//!
+//! let layer = CriticalityLayer::from_json(r#"{ "criticality": {
+//!     "default": "default",
+//!     "methods": { "/shop.Cart/Checkout": "critical", "/shop.Recs/": "sheddable" } } }"#)
+//!     .expect("valid");
+//! # let channel = tower::service_fn(|_: http::Request<()>| async {
+//! #     Ok::<_, std::convert::Infallible>(http::Response::new(()))
+//! # });
+//! // Outside or inside the RetryLayer: retries carry the header either way.
+//! let svc = ServiceBuilder::new().layer(layer).service(channel);
+//! # let _ = svc;
+//! ```
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{HeaderName, HeaderValue};
+use stormguard_core::config::ConfigError;
+use stormguard_core::criticality::{CRITICALITY_HEADER, CriticalityTable};
+use tower_layer::Layer;
+use tower_service::Service;
+
+const HEADER: HeaderName = HeaderName::from_static(CRITICALITY_HEADER);
+
+/// Stamps each call with its method's criticality (the `stormguard-criticality` header).
+#[derive(Clone, Debug)]
+pub struct CriticalityLayer {
+    table: Arc<CriticalityTable>,
+}
+
+impl CriticalityLayer {
+    /// Stamps calls with their class in `table`.
+    pub fn new(table: CriticalityTable) -> Self {
+        CriticalityLayer {
+            table: Arc::new(table),
+        }
+    }
+
+    /// Reads the table from `{"criticality": {"default": CLASS, "methods": {PATH: CLASS}}}`
+    /// (see [`CriticalityTable::from_json`]); an error names the field as written.
+    pub fn from_json(json: &str) -> Result<Self, ConfigError> {
+        CriticalityTable::from_json(json).map(Self::new)
+    }
+}
+
+impl<S> Layer<S> for CriticalityLayer {
+    type Service = StampCriticality<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        StampCriticality {
+            inner,
+            table: Arc::clone(&self.table),
+        }
+    }
+}
+
+/// The service built by [`CriticalityLayer`]. Ready exactly when its inner service is.
+#[derive(Clone, Debug)]
+pub struct StampCriticality<S> {
+    inner: S,
+    table: Arc<CriticalityTable>,
+}
+
+impl<S, B> Service<http::Request<B>> for StampCriticality<S>
+where
+    S: Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        if !request.headers().contains_key(HEADER) {
+            let class = self.table.class_for(request.uri().path());
+            request
+                .headers_mut()
+                .insert(HEADER, HeaderValue::from_static(class.as_str()));
+        }
+        self.inner.call(request)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use stormguard_core::criticality::Criticality;
+    use tower::{ServiceExt, service_fn};
+
+    #[tokio::test]
+    async fn stamps_by_method_and_keeps_a_callers_value() {
+        let table = CriticalityTable::new(Criticality::Sheddable)
+            .with_method("/a.S/Pay", Criticality::Critical)
+            .unwrap();
+        let echo = service_fn(|r: http::Request<()>| async move {
+            Ok::<_, std::convert::Infallible>(
+                r.headers()
+                    .get(HEADER)
+                    .map(|v| v.to_str().unwrap().to_owned()),
+            )
+        });
+        let svc = CriticalityLayer::new(table).layer(echo);
+        let call = |path: &str, given: Option<&'static str>| {
+            let mut r = http::Request::builder().uri(format!("http://x{path}"));
+            if let Some(v) = given {
+                r = r.header(CRITICALITY_HEADER, v);
+            }
+            svc.clone().oneshot(r.body(()).unwrap())
+        };
+        assert_eq!(
+            call("/a.S/Pay", None).await.unwrap().as_deref(),
+            Some("critical")
+        );
+        assert_eq!(
+            call("/a.S/Get", None).await.unwrap().as_deref(),
+            Some("sheddable")
+        );
+        assert_eq!(
+            call("/a.S/Pay", Some("default")).await.unwrap().as_deref(),
+            Some("default")
+        );
+    }
+}

@@ -1,0 +1,401 @@
+//! Request criticality: which work a saturated server drops first.
+//!
+//! Retries are not the only work a server can afford to lose. A prefetch, a batch
+//! backfill or a speculative call has a caller that can wait or do without; a checkout
+//! does not. A call may say so in the [`CRITICALITY_HEADER`] (`stormguard-criticality`),
+//! one of three lowercase tokens:
+//!
+//! | value | class | shed |
+//! |---|---|---|
+//! | `sheddable` | [`Criticality::Sheddable`] | first: once its own threshold is passed (by default as soon as it would have to wait) |
+//! | `default` | [`Criticality::Default`] | retries past the retry threshold, first attempts when the queue is full (a full queue gives it a queued sheddable call's place first) |
+//! | `critical` | [`Criticality::Critical`] | as `default`, but a full queue gives it the place of a waiter of lower criticality (the lowest-ranked, oldest first) |
+//!
+//! Under overload a server sheds **sheddable work first, then retries, then the rest**
+//! ([`CallClass::rank`]). A retry of a critical call is still a retry: the attempt
+//! class weighs more than the criticality, because a retry is load already being
+//! amplified.
+//!
+//! # What a peer can claim
+//!
+//! Parsing is strict ([`Criticality::from_header`]): a missing value, or anything other
+//! than exactly one of the three tokens (`"CRITICAL"`, `" critical"`, `"critical,x"`), is
+//! [`Criticality::Default`]. A peer gains nothing by sending garbage.
+//!
+//! A peer can never get a higher class than the server allows: the server keeps a
+//! [`CriticalityTable`] of the highest class it grants per method (by default
+//! `default` for every method, so `critical` is ignored until the service grants it),
+//! and a call's class is the lower of what it claims and what the table allows
+//! ([`CriticalityTable::resolve`]). A service grants `critical` to the methods whose
+//! callers it trusts with it, and can cap a method at `sheddable` (a report endpoint)
+//! whatever its callers claim.
+//!
+//! The same table type, on the client, is the class each method's calls are stamped with
+//! ([`CriticalityTable::class_for`]).
+//!
+//! ```
+//! use stormguard_core::criticality::{Criticality, CriticalityTable};
+//!
+//! // The server grants critical to checkout only.
+//! let table = CriticalityTable::from_json(r#"{ "criticality": {
+//!     "default": "default",
+//!     "methods": { "/shop.Cart/Checkout": "critical", "/shop.Reports/": "sheddable" } } }"#)
+//!     .expect("valid");
+//! let claim = |path, value: &[u8]| table.resolve(path, Some(value));
+//! assert_eq!(claim("/shop.Cart/Checkout", b"critical"), Criticality::Critical);
+//! assert_eq!(claim("/shop.Cart/Add", b"critical"), Criticality::Default);
+//! assert_eq!(claim("/shop.Reports/Daily", b"critical"), Criticality::Sheddable);
+//! assert_eq!(claim("/shop.Cart/Add", b"sheddable"), Criticality::Sheddable);
+//! assert_eq!(table.resolve("/shop.Cart/Add", None), Criticality::Default);
+//! ```
+
+use serde_json::Value;
+
+use crate::admission::AttemptClass;
+use crate::config::{as_object, as_str, check_keys, parse_object};
+use crate::error::ConfigError;
+
+/// The request header that carries a call's criticality: `critical`, `default` or
+/// `sheddable`.
+pub const CRITICALITY_HEADER: &str = "stormguard-criticality";
+
+/// How much a call matters, lowest first (so `min` is "the lower class").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Criticality {
+    /// Work whose caller can wait or do without: shed before anything else.
+    Sheddable,
+    /// Ordinary work: what a call without the header, or with a value that cannot be
+    /// read, is.
+    #[default]
+    Default,
+    /// Work that must be served if anything is: a full queue gives it the place of a
+    /// waiter of lower criticality.
+    Critical,
+}
+
+impl Criticality {
+    /// Every class, lowest first.
+    pub const ALL: [Criticality; 3] = [
+        Criticality::Sheddable,
+        Criticality::Default,
+        Criticality::Critical,
+    ];
+
+    /// The class a header value names: exactly `critical`, `default` or `sheddable`
+    /// (lowercase ASCII, nothing around it); `None` for anything else.
+    ///
+    /// ```
+    /// use stormguard_core::criticality::Criticality;
+    ///
+    /// assert_eq!(Criticality::from_value(b"critical"), Some(Criticality::Critical));
+    /// assert_eq!(Criticality::from_value(b"Critical"), None);
+    /// assert_eq!(Criticality::from_value(b" sheddable"), None);
+    /// ```
+    pub fn from_value(value: &[u8]) -> Option<Criticality> {
+        Criticality::ALL
+            .into_iter()
+            .find(|c| c.as_str().as_bytes() == value)
+    }
+
+    /// The class of a call from its [`CRITICALITY_HEADER`] value: missing or malformed
+    /// is [`Criticality::Default`]. Never panics. This is the peer's *claim*; a server
+    /// caps it with [`CriticalityTable::resolve`].
+    pub fn from_header(value: Option<&[u8]>) -> Criticality {
+        value.and_then(Criticality::from_value).unwrap_or_default()
+    }
+
+    /// The header value: `"critical"`, `"default"` or `"sheddable"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Criticality::Sheddable => "sheddable",
+            Criticality::Default => "default",
+            Criticality::Critical => "critical",
+        }
+    }
+}
+
+/// What the admission queue knows about a call: its attempt class and its criticality.
+///
+/// An [`AttemptClass`] alone converts into a `CallClass` of [`Criticality::Default`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CallClass {
+    /// First attempt or retry.
+    pub attempt: AttemptClass,
+    /// How much the call matters (already capped by the server's table).
+    pub criticality: Criticality,
+}
+
+impl CallClass {
+    /// A call of `attempt` and `criticality`.
+    pub fn new(attempt: AttemptClass, criticality: Criticality) -> Self {
+        CallClass {
+            attempt,
+            criticality,
+        }
+    }
+
+    /// The shed order, lowest shed first: 0 sheddable (any attempt), 1 a retry, 2 a
+    /// retry of a critical call, 3 a first attempt, 4 a critical first attempt. When a
+    /// full queue gives a waiter's place to a call of higher criticality, it is the
+    /// lowest-ranked waiter of lower criticality.
+    ///
+    /// ```
+    /// use stormguard_core::admission::AttemptClass::{First, Retry};
+    /// use stormguard_core::criticality::{CallClass, Criticality::*};
+    ///
+    /// let rank = |a, c| CallClass::new(a, c).rank();
+    /// assert!(rank(First, Sheddable) < rank(Retry, Default));
+    /// // A retry of a critical call is still a retry.
+    /// assert!(rank(Retry, Critical) < rank(First, Default));
+    /// assert!(rank(First, Default) < rank(First, Critical));
+    /// ```
+    pub fn rank(self) -> u8 {
+        match (self.criticality, self.attempt) {
+            (Criticality::Sheddable, _) => 0,
+            (Criticality::Default, AttemptClass::Retry) => 1,
+            (Criticality::Critical, AttemptClass::Retry) => 2,
+            (Criticality::Default, AttemptClass::First) => 3,
+            (Criticality::Critical, AttemptClass::First) => 4,
+        }
+    }
+}
+
+impl From<AttemptClass> for CallClass {
+    fn from(attempt: AttemptClass) -> Self {
+        CallClass::new(attempt, Criticality::Default)
+    }
+}
+
+/// A class per method: on a server, the highest class a peer may claim; on a client,
+/// the class its calls are stamped with.
+///
+/// A rule names a full method path (`/pkg.Service/Method`) or a service prefix ending
+/// in `/` (`/pkg.Service/`); the exact path wins over a prefix, a longer prefix over a
+/// shorter one, and a path no rule names gets [`CriticalityTable::default_class`].
+/// Memory is what the rules take.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CriticalityTable {
+    default_class: Criticality,
+    /// (path or prefix, class), sorted by path.
+    rules: Vec<(String, Criticality)>,
+}
+
+impl CriticalityTable {
+    /// A table with `default_class` for every method.
+    pub fn new(default_class: Criticality) -> Self {
+        CriticalityTable {
+            default_class,
+            rules: Vec::new(),
+        }
+    }
+
+    /// Sets the class of `path`: a full method path, or a service prefix ending in `/`.
+    /// A path that does not start with `/` is an error naming it.
+    pub fn with_method(
+        mut self,
+        path: impl Into<String>,
+        class: Criticality,
+    ) -> Result<Self, ConfigError> {
+        let path = path.into();
+        if !path.starts_with('/') || path.len() < 2 {
+            return Err(ConfigError::invalid(
+                format!("criticality.methods.{path}"),
+                "a method is \"/package.Service/Method\" or a prefix \"/package.Service/\"",
+            ));
+        }
+        match self.rules.binary_search_by(|(p, _)| p.as_str().cmp(&path)) {
+            Ok(i) => self.rules[i].1 = class,
+            Err(i) => self.rules.insert(i, (path, class)),
+        }
+        Ok(self)
+    }
+
+    /// The class for paths no rule names.
+    pub fn default_class(&self) -> Criticality {
+        self.default_class
+    }
+
+    /// The class of calls to `path`.
+    pub fn class_for(&self, path: &str) -> Criticality {
+        let mut best: Option<(usize, Criticality)> = None;
+        for (rule, class) in &self.rules {
+            let matches = if rule.ends_with('/') {
+                path.starts_with(rule.as_str())
+            } else {
+                path == rule
+            };
+            // An exact path is at least as long as any prefix of it that also ends in
+            // '/', and a full path never ends in '/': the longest match is the best.
+            if matches && best.is_none_or(|(len, _)| rule.len() > len) {
+                best = Some((rule.len(), *class));
+            }
+        }
+        best.map_or(self.default_class, |(_, class)| class)
+    }
+
+    /// A peer's call to `path` claiming `header` (the [`CRITICALITY_HEADER`] value):
+    /// the lower of the claim ([`Criticality::from_header`]) and what the table allows.
+    pub fn resolve(&self, path: &str, header: Option<&[u8]>) -> Criticality {
+        Criticality::from_header(header).min(self.class_for(path))
+    }
+
+    /// Reads `{"criticality": {"default": CLASS, "methods": {PATH: CLASS, ...}}}` (both
+    /// keys optional; the default class defaults to `default`). An error names the
+    /// field as written.
+    ///
+    /// ```
+    /// use stormguard_core::criticality::CriticalityTable;
+    ///
+    /// let bad = CriticalityTable::from_json(r#"{"criticality": {"default": "high"}}"#);
+    /// assert!(bad.unwrap_err().to_string().contains("criticality.default"));
+    /// ```
+    pub fn from_json(json: &str) -> Result<Self, ConfigError> {
+        let root = parse_object(json)?;
+        check_keys(&root, "", &["criticality"])?;
+        let Some(v) = root.get("criticality") else {
+            return Ok(CriticalityTable::default());
+        };
+        let c = as_object(v, "criticality")?;
+        check_keys(c, "criticality", &["default", "methods"])?;
+        let mut table = match c.get("default") {
+            Some(v) => CriticalityTable::new(class(v, "criticality.default")?),
+            None => CriticalityTable::default(),
+        };
+        if let Some(v) = c.get("methods") {
+            for (path, v) in as_object(v, "criticality.methods")? {
+                let class = class(v, &format!("criticality.methods.{path}"))?;
+                table = table.with_method(path.clone(), class)?;
+            }
+        }
+        Ok(table)
+    }
+}
+
+fn class(v: &Value, field: &str) -> Result<Criticality, ConfigError> {
+    let s = as_str(v, field)?;
+    Criticality::from_value(s.as_bytes()).ok_or_else(|| {
+        ConfigError::invalid(
+            field,
+            format!("expected \"critical\", \"default\" or \"sheddable\", got {s:?}"),
+        )
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn strict_parsing() {
+        use Criticality::*;
+        let cases: &[(Option<&[u8]>, Criticality)] = &[
+            (None, Default),
+            (Some(b"critical"), Critical),
+            (Some(b"default"), Default),
+            (Some(b"sheddable"), Sheddable),
+            (Some(b""), Default),
+            (Some(b"CRITICAL"), Default),
+            (Some(b"Critical"), Default),
+            (Some(b" critical"), Default),
+            (Some(b"critical "), Default),
+            (Some(b"critical,critical"), Default),
+            (Some(b"critical\0"), Default),
+            (Some(b"crit"), Default),
+            (Some(b"\xff\xfe"), Default),
+            (Some(b"sheddable "), Default),
+        ];
+        for (value, want) in cases {
+            assert_eq!(Criticality::from_header(*value), *want, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn table_matches_exact_then_longest_prefix() {
+        use Criticality::*;
+        let t = CriticalityTable::new(Sheddable)
+            .with_method("/a.S/", Default)
+            .unwrap()
+            .with_method("/a.S/Pay", Critical)
+            .unwrap()
+            .with_method("/a.", Critical)
+            .unwrap();
+        assert_eq!(t.class_for("/a.S/Pay"), Critical);
+        assert_eq!(t.class_for("/a.S/Payx"), Default);
+        assert_eq!(t.class_for("/a.S/Get"), Default);
+        assert_eq!(t.class_for("/b.S/Get"), Sheddable);
+        // "/a." does not end in '/': exact only.
+        assert_eq!(t.class_for("/a.T/Get"), Sheddable);
+        assert!(
+            CriticalityTable::default()
+                .with_method("a.S/", Default)
+                .is_err()
+        );
+        assert!(
+            CriticalityTable::default()
+                .with_method("/", Default)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn a_peer_never_gets_more_than_the_table_allows() {
+        use Criticality::*;
+        let t = CriticalityTable::default()
+            .with_method("/a.S/Pay", Critical)
+            .unwrap();
+        assert_eq!(t.resolve("/a.S/Get", Some(b"critical")), Default);
+        assert_eq!(t.resolve("/a.S/Pay", Some(b"critical")), Critical);
+        assert_eq!(t.resolve("/a.S/Pay", Some(b"sheddable")), Sheddable);
+        assert_eq!(t.resolve("/a.S/Pay", Some(b"CRITICAL")), Default);
+        assert_eq!(t.resolve("/a.S/Pay", None), Default);
+    }
+
+    #[test]
+    fn json_errors_name_the_field() {
+        let field = |json: &str| match CriticalityTable::from_json(json).unwrap_err() {
+            ConfigError::Invalid { field, .. } => field,
+            ConfigError::Malformed(m) => format!("malformed: {m}"),
+            read @ ConfigError::Read { .. } => read.to_string(),
+        };
+        assert_eq!(field(r#"{"criticalty": {}}"#), "criticalty");
+        assert_eq!(
+            field(r#"{"criticality": {"default": "high"}}"#),
+            "criticality.default"
+        );
+        assert_eq!(
+            field(r#"{"criticality": {"methods": {"/a.S/M": 3}}}"#),
+            "criticality.methods./a.S/M"
+        );
+        assert_eq!(
+            field(r#"{"criticality": {"methods": {"a.S/M": "critical"}}}"#),
+            "criticality.methods.a.S/M"
+        );
+        assert_eq!(
+            field(r#"{"criticality": {"method": {}}}"#),
+            "criticality.method"
+        );
+        assert_eq!(
+            CriticalityTable::from_json("{}").unwrap(),
+            CriticalityTable::default()
+        );
+    }
+
+    proptest! {
+        /// Whatever a peer sends, it never gets above the table's class, and only the
+        /// three exact tokens are read as anything but the default.
+        #[test]
+        fn claims_are_capped(value in proptest::collection::vec(any::<u8>(), 0..12),
+                             cap in 0usize..3) {
+            let cap = Criticality::ALL[cap];
+            let t = CriticalityTable::new(cap);
+            let got = t.resolve("/x.Y/Z", Some(&value));
+            prop_assert!(got <= cap);
+            match Criticality::from_value(&value) {
+                Some(c) => prop_assert_eq!(c.as_str().as_bytes(), value.as_slice()),
+                None => prop_assert_eq!(got, Criticality::Default.min(cap)),
+            }
+        }
+    }
+}
