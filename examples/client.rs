@@ -17,12 +17,13 @@
 //! Options:
 //! - `--policy default` (retry UNAVAILABLE, 3 attempts, full jitter, default budget) or
 //!   `--policy none` (no retries: one attempt per call);
-//! - `--service-config FILE`: a standard gRPC service config (JSON, `methodConfig[].retryPolicy`
-//!   and `retryThrottling`) instead of `--policy`;
+//! - `--service-config FILE`: a config file instead of `--policy`: JSON, YAML or TOML by its
+//!   extension, either a standard gRPC service config (`methodConfig[].retryPolicy` and
+//!   `retryThrottling`) or stormguard's own shape (`retry:`, `breaker:`);
 //! - `--seed N`: seed of the retry jitter (random by default);
 //! - `--payload-bytes N`: size of each request's payload (default 0);
 //! - `--otel-stdout`: also export the layer's OpenTelemetry metrics to stdout, before the
-//!   report (needs `--features opentelemetry`).
+//!   report (needs `--features otel-examples`).
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -33,7 +34,6 @@ use std::time::Duration;
 
 use stormguard_client::RetryLayer;
 use stormguard_core::config::ClientConfig;
-use stormguard_core::policy::RetryPolicy;
 use stormguard_demo::{InventoryClient, ReserveRequest};
 use tokio::time::Instant;
 use tonic::transport::Endpoint;
@@ -164,23 +164,10 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Args, ArgEr
 /// Runs the load and returns the JSON report.
 pub async fn run(args: &Args) -> Result<serde_json::Value, Box<dyn Error + Send + Sync>> {
     let config = match &args.policy {
-        PolicyArg::Default => {
-            let mut config = ClientConfig::standard();
-            config.methods.insert_method(
-                "stormguard.demo.v1.Inventory",
-                "Reserve",
-                Some(RetryPolicy {
-                    idempotent: true,
-                    ..RetryPolicy::default()
-                }),
-            );
-            config
-        }
+        PolicyArg::Default => stormguard_demo::client_config(),
         PolicyArg::None => ClientConfig::no_retries(),
         PolicyArg::ServiceConfig(path) => {
-            let json = std::fs::read_to_string(path)
-                .map_err(|e| format!("--service-config {path}: {e}"))?;
-            ClientConfig::from_service_config_json(&json)?
+            ClientConfig::from_path(path).map_err(|e| format!("--service-config {path}: {e}"))?
         }
     };
     let layer = match args.seed {
@@ -192,7 +179,7 @@ pub async fn run(args: &Args) -> Result<serde_json::Value, Box<dyn Error + Send 
     } else {
         None
     };
-    #[cfg(feature = "opentelemetry")]
+    #[cfg(feature = "otel-examples")]
     let layer = match &export {
         Some(export) => layer.with_meter(&export.meter()),
         None => layer,

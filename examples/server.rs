@@ -7,10 +7,10 @@
 //!     --service-time-ms 5
 //! ```
 //!
-//! `--config FILE` reads the whole admission configuration from a JSON document
-//! (`{"admission": {"workers": 4, "queue_capacity": 64, "max_time_queued": "500ms", ...}}`,
-//! see `AdmissionConfig::from_json`); a bad document stops the server with an error that
-//! names the field. It excludes the flags that also set it (`--workers`, `--queue`,
+//! `--config FILE` reads the whole admission configuration from a JSON, YAML or TOML file
+//! (by its extension; `{"admission": {"workers": 4, "queue_capacity": 64,
+//! "max_time_queued": "500ms", ...}}` in JSON, see `AdmissionConfig::from_path`); a bad
+//! document stops the server with an error that names the field. It excludes the flags that also set it (`--workers`, `--queue`,
 //! `--retry-depth`, `--lifo-depth`, `--no-shed`).
 //!
 //! Prints `listening on ADDR` once bound (the real port when given `:0`), then one JSON
@@ -29,8 +29,19 @@
 //! handler's calls (`admitted` = calls that reached the handler, `completed` = calls it
 //! answered) and reports 0 for what only the queue does.
 //!
+//! `--log-calls` also prints one JSON line per answered call, written when its response
+//! headers leave the ShedLayer, for tools that check a peer's retry behaviour from outside:
+//! `{"call":"ID","attempt":N,"arrived_us":T,"answered_us":T,"status":"14","pushback":"120",
+//! "cancelled":false}`,
+//! where `call` is the request's `x-call-id` metadata (a client sets it once per logical
+//! call, so every attempt carries it), `attempt` its `grpc-previous-rpc-attempts` (absent on
+//! a first attempt), times are microseconds since the server started, and `status` and
+//! `pushback` are the `grpc-status` and `grpc-retry-pushback-ms` response headers (absent on
+//! answers whose status comes in the trailers, as every served call's does). A call whose
+//! caller left before the answer is logged when it is dropped, with `"cancelled":true`.
+//!
 //! `--otel-stdout` also exports the layer's OpenTelemetry metrics to stdout every
-//! second and once more on Ctrl-C (needs `--features opentelemetry`).
+//! second and once more on Ctrl-C (needs `--features otel-examples`).
 
 use std::error::Error;
 use std::net::SocketAddr;
@@ -51,7 +62,7 @@ mod otel;
 
 const USAGE: &str = "usage: server --addr ADDR --workers N --queue N --service-time-ms MS \
                      [--fail-rate F] [--no-shed] [--retry-depth N] [--lifo-depth N] [--seed N] \
-                     [--max-pending-resets N] [--config FILE] [--otel-stdout]";
+                     [--max-pending-resets N] [--config FILE] [--log-calls] [--otel-stdout]";
 
 /// The command line.
 #[derive(Debug)]
@@ -69,6 +80,7 @@ pub struct Args {
     seed: u64,
     max_pending_resets: usize,
     otel_stdout: bool,
+    log_calls: bool,
 }
 
 /// Parses the arguments after the program name.
@@ -87,6 +99,7 @@ pub fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String
         seed: 1,
         max_pending_resets: 10_000,
         otel_stdout: false,
+        log_calls: false,
     };
     fn value<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
         let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
@@ -117,6 +130,7 @@ pub fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String
                 parsed.fail_rate = rate;
             }
             "--no-shed" => parsed.no_shed = true,
+            "--log-calls" => parsed.log_calls = true,
             "--retry-depth" => parsed.retry_depth = Some(value(&flag, args.next())?),
             "--lifo-depth" => parsed.lifo_depth = Some(value(&flag, args.next())?),
             "--seed" => parsed.seed = value(&flag, args.next())?,
@@ -136,9 +150,8 @@ pub fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String
 /// `--no-shed`.
 pub fn admission(args: &Args) -> Result<Option<AdmissionConfig>, Box<dyn Error>> {
     if let Some(path) = &args.config {
-        let json = std::fs::read_to_string(path).map_err(|e| format!("--config {path}: {e}"))?;
         let config =
-            AdmissionConfig::from_json(&json).map_err(|e| format!("--config {path}: {e}"))?;
+            AdmissionConfig::from_path(path).map_err(|e| format!("--config {path}: {e}"))?;
         return Ok(Some(config));
     }
     if args.no_shed {
@@ -173,6 +186,10 @@ struct Line {
     expired: u64,
     queue_depth: usize,
     in_flight: usize,
+    /// Calls granted a worker (or expired) whose future has not looked yet: 0 at rest.
+    unsettled: usize,
+    /// Tasks alive in the server's runtime (connections, streams, the reporter).
+    tasks: usize,
     cancelled_queued: u64,
     time_queued_us: u64,
     handler_ok: u64,
@@ -181,6 +198,9 @@ struct Line {
 
 fn line(stats: Option<&ShedStats>, control: &DemoControl) -> Line {
     let demo = control.counts();
+    let tasks = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
     match stats.map(ShedStats::snapshot) {
         Some(s) => Line {
             admitted: s.admitted,
@@ -190,6 +210,8 @@ fn line(stats: Option<&ShedStats>, control: &DemoControl) -> Line {
             expired: s.expired,
             queue_depth: s.queue_depth,
             in_flight: s.in_flight,
+            unsettled: stats.map_or(0, |st| st.occupancy().unsettled),
+            tasks,
             cancelled_queued: s.cancelled_queued,
             time_queued_us: s.time_queued_us,
             handler_ok: demo.ok,
@@ -203,6 +225,8 @@ fn line(stats: Option<&ShedStats>, control: &DemoControl) -> Line {
             expired: 0,
             queue_depth: 0,
             in_flight: demo.running,
+            unsettled: 0,
+            tasks,
             cancelled_queued: 0,
             time_queued_us: 0,
             handler_ok: demo.ok,
@@ -242,7 +266,7 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
     } else {
         None
     };
-    #[cfg(feature = "opentelemetry")]
+    #[cfg(feature = "otel-examples")]
     let layer = match &export {
         Some(export) => layer.map(|layer| layer.with_meter(&export.meter())),
         None => layer,
@@ -274,8 +298,12 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
             std::future::pending::<()>().await;
         }
     };
+    let log = args.log_calls.then(|| CallLogLayer {
+        started: std::time::Instant::now(),
+    });
     let builder = Server::builder()
         .http2_max_pending_accept_reset_streams(Some(args.max_pending_resets))
+        .layer(tower::util::option_layer(log))
         // Both arms answer with tonic's body type: the layer's body (which holds a worker
         // until a response ends) is boxed into it, the bare arm is unchanged.
         .layer(tower::util::option_layer(layer.map(|layer| {
@@ -295,4 +323,114 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
     }
     served?;
     Ok(())
+}
+
+/// `--log-calls`: one JSON line per answered call (see the module docs).
+#[derive(Clone, Copy, Debug)]
+struct CallLogLayer {
+    started: std::time::Instant,
+}
+
+impl<S> tower::Layer<S> for CallLogLayer {
+    type Service = CallLog<S>;
+
+    fn layer(&self, inner: S) -> CallLog<S> {
+        CallLog {
+            inner,
+            started: self.started,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct CallLog<S> {
+    inner: S,
+    started: std::time::Instant,
+}
+
+/// One `--log-calls` line.
+#[derive(Serialize)]
+struct CallLine {
+    call: Option<String>,
+    attempt: Option<String>,
+    arrived_us: u128,
+    answered_us: u128,
+    status: Option<String>,
+    pushback: Option<String>,
+    cancelled: bool,
+}
+
+fn header(headers: &http::HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+}
+
+impl<S, B, R> tower::Service<http::Request<B>> for CallLog<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let started = self.started;
+        let call = header(request.headers(), "x-call-id");
+        let attempt = header(
+            request.headers(),
+            stormguard::core::retry::PREVIOUS_ATTEMPTS_HEADER,
+        );
+        let arrived_us = started.elapsed().as_micros();
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            // A call whose caller leaves first is logged too, as `"cancelled":true`.
+            let mut pending = Pending(
+                started,
+                Some(CallLine {
+                    call,
+                    attempt,
+                    arrived_us,
+                    answered_us: 0,
+                    status: None,
+                    pushback: None,
+                    cancelled: true,
+                }),
+            );
+            let answer = answer.await;
+            if let (Ok(response), Some(line)) = (&answer, pending.1.as_mut()) {
+                line.cancelled = false;
+                line.status = header(response.headers(), "grpc-status");
+                line.pushback = header(
+                    response.headers(),
+                    stormguard::core::pushback::PUSHBACK_HEADER,
+                );
+            }
+            drop(pending);
+            answer
+        })
+    }
+}
+
+/// Prints its line when dropped: at the answer, or when the call is dropped unanswered.
+struct Pending(std::time::Instant, Option<CallLine>);
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(mut line) = self.1.take() {
+            line.answered_us = self.0.elapsed().as_micros();
+            if let Ok(json) = serde_json::to_string(&line) {
+                println!("{json}");
+            }
+        }
+    }
 }

@@ -88,9 +88,11 @@ use serde_json::Value;
 
 use crate::code::Code;
 use crate::config::{
-    ConfigError, as_duration, as_object, as_str, as_u32, as_u64, check_keys, code, parse_object,
+    Format, as_duration, as_object, as_str, as_u32, as_u64, check_keys, code, parse_document,
+    parse_object, read_document,
 };
 use crate::criticality::{CallClass, Criticality};
+use crate::error::ConfigError;
 use crate::limit::AdaptiveLimitConfig;
 
 /// The largest `pushback_max` accepted: one hour. Longer advice is no advice.
@@ -379,8 +381,39 @@ impl AdmissionConfig {
     /// assert!(bad.unwrap_err().to_string().contains("admission.pushback_max"));
     /// ```
     pub fn from_json(json: &str) -> Result<Self, ConfigError> {
-        let root = parse_object(json)?;
-        check_keys(&root, "", &["admission"])?;
+        Self::from_document(&parse_object(json)?)
+    }
+
+    /// Reads the admission configuration from a file: JSON, YAML or TOML by its extension,
+    /// the shape of [`AdmissionConfig::from_json`] (`admission: workers: 8 ...` in YAML,
+    /// `[admission]` in TOML), with the same errors.
+    ///
+    /// ```no_run
+    /// use stormguard_core::admission::AdmissionConfig;
+    ///
+    /// let config = AdmissionConfig::from_path("admission.toml")?;
+    /// # Ok::<(), stormguard_core::error::ConfigError>(())
+    /// ```
+    pub fn from_path(path: impl AsRef<std::path::Path>) -> Result<Self, ConfigError> {
+        Self::from_document(&read_document(path.as_ref())?)
+    }
+
+    /// [`AdmissionConfig::from_path`] for a document already in memory.
+    ///
+    /// ```
+    /// use stormguard_core::admission::AdmissionConfig;
+    /// use stormguard_core::config::Format;
+    ///
+    /// let yaml = "admission:\n  workers: 8\n  queue_capacity: 32\n  max_time_queued: 250ms\n";
+    /// let config = AdmissionConfig::from_text(yaml, Format::Yaml).unwrap();
+    /// assert_eq!(config.queue_capacity, 32);
+    /// ```
+    pub fn from_text(text: &str, format: Format) -> Result<Self, ConfigError> {
+        Self::from_document(&parse_document(text, format)?)
+    }
+
+    fn from_document(root: &serde_json::Map<String, Value>) -> Result<Self, ConfigError> {
+        check_keys(root, "", &["admission"])?;
         let mut config = AdmissionConfig::default();
         let Some(admission) = root.get("admission") else {
             return Ok(config);
@@ -1028,6 +1061,7 @@ mod tests {
         let field = |json: &str| match AdmissionConfig::from_json(json).unwrap_err() {
             ConfigError::Invalid { field, .. } => field,
             ConfigError::Malformed(m) => format!("malformed: {m}"),
+            read @ ConfigError::Read { .. } => read.to_string(),
         };
         let cases = [
             (r#"{"admision": {}}"#, "admision"),

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 
 /// How delays grow between attempts.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -90,7 +90,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::Instant;
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 
 /// Number of rolling buckets the sliding window is split into.
 ///

@@ -95,7 +95,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::Instant;
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 
 /// A retry budget: decides whether the process can afford one more retry now.
 ///

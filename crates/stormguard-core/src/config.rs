@@ -6,7 +6,10 @@
 //!   read): `methodConfig[].name` / `retryPolicy` and `retryThrottling`, with proto3 JSON
 //!   durations (`"0.1s"`) and status codes by name (any case) or number. Its retry policies
 //!   use the A6 backoff and its `retryThrottling` becomes the A6 token bucket; without
-//!   `retryThrottling` retries are paid from stormguard's budget with default settings;
+//!   `retryThrottling` retries are paid from stormguard's budget with default settings; a
+//!   method's `timeout` becomes its default deadline
+//!   ([`MethodTable::timeout`](crate::policy::MethodTable::timeout)), and a
+//!   `hedgingPolicy` is refused with an error (stormguard does not hedge);
 //! * stormguard's own shape, for users who want the budget and full jitter:
 //!
 //! ```json
@@ -26,6 +29,7 @@
 //! Every value is checked; an error names the field as a dotted path and says why, so a bad
 //! deploy fails loudly at start-up rather than quietly retrying everything.
 
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
@@ -34,49 +38,9 @@ use crate::backoff::BackoffConfig;
 use crate::breaker::BreakerConfig;
 use crate::budget::BudgetConfig;
 use crate::code::{Code, CodeSet};
+pub use crate::error::ConfigError;
 use crate::policy::{MethodTable, RetryPolicy};
 use crate::throttle::ThrottleConfig;
-
-/// An invalid configuration: names the field and the reason.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
-    /// A field holds a value outside its valid range or of the wrong form.
-    #[error("invalid `{field}`: {reason}")]
-    Invalid {
-        /// The field, as a dotted path (`retry.budget.ttl`).
-        field: String,
-        /// Why the value is refused.
-        reason: String,
-    },
-    /// The document is not well-formed JSON, or not of the expected shape.
-    #[error("malformed config: {0}")]
-    Malformed(String),
-}
-
-impl ConfigError {
-    /// An error for `field` with `reason`.
-    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        ConfigError::Invalid {
-            field: field.into(),
-            reason: reason.into(),
-        }
-    }
-
-    /// The same error with its field renamed by the first `(from, to)` pair whose `from`
-    /// is the field: for a document that spells a field differently from the struct.
-    fn renamed(self, names: &[(&str, &str)]) -> Self {
-        match self {
-            ConfigError::Invalid { field, reason } => {
-                let field = names
-                    .iter()
-                    .find(|(from, _)| *from == field)
-                    .map_or(field, |(_, to)| (*to).to_owned());
-                ConfigError::Invalid { field, reason }
-            }
-            malformed => malformed,
-        }
-    }
-}
 
 /// Which budget pays for retries.
 #[derive(Clone, Debug, PartialEq)]
@@ -160,9 +124,65 @@ impl ClientConfig {
         Ok(())
     }
 
+    /// Reads a config file, JSON, YAML or TOML by its extension (`.json`, `.yaml` / `.yml`,
+    /// `.toml`), in either shape: a standard gRPC service config when its root has
+    /// `methodConfig` or `retryThrottling`, stormguard's own shape otherwise.
+    ///
+    /// ```no_run
+    /// use stormguard_core::config::ClientConfig;
+    ///
+    /// let config = ClientConfig::from_path("retry.yaml")?;
+    /// # Ok::<(), stormguard_core::config::ConfigError>(())
+    /// ```
+    pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        Self::from_document(read_document(path.as_ref())?)
+    }
+
+    /// [`ClientConfig::from_path`] for a document already in memory.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard_core::config::{BudgetChoice, ClientConfig, Format};
+    ///
+    /// let yaml = "
+    /// retry:
+    ///   budget:
+    ///     ttl: 10s
+    ///     min_retries_per_second: 5
+    ///     retry_ratio: 0.1
+    ///   backoff: full_jitter
+    ///   base: 100ms
+    ///   max_attempts: 3
+    ///   budget_exhausted: fail_fast
+    /// ";
+    /// let config = ClientConfig::from_text(yaml, Format::Yaml).unwrap();
+    /// let BudgetChoice::Stormguard(budget) = &config.budget else { panic!() };
+    /// assert_eq!(budget.ttl, Duration::from_secs(10));
+    ///
+    /// let toml = "[retry]\nmax_attempts = 3\nbase = \"100ms\"\n[retry.budget]\nttl = \"10s\"\n";
+    /// assert_eq!(ClientConfig::from_text(toml, Format::Toml).unwrap(), config);
+    /// ```
+    pub fn from_text(text: &str, format: Format) -> Result<Self, ConfigError> {
+        Self::from_document(parse_document(text, format)?)
+    }
+
+    fn from_document(root: Map<String, Value>) -> Result<Self, ConfigError> {
+        let service_config = ["methodConfig", "retryThrottling"]
+            .iter()
+            .any(|key| root.contains_key(*key));
+        if service_config {
+            Self::from_service_config(&root)
+        } else {
+            Self::from_stormguard(&root)
+        }
+    }
+
     /// Reads a standard gRPC service config (JSON).
     pub fn from_service_config_json(json: &str) -> Result<Self, ConfigError> {
-        let root = parse_object(json)?;
+        Self::from_service_config(&parse_object(json)?)
+    }
+
+    fn from_service_config(root: &Map<String, Value>) -> Result<Self, ConfigError> {
         let mut methods = MethodTable::none();
         if let Some(list) = root.get("methodConfig") {
             let list = list
@@ -171,8 +191,28 @@ impl ClientConfig {
             for (i, entry) in list.iter().enumerate() {
                 let field = format!("methodConfig[{i}]");
                 let entry = as_object(entry, &field)?;
+                if entry.contains_key("hedgingPolicy") {
+                    return Err(ConfigError::invalid(
+                        format!("{field}.hedgingPolicy"),
+                        "hedging is not supported; use `retryPolicy` (a hedging policy is \
+                         refused rather than dropped, so that calls are never sent other \
+                         than as configured)",
+                    ));
+                }
                 let policy = match entry.get("retryPolicy") {
                     Some(p) => Some(a6_retry_policy(p, &format!("{field}.retryPolicy"))?),
+                    None => None,
+                };
+                // The method's default deadline: what a call gets when its caller set none.
+                let timeout = match entry.get("timeout") {
+                    Some(t) => {
+                        let tf = format!("{field}.timeout");
+                        let t = proto_duration(t, &tf)?;
+                        if t.is_zero() {
+                            return Err(ConfigError::invalid(tf, "must be greater than 0"));
+                        }
+                        Some(t)
+                    }
                     None => None,
                 };
                 let names = entry.get("name").and_then(Value::as_array).ok_or_else(|| {
@@ -184,15 +224,24 @@ impl ClientConfig {
                     let service = opt_str(name, "service", &nf)?.unwrap_or("");
                     let method = opt_str(name, "method", &nf)?.unwrap_or("");
                     match (service, method) {
-                        ("", "") => methods.set_default(policy.clone()),
+                        ("", "") => {
+                            methods.set_default(policy.clone());
+                            methods.set_default_timeout(timeout);
+                        }
                         ("", _) => {
                             return Err(ConfigError::invalid(
                                 format!("{nf}.service"),
                                 "a method name needs its service",
                             ));
                         }
-                        (s, "") => methods.insert_service(s, policy.clone()),
-                        (s, m) => methods.insert_method(s, m, policy.clone()),
+                        (s, "") => {
+                            methods.insert_service(s, policy.clone());
+                            methods.insert_service_timeout(s, timeout);
+                        }
+                        (s, m) => {
+                            methods.insert_method(s, m, policy.clone());
+                            methods.insert_method_timeout(s, m, timeout);
+                        }
                     }
                 }
             }
@@ -220,8 +269,11 @@ impl ClientConfig {
     /// and defaults as in [`ClientConfig::standard`]; unknown fields are errors (a typo must
     /// not silently fall back to a default).
     pub fn from_json(json: &str) -> Result<Self, ConfigError> {
-        let root = parse_object(json)?;
-        check_keys(&root, "", &["retry", "breaker"])?;
+        Self::from_stormguard(&parse_object(json)?)
+    }
+
+    fn from_stormguard(root: &Map<String, Value>) -> Result<Self, ConfigError> {
+        check_keys(root, "", &["retry", "breaker"])?;
         let mut policy = RetryPolicy::default();
         let mut budget = BudgetConfig::default();
         if let Some(retry) = root.get("retry") {
@@ -489,6 +541,75 @@ pub(crate) fn check_keys(
     Ok(())
 }
 
+/// The format of a config document.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// JSON (`.json`).
+    Json,
+    /// YAML (`.yaml`, `.yml`).
+    Yaml,
+    /// TOML (`.toml`).
+    Toml,
+}
+
+impl Format {
+    /// The format a file's extension names.
+    ///
+    /// ```
+    /// use std::path::Path;
+    /// use stormguard_core::config::Format;
+    ///
+    /// assert_eq!(Format::from_path(Path::new("retry.yml")).unwrap(), Format::Yaml);
+    /// assert!(Format::from_path(Path::new("retry.ini")).is_err());
+    /// ```
+    pub fn from_path(path: &Path) -> Result<Format, ConfigError> {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("json") => Ok(Format::Json),
+            Some("yaml" | "yml") => Ok(Format::Yaml),
+            Some("toml") => Ok(Format::Toml),
+            _ => Err(ConfigError::Read {
+                path: path.display().to_string(),
+                reason: "the name must end in .json, .yaml, .yml or .toml".to_owned(),
+            }),
+        }
+    }
+}
+
+/// A document's root object, in any [`Format`]. An empty YAML document is an empty object.
+pub(crate) fn parse_document(
+    text: &str,
+    format: Format,
+) -> Result<Map<String, Value>, ConfigError> {
+    let root: Value = match format {
+        Format::Json => return parse_object(text),
+        Format::Yaml => serde_norway::from_str(text)
+            .map_err(|e| ConfigError::Malformed(format!("YAML: {e}")))?,
+        Format::Toml => {
+            toml::from_str(text).map_err(|e| ConfigError::Malformed(format!("TOML: {e}")))?
+        }
+    };
+    match root {
+        Value::Object(map) => Ok(map),
+        Value::Null => Ok(Map::new()),
+        _ => Err(ConfigError::Malformed(
+            "the document's root must be a mapping of fields".to_owned(),
+        )),
+    }
+}
+
+/// A config file's root object; the format comes from the file's extension.
+pub(crate) fn read_document(path: &Path) -> Result<Map<String, Value>, ConfigError> {
+    let format = Format::from_path(path)?;
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    parse_document(&text, format).map_err(|e| match e {
+        ConfigError::Malformed(m) => ConfigError::Malformed(format!("{}: {m}", path.display())),
+        other => other,
+    })
+}
+
 pub(crate) fn as_object<'a>(
     v: &'a Value,
     field: &str,
@@ -676,6 +797,7 @@ mod tests {
         match e {
             ConfigError::Invalid { field, .. } => field,
             ConfigError::Malformed(m) => format!("malformed: {m}"),
+            read @ ConfigError::Read { .. } => read.to_string(),
         }
     }
 

@@ -52,7 +52,8 @@
 use serde_json::Value;
 
 use crate::admission::AttemptClass;
-use crate::config::{ConfigError, as_object, as_str, check_keys, parse_object};
+use crate::config::{as_object, as_str, check_keys, parse_object};
+use crate::error::ConfigError;
 
 /// The request header that carries a call's criticality: `critical`, `default` or
 /// `sheddable`.
@@ -356,6 +357,7 @@ mod tests {
         let field = |json: &str| match CriticalityTable::from_json(json).unwrap_err() {
             ConfigError::Invalid { field, .. } => field,
             ConfigError::Malformed(m) => format!("malformed: {m}"),
+            read @ ConfigError::Read { .. } => read.to_string(),
         };
         assert_eq!(field(r#"{"criticalty": {}}"#), "criticalty");
         assert_eq!(

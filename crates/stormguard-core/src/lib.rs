@@ -53,6 +53,7 @@ pub mod config;
 pub mod context;
 pub mod criticality;
 pub mod deadline;
+pub mod error;
 pub mod limit;
 pub mod policy;
 pub mod pushback;

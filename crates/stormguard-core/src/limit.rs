@@ -86,7 +86,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::Instant;
-use crate::config::{ConfigError, as_duration, as_object, as_u32, check_keys};
+use crate::config::{as_duration, as_object, as_u32, check_keys};
+use crate::error::ConfigError;
 
 /// The adaptive limit's bounds and pace. [`AdaptiveLimitConfig::validate`] says what is
 /// accepted.

@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use crate::backoff::BackoffConfig;
 use crate::code::{Code, CodeSet};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 
 /// The largest number of attempts A6 allows; larger configured values are treated as this.
 pub const MAX_ATTEMPTS_CAP: u32 = 5;
@@ -154,6 +154,29 @@ pub struct MethodTable {
     default: Option<Arc<RetryPolicy>>,
     services: HashMap<String, Option<Arc<RetryPolicy>>>,
     methods: HashMap<String, Option<Arc<RetryPolicy>>>,
+    timeouts: Timeouts,
+}
+
+/// Default deadlines by method, looked up like the policies.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Timeouts {
+    default: Option<Duration>,
+    services: HashMap<String, Option<Duration>>,
+    methods: HashMap<String, Option<Duration>>,
+}
+
+/// The most specific entry for `path` (`/pkg.Service/Method`): the method's, else its
+/// service's; `None` when neither has one.
+fn most_specific<'a, T>(
+    path: &str,
+    methods: &'a HashMap<String, T>,
+    services: &'a HashMap<String, T>,
+) -> Option<&'a T> {
+    let key = path.strip_prefix('/').unwrap_or(path);
+    methods.get(key).or_else(|| {
+        key.split_once('/')
+            .and_then(|(service, _)| services.get(service))
+    })
 }
 
 impl MethodTable {
@@ -191,16 +214,55 @@ impl MethodTable {
     /// The policy for a request path (`/pkg.Service/Method`), or `None` when the method is
     /// not retried. Allocates nothing.
     pub fn lookup(&self, path: &str) -> Option<&Arc<RetryPolicy>> {
-        let key = path.strip_prefix('/').unwrap_or(path);
-        if let Some(p) = self.methods.get(key) {
-            return p.as_ref();
+        match most_specific(path, &self.methods, &self.services) {
+            Some(entry) => entry.as_ref(),
+            None => self.default.as_ref(),
         }
-        if let Some((service, _)) = key.split_once('/')
-            && let Some(p) = self.services.get(service)
-        {
-            return p.as_ref();
+    }
+
+    /// Sets the default deadline of calls to methods that match nothing more specific (a
+    /// service config's `timeout`); `None`: no default.
+    pub fn set_default_timeout(&mut self, timeout: Option<Duration>) {
+        self.timeouts.default = timeout;
+    }
+
+    /// Sets the default deadline of calls to every method of `service`.
+    pub fn insert_service_timeout(&mut self, service: &str, timeout: Option<Duration>) {
+        self.timeouts.services.insert(service.to_owned(), timeout);
+    }
+
+    /// Sets the default deadline of calls to one method.
+    pub fn insert_method_timeout(
+        &mut self,
+        service: &str,
+        method: &str,
+        timeout: Option<Duration>,
+    ) {
+        self.timeouts
+            .methods
+            .insert(format!("{service}/{method}"), timeout);
+    }
+
+    /// The deadline a call to `path` gets when its caller set none (a service config's
+    /// `timeout` for the method), looked up like [`lookup`](Self::lookup).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard_core::policy::MethodTable;
+    ///
+    /// let mut table = MethodTable::none();
+    /// table.insert_service_timeout("pkg.Svc", Some(Duration::from_secs(1)));
+    /// table.insert_method_timeout("pkg.Svc", "Slow", None);
+    /// assert_eq!(table.timeout("/pkg.Svc/Get"), Some(Duration::from_secs(1)));
+    /// assert_eq!(table.timeout("/pkg.Svc/Slow"), None);
+    /// assert_eq!(table.timeout("/other.Svc/Get"), None);
+    /// ```
+    pub fn timeout(&self, path: &str) -> Option<Duration> {
+        let t = &self.timeouts;
+        match most_specific(path, &t.methods, &t.services) {
+            Some(entry) => *entry,
+            None => t.default,
         }
-        self.default.as_ref()
     }
 
     /// Every policy in the table (for validation and reporting).

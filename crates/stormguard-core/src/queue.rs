@@ -76,8 +76,8 @@ use std::time::Duration;
 use crate::Instant;
 use crate::admission::AttemptClass;
 use crate::admission::{AdmissionConfig, AdmissionPolicy, Decision, QueueLoad, Shed, ShedReason};
-use crate::config::ConfigError;
 use crate::criticality::{CallClass, Criticality};
+use crate::error::ConfigError;
 use crate::limit::AdaptiveLimit;
 
 /// The place of one queued call, unique for the life of its queue.

@@ -53,7 +53,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::Instant;
 use crate::budget::{Budget, truncate_decimal};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 
 const MILLI: u64 = 1000;
 

@@ -22,3 +22,21 @@ pub use v1::{
     inventory_client::InventoryClient,
     inventory_server::{Inventory, InventoryServer},
 };
+
+/// stormguard's standard client policy ([`ClientConfig::standard`]) with the demo's
+/// `Reserve` marked idempotent, as the proto documents it (a reservation is keyed by its
+/// `request_id`): the policy the examples use when no config file is given.
+///
+/// [`ClientConfig::standard`]: stormguard_core::config::ClientConfig::standard
+pub fn client_config() -> stormguard_core::config::ClientConfig {
+    let mut config = stormguard_core::config::ClientConfig::standard();
+    config.methods.insert_method(
+        "stormguard.demo.v1.Inventory",
+        "Reserve",
+        Some(stormguard_core::policy::RetryPolicy {
+            idempotent: true,
+            ..stormguard_core::policy::RetryPolicy::default()
+        }),
+    );
+    config
+}

@@ -193,7 +193,14 @@ where
         let now = Instant::now();
         let (mut parts, body) = request.into_parts();
         let stats = CallStats::new(shared.stats.clone(), shared.call_metrics(parts.uri.path()));
-        let (deadline, own_header) = logical_deadline(&parts.headers, shared.default_timeout, now);
+        // A method's own default deadline (a service config's `timeout`) wins over the
+        // layer's; a deadline the caller set wins over both.
+        let default = shared
+            .controller
+            .methods()
+            .timeout(parts.uri.path())
+            .or(shared.default_timeout);
+        let (deadline, own_header) = logical_deadline(&parts.headers, default, now);
         let begun = shared.controller.begin_at(parts.uri.path(), deadline, now);
 
         let mut fut = ResponseFuture {

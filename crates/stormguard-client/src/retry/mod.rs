@@ -57,7 +57,8 @@
 //!
 //! The logical deadline of a call is the earliest of the caller's `grpc-timeout`
 //! (`tonic::Request::set_timeout`) and the deadline of the current
-//! [`CallContext`](crate::context::CallContext); when neither is set, the layer's
+//! [`CallContext`](crate::context::CallContext); when neither is set, the method's default
+//! deadline (a service config's `timeout`), else the layer's
 //! [default](RetryLayer::with_default_timeout), if any. Every attempt carries what is left
 //! of it as `grpc-timeout`. The layer also races each attempt against the deadline itself
 //! (time spent waiting for the channel counts), and when it runs out the call ends with

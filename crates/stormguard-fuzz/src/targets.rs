@@ -1,0 +1,748 @@
+//! One target per parser of a value that a peer or a config author controls.
+//!
+//! A target takes raw bytes, feeds them to the parser, and checks what came back against
+//! what the parser promises: a panic is a failure, and so is an answer that breaks the
+//! documented contract (a reference reading of the same bytes disagrees, an accepted config
+//! that cannot be built or drives the retry arithmetic past the clock, an empty error).
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::time::Duration;
+
+use stormguard_core::admission::{AdmissionConfig, AdmissionPolicy, AttemptClass, QueueLoad};
+use stormguard_core::code::Code;
+use stormguard_core::config::{ClientConfig, ConfigError, Format, parse_duration};
+use stormguard_core::criticality::{Criticality, CriticalityTable};
+use stormguard_core::deadline::{decode_grpc_timeout, encode_grpc_timeout};
+use stormguard_core::pushback::{MAX_PUSHBACK_MS, Pushback, parse_pushback};
+use stormguard_core::retry::{Decision, Failure, RetryController};
+use tokio::time::Instant;
+
+/// What a target made of one input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// The parser accepted the input.
+    pub accepted: bool,
+    /// A coarse fingerprint of the answer (which error, which variant): inputs that give a
+    /// new fingerprint are kept by the driver and mutated further.
+    pub feature: u64,
+}
+
+impl Outcome {
+    fn accepted(feature: impl Hash) -> Self {
+        Outcome {
+            accepted: true,
+            feature: fingerprint(&feature),
+        }
+    }
+
+    fn rejected(feature: impl Hash) -> Self {
+        Outcome {
+            accepted: false,
+            feature: fingerprint(&feature),
+        }
+    }
+}
+
+fn fingerprint(value: &impl Hash) -> u64 {
+    let mut h = DefaultHasher::new();
+    value.hash(&mut h);
+    h.finish()
+}
+
+/// A fuzz target: a parser, what it promises, and where the driver starts from.
+#[derive(Debug)]
+pub struct Target {
+    /// Name used on the command line.
+    pub name: &'static str,
+    /// Runs one input; panics when the parser breaks its contract.
+    pub run: fn(&[u8]) -> Outcome,
+    /// Well-formed inputs the driver starts from.
+    pub seeds: &'static [&'static str],
+    /// Fragments the driver splices into inputs.
+    pub dictionary: &'static [&'static str],
+}
+
+/// Every target, in the order the driver runs them.
+pub const TARGETS: &[Target] = &[
+    Target {
+        name: "pushback",
+        run: pushback,
+        seeds: &["120", "0", "-1", "4294967295", "120\x00120", ""],
+        dictionary: NUMBERS,
+    },
+    Target {
+        name: "attempt",
+        run: attempt,
+        seeds: &["\x010", "\x012", "\x02\x001", "\x03 0 \x00 7", "\x00"],
+        dictionary: NUMBERS,
+    },
+    Target {
+        name: "grpc-timeout",
+        run: grpc_timeout,
+        seeds: &["250m", "2S", "99999999H", "1n", "00000000u", "5M"],
+        dictionary: TIMEOUT_TOKENS,
+    },
+    Target {
+        name: "duration",
+        run: duration,
+        seeds: &["50ms", "10s", "1.5s", "2m", "250us", "0.000000001s", "1h"],
+        dictionary: DURATION_TOKENS,
+    },
+    Target {
+        name: "service-config",
+        run: service_config,
+        seeds: SERVICE_CONFIG_SEEDS,
+        dictionary: JSON_TOKENS,
+    },
+    Target {
+        name: "stormguard-json",
+        run: stormguard_json,
+        seeds: STORMGUARD_JSON_SEEDS,
+        dictionary: JSON_TOKENS,
+    },
+    Target {
+        name: "stormguard-yaml",
+        run: stormguard_yaml,
+        seeds: YAML_SEEDS,
+        dictionary: YAML_TOKENS,
+    },
+    Target {
+        name: "stormguard-toml",
+        run: stormguard_toml,
+        seeds: TOML_SEEDS,
+        dictionary: TOML_TOKENS,
+    },
+    Target {
+        name: "criticality",
+        run: criticality,
+        seeds: &[
+            "/pkg.Svc/Get\x00critical",
+            "/pkg.Svc/Cheap\x00critical",
+            "/x/y\x00sheddable",
+            "/x/y",
+        ],
+        dictionary: CRITICALITY_TOKENS,
+    },
+    Target {
+        name: "criticality-json",
+        run: criticality_json,
+        seeds: &[TABLE, r#"{"criticality":{"default":"sheddable"}}"#, "{}"],
+        dictionary: JSON_TOKENS,
+    },
+    Target {
+        name: "admission-json",
+        run: admission_json,
+        seeds: ADMISSION_JSON_SEEDS,
+        dictionary: JSON_TOKENS,
+    },
+];
+
+/// The target named `name`.
+pub fn target(name: &str) -> Option<&'static Target> {
+    TARGETS.iter().find(|t| t.name == name)
+}
+
+const NUMBERS: &[&str] = &[
+    "0",
+    "-1",
+    "-0",
+    "+1",
+    " ",
+    "\t",
+    "2147483648",
+    "4294967295",
+    "4294967296",
+    "18446744073709551615",
+    "18446744073709551616",
+    "99999999999999999999999",
+    "00000000000000000000001",
+    "1e3",
+    "0x10",
+    "é",
+    "١",
+    "\u{0}",
+    "\u{7f}",
+];
+
+const TIMEOUT_TOKENS: &[&str] = &[
+    "H",
+    "M",
+    "S",
+    "m",
+    "u",
+    "n",
+    "99999999",
+    "123456789",
+    "0",
+    "-",
+    "é",
+    "\u{0}",
+    " ",
+];
+
+const DURATION_TOKENS: &[&str] = &[
+    "ms",
+    "us",
+    "µs",
+    "ns",
+    "s",
+    "m",
+    "h",
+    ".",
+    "-",
+    "1e308",
+    "18446744073709551616",
+    "99999999999",
+    "0.0000000001",
+    "NaN",
+    "inf",
+    " ",
+];
+
+const JSON_TOKENS: &[&str] = &[
+    "{",
+    "}",
+    "[",
+    "]",
+    ",",
+    ":",
+    "\"",
+    "null",
+    "true",
+    "-1",
+    "0",
+    "1e308",
+    "-1e308",
+    "18446744073709551616",
+    "4294967296",
+    "2147483648",
+    "0.5",
+    "NaN",
+    "\"0s\"",
+    "\"-1s\"",
+    "\"99999999999s\"",
+    "\"315576000000.999999999s\"",
+    "\"0.000000001s\"",
+    "\"1e9s\"",
+    "\"1h\"",
+    "\"UNAVAILABLE\"",
+    "\"unavailable\"",
+    "14",
+    "\"é\"",
+    "\"\"",
+    "\"methodConfig\"",
+    "\"name\"",
+    "\"service\"",
+    "\"method\"",
+    "\"retryPolicy\"",
+    "\"maxAttempts\"",
+    "\"initialBackoff\"",
+    "\"maxBackoff\"",
+    "\"backoffMultiplier\"",
+    "\"retryableStatusCodes\"",
+    "\"perAttemptRecvTimeout\"",
+    "\"retryThrottling\"",
+    "\"maxTokens\"",
+    "\"tokenRatio\"",
+    "\"timeout\"",
+    "\"hedgingPolicy\"",
+    "\"retry\"",
+    "\"budget\"",
+    "\"ttl\"",
+    "\"min_retries_per_second\"",
+    "\"retry_ratio\"",
+    "\"fleet_size\"",
+    "\"backoff\"",
+    "\"full_jitter\"",
+    "\"base\"",
+    "\"cap\"",
+    "\"max_attempts\"",
+    "\"per_attempt_timeout\"",
+    "\"retryable_codes\"",
+    "\"budget_exhausted\"",
+    "\"breaker\"",
+    "\"admission\"",
+    "\"workers\"",
+    "\"queue_capacity\"",
+    "\"retry_threshold\"",
+    "\"depth\"",
+    "\"queue_delay\"",
+    "\"max_time_queued\"",
+    "\"min_time_left\"",
+    "\"queue_order\"",
+    "\"fifo\"",
+    "\"adaptive_lifo\"",
+    "\"lifo_from_depth\"",
+    "\"no_retry_depth\"",
+    "\"pushback_max\"",
+    "\"shed_code\"",
+    "\"seed\"",
+];
+
+const CRITICALITY_TOKENS: &[&str] = &[
+    "critical",
+    "default",
+    "sheddable",
+    "Critical",
+    " ",
+    "\x00",
+    "/",
+    "/pkg.Svc/",
+    "Cheap",
+    "é",
+];
+
+/// The table the `criticality` target resolves against.
+const TABLE: &str = r#"{"criticality":{"default":"default","methods":{"/pkg.Svc/":"critical","/pkg.Svc/Cheap":"sheddable"}}}"#;
+
+const YAML_SEEDS: &[&str] = &[
+    "retry:\n  budget:\n    ttl: 10s\n    min_retries_per_second: 5\n    retry_ratio: 0.1\n  backoff: full_jitter\n  base: 100ms\n  max_attempts: 3\n  budget_exhausted: fail_fast\n",
+    "methodConfig:\n  - name: [{ service: stormguard.demo.v1.Inventory }]\n    retryPolicy: { maxAttempts: 4, initialBackoff: 0.1s, maxBackoff: 1s, backoffMultiplier: 2, retryableStatusCodes: [UNAVAILABLE] }\nretryThrottling: { maxTokens: 10, tokenRatio: 0.1 }\n",
+    "",
+];
+
+const YAML_TOKENS: &[&str] = &[
+    "\n",
+    "  ",
+    "- ",
+    ": ",
+    "{",
+    "}",
+    "[",
+    "]",
+    "&a ",
+    "*a",
+    "!!str ",
+    "!!binary ",
+    "~",
+    "null",
+    "yes",
+    "0x10",
+    "1e308",
+    ".inf",
+    ".nan",
+    "-1",
+    "2147483648",
+    "'",
+    "\"",
+    "#",
+    "<<: ",
+    "---\n",
+    "retry",
+    "budget",
+    "ttl",
+    "10s",
+    "base",
+    "cap",
+    "max_attempts",
+    "breaker",
+    "methodConfig",
+    "retryPolicy",
+    "hedgingPolicy",
+    "maxAttempts",
+    "retryThrottling",
+    "admission",
+];
+
+const TOML_SEEDS: &[&str] = &[
+    "[retry]\nbackoff = \"full_jitter\"\nbase = \"100ms\"\nmax_attempts = 3\n[retry.budget]\nttl = \"10s\"\nmin_retries_per_second = 5\nretry_ratio = 0.1\n",
+    "[[methodConfig]]\nname = [{ service = \"s\" }]\n[methodConfig.retryPolicy]\nmaxAttempts = 3\ninitialBackoff = \"0.1s\"\nmaxBackoff = \"1s\"\nbackoffMultiplier = 2\nretryableStatusCodes = [\"UNAVAILABLE\"]\n",
+    "",
+];
+
+const TOML_TOKENS: &[&str] = &[
+    "\n",
+    "[",
+    "]",
+    "[[",
+    "]]",
+    " = ",
+    "\"",
+    "'",
+    "{",
+    "}",
+    ",",
+    ".",
+    "inf",
+    "nan",
+    "-1",
+    "1979-05-27T07:32:00Z",
+    "0x7fffffff",
+    "1e308",
+    "true",
+    "retry",
+    "budget",
+    "ttl",
+    "\"10s\"",
+    "base",
+    "max_attempts",
+    "breaker",
+    "methodConfig",
+    "retryPolicy",
+    "hedgingPolicy",
+];
+
+const ADMISSION_JSON_SEEDS: &[&str] = &[
+    r#"{ "admission": { "workers": 6, "queue_capacity": 24,
+         "retry_threshold": { "depth": 3, "queue_delay": "15ms" },
+         "max_time_queued": "400ms", "queue_order": "fifo",
+         "shed_code": "RESOURCE_EXHAUSTED", "seed": 5 } }"#,
+    r#"{"admission":{"workers":1,"queue_capacity":1,"queue_order":{"adaptive_lifo":{"lifo_from_depth":1}},"no_retry_depth":1,"pushback_max":"1ms","min_time_left":"0s"}}"#,
+    r#"{}"#,
+];
+
+const SERVICE_CONFIG_SEEDS: &[&str] = &[
+    r#"{ "methodConfig": [{ "name": [{ "service": "stormguard.demo.v1.Inventory" }],
+    "retryPolicy": { "maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                     "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"],
+                     "perAttemptRecvTimeout": "0.05s" } }],
+  "retryThrottling": { "maxTokens": 10, "tokenRatio": 0.1 } }"#,
+    r#"{"methodConfig":[{"name":[{}],"retryPolicy":{"maxAttempts":5,"initialBackoff":"0.001s","maxBackoff":"30s","backoffMultiplier":10,"retryableStatusCodes":["UNAVAILABLE",14,"RESOURCE_EXHAUSTED"]}}]}"#,
+    r#"{"methodConfig":[{"name":[{"service":"stormguard.demo.v1.Inventory","method":"Reserve"}],"timeout":"1s"}]}"#,
+    r#"{}"#,
+];
+
+const STORMGUARD_JSON_SEEDS: &[&str] = &[
+    r#"{ "retry": { "max_attempts": 3, "backoff": "full_jitter", "base": "50ms", "cap": "2s",
+    "per_attempt_timeout": "50ms",
+    "budget": { "ttl": "10s", "min_retries_per_second": 5, "retry_ratio": 0.1 },
+    "budget_exhausted": "fail_fast" } }"#,
+    r#"{"retry":{"budget":{"ttl":"1s","min_retries_per_second":0,"retry_ratio":1,"fleet_size":1000}},"breaker":{}}"#,
+    r#"{}"#,
+];
+
+/// Splits an input into header values at NUL bytes (a NUL cannot occur in a header value).
+fn header_values(input: &[u8]) -> Vec<&[u8]> {
+    if input.is_empty() {
+        Vec::new()
+    } else {
+        input.split(|b| *b == 0).collect()
+    }
+}
+
+/// The decimal value of `value` if it is 1 to 20 ASCII digits (the longest a `u64` needs).
+fn decimal(value: &[u8]) -> Option<u128> {
+    if value.is_empty() || value.len() > 20 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(
+        value
+            .iter()
+            .fold(0u128, |n, b| n * 10 + u128::from(b - b'0')),
+    )
+}
+
+/// `grpc-retry-pushback-ms`: the values of the header in one response, separated by NUL.
+pub fn pushback(input: &[u8]) -> Outcome {
+    let values = header_values(input);
+    let got = parse_pushback(values.iter().copied());
+    let want = match values.as_slice() {
+        [] => None,
+        [one] => Some(match decimal(one) {
+            Some(ms) if ms <= u128::from(MAX_PUSHBACK_MS) => {
+                Pushback::RetryAfter(Duration::from_millis(ms as u64))
+            }
+            _ => Pushback::DoNotRetry,
+        }),
+        _ => Some(Pushback::DoNotRetry),
+    };
+    assert_eq!(got, want, "pushback of {input:?}");
+    match got {
+        Some(p @ Pushback::RetryAfter(_)) => {
+            assert_eq!(parse_pushback([p.to_header_value().as_bytes()]), got);
+            Outcome::accepted(values.len())
+        }
+        Some(Pushback::DoNotRetry) => Outcome::rejected(values.len().min(3)),
+        None => Outcome::rejected(0),
+    }
+}
+
+/// `grpc-previous-rpc-attempts` and `x-retry-attempt`: the first byte says which headers are
+/// present (bit 0, bit 1), the rest holds their values separated by the first NUL.
+pub fn attempt(input: &[u8]) -> Outcome {
+    let (flags, rest) = input.split_first().unwrap_or((&0, &[]));
+    let (a, b) = match rest.iter().position(|b| *b == 0) {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => (rest, &rest[rest.len()..]),
+    };
+    let previous = (flags & 1 != 0).then_some(a);
+    let x_retry = (flags & 2 != 0).then_some(b);
+    let got = AttemptClass::from_headers(previous, x_retry);
+    let want = match previous.or(x_retry).map(<[u8]>::trim_ascii) {
+        Some(v) if v.is_empty() || v.iter().any(|b| *b != b'0') => AttemptClass::Retry,
+        _ => AttemptClass::First,
+    };
+    assert_eq!(got, want, "attempt class of {input:?}");
+    Outcome::accepted(got.as_str())
+}
+
+/// `grpc-timeout`, as text (invalid UTF-8 replaced, as a header's `to_str` would refuse).
+pub fn grpc_timeout(input: &[u8]) -> Outcome {
+    let text = String::from_utf8_lossy(input);
+    let got = decode_grpc_timeout(&text);
+    let want = text.chars().last().and_then(|unit| {
+        let digits = &text[..text.len() - unit.len_utf8()];
+        if digits.len() > 8 {
+            return None;
+        }
+        let n = decimal(digits.as_bytes())?;
+        let nanos_per_unit: u128 = match unit {
+            'H' => 3_600_000_000_000,
+            'M' => 60_000_000_000,
+            'S' => 1_000_000_000,
+            'm' => 1_000_000,
+            'u' => 1_000,
+            'n' => 1,
+            _ => return None,
+        };
+        Some(n * nanos_per_unit)
+    });
+    match got {
+        Ok(d) => {
+            assert_eq!(Some(d.as_nanos()), want, "grpc-timeout {text:?}");
+            // The longest value (99999999H, 11,400 years) still fits on the clock, and the
+            // encoder never sends a shorter timeout than it was given.
+            assert!(
+                Instant::now().checked_add(d).is_some(),
+                "{text:?} overflows"
+            );
+            let again = decode_grpc_timeout(encode_grpc_timeout(d).as_str());
+            assert!(again.is_ok_and(|back| back >= d), "{text:?} re-encoded");
+            Outcome::accepted(text.chars().last())
+        }
+        Err(e) => {
+            assert_eq!(want, None, "grpc-timeout {text:?} refused: {e}");
+            assert!(!e.to_string().is_empty());
+            Outcome::rejected(std::mem::discriminant(&e))
+        }
+    }
+}
+
+/// A duration in a config file (`"50ms"`, `"1.5s"`, a proto3 duration).
+pub fn duration(input: &[u8]) -> Outcome {
+    let text = String::from_utf8_lossy(input);
+    match parse_duration(&text) {
+        Some(d) => {
+            // Surrounding whitespace never changes the reading.
+            assert_eq!(parse_duration(&format!(" {text}\t")), Some(d), "{text:?}");
+            Outcome::accepted(d.is_zero())
+        }
+        None => Outcome::rejected(text.trim().chars().last().filter(char::is_ascii)),
+    }
+}
+
+/// The standard gRPC service config JSON.
+pub fn service_config(input: &[u8]) -> Outcome {
+    config(input, ClientConfig::from_service_config_json)
+}
+
+/// stormguard's own JSON config shape.
+pub fn stormguard_json(input: &[u8]) -> Outcome {
+    config(input, ClientConfig::from_json)
+}
+
+/// stormguard's config in YAML (either shape, as `ClientConfig::from_path` reads a file).
+pub fn stormguard_yaml(input: &[u8]) -> Outcome {
+    config(input, |text| ClientConfig::from_text(text, Format::Yaml))
+}
+
+/// stormguard's config in TOML (either shape).
+pub fn stormguard_toml(input: &[u8]) -> Outcome {
+    config(input, |text| ClientConfig::from_text(text, Format::Toml))
+}
+
+fn config(input: &[u8], parse: fn(&str) -> Result<ClientConfig, ConfigError>) -> Outcome {
+    let text = String::from_utf8_lossy(input);
+    match parse(&text) {
+        Ok(config) => {
+            assert_eq!(config.validate(), Ok(()), "accepted but invalid: {text}");
+            drive(&config, &text);
+            Outcome::accepted(config.methods.policies().count())
+        }
+        Err(e) => {
+            assert!(!e.to_string().is_empty(), "empty error for {text}");
+            Outcome::rejected(error_kind(&e))
+        }
+    }
+}
+
+/// The server's admission config (stormguard's JSON, `{"admission": {...}}`): an accepted
+/// one builds a policy whose decisions and pushbacks stay in range at any queue depth.
+pub fn admission_json(input: &[u8]) -> Outcome {
+    let text = String::from_utf8_lossy(input);
+    match AdmissionConfig::from_json(&text) {
+        Ok(config) => {
+            assert_eq!(config.validate(), Ok(()), "accepted but invalid: {text}");
+            let mut policy = match AdmissionPolicy::new(config.clone()) {
+                Ok(p) => p,
+                Err(e) => panic!("accepted config does not build ({e}): {text}"),
+            };
+            let start = Instant::now();
+            let mut t = start;
+            for gap in [0, 1, 3_600_000] {
+                t += Duration::from_millis(gap);
+                policy.record_completion_at(t);
+            }
+            for depth in [0, 1, config.queue_capacity, usize::MAX] {
+                for class in [AttemptClass::First, AttemptClass::Retry] {
+                    let load = QueueLoad {
+                        free_workers: 0,
+                        depth,
+                        oldest_enqueued: Some(start),
+                    };
+                    let _ = policy.decide_at(t, load, class);
+                    let pushback = policy.pushback_at(t, depth);
+                    assert!(
+                        pushback >= Duration::from_millis(1) && pushback <= config.pushback_max,
+                        "pushback {pushback:?} at depth {depth}: {text}"
+                    );
+                    let _ = policy.shed_pushback_at(t, depth, class);
+                }
+            }
+            let far = t.checked_add(Duration::from_secs(99_999_999 * 3600));
+            assert!(
+                policy.expiry(t, far) >= t && policy.expiry(t, None) >= t,
+                "{text}"
+            );
+            Outcome::accepted(config.workers.min(2))
+        }
+        Err(e) => {
+            assert!(!e.to_string().is_empty(), "empty error for {text}");
+            Outcome::rejected(error_kind(&e))
+        }
+    }
+}
+
+/// `stormguard-criticality`: a call's path, then (after a NUL) the header value if any. The
+/// peer's claim reads exactly or not at all, and can only lower what the table allows.
+pub fn criticality(input: &[u8]) -> Outcome {
+    let (path, header) = match input.iter().position(|b| *b == 0) {
+        Some(i) => (&input[..i], Some(&input[i + 1..])),
+        None => (input, None),
+    };
+    let path = String::from_utf8_lossy(path);
+    let claim = Criticality::from_header(header);
+    let want = header
+        .and_then(|h| {
+            Criticality::ALL
+                .into_iter()
+                .find(|c| c.as_str().as_bytes() == h)
+        })
+        .unwrap_or_default();
+    assert_eq!(claim, want, "claim {header:?}");
+    let table = match CriticalityTable::from_json(TABLE) {
+        Ok(t) => t,
+        Err(e) => panic!("the target's own table: {e}"),
+    };
+    let resolved = table.resolve(&path, header);
+    assert!(
+        resolved <= table.class_for(&path) && resolved <= claim,
+        "{input:?}"
+    );
+    Outcome::accepted(resolved.as_str())
+}
+
+/// The server's criticality table (`{"criticality": {...}}`).
+pub fn criticality_json(input: &[u8]) -> Outcome {
+    let text = String::from_utf8_lossy(input);
+    match CriticalityTable::from_json(&text) {
+        Ok(table) => {
+            for path in ["/pkg.Svc/Get", "/pkg.Svc/Cheap", "", "/"] {
+                for claim in Criticality::ALL {
+                    let got = table.resolve(path, Some(claim.as_str().as_bytes()));
+                    assert!(got <= claim && got <= table.class_for(path), "{text}");
+                }
+            }
+            Outcome::accepted(table.class_for("/").as_str())
+        }
+        Err(e) => {
+            assert!(!e.to_string().is_empty(), "empty error for {text}");
+            Outcome::rejected(error_kind(&e))
+        }
+    }
+}
+
+/// Which error this is, without what the input put in it (unknown names, line and column),
+/// so that the driver keeps one input per kind of error rather than one per typo.
+fn error_kind(e: &ConfigError) -> (bool, String, String) {
+    // The words of a message, leaving out what is quoted (echoed from the input).
+    let words = |s: &str| -> String {
+        let mut quoted = false;
+        s.chars()
+            .filter(|c| {
+                if matches!(c, '`' | '"' | '\'') {
+                    quoted = !quoted;
+                }
+                !quoted && (c.is_ascii_alphabetic() || *c == ' ')
+            })
+            .take(40)
+            .collect()
+    };
+    match e {
+        ConfigError::Invalid { field, reason } => {
+            let known = !reason.starts_with("unknown field")
+                && field.len() <= 48
+                && field
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._[]".contains(c));
+            let field = if known { field.clone() } else { String::new() };
+            (true, field, words(reason))
+        }
+        // A syntax error: its first words say which kind (the rest names the place).
+        ConfigError::Malformed(message) => {
+            let kind: String = words(message).chars().take(24).collect();
+            (false, String::new(), kind)
+        }
+        ConfigError::Read { reason, .. } => (false, String::new(), words(reason)),
+    }
+}
+
+/// Builds the retry controller an accepted config describes and runs failing calls
+/// through it: no panic, every retry fits in the deadline, the clock never overflows.
+fn drive(config: &ClientConfig, text: &str) {
+    let controller = match RetryController::from_config(config, 7) {
+        Ok(c) => c,
+        Err(e) => panic!("accepted config does not build ({e}): {text}"),
+    };
+    let now = Instant::now();
+    let deadlines = [None, Some(now + Duration::from_secs(1))];
+    let pushbacks = [
+        None,
+        Some(Pushback::RetryAfter(Duration::ZERO)),
+        Some(Pushback::RetryAfter(Duration::from_millis(MAX_PUSHBACK_MS))),
+        Some(Pushback::DoNotRetry),
+    ];
+    for path in [
+        "/stormguard.demo.v1.Inventory/Reserve",
+        "/other.Service/Call",
+    ] {
+        for deadline in deadlines {
+            for pushback in pushbacks {
+                let Ok(mut call) = controller.begin_at(path, deadline, now) else {
+                    continue;
+                };
+                let mut t = now;
+                for _ in 0..8 {
+                    let failure = Failure::status(Code::Unavailable).with_pushback(pushback);
+                    match call.on_failure_at(&failure, t) {
+                        Decision::Retry { delay } => {
+                            t = match t.checked_add(delay) {
+                                Some(t) => t,
+                                None => panic!("a delay of {delay:?} overflows: {text}"),
+                            };
+                            if let Some(d) = deadline {
+                                assert!(t < d, "retry after the deadline: {text}");
+                            }
+                            assert_ne!(pushback, Some(Pushback::DoNotRetry), "{text}");
+                            if call.start_retry_at(t).is_err() {
+                                break;
+                            }
+                        }
+                        Decision::GiveUp(_) => break,
+                    }
+                }
+                call.on_success_at(t);
+            }
+        }
+    }
+}

@@ -1,0 +1,577 @@
+//! Overload soak: ten times the example server's capacity for a minute, from clients behind
+//! the `RetryLayer`, and a check that nothing wears out.
+//!
+//! ```text
+//! cargo build --example server --example soak && target/debug/examples/soak
+//! # --seconds 60 --overload 10 --clients 4 --deadline-ms 300 [--server PATH]
+//! ```
+//!
+//! Starts the example server (`--server`, by default the `server` binary next to this one)
+//! with 4 workers × 20 ms, measures its capacity with a short saturating run, then offers
+//! `--overload` × that capacity from `--clients` channels, each behind its own `RetryLayer`
+//! (standard policy, `Reserve` idempotent), each call with a `--deadline-ms` deadline, arrivals at a fixed rate
+//! whatever the answers (open loop). Every 5 s it prints the server's and its own resident
+//! memory and what was served. At the end it checks, and exits non-zero if any fails:
+//!
+//! - first attempts kept being served: the clients got at least half the measured capacity
+//!   answered OK over the run, and at least a tenth of it in every 5 s window (a window is
+//!   allowed to dip when something else on the machine takes the CPU, not to starve);
+//! - memory stayed flat: after the first 10 s, the server's RSS never rose more than
+//!   25 % (and 4 MiB) above its level at 10 s;
+//! - everything returns to zero: once the load stops, the server's queue, workers and
+//!   decided-but-unsettled slots are empty, its runtime holds as many tasks as it did at rest
+//!   before the soak (no stream or call task left behind), and so does this process's, with
+//!   every client call ended;
+//! - the server did not panic and exits cleanly on SIGINT;
+//! - no connection was lost: each client made exactly one TCP connection (counted by its
+//!   connector), so no call saw a GOAWAY or a reset connection.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use stormguard::client::RetryLayer;
+use stormguard_demo::{InventoryClient, ReserveRequest};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, MissedTickBehavior};
+use tonic::transport::{Endpoint, Uri};
+use tower::ServiceBuilder;
+
+const USAGE: &str = "usage: soak [--seconds N] [--overload X] [--clients N] [--deadline-ms N] \
+                     [--server PATH]";
+const WINDOW: Duration = Duration::from_secs(5);
+const WARM_UP: Duration = Duration::from_secs(10);
+/// The most arrivals one client sends at once after falling behind.
+const MAX_BURST: u64 = 16;
+/// Bound on every wait for the server (start-up, a stats line, draining, exit).
+const BOUND: Duration = Duration::from_secs(30);
+
+struct Args {
+    seconds: u64,
+    overload: f64,
+    clients: usize,
+    deadline: Duration,
+    server: PathBuf,
+}
+
+fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+    let default_server = std::env::current_exe()
+        .map_err(|e| format!("current exe: {e}"))?
+        .with_file_name(format!("server{}", std::env::consts::EXE_SUFFIX));
+    let mut parsed = Args {
+        seconds: 60,
+        overload: 10.0,
+        clients: 4,
+        deadline: Duration::from_millis(300),
+        server: default_server,
+    };
+    fn value<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
+        let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
+        v.parse().map_err(|_| format!("{flag}: cannot read {v:?}"))
+    }
+    while let Some(flag) = args.next() {
+        match flag.as_str() {
+            "--seconds" => parsed.seconds = value(&flag, args.next())?,
+            "--overload" => parsed.overload = value(&flag, args.next())?,
+            "--clients" => parsed.clients = value(&flag, args.next())?,
+            "--deadline-ms" => parsed.deadline = Duration::from_millis(value(&flag, args.next())?),
+            "--server" => parsed.server = value(&flag, args.next())?,
+            "-h" | "--help" => return Err(USAGE.to_owned()),
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    if parsed.clients == 0
+        || parsed.overload.is_nan()
+        || parsed.overload <= 0.0
+        || parsed.seconds == 0
+    {
+        return Err(format!(
+            "--clients, --overload and --seconds must be positive\n{USAGE}"
+        ));
+    }
+    Ok(parsed)
+}
+
+/// The example server as a child process, its stdout lines arriving on a channel.
+struct ServerProcess {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl ServerProcess {
+    fn start(path: &PathBuf) -> Result<(Self, String), String> {
+        let mut child = Command::new(path)
+            .args(["--addr", "127.0.0.1:0", "--workers", "4", "--queue", "32"])
+            .args(["--service-time-ms", "20", "--seed", "5"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| {
+                format!(
+                    "cannot start {}: {e} (build it first: cargo build --example server)",
+                    path.display()
+                )
+            })?;
+        let (tx, lines) = mpsc::channel();
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let pipe = child.stderr.take().ok_or("no stderr")?;
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                if let Ok(mut v) = sink.lock() {
+                    v.push(line);
+                }
+            }
+        });
+        let mut server = ServerProcess {
+            child,
+            lines,
+            stderr,
+        };
+        let first = server.next_line()?;
+        let addr = first
+            .strip_prefix("listening on ")
+            .ok_or_else(|| format!("unexpected first line {first:?}"))?
+            .to_owned();
+        Ok((server, addr))
+    }
+
+    fn next_line(&mut self) -> Result<String, String> {
+        self.lines.recv_timeout(BOUND).map_err(|_| {
+            format!(
+                "server: no line within {BOUND:?}; stderr: {:?}",
+                self.stderr()
+            )
+        })
+    }
+
+    /// The next stats line (one per second).
+    fn stats(&mut self) -> Result<serde_json::Value, String> {
+        self.stats_line()
+    }
+
+    /// Waits (one stats line a second, at most [`BOUND`]) until the queue, the workers and
+    /// the unsettled slots are empty; returns that line.
+    fn at_rest(&mut self) -> Result<Option<serde_json::Value>, String> {
+        for _ in 0..BOUND.as_secs() {
+            let s = self.stats()?;
+            if s["queue_depth"] == 0 && s["in_flight"] == 0 && s["unsettled"] == 0 {
+                return Ok(Some(s));
+            }
+        }
+        Ok(None)
+    }
+
+    fn stats_line(&mut self) -> Result<serde_json::Value, String> {
+        loop {
+            let line = self.next_line()?;
+            if line.starts_with('{') {
+                return serde_json::from_str(&line).map_err(|e| format!("{line}: {e}"));
+            }
+        }
+    }
+
+    /// Resident memory in KiB, from `/proc`.
+    fn rss_kib(&self) -> Option<u64> {
+        rss_kib(&format!("/proc/{}/status", self.child.id()))
+    }
+
+    fn stderr(&self) -> Vec<String> {
+        self.stderr.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn rss_kib(status_file: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(status_file).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Counters shared by every call task.
+#[derive(Default)]
+struct Counts {
+    started: AtomicU64,
+    skipped: AtomicU64,
+    ended: AtomicU64,
+    ok: AtomicU64,
+    failed: AtomicU64,
+    connections: AtomicU64,
+}
+
+type Client = InventoryClient<stormguard::client::Retry<tonic::transport::Channel>>;
+
+/// One client "process": a channel whose connector counts connections, behind its own
+/// `RetryLayer`.
+fn client(addr: &str, counts: &Arc<Counts>) -> Result<(Client, RetryLayer), String> {
+    let layer =
+        RetryLayer::from_config(&stormguard_demo::client_config()).map_err(|e| e.to_string())?;
+    let target = addr.to_owned();
+    let counted = counts.clone();
+    let connector = tower::service_fn(move |_: Uri| {
+        let (target, counted) = (target.clone(), counted.clone());
+        async move {
+            counted.connections.fetch_add(1, Ordering::Relaxed);
+            let stream = TcpStream::connect(target).await?;
+            stream.set_nodelay(true)?;
+            Ok::<_, std::io::Error>(TokioIo::new(stream))
+        }
+    });
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| e.to_string())?
+        // Calls that time out in bulk must not get the connection closed (h2 GOAWAY).
+        .http2_max_local_error_reset_streams(None)
+        .connect_with_connector_lazy(connector);
+    let client = InventoryClient::new(ServiceBuilder::new().layer(layer.clone()).service(channel));
+    Ok((client, layer))
+}
+
+fn request(i: u64) -> ReserveRequest {
+    ReserveRequest {
+        sku: format!("sku-{}", i % 100),
+        quantity: 1,
+        request_id: format!("soak-{i}"),
+        payload: Vec::new(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(args).await {
+        Ok(failures) if failures.is_empty() => {
+            println!("soak: passed");
+            ExitCode::SUCCESS
+        }
+        Ok(failures) => {
+            for f in failures {
+                eprintln!("soak: FAILED: {f}");
+            }
+            ExitCode::FAILURE
+        }
+        Err(error) => {
+            eprintln!("soak: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<Vec<String>, String> {
+    let (mut server, addr) = ServerProcess::start(&args.server)?;
+    let counts = Arc::new(Counts::default());
+    let mut clients = Vec::new();
+    let mut layers = Vec::new();
+    for _ in 0..args.clients {
+        let (c, l) = client(&addr, &counts)?;
+        clients.push(c);
+        layers.push(l);
+    }
+
+    // Capacity: what the server completes per second when 64 callers keep it saturated,
+    // measured between two of its stats lines.
+    let capacity = {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut tasks = tokio::task::JoinSet::new();
+        for k in 0..64u64 {
+            let (mut c, stop) = (clients[(k as usize) % clients.len()].clone(), stop.clone());
+            tasks.spawn(async move {
+                let mut i = k << 32;
+                while !stop.load(Ordering::Relaxed) {
+                    let mut r = tonic::Request::new(request(i));
+                    r.set_timeout(Duration::from_secs(5));
+                    let _ = c.reserve(r).await;
+                    i += 1;
+                }
+            });
+        }
+        server.stats()?;
+        let a = server.stats()?;
+        let _ = server.stats()?;
+        let b = server.stats()?;
+        stop.store(true, Ordering::Relaxed);
+        while tasks.join_next().await.is_some() {}
+        let done = |v: &serde_json::Value| v["completed"].as_u64().unwrap_or(0);
+        (done(&b).saturating_sub(done(&a))) as f64 / 2.0
+    };
+    let server_tasks_before = server
+        .at_rest()?
+        .ok_or("the server did not come to rest after the capacity run")?["tasks"]
+        .as_u64();
+    let own_tasks_before = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
+    if capacity < 1.0 {
+        return Err(format!("measured capacity {capacity}/s"));
+    }
+    let rate = capacity * args.overload;
+    println!(
+        "capacity {capacity:.0} calls/s (4 workers x 20 ms); offering {rate:.0} calls/s ({}x) \
+         for {} s from {} RetryLayer clients, deadline {:?}",
+        args.overload, args.seconds, args.clients, args.deadline
+    );
+
+    // The soak: open-loop arrivals at `rate`, spread over the clients.
+    let soak_start = counts.ok.load(Ordering::Relaxed);
+    let per_client = rate / args.clients as f64;
+    let begin = Instant::now();
+    let end = begin + Duration::from_secs(args.seconds);
+    let mut generators = tokio::task::JoinSet::new();
+    for (k, c) in clients.iter().enumerate() {
+        let (c, counts, deadline) = (c.clone(), counts.clone(), args.deadline);
+        generators.spawn(async move {
+            let mut calls = tokio::task::JoinSet::new();
+            // Every millisecond, send the arrivals that are due by now at `per_client`/s: the
+            // rate holds whatever the timer's granularity. A generator that fell far behind
+            // (the machine stalled it) sends at most MAX_BURST at once and skips the rest.
+            let mut tick = tokio::time::interval(Duration::from_millis(1));
+            tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+            let (mut due_done, mut i) = (0u64, (k as u64) << 40);
+            while Instant::now() < end {
+                tick.tick().await;
+                let due = (begin.elapsed().as_secs_f64() * per_client) as u64;
+                let behind = due.saturating_sub(due_done);
+                let now = behind.min(MAX_BURST);
+                counts.skipped.fetch_add(behind - now, Ordering::Relaxed);
+                due_done = due;
+                for _ in 0..now {
+                    let (mut c, counts) = (c.clone(), counts.clone());
+                    counts.started.fetch_add(1, Ordering::Relaxed);
+                    let r = request(i);
+                    i += 1;
+                    calls.spawn(async move {
+                        let mut r = tonic::Request::new(r);
+                        r.set_timeout(deadline);
+                        let counter = match c.reserve(r).await {
+                            Ok(_) => &counts.ok,
+                            Err(_) => &counts.failed,
+                        };
+                        counter.fetch_add(1, Ordering::Relaxed);
+                        counts.ended.fetch_add(1, Ordering::Relaxed);
+                    });
+                }
+                // Reap finished calls so the set does not grow for the whole run.
+                while calls.try_join_next().is_some() {}
+            }
+            while calls.join_next().await.is_some() {}
+        });
+    }
+
+    let own_status = "/proc/self/status";
+    let mut samples: Vec<(u64, u64, u64)> = Vec::new(); // (second, server KiB, client KiB)
+    let mut windows: Vec<u64> = Vec::new();
+    let mut last_ok = soak_start;
+    let mut second = 0;
+    let mut failures = Vec::new();
+    let mut last_stats = serde_json::Value::Null;
+    while second < args.seconds {
+        // The server's stats line paces the sampling: one a second.
+        last_stats = server.stats()?;
+        second += 1;
+        if second % WINDOW.as_secs() == 0 {
+            let ok = counts.ok.load(Ordering::Relaxed);
+            windows.push(ok - last_ok);
+            last_ok = ok;
+            let s = server.rss_kib().unwrap_or(0);
+            let c = rss_kib(own_status).unwrap_or(0);
+            samples.push((second, s, c));
+            println!(
+                "t={second:>3}s  server RSS {:>6} KiB  client RSS {:>6} KiB  ok in window {:>5} \
+                 ({:.0}/s)  server: completed {} shed_first {} shed_retry {} expired {} queue {}",
+                s,
+                c,
+                windows[windows.len() - 1],
+                windows[windows.len() - 1] as f64 / WINDOW.as_secs_f64(),
+                last_stats["completed"],
+                last_stats["shed_first"],
+                last_stats["shed_retry"],
+                last_stats["expired"],
+                last_stats["queue_depth"],
+            );
+        }
+    }
+    while let Some(done) = generators.join_next().await {
+        done.map_err(|e| format!("a client task panicked: {e}"))?;
+    }
+
+    // Back to zero: the queue, the workers and the slots empty, no task left behind.
+    let idle = server.at_rest()?;
+    let checks = evaluate(&args, capacity, &windows, &samples, idle.as_ref(), &counts);
+    failures.extend(checks);
+    if let Some(s) = &idle
+        && s["tasks"].as_u64() != server_tasks_before
+    {
+        failures.push(format!(
+            "server tasks at rest: {} before the soak, {} after",
+            server_tasks_before.unwrap_or(0),
+            s["tasks"]
+        ));
+    }
+    let own_tasks_after = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
+    if own_tasks_after != own_tasks_before {
+        failures.push(format!(
+            "client tasks: {own_tasks_before} before the soak, {own_tasks_after} after"
+        ));
+    }
+    println!(
+        "tasks at rest: server {} before, {} after; client {own_tasks_before} before, \
+         {own_tasks_after} after",
+        server_tasks_before.unwrap_or(0),
+        idle.as_ref()
+            .map_or(serde_json::Value::Null, |s| s["tasks"].clone()),
+    );
+
+    let peak = samples.iter().map(|s| s.1).max().unwrap_or(0);
+    let client_peak = samples.iter().map(|s| s.2).max().unwrap_or(0);
+    let mut totals = BTreeMap::new();
+    for l in &layers {
+        let s = l.stats().snapshot();
+        *totals.entry("logical").or_insert(0) += s.logical;
+        *totals.entry("attempts").or_insert(0) += s.attempts;
+        *totals.entry("retries").or_insert(0) += s.retries;
+        *totals.entry("ok").or_insert(0) += s.ok;
+        *totals.entry("refused_budget").or_insert(0) += s.refused.budget;
+        *totals.entry("refused_pushback").or_insert(0) += s.refused.pushback;
+        *totals.entry("deadline_exceeded").or_insert(0) += s.deadline_exceeded;
+    }
+    println!(
+        "server RSS peak {peak} KiB, client RSS peak {client_peak} KiB; calls started {} \
+         ({:.0}/s; {} arrivals skipped while a generator was stalled), ended {}, ok {}, \
+         failed {}; connections {} for {} clients; RetryLayer totals {totals:?}; server at \
+         rest {}",
+        counts.started.load(Ordering::Relaxed),
+        counts.started.load(Ordering::Relaxed) as f64 / args.seconds as f64,
+        counts.skipped.load(Ordering::Relaxed),
+        counts.ended.load(Ordering::Relaxed),
+        counts.ok.load(Ordering::Relaxed),
+        counts.failed.load(Ordering::Relaxed),
+        counts.connections.load(Ordering::Relaxed),
+        args.clients,
+        idle.as_ref().unwrap_or(&last_stats),
+    );
+
+    // A clean exit on SIGINT, and no panic on the way.
+    let stopped = Command::new("kill")
+        .args(["-INT", &server.child.id().to_string()])
+        .status()
+        .map_err(|e| format!("kill -INT: {e}"))?;
+    if !stopped.success() {
+        failures.push("the server was gone before SIGINT".into());
+    }
+    let exit = wait_exit(&mut server.child);
+    match exit {
+        Some(status) if status.success() => {}
+        other => failures.push(format!("the server did not exit cleanly: {other:?}")),
+    }
+    let stderr = server.stderr();
+    if stderr.iter().any(|l| l.contains("panicked")) {
+        failures.push(format!("the server panicked: {stderr:?}"));
+    }
+    Ok(failures)
+}
+
+fn wait_exit(child: &mut Child) -> Option<std::process::ExitStatus> {
+    let until = std::time::Instant::now() + BOUND;
+    while std::time::Instant::now() < until {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+fn evaluate(
+    args: &Args,
+    capacity: f64,
+    windows: &[u64],
+    samples: &[(u64, u64, u64)],
+    idle: Option<&serde_json::Value>,
+    counts: &Counts,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    let floor = capacity * WINDOW.as_secs_f64() / 10.0;
+    for (i, ok) in windows.iter().enumerate() {
+        if (*ok as f64) < floor {
+            failures.push(format!(
+                "window {i}: {ok} calls served, below a tenth of the capacity ({floor:.0})"
+            ));
+        }
+    }
+    let served: u64 = windows.iter().sum();
+    let expected = capacity * WINDOW.as_secs_f64() * windows.len() as f64;
+    if (served as f64) < expected / 2.0 {
+        failures.push(format!(
+            "{served} calls served over the run, below half the capacity ({expected:.0})"
+        ));
+    }
+    let base = samples
+        .iter()
+        .find(|s| s.0 >= WARM_UP.as_secs())
+        .map(|s| s.1);
+    if let Some(base) = base {
+        let limit = (base + base / 4).max(base + 4096);
+        for (t, kib, _) in samples.iter().filter(|s| s.0 > WARM_UP.as_secs()) {
+            if *kib > limit {
+                failures.push(format!(
+                    "server RSS grew after warm-up: {kib} KiB at {t} s, {base} KiB at 10 s"
+                ));
+            }
+        }
+    } else if args.seconds > WARM_UP.as_secs() {
+        failures.push("no RSS sample after warm-up".into());
+    }
+    if idle.is_none() {
+        failures.push(format!("the server did not come to rest within {BOUND:?}"));
+    }
+    let (started, ended) = (
+        counts.started.load(Ordering::Relaxed),
+        counts.ended.load(Ordering::Relaxed),
+    );
+    if started != ended {
+        failures.push(format!("{started} calls started, {ended} ended"));
+    }
+    let offered = started as f64 / args.seconds as f64;
+    let target = capacity * args.overload;
+    if offered < target / 2.0 {
+        failures.push(format!(
+            "offered {offered:.0} calls/s, not even half the {target:.0}/s intended: the \
+             machine could not generate the load"
+        ));
+    }
+    let connections = counts.connections.load(Ordering::Relaxed);
+    if connections != args.clients as u64 {
+        failures.push(format!(
+            "{connections} connections for {} clients: a connection was lost",
+            args.clients
+        ));
+    }
+    failures
+}
