@@ -281,18 +281,24 @@ fn with_budget(value: &str) -> Request<ReserveRequest> {
     request
 }
 
+/// A chain whose front and middle give each request `front` and `middle` retries, and
+/// whose hops pass failures up as they came.
+async fn allowance_chain(front: u32, middle: u32) -> Chain {
+    chain(
+        shed_layer().with_retry_allowance(front),
+        shed_layer().with_retry_allowance(middle),
+        OnFailure::PassUp,
+    )
+    .await
+}
+
 fn budgets(values: &[&str]) -> Vec<Option<String>> {
     values.iter().map(|v| Some((*v).to_owned())).collect()
 }
 
 #[tokio::test]
 async fn each_retry_spends_the_requests_allowance_and_attempts_carry_what_is_left() {
-    let mut c = chain(
-        shed_layer().with_retry_allowance(10),
-        shed_layer().with_retry_allowance(10),
-        OnFailure::PassUp,
-    )
-    .await;
+    let mut c = allowance_chain(10, 10).await;
     let status = c.caller.reserve(with_budget("3")).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable);
     assert_eq!(pushback(&status), Some("-1"));
@@ -307,12 +313,7 @@ async fn each_retry_spends_the_requests_allowance_and_attempts_carry_what_is_lef
 
 #[tokio::test]
 async fn a_peer_can_lower_the_allowance_but_not_raise_it() {
-    let mut c = chain(
-        shed_layer().with_retry_allowance(10),
-        shed_layer().with_retry_allowance(1),
-        OnFailure::PassUp,
-    )
-    .await;
+    let mut c = allowance_chain(10, 1).await;
     // The caller asks for 50, the front allows 10, the middle only 1.
     c.caller.reserve(with_budget("50")).await.unwrap_err();
     assert_eq!(c.back.budgets(), budgets(&["1", "0"]));
@@ -322,12 +323,7 @@ async fn a_peer_can_lower_the_allowance_but_not_raise_it() {
 #[tokio::test]
 async fn malformed_negative_or_huge_allowances_are_ignored() {
     for bad in ["-1", "two", "1.5", "99999999999", "1001"] {
-        let mut c = chain(
-            shed_layer().with_retry_allowance(2),
-            shed_layer().with_retry_allowance(10),
-            OnFailure::PassUp,
-        )
-        .await;
+        let mut c = allowance_chain(2, 10).await;
         c.caller.reserve(with_budget(bad)).await.unwrap_err();
         // The front's own allowance (2) is what went on.
         assert_eq!(c.back.budgets(), budgets(&["2", "1", "0"]), "{bad}");
