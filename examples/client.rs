@@ -21,7 +21,9 @@
 //!   extension, either a standard gRPC service config (`methodConfig[].retryPolicy` and
 //!   `retryThrottling`) or stormguard's own shape (`retry:`, `breaker:`);
 //! - `--seed N`: seed of the retry jitter (random by default);
-//! - `--payload-bytes N`: size of each request's payload (default 0).
+//! - `--payload-bytes N`: size of each request's payload (default 0);
+//! - `--otel-stdout`: also export the layer's OpenTelemetry metrics to stdout, before the
+//!   report (needs `--features otel-examples`).
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -37,8 +39,12 @@ use tokio::time::Instant;
 use tonic::transport::Endpoint;
 use tower::ServiceBuilder;
 
+#[path = "support/otel.rs"]
+mod otel;
+
 const USAGE: &str = "usage: client [--target URL] [--requests N] [--concurrency N] \
-[--deadline-ms N] [--policy default|none] [--service-config FILE] [--seed N] [--payload-bytes N]";
+[--deadline-ms N] [--policy default|none] [--service-config FILE] [--seed N] [--payload-bytes N] \
+[--otel-stdout]";
 
 /// Which retry configuration to use.
 #[derive(Clone, Debug, PartialEq)]
@@ -69,6 +75,8 @@ pub struct Args {
     pub seed: Option<u64>,
     /// Payload size of each request.
     pub payload_bytes: usize,
+    /// Export the layer's metrics to stdout (`--otel-stdout`).
+    pub otel_stdout: bool,
 }
 
 impl Default for Args {
@@ -81,6 +89,7 @@ impl Default for Args {
             policy: PolicyArg::Default,
             seed: None,
             payload_bytes: 0,
+            otel_stdout: false,
         }
     }
 }
@@ -133,6 +142,7 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Args, ArgEr
                 config_given = true;
                 out.policy = PolicyArg::ServiceConfig(value()?);
             }
+            "--otel-stdout" => out.otel_stdout = true,
             "-h" | "--help" => return Err(ArgError("help".into())),
             other => return Err(ArgError(format!("unknown argument `{other}`"))),
         }
@@ -163,6 +173,16 @@ pub async fn run(args: &Args) -> Result<serde_json::Value, Box<dyn Error + Send 
     let layer = match args.seed {
         Some(seed) => RetryLayer::from_config_seeded(&config, seed)?,
         None => RetryLayer::from_config(&config)?,
+    };
+    let export = if args.otel_stdout {
+        Some(otel::Export::stdout(Duration::from_secs(3600))?)
+    } else {
+        None
+    };
+    #[cfg(feature = "otel-examples")]
+    let layer = match &export {
+        Some(export) => layer.with_meter(&export.meter()),
+        None => layer,
     };
     let stats = layer.stats();
     let channel = Endpoint::from_shared(args.target.clone())?
@@ -207,6 +227,9 @@ pub async fn run(args: &Args) -> Result<serde_json::Value, Box<dyn Error + Send 
         }
     }
     let elapsed = started.elapsed();
+    if let Some(export) = export {
+        export.finish();
+    }
     let s = stats.snapshot();
     let refused: serde_json::Map<String, serde_json::Value> = s
         .refused

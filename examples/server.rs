@@ -39,6 +39,9 @@
 //! `pushback` are the `grpc-status` and `grpc-retry-pushback-ms` response headers (absent on
 //! answers whose status comes in the trailers, as every served call's does). A call whose
 //! caller left before the answer is logged when it is dropped, with `"cancelled":true`.
+//!
+//! `--otel-stdout` also exports the layer's OpenTelemetry metrics to stdout every
+//! second and once more on Ctrl-C (needs `--features otel-examples`).
 
 use std::error::Error;
 use std::net::SocketAddr;
@@ -54,9 +57,12 @@ use tokio::net::TcpListener;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
+#[path = "support/otel.rs"]
+mod otel;
+
 const USAGE: &str = "usage: server --addr ADDR --workers N --queue N --service-time-ms MS \
                      [--fail-rate F] [--no-shed] [--retry-depth N] [--lifo-depth N] [--seed N] \
-                     [--max-pending-resets N] [--config FILE] [--log-calls]";
+                     [--max-pending-resets N] [--config FILE] [--log-calls] [--otel-stdout]";
 
 /// The command line.
 #[derive(Debug)]
@@ -73,6 +79,7 @@ pub struct Args {
     lifo_depth: Option<usize>,
     seed: u64,
     max_pending_resets: usize,
+    otel_stdout: bool,
     log_calls: bool,
 }
 
@@ -91,6 +98,7 @@ pub fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String
         lifo_depth: None,
         seed: 1,
         max_pending_resets: 10_000,
+        otel_stdout: false,
         log_calls: false,
     };
     fn value<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
@@ -127,6 +135,7 @@ pub fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String
             "--lifo-depth" => parsed.lifo_depth = Some(value(&flag, args.next())?),
             "--seed" => parsed.seed = value(&flag, args.next())?,
             "--max-pending-resets" => parsed.max_pending_resets = value(&flag, args.next())?,
+            "--otel-stdout" => parsed.otel_stdout = true,
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -252,6 +261,16 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
     });
     let control = inventory.control();
     let layer = admission(&args)?.map(ShedLayer::from_config).transpose()?;
+    let export = if args.otel_stdout {
+        Some(otel::Export::stdout(Duration::from_secs(1))?)
+    } else {
+        None
+    };
+    #[cfg(feature = "otel-examples")]
+    let layer = match &export {
+        Some(export) => layer.map(|layer| layer.with_meter(&export.meter())),
+        None => layer,
+    };
     let stats = layer.as_ref().map(ShedLayer::stats);
 
     let listener = TcpListener::bind(args.addr).await?;
@@ -299,6 +318,9 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
     reporter.abort();
+    if let Some(export) = export {
+        export.finish();
+    }
     served?;
     Ok(())
 }

@@ -9,62 +9,24 @@
 //!   `grpc-retry-pushback-ms: -1`, so the caller's layer does not retry the same failure.
 #![allow(clippy::unwrap_used)]
 
+mod hops_support;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use stormguard_client::{Retry, RetryLayer};
+use hops_support::{Client, client, retry_layer};
+use stormguard_client::RetryLayer;
 use stormguard_core::admission::AdmissionConfig;
-use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
-use stormguard_core::policy::{MethodTable, RetryPolicy};
-use stormguard_core::retry::RetryController;
 use stormguard_demo::server::{DemoConfig, DemoInventory};
 use stormguard_demo::{
-    Inventory, InventoryClient, InventoryServer, ReserveReply, ReserveRequest, StockLevel,
-    WatchStockRequest,
+    Inventory, InventoryServer, ReserveReply, ReserveRequest, StockLevel, WatchStockRequest,
 };
 use stormguard_server::ShedLayer;
 use tokio::net::TcpListener;
 use tonic::codegen::tokio_stream::Stream;
+use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Request, Response, Status};
-use tower::ServiceBuilder;
-
-type Client = InventoryClient<Retry<Channel>>;
-
-fn retry_layer() -> RetryLayer {
-    let policy = RetryPolicy {
-        backoff: stormguard_core::backoff::BackoffConfig::FullJitter {
-            base: Duration::from_millis(1),
-            cap: Duration::from_millis(4),
-            multiplier: 2.0,
-        },
-        idempotent: true,
-        ..RetryPolicy::default()
-    };
-    let budget: std::sync::Arc<dyn Budget> = std::sync::Arc::new(
-        RetryBudget::new(BudgetConfig {
-            min_retries_per_second: 100,
-            ..BudgetConfig::default()
-        })
-        .unwrap(),
-    );
-    RetryLayer::new(RetryController::new(
-        MethodTable::uniform(policy),
-        budget,
-        None,
-        7,
-    ))
-}
-
-async fn client(addr: SocketAddr, layer: RetryLayer) -> Client {
-    let channel = Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    InventoryClient::new(ServiceBuilder::new().layer(layer).service(channel))
-}
 
 /// The front service: forwards `Reserve` to the back through its own client.
 #[derive(Clone)]
@@ -127,8 +89,8 @@ async fn serve_front(back: SocketAddr, front_layer: RetryLayer) -> SocketAddr {
 #[tokio::test]
 async fn the_back_inherits_what_is_left_of_the_callers_deadline() {
     let (back, _) = serve_back(0.0).await;
-    let front = serve_front(back, retry_layer()).await;
-    let mut caller = client(front, retry_layer()).await;
+    let front = serve_front(back, retry_layer(3)).await;
+    let mut caller = client(front, retry_layer(3)).await;
 
     let mut request = Request::new(ReserveRequest::default());
     request.set_timeout(Duration::from_millis(800));
@@ -152,10 +114,10 @@ async fn the_back_inherits_what_is_left_of_the_callers_deadline() {
 #[tokio::test]
 async fn only_the_hop_next_to_the_failure_retries() {
     let (back, back_control) = serve_back(1.0).await;
-    let front_layer = retry_layer();
+    let front_layer = retry_layer(3);
     let front_stats = front_layer.stats();
     let front = serve_front(back, front_layer).await;
-    let caller_layer = retry_layer();
+    let caller_layer = retry_layer(3);
     let caller_stats = caller_layer.stats();
     let mut caller = client(front, caller_layer).await;
 

@@ -73,6 +73,10 @@ async fn each_attempt_runs_in_a_span_with_its_number_and_reason() {
         ..quick_policy()
     };
     let mut client = setup(&svc, RetryLayer::new(controller(policy))).await;
+    // Another test of this binary may have registered the span's callsite while this
+    // subscriber was being installed, and cached "no interest" for it: ask again now that
+    // the subscriber is in place.
+    tracing::callsite::rebuild_interest_cache();
     client.reserve(reserve("a")).await.unwrap();
 
     let attempts: Vec<(String, String)> = spans

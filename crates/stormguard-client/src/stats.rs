@@ -17,7 +17,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use stormguard_core::code::Code;
 use stormguard_core::retry::Refusal;
+
+use crate::metrics::CallMetrics;
 
 /// A cloneable handle on a layer's counters; every clone of the layer and its services
 /// counts into the same ones.
@@ -58,6 +61,8 @@ struct Counters {
     committed_abandoned: AtomicU64,
     deadline_exceeded: AtomicU64,
     attempt_timeouts: AtomicU64,
+    delayed_by_backoff: AtomicU64,
+    delayed_by_pushback: AtomicU64,
     refused: [AtomicU64; Refusal::ALL.len()],
 }
 
@@ -126,6 +131,17 @@ impl RetryStats {
             .fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A retry was granted; its delay came from the server's pushback or the backoff.
+    pub(crate) fn delayed(&self, by_pushback: bool) {
+        let shard = self.shard();
+        let c = if by_pushback {
+            &shard.delayed_by_pushback
+        } else {
+            &shard.delayed_by_backoff
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn refused(&self, r: Refusal) {
         self.shard().refused[index(r)].fetch_add(1, Ordering::Relaxed);
     }
@@ -157,6 +173,8 @@ impl RetryStats {
             committed_abandoned: load(|c| &c.committed_abandoned),
             deadline_exceeded: load(|c| &c.deadline_exceeded),
             attempt_timeouts: load(|c| &c.attempt_timeouts),
+            delayed_by_backoff: load(|c| &c.delayed_by_backoff),
+            delayed_by_pushback: load(|c| &c.delayed_by_pushback),
             refused: RefusedCounts {
                 not_retryable: r(Refusal::NotRetryable),
                 not_idempotent: r(Refusal::NotIdempotent),
@@ -166,7 +184,56 @@ impl RetryStats {
                 breaker: r(Refusal::Breaker),
                 budget: r(Refusal::Budget),
                 replay_limit: r(Refusal::ReplayLimit),
+                allowance: r(Refusal::Allowance),
             },
+        }
+    }
+}
+
+/// What one logical call counts into: the layer's counters, and its method's counters
+/// when the layer records metrics (without the `opentelemetry` feature, nothing more).
+#[derive(Debug)]
+pub(crate) struct CallStats {
+    layer: RetryStats,
+    metrics: CallMetrics,
+}
+
+impl std::ops::Deref for CallStats {
+    type Target = RetryStats;
+
+    fn deref(&self) -> &RetryStats {
+        &self.layer
+    }
+}
+
+impl CallStats {
+    pub(crate) fn new(layer: RetryStats, metrics: CallMetrics) -> Self {
+        layer.logical();
+        CallStats { layer, metrics }
+    }
+
+    pub(crate) fn attempt(&self, retry: bool) {
+        self.layer.attempt(retry);
+        self.metrics.attempt();
+    }
+
+    /// The call ended with `code` (counted once by method and code).
+    pub(crate) fn outcome(&mut self, code: Code) {
+        self.layer.outcome(code == Code::Ok);
+        self.metrics.ended(code);
+    }
+
+    /// A committed call's body ended with `code`.
+    pub(crate) fn committed_ended(&mut self, code: Code) {
+        self.layer.committed_ended(code == Code::Ok);
+        self.metrics.ended(code);
+    }
+
+    /// Hands the call's counting on (to the response body of a committed call).
+    pub(crate) fn take(&mut self) -> CallStats {
+        CallStats {
+            layer: self.layer.clone(),
+            metrics: std::mem::take(&mut self.metrics),
         }
     }
 }
@@ -208,6 +275,12 @@ pub struct StatsSnapshot {
     /// `tower::timeout` layer). Each is a failure of the dependency; the call went on with a
     /// retry or ended with `DEADLINE_EXCEEDED`.
     pub attempt_timeouts: u64,
+    /// Retries granted whose delay was the next backoff step (full jitter). A granted retry
+    /// that never went out (the deadline ran out or the breaker opened during its delay)
+    /// counts here too, so these can exceed `retries`.
+    pub delayed_by_backoff: u64,
+    /// Retries granted whose delay was the server's `grpc-retry-pushback-ms`.
+    pub delayed_by_pushback: u64,
     /// Failures that were not retried, by cause. A first attempt rejected by an open
     /// breaker counts under `breaker` too.
     pub refused: RefusedCounts,
@@ -243,6 +316,8 @@ pub struct RefusedCounts {
     pub budget: u64,
     /// The request body was larger than the replay buffer.
     pub replay_limit: u64,
+    /// The request-scoped retry allowance (`x-retry-budget`) was spent.
+    pub allowance: u64,
 }
 
 impl RefusedCounts {
@@ -257,6 +332,7 @@ impl RefusedCounts {
             (Refusal::Breaker, self.breaker),
             (Refusal::Budget, self.budget),
             (Refusal::ReplayLimit, self.replay_limit),
+            (Refusal::Allowance, self.allowance),
         ]
         .into_iter()
         .map(|(r, n)| (r.as_str(), n))

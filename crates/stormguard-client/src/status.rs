@@ -67,7 +67,11 @@ pub(crate) fn pushback(headers: &HeaderMap) -> Option<Pushback> {
 
 /// Marks response headers with `grpc-retry-pushback-ms: -1`, replacing any pushback the
 /// server sent: stormguard gave up on a retryable failure, and no layer above should retry.
+/// Also records the give-up in the current request scope, if any (see
+/// [`RequestScope`](stormguard_core::context::RequestScope)), so that the server layer
+/// around the handler can mark the handler's own answer the same way.
 pub(crate) fn mark_do_not_retry(headers: &mut HeaderMap) {
+    stormguard_core::context::mark_downstream_refused();
     headers.insert(PUSHBACK_HEADER, HeaderValue::from_static("-1"));
 }
 
@@ -134,8 +138,10 @@ pub(crate) fn status_from_error(err: BoxError, code: Code) -> Status {
     }
 }
 
-/// Adds `grpc-retry-pushback-ms: -1` to a status's metadata.
+/// Adds `grpc-retry-pushback-ms: -1` to a status's metadata (and records the give-up in
+/// the current request scope, as [`mark_do_not_retry`] does).
 pub(crate) fn status_do_not_retry(mut status: Status) -> Status {
+    stormguard_core::context::mark_downstream_refused();
     status.metadata_mut().insert(
         PUSHBACK_HEADER,
         tonic::metadata::MetadataValue::from_static("-1"),

@@ -566,6 +566,24 @@ pub enum ShedReason {
     Sheddable,
 }
 
+impl ShedReason {
+    /// Every reason, in declaration order.
+    pub const ALL: [ShedReason; 3] = [
+        ShedReason::QueueFull,
+        ShedReason::RetryThreshold,
+        ShedReason::Sheddable,
+    ];
+
+    /// `"queue_full"`, `"retry_threshold"` or `"sheddable"`, for logs and metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShedReason::QueueFull => "queue_full",
+            ShedReason::RetryThreshold => "retry_threshold",
+            ShedReason::Sheddable => "sheddable",
+        }
+    }
+}
+
 /// What a shed answer tells the client about coming back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ShedPushback {

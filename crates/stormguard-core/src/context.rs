@@ -28,6 +28,7 @@
 //! ```
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::Instant;
@@ -35,6 +36,7 @@ use crate::deadline::Deadline;
 
 tokio::task_local! {
     static CURRENT: CallContext;
+    static REQUEST: RequestScope;
 }
 
 /// The deadline and attempt number that outgoing calls made in a scope inherit.
@@ -110,10 +112,246 @@ pub fn scope<F: Future>(ctx: CallContext, fut: F) -> Scoped<F> {
 /// The future returned by [`scope`]: `fut`, polled with its [`CallContext`] set.
 pub type Scoped<F> = tokio::task::futures::TaskLocalFuture<CallContext, F>;
 
+/// The header that carries what is left of a logical operation's retry allowance from one
+/// service to the next: `x-retry-budget: N`, a decimal count of retries.
+pub const RETRY_BUDGET_HEADER: &str = "x-retry-budget";
+
+/// The largest `x-retry-budget` value read from a peer; a larger one is ignored as
+/// malformed (no operation needs more retries than this across its services).
+pub const MAX_RETRY_ALLOWANCE: u32 = 1_000;
+
+/// Marks "no allowance" in [`RequestScope`]'s counter.
+const UNLIMITED: u32 = u32::MAX;
+
+/// What the outgoing calls made for one inbound request share: an optional allowance of
+/// retries for the whole logical operation, and whether one of them was refused a retry.
+///
+/// The server layer (`ShedLayer`) sets one around each handler it runs; every client
+/// `RetryLayer` call the handler makes reads it:
+///
+/// - with an allowance, each retry spends one (checked after every other rule, just before
+///   the budget; a retry refused for lack of it counts as [`Refusal::Allowance`]), and every
+///   attempt carries what is left as `x-retry-budget`;
+/// - when a client layer gives up on a retryable failure, it records it here, so that the
+///   server layer can tell the caller not to retry the handler's own answer either.
+///
+/// The allowance is only ever lowered: [`with_allowance`](Self::with_allowance) on a peer's
+/// value keeps the smaller.
+///
+/// [`Refusal::Allowance`]: crate::retry::Refusal::Allowance
+///
+/// ```
+/// use stormguard_core::context::{self, RequestScope};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let scope = RequestScope::new().with_allowance(2).with_peer_allowance(b"1");
+/// let left = context::request_scope(scope, async {
+///     assert!(context::spend_retry());
+///     (context::spend_retry(), context::remaining_allowance())
+/// })
+/// .await;
+/// assert_eq!(left, (false, Some(0)));
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct RequestScope {
+    allowance: AtomicU32,
+    refused: AtomicBool,
+}
+
+impl Default for RequestScope {
+    fn default() -> Self {
+        RequestScope {
+            allowance: AtomicU32::new(UNLIMITED),
+            refused: AtomicBool::new(false),
+        }
+    }
+}
+
+impl RequestScope {
+    /// A scope without an allowance (retries are limited by the layers' own policies only).
+    pub fn new() -> Self {
+        RequestScope::default()
+    }
+
+    /// The same scope allowing at most `retries` retries in all (a scope that already
+    /// allows fewer keeps its own count). Values above [`MAX_RETRY_ALLOWANCE`] are capped.
+    pub fn with_allowance(self, retries: u32) -> Self {
+        let retries = retries.min(MAX_RETRY_ALLOWANCE);
+        let current = self.allowance.load(Ordering::Relaxed);
+        self.allowance
+            .store(current.min(retries), Ordering::Relaxed);
+        self
+    }
+
+    /// The same scope lowered to the `x-retry-budget` value a peer sent, when it is
+    /// well-formed ([`parse_retry_budget`]); a malformed, negative or huge value is ignored.
+    /// A peer's value never raises the allowance, and does not create one: a scope without
+    /// an allowance (the feature is off) stays without.
+    pub fn with_peer_allowance(self, value: &[u8]) -> Self {
+        match (self.allowance(), parse_retry_budget(value)) {
+            (Some(_), Some(peer)) => self.with_allowance(peer),
+            _ => self,
+        }
+    }
+
+    /// Retries left, if this scope has an allowance.
+    pub fn allowance(&self) -> Option<u32> {
+        match self.allowance.load(Ordering::Relaxed) {
+            UNLIMITED => None,
+            n => Some(n),
+        }
+    }
+
+    /// Whether a client layer in this scope gave up on a retryable failure (its budget,
+    /// breaker, attempt limit, deadline or this allowance refused a retry).
+    pub fn downstream_refused(&self) -> bool {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    fn spend(&self) -> bool {
+        self.allowance
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| match n {
+                UNLIMITED => Some(UNLIMITED),
+                0 => None,
+                n => Some(n - 1),
+            })
+            .is_ok()
+    }
+
+    fn refund(&self) {
+        let _ = self
+            .allowance
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| match n {
+                UNLIMITED => None,
+                n => Some(n.saturating_add(1).min(MAX_RETRY_ALLOWANCE)),
+            });
+    }
+}
+
+/// Reads an `x-retry-budget` value: ASCII decimal digits (surrounding spaces allowed), at
+/// most [`MAX_RETRY_ALLOWANCE`]. Anything else (empty, a sign, a fraction, a larger number)
+/// is `None`: it is ignored, never an error the request fails with.
+///
+/// ```
+/// use stormguard_core::context::parse_retry_budget;
+///
+/// assert_eq!(parse_retry_budget(b"3"), Some(3));
+/// assert_eq!(parse_retry_budget(b"-1"), None);
+/// assert_eq!(parse_retry_budget(b"99999999999"), None);
+/// assert_eq!(parse_retry_budget(b"2x"), None);
+/// ```
+pub fn parse_retry_budget(value: &[u8]) -> Option<u32> {
+    let digits = value.trim_ascii();
+    if digits.is_empty() || digits.len() > 10 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n = digits
+        .iter()
+        .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+    u32::try_from(n).ok().filter(|n| *n <= MAX_RETRY_ALLOWANCE)
+}
+
+/// Runs `fut` with `scope` as the current [`RequestScope`].
+pub fn request_scope<F: Future>(scope: RequestScope, fut: F) -> RequestScoped<F> {
+    REQUEST.scope(scope, fut)
+}
+
+/// The future returned by [`request_scope`]; once it is done,
+/// [`take_value`](tokio::task::futures::TaskLocalFuture::take_value) gives the scope back.
+pub type RequestScoped<F> = tokio::task::futures::TaskLocalFuture<RequestScope, F>;
+
+/// Spends one retry of the current request's allowance. `true` when the retry may go
+/// ahead: an allowance had one left, or there is no allowance (or no request scope).
+pub fn spend_retry() -> bool {
+    REQUEST.try_with(RequestScope::spend).unwrap_or(true)
+}
+
+/// Gives back a retry [`spend_retry`] took but that was not made.
+pub fn refund_retry() {
+    let _ = REQUEST.try_with(RequestScope::refund);
+}
+
+/// Retries left in the current request's allowance, if it has one.
+pub fn remaining_allowance() -> Option<u32> {
+    REQUEST.try_with(RequestScope::allowance).ok().flatten()
+}
+
+/// Records that a client layer in the current request gave up on a retryable failure.
+pub fn mark_downstream_refused() {
+    let _ = REQUEST.try_with(|r| r.refused.store(true, Ordering::Relaxed));
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_budget_values_from_peers_are_read_strictly() {
+        for (raw, want) in [
+            (&b"0"[..], Some(0)),
+            (b" 7 ", Some(7)),
+            (b"1000", Some(1000)),
+            (b"1001", None),
+            (b"4294967296", None),
+            (b"99999999999999999999", None),
+            (b"-1", None),
+            (b"+1", None),
+            (b"1.5", None),
+            (b"", None),
+            (b"\xff", None),
+        ] {
+            assert_eq!(parse_retry_budget(raw), want, "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn a_peer_can_lower_the_allowance_but_never_raise_or_create_it() {
+        let lowered = RequestScope::new()
+            .with_allowance(3)
+            .with_peer_allowance(b"1");
+        assert_eq!(lowered.allowance(), Some(1));
+        let kept = RequestScope::new()
+            .with_allowance(3)
+            .with_peer_allowance(b"9");
+        assert_eq!(kept.allowance(), Some(3));
+        let ignored = RequestScope::new()
+            .with_allowance(3)
+            .with_peer_allowance(b"-2");
+        assert_eq!(ignored.allowance(), Some(3));
+        let off = RequestScope::new().with_peer_allowance(b"1");
+        assert_eq!(off.allowance(), None);
+    }
+
+    #[tokio::test]
+    async fn spending_stops_at_zero_and_refunds_give_back() {
+        let (first, second, refunded, outside) =
+            request_scope(RequestScope::new().with_allowance(1), async {
+                let first = spend_retry();
+                let second = spend_retry();
+                refund_retry();
+                (first, second, remaining_allowance(), ())
+            })
+            .await;
+        assert_eq!(
+            (first, second, refunded, outside),
+            (true, false, Some(1), ())
+        );
+        // No scope, or a scope without an allowance: nothing limits.
+        assert!(spend_retry());
+        assert!(request_scope(RequestScope::new(), async { spend_retry() }).await);
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_seen_by_whoever_holds_the_scope() {
+        let mut fut = std::pin::pin!(request_scope(RequestScope::new(), async {
+            mark_downstream_refused();
+        }));
+        (&mut fut).await;
+        let scope = fut.as_mut().take_value().unwrap();
+        assert!(scope.downstream_refused());
+    }
 
     #[test]
     fn a_deadline_can_be_shortened_but_not_extended() {

@@ -16,7 +16,10 @@
 //! 7. the deadline leaves room for the delay plus a useful attempt (a pushback longer than
 //!    the time left means no retry);
 //! 8. the breaker is not open;
-//! 9. the budget grants a withdrawal (checked last, because it consumes).
+//! 9. the request's retry allowance, when the call runs inside a
+//!    [`RequestScope`](crate::context::RequestScope) that has one (`x-retry-budget`), has a
+//!    retry left (it spends one);
+//! 10. the budget grants a withdrawal (checked last, because it consumes).
 //!
 //! The delay is the server's pushback when it sent one (exactly, and the backoff restarts),
 //! else the next backoff step.
@@ -57,6 +60,7 @@ use crate::breaker::{BreakerPermit, BreakerState, CircuitBreaker};
 use crate::budget::{Budget, RetryBudget};
 use crate::code::Code;
 use crate::config::{BudgetChoice, ClientConfig, ConfigError};
+use crate::context;
 use crate::policy::{MethodTable, RetryPolicy};
 use crate::pushback::Pushback;
 use crate::throttle::A6Throttle;
@@ -84,12 +88,14 @@ pub enum Refusal {
     Budget,
     /// The request body was too large to buffer for replay.
     ReplayLimit,
+    /// The request-scoped retry allowance (`x-retry-budget`) is spent.
+    Allowance,
 }
 
 impl Refusal {
     /// Every refusal, in declaration order (the [module docs](self) give the order in which
     /// the checks run: a passed deadline first, the budget last).
-    pub const ALL: [Refusal; 8] = [
+    pub const ALL: [Refusal; 9] = [
         Refusal::NotRetryable,
         Refusal::NotIdempotent,
         Refusal::Pushback,
@@ -98,6 +104,7 @@ impl Refusal {
         Refusal::Breaker,
         Refusal::Budget,
         Refusal::ReplayLimit,
+        Refusal::Allowance,
     ];
 
     /// A short stable name, used as a metric label and a JSON key.
@@ -111,16 +118,22 @@ impl Refusal {
             Refusal::Breaker => "breaker",
             Refusal::Budget => "budget",
             Refusal::ReplayLimit => "replay_limit",
+            Refusal::Allowance => "allowance",
         }
     }
 
     /// Whether the failure was retryable and stormguard chose not to retry it (budget,
-    /// breaker, attempts, deadline). Such a failure should not be retried by any layer
-    /// above either: the client layer answers it with `grpc-retry-pushback-ms: -1`.
+    /// breaker, attempts, deadline, request allowance). Such a failure should not be retried
+    /// by any layer above either: the client layer answers it with
+    /// `grpc-retry-pushback-ms: -1`.
     pub fn is_retryable_but_refused(self) -> bool {
         matches!(
             self,
-            Refusal::Attempts | Refusal::Deadline | Refusal::Breaker | Refusal::Budget
+            Refusal::Attempts
+                | Refusal::Deadline
+                | Refusal::Breaker
+                | Refusal::Budget
+                | Refusal::Allowance
         )
     }
 }
@@ -292,6 +305,7 @@ impl RetryController {
             deadline,
             permit,
             granted: None,
+            spent_allowance: false,
         })
     }
 
@@ -311,6 +325,8 @@ pub struct CallRetry {
     permit: Option<BreakerPermit>,
     /// When the budget granted the retry that has not started yet.
     granted: Option<Instant>,
+    /// Whether that retry spent one of the request's allowance (given back with it).
+    spent_allowance: bool,
 }
 
 impl Drop for CallRetry {
@@ -318,6 +334,7 @@ impl Drop for CallRetry {
     fn drop(&mut self) {
         if let Some(at) = self.granted.take() {
             self.shared.budget.refund_at(at);
+            self.refund_allowance();
         }
     }
 }
@@ -525,7 +542,12 @@ impl CallRetry {
         {
             return Err(Refusal::Breaker);
         }
+        if !context::spend_retry() {
+            return Err(Refusal::Allowance);
+        }
+        self.spent_allowance = true;
         if !self.shared.budget.withdraw_at(now) {
+            self.refund_allowance();
             return Err(Refusal::Budget);
         }
         self.granted = Some(now);
@@ -542,8 +564,17 @@ impl CallRetry {
             && started.is_err()
         {
             self.shared.budget.refund_at(at);
+            self.refund_allowance();
         }
+        self.spent_allowance = false;
         started
+    }
+
+    /// Gives back the allowance the pending retry spent, if it spent one.
+    fn refund_allowance(&mut self) {
+        if std::mem::take(&mut self.spent_allowance) {
+            context::refund_retry();
+        }
     }
 
     fn try_start_retry_at(&mut self, now: Instant) -> Result<(), Refusal> {
@@ -1242,6 +1273,66 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn the_requests_allowance_is_spent_last_and_given_back_when_unused() {
+        use crate::context::{self, RequestScope};
+        let now = Instant::now();
+        let failure = Failure::status(Code::Unavailable);
+        // A budget that grants nothing: the allowance it was about to spend comes back.
+        let dry = budget(0, 0.001);
+        let c = RetryController::new(MethodTable::uniform(retried()), dry, None, 1);
+        let left = context::request_scope(RequestScope::new().with_allowance(1), async {
+            let mut call = c.begin_at(PATH, None, now).unwrap();
+            let d = call.on_failure_at(&failure, now);
+            (d, context::remaining_allowance())
+        })
+        .await;
+        assert_eq!(left, (Decision::GiveUp(Refusal::Budget), Some(1)));
+
+        // With a budget: a granted retry dropped before it started gives its allowance
+        // back; then each retry spends one, and the one after the last is refused.
+        let five = RetryPolicy {
+            max_attempts: 5,
+            ..retried()
+        };
+        let c = RetryController::new(MethodTable::uniform(five), budget(100, 0.1), None, 1);
+        let seen = context::request_scope(RequestScope::new().with_allowance(2), async {
+            let mut dropped = c.begin_at(PATH, None, now).unwrap();
+            assert!(matches!(
+                dropped.on_failure_at(&failure, now),
+                Decision::Retry { .. }
+            ));
+            let while_granted = context::remaining_allowance();
+            drop(dropped);
+            let after_drop = context::remaining_allowance();
+            let mut call = c.begin_at(PATH, None, now).unwrap();
+            for _ in 0..2 {
+                assert!(matches!(
+                    call.on_failure_at(&failure, now),
+                    Decision::Retry { .. }
+                ));
+                call.start_retry_at(now).unwrap();
+            }
+            let third = call.on_failure_at(&failure, now);
+            (
+                while_granted,
+                after_drop,
+                third,
+                context::remaining_allowance(),
+            )
+        })
+        .await;
+        assert_eq!(
+            seen,
+            (
+                Some(1),
+                Some(2),
+                Decision::GiveUp(Refusal::Allowance),
+                Some(0)
+            )
+        );
+    }
+
     #[test]
     fn refusal_names_are_stable() {
         let names: Vec<_> = Refusal::ALL.iter().map(|r| r.as_str()).collect();
@@ -1255,10 +1346,12 @@ mod tests {
                 "deadline",
                 "breaker",
                 "budget",
-                "replay_limit"
+                "replay_limit",
+                "allowance"
             ]
         );
         assert!(Refusal::Budget.is_retryable_but_refused());
+        assert!(Refusal::Allowance.is_retryable_but_refused());
         assert!(!Refusal::Pushback.is_retryable_but_refused());
         assert!(!Refusal::NotRetryable.is_retryable_but_refused());
     }

@@ -86,6 +86,8 @@
 //! [`stormguard_core::admission`], shared with the fleet simulator; this crate is the
 //! queue and the tower plumbing around it.
 
+#[cfg(feature = "opentelemetry")]
+pub mod metrics;
 pub mod shed;
 pub mod stats;
 

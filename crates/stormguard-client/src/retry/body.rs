@@ -19,7 +19,7 @@ use stormguard_core::Instant;
 use stormguard_core::code::Code;
 use stormguard_core::retry::CallRetry;
 
-use crate::stats::RetryStats;
+use crate::stats::CallStats;
 use crate::status::trailers_only_code;
 
 pin_project! {
@@ -73,7 +73,7 @@ pin_project! {
 /// A committed call whose outcome is not known yet.
 struct Pending {
     call: Option<CallRetry>,
-    stats: RetryStats,
+    stats: CallStats,
     ended: bool,
 }
 
@@ -89,7 +89,7 @@ enum End<'a> {
 
 impl<B: Body> ResponseBody<B> {
     /// A committed call's body: records the outcome of `call` when it ends.
-    pub(super) fn committed(inner: B, call: Option<CallRetry>, stats: RetryStats) -> Self {
+    pub(super) fn committed(inner: B, call: Option<CallRetry>, stats: CallStats) -> Self {
         let pending = Pending {
             call,
             stats,
@@ -133,7 +133,7 @@ impl Pending {
         if let Some(call) = self.call.as_mut() {
             call.on_committed_at(code, Instant::now());
         }
-        self.stats.committed_ended(code == Code::Ok);
+        self.stats.committed_ended(code);
         self.ended = true;
     }
 }
@@ -193,6 +193,7 @@ impl<B: fmt::Debug> fmt::Debug for ResponseBody<B> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::stats::RetryStats;
     use std::collections::VecDeque;
     use std::sync::Arc;
 
@@ -268,7 +269,11 @@ mod tests {
         frames: Vec<Result<Frame<Bytes>, Status>>,
     ) -> ResponseBody<Frames> {
         let call = c.begin(PATH, None).unwrap();
-        ResponseBody::committed(Frames(frames.into()), Some(call), stats.clone())
+        ResponseBody::committed(
+            Frames(frames.into()),
+            Some(call),
+            CallStats::new(stats.clone(), crate::metrics::CallMetrics::none()),
+        )
     }
 
     /// Drains `body`, returning how many data frames it gave and whether it ended in error.

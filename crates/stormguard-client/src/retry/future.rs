@@ -24,8 +24,8 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::layer::Shared;
 use crate::body::{Buffered, Replay, buffer};
-use crate::context::CallContext;
-use crate::stats::RetryStats;
+use crate::context::{self, CallContext, RETRY_BUDGET_HEADER};
+use crate::stats::CallStats;
 use crate::status::{
     BoxError, PREVIOUS_ATTEMPTS_HEADER, classify_error, code_from_http_status, mark_do_not_retry,
     pushback, status_do_not_retry, status_from_error, trailers_only_code,
@@ -41,11 +41,13 @@ pin_project! {
         call: Option<CallRetry>,
         template: Template,
         resend: Resend,
-        stats: RetryStats,
+        stats: CallStats,
         // The failure the next attempt retries, returned if the retry cannot be sent.
         last: Option<Last<B>>,
         // `retry.reason` of the next attempt.
         reason: &'static str,
+        // `retry.delay_ms` of the next attempt: the delay waited before it.
+        delay: Duration,
         span: tracing::Span,
         #[pin]
         state: State<S::Future>,
@@ -89,6 +91,18 @@ enum Last<B> {
     Error(Status),
 }
 
+impl<B> Last<B> {
+    /// The code the caller will see.
+    fn code(&self) -> Code {
+        match self {
+            Last::Response(r) => {
+                trailers_only_code(r.headers()).unwrap_or_else(|| code_from_http_status(r.status()))
+            }
+            Last::Error(status) => crate::status::code_from_tonic(status.code()),
+        }
+    }
+}
+
 impl<S, B> fmt::Debug for ResponseFuture<S, B>
 where
     S: Service<http::Request<Body>, Response = http::Response<B>>,
@@ -124,13 +138,50 @@ fn logical_deadline(
     }
 }
 
-fn attempt_span(uri: &Uri, attempt: u32, reason: &'static str) -> tracing::Span {
+fn attempt_span(uri: &Uri, attempt: u32, reason: &'static str, delay: Duration) -> tracing::Span {
     tracing::debug_span!(
         "stormguard.attempt",
         rpc.method = uri.path(),
         retry.attempt = attempt,
+        retry.delay_ms = delay.as_millis() as u64,
         retry.reason = reason,
     )
+}
+
+/// The `x-retry-budget` header, as a name built once.
+const X_RETRY_BUDGET: HeaderName = HeaderName::from_static(RETRY_BUDGET_HEADER);
+
+/// Stamps what is left of the request's retry allowance, if it has one, on an attempt.
+fn stamp_allowance(headers: &mut HeaderMap) {
+    if let Some(left) = context::remaining_allowance() {
+        headers.insert(X_RETRY_BUDGET, HeaderValue::from(left));
+    }
+}
+
+/// A retry was refused: an event with its cause, the attempt it followed and the time left
+/// on the call's deadline. Refusals that a healthy service makes all the time (a status
+/// that is not retryable, a pushback) are at DEBUG; those that mean a dependency is
+/// failing beyond what the policy pays for (budget, breaker, attempts, deadline, the
+/// request's allowance) are at INFO.
+fn log_refusal(uri: &Uri, refusal: Refusal, attempt: u32, left: Option<Duration>) {
+    let left_ms = left.map(|d| d.as_millis() as u64);
+    macro_rules! refused {
+        ($level:expr) => {
+            tracing::event!(
+                $level,
+                rpc.method = uri.path(),
+                retry.refused = refusal.as_str(),
+                retry.attempt = attempt,
+                deadline.left_ms = left_ms,
+                "stormguard: retry refused"
+            )
+        };
+    }
+    if refusal.is_retryable_but_refused() {
+        refused!(tracing::Level::INFO);
+    } else {
+        refused!(tracing::Level::DEBUG);
+    }
 }
 
 impl<S, B> ResponseFuture<S, B>
@@ -140,9 +191,8 @@ where
 {
     pub(super) fn start(svc: S, request: http::Request<Body>, shared: &Shared) -> Self {
         let now = Instant::now();
-        let stats = shared.stats.clone();
-        stats.logical();
         let (mut parts, body) = request.into_parts();
+        let stats = CallStats::new(shared.stats.clone(), shared.call_metrics(parts.uri.path()));
         // A method's own default deadline (a service config's `timeout`) wins over the
         // layer's; a deadline the caller set wins over both.
         let default = shared
@@ -167,6 +217,7 @@ where
             stats,
             last: None,
             reason: "initial",
+            delay: Duration::ZERO,
             span: tracing::Span::none(),
             state: State::Finished { status: None },
             logical: deadline,
@@ -181,7 +232,7 @@ where
                 // Only an open breaker rejects a first attempt: fail fast, and tell callers
                 // above not to retry into it either.
                 fut.stats.refused(refusal);
-                fut.stats.outcome(false);
+                fut.stats.outcome(Code::Unavailable);
                 let status = Status::unavailable(format!(
                     "stormguard: call not sent ({refusal}): the circuit breaker is open"
                 ));
@@ -193,7 +244,7 @@ where
         };
         if deadline.is_some_and(|d| d <= now) {
             fut.stats.deadline_exceeded();
-            fut.stats.outcome(false);
+            fut.stats.outcome(Code::DeadlineExceeded);
             fut.state = State::Finished {
                 status: Some(Status::deadline_exceeded(
                     "stormguard: the call's deadline had passed before it was sent",
@@ -212,6 +263,7 @@ where
             fut.timer = Some(tokio::time::sleep_until(at));
         }
         fut.attempt_deadline = timers.attempt_deadline;
+        stamp_allowance(&mut parts.headers);
 
         let body = if call.is_retryable_method() {
             match buffer(body, shared.replay_limit) {
@@ -238,7 +290,7 @@ where
         }
         let request = http::Request::from_parts(parts, body);
         fut.call = Some(call);
-        fut.span = attempt_span(&fut.template.uri, 0, "initial");
+        fut.span = attempt_span(&fut.template.uri, 0, "initial", Duration::ZERO);
         fut.stats.attempt(false);
         let inner = {
             let _enter = fut.span.enter();
@@ -513,7 +565,7 @@ where
                                 if let Some(call) = this.call.as_mut() {
                                     call.on_success_at(now);
                                 }
-                                this.stats.outcome(true);
+                                this.stats.outcome(Code::Ok);
                                 this.state.set(State::Finished { status: None });
                                 return Poll::Ready(Ok(response.map(ResponseBody::passthrough)));
                             }
@@ -535,7 +587,7 @@ where
                                 let body = ResponseBody::committed(
                                     body,
                                     this.call.take(),
-                                    this.stats.clone(),
+                                    this.stats.take(),
                                 );
                                 return Poll::Ready(Ok(http::Response::from_parts(parts, body)));
                             }
@@ -584,6 +636,11 @@ where
                                 delay_ms = delay.as_millis() as u64,
                                 "stormguard: retrying"
                             );
+                            *this.delay = delay;
+                            this.stats.delayed(matches!(
+                                failure.pushback,
+                                Some(stormguard_core::pushback::Pushback::RetryAfter(_))
+                            ));
                             *this.reason = if timed_out {
                                 "per_attempt_timeout"
                             } else {
@@ -600,6 +657,10 @@ where
                         }
                         Decision::GiveUp(refusal) => {
                             this.state.set(State::Finished { status: None });
+                            let attempt =
+                                this.call.as_ref().map_or(0, CallRetry::previous_attempts);
+                            let left = this.call.as_ref().and_then(|c| c.remaining_at(now));
+                            log_refusal(&this.template.uri, refusal, attempt, left);
                             if timed_out {
                                 return Poll::Ready(give_up_timed_out(this.stats, refusal));
                             }
@@ -621,10 +682,10 @@ where
                         // give-up, as a status marked "do not retry" (the granted retry
                         // goes back to the budget when the call state is dropped).
                         this.state.set(State::Finished { status: None });
-                        this.stats.outcome(false);
                         drop(this.call.take());
                         let err: BoxError = err.into();
                         let code = classify_error(&*err).code;
+                        this.stats.outcome(code);
                         return Poll::Ready(Err(Box::new(status_do_not_retry(status_from_error(
                             err, code,
                         )))));
@@ -638,6 +699,10 @@ where
                         Ok(attempt) => attempt,
                         Err(refusal) => {
                             this.state.set(State::Finished { status: None });
+                            let attempt =
+                                this.call.as_ref().map_or(0, CallRetry::previous_attempts);
+                            let left = this.call.as_ref().and_then(|c| c.remaining_at(now));
+                            log_refusal(&this.template.uri, refusal, attempt, left);
                             let last = this.last.take().unwrap_or_else(|| {
                                 Last::Error(Status::unavailable("stormguard: retry refused"))
                             });
@@ -654,7 +719,9 @@ where
                     }
                     *this.attempt_deadline = timers.attempt_deadline;
                     *this.last = None;
-                    *this.span = attempt_span(&this.template.uri, attempt, this.reason);
+                    stamp_allowance(headers);
+                    *this.span =
+                        attempt_span(&this.template.uri, attempt, this.reason, *this.delay);
                     this.stats.attempt(true);
                     let fut = {
                         let _enter = this.span.enter();
@@ -678,7 +745,7 @@ fn timer_fired(timer: Pin<&mut Option<Sleep>>, cx: &mut Context<'_>) -> bool {
 /// deadline says nothing about the dependency.
 fn expire<B>(
     call: &mut Option<CallRetry>,
-    stats: &RetryStats,
+    stats: &mut CallStats,
     answer: Option<&Failure>,
 ) -> Result<http::Response<ResponseBody<B>>, BoxError> {
     if let Some(mut call) = call.take() {
@@ -686,7 +753,7 @@ fn expire<B>(
         call.on_deadline_passed_at(answer, Instant::now());
     }
     stats.deadline_exceeded();
-    stats.outcome(false);
+    stats.outcome(Code::DeadlineExceeded);
     Err(Box::new(Status::deadline_exceeded(
         "stormguard: the call's deadline was exceeded",
     )))
@@ -755,26 +822,33 @@ fn classify<B, E: Into<BoxError>>(
 /// `DEADLINE_EXCEEDED`, marked "do not retry" (the call already took its time; a layer
 /// above that retried it would multiply the load on a slow dependency).
 fn give_up_timed_out<B>(
-    stats: &RetryStats,
+    stats: &mut CallStats,
     refusal: Refusal,
 ) -> Result<http::Response<ResponseBody<B>>, BoxError> {
     stats.refused(refusal);
-    stats.outcome(false);
+    stats.outcome(Code::DeadlineExceeded);
     Err(Box::new(status_do_not_retry(Status::deadline_exceeded(
         format!("stormguard: the attempt timed out and was not retried ({refusal})"),
     ))))
 }
 
 /// The caller gets the last failure; marked "do not retry" when stormguard refused to
-/// retry a retryable failure.
+/// retry a retryable failure. Either way, and when a pushback refused the retry, the
+/// current request scope records the refusal (see `status::mark_do_not_retry`).
 fn give_up<B>(
-    stats: &RetryStats,
+    stats: &mut CallStats,
     refusal: Refusal,
     last: Last<B>,
 ) -> Result<http::Response<ResponseBody<B>>, BoxError> {
     stats.refused(refusal);
-    stats.outcome(false);
+    stats.outcome(last.code());
     let mark = refusal.is_retryable_but_refused();
+    if refusal == Refusal::Pushback {
+        // The server said not to retry (or to wait longer than the policy allows): its
+        // answer goes up as it came, and the request scope learns that this call was
+        // refused, so that a handler's own answer is marked too.
+        context::mark_downstream_refused();
+    }
     match last {
         Last::Response(mut response) => {
             if mark {

@@ -28,6 +28,20 @@ pub(super) struct Shared {
     pub(super) replay_limit: usize,
     pub(super) default_timeout: Option<Duration>,
     pub(super) per_attempt_timeout: Option<Duration>,
+    #[cfg(feature = "opentelemetry")]
+    pub(super) metrics: Option<Arc<crate::metrics::ClientMetrics>>,
+}
+
+impl Shared {
+    /// The per-method counters of a new call to `path` (none without a meter).
+    pub(super) fn call_metrics(&self, path: &str) -> crate::metrics::CallMetrics {
+        #[cfg(feature = "opentelemetry")]
+        if let Some(metrics) = &self.metrics {
+            return metrics.call(path);
+        }
+        let _ = path;
+        crate::metrics::CallMetrics::none()
+    }
 }
 
 impl RetryLayer {
@@ -43,6 +57,8 @@ impl RetryLayer {
                 replay_limit: DEFAULT_REPLAY_LIMIT,
                 default_timeout: None,
                 per_attempt_timeout: None,
+                #[cfg(feature = "opentelemetry")]
+                metrics: None,
             }),
         }
     }
@@ -120,6 +136,32 @@ impl RetryLayer {
     /// layers, or to keep a handle made before the layer).
     pub fn with_stats(mut self, stats: RetryStats) -> Self {
         Arc::make_mut(&mut self.shared).stats = stats;
+        self
+    }
+
+    /// Record this layer's metrics into `meter` (feature `opentelemetry`); the
+    /// [`metrics`](crate::metrics) module lists them. Nothing global is read or set: the
+    /// application owns the meter provider and its exporters. Call it after
+    /// [`with_stats`](Self::with_stats), since the instruments read the layer's counters.
+    ///
+    /// ```
+    /// use opentelemetry::metrics::MeterProvider as _;
+    /// use stormguard_client::RetryLayer;
+    /// use stormguard_core::config::ClientConfig;
+    ///
+    /// # fn provider() -> impl opentelemetry::metrics::MeterProvider { opentelemetry::metrics::noop::NoopMeterProvider::new() }
+    /// let meter = provider().meter("checkout");
+    /// let layer = RetryLayer::from_config(&ClientConfig::standard()).unwrap().with_meter(&meter);
+    /// # let _ = layer;
+    /// ```
+    #[cfg(feature = "opentelemetry")]
+    pub fn with_meter(mut self, meter: &opentelemetry::metrics::Meter) -> Self {
+        let shared = Arc::make_mut(&mut self.shared);
+        shared.metrics = Some(Arc::new(crate::metrics::ClientMetrics::register(
+            meter,
+            &shared.stats,
+            &shared.controller,
+        )));
         self
     }
 

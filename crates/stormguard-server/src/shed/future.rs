@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
-use stormguard_core::context::{self, CallContext, Scoped};
+use stormguard_core::context::{self, CallContext, RequestScope, RequestScoped, Scoped};
 use tokio::time::Sleep;
 use tower_service::Service;
 
@@ -48,10 +48,11 @@ pin_project! {
             service: Option<S>,
             request: Unread<Req>,
             context: CallContext,
+            scope: Option<RequestScope>,
         },
         Running {
             #[pin]
-            future: Scoped<S::Future>,
+            future: RequestScoped<Scoped<S::Future>>,
             permit: Option<WorkerPermit>,
         },
         Answered {
@@ -64,10 +65,15 @@ impl<S, Req> ResponseFuture<S, Req>
 where
     S: Service<Req>,
 {
-    pub(crate) fn running(context: CallContext, future: S::Future, permit: WorkerPermit) -> Self {
+    pub(crate) fn running(
+        context: CallContext,
+        scope: RequestScope,
+        future: S::Future,
+        permit: WorkerPermit,
+    ) -> Self {
         ResponseFuture {
             state: State::Running {
-                future: context::scope(context, future),
+                future: context::request_scope(scope, context::scope(context, future)),
                 permit: Some(permit),
             },
         }
@@ -75,6 +81,7 @@ where
 
     pub(crate) fn queued(
         context: CallContext,
+        scope: RequestScope,
         ticket: Ticket,
         service: S,
         request: Unread<Req>,
@@ -87,15 +94,16 @@ where
                 service: Some(service),
                 request,
                 context,
+                scope: Some(scope),
             },
         }
     }
 
     /// A call that bypasses the queue: no worker to hold.
-    pub(crate) fn bypass(context: CallContext, future: S::Future) -> Self {
+    pub(crate) fn bypass(context: CallContext, scope: RequestScope, future: S::Future) -> Self {
         ResponseFuture {
             state: State::Running {
-                future: context::scope(context, future),
+                future: context::request_scope(scope, context::scope(context, future)),
                 permit: None,
             },
         }
@@ -127,11 +135,13 @@ where
                     service,
                     request,
                     context,
+                    scope,
                 } => {
                     let fired = timer.poll(cx).is_ready();
                     match ticket.poll_turn(cx.waker(), fired) {
                         Turn::Wait => return Poll::Pending,
                         Turn::Expired => {
+                            tracing::info!("stormguard: call expired while queued");
                             // Dropping the queued state discards the unread request body.
                             state.set(State::Answered { response: None });
                             return Poll::Ready(Ok(with_empty_body(response::expired())));
@@ -145,14 +155,17 @@ where
                             return Poll::Ready(Ok(with_empty_body(answer)));
                         }
                         Turn::Run(permit) => {
-                            let (Some(mut service), Some(request)) =
-                                (service.take(), request.take())
+                            let (Some(mut service), Some(request), Some(scope)) =
+                                (service.take(), request.take(), scope.take())
                             else {
                                 // The state only holds both until this transition.
                                 unreachable_state();
                                 return Poll::Ready(Ok(with_empty_body(response::expired())));
                             };
-                            let future = context::scope(*context, service.call(request));
+                            let future = context::request_scope(
+                                scope,
+                                context::scope(*context, service.call(request)),
+                            );
                             state.set(State::Running {
                                 future,
                                 permit: Some(permit),
@@ -160,9 +173,20 @@ where
                         }
                     }
                 }
-                StateProj::Running { future, permit } => {
-                    let output = std::task::ready!(future.poll(cx));
+                StateProj::Running { mut future, permit } => {
+                    let output = std::task::ready!(future.as_mut().poll(cx));
                     let permit = permit.take();
+                    // A client layer inside the handler gave up on a retryable failure:
+                    // the handler's own answer must not invite a retry from above either.
+                    let refused = future
+                        .take_value()
+                        .is_some_and(|scope| scope.downstream_refused());
+                    let output = output.map(|mut response| {
+                        if refused && response::mark_downstream_refused(&mut response) {
+                            tracing::debug!("stormguard: answer marked do-not-retry");
+                        }
+                        response
+                    });
                     return Poll::Ready(match output {
                         // The body holds the worker until it ends (see `ShedBody`).
                         Ok(response) => Ok(response.map(|body| ShedBody::holding(body, permit))),

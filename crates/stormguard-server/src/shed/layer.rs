@@ -42,6 +42,9 @@ pub struct ShedLayer {
     never_shed: Arc<NeverShed>,
     bypassed: Arc<Bypassed>,
     drains: Arc<Drains>,
+    retry_allowance: Option<u32>,
+    #[cfg(feature = "opentelemetry")]
+    metrics: Option<Arc<crate::metrics::ServerMetrics>>,
 }
 
 impl ShedLayer {
@@ -58,6 +61,9 @@ impl ShedLayer {
             never_shed: Arc::default(),
             bypassed: Arc::default(),
             drains: Arc::default(),
+            retry_allowance: None,
+            #[cfg(feature = "opentelemetry")]
+            metrics: None,
         }
     }
 
@@ -136,6 +142,59 @@ impl ShedLayer {
         self.with_never_shed(never)
     }
 
+    /// Give each inbound request an allowance of at most `retries` retries, shared by every
+    /// call its handler makes through a client `RetryLayer` (off by default).
+    ///
+    /// A caller that sends `x-retry-budget: N` lowers the request's allowance to `N`; it
+    /// can never raise it above `retries`, and a malformed, negative or huge value (above
+    /// [`MAX_RETRY_ALLOWANCE`]) is ignored. Each retry a client layer makes inside the
+    /// request spends one, once every other rule (budget included) allowed it; when none
+    /// is left the retry is refused (counted as `allowance`) and the failure goes up marked
+    /// "do not retry". Every outgoing attempt carries what is left as `x-retry-budget`, so
+    /// the next service (with this set too) continues the count: a logical operation makes
+    /// a bounded number of retries across all its services.
+    ///
+    /// ```
+    /// use stormguard_core::admission::AdmissionConfig;
+    /// use stormguard_server::ShedLayer;
+    ///
+    /// let layer = ShedLayer::from_config(AdmissionConfig::default())
+    ///     .unwrap()
+    ///     .with_retry_allowance(2);
+    /// # let _ = layer;
+    /// ```
+    ///
+    /// [`MAX_RETRY_ALLOWANCE`]: stormguard_core::context::MAX_RETRY_ALLOWANCE
+    pub fn with_retry_allowance(mut self, retries: u32) -> Self {
+        self.retry_allowance = Some(retries);
+        self
+    }
+
+    /// Record this layer's metrics into `meter` (feature `opentelemetry`); the
+    /// [`metrics`](crate::metrics) module lists them. Nothing global is read or set: the
+    /// application owns the meter provider and its exporters.
+    ///
+    /// ```
+    /// use opentelemetry::metrics::MeterProvider as _;
+    /// use stormguard_core::admission::AdmissionConfig;
+    /// use stormguard_server::ShedLayer;
+    ///
+    /// # fn provider() -> impl opentelemetry::metrics::MeterProvider { opentelemetry::metrics::noop::NoopMeterProvider::new() }
+    /// let meter = provider().meter("inventory");
+    /// let layer = ShedLayer::from_config(AdmissionConfig::default()).unwrap().with_meter(&meter);
+    /// # let _ = layer;
+    /// ```
+    #[cfg(feature = "opentelemetry")]
+    pub fn with_meter(mut self, meter: &opentelemetry::metrics::Meter) -> Self {
+        self.queue
+            .record_time_queued_into(crate::metrics::queue_time(meter));
+        self.metrics = Some(Arc::new(crate::metrics::ServerMetrics::register(
+            meter,
+            &self.queue,
+        )));
+        self
+    }
+
     fn with_never_shed(mut self, never: NeverShed) -> Self {
         self.never_shed = Arc::new(never);
         self
@@ -162,6 +221,7 @@ impl<S> Layer<S> for ShedLayer {
             never_shed: Arc::clone(&self.never_shed),
             bypassed: Arc::clone(&self.bypassed),
             drains: Arc::clone(&self.drains),
+            retry_allowance: self.retry_allowance,
         }
     }
 }

@@ -72,7 +72,7 @@ use crate::stats::ShedStats;
 use drain::{Drains, Unread};
 use exempt::{Bypassed, NeverShed};
 use queue::{Arrival, Queue};
-use stormguard_core::context::CallContext;
+use stormguard_core::context::{CallContext, RETRY_BUDGET_HEADER, RequestScope};
 use stormguard_core::criticality::{CRITICALITY_HEADER, CallClass, CriticalityTable};
 use stormguard_core::deadline::{GRPC_TIMEOUT_HEADER, decode_grpc_timeout};
 use stormguard_core::retry::PREVIOUS_ATTEMPTS_HEADER;
@@ -80,6 +80,7 @@ use stormguard_core::retry::PREVIOUS_ATTEMPTS_HEADER;
 const PREVIOUS_RPC_ATTEMPTS: HeaderName = HeaderName::from_static(PREVIOUS_ATTEMPTS_HEADER);
 const X_RETRY_ATTEMPT: HeaderName = HeaderName::from_static(X_RETRY_ATTEMPT_HEADER);
 const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(GRPC_TIMEOUT_HEADER);
+const X_RETRY_BUDGET: HeaderName = HeaderName::from_static(RETRY_BUDGET_HEADER);
 const CRITICALITY: HeaderName = HeaderName::from_static(CRITICALITY_HEADER);
 
 /// A service behind the admission queue. Built by [`ShedLayer`]; every clone, and every
@@ -91,6 +92,7 @@ pub struct ShedService<S> {
     never_shed: Arc<NeverShed>,
     bypassed: Arc<Bypassed>,
     drains: Arc<Drains>,
+    retry_allowance: Option<u32>,
 }
 
 impl<S> ShedService<S> {
@@ -118,6 +120,7 @@ impl<S: Clone> Clone for ShedService<S> {
             never_shed: Arc::clone(&self.never_shed),
             bypassed: Arc::clone(&self.bypassed),
             drains: Arc::clone(&self.drains),
+            retry_allowance: self.retry_allowance,
         }
     }
 }
@@ -171,13 +174,26 @@ where
             Some(d) => CallContext::new().with_deadline(d),
             None => CallContext::new(),
         };
+        // What the handler's outgoing calls share: the request's retry allowance, when the
+        // layer has one (lowered, never raised, by the caller's `x-retry-budget`), and
+        // whether one of them was refused a retry.
+        let scope = match self.retry_allowance {
+            Some(limit) => {
+                let scope = RequestScope::new().with_allowance(limit);
+                match headers.get(X_RETRY_BUDGET) {
+                    Some(peer) => scope.with_peer_allowance(peer.as_bytes()),
+                    None => scope,
+                }
+            }
+            None => RequestScope::new(),
+        };
         if self.never_shed.matches(request.uri().path()) {
             self.bypassed.record();
-            return ResponseFuture::bypass(context, self.inner.call(request));
+            return ResponseFuture::bypass(context, scope, self.inner.call(request));
         }
         match self.queue.arrive(now, class, deadline) {
             Arrival::Admitted(permit) => {
-                ResponseFuture::running(context, self.inner.call(request), permit)
+                ResponseFuture::running(context, scope, self.inner.call(request), permit)
             }
             Arrival::Queued(ticket) => {
                 // Keep the service that was made ready for this call; the clone takes
@@ -185,9 +201,17 @@ where
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
                 let request = Unread::new(request, &self.drains);
-                ResponseFuture::queued(context, ticket, ready, request)
+                ResponseFuture::queued(context, scope, ticket, ready, request)
             }
             Arrival::Shed(shed) => {
+                tracing::info!(
+                    shed.class = class.attempt.as_str(),
+                    shed.criticality = class.criticality.as_str(),
+                    shed.reason = shed.reason.as_str(),
+                    queue.depth = self.queue.depth(),
+                    pushback_ms = shed.pushback.millis(),
+                    "stormguard: call shed"
+                );
                 drain::discard_request(request, &self.drains);
                 ResponseFuture::answered(response::shed(
                     self.queue.shed_code(),
@@ -196,6 +220,11 @@ where
                 ))
             }
             Arrival::Expired => {
+                tracing::info!(
+                    shed.class = class.attempt.as_str(),
+                    shed.criticality = class.criticality.as_str(),
+                    "stormguard: call expired before it could run"
+                );
                 drain::discard_request(request, &self.drains);
                 ResponseFuture::answered(response::expired())
             }

@@ -21,7 +21,7 @@ use std::task::Waker;
 use std::time::Duration;
 
 use stormguard_core::Instant;
-use stormguard_core::admission::{AdmissionPolicy, AttemptClass, Shed};
+use stormguard_core::admission::{AdmissionPolicy, AttemptClass, Shed, ShedReason};
 use stormguard_core::code::Code;
 use stormguard_core::criticality::{CallClass, Criticality};
 use stormguard_core::queue::{AdmissionQueue, Arrival as Admission, Dispatch, QueuedId};
@@ -70,18 +70,48 @@ struct Counters {
     queue_depth: AtomicUsize,
     in_flight: AtomicUsize,
     workers: AtomicUsize,
+    /// Where each call's time queued is also recorded, once a meter is set.
+    #[cfg(feature = "opentelemetry")]
+    time_queued: std::sync::OnceLock<opentelemetry::metrics::Histogram<f64>>,
     /// The adaptive limit's no-load latency in microseconds; 0 until measured.
     min_latency_us: AtomicU64,
+    /// Calls shed by attempt class, criticality and reason (see `shed_index`).
+    shed_by: [AtomicU64; SHED_CELLS],
+}
+
+const CRITICALITIES: [Criticality; 3] = [
+    Criticality::Sheddable,
+    Criticality::Default,
+    Criticality::Critical,
+];
+const SHED_CELLS: usize = 2 * CRITICALITIES.len() * ShedReason::ALL.len();
+
+/// The cell of `shed_by` that counts calls of `class` shed for `reason`.
+fn shed_index(class: CallClass, reason: ShedReason) -> usize {
+    let a = match class.attempt {
+        AttemptClass::First => 0,
+        AttemptClass::Retry => 1,
+    };
+    let c = CRITICALITIES
+        .iter()
+        .position(|x| *x == class.criticality)
+        .unwrap_or(1);
+    let r = ShedReason::ALL
+        .iter()
+        .position(|x| *x == reason)
+        .unwrap_or(0);
+    (a * CRITICALITIES.len() + c) * ShedReason::ALL.len() + r
 }
 
 impl Counters {
-    fn record_shed(&self, class: CallClass) {
+    fn record_shed(&self, class: CallClass, reason: ShedReason) {
         let counter = match (class.criticality, class.attempt) {
             (Criticality::Sheddable, _) => &self.shed_sheddable,
             (_, AttemptClass::First) => &self.shed_first,
             (_, AttemptClass::Retry) => &self.shed_retry,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        self.shed_by[shed_index(class, reason)].fetch_add(1, Ordering::Relaxed);
     }
 
     fn record_time_queued(&self, waited: Duration) {
@@ -89,6 +119,10 @@ impl Counters {
         self.dequeued.fetch_add(1, Ordering::Relaxed);
         self.time_queued_us.fetch_add(us, Ordering::Relaxed);
         self.max_time_queued_us.fetch_max(us, Ordering::Relaxed);
+        #[cfg(feature = "opentelemetry")]
+        if let Some(histogram) = self.time_queued.get() {
+            histogram.record(waited.as_secs_f64(), &[]);
+        }
     }
 }
 
@@ -136,7 +170,7 @@ impl State {
                     (left, Outcome::Expired)
                 }
                 Dispatch::Shed(left, shed) => {
-                    counters.record_shed(left.class);
+                    counters.record_shed(left.class, shed.reason);
                     counters.shed_displaced.fetch_add(1, Ordering::Relaxed);
                     (left, Outcome::Shed(shed))
                 }
@@ -215,7 +249,7 @@ impl Queue {
                 settled: false,
             }),
             Admission::Shed(shed) => {
-                self.counters.record_shed(class);
+                self.counters.record_shed(class, shed.reason);
                 Arrival::Shed(shed)
             }
             Admission::Expired => {
@@ -344,6 +378,38 @@ impl Queue {
     }
 
     /// The number of workers (the concurrency limit) now.
+    /// Records each call's time queued into `histogram` from now on (the first one set
+    /// stays).
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) fn record_time_queued_into(
+        &self,
+        histogram: opentelemetry::metrics::Histogram<f64>,
+    ) {
+        let _ = self.counters.time_queued.set(histogram);
+    }
+
+    /// Calls shed so far by attempt class, criticality and reason (every combination, zeros
+    /// included): `(attempt, criticality, reason, count)`.
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) fn shed_breakdown(
+        &self,
+    ) -> impl Iterator<Item = (AttemptClass, Criticality, ShedReason, u64)> + '_ {
+        [AttemptClass::First, AttemptClass::Retry]
+            .into_iter()
+            .flat_map(|a| CRITICALITIES.into_iter().map(move |c| (a, c)))
+            .flat_map(|(a, c)| ShedReason::ALL.into_iter().map(move |r| (a, c, r)))
+            .map(|(a, c, r)| {
+                let n = self.counters.shed_by[shed_index(CallClass::new(a, c), r)]
+                    .load(Ordering::Relaxed);
+                (a, c, r, n)
+            })
+    }
+
+    /// Calls waiting for a worker now (read without the lock).
+    pub(crate) fn depth(&self) -> usize {
+        self.counters.queue_depth.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn workers(&self) -> usize {
         self.counters.workers.load(Ordering::Relaxed)
     }

@@ -82,6 +82,28 @@ pub(crate) fn expired<B: Default>() -> http::Response<B> {
     trailers_only(Code::DeadlineExceeded, MESSAGE_EXPIRED)
 }
 
+/// Codes that standard clients are commonly configured to retry (gRPC A6
+/// `retryableStatusCodes`): a handler's answer with one of them is marked "do not retry"
+/// when a downstream call of the same request was refused a retry.
+const RETRYABLE: [&[u8]; 4] = [b"14", b"8", b"10", b"4"];
+
+/// Marks a handler's trailers-only answer with `grpc-retry-pushback-ms: -1` when its code
+/// is one clients retry ([`RETRYABLE`]: `UNAVAILABLE`, `RESOURCE_EXHAUSTED`, `ABORTED`,
+/// `DEADLINE_EXCEEDED`) and it carries no pushback of its own. Called only when a client
+/// layer inside the request gave up on a retryable failure: the caller must not retry
+/// what the layer below already refused to. Returns whether it marked.
+pub(crate) fn mark_downstream_refused<B>(response: &mut http::Response<B>) -> bool {
+    let headers = response.headers_mut();
+    let retryable = headers
+        .get(&GRPC_STATUS)
+        .is_some_and(|v| RETRYABLE.contains(&v.as_bytes()));
+    if !retryable || headers.contains_key(&PUSHBACK) {
+        return false;
+    }
+    headers.insert(PUSHBACK, HeaderValue::from_static("-1"));
+    true
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
