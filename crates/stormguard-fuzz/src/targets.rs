@@ -11,6 +11,7 @@ use std::time::Duration;
 use stormguard_core::admission::{AdmissionConfig, AdmissionPolicy, AttemptClass, QueueLoad};
 use stormguard_core::code::Code;
 use stormguard_core::config::{ClientConfig, ConfigError, Format, parse_duration};
+use stormguard_core::context::{MAX_RETRY_ALLOWANCE, parse_retry_budget};
 use stormguard_core::criticality::{Criticality, CriticalityTable};
 use stormguard_core::deadline::{decode_grpc_timeout, encode_grpc_timeout};
 use stormguard_core::pushback::{MAX_PUSHBACK_MS, Pushback, parse_pushback};
@@ -111,6 +112,12 @@ pub const TARGETS: &[Target] = &[
         run: stormguard_toml,
         seeds: TOML_SEEDS,
         dictionary: TOML_TOKENS,
+    },
+    Target {
+        name: "retry-budget",
+        run: retry_budget,
+        seeds: &["3", "0", "1000", "1001", " 7 ", "-1"],
+        dictionary: NUMBERS,
     },
     Target {
         name: "criticality",
@@ -610,6 +617,26 @@ pub fn admission_json(input: &[u8]) -> Outcome {
             assert!(!e.to_string().is_empty(), "empty error for {text}");
             Outcome::rejected(error_kind(&e))
         }
+    }
+}
+
+/// `x-retry-budget`: the retries a peer allows the rest of a request. Accepted only as
+/// at most ten ASCII digits (surrounding ASCII whitespace aside) whose value is at most
+/// [`MAX_RETRY_ALLOWANCE`]; signs, fractions, other text and huge values are ignored.
+pub fn retry_budget(input: &[u8]) -> Outcome {
+    let digits = input.trim_ascii();
+    let well_formed =
+        !digits.is_empty() && digits.len() <= 10 && digits.iter().all(u8::is_ascii_digit);
+    // A reference reading: the digits as text, parsed by the standard library.
+    let want = well_formed
+        .then(|| std::str::from_utf8(digits).ok()?.parse::<u64>().ok())
+        .flatten()
+        .filter(|n| *n <= u64::from(MAX_RETRY_ALLOWANCE));
+    let got = parse_retry_budget(input);
+    assert_eq!(got.map(u64::from), want, "{input:?}");
+    match got {
+        Some(n) => Outcome::accepted(n.min(3)),
+        None => Outcome::rejected(well_formed),
     }
 }
 
