@@ -100,7 +100,7 @@ fn a6_backoff(initial: Duration) -> BackoffConfig {
     }
 }
 
-/// A6 `retryThrottling` as in the reference points.
+/// A6 `retryThrottling` with gRPC C-core's commonly used values (10 tokens, ratio 0.1).
 pub fn a6_throttle_config() -> ThrottleConfig {
     ThrottleConfig {
         max_tokens: 10.0,
