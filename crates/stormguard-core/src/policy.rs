@@ -151,32 +151,87 @@ impl RetryPolicy {
 /// ```
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MethodTable {
-    default: Option<Arc<RetryPolicy>>,
-    services: HashMap<String, Option<Arc<RetryPolicy>>>,
-    methods: HashMap<String, Option<Arc<RetryPolicy>>>,
-    timeouts: Timeouts,
+    /// `None` for a method: not retried.
+    policies: MethodMap<Option<Arc<RetryPolicy>>>,
+    /// Default deadlines, looked up like the policies.
+    timeouts: MethodMap<Option<Duration>>,
 }
 
-/// Default deadlines by method, looked up like the policies.
-#[derive(Clone, Debug, Default, PartialEq)]
-struct Timeouts {
-    default: Option<Duration>,
-    services: HashMap<String, Option<Duration>>,
-    methods: HashMap<String, Option<Duration>>,
+/// A value per gRPC method, matched like the service config's `methodConfig[].name`: an
+/// exact `service/method` entry wins over a whole-`service` entry, which wins over the
+/// default. A lookup allocates nothing.
+///
+/// ```
+/// use stormguard_core::policy::MethodMap;
+///
+/// let mut map = MethodMap::new();
+/// map.set_default("default");
+/// map.insert_service("pkg.Svc", "service");
+/// map.insert_method("pkg.Svc", "Get", "method");
+/// assert_eq!(map.get("/pkg.Svc/Get"), Some(&"method"));
+/// assert_eq!(map.get("/pkg.Svc/Put"), Some(&"service"));
+/// assert_eq!(map.get("/other.Svc/Get"), Some(&"default"));
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct MethodMap<T> {
+    default: Option<T>,
+    /// By `pkg.Service`.
+    services: HashMap<String, T>,
+    /// By `pkg.Service/Method`.
+    methods: HashMap<String, T>,
 }
 
-/// The most specific entry for `path` (`/pkg.Service/Method`): the method's, else its
-/// service's; `None` when neither has one.
-fn most_specific<'a, T>(
-    path: &str,
-    methods: &'a HashMap<String, T>,
-    services: &'a HashMap<String, T>,
-) -> Option<&'a T> {
-    let key = path.strip_prefix('/').unwrap_or(path);
-    methods.get(key).or_else(|| {
-        key.split_once('/')
-            .and_then(|(service, _)| services.get(service))
-    })
+impl<T> Default for MethodMap<T> {
+    fn default() -> Self {
+        MethodMap {
+            default: None,
+            services: HashMap::new(),
+            methods: HashMap::new(),
+        }
+    }
+}
+
+impl<T> MethodMap<T> {
+    /// An empty map: every lookup gives `None`.
+    pub fn new() -> Self {
+        MethodMap::default()
+    }
+
+    /// Sets the value of methods that match nothing more specific.
+    pub fn set_default(&mut self, value: T) {
+        self.default = Some(value);
+    }
+
+    /// Sets the value of every method of `service` (fully qualified, `pkg.Service`).
+    pub fn insert_service(&mut self, service: &str, value: T) {
+        self.services.insert(service.to_owned(), value);
+    }
+
+    /// Sets the value of one method.
+    pub fn insert_method(&mut self, service: &str, method: &str, value: T) {
+        self.methods.insert(format!("{service}/{method}"), value);
+    }
+
+    /// The most specific value for a request path (`/pkg.Service/Method`): the method's,
+    /// else its service's, else the default.
+    pub fn get(&self, path: &str) -> Option<&T> {
+        let key = path.strip_prefix('/').unwrap_or(path);
+        self.methods
+            .get(key)
+            .or_else(|| {
+                key.split_once('/')
+                    .and_then(|(service, _)| self.services.get(service))
+            })
+            .or(self.default.as_ref())
+    }
+
+    /// Every value: the default, then the services', then the methods'.
+    pub fn values(&self) -> impl Iterator<Item = &T> {
+        self.default
+            .iter()
+            .chain(self.services.values())
+            .chain(self.methods.values())
+    }
 }
 
 impl MethodTable {
@@ -187,48 +242,43 @@ impl MethodTable {
 
     /// A table that applies `policy` to every method.
     pub fn uniform(policy: RetryPolicy) -> Self {
-        MethodTable {
-            default: Some(Arc::new(policy)),
-            ..MethodTable::default()
-        }
+        let mut table = MethodTable::default();
+        table.policies.set_default(Some(Arc::new(policy)));
+        table
     }
 
     /// Sets the policy of methods that match nothing more specific.
     pub fn set_default(&mut self, policy: Option<RetryPolicy>) {
-        self.default = policy.map(Arc::new);
+        self.policies.set_default(policy.map(Arc::new));
     }
 
     /// Sets the policy of every method of `service` (fully qualified, `pkg.Service`);
     /// `None` disables retries for it.
     pub fn insert_service(&mut self, service: &str, policy: Option<RetryPolicy>) {
-        self.services
-            .insert(service.to_owned(), policy.map(Arc::new));
+        self.policies.insert_service(service, policy.map(Arc::new));
     }
 
     /// Sets the policy of one method; `None` disables retries for it.
     pub fn insert_method(&mut self, service: &str, method: &str, policy: Option<RetryPolicy>) {
-        self.methods
-            .insert(format!("{service}/{method}"), policy.map(Arc::new));
+        self.policies
+            .insert_method(service, method, policy.map(Arc::new));
     }
 
     /// The policy for a request path (`/pkg.Service/Method`), or `None` when the method is
     /// not retried. Allocates nothing.
     pub fn lookup(&self, path: &str) -> Option<&Arc<RetryPolicy>> {
-        match most_specific(path, &self.methods, &self.services) {
-            Some(entry) => entry.as_ref(),
-            None => self.default.as_ref(),
-        }
+        self.policies.get(path).and_then(Option::as_ref)
     }
 
     /// Sets the default deadline of calls to methods that match nothing more specific (a
     /// service config's `timeout`); `None`: no default.
     pub fn set_default_timeout(&mut self, timeout: Option<Duration>) {
-        self.timeouts.default = timeout;
+        self.timeouts.set_default(timeout);
     }
 
     /// Sets the default deadline of calls to every method of `service`.
     pub fn insert_service_timeout(&mut self, service: &str, timeout: Option<Duration>) {
-        self.timeouts.services.insert(service.to_owned(), timeout);
+        self.timeouts.insert_service(service, timeout);
     }
 
     /// Sets the default deadline of calls to one method.
@@ -238,9 +288,7 @@ impl MethodTable {
         method: &str,
         timeout: Option<Duration>,
     ) {
-        self.timeouts
-            .methods
-            .insert(format!("{service}/{method}"), timeout);
+        self.timeouts.insert_method(service, method, timeout);
     }
 
     /// The deadline a call to `path` gets when its caller set none (a service config's
@@ -258,20 +306,12 @@ impl MethodTable {
     /// assert_eq!(table.timeout("/other.Svc/Get"), None);
     /// ```
     pub fn timeout(&self, path: &str) -> Option<Duration> {
-        let t = &self.timeouts;
-        match most_specific(path, &t.methods, &t.services) {
-            Some(entry) => *entry,
-            None => t.default,
-        }
+        self.timeouts.get(path).copied().flatten()
     }
 
     /// Every policy in the table (for validation and reporting).
     pub fn policies(&self) -> impl Iterator<Item = &RetryPolicy> {
-        self.default
-            .iter()
-            .chain(self.services.values().flatten())
-            .chain(self.methods.values().flatten())
-            .map(|p| p.as_ref())
+        self.policies.values().flatten().map(|p| p.as_ref())
     }
 }
 

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use stormguard_core::config::ConfigError;
+use stormguard_core::policy::MethodMap;
 
 /// The gRPC health service (`grpc.health.v1.Health`), never shed unless
 /// [`ShedLayer::shed_health_checks`](crate::ShedLayer::shed_health_checks) is called.
@@ -26,10 +27,8 @@ type Predicate = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 #[derive(Clone)]
 pub(crate) struct NeverShed {
     health: bool,
-    /// `/package.Service/` prefixes.
-    services: Vec<String>,
-    /// Exact `/package.Service/Method` paths.
-    methods: Vec<String>,
+    /// The services and methods named, matched like the service config's names.
+    named: MethodMap<()>,
     predicate: Option<Predicate>,
 }
 
@@ -37,8 +36,7 @@ impl Default for NeverShed {
     fn default() -> Self {
         NeverShed {
             health: true,
-            services: Vec::new(),
-            methods: Vec::new(),
+            named: MethodMap::new(),
             predicate: None,
         }
     }
@@ -50,12 +48,7 @@ impl NeverShed {
         if self.health && service_of(path) == Some(HEALTH_SERVICE) {
             return true;
         }
-        if !self.methods.is_empty() && self.methods.iter().any(|m| m == path) {
-            return true;
-        }
-        if let Some(service) = service_of(path)
-            && self.services.iter().any(|s| s == service)
-        {
+        if self.named.get(path).is_some() {
             return true;
         }
         self.predicate.as_ref().is_some_and(|p| p(path))
@@ -74,7 +67,7 @@ impl NeverShed {
                 Some((service, method))
                     if !service.is_empty() && !method.is_empty() && !method.contains('/') =>
                 {
-                    self.methods.push(entry.to_owned());
+                    self.named.insert_method(service, method, ());
                 }
                 _ => return Err(bad("a method path is `/package.Service/Method`")),
             },
@@ -83,7 +76,7 @@ impl NeverShed {
                     "a service is named without slashes (`package.Service`)",
                 ));
             }
-            None => self.services.push(entry.to_owned()),
+            None => self.named.insert_service(entry, ()),
         }
         Ok(())
     }
@@ -107,8 +100,7 @@ impl fmt::Debug for NeverShed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NeverShed")
             .field("health", &self.health)
-            .field("services", &self.services)
-            .field("methods", &self.methods)
+            .field("named", &self.named)
             .field("predicate", &self.predicate.is_some())
             .finish()
     }
