@@ -13,6 +13,8 @@
 use std::process::ExitCode;
 
 use stormguard_demo::storm::chain::{ChainConfig, run_chain};
+#[path = "support/cli.rs"]
+mod cli;
 
 const USAGE: &str = "usage: chain [--quick] [--json FILE] [--seed N]
 
@@ -29,14 +31,7 @@ fn parse(
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => quick = true,
-            "--seed" => {
-                let value = args.next().ok_or("--seed needs a value")?;
-                seed = Some(
-                    value
-                        .parse()
-                        .map_err(|e| format!("--seed {value:?}: {e}"))?,
-                );
-            }
+            "--seed" => seed = Some(cli::value("--seed", &mut args)?),
             "--json" => json = Some(args.next().ok_or("--json needs a file name")?),
             "-h" | "--help" => return Ok(None),
             other => return Err(format!("unknown argument {other:?}")),

@@ -11,6 +11,8 @@
 use std::process::ExitCode;
 
 use stormguard_sim::{Options, Tables};
+#[path = "support/cli.rs"]
+mod cli;
 
 const USAGE: &str = "usage: sim [--quick] [--seed N] [--json FILE]
 
@@ -29,12 +31,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String>
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => options.quick = true,
-            "--seed" => {
-                let value = args.next().ok_or("--seed needs a value")?;
-                options.seed = value
-                    .parse()
-                    .map_err(|e| format!("--seed {value:?}: {e}"))?;
-            }
+            "--seed" => options.seed = cli::value("--seed", &mut args)?,
             "--json" => json = Some(args.next().ok_or("--json needs a file name")?),
             "-h" | "--help" => return Ok(None),
             other => return Err(format!("unknown argument {other:?}")),

@@ -16,6 +16,8 @@ use std::process::ExitCode;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use plotters::prelude::*;
 use stormguard_demo::storm::{Policy, Second, ServerModel, StormConfig, StormReport, run_storm};
+#[path = "support/cli.rs"]
+mod cli;
 
 const USAGE: &str =
     "usage: storm [--quick] [--json FILE] [--svg FILE] [--seed N] [--model cancelling|pool]
@@ -50,14 +52,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String>
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => quick = true,
-            "--seed" => {
-                let value = args.next().ok_or("--seed needs a value")?;
-                seed = Some(
-                    value
-                        .parse()
-                        .map_err(|e| format!("--seed {value:?}: {e}"))?,
-                );
-            }
+            "--seed" => seed = Some(cli::value("--seed", &mut args)?),
             "--model" => {
                 model = Some(match args.next().as_deref() {
                     Some("cancelling") => ServerModel::Cancelling,
@@ -77,19 +72,9 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String>
                     })
                     .collect::<Result<_, _>>()?;
             }
-            "--load" => {
-                let value = args.next().ok_or("--load needs a value")?;
-                load = Some(
-                    value
-                        .parse()
-                        .map_err(|e| format!("--load {value:?}: {e}"))?,
-                );
-            }
+            "--load" => load = Some(cli::value("--load", &mut args)?),
             "--deadline-ms" => {
-                let value = args.next().ok_or("--deadline-ms needs a value")?;
-                let ms: u64 = value
-                    .parse()
-                    .map_err(|e| format!("--deadline-ms {value:?}: {e}"))?;
+                let ms = cli::value("--deadline-ms", &mut args)?;
                 deadline = Some(std::time::Duration::from_millis(ms));
             }
             "--limit" => {
