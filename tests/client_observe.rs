@@ -3,8 +3,8 @@
 #![allow(clippy::unwrap_used)]
 
 mod client_support;
+mod tracing_support;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use client_support::*;
@@ -12,50 +12,12 @@ use stormguard_client::context::{self, CallContext};
 use stormguard_client::{ContextInterceptor, RetryLayer};
 use stormguard_demo::InventoryClient;
 use tonic::{Code, Request};
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Metadata, Subscriber};
-
-/// A span's name and its fields as `(name, value)` pairs.
-type SpanRecord = (String, Vec<(String, String)>);
-
-/// Records the name and fields of every span created.
-#[derive(Clone, Default)]
-struct Spans(Arc<Mutex<Vec<SpanRecord>>>);
-
-struct Fields(Vec<(String, String)>);
-
-impl Visit for Fields {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.push((field.name().to_owned(), format!("{value:?}")));
-    }
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.push((field.name().to_owned(), value.to_owned()));
-    }
-}
-
-impl Subscriber for Spans {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, span: &Attributes<'_>) -> Id {
-        let mut fields = Fields(Vec::new());
-        span.record(&mut fields);
-        let mut spans = self.0.lock().unwrap();
-        spans.push((span.metadata().name().to_owned(), fields.0));
-        Id::from_u64(spans.len() as u64)
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, _: &Event<'_>) {}
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
-}
+use tracing_support::Recorder;
 
 #[tokio::test]
 async fn each_attempt_runs_in_a_span_with_its_number_and_reason() {
-    let spans = Spans::default();
-    let _guard = tracing::subscriber::set_default(spans.clone());
+    let recorder = Recorder::default();
+    let _guard = tracing::subscriber::set_default(recorder.clone());
     let svc = Scripted::new(
         [
             Step::Fail(Code::Unavailable),
@@ -79,8 +41,8 @@ async fn each_attempt_runs_in_a_span_with_its_number_and_reason() {
     tracing::callsite::rebuild_interest_cache();
     client.reserve(reserve("a")).await.unwrap();
 
-    let attempts: Vec<(String, String)> = spans
-        .0
+    let attempts: Vec<(String, String)> = recorder
+        .spans
         .lock()
         .unwrap()
         .iter()

@@ -8,8 +8,8 @@
 
 mod client_support;
 mod server_support;
+mod tracing_support;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use client_support::{Scripted, Step};
@@ -17,82 +17,8 @@ use stormguard_client::RetryLayer;
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
 use tonic::Code;
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Level, Metadata, Subscriber};
-
-/// A name and fields as `(name, value)` pairs.
-type Fields = Vec<(String, String)>;
-
-#[derive(Clone, Debug)]
-struct Logged {
-    level: Level,
-    target: String,
-    fields: Fields,
-}
-
-impl Logged {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.fields
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// Records every event and every span's name and fields.
-#[derive(Clone, Default)]
-struct Recorder {
-    events: Arc<Mutex<Vec<Logged>>>,
-    spans: Arc<Mutex<Vec<(String, Fields)>>>,
-}
-
-impl Recorder {
-    /// stormguard's events at INFO or above, taken out.
-    fn take_info(&self) -> Vec<Logged> {
-        std::mem::take(&mut *self.events.lock().unwrap())
-            .into_iter()
-            .filter(|e| e.level <= Level::INFO && e.target.starts_with("stormguard"))
-            .collect()
-    }
-}
-
-struct Visitor(Fields);
-
-impl Visit for Visitor {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.push((field.name().to_owned(), format!("{value:?}")));
-    }
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.push((field.name().to_owned(), value.to_owned()));
-    }
-}
-
-impl Subscriber for Recorder {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, span: &Attributes<'_>) -> Id {
-        let mut fields = Visitor(Vec::new());
-        span.record(&mut fields);
-        let mut spans = self.spans.lock().unwrap();
-        spans.push((span.metadata().name().to_owned(), fields.0));
-        Id::from_u64(spans.len() as u64)
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, event: &Event<'_>) {
-        let mut fields = Visitor(Vec::new());
-        event.record(&mut fields);
-        self.events.lock().unwrap().push(Logged {
-            level: *event.metadata().level(),
-            target: event.metadata().target().to_owned(),
-            fields: fields.0,
-        });
-    }
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
-}
+use tracing::Level;
+use tracing_support::Recorder;
 
 #[tokio::test]
 async fn info_is_quiet_when_healthy_and_tells_what_was_refused_or_shed() {
