@@ -207,6 +207,94 @@ impl Deadline {
     }
 }
 
+/// Where a call's deadline came from (see [`resolve_deadline_at`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeadlineSource {
+    /// The caller's own timeout: the request's `grpc-timeout`, from `Request::set_timeout`.
+    Caller,
+    /// The inbound call this one is made for (the [`CallContext`](crate::context::CallContext)'s deadline).
+    Inbound,
+    /// The method's own default (a service config's `timeout`).
+    Method,
+    /// The layer's default for calls that carry none.
+    Layer,
+}
+
+/// A call's deadline and where it came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallDeadline {
+    /// The instant the caller stops waiting.
+    pub at: Instant,
+    /// Which of the limits set it.
+    pub source: DeadlineSource,
+}
+
+/// What a layer knows about a new call's time limits when it starts (the method's own
+/// default comes from the method table). The [`RetryController`](crate::retry::RetryController)
+/// resolves them: see [`resolve_deadline_at`] and [`CallRetry`](crate::retry::CallRetry).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallTimes {
+    /// The caller's own timeout (the request's `grpc-timeout`, decoded).
+    pub caller: Option<Duration>,
+    /// The deadline of the inbound call this call is made for, if any.
+    pub inbound: Option<Instant>,
+    /// The layer's default for calls that carry no deadline.
+    pub default: Option<Duration>,
+    /// The layer's per-attempt timeout, for methods whose policy sets none.
+    pub per_attempt: Option<Duration>,
+}
+
+/// The deadline of a call that starts at `now`, in one place for the layer and the
+/// simulator: the earliest of the caller's own timeout and the inbound call's deadline;
+/// when neither is set, the method's default (`method`, a service config's `timeout`),
+/// else the layer's default. Every limit saturates: `Duration::MAX` means "no practical
+/// limit", not a panic.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::{Instant, deadline::{resolve_deadline_at, CallTimes, DeadlineSource}};
+///
+/// let now = Instant::now();
+/// let ms = Duration::from_millis;
+/// let times = CallTimes { caller: Some(ms(300)), inbound: Some(now + ms(200)), ..CallTimes::default() };
+/// let d = resolve_deadline_at(&times, Some(ms(50)), now).unwrap();
+/// assert_eq!((d.at, d.source), (now + ms(200), DeadlineSource::Inbound));
+/// let none = CallTimes { default: Some(ms(150)), ..CallTimes::default() };
+/// assert_eq!(resolve_deadline_at(&none, None, now).unwrap().source, DeadlineSource::Layer);
+/// assert!(resolve_deadline_at(&CallTimes::default(), None, now).is_none());
+/// ```
+pub fn resolve_deadline_at(
+    times: &CallTimes,
+    method: Option<Duration>,
+    now: Instant,
+) -> Option<CallDeadline> {
+    let after = |t: Duration| Deadline::after_at(now, t).instant();
+    let caller = times.caller.map(|t| CallDeadline {
+        at: after(t),
+        source: DeadlineSource::Caller,
+    });
+    let inbound = times.inbound.map(|at| CallDeadline {
+        at,
+        source: DeadlineSource::Inbound,
+    });
+    match (caller, inbound) {
+        // A tie goes to the caller: its header is then already what the attempt must say.
+        (Some(c), Some(i)) => Some(if i.at < c.at { i } else { c }),
+        (Some(d), None) | (None, Some(d)) => Some(d),
+        (None, None) => method
+            .map(|t| CallDeadline {
+                at: after(t),
+                source: DeadlineSource::Method,
+            })
+            .or_else(|| {
+                times.default.map(|t| CallDeadline {
+                    at: after(t),
+                    source: DeadlineSource::Layer,
+                })
+            }),
+    }
+}
+
 /// The furthest a deadline is ever placed: about a century, so `Instant` arithmetic never
 /// overflows.
 const MAX_DEADLINE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);

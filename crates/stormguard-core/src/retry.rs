@@ -30,7 +30,7 @@
 //!     budget::{Budget, BudgetConfig, RetryBudget},
 //!     code::Code,
 //!     policy::{MethodTable, RetryPolicy},
-//!     retry::{Decision, Failure, RetryController},
+//!     retry::{AttemptEnd, Decision, Failure, RetryController},
 //!     Instant,
 //! };
 //!
@@ -39,13 +39,14 @@
 //! let controller = RetryController::new(MethodTable::uniform(policy), budget, None, 1);
 //! let now = Instant::now();
 //! let mut call = controller.begin_at("/pkg.Svc/Get", None, now).unwrap();
-//! match call.on_failure_at(&Failure::status(Code::Unavailable), now) {
+//! let failed = AttemptEnd::Failed(Failure::status(Code::Unavailable));
+//! match call.on_attempt_end_at(failed, now).decision {
 //!     Decision::Retry { delay } => {
 //!         assert!(delay <= Duration::from_millis(50));
-//!         call.start_retry_at(now + delay).unwrap();
-//!         assert_eq!(call.previous_attempts(), 1);
+//!         let plan = call.start_retry_at(now + delay).unwrap();
+//!         assert_eq!(plan.previous_attempts, 1);
 //!     }
-//!     Decision::GiveUp(why) => panic!("refused: {why}"),
+//!     other => panic!("no retry: {other:?}"),
 //! }
 //! ```
 
@@ -61,6 +62,7 @@ use crate::budget::{Budget, RetryBudget};
 use crate::code::Code;
 use crate::config::{BudgetChoice, ClientConfig, ConfigError};
 use crate::context;
+use crate::deadline::{CallDeadline, CallTimes, DeadlineSource, resolve_deadline_at};
 use crate::policy::{MethodTable, RetryPolicy};
 use crate::pushback::Pushback;
 use crate::throttle::A6Throttle;
@@ -185,6 +187,51 @@ pub enum Decision {
     },
     /// Return the last status to the caller.
     GiveUp(Refusal),
+    /// The caller's deadline has passed: the call ends with `DEADLINE_EXCEEDED`, never
+    /// retried, whatever the attempt's answer was (only [`CallRetry::on_attempt_end_at`]
+    /// decides this).
+    Expired,
+}
+
+/// How an attempt ended before the call committed, as the layer (or the simulator) saw it:
+/// the one input of [`CallRetry::on_attempt_end_at`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttemptEnd {
+    /// An answer that is not `OK`: a trailers-only status, a proxy's HTTP error, or a
+    /// transport error read as a status.
+    Failed(Failure),
+    /// A timer ended the attempt without an answer: the layer's own timer, or one below it
+    /// (the channel's `grpc-timeout` timer, `Endpoint::timeout`, a `tower::timeout`).
+    TimedOut {
+        /// Whether the request can be sent again.
+        replayable: bool,
+        /// Whether the request provably never reached the server (a connection that timed
+        /// out), as in [`Failure::unsent`].
+        unsent: bool,
+    },
+}
+
+/// The verdict on an ended attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// What follows.
+    pub decision: Decision,
+    /// Whether the attempt ran out of its per-attempt timeout (then it was recorded as a
+    /// failure of the dependency, and a give-up answers `DEADLINE_EXCEEDED`).
+    pub attempt_timed_out: bool,
+}
+
+/// What the attempt about to be sent carries and when it must end: from
+/// [`CallRetry::first_attempt_at`] and [`CallRetry::start_retry_at`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttemptPlan {
+    /// Attempts before this one: the value of `grpc-previous-rpc-attempts` (0 on the first).
+    pub previous_attempts: u32,
+    /// The `grpc-timeout` to write on the attempt; `None` when the request must keep what it
+    /// has (no deadline, or the caller's own header, which is already this attempt's limit).
+    pub grpc_timeout: Option<Duration>,
+    /// When the layer's timer fires: the earlier of the call's deadline and the attempt's own.
+    pub fire_at: Option<Instant>,
 }
 
 /// The retry policy of one dependency: its method table, one budget and one optional
@@ -280,12 +327,44 @@ impl RetryController {
     }
 
     /// Starts a logical call to `path` (`/pkg.Service/Method`) whose caller waits until
-    /// `deadline`. Fails only when the breaker is open: then the first attempt is rejected
-    /// at once, without touching the network.
+    /// `deadline` (already resolved: a caller's deadline). Fails only when the breaker is
+    /// open: then the first attempt is rejected at once, without touching the network. A
+    /// layer starts calls with [`begin_call_at`](Self::begin_call_at), which resolves the
+    /// deadline from everything it knows.
     pub fn begin_at(
         &self,
         path: &str,
         deadline: Option<Instant>,
+        now: Instant,
+    ) -> Result<CallRetry, Refusal> {
+        let deadline = deadline.map(|at| CallDeadline {
+            at,
+            source: DeadlineSource::Inbound,
+        });
+        self.begin_resolved_at(path, deadline, None, now)
+    }
+
+    /// Starts a logical call to `path` at `now` with the time limits the layer knows
+    /// (`times`). The call's deadline is resolved here, in one place
+    /// ([`resolve_deadline_at`], with the method's default from the method table), and so
+    /// is each attempt's timeout: the method policy's
+    /// [`per_attempt_timeout`](RetryPolicy::per_attempt_timeout), else the layer's. Fails
+    /// only when the breaker is open.
+    pub fn begin_call_at(
+        &self,
+        path: &str,
+        times: &CallTimes,
+        now: Instant,
+    ) -> Result<CallRetry, Refusal> {
+        let deadline = resolve_deadline_at(times, self.shared.methods.timeout(path), now);
+        self.begin_resolved_at(path, deadline, times.per_attempt, now)
+    }
+
+    fn begin_resolved_at(
+        &self,
+        path: &str,
+        deadline: Option<CallDeadline>,
+        layer_attempt_timeout: Option<Duration>,
         now: Instant,
     ) -> Result<CallRetry, Refusal> {
         let permit = match &self.shared.breaker {
@@ -297,12 +376,19 @@ impl RetryController {
             let n = self.shared.calls.fetch_add(1, Ordering::Relaxed);
             Backoff::new(p.backoff, splitmix64(self.shared.seed ^ splitmix64(n)))
         });
+        let attempt_timeout = policy
+            .as_ref()
+            .and_then(|p| p.per_attempt_timeout)
+            .or(layer_attempt_timeout);
         Ok(CallRetry {
             shared: Arc::clone(&self.shared),
             policy,
             backoff,
             previous_attempts: 0,
-            deadline,
+            deadline: deadline.map(|d| d.at),
+            caller_header: deadline.is_some_and(|d| d.source == DeadlineSource::Caller),
+            attempt_timeout,
+            attempt_deadline: None,
             permit,
             granted: None,
             spent_allowance: false,
@@ -322,6 +408,13 @@ pub struct CallRetry {
     backoff: Option<Backoff>,
     previous_attempts: u32,
     deadline: Option<Instant>,
+    /// Whether the deadline is the caller's own `grpc-timeout` (the first attempt then sends
+    /// the header as the caller wrote it).
+    caller_header: bool,
+    /// How long each attempt may take, if limited.
+    attempt_timeout: Option<Duration>,
+    /// When the attempt in flight times out, if before the call's deadline.
+    attempt_deadline: Option<Instant>,
     permit: Option<BreakerPermit>,
     /// When the budget granted the retry that has not started yet.
     granted: Option<Instant>,
@@ -383,7 +476,7 @@ impl CallRetry {
 
     /// The attempt failed before the call was committed. Records the failure (breaker,
     /// throttle) and decides whether to retry.
-    pub fn on_failure_at(&mut self, failure: &Failure, now: Instant) -> Decision {
+    pub(crate) fn on_failure_at(&mut self, failure: &Failure, now: Instant) -> Decision {
         let retryable_code = self.record_outcome_at(failure.code, failure.pushback, now);
         let deadline_passed = self.deadline.is_some_and(|d| now >= d);
         match self.decide(failure, retryable_code, deadline_passed, now) {
@@ -392,9 +485,96 @@ impl CallRetry {
         }
     }
 
-    /// The method's per-attempt timeout ([`RetryPolicy::per_attempt_timeout`]), if any.
+    /// How long each attempt may take: the method policy's
+    /// [`per_attempt_timeout`](RetryPolicy::per_attempt_timeout), else the layer's (see
+    /// [`RetryController::begin_call_at`]), if any.
     pub fn per_attempt_timeout(&self) -> Option<Duration> {
-        self.policy.as_ref().and_then(|p| p.per_attempt_timeout)
+        self.attempt_timeout
+    }
+
+    /// The first attempt is about to be sent at `now`: what it carries and when it must end.
+    pub fn first_attempt_at(&mut self, now: Instant) -> AttemptPlan {
+        self.plan_at(now)
+    }
+
+    /// The limits of an attempt sent at `now`; records its own deadline.
+    fn plan_at(&mut self, now: Instant) -> AttemptPlan {
+        // Saturates: an absurd timeout means "no practical limit", not a panic.
+        let own = self
+            .attempt_timeout
+            .map(|t| crate::deadline::Deadline::after_at(now, t).instant());
+        self.attempt_deadline = match (self.deadline, own) {
+            (Some(call), Some(attempt)) if attempt < call => Some(attempt),
+            (Some(_), _) => None,
+            (None, attempt) => attempt,
+        };
+        let fire_at = self.attempt_deadline.or(self.deadline);
+        // The first attempt of a call whose deadline is the caller's own header keeps that
+        // header (it was encoded a moment ago): no second encoding. Every other attempt
+        // with a limit says what is left of it.
+        let keep = self.previous_attempts == 0 && self.caller_header && self.attempt_deadline.is_none();
+        AttemptPlan {
+            previous_attempts: self.previous_attempts,
+            grpc_timeout: fire_at
+                .filter(|_| !keep)
+                .map(|at| at.saturating_duration_since(now)),
+            fire_at,
+        }
+    }
+
+    /// The one entry point for an attempt that ended before the call committed (an `OK`
+    /// goes to [`on_success_at`](Self::on_success_at), a commit to
+    /// [`on_commit_at`](Self::on_commit_at)). In this order:
+    ///
+    /// 1. at or after the caller's deadline the call has expired, whatever the answer (the
+    ///    channel's timer or a server's late `CANCELLED` may beat the layer's timer to it):
+    ///    [`Decision::Expired`]. The caller's deadline says nothing about the dependency (a
+    ///    batch job with 5 ms deadlines on a 10 ms method must not open the breaker every
+    ///    other caller shares), so only an answer that is not itself an expiry is recorded;
+    /// 2. a timer that ended the attempt before that, or an expiry answer
+    ///    (`DEADLINE_EXCEEDED`, or `CANCELLED`, tonic's answer to an expired `grpc-timeout`)
+    ///    read at or after the attempt's own deadline, is the attempt timing out: a failure
+    ///    of the dependency (the breaker counts it, an A6 throttle takes a token), retried
+    ///    whatever the method's retryable codes, under every other rule;
+    /// 3. any other answer is a failure: recorded, then retried only if every rule of the
+    ///    [module docs](self) holds.
+    pub fn on_attempt_end_at(&mut self, end: AttemptEnd, now: Instant) -> Verdict {
+        if self.deadline.is_some_and(|d| now >= d) {
+            let answer = match &end {
+                AttemptEnd::Failed(f) => Some(f),
+                AttemptEnd::TimedOut { .. } => None,
+            };
+            self.on_deadline_passed_at(answer, now);
+            return Verdict {
+                decision: Decision::Expired,
+                attempt_timed_out: false,
+            };
+        }
+        let (failure, timed_out) = match end {
+            AttemptEnd::TimedOut { replayable, unsent } => (
+                Failure {
+                    code: Code::DeadlineExceeded,
+                    pushback: None,
+                    replayable,
+                    unsent,
+                },
+                true,
+            ),
+            AttemptEnd::Failed(f) => {
+                let attempt_expired = self.attempt_deadline.is_some_and(|a| now >= a);
+                let expiry = matches!(f.code, Code::DeadlineExceeded | Code::Cancelled);
+                (f, attempt_expired && expiry)
+            }
+        };
+        let decision = if timed_out {
+            self.on_attempt_timeout_at(&failure, now)
+        } else {
+            self.on_failure_at(&failure, now)
+        };
+        Verdict {
+            decision,
+            attempt_timed_out: timed_out,
+        }
     }
 
     /// The attempt ran out of its per-attempt timeout before the call's deadline: a
@@ -402,7 +582,7 @@ impl CallRetry {
     /// is retried like a retryable status whatever the method's retryable codes, under every
     /// other rule (pushback, idempotency, attempts, deadline, breaker, budget). `failure`
     /// says whether the request can be replayed; its code is read as `DEADLINE_EXCEEDED`.
-    pub fn on_attempt_timeout_at(&mut self, failure: &Failure, now: Instant) -> Decision {
+    pub(crate) fn on_attempt_timeout_at(&mut self, failure: &Failure, now: Instant) -> Decision {
         let failure = Failure {
             code: Code::DeadlineExceeded,
             ..*failure
@@ -438,8 +618,8 @@ impl CallRetry {
     /// expiry (`DEADLINE_EXCEEDED`, or `CANCELLED`, tonic's answer to an expired
     /// `grpc-timeout`) is the same; any other answer is recorded as it came. A dependency
     /// that hangs is seen by the breaker through the per-attempt timeout
-    /// ([`on_attempt_timeout_at`](Self::on_attempt_timeout_at)).
-    pub fn on_deadline_passed_at(&mut self, answer: Option<&Failure>, now: Instant) {
+    /// ([`on_attempt_end_at`](Self::on_attempt_end_at)).
+    pub(crate) fn on_deadline_passed_at(&mut self, answer: Option<&Failure>, now: Instant) {
         match answer {
             Some(f) if !matches!(f.code, Code::DeadlineExceeded | Code::Cancelled) => {
                 self.record_outcome_at(f.code, f.pushback, now);
@@ -451,7 +631,7 @@ impl CallRetry {
     /// A committed call (its response headers had arrived, so it is never retried) ended
     /// with `code`, e.g. a stream whose trailers carried a status. Records the outcome in
     /// the budget and the breaker as [`on_success_at`](Self::on_success_at) and
-    /// [`on_failure_at`](Self::on_failure_at) would, and decides nothing.
+    /// [`on_attempt_end_at`](Self::on_attempt_end_at) would, and decides nothing.
     pub fn on_committed_at(&mut self, code: Code, now: Instant) {
         if code == Code::Ok {
             self.on_success_at(now);
@@ -558,8 +738,8 @@ impl CallRetry {
     /// the next attempt and counts it. Fails when the breaker opened meanwhile or the
     /// deadline passed; the budget then gets the retry back, as it does when the call is
     /// dropped before the retry starts.
-    pub fn start_retry_at(&mut self, now: Instant) -> Result<(), Refusal> {
-        let started = self.try_start_retry_at(now);
+    pub fn start_retry_at(&mut self, now: Instant) -> Result<AttemptPlan, Refusal> {
+        let started = self.try_start_retry_at(now).map(|()| self.plan_at(now));
         if let Some(at) = self.granted.take()
             && started.is_err()
         {
@@ -873,7 +1053,7 @@ mod tests {
             match call.on_failure_at(&unavailable(), now) {
                 // Kept: a granted retry dropped before it starts goes back to the budget.
                 Decision::Retry { .. } => granted.push(call),
-                Decision::GiveUp(r) => assert_eq!(r, Refusal::Budget),
+                other => assert_eq!(other, Decision::GiveUp(Refusal::Budget)),
             }
         }
         assert_eq!(granted.len(), 10);
@@ -1380,4 +1560,108 @@ mod tests {
         assert_eq!(delays(5), delays(5));
         assert_ne!(delays(5), delays(6));
     }
+
+    fn times(caller: Option<u64>, per_attempt: Option<u64>) -> CallTimes {
+        CallTimes {
+            caller: caller.map(ms),
+            per_attempt: per_attempt.map(ms),
+            ..CallTimes::default()
+        }
+    }
+
+    #[test]
+    fn the_first_attempt_keeps_the_callers_header_and_retries_say_what_is_left() {
+        let c = controller(retried(), budget(5, 0.1));
+        let t0 = Instant::now();
+        let mut call = c.begin_call_at(PATH, &times(Some(300), None), t0).unwrap();
+        let first = call.first_attempt_at(t0);
+        assert_eq!(first.previous_attempts, 0);
+        assert_eq!(first.grpc_timeout, None, "the caller's header is already right");
+        assert_eq!(first.fire_at, Some(t0 + ms(300)));
+        let failed = AttemptEnd::Failed(unavailable());
+        let Decision::Retry { delay } = call.on_attempt_end_at(failed, t0 + ms(10)).decision else {
+            panic!("refused");
+        };
+        let at = t0 + ms(10) + delay;
+        let retry = call.start_retry_at(at).unwrap();
+        assert_eq!(retry.previous_attempts, 1);
+        assert_eq!(retry.grpc_timeout, Some((t0 + ms(300)) - at));
+        assert_eq!(retry.fire_at, Some(t0 + ms(300)));
+    }
+
+    #[test]
+    fn an_attempt_timeout_shorter_than_the_call_sets_the_timer_and_the_header() {
+        let c = controller(retried(), budget(5, 0.1));
+        let t0 = Instant::now();
+        let mut call = c.begin_call_at(PATH, &times(Some(300), Some(50)), t0).unwrap();
+        let first = call.first_attempt_at(t0);
+        assert_eq!(first.grpc_timeout, Some(ms(50)));
+        assert_eq!(first.fire_at, Some(t0 + ms(50)));
+        // No deadline at all: the attempt's own timeout alone.
+        let mut free = c.begin_call_at(PATH, &times(None, Some(50)), t0).unwrap();
+        assert_eq!(free.first_attempt_at(t0).fire_at, Some(t0 + ms(50)));
+        // A policy's own per-attempt timeout wins over the layer's.
+        let own = controller(
+            RetryPolicy {
+                per_attempt_timeout: Some(ms(20)),
+                ..retried()
+            },
+            budget(5, 0.1),
+        );
+        let mut call = own.begin_call_at(PATH, &times(None, Some(50)), t0).unwrap();
+        assert_eq!(call.per_attempt_timeout(), Some(ms(20)));
+        assert_eq!(call.first_attempt_at(t0).fire_at, Some(t0 + ms(20)));
+    }
+
+    #[test]
+    fn the_callers_deadline_ends_the_call_whatever_the_answer() {
+        let c = controller(retried(), budget(5, 0.1));
+        let t0 = Instant::now();
+        let mut call = c.begin_call_at(PATH, &times(Some(100), Some(50)), t0).unwrap();
+        call.first_attempt_at(t0);
+        let late = AttemptEnd::Failed(unavailable());
+        assert_eq!(
+            call.on_attempt_end_at(late, t0 + ms(100)),
+            Verdict {
+                decision: Decision::Expired,
+                attempt_timed_out: false
+            }
+        );
+        let mut call = c.begin_call_at(PATH, &times(Some(100), None), t0).unwrap();
+        call.first_attempt_at(t0);
+        let timer = AttemptEnd::TimedOut {
+            replayable: true,
+            unsent: false,
+        };
+        assert_eq!(
+            call.on_attempt_end_at(timer, t0 + ms(100)).decision,
+            Decision::Expired
+        );
+    }
+
+    #[test]
+    fn an_expiry_answer_past_the_attempts_deadline_is_that_attempt_timing_out() {
+        // DEADLINE_EXCEEDED is not a retryable code here, yet past the attempt's own
+        // deadline it is the attempt timing out, and retried.
+        let c = controller(retried(), budget(5, 0.1));
+        let t0 = Instant::now();
+        let mut call = c.begin_call_at(PATH, &times(Some(300), Some(50)), t0).unwrap();
+        call.first_attempt_at(t0);
+        let cancelled = AttemptEnd::Failed(Failure::status(Code::Cancelled));
+        let verdict = call.on_attempt_end_at(cancelled, t0 + ms(50));
+        assert!(verdict.attempt_timed_out);
+        assert!(matches!(verdict.decision, Decision::Retry { .. }));
+        // The same answer before the attempt's deadline is the server's own answer.
+        let mut call = c.begin_call_at(PATH, &times(Some(300), Some(50)), t0).unwrap();
+        call.first_attempt_at(t0);
+        let early = AttemptEnd::Failed(Failure::status(Code::DeadlineExceeded));
+        assert_eq!(
+            call.on_attempt_end_at(early, t0 + ms(49)),
+            Verdict {
+                decision: Decision::GiveUp(Refusal::NotRetryable),
+                attempt_timed_out: false
+            }
+        );
+    }
+
 }

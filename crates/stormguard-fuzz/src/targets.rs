@@ -15,7 +15,7 @@ use stormguard_core::context::{MAX_RETRY_ALLOWANCE, parse_retry_budget};
 use stormguard_core::criticality::{Criticality, CriticalityTable};
 use stormguard_core::deadline::{decode_grpc_timeout, encode_grpc_timeout};
 use stormguard_core::pushback::{MAX_PUSHBACK_MS, Pushback, parse_pushback};
-use stormguard_core::retry::{Decision, Failure, RetryController};
+use stormguard_core::retry::{AttemptEnd, Decision, Failure, RetryController};
 use tokio::time::Instant;
 
 /// What a target made of one input.
@@ -751,7 +751,7 @@ fn drive(config: &ClientConfig, text: &str) {
                 let mut t = now;
                 for _ in 0..8 {
                     let failure = Failure::status(Code::Unavailable).with_pushback(pushback);
-                    match call.on_failure_at(&failure, t) {
+                    match call.on_attempt_end_at(AttemptEnd::Failed(failure), t).decision {
                         Decision::Retry { delay } => {
                             t = match t.checked_add(delay) {
                                 Some(t) => t,
@@ -765,7 +765,7 @@ fn drive(config: &ClientConfig, text: &str) {
                                 break;
                             }
                         }
-                        Decision::GiveUp(_) => break,
+                        Decision::GiveUp(_) | Decision::Expired => break,
                     }
                 }
                 call.on_success_at(t);

@@ -10,7 +10,7 @@ use stormguard_core::code::Code;
 use stormguard_core::config::ClientConfig;
 use stormguard_core::deadline::decode_grpc_timeout;
 use stormguard_core::pushback::{Pushback, parse_pushback};
-use stormguard_core::retry::{Decision, Failure, Refusal, RetryController};
+use stormguard_core::retry::{AttemptEnd, Decision, Failure, Refusal, RetryController};
 use stormguard_fuzz::targets;
 use tokio::time::Instant;
 
@@ -143,7 +143,7 @@ fn a_pushback_of_2_pow_31_ms_means_no_retry() {
             .unwrap();
         let failure = Failure::status(Code::Unavailable).with_pushback(pushback);
         assert!(matches!(
-            call.on_failure_at(&failure, now),
+            call.on_attempt_end_at(AttemptEnd::Failed(failure), now).decision,
             Decision::GiveUp(Refusal::Pushback | Refusal::Deadline)
         ));
     }

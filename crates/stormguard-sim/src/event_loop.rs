@@ -225,6 +225,11 @@ impl<'a> Sim<'a> {
         self.at(self.now)
     }
 
+    /// The virtual time of `at` (the inverse of [`at`](Self::at)).
+    pub(crate) fn tick(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
+    }
+
     pub(crate) fn schedule(&mut self, at: u64, event: Event) {
         self.seq += 1;
         self.heap.push(Scheduled {

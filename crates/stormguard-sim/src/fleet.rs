@@ -17,7 +17,10 @@ use stormguard_core::budget::{Budget, RetryBudget, Unlimited};
 use stormguard_core::code::Code;
 use stormguard_core::policy::MethodTable;
 use stormguard_core::pushback::Pushback;
-use stormguard_core::retry::{CallRetry, Decision, Failure, Refusal, RetryController};
+use stormguard_core::deadline::CallTimes;
+use stormguard_core::retry::{
+    AttemptEnd, AttemptPlan, CallRetry, Decision, Failure, Refusal, RetryController,
+};
 use stormguard_core::throttle::A6Throttle;
 
 use crate::SimError;
@@ -48,9 +51,6 @@ pub(crate) struct Call {
     pub(crate) shard: u32,
     pub(crate) arrived: u64,
     pub(crate) deadline: Option<u64>,
-    /// When the attempt in flight runs out of its per-attempt timeout, if that is before
-    /// `deadline` (the client layer's rule: otherwise the caller's deadline ends it).
-    pub(crate) attempt_deadline: Option<u64>,
     /// The failure the pending retry retries: what the caller gets if the retry cannot
     /// start.
     pub(crate) last: Option<Failure>,
@@ -115,7 +115,12 @@ impl Sim<'_> {
             .deadline
             .map(|d| self.now.saturating_add(nanos(d)));
         let now = self.instant();
-        let begun = self.controllers[index].begin_at(PATH, deadline.map(|d| self.at(d)), now);
+        let times = CallTimes {
+            caller: self.sc.policy.deadline,
+            per_attempt: self.sc.policy.layer_per_attempt_timeout,
+            ..CallTimes::default()
+        };
+        let begun = self.controllers[index].begin_call_at(PATH, &times, now);
         let retry = match begun {
             Ok(retry) => retry,
             Err(_) => {
@@ -149,7 +154,6 @@ impl Sim<'_> {
             shard: shard as u32,
             arrived: self.now,
             deadline,
-            attempt_deadline: None,
             last: None,
             id: 0,
             in_flight: false,
@@ -172,10 +176,17 @@ impl Sim<'_> {
             self.finish(slot, End::Expired);
             return;
         }
-        self.send_attempt(slot);
+        let now = self.instant();
+        let Some(call) = self.calls[slot as usize].as_mut() else {
+            return;
+        };
+        let plan = call.retry.first_attempt_at(now);
+        self.send_attempt(slot, plan);
     }
 
-    fn send_attempt(&mut self, slot: u32) {
+    /// Sends the attempt `plan` describes (its timer is the client layer's, as the policy
+    /// crate sets it for the layer too).
+    fn send_attempt(&mut self, slot: u32, plan: AttemptPlan) {
         self.next_id += 1;
         let id = self.next_id;
         let now = self.now;
@@ -187,23 +198,9 @@ impl Sim<'_> {
         call.attempts += 1;
         let retry = call.retry.previous_attempts() > 0;
         let shard_index = call.shard;
-        let deadline = call.deadline;
         let measured = call.measured;
         let level = call.level;
-        // The client's timer, as the layer sets it: the attempt's own deadline when its
-        // timeout (the method's policy's, else the layer's) ends it before the call's
-        // deadline, else the call's deadline.
-        let attempt = call
-            .retry
-            .per_attempt_timeout()
-            .or(self.sc.policy.layer_per_attempt_timeout)
-            .map(|t| now.saturating_add(nanos(t)));
-        call.attempt_deadline = match (attempt, deadline) {
-            (Some(a), Some(d)) if a < d => Some(a),
-            (_, Some(_)) => None,
-            (a, None) => a,
-        };
-        let timer = call.attempt_deadline.or(deadline);
+        let timer = plan.fire_at.map(|at| self.tick(at));
         if measured {
             self.stats.attempts_by_level[level as usize] += 1;
         }
@@ -303,7 +300,7 @@ impl Sim<'_> {
             // live answer always comes before the attempt's timeout and the caller's
             // deadline: unlike the layer, whose channel may report an expiry first, the
             // simulator sees every expiry through `timeout`.
-            Outcome::Failed(failure) => self.failed(slot, failure, false),
+            Outcome::Failed(failure) => self.failed(slot, failure),
         }
     }
 
@@ -325,41 +322,46 @@ impl Sim<'_> {
             let job = Job { slot, id };
             self.schedule(at, Event::ServerCancel { shard, job });
         }
-        let now = self.instant();
         let Some(call) = self.calls[slot as usize].as_mut() else {
             return;
         };
-        if call.attempt_deadline.is_none() {
-            // The caller's deadline ran out mid-attempt: final, and recorded nowhere.
-            call.retry.on_deadline_passed_at(None, now);
-            self.finish(slot, End::Expired);
-            return;
-        }
-        // The attempt's own timeout ran out: a failure of the dependency.
-        self.failed(slot, Failure::status(Code::DeadlineExceeded), true);
+        // The layer's timer fired: the caller's deadline or the attempt's own timeout,
+        // which the call's retry state tells apart.
+        call.in_flight = false;
+        let end = AttemptEnd::TimedOut {
+            replayable: true,
+            unsent: false,
+        };
+        self.ended(slot, end, Failure::status(Code::DeadlineExceeded));
     }
 
-    /// The attempt in flight failed (`timed_out`: it ran out of its per-attempt timeout)
-    /// before the caller's deadline: the call's retry state decides what follows.
-    fn failed(&mut self, slot: u32, failure: Failure, timed_out: bool) {
+    /// The attempt in flight failed with an answer.
+    fn failed(&mut self, slot: u32, failure: Failure) {
+        if let Some(call) = self.calls[slot as usize].as_mut() {
+            call.in_flight = false;
+        }
+        self.ended(slot, AttemptEnd::Failed(failure), failure);
+    }
+
+    /// The attempt in flight ended (`failure`: what the caller gets if nothing follows);
+    /// the call's retry state decides what follows, as it does for the layer.
+    fn ended(&mut self, slot: u32, end: AttemptEnd, failure: Failure) {
         let now = self.instant();
         let Some(call) = self.calls[slot as usize].as_mut() else {
             return;
         };
-        call.in_flight = false;
-        let decision = if timed_out {
-            call.retry.on_attempt_timeout_at(&failure, now)
-        } else {
-            call.retry.on_failure_at(&failure, now)
-        };
-        match decision {
+        let verdict = call.retry.on_attempt_end_at(end, now);
+        match verdict.decision {
             Decision::Retry { delay } => {
                 call.last = Some(failure);
                 let id = call.id;
                 let at = self.now.saturating_add(nanos(delay));
                 self.schedule(at, Event::RetryStart { slot, id });
             }
-            Decision::GiveUp(refusal) if timed_out => self.finish(slot, End::TimedOut(refusal)),
+            Decision::Expired => self.finish(slot, End::Expired),
+            Decision::GiveUp(refusal) if verdict.attempt_timed_out => {
+                self.finish(slot, End::TimedOut(refusal))
+            }
             Decision::GiveUp(refusal) => self.finish(slot, End::GaveUp(refusal, failure)),
         }
     }
@@ -377,7 +379,7 @@ impl Sim<'_> {
         // deadline past, `start_retry_at` would refuse and refund the grant, as the layer's
         // expiry does by dropping the call state.
         match call.retry.start_retry_at(now) {
-            Ok(()) => self.send_attempt(slot),
+            Ok(plan) => self.send_attempt(slot, plan),
             Err(refusal) => {
                 let last = call.last.unwrap_or(Failure::status(Code::Unavailable));
                 self.finish(slot, End::GaveUp(refusal, last));
@@ -469,8 +471,12 @@ impl Sim<'_> {
         let process = self.rng.usize(0..processes.len());
         let shard = self.rng.usize(0..self.sc.shards.len());
         let now = self.instant();
-        let begun =
-            self.relays[level as usize][process].begin_at(PATH, deadline.map(|d| self.at(d)), now);
+        let times = CallTimes {
+            inbound: deadline.map(|d| self.at(d)),
+            per_attempt: self.sc.policy.layer_per_attempt_timeout,
+            ..CallTimes::default()
+        };
+        let begun = self.relays[level as usize][process].begin_call_at(PATH, &times, now);
         match begun {
             Ok(retry) => self.start_call(
                 retry,
