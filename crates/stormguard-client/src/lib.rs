@@ -82,7 +82,6 @@
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
-mod body;
 pub mod criticality;
 pub mod interceptor;
 
@@ -115,9 +114,9 @@ pub mod retry;
 pub mod stats;
 mod status;
 
-pub use body::DEFAULT_REPLAY_LIMIT;
 pub use criticality::{CriticalityLayer, StampCriticality};
 pub use interceptor::ContextInterceptor;
+pub use retry::DEFAULT_REPLAY_LIMIT;
 pub use retry::{ResponseBody, Retry, RetryLayer};
 pub use stats::{RefusedCounts, RetryStats, StatsSnapshot};
 pub use status::{BoxError, PREVIOUS_ATTEMPTS_HEADER, code_from_tonic, code_to_tonic};

@@ -512,7 +512,8 @@ impl CallRetry {
         // The first attempt of a call whose deadline is the caller's own header keeps that
         // header (it was encoded a moment ago): no second encoding. Every other attempt
         // with a limit says what is left of it.
-        let keep = self.previous_attempts == 0 && self.caller_header && self.attempt_deadline.is_none();
+        let keep =
+            self.previous_attempts == 0 && self.caller_header && self.attempt_deadline.is_none();
         AttemptPlan {
             previous_attempts: self.previous_attempts,
             grpc_timeout: fire_at
@@ -1576,7 +1577,10 @@ mod tests {
         let mut call = c.begin_call_at(PATH, &times(Some(300), None), t0).unwrap();
         let first = call.first_attempt_at(t0);
         assert_eq!(first.previous_attempts, 0);
-        assert_eq!(first.grpc_timeout, None, "the caller's header is already right");
+        assert_eq!(
+            first.grpc_timeout, None,
+            "the caller's header is already right"
+        );
         assert_eq!(first.fire_at, Some(t0 + ms(300)));
         let failed = AttemptEnd::Failed(unavailable());
         let Decision::Retry { delay } = call.on_attempt_end_at(failed, t0 + ms(10)).decision else {
@@ -1593,7 +1597,9 @@ mod tests {
     fn an_attempt_timeout_shorter_than_the_call_sets_the_timer_and_the_header() {
         let c = controller(retried(), budget(5, 0.1));
         let t0 = Instant::now();
-        let mut call = c.begin_call_at(PATH, &times(Some(300), Some(50)), t0).unwrap();
+        let mut call = c
+            .begin_call_at(PATH, &times(Some(300), Some(50)), t0)
+            .unwrap();
         let first = call.first_attempt_at(t0);
         assert_eq!(first.grpc_timeout, Some(ms(50)));
         assert_eq!(first.fire_at, Some(t0 + ms(50)));
@@ -1617,7 +1623,9 @@ mod tests {
     fn the_callers_deadline_ends_the_call_whatever_the_answer() {
         let c = controller(retried(), budget(5, 0.1));
         let t0 = Instant::now();
-        let mut call = c.begin_call_at(PATH, &times(Some(100), Some(50)), t0).unwrap();
+        let mut call = c
+            .begin_call_at(PATH, &times(Some(100), Some(50)), t0)
+            .unwrap();
         call.first_attempt_at(t0);
         let late = AttemptEnd::Failed(unavailable());
         assert_eq!(
@@ -1645,14 +1653,18 @@ mod tests {
         // deadline it is the attempt timing out, and retried.
         let c = controller(retried(), budget(5, 0.1));
         let t0 = Instant::now();
-        let mut call = c.begin_call_at(PATH, &times(Some(300), Some(50)), t0).unwrap();
+        let mut call = c
+            .begin_call_at(PATH, &times(Some(300), Some(50)), t0)
+            .unwrap();
         call.first_attempt_at(t0);
         let cancelled = AttemptEnd::Failed(Failure::status(Code::Cancelled));
         let verdict = call.on_attempt_end_at(cancelled, t0 + ms(50));
         assert!(verdict.attempt_timed_out);
         assert!(matches!(verdict.decision, Decision::Retry { .. }));
         // The same answer before the attempt's deadline is the server's own answer.
-        let mut call = c.begin_call_at(PATH, &times(Some(300), Some(50)), t0).unwrap();
+        let mut call = c
+            .begin_call_at(PATH, &times(Some(300), Some(50)), t0)
+            .unwrap();
         call.first_attempt_at(t0);
         let early = AttemptEnd::Failed(Failure::status(Code::DeadlineExceeded));
         assert_eq!(
@@ -1663,5 +1675,4 @@ mod tests {
             }
         );
     }
-
 }

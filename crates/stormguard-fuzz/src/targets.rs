@@ -751,7 +751,10 @@ fn drive(config: &ClientConfig, text: &str) {
                 let mut t = now;
                 for _ in 0..8 {
                     let failure = Failure::status(Code::Unavailable).with_pushback(pushback);
-                    match call.on_attempt_end_at(AttemptEnd::Failed(failure), t).decision {
+                    match call
+                        .on_attempt_end_at(AttemptEnd::Failed(failure), t)
+                        .decision
+                    {
                         Decision::Retry { delay } => {
                             t = match t.checked_add(delay) {
                                 Some(t) => t,

@@ -143,7 +143,8 @@ fn a_pushback_of_2_pow_31_ms_means_no_retry() {
             .unwrap();
         let failure = Failure::status(Code::Unavailable).with_pushback(pushback);
         assert!(matches!(
-            call.on_attempt_end_at(AttemptEnd::Failed(failure), now).decision,
+            call.on_attempt_end_at(AttemptEnd::Failed(failure), now)
+                .decision,
             Decision::GiveUp(Refusal::Pushback | Refusal::Deadline)
         ));
     }

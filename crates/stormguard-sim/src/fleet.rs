@@ -15,9 +15,9 @@ use std::sync::Arc;
 use stormguard_core::breaker::CircuitBreaker;
 use stormguard_core::budget::{Budget, RetryBudget, Unlimited};
 use stormguard_core::code::Code;
+use stormguard_core::deadline::CallTimes;
 use stormguard_core::policy::MethodTable;
 use stormguard_core::pushback::Pushback;
-use stormguard_core::deadline::CallTimes;
 use stormguard_core::retry::{
     AttemptEnd, AttemptPlan, CallRetry, Decision, Failure, Refusal, RetryController,
 };

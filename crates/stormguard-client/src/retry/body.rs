@@ -19,7 +19,7 @@ use stormguard_core::Instant;
 use stormguard_core::code::Code;
 use stormguard_core::retry::CallRetry;
 
-use crate::stats::CallStats;
+use super::record::CallStats;
 use crate::status::trailers_only_code;
 
 pin_project! {

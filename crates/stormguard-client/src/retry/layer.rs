@@ -7,7 +7,7 @@ use stormguard_core::retry::RetryController;
 use tower_layer::Layer;
 
 use super::Retry;
-use crate::body::DEFAULT_REPLAY_LIMIT;
+use super::replay::DEFAULT_REPLAY_LIMIT;
 use crate::stats::RetryStats;
 
 /// Wraps a tonic channel (any `Clone` service of `http::Request<tonic::body::Body>`) in a

@@ -83,9 +83,15 @@
 //! runs such a storm (5 120 expiring calls on one connection) and checks that every call
 //! ends in its own deadline and the connection still serves afterwards.
 
+mod attempt;
 mod body;
+mod classify;
+mod end;
 mod future;
 mod layer;
+mod record;
+mod replay;
+mod timer;
 
 use std::fmt;
 use std::sync::Arc;
@@ -97,6 +103,7 @@ use tower_service::Service;
 pub use self::body::ResponseBody;
 pub use self::future::ResponseFuture;
 pub use self::layer::RetryLayer;
+pub use self::replay::DEFAULT_REPLAY_LIMIT;
 use crate::stats::RetryStats;
 use crate::status::BoxError;
 

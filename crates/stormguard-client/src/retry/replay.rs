@@ -423,6 +423,64 @@ impl Drop for ReplayBody {
     }
 }
 
+/// A body that sends `data`.
+pub(super) fn full(data: Bytes) -> Body {
+    if data.is_empty() {
+        return Body::empty();
+    }
+    Body::new(OneChunk(Some(data)))
+}
+
+/// A body that sends one chunk of data. Unlike `http_body_util::Full` it announces no
+/// exact length, as tonic's own request body does not: hyper then adds no
+/// `content-length`, and the attempt is framed exactly as it would be without the layer.
+struct OneChunk(Option<Bytes>);
+
+impl http_body::Body for OneChunk {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(
+            self.get_mut()
+                .0
+                .take()
+                .map(|d| Ok(http_body::Frame::data(d))),
+        )
+    }
+}
+
+/// How a retry resends the request body.
+pub(super) enum Resend {
+    /// It cannot: the method is not retried, or the body was too large to keep.
+    Never,
+    /// The whole body, read before the first attempt.
+    Whole(Bytes),
+    /// The body as buffered while the first attempt sent it.
+    Stream(Replay),
+}
+
+impl Resend {
+    pub(super) fn is_replayable(&self) -> bool {
+        match self {
+            Resend::Never => false,
+            Resend::Whole(_) => true,
+            Resend::Stream(replay) => replay.is_replayable(),
+        }
+    }
+
+    pub(super) fn body(&self) -> Body {
+        match self {
+            Resend::Never => Body::empty(),
+            Resend::Whole(data) => full(data.clone()),
+            Resend::Stream(replay) => Body::new(replay.body()),
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

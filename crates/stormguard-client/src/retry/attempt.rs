@@ -1,0 +1,232 @@
+//! The attempts of one logical call: what is kept of the request to send it again, and
+//! what each attempt carries on the wire.
+//!
+//! The first attempt takes the caller's request itself. A retry is rebuilt from a
+//! [`Template`] (method, URI, version, headers, extensions) and the request body as
+//! [`Resend`] keeps it. Only a request whose body can be replayed is copied at all: the
+//! parts of any other request go out once.
+//!
+//! Every attempt is *stamped* from the [`AttemptPlan`] the call's retry state made for it:
+//! `grpc-timeout` (what is left of the call, or the attempt's own shorter limit),
+//! `grpc-previous-rpc-attempts` on retries, and what is left of the request's retry
+//! allowance as `x-retry-budget`.
+
+use std::time::Duration;
+
+use http::header::HeaderName;
+use http::{HeaderMap, HeaderValue, Method, Uri, Version};
+use stormguard_core::context::{self, RETRY_BUDGET_HEADER};
+use stormguard_core::deadline::{GRPC_TIMEOUT_HEADER, decode_grpc_timeout, encode_grpc_timeout};
+use stormguard_core::retry::AttemptPlan;
+use tonic::GrpcMethod;
+use tonic::body::Body;
+
+use super::replay::{Buffered, Resend, buffer, full};
+use crate::status::PREVIOUS_ATTEMPTS_HEADER;
+
+/// The `grpc-timeout` header, as a name built once (a `&str` key is parsed on every use).
+const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(GRPC_TIMEOUT_HEADER);
+/// The `x-retry-budget` header, as a name built once.
+const X_RETRY_BUDGET: HeaderName = HeaderName::from_static(RETRY_BUDGET_HEADER);
+/// The `grpc-previous-rpc-attempts` header, as a name built once.
+const PREVIOUS_ATTEMPTS: HeaderName = HeaderName::from_static(PREVIOUS_ATTEMPTS_HEADER);
+
+/// What a call keeps to send its retries.
+pub(super) struct Attempts {
+    template: Template,
+    resend: Resend,
+}
+
+impl Attempts {
+    /// Prepares the first attempt of `request` as `plan` says. When the method may be
+    /// retried (`retryable`), its body is made replayable within `replay_limit` bytes and
+    /// the parts are kept for a retry.
+    pub(super) fn first(
+        request: http::Request<Body>,
+        plan: &AttemptPlan,
+        retryable: bool,
+        replay_limit: usize,
+    ) -> (Attempts, http::Request<Body>) {
+        let (mut parts, body) = request.into_parts();
+        stamp(&mut parts.headers, plan);
+        let (resend, body) = if retryable {
+            match buffer(body, replay_limit) {
+                Buffered::Whole(data) => (Resend::Whole(data.clone()), full(data)),
+                Buffered::Stream(replay, first) => (Resend::Stream(replay), Body::new(first)),
+                // The body announced a length over the bound: sent once, never copied.
+                Buffered::Once(body) => (Resend::Never, body),
+            }
+        } else {
+            (Resend::Never, body)
+        };
+        let mut template = Template {
+            method: parts.method.clone(),
+            uri: parts.uri.clone(),
+            version: parts.version,
+            headers: SavedHeaders::Few(Default::default()),
+            extensions: SavedExtensions::Empty,
+        };
+        // Only a replayable body can be resent (see `Failure::replayable`): the parts of any
+        // other request go out once and are not copied.
+        if !matches!(resend, Resend::Never) {
+            template.headers = SavedHeaders::of(&parts.headers);
+            template.extensions = SavedExtensions::of(&parts.extensions);
+        }
+        let attempts = Attempts { template, resend };
+        (attempts, http::Request::from_parts(parts, body))
+    }
+
+    /// A call that is not sent at all (refused before its first attempt): nothing is kept
+    /// but its URI.
+    pub(super) fn unsent(uri: Uri) -> Attempts {
+        Attempts {
+            template: Template {
+                method: Method::POST,
+                uri,
+                version: Version::default(),
+                headers: SavedHeaders::Few(Default::default()),
+                extensions: SavedExtensions::Empty,
+            },
+            resend: Resend::Never,
+        }
+    }
+
+    /// The request of a retry, stamped as `plan` says.
+    pub(super) fn retry(&self, plan: &AttemptPlan) -> http::Request<Body> {
+        let mut request = self.template.request(self.resend.body());
+        stamp(request.headers_mut(), plan);
+        request
+    }
+
+    /// Whether the request can be sent again (its body is held within the limit).
+    pub(super) fn is_replayable(&self) -> bool {
+        self.resend.is_replayable()
+    }
+
+    /// The call committed: no retry can follow, so stop buffering the request body.
+    pub(super) fn commit(&mut self) {
+        if let Resend::Stream(replay) = std::mem::replace(&mut self.resend, Resend::Never) {
+            replay.commit();
+        }
+    }
+
+    /// The request's URI (`rpc.method` of events is its path).
+    pub(super) fn uri(&self) -> &Uri {
+        &self.template.uri
+    }
+}
+
+/// The caller's own timeout: the request's `grpc-timeout` (from `Request::set_timeout`), if
+/// it has a well-formed one.
+pub(super) fn caller_timeout(headers: &HeaderMap) -> Option<Duration> {
+    headers
+        .get(&GRPC_TIMEOUT)
+        .and_then(|v| decode_grpc_timeout(v.to_str().ok()?).ok())
+}
+
+/// Writes what `plan` says an attempt carries: its `grpc-timeout` (when it must change),
+/// its attempt number (on retries) and what is left of the request's retry allowance.
+fn stamp(headers: &mut HeaderMap, plan: &AttemptPlan) {
+    if let Some(left) = plan.grpc_timeout
+        && let Ok(value) = HeaderValue::from_str(encode_grpc_timeout(left).as_str())
+    {
+        headers.insert(GRPC_TIMEOUT, value);
+    }
+    if plan.previous_attempts > 0 {
+        headers.insert(PREVIOUS_ATTEMPTS, HeaderValue::from(plan.previous_attempts));
+    }
+    if let Some(left) = context::remaining_allowance() {
+        headers.insert(X_RETRY_BUDGET, HeaderValue::from(left));
+    }
+}
+
+/// What is kept of a request to build a retry.
+struct Template {
+    method: Method,
+    uri: Uri,
+    version: Version,
+    headers: SavedHeaders,
+    extensions: SavedExtensions,
+}
+
+impl Template {
+    /// A retry's request, with `body`.
+    fn request(&self, body: Body) -> http::Request<Body> {
+        let mut request = http::Request::new(body);
+        *request.method_mut() = self.method.clone();
+        *request.uri_mut() = self.uri.clone();
+        *request.version_mut() = self.version;
+        *request.headers_mut() = self.headers.to_map();
+        *request.extensions_mut() = self.extensions.to_extensions();
+        request
+    }
+}
+
+/// Headers kept for a retry: a handful inline (a gRPC request usually carries `te`,
+/// `content-type` and little else), more in a copied map.
+enum SavedHeaders {
+    Few([Option<(HeaderName, HeaderValue)>; FEW_HEADERS]),
+    Many(HeaderMap),
+}
+
+const FEW_HEADERS: usize = 4;
+
+impl SavedHeaders {
+    fn of(headers: &HeaderMap) -> Self {
+        if headers.len() > FEW_HEADERS {
+            return SavedHeaders::Many(headers.clone());
+        }
+        let mut few: [Option<(HeaderName, HeaderValue)>; FEW_HEADERS] = Default::default();
+        for (slot, (name, value)) in few.iter_mut().zip(headers) {
+            *slot = Some((name.clone(), value.clone()));
+        }
+        SavedHeaders::Few(few)
+    }
+
+    fn to_map(&self) -> HeaderMap {
+        match self {
+            SavedHeaders::Few(few) => {
+                let mut map = HeaderMap::with_capacity(FEW_HEADERS + 2);
+                for (name, value) in few.iter().flatten() {
+                    map.append(name.clone(), value.clone());
+                }
+                map
+            }
+            SavedHeaders::Many(map) => map.clone(),
+        }
+    }
+}
+
+/// Extensions kept for a retry. tonic's generated clients add one, the method's name
+/// ([`GrpcMethod`]), which is kept as it is; any other set is cloned whole.
+enum SavedExtensions {
+    Empty,
+    Method(GrpcMethod<'static>),
+    All(http::Extensions),
+}
+
+impl SavedExtensions {
+    fn of(extensions: &http::Extensions) -> Self {
+        if extensions.is_empty() {
+            return SavedExtensions::Empty;
+        }
+        if extensions.len() == 1
+            && let Some(method) = extensions.get::<GrpcMethod<'static>>()
+        {
+            return SavedExtensions::Method(method.clone());
+        }
+        SavedExtensions::All(extensions.clone())
+    }
+
+    fn to_extensions(&self) -> http::Extensions {
+        match self {
+            SavedExtensions::Empty => http::Extensions::new(),
+            SavedExtensions::Method(method) => {
+                let mut extensions = http::Extensions::new();
+                extensions.insert(method.clone());
+                extensions
+            }
+            SavedExtensions::All(extensions) => extensions.clone(),
+        }
+    }
+}

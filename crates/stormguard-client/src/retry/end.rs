@@ -1,0 +1,125 @@
+//! How a call ends when the layer does not pass an answer through: the status the caller
+//! gets, what is counted, and the event that says why.
+//!
+//! Every give-up on a *retryable* failure (budget, breaker, attempts, deadline, the
+//! request's allowance) is marked `grpc-retry-pushback-ms: -1`, so that no layer above
+//! retries the same failure, and is recorded in the current request scope, so that the
+//! server layer around a handler can mark the handler's own answer too.
+
+use std::time::Duration;
+
+use http::Uri;
+use stormguard_core::code::Code;
+use stormguard_core::context;
+use stormguard_core::retry::Refusal;
+use tonic::Status;
+
+use super::body::ResponseBody;
+use super::classify::Last;
+use super::record::CallStats;
+use crate::status::{
+    BoxError, classify_error, mark_do_not_retry, status_do_not_retry, status_from_error,
+};
+
+/// What the future of a call returns.
+pub(super) type CallResult<B> = Result<http::Response<ResponseBody<B>>, BoxError>;
+
+/// The breaker is open: the first attempt is not sent, and callers above are told not to
+/// retry into it either.
+pub(super) fn breaker_open(stats: &mut CallStats, refusal: Refusal) -> Status {
+    stats.refused(refusal);
+    stats.outcome(Code::Unavailable);
+    status_do_not_retry(Status::unavailable(format!(
+        "stormguard: call not sent ({refusal}): the circuit breaker is open"
+    )))
+}
+
+/// The caller's deadline had passed before the call was sent.
+pub(super) fn expired_before_sent(stats: &mut CallStats) -> Status {
+    stats.deadline_exceeded();
+    stats.outcome(Code::DeadlineExceeded);
+    Status::deadline_exceeded("stormguard: the call's deadline had passed before it was sent")
+}
+
+/// The caller's deadline ran out: `DEADLINE_EXCEEDED`, never retried, whatever the
+/// attempt's answer was. (The call's retry state recorded what it had to.)
+pub(super) fn expired<B>(stats: &mut CallStats) -> CallResult<B> {
+    stats.deadline_exceeded();
+    stats.outcome(Code::DeadlineExceeded);
+    Err(Box::new(Status::deadline_exceeded(
+        "stormguard: the call's deadline was exceeded",
+    )))
+}
+
+/// The channel could not be readied for a retry: the call ends like every other give-up,
+/// as a status marked "do not retry".
+pub(super) fn not_ready<B>(stats: &mut CallStats, err: BoxError) -> CallResult<B> {
+    let code = classify_error(&*err).code;
+    stats.outcome(code);
+    Err(Box::new(status_do_not_retry(status_from_error(err, code))))
+}
+
+/// The layer will not retry the failed attempt (`timed_out`: it ran out of its
+/// per-attempt timeout). A timed-out attempt answers `DEADLINE_EXCEEDED` marked "do not
+/// retry" (the call already took its time; a layer above that retried it would multiply
+/// the load on a slow dependency). Any other failure goes to the caller as it came, marked
+/// "do not retry" when stormguard refused to retry a retryable failure; a pushback that
+/// refused the retry is recorded in the request scope too.
+pub(super) fn give_up<B>(
+    stats: &mut CallStats,
+    refusal: Refusal,
+    last: Last<B>,
+    timed_out: bool,
+) -> CallResult<B> {
+    stats.refused(refusal);
+    if timed_out {
+        stats.outcome(Code::DeadlineExceeded);
+        return Err(Box::new(status_do_not_retry(Status::deadline_exceeded(
+            format!("stormguard: the attempt timed out and was not retried ({refusal})"),
+        ))));
+    }
+    stats.outcome(last.code());
+    let mark = refusal.is_retryable_but_refused();
+    if refusal == Refusal::Pushback {
+        // The server said not to retry (or to wait longer than the policy allows): its
+        // answer goes up as it came, and the request scope learns that this call was
+        // refused, so that a handler's own answer is marked too.
+        context::mark_downstream_refused();
+    }
+    match last {
+        Last::Response(mut response) => {
+            if mark {
+                mark_do_not_retry(response.headers_mut());
+            }
+            Ok(response.map(ResponseBody::passthrough))
+        }
+        Last::Error(status) if mark => Err(Box::new(status_do_not_retry(status))),
+        Last::Error(status) => Err(Box::new(status)),
+    }
+}
+
+/// A retry was refused: an event with its cause, the attempt it followed and the time left
+/// on the call's deadline. Refusals that a healthy service makes all the time (a status
+/// that is not retryable, a pushback) are at DEBUG; those that mean a dependency is
+/// failing beyond what the policy pays for (budget, breaker, attempts, deadline, the
+/// request's allowance) are at INFO.
+pub(super) fn log_refusal(uri: &Uri, refusal: Refusal, attempt: u32, left: Option<Duration>) {
+    let left_ms = left.map(|d| d.as_millis() as u64);
+    macro_rules! refused {
+        ($level:expr) => {
+            tracing::event!(
+                $level,
+                rpc.method = uri.path(),
+                retry.refused = refusal.as_str(),
+                retry.attempt = attempt,
+                deadline.left_ms = left_ms,
+                "stormguard: retry refused"
+            )
+        };
+    }
+    if refusal.is_retryable_but_refused() {
+        refused!(tracing::Level::INFO);
+    } else {
+        refused!(tracing::Level::DEBUG);
+    }
+}
