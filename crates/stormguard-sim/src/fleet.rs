@@ -18,32 +18,19 @@ use stormguard_core::code::Code;
 use stormguard_core::deadline::CallTimes;
 use stormguard_core::policy::MethodTable;
 use stormguard_core::pushback::Pushback;
-use stormguard_core::retry::{
-    AttemptEnd, AttemptPlan, CallRetry, Decision, Failure, Refusal, RetryController,
-};
+use stormguard_core::retry::{AttemptPlan, Failure, Refusal, RetryController};
 use stormguard_core::throttle::A6Throttle;
 
 use crate::SimError;
+use crate::client::{End, SimCall, Step};
 use crate::event_loop::{Event, Outcome, Sim};
 use crate::scenario::{BudgetKind, ClientPolicy, PATH, ServerKind, mix, nanos};
 use crate::server::Job;
 
-/// How a logical call ended.
-#[derive(Clone, Copy, Debug)]
-enum End {
-    /// An attempt answered `OK`.
-    Ok,
-    /// The call gave up on this failure (or its retry could not start).
-    GaveUp(Refusal, Failure),
-    /// An attempt ran out of its per-attempt timeout and was not retried.
-    TimedOut(Refusal),
-    /// The caller's deadline ran out.
-    Expired,
-}
-
 /// One logical call in flight: the fleet's, or one a middle tier makes for an attempt.
 pub(crate) struct Call {
-    pub(crate) retry: CallRetry,
+    /// The simulated client layer's state of the call.
+    pub(crate) sim: SimCall,
     /// 0 for the fleet's calls, k for calls made by tier k - 1.
     pub(crate) level: u8,
     /// The attempt this call serves, for calls made by a middle tier.
@@ -51,9 +38,6 @@ pub(crate) struct Call {
     pub(crate) shard: u32,
     pub(crate) arrived: u64,
     pub(crate) deadline: Option<u64>,
-    /// The failure the pending retry retries: what the caller gets if the retry cannot
-    /// start.
-    pub(crate) last: Option<Failure>,
     /// Id of the current attempt (or of the pending retry).
     pub(crate) id: u64,
     pub(crate) in_flight: bool,
@@ -120,9 +104,9 @@ impl Sim<'_> {
             per_attempt: self.sc.policy.layer_per_attempt_timeout,
             ..CallTimes::default()
         };
-        let begun = self.controllers[index].begin_call_at(PATH, &times, now);
-        let retry = match begun {
-            Ok(retry) => retry,
+        let begun = SimCall::begin_at(&self.controllers[index], PATH, &times, now);
+        let (sim, first) = match begun {
+            Ok(begun) => begun,
             Err(_) => {
                 if measured {
                     *self
@@ -134,13 +118,15 @@ impl Sim<'_> {
                 return;
             }
         };
-        self.start_call(retry, 0, None, shard, deadline, measured);
+        self.start_call(sim, first, 0, None, shard, deadline, measured);
     }
 
-    /// Starts a call at `level` (see [`Call`]) arriving now, and sends its first attempt.
+    /// Starts a call at `level` (see [`Call`]) arriving now, and takes its first step.
+    #[allow(clippy::too_many_arguments)]
     fn start_call(
         &mut self,
-        retry: CallRetry,
+        sim: SimCall,
+        first: Step,
         level: u8,
         parent: Option<(u32, u64)>,
         shard: usize,
@@ -148,13 +134,12 @@ impl Sim<'_> {
         measured: bool,
     ) {
         let call = Call {
-            retry,
+            sim,
             level,
             parent,
             shard: shard as u32,
             arrived: self.now,
             deadline,
-            last: None,
             id: 0,
             in_flight: false,
             attempts: 0,
@@ -170,18 +155,23 @@ impl Sim<'_> {
                 (self.calls.len() - 1) as u32
             }
         };
-        if deadline.is_some_and(|d| d <= self.now) {
-            // The client layer sends nothing when the deadline had passed before the call
-            // began, and records nothing (its call state is dropped).
-            self.finish(slot, End::Expired);
-            return;
+        self.take_step(slot, first);
+    }
+
+    /// Carries out what the simulated client layer decided for the call in `slot`.
+    fn take_step(&mut self, slot: u32, step: Step) {
+        match step {
+            Step::Send(plan) => self.send_attempt(slot, plan),
+            Step::Wait(delay) => {
+                let Some(call) = self.calls[slot as usize].as_ref() else {
+                    return;
+                };
+                let id = call.id;
+                let at = self.now.saturating_add(nanos(delay));
+                self.schedule(at, Event::RetryStart { slot, id });
+            }
+            Step::End(end) => self.finish(slot, end),
         }
-        let now = self.instant();
-        let Some(call) = self.calls[slot as usize].as_mut() else {
-            return;
-        };
-        let plan = call.retry.first_attempt_at(now);
-        self.send_attempt(slot, plan);
     }
 
     /// Sends the attempt `plan` describes (its timer is the client layer's, as the policy
@@ -196,7 +186,7 @@ impl Sim<'_> {
         call.id = id;
         call.in_flight = true;
         call.attempts += 1;
-        let retry = call.retry.previous_attempts() > 0;
+        let retry = call.sim.retry().previous_attempts() > 0;
         let shard_index = call.shard;
         let measured = call.measured;
         let level = call.level;
@@ -289,18 +279,12 @@ impl Sim<'_> {
             return; // the caller gave up on this attempt already
         }
         match outcome {
-            Outcome::Ok => {
-                let now = self.instant();
-                if let Some(call) = self.calls[slot as usize].as_mut() {
-                    call.retry.on_success_at(now);
-                }
-                self.finish(slot, End::Ok);
-            }
+            Outcome::Ok => self.answered(slot, None),
             // The attempt's timer is scheduled before any answer to it and wins a tie, so a
             // live answer always comes before the attempt's timeout and the caller's
             // deadline: unlike the layer, whose channel may report an expiry first, the
             // simulator sees every expiry through `timeout`.
-            Outcome::Failed(failure) => self.failed(slot, failure),
+            Outcome::Failed(failure) => self.answered(slot, Some(failure)),
         }
     }
 
@@ -322,48 +306,26 @@ impl Sim<'_> {
             let job = Job { slot, id };
             self.schedule(at, Event::ServerCancel { shard, job });
         }
+        let now = self.instant();
         let Some(call) = self.calls[slot as usize].as_mut() else {
             return;
         };
         // The layer's timer fired: the caller's deadline or the attempt's own timeout,
         // which the call's retry state tells apart.
         call.in_flight = false;
-        let end = AttemptEnd::TimedOut {
-            replayable: true,
-            unsent: false,
-        };
-        self.ended(slot, end, Failure::status(Code::DeadlineExceeded));
+        let step = call.sim.timer_at(now);
+        self.take_step(slot, step);
     }
 
-    /// The attempt in flight failed with an answer.
-    fn failed(&mut self, slot: u32, failure: Failure) {
-        if let Some(call) = self.calls[slot as usize].as_mut() {
-            call.in_flight = false;
-        }
-        self.ended(slot, AttemptEnd::Failed(failure), failure);
-    }
-
-    /// The attempt in flight ended (`failure`: what the caller gets if nothing follows);
-    /// the call's retry state decides what follows, as it does for the layer.
-    fn ended(&mut self, slot: u32, end: AttemptEnd, failure: Failure) {
+    /// The attempt in flight was answered (`None`: `OK`).
+    fn answered(&mut self, slot: u32, failure: Option<Failure>) {
         let now = self.instant();
         let Some(call) = self.calls[slot as usize].as_mut() else {
             return;
         };
-        let verdict = call.retry.on_attempt_end_at(end, now);
-        match verdict.decision {
-            Decision::Retry { delay } => {
-                call.last = Some(failure);
-                let id = call.id;
-                let at = self.now.saturating_add(nanos(delay));
-                self.schedule(at, Event::RetryStart { slot, id });
-            }
-            Decision::Expired => self.finish(slot, End::Expired),
-            Decision::GiveUp(refusal) if verdict.attempt_timed_out => {
-                self.finish(slot, End::TimedOut(refusal))
-            }
-            Decision::GiveUp(refusal) => self.finish(slot, End::GaveUp(refusal, failure)),
-        }
+        call.in_flight = false;
+        let step = call.sim.answered_at(failure, now);
+        self.take_step(slot, step);
     }
 
     pub(crate) fn retry_start(&mut self, slot: u32, id: u64) {
@@ -374,17 +336,8 @@ impl Sim<'_> {
         if call.id != id || call.in_flight {
             return;
         }
-        // A granted retry's delay ends before the caller's deadline (the decision leaves it
-        // time), so the layer's expiry check at this moment never fires here; were the
-        // deadline past, `start_retry_at` would refuse and refund the grant, as the layer's
-        // expiry does by dropping the call state.
-        match call.retry.start_retry_at(now) {
-            Ok(plan) => self.send_attempt(slot, plan),
-            Err(refusal) => {
-                let last = call.last.unwrap_or(Failure::status(Code::Unavailable));
-                self.finish(slot, End::GaveUp(refusal, last));
-            }
-        }
+        let step = call.sim.retry_due(now);
+        self.take_step(slot, step);
     }
 
     /// Ends a logical call as `end` says.
@@ -476,10 +429,11 @@ impl Sim<'_> {
             per_attempt: self.sc.policy.layer_per_attempt_timeout,
             ..CallTimes::default()
         };
-        let begun = self.relays[level as usize][process].begin_call_at(PATH, &times, now);
+        let begun = SimCall::begin_at(&self.relays[level as usize][process], PATH, &times, now);
         match begun {
-            Ok(retry) => self.start_call(
-                retry,
+            Ok((sim, first)) => self.start_call(
+                sim,
+                first,
                 level + 1,
                 Some((slot, id)),
                 shard,

@@ -76,6 +76,7 @@
 //! # Ok::<(), stormguard_sim::SimError>(())
 //! ```
 
+mod client;
 mod event_loop;
 mod fleet;
 mod scenario;
@@ -83,6 +84,7 @@ mod server;
 mod stats;
 mod tables;
 
+pub use client::{End, SimCall, Step};
 pub use event_loop::run;
 pub use scenario::{
     BudgetKind, ClientPolicy, PATH, QueueServer, Scenario, ServerKind, Shard, Tier, Window,
