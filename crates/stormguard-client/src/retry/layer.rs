@@ -94,11 +94,12 @@ impl RetryLayer {
         self
     }
 
-    /// Give calls that carry no deadline (no `grpc-timeout` from `Request::set_timeout` and
-    /// none in the [`CallContext`](crate::context::CallContext)) this one. Retries then stop
-    /// when it runs out, and each attempt tells the server how long it has. A method's own
-    /// default deadline (a service config's `timeout`, see
-    /// [`MethodTable::timeout`](stormguard_core::policy::MethodTable::timeout)) wins over it.
+    /// Give calls that carry no deadline (no `grpc-timeout` from `Request::set_timeout`,
+    /// none in the [`CallContext`](crate::context::CallContext), and no limit for their
+    /// method in the service config, see
+    /// [`MethodTable::timeout`](stormguard_core::policy::MethodTable::timeout)) this one.
+    /// Retries then stop when it runs out, and each attempt tells the server how long it
+    /// has.
     pub fn with_default_timeout(mut self, timeout: Duration) -> Self {
         Arc::make_mut(&mut self.shared).default_timeout = Some(timeout);
         self
