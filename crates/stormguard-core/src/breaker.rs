@@ -112,7 +112,11 @@ const MAX_OPEN_JITTER: f64 = 10.0;
 /// (its default when absent), durations with their unit (`"5s"`); unknown fields are
 /// refused. [`CircuitBreaker::new`] validates it.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
-#[serde(default, deny_unknown_fields, expecting = "an object of breaker settings")]
+#[serde(
+    default,
+    deny_unknown_fields,
+    expecting = "an object of breaker settings"
+)]
 pub struct BreakerConfig {
     /// Open when `failures / total` over the window is at least this. In `(0, 1]`;
     /// default `0.5`.

@@ -168,7 +168,11 @@ pub trait Budget: Send + Sync + fmt::Debug {
 /// optional (its default when absent), durations with their unit (`"10s"`); unknown
 /// fields are refused. [`RetryBudget::new`] validates it.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
-#[serde(default, deny_unknown_fields, expecting = "an object of budget settings")]
+#[serde(
+    default,
+    deny_unknown_fields,
+    expecting = "an object of budget settings"
+)]
 pub struct BudgetConfig {
     /// How long a deposit (a success) and a withdrawal (a retry) count. 1 s to 60 s.
     #[serde(with = "crate::config::duration")]

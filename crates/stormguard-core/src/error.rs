@@ -29,7 +29,7 @@ pub enum ConfigError {
         reason: String,
     },
     /// What is wrong inside a config file, with the file's name. The message shows both
-    /// (`retry.yaml: invalid `retry.budget.ttl`: ...`), so the inner error is not also
+    /// (``retry.yaml: invalid `retry.budget.ttl`: ...``), so the inner error is not also
     /// given as [`source`](std::error::Error::source).
     #[error("{}: {error}", path.display())]
     File {
@@ -42,7 +42,9 @@ pub enum ConfigError {
     },
     /// The document is in a format this build does not read: its feature of
     /// stormguard-core (`yaml`, `toml`, both on by default) is off.
-    #[error("this build reads no {format} config: enable the `{feature}` feature of stormguard-core")]
+    #[error(
+        "this build reads no {format} config: enable the `{feature}` feature of stormguard-core"
+    )]
     FormatDisabled {
         /// `"YAML"` or `"TOML"`.
         format: &'static str,

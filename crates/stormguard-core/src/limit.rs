@@ -94,7 +94,11 @@ use crate::error::ConfigError;
 /// Deserializes from an object of these fields, each optional (its default when absent),
 /// durations with their unit (`"100ms"`); unknown fields are refused.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(default, deny_unknown_fields, expecting = "an object of adaptive limit settings")]
+#[serde(
+    default,
+    deny_unknown_fields,
+    expecting = "an object of adaptive limit settings"
+)]
 pub struct AdaptiveLimitConfig {
     /// The floor: the limit never goes below it, and it is the limit during a probe.
     /// At least 1. Default 2.

@@ -218,12 +218,23 @@ fn files_that_cannot_be_read_say_which_and_why() {
     // What is wrong inside a file comes with the file's name.
     let broken = File::new("broken.json", r#"{"retry": [unclosed"#);
     let e = ClientConfig::from_path(&broken.0).unwrap_err();
-    assert!(e.to_string().contains("broken.json: malformed config: JSON"), "{e}");
-    assert!(matches!(in_file(e, "broken.json"), ConfigError::Malformed(_)));
+    assert!(
+        e.to_string()
+            .contains("broken.json: malformed config: JSON"),
+        "{e}"
+    );
+    assert!(matches!(
+        in_file(e, "broken.json"),
+        ConfigError::Malformed(_)
+    ));
 
     let invalid = File::new("invalid.json", r#"{"retry": {"budget": {"ttl": "0.5s"}}}"#);
     let e = ClientConfig::from_path(&invalid.0).unwrap_err();
-    assert!(e.to_string().contains("invalid.json: invalid `retry.budget.ttl`"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("invalid.json: invalid `retry.budget.ttl`"),
+        "{e}"
+    );
     assert_eq!(field(in_file(e, "invalid.json")), "retry.budget.ttl");
 
     let admission = File::new("admission.json", r#"{"admission": {"workers": 0}}"#);
@@ -246,7 +257,10 @@ fn files_that_cannot_be_read_say_which_and_why() {
         let e = ClientConfig::from_path(&yaml.0).unwrap_err();
         assert!(matches!(
             in_file(e, "retry.yaml"),
-            ConfigError::FormatDisabled { feature: "yaml", .. }
+            ConfigError::FormatDisabled {
+                feature: "yaml",
+                ..
+            }
         ));
     }
 }
@@ -294,7 +308,10 @@ fn the_seed_config_says_it_retries_no_answer_until_a_method_is_marked() {
     let seed = ClientConfig::from_text(YAML, Format::Yaml).unwrap();
     assert!(matches!(
         seed.notices()[..],
-        [Notice::NoAnswerRetried { max_attempts: 3, .. }]
+        [Notice::NoAnswerRetried {
+            max_attempts: 3,
+            ..
+        }]
     ));
     let reserve = "/stormguard.demo.v1.Inventory/Reserve";
     let yaml = format!("{YAML}methods:\n  {reserve}: {{ idempotent: true }}\n");
@@ -339,14 +356,22 @@ admission:
 ";
     let app: App = serde_norway::from_str(yaml).unwrap();
     assert_eq!(app.service, "checkout");
-    assert!(app.stormguard.methods.lookup("/shop.Cart/Add").unwrap().idempotent);
+    assert!(
+        app.stormguard
+            .methods
+            .lookup("/shop.Cart/Add")
+            .unwrap()
+            .idempotent
+    );
     assert_eq!(app.admission.workers, 8);
     assert_eq!(app.admission.queue_order, QueueOrder::Fifo);
     let bad = yaml.replace("ttl: 10s", "ttl: 90s");
     let e = serde_norway::from_str::<App>(&bad).unwrap_err().to_string();
     assert!(e.contains("retry.budget.ttl"), "{e}");
     let typo = yaml.replace("workers", "worker");
-    let e = serde_norway::from_str::<App>(&typo).unwrap_err().to_string();
+    let e = serde_norway::from_str::<App>(&typo)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("unknown field `worker`"), "{e}");
 }
 
@@ -367,7 +392,13 @@ idempotent = true
 workers = 8
 "#;
     let app: App = toml::from_str(toml).unwrap();
-    assert!(app.stormguard.methods.lookup("/shop.Cart/Add").unwrap().idempotent);
+    assert!(
+        app.stormguard
+            .methods
+            .lookup("/shop.Cart/Add")
+            .unwrap()
+            .idempotent
+    );
     assert_eq!(app.admission.workers, 8);
     let bad = toml.replace("workers = 8", "workers = 0");
     let e = toml::from_str::<App>(&bad).unwrap_err().to_string();

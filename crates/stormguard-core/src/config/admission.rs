@@ -6,7 +6,7 @@ use std::path::Path;
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
-use super::document::{self, Format};
+use super::document::{self, Build, Format};
 use super::duration::Human;
 use super::value::{Int, nullable};
 use crate::admission::{AdmissionConfig, QueueOrder, RetryThreshold};
@@ -44,7 +44,10 @@ struct AdmissionDoc {
 
 /// A threshold's keys set over its own default; `null` turns a condition off.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields, expecting = "an object with `depth` and `queue_delay`")]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an object with `depth` and `queue_delay`"
+)]
 struct ThresholdDoc {
     #[serde(default, deserialize_with = "nullable")]
     depth: Option<Option<Int<usize>>>,
@@ -71,8 +74,9 @@ impl ThresholdDoc {
     }
 }
 
-impl AdmissionDoc {
-    /// The config the document describes, validated.
+impl Build for AdmissionDoc {
+    type Config = AdmissionConfig;
+
     fn build(self) -> Result<AdmissionConfig, ConfigError> {
         let mut c = AdmissionConfig::default();
         if let Some(Int(n)) = self.workers {
@@ -145,9 +149,7 @@ fn read(root: Map<String, Value>) -> Result<AdmissionConfig, ConfigError> {
 /// names the field as `admission.<field>`.
 impl<'de> Deserialize<'de> for AdmissionConfig {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        AdmissionDoc::deserialize(d)?
-            .build()
-            .map_err(serde::de::Error::custom)
+        document::built::<AdmissionDoc, D>(d)
     }
 }
 
@@ -402,6 +404,9 @@ mod tests {
         );
         let bad = serde_json::from_str::<Server>(r#"{"admission": {"queue_capacity": 4}}"#);
         let message = bad.unwrap_err().to_string();
-        assert!(message.contains("admission.retry_threshold.depth"), "{message}");
+        assert!(
+            message.contains("admission.retry_threshold.depth"),
+            "{message}"
+        );
     }
 }

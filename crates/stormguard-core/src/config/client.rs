@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
+use super::document::Build;
 use super::duration::Human;
 use super::value::{Finite, Int};
 use super::{BudgetChoice, ClientConfig};
@@ -18,7 +19,10 @@ use crate::policy::{MethodTable, RetryPolicy};
 /// The document: every key optional, unknown keys refused (a typo must not quietly fall
 /// back to a default).
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields, expecting = "stormguard's client config (`retry`, `breaker`, `methods`)")]
+#[serde(
+    deny_unknown_fields,
+    expecting = "stormguard's client config (`retry`, `breaker`, `methods`)"
+)]
 pub(super) struct ClientDoc {
     #[serde(default)]
     retry: PolicyDoc,
@@ -76,9 +80,10 @@ const SPELLING: &[(&str, &str)] = &[
     ("backoff.multiplier", "multiplier"),
 ];
 
-impl ClientDoc {
-    /// The config the document describes, validated.
-    pub(super) fn build(self) -> Result<ClientConfig, ConfigError> {
+impl Build for ClientDoc {
+    type Config = ClientConfig;
+
+    fn build(self) -> Result<ClientConfig, ConfigError> {
         let default = self.retry.policy(&RetryPolicy::default(), "retry")?;
         let mut methods = MethodTable::uniform(default.clone());
         for (path, entry) in &self.methods {
@@ -174,7 +179,11 @@ impl PolicyDoc {
 
     /// [`PolicyDoc::policy`] for an entry of `methods`, which cannot set what belongs to
     /// the whole layer.
-    fn method_policy(&self, inherit: &RetryPolicy, field: &str) -> Result<RetryPolicy, ConfigError> {
+    fn method_policy(
+        &self,
+        inherit: &RetryPolicy,
+        field: &str,
+    ) -> Result<RetryPolicy, ConfigError> {
         let layer_wide = [
             ("budget", self.budget.is_some()),
             ("budget_exhausted", self.budget_exhausted.is_some()),

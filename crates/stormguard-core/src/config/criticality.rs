@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Deserializer};
 
-use super::document::{self, Format};
+use super::document::{self, Build, Format};
 use crate::criticality::{Criticality, CriticalityTable};
 use crate::error::ConfigError;
 
@@ -16,7 +16,10 @@ struct CriticalityFile {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields, expecting = "an object with `default` and `methods`")]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an object with `default` and `methods`"
+)]
 struct CriticalityDoc {
     default: Option<Criticality>,
     /// By full method path or service prefix ending in `/`.
@@ -24,7 +27,9 @@ struct CriticalityDoc {
     methods: BTreeMap<String, Criticality>,
 }
 
-impl CriticalityDoc {
+impl Build for CriticalityDoc {
+    type Config = CriticalityTable;
+
     fn build(self) -> Result<CriticalityTable, ConfigError> {
         let mut table = CriticalityTable::new(self.default.unwrap_or_default());
         for (path, class) in self.methods {
@@ -38,9 +43,7 @@ impl CriticalityDoc {
 /// [`CriticalityTable::from_json`] checks it.
 impl<'de> Deserialize<'de> for CriticalityTable {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        CriticalityDoc::deserialize(d)?
-            .build()
-            .map_err(serde::de::Error::custom)
+        document::built::<CriticalityDoc, D>(d)
     }
 }
 
@@ -109,9 +112,21 @@ mod tests {
             r#"{"criticality": {"methods": {"/shop.Cart/Checkout": "critical"}}}"#,
         )
         .unwrap();
-        assert_eq!(server.criticality.class_for("/shop.Cart/Checkout"), Criticality::Critical);
-        assert_eq!(server.criticality.class_for("/shop.Cart/Add"), Criticality::Default);
-        let bad = serde_json::from_str::<Server>(r#"{"criticality": {"methods": {"shop": "critical"}}}"#);
-        assert!(bad.err().unwrap().to_string().contains("criticality.methods.shop"));
+        assert_eq!(
+            server.criticality.class_for("/shop.Cart/Checkout"),
+            Criticality::Critical
+        );
+        assert_eq!(
+            server.criticality.class_for("/shop.Cart/Add"),
+            Criticality::Default
+        );
+        let bad =
+            serde_json::from_str::<Server>(r#"{"criticality": {"methods": {"shop": "critical"}}}"#);
+        assert!(
+            bad.err()
+                .unwrap()
+                .to_string()
+                .contains("criticality.methods.shop")
+        );
     }
 }

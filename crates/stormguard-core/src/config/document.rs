@@ -7,7 +7,8 @@
 
 use std::path::Path;
 
-use serde::de::DeserializeOwned;
+use serde::de::{self, DeserializeOwned};
+use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
 use crate::error::ConfigError;
@@ -46,15 +47,62 @@ impl Format {
             }),
         }
     }
+
+    /// `"JSON"`, `"YAML"` or `"TOML"`.
+    fn name(self) -> &'static str {
+        match self {
+            Format::Json => "JSON",
+            Format::Yaml => "YAML",
+            Format::Toml => "TOML",
+        }
+    }
+
+    /// The feature of stormguard-core that reads the format (JSON is always read).
+    fn feature(self) -> &'static str {
+        match self {
+            Format::Json => "",
+            Format::Yaml => "yaml",
+            Format::Toml => "toml",
+        }
+    }
+}
+
+/// A type read from a document that builds, with every check, the config it describes.
+pub(crate) trait Build {
+    /// What it builds.
+    type Config;
+    /// The config, validated.
+    fn build(self) -> Result<Self::Config, ConfigError>;
+}
+
+/// What a config type's `Deserialize` is: its document type, deserialized and built, so
+/// that a config that deserialized is valid. A failed check is a custom error with the
+/// [`ConfigError`]'s message, which names the field.
+pub(crate) fn built<'de, B, D>(d: D) -> Result<B::Config, D::Error>
+where
+    B: Build + Deserialize<'de>,
+    D: Deserializer<'de>,
+{
+    B::deserialize(d)?.build().map_err(de::Error::custom)
 }
 
 /// A document's root object. An empty YAML document is an empty object.
 pub(crate) fn parse(text: &str, format: Format) -> Result<Map<String, Value>, ConfigError> {
-    let root = match format {
-        Format::Json => serde_json::from_str(text)
-            .map_err(|e| ConfigError::Malformed(format!("JSON: {e}")))?,
-        Format::Yaml => yaml(text)?,
-        Format::Toml => toml(text)?,
+    let malformed =
+        |e: &dyn std::fmt::Display| ConfigError::Malformed(format!("{}: {e}", format.name()));
+    let root: Value = match format {
+        Format::Json => serde_json::from_str(text).map_err(|e| malformed(&e))?,
+        #[cfg(feature = "yaml")]
+        Format::Yaml => serde_norway::from_str(text).map_err(|e| malformed(&e))?,
+        #[cfg(feature = "toml")]
+        Format::Toml => toml::from_str(text).map_err(|e| malformed(&e))?,
+        #[allow(unreachable_patterns)]
+        _ => {
+            return Err(ConfigError::FormatDisabled {
+                format: format.name(),
+                feature: format.feature(),
+            });
+        }
     };
     match root {
         Value::Object(map) => Ok(map),
@@ -63,32 +111,6 @@ pub(crate) fn parse(text: &str, format: Format) -> Result<Map<String, Value>, Co
             "the document's root must be a mapping of fields (a JSON object)".to_owned(),
         )),
     }
-}
-
-#[cfg(feature = "yaml")]
-fn yaml(text: &str) -> Result<Value, ConfigError> {
-    serde_norway::from_str(text).map_err(|e| ConfigError::Malformed(format!("YAML: {e}")))
-}
-
-#[cfg(not(feature = "yaml"))]
-fn yaml(_: &str) -> Result<Value, ConfigError> {
-    Err(ConfigError::FormatDisabled {
-        format: "YAML",
-        feature: "yaml",
-    })
-}
-
-#[cfg(feature = "toml")]
-fn toml(text: &str) -> Result<Value, ConfigError> {
-    toml::from_str(text).map_err(|e| ConfigError::Malformed(format!("TOML: {e}")))
-}
-
-#[cfg(not(feature = "toml"))]
-fn toml(_: &str) -> Result<Value, ConfigError> {
-    Err(ConfigError::FormatDisabled {
-        format: "TOML",
-        feature: "toml",
-    })
 }
 
 /// Reads the file at `path` (its format from its name) with `read`. An error in the
@@ -153,8 +175,8 @@ fn path_of(path: &serde_ignored::Path<'_>) -> String {
             parent if parent.is_empty() => key.clone(),
             parent => format!("{parent}.{key}"),
         },
-        Path::Some { parent } | Path::NewtypeStruct { parent } | Path::NewtypeVariant { parent } => {
-            path_of(parent)
-        }
+        Path::Some { parent }
+        | Path::NewtypeStruct { parent }
+        | Path::NewtypeVariant { parent } => path_of(parent),
     }
 }

@@ -231,7 +231,10 @@ mod tests {
         let e = proto(r#""50ms""#).unwrap_err().to_string();
         assert!(e.contains("decimal seconds"), "{e}");
         let e = human("50").unwrap_err().to_string();
-        assert!(e.contains(r#"a duration with a unit such as "50ms""#), "{e}");
+        assert!(
+            e.contains(r#"a duration with a unit such as "50ms""#),
+            "{e}"
+        );
     }
 
     proptest! {

@@ -62,7 +62,7 @@
 //! # Errors
 //!
 //! Every value is checked; an error names the field as a dotted path and says why
-//! (`invalid `retry.budget.ttl`: must be between 1 s and 60 s, got 500ms`), so a bad
+//! (``invalid `retry.budget.ttl`: must be between 1 s and 60 s, got 500ms``), so a bad
 //! deploy fails loudly at start-up rather than quietly retrying everything. An error from
 //! [`ClientConfig::from_path`] also names the file ([`ConfigError::File`]). Fields read
 //! but not applied are not errors (gRPC accepts them): they are [`Notice`]s, which
@@ -102,9 +102,7 @@
 //! application's document as the application's format reports it (wrap the deserializer
 //! in `serde_path_to_error` for a dotted path); a failed check names the field within
 //! stormguard's section (`retry.budget.ttl`). Parts on their own
-//! ([`BudgetConfig`](crate::budget::BudgetConfig),
-//! [`BreakerConfig`](crate::breaker::BreakerConfig),
-//! [`ThrottleConfig`](crate::throttle::ThrottleConfig),
+//! ([`BudgetConfig`], [`BreakerConfig`], [`ThrottleConfig`],
 //! [`AdaptiveLimitConfig`](crate::limit::AdaptiveLimitConfig)) deserialize with their
 //! defaults for missing fields and are checked by what is built from them. Durations in an
 //! application's own fields can use the [`duration`] module (`"50ms"`, `"10s"`).
@@ -120,6 +118,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
+
+use document::Build;
 
 use crate::breaker::BreakerConfig;
 use crate::budget::BudgetConfig;
@@ -322,9 +322,7 @@ impl ClientConfig {
 /// validated: what deserializes is what [`ClientConfig::from_json`] accepts.
 impl<'de> Deserialize<'de> for ClientConfig {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        client::ClientDoc::deserialize(d)?
-            .build()
-            .map_err(serde::de::Error::custom)
+        document::built::<client::ClientDoc, D>(d)
     }
 }
 

@@ -287,7 +287,10 @@ fn stormguard_shape_defaults_and_errors() {
         (r#"{"retry": {"max_atempts": 3}}"#, "retry.max_atempts"),
         (r#"{"retri": {}}"#, "retri"),
         (r#"{"retry": []}"#, "retry"),
-        (r#"{"retry": {"budget": {"ttl": "0.5s"}}}"#, "retry.budget.ttl"),
+        (
+            r#"{"retry": {"budget": {"ttl": "0.5s"}}}"#,
+            "retry.budget.ttl",
+        ),
         (
             r#"{"retry": {"budget": {"ttl": "ten seconds"}}}"#,
             "retry.budget.ttl",
@@ -296,7 +299,10 @@ fn stormguard_shape_defaults_and_errors() {
             r#"{"retry": {"budget": {"retry_ratio": -1}}}"#,
             "retry.budget.retry_ratio",
         ),
-        (r#"{"retry": {"budget": {"tll": "1s"}}}"#, "retry.budget.tll"),
+        (
+            r#"{"retry": {"budget": {"tll": "1s"}}}"#,
+            "retry.budget.tll",
+        ),
         (
             r#"{"retry": {"budget_exhausted": "queue"}}"#,
             "retry.budget_exhausted",
@@ -310,7 +316,10 @@ fn stormguard_shape_defaults_and_errors() {
         (r#"{"retry": {"base": "0ms"}}"#, "retry.base"),
         (r#"{"retry": {"base": "2s", "cap": "1s"}}"#, "retry.cap"),
         (r#"{"retry": {"multiplier": 0.5}}"#, "retry.multiplier"),
-        (r#"{"retry": {"retryable_codes": []}}"#, "retry.retryable_codes"),
+        (
+            r#"{"retry": {"retryable_codes": []}}"#,
+            "retry.retryable_codes",
+        ),
         (
             r#"{"retry": {"retryable_codes": ["OK"]}}"#,
             "retry.retryable_codes",
@@ -319,7 +328,10 @@ fn stormguard_shape_defaults_and_errors() {
             r#"{"retry": {"retryable_codes": "UNAVAILABLE"}}"#,
             "retry.retryable_codes",
         ),
-        (r#"{"breaker": {"failure_rate": 2}}"#, "breaker.failure_rate"),
+        (
+            r#"{"breaker": {"failure_rate": 2}}"#,
+            "breaker.failure_rate",
+        ),
         (r#"{"breaker": {"rate": 0.5}}"#, "breaker.rate"),
         (r#"{"methodConfig_": []}"#, "methodConfig_"),
     ];
@@ -369,8 +381,15 @@ fn a_method_entry_changes_what_it_names_over_retry() {
     assert!(get("/pkg.Svc/Watch").is_none(), "null: not retried");
     let other = get("/other.Svc/Get").unwrap();
     assert!(other.retryable_codes.contains(Code::Aborted));
-    assert!(matches!(other.backoff, BackoffConfig::A6 { initial, .. } if initial == Duration::from_millis(20)));
-    assert!(!get("/other.Svc/Put").unwrap().retryable_codes.contains(Code::Aborted));
+    assert!(
+        matches!(other.backoff, BackoffConfig::A6 { initial, .. } if initial == Duration::from_millis(20))
+    );
+    assert!(
+        !get("/other.Svc/Put")
+            .unwrap()
+            .retryable_codes
+            .contains(Code::Aborted)
+    );
 }
 
 #[test]
@@ -404,7 +423,10 @@ fn method_entries_name_their_errors_by_path() {
             r#"{"methods": {"/pkg.Svc/": {"budget_exhausted": "fail_fast"}}}"#,
             "methods./pkg.Svc/.budget_exhausted",
         ),
-        (r#"{"methods": {"/pkg.Svc/Get": true}}"#, "methods./pkg.Svc/Get"),
+        (
+            r#"{"methods": {"/pkg.Svc/Get": true}}"#,
+            "methods./pkg.Svc/Get",
+        ),
         (r#"{"methods": []}"#, "methods"),
     ];
     for (json, field) in cases {
@@ -454,7 +476,10 @@ fn service_config_fields_not_applied_are_listed_not_dropped() {
     );
     // What is applied is applied as without the rest.
     assert!(c.methods.lookup("/pkg.Svc/Get").is_none(), "no retryPolicy");
-    assert_eq!(c.methods.timeout("/pkg.Svc/Get"), Some(Duration::from_secs(1)));
+    assert_eq!(
+        c.methods.timeout("/pkg.Svc/Get"),
+        Some(Duration::from_secs(1))
+    );
     assert_eq!(c.methods.lookup("/other.Svc/Get").unwrap().max_attempts, 3);
     assert!(matches!(c.budget, BudgetChoice::A6(_)));
     // Each is a notice, and says what it is.
@@ -465,7 +490,10 @@ fn service_config_fields_not_applied_are_listed_not_dropped() {
         .find(|n| matches!(n, Notice::NotApplied(n) if n.reason == WaitForReady))
         .unwrap()
         .to_string();
-    assert!(wait.starts_with("`methodConfig[0].waitForReady` is not applied: "), "{wait}");
+    assert!(
+        wait.starts_with("`methodConfig[0].waitForReady` is not applied: "),
+        "{wait}"
+    );
     // The same names at another level are unknown there.
     let c = ClientConfig::from_service_config_json(r#"{"waitForReady": true, "methodConfig": []}"#);
     assert_eq!(c.unwrap().not_applied()[0].reason, Unknown);
@@ -498,7 +526,12 @@ fn no_answer_retried_is_a_notice_naming_the_setting() {
         r#"{ "methods": { "/stormguard.demo.v1.Inventory/Reserve": { "idempotent": true } }, "retry""#,
         1,
     );
-    assert!(ClientConfig::from_json(&marked).unwrap().notices().is_empty());
+    assert!(
+        ClientConfig::from_json(&marked)
+            .unwrap()
+            .notices()
+            .is_empty()
+    );
     let mut in_code = ClientConfig::standard();
     assert_eq!(in_code.notices().len(), 1);
     in_code.methods.insert_method(
@@ -524,7 +557,10 @@ fn no_answer_retried_is_a_notice_naming_the_setting() {
     let c = ClientConfig::from_json(r#"{"retry": {"max_attempts": 9}}"#).unwrap();
     assert!(matches!(
         c.notices()[..],
-        [Notice::NoAnswerRetried { max_attempts: 5, .. }]
+        [Notice::NoAnswerRetried {
+            max_attempts: 5,
+            ..
+        }]
     ));
 }
 
@@ -540,20 +576,30 @@ fn an_application_config_holds_stormguard_s_section_with_the_same_checks() {
     let section = r#"{ "retry": { "max_attempts": 4, "budget": { "ttl": "5s" } },
         "methods": { "/pkg.Svc/Get": { "idempotent": true } },
         "breaker": { "open_for": "2s" } }"#;
-    let app: App =
-        serde_json::from_str(&format!(r#"{{ "name": "checkout", "stormguard": {section} }}"#))
-            .unwrap();
+    let app: App = serde_json::from_str(&format!(
+        r#"{{ "name": "checkout", "stormguard": {section} }}"#
+    ))
+    .unwrap();
     assert_eq!(app.name, "checkout");
     assert_eq!(app.stormguard, ClientConfig::from_json(section).unwrap());
     // The checks run as part of deserializing; every error `from_json` finds is found.
     for (section, field) in [
-        (r#"{"retry": {"budget": {"ttl": "0.5s"}}}"#, "retry.budget.ttl"),
+        (
+            r#"{"retry": {"budget": {"ttl": "0.5s"}}}"#,
+            "retry.budget.ttl",
+        ),
         (r#"{"retry": {"base": "2s", "cap": "1s"}}"#, "retry.cap"),
-        (r#"{"breaker": {"failure_rate": 2}}"#, "breaker.failure_rate"),
+        (
+            r#"{"breaker": {"failure_rate": 2}}"#,
+            "breaker.failure_rate",
+        ),
         (r#"{"methods": {"pkg.Svc/Get": {}}}"#, "methods.pkg.Svc/Get"),
         (r#"{"retry": {"max_atempts": 3}}"#, "retry.max_atempts"),
     ] {
-        assert_eq!(field_of(ClientConfig::from_json(section).unwrap_err()), field);
+        assert_eq!(
+            field_of(ClientConfig::from_json(section).unwrap_err()),
+            field
+        );
         let json = format!(r#"{{ "name": "x", "stormguard": {section} }}"#);
         let de = &mut serde_json::Deserializer::from_str(&json);
         let e = serde_path_to_error::deserialize::<_, App>(de).unwrap_err();
@@ -581,7 +627,16 @@ fn yaml_without_its_feature_is_a_clear_error() {
 #[test]
 fn toml_without_its_feature_is_a_clear_error() {
     let e = ClientConfig::from_text("[retry]\n", Format::Toml).unwrap_err();
-    assert!(matches!(e, ConfigError::FormatDisabled { feature: "toml", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            ConfigError::FormatDisabled {
+                feature: "toml",
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 proptest! {
