@@ -163,20 +163,33 @@ pub trait Budget: Send + Sync + fmt::Debug {
 /// assert!(config.validate().is_ok());
 /// assert!(BudgetConfig { retry_ratio: 0.0, ..config }.validate().is_err());
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+///
+/// Deserializes from an object of these fields (stormguard's `retry.budget`), each
+/// optional (its default when absent), durations with their unit (`"10s"`); unknown
+/// fields are refused. [`RetryBudget::new`] validates it.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(
+    default,
+    deny_unknown_fields,
+    expecting = "an object of budget settings"
+)]
 pub struct BudgetConfig {
     /// How long a deposit (a success) and a withdrawal (a retry) count. 1 s to 60 s.
+    #[serde(with = "crate::config::duration")]
     pub ttl: Duration,
     /// The standing reserve: `min_retries_per_second × ttl` retries per window, whatever
     /// the success traffic. Below 2³¹.
+    #[serde(deserialize_with = "crate::config::whole")]
     pub min_retries_per_second: u32,
     /// Retries minted per success: 0.1 allows one retry per ten successes. In (0, 1000],
     /// resolved to millionths (truncated), and at least 0.000001.
+    #[serde(deserialize_with = "crate::config::finite")]
     pub retry_ratio: f64,
     /// How many processes share the dependency: the standing reserve is divided by it, so
     /// the *fleet* gets `min_retries_per_second`, not each process (see
     /// [the module docs](self#a-floor-for-the-fleet-not-for-each-process)). 1 (the
     /// default) to [`MAX_FLEET_SIZE`].
+    #[serde(deserialize_with = "crate::config::whole")]
     pub fleet_size: u32,
 }
 

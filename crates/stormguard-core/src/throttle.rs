@@ -58,13 +58,20 @@ use crate::error::ConfigError;
 const MILLI: u64 = 1000;
 
 /// Configuration of an [`A6Throttle`]: the service config's `retryThrottling` object.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// Deserializes from that object (`{"maxTokens": 10, "tokenRatio": 0.1}`, both
+/// required, numbers or numeric strings as proto3 JSON allows); other fields are skipped,
+/// as gRPC skips them. [`A6Throttle::new`] validates it.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "camelCase", expecting = "a `retryThrottling` object")]
 pub struct ThrottleConfig {
     /// `maxTokens`: the bucket's size, and where it starts. In (0, 1000], kept to 3
     /// decimal places.
+    #[serde(deserialize_with = "crate::config::finite")]
     pub max_tokens: f64,
     /// `tokenRatio`: tokens added per success. Greater than 0 and finite; truncated to
     /// 3 decimal places, and at least 0.001 once truncated.
+    #[serde(deserialize_with = "crate::config::finite")]
     pub token_ratio: f64,
 }
 
