@@ -83,7 +83,9 @@ impl RetryLayer {
     /// A layer for `config` whose backoff jitter and breaker are seeded with `seed`, so a
     /// run can be reproduced.
     pub fn from_config_seeded(config: &ClientConfig, seed: u64) -> Result<Self, ConfigError> {
-        RetryController::from_config(config, seed).map(Self::new)
+        let layer = RetryController::from_config(config, seed).map(Self::new)?;
+        warn_of_notices(config);
+        Ok(layer)
     }
 
     /// Buffer up to `bytes` of each request body so that it can be replayed. A call whose
@@ -175,6 +177,28 @@ impl RetryLayer {
     pub fn controller(&self) -> &RetryController {
         &self.shared.controller
     }
+}
+
+/// One WARN event when a layer is built from a config that says something that will not
+/// happen ([`ClientConfig::notices`]): service-config fields that are not applied, or
+/// retries configured under which no method's answers can be retried (naming the setting
+/// that would enable them). A bad deploy should fail loudly, but gRPC ignores fields it
+/// does not know, so the layer reports them instead of refusing the config.
+fn warn_of_notices(config: &ClientConfig) {
+    let notices = config.notices();
+    if notices.is_empty() {
+        return;
+    }
+    let list = notices
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ");
+    tracing::warn!(
+        config.notices = notices.len(),
+        config.notice = %list,
+        "stormguard: the retry config has settings that will not take effect"
+    );
 }
 
 impl fmt::Debug for RetryLayer {
