@@ -171,7 +171,7 @@ pub fn admission(args: &Args) -> Result<Option<AdmissionConfig>, Box<dyn Error>>
         queue_order: args.lifo_depth.map_or(defaults.queue_order, |from_depth| {
             QueueOrder::AdaptiveLifo { from_depth }
         }),
-        seed: args.seed,
+        seed: Some(args.seed),
         ..defaults
     }))
 }

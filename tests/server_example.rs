@@ -64,7 +64,7 @@ fn config_file_sets_the_whole_admission_config() {
     assert_eq!(config.max_time_queued, Duration::from_millis(400));
     assert_eq!(config.queue_order, QueueOrder::Fifo);
     assert_eq!(config.shed_code, Code::ResourceExhausted);
-    assert_eq!(config.seed, 5);
+    assert_eq!(config.seed, Some(5));
 }
 
 #[test]

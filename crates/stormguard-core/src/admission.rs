@@ -251,8 +251,10 @@ pub struct AdmissionConfig {
     /// (`grpc-retry-pushback-ms: -1`) instead of a delay. At most `queue_capacity`.
     /// Default `None` (never).
     pub no_retry_depth: Option<usize>,
-    /// Seed of the pushback jitter.
-    pub seed: u64,
+    /// Seed of the pushback jitter. Default `None`: a seed drawn for each policy when it is
+    /// built, so that replicas of a service do not all draw the same jitter sequence (and
+    /// send their clients back together); set one only to reproduce a run.
+    pub seed: Option<u64>,
     /// When calls of [`Criticality::Sheddable`] start to be shed: once either set
     /// condition holds. Default depth 0: a sheddable call runs if a worker is free and
     /// is shed rather than queued otherwise, before any retry is.
@@ -278,7 +280,7 @@ impl Default for AdmissionConfig {
             pushback_max: Duration::from_secs(1),
             shed_code: Code::Unavailable,
             no_retry_depth: None,
-            seed: 0x5eed_57a6,
+            seed: None,
             sheddable_threshold: RetryThreshold {
                 depth: Some(0),
                 queue_delay: None,
@@ -526,7 +528,11 @@ impl AdmissionPolicy {
     /// A policy for a valid `config`.
     pub fn new(config: AdmissionConfig) -> Result<Self, ConfigError> {
         config.validate()?;
-        let rng = fastrand::Rng::with_seed(config.seed);
+        let mut config = config;
+        // Drawn once and kept, so the adaptive limit built from this policy's config
+        // (see `AdmissionQueue::new`) is seeded alike.
+        let seed = *config.seed.get_or_insert_with(|| fastrand::u64(..));
+        let rng = fastrand::Rng::with_seed(seed);
         Ok(AdmissionPolicy {
             config,
             rate: CompletionRate::new(),
@@ -683,6 +689,23 @@ impl AdmissionPolicy {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Twenty pushbacks with no completions yet (the estimate is `pushback_max`).
+    fn pushbacks(seed: Option<u64>) -> Vec<Duration> {
+        let mut p = AdmissionPolicy::new(AdmissionConfig { seed, ..config() }).unwrap();
+        let now = Instant::now();
+        (0..20).map(|_| p.pushback_at(now, 8)).collect()
+    }
+
+    #[test]
+    fn replicas_draw_their_own_pushback_jitter_unless_a_seed_is_set() {
+        // Two servers built from the same default config must not send their clients back
+        // at the same instants.
+        assert_ne!(pushbacks(None), pushbacks(None));
+        assert_eq!(pushbacks(Some(7)), pushbacks(Some(7)));
+        let policy = AdmissionPolicy::new(config()).unwrap();
+        assert!(policy.config().seed.is_some(), "the drawn seed is kept");
+    }
 
     fn config() -> AdmissionConfig {
         AdmissionConfig {
@@ -1003,16 +1026,6 @@ mod tests {
     }
 
     #[test]
-    fn same_seed_same_pushbacks() {
-        let run = || {
-            let mut p = AdmissionPolicy::new(config()).unwrap();
-            let now = Instant::now();
-            (0..20).map(|_| p.pushback_at(now, 3)).collect::<Vec<_>>()
-        };
-        assert_eq!(run(), run());
-    }
-
-    #[test]
     fn expiry_is_the_earlier_of_queue_bound_and_deadline() {
         let p = AdmissionPolicy::new(AdmissionConfig {
             max_time_queued: Duration::from_millis(100),
@@ -1093,7 +1106,7 @@ mod tests {
         ) {
             let mut p = AdmissionPolicy::new(AdmissionConfig {
                 pushback_max: Duration::from_millis(max_ms),
-                seed,
+                seed: Some(seed),
                 ..config()
             }).unwrap();
             let mut now = Instant::now();

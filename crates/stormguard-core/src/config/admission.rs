@@ -128,7 +128,7 @@ impl Build for AdmissionDoc {
             c.no_retry_depth = depth.map(|d| d.0);
         }
         if let Some(Int(seed)) = self.seed {
-            c.seed = seed;
+            c.seed = Some(seed);
         }
         c.validate()?;
         Ok(c)
@@ -242,7 +242,7 @@ mod tests {
                 pushback_max: Duration::from_secs(2),
                 shed_code: Code::ResourceExhausted,
                 no_retry_depth: Some(48),
-                seed: u64::MAX,
+                seed: Some(u64::MAX),
                 sheddable_threshold: RetryThreshold {
                     depth: Some(2),
                     queue_delay: Some(Duration::from_millis(5)),
