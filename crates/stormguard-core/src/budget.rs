@@ -51,8 +51,9 @@
 //!   is undone and refused if the balance went below zero, so concurrent callers can
 //!   never take more retries than the window holds (a race can only refuse too many).
 //! - **An exact window.** A slot's epoch is derived from the call's own instant, so a
-//!   deposit counts for `ttl` (minus at most one slot width, never more) whatever the
-//!   timing of the calls. tower's slots advance from the time of the last expiry and, when
+//!   deposit counts until exactly `ttl` after the start of its slot, to the nanosecond:
+//!   for `ttl` less at most one slot width (`ttl / 16`), never more, whatever the timing
+//!   of the calls. tower's slots advance from the time of the last expiry and, when
 //!   calls do not line up with its slot width, deposits expire about twice too early.
 //! - **Exact ratios.** Accounting is in integer micro-retries, so a ratio of 0.6 gives
 //!   exactly 6 retries per 10 successes (tower issue #857 over-allocates below 1) and
@@ -252,7 +253,9 @@ pub(crate) fn truncate_decimal(x: f64, scale: f64) -> u64 {
     m as u64
 }
 
-/// Slots per window. A deposit counts for between `ttl - ttl/SLOTS` and `ttl`.
+/// Slots per window. A deposit (or a withdrawal) counts from its instant until exactly
+/// `ttl` after the start of its slot: for more than `ttl` less the slot's width
+/// (`ttl / SLOTS`, rounded to a whole nanosecond) and at most `ttl`.
 const SLOTS: usize = 16;
 
 /// The largest fleet size a [`RetryBudget`] accepts.
@@ -304,9 +307,10 @@ struct Shared {
     /// up to a window older than the first one seen (another thread read the clock a
     /// little earlier) still lands in its own slot.
     origin: OnceLock<Instant>,
-    /// `u64::MAX / slot_nanos`: the epoch is a multiply and a shift, not a division.
-    /// Slot width is `ttl / SLOTS - 1` ns (+1 ns at most from the reciprocal), so
-    /// `SLOTS` slots never span more than `ttl`.
+    /// The window in nanoseconds (1 s to 60 s, so below 2³⁶).
+    ttl_nanos: u64,
+    /// `⌊2⁶⁴ · SLOTS / ttl_nanos⌋` (below 2³⁹): the epoch is a multiply, a shift and one
+    /// correcting compare, not a division.
     slot_reciprocal: u64,
     /// The standing reserve of a fleet of one, in micro-retries; divided by `fleet`.
     reserve_micros: i128,
@@ -373,7 +377,8 @@ impl RetryBudget {
         Ok(RetryBudget {
             shared: Arc::new(Shared {
                 origin: OnceLock::new(),
-                slot_reciprocal: u64::MAX / (ttl_nanos / SLOTS as u64 - 1),
+                ttl_nanos,
+                slot_reciprocal: (((SLOTS as u128) << 64) / u128::from(ttl_nanos)) as u64,
                 reserve_micros,
                 configured_fleet: fleet_size,
                 fleet: AtomicU32::new(fleet_size),
@@ -422,7 +427,12 @@ impl RetryBudget {
 }
 
 impl Shared {
-    /// The slot epoch of `now`. Slot words keep its low 32 bits.
+    /// The slot epoch of `now`: `⌊SLOTS · n / ttl⌋` for `n` ns since the origin, exactly.
+    /// Slot words keep its low 32 bits.
+    ///
+    /// Slot `e` therefore begins at `⌈e · ttl / SLOTS⌉` ns, and slot `e + SLOTS` exactly
+    /// `ttl` later: a deposit counts until `ttl` after the start of its own slot (see
+    /// [`SLOTS`]), to the nanosecond, whether or not `ttl` is a multiple of `SLOTS` ns.
     fn epoch(&self, now: Instant) -> u64 {
         let window = self.config.ttl;
         let origin = *self
@@ -433,9 +443,12 @@ impl Shared {
             .as_secs()
             .saturating_mul(1_000_000_000)
             .saturating_add(u64::from(since.subsec_nanos()));
-        // ⌊nanos / slot⌋ or one less: monotonic, with every slot `slot` or `slot + 1` ns
-        // wide.
-        ((u128::from(nanos) * u128::from(self.slot_reciprocal)) >> 64) as u64
+        // The reciprocal is at most 1 below `2⁶⁴ · SLOTS / ttl`, so the product is below the
+        // exact quotient by less than `nanos / 2⁶⁴ < 1`: `q` is the quotient or one less,
+        // and one compare settles which. `q < 2³⁹` and `ttl < 2³⁶`: nothing overflows.
+        let q = ((u128::from(nanos) * u128::from(self.slot_reciprocal)) >> 64) as u64;
+        let scaled = u128::from(nanos) * SLOTS as u128;
+        q + u64::from(u128::from(q + 1) * u128::from(self.ttl_nanos) <= scaled)
     }
 
     /// Moves the head to `epoch` if it is behind; returns the head afterwards.
@@ -1030,6 +1043,27 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_deposit_17_ns_before_a_slot_boundary_counts_until_ttl_after_its_slot_began() {
+        // The first call at t0 starts a slot: slots are ttl / 16 = 62.5 ms wide from there.
+        let ttl = Duration::from_secs(1);
+        let slot = ttl / SLOTS as u32;
+        let t0 = Instant::now() + Duration::from_secs(61);
+        let b = budget(1, 0, 1.0);
+        assert_eq!(b.balance_at(t0), 0.0);
+        // Made 17 ns before the next boundary, in the slot that began at t0.
+        let at = t0 + slot - Duration::from_nanos(17);
+        b.deposit_at(at);
+        // It counts for `ttl - slot` at least, and until exactly `ttl` after t0.
+        assert_eq!(
+            b.balance_at(at + (ttl - slot)),
+            1.0,
+            "counted for ttl - slot"
+        );
+        assert_eq!(b.balance_at(t0 + ttl - Duration::from_nanos(1)), 1.0);
+        assert_eq!(b.balance_at(t0 + ttl), 0.0, "gone ttl after its slot began");
+    }
+
     /// Deposits at the given instants (sorted) and, every ms, checks that the balance lies
     /// between the deposits younger than `ttl - slot` and those younger than `ttl`.
     fn check_window(ttl_secs: u64, deposits: &[Instant], start: Instant, end: Instant) {
@@ -1373,8 +1407,125 @@ mod tests {
         ]
     }
 
+    /// The reference window, in exact integer arithmetic: `ttl` is cut into `SLOTS`
+    /// slots of `ttl / SLOTS` ns (a fraction when `ttl` is not a multiple of `SLOTS` ns),
+    /// each starting at the first whole nanosecond at or after its exact start; an event
+    /// at `at` ns after the origin counts until `ttl` after the start of its slot. Returns
+    /// (the start of the slot after `at`'s, the first nanosecond `at` no longer counts).
+    fn reference_slot(ttl_nanos: u64, at: u64) -> (u64, u64) {
+        let (ttl, at, slots) = (u128::from(ttl_nanos), u128::from(at), SLOTS as u128);
+        let slot = at * slots / ttl;
+        let start = (slot * ttl).div_ceil(slots);
+        let next = ((slot + 1) * ttl).div_ceil(slots);
+        (next as u64, (start + ttl) as u64)
+    }
+
+    /// How the next event's instant follows the previous one.
+    #[derive(Debug, Clone)]
+    enum Gap {
+        /// Any nanosecond up to a third of a window later.
+        Within(u64),
+        /// This many ns before the next slot boundary (or the one after it, if that one is
+        /// too close): where rounding in the slot arithmetic shows.
+        BeforeBoundary(u64),
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    enum Event {
+        Deposit,
+        Withdraw,
+        Read,
+    }
+
+    fn gap() -> impl Strategy<Value = Gap> {
+        prop_oneof![
+            any::<u64>().prop_map(Gap::Within),
+            (0u64..64).prop_map(Gap::BeforeBoundary),
+            Just(Gap::Within(0)),
+        ]
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            Just(Event::Deposit),
+            Just(Event::Withdraw),
+            Just(Event::Read)
+        ]
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Deposits and withdrawals at arbitrary nanoseconds, under any `ttl` (a whole
+        /// number of slots in nanoseconds or not): the balance read at the last nanosecond
+        /// each one counts and at the first it does not, and every grant, agree exactly
+        /// with the reference window; and that window is the documented one: an event
+        /// counts for more than `ttl` less one slot and at most `ttl`.
+        #[test]
+        fn deposits_and_withdrawals_stop_counting_exactly_when_the_reference_says(
+            ttl_nanos in 1_000_000_000u64..=60_000_000_000,
+            min in 0u32..3,
+            steps in proptest::collection::vec((gap(), event()), 1..60),
+        ) {
+            let ttl = Duration::from_nanos(ttl_nanos);
+            let b = RetryBudget::new(BudgetConfig {
+                ttl,
+                min_retries_per_second: min,
+                retry_ratio: 1.0,
+                ..BudgetConfig::default()
+            })
+            .expect("valid test config");
+            // Far enough from the clock's zero for `t0 - ttl`, the origin, to exist.
+            let t0 = Instant::now() + Duration::from_secs(61);
+            let at = |n: u64| t0 + Duration::from_nanos(n - ttl_nanos);
+            let reserve = i128::from(min) * i128::from(ttl_nanos / 1000);
+            prop_assert_eq!(b.balance_at(t0), reserve as f64 / MICROS_PER_RETRY as f64);
+            // Times are ns after the origin, `t0 - ttl`. Each deposit and withdrawal brings
+            // two reads: at the last nanosecond it counts and at the first it does not.
+            let mut timeline = Vec::new();
+            let mut n = ttl_nanos;
+            for (gap, event) in steps {
+                n = match gap {
+                    Gap::Within(g) => n + g % (ttl_nanos / 3),
+                    Gap::BeforeBoundary(k) => {
+                        let (next, _) = reference_slot(ttl_nanos, n);
+                        let (after, _) = reference_slot(ttl_nanos, next);
+                        if next - k >= n { next - k } else { after - k }
+                    }
+                };
+                timeline.push((n, event));
+                if !matches!(event, Event::Read) {
+                    let (_, end) = reference_slot(ttl_nanos, n);
+                    let width = ttl_nanos.div_ceil(SLOTS as u64);
+                    prop_assert!(end - n <= ttl_nanos && end - n > ttl_nanos - width);
+                    timeline.push((end - 1, Event::Read));
+                    timeline.push((end, Event::Read));
+                }
+            }
+            timeline.sort_by_key(|&(n, _)| n);
+            let (mut deposits, mut withdrawals) = (Vec::new(), Vec::new());
+            for (n, event) in timeline {
+                let counting = |ends: &Vec<u64>| ends.iter().filter(|&&end| n < end).count() as i128;
+                let micros = reserve + MICROS_PER_RETRY * (counting(&deposits) - counting(&withdrawals));
+                match event {
+                    Event::Deposit => {
+                        b.deposit_at(at(n));
+                        deposits.push(reference_slot(ttl_nanos, n).1);
+                    }
+                    Event::Withdraw => {
+                        let granted = b.withdraw_at(at(n));
+                        prop_assert_eq!(granted, micros >= MICROS_PER_RETRY, "withdrawal at {} ns", n);
+                        if granted {
+                            withdrawals.push(reference_slot(ttl_nanos, n).1);
+                        }
+                    }
+                    Event::Read => {
+                        let expected = micros.max(0) as f64 / MICROS_PER_RETRY as f64;
+                        prop_assert_eq!(b.balance_at(at(n)), expected, "read at {} ns", n);
+                    }
+                }
+            }
+        }
 
         /// Within one window nothing expires: the budget agrees exactly with an integer
         /// model, and grants never exceed reserve + ratio × deposits.
