@@ -40,24 +40,48 @@
 //! `Arc<dyn Budget>`). [`RetryBudget`] is the Finagle-style budget described above;
 //! [`crate::throttle::A6Throttle`] is gRPC's A6 `retryThrottling` token bucket.
 //!
+//! # Adopting only the budget, with tower
+//!
+//! A tower or linkerd-style stack that already has its retry policy (its own reading of
+//! responses, its own replay of request bodies, `tower::retry::Retry`) may want none of
+//! stormguard's layers, only a budget that does what its configuration says. tower's
+//! `TpsBudget` does not, in each of the ways listed below, and each shows exactly when a
+//! budget matters: under load, with many threads and steady traffic. With this crate's
+//! `tower` feature (or the `stormguard` crate's `tower-budget`), [`RetryBudget`] and
+//! [`crate::throttle::A6Throttle`] implement `tower::retry::budget::Budget`, so either
+//! takes `TpsBudget`'s place in a `tower::retry::Policy` with the same two calls. The
+//! implementation's docs on [`RetryBudget`] show a policy over `Arc<RetryBudget>`; those on
+//! [`crate::throttle::A6Throttle`] say how A6's three events map onto tower's two calls.
+//! The feature adds tower's `retry` module and nothing of tonic, http or hyper.
+//!
 //! # How [`RetryBudget`] differs from tower's `TpsBudget`
 //!
-//! It follows the same semantics, with three fixes:
+//! It follows the same semantics (Finagle's: a reserve of `min_retries_per_second × ttl`,
+//! `retry_ratio` of a retry per deposit, withdrawals that count for `ttl`), with these
+//! fixes, each read from tower 0.5's `retry/budget/tps_budget.rs`:
 //!
-//! - **No lock.** The window is two rings of slots (deposits and withdrawals), each slot
-//!   one `AtomicU64` holding a 32-bit slot epoch and a 32-bit count, updated by
-//!   compare-and-swap. A withdrawal that finds less than one retry is refused without
-//!   writing anything; otherwise it is counted first, the window is summed again, and it
-//!   is undone and refused if the balance went below zero, so concurrent callers can
-//!   never take more retries than the window holds (a race can only refuse too many).
+//! - **No lock, and no over-allocation.** `TpsBudget` takes a `Mutex` on every deposit
+//!   and every withdrawal (to expire old slots), then checks the balance and subtracts
+//!   after releasing it, so two threads can both take the last retry. Here the window is
+//!   two rings of slots (deposits and withdrawals), each slot one `AtomicU64` holding a
+//!   32-bit slot epoch and a 32-bit count, updated by compare-and-swap. A withdrawal that
+//!   finds less than one retry is refused without writing anything; otherwise it is
+//!   counted first, the window is summed again, and it is undone and refused if the
+//!   balance went below zero, so concurrent callers can never take more retries than the
+//!   window holds (a race can only refuse too many).
 //! - **An exact window.** A slot's epoch is derived from the call's own instant, so a
 //!   deposit counts until exactly `ttl` after the start of its slot, to the nanosecond:
 //!   for `ttl` less at most one slot width (`ttl / 16`), never more, whatever the timing
-//!   of the calls. tower's slots advance from the time of the last expiry and, when
-//!   calls do not line up with its slot width, deposits expire about twice too early.
-//! - **Exact ratios.** Accounting is in integer micro-retries, so a ratio of 0.6 gives
-//!   exactly 6 retries per 10 successes (tower issue #857 over-allocates below 1) and
-//!   there is no floating-point drift.
+//!   of the calls. `TpsBudget`'s 10 slots advance from the instant of the last expiry,
+//!   and an expiry that finds more than one slot width gone clears one more slot for each
+//!   further width or part of one, so when calls do not line up with its slot width the
+//!   window expires about twice as fast: steady calls every 7 ms against a 1 s `ttl`
+//!   keep about 0.6 s of deposits.
+//! - **Exact ratios.** `TpsBudget` turns a ratio below 1 into a whole number of deposits
+//!   per retry, `(1.0 / retry_percent) as isize`: 0.6 becomes 1, so 10 successes allow
+//!   10 retries (tower issue #857), and 0.3 becomes 3 (one retry per 3 successes).
+//!   Accounting here is in integer micro-retries: 0.6 gives exactly 6 retries per 10
+//!   successes, and there is no floating-point drift.
 //!
 //! Time comes only from the `now` argument of the `*_at` methods (the convenience forms
 //! read [`Instant::now`], which follows tokio's paused clock in tests).
@@ -579,6 +603,97 @@ impl Budget for RetryBudget {
     }
 }
 
+/// With the `tower` feature: the budget as a tower retry budget, for a
+/// [`tower::retry::Policy`] (see [the module docs](self#adopting-only-the-budget-with-tower)).
+///
+/// The two calls mean what they mean in [`Budget`], at [`Instant::now`] (tokio's clock,
+/// paused in tests, as `TpsBudget` reads it):
+///
+/// - `deposit()`: a logical call succeeded; it mints `retry_ratio` of a retry for `ttl`.
+/// - `withdraw()`: may one retry go out? `true` spends it. Ask last, after the policy's
+///   own reasons to stop (attempts, status, deadline): a granted retry is spent even if
+///   the policy then does not send it.
+///
+/// Both traits name these methods `deposit` and `withdraw`. With only one in scope
+/// `budget.withdraw()` is that one's; with both, name the trait:
+/// `tower::retry::budget::Budget::withdraw(&*budget)`.
+///
+/// A [`tower::retry::Policy`] that retries a failed call at most twice, while the budget
+/// allows, through [`tower::retry::Retry`]:
+///
+/// ```
+/// use std::future;
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+///
+/// use stormguard_core::budget::{BudgetConfig, RetryBudget};
+/// use tower::retry::budget::Budget;
+/// use tower::retry::{Policy, Retry};
+/// use tower::{ServiceExt, service_fn};
+///
+/// #[derive(Clone, Debug)]
+/// struct Attempts {
+///     budget: Arc<RetryBudget>,
+///     retries_left: u32,
+/// }
+///
+/// impl<Req: Clone, Res, E> Policy<Req, Res, E> for Attempts {
+///     type Future = future::Ready<()>;
+///
+///     fn retry(&mut self, _req: &mut Req, result: &mut Result<Res, E>) -> Option<Self::Future> {
+///         match result {
+///             Ok(_) => {
+///                 self.budget.deposit();
+///                 None
+///             }
+///             // The budget is asked last: a granted retry is spent.
+///             Err(_) if self.retries_left > 0 && self.budget.withdraw() => {
+///                 self.retries_left -= 1;
+///                 Some(future::ready(()))
+///             }
+///             Err(_) => None,
+///         }
+///     }
+///
+///     fn clone_request(&mut self, req: &Req) -> Option<Req> {
+///         Some(req.clone())
+///     }
+/// }
+///
+/// // No standing reserve: only successes pay for retries, one per ten.
+/// let config = BudgetConfig { min_retries_per_second: 0, ..BudgetConfig::default() };
+/// let budget = Arc::new(RetryBudget::new(config)?);
+/// for _ in 0..10 {
+///     budget.deposit(); // ten successes on the same budget
+/// }
+///
+/// let attempts = Arc::new(AtomicUsize::new(0));
+/// let counted = Arc::clone(&attempts);
+/// let unavailable = service_fn(move |_request: &'static str| {
+///     counted.fetch_add(1, Ordering::Relaxed);
+///     future::ready(Err::<(), _>("unavailable"))
+/// });
+/// let policy = Attempts { budget: Arc::clone(&budget), retries_left: 2 };
+/// let retry = Retry::new(policy, unavailable);
+///
+/// let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+/// let result = runtime.block_on(retry.oneshot("GetItem"));
+/// assert_eq!(result, Err("unavailable"));
+/// // Two retries were allowed by the policy; the budget paid for one.
+/// assert_eq!(attempts.load(Ordering::Relaxed), 2);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[cfg(feature = "tower")]
+impl tower::retry::budget::Budget for RetryBudget {
+    fn deposit(&self) {
+        self.deposit_at(Instant::now());
+    }
+
+    fn withdraw(&self) -> bool {
+        self.withdraw_at(Instant::now())
+    }
+}
+
 impl fmt::Debug for RetryBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryBudget")
@@ -684,6 +799,83 @@ impl Budget for Unlimited {
 
     fn balance_at(&self, _now: Instant) -> f64 {
         f64::INFINITY
+    }
+}
+
+/// One request through a real `tower::retry::Retry`, for the tests of both budgets' tower
+/// implementations.
+#[cfg(all(test, feature = "tower"))]
+pub(crate) mod tower_harness {
+    use std::future;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tower::retry::budget::Budget;
+    use tower::retry::{Policy, Retry};
+    use tower::{ServiceExt, service_fn};
+
+    /// A stop for a budget that grants every retry: the test then fails, not hangs.
+    const SAFETY_STOP: usize = 100;
+
+    /// Retries every failure while the budget allows (the budget is its only limit, short
+    /// of [`SAFETY_STOP`] retries) and deposits every success.
+    #[derive(Debug)]
+    struct BudgetOnly<B> {
+        budget: Arc<B>,
+        retries: usize,
+    }
+
+    impl<B> Clone for BudgetOnly<B> {
+        fn clone(&self) -> Self {
+            BudgetOnly {
+                budget: Arc::clone(&self.budget),
+                retries: self.retries,
+            }
+        }
+    }
+
+    impl<B: Budget, Req: Clone, Res, E> Policy<Req, Res, E> for BudgetOnly<B> {
+        type Future = future::Ready<()>;
+
+        fn retry(&mut self, _req: &mut Req, result: &mut Result<Res, E>) -> Option<Self::Future> {
+            match result {
+                Ok(_) => {
+                    self.budget.deposit();
+                    None
+                }
+                Err(_) if self.retries < SAFETY_STOP && self.budget.withdraw() => {
+                    self.retries += 1;
+                    Some(future::ready(()))
+                }
+                Err(_) => None,
+            }
+        }
+
+        fn clone_request(&mut self, req: &Req) -> Option<Req> {
+            Some(req.clone())
+        }
+    }
+
+    /// Sends one request through `Retry` with [`BudgetOnly`] over `budget` to a service
+    /// whose every attempt succeeds if `succeeds` and fails otherwise. Returns how many
+    /// attempts reached the service and whether the call succeeded.
+    pub(crate) async fn call<B: Budget>(budget: &Arc<B>, succeeds: bool) -> (usize, bool) {
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&attempts);
+        let service = service_fn(move |request: u32| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            future::ready(if succeeds {
+                Ok(request)
+            } else {
+                Err("unavailable")
+            })
+        });
+        let policy = BudgetOnly {
+            budget: Arc::clone(budget),
+            retries: 0,
+        };
+        let result = Retry::new(policy, service).oneshot(7).await;
+        (attempts.load(Ordering::SeqCst), result.is_ok())
     }
 }
 
@@ -1392,6 +1584,31 @@ mod tests {
         });
         let granted = granted.load(Ordering::SeqCst);
         assert_eq!(granted + drain(&b, t0), ROUNDS, "no count was lost");
+    }
+
+    #[cfg(feature = "tower")]
+    #[tokio::test(start_paused = true)]
+    async fn through_tower_retry_retries_stop_when_the_budget_is_spent() {
+        use super::tower_harness::call;
+        let b = Arc::new(budget(10, 0, 0.5));
+        // No reserve: a failing call is not retried until successes have paid for it.
+        assert_eq!(call(&b, false).await, (1, false));
+        // Four successes through the tower stack mint two retries.
+        for _ in 0..4 {
+            assert_eq!(call(&b, true).await, (1, true));
+        }
+        assert_eq!(b.balance(), 2.0);
+        // The dependency fails: the next call takes both retries, the one after gets none.
+        assert_eq!(call(&b, false).await, (3, false));
+        assert_eq!(b.balance(), 0.0);
+        assert_eq!(call(&b, false).await, (1, false));
+        // A window later the deposits have expired with the retries they paid for.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(call(&b, false).await, (1, false));
+        for _ in 0..2 {
+            assert_eq!(call(&b, true).await, (1, true));
+        }
+        assert_eq!(call(&b, false).await, (2, false));
     }
 
     #[derive(Debug, Clone)]
