@@ -10,12 +10,21 @@
 # `retry-attempt` against `tower-retry`); the bench's `--list` says which is which, and
 # baselines and rivals of the variants named are run too.
 #
-# Usage: benches/callgrind.sh [--json] [--calls N1,N2] [--keep DIR] [VARIANT...]
-#   --json        print the table as a JSON array instead of text
-#   --calls N1,N2 the two call counts (default 2000,4000)
-#   --keep DIR    keep the callgrind output files in DIR (callgrind.VARIANT.N.out), for
-#                 `callgrind_annotate`; build with CARGO_PROFILE_BENCH_DEBUG=line-tables-only
-#                 in the environment to get file:line in them
+# Usage: benches/callgrind.sh [--json] [--calls N1,N2] [--keep DIR] [--valgrind-arg A]... [VARIANT...]
+#   --json           print the table as a JSON array instead of text
+#   --calls N1,N2    the two call counts (default 2000,4000)
+#   --keep DIR       keep the callgrind output files in DIR (callgrind.VARIANT.N.out), for
+#                    `callgrind_annotate`; build with CARGO_PROFILE_BENCH_DEBUG=line-tables-only
+#                    in the environment to get file:line in them
+#   --valgrind-arg A pass A to valgrind (repeatable)
+#
+# Where a variant's allocations come from: keep the files with malloc split by call chain,
+#   CARGO_PROFILE_BENCH_DEBUG=line-tables-only benches/callgrind.sh --keep /tmp/cg \
+#       --valgrind-arg --separate-callers12=malloc retry-deadline
+#   callgrind_annotate --tree=caller /tmp/cg/callgrind.retry-deadline.4000.out |
+#       grep -B1 "^ *[0-9,]* ([ 0-9.]*%)  \*  .*malloc'"
+# Each `* ...malloc'f'g'...` line is one call chain, innermost first, and the `<` line above
+# it says how many times it ran (`(8,000x)`); compare with the baseline at both counts.
 #
 # Instructions count the whole process: the client, the loopback server and the runtime.
 set -euo pipefail
@@ -25,6 +34,7 @@ cd "$(dirname "$0")/.."
 json=false
 calls="2000,4000"
 keep=""
+valgrind_args=()
 asked=()
 while (($#)); do
     case "$1" in
@@ -35,6 +45,10 @@ while (($#)); do
             ;;
         --keep)
             keep="${2:?--keep needs a directory}"
+            shift
+            ;;
+        --valgrind-arg)
+            valgrind_args+=("${2:?--valgrind-arg needs an argument}")
             shift
             ;;
         -h | --help)
@@ -99,7 +113,8 @@ mkdir -p "$out_dir"
 # One run: prints "instructions allocations bytes".
 run() {
     local v=$1 n=$2 out="$out_dir/callgrind.$1.$2.out" log="$out_dir/valgrind.$1.$2.log" line instr
-    if ! valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" --variant "$v" --calls "$n" \
+    if ! valgrind --tool=callgrind --callgrind-out-file="$out" ${valgrind_args[@]+"${valgrind_args[@]}"} \
+        "$bin" --variant "$v" --calls "$n" \
         >"$out_dir/stdout.$v.$n" 2>"$log"; then
         echo "callgrind.sh: the run of $v with $n calls failed:" >&2
         grep -v '^==' "$log" | tail -5 >&2
