@@ -142,7 +142,8 @@ pub async fn run(args: &Args) -> Result<serde_json::Value, Box<dyn Error + Send 
     };
     let stats = layer.stats();
     let channel = Endpoint::from_shared(args.target.clone())?
-        // Calls that time out in bulk must not get the connection closed (h2 GOAWAY).
+        // A server of ours: calls that give up in bulk must not get the connection closed
+        // (docs/operating.md, "HTTP/2 resets").
         .http2_max_local_error_reset_streams(None)
         .connect_lazy();
     let client = InventoryClient::new(ServiceBuilder::new().layer(layer).service(channel));

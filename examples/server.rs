@@ -19,10 +19,8 @@
 //! `{"admitted":N,"completed":N,"shed_first":N,"shed_retry":N,"expired":N,"queue_depth":N,...}`.
 //!
 //! The HTTP/2 limit on streams reset before the server accepted them
-//! (`--max-pending-resets`, default 10 000 here) is raised from h2's 20: under a storm,
-//! callers that time out reset their streams faster than a busy connection accepts
-//! them, and at 20 the server answers with GOAWAY (ENHANCE_YOUR_CALM), dropping every
-//! call on the connection: an artifact that looks like a recovery. Both modes use it.
+//! (`--max-pending-resets`) is raised from h2's 20 to 10 000, in both modes: why, and what
+//! it costs, is in `docs/operating.md` ("HTTP/2 resets").
 //!
 //! `Reserve` takes `--service-time-ms` of wall time (a sleep, not CPU); `--fail-rate`
 //! answers that fraction `UNAVAILABLE` at once. `--no-shed` serves the same service with

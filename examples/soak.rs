@@ -239,7 +239,8 @@ fn client(addr: &str, counts: &Arc<Counts>) -> Result<(Client, RetryLayer), Stri
     });
     let channel = Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| e.to_string())?
-        // Calls that time out in bulk must not get the connection closed (h2 GOAWAY).
+        // A server of ours: calls that give up in bulk must not get the connection closed
+        // (docs/operating.md, "HTTP/2 resets").
         .http2_max_local_error_reset_streams(None)
         .connect_with_connector_lazy(connector);
     let client = InventoryClient::new(ServiceBuilder::new().layer(layer.clone()).service(channel));
