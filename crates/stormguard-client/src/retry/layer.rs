@@ -1,5 +1,5 @@
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stormguard_core::config::{ClientConfig, ConfigError};
@@ -28,6 +28,7 @@ pub(super) struct Shared {
     pub(super) replay_limit: usize,
     pub(super) default_timeout: Option<Duration>,
     pub(super) per_attempt_timeout: Option<Duration>,
+    pub(super) stamps: Arc<super::attempt::Stamps>,
     #[cfg(feature = "opentelemetry")]
     pub(super) metrics: Option<Arc<crate::metrics::ClientMetrics>>,
 }
@@ -57,6 +58,7 @@ impl RetryLayer {
                 replay_limit: DEFAULT_REPLAY_LIMIT,
                 default_timeout: None,
                 per_attempt_timeout: None,
+                stamps: Arc::default(),
                 #[cfg(feature = "opentelemetry")]
                 metrics: None,
             }),
@@ -212,11 +214,12 @@ impl fmt::Debug for RetryLayer {
     }
 }
 
-impl<S> Layer<S> for RetryLayer {
+impl<S: Clone> Layer<S> for RetryLayer {
     type Service = Retry<S>;
 
     fn layer(&self, inner: S) -> Retry<S> {
         Retry {
+            spare: Arc::new(Mutex::new(inner.clone())),
             inner,
             shared: self.shared.clone(),
         }
