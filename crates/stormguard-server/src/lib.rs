@@ -95,5 +95,6 @@ pub use shed::{DrainCounts, ShedBody};
 pub use shed::{ResponseFuture, ShedLayer, ShedService};
 pub use stats::{Occupancy, ShedStats, StatsSnapshot};
 pub use stormguard_core::admission::{
-    AdmissionConfig, AdmissionPolicy, AttemptClass, QueueOrder, RetryThreshold,
+    AdmissionConfig, AdmissionPolicy, QueueOrder, RetryThreshold,
 };
+pub use stormguard_core::wire::AttemptClass;

@@ -18,12 +18,12 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use stormguard_core::Instant;
-use stormguard_core::admission::{AdmissionConfig, AttemptClass, Shed, ShedPushback};
+use stormguard_core::admission::{AdmissionConfig, CallClass, Shed, ShedPushback};
 use stormguard_core::code::Code;
-use stormguard_core::criticality::CallClass;
 use stormguard_core::pushback::Pushback;
 use stormguard_core::queue::{AdmissionQueue, Arrival, Dispatch, QueuedId};
 use stormguard_core::retry::Failure;
+use stormguard_core::wire::AttemptClass;
 
 use crate::SimError;
 use crate::event_loop::{Event, Outcome, Sim};

@@ -147,7 +147,7 @@ impl ShedLayer {
     ///
     /// A caller that sends `x-retry-budget: N` lowers the request's allowance to `N`; it
     /// can never raise it above `retries`, and a malformed, negative or huge value (above
-    /// [`MAX_RETRY_ALLOWANCE`]) is ignored. Each retry a client layer makes inside the
+    /// [`MAX_ALLOWANCE`]) is ignored. Each retry a client layer makes inside the
     /// request spends one, once every other rule (budget included) allowed it; when none
     /// is left the retry is refused (counted as `allowance`) and the failure goes up marked
     /// "do not retry". Every outgoing attempt carries what is left as `x-retry-budget`, so
@@ -164,7 +164,7 @@ impl ShedLayer {
     /// # let _ = layer;
     /// ```
     ///
-    /// [`MAX_RETRY_ALLOWANCE`]: stormguard_core::context::MAX_RETRY_ALLOWANCE
+    /// [`MAX_ALLOWANCE`]: stormguard_core::wire::MAX_ALLOWANCE
     pub fn with_retry_allowance(mut self, retries: u32) -> Self {
         self.retry_allowance = Some(retries);
         self

@@ -63,25 +63,21 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::HeaderName;
 use stormguard_core::Instant;
-use stormguard_core::admission::{AttemptClass, X_RETRY_ATTEMPT_HEADER};
+use stormguard_core::admission::CallClass;
+use stormguard_core::context::{CallContext, RequestScope};
+use stormguard_core::criticality::CriticalityTable;
+use stormguard_core::wire::http::{
+    GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_TIMEOUT, STORMGUARD_CRITICALITY, X_RETRY_ATTEMPT,
+    X_RETRY_BUDGET,
+};
+use stormguard_core::wire::{attempt_class, decode_grpc_timeout_bytes, parse_criticality};
 use tower_service::Service;
 
 use crate::stats::ShedStats;
 use drain::{Drains, Unread};
 use exempt::{Bypassed, NeverShed};
 use queue::{Arrival, Queue};
-use stormguard_core::context::{CallContext, RETRY_BUDGET_HEADER, RequestScope};
-use stormguard_core::criticality::{CRITICALITY_HEADER, CallClass, CriticalityTable};
-use stormguard_core::deadline::{GRPC_TIMEOUT_HEADER, decode_grpc_timeout};
-use stormguard_core::retry::PREVIOUS_ATTEMPTS_HEADER;
-
-const PREVIOUS_RPC_ATTEMPTS: HeaderName = HeaderName::from_static(PREVIOUS_ATTEMPTS_HEADER);
-const X_RETRY_ATTEMPT: HeaderName = HeaderName::from_static(X_RETRY_ATTEMPT_HEADER);
-const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(GRPC_TIMEOUT_HEADER);
-const X_RETRY_BUDGET: HeaderName = HeaderName::from_static(RETRY_BUDGET_HEADER);
-const CRITICALITY: HeaderName = HeaderName::from_static(CRITICALITY_HEADER);
 
 /// A service behind the admission queue. Built by [`ShedLayer`]; every clone, and every
 /// service the same layer wraps, shares one queue.
@@ -154,20 +150,22 @@ where
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
         let now = Instant::now();
         let headers = request.headers();
-        let class = AttemptClass::from_headers(
-            headers.get(PREVIOUS_RPC_ATTEMPTS).map(|v| v.as_bytes()),
+        let class = attempt_class(
+            headers
+                .get(GRPC_PREVIOUS_RPC_ATTEMPTS)
+                .map(|v| v.as_bytes()),
             headers.get(X_RETRY_ATTEMPT).map(|v| v.as_bytes()),
         );
         // A peer's claim, never above what this server grants the method.
         let criticality = self.criticality.resolve(
             request.uri().path(),
-            headers.get(CRITICALITY).map(|v| v.as_bytes()),
+            parse_criticality(headers.get(STORMGUARD_CRITICALITY).map(|v| v.as_bytes())),
         );
         let class = CallClass::new(class, criticality);
         let deadline = headers
             .get(GRPC_TIMEOUT)
             // Malformed (or non-ASCII) values read as "no deadline", as tonic does.
-            .and_then(|v| decode_grpc_timeout(v.to_str().ok()?).ok())
+            .and_then(|v| decode_grpc_timeout_bytes(v.as_bytes()))
             .and_then(|t| now.checked_add(t));
         // The handler's outgoing calls inherit this call's deadline (see `CallContext`).
         let context = match deadline {

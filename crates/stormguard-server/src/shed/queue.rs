@@ -21,10 +21,11 @@ use std::task::Waker;
 use std::time::Duration;
 
 use stormguard_core::Instant;
-use stormguard_core::admission::{AdmissionPolicy, AttemptClass, Shed, ShedReason};
+use stormguard_core::admission::{AdmissionPolicy, CallClass, Shed, ShedReason};
 use stormguard_core::code::Code;
-use stormguard_core::criticality::{CallClass, Criticality};
+use stormguard_core::criticality::Criticality;
 use stormguard_core::queue::{AdmissionQueue, Arrival as Admission, Dispatch, QueuedId};
+use stormguard_core::wire::AttemptClass;
 
 use crate::stats::StatsSnapshot;
 

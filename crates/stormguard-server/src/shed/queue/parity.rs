@@ -17,10 +17,11 @@ use std::time::Duration;
 
 use stormguard_core::Instant;
 use stormguard_core::admission::{
-    AdmissionConfig, AdmissionPolicy, AttemptClass, QueueOrder, RetryThreshold, Shed, ShedReason,
+    AdmissionConfig, AdmissionPolicy, CallClass, QueueOrder, RetryThreshold, Shed, ShedReason,
 };
-use stormguard_core::criticality::{CallClass, Criticality};
+use stormguard_core::criticality::Criticality;
 use stormguard_core::limit::AdaptiveLimitConfig;
+use stormguard_core::wire::AttemptClass;
 use stormguard_sim::{Job, ServerAction, SimServer};
 
 use super::{Arrival, Queue, Ticket, Turn, WorkerPermit};
