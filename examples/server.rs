@@ -377,7 +377,7 @@ where
         let call = header(request.headers(), "x-call-id");
         let attempt = header(
             request.headers(),
-            stormguard::core::retry::PREVIOUS_ATTEMPTS_HEADER,
+            stormguard::core::wire::GRPC_PREVIOUS_RPC_ATTEMPTS,
         );
         let arrived_us = started.elapsed().as_micros();
         let answer = self.inner.call(request);
@@ -398,10 +398,10 @@ where
             let answer = answer.await;
             if let (Ok(response), Some(line)) = (&answer, pending.1.as_mut()) {
                 line.cancelled = false;
-                line.status = header(response.headers(), "grpc-status");
+                line.status = header(response.headers(), stormguard::core::wire::GRPC_STATUS);
                 line.pushback = header(
                     response.headers(),
-                    stormguard::core::pushback::PUSHBACK_HEADER,
+                    stormguard::core::wire::GRPC_RETRY_PUSHBACK_MS,
                 );
             }
             drop(pending);

@@ -35,7 +35,7 @@ use tonic::{Code, Request, Response, Status};
 struct Seen(Arc<Mutex<Vec<Option<String>>>>);
 
 impl Seen {
-    fn budgets(&self) -> Vec<Option<String>> {
+    fn allowances(&self) -> Vec<Option<String>> {
         self.0.lock().unwrap().clone()
     }
 }
@@ -75,11 +75,11 @@ impl Inventory for Back {
         &self,
         request: Request<ReserveRequest>,
     ) -> Result<Response<ReserveReply>, Status> {
-        let budget = request
+        let allowance = request
             .metadata()
             .get("x-retry-budget")
             .map(|v| v.to_str().unwrap().to_owned());
-        self.seen.0.lock().unwrap().push(budget);
+        self.seen.0.lock().unwrap().push(allowance);
         Err(Status::unavailable("back: down"))
     }
 
@@ -224,7 +224,7 @@ async fn do_not_retry_survives_handlers_that_answer_with_their_own_status() {
     assert_eq!(pushback(&status), Some("-1"));
 
     // Only the middle, next to the failure, retried: 5 attempts reach the back, not 5³.
-    assert_eq!(c.back.budgets().len(), 5);
+    assert_eq!(c.back.allowances().len(), 5);
     let middle = c.middle.snapshot();
     assert_eq!((middle.logical, middle.attempts), (1, 5));
     assert_eq!(middle.refused.attempts, 1);
@@ -246,7 +246,7 @@ async fn a_handlers_answer_is_marked_only_for_codes_clients_retry() {
     let status = c.call().await;
     assert_eq!(status.code(), Code::Internal);
     assert_eq!(pushback(&status), None, "INTERNAL is not retried anyway");
-    assert_eq!(c.back.budgets().len(), 5);
+    assert_eq!(c.back.allowances().len(), 5);
     assert_eq!(c.caller_stats.snapshot().refused.not_retryable, 1);
 }
 
@@ -266,14 +266,14 @@ async fn a_handlers_own_failure_without_a_refused_downstream_call_stays_retryabl
 
     let status = caller.reserve(ReserveRequest::default()).await.unwrap_err();
     assert_eq!(pushback(&status), Some("-1"));
-    assert!(back.budgets().is_empty());
+    assert!(back.allowances().is_empty());
     assert_eq!(*middle_entered.lock().unwrap(), 5);
     assert_eq!(front.snapshot().attempts, 5);
     assert_eq!(caller_stats.snapshot().attempts, 1);
 }
 
 /// A request from the caller carrying `x-retry-budget: value`.
-fn with_budget(value: &str) -> Request<ReserveRequest> {
+fn with_allowance(value: &str) -> Request<ReserveRequest> {
     let mut request = Request::new(ReserveRequest::default());
     request
         .metadata_mut()
@@ -292,20 +292,20 @@ async fn allowance_chain(front: u32, middle: u32) -> Chain {
     .await
 }
 
-fn budgets(values: &[&str]) -> Vec<Option<String>> {
+fn allowances(values: &[&str]) -> Vec<Option<String>> {
     values.iter().map(|v| Some((*v).to_owned())).collect()
 }
 
 #[tokio::test]
 async fn each_retry_spends_the_requests_allowance_and_attempts_carry_what_is_left() {
     let mut c = allowance_chain(10, 10).await;
-    let status = c.caller.reserve(with_budget("3")).await.unwrap_err();
+    let status = c.caller.reserve(with_allowance("3")).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable);
     assert_eq!(pushback(&status), Some("-1"));
     // The caller allowed 3 retries: the front passed 3 on, the middle spent them one by
     // one (each attempt says what is left) and was refused the 4th, though its policy
     // allows 5 attempts.
-    assert_eq!(c.back.budgets(), budgets(&["3", "2", "1", "0"]));
+    assert_eq!(c.back.allowances(), allowances(&["3", "2", "1", "0"]));
     let middle = c.middle.snapshot();
     assert_eq!((middle.attempts, middle.refused.allowance), (4, 1));
     assert_eq!(c.front.snapshot().attempts, 1);
@@ -315,8 +315,8 @@ async fn each_retry_spends_the_requests_allowance_and_attempts_carry_what_is_lef
 async fn a_peer_can_lower_the_allowance_but_not_raise_it() {
     let mut c = allowance_chain(10, 1).await;
     // The caller asks for 50, the front allows 10, the middle only 1.
-    c.caller.reserve(with_budget("50")).await.unwrap_err();
-    assert_eq!(c.back.budgets(), budgets(&["1", "0"]));
+    c.caller.reserve(with_allowance("50")).await.unwrap_err();
+    assert_eq!(c.back.allowances(), allowances(&["1", "0"]));
     assert_eq!(c.middle.snapshot().refused.allowance, 1);
 }
 
@@ -324,16 +324,16 @@ async fn a_peer_can_lower_the_allowance_but_not_raise_it() {
 async fn malformed_negative_or_huge_allowances_are_ignored() {
     for bad in ["-1", "two", "1.5", "99999999999", "1001"] {
         let mut c = allowance_chain(2, 10).await;
-        c.caller.reserve(with_budget(bad)).await.unwrap_err();
+        c.caller.reserve(with_allowance(bad)).await.unwrap_err();
         // The front's own allowance (2) is what went on.
-        assert_eq!(c.back.budgets(), budgets(&["2", "1", "0"]), "{bad}");
+        assert_eq!(c.back.allowances(), allowances(&["2", "1", "0"]), "{bad}");
     }
 }
 
 #[tokio::test]
 async fn without_an_allowance_the_header_is_ignored_and_not_sent() {
     let mut c = chain(shed_layer(), shed_layer(), OnFailure::PassUp).await;
-    c.caller.reserve(with_budget("1")).await.unwrap_err();
-    assert_eq!(c.back.budgets(), vec![None; 5]);
+    c.caller.reserve(with_allowance("1")).await.unwrap_err();
+    assert_eq!(c.back.allowances(), vec![None; 5]);
     assert_eq!(c.middle.snapshot().refused.allowance, 0);
 }

@@ -71,7 +71,7 @@ impl Seen {
     pub fn timeout(&self) -> Option<Duration> {
         self.timeout
             .as_deref()
-            .map(|v| stormguard_core::deadline::decode_grpc_timeout(v).expect("valid grpc-timeout"))
+            .map(|v| stormguard_core::wire::decode_grpc_timeout(v).expect("valid grpc-timeout"))
     }
 }
 

@@ -27,13 +27,12 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{HeaderName, HeaderValue};
+use http::HeaderValue;
 use stormguard_core::config::ConfigError;
-use stormguard_core::criticality::{CRITICALITY_HEADER, CriticalityTable};
+use stormguard_core::criticality::CriticalityTable;
+use stormguard_core::wire::http::STORMGUARD_CRITICALITY;
 use tower_layer::Layer;
 use tower_service::Service;
-
-const HEADER: HeaderName = HeaderName::from_static(CRITICALITY_HEADER);
 
 /// Stamps each call with its method's criticality (the `stormguard-criticality` header).
 #[derive(Clone, Debug)]
@@ -87,11 +86,12 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        if !request.headers().contains_key(HEADER) {
+        if !request.headers().contains_key(STORMGUARD_CRITICALITY) {
             let class = self.table.class_for(request.uri().path());
-            request
-                .headers_mut()
-                .insert(HEADER, HeaderValue::from_static(class.as_str()));
+            request.headers_mut().insert(
+                STORMGUARD_CRITICALITY,
+                HeaderValue::from_static(class.as_str()),
+            );
         }
         self.inner.call(request)
     }
@@ -112,7 +112,7 @@ mod tests {
         let echo = service_fn(|r: http::Request<()>| async move {
             Ok::<_, std::convert::Infallible>(
                 r.headers()
-                    .get(HEADER)
+                    .get(STORMGUARD_CRITICALITY)
                     .map(|v| v.to_str().unwrap().to_owned()),
             )
         });
@@ -120,7 +120,7 @@ mod tests {
         let call = |path: &str, given: Option<&'static str>| {
             let mut r = http::Request::builder().uri(format!("http://x{path}"));
             if let Some(v) = given {
-                r = r.header(CRITICALITY_HEADER, v);
+                r = r.header(STORMGUARD_CRITICALITY, v);
             }
             svc.clone().oneshot(r.body(()).unwrap())
         };

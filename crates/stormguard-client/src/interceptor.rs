@@ -36,13 +36,14 @@
 use std::time::Duration;
 
 use stormguard_core::Instant;
-use stormguard_core::deadline::{GRPC_TIMEOUT_HEADER, decode_grpc_timeout, encode_grpc_timeout};
+use stormguard_core::wire::{
+    GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_TIMEOUT, decode_grpc_timeout_bytes, encode_grpc_timeout,
+};
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
 use crate::context::CallContext;
-use crate::status::PREVIOUS_ATTEMPTS_HEADER;
 
 /// Stamps `grpc-timeout` (the time left in the current [`CallContext`], or the request's
 /// own timeout if that is shorter) and `grpc-previous-rpc-attempts` (when the context says
@@ -74,17 +75,16 @@ impl ContextInterceptor {
             }
             let own: Option<Duration> = request
                 .metadata()
-                .get(GRPC_TIMEOUT_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| decode_grpc_timeout(v).ok());
+                .get(GRPC_TIMEOUT)
+                .and_then(|v| decode_grpc_timeout_bytes(v.as_bytes()));
             let timeout = own.map_or(left, |own| own.min(left));
             let value = MetadataValue::try_from(encode_grpc_timeout(timeout).as_str())
                 .map_err(|_| Status::internal("stormguard: unencodable grpc-timeout"))?;
-            request.metadata_mut().insert(GRPC_TIMEOUT_HEADER, value);
+            request.metadata_mut().insert(GRPC_TIMEOUT, value);
         }
         if ctx.previous_attempts() > 0 {
             request.metadata_mut().insert(
-                PREVIOUS_ATTEMPTS_HEADER,
+                GRPC_PREVIOUS_RPC_ATTEMPTS,
                 MetadataValue::from(ctx.previous_attempts()),
             );
         }
@@ -116,13 +116,8 @@ mod tests {
         let mut req = Request::new(());
         req.set_timeout(request_timeout);
         let req = ContextInterceptor::stamp(ctx, now, req).unwrap();
-        let v = req
-            .metadata()
-            .get("grpc-timeout")
-            .unwrap()
-            .to_str()
-            .unwrap();
-        let timeout = decode_grpc_timeout(v).unwrap();
+        let v = req.metadata().get("grpc-timeout").unwrap();
+        let timeout = decode_grpc_timeout_bytes(v.as_bytes()).unwrap();
         (req, timeout)
     }
 

@@ -120,4 +120,4 @@ pub use interceptor::ContextInterceptor;
 pub use retry::DEFAULT_REPLAY_LIMIT;
 pub use retry::{ResponseBody, Retry, RetryLayer};
 pub use stats::{RefusedCounts, RetryStats, StatsSnapshot};
-pub use status::{BoxError, PREVIOUS_ATTEMPTS_HEADER, code_from_tonic, code_to_tonic};
+pub use status::{BoxError, code_from_tonic, code_to_tonic};

@@ -14,29 +14,21 @@
 
 use http::{HeaderMap, HeaderValue};
 use stormguard_core::code::Code;
-use stormguard_core::pushback::{PUSHBACK_HEADER, Pushback, parse_pushback};
+use stormguard_core::pushback::Pushback;
+use stormguard_core::wire::http::{DO_NOT_RETRY, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS};
+use stormguard_core::wire::{self, parse_grpc_status, parse_pushback};
 use tonic::Status;
 
 /// The boxed error type of the retry service.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// The `grpc-status` response header (or trailer), as a name built once: a lookup by
-/// `&str` parses and checks the name again on every call.
-pub(crate) const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
-
-pub use stormguard_core::retry::PREVIOUS_ATTEMPTS_HEADER;
-
 /// The code of a trailers-only response, or `None` when the headers carry no status (the
 /// call is committed). A status that is not a valid code reads as `UNKNOWN`, as the gRPC
-/// spec asks. Reads the `grpc-status` of trailers the same way.
+/// spec asks ([`parse_grpc_status`]). Reads the `grpc-status` of trailers the same way.
 pub(crate) fn trailers_only_code(headers: &HeaderMap) -> Option<Code> {
-    let value = headers.get(&GRPC_STATUS)?;
-    let code = std::str::from_utf8(value.as_bytes())
-        .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok())
-        .and_then(Code::from_i32)
-        .unwrap_or(Code::Unknown);
-    Some(code)
+    headers
+        .get(GRPC_STATUS)
+        .map(|value| parse_grpc_status(value.as_bytes()))
 }
 
 /// The code of a response that ended without a `grpc-status`, from its HTTP status, as
@@ -59,7 +51,7 @@ pub(crate) fn code_from_http_status(status: http::StatusCode) -> Code {
 pub(crate) fn pushback(headers: &HeaderMap) -> Option<Pushback> {
     parse_pushback(
         headers
-            .get_all(PUSHBACK_HEADER)
+            .get_all(GRPC_RETRY_PUSHBACK_MS)
             .iter()
             .map(HeaderValue::as_bytes),
     )
@@ -72,7 +64,7 @@ pub(crate) fn pushback(headers: &HeaderMap) -> Option<Pushback> {
 /// around the handler can mark the handler's own answer the same way.
 pub(crate) fn mark_do_not_retry(headers: &mut HeaderMap) {
     stormguard_core::context::mark_downstream_refused();
-    headers.insert(PUSHBACK_HEADER, HeaderValue::from_static("-1"));
+    headers.insert(GRPC_RETRY_PUSHBACK_MS, DO_NOT_RETRY);
 }
 
 /// A `tonic::Code` as a core code (they share numbers).
@@ -143,8 +135,8 @@ pub(crate) fn status_from_error(err: BoxError, code: Code) -> Status {
 pub(crate) fn status_do_not_retry(mut status: Status) -> Status {
     stormguard_core::context::mark_downstream_refused();
     status.metadata_mut().insert(
-        PUSHBACK_HEADER,
-        tonic::metadata::MetadataValue::from_static("-1"),
+        wire::GRPC_RETRY_PUSHBACK_MS,
+        tonic::metadata::MetadataValue::from_static(wire::DO_NOT_RETRY),
     );
     status
 }
@@ -231,7 +223,7 @@ mod tests {
             ("grpc-retry-pushback-ms", "9"),
         ]);
         mark_do_not_retry(&mut h);
-        assert_eq!(h.get_all(PUSHBACK_HEADER).iter().count(), 1);
+        assert_eq!(h.get_all(GRPC_RETRY_PUSHBACK_MS).iter().count(), 1);
         assert_eq!(pushback(&h), Some(Pushback::DoNotRetry));
     }
 
@@ -277,6 +269,9 @@ mod tests {
     #[test]
     fn a_given_up_status_carries_minus_one() {
         let st = status_do_not_retry(Status::unavailable("down"));
-        assert_eq!(st.metadata().get(PUSHBACK_HEADER).unwrap(), "-1");
+        assert_eq!(
+            st.metadata().get(wire::GRPC_RETRY_PUSHBACK_MS).unwrap(),
+            "-1"
+        );
     }
 }

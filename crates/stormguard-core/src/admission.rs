@@ -10,11 +10,12 @@
 //! tower layer in `stormguard-server` and the fleet simulator (which runs on a virtual
 //! clock) drive the same code:
 //!
-//! - [`AttemptClass`]: first attempt or retry, read from `grpc-previous-rpc-attempts`
-//!   (what standard gRPC clients send on retries) or `x-retry-attempt`. A malformed value
-//!   counts as a retry: a peer cannot buy priority with garbage. With the call's
-//!   [`Criticality`] it makes a [`CallClass`] ([`crate::criticality`]): sheddable work is
-//!   shed before retries, retries before the rest.
+//! - [`CallClass`]: the call's [`AttemptClass`] (first attempt or retry, read from
+//!   `grpc-previous-rpc-attempts`, what standard gRPC clients send on retries, or
+//!   `x-retry-attempt`, by [`wire::attempt_class`](crate::wire::attempt_class); a
+//!   malformed value counts as a retry: a peer cannot buy priority with garbage) and its
+//!   [`Criticality`] ([`crate::criticality`]): sheddable work is shed before retries,
+//!   retries before the rest ([`CallClass::rank`]).
 //! - [`AdmissionPolicy::decide_at`]: admit at once, queue, or shed. **Retries are shed
 //!   first**: once the queue passes the [`RetryThreshold`] a retry is answered at once,
 //!   while a first attempt is shed only when the queue is full. Under sustained overload
@@ -67,6 +68,7 @@
 //! use std::time::Duration;
 //! use stormguard_core::Instant;
 //! use stormguard_core::admission::*;
+//! use stormguard_core::wire::attempt_class;
 //!
 //! let config = AdmissionConfig {
 //!     workers: 2,
@@ -78,11 +80,11 @@
 //! let now = Instant::now();
 //! let busy = |depth| QueueLoad { free_workers: 0, depth, oldest_enqueued: Some(now) };
 //!
-//! let first = AttemptClass::from_headers(None, None);
-//! let retry = AttemptClass::from_headers(Some(b"1"), None);
-//! assert_eq!(policy.decide_at(now, busy(3), first), Decision::Queue);
-//! assert!(matches!(policy.decide_at(now, busy(3), retry), Decision::Shed(_)));
-//! assert!(matches!(policy.decide_at(now, busy(8), first), Decision::Shed(_)));
+//! let first = attempt_class(None, None);
+//! let retry = attempt_class(Some(b"1"), None);
+//! assert_eq!(policy.decide_at(now, busy(3), first), Admission::Queue);
+//! assert!(matches!(policy.decide_at(now, busy(3), retry), Admission::Shed(_)));
+//! assert!(matches!(policy.decide_at(now, busy(8), first), Admission::Shed(_)));
 //! ```
 
 use std::time::Duration;
@@ -90,9 +92,10 @@ use std::time::Duration;
 use crate::Instant;
 
 use crate::code::Code;
-use crate::criticality::{CallClass, Criticality};
+use crate::criticality::Criticality;
 use crate::error::ConfigError;
 use crate::limit::AdaptiveLimitConfig;
+use crate::wire::AttemptClass;
 
 /// The largest `pushback_max` accepted: one hour. Longer advice is no advice.
 pub const MAX_PUSHBACK: Duration = Duration::from_secs(3600);
@@ -101,64 +104,56 @@ pub const MAX_PUSHBACK: Duration = Duration::from_secs(3600);
 /// caller left; and a bound near `Duration::MAX` would not fit in an `Instant`.
 pub const MAX_TIME_QUEUED: Duration = Duration::from_secs(3600);
 
-/// An older, non-standard attempt header, read when [`PREVIOUS_ATTEMPTS_HEADER`] is absent.
+/// What the admission queue knows about a call: its attempt class and its criticality.
 ///
-/// [`PREVIOUS_ATTEMPTS_HEADER`]: crate::retry::PREVIOUS_ATTEMPTS_HEADER
-pub const X_RETRY_ATTEMPT_HEADER: &str = "x-retry-attempt";
-
-/// Whether a call is a first attempt or a retry, as the client declared it.
+/// An [`AttemptClass`] alone converts into a `CallClass` of [`Criticality::Default`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AttemptClass {
-    /// The first attempt of a logical call (no attempt header, or a value of 0).
-    First,
-    /// A retry (a positive value), or a call whose attempt header could not be read.
-    Retry,
+pub struct CallClass {
+    /// First attempt or retry.
+    pub attempt: AttemptClass,
+    /// How much the call matters (already capped by the server's table).
+    pub criticality: Criticality,
 }
 
-impl AttemptClass {
-    /// Classifies a call from its `grpc-previous-rpc-attempts` value and, when that header
-    /// is absent, its `x-retry-attempt` value (the number of retries before this one; an
-    /// older convention, read the same way).
-    ///
-    /// Values are decimal digits, surrounding ASCII whitespace ignored. All-zero digits
-    /// mean [`AttemptClass::First`]; any other value, including an empty, signed,
-    /// non-decimal or huge one, means [`AttemptClass::Retry`]. Never panics.
-    ///
-    /// ```
-    /// use stormguard_core::admission::AttemptClass;
-    ///
-    /// assert_eq!(AttemptClass::from_headers(None, None), AttemptClass::First);
-    /// assert_eq!(AttemptClass::from_headers(Some(b"0"), None), AttemptClass::First);
-    /// assert_eq!(AttemptClass::from_headers(Some(b"2"), None), AttemptClass::Retry);
-    /// assert_eq!(AttemptClass::from_headers(Some(b"two"), None), AttemptClass::Retry);
-    /// assert_eq!(AttemptClass::from_headers(None, Some(b"1")), AttemptClass::Retry);
-    /// ```
-    pub fn from_headers(
-        previous_rpc_attempts: Option<&[u8]>,
-        x_retry_attempt: Option<&[u8]>,
-    ) -> AttemptClass {
-        match previous_rpc_attempts.or(x_retry_attempt) {
-            None => AttemptClass::First,
-            Some(value) => AttemptClass::from_value(value),
+impl CallClass {
+    /// A call of `attempt` and `criticality`.
+    pub fn new(attempt: AttemptClass, criticality: Criticality) -> Self {
+        CallClass {
+            attempt,
+            criticality,
         }
     }
 
-    /// Classifies one header value (see [`AttemptClass::from_headers`]).
-    pub fn from_value(value: &[u8]) -> AttemptClass {
-        let value = value.trim_ascii();
-        if !value.is_empty() && value.iter().all(|b| *b == b'0') {
-            AttemptClass::First
-        } else {
-            AttemptClass::Retry
+    /// The shed order, lowest shed first: 0 sheddable (any attempt), 1 a retry, 2 a
+    /// retry of a critical call, 3 a first attempt, 4 a critical first attempt. When a
+    /// full queue gives a waiter's place to a call of higher criticality, it is the
+    /// lowest-ranked waiter of lower criticality.
+    ///
+    /// ```
+    /// use stormguard_core::admission::CallClass;
+    /// use stormguard_core::criticality::Criticality::*;
+    /// use stormguard_core::wire::AttemptClass::{First, Retry};
+    ///
+    /// let rank = |a, c| CallClass::new(a, c).rank();
+    /// assert!(rank(First, Sheddable) < rank(Retry, Default));
+    /// // A retry of a critical call is still a retry.
+    /// assert!(rank(Retry, Critical) < rank(First, Default));
+    /// assert!(rank(First, Default) < rank(First, Critical));
+    /// ```
+    pub fn rank(self) -> u8 {
+        match (self.criticality, self.attempt) {
+            (Criticality::Sheddable, _) => 0,
+            (Criticality::Default, AttemptClass::Retry) => 1,
+            (Criticality::Critical, AttemptClass::Retry) => 2,
+            (Criticality::Default, AttemptClass::First) => 3,
+            (Criticality::Critical, AttemptClass::First) => 4,
         }
     }
+}
 
-    /// `"first"` or `"retry"`, for logs and metrics labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AttemptClass::First => "first",
-            AttemptClass::Retry => "retry",
-        }
+impl From<AttemptClass> for CallClass {
+    fn from(attempt: AttemptClass) -> Self {
+        CallClass::new(attempt, Criticality::Default)
     }
 }
 
@@ -435,7 +430,7 @@ pub struct Shed {
 
 /// What to do with an arriving call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Decision {
+pub enum Admission {
     /// A worker is free: run it now.
     Admit,
     /// Wait for a worker.
@@ -563,10 +558,10 @@ impl AdmissionPolicy {
         now: Instant,
         load: QueueLoad,
         class: impl Into<CallClass>,
-    ) -> Decision {
+    ) -> Admission {
         let class = class.into();
         if load.free_workers > 0 {
-            return Decision::Admit;
+            return Admission::Admit;
         }
         let reason = if load.depth >= self.config.queue_capacity {
             ShedReason::QueueFull
@@ -579,14 +574,14 @@ impl AdmissionPolicy {
         {
             ShedReason::RetryThreshold
         } else {
-            return Decision::Queue;
+            return Admission::Queue;
         };
         let pushback = self.shed_pushback_at(now, load.depth, class.attempt);
-        Decision::Shed(Shed { reason, pushback })
+        Admission::Shed(Shed { reason, pushback })
     }
 
     /// [`AdmissionPolicy::decide_at`] at `Instant::now()`.
-    pub fn decide(&mut self, load: QueueLoad, class: impl Into<CallClass>) -> Decision {
+    pub fn decide(&mut self, load: QueueLoad, class: impl Into<CallClass>) -> Admission {
         self.decide_at(Instant::now(), load, class)
     }
 
@@ -729,38 +724,6 @@ mod tests {
     }
 
     #[test]
-    fn class_parsing() {
-        use AttemptClass::*;
-        type Case = (Option<&'static [u8]>, Option<&'static [u8]>, AttemptClass);
-        let cases: &[Case] = &[
-            (None, None, First),
-            (Some(b"0"), None, First),
-            (Some(b"000"), None, First),
-            (Some(b" 0 "), None, First),
-            (Some(b"1"), None, Retry),
-            (Some(b"4294967296000"), None, Retry),
-            (Some(b""), None, Retry),
-            (Some(b"-1"), None, Retry),
-            (Some(b"+0"), None, Retry),
-            (Some(b"0x0"), None, Retry),
-            (Some(b"\xff"), None, Retry),
-            (None, Some(b"0"), First),
-            (None, Some(b"3"), Retry),
-            (None, Some(b"zero"), Retry),
-            // The standard header wins over the older one.
-            (Some(b"0"), Some(b"2"), First),
-            (Some(b"1"), Some(b"0"), Retry),
-        ];
-        for (prev, x, want) in cases {
-            assert_eq!(
-                AttemptClass::from_headers(*prev, *x),
-                *want,
-                "{prev:?} {x:?}"
-            );
-        }
-    }
-
-    #[test]
     fn validate_names_each_bad_field() {
         let field = |c: AdmissionConfig| match c.validate().unwrap_err() {
             ConfigError::Invalid { field, .. } => field,
@@ -837,8 +800,14 @@ mod tests {
             depth: 0,
             oldest_enqueued: None,
         };
-        assert_eq!(p.decide_at(now, load, AttemptClass::Retry), Decision::Admit);
-        assert_eq!(p.decide_at(now, load, AttemptClass::First), Decision::Admit);
+        assert_eq!(
+            p.decide_at(now, load, AttemptClass::Retry),
+            Admission::Admit
+        );
+        assert_eq!(
+            p.decide_at(now, load, AttemptClass::First),
+            Admission::Admit
+        );
     }
 
     #[test]
@@ -848,7 +817,7 @@ mod tests {
         for depth in 0..4 {
             assert_eq!(
                 p.decide_at(now, busy(depth, Some(now)), AttemptClass::Retry),
-                Decision::Queue
+                Admission::Queue
             );
         }
         for depth in 4..10 {
@@ -856,7 +825,7 @@ mod tests {
             assert!(
                 matches!(
                     d,
-                    Decision::Shed(Shed {
+                    Admission::Shed(Shed {
                         reason: ShedReason::RetryThreshold,
                         ..
                     })
@@ -865,7 +834,7 @@ mod tests {
             );
             assert_eq!(
                 p.decide_at(now, busy(depth, Some(now)), AttemptClass::First),
-                Decision::Queue
+                Admission::Queue
             );
         }
         for class in [AttemptClass::First, AttemptClass::Retry] {
@@ -873,7 +842,7 @@ mod tests {
             assert!(
                 matches!(
                     d,
-                    Decision::Shed(Shed {
+                    Admission::Shed(Shed {
                         reason: ShedReason::QueueFull,
                         ..
                     })
@@ -898,20 +867,20 @@ mod tests {
         let at = |ms| t0 + Duration::from_millis(ms);
         assert_eq!(
             p.decide_at(at(19), load, AttemptClass::Retry),
-            Decision::Queue
+            Admission::Queue
         );
         assert!(matches!(
             p.decide_at(at(20), load, AttemptClass::Retry),
-            Decision::Shed(_)
+            Admission::Shed(_)
         ));
         assert_eq!(
             p.decide_at(at(500), load, AttemptClass::First),
-            Decision::Queue
+            Admission::Queue
         );
         // No queue, no delay: nothing to shed by.
         assert_eq!(
             p.decide_at(at(500), busy(0, None), AttemptClass::Retry),
-            Decision::Queue
+            Admission::Queue
         );
     }
 
@@ -928,11 +897,11 @@ mod tests {
         let now = Instant::now();
         assert_eq!(
             p.decide_at(now, busy(9, Some(now)), AttemptClass::Retry),
-            Decision::Queue
+            Admission::Queue
         );
         assert!(matches!(
             p.decide_at(now, busy(10, Some(now)), AttemptClass::Retry),
-            Decision::Shed(_)
+            Admission::Shed(_)
         ));
     }
 
@@ -945,7 +914,7 @@ mod tests {
         .unwrap();
         let now = Instant::now();
         let shed = |d| match d {
-            Decision::Shed(s) => s.pushback,
+            Admission::Shed(s) => s.pushback,
             other => panic!("not shed: {other:?}"),
         };
         assert!(matches!(
@@ -1079,23 +1048,6 @@ mod tests {
     }
 
     proptest! {
-        #[test]
-        fn class_parsing_never_panics(
-            prev in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..24)),
-            x in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..24)),
-        ) {
-            let class = AttemptClass::from_headers(prev.as_deref(), x.as_deref());
-            if prev.is_none() && x.is_none() {
-                prop_assert_eq!(class, AttemptClass::First);
-            }
-        }
-
-        #[test]
-        fn digits_parse_as_their_value(n in any::<u64>()) {
-            let want = if n == 0 { AttemptClass::First } else { AttemptClass::Retry };
-            prop_assert_eq!(AttemptClass::from_value(n.to_string().as_bytes()), want);
-        }
-
         #[test]
         fn pushback_never_zero_never_above_max(
             max_ms in 1u64..5_000,

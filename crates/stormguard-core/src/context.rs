@@ -33,6 +33,7 @@ use std::time::Duration;
 
 use crate::Instant;
 use crate::deadline::Deadline;
+use crate::wire::{MAX_ALLOWANCE, parse_allowance};
 
 tokio::task_local! {
     static CURRENT: CallContext;
@@ -112,14 +113,6 @@ pub fn scope<F: Future>(ctx: CallContext, fut: F) -> Scoped<F> {
 /// The future returned by [`scope`]: `fut`, polled with its [`CallContext`] set.
 pub type Scoped<F> = tokio::task::futures::TaskLocalFuture<CallContext, F>;
 
-/// The header that carries what is left of a logical operation's retry allowance from one
-/// service to the next: `x-retry-budget: N`, a decimal count of retries.
-pub const RETRY_BUDGET_HEADER: &str = "x-retry-budget";
-
-/// The largest `x-retry-budget` value read from a peer; a larger one is ignored as
-/// malformed (no operation needs more retries than this across its services).
-pub const MAX_RETRY_ALLOWANCE: u32 = 1_000;
-
 /// Marks "no allowance" in [`RequestScope`]'s counter.
 const UNLIMITED: u32 = u32::MAX;
 
@@ -175,9 +168,9 @@ impl RequestScope {
     }
 
     /// The same scope allowing at most `retries` retries in all (a scope that already
-    /// allows fewer keeps its own count). Values above [`MAX_RETRY_ALLOWANCE`] are capped.
+    /// allows fewer keeps its own count). Values above [`MAX_ALLOWANCE`] are capped.
     pub fn with_allowance(self, retries: u32) -> Self {
-        let retries = retries.min(MAX_RETRY_ALLOWANCE);
+        let retries = retries.min(MAX_ALLOWANCE);
         let current = self.allowance.load(Ordering::Relaxed);
         self.allowance
             .store(current.min(retries), Ordering::Relaxed);
@@ -185,11 +178,11 @@ impl RequestScope {
     }
 
     /// The same scope lowered to the `x-retry-budget` value a peer sent, when it is
-    /// well-formed ([`parse_retry_budget`]); a malformed, negative or huge value is ignored.
+    /// well-formed ([`parse_allowance`]); a malformed, negative or huge value is ignored.
     /// A peer's value never raises the allowance, and does not create one: a scope without
     /// an allowance (the feature is off) stays without.
     pub fn with_peer_allowance(self, value: &[u8]) -> Self {
-        match (self.allowance(), parse_retry_budget(value)) {
+        match (self.allowance(), parse_allowance(value)) {
             (Some(_), Some(peer)) => self.with_allowance(peer),
             _ => self,
         }
@@ -224,32 +217,9 @@ impl RequestScope {
             .allowance
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| match n {
                 UNLIMITED => None,
-                n => Some(n.saturating_add(1).min(MAX_RETRY_ALLOWANCE)),
+                n => Some(n.saturating_add(1).min(MAX_ALLOWANCE)),
             });
     }
-}
-
-/// Reads an `x-retry-budget` value: ASCII decimal digits (surrounding spaces allowed), at
-/// most [`MAX_RETRY_ALLOWANCE`]. Anything else (empty, a sign, a fraction, a larger number)
-/// is `None`: it is ignored, never an error the request fails with.
-///
-/// ```
-/// use stormguard_core::context::parse_retry_budget;
-///
-/// assert_eq!(parse_retry_budget(b"3"), Some(3));
-/// assert_eq!(parse_retry_budget(b"-1"), None);
-/// assert_eq!(parse_retry_budget(b"99999999999"), None);
-/// assert_eq!(parse_retry_budget(b"2x"), None);
-/// ```
-pub fn parse_retry_budget(value: &[u8]) -> Option<u32> {
-    let digits = value.trim_ascii();
-    if digits.is_empty() || digits.len() > 10 || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    let n = digits
-        .iter()
-        .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
-    u32::try_from(n).ok().filter(|n| *n <= MAX_RETRY_ALLOWANCE)
 }
 
 /// Runs `fut` with `scope` as the current [`RequestScope`].
@@ -286,25 +256,6 @@ pub fn mark_downstream_refused() {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn retry_budget_values_from_peers_are_read_strictly() {
-        for (raw, want) in [
-            (&b"0"[..], Some(0)),
-            (b" 7 ", Some(7)),
-            (b"1000", Some(1000)),
-            (b"1001", None),
-            (b"4294967296", None),
-            (b"99999999999999999999", None),
-            (b"-1", None),
-            (b"+1", None),
-            (b"1.5", None),
-            (b"", None),
-            (b"\xff", None),
-        ] {
-            assert_eq!(parse_retry_budget(raw), want, "{raw:?}");
-        }
-    }
 
     #[test]
     fn a_peer_can_lower_the_allowance_but_never_raise_or_create_it() {

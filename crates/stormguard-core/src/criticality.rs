@@ -2,8 +2,9 @@
 //!
 //! Retries are not the only work a server can afford to lose. A prefetch, a batch
 //! backfill or a speculative call has a caller that can wait or do without; a checkout
-//! does not. A call may say so in the [`CRITICALITY_HEADER`] (`stormguard-criticality`),
-//! one of three lowercase tokens:
+//! does not. A call may say so in the `stormguard-criticality` header
+//! ([`wire::STORMGUARD_CRITICALITY`](crate::wire::STORMGUARD_CRITICALITY)), one of three
+//! lowercase tokens:
 //!
 //! | value | class | shed |
 //! |---|---|---|
@@ -12,13 +13,13 @@
 //! | `critical` | [`Criticality::Critical`] | as `default`, but a full queue gives it the place of a waiter of lower criticality (the lowest-ranked, oldest first) |
 //!
 //! Under overload a server sheds **sheddable work first, then retries, then the rest**
-//! ([`CallClass::rank`]). A retry of a critical call is still a retry: the attempt
-//! class weighs more than the criticality, because a retry is load already being
-//! amplified.
+//! ([`CallClass::rank`](crate::admission::CallClass::rank)). A retry of a critical call
+//! is still a retry: the attempt class weighs more than the criticality, because a retry
+//! is load already being amplified.
 //!
 //! # What a peer can claim
 //!
-//! Parsing is strict ([`Criticality::from_header`]): a missing value, or anything other
+//! Parsing is strict ([`wire::parse_criticality`](crate::wire::parse_criticality)): a missing value, or anything other
 //! than exactly one of the three tokens (`"CRITICAL"`, `" critical"`, `"critical,x"`), is
 //! [`Criticality::Default`]. A peer gains nothing by sending garbage.
 //!
@@ -35,26 +36,22 @@
 //!
 //! ```
 //! use stormguard_core::criticality::{Criticality, CriticalityTable};
+//! use stormguard_core::wire::parse_criticality;
 //!
 //! // The server grants critical to checkout only.
 //! let table = CriticalityTable::from_json(r#"{ "criticality": {
 //!     "default": "default",
 //!     "methods": { "/shop.Cart/Checkout": "critical", "/shop.Reports/": "sheddable" } } }"#)
 //!     .expect("valid");
-//! let claim = |path, value: &[u8]| table.resolve(path, Some(value));
+//! let claim = |path, value: &[u8]| table.resolve(path, parse_criticality(Some(value)));
 //! assert_eq!(claim("/shop.Cart/Checkout", b"critical"), Criticality::Critical);
 //! assert_eq!(claim("/shop.Cart/Add", b"critical"), Criticality::Default);
 //! assert_eq!(claim("/shop.Reports/Daily", b"critical"), Criticality::Sheddable);
 //! assert_eq!(claim("/shop.Cart/Add", b"sheddable"), Criticality::Sheddable);
-//! assert_eq!(table.resolve("/shop.Cart/Add", None), Criticality::Default);
+//! assert_eq!(table.resolve("/shop.Cart/Add", parse_criticality(None)), Criticality::Default);
 //! ```
 
-use crate::admission::AttemptClass;
 use crate::error::ConfigError;
-
-/// The request header that carries a call's criticality: `critical`, `default` or
-/// `sheddable`.
-pub const CRITICALITY_HEADER: &str = "stormguard-criticality";
 
 /// How much a call matters, lowest first (so `min` is "the lower class").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -94,13 +91,6 @@ impl Criticality {
             .find(|c| c.as_str().as_bytes() == value)
     }
 
-    /// The class of a call from its [`CRITICALITY_HEADER`] value: missing or malformed
-    /// is [`Criticality::Default`]. Never panics. This is the peer's *claim*; a server
-    /// caps it with [`CriticalityTable::resolve`].
-    pub fn from_header(value: Option<&[u8]>) -> Criticality {
-        value.and_then(Criticality::from_value).unwrap_or_default()
-    }
-
     /// The header value: `"critical"`, `"default"` or `"sheddable"`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -108,58 +98,6 @@ impl Criticality {
             Criticality::Default => "default",
             Criticality::Critical => "critical",
         }
-    }
-}
-
-/// What the admission queue knows about a call: its attempt class and its criticality.
-///
-/// An [`AttemptClass`] alone converts into a `CallClass` of [`Criticality::Default`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct CallClass {
-    /// First attempt or retry.
-    pub attempt: AttemptClass,
-    /// How much the call matters (already capped by the server's table).
-    pub criticality: Criticality,
-}
-
-impl CallClass {
-    /// A call of `attempt` and `criticality`.
-    pub fn new(attempt: AttemptClass, criticality: Criticality) -> Self {
-        CallClass {
-            attempt,
-            criticality,
-        }
-    }
-
-    /// The shed order, lowest shed first: 0 sheddable (any attempt), 1 a retry, 2 a
-    /// retry of a critical call, 3 a first attempt, 4 a critical first attempt. When a
-    /// full queue gives a waiter's place to a call of higher criticality, it is the
-    /// lowest-ranked waiter of lower criticality.
-    ///
-    /// ```
-    /// use stormguard_core::admission::AttemptClass::{First, Retry};
-    /// use stormguard_core::criticality::{CallClass, Criticality::*};
-    ///
-    /// let rank = |a, c| CallClass::new(a, c).rank();
-    /// assert!(rank(First, Sheddable) < rank(Retry, Default));
-    /// // A retry of a critical call is still a retry.
-    /// assert!(rank(Retry, Critical) < rank(First, Default));
-    /// assert!(rank(First, Default) < rank(First, Critical));
-    /// ```
-    pub fn rank(self) -> u8 {
-        match (self.criticality, self.attempt) {
-            (Criticality::Sheddable, _) => 0,
-            (Criticality::Default, AttemptClass::Retry) => 1,
-            (Criticality::Critical, AttemptClass::Retry) => 2,
-            (Criticality::Default, AttemptClass::First) => 3,
-            (Criticality::Critical, AttemptClass::First) => 4,
-        }
-    }
-}
-
-impl From<AttemptClass> for CallClass {
-    fn from(attempt: AttemptClass) -> Self {
-        CallClass::new(attempt, Criticality::Default)
     }
 }
 
@@ -230,10 +168,11 @@ impl CriticalityTable {
         best.map_or(self.default_class, |(_, class)| class)
     }
 
-    /// A peer's call to `path` claiming `header` (the [`CRITICALITY_HEADER`] value):
-    /// the lower of the claim ([`Criticality::from_header`]) and what the table allows.
-    pub fn resolve(&self, path: &str, header: Option<&[u8]>) -> Criticality {
-        Criticality::from_header(header).min(self.class_for(path))
+    /// A peer's call to `path` claiming `claim` (its `stormguard-criticality` value, read
+    /// by [`wire::parse_criticality`](crate::wire::parse_criticality)): the lower of the
+    /// claim and what the table allows.
+    pub fn resolve(&self, path: &str, claim: Criticality) -> Criticality {
+        claim.min(self.class_for(path))
     }
 }
 
@@ -241,31 +180,6 @@ impl CriticalityTable {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    #[test]
-    fn strict_parsing() {
-        use Criticality::*;
-        let cases: &[(Option<&[u8]>, Criticality)] = &[
-            (None, Default),
-            (Some(b"critical"), Critical),
-            (Some(b"default"), Default),
-            (Some(b"sheddable"), Sheddable),
-            (Some(b""), Default),
-            (Some(b"CRITICAL"), Default),
-            (Some(b"Critical"), Default),
-            (Some(b" critical"), Default),
-            (Some(b"critical "), Default),
-            (Some(b"critical,critical"), Default),
-            (Some(b"critical\0"), Default),
-            (Some(b"crit"), Default),
-            (Some(b"\xff\xfe"), Default),
-            (Some(b"sheddable "), Default),
-        ];
-        for (value, want) in cases {
-            assert_eq!(Criticality::from_header(*value), *want, "{value:?}");
-        }
-    }
 
     #[test]
     fn table_matches_exact_then_longest_prefix() {
@@ -301,27 +215,13 @@ mod tests {
         let t = CriticalityTable::default()
             .with_method("/a.S/Pay", Critical)
             .unwrap();
-        assert_eq!(t.resolve("/a.S/Get", Some(b"critical")), Default);
-        assert_eq!(t.resolve("/a.S/Pay", Some(b"critical")), Critical);
-        assert_eq!(t.resolve("/a.S/Pay", Some(b"sheddable")), Sheddable);
-        assert_eq!(t.resolve("/a.S/Pay", Some(b"CRITICAL")), Default);
-        assert_eq!(t.resolve("/a.S/Pay", None), Default);
-    }
-
-    proptest! {
-        /// Whatever a peer sends, it never gets above the table's class, and only the
-        /// three exact tokens are read as anything but the default.
-        #[test]
-        fn claims_are_capped(value in proptest::collection::vec(any::<u8>(), 0..12),
-                             cap in 0usize..3) {
-            let cap = Criticality::ALL[cap];
-            let t = CriticalityTable::new(cap);
-            let got = t.resolve("/x.Y/Z", Some(&value));
-            prop_assert!(got <= cap);
-            match Criticality::from_value(&value) {
-                Some(c) => prop_assert_eq!(c.as_str().as_bytes(), value.as_slice()),
-                None => prop_assert_eq!(got, Criticality::Default.min(cap)),
-            }
+        assert_eq!(t.resolve("/a.S/Get", Critical), Default);
+        assert_eq!(t.resolve("/a.S/Pay", Critical), Critical);
+        assert_eq!(t.resolve("/a.S/Pay", Sheddable), Sheddable);
+        assert_eq!(t.resolve("/a.S/Pay", Default), Default);
+        let capped = t.with_method("/a.S/Report", Sheddable).unwrap();
+        for claim in Criticality::ALL {
+            assert_eq!(capped.resolve("/a.S/Report", claim), Sheddable);
         }
     }
 }

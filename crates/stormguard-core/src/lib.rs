@@ -32,9 +32,12 @@
 //!   and the simulator;
 //! * **configuration** ([`config`]) in stormguard's shape (with per-method policies) or
 //!   the standard gRPC service config, from JSON, YAML or TOML, or held in an
-//!   application's own config through `serde`, validated either way.
+//!   application's own config through `serde`, validated either way;
+//! * the **wire** ([`wire`]): every header the layers write or read, with its one parser
+//!   and encoder (and, with the `http` feature, its `http::HeaderName`).
 //!
-//! This crate knows nothing of tonic, http or a runtime: plain types that the
+//! This crate knows nothing of tonic or a runtime, and of http only behind the `http`
+//! feature (header names as `http::HeaderName` constants): plain types that the
 //! `stormguard-client` and `stormguard-server` tower layers adapt, and that the fleet
 //! simulator drives on a virtual clock. Time is [`Instant`] (`tokio::time::Instant`, so
 //! tests run on paused time), and every time-dependent method has an `*_at(now)` form.
@@ -61,6 +64,7 @@ pub mod pushback;
 pub mod queue;
 pub mod retry;
 pub mod throttle;
+pub mod wire;
 
 pub use code::Code;
 pub use config::{ClientConfig, ConfigError};

@@ -45,7 +45,8 @@
 //! ```
 //! use std::time::Duration;
 //! use stormguard_core::Instant;
-//! use stormguard_core::admission::{AdmissionConfig, AttemptClass};
+//! use stormguard_core::admission::AdmissionConfig;
+//! use stormguard_core::wire::AttemptClass;
 //! use stormguard_core::queue::{AdmissionQueue, Arrival, Dispatch};
 //!
 //! let config = AdmissionConfig { workers: 1, queue_capacity: 16, ..AdmissionConfig::default() };
@@ -74,11 +75,13 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use crate::Instant;
-use crate::admission::AttemptClass;
-use crate::admission::{AdmissionConfig, AdmissionPolicy, Decision, QueueLoad, Shed, ShedReason};
-use crate::criticality::{CallClass, Criticality};
+use crate::admission::{
+    Admission, AdmissionConfig, AdmissionPolicy, CallClass, QueueLoad, Shed, ShedReason,
+};
+use crate::criticality::Criticality;
 use crate::error::ConfigError;
 use crate::limit::AdaptiveLimit;
+use crate::wire::AttemptClass;
 
 /// The place of one queued call, unique for the life of its queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -272,12 +275,12 @@ impl<T> AdmissionQueue<T> {
         }
         let decision = self.policy.decide_at(now, self.load(), class);
         match decision {
-            Decision::Admit => {
+            Admission::Admit => {
                 self.running += 1;
                 Arrival::Run
             }
-            Decision::Queue => self.enqueue(now, class, expiry, waiter),
-            Decision::Shed(shed) if shed.reason == ShedReason::QueueFull => {
+            Admission::Queue => self.enqueue(now, class, expiry, waiter),
+            Admission::Shed(shed) if shed.reason == ShedReason::QueueFull => {
                 // A full queue: the lowest-ranked waiter of a lower criticality gives its
                 // place up, if there is one.
                 match self.displaceable(class) {
@@ -302,7 +305,7 @@ impl<T> AdmissionQueue<T> {
                     None => Arrival::Shed(shed),
                 }
             }
-            Decision::Shed(shed) => Arrival::Shed(shed),
+            Admission::Shed(shed) => Arrival::Shed(shed),
         }
     }
 

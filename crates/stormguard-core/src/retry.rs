@@ -67,10 +67,6 @@ use crate::policy::{MethodTable, RetryPolicy};
 use crate::pushback::Pushback;
 use crate::throttle::A6Throttle;
 
-/// The standard header that tells a server how many attempts of this call came before
-/// ([`CallRetry::previous_attempts`]); absent or `0` on a first attempt.
-pub const PREVIOUS_ATTEMPTS_HEADER: &str = "grpc-previous-rpc-attempts";
-
 /// Why a failed attempt was not retried.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Refusal {

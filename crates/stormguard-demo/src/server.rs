@@ -15,9 +15,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use stormguard_core::admission::{AttemptClass, X_RETRY_ATTEMPT_HEADER};
-use stormguard_core::deadline::GRPC_TIMEOUT_HEADER;
-use stormguard_core::retry::PREVIOUS_ATTEMPTS_HEADER;
+use stormguard_core::wire::{
+    AttemptClass, GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_TIMEOUT, X_RETRY_ATTEMPT, attempt_class,
+    decode_grpc_timeout_bytes,
+};
 use tokio::sync::watch;
 use tonic::codegen::tokio_stream::{self, Stream};
 use tonic::{Request, Response, Status};
@@ -55,7 +56,7 @@ pub struct DemoCounts {
     /// `Reserve` calls that reached the handler.
     pub entered: u64,
     /// Of those, first attempts, classified as the shed layer classifies them
-    /// ([`AttemptClass::from_headers`]: no or zero `grpc-previous-rpc-attempts`, else no
+    /// ([`attempt_class`]: no or zero `grpc-previous-rpc-attempts`, else no
     /// or zero `x-retry-attempt`).
     pub entered_first: u64,
     /// Of those, retries (including calls whose attempt header could not be read).
@@ -220,15 +221,14 @@ impl Inventory for DemoInventory {
         let s = &*self.shared;
         let previous: u32 = request
             .metadata()
-            .get(PREVIOUS_ATTEMPTS_HEADER)
+            .get(GRPC_PREVIOUS_RPC_ATTEMPTS)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0);
         let timeout_ms = request
             .metadata()
-            .get(GRPC_TIMEOUT_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(decode_timeout_ms)
+            .get(GRPC_TIMEOUT)
+            .and_then(|v| decode_timeout_ms(v.as_bytes()))
             .unwrap_or(0);
         let request_id = &request.get_ref().request_id;
         if !request_id.is_empty() {
@@ -239,14 +239,14 @@ impl Inventory for DemoInventory {
             log.push_back(request_id.clone());
         }
         s.entered.fetch_add(1, Ordering::SeqCst);
-        let class = AttemptClass::from_headers(
+        let class = attempt_class(
             request
                 .metadata()
-                .get(PREVIOUS_ATTEMPTS_HEADER)
+                .get(GRPC_PREVIOUS_RPC_ATTEMPTS)
                 .map(|v| v.as_bytes()),
             request
                 .metadata()
-                .get(X_RETRY_ATTEMPT_HEADER)
+                .get(X_RETRY_ATTEMPT)
                 .map(|v| v.as_bytes()),
         );
         if class == AttemptClass::First {
@@ -336,8 +336,8 @@ fn clamp_rate(rate: f64) -> f64 {
 
 /// Milliseconds of a `grpc-timeout` value (for the reply's `timeout_ms`), rounded down;
 /// `None` when malformed.
-fn decode_timeout_ms(value: &str) -> Option<u64> {
-    let timeout = stormguard_core::deadline::decode_grpc_timeout(value).ok()?;
+fn decode_timeout_ms(value: &[u8]) -> Option<u64> {
+    let timeout = decode_grpc_timeout_bytes(value)?;
     Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX))
 }
 

@@ -5,12 +5,11 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use stormguard_core::admission::AttemptClass;
 use stormguard_core::code::Code;
 use stormguard_core::config::ClientConfig;
-use stormguard_core::deadline::decode_grpc_timeout;
-use stormguard_core::pushback::{Pushback, parse_pushback};
+use stormguard_core::pushback::Pushback;
 use stormguard_core::retry::{AttemptEnd, Decision, Failure, Refusal, RetryController};
+use stormguard_core::wire::{AttemptClass, attempt_class, decode_grpc_timeout, parse_pushback};
 use stormguard_fuzz::targets;
 use tokio::time::Instant;
 
@@ -162,7 +161,7 @@ fn a_grpc_timeout_of_99999999_hours_fits_on_the_clock() {
 fn an_attempt_number_of_2_pow_64_is_a_retry() {
     for value in ["18446744073709551616", "18446744073709551615", "4294967296"] {
         assert_eq!(
-            AttemptClass::from_headers(Some(value.as_bytes()), None),
+            attempt_class(Some(value.as_bytes()), None),
             AttemptClass::Retry
         );
     }

@@ -92,8 +92,9 @@ pub mod shed;
 pub mod stats;
 
 pub use shed::{DrainCounts, ShedBody};
-pub use shed::{ResponseFuture, ShedLayer, ShedService};
-pub use stats::{Occupancy, ShedStats, StatsSnapshot};
+pub use shed::{ResponseFuture, ShedLayer, ShedService, ShedStats};
+pub use stats::{Occupancy, StatsSnapshot};
 pub use stormguard_core::admission::{
-    AdmissionConfig, AdmissionPolicy, AttemptClass, QueueOrder, RetryThreshold,
+    AdmissionConfig, AdmissionPolicy, QueueOrder, RetryThreshold,
 };
+pub use stormguard_core::wire::AttemptClass;

@@ -25,7 +25,8 @@ use std::sync::Arc;
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Histogram, Meter, ObservableCounter, ObservableGauge};
 
-use crate::shed::queue::Queue;
+use crate::shed::gate::Gate;
+use crate::stats::{Counters, StatsSnapshot};
 
 fn system() -> KeyValue {
     KeyValue::new("rpc.system", "grpc")
@@ -59,8 +60,8 @@ pub(crate) fn queue_time(meter: &Meter) -> Histogram<f64> {
 }
 
 impl ServerMetrics {
-    pub(crate) fn register(meter: &Meter, queue: &Arc<Queue>) -> Self {
-        type Read = fn(&crate::StatsSnapshot) -> u64;
+    pub(crate) fn register(meter: &Meter, gate: &Arc<Gate>) -> Self {
+        type Read = fn(&StatsSnapshot) -> u64;
         let counters: [(&'static str, &'static str, Read); 4] = [
             (
                 "stormguard.server.admitted",
@@ -86,23 +87,25 @@ impl ServerMetrics {
         let mut observable: Vec<ObservableCounter<u64>> = counters
             .into_iter()
             .map(|(name, description, read)| {
-                let q = Arc::clone(queue);
+                let g = Arc::clone(gate);
                 meter
                     .u64_observable_counter(name)
                     .with_description(description)
                     .with_unit("{call}")
-                    .with_callback(move |o| o.observe(read(&q.snapshot()), &[system()]))
+                    .with_callback(move |o| {
+                        o.observe(read(&g.counters().snapshot()), &[system()]);
+                    })
                     .build()
             })
             .collect();
-        let q = Arc::clone(queue);
+        let g = Arc::clone(gate);
         observable.push(
             meter
                 .u64_observable_counter("stormguard.server.shed")
                 .with_description("Calls answered with the shed status, by class and reason")
                 .with_unit("{call}")
                 .with_callback(move |o| {
-                    for (attempt, criticality, reason, n) in q.shed_breakdown() {
+                    for (attempt, criticality, reason, n) in g.counters().shed_breakdown() {
                         let attrs = [
                             system(),
                             KeyValue::new("stormguard.attempt.class", attempt.as_str()),
@@ -116,36 +119,41 @@ impl ServerMetrics {
         );
 
         // (name, description, unit, read)
-        type GaugeSpec = (&'static str, &'static str, &'static str, fn(&Queue) -> u64);
+        type GaugeSpec = (
+            &'static str,
+            &'static str,
+            &'static str,
+            fn(&Counters) -> u64,
+        );
         let gauges: [GaugeSpec; 3] = [
             (
                 "stormguard.server.queue.depth",
                 "Calls waiting for a worker",
                 "{call}",
-                |q| q.depth() as u64,
+                |c| c.depth() as u64,
             ),
             (
                 "stormguard.server.in_flight",
                 "Calls holding a worker",
                 "{call}",
-                |q| q.snapshot().in_flight as u64,
+                |c| c.snapshot().in_flight as u64,
             ),
             (
                 "stormguard.server.workers",
                 "The current worker limit (calls that may run at once)",
                 "{worker}",
-                |q| q.workers() as u64,
+                |c| c.workers() as u64,
             ),
         ];
         let gauges = gauges
             .into_iter()
             .map(|(name, description, unit, read)| {
-                let q = Arc::clone(queue);
+                let g = Arc::clone(gate);
                 meter
                     .u64_observable_gauge(name)
                     .with_description(description)
                     .with_unit(unit)
-                    .with_callback(move |o| o.observe(read(&q), &[system()]))
+                    .with_callback(move |o| o.observe(read(g.counters()), &[system()]))
                     .build()
             })
             .collect();

@@ -2,93 +2,200 @@
 //!
 //! Counters are atomics updated where the event happens and read without the queue's
 //! lock, so reading them costs the server nothing. Every count is cumulative since the
-//! layer was built; gauges (`queue_depth`, `in_flight`) are the value at the read.
+//! layer was built; gauges (`queue_depth`, `in_flight`) are the value at the read. A
+//! layer's [`ShedStats`](crate::ShedStats) handle reads them.
 
-use std::fmt;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde::Serialize;
+use stormguard_core::admission::{CallClass, ShedReason};
+use stormguard_core::criticality::Criticality;
+use stormguard_core::wire::AttemptClass;
 
-use crate::shed::drain::{DrainCounts, Drains};
-use crate::shed::exempt::Bypassed;
-use crate::shed::queue::Queue;
-
-/// A cloneable handle on one [`ShedLayer`](crate::ShedLayer)'s counters.
-///
-/// Take it from the layer before handing the layer to the server builder:
-///
-/// ```
-/// use stormguard_core::admission::AdmissionConfig;
-/// use stormguard_server::ShedLayer;
-///
-/// let layer = ShedLayer::from_config(AdmissionConfig::default()).expect("valid config");
-/// let stats = layer.stats();
-/// // ... Server::builder().layer(layer) ...
-/// assert_eq!(stats.snapshot().admitted, 0);
-/// ```
-#[derive(Clone)]
-pub struct ShedStats {
-    queue: Arc<Queue>,
-    drains: Arc<Drains>,
-    bypassed: Arc<Bypassed>,
+/// Where one admission gate counts what happens to its calls.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    admitted: AtomicU64,
+    completed: AtomicU64,
+    shed_first: AtomicU64,
+    shed_retry: AtomicU64,
+    shed_sheddable: AtomicU64,
+    shed_displaced: AtomicU64,
+    expired: AtomicU64,
+    cancelled_queued: AtomicU64,
+    dequeued: AtomicU64,
+    time_queued_us: AtomicU64,
+    max_time_queued_us: AtomicU64,
+    queue_depth: AtomicUsize,
+    in_flight: AtomicUsize,
+    workers: AtomicUsize,
+    /// Where each call's time queued is also recorded, once a meter is set.
+    #[cfg(feature = "opentelemetry")]
+    time_queued: std::sync::OnceLock<opentelemetry::metrics::Histogram<f64>>,
+    /// The adaptive limit's no-load latency in microseconds; 0 until measured.
+    min_latency_us: AtomicU64,
+    /// Calls shed by attempt class, criticality and reason (see `shed_index`).
+    shed_by: [AtomicU64; SHED_CELLS],
 }
 
-impl ShedStats {
-    pub(crate) fn new(queue: Arc<Queue>, drains: Arc<Drains>, bypassed: Arc<Bypassed>) -> Self {
-        ShedStats {
-            queue,
-            drains,
-            bypassed,
+const CRITICALITIES: [Criticality; 3] = [
+    Criticality::Sheddable,
+    Criticality::Default,
+    Criticality::Critical,
+];
+const SHED_CELLS: usize = 2 * CRITICALITIES.len() * ShedReason::ALL.len();
+
+/// The cell of `shed_by` that counts calls of `class` shed for `reason`.
+fn shed_index(class: CallClass, reason: ShedReason) -> usize {
+    let a = match class.attempt {
+        AttemptClass::First => 0,
+        AttemptClass::Retry => 1,
+    };
+    let c = CRITICALITIES
+        .iter()
+        .position(|x| *x == class.criticality)
+        .unwrap_or(1);
+    let r = ShedReason::ALL
+        .iter()
+        .position(|x| *x == reason)
+        .unwrap_or(0);
+    (a * CRITICALITIES.len() + c) * ShedReason::ALL.len() + r
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Counters {
+    /// A call was given a worker (at once, or after queuing).
+    pub(crate) fn record_admitted(&self) {
+        bump(&self.admitted);
+    }
+
+    /// A call finished on its worker.
+    pub(crate) fn record_completed(&self) {
+        bump(&self.completed);
+    }
+
+    /// A call was answered `DEADLINE_EXCEEDED` before it ran.
+    pub(crate) fn record_expired(&self) {
+        bump(&self.expired);
+    }
+
+    /// A queued call's caller went away.
+    pub(crate) fn record_cancelled_queued(&self) {
+        bump(&self.cancelled_queued);
+    }
+
+    /// A call of `class` was shed for `reason` on arrival.
+    pub(crate) fn record_shed(&self, class: CallClass, reason: ShedReason) {
+        let counter = match (class.criticality, class.attempt) {
+            (Criticality::Sheddable, _) => &self.shed_sheddable,
+            (_, AttemptClass::First) => &self.shed_first,
+            (_, AttemptClass::Retry) => &self.shed_retry,
+        };
+        bump(counter);
+        bump(&self.shed_by[shed_index(class, reason)]);
+    }
+
+    /// A queued call of `class` was shed for `reason`: a call of a higher criticality
+    /// took its place.
+    pub(crate) fn record_displaced(&self, class: CallClass, reason: ShedReason) {
+        self.record_shed(class, reason);
+        bump(&self.shed_displaced);
+    }
+
+    /// A call left the queue after waiting `waited`.
+    pub(crate) fn record_time_queued(&self, waited: Duration) {
+        let us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+        bump(&self.dequeued);
+        self.time_queued_us.fetch_add(us, Ordering::Relaxed);
+        self.max_time_queued_us.fetch_max(us, Ordering::Relaxed);
+        #[cfg(feature = "opentelemetry")]
+        if let Some(histogram) = self.time_queued.get() {
+            histogram.record(waited.as_secs_f64(), &[]);
         }
     }
 
-    /// Calls that bypassed the queue because they are never shed (health checks and
-    /// the paths named with [`ShedLayer::never_shed`](crate::ShedLayer::never_shed)).
-    pub fn never_shed(&self) -> u64 {
-        self.bypassed.get()
-    }
-
-    /// What happened to the request bodies of calls answered before they were read
-    /// (see [`drain`](crate::shed::drain)).
-    pub fn drains(&self) -> DrainCounts {
-        self.drains.counts()
-    }
-
-    /// The counters now.
-    pub fn snapshot(&self) -> StatsSnapshot {
-        self.queue.snapshot()
-    }
-
-    /// The number of workers (the concurrency bound; with an adaptive limit, where it
-    /// stands now).
-    pub fn workers(&self) -> usize {
-        self.queue.workers()
-    }
-
-    /// Exact occupancy read under the queue's lock: free workers, calls waiting, and
-    /// calls taken off the queue whose future has not yet seen its outcome. At rest
-    /// (no call in progress) it is `(workers, 0, 0)`: anything else is a leak.
-    pub fn occupancy(&self) -> Occupancy {
-        let (free_workers, waiting, unsettled) = self.queue.occupancy();
-        Occupancy {
-            free_workers,
-            waiting,
-            unsettled,
+    /// The gauges after a change: calls queued, calls on a worker, the worker limit, and
+    /// the adaptive limit's no-load latency once measured.
+    pub(crate) fn set_gauges(
+        &self,
+        depth: usize,
+        in_flight: usize,
+        workers: usize,
+        min_latency: Option<Duration>,
+    ) {
+        self.queue_depth.store(depth, Ordering::Relaxed);
+        self.in_flight.store(in_flight, Ordering::Relaxed);
+        self.workers.store(workers, Ordering::Relaxed);
+        if let Some(m) = min_latency {
+            let us = u64::try_from(m.as_micros()).unwrap_or(u64::MAX).max(1);
+            self.min_latency_us.store(us, Ordering::Relaxed);
         }
     }
-}
 
-impl fmt::Debug for ShedStats {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ShedStats")
-            .field("snapshot", &self.snapshot())
-            .field("drains", &self.drains())
-            .finish()
+    /// Calls waiting for a worker now.
+    pub(crate) fn depth(&self) -> usize {
+        self.queue_depth.load(Ordering::Relaxed)
+    }
+
+    /// The number of workers (the concurrency limit) now.
+    pub(crate) fn workers(&self) -> usize {
+        self.workers.load(Ordering::Relaxed)
+    }
+
+    /// Every counter now.
+    pub(crate) fn snapshot(&self) -> StatsSnapshot {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatsSnapshot {
+            admitted: get(&self.admitted),
+            completed: get(&self.completed),
+            shed_first: get(&self.shed_first),
+            shed_retry: get(&self.shed_retry),
+            shed_sheddable: get(&self.shed_sheddable),
+            shed_displaced: get(&self.shed_displaced),
+            expired: get(&self.expired),
+            cancelled_queued: get(&self.cancelled_queued),
+            queue_depth: self.depth(),
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            dequeued: get(&self.dequeued),
+            time_queued_us: get(&self.time_queued_us),
+            max_time_queued_us: get(&self.max_time_queued_us),
+            worker_limit: self.workers(),
+            min_latency_us: Some(get(&self.min_latency_us)).filter(|us| *us > 0),
+        }
+    }
+
+    /// Records each call's time queued into `histogram` from now on (the first one set
+    /// stays).
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) fn record_time_queued_into(
+        &self,
+        histogram: opentelemetry::metrics::Histogram<f64>,
+    ) {
+        let _ = self.time_queued.set(histogram);
+    }
+
+    /// Calls shed so far by attempt class, criticality and reason (every combination, zeros
+    /// included): `(attempt, criticality, reason, count)`.
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) fn shed_breakdown(
+        &self,
+    ) -> impl Iterator<Item = (AttemptClass, Criticality, ShedReason, u64)> + '_ {
+        [AttemptClass::First, AttemptClass::Retry]
+            .into_iter()
+            .flat_map(|a| CRITICALITIES.into_iter().map(move |c| (a, c)))
+            .flat_map(|(a, c)| ShedReason::ALL.into_iter().map(move |r| (a, c, r)))
+            .map(|(a, c, r)| {
+                let n = self.shed_by[shed_index(CallClass::new(a, c), r)].load(Ordering::Relaxed);
+                (a, c, r, n)
+            })
     }
 }
 
-/// The queue's exact occupancy (see [`ShedStats::occupancy`]).
+/// The queue's exact occupancy (see [`ShedStats::occupancy`](crate::ShedStats::occupancy)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Occupancy {
     /// Workers not running a call.

@@ -1,132 +1,25 @@
 //! The event loop: one scenario, one seeded run, one [`RunStats`].
 //!
-//! Time is virtual. Every event sits in a binary heap ordered by (time, sequence number),
-//! so two events at the same instant run in the order they were scheduled and a seed fixes
-//! the whole run. Instants handed to the core objects are `base + offset`, with `base`
-//! taken once per run: the core objects only ever look at differences between instants,
-//! so the base does not change any result.
-//!
-//! The loop only dispatches events; the fleet's clients ([`crate::fleet`]) and the
-//! servers ([`crate::server`]) say what each event does.
-
-use std::cmp::Ordering;
-use std::collections::BinaryHeap;
-use std::time::Duration;
+//! The loop only dispatches: it takes the next event off the [`Agenda`] (virtual time,
+//! see [`crate::event`]) and hands it to the side it concerns, the fleet's clients
+//! ([`crate::fleet`]) or the servers ([`crate::server`]), which say what it does and
+//! schedule what follows.
 
 use stormguard_core::Instant;
-use stormguard_core::admission::AdmissionConfig;
-use stormguard_core::retry::{Failure, RetryController};
 
 use crate::SimError;
-use crate::fleet::{Call, build_controller};
-use crate::scenario::{Scenario, ServerKind, mix, nanos};
-use crate::server::{Job, ServerAction, SimServer};
-use crate::stats::{Bin, RunStats, ShardStats};
+use crate::event::{Agenda, Event};
+use crate::fleet::Fleet;
+use crate::scenario::Scenario;
+use crate::server::Servers;
+use crate::stats::RunStats;
 
-/// What comes back to a client for one attempt.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Outcome {
-    Ok,
-    Failed(Failure),
-}
-
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Event {
-    Arrival,
-    /// An attempt's answer reaches its client.
-    Response {
-        slot: u32,
-        id: u64,
-        outcome: Outcome,
-    },
-    /// The client's timer for an attempt fires.
-    Timeout {
-        slot: u32,
-        id: u64,
-    },
-    /// A retry's delay has passed.
-    RetryStart {
-        slot: u32,
-        id: u64,
-    },
-    /// An attempt reaches a middle tier.
-    RelayArrive {
-        level: u8,
-        slot: u32,
-        id: u64,
-        deadline: Option<u64>,
-    },
-    /// An attempt reaches a queueing server.
-    ServerArrive {
-        shard: u32,
-        job: Job,
-        retry: bool,
-        deadline: Option<u64>,
-    },
-    /// A worker finishes an attempt.
-    ServiceDone {
-        shard: u32,
-        job: Job,
-    },
-    /// The expiry timer of a queued attempt fires.
-    ServerTimer {
-        shard: u32,
-        job: Job,
-    },
-    /// The client gave up on an attempt: the stream reset reaches the server.
-    ServerCancel {
-        shard: u32,
-        job: Job,
-    },
-}
-
-#[derive(Debug)]
-pub(crate) struct Scheduled {
-    pub(crate) at: u64,
-    seq: u64,
-    pub(crate) event: Event,
-}
-
-impl PartialEq for Scheduled {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-impl Eq for Scheduled {}
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Scheduled {
-    /// Reversed: the heap pops the earliest (time, sequence) first.
-    fn cmp(&self, other: &Self) -> Ordering {
-        (other.at, other.seq).cmp(&(self.at, self.seq))
-    }
-}
-
+/// One run: the agenda, the fleet and the servers.
 pub(crate) struct Sim<'a> {
-    pub(crate) sc: &'a Scenario,
-    pub(crate) base: Instant,
-    pub(crate) now: u64,
-    pub(crate) seq: u64,
-    pub(crate) heap: BinaryHeap<Scheduled>,
-    pub(crate) rng: fastrand::Rng,
-    pub(crate) controllers: Vec<RetryController>,
-    /// The clients of each middle tier's processes.
-    pub(crate) relays: Vec<Vec<RetryController>>,
-    pub(crate) calls: Vec<Option<Call>>,
-    pub(crate) free: Vec<u32>,
-    pub(crate) next_id: u64,
-    /// The server of each queueing shard (`None` for the others).
-    pub(crate) servers: Vec<Option<SimServer>>,
-    /// What a server did about the current event (a buffer kept between events).
-    pub(crate) server_actions: Vec<ServerAction>,
-    pub(crate) stats: RunStats,
-    pub(crate) end: u64,
-    pub(crate) measure_from: u64,
-    pub(crate) bin: u64,
-    pub(crate) fleet_rate: f64,
+    pub(crate) agenda: Agenda,
+    pub(crate) fleet: Fleet<'a>,
+    pub(crate) servers: Servers<'a>,
+    events: u64,
 }
 
 /// Runs `scenario` to the end and returns what it measured.
@@ -141,164 +34,69 @@ pub(crate) fn run_from(scenario: &Scenario, base: Instant) -> Result<RunStats, S
     scenario.validate()?;
     let mut sim = Sim::new(scenario, base)?;
     sim.run();
-    Ok(sim.stats)
+    Ok(sim.into_stats())
 }
 
 impl<'a> Sim<'a> {
     pub(crate) fn new(sc: &'a Scenario, base: Instant) -> Result<Self, SimError> {
-        let per_client = if sc.policy.budget_per_shard {
-            sc.shards.len()
-        } else {
-            1
-        };
-        let mut controllers = Vec::with_capacity(sc.clients * per_client);
-        for i in 0..sc.clients * per_client {
-            controllers.push(build_controller(&sc.policy, sc.seed, i as u64 + 1)?);
-        }
-        let mut relays = Vec::with_capacity(sc.tiers.len());
-        let mut stream = controllers.len() as u64 + 1;
-        for tier in &sc.tiers {
-            let mut processes = Vec::with_capacity(tier.processes);
-            for _ in 0..tier.processes {
-                processes.push(build_controller(&sc.policy, sc.seed, stream)?);
-                stream += 1;
-            }
-            relays.push(processes);
-        }
-        let mut servers = Vec::with_capacity(sc.shards.len());
-        for (i, shard) in sc.shards.iter().enumerate() {
-            let server = match &shard.server {
-                ServerKind::Queue(q) => Some(match &q.shedding {
-                    Some(c) => SimServer::shedding(AdmissionConfig {
-                        // Without a seed of its own a shard's jitter comes from the run's
-                        // seed alone (mixed with the value the default had when it was
-                        // fixed, so the published tables stay as they are).
-                        seed: Some(mix(
-                            sc.seed ^ c.seed.unwrap_or(0x5eed_57a6),
-                            1 << 40 | i as u64,
-                        )),
-                        ..c.clone()
-                    })?,
-                    None => SimServer::plain(q.workers, q.queue_capacity),
-                }),
-                ServerKind::Unbounded { .. } => None,
-            };
-            servers.push(server);
-        }
-        let end = nanos(sc.duration);
-        let bin = nanos(sc.bin);
-        let bins = end.div_ceil(bin) as usize;
-        let shard_stats = if sc.tiers.is_empty() {
-            sc.shards.len()
-        } else {
-            0
-        };
-        let stats = RunStats {
-            shards: vec![ShardStats::default(); shard_stats],
-            attempts_by_level: vec![0; sc.tiers.len() + 1],
-            bins: vec![Bin::default(); bins],
-            bin_seconds: sc.bin.as_secs_f64(),
-            measured_seconds: (sc.duration - sc.measure_from).as_secs_f64(),
-            ..RunStats::default()
-        };
+        let fleet = Fleet::new(sc)?;
+        let servers = Servers::new(sc)?;
         Ok(Sim {
-            sc,
-            base,
-            now: 0,
-            seq: 0,
-            heap: BinaryHeap::new(),
-            rng: fastrand::Rng::with_seed(mix(sc.seed, 0)),
-            controllers,
-            relays,
-            calls: Vec::new(),
-            free: Vec::new(),
-            next_id: 0,
+            agenda: Agenda::new(base),
+            fleet,
             servers,
-            server_actions: Vec::new(),
-            stats,
-            end,
-            measure_from: nanos(sc.measure_from),
-            bin,
-            fleet_rate: sc.rate_per_client * sc.clients as f64,
+            events: 0,
         })
     }
 
-    pub(crate) fn at(&self, t: u64) -> Instant {
-        self.base + Duration::from_nanos(t)
-    }
-
-    pub(crate) fn instant(&self) -> Instant {
-        self.at(self.now)
-    }
-
-    /// The virtual time of `at` (the inverse of [`at`](Self::at)).
-    pub(crate) fn tick(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
-    }
-
-    pub(crate) fn schedule(&mut self, at: u64, event: Event) {
-        self.seq += 1;
-        self.heap.push(Scheduled {
-            at,
-            seq: self.seq,
-            event,
-        });
-    }
-
-    pub(crate) fn bin_of(&mut self, t: u64) -> Option<&mut Bin> {
-        let i = (t / self.bin) as usize;
-        self.stats.bins.get_mut(i)
-    }
-
-    pub(crate) fn next_arrival(&mut self) {
-        // Exponential gaps: the fleet's arrivals are one Poisson process, each call going
-        // to a uniformly chosen process, which is N independent Poisson processes.
-        let u = 1.0 - self.rng.f64();
-        let gap = (-u.ln() / self.fleet_rate * 1e9) as u64;
-        let at = self.now.saturating_add(gap.max(1));
-        if at < self.end {
-            self.schedule(at, Event::Arrival);
-        }
-    }
-
     pub(crate) fn run(&mut self) {
-        self.next_arrival();
+        self.fleet.next_arrival(&mut self.agenda);
         while self.step(u64::MAX) {}
+    }
+
+    /// What the run measured.
+    pub(crate) fn into_stats(self) -> RunStats {
+        RunStats {
+            events: self.events,
+            ..self.fleet.into_stats()
+        }
     }
 
     /// Runs the next event if it is due at or before `until`; `false` when none is.
     pub(crate) fn step(&mut self, until: u64) -> bool {
-        if self.heap.peek().is_none_or(|next| next.at > until) {
-            return false;
-        }
-        let Some(Scheduled { at, event, .. }) = self.heap.pop() else {
+        let Some(event) = self.agenda.next_until(until) else {
             return false;
         };
-        self.now = at;
-        self.stats.events += 1;
+        self.events += 1;
+        let Sim {
+            agenda,
+            fleet,
+            servers,
+            ..
+        } = self;
         match event {
             Event::Arrival => {
-                self.arrival();
-                self.next_arrival();
+                fleet.arrival(agenda);
+                fleet.next_arrival(agenda);
             }
-            Event::Response { slot, id, outcome } => self.response(slot, id, outcome),
-            Event::Timeout { slot, id } => self.timeout(slot, id),
-            Event::RetryStart { slot, id } => self.retry_start(slot, id),
+            Event::Response { slot, id, outcome } => fleet.response(agenda, slot, id, outcome),
+            Event::Timeout { slot, id } => fleet.timeout(agenda, slot, id),
+            Event::RetryStart { slot, id } => fleet.retry_start(agenda, slot, id),
             Event::RelayArrive {
                 level,
                 slot,
                 id,
                 deadline,
-            } => self.relay_arrive(level, slot, id, deadline),
+            } => fleet.relay_arrive(agenda, level, slot, id, deadline),
             Event::ServerArrive {
                 shard,
                 job,
                 retry,
                 deadline,
-            } => self.server_arrive(shard, job, retry, deadline),
-            Event::ServiceDone { shard, job } => self.service_done(shard, job),
-            Event::ServerTimer { shard, job } => self.server_timer(shard, job),
-            Event::ServerCancel { shard, job } => self.server_cancel(shard, job),
+            } => servers.arrive(agenda, shard, job, retry, deadline),
+            Event::ServiceDone { shard, job } => servers.service_done(agenda, shard, job),
+            Event::ServerTimer { shard, job } => servers.timer(agenda, shard, job),
+            Event::ServerCancel { shard, job } => servers.cancel(agenda, shard, job),
         }
         true
     }
@@ -307,8 +105,12 @@ impl<'a> Sim<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scenario::{BudgetKind, ClientPolicy, QueueServer, Shard, Tier, Window};
+    use std::time::Duration;
+
+    use crate::scenario::{BudgetKind, ClientPolicy, QueueServer, ServerKind, Shard, Tier, Window};
+    use crate::server::SimServer;
     use crate::stats::Bin;
+    use stormguard_core::admission::AdmissionConfig;
     use stormguard_core::breaker::BreakerConfig;
     use stormguard_core::budget::BudgetConfig;
     use stormguard_core::code::{Code, CodeSet};
@@ -737,9 +539,9 @@ mod tests {
         }
         let running_at = |sc: &Scenario, ms: u64| {
             let mut sim = Sim::new(sc, Instant::now()).expect("valid");
-            sim.arrival();
+            sim.fleet.arrival(&mut sim.agenda);
             while sim.step(ms * 1_000_000) {}
-            sim.servers[0].as_ref().map(SimServer::running)
+            sim.servers.get(0).map(SimServer::running)
         };
         assert_eq!(running_at(&sc, 5), Some(1));
         assert_eq!(running_at(&sc, 12), Some(0));

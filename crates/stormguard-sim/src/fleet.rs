@@ -23,9 +23,9 @@ use stormguard_core::throttle::A6Throttle;
 
 use crate::SimError;
 use crate::client::{End, SimCall, Step};
-use crate::event_loop::{Event, Outcome, Sim};
-use crate::scenario::{BudgetKind, ClientPolicy, PATH, ServerKind, mix, nanos};
-use crate::server::Job;
+use crate::event::{Agenda, Event, Job, Outcome};
+use crate::scenario::{BudgetKind, ClientPolicy, PATH, Scenario, ServerKind, mix, nanos};
+use crate::stats::{Bin, RunStats, ShardStats};
 
 /// One logical call in flight: the fleet's, or one a middle tier makes for an attempt.
 pub(crate) struct Call {
@@ -45,7 +45,27 @@ pub(crate) struct Call {
     pub(crate) measured: bool,
 }
 
-pub(crate) fn build_controller(
+/// The fleet: its client processes, the middle tiers' processes, the logical calls in
+/// flight, and what they measured.
+pub(crate) struct Fleet<'a> {
+    sc: &'a Scenario,
+    /// The run's randomness: arrivals, which process and shard a call goes to, injected
+    /// failures.
+    rng: fastrand::Rng,
+    controllers: Vec<RetryController>,
+    /// The clients of each middle tier's processes.
+    relays: Vec<Vec<RetryController>>,
+    calls: Vec<Option<Call>>,
+    free: Vec<u32>,
+    next_id: u64,
+    stats: RunStats,
+    end: u64,
+    measure_from: u64,
+    bin: u64,
+    fleet_rate: f64,
+}
+
+fn build_controller(
     policy: &ClientPolicy,
     seed: u64,
     stream: u64,
@@ -74,8 +94,83 @@ pub(crate) fn build_controller(
     ))
 }
 
-impl Sim<'_> {
-    pub(crate) fn arrival(&mut self) {
+impl<'a> Fleet<'a> {
+    /// The fleet of `sc`, its controllers seeded from the scenario's seed.
+    pub(crate) fn new(sc: &'a Scenario) -> Result<Self, SimError> {
+        let per_client = if sc.policy.budget_per_shard {
+            sc.shards.len()
+        } else {
+            1
+        };
+        let mut controllers = Vec::with_capacity(sc.clients * per_client);
+        for i in 0..sc.clients * per_client {
+            controllers.push(build_controller(&sc.policy, sc.seed, i as u64 + 1)?);
+        }
+        let mut relays = Vec::with_capacity(sc.tiers.len());
+        let mut stream = controllers.len() as u64 + 1;
+        for tier in &sc.tiers {
+            let mut processes = Vec::with_capacity(tier.processes);
+            for _ in 0..tier.processes {
+                processes.push(build_controller(&sc.policy, sc.seed, stream)?);
+                stream += 1;
+            }
+            relays.push(processes);
+        }
+        let end = nanos(sc.duration);
+        let bin = nanos(sc.bin);
+        let bins = end.div_ceil(bin) as usize;
+        let shard_stats = if sc.tiers.is_empty() {
+            sc.shards.len()
+        } else {
+            0
+        };
+        let stats = RunStats {
+            shards: vec![ShardStats::default(); shard_stats],
+            attempts_by_level: vec![0; sc.tiers.len() + 1],
+            bins: vec![Bin::default(); bins],
+            bin_seconds: sc.bin.as_secs_f64(),
+            measured_seconds: (sc.duration - sc.measure_from).as_secs_f64(),
+            ..RunStats::default()
+        };
+        Ok(Fleet {
+            sc,
+            rng: fastrand::Rng::with_seed(mix(sc.seed, 0)),
+            controllers,
+            relays,
+            calls: Vec::new(),
+            free: Vec::new(),
+            next_id: 0,
+            stats,
+            end,
+            measure_from: nanos(sc.measure_from),
+            bin,
+            fleet_rate: sc.rate_per_client * sc.clients as f64,
+        })
+    }
+
+    /// What the fleet's calls measured.
+    pub(crate) fn into_stats(self) -> RunStats {
+        self.stats
+    }
+
+    fn bin_of(&mut self, t: u64) -> Option<&mut Bin> {
+        let i = (t / self.bin) as usize;
+        self.stats.bins.get_mut(i)
+    }
+
+    /// Schedules the next arrival of a logical call, if it comes before the end.
+    pub(crate) fn next_arrival(&mut self, agenda: &mut Agenda) {
+        // Exponential gaps: the fleet's arrivals are one Poisson process, each call going
+        // to a uniformly chosen process, which is N independent Poisson processes.
+        let u = 1.0 - self.rng.f64();
+        let gap = (-u.ln() / self.fleet_rate * 1e9) as u64;
+        let at = agenda.now().saturating_add(gap.max(1));
+        if at < self.end {
+            agenda.schedule(at, Event::Arrival);
+        }
+    }
+
+    pub(crate) fn arrival(&mut self, agenda: &mut Agenda) {
         let client = self.rng.usize(0..self.sc.clients);
         let shard = self.rng.usize(0..self.sc.shards.len());
         let index = if self.sc.policy.budget_per_shard {
@@ -83,8 +178,8 @@ impl Sim<'_> {
         } else {
             client
         };
-        let measured = self.now >= self.measure_from;
-        if let Some(bin) = self.bin_of(self.now) {
+        let measured = agenda.now() >= self.measure_from;
+        if let Some(bin) = self.bin_of(agenda.now()) {
             bin.calls += 1;
         }
         if measured {
@@ -97,8 +192,8 @@ impl Sim<'_> {
             .sc
             .policy
             .deadline
-            .map(|d| self.now.saturating_add(nanos(d)));
-        let now = self.instant();
+            .map(|d| agenda.now().saturating_add(nanos(d)));
+        let now = agenda.instant();
         let times = CallTimes {
             caller: self.sc.policy.deadline,
             per_attempt: self.sc.policy.layer_per_attempt_timeout,
@@ -118,13 +213,14 @@ impl Sim<'_> {
                 return;
             }
         };
-        self.start_call(sim, first, 0, None, shard, deadline, measured);
+        self.start_call(agenda, sim, first, 0, None, shard, deadline, measured);
     }
 
     /// Starts a call at `level` (see [`Call`]) arriving now, and takes its first step.
     #[allow(clippy::too_many_arguments)]
     fn start_call(
         &mut self,
+        agenda: &mut Agenda,
         sim: SimCall,
         first: Step,
         level: u8,
@@ -138,7 +234,7 @@ impl Sim<'_> {
             level,
             parent,
             shard: shard as u32,
-            arrived: self.now,
+            arrived: agenda.now(),
             deadline,
             id: 0,
             in_flight: false,
@@ -155,31 +251,31 @@ impl Sim<'_> {
                 (self.calls.len() - 1) as u32
             }
         };
-        self.take_step(slot, first);
+        self.take_step(agenda, slot, first);
     }
 
     /// Carries out what the simulated client layer decided for the call in `slot`.
-    fn take_step(&mut self, slot: u32, step: Step) {
+    fn take_step(&mut self, agenda: &mut Agenda, slot: u32, step: Step) {
         match step {
-            Step::Send(plan) => self.send_attempt(slot, plan),
+            Step::Send(plan) => self.send_attempt(agenda, slot, plan),
             Step::Wait(delay) => {
                 let Some(call) = self.calls[slot as usize].as_ref() else {
                     return;
                 };
                 let id = call.id;
-                let at = self.now.saturating_add(nanos(delay));
-                self.schedule(at, Event::RetryStart { slot, id });
+                let at = agenda.now().saturating_add(nanos(delay));
+                agenda.schedule(at, Event::RetryStart { slot, id });
             }
-            Step::End(end) => self.finish(slot, end),
+            Step::End(end) => self.finish(agenda, slot, end),
         }
     }
 
     /// Sends the attempt `plan` describes (its timer is the client layer's, as the policy
     /// crate sets it for the layer too).
-    fn send_attempt(&mut self, slot: u32, plan: AttemptPlan) {
+    fn send_attempt(&mut self, agenda: &mut Agenda, slot: u32, plan: AttemptPlan) {
         self.next_id += 1;
         let id = self.next_id;
-        let now = self.now;
+        let now = agenda.now();
         let Some(call) = self.calls[slot as usize].as_mut() else {
             return;
         };
@@ -190,7 +286,7 @@ impl Sim<'_> {
         let shard_index = call.shard;
         let measured = call.measured;
         let level = call.level;
-        let timer = plan.fire_at.map(|at| self.tick(at));
+        let timer = plan.fire_at.map(|at| agenda.time_of(at));
         if measured {
             self.stats.attempts_by_level[level as usize] += 1;
         }
@@ -212,12 +308,12 @@ impl Sim<'_> {
             }
         }
         if let Some(at) = timer {
-            self.schedule(at, Event::Timeout { slot, id });
+            agenda.schedule(at, Event::Timeout { slot, id });
         }
         if let Some(tier) = self.sc.tiers.get(level as usize) {
             let at = now.saturating_add(nanos(tier.latency) / 2);
             let deadline = timer;
-            self.schedule(
+            agenda.schedule(
                 at,
                 Event::RelayArrive {
                     level,
@@ -238,7 +334,7 @@ impl Sim<'_> {
                 } else {
                     Outcome::Ok
                 };
-                self.schedule(
+                agenda.schedule(
                     now.saturating_add(nanos(*latency)),
                     Event::Response { slot, id, outcome },
                 );
@@ -247,12 +343,12 @@ impl Sim<'_> {
                 let net = nanos(self.sc.network);
                 if fails {
                     let outcome = Outcome::Failed(Failure::status(Code::Unavailable));
-                    self.schedule(
+                    agenda.schedule(
                         now.saturating_add(net.saturating_mul(2)),
                         Event::Response { slot, id, outcome },
                     );
                 } else {
-                    self.schedule(
+                    agenda.schedule(
                         now.saturating_add(net),
                         Event::ServerArrive {
                             shard: shard_index,
@@ -274,21 +370,21 @@ impl Sim<'_> {
             .is_some_and(|c| c.id == id && c.in_flight)
     }
 
-    pub(crate) fn response(&mut self, slot: u32, id: u64, outcome: Outcome) {
+    pub(crate) fn response(&mut self, agenda: &mut Agenda, slot: u32, id: u64, outcome: Outcome) {
         if !self.live(slot, id) {
             return; // the caller gave up on this attempt already
         }
         match outcome {
-            Outcome::Ok => self.answered(slot, None),
+            Outcome::Ok => self.answered(agenda, slot, None),
             // The attempt's timer is scheduled before any answer to it and wins a tie, so a
             // live answer always comes before the attempt's timeout and the caller's
             // deadline: unlike the layer, whose channel may report an expiry first, the
             // simulator sees every expiry through `timeout`.
-            Outcome::Failed(failure) => self.answered(slot, Some(failure)),
+            Outcome::Failed(failure) => self.answered(agenda, slot, Some(failure)),
         }
     }
 
-    pub(crate) fn timeout(&mut self, slot: u32, id: u64) {
+    pub(crate) fn timeout(&mut self, agenda: &mut Agenda, slot: u32, id: u64) {
         if !self.live(slot, id) {
             return;
         }
@@ -302,11 +398,11 @@ impl Sim<'_> {
             )
         {
             let shard = call.shard;
-            let at = self.now.saturating_add(nanos(self.sc.network));
+            let at = agenda.now().saturating_add(nanos(self.sc.network));
             let job = Job { slot, id };
-            self.schedule(at, Event::ServerCancel { shard, job });
+            agenda.schedule(at, Event::ServerCancel { shard, job });
         }
-        let now = self.instant();
+        let now = agenda.instant();
         let Some(call) = self.calls[slot as usize].as_mut() else {
             return;
         };
@@ -314,22 +410,22 @@ impl Sim<'_> {
         // which the call's retry state tells apart.
         call.in_flight = false;
         let step = call.sim.timer_at(now);
-        self.take_step(slot, step);
+        self.take_step(agenda, slot, step);
     }
 
     /// The attempt in flight was answered (`None`: `OK`).
-    fn answered(&mut self, slot: u32, failure: Option<Failure>) {
-        let now = self.instant();
+    fn answered(&mut self, agenda: &mut Agenda, slot: u32, failure: Option<Failure>) {
+        let now = agenda.instant();
         let Some(call) = self.calls[slot as usize].as_mut() else {
             return;
         };
         call.in_flight = false;
         let step = call.sim.answered_at(failure, now);
-        self.take_step(slot, step);
+        self.take_step(agenda, slot, step);
     }
 
-    pub(crate) fn retry_start(&mut self, slot: u32, id: u64) {
-        let now = self.instant();
+    pub(crate) fn retry_start(&mut self, agenda: &mut Agenda, slot: u32, id: u64) {
+        let now = agenda.instant();
         let Some(call) = self.calls[slot as usize].as_mut() else {
             return;
         };
@@ -337,20 +433,20 @@ impl Sim<'_> {
             return;
         }
         let step = call.sim.retry_due(now);
-        self.take_step(slot, step);
+        self.take_step(agenda, slot, step);
     }
 
     /// Ends a logical call as `end` says.
-    fn finish(&mut self, slot: u32, end: End) {
+    fn finish(&mut self, agenda: &mut Agenda, slot: u32, end: End) {
         let Some(call) = self.calls[slot as usize].take() else {
             return;
         };
         self.free.push(slot);
         if let Some((parent, parent_id)) = call.parent {
-            self.answer_parent(&call, parent, parent_id, end);
+            self.answer_parent(agenda, &call, parent, parent_id, end);
             return;
         }
-        let success = matches!(end, End::Ok) && call.deadline.is_none_or(|d| self.now <= d);
+        let success = matches!(end, End::Ok) && call.deadline.is_none_or(|d| agenda.now() <= d);
         if success && let Some(bin) = self.bin_of(call.arrived) {
             bin.successes += 1;
         }
@@ -373,14 +469,21 @@ impl Sim<'_> {
     }
 
     /// A middle tier's call ended: its process answers the attempt it was serving.
-    fn answer_parent(&mut self, call: &Call, parent: u32, parent_id: u64, end: End) {
+    fn answer_parent(
+        &self,
+        agenda: &mut Agenda,
+        call: &Call,
+        parent: u32,
+        parent_id: u64,
+        end: End,
+    ) {
         let outcome = match end {
             End::Ok => Outcome::Ok,
             end => Outcome::Failed(self.upstream_failure(end)),
         };
         let tier = &self.sc.tiers[call.level as usize - 1];
-        let at = self.now.saturating_add(nanos(tier.latency) / 2);
-        self.schedule(
+        let at = agenda.now().saturating_add(nanos(tier.latency) / 2);
+        agenda.schedule(
             at,
             Event::Response {
                 slot: parent,
@@ -415,7 +518,14 @@ impl Sim<'_> {
 
     /// An attempt reaches middle tier `level`: one of its processes starts its own call
     /// to the next level, with the attempt's deadline.
-    pub(crate) fn relay_arrive(&mut self, level: u8, slot: u32, id: u64, deadline: Option<u64>) {
+    pub(crate) fn relay_arrive(
+        &mut self,
+        agenda: &mut Agenda,
+        level: u8,
+        slot: u32,
+        id: u64,
+        deadline: Option<u64>,
+    ) {
         let Some(parent) = self.calls.get(slot as usize).and_then(Option::as_ref) else {
             return;
         };
@@ -423,15 +533,16 @@ impl Sim<'_> {
         let processes = &self.relays[level as usize];
         let process = self.rng.usize(0..processes.len());
         let shard = self.rng.usize(0..self.sc.shards.len());
-        let now = self.instant();
+        let now = agenda.instant();
         let times = CallTimes {
-            inbound: deadline.map(|d| self.at(d)),
+            inbound: deadline.map(|d| agenda.at(d)),
             per_attempt: self.sc.policy.layer_per_attempt_timeout,
             ..CallTimes::default()
         };
         let begun = SimCall::begin_at(&self.relays[level as usize][process], PATH, &times, now);
         match begun {
             Ok((sim, first)) => self.start_call(
+                agenda,
                 sim,
                 first,
                 level + 1,
@@ -446,9 +557,9 @@ impl Sim<'_> {
                 let end = End::GaveUp(refusal, Failure::status(Code::Unavailable));
                 let failure = self.upstream_failure(end);
                 let tier = &self.sc.tiers[level as usize];
-                let at = self.now.saturating_add(nanos(tier.latency) / 2);
+                let at = agenda.now().saturating_add(nanos(tier.latency) / 2);
                 let outcome = Outcome::Failed(failure);
-                self.schedule(at, Event::Response { slot, id, outcome });
+                agenda.schedule(at, Event::Response { slot, id, outcome });
             }
         }
     }

@@ -35,9 +35,11 @@
 //!
 //! # Layout
 //!
-//! `scenario` (what a run simulates), `fleet` (the clients and their calls), `server`
-//! ([`SimServer`]), `event_loop` ([`run`]), `stats` ([`RunStats`]) and `tables` (the
-//! experiments).
+//! `scenario` (what a run simulates), `event` (the events and the virtual clock they wait
+//! on), `fleet` (the clients and their calls), `server` ([`SimServer`]), `event_loop`
+//! ([`run`]: takes each event off the clock and hands it to the fleet or the servers,
+//! which know nothing of each other or of the loop), `stats` ([`RunStats`]) and `tables`
+//! (the experiments).
 //!
 //! # Determinism
 //!
@@ -77,6 +79,7 @@
 //! ```
 
 mod client;
+mod event;
 mod event_loop;
 mod fleet;
 mod scenario;
@@ -85,11 +88,12 @@ mod stats;
 mod tables;
 
 pub use client::{End, SimCall, Step};
+pub use event::Job;
 pub use event_loop::run;
 pub use scenario::{
     BudgetKind, ClientPolicy, PATH, QueueServer, Scenario, ServerKind, Shard, Tier, Window,
 };
-pub use server::{Job, ServerAction, SimServer};
+pub use server::{ServerAction, SimServer};
 pub use stats::{Bin, RunStats, ShardStats};
 pub use tables::*;
 

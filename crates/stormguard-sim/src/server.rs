@@ -18,25 +18,16 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use stormguard_core::Instant;
-use stormguard_core::admission::{AdmissionConfig, AttemptClass, Shed, ShedPushback};
+use stormguard_core::admission::{AdmissionConfig, CallClass, Shed, ShedPushback};
 use stormguard_core::code::Code;
-use stormguard_core::criticality::CallClass;
 use stormguard_core::pushback::Pushback;
 use stormguard_core::queue::{AdmissionQueue, Arrival, Dispatch, QueuedId};
 use stormguard_core::retry::Failure;
+use stormguard_core::wire::AttemptClass;
 
 use crate::SimError;
-use crate::event_loop::{Event, Outcome, Sim};
-use crate::scenario::{QueueServer, ServerKind, nanos};
-
-/// One attempt at a server: the slot of its call and the attempt's id.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Job {
-    /// The slot of the call (reused once the call ends).
-    pub slot: u32,
-    /// The attempt, unique in a run.
-    pub id: u64,
-}
+use crate::event::{Agenda, Event, Job, Outcome};
+use crate::scenario::{QueueServer, Scenario, ServerKind, mix, nanos};
 
 /// What a server does about an event, for the event loop to carry out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -276,7 +267,51 @@ fn dispatcher<'a>(
     }
 }
 
-impl Sim<'_> {
+/// The servers of a run's queueing shards, and what they did about the current event.
+pub(crate) struct Servers<'a> {
+    sc: &'a Scenario,
+    /// The server of each queueing shard (`None` for the others).
+    servers: Vec<Option<SimServer>>,
+    /// What a server did about the current event (a buffer kept between events).
+    actions: Vec<ServerAction>,
+}
+
+impl<'a> Servers<'a> {
+    /// The servers of `sc`'s shards, each shedding one seeded from the scenario's seed.
+    pub(crate) fn new(sc: &'a Scenario) -> Result<Self, SimError> {
+        let mut servers = Vec::with_capacity(sc.shards.len());
+        for (i, shard) in sc.shards.iter().enumerate() {
+            let server = match &shard.server {
+                ServerKind::Queue(q) => Some(match &q.shedding {
+                    Some(c) => SimServer::shedding(AdmissionConfig {
+                        // Without a seed of its own a shard's jitter comes from the run's
+                        // seed alone (mixed with the value the default had when it was
+                        // fixed, so the published tables stay as they are).
+                        seed: Some(mix(
+                            sc.seed ^ c.seed.unwrap_or(0x5eed_57a6),
+                            1 << 40 | i as u64,
+                        )),
+                        ..c.clone()
+                    })?,
+                    None => SimServer::plain(q.workers, q.queue_capacity),
+                }),
+                ServerKind::Unbounded { .. } => None,
+            };
+            servers.push(server);
+        }
+        Ok(Servers {
+            sc,
+            servers,
+            actions: Vec::new(),
+        })
+    }
+
+    /// The server of `shard`, if it is a queueing shard.
+    #[cfg(test)]
+    pub(crate) fn get(&self, shard: usize) -> Option<&SimServer> {
+        self.servers.get(shard).and_then(Option::as_ref)
+    }
+
     /// The queueing server of `shard` (only those get server events).
     fn queue_server(&self, shard: u32) -> Option<&QueueServer> {
         match &self.sc.shards[shard as usize].server {
@@ -285,53 +320,56 @@ impl Sim<'_> {
         }
     }
 
-    fn service_time(&self, shard: u32) -> u64 {
+    fn service_time(&self, now: u64, shard: u32) -> u64 {
         let Some(q) = self.queue_server(shard) else {
             return 0;
         };
         let base = q.service_time;
         match q.slowdown {
             // `mul_f64` panics past `Duration::MAX`; a service time that long saturates.
-            Some((window, factor)) if window.contains(self.now) => {
+            Some((window, factor)) if window.contains(now) => {
                 Duration::try_from_secs_f64(base.as_secs_f64() * factor).map_or(u64::MAX, nanos)
             }
             _ => nanos(base),
         }
     }
 
-    fn answer(&mut self, job: Job, outcome: Outcome) {
-        let at = self.now.saturating_add(nanos(self.sc.network));
+    fn answer(&self, agenda: &mut Agenda, job: Job, outcome: Outcome) {
+        let at = agenda.now().saturating_add(nanos(self.sc.network));
         let Job { slot, id } = job;
-        self.schedule(at, Event::Response { slot, id, outcome });
+        agenda.schedule(at, Event::Response { slot, id, outcome });
     }
 
-    /// Runs `event` on the server of `shard` (if it has one); its actions wait in
-    /// `server_actions` for [`Sim::carry_out`].
+    /// Runs `event` on the server of `shard` (if it has one) at the agenda's instant; its
+    /// actions wait in `actions` for [`Servers::carry_out`].
     fn on_server<R>(
         &mut self,
+        agenda: &Agenda,
         shard: u32,
         event: impl FnOnce(&mut SimServer, Instant, &mut Vec<ServerAction>) -> R,
     ) -> Option<R> {
-        let now = self.instant();
+        let now = agenda.instant();
         let server = self.servers[shard as usize].as_mut()?;
-        Some(event(server, now, &mut self.server_actions))
+        Some(event(server, now, &mut self.actions))
     }
 
     /// Turns the actions of the server of `shard` into events.
-    fn carry_out(&mut self, shard: u32) {
+    fn carry_out(&mut self, agenda: &mut Agenda, shard: u32) {
         let shed_code = self.servers[shard as usize]
             .as_ref()
             .map_or(Code::Unavailable, SimServer::shed_code);
-        let mut actions = std::mem::take(&mut self.server_actions);
+        let mut actions = std::mem::take(&mut self.actions);
         for action in actions.drain(..) {
             match action {
                 ServerAction::Start(job) => {
-                    let at = self.now.saturating_add(self.service_time(shard));
-                    self.schedule(at, Event::ServiceDone { shard, job });
+                    let at = agenda
+                        .now()
+                        .saturating_add(self.service_time(agenda.now(), shard));
+                    agenda.schedule(at, Event::ServiceDone { shard, job });
                 }
                 ServerAction::Queued(job, expiry) => {
-                    let at = nanos(expiry.saturating_duration_since(self.base));
-                    self.schedule(at, Event::ServerTimer { shard, job });
+                    let at = agenda.time_of(expiry);
+                    agenda.schedule(at, Event::ServerTimer { shard, job });
                 }
                 ServerAction::Shed(job, shed) => {
                     let pushback = match shed.pushback {
@@ -339,24 +377,26 @@ impl Sim<'_> {
                         ShedPushback::DoNotRetry => Pushback::DoNotRetry,
                     };
                     let failure = Failure::status(shed_code).with_pushback(Some(pushback));
-                    self.answer(job, Outcome::Failed(failure));
+                    self.answer(agenda, job, Outcome::Failed(failure));
                 }
                 ServerAction::Expired(job) => {
                     let failure = Failure::status(Code::DeadlineExceeded);
-                    self.answer(job, Outcome::Failed(failure));
+                    self.answer(agenda, job, Outcome::Failed(failure));
                 }
                 ServerAction::Refused(job) => {
                     let failure = Failure::status(Code::Unavailable);
-                    self.answer(job, Outcome::Failed(failure));
+                    self.answer(agenda, job, Outcome::Failed(failure));
                 }
             }
         }
         // Keep the buffer's capacity for the next event.
-        self.server_actions = actions;
+        self.actions = actions;
     }
 
-    pub(crate) fn server_arrive(
+    /// Attempt `job` (a retry or not, with `deadline`) reaches the server of `shard`.
+    pub(crate) fn arrive(
         &mut self,
+        agenda: &mut Agenda,
         shard: u32,
         job: Job,
         retry: bool,
@@ -367,28 +407,36 @@ impl Sim<'_> {
         } else {
             AttemptClass::First
         };
-        let deadline = deadline.map(|d| self.at(d));
-        self.on_server(shard, |server, now, out| {
+        let deadline = deadline.map(|d| agenda.at(d));
+        self.on_server(agenda, shard, |server, now, out| {
             server.arrive(now, job, class, deadline, out);
         });
-        self.carry_out(shard);
+        self.carry_out(agenda, shard);
     }
 
-    pub(crate) fn service_done(&mut self, shard: u32, job: Job) {
-        if self.on_server(shard, |server, now, out| server.done(now, job, out)) == Some(true) {
-            self.answer(job, Outcome::Ok);
+    /// A worker of the server of `shard` finishes `job`.
+    pub(crate) fn service_done(&mut self, agenda: &mut Agenda, shard: u32, job: Job) {
+        let served = self.on_server(agenda, shard, |server, now, out| server.done(now, job, out));
+        if served == Some(true) {
+            self.answer(agenda, job, Outcome::Ok);
         }
-        self.carry_out(shard);
+        self.carry_out(agenda, shard);
     }
 
-    pub(crate) fn server_timer(&mut self, shard: u32, job: Job) {
-        self.on_server(shard, |server, now, out| server.timer(now, job, out));
-        self.carry_out(shard);
+    /// The expiry timer of queued `job` fires at the server of `shard`.
+    pub(crate) fn timer(&mut self, agenda: &mut Agenda, shard: u32, job: Job) {
+        self.on_server(agenda, shard, |server, now, out| {
+            server.timer(now, job, out)
+        });
+        self.carry_out(agenda, shard);
     }
 
-    pub(crate) fn server_cancel(&mut self, shard: u32, job: Job) {
-        self.on_server(shard, |server, now, out| server.cancel(now, job, out));
-        self.carry_out(shard);
+    /// `job`'s caller reset its stream; the reset reaches the server of `shard`.
+    pub(crate) fn cancel(&mut self, agenda: &mut Agenda, shard: u32, job: Job) {
+        self.on_server(agenda, shard, |server, now, out| {
+            server.cancel(now, job, out)
+        });
+        self.carry_out(agenda, shard);
     }
 }
 

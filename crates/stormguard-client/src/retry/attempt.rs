@@ -16,21 +16,14 @@ use std::time::Duration;
 
 use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, Method, Uri, Version};
-use stormguard_core::context::{self, RETRY_BUDGET_HEADER};
-use stormguard_core::deadline::{GRPC_TIMEOUT_HEADER, decode_grpc_timeout, encode_grpc_timeout};
+use stormguard_core::context;
 use stormguard_core::retry::AttemptPlan;
+use stormguard_core::wire::http::{GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_TIMEOUT, X_RETRY_BUDGET};
+use stormguard_core::wire::{decode_grpc_timeout_bytes, encode_grpc_timeout};
 use tonic::GrpcMethod;
 use tonic::body::Body;
 
 use super::replay::{Buffered, Resend, buffer, full};
-use crate::status::PREVIOUS_ATTEMPTS_HEADER;
-
-/// The `grpc-timeout` header, as a name built once (a `&str` key is parsed on every use).
-const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(GRPC_TIMEOUT_HEADER);
-/// The `x-retry-budget` header, as a name built once.
-const X_RETRY_BUDGET: HeaderName = HeaderName::from_static(RETRY_BUDGET_HEADER);
-/// The `grpc-previous-rpc-attempts` header, as a name built once.
-const PREVIOUS_ATTEMPTS: HeaderName = HeaderName::from_static(PREVIOUS_ATTEMPTS_HEADER);
 
 /// What a call keeps to send its retries.
 pub(super) struct Attempts {
@@ -127,7 +120,7 @@ impl Attempts {
 pub(super) fn caller_timeout(headers: &HeaderMap) -> Option<Duration> {
     headers
         .get(&GRPC_TIMEOUT)
-        .and_then(|v| decode_grpc_timeout(v.to_str().ok()?).ok())
+        .and_then(|v| decode_grpc_timeout_bytes(v.as_bytes()))
 }
 
 /// How a layer stamps its attempts, with the `grpc-timeout` value of a per-attempt limit
@@ -151,7 +144,10 @@ impl Stamps {
             headers.insert(GRPC_TIMEOUT, value);
         }
         if plan.previous_attempts > 0 {
-            headers.insert(PREVIOUS_ATTEMPTS, HeaderValue::from(plan.previous_attempts));
+            headers.insert(
+                GRPC_PREVIOUS_RPC_ATTEMPTS,
+                HeaderValue::from(plan.previous_attempts),
+            );
         }
         if let Some(left) = context::remaining_allowance() {
             headers.insert(X_RETRY_BUDGET, HeaderValue::from(left));

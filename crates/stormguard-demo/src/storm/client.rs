@@ -16,8 +16,7 @@ use stormguard_client::{Retry as RetryService, RetryLayer, RetryStats};
 use stormguard_core::backoff::{Backoff, BackoffConfig};
 use stormguard_core::config::{ClientConfig, ConfigError};
 use stormguard_core::policy::RetryPolicy;
-use stormguard_core::pushback::PUSHBACK_HEADER;
-use stormguard_core::retry::PREVIOUS_ATTEMPTS_HEADER;
+use stormguard_core::wire::{GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_RETRY_PUSHBACK_MS};
 use tokio::time::{Instant, Sleep};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
@@ -87,7 +86,7 @@ where
         Box::pin(async move {
             let result = future.await;
             match &result {
-                Ok(response) if response.headers().contains_key(PUSHBACK_HEADER) => {
+                Ok(response) if response.headers().contains_key(GRPC_RETRY_PUSHBACK_MS) => {
                     timeline.shed(Instant::now());
                 }
                 Ok(_) => {}
@@ -227,7 +226,7 @@ pub(crate) fn naive_caller(client: InventoryClient<Observe<Channel>>, naive: Nai
             if attempt.previous > 0 {
                 request
                     .metadata_mut()
-                    .insert(PREVIOUS_ATTEMPTS_HEADER, attempt.previous.into());
+                    .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, attempt.previous.into());
             }
             match tokio::time::timeout(timeout, client.reserve(request)).await {
                 Ok(answer) => answer.map(tonic::Response::into_inner),

@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::queue::WorkerPermit;
+use super::gate::WorkerPermit;
 
 pin_project! {
     /// The response body of a [`ShedService`](super::ShedService).

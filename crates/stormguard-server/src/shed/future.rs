@@ -12,7 +12,7 @@ use tower_service::Service;
 
 use super::body::ShedBody;
 use super::drain::Unread;
-use super::queue::{Ticket, Turn, WorkerPermit};
+use super::gate::{Ticket, Turn, WorkerPermit};
 use super::response;
 
 pin_project! {

@@ -6,11 +6,10 @@ use stormguard_core::config::ConfigError;
 use stormguard_core::criticality::CriticalityTable;
 use tower_layer::Layer;
 
-use super::ShedService;
 use super::drain::Drains;
 use super::exempt::{Bypassed, NeverShed};
-use super::queue::Queue;
-use crate::stats::ShedStats;
+use super::gate::Gate;
+use super::{ShedService, ShedStats};
 
 /// Puts services behind one admission queue that sheds retries before first attempts.
 ///
@@ -37,7 +36,7 @@ use crate::stats::ShedStats;
 /// ```
 #[derive(Clone)]
 pub struct ShedLayer {
-    queue: Arc<Queue>,
+    gate: Arc<Gate>,
     criticality: Arc<CriticalityTable>,
     never_shed: Arc<NeverShed>,
     bypassed: Arc<Bypassed>,
@@ -56,7 +55,7 @@ impl ShedLayer {
     /// A layer with its own queue, driven by `policy` (already validated).
     pub fn new(policy: AdmissionPolicy) -> Self {
         ShedLayer {
-            queue: Arc::new(Queue::new(policy)),
+            gate: Arc::new(Gate::new(policy)),
             criticality: Arc::new(CriticalityTable::default()),
             never_shed: Arc::default(),
             bypassed: Arc::default(),
@@ -147,7 +146,7 @@ impl ShedLayer {
     ///
     /// A caller that sends `x-retry-budget: N` lowers the request's allowance to `N`; it
     /// can never raise it above `retries`, and a malformed, negative or huge value (above
-    /// [`MAX_RETRY_ALLOWANCE`]) is ignored. Each retry a client layer makes inside the
+    /// [`MAX_ALLOWANCE`]) is ignored. Each retry a client layer makes inside the
     /// request spends one, once every other rule (budget included) allowed it; when none
     /// is left the retry is refused (counted as `allowance`) and the failure goes up marked
     /// "do not retry". Every outgoing attempt carries what is left as `x-retry-budget`, so
@@ -164,7 +163,7 @@ impl ShedLayer {
     /// # let _ = layer;
     /// ```
     ///
-    /// [`MAX_RETRY_ALLOWANCE`]: stormguard_core::context::MAX_RETRY_ALLOWANCE
+    /// [`MAX_ALLOWANCE`]: stormguard_core::wire::MAX_ALLOWANCE
     pub fn with_retry_allowance(mut self, retries: u32) -> Self {
         self.retry_allowance = Some(retries);
         self
@@ -186,11 +185,11 @@ impl ShedLayer {
     /// ```
     #[cfg(feature = "opentelemetry")]
     pub fn with_meter(mut self, meter: &opentelemetry::metrics::Meter) -> Self {
-        self.queue
+        self.gate
+            .counters()
             .record_time_queued_into(crate::metrics::queue_time(meter));
         self.metrics = Some(Arc::new(crate::metrics::ServerMetrics::register(
-            meter,
-            &self.queue,
+            meter, &self.gate,
         )));
         self
     }
@@ -203,7 +202,7 @@ impl ShedLayer {
     /// The queue's counters.
     pub fn stats(&self) -> ShedStats {
         ShedStats::new(
-            Arc::clone(&self.queue),
+            Arc::clone(&self.gate),
             Arc::clone(&self.drains),
             Arc::clone(&self.bypassed),
         )
@@ -216,7 +215,7 @@ impl<S> Layer<S> for ShedLayer {
     fn layer(&self, inner: S) -> Self::Service {
         ShedService {
             inner,
-            queue: Arc::clone(&self.queue),
+            gate: Arc::clone(&self.gate),
             criticality: Arc::clone(&self.criticality),
             never_shed: Arc::clone(&self.never_shed),
             bypassed: Arc::clone(&self.bypassed),
@@ -229,7 +228,7 @@ impl<S> Layer<S> for ShedLayer {
 impl fmt::Debug for ShedLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShedLayer")
-            .field("queue", &self.queue.snapshot())
+            .field("queue", &self.gate.counters().snapshot())
             .field("never_shed", &self.never_shed)
             .finish()
     }

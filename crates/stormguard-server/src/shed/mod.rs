@@ -48,8 +48,8 @@ mod body;
 pub mod drain;
 pub mod exempt;
 mod future;
+pub(crate) mod gate;
 mod layer;
-pub(crate) mod queue;
 pub(crate) mod response;
 
 pub use body::ShedBody;
@@ -63,31 +63,27 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::HeaderName;
 use stormguard_core::Instant;
-use stormguard_core::admission::{AttemptClass, X_RETRY_ATTEMPT_HEADER};
+use stormguard_core::admission::CallClass;
+use stormguard_core::context::{CallContext, RequestScope};
+use stormguard_core::criticality::CriticalityTable;
+use stormguard_core::wire::http::{
+    GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_TIMEOUT, STORMGUARD_CRITICALITY, X_RETRY_ATTEMPT,
+    X_RETRY_BUDGET,
+};
+use stormguard_core::wire::{attempt_class, decode_grpc_timeout_bytes, parse_criticality};
 use tower_service::Service;
 
-use crate::stats::ShedStats;
+use crate::stats::{Occupancy, StatsSnapshot};
 use drain::{Drains, Unread};
 use exempt::{Bypassed, NeverShed};
-use queue::{Arrival, Queue};
-use stormguard_core::context::{CallContext, RETRY_BUDGET_HEADER, RequestScope};
-use stormguard_core::criticality::{CRITICALITY_HEADER, CallClass, CriticalityTable};
-use stormguard_core::deadline::{GRPC_TIMEOUT_HEADER, decode_grpc_timeout};
-use stormguard_core::retry::PREVIOUS_ATTEMPTS_HEADER;
-
-const PREVIOUS_RPC_ATTEMPTS: HeaderName = HeaderName::from_static(PREVIOUS_ATTEMPTS_HEADER);
-const X_RETRY_ATTEMPT: HeaderName = HeaderName::from_static(X_RETRY_ATTEMPT_HEADER);
-const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(GRPC_TIMEOUT_HEADER);
-const X_RETRY_BUDGET: HeaderName = HeaderName::from_static(RETRY_BUDGET_HEADER);
-const CRITICALITY: HeaderName = HeaderName::from_static(CRITICALITY_HEADER);
+use gate::{Entry, Gate};
 
 /// A service behind the admission queue. Built by [`ShedLayer`]; every clone, and every
 /// service the same layer wraps, shares one queue.
 pub struct ShedService<S> {
     inner: S,
-    queue: Arc<Queue>,
+    gate: Arc<Gate>,
     criticality: Arc<CriticalityTable>,
     never_shed: Arc<NeverShed>,
     bypassed: Arc<Bypassed>,
@@ -99,7 +95,7 @@ impl<S> ShedService<S> {
     /// The queue's counters.
     pub fn stats(&self) -> ShedStats {
         ShedStats::new(
-            Arc::clone(&self.queue),
+            Arc::clone(&self.gate),
             Arc::clone(&self.drains),
             Arc::clone(&self.bypassed),
         )
@@ -115,7 +111,7 @@ impl<S: Clone> Clone for ShedService<S> {
     fn clone(&self) -> Self {
         ShedService {
             inner: self.inner.clone(),
-            queue: Arc::clone(&self.queue),
+            gate: Arc::clone(&self.gate),
             criticality: Arc::clone(&self.criticality),
             never_shed: Arc::clone(&self.never_shed),
             bypassed: Arc::clone(&self.bypassed),
@@ -128,7 +124,7 @@ impl<S: Clone> Clone for ShedService<S> {
 impl<S> fmt::Debug for ShedService<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShedService")
-            .field("queue", &self.queue.snapshot())
+            .field("queue", &self.gate.counters().snapshot())
             .finish_non_exhaustive()
     }
 }
@@ -154,20 +150,22 @@ where
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
         let now = Instant::now();
         let headers = request.headers();
-        let class = AttemptClass::from_headers(
-            headers.get(PREVIOUS_RPC_ATTEMPTS).map(|v| v.as_bytes()),
+        let class = attempt_class(
+            headers
+                .get(GRPC_PREVIOUS_RPC_ATTEMPTS)
+                .map(|v| v.as_bytes()),
             headers.get(X_RETRY_ATTEMPT).map(|v| v.as_bytes()),
         );
         // A peer's claim, never above what this server grants the method.
         let criticality = self.criticality.resolve(
             request.uri().path(),
-            headers.get(CRITICALITY).map(|v| v.as_bytes()),
+            parse_criticality(headers.get(STORMGUARD_CRITICALITY).map(|v| v.as_bytes())),
         );
         let class = CallClass::new(class, criticality);
         let deadline = headers
             .get(GRPC_TIMEOUT)
             // Malformed (or non-ASCII) values read as "no deadline", as tonic does.
-            .and_then(|v| decode_grpc_timeout(v.to_str().ok()?).ok())
+            .and_then(|v| decode_grpc_timeout_bytes(v.as_bytes()))
             .and_then(|t| now.checked_add(t));
         // The handler's outgoing calls inherit this call's deadline (see `CallContext`).
         let context = match deadline {
@@ -191,11 +189,11 @@ where
             self.bypassed.record();
             return ResponseFuture::bypass(context, scope, self.inner.call(request));
         }
-        match self.queue.arrive(now, class, deadline) {
-            Arrival::Admitted(permit) => {
+        match self.gate.enter(now, class, deadline) {
+            Entry::Admitted(permit) => {
                 ResponseFuture::running(context, scope, self.inner.call(request), permit)
             }
-            Arrival::Queued(ticket) => {
+            Entry::Queued(ticket) => {
                 // Keep the service that was made ready for this call; the clone takes
                 // its place for the next poll_ready.
                 let clone = self.inner.clone();
@@ -203,23 +201,23 @@ where
                 let request = Unread::new(request, &self.drains);
                 ResponseFuture::queued(context, scope, ticket, ready, request)
             }
-            Arrival::Shed(shed) => {
+            Entry::Shed(shed) => {
                 tracing::info!(
                     shed.class = class.attempt.as_str(),
                     shed.criticality = class.criticality.as_str(),
                     shed.reason = shed.reason.as_str(),
-                    queue.depth = self.queue.depth(),
+                    queue.depth = self.gate.counters().depth(),
                     pushback_ms = shed.pushback.millis(),
                     "stormguard: call shed"
                 );
                 drain::discard_request(request, &self.drains);
                 ResponseFuture::answered(response::shed(
-                    self.queue.shed_code(),
+                    self.gate.shed_code(),
                     shed.reason,
                     shed.pushback,
                 ))
             }
-            Arrival::Expired => {
+            Entry::Expired => {
                 tracing::info!(
                     shed.class = class.attempt.as_str(),
                     shed.criticality = class.criticality.as_str(),
@@ -229,5 +227,74 @@ where
                 ResponseFuture::answered(response::expired())
             }
         }
+    }
+}
+
+/// A cloneable handle on one [`ShedLayer`]'s counters.
+///
+/// Take it from the layer before handing the layer to the server builder:
+///
+/// ```
+/// use stormguard_core::admission::AdmissionConfig;
+/// use stormguard_server::ShedLayer;
+///
+/// let layer = ShedLayer::from_config(AdmissionConfig::default()).expect("valid config");
+/// let stats = layer.stats();
+/// // ... Server::builder().layer(layer) ...
+/// assert_eq!(stats.snapshot().admitted, 0);
+/// ```
+#[derive(Clone)]
+pub struct ShedStats {
+    gate: Arc<Gate>,
+    drains: Arc<Drains>,
+    bypassed: Arc<Bypassed>,
+}
+
+impl ShedStats {
+    pub(crate) fn new(gate: Arc<Gate>, drains: Arc<Drains>, bypassed: Arc<Bypassed>) -> Self {
+        ShedStats {
+            gate,
+            drains,
+            bypassed,
+        }
+    }
+
+    /// Calls that bypassed the queue because they are never shed (health checks and
+    /// the paths named with [`ShedLayer::never_shed`]).
+    pub fn never_shed(&self) -> u64 {
+        self.bypassed.get()
+    }
+
+    /// What happened to the request bodies of calls answered before they were read
+    /// (see [`drain`]).
+    pub fn drains(&self) -> DrainCounts {
+        self.drains.counts()
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        self.gate.counters().snapshot()
+    }
+
+    /// The number of workers (the concurrency bound; with an adaptive limit, where it
+    /// stands now).
+    pub fn workers(&self) -> usize {
+        self.gate.counters().workers()
+    }
+
+    /// Exact occupancy read under the queue's lock: free workers, calls waiting, and
+    /// calls taken off the queue whose future has not yet seen its outcome. At rest
+    /// (no call in progress) it is `(workers, 0, 0)`: anything else is a leak.
+    pub fn occupancy(&self) -> Occupancy {
+        self.gate.occupancy()
+    }
+}
+
+impl fmt::Debug for ShedStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShedStats")
+            .field("snapshot", &self.snapshot())
+            .field("drains", &self.drains())
+            .finish()
     }
 }

@@ -7,14 +7,13 @@
 //! so hyper sends the headers with END_STREAM: a trailers-only response, which every
 //! gRPC client reads as the call's status (and which is retryable under gRPC A6).
 
-use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
+use http::header::{CONTENT_TYPE, HeaderValue};
 use stormguard_core::admission::{ShedPushback, ShedReason};
 use stormguard_core::code::Code;
-
-const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
-/// The header a shed answer's pushback travels in (gRPC A6).
-const PUSHBACK: HeaderName = HeaderName::from_static(stormguard_core::pushback::PUSHBACK_HEADER);
+use stormguard_core::wire::http::{
+    DO_NOT_RETRY, GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS,
+};
+use stormguard_core::wire::{encode_grpc_status, parse_grpc_status};
 
 /// The `grpc-message` of a call shed because the queue was full.
 pub const MESSAGE_QUEUE_FULL: &str = "stormguard: overloaded, queue full";
@@ -27,33 +26,14 @@ pub const MESSAGE_SHEDDABLE: &str = "stormguard: overloaded, lower-priority work
 /// close or it waited too long.
 pub const MESSAGE_EXPIRED: &str = "stormguard: deadline expired while queued";
 
-fn status_value(code: Code) -> HeaderValue {
-    HeaderValue::from_static(match code {
-        Code::Ok => "0",
-        Code::Cancelled => "1",
-        Code::Unknown => "2",
-        Code::InvalidArgument => "3",
-        Code::DeadlineExceeded => "4",
-        Code::NotFound => "5",
-        Code::AlreadyExists => "6",
-        Code::PermissionDenied => "7",
-        Code::ResourceExhausted => "8",
-        Code::FailedPrecondition => "9",
-        Code::Aborted => "10",
-        Code::OutOfRange => "11",
-        Code::Unimplemented => "12",
-        Code::Internal => "13",
-        Code::Unavailable => "14",
-        Code::DataLoss => "15",
-        Code::Unauthenticated => "16",
-    })
-}
-
 fn trailers_only<B: Default>(code: Code, message: &'static str) -> http::Response<B> {
     let mut response = http::Response::new(B::default());
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    headers.insert(GRPC_STATUS, status_value(code));
+    headers.insert(
+        GRPC_STATUS,
+        HeaderValue::from_static(encode_grpc_status(code)),
+    );
     headers.insert(GRPC_MESSAGE, HeaderValue::from_static(message));
     response
 }
@@ -72,7 +52,7 @@ pub(crate) fn shed<B: Default>(
     let mut response = trailers_only(code, message);
     response
         .headers_mut()
-        .insert(PUSHBACK, HeaderValue::from(pushback.millis()));
+        .insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(pushback.millis()));
     response
 }
 
@@ -85,7 +65,12 @@ pub(crate) fn expired<B: Default>() -> http::Response<B> {
 /// Codes that standard clients are commonly configured to retry (gRPC A6
 /// `retryableStatusCodes`): a handler's answer with one of them is marked "do not retry"
 /// when a downstream call of the same request was refused a retry.
-const RETRYABLE: [&[u8]; 4] = [b"14", b"8", b"10", b"4"];
+const RETRYABLE: [Code; 4] = [
+    Code::Unavailable,
+    Code::ResourceExhausted,
+    Code::Aborted,
+    Code::DeadlineExceeded,
+];
 
 /// Marks a handler's trailers-only answer with `grpc-retry-pushback-ms: -1` when its code
 /// is one clients retry ([`RETRYABLE`]: `UNAVAILABLE`, `RESOURCE_EXHAUSTED`, `ABORTED`,
@@ -95,12 +80,12 @@ const RETRYABLE: [&[u8]; 4] = [b"14", b"8", b"10", b"4"];
 pub(crate) fn mark_downstream_refused<B>(response: &mut http::Response<B>) -> bool {
     let headers = response.headers_mut();
     let retryable = headers
-        .get(&GRPC_STATUS)
-        .is_some_and(|v| RETRYABLE.contains(&v.as_bytes()));
-    if !retryable || headers.contains_key(&PUSHBACK) {
+        .get(GRPC_STATUS)
+        .is_some_and(|v| RETRYABLE.contains(&parse_grpc_status(v.as_bytes())));
+    if !retryable || headers.contains_key(GRPC_RETRY_PUSHBACK_MS) {
         return false;
     }
-    headers.insert(PUSHBACK, HeaderValue::from_static("-1"));
+    headers.insert(GRPC_RETRY_PUSHBACK_MS, DO_NOT_RETRY);
     true
 }
 
@@ -109,16 +94,6 @@ pub(crate) fn mark_downstream_refused<B>(response: &mut http::Response<B>) -> bo
 mod tests {
     use super::*;
     use std::time::Duration;
-
-    #[test]
-    fn status_values_match_code_numbers() {
-        for code in Code::ALL {
-            assert_eq!(
-                status_value(code).to_str().unwrap(),
-                code.as_i32().to_string()
-            );
-        }
-    }
 
     #[test]
     fn shed_answer_is_trailers_only_with_pushback() {
@@ -143,5 +118,36 @@ mod tests {
         let r: http::Response<String> = expired();
         assert_eq!(r.headers()["grpc-status"], "4");
         assert!(r.headers().get("grpc-retry-pushback-ms").is_none());
+    }
+
+    #[test]
+    fn only_a_retryable_answer_without_pushback_is_marked_do_not_retry() {
+        let answer = |status: &'static str, pushback: Option<&'static str>| {
+            let mut r = http::Response::new(());
+            r.headers_mut()
+                .insert(GRPC_STATUS, HeaderValue::from_static(status));
+            if let Some(p) = pushback {
+                r.headers_mut()
+                    .insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static(p));
+            }
+            r
+        };
+        for status in ["14", "8", "10", "4"] {
+            let mut r = answer(status, None);
+            assert!(mark_downstream_refused(&mut r), "{status}");
+            assert_eq!(r.headers()["grpc-retry-pushback-ms"], "-1");
+        }
+        for status in ["0", "2", "13", "x"] {
+            assert!(
+                !mark_downstream_refused(&mut answer(status, None)),
+                "{status}"
+            );
+        }
+        // The handler's own pushback stands.
+        let mut r = answer("14", Some("250"));
+        assert!(!mark_downstream_refused(&mut r));
+        assert_eq!(r.headers()["grpc-retry-pushback-ms"], "250");
+        // A response that is not trailers-only (no status yet) is left alone.
+        assert!(!mark_downstream_refused(&mut http::Response::new(())));
     }
 }

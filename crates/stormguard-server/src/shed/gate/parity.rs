@@ -1,7 +1,7 @@
-//! The server's queue and the simulator's server decide alike.
+//! The server's gate and the simulator's server decide alike.
 //!
 //! One script (arrivals of first attempts and retries of every criticality, with and
-//! without deadlines, completions, cancellations, at scripted instants) runs through this crate's [`Queue`]
+//! without deadlines, completions, cancellations, at scripted instants) runs through this crate's [`Gate`]
 //! (on paused time, polling tickets as the response future does, with the expiry timers
 //! firing at their instants) and through `stormguard_sim::SimServer` (on the same
 //! instants). Every decision is recorded with its instant: a call run (at once or
@@ -17,13 +17,14 @@ use std::time::Duration;
 
 use stormguard_core::Instant;
 use stormguard_core::admission::{
-    AdmissionConfig, AdmissionPolicy, AttemptClass, QueueOrder, RetryThreshold, Shed, ShedReason,
+    AdmissionConfig, AdmissionPolicy, CallClass, QueueOrder, RetryThreshold, Shed, ShedReason,
 };
-use stormguard_core::criticality::{CallClass, Criticality};
+use stormguard_core::criticality::Criticality;
 use stormguard_core::limit::AdaptiveLimitConfig;
+use stormguard_core::wire::AttemptClass;
 use stormguard_sim::{Job, ServerAction, SimServer};
 
-use super::{Arrival, Queue, Ticket, Turn, WorkerPermit};
+use super::{Entry, Gate, Ticket, Turn, WorkerPermit};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -90,9 +91,9 @@ fn shed(s: Shed) -> What {
     }
 }
 
-/// The server's queue, used as the response future uses it.
+/// The server's gate, used as the response future uses it.
 struct Server {
-    queue: Arc<Queue>,
+    gate: Arc<Gate>,
     tickets: BTreeMap<u32, Ticket>,
     permits: BTreeMap<u32, WorkerPermit>,
 }
@@ -133,7 +134,7 @@ impl Server {
 
 impl Side for Server {
     fn limit(&self) -> usize {
-        self.queue.workers()
+        self.gate.counters().workers()
     }
 
     fn arrive(
@@ -144,18 +145,18 @@ impl Side for Server {
         deadline: Option<Instant>,
     ) -> Vec<(u32, What)> {
         let mut out = Vec::new();
-        match self.queue.arrive(now, class, deadline) {
-            Arrival::Admitted(permit) => {
+        match self.gate.enter(now, class, deadline) {
+            Entry::Admitted(permit) => {
                 self.permits.insert(call, permit);
                 out.push((call, What::Run));
             }
-            Arrival::Queued(ticket) => {
+            Entry::Queued(ticket) => {
                 let expires_in = ticket.expiry() - now;
                 self.tickets.insert(call, ticket);
                 out.push((call, What::Queued { expires_in }));
             }
-            Arrival::Shed(s) => out.push((call, shed(s))),
-            Arrival::Expired => out.push((call, What::Expired)),
+            Entry::Shed(s) => out.push((call, shed(s))),
+            Entry::Expired => out.push((call, What::Expired)),
         }
         self.poll_all(now, &mut out);
         out
@@ -397,7 +398,7 @@ async fn compare(config: AdmissionConfig, seed: u64) -> Vec<Record> {
     let script = script(seed, 600);
     let t0 = Instant::now();
     let mut server = Server {
-        queue: Arc::new(Queue::new(
+        gate: Arc::new(Gate::new(
             AdmissionPolicy::new(config.clone()).expect("valid config"),
         )),
         tickets: BTreeMap::new(),

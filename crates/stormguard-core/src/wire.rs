@@ -1,0 +1,803 @@
+//! The wire: every header stormguard writes or reads, and the one parser and encoder of
+//! each.
+//!
+//! The client and server layers, the demo, the fuzz targets and the tests all read and
+//! write these headers through this module, so a name or a rule for a malformed value is
+//! stated once. Every parser takes what a peer sent and never fails the call: a value
+//! that cannot be read gets the reading that gives the peer nothing (last column).
+//!
+//! | header | direction | written by | read by | values | malformed means |
+//! |---|---|---|---|---|---|
+//! | [`GRPC_TIMEOUT`] | request | `RetryLayer` (what is left of the logical deadline, on every attempt), `ContextInterceptor`, any gRPC client | `ShedLayer` (the deadline of queued work), `RetryLayer` (a timeout the caller set) | 1 to 8 ASCII digits and a unit `H M S m u n` ([`decode_grpc_timeout`]) | no deadline, as tonic reads it |
+//! | [`GRPC_PREVIOUS_RPC_ATTEMPTS`] | request | `RetryLayer` on retries, `ContextInterceptor`, any standard gRPC client | `ShedLayer` ([`attempt_class`]) | attempts before this one, decimal; absent or `0` on a first attempt | a retry: a peer cannot buy priority with garbage |
+//! | [`X_RETRY_ATTEMPT`] | request | older, non-standard clients (stormguard never sends it) | `ShedLayer`, only when [`GRPC_PREVIOUS_RPC_ATTEMPTS`] is absent | as above | a retry |
+//! | [`GRPC_RETRY_PUSHBACK_MS`] | response | `ShedLayer` on a shed answer (`N` ≥ 1, or `-1`); `RetryLayer` and `ShedLayer` (`-1`) on an answer whose retries stormguard refused | `RetryLayer` ([`parse_pushback`]) | `N` in `0..=`[`MAX_PUSHBACK_MS`]: retry after exactly `N` ms; `-1`: do not retry (gRPC A6) | do not retry, as is a repeated header |
+//! | [`GRPC_STATUS`] | response (trailers-only headers, or trailers) | `ShedLayer`'s own answers ([`encode_grpc_status`]), tonic | `RetryLayer` (how an attempt ended), `ShedLayer` (whether a handler's answer is one clients retry) ([`parse_grpc_status`]) | a code number `0..=16` | `UNKNOWN`, as the gRPC spec asks |
+//! | [`GRPC_MESSAGE`] | response | `ShedLayer`'s own answers (fixed texts) | nothing in stormguard | text | — |
+//! | [`X_RETRY_BUDGET`] | request | `RetryLayer` inside a request with an allowance (the retries left, on every attempt) | `ShedLayer` with `with_retry_allowance` ([`parse_allowance`]) | the retries left for the whole logical operation, decimal, at most [`MAX_ALLOWANCE`]; it can lower the server's allowance, never raise it | ignored: the server's own allowance stands |
+//! | [`STORMGUARD_CRITICALITY`] | request | the client's `CriticalityLayer` | `ShedLayer` ([`parse_criticality`], then capped by its table) | exactly `critical`, `default` or `sheddable` | `default` |
+//!
+//! The header names are `&str` constants, which is what tonic's metadata and the
+//! simulator need. With the `http` feature, [`http`] has each one as an
+//! [`http::HeaderName`](::http::HeaderName) constant as well, built at compile time: the
+//! layers look headers up with those (a lookup by `&str` parses and checks the name again
+//! on every call).
+//!
+//! "Allowance" is the per-request count of retries that [`X_RETRY_BUDGET`] carries; it is
+//! not the success-funded [`RetryBudget`](crate::budget::RetryBudget), whatever the
+//! header's historical name says.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::code::Code;
+use crate::criticality::Criticality;
+use crate::pushback::Pushback;
+
+/// The request header with the call's timeout: `grpc-timeout`.
+pub const GRPC_TIMEOUT: &str = "grpc-timeout";
+/// The standard request header with the number of attempts of this call made before:
+/// `grpc-previous-rpc-attempts` (absent or `0` on a first attempt).
+pub const GRPC_PREVIOUS_RPC_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
+/// The response header with a server's pushback: `grpc-retry-pushback-ms` (gRPC A6).
+pub const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
+/// The status of a call, in trailers or in a trailers-only response: `grpc-status`.
+pub const GRPC_STATUS: &str = "grpc-status";
+/// The status message beside [`GRPC_STATUS`]: `grpc-message`.
+pub const GRPC_MESSAGE: &str = "grpc-message";
+/// An older, non-standard attempt header, read when [`GRPC_PREVIOUS_RPC_ATTEMPTS`] is
+/// absent: `x-retry-attempt`.
+pub const X_RETRY_ATTEMPT: &str = "x-retry-attempt";
+/// The request header with what is left of a logical operation's retry allowance, from
+/// one service to the next: `x-retry-budget: N`, a decimal count of retries.
+pub const X_RETRY_BUDGET: &str = "x-retry-budget";
+/// The request header with a call's criticality: `stormguard-criticality`.
+pub const STORMGUARD_CRITICALITY: &str = "stormguard-criticality";
+
+/// The [`GRPC_RETRY_PUSHBACK_MS`] value that says "do not retry".
+pub const DO_NOT_RETRY: &str = "-1";
+
+/// The largest [`X_RETRY_BUDGET`] value read from a peer; a larger one is ignored as
+/// malformed (no operation needs more retries than this across its services). Also the
+/// most a request's allowance ever holds.
+pub const MAX_ALLOWANCE: u32 = 1_000;
+
+/// The largest pushback taken at face value: `i32::MAX` ms, about 24.8 days. A6 defines the
+/// header as a signed 32-bit integer, so a larger value is not a valid pushback and parses
+/// as [`Pushback::DoNotRetry`], like any other malformed value.
+pub const MAX_PUSHBACK_MS: u64 = i32::MAX as u64;
+
+/// The largest value the 8 digits of a `grpc-timeout` allow.
+const MAX_TIMEOUT_VALUE: u64 = 99_999_999;
+
+/// A malformed `grpc-timeout` value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TimeoutError {
+    /// The value is empty or has no unit.
+    #[error("grpc-timeout is empty or has no unit")]
+    Empty,
+    /// The digits are missing, not ASCII digits, or more than 8.
+    #[error("grpc-timeout must be 1 to 8 ASCII digits followed by a unit, got {0:?}")]
+    BadValue(String),
+    /// The unit is not one of `H M S m u n`.
+    #[error("grpc-timeout unit must be one of H M S m u n, got {0:?}")]
+    BadUnit(char),
+}
+
+/// Decodes a `grpc-timeout` value, in the format of the gRPC over HTTP/2 spec:
+/// `TimeoutValue TimeoutUnit`, at most 8 ASCII digits followed by one of `H` (hours),
+/// `M` (minutes), `S` (seconds), `m` (milliseconds), `u` (microseconds), `n`
+/// (nanoseconds).
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::wire::decode_grpc_timeout;
+///
+/// assert_eq!(decode_grpc_timeout("250m"), Ok(Duration::from_millis(250)));
+/// assert_eq!(decode_grpc_timeout("2S"), Ok(Duration::from_secs(2)));
+/// assert!(decode_grpc_timeout("123456789m").is_err()); // 9 digits
+/// assert!(decode_grpc_timeout("5x").is_err());
+/// ```
+pub fn decode_grpc_timeout(value: &str) -> Result<Duration, TimeoutError> {
+    let unit = value.chars().last().ok_or(TimeoutError::Empty)?;
+    let digits = &value[..value.len() - unit.len_utf8()];
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(TimeoutError::BadValue(value.to_owned()));
+    }
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| TimeoutError::BadValue(value.to_owned()))?;
+    Ok(match unit {
+        'H' => Duration::from_secs(n * 3600),
+        'M' => Duration::from_secs(n * 60),
+        'S' => Duration::from_secs(n),
+        'm' => Duration::from_millis(n),
+        'u' => Duration::from_micros(n),
+        'n' => Duration::from_nanos(n),
+        other => return Err(TimeoutError::BadUnit(other)),
+    })
+}
+
+/// Decodes a `grpc-timeout` header value as it came off the wire: `None` when it is not
+/// UTF-8 or not well-formed ([`decode_grpc_timeout`]), which the layers read as "no
+/// deadline", as tonic does. The decoder every layer uses.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::wire::decode_grpc_timeout_bytes;
+///
+/// assert_eq!(decode_grpc_timeout_bytes(b"250m"), Some(Duration::from_millis(250)));
+/// assert_eq!(decode_grpc_timeout_bytes(b"250ms"), None);
+/// assert_eq!(decode_grpc_timeout_bytes(b"\xff1S"), None);
+/// ```
+pub fn decode_grpc_timeout_bytes(value: &[u8]) -> Option<Duration> {
+    decode_grpc_timeout(std::str::from_utf8(value).ok()?).ok()
+}
+
+/// An encoded `grpc-timeout` value: at most 8 digits and a unit, kept on the stack.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct GrpcTimeout {
+    buf: [u8; 9],
+    len: u8,
+}
+
+impl GrpcTimeout {
+    /// The header value, e.g. `"250m"`.
+    pub fn as_str(&self) -> &str {
+        // Only ASCII digits and a unit letter are ever written.
+        std::str::from_utf8(&self.buf[..usize::from(self.len)]).unwrap_or("0n")
+    }
+}
+
+impl fmt::Display for GrpcTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for GrpcTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "GrpcTimeout({:?})", self.as_str())
+    }
+}
+
+/// Encodes a duration as a `grpc-timeout` value, in the finest unit whose value fits in
+/// 8 digits. A value that must be coarsened is rounded *up*, so that a non-zero timeout
+/// never becomes zero; durations beyond 99 999 999 hours saturate.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::wire::{decode_grpc_timeout, encode_grpc_timeout};
+///
+/// assert_eq!(encode_grpc_timeout(Duration::from_millis(250)).as_str(), "250000u");
+/// assert_eq!(encode_grpc_timeout(Duration::from_secs(3600)).as_str(), "3600000m");
+/// let d = Duration::from_millis(1234);
+/// assert_eq!(decode_grpc_timeout(encode_grpc_timeout(d).as_str()), Ok(d));
+/// ```
+pub fn encode_grpc_timeout(duration: Duration) -> GrpcTimeout {
+    let nanos = duration.as_nanos();
+    let units: [(u128, u8); 6] = [
+        (1, b'n'),
+        (1_000, b'u'),
+        (1_000_000, b'm'),
+        (1_000_000_000, b'S'),
+        (60_000_000_000, b'M'),
+        (3_600_000_000_000, b'H'),
+    ];
+    let (value, unit) = units
+        .iter()
+        .map(|&(per, unit)| (nanos.div_ceil(per), unit))
+        .find(|&(v, _)| v <= u128::from(MAX_TIMEOUT_VALUE))
+        .unwrap_or((u128::from(MAX_TIMEOUT_VALUE), b'H'));
+    let mut buf = [0u8; 9];
+    let mut digits = [0u8; 8];
+    let mut n = value as u64; // value <= MAX_TIMEOUT_VALUE
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for i in 0..len {
+        buf[i] = digits[len - 1 - i];
+    }
+    buf[len] = unit;
+    GrpcTimeout {
+        buf,
+        len: (len + 1) as u8,
+    }
+}
+
+/// Reads the pushback from every value of the `grpc-retry-pushback-ms` header in a response.
+///
+/// Returns `None` when the header is absent. Anything but exactly one well-formed
+/// non-negative decimal integer of at most [`MAX_PUSHBACK_MS`] means
+/// [`Pushback::DoNotRetry`]: a server that sends garbage is not one to hammer. What each
+/// reading means for the retry is [`crate::pushback`]'s.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::pushback::Pushback;
+/// use stormguard_core::wire::parse_pushback;
+///
+/// assert_eq!(parse_pushback([b"120".as_slice()]), Some(Pushback::RetryAfter(Duration::from_millis(120))));
+/// assert_eq!(parse_pushback([b"0".as_slice()]), Some(Pushback::RetryAfter(Duration::ZERO)));
+/// assert_eq!(parse_pushback([b"-1".as_slice()]), Some(Pushback::DoNotRetry));
+/// assert_eq!(parse_pushback([b"soon".as_slice()]), Some(Pushback::DoNotRetry));
+/// assert_eq!(parse_pushback([b"5".as_slice(), b"5".as_slice()]), Some(Pushback::DoNotRetry));
+/// assert_eq!(parse_pushback(std::iter::empty::<&[u8]>()), None);
+/// ```
+pub fn parse_pushback<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Option<Pushback> {
+    let mut values = values.into_iter();
+    let first = values.next()?;
+    if values.next().is_some() {
+        return Some(Pushback::DoNotRetry);
+    }
+    Some(match parse_millis(first) {
+        Some(ms) => Pushback::RetryAfter(Duration::from_millis(ms)),
+        None => Pushback::DoNotRetry,
+    })
+}
+
+/// A decimal integer of ASCII digits only (no sign, no spaces, no `+`), at most
+/// [`MAX_PUSHBACK_MS`].
+fn parse_millis(value: &[u8]) -> Option<u64> {
+    if value.is_empty() || value.len() > 20 {
+        return None;
+    }
+    let mut ms: u64 = 0;
+    for &b in value {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        ms = ms.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+    }
+    (ms <= MAX_PUSHBACK_MS).then_some(ms)
+}
+
+/// The `grpc-retry-pushback-ms` value that encodes `pushback`: whole milliseconds (at most
+/// [`MAX_PUSHBACK_MS`]), or [`DO_NOT_RETRY`].
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::pushback::Pushback;
+/// use stormguard_core::wire::encode_pushback;
+///
+/// assert_eq!(encode_pushback(Pushback::RetryAfter(Duration::from_millis(250))), "250");
+/// assert_eq!(encode_pushback(Pushback::DoNotRetry), "-1");
+/// ```
+pub fn encode_pushback(pushback: Pushback) -> String {
+    match pushback {
+        Pushback::RetryAfter(d) => d.as_millis().min(u128::from(MAX_PUSHBACK_MS)).to_string(),
+        Pushback::DoNotRetry => DO_NOT_RETRY.to_owned(),
+    }
+}
+
+/// Whether a call is a first attempt or a retry, as the client declared it
+/// ([`attempt_class`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttemptClass {
+    /// The first attempt of a logical call (no attempt header, or a value of 0).
+    First,
+    /// A retry (a positive value), or a call whose attempt header could not be read.
+    Retry,
+}
+
+impl AttemptClass {
+    /// `"first"` or `"retry"`, for logs and metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptClass::First => "first",
+            AttemptClass::Retry => "retry",
+        }
+    }
+}
+
+/// Classifies a call from its `grpc-previous-rpc-attempts` value and, when that header
+/// is absent, its `x-retry-attempt` value (the number of retries before this one; an
+/// older convention, read the same way).
+///
+/// Values are decimal digits, surrounding ASCII whitespace ignored. All-zero digits
+/// mean [`AttemptClass::First`]; any other value, including an empty, signed,
+/// non-decimal or huge one, means [`AttemptClass::Retry`]. Never panics.
+///
+/// ```
+/// use stormguard_core::wire::{AttemptClass, attempt_class};
+///
+/// assert_eq!(attempt_class(None, None), AttemptClass::First);
+/// assert_eq!(attempt_class(Some(b"0"), None), AttemptClass::First);
+/// assert_eq!(attempt_class(Some(b"2"), None), AttemptClass::Retry);
+/// assert_eq!(attempt_class(Some(b"two"), None), AttemptClass::Retry);
+/// assert_eq!(attempt_class(None, Some(b"1")), AttemptClass::Retry);
+/// ```
+pub fn attempt_class(
+    previous_rpc_attempts: Option<&[u8]>,
+    x_retry_attempt: Option<&[u8]>,
+) -> AttemptClass {
+    match previous_rpc_attempts.or(x_retry_attempt) {
+        None => AttemptClass::First,
+        Some(value) => attempt_class_of_value(value),
+    }
+}
+
+/// Classifies one attempt header value (see [`attempt_class`]).
+///
+/// ```
+/// use stormguard_core::wire::{AttemptClass, attempt_class_of_value};
+///
+/// assert_eq!(attempt_class_of_value(b" 00 "), AttemptClass::First);
+/// assert_eq!(attempt_class_of_value(b""), AttemptClass::Retry);
+/// ```
+pub fn attempt_class_of_value(value: &[u8]) -> AttemptClass {
+    let value = value.trim_ascii();
+    if !value.is_empty() && value.iter().all(|b| *b == b'0') {
+        AttemptClass::First
+    } else {
+        AttemptClass::Retry
+    }
+}
+
+/// Reads an `x-retry-budget` value, the retries a peer allows the rest of the request:
+/// ASCII decimal digits (surrounding spaces allowed), at most [`MAX_ALLOWANCE`]. Anything
+/// else (empty, a sign, a fraction, a larger number) is `None`: it is ignored, never an
+/// error the request fails with.
+///
+/// ```
+/// use stormguard_core::wire::parse_allowance;
+///
+/// assert_eq!(parse_allowance(b"3"), Some(3));
+/// assert_eq!(parse_allowance(b"-1"), None);
+/// assert_eq!(parse_allowance(b"99999999999"), None);
+/// assert_eq!(parse_allowance(b"2x"), None);
+/// ```
+pub fn parse_allowance(value: &[u8]) -> Option<u32> {
+    let digits = value.trim_ascii();
+    if digits.is_empty() || digits.len() > 10 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n = digits
+        .iter()
+        .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+    u32::try_from(n).ok().filter(|n| *n <= MAX_ALLOWANCE)
+}
+
+/// The criticality a call claims in its `stormguard-criticality` value: missing or
+/// malformed is [`Criticality::Default`] (only the exact tokens of
+/// [`Criticality::from_value`] count). Never panics. This is the peer's *claim*; a server
+/// caps it with [`CriticalityTable::resolve`](crate::criticality::CriticalityTable::resolve).
+///
+/// ```
+/// use stormguard_core::criticality::Criticality;
+/// use stormguard_core::wire::parse_criticality;
+///
+/// assert_eq!(parse_criticality(Some(b"sheddable")), Criticality::Sheddable);
+/// assert_eq!(parse_criticality(Some(b"CRITICAL")), Criticality::Default);
+/// assert_eq!(parse_criticality(None), Criticality::Default);
+/// ```
+pub fn parse_criticality(value: Option<&[u8]>) -> Criticality {
+    value.and_then(Criticality::from_value).unwrap_or_default()
+}
+
+/// The code a `grpc-status` value carries: a decimal code number (surrounding whitespace
+/// aside). A value that is not a valid code reads as [`Code::Unknown`], as the gRPC spec
+/// asks.
+///
+/// ```
+/// use stormguard_core::code::Code;
+/// use stormguard_core::wire::parse_grpc_status;
+///
+/// assert_eq!(parse_grpc_status(b"14"), Code::Unavailable);
+/// assert_eq!(parse_grpc_status(b"99"), Code::Unknown);
+/// assert_eq!(parse_grpc_status(b"UNAVAILABLE"), Code::Unknown);
+/// ```
+pub fn parse_grpc_status(value: &[u8]) -> Code {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .and_then(Code::from_i32)
+        .unwrap_or(Code::Unknown)
+}
+
+/// The `grpc-status` value of `code`: its number, as a static string.
+///
+/// ```
+/// use stormguard_core::code::Code;
+/// use stormguard_core::wire::encode_grpc_status;
+///
+/// assert_eq!(encode_grpc_status(Code::Unavailable), "14");
+/// ```
+pub fn encode_grpc_status(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "0",
+        Code::Cancelled => "1",
+        Code::Unknown => "2",
+        Code::InvalidArgument => "3",
+        Code::DeadlineExceeded => "4",
+        Code::NotFound => "5",
+        Code::AlreadyExists => "6",
+        Code::PermissionDenied => "7",
+        Code::ResourceExhausted => "8",
+        Code::FailedPrecondition => "9",
+        Code::Aborted => "10",
+        Code::OutOfRange => "11",
+        Code::Unimplemented => "12",
+        Code::Internal => "13",
+        Code::Unavailable => "14",
+        Code::DataLoss => "15",
+        Code::Unauthenticated => "16",
+    }
+}
+
+/// The header names as [`http::HeaderName`](::http::HeaderName) constants, and the
+/// "do not retry" pushback as a [`HeaderValue`](::http::HeaderValue) (feature `http`).
+///
+/// ```
+/// use stormguard_core::wire::{self, http};
+///
+/// let mut headers = ::http::HeaderMap::new();
+/// headers.insert(http::GRPC_RETRY_PUSHBACK_MS, http::DO_NOT_RETRY);
+/// assert_eq!(headers[wire::GRPC_RETRY_PUSHBACK_MS], wire::DO_NOT_RETRY);
+/// ```
+#[cfg(feature = "http")]
+pub mod http {
+    use ::http::{HeaderName, HeaderValue};
+
+    /// [`super::GRPC_TIMEOUT`].
+    pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(super::GRPC_TIMEOUT);
+    /// [`super::GRPC_PREVIOUS_RPC_ATTEMPTS`].
+    pub const GRPC_PREVIOUS_RPC_ATTEMPTS: HeaderName =
+        HeaderName::from_static(super::GRPC_PREVIOUS_RPC_ATTEMPTS);
+    /// [`super::GRPC_RETRY_PUSHBACK_MS`].
+    pub const GRPC_RETRY_PUSHBACK_MS: HeaderName =
+        HeaderName::from_static(super::GRPC_RETRY_PUSHBACK_MS);
+    /// [`super::GRPC_STATUS`].
+    pub const GRPC_STATUS: HeaderName = HeaderName::from_static(super::GRPC_STATUS);
+    /// [`super::GRPC_MESSAGE`].
+    pub const GRPC_MESSAGE: HeaderName = HeaderName::from_static(super::GRPC_MESSAGE);
+    /// [`super::X_RETRY_ATTEMPT`].
+    pub const X_RETRY_ATTEMPT: HeaderName = HeaderName::from_static(super::X_RETRY_ATTEMPT);
+    /// [`super::X_RETRY_BUDGET`].
+    pub const X_RETRY_BUDGET: HeaderName = HeaderName::from_static(super::X_RETRY_BUDGET);
+    /// [`super::STORMGUARD_CRITICALITY`].
+    pub const STORMGUARD_CRITICALITY: HeaderName =
+        HeaderName::from_static(super::STORMGUARD_CRITICALITY);
+    /// [`super::DO_NOT_RETRY`], the [`GRPC_RETRY_PUSHBACK_MS`] value that says "do not
+    /// retry".
+    pub const DO_NOT_RETRY: HeaderValue = HeaderValue::from_static(super::DO_NOT_RETRY);
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn decodes_every_unit() {
+        assert_eq!(decode_grpc_timeout("1H"), Ok(Duration::from_secs(3600)));
+        assert_eq!(decode_grpc_timeout("2M"), Ok(Duration::from_secs(120)));
+        assert_eq!(decode_grpc_timeout("3S"), Ok(Duration::from_secs(3)));
+        assert_eq!(decode_grpc_timeout("4m"), Ok(Duration::from_millis(4)));
+        assert_eq!(decode_grpc_timeout("5u"), Ok(Duration::from_micros(5)));
+        assert_eq!(decode_grpc_timeout("6n"), Ok(Duration::from_nanos(6)));
+        assert_eq!(
+            decode_grpc_timeout("99999999H"),
+            Ok(Duration::from_secs(99_999_999 * 3600))
+        );
+        assert_eq!(decode_grpc_timeout("0m"), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn rejects_malformed_timeouts() {
+        assert_eq!(decode_grpc_timeout(""), Err(TimeoutError::Empty));
+        for bad in ["m", "123456789S", "-1S", "+1S", " 1S", "1.5S"] {
+            assert!(
+                matches!(decode_grpc_timeout(bad), Err(TimeoutError::BadValue(_))),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(decode_grpc_timeout("10s"), Err(TimeoutError::BadUnit('s')));
+        assert_eq!(decode_grpc_timeout("10é"), Err(TimeoutError::BadUnit('é')));
+    }
+
+    #[test]
+    fn bytes_decoder_reads_what_the_text_decoder_reads_and_nothing_else() {
+        assert_eq!(
+            decode_grpc_timeout_bytes(b"99999999H"),
+            Some(Duration::from_secs(99_999_999 * 3600))
+        );
+        for bad in [&b""[..], b"10s", b"1\xffS", b"\xe9", "10é".as_bytes()] {
+            assert_eq!(decode_grpc_timeout_bytes(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn encodes_timeouts_in_the_finest_unit_that_fits() {
+        assert_eq!(encode_grpc_timeout(Duration::from_nanos(1)).as_str(), "1n");
+        assert_eq!(
+            encode_grpc_timeout(Duration::from_nanos(99_999_999)).as_str(),
+            "99999999n"
+        );
+        assert_eq!(
+            encode_grpc_timeout(Duration::from_nanos(100_000_000)).as_str(),
+            "100000u"
+        );
+        assert_eq!(
+            encode_grpc_timeout(Duration::from_millis(1500)).as_str(),
+            "1500000u"
+        );
+        assert_eq!(encode_grpc_timeout(Duration::ZERO).as_str(), "0n");
+        assert_eq!(
+            encode_grpc_timeout(Duration::from_secs(u64::MAX)).as_str(),
+            "99999999H"
+        );
+        assert_eq!(
+            format!("{:?}", encode_grpc_timeout(Duration::from_secs(2))),
+            "GrpcTimeout(\"2000000u\")"
+        );
+    }
+
+    #[test]
+    fn coarsening_a_timeout_rounds_up_never_to_zero() {
+        // 100 000 000 ns + 1 ns does not fit in ns; in µs it rounds up.
+        assert_eq!(
+            encode_grpc_timeout(Duration::from_nanos(100_000_001)).as_str(),
+            "100001u"
+        );
+    }
+
+    fn pushback(v: &str) -> Option<Pushback> {
+        parse_pushback([v.as_bytes()])
+    }
+
+    #[test]
+    fn well_formed_pushbacks_are_exact() {
+        assert_eq!(pushback("0"), Some(Pushback::RetryAfter(Duration::ZERO)));
+        assert_eq!(
+            pushback("1"),
+            Some(Pushback::RetryAfter(Duration::from_millis(1)))
+        );
+        assert_eq!(
+            pushback("007"),
+            Some(Pushback::RetryAfter(Duration::from_millis(7)))
+        );
+        assert_eq!(
+            pushback("2147483647"),
+            Some(Pushback::RetryAfter(Duration::from_millis(2_147_483_647)))
+        );
+    }
+
+    #[test]
+    fn pushbacks_beyond_a_signed_32_bit_integer_mean_do_not_retry() {
+        for v in [
+            "2147483648",
+            "4294967295",
+            "4294967296",
+            "99999999999999999999",
+        ] {
+            assert_eq!(pushback(v), Some(Pushback::DoNotRetry), "{v}");
+        }
+        assert_eq!(
+            encode_pushback(Pushback::RetryAfter(Duration::MAX)),
+            "2147483647"
+        );
+    }
+
+    #[test]
+    fn every_other_pushback_means_do_not_retry() {
+        for bad in [
+            "-1",
+            "-0",
+            "+5",
+            " 5",
+            "5 ",
+            "5ms",
+            "1.5",
+            "",
+            "abc",
+            "4294967296",
+            "99999999999999999999999",
+            "0x10",
+        ] {
+            assert_eq!(pushback(bad), Some(Pushback::DoNotRetry), "value {bad:?}");
+        }
+        assert_eq!(
+            parse_pushback([&[0xff, 0xfe][..]]),
+            Some(Pushback::DoNotRetry)
+        );
+        assert_eq!(pushback(DO_NOT_RETRY), Some(Pushback::DoNotRetry));
+    }
+
+    #[test]
+    fn a_repeated_pushback_means_do_not_retry_and_an_absent_one_is_none() {
+        assert_eq!(
+            parse_pushback([b"10".as_slice(), b"20".as_slice()]),
+            Some(Pushback::DoNotRetry)
+        );
+        assert_eq!(parse_pushback(Vec::<&[u8]>::new()), None);
+    }
+
+    #[test]
+    fn attempt_headers_count_as_retries_unless_they_say_zero() {
+        use AttemptClass::*;
+        type Case = (Option<&'static [u8]>, Option<&'static [u8]>, AttemptClass);
+        let cases: &[Case] = &[
+            (None, None, First),
+            (Some(b"0"), None, First),
+            (Some(b"000"), None, First),
+            (Some(b" 0 "), None, First),
+            (Some(b"1"), None, Retry),
+            (Some(b"4294967296000"), None, Retry),
+            (Some(b""), None, Retry),
+            (Some(b"-1"), None, Retry),
+            (Some(b"+0"), None, Retry),
+            (Some(b"0x0"), None, Retry),
+            (Some(b"\xff"), None, Retry),
+            (None, Some(b"0"), First),
+            (None, Some(b"3"), Retry),
+            (None, Some(b"zero"), Retry),
+            // The standard header wins over the older one.
+            (Some(b"0"), Some(b"2"), First),
+            (Some(b"1"), Some(b"0"), Retry),
+        ];
+        for (prev, x, want) in cases {
+            assert_eq!(attempt_class(*prev, *x), *want, "{prev:?} {x:?}");
+        }
+        assert_eq!((First.as_str(), Retry.as_str()), ("first", "retry"));
+    }
+
+    #[test]
+    fn allowances_from_peers_are_read_strictly() {
+        for (raw, want) in [
+            (&b"0"[..], Some(0)),
+            (b" 7 ", Some(7)),
+            (b"1000", Some(1000)),
+            (b"1001", None),
+            (b"4294967296", None),
+            (b"99999999999999999999", None),
+            (b"-1", None),
+            (b"+1", None),
+            (b"1.5", None),
+            (b"", None),
+            (b"\xff", None),
+        ] {
+            assert_eq!(parse_allowance(raw), want, "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn criticality_claims_are_read_strictly() {
+        use Criticality::*;
+        let cases: &[(Option<&[u8]>, Criticality)] = &[
+            (None, Default),
+            (Some(b"critical"), Critical),
+            (Some(b"default"), Default),
+            (Some(b"sheddable"), Sheddable),
+            (Some(b""), Default),
+            (Some(b"CRITICAL"), Default),
+            (Some(b"Critical"), Default),
+            (Some(b" critical"), Default),
+            (Some(b"critical "), Default),
+            (Some(b"critical,critical"), Default),
+            (Some(b"critical\0"), Default),
+            (Some(b"crit"), Default),
+            (Some(b"\xff\xfe"), Default),
+            (Some(b"sheddable "), Default),
+        ];
+        for (value, want) in cases {
+            assert_eq!(parse_criticality(*value), *want, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn grpc_status_values_read_as_their_code_or_unknown() {
+        assert_eq!(parse_grpc_status(b"0"), Code::Ok);
+        assert_eq!(parse_grpc_status(b"14"), Code::Unavailable);
+        assert_eq!(parse_grpc_status(b" 4 "), Code::DeadlineExceeded);
+        for bad in [&b""[..], b"x", b"99", b"-1", b"unavailable", b"\xff"] {
+            assert_eq!(parse_grpc_status(bad), Code::Unknown, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn grpc_status_values_are_the_code_numbers_and_read_back() {
+        for code in Code::ALL {
+            let value = encode_grpc_status(code);
+            assert_eq!(value, code.as_i32().to_string());
+            assert_eq!(parse_grpc_status(value.as_bytes()), code);
+        }
+    }
+
+    #[cfg(feature = "http")]
+    #[test]
+    fn http_names_are_the_str_names() {
+        let pairs = [
+            (http::GRPC_TIMEOUT, GRPC_TIMEOUT),
+            (http::GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_PREVIOUS_RPC_ATTEMPTS),
+            (http::GRPC_RETRY_PUSHBACK_MS, GRPC_RETRY_PUSHBACK_MS),
+            (http::GRPC_STATUS, GRPC_STATUS),
+            (http::GRPC_MESSAGE, GRPC_MESSAGE),
+            (http::X_RETRY_ATTEMPT, X_RETRY_ATTEMPT),
+            (http::X_RETRY_BUDGET, X_RETRY_BUDGET),
+            (http::STORMGUARD_CRITICALITY, STORMGUARD_CRITICALITY),
+        ];
+        for (name, text) in pairs {
+            assert_eq!(name.as_str(), text);
+        }
+        assert_eq!(http::DO_NOT_RETRY, DO_NOT_RETRY);
+    }
+
+    proptest! {
+        #[test]
+        fn attempt_class_never_panics(
+            prev in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..24)),
+            x in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..24)),
+        ) {
+            let class = attempt_class(prev.as_deref(), x.as_deref());
+            if prev.is_none() && x.is_none() {
+                prop_assert_eq!(class, AttemptClass::First);
+            }
+        }
+
+        #[test]
+        fn attempt_digits_count_as_their_value(n in any::<u64>()) {
+            let want = if n == 0 { AttemptClass::First } else { AttemptClass::Retry };
+            prop_assert_eq!(attempt_class_of_value(n.to_string().as_bytes()), want);
+        }
+
+        #[test]
+        fn timeout_decoding_never_panics(s in ".{0,16}") {
+            let _ = decode_grpc_timeout(&s);
+        }
+
+        #[test]
+        fn timeout_encoding_is_well_formed_and_never_shorter(nanos in 0u64..u64::MAX) {
+            let d = Duration::from_nanos(nanos);
+            let enc = encode_grpc_timeout(d);
+            prop_assert!(enc.as_str().len() <= 9);
+            let back = decode_grpc_timeout(enc.as_str()).expect("encoder output decodes");
+            prop_assert!(back >= d);
+            // A coarser unit is chosen only when the finer value passed 8 digits, so rounding
+            // up adds less than one part in 10^5.
+            prop_assert!(back - d <= d / 100_000 + Duration::from_nanos(1));
+        }
+
+        #[test]
+        fn any_bytes_parse_as_a_pushback_without_panic(
+            bytes in proptest::collection::vec(any::<u8>(), 0..32),
+        ) {
+            let _ = parse_pushback([bytes.as_slice()]);
+        }
+
+        #[test]
+        fn pushback_encoding_round_trips(ms in 0u64..=MAX_PUSHBACK_MS) {
+            let p = Pushback::RetryAfter(Duration::from_millis(ms));
+            prop_assert_eq!(parse_pushback([encode_pushback(p).as_bytes()]), Some(p));
+        }
+
+        /// Whatever a peer sends, it never gets above the table's class, and only the
+        /// three exact tokens are read as anything but the default.
+        #[test]
+        fn criticality_claims_are_capped(
+            value in proptest::collection::vec(any::<u8>(), 0..12),
+            cap in 0usize..3,
+        ) {
+            let cap = Criticality::ALL[cap];
+            let table = crate::criticality::CriticalityTable::new(cap);
+            let got = table.resolve("/x.Y/Z", parse_criticality(Some(&value)));
+            prop_assert!(got <= cap);
+            match Criticality::from_value(&value) {
+                Some(c) => prop_assert_eq!(c.as_str().as_bytes(), value.as_slice()),
+                None => prop_assert_eq!(got, Criticality::Default.min(cap)),
+            }
+        }
+
+        #[test]
+        fn negative_pushbacks_never_retry(n in i64::MIN..0) {
+            prop_assert_eq!(pushback(&n.to_string()), Some(Pushback::DoNotRetry));
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! The gate every call of a [`ShedService`](super::ShedService) (and of its clones)
+//! enters: admitted, queued, shed or expired.
+//!
+//! A gate, not a queue: the queue, and every decision about it (admit, queue, shed,
+//! expire, which waiter runs next, pushback), is [`stormguard_core::queue::AdmissionQueue`],
+//! the same type the fleet simulator drives on its virtual clock. The gate is only the
+//! synchronisation around it: one short-held mutex, a waker per waiter, the outcomes its
+//! futures have not yet seen, and the lock-free [`Counters`]. Resources are RAII: a
+//! [`WorkerPermit`] gives its worker back when dropped, and a [`Ticket`] leaves the queue
+//! (or passes on a worker it was granted but never used) when dropped, so a caller that
+//! goes away frees its slot at once.
+//!
+//! Why not `tokio::sync::Semaphore`? Its waiters are served strictly oldest-first and are
+//! invisible from outside: it cannot serve the newest call first under overload, cannot
+//! say how long the oldest call has waited (the retry threshold by queue delay), and
+//! cannot skip expired waiters when a worker frees up. So the gate keeps its own
+//! waiter list, hands a freed worker directly to the chosen waiter, and wakes it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::Waker;
+
+use stormguard_core::Instant;
+use stormguard_core::admission::{AdmissionPolicy, CallClass, Shed};
+use stormguard_core::code::Code;
+use stormguard_core::queue::{AdmissionQueue, Arrival, Dispatch, QueuedId};
+
+use crate::stats::{Counters, Occupancy};
+
+/// One server's admission gate: the core queue (every decision), the outcomes its
+/// waiters have not yet seen, and the counters.
+#[derive(Debug)]
+pub(crate) struct Gate {
+    state: Mutex<State>,
+    counters: Counters,
+    shed_code: Code,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Workers, waiters (each with the waker of its task) and the decisions about them.
+    core: AdmissionQueue<Option<Waker>>,
+    /// Calls taken out of the queue whose future has not yet seen the outcome.
+    /// At most `workers` granted plus the expired ones; every entry was a waiter.
+    decided: HashMap<QueuedId, Outcome>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    Granted,
+    Expired,
+    /// A call of a higher rank took its place in a full queue.
+    Shed(Shed),
+}
+
+/// How an arriving call enters the gate.
+#[derive(Debug)]
+pub(crate) enum Entry {
+    /// Run now on this worker.
+    Admitted(WorkerPermit),
+    /// Wait; poll the ticket.
+    Queued(Ticket),
+    /// Answer with the shed status now.
+    Shed(Shed),
+    /// Its deadline is too close to be worth queuing: answer `DEADLINE_EXCEEDED` now.
+    Expired,
+}
+
+/// A queued call's turn.
+#[derive(Debug)]
+pub(crate) enum Turn {
+    /// Still waiting.
+    Wait,
+    /// A worker is yours.
+    Run(WorkerPermit),
+    /// Too late to run: answer `DEADLINE_EXCEEDED`.
+    Expired,
+    /// Gave its place to a call of a higher rank: answer with the shed status.
+    Shed(Shed),
+}
+
+impl State {
+    /// Runs `op` on the core queue and applies what it dispatched: a waiter given a
+    /// worker or found expired is marked for its future and woken. Wakers are woken under
+    /// the lock; a task's waker only schedules it.
+    fn apply(
+        &mut self,
+        counters: &Counters,
+        op: impl FnOnce(&mut AdmissionQueue<Option<Waker>>, &mut dyn FnMut(Dispatch<Option<Waker>>)),
+    ) {
+        let State { core, decided } = self;
+        let mut sink = |dispatch: Dispatch<Option<Waker>>| {
+            let (left, outcome) = match dispatch {
+                Dispatch::Run(left) => (left, Outcome::Granted),
+                Dispatch::Expired(left) => {
+                    counters.record_expired();
+                    (left, Outcome::Expired)
+                }
+                Dispatch::Shed(left, shed) => {
+                    counters.record_displaced(left.class, shed.reason);
+                    (left, Outcome::Shed(shed))
+                }
+            };
+            counters.record_time_queued(left.waited);
+            decided.insert(left.id, outcome);
+            if let Some(waker) = left.waiter {
+                waker.wake();
+            }
+        };
+        op(core, &mut sink);
+        counters.set_gauges(
+            core.depth(),
+            core.running(),
+            core.worker_limit(),
+            core.adaptive().and_then(|a| a.min_latency()),
+        );
+    }
+}
+
+impl Gate {
+    pub(crate) fn new(policy: AdmissionPolicy) -> Self {
+        let shed_code = policy.config().shed_code;
+        let counters = Counters::default();
+        let core = AdmissionQueue::new(policy);
+        counters.set_gauges(0, 0, core.worker_limit(), None);
+        Gate {
+            state: Mutex::new(State {
+                core,
+                decided: HashMap::new(),
+            }),
+            counters,
+            shed_code,
+        }
+    }
+
+    pub(crate) fn shed_code(&self) -> Code {
+        self.shed_code
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the state half-updated in a way
+        // that matters more than stopping the server would: keep serving.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The gate's counters.
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Decides how a call of `class`, with `deadline`, arriving at `now` enters.
+    pub(crate) fn enter(
+        self: &Arc<Self>,
+        now: Instant,
+        class: impl Into<CallClass>,
+        deadline: Option<Instant>,
+    ) -> Entry {
+        let class = class.into();
+        let mut arrival = Arrival::Expired;
+        self.lock().apply(&self.counters, |core, sink| {
+            arrival = core.arrive_at(now, class, deadline, None, sink);
+        });
+        match arrival {
+            Arrival::Run => {
+                self.counters.record_admitted();
+                Entry::Admitted(WorkerPermit {
+                    gate: Arc::clone(self),
+                    started: now,
+                })
+            }
+            Arrival::Queued { id, expiry } => Entry::Queued(Ticket {
+                gate: Arc::clone(self),
+                id,
+                expiry,
+                settled: false,
+            }),
+            Arrival::Shed(shed) => {
+                self.counters.record_shed(class, shed.reason);
+                Entry::Shed(shed)
+            }
+            Arrival::Expired => {
+                self.counters.record_expired();
+                Entry::Expired
+            }
+        }
+    }
+
+    /// Gives a worker back (a call that got it at `started` finished, or its caller
+    /// left mid-run). Either way a worker turned over, so both feed the drain estimate
+    /// and an adaptive limit.
+    fn release(&self, now: Instant, started: Instant) {
+        self.lock().apply(&self.counters, |core, sink| {
+            core.finish_at(now, started, sink);
+        });
+    }
+
+    /// Whether the call holding ticket `id` may run, given that its expiry timer has
+    /// (`timer_fired`) or has not fired.
+    fn poll_turn(
+        self: &Arc<Self>,
+        id: QueuedId,
+        expiry: Instant,
+        waker: &Waker,
+        timer_fired: bool,
+        now: Instant,
+    ) -> Turn {
+        let mut state = self.lock();
+        let expired = timer_fired || expiry <= now;
+        match state.decided.remove(&id) {
+            Some(Outcome::Granted) if expired => {
+                // Granted a worker, but too late to use it: pass it on.
+                self.counters.record_expired();
+                state.apply(&self.counters, |core, sink| core.give_back_at(now, sink));
+                return Turn::Expired;
+            }
+            Some(Outcome::Granted) => {
+                drop(state);
+                self.counters.record_admitted();
+                return Turn::Run(WorkerPermit {
+                    gate: Arc::clone(self),
+                    started: now,
+                });
+            }
+            Some(Outcome::Expired) => return Turn::Expired,
+            Some(Outcome::Shed(shed)) => return Turn::Shed(shed),
+            None => {}
+        }
+        if expired {
+            let mut left = None;
+            state.apply(&self.counters, |core, _| left = core.withdraw_at(now, id));
+            drop(state);
+            if let Some(left) = left {
+                self.counters.record_time_queued(left.waited);
+                self.counters.record_expired();
+            }
+            return Turn::Expired;
+        }
+        match state.core.waiter_mut(id) {
+            Some(slot) => {
+                if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
+                    *slot = Some(waker.clone());
+                }
+                Turn::Wait
+            }
+            // Unreachable while the ticket lives (only it removes its own entry), but
+            // answering "expired" is the safe reading of a lost entry.
+            None => Turn::Expired,
+        }
+    }
+
+    /// The caller of ticket `id` went away before its turn was settled.
+    fn leave(&self, id: QueuedId, now: Instant) {
+        let mut state = self.lock();
+        let mut left = None;
+        state.apply(&self.counters, |core, _| left = core.withdraw_at(now, id));
+        if let Some(left) = left {
+            drop(state);
+            self.counters.record_time_queued(left.waited);
+            self.counters.record_cancelled_queued();
+            return;
+        }
+        if state.decided.remove(&id) == Some(Outcome::Granted) {
+            // Granted but never used: the worker goes to the next waiter. Counted as
+            // cancelled; its queued time was recorded when it was granted.
+            self.counters.record_cancelled_queued();
+            state.apply(&self.counters, |core, sink| core.give_back_at(now, sink));
+        }
+    }
+
+    /// Exact occupancy, read under the lock.
+    pub(crate) fn occupancy(&self) -> Occupancy {
+        let state = self.lock();
+        Occupancy {
+            free_workers: state.core.free_workers(),
+            waiting: state.core.depth(),
+            unsettled: state.decided.len(),
+        }
+    }
+}
+
+/// A worker, held while a call runs; given back (to the next waiter, or freed) on drop.
+#[derive(Debug)]
+pub(crate) struct WorkerPermit {
+    gate: Arc<Gate>,
+    /// When the call got the worker (its latency sample starts here).
+    started: Instant,
+}
+
+impl WorkerPermit {
+    /// The call finished on this worker: count it and give the worker back.
+    pub(crate) fn finished(self) {
+        self.gate.counters.record_completed();
+    }
+}
+
+impl Drop for WorkerPermit {
+    fn drop(&mut self) {
+        self.gate.release(Instant::now(), self.started);
+    }
+}
+
+/// A place in the queue. Dropping it before its turn is settled leaves the queue (or
+/// passes on a worker granted but not yet taken).
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    gate: Arc<Gate>,
+    id: QueuedId,
+    expiry: Instant,
+    settled: bool,
+}
+
+impl Ticket {
+    /// When the call stops being worth running.
+    pub(crate) fn expiry(&self) -> Instant {
+        self.expiry
+    }
+
+    /// The status of a shed answer.
+    pub(crate) fn shed_code(&self) -> Code {
+        self.gate.shed_code
+    }
+
+    /// Checks the call's turn; registers `waker` while it waits.
+    pub(crate) fn poll_turn(&mut self, waker: &Waker, timer_fired: bool) -> Turn {
+        let turn = self
+            .gate
+            .poll_turn(self.id, self.expiry, waker, timer_fired, Instant::now());
+        if !matches!(turn, Turn::Wait) {
+            self.settled = true;
+        }
+        turn
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.gate.leave(self.id, Instant::now());
+        }
+    }
+}
+
+#[cfg(test)]
+mod parity;
