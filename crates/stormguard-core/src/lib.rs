@@ -31,7 +31,9 @@
 //!   queue** ([`queue`]) that applies it to workers and waiters, shared by the server layer
 //!   and the simulator;
 //! * **configuration** ([`config`]) in stormguard's shape or the standard gRPC service
-//!   config JSON.
+//!   config JSON;
+//! * what the layers **tell operators** ([`observe`]): a layer's name, and the per-second
+//!   summary that keeps INFO readable during an incident.
 //!
 //! This crate knows nothing of tonic, http or a runtime: plain types that the
 //! `stormguard-client` and `stormguard-server` tower layers adapt, and that the fleet
@@ -55,6 +57,7 @@ pub mod criticality;
 pub mod deadline;
 pub mod error;
 pub mod limit;
+pub mod observe;
 pub mod policy;
 pub mod pushback;
 pub mod queue;
