@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use stormguard_client::{BoxError, ResponseBody, Retry, RetryLayer};
+use stormguard_client::{BoxError, RetryLayer};
 use tonic::body::Body;
 use tower_service::Service;
 
