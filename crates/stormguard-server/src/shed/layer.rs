@@ -4,10 +4,12 @@ use std::sync::Arc;
 use stormguard_core::admission::{AdmissionConfig, AdmissionPolicy};
 use stormguard_core::config::ConfigError;
 use stormguard_core::criticality::CriticalityTable;
+use stormguard_core::observe::LayerName;
 use tower_layer::Layer;
 
 use super::ShedService;
 use super::drain::Drains;
+use super::events::ShedEvents;
 use super::exempt::{Bypassed, NeverShed};
 use super::queue::Queue;
 use crate::stats::ShedStats;
@@ -17,6 +19,11 @@ use crate::stats::ShedStats;
 /// One layer is one queue: every service it wraps (on a tonic server, the whole
 /// router) shares the same workers, queue and counters. Cloning the layer shares them
 /// too; build a second layer for a second queue.
+///
+/// A layer has a name, which its logs and metrics carry (`stormguard.layer`): the one given
+/// to [`with_name`](Self::with_name), else the service (`pkg.Svc`) of the first call it
+/// may shed (health checks and other calls that are never shed do not name it). Name a
+/// layer that guards several services.
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -43,8 +50,13 @@ pub struct ShedLayer {
     bypassed: Arc<Bypassed>,
     drains: Arc<Drains>,
     retry_allowance: Option<u32>,
+    events: Arc<ShedEvents>,
     #[cfg(feature = "opentelemetry")]
-    metrics: Option<Arc<crate::metrics::ServerMetrics>>,
+    meter: Option<opentelemetry::metrics::Meter>,
+    /// The queue's instruments, registered on `meter` when the layer first wraps a
+    /// service, once per queue (a meter keeps every callback registered on it).
+    #[cfg(feature = "opentelemetry")]
+    metrics: Arc<std::sync::OnceLock<crate::metrics::ServerMetrics>>,
 }
 
 impl ShedLayer {
@@ -55,16 +67,44 @@ impl ShedLayer {
 
     /// A layer with its own queue, driven by `policy` (already validated).
     pub fn new(policy: AdmissionPolicy) -> Self {
+        let queue = Arc::new(Queue::new(policy));
         ShedLayer {
-            queue: Arc::new(Queue::new(policy)),
+            events: Arc::new(ShedEvents::new(Arc::default(), Arc::clone(&queue))),
+            queue,
             criticality: Arc::new(CriticalityTable::default()),
             never_shed: Arc::default(),
             bypassed: Arc::default(),
             drains: Arc::default(),
             retry_allowance: None,
             #[cfg(feature = "opentelemetry")]
-            metrics: None,
+            meter: None,
+            #[cfg(feature = "opentelemetry")]
+            metrics: Arc::default(),
         }
+    }
+
+    /// Name this layer `name` in its logs and metrics (the `stormguard.layer` attribute)
+    /// instead of the service of its first call. Give it before the layer wraps a service:
+    /// the metrics take the name the layer has then.
+    ///
+    /// ```
+    /// use stormguard_core::admission::AdmissionConfig;
+    /// use stormguard_server::ShedLayer;
+    ///
+    /// let layer = ShedLayer::from_config(AdmissionConfig::default())?.with_name("inventory");
+    /// assert_eq!(layer.name(), Some("inventory"));
+    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// ```
+    pub fn with_name(mut self, name: impl Into<Arc<str>>) -> Self {
+        let name = Arc::new(LayerName::named(name));
+        self.events = Arc::new(ShedEvents::new(name, Arc::clone(&self.queue)));
+        self
+    }
+
+    /// The layer's name: the one given to [`with_name`](Self::with_name), else the service
+    /// of its first call that could be shed (`None` before it).
+    pub fn name(&self) -> Option<&str> {
+        self.events.name().get().map(|n| &**n)
     }
 
     /// The highest criticality a peer may claim, per method (the
@@ -172,7 +212,9 @@ impl ShedLayer {
 
     /// Record this layer's metrics into `meter` (feature `opentelemetry`); the
     /// [`metrics`](crate::metrics) module lists them. Nothing global is read or set: the
-    /// application owns the meter provider and its exporters.
+    /// application owns the meter provider and its exporters. The instruments are
+    /// registered when the layer first wraps a service, so this goes before or after
+    /// [`with_name`](Self::with_name) alike; one queue registers them once.
     ///
     /// ```
     /// use opentelemetry::metrics::MeterProvider as _;
@@ -186,13 +228,18 @@ impl ShedLayer {
     /// ```
     #[cfg(feature = "opentelemetry")]
     pub fn with_meter(mut self, meter: &opentelemetry::metrics::Meter) -> Self {
-        self.queue
-            .record_time_queued_into(crate::metrics::queue_time(meter));
-        self.metrics = Some(Arc::new(crate::metrics::ServerMetrics::register(
-            meter,
-            &self.queue,
-        )));
+        self.meter = Some(meter.clone());
         self
+    }
+
+    /// Registers the queue's instruments, once, if the layer has a meter.
+    fn register_metrics(&self) {
+        #[cfg(feature = "opentelemetry")]
+        if let Some(meter) = &self.meter {
+            self.metrics.get_or_init(|| {
+                crate::metrics::ServerMetrics::register(meter, &self.queue, self.events.name())
+            });
+        }
     }
 
     fn with_never_shed(mut self, never: NeverShed) -> Self {
@@ -214,6 +261,7 @@ impl<S> Layer<S> for ShedLayer {
     type Service = ShedService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        self.register_metrics();
         ShedService {
             inner,
             queue: Arc::clone(&self.queue),
@@ -222,6 +270,7 @@ impl<S> Layer<S> for ShedLayer {
             bypassed: Arc::clone(&self.bypassed),
             drains: Arc::clone(&self.drains),
             retry_allowance: self.retry_allowance,
+            events: Arc::clone(&self.events),
         }
     }
 }
@@ -229,6 +278,7 @@ impl<S> Layer<S> for ShedLayer {
 impl fmt::Debug for ShedLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShedLayer")
+            .field("name", &self.name())
             .field("queue", &self.queue.snapshot())
             .field("never_shed", &self.never_shed)
             .finish()

@@ -46,6 +46,7 @@
 
 mod body;
 pub mod drain;
+mod events;
 pub mod exempt;
 mod future;
 mod layer;
@@ -70,6 +71,7 @@ use tower_service::Service;
 
 use crate::stats::ShedStats;
 use drain::{Drains, Unread};
+use events::{QueuedEvents, ShedEvents};
 use exempt::{Bypassed, NeverShed};
 use queue::{Arrival, Queue};
 use stormguard_core::context::{CallContext, RETRY_BUDGET_HEADER, RequestScope};
@@ -93,6 +95,7 @@ pub struct ShedService<S> {
     bypassed: Arc<Bypassed>,
     drains: Arc<Drains>,
     retry_allowance: Option<u32>,
+    events: Arc<ShedEvents>,
 }
 
 impl<S> ShedService<S> {
@@ -121,6 +124,7 @@ impl<S: Clone> Clone for ShedService<S> {
             bypassed: Arc::clone(&self.bypassed),
             drains: Arc::clone(&self.drains),
             retry_allowance: self.retry_allowance,
+            events: Arc::clone(&self.events),
         }
     }
 }
@@ -191,6 +195,8 @@ where
             self.bypassed.record();
             return ResponseFuture::bypass(context, scope, self.inner.call(request));
         }
+        // The first call that can be shed names a layer that has no name.
+        self.events.name().get_or_name_after(request.uri().path());
         match self.queue.arrive(now, class, deadline) {
             Arrival::Admitted(permit) => {
                 ResponseFuture::running(context, scope, self.inner.call(request), permit)
@@ -200,18 +206,12 @@ where
                 // its place for the next poll_ready.
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
+                let events = QueuedEvents::new(&self.events, request.uri(), class);
                 let request = Unread::new(request, &self.drains);
-                ResponseFuture::queued(context, scope, ticket, ready, request)
+                ResponseFuture::queued(context, scope, ticket, ready, request, events)
             }
             Arrival::Shed(shed) => {
-                tracing::info!(
-                    shed.class = class.attempt.as_str(),
-                    shed.criticality = class.criticality.as_str(),
-                    shed.reason = shed.reason.as_str(),
-                    queue.depth = self.queue.depth(),
-                    pushback_ms = shed.pushback.millis(),
-                    "stormguard: call shed"
-                );
+                self.events.shed(request.uri().path(), class, &shed, false);
                 drain::discard_request(request, &self.drains);
                 ResponseFuture::answered(response::shed(
                     self.queue.shed_code(),
@@ -220,11 +220,7 @@ where
                 ))
             }
             Arrival::Expired => {
-                tracing::info!(
-                    shed.class = class.attempt.as_str(),
-                    shed.criticality = class.criticality.as_str(),
-                    "stormguard: call expired before it could run"
-                );
+                self.events.expired(request.uri().path(), class, false);
                 drain::discard_request(request, &self.drains);
                 ResponseFuture::answered(response::expired())
             }

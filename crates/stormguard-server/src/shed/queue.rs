@@ -72,7 +72,7 @@ struct Counters {
     workers: AtomicUsize,
     /// Where each call's time queued is also recorded, once a meter is set.
     #[cfg(feature = "opentelemetry")]
-    time_queued: std::sync::OnceLock<opentelemetry::metrics::Histogram<f64>>,
+    time_queued: std::sync::OnceLock<crate::metrics::QueueTime>,
     /// The adaptive limit's no-load latency in microseconds; 0 until measured.
     min_latency_us: AtomicU64,
     /// Calls shed by attempt class, criticality and reason (see `shed_index`).
@@ -121,7 +121,7 @@ impl Counters {
         self.max_time_queued_us.fetch_max(us, Ordering::Relaxed);
         #[cfg(feature = "opentelemetry")]
         if let Some(histogram) = self.time_queued.get() {
-            histogram.record(waited.as_secs_f64(), &[]);
+            histogram.record(waited);
         }
     }
 }
@@ -381,10 +381,7 @@ impl Queue {
     /// Records each call's time queued into `histogram` from now on (the first one set
     /// stays).
     #[cfg(feature = "opentelemetry")]
-    pub(crate) fn record_time_queued_into(
-        &self,
-        histogram: opentelemetry::metrics::Histogram<f64>,
-    ) {
+    pub(crate) fn record_time_queued_into(&self, histogram: crate::metrics::QueueTime) {
         let _ = self.counters.time_queued.set(histogram);
     }
 
