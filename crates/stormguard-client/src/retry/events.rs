@@ -87,8 +87,9 @@ impl LayerEvents {
 
     /// Writes the breaker's transitions that no call has reported yet.
     pub(crate) fn report_breaker(&self) {
-        let Some(watch) = &self.breaker else { return };
-        let taken = watch.take();
+        let Some(taken) = self.breaker.as_ref().and_then(TransitionWatch::take) else {
+            return;
+        };
         if taken.missed() > 0 {
             tracing::info!(
                 stormguard.layer = self.layer(),

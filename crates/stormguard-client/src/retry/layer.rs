@@ -168,8 +168,8 @@ impl RetryLayer {
     }
 
     /// Count into `stats` instead of the layer's own counters (to share counters across
-    /// layers, or to keep a handle made before the layer). Before or after
-    /// [`with_meter`](Self::with_meter): the instruments read these counters either way.
+    /// layers, or to keep a handle made before the layer). Before or after `with_meter`
+    /// (feature `opentelemetry`): the instruments read these counters either way.
     pub fn with_stats(mut self, stats: RetryStats) -> Self {
         self.configure().stats = stats;
         self
