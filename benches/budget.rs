@@ -37,14 +37,16 @@ fn tower() -> TpsBudget {
     TpsBudget::new(TTL, MIN_PER_SEC, RATIO as f32)
 }
 
+// Through each trait by name: with `stormguard/tower-budget` on, `RetryBudget` implements
+// tower's `Budget` too, and both traits call these methods `deposit` and `withdraw`.
 fn stormguard_pair(b: &RetryBudget) -> bool {
-    b.deposit();
-    b.withdraw()
+    Budget::deposit(b);
+    Budget::withdraw(b)
 }
 
 fn tower_pair(b: &TpsBudget) -> bool {
-    b.deposit();
-    b.withdraw()
+    TowerBudget::deposit(b);
+    TowerBudget::withdraw(b)
 }
 
 /// Two threads each run `iters` pairs on the shared budget; returns the wall time.

@@ -1,7 +1,7 @@
 //! What the layers cost on the happy path, as ratios against bare tonic in the same run.
 //!
 //! One process serves a 16-byte unary echo (`Reserve` with a 16-byte payload) on loopback
-//! and calls it from 64 callers over one channel, in four variants:
+//! and calls it from 64 callers over one channel per variant. Without a deadline:
 //!
 //! - `bare`: a plain tonic channel to a plain tonic server;
 //! - `retry`: the channel wrapped in a `RetryLayer` (the method marked idempotent, so the
@@ -9,38 +9,71 @@
 //! - `shed`: the plain channel to a server behind a `ShedLayer` (default admission);
 //! - `both`: the `RetryLayer` channel to the `ShedLayer` server.
 //!
+//! With a deadline, as every real call has one (each request carries a 1 s
+//! `Request::set_timeout`, so tonic's channel arms its own `grpc-timeout` timer on every
+//! call, layer or not):
+//!
+//! - `bare-deadline`: the plain channel, plain server;
+//! - `retry-deadline`: the `RetryLayer` channel (the layer's deadline timer per call);
+//! - `retry-attempt`: the `RetryLayer` channel whose policy also limits each attempt to
+//!   500 ms (`RetryPolicy::per_attempt_timeout`): the attempt's `grpc-timeout` is encoded
+//!   anew on every call;
+//! - `tower-retry`: what a tower user writes instead: `tower::retry::Retry` with a policy
+//!   that retries `UNAVAILABLE` (up to 3 attempts, the same as the `RetryLayer`'s policy)
+//!   paid from a `tower::retry::budget::TpsBudget` with the same 10 s window, 5/s floor and
+//!   10 % ratio, and tower's exponential backoff for the delay. tonic's request
+//!   (`http::Request<tonic::body::Body>`) cannot be cloned, its body being a stream, so
+//!   the retry sits on `http::Request<Bytes>`: a service in front of it collects each
+//!   request body into `Bytes` first (the workaround given for tonic's "tower retry needs
+//!   a Clone request" issue, and what `ReplayBody` style buffering does in one step), and
+//!   a `map_request` behind it turns the bytes back into a tonic body for the channel.
+//!   Tower's `Retry` clones the request (headers, extensions, bytes) before every first
+//!   attempt; its retries carry the caller's `grpc-timeout` unchanged, not what is left.
+//!
+//! Each variant with a layer is compared with its own baseline: `retry`, `shed` and `both`
+//! with `bare`, the deadline variants with `bare-deadline`.
+//!
 //! Rounds are interleaved (every variant once per round, each round starting with the next
 //! variant), each variant running for the same time per round, and each round's figures
-//! are divided by that round's `bare`,
-//! so a machine that gets busier or quieter during the run moves every variant alike. Per
-//! variant and round it prints calls per second, the ratio to bare, allocations per call
-//! (a counting global allocator: client and server together, as both live in this process)
-//! and CPU time per call (all threads of the process, from `/proc/self/task/*/schedstat`).
+//! are divided by that round's baseline, so a machine that gets busier or quieter during
+//! the run moves every variant alike. Per variant and round it prints calls per second, the
+//! ratio to the baseline, allocations per call (a counting global allocator: client and
+//! server together, as both live in this process) and CPU time per call (all threads of
+//! the process, from `/proc/self/task/*/schedstat`).
 //!
 //! Run: `cargo bench --bench client_overhead` (options after `--`: `--rounds N`,
-//! `--secs S` per variant and round, `--callers C`).
+//! `--secs S` per variant and round, `--callers C`, `--variants a,b,...` to run only
+//! those, their baselines added).
 //!
-//! Instructions per call, repeatable on a noisy machine: run one variant for a fixed number
-//! of calls under callgrind (on a single-threaded runtime, so that the count does not
-//! depend on scheduling), twice with different counts, and divide the difference by the
-//! difference in calls (start-up cancels out):
+//! Instructions and allocations per call, repeatable on a noisy machine: `--variant V
+//! --calls N` runs one variant for exactly `N` calls on a single-threaded runtime (so that
+//! the count does not depend on scheduling) and prints a line
+//! `variant=V calls=N allocations=A bytes=B` counting the calls alone (set-up excluded;
+//! deadline and attempt timeout 60 times longer, as a call under callgrind is that much
+//! slower);
+//! `--list` prints each variant with its baseline and rival (`-` for none).
+//! Run it under callgrind twice with different counts and divide the difference by the
+//! difference in calls (start-up cancels out); `benches/callgrind.sh` does all of that for
+//! every variant and prints one table:
 //!
 //! ```text
-//! cargo bench --bench client_overhead --no-run
-//! BIN=$(ls -t target/release/deps/client_overhead-* | grep -v '\.d$' | head -1)
-//! valgrind --tool=callgrind --callgrind-out-file=/dev/null $BIN --variant retry --calls 2000
-//! valgrind --tool=callgrind --callgrind-out-file=/dev/null $BIN --variant retry --calls 4000
+//! benches/callgrind.sh                     # every variant
+//! benches/callgrind.sh --json retry-deadline tower-retry
 //! ```
-//!
-//! (`Collected : N` in each run's output is the instruction count.)
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 use stormguard_client::{Retry, RetryLayer};
+use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
 use stormguard_core::policy::{MethodTable, RetryPolicy};
 use stormguard_core::retry::RetryController;
@@ -50,19 +83,51 @@ use stormguard_demo::{
 };
 use stormguard_server::{AdmissionConfig, ShedLayer};
 use tokio::net::TcpListener;
+use tokio::time::Sleep;
+use tonic::body::Body;
 use tonic::codegen::tokio_stream::{self, Stream};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint, Server};
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
+use tower::retry::backoff::{Backoff, ExponentialBackoff, ExponentialBackoffMaker, MakeBackoff};
+use tower::retry::budget::{Budget as _, TpsBudget};
+use tower::util::MapRequest;
+use tower::util::rng::HasherRng;
+use tower::{Service, ServiceExt};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
+
+/// The deadline every call of the deadline variants carries (`Request::set_timeout`) and
+/// the per-attempt timeout of `retry-attempt`.
+#[derive(Clone, Copy)]
+struct Timeouts {
+    deadline: Duration,
+    per_attempt: Duration,
+}
+
+/// In rounds: a 1 s deadline, 500 ms attempts.
+const TIMED: Timeouts = Timeouts {
+    deadline: Duration::from_secs(1),
+    per_attempt: Duration::from_millis(500),
+};
+
+/// For a fixed number of calls, the same timeouts 60 times longer: under callgrind a call
+/// runs some 50 times slower, and 64 callers on one thread can take longer than a second.
+/// Only the values differ (every call still arms the same timers and carries a
+/// `grpc-timeout`), so the counts are those of the timed variants.
+const COUNTED: Timeouts = Timeouts {
+    deadline: Duration::from_secs(60),
+    per_attempt: Duration::from_secs(30),
+};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Answers every `Reserve` at once.
 #[derive(Clone, Default)]
 struct Echo;
 
-type LevelStream = std::pin::Pin<Box<dyn Stream<Item = Result<StockLevel, Status>> + Send>>;
+type LevelStream = Pin<Box<dyn Stream<Item = Result<StockLevel, Status>> + Send>>;
 
 #[tonic::codegen::async_trait]
 impl Inventory for Echo {
@@ -122,11 +187,14 @@ async fn channel(addr: SocketAddr) -> Channel {
         .expect("connect")
 }
 
-fn retry_layer() -> RetryLayer {
+/// The `RetryLayer` of the layered variants: the default policy, the method idempotent (so
+/// the body is kept for a replay), and `per_attempt` as the attempt's timeout.
+fn retry_layer(per_attempt: Option<Duration>) -> RetryLayer {
     let budget: Arc<dyn Budget> =
         Arc::new(RetryBudget::new(BudgetConfig::default()).expect("budget"));
     let policy = RetryPolicy {
         idempotent: true,
+        per_attempt_timeout: per_attempt,
         ..RetryPolicy::default()
     };
     RetryLayer::new(RetryController::new(
@@ -137,47 +205,290 @@ fn retry_layer() -> RetryLayer {
     ))
 }
 
+/// A `tower::retry::Policy` doing the `RetryLayer`'s job the way tower offers: retry
+/// `UNAVAILABLE` (a trailers-only answer, or an error of the channel other than its own
+/// timeout), at most as many attempts as the stormguard policy, each retry paid from a
+/// shared `TpsBudget` and delayed by tower's exponential backoff. A response with headers
+/// and no `grpc-status` (how every successful unary call answers) is a success: tower's
+/// policy never sees the trailers, so that is where it deposits.
 #[derive(Clone)]
-enum Client {
+struct GrpcPolicy {
+    budget: Arc<TpsBudget>,
+    backoff: ExponentialBackoff,
+    retries_left: u32,
+}
+
+impl GrpcPolicy {
+    /// The same figures as the `RetryLayer`'s: the budget's window, floor and ratio, the
+    /// attempts, the backoff's base and cap.
+    fn new() -> Self {
+        let budget = BudgetConfig::default();
+        let policy = RetryPolicy::default();
+        let (base, cap) = match policy.backoff {
+            BackoffConfig::FullJitter { base, cap, .. } => (base, cap),
+            other => panic!("the default backoff is full jitter, not {other:?}"),
+        };
+        GrpcPolicy {
+            budget: Arc::new(TpsBudget::new(
+                budget.ttl,
+                budget.min_retries_per_second,
+                budget.retry_ratio as f32,
+            )),
+            backoff: ExponentialBackoffMaker::new(base, cap, 1.0, HasherRng::default())
+                .expect("backoff")
+                .make_backoff(),
+            retries_left: policy.max_attempts - 1,
+        }
+    }
+}
+
+/// Whether `error` (from the channel) is its `grpc-timeout` running out.
+fn is_timeout(error: &tonic::transport::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = source {
+        if e.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+impl tower::retry::Policy<http::Request<Bytes>, http::Response<Body>, tonic::transport::Error>
+    for GrpcPolicy
+{
+    type Future = Sleep;
+
+    fn retry(
+        &mut self,
+        _: &mut http::Request<Bytes>,
+        result: &mut Result<http::Response<Body>, tonic::transport::Error>,
+    ) -> Option<Sleep> {
+        let retryable = match result {
+            Ok(response) => match Status::from_header_map(response.headers()) {
+                None => {
+                    self.budget.deposit();
+                    return None;
+                }
+                Some(status) if status.code() == Code::Ok => {
+                    self.budget.deposit();
+                    return None;
+                }
+                Some(status) => status.code() == Code::Unavailable,
+            },
+            Err(error) => !is_timeout(error),
+        };
+        if !retryable || self.retries_left == 0 || !self.budget.withdraw() {
+            return None;
+        }
+        self.retries_left -= 1;
+        Some(self.backoff.next_backoff())
+    }
+
+    fn clone_request(&mut self, request: &http::Request<Bytes>) -> Option<http::Request<Bytes>> {
+        Some(request.clone())
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Collects each request body into `Bytes` (so that `tower::retry` can clone the request),
+/// then calls `inner` with it.
+#[derive(Clone)]
+struct CollectBody<S> {
+    inner: S,
+}
+
+impl<S> Service<http::Request<Body>> for CollectBody<S>
+where
+    S: Service<http::Request<Bytes>, Response = http::Response<Body>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+{
+    type Response = http::Response<Body>;
+    type Error = BoxError;
+    type Future = BoxFuture<Result<http::Response<Body>, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        // The readied service goes with the call; a clone stays for the next `poll_ready`.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let bytes = body.collect().await?.to_bytes();
+            inner
+                .call(http::Request::from_parts(parts, bytes))
+                .await
+                .map_err(Into::into)
+        })
+    }
+}
+
+/// A collected request as the channel takes it.
+fn to_body(request: http::Request<Bytes>) -> http::Request<Body> {
+    request.map(|bytes| Body::new(Full::new(bytes)))
+}
+
+type ToBody = fn(http::Request<Bytes>) -> http::Request<Body>;
+
+/// The `tower-retry` stack under the generated client.
+type TowerRetry = CollectBody<tower::retry::Retry<GrpcPolicy, MapRequest<Channel, ToBody>>>;
+
+fn tower_retry(channel: Channel) -> TowerRetry {
+    CollectBody {
+        inner: tower::retry::Retry::new(GrpcPolicy::new(), channel.map_request(to_body as ToBody)),
+    }
+}
+
+/// What stands between the generated client and the channel.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stack {
+    Plain,
+    /// A `RetryLayer`; `per_attempt`: with a per-attempt timeout.
+    Layer {
+        per_attempt: bool,
+    },
+    Tower,
+}
+
+/// One configuration measured.
+struct Variant {
+    name: &'static str,
+    /// The variant its ratios are taken against.
+    baseline: &'static str,
+    /// A variant it is also compared with (stormguard against what tower offers).
+    rival: Option<&'static str>,
+    stack: Stack,
+    shed_server: bool,
+    /// Whether every call carries a deadline.
+    deadline: bool,
+}
+
+const VARIANTS: [Variant; 8] = [
+    Variant {
+        name: "bare",
+        baseline: "bare",
+        rival: None,
+        stack: Stack::Plain,
+        shed_server: false,
+        deadline: false,
+    },
+    Variant {
+        name: "retry",
+        baseline: "bare",
+        rival: None,
+        stack: Stack::Layer { per_attempt: false },
+        shed_server: false,
+        deadline: false,
+    },
+    Variant {
+        name: "shed",
+        baseline: "bare",
+        rival: None,
+        stack: Stack::Plain,
+        shed_server: true,
+        deadline: false,
+    },
+    Variant {
+        name: "both",
+        baseline: "bare",
+        rival: None,
+        stack: Stack::Layer { per_attempt: false },
+        shed_server: true,
+        deadline: false,
+    },
+    Variant {
+        name: "bare-deadline",
+        baseline: "bare-deadline",
+        rival: None,
+        stack: Stack::Plain,
+        shed_server: false,
+        deadline: true,
+    },
+    Variant {
+        name: "retry-deadline",
+        baseline: "bare-deadline",
+        rival: Some("tower-retry"),
+        stack: Stack::Layer { per_attempt: false },
+        shed_server: false,
+        deadline: true,
+    },
+    Variant {
+        name: "retry-attempt",
+        baseline: "bare-deadline",
+        rival: Some("tower-retry"),
+        stack: Stack::Layer { per_attempt: true },
+        shed_server: false,
+        deadline: true,
+    },
+    Variant {
+        name: "tower-retry",
+        baseline: "bare-deadline",
+        rival: None,
+        stack: Stack::Tower,
+        shed_server: false,
+        deadline: true,
+    },
+];
+
+fn variant(name: &str) -> &'static Variant {
+    VARIANTS.iter().find(|v| v.name == name).unwrap_or_else(|| {
+        let names: Vec<_> = VARIANTS.iter().map(|v| v.name).collect();
+        panic!("unknown variant {name:?}; expected one of {names:?}")
+    })
+}
+
+#[derive(Clone)]
+enum Stub {
     Bare(InventoryClient<Channel>),
     Retry(InventoryClient<Retry<Channel>>),
+    Tower(InventoryClient<TowerRetry>),
+}
+
+#[derive(Clone)]
+struct Client {
+    stub: Stub,
+    deadline: Option<Duration>,
 }
 
 impl Client {
     async fn call(&mut self) {
-        let request = ReserveRequest {
+        let mut request = Request::new(ReserveRequest {
             sku: String::new(),
             quantity: 0,
             request_id: String::new(),
             payload: vec![7; 16],
-        };
-        let reply = match self {
-            Client::Bare(c) => c.reserve(request).await,
-            Client::Retry(c) => c.reserve(request).await,
+        });
+        if let Some(deadline) = self.deadline {
+            request.set_timeout(deadline);
+        }
+        let reply = match &mut self.stub {
+            Stub::Bare(c) => c.reserve(request).await,
+            Stub::Retry(c) => c.reserve(request).await,
+            Stub::Tower(c) => c.reserve(request).await,
         };
         assert!(reply.expect("echo").get_ref().reserved);
     }
 }
 
-const VARIANTS: [&str; 4] = ["bare", "retry", "shed", "both"];
-
-async fn client(variant: &str, bare: SocketAddr, shed: SocketAddr) -> Client {
-    let (addr, layered) = match variant {
-        "bare" => (bare, false),
-        "retry" => (bare, true),
-        "shed" => (shed, false),
-        "both" => (shed, true),
-        other => panic!("unknown variant {other:?}; expected one of {VARIANTS:?}"),
-    };
-    let channel = channel(addr).await;
-    if layered {
-        Client::Retry(InventoryClient::new(
+async fn client(v: &Variant, timeouts: Timeouts, bare: SocketAddr, shed: SocketAddr) -> Client {
+    let channel = channel(if v.shed_server { shed } else { bare }).await;
+    let stub = match v.stack {
+        Stack::Plain => Stub::Bare(InventoryClient::new(channel)),
+        Stack::Layer { per_attempt } => Stub::Retry(InventoryClient::new(
             tower::ServiceBuilder::new()
-                .layer(retry_layer())
+                .layer(retry_layer(per_attempt.then_some(timeouts.per_attempt)))
                 .service(channel),
-        ))
-    } else {
-        Client::Bare(InventoryClient::new(channel))
+        )),
+        Stack::Tower => Stub::Tower(InventoryClient::new(tower_retry(channel))),
+    };
+    Client {
+        stub,
+        deadline: v.deadline.then_some(timeouts.deadline),
     }
 }
 
@@ -204,6 +515,12 @@ struct Sample {
     secs: f64,
     allocations: u64,
     cpu: Duration,
+}
+
+impl Sample {
+    fn rate(&self) -> f64 {
+        self.calls as f64 / self.secs
+    }
 }
 
 /// `callers` callers calling as fast as they can for `secs`.
@@ -275,8 +592,10 @@ struct Options {
     rounds: usize,
     secs: f64,
     callers: usize,
-    variant: Option<String>,
+    variant: Option<&'static Variant>,
     calls: Option<u64>,
+    variants: Option<Vec<&'static Variant>>,
+    list: bool,
 }
 
 fn options() -> Options {
@@ -286,6 +605,8 @@ fn options() -> Options {
         callers: 64,
         variant: None,
         calls: None,
+        variants: None,
+        list: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -294,8 +615,10 @@ fn options() -> Options {
             "--rounds" => o.rounds = value().parse().expect("--rounds N"),
             "--secs" => o.secs = value().parse().expect("--secs S"),
             "--callers" => o.callers = value().parse().expect("--callers C"),
-            "--variant" => o.variant = Some(value()),
+            "--variant" => o.variant = Some(variant(&value())),
             "--calls" => o.calls = Some(value().parse().expect("--calls N")),
+            "--variants" => o.variants = Some(value().split(',').map(variant).collect()),
+            "--list" => o.list = true,
             // Passed by `cargo bench`.
             "--bench" => {}
             other => panic!("unknown option {other:?}"),
@@ -304,8 +627,45 @@ fn options() -> Options {
     o
 }
 
+/// The variants to run in rounds: those asked for (all by default) and their baselines and
+/// rivals, in table order.
+fn selected(asked: Option<&[&'static Variant]>) -> Vec<&'static Variant> {
+    let Some(asked) = asked else {
+        return VARIANTS.iter().collect();
+    };
+    VARIANTS
+        .iter()
+        .filter(|v| {
+            asked.iter().any(|a| {
+                a.name == v.name || a.baseline == v.name || a.rival.is_some_and(|r| r == v.name)
+            })
+        })
+        .collect()
+}
+
+/// Runs exactly `calls` calls of `v` and prints what they allocated.
+async fn count_calls(v: &Variant, calls: u64, callers: usize, bare: SocketAddr, shed: SocketAddr) {
+    let client = client(v, COUNTED, bare, shed).await;
+    let before = GLOBAL.stats();
+    run_calls(&client, callers, calls).await;
+    let after = GLOBAL.stats();
+    println!(
+        "variant={} calls={calls} allocations={} bytes={}",
+        v.name,
+        after.allocations - before.allocations,
+        after.bytes_allocated - before.bytes_allocated
+    );
+}
+
 fn main() {
     let o = options();
+    if o.list {
+        // For `benches/callgrind.sh`: which ratios to take, from this one table.
+        for v in &VARIANTS {
+            println!("{} {} {}", v.name, v.baseline, v.rival.unwrap_or("-"));
+        }
+        return;
+    }
     // A fixed number of calls is for instruction counts: one thread, so that the count
     // does not depend on how the scheduler happened to spread the work.
     let runtime = if o.calls.is_some() {
@@ -318,70 +678,88 @@ fn main() {
     .expect("runtime");
     runtime.block_on(async {
         let (bare, shed) = (serve_bare().await, serve_shed().await);
-        if let (Some(variant), Some(calls)) = (&o.variant, o.calls) {
-            let client = client(variant, bare, shed).await;
-            run_calls(&client, o.callers, calls).await;
-            println!("{variant}: {calls} calls");
+        if let (Some(v), Some(calls)) = (o.variant, o.calls) {
+            count_calls(v, calls, o.callers, bare, shed).await;
             return;
         }
+        let variants = selected(o.variants.as_deref());
+        let index = |name: &str| variants.iter().position(|v| v.name == name);
         let mut clients = Vec::new();
-        for v in VARIANTS {
-            let c = client(v, bare, shed).await;
+        for v in &variants {
+            let c = client(v, TIMED, bare, shed).await;
             // Warm up: connections, h2 windows, allocator caches.
             run_for(&c, o.callers, 0.3).await;
-            clients.push((v, c));
+            clients.push(c);
         }
         println!(
             "{} callers, one channel per variant, {} rounds of {} s per variant",
             o.callers, o.rounds, o.secs
         );
         println!(
-            "{:>5} {:>6} {:>10} {:>7} {:>12} {:>11}",
-            "round", "variant", "calls/s", "ratio", "allocs/call", "cpu µs/call"
+            "{:>5} {:>14} {:>10} {:>14} {:>7} {:>12} {:>11}",
+            "round", "variant", "calls/s", "baseline", "ratio", "allocs/call", "cpu µs/call"
         );
-        let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
-        let mut allocs: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
-        let mut cpus: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
+        let n = variants.len();
+        let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); n];
+        let mut rival_ratios: Vec<Vec<f64>> = vec![Vec::new(); n];
+        let mut allocs: Vec<Vec<f64>> = vec![Vec::new(); n];
+        let mut cpus: Vec<Vec<f64>> = vec![Vec::new(); n];
         for round in 1..=o.rounds {
             // Each round starts with a different variant, so that no variant always runs
             // first (or right after the same other one).
-            let mut samples: Vec<Option<Sample>> = (0..clients.len()).map(|_| None).collect();
-            for k in 0..clients.len() {
-                let i = (round - 1 + k) % clients.len();
-                samples[i] = Some(run_for(&clients[i].1, o.callers, o.secs).await);
+            let mut samples: Vec<Option<Sample>> = (0..n).map(|_| None).collect();
+            for k in 0..n {
+                let i = (round - 1 + k) % n;
+                samples[i] = Some(run_for(&clients[i], o.callers, o.secs).await);
             }
-            let rate = |s: &Sample| s.calls as f64 / s.secs;
-            let base = samples[0].as_ref().map_or(f64::NAN, rate);
+            let rate_of = |name: &str| {
+                index(name)
+                    .and_then(|j| samples[j].as_ref())
+                    .map_or(f64::NAN, Sample::rate)
+            };
             for (i, s) in samples.iter().enumerate() {
                 let Some(s) = s else { continue };
-                let name = clients[i].0;
+                let v = variants[i];
                 let per_call_allocs = s.allocations as f64 / s.calls as f64;
                 let cpu = s.cpu.as_secs_f64() * 1e6 / s.calls as f64;
-                ratios[i].push(rate(s) / base);
+                let ratio = s.rate() / rate_of(v.baseline);
+                ratios[i].push(ratio);
+                if let Some(rival) = v.rival {
+                    rival_ratios[i].push(s.rate() / rate_of(rival));
+                }
                 allocs[i].push(per_call_allocs);
                 cpus[i].push(cpu);
                 println!(
-                    "{round:>5} {name:>7} {:>10.0} {:>7.3} {per_call_allocs:>12.2} {cpu:>11.2}",
-                    rate(s),
-                    rate(s) / base
+                    "{round:>5} {:>14} {:>10.0} {:>14} {ratio:>7.3} {per_call_allocs:>12.2} {cpu:>11.2}",
+                    v.name,
+                    s.rate(),
+                    v.baseline,
                 );
             }
         }
-        println!("medians over rounds (ratio to the same round's bare):");
-        let base_allocs = median(allocs[0].clone());
-        let base_cpu = median(cpus[0].clone());
-        for (i, name) in VARIANTS.iter().enumerate() {
+        println!("medians over rounds (ratio to the same round's baseline):");
+        for (i, v) in variants.iter().enumerate() {
+            let b = index(v.baseline).unwrap_or(i);
             let (r, a, c) = (
                 median(ratios[i].clone()),
                 median(allocs[i].clone()),
                 median(cpus[i].clone()),
             );
+            let rival = match v.rival {
+                Some(name) if !rival_ratios[i].is_empty() => format!(
+                    ", throughput {:.3}x {name}",
+                    median(rival_ratios[i].clone())
+                ),
+                _ => String::new(),
+            };
             println!(
-                "{name:>7}: throughput {r:.3}x (min {:.3}, max {:.3}), allocs/call {a:.2} ({:+.2}), cpu/call {c:.2} µs ({:+.2})",
+                "{:>14}: throughput {r:.3}x {} (min {:.3}, max {:.3}){rival}, allocs/call {a:.2} ({:+.2}), cpu/call {c:.2} µs ({:+.2})",
+                v.name,
+                v.baseline,
                 ratios[i].iter().copied().fold(f64::INFINITY, f64::min),
                 ratios[i].iter().copied().fold(f64::NEG_INFINITY, f64::max),
-                a - base_allocs,
-                c - base_cpu,
+                a - median(allocs[b].clone()),
+                c - median(cpus[b].clone()),
             );
         }
     });

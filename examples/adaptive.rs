@@ -6,6 +6,8 @@
 //!     [--capacity 16] [--service-ms 20] [--load 2.0] [--only NAME] [--storm]
 //! ```
 //!
+//! `--help` describes every flag.
+//!
 //! The server is real tonic over loopback with a `ShedLayer`. Its `Reserve` handler
 //! uses an inner resource of fixed capacity C: a pool of C permits (a FIFO semaphore,
 //! like a database connection pool) held for `--service-ms` of wall time each. Calls
@@ -41,6 +43,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use clap::Parser;
+use clap::builder::{PossibleValuesParser, RangedU64ValueParser};
 use stormguard::client::{RetryLayer, RetryStats};
 use stormguard::core::admission::AdmissionConfig;
 use stormguard::core::config::ClientConfig;
@@ -55,64 +59,52 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Endpoint, Server};
 use tower::ServiceBuilder;
 
+#[path = "support/cli.rs"]
+mod cli;
+
 const DEADLINE: Duration = Duration::from_millis(150);
 const PER_ATTEMPT: Duration = Duration::from_millis(50);
 const STORM_SERVICE: Duration = Duration::from_millis(10);
-const USAGE: &str = "usage: adaptive [--json FILE] [--secs N] [--warmup N] [--capacity C] \
-[--service-ms S] [--load X] [--only NAME] [--storm]";
+/// The worker limits compared, in the order they run.
+const POLICIES: [&str; 4] = ["fixed-right", "fixed-high", "fixed-low", "adaptive"];
 
-#[derive(Clone, Debug)]
+/// A fixed worker count against an adaptive concurrency limit, on a server whose real
+/// capacity (a pool of C permits inside the handler) the admission queue cannot see.
+///
+/// Offers `--load` x the measured capacity through RetryLayer clients (150 ms deadline,
+/// 50 ms per attempt) to `fixed-right` (workers = C), `fixed-high` (4C), `fixed-low`
+/// (C/4) and `adaptive` (starts at 64); prints goodput, p99 and the limit.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "adaptive")]
 struct Args {
+    /// Also write the results as JSON to FILE
+    #[arg(long, value_name = "FILE")]
     json: Option<String>,
+    /// Seconds measured per policy, after the warm-up
+    #[arg(long, value_name = "N", default_value_t = 8,
+          value_parser = clap::value_parser!(u64).range(1..))]
     secs: u64,
+    /// Seconds of load before the measured window
+    #[arg(long, value_name = "N", default_value_t = 4)]
     warmup: u64,
+    /// C: the permits of the handler's pool, at least 4
+    #[arg(long, value_name = "C", default_value_t = 16,
+          value_parser = RangedU64ValueParser::<usize>::new().range(4..))]
     capacity: usize,
+    /// How long each call holds a permit, in milliseconds
+    #[arg(long = "service-ms", value_name = "MS", default_value = "20",
+          value_parser = cli::millis)]
     service: Duration,
+    /// Offered load as a multiple of the measured capacity
+    #[arg(long, value_name = "X", default_value_t = 2.0, value_parser = cli::positive)]
     load: f64,
+    /// Run only this policy [default: all]
+    #[arg(long, value_name = "NAME", value_parser = PossibleValuesParser::new(POLICIES))]
     only: Option<String>,
+    /// Then run the storm scenario on the same server (C permits x 10 ms, 75 % load,
+    /// service time x2.5 for 3 s) with `fixed-right`, `fixed-high` and `adaptive`
+    #[arg(long)]
     storm: bool,
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut out = Args {
-        json: None,
-        secs: 8,
-        warmup: 4,
-        capacity: 16,
-        service: Duration::from_millis(20),
-        load: 2.0,
-        only: None,
-        storm: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String> {
-            v.parse()
-                .map_err(|_| format!("{flag}: `{v}` is not a valid number"))
-        }
-        match flag.as_str() {
-            "--json" => out.json = Some(value()?),
-            "--secs" => out.secs = num(&flag, value()?)?,
-            "--warmup" => out.warmup = num(&flag, value()?)?,
-            "--capacity" => out.capacity = num(&flag, value()?)?,
-            "--service-ms" => out.service = Duration::from_millis(num(&flag, value()?)?),
-            "--load" => out.load = num(&flag, value()?)?,
-            "--only" => out.only = Some(value()?),
-            "--storm" => out.storm = true,
-            "-h" | "--help" => return Err("help".into()),
-            other => return Err(format!("unknown argument `{other}`")),
-        }
-    }
-    if out.capacity < 4
-        || out.secs == 0
-        || out.service.is_zero()
-        || out.load.is_nan()
-        || out.load <= 0.0
-    {
-        return Err("--capacity must be at least 4; --secs, --service-ms, --load above 0".into());
-    }
-    Ok(out)
 }
 
 /// Completions per second of `capacity` loops over the pool, for 2 s.
@@ -391,13 +383,7 @@ fn round(x: f64, places: i32) -> f64 {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let args = Args::parse();
     let capacity = measure_capacity(args.capacity, args.service).await;
     println!(
         "capacity: C = {} permits × {:?} = {:.0} completions/s measured; offered {:.0} calls/s \
@@ -411,7 +397,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         PER_ATTEMPT
     );
     let mut outcomes = Vec::new();
-    for name in ["fixed-right", "fixed-high", "fixed-low", "adaptive"] {
+    for name in POLICIES {
         if args.only.as_deref().is_some_and(|o| o != name) {
             continue;
         }

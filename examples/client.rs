@@ -14,24 +14,15 @@
 //!  "refused":{"budget":950,...},"codes":{"UNAVAILABLE":1000},...}
 //! ```
 //!
-//! Options:
-//! - `--policy default` (retry UNAVAILABLE, 3 attempts, full jitter, default budget) or
-//!   `--policy none` (no retries: one attempt per call);
-//! - `--service-config FILE`: a config file instead of `--policy`: JSON, YAML or TOML by its
-//!   extension, either a standard gRPC service config (`methodConfig[].retryPolicy` and
-//!   `retryThrottling`) or stormguard's own shape (`retry:`, `breaker:`);
-//! - `--seed N`: seed of the retry jitter (random by default);
-//! - `--payload-bytes N`: size of each request's payload (default 0);
-//! - `--otel-stdout`: also export the layer's OpenTelemetry metrics to stdout, before the
-//!   report (needs `--features otel-examples`).
+//! `--help` describes every flag.
 
 use std::collections::BTreeMap;
 use std::error::Error;
-use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use clap::{Parser, ValueEnum};
 use stormguard_client::RetryLayer;
 use stormguard_core::config::ClientConfig;
 use stormguard_demo::{InventoryClient, ReserveRequest};
@@ -39,12 +30,64 @@ use tokio::time::Instant;
 use tonic::transport::Endpoint;
 use tower::ServiceBuilder;
 
+#[path = "support/cli.rs"]
+mod cli;
 #[path = "support/otel.rs"]
 mod otel;
 
-const USAGE: &str = "usage: client [--target URL] [--requests N] [--concurrency N] \
-[--deadline-ms N] [--policy default|none] [--service-config FILE] [--seed N] [--payload-bytes N] \
-[--otel-stdout]";
+/// Load client for the demo Inventory service, through stormguard's RetryLayer.
+///
+/// Calls `stormguard.demo.v1.Inventory/Reserve` `--requests` times from `--concurrency`
+/// tasks over one channel and prints one JSON line: logical calls, ok, failed, attempts,
+/// retries, amplification, retries refused by cause, status codes.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "client")]
+pub struct Args {
+    /// Server URL
+    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:50051")]
+    pub target: String,
+    /// Logical calls to make
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub requests: u64,
+    /// Calls in flight at once
+    #[arg(long, value_name = "N", default_value_t = 16,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub concurrency: u64,
+    /// Deadline of each call, in milliseconds
+    #[arg(long = "deadline-ms", value_name = "MS", default_value = "1000",
+          value_parser = cli::millis)]
+    pub deadline: Duration,
+    /// The retry policy
+    #[arg(long, value_name = "P", value_enum, default_value_t = PolicyName::Default)]
+    pub policy: PolicyName,
+    /// A config file instead of `--policy`: JSON, YAML or TOML by its extension, a
+    /// standard gRPC service config or stormguard's own shape
+    #[arg(
+        long = "service-config",
+        value_name = "FILE",
+        conflicts_with = "policy"
+    )]
+    pub service_config: Option<String>,
+    /// Seed of the retry jitter [default: random]
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+    /// Size of each request's payload, in bytes
+    #[arg(long = "payload-bytes", value_name = "N", default_value_t = 0)]
+    pub payload_bytes: usize,
+    /// Also export the layer's OpenTelemetry metrics to stdout, before the report (needs
+    /// `--features otel-examples`)
+    #[arg(long = "otel-stdout")]
+    pub otel_stdout: bool,
+}
+
+/// `--policy`.
+#[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
+pub enum PolicyName {
+    /// Retry UNAVAILABLE, 3 attempts, full jitter, the default budget; `Reserve` idempotent
+    Default,
+    /// No retries: one attempt per call
+    None,
+}
 
 /// Which retry configuration to use.
 #[derive(Clone, Debug, PartialEq)]
@@ -54,120 +97,33 @@ pub enum PolicyArg {
     Default,
     /// `ClientConfig::no_retries()`.
     None,
-    /// A gRPC service config JSON file.
+    /// A config file (`--service-config`).
     ServiceConfig(String),
 }
 
-/// The parsed command line.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Args {
-    /// Server URL.
-    pub target: String,
-    /// Logical calls to make.
-    pub requests: u64,
-    /// Calls in flight at once.
-    pub concurrency: u64,
-    /// Deadline of each call.
-    pub deadline: Duration,
-    /// Retry configuration.
-    pub policy: PolicyArg,
-    /// Jitter seed.
-    pub seed: Option<u64>,
-    /// Payload size of each request.
-    pub payload_bytes: usize,
-    /// Export the layer's metrics to stdout (`--otel-stdout`).
-    pub otel_stdout: bool,
-}
-
-impl Default for Args {
-    fn default() -> Self {
-        Args {
-            target: "http://127.0.0.1:50051".into(),
-            requests: 1000,
-            concurrency: 16,
-            deadline: Duration::from_millis(1000),
-            policy: PolicyArg::Default,
-            seed: None,
-            payload_bytes: 0,
-            otel_stdout: false,
+impl Args {
+    /// The retry configuration the flags choose.
+    pub fn policy(&self) -> PolicyArg {
+        match (&self.service_config, self.policy) {
+            (Some(path), _) => PolicyArg::ServiceConfig(path.clone()),
+            (None, PolicyName::Default) => PolicyArg::Default,
+            (None, PolicyName::None) => PolicyArg::None,
         }
     }
-}
-
-/// A command line that could not be parsed.
-#[derive(Debug, PartialEq)]
-pub struct ArgError(pub String);
-
-impl fmt::Display for ArgError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}\n{USAGE}", self.0)
-    }
-}
-
-impl Error for ArgError {}
-
-fn number<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, ArgError> {
-    value
-        .parse()
-        .map_err(|_| ArgError(format!("{flag}: `{value}` is not a valid number")))
 }
 
 /// Parses the arguments after the program name.
-pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Args, ArgError> {
-    let mut out = Args::default();
-    let mut policy_given = false;
-    let mut config_given = false;
-    let mut it = args.into_iter();
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .ok_or_else(|| ArgError(format!("{flag} needs a value")))
-        };
-        match flag.as_str() {
-            "--target" => out.target = value()?,
-            "--requests" => out.requests = number(&flag, &value()?)?,
-            "--concurrency" => out.concurrency = number(&flag, &value()?)?,
-            "--deadline-ms" => out.deadline = Duration::from_millis(number(&flag, &value()?)?),
-            "--seed" => out.seed = Some(number(&flag, &value()?)?),
-            "--payload-bytes" => out.payload_bytes = number(&flag, &value()?)?,
-            "--policy" => {
-                policy_given = true;
-                out.policy = match value()?.as_str() {
-                    "default" => PolicyArg::Default,
-                    "none" => PolicyArg::None,
-                    other => return Err(ArgError(format!("--policy: unknown policy `{other}`"))),
-                }
-            }
-            "--service-config" => {
-                config_given = true;
-                out.policy = PolicyArg::ServiceConfig(value()?);
-            }
-            "--otel-stdout" => out.otel_stdout = true,
-            "-h" | "--help" => return Err(ArgError("help".into())),
-            other => return Err(ArgError(format!("unknown argument `{other}`"))),
-        }
-    }
-    if policy_given && config_given {
-        return Err(ArgError(
-            "--policy and --service-config exclude each other".into(),
-        ));
-    }
-    if out.concurrency == 0 {
-        return Err(ArgError("--concurrency must be at least 1".into()));
-    }
-    if out.deadline.is_zero() {
-        return Err(ArgError("--deadline-ms must be at least 1".into()));
-    }
-    Ok(out)
+pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Args, clap::Error> {
+    Args::try_parse_from(std::iter::once("client".to_owned()).chain(args))
 }
 
 /// Runs the load and returns the JSON report.
 pub async fn run(args: &Args) -> Result<serde_json::Value, Box<dyn Error + Send + Sync>> {
-    let config = match &args.policy {
+    let config = match args.policy() {
         PolicyArg::Default => stormguard_demo::client_config(),
         PolicyArg::None => ClientConfig::no_retries(),
         PolicyArg::ServiceConfig(path) => {
-            ClientConfig::from_path(path).map_err(|e| format!("--service-config {path}: {e}"))?
+            ClientConfig::from_path(&path).map_err(|e| format!("--service-config {path}: {e}"))?
         }
     };
     let layer = match args.seed {
@@ -186,7 +142,8 @@ pub async fn run(args: &Args) -> Result<serde_json::Value, Box<dyn Error + Send 
     };
     let stats = layer.stats();
     let channel = Endpoint::from_shared(args.target.clone())?
-        // Calls that time out in bulk must not get the connection closed (h2 GOAWAY).
+        // A server of ours: calls that give up in bulk must not get the connection closed
+        // (docs/operating.md, "HTTP/2 resets").
         .http2_max_local_error_reset_streams(None)
         .connect_lazy();
     let client = InventoryClient::new(ServiceBuilder::new().layer(layer).service(channel));
@@ -256,13 +213,7 @@ fn code_name(code: tonic::Code) -> &'static str {
 
 #[tokio::main]
 async fn main() {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(args) => args,
-        Err(e) => {
-            eprintln!("{e}");
-            std::process::exit(2);
-        }
-    };
+    let args = Args::parse();
     match run(&args).await {
         Ok(report) => println!("{report}"),
         Err(e) => {

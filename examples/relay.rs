@@ -6,6 +6,8 @@
 //! cargo run --example relay -- --addr 127.0.0.1:0 --target http://127.0.0.1:50052
 //! ```
 //!
+//! `--help` describes every flag.
+//!
 //! The handler holds no retry logic of its own: the layers give the downstream call what is
 //! left of the inbound deadline, retry it under the standard client policy
 //! (`stormguard_demo::client_config()`, or `--service-config FILE`: JSON, YAML or TOML, either
@@ -21,6 +23,7 @@ use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::Parser;
 use serde::Serialize;
 use stormguard::client::{Retry, RetryLayer, RetryStats};
 use stormguard::core::admission::AdmissionConfig;
@@ -37,39 +40,24 @@ use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status};
 use tower::ServiceBuilder;
 
-const USAGE: &str = "usage: relay --addr ADDR --target URL [--service-config FILE]";
-
+/// A stormguard service in the middle of a call chain: the demo Inventory behind a
+/// ShedLayer, forwarding every call to another Inventory server through a RetryLayer.
+///
+/// Prints `listening on ADDR` once bound, then one JSON line of counters per second.
+#[derive(Debug, Parser)]
+#[command(name = "relay")]
 struct Args {
+    /// Address to listen on (port 0: any free port)
+    #[arg(long, value_name = "ADDR")]
     addr: SocketAddr,
+    /// URL of the Inventory server every call is forwarded to
+    #[arg(long, value_name = "URL")]
     target: String,
+    /// The downstream client's retry configuration from FILE (JSON, YAML or TOML, a
+    /// standard gRPC service config or stormguard's own shape) [default: the standard
+    /// policy, `Reserve` idempotent]
+    #[arg(long = "service-config", value_name = "FILE")]
     service_config: Option<String>,
-}
-
-fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut addr = None;
-    let mut target = None;
-    let mut service_config = None;
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--addr" => {
-                let v = value()?;
-                addr = Some(
-                    v.parse()
-                        .map_err(|_| format!("--addr: cannot read {v:?}"))?,
-                );
-            }
-            "--target" => target = Some(value()?),
-            "--service-config" => service_config = Some(value()?),
-            "-h" | "--help" => return Err(USAGE.to_owned()),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    Ok(Args {
-        addr: addr.ok_or_else(|| format!("--addr is required\n{USAGE}"))?,
-        target: target.ok_or_else(|| format!("--target is required\n{USAGE}"))?,
-        service_config,
-    })
 }
 
 /// Forwards `Reserve` downstream; the layers around it do the rest.
@@ -126,13 +114,7 @@ fn line(shed: &ShedStats, client: &RetryStats) -> Line {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(args) => args,
-        Err(message) => {
-            eprintln!("{message}");
-            return ExitCode::from(2);
-        }
-    };
+    let args = Args::parse();
     match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

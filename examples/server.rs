@@ -7,10 +7,11 @@
 //!     --service-time-ms 5
 //! ```
 //!
-//! `--config FILE` reads the whole admission configuration from a JSON, YAML or TOML file
-//! (by its extension; `{"admission": {"workers": 4, "queue_capacity": 64,
-//! "max_time_queued": "500ms", ...}}` in JSON, see `AdmissionConfig::from_path`); a bad
-//! document stops the server with an error that names the field. It excludes the flags that also set it (`--workers`, `--queue`,
+//! `--help` describes every flag. `--config FILE` reads the whole admission configuration
+//! from a JSON, YAML or TOML file (by its extension; `{"admission": {"workers": 4,
+//! "queue_capacity": 64, "max_time_queued": "500ms", ...}}` in JSON, see
+//! `AdmissionConfig::from_path`); a bad document stops the server with an error that names
+//! the field. It excludes the flags that also set it (`--workers`, `--queue`,
 //! `--retry-depth`, `--lifo-depth`, `--no-shed`).
 //!
 //! Prints `listening on ADDR` once bound (the real port when given `:0`), then one JSON
@@ -18,10 +19,8 @@
 //! `{"admitted":N,"completed":N,"shed_first":N,"shed_retry":N,"expired":N,"queue_depth":N,...}`.
 //!
 //! The HTTP/2 limit on streams reset before the server accepted them
-//! (`--max-pending-resets`, default 10 000 here) is raised from h2's 20: under a storm,
-//! callers that time out reset their streams faster than a busy connection accepts
-//! them, and at 20 the server answers with GOAWAY (ENHANCE_YOUR_CALM), dropping every
-//! call on the connection: an artifact that looks like a recovery. Both modes use it.
+//! (`--max-pending-resets`) is raised from h2's 20 to 10 000, in both modes: why, and what
+//! it costs, is in `docs/operating.md` ("HTTP/2 resets").
 //!
 //! `Reserve` takes `--service-time-ms` of wall time (a sleep, not CPU); `--fail-rate`
 //! answers that fraction `UNAVAILABLE` at once. `--no-shed` serves the same service with
@@ -48,6 +47,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::Parser;
 use serde::Serialize;
 use stormguard::core::admission::{AdmissionConfig, QueueOrder, RetryThreshold};
 use stormguard::server::{ShedBody, ShedLayer, ShedStats};
@@ -60,90 +60,85 @@ use tonic::transport::server::TcpIncoming;
 #[path = "support/otel.rs"]
 mod otel;
 
-const USAGE: &str = "usage: server --addr ADDR --workers N --queue N --service-time-ms MS \
-                     [--fail-rate F] [--no-shed] [--retry-depth N] [--lifo-depth N] [--seed N] \
-                     [--max-pending-resets N] [--config FILE] [--log-calls] [--otel-stdout]";
+/// The flags `--config` replaces.
+const ADMISSION_FLAGS: [&str; 5] = ["workers", "queue", "retry_depth", "lifo_depth", "no_shed"];
 
-/// The command line.
-#[derive(Debug)]
+/// The demo Inventory server behind stormguard's admission queue.
+///
+/// Prints `listening on ADDR` once bound, then one JSON line of cumulative counters per
+/// second, until Ctrl-C.
+#[derive(Debug, Parser)]
+#[command(name = "server")]
 pub struct Args {
-    /// The admission configuration file (`--config`), which replaces the flags that set it.
+    /// Read the whole admission configuration from FILE (JSON, YAML or TOML by its
+    /// extension) instead of `--workers`, `--queue`, `--retry-depth`, `--lifo-depth` and
+    /// `--no-shed`
+    #[arg(long, value_name = "FILE", conflicts_with_all = ADMISSION_FLAGS)]
     pub config: Option<String>,
+    /// Address to listen on (port 0: any free port)
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50051")]
     addr: SocketAddr,
+    /// Calls the admission queue runs at once
+    #[arg(long, value_name = "N", default_value_t = 4)]
     workers: usize,
+    /// Calls that may wait for a worker
+    #[arg(long, value_name = "N", default_value_t = 64)]
     queue: usize,
+    /// Wall time `Reserve` takes (a sleep, not CPU), in milliseconds; fractions allowed
+    #[arg(long = "service-time-ms", value_name = "MS", default_value = "5",
+          value_parser = service_time)]
     service_time: Duration,
+    /// Share of calls answered UNAVAILABLE at once, from 0 to 1
+    #[arg(long = "fail-rate", value_name = "F", default_value_t = 0.0, value_parser = fraction)]
     fail_rate: f64,
+    /// Serve the same service with no stormguard layer (tonic runs every call at once)
+    #[arg(long = "no-shed")]
     no_shed: bool,
+    /// Queue depth from which retries are shed [default: queue / 8, at least 1]
+    #[arg(long = "retry-depth", value_name = "N")]
     retry_depth: Option<usize>,
+    /// Queue depth from which the newest call is served first [default: the admission
+    /// default]
+    #[arg(long = "lifo-depth", value_name = "N")]
     lifo_depth: Option<usize>,
+    /// Seed of failures and pushback jitter
+    #[arg(long, value_name = "N", default_value_t = 1)]
     seed: u64,
+    /// HTTP/2 streams reset before the server accepted them that a connection tolerates
+    /// before GOAWAY (h2's default is 20)
+    #[arg(
+        long = "max-pending-resets",
+        value_name = "N",
+        default_value_t = 10_000
+    )]
     max_pending_resets: usize,
-    otel_stdout: bool,
+    /// Also print one JSON line per answered call
+    #[arg(long = "log-calls")]
     log_calls: bool,
+    /// Also export the layer's OpenTelemetry metrics to stdout every second and on Ctrl-C
+    /// (needs `--features otel-examples`)
+    #[arg(long = "otel-stdout")]
+    otel_stdout: bool,
+}
+
+/// `--service-time-ms`: milliseconds, fractions allowed.
+fn service_time(value: &str) -> Result<Duration, String> {
+    let ms: f64 = value.parse().map_err(|e| format!("{e}"))?;
+    Duration::try_from_secs_f64(ms / 1000.0).map_err(|_| format!("{ms} is not a duration"))
+}
+
+/// `--fail-rate`: a share from 0 to 1.
+fn fraction(value: &str) -> Result<f64, String> {
+    let rate: f64 = value.parse().map_err(|e| format!("{e}"))?;
+    if !(0.0..=1.0).contains(&rate) {
+        return Err(format!("{rate} is outside [0, 1]"));
+    }
+    Ok(rate)
 }
 
 /// Parses the arguments after the program name.
-pub fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut admission_flag = None;
-    let mut parsed = Args {
-        config: None,
-        addr: "127.0.0.1:50051".parse().map_err(|e| format!("{e}"))?,
-        workers: 4,
-        queue: 64,
-        service_time: Duration::from_millis(5),
-        fail_rate: 0.0,
-        no_shed: false,
-        retry_depth: None,
-        lifo_depth: None,
-        seed: 1,
-        max_pending_resets: 10_000,
-        otel_stdout: false,
-        log_calls: false,
-    };
-    fn value<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
-        let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
-        v.parse().map_err(|_| format!("{flag}: cannot read {v:?}"))
-    }
-    while let Some(flag) = args.next() {
-        if matches!(
-            flag.as_str(),
-            "--workers" | "--queue" | "--retry-depth" | "--lifo-depth" | "--no-shed"
-        ) {
-            admission_flag = Some(flag.clone());
-        }
-        match flag.as_str() {
-            "--config" => parsed.config = Some(value(&flag, args.next())?),
-            "--addr" => parsed.addr = value(&flag, args.next())?,
-            "--workers" => parsed.workers = value(&flag, args.next())?,
-            "--queue" => parsed.queue = value(&flag, args.next())?,
-            "--service-time-ms" => {
-                let ms: f64 = value(&flag, args.next())?;
-                parsed.service_time = Duration::try_from_secs_f64(ms / 1000.0)
-                    .map_err(|_| format!("--service-time-ms: {ms} is not a duration"))?;
-            }
-            "--fail-rate" => {
-                let rate: f64 = value(&flag, args.next())?;
-                if !(0.0..=1.0).contains(&rate) {
-                    return Err(format!("--fail-rate: {rate} is outside [0, 1]"));
-                }
-                parsed.fail_rate = rate;
-            }
-            "--no-shed" => parsed.no_shed = true,
-            "--log-calls" => parsed.log_calls = true,
-            "--retry-depth" => parsed.retry_depth = Some(value(&flag, args.next())?),
-            "--lifo-depth" => parsed.lifo_depth = Some(value(&flag, args.next())?),
-            "--seed" => parsed.seed = value(&flag, args.next())?,
-            "--max-pending-resets" => parsed.max_pending_resets = value(&flag, args.next())?,
-            "--otel-stdout" => parsed.otel_stdout = true,
-            "-h" | "--help" => return Err(USAGE.to_owned()),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    if let (Some(_), Some(flag)) = (&parsed.config, admission_flag) {
-        return Err(format!("--config and {flag} exclude each other"));
-    }
-    Ok(parsed)
+pub fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, clap::Error> {
+    Args::try_parse_from(std::iter::once("server".to_owned()).chain(args))
 }
 
 /// The admission configuration: from `--config FILE`, else from the flags; `None` with
@@ -171,7 +166,7 @@ pub fn admission(args: &Args) -> Result<Option<AdmissionConfig>, Box<dyn Error>>
         queue_order: args.lifo_depth.map_or(defaults.queue_order, |from_depth| {
             QueueOrder::AdaptiveLifo { from_depth }
         }),
-        seed: args.seed,
+        seed: Some(args.seed),
         ..defaults
     }))
 }
@@ -237,13 +232,7 @@ fn line(stats: Option<&ShedStats>, control: &DemoControl) -> Line {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(args) => args,
-        Err(message) => {
-            eprintln!("{message}");
-            return ExitCode::from(2);
-        }
-    };
+    let args = Args::parse();
     match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

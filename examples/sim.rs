@@ -5,54 +5,39 @@
 //! cargo run --release --example sim -- [--quick] [--seed N] [--json FILE]
 //! ```
 //!
+//! `--help` describes every flag.
+//!
 //! Runs in seconds: the clock is virtual. The same seed prints the same figures and writes
 //! the same JSON bytes.
 
 use std::process::ExitCode;
 
+use clap::Parser;
 use stormguard_sim::{Options, Tables};
-#[path = "support/cli.rs"]
-mod cli;
 
-const USAGE: &str = "usage: sim [--quick] [--seed N] [--json FILE]
-
-  --quick      shorter runs and smaller fleets (the shapes of the full tables, noisier)
-  --seed N     seed of every run (default 1)
-  --json FILE  also write the tables as JSON to FILE";
-
+/// The fleet simulator: the same policy objects the layers use, on a virtual clock, at
+/// fleet scale. Prints its four tables; the same seed prints the same figures.
+#[derive(Debug, Parser)]
+#[command(name = "sim")]
 struct Args {
-    options: Options,
+    /// Shorter runs and smaller fleets (the shapes of the full tables, noisier)
+    #[arg(long)]
+    quick: bool,
+    /// Seed of every run
+    #[arg(long, value_name = "N", default_value_t = Options::default().seed)]
+    seed: u64,
+    /// Also write the tables as JSON to FILE
+    #[arg(long, value_name = "FILE")]
     json: Option<String>,
 }
 
-fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
-    let mut options = Options::default();
-    let mut json = None;
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--quick" => options.quick = true,
-            "--seed" => options.seed = cli::value("--seed", &mut args)?,
-            "--json" => json = Some(args.next().ok_or("--json needs a file name")?),
-            "-h" | "--help" => return Ok(None),
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    Ok(Some(Args { options, json }))
-}
-
 fn main() -> ExitCode {
-    let args = match parse(std::env::args().skip(1)) {
-        Ok(Some(args)) => args,
-        Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("sim: {e}\n\n{USAGE}");
-            return ExitCode::from(2);
-        }
+    let args = Args::parse();
+    let options = Options {
+        quick: args.quick,
+        seed: args.seed,
     };
-    let tables = match Tables::run(&args.options) {
+    let tables = match Tables::run(&options) {
         Ok(tables) => tables,
         Err(e) => {
             eprintln!("sim: {e}");

@@ -6,6 +6,8 @@
 //! # --seconds 60 --overload 10 --clients 4 --deadline-ms 300 [--server PATH]
 //! ```
 //!
+//! `--help` describes every flag.
+//!
 //! Starts the example server (`--server`, by default the `server` binary next to this one)
 //! with 4 workers × 20 ms, measures its capacity with a short saturating run, then offers
 //! `--overload` × that capacity from `--clients` channels, each behind its own `RetryLayer`
@@ -34,6 +36,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
+use clap::Parser;
+use clap::builder::RangedU64ValueParser;
 use hyper_util::rt::TokioIo;
 use stormguard::client::RetryLayer;
 use stormguard_demo::{InventoryClient, ReserveRequest};
@@ -42,8 +46,9 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tonic::transport::{Endpoint, Uri};
 use tower::ServiceBuilder;
 
-const USAGE: &str = "usage: soak [--seconds N] [--overload X] [--clients N] [--deadline-ms N] \
-                     [--server PATH]";
+#[path = "support/cli.rs"]
+mod cli;
+
 const WINDOW: Duration = Duration::from_secs(5);
 const WARM_UP: Duration = Duration::from_secs(10);
 /// The most arrivals one client sends at once after falling behind.
@@ -51,50 +56,45 @@ const MAX_BURST: u64 = 16;
 /// Bound on every wait for the server (start-up, a stats line, draining, exit).
 const BOUND: Duration = Duration::from_secs(30);
 
+/// Overload soak: ten times the example server's capacity for a minute, from clients
+/// behind the RetryLayer, and a check that nothing wears out.
+///
+/// Exits non-zero unless first attempts kept being served, the server's memory stayed
+/// flat, everything came back to rest, no connection was lost and the server exited
+/// cleanly.
+#[derive(Debug, Parser)]
+#[command(name = "soak")]
 struct Args {
+    /// Seconds of overload
+    #[arg(long, value_name = "N", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..))]
     seconds: u64,
+    /// Offered load as a multiple of the measured capacity
+    #[arg(long, value_name = "X", default_value_t = 10.0, value_parser = cli::positive)]
     overload: f64,
+    /// Channels, each behind its own RetryLayer
+    #[arg(long, value_name = "N", default_value_t = 4,
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     clients: usize,
+    /// Deadline of each call, in milliseconds
+    #[arg(long = "deadline-ms", value_name = "MS", default_value = "300",
+          value_parser = cli::millis)]
     deadline: Duration,
-    server: PathBuf,
+    /// The example server binary [default: `server` next to this one]
+    #[arg(long, value_name = "PATH")]
+    server: Option<PathBuf>,
 }
 
-fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
-    let default_server = std::env::current_exe()
-        .map_err(|e| format!("current exe: {e}"))?
-        .with_file_name(format!("server{}", std::env::consts::EXE_SUFFIX));
-    let mut parsed = Args {
-        seconds: 60,
-        overload: 10.0,
-        clients: 4,
-        deadline: Duration::from_millis(300),
-        server: default_server,
-    };
-    fn value<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
-        let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
-        v.parse().map_err(|_| format!("{flag}: cannot read {v:?}"))
-    }
-    while let Some(flag) = args.next() {
-        match flag.as_str() {
-            "--seconds" => parsed.seconds = value(&flag, args.next())?,
-            "--overload" => parsed.overload = value(&flag, args.next())?,
-            "--clients" => parsed.clients = value(&flag, args.next())?,
-            "--deadline-ms" => parsed.deadline = Duration::from_millis(value(&flag, args.next())?),
-            "--server" => parsed.server = value(&flag, args.next())?,
-            "-h" | "--help" => return Err(USAGE.to_owned()),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+impl Args {
+    /// `--server`, or the `server` binary next to this one.
+    fn server(&self) -> Result<PathBuf, String> {
+        match &self.server {
+            Some(path) => Ok(path.clone()),
+            None => Ok(std::env::current_exe()
+                .map_err(|e| format!("current exe: {e}"))?
+                .with_file_name(format!("server{}", std::env::consts::EXE_SUFFIX))),
         }
     }
-    if parsed.clients == 0
-        || parsed.overload.is_nan()
-        || parsed.overload <= 0.0
-        || parsed.seconds == 0
-    {
-        return Err(format!(
-            "--clients, --overload and --seconds must be positive\n{USAGE}"
-        ));
-    }
-    Ok(parsed)
 }
 
 /// The example server as a child process, its stdout lines arriving on a channel.
@@ -239,7 +239,8 @@ fn client(addr: &str, counts: &Arc<Counts>) -> Result<(Client, RetryLayer), Stri
     });
     let channel = Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| e.to_string())?
-        // Calls that time out in bulk must not get the connection closed (h2 GOAWAY).
+        // A server of ours: calls that give up in bulk must not get the connection closed
+        // (docs/operating.md, "HTTP/2 resets").
         .http2_max_local_error_reset_streams(None)
         .connect_with_connector_lazy(connector);
     let client = InventoryClient::new(ServiceBuilder::new().layer(layer.clone()).service(channel));
@@ -257,13 +258,7 @@ fn request(i: u64) -> ReserveRequest {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(args) => args,
-        Err(message) => {
-            eprintln!("{message}");
-            return ExitCode::from(2);
-        }
-    };
+    let args = Args::parse();
     match run(args).await {
         Ok(failures) if failures.is_empty() => {
             println!("soak: passed");
@@ -283,7 +278,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<Vec<String>, String> {
-    let (mut server, addr) = ServerProcess::start(&args.server)?;
+    let (mut server, addr) = ServerProcess::start(&args.server()?)?;
     let counts = Arc::new(Counts::default());
     let mut clients = Vec::new();
     let mut layers = Vec::new();

@@ -37,3 +37,10 @@
 pub use stormguard_client as client;
 pub use stormguard_core as core;
 pub use stormguard_server as server;
+
+// The README's Rust, compiled (and run where it can be) as doc tests of this crate. The
+// `docs/` pages are not in the published package; their Rust is tested by
+// `stormguard-demo`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

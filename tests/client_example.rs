@@ -113,7 +113,7 @@ async fn a_service_config_with_retry_throttling_is_loaded() {
 }
 
 #[test]
-fn the_command_line_is_parsed_by_hand_with_clear_errors() {
+fn the_command_line_keeps_its_flags_and_names_them_in_errors() {
     let parsed = example::parse_args(
         [
             "--target",
@@ -131,17 +131,42 @@ fn the_command_line_is_parsed_by_hand_with_clear_errors() {
     assert_eq!(parsed.target, "http://h:1");
     assert_eq!((parsed.requests, parsed.concurrency), (5, 2));
     assert_eq!(parsed.deadline, std::time::Duration::from_millis(250));
-    assert_eq!(parsed.policy, example::PolicyArg::Default);
+    assert_eq!(parsed.policy(), example::PolicyArg::Default);
+    let defaults = example::parse_args(Vec::new()).unwrap();
+    assert_eq!(defaults.target, "http://127.0.0.1:50051");
+    assert_eq!((defaults.requests, defaults.concurrency), (1000, 16));
+    assert_eq!(defaults.deadline, std::time::Duration::from_millis(1000));
+    assert_eq!((defaults.seed, defaults.payload_bytes), (None, 0));
+    let file = example::parse_args(["--service-config", "f.json"].map(String::from)).unwrap();
+    assert_eq!(
+        file.policy(),
+        example::PolicyArg::ServiceConfig("f.json".into())
+    );
+    let none = example::parse_args(["--policy", "none"].map(String::from)).unwrap();
+    assert_eq!(none.policy(), example::PolicyArg::None);
 
+    // Every error exits 2 and says what was wrong with which flag.
     let err = |a: &[&str]| {
-        example::parse_args(a.iter().map(|s| s.to_string()))
-            .unwrap_err()
-            .0
+        let error = example::parse_args(a.iter().map(|s| s.to_string())).unwrap_err();
+        assert_eq!(error.exit_code(), 2, "{a:?}: {error}");
+        error.to_string()
     };
-    assert!(err(&["--requests", "many"]).contains("--requests"));
-    assert!(err(&["--requests"]).contains("needs a value"));
-    assert!(err(&["--policy", "sometimes"]).contains("unknown policy"));
-    assert!(err(&["--bogus"]).contains("unknown argument"));
-    assert!(err(&["--policy", "none", "--service-config", "f.json"]).contains("exclude"));
-    assert!(err(&["--concurrency", "0"]).contains("at least 1"));
+    let e = err(&["--requests", "many"]);
+    assert!(e.contains("--requests") && e.contains("many"), "{e}");
+    assert!(err(&["--requests"]).contains("a value is required for '--requests"));
+    let e = err(&["--policy", "sometimes"]);
+    assert!(e.contains("--policy") && e.contains("default, none"), "{e}");
+    assert!(err(&["--bogus"]).contains("unexpected argument '--bogus'"));
+    let e = err(&["--policy", "none", "--service-config", "f.json"]);
+    assert!(e.contains("cannot be used with"), "{e}");
+    let e = err(&["--concurrency", "0"]);
+    assert!(
+        e.contains("--concurrency") && e.contains("not in 1.."),
+        "{e}"
+    );
+    let e = err(&["--deadline-ms", "0"]);
+    assert!(
+        e.contains("--deadline-ms") && e.contains("at least 1"),
+        "{e}"
+    );
 }

@@ -1,6 +1,8 @@
-//! A service config's `timeout` is the method's default deadline: a call whose caller set
-//! none gets it (sent as `grpc-timeout`, bounding its retries), a deadline of the caller's
-//! own wins, and it wins over the layer-wide default.
+//! A service config's `timeout` caps the deadline of its method's calls, as gRPC specifies
+//! ("the actual deadline used will be the minimum of the value specified here and the value
+//! set by the application"): a call whose caller set none gets it (sent as `grpc-timeout`,
+//! bounding its retries), a longer deadline of the caller's own is cut to it, a shorter one
+//! is kept, and it wins over the layer-wide default.
 #![allow(clippy::unwrap_used)]
 
 mod client_support;
@@ -25,7 +27,7 @@ fn layer() -> RetryLayer {
 }
 
 #[tokio::test]
-async fn a_method_timeout_is_the_default_deadline_of_its_calls() {
+async fn a_method_timeout_caps_the_deadline_of_its_calls() {
     let svc = Scripted::always(Step::Ok);
     let mut client = setup(&svc, layer()).await;
 
@@ -33,6 +35,9 @@ async fn a_method_timeout_is_the_default_deadline_of_its_calls() {
     let mut own = Request::new(reserve("own-deadline"));
     own.set_timeout(Duration::from_secs(5));
     client.reserve(own).await.unwrap();
+    let mut short = Request::new(reserve("short-deadline"));
+    short.set_timeout(Duration::from_millis(100));
+    client.reserve(short).await.unwrap();
 
     let seen = svc.seen();
     let sent = seen[0]
@@ -42,7 +47,13 @@ async fn a_method_timeout_is_the_default_deadline_of_its_calls() {
         sent <= Duration::from_millis(250) && sent > Duration::from_millis(200),
         "{sent:?}"
     );
-    // The caller's own deadline wins over the method's.
+    // A caller's own deadline longer than the method's limit is cut to it ...
     let own = seen[1].timeout().unwrap();
-    assert!(own > Duration::from_secs(4), "{own:?}");
+    assert!(
+        own <= Duration::from_millis(250) && own > Duration::from_millis(200),
+        "{own:?}"
+    );
+    // ... and a shorter one is kept as the caller wrote it.
+    let short = seen[2].timeout().unwrap();
+    assert!(short <= Duration::from_millis(100), "{short:?}");
 }

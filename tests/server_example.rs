@@ -37,7 +37,7 @@ impl Drop for File {
     }
 }
 
-fn args(list: &[&str]) -> Result<example::Args, String> {
+fn args(list: &[&str]) -> Result<example::Args, clap::Error> {
     example::parse_args(list.iter().map(|s| s.to_string()))
 }
 
@@ -64,7 +64,7 @@ fn config_file_sets_the_whole_admission_config() {
     assert_eq!(config.max_time_queued, Duration::from_millis(400));
     assert_eq!(config.queue_order, QueueOrder::Fifo);
     assert_eq!(config.shed_code, Code::ResourceExhausted);
-    assert_eq!(config.seed, 5);
+    assert_eq!(config.seed, Some(5));
 }
 
 #[test]
@@ -100,7 +100,17 @@ fn config_excludes_the_flags_that_also_set_it() {
         let mut list = vec!["--config", "admission.json"];
         list.extend_from_slice(flag);
         let error = args(&list).unwrap_err();
-        assert!(error.contains("exclude each other"), "{error}");
+        assert_eq!(
+            error.kind(),
+            clap::error::ErrorKind::ArgumentConflict,
+            "{error}"
+        );
+        assert_eq!(error.exit_code(), 2);
+        let message = error.to_string();
+        assert!(
+            message.contains("'--config <FILE>' cannot be used with") && message.contains(list[2]),
+            "{message}"
+        );
     }
     // Without --config the flags still build it.
     let args = args(&["--workers", "2", "--queue", "16", "--lifo-depth", "3"]).unwrap();

@@ -59,7 +59,7 @@ async fn quick_storm_has_the_shape_of_the_report() {
         for share in [p.goodput_before, p.goodput_during, p.goodput_after] {
             assert!((0.0..=1.0).contains(&share), "{}: share {share}", p.name);
         }
-        // Every policy's client and server use the h2 settings of the operating notes:
+        // Every policy's client and server use the h2 settings of docs/operating.md:
         // no attempt is lost to a closed connection, however hard the storm.
         assert_eq!(p.connection_errors, 0, "{}: connection failures", p.name);
         // Only a shedding server sends pushback; only a budgeted client refuses retries.

@@ -67,8 +67,9 @@
 //! Prefer `Request::set_timeout` (or [`RetryLayer::with_default_timeout`], or a deadline in
 //! the [`CallContext`](context::CallContext)) for the call and the per-attempt timeout for
 //! attempts: the server then knows both and can drop work nobody waits for. The call's
-//! deadline is the earliest of the request's `grpc-timeout` and the context's deadline; the
-//! layer's default applies only when neither is set. The layer's own timer also counts the
+//! deadline is the earliest of the request's `grpc-timeout`, the context's deadline and the
+//! method's limit from the service config (a cap, as gRPC specifies); the layer's default
+//! applies only when none is set. The layer's own timer also counts the
 //! time an attempt waits in the channel's buffer, which the channel's `grpc-timeout` timer
 //! does not. An attempt answered after its per-attempt timeout with `DEADLINE_EXCEEDED` or
 //! `CANCELLED` (tonic's answer to an expired `grpc-timeout`) counts as timed out too.

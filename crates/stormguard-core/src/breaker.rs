@@ -123,25 +123,40 @@ const MAX_OPEN_JITTER: f64 = 10.0;
 pub const TRANSITION_LOG: usize = 8;
 
 /// Configuration of a [`CircuitBreaker`].
-#[derive(Debug, Clone, PartialEq)]
+///
+/// Deserializes from an object of these fields (stormguard's `breaker`), each optional
+/// (its default when absent), durations with their unit (`"5s"`); unknown fields are
+/// refused. [`CircuitBreaker::new`] validates it.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(
+    default,
+    deny_unknown_fields,
+    expecting = "an object of breaker settings"
+)]
 pub struct BreakerConfig {
     /// Open when `failures / total` over the window is at least this. In `(0, 1]`;
     /// default `0.5`.
+    #[serde(deserialize_with = "crate::config::finite")]
     pub failure_rate: f64,
     /// Length of the sliding window the rate is computed over. From 1 s to 600 s;
     /// default 10 s.
+    #[serde(with = "crate::config::duration")]
     pub window: Duration,
     /// Minimum number of outcomes in the window before the breaker may open, so that a
     /// single early failure does not trip it. At least 1; default 20.
+    #[serde(deserialize_with = "crate::config::whole")]
     pub min_requests: u32,
     /// Base duration of the open state. Greater than zero and at most one hour;
     /// default 5 s.
+    #[serde(with = "crate::config::duration")]
     pub open_for: Duration,
     /// Each open period lasts `open_for · (1 + U[0, open_jitter])`, so that breakers that
     /// opened together do not probe together. In `[0, 10]`; default `0.5`.
+    #[serde(deserialize_with = "crate::config::finite")]
     pub open_jitter: f64,
     /// Probes admitted at once in the half-open state, and probe successes needed to
     /// close. At least 1; default 3.
+    #[serde(deserialize_with = "crate::config::whole")]
     pub half_open_probes: u32,
 }
 

@@ -40,23 +40,48 @@
 //! `Arc<dyn Budget>`). [`RetryBudget`] is the Finagle-style budget described above;
 //! [`crate::throttle::A6Throttle`] is gRPC's A6 `retryThrottling` token bucket.
 //!
+//! # Adopting only the budget, with tower
+//!
+//! A tower or linkerd-style stack that already has its retry policy (its own reading of
+//! responses, its own replay of request bodies, `tower::retry::Retry`) may want none of
+//! stormguard's layers, only a budget that does what its configuration says. tower's
+//! `TpsBudget` does not, in each of the ways listed below, and each shows exactly when a
+//! budget matters: under load, with many threads and steady traffic. With this crate's
+//! `tower` feature (or the `stormguard` crate's `tower-budget`), [`RetryBudget`] and
+//! [`crate::throttle::A6Throttle`] implement `tower::retry::budget::Budget`, so either
+//! takes `TpsBudget`'s place in a `tower::retry::Policy` with the same two calls. The
+//! implementation's docs on [`RetryBudget`] show a policy over `Arc<RetryBudget>`; those on
+//! [`crate::throttle::A6Throttle`] say how A6's three events map onto tower's two calls.
+//! The feature adds tower's `retry` module and nothing of tonic, http or hyper.
+//!
 //! # How [`RetryBudget`] differs from tower's `TpsBudget`
 //!
-//! It follows the same semantics, with three fixes:
+//! It follows the same semantics (Finagle's: a reserve of `min_retries_per_second × ttl`,
+//! `retry_ratio` of a retry per deposit, withdrawals that count for `ttl`), with these
+//! fixes, each read from tower 0.5's `retry/budget/tps_budget.rs`:
 //!
-//! - **No lock.** The window is two rings of slots (deposits and withdrawals), each slot
-//!   one `AtomicU64` holding a 32-bit slot epoch and a 32-bit count, updated by
-//!   compare-and-swap. A withdrawal that finds less than one retry is refused without
-//!   writing anything; otherwise it is counted first, the window is summed again, and it
-//!   is undone and refused if the balance went below zero, so concurrent callers can
-//!   never take more retries than the window holds (a race can only refuse too many).
+//! - **No lock, and no over-allocation.** `TpsBudget` takes a `Mutex` on every deposit
+//!   and every withdrawal (to expire old slots), then checks the balance and subtracts
+//!   after releasing it, so two threads can both take the last retry. Here the window is
+//!   two rings of slots (deposits and withdrawals), each slot one `AtomicU64` holding a
+//!   32-bit slot epoch and a 32-bit count, updated by compare-and-swap. A withdrawal that
+//!   finds less than one retry is refused without writing anything; otherwise it is
+//!   counted first, the window is summed again, and it is undone and refused if the
+//!   balance went below zero, so concurrent callers can never take more retries than the
+//!   window holds (a race can only refuse too many).
 //! - **An exact window.** A slot's epoch is derived from the call's own instant, so a
-//!   deposit counts for `ttl` (minus at most one slot width, never more) whatever the
-//!   timing of the calls. tower's slots advance from the time of the last expiry and, when
-//!   calls do not line up with its slot width, deposits expire about twice too early.
-//! - **Exact ratios.** Accounting is in integer micro-retries, so a ratio of 0.6 gives
-//!   exactly 6 retries per 10 successes (tower issue #857 over-allocates below 1) and
-//!   there is no floating-point drift.
+//!   deposit counts until exactly `ttl` after the start of its slot, to the nanosecond:
+//!   for `ttl` less at most one slot width (`ttl / 16`), never more, whatever the timing
+//!   of the calls. `TpsBudget`'s 10 slots advance from the instant of the last expiry,
+//!   and an expiry that finds more than one slot width gone clears one more slot for each
+//!   further width or part of one, so when calls do not line up with its slot width the
+//!   window expires about twice as fast: steady calls every 7 ms against a 1 s `ttl`
+//!   keep about 0.6 s of deposits.
+//! - **Exact ratios.** `TpsBudget` turns a ratio below 1 into a whole number of deposits
+//!   per retry, `(1.0 / retry_percent) as isize`: 0.6 becomes 1, so 10 successes allow
+//!   10 retries (tower issue #857), and 0.3 becomes 3 (one retry per 3 successes).
+//!   Accounting here is in integer micro-retries: 0.6 gives exactly 6 retries per 10
+//!   successes, and there is no floating-point drift.
 //!
 //! Time comes only from the `now` argument of the `*_at` methods (the convenience forms
 //! read [`Instant::now`], which follows tokio's paused clock in tests).
@@ -163,20 +188,33 @@ pub trait Budget: Send + Sync + fmt::Debug {
 /// assert!(config.validate().is_ok());
 /// assert!(BudgetConfig { retry_ratio: 0.0, ..config }.validate().is_err());
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+///
+/// Deserializes from an object of these fields (stormguard's `retry.budget`), each
+/// optional (its default when absent), durations with their unit (`"10s"`); unknown
+/// fields are refused. [`RetryBudget::new`] validates it.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(
+    default,
+    deny_unknown_fields,
+    expecting = "an object of budget settings"
+)]
 pub struct BudgetConfig {
     /// How long a deposit (a success) and a withdrawal (a retry) count. 1 s to 60 s.
+    #[serde(with = "crate::config::duration")]
     pub ttl: Duration,
     /// The standing reserve: `min_retries_per_second × ttl` retries per window, whatever
     /// the success traffic. Below 2³¹.
+    #[serde(deserialize_with = "crate::config::whole")]
     pub min_retries_per_second: u32,
     /// Retries minted per success: 0.1 allows one retry per ten successes. In (0, 1000],
     /// resolved to millionths (truncated), and at least 0.000001.
+    #[serde(deserialize_with = "crate::config::finite")]
     pub retry_ratio: f64,
     /// How many processes share the dependency: the standing reserve is divided by it, so
     /// the *fleet* gets `min_retries_per_second`, not each process (see
     /// [the module docs](self#a-floor-for-the-fleet-not-for-each-process)). 1 (the
     /// default) to [`MAX_FLEET_SIZE`].
+    #[serde(deserialize_with = "crate::config::whole")]
     pub fleet_size: u32,
 }
 
@@ -252,7 +290,9 @@ pub(crate) fn truncate_decimal(x: f64, scale: f64) -> u64 {
     m as u64
 }
 
-/// Slots per window. A deposit counts for between `ttl - ttl/SLOTS` and `ttl`.
+/// Slots per window. A deposit (or a withdrawal) counts from its instant until exactly
+/// `ttl` after the start of its slot: for more than `ttl` less the slot's width
+/// (`ttl / SLOTS`, rounded to a whole nanosecond) and at most `ttl`.
 const SLOTS: usize = 16;
 
 /// The largest fleet size a [`RetryBudget`] accepts.
@@ -304,9 +344,10 @@ struct Shared {
     /// up to a window older than the first one seen (another thread read the clock a
     /// little earlier) still lands in its own slot.
     origin: OnceLock<Instant>,
-    /// `u64::MAX / slot_nanos`: the epoch is a multiply and a shift, not a division.
-    /// Slot width is `ttl / SLOTS - 1` ns (+1 ns at most from the reciprocal), so
-    /// `SLOTS` slots never span more than `ttl`.
+    /// The window in nanoseconds (1 s to 60 s, so below 2³⁶).
+    ttl_nanos: u64,
+    /// `⌊2⁶⁴ · SLOTS / ttl_nanos⌋` (below 2³⁹): the epoch is a multiply, a shift and one
+    /// correcting compare, not a division.
     slot_reciprocal: u64,
     /// The standing reserve of a fleet of one, in micro-retries; divided by `fleet`.
     reserve_micros: i128,
@@ -373,7 +414,8 @@ impl RetryBudget {
         Ok(RetryBudget {
             shared: Arc::new(Shared {
                 origin: OnceLock::new(),
-                slot_reciprocal: u64::MAX / (ttl_nanos / SLOTS as u64 - 1),
+                ttl_nanos,
+                slot_reciprocal: (((SLOTS as u128) << 64) / u128::from(ttl_nanos)) as u64,
                 reserve_micros,
                 configured_fleet: fleet_size,
                 fleet: AtomicU32::new(fleet_size),
@@ -422,7 +464,12 @@ impl RetryBudget {
 }
 
 impl Shared {
-    /// The slot epoch of `now`. Slot words keep its low 32 bits.
+    /// The slot epoch of `now`: `⌊SLOTS · n / ttl⌋` for `n` ns since the origin, exactly.
+    /// Slot words keep its low 32 bits.
+    ///
+    /// Slot `e` therefore begins at `⌈e · ttl / SLOTS⌉` ns, and slot `e + SLOTS` exactly
+    /// `ttl` later: a deposit counts until `ttl` after the start of its own slot (see
+    /// [`SLOTS`]), to the nanosecond, whether or not `ttl` is a multiple of `SLOTS` ns.
     fn epoch(&self, now: Instant) -> u64 {
         let window = self.config.ttl;
         let origin = *self
@@ -433,9 +480,12 @@ impl Shared {
             .as_secs()
             .saturating_mul(1_000_000_000)
             .saturating_add(u64::from(since.subsec_nanos()));
-        // ⌊nanos / slot⌋ or one less: monotonic, with every slot `slot` or `slot + 1` ns
-        // wide.
-        ((u128::from(nanos) * u128::from(self.slot_reciprocal)) >> 64) as u64
+        // The reciprocal is at most 1 below `2⁶⁴ · SLOTS / ttl`, so the product is below the
+        // exact quotient by less than `nanos / 2⁶⁴ < 1`: `q` is the quotient or one less,
+        // and one compare settles which. `q < 2³⁹` and `ttl < 2³⁶`: nothing overflows.
+        let q = ((u128::from(nanos) * u128::from(self.slot_reciprocal)) >> 64) as u64;
+        let scaled = u128::from(nanos) * SLOTS as u128;
+        q + u64::from(u128::from(q + 1) * u128::from(self.ttl_nanos) <= scaled)
     }
 
     /// Moves the head to `epoch` if it is behind; returns the head afterwards.
@@ -566,6 +616,97 @@ impl Budget for RetryBudget {
     }
 }
 
+/// With the `tower` feature: the budget as a tower retry budget, for a
+/// [`tower::retry::Policy`] (see [the module docs](self#adopting-only-the-budget-with-tower)).
+///
+/// The two calls mean what they mean in [`Budget`], at [`Instant::now`] (tokio's clock,
+/// paused in tests, as `TpsBudget` reads it):
+///
+/// - `deposit()`: a logical call succeeded; it mints `retry_ratio` of a retry for `ttl`.
+/// - `withdraw()`: may one retry go out? `true` spends it. Ask last, after the policy's
+///   own reasons to stop (attempts, status, deadline): a granted retry is spent even if
+///   the policy then does not send it.
+///
+/// Both traits name these methods `deposit` and `withdraw`. With only one in scope
+/// `budget.withdraw()` is that one's; with both, name the trait:
+/// `tower::retry::budget::Budget::withdraw(&*budget)`.
+///
+/// A [`tower::retry::Policy`] that retries a failed call at most twice, while the budget
+/// allows, through [`tower::retry::Retry`]:
+///
+/// ```
+/// use std::future;
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+///
+/// use stormguard_core::budget::{BudgetConfig, RetryBudget};
+/// use tower::retry::budget::Budget;
+/// use tower::retry::{Policy, Retry};
+/// use tower::{ServiceExt, service_fn};
+///
+/// #[derive(Clone, Debug)]
+/// struct Attempts {
+///     budget: Arc<RetryBudget>,
+///     retries_left: u32,
+/// }
+///
+/// impl<Req: Clone, Res, E> Policy<Req, Res, E> for Attempts {
+///     type Future = future::Ready<()>;
+///
+///     fn retry(&mut self, _req: &mut Req, result: &mut Result<Res, E>) -> Option<Self::Future> {
+///         match result {
+///             Ok(_) => {
+///                 self.budget.deposit();
+///                 None
+///             }
+///             // The budget is asked last: a granted retry is spent.
+///             Err(_) if self.retries_left > 0 && self.budget.withdraw() => {
+///                 self.retries_left -= 1;
+///                 Some(future::ready(()))
+///             }
+///             Err(_) => None,
+///         }
+///     }
+///
+///     fn clone_request(&mut self, req: &Req) -> Option<Req> {
+///         Some(req.clone())
+///     }
+/// }
+///
+/// // No standing reserve: only successes pay for retries, one per ten.
+/// let config = BudgetConfig { min_retries_per_second: 0, ..BudgetConfig::default() };
+/// let budget = Arc::new(RetryBudget::new(config)?);
+/// for _ in 0..10 {
+///     budget.deposit(); // ten successes on the same budget
+/// }
+///
+/// let attempts = Arc::new(AtomicUsize::new(0));
+/// let counted = Arc::clone(&attempts);
+/// let unavailable = service_fn(move |_request: &'static str| {
+///     counted.fetch_add(1, Ordering::Relaxed);
+///     future::ready(Err::<(), _>("unavailable"))
+/// });
+/// let policy = Attempts { budget: Arc::clone(&budget), retries_left: 2 };
+/// let retry = Retry::new(policy, unavailable);
+///
+/// let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+/// let result = runtime.block_on(retry.oneshot("GetItem"));
+/// assert_eq!(result, Err("unavailable"));
+/// // Two retries were allowed by the policy; the budget paid for one.
+/// assert_eq!(attempts.load(Ordering::Relaxed), 2);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[cfg(feature = "tower")]
+impl tower::retry::budget::Budget for RetryBudget {
+    fn deposit(&self) {
+        self.deposit_at(Instant::now());
+    }
+
+    fn withdraw(&self) -> bool {
+        self.withdraw_at(Instant::now())
+    }
+}
+
 impl fmt::Debug for RetryBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryBudget")
@@ -671,6 +812,83 @@ impl Budget for Unlimited {
 
     fn balance_at(&self, _now: Instant) -> f64 {
         f64::INFINITY
+    }
+}
+
+/// One request through a real `tower::retry::Retry`, for the tests of both budgets' tower
+/// implementations.
+#[cfg(all(test, feature = "tower"))]
+pub(crate) mod tower_harness {
+    use std::future;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tower::retry::budget::Budget;
+    use tower::retry::{Policy, Retry};
+    use tower::{ServiceExt, service_fn};
+
+    /// A stop for a budget that grants every retry: the test then fails, not hangs.
+    const SAFETY_STOP: usize = 100;
+
+    /// Retries every failure while the budget allows (the budget is its only limit, short
+    /// of [`SAFETY_STOP`] retries) and deposits every success.
+    #[derive(Debug)]
+    struct BudgetOnly<B> {
+        budget: Arc<B>,
+        retries: usize,
+    }
+
+    impl<B> Clone for BudgetOnly<B> {
+        fn clone(&self) -> Self {
+            BudgetOnly {
+                budget: Arc::clone(&self.budget),
+                retries: self.retries,
+            }
+        }
+    }
+
+    impl<B: Budget, Req: Clone, Res, E> Policy<Req, Res, E> for BudgetOnly<B> {
+        type Future = future::Ready<()>;
+
+        fn retry(&mut self, _req: &mut Req, result: &mut Result<Res, E>) -> Option<Self::Future> {
+            match result {
+                Ok(_) => {
+                    self.budget.deposit();
+                    None
+                }
+                Err(_) if self.retries < SAFETY_STOP && self.budget.withdraw() => {
+                    self.retries += 1;
+                    Some(future::ready(()))
+                }
+                Err(_) => None,
+            }
+        }
+
+        fn clone_request(&mut self, req: &Req) -> Option<Req> {
+            Some(req.clone())
+        }
+    }
+
+    /// Sends one request through `Retry` with [`BudgetOnly`] over `budget` to a service
+    /// whose every attempt succeeds if `succeeds` and fails otherwise. Returns how many
+    /// attempts reached the service and whether the call succeeded.
+    pub(crate) async fn call<B: Budget>(budget: &Arc<B>, succeeds: bool) -> (usize, bool) {
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&attempts);
+        let service = service_fn(move |request: u32| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            future::ready(if succeeds {
+                Ok(request)
+            } else {
+                Err("unavailable")
+            })
+        });
+        let policy = BudgetOnly {
+            budget: Arc::clone(budget),
+            retries: 0,
+        };
+        let result = Retry::new(policy, service).oneshot(7).await;
+        (attempts.load(Ordering::SeqCst), result.is_ok())
     }
 }
 
@@ -1030,6 +1248,27 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_deposit_17_ns_before_a_slot_boundary_counts_until_ttl_after_its_slot_began() {
+        // The first call at t0 starts a slot: slots are ttl / 16 = 62.5 ms wide from there.
+        let ttl = Duration::from_secs(1);
+        let slot = ttl / SLOTS as u32;
+        let t0 = Instant::now() + Duration::from_secs(61);
+        let b = budget(1, 0, 1.0);
+        assert_eq!(b.balance_at(t0), 0.0);
+        // Made 17 ns before the next boundary, in the slot that began at t0.
+        let at = t0 + slot - Duration::from_nanos(17);
+        b.deposit_at(at);
+        // It counts for `ttl - slot` at least, and until exactly `ttl` after t0.
+        assert_eq!(
+            b.balance_at(at + (ttl - slot)),
+            1.0,
+            "counted for ttl - slot"
+        );
+        assert_eq!(b.balance_at(t0 + ttl - Duration::from_nanos(1)), 1.0);
+        assert_eq!(b.balance_at(t0 + ttl), 0.0, "gone ttl after its slot began");
+    }
+
     /// Deposits at the given instants (sorted) and, every ms, checks that the balance lies
     /// between the deposits younger than `ttl - slot` and those younger than `ttl`.
     fn check_window(ttl_secs: u64, deposits: &[Instant], start: Instant, end: Instant) {
@@ -1360,6 +1599,31 @@ mod tests {
         assert_eq!(granted + drain(&b, t0), ROUNDS, "no count was lost");
     }
 
+    #[cfg(feature = "tower")]
+    #[tokio::test(start_paused = true)]
+    async fn through_tower_retry_retries_stop_when_the_budget_is_spent() {
+        use super::tower_harness::call;
+        let b = Arc::new(budget(10, 0, 0.5));
+        // No reserve: a failing call is not retried until successes have paid for it.
+        assert_eq!(call(&b, false).await, (1, false));
+        // Four successes through the tower stack mint two retries.
+        for _ in 0..4 {
+            assert_eq!(call(&b, true).await, (1, true));
+        }
+        assert_eq!(b.balance(), 2.0);
+        // The dependency fails: the next call takes both retries, the one after gets none.
+        assert_eq!(call(&b, false).await, (3, false));
+        assert_eq!(b.balance(), 0.0);
+        assert_eq!(call(&b, false).await, (1, false));
+        // A window later the deposits have expired with the retries they paid for.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(call(&b, false).await, (1, false));
+        for _ in 0..2 {
+            assert_eq!(call(&b, true).await, (1, true));
+        }
+        assert_eq!(call(&b, false).await, (2, false));
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Deposit(u64),
@@ -1373,8 +1637,125 @@ mod tests {
         ]
     }
 
+    /// The reference window, in exact integer arithmetic: `ttl` is cut into `SLOTS`
+    /// slots of `ttl / SLOTS` ns (a fraction when `ttl` is not a multiple of `SLOTS` ns),
+    /// each starting at the first whole nanosecond at or after its exact start; an event
+    /// at `at` ns after the origin counts until `ttl` after the start of its slot. Returns
+    /// (the start of the slot after `at`'s, the first nanosecond `at` no longer counts).
+    fn reference_slot(ttl_nanos: u64, at: u64) -> (u64, u64) {
+        let (ttl, at, slots) = (u128::from(ttl_nanos), u128::from(at), SLOTS as u128);
+        let slot = at * slots / ttl;
+        let start = (slot * ttl).div_ceil(slots);
+        let next = ((slot + 1) * ttl).div_ceil(slots);
+        (next as u64, (start + ttl) as u64)
+    }
+
+    /// How the next event's instant follows the previous one.
+    #[derive(Debug, Clone)]
+    enum Gap {
+        /// Any nanosecond up to a third of a window later.
+        Within(u64),
+        /// This many ns before the next slot boundary (or the one after it, if that one is
+        /// too close): where rounding in the slot arithmetic shows.
+        BeforeBoundary(u64),
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    enum Event {
+        Deposit,
+        Withdraw,
+        Read,
+    }
+
+    fn gap() -> impl Strategy<Value = Gap> {
+        prop_oneof![
+            any::<u64>().prop_map(Gap::Within),
+            (0u64..64).prop_map(Gap::BeforeBoundary),
+            Just(Gap::Within(0)),
+        ]
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            Just(Event::Deposit),
+            Just(Event::Withdraw),
+            Just(Event::Read)
+        ]
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Deposits and withdrawals at arbitrary nanoseconds, under any `ttl` (a whole
+        /// number of slots in nanoseconds or not): the balance read at the last nanosecond
+        /// each one counts and at the first it does not, and every grant, agree exactly
+        /// with the reference window; and that window is the documented one: an event
+        /// counts for more than `ttl` less one slot and at most `ttl`.
+        #[test]
+        fn deposits_and_withdrawals_stop_counting_exactly_when_the_reference_says(
+            ttl_nanos in 1_000_000_000u64..=60_000_000_000,
+            min in 0u32..3,
+            steps in proptest::collection::vec((gap(), event()), 1..60),
+        ) {
+            let ttl = Duration::from_nanos(ttl_nanos);
+            let b = RetryBudget::new(BudgetConfig {
+                ttl,
+                min_retries_per_second: min,
+                retry_ratio: 1.0,
+                ..BudgetConfig::default()
+            })
+            .expect("valid test config");
+            // Far enough from the clock's zero for `t0 - ttl`, the origin, to exist.
+            let t0 = Instant::now() + Duration::from_secs(61);
+            let at = |n: u64| t0 + Duration::from_nanos(n - ttl_nanos);
+            let reserve = i128::from(min) * i128::from(ttl_nanos / 1000);
+            prop_assert_eq!(b.balance_at(t0), reserve as f64 / MICROS_PER_RETRY as f64);
+            // Times are ns after the origin, `t0 - ttl`. Each deposit and withdrawal brings
+            // two reads: at the last nanosecond it counts and at the first it does not.
+            let mut timeline = Vec::new();
+            let mut n = ttl_nanos;
+            for (gap, event) in steps {
+                n = match gap {
+                    Gap::Within(g) => n + g % (ttl_nanos / 3),
+                    Gap::BeforeBoundary(k) => {
+                        let (next, _) = reference_slot(ttl_nanos, n);
+                        let (after, _) = reference_slot(ttl_nanos, next);
+                        if next - k >= n { next - k } else { after - k }
+                    }
+                };
+                timeline.push((n, event));
+                if !matches!(event, Event::Read) {
+                    let (_, end) = reference_slot(ttl_nanos, n);
+                    let width = ttl_nanos.div_ceil(SLOTS as u64);
+                    prop_assert!(end - n <= ttl_nanos && end - n > ttl_nanos - width);
+                    timeline.push((end - 1, Event::Read));
+                    timeline.push((end, Event::Read));
+                }
+            }
+            timeline.sort_by_key(|&(n, _)| n);
+            let (mut deposits, mut withdrawals) = (Vec::new(), Vec::new());
+            for (n, event) in timeline {
+                let counting = |ends: &Vec<u64>| ends.iter().filter(|&&end| n < end).count() as i128;
+                let micros = reserve + MICROS_PER_RETRY * (counting(&deposits) - counting(&withdrawals));
+                match event {
+                    Event::Deposit => {
+                        b.deposit_at(at(n));
+                        deposits.push(reference_slot(ttl_nanos, n).1);
+                    }
+                    Event::Withdraw => {
+                        let granted = b.withdraw_at(at(n));
+                        prop_assert_eq!(granted, micros >= MICROS_PER_RETRY, "withdrawal at {} ns", n);
+                        if granted {
+                            withdrawals.push(reference_slot(ttl_nanos, n).1);
+                        }
+                    }
+                    Event::Read => {
+                        let expected = micros.max(0) as f64 / MICROS_PER_RETRY as f64;
+                        prop_assert_eq!(b.balance_at(at(n)), expected, "read at {} ns", n);
+                    }
+                }
+            }
+        }
 
         /// Within one window nothing expires: the budget agrees exactly with an integer
         /// model, and grants never exceed reserve + ratio × deposits.

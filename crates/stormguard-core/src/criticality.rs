@@ -49,10 +49,7 @@
 //! assert_eq!(table.resolve("/shop.Cart/Add", None), Criticality::Default);
 //! ```
 
-use serde_json::Value;
-
 use crate::admission::AttemptClass;
-use crate::config::{as_object, as_str, check_keys, parse_object};
 use crate::error::ConfigError;
 
 /// The request header that carries a call's criticality: `critical`, `default` or
@@ -238,47 +235,6 @@ impl CriticalityTable {
     pub fn resolve(&self, path: &str, header: Option<&[u8]>) -> Criticality {
         Criticality::from_header(header).min(self.class_for(path))
     }
-
-    /// Reads `{"criticality": {"default": CLASS, "methods": {PATH: CLASS, ...}}}` (both
-    /// keys optional; the default class defaults to `default`). An error names the
-    /// field as written.
-    ///
-    /// ```
-    /// use stormguard_core::criticality::CriticalityTable;
-    ///
-    /// let bad = CriticalityTable::from_json(r#"{"criticality": {"default": "high"}}"#);
-    /// assert!(bad.unwrap_err().to_string().contains("criticality.default"));
-    /// ```
-    pub fn from_json(json: &str) -> Result<Self, ConfigError> {
-        let root = parse_object(json)?;
-        check_keys(&root, "", &["criticality"])?;
-        let Some(v) = root.get("criticality") else {
-            return Ok(CriticalityTable::default());
-        };
-        let c = as_object(v, "criticality")?;
-        check_keys(c, "criticality", &["default", "methods"])?;
-        let mut table = match c.get("default") {
-            Some(v) => CriticalityTable::new(class(v, "criticality.default")?),
-            None => CriticalityTable::default(),
-        };
-        if let Some(v) = c.get("methods") {
-            for (path, v) in as_object(v, "criticality.methods")? {
-                let class = class(v, &format!("criticality.methods.{path}"))?;
-                table = table.with_method(path.clone(), class)?;
-            }
-        }
-        Ok(table)
-    }
-}
-
-fn class(v: &Value, field: &str) -> Result<Criticality, ConfigError> {
-    let s = as_str(v, field)?;
-    Criticality::from_value(s.as_bytes()).ok_or_else(|| {
-        ConfigError::invalid(
-            field,
-            format!("expected \"critical\", \"default\" or \"sheddable\", got {s:?}"),
-        )
-    })
 }
 
 #[cfg(test)]
@@ -350,36 +306,6 @@ mod tests {
         assert_eq!(t.resolve("/a.S/Pay", Some(b"sheddable")), Sheddable);
         assert_eq!(t.resolve("/a.S/Pay", Some(b"CRITICAL")), Default);
         assert_eq!(t.resolve("/a.S/Pay", None), Default);
-    }
-
-    #[test]
-    fn json_errors_name_the_field() {
-        let field = |json: &str| match CriticalityTable::from_json(json).unwrap_err() {
-            ConfigError::Invalid { field, .. } => field,
-            ConfigError::Malformed(m) => format!("malformed: {m}"),
-            read @ ConfigError::Read { .. } => read.to_string(),
-        };
-        assert_eq!(field(r#"{"criticalty": {}}"#), "criticalty");
-        assert_eq!(
-            field(r#"{"criticality": {"default": "high"}}"#),
-            "criticality.default"
-        );
-        assert_eq!(
-            field(r#"{"criticality": {"methods": {"/a.S/M": 3}}}"#),
-            "criticality.methods./a.S/M"
-        );
-        assert_eq!(
-            field(r#"{"criticality": {"methods": {"a.S/M": "critical"}}}"#),
-            "criticality.methods.a.S/M"
-        );
-        assert_eq!(
-            field(r#"{"criticality": {"method": {}}}"#),
-            "criticality.method"
-        );
-        assert_eq!(
-            CriticalityTable::from_json("{}").unwrap(),
-            CriticalityTable::default()
-        );
     }
 
     proptest! {

@@ -214,7 +214,7 @@ pub enum DeadlineSource {
     Caller,
     /// The inbound call this one is made for (the [`CallContext`](crate::context::CallContext)'s deadline).
     Inbound,
-    /// The method's own default (a service config's `timeout`).
+    /// The method's own limit (a service config's `timeout`), which caps the others.
     Method,
     /// The layer's default for calls that carry none.
     Layer,
@@ -245,10 +245,13 @@ pub struct CallTimes {
 }
 
 /// The deadline of a call that starts at `now`, in one place for the layer and the
-/// simulator: the earliest of the caller's own timeout and the inbound call's deadline;
-/// when neither is set, the method's default (`method`, a service config's `timeout`),
-/// else the layer's default. Every limit saturates: `Duration::MAX` means "no practical
-/// limit", not a panic.
+/// simulator: the earliest of the caller's own timeout, the inbound call's deadline and the
+/// method's own limit (`method`, a service config's `timeout`: as gRPC specifies, "the
+/// actual deadline used will be the minimum of the value specified here and the value set
+/// by the application"); when none of them is set, the layer's default. Every limit
+/// saturates: `Duration::MAX` means "no practical limit", not a panic. A tie goes to the
+/// caller, then to the inbound call (the caller's header is then already what an attempt
+/// must say).
 ///
 /// ```
 /// use std::time::Duration;
@@ -257,8 +260,11 @@ pub struct CallTimes {
 /// let now = Instant::now();
 /// let ms = Duration::from_millis;
 /// let times = CallTimes { caller: Some(ms(300)), inbound: Some(now + ms(200)), ..CallTimes::default() };
-/// let d = resolve_deadline_at(&times, Some(ms(50)), now).unwrap();
+/// let d = resolve_deadline_at(&times, None, now).unwrap();
 /// assert_eq!((d.at, d.source), (now + ms(200), DeadlineSource::Inbound));
+/// // The service owner's limit caps what the application asked for.
+/// let capped = resolve_deadline_at(&times, Some(ms(50)), now).unwrap();
+/// assert_eq!((capped.at, capped.source), (now + ms(50), DeadlineSource::Method));
 /// let none = CallTimes { default: Some(ms(150)), ..CallTimes::default() };
 /// assert_eq!(resolve_deadline_at(&none, None, now).unwrap().source, DeadlineSource::Layer);
 /// assert!(resolve_deadline_at(&CallTimes::default(), None, now).is_none());
@@ -269,30 +275,18 @@ pub fn resolve_deadline_at(
     now: Instant,
 ) -> Option<CallDeadline> {
     let after = |t: Duration| Deadline::after_at(now, t).instant();
-    let caller = times.caller.map(|t| CallDeadline {
-        at: after(t),
-        source: DeadlineSource::Caller,
-    });
-    let inbound = times.inbound.map(|at| CallDeadline {
-        at,
-        source: DeadlineSource::Inbound,
-    });
-    match (caller, inbound) {
-        // A tie goes to the caller: its header is then already what the attempt must say.
-        (Some(c), Some(i)) => Some(if i.at < c.at { i } else { c }),
-        (Some(d), None) | (None, Some(d)) => Some(d),
-        (None, None) => method
-            .map(|t| CallDeadline {
-                at: after(t),
-                source: DeadlineSource::Method,
-            })
-            .or_else(|| {
-                times.default.map(|t| CallDeadline {
-                    at: after(t),
-                    source: DeadlineSource::Layer,
-                })
-            }),
-    }
+    let limits = [
+        times.caller.map(|t| (after(t), DeadlineSource::Caller)),
+        times.inbound.map(|at| (at, DeadlineSource::Inbound)),
+        method.map(|t| (after(t), DeadlineSource::Method)),
+    ];
+    // `min_by_key` keeps the first of equal keys: the order above breaks ties.
+    limits
+        .into_iter()
+        .flatten()
+        .min_by_key(|(at, _)| *at)
+        .or_else(|| times.default.map(|t| (after(t), DeadlineSource::Layer)))
+        .map(|(at, source)| CallDeadline { at, source })
 }
 
 /// The furthest a deadline is ever placed: about a century, so `Instant` arithmetic never

@@ -4,6 +4,8 @@
 //! their own settings, and the config module, which builds those settings from documents,
 //! do not import each other.
 
+use std::path::PathBuf;
+
 /// An invalid configuration: names the field and the reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -26,6 +28,29 @@ pub enum ConfigError {
         /// Why it could not be read.
         reason: String,
     },
+    /// What is wrong inside a config file, with the file's name. The message shows both
+    /// (``retry.yaml: invalid `retry.budget.ttl`: ...``), so the inner error is not also
+    /// given as [`source`](std::error::Error::source).
+    #[error("{}: {error}", path.display())]
+    File {
+        /// The file, as given.
+        path: PathBuf,
+        /// The error in its content: [`Invalid`](ConfigError::Invalid),
+        /// [`Malformed`](ConfigError::Malformed) or
+        /// [`FormatDisabled`](ConfigError::FormatDisabled).
+        error: Box<ConfigError>,
+    },
+    /// The document is in a format this build does not read: its feature of
+    /// stormguard-core (`yaml`, `toml`, both on by default) is off.
+    #[error(
+        "this build reads no {format} config: enable the `{feature}` feature of stormguard-core"
+    )]
+    FormatDisabled {
+        /// `"YAML"` or `"TOML"`.
+        format: &'static str,
+        /// The feature that reads it.
+        feature: &'static str,
+    },
 }
 
 impl ConfigError {
@@ -37,18 +62,22 @@ impl ConfigError {
         }
     }
 
-    /// The same error with its field renamed by the first `(from, to)` pair whose `from`
-    /// is the field: for a document that spells a field differently from the struct.
-    pub(crate) fn renamed(self, names: &[(&str, &str)]) -> Self {
+    /// The same error with a field `{prefix}.{from}` renamed `{prefix}.{to}` by the first
+    /// `(from, to)` pair that matches: for a document that spells a field differently from
+    /// the struct whose `validate` named it.
+    pub(crate) fn renamed(self, prefix: &str, names: &[(&str, &str)]) -> Self {
         match self {
             ConfigError::Invalid { field, reason } => {
+                let name = field
+                    .strip_prefix(prefix)
+                    .and_then(|rest| rest.strip_prefix('.'));
                 let field = names
                     .iter()
-                    .find(|(from, _)| *from == field)
-                    .map_or(field, |(_, to)| (*to).to_owned());
+                    .find(|(from, _)| name == Some(*from))
+                    .map_or(field, |(_, to)| format!("{prefix}.{to}"));
                 ConfigError::Invalid { field, reason }
             }
-            malformed => malformed,
+            other => other,
         }
     }
 }

@@ -30,8 +30,9 @@
 //!   serve all of it — retries are shed before first attempts — and the **admission
 //!   queue** ([`queue`]) that applies it to workers and waiters, shared by the server layer
 //!   and the simulator;
-//! * **configuration** ([`config`]) in stormguard's shape or the standard gRPC service
-//!   config JSON;
+//! * **configuration** ([`config`]) in stormguard's shape (with per-method policies) or
+//!   the standard gRPC service config, from JSON, YAML or TOML, or held in an
+//!   application's own config through `serde`, validated either way;
 //! * what the layers **tell operators** ([`observe`]): a layer's name, and the per-second
 //!   summary that keeps INFO readable during an incident.
 //!

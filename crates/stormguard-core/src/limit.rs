@@ -83,30 +83,43 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
+use serde::Deserialize;
 
 use crate::Instant;
-use crate::config::{as_duration, as_object, as_u32, check_keys};
 use crate::error::ConfigError;
 
 /// The adaptive limit's bounds and pace. [`AdaptiveLimitConfig::validate`] says what is
 /// accepted.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// Deserializes from an object of these fields, each optional (its default when absent),
+/// durations with their unit (`"100ms"`); unknown fields are refused.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(
+    default,
+    deny_unknown_fields,
+    expecting = "an object of adaptive limit settings"
+)]
 pub struct AdaptiveLimitConfig {
     /// The floor: the limit never goes below it, and it is the limit during a probe.
     /// At least 1. Default 2.
+    #[serde(deserialize_with = "crate::config::whole")]
     pub min_limit: usize,
     /// The ceiling. At least `min_limit`. Default 1 000.
+    #[serde(deserialize_with = "crate::config::whole")]
     pub max_limit: usize,
     /// The shortest decision window. Above zero. Default 100 ms (a window also lasts at
     /// least two no-load latencies).
+    #[serde(with = "crate::config::duration")]
     pub window: Duration,
     /// Samples a window (and a probe) needs before it decides. At least 1. Default 16.
+    #[serde(deserialize_with = "crate::config::whole")]
     pub min_window_samples: usize,
     /// Time between probes of the no-load latency (jittered ±25 %). Above zero.
     /// Default 30 s.
+    #[serde(with = "crate::config::duration")]
     pub probe_interval: Duration,
     /// Seed of the probe jitter.
+    #[serde(deserialize_with = "crate::config::whole")]
     pub seed: u64,
 }
 
@@ -154,53 +167,6 @@ impl AdaptiveLimitConfig {
             );
         }
         Ok(())
-    }
-
-    /// Reads the `adaptive` object of an admission document (every field optional).
-    pub(crate) fn from_value(v: &Value) -> Result<Self, ConfigError> {
-        const F: &str = "admission.adaptive";
-        let a = as_object(v, F)?;
-        check_keys(
-            a,
-            F,
-            &[
-                "min_limit",
-                "max_limit",
-                "window",
-                "min_window_samples",
-                "probe_interval",
-                "seed",
-            ],
-        )?;
-        let mut c = AdaptiveLimitConfig::default();
-        let count = |key: &str| -> Result<Option<usize>, ConfigError> {
-            a.get(key)
-                .map(|v| {
-                    let field = format!("{F}.{key}");
-                    let n = as_u32(v, &field)?;
-                    usize::try_from(n).map_err(|_| ConfigError::invalid(field, "too large"))
-                })
-                .transpose()
-        };
-        if let Some(n) = count("min_limit")? {
-            c.min_limit = n;
-        }
-        if let Some(n) = count("max_limit")? {
-            c.max_limit = n;
-        }
-        if let Some(n) = count("min_window_samples")? {
-            c.min_window_samples = n;
-        }
-        if let Some(v) = a.get("window") {
-            c.window = as_duration(v, &format!("{F}.window"))?;
-        }
-        if let Some(v) = a.get("probe_interval") {
-            c.probe_interval = as_duration(v, &format!("{F}.probe_interval"))?;
-        }
-        if let Some(v) = a.get("seed") {
-            c.seed = crate::config::as_u64(v, &format!("{F}.seed"))?;
-        }
-        Ok(c)
     }
 }
 

@@ -270,18 +270,18 @@ impl MethodTable {
         self.policies.get(path).and_then(Option::as_ref)
     }
 
-    /// Sets the default deadline of calls to methods that match nothing more specific (a
-    /// service config's `timeout`); `None`: no default.
+    /// Sets the deadline limit of calls to methods that match nothing more specific (a
+    /// service config's `timeout`); `None`: no limit.
     pub fn set_default_timeout(&mut self, timeout: Option<Duration>) {
         self.timeouts.set_default(timeout);
     }
 
-    /// Sets the default deadline of calls to every method of `service`.
+    /// Sets the deadline limit of calls to every method of `service`.
     pub fn insert_service_timeout(&mut self, service: &str, timeout: Option<Duration>) {
         self.timeouts.insert_service(service, timeout);
     }
 
-    /// Sets the default deadline of calls to one method.
+    /// Sets the deadline limit of calls to one method.
     pub fn insert_method_timeout(
         &mut self,
         service: &str,
@@ -291,8 +291,10 @@ impl MethodTable {
         self.timeouts.insert_method(service, method, timeout);
     }
 
-    /// The deadline a call to `path` gets when its caller set none (a service config's
-    /// `timeout` for the method), looked up like [`lookup`](Self::lookup).
+    /// The longest a call to `path` may take (a service config's `timeout` for the
+    /// method), looked up like [`lookup`](Self::lookup): a call's deadline is the earlier
+    /// of it and the caller's own (see
+    /// [`resolve_deadline_at`](crate::deadline::resolve_deadline_at)).
     ///
     /// ```
     /// use std::time::Duration;

@@ -174,7 +174,8 @@ impl<T> AdmissionQueue<T> {
         let config = policy.config();
         let adaptive = config.adaptive.clone().and_then(|adaptive| {
             // The policy validated its config, adaptive part included.
-            AdaptiveLimit::new(adaptive, config.workers, config.seed).ok()
+            // A policy's config always has its seed (drawn when none was set).
+            AdaptiveLimit::new(adaptive, config.workers, config.seed.unwrap_or_default()).ok()
         });
         let limit = adaptive
             .as_ref()

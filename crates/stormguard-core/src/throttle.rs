@@ -29,6 +29,10 @@
 //!
 //! The bucket does not depend on time; the `now` arguments are ignored.
 //!
+//! With the `tower` feature the bucket is also a `tower::retry::budget::Budget`, for a
+//! `tower::retry::Policy`: see that implementation on [`A6Throttle`] for what tower's two
+//! calls mean here.
+//!
 //! ```
 //! use stormguard_core::Instant;
 //! use stormguard_core::budget::Budget;
@@ -58,13 +62,20 @@ use crate::error::ConfigError;
 const MILLI: u64 = 1000;
 
 /// Configuration of an [`A6Throttle`]: the service config's `retryThrottling` object.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// Deserializes from that object (`{"maxTokens": 10, "tokenRatio": 0.1}`, both
+/// required, numbers or numeric strings as proto3 JSON allows); other fields are skipped,
+/// as gRPC skips them. [`A6Throttle::new`] validates it.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "camelCase", expecting = "a `retryThrottling` object")]
 pub struct ThrottleConfig {
     /// `maxTokens`: the bucket's size, and where it starts. In (0, 1000], kept to 3
     /// decimal places.
+    #[serde(deserialize_with = "crate::config::finite")]
     pub max_tokens: f64,
     /// `tokenRatio`: tokens added per success. Greater than 0 and finite; truncated to
     /// 3 decimal places, and at least 0.001 once truncated.
+    #[serde(deserialize_with = "crate::config::finite")]
     pub token_ratio: f64,
 }
 
@@ -151,13 +162,25 @@ impl A6Throttle {
         self.shared.tokens_milli.load(Ordering::SeqCst) as f64 / MILLI as f64
     }
 
-    fn update(&self, f: impl Fn(u64) -> u64) {
+    /// Applies `f` to the tokens atomically; returns the tokens after it.
+    fn update(&self, f: impl Fn(u64) -> u64) -> u64 {
         let result =
             self.shared
                 .tokens_milli
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| Some(f(t)));
         // The closure always returns `Some`, so the update always succeeds.
         debug_assert!(result.is_ok());
+        f(result.unwrap_or_else(|t| t))
+    }
+
+    /// A6's retry threshold: strictly more than `maxTokens / 2`.
+    fn above_threshold(&self, tokens_milli: u64) -> bool {
+        2 * tokens_milli > self.shared.max_milli
+    }
+
+    /// A failed attempt: `-1` token, never below 0; returns the tokens after it.
+    fn take_token(&self) -> u64 {
+        self.update(|t| t.saturating_sub(MILLI))
     }
 }
 
@@ -170,13 +193,12 @@ impl Budget for A6Throttle {
 
     /// A failed attempt: `-1`, never below 0.
     fn record_failure_at(&self, _now: Instant) {
-        self.update(|t| t.saturating_sub(MILLI));
+        self.take_token();
     }
 
     /// `true` while the tokens are strictly above `maxTokens / 2`; consumes nothing.
     fn withdraw_at(&self, _now: Instant) -> bool {
-        let tokens = self.shared.tokens_milli.load(Ordering::SeqCst);
-        2 * tokens > self.shared.max_milli
+        self.above_threshold(self.shared.tokens_milli.load(Ordering::SeqCst))
     }
 
     /// Tokens above the `maxTokens / 2` threshold (0 when throttled): retries stop once
@@ -184,6 +206,55 @@ impl Budget for A6Throttle {
     fn balance_at(&self, _now: Instant) -> f64 {
         let tokens = self.shared.tokens_milli.load(Ordering::SeqCst);
         (2 * tokens).saturating_sub(self.shared.max_milli) as f64 / (2 * MILLI) as f64
+    }
+}
+
+/// With the `tower` feature: the A6 bucket as a tower retry budget.
+///
+/// A6 has three events and tower's budget two calls. A `tower::retry::Policy` deposits
+/// when an attempt succeeded and withdraws when one failed and it would retry, so:
+///
+/// - `deposit()` is a success: `+tokenRatio`, capped at `maxTokens`
+///   ([`Budget::deposit_at`]).
+/// - `withdraw()` is a failed attempt asking for a retry: `-1` token
+///   ([`Budget::record_failure_at`]), then `true` while the tokens are still strictly
+///   above `maxTokens / 2` ([`Budget::withdraw_at`]). gRPC's own clients count the
+///   failure and then check the threshold in the same way.
+///
+/// Unlike a [`crate::budget::RetryBudget`], where a granted withdrawal is a spent retry and
+/// is asked for last, here every `withdraw()` *is* the failure: call it for every attempt
+/// that failed with a retryable status (or a pushback saying not to retry), before the
+/// policy's own limits such as a maximum number of attempts, as A6 counts the last
+/// attempt's failure too; and for no other outcome (an `INVALID_ARGUMENT` is neither a
+/// success nor a failure to A6).
+///
+/// If stormguard's [`Budget`] is in scope as well, name the trait:
+/// `tower::retry::budget::Budget::withdraw(&throttle)`.
+///
+/// ```
+/// use stormguard_core::throttle::{A6Throttle, ThrottleConfig};
+/// use tower::retry::budget::Budget;
+///
+/// let throttle = A6Throttle::new(ThrottleConfig { max_tokens: 4.0, token_ratio: 0.5 })?;
+/// assert!(throttle.withdraw()); // a failure: 4 -> 3 tokens, above 2: retry
+/// assert!(!throttle.withdraw()); // another: 3 -> 2, not above 2: no retry
+/// for _ in 0..3 {
+///     throttle.deposit(); // three successes: 2 -> 3.5
+/// }
+/// assert!(throttle.withdraw()); // 3.5 -> 2.5: retry
+/// assert_eq!(throttle.tokens(), 2.5);
+/// # Ok::<(), stormguard_core::config::ConfigError>(())
+/// ```
+#[cfg(feature = "tower")]
+impl tower::retry::budget::Budget for A6Throttle {
+    fn deposit(&self) {
+        self.deposit_at(Instant::now());
+    }
+
+    /// The failure and the check in one atomic step: each caller sees the tokens its own
+    /// failure left, whatever other threads do meanwhile.
+    fn withdraw(&self) -> bool {
+        self.above_threshold(self.take_token())
     }
 }
 
@@ -394,6 +465,57 @@ mod tests {
         assert!(t.withdraw());
         shared.record_failure();
         assert_eq!(t.balance(), 0.0);
+    }
+
+    #[cfg(feature = "tower")]
+    #[tokio::test]
+    async fn through_tower_retry_failures_drain_the_bucket_and_successes_refill_it() {
+        use crate::budget::tower_harness::call;
+        let t = Arc::new(throttle(4.0, 0.5));
+        // 4 -> 3 tokens: retried; 3 -> 2: not above 2, so the call ends.
+        assert_eq!(call(&t, false).await, (2, false));
+        assert_eq!(t.tokens(), 2.0);
+        // Throttled: the failure still costs its token, and no retry goes out.
+        assert_eq!(call(&t, false).await, (1, false));
+        assert_eq!(t.tokens(), 1.0);
+        for _ in 0..5 {
+            assert_eq!(call(&t, true).await, (1, true));
+        }
+        assert_eq!(t.tokens(), 3.5);
+        // 3.5 -> 2.5: retried; 2.5 -> 1.5: the call ends.
+        assert_eq!(call(&t, false).await, (2, false));
+        assert_eq!(t.tokens(), 1.5);
+    }
+
+    #[cfg(feature = "tower")]
+    #[test]
+    fn tower_withdrawals_each_see_the_tokens_their_own_failure_left() {
+        // Ten simultaneous failures on a full bucket of 10: they leave 9, 8, ..., 0 in some
+        // order, and exactly the four that left 9, 8, 7 and 6 may retry. A failure counted
+        // apart from its check could see a later failure's count and refuse too many.
+        const THREADS: usize = 10;
+        for _ in 0..200 {
+            let t = throttle(10.0, 0.1);
+            let barrier = std::sync::Barrier::new(THREADS);
+            let granted = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..THREADS)
+                    .map(|_| {
+                        let (t, barrier) = (&t, &barrier);
+                        scope.spawn(move || {
+                            barrier.wait();
+                            tower::retry::budget::Budget::withdraw(t)
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("worker"))
+                    .filter(|&granted| granted)
+                    .count()
+            });
+            assert_eq!(granted, 4);
+            assert_eq!(t.tokens(), 0.0);
+        }
     }
 
     #[test]

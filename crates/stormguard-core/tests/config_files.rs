@@ -1,12 +1,15 @@
 //! Config files: JSON, YAML and TOML read by one loader (`from_path`) for the client and the
-//! server, with errors that name the field as the document spells it.
+//! server, with errors that name the field as the document spells it and the file. YAML
+//! and TOML are features (on by default): the tests that read them run when they are on.
 #![allow(clippy::unwrap_used)]
+// Without YAML or TOML, what only their tests use is unused.
+#![cfg_attr(not(all(feature = "yaml", feature = "toml")), allow(unused))]
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use stormguard_core::admission::{AdmissionConfig, QueueOrder};
-use stormguard_core::config::{BudgetChoice, ClientConfig, Format};
+use stormguard_core::config::{BudgetChoice, ClientConfig, Format, Notice};
 use stormguard_core::error::ConfigError;
 
 /// A file of this test's own, removed when dropped.
@@ -33,6 +36,14 @@ fn field(e: ConfigError) -> String {
     match e {
         ConfigError::Invalid { field, .. } => field,
         other => panic!("expected a field error, got {other}"),
+    }
+}
+
+/// The error inside a [`ConfigError::File`], which must name a file ending in `name`.
+fn in_file(e: ConfigError, name: &str) -> ConfigError {
+    match e {
+        ConfigError::File { path, error } if path.to_string_lossy().ends_with(name) => *error,
+        other => panic!("expected an error in {name}, got {other}"),
     }
 }
 
@@ -65,6 +76,7 @@ const JSON: &str = r#"{ "retry": { "budget": { "ttl": "10s", "min_retries_per_se
     "retry_ratio": 0.1 }, "backoff": "full_jitter", "base": "100ms", "max_attempts": 3,
     "budget_exhausted": "fail_fast" } }"#;
 
+#[cfg(all(feature = "yaml", feature = "toml"))]
 #[test]
 fn the_same_config_reads_the_same_from_json_yaml_and_toml_files() {
     let want = ClientConfig::from_json(JSON).unwrap();
@@ -84,6 +96,7 @@ fn the_same_config_reads_the_same_from_json_yaml_and_toml_files() {
     }
 }
 
+#[cfg(all(feature = "yaml", feature = "toml"))]
 #[test]
 fn errors_name_the_field_as_the_document_spells_it() {
     let cases = [
@@ -120,6 +133,7 @@ fn errors_name_the_field_as_the_document_spells_it() {
     }
 }
 
+#[cfg(feature = "yaml")]
 #[test]
 fn a_service_config_file_in_any_format_is_read_as_one() {
     let yaml = "
@@ -150,11 +164,15 @@ fn a_hedging_policy_is_refused_not_dropped() {
     let e = ClientConfig::from_service_config_json(json).unwrap_err();
     assert!(e.to_string().contains("hedging is not supported"), "{e}");
     assert_eq!(field(e), "methodConfig[0].hedgingPolicy");
-    let yaml = "methodConfig:\n  - name: [{}]\n    hedgingPolicy: { maxAttempts: 2 }\n";
-    let e = ClientConfig::from_text(yaml, Format::Yaml).unwrap_err();
-    assert_eq!(field(e), "methodConfig[0].hedgingPolicy");
+    #[cfg(feature = "yaml")]
+    {
+        let yaml = "methodConfig:\n  - name: [{}]\n    hedgingPolicy: { maxAttempts: 2 }\n";
+        let e = ClientConfig::from_text(yaml, Format::Yaml).unwrap_err();
+        assert_eq!(field(e), "methodConfig[0].hedgingPolicy");
+    }
 }
 
+#[cfg(feature = "yaml")]
 #[test]
 fn a_method_timeout_becomes_its_default_deadline() {
     let yaml = "
@@ -197,17 +215,57 @@ fn files_that_cannot_be_read_say_which_and_why() {
     let e = ClientConfig::from_path(&ini.0).unwrap_err();
     assert!(e.to_string().contains(".json, .yaml, .yml or .toml"), "{e}");
 
-    let broken = File::new("broken.yaml", "retry: [unclosed\n");
+    // What is wrong inside a file comes with the file's name.
+    let broken = File::new("broken.json", r#"{"retry": [unclosed"#);
     let e = ClientConfig::from_path(&broken.0).unwrap_err();
     assert!(
-        matches!(&e, ConfigError::Malformed(m) if m.contains("broken.yaml") && m.contains("YAML")),
+        e.to_string()
+            .contains("broken.json: malformed config: JSON"),
         "{e}"
     );
+    assert!(matches!(
+        in_file(e, "broken.json"),
+        ConfigError::Malformed(_)
+    ));
 
-    let list = ClientConfig::from_text("- retry\n", Format::Yaml).unwrap_err();
-    assert!(matches!(list, ConfigError::Malformed(_)), "{list}");
+    let invalid = File::new("invalid.json", r#"{"retry": {"budget": {"ttl": "0.5s"}}}"#);
+    let e = ClientConfig::from_path(&invalid.0).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("invalid.json: invalid `retry.budget.ttl`"),
+        "{e}"
+    );
+    assert_eq!(field(in_file(e, "invalid.json")), "retry.budget.ttl");
+
+    let admission = File::new("admission.json", r#"{"admission": {"workers": 0}}"#);
+    let e = AdmissionConfig::from_path(&admission.0).unwrap_err();
+    assert_eq!(field(in_file(e, "admission.json")), "admission.workers");
+
+    #[cfg(feature = "yaml")]
+    {
+        let broken = File::new("broken.yaml", "retry: [unclosed\n");
+        let e = ClientConfig::from_path(&broken.0).unwrap_err();
+        assert!(
+            matches!(in_file(e, "broken.yaml"), ConfigError::Malformed(m) if m.contains("YAML"))
+        );
+        let list = ClientConfig::from_text("- retry\n", Format::Yaml).unwrap_err();
+        assert!(matches!(list, ConfigError::Malformed(_)), "{list}");
+    }
+    #[cfg(not(feature = "yaml"))]
+    {
+        let yaml = File::new("retry.yaml", "retry: {}\n");
+        let e = ClientConfig::from_path(&yaml.0).unwrap_err();
+        assert!(matches!(
+            in_file(e, "retry.yaml"),
+            ConfigError::FormatDisabled {
+                feature: "yaml",
+                ..
+            }
+        ));
+    }
 }
 
+#[cfg(all(feature = "yaml", feature = "toml"))]
 #[test]
 fn an_empty_document_is_the_standard_config() {
     assert_eq!(
@@ -220,6 +278,7 @@ fn an_empty_document_is_the_standard_config() {
     );
 }
 
+#[cfg(all(feature = "yaml", feature = "toml"))]
 #[test]
 fn the_server_reads_its_admission_config_from_the_same_loader() {
     let yaml = File::new(
@@ -239,4 +298,109 @@ fn the_server_reads_its_admission_config_from_the_same_loader() {
     }
     let e = AdmissionConfig::from_text("admission:\n  workers: lots\n", Format::Yaml).unwrap_err();
     assert_eq!(field(e), "admission.workers");
+}
+
+/// The seed's YAML retries no answer, and says so; one entry under `methods` makes the
+/// method that is safe to repeat have its answers retried, in YAML and in TOML.
+#[cfg(all(feature = "yaml", feature = "toml"))]
+#[test]
+fn the_seed_config_says_it_retries_no_answer_until_a_method_is_marked() {
+    let seed = ClientConfig::from_text(YAML, Format::Yaml).unwrap();
+    assert!(matches!(
+        seed.notices()[..],
+        [Notice::NoAnswerRetried {
+            max_attempts: 3,
+            ..
+        }]
+    ));
+    let reserve = "/stormguard.demo.v1.Inventory/Reserve";
+    let yaml = format!("{YAML}methods:\n  {reserve}: {{ idempotent: true }}\n");
+    let toml = format!("{TOML}\n[methods.\"{reserve}\"]\nidempotent = true\n");
+    for (text, format) in [(yaml.as_str(), Format::Yaml), (toml.as_str(), Format::Toml)] {
+        let config = ClientConfig::from_text(text, format).unwrap();
+        assert!(config.notices().is_empty(), "{format:?}");
+        assert!(config.methods.lookup(reserve).unwrap().idempotent);
+        assert!(
+            !config
+                .methods
+                .lookup("/stormguard.demo.v1.Inventory/Cancel")
+                .unwrap()
+                .idempotent
+        );
+        // Everything else is the seed's.
+        assert_eq!(config.budget, seed.budget, "{format:?}");
+    }
+}
+
+/// A team holds stormguard's section in its own config, read by its own format's
+/// deserializer, with stormguard's checks.
+#[derive(Debug, serde::Deserialize)]
+struct App {
+    service: String,
+    stormguard: ClientConfig,
+    admission: AdmissionConfig,
+}
+
+#[cfg(feature = "yaml")]
+#[test]
+fn an_application_s_yaml_holds_stormguard_s_sections() {
+    let yaml = "
+service: checkout
+stormguard:
+  retry: { max_attempts: 3, base: 100ms, budget: { ttl: 10s } }
+  methods:
+    /shop.Cart/Add: { idempotent: true }
+admission:
+  workers: 8
+  queue_order: fifo
+";
+    let app: App = serde_norway::from_str(yaml).unwrap();
+    assert_eq!(app.service, "checkout");
+    assert!(
+        app.stormguard
+            .methods
+            .lookup("/shop.Cart/Add")
+            .unwrap()
+            .idempotent
+    );
+    assert_eq!(app.admission.workers, 8);
+    assert_eq!(app.admission.queue_order, QueueOrder::Fifo);
+    let bad = yaml.replace("ttl: 10s", "ttl: 90s");
+    let e = serde_norway::from_str::<App>(&bad).unwrap_err().to_string();
+    assert!(e.contains("retry.budget.ttl"), "{e}");
+    let typo = yaml.replace("workers", "worker");
+    let e = serde_norway::from_str::<App>(&typo)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("unknown field `worker`"), "{e}");
+}
+
+#[cfg(feature = "toml")]
+#[test]
+fn an_application_s_toml_holds_stormguard_s_sections() {
+    let toml = r#"
+service = "checkout"
+
+[stormguard.retry]
+max_attempts = 3
+base = "100ms"
+
+[stormguard.methods."/shop.Cart/Add"]
+idempotent = true
+
+[admission]
+workers = 8
+"#;
+    let app: App = toml::from_str(toml).unwrap();
+    assert!(
+        app.stormguard
+            .methods
+            .lookup("/shop.Cart/Add")
+            .unwrap()
+            .idempotent
+    );
+    assert_eq!(app.admission.workers, 8);
+    let bad = toml.replace("workers = 8", "workers = 0");
+    let e = toml::from_str::<App>(&bad).unwrap_err().to_string();
+    assert!(e.contains("admission.workers"), "{e}");
 }

@@ -6,6 +6,8 @@
 
 #![allow(missing_docs, unreachable_pub, clippy::unwrap_used)]
 
+#[cfg(doctest)]
+mod docs;
 pub mod pool;
 pub mod server;
 pub mod storm;

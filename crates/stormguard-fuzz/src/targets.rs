@@ -721,6 +721,8 @@ fn error_kind(e: &ConfigError) -> (bool, String, String) {
             (false, String::new(), kind)
         }
         ConfigError::Read { reason, .. } => (false, String::new(), words(reason)),
+        ConfigError::File { error, .. } => error_kind(error),
+        ConfigError::FormatDisabled { feature, .. } => (false, String::new(), feature.to_string()),
     }
 }
 

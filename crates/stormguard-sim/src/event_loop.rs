@@ -170,7 +170,13 @@ impl<'a> Sim<'a> {
             let server = match &shard.server {
                 ServerKind::Queue(q) => Some(match &q.shedding {
                     Some(c) => SimServer::shedding(AdmissionConfig {
-                        seed: mix(sc.seed ^ c.seed, 1 << 40 | i as u64),
+                        // Without a seed of its own a shard's jitter comes from the run's
+                        // seed alone (mixed with the value the default had when it was
+                        // fixed, so the published tables stay as they are).
+                        seed: Some(mix(
+                            sc.seed ^ c.seed.unwrap_or(0x5eed_57a6),
+                            1 << 40 | i as u64,
+                        )),
                         ..c.clone()
                     })?,
                     None => SimServer::plain(q.workers, q.queue_capacity),

@@ -108,6 +108,14 @@ impl<B: Body> ResponseBody<B> {
     }
 }
 
+/// An empty response body with nothing to record, as tonic's generated clients require of
+/// a channel's body for `FooClient::with_interceptor` (`T::ResponseBody: Default`).
+impl<B: Default> Default for ResponseBody<B> {
+    fn default() -> Self {
+        ResponseBody::passthrough(B::default())
+    }
+}
+
 impl<B> ResponseBody<B> {
     /// A body whose outcome is already recorded, or not the layer's to record.
     pub(super) fn passthrough(inner: B) -> Self {

@@ -118,7 +118,9 @@ impl RetryLayer {
     /// A layer for `config` whose backoff jitter and breaker are seeded with `seed`, so a
     /// run can be reproduced.
     pub fn from_config_seeded(config: &ClientConfig, seed: u64) -> Result<Self, ConfigError> {
-        RetryController::from_config(config, seed).map(Self::new)
+        let layer = RetryController::from_config(config, seed).map(Self::new)?;
+        warn_of_notices(config);
+        Ok(layer)
     }
 
     /// Buffer up to `bytes` of each request body so that it can be replayed. A call whose
@@ -129,11 +131,12 @@ impl RetryLayer {
         self
     }
 
-    /// Give calls that carry no deadline (no `grpc-timeout` from `Request::set_timeout` and
-    /// none in the [`CallContext`](crate::context::CallContext)) this one. Retries then stop
-    /// when it runs out, and each attempt tells the server how long it has. A method's own
-    /// default deadline (a service config's `timeout`, see
-    /// [`MethodTable::timeout`](stormguard_core::policy::MethodTable::timeout)) wins over it.
+    /// Give calls that carry no deadline (no `grpc-timeout` from `Request::set_timeout`,
+    /// none in the [`CallContext`](crate::context::CallContext), and no limit for their
+    /// method in the service config, see
+    /// [`MethodTable::timeout`](stormguard_core::policy::MethodTable::timeout)) this one.
+    /// Retries then stop when it runs out, and each attempt tells the server how long it
+    /// has.
     pub fn with_default_timeout(mut self, timeout: Duration) -> Self {
         Arc::make_mut(&mut self.shared).default_timeout = Some(timeout);
         self
@@ -244,6 +247,28 @@ impl RetryLayer {
     pub fn controller(&self) -> &RetryController {
         &self.shared.controller
     }
+}
+
+/// One WARN event when a layer is built from a config that says something that will not
+/// happen ([`ClientConfig::notices`]): service-config fields that are not applied, or
+/// retries configured under which no method's answers can be retried (naming the setting
+/// that would enable them). A bad deploy should fail loudly, but gRPC ignores fields it
+/// does not know, so the layer reports them instead of refusing the config.
+fn warn_of_notices(config: &ClientConfig) {
+    let notices = config.notices();
+    if notices.is_empty() {
+        return;
+    }
+    let list = notices
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ");
+    tracing::warn!(
+        config.notices = notices.len(),
+        config.notice = %list,
+        "stormguard: the retry config has settings that will not take effect"
+    );
 }
 
 impl fmt::Debug for RetryLayer {

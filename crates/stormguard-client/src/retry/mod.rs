@@ -56,10 +56,12 @@
 //! # Deadlines
 //!
 //! The logical deadline of a call is the earliest of the caller's `grpc-timeout`
-//! (`tonic::Request::set_timeout`) and the deadline of the current
-//! [`CallContext`](crate::context::CallContext); when neither is set, the method's default
-//! deadline (a service config's `timeout`), else the layer's
-//! [default](RetryLayer::with_default_timeout), if any. Every attempt carries what is left
+//! (`tonic::Request::set_timeout`), the deadline of the current
+//! [`CallContext`](crate::context::CallContext) and the method's own limit (a service
+//! config's `timeout`, which gRPC defines as a cap on what the application sets, not only
+//! a default); when none is set, the layer's [default](RetryLayer::with_default_timeout),
+//! if any. The policy crate decides it, in one place
+//! ([`resolve_deadline_at`](stormguard_core::deadline::resolve_deadline_at)). Every attempt carries what is left
 //! of it as `grpc-timeout`. The layer also races each attempt against the deadline itself
 //! (time spent waiting for the channel counts), and when it runs out the call ends with
 //! `DEADLINE_EXCEEDED`, never retried, whatever code the server used: a failure that is

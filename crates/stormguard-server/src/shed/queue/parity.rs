@@ -388,7 +388,7 @@ fn config(queue_order: QueueOrder) -> AdmissionConfig {
         queue_order,
         pushback_max: 200 * MS,
         no_retry_depth: Some(6),
-        seed: 99,
+        seed: Some(99),
         ..AdmissionConfig::default()
     }
 }

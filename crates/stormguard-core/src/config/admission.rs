@@ -1,0 +1,412 @@
+//! The server's admission document, `{"admission": {...}}` (see the
+//! [admission module docs](crate::admission#configuration-from-json)).
+
+use std::path::Path;
+
+use serde::{Deserialize, Deserializer};
+use serde_json::{Map, Value};
+
+use super::document::{self, Build, Format};
+use super::duration::Human;
+use super::value::{Int, nullable};
+use crate::admission::{AdmissionConfig, QueueOrder, RetryThreshold};
+use crate::code::Code;
+use crate::error::ConfigError;
+use crate::limit::AdaptiveLimitConfig;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an object with `admission`")]
+struct AdmissionFile {
+    admission: Option<AdmissionDoc>,
+}
+
+/// Every field optional, defaulting as in [`AdmissionConfig::default`]; unknown fields
+/// refused.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an object of admission settings")]
+struct AdmissionDoc {
+    workers: Option<Int<usize>>,
+    queue_capacity: Option<Int<usize>>,
+    retry_threshold: Option<ThresholdDoc>,
+    sheddable_threshold: Option<ThresholdDoc>,
+    #[serde(default, deserialize_with = "nullable")]
+    adaptive: Option<Option<AdaptiveLimitConfig>>,
+    max_time_queued: Option<Human>,
+    min_time_left: Option<Human>,
+    queue_order: Option<QueueOrderName>,
+    lifo_from_depth: Option<Int<usize>>,
+    pushback_max: Option<Human>,
+    shed_code: Option<Code>,
+    #[serde(default, deserialize_with = "nullable")]
+    no_retry_depth: Option<Option<Int<usize>>>,
+    seed: Option<Int<u64>>,
+}
+
+/// A threshold's keys set over its own default; `null` turns a condition off.
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an object with `depth` and `queue_delay`"
+)]
+struct ThresholdDoc {
+    #[serde(default, deserialize_with = "nullable")]
+    depth: Option<Option<Int<usize>>>,
+    #[serde(default, deserialize_with = "nullable")]
+    queue_delay: Option<Option<Human>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum QueueOrderName {
+    Fifo,
+    AdaptiveLifo,
+}
+
+impl ThresholdDoc {
+    fn over(&self, mut threshold: RetryThreshold) -> RetryThreshold {
+        if let Some(depth) = self.depth {
+            threshold.depth = depth.map(|d| d.0);
+        }
+        if let Some(delay) = self.queue_delay {
+            threshold.queue_delay = delay.map(|d| d.0);
+        }
+        threshold
+    }
+}
+
+impl Build for AdmissionDoc {
+    type Config = AdmissionConfig;
+
+    fn build(self) -> Result<AdmissionConfig, ConfigError> {
+        let mut c = AdmissionConfig::default();
+        if let Some(Int(n)) = self.workers {
+            c.workers = n;
+        }
+        if let Some(Int(n)) = self.queue_capacity {
+            c.queue_capacity = n;
+        }
+        if let Some(t) = &self.retry_threshold {
+            c.retry_threshold = t.over(c.retry_threshold);
+        }
+        if let Some(t) = &self.sheddable_threshold {
+            c.sheddable_threshold = t.over(c.sheddable_threshold);
+        }
+        if let Some(adaptive) = self.adaptive {
+            c.adaptive = adaptive;
+        }
+        if let Some(d) = self.max_time_queued {
+            c.max_time_queued = d.0;
+        }
+        if let Some(d) = self.min_time_left {
+            c.min_time_left = d.0;
+        }
+        let default_from_depth = match c.queue_order {
+            QueueOrder::AdaptiveLifo { from_depth } => from_depth,
+            QueueOrder::Fifo => 8,
+        };
+        c.queue_order = match (self.queue_order, self.lifo_from_depth.map(|n| n.0)) {
+            (Some(QueueOrderName::Fifo), Some(_)) => {
+                return Err(ConfigError::invalid(
+                    "admission.lifo_from_depth",
+                    "only applies with queue_order \"adaptive_lifo\"",
+                ));
+            }
+            (Some(QueueOrderName::Fifo), None) => QueueOrder::Fifo,
+            (Some(QueueOrderName::AdaptiveLifo), depth) => QueueOrder::AdaptiveLifo {
+                from_depth: depth.unwrap_or(default_from_depth),
+            },
+            (None, Some(from_depth)) => QueueOrder::AdaptiveLifo { from_depth },
+            (None, None) => c.queue_order,
+        };
+        if let Some(d) = self.pushback_max {
+            c.pushback_max = d.0;
+        }
+        if let Some(code) = self.shed_code {
+            c.shed_code = code;
+        }
+        if let Some(depth) = self.no_retry_depth {
+            c.no_retry_depth = depth.map(|d| d.0);
+        }
+        if let Some(Int(seed)) = self.seed {
+            c.seed = Some(seed);
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+/// Reads a document's root object.
+fn read(root: Map<String, Value>) -> Result<AdmissionConfig, ConfigError> {
+    match document::strict::<AdmissionFile>(root)?.admission {
+        Some(doc) => doc.build(),
+        None => Ok(AdmissionConfig::default()),
+    }
+}
+
+/// The fields of the `admission` object (`{"workers": 8, ...}`), validated as
+/// [`AdmissionConfig::from_json`] validates them: an application can hold the admission
+/// config in its own config struct and get the same checks. An error from validation
+/// names the field as `admission.<field>`.
+impl<'de> Deserialize<'de> for AdmissionConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        document::built::<AdmissionDoc, D>(d)
+    }
+}
+
+impl AdmissionConfig {
+    /// Reads the `admission` document (see the [module docs](crate::admission#configuration-from-json))
+    /// and validates it. An error names the field as the document spells it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard_core::admission::{AdmissionConfig, QueueOrder};
+    ///
+    /// let config = AdmissionConfig::from_json(r#"{ "admission": {
+    ///     "workers": 8, "queue_capacity": 32, "max_time_queued": "250ms",
+    ///     "queue_order": "fifo" } }"#).expect("valid");
+    /// assert_eq!(config.workers, 8);
+    /// assert_eq!(config.max_time_queued, Duration::from_millis(250));
+    /// assert_eq!(config.queue_order, QueueOrder::Fifo);
+    ///
+    /// let bad = AdmissionConfig::from_json(r#"{ "admission": { "pushback_max": "soon" } }"#);
+    /// assert!(bad.unwrap_err().to_string().contains("admission.pushback_max"));
+    /// ```
+    pub fn from_json(json: &str) -> Result<Self, ConfigError> {
+        Self::from_text(json, Format::Json)
+    }
+
+    /// Reads the admission configuration from a file: JSON, YAML or TOML by its extension,
+    /// the shape of [`AdmissionConfig::from_json`] (`admission: workers: 8 ...` in YAML,
+    /// `[admission]` in TOML), with the same errors inside a [`ConfigError::File`] that
+    /// names the file.
+    ///
+    /// ```no_run
+    /// use stormguard_core::admission::AdmissionConfig;
+    ///
+    /// let config = AdmissionConfig::from_path("admission.toml")?;
+    /// # Ok::<(), stormguard_core::error::ConfigError>(())
+    /// ```
+    pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        document::read_file(path.as_ref(), read)
+    }
+
+    /// [`AdmissionConfig::from_path`] for a document already in memory.
+    ///
+    /// ```
+    /// use stormguard_core::admission::AdmissionConfig;
+    /// use stormguard_core::config::Format;
+    ///
+    /// let toml = "[admission]\nworkers = 8\nqueue_capacity = 32\nmax_time_queued = \"250ms\"\n";
+    /// # #[cfg(feature = "toml")] {
+    /// let config = AdmissionConfig::from_text(toml, Format::Toml).unwrap();
+    /// assert_eq!(config.queue_capacity, 32);
+    /// # }
+    /// ```
+    pub fn from_text(text: &str, format: Format) -> Result<Self, ConfigError> {
+        read(document::parse(text, format)?)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn json_reads_every_field() {
+        let json = r#"{ "admission": {
+            "workers": 16, "queue_capacity": 64,
+            "retry_threshold": { "depth": 12, "queue_delay": "20ms" },
+            "max_time_queued": "1.5s", "min_time_left": "750us",
+            "queue_order": "adaptive_lifo", "lifo_from_depth": 4,
+            "pushback_max": "2s", "shed_code": "resource_exhausted", "no_retry_depth": 48,
+            "seed": "18446744073709551615",
+            "sheddable_threshold": { "depth": 2, "queue_delay": "5ms" },
+            "adaptive": { "min_limit": 3, "max_limit": 200, "window": "50ms",
+                          "min_window_samples": 10, "probe_interval": "10s", "seed": 4 } } }"#;
+        let c = AdmissionConfig::from_json(json).unwrap();
+        assert_eq!(
+            c,
+            AdmissionConfig {
+                workers: 16,
+                queue_capacity: 64,
+                retry_threshold: RetryThreshold {
+                    depth: Some(12),
+                    queue_delay: Some(Duration::from_millis(20)),
+                },
+                max_time_queued: Duration::from_millis(1500),
+                min_time_left: Duration::from_micros(750),
+                queue_order: QueueOrder::AdaptiveLifo { from_depth: 4 },
+                pushback_max: Duration::from_secs(2),
+                shed_code: Code::ResourceExhausted,
+                no_retry_depth: Some(48),
+                seed: Some(u64::MAX),
+                sheddable_threshold: RetryThreshold {
+                    depth: Some(2),
+                    queue_delay: Some(Duration::from_millis(5)),
+                },
+                adaptive: Some(AdaptiveLimitConfig {
+                    min_limit: 3,
+                    max_limit: 200,
+                    window: Duration::from_millis(50),
+                    min_window_samples: 10,
+                    probe_interval: Duration::from_secs(10),
+                    seed: 4,
+                }),
+            }
+        );
+        // Defaults, FIFO, nulls and a code by number.
+        assert_eq!(
+            AdmissionConfig::from_json("{}").unwrap(),
+            AdmissionConfig::default()
+        );
+        assert_eq!(
+            AdmissionConfig::from_json(r#"{"admission": {}}"#).unwrap(),
+            AdmissionConfig::default()
+        );
+        let c = AdmissionConfig::from_json(
+            r#"{"admission": {"queue_order": "fifo", "shed_code": 8,
+                "retry_threshold": {"depth": null, "queue_delay": null}, "no_retry_depth": null}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.queue_order, QueueOrder::Fifo);
+        assert_eq!(c.shed_code, Code::ResourceExhausted);
+        assert_eq!(
+            c.retry_threshold,
+            RetryThreshold {
+                depth: None,
+                queue_delay: None
+            }
+        );
+        let c = AdmissionConfig::from_json(r#"{"admission": {"lifo_from_depth": 2}}"#).unwrap();
+        assert_eq!(c.queue_order, QueueOrder::AdaptiveLifo { from_depth: 2 });
+    }
+
+    #[test]
+    fn json_errors_name_the_field_as_written() {
+        let field = |json: &str| match AdmissionConfig::from_json(json).unwrap_err() {
+            ConfigError::Invalid { field, .. } => field,
+            other => other.to_string(),
+        };
+        let cases = [
+            (r#"{"admision": {}}"#, "admision"),
+            (r#"{"admission": []}"#, "admission"),
+            (r#"{"admission": {"worker": 4}}"#, "admission.worker"),
+            (r#"{"admission": {"workers": 0}}"#, "admission.workers"),
+            (r#"{"admission": {"workers": -1}}"#, "admission.workers"),
+            (r#"{"admission": {"workers": 2.5}}"#, "admission.workers"),
+            (
+                r#"{"admission": {"queue_capacity": 4}}"#,
+                "admission.retry_threshold.depth",
+            ),
+            (
+                r#"{"admission": {"retry_threshold": {"depth": 8, "delay": "1ms"}}}"#,
+                "admission.retry_threshold.delay",
+            ),
+            (
+                r#"{"admission": {"retry_threshold": {"queue_delay": 20}}}"#,
+                "admission.retry_threshold.queue_delay",
+            ),
+            (
+                r#"{"admission": {"retry_threshold": "8"}}"#,
+                "admission.retry_threshold",
+            ),
+            (
+                r#"{"admission": {"max_time_queued": "0ms"}}"#,
+                "admission.max_time_queued",
+            ),
+            (
+                r#"{"admission": {"max_time_queued": "2h"}}"#,
+                "admission.max_time_queued",
+            ),
+            (
+                r#"{"admission": {"min_time_left": "2 ms"}}"#,
+                "admission.min_time_left",
+            ),
+            (
+                r#"{"admission": {"queue_order": "lifo"}}"#,
+                "admission.queue_order",
+            ),
+            (
+                r#"{"admission": {"queue_order": "fifo", "lifo_from_depth": 3}}"#,
+                "admission.lifo_from_depth",
+            ),
+            (
+                r#"{"admission": {"pushback_max": "500us"}}"#,
+                "admission.pushback_max",
+            ),
+            (
+                r#"{"admission": {"shed_code": "OK"}}"#,
+                "admission.shed_code",
+            ),
+            (
+                r#"{"admission": {"shed_code": "NOPE"}}"#,
+                "admission.shed_code",
+            ),
+            (r#"{"admission": {"shed_code": 17}}"#, "admission.shed_code"),
+            (
+                r#"{"admission": {"no_retry_depth": 65}}"#,
+                "admission.no_retry_depth",
+            ),
+            (r#"{"admission": {"seed": -3}}"#, "admission.seed"),
+            (
+                r#"{"admission": {"sheddable_threshold": {"depth": 65}}}"#,
+                "admission.sheddable_threshold.depth",
+            ),
+            (
+                r#"{"admission": {"adaptive": {"min_limit": 0}}}"#,
+                "admission.adaptive.min_limit",
+            ),
+            (
+                r#"{"admission": {"adaptive": {"max": 10}}}"#,
+                "admission.adaptive.max",
+            ),
+            (
+                r#"{"admission": {"adaptive": {"window": "fast"}}}"#,
+                "admission.adaptive.window",
+            ),
+        ];
+        for (json, want) in cases {
+            assert_eq!(field(json), want, "{json}");
+        }
+        for malformed in ["", "{", "[1]", r#""admission""#] {
+            assert!(
+                matches!(
+                    AdmissionConfig::from_json(malformed),
+                    Err(ConfigError::Malformed(_))
+                ),
+                "{malformed:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_application_config_holds_the_admission_fields_with_the_same_checks() {
+        #[derive(Debug, Deserialize)]
+        struct Server {
+            admission: AdmissionConfig,
+        }
+        let fields = r#"{"workers": 8, "queue_capacity": 32, "queue_order": "fifo",
+            "sheddable_threshold": {"queue_delay": "5ms"}}"#;
+        let server: Server =
+            serde_json::from_str(&format!(r#"{{"admission": {fields}}}"#)).unwrap();
+        let want = AdmissionConfig::from_json(&format!(r#"{{"admission": {fields}}}"#)).unwrap();
+        assert_eq!(server.admission, want);
+        // A threshold's keys are set over its own default.
+        assert_eq!(
+            want.sheddable_threshold,
+            RetryThreshold {
+                depth: Some(0),
+                queue_delay: Some(Duration::from_millis(5))
+            }
+        );
+        let bad = serde_json::from_str::<Server>(r#"{"admission": {"queue_capacity": 4}}"#);
+        let message = bad.unwrap_err().to_string();
+        assert!(
+            message.contains("admission.retry_threshold.depth"),
+            "{message}"
+        );
+    }
+}

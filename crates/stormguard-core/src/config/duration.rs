@@ -1,0 +1,259 @@
+//! Durations as people write them: `"50ms"`, `"10s"`, `"1.5s"`, `"2m"`, `"250us"`, and the
+//! proto3 form `"0.1s"`.
+//!
+//! [`parse_duration`] is the one parser. The module is also a `serde(with = ...)` module,
+//! so an application's own config can hold durations the way stormguard's does:
+//!
+//! ```
+//! use std::time::Duration;
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Deserialize, Serialize)]
+//! struct Cache {
+//!     #[serde(with = "stormguard_core::config::duration")]
+//!     ttl: Duration,
+//!     #[serde(with = "stormguard_core::config::duration::option", default)]
+//!     refresh: Option<Duration>,
+//! }
+//!
+//! let cache: Cache = serde_json::from_str(r#"{ "ttl": "1.5s" }"#).unwrap();
+//! assert_eq!(cache.ttl, Duration::from_millis(1500));
+//! assert_eq!(cache.refresh, None);
+//! assert_eq!(serde_json::to_string(&cache).unwrap(), r#"{"ttl":"1.5s","refresh":null}"#);
+//! assert!(serde_json::from_str::<Cache>(r#"{ "ttl": 10 }"#).is_err());
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::de::{self, Deserialize, Deserializer, Unexpected, Visitor};
+use serde::ser::Serializer;
+
+/// A duration: a non-negative decimal number with a unit, `ns`, `us` (or `µs`), `ms`, `s`,
+/// `m` or `h` (`"50ms"`, `"10s"`, `"1.5s"`, `"2m"`, `"250us"`, `".5s"`), exact to the
+/// nanosecond; surrounding whitespace is ignored. A proto3 duration (`"0.100s"`) is one
+/// of these. `None` for anything else, including a number without a unit.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::config::parse_duration;
+///
+/// assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
+/// assert_eq!(parse_duration("10"), None);
+/// ```
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let (number, nanos_per_unit) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1_000_000)
+    } else if let Some(n) = s.strip_suffix("us").or_else(|| s.strip_suffix("µs")) {
+        (n, 1_000)
+    } else if let Some(n) = s.strip_suffix("ns") {
+        (n, 1)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1_000_000_000)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60_000_000_000)
+    } else if let Some(n) = s.strip_suffix('h') {
+        (n, 3_600_000_000_000)
+    } else {
+        return None;
+    };
+    decimal(number, nanos_per_unit)
+}
+
+/// A proto3 JSON duration, what the gRPC service config holds: decimal seconds with an
+/// `s` suffix, up to 9 fractional digits (`"1s"`, `"0.100s"`).
+fn parse_proto_duration(s: &str) -> Option<Duration> {
+    decimal(s.strip_suffix('s')?, 1_000_000_000)
+}
+
+/// Non-negative decimal `number` (digits, optional fraction) times `unit_nanos`, exactly.
+fn decimal(number: &str, unit_nanos: u128) -> Option<Duration> {
+    let (int, frac) = number.split_once('.').unwrap_or((number, ""));
+    if int.is_empty() && frac.is_empty() {
+        return None;
+    }
+    if !int.bytes().all(|b| b.is_ascii_digit()) || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if int.len() > 12 || frac.len() > 9 {
+        return None;
+    }
+    let int: u128 = if int.is_empty() { 0 } else { int.parse().ok()? };
+    let frac_value: u128 = if frac.is_empty() {
+        0
+    } else {
+        frac.parse().ok()?
+    };
+    let scale = 10u128.pow(frac.len() as u32);
+    let nanos = int * unit_nanos + frac_value * unit_nanos / scale;
+    let secs = u64::try_from(nanos / 1_000_000_000).ok()?;
+    Some(Duration::new(secs, (nanos % 1_000_000_000) as u32))
+}
+
+/// A string for `d` that [`parse_duration`] reads back as `d`: whole seconds and the
+/// fraction they need (`"10s"`, `"0.05s"`, `"1.000000001s"`).
+fn format_duration(d: Duration) -> String {
+    let nanos = d.subsec_nanos();
+    if nanos == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        let fraction = format!("{nanos:09}");
+        format!("{}.{}s", d.as_secs(), fraction.trim_end_matches('0'))
+    }
+}
+
+/// Which of the two written forms a field takes.
+#[derive(Clone, Copy)]
+enum Form {
+    /// [`parse_duration`].
+    Human,
+    /// [`parse_proto_duration`].
+    Proto,
+}
+
+impl Visitor<'_> for Form {
+    type Value = Duration;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Form::Human => r#"a duration with a unit such as "50ms" or "10s""#,
+            Form::Proto => r#"a duration in decimal seconds ending in "s" ("0.1s")"#,
+        })
+    }
+
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Duration, E> {
+        let parsed = match self {
+            Form::Human => parse_duration(s),
+            Form::Proto => parse_proto_duration(s),
+        };
+        parsed.ok_or_else(|| E::invalid_value(Unexpected::Str(s), &self))
+    }
+}
+
+/// A duration in stormguard's own documents ([`parse_duration`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Human(pub(crate) Duration);
+
+impl<'de> Deserialize<'de> for Human {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(Form::Human).map(Human)
+    }
+}
+
+/// A duration in the gRPC service config (proto3 JSON: `"0.1s"`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Proto(pub(crate) Duration);
+
+impl<'de> Deserialize<'de> for Proto {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(Form::Proto).map(Proto)
+    }
+}
+
+/// Reads a duration field with [`parse_duration`] (`#[serde(with = "...::duration")]`).
+pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    Human::deserialize(d).map(|h| h.0)
+}
+
+/// Writes a duration field in seconds, as [`parse_duration`] reads it back (`"1.5s"`).
+pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format_duration(*d))
+}
+
+/// The same for an `Option<Duration>` field: `null` is `None`. Add `#[serde(default)]`
+/// for the field to be optional.
+pub mod option {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::{Human, format_duration};
+
+    /// Reads an optional duration field.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Option::<Human>::deserialize(d).map(|h| h.map(|h| h.0))
+    }
+
+    /// Writes an optional duration field (`None` as `null`).
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_some(&format_duration(*d)),
+            None => s.serialize_none(),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn durations_parse_exactly() {
+        assert_eq!(parse_duration("50ms"), Some(Duration::from_millis(50)));
+        assert_eq!(parse_duration("0.1s"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("250us"), Some(Duration::from_micros(250)));
+        assert_eq!(parse_duration("7ns"), Some(Duration::from_nanos(7)));
+        assert_eq!(parse_duration(".5s"), Some(Duration::from_millis(500)));
+        for bad in [
+            "",
+            "s",
+            "10",
+            "-1s",
+            "1e3s",
+            "1.2.3s",
+            "ms",
+            "1,5s",
+            "1.0000000001s",
+        ] {
+            assert_eq!(parse_duration(bad), None, "{bad:?}");
+        }
+        assert_eq!(
+            parse_proto_duration("0.000000001s"),
+            Some(Duration::from_nanos(1))
+        );
+        // The service config's durations are seconds only.
+        assert_eq!(parse_proto_duration("100ms"), None);
+        assert_eq!(parse_proto_duration("1m"), None);
+    }
+
+    #[test]
+    fn the_forms_are_what_each_document_accepts() {
+        let human = |json: &str| serde_json::from_str::<Human>(json).map(|h| h.0);
+        let proto = |json: &str| serde_json::from_str::<Proto>(json).map(|p| p.0);
+        assert_eq!(human(r#""50ms""#).unwrap(), Duration::from_millis(50));
+        assert_eq!(proto(r#""0.05s""#).unwrap(), Duration::from_millis(50));
+        let e = proto(r#""50ms""#).unwrap_err().to_string();
+        assert!(e.contains("decimal seconds"), "{e}");
+        let e = human("50").unwrap_err().to_string();
+        assert!(
+            e.contains(r#"a duration with a unit such as "50ms""#),
+            "{e}"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn duration_parser_never_panics(s in ".{0,24}") {
+            let _ = parse_duration(&s);
+        }
+
+        #[test]
+        fn milliseconds_round_trip(ms in 0u64..1_000_000_000) {
+            prop_assert_eq!(parse_duration(&format!("{ms}ms")), Some(Duration::from_millis(ms)));
+            let secs = format!("{}.{:03}s", ms / 1000, ms % 1000);
+            prop_assert_eq!(parse_duration(&secs), Some(Duration::from_millis(ms)));
+        }
+
+        #[test]
+        fn what_is_written_reads_back(secs in 0u64..1_000_000_000_000, nanos in 0u32..1_000_000_000) {
+            let d = Duration::new(secs, nanos);
+            prop_assert_eq!(parse_duration(&format_duration(d)), Some(d));
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! Configuration: typed, validated, with errors that name the field.
+//!
+//! Two document shapes are read into one [`ClientConfig`]:
+//!
+//! * the **standard gRPC service config** (what gRPC clients in every language already
+//!   read): `methodConfig[].name` / `retryPolicy` / `timeout` and `retryThrottling`, with
+//!   proto3 JSON durations (`"0.1s"`) and status codes by name (any case) or number. Its
+//!   retry policies use the A6 backoff and its `retryThrottling` becomes the A6 token
+//!   bucket; without `retryThrottling` retries are paid from stormguard's budget with
+//!   default settings; a method's `timeout` becomes its default deadline
+//!   ([`MethodTable::timeout`](crate::policy::MethodTable::timeout)), and a
+//!   `hedgingPolicy` is refused with an error (stormguard does not hedge). Fields gRPC
+//!   does not define, and fields stormguard does not act on (`waitForReady`,
+//!   `maxRequestMessageBytes`, ...), are skipped as gRPC skips unknown fields, and listed
+//!   in [`ClientConfig::not_applied`];
+//! * **stormguard's own shape**, for users who want the budget and full jitter:
+//!
+//! ```json
+//! { "retry": {
+//!     "max_attempts": 3,
+//!     "backoff": "full_jitter", "base": "50ms", "cap": "2s", "max_pushback": "30s",
+//!     "per_attempt_timeout": "50ms",
+//!     "retryable_codes": ["UNAVAILABLE"], "idempotent": false,
+//!     "budget": { "ttl": "10s", "min_retries_per_second": 5, "retry_ratio": 0.1,
+//!                 "fleet_size": 1 },
+//!     "budget_exhausted": "fail_fast" },
+//!   "methods": {
+//!     "/stormguard.demo.v1.Inventory/Reserve": { "idempotent": true },
+//!     "/stormguard.demo.v1.Reports/": { "max_attempts": 2 },
+//!     "/stormguard.demo.v1.Inventory/Watch": null },
+//!   "breaker": { "failure_rate": 0.5, "open_for": "5s" } }
+//! ```
+//!
+//! `retry` applies to every method. An entry of `methods`, by full path
+//! (`/package.Service/Method`) or whole service (`/package.Service/`), changes what it
+//! names over `retry`'s settings; `null` means the method is not retried. The exact method
+//! wins over its service, as in the service config. The budget (`retry.budget`,
+//! `retry.budget_exhausted`) is the layer's, so a method entry cannot set it.
+//!
+//! # Idempotency: the one line that makes answers retried
+//!
+//! `idempotent` defaults to `false`, as in [`RetryPolicy`]: without it, only requests that
+//! never reached the server are retried, because a server that answered `UNAVAILABLE` may
+//! have done part of the work. The seed design's config sets everything else and so
+//! retries no answer; [`ClientConfig::notices`] says so. One entry marks the method that is
+//! safe to repeat (or `idempotent: true` under `retry` marks every method):
+//!
+//! ```yaml
+//! retry:
+//!   budget:
+//!     ttl: 10s
+//!     min_retries_per_second: 5
+//!     retry_ratio: 0.1
+//!   backoff: full_jitter
+//!   base: 100ms
+//!   max_attempts: 3
+//!   budget_exhausted: fail_fast
+//! methods:
+//!   /stormguard.demo.v1.Inventory/Reserve: { idempotent: true }
+//! ```
+//!
+//! # Errors
+//!
+//! Every value is checked; an error names the field as a dotted path and says why
+//! (``invalid `retry.budget.ttl`: must be between 1 s and 60 s, got 500ms``), so a bad
+//! deploy fails loudly at start-up rather than quietly retrying everything. An error from
+//! [`ClientConfig::from_path`] also names the file ([`ConfigError::File`]). Fields read
+//! but not applied are not errors (gRPC accepts them): they are [`Notice`]s, which
+//! [`ClientConfig::notices`] lists with the settings under which no answer is retried.
+//!
+//! # Why serde, and how to embed the config
+//!
+//! The config types implement [`serde::Deserialize`], so a team can hold stormguard's
+//! section in its own config struct, in any serde format:
+//!
+//! ```
+//! use serde::Deserialize;
+//! use stormguard_core::config::ClientConfig;
+//!
+//! #[derive(Deserialize)]
+//! struct App {
+//!     listen: String,
+//!     inventory: ClientConfig,
+//! }
+//!
+//! let app: App = serde_json::from_str(r#"{ "listen": "[::1]:50051",
+//!     "inventory": { "retry": { "max_attempts": 3 },
+//!                    "methods": { "/stormguard.demo.v1.Inventory/Reserve": { "idempotent": true } } } }"#)
+//!     .unwrap();
+//! assert!(app.inventory.methods.lookup("/stormguard.demo.v1.Inventory/Reserve").unwrap().idempotent);
+//!
+//! // Deserializing validates: a bad value cannot get past it unnoticed.
+//! let bad = serde_json::from_str::<App>(r#"{ "listen": "",
+//!     "inventory": { "retry": { "budget": { "ttl": "0.5s" } } } }"#);
+//! assert!(bad.err().unwrap().to_string().contains("retry.budget.ttl"));
+//! ```
+//!
+//! Deserializing a [`ClientConfig`] (stormguard's shape) or an
+//! [`AdmissionConfig`](crate::admission::AdmissionConfig) (the fields of `admission`)
+//! runs the same checks as [`ClientConfig::from_json`], so a config that deserialized is
+//! valid: there is no `validate()` call to forget. A type error names its place in the
+//! application's document as the application's format reports it (wrap the deserializer
+//! in `serde_path_to_error` for a dotted path); a failed check names the field within
+//! stormguard's section (`retry.budget.ttl`). Parts on their own
+//! ([`BudgetConfig`], [`BreakerConfig`], [`ThrottleConfig`],
+//! [`AdaptiveLimitConfig`](crate::limit::AdaptiveLimitConfig)) deserialize with their
+//! defaults for missing fields and are checked by what is built from them. Durations in an
+//! application's own fields can use the [`duration`] module (`"50ms"`, `"10s"`).
+//!
+//! # Formats
+//!
+//! JSON is always read. YAML and TOML are read with the `yaml` and `toml` features, both
+//! on by default; a user who needs only JSON turns off the default features and compiles
+//! neither parser. Reading a YAML or TOML document without its feature is
+//! [`ConfigError::FormatDisabled`].
+
+use std::path::Path;
+
+use serde::{Deserialize, Deserializer};
+use serde_json::{Map, Value};
+
+use document::Build;
+
+use crate::breaker::BreakerConfig;
+use crate::budget::BudgetConfig;
+pub use crate::error::ConfigError;
+use crate::policy::{MethodTable, RetryPolicy};
+use crate::throttle::ThrottleConfig;
+
+mod admission;
+mod client;
+mod criticality;
+mod document;
+pub mod duration;
+mod notice;
+mod service;
+mod value;
+
+pub use document::Format;
+pub use duration::parse_duration;
+pub use notice::{IDEMPOTENT_SETTING, NotApplied, NotAppliedReason, Notice};
+pub(crate) use value::{finite, whole};
+
+/// Which budget pays for retries.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BudgetChoice {
+    /// stormguard's windowed budget: retries ≤ `retry_ratio` of successes, plus a floor.
+    Stormguard(BudgetConfig),
+    /// gRPC A6 `retryThrottling`.
+    A6(ThrottleConfig),
+}
+
+impl Default for BudgetChoice {
+    fn default() -> Self {
+        BudgetChoice::Stormguard(BudgetConfig::default())
+    }
+}
+
+/// Everything the client retry controller needs.
+///
+/// ```
+/// use stormguard_core::config::{BudgetChoice, ClientConfig};
+///
+/// let json = r#"{
+///   "methodConfig": [{
+///     "name": [{ "service": "stormguard.demo.v1.Inventory" }],
+///     "retryPolicy": {
+///       "maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
+///       "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE", "resource_exhausted"]
+///     }
+///   }],
+///   "retryThrottling": { "maxTokens": 10, "tokenRatio": 0.1 }
+/// }"#;
+/// let config = ClientConfig::from_service_config_json(json).unwrap();
+/// let policy = config.methods.lookup("/stormguard.demo.v1.Inventory/Reserve").unwrap();
+/// assert_eq!(policy.max_attempts, 4);
+/// assert!(matches!(config.budget, BudgetChoice::A6(_)));
+/// assert!(config.methods.lookup("/other.Svc/Get").is_none());
+/// ```
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClientConfig {
+    /// Retry policies by method.
+    pub methods: MethodTable,
+    /// What pays for retries.
+    pub budget: BudgetChoice,
+    /// The circuit breaker, if any.
+    pub breaker: Option<BreakerConfig>,
+    /// Fields of the document read but not applied.
+    not_applied: Vec<NotApplied>,
+}
+
+impl ClientConfig {
+    /// stormguard's defaults for every method: retry `UNAVAILABLE`, 3 attempts, full jitter,
+    /// the default budget, no breaker. No method is taken for idempotent, so only requests
+    /// that never reached the server are retried; mark the methods that are safe to repeat
+    /// with a policy of their own (see [`policy`](crate::policy)).
+    pub fn standard() -> Self {
+        ClientConfig {
+            methods: MethodTable::uniform(RetryPolicy::default()),
+            ..ClientConfig::default()
+        }
+    }
+
+    /// No retries at all (the layer still counts and stamps headers).
+    pub fn no_retries() -> Self {
+        ClientConfig::default()
+    }
+
+    /// Checks every part.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for policy in self.methods.policies() {
+            policy.validate("retry")?;
+        }
+        match &self.budget {
+            BudgetChoice::Stormguard(b) => b.validate()?,
+            BudgetChoice::A6(t) => t.validate()?,
+        }
+        if let Some(b) = &self.breaker {
+            b.validate()?;
+        }
+        Ok(())
+    }
+
+    /// The fields of the service config this was read from that are not applied: fields
+    /// stormguard does not act on (`waitForReady`, `maxRequestMessageBytes`,
+    /// `maxResponseMessageBytes`, load balancing) and fields gRPC does not define (a
+    /// misspelled `retryPolicyy`), each with its path. Empty for stormguard's own shape,
+    /// which refuses unknown fields, and for a config built in code.
+    ///
+    /// ```
+    /// use stormguard_core::config::{ClientConfig, NotAppliedReason};
+    ///
+    /// let config = ClientConfig::from_service_config_json(r#"{ "methodConfig": [{
+    ///     "name": [{ "service": "pkg.Svc" }], "waitForReady": true,
+    ///     "retryPolicyy": { "maxAttempts": 3 } }] }"#).unwrap();
+    /// let reason = |path: &str| config.not_applied().iter().find(|n| n.path == path).map(|n| n.reason);
+    /// assert_eq!(config.not_applied().len(), 2);
+    /// assert_eq!(reason("methodConfig[0].waitForReady"), Some(NotAppliedReason::WaitForReady));
+    /// assert_eq!(reason("methodConfig[0].retryPolicyy"), Some(NotAppliedReason::Unknown));
+    /// ```
+    pub fn not_applied(&self) -> &[NotApplied] {
+        &self.not_applied
+    }
+
+    /// What this config says that will not happen, for the layer to report when it is
+    /// built: each field [not applied](Self::not_applied), then
+    /// [`Notice::NoAnswerRetried`] when methods have retry policies but none is
+    /// idempotent, so that no answer is ever retried. Computed from the config as it is
+    /// now, so a method marked idempotent in code after loading counts.
+    ///
+    /// ```
+    /// use stormguard_core::config::{ClientConfig, Notice};
+    ///
+    /// let config = ClientConfig::from_json(r#"{ "retry": { "max_attempts": 3 } }"#).unwrap();
+    /// assert!(matches!(config.notices()[..], [Notice::NoAnswerRetried { max_attempts: 3, .. }]));
+    ///
+    /// let config = ClientConfig::from_json(r#"{ "retry": { "max_attempts": 3 },
+    ///     "methods": { "/pkg.Svc/Get": { "idempotent": true } } }"#).unwrap();
+    /// assert!(config.notices().is_empty());
+    /// ```
+    pub fn notices(&self) -> Vec<Notice> {
+        notice::notices(self)
+    }
+
+    /// Reads a config file, JSON, YAML or TOML by its extension (`.json`, `.yaml` / `.yml`,
+    /// `.toml`), in either shape: a standard gRPC service config when its root has
+    /// `methodConfig` or `retryThrottling`, stormguard's own shape otherwise. An error in
+    /// the file's content is a [`ConfigError::File`] naming the file.
+    ///
+    /// ```no_run
+    /// use stormguard_core::config::ClientConfig;
+    ///
+    /// let config = ClientConfig::from_path("retry.yaml")?;
+    /// # Ok::<(), stormguard_core::config::ConfigError>(())
+    /// ```
+    pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        document::read_file(path.as_ref(), Self::from_document)
+    }
+
+    /// [`ClientConfig::from_path`] for a document already in memory.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard_core::config::{BudgetChoice, ClientConfig, Format};
+    ///
+    /// let toml = "[retry]\nmax_attempts = 3\nbase = \"100ms\"\n[retry.budget]\nttl = \"10s\"\n";
+    /// # #[cfg(feature = "toml")] {
+    /// let config = ClientConfig::from_text(toml, Format::Toml).unwrap();
+    /// let BudgetChoice::Stormguard(budget) = &config.budget else { panic!() };
+    /// assert_eq!(budget.ttl, Duration::from_secs(10));
+    /// # }
+    /// ```
+    pub fn from_text(text: &str, format: Format) -> Result<Self, ConfigError> {
+        Self::from_document(document::parse(text, format)?)
+    }
+
+    fn from_document(root: Map<String, Value>) -> Result<Self, ConfigError> {
+        let service_config = ["methodConfig", "retryThrottling"]
+            .iter()
+            .any(|key| root.contains_key(*key));
+        if service_config {
+            service::read(root)
+        } else {
+            document::strict::<client::ClientDoc>(root)?.build()
+        }
+    }
+
+    /// Reads a standard gRPC service config (JSON).
+    pub fn from_service_config_json(json: &str) -> Result<Self, ConfigError> {
+        service::read(document::parse(json, Format::Json)?)
+    }
+
+    /// Reads stormguard's own shape (see the [module docs](self)). Every field is optional
+    /// and defaults as in [`ClientConfig::standard`]; unknown fields are errors (a typo must
+    /// not silently fall back to a default).
+    pub fn from_json(json: &str) -> Result<Self, ConfigError> {
+        document::strict::<client::ClientDoc>(document::parse(json, Format::Json)?)?.build()
+    }
+}
+
+/// stormguard's own shape (see the [module docs](self#why-serde-and-how-to-embed-the-config)),
+/// validated: what deserializes is what [`ClientConfig::from_json`] accepts.
+impl<'de> Deserialize<'de> for ClientConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        document::built::<client::ClientDoc, D>(d)
+    }
+}
+
+#[cfg(test)]
+mod tests;
