@@ -42,7 +42,9 @@ fn the_seed_config_warns_that_it_retries_no_answer_and_names_the_setting() {
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert!(warnings[0].contains("idempotent"), "{}", warnings[0]);
     // The one line that makes it do what it says: a method marked idempotent.
-    let fixed = format!("{SEED_YAML}methods:\n  /stormguard.demo.v1.Inventory/Reserve:\n    idempotent: true\n");
+    let fixed = format!(
+        "{SEED_YAML}methods:\n  /stormguard.demo.v1.Inventory/Reserve:\n    idempotent: true\n"
+    );
     let config = ClientConfig::from_text(&fixed, Format::Yaml).unwrap();
     assert_eq!(warnings_of(&config), Vec::<String>::new());
 }
@@ -56,6 +58,10 @@ fn service_config_fields_not_applied_are_listed_in_one_warning() {
     let warnings = warnings_of(&config);
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     for field in ["waitForReady", "maxRequestMessageBytes", "retryPolicyy"] {
-        assert!(warnings[0].contains(field), "{field} missing: {}", warnings[0]);
+        assert!(
+            warnings[0].contains(field),
+            "{field} missing: {}",
+            warnings[0]
+        );
     }
 }
