@@ -232,6 +232,10 @@ pub struct AttemptPlan {
     pub grpc_timeout: Option<Duration>,
     /// When the layer's timer fires: the earlier of the call's deadline and the attempt's own.
     pub fire_at: Option<Instant>,
+    /// The per-attempt timeout, when it is what limits this attempt (its own deadline comes
+    /// before the call's): `grpc_timeout` is then exactly this, the same for every such
+    /// attempt of the method, so a layer may encode it once.
+    pub attempt_limit: Option<Duration>,
 }
 
 /// The retry policy of one dependency: its method table, one budget and one optional
@@ -520,6 +524,7 @@ impl CallRetry {
                 .filter(|_| !keep)
                 .map(|at| at.saturating_duration_since(now)),
             fire_at,
+            attempt_limit: self.attempt_deadline.and(self.attempt_timeout),
         }
     }
 

@@ -11,6 +11,7 @@
 //! `grpc-previous-rpc-attempts` on retries, and what is left of the request's retry
 //! allowance as `x-retry-budget`.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use http::header::HeaderName;
@@ -46,9 +47,10 @@ impl Attempts {
         plan: &AttemptPlan,
         retryable: bool,
         replay_limit: usize,
+        stamps: &Stamps,
     ) -> (Attempts, http::Request<Body>) {
         let (mut parts, body) = request.into_parts();
-        stamp(&mut parts.headers, plan);
+        stamps.stamp(&mut parts.headers, plan);
         let (resend, body) = if retryable {
             match buffer(body, replay_limit) {
                 Buffered::Whole(data) => (Resend::Whole(data.clone()), full(data)),
@@ -69,7 +71,11 @@ impl Attempts {
         // Only a replayable body can be resent (see `Failure::replayable`): the parts of any
         // other request go out once and are not copied.
         if !matches!(resend, Resend::Never) {
-            template.headers = SavedHeaders::of(&parts.headers);
+            // When every attempt has a limit, every retry writes its own `grpc-timeout`:
+            // the first attempt's is not kept (nor cloned).
+            let timeout = GRPC_TIMEOUT;
+            let renewed = plan.fire_at.is_some().then_some(&timeout);
+            template.headers = SavedHeaders::of(&parts.headers, renewed);
             template.extensions = SavedExtensions::of(&parts.extensions);
         }
         let attempts = Attempts { template, resend };
@@ -92,9 +98,9 @@ impl Attempts {
     }
 
     /// The request of a retry, stamped as `plan` says.
-    pub(super) fn retry(&self, plan: &AttemptPlan) -> http::Request<Body> {
+    pub(super) fn retry(&self, plan: &AttemptPlan, stamps: &Stamps) -> http::Request<Body> {
         let mut request = self.template.request(self.resend.body());
-        stamp(request.headers_mut(), plan);
+        stamps.stamp(request.headers_mut(), plan);
         request
     }
 
@@ -124,19 +130,53 @@ pub(super) fn caller_timeout(headers: &HeaderMap) -> Option<Duration> {
         .and_then(|v| decode_grpc_timeout(v.to_str().ok()?).ok())
 }
 
-/// Writes what `plan` says an attempt carries: its `grpc-timeout` (when it must change),
-/// its attempt number (on retries) and what is left of the request's retry allowance.
-fn stamp(headers: &mut HeaderMap, plan: &AttemptPlan) {
-    if let Some(left) = plan.grpc_timeout
-        && let Ok(value) = HeaderValue::from_str(encode_grpc_timeout(left).as_str())
-    {
-        headers.insert(GRPC_TIMEOUT, value);
+/// How a layer stamps its attempts, with the `grpc-timeout` value of a per-attempt limit
+/// encoded once.
+#[derive(Debug, Default)]
+pub(super) struct Stamps {
+    /// The last per-attempt limit encoded, and its header value: an attempt that has its
+    /// whole per-attempt timeout (not cut short by the call's deadline) sends this clone
+    /// instead of encoding and allocating a value of its own.
+    limit: Mutex<Option<(Duration, HeaderValue)>>,
+}
+
+impl Stamps {
+    /// Writes what `plan` says an attempt carries: its `grpc-timeout` (when it must
+    /// change), its attempt number (on retries) and what is left of the request's retry
+    /// allowance.
+    fn stamp(&self, headers: &mut HeaderMap, plan: &AttemptPlan) {
+        if let Some(left) = plan.grpc_timeout
+            && let Some(value) = self.timeout_value(left, plan.attempt_limit)
+        {
+            headers.insert(GRPC_TIMEOUT, value);
+        }
+        if plan.previous_attempts > 0 {
+            headers.insert(PREVIOUS_ATTEMPTS, HeaderValue::from(plan.previous_attempts));
+        }
+        if let Some(left) = context::remaining_allowance() {
+            headers.insert(X_RETRY_BUDGET, HeaderValue::from(left));
+        }
     }
-    if plan.previous_attempts > 0 {
-        headers.insert(PREVIOUS_ATTEMPTS, HeaderValue::from(plan.previous_attempts));
-    }
-    if let Some(left) = context::remaining_allowance() {
-        headers.insert(X_RETRY_BUDGET, HeaderValue::from(left));
+
+    /// The `grpc-timeout` value for `left`: the cached one when `left` is the whole
+    /// per-attempt limit (`limit`), else encoded now.
+    fn timeout_value(&self, left: Duration, limit: Option<Duration>) -> Option<HeaderValue> {
+        let encode = |d| HeaderValue::from_str(encode_grpc_timeout(d).as_str()).ok();
+        if limit != Some(left) {
+            return encode(left);
+        }
+        // Never waits: a contended cache is skipped, not queued on.
+        let Ok(mut cached) = self.limit.try_lock() else {
+            return encode(left);
+        };
+        match &*cached {
+            Some((d, value)) if *d == left => Some(value.clone()),
+            _ => {
+                let value = encode(left)?;
+                *cached = Some((left, value.clone()));
+                Some(value)
+            }
+        }
     }
 }
 
@@ -172,12 +212,19 @@ enum SavedHeaders {
 const FEW_HEADERS: usize = 4;
 
 impl SavedHeaders {
-    fn of(headers: &HeaderMap) -> Self {
-        if headers.len() > FEW_HEADERS {
-            return SavedHeaders::Many(headers.clone());
+    /// The headers to keep, less `renewed` (a header every retry writes anew).
+    fn of(headers: &HeaderMap, renewed: Option<&HeaderName>) -> Self {
+        let kept = |name: &HeaderName| renewed != Some(name);
+        if headers.iter().filter(|(name, _)| kept(name)).count() > FEW_HEADERS {
+            let mut map = headers.clone();
+            if let Some(name) = renewed {
+                map.remove(name);
+            }
+            return SavedHeaders::Many(map);
         }
         let mut few: [Option<(HeaderName, HeaderValue)>; FEW_HEADERS] = Default::default();
-        for (slot, (name, value)) in few.iter_mut().zip(headers) {
+        let pairs = headers.iter().filter(|(name, _)| kept(name));
+        for (slot, (name, value)) in few.iter_mut().zip(pairs) {
             *slot = Some((name.clone(), value.clone()));
         }
         SavedHeaders::Few(few)

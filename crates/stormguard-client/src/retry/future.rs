@@ -15,6 +15,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -22,15 +23,14 @@ use http::Uri;
 use pin_project_lite::pin_project;
 use stormguard_core::Instant;
 use stormguard_core::code::Code;
-use stormguard_core::deadline::CallTimes;
+use stormguard_core::deadline::{CallTimes, Deadline};
 use stormguard_core::pushback::Pushback;
 use stormguard_core::retry::{AttemptEnd, CallRetry, Decision};
-use tokio::time::Sleep;
 use tonic::Status;
 use tonic::body::Body;
 use tower_service::Service;
 
-use super::attempt::{Attempts, caller_timeout};
+use super::attempt::{Attempts, Stamps, caller_timeout};
 use super::body::ResponseBody;
 use super::classify::{Last, Outcome, classify};
 use super::end::{self, CallResult, log_refusal};
@@ -46,7 +46,10 @@ pin_project! {
     where
         S: Service<http::Request<Body>, Response = http::Response<B>>,
     {
-        svc: S,
+        // The service retries go out on: cloned from `spare` when the first retry starts.
+        svc: Option<S>,
+        spare: Arc<Mutex<S>>,
+        stamps: Arc<Stamps>,
         // The call's retry state; `None` once the call ended or a committed response's
         // body took it.
         call: Option<CallRetry>,
@@ -69,18 +72,17 @@ pin_project! {
             fut: F,
             span: tracing::Span,
         },
-        // A granted retry waits out its delay (`slept` once it is over), then readies the
-        // service. `last` is what the caller gets if the retry cannot start.
+        // A granted retry waits out its delay on the layer's timer (`slept` once it is
+        // over), then readies the service. `last` is what the caller gets if the retry
+        // cannot start (boxed: the happy path never waits, and this keeps the future small).
         Waiting {
-            #[pin]
-            sleep: Sleep,
             slept: bool,
-            last: Last<B>,
+            last: Box<Last<B>>,
             reason: &'static str,
             delay: Duration,
         },
         // The call ended; `status` when it ended before any attempt was sent.
-        Done { status: Option<Status> },
+        Done { status: Option<BoxError> },
     }
 }
 
@@ -111,7 +113,12 @@ where
     S: Service<http::Request<Body>, Response = http::Response<B>>,
     S::Error: Into<BoxError>,
 {
-    pub(super) fn start(mut svc: S, request: http::Request<Body>, shared: &Shared) -> Self {
+    pub(super) fn start(
+        svc: &mut S,
+        spare: &Arc<Mutex<S>>,
+        request: http::Request<Body>,
+        shared: &Shared,
+    ) -> Self {
         let now = Instant::now();
         let path = request.uri().path();
         let mut stats = CallStats::start(shared, path);
@@ -127,16 +134,18 @@ where
             // Only an open breaker rejects a first attempt: fail fast.
             Err(refusal) => {
                 let status = end::breaker_open(&mut stats, refusal);
-                return Self::refused(svc, request.uri(), stats, status);
+                return Self::refused(spare, request.uri(), stats, status);
             }
             Ok(_) => {
                 let status = end::expired_before_sent(&mut stats);
-                return Self::refused(svc, request.uri(), stats, status);
+                return Self::refused(spare, request.uri(), stats, status);
             }
         };
         let plan = call.first_attempt_at(now);
         let retryable = call.is_retryable_method();
-        let (attempts, request) = Attempts::first(request, &plan, retryable, shared.replay_limit);
+        let stamps = Arc::clone(&shared.stamps);
+        let (attempts, request) =
+            Attempts::first(request, &plan, retryable, shared.replay_limit, &stamps);
         let span = attempt_span(attempts.uri(), 0, "initial", Duration::ZERO);
         stats.attempt(false);
         let fut = {
@@ -144,7 +153,9 @@ where
             svc.call(request)
         };
         ResponseFuture {
-            svc,
+            svc: None,
+            spare: Arc::clone(spare),
+            stamps,
             call: Some(call),
             attempts,
             stats,
@@ -159,15 +170,17 @@ where
     S: Service<http::Request<Body>, Response = http::Response<B>>,
 {
     /// A call that ends before its first attempt, with `status`.
-    fn refused(svc: S, uri: &Uri, stats: CallStats, status: Status) -> Self {
+    fn refused(spare: &Arc<Mutex<S>>, uri: &Uri, stats: CallStats, status: Status) -> Self {
         ResponseFuture {
-            svc,
+            svc: None,
+            spare: Arc::clone(spare),
+            stamps: Arc::default(),
             call: None,
             attempts: Attempts::unsent(uri.clone()),
             stats,
             timer: Timer::at(None),
             state: State::Done {
-                status: Some(status),
+                status: Some(Box::new(status)),
             },
         }
     }
@@ -175,7 +188,7 @@ where
 
 impl<S, B> Future for ResponseFuture<S, B>
 where
-    S: Service<http::Request<Body>, Response = http::Response<B>>,
+    S: Service<http::Request<Body>, Response = http::Response<B>> + Clone,
     S::Error: Into<BoxError>,
     B: http_body::Body,
 {
@@ -187,9 +200,9 @@ where
             match this.state.as_mut().project() {
                 StateProj::Done { status } => {
                     let status = status.take().unwrap_or_else(|| {
-                        Status::internal("stormguard: call polled after completion")
+                        Box::new(Status::internal("stormguard: call polled after completion"))
                     });
-                    return Poll::Ready(Err(Box::new(status)));
+                    return Poll::Ready(Err(status));
                 }
                 StateProj::Called { fut, span } => {
                     let (end, last) = if this.timer.as_mut().poll_fired(cx) {
@@ -267,12 +280,13 @@ where
                                 AttemptEnd::Failed(f)
                                     if matches!(f.pushback, Some(Pushback::RetryAfter(_)))
                             ));
-                            // Until the retry starts only the call's deadline matters.
-                            this.timer.as_mut().arm(call.deadline());
+                            // The delay runs on the layer's timer (a granted delay ends
+                            // before the call's deadline).
+                            let until = Deadline::after_at(now, delay).instant();
+                            this.timer.as_mut().arm(Some(until));
                             this.state.set(State::Waiting {
-                                sleep: tokio::time::sleep(delay),
                                 slept: false,
-                                last,
+                                last: Box::new(last),
                                 reason: if timed_out {
                                     "per_attempt_timeout"
                                 } else {
@@ -295,10 +309,15 @@ where
                         }
                     }
                 }
-                StateProj::Waiting { sleep, slept, .. } => {
+                StateProj::Waiting { slept, .. } => {
                     if !*slept {
-                        ready!(sleep.poll(cx));
+                        if !this.timer.as_mut().poll_fired(cx) {
+                            return Poll::Pending;
+                        }
                         *slept = true;
+                        // Until the retry starts only the call's deadline matters.
+                        let deadline = this.call.as_ref().and_then(CallRetry::deadline);
+                        this.timer.as_mut().arm(deadline);
                     }
                     if this.timer.as_mut().poll_fired(cx) {
                         // The caller's deadline ran out during the delay: dropping the call
@@ -307,7 +326,13 @@ where
                         drop(this.call.take());
                         return Poll::Ready(end::expired(this.stats));
                     }
-                    if let Err(err) = ready!(this.svc.poll_ready(cx)) {
+                    let svc = this.svc.get_or_insert_with(|| {
+                        this.spare
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .clone()
+                    });
+                    if let Err(err) = ready!(svc.poll_ready(cx)) {
                         // The channel cannot take the retry (the granted retry goes back to
                         // the budget when the call state is dropped).
                         this.state.set(State::Done { status: None });
@@ -336,17 +361,17 @@ where
                             let attempt = call.previous_attempts();
                             let left = call.remaining_at(now);
                             log_refusal(this.stats, this.attempts.uri(), refusal, attempt, left);
-                            return Poll::Ready(end::give_up(this.stats, refusal, last, false));
+                            return Poll::Ready(end::give_up(this.stats, refusal, *last, false));
                         }
                     };
-                    let request = this.attempts.retry(&plan);
+                    let request = this.attempts.retry(&plan, this.stamps);
                     this.timer.as_mut().arm(plan.fire_at);
                     let span =
                         attempt_span(this.attempts.uri(), plan.previous_attempts, reason, delay);
                     this.stats.attempt(true);
                     let fut = {
                         let _enter = span.enter();
-                        this.svc.call(request)
+                        svc.call(request)
                     };
                     this.state.set(State::Called { fut, span });
                 }

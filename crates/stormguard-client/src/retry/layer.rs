@@ -1,5 +1,5 @@
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stormguard_core::config::{ClientConfig, ConfigError};
@@ -35,6 +35,7 @@ pub(super) struct Shared {
     pub(super) replay_limit: usize,
     pub(super) default_timeout: Option<Duration>,
     pub(super) per_attempt_timeout: Option<Duration>,
+    pub(super) stamps: Arc<super::attempt::Stamps>,
     /// The layer's name, refusal summary and breaker watch.
     pub(super) events: Arc<LayerEvents>,
     #[cfg(feature = "opentelemetry")]
@@ -89,6 +90,7 @@ impl RetryLayer {
                 replay_limit: DEFAULT_REPLAY_LIMIT,
                 default_timeout: None,
                 per_attempt_timeout: None,
+                stamps: Arc::default(),
                 events,
                 #[cfg(feature = "opentelemetry")]
                 meter: None,
@@ -283,12 +285,13 @@ impl fmt::Debug for RetryLayer {
     }
 }
 
-impl<S> Layer<S> for RetryLayer {
+impl<S: Clone> Layer<S> for RetryLayer {
     type Service = Retry<S>;
 
     fn layer(&self, inner: S) -> Retry<S> {
         self.shared.register_metrics();
         Retry {
+            spare: Arc::new(Mutex::new(inner.clone())),
             inner,
             shared: self.shared.clone(),
         }

@@ -19,11 +19,12 @@
 //!
 //! # Readiness contract
 //!
-//! `poll_ready` readies the inner service. `call` takes that readied service for the first
-//! attempt and leaves a fresh clone in its place (clone-and-swap), so the first attempt is
-//! sent without waiting. A retry uses the same service after its delay and calls
-//! `poll_ready` on it inside the response future before sending. The inner service must
-//! therefore be `Clone`, and clones must share the connection (tonic's `Channel` does).
+//! `poll_ready` readies the inner service, and `call` sends the first attempt on it, so the
+//! first attempt is sent without waiting and costs no clone (a tonic `Channel` allocates
+//! when it is cloned and when a clone is first readied). A retry, after its delay, takes a
+//! clone of a spare kept by the layer's service, and calls `poll_ready` on that clone
+//! inside the response future before sending. The inner service must therefore be
+//! `Clone`, and clones must share the connection (tonic's `Channel` does).
 //!
 //! # Success, for the budget and the breaker
 //!
@@ -97,7 +98,7 @@ mod replay;
 mod timer;
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use tonic::body::Body;
@@ -120,6 +121,8 @@ use crate::status::BoxError;
 #[derive(Clone)]
 pub struct Retry<S> {
     inner: S,
+    // What a retry clones its service from (the first attempt uses `inner` itself).
+    spare: Arc<Mutex<S>>,
     shared: Arc<layer::Shared>,
 }
 
@@ -158,8 +161,6 @@ where
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        let clone = self.inner.clone();
-        let ready = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::start(ready, request, &self.shared)
+        ResponseFuture::start(&mut self.inner, &self.spare, request, &self.shared)
     }
 }
