@@ -1,14 +1,17 @@
 //! OpenTelemetry metrics (feature `opentelemetry`): after a scripted run over real tonic,
-//! what the SDK's in-memory exporter received equals the layers' own counters.
+//! what the SDK's in-memory exporter received equals the layers' own counters; every
+//! series names its layer, so two layers on one meter stay apart; the order of
+//! `with_meter` and `with_stats` does not matter.
 #![allow(clippy::unwrap_used)]
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, SdkMeterProvider};
-use stormguard_client::RetryLayer;
+use stormguard_client::{RetryLayer, RetryStats};
 use stormguard_core::admission::{AdmissionConfig, RetryThreshold};
 use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
 use stormguard_core::policy::{MethodTable, RetryPolicy};
@@ -21,15 +24,18 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Endpoint, Server};
 use tower::ServiceBuilder;
 
+/// Attributes of a data point, as sorted `(key, value)` pairs.
+type Attributes = Vec<(String, String)>;
+
 /// One exported metric's data points as `(attributes, value)`; `value` is the sum of a
-/// counter, the value of a gauge, or the count of a histogram.
-fn points(metrics: &ResourceMetrics, name: &str) -> Vec<(Vec<(String, String)>, f64)> {
+/// counter, the value of a gauge, or the count of a histogram (its sum with `sums`).
+fn data_points(metrics: &ResourceMetrics, name: &str, sums: bool) -> Vec<(Attributes, f64)> {
     let metric = metrics
         .scope_metrics()
         .flat_map(|s| s.metrics())
         .find(|m| m.name() == name)
         .unwrap_or_else(|| panic!("{name} was not exported"));
-    fn attrs<'a>(kv: impl Iterator<Item = &'a opentelemetry::KeyValue>) -> Vec<(String, String)> {
+    fn attrs<'a>(kv: impl Iterator<Item = &'a opentelemetry::KeyValue>) -> Attributes {
         let mut v: Vec<_> = kv
             .map(|kv| (kv.key.to_string(), kv.value.to_string()))
             .collect();
@@ -51,15 +57,39 @@ fn points(metrics: &ResourceMetrics, name: &str) -> Vec<(Vec<(String, String)>, 
             .collect(),
         AggregatedMetrics::F64(MetricData::Histogram(h)) => h
             .data_points()
-            .map(|p| (attrs(p.attributes()), p.count() as f64))
+            .map(|p| {
+                let value = if sums { p.sum() } else { p.count() as f64 };
+                (attrs(p.attributes()), value)
+            })
+            .collect(),
+        AggregatedMetrics::U64(MetricData::Histogram(h)) => h
+            .data_points()
+            .map(|p| {
+                let value = if sums {
+                    p.sum() as f64
+                } else {
+                    p.count() as f64
+                };
+                (attrs(p.attributes()), value)
+            })
             .collect(),
         _ => panic!("{name}: unexpected data"),
     }
 }
 
-/// The total of `name` over the points whose attributes include every pair of `with`.
-fn total(metrics: &ResourceMetrics, name: &str, with: &[(&str, &str)]) -> u64 {
-    points(metrics, name)
+/// One exported metric's data points (see [`data_points`]).
+fn points(metrics: &ResourceMetrics, name: &str) -> Vec<(Attributes, f64)> {
+    data_points(metrics, name, false)
+}
+
+/// The sums of a histogram's data points.
+fn sums(metrics: &ResourceMetrics, name: &str) -> Vec<(Attributes, f64)> {
+    data_points(metrics, name, true)
+}
+
+/// The total of `points` whose attributes include every pair of `with`.
+fn sum_of(points: Vec<(Attributes, f64)>, with: &[(&str, &str)]) -> u64 {
+    points
         .into_iter()
         .filter(|(attrs, _)| {
             with.iter()
@@ -69,41 +99,44 @@ fn total(metrics: &ResourceMetrics, name: &str, with: &[(&str, &str)]) -> u64 {
         .sum()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exported_values_equal_the_layers_own_counters() {
+/// The total of `name` over the points whose attributes include every pair of `with`.
+fn total(metrics: &ResourceMetrics, name: &str, with: &[(&str, &str)]) -> u64 {
+    sum_of(points(metrics, name), with)
+}
+
+/// Every exported series as `(metric, attributes)`, sorted.
+fn series(metrics: &ResourceMetrics) -> Vec<(String, Attributes)> {
+    let mut all: Vec<_> = metrics
+        .scope_metrics()
+        .flat_map(|s| s.metrics())
+        .flat_map(|m| {
+            let name = m.name().to_owned();
+            points(metrics, &name)
+                .into_iter()
+                .map(move |(attrs, _)| (name.clone(), attrs))
+        })
+        .collect();
+    all.sort();
+    all
+}
+
+/// A meter provider exporting into memory, and its exporter.
+fn provider() -> (SdkMeterProvider, InMemoryMetricExporter) {
     let exporter = InMemoryMetricExporter::default();
     let provider = SdkMeterProvider::builder()
         .with_periodic_exporter(exporter.clone())
         .build();
-    let meter = provider.meter("stormguard-test");
+    (provider, exporter)
+}
 
-    // A small server that must queue and shed: 2 workers, 4 places, retries shed once one
-    // call waits; a third of the calls fail.
-    let shed = ShedLayer::from_config(AdmissionConfig {
-        workers: 2,
-        queue_capacity: 4,
-        retry_threshold: RetryThreshold {
-            depth: Some(1),
-            queue_delay: None,
-        },
-        ..AdmissionConfig::default()
-    })
-    .unwrap()
-    .with_meter(&meter);
-    let server_stats = shed.stats();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let demo = DemoInventory::new(DemoConfig {
-        service_time: Duration::from_millis(5),
-        fail_rate: 0.3,
-        seed: 5,
-    });
-    tokio::spawn(
-        Server::builder()
-            .layer(shed)
-            .serve_with_incoming(InventoryServer::new(demo), TcpIncoming::from(listener)),
-    );
+/// Flushes `provider` and returns its last export.
+fn collect(provider: &SdkMeterProvider, exporter: &InMemoryMetricExporter) -> ResourceMetrics {
+    provider.force_flush().unwrap();
+    exporter.get_finished_metrics().unwrap().pop().unwrap()
+}
 
+/// A controller that retries UNAVAILABLE on every method with a tiny backoff.
+fn controller(seed: u64) -> RetryController {
     let budget: Arc<dyn Budget> = Arc::new(
         RetryBudget::new(BudgetConfig {
             min_retries_per_second: 20,
@@ -120,41 +153,87 @@ async fn exported_values_equal_the_layers_own_counters() {
         },
         ..RetryPolicy::default()
     };
-    let layer = RetryLayer::new(RetryController::new(
-        MethodTable::uniform(policy),
-        budget,
-        None,
-        9,
-    ))
-    .with_meter(&meter);
-    let client_stats = layer.stats();
+    RetryController::new(MethodTable::uniform(policy), budget, None, seed)
+}
+
+/// Serves the demo Inventory with `demo` (behind `shed`, if given) on a loopback port
+/// bound before this returns.
+async fn serve(demo: DemoConfig, shed: Option<ShedLayer>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let service = InventoryServer::new(DemoInventory::new(demo));
+    let incoming = TcpIncoming::from(listener);
+    match shed {
+        Some(shed) => tokio::spawn(
+            Server::builder()
+                .layer(shed)
+                .serve_with_incoming(service, incoming),
+        ),
+        None => tokio::spawn(Server::builder().serve_with_incoming(service, incoming)),
+    };
+    addr
+}
+
+/// `n` concurrent calls through `layer` to `addr`; how many succeeded.
+async fn run(addr: SocketAddr, layer: RetryLayer, n: usize) -> usize {
     let channel = Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
         .await
         .unwrap();
     let client = InventoryClient::new(ServiceBuilder::new().layer(layer).service(channel));
-
-    let calls: Vec<_> = (0..3)
-        .flat_map(|_| 0..16)
+    let calls: Vec<_> = (0..n)
         .map(|_| {
             let mut client = client.clone();
             tokio::spawn(async move { client.reserve(ReserveRequest::default()).await.is_ok() })
         })
         .collect();
+    let mut ok = 0;
     for call in calls {
-        call.await.unwrap();
+        ok += usize::from(call.await.unwrap());
     }
+    ok
+}
 
-    provider.force_flush().unwrap();
-    let exported = exporter.get_finished_metrics().unwrap();
-    let m = exported.last().unwrap();
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exported_values_equal_the_layers_own_counters() {
+    let (provider, exporter) = provider();
+    let meter = provider.meter("stormguard-test");
+
+    // A small server that must queue and shed: 2 workers, 4 places, retries shed once one
+    // call waits; a third of the calls fail. Named after the meter is given: either order.
+    let shed = ShedLayer::from_config(AdmissionConfig {
+        workers: 2,
+        queue_capacity: 4,
+        retry_threshold: RetryThreshold {
+            depth: Some(1),
+            queue_delay: None,
+        },
+        ..AdmissionConfig::default()
+    })
+    .unwrap()
+    .with_meter(&meter)
+    .with_name("inventory-server");
+    let server_stats = shed.stats();
+    let demo = DemoConfig {
+        service_time: Duration::from_millis(5),
+        fail_rate: 0.3,
+        seed: 5,
+    };
+    let addr = serve(demo, Some(shed)).await;
+
+    // A client layer without a name: its first call names it after the service.
+    let layer = RetryLayer::new(controller(9)).with_meter(&meter);
+    let client_stats = layer.stats();
+    run(addr, layer, 48).await;
+    let m = &collect(&provider, &exporter);
 
     // Client: calls and attempts apart, by method; final codes; refusals by cause.
     let c = client_stats.snapshot();
     assert_eq!(c.logical, 48);
     let method = [
         ("rpc.system", "grpc"),
+        ("stormguard.layer", "stormguard.demo.v1.Inventory"),
         ("rpc.service", "stormguard.demo.v1.Inventory"),
         ("rpc.method", "Reserve"),
     ];
@@ -201,6 +280,38 @@ async fn exported_values_equal_the_layers_own_counters() {
         c.attempt_timeouts
     );
     assert!(!points(m, "stormguard.client.budget.balance").is_empty());
+    // One histogram point per call, when it ended: its attempts and its duration, by method
+    // (and final code for the duration).
+    let ended = c.ok + c.failed;
+    assert_eq!(
+        total(m, "stormguard.client.attempts_per_call", &method),
+        ended
+    );
+    assert_eq!(
+        sum_of(sums(m, "stormguard.client.attempts_per_call"), &method),
+        c.attempts,
+        "every call ended, so their attempts add up to all attempts"
+    );
+    assert_eq!(total(m, "rpc.client.duration", &method), ended);
+    assert_eq!(
+        total(m, "rpc.client.duration", &[("rpc.grpc.status_code", "0")]),
+        c.ok
+    );
+
+    // Every series names its layer.
+    for (metric, attrs) in series(m) {
+        let layer = attrs.iter().find(|(k, _)| k == "stormguard.layer");
+        let want = if metric.starts_with("stormguard.server") {
+            "inventory-server"
+        } else {
+            "stormguard.demo.v1.Inventory"
+        };
+        assert_eq!(
+            layer.map(|(_, v)| v.as_str()),
+            Some(want),
+            "{metric} {attrs:?}"
+        );
+    }
 
     // Server: admitted, shed by class and reason, expired, cancelled, queued time.
     let s = server_stats.snapshot();
@@ -243,5 +354,144 @@ async fn exported_values_equal_the_layers_own_counters() {
     let amplification = total(m, "stormguard.client.attempts", &[]) as f64
         / total(m, "stormguard.client.calls", &[]) as f64;
     assert_eq!(amplification, c.amplification());
+    // Server: admitted, shed by class and reason, expired, cancelled, queued time.
+    let s = server_stats.snapshot();
+    assert_eq!(total(m, "stormguard.server.admitted", &[]), s.admitted);
+    assert_eq!(
+        total(
+            m,
+            "stormguard.server.shed",
+            &[("stormguard.attempt.class", "first")]
+        ),
+        s.shed_first
+    );
+    assert_eq!(
+        total(
+            m,
+            "stormguard.server.shed",
+            &[("stormguard.attempt.class", "retry")]
+        ),
+        s.shed_retry
+    );
+    assert_eq!(
+        total(
+            m,
+            "stormguard.server.shed",
+            &[("stormguard.criticality", "sheddable")]
+        ),
+        s.shed_sheddable
+    );
+    assert!(s.shed() > 0, "the run shed: {s:?}");
+    assert_eq!(total(m, "stormguard.server.expired", &[]), s.expired);
+    assert_eq!(
+        total(m, "stormguard.server.cancelled_queued", &[]),
+        s.cancelled_queued
+    );
+    assert_eq!(total(m, "stormguard.server.queue.time", &[]), s.dequeued);
+    assert!(s.dequeued > 0, "calls queued: {s:?}");
+    assert_eq!(total(m, "stormguard.server.workers", &[]), 2);
+    assert_eq!(total(m, "stormguard.server.queue.depth", &[]), 0);
+    // Amplification, from the exported values alone.
+    let amplification = total(m, "stormguard.client.attempts", &[]) as f64
+        / total(m, "stormguard.client.calls", &[]) as f64;
+    assert_eq!(amplification, c.amplification());
     provider.shutdown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_layers_on_one_meter_export_series_of_their_own() {
+    let (provider, exporter) = provider();
+    let meter = provider.meter("stormguard-test");
+    let addr = serve(DemoConfig::default(), None).await;
+    // Two layers to the same service: one named, one named by its first call.
+    let eu = RetryLayer::new(controller(1))
+        .with_name("inventory-eu")
+        .with_meter(&meter);
+    let other = RetryLayer::new(controller(2)).with_meter(&meter);
+    let (eu_stats, other_stats) = (eu.stats(), other.stats());
+    assert_eq!(other.name(), None, "no call yet");
+    assert_eq!(run(addr, eu, 3).await, 3);
+    assert_eq!(run(addr, other, 5).await, 5);
+    let m = &collect(&provider, &exporter);
+
+    let calls = |layer| total(m, "stormguard.client.calls", &[("stormguard.layer", layer)]);
+    assert_eq!(calls("inventory-eu"), eu_stats.snapshot().logical);
+    assert_eq!(
+        calls("stormguard.demo.v1.Inventory"),
+        other_stats.snapshot().logical
+    );
+    assert_eq!(total(m, "stormguard.client.calls", &[]), 8);
+    let layers = |metric| {
+        let mut names: Vec<_> = points(m, metric)
+            .into_iter()
+            .filter_map(|(attrs, _)| {
+                attrs
+                    .into_iter()
+                    .find(|(k, _)| k == "stormguard.layer")
+                    .map(|(_, v)| v)
+            })
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    };
+    for metric in [
+        "stormguard.client.retries",
+        "stormguard.client.budget.balance",
+        "stormguard.client.attempts_per_call",
+        "rpc.client.duration",
+    ] {
+        assert_eq!(
+            layers(metric),
+            ["inventory-eu", "stormguard.demo.v1.Inventory"],
+            "{metric}"
+        );
+    }
+    provider.shutdown().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_meter_and_with_stats_in_either_order_export_the_same_series() {
+    let mut exports = Vec::new();
+    for meter_first in [true, false] {
+        let (provider, exporter) = provider();
+        let meter = provider.meter("stormguard-test");
+        let stats = RetryStats::new();
+        let layer = RetryLayer::new(controller(3)).with_name("inventory");
+        let layer = if meter_first {
+            layer.with_meter(&meter).with_stats(stats.clone())
+        } else {
+            layer.with_stats(stats.clone()).with_meter(&meter)
+        };
+        // Half the calls fail (the same ones each time: a fresh seeded server, calls one
+        // after another), so the counters read from the stats are not all zero.
+        let demo = DemoConfig {
+            service_time: Duration::from_millis(1),
+            fail_rate: 0.5,
+            seed: 7,
+        };
+        let addr = serve(demo, None).await;
+        for _ in 0..8 {
+            run(addr, layer.clone(), 1).await;
+        }
+        let m = &collect(&provider, &exporter);
+        // The instruments read the counters given to `with_stats`, whatever the order.
+        let s = stats.snapshot();
+        assert_eq!(s.logical, 8);
+        assert!(s.retries > 0, "{s:?}");
+        assert_eq!(
+            total(m, "stormguard.client.retries", &[]),
+            s.retries,
+            "meter first: {meter_first}"
+        );
+        assert_eq!(
+            total(m, "stormguard.client.retry.delays", &[]),
+            s.delayed_by_backoff + s.delayed_by_pushback
+        );
+        assert_eq!(total(m, "stormguard.client.calls", &[]), 8);
+        exports.push(series(m));
+        provider.shutdown().unwrap();
+    }
+    assert!(exports[0].len() > 10, "{:?}", exports[0]);
+    assert_eq!(exports[0], exports[1]);
 }

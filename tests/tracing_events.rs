@@ -1,9 +1,12 @@
 //! Tracing: what the layers log, and at which level. A healthy service logs nothing at
-//! INFO; a refused retry, a shed call and an expiry are INFO events with their details;
-//! each attempt's span carries `retry.attempt`, `retry.delay_ms` and `retry.reason`.
+//! INFO. Each refused retry, shed call and expiry is a DEBUG event with its details; INFO
+//! gets at most one summary a second per layer, with the counts by cause; each transition
+//! of a client's circuit breaker is one INFO event. Each attempt's span carries
+//! `retry.attempt`, `retry.delay_ms` and `retry.reason`.
 //!
-//! One test in this binary, so that no other test registers the callsites first without
-//! the recording subscriber.
+//! Every test records with its own subscriber on its own thread (current-thread runtimes:
+//! the servers run there too), and asks tracing to look at its callsites again once the
+//! subscriber is in place, so that no test sees another's events or misses its own.
 #![allow(clippy::unwrap_used)]
 
 mod client_support;
@@ -14,17 +17,41 @@ use std::time::Duration;
 
 use client_support::{Scripted, Step};
 use stormguard_client::RetryLayer;
-use stormguard_demo::InventoryClient;
-use stormguard_demo::server::DemoConfig;
+use stormguard_core::breaker::{BreakerConfig, CircuitBreaker};
+use stormguard_core::policy::{MethodTable, RetryPolicy};
+use stormguard_core::retry::RetryController;
+use stormguard_demo::server::{DemoConfig, DemoInventory};
+use stormguard_demo::{InventoryClient, InventoryServer};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tonic::Code;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
 use tracing::Level;
-use tracing_support::Recorder;
+use tracing_support::{Logged, Recorder};
+
+const SERVICE: &str = "stormguard.demo.v1.Inventory";
+
+/// A recorder installed as this thread's subscriber until the guard drops.
+fn record() -> (Recorder, tracing::subscriber::DefaultGuard) {
+    let recorder = Recorder::default();
+    let guard = tracing::subscriber::set_default(recorder.clone());
+    tracing::callsite::rebuild_interest_cache();
+    (recorder, guard)
+}
+
+fn number(event: &Logged, key: &str) -> u64 {
+    event
+        .get(key)
+        .unwrap_or_else(|| panic!("{key} missing: {event:?}"))
+        .parse()
+        .unwrap()
+}
 
 #[tokio::test]
-async fn info_is_quiet_when_healthy_and_tells_what_was_refused_or_shed() {
-    let recorder = Recorder::default();
-    let _guard = tracing::subscriber::set_default(recorder.clone());
-    tracing::callsite::rebuild_interest_cache();
+async fn info_is_quiet_when_healthy() {
+    let (recorder, _guard) = record();
 
     // Client, healthy: a failure retried once, an application error, successes.
     let svc = Scripted::new(
@@ -78,27 +105,110 @@ async fn info_is_quiet_when_healthy_and_tells_what_was_refused_or_shed() {
         "the retry's backoff delay, at most the cap: {delay}"
     );
 
-    // Client, failing: the attempt limit refuses the last retry, at INFO.
-    svc.push([
-        Step::Fail(Code::Unavailable),
-        Step::Fail(Code::Unavailable),
-        Step::Fail(Code::Unavailable),
-    ]);
-    let mut request = tonic::Request::new(client_support::reserve("d"));
-    request.set_timeout(Duration::from_secs(30));
-    client.reserve(request).await.unwrap_err();
+    // Server, healthy: nothing at INFO.
+    let server = server_support::start(
+        server_support::one_worker_no_queue(),
+        DemoConfig::default(),
+        false,
+    )
+    .await;
+    let plain = InventoryClient::new(server_support::channel(server.addr).await);
+    for i in 0..3 {
+        plain
+            .clone()
+            .reserve(server_support::reserve(&format!("ok{i}"), None))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        recorder.take_info().len(),
+        0,
+        "a healthy server is quiet at INFO"
+    );
+}
+
+/// Paused time: the only clock that moves is the one the test advances (and the retries'
+/// millisecond backoffs).
+#[tokio::test(start_paused = true)]
+async fn refused_retries_are_each_at_debug_and_summarised_at_info_once_a_second() {
+    let (recorder, _guard) = record();
+    // Every attempt fails: each call makes 3 attempts and the attempt limit refuses the
+    // fourth.
+    let svc = Scripted::always(Step::Fail(Code::Unavailable));
+    let t0 = Instant::now();
+    let layer = RetryLayer::new(client_support::controller(client_support::quick_policy()));
+    let mut client = client_support::setup(&svc, layer).await;
+    // `n` calls 50 ms apart.
+    let mut call = async |n: usize| {
+        for i in 0..n {
+            let status = client
+                .reserve(client_support::reserve(&format!("{i}")))
+                .await
+                .unwrap_err();
+            assert_eq!(status.code(), Code::Unavailable);
+            tokio::time::advance(Duration::from_millis(50)).await;
+        }
+    };
+
+    // Nine refusals within the layer's first second: nothing at INFO yet.
+    call(9).await;
+    let events = recorder.take();
+    assert_eq!(
+        events.iter().filter(|e| e.level <= Level::INFO).count(),
+        0,
+        "{events:?}"
+    );
+    let each = Recorder::with_message(&events, Level::DEBUG, "stormguard: retry refused");
+    assert_eq!(each.len(), 9, "every refusal at DEBUG");
+    for event in &each {
+        assert_eq!(event.get("retry.refused"), Some("attempts"));
+        assert_eq!(event.get("retry.attempt"), Some("2"));
+        assert_eq!(event.get("rpc.method"), Some(client_support::RESERVE));
+        assert_eq!(event.get("stormguard.layer"), Some(SERVICE));
+    }
+
+    // The first refusal once the second is over writes one summary: all ten of them.
+    tokio::time::sleep_until(t0 + Duration::from_secs(1)).await;
+    let t1 = Instant::now();
+    call(1).await;
+    let events = recorder.take();
+    let info: Vec<_> = events.iter().filter(|e| e.level <= Level::INFO).collect();
+    assert_eq!(info.len(), 1, "{info:?}");
+    let summary = info[0];
+    assert_eq!(summary.level, Level::INFO);
+    let message = summary.get("message").unwrap();
+    assert!(
+        message.starts_with("stormguard: 10 retries refused in the last 1."),
+        "{message}"
+    );
+    assert_eq!(number(summary, "refused.attempts"), 10);
+    for cause in ["deadline", "breaker", "budget", "allowance"] {
+        assert_eq!(number(summary, &format!("refused.{cause}")), 0, "{cause}");
+    }
+    assert_eq!(summary.get("rpc.method"), Some(client_support::RESERVE));
+    assert_eq!(summary.get("stormguard.layer"), Some(SERVICE));
+    let window = number(summary, "summary.window_ms");
+    assert!((1000..1100).contains(&window), "{window}");
+    assert_eq!(
+        Recorder::with_message(&events, Level::DEBUG, "stormguard: retry refused").len(),
+        1
+    );
+
+    // The next second's refusals give the next summary, with their own count.
+    call(4).await;
+    assert_eq!(recorder.take_info().len(), 0);
+    tokio::time::sleep_until(t1 + Duration::from_millis(1100)).await;
+    call(1).await;
     let info = recorder.take_info();
     assert_eq!(info.len(), 1, "{info:?}");
-    let refused = &info[0];
-    assert_eq!(refused.level, Level::INFO);
-    assert_eq!(refused.get("message"), Some("stormguard: retry refused"));
-    assert_eq!(refused.get("retry.refused"), Some("attempts"));
-    assert_eq!(refused.get("retry.attempt"), Some("2"));
-    let left: u64 = refused.get("deadline.left_ms").unwrap().parse().unwrap();
-    assert!(left > 0 && left <= 30_000, "{left}");
+    assert_eq!(number(&info[0], "refused.attempts"), 5);
+}
 
-    // Server, healthy: nothing at INFO. Then one worker held and no queue: the next call
-    // is shed, at INFO, with its class, reason, depth and pushback.
+#[tokio::test(start_paused = true)]
+async fn shed_calls_are_each_at_debug_and_summarised_at_info_once_a_second() {
+    let (recorder, _guard) = record();
+    let t0 = Instant::now();
+    // One worker, held; no queue: every other call is shed on arrival.
     let server = server_support::start(
         server_support::one_worker_no_queue(),
         DemoConfig::default(),
@@ -106,33 +216,165 @@ async fn info_is_quiet_when_healthy_and_tells_what_was_refused_or_shed() {
     )
     .await;
     let plain = InventoryClient::new(server_support::channel(server.addr).await);
-    server.control.open_gate();
-    plain
-        .clone()
-        .reserve(server_support::reserve("ok", None))
-        .await
-        .unwrap();
-    assert_eq!(
-        recorder.take_info().len(),
-        0,
-        "a healthy server is quiet at INFO"
-    );
-    server.control.close_gate();
     let held = server_support::hold_worker(&plain, &server.control).await;
-    let shed = plain
-        .clone()
-        .reserve(server_support::reserve("shed", Some("1")))
-        .await
-        .unwrap_err();
-    assert_eq!(shed.code(), Code::Unavailable);
-    server_support::release(&server.control, held).await;
+    // `n` calls 100 ms apart.
+    let shed = async |n: usize| {
+        for i in 0..n {
+            let status = plain
+                .clone()
+                .reserve(server_support::reserve(&format!("shed{i}"), Some("1")))
+                .await
+                .unwrap_err();
+            assert_eq!(status.code(), Code::Unavailable);
+            tokio::time::advance(Duration::from_millis(100)).await;
+        }
+    };
+
+    shed(4).await;
+    let events = recorder.take();
+    assert_eq!(
+        events.iter().filter(|e| e.level <= Level::INFO).count(),
+        0,
+        "{events:?}"
+    );
+    let each = Recorder::with_message(&events, Level::DEBUG, "stormguard: call shed");
+    assert_eq!(each.len(), 4);
+    for event in &each {
+        assert_eq!(event.get("rpc.method"), Some(client_support::RESERVE));
+        assert_eq!(event.get("stormguard.layer"), Some(SERVICE));
+        assert_eq!(event.get("shed.class"), Some("retry"));
+        assert_eq!(event.get("shed.reason"), Some("queue_full"));
+        assert_eq!(event.get("queue.depth"), Some("0"));
+        let pushback: i64 = event.get("pushback_ms").unwrap().parse().unwrap();
+        assert!(pushback >= 1 || pushback == -1, "{pushback}");
+    }
+
+    tokio::time::sleep_until(t0 + Duration::from_secs(1)).await;
+    shed(1).await;
     let info = recorder.take_info();
     assert_eq!(info.len(), 1, "{info:?}");
-    let event = &info[0];
-    assert_eq!(event.get("message"), Some("stormguard: call shed"));
-    assert_eq!(event.get("shed.class"), Some("retry"));
-    assert_eq!(event.get("shed.reason"), Some("queue_full"));
-    assert_eq!(event.get("queue.depth"), Some("0"));
-    let pushback: i64 = event.get("pushback_ms").unwrap().parse().unwrap();
-    assert!(pushback >= 1 || pushback == -1, "{pushback}");
+    let summary = &info[0];
+    let message = summary.get("message").unwrap();
+    assert!(
+        message.starts_with("stormguard: 5 calls shed and 0 expired in the last 1."),
+        "{message}"
+    );
+    assert_eq!(number(summary, "shed.queue_full"), 5);
+    assert_eq!(number(summary, "shed.retry_threshold"), 0);
+    assert_eq!(number(summary, "expired"), 0);
+    assert_eq!(summary.get("rpc.method"), Some(client_support::RESERVE));
+    assert_eq!(summary.get("stormguard.layer"), Some(SERVICE));
+    server_support::release(&server.control, held).await;
+}
+
+/// Serves the demo Inventory (no shed layer) on a loopback port bound before this returns;
+/// its fail rate can change while it runs.
+async fn demo_server(demo: DemoInventory) -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        Server::builder()
+            .serve_with_incoming(InventoryServer::new(demo), TcpIncoming::from(listener)),
+    );
+    addr
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_breaker_opening_half_opening_and_closing_is_three_info_events() {
+    let (recorder, _guard) = record();
+    let demo = DemoInventory::new(DemoConfig {
+        service_time: Duration::from_millis(1),
+        fail_rate: 1.0,
+        seed: 3,
+    });
+    let control = demo.control();
+    let addr = demo_server(demo).await;
+    let breaker = CircuitBreaker::new(
+        BreakerConfig {
+            min_requests: 8,
+            open_for: Duration::from_secs(5),
+            open_jitter: 0.0,
+            half_open_probes: 4,
+            ..BreakerConfig::default()
+        },
+        11,
+    )
+    .unwrap();
+    // The default policy does not retry answers of a method that is not idempotent, but
+    // counts their UNAVAILABLE for the breaker: one attempt per call.
+    let controller = RetryController::new(
+        MethodTable::uniform(RetryPolicy::default()),
+        client_support::budget(100, 0.1),
+        Some(breaker),
+        5,
+    );
+    let layer = RetryLayer::new(controller).with_name("inventory-eu");
+    let stats = layer.stats();
+    let client = client_support::client(client_support::channel(addr).await, layer);
+    let calls = |n: usize| {
+        let mut set = JoinSet::new();
+        for i in 0..n {
+            let mut client = client.clone();
+            set.spawn(async move {
+                client
+                    .reserve(client_support::reserve(&format!("{i}")))
+                    .await
+            });
+        }
+        set.join_all()
+    };
+
+    // The dependency is down: many calls at once, the breaker opens once.
+    let failed = calls(32).await;
+    assert!(failed.iter().all(|r| r.is_err()));
+    let refused = stats.snapshot().refused.breaker;
+    let mut one = client.clone();
+    one.reserve(client_support::reserve("fast"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        stats.snapshot().refused.breaker,
+        refused + 1,
+        "the breaker is open"
+    );
+    let opened = recorder.take_info();
+    assert_eq!(opened.len(), 1, "{opened:?}");
+    let event = &opened[0];
+    assert_eq!(
+        event.get("message"),
+        Some("stormguard: circuit breaker opened")
+    );
+    assert_eq!(event.get("stormguard.layer"), Some("inventory-eu"));
+    assert_eq!(event.get("breaker.from"), Some("closed"));
+    assert_eq!(event.get("breaker.to"), Some("open"));
+    assert_eq!(event.get("breaker.failure_rate"), Some("1.0"));
+    assert_eq!(number(event, "breaker.open_ms"), 5000);
+
+    // It comes back; once the open period is over, many calls at once again: four probes
+    // go through, the others are refused, and the probes' successes close it.
+    control.set_fail_rate(0.0);
+    tokio::time::advance(Duration::from_secs(5)).await;
+    calls(32).await;
+    let back = recorder.take_info();
+    let messages: Vec<_> = back.iter().map(|e| e.get("message").unwrap()).collect();
+    assert_eq!(
+        messages,
+        [
+            "stormguard: circuit breaker half-opened",
+            "stormguard: circuit breaker closed"
+        ],
+        "{back:?}"
+    );
+    assert_eq!(back[0].get("breaker.from"), Some("open"));
+    assert_eq!(back[0].get("breaker.open_ms"), None);
+    assert_eq!(back[1].get("breaker.from"), Some("half_open"));
+    assert!(
+        back.iter()
+            .all(|e| e.get("stormguard.layer") == Some("inventory-eu"))
+    );
+
+    // Closed: everything goes through, and nothing more is said.
+    let ok = calls(16).await;
+    assert!(ok.iter().all(|r| r.is_ok()));
+    assert_eq!(recorder.take_info().len(), 0);
 }

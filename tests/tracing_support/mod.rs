@@ -37,9 +37,25 @@ pub struct Recorder {
 impl Recorder {
     /// stormguard's events at INFO or above, taken out.
     pub fn take_info(&self) -> Vec<Logged> {
+        self.take()
+            .into_iter()
+            .filter(|e| e.level <= Level::INFO)
+            .collect()
+    }
+
+    /// Every stormguard event recorded so far, taken out.
+    pub fn take(&self) -> Vec<Logged> {
         std::mem::take(&mut *self.events.lock().unwrap())
             .into_iter()
-            .filter(|e| e.level <= Level::INFO && e.target.starts_with("stormguard"))
+            .filter(|e| e.target.starts_with("stormguard"))
+            .collect()
+    }
+
+    /// The events among `events` at `level` whose message is `message`.
+    pub fn with_message<'a>(events: &'a [Logged], level: Level, message: &str) -> Vec<&'a Logged> {
+        events
+            .iter()
+            .filter(|e| e.level == level && e.get("message") == Some(message))
             .collect()
     }
 }

@@ -105,7 +105,7 @@ mod metrics {
         }
 
         #[inline(always)]
-        pub(crate) fn attempt(&self) {}
+        pub(crate) fn attempt(&mut self) {}
 
         #[inline(always)]
         pub(crate) fn ended(&mut self, _code: Code) {}

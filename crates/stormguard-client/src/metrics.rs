@@ -2,35 +2,48 @@
 //!
 //! [`RetryLayer::with_meter`](crate::RetryLayer::with_meter) registers the instruments
 //! below on a [`Meter`] the application passes in: no global provider is read or set.
-//! Every instrument is *observable*: the SDK reads the layer's own counters (the ones
-//! [`RetryStats::snapshot`](crate::RetryStats::snapshot) returns) when it collects, so the
-//! exported values are those counters and a call adds no OpenTelemetry work. Calls and
+//! The counters and gauges are *observable*: the SDK reads the layer's own counters (the
+//! ones [`RetryStats::snapshot`](crate::RetryStats::snapshot) returns) when it collects, so
+//! the exported values are those counters and a call adds no OpenTelemetry work. Calls and
 //! attempts by method and final code come from a small lock-free table the layer keeps
-//! only when a meter is set ([`MAX_METHODS`] methods, then `_OTHER`).
+//! only when a meter is set ([`MAX_METHODS`] methods, then `_OTHER`). The two histograms
+//! are recorded once per logical call, when it ends.
 //!
-//! | name | kind | unit | attributes |
+//! Every series carries `rpc.system = grpc` and `stormguard.layer`, the layer's name
+//! ([`RetryLayer::with_name`](crate::RetryLayer::with_name), else the service of its first
+//! call), so that two layers on one meter export series of their own. A layer named by its
+//! first call exports nothing before that call.
+//!
+//! | name | kind | unit | attributes (besides `rpc.system`, `stormguard.layer`) |
 //! |---|---|---|---|
-//! | `stormguard.client.calls` | counter | `{call}` | `rpc.system`, `rpc.service`, `rpc.method` |
+//! | `stormguard.client.calls` | counter | `{call}` | `rpc.service`, `rpc.method` |
 //! | `stormguard.client.calls.ended` | counter | `{call}` | the same and `rpc.grpc.status_code` |
-//! | `stormguard.client.attempts` | counter | `{attempt}` | `rpc.system`, `rpc.service`, `rpc.method` |
-//! | `stormguard.client.retries` | counter | `{retry}` | `rpc.system` |
-//! | `stormguard.client.retries.refused` | counter | `{retry}` | `rpc.system`, `stormguard.refusal.cause` |
-//! | `stormguard.client.retry.delays` | counter | `{retry}` | `rpc.system`, `stormguard.delay.source` (`backoff`, `pushback`) |
-//! | `stormguard.client.attempt.timeouts` | counter | `{attempt}` | `rpc.system` |
-//! | `stormguard.client.budget.balance` | gauge | `{retry}` | `rpc.system` |
-//! | `stormguard.client.breaker.state` | gauge | `1` | `rpc.system`, `stormguard.breaker.state` (`closed`, `open`, `half_open`: 1 for the current one) |
+//! | `stormguard.client.attempts` | counter | `{attempt}` | `rpc.service`, `rpc.method` |
+//! | `stormguard.client.attempts_per_call` | histogram | `{attempt}` | `rpc.service`, `rpc.method` |
+//! | `rpc.client.duration` | histogram | `s` | `rpc.service`, `rpc.method`, `rpc.grpc.status_code` |
+//! | `stormguard.client.retries` | counter | `{retry}` | |
+//! | `stormguard.client.retries.refused` | counter | `{retry}` | `stormguard.refusal.cause` |
+//! | `stormguard.client.retry.delays` | counter | `{retry}` | `stormguard.delay.source` (`backoff`, `pushback`) |
+//! | `stormguard.client.attempt.timeouts` | counter | `{attempt}` | |
+//! | `stormguard.client.budget.balance` | gauge | `{retry}` | |
+//! | `stormguard.client.breaker.state` | gauge | `1` | `stormguard.breaker.state` (`closed`, `open`, `half_open`: 1 for the current one) |
 //!
 //! The amplification ratio is `sum(stormguard.client.attempts) / sum(stormguard.client.calls)`.
 //! A call's final code is recorded when it is known (for a committed call, when its
-//! response body ends); a call whose body the caller drops before its end has none.
+//! response body ends); a call whose body the caller drops before its end has none, and
+//! records neither histogram. `rpc.client.duration` is the logical call's time, from the
+//! moment the layer took it to its end: every attempt and every backoff delay, in the shape
+//! of OpenTelemetry's RPC conventions (`rpc.method` is the method's name, `rpc.service`
+//! its service, `rpc.grpc.status_code` the final code as an integer).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Meter, ObservableCounter, ObservableGauge};
-use stormguard_core::breaker::BreakerState;
+use opentelemetry::metrics::{Histogram, Meter, ObservableCounter, ObservableGauge};
+use stormguard_core::Instant;
 use stormguard_core::code::Code;
+use stormguard_core::observe::{LayerName, split_path};
 use stormguard_core::retry::RetryController;
 
 use crate::stats::RetryStats;
@@ -39,9 +52,28 @@ use crate::stats::RetryStats;
 /// OpenTelemetry's RPC conventions advise for unbounded method sets).
 pub const MAX_METHODS: usize = 128;
 
+/// Bucket bounds of `rpc.client.duration`, in seconds: those OpenTelemetry's semantic
+/// conventions advise for durations in seconds.
+const DURATION_BOUNDS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+
+/// Bucket bounds of `stormguard.client.attempts_per_call` (A6 caps attempts at 5).
+const ATTEMPTS_BOUNDS: [f64; 5] = [1.0, 2.0, 3.0, 4.0, 5.0];
+
 /// `rpc.system = grpc`, on every series.
 fn system() -> KeyValue {
     KeyValue::new("rpc.system", "grpc")
+}
+
+/// `stormguard.layer = name`.
+fn layer(name: &Arc<str>) -> KeyValue {
+    KeyValue::new("stormguard.layer", Arc::clone(name))
+}
+
+/// `[rpc.system, stormguard.layer]`, once the layer has a name.
+fn base(name: &LayerName) -> Option<[KeyValue; 2]> {
+    Some([system(), layer(name.get()?)])
 }
 
 /// One method's counters.
@@ -101,11 +133,8 @@ impl Methods {
 
 /// `(service, method)` of a gRPC path.
 fn split(path: &str) -> (Arc<str>, Arc<str>) {
-    let path = path.strip_prefix('/').unwrap_or(path);
-    match path.rsplit_once('/') {
-        Some((service, method)) => (Arc::from(service), Arc::from(method)),
-        None => (Arc::from(""), Arc::from(path)),
-    }
+    let (service, method) = split_path(path);
+    (Arc::from(service), Arc::from(method))
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {
@@ -114,10 +143,13 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-/// A layer's instruments; they stay registered as long as the layer (or a service it
-/// built) lives.
+/// A layer's instruments. The meter keeps calling their callbacks as long as it lives
+/// (an SDK never unregisters them), so each layer registers them once.
 pub(crate) struct ClientMetrics {
     methods: Arc<Methods>,
+    name: Arc<LayerName>,
+    duration: Histogram<f64>,
+    attempts_per_call: Histogram<u64>,
     _counters: Vec<ObservableCounter<u64>>,
     _gauges: (ObservableGauge<f64>, ObservableGauge<u64>),
 }
@@ -128,13 +160,14 @@ impl std::fmt::Debug for ClientMetrics {
     }
 }
 
-/// The attributes of one method slot, if it has been claimed.
-fn method_attributes(slot: &Slot) -> Option<[KeyValue; 3]> {
+/// The attributes of one method slot of the layer `name`, if both are known.
+fn method_attributes(name: &LayerName, slot: &Slot) -> Option<[KeyValue; 4]> {
     let (service, method) = slot.name.get()?;
     Some([
         system(),
-        KeyValue::new("rpc.service", service.to_string()),
-        KeyValue::new("rpc.method", method.to_string()),
+        layer(name.get()?),
+        KeyValue::new("rpc.service", Arc::clone(service)),
+        KeyValue::new("rpc.method", Arc::clone(method)),
     ])
 }
 
@@ -143,11 +176,12 @@ impl ClientMetrics {
         meter: &Meter,
         stats: &RetryStats,
         controller: &RetryController,
+        name: &Arc<LayerName>,
     ) -> Self {
         let methods = Arc::new(Methods::new());
         let mut counters = Vec::new();
 
-        let m = Arc::clone(&methods);
+        let (m, n) = (Arc::clone(&methods), Arc::clone(name));
         counters.push(
             meter
                 .u64_observable_counter("stormguard.client.calls")
@@ -155,14 +189,14 @@ impl ClientMetrics {
                 .with_unit("{call}")
                 .with_callback(move |o| {
                     for slot in m.slots.iter() {
-                        if let Some(attrs) = method_attributes(slot) {
+                        if let Some(attrs) = method_attributes(&n, slot) {
                             o.observe(slot.calls.load(Ordering::Relaxed), &attrs);
                         }
                     }
                 })
                 .build(),
         );
-        let m = Arc::clone(&methods);
+        let (m, n) = (Arc::clone(&methods), Arc::clone(name));
         counters.push(
             meter
                 .u64_observable_counter("stormguard.client.calls.ended")
@@ -170,26 +204,28 @@ impl ClientMetrics {
                 .with_unit("{call}")
                 .with_callback(move |o| {
                     for slot in m.slots.iter() {
-                        let Some([system, service, method]) = method_attributes(slot) else {
+                        let Some([system, layer, service, method]) = method_attributes(&n, slot)
+                        else {
                             continue;
                         };
                         for code in Code::ALL {
-                            let n = slot.ended[code.as_i32() as usize].load(Ordering::Relaxed);
-                            if n > 0 {
+                            let count = slot.ended[code.as_i32() as usize].load(Ordering::Relaxed);
+                            if count > 0 {
                                 let attrs = [
                                     system.clone(),
+                                    layer.clone(),
                                     service.clone(),
                                     method.clone(),
-                                    KeyValue::new("rpc.grpc.status_code", i64::from(code.as_i32())),
+                                    status_code(code),
                                 ];
-                                o.observe(n, &attrs);
+                                o.observe(count, &attrs);
                             }
                         }
                     }
                 })
                 .build(),
         );
-        let m = Arc::clone(&methods);
+        let (m, n) = (Arc::clone(&methods), Arc::clone(name));
         counters.push(
             meter
                 .u64_observable_counter("stormguard.client.attempts")
@@ -197,101 +233,133 @@ impl ClientMetrics {
                 .with_unit("{attempt}")
                 .with_callback(move |o| {
                     for slot in m.slots.iter() {
-                        if let Some(attrs) = method_attributes(slot) {
+                        if let Some(attrs) = method_attributes(&n, slot) {
                             o.observe(slot.attempts.load(Ordering::Relaxed), &attrs);
                         }
                     }
                 })
                 .build(),
         );
-        let s = stats.clone();
-        counters.push(
-            meter
-                .u64_observable_counter("stormguard.client.retries")
-                .with_description("Attempts that were retries")
-                .with_unit("{retry}")
-                .with_callback(move |o| o.observe(s.snapshot().retries, &[system()]))
-                .build(),
-        );
-        let s = stats.clone();
+        // The layer-wide counters: `read` picks one from a snapshot.
+        type Read = fn(&crate::StatsSnapshot) -> u64;
+        let plain: [(&'static str, &'static str, &'static str, Read); 2] = [
+            (
+                "stormguard.client.retries",
+                "Attempts that were retries",
+                "{retry}",
+                |s| s.retries,
+            ),
+            (
+                "stormguard.client.attempt.timeouts",
+                "Attempts abandoned when their per-attempt timeout ran out",
+                "{attempt}",
+                |s| s.attempt_timeouts,
+            ),
+        ];
+        for (metric, description, unit, read) in plain {
+            let (s, n) = (stats.clone(), Arc::clone(name));
+            counters.push(
+                meter
+                    .u64_observable_counter(metric)
+                    .with_description(description)
+                    .with_unit(unit)
+                    .with_callback(move |o| {
+                        if let Some(attrs) = base(&n) {
+                            o.observe(read(&s.snapshot()), &attrs);
+                        }
+                    })
+                    .build(),
+            );
+        }
+        let (s, n) = (stats.clone(), Arc::clone(name));
         counters.push(
             meter
                 .u64_observable_counter("stormguard.client.retries.refused")
                 .with_description("Failures not retried, by the rule that refused the retry")
                 .with_unit("{retry}")
                 .with_callback(move |o| {
-                    for (cause, n) in s.snapshot().refused.iter() {
-                        o.observe(
-                            n,
-                            &[system(), KeyValue::new("stormguard.refusal.cause", cause)],
-                        );
+                    let Some([system, layer]) = base(&n) else {
+                        return;
+                    };
+                    for (cause, count) in s.snapshot().refused.iter() {
+                        let cause = KeyValue::new("stormguard.refusal.cause", cause);
+                        o.observe(count, &[system.clone(), layer.clone(), cause]);
                     }
                 })
                 .build(),
         );
-        let s = stats.clone();
+        let (s, n) = (stats.clone(), Arc::clone(name));
         counters.push(
             meter
                 .u64_observable_counter("stormguard.client.retry.delays")
                 .with_description("Retries granted, by where their delay came from")
                 .with_unit("{retry}")
                 .with_callback(move |o| {
+                    let Some([system, layer]) = base(&n) else {
+                        return;
+                    };
                     let snap = s.snapshot();
-                    for (source, n) in [
+                    for (source, count) in [
                         ("backoff", snap.delayed_by_backoff),
                         ("pushback", snap.delayed_by_pushback),
                     ] {
-                        o.observe(
-                            n,
-                            &[system(), KeyValue::new("stormguard.delay.source", source)],
-                        );
+                        let source = KeyValue::new("stormguard.delay.source", source);
+                        o.observe(count, &[system.clone(), layer.clone(), source]);
                     }
                 })
                 .build(),
         );
-        let s = stats.clone();
-        counters.push(
-            meter
-                .u64_observable_counter("stormguard.client.attempt.timeouts")
-                .with_description("Attempts abandoned when their per-attempt timeout ran out")
-                .with_unit("{attempt}")
-                .with_callback(move |o| o.observe(s.snapshot().attempt_timeouts, &[system()]))
-                .build(),
-        );
 
-        let budget = Arc::clone(controller.budget());
+        let (budget, n) = (Arc::clone(controller.budget()), Arc::clone(name));
         let balance = meter
             .f64_observable_gauge("stormguard.client.budget.balance")
             .with_description("Retries the budget would grant now")
             .with_unit("{retry}")
             .with_callback(move |o| {
                 let b = budget.balance();
-                if b.is_finite() {
-                    o.observe(b, &[system()]);
+                if let Some(attrs) = base(&n)
+                    && b.is_finite()
+                {
+                    o.observe(b, &attrs);
                 }
             })
             .build();
-        let breaker = controller.breaker().cloned();
+        let (breaker, n) = (controller.breaker().cloned(), Arc::clone(name));
         let state = meter
             .u64_observable_gauge("stormguard.client.breaker.state")
             .with_description("The circuit breaker's state: 1 for the current one")
             .with_unit("1")
             .with_callback(move |o| {
-                let Some(breaker) = &breaker else { return };
-                let now = match breaker.state_at(stormguard_core::Instant::now()) {
-                    BreakerState::Closed => "closed",
-                    BreakerState::Open { .. } => "open",
-                    BreakerState::HalfOpen => "half_open",
+                let (Some(breaker), Some([system, layer])) = (&breaker, base(&n)) else {
+                    return;
                 };
-                for name in ["closed", "open", "half_open"] {
-                    let attrs = [system(), KeyValue::new("stormguard.breaker.state", name)];
-                    o.observe(u64::from(name == now), &attrs);
+                let now = breaker.state_at(Instant::now()).as_str();
+                for state in ["closed", "open", "half_open"] {
+                    let state_kv = KeyValue::new("stormguard.breaker.state", state);
+                    let attrs = [system.clone(), layer.clone(), state_kv];
+                    o.observe(u64::from(state == now), &attrs);
                 }
             })
             .build();
 
+        let duration = meter
+            .f64_histogram("rpc.client.duration")
+            .with_description("Duration of logical calls, from the layer taking them to their end")
+            .with_unit("s")
+            .with_boundaries(DURATION_BOUNDS.to_vec())
+            .build();
+        let attempts_per_call = meter
+            .u64_histogram("stormguard.client.attempts_per_call")
+            .with_description("Attempts each logical call made (first attempt and retries)")
+            .with_unit("{attempt}")
+            .with_boundaries(ATTEMPTS_BOUNDS.to_vec())
+            .build();
+
         ClientMetrics {
             methods,
+            name: Arc::clone(name),
+            duration,
+            attempts_per_call,
             _counters: counters,
             _gauges: (balance, state),
         }
@@ -304,35 +372,66 @@ impl ClientMetrics {
             .calls
             .fetch_add(1, Ordering::Relaxed);
         CallMetrics {
-            slot: Some((Arc::clone(&self.methods), index)),
+            call: Some(Call {
+                metrics: Arc::clone(self),
+                slot: index,
+                start: Instant::now(),
+                attempts: 0,
+            }),
         }
     }
+}
+
+/// `rpc.grpc.status_code = code`, an integer as OpenTelemetry's RPC conventions have it.
+fn status_code(code: Code) -> KeyValue {
+    KeyValue::new("rpc.grpc.status_code", i64::from(code.as_i32()))
 }
 
 /// The per-method counters of one logical call (nothing when the layer has no meter).
 #[derive(Debug, Default)]
 pub(crate) struct CallMetrics {
-    slot: Option<(Arc<Methods>, usize)>,
+    call: Option<Call>,
+}
+
+/// A call of a layer with a meter: its method's slot, when it started and how many
+/// attempts it made so far.
+#[derive(Debug)]
+struct Call {
+    metrics: Arc<ClientMetrics>,
+    slot: usize,
+    start: Instant,
+    attempts: u64,
 }
 
 impl CallMetrics {
     /// Counters for a call of a layer without a meter: nothing.
     pub(crate) fn none() -> Self {
-        CallMetrics { slot: None }
+        CallMetrics { call: None }
     }
 
     /// An attempt was sent.
-    pub(crate) fn attempt(&self) {
-        if let Some((methods, i)) = &self.slot {
-            methods.slots[*i].attempts.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn attempt(&mut self) {
+        if let Some(call) = &mut self.call {
+            call.attempts += 1;
+            let slot = &call.metrics.methods.slots[call.slot];
+            slot.attempts.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    /// The call ended with `code`; counted once.
+    /// The call ended with `code`: counted once by method and code, and its attempts and
+    /// duration recorded.
     pub(crate) fn ended(&mut self, code: Code) {
-        if let Some((methods, i)) = self.slot.take() {
-            methods.slots[i].ended[code.as_i32() as usize].fetch_add(1, Ordering::Relaxed);
-        }
+        let Some(call) = self.call.take() else { return };
+        let metrics = &call.metrics;
+        let slot = &metrics.methods.slots[call.slot];
+        slot.ended[code.as_i32() as usize].fetch_add(1, Ordering::Relaxed);
+        let Some([system, layer, service, method]) = method_attributes(&metrics.name, slot) else {
+            return;
+        };
+        let elapsed = call.start.elapsed().as_secs_f64();
+        let attrs = [system, layer, service, method, status_code(code)];
+        metrics.duration.record(elapsed, &attrs);
+        metrics.attempts_per_call.record(call.attempts, &attrs[..4]);
     }
 }
 

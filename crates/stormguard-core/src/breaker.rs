@@ -43,6 +43,17 @@
 //! re-open a fresh one. Dropping a permit without an outcome (a cancelled call) records
 //! nothing and frees its half-open probe slot.
 //!
+//! # Who hears of a transition
+//!
+//! Every transition is recorded as a [`Transition`] (from, to, when, and for an opening the
+//! failure rate that tripped it and how long it stays open), without a logging dependency.
+//! A layer that reports them takes a [`TransitionWatch`] ([`CircuitBreaker::watch`]) and
+//! calls [`TransitionWatch::take`] where it is convenient (after its calls): the check is one
+//! atomic load while nothing changed, and each transition is handed out exactly once per
+//! watch, whatever the number of threads taking. The breaker keeps the last
+//! [`TRANSITION_LOG`] transitions; a watch that falls further behind learns how many it
+//! missed.
+//!
 //! Time comes only from the `now` arguments of the `*_at` methods (the convenience forms
 //! read [`Instant::now`]), so the fleet simulator can drive a breaker on a virtual clock.
 //! The state sits behind a [`std::sync::Mutex`] that is held for a handful of arithmetic
@@ -86,6 +97,8 @@
 //! ```
 
 use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -105,6 +118,9 @@ const MAX_OPEN_FOR: Duration = Duration::from_secs(3600);
 const MIN_WINDOW: Duration = Duration::from_secs(1);
 const MAX_WINDOW: Duration = Duration::from_secs(600);
 const MAX_OPEN_JITTER: f64 = 10.0;
+
+/// How many of its latest transitions a breaker keeps for its [`TransitionWatch`]es.
+pub const TRANSITION_LOG: usize = 8;
 
 /// Configuration of a [`CircuitBreaker`].
 ///
@@ -219,6 +235,43 @@ pub enum BreakerState {
     HalfOpen,
 }
 
+impl BreakerState {
+    /// `"closed"`, `"open"` or `"half_open"`, for logs and metrics labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open { .. } => "open",
+            BreakerState::HalfOpen => "half_open",
+        }
+    }
+}
+
+/// One change of a breaker's state (see [`TransitionWatch`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Transition {
+    /// The state left.
+    pub from: BreakerState,
+    /// The state entered.
+    pub to: BreakerState,
+    /// When: the outcome or the request that caused it. An open breaker goes half-open
+    /// when it is next asked (an attempt, or [`CircuitBreaker::state_at`]) at or after its
+    /// `until`, so `at` is then that moment, not `until`.
+    pub at: Instant,
+    /// For an opening from closed: `failures / outcomes` over the window that tripped it.
+    /// `None` for the other transitions (a failed probe re-opens without a window).
+    pub failure_rate: Option<f64>,
+}
+
+impl Transition {
+    /// For an opening: how long the breaker stays open (its jittered open period).
+    pub fn open_for(&self) -> Option<Duration> {
+        match self.to {
+            BreakerState::Open { until } => Some(until.saturating_duration_since(self.at)),
+            _ => None,
+        }
+    }
+}
+
 /// The breaker refused an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("circuit breaker open; retry after {retry_after:?}")]
@@ -242,13 +295,65 @@ pub struct CircuitBreaker {
 struct Shared {
     config: BreakerConfig,
     inner: Mutex<Inner>,
+    /// Transitions so far: `Inner::log.recorded`, published for lock-free reading.
+    transitions: AtomicU64,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    fn lock(&self) -> Locked<'_> {
         // Nothing inside the critical section can panic, but if a poisoned lock ever
         // appears the state is still consistent: every update is a few plain assignments.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        Locked {
+            inner: self.inner.lock().unwrap_or_else(PoisonError::into_inner),
+            transitions: &self.transitions,
+        }
+    }
+}
+
+/// The locked state; publishes the transition count when released, so that a
+/// [`TransitionWatch`] reads it without the lock.
+struct Locked<'a> {
+    inner: MutexGuard<'a, Inner>,
+    transitions: &'a AtomicU64,
+}
+
+impl Deref for Locked<'_> {
+    type Target = Inner;
+
+    fn deref(&self) -> &Inner {
+        &self.inner
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        &mut self.inner
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        // Still under the lock (the guard is dropped after this), so stores are in order.
+        let recorded = self.inner.log.recorded;
+        if self.transitions.load(Ordering::Relaxed) != recorded {
+            self.transitions.store(recorded, Ordering::Release);
+        }
+    }
+}
+
+/// The latest [`TRANSITION_LOG`] transitions, each with its sequence number.
+#[derive(Debug, Default)]
+struct TransitionLog {
+    /// Transitions ever recorded; the next one's sequence number.
+    recorded: u64,
+    entries: [Option<(u64, Transition)>; TRANSITION_LOG],
+}
+
+impl TransitionLog {
+    fn push(&mut self, transition: Transition) {
+        let seq = self.recorded;
+        self.entries[(seq % TRANSITION_LOG as u64) as usize] = Some((seq, transition));
+        self.recorded = seq.wrapping_add(1);
     }
 }
 
@@ -261,6 +366,7 @@ struct Inner {
     probes_in_flight: u32,
     probe_successes: u32,
     rng: fastrand::Rng,
+    log: TransitionLog,
 }
 
 impl Inner {
@@ -269,11 +375,17 @@ impl Inner {
         if let BreakerState::Open { until } = self.state
             && now >= until
         {
-            self.transition(BreakerState::HalfOpen);
+            self.transition(BreakerState::HalfOpen, now, None);
         }
     }
 
-    fn transition(&mut self, state: BreakerState) {
+    fn transition(&mut self, state: BreakerState, now: Instant, failure_rate: Option<f64>) {
+        self.log.push(Transition {
+            from: self.state,
+            to: state,
+            at: now,
+            failure_rate,
+        });
         self.state = state;
         self.generation = self.generation.wrapping_add(1);
         self.probes_in_flight = 0;
@@ -281,7 +393,8 @@ impl Inner {
         self.window.reset();
     }
 
-    fn trip(&mut self, now: Instant, config: &BreakerConfig) {
+    /// Opens the breaker at `now`; `failure_rate` is the window's when it opens from closed.
+    fn trip(&mut self, now: Instant, config: &BreakerConfig, failure_rate: Option<f64>) {
         let factor = 1.0 + self.rng.f64() * config.open_jitter;
         // open_for ≤ 1 h and factor ≤ 11, so this is finite; saturate anyway.
         let open = Duration::try_from_secs_f64(config.open_for.as_secs_f64() * factor)
@@ -289,7 +402,7 @@ impl Inner {
         // Only an instant at the very end of the clock's range could overflow; then the
         // best available answer is to skip straight to half-open.
         let until = now.checked_add(open).unwrap_or(now);
-        self.transition(BreakerState::Open { until });
+        self.transition(BreakerState::Open { until }, now, failure_rate);
     }
 }
 
@@ -309,7 +422,9 @@ impl CircuitBreaker {
                     probes_in_flight: 0,
                     probe_successes: 0,
                     rng: fastrand::Rng::with_seed(seed),
+                    log: TransitionLog::default(),
                 }),
+                transitions: AtomicU64::new(0),
             }),
         })
     }
@@ -365,6 +480,125 @@ impl CircuitBreaker {
     /// The configuration this breaker was built with.
     pub fn config(&self) -> &BreakerConfig {
         &self.shared.config
+    }
+
+    /// A watch on this breaker's transitions from now on (earlier ones are not handed out).
+    /// Each watch hands out every transition once; two watches each hand it out.
+    pub fn watch(&self) -> TransitionWatch {
+        TransitionWatch {
+            shared: Arc::clone(&self.shared),
+            seen: AtomicU64::new(self.shared.transitions.load(Ordering::Acquire)),
+        }
+    }
+}
+
+/// Hands out a breaker's transitions, each exactly once (see the [module docs](self)).
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::Instant;
+/// use stormguard_core::breaker::{BreakerConfig, BreakerState, CircuitBreaker};
+///
+/// let config = BreakerConfig { min_requests: 2, open_jitter: 0.0, ..BreakerConfig::default() };
+/// let breaker = CircuitBreaker::new(config, 1)?;
+/// let watch = breaker.watch();
+/// let t0 = Instant::now();
+/// breaker.acquire_at(t0).expect("closed").failure_at(t0);
+/// assert!(watch.take().is_none(), "one failure is below the volume");
+/// breaker.acquire_at(t0).expect("closed").failure_at(t0);
+///
+/// let opened = watch.take().and_then(|mut t| t.next()).expect("it opened");
+/// assert_eq!((opened.from, opened.failure_rate), (BreakerState::Closed, Some(1.0)));
+/// assert_eq!(opened.open_for(), Some(Duration::from_secs(5)));
+/// assert!(watch.take().is_none(), "handed out once");
+/// # Ok::<(), stormguard_core::config::ConfigError>(())
+/// ```
+pub struct TransitionWatch {
+    shared: Arc<Shared>,
+    /// Sequence number of the first transition not handed out yet.
+    seen: AtomicU64,
+}
+
+impl fmt::Debug for TransitionWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TransitionWatch")
+            .field("seen", &self.seen.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl TransitionWatch {
+    /// The transitions since the last `take` (of any thread), oldest first; `None` when
+    /// there are none. While nothing changed this is two atomic loads, without the
+    /// breaker's lock.
+    pub fn take(&self) -> Option<Transitions> {
+        loop {
+            let recorded = self.shared.transitions.load(Ordering::Acquire);
+            let seen = self.seen.load(Ordering::Acquire);
+            if recorded == seen {
+                return None;
+            }
+            if self
+                .seen
+                .compare_exchange(seen, recorded, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                continue; // another thread took them first; look again
+            }
+            // This thread owns the transitions numbered `seen..recorded`; those older than
+            // the log's reach are only counted.
+            let start = seen.max(recorded.saturating_sub(TRANSITION_LOG as u64));
+            let mut taken = Transitions {
+                missed: start - seen,
+                ..Transitions::default()
+            };
+            let inner = self.shared.lock();
+            for seq in start..recorded {
+                match inner.log.entries[(seq % TRANSITION_LOG as u64) as usize] {
+                    Some((s, t)) if s == seq => taken.push(t),
+                    // Overwritten by transitions recorded since `recorded` was read.
+                    _ => taken.missed += 1,
+                }
+            }
+            return Some(taken);
+        }
+    }
+}
+
+/// Transitions handed out by one [`TransitionWatch::take`], oldest first.
+#[derive(Debug, Clone, Default)]
+pub struct Transitions {
+    entries: [Option<Transition>; TRANSITION_LOG],
+    len: usize,
+    next: usize,
+    missed: u64,
+}
+
+impl Transitions {
+    fn push(&mut self, t: Transition) {
+        if let Some(slot) = self.entries.get_mut(self.len) {
+            *slot = Some(t);
+            self.len += 1;
+        }
+    }
+
+    /// Transitions that happened since the last take but fell out of the breaker's log
+    /// ([`TRANSITION_LOG`]) before this one: they are counted here, not handed out.
+    pub fn missed(&self) -> u64 {
+        self.missed
+    }
+}
+
+impl Iterator for Transitions {
+    type Item = Transition;
+
+    fn next(&mut self) -> Option<Transition> {
+        if self.next >= self.len {
+            return None;
+        }
+        let t = self.entries[self.next].take();
+        self.next += 1;
+        t
     }
 }
 
@@ -439,23 +673,22 @@ impl BreakerPermit {
             inner.probes_in_flight = inner.probes_in_flight.saturating_sub(1);
             match outcome {
                 None => {}
-                Some((Outcome::Success, _)) => {
+                Some((Outcome::Success, now)) => {
                     inner.probe_successes += 1;
                     if inner.probe_successes >= config.half_open_probes {
-                        inner.transition(BreakerState::Closed);
+                        inner.transition(BreakerState::Closed, now, None);
                     }
                 }
-                Some((Outcome::Failure, now)) => inner.trip(now, config),
+                Some((Outcome::Failure, now)) => inner.trip(now, config, None),
             }
         } else if let Some((outcome, now)) = outcome {
             // Same generation as a closed permit ⇒ still closed.
             let (total, failures) = inner
                 .window
                 .record(now, matches!(outcome, Outcome::Failure));
-            if total >= u64::from(config.min_requests)
-                && failures as f64 / total as f64 >= config.failure_rate
-            {
-                inner.trip(now, config);
+            let rate = failures as f64 / total as f64;
+            if total >= u64::from(config.min_requests) && rate >= config.failure_rate {
+                inner.trip(now, config, Some(rate));
             }
         }
     }
@@ -854,6 +1087,131 @@ mod tests {
             .map(|_| b.acquire_at(t1).expect("closed"))
             .collect();
         drop(many);
+    }
+
+    #[test]
+    fn every_transition_is_recorded_once_with_its_details() {
+        let b = breaker(BreakerConfig {
+            half_open_probes: 1,
+            ..exact()
+        });
+        let watch = b.watch();
+        let t0 = Instant::now();
+        record(&b, t0, 5, 15); // 15 / 20 failed: opens on the 20th outcome
+        let t1 = t0 + 5 * SEC;
+        b.acquire_at(t1).expect("probe").failure_at(t1); // re-opens
+        let t2 = t1 + 5 * SEC;
+        assert_eq!(b.state_at(t2), BreakerState::HalfOpen);
+        b.acquire_at(t2).expect("probe").success_at(t2); // closes
+
+        let got: Vec<_> = watch.take().unwrap().collect();
+        let open_at = |at: Instant| BreakerState::Open {
+            until: at + 5 * SEC,
+        };
+        assert_eq!(
+            got,
+            [
+                Transition {
+                    from: BreakerState::Closed,
+                    to: open_at(t0),
+                    at: t0,
+                    failure_rate: Some(0.75),
+                },
+                Transition {
+                    from: open_at(t0),
+                    to: BreakerState::HalfOpen,
+                    at: t1,
+                    failure_rate: None,
+                },
+                Transition {
+                    from: BreakerState::HalfOpen,
+                    to: open_at(t1),
+                    at: t1,
+                    failure_rate: None,
+                },
+                Transition {
+                    from: open_at(t1),
+                    to: BreakerState::HalfOpen,
+                    at: t2,
+                    failure_rate: None,
+                },
+                Transition {
+                    from: BreakerState::HalfOpen,
+                    to: BreakerState::Closed,
+                    at: t2,
+                    failure_rate: None,
+                },
+            ]
+        );
+        assert_eq!(got[0].open_for(), Some(5 * SEC));
+        assert_eq!(got[4].open_for(), None);
+        assert!(watch.take().is_none(), "each is handed out once");
+        // A watch made now hears only what comes next; each watch hears everything.
+        let late = b.watch();
+        trip(&b, t2);
+        assert_eq!(late.take().unwrap().count(), 1);
+        assert_eq!(watch.take().unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_watch_far_behind_counts_what_the_log_lost() {
+        let b = breaker(BreakerConfig {
+            min_requests: 1,
+            half_open_probes: 1,
+            ..exact()
+        });
+        let watch = b.watch();
+        let mut t = Instant::now();
+        // Ten rounds of open → half-open → closed: 30 transitions.
+        for _ in 0..10 {
+            record(&b, t, 0, 1);
+            t += 5 * SEC;
+            b.acquire_at(t).expect("probe").success_at(t);
+        }
+        let mut taken = watch.take().unwrap();
+        assert_eq!(taken.missed(), 30 - TRANSITION_LOG as u64);
+        let kept: Vec<_> = taken.by_ref().collect();
+        assert_eq!(kept.len(), TRANSITION_LOG);
+        assert_eq!(kept.last().map(|t| t.to), Some(BreakerState::Closed));
+    }
+
+    #[test]
+    fn concurrent_takers_share_out_each_transition_exactly_once() {
+        let b = breaker(BreakerConfig {
+            min_requests: 1,
+            half_open_probes: 1,
+            ..exact()
+        });
+        let watch = Arc::new(b.watch());
+        let t0 = Instant::now();
+        let threads: Vec<_> = (0..4)
+            .map(|n| {
+                let (b, watch) = (b.clone(), Arc::clone(&watch));
+                std::thread::spawn(move || {
+                    let mut seen = 0;
+                    for i in 0..500u32 {
+                        let now = t0 + SEC * (i * 4 + n);
+                        // Each thread flips the breaker (one failure opens it; after 5 s a
+                        // probe's success closes it) and takes what there is.
+                        if let Ok(permit) = b.acquire_at(now) {
+                            if permit.is_probe() {
+                                permit.success_at(now);
+                            } else {
+                                permit.failure_at(now);
+                            }
+                        }
+                        // Handed out or counted as missed: each exactly once.
+                        seen += watch.take().map_or(0, |t| t.missed() + t.count() as u64);
+                    }
+                    seen
+                })
+            })
+            .collect();
+        let taken: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        let last = watch.take().map_or(0, |t| t.missed() + t.count() as u64);
+        let recorded = b.shared.lock().log.recorded;
+        assert!(recorded > 100, "the breaker flipped often: {recorded}");
+        assert_eq!(taken + last, recorded);
     }
 
     #[test]

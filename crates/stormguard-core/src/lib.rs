@@ -35,6 +35,8 @@
 //!   application's own config through `serde`, validated either way;
 //! * the **wire** ([`wire`]): every header the layers write or read, with its one parser
 //!   and encoder (and, with the `http` feature, its `http::HeaderName`).
+//! * what the layers **tell operators** ([`observe`]): a layer's name, and the per-second
+//!   summary that keeps INFO readable during an incident.
 //!
 //! This crate knows nothing of tonic or a runtime, and of http only behind the `http`
 //! feature (header names as `http::HeaderName` constants): plain types that the
@@ -59,6 +61,7 @@ pub mod criticality;
 pub mod deadline;
 pub mod error;
 pub mod limit;
+pub mod observe;
 pub mod policy;
 pub mod pushback;
 pub mod queue;

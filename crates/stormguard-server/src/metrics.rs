@@ -8,28 +8,39 @@
 //! histogram is recorded when a call leaves the queue, a path that already takes the
 //! queue's lock; calls admitted at once record nothing.
 //!
-//! | name | kind | unit | attributes |
+//! Every series carries `rpc.system = grpc` and `stormguard.layer`, the layer's name
+//! ([`ShedLayer::with_name`](crate::ShedLayer::with_name), else the service of its first
+//! call that could be shed), so that two layers on one meter export series of their own.
+//! A layer named by its first call exports nothing before that call.
+//!
+//! | name | kind | unit | attributes (besides `rpc.system`, `stormguard.layer`) |
 //! |---|---|---|---|
-//! | `stormguard.server.admitted` | counter | `{call}` | `rpc.system` |
-//! | `stormguard.server.shed` | counter | `{call}` | `rpc.system`, `stormguard.attempt.class` (`first`, `retry`), `stormguard.criticality` (`sheddable`, `default`, `critical`), `stormguard.shed.reason` (`queue_full`, `retry_threshold`, `sheddable`) |
-//! | `stormguard.server.expired` | counter | `{call}` | `rpc.system` |
-//! | `stormguard.server.cancelled_queued` | counter | `{call}` | `rpc.system` |
-//! | `stormguard.server.completed` | counter | `{call}` | `rpc.system` |
-//! | `stormguard.server.queue.depth` | gauge | `{call}` | `rpc.system` |
-//! | `stormguard.server.in_flight` | gauge | `{call}` | `rpc.system` |
-//! | `stormguard.server.workers` | gauge | `{worker}` | `rpc.system` |
-//! | `stormguard.server.queue.time` | histogram | `s` | none (recorded without attributes, the SDK's cheapest path) |
+//! | `stormguard.server.admitted` | counter | `{call}` | |
+//! | `stormguard.server.shed` | counter | `{call}` | `stormguard.attempt.class` (`first`, `retry`), `stormguard.criticality` (`sheddable`, `default`, `critical`), `stormguard.shed.reason` (`queue_full`, `retry_threshold`, `sheddable`) |
+//! | `stormguard.server.expired` | counter | `{call}` | |
+//! | `stormguard.server.cancelled_queued` | counter | `{call}` | |
+//! | `stormguard.server.completed` | counter | `{call}` | |
+//! | `stormguard.server.queue.depth` | gauge | `{call}` | |
+//! | `stormguard.server.in_flight` | gauge | `{call}` | |
+//! | `stormguard.server.workers` | gauge | `{worker}` | |
+//! | `stormguard.server.queue.time` | histogram | `s` | |
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Histogram, Meter, ObservableCounter, ObservableGauge};
+use stormguard_core::observe::LayerName;
 
 use crate::shed::gate::Gate;
-use crate::stats::{Counters, StatsSnapshot};
+use crate::stats::{Counters, TimeQueuedRecorder};
 
-fn system() -> KeyValue {
-    KeyValue::new("rpc.system", "grpc")
+/// `[rpc.system, stormguard.layer]`, once the layer has a name.
+fn base(name: &LayerName) -> Option<[KeyValue; 2]> {
+    Some([
+        KeyValue::new("rpc.system", "grpc"),
+        KeyValue::new("stormguard.layer", Arc::clone(name.get()?)),
+    ])
 }
 
 /// Bucket bounds of the time-queued histogram, in seconds (100 µs to 10 s).
@@ -37,7 +48,8 @@ const QUEUE_TIME_BOUNDS: [f64; 14] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 10.0,
 ];
 
-/// A layer's registered instruments; they stay registered while the layer lives.
+/// A layer's registered instruments. The meter keeps calling their callbacks as long as
+/// it lives, so each queue registers them once.
 pub(crate) struct ServerMetrics {
     _counters: Vec<ObservableCounter<u64>>,
     _gauges: Vec<ObservableGauge<u64>>,
@@ -49,19 +61,44 @@ impl std::fmt::Debug for ServerMetrics {
     }
 }
 
-/// The histogram a queue records each call's time queued into.
-pub(crate) fn queue_time(meter: &Meter) -> Histogram<f64> {
-    meter
-        .f64_histogram("stormguard.server.queue.time")
-        .with_description("Time calls spent waiting for a worker (those that queued)")
-        .with_unit("s")
-        .with_boundaries(QUEUE_TIME_BOUNDS.to_vec())
-        .build()
+/// The histogram a queue records each call's time queued into, with the layer's name.
+#[derive(Debug)]
+pub(crate) struct QueueTime {
+    histogram: Histogram<f64>,
+    name: Arc<LayerName>,
+}
+
+impl QueueTime {
+    fn new(meter: &Meter, name: &Arc<LayerName>) -> Self {
+        let histogram = meter
+            .f64_histogram("stormguard.server.queue.time")
+            .with_description("Time calls spent waiting for a worker (those that queued)")
+            .with_unit("s")
+            .with_boundaries(QUEUE_TIME_BOUNDS.to_vec())
+            .build();
+        QueueTime {
+            histogram,
+            name: Arc::clone(name),
+        }
+    }
+
+    /// One call waited `waited` for a worker.
+    pub(crate) fn record(&self, waited: Duration) {
+        if let Some(attrs) = base(&self.name) {
+            self.histogram.record(waited.as_secs_f64(), &attrs);
+        }
+    }
 }
 
 impl ServerMetrics {
-    pub(crate) fn register(meter: &Meter, gate: &Arc<Gate>) -> Self {
-        type Read = fn(&StatsSnapshot) -> u64;
+    /// Registers the instruments of `queue`, named `name`, on `meter`.
+    pub(crate) fn register(meter: &Meter, gate: &Arc<Gate>, name: &Arc<LayerName>) -> Self {
+        let time_queued = QueueTime::new(meter, name);
+        gate.counters()
+            .record_time_queued_into(TimeQueuedRecorder(Box::new(move |waited| {
+                time_queued.record(waited)
+            })));
+        type Read = fn(&crate::StatsSnapshot) -> u64;
         let counters: [(&'static str, &'static str, Read); 4] = [
             (
                 "stormguard.server.admitted",
@@ -86,33 +123,39 @@ impl ServerMetrics {
         ];
         let mut observable: Vec<ObservableCounter<u64>> = counters
             .into_iter()
-            .map(|(name, description, read)| {
-                let g = Arc::clone(gate);
+            .map(|(metric, description, read)| {
+                let (g, n) = (Arc::clone(gate), Arc::clone(name));
                 meter
-                    .u64_observable_counter(name)
+                    .u64_observable_counter(metric)
                     .with_description(description)
                     .with_unit("{call}")
                     .with_callback(move |o| {
-                        o.observe(read(&g.counters().snapshot()), &[system()]);
+                        if let Some(attrs) = base(&n) {
+                            o.observe(read(&g.counters().snapshot()), &attrs);
+                        }
                     })
                     .build()
             })
             .collect();
-        let g = Arc::clone(gate);
+        let (g, n) = (Arc::clone(gate), Arc::clone(name));
         observable.push(
             meter
                 .u64_observable_counter("stormguard.server.shed")
                 .with_description("Calls answered with the shed status, by class and reason")
                 .with_unit("{call}")
                 .with_callback(move |o| {
-                    for (attempt, criticality, reason, n) in g.counters().shed_breakdown() {
+                    let Some([system, layer]) = base(&n) else {
+                        return;
+                    };
+                    for (attempt, criticality, reason, count) in g.counters().shed_breakdown() {
                         let attrs = [
-                            system(),
+                            system.clone(),
+                            layer.clone(),
                             KeyValue::new("stormguard.attempt.class", attempt.as_str()),
                             KeyValue::new("stormguard.criticality", criticality.as_str()),
                             KeyValue::new("stormguard.shed.reason", reason.as_str()),
                         ];
-                        o.observe(n, &attrs);
+                        o.observe(count, &attrs);
                     }
                 })
                 .build(),
@@ -147,13 +190,17 @@ impl ServerMetrics {
         ];
         let gauges = gauges
             .into_iter()
-            .map(|(name, description, unit, read)| {
-                let g = Arc::clone(gate);
+            .map(|(metric, description, unit, read)| {
+                let (g, n) = (Arc::clone(gate), Arc::clone(name));
                 meter
-                    .u64_observable_gauge(name)
+                    .u64_observable_gauge(metric)
                     .with_description(description)
                     .with_unit(unit)
-                    .with_callback(move |o| o.observe(read(g.counters()), &[system()]))
+                    .with_callback(move |o| {
+                        if let Some(attrs) = base(&n) {
+                            o.observe(read(g.counters()), &attrs);
+                        }
+                    })
                     .build()
             })
             .collect();

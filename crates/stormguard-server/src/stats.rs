@@ -32,7 +32,7 @@ pub(crate) struct Counters {
     workers: AtomicUsize,
     /// Where each call's time queued is also recorded, once a meter is set.
     #[cfg(feature = "opentelemetry")]
-    time_queued: std::sync::OnceLock<opentelemetry::metrics::Histogram<f64>>,
+    time_queued: std::sync::OnceLock<TimeQueuedRecorder>,
     /// The adaptive limit's no-load latency in microseconds; 0 until measured.
     min_latency_us: AtomicU64,
     /// Calls shed by attempt class, criticality and reason (see `shed_index`).
@@ -113,8 +113,8 @@ impl Counters {
         self.time_queued_us.fetch_add(us, Ordering::Relaxed);
         self.max_time_queued_us.fetch_max(us, Ordering::Relaxed);
         #[cfg(feature = "opentelemetry")]
-        if let Some(histogram) = self.time_queued.get() {
-            histogram.record(waited.as_secs_f64(), &[]);
+        if let Some(recorder) = self.time_queued.get() {
+            (recorder.0)(waited);
         }
     }
 
@@ -171,11 +171,8 @@ impl Counters {
     /// Records each call's time queued into `histogram` from now on (the first one set
     /// stays).
     #[cfg(feature = "opentelemetry")]
-    pub(crate) fn record_time_queued_into(
-        &self,
-        histogram: opentelemetry::metrics::Histogram<f64>,
-    ) {
-        let _ = self.time_queued.set(histogram);
+    pub(crate) fn record_time_queued_into(&self, recorder: TimeQueuedRecorder) {
+        let _ = self.time_queued.set(recorder);
     }
 
     /// Calls shed so far by attempt class, criticality and reason (every combination, zeros
@@ -256,5 +253,17 @@ impl StatsSnapshot {
     /// Mean time queued of the calls that left the queue (`None` when none did).
     pub fn mean_time_queued(&self) -> Option<Duration> {
         (self.dequeued > 0).then(|| Duration::from_micros(self.time_queued_us / self.dequeued))
+    }
+}
+
+/// Where each call's time queued goes once a meter is set (the metrics module's histogram
+/// with the layer's name), as a function so that these counters depend on nothing else.
+#[cfg(feature = "opentelemetry")]
+pub(crate) struct TimeQueuedRecorder(pub(crate) Box<dyn Fn(Duration) + Send + Sync>);
+
+#[cfg(feature = "opentelemetry")]
+impl std::fmt::Debug for TimeQueuedRecorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TimeQueuedRecorder")
     }
 }

@@ -98,28 +98,26 @@ pub(super) fn give_up<B>(
     }
 }
 
-/// A retry was refused: an event with its cause, the attempt it followed and the time left
-/// on the call's deadline. Refusals that a healthy service makes all the time (a status
-/// that is not retryable, a pushback) are at DEBUG; those that mean a dependency is
-/// failing beyond what the policy pays for (budget, breaker, attempts, deadline, the
-/// request's allowance) are at INFO.
-pub(super) fn log_refusal(uri: &Uri, refusal: Refusal, attempt: u32, left: Option<Duration>) {
-    let left_ms = left.map(|d| d.as_millis() as u64);
-    macro_rules! refused {
-        ($level:expr) => {
-            tracing::event!(
-                $level,
-                rpc.method = uri.path(),
-                retry.refused = refusal.as_str(),
-                retry.attempt = attempt,
-                deadline.left_ms = left_ms,
-                "stormguard: retry refused"
-            )
-        };
-    }
-    if refusal.is_retryable_but_refused() {
-        refused!(tracing::Level::INFO);
-    } else {
-        refused!(tracing::Level::DEBUG);
-    }
+/// A retry was refused: a DEBUG event with its cause, the attempt it followed and the time
+/// left on the call's deadline; and, for the refusals that mean a dependency is failing
+/// beyond what the policy pays for (budget, breaker, attempts, deadline, the request's
+/// allowance), a count in the layer's summary, written at INFO at most once a second (see
+/// [`events`](super::events)).
+pub(super) fn log_refusal(
+    stats: &CallStats,
+    uri: &Uri,
+    refusal: Refusal,
+    attempt: u32,
+    left: Option<Duration>,
+) {
+    let events = stats.events();
+    tracing::debug!(
+        stormguard.layer = events.name().get().map_or("", |n| &**n),
+        rpc.method = uri.path(),
+        retry.refused = refusal.as_str(),
+        retry.attempt = attempt,
+        deadline.left_ms = left.map(|d| d.as_millis() as u64),
+        "stormguard: retry refused"
+    );
+    events.refused(refusal, uri.path());
 }

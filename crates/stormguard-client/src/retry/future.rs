@@ -121,7 +121,7 @@ where
     ) -> Self {
         let now = Instant::now();
         let path = request.uri().path();
-        let mut stats = CallStats::new(shared.stats.clone(), shared.call_metrics(path));
+        let mut stats = CallStats::start(shared, path);
         let times = CallTimes {
             caller: caller_timeout(request.headers()),
             inbound: CallContext::current().and_then(|c| c.deadline()),
@@ -130,7 +130,7 @@ where
         };
         let begun = shared.controller.begin_call_at(path, &times, now);
         let mut call = match begun {
-            Ok(call) if !call.deadline().is_some_and(|d| d <= now) => call,
+            Ok(call) if call.deadline().is_none_or(|d| d > now) => call,
             // Only an open breaker rejects a first attempt: fail fast.
             Err(refusal) => {
                 let status = end::breaker_open(&mut stats, refusal);
@@ -298,7 +298,7 @@ where
                         Decision::GiveUp(refusal) => {
                             let attempt = call.previous_attempts();
                             let left = call.remaining_at(now);
-                            log_refusal(this.attempts.uri(), refusal, attempt, left);
+                            log_refusal(this.stats, this.attempts.uri(), refusal, attempt, left);
                             return Poll::Ready(end::give_up(this.stats, refusal, last, timed_out));
                         }
                         Decision::Expired => {
@@ -360,7 +360,7 @@ where
                         Err(refusal) => {
                             let attempt = call.previous_attempts();
                             let left = call.remaining_at(now);
-                            log_refusal(this.attempts.uri(), refusal, attempt, left);
+                            log_refusal(this.stats, this.attempts.uri(), refusal, attempt, left);
                             return Poll::Ready(end::give_up(this.stats, refusal, *last, false));
                         }
                     };

@@ -3,10 +3,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stormguard_core::config::{ClientConfig, ConfigError};
+use stormguard_core::observe::LayerName;
 use stormguard_core::retry::RetryController;
 use tower_layer::Layer;
 
 use super::Retry;
+use super::events::LayerEvents;
 use super::replay::DEFAULT_REPLAY_LIMIT;
 use crate::stats::RetryStats;
 
@@ -16,6 +18,11 @@ use crate::stats::RetryStats;
 /// One layer is one dependency's retry policy: a single [`RetryController`] (method table,
 /// budget, breaker) and a single set of counters, shared by every service the layer builds
 /// and by every clone of those services.
+///
+/// A layer has a name, which its logs and metrics carry (`stormguard.layer`): the one given
+/// to [`with_name`](Self::with_name), else the service (`pkg.Svc`) of its first call. Name
+/// layers that call the same service (or a channel to several services), so that their
+/// series and events stay apart.
 #[derive(Clone)]
 pub struct RetryLayer {
     pub(super) shared: Arc<Shared>,
@@ -29,19 +36,42 @@ pub(super) struct Shared {
     pub(super) default_timeout: Option<Duration>,
     pub(super) per_attempt_timeout: Option<Duration>,
     pub(super) stamps: Arc<super::attempt::Stamps>,
+    /// The layer's name, refusal summary and breaker watch.
+    pub(super) events: Arc<LayerEvents>,
     #[cfg(feature = "opentelemetry")]
-    pub(super) metrics: Option<Arc<crate::metrics::ClientMetrics>>,
+    meter: Option<opentelemetry::metrics::Meter>,
+    /// The instruments, registered on `meter` when the layer first builds a service: by
+    /// then `with_stats`, `with_meter` and `with_name` have all been applied, in whatever
+    /// order. (A meter keeps every callback registered on it, so registering once per
+    /// configuration is the only way not to export a series twice.)
+    #[cfg(feature = "opentelemetry")]
+    metrics: std::sync::OnceLock<Arc<crate::metrics::ClientMetrics>>,
 }
 
 impl Shared {
     /// The per-method counters of a new call to `path` (none without a meter).
     pub(super) fn call_metrics(&self, path: &str) -> crate::metrics::CallMetrics {
         #[cfg(feature = "opentelemetry")]
-        if let Some(metrics) = &self.metrics {
+        if let Some(metrics) = self.metrics.get() {
             return metrics.call(path);
         }
         let _ = path;
         crate::metrics::CallMetrics::none()
+    }
+
+    /// Registers the instruments, once, if the layer has a meter.
+    fn register_metrics(&self) {
+        #[cfg(feature = "opentelemetry")]
+        if let Some(meter) = &self.meter {
+            self.metrics.get_or_init(|| {
+                Arc::new(crate::metrics::ClientMetrics::register(
+                    meter,
+                    &self.stats,
+                    &self.controller,
+                    self.events.name(),
+                ))
+            });
+        }
     }
 }
 
@@ -51,16 +81,21 @@ impl RetryLayer {
     /// Request bodies are buffered for replay up to [`DEFAULT_REPLAY_LIMIT`] bytes; calls
     /// without a deadline of their own have none (see [`with_default_timeout`](Self::with_default_timeout)).
     pub fn new(controller: impl Into<RetryController>) -> Self {
+        let controller = controller.into();
+        let events = Arc::new(LayerEvents::new(Arc::default(), &controller));
         RetryLayer {
             shared: Arc::new(Shared {
-                controller: controller.into(),
+                controller,
                 stats: RetryStats::new(),
                 replay_limit: DEFAULT_REPLAY_LIMIT,
                 default_timeout: None,
                 per_attempt_timeout: None,
                 stamps: Arc::default(),
+                events,
                 #[cfg(feature = "opentelemetry")]
-                metrics: None,
+                meter: None,
+                #[cfg(feature = "opentelemetry")]
+                metrics: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -138,16 +173,41 @@ impl RetryLayer {
     }
 
     /// Count into `stats` instead of the layer's own counters (to share counters across
-    /// layers, or to keep a handle made before the layer).
+    /// layers, or to keep a handle made before the layer). Before or after `with_meter`
+    /// (feature `opentelemetry`): the instruments read these counters either way.
     pub fn with_stats(mut self, stats: RetryStats) -> Self {
-        Arc::make_mut(&mut self.shared).stats = stats;
+        self.configure().stats = stats;
         self
+    }
+
+    /// Name this layer `name` in its logs and metrics (the `stormguard.layer` attribute)
+    /// instead of the service of its first call.
+    ///
+    /// ```
+    /// use stormguard_client::RetryLayer;
+    /// use stormguard_core::config::ClientConfig;
+    ///
+    /// let layer = RetryLayer::from_config(&ClientConfig::standard()).unwrap().with_name("inventory-eu");
+    /// assert_eq!(layer.name(), Some("inventory-eu"));
+    /// ```
+    pub fn with_name(mut self, name: impl Into<Arc<str>>) -> Self {
+        let shared = self.configure();
+        let name = Arc::new(LayerName::named(name));
+        shared.events = Arc::new(LayerEvents::new(name, &shared.controller));
+        self
+    }
+
+    /// The layer's name: the one given to [`with_name`](Self::with_name), else the service
+    /// of its first call (`None` before it).
+    pub fn name(&self) -> Option<&str> {
+        self.shared.events.name().get().map(|n| &**n)
     }
 
     /// Record this layer's metrics into `meter` (feature `opentelemetry`); the
     /// [`metrics`](crate::metrics) module lists them. Nothing global is read or set: the
-    /// application owns the meter provider and its exporters. Call it after
-    /// [`with_stats`](Self::with_stats), since the instruments read the layer's counters.
+    /// application owns the meter provider and its exporters. The instruments are
+    /// registered when the layer builds its first service, so this goes before or after
+    /// [`with_stats`](Self::with_stats) and [`with_name`](Self::with_name) alike.
     ///
     /// ```
     /// use opentelemetry::metrics::MeterProvider as _;
@@ -156,18 +216,28 @@ impl RetryLayer {
     ///
     /// # fn provider() -> impl opentelemetry::metrics::MeterProvider { opentelemetry::metrics::noop::NoopMeterProvider::new() }
     /// let meter = provider().meter("checkout");
-    /// let layer = RetryLayer::from_config(&ClientConfig::standard()).unwrap().with_meter(&meter);
+    /// let layer = RetryLayer::from_config(&ClientConfig::standard())
+    ///     .unwrap()
+    ///     .with_meter(&meter)
+    ///     .with_name("inventory");
     /// # let _ = layer;
     /// ```
     #[cfg(feature = "opentelemetry")]
     pub fn with_meter(mut self, meter: &opentelemetry::metrics::Meter) -> Self {
-        let shared = Arc::make_mut(&mut self.shared);
-        shared.metrics = Some(Arc::new(crate::metrics::ClientMetrics::register(
-            meter,
-            &shared.stats,
-            &shared.controller,
-        )));
+        self.configure().meter = Some(meter.clone());
         self
+    }
+
+    /// The layer's configuration, to change. Changing what the instruments read (counters,
+    /// name, meter) after a service was built makes a new layer: its instruments are
+    /// registered anew when it builds its own first service.
+    fn configure(&mut self) -> &mut Shared {
+        let shared = Arc::make_mut(&mut self.shared);
+        #[cfg(feature = "opentelemetry")]
+        {
+            shared.metrics = std::sync::OnceLock::new();
+        }
+        shared
     }
 
     /// The counters of this layer.
@@ -206,6 +276,7 @@ fn warn_of_notices(config: &ClientConfig) {
 impl fmt::Debug for RetryLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryLayer")
+            .field("name", &self.name())
             .field("controller", &self.shared.controller)
             .field("replay_limit", &self.shared.replay_limit)
             .field("default_timeout", &self.shared.default_timeout)
@@ -218,6 +289,7 @@ impl<S: Clone> Layer<S> for RetryLayer {
     type Service = Retry<S>;
 
     fn layer(&self, inner: S) -> Retry<S> {
+        self.shared.register_metrics();
         Retry {
             spare: Arc::new(Mutex::new(inner.clone())),
             inner,

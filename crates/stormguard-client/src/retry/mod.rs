@@ -90,6 +90,7 @@ mod attempt;
 mod body;
 mod classify;
 mod end;
+mod events;
 mod future;
 mod layer;
 mod record;

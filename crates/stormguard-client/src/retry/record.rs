@@ -1,19 +1,28 @@
-//! What one logical call counts, and where: the layer's counters and, with a meter, its
-//! method's metrics. The layer's future and a committed call's response body record
-//! through it; neither the counters ([`stats`](crate::stats)) nor the metrics
-//! ([`metrics`](crate::metrics)) know of the other.
+//! What one logical call counts, and where: the layer's counters, with a meter its
+//! method's metrics, and the layer's events (its name, its breaker's transitions). The
+//! layer's future and a committed call's response body record through it; neither the
+//! counters ([`stats`](crate::stats)) nor the metrics ([`metrics`](crate::metrics)) know
+//! of the other.
+
+use std::sync::Arc;
 
 use stormguard_core::code::Code;
 
+use super::events::LayerEvents;
+use super::layer::Shared;
 use crate::metrics::CallMetrics;
 use crate::stats::RetryStats;
 
 /// What one logical call counts into: the layer's counters, and its method's counters
 /// when the layer records metrics (without the `opentelemetry` feature, nothing more).
+///
+/// When the call's outcome is recorded, and when it is dropped, it reports the breaker's
+/// transitions that no call has reported yet (see [`events`](super::events)).
 #[derive(Debug)]
 pub(crate) struct CallStats {
     layer: RetryStats,
     metrics: CallMetrics,
+    events: Arc<LayerEvents>,
 }
 
 impl std::ops::Deref for CallStats {
@@ -25,12 +34,45 @@ impl std::ops::Deref for CallStats {
 }
 
 impl CallStats {
-    pub(crate) fn new(layer: RetryStats, metrics: CallMetrics) -> Self {
-        layer.logical();
-        CallStats { layer, metrics }
+    /// Starts counting a call to `path` through the layer of `shared` (the call names the
+    /// layer when it has no name yet).
+    pub(crate) fn start(shared: &Shared, path: &str) -> Self {
+        shared.events.name().get_or_name_after(path);
+        Self::with(
+            shared.stats.clone(),
+            shared.call_metrics(path),
+            Arc::clone(&shared.events),
+        )
     }
 
-    pub(crate) fn attempt(&self, retry: bool) {
+    fn with(layer: RetryStats, metrics: CallMetrics, events: Arc<LayerEvents>) -> Self {
+        layer.logical();
+        CallStats {
+            layer,
+            metrics,
+            events,
+        }
+    }
+
+    /// A call counted into `layer` only, for tests of what counts.
+    #[cfg(test)]
+    pub(crate) fn new(layer: RetryStats, metrics: CallMetrics) -> Self {
+        let controller = stormguard_core::retry::RetryController::new(
+            stormguard_core::policy::MethodTable::default(),
+            Arc::new(stormguard_core::budget::Unlimited),
+            None,
+            0,
+        );
+        let events = LayerEvents::new(Arc::default(), &controller);
+        Self::with(layer, metrics, Arc::new(events))
+    }
+
+    /// The layer's events.
+    pub(crate) fn events(&self) -> &LayerEvents {
+        &self.events
+    }
+
+    pub(crate) fn attempt(&mut self, retry: bool) {
         self.layer.attempt(retry);
         self.metrics.attempt();
     }
@@ -39,12 +81,14 @@ impl CallStats {
     pub(crate) fn outcome(&mut self, code: Code) {
         self.layer.outcome(code == Code::Ok);
         self.metrics.ended(code);
+        self.events.report_breaker();
     }
 
     /// A committed call's body ended with `code`.
     pub(crate) fn committed_ended(&mut self, code: Code) {
         self.layer.committed_ended(code == Code::Ok);
         self.metrics.ended(code);
+        self.events.report_breaker();
     }
 
     /// Hands the call's counting on (to the response body of a committed call).
@@ -52,6 +96,15 @@ impl CallStats {
         CallStats {
             layer: self.layer.clone(),
             metrics: std::mem::take(&mut self.metrics),
+            events: Arc::clone(&self.events),
         }
+    }
+}
+
+impl Drop for CallStats {
+    fn drop(&mut self) {
+        // A call dropped before its end (or a committed body dropped before its last frame)
+        // still tells what its breaker did.
+        self.events.report_breaker();
     }
 }

@@ -12,6 +12,7 @@ use tower_service::Service;
 
 use super::body::ShedBody;
 use super::drain::Unread;
+use super::events::QueuedEvents;
 use super::gate::{Ticket, Turn, WorkerPermit};
 use super::response;
 
@@ -49,6 +50,7 @@ pin_project! {
             request: Unread<Req>,
             context: CallContext,
             scope: Option<RequestScope>,
+            events: QueuedEvents,
         },
         Running {
             #[pin]
@@ -85,6 +87,7 @@ where
         ticket: Ticket,
         service: S,
         request: Unread<Req>,
+        events: QueuedEvents,
     ) -> Self {
         let timer = tokio::time::sleep_until(ticket.expiry());
         ResponseFuture {
@@ -95,6 +98,7 @@ where
                 request,
                 context,
                 scope: Some(scope),
+                events,
             },
         }
     }
@@ -136,12 +140,13 @@ where
                     request,
                     context,
                     scope,
+                    events,
                 } => {
                     let fired = timer.poll(cx).is_ready();
                     match ticket.poll_turn(cx.waker(), fired) {
                         Turn::Wait => return Poll::Pending,
                         Turn::Expired => {
-                            tracing::info!("stormguard: call expired while queued");
+                            events.expired();
                             // Dropping the queued state discards the unread request body.
                             state.set(State::Answered { response: None });
                             return Poll::Ready(Ok(with_empty_body(response::expired())));
@@ -149,6 +154,7 @@ where
                         Turn::Shed(shed) => {
                             // Gave its place up in a full queue; as when expired, dropping
                             // the queued state discards the unread request body.
+                            events.shed(&shed);
                             let code = ticket.shed_code();
                             state.set(State::Answered { response: None });
                             let answer = response::shed(code, shed.reason, shed.pushback);

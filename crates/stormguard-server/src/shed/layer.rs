@@ -4,9 +4,11 @@ use std::sync::Arc;
 use stormguard_core::admission::{AdmissionConfig, AdmissionPolicy};
 use stormguard_core::config::ConfigError;
 use stormguard_core::criticality::CriticalityTable;
+use stormguard_core::observe::LayerName;
 use tower_layer::Layer;
 
 use super::drain::Drains;
+use super::events::ShedEvents;
 use super::exempt::{Bypassed, NeverShed};
 use super::gate::Gate;
 use super::{ShedService, ShedStats};
@@ -16,6 +18,11 @@ use super::{ShedService, ShedStats};
 /// One layer is one queue: every service it wraps (on a tonic server, the whole
 /// router) shares the same workers, queue and counters. Cloning the layer shares them
 /// too; build a second layer for a second queue.
+///
+/// A layer has a name, which its logs and metrics carry (`stormguard.layer`): the one given
+/// to [`with_name`](Self::with_name), else the service (`pkg.Svc`) of the first call it
+/// may shed (health checks and other calls that are never shed do not name it). Name a
+/// layer that guards several services.
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -42,8 +49,13 @@ pub struct ShedLayer {
     bypassed: Arc<Bypassed>,
     drains: Arc<Drains>,
     retry_allowance: Option<u32>,
+    events: Arc<ShedEvents>,
     #[cfg(feature = "opentelemetry")]
-    metrics: Option<Arc<crate::metrics::ServerMetrics>>,
+    meter: Option<opentelemetry::metrics::Meter>,
+    /// The queue's instruments, registered on `meter` when the layer first wraps a
+    /// service, once per queue (a meter keeps every callback registered on it).
+    #[cfg(feature = "opentelemetry")]
+    metrics: Arc<std::sync::OnceLock<crate::metrics::ServerMetrics>>,
 }
 
 impl ShedLayer {
@@ -54,16 +66,44 @@ impl ShedLayer {
 
     /// A layer with its own queue, driven by `policy` (already validated).
     pub fn new(policy: AdmissionPolicy) -> Self {
+        let gate = Arc::new(Gate::new(policy));
         ShedLayer {
-            gate: Arc::new(Gate::new(policy)),
+            events: Arc::new(ShedEvents::new(Arc::default(), Arc::clone(&gate))),
+            gate,
             criticality: Arc::new(CriticalityTable::default()),
             never_shed: Arc::default(),
             bypassed: Arc::default(),
             drains: Arc::default(),
             retry_allowance: None,
             #[cfg(feature = "opentelemetry")]
-            metrics: None,
+            meter: None,
+            #[cfg(feature = "opentelemetry")]
+            metrics: Arc::default(),
         }
+    }
+
+    /// Name this layer `name` in its logs and metrics (the `stormguard.layer` attribute)
+    /// instead of the service of its first call. Give it before the layer wraps a service:
+    /// the metrics take the name the layer has then.
+    ///
+    /// ```
+    /// use stormguard_core::admission::AdmissionConfig;
+    /// use stormguard_server::ShedLayer;
+    ///
+    /// let layer = ShedLayer::from_config(AdmissionConfig::default())?.with_name("inventory");
+    /// assert_eq!(layer.name(), Some("inventory"));
+    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// ```
+    pub fn with_name(mut self, name: impl Into<Arc<str>>) -> Self {
+        let name = Arc::new(LayerName::named(name));
+        self.events = Arc::new(ShedEvents::new(name, Arc::clone(&self.gate)));
+        self
+    }
+
+    /// The layer's name: the one given to [`with_name`](Self::with_name), else the service
+    /// of its first call that could be shed (`None` before it).
+    pub fn name(&self) -> Option<&str> {
+        self.events.name().get().map(|n| &**n)
     }
 
     /// The highest criticality a peer may claim, per method (the
@@ -171,7 +211,9 @@ impl ShedLayer {
 
     /// Record this layer's metrics into `meter` (feature `opentelemetry`); the
     /// [`metrics`](crate::metrics) module lists them. Nothing global is read or set: the
-    /// application owns the meter provider and its exporters.
+    /// application owns the meter provider and its exporters. The instruments are
+    /// registered when the layer first wraps a service, so this goes before or after
+    /// [`with_name`](Self::with_name) alike; one queue registers them once.
     ///
     /// ```
     /// use opentelemetry::metrics::MeterProvider as _;
@@ -185,13 +227,18 @@ impl ShedLayer {
     /// ```
     #[cfg(feature = "opentelemetry")]
     pub fn with_meter(mut self, meter: &opentelemetry::metrics::Meter) -> Self {
-        self.gate
-            .counters()
-            .record_time_queued_into(crate::metrics::queue_time(meter));
-        self.metrics = Some(Arc::new(crate::metrics::ServerMetrics::register(
-            meter, &self.gate,
-        )));
+        self.meter = Some(meter.clone());
         self
+    }
+
+    /// Registers the queue's instruments, once, if the layer has a meter.
+    fn register_metrics(&self) {
+        #[cfg(feature = "opentelemetry")]
+        if let Some(meter) = &self.meter {
+            self.metrics.get_or_init(|| {
+                crate::metrics::ServerMetrics::register(meter, &self.gate, self.events.name())
+            });
+        }
     }
 
     fn with_never_shed(mut self, never: NeverShed) -> Self {
@@ -213,6 +260,7 @@ impl<S> Layer<S> for ShedLayer {
     type Service = ShedService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        self.register_metrics();
         ShedService {
             inner,
             gate: Arc::clone(&self.gate),
@@ -221,6 +269,7 @@ impl<S> Layer<S> for ShedLayer {
             bypassed: Arc::clone(&self.bypassed),
             drains: Arc::clone(&self.drains),
             retry_allowance: self.retry_allowance,
+            events: Arc::clone(&self.events),
         }
     }
 }
@@ -228,6 +277,7 @@ impl<S> Layer<S> for ShedLayer {
 impl fmt::Debug for ShedLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShedLayer")
+            .field("name", &self.name())
             .field("queue", &self.gate.counters().snapshot())
             .field("never_shed", &self.never_shed)
             .finish()

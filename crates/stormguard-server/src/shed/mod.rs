@@ -46,6 +46,7 @@
 
 mod body;
 pub mod drain;
+mod events;
 pub mod exempt;
 mod future;
 pub(crate) mod gate;
@@ -76,6 +77,7 @@ use tower_service::Service;
 
 use crate::stats::{Occupancy, StatsSnapshot};
 use drain::{Drains, Unread};
+use events::{QueuedEvents, ShedEvents};
 use exempt::{Bypassed, NeverShed};
 use gate::{Entry, Gate};
 
@@ -89,6 +91,7 @@ pub struct ShedService<S> {
     bypassed: Arc<Bypassed>,
     drains: Arc<Drains>,
     retry_allowance: Option<u32>,
+    events: Arc<ShedEvents>,
 }
 
 impl<S> ShedService<S> {
@@ -117,6 +120,7 @@ impl<S: Clone> Clone for ShedService<S> {
             bypassed: Arc::clone(&self.bypassed),
             drains: Arc::clone(&self.drains),
             retry_allowance: self.retry_allowance,
+            events: Arc::clone(&self.events),
         }
     }
 }
@@ -189,6 +193,8 @@ where
             self.bypassed.record();
             return ResponseFuture::bypass(context, scope, self.inner.call(request));
         }
+        // The first call that can be shed names a layer that has no name.
+        self.events.name().get_or_name_after(request.uri().path());
         match self.gate.enter(now, class, deadline) {
             Entry::Admitted(permit) => {
                 ResponseFuture::running(context, scope, self.inner.call(request), permit)
@@ -198,18 +204,12 @@ where
                 // its place for the next poll_ready.
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
+                let events = QueuedEvents::new(&self.events, request.uri(), class);
                 let request = Unread::new(request, &self.drains);
-                ResponseFuture::queued(context, scope, ticket, ready, request)
+                ResponseFuture::queued(context, scope, ticket, ready, request, events)
             }
             Entry::Shed(shed) => {
-                tracing::info!(
-                    shed.class = class.attempt.as_str(),
-                    shed.criticality = class.criticality.as_str(),
-                    shed.reason = shed.reason.as_str(),
-                    queue.depth = self.gate.counters().depth(),
-                    pushback_ms = shed.pushback.millis(),
-                    "stormguard: call shed"
-                );
+                self.events.shed(request.uri().path(), class, &shed, false);
                 drain::discard_request(request, &self.drains);
                 ResponseFuture::answered(response::shed(
                     self.gate.shed_code(),
@@ -218,11 +218,7 @@ where
                 ))
             }
             Entry::Expired => {
-                tracing::info!(
-                    shed.class = class.attempt.as_str(),
-                    shed.criticality = class.criticality.as_str(),
-                    "stormguard: call expired before it could run"
-                );
+                self.events.expired(request.uri().path(), class, false);
                 drain::discard_request(request, &self.drains);
                 ResponseFuture::answered(response::expired())
             }
