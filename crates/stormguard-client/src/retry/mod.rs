@@ -79,12 +79,11 @@
 //! ENHANCE_YOUR_CALM`, and a server closes a connection whose peer resets many streams
 //! before they are accepted. Either way every call in flight on the connection fails with
 //! `RESOURCE_EXHAUSTED` ("h2 protocol error") or `UNAVAILABLE`, and the server's queue is
-//! flushed, which looks like a recovery but is an artifact. In a storm of expiring calls,
-//! build the channel with `Endpoint::http2_max_local_error_reset_streams(None)` and the
-//! server with `Server::builder().http2_max_pending_accept_reset_streams(Some(n))` (n in
-//! the thousands) and `.http2_max_local_error_reset_streams(None)`; `tests/client_h2.rs`
-//! runs such a storm (5 120 expiring calls on one connection) and checks that every call
-//! ends in its own deadline and the connection still serves afterwards.
+//! flushed, which looks like a recovery but is an artifact. Which h2 settings to change,
+//! what each one costs in memory and what abuse each guard stops is in one place: the
+//! repository's `docs/operating.md` ("HTTP/2 resets"). `tests/client_h2.rs` runs such a
+//! storm (5 120 expiring calls on one connection) and checks that every call ends in its
+//! own deadline and the connection still serves afterwards.
 
 mod attempt;
 mod body;

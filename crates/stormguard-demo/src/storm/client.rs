@@ -37,7 +37,7 @@ pub type Caller = BoxCloneSyncService<(), ReserveReply, Status>;
 
 /// Connects a channel to `addr` with the storm's client h2 settings: callers that give up
 /// reset their streams faster than h2's default local limit allows, and the connection
-/// would be closed with `GOAWAY (ENHANCE_YOUR_CALM)` (see the README's operating notes).
+/// would be closed with `GOAWAY (ENHANCE_YOUR_CALM)` (see `docs/operating.md`, "HTTP/2 resets").
 pub(crate) async fn connect(addr: SocketAddr) -> Result<Channel, StormError> {
     let channel = Endpoint::from_shared(format!("http://{addr}"))?
         .http2_max_local_error_reset_streams(None)

@@ -20,7 +20,7 @@ use crate::{Inventory, InventoryServer, ReserveReply, ReserveRequest, WatchStock
 /// Streams a client may reset before their server reads them, per connection. Under a
 /// storm every caller that gives up resets its stream; h2's default (20) closes the
 /// connection with `GOAWAY (ENHANCE_YOUR_CALM)`, which flushes the server's queue and
-/// looks like a recovery. The README's operating notes give the same value.
+/// looks like a recovery. `docs/operating.md` ("HTTP/2 resets") gives the same value.
 pub const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 10_000;
 
 /// What happens to the work of a caller that has left.
