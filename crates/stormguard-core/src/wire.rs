@@ -18,8 +18,8 @@
 //! | [`STORMGUARD_CRITICALITY`] | request | the client's `CriticalityLayer` | `ShedLayer` ([`parse_criticality`], then capped by its table) | exactly `critical`, `default` or `sheddable` | `default` |
 //!
 //! The header names are `&str` constants, which is what tonic's metadata and the
-//! simulator need. With the `http` feature, [`http`] has each one as an
-//! [`http::HeaderName`](::http::HeaderName) constant as well, built at compile time: the
+//! simulator need. With the `http` feature, `wire::http` has each one as an
+//! `http::HeaderName` constant as well, built at compile time: the
 //! layers look headers up with those (a lookup by `&str` parses and checks the name again
 //! on every call).
 //!
