@@ -34,7 +34,7 @@
 //!   the standard gRPC service config, from JSON, YAML or TOML, or held in an
 //!   application's own config through `serde`, validated either way;
 //! * the **wire** ([`wire`]): every header the layers write or read, with its one parser
-//!   and encoder (and, with the `http` feature, its `http::HeaderName`).
+//!   and encoder (and, with the `http` feature, its `http::HeaderName`);
 //! * what the layers **tell operators** ([`observe`]): a layer's name, and the per-second
 //!   summary that keeps INFO readable during an incident.
 //!
