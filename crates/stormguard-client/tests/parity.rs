@@ -32,6 +32,7 @@ use tower_layer::Layer;
 const PATH: &str = "/pkg.Svc/Get";
 const MS: Duration = Duration::from_millis(1);
 const PER_ATTEMPT: Duration = Duration::from_millis(60);
+const MAX_ATTEMPTS: u32 = 4;
 
 /// What the server does with one attempt.
 #[derive(Clone, Copy, Debug)]
@@ -77,7 +78,7 @@ struct Script {
 
 fn script(seed: u64, calls: usize) -> Script {
     let mut rng = fastrand::Rng::with_seed(seed);
-    let calls = (0..calls)
+    let calls: Vec<Call> = (0..calls)
         .map(|_| Call {
             timeout: (rng.u8(..) < 200).then(|| MS * rng.u32(30..400)),
             gap: MS * rng.u32(0..40),
@@ -100,7 +101,8 @@ fn script(seed: u64, calls: usize) -> Script {
         Some("25"),
         Some("x"),
     ];
-    let answers = (0..calls_len_bound())
+    // Enough answers for every call to use all its attempts.
+    let answers = (0..calls.len() * MAX_ATTEMPTS as usize)
         .map(|_| match rng.u8(..) {
             0..=149 => Answer::After {
                 after: MS * rng.u32(0..100),
@@ -118,15 +120,10 @@ fn script(seed: u64, calls: usize) -> Script {
     Script { calls, answers }
 }
 
-fn calls_len_bound() -> usize {
-    // At most 4 attempts per call.
-    4 * 400
-}
-
 fn controller() -> RetryController {
     let policy = RetryPolicy {
         idempotent: true,
-        max_attempts: 4,
+        max_attempts: MAX_ATTEMPTS,
         retryable_codes: {
             let mut codes = CodeSet::single(Code::Unavailable);
             codes.insert(Code::ResourceExhausted);

@@ -210,17 +210,17 @@ const FEW_HEADERS: usize = 4;
 impl SavedHeaders {
     /// The headers to keep, less `renewed` (a header every retry writes anew).
     fn of(headers: &HeaderMap, renewed: Option<&HeaderName>) -> Self {
-        let kept = |name: &HeaderName| renewed != Some(name);
-        if headers.iter().filter(|(name, _)| kept(name)).count() > FEW_HEADERS {
-            let mut map = headers.clone();
-            if let Some(name) = renewed {
-                map.remove(name);
-            }
-            return SavedHeaders::Many(map);
-        }
+        // One pass: fill the inline slots, and copy the map only when they overflow.
         let mut few: [Option<(HeaderName, HeaderValue)>; FEW_HEADERS] = Default::default();
-        let pairs = headers.iter().filter(|(name, _)| kept(name));
-        for (slot, (name, value)) in few.iter_mut().zip(pairs) {
+        let mut slots = few.iter_mut();
+        for (name, value) in headers.iter().filter(|(name, _)| renewed != Some(*name)) {
+            let Some(slot) = slots.next() else {
+                let mut map = headers.clone();
+                if let Some(name) = renewed {
+                    map.remove(name);
+                }
+                return SavedHeaders::Many(map);
+            };
             *slot = Some((name.clone(), value.clone()));
         }
         SavedHeaders::Few(few)

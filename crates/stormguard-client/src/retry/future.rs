@@ -134,11 +134,11 @@ where
             // Only an open breaker rejects a first attempt: fail fast.
             Err(refusal) => {
                 let status = end::breaker_open(&mut stats, refusal);
-                return Self::refused(spare, request.uri(), stats, status);
+                return Self::refused(spare, shared, request.uri(), stats, status);
             }
             Ok(_) => {
                 let status = end::expired_before_sent(&mut stats);
-                return Self::refused(spare, request.uri(), stats, status);
+                return Self::refused(spare, shared, request.uri(), stats, status);
             }
         };
         let plan = call.first_attempt_at(now);
@@ -169,12 +169,19 @@ impl<S, B> ResponseFuture<S, B>
 where
     S: Service<http::Request<Body>, Response = http::Response<B>>,
 {
-    /// A call that ends before its first attempt, with `status`.
-    fn refused(spare: &Arc<Mutex<S>>, uri: &Uri, stats: CallStats, status: Status) -> Self {
+    /// A call that ends before its first attempt, with `status` (while a breaker is open,
+    /// every call: it allocates only the boxed status).
+    fn refused(
+        spare: &Arc<Mutex<S>>,
+        shared: &Shared,
+        uri: &Uri,
+        stats: CallStats,
+        status: Status,
+    ) -> Self {
         ResponseFuture {
             svc: None,
             spare: Arc::clone(spare),
-            stamps: Arc::default(),
+            stamps: Arc::clone(&shared.stamps),
             call: None,
             attempts: Attempts::unsent(uri.clone()),
             stats,
