@@ -221,8 +221,10 @@ pub struct StatsSnapshot {
     pub deadline_exceeded: u64,
     /// Attempts abandoned because their per-attempt timeout ran out before the call's
     /// deadline (the layer's own timer, or a timer below it: `Endpoint::timeout`, a
-    /// `tower::timeout` layer). Each is a failure of the dependency; the call went on with a
-    /// retry or ended with `DEADLINE_EXCEEDED`.
+    /// `tower::timeout` layer), or that the server answered `DEADLINE_EXCEEDED` or
+    /// `CANCELLED` when their `grpc-timeout` was that per-attempt limit (a queue that cannot
+    /// run them in time says so early). Each is a failure of the dependency; the call went
+    /// on with a retry or ended with `DEADLINE_EXCEEDED`.
     pub attempt_timeouts: u64,
     /// Retries granted whose delay was the next backoff step (full jitter). A granted retry
     /// that never went out (the deadline ran out or the breaker opened during its delay)

@@ -84,6 +84,9 @@ fn script(seed: u64, calls: usize) -> Script {
             gap: MS * rng.u32(0..40),
         })
         .collect();
+    // DEADLINE_EXCEEDED and CANCELLED answered before the 60 ms per-attempt timeout are
+    // early expiry answers: the attempt timing out when it carried that limit, the server's
+    // final answer when it carried what was left of a shorter call deadline.
     let codes = [
         Code::Unavailable,
         Code::Unavailable,
@@ -341,7 +344,9 @@ fn through_the_simulator(script: &Script) -> Vec<Record> {
 #[tokio::test(start_paused = true)]
 async fn the_layer_and_the_simulator_make_the_same_decisions() {
     let mut reached_total = std::collections::BTreeMap::new();
-    for seed in [1, 2, 3, 4] {
+    // Eight seeds: early expiry answers count as attempt timeouts (failures for the
+    // breaker), so fewer scripts reach a budget refusal before the breaker opens.
+    for seed in [1, 2, 3, 4, 5, 6, 7, 8] {
         let script = script(seed, 400);
         let (layer, stats) = through_the_layer(&script).await;
         let sim = through_the_simulator(&script);

@@ -7,7 +7,10 @@
 //!
 //! 1. the caller's deadline has not passed (its own deadline running out is final, whatever
 //!    code the server used: tonic answers an expired `grpc-timeout` with `CANCELLED`);
-//! 2. the method has a retry policy and the status is one of its retryable codes;
+//! 2. the method has a retry policy and the status is one of its retryable codes (an
+//!    attempt that timed out counts as retryable: the layer's timer fired, or the server
+//!    answered `DEADLINE_EXCEEDED`/`CANCELLED` to an attempt whose `grpc-timeout` was its
+//!    own per-attempt limit; see [`CallRetry::on_attempt_end_at`]);
 //! 3. the server did not push back with "do not retry", nor ask for a wait longer than the
 //!    policy's `max_pushback`;
 //! 4. the method is idempotent, or the request never reached the server;
@@ -533,11 +536,19 @@ impl CallRetry {
     ///    [`Decision::Expired`]. The caller's deadline says nothing about the dependency (a
     ///    batch job with 5 ms deadlines on a 10 ms method must not open the breaker every
     ///    other caller shares), so only an answer that is not itself an expiry is recorded;
-    /// 2. a timer that ended the attempt before that, or an expiry answer
-    ///    (`DEADLINE_EXCEEDED`, or `CANCELLED`, tonic's answer to an expired `grpc-timeout`)
-    ///    read at or after the attempt's own deadline, is the attempt timing out: a failure
-    ///    of the dependency (the breaker counts it, an A6 throttle takes a token), retried
-    ///    whatever the method's retryable codes, under every other rule;
+    /// 2. a timer that ended the attempt before that is the attempt timing out; so is an
+    ///    expiry answer (`DEADLINE_EXCEEDED`, or `CANCELLED`, tonic's answer to an expired
+    ///    `grpc-timeout`) to an attempt whose `grpc-timeout` was its own per-attempt limit
+    ///    (the plan's [`attempt_limit`](AttemptPlan::attempt_limit): its own deadline came
+    ///    before the call's), whenever it arrives. A server that answers early because the
+    ///    attempt cannot finish within that limit (a `ShedLayer` answers a queued call at
+    ///    once when its wait would outlast it) has only said sooner what the layer's timer
+    ///    would have said later. The attempt timing out is a failure of the dependency (the
+    ///    breaker counts it, an A6 throttle takes a token), retried whatever the method's
+    ///    retryable codes, under every other rule. An expiry answer to an attempt that
+    ///    carried what was left of the call's own deadline (or no limit at all) is about the
+    ///    call, not the attempt, and stays a plain answer (final unless the method retries
+    ///    its code);
     /// 3. any other answer is a failure: recorded, then retried only if every rule of the
     ///    [module docs](self) holds.
     pub fn on_attempt_end_at(&mut self, end: AttemptEnd, now: Instant) -> Verdict {
@@ -563,9 +574,11 @@ impl CallRetry {
                 true,
             ),
             AttemptEnd::Failed(f) => {
-                let attempt_expired = self.attempt_deadline.is_some_and(|a| now >= a);
+                // Set exactly when the attempt's own limit, not the call's deadline, was what
+                // its `grpc-timeout` carried (see `plan_at`).
+                let own_limit = self.attempt_deadline.is_some();
                 let expiry = matches!(f.code, Code::DeadlineExceeded | Code::Cancelled);
-                (f, attempt_expired && expiry)
+                (f, own_limit && expiry)
             }
         };
         let decision = if timed_out {
@@ -1649,6 +1662,84 @@ mod tests {
     }
 
     #[test]
+    fn an_early_expiry_answer_to_an_attempt_limited_by_its_own_timeout_is_that_attempt_timing_out()
+    {
+        // A server that cannot finish the attempt within its 50 ms `grpc-timeout` says so at
+        // once (10 ms in): the attempt timed out, and with 290 ms left the call retries,
+        // although DEADLINE_EXCEEDED is not among the method's retryable codes.
+        let throttle: Arc<dyn Budget> = Arc::new(
+            A6Throttle::new(ThrottleConfig {
+                max_tokens: 10.0,
+                token_ratio: 0.1,
+            })
+            .unwrap(),
+        );
+        let c = controller(retried(), Arc::clone(&throttle));
+        let t0 = Instant::now();
+        let mut call = c
+            .begin_call_at(PATH, &times(Some(300), Some(50)), t0)
+            .unwrap();
+        let first = call.first_attempt_at(t0);
+        assert_eq!(first.attempt_limit, Some(ms(50)), "the attempt's own limit");
+        for code in [Code::DeadlineExceeded, Code::Cancelled] {
+            let early = AttemptEnd::Failed(Failure::status(code));
+            let verdict = call.on_attempt_end_at(early, t0 + ms(10));
+            assert!(verdict.attempt_timed_out, "{code:?}");
+            let Decision::Retry { delay } = verdict.decision else {
+                panic!("{code:?} not retried: {verdict:?}");
+            };
+            let retry = call.start_retry_at(t0 + ms(10) + delay).unwrap();
+            assert_eq!(retry.attempt_limit, Some(ms(50)));
+        }
+        // Each was paid like a timeout: an A6 throttle took a token for each (5 above the
+        // threshold when full).
+        assert!((throttle.balance_at(t0) - 3.0).abs() < 1e-9);
+        // Not idempotent: the attempt may have done the work, as with the layer's timer.
+        let c = controller(
+            RetryPolicy {
+                idempotent: false,
+                ..retried()
+            },
+            budget(5, 0.1),
+        );
+        let mut call = c
+            .begin_call_at(PATH, &times(Some(300), Some(50)), t0)
+            .unwrap();
+        call.first_attempt_at(t0);
+        let early = AttemptEnd::Failed(Failure::status(Code::DeadlineExceeded));
+        assert_eq!(
+            call.on_attempt_end_at(early, t0 + ms(10)),
+            Verdict {
+                decision: Decision::GiveUp(Refusal::NotIdempotent),
+                attempt_timed_out: true,
+            }
+        );
+    }
+
+    #[test]
+    fn an_early_expiry_answer_for_the_calls_own_deadline_stays_final() {
+        let c = controller(retried(), budget(5, 0.1));
+        let t0 = Instant::now();
+        let final_answer = Verdict {
+            decision: Decision::GiveUp(Refusal::NotRetryable),
+            attempt_timed_out: false,
+        };
+        // No per-attempt timeout: the `grpc-timeout` was the call's deadline.
+        let mut call = c.begin_call_at(PATH, &times(Some(300), None), t0).unwrap();
+        assert_eq!(call.first_attempt_at(t0).attempt_limit, None);
+        let early = AttemptEnd::Failed(Failure::status(Code::DeadlineExceeded));
+        assert_eq!(call.on_attempt_end_at(early, t0 + ms(10)), final_answer);
+        // A per-attempt timeout longer than what is left of the call: the attempt carried
+        // the call's own deadline, and an answer about it is final.
+        let mut call = c
+            .begin_call_at(PATH, &times(Some(40), Some(50)), t0)
+            .unwrap();
+        assert_eq!(call.first_attempt_at(t0).attempt_limit, None);
+        let early = AttemptEnd::Failed(Failure::status(Code::Cancelled));
+        assert_eq!(call.on_attempt_end_at(early, t0 + ms(10)), final_answer);
+    }
+
+    #[test]
     fn an_expiry_answer_past_the_attempts_deadline_is_that_attempt_timing_out() {
         // DEADLINE_EXCEEDED is not a retryable code here, yet past the attempt's own
         // deadline it is the attempt timing out, and retried.
@@ -1662,12 +1753,12 @@ mod tests {
         let verdict = call.on_attempt_end_at(cancelled, t0 + ms(50));
         assert!(verdict.attempt_timed_out);
         assert!(matches!(verdict.decision, Decision::Retry { .. }));
-        // The same answer before the attempt's deadline is the server's own answer.
+        // Any other code before the attempt's deadline is the server's own answer.
         let mut call = c
             .begin_call_at(PATH, &times(Some(300), Some(50)), t0)
             .unwrap();
         call.first_attempt_at(t0);
-        let early = AttemptEnd::Failed(Failure::status(Code::DeadlineExceeded));
+        let early = AttemptEnd::Failed(Failure::status(Code::Internal));
         assert_eq!(
             call.on_attempt_end_at(early, t0 + ms(49)),
             Verdict {
