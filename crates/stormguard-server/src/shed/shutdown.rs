@@ -106,7 +106,7 @@ impl ShutdownHandle {
     /// A future that resolves once [`begin`](Self::begin) has been called (at once if it
     /// has been): the signal to give tonic's `Server::serve_with_shutdown`, so that the
     /// queue is answered before tonic's graceful shutdown sends `GOAWAY`.
-    pub fn begun(&self) -> impl Future<Output = ()> + Send + 'static {
+    pub fn begun(&self) -> impl Future<Output = ()> + Send + use<> {
         let gate = Arc::clone(&self.gate);
         async move { gate.closed().await }
     }
