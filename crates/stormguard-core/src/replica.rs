@@ -288,8 +288,9 @@ impl ReplicaConfig {
     }
 }
 
-/// A replica's identity within its [`ReplicaSet`], never reused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// A replica's identity within its [`ReplicaSet`], never reused. (The default, 0, is the
+/// first replica a set adds.)
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ReplicaId(u64);
 
 impl ReplicaId {

@@ -38,6 +38,7 @@ use super::layer::Shared;
 use super::record::CallStats;
 use super::timer::Timer;
 use crate::context::CallContext;
+use crate::replicas::Route;
 use crate::status::BoxError;
 
 pin_project! {
@@ -54,6 +55,8 @@ pin_project! {
         // body took it.
         call: Option<CallRetry>,
         attempts: Attempts,
+        // The replicas the call used, when the layer is over an endpoint-aware channel.
+        route: Option<Route>,
         stats: CallStats,
         #[pin]
         timer: Timer,
@@ -144,8 +147,12 @@ where
         let plan = call.first_attempt_at(now);
         let retryable = call.is_retryable_method();
         let stamps = Arc::clone(&shared.stamps);
-        let (attempts, request) =
+        let (attempts, mut request) =
             Attempts::first(request, &plan, retryable, shared.replay_limit, &stamps);
+        let route = shared.over_replicas.then(Route::new);
+        if let Some(route) = &route {
+            request.extensions_mut().insert(route.clone());
+        }
         let span = attempt_span(attempts.uri(), 0, "initial", Duration::ZERO);
         stats.attempt(false);
         let fut = {
@@ -158,6 +165,7 @@ where
             stamps,
             call: Some(call),
             attempts,
+            route,
             stats,
             timer: Timer::at(plan.fire_at),
             state: State::Called { fut, span },
@@ -184,6 +192,7 @@ where
             stamps: Arc::clone(&shared.stamps),
             call: None,
             attempts: Attempts::unsent(uri.clone()),
+            route: None,
             stats,
             timer: Timer::at(None),
             state: State::Done {
@@ -216,6 +225,7 @@ where
                         // The layer's timer fired (the call's deadline or the attempt's own
                         // timeout): the attempt is dropped below, which cancels its stream
                         // and tells the server through `RST_STREAM`.
+                        set_key(this.call, this.route);
                         let end = AttemptEnd::TimedOut {
                             replayable: this.attempts.is_replayable(),
                             unsent: false,
@@ -229,6 +239,7 @@ where
                             let _enter = span.enter();
                             ready!(fut.poll(cx))
                         };
+                        set_key(this.call, this.route);
                         match classify(result, this.attempts.is_replayable()) {
                             Outcome::Ok(response) => {
                                 // A trailers-only `OK`: the outcome is known now.
@@ -375,7 +386,10 @@ where
                             return Poll::Ready(end::give_up(this.stats, refusal, *last, false));
                         }
                     };
-                    let request = this.attempts.retry(&plan, this.stamps);
+                    let mut request = this.attempts.retry(&plan, this.stamps);
+                    if let Some(route) = this.route.as_ref() {
+                        request.extensions_mut().insert(route.clone());
+                    }
                     this.timer.as_mut().arm(plan.fire_at);
                     let span =
                         attempt_span(this.attempts.uri(), plan.previous_attempts, reason, delay);
@@ -388,6 +402,14 @@ where
                 }
             }
         }
+    }
+}
+
+/// The attempt that just ended went to the route's latest replica: its budget account pays
+/// for a retry after it, and its success mints into it.
+fn set_key(call: &mut Option<CallRetry>, route: &Option<Route>) {
+    if let (Some(call), Some(route)) = (call.as_mut(), route) {
+        call.set_budget_key(route.last().map(|id| id.get()));
     }
 }
 

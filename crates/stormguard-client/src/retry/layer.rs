@@ -35,6 +35,8 @@ pub(super) struct Shared {
     pub(super) replay_limit: usize,
     pub(super) default_timeout: Option<Duration>,
     pub(super) per_attempt_timeout: Option<Duration>,
+    /// Whether each call carries a [`Route`](crate::replicas::Route) for the channel below.
+    pub(super) over_replicas: bool,
     pub(super) stamps: Arc<super::attempt::Stamps>,
     /// The layer's name, refusal summary and breaker watch.
     pub(super) events: Arc<LayerEvents>,
@@ -90,6 +92,7 @@ impl RetryLayer {
                 replay_limit: DEFAULT_REPLAY_LIMIT,
                 default_timeout: None,
                 per_attempt_timeout: None,
+                over_replicas: false,
                 stamps: Arc::default(),
                 events,
                 #[cfg(feature = "opentelemetry")]
@@ -194,6 +197,27 @@ impl RetryLayer {
         let shared = self.configure();
         let name = Arc::new(LayerName::named(name));
         shared.events = Arc::new(LayerEvents::new(name, &shared.controller));
+        self
+    }
+
+    /// For a layer over [`Replicas`](crate::replicas::Replicas): each call carries a
+    /// [`Route`](crate::replicas::Route) in its attempts' extensions, so that the channel
+    /// sends a retry to a replica the call has not tried, and the layer charges each retry
+    /// to the replica whose attempt failed (its own
+    /// [`KeyedBudgets`](stormguard_core::budget::KeyedBudgets) account, beside the shared
+    /// budget): a failing replica cannot spend the retries the healthy ones earned. Costs
+    /// one allocation per call; over a channel that is not endpoint-aware it changes
+    /// nothing else.
+    ///
+    /// ```
+    /// use stormguard_client::RetryLayer;
+    /// use stormguard_core::config::ClientConfig;
+    ///
+    /// let layer = RetryLayer::from_config(&ClientConfig::standard()).unwrap().over_replicas();
+    /// # let _ = layer;
+    /// ```
+    pub fn over_replicas(mut self) -> Self {
+        self.configure().over_replicas = true;
         self
     }
 
