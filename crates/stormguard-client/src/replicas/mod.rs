@@ -73,6 +73,8 @@
 
 mod discover;
 mod future;
+#[cfg(feature = "opentelemetry")]
+pub mod metrics;
 mod route;
 
 use std::fmt;
