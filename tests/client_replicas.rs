@@ -8,7 +8,8 @@
 //! - a replica whose server is gone (connections refused) costs no call, not even a
 //!   non-idempotent one;
 //! - a replica added while the channel serves starts with a small share (slow start);
-//! - a removed replica gets no more attempts.
+//! - a removed replica gets no more attempts;
+//! - budgets keyed by a function of the request: a failing shard spends its own retries.
 #![allow(clippy::unwrap_used)]
 
 mod client_support;
@@ -267,4 +268,95 @@ async fn a_replica_added_while_serving_starts_small_and_a_removed_one_gets_nothi
         c.reserve(reserve(&format!("removed-{i}"))).await.unwrap();
     }
     assert_eq!(servers[0].seen().len(), before);
+}
+
+/// Answers by shard: every call to shard `bad` fails; a first attempt of every tenth call
+/// to shard `good` fails (its retry succeeds).
+#[derive(Default)]
+struct Shards {
+    good_calls: std::sync::atomic::AtomicU32,
+}
+
+#[tonic::async_trait]
+impl stormguard_demo::Inventory for Shards {
+    async fn reserve(
+        &self,
+        req: tonic::Request<stormguard_demo::ReserveRequest>,
+    ) -> Result<tonic::Response<stormguard_demo::ReserveReply>, tonic::Status> {
+        let shard = req.metadata().get("x-shard").and_then(|v| v.to_str().ok());
+        let retry = req.metadata().contains_key("grpc-previous-rpc-attempts");
+        let fail = match shard {
+            Some("bad") => true,
+            _ if retry => false,
+            _ => {
+                let n = self
+                    .good_calls
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                n % 10 == 0
+            }
+        };
+        if fail {
+            return Err(tonic::Status::unavailable("shard down"));
+        }
+        Ok(tonic::Response::new(
+            stormguard_demo::ReserveReply::default(),
+        ))
+    }
+
+    type WatchStockStream = client_support::LevelStream;
+
+    async fn watch_stock(
+        &self,
+        _req: tonic::Request<stormguard_demo::WatchStockRequest>,
+    ) -> Result<tonic::Response<Self::WatchStockStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+}
+
+#[tokio::test]
+async fn a_failing_shard_spends_its_own_retries_not_the_other_shards() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(tonic::transport::Server::builder().serve_with_incoming(
+        stormguard_demo::InventoryServer::new(Shards::default()),
+        tonic::transport::server::TcpIncoming::from(listener),
+    ));
+    let budget_config = BudgetConfig {
+        min_retries_per_second: 1,
+        retry_ratio: 0.2,
+        ..BudgetConfig::default()
+    };
+    let shared: Arc<dyn Budget> = Arc::new(RetryBudget::new(budget_config.clone()).unwrap());
+    let controller = RetryController::new(MethodTable::uniform(quick_policy()), shared, None, 3)
+        .with_key_budgets(KeyedBudgets::new(budget_config, 16).unwrap());
+    let layer = RetryLayer::new(controller).budget_key(|request| {
+        match request.headers().get("x-shard")?.as_bytes() {
+            b"bad" => Some(1),
+            _ => Some(2),
+        }
+    });
+    let stats = layer.stats();
+    let channel = endpoint(addr).connect().await.unwrap();
+    let mut c = InventoryClient::new(ServiceBuilder::new().layer(layer).service(channel));
+    let mut failed = [0, 0];
+    for i in 0..300 {
+        // One call in three to the bad shard.
+        let shard = if i % 3 == 0 { "bad" } else { "good" };
+        let mut request = tonic::Request::new(reserve(&format!("call-{i}")));
+        request
+            .metadata_mut()
+            .insert("x-shard", shard.parse().unwrap());
+        if c.reserve(request).await.is_err() {
+            failed[usize::from(shard == "good")] += 1;
+        }
+    }
+    let s = stats.snapshot();
+    // The good shard's 20 failures were all retried (and succeeded); the bad shard had its
+    // floor of 10 retries (each failing again, a call giving up after its third attempt),
+    // and its other calls were refused by its own account.
+    assert_eq!(failed, [100, 0], "{s:?}");
+    assert_eq!(s.refused.budget, 0, "{s:?}");
+    assert_eq!(s.retries, 20 + 10, "{s:?}");
+    assert_eq!(s.refused.key_budget + s.refused.attempts, 100, "{s:?}");
+    assert!(s.refused.key_budget >= 90, "{s:?}");
 }

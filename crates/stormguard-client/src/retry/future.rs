@@ -57,6 +57,8 @@ pin_project! {
         attempts: Attempts,
         // The replicas the call used, when the layer is over an endpoint-aware channel.
         route: Option<Route>,
+        // Whether the route's latest replica is the budget key (not the request's own).
+        keyed_by_route: bool,
         stats: CallStats,
         #[pin]
         timer: Timer,
@@ -147,6 +149,9 @@ where
         let plan = call.first_attempt_at(now);
         let retryable = call.is_retryable_method();
         let stamps = Arc::clone(&shared.stamps);
+        if let Some(key) = &shared.budget_key {
+            call.set_budget_key(key(&request));
+        }
         let (attempts, mut request) =
             Attempts::first(request, &plan, retryable, shared.replay_limit, &stamps);
         let route = shared.over_replicas.then(Route::new);
@@ -165,6 +170,7 @@ where
             stamps,
             call: Some(call),
             attempts,
+            keyed_by_route: route.is_some() && shared.budget_key.is_none(),
             route,
             stats,
             timer: Timer::at(plan.fire_at),
@@ -193,6 +199,7 @@ where
             call: None,
             attempts: Attempts::unsent(uri.clone()),
             route: None,
+            keyed_by_route: false,
             stats,
             timer: Timer::at(None),
             state: State::Done {
@@ -225,7 +232,7 @@ where
                         // The layer's timer fired (the call's deadline or the attempt's own
                         // timeout): the attempt is dropped below, which cancels its stream
                         // and tells the server through `RST_STREAM`.
-                        set_key(this.call, this.route);
+                        set_key(this.call, this.route, *this.keyed_by_route);
                         let end = AttemptEnd::TimedOut {
                             replayable: this.attempts.is_replayable(),
                             unsent: false,
@@ -239,7 +246,7 @@ where
                             let _enter = span.enter();
                             ready!(fut.poll(cx))
                         };
-                        set_key(this.call, this.route);
+                        set_key(this.call, this.route, *this.keyed_by_route);
                         match classify(result, this.attempts.is_replayable()) {
                             Outcome::Ok(response) => {
                                 // A trailers-only `OK`: the outcome is known now.
@@ -407,8 +414,8 @@ where
 
 /// The attempt that just ended went to the route's latest replica: its budget account pays
 /// for a retry after it, and its success mints into it.
-fn set_key(call: &mut Option<CallRetry>, route: &Option<Route>) {
-    if let (Some(call), Some(route)) = (call.as_mut(), route) {
+fn set_key(call: &mut Option<CallRetry>, route: &Option<Route>, keyed_by_route: bool) {
+    if let (Some(call), Some(route), true) = (call.as_mut(), route, keyed_by_route) {
         call.set_budget_key(route.last().map(|id| id.get()));
     }
 }
