@@ -407,3 +407,32 @@ async fn a_replica_shutting_down_costs_no_call_not_even_a_non_idempotent_one() {
     assert_eq!(s.refused.not_idempotent, 0, "{s:?}");
     assert!(s.retries >= 1, "the draining replica was tried: {s:?}");
 }
+
+#[tokio::test]
+async fn a_slow_replica_gets_a_small_share() {
+    let slow = Scripted::always(Step::slow(Duration::from_millis(20), Step::Ok));
+    let fast = [Scripted::always(Step::Ok), Scripted::always(Step::Ok)];
+    let mut endpoints = vec![endpoint(serve(slow.clone()).await)];
+    for f in &fast {
+        endpoints.push(endpoint(serve(f.clone()).await));
+    }
+    let replicas = Replicas::from_endpoints(config(7), endpoints).unwrap();
+    let layer = RetryLayer::new(roomy(quick_policy())).over_replicas();
+    let c = client(&replicas, layer);
+    // 300 calls, ten at a time.
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..10 {
+        let mut c = c.clone();
+        tasks.spawn(async move {
+            for i in 0..30 {
+                c.reserve(reserve(&format!("w{w}-{i}"))).await.unwrap();
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    // A uniform pick would give it 100; latency × load gives it a few.
+    let share = slow.seen().len();
+    assert!(share < 30, "the slow replica took {share} of 300 calls");
+}
