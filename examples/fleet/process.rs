@@ -235,7 +235,9 @@ fn read_stdout(
             let line = match line {
                 Ok(line) => line,
                 Err(e) => {
-                    lock(reports).errors.push(format!("replica {index}: stdout: {e}"));
+                    lock(reports)
+                        .errors
+                        .push(format!("replica {index}: stdout: {e}"));
                     break;
                 }
             };
@@ -243,16 +245,18 @@ fn read_stdout(
                 continue;
             }
             match serde_json::from_str::<Batch>(&line) {
-                Ok(batch) => lock(reports).received.extend(batch.attempts.into_iter().map(
-                    |(call, attempt, at_us, latency_us, code)| Received {
-                        replica: index,
-                        call,
-                        attempt,
-                        at_us,
-                        latency_us,
-                        code,
-                    },
-                )),
+                Ok(batch) => lock(reports)
+                    .received
+                    .extend(batch.attempts.into_iter().map(
+                        |(call, attempt, at_us, latency_us, code)| Received {
+                            replica: index,
+                            call,
+                            attempt,
+                            at_us,
+                            latency_us,
+                            code,
+                        },
+                    )),
                 Err(e) => {
                     lock(reports)
                         .errors
@@ -279,7 +283,8 @@ mod tests {
 
     #[test]
     fn a_batch_is_read_strictly() {
-        let ok: Batch = serde_json::from_str(r#"{"attempts":[[7,1,10,20,0]]}"#).unwrap_or_else(|e| panic!("{e}"));
+        let ok: Batch = serde_json::from_str(r#"{"attempts":[[7,1,10,20,0]]}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(ok.attempts, vec![(7, 1, 10, 20, 0)]);
         assert!(serde_json::from_str::<Batch>(r#"{"attempts":[[7,-1,10,20,0]]}"#).is_err());
         assert!(serde_json::from_str::<Batch>(r#"{"attempts":[[7,1,10]]}"#).is_err());

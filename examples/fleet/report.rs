@@ -117,7 +117,11 @@ fn us(d: Duration) -> u64 {
 }
 
 fn share(part: u64, whole: u64) -> f64 {
-    if whole == 0 { 0.0 } else { part as f64 / whole as f64 }
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
 }
 
 fn round(x: f64, places: i32) -> f64 {
@@ -247,12 +251,20 @@ pub(crate) fn summarize(
     let window = bucket_of(timing.fault + Duration::from_secs(2)).min(n);
     let (bad, all) = timeline[window..].iter().fold((0, 0), |(bad, all), b| {
         let reached: u64 = b.replica_attempts.iter().sum();
-        (bad + b.bad_replica_attempts, all + reached + b.connection_failures)
+        (
+            bad + b.bad_replica_attempts,
+            all + reached + b.connection_failures,
+        )
     });
     let window_s = (n - window) as f64 * BUCKET.as_secs_f64();
 
     let reached_before: Vec<u64> = (0..replicas)
-        .map(|r| timeline[..fault_b].iter().map(|b| b.replica_attempts[r]).sum())
+        .map(|r| {
+            timeline[..fault_b]
+                .iter()
+                .map(|b| b.replica_attempts[r])
+                .sum()
+        })
         .collect();
     let total_before: u64 = reached_before.iter().sum();
     let (returning_p99_ms, others_p99_ms) = match (scenario, data.downs.first()) {
@@ -271,7 +283,13 @@ pub(crate) fn summarize(
 
     PolicyReport {
         name,
-        success: round(share(after.iter().filter(|c| c.ok).count() as u64, after.len() as u64), 5),
+        success: round(
+            share(
+                after.iter().filter(|c| c.ok).count() as u64,
+                after.len() as u64,
+            ),
+            5,
+        ),
         attempts_per_call: round(share(attempts_after, after.len() as u64), 3),
         retries_to_tried_replica_share: round(share(to_tried, retries), 4),
         bad_replica_share_after_2s: round(share(bad, all), 4),
@@ -286,7 +304,10 @@ pub(crate) fn summarize(
             .map(|t| round(t.saturating_sub(timing.fault).as_secs_f64(), 2)),
         calls: data.calls.len() as u64,
         success_before_fault: round(
-            share(before.iter().filter(|c| c.ok).count() as u64, before.len() as u64),
+            share(
+                before.iter().filter(|c| c.ok).count() as u64,
+                before.len() as u64,
+            ),
             5,
         ),
         attempts_per_call_before_fault: round(share(attempts_before, before.len() as u64), 3),
@@ -322,7 +343,11 @@ fn returned_share_after_s(
     }
     let replicas = timeline.first()?.replica_attempts.len();
     let mut ok = vec![vec![0u64; replicas]; timeline.len()];
-    for r in data.received.iter().filter(|r| r.code == 0 && r.at_us >= fault_us) {
+    for r in data
+        .received
+        .iter()
+        .filter(|r| r.code == 0 && r.at_us >= fault_us)
+    {
         if let Some(b) = ok.get_mut((r.at_us / us(BUCKET)) as usize) {
             b[r.replica] += 1;
         }
@@ -350,7 +375,10 @@ pub(crate) fn table(report: &FleetReport) -> String {
         out,
         "| scenario | policy | success | before | attempts/call | retries to tried | bad share | bad/s | ejected | back at share | p99 | failed | after 1 s | only healthy |"
     );
-    let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        out,
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     let secs = |s: Option<f64>| s.map_or_else(|| "–".to_owned(), |s| format!("{s:.1} s"));
     for s in &report.scenarios {
         for p in &s.policies {

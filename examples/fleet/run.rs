@@ -212,7 +212,9 @@ pub(crate) async fn run(
     let reports = SharedReports::default();
     let mut fleet = Vec::with_capacity(config.replicas);
     for i in 0..config.replicas {
-        fleet.push(Replica::start(i, 0, replica_seed(config.seed, i), Duration::ZERO, &reports).await?);
+        fleet.push(
+            Replica::start(i, 0, replica_seed(config.seed, i), Duration::ZERO, &reports).await?,
+        );
     }
     let endpoints = fleet
         .iter()
@@ -242,14 +244,25 @@ pub(crate) async fn run(
     if !reports.errors.is_empty() {
         return Err(reports.errors.join("; "));
     }
-    reports.received.retain(|r| r.call != 0 && r.at_us >= start_unix);
+    reports
+        .received
+        .retain(|r| r.call != 0 && r.at_us >= start_unix);
     for r in &mut reports.received {
         r.at_us -= start_unix;
     }
     Ok(RunData {
         calls,
-        attempts: counts.attempts.iter().map(|a| a.load(Ordering::Relaxed)).collect(),
-        refused: std::mem::take(&mut *counts.refused.lock().unwrap_or_else(PoisonError::into_inner)),
+        attempts: counts
+            .attempts
+            .iter()
+            .map(|a| a.load(Ordering::Relaxed))
+            .collect(),
+        refused: std::mem::take(
+            &mut *counts
+                .refused
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        ),
         received: reports.received,
         downs,
         ejected_at: None,
@@ -258,7 +271,8 @@ pub(crate) async fn run(
 }
 
 fn replica_seed(seed: u64, replica: usize) -> u64 {
-    seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(replica as u64)
+    seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(replica as u64)
 }
 
 fn unix_us() -> u64 {
@@ -271,7 +285,10 @@ fn unix_us() -> u64 {
 /// give up must not get the connection closed).
 fn endpoint(port: u16) -> Result<Endpoint, String> {
     Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
-        .map(|e| e.http2_max_local_error_reset_streams(None).tcp_nodelay(true))
+        .map(|e| {
+            e.http2_max_local_error_reset_streams(None)
+                .tcp_nodelay(true)
+        })
         .map_err(|e| e.to_string())
 }
 
@@ -291,13 +308,19 @@ fn caller(
         }
         Policy::Layer => {
             let channel = Channel::balance_list(endpoints.into_iter());
-            let layer = RetryLayer::from_config_seeded(&stormguard_client_config(Some(per_attempt)), config.seed)
-                .map_err(|e| e.to_string())?;
+            let layer = RetryLayer::from_config_seeded(
+                &stormguard_client_config(Some(per_attempt)),
+                config.seed,
+            )
+            .map_err(|e| e.to_string())?;
             let stats = layer.stats();
             let service = tower::ServiceBuilder::new()
                 .layer(layer)
                 .service(Observe::new(channel, counts.clone()));
-            Ok((layered(InventoryClient::new(service), deadline), Some(stats)))
+            Ok((
+                layered(InventoryClient::new(service), deadline),
+                Some(stats),
+            ))
         }
         Policy::Stormguard => Err("stormguard: the endpoint-aware channel is not wired yet".into()),
     }
@@ -468,13 +491,13 @@ async fn fault(
             });
         }
         Scenario::Rolling => {
-            for i in 0..fleet.len() {
+            for (i, replica) in fleet.iter_mut().enumerate() {
                 let gap = timing.rolling_gap.saturating_mul(i as u32);
                 tokio::time::sleep_until(at(timing.fault + gap)).await;
                 let from = start.elapsed();
-                fleet[i].stop().await?;
+                replica.stop().await?;
                 let seed = replica_seed(config.seed, i) + 1;
-                fleet[i] = Replica::start(i, fleet[i].port, seed, Duration::ZERO, reports).await?;
+                *replica = Replica::start(i, replica.port, seed, Duration::ZERO, reports).await?;
                 downs.push(Down {
                     replica: i,
                     from,
@@ -543,7 +566,12 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let call = number::<u64>(request.headers(), CALL_ID).unwrap_or(0);
         let attempt = number::<u32>(request.headers(), GRPC_PREVIOUS_RPC_ATTEMPTS).unwrap_or(0);
-        let sent = self.counts.start.get().filter(|_| call != 0).map(|s| s.elapsed());
+        let sent = self
+            .counts
+            .start
+            .get()
+            .filter(|_| call != 0)
+            .map(|s| s.elapsed());
         if let Some(sent) = sent {
             let bucket = (sent.as_micros() / BUCKET.as_micros()) as usize;
             if let Some(n) = self.counts.attempts.get(bucket) {

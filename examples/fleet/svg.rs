@@ -25,7 +25,11 @@ pub(crate) fn draw(report: &FleetReport, path: &str) -> Result<(), Box<dyn Error
     let root = SVGBackend::new(path, (1200, ROW * rows)).into_drawing_area();
     root.fill(&WHITE)?;
     let per_s = 1.0 / BUCKET.as_secs_f64();
-    for (scenario, row) in report.scenarios.iter().zip(root.split_evenly((rows as usize, 1))) {
+    for (scenario, row) in report
+        .scenarios
+        .iter()
+        .zip(root.split_evenly((rows as usize, 1)))
+    {
         let seconds = scenario
             .policies
             .iter()
@@ -35,10 +39,17 @@ pub(crate) fn draw(report: &FleetReport, path: &str) -> Result<(), Box<dyn Error
             * BUCKET.as_secs_f64();
         let (left, right) = row.split_horizontally(600);
         let panels: [(_, String, Metric); 2] = [
-            (left, format!("{}: calls succeeded per second", scenario.name), |b| b.ok),
+            (
+                left,
+                format!("{}: calls succeeded per second", scenario.name),
+                |b| b.ok,
+            ),
             (
                 right,
-                format!("{}: attempts per second reaching the bad replica", scenario.name),
+                format!(
+                    "{}: attempts per second reaching the bad replica",
+                    scenario.name
+                ),
                 |b| b.bad_replica_attempts,
             ),
         ];
@@ -47,9 +58,13 @@ pub(crate) fn draw(report: &FleetReport, path: &str) -> Result<(), Box<dyn Error
                 .policies
                 .iter()
                 .flat_map(|p| {
-                    p.timeline
-                        .iter()
-                        .map(|b| if panel == 0 { value(b).max(b.offered) } else { value(b) })
+                    p.timeline.iter().map(|b| {
+                        if panel == 0 {
+                            value(b).max(b.offered)
+                        } else {
+                            value(b)
+                        }
+                    })
                 })
                 .max()
                 .unwrap_or(1)
@@ -83,7 +98,10 @@ pub(crate) fn draw(report: &FleetReport, path: &str) -> Result<(), Box<dyn Error
             {
                 chart
                     .draw_series(LineSeries::new(
-                        first.timeline.iter().map(|b| (mid(b), b.offered as f64 * per_s)),
+                        first
+                            .timeline
+                            .iter()
+                            .map(|b| (mid(b), b.offered as f64 * per_s)),
                         BLACK.mix(0.5).stroke_width(1),
                     ))?
                     .label("offered")
@@ -96,7 +114,10 @@ pub(crate) fn draw(report: &FleetReport, path: &str) -> Result<(), Box<dyn Error
                     .map_or(BLACK, |i| COLOURS[i]);
                 chart
                     .draw_series(LineSeries::new(
-                        policy.timeline.iter().map(|b| (mid(b), value(b) as f64 * per_s)),
+                        policy
+                            .timeline
+                            .iter()
+                            .map(|b| (mid(b), value(b) as f64 * per_s)),
                         colour.stroke_width(2),
                     ))?
                     .label(policy.name)
