@@ -231,11 +231,21 @@ pub(crate) async fn run(
     let start = Instant::now();
     let start_unix = unix_us();
     counts.start.get_or_init(|| start);
-    let (calls, downs) = tokio::join!(
-        generate(&caller, config, start, progress),
-        fault(scenario, &mut fleet, config, start, &reports),
-    );
-    let (calls, downs) = (calls?, downs?);
+    // The fault runs in a task of its own: starting, waiting for and killing processes
+    // must not hold up the arrivals. The fleet comes back with it (and is killed with the
+    // task if the run ends early).
+    let driver = {
+        let (config, reports) = (*config, reports.clone());
+        tokio::spawn(async move {
+            let downs = fault(scenario, &mut fleet, &config, start, &reports).await;
+            (fleet, downs)
+        })
+    };
+    let calls = generate(&caller, config, start, progress).await?;
+    let (mut fleet, downs) = driver
+        .await
+        .map_err(|e| format!("the fault's task failed: {e}"))?;
+    let downs = downs?;
     drop(caller);
     for replica in &mut fleet {
         replica.stop().await?;

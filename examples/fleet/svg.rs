@@ -25,11 +25,8 @@ pub(crate) fn draw(report: &FleetReport, path: &str) -> Result<(), Box<dyn Error
     let root = SVGBackend::new(path, (1200, ROW * rows)).into_drawing_area();
     root.fill(&WHITE)?;
     let per_s = 1.0 / BUCKET.as_secs_f64();
-    for (scenario, row) in report
-        .scenarios
-        .iter()
-        .zip(root.split_evenly((rows as usize, 1)))
-    {
+    let areas = root.split_evenly((rows as usize, 1));
+    for (row_index, (scenario, row)) in report.scenarios.iter().zip(areas).enumerate() {
         let seconds = scenario
             .policies
             .iter()
@@ -125,12 +122,15 @@ pub(crate) fn draw(report: &FleetReport, path: &str) -> Result<(), Box<dyn Error
                         PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
                     });
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::LowerLeft)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK.mix(0.3))
-                .draw()?;
+            // One legend, in the first panel, below its lines.
+            if row_index == 0 && panel == 0 {
+                chart
+                    .configure_series_labels()
+                    .position(SeriesLabelPosition::LowerLeft)
+                    .background_style(WHITE.mix(0.85))
+                    .border_style(BLACK.mix(0.3))
+                    .draw()?;
+            }
         }
     }
     root.present()?;
