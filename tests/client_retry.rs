@@ -411,7 +411,17 @@ async fn connection_refused_is_retried_as_unavailable() {
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert_eq!(pushback_of(&status).as_deref(), Some("-1"));
     let s = stats.snapshot();
-    assert_eq!((s.attempts, s.refused.attempts), (3, 1));
+    // Never sent: three transparent retries first (free, uncounted), then the three
+    // attempts the policy allows.
+    assert_eq!(
+        (
+            s.attempts,
+            s.transparent_retries,
+            s.retries,
+            s.refused.attempts
+        ),
+        (6, 3, 2, 1)
+    );
 }
 
 #[tokio::test]
@@ -447,7 +457,9 @@ async fn a_connection_reset_before_headers_is_retried_on_a_new_connection() {
         .await
         .expect("the retry reaches the server");
     assert_eq!(svc.seen().len(), 1, "only the retry reached the handler");
-    assert_eq!(stats.snapshot().retries, 1);
+    // The connection never carried the request: the retry is transparent.
+    let s = stats.snapshot();
+    assert_eq!((s.attempts, s.transparent_retries, s.retries), (2, 1, 0));
 }
 
 #[tokio::test]
@@ -502,7 +514,12 @@ async fn a_non_idempotent_method_is_retried_only_when_the_request_was_never_sent
     assert!(refused.reserve(reserve("b")).await.is_err());
     let s = stats.snapshot();
     assert_eq!(
-        (s.attempts, s.refused.attempts, s.refused.not_idempotent),
-        (3, 1, 0)
+        (
+            s.attempts,
+            s.transparent_retries,
+            s.refused.attempts,
+            s.refused.not_idempotent
+        ),
+        (6, 3, 1, 0)
     );
 }

@@ -240,6 +240,10 @@ async fn exported_values_equal_the_layers_own_counters() {
     assert_eq!(total(m, "stormguard.client.calls", &method), c.logical);
     assert_eq!(total(m, "stormguard.client.attempts", &method), c.attempts);
     assert_eq!(total(m, "stormguard.client.retries", &[]), c.retries);
+    assert_eq!(
+        total(m, "stormguard.client.retries.transparent", &[]),
+        c.transparent_retries
+    );
     assert!(c.attempts > c.logical, "the run retried: {c:?}");
     let ok = total(
         m,

@@ -71,8 +71,13 @@
 //! method's limit from the service config (a cap, as gRPC specifies); the layer's default
 //! applies only when none is set. The layer's own timer also counts the
 //! time an attempt waits in the channel's buffer, which the channel's `grpc-timeout` timer
-//! does not. An attempt answered after its per-attempt timeout with `DEADLINE_EXCEEDED` or
-//! `CANCELLED` (tonic's answer to an expired `grpc-timeout`) counts as timed out too.
+//! does not. An attempt whose `grpc-timeout` was its own per-attempt limit (shorter than
+//! what was left of the call) and that is answered `DEADLINE_EXCEEDED` or `CANCELLED`
+//! (tonic's answer to an expired `grpc-timeout`) counts as timed out too, whenever the answer
+//! comes: a `ShedLayer` answers at once when a queued attempt cannot finish within its
+//! `grpc-timeout`, and that is the attempt timing out early, not a final answer. The same
+//! codes answered to an attempt that carried what was left of the call's own deadline are
+//! the server's answer about the call, and are final.
 //!
 //! # Layer or interceptor?
 //!

@@ -22,6 +22,7 @@
 //! | `stormguard.client.attempts_per_call` | histogram | `{attempt}` | `rpc.service`, `rpc.method` |
 //! | `rpc.client.duration` | histogram | `s` | `rpc.service`, `rpc.method`, `rpc.grpc.status_code` |
 //! | `stormguard.client.retries` | counter | `{retry}` | |
+//! | `stormguard.client.retries.transparent` | counter | `{attempt}` | |
 //! | `stormguard.client.retries.refused` | counter | `{retry}` | `stormguard.refusal.cause` |
 //! | `stormguard.client.retry.delays` | counter | `{retry}` | `stormguard.delay.source` (`backoff`, `pushback`) |
 //! | `stormguard.client.attempt.timeouts` | counter | `{attempt}` | |
@@ -242,12 +243,18 @@ impl ClientMetrics {
         );
         // The layer-wide counters: `read` picks one from a snapshot.
         type Read = fn(&crate::StatsSnapshot) -> u64;
-        let plain: [(&'static str, &'static str, &'static str, Read); 2] = [
+        let plain: [(&'static str, &'static str, &'static str, Read); 3] = [
             (
                 "stormguard.client.retries",
                 "Attempts that were retries",
                 "{retry}",
                 |s| s.retries,
+            ),
+            (
+                "stormguard.client.retries.transparent",
+                "Attempts sent again, for free, because the one before never reached the server's application",
+                "{attempt}",
+                |s| s.transparent_retries,
             ),
             (
                 "stormguard.client.attempt.timeouts",

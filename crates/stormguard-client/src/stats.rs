@@ -60,6 +60,7 @@ struct Counters {
     attempt_timeouts: AtomicU64,
     delayed_by_backoff: AtomicU64,
     delayed_by_pushback: AtomicU64,
+    transparent_retries: AtomicU64,
     refused: [AtomicU64; Refusal::ALL.len()],
 }
 
@@ -87,6 +88,14 @@ impl RetryStats {
         if retry {
             self.shard().retries.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// A transparent retry was sent: an attempt, not a retry (see
+    /// [`StatsSnapshot::transparent_retries`]).
+    pub(crate) fn transparent_retry(&self) {
+        let shard = self.shard();
+        shard.attempts.fetch_add(1, Ordering::Relaxed);
+        shard.transparent_retries.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn outcome(&self, ok: bool) {
@@ -172,6 +181,7 @@ impl RetryStats {
             attempt_timeouts: load(|c| &c.attempt_timeouts),
             delayed_by_backoff: load(|c| &c.delayed_by_backoff),
             delayed_by_pushback: load(|c| &c.delayed_by_pushback),
+            transparent_retries: load(|c| &c.transparent_retries),
             refused: RefusedCounts {
                 not_retryable: r(Refusal::NotRetryable),
                 not_idempotent: r(Refusal::NotIdempotent),
@@ -221,8 +231,10 @@ pub struct StatsSnapshot {
     pub deadline_exceeded: u64,
     /// Attempts abandoned because their per-attempt timeout ran out before the call's
     /// deadline (the layer's own timer, or a timer below it: `Endpoint::timeout`, a
-    /// `tower::timeout` layer). Each is a failure of the dependency; the call went on with a
-    /// retry or ended with `DEADLINE_EXCEEDED`.
+    /// `tower::timeout` layer), or that the server answered `DEADLINE_EXCEEDED` or
+    /// `CANCELLED` when their `grpc-timeout` was that per-attempt limit (a queue that cannot
+    /// run them in time says so early). Each is a failure of the dependency; the call went
+    /// on with a retry or ended with `DEADLINE_EXCEEDED`.
     pub attempt_timeouts: u64,
     /// Retries granted whose delay was the next backoff step (full jitter). A granted retry
     /// that never went out (the deadline ran out or the breaker opened during its delay)
@@ -230,6 +242,12 @@ pub struct StatsSnapshot {
     pub delayed_by_backoff: u64,
     /// Retries granted whose delay was the server's `grpc-retry-pushback-ms`.
     pub delayed_by_pushback: u64,
+    /// Attempts sent again because the one before never reached the server's application
+    /// (a connection that could not be made, a stream HTTP/2 refused: `REFUSED_STREAM`, or
+    /// above a `GOAWAY`'s last stream id), at once and for free: counted in `attempts`, not
+    /// in `retries`; not paid from the budget, not counted against `maxAttempts` (see
+    /// [`CallRetry::on_attempt_end_at`](stormguard_core::retry::CallRetry::on_attempt_end_at)).
+    pub transparent_retries: u64,
     /// Failures that were not retried, by cause. A first attempt rejected by an open
     /// breaker counts under `breaker` too.
     pub refused: RefusedCounts,

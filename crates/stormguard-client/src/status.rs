@@ -10,6 +10,24 @@
 //! - a **transport error** from the inner service (connection refused or reset, stream
 //!   refused), which the layer treats as `UNAVAILABLE` unless the error carries a status.
 //!
+//! Some transport errors prove that the request never reached the server's application,
+//! and so may be retried *transparently* (gRPC A6; see
+//! [`CallRetry::on_attempt_end_at`](stormguard_core::retry::CallRetry::on_attempt_end_at)):
+//! they are read as *unsent* ([`classify_error`]). What tonic 0.14's channel (hyper 1 over
+//! h2) returns for each, found in the error's source chain:
+//!
+//! | what happened | in the chain | unsent |
+//! |---|---|---|
+//! | the connection could not be made | `tonic::ConnectError` | yes |
+//! | the server reset the stream with `REFUSED_STREAM` (RFC 9113 §8.7: not processed) | `h2::Error`, `reason() == REFUSED_STREAM`, from the peer | yes |
+//! | the stream was above the last stream id of the server's `GOAWAY` (RFC 9113 §6.8: not processed), or was opened after it | `h2::Error`, `is_go_away() && is_remote()` | yes |
+//! | hyper never handed the request to the connection (it was closing, or not ready) | `hyper::Error`, `is_canceled()` | yes |
+//! | the connection broke under a stream it had sent (`GOAWAY` received, then closed) | `h2::Error` with an I/O error (`BrokenPipe`) | no: the server may have run it |
+//! | any other reset (`CANCEL`, `INTERNAL_ERROR`, ...) | `h2::Error`, `is_reset()` | no |
+//!
+//! (hyper's "connection closed before message completed" is an HTTP/1 error; a tonic
+//! channel speaks HTTP/2 only.)
+//!
 //! Everything here maps between those wire facts and `stormguard_core` types, in one place.
 
 use http::{HeaderMap, HeaderValue};
@@ -82,7 +100,7 @@ pub fn code_to_tonic(code: Code) -> tonic::Code {
 pub(crate) struct TransportFailure {
     /// The code used for the retry decision.
     pub(crate) code: Code,
-    /// The request never reached the server (the connection could not be made).
+    /// The request never reached the server's application (see the [module docs](self)).
     pub(crate) unsent: bool,
     /// A timer below the layer ended the attempt: tonic's channel (`grpc-timeout`, or
     /// `Endpoint::timeout`) or a `tower::timeout` layer.
@@ -91,7 +109,8 @@ pub(crate) struct TransportFailure {
 
 /// Classifies an error of the inner service: a status found in the error's source chain
 /// keeps its code; a connection that could not be made, or any other transport failure
-/// before response headers, is `UNAVAILABLE`.
+/// before response headers, is `UNAVAILABLE`. It is *unsent* when the chain proves the
+/// request never reached the server's application (the table in the [module docs](self)).
 pub(crate) fn classify_error(err: &(dyn std::error::Error + 'static)) -> TransportFailure {
     let mut unsent = false;
     let mut timed_out = false;
@@ -101,7 +120,11 @@ pub(crate) fn classify_error(err: &(dyn std::error::Error + 'static)) -> Transpo
         if let Some(status) = e.downcast_ref::<Status>() {
             code.get_or_insert(code_from_tonic(status.code()));
         }
-        if e.downcast_ref::<tonic::ConnectError>().is_some() {
+        if e.downcast_ref::<tonic::ConnectError>().is_some()
+            || e.downcast_ref::<h2::Error>().is_some_and(refused_by_h2)
+            || e.downcast_ref::<hyper::Error>()
+                .is_some_and(hyper::Error::is_canceled)
+        {
             unsent = true;
         }
         if e.downcast_ref::<tonic::TimeoutExpired>().is_some()
@@ -116,6 +139,14 @@ pub(crate) fn classify_error(err: &(dyn std::error::Error + 'static)) -> Transpo
         unsent,
         timed_out,
     }
+}
+
+/// Whether an HTTP/2 error proves that the server did not process the stream: a reset
+/// with `REFUSED_STREAM`, or a `GOAWAY` the server sent whose last stream id is below the
+/// stream (h2 gives the streams above it, and every stream opened after it, that error).
+/// Resets and `GOAWAY`s of this end's own making prove nothing.
+fn refused_by_h2(e: &h2::Error) -> bool {
+    e.is_remote() && (e.is_go_away() || e.reason() == Some(h2::Reason::REFUSED_STREAM))
 }
 
 /// The status a caller sees for an inner-service error the layer does not retry.
@@ -252,6 +283,38 @@ mod tests {
         let f = classify_error(&*err);
         assert_eq!(f.code, Code::Unavailable);
         assert!(f.unsent);
+    }
+
+    /// An error whose source is `inner`, as tonic's channel wraps what hyper returns.
+    #[derive(Debug)]
+    struct Wrapped(BoxError);
+
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("transport error")
+        }
+    }
+
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&*self.0)
+        }
+    }
+
+    #[test]
+    fn only_errors_of_the_peers_making_are_read_as_refused_by_h2() {
+        // Outside h2, an `h2::Error` can be built only from a reason (this end's, not the
+        // peer's); the peer's resets and GOAWAYs come from real connections (see
+        // `tests/client_transparent.rs`).
+        let local: BoxError = Box::new(Wrapped(Box::new(h2::Error::from(
+            h2::Reason::REFUSED_STREAM,
+        ))));
+        let f = classify_error(&*local);
+        assert_eq!(f.code, Code::Unavailable);
+        assert!(
+            !f.unsent,
+            "a reason of this end's own making proves nothing"
+        );
     }
 
     #[test]

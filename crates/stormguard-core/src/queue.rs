@@ -392,6 +392,16 @@ impl<T> AdmissionQueue<T> {
         })
     }
 
+    /// Takes out every waiter at `now`, oldest first, reporting each to `sink`: the server
+    /// is shutting down, and none of them will get a worker.
+    pub fn withdraw_all_at(&mut self, now: Instant, mut sink: impl FnMut(Left<T>)) {
+        while let Some((&id, _)) = self.waiting.first_key_value() {
+            if let Some(left) = self.withdraw_at(now, QueuedId(id)) {
+                sink(left);
+            }
+        }
+    }
+
     /// Takes out every waiter whose expiry is at or before `now`, reporting each to
     /// `sink` as [`Dispatch::Expired`], earliest expiry first.
     pub fn expire_due_at(&mut self, now: Instant, mut sink: impl FnMut(Dispatch<T>)) {

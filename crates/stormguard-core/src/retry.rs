@@ -7,7 +7,10 @@
 //!
 //! 1. the caller's deadline has not passed (its own deadline running out is final, whatever
 //!    code the server used: tonic answers an expired `grpc-timeout` with `CANCELLED`);
-//! 2. the method has a retry policy and the status is one of its retryable codes;
+//! 2. the method has a retry policy and the status is one of its retryable codes (an
+//!    attempt that timed out counts as retryable: the layer's timer fired, or the server
+//!    answered `DEADLINE_EXCEEDED`/`CANCELLED` to an attempt whose `grpc-timeout` was its
+//!    own per-attempt limit; see [`CallRetry::on_attempt_end_at`]);
 //! 3. the server did not push back with "do not retry", nor ask for a wait longer than the
 //!    policy's `max_pushback`;
 //! 4. the method is idempotent, or the request never reached the server;
@@ -23,6 +26,12 @@
 //!
 //! The delay is the server's pushback when it sent one (exactly, and the backoff restarts),
 //! else the next backoff step.
+//!
+//! An attempt that never reached the server's application (a connection that could not be
+//! made, a stream HTTP/2 refused with `REFUSED_STREAM` or above a `GOAWAY`'s last stream
+//! id) is not a failure of the dependency: it is retried *transparently*, as gRPC A6 does,
+//! at once and for free (no budget, no attempt counted, no breaker outcome), at most
+//! [`TRANSPARENT_RETRIES`] times per call; see [`CallRetry::on_attempt_end_at`].
 //!
 //! ```
 //! use std::{sync::Arc, time::Duration};
@@ -151,8 +160,12 @@ pub struct Failure {
     pub pushback: Option<Pushback>,
     /// Whether the request can be sent again (its body was buffered).
     pub replayable: bool,
-    /// Whether the request provably never reached the server (the connection failed), so
-    /// that even a non-idempotent method may be retried.
+    /// Whether the request provably never reached the server's application: the connection
+    /// could not be made, HTTP/2 refused the stream (`REFUSED_STREAM`, or a stream above a
+    /// `GOAWAY`'s last stream id), or the request was never handed to a connection. Even a
+    /// non-idempotent method may then be retried, and the retry is
+    /// [transparent](CallRetry::on_attempt_end_at) while the call has transparent retries
+    /// left.
     pub unsent: bool,
 }
 
@@ -215,6 +228,13 @@ pub struct Verdict {
     /// Whether the attempt ran out of its per-attempt timeout (then it was recorded as a
     /// failure of the dependency, and a give-up answers `DEADLINE_EXCEEDED`).
     pub attempt_timed_out: bool,
+    /// Whether the retry granted is transparent: the attempt never reached the server's
+    /// application ([`Failure::unsent`]), so its retry is free. It is not paid from the
+    /// budget, not counted against `maxAttempts` nor in `grpc-previous-rpc-attempts` (the
+    /// plan [`start_retry_at`](CallRetry::start_retry_at) makes carries the same number as the
+    /// attempt it replaces), not a failure for the breaker, and sent without a delay. Only
+    /// with [`Decision::Retry`].
+    pub transparent: bool,
 }
 
 /// What the attempt about to be sent carries and when it must end: from
@@ -232,6 +252,10 @@ pub struct AttemptPlan {
     /// before the call's): `grpc_timeout` is then exactly this, the same for every such
     /// attempt of the method, so a layer may encode it once.
     pub attempt_limit: Option<Duration>,
+    /// Whether this attempt is a transparent retry (see [`Verdict::transparent`]): it
+    /// replaces an attempt that never reached the server's application, and carries the same
+    /// `previous_attempts`. A layer counts it apart from the retries it paid for.
+    pub transparent: bool,
 }
 
 /// The retry policy of one dependency: its method table, one budget and one optional
@@ -392,6 +416,8 @@ impl RetryController {
             permit,
             granted: None,
             spent_allowance: false,
+            pending_transparent: false,
+            transparent_retries: 0,
         })
     }
 
@@ -420,6 +446,10 @@ pub struct CallRetry {
     granted: Option<Instant>,
     /// Whether that retry spent one of the request's allowance (given back with it).
     spent_allowance: bool,
+    /// Whether the retry granted and not started yet is transparent (free).
+    pending_transparent: bool,
+    /// Transparent retries this call has made (see [`TRANSPARENT_RETRIES`]).
+    transparent_retries: u32,
 }
 
 impl Drop for CallRetry {
@@ -494,11 +524,12 @@ impl CallRetry {
 
     /// The first attempt is about to be sent at `now`: what it carries and when it must end.
     pub fn first_attempt_at(&mut self, now: Instant) -> AttemptPlan {
-        self.plan_at(now)
+        self.plan_at(now, false)
     }
 
-    /// The limits of an attempt sent at `now`; records its own deadline.
-    fn plan_at(&mut self, now: Instant) -> AttemptPlan {
+    /// The limits of an attempt sent at `now` (`transparent`: a transparent retry); records
+    /// its own deadline.
+    fn plan_at(&mut self, now: Instant, transparent: bool) -> AttemptPlan {
         // Saturates: an absurd timeout means "no practical limit", not a panic.
         let own = self
             .attempt_timeout
@@ -511,9 +542,10 @@ impl CallRetry {
         let fire_at = self.attempt_deadline.or(self.deadline);
         // The first attempt of a call whose deadline is the caller's own header keeps that
         // header (it was encoded a moment ago): no second encoding. Every other attempt
-        // with a limit says what is left of it.
-        let keep =
-            self.previous_attempts == 0 && self.caller_header && self.attempt_deadline.is_none();
+        // with a limit says what is left of it, a transparent retry of the first attempt
+        // too (its request is rebuilt without the header).
+        let first = self.previous_attempts == 0 && !transparent;
+        let keep = first && self.caller_header && self.attempt_deadline.is_none();
         AttemptPlan {
             previous_attempts: self.previous_attempts,
             grpc_timeout: fire_at
@@ -521,6 +553,7 @@ impl CallRetry {
                 .map(|at| at.saturating_duration_since(now)),
             fire_at,
             attempt_limit: self.attempt_deadline.and(self.attempt_timeout),
+            transparent,
         }
     }
 
@@ -533,13 +566,30 @@ impl CallRetry {
     ///    [`Decision::Expired`]. The caller's deadline says nothing about the dependency (a
     ///    batch job with 5 ms deadlines on a 10 ms method must not open the breaker every
     ///    other caller shares), so only an answer that is not itself an expiry is recorded;
-    /// 2. a timer that ended the attempt before that, or an expiry answer
-    ///    (`DEADLINE_EXCEEDED`, or `CANCELLED`, tonic's answer to an expired `grpc-timeout`)
-    ///    read at or after the attempt's own deadline, is the attempt timing out: a failure
-    ///    of the dependency (the breaker counts it, an A6 throttle takes a token), retried
-    ///    whatever the method's retryable codes, under every other rule;
-    /// 3. any other answer is a failure: recorded, then retried only if every rule of the
-    ///    [module docs](self) holds.
+    /// 2. a timer that ended the attempt before that is the attempt timing out; so is an
+    ///    expiry answer (`DEADLINE_EXCEEDED`, or `CANCELLED`, tonic's answer to an expired
+    ///    `grpc-timeout`) to an attempt whose `grpc-timeout` was its own per-attempt limit
+    ///    (the plan's [`attempt_limit`](AttemptPlan::attempt_limit): its own deadline came
+    ///    before the call's), whenever it arrives. A server that answers early because the
+    ///    attempt cannot finish within that limit (a `ShedLayer` answers a queued call at
+    ///    once when its wait would outlast it) has only said sooner what the layer's timer
+    ///    would have said later. The attempt timing out is a failure of the dependency (the
+    ///    breaker counts it, an A6 throttle takes a token), retried whatever the method's
+    ///    retryable codes, under every other rule. An expiry answer to an attempt that
+    ///    carried what was left of the call's own deadline (or no limit at all) is about the
+    ///    call, not the attempt, and stays a plain answer (final unless the method retries
+    ///    its code);
+    /// 3. a failure that never reached the server's application ([`Failure::unsent`]: a
+    ///    connection that could not be made, a stream HTTP/2 refused) is retried
+    ///    *transparently*, as gRPC A6 retries such attempts, while the call has made fewer
+    ///    than [`TRANSPARENT_RETRIES`] of them: at once (no backoff), not paid from the
+    ///    budget or the request's allowance, not counted against `maxAttempts` nor in
+    ///    `grpc-previous-rpc-attempts`, for a non-idempotent method too, and recorded nowhere
+    ///    (the breaker permit is released without an outcome). It still needs a replayable
+    ///    request, room on the call's deadline for a useful attempt, no pushback saying
+    ///    otherwise, and a breaker that is not open ([`Verdict::transparent`] says so);
+    /// 4. any other answer (an unsent failure past the bound included) is a failure:
+    ///    recorded, then retried only if every rule of the [module docs](self) holds.
     pub fn on_attempt_end_at(&mut self, end: AttemptEnd, now: Instant) -> Verdict {
         if self.deadline.is_some_and(|d| now >= d) {
             let answer = match &end {
@@ -550,6 +600,16 @@ impl CallRetry {
             return Verdict {
                 decision: Decision::Expired,
                 attempt_timed_out: false,
+                transparent: false,
+            };
+        }
+        if let AttemptEnd::Failed(f) = &end
+            && let Some(decision) = self.transparent_retry_at(f, now)
+        {
+            return Verdict {
+                decision,
+                attempt_timed_out: false,
+                transparent: matches!(decision, Decision::Retry { .. }),
             };
         }
         let (failure, timed_out) = match end {
@@ -563,9 +623,11 @@ impl CallRetry {
                 true,
             ),
             AttemptEnd::Failed(f) => {
-                let attempt_expired = self.attempt_deadline.is_some_and(|a| now >= a);
+                // Set exactly when the attempt's own limit, not the call's deadline, was what
+                // its `grpc-timeout` carried (see `plan_at`).
+                let own_limit = self.attempt_deadline.is_some();
                 let expiry = matches!(f.code, Code::DeadlineExceeded | Code::Cancelled);
-                (f, attempt_expired && expiry)
+                (f, own_limit && expiry)
             }
         };
         let decision = if timed_out {
@@ -576,7 +638,49 @@ impl CallRetry {
         Verdict {
             decision,
             attempt_timed_out: timed_out,
+            transparent: false,
         }
+    }
+
+    /// The transparent retry of `failure`, when it is one (see
+    /// [`on_attempt_end_at`](Self::on_attempt_end_at), step 3): `None` when the failure may
+    /// have reached the application or the call has used its transparent retries, and it
+    /// goes the ordinary way.
+    fn transparent_retry_at(&mut self, failure: &Failure, now: Instant) -> Option<Decision> {
+        if !failure.unsent || self.transparent_retries >= TRANSPARENT_RETRIES {
+            return None;
+        }
+        let policy = self.policy.as_ref()?;
+        // Recorded nowhere: the dependency's application never saw the attempt.
+        drop(self.permit.take());
+        let refusal = if matches!(failure.pushback, Some(Pushback::DoNotRetry)) {
+            Some(Refusal::Pushback)
+        } else if !failure.replayable {
+            Some(Refusal::ReplayLimit)
+        } else if self
+            .deadline
+            .is_some_and(|d| policy.min_attempt_time >= d.saturating_duration_since(now))
+        {
+            Some(Refusal::Deadline)
+        } else if self
+            .shared
+            .breaker
+            .as_ref()
+            .is_some_and(|b| matches!(b.state_at(now), BreakerState::Open { .. }))
+        {
+            Some(Refusal::Breaker)
+        } else {
+            None
+        };
+        Some(match refusal {
+            Some(refusal) => Decision::GiveUp(refusal),
+            None => {
+                self.pending_transparent = true;
+                Decision::Retry {
+                    delay: Duration::ZERO,
+                }
+            }
+        })
     }
 
     /// The attempt ran out of its per-attempt timeout before the call's deadline: a
@@ -741,7 +845,10 @@ impl CallRetry {
     /// deadline passed; the budget then gets the retry back, as it does when the call is
     /// dropped before the retry starts.
     pub fn start_retry_at(&mut self, now: Instant) -> Result<AttemptPlan, Refusal> {
-        let started = self.try_start_retry_at(now).map(|()| self.plan_at(now));
+        let transparent = std::mem::take(&mut self.pending_transparent);
+        let started = self
+            .try_start_retry_at(now, transparent)
+            .map(|()| self.plan_at(now, transparent));
         if let Some(at) = self.granted.take()
             && started.is_err()
         {
@@ -759,17 +866,42 @@ impl CallRetry {
         }
     }
 
-    fn try_start_retry_at(&mut self, now: Instant) -> Result<(), Refusal> {
+    fn try_start_retry_at(&mut self, now: Instant, transparent: bool) -> Result<(), Refusal> {
         if self.deadline.is_some_and(|d| now >= d) {
             return Err(Refusal::Deadline);
         }
         if let Some(breaker) = &self.shared.breaker {
             self.permit = Some(breaker.acquire_at(now).map_err(|_| Refusal::Breaker)?);
         }
-        self.previous_attempts = self.previous_attempts.saturating_add(1);
+        if transparent {
+            // The attempt it replaces never reached the application: same number.
+            self.transparent_retries = self.transparent_retries.saturating_add(1);
+        } else {
+            self.previous_attempts = self.previous_attempts.saturating_add(1);
+        }
         Ok(())
     }
+
+    /// Transparent retries this call has made (each replaced an attempt that never reached
+    /// the server's application; see [`on_attempt_end_at`](Self::on_attempt_end_at)).
+    pub fn transparent_retries(&self) -> u32 {
+        self.transparent_retries
+    }
 }
+
+/// How many transparent retries one logical call may make (see
+/// [`CallRetry::on_attempt_end_at`], step 3); past them an unsent failure is an ordinary
+/// failure: recorded, paid from the budget, counted against `maxAttempts`.
+///
+/// Why a bound, and why 3: gRPC A6 retries an attempt that never left the client without
+/// limit, but against a single server whose process is gone every connection attempt
+/// fails at once, and an unbounded free retry would be a hot loop until the deadline. A
+/// rolling restart or a graceful `GOAWAY` refuses a call once or twice (the connection that
+/// closed, then perhaps a replica that is also draining); three free retries cover that,
+/// and against a dead server a call costs at most three extra immediate attempts before the
+/// budget, the backoff and the attempt limit take over, as for any failure. A failure that
+/// is not unsent does not use them up.
+pub const TRANSPARENT_RETRIES: u32 = 3;
 
 /// An answer that says the server is overloaded or out of time: never a sign of health.
 fn is_overload(code: Code, pushback: Option<Pushback>) -> bool {
@@ -1019,6 +1151,146 @@ mod tests {
             call.on_failure_at(&unsent, now),
             Decision::Retry { .. }
         ));
+    }
+
+    fn refused_stream() -> Failure {
+        Failure {
+            unsent: true,
+            ..unavailable()
+        }
+    }
+
+    #[test]
+    fn an_unsent_attempt_is_retried_transparently_for_free_a_bounded_number_of_times() {
+        // A budget that grants nothing and a breaker that opens on two failures of two: a
+        // transparent retry needs neither, and records nothing in either.
+        let dry = budget(0, 0.001);
+        let breaker = CircuitBreaker::new(
+            BreakerConfig {
+                min_requests: 2,
+                failure_rate: 0.5,
+                ..BreakerConfig::default()
+            },
+            3,
+        )
+        .unwrap();
+        let policy = RetryPolicy {
+            idempotent: false,
+            max_attempts: 2,
+            ..retried()
+        };
+        let c = RetryController::new(
+            MethodTable::uniform(policy),
+            Arc::clone(&dry),
+            Some(breaker),
+            1,
+        );
+        let t0 = Instant::now();
+        let mut call = c.begin_call_at(PATH, &times(Some(300), None), t0).unwrap();
+        call.first_attempt_at(t0);
+        for n in 1..=TRANSPARENT_RETRIES {
+            let verdict = call.on_attempt_end_at(AttemptEnd::Failed(refused_stream()), t0);
+            assert_eq!(
+                verdict,
+                Verdict {
+                    decision: Decision::Retry {
+                        delay: Duration::ZERO
+                    },
+                    attempt_timed_out: false,
+                    transparent: true,
+                },
+                "transparent retry {n}"
+            );
+            let plan = call.start_retry_at(t0).unwrap();
+            assert!(plan.transparent);
+            assert_eq!(plan.previous_attempts, 0, "not counted as an attempt");
+            assert_eq!(call.transparent_retries(), n);
+        }
+        assert_eq!(dry.balance_at(t0), 0.0, "nothing was withdrawn");
+        assert_eq!(
+            c.breaker().unwrap().state_at(t0),
+            BreakerState::Closed,
+            "no failure was recorded"
+        );
+        // Past the bound an unsent failure is an ordinary one: paid from the budget (here
+        // dry), and recorded.
+        assert_eq!(
+            call.on_attempt_end_at(AttemptEnd::Failed(refused_stream()), t0),
+            Verdict {
+                decision: Decision::GiveUp(Refusal::Budget),
+                attempt_timed_out: false,
+                transparent: false,
+            }
+        );
+    }
+
+    #[test]
+    fn transparent_retries_leave_the_attempt_limit_to_real_attempts_and_keep_to_the_deadline() {
+        let c = controller(
+            RetryPolicy {
+                max_attempts: 2,
+                ..retried()
+            },
+            budget(5, 0.1),
+        );
+        let t0 = Instant::now();
+        let mut call = c.begin_call_at(PATH, &times(Some(300), None), t0).unwrap();
+        call.first_attempt_at(t0);
+        let verdict = call.on_attempt_end_at(AttemptEnd::Failed(refused_stream()), t0);
+        assert!(verdict.transparent);
+        call.start_retry_at(t0).unwrap();
+        // The refused attempt did not count: an ordinary failure still has its retry.
+        let verdict = call.on_attempt_end_at(AttemptEnd::Failed(unavailable()), t0 + ms(1));
+        assert!(!verdict.transparent);
+        let Decision::Retry { delay } = verdict.decision else {
+            panic!("refused: {verdict:?}");
+        };
+        let plan = call.start_retry_at(t0 + ms(1) + delay).unwrap();
+        assert_eq!((plan.previous_attempts, plan.transparent), (1, false));
+        // A transparent retry after it keeps that number, and the limit holds for the next
+        // ordinary failure.
+        let now = t0 + ms(10);
+        assert!(
+            call.on_attempt_end_at(AttemptEnd::Failed(refused_stream()), now)
+                .transparent
+        );
+        assert_eq!(call.start_retry_at(now).unwrap().previous_attempts, 1);
+        assert_eq!(
+            call.on_attempt_end_at(AttemptEnd::Failed(unavailable()), now)
+                .decision,
+            Decision::GiveUp(Refusal::Attempts)
+        );
+        // The first attempt kept the caller's own `grpc-timeout`; its transparent retry is
+        // a new request and says what is left.
+        let mut call = c.begin_call_at(PATH, &times(Some(300), None), t0).unwrap();
+        assert_eq!(call.first_attempt_at(t0).grpc_timeout, None);
+        call.on_attempt_end_at(AttemptEnd::Failed(refused_stream()), t0 + ms(5));
+        let plan = call.start_retry_at(t0 + ms(5)).unwrap();
+        assert_eq!(
+            (plan.previous_attempts, plan.grpc_timeout),
+            (0, Some(ms(295)))
+        );
+        // Too close to the deadline for a useful attempt: no transparent retry either.
+        let mut call = c.begin_call_at(PATH, &times(Some(300), None), t0).unwrap();
+        call.first_attempt_at(t0);
+        let late = t0 + ms(296);
+        assert_eq!(
+            call.on_attempt_end_at(AttemptEnd::Failed(refused_stream()), late)
+                .decision,
+            Decision::GiveUp(Refusal::Deadline)
+        );
+        // Nor without a copy of the request.
+        let mut call = c.begin_call_at(PATH, &times(Some(300), None), t0).unwrap();
+        call.first_attempt_at(t0);
+        let unbuffered = Failure {
+            replayable: false,
+            ..refused_stream()
+        };
+        assert_eq!(
+            call.on_attempt_end_at(AttemptEnd::Failed(unbuffered), t0)
+                .decision,
+            Decision::GiveUp(Refusal::ReplayLimit)
+        );
     }
 
     #[test]
@@ -1633,7 +1905,8 @@ mod tests {
             call.on_attempt_end_at(late, t0 + ms(100)),
             Verdict {
                 decision: Decision::Expired,
-                attempt_timed_out: false
+                attempt_timed_out: false,
+                transparent: false
             }
         );
         let mut call = c.begin_call_at(PATH, &times(Some(100), None), t0).unwrap();
@@ -1646,6 +1919,86 @@ mod tests {
             call.on_attempt_end_at(timer, t0 + ms(100)).decision,
             Decision::Expired
         );
+    }
+
+    #[test]
+    fn an_early_expiry_answer_to_an_attempt_limited_by_its_own_timeout_is_that_attempt_timing_out()
+    {
+        // A server that cannot finish the attempt within its 50 ms `grpc-timeout` says so at
+        // once (10 ms in): the attempt timed out, and with 290 ms left the call retries,
+        // although DEADLINE_EXCEEDED is not among the method's retryable codes.
+        let throttle: Arc<dyn Budget> = Arc::new(
+            A6Throttle::new(ThrottleConfig {
+                max_tokens: 10.0,
+                token_ratio: 0.1,
+            })
+            .unwrap(),
+        );
+        let c = controller(retried(), Arc::clone(&throttle));
+        let t0 = Instant::now();
+        let mut call = c
+            .begin_call_at(PATH, &times(Some(300), Some(50)), t0)
+            .unwrap();
+        let first = call.first_attempt_at(t0);
+        assert_eq!(first.attempt_limit, Some(ms(50)), "the attempt's own limit");
+        for code in [Code::DeadlineExceeded, Code::Cancelled] {
+            let early = AttemptEnd::Failed(Failure::status(code));
+            let verdict = call.on_attempt_end_at(early, t0 + ms(10));
+            assert!(verdict.attempt_timed_out, "{code:?}");
+            let Decision::Retry { delay } = verdict.decision else {
+                panic!("{code:?} not retried: {verdict:?}");
+            };
+            let retry = call.start_retry_at(t0 + ms(10) + delay).unwrap();
+            assert_eq!(retry.attempt_limit, Some(ms(50)));
+        }
+        // Each was paid like a timeout: an A6 throttle took a token for each (5 above the
+        // threshold when full).
+        assert!((throttle.balance_at(t0) - 3.0).abs() < 1e-9);
+        // Not idempotent: the attempt may have done the work, as with the layer's timer.
+        let c = controller(
+            RetryPolicy {
+                idempotent: false,
+                ..retried()
+            },
+            budget(5, 0.1),
+        );
+        let mut call = c
+            .begin_call_at(PATH, &times(Some(300), Some(50)), t0)
+            .unwrap();
+        call.first_attempt_at(t0);
+        let early = AttemptEnd::Failed(Failure::status(Code::DeadlineExceeded));
+        assert_eq!(
+            call.on_attempt_end_at(early, t0 + ms(10)),
+            Verdict {
+                decision: Decision::GiveUp(Refusal::NotIdempotent),
+                attempt_timed_out: true,
+                transparent: false,
+            }
+        );
+    }
+
+    #[test]
+    fn an_early_expiry_answer_for_the_calls_own_deadline_stays_final() {
+        let c = controller(retried(), budget(5, 0.1));
+        let t0 = Instant::now();
+        let final_answer = Verdict {
+            decision: Decision::GiveUp(Refusal::NotRetryable),
+            attempt_timed_out: false,
+            transparent: false,
+        };
+        // No per-attempt timeout: the `grpc-timeout` was the call's deadline.
+        let mut call = c.begin_call_at(PATH, &times(Some(300), None), t0).unwrap();
+        assert_eq!(call.first_attempt_at(t0).attempt_limit, None);
+        let early = AttemptEnd::Failed(Failure::status(Code::DeadlineExceeded));
+        assert_eq!(call.on_attempt_end_at(early, t0 + ms(10)), final_answer);
+        // A per-attempt timeout longer than what is left of the call: the attempt carried
+        // the call's own deadline, and an answer about it is final.
+        let mut call = c
+            .begin_call_at(PATH, &times(Some(40), Some(50)), t0)
+            .unwrap();
+        assert_eq!(call.first_attempt_at(t0).attempt_limit, None);
+        let early = AttemptEnd::Failed(Failure::status(Code::Cancelled));
+        assert_eq!(call.on_attempt_end_at(early, t0 + ms(10)), final_answer);
     }
 
     #[test]
@@ -1662,17 +2015,18 @@ mod tests {
         let verdict = call.on_attempt_end_at(cancelled, t0 + ms(50));
         assert!(verdict.attempt_timed_out);
         assert!(matches!(verdict.decision, Decision::Retry { .. }));
-        // The same answer before the attempt's deadline is the server's own answer.
+        // Any other code before the attempt's deadline is the server's own answer.
         let mut call = c
             .begin_call_at(PATH, &times(Some(300), Some(50)), t0)
             .unwrap();
         call.first_attempt_at(t0);
-        let early = AttemptEnd::Failed(Failure::status(Code::DeadlineExceeded));
+        let early = AttemptEnd::Failed(Failure::status(Code::Internal));
         assert_eq!(
             call.on_attempt_end_at(early, t0 + ms(49)),
             Verdict {
                 decision: Decision::GiveUp(Refusal::NotRetryable),
-                attempt_timed_out: false
+                attempt_timed_out: false,
+                transparent: false
             }
         );
     }

@@ -24,6 +24,7 @@ pub(crate) struct Counters {
     shed_displaced: AtomicU64,
     expired: AtomicU64,
     cancelled_queued: AtomicU64,
+    shutting_down: AtomicU64,
     dequeued: AtomicU64,
     time_queued_us: AtomicU64,
     max_time_queued_us: AtomicU64,
@@ -86,6 +87,11 @@ impl Counters {
     /// A queued call's caller went away.
     pub(crate) fn record_cancelled_queued(&self) {
         bump(&self.cancelled_queued);
+    }
+
+    /// A queued or arriving call was answered because the server is shutting down.
+    pub(crate) fn record_shutting_down(&self) {
+        bump(&self.shutting_down);
     }
 
     /// A call of `class` was shed for `reason` on arrival.
@@ -158,6 +164,7 @@ impl Counters {
             shed_displaced: get(&self.shed_displaced),
             expired: get(&self.expired),
             cancelled_queued: get(&self.cancelled_queued),
+            shutting_down: get(&self.shutting_down),
             queue_depth: self.depth(),
             in_flight: self.in_flight.load(Ordering::Relaxed),
             dequeued: get(&self.dequeued),
@@ -226,6 +233,10 @@ pub struct StatsSnapshot {
     pub expired: u64,
     /// Calls whose caller went away (cancelled, timed out, reset) while queued.
     pub cancelled_queued: u64,
+    /// Calls answered `UNAVAILABLE` because the server was shutting down (see
+    /// [`ShutdownHandle`](crate::shed::ShutdownHandle)): the ones queued when it began,
+    /// and every call that arrived after.
+    pub shutting_down: u64,
     /// Calls waiting for a worker now.
     pub queue_depth: usize,
     /// Calls holding a worker now (running, or streaming their response).

@@ -83,7 +83,11 @@ impl SimCall {
         &self.retry
     }
 
-    /// The attempt in flight was answered at `now`: `None` for `OK`, else the failure.
+    /// The attempt in flight was answered at `now`: `None` for `OK`, else the failure. A
+    /// failure that never reached the server's application ([`Failure::unsent`]: a refused
+    /// connection or stream) is retried transparently, as the layer retries it: a
+    /// [`Step::Wait`] of zero, then a [`Step::Send`] whose plan is
+    /// [`transparent`](AttemptPlan::transparent) and keeps its attempt number.
     pub fn answered_at(&mut self, failure: Option<Failure>, now: Instant) -> Step {
         match failure {
             None => {

@@ -282,11 +282,13 @@ where
                                 delay_ms = delay.as_millis() as u64,
                                 "stormguard: retrying"
                             );
-                            this.stats.delayed(matches!(
-                                end,
-                                AttemptEnd::Failed(f)
-                                    if matches!(f.pushback, Some(Pushback::RetryAfter(_)))
-                            ));
+                            if !verdict.transparent {
+                                this.stats.delayed(matches!(
+                                    end,
+                                    AttemptEnd::Failed(f)
+                                        if matches!(f.pushback, Some(Pushback::RetryAfter(_)))
+                                ));
+                            }
                             // The delay runs on the layer's timer (a granted delay ends
                             // before the call's deadline).
                             let until = Deadline::after_at(now, delay).instant();
@@ -296,6 +298,8 @@ where
                                 last: Box::new(last),
                                 reason: if timed_out {
                                     "per_attempt_timeout"
+                                } else if verdict.transparent {
+                                    "transparent"
                                 } else {
                                     code.name()
                                 },
@@ -375,7 +379,7 @@ where
                     this.timer.as_mut().arm(plan.fire_at);
                     let span =
                         attempt_span(this.attempts.uri(), plan.previous_attempts, reason, delay);
-                    this.stats.attempt(true);
+                    this.stats.retry_attempt(&plan);
                     let fut = {
                         let _enter = span.enter();
                         svc.call(request)

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use stormguard_core::code::Code;
+use stormguard_core::retry::AttemptPlan;
 
 use super::events::LayerEvents;
 use super::layer::Shared;
@@ -75,6 +76,16 @@ impl CallStats {
     pub(crate) fn attempt(&mut self, retry: bool) {
         self.layer.attempt(retry);
         self.metrics.attempt();
+    }
+
+    /// A retry is sent as `plan` says: a paid retry, or a transparent one.
+    pub(crate) fn retry_attempt(&mut self, plan: &AttemptPlan) {
+        if plan.transparent {
+            self.layer.transparent_retry();
+            self.metrics.attempt();
+        } else {
+            self.attempt(true);
+        }
     }
 
     /// The call ended with `code` (counted once by method and code).

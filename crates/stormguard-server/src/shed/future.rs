@@ -151,6 +151,12 @@ where
                             state.set(State::Answered { response: None });
                             return Poll::Ready(Ok(with_empty_body(response::expired())));
                         }
+                        Turn::Closing => {
+                            // As when expired, dropping the queued state discards the unread
+                            // request body.
+                            state.set(State::Answered { response: None });
+                            return Poll::Ready(Ok(with_empty_body(response::shutting_down())));
+                        }
                         Turn::Shed(shed) => {
                             // Gave its place up in a full queue; as when expired, dropping
                             // the queued state discards the unread request body.

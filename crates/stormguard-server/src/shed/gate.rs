@@ -17,8 +17,11 @@
 //! waiter list, hands a freed worker directly to the chosen waiter, and wakes it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Waker;
+
+use tokio::sync::Notify;
 
 use stormguard_core::Instant;
 use stormguard_core::admission::{AdmissionPolicy, CallClass, Shed};
@@ -34,6 +37,10 @@ pub(crate) struct Gate {
     state: Mutex<State>,
     counters: Counters,
     shed_code: Code,
+    /// Whether the server is shutting down (set once, under the lock, never cleared).
+    closing: AtomicBool,
+    /// Wakes the futures of [`ShutdownHandle::begun`](super::ShutdownHandle::begun).
+    closed: Notify,
 }
 
 #[derive(Debug)]
@@ -43,6 +50,8 @@ struct State {
     /// Calls taken out of the queue whose future has not yet seen the outcome.
     /// At most `workers` granted plus the expired ones; every entry was a waiter.
     decided: HashMap<QueuedId, Outcome>,
+    /// The server is shutting down: no call enters, none waits.
+    closing: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +60,8 @@ enum Outcome {
     Expired,
     /// A call of a higher rank took its place in a full queue.
     Shed(Shed),
+    /// The server began shutting down while it waited.
+    Closing,
 }
 
 /// How an arriving call enters the gate.
@@ -64,6 +75,8 @@ pub(crate) enum Entry {
     Shed(Shed),
     /// Its deadline is too close to be worth queuing: answer `DEADLINE_EXCEEDED` now.
     Expired,
+    /// The server is shutting down: answer `UNAVAILABLE` with a pushback now.
+    Closing,
 }
 
 /// A queued call's turn.
@@ -77,6 +90,8 @@ pub(crate) enum Turn {
     Expired,
     /// Gave its place to a call of a higher rank: answer with the shed status.
     Shed(Shed),
+    /// The server began shutting down: answer `UNAVAILABLE` with a pushback.
+    Closing,
 }
 
 impl State {
@@ -88,7 +103,7 @@ impl State {
         counters: &Counters,
         op: impl FnOnce(&mut AdmissionQueue<Option<Waker>>, &mut dyn FnMut(Dispatch<Option<Waker>>)),
     ) {
-        let State { core, decided } = self;
+        let State { core, decided, .. } = self;
         let mut sink = |dispatch: Dispatch<Option<Waker>>| {
             let (left, outcome) = match dispatch {
                 Dispatch::Run(left) => (left, Outcome::Granted),
@@ -127,9 +142,12 @@ impl Gate {
             state: Mutex::new(State {
                 core,
                 decided: HashMap::new(),
+                closing: false,
             }),
             counters,
             shed_code,
+            closing: AtomicBool::new(false),
+            closed: Notify::new(),
         }
     }
 
@@ -157,9 +175,17 @@ impl Gate {
     ) -> Entry {
         let class = class.into();
         let mut arrival = Arrival::Expired;
-        self.lock().apply(&self.counters, |core, sink| {
-            arrival = core.arrive_at(now, class, deadline, None, sink);
-        });
+        {
+            let mut state = self.lock();
+            if state.closing {
+                drop(state);
+                self.counters.record_shutting_down();
+                return Entry::Closing;
+            }
+            state.apply(&self.counters, |core, sink| {
+                arrival = core.arrive_at(now, class, deadline, None, sink);
+            });
+        }
         match arrival {
             Arrival::Run => {
                 self.counters.record_admitted();
@@ -223,6 +249,7 @@ impl Gate {
             }
             Some(Outcome::Expired) => return Turn::Expired,
             Some(Outcome::Shed(shed)) => return Turn::Shed(shed),
+            Some(Outcome::Closing) => return Turn::Closing,
             None => {}
         }
         if expired {
@@ -264,6 +291,54 @@ impl Gate {
             // cancelled; its queued time was recorded when it was granted.
             self.counters.record_cancelled_queued();
             state.apply(&self.counters, |core, sink| core.give_back_at(now, sink));
+        }
+    }
+
+    /// Begins the shutdown at `now`: every waiter is taken out of the queue and woken to
+    /// answer `UNAVAILABLE`, and every call that arrives from now on is answered the same
+    /// at once. Calls that hold a worker (or were granted one) run to their end. Returns
+    /// whether this call began it (false if it had begun already).
+    pub(crate) fn begin_shutdown(&self, now: Instant) -> bool {
+        let mut state = self.lock();
+        if state.closing {
+            return false;
+        }
+        state.closing = true;
+        self.closing.store(true, Ordering::Release);
+        let State { core, decided, .. } = &mut *state;
+        core.withdraw_all_at(now, |left| {
+            self.counters.record_time_queued(left.waited);
+            self.counters.record_shutting_down();
+            decided.insert(left.id, Outcome::Closing);
+            if let Some(waker) = left.waiter {
+                waker.wake();
+            }
+        });
+        self.counters.set_gauges(
+            core.depth(),
+            core.running(),
+            core.worker_limit(),
+            core.adaptive().and_then(|a| a.min_latency()),
+        );
+        drop(state);
+        self.closed.notify_waiters();
+        true
+    }
+
+    /// Whether the shutdown has begun.
+    pub(crate) fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the shutdown has begun.
+    pub(crate) async fn closed(&self) {
+        loop {
+            // Registered before the flag is read: a shutdown between the two still wakes it.
+            let notified = self.closed.notified();
+            if self.is_closing() {
+                return;
+            }
+            notified.await;
         }
     }
 

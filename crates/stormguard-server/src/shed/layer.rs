@@ -11,7 +11,7 @@ use super::drain::Drains;
 use super::events::ShedEvents;
 use super::exempt::{Bypassed, NeverShed};
 use super::gate::Gate;
-use super::{ShedService, ShedStats};
+use super::{ShedService, ShedStats, ShutdownHandle};
 
 /// Puts services behind one admission queue that sheds retries before first attempts.
 ///
@@ -244,6 +244,12 @@ impl ShedLayer {
     fn with_never_shed(mut self, never: NeverShed) -> Self {
         self.never_shed = Arc::new(never);
         self
+    }
+
+    /// A handle that shuts this layer's queue down gracefully (see [`ShutdownHandle`]):
+    /// take it before handing the layer to the server builder.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle::new(Arc::clone(&self.gate))
     }
 
     /// The queue's counters.

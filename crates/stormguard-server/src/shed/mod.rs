@@ -26,6 +26,9 @@
 //!      `grpc-retry-pushback-ms`.
 //! 5. A queued call whose expiry passes (too little `grpc-timeout` left, or queued for
 //!    `max_time_queued`) is answered `DEADLINE_EXCEEDED` without running.
+//! 6. Once the server is shutting down ([`ShutdownHandle::begin`]), every queued call and
+//!    every arrival is answered `UNAVAILABLE` with a pushback of
+//!    [`SHUTDOWN_PUSHBACK_MS`], while the calls already running finish.
 //!
 //! After every answer the layer gives before the handler has the request (shed,
 //! expired on arrival or while queued, or a queued call dropped by the transport), the
@@ -52,13 +55,18 @@ mod future;
 pub(crate) mod gate;
 mod layer;
 pub(crate) mod response;
+mod shutdown;
 
 pub use body::ShedBody;
 pub use drain::DrainCounts;
 pub use exempt::HEALTH_SERVICE;
 pub use future::ResponseFuture;
 pub use layer::ShedLayer;
-pub use response::{MESSAGE_EXPIRED, MESSAGE_QUEUE_FULL, MESSAGE_RETRY_SHED, MESSAGE_SHEDDABLE};
+pub use response::{
+    MESSAGE_EXPIRED, MESSAGE_QUEUE_FULL, MESSAGE_RETRY_SHED, MESSAGE_SHEDDABLE,
+    MESSAGE_SHUTTING_DOWN, SHUTDOWN_PUSHBACK_MS,
+};
+pub use shutdown::ShutdownHandle;
 
 use std::fmt;
 use std::sync::Arc;
@@ -221,6 +229,10 @@ where
                 self.events.expired(request.uri().path(), class, false);
                 drain::discard_request(request, &self.drains);
                 ResponseFuture::answered(response::expired())
+            }
+            Entry::Closing => {
+                drain::discard_request(request, &self.drains);
+                ResponseFuture::answered(response::shutting_down())
             }
         }
     }

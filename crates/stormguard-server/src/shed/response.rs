@@ -22,6 +22,13 @@ pub const MESSAGE_RETRY_SHED: &str = "stormguard: overloaded, retries shed first
 /// The `grpc-message` of a sheddable call shed first, or of a queued call that gave
 /// its place to a call of a higher criticality.
 pub const MESSAGE_SHEDDABLE: &str = "stormguard: overloaded, lower-priority work shed first";
+/// The `grpc-message` of a call answered, queued or on arrival, because the server is
+/// shutting down (see [`ShutdownHandle`](super::ShutdownHandle)).
+pub const MESSAGE_SHUTTING_DOWN: &str = "stormguard: server shutting down, try another replica";
+/// The `grpc-retry-pushback-ms` of a call answered because the server is shutting down:
+/// come back at once, to another replica. 1, not 0: gRPC C-core clients never finish a
+/// call told to retry after 0 ms (stormguard clients read 0 as "now" too).
+pub const SHUTDOWN_PUSHBACK_MS: i64 = 1;
 /// The `grpc-message` of a call dropped before running because its deadline was too
 /// close or it waited too long.
 pub const MESSAGE_EXPIRED: &str = "stormguard: deadline expired while queued";
@@ -53,6 +60,19 @@ pub(crate) fn shed<B: Default>(
     response
         .headers_mut()
         .insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(pushback.millis()));
+    response
+}
+
+/// The answer to a call the server will not run because it is shutting down:
+/// `UNAVAILABLE` (whatever the shed code: this is no overload, and every gRPC client
+/// retries `UNAVAILABLE` most readily), a pushback of [`SHUTDOWN_PUSHBACK_MS`] and
+/// [`MESSAGE_SHUTTING_DOWN`].
+pub(crate) fn shutting_down<B: Default>() -> http::Response<B> {
+    let mut response = trailers_only(Code::Unavailable, MESSAGE_SHUTTING_DOWN);
+    response.headers_mut().insert(
+        GRPC_RETRY_PUSHBACK_MS,
+        HeaderValue::from(SHUTDOWN_PUSHBACK_MS),
+    );
     response
 }
 
@@ -115,6 +135,11 @@ mod tests {
         );
         assert_eq!(r.headers()["grpc-status"], "8");
         assert_eq!(r.headers()["grpc-retry-pushback-ms"], "-1");
+        let r: http::Response<String> = shutting_down();
+        assert!(r.body().is_empty());
+        assert_eq!(r.headers()["grpc-status"], "14");
+        assert_eq!(r.headers()["grpc-message"], MESSAGE_SHUTTING_DOWN);
+        assert_eq!(r.headers()["grpc-retry-pushback-ms"], "1");
         let r: http::Response<String> = expired();
         assert_eq!(r.headers()["grpc-status"], "4");
         assert!(r.headers().get("grpc-retry-pushback-ms").is_none());

@@ -128,6 +128,7 @@ impl Server {
                 self.tickets.remove(&call);
                 out.push((call, shed(s)));
             }
+            Turn::Closing => panic!("the scripts never shut the gate down"),
         }
     }
 }
@@ -157,6 +158,7 @@ impl Side for Server {
             }
             Entry::Shed(s) => out.push((call, shed(s))),
             Entry::Expired => out.push((call, What::Expired)),
+            Entry::Closing => panic!("the scripts never shut the gate down"),
         }
         self.poll_all(now, &mut out);
         out
