@@ -14,8 +14,10 @@
 //!   trailers, as an OK answer's does; -1 when the caller left first).
 //!
 //! Its stdin, written by the parent, one command a line: `fail` (answer every call
-//! `UNAVAILABLE` at once), `slow F` (service time × F), `stop` (graceful shutdown: tonic
-//! stops accepting, sends GOAWAY, lets running calls finish; then a last line and exit 0).
+//! `UNAVAILABLE` at once), `slow F` (service time × F), `stop` (graceful shutdown: the
+//! `ShedLayer`'s `ShutdownHandle` answers queued and arriving calls `UNAVAILABLE` with a
+//! 1 ms pushback while running ones finish, tonic sends GOAWAY and waits for them; then a
+//! last line and exit 0).
 //! End of stdin (the parent is gone, however it died) exits at once.
 //!
 //! `--cold-ms T` starts it cold: every call costs 10× the service time at first, falling
@@ -36,7 +38,7 @@ use stormguard_demo::InventoryServer;
 use stormguard_demo::server::{DemoConfig, DemoControl, DemoInventory};
 use stormguard_demo::storm::MAX_PENDING_ACCEPT_RESET_STREAMS;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
@@ -120,18 +122,23 @@ async fn serve(port: u16, seed: u64, cold: Duration) -> Result<(), Box<dyn Error
     });
     write_line(&format!("port {port}"));
 
-    let (stop_tx, stop) = oneshot::channel::<()>();
+    let shed = ShedLayer::from_config(AdmissionConfig {
+        workers: WORKERS,
+        seed: Some(seed),
+        ..AdmissionConfig::default()
+    })?;
+    let shutdown = shed.shutdown_handle();
     let knobs = control.clone();
+    let on_stop = shutdown.clone();
     tokio::spawn(async move {
-        let mut stop_tx = Some(stop_tx);
         while let Some(line) = commands.recv().await {
             match command(&line) {
                 Ok(Command::Fail) => knobs.set_fail_rate(1.0),
                 Ok(Command::Slow(f)) => knobs.set_service_time(SERVICE_TIME.mul_f64(f)),
+                // Queued and arriving calls are answered UNAVAILABLE with a 1 ms pushback,
+                // running ones finish; then tonic sends GOAWAY and waits for them.
                 Ok(Command::Stop) => {
-                    if let Some(tx) = stop_tx.take() {
-                        let _ = tx.send(());
-                    }
+                    on_stop.begin();
                 }
                 Err(e) => eprintln!("fleet replica: {e}"),
             }
@@ -151,20 +158,13 @@ async fn serve(port: u16, seed: u64, cold: Duration) -> Result<(), Box<dyn Error
         })
     };
 
-    let shed = ShedLayer::from_config(AdmissionConfig {
-        workers: WORKERS,
-        seed: Some(seed),
-        ..AdmissionConfig::default()
-    })?;
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     Server::builder()
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))
         .layer(RecordLayer { seen: seen.clone() })
         .layer(shed)
         .add_service(InventoryServer::new(demo))
-        .serve_with_incoming_shutdown(incoming, async {
-            let _ = stop.await;
-        })
+        .serve_with_incoming_shutdown(incoming, shutdown.begun())
         .await?;
     flusher.abort();
     flush(&seen);

@@ -49,7 +49,8 @@ pub(crate) struct PolicyReport {
     pub(crate) success: f64,
     /// Attempts sent from the fault on, per call arriving from then.
     pub(crate) attempts_per_call: f64,
-    /// Of the retries (attempt number ≥ 1) of calls arriving from the fault on whose
+    /// Of the retries (every attempt after a call's first, transparent ones included) of
+    /// calls arriving from the fault on whose
     /// replica is known, the share that reached a replica an earlier attempt of the same
     /// call had reached.
     pub(crate) retries_to_tried_replica_share: f64,
@@ -84,6 +85,10 @@ pub(crate) struct PolicyReport {
     /// Calls arriving from the fault on that failed although every attempt of theirs with
     /// a known replica reached a healthy one.
     pub(crate) failed_calls_only_healthy: u64,
+    /// The retries `retries_to_tried_replica_share` counts, and of those the transparent
+    /// ones (which repeat the attempt number of the attempt they replace).
+    pub(crate) retries: u64,
+    pub(crate) transparent_retries: u64,
     /// Attempts that failed with their connection.
     pub(crate) connection_failures: u64,
     /// `layer`, `stormguard`: retries the budget refused.
@@ -226,17 +231,21 @@ pub(crate) fn summarize(
     let attempts_before: u64 = data.attempts.iter().take(fault_b).sum();
 
     // Retries to a replica the call had tried, and failures that met only healthy ones.
-    let (mut retries, mut to_tried, mut only_healthy) = (0u64, 0u64, 0u64);
+    let (mut retries, mut transparent, mut to_tried, mut only_healthy) = (0u64, 0, 0, 0);
     for c in &after {
         let Some(placed) = by_call.get_mut(&c.id) else {
             continue;
         };
         placed.sort_by_key(|p| p.at_us);
         for (i, p) in placed.iter().enumerate() {
-            if p.attempt == 0 || p.replica.is_none() {
+            if i == 0 || p.replica.is_none() {
                 continue;
             }
             retries += 1;
+            // A transparent retry repeats the attempt number of the attempt it replaces.
+            if p.attempt <= placed[i - 1].attempt {
+                transparent += 1;
+            }
             if placed[..i].iter().any(|q| q.replica == p.replica) {
                 to_tried += 1;
             }
@@ -324,6 +333,8 @@ pub(crate) fn summarize(
         returning_p99_ms,
         others_p99_ms,
         failed_calls_only_healthy: only_healthy,
+        retries,
+        transparent_retries: transparent,
         connection_failures: data.refused.len() as u64,
         budget_refusals: data.budget_refusals,
         timeline,
