@@ -563,7 +563,7 @@ impl<S, B, R> Service<http::Request<B>> for Observe<S>
 where
     S: Service<http::Request<B>, Response = http::Response<R>>,
     S::Future: Send + 'static,
-    S::Error: std::error::Error + 'static,
+    S::Error: ErrorChain,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -593,7 +593,7 @@ where
         Box::pin(async move {
             let result = future.await;
             if let (Err(e), Some(at)) = (&result, sent)
-                && !timed_out(e)
+                && !timed_out(e.chain())
             {
                 let refused = Refused { call, attempt, at };
                 counts
@@ -604,6 +604,24 @@ where
             }
             result
         })
+    }
+}
+
+/// An error whose source chain [`timed_out`] can read: tonic's channel's, and the boxed
+/// errors of other services.
+pub(crate) trait ErrorChain {
+    fn chain(&self) -> &(dyn std::error::Error + 'static);
+}
+
+impl ErrorChain for tonic::transport::Error {
+    fn chain(&self) -> &(dyn std::error::Error + 'static) {
+        self
+    }
+}
+
+impl ErrorChain for tower::BoxError {
+    fn chain(&self) -> &(dyn std::error::Error + 'static) {
+        &**self
     }
 }
 
