@@ -458,3 +458,64 @@ async fn with_meter_and_with_stats_in_either_order_export_the_same_series() {
     assert!(exports[0].len() > 10, "{:?}", exports[0]);
     assert_eq!(exports[0], exports[1]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_export_each_replicas_counters_and_state() {
+    use stormguard_client::replicas::{ReplicaConfig, Replicas};
+    let (provider, exporter) = provider();
+    let good = serve(DemoConfig::default(), None).await;
+    // A port bound and released: connections to it are refused.
+    let gone = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let endpoints = [good, gone].map(|a| Endpoint::from_shared(format!("http://{a}")).unwrap());
+    let replicas = Replicas::from_endpoints(
+        ReplicaConfig {
+            seed: Some(5),
+            ..ReplicaConfig::default()
+        },
+        endpoints,
+    )
+    .unwrap()
+    .with_meter(&provider.meter("replicas"));
+    let layer = RetryLayer::new(controller(5)).over_replicas();
+    let mut client =
+        InventoryClient::new(ServiceBuilder::new().layer(layer).service(replicas.clone()));
+    for _ in 0..50 {
+        client.reserve(ReserveRequest::default()).await.unwrap();
+    }
+    let metrics = collect(&provider, &exporter);
+    for report in replicas.snapshot() {
+        let key = report.key.to_string();
+        let with = [("stormguard.replica", key.as_str())];
+        let s = report.snapshot;
+        assert_eq!(
+            total(&metrics, "stormguard.client.replica.attempts", &with),
+            s.attempts
+        );
+        assert_eq!(
+            total(&metrics, "stormguard.client.replica.failures", &with),
+            s.failures
+        );
+        assert_eq!(
+            total(&metrics, "stormguard.client.replica.ejections", &with),
+            s.ejections
+        );
+        let states = points(&metrics, "stormguard.client.replica.state");
+        let current = [
+            ("stormguard.replica", key.as_str()),
+            ("stormguard.replica.state", report.state.as_str()),
+        ];
+        assert_eq!(sum_of(states.clone(), &current), 1);
+        assert_eq!(sum_of(states, &with), 1, "one state at a time");
+    }
+    let gone_key = format!("http://{gone}/");
+    assert!(
+        total(
+            &metrics,
+            "stormguard.client.replica.failures",
+            &[("stormguard.replica", gone_key.as_str())]
+        ) >= 1
+    );
+}

@@ -378,3 +378,44 @@ async fn a_breaker_opening_half_opening_and_closing_is_three_info_events() {
     assert!(ok.iter().all(|r| r.is_ok()));
     assert_eq!(recorder.take_info().len(), 0);
 }
+
+#[tokio::test]
+async fn a_replica_ejected_is_logged_once_at_info() {
+    use stormguard_client::replicas::{ReplicaConfig, Replicas};
+    let (recorder, _guard) = record();
+    let bad = Scripted::always(Step::Fail(Code::Unavailable));
+    let good = Scripted::always(Step::Ok);
+    let bad_addr = client_support::serve(bad.clone()).await;
+    let good_addr = client_support::serve(good).await;
+    let replicas = Replicas::from_endpoints(
+        ReplicaConfig {
+            seed: Some(9),
+            ..ReplicaConfig::default()
+        },
+        [bad_addr, good_addr].map(client_support::endpoint),
+    )
+    .unwrap();
+    let layer =
+        RetryLayer::new(client_support::controller(client_support::quick_policy())).over_replicas();
+    let mut client =
+        InventoryClient::new(tower::ServiceBuilder::new().layer(layer).service(replicas));
+    // Each call first tries the replica it has not: the bad one gets its share until the
+    // fifth failure in a row ejects it.
+    let mut i = 0;
+    while bad.seen().len() < 5 && i < 2000 {
+        client
+            .reserve(client_support::reserve(&format!("{i}")))
+            .await
+            .unwrap();
+        i += 1;
+    }
+    let events = recorder.take_info();
+    let ejected = Recorder::with_message(&events, Level::INFO, "stormguard: replica ejected");
+    assert_eq!(ejected.len(), 1, "{events:?}");
+    assert_eq!(
+        ejected[0].get("replica"),
+        Some(format!("http://{bad_addr}/").as_str())
+    );
+    assert_eq!(ejected[0].get("reason"), Some("consecutive_failures"));
+    assert_eq!(ejected[0].get("ejections"), Some("1"));
+}

@@ -160,7 +160,7 @@ async fn settle(mut step: Step) -> Step {
     step
 }
 
-type LevelStream = std::pin::Pin<Box<dyn Stream<Item = Result<StockLevel, Status>> + Send>>;
+pub type LevelStream = std::pin::Pin<Box<dyn Stream<Item = Result<StockLevel, Status>> + Send>>;
 
 #[tonic::codegen::async_trait]
 impl Inventory for Scripted {

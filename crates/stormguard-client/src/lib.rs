@@ -116,6 +116,7 @@ mod metrics {
         pub(crate) fn ended(&mut self, _code: Code) {}
     }
 }
+pub mod replicas;
 pub mod retry;
 pub mod stats;
 mod status;

@@ -190,6 +190,7 @@ impl RetryStats {
                 deadline: r(Refusal::Deadline),
                 breaker: r(Refusal::Breaker),
                 budget: r(Refusal::Budget),
+                key_budget: r(Refusal::KeyBudget),
                 replay_limit: r(Refusal::ReplayLimit),
                 allowance: r(Refusal::Allowance),
             },
@@ -281,6 +282,9 @@ pub struct RefusedCounts {
     pub breaker: u64,
     /// The retry budget was spent.
     pub budget: u64,
+    /// The replica (or shard) the failed attempt went to had spent its own account
+    /// ([`KeyedBudgets`](stormguard_core::budget::KeyedBudgets)).
+    pub key_budget: u64,
     /// The request body was larger than the replay buffer.
     pub replay_limit: u64,
     /// The request-scoped retry allowance (`x-retry-budget`) was spent.
@@ -298,6 +302,7 @@ impl RefusedCounts {
             (Refusal::Deadline, self.deadline),
             (Refusal::Breaker, self.breaker),
             (Refusal::Budget, self.budget),
+            (Refusal::KeyBudget, self.key_budget),
             (Refusal::ReplayLimit, self.replay_limit),
             (Refusal::Allowance, self.allowance),
         ]

@@ -122,6 +122,9 @@ use std::time::Duration;
 use crate::Instant;
 use crate::error::ConfigError;
 
+mod keyed;
+pub use keyed::{DEFAULT_MAX_KEYS, KeyedBudgets};
+
 /// A retry budget: decides whether the process can afford one more retry now.
 ///
 /// Implemented by [`RetryBudget`] and [`crate::throttle::A6Throttle`]; callers hold it as

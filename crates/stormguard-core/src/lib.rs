@@ -65,6 +65,7 @@ pub mod observe;
 pub mod policy;
 pub mod pushback;
 pub mod queue;
+pub mod replica;
 pub mod retry;
 pub mod throttle;
 pub mod wire;

@@ -67,7 +67,7 @@ use std::time::Duration;
 use crate::Instant;
 use crate::backoff::Backoff;
 use crate::breaker::{BreakerPermit, BreakerState, CircuitBreaker};
-use crate::budget::{Budget, RetryBudget};
+use crate::budget::{Budget, DEFAULT_MAX_KEYS, KeyedBudgets, RetryBudget};
 use crate::code::Code;
 use crate::config::{BudgetChoice, ClientConfig, ConfigError};
 use crate::context;
@@ -93,6 +93,9 @@ pub enum Refusal {
     Breaker,
     /// The retry budget is spent.
     Budget,
+    /// The key the failed attempt went to (its replica, or the request's shard) has spent
+    /// its own account: see [`KeyedBudgets`].
+    KeyBudget,
     /// The request body was too large to buffer for replay.
     ReplayLimit,
     /// The request-scoped retry allowance (`x-retry-budget`) is spent.
@@ -102,7 +105,7 @@ pub enum Refusal {
 impl Refusal {
     /// Every refusal, in declaration order (the [module docs](self) give the order in which
     /// the checks run: a passed deadline first, the budget last).
-    pub const ALL: [Refusal; 9] = [
+    pub const ALL: [Refusal; 10] = [
         Refusal::NotRetryable,
         Refusal::NotIdempotent,
         Refusal::Pushback,
@@ -110,6 +113,7 @@ impl Refusal {
         Refusal::Deadline,
         Refusal::Breaker,
         Refusal::Budget,
+        Refusal::KeyBudget,
         Refusal::ReplayLimit,
         Refusal::Allowance,
     ];
@@ -124,6 +128,7 @@ impl Refusal {
             Refusal::Deadline => "deadline",
             Refusal::Breaker => "breaker",
             Refusal::Budget => "budget",
+            Refusal::KeyBudget => "key_budget",
             Refusal::ReplayLimit => "replay_limit",
             Refusal::Allowance => "allowance",
         }
@@ -140,6 +145,7 @@ impl Refusal {
                 | Refusal::Deadline
                 | Refusal::Breaker
                 | Refusal::Budget
+                | Refusal::KeyBudget
                 | Refusal::Allowance
         )
     }
@@ -269,6 +275,8 @@ struct Shared {
     methods: MethodTable,
     budget: Arc<dyn Budget>,
     breaker: Option<CircuitBreaker>,
+    /// Accounts per key (replica or shard), when the budget is stormguard's.
+    keyed: Option<KeyedBudgets>,
     seed: u64,
     calls: AtomicU64,
 }
@@ -298,10 +306,47 @@ impl RetryController {
                 methods,
                 budget,
                 breaker,
+                keyed: None,
                 seed,
                 calls: AtomicU64::new(0),
             }),
         }
+    }
+
+    /// The same controller, also charging each retry to the key its failed attempt went to
+    /// (see [`KeyedBudgets`] and [`CallRetry::set_budget_key`]). Call it before cloning the
+    /// controller: clones made earlier keep charging only the shared budget.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use stormguard_core::budget::{Budget, BudgetConfig, KeyedBudgets, RetryBudget};
+    /// use stormguard_core::policy::{MethodTable, RetryPolicy};
+    /// use stormguard_core::retry::RetryController;
+    ///
+    /// let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default())?);
+    /// let keyed = KeyedBudgets::new(BudgetConfig::default(), 64)?;
+    /// let controller = RetryController::new(MethodTable::uniform(RetryPolicy::default()), budget, None, 1)
+    ///     .with_key_budgets(keyed);
+    /// assert!(controller.key_budgets().is_some());
+    /// # Ok::<(), stormguard_core::config::ConfigError>(())
+    /// ```
+    pub fn with_key_budgets(self, keyed: KeyedBudgets) -> Self {
+        let old = &*self.shared;
+        RetryController {
+            shared: Arc::new(Shared {
+                methods: old.methods.clone(),
+                budget: Arc::clone(&old.budget),
+                breaker: old.breaker.clone(),
+                keyed: Some(keyed),
+                seed: old.seed,
+                calls: AtomicU64::new(old.calls.load(Ordering::Relaxed)),
+            }),
+        }
+    }
+
+    /// The accounts per key, if retries are charged per key.
+    pub fn key_budgets(&self) -> Option<&KeyedBudgets> {
+        self.shared.keyed.as_ref()
     }
 
     /// A controller for `config` (validated first): its method table, the budget or A6
@@ -327,12 +372,15 @@ impl RetryController {
             )?),
             None => None,
         };
-        Ok(RetryController::new(
-            config.methods.clone(),
-            budget,
-            breaker,
-            seed,
-        ))
+        let controller = RetryController::new(config.methods.clone(), budget, breaker, seed);
+        Ok(match &config.budget {
+            // One account per replica (or shard) beside the shared budget; an A6 throttle
+            // is one token bucket, as A6 defines it.
+            BudgetChoice::Stormguard(b) => {
+                controller.with_key_budgets(KeyedBudgets::new(b.clone(), DEFAULT_MAX_KEYS)?)
+            }
+            BudgetChoice::A6(_) => controller,
+        })
     }
 
     /// The budget that pays for retries.
@@ -415,6 +463,8 @@ impl RetryController {
             attempt_deadline: None,
             permit,
             granted: None,
+            key: None,
+            granted_key: None,
             spent_allowance: false,
             pending_transparent: false,
             transparent_retries: 0,
@@ -444,6 +494,10 @@ pub struct CallRetry {
     permit: Option<BreakerPermit>,
     /// When the budget granted the retry that has not started yet.
     granted: Option<Instant>,
+    /// The budget key of the attempt that ended last ([`CallRetry::set_budget_key`]).
+    key: Option<u64>,
+    /// The key that paid for the retry granted and not started yet.
+    granted_key: Option<u64>,
     /// Whether that retry spent one of the request's allowance (given back with it).
     spent_allowance: bool,
     /// Whether the retry granted and not started yet is transparent (free).
@@ -456,7 +510,7 @@ impl Drop for CallRetry {
     /// A retry the budget granted but that never started goes back to the budget.
     fn drop(&mut self) {
         if let Some(at) = self.granted.take() {
-            self.shared.budget.refund_at(at);
+            self.refund_budget(at);
             self.refund_allowance();
         }
     }
@@ -499,6 +553,9 @@ impl CallRetry {
     /// breaker. Only `OK` mints retries (as in gRPC A6 and its C-core and Java clients).
     pub fn on_success_at(&mut self, now: Instant) {
         self.shared.budget.deposit_at(now);
+        if let (Some(keyed), Some(key)) = (&self.shared.keyed, self.key) {
+            keyed.deposit_at(key, now);
+        }
         if let Some(permit) = self.permit.take() {
             permit.success_at(now);
         }
@@ -832,12 +889,41 @@ impl CallRetry {
             return Err(Refusal::Allowance);
         }
         self.spent_allowance = true;
+        let keyed = self.shared.keyed.as_ref().zip(self.key);
+        if let Some((keyed, key)) = keyed
+            && !keyed.withdraw_at(key, now)
+        {
+            self.refund_allowance();
+            return Err(Refusal::KeyBudget);
+        }
         if !self.shared.budget.withdraw_at(now) {
+            if let Some((keyed, key)) = keyed {
+                keyed.refund_at(key, now);
+            }
             self.refund_allowance();
             return Err(Refusal::Budget);
         }
         self.granted = Some(now);
+        self.granted_key = keyed.map(|(_, key)| key);
         Ok(delay)
+    }
+
+    /// Gives back to the budget (and to the key that paid, if any) a retry granted at
+    /// `at` that never started.
+    fn refund_budget(&mut self, at: Instant) {
+        self.shared.budget.refund_at(at);
+        if let (Some(keyed), Some(key)) = (&self.shared.keyed, self.granted_key.take()) {
+            keyed.refund_at(key, at);
+        }
+    }
+
+    /// The attempt that just ended went to `key` (the replica the channel chose, or the
+    /// request's shard): its success deposits into `key`'s account as well as the shared
+    /// budget, and a retry after its failure is charged to `key`'s account too (see
+    /// [`KeyedBudgets`]). `None`: the shared budget only. Set it after each attempt ends,
+    /// before reporting how it ended.
+    pub fn set_budget_key(&mut self, key: Option<u64>) {
+        self.key = key;
     }
 
     /// The retry's delay has passed and it is about to be sent: takes a breaker permit for
@@ -852,9 +938,10 @@ impl CallRetry {
         if let Some(at) = self.granted.take()
             && started.is_err()
         {
-            self.shared.budget.refund_at(at);
+            self.refund_budget(at);
             self.refund_allowance();
         }
+        self.granted_key = None;
         self.spent_allowance = false;
         started
     }
@@ -1334,6 +1421,70 @@ mod tests {
     }
 
     #[test]
+    fn a_failing_key_spends_its_own_account_not_what_healthy_keys_earned() {
+        // Floor 1/s (10 per window per key and shared), ratio 0.1.
+        let config = BudgetConfig {
+            min_retries_per_second: 1,
+            ..BudgetConfig::default()
+        };
+        let shared: Arc<dyn Budget> = Arc::new(RetryBudget::new(config.clone()).unwrap());
+        let c =
+            controller(retried(), shared).with_key_budgets(KeyedBudgets::new(config, 16).unwrap());
+        let now = Instant::now();
+        // Replicas 1 and 2 answer 500 calls each: 100 retries earned, plus the floor.
+        for key in [1, 2] {
+            for _ in 0..500 {
+                let mut call = c.begin_at(PATH, None, now).unwrap();
+                call.set_budget_key(Some(key));
+                call.on_success_at(now);
+            }
+        }
+        let retry_after_failure_on = |key| {
+            let mut call = c.begin_at(PATH, None, now).unwrap();
+            call.set_budget_key(Some(key));
+            match call.on_failure_at(&unavailable(), now) {
+                Decision::Retry { .. } => {
+                    // Sent: the grant is spent, not refunded.
+                    call.start_retry_at(now).unwrap();
+                    Ok(())
+                }
+                Decision::GiveUp(r) => Err(r),
+                Decision::Expired => unreachable!(),
+            }
+        };
+        // Replica 3 never succeeded: its failures get its floor, then nothing.
+        let bad: Vec<_> = (0..50).map(|_| retry_after_failure_on(3)).collect();
+        assert_eq!(bad.iter().filter(|r| r.is_ok()).count(), 10);
+        assert!(bad[10..].iter().all(|r| *r == Err(Refusal::KeyBudget)));
+        // The healthy replicas' failures are still paid.
+        let good = (0..40)
+            .filter(|_| retry_after_failure_on(1).is_ok())
+            .count();
+        assert_eq!(good, 40);
+        // Without a key, only the shared budget counts (as before).
+        let mut call = c.begin_at(PATH, None, now).unwrap();
+        assert!(matches!(
+            call.on_failure_at(&unavailable(), now),
+            Decision::Retry { .. }
+        ));
+        // A granted retry that never starts goes back to its key.
+        drop(call);
+        let before = c.key_budgets().unwrap().balance_at(1, now).unwrap();
+        let mut call = c.begin_at(PATH, None, now).unwrap();
+        call.set_budget_key(Some(1));
+        assert!(matches!(
+            call.on_failure_at(&unavailable(), now),
+            Decision::Retry { .. }
+        ));
+        assert_eq!(
+            c.key_budgets().unwrap().balance_at(1, now).unwrap(),
+            before - 1.0
+        );
+        drop(call);
+        assert_eq!(c.key_budgets().unwrap().balance_at(1, now).unwrap(), before);
+    }
+
+    #[test]
     fn a6_throttle_counts_failures_and_stops_retries_at_half() {
         let throttle: Arc<dyn Budget> = Arc::new(
             A6Throttle::new(ThrottleConfig {
@@ -1800,6 +1951,7 @@ mod tests {
                 "deadline",
                 "breaker",
                 "budget",
+                "key_budget",
                 "replay_limit",
                 "allowance"
             ]

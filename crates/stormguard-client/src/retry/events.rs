@@ -4,7 +4,7 @@
 //! | event | level | fields |
 //! |---|---|---|
 //! | `stormguard: retry refused` (each one) | DEBUG | `stormguard.layer`, `rpc.method`, `retry.refused`, `retry.attempt`, `deadline.left_ms` |
-//! | `stormguard: N retries refused in the last S s` | INFO | `stormguard.layer`, `rpc.method` (of the latest), `refused.attempts`, `refused.deadline`, `refused.breaker`, `refused.budget`, `refused.allowance`, `summary.window_ms` |
+//! | `stormguard: N retries refused in the last S s` | INFO | `stormguard.layer`, `rpc.method` (of the latest), `refused.attempts`, `refused.deadline`, `refused.breaker`, `refused.budget`, `refused.key_budget`, `refused.allowance`, `summary.window_ms` |
 //! | `stormguard: circuit breaker opened`, `... half-opened`, `... closed` | INFO | `stormguard.layer`, `breaker.from`, `breaker.to`, `breaker.failure_rate` (opened from closed), `breaker.open_ms` (opened) |
 //!
 //! The summary counts the refusals that mean a dependency fails beyond what the policy pays
@@ -26,11 +26,12 @@ use stormguard_core::observe::{DEFAULT_SUMMARY_INTERVAL, EventSummary, LayerName
 use stormguard_core::retry::{Refusal, RetryController};
 
 /// The refusals the summary counts, in the order of its counts.
-const SUMMARISED: [Refusal; 5] = [
+const SUMMARISED: [Refusal; 6] = [
     Refusal::Attempts,
     Refusal::Deadline,
     Refusal::Breaker,
     Refusal::Budget,
+    Refusal::KeyBudget,
     Refusal::Allowance,
 ];
 
@@ -69,7 +70,7 @@ impl LayerEvents {
         let Some(summary) = self.refusals.record_at(cause, Instant::now()) else {
             return;
         };
-        let [attempts, deadline, breaker, budget, allowance] = summary.counts;
+        let [attempts, deadline, breaker, budget, key_budget, allowance] = summary.counts;
         tracing::info!(
             stormguard.layer = self.layer(),
             rpc.method = path,
@@ -77,6 +78,7 @@ impl LayerEvents {
             refused.deadline = deadline,
             refused.breaker = breaker,
             refused.budget = budget,
+            refused.key_budget = key_budget,
             refused.allowance = allowance,
             summary.window_ms = summary.elapsed.as_millis() as u64,
             "stormguard: {} retries refused in the last {:.1} s",

@@ -38,6 +38,7 @@ use super::layer::Shared;
 use super::record::CallStats;
 use super::timer::Timer;
 use crate::context::CallContext;
+use crate::replicas::Route;
 use crate::status::BoxError;
 
 pin_project! {
@@ -54,6 +55,10 @@ pin_project! {
         // body took it.
         call: Option<CallRetry>,
         attempts: Attempts,
+        // The replicas the call used, when the layer is over an endpoint-aware channel.
+        route: Option<Route>,
+        // Whether the route's latest replica is the budget key (not the request's own).
+        keyed_by_route: bool,
         stats: CallStats,
         #[pin]
         timer: Timer,
@@ -144,8 +149,15 @@ where
         let plan = call.first_attempt_at(now);
         let retryable = call.is_retryable_method();
         let stamps = Arc::clone(&shared.stamps);
-        let (attempts, request) =
+        if let Some(key) = &shared.budget_key {
+            call.set_budget_key(key(&request));
+        }
+        let (attempts, mut request) =
             Attempts::first(request, &plan, retryable, shared.replay_limit, &stamps);
+        let route = shared.over_replicas.then(Route::new);
+        if let Some(route) = &route {
+            request.extensions_mut().insert(route.clone());
+        }
         let span = attempt_span(attempts.uri(), 0, "initial", Duration::ZERO);
         stats.attempt(false);
         let fut = {
@@ -158,6 +170,8 @@ where
             stamps,
             call: Some(call),
             attempts,
+            keyed_by_route: route.is_some() && shared.budget_key.is_none(),
+            route,
             stats,
             timer: Timer::at(plan.fire_at),
             state: State::Called { fut, span },
@@ -184,6 +198,8 @@ where
             stamps: Arc::clone(&shared.stamps),
             call: None,
             attempts: Attempts::unsent(uri.clone()),
+            route: None,
+            keyed_by_route: false,
             stats,
             timer: Timer::at(None),
             state: State::Done {
@@ -216,6 +232,7 @@ where
                         // The layer's timer fired (the call's deadline or the attempt's own
                         // timeout): the attempt is dropped below, which cancels its stream
                         // and tells the server through `RST_STREAM`.
+                        set_key(this.call, this.route, *this.keyed_by_route);
                         let end = AttemptEnd::TimedOut {
                             replayable: this.attempts.is_replayable(),
                             unsent: false,
@@ -229,6 +246,7 @@ where
                             let _enter = span.enter();
                             ready!(fut.poll(cx))
                         };
+                        set_key(this.call, this.route, *this.keyed_by_route);
                         match classify(result, this.attempts.is_replayable()) {
                             Outcome::Ok(response) => {
                                 // A trailers-only `OK`: the outcome is known now.
@@ -375,7 +393,10 @@ where
                             return Poll::Ready(end::give_up(this.stats, refusal, *last, false));
                         }
                     };
-                    let request = this.attempts.retry(&plan, this.stamps);
+                    let mut request = this.attempts.retry(&plan, this.stamps);
+                    if let Some(route) = this.route.as_ref() {
+                        request.extensions_mut().insert(route.clone());
+                    }
                     this.timer.as_mut().arm(plan.fire_at);
                     let span =
                         attempt_span(this.attempts.uri(), plan.previous_attempts, reason, delay);
@@ -388,6 +409,14 @@ where
                 }
             }
         }
+    }
+}
+
+/// The attempt that just ended went to the route's latest replica: its budget account pays
+/// for a retry after it, and its success mints into it.
+fn set_key(call: &mut Option<CallRetry>, route: &Option<Route>, keyed_by_route: bool) {
+    if let (Some(call), Some(route), true) = (call.as_mut(), route, keyed_by_route) {
+        call.set_budget_key(route.last().map(|id| id.get()));
     }
 }
 

@@ -28,6 +28,10 @@ pub struct RetryLayer {
     pub(super) shared: Arc<Shared>,
 }
 
+/// A function from a request to its budget key.
+pub(super) type BudgetKey =
+    Arc<dyn Fn(&http::Request<tonic::body::Body>) -> Option<u64> + Send + Sync>;
+
 #[derive(Clone)]
 pub(super) struct Shared {
     pub(super) controller: RetryController,
@@ -35,6 +39,10 @@ pub(super) struct Shared {
     pub(super) replay_limit: usize,
     pub(super) default_timeout: Option<Duration>,
     pub(super) per_attempt_timeout: Option<Duration>,
+    /// Whether each call carries a [`Route`](crate::replicas::Route) for the channel below.
+    pub(super) over_replicas: bool,
+    /// The budget key of a call, from its request (`budget_key`).
+    pub(super) budget_key: Option<BudgetKey>,
     pub(super) stamps: Arc<super::attempt::Stamps>,
     /// The layer's name, refusal summary and breaker watch.
     pub(super) events: Arc<LayerEvents>,
@@ -90,6 +98,8 @@ impl RetryLayer {
                 replay_limit: DEFAULT_REPLAY_LIMIT,
                 default_timeout: None,
                 per_attempt_timeout: None,
+                over_replicas: false,
+                budget_key: None,
                 stamps: Arc::default(),
                 events,
                 #[cfg(feature = "opentelemetry")]
@@ -194,6 +204,58 @@ impl RetryLayer {
         let shared = self.configure();
         let name = Arc::new(LayerName::named(name));
         shared.events = Arc::new(LayerEvents::new(name, &shared.controller));
+        self
+    }
+
+    /// For a layer over [`Replicas`](crate::replicas::Replicas): each call carries a
+    /// [`Route`](crate::replicas::Route) in its attempts' extensions, so that the channel
+    /// sends a retry to a replica the call has not tried, and the layer charges each retry
+    /// to the replica whose attempt failed (its own
+    /// [`KeyedBudgets`](stormguard_core::budget::KeyedBudgets) account, beside the shared
+    /// budget): a failing replica cannot spend the retries the healthy ones earned. Costs
+    /// one allocation per call; over a channel that is not endpoint-aware it changes
+    /// nothing else.
+    ///
+    /// ```
+    /// use stormguard_client::RetryLayer;
+    /// use stormguard_core::config::ClientConfig;
+    ///
+    /// let layer = RetryLayer::from_config(&ClientConfig::standard()).unwrap().over_replicas();
+    /// # let _ = layer;
+    /// ```
+    pub fn over_replicas(mut self) -> Self {
+        self.configure().over_replicas = true;
+        self
+    }
+
+    /// Charges each call's retries to a key taken from its request (the seed design's bad
+    /// shard: a method, or a metadata value that routes to a shard), beside the shared
+    /// budget: a key whose calls keep failing spends only what its own successes earned
+    /// (plus the floor), and calls to the other keys keep their retries. `key` returns
+    /// `None` for calls that only the shared budget pays for. The accounts are those of the
+    /// controller's [`KeyedBudgets`](stormguard_core::budget::KeyedBudgets), bounded in how
+    /// many keys they track (the key used longest ago is forgotten first), so a key from
+    /// metadata cannot grow memory without bound. A controller built from a config with
+    /// stormguard's budget has them; over [`over_replicas`](Self::over_replicas) the
+    /// request's key wins over the replica's.
+    ///
+    /// ```
+    /// use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    /// use stormguard_client::RetryLayer;
+    /// use stormguard_core::config::ClientConfig;
+    ///
+    /// // One account per tenant shard, read from the `x-shard` metadata.
+    /// let layer = RetryLayer::from_config(&ClientConfig::standard()).unwrap().budget_key(|request| {
+    ///     let shard = request.headers().get("x-shard")?;
+    ///     Some(BuildHasherDefault::<DefaultHasher>::default().hash_one(shard.as_bytes()))
+    /// });
+    /// # let _ = layer;
+    /// ```
+    pub fn budget_key(
+        mut self,
+        key: impl Fn(&http::Request<tonic::body::Body>) -> Option<u64> + Send + Sync + 'static,
+    ) -> Self {
+        self.configure().budget_key = Some(Arc::new(key));
         self
     }
 

@@ -1,0 +1,229 @@
+//! The response future of [`Replicas`](super::Replicas): readies the chosen replica, sends
+//! the attempt, and reports how it ended.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use http::StatusCode;
+use pin_project_lite::pin_project;
+use stormguard_core::Instant;
+use stormguard_core::code::Code;
+use stormguard_core::pushback::Pushback;
+use stormguard_core::replica::{ReplicaId, ReplicaOutcome};
+use tower_service::Service;
+
+use super::EndAttempt;
+use crate::status::{
+    BoxError, classify_error, code_from_http_status, pushback, trailers_only_code,
+};
+
+/// The error of a call made while the channel holds no replica.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("stormguard: no replica to send the call to")]
+pub struct NoReplica;
+
+pin_project! {
+    /// The future of one attempt through [`Replicas`](super::Replicas).
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<http::Request<B>>,
+    {
+        svc: Option<S>,
+        request: Option<http::Request<B>>,
+        attempt: Option<Attempt>,
+        #[pin]
+        state: State<S::Future>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        // The chosen replica's service is being readied.
+        Ready,
+        // The attempt is in flight.
+        Called { #[pin] fut: F },
+        // Nothing to send it to.
+        Empty,
+    }
+}
+
+/// The attempt's replica; reports a cut-off attempt when dropped before it ended.
+struct Attempt {
+    ends: Arc<dyn EndAttempt>,
+    id: ReplicaId,
+    started: Instant,
+    ended: bool,
+}
+
+impl Attempt {
+    fn end(mut self, outcome: ReplicaOutcome) {
+        self.ended = true;
+        self.ends.end(self.id, outcome, self.started);
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.ends.end(self.id, ReplicaOutcome::CutOff, self.started);
+        }
+    }
+}
+
+impl<S, B> fmt::Debug for ResponseFuture<S, B>
+where
+    S: Service<http::Request<B>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture")
+            .field("replica", &self.attempt.as_ref().map(|a| a.id))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, B> ResponseFuture<S, B>
+where
+    S: Service<http::Request<B>>,
+{
+    pub(super) fn new(
+        svc: S,
+        request: http::Request<B>,
+        ends: Arc<dyn EndAttempt>,
+        id: ReplicaId,
+        started: Instant,
+    ) -> Self {
+        ResponseFuture {
+            svc: Some(svc),
+            request: Some(request),
+            attempt: Some(Attempt {
+                ends,
+                id,
+                started,
+                ended: false,
+            }),
+            state: State::Ready,
+        }
+    }
+
+    pub(super) fn no_replica() -> Self {
+        ResponseFuture {
+            svc: None,
+            request: None,
+            attempt: None,
+            state: State::Empty,
+        }
+    }
+}
+
+impl<S, B, RB> Future for ResponseFuture<S, B>
+where
+    S: Service<http::Request<B>, Response = http::Response<RB>>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<http::Response<RB>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Empty => return Poll::Ready(Err(Box::new(NoReplica))),
+                StateProj::Ready => {
+                    let (Some(svc), Some(request)) = (this.svc.as_mut(), this.request.take())
+                    else {
+                        return Poll::Ready(Err(Box::new(NoReplica)));
+                    };
+                    match svc.poll_ready(cx) {
+                        Poll::Pending => {
+                            *this.request = Some(request);
+                            return Poll::Pending;
+                        }
+                        Poll::Ready(Err(err)) => {
+                            let err = err.into();
+                            finish(this.attempt, outcome_of_error(&*err));
+                            return Poll::Ready(Err(err));
+                        }
+                        Poll::Ready(Ok(())) => {
+                            let fut = svc.call(request);
+                            this.state.set(State::Called { fut });
+                        }
+                    }
+                }
+                StateProj::Called { fut } => {
+                    let result = ready!(fut.poll(cx)).map_err(Into::into);
+                    let outcome = match &result {
+                        Ok(response) => outcome_of_response(response),
+                        Err(err) => outcome_of_error(&**err),
+                    };
+                    finish(this.attempt, outcome);
+                    *this.svc = None;
+                    return Poll::Ready(result);
+                }
+            }
+        }
+    }
+}
+
+fn finish(attempt: &mut Option<Attempt>, outcome: ReplicaOutcome) {
+    if let Some(attempt) = attempt.take() {
+        attempt.end(outcome);
+    }
+}
+
+/// What a response says of the replica: read from a trailers-only status, or a success
+/// when the headers commit the call.
+fn outcome_of_response<RB>(response: &http::Response<RB>) -> ReplicaOutcome {
+    let code = match trailers_only_code(response.headers()) {
+        Some(code) => code,
+        None if response.status() == StatusCode::OK => return ReplicaOutcome::Success,
+        None => code_from_http_status(response.status()),
+    };
+    outcome_of_code(code, pushback(response.headers()))
+}
+
+fn outcome_of_error(err: &(dyn std::error::Error + 'static)) -> ReplicaOutcome {
+    let failure = classify_error(err);
+    if failure.timed_out {
+        ReplicaOutcome::CutOff
+    } else {
+        outcome_of_code(failure.code, None)
+    }
+}
+
+/// The one place an answer's code is sorted for a replica's health (see
+/// [`ReplicaOutcome`]).
+pub(super) fn outcome_of_code(code: Code, pushback: Option<Pushback>) -> ReplicaOutcome {
+    if pushback.is_some() {
+        return ReplicaOutcome::Overload;
+    }
+    match code {
+        Code::Unavailable | Code::Internal | Code::Unknown | Code::DataLoss => {
+            ReplicaOutcome::Failure
+        }
+        Code::ResourceExhausted | Code::DeadlineExceeded | Code::Cancelled => {
+            ReplicaOutcome::Overload
+        }
+        _ => ReplicaOutcome::Success,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_sort_into_broken_busy_and_working() {
+        use ReplicaOutcome::*;
+        assert_eq!(outcome_of_code(Code::Unavailable, None), Failure);
+        assert_eq!(outcome_of_code(Code::Internal, None), Failure);
+        let retry_later = Some(Pushback::RetryAfter(std::time::Duration::from_millis(5)));
+        assert_eq!(outcome_of_code(Code::Unavailable, retry_later), Overload);
+        assert_eq!(outcome_of_code(Code::ResourceExhausted, None), Overload);
+        assert_eq!(outcome_of_code(Code::DeadlineExceeded, None), Overload);
+        assert_eq!(outcome_of_code(Code::NotFound, None), Success);
+        assert_eq!(outcome_of_code(Code::Ok, None), Success);
+    }
+}

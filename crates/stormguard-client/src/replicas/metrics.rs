@@ -1,0 +1,145 @@
+//! OpenTelemetry metrics of a [`Replicas`] channel (feature `opentelemetry`).
+//!
+//! [`Replicas::with_meter`] registers these on a [`Meter`] the application passes in. They
+//! are *observable*: the SDK reads the channel's own counters when it collects, so a call
+//! adds no OpenTelemetry work. Every series carries `rpc.system = grpc` and
+//! `stormguard.replica`, the replica's key (for [`Replicas::from_endpoints`], its URI).
+//!
+//! | name | kind | unit | attributes (besides `rpc.system`, `stormguard.replica`) |
+//! |---|---|---|---|
+//! | `stormguard.client.replica.attempts` | counter | `{attempt}` | |
+//! | `stormguard.client.replica.failures` | counter | `{attempt}` | |
+//! | `stormguard.client.replica.overloads` | counter | `{attempt}` | |
+//! | `stormguard.client.replica.ejections` | counter | `{ejection}` | |
+//! | `stormguard.client.replica.in_flight` | gauge | `{attempt}` | |
+//! | `stormguard.client.replica.state` | gauge | `1` | `stormguard.replica.state` (`active`, `warming`, `ejected`, `probing`: 1 for the current one) |
+//!
+//! A replica's series stop when it is removed.
+
+use std::fmt;
+use std::hash::Hash;
+use std::sync::{Arc, Weak};
+
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::Meter;
+use stormguard_core::Instant;
+use stormguard_core::replica::ReplicaSnapshot;
+
+use super::{Replicas, Shared};
+
+type Snapshots = Arc<dyn Fn() -> Vec<(Arc<str>, ReplicaSnapshot)> + Send + Sync>;
+
+const STATES: [&str; 4] = ["active", "warming", "ejected", "probing"];
+
+impl<S, K> Replicas<S, K>
+where
+    S: Send + 'static,
+    K: Clone + Eq + Hash + fmt::Display + Send + 'static,
+{
+    /// Records this channel's per-replica metrics into `meter` (the
+    /// [module docs](self) list them). Call it once per channel: a meter keeps every
+    /// callback registered on it.
+    ///
+    /// ```
+    /// use stormguard_client::replicas::{ReplicaConfig, Replicas};
+    ///
+    /// // The application's meter (here the global one).
+    /// let meter = opentelemetry::global::meter("inventory-client");
+    /// let answer = tower::service_fn(|_: http::Request<()>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(()))
+    /// });
+    /// let replicas = Replicas::from_services(ReplicaConfig::default(), [("a", answer)])?
+    ///     .with_meter(&provider.meter("inventory-client"));
+    /// # let _ = replicas;
+    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// ```
+    pub fn with_meter(self, meter: &Meter) -> Self {
+        let weak: Weak<Shared<S, K>> = Arc::downgrade(&self.shared);
+        let snapshots: Snapshots = Arc::new(move || {
+            let Some(shared) = weak.upgrade() else {
+                return Vec::new();
+            };
+            let now = Instant::now();
+            let inner = shared.lock();
+            inner
+                .members
+                .iter()
+                .filter_map(|m| Some((Arc::clone(&m.name), inner.set.snapshot_at(m.id, now)?)))
+                .collect()
+        });
+        let counter = |name: &'static str,
+                       unit: &'static str,
+                       doc: &'static str,
+                       read: fn(&ReplicaSnapshot) -> u64| {
+            let snapshots = Arc::clone(&snapshots);
+            meter
+                .u64_observable_counter(name)
+                .with_description(doc)
+                .with_unit(unit)
+                .with_callback(move |o| {
+                    for (replica, s) in snapshots() {
+                        o.observe(read(&s), &attributes(&replica));
+                    }
+                })
+                .build();
+        };
+        counter(
+            "stormguard.client.replica.attempts",
+            "{attempt}",
+            "Attempts sent to the replica",
+            |s| s.attempts,
+        );
+        counter(
+            "stormguard.client.replica.failures",
+            "{attempt}",
+            "Attempts the replica answered as broken (transport failure, UNAVAILABLE without pushback, INTERNAL, UNKNOWN, DATA_LOSS)",
+            |s| s.failures,
+        );
+        counter(
+            "stormguard.client.replica.overloads",
+            "{attempt}",
+            "Attempts the replica answered as busy (a pushback, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED)",
+            |s| s.overloads,
+        );
+        counter(
+            "stormguard.client.replica.ejections",
+            "{ejection}",
+            "Times the replica was ejected",
+            |s| s.ejections,
+        );
+        let s = Arc::clone(&snapshots);
+        meter
+            .u64_observable_gauge("stormguard.client.replica.in_flight")
+            .with_description("Attempts in flight on the replica")
+            .with_unit("{attempt}")
+            .with_callback(move |o| {
+                for (replica, snap) in s() {
+                    o.observe(u64::from(snap.in_flight), &attributes(&replica));
+                }
+            })
+            .build();
+        let s = Arc::clone(&snapshots);
+        meter
+            .u64_observable_gauge("stormguard.client.replica.state")
+            .with_description("The replica's state: 1 for the current one")
+            .with_unit("1")
+            .with_callback(move |o| {
+                for (replica, snap) in s() {
+                    for state in STATES {
+                        let [a, b] = attributes(&replica);
+                        let attrs = [a, b, KeyValue::new("stormguard.replica.state", state)];
+                        o.observe(u64::from(snap.state.as_str() == state), &attrs);
+                    }
+                }
+            })
+            .build();
+        self
+    }
+}
+
+fn attributes(replica: &Arc<str>) -> [KeyValue; 2] {
+    [
+        KeyValue::new("rpc.system", "grpc"),
+        KeyValue::new("stormguard.replica", Arc::clone(replica)),
+    ]
+}

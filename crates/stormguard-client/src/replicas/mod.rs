@@ -1,0 +1,367 @@
+//! An endpoint-aware balanced channel: one replica chosen per attempt, seeing the request.
+//!
+//! # Why not `Channel::balance_list`
+//!
+//! tonic's balanced channel is tower's power-of-two-choices balancer over connections that
+//! report no load. It picks in `poll_ready`, before it sees the request, so a retry cannot
+//! avoid the replica that just failed it (one retry in five went straight back to it, with
+//! five replicas); with no load the pick is uniform, so a replica that fails every call at
+//! once keeps its full share; a replica whose process died stays in the set while its
+//! reconnects fail; and a replica that comes back takes a full share at once. With one
+//! shared retry budget above it, the bad replica's failures then spend the retries the
+//! healthy ones earned: measured with five replicas and one failing, stormguard's retry
+//! layer over `balance_list` served 87.8 % of calls where a naive loop served 99.1 %.
+//!
+//! [`Replicas`] picks in `call()`, per attempt, through the policy of
+//! [`stormguard_core::replica`] (the simulator and the tests drive the same code):
+//!
+//! - power of two choices over latency (peak-EWMA) × attempts in flight, divided by the
+//!   replica's recent health and its slow-start weight;
+//! - a retry goes to a replica the call has not tried, when one is in the choice: the
+//!   [`RetryLayer`](crate::RetryLayer) above, built with
+//!   [`over_replicas`](crate::RetryLayer::over_replicas), passes a [`Route`] down in the
+//!   request's extensions;
+//! - outlier ejection (failures in a row, a failure share over a window), jittered and
+//!   doubling, capped to a share of the set, ended by a probe; overload answers (a shed with
+//!   a pushback) lower a replica's weight but never eject it;
+//! - slow start for a replica that joins a set already serving or returns from ejection;
+//! - the retry layer charges each retry to the replica whose attempt failed
+//!   ([`KeyedBudgets`](stormguard_core::budget::KeyedBudgets)), so a failing replica spends
+//!   only what its own successes earned (plus the floor).
+//!
+//! # Use
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use stormguard_client::RetryLayer;
+//! use stormguard_client::replicas::{ReplicaConfig, Replicas};
+//! use stormguard_core::ClientConfig;
+//! use tonic::transport::Endpoint;
+//!
+//! let endpoints = ["http://10.0.0.1:50051", "http://10.0.0.2:50051", "http://10.0.0.3:50051"]
+//!     .map(Endpoint::from_static);
+//! // Each replica gets its own lazily connected tonic `Channel`.
+//! let replicas = Replicas::from_endpoints(ReplicaConfig::default(), endpoints)?;
+//! let channel = tower::ServiceBuilder::new()
+//!     .layer(RetryLayer::from_config(&ClientConfig::standard())?.over_replicas())
+//!     .service(replicas.clone());
+//! // let mut client = InventoryClient::new(channel);
+//! for replica in replicas.snapshot() {
+//!     println!("{} {}", replica.key, replica.state.as_str());
+//! }
+//! # let _ = channel;
+//! # Ok(()) }
+//! ```
+//!
+//! Replicas that come and go are fed as tower [`Change`]s: through the sender
+//! [`Replicas::balance_channel`] returns (the shape of tonic's `Channel::balance_channel`),
+//! or from any [`Discover`](tower::discover::Discover) stream with [`Replicas::discover`].
+//!
+//! # Readiness contract
+//!
+//! `poll_ready` is always ready: the replica is chosen in `call`, and the response future
+//! readies that replica's service (a clone of it) before sending. A tonic `Channel` is
+//! ready while its buffer has room, so this waits only when a replica's buffer is full.
+//!
+//! # What counts as a replica's answer
+//!
+//! The outcome is read when the response headers arrive (a trailers-only status, or
+//! headers that commit the call: a success for the replica) or the attempt fails; an
+//! attempt dropped before that (its timeout ran out, the call was cancelled) counts its
+//! time as latency. A committed stream that fails later is not seen. Attempts in flight
+//! are counted until the headers arrive.
+
+mod discover;
+mod future;
+#[cfg(feature = "opentelemetry")]
+pub mod metrics;
+mod route;
+
+use std::fmt;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use stormguard_core::Instant;
+use stormguard_core::replica::{
+    ReplicaId, ReplicaOutcome, ReplicaSet, ReplicaSnapshot, ReplicaState, Transition,
+};
+use tower_service::Service;
+
+pub use self::future::{NoReplica, ResponseFuture};
+pub use self::route::Route;
+pub use stormguard_core::replica::{
+    EjectReason, EjectionConfig, LoadConfig, ReplicaConfig, SlowStartConfig,
+};
+pub use tower::discover::Change;
+
+use self::route::REMEMBERED;
+use crate::status::BoxError;
+
+/// A balanced channel over replicas that picks one per attempt (see the
+/// [module docs](self)). Clones share the replicas and their health.
+pub struct Replicas<S, K> {
+    shared: Arc<Shared<S, K>>,
+}
+
+impl<S, K> Clone for Replicas<S, K> {
+    fn clone(&self) -> Self {
+        Replicas {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S, K: fmt::Debug> fmt::Debug for Replicas<S, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = self.shared.lock();
+        f.debug_struct("Replicas")
+            .field(
+                "keys",
+                &inner.members.iter().map(|m| &m.key).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct Shared<S, K> {
+    inner: Mutex<Inner<S, K>>,
+}
+
+struct Inner<S, K> {
+    set: ReplicaSet,
+    /// In the order of `set` (sorted by id).
+    members: Vec<Member<S, K>>,
+    /// Whether any attempt went out yet: a replica added after that joins with slow start.
+    serving: bool,
+}
+
+struct Member<S, K> {
+    id: ReplicaId,
+    key: K,
+    name: Arc<str>,
+    svc: S,
+}
+
+/// A replica as [`Replicas::snapshot`] reports it.
+#[derive(Clone, Debug)]
+pub struct ReplicaReport<K> {
+    /// The replica's key (for [`Replicas::from_endpoints`], the endpoint's URI).
+    pub key: K,
+    /// Where it stands.
+    pub state: ReplicaState,
+    /// Its counters and estimates.
+    pub snapshot: ReplicaSnapshot,
+}
+
+impl<S, K> Shared<S, K> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner<S, K>> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Reports the end of an attempt to the set it was chosen from (the response future does
+/// not need the replicas' service and key types).
+pub(crate) trait EndAttempt: Send + Sync {
+    fn end(&self, id: ReplicaId, outcome: ReplicaOutcome, started: Instant);
+}
+
+impl<S: Send, K: Send> EndAttempt for Shared<S, K> {
+    fn end(&self, id: ReplicaId, outcome: ReplicaOutcome, started: Instant) {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        if inner.set.end_at(id, outcome, started, now).is_some() {
+            let transitions = inner.set.take_transitions();
+            let names: Vec<_> = transitions
+                .iter()
+                .map(|t| inner.name_of(transition_id(t)))
+                .collect();
+            drop(inner);
+            for (t, name) in transitions.iter().zip(names) {
+                log_transition(t, name.as_deref().unwrap_or("?"));
+            }
+        }
+    }
+}
+
+fn transition_id(t: &Transition) -> ReplicaId {
+    match *t {
+        Transition::Ejected { id, .. } | Transition::Returned { id } => id,
+    }
+}
+
+/// INFO, once per transition.
+fn log_transition(t: &Transition, replica: &str) {
+    match *t {
+        Transition::Ejected {
+            reason,
+            duration,
+            ejections,
+            ..
+        } => tracing::info!(
+            replica,
+            reason = reason.as_str(),
+            ejections,
+            ejected_for_ms = duration.as_millis() as u64,
+            "stormguard: replica ejected"
+        ),
+        Transition::Returned { .. } => {
+            tracing::info!(replica, "stormguard: replica returned")
+        }
+    }
+}
+
+impl<S, K> Inner<S, K> {
+    fn index(&self, id: ReplicaId) -> Option<usize> {
+        self.members.binary_search_by_key(&id, |m| m.id).ok()
+    }
+
+    fn name_of(&self, id: ReplicaId) -> Option<Arc<str>> {
+        self.index(id).map(|i| Arc::clone(&self.members[i].name))
+    }
+}
+
+impl<S, K> Replicas<S, K>
+where
+    K: Clone + Eq + Hash + fmt::Display,
+{
+    /// A channel over `services`, each a replica under its key (all at a full share).
+    pub fn from_services(
+        config: ReplicaConfig,
+        services: impl IntoIterator<Item = (K, S)>,
+    ) -> Result<Self, stormguard_core::ConfigError> {
+        let replicas = Replicas {
+            shared: Arc::new(Shared {
+                inner: Mutex::new(Inner {
+                    set: ReplicaSet::new(config)?,
+                    members: Vec::new(),
+                    serving: false,
+                }),
+            }),
+        };
+        for (key, svc) in services {
+            replicas.insert(key, svc);
+        }
+        Ok(replicas)
+    }
+
+    /// Adds a replica (replacing the one with the same key, as tower's `Change::Insert`
+    /// does). Before the first call it starts at a full share; later, it ramps up.
+    pub fn insert(&self, key: K, svc: S) {
+        let now = Instant::now();
+        let mut inner = self.shared.lock();
+        remove_key(&mut inner, &key);
+        let id = if inner.serving {
+            inner.set.insert_warming_at(now)
+        } else {
+            inner.set.insert_at(now)
+        };
+        let name = Arc::from(key.to_string());
+        inner.members.push(Member { id, key, name, svc });
+    }
+
+    /// Removes the replica with `key`; attempts in flight on it finish.
+    pub fn remove(&self, key: &K) -> bool {
+        remove_key(&mut self.shared.lock(), key)
+    }
+
+    /// Every replica's key, state and counters, oldest first.
+    pub fn snapshot(&self) -> Vec<ReplicaReport<K>> {
+        let now = Instant::now();
+        let inner = self.shared.lock();
+        inner
+            .members
+            .iter()
+            .filter_map(|m| {
+                let snapshot = inner.set.snapshot_at(m.id, now)?;
+                Some(ReplicaReport {
+                    key: m.key.clone(),
+                    state: snapshot.state,
+                    snapshot,
+                })
+            })
+            .collect()
+    }
+
+    /// How many replicas the channel holds.
+    pub fn len(&self) -> usize {
+        self.shared.lock().members.len()
+    }
+
+    /// Whether the channel holds no replica.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn remove_key<S, K: Eq>(inner: &mut Inner<S, K>, key: &K) -> bool {
+    let Some(i) = inner.members.iter().position(|m| &m.key == key) else {
+        return false;
+    };
+    let member = inner.members.remove(i);
+    inner.set.remove(member.id);
+    true
+}
+
+impl<S, K, B, RB> Service<http::Request<B>> for Replicas<S, K>
+where
+    S: Service<http::Request<B>, Response = http::Response<RB>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    K: Send + 'static,
+{
+    type Response = http::Response<RB>;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, B>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // The replica is chosen in `call`; its own readiness is waited for in the future.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let route = request.extensions().get::<Route>();
+        let mut tried = [ReplicaId::default(); REMEMBERED];
+        let n = route.map_or(0, |r| r.tried(&mut tried));
+        let now = Instant::now();
+        let mut inner = self.shared.lock();
+        inner.serving = true;
+        let Some(id) = inner.set.pick_at(&tried[..n], now) else {
+            return ResponseFuture::no_replica();
+        };
+        let Some(i) = inner.index(id) else {
+            return ResponseFuture::no_replica();
+        };
+        let svc = inner.members[i].svc.clone();
+        drop(inner);
+        if let Some(route) = route {
+            route.record(id);
+        }
+        let ends: Arc<dyn EndAttempt> = self.shared.clone();
+        ResponseFuture::new(svc, request, ends, id, now)
+    }
+}
+
+#[cfg(feature = "transport")]
+mod transport {
+    use tonic::transport::{Channel, Endpoint};
+
+    use super::*;
+
+    impl Replicas<Channel, http::Uri> {
+        /// A channel over `endpoints`, each a replica with its own lazily connected tonic
+        /// [`Channel`] (so an endpoint that is down at start is ejected like any failing
+        /// replica, not an error here), keyed by its URI. Must be called within a tokio
+        /// runtime, as `Endpoint::connect_lazy`.
+        pub fn from_endpoints(
+            config: ReplicaConfig,
+            endpoints: impl IntoIterator<Item = Endpoint>,
+        ) -> Result<Self, stormguard_core::ConfigError> {
+            Replicas::from_services(
+                config,
+                endpoints
+                    .into_iter()
+                    .map(|e| (e.uri().clone(), e.connect_lazy())),
+            )
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! What a logical call has tried: passed down from the retry layer in each attempt's
+//! request extensions, written by the channel when it picks a replica.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use stormguard_core::replica::ReplicaId;
+
+/// How many of a call's replicas a [`Route`] remembers (its latest ones).
+pub(crate) const REMEMBERED: usize = 8;
+
+/// The replicas one logical call has used so far, shared by its attempts.
+///
+/// The [`RetryLayer`](crate::RetryLayer) built with
+/// [`over_replicas`](crate::RetryLayer::over_replicas) puts one `Route` in the extensions
+/// of every attempt of a call; [`Replicas`](super::Replicas) reads it to send a retry to a
+/// replica the call has not tried, records the replica it chose, and the retry layer then
+/// charges the retry budget of that replica. Clones share the same record.
+///
+/// ```
+/// use stormguard_client::replicas::Route;
+///
+/// let route = Route::new();
+/// let mut request = http::Request::new(());
+/// request.extensions_mut().insert(route.clone());
+/// assert_eq!(route.attempts(), 0);
+/// assert!(route.last().is_none());
+/// ```
+#[derive(Clone, Default)]
+pub struct Route(Arc<Mutex<Tried>>);
+
+#[derive(Default)]
+struct Tried {
+    ids: [Option<ReplicaId>; REMEMBERED],
+    count: u32,
+}
+
+impl Route {
+    /// A route that has tried nothing yet.
+    pub fn new() -> Self {
+        Route::default()
+    }
+
+    /// The replica of the latest attempt, if one was chosen.
+    pub fn last(&self) -> Option<ReplicaId> {
+        let tried = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match tried.count {
+            0 => None,
+            n => tried.ids[(n as usize - 1) % REMEMBERED],
+        }
+    }
+
+    /// Attempts that were sent to a replica.
+    pub fn attempts(&self) -> u32 {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).count
+    }
+
+    /// Whether an attempt of this call went to `id`.
+    pub fn has_tried(&self, id: ReplicaId) -> bool {
+        let tried = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        tried.ids.contains(&Some(id))
+    }
+
+    /// Copies the replicas tried into `into`; returns how many.
+    pub(crate) fn tried(&self, into: &mut [ReplicaId; REMEMBERED]) -> usize {
+        let tried = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut n = 0;
+        for id in tried.ids.iter().flatten() {
+            into[n] = *id;
+            n += 1;
+        }
+        n
+    }
+
+    /// An attempt went to `id`.
+    pub(crate) fn record(&self, id: ReplicaId) {
+        let mut tried = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let slot = tried.count as usize % REMEMBERED;
+        tried.ids[slot] = Some(id);
+        tried.count = tried.count.saturating_add(1);
+    }
+}
+
+impl fmt::Debug for Route {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Route")
+            .field("attempts", &self.attempts())
+            .field("last", &self.last())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use stormguard_core::Instant;
+    use stormguard_core::replica::{ReplicaConfig, ReplicaSet};
+
+    #[test]
+    fn remembers_the_latest_replicas() {
+        let mut set = ReplicaSet::new(ReplicaConfig::default()).unwrap();
+        let ids: Vec<_> = (0..10).map(|_| set.insert_at(Instant::now())).collect();
+        let route = Route::new();
+        for &id in &ids {
+            route.record(id);
+        }
+        assert_eq!(route.attempts(), 10);
+        assert_eq!(route.last(), Some(ids[9]));
+        let mut buf = [ids[0]; REMEMBERED];
+        assert_eq!(route.tried(&mut buf), REMEMBERED);
+        assert!(route.has_tried(ids[9]) && route.has_tried(ids[2]));
+        assert!(!route.has_tried(ids[1]), "the oldest are forgotten");
+    }
+}

@@ -1,0 +1,1264 @@
+//! Choosing a replica for each attempt, and keeping failing replicas out of the choice.
+//!
+//! # Why the choice is made per attempt, seeing what the call already tried
+//!
+//! tower's power-of-two-choices balancer picks an endpoint in `poll_ready`, before it sees
+//! the request, and tonic's connections report no load, so the pick is uniform: a retry
+//! goes straight back to the replica that just failed one time in *n*, and a replica that
+//! fails fast keeps its full share. A [`ReplicaSet`] picks per attempt, given the replicas
+//! the logical call has already tried, by the **power of two choices** over a cost that
+//! sees what tonic does not:
+//!
+//! - *load*: a peak-EWMA of the replica's latency (a slow answer raises it at once, it
+//!   decays over [`LoadConfig::decay`]) times the attempts in flight on it plus one;
+//! - *health*: an EWMA of its answers in which a failure or an overload answer counts 0 and
+//!   anything else 1, divided into the cost, so a replica that fails fast (and so finishes
+//!   calls fastest) does not attract a least-loaded choice; the memory of failures fades
+//!   over [`LoadConfig::failure_decay`] while the replica gets no traffic, so it is tried
+//!   again;
+//! - *slow start*: a replica that is new or returns from ejection takes a share that ramps
+//!   from [`SlowStartConfig::min_weight`] to a full share over [`SlowStartConfig::window`]
+//!   (the seed's cold process flattened by its full share of synchronized retries).
+//!
+//! # Why eject, and why not on overload
+//!
+//! A replica whose process died stays in tonic's balancer while reconnects fail, and one
+//! that answers every call `UNAVAILABLE` keeps a weight above zero. Outlier ejection takes
+//! such a replica out of the choice entirely, in the spirit of Envoy's outlier detection
+//! and linkerd's failure accrual: after [`EjectionConfig::consecutive_failures`] failures
+//! in a row, or when failures reach [`EjectionConfig::failure_share`] of at least
+//! [`EjectionConfig::min_requests`] answers over [`EjectionConfig::window`]. It stays out
+//! for a jittered time that doubles with each ejection in a row (from
+//! [`EjectionConfig::base_time`] to [`EjectionConfig::max_time`]); then a single probe
+//! attempt is let through, and its answer returns the replica (with slow start) or ejects
+//! it again for longer. At most [`EjectionConfig::max_ejected_share`] of the replicas (at
+//! least one, never the last) are out at once, so a fault that hits every replica cannot
+//! empty the set.
+//!
+//! Only answers that say the replica is broken count: a transport failure, `UNAVAILABLE`
+//! without a pushback, `INTERNAL`, `UNKNOWN`, `DATA_LOSS` ([`ReplicaOutcome::Failure`]). An
+//! overload answer (a shed with a pushback, `RESOURCE_EXHAUSTED`) or an attempt cut off by
+//! its timeout says the replica is busy, not broken: it lowers the replica's health or
+//! raises its latency, so the choice sends it less, but never ejects it. Ejecting busy
+//! replicas moves their load onto the rest, which is how an overload spreads.
+//!
+//! Everything takes the time as an argument (`*_at(now)`) and draws from a seeded RNG, so a
+//! test or a simulator drives it deterministically.
+//!
+//! ```
+//! use std::time::Duration;
+//! use stormguard_core::Instant;
+//! use stormguard_core::replica::{ReplicaConfig, ReplicaOutcome, ReplicaSet};
+//!
+//! let config = ReplicaConfig { seed: Some(7), ..ReplicaConfig::default() };
+//! let mut set = ReplicaSet::new(config)?;
+//! let now = Instant::now();
+//! let a = set.insert_at(now);
+//! let b = set.insert_at(now);
+//!
+//! // Five failures in a row eject `a`.
+//! for _ in 0..5 {
+//!     let pick = set.pick_at(&[b], now).unwrap(); // `b` already tried: `a` is chosen
+//!     assert_eq!(pick, a);
+//!     set.end_at(a, ReplicaOutcome::Failure, now, now);
+//! }
+//! assert!(set.snapshot_at(a, now).unwrap().state.is_ejected());
+//! // Now every attempt goes to `b`, even a retry that already tried it.
+//! assert_eq!(set.pick_at(&[b], now), Some(b));
+//! # Ok::<(), stormguard_core::config::ConfigError>(())
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::Instant;
+use crate::error::ConfigError;
+
+/// How a [`ReplicaSet`] chooses and ejects replicas.
+///
+/// Build it with `..ReplicaConfig::default()` for the fields you do not set. Deserializes
+/// from an object of these fields, each optional; unknown fields are refused.
+#[derive(Debug, Clone, PartialEq, Default, serde::Deserialize)]
+#[serde(
+    default,
+    deny_unknown_fields,
+    expecting = "an object of replica settings"
+)]
+pub struct ReplicaConfig {
+    /// When a replica is taken out of the choice.
+    pub ejection: EjectionConfig,
+    /// How a new or returning replica's share ramps up.
+    pub slow_start: SlowStartConfig,
+    /// How load and health are estimated.
+    pub load: LoadConfig,
+    /// The seed of the choice and of the ejection jitter; `None` draws one.
+    pub seed: Option<u64>,
+}
+
+/// When a replica is ejected, and for how long. See [the module docs](self).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(
+    default,
+    deny_unknown_fields,
+    expecting = "an object of ejection settings"
+)]
+pub struct EjectionConfig {
+    /// Failures in a row that eject a replica; 0 turns this rule off.
+    #[serde(deserialize_with = "crate::config::whole")]
+    pub consecutive_failures: u32,
+    /// The share of failed answers over `window` that ejects a replica, in (0, 1]; with
+    /// fewer than `min_requests` answers in the window the rule does not apply.
+    #[serde(deserialize_with = "crate::config::finite")]
+    pub failure_share: f64,
+    /// Answers needed in the window before `failure_share` applies; 0 turns that rule off.
+    #[serde(deserialize_with = "crate::config::whole")]
+    pub min_requests: u32,
+    /// The window of `failure_share`, and how long a returned replica must stay healthy
+    /// before its next ejection starts again from `base_time`. 1 s to 10 min.
+    #[serde(with = "crate::config::duration")]
+    pub window: Duration,
+    /// The first ejection's length; each ejection in a row doubles it. 10 ms to 1 h.
+    #[serde(with = "crate::config::duration")]
+    pub base_time: Duration,
+    /// The longest ejection, at least `base_time`, at most 1 h.
+    #[serde(with = "crate::config::duration")]
+    pub max_time: Duration,
+    /// Each ejection lasts up to this fraction longer, at random, so that clients that saw
+    /// the same failures do not probe together. In [0, 1].
+    #[serde(deserialize_with = "crate::config::finite")]
+    pub jitter: f64,
+    /// The most replicas out at once, as a share of the set, in [0, 1]; at least one when
+    /// the set has two or more, and never the last one. 0 turns ejection off.
+    #[serde(deserialize_with = "crate::config::finite")]
+    pub max_ejected_share: f64,
+}
+
+impl Default for EjectionConfig {
+    /// 5 failures in a row, or half of at least 20 answers in 10 s; ejected for 1 s
+    /// doubling to 60 s, up to 50 % longer at random; at most half the replicas out.
+    fn default() -> Self {
+        EjectionConfig {
+            consecutive_failures: 5,
+            failure_share: 0.5,
+            min_requests: 20,
+            window: Duration::from_secs(10),
+            base_time: Duration::from_secs(1),
+            max_time: Duration::from_secs(60),
+            jitter: 0.5,
+            max_ejected_share: 0.5,
+        }
+    }
+}
+
+/// How a new or returning replica's share ramps up.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(
+    default,
+    deny_unknown_fields,
+    expecting = "an object of slow-start settings"
+)]
+pub struct SlowStartConfig {
+    /// How long the ramp lasts; 0 turns slow start off. At most 10 min.
+    #[serde(with = "crate::config::duration")]
+    pub window: Duration,
+    /// The share a replica starts from, as a fraction of a full one, in (0, 1].
+    #[serde(deserialize_with = "crate::config::finite")]
+    pub min_weight: f64,
+}
+
+impl Default for SlowStartConfig {
+    /// A 5 s linear ramp from a tenth of a full share.
+    fn default() -> Self {
+        SlowStartConfig {
+            window: Duration::from_secs(5),
+            min_weight: 0.1,
+        }
+    }
+}
+
+/// How a replica's load and health are estimated.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields, expecting = "an object of load settings")]
+pub struct LoadConfig {
+    /// How fast the peak-EWMA latency forgets a slow answer. 10 ms to 1 min.
+    #[serde(with = "crate::config::duration")]
+    pub decay: Duration,
+    /// The latency a replica is assumed to have before its first answer, and the one its
+    /// estimate returns to while it gets none. Keep it at or below the service's real
+    /// latency: an optimistic guess makes the choice try a replica it knows nothing about,
+    /// a pessimistic one starves it. 1 µs to 1 min.
+    #[serde(with = "crate::config::duration")]
+    pub default_rtt: Duration,
+    /// How fast the memory of failures fades while a replica gets no answers (so a replica
+    /// avoided for its failures is tried again). 10 ms to 10 min.
+    #[serde(with = "crate::config::duration")]
+    pub failure_decay: Duration,
+}
+
+impl Default for LoadConfig {
+    /// Latency decays over 1 s towards an assumed 1 ms; failures fade over 5 s.
+    fn default() -> Self {
+        LoadConfig {
+            decay: Duration::from_secs(1),
+            default_rtt: Duration::from_millis(1),
+            failure_decay: Duration::from_secs(5),
+        }
+    }
+}
+
+impl ReplicaConfig {
+    /// Checks every field; the error names the first field out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let e = &self.ejection;
+        let within = |field: &str, d: Duration, lo: Duration, hi: Duration| {
+            if d < lo || d > hi {
+                Err(ConfigError::invalid(
+                    field,
+                    format!("must be between {lo:?} and {hi:?}, got {d:?}"),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        let share = |field: &str, x: f64, zero_ok: bool| {
+            let ok = x.is_finite() && x <= 1.0 && (x > 0.0 || (zero_ok && x == 0.0));
+            if ok {
+                Ok(())
+            } else {
+                let range = if zero_ok { "[0, 1]" } else { "(0, 1]" };
+                Err(ConfigError::invalid(
+                    field,
+                    format!("must be in {range}, got {x}"),
+                ))
+            }
+        };
+        const HOUR: Duration = Duration::from_secs(3600);
+        const TEN_MIN: Duration = Duration::from_secs(600);
+        share("replicas.ejection.failure_share", e.failure_share, false)?;
+        within(
+            "replicas.ejection.window",
+            e.window,
+            Duration::from_secs(1),
+            TEN_MIN,
+        )?;
+        within(
+            "replicas.ejection.base_time",
+            e.base_time,
+            Duration::from_millis(10),
+            HOUR,
+        )?;
+        within("replicas.ejection.max_time", e.max_time, e.base_time, HOUR)?;
+        share("replicas.ejection.jitter", e.jitter, true)?;
+        share(
+            "replicas.ejection.max_ejected_share",
+            e.max_ejected_share,
+            true,
+        )?;
+        within(
+            "replicas.slow_start.window",
+            self.slow_start.window,
+            Duration::ZERO,
+            TEN_MIN,
+        )?;
+        share(
+            "replicas.slow_start.min_weight",
+            self.slow_start.min_weight,
+            false,
+        )?;
+        let l = &self.load;
+        within(
+            "replicas.load.decay",
+            l.decay,
+            Duration::from_millis(10),
+            Duration::from_secs(60),
+        )?;
+        within(
+            "replicas.load.default_rtt",
+            l.default_rtt,
+            Duration::from_micros(1),
+            Duration::from_secs(60),
+        )?;
+        within(
+            "replicas.load.failure_decay",
+            l.failure_decay,
+            Duration::from_millis(10),
+            TEN_MIN,
+        )?;
+        Ok(())
+    }
+}
+
+/// A replica's identity within its [`ReplicaSet`], never reused. (The default, 0, is the
+/// first replica a set adds.)
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReplicaId(u64);
+
+impl ReplicaId {
+    /// The number behind the id (for a budget key or a log line).
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for ReplicaId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "replica-{}", self.0)
+    }
+}
+
+/// How an attempt on a replica ended, for its health. The layer reads it from the answer;
+/// the [module docs](self) say which answers are which.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplicaOutcome {
+    /// An answer from a working replica: `OK`, or an application status (`NOT_FOUND`,
+    /// `INVALID_ARGUMENT`, ...), or a committed response.
+    Success,
+    /// The replica is broken: a transport failure, `UNAVAILABLE` without a pushback,
+    /// `INTERNAL`, `UNKNOWN`, `DATA_LOSS`. Counts towards ejection.
+    Failure,
+    /// The replica is busy: a pushback, `RESOURCE_EXHAUSTED`, or a server-side
+    /// `DEADLINE_EXCEEDED`. Lowers its health in the choice; never ejects it.
+    Overload,
+    /// The attempt was dropped before it answered (its timeout ran out, the caller went
+    /// away): its time so far is a latency sample, nothing more.
+    CutOff,
+}
+
+/// Where a replica stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplicaState {
+    /// In the choice at its full share.
+    Active,
+    /// In the choice, its share ramping up until `until` (slow start).
+    Warming {
+        /// When it reaches a full share.
+        until: Instant,
+    },
+    /// Out of the choice until `until`.
+    Ejected {
+        /// When a probe may go to it.
+        until: Instant,
+    },
+    /// Its ejection ended: one probe attempt at a time decides whether it returns.
+    Probing,
+}
+
+impl ReplicaState {
+    /// Whether the replica is out of the choice.
+    pub fn is_ejected(&self) -> bool {
+        matches!(self, ReplicaState::Ejected { .. })
+    }
+
+    /// A short name for metrics and logs: `active`, `warming`, `ejected`, `probing`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ReplicaState::Active => "active",
+            ReplicaState::Warming { .. } => "warming",
+            ReplicaState::Ejected { .. } => "ejected",
+            ReplicaState::Probing => "probing",
+        }
+    }
+}
+
+/// Why a replica was ejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EjectReason {
+    /// [`EjectionConfig::consecutive_failures`] in a row.
+    ConsecutiveFailures,
+    /// [`EjectionConfig::failure_share`] over the window.
+    FailureShare,
+    /// The probe after an ejection failed.
+    ProbeFailed,
+}
+
+impl EjectReason {
+    /// `consecutive_failures`, `failure_share` or `probe_failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EjectReason::ConsecutiveFailures => "consecutive_failures",
+            EjectReason::FailureShare => "failure_share",
+            EjectReason::ProbeFailed => "probe_failed",
+        }
+    }
+}
+
+/// A change of a replica's standing, for logs and metrics (each reported once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transition {
+    /// Taken out of the choice for `duration`.
+    Ejected {
+        /// The replica.
+        id: ReplicaId,
+        /// Why.
+        reason: EjectReason,
+        /// For how long.
+        duration: Duration,
+        /// Its ejections so far, this one included.
+        ejections: u64,
+    },
+    /// Its probe succeeded: back in the choice (with slow start).
+    Returned {
+        /// The replica.
+        id: ReplicaId,
+    },
+}
+
+/// What is known of one replica, for stats and metrics.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReplicaSnapshot {
+    /// The replica.
+    pub id: ReplicaId,
+    /// Where it stands.
+    pub state: ReplicaState,
+    /// Attempts in flight on it.
+    pub in_flight: u32,
+    /// Attempts sent to it.
+    pub attempts: u64,
+    /// Its answers that were [`ReplicaOutcome::Failure`].
+    pub failures: u64,
+    /// Its answers that were [`ReplicaOutcome::Overload`].
+    pub overloads: u64,
+    /// Times it was ejected.
+    pub ejections: u64,
+    /// Its peak-EWMA latency now.
+    pub latency: Duration,
+    /// Its health now, in [0, 1] (1: no recent failure).
+    pub health: f64,
+    /// Its slow-start weight now, in (0, 1].
+    pub weight: f64,
+}
+
+/// The weight of one new answer in the health EWMA.
+const HEALTH_ALPHA: f64 = 0.1;
+/// Health never divides the cost by less than this (a replica with no health left still
+/// has a finite cost, so that when every replica is failing the least bad one is chosen).
+const MIN_HEALTH: f64 = 0.01;
+
+struct Replica {
+    id: ReplicaId,
+    state: ReplicaState,
+    /// Ejections in a row (for the doubling), cleared after a healthy window.
+    streak: u32,
+    /// When it last returned or was added (the healthy window counts from here).
+    since: Instant,
+    consecutive: u32,
+    window_start: Instant,
+    window: [Counts; 2],
+    in_flight: u32,
+    /// Peak-EWMA latency in nanoseconds, as of `latency_at`.
+    latency_ns: f64,
+    latency_at: Instant,
+    /// Health EWMA, as of `health_at`.
+    health: f64,
+    health_at: Instant,
+    attempts: u64,
+    failures: u64,
+    overloads: u64,
+    ejections: u64,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Counts {
+    answers: u32,
+    failures: u32,
+}
+
+/// The replicas of one dependency, their health and the choice between them. Not
+/// thread-safe itself: a layer keeps it behind a lock (every operation is short and
+/// allocates nothing once the set is built).
+pub struct ReplicaSet {
+    config: ReplicaConfig,
+    replicas: Vec<Replica>,
+    next_id: u64,
+    rng: fastrand::Rng,
+    scratch: Vec<usize>,
+    transitions: Vec<Transition>,
+}
+
+impl fmt::Debug for ReplicaSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReplicaSet")
+            .field("replicas", &self.replicas.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReplicaSet {
+    /// An empty set for `config` (validated first).
+    pub fn new(config: ReplicaConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let seed = config.seed.unwrap_or_else(|| fastrand::u64(..));
+        Ok(ReplicaSet {
+            config,
+            replicas: Vec::new(),
+            next_id: 0,
+            rng: fastrand::Rng::with_seed(seed),
+            scratch: Vec::new(),
+            transitions: Vec::new(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ReplicaConfig {
+        &self.config
+    }
+
+    /// How many replicas the set holds.
+    pub fn len(&self) -> usize {
+        self.replicas.len()
+    }
+
+    /// Whether the set holds no replica.
+    pub fn is_empty(&self) -> bool {
+        self.replicas.is_empty()
+    }
+
+    /// Adds a replica that starts at a full share (the set a client starts with).
+    pub fn insert_at(&mut self, now: Instant) -> ReplicaId {
+        self.add(now, ReplicaState::Active)
+    }
+
+    /// Adds a replica that joins a set already serving: its share ramps up over the
+    /// slow-start window.
+    pub fn insert_warming_at(&mut self, now: Instant) -> ReplicaId {
+        let state = self.warming_from(now);
+        self.add(now, state)
+    }
+
+    fn warming_from(&self, now: Instant) -> ReplicaState {
+        if self.config.slow_start.window.is_zero() {
+            ReplicaState::Active
+        } else {
+            ReplicaState::Warming {
+                until: now + self.config.slow_start.window,
+            }
+        }
+    }
+
+    fn add(&mut self, now: Instant, state: ReplicaState) -> ReplicaId {
+        let id = ReplicaId(self.next_id);
+        self.next_id += 1;
+        self.replicas.push(Replica {
+            id,
+            state,
+            streak: 0,
+            since: now,
+            consecutive: 0,
+            window_start: now,
+            window: [Counts::default(); 2],
+            in_flight: 0,
+            latency_ns: self.config.load.default_rtt.as_nanos() as f64,
+            latency_at: now,
+            health: 1.0,
+            health_at: now,
+            attempts: 0,
+            failures: 0,
+            overloads: 0,
+            ejections: 0,
+        });
+        id
+    }
+
+    /// Removes a replica; answers that arrive for it later are ignored.
+    pub fn remove(&mut self, id: ReplicaId) -> bool {
+        match self.index(id) {
+            Some(i) => {
+                self.replicas.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The ids of every replica, oldest first.
+    pub fn ids(&self) -> impl Iterator<Item = ReplicaId> + '_ {
+        self.replicas.iter().map(|r| r.id)
+    }
+
+    fn index(&self, id: ReplicaId) -> Option<usize> {
+        // Ids only grow and replicas are appended: the vector is sorted by id.
+        self.replicas.binary_search_by_key(&id, |r| r.id).ok()
+    }
+
+    /// Chooses the replica for an attempt at `now`, avoiding those in `tried` (the ones
+    /// this logical call already used) when another is in the choice, and counts the
+    /// attempt as in flight on it until [`end_at`](Self::end_at). `None` only when the set
+    /// is empty.
+    ///
+    /// The candidates are the replicas in the choice (active, warming, or probing with no
+    /// probe in flight) that the call has not tried; if there are none, those in the choice
+    /// that it has; if there are none either (every replica is out), every replica (the
+    /// least bad one is better than failing the call here). Among the candidates two are
+    /// drawn at random and the one of lower cost wins.
+    pub fn pick_at(&mut self, tried: &[ReplicaId], now: Instant) -> Option<ReplicaId> {
+        if self.replicas.is_empty() {
+            return None;
+        }
+        self.refresh_at(now);
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        let in_choice = |r: &Replica| match r.state {
+            ReplicaState::Active | ReplicaState::Warming { .. } => true,
+            ReplicaState::Probing => r.in_flight == 0,
+            ReplicaState::Ejected { .. } => false,
+        };
+        scratch.extend(
+            self.replicas
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| in_choice(r) && !tried.contains(&r.id))
+                .map(|(i, _)| i),
+        );
+        if scratch.is_empty() {
+            scratch.extend(
+                self.replicas
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| in_choice(r))
+                    .map(|(i, _)| i),
+            );
+        }
+        if scratch.is_empty() {
+            scratch.extend(0..self.replicas.len());
+        }
+        let chosen = match scratch.len() {
+            1 => scratch[0],
+            n => {
+                let a = self.rng.usize(..n);
+                let mut b = self.rng.usize(..n - 1);
+                if b >= a {
+                    b += 1;
+                }
+                let (a, b) = (scratch[a], scratch[b]);
+                if self.cost_at(b, now) < self.cost_at(a, now) {
+                    b
+                } else {
+                    a
+                }
+            }
+        };
+        self.scratch = scratch;
+        let r = &mut self.replicas[chosen];
+        r.in_flight = r.in_flight.saturating_add(1);
+        r.attempts += 1;
+        Some(r.id)
+    }
+
+    /// The replica's cost at `now`: latency × (in flight + 1) / (health × slow-start
+    /// weight).
+    fn cost_at(&self, i: usize, now: Instant) -> f64 {
+        let r = &self.replicas[i];
+        let latency = self.latency_at(r, now);
+        let health = self.health_at(r, now).max(MIN_HEALTH);
+        let weight = self.weight_at(r, now);
+        latency * f64::from(r.in_flight + 1) / (health * weight)
+    }
+
+    /// The peak-EWMA latency at `now`, in nanoseconds: while no answer arrives it returns
+    /// towards the assumed `default_rtt` over `load.decay`, so a replica avoided for a slow
+    /// answer comes back into the choice, and one that has not been chosen for a while
+    /// (whose estimate says nothing any more) is tried again.
+    fn latency_at(&self, r: &Replica, now: Instant) -> f64 {
+        let floor = self.config.load.default_rtt.as_nanos() as f64;
+        let elapsed = now.saturating_duration_since(r.latency_at).as_secs_f64();
+        let w = (-elapsed / self.config.load.decay.as_secs_f64()).exp();
+        floor + (r.latency_ns - floor) * w
+    }
+
+    /// The health at `now`: the EWMA of answers, its failures fading over
+    /// `load.failure_decay` since the last answer.
+    fn health_at(&self, r: &Replica, now: Instant) -> f64 {
+        let elapsed = now.saturating_duration_since(r.health_at).as_secs_f64();
+        let w = (-elapsed / self.config.load.failure_decay.as_secs_f64()).exp();
+        1.0 - (1.0 - r.health) * w
+    }
+
+    fn weight_at(&self, r: &Replica, now: Instant) -> f64 {
+        let ReplicaState::Warming { until } = r.state else {
+            return 1.0;
+        };
+        let window = self.config.slow_start.window.as_secs_f64();
+        let left = until.saturating_duration_since(now).as_secs_f64();
+        let ramp = if window > 0.0 {
+            1.0 - left / window
+        } else {
+            1.0
+        };
+        ramp.clamp(self.config.slow_start.min_weight, 1.0)
+    }
+
+    /// Ends ejections and warm-ups that are over, and clears the ejection streak of a
+    /// replica that stayed healthy for a window.
+    fn refresh_at(&mut self, now: Instant) {
+        let window = self.config.ejection.window;
+        for r in &mut self.replicas {
+            match r.state {
+                ReplicaState::Ejected { until } if now >= until => r.state = ReplicaState::Probing,
+                ReplicaState::Warming { until } if now >= until => r.state = ReplicaState::Active,
+                _ => {}
+            }
+            if r.streak > 0
+                && matches!(r.state, ReplicaState::Active)
+                && now.saturating_duration_since(r.since) >= window
+            {
+                r.streak = 0;
+            }
+        }
+    }
+
+    /// The attempt that [`pick_at`](Self::pick_at) sent to `id` at `started` ended at
+    /// `now` with `outcome`. Returns the transition it caused, if any (also kept for
+    /// [`take_transitions`](Self::take_transitions)).
+    pub fn end_at(
+        &mut self,
+        id: ReplicaId,
+        outcome: ReplicaOutcome,
+        started: Instant,
+        now: Instant,
+    ) -> Option<Transition> {
+        let i = self.index(id)?;
+        let elapsed = now.saturating_duration_since(started).as_nanos() as f64;
+        let latency_now = self.latency_at(&self.replicas[i], now);
+        let health_now = self.health_at(&self.replicas[i], now);
+        let decay = self.config.load.decay.as_secs_f64();
+        let window = self.config.ejection.window;
+        let warming = self.warming_from(now);
+        let r = &mut self.replicas[i];
+        r.in_flight = r.in_flight.saturating_sub(1);
+        // The window of the failure share: two halves, the older one dropped as time moves.
+        let half = window / 2;
+        let since_start = now.saturating_duration_since(r.window_start);
+        if since_start >= window {
+            r.window = [Counts::default(); 2];
+            r.window_start = now;
+        } else if since_start >= half {
+            r.window = [r.window[1], Counts::default()];
+            r.window_start += half;
+        }
+        let sample_latency = |r: &mut Replica| {
+            // Peak EWMA: a slower answer is taken at once, a faster one blends in.
+            r.latency_ns = if elapsed > latency_now {
+                elapsed
+            } else {
+                let dt = now.saturating_duration_since(r.latency_at).as_secs_f64();
+                let w = (-dt / decay).exp();
+                latency_now * w + elapsed * (1.0 - w)
+            };
+            r.latency_at = now;
+        };
+        let sample_health = |r: &mut Replica, x: f64| {
+            r.health = health_now + (x - health_now) * HEALTH_ALPHA;
+            r.health_at = now;
+        };
+        let probing = matches!(r.state, ReplicaState::Probing);
+        match outcome {
+            ReplicaOutcome::Success | ReplicaOutcome::Overload => {
+                sample_latency(r);
+                if outcome == ReplicaOutcome::Success {
+                    sample_health(r, 1.0);
+                    r.consecutive = 0;
+                    r.window[1].answers += 1;
+                } else {
+                    sample_health(r, 0.0);
+                    r.overloads += 1;
+                }
+                if probing {
+                    // It answered: it is back (a busy replica is still a working one).
+                    r.state = warming;
+                    r.since = now;
+                    let t = Transition::Returned { id };
+                    self.transitions.push(t);
+                    return Some(t);
+                }
+                None
+            }
+            ReplicaOutcome::CutOff => {
+                sample_latency(r);
+                if probing {
+                    return self.eject(i, EjectReason::ProbeFailed, now);
+                }
+                None
+            }
+            ReplicaOutcome::Failure => {
+                sample_health(r, 0.0);
+                r.failures += 1;
+                r.consecutive = r.consecutive.saturating_add(1);
+                r.window[1].answers += 1;
+                r.window[1].failures += 1;
+                if probing {
+                    return self.eject(i, EjectReason::ProbeFailed, now);
+                }
+                if matches!(r.state, ReplicaState::Ejected { .. }) {
+                    return None;
+                }
+                let e = &self.config.ejection;
+                let answers = r.window[0].answers + r.window[1].answers;
+                let failures = r.window[0].failures + r.window[1].failures;
+                let reason =
+                    if e.consecutive_failures > 0 && r.consecutive >= e.consecutive_failures {
+                        Some(EjectReason::ConsecutiveFailures)
+                    } else if e.min_requests > 0
+                        && answers >= e.min_requests
+                        && f64::from(failures) >= e.failure_share * f64::from(answers)
+                    {
+                        Some(EjectReason::FailureShare)
+                    } else {
+                        None
+                    };
+                reason.and_then(|reason| self.eject(i, reason, now))
+            }
+        }
+    }
+
+    /// Ejects replica `i` if the cap allows it.
+    fn eject(&mut self, i: usize, reason: EjectReason, now: Instant) -> Option<Transition> {
+        let n = self.replicas.len();
+        let out = self
+            .replicas
+            .iter()
+            .filter(|r| matches!(r.state, ReplicaState::Ejected { .. }))
+            .count();
+        let share = self.config.ejection.max_ejected_share;
+        let cap = if share == 0.0 || n < 2 {
+            0
+        } else {
+            ((share * n as f64).floor() as usize).clamp(1, n - 1)
+        };
+        // A failed probe replaces the replica's own ejection: it does not need room.
+        let probing = matches!(self.replicas[i].state, ReplicaState::Probing);
+        if !probing && out >= cap {
+            return None;
+        }
+        if probing && cap == 0 {
+            self.replicas[i].state = ReplicaState::Active;
+            return None;
+        }
+        let e = &self.config.ejection;
+        let r = &mut self.replicas[i];
+        let doubling = 2u32.saturating_pow(r.streak.min(30));
+        let base = e.base_time.saturating_mul(doubling).min(e.max_time);
+        let duration = base.mul_f64(1.0 + e.jitter * self.rng.f64());
+        r.state = ReplicaState::Ejected {
+            until: now + duration,
+        };
+        r.streak = r.streak.saturating_add(1);
+        r.ejections += 1;
+        r.consecutive = 0;
+        r.window = [Counts::default(); 2];
+        r.window_start = now;
+        let t = Transition::Ejected {
+            id: r.id,
+            reason,
+            duration,
+            ejections: r.ejections,
+        };
+        self.transitions.push(t);
+        Some(t)
+    }
+
+    /// The transitions since the last call, oldest first (at most one per ended attempt).
+    pub fn take_transitions(&mut self) -> Vec<Transition> {
+        std::mem::take(&mut self.transitions)
+    }
+
+    /// What is known of replica `id` at `now`.
+    pub fn snapshot_at(&self, id: ReplicaId, now: Instant) -> Option<ReplicaSnapshot> {
+        let r = &self.replicas[self.index(id)?];
+        let state = match r.state {
+            ReplicaState::Ejected { until } if now >= until => ReplicaState::Probing,
+            ReplicaState::Warming { until } if now >= until => ReplicaState::Active,
+            s => s,
+        };
+        Some(ReplicaSnapshot {
+            id: r.id,
+            state,
+            in_flight: r.in_flight,
+            attempts: r.attempts,
+            failures: r.failures,
+            overloads: r.overloads,
+            ejections: r.ejections,
+            latency: Duration::from_nanos(self.latency_at(r, now) as u64),
+            health: self.health_at(r, now),
+            weight: self.weight_at(r, now),
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn set(seed: u64) -> ReplicaSet {
+        ReplicaSet::new(ReplicaConfig {
+            seed: Some(seed),
+            ..ReplicaConfig::default()
+        })
+        .unwrap()
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// Sends `n` attempts from `now`, one every 200 µs, answering each with `answer(id)`
+    /// after 2 ms (so about ten are in flight at once); returns the attempts per replica.
+    fn run(
+        s: &mut ReplicaSet,
+        ids: &[ReplicaId],
+        n: usize,
+        now: Instant,
+        answer: impl Fn(ReplicaId) -> ReplicaOutcome,
+    ) -> Vec<usize> {
+        let mut per = vec![0; ids.len()];
+        let mut in_flight: std::collections::VecDeque<(ReplicaId, Instant)> = Default::default();
+        let mut t = now;
+        for _ in 0..n {
+            while let Some(&(id, sent)) = in_flight.front() {
+                if sent + 2 * MS > t {
+                    break;
+                }
+                in_flight.pop_front();
+                s.end_at(id, answer(id), sent, sent + 2 * MS);
+            }
+            let id = s.pick_at(&[], t).unwrap();
+            per[ids.iter().position(|&x| x == id).unwrap()] += 1;
+            in_flight.push_back((id, t));
+            t += Duration::from_micros(200);
+        }
+        for (id, sent) in in_flight {
+            s.end_at(id, answer(id), sent, sent + 2 * MS);
+        }
+        per
+    }
+
+    /// Sends one attempt to `id` (every other replica counted as tried, so the choice
+    /// falls on it while it is in the choice) and answers it with `outcome`.
+    fn force(
+        s: &mut ReplicaSet,
+        id: ReplicaId,
+        outcome: ReplicaOutcome,
+        now: Instant,
+    ) -> (ReplicaId, Option<Transition>) {
+        let others: Vec<_> = s.ids().filter(|&x| x != id).collect();
+        let picked = s.pick_at(&others, now).unwrap();
+        let outcome = if picked == id {
+            outcome
+        } else {
+            ReplicaOutcome::Success
+        };
+        (picked, s.end_at(picked, outcome, now, now + MS))
+    }
+
+    #[test]
+    fn healthy_replicas_share_evenly() {
+        let mut s = set(1);
+        let now = Instant::now();
+        let ids: Vec<_> = (0..5).map(|_| s.insert_at(now)).collect();
+        let per = run(&mut s, &ids, 5000, now, |_| ReplicaOutcome::Success);
+        for n in per {
+            assert!((800..1200).contains(&n), "{n}");
+        }
+    }
+
+    #[test]
+    fn a_retry_avoids_the_replicas_it_tried() {
+        let mut s = set(2);
+        let now = Instant::now();
+        let ids: Vec<_> = (0..3).map(|_| s.insert_at(now)).collect();
+        for _ in 0..200 {
+            let first = s.pick_at(&[], now).unwrap();
+            let second = s.pick_at(&[first], now).unwrap();
+            assert_ne!(first, second);
+            let third = s.pick_at(&[first, second], now).unwrap();
+            assert!(third != first && third != second);
+            // With every replica tried, one is still chosen.
+            assert!(s.pick_at(&ids, now).is_some());
+            for id in [first, second, third] {
+                s.end_at(id, ReplicaOutcome::Success, now, now);
+            }
+        }
+    }
+
+    #[test]
+    fn consecutive_failures_eject_then_a_probe_returns_the_replica() {
+        let mut s = set(3);
+        let t0 = Instant::now();
+        let ids: Vec<_> = (0..5).map(|_| s.insert_at(t0)).collect();
+        let bad = ids[0];
+        for i in 0..5 {
+            let (picked, t) = force(&mut s, bad, ReplicaOutcome::Failure, t0);
+            assert_eq!(picked, bad);
+            assert_eq!(t.is_some(), i == 4, "ejected by the fifth failure in a row");
+        }
+        let snap = s.snapshot_at(bad, t0).unwrap();
+        assert!(snap.state.is_ejected());
+        assert_eq!((snap.ejections, snap.failures), (1, 5));
+        let transitions = s.take_transitions();
+        assert!(matches!(
+            transitions[..],
+            [Transition::Ejected {
+                reason: EjectReason::ConsecutiveFailures,
+                ..
+            }]
+        ));
+        // While it is out, even a retry that tried every other replica avoids it.
+        assert_ne!(force(&mut s, bad, ReplicaOutcome::Success, t0).0, bad);
+        // Between 1 s and 1.5 s out (jitter), then a single probe at a time.
+        let ReplicaState::Ejected { until } = snap.state else {
+            unreachable!()
+        };
+        let out = until - t0;
+        assert!(out >= Duration::from_secs(1) && out <= Duration::from_millis(1500));
+        let later = until;
+        let others: Vec<_> = ids[1..].to_vec();
+        assert_eq!(s.pick_at(&others, later), Some(bad), "the probe");
+        for _ in 0..50 {
+            assert_ne!(s.pick_at(&others, later), Some(bad), "one probe at a time");
+        }
+        assert_eq!(
+            s.end_at(bad, ReplicaOutcome::Success, later, later),
+            Some(Transition::Returned { id: bad })
+        );
+        assert!(matches!(
+            s.snapshot_at(bad, later).unwrap().state,
+            ReplicaState::Warming { .. }
+        ));
+    }
+
+    #[test]
+    fn repeated_ejections_grow_and_a_healthy_window_resets_them() {
+        let mut s = set(4);
+        let t0 = Instant::now();
+        let ids: Vec<_> = (0..4).map(|_| s.insert_at(t0)).collect();
+        let bad = ids[1];
+        let mut now = t0;
+        let mut lengths = Vec::new();
+        for _ in 0..5 {
+            // Fail until ejected (the first time by five in a row, then by the probe).
+            for tries in 0.. {
+                assert!(tries < 10, "{lengths:?} {:?}", s.snapshot_at(bad, now));
+                if let (_, Some(Transition::Ejected { duration, .. })) =
+                    force(&mut s, bad, ReplicaOutcome::Failure, now)
+                {
+                    lengths.push(duration);
+                    // `force` answers 1 ms after `now`; the ejection counts from there.
+                    now += duration + MS;
+                    break;
+                }
+            }
+        }
+        assert_eq!(lengths.len(), 5);
+        for pair in lengths.windows(2) {
+            // Doubling with up to 50 % jitter: each at least 4/3 of the one before.
+            assert!(
+                pair[1].as_secs_f64() >= pair[0].as_secs_f64() * 1.3,
+                "{lengths:?}"
+            );
+        }
+        // Back, then healthy for a window: the next ejection starts from 1 s again.
+        assert_eq!(
+            force(&mut s, bad, ReplicaOutcome::Success, now),
+            (bad, Some(Transition::Returned { id: bad }))
+        );
+        now += Duration::from_secs(11);
+        let mut last = None;
+        while last.is_none() {
+            last = force(&mut s, bad, ReplicaOutcome::Failure, now).1;
+        }
+        let Some(Transition::Ejected { duration, .. }) = last else {
+            unreachable!()
+        };
+        assert!(duration <= Duration::from_millis(1500), "{duration:?}");
+    }
+
+    #[test]
+    fn at_most_the_configured_share_is_ejected_and_never_the_last() {
+        let mut s = set(5);
+        let now = Instant::now();
+        let ids: Vec<_> = (0..5).map(|_| s.insert_at(now)).collect();
+        run(&mut s, &ids, 2000, now, |_| ReplicaOutcome::Failure);
+        let out = ids
+            .iter()
+            .filter(|&&id| s.snapshot_at(id, now).unwrap().state.is_ejected())
+            .count();
+        assert_eq!(out, 2, "half of 5, rounded down");
+        let mut one = set(6);
+        let only = one.insert_at(now);
+        for _ in 0..50 {
+            let id = one.pick_at(&[], now).unwrap();
+            one.end_at(id, ReplicaOutcome::Failure, now, now);
+        }
+        assert_eq!(
+            one.snapshot_at(only, now).unwrap().state,
+            ReplicaState::Active
+        );
+    }
+
+    #[test]
+    fn a_failure_share_ejects_a_replica_that_fails_every_other_call() {
+        let mut s = set(7);
+        let now = Instant::now();
+        let ids: Vec<_> = (0..3).map(|_| s.insert_at(now)).collect();
+        let flaky = ids[2];
+        let mut transition = None;
+        let mut answers = 0;
+        while transition.is_none() && answers < 100 {
+            let outcome = if answers % 2 == 0 {
+                ReplicaOutcome::Failure
+            } else {
+                ReplicaOutcome::Success
+            };
+            transition = force(&mut s, flaky, outcome, now).1;
+            answers += 1;
+        }
+        assert!(matches!(
+            transition,
+            Some(Transition::Ejected {
+                reason: EjectReason::FailureShare,
+                ..
+            })
+        ));
+        // Judged on a failure once the window holds `min_requests` answers: 11 of 21.
+        assert_eq!(answers, 21);
+    }
+
+    #[test]
+    fn overload_answers_steer_away_but_never_eject() {
+        let mut s = set(8);
+        let now = Instant::now();
+        let ids: Vec<_> = (0..5).map(|_| s.insert_at(now)).collect();
+        let busy = ids[4];
+        let per = run(&mut s, &ids, 5000, now, |id| {
+            if id == busy {
+                ReplicaOutcome::Overload
+            } else {
+                ReplicaOutcome::Success
+            }
+        });
+        let snap = s.snapshot_at(busy, now).unwrap();
+        assert_eq!(snap.ejections, 0);
+        assert!(!snap.state.is_ejected());
+        // Chosen only when drawn with... never: its cost is 100x. Far below a fair share.
+        assert!(per[4] < 100, "{per:?}");
+        // Once its overload is old news, it is back in the choice.
+        let later = now + Duration::from_secs(30);
+        let per = run(&mut s, &ids, 5000, later, |_| ReplicaOutcome::Success);
+        assert!(per[4] > 700, "{per:?}");
+    }
+
+    #[test]
+    fn a_slow_replica_gets_less_and_recovers_when_fast_again() {
+        let mut s = set(9);
+        let now = Instant::now();
+        let ids: Vec<_> = (0..5).map(|_| s.insert_at(now)).collect();
+        let slow = ids[0];
+        let mut per = [0usize; 5];
+        let mut t = now;
+        for _ in 0..5000 {
+            let id = s.pick_at(&[], t).unwrap();
+            per[ids.iter().position(|&x| x == id).unwrap()] += 1;
+            let took = if id == slow { 20 * MS } else { 2 * MS };
+            s.end_at(id, ReplicaOutcome::Success, t, t + took);
+            t += Duration::from_micros(200);
+        }
+        assert!(per[0] < per[1] / 3, "{per:?}");
+        // A cut-off attempt counts its time as latency too.
+        let id = s.pick_at(&[ids[1], ids[2], ids[3], ids[4]], t).unwrap();
+        assert_eq!(id, slow);
+        s.end_at(slow, ReplicaOutcome::CutOff, t, t + 50 * MS);
+        assert!(s.snapshot_at(slow, t + 50 * MS).unwrap().latency >= 49 * MS);
+        assert!(!s.snapshot_at(slow, t).unwrap().state.is_ejected());
+    }
+
+    #[test]
+    fn a_warming_replica_ramps_up_over_the_window() {
+        let mut s = set(10);
+        let t0 = Instant::now();
+        let ids: Vec<_> = (0..4).map(|_| s.insert_at(t0)).collect();
+        let new = s.insert_warming_at(t0);
+        // 2,000 attempts over 400 ms around `at`.
+        let share = |s: &mut ReplicaSet, at: Instant| {
+            let mut ids = s.ids().collect::<Vec<_>>();
+            ids.sort();
+            let per = run(s, &ids, 2000, at, |_| ReplicaOutcome::Success);
+            per[4] as f64 / 2000.0
+        };
+        let early = share(&mut s, t0);
+        let mid = share(&mut s, t0 + Duration::from_millis(2500));
+        let done = share(&mut s, t0 + Duration::from_secs(6));
+        assert!(early < 0.08, "{early}");
+        assert!(mid > early && mid < done, "{early} {mid} {done}");
+        assert!((0.16..0.24).contains(&done), "{done}");
+        assert_eq!(
+            s.snapshot_at(new, t0 + Duration::from_secs(6))
+                .unwrap()
+                .state,
+            ReplicaState::Active
+        );
+        let _ = ids;
+    }
+
+    #[test]
+    fn removed_replicas_leave_the_choice_and_late_answers_are_ignored() {
+        let mut s = set(11);
+        let now = Instant::now();
+        let a = s.insert_at(now);
+        let b = s.insert_at(now);
+        let picked = s.pick_at(&[b], now).unwrap();
+        assert_eq!(picked, a);
+        assert!(s.remove(a));
+        assert_eq!(s.end_at(a, ReplicaOutcome::Failure, now, now), None);
+        for _ in 0..10 {
+            assert_eq!(s.pick_at(&[], now), Some(b));
+        }
+        assert!(s.remove(b));
+        assert_eq!(s.pick_at(&[], now), None);
+    }
+
+    #[test]
+    fn the_same_seed_makes_the_same_choices() {
+        let choices = |seed| {
+            let mut s = set(seed);
+            let now = Instant::now();
+            for _ in 0..5 {
+                s.insert_at(now);
+            }
+            (0..100)
+                .map(|_| {
+                    let id = s.pick_at(&[], now).unwrap();
+                    s.end_at(id, ReplicaOutcome::Success, now, now);
+                    id
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(choices(42), choices(42));
+        assert_ne!(choices(42), choices(43));
+    }
+
+    #[test]
+    fn invalid_settings_name_their_field() {
+        let bad = |f: fn(&mut ReplicaConfig)| {
+            let mut c = ReplicaConfig::default();
+            f(&mut c);
+            c.validate().unwrap_err().to_string()
+        };
+        assert!(bad(|c| c.ejection.failure_share = 0.0).contains("failure_share"));
+        assert!(bad(|c| c.ejection.failure_share = f64::NAN).contains("failure_share"));
+        assert!(bad(|c| c.ejection.max_time = Duration::from_millis(1)).contains("max_time"));
+        assert!(bad(|c| c.ejection.jitter = 2.0).contains("jitter"));
+        assert!(bad(|c| c.slow_start.min_weight = 0.0).contains("min_weight"));
+        assert!(bad(|c| c.load.decay = Duration::ZERO).contains("decay"));
+        assert!(ReplicaConfig::default().validate().is_ok());
+    }
+
+    #[test]
+    fn deserializes_with_units_and_refuses_unknown_fields() {
+        let c: ReplicaConfig = serde_json::from_str(
+            r#"{"ejection":{"consecutive_failures":3,"base_time":"500ms"},"slow_start":{"window":"0s"},"seed":1}"#,
+        )
+        .unwrap();
+        assert_eq!(c.ejection.consecutive_failures, 3);
+        assert_eq!(c.ejection.base_time, Duration::from_millis(500));
+        assert!(c.slow_start.window.is_zero());
+        assert!(serde_json::from_str::<ReplicaConfig>(r#"{"ejections":{}}"#).is_err());
+    }
+}

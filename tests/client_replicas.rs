@@ -1,0 +1,362 @@
+//! End-to-end: the `RetryLayer` over the endpoint-aware `Replicas` channel, with several
+//! real tonic servers on loopback (each bound before the client connects).
+//!
+//! - a retry goes to a replica the call has not tried, and a replica that fails every call
+//!   is ejected;
+//! - a failing replica spends only its own retries: calls that failed on a healthy replica
+//!   keep theirs;
+//! - a replica whose server is gone (connections refused) costs no call, not even a
+//!   non-idempotent one;
+//! - a replica added while the channel serves starts with a small share (slow start);
+//! - a removed replica gets no more attempts;
+//! - budgets keyed by a function of the request: a failing shard spends its own retries.
+#![allow(clippy::unwrap_used)]
+
+mod client_support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use client_support::{Scripted, Step, quick_policy, reserve, serve};
+use stormguard_client::RetryLayer;
+use stormguard_client::replicas::{Change, ReplicaConfig, Replicas};
+use stormguard_core::budget::{Budget, BudgetConfig, KeyedBudgets, RetryBudget};
+use stormguard_core::policy::{MethodTable, RetryPolicy};
+use stormguard_core::replica::{EjectionConfig, LoadConfig};
+use stormguard_core::retry::RetryController;
+use stormguard_demo::InventoryClient;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+use tower::ServiceBuilder;
+
+type Client = InventoryClient<stormguard_client::Retry<Replicas<Channel, http::Uri>>>;
+
+fn endpoint(addr: std::net::SocketAddr) -> Endpoint {
+    Endpoint::from_shared(format!("http://{addr}")).unwrap()
+}
+
+fn config(seed: u64) -> ReplicaConfig {
+    ReplicaConfig {
+        seed: Some(seed),
+        ..ReplicaConfig::default()
+    }
+}
+
+fn roomy(policy: RetryPolicy) -> RetryController {
+    let budget: Arc<dyn Budget> = Arc::new(
+        RetryBudget::new(BudgetConfig {
+            min_retries_per_second: 100,
+            ..BudgetConfig::default()
+        })
+        .unwrap(),
+    );
+    RetryController::new(MethodTable::uniform(policy), budget, None, 7)
+}
+
+fn client(replicas: &Replicas<Channel, http::Uri>, layer: RetryLayer) -> Client {
+    InventoryClient::new(ServiceBuilder::new().layer(layer).service(replicas.clone()))
+}
+
+/// How many times each request id reached `server`.
+fn ids_seen(server: &Scripted) -> HashMap<String, usize> {
+    let mut ids = HashMap::new();
+    for seen in server.seen() {
+        *ids.entry(seen.request_id).or_default() += 1;
+    }
+    ids
+}
+
+#[tokio::test]
+async fn retries_avoid_tried_replicas_and_a_failing_replica_is_ejected() {
+    let bad = Scripted::always(Step::Fail(Code::Unavailable));
+    let good = [Scripted::always(Step::Ok), Scripted::always(Step::Ok)];
+    let bad_addr = serve(bad.clone()).await;
+    let mut endpoints = vec![endpoint(bad_addr)];
+    for g in &good {
+        endpoints.push(endpoint(serve(g.clone()).await));
+    }
+    let replicas = Replicas::from_endpoints(config(1), endpoints).unwrap();
+    let layer = RetryLayer::new(roomy(quick_policy())).over_replicas();
+    let stats = layer.stats();
+    let mut c = client(&replicas, layer);
+    for i in 0..200 {
+        c.reserve(reserve(&format!("call-{i}"))).await.unwrap();
+    }
+    // No call went to the same replica twice.
+    for server in std::iter::once(&bad).chain(&good) {
+        assert!(ids_seen(server).values().all(|&n| n == 1));
+    }
+    // The bad replica was ejected after its first failures (and at most probed since).
+    let report = replicas.snapshot();
+    let bad_report = report
+        .iter()
+        .find(|r| r.key == endpoint(bad_addr).uri().clone())
+        .unwrap();
+    assert!(bad_report.snapshot.ejections >= 1);
+    assert!(bad.seen().len() <= 10, "{}", bad.seen().len());
+    let s = stats.snapshot();
+    assert_eq!((s.logical, s.ok), (200, 200));
+    assert_eq!(s.retries as usize, bad.seen().len());
+}
+
+#[tokio::test]
+async fn a_failing_replica_spends_its_own_retries_not_the_healthy_ones() {
+    // The bad replica fails every call; the healthy ones fail one call in twenty. Ejection is
+    // off and failures are forgotten at once, so the bad replica keeps a third of the
+    // first attempts (the shared budget's worst case).
+    let bad = Scripted::always(Step::Fail(Code::Unavailable));
+    let flaky = || {
+        let pattern =
+            std::iter::once(Step::Fail(Code::Unavailable)).chain(std::iter::repeat_n(Step::Ok, 19));
+        Scripted::new(pattern.cycle().take(4000), Step::Ok)
+    };
+    let good = [flaky(), flaky()];
+    let mut endpoints = vec![endpoint(serve(bad.clone()).await)];
+    for g in &good {
+        endpoints.push(endpoint(serve(g.clone()).await));
+    }
+    let replicas = Replicas::from_endpoints(
+        ReplicaConfig {
+            ejection: EjectionConfig {
+                max_ejected_share: 0.0,
+                ..EjectionConfig::default()
+            },
+            load: LoadConfig {
+                failure_decay: Duration::from_millis(10),
+                ..LoadConfig::default()
+            },
+            seed: Some(2),
+            ..ReplicaConfig::default()
+        },
+        endpoints,
+    )
+    .unwrap();
+    // 3 retries/s of floor (30 per window) and 1 retry per 5 successes, shared and per key.
+    let budget_config = BudgetConfig {
+        min_retries_per_second: 3,
+        retry_ratio: 0.2,
+        ..BudgetConfig::default()
+    };
+    let shared: Arc<dyn Budget> = Arc::new(RetryBudget::new(budget_config.clone()).unwrap());
+    let controller = RetryController::new(MethodTable::uniform(quick_policy()), shared, None, 3)
+        .with_key_budgets(KeyedBudgets::new(budget_config, 16).unwrap());
+    let layer = RetryLayer::new(controller).over_replicas();
+    let stats = layer.stats();
+    let mut c = client(&replicas, layer);
+    let mut failed = Vec::new();
+    for i in 0..600 {
+        let id = format!("call-{i}");
+        if c.reserve(reserve(&id)).await.is_err() {
+            failed.push(id);
+        }
+    }
+    let s = stats.snapshot();
+    let on_bad = ids_seen(&bad);
+    assert!(
+        on_bad.len() > 100,
+        "the bad replica took {} calls",
+        on_bad.len()
+    );
+    assert!(s.refused.key_budget > 0, "{s:?}");
+    // The healthy replicas' failures were all paid: every failed call met the bad replica,
+    // whose own account refused the retry after it (it spent its floor, 30, and no more).
+    assert_eq!(s.refused.budget, 0, "{s:?}");
+    assert!(!failed.is_empty());
+    assert!(failed.iter().all(|id| on_bad.contains_key(id)));
+}
+
+#[tokio::test]
+async fn a_replica_whose_server_is_gone_costs_no_call() {
+    let good = [Scripted::always(Step::Ok), Scripted::always(Step::Ok)];
+    // A port that was bound and released: connections to it are refused.
+    let gone = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let mut endpoints = vec![endpoint(gone)];
+    for g in &good {
+        endpoints.push(endpoint(serve(g.clone()).await));
+    }
+    let replicas = Replicas::from_endpoints(config(3), endpoints).unwrap();
+    // Not idempotent: only an attempt that provably never reached a server is retried.
+    let policy = RetryPolicy {
+        idempotent: false,
+        ..quick_policy()
+    };
+    let layer = RetryLayer::new(roomy(policy)).over_replicas();
+    let stats = layer.stats();
+    let mut c = client(&replicas, layer);
+    for i in 0..100 {
+        c.reserve(reserve(&format!("call-{i}"))).await.unwrap();
+    }
+    let dead = replicas
+        .snapshot()
+        .into_iter()
+        .find(|r| r.key == endpoint(gone).uri().clone())
+        .unwrap();
+    // Its refused connections are failures: its health falls and the choice avoids it
+    // (or ejects it) after a few.
+    assert!(dead.snapshot.attempts <= 10, "{dead:?}");
+    assert_eq!(dead.snapshot.failures, dead.snapshot.attempts);
+    let s = stats.snapshot();
+    assert_eq!(s.ok, 100);
+    // Refused connections were retried for free, on another replica.
+    assert_eq!(s.retries, 0, "{s:?}");
+    assert_eq!(s.transparent_retries, dead.snapshot.attempts);
+}
+
+#[tokio::test]
+async fn a_replica_added_while_serving_starts_small_and_a_removed_one_gets_nothing() {
+    let servers = [
+        Scripted::always(Step::Ok),
+        Scripted::always(Step::Ok),
+        Scripted::always(Step::Ok),
+    ];
+    let mut addrs = Vec::new();
+    for s in &servers {
+        addrs.push(serve(s.clone()).await);
+    }
+    let (replicas, changes) = Replicas::<Channel, String>::balance_channel(config(4), 8).unwrap();
+    for addr in &addrs[..2] {
+        changes
+            .send(Change::Insert(addr.to_string(), endpoint(*addr)))
+            .await
+            .unwrap();
+    }
+    let layer = RetryLayer::new(roomy(quick_policy())).over_replicas();
+    let mut c = InventoryClient::new(ServiceBuilder::new().layer(layer).service(replicas.clone()));
+    // The changes are applied by a task: wait until both are in (no timer involved).
+    while replicas.len() < 2 {
+        tokio::task::yield_now().await;
+    }
+    for i in 0..50 {
+        c.reserve(reserve(&format!("warm-{i}"))).await.unwrap();
+    }
+    changes
+        .send(Change::Insert(addrs[2].to_string(), endpoint(addrs[2])))
+        .await
+        .unwrap();
+    while replicas.len() < 3 {
+        tokio::task::yield_now().await;
+    }
+    let new = replicas
+        .snapshot()
+        .into_iter()
+        .find(|r| r.key == addrs[2].to_string())
+        .unwrap();
+    assert_eq!(new.state.as_str(), "warming");
+    for i in 0..150 {
+        c.reserve(reserve(&format!("after-{i}"))).await.unwrap();
+    }
+    // A tenth of a share, rising over 5 s, against two full ones: far below a third.
+    let newcomer = servers[2].seen().len();
+    assert!(
+        newcomer < 30,
+        "the new replica took {newcomer} of 150 calls"
+    );
+    // Removed: no further attempt reaches it.
+    changes
+        .send(Change::Remove(addrs[0].to_string()))
+        .await
+        .unwrap();
+    while replicas.len() > 2 {
+        tokio::task::yield_now().await;
+    }
+    let before = servers[0].seen().len();
+    for i in 0..50 {
+        c.reserve(reserve(&format!("removed-{i}"))).await.unwrap();
+    }
+    assert_eq!(servers[0].seen().len(), before);
+}
+
+/// Answers by shard: every call to shard `bad` fails; a first attempt of every tenth call
+/// to shard `good` fails (its retry succeeds).
+#[derive(Default)]
+struct Shards {
+    good_calls: std::sync::atomic::AtomicU32,
+}
+
+#[tonic::async_trait]
+impl stormguard_demo::Inventory for Shards {
+    async fn reserve(
+        &self,
+        req: tonic::Request<stormguard_demo::ReserveRequest>,
+    ) -> Result<tonic::Response<stormguard_demo::ReserveReply>, tonic::Status> {
+        let shard = req.metadata().get("x-shard").and_then(|v| v.to_str().ok());
+        let retry = req.metadata().contains_key("grpc-previous-rpc-attempts");
+        let fail = match shard {
+            Some("bad") => true,
+            _ if retry => false,
+            _ => {
+                let n = self
+                    .good_calls
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                n % 10 == 0
+            }
+        };
+        if fail {
+            return Err(tonic::Status::unavailable("shard down"));
+        }
+        Ok(tonic::Response::new(
+            stormguard_demo::ReserveReply::default(),
+        ))
+    }
+
+    type WatchStockStream = client_support::LevelStream;
+
+    async fn watch_stock(
+        &self,
+        _req: tonic::Request<stormguard_demo::WatchStockRequest>,
+    ) -> Result<tonic::Response<Self::WatchStockStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+}
+
+#[tokio::test]
+async fn a_failing_shard_spends_its_own_retries_not_the_other_shards() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(tonic::transport::Server::builder().serve_with_incoming(
+        stormguard_demo::InventoryServer::new(Shards::default()),
+        tonic::transport::server::TcpIncoming::from(listener),
+    ));
+    let budget_config = BudgetConfig {
+        min_retries_per_second: 1,
+        retry_ratio: 0.2,
+        ..BudgetConfig::default()
+    };
+    let shared: Arc<dyn Budget> = Arc::new(RetryBudget::new(budget_config.clone()).unwrap());
+    let controller = RetryController::new(MethodTable::uniform(quick_policy()), shared, None, 3)
+        .with_key_budgets(KeyedBudgets::new(budget_config, 16).unwrap());
+    let layer = RetryLayer::new(controller).budget_key(|request| {
+        match request.headers().get("x-shard")?.as_bytes() {
+            b"bad" => Some(1),
+            _ => Some(2),
+        }
+    });
+    let stats = layer.stats();
+    let channel = endpoint(addr).connect().await.unwrap();
+    let mut c = InventoryClient::new(ServiceBuilder::new().layer(layer).service(channel));
+    let mut failed = [0, 0];
+    for i in 0..300 {
+        // One call in three to the bad shard.
+        let shard = if i % 3 == 0 { "bad" } else { "good" };
+        let mut request = tonic::Request::new(reserve(&format!("call-{i}")));
+        request
+            .metadata_mut()
+            .insert("x-shard", shard.parse().unwrap());
+        if c.reserve(request).await.is_err() {
+            failed[usize::from(shard == "good")] += 1;
+        }
+    }
+    let s = stats.snapshot();
+    // The good shard's 20 failures were all retried (and succeeded); the bad shard had its
+    // floor of 10 retries (each failing again, a call giving up after its third attempt),
+    // and its other calls were refused by its own account.
+    assert_eq!(failed, [100, 0], "{s:?}");
+    assert_eq!(s.refused.budget, 0, "{s:?}");
+    assert_eq!(s.retries, 20 + 10, "{s:?}");
+    assert_eq!(s.refused.key_budget + s.refused.attempts, 100, "{s:?}");
+    assert!(s.refused.key_budget >= 90, "{s:?}");
+}
