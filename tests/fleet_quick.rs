@@ -88,7 +88,7 @@ const POLICY_FIELDS: [&str; 10] = [
     "timeline",
 ];
 const BUCKET_FIELDS: [&str; 5] = ["t", "offered", "ok", "attempts", "bad_replica_attempts"];
-const POLICIES: [&str; 2] = ["naive", "layer"];
+const POLICIES: [&str; 3] = ["naive", "layer", "stormguard"];
 
 #[test]
 fn quick_fleet_writes_the_report_of_every_scenario_and_policy() {
@@ -97,16 +97,7 @@ fn quick_fleet_writes_the_report_of_every_scenario_and_policy() {
     std::fs::create_dir_all(&dir).unwrap();
     let (json_path, svg_path) = (dir.join("fleet.json"), dir.join("fleet.svg"));
     let out = Command::new(&fleet)
-        .args([
-            "--quick",
-            "--load",
-            "0.02",
-            "--seed",
-            "3",
-            "--policies",
-            "naive,layer",
-            "--json",
-        ])
+        .args(["--quick", "--load", "0.02", "--seed", "3", "--json"])
         .arg(&json_path)
         .arg("--svg")
         .arg(&svg_path)
@@ -223,6 +214,11 @@ fn quick_fleet_writes_the_report_of_every_scenario_and_policy() {
                 // balance_list keeps sending to a replica that fails every call.
                 "fail-fast" if p["name"] == "naive" => {
                     assert!(number(p, "bad_replica_share_after_2s") > 0.0, "{at}");
+                }
+                // The endpoint-aware channel ejects a replica that fails every call.
+                "fail-fast" if p["name"] == "stormguard" => {
+                    assert!(p["ejected_after_s"].is_f64(), "{at}: never ejected");
+                    assert!(count(p, "ejections") >= 1, "{at}");
                 }
                 _ => {}
             }

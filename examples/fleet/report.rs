@@ -93,6 +93,8 @@ pub(crate) struct PolicyReport {
     pub(crate) connection_failures: u64,
     /// `layer`, `stormguard`: retries the budget refused.
     pub(crate) budget_refusals: Option<u64>,
+    /// `stormguard`: ejections of any replica over the run.
+    pub(crate) ejections: Option<u64>,
 }
 
 /// One timeline bucket ([`BUCKET`] wide).
@@ -337,6 +339,7 @@ pub(crate) fn summarize(
         transparent_retries: transparent,
         connection_failures: data.refused.len() as u64,
         budget_refusals: data.budget_refusals,
+        ejections: data.ejections,
         timeline,
     }
 }
@@ -390,7 +393,7 @@ pub(crate) fn table(report: &FleetReport) -> String {
         out,
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
-    let secs = |s: Option<f64>| s.map_or_else(|| "–".to_owned(), |s| format!("{s:.1} s"));
+    let secs = |s: Option<f64>| s.map_or_else(|| "–".to_owned(), |s| format!("{s:.2} s"));
     for s in &report.scenarios {
         for p in &s.policies {
             let _ = writeln!(

@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime};
 
 use clap::ValueEnum;
 use stormguard::client::RetryLayer;
+use stormguard::client::replicas::{ReplicaConfig, Replicas};
 use stormguard::core::wire::GRPC_PREVIOUS_RPC_ATTEMPTS;
 use stormguard_demo::storm::stormguard_client_config;
 use stormguard_demo::{InventoryClient, ReserveRequest};
@@ -194,6 +195,8 @@ pub(crate) struct RunData {
     pub(crate) downs: Vec<Down>,
     /// `stormguard`: when the client's channel first ejected the bad replica.
     pub(crate) ejected_at: Option<Duration>,
+    /// `stormguard`: ejections of any replica over the run.
+    pub(crate) ejections: Option<u64>,
     /// `layer`, `stormguard`: retries the budget refused.
     pub(crate) budget_refusals: Option<u64>,
 }
@@ -221,7 +224,12 @@ pub(crate) async fn run(
         .map(|r| endpoint(r.port))
         .collect::<Result<Vec<_>, _>>()?;
     let counts = Arc::new(ClientCounts::new(config.timing.buckets()));
-    let (caller, budget) = caller(policy, endpoints, config, &counts)?;
+    let keys: Vec<http::Uri> = endpoints.iter().map(|e| e.uri().clone()).collect();
+    let Client {
+        caller,
+        budget,
+        replicas,
+    } = client(policy, endpoints, config, &counts)?;
 
     // Connections up before the clock starts: calls with no id, not counted anywhere.
     for _ in 0..4 * config.replicas {
@@ -241,7 +249,27 @@ pub(crate) async fn run(
             (fleet, downs)
         })
     };
+    // The replicas the scenario's fault hits, whose ejection is watched.
+    let watched = match scenario {
+        Scenario::Rolling => keys,
+        _ => vec![keys[BAD].clone()],
+    };
+    let ejections = replicas.clone().map(|replicas| {
+        tokio::spawn(first_ejection(
+            replicas,
+            watched,
+            start + config.timing.fault,
+            start + config.timing.total,
+        ))
+    });
     let calls = generate(&caller, config, start, progress).await?;
+    let ejected_at = match ejections {
+        Some(task) => task
+            .await
+            .map_err(|e| format!("the ejection watch failed: {e}"))?
+            .map(|at| at - start),
+        None => None,
+    };
     let (mut fleet, downs) = driver
         .await
         .map_err(|e| format!("the fault's task failed: {e}"))?;
@@ -275,7 +303,8 @@ pub(crate) async fn run(
         ),
         received: reports.received,
         downs,
-        ejected_at: None,
+        ejected_at,
+        ejections: replicas.map(|r| r.snapshot().iter().map(|r| r.snapshot.ejections).sum()),
         budget_refusals: budget.map(|stats| stats.snapshot().refused.budget),
     })
 }
@@ -302,38 +331,93 @@ fn endpoint(port: u16) -> Result<Endpoint, String> {
         .map_err(|e| e.to_string())
 }
 
-/// The policy's client over `endpoints`, and the budget's counters where it has one.
-fn caller(
+/// The endpoint-aware channel of the `stormguard` policy.
+type ReplicaChannel = Replicas<Channel, http::Uri>;
+
+/// A policy's client: one logical call, the retry layer's counters where it has one, the
+/// replica channel where it is one.
+struct Client {
+    caller: Caller,
+    budget: Option<stormguard::client::RetryStats>,
+    replicas: Option<ReplicaChannel>,
+}
+
+/// The policy's client over `endpoints`.
+fn client(
     policy: Policy,
     endpoints: Vec<Endpoint>,
     config: &RunConfig,
     counts: &Arc<ClientCounts>,
-) -> Result<(Caller, Option<stormguard::client::RetryStats>), String> {
+) -> Result<Client, String> {
     let (deadline, per_attempt) = (config.deadline, config.per_attempt);
+    // The `RetryLayer` of `layer` and `stormguard`: defaults, `Reserve` idempotent, 50 ms
+    // per attempt.
+    let layer = || {
+        RetryLayer::from_config_seeded(&stormguard_client_config(Some(per_attempt)), config.seed)
+            .map_err(|e| e.to_string())
+    };
     match policy {
         Policy::Naive => {
             let channel = Channel::balance_list(endpoints.into_iter());
             let client = InventoryClient::new(Observe::new(channel, counts.clone()));
-            Ok((naive(client, deadline, per_attempt), None))
+            Ok(Client {
+                caller: naive(client, deadline, per_attempt),
+                budget: None,
+                replicas: None,
+            })
         }
         Policy::Layer => {
             let channel = Channel::balance_list(endpoints.into_iter());
-            let layer = RetryLayer::from_config_seeded(
-                &stormguard_client_config(Some(per_attempt)),
-                config.seed,
-            )
-            .map_err(|e| e.to_string())?;
-            let stats = layer.stats();
+            let layer = layer()?;
+            let budget = Some(layer.stats());
             let service = tower::ServiceBuilder::new()
                 .layer(layer)
                 .service(Observe::new(channel, counts.clone()));
-            Ok((
-                layered(InventoryClient::new(service), deadline),
-                Some(stats),
-            ))
+            Ok(Client {
+                caller: layered(InventoryClient::new(service), deadline),
+                budget,
+                replicas: None,
+            })
         }
-        Policy::Stormguard => Err("stormguard: the endpoint-aware channel is not wired yet".into()),
+        Policy::Stormguard => {
+            let replicas = Replicas::from_endpoints(ReplicaConfig::default(), endpoints)
+                .map_err(|e| e.to_string())?;
+            let layer = layer()?.over_replicas();
+            let budget = Some(layer.stats());
+            // `Observe` passes the layer's `Route` down to the channel in the extensions.
+            let service = tower::ServiceBuilder::new()
+                .layer(layer)
+                .service(Observe::new(replicas.clone(), counts.clone()));
+            Ok(Client {
+                caller: layered(InventoryClient::new(service), deadline),
+                budget,
+                replicas: Some(replicas),
+            })
+        }
     }
+}
+
+/// The first moment from `from` on that the channel reports one of `watched` ejected,
+/// looked at every 10 ms until `until`.
+async fn first_ejection(
+    replicas: ReplicaChannel,
+    watched: Vec<http::Uri>,
+    from: Instant,
+    until: Instant,
+) -> Option<Instant> {
+    tokio::time::sleep_until(from).await;
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    while Instant::now() < until {
+        tick.tick().await;
+        let ejected = replicas
+            .snapshot()
+            .iter()
+            .any(|r| r.state.is_ejected() && watched.contains(&r.key));
+        if ejected {
+            return Some(Instant::now());
+        }
+    }
+    None
 }
 
 /// Sets the call's id on a request.
