@@ -360,3 +360,50 @@ async fn a_failing_shard_spends_its_own_retries_not_the_other_shards() {
     assert_eq!(s.refused.key_budget + s.refused.attempts, 100, "{s:?}");
     assert!(s.refused.key_budget >= 90, "{s:?}");
 }
+
+/// Serves `svc` behind a `ShedLayer` that is already shutting down when `draining`.
+async fn serve_shed(svc: Scripted, draining: bool) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let layer =
+        stormguard_server::ShedLayer::from_config(stormguard_server::AdmissionConfig::default())
+            .unwrap();
+    if draining {
+        assert!(layer.shutdown_handle().begin());
+    }
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .layer(layer)
+            .add_service(stormguard_demo::InventoryServer::new(svc))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    addr
+}
+
+#[tokio::test]
+async fn a_replica_shutting_down_costs_no_call_not_even_a_non_idempotent_one() {
+    let draining = Scripted::always(Step::Ok);
+    let serving = Scripted::always(Step::Ok);
+    let endpoints = [
+        endpoint(serve_shed(draining.clone(), true).await),
+        endpoint(serve_shed(serving.clone(), false).await),
+    ];
+    let replicas = Replicas::from_endpoints(config(6), endpoints).unwrap();
+    let policy = RetryPolicy {
+        idempotent: false,
+        ..quick_policy()
+    };
+    let layer = RetryLayer::new(roomy(policy)).over_replicas();
+    let stats = layer.stats();
+    let mut c = client(&replicas, layer);
+    for i in 0..50 {
+        c.reserve(reserve(&format!("call-{i}"))).await.unwrap();
+    }
+    // The draining replica ran nothing; each call ran once, on the serving one.
+    assert!(draining.seen().is_empty());
+    assert_eq!(ids_seen(&serving).len(), 50);
+    assert!(ids_seen(&serving).values().all(|&n| n == 1));
+    let s = stats.snapshot();
+    assert_eq!(s.refused.not_idempotent, 0, "{s:?}");
+    assert!(s.retries >= 1, "the draining replica was tried: {s:?}");
+}

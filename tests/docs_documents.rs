@@ -1,9 +1,10 @@
 //! Every JSON, YAML and TOML document shown in the README, the `docs/` pages and the crate
 //! READMEs is read by the loader it is written for, so that a document a user copies
 //! loads. A block names its loader after its format: ```` ```json client ````
-//! (`ClientConfig`, either shape), `admission` (`AdmissionConfig`) or `criticality`
-//! (`CriticalityTable`); a document without one fails here. (The Rust of the same pages is
-//! compiled as doc tests: the README's by this crate, the others' by `stormguard-demo`.)
+//! (`ClientConfig`, either shape), `admission` (`AdmissionConfig`), `replicas`
+//! (`ReplicaConfig`) or `criticality` (`CriticalityTable`); a document without one fails
+//! here. (The Rust of the same pages is compiled as doc tests: the README's by this crate,
+//! the others' by `stormguard-demo`.)
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
@@ -78,10 +79,13 @@ fn load(block: &Block) -> Option<Result<(), String>> {
     let loaded = match (words.next(), format) {
         (Some("client"), _) => ClientConfig::from_text(text, format).map(drop),
         (Some("admission"), _) => AdmissionConfig::from_text(text, format).map(drop),
+        (Some("replicas"), _) => {
+            stormguard_core::replica::ReplicaConfig::from_text(text, format).map(drop)
+        }
         (Some("criticality"), Format::Json) => CriticalityTable::from_json(text).map(drop),
         (other, _) => {
             return Some(Err(format!(
-                "names no loader ({other:?}): write ```{} client, admission or criticality",
+                "names no loader ({other:?}): write ```{} client, admission, replicas or criticality",
                 block.info
             )));
         }

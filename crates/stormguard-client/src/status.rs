@@ -75,6 +75,17 @@ pub(crate) fn pushback(headers: &HeaderMap) -> Option<Pushback> {
     )
 }
 
+/// Whether a stormguard server said its application never ran the call
+/// (`stormguard-unprocessed: 1`).
+pub(crate) fn unprocessed(headers: &HeaderMap) -> bool {
+    stormguard_core::wire::is_unprocessed(
+        headers
+            .get_all(wire::http::STORMGUARD_UNPROCESSED)
+            .iter()
+            .map(HeaderValue::as_bytes),
+    )
+}
+
 /// Marks response headers with `grpc-retry-pushback-ms: -1`, replacing any pushback the
 /// server sent: stormguard gave up on a retryable failure, and no layer above should retry.
 /// Also records the give-up in the current request scope, if any (see

@@ -206,7 +206,40 @@ impl Default for LoadConfig {
     }
 }
 
+/// The document [`ReplicaConfig::from_text`] reads: `{"replicas": {...}}`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplicaFile {
+    #[serde(default)]
+    replicas: Option<ReplicaConfig>,
+}
+
 impl ReplicaConfig {
+    /// Reads a `replicas` document (JSON, YAML or TOML as `format` says: the fields of
+    /// this struct under a `replicas` key, durations with their unit) and validates it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard_core::config::Format;
+    /// use stormguard_core::replica::ReplicaConfig;
+    ///
+    /// let json = r#"{ "replicas": { "ejection": { "consecutive_failures": 3, "base_time": "2s" },
+    ///                               "slow_start": { "window": "10s" } } }"#;
+    /// let config = ReplicaConfig::from_text(json, Format::Json)?;
+    /// assert_eq!(config.ejection.consecutive_failures, 3);
+    /// assert_eq!(config.slow_start.window, Duration::from_secs(10));
+    /// assert!(ReplicaConfig::from_text(r#"{"replicas":{"ejection":{"jitter":3}}}"#, Format::Json).is_err());
+    /// # Ok::<(), stormguard_core::config::ConfigError>(())
+    /// ```
+    pub fn from_text(text: &str, format: crate::config::Format) -> Result<Self, ConfigError> {
+        read(crate::config::document::parse(text, format)?)
+    }
+
+    /// [`ReplicaConfig::from_text`] for a file, its format from its extension.
+    pub fn from_path(path: impl AsRef<std::path::Path>) -> Result<Self, ConfigError> {
+        crate::config::document::read_file(path.as_ref(), read)
+    }
+
     /// Checks every field; the error names the first field out of range.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let e = &self.ejection;
@@ -286,6 +319,14 @@ impl ReplicaConfig {
         )?;
         Ok(())
     }
+}
+
+fn read(root: serde_json::Map<String, serde_json::Value>) -> Result<ReplicaConfig, ConfigError> {
+    let config = crate::config::document::strict::<ReplicaFile>(root)?
+        .replicas
+        .unwrap_or_default();
+    config.validate()?;
+    Ok(config)
 }
 
 /// A replica's identity within its [`ReplicaSet`], never reused. (The default, 0, is the

@@ -173,6 +173,11 @@ pub struct Failure {
     /// [transparent](CallRetry::on_attempt_end_at) while the call has transparent retries
     /// left.
     pub unsent: bool,
+    /// Whether the server said its application never ran the request (a stormguard
+    /// server's own answer: shed, shutting down, expired while queued; the
+    /// `stormguard-unprocessed` header), so that a non-idempotent method may be retried
+    /// too. Unlike `unsent`, such a retry is paid and counted as any other.
+    pub unprocessed: bool,
 }
 
 impl Failure {
@@ -183,6 +188,7 @@ impl Failure {
             pushback: None,
             replayable: true,
             unsent: false,
+            unprocessed: false,
         }
     }
 
@@ -676,6 +682,7 @@ impl CallRetry {
                     pushback: None,
                     replayable,
                     unsent,
+                    unprocessed: false,
                 },
                 true,
             ),
@@ -858,7 +865,7 @@ impl CallRetry {
             Some(Pushback::RetryAfter(d)) => Some(d),
             None => None,
         };
-        if !policy.idempotent && !failure.unsent {
+        if !policy.idempotent && !failure.unsent && !failure.unprocessed {
             return Err(Refusal::NotIdempotent);
         }
         if !failure.replayable {

@@ -15,6 +15,7 @@
 //! | [`GRPC_STATUS`] | response (trailers-only headers, or trailers) | `ShedLayer`'s own answers ([`encode_grpc_status`]), tonic | `RetryLayer` (how an attempt ended), `ShedLayer` (whether a handler's answer is one clients retry) ([`parse_grpc_status`]) | a code number `0..=16` | `UNKNOWN`, as the gRPC spec asks |
 //! | [`GRPC_MESSAGE`] | response | `ShedLayer`'s own answers (fixed texts) | nothing in stormguard | text | — |
 //! | [`X_RETRY_BUDGET`] | request | `RetryLayer` inside a request with an allowance (the retries left, on every attempt) | `ShedLayer` with `with_retry_allowance` ([`parse_allowance`]) | the retries left for the whole logical operation, decimal, at most [`MAX_ALLOWANCE`]; it can lower the server's allowance, never raise it | ignored: the server's own allowance stands |
+//! | [`STORMGUARD_UNPROCESSED`] | response (trailers-only headers) | `ShedLayer` on its own answers (shed, shutting down, expired while queued): the handler never ran | `RetryLayer` ([`is_unprocessed`]): a non-idempotent method may be retried, paid and counted as any retry | exactly `1` | processed (the method's idempotency decides) |
 //! | [`STORMGUARD_CRITICALITY`] | request | the client's `CriticalityLayer` | `ShedLayer` ([`parse_criticality`], then capped by its table) | exactly `critical`, `default` or `sheddable` | `default` |
 //!
 //! The header names are `&str` constants, which is what tonic's metadata and the
@@ -53,6 +54,27 @@ pub const X_RETRY_ATTEMPT: &str = "x-retry-attempt";
 pub const X_RETRY_BUDGET: &str = "x-retry-budget";
 /// The request header with a call's criticality: `stormguard-criticality`.
 pub const STORMGUARD_CRITICALITY: &str = "stormguard-criticality";
+/// The response header a stormguard server puts on an answer its application never ran
+/// (a shed, a shutdown, an expiry in the queue): `stormguard-unprocessed: 1`. A client may
+/// then retry even a method that is not idempotent: the server says it did nothing. A peer
+/// can use it only to have the client retry a call against itself, which changes no local
+/// limit (the budget, the attempts and the deadline still apply).
+pub const STORMGUARD_UNPROCESSED: &str = "stormguard-unprocessed";
+
+/// Whether a [`STORMGUARD_UNPROCESSED`] value says the call was not run: exactly `1`
+/// (anything else, or a repeated header, says nothing).
+///
+/// ```
+/// use stormguard_core::wire::is_unprocessed;
+///
+/// assert!(is_unprocessed([&b"1"[..]]));
+/// assert!(!is_unprocessed([&b"yes"[..]]));
+/// assert!(!is_unprocessed([&b"1"[..], &b"1"[..]]));
+/// assert!(!is_unprocessed(std::iter::empty::<&[u8]>()));
+/// ```
+pub fn is_unprocessed<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> bool {
+    values.next() == Some(b"1") && values.next().is_none()
+}
 
 /// The [`GRPC_RETRY_PUSHBACK_MS`] value that says "do not retry".
 pub const DO_NOT_RETRY: &str = "-1";
@@ -464,6 +486,11 @@ pub mod http {
     /// [`super::STORMGUARD_CRITICALITY`].
     pub const STORMGUARD_CRITICALITY: HeaderName =
         HeaderName::from_static(super::STORMGUARD_CRITICALITY);
+    /// [`super::STORMGUARD_UNPROCESSED`].
+    pub const STORMGUARD_UNPROCESSED: HeaderName =
+        HeaderName::from_static(super::STORMGUARD_UNPROCESSED);
+    /// `1`, the [`super::STORMGUARD_UNPROCESSED`] value.
+    pub const UNPROCESSED: HeaderValue = HeaderValue::from_static("1");
     /// [`super::DO_NOT_RETRY`], the [`GRPC_RETRY_PUSHBACK_MS`] value that says "do not
     /// retry".
     pub const DO_NOT_RETRY: HeaderValue = HeaderValue::from_static(super::DO_NOT_RETRY);
@@ -723,6 +750,7 @@ mod tests {
             (http::X_RETRY_ATTEMPT, X_RETRY_ATTEMPT),
             (http::X_RETRY_BUDGET, X_RETRY_BUDGET),
             (http::STORMGUARD_CRITICALITY, STORMGUARD_CRITICALITY),
+            (http::STORMGUARD_UNPROCESSED, STORMGUARD_UNPROCESSED),
         ];
         for (name, text) in pairs {
             assert_eq!(name.as_str(), text);

@@ -30,6 +30,9 @@ struct Observability;
 #[doc = include_str!("../../../docs/operating.md")]
 struct Operating;
 
+#[doc = include_str!("../../../docs/replicas.md")]
+struct Replicas;
+
 #[doc = include_str!("../../../docs/simulator.md")]
 struct Simulator;
 

@@ -11,7 +11,7 @@ use tonic::Status;
 
 use crate::status::{
     BoxError, classify_error, code_from_http_status, pushback, status_from_error,
-    trailers_only_code,
+    trailers_only_code, unprocessed,
 };
 
 /// What an attempt ended in.
@@ -57,6 +57,7 @@ pub(super) fn classify<B, E: Into<BoxError>>(
             pushback: pushback(response.headers()),
             replayable,
             unsent: false,
+            unprocessed: unprocessed(response.headers()),
         }),
         last: Last::Response(response),
     };
@@ -92,6 +93,7 @@ pub(super) fn classify<B, E: Into<BoxError>>(
                     pushback: None,
                     replayable,
                     unsent: transport.unsent,
+                    unprocessed: false,
                 }),
                 last: Last::Error(status_from_error(err, transport.code)),
             }

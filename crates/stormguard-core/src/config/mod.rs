@@ -130,7 +130,7 @@ use crate::throttle::ThrottleConfig;
 mod admission;
 mod client;
 mod criticality;
-mod document;
+pub(crate) mod document;
 pub mod duration;
 mod notice;
 mod service;

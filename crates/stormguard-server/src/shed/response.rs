@@ -11,7 +11,8 @@ use http::header::{CONTENT_TYPE, HeaderValue};
 use stormguard_core::admission::{ShedPushback, ShedReason};
 use stormguard_core::code::Code;
 use stormguard_core::wire::http::{
-    DO_NOT_RETRY, GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS,
+    DO_NOT_RETRY, GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, STORMGUARD_UNPROCESSED,
+    UNPROCESSED,
 };
 use stormguard_core::wire::{encode_grpc_status, parse_grpc_status};
 
@@ -42,6 +43,8 @@ fn trailers_only<B: Default>(code: Code, message: &'static str) -> http::Respons
         HeaderValue::from_static(encode_grpc_status(code)),
     );
     headers.insert(GRPC_MESSAGE, HeaderValue::from_static(message));
+    // The handler never ran: a client may retry even a method that is not idempotent.
+    headers.insert(STORMGUARD_UNPROCESSED, UNPROCESSED);
     response
 }
 
@@ -128,6 +131,7 @@ mod tests {
         assert_eq!(h["grpc-status"], "14");
         assert_eq!(h["grpc-message"], MESSAGE_RETRY_SHED);
         assert_eq!(h["grpc-retry-pushback-ms"], "37");
+        assert_eq!(h["stormguard-unprocessed"], "1");
         let r: http::Response<String> = shed(
             Code::ResourceExhausted,
             ShedReason::QueueFull,
