@@ -292,7 +292,7 @@ impl stormguard_demo::Inventory for Shards {
                 let n = self
                     .good_calls
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                n % 10 == 0
+                n.is_multiple_of(10)
             }
         };
         if fail {

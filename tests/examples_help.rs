@@ -55,6 +55,21 @@ const EXAMPLES: &[Example] = &[
         bad_value: &["--requests", "many"],
     },
     Example {
+        name: "fleet",
+        flags: &[
+            "--quick",
+            "--replicas",
+            "--scenarios",
+            "--policies",
+            "--seed",
+            "--json",
+            "--svg",
+            "--load",
+            "--deadline-ms",
+        ],
+        bad_value: &["--scenarios", "fail-fast,flood"],
+    },
+    Example {
         name: "relay",
         flags: &["--addr", "--target", "--service-config"],
         bad_value: &["--addr", "nowhere", "--target", "http://127.0.0.1:1"],

@@ -1,0 +1,227 @@
+//! Replicas as real processes: one bad replica of N behind a client-side balancer, and
+//! what three retry policies do with it.
+//!
+//! ```text
+//! cargo run --release --example fleet -- [--quick] [--replicas N] [--scenarios LIST]
+//!     [--policies LIST] [--seed N] [--json FILE] [--svg FILE] [--load SHARE]
+//!     [--deadline-ms MS]
+//! ```
+//!
+//! `--help` describes every flag.
+//!
+//! Each replica is this example run again as a child process (`--replica`, hidden): a tonic
+//! Inventory server behind the `ShedLayer`, 4 workers × 2 ms (see `fleet/replica.rs`). The
+//! client is this process: an open-loop fleet at half the replicas' capacity, every call
+//! with a 200 ms deadline and 50 ms per attempt, through one of the policies. Each
+//! scenario runs once per policy, each run with fresh replica processes, on the same
+//! timeline: healthy, then the fault. Then a table, the JSON (`--json`) and `fleet.svg`.
+//! `docs/examples.md` ("The fleet") describes the figures and how they are measured.
+
+use std::error::Error;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use clap::builder::RangedU64ValueParser;
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+
+#[path = "support/cli.rs"]
+mod cli;
+#[path = "fleet/process.rs"]
+mod process;
+#[path = "fleet/replica.rs"]
+mod replica;
+#[path = "fleet/report.rs"]
+mod report;
+#[path = "fleet/run.rs"]
+mod run;
+#[path = "fleet/svg.rs"]
+mod svg;
+
+use report::{FleetReport, ScenarioReport};
+use run::{BAD, BUCKET, Policy, RunConfig, Scenario, Timing};
+
+/// Replicas as real processes: one bad replica of N behind a client-side balancer, and
+/// what three retry policies do with it.
+///
+/// N replicas, each its own process (a tonic server behind the ShedLayer, 4 workers x
+/// 2 ms), an open-loop client at half their capacity; each scenario runs once per policy
+/// on the same timeline, 2 s healthy, then the fault. Prints a table and draws the
+/// picture.
+#[derive(Debug, Parser)]
+#[command(name = "fleet")]
+struct Args {
+    /// 1 s healthy, 3 s of fault per run (about a minute in all)
+    #[arg(long)]
+    quick: bool,
+    /// Replicas, each its own process
+    #[arg(long, value_name = "N", default_value_t = 5,
+          value_parser = RangedU64ValueParser::<usize>::new().range(2..=32))]
+    replicas: usize,
+    /// The scenarios to run, comma-separated, in the table's order [default: all]
+    #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
+    scenarios: Vec<Scenario>,
+    /// The policies to run, comma-separated, in the table's order [default: all]
+    #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
+    policies: Vec<Policy>,
+    /// Seed of arrivals, jitter and the replicas' pushback
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    seed: u64,
+    /// Also write the result as JSON to FILE: per scenario and policy the figures and the
+    /// timeline in 100 ms buckets
+    #[arg(long, value_name = "FILE")]
+    json: Option<String>,
+    /// Where to draw the picture
+    #[arg(long, value_name = "FILE", default_value = "fleet.svg")]
+    svg: String,
+    /// Offered load as a share of the fleet's capacity
+    #[arg(long, value_name = "SHARE", value_parser = cli::positive, default_value_t = 0.5)]
+    load: f64,
+    /// Deadline of each logical call, in milliseconds
+    #[arg(long = "deadline-ms", value_name = "MS", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    deadline_ms: u64,
+    /// Run as one replica (the parent starts its children so)
+    #[arg(long, hide = true)]
+    replica: bool,
+    /// The replica's port (0: any free one)
+    #[arg(long, hide = true, default_value_t = 0)]
+    port: u16,
+    /// The replica starts cold for this long
+    #[arg(long = "cold-ms", hide = true, default_value_t = 0)]
+    cold_ms: u64,
+}
+
+/// The longest one attempt may take.
+const PER_ATTEMPT: Duration = Duration::from_millis(50);
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if args.replica {
+        return replica::main(args.port, args.seed, Duration::from_millis(args.cold_ms));
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build();
+    let result = match runtime {
+        Ok(runtime) => runtime.block_on(fleet(&args)),
+        Err(e) => Err(e.into()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fleet: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The fleet's capacity in calls per second: every replica's workers, each busy for one
+/// service time per call as the timer really sleeps it (a 2 ms sleep takes longer: the
+/// timer has a 1 ms granularity), measured here.
+async fn capacity(replicas: usize) -> f64 {
+    let rounds = 50;
+    let started = tokio::time::Instant::now();
+    for _ in 0..rounds {
+        tokio::time::sleep(replica::SERVICE_TIME).await;
+    }
+    let service = started.elapsed().as_secs_f64() / f64::from(rounds);
+    (replicas * replica::WORKERS) as f64 / service
+}
+
+async fn fleet(args: &Args) -> Result<(), Box<dyn Error>> {
+    let timing = if args.quick {
+        Timing::quick()
+    } else {
+        Timing::standard()
+    };
+    let scenarios = if args.scenarios.is_empty() {
+        &Scenario::ALL[..]
+    } else {
+        &args.scenarios
+    };
+    let policies = if args.policies.is_empty() {
+        &Policy::ALL[..]
+    } else {
+        &args.policies
+    };
+    let capacity = capacity(args.replicas).await;
+    let config = RunConfig {
+        replicas: args.replicas,
+        rate: args.load * capacity,
+        deadline: Duration::from_millis(args.deadline_ms),
+        per_attempt: PER_ATTEMPT,
+        seed: args.seed,
+        timing,
+    };
+    eprintln!(
+        "{} replicas x {} workers x {:?}: capacity ~{capacity:.0} calls/s; offering {:.0}/s; \
+         deadline {:?}, {PER_ATTEMPT:?} per attempt; fault at {:?}, runs of {:?}",
+        args.replicas,
+        replica::WORKERS,
+        replica::SERVICE_TIME,
+        config.rate,
+        config.deadline,
+        timing.fault,
+        timing.total,
+    );
+
+    let bars = MultiProgress::new();
+    let style =
+        ProgressStyle::with_template("{prefix:>10} [{bar:40}] {msg}")?.progress_chars("=> ");
+    let scenario_bars: Vec<ProgressBar> = scenarios
+        .iter()
+        .map(|s| {
+            let bar = bars.add(ProgressBar::new(1000));
+            bar.set_style(style.clone());
+            bar.set_prefix(s.as_str());
+            bar
+        })
+        .collect();
+    let mut report = FleetReport {
+        replicas: args.replicas,
+        scenarios: Vec::new(),
+        rate: config.rate.round(),
+        capacity: capacity.round(),
+        deadline_ms: args.deadline_ms,
+        per_attempt_ms: PER_ATTEMPT.as_millis() as u64,
+        bucket_s: BUCKET.as_secs_f64(),
+        seed: args.seed,
+    };
+    for (&scenario, bar) in scenarios.iter().zip(&scenario_bars) {
+        let mut runs = Vec::new();
+        for (i, &policy) in policies.iter().enumerate() {
+            bar.set_message(policy.as_str());
+            let progress = |done: f64| {
+                let overall = (i as f64 + done) / policies.len() as f64;
+                bar.set_position((overall * 1000.0) as u64);
+            };
+            let data = run::run(scenario, policy, &config, &progress)
+                .await
+                .map_err(|e| format!("{} / {}: {e}", scenario.as_str(), policy.as_str()))?;
+            runs.push(report::summarize(
+                policy.as_str(),
+                scenario,
+                &timing,
+                args.replicas,
+                &data,
+            ));
+        }
+        bar.finish_with_message("done");
+        report.scenarios.push(ScenarioReport {
+            name: scenario.as_str(),
+            policies: runs,
+            fault_s: timing.fault.as_secs_f64(),
+            bad_replica: (scenario != Scenario::Rolling).then_some(BAD),
+        });
+    }
+    print!("{}", report::table(&report));
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .map_err(|e| format!("cannot write {path}: {e}"))?;
+        println!("result written to {path}");
+    }
+    svg::draw(&report, &args.svg).map_err(|e| format!("cannot draw {}: {e}", args.svg))?;
+    println!("picture drawn to {}", args.svg);
+    Ok(())
+}
