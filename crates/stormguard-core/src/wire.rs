@@ -72,7 +72,8 @@ pub const STORMGUARD_UNPROCESSED: &str = "stormguard-unprocessed";
 /// assert!(!is_unprocessed([&b"1"[..], &b"1"[..]]));
 /// assert!(!is_unprocessed(std::iter::empty::<&[u8]>()));
 /// ```
-pub fn is_unprocessed<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> bool {
+pub fn is_unprocessed<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> bool {
+    let mut values = values.into_iter();
     values.next() == Some(b"1") && values.next().is_none()
 }
 
