@@ -6,9 +6,10 @@
 # and divides the difference in instructions (and in allocations, which the bench counts)
 # by the difference in calls, so that start-up cancels out. Each variant's ratio is taken
 # against its baseline (`retry`, `shed`, `both` against `bare`; the deadline variants
-# against `bare-deadline`) and, where it has one, its rival (`retry-deadline` and
-# `retry-attempt` against `tower-retry`); the bench's `--list` says which is which, and
-# baselines and rivals of the variants named are run too.
+# against `bare-deadline`; `replicas`, `retry-balance-list`, `retry-replicas` against
+# `balance-list`) and, where it has one, its rival (`retry-deadline` and `retry-attempt`
+# against `tower-retry`, `retry-replicas` against `retry-balance-list`); the bench's
+# `--list` says which is which, and baselines and rivals of the variants named are run too.
 #
 # Usage: benches/callgrind.sh [--json] [--calls N1,N2] [--keep DIR] [--valgrind-arg A]... [VARIANT...]
 #   --json           print the table as a JSON array instead of text

@@ -30,8 +30,20 @@
 //!   Tower's `Retry` clones the request (headers, extensions, bytes) before every first
 //!   attempt; its retries carry the caller's `grpc-timeout` unchanged, not what is left.
 //!
+//! Over a fleet of three bare servers (all bound before any client connects), no deadline:
+//!
+//! - `balance-list`: tonic's `Channel::balance_list` over the three (tower's p2c behind a
+//!   buffer, over connections that report no load);
+//! - `replicas`: stormguard's `Replicas::from_endpoints` over the same endpoints (one
+//!   lazily connected `Channel` per replica, one picked per attempt in `call()`, the choice
+//!   seeded), used directly by the generated client;
+//! - `retry-balance-list`: the `RetryLayer` of `retry` over `balance_list`;
+//! - `retry-replicas`: the same `RetryLayer` built with `over_replicas()` over `Replicas`
+//!   (each call's attempts carry a `Route`), against `retry-balance-list` as its rival.
+//!
 //! Each variant with a layer is compared with its own baseline: `retry`, `shed` and `both`
-//! with `bare`, the deadline variants with `bare-deadline`.
+//! with `bare`, the deadline variants with `bare-deadline`, the fleet variants with
+//! `balance-list`.
 //!
 //! Rounds are interleaved (every variant once per round, each round starting with the next
 //! variant), each variant running for the same time per round, and each round's figures
@@ -59,7 +71,26 @@
 //! ```text
 //! benches/callgrind.sh                     # every variant
 //! benches/callgrind.sh --json retry-deadline tower-retry
+//! benches/callgrind.sh balance-list replicas retry-balance-list retry-replicas
 //! ```
+//!
+//! Measured so (tonic 0.14.9, `--calls 2000,4000`; instructions of the whole process, client
+//! and server, per call), the fleet variants:
+//!
+//! ```text
+//! variant             instr/call  ratio  allocs/call  rival               ratio  +allocs
+//! balance-list        116358      1.000  61.05        -                   -      -
+//! replicas            113787      0.978  61.04        -                   -      -
+//! retry-balance-list  121823      1.047  62.05        -                   -      -
+//! retry-replicas      119272      1.025  64.05        retry-balance-list  0.979  +2.00
+//! ```
+//!
+//! `Replicas` costs some 4,800 instructions of its own per call (the pick, about 2,900 with
+//! its two candidates' costs, and the end of the attempt, about 1,800: mostly the
+//! peak-EWMA and health decays' `exp`), less than the buffer worker and p2c
+//! `poll_ready` (ready cache and its hashing) that `balance_list` runs per call. The two
+//! allocations that `over_replicas` adds per call are the `Route` and its entry in the
+//! attempt's extensions.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -72,6 +103,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+use stormguard_client::replicas::{ReplicaConfig, Replicas};
 use stormguard_client::{Retry, RetryLayer};
 use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
@@ -179,12 +211,46 @@ async fn serve_shed() -> SocketAddr {
     addr
 }
 
+fn endpoint(addr: SocketAddr) -> Endpoint {
+    Endpoint::from_shared(format!("http://{addr}")).expect("endpoint")
+}
+
 async fn channel(addr: SocketAddr) -> Channel {
-    Endpoint::from_shared(format!("http://{addr}"))
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect")
+    endpoint(addr).connect().await.expect("connect")
+}
+
+/// How many bare servers the balanced variants spread their calls over.
+const FLEET: usize = 3;
+
+/// The servers of the run, all bound (and so accepting connections) before any client
+/// connects: one bare, one behind the `ShedLayer`, and the bare fleet of the balanced
+/// variants.
+#[derive(Clone, Copy)]
+struct Servers {
+    bare: SocketAddr,
+    shed: SocketAddr,
+    fleet: [SocketAddr; FLEET],
+}
+
+async fn servers() -> Servers {
+    let (bare, shed) = (serve_bare().await, serve_shed().await);
+    let mut fleet = [bare; FLEET];
+    for addr in &mut fleet {
+        *addr = serve_bare().await;
+    }
+    Servers { bare, shed, fleet }
+}
+
+/// `Replicas` over the fleet, one lazily connected `Channel` per server (the choice seeded,
+/// so that a run makes the same choices every time).
+type ReplicaChannel = Replicas<Channel, http::Uri>;
+
+fn replicas(fleet: &[SocketAddr]) -> ReplicaChannel {
+    let config = ReplicaConfig {
+        seed: Some(17),
+        ..ReplicaConfig::default()
+    };
+    Replicas::from_endpoints(config, fleet.iter().copied().map(endpoint)).expect("replicas")
 }
 
 /// The `RetryLayer` of the layered variants: the default policy, the method idempotent (so
@@ -353,6 +419,15 @@ enum Stack {
         per_attempt: bool,
     },
     Tower,
+    /// tonic's `Channel::balance_list` over the fleet; `retry`: under a `RetryLayer`.
+    BalanceList {
+        retry: bool,
+    },
+    /// stormguard's `Replicas` over the fleet; `retry`: under a `RetryLayer` built with
+    /// `over_replicas`.
+    Replicas {
+        retry: bool,
+    },
 }
 
 /// One configuration measured.
@@ -368,7 +443,7 @@ struct Variant {
     deadline: bool,
 }
 
-const VARIANTS: [Variant; 8] = [
+const VARIANTS: [Variant; 12] = [
     Variant {
         name: "bare",
         baseline: "bare",
@@ -433,6 +508,38 @@ const VARIANTS: [Variant; 8] = [
         shed_server: false,
         deadline: true,
     },
+    Variant {
+        name: "balance-list",
+        baseline: "balance-list",
+        rival: None,
+        stack: Stack::BalanceList { retry: false },
+        shed_server: false,
+        deadline: false,
+    },
+    Variant {
+        name: "replicas",
+        baseline: "balance-list",
+        rival: None,
+        stack: Stack::Replicas { retry: false },
+        shed_server: false,
+        deadline: false,
+    },
+    Variant {
+        name: "retry-balance-list",
+        baseline: "balance-list",
+        rival: None,
+        stack: Stack::BalanceList { retry: true },
+        shed_server: false,
+        deadline: false,
+    },
+    Variant {
+        name: "retry-replicas",
+        baseline: "balance-list",
+        rival: Some("retry-balance-list"),
+        stack: Stack::Replicas { retry: true },
+        shed_server: false,
+        deadline: false,
+    },
 ];
 
 fn variant(name: &str) -> &'static Variant {
@@ -447,6 +554,8 @@ enum Stub {
     Bare(InventoryClient<Channel>),
     Retry(InventoryClient<Retry<Channel>>),
     Tower(InventoryClient<TowerRetry>),
+    Replicas(InventoryClient<ReplicaChannel>),
+    RetryReplicas(InventoryClient<Retry<ReplicaChannel>>),
 }
 
 #[derive(Clone)]
@@ -470,14 +579,52 @@ impl Client {
             Stub::Bare(c) => c.reserve(request).await,
             Stub::Retry(c) => c.reserve(request).await,
             Stub::Tower(c) => c.reserve(request).await,
+            Stub::Replicas(c) => c.reserve(request).await,
+            Stub::RetryReplicas(c) => c.reserve(request).await,
         };
         assert!(reply.expect("echo").get_ref().reserved);
     }
 }
 
-async fn client(v: &Variant, timeouts: Timeouts, bare: SocketAddr, shed: SocketAddr) -> Client {
-    let channel = channel(if v.shed_server { shed } else { bare }).await;
+async fn client(v: &Variant, timeouts: Timeouts, servers: Servers) -> Client {
     let stub = match v.stack {
+        Stack::BalanceList { retry } => {
+            let channel = Channel::balance_list(servers.fleet.iter().copied().map(endpoint));
+            if retry {
+                Stub::Retry(InventoryClient::new(
+                    tower::ServiceBuilder::new()
+                        .layer(retry_layer(None))
+                        .service(channel),
+                ))
+            } else {
+                Stub::Bare(InventoryClient::new(channel))
+            }
+        }
+        Stack::Replicas { retry: false } => {
+            Stub::Replicas(InventoryClient::new(replicas(&servers.fleet)))
+        }
+        Stack::Replicas { retry: true } => Stub::RetryReplicas(InventoryClient::new(
+            tower::ServiceBuilder::new()
+                .layer(retry_layer(None).over_replicas())
+                .service(replicas(&servers.fleet)),
+        )),
+        _ => one_server_stub(v, timeouts, servers).await,
+    };
+    Client {
+        stub,
+        deadline: v.deadline.then_some(timeouts.deadline),
+    }
+}
+
+/// The stub of a variant that calls one server over one connected channel.
+async fn one_server_stub(v: &Variant, timeouts: Timeouts, servers: Servers) -> Stub {
+    let channel = channel(if v.shed_server {
+        servers.shed
+    } else {
+        servers.bare
+    })
+    .await;
+    match v.stack {
         Stack::Plain => Stub::Bare(InventoryClient::new(channel)),
         Stack::Layer { per_attempt } => Stub::Retry(InventoryClient::new(
             tower::ServiceBuilder::new()
@@ -485,10 +632,9 @@ async fn client(v: &Variant, timeouts: Timeouts, bare: SocketAddr, shed: SocketA
                 .service(channel),
         )),
         Stack::Tower => Stub::Tower(InventoryClient::new(tower_retry(channel))),
-    };
-    Client {
-        stub,
-        deadline: v.deadline.then_some(timeouts.deadline),
+        Stack::BalanceList { .. } | Stack::Replicas { .. } => {
+            unreachable!("balanced variants call the fleet")
+        }
     }
 }
 
@@ -644,8 +790,8 @@ fn selected(asked: Option<&[&'static Variant]>) -> Vec<&'static Variant> {
 }
 
 /// Runs exactly `calls` calls of `v` and prints what they allocated.
-async fn count_calls(v: &Variant, calls: u64, callers: usize, bare: SocketAddr, shed: SocketAddr) {
-    let client = client(v, COUNTED, bare, shed).await;
+async fn count_calls(v: &Variant, calls: u64, callers: usize, servers: Servers) {
+    let client = client(v, COUNTED, servers).await;
     let before = GLOBAL.stats();
     run_calls(&client, callers, calls).await;
     let after = GLOBAL.stats();
@@ -677,16 +823,16 @@ fn main() {
     .build()
     .expect("runtime");
     runtime.block_on(async {
-        let (bare, shed) = (serve_bare().await, serve_shed().await);
+        let servers = servers().await;
         if let (Some(v), Some(calls)) = (o.variant, o.calls) {
-            count_calls(v, calls, o.callers, bare, shed).await;
+            count_calls(v, calls, o.callers, servers).await;
             return;
         }
         let variants = selected(o.variants.as_deref());
         let index = |name: &str| variants.iter().position(|v| v.name == name);
         let mut clients = Vec::new();
         for v in &variants {
-            let c = client(v, TIMED, bare, shed).await;
+            let c = client(v, TIMED, servers).await;
             // Warm up: connections, h2 windows, allocator caches.
             run_for(&c, o.callers, 0.3).await;
             clients.push(c);
