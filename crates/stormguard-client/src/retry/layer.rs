@@ -213,8 +213,8 @@ impl RetryLayer {
     /// to the replica whose attempt failed (its own
     /// [`KeyedBudgets`](stormguard_core::budget::KeyedBudgets) account, beside the shared
     /// budget): a failing replica cannot spend the retries the healthy ones earned. Costs
-    /// two allocations per call (the route and its entry in the extensions); over a channel that is not endpoint-aware it changes
-    /// nothing else.
+    /// two allocations per call (the route and its entry in the extensions); over a
+    /// channel that is not endpoint-aware it changes nothing else.
     ///
     /// ```
     /// use stormguard_client::RetryLayer;
