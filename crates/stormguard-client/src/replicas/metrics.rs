@@ -49,7 +49,7 @@ where
     ///     Ok::<_, std::convert::Infallible>(http::Response::new(()))
     /// });
     /// let replicas = Replicas::from_services(ReplicaConfig::default(), [("a", answer)])?
-    ///     .with_meter(&provider.meter("inventory-client"));
+    ///     .with_meter(&meter);
     /// # let _ = replicas;
     /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
