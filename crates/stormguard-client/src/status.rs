@@ -116,6 +116,8 @@ pub(crate) struct TransportFailure {
     /// A timer below the layer ended the attempt: tonic's channel (`grpc-timeout`, or
     /// `Endpoint::timeout`) or a `tower::timeout` layer.
     pub(crate) timed_out: bool,
+    /// No connection could be made (`tonic::ConnectError`).
+    pub(crate) connect: bool,
 }
 
 /// Classifies an error of the inner service: a status found in the error's source chain
@@ -125,13 +127,17 @@ pub(crate) struct TransportFailure {
 pub(crate) fn classify_error(err: &(dyn std::error::Error + 'static)) -> TransportFailure {
     let mut unsent = false;
     let mut timed_out = false;
+    let mut connect = false;
     let mut code = None;
     let mut source = Some(err);
     while let Some(e) = source {
         if let Some(status) = e.downcast_ref::<Status>() {
             code.get_or_insert(code_from_tonic(status.code()));
         }
-        if e.downcast_ref::<tonic::ConnectError>().is_some()
+        if e.downcast_ref::<tonic::ConnectError>().is_some() {
+            connect = true;
+        }
+        if connect
             || e.downcast_ref::<h2::Error>().is_some_and(refused_by_h2)
             || e.downcast_ref::<hyper::Error>()
                 .is_some_and(hyper::Error::is_canceled)
@@ -149,6 +155,7 @@ pub(crate) fn classify_error(err: &(dyn std::error::Error + 'static)) -> Transpo
         code: code.unwrap_or(Code::Unavailable),
         unsent,
         timed_out,
+        connect,
     }
 }
 
@@ -293,7 +300,7 @@ mod tests {
         let err: BoxError = Box::new(tonic::ConnectError("refused".into()));
         let f = classify_error(&*err);
         assert_eq!(f.code, Code::Unavailable);
-        assert!(f.unsent);
+        assert!(f.unsent && f.connect);
     }
 
     /// An error whose source is `inner`, as tonic's channel wraps what hyper returns.

@@ -134,7 +134,7 @@ pub struct EjectionConfig {
 }
 
 impl Default for EjectionConfig {
-    /// 5 failures in a row, or half of at least 20 answers in 10 s; ejected for 1 s
+    /// 5 failures in a row, or half of at least 20 answers in 10 s; ejected for 500 ms
     /// doubling to 60 s, up to 50 % longer at random; at most half the replicas out.
     fn default() -> Self {
         EjectionConfig {
@@ -142,7 +142,7 @@ impl Default for EjectionConfig {
             failure_share: 0.5,
             min_requests: 20,
             window: Duration::from_secs(10),
-            base_time: Duration::from_secs(1),
+            base_time: Duration::from_millis(500),
             max_time: Duration::from_secs(60),
             jitter: 0.5,
             max_ejected_share: 0.5,
@@ -357,6 +357,12 @@ pub enum ReplicaOutcome {
     /// The replica is broken: a transport failure, `UNAVAILABLE` without a pushback,
     /// `INTERNAL`, `UNKNOWN`, `DATA_LOSS`. Counts towards ejection.
     Failure,
+    /// No connection could be made to the replica (its process is down or restarting): a
+    /// failure like [`Failure`](Self::Failure), except that ejections for it do not
+    /// double. Probing such a replica costs nothing (the attempt never left, and is
+    /// retried elsewhere at once), so it is probed every `base_time` and serves again
+    /// soon after it comes back.
+    Refused,
     /// The replica is busy: a pushback, `RESOURCE_EXHAUSTED`, or a server-side
     /// `DEADLINE_EXCEEDED`. Lowers its health in the choice; never ejects it.
     Overload,
@@ -816,18 +822,19 @@ impl ReplicaSet {
             ReplicaOutcome::CutOff => {
                 sample_latency(r);
                 if probing {
-                    return self.eject(i, EjectReason::ProbeFailed, now);
+                    return self.eject(i, EjectReason::ProbeFailed, true, now);
                 }
                 None
             }
-            ReplicaOutcome::Failure => {
+            ReplicaOutcome::Failure | ReplicaOutcome::Refused => {
+                let grow = outcome == ReplicaOutcome::Failure;
                 sample_health(r, 0.0);
                 r.failures += 1;
                 r.consecutive = r.consecutive.saturating_add(1);
                 r.window[1].answers += 1;
                 r.window[1].failures += 1;
                 if probing {
-                    return self.eject(i, EjectReason::ProbeFailed, now);
+                    return self.eject(i, EjectReason::ProbeFailed, grow, now);
                 }
                 if matches!(r.state, ReplicaState::Ejected { .. }) {
                     return None;
@@ -846,13 +853,20 @@ impl ReplicaSet {
                     } else {
                         None
                     };
-                reason.and_then(|reason| self.eject(i, reason, now))
+                reason.and_then(|reason| self.eject(i, reason, grow, now))
             }
         }
     }
 
-    /// Ejects replica `i` if the cap allows it.
-    fn eject(&mut self, i: usize, reason: EjectReason, now: Instant) -> Option<Transition> {
+    /// Ejects replica `i` if the cap allows it; `grow`: this ejection counts towards the
+    /// doubling of the next one.
+    fn eject(
+        &mut self,
+        i: usize,
+        reason: EjectReason,
+        grow: bool,
+        now: Instant,
+    ) -> Option<Transition> {
         let n = self.replicas.len();
         let out = self
             .replicas
@@ -882,7 +896,9 @@ impl ReplicaSet {
         r.state = ReplicaState::Ejected {
             until: now + duration,
         };
-        r.streak = r.streak.saturating_add(1);
+        if grow {
+            r.streak = r.streak.saturating_add(1);
+        }
         r.ejections += 1;
         r.consecutive = 0;
         r.window = [Counts::default(); 2];
@@ -1043,12 +1059,12 @@ mod tests {
         ));
         // While it is out, even a retry that tried every other replica avoids it.
         assert_ne!(force(&mut s, bad, ReplicaOutcome::Success, t0).0, bad);
-        // Between 1 s and 1.5 s out (jitter), then a single probe at a time.
+        // Between 500 ms and 750 ms out (jitter), then a single probe at a time.
         let ReplicaState::Ejected { until } = snap.state else {
             unreachable!()
         };
         let out = until - t0;
-        assert!(out >= Duration::from_secs(1) && out <= Duration::from_millis(1500));
+        assert!(out >= Duration::from_millis(500) && out <= Duration::from_millis(750));
         let later = until;
         let others: Vec<_> = ids[1..].to_vec();
         assert_eq!(s.pick_at(&others, later), Some(bad), "the probe");
@@ -1095,7 +1111,7 @@ mod tests {
                 "{lengths:?}"
             );
         }
-        // Back, then healthy for a window: the next ejection starts from 1 s again.
+        // Back, then healthy for a window: the next ejection starts from 500 ms again.
         assert_eq!(
             force(&mut s, bad, ReplicaOutcome::Success, now),
             (bad, Some(Transition::Returned { id: bad }))
@@ -1108,7 +1124,35 @@ mod tests {
         let Some(Transition::Ejected { duration, .. }) = last else {
             unreachable!()
         };
-        assert!(duration <= Duration::from_millis(1500), "{duration:?}");
+        assert!(duration <= Duration::from_millis(750), "{duration:?}");
+    }
+
+    #[test]
+    fn a_replica_refusing_connections_is_probed_every_base_time() {
+        let mut s = set(12);
+        let t0 = Instant::now();
+        let ids: Vec<_> = (0..3).map(|_| s.insert_at(t0)).collect();
+        let down = ids[0];
+        let mut now = t0;
+        let mut lengths = Vec::new();
+        while lengths.len() < 4 {
+            if let (_, Some(Transition::Ejected { duration, .. })) =
+                force(&mut s, down, ReplicaOutcome::Refused, now)
+            {
+                lengths.push(duration);
+                now += duration + MS;
+            }
+        }
+        // No doubling: each ejection is 500 ms plus up to 50 % jitter.
+        assert!(
+            lengths.iter().all(|d| *d <= Duration::from_millis(750)),
+            "{lengths:?}"
+        );
+        // Back up: the next probe returns it.
+        assert_eq!(
+            force(&mut s, down, ReplicaOutcome::Success, now),
+            (down, Some(Transition::Returned { id: down }))
+        );
     }
 
     #[test]

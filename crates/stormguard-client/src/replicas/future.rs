@@ -188,6 +188,8 @@ fn outcome_of_error(err: &(dyn std::error::Error + 'static)) -> ReplicaOutcome {
     let failure = classify_error(err);
     if failure.timed_out {
         ReplicaOutcome::CutOff
+    } else if failure.connect {
+        ReplicaOutcome::Refused
     } else {
         outcome_of_code(failure.code, None)
     }
