@@ -52,6 +52,15 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Several replicas
+//!
+//! Over tonic's `Channel::balance_list`, a retry cannot avoid the replica that just failed
+//! it, and one failing replica spends the retries the healthy ones earned. Put the layer
+//! over [`replicas::Replicas`] instead, and build it with
+//! [`RetryLayer::over_replicas`]: a replica is picked per attempt, seeing what the call
+//! tried; failing replicas are ejected; returning ones ramp up; each retry is charged to
+//! the replica that failed. The [`replicas`] module says how and why.
+//!
 //! # Timeouts
 //!
 //! A call has one deadline for all its attempts and, optionally, a shorter limit per
