@@ -1,6 +1,6 @@
 //! End-to-end: the example client (`examples/client.rs`, compiled in here as a module)
 //! against a server that always answers UNAVAILABLE. This is the "amplification stays near
-//! 1.1×" measurement of the issue: at a 100 % failure rate the budget's standing reserve
+//! 1.1×" measurement: at a 100 % failure rate the budget's standing reserve
 //! (5 retries/s over a 10 s window = 50 retries) is all that retries can spend.
 #![allow(clippy::unwrap_used)]
 

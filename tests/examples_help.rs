@@ -8,7 +8,9 @@
 //! binary.
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+mod examples_support;
+
+use std::path::Path;
 use std::process::{Command, Output};
 
 /// An example, the long flags its `--help` lists (`--help` itself aside), and a command
@@ -131,53 +133,6 @@ const EXAMPLES: &[Example] = &[
     },
 ];
 
-/// `<target>/<profile>`, the folder this test binary's `deps/` is in.
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .and_then(Path::parent)
-        .unwrap_or_else(|| panic!("{} is not in <target>/<profile>/deps", exe.display()))
-        .to_path_buf()
-}
-
-/// Builds every example with the profile and features this test was built with; returns
-/// the folder the binaries are in.
-fn build_examples() -> PathBuf {
-    let profile_dir = profile_dir();
-    let target_dir = profile_dir.parent().unwrap();
-    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => "dev",
-        Some(other) => other,
-        None => panic!("no profile in {}", profile_dir.display()),
-    };
-    let mut cargo = Command::new(env!("CARGO"));
-    cargo
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["build", "--quiet", "-p", "stormguard", "--profile", profile])
-        .arg("--target-dir")
-        .arg(target_dir);
-    let mut features = Vec::new();
-    if cfg!(feature = "opentelemetry") {
-        features.push("opentelemetry");
-    }
-    if cfg!(feature = "otel-examples") {
-        features.push("otel-examples");
-    }
-    if !features.is_empty() {
-        cargo.args(["--features", &features.join(",")]);
-    }
-    for example in EXAMPLES {
-        cargo.args(["--example", example.name]);
-    }
-    let built = cargo.output().unwrap();
-    assert!(
-        built.status.success(),
-        "cargo build of the examples failed:\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    profile_dir.join("examples")
-}
-
 fn run(dir: &Path, name: &str, args: &[&str]) -> Output {
     let path = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     Command::new(&path)
@@ -230,7 +185,8 @@ fn every_example_is_listed_here() {
 
 #[test]
 fn help_describes_every_flag_and_bad_input_exits_2() {
-    let dir = build_examples();
+    let names: Vec<_> = EXAMPLES.iter().map(|e| e.name).collect();
+    let dir = examples_support::build_examples(&names);
     for example in EXAMPLES {
         let name = example.name;
         let help = run(&dir, name, &["--help"]);

@@ -2,7 +2,7 @@
 //! processes of it, so it cannot run in this test's process).
 //!
 //! It checks the shape of the JSON the example writes (every scenario, every policy, the
-//! fields the issue names, a timeline whose counts add up) and what holds by construction
+//! fields of the JSON contract, a timeline whose counts add up) and what holds by construction
 //! or in any healthy phase: the calls before the fault succeed, every replica gets about
 //! its share of them, a killed replica receives nothing, a restarted one receives attempts
 //! again. Never how fast anything ran. The load is 2 % of the fleet's capacity (about 120
@@ -10,47 +10,11 @@
 //! default run's figures are the release build's, in `docs/examples.md`.
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+mod examples_support;
+
 use std::process::Command;
 
 use serde_json::Value;
-
-/// `<target>/<profile>`, the folder this test binary's `deps/` is in.
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .and_then(Path::parent)
-        .unwrap_or_else(|| panic!("{} is not in <target>/<profile>/deps", exe.display()))
-        .to_path_buf()
-}
-
-/// Builds the example with this test's profile (a no-op when `cargo test` just did);
-/// returns its path.
-fn build_fleet() -> PathBuf {
-    let profile_dir = profile_dir();
-    let target_dir = profile_dir.parent().unwrap();
-    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => "dev",
-        Some(other) => other,
-        None => panic!("no profile in {}", profile_dir.display()),
-    };
-    let built = Command::new(env!("CARGO"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["build", "--quiet", "-p", "stormguard", "--profile", profile])
-        .arg("--target-dir")
-        .arg(target_dir)
-        .args(["--example", "fleet"])
-        .output()
-        .unwrap();
-    assert!(
-        built.status.success(),
-        "cargo build --example fleet failed:\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    profile_dir
-        .join("examples")
-        .join(format!("fleet{}", std::env::consts::EXE_SUFFIX))
-}
 
 /// The keys of a JSON object.
 fn keys(value: &Value) -> Vec<&str> {
@@ -74,7 +38,7 @@ fn count(value: &Value, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("{key} is not a count: {value:#}"))
 }
 
-/// The fields the issue names, in every policy.
+/// The fields of the JSON contract (docs/examples.md), in every policy.
 const POLICY_FIELDS: [&str; 10] = [
     "name",
     "success",
@@ -92,7 +56,8 @@ const POLICIES: [&str; 3] = ["naive", "layer", "stormguard"];
 
 #[test]
 fn quick_fleet_writes_the_report_of_every_scenario_and_policy() {
-    let fleet = build_fleet();
+    let fleet = examples_support::build_examples(&["fleet"])
+        .join(format!("fleet{}", std::env::consts::EXE_SUFFIX));
     let dir = std::env::temp_dir().join(format!("stormguard-fleet-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (json_path, svg_path) = (dir.join("fleet.json"), dir.join("fleet.svg"));

@@ -40,8 +40,8 @@ pub(crate) struct ScenarioReport {
     pub(crate) bad_replica: Option<usize>,
 }
 
-/// One policy in one scenario. The first fields are the contract; the rest are
-/// added.
+/// One policy in one scenario. The first fields are the JSON contract other tools read
+/// (docs/examples.md); the rest are added.
 #[derive(Debug, Serialize)]
 pub(crate) struct PolicyReport {
     pub(crate) name: &'static str,
