@@ -58,6 +58,28 @@ fn client(replicas: &Replicas<Channel, http::Uri>, layer: RetryLayer) -> Client 
     InventoryClient::new(ServiceBuilder::new().layer(layer).service(replicas.clone()))
 }
 
+/// A retry policy for a method that is not idempotent: only an attempt that provably never
+/// reached a server, or that a server says it never ran, is retried.
+fn non_idempotent() -> RetryPolicy {
+    RetryPolicy {
+        idempotent: false,
+        ..quick_policy()
+    }
+}
+
+/// `n` calls one after the other, request ids `{prefix}-{i}`; each must succeed.
+async fn call_all<S>(c: &mut InventoryClient<S>, prefix: &str, n: usize)
+where
+    S: tonic::client::GrpcService<tonic::body::Body>,
+    S::Error: Into<stormguard_client::BoxError>,
+    S::ResponseBody: tonic::codegen::Body<Data = bytes::Bytes> + Send + 'static,
+    <S::ResponseBody as tonic::codegen::Body>::Error: Into<stormguard_client::BoxError> + Send,
+{
+    for i in 0..n {
+        c.reserve(reserve(&format!("{prefix}-{i}"))).await.unwrap();
+    }
+}
+
 /// How many times each request id reached `server`.
 fn ids_seen(server: &Scripted) -> HashMap<String, usize> {
     let mut ids = HashMap::new();
@@ -80,9 +102,7 @@ async fn retries_avoid_tried_replicas_and_a_failing_replica_is_ejected() {
     let layer = RetryLayer::new(roomy(quick_policy())).over_replicas();
     let stats = layer.stats();
     let mut c = client(&replicas, layer);
-    for i in 0..200 {
-        c.reserve(reserve(&format!("call-{i}"))).await.unwrap();
-    }
+    call_all(&mut c, "call", 200).await;
     // No call went to the same replica twice.
     for server in std::iter::once(&bad).chain(&good) {
         assert!(ids_seen(server).values().all(|&n| n == 1));
@@ -179,17 +199,10 @@ async fn a_replica_whose_server_is_gone_costs_no_call() {
         endpoints.push(endpoint(serve(g.clone()).await));
     }
     let replicas = Replicas::from_endpoints(config(3), endpoints).unwrap();
-    // Not idempotent: only an attempt that provably never reached a server is retried.
-    let policy = RetryPolicy {
-        idempotent: false,
-        ..quick_policy()
-    };
-    let layer = RetryLayer::new(roomy(policy)).over_replicas();
+    let layer = RetryLayer::new(roomy(non_idempotent())).over_replicas();
     let stats = layer.stats();
     let mut c = client(&replicas, layer);
-    for i in 0..100 {
-        c.reserve(reserve(&format!("call-{i}"))).await.unwrap();
-    }
+    call_all(&mut c, "call", 100).await;
     let dead = replicas
         .snapshot()
         .into_iter()
@@ -230,9 +243,7 @@ async fn a_replica_added_while_serving_starts_small_and_a_removed_one_gets_nothi
     while replicas.len() < 2 {
         tokio::task::yield_now().await;
     }
-    for i in 0..50 {
-        c.reserve(reserve(&format!("warm-{i}"))).await.unwrap();
-    }
+    call_all(&mut c, "warm", 50).await;
     changes
         .send(Change::Insert(addrs[2].to_string(), endpoint(addrs[2])))
         .await
@@ -246,9 +257,7 @@ async fn a_replica_added_while_serving_starts_small_and_a_removed_one_gets_nothi
         .find(|r| r.key == addrs[2].to_string())
         .unwrap();
     assert_eq!(new.state.as_str(), "warming");
-    for i in 0..150 {
-        c.reserve(reserve(&format!("after-{i}"))).await.unwrap();
-    }
+    call_all(&mut c, "after", 150).await;
     // A tenth of a share, rising over 5 s, against two full ones: far below a third.
     let newcomer = servers[2].seen().len();
     assert!(
@@ -264,9 +273,7 @@ async fn a_replica_added_while_serving_starts_small_and_a_removed_one_gets_nothi
         tokio::task::yield_now().await;
     }
     let before = servers[0].seen().len();
-    for i in 0..50 {
-        c.reserve(reserve(&format!("removed-{i}"))).await.unwrap();
-    }
+    call_all(&mut c, "removed", 50).await;
     assert_eq!(servers[0].seen().len(), before);
 }
 
@@ -389,16 +396,10 @@ async fn a_replica_shutting_down_costs_no_call_not_even_a_non_idempotent_one() {
         endpoint(serve_shed(serving.clone(), false).await),
     ];
     let replicas = Replicas::from_endpoints(config(6), endpoints).unwrap();
-    let policy = RetryPolicy {
-        idempotent: false,
-        ..quick_policy()
-    };
-    let layer = RetryLayer::new(roomy(policy)).over_replicas();
+    let layer = RetryLayer::new(roomy(non_idempotent())).over_replicas();
     let stats = layer.stats();
     let mut c = client(&replicas, layer);
-    for i in 0..50 {
-        c.reserve(reserve(&format!("call-{i}"))).await.unwrap();
-    }
+    call_all(&mut c, "call", 50).await;
     // The draining replica ran nothing; each call ran once, on the serving one.
     assert!(draining.seen().is_empty());
     assert_eq!(ids_seen(&serving).len(), 50);
