@@ -23,8 +23,8 @@ use stormguard_core::policy::{MethodTable, RetryPolicy};
 use stormguard_core::retry::RetryController;
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
+use stormguard_server::AdmissionConfig;
 use stormguard_server::shed::MESSAGE_EXPIRED;
-use stormguard_server::{AdmissionConfig, RetryThreshold};
 use tonic::Code;
 use tower::ServiceBuilder;
 
@@ -32,15 +32,8 @@ const PER_ATTEMPT: Duration = Duration::from_secs(3);
 
 fn admission() -> AdmissionConfig {
     AdmissionConfig {
-        workers: 1,
-        queue_capacity: 4,
-        retry_threshold: RetryThreshold {
-            depth: None,
-            queue_delay: None,
-        },
-        max_time_queued: Duration::from_secs(60),
         min_time_left: Duration::from_secs(2),
-        ..AdmissionConfig::default()
+        ..server_support::one_worker_short_queue()
     }
 }
 

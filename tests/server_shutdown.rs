@@ -7,7 +7,6 @@
 mod server_support;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use server_support::{channel, eventually, hold_worker, pushback, release, reserve, start_with};
 use stormguard_client::RetryLayer;
@@ -16,23 +15,14 @@ use stormguard_core::policy::{MethodTable, RetryPolicy};
 use stormguard_core::retry::RetryController;
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
+use stormguard_server::AdmissionConfig;
 use stormguard_server::shed::{MESSAGE_SHUTTING_DOWN, ShutdownHandle};
-use stormguard_server::{AdmissionConfig, RetryThreshold};
 use tonic::Code;
 use tonic::transport::Server;
 use tower::ServiceBuilder;
 
 fn admission() -> AdmissionConfig {
-    AdmissionConfig {
-        workers: 1,
-        queue_capacity: 4,
-        retry_threshold: RetryThreshold {
-            depth: None,
-            queue_delay: None,
-        },
-        max_time_queued: Duration::from_secs(60),
-        ..AdmissionConfig::default()
-    }
+    server_support::one_worker_short_queue()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -42,6 +42,16 @@ pub fn one_worker_no_queue() -> AdmissionConfig {
     }
 }
 
+/// One worker, a queue of 4 that holds calls for up to 60 s, no retry threshold: with the
+/// worker held, the next calls wait in the queue.
+pub fn one_worker_short_queue() -> AdmissionConfig {
+    AdmissionConfig {
+        queue_capacity: 4,
+        max_time_queued: Duration::from_secs(60),
+        ..one_worker_no_queue()
+    }
+}
+
 /// Binds 127.0.0.1:0, then serves the demo Inventory behind `ShedLayer::from_config(admission)`.
 /// The demo's gate starts closed when `gated`.
 pub async fn start(admission: AdmissionConfig, demo: DemoConfig, gated: bool) -> TestServer {
