@@ -60,6 +60,7 @@ pub mod context;
 pub mod criticality;
 pub mod deadline;
 pub mod error;
+pub mod hedge;
 pub mod limit;
 pub mod observe;
 pub mod policy;

@@ -35,6 +35,7 @@ use std::time::Duration;
 use crate::backoff::BackoffConfig;
 use crate::code::{Code, CodeSet};
 use crate::error::ConfigError;
+use crate::hedge::HedgingPolicy;
 
 /// The largest number of attempts A6 allows; larger configured values are treated as this.
 pub const MAX_ATTEMPTS_CAP: u32 = 5;
@@ -153,6 +154,10 @@ impl RetryPolicy {
 pub struct MethodTable {
     /// `None` for a method: not retried.
     policies: MethodMap<Option<Arc<RetryPolicy>>>,
+    /// `None` for a method: not hedged. Every entry set in one map is set in the other
+    /// (to `None` there), so the most specific entry decides both: a method has a retry
+    /// policy or a hedging policy, never both.
+    hedges: MethodMap<Option<Arc<HedgingPolicy>>>,
     /// Default deadlines, looked up like the policies.
     timeouts: MethodMap<Option<Duration>>,
 }
@@ -248,20 +253,74 @@ impl MethodTable {
     }
 
     /// Sets the policy of methods that match nothing more specific.
+    /// (Any hedging policy set at the same level is replaced.)
     pub fn set_default(&mut self, policy: Option<RetryPolicy>) {
         self.policies.set_default(policy.map(Arc::new));
+        self.hedges.set_default(None);
     }
 
     /// Sets the policy of every method of `service` (fully qualified, `pkg.Service`);
-    /// `None` disables retries for it.
+    /// `None` disables retries for it (and any hedging policy set for it is replaced).
     pub fn insert_service(&mut self, service: &str, policy: Option<RetryPolicy>) {
         self.policies.insert_service(service, policy.map(Arc::new));
+        self.hedges.insert_service(service, None);
     }
 
-    /// Sets the policy of one method; `None` disables retries for it.
+    /// Sets the policy of one method; `None` disables retries for it (and any hedging
+    /// policy set for it is replaced).
     pub fn insert_method(&mut self, service: &str, method: &str, policy: Option<RetryPolicy>) {
         self.policies
             .insert_method(service, method, policy.map(Arc::new));
+        self.hedges.insert_method(service, method, None);
+    }
+
+    /// Hedges methods that match nothing more specific with `policy` (see
+    /// [`hedge`](crate::hedge)); a retry policy set at the same level is replaced: a method
+    /// is retried or hedged, not both. `None`: neither.
+    pub fn set_default_hedging(&mut self, policy: Option<HedgingPolicy>) {
+        self.hedges.set_default(policy.map(Arc::new));
+        self.policies.set_default(None);
+    }
+
+    /// Hedges every method of `service` with `policy` (replacing a retry policy set for
+    /// the service).
+    pub fn insert_service_hedging(&mut self, service: &str, policy: Option<HedgingPolicy>) {
+        self.hedges.insert_service(service, policy.map(Arc::new));
+        self.policies.insert_service(service, None);
+    }
+
+    /// Hedges one method with `policy` (replacing a retry policy set for the method).
+    ///
+    /// ```
+    /// use stormguard_core::hedge::HedgingPolicy;
+    /// use stormguard_core::policy::{MethodTable, RetryPolicy};
+    ///
+    /// let mut table = MethodTable::uniform(RetryPolicy::default());
+    /// table.insert_method_hedging("pkg.Svc", "Get", Some(HedgingPolicy::default()));
+    /// assert!(table.lookup_hedging("/pkg.Svc/Get").is_some());
+    /// assert!(table.lookup("/pkg.Svc/Get").is_none(), "hedged, so not retried");
+    /// assert!(table.lookup("/pkg.Svc/Put").is_some());
+    /// ```
+    pub fn insert_method_hedging(
+        &mut self,
+        service: &str,
+        method: &str,
+        policy: Option<HedgingPolicy>,
+    ) {
+        self.hedges
+            .insert_method(service, method, policy.map(Arc::new));
+        self.policies.insert_method(service, method, None);
+    }
+
+    /// The hedging policy for a request path, or `None` when the method is not hedged.
+    /// Allocates nothing.
+    pub fn lookup_hedging(&self, path: &str) -> Option<&Arc<HedgingPolicy>> {
+        self.hedges.get(path).and_then(Option::as_ref)
+    }
+
+    /// Every hedging policy in the table, each shared entry once per entry.
+    pub fn hedging_policies(&self) -> impl Iterator<Item = &Arc<HedgingPolicy>> {
+        self.hedges.values().flatten()
     }
 
     /// The policy for a request path (`/pkg.Service/Method`), or `None` when the method is
@@ -340,6 +399,24 @@ mod tests {
         assert_eq!(t.lookup("/b.S/M").map(|p| p.max_attempts), Some(3));
         assert!(t.lookup("/a.S/Never").is_none());
         assert_eq!(t.policies().count(), 3);
+    }
+
+    #[test]
+    fn a_method_is_retried_or_hedged_by_its_most_specific_entry() {
+        let mut t = MethodTable::none();
+        t.insert_service_hedging("a.S", Some(HedgingPolicy::default()));
+        t.insert_method("a.S", "Write", Some(RetryPolicy::default()));
+        assert!(t.lookup_hedging("/a.S/Read").is_some());
+        assert!(t.lookup("/a.S/Read").is_none());
+        assert!(t.lookup_hedging("/a.S/Write").is_none());
+        assert!(t.lookup("/a.S/Write").is_some());
+        // The last setting at a level wins.
+        t.insert_service("a.S", Some(RetryPolicy::default()));
+        assert!(t.lookup_hedging("/a.S/Read").is_none());
+        assert!(t.lookup("/a.S/Read").is_some());
+        t.set_default_hedging(Some(HedgingPolicy::default()));
+        assert!(t.lookup_hedging("/b.S/Any").is_some());
+        assert_eq!(t.hedging_policies().count(), 1);
     }
 
     #[test]

@@ -72,6 +72,7 @@ use crate::code::Code;
 use crate::config::{BudgetChoice, ClientConfig, ConfigError};
 use crate::context;
 use crate::deadline::{CallDeadline, CallTimes, DeadlineSource, resolve_deadline_at};
+use crate::hedge::{DelayEstimator, HedgeDelay, HedgingPolicy};
 use crate::policy::{MethodTable, RetryPolicy};
 use crate::pushback::Pushback;
 use crate::throttle::A6Throttle;
@@ -283,8 +284,24 @@ struct Shared {
     breaker: Option<CircuitBreaker>,
     /// Accounts per key (replica or shard), when the budget is stormguard's.
     keyed: Option<KeyedBudgets>,
+    /// The learned hedge delays, one per hedging policy of the table that learns its delay
+    /// (found by the policy's address: a lookup allocates nothing).
+    estimators: Vec<(Arc<HedgingPolicy>, Arc<DelayEstimator>)>,
     seed: u64,
     calls: AtomicU64,
+}
+
+/// One estimator per learned hedging policy of `methods`.
+fn estimators(methods: &MethodTable) -> Vec<(Arc<HedgingPolicy>, Arc<DelayEstimator>)> {
+    methods
+        .hedging_policies()
+        .filter_map(|p| match &p.delay {
+            HedgeDelay::Learned(l) => {
+                Some((Arc::clone(p), Arc::new(DelayEstimator::new(l.clone()))))
+            }
+            HedgeDelay::Fixed(_) => None,
+        })
+        .collect()
 }
 
 impl fmt::Debug for RetryController {
@@ -309,6 +326,7 @@ impl RetryController {
     ) -> Self {
         RetryController {
             shared: Arc::new(Shared {
+                estimators: estimators(&methods),
                 methods,
                 budget,
                 breaker,
@@ -344,6 +362,7 @@ impl RetryController {
                 budget: Arc::clone(&old.budget),
                 breaker: old.breaker.clone(),
                 keyed: Some(keyed),
+                estimators: old.estimators.clone(),
                 seed: old.seed,
                 calls: AtomicU64::new(old.calls.load(Ordering::Relaxed)),
             }),
@@ -450,14 +469,38 @@ impl RetryController {
             None => None,
         };
         let policy = self.shared.methods.lookup(path).cloned();
+        let hedge = match &policy {
+            Some(_) => None,
+            None => self
+                .shared
+                .methods
+                .lookup_hedging(path)
+                .map(|p| HedgeState {
+                    estimator: self
+                        .shared
+                        .estimators
+                        .iter()
+                        .find(|(q, _)| Arc::ptr_eq(p, q))
+                        .map(|(_, e)| Arc::clone(e)),
+                    policy: Arc::clone(p),
+                    sent: 0,
+                    next_at: None,
+                    stopped: None,
+                }),
+        };
         let backoff = policy.as_ref().map(|p| {
             let n = self.shared.calls.fetch_add(1, Ordering::Relaxed);
             Backoff::new(p.backoff, splitmix64(self.shared.seed ^ splitmix64(n)))
         });
-        let attempt_timeout = policy
-            .as_ref()
-            .and_then(|p| p.per_attempt_timeout)
-            .or(layer_attempt_timeout);
+        // A hedged call's copies each have what is left of the call's deadline: a slow copy
+        // is answered by the next copy, not by a timer.
+        let attempt_timeout = match hedge {
+            Some(_) => None,
+            None => policy
+                .as_ref()
+                .and_then(|p| p.per_attempt_timeout)
+                .or(layer_attempt_timeout),
+        };
         Ok(CallRetry {
             shared: Arc::clone(&self.shared),
             policy,
@@ -474,6 +517,7 @@ impl RetryController {
             spent_allowance: false,
             pending_transparent: false,
             transparent_retries: 0,
+            hedge,
         })
     }
 
@@ -510,6 +554,57 @@ pub struct CallRetry {
     pending_transparent: bool,
     /// Transparent retries this call has made (see [`TRANSPARENT_RETRIES`]).
     transparent_retries: u32,
+    /// The call's hedging, when its method is hedged.
+    hedge: Option<HedgeState>,
+}
+
+/// The hedges of one call.
+struct HedgeState {
+    policy: Arc<HedgingPolicy>,
+    estimator: Option<Arc<DelayEstimator>>,
+    /// Copies sent so far, the first included.
+    sent: u32,
+    /// When the next copy is due, if one may follow.
+    next_at: Option<Instant>,
+    /// Why no copy may follow any more, once that is known.
+    stopped: Option<Refusal>,
+}
+
+impl HedgeState {
+    /// The delay before the next copy, at `now`; `None` while a learned delay has too few
+    /// samples (then no hedge is sent).
+    fn delay_at(&self, now: Instant) -> Option<Duration> {
+        match (&self.policy.delay, &self.estimator) {
+            (HedgeDelay::Fixed(d), _) => Some(*d),
+            (HedgeDelay::Learned(_), Some(e)) => e.delay_at(now),
+            (HedgeDelay::Learned(_), None) => None,
+        }
+    }
+
+    /// Schedules the copy after one sent (or answered non-fatally) at `now`, `after` from
+    /// now, if another may follow.
+    fn schedule(&mut self, now: Instant, after: Option<Duration>) {
+        self.next_at = match self.stopped {
+            Some(_) => None,
+            None if self.sent >= self.policy.effective_max_attempts() => None,
+            None => after.map(|d| crate::deadline::Deadline::after_at(now, d).instant()),
+        };
+    }
+}
+
+/// What follows a hedged copy that ended without winning: from
+/// [`CallRetry::on_hedge_end_at`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HedgeDecision {
+    /// Other copies are in flight or another is due ([`CallRetry::next_hedge_at`]): wait for
+    /// them.
+    Wait,
+    /// The call ends with this copy's answer: a fatal status
+    /// ([`Refusal::NotRetryable`]: every other copy is cancelled), or the last copy failed
+    /// and no other may follow (why).
+    GiveUp(Refusal),
+    /// The caller's deadline has passed: the call ends with `DEADLINE_EXCEEDED`.
+    Expired,
 }
 
 impl Drop for CallRetry {
@@ -549,10 +644,177 @@ impl CallRetry {
         self.deadline.map(|d| d.saturating_duration_since(now))
     }
 
-    /// Whether the method may be retried at all; when it may not, there is no need to
-    /// buffer its request body.
+    /// Whether the method may be sent more than once at all (retried or hedged); when it
+    /// may not, there is no need to buffer its request body.
     pub fn is_retryable_method(&self) -> bool {
-        self.policy.is_some()
+        self.policy.is_some() || self.hedge.is_some()
+    }
+
+    /// Whether the method is hedged: its copies are sent by
+    /// [`start_hedge_at`](Self::start_hedge_at) and their failures go to
+    /// [`on_hedge_end_at`](Self::on_hedge_end_at), never retried.
+    pub fn is_hedged(&self) -> bool {
+        self.hedge.is_some()
+    }
+
+    /// When the next hedge is due, if one may follow (set by the first attempt, each hedge
+    /// and each non-fatal answer).
+    pub fn next_hedge_at(&self) -> Option<Instant> {
+        self.hedge.as_ref().and_then(|h| h.next_at)
+    }
+
+    /// Why the call's hedges stopped, once no hedge may follow for a reason other than
+    /// its answers (budget, breaker, allowance, deadline, pushback).
+    pub fn hedges_stopped(&self) -> Option<Refusal> {
+        self.hedge.as_ref().and_then(|h| h.stopped)
+    }
+
+    /// Copies of the call sent so far (the first included); 0 when it is not hedged.
+    pub fn hedges_sent(&self) -> u32 {
+        self.hedge.as_ref().map_or(0, |h| h.sent)
+    }
+
+    /// The next copy of a hedged call is about to be sent at `now`: what it carries. Every
+    /// hedge is an attempt, checked in this order, and refused (not queued: the refusal
+    /// stops the call's hedges) when one fails:
+    ///
+    /// 1. enough time is left on the call's deadline for a useful attempt
+    ///    ([`Refusal::Deadline`]);
+    /// 2. copies so far < `maxAttempts` ([`Refusal::Attempts`]);
+    /// 3. no pushback stopped the hedges ([`Refusal::Pushback`]);
+    /// 4. the breaker is closed: neither open nor probing ([`Refusal::Breaker`]);
+    /// 5. the request's retry allowance has one left (it spends one;
+    ///    [`Refusal::Allowance`]);
+    /// 6. the budget grants a withdrawal, the same budget that pays for retries; an A6
+    ///    throttle grants it while it holds more than half its tokens ([`Refusal::Budget`]).
+    ///
+    /// A hedge granted is spent: it carries `grpc-previous-rpc-attempts` (the copies sent
+    /// before it), and the next copy is scheduled a delay later.
+    pub fn start_hedge_at(&mut self, now: Instant) -> Result<AttemptPlan, Refusal> {
+        let refusal = self.hedge_refusal_at(now);
+        let Some(hedge) = self.hedge.as_mut() else {
+            return Err(Refusal::NotRetryable);
+        };
+        if let Some(refusal) = refusal {
+            hedge.stopped = Some(refusal);
+            hedge.next_at = None;
+            return Err(refusal);
+        }
+        self.previous_attempts = hedge.sent;
+        hedge.sent += 1;
+        let delay = hedge.delay_at(now);
+        hedge.schedule(now, delay);
+        Ok(self.plan_at(now, false))
+    }
+
+    fn hedge_refusal_at(&mut self, now: Instant) -> Option<Refusal> {
+        let hedge = self.hedge.as_ref()?;
+        if let Some(stopped) = hedge.stopped {
+            return Some(stopped);
+        }
+        if self
+            .deadline
+            .is_some_and(|d| hedge.policy.min_attempt_time >= d.saturating_duration_since(now))
+        {
+            return Some(Refusal::Deadline);
+        }
+        if hedge.sent >= hedge.policy.effective_max_attempts() {
+            return Some(Refusal::Attempts);
+        }
+        if let Some(breaker) = &self.shared.breaker
+            && !matches!(breaker.state_at(now), BreakerState::Closed)
+        {
+            return Some(Refusal::Breaker);
+        }
+        if !context::spend_retry() {
+            return Some(Refusal::Allowance);
+        }
+        if !self.shared.budget.withdraw_at(now) {
+            context::refund_retry();
+            return Some(Refusal::Budget);
+        }
+        None
+    }
+
+    /// A copy of a hedged call ended at `now` without winning (`end`: a status, a transport
+    /// failure, a timer below the layer) while `in_flight` other copies still run. A6's
+    /// rules, in this order:
+    ///
+    /// 1. at or after the caller's deadline the call has expired ([`HedgeDecision::Expired`]);
+    /// 2. a status that is not one of the policy's non-fatal codes ends the call with this
+    ///    answer (a copy that never reached the server's application, [`Failure::unsent`],
+    ///    is non-fatal whatever its code): the layer cancels every other copy;
+    /// 3. a non-fatal failure costs an A6 throttle a token; its pushback `-1` (or one longer
+    ///    than `max_pushback`) stops further hedges, `N` ms puts the next one `N` from now,
+    ///    and without one the next copy is due at once;
+    /// 4. when no copy is in flight and none may follow, the call ends with this answer.
+    pub fn on_hedge_end_at(
+        &mut self,
+        end: AttemptEnd,
+        in_flight: usize,
+        now: Instant,
+    ) -> HedgeDecision {
+        let failure = match end {
+            AttemptEnd::Failed(f) => f,
+            AttemptEnd::TimedOut { replayable, unsent } => Failure {
+                code: Code::DeadlineExceeded,
+                pushback: None,
+                replayable,
+                unsent,
+                unprocessed: false,
+            },
+        };
+        if self.deadline.is_some_and(|d| now >= d) {
+            self.on_deadline_passed_at(Some(&failure), now);
+            return HedgeDecision::Expired;
+        }
+        let Some(hedge) = self.hedge.as_mut() else {
+            return HedgeDecision::GiveUp(Refusal::NotRetryable);
+        };
+        let non_fatal = failure.unsent || hedge.policy.non_fatal_codes.contains(failure.code);
+        if !non_fatal {
+            self.record_outcome_at(failure.code, failure.pushback, now);
+            return HedgeDecision::GiveUp(Refusal::NotRetryable);
+        }
+        if !failure.unsent {
+            self.shared.budget.record_failure_at(now);
+        }
+        let after = match failure.pushback {
+            Some(Pushback::DoNotRetry) => None,
+            Some(Pushback::RetryAfter(d)) if d > hedge.policy.max_pushback => None,
+            Some(Pushback::RetryAfter(d)) => Some(d),
+            None => Some(Duration::ZERO),
+        };
+        if after.is_none() {
+            hedge.stopped = Some(Refusal::Pushback);
+        }
+        hedge.schedule(now, after);
+        if in_flight == 0 && hedge.next_at.is_none() {
+            let why = hedge.stopped.unwrap_or(Refusal::Attempts);
+            // The call's last copy failed: the breaker hears how.
+            self.record_breaker_outcome_at(failure.code, failure.pushback, now);
+            return HedgeDecision::GiveUp(why);
+        }
+        HedgeDecision::Wait
+    }
+
+    /// A copy of the call ran for `elapsed` and ended at `now`, whichever way (won, lost
+    /// and cancelled, failed, cut off by the deadline): the method's learned hedge delay
+    /// counts it. Nothing when the delay is fixed.
+    pub fn record_hedge_latency_at(&self, elapsed: Duration, now: Instant) {
+        if let Some(e) = self.hedge.as_ref().and_then(|h| h.estimator.as_ref()) {
+            e.record_at(elapsed, now);
+        }
+    }
+
+    /// Settles the breaker permit for a final non-fatal answer of a hedged call: a failure,
+    /// unless it is an overload answer (never health, never a failure).
+    fn record_breaker_outcome_at(&mut self, code: Code, pushback: Option<Pushback>, now: Instant) {
+        if let Some(permit) = self.permit.take()
+            && !is_overload(code, pushback)
+        {
+            permit.failure_at(now);
+        }
     }
 
     /// The attempt answered `OK`: deposits into the budget and reports a success to the
@@ -587,6 +849,11 @@ impl CallRetry {
 
     /// The first attempt is about to be sent at `now`: what it carries and when it must end.
     pub fn first_attempt_at(&mut self, now: Instant) -> AttemptPlan {
+        if let Some(hedge) = self.hedge.as_mut() {
+            hedge.sent = 1;
+            let delay = hedge.delay_at(now);
+            hedge.schedule(now, delay);
+        }
         self.plan_at(now, false)
     }
 
@@ -824,9 +1091,11 @@ impl CallRetry {
             self.on_success_at(now);
             return false;
         }
-        let retryable_code = self.policy.as_ref().map_or(code == Code::Unavailable, |p| {
-            p.retryable_codes.contains(code)
-        });
+        let retryable_code = match (&self.policy, &self.hedge) {
+            (Some(p), _) => p.retryable_codes.contains(code),
+            (None, Some(h)) => h.policy.non_fatal_codes.contains(code),
+            (None, None) => code == Code::Unavailable,
+        };
         let permit = self.permit.take();
         if retryable_code {
             if let Some(permit) = permit {
@@ -1021,6 +1290,7 @@ mod tests {
     use crate::breaker::BreakerConfig;
     use crate::budget::{BudgetConfig, RetryBudget};
     use crate::code::CodeSet;
+    use crate::hedge::{HedgeDelay, HedgingPolicy};
     use crate::throttle::{A6Throttle, ThrottleConfig};
 
     const PATH: &str = "/pkg.Svc/Get";
@@ -1055,6 +1325,193 @@ mod tests {
 
     fn unavailable() -> Failure {
         Failure::status(Code::Unavailable)
+    }
+
+    fn hedging(delay: u64, non_fatal: CodeSet) -> RetryController {
+        let mut table = MethodTable::none();
+        table.set_default_hedging(Some(HedgingPolicy {
+            max_attempts: 3,
+            delay: HedgeDelay::Fixed(ms(delay)),
+            non_fatal_codes: non_fatal,
+            ..HedgingPolicy::default()
+        }));
+        RetryController::new(table, budget(100, 0.1), None, 9)
+    }
+
+    #[test]
+    fn hedges_follow_each_delay_until_the_attempt_limit() {
+        let c = hedging(10, CodeSet::EMPTY);
+        let t0 = Instant::now();
+        let mut call = c.begin_at(PATH, Some(t0 + ms(500)), t0).unwrap();
+        assert!(call.is_hedged() && call.is_retryable_method());
+        let first = call.first_attempt_at(t0);
+        assert_eq!(first.previous_attempts, 0);
+        assert_eq!(call.next_hedge_at(), Some(t0 + ms(10)));
+        let second = call.start_hedge_at(t0 + ms(10)).unwrap();
+        assert_eq!(second.previous_attempts, 1);
+        assert_eq!(second.grpc_timeout, Some(ms(490)));
+        assert_eq!(call.next_hedge_at(), Some(t0 + ms(20)));
+        let third = call.start_hedge_at(t0 + ms(20)).unwrap();
+        assert_eq!(third.previous_attempts, 2);
+        assert_eq!(call.next_hedge_at(), None, "three copies at most");
+        assert_eq!(call.start_hedge_at(t0 + ms(30)), Err(Refusal::Attempts));
+        assert_eq!(call.hedges_sent(), 3);
+    }
+
+    #[test]
+    fn a_fatal_answer_ends_the_hedged_call_and_a_non_fatal_one_sends_the_next_copy_now() {
+        let c = hedging(10, CodeSet::single(Code::Unavailable));
+        let t0 = Instant::now();
+        let mut call = c.begin_at(PATH, None, t0).unwrap();
+        call.first_attempt_at(t0);
+        let failed = |code| AttemptEnd::Failed(Failure::status(code));
+        assert_eq!(
+            call.on_hedge_end_at(failed(Code::Unavailable), 0, t0 + ms(2)),
+            HedgeDecision::Wait
+        );
+        assert_eq!(call.next_hedge_at(), Some(t0 + ms(2)), "at once");
+        call.start_hedge_at(t0 + ms(2)).unwrap();
+        assert_eq!(
+            call.on_hedge_end_at(failed(Code::NotFound), 0, t0 + ms(3)),
+            HedgeDecision::GiveUp(Refusal::NotRetryable)
+        );
+    }
+
+    #[test]
+    fn pushback_stops_or_delays_the_next_hedge() {
+        let c = hedging(10, CodeSet::single(Code::Unavailable));
+        let t0 = Instant::now();
+        let pushed = |p| AttemptEnd::Failed(unavailable().with_pushback(Some(p)));
+        let mut call = c.begin_at(PATH, None, t0).unwrap();
+        call.first_attempt_at(t0);
+        assert_eq!(
+            call.on_hedge_end_at(pushed(Pushback::RetryAfter(ms(40))), 0, t0 + ms(1)),
+            HedgeDecision::Wait
+        );
+        assert_eq!(call.next_hedge_at(), Some(t0 + ms(41)));
+        call.start_hedge_at(t0 + ms(41)).unwrap();
+        assert_eq!(
+            call.next_hedge_at(),
+            Some(t0 + ms(51)),
+            "later ones follow a delay after"
+        );
+        // `-1` from one copy while another is in flight: no more copies, wait for it.
+        assert_eq!(
+            call.on_hedge_end_at(pushed(Pushback::DoNotRetry), 1, t0 + ms(42)),
+            HedgeDecision::Wait
+        );
+        assert_eq!(call.next_hedge_at(), None);
+        assert_eq!(call.hedges_stopped(), Some(Refusal::Pushback));
+        assert_eq!(
+            call.on_hedge_end_at(pushed(Pushback::DoNotRetry), 0, t0 + ms(43)),
+            HedgeDecision::GiveUp(Refusal::Pushback)
+        );
+    }
+
+    #[test]
+    fn hedges_are_paid_from_the_retry_budget_and_refused_when_it_is_empty() {
+        let mut table = MethodTable::none();
+        table.set_default_hedging(Some(HedgingPolicy {
+            max_attempts: 5,
+            delay: HedgeDelay::Fixed(ms(1)),
+            ..HedgingPolicy::default()
+        }));
+        // No floor: four successes at a ratio of 0.5 pay for two hedges.
+        let c = RetryController::new(table, budget(0, 0.5), None, 9);
+        let t0 = Instant::now();
+        for _ in 0..4 {
+            c.budget().deposit_at(t0);
+        }
+        let mut call = c.begin_at(PATH, None, t0).unwrap();
+        call.first_attempt_at(t0);
+        assert!(call.start_hedge_at(t0 + ms(1)).is_ok());
+        assert!(call.start_hedge_at(t0 + ms(2)).is_ok());
+        assert_eq!(call.start_hedge_at(t0 + ms(3)), Err(Refusal::Budget));
+        assert_eq!(call.next_hedge_at(), None, "refused, never queued");
+        // The next call finds the budget spent too: its first attempt goes, no hedge.
+        let mut call = c.begin_at(PATH, None, t0).unwrap();
+        call.first_attempt_at(t0);
+        assert_eq!(call.start_hedge_at(t0 + ms(1)), Err(Refusal::Budget));
+    }
+
+    #[test]
+    fn an_a6_throttle_lets_hedges_go_only_above_half_its_tokens() {
+        let throttle: Arc<dyn Budget> = Arc::new(
+            A6Throttle::new(ThrottleConfig {
+                max_tokens: 10.0,
+                token_ratio: 0.1,
+            })
+            .unwrap(),
+        );
+        let mut table = MethodTable::none();
+        table.set_default_hedging(Some(HedgingPolicy::default()));
+        let c = RetryController::new(table, throttle, None, 9);
+        let t0 = Instant::now();
+        let mut call = c.begin_at(PATH, None, t0).unwrap();
+        call.first_attempt_at(t0);
+        assert!(call.start_hedge_at(t0 + ms(10)).is_ok(), "full: hedges go");
+        // Five failed attempts leave 5 of 10 tokens: not more than half.
+        for _ in 0..5 {
+            c.budget().record_failure_at(t0);
+        }
+        let mut call = c.begin_at(PATH, None, t0).unwrap();
+        call.first_attempt_at(t0);
+        assert_eq!(call.start_hedge_at(t0 + ms(10)), Err(Refusal::Budget));
+    }
+
+    #[test]
+    fn a_breaker_that_is_not_closed_sends_no_hedge() {
+        let breaker = CircuitBreaker::new(
+            BreakerConfig {
+                min_requests: 2,
+                ..BreakerConfig::default()
+            },
+            3,
+        )
+        .unwrap();
+        let mut table = MethodTable::none();
+        table.set_default_hedging(Some(HedgingPolicy {
+            non_fatal_codes: CodeSet::single(Code::Unavailable),
+            ..HedgingPolicy::default()
+        }));
+        let c = RetryController::new(table, budget(100, 0.1), Some(breaker.clone()), 9);
+        let t0 = Instant::now();
+        let mut call = c.begin_at(PATH, None, t0).unwrap();
+        call.first_attempt_at(t0);
+        for _ in 0..10 {
+            if let Ok(permit) = breaker.acquire_at(t0) {
+                permit.failure_at(t0);
+            }
+        }
+        assert!(matches!(breaker.state_at(t0), BreakerState::Open { .. }));
+        assert_eq!(call.start_hedge_at(t0 + ms(10)), Err(Refusal::Breaker));
+    }
+
+    #[test]
+    fn a_learned_delay_sends_no_hedge_until_it_has_samples() {
+        let mut table = MethodTable::none();
+        table.set_default_hedging(Some(HedgingPolicy {
+            delay: HedgeDelay::Learned(crate::hedge::LearnedDelay {
+                min_samples: 10,
+                ..Default::default()
+            }),
+            ..HedgingPolicy::default()
+        }));
+        let c = RetryController::new(table, budget(100, 0.1), None, 9);
+        let t0 = Instant::now();
+        let mut call = c.begin_at(PATH, None, t0).unwrap();
+        call.first_attempt_at(t0);
+        assert_eq!(call.next_hedge_at(), None);
+        for _ in 0..10 {
+            call.record_hedge_latency_at(ms(4), t0);
+        }
+        let mut call = c.begin_at(PATH, None, t0).unwrap();
+        call.first_attempt_at(t0);
+        let due = call
+            .next_hedge_at()
+            .expect("learned")
+            .saturating_duration_since(t0);
+        assert!(due >= ms(4) && due <= ms(5), "{due:?}");
     }
 
     #[test]

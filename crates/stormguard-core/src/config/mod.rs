@@ -211,6 +211,9 @@ impl ClientConfig {
         for policy in self.methods.policies() {
             policy.validate("retry")?;
         }
+        for policy in self.methods.hedging_policies() {
+            policy.validate("hedging")?;
+        }
         match &self.budget {
             BudgetChoice::Stormguard(b) => b.validate()?,
             BudgetChoice::A6(t) => t.validate()?,

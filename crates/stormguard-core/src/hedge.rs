@@ -1,0 +1,489 @@
+//! Hedging: more than one copy of a call in flight, the first useful answer wins.
+//!
+//! A retry answers a failure; a hedge answers slowness. The first attempt goes at once, and
+//! while no answer has come the n-th copy follows `n × delay` later (gRPC A6's
+//! `hedgingPolicy`); the first answer that is not a *non-fatal* failure wins and every other
+//! copy is cancelled. A non-fatal status sends the next copy at once.
+//!
+//! # Why hedges can start a storm, and what stops them
+//!
+//! A hedge is extra load sent exactly when the server is slow, which is when it can least
+//! afford it. stormguard treats every hedge as an attempt (see
+//! [`CallRetry::start_hedge_at`](crate::retry::CallRetry::start_hedge_at)): it is paid from
+//! the same budget as retries (an A6 throttle lets hedges go only while it holds more than
+//! half its tokens) and refused when that is empty, never queued; it needs a closed breaker
+//! and a retry left in the request's allowance; it carries `grpc-previous-rpc-attempts`, so
+//! a stormguard server sheds it before any first attempt; a server's pushback `-1` stops the
+//! call's hedges and `N` ms puts the next one off by `N`.
+//!
+//! # A delay that does not feed a slowdown
+//!
+//! A fixed delay must be chosen by someone who knows the latency. The alternative, a
+//! percentile of recent latency ([`HedgeDelay::Learned`]), has a trap: if only the answers
+//! that *won* are measured (as tower's `hedge` middleware does), then during a slowdown the
+//! hedges win, each measured as `delay + a fast answer`; the estimate falls, the layer
+//! hedges sooner, more hedges win, and the estimate falls further: the hedge rate climbs
+//! exactly while the server is slow. [`DelayEstimator`] counts **every** attempt, the ones
+//! that lost or were cut off included, at least for the time they ran, so a slowdown raises
+//! the estimate instead. A floor keeps hedges from firing on noise, a ceiling keeps the tail
+//! bounded, and no hedge is sent before the estimator has enough samples to know the
+//! latency.
+//!
+//! ```
+//! use std::time::Duration;
+//! use stormguard_core::hedge::{DelayEstimator, LearnedDelay};
+//! use stormguard_core::Instant;
+//!
+//! let learned = LearnedDelay { min_samples: 10, ..LearnedDelay::default() };
+//! let estimator = DelayEstimator::new(learned);
+//! let now = Instant::now();
+//! assert_eq!(estimator.delay_at(now), None, "too few samples to hedge yet");
+//! for i in 0..100u64 {
+//!     estimator.record_at(Duration::from_millis(if i % 20 == 0 { 50 } else { 2 }), now);
+//! }
+//! let delay = estimator.delay_at(now).unwrap();
+//! assert!(delay >= Duration::from_millis(2) && delay < Duration::from_millis(3), "{delay:?}");
+//! ```
+
+use std::fmt;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::Instant;
+use crate::code::{Code, CodeSet};
+use crate::error::ConfigError;
+use crate::policy::MAX_ATTEMPTS_CAP;
+
+/// How one method is hedged (gRPC A6's `hedgingPolicy`).
+///
+/// A method has either a [`RetryPolicy`](crate::policy::RetryPolicy) or a hedging policy:
+/// no retries follow the hedges. Giving a method a hedging policy is the statement that
+/// running it more than once is harmless.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::hedge::{HedgeDelay, HedgingPolicy};
+///
+/// let policy = HedgingPolicy {
+///     max_attempts: 2,
+///     delay: HedgeDelay::Fixed(Duration::from_millis(10)),
+///     ..HedgingPolicy::default()
+/// };
+/// assert!(policy.validate("hedging").is_ok());
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct HedgingPolicy {
+    /// Copies of one logical call, the first included (A6: at least 2; above 5 counts as 5).
+    pub max_attempts: u32,
+    /// When the copies after the first are sent.
+    pub delay: HedgeDelay,
+    /// Statuses that do not end the call: the next copy is sent at once. Any other status
+    /// (`OK` included) wins. A6 default: none.
+    pub non_fatal_codes: CodeSet,
+    /// A hedge needs at least this much time left on the call's deadline to be worth sending.
+    pub min_attempt_time: Duration,
+    /// The longest server pushback honoured (a longer one stops the call's hedges).
+    pub max_pushback: Duration,
+}
+
+impl Default for HedgingPolicy {
+    /// Two copies, the second after 10 ms, no non-fatal codes, 5 ms minimum attempt,
+    /// pushback honoured up to 30 s.
+    fn default() -> Self {
+        HedgingPolicy {
+            max_attempts: 2,
+            delay: HedgeDelay::Fixed(Duration::from_millis(10)),
+            non_fatal_codes: CodeSet::EMPTY,
+            min_attempt_time: Duration::from_millis(5),
+            max_pushback: Duration::from_secs(30),
+        }
+    }
+}
+
+impl HedgingPolicy {
+    /// Copies actually allowed: `max_attempts` capped at [`MAX_ATTEMPTS_CAP`].
+    pub fn effective_max_attempts(&self) -> u32 {
+        self.max_attempts.min(MAX_ATTEMPTS_CAP)
+    }
+
+    /// Checks the ranges; `field` prefixes the names in errors.
+    pub fn validate(&self, field: &str) -> Result<(), ConfigError> {
+        if self.max_attempts < 2 {
+            return Err(ConfigError::invalid(
+                format!("{field}.maxAttempts"),
+                format!(
+                    "must be at least 2 (one hedge), got {}; configure no hedging policy to disable hedging",
+                    self.max_attempts
+                ),
+            ));
+        }
+        if self.non_fatal_codes.contains(Code::Ok) {
+            return Err(ConfigError::invalid(
+                format!("{field}.nonFatalStatusCodes"),
+                "OK is not a failure",
+            ));
+        }
+        match &self.delay {
+            HedgeDelay::Fixed(_) => Ok(()),
+            HedgeDelay::Learned(l) => l.validate(field),
+        }
+    }
+}
+
+/// When a call's hedges are sent.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HedgeDelay {
+    /// The n-th copy after `n × delay` (all at once when it is zero): A6's `hedgingDelay`.
+    Fixed(Duration),
+    /// A high percentile of the method's recent attempt latency (see the
+    /// [module docs](self)).
+    Learned(LearnedDelay),
+}
+
+/// How a learned hedge delay is estimated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LearnedDelay {
+    /// The percentile of attempt latency the delay is set to, in `(0, 1)`: `0.95` hedges
+    /// about the slowest 5 % of calls.
+    pub percentile: f64,
+    /// The shortest delay: below it a hedge would fire on noise.
+    pub floor: Duration,
+    /// The longest delay: the tail it still cuts.
+    pub ceiling: Duration,
+    /// Samples needed before the first hedge (no hedge until the latency is known).
+    pub min_samples: u32,
+    /// How far back samples count: the estimate covers between one and two windows.
+    pub window: Duration,
+}
+
+impl Default for LearnedDelay {
+    /// p95 of the last 10 to 20 s, between 1 ms and 1 s, after 100 samples.
+    fn default() -> Self {
+        LearnedDelay {
+            percentile: 0.95,
+            floor: Duration::from_millis(1),
+            ceiling: Duration::from_secs(1),
+            min_samples: 100,
+            window: Duration::from_secs(10),
+        }
+    }
+}
+
+impl LearnedDelay {
+    fn validate(&self, field: &str) -> Result<(), ConfigError> {
+        if !(self.percentile > 0.0 && self.percentile < 1.0) {
+            return Err(ConfigError::invalid(
+                format!("{field}.percentile"),
+                format!(
+                    "must be between 0 and 1 (exclusive), got {}",
+                    self.percentile
+                ),
+            ));
+        }
+        if self.floor > self.ceiling {
+            return Err(ConfigError::invalid(
+                format!("{field}.floor"),
+                format!(
+                    "must not exceed the ceiling ({:?} > {:?})",
+                    self.floor, self.ceiling
+                ),
+            ));
+        }
+        if self.window.is_zero() {
+            return Err(ConfigError::invalid(
+                format!("{field}.window"),
+                "must be greater than zero",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Buckets per doubling of latency: 8, so a percentile is read within 9 %.
+const PER_OCTAVE: usize = 8;
+/// The smallest bucket starts at 16 µs; 24 octaves reach past 4 minutes.
+const BASE_MICROS: f64 = 16.0;
+const BUCKETS: usize = PER_OCTAVE * 24;
+
+/// The learned hedge delay of one method: a percentile of its recent attempt latency, the
+/// attempts that lost or were cut off included (see the [module docs](self)).
+///
+/// Latencies go into log-spaced buckets (8 per doubling, so the percentile is read within
+/// 9 %, rounded up), for the current window and the one before; memory is fixed (two arrays
+/// of 192 counters) whatever the load. The delay is recomputed every 16 samples and when a
+/// window turns, so reading it costs a lock and a copy.
+pub struct DelayEstimator {
+    config: LearnedDelay,
+    state: Mutex<Window>,
+}
+
+struct Window {
+    started: Option<Instant>,
+    current: [u32; BUCKETS],
+    previous: [u32; BUCKETS],
+    since_estimate: u32,
+    estimate: Option<Duration>,
+}
+
+impl fmt::Debug for DelayEstimator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DelayEstimator")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DelayEstimator {
+    /// An estimator with no samples (it gives no delay until it has `min_samples`).
+    pub fn new(config: LearnedDelay) -> Self {
+        DelayEstimator {
+            config,
+            state: Mutex::new(Window {
+                started: None,
+                current: [0; BUCKETS],
+                previous: [0; BUCKETS],
+                since_estimate: 0,
+                estimate: None,
+            }),
+        }
+    }
+
+    /// What it was built with.
+    pub fn config(&self) -> &LearnedDelay {
+        &self.config
+    }
+
+    /// An attempt ran for `elapsed` (until its answer, or until it was cancelled because
+    /// another copy won or the call's deadline ran out).
+    pub fn record_at(&self, elapsed: Duration, now: Instant) {
+        let mut w = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        self.turn(&mut w, now);
+        let b = bucket(elapsed);
+        w.current[b] = w.current[b].saturating_add(1);
+        w.since_estimate += 1;
+        if w.since_estimate >= 16 || w.estimate.is_none() {
+            self.estimate(&mut w);
+        }
+    }
+
+    /// The delay to hedge after, at `now`; `None` while there are too few samples.
+    pub fn delay_at(&self, now: Instant) -> Option<Duration> {
+        let mut w = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.turn(&mut w, now) {
+            self.estimate(&mut w);
+        }
+        w.estimate
+    }
+
+    /// Starts a new window when the current one is over; whether it did.
+    fn turn(&self, w: &mut Window, now: Instant) -> bool {
+        let Some(started) = w.started else {
+            w.started = Some(now);
+            return false;
+        };
+        let age = now.saturating_duration_since(started);
+        if age < self.config.window {
+            return false;
+        }
+        if age >= self.config.window.saturating_mul(2) {
+            // Nothing recent at all: both windows are stale.
+            w.previous = [0; BUCKETS];
+        } else {
+            w.previous = w.current;
+        }
+        w.current = [0; BUCKETS];
+        w.started = Some(now);
+        true
+    }
+
+    fn estimate(&self, w: &mut Window) {
+        w.since_estimate = 0;
+        let counts = || {
+            w.current
+                .iter()
+                .zip(&w.previous)
+                .map(|(a, b)| u64::from(*a) + u64::from(*b))
+        };
+        let total: u64 = counts().sum();
+        if total < u64::from(self.config.min_samples.max(1)) {
+            w.estimate = None;
+            return;
+        }
+        let rank = (self.config.percentile * total as f64).ceil() as u64;
+        let mut seen = 0;
+        let mut at = BUCKETS - 1;
+        for (i, n) in counts().enumerate() {
+            seen += n;
+            if seen >= rank {
+                at = i;
+                break;
+            }
+        }
+        let upper = Duration::from_secs_f64(bucket_upper_micros(at) / 1e6);
+        w.estimate = Some(upper.clamp(self.config.floor, self.config.ceiling));
+    }
+}
+
+/// The bucket of a latency: `floor(log2(micros / 16) × 8)`, clamped to the range.
+fn bucket(elapsed: Duration) -> usize {
+    let micros = elapsed.as_secs_f64() * 1e6;
+    if micros <= BASE_MICROS {
+        return 0;
+    }
+    let i = ((micros / BASE_MICROS).log2() * PER_OCTAVE as f64) as usize;
+    i.min(BUCKETS - 1)
+}
+
+/// Where bucket `i` ends, in microseconds.
+fn bucket_upper_micros(i: usize) -> f64 {
+    BASE_MICROS * 2f64.powf((i + 1) as f64 / PER_OCTAVE as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn learned() -> LearnedDelay {
+        LearnedDelay {
+            min_samples: 20,
+            ..LearnedDelay::default()
+        }
+    }
+
+    #[test]
+    fn no_delay_before_enough_samples() {
+        let e = DelayEstimator::new(learned());
+        let now = Instant::now();
+        for _ in 0..19 {
+            e.record_at(ms(3), now);
+        }
+        assert_eq!(e.delay_at(now), None);
+        e.record_at(ms(3), now);
+        let d = e.delay_at(now).unwrap();
+        assert!(d >= ms(3) && d <= ms(3) * 110 / 100, "{d:?}");
+    }
+
+    #[test]
+    fn the_percentile_reads_the_tail_within_a_bucket() {
+        let e = DelayEstimator::new(learned());
+        let now = Instant::now();
+        // 90 % at 2 ms, 10 % at 40 ms: p95 is in the slow tenth.
+        for i in 0..1000 {
+            e.record_at(if i % 10 == 0 { ms(40) } else { ms(2) }, now);
+        }
+        let d = e.delay_at(now).unwrap();
+        assert!(d >= ms(40) && d <= ms(44), "{d:?}");
+    }
+
+    #[test]
+    fn a_slowdown_raises_the_estimate_when_losers_are_counted() {
+        // Before: 2 ms. During a slowdown first attempts stall; a hedge sent at the delay
+        // wins 2 ms after it was sent, and the first attempt, cancelled then, is recorded
+        // for the time it ran (delay + 2 ms). Counting only winners would keep the
+        // estimate at 2 ms and hedge every call.
+        let e = DelayEstimator::new(learned());
+        let now = Instant::now();
+        for _ in 0..200 {
+            e.record_at(ms(2), now);
+        }
+        let before = e.delay_at(now).unwrap();
+        for _ in 0..200 {
+            let delay = e.delay_at(now).unwrap();
+            e.record_at(ms(2), now); // the winning hedge
+            e.record_at(delay + ms(2), now); // the first attempt, cancelled when it lost
+        }
+        let after = e.delay_at(now).unwrap();
+        assert!(after > before, "{before:?} -> {after:?}");
+    }
+
+    #[test]
+    fn floor_and_ceiling_bound_the_delay() {
+        let config = LearnedDelay {
+            floor: ms(5),
+            ceiling: ms(20),
+            ..learned()
+        };
+        let e = DelayEstimator::new(config.clone());
+        let now = Instant::now();
+        for _ in 0..100 {
+            e.record_at(Duration::from_micros(100), now);
+        }
+        assert_eq!(e.delay_at(now), Some(ms(5)));
+        let e = DelayEstimator::new(config);
+        for _ in 0..100 {
+            e.record_at(Duration::from_secs(3600), now);
+        }
+        assert_eq!(e.delay_at(now), Some(ms(20)));
+    }
+
+    #[test]
+    fn old_samples_age_out() {
+        let e = DelayEstimator::new(learned());
+        let t0 = Instant::now();
+        for _ in 0..100 {
+            e.record_at(ms(2), t0);
+        }
+        assert!(e.delay_at(t0).is_some());
+        // One window later the old samples still count (previous window)...
+        assert!(e.delay_at(t0 + Duration::from_secs(10)).is_some());
+        // ... two windows later with nothing new, they are gone.
+        assert_eq!(e.delay_at(t0 + Duration::from_secs(30)), None);
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let bad = |policy: HedgingPolicy| match policy.validate("h") {
+            Err(ConfigError::Invalid { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            bad(HedgingPolicy {
+                max_attempts: 1,
+                ..HedgingPolicy::default()
+            }),
+            "h.maxAttempts"
+        );
+        assert_eq!(
+            bad(HedgingPolicy {
+                non_fatal_codes: CodeSet::single(Code::Ok),
+                ..HedgingPolicy::default()
+            }),
+            "h.nonFatalStatusCodes"
+        );
+        assert_eq!(
+            bad(HedgingPolicy {
+                delay: HedgeDelay::Learned(LearnedDelay {
+                    percentile: 1.0,
+                    ..LearnedDelay::default()
+                }),
+                ..HedgingPolicy::default()
+            }),
+            "h.percentile"
+        );
+        assert_eq!(
+            bad(HedgingPolicy {
+                delay: HedgeDelay::Learned(LearnedDelay {
+                    floor: ms(10),
+                    ceiling: ms(5),
+                    ..LearnedDelay::default()
+                }),
+                ..HedgingPolicy::default()
+            }),
+            "h.floor"
+        );
+    }
+
+    #[test]
+    fn buckets_cover_every_latency() {
+        assert_eq!(bucket(Duration::ZERO), 0);
+        assert_eq!(bucket(Duration::MAX), BUCKETS - 1);
+        for us in [17u64, 100, 1_000, 10_000, 1_000_000] {
+            let b = bucket(Duration::from_micros(us));
+            assert!(bucket_upper_micros(b) >= us as f64, "{us}");
+        }
+    }
+}
