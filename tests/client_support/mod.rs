@@ -85,6 +85,19 @@ struct Inner {
     script: VecDeque<Step>,
     default: Step,
     seen: Vec<Seen>,
+    /// Handlers dropped before they answered (the client reset the stream).
+    cancelled: usize,
+}
+
+/// Counts a handler dropped before it answered.
+struct Running(Arc<Mutex<Inner>>, bool);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.lock().unwrap().cancelled += 1;
+        }
+    }
 }
 
 impl Scripted {
@@ -95,6 +108,7 @@ impl Scripted {
                 script: script.into_iter().collect(),
                 default,
                 seen: Vec::new(),
+                cancelled: 0,
             })),
         }
     }
@@ -107,6 +121,12 @@ impl Scripted {
     /// Every attempt received so far.
     pub fn seen(&self) -> Vec<Seen> {
         self.inner.lock().unwrap().seen.clone()
+    }
+
+    /// Handlers that were dropped before they answered: attempts the client cancelled
+    /// (reset) while the server was still working on them.
+    pub fn cancelled(&self) -> usize {
+        self.inner.lock().unwrap().cancelled
     }
 
     /// Appends steps to the script.
@@ -180,7 +200,10 @@ impl Inventory for Scripted {
             .and_then(|v| v.to_str().ok()?.parse::<u32>().ok())
             .unwrap_or(0)
             + 1;
-        match settle(step).await {
+        let mut running = Running(Arc::clone(&self.inner), false);
+        let step = settle(step).await;
+        running.1 = true;
+        match step {
             Step::Ok | Step::Stream { .. } => Ok(Response::new(ReserveReply {
                 reserved: true,
                 attempt,
@@ -201,7 +224,10 @@ impl Inventory for Scripted {
         let sku = req.get_ref().sku.clone();
         let count = req.get_ref().count;
         let step = self.next("WatchStock", &req, Vec::new(), sku.clone());
-        let (messages, then) = match settle(step).await {
+        let mut running = Running(Arc::clone(&self.inner), false);
+        let step = settle(step).await;
+        running.1 = true;
+        let (messages, then) = match step {
             Step::Ok => (count, None),
             Step::Stream { messages, then } => (messages, then),
             Step::Fail(code) => return Err(status(code, &[])),

@@ -61,7 +61,10 @@ struct Counters {
     delayed_by_backoff: AtomicU64,
     delayed_by_pushback: AtomicU64,
     transparent_retries: AtomicU64,
+    hedges: AtomicU64,
+    hedges_won: AtomicU64,
     refused: [AtomicU64; Refusal::ALL.len()],
+    hedges_refused: [AtomicU64; Refusal::ALL.len()],
 }
 
 fn index(r: Refusal) -> usize {
@@ -96,6 +99,18 @@ impl RetryStats {
         let shard = self.shard();
         shard.attempts.fetch_add(1, Ordering::Relaxed);
         shard.transparent_retries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A hedge was sent: an attempt, not a retry (see [`StatsSnapshot::hedges`]).
+    pub(crate) fn hedge(&self) {
+        let shard = self.shard();
+        shard.attempts.fetch_add(1, Ordering::Relaxed);
+        shard.hedges.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A hedged call was answered by a copy other than the first.
+    pub(crate) fn hedge_won(&self) {
+        self.shard().hedges_won.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn outcome(&self, ok: bool) {
@@ -152,6 +167,11 @@ impl RetryStats {
         self.shard().refused[index(r)].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A hedge that was due was not sent, because of `r`.
+    pub(crate) fn hedge_refused(&self, r: Refusal) {
+        self.shard().hedges_refused[index(r)].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The counters now. Each counter is read atomically, the set is not (a call that ends
     /// while this runs may be half counted).
     pub fn snapshot(&self) -> StatsSnapshot {
@@ -162,11 +182,25 @@ impl RetryStats {
                 .map(|c| f(c).load(Ordering::Relaxed))
                 .sum::<u64>()
         };
-        let r = |x: Refusal| {
-            shards
-                .iter()
-                .map(|c| c.refused[index(x)].load(Ordering::Relaxed))
-                .sum::<u64>()
+        let counts = |of: fn(&Counters) -> &[AtomicU64; Refusal::ALL.len()]| {
+            let r = |x: Refusal| {
+                shards
+                    .iter()
+                    .map(|c| of(c)[index(x)].load(Ordering::Relaxed))
+                    .sum::<u64>()
+            };
+            RefusedCounts {
+                not_retryable: r(Refusal::NotRetryable),
+                not_idempotent: r(Refusal::NotIdempotent),
+                pushback: r(Refusal::Pushback),
+                attempts: r(Refusal::Attempts),
+                deadline: r(Refusal::Deadline),
+                breaker: r(Refusal::Breaker),
+                budget: r(Refusal::Budget),
+                key_budget: r(Refusal::KeyBudget),
+                replay_limit: r(Refusal::ReplayLimit),
+                allowance: r(Refusal::Allowance),
+            }
         };
         StatsSnapshot {
             logical: load(|c| &c.logical),
@@ -182,18 +216,10 @@ impl RetryStats {
             delayed_by_backoff: load(|c| &c.delayed_by_backoff),
             delayed_by_pushback: load(|c| &c.delayed_by_pushback),
             transparent_retries: load(|c| &c.transparent_retries),
-            refused: RefusedCounts {
-                not_retryable: r(Refusal::NotRetryable),
-                not_idempotent: r(Refusal::NotIdempotent),
-                pushback: r(Refusal::Pushback),
-                attempts: r(Refusal::Attempts),
-                deadline: r(Refusal::Deadline),
-                breaker: r(Refusal::Breaker),
-                budget: r(Refusal::Budget),
-                key_budget: r(Refusal::KeyBudget),
-                replay_limit: r(Refusal::ReplayLimit),
-                allowance: r(Refusal::Allowance),
-            },
+            hedges: load(|c| &c.hedges),
+            hedges_won: load(|c| &c.hedges_won),
+            refused: counts(|c| &c.refused),
+            hedges_refused: counts(|c| &c.hedges_refused),
         }
     }
 }
@@ -249,9 +275,19 @@ pub struct StatsSnapshot {
     /// in `retries`; not paid from the budget, not counted against `maxAttempts` (see
     /// [`CallRetry::on_attempt_end_at`](stormguard_core::retry::CallRetry::on_attempt_end_at)).
     pub transparent_retries: u64,
+    /// Copies of hedged calls sent after the first (see
+    /// [`hedge`](stormguard_core::hedge)): counted in `attempts`, not in `retries`; each
+    /// paid from the retry budget.
+    pub hedges: u64,
+    /// Hedged calls answered by a copy other than the first.
+    pub hedges_won: u64,
     /// Failures that were not retried, by cause. A first attempt rejected by an open
     /// breaker counts under `breaker` too.
     pub refused: RefusedCounts,
+    /// Hedges that were due and not sent, by cause (`budget`: the retry budget was spent;
+    /// `pushback`: a server's pushback stopped them; `replay_limit`: the request could not
+    /// be copied; ...).
+    pub hedges_refused: RefusedCounts,
 }
 
 impl StatsSnapshot {

@@ -38,8 +38,9 @@
 //! let estimator = DelayEstimator::new(learned);
 //! let now = Instant::now();
 //! assert_eq!(estimator.delay_at(now), None, "too few samples to hedge yet");
+//! // 2 % of attempts are slow: the p95 is the fast majority.
 //! for i in 0..100u64 {
-//!     estimator.record_at(Duration::from_millis(if i % 20 == 0 { 50 } else { 2 }), now);
+//!     estimator.record_at(Duration::from_millis(if i % 50 == 0 { 50 } else { 2 }), now);
 //! }
 //! let delay = estimator.delay_at(now).unwrap();
 //! assert!(delay >= Duration::from_millis(2) && delay < Duration::from_millis(3), "{delay:?}");
@@ -340,6 +341,7 @@ fn bucket_upper_micros(i: usize) -> f64 {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -669,6 +669,16 @@ impl CallRetry {
         self.hedge.as_ref().and_then(|h| h.stopped)
     }
 
+    /// No copy of the call may follow (`why`): its request cannot be sent twice at once (a
+    /// streaming body, which only one copy at a time can read), or the channel cannot take
+    /// another. Copies in flight go on.
+    pub fn stop_hedges(&mut self, why: Refusal) {
+        if let Some(hedge) = self.hedge.as_mut() {
+            hedge.stopped.get_or_insert(why);
+            hedge.next_at = None;
+        }
+    }
+
     /// Copies of the call sent so far (the first included); 0 when it is not hedged.
     pub fn hedges_sent(&self) -> u32 {
         self.hedge.as_ref().map_or(0, |h| h.sent)

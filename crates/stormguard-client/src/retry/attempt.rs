@@ -102,6 +102,12 @@ impl Attempts {
         self.resend.is_replayable()
     }
 
+    /// Whether copies of the request can be in flight at once (hedges): only a body read
+    /// whole before the first attempt; a streaming body is read by one attempt at a time.
+    pub(super) fn can_copy(&self) -> bool {
+        matches!(self.resend, Resend::Whole(_))
+    }
+
     /// The call committed: no retry can follow, so stop buffering the request body.
     pub(super) fn commit(&mut self) {
         if let Resend::Stream(replay) = std::mem::replace(&mut self.resend, Resend::Never) {

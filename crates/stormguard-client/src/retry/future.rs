@@ -41,8 +41,11 @@ use crate::context::CallContext;
 use crate::replicas::Route;
 use crate::status::BoxError;
 
+mod hedged;
+
 pin_project! {
     /// The future of one logical call through the retry layer.
+    #[project = FutureProj]
     pub struct ResponseFuture<S, B>
     where
         S: Service<http::Request<Body>, Response = http::Response<B>>,
@@ -60,6 +63,11 @@ pin_project! {
         // Whether the route's latest replica is the budget key (not the request's own).
         keyed_by_route: bool,
         stats: CallStats,
+        // The hedges in flight of a hedged call (the first copy is in `State::Called`):
+        // empty, and never allocated, until a hedge is sent.
+        copies: Vec<hedged::Copy<S::Future>>,
+        // What a hedged call answers if every copy fails: the latest non-fatal failure.
+        hedge_last: Option<Box<Last<B>>>,
         #[pin]
         timer: Timer,
         #[pin]
@@ -71,12 +79,16 @@ pin_project! {
     #[project = StateProj]
     #[project_replace = StateReplace]
     enum State<F, B> {
-        // An attempt is in flight.
+        // An attempt is in flight (sent at `started`).
         Called {
             #[pin]
             fut: F,
             span: tracing::Span,
+            started: Instant,
         },
+        // A hedged call whose first copy ended without winning: its hedges are in flight
+        // (or one is due).
+        Hedging,
         // A granted retry waits out its delay on the layer's timer (`slept` once it is
         // over), then readies the service. `last` is what the caller gets if the retry
         // cannot start (boxed: the happy path never waits, and this keeps the future small).
@@ -154,6 +166,12 @@ where
         }
         let (attempts, mut request) =
             Attempts::first(request, &plan, retryable, shared.replay_limit, &stamps);
+        if call.is_hedged() && !attempts.can_copy() {
+            // A streaming request body is read by one copy at a time: sent once.
+            let why = stormguard_core::retry::Refusal::ReplayLimit;
+            call.stop_hedges(why);
+            stats.hedge_refused(why);
+        }
         let route = shared.over_replicas.then(Route::new);
         if let Some(route) = &route {
             request.extensions_mut().insert(route.clone());
@@ -164,17 +182,27 @@ where
             let _enter = span.enter();
             svc.call(request)
         };
+        // A hedged call's copies pay from the shared budget only (they do not follow a
+        // failure of one replica).
+        let keyed_by_route = route.is_some() && shared.budget_key.is_none() && !call.is_hedged();
+        let fire_at = hedged::earlier(plan.fire_at, call.next_hedge_at());
         ResponseFuture {
             svc: None,
             spare: Arc::clone(spare),
             stamps,
             call: Some(call),
             attempts,
-            keyed_by_route: route.is_some() && shared.budget_key.is_none(),
+            keyed_by_route,
             route,
             stats,
-            timer: Timer::at(plan.fire_at),
-            state: State::Called { fut, span },
+            copies: Vec::new(),
+            hedge_last: None,
+            timer: Timer::at(fire_at),
+            state: State::Called {
+                fut,
+                span,
+                started: now,
+            },
         }
     }
 }
@@ -201,6 +229,8 @@ where
             route: None,
             keyed_by_route: false,
             stats,
+            copies: Vec::new(),
+            hedge_last: None,
             timer: Timer::at(None),
             state: State::Done {
                 status: Some(Box::new(status)),
@@ -219,6 +249,9 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        if this.call.as_ref().is_some_and(CallRetry::is_hedged) {
+            return hedged::poll(&mut this, cx);
+        }
         loop {
             match this.state.as_mut().project() {
                 StateProj::Done { status } => {
@@ -227,7 +260,11 @@ where
                     });
                     return Poll::Ready(Err(status));
                 }
-                StateProj::Called { fut, span } => {
+                StateProj::Hedging => {
+                    // Only a hedged call gets here, and it is polled above while it runs.
+                    return Poll::Ready(end::expired(this.stats));
+                }
+                StateProj::Called { fut, span, .. } => {
                     let (end, last) = if this.timer.as_mut().poll_fired(cx) {
                         // The layer's timer fired (the call's deadline or the attempt's own
                         // timeout): the attempt is dropped below, which cancels its stream
@@ -258,22 +295,7 @@ where
                                 return Poll::Ready(Ok(response.map(ResponseBody::passthrough)));
                             }
                             Outcome::Committed(response) => {
-                                // Passed through, never retried; the outcome is recorded when
-                                // the body ends (see `body`). No retry can follow: stop
-                                // buffering the request body, and settle a half-open probe.
-                                this.attempts.commit();
-                                if let Some(call) = this.call.as_mut() {
-                                    call.on_commit_at(Instant::now());
-                                }
-                                this.stats.committed();
-                                this.state.set(State::Done { status: None });
-                                let (parts, body) = response.into_parts();
-                                let body = ResponseBody::committed(
-                                    body,
-                                    this.call.take(),
-                                    this.stats.take(),
-                                );
-                                return Poll::Ready(Ok(http::Response::from_parts(parts, body)));
+                                return Poll::Ready(Ok(commit(&mut this, response)));
                             }
                             Outcome::Failed { end, last } => (end, last),
                         }
@@ -405,11 +427,37 @@ where
                         let _enter = span.enter();
                         svc.call(request)
                     };
-                    this.state.set(State::Called { fut, span });
+                    this.state.set(State::Called {
+                        fut,
+                        span,
+                        started: now,
+                    });
                 }
             }
         }
     }
+}
+
+/// The call committed with `response` (headers without a status): passed through, never
+/// retried; the outcome is recorded when the body ends (see `body`). No retry can follow:
+/// stop buffering the request body, and settle a half-open probe.
+fn commit<S, B>(
+    this: &mut FutureProj<'_, S, B>,
+    response: http::Response<B>,
+) -> http::Response<ResponseBody<B>>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>>,
+    B: http_body::Body,
+{
+    this.attempts.commit();
+    if let Some(call) = this.call.as_mut() {
+        call.on_commit_at(Instant::now());
+    }
+    this.stats.committed();
+    this.state.set(State::Done { status: None });
+    let (parts, body) = response.into_parts();
+    let body = ResponseBody::committed(body, this.call.take(), this.stats.take());
+    http::Response::from_parts(parts, body)
 }
 
 /// The attempt that just ended went to the route's latest replica: its budget account pays

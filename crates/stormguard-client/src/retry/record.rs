@@ -88,6 +88,12 @@ impl CallStats {
         }
     }
 
+    /// A hedge was sent.
+    pub(crate) fn hedge_attempt(&mut self) {
+        self.layer.hedge();
+        self.metrics.attempt();
+    }
+
     /// The call ended with `code` (counted once by method and code).
     pub(crate) fn outcome(&mut self, code: Code) {
         self.layer.outcome(code == Code::Ok);
