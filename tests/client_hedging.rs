@@ -467,3 +467,70 @@ async fn each_hedge_goes_to_a_replica_the_call_has_not_used() {
         }
     }
 }
+
+fn learned_layer() -> RetryLayer {
+    use stormguard_core::hedge::LearnedDelay;
+    layer(HedgingPolicy {
+        max_attempts: 2,
+        delay: HedgeDelay::Learned(LearnedDelay {
+            min_samples: 20,
+            ..LearnedDelay::default()
+        }),
+        ..policy()
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_learned_delay_hedges_only_once_it_knows_the_latency_then_at_its_tail() {
+    let svc = Scripted::always(Step::slow(ms(2), Step::Ok));
+    let layer = learned_layer();
+    let stats = layer.stats();
+    let mut client = setup(&svc, layer).await;
+    // Before 20 samples: no hedge, however slow the call.
+    svc.push([Step::slow(ms(300), Step::Ok)]);
+    let started = tokio::time::Instant::now();
+    client.reserve(reserve("cold")).await.unwrap();
+    assert_eq!(started.elapsed(), ms(300));
+    assert_eq!(stats.snapshot().hedges, 0);
+    for i in 0..30 {
+        client.reserve(reserve(&format!("warm-{i}"))).await.unwrap();
+    }
+    // Now the p95 is about 2 ms: a stalled first copy is hedged right after it.
+    svc.push([Step::slow(ms(300), Step::Ok)]);
+    let started = tokio::time::Instant::now();
+    client.reserve(reserve("tail")).await.unwrap();
+    let took = started.elapsed();
+    assert!(took > ms(2) && took < ms(6), "{took:?}");
+    assert_eq!(stats.snapshot().hedges, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn copies_cut_off_by_the_deadline_raise_the_learned_delay_so_a_slowdown_stops_hedging() {
+    let svc = Scripted::always(Step::slow(ms(2), Step::Ok));
+    let layer = learned_layer();
+    let stats = layer.stats();
+    let mut client = setup(&svc, layer).await;
+    for i in 0..40 {
+        client.reserve(reserve(&format!("warm-{i}"))).await.unwrap();
+    }
+    // The server stalls: every copy runs into the 100 ms deadline. No copy finishes, so a
+    // delay learned from finished calls would stay at 2 ms and hedge every call; counted
+    // for the time they ran, the cut-off copies lift the estimate past the deadline.
+    svc.push((0..200).map(|_| Step::slow(ms(1000), Step::Ok)));
+    let mut hedged_late = 0;
+    for i in 0..60 {
+        let before = stats.snapshot().hedges;
+        let mut request = tonic::Request::new(reserve(&format!("slow-{i}")));
+        request.set_timeout(ms(100));
+        let status = client.reserve(request).await.unwrap_err();
+        assert_eq!(status.code(), Code::DeadlineExceeded);
+        if i >= 40 {
+            hedged_late += stats.snapshot().hedges - before;
+        }
+    }
+    assert_eq!(hedged_late, 0, "still hedging 40 calls into the slowdown");
+    assert!(
+        stats.snapshot().hedges >= 1,
+        "the first stalled calls were hedged"
+    );
+}
