@@ -15,6 +15,9 @@ struct Development;
 #[doc = include_str!("../../../docs/examples.md")]
 struct Examples;
 
+#[doc = include_str!("../../../docs/hedging.md")]
+struct Hedging;
+
 #[doc = include_str!("../../../docs/headers.md")]
 struct Headers;
 

@@ -26,6 +26,27 @@
 //! inside the response future before sending. The inner service must therefore be
 //! `Clone`, and clones must share the connection (tonic's `Channel` does).
 //!
+//! # Hedging
+//!
+//! A method given a [`HedgingPolicy`](stormguard_core::hedge::HedgingPolicy) instead of a
+//! retry policy is hedged: its first copy goes at once, another follows each delay while
+//! no answer has come, the first answer that is not a non-fatal failure wins and the other
+//! copies are dropped (which resets their streams). Each hedge is an attempt under every
+//! rule that bounds retries: paid from the same budget (refused, never queued, when it is
+//! empty), only with a closed breaker, a retry left in the request's allowance and time
+//! left on the deadline, marked with `grpc-previous-rpc-attempts`, stopped by pushback `-1`
+//! and put off by pushback `N` (see [`CallRetry::start_hedge_at`] and
+//! [`CallRetry::on_hedge_end_at`], where these are decided). Only a request whose body is
+//! read whole (every unary call) within the replay limit is copied. Over
+//! [`Replicas`](crate::replicas::Replicas) with
+//! [`over_replicas`](RetryLayer::over_replicas), each copy goes to a replica the call has
+//! not used. A call that is answered before its delay allocates nothing more than a
+//! retried call. The repository's `docs/hedging.md` says why a learned delay counts the
+//! copies that lost.
+//!
+//! [`CallRetry::start_hedge_at`]: stormguard_core::retry::CallRetry::start_hedge_at
+//! [`CallRetry::on_hedge_end_at`]: stormguard_core::retry::CallRetry::on_hedge_end_at
+//!
 //! # Success, for the budget and the breaker
 //!
 //! Only an `OK` answer is a success: it deposits into the budget (or adds to an A6
