@@ -534,3 +534,51 @@ async fn copies_cut_off_by_the_deadline_raise_the_learned_delay_so_a_slowdown_st
         "the first stalled calls were hedged"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_hedge_a_shedding_server_refuses_does_not_fail_the_copy_still_running() {
+    use stormguard_core::admission::{AdmissionConfig, RetryThreshold};
+    use stormguard_server::ShedLayer;
+    use tonic::transport::Server;
+    use tonic::transport::server::TcpIncoming;
+
+    // One worker, no queue: while the first copy runs, the hedge is shed on arrival. The
+    // policy names no non-fatal code (A6's default), yet the shed answer (the handler never
+    // ran) must not end the call: the first copy answers.
+    let admission = AdmissionConfig {
+        workers: 1,
+        queue_capacity: 0,
+        retry_threshold: RetryThreshold {
+            depth: None,
+            queue_delay: None,
+        },
+        ..AdmissionConfig::default()
+    };
+    let svc = Scripted::always(Step::slow(ms(100), Step::Ok));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        Server::builder()
+            .layer(ShedLayer::from_config(admission).unwrap())
+            .add_service(stormguard_demo::InventoryServer::new(svc.clone()))
+            .serve_with_incoming(TcpIncoming::from(listener)),
+    );
+    let layer = layer(HedgingPolicy {
+        non_fatal_codes: CodeSet::EMPTY,
+        // Two copies: the hedge is shed while the first copy holds the worker.
+        max_attempts: 2,
+        ..policy()
+    });
+    let stats = layer.stats();
+    let mut client = client(channel(addr).await, layer);
+    let started = tokio::time::Instant::now();
+    let reply = client.reserve(reserve("a")).await.unwrap();
+    assert_eq!(started.elapsed(), ms(100));
+    assert_eq!(reply.get_ref().attempt, 1, "the first copy answered");
+    assert_eq!(
+        svc.seen().len(),
+        1,
+        "the handler ran once: the hedges were shed"
+    );
+    assert_eq!(stats.snapshot().hedges, 1);
+}

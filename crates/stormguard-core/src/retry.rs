@@ -752,8 +752,11 @@ impl CallRetry {
     ///
     /// 1. at or after the caller's deadline the call has expired ([`HedgeDecision::Expired`]);
     /// 2. a status that is not one of the policy's non-fatal codes ends the call with this
-    ///    answer (a copy that never reached the server's application, [`Failure::unsent`],
-    ///    is non-fatal whatever its code): the layer cancels every other copy;
+    ///    answer: the layer cancels every other copy. A copy that never reached the
+    ///    server's application is non-fatal whatever its code: one that was never sent
+    ///    ([`Failure::unsent`]), or one a stormguard server shed, or refused while shutting
+    ///    down, without running it ([`Failure::unprocessed`]): a server that sheds a hedge
+    ///    (as it sheds hedges before first attempts) must not fail the copy still running;
     /// 3. a non-fatal failure costs an A6 throttle a token; its pushback `-1` (or one longer
     ///    than `max_pushback`) stops further hedges, `N` ms puts the next one `N` from now,
     ///    and without one the next copy is due at once;
@@ -781,7 +784,11 @@ impl CallRetry {
         let Some(hedge) = self.hedge.as_mut() else {
             return HedgeDecision::GiveUp(Refusal::NotRetryable);
         };
-        let non_fatal = failure.unsent || hedge.policy.non_fatal_codes.contains(failure.code);
+        // A copy the server never ran (a stormguard server shed it, or it never reached
+        // the server) says nothing about the call: the others may still answer.
+        let non_fatal = failure.unsent
+            || failure.unprocessed
+            || hedge.policy.non_fatal_codes.contains(failure.code);
         if !non_fatal {
             self.record_outcome_at(failure.code, failure.pushback, now);
             return HedgeDecision::GiveUp(Refusal::NotRetryable);
