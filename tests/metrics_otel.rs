@@ -283,6 +283,12 @@ async fn exported_values_equal_the_layers_own_counters() {
         total(m, "stormguard.client.attempt.timeouts", &[]),
         c.attempt_timeouts
     );
+    assert_eq!(total(m, "stormguard.client.hedges", &[]), c.hedges);
+    assert_eq!(total(m, "stormguard.client.hedges.won", &[]), c.hedges_won);
+    assert_eq!(
+        total(m, "stormguard.client.hedges.refused", &[]),
+        c.hedges_refused.iter().map(|(_, n)| n).sum::<u64>()
+    );
     assert!(!points(m, "stormguard.client.budget.balance").is_empty());
     // One histogram point per call, when it ended: its attempts and its duration, by method
     // (and final code for the duration).

@@ -26,6 +26,9 @@
 //! | `stormguard.client.retries.refused` | counter | `{retry}` | `stormguard.refusal.cause` |
 //! | `stormguard.client.retry.delays` | counter | `{retry}` | `stormguard.delay.source` (`backoff`, `pushback`) |
 //! | `stormguard.client.attempt.timeouts` | counter | `{attempt}` | |
+//! | `stormguard.client.hedges` | counter | `{attempt}` | |
+//! | `stormguard.client.hedges.won` | counter | `{call}` | |
+//! | `stormguard.client.hedges.refused` | counter | `{attempt}` | `stormguard.refusal.cause` |
 //! | `stormguard.client.budget.balance` | gauge | `{retry}` | |
 //! | `stormguard.client.breaker.state` | gauge | `1` | `stormguard.breaker.state` (`closed`, `open`, `half_open`: 1 for the current one) |
 //!
@@ -243,7 +246,7 @@ impl ClientMetrics {
         );
         // The layer-wide counters: `read` picks one from a snapshot.
         type Read = fn(&crate::StatsSnapshot) -> u64;
-        let plain: [(&'static str, &'static str, &'static str, Read); 3] = [
+        let plain: [(&'static str, &'static str, &'static str, Read); 5] = [
             (
                 "stormguard.client.retries",
                 "Attempts that were retries",
@@ -262,6 +265,18 @@ impl ClientMetrics {
                 "{attempt}",
                 |s| s.attempt_timeouts,
             ),
+            (
+                "stormguard.client.hedges",
+                "Copies of hedged calls sent after the first",
+                "{attempt}",
+                |s| s.hedges,
+            ),
+            (
+                "stormguard.client.hedges.won",
+                "Hedged calls answered by a copy other than the first",
+                "{call}",
+                |s| s.hedges_won,
+            ),
         ];
         for (metric, description, unit, read) in plain {
             let (s, n) = (stats.clone(), Arc::clone(name));
@@ -278,6 +293,25 @@ impl ClientMetrics {
                     .build(),
             );
         }
+        let (s, n) = (stats.clone(), Arc::clone(name));
+        counters.push(
+            meter
+                .u64_observable_counter("stormguard.client.hedges.refused")
+                .with_description(
+                    "Hedges that were due and not sent, by the rule that refused them",
+                )
+                .with_unit("{attempt}")
+                .with_callback(move |o| {
+                    let Some([system, layer]) = base(&n) else {
+                        return;
+                    };
+                    for (cause, count) in s.snapshot().hedges_refused.iter() {
+                        let cause = KeyValue::new("stormguard.refusal.cause", cause);
+                        o.observe(count, &[system.clone(), layer.clone(), cause]);
+                    }
+                })
+                .build(),
+        );
         let (s, n) = (stats.clone(), Arc::clone(name));
         counters.push(
             meter
