@@ -2,18 +2,21 @@
 //! [module docs](super)).
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use serde::Deserialize;
+use serde::de::{self, Deserializer, Unexpected, Visitor};
 
 use super::document::Build;
-use super::duration::Human;
-use super::value::{Finite, Int};
-use super::{BudgetChoice, ClientConfig};
+use super::duration::{Human, parse_duration};
+use super::value::{Finite, Int, present};
+use super::{BudgetChoice, ClientConfig, MethodPolicy, Scope};
 use crate::backoff::BackoffConfig;
 use crate::breaker::BreakerConfig;
 use crate::budget::BudgetConfig;
 use crate::code::CodeSet;
 use crate::error::ConfigError;
+use crate::hedge::{HedgeDelay, HedgingPolicy, LearnedDelay};
 use crate::policy::{MethodTable, RetryPolicy};
 
 /// The document: every key optional, unknown keys refused (a typo must not quietly fall
@@ -27,9 +30,13 @@ pub(super) struct ClientDoc {
     #[serde(default)]
     retry: PolicyDoc,
     breaker: Option<BreakerConfig>,
-    /// By `/package.Service/Method` or `/package.Service/`; `null`: not retried.
+    /// By `/package.Service/Method` or `/package.Service/`; `null`: neither retried nor
+    /// hedged.
     #[serde(default)]
     methods: BTreeMap<String, Option<PolicyDoc>>,
+    /// Refused with a pointer to `methods`: hedging is chosen per method or service.
+    #[serde(default, deserialize_with = "present")]
+    hedging: bool,
 }
 
 /// `retry`, or one entry of `methods`: what it sets, over what it inherits.
@@ -49,6 +56,54 @@ struct PolicyDoc {
     // The layer's, under `retry` only.
     budget: Option<BudgetConfig>,
     budget_exhausted: Option<BudgetExhausted>,
+    // An entry of `methods` only, and then alone: the method is hedged, not retried.
+    hedging: Option<HedgingDoc>,
+}
+
+/// `hedging` in an entry of `methods`: every key optional, defaults as
+/// [`HedgingPolicy::default`] (and [`LearnedDelay::default`] with `delay: learned`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an object of hedging settings")]
+struct HedgingDoc {
+    max_attempts: Option<Int<u32>>,
+    delay: Option<DelayDoc>,
+    non_fatal_codes: Option<CodeSet>,
+    min_attempt_time: Option<Human>,
+    max_pushback: Option<Human>,
+    // With `delay: learned` only.
+    percentile: Option<Finite>,
+    floor: Option<Human>,
+    ceiling: Option<Human>,
+    min_samples: Option<Int<u32>>,
+    window: Option<Human>,
+}
+
+/// `hedging.delay`: a duration (`"10ms"`) or `"learned"`.
+#[derive(Clone, Copy)]
+enum DelayDoc {
+    Fixed(std::time::Duration),
+    Learned,
+}
+
+impl<'de> Deserialize<'de> for DelayDoc {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = DelayDoc;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(r#"a duration with a unit such as "10ms", or "learned""#)
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<DelayDoc, E> {
+                if s.trim() == "learned" {
+                    return Ok(DelayDoc::Learned);
+                }
+                parse_duration(s)
+                    .map(DelayDoc::Fixed)
+                    .ok_or_else(|| E::invalid_value(Unexpected::Str(s), &self))
+            }
+        }
+        d.deserialize_str(V)
+    }
 }
 
 #[derive(Clone, Copy, Deserialize)]
@@ -80,10 +135,31 @@ const SPELLING: &[(&str, &str)] = &[
     ("backoff.multiplier", "multiplier"),
 ];
 
+/// The same for `HedgingPolicy::validate` (the learned delay's names are this document's).
+const HEDGING_SPELLING: &[(&str, &str)] = &[
+    ("maxAttempts", "max_attempts"),
+    ("nonFatalStatusCodes", "non_fatal_codes"),
+];
+
 impl Build for ClientDoc {
     type Config = ClientConfig;
 
     fn build(self) -> Result<ClientConfig, ConfigError> {
+        if self.hedging {
+            return Err(ConfigError::invalid(
+                "hedging",
+                "hedging is chosen per method or service, under `methods` \
+                 (`methods: { \"/package.Service/Method\": { hedging: { ... } } }`): \
+                 hedging a method says that running it more than once is harmless",
+            ));
+        }
+        if self.retry.hedging.is_some() {
+            return Err(ConfigError::invalid(
+                "retry.hedging",
+                "hedging is chosen per method or service, under `methods`; `retry` \
+                 holds the retry policy of every other method",
+            ));
+        }
         let default = self.retry.policy(&RetryPolicy::default(), "retry")?;
         let mut methods = MethodTable::uniform(default.clone());
         for (path, entry) in &self.methods {
@@ -94,14 +170,15 @@ impl Build for ClientDoc {
                     "a method is \"/package.Service/Method\", a service \"/package.Service/\"",
                 )
             })?;
-            let policy = match entry {
-                Some(entry) => Some(entry.method_policy(&default, &field)?),
-                None => None,
+            let choice = match entry {
+                Some(entry) => entry.method_choice(&default, &field)?,
+                None => MethodPolicy::Neither,
             };
-            match method {
-                Some(method) => methods.insert_method(service, method, policy),
-                None => methods.insert_service(service, policy),
-            }
+            let scope = match method {
+                Some(method) => Scope::Method(service, method),
+                None => Scope::Service(service),
+            };
+            choice.set(&mut methods, scope);
         }
         let config = ClientConfig {
             methods,
@@ -177,13 +254,14 @@ impl PolicyDoc {
         Ok(policy)
     }
 
-    /// [`PolicyDoc::policy`] for an entry of `methods`, which cannot set what belongs to
-    /// the whole layer.
-    fn method_policy(
+    /// What an entry of `methods` gives what it names: a hedging policy when it has
+    /// `hedging` (and then nothing else), else [`PolicyDoc::policy`]; it cannot set what
+    /// belongs to the whole layer.
+    fn method_choice(
         &self,
         inherit: &RetryPolicy,
         field: &str,
-    ) -> Result<RetryPolicy, ConfigError> {
+    ) -> Result<MethodPolicy, ConfigError> {
         let layer_wide = [
             ("budget", self.budget.is_some()),
             ("budget_exhausted", self.budget_exhausted.is_some()),
@@ -194,7 +272,103 @@ impl PolicyDoc {
                 format!("every method of a layer shares one budget: set it as `retry.{key}`"),
             ));
         }
-        self.policy(inherit, field)
+        let Some(hedging) = &self.hedging else {
+            return self.policy(inherit, field).map(MethodPolicy::Retry);
+        };
+        if let Some(key) = self.retry_settings().first() {
+            let instead = match *key {
+                "max_attempts" | "min_attempt_time" | "max_pushback" => {
+                    format!(": set `hedging.{key}` instead")
+                }
+                "idempotent" => {
+                    ": a hedged method is taken for idempotent (hedging sends it more than once)"
+                        .to_owned()
+                }
+                _ => String::new(),
+            };
+            return Err(ConfigError::invalid(
+                format!("{field}.{key}"),
+                format!(
+                    "a method is retried or hedged, not both, and this entry has `hedging`, \
+                     so it takes no retry settings{instead}"
+                ),
+            ));
+        }
+        hedging
+            .policy(&format!("{field}.hedging"))
+            .map(MethodPolicy::Hedge)
+    }
+
+    /// The retry settings this entry sets, in the order they are written above.
+    fn retry_settings(&self) -> Vec<&'static str> {
+        [
+            ("max_attempts", self.max_attempts.is_some()),
+            ("backoff", self.backoff.is_some()),
+            ("base", self.base.is_some()),
+            ("cap", self.cap.is_some()),
+            ("multiplier", self.multiplier.is_some()),
+            ("retryable_codes", self.retryable_codes.is_some()),
+            ("idempotent", self.idempotent.is_some()),
+            ("min_attempt_time", self.min_attempt_time.is_some()),
+            ("max_pushback", self.max_pushback.is_some()),
+            ("per_attempt_timeout", self.per_attempt_timeout.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(key, set)| set.then_some(key))
+        .collect()
+    }
+}
+
+impl HedgingDoc {
+    /// The policy it describes, validated; `field` is its place (`methods./pkg.Svc/Get.hedging`).
+    fn policy(&self, field: &str) -> Result<HedgingPolicy, ConfigError> {
+        let default = HedgingPolicy::default();
+        let delay = match self.delay {
+            Some(DelayDoc::Learned) => {
+                let d = LearnedDelay::default();
+                HedgeDelay::Learned(LearnedDelay {
+                    percentile: self.percentile.map_or(d.percentile, |p| p.0),
+                    floor: self.floor.map_or(d.floor, |h| h.0),
+                    ceiling: self.ceiling.map_or(d.ceiling, |h| h.0),
+                    min_samples: self.min_samples.map_or(d.min_samples, |n| n.0),
+                    window: self.window.map_or(d.window, |h| h.0),
+                })
+            }
+            Some(DelayDoc::Fixed(d)) => self.fixed(field, HedgeDelay::Fixed(d))?,
+            None => self.fixed(field, default.delay)?,
+        };
+        let policy = HedgingPolicy {
+            max_attempts: self.max_attempts.map_or(default.max_attempts, |n| n.0),
+            delay,
+            non_fatal_codes: self.non_fatal_codes.unwrap_or(default.non_fatal_codes),
+            min_attempt_time: self
+                .min_attempt_time
+                .map_or(default.min_attempt_time, |h| h.0),
+            max_pushback: self.max_pushback.map_or(default.max_pushback, |h| h.0),
+        };
+        policy
+            .validate(field)
+            .map_err(|e| e.renamed(field, HEDGING_SPELLING))?;
+        Ok(policy)
+    }
+
+    /// `delay`, a fixed one, when no setting of a learned delay is written beside it.
+    fn fixed(&self, field: &str, delay: HedgeDelay) -> Result<HedgeDelay, ConfigError> {
+        let learned = [
+            ("percentile", self.percentile.is_some()),
+            ("floor", self.floor.is_some()),
+            ("ceiling", self.ceiling.is_some()),
+            ("min_samples", self.min_samples.is_some()),
+            ("window", self.window.is_some()),
+        ];
+        match learned.iter().find(|(_, set)| *set) {
+            Some((key, _)) => Err(ConfigError::invalid(
+                format!("{field}.{key}"),
+                "is a setting of a learned delay: write `delay: learned` beside it, or leave \
+                 it out for a fixed delay",
+            )),
+            None => Ok(delay),
+        }
     }
 }
 

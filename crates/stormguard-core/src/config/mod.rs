@@ -124,6 +124,7 @@ use document::Build;
 use crate::breaker::BreakerConfig;
 use crate::budget::BudgetConfig;
 pub use crate::error::ConfigError;
+use crate::hedge::HedgingPolicy;
 use crate::policy::{MethodTable, RetryPolicy};
 use crate::throttle::ThrottleConfig;
 
@@ -326,6 +327,44 @@ impl ClientConfig {
 impl<'de> Deserialize<'de> for ClientConfig {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         document::built::<client::ClientDoc, D>(d)
+    }
+}
+
+/// What one entry of a document (a `methodConfig` entry, an entry of `methods`) gives the
+/// methods it names: a method is retried or hedged, never both, or neither.
+enum MethodPolicy {
+    Retry(RetryPolicy),
+    Hedge(HedgingPolicy),
+    Neither,
+}
+
+/// The methods an entry names.
+#[derive(Clone, Copy)]
+enum Scope<'a> {
+    /// Every method no other entry names.
+    Default,
+    /// Every method of a service (`pkg.Service`).
+    Service(&'a str),
+    /// One method.
+    Method(&'a str, &'a str),
+}
+
+impl MethodPolicy {
+    /// Sets it in `table` for `scope`, replacing what was set there before (of either kind).
+    fn set(&self, table: &mut MethodTable, scope: Scope<'_>) {
+        let (retry, hedge) = match self {
+            MethodPolicy::Retry(p) => (Some(p.clone()), None),
+            MethodPolicy::Hedge(h) => (None, Some(h.clone())),
+            MethodPolicy::Neither => (None, None),
+        };
+        match (scope, hedge) {
+            (Scope::Default, Some(h)) => table.set_default_hedging(Some(h)),
+            (Scope::Default, None) => table.set_default(retry),
+            (Scope::Service(s), Some(h)) => table.insert_service_hedging(s, Some(h)),
+            (Scope::Service(s), None) => table.insert_service(s, retry),
+            (Scope::Method(s, m), Some(h)) => table.insert_method_hedging(s, m, Some(h)),
+            (Scope::Method(s, m), None) => table.insert_method(s, m, retry),
+        }
     }
 }
 

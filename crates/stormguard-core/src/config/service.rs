@@ -2,6 +2,12 @@
 //! gRPC reads them. Fields gRPC does not define are skipped, as gRPC skips them, and
 //! fields stormguard does not act on are skipped too; both are listed in
 //! [`ClientConfig::not_applied`] rather than dropped without a word.
+//!
+//! An entry of `methodConfig` gives the methods it names a `retryPolicy` or a
+//! `hedgingPolicy` (A6: never both), or neither: then they are neither retried nor hedged.
+//! As in gRPC, the most specific entry for a method decides.
+
+use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -9,11 +15,12 @@ use serde_json::{Map, Value};
 use super::document;
 use super::duration::Proto;
 use super::notice::NotApplied;
-use super::value::{Finite, Int, present};
-use super::{BudgetChoice, ClientConfig};
+use super::value::{Finite, Int};
+use super::{BudgetChoice, ClientConfig, MethodPolicy, Scope};
 use crate::backoff::BackoffConfig;
 use crate::code::CodeSet;
 use crate::error::ConfigError;
+use crate::hedge::{HedgeDelay, HedgingPolicy};
 use crate::policy::{MethodTable, RetryPolicy};
 use crate::throttle::ThrottleConfig;
 
@@ -30,8 +37,7 @@ struct ServiceConfigDoc {
 struct MethodConfigDoc {
     name: Vec<NameDoc>,
     retry_policy: Option<A6PolicyDoc>,
-    #[serde(default, deserialize_with = "present")]
-    hedging_policy: bool,
+    hedging_policy: Option<A6HedgingDoc>,
     /// The method's default deadline: what a call gets when its caller set none.
     timeout: Option<Proto>,
 }
@@ -55,6 +61,17 @@ struct A6PolicyDoc {
     per_attempt_recv_timeout: Option<Proto>,
 }
 
+/// A6 `hedgingPolicy`: `maxAttempts` required, `hedgingDelay` 0 s (every copy at once)
+/// and `nonFatalStatusCodes` none when left out.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", expecting = "a `hedgingPolicy` object")]
+struct A6HedgingDoc {
+    max_attempts: Int<u32>,
+    hedging_delay: Option<Proto>,
+    #[serde(default)]
+    non_fatal_status_codes: CodeSet,
+}
+
 /// The backoff fields sit directly in `retryPolicy`, not in a `backoff` object.
 const SPELLING: &[(&str, &str)] = &[
     ("backoff.initialBackoff", "initialBackoff"),
@@ -70,16 +87,17 @@ pub(super) fn read(root: Map<String, Value>) -> Result<ClientConfig, ConfigError
     let mut methods = MethodTable::none();
     for (i, entry) in doc.method_config.iter().enumerate() {
         let field = format!("methodConfig[{i}]");
-        if entry.hedging_policy {
-            return Err(ConfigError::invalid(
-                format!("{field}.hedgingPolicy"),
-                "hedging is not supported; use `retryPolicy` (a hedging policy is refused \
-                 rather than dropped, so that calls are never sent other than as configured)",
-            ));
-        }
-        let policy = match &entry.retry_policy {
-            Some(p) => Some(p.policy(&format!("{field}.retryPolicy"))?),
-            None => None,
+        let choice = match (&entry.retry_policy, &entry.hedging_policy) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::invalid(
+                    field,
+                    "has both `retryPolicy` and `hedgingPolicy`; a method is retried or \
+                     hedged, not both (gRPC A6): keep one",
+                ));
+            }
+            (Some(p), None) => MethodPolicy::Retry(p.policy(&format!("{field}.retryPolicy"))?),
+            (None, Some(h)) => MethodPolicy::Hedge(h.policy(&format!("{field}.hedgingPolicy"))?),
+            (None, None) => MethodPolicy::Neither,
         };
         let timeout = entry.timeout.map(|t| t.0);
         if timeout.is_some_and(|t| t.is_zero()) {
@@ -91,25 +109,22 @@ pub(super) fn read(root: Map<String, Value>) -> Result<ClientConfig, ConfigError
         for (j, name) in entry.name.iter().enumerate() {
             let service = name.service.as_deref().unwrap_or("");
             let method = name.method.as_deref().unwrap_or("");
-            match (service, method) {
-                ("", "") => {
-                    methods.set_default(policy.clone());
-                    methods.set_default_timeout(timeout);
-                }
+            let scope = match (service, method) {
+                ("", "") => Scope::Default,
                 ("", _) => {
                     return Err(ConfigError::invalid(
                         format!("{field}.name[{j}].service"),
                         "a method name needs its service",
                     ));
                 }
-                (s, "") => {
-                    methods.insert_service(s, policy.clone());
-                    methods.insert_service_timeout(s, timeout);
-                }
-                (s, m) => {
-                    methods.insert_method(s, m, policy.clone());
-                    methods.insert_method_timeout(s, m, timeout);
-                }
+                (s, "") => Scope::Service(s),
+                (s, m) => Scope::Method(s, m),
+            };
+            choice.set(&mut methods, scope);
+            match scope {
+                Scope::Default => methods.set_default_timeout(timeout),
+                Scope::Service(s) => methods.insert_service_timeout(s, timeout),
+                Scope::Method(s, m) => methods.insert_method_timeout(s, m, timeout),
             }
         }
     }
@@ -147,6 +162,22 @@ impl A6PolicyDoc {
         policy
             .validate(field)
             .map_err(|e| e.renamed(field, SPELLING))?;
+        Ok(policy)
+    }
+}
+
+impl A6HedgingDoc {
+    fn policy(&self, field: &str) -> Result<HedgingPolicy, ConfigError> {
+        let policy = HedgingPolicy {
+            max_attempts: self.max_attempts.0,
+            delay: HedgeDelay::Fixed(self.hedging_delay.map_or(Duration::ZERO, |d| d.0)),
+            non_fatal_codes: self.non_fatal_status_codes,
+            // Not in A6's hedgingPolicy: stormguard's defaults, as for a retry policy.
+            ..HedgingPolicy::default()
+        };
+        // `validate` names the fields as A6 spells them (`maxAttempts`,
+        // `nonFatalStatusCodes`).
+        policy.validate(field)?;
         Ok(policy)
     }
 }

@@ -6,7 +6,8 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::backoff::BackoffConfig;
-use crate::code::Code;
+use crate::code::{Code, CodeSet};
+use crate::hedge::{HedgeDelay, LearnedDelay};
 
 /// The field an error names, or the whole message for an error that names none.
 fn field_of(e: ConfigError) -> String {
@@ -564,6 +565,468 @@ fn no_answer_retried_is_a_notice_naming_the_setting() {
     ));
 }
 
+/// The hedging policy of `path` (cloned), if the method is hedged.
+fn hedging_of(c: &ClientConfig, path: &str) -> Option<HedgingPolicy> {
+    c.methods
+        .lookup_hedging(path)
+        .map(|h| HedgingPolicy::clone(h))
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+#[test]
+fn the_a6_proposal_s_hedging_examples_parse() {
+    // The two `hedgingPolicy` examples of gRPC A6 ("Configuration Language"), as written
+    // there, in a service config with A6's `retryThrottling` example.
+    let json = r#"{"methodConfig": [{
+        "name": [{"service": "pkg.Spaced"}],
+        "hedgingPolicy": {
+          "maxAttempts": 4,
+          "hedgingDelay": ".5s",
+          "nonFatalStatusCodes": [
+            "UNAVAILABLE",
+            "INTERNAL",
+            "ABORTED"
+          ]
+        }
+      }, {
+        "name": [{"service": "pkg.AllAtOnce"}],
+        "hedgingPolicy": {
+          "maxAttempts": 4,
+          "hedgingDelay": "0s",
+          "nonFatalStatusCodes": [
+            "UNAVAILABLE",
+            "INTERNAL",
+            "ABORTED"
+          ]
+        }
+      }],
+      "retryThrottling": {
+        "maxTokens": 10,
+        "tokenRatio": 0.1
+      }}"#;
+    let c = ClientConfig::from_service_config_json(json).unwrap();
+    let spaced = hedging_of(&c, "/pkg.Spaced/Get").unwrap();
+    assert_eq!(spaced.max_attempts, 4);
+    assert_eq!(spaced.delay, HedgeDelay::Fixed(ms(500)));
+    assert_eq!(
+        spaced.non_fatal_codes,
+        CodeSet::from_iter([Code::Unavailable, Code::Internal, Code::Aborted])
+    );
+    // What A6 does not set is stormguard's default.
+    assert_eq!(
+        spaced.min_attempt_time,
+        HedgingPolicy::default().min_attempt_time
+    );
+    assert_eq!(spaced.max_pushback, HedgingPolicy::default().max_pushback);
+    let at_once = hedging_of(&c, "/pkg.AllAtOnce/Get").unwrap();
+    assert_eq!(at_once.delay, HedgeDelay::Fixed(Duration::ZERO));
+    // Hedged, so not retried; names no entry gives are neither.
+    assert!(c.methods.lookup("/pkg.Spaced/Get").is_none());
+    assert!(hedging_of(&c, "/pkg.Other/Get").is_none());
+    assert!(c.methods.lookup("/pkg.Other/Get").is_none());
+    // The throttle pays for hedges as for retries.
+    assert!(matches!(c.budget, BudgetChoice::A6(_)));
+    assert!(c.not_applied().is_empty());
+    assert_eq!(c.validate(), Ok(()));
+}
+
+#[test]
+fn service_config_hedging_defaults_and_limits() {
+    // Only `maxAttempts` is required: no delay (every copy at once), no non-fatal codes.
+    let json = r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {"maxAttempts": 9}}]}"#;
+    let c = ClientConfig::from_service_config_json(json).unwrap();
+    let h = hedging_of(&c, "/any.Svc/Any").unwrap();
+    assert_eq!(h.delay, HedgeDelay::Fixed(Duration::ZERO));
+    assert_eq!(h.non_fatal_codes, CodeSet::EMPTY);
+    // Above 5 counts as 5, as for retries.
+    assert_eq!(h.max_attempts, 9);
+    assert_eq!(h.effective_max_attempts(), 5);
+    // Codes by name in any case or by number, as in `retryableStatusCodes`; numbers as
+    // strings, as proto3 JSON allows.
+    let json = r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {"maxAttempts": "3",
+        "hedgingDelay": "0.010s", "nonFatalStatusCodes": [14, "internal"]}}]}"#;
+    let h = hedging_of(
+        &ClientConfig::from_service_config_json(json).unwrap(),
+        "/a.B/C",
+    )
+    .unwrap();
+    assert_eq!(h.max_attempts, 3);
+    assert_eq!(h.delay, HedgeDelay::Fixed(ms(10)));
+    assert_eq!(
+        h.non_fatal_codes,
+        CodeSet::from_iter([Code::Unavailable, Code::Internal])
+    );
+    // Fields A6 does not define are skipped and listed, as everywhere in a service config.
+    let json = r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {"maxAttempts": 2,
+        "hedgingDelayy": "1s"}}]}"#;
+    let c = ClientConfig::from_service_config_json(json).unwrap();
+    assert_eq!(c.not_applied().len(), 1);
+    assert_eq!(
+        c.not_applied()[0].path,
+        "methodConfig[0].hedgingPolicy.hedgingDelayy"
+    );
+    assert_eq!(
+        hedging_of(&c, "/a.B/C").unwrap().delay,
+        HedgeDelay::Fixed(Duration::ZERO)
+    );
+}
+
+#[test]
+fn service_config_hedging_is_set_like_retry_and_the_most_specific_entry_decides() {
+    let json = r#"{"methodConfig": [
+        {"name": [{}], "retryPolicy": {"maxAttempts": 2, "initialBackoff": "0.1s",
+          "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}},
+        {"name": [{"service": "pkg.Read"}, {"service": "pkg.Write", "method": "Get"}],
+          "hedgingPolicy": {"maxAttempts": 3, "hedgingDelay": "0.02s"}, "timeout": "1s"},
+        {"name": [{"service": "pkg.Read", "method": "Put"}], "retryPolicy": {"maxAttempts": 4,
+          "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
+          "retryableStatusCodes": ["UNAVAILABLE"]}},
+        {"name": [{"service": "pkg.Read", "method": "Watch"}]}
+    ]}"#;
+    let c = ClientConfig::from_service_config_json(json).unwrap();
+    // The service's entry hedges it, over the default's retries.
+    let read = hedging_of(&c, "/pkg.Read/Get").unwrap();
+    assert_eq!(read.max_attempts, 3);
+    assert_eq!(read.delay, HedgeDelay::Fixed(ms(20)));
+    assert!(c.methods.lookup("/pkg.Read/Get").is_none());
+    assert_eq!(
+        c.methods.timeout("/pkg.Read/Get"),
+        Some(Duration::from_secs(1))
+    );
+    // One method of another service, by the same entry.
+    assert!(hedging_of(&c, "/pkg.Write/Get").is_some());
+    assert!(hedging_of(&c, "/pkg.Write/Put").is_none());
+    assert_eq!(c.methods.lookup("/pkg.Write/Put").unwrap().max_attempts, 2);
+    // A method's entry decides over its service's, whichever kind each is.
+    assert!(hedging_of(&c, "/pkg.Read/Put").is_none());
+    assert_eq!(c.methods.lookup("/pkg.Read/Put").unwrap().max_attempts, 4);
+    // An entry with neither policy: neither retried nor hedged.
+    assert!(hedging_of(&c, "/pkg.Read/Watch").is_none());
+    assert!(c.methods.lookup("/pkg.Read/Watch").is_none());
+    // A hedging default for every method.
+    let json = r#"{"methodConfig": [{"name": [{}], "hedgingPolicy": {"maxAttempts": 2}}]}"#;
+    let c = ClientConfig::from_service_config_json(json).unwrap();
+    assert!(hedging_of(&c, "/any.Svc/Any").is_some());
+    assert!(c.methods.lookup("/any.Svc/Any").is_none());
+}
+
+#[test]
+fn service_config_refuses_both_policies_and_bad_hedging_values_by_field() {
+    let retry = r#""retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s",
+        "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}"#;
+    let both = format!(
+        r#"{{"methodConfig": [{{"name": [{{}}], {retry}}},
+            {{"name": [{{"service": "s"}}], {retry}, "hedgingPolicy": {{"maxAttempts": 2}}}}]}}"#
+    );
+    let e = ClientConfig::from_service_config_json(&both).unwrap_err();
+    let message = e.to_string();
+    assert!(message.contains("retried or hedged, not both"), "{message}");
+    assert_eq!(field_of(e), "methodConfig[1]");
+    let hedging = |policy: &str| {
+        format!(
+            r#"{{"methodConfig": [{{"name": [{{"service": "s"}}], "hedgingPolicy": {policy}}}]}}"#
+        )
+    };
+    let cases = [
+        (
+            r#"{"maxAttempts": 1}"#,
+            "methodConfig[0].hedgingPolicy.maxAttempts",
+        ),
+        (
+            r#"{"maxAttempts": 0}"#,
+            "methodConfig[0].hedgingPolicy.maxAttempts",
+        ),
+        (
+            r#"{"maxAttempts": -3}"#,
+            "methodConfig[0].hedgingPolicy.maxAttempts",
+        ),
+        (
+            r#"{"hedgingDelay": "0.1s"}"#,
+            "methodConfig[0].hedgingPolicy.maxAttempts",
+        ),
+        (
+            r#"{"maxAttempts": 2, "hedgingDelay": "10ms"}"#,
+            "methodConfig[0].hedgingPolicy.hedgingDelay",
+        ),
+        (
+            r#"{"maxAttempts": 2, "hedgingDelay": 0.1}"#,
+            "methodConfig[0].hedgingPolicy.hedgingDelay",
+        ),
+        (
+            r#"{"maxAttempts": 2, "nonFatalStatusCodes": ["OK"]}"#,
+            "methodConfig[0].hedgingPolicy.nonFatalStatusCodes",
+        ),
+        (
+            r#"{"maxAttempts": 2, "nonFatalStatusCodes": ["UNAVAILABLE", "NOPE"]}"#,
+            "methodConfig[0].hedgingPolicy.nonFatalStatusCodes[1]",
+        ),
+        (
+            r#"{"maxAttempts": 2, "nonFatalStatusCodes": "UNAVAILABLE"}"#,
+            "methodConfig[0].hedgingPolicy.nonFatalStatusCodes",
+        ),
+        ("[]", "methodConfig[0].hedgingPolicy"),
+    ];
+    for (policy, field) in cases {
+        let json = hedging(policy);
+        let e = ClientConfig::from_service_config_json(&json).unwrap_err();
+        assert_eq!(field_of(e), field, "{json}");
+    }
+    let e = ClientConfig::from_service_config_json(&hedging("{}")).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid `methodConfig[0].hedgingPolicy.maxAttempts`: is required"
+    );
+    // `null` is no policy: the other one stands alone.
+    let json =
+        format!(r#"{{"methodConfig": [{{"name": [{{}}], {retry}, "hedgingPolicy": null}}]}}"#);
+    assert!(ClientConfig::from_service_config_json(&json).is_ok());
+}
+
+#[test]
+fn a_method_entry_with_hedging_is_hedged_not_retried() {
+    let json = r#"{
+        "retry": {"max_attempts": 4, "idempotent": true},
+        "methods": {
+            "/pkg.Catalog/": {"hedging": {"max_attempts": 3, "delay": "10ms",
+                "non_fatal_codes": ["UNAVAILABLE", 13], "min_attempt_time": "2ms",
+                "max_pushback": "1s"}},
+            "/pkg.Catalog/Update": {"max_attempts": 2},
+            "/pkg.Search/Query": {"hedging": {"delay": "learned", "percentile": 0.99,
+                "floor": "2ms", "ceiling": "200ms", "min_samples": 50, "window": "30s"}},
+            "/pkg.Search/Suggest": {"hedging": {"delay": "learned"}},
+            "/pkg.Search/Index": {"hedging": {}},
+            "/pkg.Catalog/Watch": null
+        }
+    }"#;
+    let c = ClientConfig::from_json(json).unwrap();
+    assert_eq!(
+        hedging_of(&c, "/pkg.Catalog/List").unwrap(),
+        HedgingPolicy {
+            max_attempts: 3,
+            delay: HedgeDelay::Fixed(ms(10)),
+            non_fatal_codes: CodeSet::from_iter([Code::Unavailable, Code::Internal]),
+            min_attempt_time: ms(2),
+            max_pushback: Duration::from_secs(1),
+        }
+    );
+    assert!(
+        c.methods.lookup("/pkg.Catalog/List").is_none(),
+        "hedged, so not retried"
+    );
+    // A method's entry decides over its service's: retried, over `retry`'s settings.
+    assert!(hedging_of(&c, "/pkg.Catalog/Update").is_none());
+    let update = c.methods.lookup("/pkg.Catalog/Update").unwrap();
+    assert_eq!((update.max_attempts, update.idempotent), (2, true));
+    assert!(
+        hedging_of(&c, "/pkg.Catalog/Watch").is_none(),
+        "null: neither"
+    );
+    assert!(c.methods.lookup("/pkg.Catalog/Watch").is_none());
+    // A learned delay, its settings beside `delay`.
+    assert_eq!(
+        hedging_of(&c, "/pkg.Search/Query").unwrap().delay,
+        HedgeDelay::Learned(LearnedDelay {
+            percentile: 0.99,
+            floor: ms(2),
+            ceiling: ms(200),
+            min_samples: 50,
+            window: Duration::from_secs(30),
+        })
+    );
+    assert_eq!(
+        hedging_of(&c, "/pkg.Search/Suggest").unwrap().delay,
+        HedgeDelay::Learned(LearnedDelay::default())
+    );
+    // Every key is optional; nothing comes from `retry`.
+    assert_eq!(
+        hedging_of(&c, "/pkg.Search/Index").unwrap(),
+        HedgingPolicy::default()
+    );
+    // Other methods keep `retry`.
+    assert!(hedging_of(&c, "/pkg.Search/Other").is_none());
+    assert_eq!(
+        c.methods.lookup("/pkg.Search/Other").unwrap().max_attempts,
+        4
+    );
+    assert_eq!(c.validate(), Ok(()));
+    // The same from an application's own config: deserializing runs the same build.
+    let app: App =
+        serde_json::from_str(&format!(r#"{{"name": "x", "stormguard": {json}}}"#)).unwrap();
+    assert_eq!(app.stormguard, c);
+}
+
+#[cfg(all(feature = "yaml", feature = "toml"))]
+#[test]
+fn hedging_reads_the_same_from_yaml_and_toml() {
+    let yaml = "
+methods:
+  /pkg.Catalog/Get:
+    hedging: { max_attempts: 3, delay: 10ms, non_fatal_codes: [UNAVAILABLE] }
+  /pkg.Search/:
+    hedging:
+      delay: learned
+      percentile: 0.9
+      ceiling: 100ms
+";
+    let toml = r#"
+[methods."/pkg.Catalog/Get".hedging]
+max_attempts = 3
+delay = "10ms"
+non_fatal_codes = ["UNAVAILABLE"]
+
+[methods."/pkg.Search/".hedging]
+delay = "learned"
+percentile = 0.9
+ceiling = "100ms"
+"#;
+    let from_yaml = ClientConfig::from_text(yaml, Format::Yaml).unwrap();
+    let from_toml = ClientConfig::from_text(toml, Format::Toml).unwrap();
+    assert_eq!(from_yaml, from_toml);
+    let get = hedging_of(&from_yaml, "/pkg.Catalog/Get").unwrap();
+    assert_eq!(
+        (get.max_attempts, get.delay),
+        (3, HedgeDelay::Fixed(ms(10)))
+    );
+    let HedgeDelay::Learned(learned) = hedging_of(&from_yaml, "/pkg.Search/Find").unwrap().delay
+    else {
+        panic!("a learned delay");
+    };
+    assert_eq!((learned.percentile, learned.ceiling), (0.9, ms(100)));
+    // And the service config, in YAML.
+    let yaml = "methodConfig:\n  - name: [{}]\n    hedgingPolicy: { maxAttempts: 2, hedgingDelay: 0.5s }\n";
+    let c = ClientConfig::from_text(yaml, Format::Yaml).unwrap();
+    assert_eq!(
+        hedging_of(&c, "/a.B/C").unwrap().delay,
+        HedgeDelay::Fixed(ms(500))
+    );
+}
+
+#[test]
+fn hedging_in_stormguard_s_shape_names_its_errors_by_field() {
+    let entry = |body: &str| format!(r#"{{"methods": {{"/pkg.Svc/Get": {body}}}}}"#);
+    let cases = [
+        // Retried or hedged, not both: every retry setting beside `hedging` is refused.
+        (
+            r#"{"hedging": {}, "max_attempts": 3}"#,
+            "methods./pkg.Svc/Get.max_attempts",
+        ),
+        (
+            r#"{"hedging": {}, "idempotent": true}"#,
+            "methods./pkg.Svc/Get.idempotent",
+        ),
+        (
+            r#"{"hedging": {}, "base": "10ms"}"#,
+            "methods./pkg.Svc/Get.base",
+        ),
+        (
+            r#"{"hedging": {}, "retryable_codes": ["UNAVAILABLE"]}"#,
+            "methods./pkg.Svc/Get.retryable_codes",
+        ),
+        (
+            r#"{"hedging": {}, "per_attempt_timeout": "10ms"}"#,
+            "methods./pkg.Svc/Get.per_attempt_timeout",
+        ),
+        (
+            r#"{"hedging": {}, "budget": {}}"#,
+            "methods./pkg.Svc/Get.budget",
+        ),
+        // Values.
+        (
+            r#"{"hedging": {"max_attempts": 1}}"#,
+            "methods./pkg.Svc/Get.hedging.max_attempts",
+        ),
+        (
+            r#"{"hedging": {"max_attempts": "two"}}"#,
+            "methods./pkg.Svc/Get.hedging.max_attempts",
+        ),
+        (
+            r#"{"hedging": {"delay": "soon"}}"#,
+            "methods./pkg.Svc/Get.hedging.delay",
+        ),
+        (
+            r#"{"hedging": {"delay": 10}}"#,
+            "methods./pkg.Svc/Get.hedging.delay",
+        ),
+        (
+            r#"{"hedging": {"delay": "0.1"}}"#,
+            "methods./pkg.Svc/Get.hedging.delay",
+        ),
+        (
+            r#"{"hedging": {"non_fatal_codes": ["OK"]}}"#,
+            "methods./pkg.Svc/Get.hedging.non_fatal_codes",
+        ),
+        (
+            r#"{"hedging": {"non_fatal_codes": ["NOPE"]}}"#,
+            "methods./pkg.Svc/Get.hedging.non_fatal_codes[0]",
+        ),
+        (
+            r#"{"hedging": {"max_pushback": "1"}}"#,
+            "methods./pkg.Svc/Get.hedging.max_pushback",
+        ),
+        // The learned delay's settings need `delay: learned`, and their ranges.
+        (
+            r#"{"hedging": {"percentile": 0.9}}"#,
+            "methods./pkg.Svc/Get.hedging.percentile",
+        ),
+        (
+            r#"{"hedging": {"delay": "10ms", "window": "5s"}}"#,
+            "methods./pkg.Svc/Get.hedging.window",
+        ),
+        (
+            r#"{"hedging": {"delay": "learned", "percentile": 1}}"#,
+            "methods./pkg.Svc/Get.hedging.percentile",
+        ),
+        (
+            r#"{"hedging": {"delay": "learned", "percentile": 0}}"#,
+            "methods./pkg.Svc/Get.hedging.percentile",
+        ),
+        (
+            r#"{"hedging": {"delay": "learned", "floor": "2s", "ceiling": "1s"}}"#,
+            "methods./pkg.Svc/Get.hedging.floor",
+        ),
+        (
+            r#"{"hedging": {"delay": "learned", "window": "0s"}}"#,
+            "methods./pkg.Svc/Get.hedging.window",
+        ),
+        (
+            r#"{"hedging": {"delay": "learned", "min_samples": -1}}"#,
+            "methods./pkg.Svc/Get.hedging.min_samples",
+        ),
+        // Unknown keys, as everywhere in this shape.
+        (
+            r#"{"hedging": {"dealy": "10ms"}}"#,
+            "methods./pkg.Svc/Get.hedging.dealy",
+        ),
+        (
+            r#"{"hedging": {"delay": "learned", "learned": {}}}"#,
+            "methods./pkg.Svc/Get.hedging.learned",
+        ),
+        (r#"{"hedging": true}"#, "methods./pkg.Svc/Get.hedging"),
+    ];
+    for (body, field) in cases {
+        let json = entry(body);
+        let e = ClientConfig::from_json(&json).unwrap_err();
+        assert_eq!(field_of(e), field, "{json}");
+    }
+    let e = ClientConfig::from_json(&entry(r#"{"hedging": {}, "max_attempts": 3}"#)).unwrap_err();
+    let message = e.to_string();
+    assert!(message.contains("retried or hedged, not both"), "{message}");
+    assert!(message.contains("`hedging.max_attempts`"), "{message}");
+    // Hedging is chosen per method or service, not for the whole layer.
+    for (json, field) in [
+        (r#"{"hedging": {"max_attempts": 2}}"#, "hedging"),
+        (r#"{"retry": {"hedging": {}}}"#, "retry.hedging"),
+    ] {
+        let e = ClientConfig::from_json(json).unwrap_err();
+        let message = e.to_string();
+        assert!(message.contains("under `methods`"), "{message}");
+        assert_eq!(field_of(e), field, "{json}");
+    }
+}
+
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct App {
@@ -640,6 +1103,24 @@ fn toml_without_its_feature_is_a_clear_error() {
 }
 
 proptest! {
+    #[test]
+    fn any_hedging_policy_in_range_reads_from_both_shapes(
+        attempts in 2u32..20, delay_ms in 0u64..100_000, code in 1i32..17,
+    ) {
+        let json = format!(r#"{{"methodConfig": [{{"name": [{{"service": "s"}}],
+            "hedgingPolicy": {{"maxAttempts": {attempts}, "hedgingDelay": "{}.{:03}s",
+            "nonFatalStatusCodes": [{code}]}}}}]}}"#, delay_ms / 1000, delay_ms % 1000);
+        let c = ClientConfig::from_service_config_json(&json).unwrap();
+        let h = hedging_of(&c, "/s/M").unwrap();
+        prop_assert_eq!(h.effective_max_attempts(), attempts.min(5));
+        prop_assert_eq!(&h.delay, &HedgeDelay::Fixed(ms(delay_ms)));
+        prop_assert!(h.non_fatal_codes.contains(Code::from_i32(code).unwrap()));
+        let json = format!(r#"{{"methods": {{"/s/": {{"hedging": {{"max_attempts": {attempts},
+            "delay": "{delay_ms}ms", "non_fatal_codes": [{code}]}}}}}}}}"#);
+        let own = ClientConfig::from_json(&json).unwrap();
+        prop_assert_eq!(hedging_of(&own, "/s/M"), Some(h));
+    }
+
     #[test]
     fn service_config_parser_never_panics(json in r#"\{"(methodConfig|retryThrottling)": .{0,40}\}"#) {
         let _ = ClientConfig::from_service_config_json(&json);
