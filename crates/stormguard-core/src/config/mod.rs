@@ -3,14 +3,15 @@
 //! Two document shapes are read into one [`ClientConfig`]:
 //!
 //! * the **standard gRPC service config** (what gRPC clients in every language already
-//!   read): `methodConfig[].name` / `retryPolicy` / `timeout` and `retryThrottling`, with
-//!   proto3 JSON durations (`"0.1s"`) and status codes by name (any case) or number. Its
-//!   retry policies use the A6 backoff and its `retryThrottling` becomes the A6 token
-//!   bucket; without `retryThrottling` retries are paid from stormguard's budget with
-//!   default settings; a method's `timeout` becomes its default deadline
-//!   ([`MethodTable::timeout`](crate::policy::MethodTable::timeout)), and a
-//!   `hedgingPolicy` is refused with an error (stormguard does not hedge). Fields gRPC
-//!   does not define, and fields stormguard does not act on (`waitForReady`,
+//!   read): `methodConfig[].name` / `retryPolicy` / `hedgingPolicy` / `timeout` and
+//!   `retryThrottling`, with proto3 JSON durations (`"0.1s"`) and status codes by name
+//!   (any case) or number. Its retry policies use the A6 backoff, its hedging policies
+//!   become [`HedgingPolicy`]s (see [Hedging](#hedging)), and its `retryThrottling`
+//!   becomes the A6 token bucket, which pays for hedges as for retries; without
+//!   `retryThrottling` both are paid from stormguard's budget with default settings; a
+//!   method's `timeout` becomes its default deadline
+//!   ([`MethodTable::timeout`](crate::policy::MethodTable::timeout)). Fields gRPC does
+//!   not define, and fields stormguard does not act on (`waitForReady`,
 //!   `maxRequestMessageBytes`, ...), are skipped as gRPC skips unknown fields, and listed
 //!   in [`ClientConfig::not_applied`];
 //! * **stormguard's own shape**, for users who want the budget and full jitter:
@@ -33,8 +34,9 @@
 //!
 //! `retry` applies to every method. An entry of `methods`, by full path
 //! (`/package.Service/Method`) or whole service (`/package.Service/`), changes what it
-//! names over `retry`'s settings; `null` means the method is not retried. The exact method
-//! wins over its service, as in the service config. The budget (`retry.budget`,
+//! names over `retry`'s settings, or hedges it instead (`hedging`, see
+//! [Hedging](#hedging)); `null` means the method is neither retried nor hedged. The exact
+//! method wins over its service, as in the service config. The budget (`retry.budget`,
 //! `retry.budget_exhausted`) is the layer's, so a method entry cannot set it.
 //!
 //! # Idempotency: the one line that makes answers retried
@@ -57,6 +59,72 @@
 //!   budget_exhausted: fail_fast
 //! methods:
 //!   /stormguard.demo.v1.Inventory/Reserve: { idempotent: true }
+//! ```
+//!
+//! # Hedging
+//!
+//! A hedged method has copies of a call sent while the first is slow, and the first useful
+//! answer wins (see [`hedge`](crate::hedge)). A method is retried or hedged, never both: the
+//! most specific entry for it decides which, in either shape. Hedges are attempts: they are
+//! paid from the same budget (or A6 throttle) as retries, and refused, not queued, when it
+//! is empty.
+//!
+//! In the service config, A6's `hedgingPolicy` sits where a `retryPolicy` would, and an
+//! entry holding both is an error naming the entry (`methodConfig[0]`). `maxAttempts` is
+//! required (at least 2; above 5 counts as 5), `hedgingDelay` defaults to `"0s"` (every
+//! copy at once) and `nonFatalStatusCodes` to none:
+//!
+//! ```
+//! use std::time::Duration;
+//! use stormguard_core::config::ClientConfig;
+//! use stormguard_core::hedge::HedgeDelay;
+//!
+//! let config = ClientConfig::from_service_config_json(r#"{ "methodConfig": [{
+//!     "name": [{ "service": "stormguard.demo.v1.Catalog" }],
+//!     "hedgingPolicy": { "maxAttempts": 3, "hedgingDelay": "0.010s",
+//!                        "nonFatalStatusCodes": ["UNAVAILABLE"] } }] }"#)?;
+//! let hedging = config.methods.lookup_hedging("/stormguard.demo.v1.Catalog/Get").unwrap();
+//! assert_eq!(hedging.delay, HedgeDelay::Fixed(Duration::from_millis(10)));
+//! assert!(config.methods.lookup("/stormguard.demo.v1.Catalog/Get").is_none(), "not retried");
+//! # Ok::<(), stormguard_core::config::ConfigError>(())
+//! ```
+//!
+//! In stormguard's shape, an entry of `methods` holds `hedging` and nothing else (a retry
+//! setting beside it is an error naming that setting). Every key is optional and defaults
+//! as in [`HedgingPolicy::default`]: `max_attempts` (2), `delay` (`"10ms"`),
+//! `non_fatal_codes` (none), `min_attempt_time` (`"5ms"`), `max_pushback` (`"30s"`);
+//! nothing comes from `retry`. `delay` is a duration or `"learned"`, a percentile of the
+//! method's recent latency ([`LearnedDelay`](crate::hedge::LearnedDelay)), whose settings
+//! sit beside it, as `base` and `cap` sit beside `backoff`: `percentile` (0.95), `floor`
+//! (`"1ms"`), `ceiling` (`"1s"`), `min_samples` (100), `window` (`"10s"`). They are refused
+//! with a fixed delay.
+//!
+//! ```yaml
+//! methods:
+//!   /stormguard.demo.v1.Catalog/Get:
+//!     hedging: { max_attempts: 3, delay: 10ms, non_fatal_codes: [UNAVAILABLE] }
+//!   /stormguard.demo.v1.Search/:
+//!     hedging: { delay: learned, percentile: 0.95, floor: 2ms, ceiling: 200ms }
+//! ```
+//!
+//! There is no layer-wide `hedging`: hedging a method says that running it more than once
+//! is harmless, a statement made method by method (or service by service), as
+//! `idempotent` is. A top-level `hedging`, or one under `retry`, is an error that says so.
+//!
+//! ```
+//! use stormguard_core::config::ClientConfig;
+//! use stormguard_core::hedge::HedgeDelay;
+//!
+//! let config = ClientConfig::from_json(r#"{ "methods": {
+//!     "/stormguard.demo.v1.Search/": { "hedging": { "delay": "learned", "ceiling": "200ms" } } } }"#)?;
+//! let hedging = config.methods.lookup_hedging("/stormguard.demo.v1.Search/Query").unwrap();
+//! assert!(matches!(hedging.delay, HedgeDelay::Learned(_)));
+//! assert!(config.methods.lookup("/stormguard.demo.v1.Inventory/Reserve").is_some(), "`retry`");
+//!
+//! let both = ClientConfig::from_json(r#"{ "methods": {
+//!     "/pkg.Svc/Get": { "hedging": {}, "max_attempts": 3 } } }"#);
+//! assert!(both.unwrap_err().to_string().contains("methods./pkg.Svc/Get.max_attempts"));
+//! # Ok::<(), stormguard_core::config::ConfigError>(())
 //! ```
 //!
 //! # Errors
@@ -180,9 +248,9 @@ impl Default for BudgetChoice {
 /// ```
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClientConfig {
-    /// Retry policies by method.
+    /// Retry and hedging policies by method.
     pub methods: MethodTable,
-    /// What pays for retries.
+    /// What pays for retries and hedges.
     pub budget: BudgetChoice,
     /// The circuit breaker, if any.
     pub breaker: Option<BreakerConfig>,
@@ -309,7 +377,8 @@ impl ClientConfig {
         }
     }
 
-    /// Reads a standard gRPC service config (JSON).
+    /// Reads a standard gRPC service config (JSON): retry and hedging policies, timeouts
+    /// and throttling (see the [module docs](self)).
     pub fn from_service_config_json(json: &str) -> Result<Self, ConfigError> {
         service::read(document::parse(json, Format::Json)?)
     }
