@@ -158,17 +158,20 @@ retryThrottling: { maxTokens: 10, tokenRatio: 0.1 }
 }
 
 #[test]
-fn a_hedging_policy_is_refused_not_dropped() {
+fn a_hedging_policy_is_read_and_one_beside_a_retry_policy_is_refused() {
     let json = r#"{ "methodConfig": [{ "name": [{ "service": "s" }],
         "hedgingPolicy": { "maxAttempts": 3, "hedgingDelay": "0.1s" } }] }"#;
-    let e = ClientConfig::from_service_config_json(json).unwrap_err();
-    assert!(e.to_string().contains("hedging is not supported"), "{e}");
-    assert_eq!(field(e), "methodConfig[0].hedgingPolicy");
+    let config = ClientConfig::from_service_config_json(json).unwrap();
+    let hedging = config.methods.lookup_hedging("/s/M").unwrap();
+    assert_eq!(hedging.max_attempts, 3);
+    assert!(config.methods.lookup("/s/M").is_none());
     #[cfg(feature = "yaml")]
     {
-        let yaml = "methodConfig:\n  - name: [{}]\n    hedgingPolicy: { maxAttempts: 2 }\n";
+        let yaml = "methodConfig:\n  - name: [{}]\n    hedgingPolicy: { maxAttempts: 2 }\n    \
+                    retryPolicy: { maxAttempts: 2, initialBackoff: 0.1s, maxBackoff: 1s, \
+                    backoffMultiplier: 2, retryableStatusCodes: [UNAVAILABLE] }\n";
         let e = ClientConfig::from_text(yaml, Format::Yaml).unwrap_err();
-        assert_eq!(field(e), "methodConfig[0].hedgingPolicy");
+        assert_eq!(field(e), "methodConfig[0]");
     }
 }
 
