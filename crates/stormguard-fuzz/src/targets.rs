@@ -256,6 +256,19 @@ const JSON_TOKENS: &[&str] = &[
     "\"tokenRatio\"",
     "\"timeout\"",
     "\"hedgingPolicy\"",
+    "\"hedgingDelay\"",
+    "\"nonFatalStatusCodes\"",
+    "\"methods\"",
+    "\"/pkg.Svc/Get\"",
+    "\"hedging\"",
+    "\"delay\"",
+    "\"learned\"",
+    "\"non_fatal_codes\"",
+    "\"percentile\"",
+    "\"floor\"",
+    "\"ceiling\"",
+    "\"min_samples\"",
+    "\"window\"",
     "\"retry\"",
     "\"budget\"",
     "\"ttl\"",
@@ -308,6 +321,7 @@ const TABLE: &str = r#"{"criticality":{"default":"default","methods":{"/pkg.Svc/
 const YAML_SEEDS: &[&str] = &[
     "retry:\n  budget:\n    ttl: 10s\n    min_retries_per_second: 5\n    retry_ratio: 0.1\n  backoff: full_jitter\n  base: 100ms\n  max_attempts: 3\n  budget_exhausted: fail_fast\n",
     "methodConfig:\n  - name: [{ service: stormguard.demo.v1.Inventory }]\n    retryPolicy: { maxAttempts: 4, initialBackoff: 0.1s, maxBackoff: 1s, backoffMultiplier: 2, retryableStatusCodes: [UNAVAILABLE] }\nretryThrottling: { maxTokens: 10, tokenRatio: 0.1 }\n",
+    "methods:\n  /pkg.Svc/Get:\n    hedging: { max_attempts: 3, delay: 10ms, non_fatal_codes: [UNAVAILABLE] }\n  /pkg.Search/:\n    hedging: { delay: learned, percentile: 0.95, floor: 2ms, ceiling: 200ms }\n",
     "",
 ];
 
@@ -349,14 +363,25 @@ const YAML_TOKENS: &[&str] = &[
     "methodConfig",
     "retryPolicy",
     "hedgingPolicy",
+    "hedgingDelay",
+    "nonFatalStatusCodes",
     "maxAttempts",
     "retryThrottling",
+    "methods",
+    "/pkg.Svc/Get",
+    "hedging",
+    "delay",
+    "learned",
+    "percentile",
+    "ceiling",
+    "window",
     "admission",
 ];
 
 const TOML_SEEDS: &[&str] = &[
     "[retry]\nbackoff = \"full_jitter\"\nbase = \"100ms\"\nmax_attempts = 3\n[retry.budget]\nttl = \"10s\"\nmin_retries_per_second = 5\nretry_ratio = 0.1\n",
     "[[methodConfig]]\nname = [{ service = \"s\" }]\n[methodConfig.retryPolicy]\nmaxAttempts = 3\ninitialBackoff = \"0.1s\"\nmaxBackoff = \"1s\"\nbackoffMultiplier = 2\nretryableStatusCodes = [\"UNAVAILABLE\"]\n",
+    "[methods.\"/pkg.Svc/Get\".hedging]\nmax_attempts = 3\ndelay = \"learned\"\npercentile = 0.9\nwindow = \"5s\"\n",
     "",
 ];
 
@@ -390,6 +415,12 @@ const TOML_TOKENS: &[&str] = &[
     "methodConfig",
     "retryPolicy",
     "hedgingPolicy",
+    "hedgingDelay",
+    "methods",
+    "hedging",
+    "delay",
+    "learned",
+    "percentile",
 ];
 
 const ADMISSION_JSON_SEEDS: &[&str] = &[
@@ -409,6 +440,8 @@ const SERVICE_CONFIG_SEEDS: &[&str] = &[
   "retryThrottling": { "maxTokens": 10, "tokenRatio": 0.1 } }"#,
     r#"{"methodConfig":[{"name":[{}],"retryPolicy":{"maxAttempts":5,"initialBackoff":"0.001s","maxBackoff":"30s","backoffMultiplier":10,"retryableStatusCodes":["UNAVAILABLE",14,"RESOURCE_EXHAUSTED"]}}]}"#,
     r#"{"methodConfig":[{"name":[{"service":"stormguard.demo.v1.Inventory","method":"Reserve"}],"timeout":"1s"}]}"#,
+    // gRPC A6's hedging example, for a service, with a method of it retried instead.
+    r#"{"methodConfig":[{"name":[{"service":"stormguard.demo.v1.Inventory"}],"hedgingPolicy":{"maxAttempts":4,"hedgingDelay":".5s","nonFatalStatusCodes":["UNAVAILABLE","INTERNAL","ABORTED"]}},{"name":[{"service":"stormguard.demo.v1.Inventory","method":"Reserve"}],"retryPolicy":{"maxAttempts":2,"initialBackoff":"0.1s","maxBackoff":"1s","backoffMultiplier":2,"retryableStatusCodes":["UNAVAILABLE"]}}]}"#,
     r#"{}"#,
 ];
 
@@ -418,6 +451,7 @@ const STORMGUARD_JSON_SEEDS: &[&str] = &[
     "budget": { "ttl": "10s", "min_retries_per_second": 5, "retry_ratio": 0.1 },
     "budget_exhausted": "fail_fast" } }"#,
     r#"{"retry":{"budget":{"ttl":"1s","min_retries_per_second":0,"retry_ratio":1,"fleet_size":1000}},"breaker":{}}"#,
+    r#"{"methods":{"/stormguard.demo.v1.Inventory/Reserve":{"hedging":{"max_attempts":3,"delay":"10ms","non_fatal_codes":["UNAVAILABLE"]}},"/other.Service/":{"hedging":{"delay":"learned","percentile":0.95,"floor":"1ms","ceiling":"1s","min_samples":10,"window":"10s"}}}}"#,
     r#"{}"#,
 ];
 
@@ -575,7 +609,11 @@ fn config(input: &[u8], parse: fn(&str) -> Result<ClientConfig, ConfigError>) ->
         Ok(config) => {
             assert_eq!(config.validate(), Ok(()), "accepted but invalid: {text}");
             drive(&config, &text);
-            Outcome::accepted(config.methods.policies().count())
+            // Hedging policies count apart, so that an input newly accepted with one is kept.
+            Outcome::accepted((
+                config.methods.policies().count(),
+                config.methods.hedging_policies().count(),
+            ))
         }
         Err(e) => {
             assert!(!e.to_string().is_empty(), "empty error for {text}");
