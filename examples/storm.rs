@@ -50,7 +50,8 @@ struct Args {
     /// What the server does with work whose caller left
     #[arg(long, value_name = "M", value_enum, default_value_t = Model::Cancelling)]
     model: Model,
-    /// The policies to run, comma-separated, in the table's order [default: all]
+    /// The policies to run, comma-separated, in the table's order [default: all but
+    /// hedging]
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = policy())]
     policies: Vec<Policy>,
     /// Offered load as a share of the measured capacity
@@ -113,10 +114,10 @@ impl Args {
         config
     }
 
-    /// The policies to run: those named, else all.
+    /// The policies to run: those named, else the default set.
     fn policies(&self) -> &[Policy] {
         if self.policies.is_empty() {
-            &Policy::ALL
+            &Policy::DEFAULT
         } else {
             &self.policies
         }
@@ -176,6 +177,11 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
             p.name, p.connection_errors
         );
     }
+    for p in &report.policies {
+        if let Some(hedges) = &p.hedges {
+            println!("{}: {hedges}", p.name);
+        }
+    }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .map_err(|e| format!("cannot write {path}: {e}"))?;
@@ -187,13 +193,14 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
 }
 
 /// One colour per policy, in [`Policy::ALL`]'s order.
-const COLOURS: [RGBColor; 6] = [
+const COLOURS: [RGBColor; 7] = [
     RGBColor(214, 39, 40),
     RGBColor(255, 127, 14),
     RGBColor(148, 103, 189),
     RGBColor(31, 119, 180),
     RGBColor(140, 86, 75),
     RGBColor(44, 160, 44),
+    RGBColor(23, 190, 207),
 ];
 
 /// What one panel plots, per second.

@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use stormguard_client::{Retry as RetryService, RetryLayer, RetryStats};
 use stormguard_core::backoff::{Backoff, BackoffConfig};
+use stormguard_core::code::{Code as CoreCode, CodeSet};
 use stormguard_core::config::{ClientConfig, ConfigError};
+use stormguard_core::hedge::{HedgeDelay, HedgingPolicy};
 use stormguard_core::policy::RetryPolicy;
 use stormguard_core::wire::{GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_RETRY_PUSHBACK_MS};
 use tokio::time::{Instant, Sleep};
@@ -258,6 +260,33 @@ pub fn stormguard_client_config(per_attempt: Option<Duration>) -> ClientConfig {
     config
         .methods
         .insert_method(INVENTORY_SERVICE, RESERVE_METHOD, Some(policy));
+    config
+}
+
+/// The `hedging` policy's client: stormguard's defaults (the retry budget, no breaker), with
+/// `Reserve` hedged instead of retried, as a team would configure it against a slow tail:
+///
+/// - 2 copies at most: a hedge may double a call's cost, never more, and the budget
+///   bounds how often it does;
+/// - the second after `delay` (the storm's [`StormConfig::hedge_delay`](super::StormConfig));
+/// - `UNAVAILABLE` non-fatal, the code stormguard retries by default and the one the
+///   `ShedLayer` sheds with: a shed copy lets the other go on, and the shed answer's
+///   pushback puts off (or, `-1`, stops) the hedge. `RESOURCE_EXHAUSTED` stays fatal: it
+///   means a quota, which a second copy would only spend faster.
+///
+/// No per-attempt timeout: a hedged call's copies each have what is left of its deadline
+/// (the slow copy is answered by the next one, not by a timer).
+pub fn hedging_client_config(delay: Duration) -> ClientConfig {
+    let mut config = ClientConfig::standard();
+    let policy = HedgingPolicy {
+        max_attempts: 2,
+        delay: HedgeDelay::Fixed(delay),
+        non_fatal_codes: CodeSet::single(CoreCode::Unavailable),
+        ..HedgingPolicy::default()
+    };
+    config
+        .methods
+        .insert_method_hedging(INVENTORY_SERVICE, RESERVE_METHOD, Some(policy));
     config
 }
 

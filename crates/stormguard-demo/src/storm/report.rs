@@ -1,5 +1,6 @@
 //! Per-second counters of one run, and what the storm's report says about them.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -128,6 +129,34 @@ pub struct PolicyRun {
     /// Attempts that failed because the connection failed (an h2 `GOAWAY`, a reset
     /// connection). Zero when the h2 settings hold.
     pub connection_errors: u64,
+    /// What the client's hedging did; `None` for the policies that do not hedge.
+    pub hedges: Option<Hedges>,
+}
+
+/// The hedges of one run, from the client layer's counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Hedges {
+    /// Copies sent after a call's first (counted in the attempts too).
+    pub sent: u64,
+    /// Calls answered by a hedge rather than by their first copy.
+    pub won: u64,
+    /// Hedges that were due and not sent, by cause (`budget`, `pushback`, `deadline`, ...),
+    /// the causes that refused none left out.
+    pub refused: BTreeMap<&'static str, u64>,
+}
+
+impl std::fmt::Display for Hedges {
+    /// `1234 hedges sent, 567 won; refused: budget 89, pushback 12`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} hedges sent, {} won; refused:", self.sent, self.won)?;
+        if self.refused.is_empty() {
+            return write!(f, " none");
+        }
+        for (i, (cause, n)) in self.refused.iter().enumerate() {
+            write!(f, "{} {cause} {n}", if i == 0 { "" } else { "," })?;
+        }
+        Ok(())
+    }
 }
 
 /// The trigger of a run: when the service slowed down, and how much goodput it allowed.
@@ -146,7 +175,7 @@ pub struct TriggerReport {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PolicySummary {
     /// The policy's name (`naive`, `jitter`, `grpc-throttle`, `client-only`,
-    /// `server-only`, `stormguard`).
+    /// `server-only`, `stormguard`, `hedging`).
     pub name: &'static str,
     /// Seconds after the trigger's end until goodput stayed at or above 95 % of offered
     /// for 3 s; `None` when that never happened within the run.
@@ -166,12 +195,15 @@ pub struct PolicySummary {
     /// Shed answers over the whole run.
     #[serde(skip)]
     pub shed: u64,
-    /// Retries refused by the budget over the whole run (`None`: no budget).
+    /// Retries (and hedges) refused by the budget over the whole run (`None`: no budget).
     #[serde(skip)]
     pub budget_refusals: Option<u64>,
     /// Attempts lost to connection failures.
     #[serde(skip)]
     pub connection_errors: u64,
+    /// The hedges of the run, for the policy that hedges (in the JSON only for it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hedges: Option<Hedges>,
 }
 
 /// The whole storm: the trigger and every policy's summary. Serializes to the JSON the
@@ -245,6 +277,7 @@ pub fn summarize(run: &PolicyRun, start_s: u32, end_s: u32) -> PolicySummary {
         shed: t.iter().map(|s| s.shed).sum(),
         budget_refusals: run.budget_refusals,
         connection_errors: run.connection_errors,
+        hedges: run.hedges.clone(),
     }
 }
 
@@ -381,6 +414,7 @@ mod tests {
             timeline: t,
             budget_refusals: None,
             connection_errors: 0,
+            hedges: None,
         };
         let s = summarize(&run, 2, 4);
         assert_eq!(s.goodput_before, 1.0);
