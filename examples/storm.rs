@@ -1,4 +1,5 @@
-//! The storm on real tonic: a metastable failure, and what six retry policies do with it.
+//! The storm on real tonic: a metastable failure, and what six retry policies do with it
+//! (and hedging, with `--policies ...,hedging`).
 //!
 //! ```text
 //! cargo run --release --example storm -- [--quick] [--json FILE] [--svg FILE] [--seed N]

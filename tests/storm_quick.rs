@@ -2,8 +2,8 @@
 //!
 //! These check the shape of the result (every policy, every second, counts that add up,
 //! the JSON the examples write) and the outcomes that hold by construction (about 27 bottom
-//! calls per request through three naive hops; no connection lost to h2's reset limits),
-//! never how fast anything ran.
+//! calls per request through three naive hops; no connection lost to h2's reset limits;
+//! hedges held by the retry budget), never how fast anything ran.
 #![allow(clippy::unwrap_used)]
 
 use stormguard_demo::storm::chain::{ChainConfig, run_chain};
@@ -43,7 +43,8 @@ async fn quick_storm_has_the_shape_of_the_report() {
             "grpc-throttle",
             "client-only",
             "server-only",
-            "stormguard"
+            "stormguard",
+            "hedging"
         ]
     );
     for p in &report.policies {
@@ -72,9 +73,10 @@ async fn quick_storm_has_the_shape_of_the_report() {
         }
         let budgeted = matches!(
             policy,
-            Policy::GrpcThrottle | Policy::ClientOnly | Policy::Stormguard
+            Policy::GrpcThrottle | Policy::ClientOnly | Policy::Stormguard | Policy::Hedging
         );
         assert_eq!(p.budget_refusals.is_some(), budgeted, "{}", p.name);
+        assert_eq!(p.hedges.is_some(), policy == Policy::Hedging, "{}", p.name);
         if let Some(recovery) = p.recovery_s {
             assert!(
                 recovery + 3 <= config.after_s,
@@ -90,6 +92,24 @@ async fn quick_storm_has_the_shape_of_the_report() {
         by_name("naive").amplification_during_trigger
             > by_name("stormguard").amplification_during_trigger
     );
+    // Hedging: every call served during the trigger takes longer than the hedge delay
+    // (the slowed service time alone does), so every one is due a hedge, and the budget
+    // pays for few of them: its reserve of 50 and a tenth of the successes of the 3 s up
+    // to the trigger's end (its window is 10 s) bound the hedges to about 0.2 per call
+    // then. 1.5 leaves room for a stalled machine; unbudgeted hedges would make it near 2.
+    assert!(config.hedge_delay < config.service_time.mul_f64(config.slowdown));
+    let hedging = by_name("hedging");
+    let hedges = hedging.hedges.as_ref().unwrap();
+    assert!(hedges.sent > 0 && hedges.won <= hedges.sent, "{hedges:?}");
+    assert!(
+        hedges.refused.get("budget").is_some_and(|n| *n > 0),
+        "{hedges:?}"
+    );
+    assert!(
+        hedging.amplification_during_trigger < 1.5,
+        "{}",
+        hedging.amplification_during_trigger
+    );
 
     let json = serde_json::to_value(&report).unwrap();
     let trigger = &json["trigger"];
@@ -97,21 +117,24 @@ async fn quick_storm_has_the_shape_of_the_report() {
     assert_eq!(trigger["end_s"], u64::from(end_s));
     assert!(trigger["capacity_share"].as_f64().unwrap() > 0.0);
     let policies = json["policies"].as_array().unwrap();
-    assert_eq!(policies.len(), 6);
+    assert_eq!(policies.len(), 7);
     for p in policies {
-        assert_eq!(
-            keys(p),
-            [
-                "amplification_after_trigger",
-                "amplification_during_trigger",
-                "goodput_after",
-                "goodput_before",
-                "goodput_during",
-                "name",
-                "recovery_s",
-                "timeline"
-            ]
-        );
+        // Every policy has the same fields; the one that hedges has its hedges as well.
+        let mut expected = vec![
+            "amplification_after_trigger",
+            "amplification_during_trigger",
+            "goodput_after",
+            "goodput_before",
+            "goodput_during",
+            "name",
+            "recovery_s",
+            "timeline",
+        ];
+        if p["name"] == "hedging" {
+            expected.insert(5, "hedges");
+            assert_eq!(keys(&p["hedges"]), ["refused", "sent", "won"]);
+        }
+        assert_eq!(keys(p), expected);
         assert!(p["recovery_s"].is_null() || p["recovery_s"].is_u64());
         assert_eq!(
             keys(&p["timeline"][0]),

@@ -268,7 +268,8 @@ pub fn stormguard_client_config(per_attempt: Option<Duration>) -> ClientConfig {
 ///
 /// - 2 copies at most: a hedge may double a call's cost, never more, and the budget
 ///   bounds how often it does;
-/// - the second after `delay` (the storm's [`StormConfig::hedge_delay`](super::StormConfig));
+/// - the second after `delay`
+///   ([`StormConfig::hedge_delay`](super::StormConfig::hedge_delay), which says why 20 ms);
 /// - `UNAVAILABLE` non-fatal, the code stormguard retries by default and the one the
 ///   `ShedLayer` sheds with: a shed copy lets the other go on, and the shed answer's
 ///   pushback puts off (or, `-1`, stops) the hedge. `RESOURCE_EXHAUSTED` stays fatal: it
