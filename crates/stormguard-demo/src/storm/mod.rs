@@ -164,13 +164,14 @@ pub struct StormConfig {
     /// When the `hedging` policy sends the second copy of a call that has not answered.
     ///
     /// [`standard`](Self::standard): 20 ms, twice the service time. A call takes about
-    /// 11 ms at normal speed plus its wait for a worker at 78 % load, and 20 ms is about the
-    /// 95th to 97th percentile of that on a 2-core machine: while the server is healthy 3 to
-    /// 5 % of calls hedge (up to 8 % when other builds share the machine), the "hedge after
-    /// the p95" a team would configure against a slow tail. It is also below the trigger's
-    /// slowed service time, so every call the trigger slows is due a hedge: the run shows
-    /// what the budget and the `ShedLayer` do with hedges sent exactly while the server is
-    /// slow.
+    /// 11 ms at normal speed plus its wait for a worker at 78 % load; 15 ms hedges one
+    /// healthy call in ten (as many as the budget pays for), 25 ms one in a hundred, and
+    /// 20 ms is about the 98th percentile on an idle 2-core machine (2 % of healthy calls
+    /// hedge; up to 8 % when other builds share the machine and stall it): the "hedge
+    /// where the tail begins" a team would configure, a few percent more load while
+    /// healthy. It is also below the trigger's slowed service time, so every
+    /// call the trigger slows is due a hedge: the run shows what the budget and the
+    /// `ShedLayer` do with hedges sent exactly while the server is slow.
     pub hedge_delay: Duration,
 }
 
