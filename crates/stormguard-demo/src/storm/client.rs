@@ -270,10 +270,11 @@ pub fn stormguard_client_config(per_attempt: Option<Duration>) -> ClientConfig {
 ///   bounds how often it does;
 /// - the second after `delay`
 ///   ([`StormConfig::hedge_delay`](super::StormConfig::hedge_delay), which says why 20 ms);
-/// - `UNAVAILABLE` non-fatal, the code stormguard retries by default and the one the
-///   `ShedLayer` sheds with: a shed copy lets the other go on, and the shed answer's
-///   pushback puts off (or, `-1`, stops) the hedge. `RESOURCE_EXHAUSTED` stays fatal: it
-///   means a quota, which a second copy would only spend faster.
+/// - `UNAVAILABLE` non-fatal, the code stormguard retries by default: a copy that
+///   failed it lets the other go on. (A copy the `ShedLayer` shed is non-fatal whatever
+///   the codes, since it never ran; its pushback puts off, or with `-1` stops, the
+///   hedge.) `RESOURCE_EXHAUSTED` stays fatal: it means a quota, which a second copy
+///   would only spend faster.
 ///
 /// No per-attempt timeout: a hedged call's copies each have what is left of its deadline
 /// (the slow copy is answered by the next one, not by a timer).

@@ -431,8 +431,12 @@ pub async fn run_policy(
     Ok(PolicyRun {
         policy,
         timeline: timeline.snapshot(),
-        // A hedge is paid from the same budget as a retry: its refusals count here too.
-        budget_refusals: snapshot.map(|s| s.refused.budget + s.hedges_refused.budget),
+        // A hedge is paid from the same budget as a retry; the layer counts a refused hedge
+        // once as a hedge and again as the call's refusal if its other copy then failed.
+        budget_refusals: snapshot.map(|s| match policy {
+            Policy::Hedging => s.hedges_refused.budget,
+            _ => s.refused.budget,
+        }),
         connection_errors: timeline.connection_errors(),
         hedges: snapshot
             .filter(|_| policy == Policy::Hedging)

@@ -123,8 +123,8 @@ pub struct PolicyRun {
     pub policy: Policy,
     /// One entry per second.
     pub timeline: Vec<Second>,
-    /// Retries the client's budget (or A6 throttle) refused; `None` for clients without
-    /// one.
+    /// Retries (for `hedging`, hedges) the client's budget (or A6 throttle) refused; `None`
+    /// for clients without one.
     pub budget_refusals: Option<u64>,
     /// Attempts that failed because the connection failed (an h2 `GOAWAY`, a reset
     /// connection). Zero when the h2 settings hold.
@@ -195,7 +195,8 @@ pub struct PolicySummary {
     /// Shed answers over the whole run.
     #[serde(skip)]
     pub shed: u64,
-    /// Retries (and hedges) refused by the budget over the whole run (`None`: no budget).
+    /// Retries (for `hedging`, hedges) refused by the budget over the whole run (`None`: no
+    /// budget).
     #[serde(skip)]
     pub budget_refusals: Option<u64>,
     /// Attempts lost to connection failures.
