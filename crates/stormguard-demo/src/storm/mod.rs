@@ -169,9 +169,9 @@ pub struct StormConfig {
     /// 20 ms is about the 98th percentile on an idle 2-core machine (2 % of healthy calls
     /// hedge; up to 8 % when other builds share the machine and stall it): the "hedge
     /// where the tail begins" a team would configure, a few percent more load while
-    /// healthy. It is also below the trigger's slowed service time, so every
-    /// call the trigger slows is due a hedge: the run shows what the budget and the
-    /// `ShedLayer` do with hedges sent exactly while the server is slow.
+    /// healthy. It is also below the trigger's slowed service time, so every call the
+    /// trigger slows is due a hedge: the run shows what the budget and the `ShedLayer` do
+    /// with hedges sent exactly while the server is slow.
     pub hedge_delay: Duration,
 }
 
