@@ -1,0 +1,170 @@
+//! The tail: 1.5 % of the attempts a server receives take ten times longer, and what
+//! hedging does to the tail latency and to the load, at a normal load and at twice the
+//! capacity.
+//!
+//! ```text
+//! cargo run --release --example tail -- [--quick] [--json FILE] [--svg FILE]
+//!     [--policies LIST] [--seed N]
+//! ```
+//!
+//! `--help` describes every flag.
+//!
+//! One tonic Inventory server on loopback (8 workers × 10 ms, behind the `ShedLayer`), where
+//! a seeded 1.5 % of the attempts it receives take 100 ms; the capacity is measured first.
+//! For each policy a fresh server and client: a warm-up and the measured phase at 40 % of
+//! the capacity, then twice the capacity, open loop at a fixed rate, every call with a
+//! 200 ms deadline. Then a table, the JSON (`--json`) and `tail.svg`. `docs/examples.md`
+//! ("The tail") describes the figures and how they are measured.
+
+use std::process::ExitCode;
+use std::time::Duration;
+use tower::BoxError;
+
+use clap::Parser;
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+
+#[path = "tail/client.rs"]
+mod client;
+#[path = "tail/report.rs"]
+mod report;
+#[path = "tail/run.rs"]
+mod run;
+#[path = "tail/server.rs"]
+mod server;
+#[path = "tail/svg.rs"]
+mod svg;
+
+use client::{FIXED_DELAY, Policy};
+use report::TailReport;
+use run::{RunConfig, Timing};
+
+/// The tail: 1.5 % of the attempts a server receives take ten times longer, and what
+/// hedging does to the tail latency and to the load.
+///
+/// One Inventory server (8 workers x 10 ms, behind the ShedLayer) on loopback; each policy
+/// runs at 40 % of the measured capacity, then at twice it, on a fresh server. Prints a
+/// table and draws the picture.
+#[derive(Debug, Parser)]
+#[command(name = "tail")]
+struct Args {
+    /// 1.5 s of warm-up, 3 s measured, 2 s of overload per policy (about 30 s in all)
+    #[arg(long)]
+    quick: bool,
+    /// Also write the result as JSON to FILE: per policy the latency percentiles and the
+    /// extra attempts, at the normal load and under overload
+    #[arg(long, value_name = "FILE")]
+    json: Option<String>,
+    /// Where to draw the picture
+    #[arg(long, value_name = "FILE", default_value = "tail.svg")]
+    svg: String,
+    /// The policies to run, comma-separated, in the table's order [default: all]
+    #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
+    policies: Vec<Policy>,
+    /// Seed of the slow attempts, the shed layer's jitter and the retry layer's RNG
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    seed: u64,
+}
+
+/// The normal load, as a share of the measured capacity.
+const LOAD: f64 = 0.4;
+/// The overload, as a multiple of the measured capacity.
+const OVERLOAD: f64 = 2.0;
+/// The deadline of every logical call.
+const DEADLINE: Duration = Duration::from_millis(200);
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match tail(&args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tail: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn tail(args: &Args) -> Result<(), BoxError> {
+    let timing = if args.quick {
+        Timing::quick()
+    } else {
+        Timing::standard()
+    };
+    let policies = if args.policies.is_empty() {
+        &Policy::ALL[..]
+    } else {
+        &args.policies
+    };
+    eprintln!(
+        "measuring the server's capacity ({} workers x {:?}, {} of {} attempts x{})...",
+        server::WORKERS,
+        server::SERVICE_TIME,
+        server::SLOW_PER_BLOCK,
+        server::BLOCK,
+        server::SLOWDOWN,
+    );
+    let capacity = run::capacity(args.seed, timing.calibration).await?;
+    let config = RunConfig {
+        rate: LOAD * capacity,
+        overload_rate: OVERLOAD * capacity,
+        deadline: DEADLINE,
+        seed: args.seed,
+        timing,
+    };
+    eprintln!(
+        "capacity ~{capacity:.0} calls/s; offering {:.0}/s ({:?} warm-up, {:?} measured), then \
+         {:.0}/s for {:?}; deadline {DEADLINE:?}",
+        config.rate, timing.warmup, timing.normal, config.overload_rate, timing.overload,
+    );
+
+    let bars = MultiProgress::new();
+    let style =
+        ProgressStyle::with_template("{prefix:>16} [{bar:40}] {msg}")?.progress_chars("=> ");
+    let mut report = TailReport {
+        policies: Vec::new(),
+        capacity: capacity.round(),
+        rate: config.rate.round(),
+        overload_rate: config.overload_rate.round(),
+        workers: server::WORKERS,
+        service_time_ms: server::SERVICE_TIME.as_secs_f64() * 1000.0,
+        slow_share: server::SLOW_PER_BLOCK as f64 / server::BLOCK as f64,
+        slowdown: server::SLOWDOWN,
+        hedge_delay_ms: FIXED_DELAY.as_secs_f64() * 1000.0,
+        deadline_ms: DEADLINE.as_millis() as u64,
+        warmup_s: timing.warmup.as_secs_f64(),
+        normal_s: timing.normal.as_secs_f64(),
+        overload_s: timing.overload.as_secs_f64(),
+        seed: args.seed,
+    };
+    let policy_bars: Vec<ProgressBar> = policies
+        .iter()
+        .map(|p| {
+            let bar = bars.add(ProgressBar::new(1000));
+            bar.set_style(style.clone());
+            bar.set_prefix(p.as_str());
+            bar
+        })
+        .collect();
+    for (&policy, bar) in policies.iter().zip(&policy_bars) {
+        let progress = |done: f64| bar.set_position((done * 1000.0) as u64);
+        let data = run::run(policy, &config, &progress)
+            .await
+            .map_err(|e| format!("{}: {e}", policy.as_str()))?;
+        bar.finish_with_message("done");
+        report.policies.push(report::summarize(
+            policy.as_str(),
+            &data,
+            capacity,
+            timing.overload.as_secs_f64(),
+        ));
+    }
+    print!("{}", report::table(&report));
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .map_err(|e| format!("cannot write {path}: {e}"))?;
+        println!("result written to {path}");
+    }
+    svg::draw(&report, &args.svg).map_err(|e| format!("cannot draw {}: {e}", args.svg))?;
+    println!("picture drawn to {}", args.svg);
+    Ok(())
+}

@@ -1,0 +1,222 @@
+//! The client side: how each policy makes one logical `Reserve` call.
+//!
+//! Every policy sends over one tonic `Channel` to the server; each call carries its
+//! deadline (`grpc-timeout`) and the phase of the run it belongs to ([`PHASE_HEADER`]), which
+//! every copy of it carries too.
+
+use std::time::Duration;
+
+use clap::ValueEnum;
+use stormguard_client::{Retry, RetryLayer, RetryStats};
+use stormguard_core::code::{Code, CodeSet};
+use stormguard_core::config::ClientConfig;
+use stormguard_core::hedge::{HedgeDelay, HedgingPolicy, LearnedDelay};
+use stormguard_demo::storm::{INVENTORY_SERVICE, RESERVE_METHOD};
+use stormguard_demo::{InventoryClient, ReserveReply, ReserveRequest};
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, Endpoint};
+use tower::hedge::Hedge;
+use tower::util::BoxCloneSyncService;
+use tower::{BoxError, ServiceBuilder, ServiceExt};
+
+use crate::server::{PHASE_HEADER, Phase};
+
+/// The client policies compared, in the order they run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Policy {
+    /// A plain tonic channel: one attempt per call
+    None,
+    /// tower's `hedge` middleware: one hedge after the p95 of recent latency
+    TowerHedge,
+    /// stormguard's RetryLayer: one hedge after a fixed 15 ms, paid from the retry budget
+    Hedging,
+    /// stormguard's RetryLayer: one hedge after the learned delay (its defaults)
+    HedgingLearned,
+}
+
+impl Policy {
+    pub(crate) const ALL: [Policy; 4] = [
+        Policy::None,
+        Policy::TowerHedge,
+        Policy::Hedging,
+        Policy::HedgingLearned,
+    ];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Policy::None => "none",
+            Policy::TowerHedge => "tower-hedge",
+            Policy::Hedging => "hedging",
+            Policy::HedgingLearned => "hedging-learned",
+        }
+    }
+}
+
+/// `hedging`'s fixed delay: a bit above the p99 of a normal attempt (10 ms of service, which
+/// the 1 ms timer makes 10–12 ms, plus the round trip).
+pub(crate) const FIXED_DELAY: Duration = Duration::from_millis(15);
+/// `tower-hedge`: the percentile of recent latency it hedges after (the same as stormguard's
+/// learned default), the samples it needs first, and how long one histogram collects before
+/// it is used (it then covers the previous period alone, so the warm-up must be longer).
+pub(crate) const TOWER_PERCENTILE: f32 = 0.95;
+pub(crate) const TOWER_MIN_POINTS: u64 = 100;
+pub(crate) const TOWER_PERIOD: Duration = Duration::from_secs(1);
+
+/// Connects one channel, with the storm's h2 settings (callers that give up reset their
+/// streams faster than h2's default local limit allows, see `docs/operating.md`).
+pub(crate) async fn connect(addr: std::net::SocketAddr) -> Result<Channel, BoxError> {
+    let channel = Endpoint::from_shared(format!("http://{addr}"))?
+        .http2_max_local_error_reset_streams(None)
+        .tcp_nodelay(true)
+        .connect()
+        .await?;
+    Ok(channel)
+}
+
+/// One logical call as the tower-hedge policy sees it: everything needed to send it again.
+///
+/// tower's `Hedge` sends a second copy of the request, so it needs a request it can clone,
+/// and a tonic request cannot be cloned (its body is a stream, and `tonic::Request` is not
+/// `Clone`). For a unary call the user keeps the message instead, which is the buffered
+/// body, and puts the hedge *above* the generated client: each copy becomes a fresh
+/// `tonic::Request` with the same message, metadata and timeout.
+#[derive(Clone, Debug)]
+pub(crate) struct Call {
+    pub(crate) message: ReserveRequest,
+    pub(crate) phase: Phase,
+    pub(crate) deadline: Duration,
+}
+
+impl Call {
+    fn request(self) -> tonic::Request<ReserveRequest> {
+        let mut request = tonic::Request::new(self.message);
+        request.set_timeout(self.deadline);
+        request.metadata_mut().insert(
+            PHASE_HEADER,
+            MetadataValue::from_static(self.phase.as_str()),
+        );
+        request
+    }
+}
+
+/// `Reserve` is idempotent (keyed by its `request_id`), so every call may be hedged.
+#[derive(Clone, Copy, Debug)]
+struct Idempotent;
+
+impl tower::hedge::Policy<Call> for Idempotent {
+    fn clone_request(&self, call: &Call) -> Option<Call> {
+        Some(call.clone())
+    }
+
+    fn can_retry(&self, _call: &Call) -> bool {
+        true
+    }
+}
+
+/// Makes logical calls, whatever the policy. Clones share the channel and the policy's
+/// state (histograms, budget).
+#[derive(Clone)]
+pub(crate) enum Caller {
+    Plain(InventoryClient<Channel>),
+    /// `Hedge` is not `Clone`: a `Buffer` in front of it, as tower's docs suggest for a
+    /// service shared by many tasks.
+    TowerHedge(BoxCloneSyncService<Call, ReserveReply, BoxError>),
+    Layered(InventoryClient<Retry<Channel>>, RetryStats),
+}
+
+impl std::fmt::Debug for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Caller::Plain(_) => "Caller::Plain",
+            Caller::TowerHedge(_) => "Caller::TowerHedge",
+            Caller::Layered(..) => "Caller::Layered",
+        })
+    }
+}
+
+/// The hedging policy of `Reserve` for the two stormguard policies: one hedge, and a shed
+/// answer (`UNAVAILABLE`) is non-fatal, so the copy the server sheds does not end a call
+/// whose other copy is still queued.
+pub(crate) fn hedging_policy(delay: HedgeDelay) -> HedgingPolicy {
+    HedgingPolicy {
+        max_attempts: 2,
+        delay,
+        non_fatal_codes: CodeSet::single(Code::Unavailable),
+        ..HedgingPolicy::default()
+    }
+}
+
+impl Caller {
+    /// The caller of `policy` over `channel`.
+    pub(crate) fn new(policy: Policy, channel: Channel, seed: u64) -> Result<Self, BoxError> {
+        let delay = match policy {
+            Policy::None => return Ok(Caller::Plain(InventoryClient::new(channel))),
+            Policy::TowerHedge => {
+                let client = InventoryClient::new(channel);
+                let send = tower::service_fn(move |call: Call| {
+                    let mut client = client.clone();
+                    async move {
+                        client
+                            .reserve(call.request())
+                            .await
+                            .map(tonic::Response::into_inner)
+                    }
+                });
+                let hedge = Hedge::new(
+                    send,
+                    Idempotent,
+                    TOWER_MIN_POINTS,
+                    TOWER_PERCENTILE,
+                    TOWER_PERIOD,
+                );
+                let shared = tower::buffer::Buffer::new(hedge, 1024);
+                return Ok(Caller::TowerHedge(BoxCloneSyncService::new(shared)));
+            }
+            Policy::Hedging => HedgeDelay::Fixed(FIXED_DELAY),
+            Policy::HedgingLearned => HedgeDelay::Learned(LearnedDelay::default()),
+        };
+        let mut config = ClientConfig::standard();
+        config.methods.insert_method_hedging(
+            INVENTORY_SERVICE,
+            RESERVE_METHOD,
+            Some(hedging_policy(delay)),
+        );
+        let layer = RetryLayer::from_config_seeded(&config, seed)?;
+        let stats = layer.stats();
+        let service = ServiceBuilder::new().layer(layer).service(channel);
+        Ok(Caller::Layered(InventoryClient::new(service), stats))
+    }
+
+    /// The layer's counters (the stormguard policies).
+    pub(crate) fn stats(&self) -> Option<&RetryStats> {
+        match self {
+            Caller::Layered(_, stats) => Some(stats),
+            _ => None,
+        }
+    }
+
+    /// One logical `Reserve` call of `phase`, with `deadline`.
+    pub(crate) async fn reserve(self, phase: Phase, deadline: Duration) -> Result<(), BoxError> {
+        let call = Call {
+            message: ReserveRequest {
+                sku: "tail".to_owned(),
+                quantity: 1,
+                ..ReserveRequest::default()
+            },
+            phase,
+            deadline,
+        };
+        match self {
+            Caller::Plain(mut client) => {
+                client.reserve(call.request()).await?;
+            }
+            Caller::Layered(mut client, _) => {
+                client.reserve(call.request()).await?;
+            }
+            Caller::TowerHedge(service) => {
+                service.oneshot(call).await?;
+            }
+        }
+        Ok(())
+    }
+}
