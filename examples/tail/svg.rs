@@ -66,6 +66,7 @@ pub(crate) fn draw(report: &TailReport, path: &str) -> Result<(), Box<dyn Error>
         .x_label_formatter(&x_label)
         .y_label_formatter(&|v| format!("{v:.0}"))
         .disable_x_mesh()
+        .light_line_style(WHITE)
         .draw()?;
     for (k, (label, value)) in latency.into_iter().enumerate() {
         let colour = LATENCY_COLOURS[k];
@@ -80,10 +81,18 @@ pub(crate) fn draw(report: &TailReport, path: &str) -> Result<(), Box<dyn Error>
             }))?
             .label(label)
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], colour.filled()));
+        chart.draw_series(report.policies.iter().enumerate().map(|(i, p)| {
+            let x = i as f64 + offset;
+            Text::new(
+                format!("{:.0}", value(p)),
+                (x - 0.1, value(p).max(low / 2.0) * 1.12),
+                ("sans-serif", 11),
+            )
+        }))?;
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK.mix(0.3))
         .draw()?;
@@ -116,6 +125,7 @@ pub(crate) fn draw(report: &TailReport, path: &str) -> Result<(), Box<dyn Error>
         .x_label_formatter(&x_label)
         .y_label_formatter(&|v| format!("{v:.0}"))
         .disable_x_mesh()
+        .light_line_style(WHITE)
         .draw()?;
     for (k, (label, value)) in load.into_iter().enumerate() {
         let colour = LOAD_COLOURS[k];
@@ -127,10 +137,18 @@ pub(crate) fn draw(report: &TailReport, path: &str) -> Result<(), Box<dyn Error>
             }))?
             .label(label)
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], colour.filled()));
+        chart.draw_series(report.policies.iter().enumerate().map(|(i, p)| {
+            let x = i as f64 + offset;
+            Text::new(
+                format!("{:.1}", value(p)),
+                (x - 0.12, value(p) + top * 0.04),
+                ("sans-serif", 11),
+            )
+        }))?;
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK.mix(0.3))
         .draw()?;

@@ -1,0 +1,130 @@
+//! The `tail` example's quick run, as the example binary.
+//!
+//! It checks the shape of the JSON the example writes (every policy, in order, with the
+//! fields of the JSON contract) and what holds by construction or by a wide margin: a plain
+//! channel sends one attempt per call, and its p99 is a slow attempt (at least 1.5 % of the
+//! attempts take 100 ms, by the server's seeded sequence); stormguard's hedging cuts that
+//! p99 to a fraction and stays within a few percent of extra attempts, and under twice the
+//! capacity it sends fewer extra attempts than tower's `hedge`, which has no budget.
+//!
+//! Not p99.9: the quick run has about 750 calls per policy, so its p99.9 is the slowest
+//! call, and with a dozen slow first attempts a hedge that is slow too (1.5 % each) happens
+//! in one run of six. The default run's p99.9, in release, is in `docs/examples.md`.
+#![allow(clippy::unwrap_used)]
+
+mod examples_support;
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn number(value: &Value, key: &str) -> f64 {
+    value[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} is not a number: {value:#}"))
+}
+
+/// The fields of the JSON contract (docs/examples.md), in every policy.
+const POLICY_FIELDS: [&str; 6] = [
+    "name",
+    "p50_ms",
+    "p99_ms",
+    "p999_ms",
+    "extra_attempts_per_call",
+    "overload",
+];
+const OVERLOAD_FIELDS: [&str; 2] = ["extra_attempts_per_call", "goodput"];
+const POLICIES: [&str; 4] = ["none", "tower-hedge", "hedging", "hedging-learned"];
+
+#[test]
+fn quick_tail_reports_every_policy_and_hedging_cuts_the_tail_within_its_budget() {
+    let tail = examples_support::build_examples(&["tail"])
+        .join(format!("tail{}", std::env::consts::EXE_SUFFIX));
+    let dir = std::env::temp_dir().join(format!("stormguard-tail-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (json_path, svg_path) = (dir.join("tail.json"), dir.join("tail.svg"));
+    let out = Command::new(&tail)
+        .args(["--quick", "--seed", "3", "--json"])
+        .arg(&json_path)
+        .arg("--svg")
+        .arg(&svg_path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "tail --quick: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{stdout}");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    assert!(svg.contains("<svg"), "not an SVG: {svg:.200}");
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let policies = report["policies"].as_array().unwrap();
+    let names: Vec<&str> = policies
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, POLICIES);
+    let by_name = |name: &str| policies.iter().find(|p| p["name"] == name).unwrap();
+    for p in policies {
+        let at = p["name"].as_str().unwrap();
+        let fields: Vec<&str> = p.as_object().unwrap().keys().map(String::as_str).collect();
+        for field in POLICY_FIELDS {
+            assert!(fields.contains(&field), "{at}: no {field} in {fields:?}");
+        }
+        for field in OVERLOAD_FIELDS {
+            number(&p["overload"], field);
+        }
+        // A call takes at least its 10 ms of service; percentiles are in order.
+        let (p50, p99, p999) = (
+            number(p, "p50_ms"),
+            number(p, "p99_ms"),
+            number(p, "p999_ms"),
+        );
+        assert!(10.0 <= p50 && p50 <= p99 && p99 <= p999, "{at}: {p:#}");
+        // Well under capacity every call succeeds.
+        assert!(number(p, "success") >= 0.99, "{at}: {p:#}");
+        assert!(number(p, "extra_attempts_per_call") >= 0.0, "{at}: {p:#}");
+        let goodput = number(&p["overload"], "goodput");
+        assert!((0.0..=1.5).contains(&goodput), "{at}: {p:#}");
+    }
+
+    // By construction: one attempt per call, a slow 1.5 % of them, so p99 is a slow one.
+    let none = by_name("none");
+    assert_eq!(number(none, "extra_attempts_per_call"), 0.0, "{none:#}");
+    assert!(
+        number(&none["overload"], "extra_attempts_per_call") <= 0.0,
+        "{none:#}"
+    );
+    let slow_share = number(none, "slow_attempts") / number(none, "attempts");
+    assert!((0.005..=0.03).contains(&slow_share), "{none:#}");
+    assert!(number(none, "p99_ms") >= 95.0, "{none:#}");
+    // The server sheds what it cannot run, so twice its capacity keeps it busy.
+    assert!(number(&none["overload"], "goodput") >= 0.5, "{none:#}");
+
+    // Hedging: the slow attempts are hedged after 15 ms (or the learned delay), so the
+    // p99 is a hedge's answer, within a few percent of extra attempts; under overload the
+    // budget holds the hedges to far fewer than tower's, which hedges whatever the load.
+    let tower = by_name("tower-hedge");
+    for name in ["hedging", "hedging-learned"] {
+        let p = by_name(name);
+        assert!(
+            number(p, "p99_ms") < 0.5 * number(none, "p99_ms"),
+            "{name}: {p:#}\nnone: {none:#}"
+        );
+        assert!(
+            number(p, "extra_attempts_per_call") <= 0.08,
+            "{name}: {p:#}"
+        );
+        let overload = number(&p["overload"], "extra_attempts_per_call");
+        assert!(overload <= 0.15, "{name}: {p:#}");
+        assert!(
+            overload < number(&tower["overload"], "extra_attempts_per_call"),
+            "{name}: {p:#}\ntower-hedge: {tower:#}"
+        );
+    }
+}
