@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use stormguard_client::{Retry, RetryLayer, RetryStats};
-use stormguard_core::code::{Code, CodeSet};
 use stormguard_core::config::ClientConfig;
 use stormguard_core::hedge::{HedgeDelay, HedgingPolicy, LearnedDelay};
 use stormguard_demo::storm::{INVENTORY_SERVICE, RESERVE_METHOD};
@@ -134,14 +133,13 @@ impl std::fmt::Debug for Caller {
     }
 }
 
-/// The hedging policy of `Reserve` for the two stormguard policies: one hedge, and a shed
-/// answer (`UNAVAILABLE`) is non-fatal, so the copy the server sheds does not end a call
-/// whose other copy is still queued.
+/// The hedging policy of `Reserve` for the two stormguard policies: one hedge, A6's other
+/// defaults (no non-fatal codes: any answer ends the call, except a hedge a stormguard
+/// server shed, which never ran and so does not fail the copy still running).
 pub(crate) fn hedging_policy(delay: HedgeDelay) -> HedgingPolicy {
     HedgingPolicy {
         max_attempts: 2,
         delay,
-        non_fatal_codes: CodeSet::single(Code::Unavailable),
         ..HedgingPolicy::default()
     }
 }

@@ -49,9 +49,11 @@ pub(crate) struct PolicyReport {
     pub(crate) slow_attempts: u64,
     /// The worst call that succeeded at the normal load, in ms.
     pub(crate) max_ms: f64,
-    /// stormguard's layer, over the whole run: hedges sent, and hedges the budget refused.
-    pub(crate) hedges_sent: Option<u64>,
-    pub(crate) budget_refusals: Option<u64>,
+    /// stormguard's layer, over the whole run (warm-up and overload included): hedges
+    /// sent, hedges that answered their call, and hedges due but refused by the budget.
+    pub(crate) hedges: Option<u64>,
+    pub(crate) hedges_won: Option<u64>,
+    pub(crate) hedges_refused_budget: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -136,8 +138,9 @@ pub(crate) fn summarize(
         attempts: data.normal.received,
         slow_attempts: data.normal.slow,
         max_ms: quantile_ms(&normal, 1.0),
-        hedges_sent: data.hedges_sent,
-        budget_refusals: data.budget_refusals,
+        hedges: data.hedges,
+        hedges_won: data.hedges_won,
+        hedges_refused_budget: data.hedges_refused_budget,
     }
 }
 

@@ -83,9 +83,11 @@ pub(crate) struct PhaseData {
 pub(crate) struct RunData {
     pub(crate) normal: PhaseData,
     pub(crate) overload: PhaseData,
-    /// stormguard's layer: hedges (its retries) sent, and the ones the budget refused.
-    pub(crate) hedges_sent: Option<u64>,
-    pub(crate) budget_refusals: Option<u64>,
+    /// stormguard's layer, over the whole run: hedges sent, hedges that answered their
+    /// call, and hedges that were due and not sent because the budget was spent.
+    pub(crate) hedges: Option<u64>,
+    pub(crate) hedges_won: Option<u64>,
+    pub(crate) hedges_refused_budget: Option<u64>,
 }
 
 /// The server's capacity in calls per second, slow attempts included: `2 × WORKERS`
@@ -193,7 +195,8 @@ pub(crate) async fn run(
     Ok(RunData {
         normal: phase_data(Phase::Normal),
         overload: phase_data(Phase::Overload),
-        hedges_sent: stats.map(|s| s.retries),
-        budget_refusals: stats.map(|s| s.refused.budget),
+        hedges: stats.map(|s| s.hedges),
+        hedges_won: stats.map(|s| s.hedges_won),
+        hedges_refused_budget: stats.map(|s| s.hedges_refused.budget),
     })
 }
