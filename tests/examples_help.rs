@@ -131,6 +131,11 @@ const EXAMPLES: &[Example] = &[
         ],
         bad_value: &["--policies", "naive,patient"],
     },
+    Example {
+        name: "tail",
+        flags: &["--quick", "--json", "--svg", "--policies", "--seed"],
+        bad_value: &["--policies", "none,fast"],
+    },
 ];
 
 fn run(dir: &Path, name: &str, args: &[&str]) -> Output {
