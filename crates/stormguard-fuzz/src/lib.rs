@@ -11,8 +11,13 @@
 //! cargo run --release -p stormguard-fuzz -- --inputs 1000000 [--seed N] [--target NAME]
 //! ```
 //!
-//! prints, per target, how many inputs ran, how many were accepted and refused, how many
-//! distinct answers were seen and the slowest input. The same seed runs the same inputs, so
+//! Two targets drive hedging rather than a parser: `hedge` runs a config's hedged methods
+//! through a script of events read from the input ([`hedged`]), the way the client's
+//! hedged future drives them, and `hedge-delay` feeds the learned hedge delay hostile
+//! latencies; every accepted config of the config targets runs its hedged methods too.
+//!
+//! The driver prints, per target, how many inputs ran, how many were accepted and refused,
+//! how many distinct answers were seen and the slowest input. The same seed runs the same inputs, so
 //! a crash report (target, seed, input number and the input itself) reproduces. The crate's
 //! tests run every target on a fixed seed, and property tests check the same contracts on
 //! generated inputs.
@@ -25,4 +30,5 @@
 //! ```
 
 pub mod driver;
+pub mod hedged;
 pub mod targets;

@@ -21,6 +21,8 @@ use stormguard_core::wire::{
 };
 use tokio::time::Instant;
 
+use crate::hedged;
+
 /// What a target made of one input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Outcome {
@@ -138,6 +140,25 @@ pub const TARGETS: &[Target] = &[
         run: criticality_json,
         seeds: &[TABLE, r#"{"criticality":{"default":"sheddable"}}"#, "{}"],
         dictionary: JSON_TOKENS,
+    },
+    Target {
+        name: "hedge",
+        run: hedge,
+        seeds: HEDGE_SEEDS,
+        dictionary: HEDGE_TOKENS,
+    },
+    Target {
+        name: "hedge-delay",
+        run: hedge_delay,
+        seeds: &[
+            "\x00\x73\x06\x07\x00\x10\x00\x00\x00\x00\x06\x40\x06\x40\x02\x01\x03\x10\x27",
+            "\x7f\x7f\x00\x02\x01\x03\x00\x02\x00\x01\x07\x01\x00\x02\x01\x05",
+            "\x01\x00\x01\x02\x05\x02\x01",
+            "",
+        ],
+        dictionary: &[
+            "\x00", "\x02", "\x01\x02", "\x02\x02", "\x70\x02", "\x70\x00", "\u{ffff}",
+        ],
     },
     Target {
         name: "admission-json",
@@ -423,6 +444,80 @@ const TOML_TOKENS: &[&str] = &[
     "percentile",
 ];
 
+/// A config (either JSON shape), a NUL, then a script of events on its hedged calls (see
+/// [`hedged`]).
+const HEDGE_SEEDS: &[&str] = &[
+    "{\"methods\":{\"/pkg.Svc/Get\":{\"hedging\":{\"max_attempts\":3,\"delay\":\"10ms\",\"non_fatal_codes\":[\"UNAVAILABLE\"]}}}}\x00d100>@14;>@14/5;+5@0;c>>@14/-1;@14;cd12>cd30+1X",
+    "{\"methods\":{\"/pkg.Search/\":{\"hedging\":{\"max_attempts\":5,\"delay\":\"learned\",\"percentile\":0.5,\"floor\":\"1ms\",\"ceiling\":\"50ms\",\"min_samples\":2,\"window\":\"1s\"}}}}\x00+3@0;c+9@0;c+4@0;c>>>@^0;c+20000>",
+    "{\"retry\":{\"budget\":{\"ttl\":\"1s\",\"min_retries_per_second\":1,\"retry_ratio\":0.01}},\"methods\":{\"/pkg.Svc/Get\":{\"hedging\":{\"max_attempts\":5,\"delay\":\"0s\",\"non_fatal_codes\":[\"UNAVAILABLE\",\"INTERNAL\"]}}}}\x00@14;@13;c@14;c@14;c@14;",
+    "{\"methodConfig\":[{\"name\":[{}],\"hedgingPolicy\":{\"maxAttempts\":4,\"hedgingDelay\":\"0.01s\",\"nonFatalStatusCodes\":[\"UNAVAILABLE\"]}}],\"retryThrottling\":{\"maxTokens\":4,\"tokenRatio\":0.5}}\x00>@14;>@14;>@14;c>@x8;T>Xc~>!@14;",
+    "{\"breaker\":{},\"methods\":{\"/stormguard.demo.v1.Inventory/Reserve\":{\"hedging\":{\"max_attempts\":3,\"delay\":\"1ms\",\"non_fatal_codes\":[\"UNAVAILABLE\"]}}}}\x00k1;d20+1@u14;+1@14/2147483648;Xck0;>@14;",
+    "{}\x00>>",
+];
+
+const HEDGE_TOKENS: &[&str] = &[
+    "\x00",
+    "c",
+    "d",
+    "d0",
+    "d5",
+    "k",
+    "k0;",
+    "k1;",
+    "k-1;",
+    "k1001;",
+    "+",
+    "+1",
+    "+10",
+    "+1000",
+    "+18446744073709551615",
+    ">",
+    ">>>>",
+    "X",
+    "!",
+    "~",
+    "@",
+    "@^",
+    "@u",
+    "@x",
+    "@0;",
+    "@14;",
+    "@13;",
+    "@4;",
+    "@8;",
+    "@99;",
+    "@-1;",
+    "@ 14 ;",
+    "/",
+    "/0",
+    "/-1",
+    "/120",
+    "/5,5",
+    "/2147483647",
+    "/2147483648",
+    "/18446744073709551616",
+    ";",
+    "T",
+    "Tu",
+    "\"max_attempts\":",
+    "\"maxAttempts\":",
+    "\"delay\":\"0s\"",
+    "\"delay\":\"learned\"",
+    "\"hedgingDelay\":\"0s\"",
+    "\"min_samples\":",
+    "\"min_attempt_time\":",
+    "\"max_pushback\":",
+    "\"retryThrottling\":",
+    "\"budget\":",
+    "\"breaker\":{}",
+    "\"UNAVAILABLE\"",
+    "0",
+    "1",
+    "5",
+    "6",
+    "4294967296",
+];
+
 const ADMISSION_JSON_SEEDS: &[&str] = &[
     r#"{ "admission": { "workers": 6, "queue_capacity": 24,
          "retry_threshold": { "depth": 3, "queue_delay": "15ms" },
@@ -622,6 +717,52 @@ fn config(input: &[u8], parse: fn(&str) -> Result<ClientConfig, ConfigError>) ->
     }
 }
 
+/// A config (JSON, either shape) and, after a NUL, a script of events: the config's hedged
+/// methods are driven through it as the client drives a hedged call (see [`hedged`]), and
+/// every hedging invariant is checked after every decision.
+pub fn hedge(input: &[u8]) -> Outcome {
+    let (config, script) = match input.iter().position(|b| *b == 0) {
+        Some(i) => (&input[..i], &input[i + 1..]),
+        None => (input, &input[input.len()..]),
+    };
+    let text = String::from_utf8_lossy(config);
+    match ClientConfig::from_text(&text, Format::Json) {
+        Ok(config) => {
+            assert_eq!(config.validate(), Ok(()), "accepted but invalid: {text}");
+            let controller = match RetryController::from_config(&config, 7) {
+                Ok(c) => c,
+                Err(e) => panic!("accepted config does not build ({e}): {text}"),
+            };
+            let mut clock = Instant::now();
+            let summary =
+                hedged::drive_script(&controller, &config.budget, script, &mut clock, &text);
+            // How the calls went, not how many there were: the driver keeps new ways.
+            Outcome::accepted((
+                summary.ends,
+                summary.refusals,
+                summary.most_copies,
+                summary.calls.min(2),
+            ))
+        }
+        Err(e) => {
+            assert!(!e.to_string().is_empty(), "empty error for {text}");
+            Outcome::rejected(error_kind(&e))
+        }
+    }
+}
+
+/// The learned hedge delay: an estimator config and a stream of hostile latencies (zero,
+/// `Duration::MAX`, counts up to 2^14 at once) and clock moves, back as well as forward,
+/// read from the input. A valid config's delay is never read before `min_samples` samples
+/// and always lies in `[floor, ceiling]`; a config the policy's validation refuses is not
+/// built.
+pub fn hedge_delay(input: &[u8]) -> Outcome {
+    match hedged::learned_delay(input) {
+        (true, seen) => Outcome::accepted(seen),
+        (false, _) => Outcome::rejected(0),
+    }
+}
+
 /// The server's admission config (stormguard's JSON, `{"admission": {...}}`): an accepted
 /// one builds a policy whose decisions and pushbacks stay in range at any queue depth.
 pub fn admission_json(input: &[u8]) -> Outcome {
@@ -785,6 +926,8 @@ fn drive(config: &ClientConfig, text: &str) {
         Err(e) => panic!("accepted config does not build ({e}): {text}"),
     };
     let now = Instant::now();
+    // The latest time any call reached: the hedged calls start from it.
+    let mut latest = now;
     let deadlines = [None, Some(now + Duration::from_secs(1))];
     let pushbacks = [
         None,
@@ -825,7 +968,12 @@ fn drive(config: &ClientConfig, text: &str) {
                     }
                 }
                 call.on_success_at(t);
+                latest = latest.max(t);
             }
         }
+    }
+    // Hedged methods are sent more than once by another path: through the hedges.
+    for script in hedged::SCRIPTS {
+        hedged::drive_script(&controller, &config.budget, script, &mut latest, text);
     }
 }

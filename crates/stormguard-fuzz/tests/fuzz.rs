@@ -1,5 +1,6 @@
 //! Every fuzz target on fixed seeds: no panic, no hang, every answer as documented, and the
 //! driver reached both sides of each parser (accepted and refused inputs).
+#![allow(clippy::unwrap_used)]
 
 use stormguard_fuzz::driver;
 use stormguard_fuzz::targets::TARGETS;
@@ -31,4 +32,94 @@ fn the_same_seed_runs_the_same_inputs() {
         let b = driver::run(target, 9, 2_000).map(|r| (r.accepted, r.features));
         assert_eq!(a, b, "{}", target.name);
     }
+}
+
+/// The hedge target's seeds reach each way a hedge is refused and each way a call ends,
+/// with both kinds of budget granting hedges: the invariants are checked on real grants.
+#[test]
+fn the_hedge_seeds_reach_every_refusal_and_both_budgets() {
+    use stormguard_core::config::{BudgetChoice, ClientConfig, Format};
+    use stormguard_core::retry::{Refusal, RetryController};
+    use stormguard_fuzz::{hedged, targets};
+
+    let mut refusals = std::collections::BTreeSet::new();
+    let mut ends = std::collections::BTreeSet::new();
+    let (mut stormguard, mut a6) = (0, 0);
+    for seed in targets::target("hedge").unwrap().seeds {
+        let (text, script) = seed.split_once('\0').unwrap();
+        let config = ClientConfig::from_text(text, Format::Json).unwrap();
+        let controller = RetryController::from_config(&config, 7).unwrap();
+        let mut clock = tokio::time::Instant::now();
+        let summary = hedged::drive_script(
+            &controller,
+            &config.budget,
+            script.as_bytes(),
+            &mut clock,
+            text,
+        );
+        match config.budget {
+            BudgetChoice::Stormguard(_) => stormguard += summary.granted,
+            BudgetChoice::A6(_) => a6 += summary.granted,
+        }
+        refusals.extend(summary.refusals);
+        ends.extend(summary.ends);
+    }
+    assert!(stormguard > 0 && a6 > 0, "{stormguard} {a6}");
+    for why in [
+        Refusal::Budget,
+        Refusal::Pushback,
+        Refusal::Allowance,
+        Refusal::Deadline,
+    ] {
+        assert!(refusals.contains(&why), "{why}: {refusals:?}");
+    }
+    for end in ["won", "expired", "dropped", "gave up: budget"] {
+        assert!(ends.contains(end), "{end}: {ends:?}");
+    }
+}
+
+/// The learned delay's absurd inputs: zero and `Duration::MAX` latencies, a window of
+/// `Duration::MAX`, `min_samples` of `u32::MAX`, a clock that goes back.
+#[test]
+fn the_learned_delay_takes_absurd_latencies() {
+    use std::time::Duration;
+    use stormguard_core::hedge::{DelayEstimator, LearnedDelay};
+
+    let now = tokio::time::Instant::now();
+    let bounded = LearnedDelay {
+        floor: Duration::from_millis(2),
+        ceiling: Duration::from_millis(20),
+        min_samples: 1,
+        window: Duration::MAX,
+        ..LearnedDelay::default()
+    };
+    for elapsed in [Duration::ZERO, Duration::MAX, Duration::from_nanos(1)] {
+        let e = DelayEstimator::new(bounded.clone());
+        for _ in 0..10_000 {
+            e.record_at(elapsed, now);
+        }
+        let d = e.delay_at(now).unwrap();
+        assert!(
+            d >= bounded.floor && d <= bounded.ceiling,
+            "{elapsed:?}: {d:?}"
+        );
+        // Read back in time and far ahead: still in range, or no delay at all.
+        let far = now
+            .checked_add(Duration::from_secs(u64::MAX / 4))
+            .unwrap_or(now);
+        for t in [now.checked_sub(Duration::from_secs(1)).unwrap_or(now), far] {
+            assert!(
+                e.delay_at(t)
+                    .is_none_or(|d| d >= bounded.floor && d <= bounded.ceiling)
+            );
+        }
+    }
+    let never = DelayEstimator::new(LearnedDelay {
+        min_samples: u32::MAX,
+        ..bounded
+    });
+    for _ in 0..10_000 {
+        never.record_at(Duration::MAX, now);
+    }
+    assert_eq!(never.delay_at(now), None);
 }
