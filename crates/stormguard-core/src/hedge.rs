@@ -321,7 +321,9 @@ impl DelayEstimator {
             }
         }
         let upper = Duration::from_secs_f64(bucket_upper_micros(at) / 1e6);
-        w.estimate = Some(upper.clamp(self.config.floor, self.config.ceiling));
+        // Not `clamp`: it panics when floor > ceiling, which `HedgingPolicy::validate`
+        // refuses but a config built by hand may still hold (the ceiling wins).
+        w.estimate = Some(upper.max(self.config.floor).min(self.config.ceiling));
     }
 }
 
