@@ -128,6 +128,7 @@ mod tests {
         ClientPolicy {
             name: "test".into(),
             retry,
+            hedging: None,
             budget,
             breaker: None,
             layer_per_attempt_timeout: None,

@@ -8,7 +8,10 @@
 //! simulator decides nothing about retries itself: this module only sends the attempts
 //! those objects ask for, runs their timers, and passes the answers back. (A simulated
 //! answer is a status with no streamed body, so no call commits: `on_commit_at` has no
-//! moment here.)
+//! moment here.) A method with a hedging policy is driven as the layer drives a hedged
+//! call ([`HedgedCall`]): its copies are attempts of their own at the servers, each
+//! cancelled (its stream reset, which frees what it held at a shedding server) when
+//! another wins or the deadline passes.
 
 use std::sync::Arc;
 
@@ -23,14 +26,27 @@ use stormguard_core::throttle::A6Throttle;
 
 use crate::SimError;
 use crate::client::{End, SimCall, Step};
+use crate::hedged::{Action, HedgedCall};
 use crate::event::{Agenda, Event, Job, Outcome};
 use crate::scenario::{BudgetKind, ClientPolicy, PATH, Scenario, ServerKind, mix, nanos};
 use crate::stats::{Bin, RunStats, ShardStats};
 
+/// The simulated client layer's state of a call: retried, or hedged.
+pub(crate) enum Driver {
+    Retried(SimCall),
+    Hedged(HedgedCall),
+}
+
+/// What a call does first, as its driver decided when it began.
+enum First {
+    Step(Step),
+    Actions,
+}
+
 /// One logical call in flight: the fleet's, or one a middle tier makes for an attempt.
 pub(crate) struct Call {
     /// The simulated client layer's state of the call.
-    pub(crate) sim: SimCall,
+    pub(crate) sim: Driver,
     /// 0 for the fleet's calls, k for calls made by tier k - 1.
     pub(crate) level: u8,
     /// The attempt this call serves, for calls made by a middle tier.
@@ -38,8 +54,11 @@ pub(crate) struct Call {
     pub(crate) shard: u32,
     pub(crate) arrived: u64,
     pub(crate) deadline: Option<u64>,
-    /// Id of the current attempt (or of the pending retry).
+    /// Id of the current attempt (or of the pending retry); for a hedged call, of its
+    /// armed timer (0: none).
     pub(crate) id: u64,
+    /// A hedged call's copies in flight: their number in the call and attempt id.
+    pub(crate) copies: Vec<(u32, u64)>,
     pub(crate) in_flight: bool,
     pub(crate) attempts: u64,
     pub(crate) measured: bool,
@@ -63,6 +82,8 @@ pub(crate) struct Fleet<'a> {
     measure_from: u64,
     bin: u64,
     fleet_rate: f64,
+    /// The buffer a hedged call's actions go through (kept for its capacity).
+    actions: Vec<Action>,
 }
 
 fn build_controller(
@@ -70,10 +91,13 @@ fn build_controller(
     seed: u64,
     stream: u64,
 ) -> Result<RetryController, SimError> {
-    let methods = match &policy.retry {
+    let mut methods = match &policy.retry {
         Some(p) => MethodTable::uniform(p.clone()),
         None => MethodTable::none(),
     };
+    if let Some(h) = &policy.hedging {
+        methods.set_default_hedging(Some(h.clone()));
+    }
     let budget: Arc<dyn Budget> = match &policy.budget {
         BudgetKind::Unlimited => Arc::new(Unlimited),
         BudgetKind::Throttle(c) => Arc::new(A6Throttle::new(c.clone())?),
@@ -145,6 +169,7 @@ impl<'a> Fleet<'a> {
             measure_from: nanos(sc.measure_from),
             bin,
             fleet_rate: sc.rate_per_client * sc.clients as f64,
+            actions: Vec::new(),
         })
     }
 
@@ -199,7 +224,7 @@ impl<'a> Fleet<'a> {
             per_attempt: self.sc.policy.layer_per_attempt_timeout,
             ..CallTimes::default()
         };
-        let begun = SimCall::begin_at(&self.controllers[index], PATH, &times, now);
+        let begun = self.begin(None, index, &times, now);
         let (sim, first) = match begun {
             Ok(begun) => begun,
             Err(_) => {
@@ -216,13 +241,36 @@ impl<'a> Fleet<'a> {
         self.start_call(agenda, sim, first, 0, None, shard, deadline, measured);
     }
 
+    /// Begins a call through the client `index` of the fleet (`relay: None`) or of middle
+    /// tier `relay`: hedged when the scenario's method has a hedging policy (its first
+    /// actions wait in the buffer), else retried.
+    fn begin(
+        &mut self,
+        relay: Option<usize>,
+        index: usize,
+        times: &CallTimes,
+        now: stormguard_core::Instant,
+    ) -> Result<(Driver, First), Refusal> {
+        let controller = match relay {
+            None => &self.controllers[index],
+            Some(level) => &self.relays[level][index],
+        };
+        if self.sc.policy.hedging.is_some() {
+            self.actions.clear();
+            let call = HedgedCall::begin_at(controller, PATH, times, now, &mut self.actions)?;
+            return Ok((Driver::Hedged(call), First::Actions));
+        }
+        let (call, step) = SimCall::begin_at(controller, PATH, times, now)?;
+        Ok((Driver::Retried(call), First::Step(step)))
+    }
+
     /// Starts a call at `level` (see [`Call`]) arriving now, and takes its first step.
     #[allow(clippy::too_many_arguments)]
     fn start_call(
         &mut self,
         agenda: &mut Agenda,
-        sim: SimCall,
-        first: Step,
+        sim: Driver,
+        first: First,
         level: u8,
         parent: Option<(u32, u64)>,
         shard: usize,
@@ -237,6 +285,7 @@ impl<'a> Fleet<'a> {
             arrived: agenda.now(),
             deadline,
             id: 0,
+            copies: Vec::new(),
             in_flight: false,
             attempts: 0,
             measured,
@@ -251,7 +300,78 @@ impl<'a> Fleet<'a> {
                 (self.calls.len() - 1) as u32
             }
         };
-        self.take_step(agenda, slot, first);
+        match first {
+            First::Step(step) => self.take_step(agenda, slot, step),
+            First::Actions => self.carry_out(agenda, slot),
+        }
+    }
+
+    /// Carries out the actions of the hedged call in `slot` waiting in the buffer.
+    fn carry_out(&mut self, agenda: &mut Agenda, slot: u32) {
+        let mut actions = std::mem::take(&mut self.actions);
+        for action in actions.drain(..) {
+            match action {
+                Action::Send { copy, plan } => {
+                    self.next_id += 1;
+                    let id = self.next_id;
+                    if let Some(call) = self.calls[slot as usize].as_mut() {
+                        call.copies.push((copy, id));
+                    }
+                    self.send(agenda, slot, id, plan, copy > 0);
+                }
+                Action::Cancel { copy } => {
+                    let Some(call) = self.calls[slot as usize].as_mut() else {
+                        continue;
+                    };
+                    let Some(i) = call.copies.iter().position(|(c, _)| *c == copy) else {
+                        continue;
+                    };
+                    let (_, id) = call.copies.swap_remove(i);
+                    self.reset(agenda, slot, id);
+                }
+                Action::Arm(at) => {
+                    self.next_id += 1;
+                    let id = self.next_id;
+                    let Some(call) = self.calls[slot as usize].as_mut() else {
+                        continue;
+                    };
+                    // A new id makes the timer armed before it stale.
+                    call.id = at.map_or(0, |_| id);
+                    if let Some(at) = at {
+                        agenda.schedule(agenda.time_of(at), Event::Timeout { slot, id });
+                    }
+                }
+                Action::End(end) => {
+                    let won_by_hedge = self.calls[slot as usize].as_ref().is_some_and(|c| {
+                        c.measured
+                            && c.level == 0
+                            && matches!(&c.sim, Driver::Hedged(h) if h.won_by().is_some_and(|n| n > 0))
+                    });
+                    if won_by_hedge {
+                        self.stats.hedges_won += 1;
+                    }
+                    self.finish(agenda, slot, end);
+                }
+            }
+        }
+        self.actions = actions;
+    }
+
+    /// The client reset attempt `id` of `slot`: a queueing server at the bottom hears of
+    /// it one network delay later (and frees what the attempt held there).
+    fn reset(&mut self, agenda: &mut Agenda, slot: u32, id: u64) {
+        if let Some(call) = self.calls[slot as usize].as_ref()
+            && self.sc.tiers.len() == call.level as usize
+            && matches!(
+                self.sc.shards[call.shard as usize].server,
+                ServerKind::Queue(_)
+            )
+        {
+            let shard = call.shard;
+            let at = agenda.now().saturating_add(nanos(self.sc.network));
+            let job = Job { slot, id };
+            agenda.schedule(at, Event::ServerCancel { shard, job });
+        }
     }
 
     /// Carries out what the simulated client layer decided for the call in `slot`.
@@ -275,14 +395,29 @@ impl<'a> Fleet<'a> {
     fn send_attempt(&mut self, agenda: &mut Agenda, slot: u32, plan: AttemptPlan) {
         self.next_id += 1;
         let id = self.next_id;
-        let now = agenda.now();
         let Some(call) = self.calls[slot as usize].as_mut() else {
             return;
         };
         call.id = id;
         call.in_flight = true;
+        if let Some(at) = plan.fire_at {
+            agenda.schedule(agenda.time_of(at), Event::Timeout { slot, id });
+        }
+        self.send(agenda, slot, id, plan, false);
+    }
+
+    /// Sends attempt `id` of `slot` to the next tier or to its shard, with the plan's
+    /// deadline (`hedge`: a copy of a hedged call after its first). The client's timer is
+    /// the caller's to arm.
+    fn send(&mut self, agenda: &mut Agenda, slot: u32, id: u64, plan: AttemptPlan, hedge: bool) {
+        let now = agenda.now();
+        let Some(call) = self.calls[slot as usize].as_mut() else {
+            return;
+        };
         call.attempts += 1;
-        let retry = call.sim.retry().previous_attempts() > 0;
+        // A hedge carries `grpc-previous-rpc-attempts`: a server classes it as a retry.
+        let again = plan.previous_attempts > 0;
+        let retry = again && !hedge;
         let shard_index = call.shard;
         let measured = call.measured;
         let level = call.level;
@@ -293,22 +428,17 @@ impl<'a> Fleet<'a> {
         if level == 0 {
             if let Some(bin) = self.bin_of(now) {
                 bin.attempts += 1;
-                if retry {
-                    bin.retries += 1;
-                }
+                bin.retries += u64::from(retry);
+                bin.hedges += u64::from(hedge);
             }
             if measured {
                 self.stats.attempts += 1;
                 if let Some(stats) = self.stats.shards.get_mut(shard_index as usize) {
                     stats.attempts += 1;
                 }
-                if retry {
-                    self.stats.retries += 1;
-                }
+                self.stats.retries += u64::from(retry);
+                self.stats.hedges += u64::from(hedge);
             }
-        }
-        if let Some(at) = timer {
-            agenda.schedule(at, Event::Timeout { slot, id });
         }
         if let Some(tier) = self.sc.tiers.get(level as usize) {
             let at = now.saturating_add(nanos(tier.latency) / 2);
@@ -353,7 +483,7 @@ impl<'a> Fleet<'a> {
                         Event::ServerArrive {
                             shard: shard_index,
                             job: Job { slot, id },
-                            retry,
+                            retry: again,
                             deadline: timer,
                         },
                     );
@@ -371,6 +501,20 @@ impl<'a> Fleet<'a> {
     }
 
     pub(crate) fn response(&mut self, agenda: &mut Agenda, slot: u32, id: u64, outcome: Outcome) {
+        let failure = match outcome {
+            Outcome::Ok => None,
+            Outcome::Failed(failure) => Some(failure),
+        };
+        if self.hedged(slot, agenda, |call, now, out| {
+            if let Some(&(copy, _)) = call.copies.iter().find(|(_, i)| *i == id)
+                && let Driver::Hedged(h) = &mut call.sim
+            {
+                call.copies.retain(|(_, i)| *i != id);
+                h.answered_at(copy, failure, now, out);
+            }
+        }) {
+            return;
+        }
         if !self.live(slot, id) {
             return; // the caller gave up on this attempt already
         }
@@ -384,24 +528,44 @@ impl<'a> Fleet<'a> {
         }
     }
 
+    /// Runs `f` on the call in `slot` if it is hedged, then carries out its actions;
+    /// whether it was hedged.
+    fn hedged(
+        &mut self,
+        slot: u32,
+        agenda: &mut Agenda,
+        f: impl FnOnce(&mut Call, stormguard_core::Instant, &mut Vec<Action>),
+    ) -> bool {
+        let now = agenda.instant();
+        let Some(call) = self.calls.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return false;
+        };
+        if !matches!(call.sim, Driver::Hedged(_)) {
+            return false;
+        }
+        self.actions.clear();
+        f(call, now, &mut self.actions);
+        self.carry_out(agenda, slot);
+        true
+    }
+
     pub(crate) fn timeout(&mut self, agenda: &mut Agenda, slot: u32, id: u64) {
+        if self.hedged(slot, agenda, |call, now, out| {
+            if call.id == id
+                && let Driver::Hedged(h) = &mut call.sim
+            {
+                call.id = 0;
+                h.timer_at(now, out);
+            }
+        }) {
+            return;
+        }
         if !self.live(slot, id) {
             return;
         }
         // The client resets the attempt's stream; a queueing server hears of it one
         // network delay later (and frees what the attempt held there).
-        if let Some(call) = self.calls[slot as usize].as_ref()
-            && self.sc.tiers.len() == call.level as usize
-            && matches!(
-                self.sc.shards[call.shard as usize].server,
-                ServerKind::Queue(_)
-            )
-        {
-            let shard = call.shard;
-            let at = agenda.now().saturating_add(nanos(self.sc.network));
-            let job = Job { slot, id };
-            agenda.schedule(at, Event::ServerCancel { shard, job });
-        }
+        self.reset(agenda, slot, id);
         let now = agenda.instant();
         let Some(call) = self.calls[slot as usize].as_mut() else {
             return;
@@ -409,7 +573,10 @@ impl<'a> Fleet<'a> {
         // The layer's timer fired: the caller's deadline or the attempt's own timeout,
         // which the call's retry state tells apart.
         call.in_flight = false;
-        let step = call.sim.timer_at(now);
+        let Driver::Retried(sim) = &mut call.sim else {
+            return;
+        };
+        let step = sim.timer_at(now);
         self.take_step(agenda, slot, step);
     }
 
@@ -420,7 +587,10 @@ impl<'a> Fleet<'a> {
             return;
         };
         call.in_flight = false;
-        let step = call.sim.answered_at(failure, now);
+        let Driver::Retried(sim) = &mut call.sim else {
+            return;
+        };
+        let step = sim.answered_at(failure, now);
         self.take_step(agenda, slot, step);
     }
 
@@ -432,7 +602,10 @@ impl<'a> Fleet<'a> {
         if call.id != id || call.in_flight {
             return;
         }
-        let step = call.sim.retry_due(now);
+        let Driver::Retried(sim) = &mut call.sim else {
+            return;
+        };
+        let step = sim.retry_due(now);
         self.take_step(agenda, slot, step);
     }
 
@@ -539,7 +712,7 @@ impl<'a> Fleet<'a> {
             per_attempt: self.sc.policy.layer_per_attempt_timeout,
             ..CallTimes::default()
         };
-        let begun = SimCall::begin_at(&self.relays[level as usize][process], PATH, &times, now);
+        let begun = self.begin(Some(level as usize), process, &times, now);
         match begun {
             Ok((sim, first)) => self.start_call(
                 agenda,

@@ -82,6 +82,7 @@ mod client;
 mod event;
 mod event_loop;
 mod fleet;
+mod hedged;
 mod scenario;
 mod server;
 mod stats;
@@ -90,6 +91,7 @@ mod tables;
 pub use client::{End, SimCall, Step};
 pub use event::Job;
 pub use event_loop::run;
+pub use hedged::{Action, HedgedCall};
 pub use scenario::{
     BudgetKind, ClientPolicy, PATH, QueueServer, Scenario, ServerKind, Shard, Tier, Window,
 };

@@ -6,6 +6,7 @@ use std::time::Duration;
 use stormguard_core::admission::AdmissionConfig;
 use stormguard_core::breaker::BreakerConfig;
 use stormguard_core::budget::BudgetConfig;
+use stormguard_core::hedge::HedgingPolicy;
 use stormguard_core::policy::RetryPolicy;
 use stormguard_core::throttle::ThrottleConfig;
 
@@ -40,6 +41,11 @@ pub struct ClientPolicy {
     pub name: String,
     /// The retry policy of the called method; `None` never retries.
     pub retry: Option<RetryPolicy>,
+    /// The hedging policy of the called method instead of a retry policy (`retry` must
+    /// then be `None`): every call is driven as the layer drives a hedged call, several
+    /// copies in flight, the first `OK` wins (see [`HedgedCall`](crate::HedgedCall)).
+    /// Hedges are paid from `budget`, as retries are.
+    pub hedging: Option<HedgingPolicy>,
     /// What pays for retries (one per process, or one per shard and process).
     pub budget: BudgetKind,
     /// The circuit breaker of each process (one per shard with `budget_per_shard`).
@@ -264,6 +270,15 @@ impl Scenario {
         }
         if let Some(retry) = &self.policy.retry {
             retry.validate("policy.retry")?;
+        }
+        if let Some(hedging) = &self.policy.hedging {
+            if self.policy.retry.is_some() {
+                return bad(
+                    "policy.hedging",
+                    "a method is retried or hedged, not both: set `retry` to None".into(),
+                );
+            }
+            hedging.validate("policy.hedging")?;
         }
         Ok(())
     }

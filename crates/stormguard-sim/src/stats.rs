@@ -16,6 +16,8 @@ pub struct Bin {
     pub attempts: u64,
     /// Retries sent in the bin.
     pub retries: u64,
+    /// Hedges sent in the bin (copies of a hedged call after its first).
+    pub hedges: u64,
 }
 
 /// Totals of one shard over the measured window.
@@ -41,6 +43,11 @@ pub struct RunStats {
     pub attempts: u64,
     /// Retries sent.
     pub retries: u64,
+    /// Hedges sent (copies of a hedged call after its first): with the first attempts
+    /// and the retries, they make up `attempts`.
+    pub hedges: u64,
+    /// Calls a hedge won (its `OK` came before any other copy's).
+    pub hedges_won: u64,
     /// Why failed calls stopped, by [`Refusal`](stormguard_core::retry::Refusal) name; `"rejected_by_breaker"` counts calls
     /// whose first attempt an open breaker refused.
     pub gave_up: BTreeMap<String, u64>,

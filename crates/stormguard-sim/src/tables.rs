@@ -14,6 +14,7 @@ use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::breaker::BreakerConfig;
 use stormguard_core::budget::BudgetConfig;
 use stormguard_core::code::{Code, CodeSet};
+use stormguard_core::hedge::{HedgeDelay, HedgingPolicy};
 use stormguard_core::policy::RetryPolicy;
 use stormguard_core::throttle::ThrottleConfig;
 
@@ -141,6 +142,7 @@ fn client(
     ClientPolicy {
         name: name.as_str().to_owned(),
         retry,
+        hedging: None,
         budget,
         breaker: None,
         layer_per_attempt_timeout,
@@ -531,32 +533,42 @@ pub fn recovery(options: &Options) -> Result<Vec<RecoveryRow>, SimError> {
     for variant in RecoveryVariant::ALL {
         let scenario = recovery_scenario(variant, options);
         let stats = run(&scenario)?;
-        let success: Vec<f64> = stats
-            .bins
-            .iter()
-            .map(|b| ratio(b.successes, b.calls))
-            .collect();
-        let end = TRIGGER.until.as_secs() as usize;
-        // The first bin from which every later bin is healthy.
-        let mut first_healthy = success.len();
-        while first_healthy > end && success[first_healthy - 1] >= 0.95 {
-            first_healthy -= 1;
-        }
-        let recovered = first_healthy < success.len();
+        let (time_to_recover_s, success_by_second) = recovery_of(&stats);
         rows.push(RecoveryRow {
             variant,
             clients: scenario.clients,
-            recovered,
-            time_to_recover_s: recovered.then(|| (first_healthy - end) as f64),
+            recovered: time_to_recover_s.is_some(),
+            time_to_recover_s,
             success_after_trigger: stats.success_rate(),
             amplification_after_trigger: stats.amplification(),
-            success_by_second: success
-                .iter()
-                .map(|s| (s * 1000.0).round() / 1000.0)
-                .collect(),
+            success_by_second,
         });
     }
     Ok(rows)
+}
+
+/// Seconds from the end of [`TRIGGER`] to the first 1 s bin from which every bin's success
+/// rate is at least 95 % (`None`: never), and the success rate per bin, rounded.
+fn recovery_of(stats: &RunStats) -> (Option<f64>, Vec<f64>) {
+    let success: Vec<f64> = stats
+        .bins
+        .iter()
+        .map(|b| ratio(b.successes, b.calls))
+        .collect();
+    let end = TRIGGER.until.as_secs() as usize;
+    // The first bin from which every later bin is healthy.
+    let mut first_healthy = success.len();
+    while first_healthy > end && success[first_healthy - 1] >= 0.95 {
+        first_healthy -= 1;
+    }
+    let recovered = first_healthy < success.len();
+    (
+        recovered.then(|| (first_healthy - end) as f64),
+        success
+            .iter()
+            .map(|s| (s * 1000.0).round() / 1000.0)
+            .collect(),
+    )
 }
 
 // ---------------------------------------------------------------------------------------
@@ -747,6 +759,167 @@ pub fn call_chain(options: &Options) -> Result<Vec<ChainRow>, SimError> {
         }
     }
     Ok(rows)
+}
+
+// ---------------------------------------------------------------------------------------
+// Table 6 (on request): hedging under a capacity drop
+
+/// The variants of the hedging table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HedgeVariant {
+    /// One attempt, no hedge (the reference), plain FIFO server.
+    NoHedging,
+    /// Two copies, the second after [`HEDGE_DELAY`], every hedge granted, plain FIFO server.
+    Unbudgeted,
+    /// The same hedging paid from stormguard's retry budget (defaults: 10 % of the
+    /// successes, a floor of 5/s per process), plain FIFO server.
+    Budgeted,
+    /// As `Budgeted`, against stormguard's admission policy (a hedge is shed as a retry).
+    BudgetedShedding,
+}
+
+impl HedgeVariant {
+    /// All variants, in table order.
+    pub const ALL: [HedgeVariant; 4] = [
+        HedgeVariant::NoHedging,
+        HedgeVariant::Unbudgeted,
+        HedgeVariant::Budgeted,
+        HedgeVariant::BudgetedShedding,
+    ];
+
+    /// The name used in tables and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HedgeVariant::NoHedging => "no-hedging",
+            HedgeVariant::Unbudgeted => "hedging, unbudgeted",
+            HedgeVariant::Budgeted => "hedging+budget",
+            HedgeVariant::BudgetedShedding => "hedging+budget+shedding",
+        }
+    }
+}
+
+/// The hedge delay of the hedging table: about twice the healthy latency (11.1 ms of
+/// service and a 1 ms round trip), so a healthy server is almost never hedged.
+pub const HEDGE_DELAY: Duration = Duration::from_millis(25);
+
+/// One row of the hedging table.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HedgeRow {
+    /// Hedging policy, budget and server.
+    pub variant: HedgeVariant,
+    /// Client processes.
+    pub clients: usize,
+    /// Seconds from the end of the drop until success stays at 95 % or more; `None`:
+    /// never within the run.
+    pub time_to_recover_s: Option<f64>,
+    /// Success rate of the calls arriving from the start of the drop to the end.
+    pub success_after_trigger: f64,
+    /// Attempts (copies) per logical call over the same calls.
+    pub amplification_after_trigger: f64,
+    /// Hedges sent per logical call.
+    pub hedges_per_call: f64,
+    /// Calls won by a hedge, per logical call.
+    pub hedges_won_per_call: f64,
+    /// Success rate per 1 s bin, the whole run.
+    pub success_by_second: Vec<f64>,
+}
+
+/// The scenario of the hedging table: table 3's capacity drop (service time × 2.5 for
+/// 3 s at 75 % load, 200 ms deadline) with a hedged method instead of a retried one: two
+/// copies, the second after [`HEDGE_DELAY`], no per-attempt timeout (a copy is answered by
+/// the next copy, not by a timer).
+pub fn hedging_scenario(variant: HedgeVariant, options: &Options) -> Scenario {
+    let base = match variant {
+        HedgeVariant::BudgetedShedding => RecoveryVariant::StormguardShedding,
+        _ => RecoveryVariant::NoRetries,
+    };
+    let mut sc = recovery_scenario(base, options);
+    sc.policy.name = variant.as_str().to_owned();
+    sc.policy.retry = None;
+    sc.policy.layer_per_attempt_timeout = None;
+    sc.policy.pushback_on_give_up = variant != HedgeVariant::NoHedging;
+    sc.policy.hedging = (variant != HedgeVariant::NoHedging).then(|| HedgingPolicy {
+        max_attempts: 2,
+        delay: HedgeDelay::Fixed(HEDGE_DELAY),
+        ..HedgingPolicy::default()
+    });
+    sc.policy.budget = match variant {
+        HedgeVariant::NoHedging | HedgeVariant::Unbudgeted => BudgetKind::Unlimited,
+        _ => BudgetKind::Budget(BudgetConfig::default()),
+    };
+    sc.seed = mix(options.seed, 6_000);
+    sc
+}
+
+/// The hedging table: what hedges do to a capacity drop, with and without the budget.
+pub fn hedging(options: &Options) -> Result<Vec<HedgeRow>, SimError> {
+    let mut rows = Vec::new();
+    for variant in HedgeVariant::ALL {
+        let scenario = hedging_scenario(variant, options);
+        let stats = run(&scenario)?;
+        let (time_to_recover_s, success_by_second) = recovery_of(&stats);
+        rows.push(HedgeRow {
+            variant,
+            clients: scenario.clients,
+            time_to_recover_s,
+            success_after_trigger: stats.success_rate(),
+            amplification_after_trigger: stats.amplification(),
+            hedges_per_call: ratio(stats.hedges, stats.calls),
+            hedges_won_per_call: ratio(stats.hedges_won, stats.calls),
+            success_by_second,
+        });
+    }
+    Ok(rows)
+}
+
+/// The hedging table, printable.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct HedgingTable(pub Vec<HedgeRow>);
+
+impl HedgingTable {
+    /// Runs the hedging experiment.
+    pub fn run(options: &Options) -> Result<HedgingTable, SimError> {
+        hedging(options).map(HedgingTable)
+    }
+}
+
+impl fmt::Display for HedgingTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "Table 6: hedging (2 copies, the second after {} ms) through a 3 s capacity drop (x2.5) at 75 % load",
+            HEDGE_DELAY.as_millis()
+        )?;
+        writeln!(
+            f,
+            "{:<23} | {:>7} | {:>9} | {:>8} | {:>6} | {:>7} | {:>6} | success per second",
+            "variant", "clients", "recover s", "success", "ampl", "hedges", "won"
+        )?;
+        for r in &self.0 {
+            let recover = r
+                .time_to_recover_s
+                .map_or("never".to_owned(), |s| format!("{s:.0}"));
+            let mut series = String::new();
+            for s in &r.success_by_second {
+                let _ = write!(series, "{:>4.0}", s * 100.0);
+            }
+            writeln!(
+                f,
+                "{:<23} | {:>7} | {:>9} | {:>7.2}% | {:>6.3} | {:>7.3} | {:>6.3} |{}",
+                r.variant.as_str(),
+                r.clients,
+                recover,
+                r.success_after_trigger * 100.0,
+                r.amplification_after_trigger,
+                r.hedges_per_call,
+                r.hedges_won_per_call,
+                series
+            )?;
+        }
+        Ok(())
+    }
 }
 
 // ---------------------------------------------------------------------------------------
