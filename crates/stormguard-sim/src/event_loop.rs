@@ -553,6 +553,47 @@ mod tests {
     }
 
     #[test]
+    fn a_hedge_that_lost_frees_its_worker_at_a_shedding_server_not_at_a_plain_one() {
+        // Two workers, 100 ms of service, a hedge 10 ms after the first copy: both run.
+        // The first copy's OK reaches the client at 102 ms and the hedge is cancelled; the
+        // reset reaches the server at 103 ms, 8 ms before the hedge's work would end.
+        let mut sc = one_worker_shard(None);
+        sc.policy.hedging = Some(stormguard_core::hedge::HedgingPolicy {
+            max_attempts: 2,
+            delay: stormguard_core::hedge::HedgeDelay::Fixed(Duration::from_millis(10)),
+            ..Default::default()
+        });
+        if let ServerKind::Queue(q) = &mut sc.shards[0].server {
+            q.workers = 2;
+            q.service_time = Duration::from_millis(100);
+            if let Some(c) = q.shedding.as_mut() {
+                c.workers = 2;
+            }
+        }
+        let running_at = |sc: &Scenario, ms: u64| {
+            let mut sim = Sim::new(sc, Instant::now()).expect("valid");
+            sim.fleet.arrival(&mut sim.agenda);
+            while sim.step(ms * 1_000_000) {}
+            sim.servers.get(0).map(SimServer::running)
+        };
+        assert_eq!(running_at(&sc, 5), Some(1));
+        assert_eq!(running_at(&sc, 20), Some(2));
+        assert_eq!(running_at(&sc, 102), Some(1));
+        assert_eq!(running_at(&sc, 104), Some(0));
+        if let ServerKind::Queue(q) = &mut sc.shards[0].server {
+            q.shedding = None;
+        }
+        assert_eq!(running_at(&sc, 104), Some(1));
+    }
+
+    #[test]
+    fn a_method_is_retried_or_hedged_not_both() {
+        let mut sc = scenario(0.0, policy(Some(retried()), BudgetKind::Unlimited));
+        sc.policy.hedging = Some(stormguard_core::hedge::HedgingPolicy::default());
+        assert_eq!(field(run(&sc).expect_err("both")), "policy.hedging");
+    }
+
+    #[test]
     fn a_shedding_server_sheds_retries_with_pushback_and_serves_first_attempts() {
         // One worker, twice as much work as it can do: the admission policy queues a
         // little, sheds retries first and tells them when to come back.

@@ -26,8 +26,8 @@ use stormguard_core::throttle::A6Throttle;
 
 use crate::SimError;
 use crate::client::{End, SimCall, Step};
-use crate::hedged::{Action, HedgedCall};
 use crate::event::{Agenda, Event, Job, Outcome};
+use crate::hedged::{Action, HedgedCall};
 use crate::scenario::{BudgetKind, ClientPolicy, PATH, Scenario, ServerKind, mix, nanos};
 use crate::stats::{Bin, RunStats, ShardStats};
 

@@ -376,11 +376,19 @@ impl<'a> Servers<'a> {
                         ShedPushback::After(d) => Pushback::RetryAfter(d),
                         ShedPushback::DoNotRetry => Pushback::DoNotRetry,
                     };
-                    let failure = Failure::status(shed_code).with_pushback(Some(pushback));
+                    // The shedding layer's own answers say the handler never ran
+                    // (`stormguard-unprocessed`): a hedge shed does not fail its call.
+                    let failure = Failure {
+                        unprocessed: true,
+                        ..Failure::status(shed_code).with_pushback(Some(pushback))
+                    };
                     self.answer(agenda, job, Outcome::Failed(failure));
                 }
                 ServerAction::Expired(job) => {
-                    let failure = Failure::status(Code::DeadlineExceeded);
+                    let failure = Failure {
+                        unprocessed: true,
+                        ..Failure::status(Code::DeadlineExceeded)
+                    };
                     self.answer(agenda, job, Outcome::Failed(failure));
                 }
                 ServerAction::Refused(job) => {

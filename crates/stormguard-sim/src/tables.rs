@@ -938,6 +938,9 @@ pub struct Tables {
     pub partial_failure: Vec<ShardRow>,
     /// Table 5, beyond the four asked for: amplification through a call chain.
     pub call_chain: Vec<ChainRow>,
+    /// Table 6, run on request ([`Tables::run_hedging`]): hedging through a capacity drop.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hedging: Option<HedgingTable>,
 }
 
 impl Tables {
@@ -949,7 +952,14 @@ impl Tables {
             recovery: recovery(options)?,
             partial_failure: partial_failure(options)?,
             call_chain: call_chain(options)?,
+            hedging: None,
         })
+    }
+
+    /// Runs the hedging experiment too (table 6).
+    pub fn run_hedging(&mut self, options: &Options) -> Result<(), SimError> {
+        self.hedging = Some(HedgingTable::run(options)?);
+        Ok(())
     }
 
     /// The tables as pretty-printed JSON.
@@ -1098,6 +1108,9 @@ impl fmt::Display for Tables {
                 }
             }
             writeln!(f)?;
+        }
+        if let Some(hedging) = &self.hedging {
+            write!(f, "\n{hedging}")?;
         }
         Ok(())
     }
