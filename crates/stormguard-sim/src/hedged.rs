@@ -218,7 +218,7 @@ impl HedgedCall {
                 return false;
             }
             // A hedge due now (a zero delay) fires the layer's timer at once: poll again.
-            if !self.retry.next_hedge_at().is_some_and(|at| at <= now) {
+            if self.retry.next_hedge_at().is_none_or(|at| at > now) {
                 return true;
             }
         }
