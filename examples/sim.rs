@@ -2,7 +2,7 @@
 //! optionally writes them as JSON.
 //!
 //! ```text
-//! cargo run --release --example sim -- [--quick] [--hedging] [--seed N] [--json FILE]
+//! cargo run --release --example sim -- [--quick] [--seed N] [--json FILE]
 //! ```
 //!
 //! `--help` describes every flag.
@@ -23,9 +23,6 @@ struct Args {
     /// Shorter runs and smaller fleets (the shapes of the full tables, noisier)
     #[arg(long)]
     quick: bool,
-    /// Also run table 6: hedging through a capacity drop, with and without the budget
-    #[arg(long)]
-    hedging: bool,
     /// Seed of every run
     #[arg(long, value_name = "N", default_value_t = Options::default().seed)]
     seed: u64,
@@ -40,14 +37,7 @@ fn main() -> ExitCode {
         quick: args.quick,
         seed: args.seed,
     };
-    let run = |options: &Options| {
-        let mut tables = Tables::run(options)?;
-        if args.hedging {
-            tables.run_hedging(options)?;
-        }
-        Ok::<_, stormguard_sim::SimError>(tables)
-    };
-    let tables = match run(&options) {
+    let tables = match Tables::run(&options) {
         Ok(tables) => tables,
         Err(e) => {
             eprintln!("sim: {e}");

@@ -762,7 +762,7 @@ pub fn call_chain(options: &Options) -> Result<Vec<ChainRow>, SimError> {
 }
 
 // ---------------------------------------------------------------------------------------
-// Table 6 (on request): hedging under a capacity drop
+// Table 6 (beyond the four asked for): hedging under a capacity drop
 
 /// The variants of the hedging table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -873,53 +873,40 @@ pub fn hedging(options: &Options) -> Result<Vec<HedgeRow>, SimError> {
     Ok(rows)
 }
 
-/// The hedging table, printable.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[serde(transparent)]
-pub struct HedgingTable(pub Vec<HedgeRow>);
-
-impl HedgingTable {
-    /// Runs the hedging experiment.
-    pub fn run(options: &Options) -> Result<HedgingTable, SimError> {
-        hedging(options).map(HedgingTable)
-    }
-}
-
-impl fmt::Display for HedgingTable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "Table 6: hedging (2 copies, the second after {} ms) through a 3 s capacity drop (x2.5) at 75 % load",
-            HEDGE_DELAY.as_millis()
-        )?;
-        writeln!(
-            f,
-            "{:<23} | {:>7} | {:>9} | {:>8} | {:>6} | {:>7} | {:>6} | success per second",
-            "variant", "clients", "recover s", "success", "ampl", "hedges", "won"
-        )?;
-        for r in &self.0 {
-            let recover = r
-                .time_to_recover_s
-                .map_or("never".to_owned(), |s| format!("{s:.0}"));
-            let mut series = String::new();
-            for s in &r.success_by_second {
-                let _ = write!(series, "{:>4.0}", s * 100.0);
-            }
-            writeln!(
-                f,
-                "{:<23} | {:>7} | {:>9} | {:>7.2}% | {:>6.3} | {:>7.3} | {:>6.3} |{}",
-                r.variant.as_str(),
-                r.clients,
-                recover,
-                r.success_after_trigger * 100.0,
-                r.amplification_after_trigger,
-                r.hedges_per_call,
-                r.hedges_won_per_call,
-                series
-            )?;
+/// Prints table 6.
+fn write_hedging(f: &mut fmt::Formatter<'_>, rows: &[HedgeRow]) -> fmt::Result {
+    writeln!(
+        f,
+        "Table 6: hedging (2 copies, the second after {} ms) through a 3 s capacity drop (x2.5) at 75 % load",
+        HEDGE_DELAY.as_millis()
+    )?;
+    writeln!(
+        f,
+        "{:<23} | {:>7} | {:>9} | {:>8} | {:>6} | {:>7} | {:>6} | success per second",
+        "variant", "clients", "recover s", "success", "ampl", "hedges", "won"
+    )?;
+    for r in rows {
+        let recover = r
+            .time_to_recover_s
+            .map_or("never".to_owned(), |s| format!("{s:.0}"));
+        let mut series = String::new();
+        for s in &r.success_by_second {
+            let _ = write!(series, "{:>4.0}", s * 100.0);
         }
-        Ok(())
+        writeln!(
+            f,
+            "{:<23} | {:>7} | {:>9} | {:>7.2}% | {:>6.3} | {:>7.3} | {:>6.3} |{}",
+            r.variant.as_str(),
+            r.clients,
+            recover,
+            r.success_after_trigger * 100.0,
+            r.amplification_after_trigger,
+            r.hedges_per_call,
+            r.hedges_won_per_call,
+            series
+        )?;
     }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -938,9 +925,8 @@ pub struct Tables {
     pub partial_failure: Vec<ShardRow>,
     /// Table 5, beyond the four asked for: amplification through a call chain.
     pub call_chain: Vec<ChainRow>,
-    /// Table 6, run on request ([`Tables::run_hedging`]): hedging through a capacity drop.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hedging: Option<HedgingTable>,
+    /// Table 6: hedging through a capacity drop, with and without the budget.
+    pub hedging: Vec<HedgeRow>,
 }
 
 impl Tables {
@@ -952,14 +938,8 @@ impl Tables {
             recovery: recovery(options)?,
             partial_failure: partial_failure(options)?,
             call_chain: call_chain(options)?,
-            hedging: None,
+            hedging: hedging(options)?,
         })
-    }
-
-    /// Runs the hedging experiment too (table 6).
-    pub fn run_hedging(&mut self, options: &Options) -> Result<(), SimError> {
-        self.hedging = Some(HedgingTable::run(options)?);
-        Ok(())
     }
 
     /// The tables as pretty-printed JSON.
@@ -1109,9 +1089,7 @@ impl fmt::Display for Tables {
             }
             writeln!(f)?;
         }
-        if let Some(hedging) = &self.hedging {
-            write!(f, "\n{hedging}")?;
-        }
-        Ok(())
+        writeln!(f)?;
+        write_hedging(f, &self.hedging)
     }
 }

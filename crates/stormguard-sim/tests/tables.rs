@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use stormguard_core::code::{Code, CodeSet};
 use stormguard_sim::{
-    AmplificationRow, FleetVariant, Options, PolicyName, RecoveryVariant, ShardVariant, Tables,
-    amplification_scenario, recovery_scenario, run,
+    AmplificationRow, FleetVariant, HedgeVariant, Options, PolicyName, RecoveryVariant,
+    ShardVariant, Tables, amplification_scenario, recovery_scenario, run,
 };
 
 const QUICK: Options = Options {
@@ -222,6 +222,29 @@ fn call_chain_multiplies_naive_retries_and_stormguard_retries_once() {
 }
 
 #[test]
+fn hedging_table_unbudgeted_hedges_stay_down_budgeted_ones_recover() {
+    let rows = &tables().hedging;
+    let get = |v: HedgeVariant| rows.iter().find(|r| r.variant == v).expect("every variant");
+    let none = get(HedgeVariant::NoHedging);
+    let unbudgeted = get(HedgeVariant::Unbudgeted);
+    let budgeted = get(HedgeVariant::Budgeted);
+    let shedding = get(HedgeVariant::BudgetedShedding);
+    assert_eq!(none.hedges_per_call, 0.0);
+    assert!(
+        unbudgeted.amplification_after_trigger > 1.5,
+        "{unbudgeted:?}"
+    );
+    assert_eq!(unbudgeted.time_to_recover_s, None, "{unbudgeted:?}");
+    for r in [budgeted, shedding] {
+        assert!(r.amplification_after_trigger < 1.25, "{r:?}");
+        assert!(r.time_to_recover_s.is_some(), "{r:?}");
+    }
+    assert!(shedding.success_after_trigger > none.success_after_trigger);
+    let text = tables().to_string();
+    assert!(text.contains("Table 6: hedging"), "{text}");
+}
+
+#[test]
 fn same_seed_same_json_bytes_other_seed_other_figures() {
     let once = tables().to_json();
     let twice = Tables::run(&QUICK).expect("valid").to_json();
@@ -245,7 +268,13 @@ fn same_seed_same_json_bytes_other_seed_other_figures() {
     for name in ["no-retries", "three-attempts", "a6-throttle", "stormguard"] {
         assert!(policies.contains(&name), "{name} missing");
     }
-    for table in ["fleet_floor", "recovery", "partial_failure", "call_chain"] {
+    for table in [
+        "fleet_floor",
+        "recovery",
+        "partial_failure",
+        "call_chain",
+        "hedging",
+    ] {
         assert!(
             !json[table].as_array().expect("an array").is_empty(),
             "{table}"
