@@ -62,6 +62,12 @@
 //! 4. [`partial_failure`]: one bad shard of ten, one budget per process against one per
 //!    shard.
 //!
+//! Beyond them, [`call_chain`] (table 5) and [`hedging`] (table 6: a hedged method through
+//! a capacity drop, every hedge granted against hedges paid from the budget). A hedged
+//! call is driven by [`HedgedCall`], which makes core's hedging calls in the order the
+//! client layer's hedged future makes them; a scenario hedges when its
+//! [`ClientPolicy::hedging`] is set.
+//!
 //! # Example
 //!
 //! ```
