@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod client_support;
+mod server_support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -537,7 +538,6 @@ async fn copies_cut_off_by_the_deadline_raise_the_learned_delay_so_a_slowdown_st
 
 #[tokio::test(start_paused = true)]
 async fn a_hedge_a_shedding_server_refuses_does_not_fail_the_copy_still_running() {
-    use stormguard_core::admission::{AdmissionConfig, RetryThreshold};
     use stormguard_server::ShedLayer;
     use tonic::transport::Server;
     use tonic::transport::server::TcpIncoming;
@@ -545,15 +545,7 @@ async fn a_hedge_a_shedding_server_refuses_does_not_fail_the_copy_still_running(
     // One worker, no queue: while the first copy runs, the hedge is shed on arrival. The
     // policy names no non-fatal code (A6's default), yet the shed answer (the handler never
     // ran) must not end the call: the first copy answers.
-    let admission = AdmissionConfig {
-        workers: 1,
-        queue_capacity: 0,
-        retry_threshold: RetryThreshold {
-            depth: None,
-            queue_delay: None,
-        },
-        ..AdmissionConfig::default()
-    };
+    let admission = server_support::one_worker_no_queue();
     let svc = Scripted::always(Step::slow(ms(100), Step::Ok));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -12,8 +12,6 @@
 
 mod examples_support;
 
-use std::process::Command;
-
 use serde_json::Value;
 
 /// The keys of a JSON object.
@@ -56,30 +54,8 @@ const POLICIES: [&str; 3] = ["naive", "layer", "stormguard"];
 
 #[test]
 fn quick_fleet_writes_the_report_of_every_scenario_and_policy() {
-    let fleet = examples_support::build_examples(&["fleet"])
-        .join(format!("fleet{}", std::env::consts::EXE_SUFFIX));
-    let dir = std::env::temp_dir().join(format!("stormguard-fleet-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (json_path, svg_path) = (dir.join("fleet.json"), dir.join("fleet.svg"));
-    let out = Command::new(&fleet)
-        .args(["--quick", "--load", "0.02", "--seed", "3", "--json"])
-        .arg(&json_path)
-        .arg("--svg")
-        .arg(&svg_path)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "fleet --quick: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{stdout}");
-    let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
-    let svg = std::fs::read_to_string(&svg_path).unwrap();
-    assert!(svg.contains("<svg"), "not an SVG: {svg:.200}");
-    std::fs::remove_dir_all(&dir).unwrap();
+    let report =
+        examples_support::run_with_report("fleet", &["--quick", "--load", "0.02", "--seed", "3"]);
 
     assert_eq!(report["replicas"], 5);
     let buckets = (4.0 / number(&report, "bucket_s")).round() as usize;

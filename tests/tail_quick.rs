@@ -14,8 +14,6 @@
 
 mod examples_support;
 
-use std::process::Command;
-
 use serde_json::Value;
 
 fn number(value: &Value, key: &str) -> f64 {
@@ -38,30 +36,7 @@ const POLICIES: [&str; 4] = ["none", "tower-hedge", "hedging", "hedging-learned"
 
 #[test]
 fn quick_tail_reports_every_policy_and_hedging_cuts_the_tail_within_its_budget() {
-    let tail = examples_support::build_examples(&["tail"])
-        .join(format!("tail{}", std::env::consts::EXE_SUFFIX));
-    let dir = std::env::temp_dir().join(format!("stormguard-tail-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (json_path, svg_path) = (dir.join("tail.json"), dir.join("tail.svg"));
-    let out = Command::new(&tail)
-        .args(["--quick", "--seed", "3", "--json"])
-        .arg(&json_path)
-        .arg("--svg")
-        .arg(&svg_path)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "tail --quick: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{stdout}");
-    let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
-    let svg = std::fs::read_to_string(&svg_path).unwrap();
-    assert!(svg.contains("<svg"), "not an SVG: {svg:.200}");
-    std::fs::remove_dir_all(&dir).unwrap();
+    let report = examples_support::run_with_report("tail", &["--quick", "--seed", "3"]);
 
     let policies = report["policies"].as_array().unwrap();
     let names: Vec<&str> = policies

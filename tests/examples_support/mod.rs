@@ -52,3 +52,36 @@ pub fn build_examples(names: &[&str]) -> PathBuf {
     );
     profile_dir.join("examples")
 }
+
+/// Builds the example `name`, runs it with `args` plus `--json FILE --svg FILE` in a
+/// fresh temporary folder, checks that it succeeded and drew an SVG, and returns the JSON
+/// report (and prints the example's stdout, shown when the test fails).
+pub fn run_with_report(name: &str, args: &[&str]) -> serde_json::Value {
+    let exe = build_examples(&[name]).join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    let dir = std::env::temp_dir().join(format!("stormguard-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (json_path, svg_path) = (
+        dir.join(format!("{name}.json")),
+        dir.join(format!("{name}.svg")),
+    );
+    let out = Command::new(&exe)
+        .args(args)
+        .arg("--json")
+        .arg(&json_path)
+        .arg("--svg")
+        .arg(&svg_path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{name} {args:?}: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{stdout}");
+    let report = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    assert!(svg.contains("<svg"), "not an SVG: {svg:.200}");
+    std::fs::remove_dir_all(&dir).unwrap();
+    report
+}

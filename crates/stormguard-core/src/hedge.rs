@@ -109,15 +109,7 @@ impl HedgingPolicy {
 
     /// Checks the ranges; `field` prefixes the names in errors.
     pub fn validate(&self, field: &str) -> Result<(), ConfigError> {
-        if self.max_attempts < 2 {
-            return Err(ConfigError::invalid(
-                format!("{field}.maxAttempts"),
-                format!(
-                    "must be at least 2 (one hedge), got {}; configure no hedging policy to disable hedging",
-                    self.max_attempts
-                ),
-            ));
-        }
+        crate::policy::check_max_attempts(field, self.max_attempts, "hedge")?;
         if self.non_fatal_codes.contains(Code::Ok) {
             return Err(ConfigError::invalid(
                 format!("{field}.nonFatalStatusCodes"),

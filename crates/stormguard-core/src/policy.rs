@@ -104,15 +104,7 @@ impl RetryPolicy {
 
     /// Checks the ranges; `field` prefixes the names in errors.
     pub fn validate(&self, field: &str) -> Result<(), ConfigError> {
-        if self.max_attempts < 2 {
-            return Err(ConfigError::invalid(
-                format!("{field}.maxAttempts"),
-                format!(
-                    "must be at least 2 (one retry), got {}; configure no retry policy to disable retries",
-                    self.max_attempts
-                ),
-            ));
-        }
+        check_max_attempts(field, self.max_attempts, "retry")?;
         if self.retryable_codes.is_empty() {
             return Err(ConfigError::invalid(
                 format!("{field}.retryableStatusCodes"),
@@ -133,6 +125,25 @@ impl RetryPolicy {
         }
         self.backoff.validate(&format!("{field}.backoff"))
     }
+}
+
+/// A retry or hedging policy's `maxAttempts` (`what`: `retry` or `hedge`) must allow one
+/// attempt more than the first.
+pub(crate) fn check_max_attempts(
+    field: &str,
+    max_attempts: u32,
+    what: &str,
+) -> Result<(), ConfigError> {
+    if max_attempts < 2 {
+        return Err(ConfigError::invalid(
+            format!("{field}.maxAttempts"),
+            format!(
+                "must be at least 2 (one {what}), got {max_attempts}; configure no {what} policy \
+                 to disable {what}s"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Retry policies by method, matched like the gRPC service config's `methodConfig[].name`:
