@@ -13,7 +13,7 @@ use stormguard_core::hedge::{HedgeDelay, HedgingPolicy, LearnedDelay};
 use stormguard_demo::storm::{INVENTORY_SERVICE, RESERVE_METHOD};
 use stormguard_demo::{InventoryClient, ReserveReply, ReserveRequest};
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tower::hedge::Hedge;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
@@ -60,17 +60,6 @@ pub(crate) const FIXED_DELAY: Duration = Duration::from_millis(15);
 pub(crate) const TOWER_PERCENTILE: f32 = 0.95;
 pub(crate) const TOWER_MIN_POINTS: u64 = 100;
 pub(crate) const TOWER_PERIOD: Duration = Duration::from_secs(1);
-
-/// Connects one channel, with the storm's h2 settings (callers that give up reset their
-/// streams faster than h2's default local limit allows, see `docs/operating.md`).
-pub(crate) async fn connect(addr: std::net::SocketAddr) -> Result<Channel, BoxError> {
-    let channel = Endpoint::from_shared(format!("http://{addr}"))?
-        .http2_max_local_error_reset_streams(None)
-        .tcp_nodelay(true)
-        .connect()
-        .await?;
-    Ok(channel)
-}
 
 /// One logical call as the tower-hedge policy sees it: everything needed to send it again.
 ///

@@ -14,8 +14,9 @@ use stormguard_demo::ReserveRequest;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::client::{Caller, Policy, connect};
+use crate::client::{Caller, Policy};
 use crate::server::{Counts, Phase, Tail, WORKERS, serve};
+use stormguard_demo::storm::connect;
 
 /// How long each part of a run lasts.
 #[derive(Clone, Copy, Debug)]

@@ -8,7 +8,6 @@
 //! a slow call is then fast as often as any other attempt. (Were the slowness a property of
 //! the request, its hedge would be slow too, and no hedging could help.)
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
@@ -17,13 +16,13 @@ use std::time::Duration;
 use stormguard_core::admission::AdmissionConfig;
 use stormguard_demo::server::{DemoConfig, DemoControl, DemoInventory};
 use stormguard_demo::storm::MAX_PENDING_ACCEPT_RESET_STREAMS;
+use stormguard_demo::storm::Serving;
 use stormguard_demo::{
     Inventory, InventoryServer, ReserveReply, ReserveRequest, WatchStockRequest,
 };
 use stormguard_server::ShedLayer;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
-use tokio::task::JoinHandle;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
@@ -230,19 +229,6 @@ where
     }
 }
 
-/// A tonic server on loopback until dropped.
-#[derive(Debug)]
-pub(crate) struct Serving {
-    pub(crate) addr: SocketAddr,
-    task: JoinHandle<Result<(), tonic::transport::Error>>,
-}
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 /// The shed layer's configuration: the defaults, with the server's real concurrency.
 pub(crate) fn admission(seed: u64) -> AdmissionConfig {
     AdmissionConfig {
@@ -266,10 +252,10 @@ pub(crate) async fn serve(tail: Tail, seed: u64) -> Result<Serving, tower::BoxEr
             counts: Arc::clone(&counts),
         }))
         .layer(ShedLayer::from_config(admission(seed))?);
-    let task = tokio::spawn(
+    Ok(Serving::spawn(
+        addr,
         builder
             .add_service(InventoryServer::new(tail))
             .serve_with_incoming(incoming),
-    );
-    Ok(Serving { addr, task })
+    ))
 }

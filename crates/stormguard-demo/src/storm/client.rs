@@ -25,7 +25,6 @@ use tonic::{Code, Request, Status};
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
-use super::StormError;
 use super::report::Timeline;
 use crate::{InventoryClient, ReserveReply, ReserveRequest};
 
@@ -37,10 +36,11 @@ pub const RESERVE_METHOD: &str = "Reserve";
 /// One logical `Reserve` call (request `()`): a cloneable service, whatever the policy.
 pub type Caller = BoxCloneSyncService<(), ReserveReply, Status>;
 
-/// Connects a channel to `addr` with the storm's client h2 settings: callers that give up
-/// reset their streams faster than h2's default local limit allows, and the connection
-/// would be closed with `GOAWAY (ENHANCE_YOUR_CALM)` (see `docs/operating.md`, "HTTP/2 resets").
-pub(crate) async fn connect(addr: SocketAddr) -> Result<Channel, StormError> {
+/// Connects a channel to `addr` with the storm's client h2 settings (the examples'
+/// clients): callers that give up reset their streams faster than h2's default local
+/// limit allows, and the connection would be closed with `GOAWAY (ENHANCE_YOUR_CALM)` (see
+/// `docs/operating.md`, "HTTP/2 resets").
+pub async fn connect(addr: SocketAddr) -> Result<Channel, tonic::transport::Error> {
     let channel = Endpoint::from_shared(format!("http://{addr}"))?
         .http2_max_local_error_reset_streams(None)
         .tcp_nodelay(true)

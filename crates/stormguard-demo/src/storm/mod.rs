@@ -30,18 +30,18 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 
 pub use client::{
-    Attempt, Caller, Delays, INVENTORY_SERVICE, NaiveRetry, RESERVE_METHOD,
+    Attempt, Caller, Delays, INVENTORY_SERVICE, NaiveRetry, RESERVE_METHOD, connect,
     grpc_throttle_client_config, hedging_client_config, stormguard_client_config,
 };
 pub use report::{
     Hedges, PolicyRun, PolicySummary, RECOVERED_FOR_S, RECOVERED_SHARE, Second, StormReport,
     TriggerReport, recovery_s, storm_report, summarize,
 };
-pub use server::{MAX_PENDING_ACCEPT_RESET_STREAMS, ServerModel, Workers};
+pub use server::{MAX_PENDING_ACCEPT_RESET_STREAMS, ServerModel, Serving, Workers};
 
 use crate::InventoryClient;
 use crate::server::{DemoConfig, DemoControl, DemoInventory};
-use client::{Naive, Observe, connect, layered_caller, layered_client, naive_caller};
+use client::{Naive, Observe, layered_caller, layered_client, naive_caller};
 use report::Timeline;
 use server::serve;
 

@@ -110,11 +110,26 @@ impl Inventory for Workers {
     }
 }
 
-/// A tonic server running on loopback until dropped.
+/// A tonic server running on loopback until dropped (the examples' servers).
 #[derive(Debug)]
-pub(crate) struct Serving {
-    pub(crate) addr: SocketAddr,
+pub struct Serving {
+    /// Where it listens.
+    pub addr: SocketAddr,
     task: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl Serving {
+    /// Runs `server` (a tonic server's `serve_with_incoming` on a listener bound to
+    /// `addr`) on the runtime until the returned value is dropped.
+    pub fn spawn<F>(addr: SocketAddr, server: F) -> Serving
+    where
+        F: std::future::Future<Output = Result<(), tonic::transport::Error>> + Send + 'static,
+    {
+        Serving {
+            addr,
+            task: tokio::spawn(server),
+        }
+    }
 }
 
 impl Drop for Serving {
@@ -135,15 +150,20 @@ pub(crate) async fn serve<T: Inventory>(
     let builder = Server::builder()
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS));
     let service = InventoryServer::new(service);
-    let task = match admission {
+    Ok(match admission {
         Some(config) => {
             let mut builder = builder.layer(ShedLayer::from_config(config)?);
-            tokio::spawn(builder.add_service(service).serve_with_incoming(incoming))
+            Serving::spawn(
+                addr,
+                builder.add_service(service).serve_with_incoming(incoming),
+            )
         }
         None => {
             let mut builder = builder;
-            tokio::spawn(builder.add_service(service).serve_with_incoming(incoming))
+            Serving::spawn(
+                addr,
+                builder.add_service(service).serve_with_incoming(incoming),
+            )
         }
-    };
-    Ok(Serving { addr, task })
+    })
 }
