@@ -1,8 +1,10 @@
 //! The response future of [`Retry`](super::Retry): one logical call, attempt by attempt.
 //!
-//! A state machine in three states, each holding the data it alone needs:
+//! A state machine in four states, each holding the data it alone needs:
 //!
-//! - `Called`: an attempt is in flight (its future and its span);
+//! - `Called`: an attempt is in flight (its future, its span, when it was sent); for a
+//!   hedged call, the first copy (its hedges are in `copies`; see `hedged`);
+//! - `Hedging`: a hedged call whose first copy ended without winning, its hedges running;
 //! - `Waiting`: a retry was granted and waits out its delay, then readies the service;
 //!   it keeps the failure the caller gets if the retry cannot start;
 //! - `Done`: the call ended (or was refused before its first attempt).
