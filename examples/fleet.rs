@@ -51,7 +51,7 @@ use run::{BAD, BUCKET, Policy, RunConfig, Scenario, Timing};
 #[derive(Debug, Parser)]
 #[command(name = "fleet")]
 struct Args {
-    /// 1 s healthy, 3 s of fault per run (about a minute in all)
+    /// 1 s healthy, 4 s of fault per run (about a minute and a quarter in all)
     #[arg(long)]
     quick: bool,
     /// Replicas, each its own process

@@ -58,7 +58,7 @@ fn quick_fleet_writes_the_report_of_every_scenario_and_policy() {
         examples_support::run_with_report("fleet", &["--quick", "--load", "0.02", "--seed", "3"]);
 
     assert_eq!(report["replicas"], 5);
-    let buckets = (4.0 / number(&report, "bucket_s")).round() as usize;
+    let buckets = (5.0 / number(&report, "bucket_s")).round() as usize;
     let scenarios = report["scenarios"].as_array().unwrap();
     let names: Vec<&str> = scenarios
         .iter()

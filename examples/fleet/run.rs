@@ -123,13 +123,15 @@ impl Timing {
         }
     }
 
-    /// 1 s healthy, 3 s of fault; back after 1 s, cold for 1 s; one replica every 0.5 s.
+    /// 1 s healthy, 4 s of fault; back after 1 s, cold for 0.5 s; one replica every 0.5 s.
+    /// (A returning replica then has 2.5 s warm: time for the endpoint-aware channel's
+    /// probes, whose ejections may have doubled while it was away or cold.)
     pub(crate) fn quick() -> Self {
         Timing {
             fault: Duration::from_secs(1),
-            total: Duration::from_secs(4),
+            total: Duration::from_secs(5),
             back_after: Duration::from_secs(1),
-            cold: Duration::from_secs(1),
+            cold: Duration::from_millis(500),
             rolling_gap: Duration::from_millis(500),
         }
     }
