@@ -78,9 +78,10 @@ fn quick_tail_reports_every_policy_and_hedging_cuts_the_tail_within_its_budget()
     let slow_share = number(none, "slow_attempts") / number(none, "attempts");
     assert!((0.005..=0.03).contains(&slow_share), "{none:#}");
     assert!(number(none, "p99_ms") >= 95.0, "{none:#}");
-    // The server sheds what it cannot run, so twice its capacity keeps it busy (on a
-    // machine that keeps up with the calls).
-    assert!(number(&none["overload"], "goodput") >= 0.3, "{none:#}");
+    // The server sheds what it cannot run and keeps serving under twice its capacity.
+    // How much it serves depends on the machine keeping up with the calls (a CI machine
+    // busy with builds served 5 % in one run, an idle one 30-50 %): only that it serves.
+    assert!(number(&none["overload"], "goodput") > 0.0, "{none:#}");
 
     // What the budget guarantees, however slow the machine: the quick run fits in one of
     // its 10 s windows, which grants 0.1 hedge per success plus a floor of 50, so at most
