@@ -16,19 +16,21 @@
 //! queued ≈ L · (1 − m / rtt)        (= L − C when L > C, ≈ 0 when L ≤ C)
 //! ```
 //!
-//! and steers `queued` into a small band `[α, β]`, with `l = max(1, log10 L)`, `α = 2l`,
-//! `β = 4l`: above `β` the limit drops to the capacity the window measured (`L·m/rtt`)
+//! and steers `queued` into a small band `[α, β]`, with `l = max(1, log10 L)`, `α = l`,
+//! `β = 3l`: above `β` the limit drops to the capacity the window measured (`L·m/rtt`)
 //! plus the middle of the band (at least by `l`); below `α` it grows by `l`, and by `β`
-//! at once when nothing is queued at all. Dropping at once matters: a limit far too high
+//! at once when at most `l` is queued. Dropping at once matters: a limit far too high
 //! (a deploy made calls slower, or the start value was a guess) makes every call wait
 //! inside the handler until callers time out, and stepping down by `l` per window would
 //! take seconds. So the limit settles a few calls above `C`: every
 //! unit of real capacity stays busy, and the calls beyond it wait in the admission queue,
 //! where they can be ordered, expired and shed (retries first), instead of inside the
-//! handler. (Netflix's `VegasLimit` uses `3l` and `6l`; with C = 16 that settled at 21–22
-//! and its internal wait cost ~8 % of goodput against `workers = C` under 2× overload
-//! with 50 ms per attempt, where `2l`/`4l` settled at 19 and matched it:
-//! `examples/adaptive.rs`.)
+//! handler. Each call queued inside adds `1/C` of a service time to every call, so the
+//! band is narrow: Netflix's `VegasLimit` uses `3l` and `6l`, which with C = 16 settled
+//! at 21–22 and cost ~8 % of goodput against `workers = C` under 2× overload
+//! (`examples/adaptive.rs`); `2l`/`4l` matched `workers = C` there, but when the storm
+//! made every call 2.5 times slower, the 2–4 calls it kept queued inside made callers
+//! leave (`tests/limit_storm_model.rs`).
 //!
 //! Why Vegas rather than a gradient (Netflix's Gradient2, Envoy's adaptive concurrency
 //! filter) or AIMD? AIMD needs drops to learn, and the drops it needs are the
@@ -43,9 +45,9 @@
 //!   with `m` once the window has lasted [`AdaptiveLimitConfig::window`] (and at least
 //!   two no-load latencies) and holds [`AdaptiveLimitConfig::min_window_samples`]
 //!   samples. Single calls are too noisy to steer by.
-//! - **No growth while idle.** The limit grows only if, during the window, at least
-//!   half of it was in use: a quiet server does not talk itself into a limit it has
-//!   never tested.
+//! - **No growth while idle.** The limit grows only if, during the window, it was
+//!   reached (as many calls ran at once as it allowed): a quiet server does not talk
+//!   itself into a limit it has never tested.
 //! - **Measuring the no-load latency `m`.** It can only be seen when nothing queues
 //!   inside. Taking the smallest latency ever seen drifts low on a lucky sample and
 //!   never follows a lasting slowdown; taking recent samples drifts high when the limit
@@ -55,14 +57,27 @@
 //!   together) it drops to [`AdaptiveLimitConfig::min_limit`], waits until no more than
 //!   that many calls run, takes the median latency of the next
 //!   [`AdaptiveLimitConfig::min_window_samples`] calls as `m`, and returns to the limit it
-//!   had. Between probes `m` may only fall (to a lower window mean). A limit cut below
-//!   half of where the last probe left it, or a window clearly faster than `m`, probes
-//!   again at once (at most once a second): Vegas cannot tell a higher latency floor (a
-//!   slower dependency, a capacity drop that slows every call) from queueing, and without
-//!   a new `m` it would hold the limit far below the real capacity, or (once the floor
-//!   falls back) let it drift above it, until the next scheduled probe.
-//! - Calls whose caller left mid-run are samples too (their time so far is a lower
-//!   bound on their latency): under overload, those are the slow ones.
+//!   had. Between probes `m` follows a faster window down at once.
+//! - **A higher floor is read from two windows, not probed.** Vegas cannot tell a higher
+//!   latency floor (a slower dependency, a capacity drop that slows every call) from
+//!   queueing: with the old `m` it cuts the limit below the capacity and holds it there.
+//!   Probing at the floor to find out costs most of the capacity for the length of the
+//!   probe, in exactly the overload the limit is for (in the storm it cost a tenth of the
+//!   goodput during the slowdown and a second of recovery after it). But the cut itself
+//!   tells: while calls queue inside, the latency is proportional to the calls let in
+//!   (`rtt ≈ m·L/C`), so two saturated windows at limits 10 % or more apart show the
+//!   same `rtt / L`. When the lower limit's `rtt / L` is 1.3 times the higher's or more,
+//!   the latency did not fall with the limit: those calls did not queue, and what they
+//!   took is the new floor. A floor that *fell* while every window stays saturated is
+//!   only seen from above (every window includes the calls queued inside), so after a
+//!   second of that a probe measures it.
+//! - **After a cut, only calls that started under the new limit count**: the calls let
+//!   in before it still queue inside, and would read as a need to cut again.
+//! - **A window in which callers left is a lower bound.** A call abandoned mid-run took
+//!   at least its time so far ([`AdaptiveLimit::abandoned_at`]). When a tenth of a
+//!   window's calls were abandoned, the window never grows the limit and never shows a
+//!   floor, and if calls still queue inside, it cuts the limit by `l`: under overload the
+//!   calls that queue inside are those whose callers give up.
 //!
 //! Everything runs on the instants it is given (`*_at(now)`), so the simulator can drive
 //! it on a virtual clock; [`crate::queue::AdmissionQueue`] feeds it when
@@ -177,6 +192,19 @@ struct Window {
     sum_secs: f64,
     /// The most calls running at once seen during the window.
     max_running: usize,
+    /// The sum over samples of the calls that ran alongside each (itself included).
+    sum_running: usize,
+    /// Samples of calls whose caller left before they finished.
+    abandoned: usize,
+}
+
+/// What the last decided window saw: the limit in force, its mean latency, and whether
+/// the limit was the bound (as many calls ran as it allowed).
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    limit: f64,
+    rtt: f64,
+    saturated: bool,
 }
 
 #[derive(Debug)]
@@ -198,8 +226,12 @@ pub struct AdaptiveLimit {
     probe: Option<Probe>,
     /// When the next probe starts (`None`: at the first sample).
     next_probe: Option<Instant>,
-    /// The limit when the last probe ended, and when that was.
-    after_probe: Option<(f64, Instant)>,
+    /// The last window in which the limit was the bound and few callers left.
+    last: Option<Seen>,
+    /// When a window first showed the floor falling, while windows stay saturated.
+    fell_at: Option<Instant>,
+    /// Samples count from calls started at or after this instant (the last cut).
+    counted_from: Option<Instant>,
     rng: fastrand::Rng,
 }
 
@@ -221,7 +253,9 @@ impl AdaptiveLimit {
             window: None,
             probe: None,
             next_probe: None,
-            after_probe: None,
+            last: None,
+            fell_at: None,
+            counted_from: None,
             rng,
         })
     }
@@ -247,9 +281,25 @@ impl AdaptiveLimit {
         self.probe.is_some()
     }
 
-    /// One call that started at `started` left its worker at `now` (finished, or its
-    /// caller left mid-run); `running` calls still run. Returns the limit from now on.
+    /// One call that started at `started` finished at `now`; `running` calls still run.
+    /// Returns the limit from now on.
     pub fn sample_at(&mut self, now: Instant, started: Instant, running: usize) -> usize {
+        self.record_at(now, started, running, false)
+    }
+
+    /// One call that started at `started` was abandoned by its caller at `now`, before it
+    /// finished; `running` calls still run. Returns the limit from now on.
+    pub fn abandoned_at(&mut self, now: Instant, started: Instant, running: usize) -> usize {
+        self.record_at(now, started, running, true)
+    }
+
+    fn record_at(
+        &mut self,
+        now: Instant,
+        started: Instant,
+        running: usize,
+        abandoned: bool,
+    ) -> usize {
         let latency = now.saturating_duration_since(started);
         if self.probe.is_none() && self.next_probe.is_none_or(|at| now >= at) {
             self.probe = Some(Probe {
@@ -259,6 +309,8 @@ impl AdaptiveLimit {
             });
             self.limit = self.config.min_limit as f64;
             self.window = None;
+            self.last = None;
+            self.fell_at = None;
         }
         if let Some(probe) = &mut self.probe {
             if probe.clean_from.is_some_and(|from| started >= from) {
@@ -272,11 +324,13 @@ impl AdaptiveLimit {
                 let median = probe.samples[probe.samples.len() / 2];
                 self.min_latency = Some(median.max(Duration::from_micros(1)));
                 self.limit = probe.saved;
-                self.after_probe = Some((probe.saved, now));
                 self.probe = None;
                 let jitter = 0.75 + 0.5 * self.rng.f64();
                 self.next_probe = now.checked_add(self.config.probe_interval.mul_f64(jitter));
             }
+            return self.limit();
+        }
+        if self.counted_from.is_some_and(|from| started < from) {
             return self.limit();
         }
         let window = self.window.get_or_insert(Window {
@@ -284,11 +338,15 @@ impl AdaptiveLimit {
             count: 0,
             sum_secs: 0.0,
             max_running: 0,
+            sum_running: 0,
+            abandoned: 0,
         });
+        window.abandoned += usize::from(abandoned);
         window.count += 1;
         window.sum_secs += latency.as_secs_f64();
         // `running` is after this call left: it ran alongside them.
         window.max_running = window.max_running.max(running + 1);
+        window.sum_running += running + 1;
         let Some(m) = self.min_latency else {
             return self.limit();
         };
@@ -300,24 +358,66 @@ impl AdaptiveLimit {
         }
         let rtt = window.sum_secs / window.count as f64;
         let used = window.max_running as f64;
+        let mean_running = window.sum_running as f64 / window.count as f64;
+        let censored = window.abandoned as f64 >= CENSORED_SHARE * window.count as f64;
         self.window = None;
-        // A whole window faster than the floor: the floor fell (the slowdown is over).
-        let floor_fell = rtt < 0.8 * m.as_secs_f64();
-        let m = m.as_secs_f64().min(rtt);
+        let seen = Seen {
+            limit: self.limit,
+            rtt,
+            saturated: mean_running >= 0.9 * self.limit.round(),
+        };
+        // Between probes the floor follows a faster window down at once...
+        if rtt < 0.8 * m.as_secs_f64() {
+            self.fell_at.get_or_insert(now);
+        }
+        let mut m = m.as_secs_f64().min(rtt);
+        // ...and up when two saturated windows show it (see `floor_between`). A window in
+        // which many callers left is not one of them: its mean is only a lower bound.
+        if seen.saturated && !censored {
+            if let Some(floor) = self.last.and_then(|last| floor_between(last, seen)) {
+                m = floor;
+            }
+            self.last = Some(seen);
+        } else if !seen.saturated {
+            self.last = None;
+            // Calls that do not queue inside show the floor as it is.
+            self.fell_at = None;
+        }
+        // A floor that fell while every window stays saturated is only known from above
+        // (the windows' means include the calls queued inside), so the limit would sit
+        // too high: after a second of that, a probe measures it.
+        if seen.saturated
+            && self
+                .fell_at
+                .is_some_and(|at| now.saturating_duration_since(at) >= Duration::from_secs(1))
+        {
+            self.next_probe = Some(now);
+            self.fell_at = None;
+        }
         if rtt > 0.0 {
             self.min_latency = Duration::try_from_secs_f64(m).ok().or(self.min_latency);
         }
-        self.limit = self.next_limit(m, rtt, used);
-        // The floor fell, or the limit was cut below half of where the last probe left
-        // it: either the handler's capacity fell or its latency floor rose (a slower
-        // dependency), which Vegas cannot tell from queueing. A probe tells which; at
-        // most one a second.
-        if let Some((reference, at)) = self.after_probe
-            && (floor_fell || self.limit < reference / 2.0)
-            && now.saturating_duration_since(at) >= Duration::from_secs(1)
-        {
-            self.next_probe = Some(now);
-            self.after_probe = Some((self.limit, now));
+        let before = self.limit;
+        let mut next = self.next_limit(m, rtt, used);
+        if censored {
+            // Callers left: no evidence of room, and while calls still queue inside, that
+            // queue is what made them leave.
+            let l = before.log10().max(1.0);
+            let queued = if rtt > 0.0 {
+                before * (1.0 - m / rtt)
+            } else {
+                0.0
+            };
+            next = next.min(before);
+            if queued >= l / 2.0 {
+                next = next.min(before - l);
+            }
+        }
+        self.limit = next.clamp(self.config.min_limit as f64, self.config.max_limit as f64);
+        if self.limit < before {
+            // Calls let in under the higher limit still queue inside: the next window
+            // counts only the calls that start under the new one.
+            self.counted_from = Some(now);
         }
         self.limit()
     }
@@ -332,9 +432,9 @@ impl AdaptiveLimit {
             0.0
         };
         let l = limit.log10().max(1.0);
-        let (alpha, beta) = (2.0 * l, 4.0 * l);
+        let (alpha, beta) = (l, 3.0 * l);
         // Growing a limit that was not used tests nothing.
-        let busy = used * 2.0 >= limit;
+        let busy = used >= limit.round();
         let next = if queued <= l && busy {
             limit + beta
         } else if queued < alpha && busy {
@@ -351,12 +451,30 @@ impl AdaptiveLimit {
     }
 }
 
+/// The share of a window's samples abandoned by their callers from which its mean
+/// latency counts only as a lower bound.
+const CENSORED_SHARE: f64 = 0.1;
+
+/// The latency floor two saturated windows at different limits show, if they show one.
+/// While calls queue inside, the latency is proportional to the calls let in
+/// (`rtt ≈ m·L/C`), so `rtt / L` is the same at both limits. When the lower limit's
+/// `rtt / L` is clearly higher, the latency did not fall with the limit: its calls did
+/// not queue inside, and what they took is the floor.
+fn floor_between(a: Seen, b: Seen) -> Option<f64> {
+    let (lo, hi) = if a.limit < b.limit { (a, b) } else { (b, a) };
+    if lo.limit > 0.9 * hi.limit || lo.rtt <= 0.0 || hi.rtt <= 0.0 {
+        return None;
+    }
+    (lo.rtt / lo.limit > 1.3 * hi.rtt / hi.limit).then_some(lo.rtt)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+    const US: Duration = Duration::from_micros(1);
 
     /// A server of `capacity` slots with service time `service` and the limit in
     /// front: every window, `limit` calls run, each taking `service · max(1, L/C)`.
@@ -410,8 +528,13 @@ mod tests {
     }
 
     #[test]
-    fn a_slower_floor_is_probed_again_and_the_limit_follows_it_both_ways() {
-        let mut limit = AdaptiveLimit::new(config(), 16, 0).unwrap();
+    fn a_slower_floor_is_found_without_a_probe_and_the_limit_follows_it_both_ways() {
+        // No scheduled probe during the run: only the first one, at the first call.
+        let config = AdaptiveLimitConfig {
+            probe_interval: Duration::from_secs(3600),
+            ..config()
+        };
+        let mut limit = AdaptiveLimit::new(config, 16, 0).unwrap();
         let mut t0 = Instant::now();
         let start = t0;
         // Every call takes 2.5x longer from 2 s to 6 s: the same 16 slots, slower.
@@ -429,24 +552,31 @@ mod tests {
         drive(&mut limit, &mut t0, 16.0, service, 40, None);
         let before = limit.limit();
         assert!((17..=24).contains(&before), "{before}");
+        let mut during = Vec::new();
         while t0 < slow.1 - Duration::from_millis(300) {
-            drive(&mut limit, &mut t0, 16.0, service, 1, None);
+            during.extend(drive(&mut limit, &mut t0, 16.0, service, 1, None));
         }
-        // Vegas first reads the slower calls as queueing and cuts the limit; the cut
-        // starts a probe, which finds the new floor, and the limit returns above the
-        // capacity instead of staying far below it until the next scheduled probe.
+        // Vegas first reads the slower calls as queueing and cuts the limit below the
+        // capacity; the window after the cut shows that the latency did not fall with
+        // it, which is the new floor, and the limit returns above the capacity without
+        // a probe (which would have dropped it to the floor of 1).
         let m = limit.min_latency().unwrap();
         assert!(
             m >= 25 * MS && m < 27 * MS,
             "floor during the slowdown: {m:?}"
         );
-        let during = limit.limit();
-        assert!((17..=24).contains(&during), "during the slowdown: {during}");
+        assert!(
+            !during.contains(&1),
+            "probed during the slowdown: {during:?}"
+        );
+        let now = limit.limit();
+        assert!((17..=24).contains(&now), "during the slowdown: {now}");
         let back = t0;
         while t0 < back + Duration::from_millis(1500) {
             drive(&mut limit, &mut t0, 16.0, service, 1, None);
         }
-        // Once calls are faster than the floor again, it is probed again too.
+        // Once calls are faster than the floor, it follows them down; every window
+        // stays saturated, so a probe finds the floor itself a second later.
         let m = limit.min_latency().unwrap();
         assert!(m < 11 * MS, "floor after: {m:?}");
         assert!(
@@ -454,6 +584,38 @@ mod tests {
             "after: {}",
             limit.limit()
         );
+    }
+
+    #[test]
+    fn a_window_whose_callers_left_neither_grows_the_limit_nor_shows_a_floor() {
+        let mut limit = AdaptiveLimit::new(config(), 30, 0).unwrap();
+        let t0 = Instant::now();
+        // A probe at the floor of 1 measures m = 10 ms.
+        limit.sample_at(t0, t0, 0);
+        for i in 0..8u32 {
+            let start = t0 + i * 10 * MS;
+            limit.sample_at(start + 10 * MS, start, 0);
+        }
+        assert_eq!((limit.limit(), limit.min_latency()), (30, Some(10 * MS)));
+        // Windows of 30 calls running, each 10.2 ms so far, a third abandoned: hardly
+        // anything seems queued, which would grow the limit, but the mean is only a
+        // lower bound.
+        let mut t = t0 + 100 * MS;
+        for i in 0..60u32 {
+            t += 2 * MS;
+            if i % 3 == 0 {
+                limit.abandoned_at(t, t - 10200 * US, 29);
+            } else {
+                limit.sample_at(t, t - 10200 * US, 29);
+            }
+        }
+        assert_eq!(limit.limit(), 30);
+        // The same windows with every call finished grow it.
+        for _ in 0..30u32 {
+            t += 2 * MS;
+            limit.sample_at(t, t - 10200 * US, 29);
+        }
+        assert!(limit.limit() > 30, "{}", limit.limit());
     }
 
     #[test]

@@ -357,16 +357,36 @@ impl<T> AdmissionQueue<T> {
         Some(waiting)
     }
 
-    /// A running call that got its worker at `started` finished at `now` (or its caller
-    /// left mid-run): its worker goes to the next live waiter, reported to `sink`.
-    /// Either way a worker turned over, so it feeds the drain estimate behind the
-    /// pushback, and its time on the worker is a latency sample for an adaptive limit
-    /// (a call abandoned mid-run took at least that long).
+    /// A running call that got its worker at `started` finished at `now`: its worker goes
+    /// to the next live waiter, reported to `sink`. A worker turned over, so it feeds the
+    /// drain estimate behind the pushback, and its time on the worker is a latency sample
+    /// for an adaptive limit.
     pub fn finish_at(&mut self, now: Instant, started: Instant, sink: impl FnMut(Dispatch<T>)) {
+        self.release_at(now, started, false, sink);
+    }
+
+    /// A running call that got its worker at `started` was abandoned at `now` (its caller
+    /// left mid-run): as [`finish_at`](Self::finish_at), but its time on the worker is
+    /// only a lower bound on its latency, which an adaptive limit reads as such.
+    pub fn abandon_at(&mut self, now: Instant, started: Instant, sink: impl FnMut(Dispatch<T>)) {
+        self.release_at(now, started, true, sink);
+    }
+
+    fn release_at(
+        &mut self,
+        now: Instant,
+        started: Instant,
+        abandoned: bool,
+        sink: impl FnMut(Dispatch<T>),
+    ) {
         self.running = self.running.saturating_sub(1);
         self.policy.record_completion_at(now);
         if let Some(adaptive) = &mut self.adaptive {
-            self.limit = adaptive.sample_at(now, started, self.running);
+            self.limit = if abandoned {
+                adaptive.abandoned_at(now, started, self.running)
+            } else {
+                adaptive.sample_at(now, started, self.running)
+            };
         }
         self.dispatch_at(now, sink);
     }

@@ -237,7 +237,7 @@ impl SimServer {
         if let Some(id) = queued.remove(&job) {
             queue.withdraw_at(now, id);
         } else if let Some(started) = running.remove(&job) {
-            queue.finish_at(now, started, dispatcher(now, queued, running, out));
+            queue.abandon_at(now, started, dispatcher(now, queued, running, out));
         }
     }
 }

@@ -192,6 +192,7 @@ impl Gate {
                 Entry::Admitted(WorkerPermit {
                     gate: Arc::clone(self),
                     started: now,
+                    finished: false,
                 })
             }
             Arrival::Queued { id, expiry } => Entry::Queued(Ticket {
@@ -213,10 +214,14 @@ impl Gate {
 
     /// Gives a worker back (a call that got it at `started` finished, or its caller
     /// left mid-run). Either way a worker turned over, so both feed the drain estimate
-    /// and an adaptive limit.
-    fn release(&self, now: Instant, started: Instant) {
+    /// and an adaptive limit, which reads an abandoned call's time as a lower bound.
+    fn release(&self, now: Instant, started: Instant, finished: bool) {
         self.lock().apply(&self.counters, |core, sink| {
-            core.finish_at(now, started, sink);
+            if finished {
+                core.finish_at(now, started, sink);
+            } else {
+                core.abandon_at(now, started, sink);
+            }
         });
     }
 
@@ -245,6 +250,7 @@ impl Gate {
                 return Turn::Run(WorkerPermit {
                     gate: Arc::clone(self),
                     started: now,
+                    finished: false,
                 });
             }
             Some(Outcome::Expired) => return Turn::Expired,
@@ -359,18 +365,22 @@ pub(crate) struct WorkerPermit {
     gate: Arc<Gate>,
     /// When the call got the worker (its latency sample starts here).
     started: Instant,
+    /// Whether the call finished (rather than being dropped when its caller left).
+    finished: bool,
 }
 
 impl WorkerPermit {
     /// The call finished on this worker: count it and give the worker back.
-    pub(crate) fn finished(self) {
+    pub(crate) fn finished(mut self) {
         self.gate.counters.record_completed();
+        self.finished = true;
     }
 }
 
 impl Drop for WorkerPermit {
     fn drop(&mut self) {
-        self.gate.release(Instant::now(), self.started);
+        self.gate
+            .release(Instant::now(), self.started, self.finished);
     }
 }
 
