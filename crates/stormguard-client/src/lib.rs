@@ -134,5 +134,5 @@ pub use criticality::{CriticalityLayer, StampCriticality};
 pub use interceptor::ContextInterceptor;
 pub use retry::DEFAULT_REPLAY_LIMIT;
 pub use retry::{ResponseBody, Retry, RetryLayer};
-pub use stats::{RefusedCounts, RetryStats, StatsSnapshot};
+pub use stats::{RefusedCounts, RetryStats, StatsSnapshot, ThrottledCounts};
 pub use status::{BoxError, code_from_tonic, code_to_tonic};

@@ -13,6 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use stormguard_client::{Retry as RetryService, RetryLayer, RetryStats};
+use stormguard_core::adaptive_throttle::AdaptiveThrottleConfig;
 use stormguard_core::backoff::{Backoff, BackoffConfig};
 use stormguard_core::code::{Code as CoreCode, CodeSet};
 use stormguard_core::config::{ClientConfig, ConfigError};
@@ -261,6 +262,16 @@ pub fn stormguard_client_config(per_attempt: Option<Duration>) -> ClientConfig {
         .methods
         .insert_method(INVENTORY_SERVICE, RESERVE_METHOD, Some(policy));
     config
+}
+
+/// The `throttle` policy's client: [`stormguard_client_config`] with the client-side
+/// adaptive throttle at its defaults (`K = 2`, at most 90 % of calls refused locally, a
+/// 10 s window; see [`stormguard_core::adaptive_throttle`]).
+pub fn throttle_client_config(per_attempt: Option<Duration>) -> ClientConfig {
+    ClientConfig {
+        adaptive_throttle: Some(AdaptiveThrottleConfig::default()),
+        ..stormguard_client_config(per_attempt)
+    }
 }
 
 /// The `hedging` policy's client: stormguard's defaults (the retry budget, no breaker), with
