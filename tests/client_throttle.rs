@@ -27,14 +27,9 @@ fn config() -> AdaptiveThrottleConfig {
 
 /// A layer that never retries, with the throttle of `config`.
 fn layer(config: AdaptiveThrottleConfig) -> RetryLayer {
-    RetryLayer::from_config_seeded(
-        &ClientConfig {
-            adaptive_throttle: Some(config),
-            ..ClientConfig::no_retries()
-        },
-        7,
-    )
-    .unwrap()
+    let mut client_config = ClientConfig::no_retries();
+    client_config.adaptive_throttle = Some(config);
+    RetryLayer::from_config_seeded(&client_config, 7).unwrap()
 }
 
 fn request(class: Option<&'static str>) -> Request<stormguard_demo::ReserveRequest> {

@@ -40,15 +40,20 @@
 //!
 //! The throttle protects a server from the cost of refusing work, so only refusals for
 //! overload count against the accepts: by default any `RESOURCE_EXHAUSTED`
-//! ([`AdaptiveThrottleConfig::reject_codes`]), and `UNAVAILABLE`
+//! ([`AdaptiveThrottleConfig::reject_codes`]), and `UNAVAILABLE` or `DEADLINE_EXCEEDED`
 //! ([`AdaptiveThrottleConfig::shed_codes`]) when the answer says the server shed the call
 //! (it carries a `grpc-retry-pushback-ms`, or `stormguard-unprocessed: 1`: what a
-//! `ShedLayer` sends when it sheds). An application error (`NOT_FOUND`,
-//! `INVALID_ARGUMENT`, a plain `UNAVAILABLE` from a handler) is an answer the server chose
-//! to give after doing the work: refusing the next calls locally would save it nothing.
-//! An attempt that timed out, or that failed in transport, is recorded nowhere: it says
-//! nothing about whether the server would take more work, and latency and dead
-//! dependencies are the circuit breaker's business.
+//! `ShedLayer` sends when it sheds a call, or drops a queued one whose deadline came too
+//! close). An application error (`NOT_FOUND`, `INVALID_ARGUMENT`, a plain `UNAVAILABLE`
+//! from a handler) is an answer the server chose to give after doing the work: refusing
+//! the next calls locally would save it nothing.
+//!
+//! An attempt that ran out of time without an answer is a request that was not seen to
+//! be accepted, as the book counts it: a request, not an accept
+//! ([`record_timeout_at`](AdaptiveThrottle::record_timeout_at)); under overload it is
+//! usually a call the server queued until its caller left. An attempt that failed in
+//! transport is recorded nowhere: it says nothing about whether the server would take
+//! more work (a dead dependency is the circuit breaker's business).
 //!
 //! # Criticality: sheddable first, critical last
 //!
@@ -153,8 +158,10 @@ pub struct AdaptiveThrottleConfig {
     pub reject_codes: CodeSet,
     /// Codes that are a refusal for overload when the answer says the server shed the
     /// call: it carries `grpc-retry-pushback-ms` or `stormguard-unprocessed: 1` (what a
-    /// `ShedLayer` sends when it sheds). Without either, such an answer is the
-    /// application's and counts as an accept. Default `[UNAVAILABLE]`.
+    /// `ShedLayer` sends when it sheds a call, `UNAVAILABLE`, or drops a queued one whose
+    /// deadline came too close, `DEADLINE_EXCEEDED`). Without either, such an answer is
+    /// the application's and counts as an accept. Default
+    /// `[DEADLINE_EXCEEDED, UNAVAILABLE]`.
     pub shed_codes: CodeSet,
 }
 
@@ -167,7 +174,7 @@ impl Default for AdaptiveThrottleConfig {
             max_reject_probability: 0.9,
             window: Duration::from_secs(10),
             reject_codes: CodeSet::single(Code::ResourceExhausted),
-            shed_codes: CodeSet::single(Code::Unavailable),
+            shed_codes: CodeSet::from_iter([Code::DeadlineExceeded, Code::Unavailable]),
         }
     }
 }
@@ -427,14 +434,24 @@ impl AdaptiveThrottle {
     /// `shed_mark`: the answer carries `grpc-retry-pushback-ms` or
     /// `stormguard-unprocessed: 1`. Counted as a request, and as an accept unless
     /// [`AdaptiveThrottleConfig::is_rejection`] says it was refused for overload. Retries
-    /// and hedges are requests too. Only answers the server sent are recorded: not an
-    /// attempt that timed out or failed in transport.
+    /// and hedges are requests too. Only answers the server sent are recorded here (an
+    /// attempt that timed out goes to [`record_timeout_at`](Self::record_timeout_at), one
+    /// that failed in transport nowhere).
     pub fn record_answer_at(&self, class: Criticality, code: Code, shed_mark: bool, now: Instant) {
         let accepted = !self.shared.config.is_rejection(code, shed_mark);
         let width = self.width();
         let mut inner = self.lock();
         let current = inner.advance(now, width);
         inner.record(class, current, accepted);
+    }
+
+    /// An attempt of a call of `class` ran out of time at `now` without an answer (its
+    /// per-attempt timeout, or the call's deadline): a request, not an accept.
+    pub fn record_timeout_at(&self, class: Criticality, now: Instant) {
+        let width = self.width();
+        let mut inner = self.lock();
+        let current = inner.advance(now, width);
+        inner.record(class, current, false);
     }
 
     /// The probability of refusing a call of `class` at `now`: `max(0, (requests − K ·
@@ -650,6 +667,9 @@ mod tests {
         assert!(c.is_rejection(Code::ResourceExhausted, false));
         assert!(c.is_rejection(Code::Unavailable, true));
         assert!(!c.is_rejection(Code::Unavailable, false), "a handler's UNAVAILABLE");
+        // A ShedLayer's "expired while queued".
+        assert!(c.is_rejection(Code::DeadlineExceeded, true));
+        assert!(!c.is_rejection(Code::DeadlineExceeded, false));
         for code in [Code::Ok, Code::NotFound, Code::InvalidArgument, Code::Internal] {
             assert!(!c.is_rejection(code, false), "{code}");
             assert!(!c.is_rejection(code, true), "{code}");
@@ -668,6 +688,24 @@ mod tests {
         };
         assert!(internal.is_rejection(Code::Internal, false));
         assert!(!internal.is_rejection(Code::ResourceExhausted, false));
+    }
+
+    #[test]
+    fn a_timeout_is_a_request_not_an_accept() {
+        let t = throttle(AdaptiveThrottleConfig::default());
+        let now = Instant::now();
+        feed(&t, Default, 10, 0, now);
+        for _ in 0..30 {
+            t.record_timeout_at(Default, now);
+        }
+        assert_eq!(
+            t.counts_at(Default, now),
+            WindowCounts {
+                requests: 40,
+                accepts: 10
+            }
+        );
+        assert!(close(t.probability_at(Default, now), 20.0 / 41.0));
     }
 
     #[test]

@@ -291,6 +291,9 @@ where
                         // timeout): the attempt is dropped below, which cancels its stream
                         // and tells the server through `RST_STREAM`.
                         set_key(this.call, this.route, *this.keyed_by_route);
+                        if let Some(throttle) = this.throttle.as_ref() {
+                            throttle.timed_out(Instant::now());
+                        }
                         let end = AttemptEnd::TimedOut {
                             replayable: this.attempts.is_replayable(),
                             unsent: false,

@@ -10,7 +10,8 @@
 //! refused by an open breaker is. Retries and hedges are not asked (the retry budget
 //! bounds them), but every attempt's answer is recorded: a trailers-only status or
 //! response headers that commit the call (the server took it: an accept). An attempt that
-//! timed out or failed in transport is recorded nowhere.
+//! ran out of time (the layer's timer, or one below it) is a request without an accept;
+//! one that failed in transport is recorded nowhere.
 
 use stormguard_core::Instant;
 use stormguard_core::adaptive_throttle::{AdaptiveThrottle, Throttled};
@@ -63,8 +64,17 @@ impl CallThrottle {
                 self.throttle
                     .record_answer_at(self.class, f.code, shed_mark, now);
             }
-            // A transport error or a timer: the server said nothing.
+            Outcome::Failed {
+                end: AttemptEnd::TimedOut { unsent: false, .. },
+                ..
+            } => self.timed_out(now),
+            // A transport error: the server said nothing.
             Outcome::Failed { .. } => {}
         }
+    }
+
+    /// The attempt ran out of time without an answer: a request, not an accept.
+    pub(super) fn timed_out(&self, now: Instant) {
+        self.throttle.record_timeout_at(self.class, now);
     }
 }

@@ -136,7 +136,7 @@
 //! [`AdaptiveThrottleConfig::default`](crate::adaptive_throttle::AdaptiveThrottleConfig):
 //! `k` (2), `sheddable_k` (1.5), `critical_k` (3), `max_reject_probability` (0.9),
 //! `window` (`"10s"`), `reject_codes` (`[RESOURCE_EXHAUSTED]`), `shed_codes`
-//! (`[UNAVAILABLE]`, counted only when the answer carries a pushback or
+//! (`[DEADLINE_EXCEEDED, UNAVAILABLE]`, counted only when the answer carries a pushback or
 //! `stormguard-unprocessed`). An empty object turns it on with the defaults.
 //!
 //! ```

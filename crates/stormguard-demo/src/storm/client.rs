@@ -268,10 +268,9 @@ pub fn stormguard_client_config(per_attempt: Option<Duration>) -> ClientConfig {
 /// adaptive throttle at its defaults (`K = 2`, at most 90 % of calls refused locally, a
 /// 10 s window; see [`stormguard_core::adaptive_throttle`]).
 pub fn throttle_client_config(per_attempt: Option<Duration>) -> ClientConfig {
-    ClientConfig {
-        adaptive_throttle: Some(AdaptiveThrottleConfig::default()),
-        ..stormguard_client_config(per_attempt)
-    }
+    let mut config = stormguard_client_config(per_attempt);
+    config.adaptive_throttle = Some(AdaptiveThrottleConfig::default());
+    config
 }
 
 /// The `hedging` policy's client: stormguard's defaults (the retry budget, no breaker), with
