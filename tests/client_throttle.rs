@@ -77,7 +77,10 @@ async fn a_shedding_server_makes_the_client_refuse_locally_at_the_formula_s_shar
     // Every request was refused, locally or by the server: p = n / (n + 1), capped at
     // 0.9 after the first few, so about nine calls in ten are refused locally.
     let share = local as f64 / calls as f64;
-    assert!((0.86..0.93).contains(&share), "{local} of {calls} refused locally");
+    assert!(
+        (0.86..0.93).contains(&share),
+        "{local} of {calls} refused locally"
+    );
     let counts = throttle.counts_at(Criticality::Default, Instant::now());
     assert_eq!((counts.requests, counts.accepts), (calls, 0));
 }

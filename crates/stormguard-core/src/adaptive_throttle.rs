@@ -333,8 +333,7 @@ impl Inner {
     fn advance(&mut self, now: Instant, width: Duration) -> u64 {
         let origin = *self.origin.get_or_insert(now);
         let elapsed = now.saturating_duration_since(origin);
-        let index =
-            u64::try_from(elapsed.as_nanos() / width.as_nanos().max(1)).unwrap_or(u64::MAX);
+        let index = u64::try_from(elapsed.as_nanos() / width.as_nanos().max(1)).unwrap_or(u64::MAX);
         self.newest = self.newest.max(index);
         self.newest
     }
@@ -577,7 +576,10 @@ mod tests {
             }
         );
         // A bucket reused after a long silence starts from zero.
-        assert_eq!(t.counts_at(Default, t0 + 100 * SEC), WindowCounts::default());
+        assert_eq!(
+            t.counts_at(Default, t0 + 100 * SEC),
+            WindowCounts::default()
+        );
         feed(&t, Default, 1, 0, t0 + 100 * SEC);
         assert_eq!(t.counts_at(Default, t0 + 100 * SEC).requests, 1);
     }
@@ -666,11 +668,19 @@ mod tests {
         let c = AdaptiveThrottleConfig::default();
         assert!(c.is_rejection(Code::ResourceExhausted, false));
         assert!(c.is_rejection(Code::Unavailable, true));
-        assert!(!c.is_rejection(Code::Unavailable, false), "a handler's UNAVAILABLE");
+        assert!(
+            !c.is_rejection(Code::Unavailable, false),
+            "a handler's UNAVAILABLE"
+        );
         // A ShedLayer's "expired while queued".
         assert!(c.is_rejection(Code::DeadlineExceeded, true));
         assert!(!c.is_rejection(Code::DeadlineExceeded, false));
-        for code in [Code::Ok, Code::NotFound, Code::InvalidArgument, Code::Internal] {
+        for code in [
+            Code::Ok,
+            Code::NotFound,
+            Code::InvalidArgument,
+            Code::Internal,
+        ] {
             assert!(!c.is_rejection(code, false), "{code}");
             assert!(!c.is_rejection(code, true), "{code}");
         }

@@ -96,7 +96,10 @@ impl LayerEvents {
     /// The adaptive throttle refused a call of `class` to `path`: counted, and the summary
     /// written when due (as for refused retries, at most once a second).
     pub(crate) fn throttled(&self, class: Criticality, path: &str) {
-        let cause = Criticality::ALL.iter().position(|c| *c == class).unwrap_or(1);
+        let cause = Criticality::ALL
+            .iter()
+            .position(|c| *c == class)
+            .unwrap_or(1);
         let Some(summary) = self.throttled.record_at(cause, Instant::now()) else {
             return;
         };

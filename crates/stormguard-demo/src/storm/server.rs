@@ -255,9 +255,7 @@ pub(crate) async fn serve_costed<T: Inventory>(
     Ok(match (admission, reject_cost) {
         (Some(config), Some(cost)) => {
             // The first layer is the outer one.
-            let mut builder = builder
-                .layer(cost)
-                .layer(ShedLayer::from_config(config)?);
+            let mut builder = builder.layer(cost).layer(ShedLayer::from_config(config)?);
             Serving::spawn(
                 addr,
                 builder.add_service(service).serve_with_incoming(incoming),
