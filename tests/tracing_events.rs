@@ -1,7 +1,7 @@
 //! Tracing: what the layers log, and at which level. A healthy service logs nothing at
-//! INFO. Each refused retry, shed call, expiry and call the client throttle refuses is a DEBUG event with its details; INFO
-//! gets at most one summary a second per layer, with the counts by cause; each transition
-//! of a client's circuit breaker is one INFO event. Each attempt's span carries
+//! INFO. Each refused retry, shed call, expiry and call the client throttle refuses is a
+//! DEBUG event with its details; INFO gets at most one summary a second per layer, with
+//! the counts by cause; each transition of a client's circuit breaker is one INFO event. Each attempt's span carries
 //! `retry.attempt`, `retry.delay_ms` and `retry.reason`.
 //!
 //! Every test records with its own subscriber on its own thread (current-thread runtimes:
