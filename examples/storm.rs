@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release --example storm -- [--quick] [--json FILE] [--svg FILE] [--seed N]
 //!     [--model cancelling|pool] [--policies LIST] [--load SHARE] [--deadline-ms MS]
-//!     [--limit fixed|adaptive]
+//!     [--limit fixed|adaptive] [--overload X] [--reject-cost-us N]
 //! ```
 //!
 //! `--help` describes every flag.
@@ -14,6 +14,12 @@
 //! deadline and 50 ms per attempt; the service time rises ×2.5 for a few seconds, then
 //! comes back. The same timeline runs for each policy; then a table, and `storm.svg`
 //! (goodput and attempts per second, one line per policy, the trigger shaded).
+//!
+//! `--overload X` replaces the trigger with a sustained overload (the whole run at X times
+//! the measured capacity, the service time unchanged) and `--reject-cost-us N` makes every
+//! answer the `ShedLayer` sheds cost the server N µs of CPU: the case of the `throttle`
+//! policy (stormguard plus the client's adaptive throttle), e.g.
+//! `--policies stormguard,throttle --overload 10 --reject-cost-us 300`.
 
 use std::error::Error;
 use std::process::ExitCode;
@@ -31,7 +37,9 @@ mod cli;
 ///
 /// One Inventory server (8 workers x 10 ms) on loopback, an open-loop fleet at 78 % of
 /// its measured capacity, the service time x2.5 for 4 s; the same timeline for each
-/// policy. Prints a table and draws the picture.
+/// policy. Prints a table and draws the picture. With --overload and --reject-cost-us: a
+/// sustained overload against a server whose refusals cost CPU, the case of the `throttle`
+/// policy (stormguard plus the client's adaptive throttle).
 #[derive(Debug, Parser)]
 #[command(name = "storm")]
 struct Args {
@@ -52,7 +60,7 @@ struct Args {
     #[arg(long, value_name = "M", value_enum, default_value_t = Model::Cancelling)]
     model: Model,
     /// The policies to run, comma-separated, in the table's order [default: all but
-    /// hedging]
+    /// hedging and throttle]
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = policy())]
     policies: Vec<Policy>,
     /// Offered load as a share of the measured capacity
@@ -66,6 +74,15 @@ struct Args {
     /// The shed layer's worker limit
     #[arg(long, value_name = "L", value_enum, default_value_t = Limit::Fixed)]
     limit: Limit,
+    /// Instead of the trigger, a sustained overload: offer X times the measured capacity
+    /// for the whole run, service time unchanged (--load is then not used); the table
+    /// shows goodput as a share of capacity and the CPU spent rejecting
+    #[arg(long, value_name = "X", value_parser = cli::positive)]
+    overload: Option<f64>,
+    /// CPU each answer the server's shed layer sheds costs it before it is sent, in
+    /// microseconds (a busy loop on the server's runtime thread) [default: 0]
+    #[arg(long = "reject-cost-us", value_name = "N")]
+    reject_cost_us: Option<u64>,
 }
 
 /// `--model`.
@@ -112,6 +129,8 @@ impl Args {
         config.load = self.load;
         config.deadline = Duration::from_millis(self.deadline_ms);
         config.adaptive_limit = matches!(self.limit, Limit::Adaptive);
+        config.overload = self.overload;
+        config.reject_cost = Duration::from_micros(self.reject_cost_us.unwrap_or(0));
         config
     }
 
@@ -194,7 +213,7 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
 }
 
 /// One colour per policy, in [`Policy::ALL`]'s order.
-const COLOURS: [RGBColor; 7] = [
+const COLOURS: [RGBColor; 8] = [
     RGBColor(214, 39, 40),
     RGBColor(255, 127, 14),
     RGBColor(148, 103, 189),
@@ -202,6 +221,7 @@ const COLOURS: [RGBColor; 7] = [
     RGBColor(140, 86, 75),
     RGBColor(44, 160, 44),
     RGBColor(23, 190, 207),
+    RGBColor(227, 119, 194),
 ];
 
 /// What one panel plots, per second.

@@ -128,6 +128,8 @@ const EXAMPLES: &[Example] = &[
             "--load",
             "--deadline-ms",
             "--limit",
+            "--overload",
+            "--reject-cost-us",
         ],
         bad_value: &["--policies", "naive,patient"],
     },

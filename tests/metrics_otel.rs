@@ -525,3 +525,60 @@ async fn replicas_export_each_replicas_counters_and_state() {
         ) >= 1
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_the_adaptive_throttle_refuses_are_exported_by_criticality() {
+    let (provider, exporter) = provider();
+    let meter = provider.meter("stormguard-test");
+    // A real ShedLayer with one worker and one place: most of a wave of calls is shed.
+    let shed = ShedLayer::from_config(AdmissionConfig {
+        workers: 1,
+        queue_capacity: 1,
+        retry_threshold: RetryThreshold {
+            depth: Some(1),
+            queue_delay: None,
+        },
+        ..AdmissionConfig::default()
+    })
+    .unwrap();
+    let demo = DemoConfig {
+        service_time: Duration::from_millis(5),
+        fail_rate: 0.0,
+        seed: 5,
+    };
+    let addr = serve(demo, Some(shed)).await;
+    let throttle = stormguard_core::adaptive_throttle::AdaptiveThrottle::new(
+        stormguard_core::adaptive_throttle::AdaptiveThrottleConfig {
+            window: Duration::from_secs(60),
+            ..Default::default()
+        },
+        3,
+    )
+    .unwrap();
+    let layer = RetryLayer::new(controller(9))
+        .with_adaptive_throttle(throttle)
+        .with_meter(&meter)
+        .with_name("throttled");
+    let stats = layer.stats();
+    // The first wave goes out whole (the throttle has seen nothing yet) and is mostly
+    // shed; the next ones are mostly refused locally.
+    for _ in 0..3 {
+        run(addr, layer.clone(), 60).await;
+    }
+    let c = stats.snapshot();
+    assert!(c.throttled.default > 0, "{c:?}");
+    let m = &collect(&provider, &exporter);
+    let class = |name| {
+        total(
+            m,
+            "stormguard.client.throttled",
+            &[
+                ("stormguard.layer", "throttled"),
+                ("stormguard.criticality", name),
+            ],
+        )
+    };
+    assert_eq!(class("default"), c.throttled.default);
+    assert_eq!(class("sheddable"), 0);
+    assert_eq!(class("critical"), 0);
+}

@@ -44,7 +44,8 @@ async fn quick_storm_has_the_shape_of_the_report() {
             "client-only",
             "server-only",
             "stormguard",
-            "hedging"
+            "hedging",
+            "throttle"
         ]
     );
     for p in &report.policies {
@@ -73,7 +74,11 @@ async fn quick_storm_has_the_shape_of_the_report() {
         }
         let budgeted = matches!(
             policy,
-            Policy::GrpcThrottle | Policy::ClientOnly | Policy::Stormguard | Policy::Hedging
+            Policy::GrpcThrottle
+                | Policy::ClientOnly
+                | Policy::Stormguard
+                | Policy::Hedging
+                | Policy::Throttle
         );
         assert_eq!(p.budget_refusals.is_some(), budgeted, "{}", p.name);
         assert_eq!(p.hedges.is_some(), policy == Policy::Hedging, "{}", p.name);
@@ -117,7 +122,7 @@ async fn quick_storm_has_the_shape_of_the_report() {
     assert_eq!(trigger["end_s"], u64::from(end_s));
     assert!(trigger["capacity_share"].as_f64().unwrap() > 0.0);
     let policies = json["policies"].as_array().unwrap();
-    assert_eq!(policies.len(), 7);
+    assert_eq!(policies.len(), Policy::ALL.len());
     for p in policies {
         // Every policy has the same fields; the one that hedges has its hedges as well.
         let mut expected = vec![
@@ -126,16 +131,22 @@ async fn quick_storm_has_the_shape_of_the_report() {
             "goodput_after",
             "goodput_before",
             "goodput_during",
+            "goodput_share_of_capacity",
             "name",
             "recovery_s",
+            "reject_cpu_ms",
             "timeline",
         ];
         if p["name"] == "hedging" {
-            expected.insert(5, "hedges");
+            expected.insert(6, "hedges");
             assert_eq!(keys(&p["hedges"]), ["refused", "sent", "won"]);
         }
         assert_eq!(keys(p), expected);
         assert!(p["recovery_s"].is_null() || p["recovery_s"].is_u64());
+        // Without --reject-cost-us no refusal costs the server anything.
+        assert_eq!(p["reject_cpu_ms"], 0.0);
+        let share = p["goodput_share_of_capacity"].as_f64().unwrap();
+        assert!(share > 0.0 && share <= 1.5, "{}: {share}", p["name"]);
         assert_eq!(
             keys(&p["timeline"][0]),
             ["attempts", "goodput", "offered", "shed", "t"]

@@ -1,7 +1,7 @@
 //! Tracing: what the layers log, and at which level. A healthy service logs nothing at
-//! INFO. Each refused retry, shed call and expiry is a DEBUG event with its details; INFO
-//! gets at most one summary a second per layer, with the counts by cause; each transition
-//! of a client's circuit breaker is one INFO event. Each attempt's span carries
+//! INFO. Each refused retry, shed call, expiry and call the client throttle refuses is a
+//! DEBUG event with its details; INFO gets at most one summary a second per layer, with
+//! the counts by cause; each transition of a client's circuit breaker is one INFO event. Each attempt's span carries
 //! `retry.attempt`, `retry.delay_ms` and `retry.reason`.
 //!
 //! Every test records with its own subscriber on its own thread (current-thread runtimes:
@@ -418,4 +418,72 @@ async fn a_replica_ejected_is_logged_once_at_info() {
     );
     assert_eq!(ejected[0].get("reason"), Some("consecutive_failures"));
     assert_eq!(ejected[0].get("ejections"), Some("1"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn calls_the_throttle_refuses_are_each_at_debug_and_summarised_at_info_once_a_second() {
+    let (recorder, _guard) = record();
+    // Every call is shed: the throttle soon refuses about nine in ten locally.
+    let svc = Scripted::always(Step::pushback(Code::Unavailable, "10"));
+    let t0 = Instant::now();
+    let throttle = stormguard_core::adaptive_throttle::AdaptiveThrottle::new(
+        stormguard_core::adaptive_throttle::AdaptiveThrottleConfig::default(),
+        5,
+    )
+    .unwrap();
+    let layer = RetryLayer::new(RetryController::new(
+        MethodTable::default(),
+        client_support::budget(10, 0.1),
+        None,
+        1,
+    ))
+    .with_adaptive_throttle(throttle);
+    let stats = layer.stats();
+    let mut client = client_support::setup(&svc, layer).await;
+    for i in 0..50 {
+        let status = client
+            .reserve(client_support::reserve(&format!("{i}")))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable);
+        tokio::time::advance(Duration::from_millis(10)).await;
+    }
+    let refused = stats.snapshot().throttled.default;
+    assert!(refused > 30, "{refused}");
+    let events = recorder.take();
+    assert_eq!(events.iter().filter(|e| e.level <= Level::INFO).count(), 0);
+    let each = Recorder::with_message(
+        &events,
+        Level::DEBUG,
+        "stormguard: call rejected by the client throttle",
+    );
+    assert_eq!(each.len() as u64, refused, "every refusal at DEBUG");
+    for event in &each {
+        assert_eq!(event.get("throttle.criticality"), Some("default"));
+        assert_eq!(event.get("rpc.method"), Some(client_support::RESERVE));
+        assert_eq!(event.get("stormguard.layer"), Some(SERVICE));
+        assert!(event.get("throttle.probability").is_some());
+    }
+    // The first refusal once the second is over writes one summary with all of them.
+    tokio::time::sleep_until(t0 + Duration::from_secs(1)).await;
+    let mut i = 0;
+    while stats.snapshot().throttled.default == refused {
+        let _ = client
+            .reserve(client_support::reserve(&format!("late-{i}")))
+            .await;
+        i += 1;
+    }
+    let info = recorder.take_info();
+    assert_eq!(info.len(), 1, "{info:?}");
+    let message = info[0].get("message").unwrap();
+    assert!(
+        message.starts_with(&format!(
+            "stormguard: {} calls rejected by the client throttle in the last 1.",
+            refused + 1
+        )),
+        "{message}"
+    );
+    assert_eq!(number(&info[0], "throttled.default"), refused + 1);
+    assert_eq!(number(&info[0], "throttled.sheddable"), 0);
+    assert_eq!(number(&info[0], "throttled.critical"), 0);
 }

@@ -12,6 +12,10 @@
 //! not push back, the deadline leaves room, the breaker is closed and the shared budget
 //! (retries ≤ ~10 % of successes) can pay for it.
 //!
+//! For a dependency whose refusals cost it real work, the layer can also refuse calls
+//! locally while the dependency refuses most of them for overload
+//! ([`RetryLayer::with_adaptive_throttle`], the SRE book's client-side throttling).
+//!
 //! # Use
 //!
 //! ```no_run
@@ -134,5 +138,5 @@ pub use criticality::{CriticalityLayer, StampCriticality};
 pub use interceptor::ContextInterceptor;
 pub use retry::DEFAULT_REPLAY_LIMIT;
 pub use retry::{ResponseBody, Retry, RetryLayer};
-pub use stats::{RefusedCounts, RetryStats, StatsSnapshot};
+pub use stats::{RefusedCounts, RetryStats, StatsSnapshot, ThrottledCounts};
 pub use status::{BoxError, code_from_tonic, code_to_tonic};

@@ -29,6 +29,7 @@
 //! | `stormguard.client.hedges` | counter | `{attempt}` | |
 //! | `stormguard.client.hedges.won` | counter | `{call}` | |
 //! | `stormguard.client.hedges.refused` | counter | `{attempt}` | `stormguard.refusal.cause` |
+//! | `stormguard.client.throttled` | counter | `{call}` | `stormguard.criticality` (`sheddable`, `default`, `critical`): calls the adaptive throttle refused locally |
 //! | `stormguard.client.budget.balance` | gauge | `{retry}` | |
 //! | `stormguard.client.breaker.state` | gauge | `1` | `stormguard.breaker.state` (`closed`, `open`, `half_open`: 1 for the current one) |
 //!
@@ -325,6 +326,25 @@ impl ClientMetrics {
                     for (cause, count) in s.snapshot().refused.iter() {
                         let cause = KeyValue::new("stormguard.refusal.cause", cause);
                         o.observe(count, &[system.clone(), layer.clone(), cause]);
+                    }
+                })
+                .build(),
+        );
+        let (s, n) = (stats.clone(), Arc::clone(name));
+        counters.push(
+            meter
+                .u64_observable_counter("stormguard.client.throttled")
+                .with_description(
+                    "Calls the adaptive throttle refused locally (never sent), by criticality",
+                )
+                .with_unit("{call}")
+                .with_callback(move |o| {
+                    let Some([system, layer]) = base(&n) else {
+                        return;
+                    };
+                    for (class, count) in s.snapshot().throttled.iter() {
+                        let class = KeyValue::new("stormguard.criticality", class);
+                        o.observe(count, &[system.clone(), layer.clone(), class]);
                     }
                 })
                 .build(),

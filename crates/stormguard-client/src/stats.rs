@@ -17,6 +17,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use stormguard_core::criticality::Criticality;
 use stormguard_core::retry::Refusal;
 
 /// A cloneable handle on a layer's counters; every clone of the layer and its services
@@ -65,6 +66,12 @@ struct Counters {
     hedges_won: AtomicU64,
     refused: [AtomicU64; Refusal::ALL.len()],
     hedges_refused: [AtomicU64; Refusal::ALL.len()],
+    /// Calls the adaptive throttle refused locally, by criticality (lowest first).
+    throttled: [AtomicU64; Criticality::ALL.len()],
+}
+
+fn class_index(c: Criticality) -> usize {
+    Criticality::ALL.iter().position(|x| *x == c).unwrap_or(0)
 }
 
 fn index(r: Refusal) -> usize {
@@ -167,6 +174,11 @@ impl RetryStats {
         self.shard().refused[index(r)].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The adaptive throttle refused a call of `class` locally.
+    pub(crate) fn throttled(&self, class: Criticality) {
+        self.shard().throttled[class_index(class)].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A hedge that was due was not sent, because of `r`.
     pub(crate) fn hedge_refused(&self, r: Refusal) {
         self.shard().hedges_refused[index(r)].fetch_add(1, Ordering::Relaxed);
@@ -220,6 +232,19 @@ impl RetryStats {
             hedges_won: load(|c| &c.hedges_won),
             refused: counts(|c| &c.refused),
             hedges_refused: counts(|c| &c.hedges_refused),
+            throttled: {
+                let t = |class| {
+                    shards
+                        .iter()
+                        .map(|c| c.throttled[class_index(class)].load(Ordering::Relaxed))
+                        .sum::<u64>()
+                };
+                ThrottledCounts {
+                    sheddable: t(Criticality::Sheddable),
+                    default: t(Criticality::Default),
+                    critical: t(Criticality::Critical),
+                }
+            },
         }
     }
 }
@@ -288,6 +313,10 @@ pub struct StatsSnapshot {
     /// `pushback`: a server's pushback stopped them; `replay_limit`: the request could not
     /// be copied; ...).
     pub hedges_refused: RefusedCounts,
+    /// Calls the adaptive throttle refused locally, never sent, by criticality (see
+    /// [`RetryLayer::with_adaptive_throttle`](crate::RetryLayer::with_adaptive_throttle)):
+    /// each is also a logical call that `failed`.
+    pub throttled: ThrottledCounts,
 }
 
 impl StatsSnapshot {
@@ -325,6 +354,36 @@ pub struct RefusedCounts {
     pub replay_limit: u64,
     /// The request-scoped retry allowance (`x-retry-budget`) was spent.
     pub allowance: u64,
+}
+
+/// Calls refused locally by the adaptive throttle, by the criticality they had.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThrottledCounts {
+    /// `sheddable` calls.
+    pub sheddable: u64,
+    /// `default` calls (and calls without a criticality).
+    pub default: u64,
+    /// `critical` calls.
+    pub critical: u64,
+}
+
+impl ThrottledCounts {
+    /// Every class.
+    pub fn total(&self) -> u64 {
+        self.sheddable + self.default + self.critical
+    }
+
+    /// `(class, count)` for every class, lowest first, with the names of
+    /// [`Criticality::as_str`].
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        [
+            (Criticality::Sheddable, self.sheddable),
+            (Criticality::Default, self.default),
+            (Criticality::Critical, self.critical),
+        ]
+        .into_iter()
+        .map(|(c, n)| (c.as_str(), n))
+    }
 }
 
 impl RefusedCounts {

@@ -18,6 +18,9 @@
 //!   the gRPC A6 token bucket ([`throttle`]) is there for users who want the standard one;
 //! * **full-jitter backoff** ([`backoff`]) so retries do not arrive as pulses;
 //! * **server pushback** ([`pushback`], `grpc-retry-pushback-ms`) honoured exactly;
+//! * **client-side adaptive throttling** ([`adaptive_throttle`], the SRE book's formula):
+//!   a client refuses calls locally while the dependency refuses most of them for
+//!   overload, for servers whose refusals cost real work;
 //! * a **circuit breaker** ([`breaker`]) for latency: fail fast while a dependency is dead,
 //!   probe it back on a jittered schedule;
 //! * **deadlines** ([`deadline`]): a retry gets what is left of the caller's time, never a
@@ -50,6 +53,7 @@
 /// runtime and follows `tokio::time::pause()` in tests.
 pub use tokio::time::Instant;
 
+pub mod adaptive_throttle;
 pub mod admission;
 pub mod backoff;
 pub mod breaker;

@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use http::Uri;
+use stormguard_core::adaptive_throttle::Throttled;
 use stormguard_core::code::Code;
 use stormguard_core::context;
 use stormguard_core::retry::Refusal;
@@ -31,6 +32,25 @@ pub(super) fn breaker_open(stats: &mut CallStats, refusal: Refusal) -> Status {
     stats.outcome(Code::Unavailable);
     status_do_not_retry(Status::unavailable(format!(
         "stormguard: call not sent ({refusal}): the circuit breaker is open"
+    )))
+}
+
+/// The adaptive throttle refused the call locally: it is not sent, and callers above are
+/// told not to retry it either (the dependency is refusing calls for overload).
+pub(super) fn throttled(stats: &mut CallStats, uri: &Uri, throttled: Throttled) -> Status {
+    stats.throttled(throttled.class);
+    stats.outcome(Code::Unavailable);
+    let events = stats.events();
+    tracing::debug!(
+        stormguard.layer = events.name().get().map_or("", |n| &**n),
+        rpc.method = uri.path(),
+        throttle.criticality = throttled.class.as_str(),
+        throttle.probability = throttled.probability,
+        "stormguard: call rejected by the client throttle"
+    );
+    events.throttled(throttled.class, uri.path());
+    status_do_not_retry(Status::unavailable(format!(
+        "stormguard: call not sent: {throttled}"
     )))
 }
 

@@ -5,6 +5,8 @@
 //! |---|---|---|
 //! | `stormguard: retry refused` (each one) | DEBUG | `stormguard.layer`, `rpc.method`, `retry.refused`, `retry.attempt`, `deadline.left_ms` |
 //! | `stormguard: N retries refused in the last S s` | INFO | `stormguard.layer`, `rpc.method` (of the latest), `refused.attempts`, `refused.deadline`, `refused.breaker`, `refused.budget`, `refused.key_budget`, `refused.allowance`, `summary.window_ms` |
+//! | `stormguard: call rejected by the client throttle` (each one) | DEBUG | `stormguard.layer`, `rpc.method`, `throttle.criticality`, `throttle.probability` |
+//! | `stormguard: N calls rejected by the client throttle in the last S s` | INFO | `stormguard.layer`, `rpc.method` (of the latest), `throttled.sheddable`, `throttled.default`, `throttled.critical`, `summary.window_ms` |
 //! | `stormguard: circuit breaker opened`, `... half-opened`, `... closed` | INFO | `stormguard.layer`, `breaker.from`, `breaker.to`, `breaker.failure_rate` (opened from closed), `breaker.open_ms` (opened) |
 //!
 //! The summary counts the refusals that mean a dependency fails beyond what the policy pays
@@ -22,6 +24,7 @@ use std::sync::Arc;
 
 use stormguard_core::Instant;
 use stormguard_core::breaker::{BreakerState, Transition, TransitionWatch};
+use stormguard_core::criticality::Criticality;
 use stormguard_core::observe::{DEFAULT_SUMMARY_INTERVAL, EventSummary, LayerName};
 use stormguard_core::retry::{Refusal, RetryController};
 
@@ -40,6 +43,8 @@ const SUMMARISED: [Refusal; 6] = [
 pub(crate) struct LayerEvents {
     name: Arc<LayerName>,
     refusals: EventSummary<{ SUMMARISED.len() }>,
+    /// Calls the adaptive throttle refused, by criticality (lowest first).
+    throttled: EventSummary<{ Criticality::ALL.len() }>,
     breaker: Option<TransitionWatch>,
 }
 
@@ -49,6 +54,7 @@ impl LayerEvents {
         LayerEvents {
             name,
             refusals: EventSummary::new(DEFAULT_SUMMARY_INTERVAL, Instant::now()),
+            throttled: EventSummary::new(DEFAULT_SUMMARY_INTERVAL, Instant::now()),
             breaker: controller.breaker().map(|b| b.watch()),
         }
     }
@@ -82,6 +88,30 @@ impl LayerEvents {
             refused.allowance = allowance,
             summary.window_ms = summary.elapsed.as_millis() as u64,
             "stormguard: {} retries refused in the last {:.1} s",
+            summary.total(),
+            summary.elapsed.as_secs_f64(),
+        );
+    }
+
+    /// The adaptive throttle refused a call of `class` to `path`: counted, and the summary
+    /// written when due (as for refused retries, at most once a second).
+    pub(crate) fn throttled(&self, class: Criticality, path: &str) {
+        let cause = Criticality::ALL
+            .iter()
+            .position(|c| *c == class)
+            .unwrap_or(1);
+        let Some(summary) = self.throttled.record_at(cause, Instant::now()) else {
+            return;
+        };
+        let [sheddable, default, critical] = summary.counts;
+        tracing::info!(
+            stormguard.layer = self.layer(),
+            rpc.method = path,
+            throttled.sheddable = sheddable,
+            throttled.default = default,
+            throttled.critical = critical,
+            summary.window_ms = summary.elapsed.as_millis() as u64,
+            "stormguard: {} calls rejected by the client throttle in the last {:.1} s",
             summary.total(),
             summary.elapsed.as_secs_f64(),
         );

@@ -38,6 +38,7 @@ use super::classify::{Last, Outcome, classify};
 use super::end::{self, CallResult, log_refusal};
 use super::layer::Shared;
 use super::record::CallStats;
+use super::throttle::CallThrottle;
 use super::timer::Timer;
 use crate::context::CallContext;
 use crate::replicas::Route;
@@ -65,6 +66,9 @@ pin_project! {
         // Whether the route's latest replica is the budget key (not the request's own).
         keyed_by_route: bool,
         stats: CallStats,
+        // The layer's adaptive throttle and the call's class, when the layer has one: every
+        // attempt's answer is recorded in it.
+        throttle: Option<CallThrottle>,
         // The hedges in flight of a hedged call (the first copy is in `State::Called`):
         // empty, and never allocated, until a hedge is sent.
         copies: Vec<hedged::Copy<S::Future>>,
@@ -148,7 +152,7 @@ where
             per_attempt: shared.per_attempt_timeout,
         };
         let begun = shared.controller.begin_call_at(path, &times, now);
-        let mut call = match begun {
+        let call = match begun {
             Ok(call) if call.deadline().is_none_or(|d| d > now) => call,
             // Only an open breaker rejects a first attempt: fail fast.
             Err(refusal) => {
@@ -160,6 +164,19 @@ where
                 return Self::refused(spare, shared, request.uri(), stats, status);
             }
         };
+        let throttle = match &shared.throttle {
+            None => None,
+            Some(throttle) => match CallThrottle::admit(throttle, request.headers(), now) {
+                Ok(admitted) => Some(admitted),
+                Err(throttled) => {
+                    // Dropping the call state releases its breaker permit unused.
+                    drop(call);
+                    let status = end::throttled(&mut stats, request.uri(), throttled);
+                    return Self::refused(spare, shared, request.uri(), stats, status);
+                }
+            },
+        };
+        let mut call = call;
         let plan = call.first_attempt_at(now);
         let retryable = call.is_retryable_method();
         let stamps = Arc::clone(&shared.stamps);
@@ -197,6 +214,7 @@ where
             keyed_by_route,
             route,
             stats,
+            throttle,
             copies: Vec::new(),
             hedge_last: None,
             timer: Timer::at(fire_at),
@@ -231,6 +249,7 @@ where
             route: None,
             keyed_by_route: false,
             stats,
+            throttle: None,
             copies: Vec::new(),
             hedge_last: None,
             timer: Timer::at(None),
@@ -272,6 +291,9 @@ where
                         // timeout): the attempt is dropped below, which cancels its stream
                         // and tells the server through `RST_STREAM`.
                         set_key(this.call, this.route, *this.keyed_by_route);
+                        if let Some(throttle) = this.throttle.as_ref() {
+                            throttle.timed_out(Instant::now());
+                        }
                         let end = AttemptEnd::TimedOut {
                             replayable: this.attempts.is_replayable(),
                             unsent: false,
@@ -286,7 +308,11 @@ where
                             ready!(fut.poll(cx))
                         };
                         set_key(this.call, this.route, *this.keyed_by_route);
-                        match classify(result, this.attempts.is_replayable()) {
+                        let outcome = classify(result, this.attempts.is_replayable());
+                        if let Some(throttle) = this.throttle.as_ref() {
+                            throttle.record(&outcome, Instant::now());
+                        }
+                        match outcome {
                             Outcome::Ok(response) => {
                                 // A trailers-only `OK`: the outcome is known now.
                                 if let Some(call) = this.call.as_mut() {

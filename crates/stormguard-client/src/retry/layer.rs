@@ -2,6 +2,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use stormguard_core::adaptive_throttle::AdaptiveThrottle;
 use stormguard_core::config::{ClientConfig, ConfigError};
 use stormguard_core::observe::LayerName;
 use stormguard_core::retry::RetryController;
@@ -46,6 +47,8 @@ pub(super) struct Shared {
     pub(super) stamps: Arc<super::attempt::Stamps>,
     /// The layer's name, refusal summary and breaker watch.
     pub(super) events: Arc<LayerEvents>,
+    /// The client-side adaptive throttle, if any (off by default).
+    pub(super) throttle: Option<AdaptiveThrottle>,
     #[cfg(feature = "opentelemetry")]
     meter: Option<opentelemetry::metrics::Meter>,
     /// The instruments, registered on `meter` when the layer first builds a service: by
@@ -102,6 +105,7 @@ impl RetryLayer {
                 budget_key: None,
                 stamps: Arc::default(),
                 events,
+                throttle: None,
                 #[cfg(feature = "opentelemetry")]
                 meter: None,
                 #[cfg(feature = "opentelemetry")]
@@ -130,7 +134,12 @@ impl RetryLayer {
     /// A layer for `config` whose backoff jitter and breaker are seeded with `seed`, so a
     /// run can be reproduced.
     pub fn from_config_seeded(config: &ClientConfig, seed: u64) -> Result<Self, ConfigError> {
-        let layer = RetryController::from_config(config, seed).map(Self::new)?;
+        let mut layer = RetryController::from_config(config, seed).map(Self::new)?;
+        if let Some(throttle) = &config.adaptive_throttle {
+            // Its own stream of draws, apart from the backoff's and the breaker's.
+            let throttle = AdaptiveThrottle::new(throttle.clone(), seed ^ 0xAD_A971_7E00)?;
+            layer = layer.with_adaptive_throttle(throttle);
+        }
         warn_of_notices(config);
         Ok(layer)
     }
@@ -180,6 +189,43 @@ impl RetryLayer {
     pub fn with_per_attempt_timeout(mut self, timeout: Duration) -> Self {
         Arc::make_mut(&mut self.shared).per_attempt_timeout = Some(timeout);
         self
+    }
+
+    /// Refuse calls locally while the dependency refuses most of them for overload: the SRE
+    /// book's client-side throttling (see
+    /// [`adaptive_throttle`](stormguard_core::adaptive_throttle) for the formula and its
+    /// settings). Off by default; a config's `adaptive_throttle` turns it on in
+    /// [`from_config`](Self::from_config).
+    ///
+    /// One throttle per layer (a layer is one dependency), shared by every service the
+    /// layer builds and their clones. Before each call's first attempt the layer asks it,
+    /// with the class of the call's `stormguard-criticality` header (a
+    /// [`CriticalityLayer`](crate::CriticalityLayer) outside this layer stamps it); a call
+    /// refused is answered at once with `UNAVAILABLE` marked `grpc-retry-pushback-ms: -1`
+    /// and never reaches the inner service, counted in
+    /// [`StatsSnapshot::throttled`](crate::StatsSnapshot::throttled) by class. Every
+    /// attempt's answer, retries and hedges included, is recorded in it. A call the
+    /// throttle lets through costs a lock and an atomic increment, no allocation.
+    ///
+    /// ```
+    /// use stormguard_client::RetryLayer;
+    /// use stormguard_core::adaptive_throttle::{AdaptiveThrottle, AdaptiveThrottleConfig};
+    /// use stormguard_core::config::ClientConfig;
+    ///
+    /// let throttle = AdaptiveThrottle::new(AdaptiveThrottleConfig::default(), 7)?;
+    /// let layer = RetryLayer::from_config(&ClientConfig::standard())?
+    ///     .with_adaptive_throttle(throttle);
+    /// assert!(layer.adaptive_throttle().is_some());
+    /// # Ok::<(), stormguard_core::config::ConfigError>(())
+    /// ```
+    pub fn with_adaptive_throttle(mut self, throttle: AdaptiveThrottle) -> Self {
+        Arc::make_mut(&mut self.shared).throttle = Some(throttle);
+        self
+    }
+
+    /// The layer's adaptive throttle, if it has one.
+    pub fn adaptive_throttle(&self) -> Option<&AdaptiveThrottle> {
+        self.shared.throttle.as_ref()
     }
 
     /// Count into `stats` instead of the layer's own counters (to share counters across
@@ -343,6 +389,7 @@ impl fmt::Debug for RetryLayer {
             .field("replay_limit", &self.shared.replay_limit)
             .field("default_timeout", &self.shared.default_timeout)
             .field("per_attempt_timeout", &self.shared.per_attempt_timeout)
+            .field("adaptive_throttle", &self.shared.throttle)
             .finish()
     }
 }

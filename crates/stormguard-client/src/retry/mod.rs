@@ -115,6 +115,7 @@ mod future;
 mod layer;
 mod record;
 mod replay;
+mod throttle;
 mod timer;
 
 use std::fmt;

@@ -11,6 +11,7 @@ use super::document::Build;
 use super::duration::{Human, parse_duration};
 use super::value::{Finite, Int, present};
 use super::{BudgetChoice, ClientConfig, MethodPolicy, Scope};
+use crate::adaptive_throttle::AdaptiveThrottleConfig;
 use crate::backoff::BackoffConfig;
 use crate::breaker::BreakerConfig;
 use crate::budget::BudgetConfig;
@@ -24,12 +25,14 @@ use crate::policy::{MethodTable, RetryPolicy};
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "stormguard's client config (`retry`, `breaker`, `methods`)"
+    expecting = "stormguard's client config (`retry`, `breaker`, `adaptive_throttle`, `methods`)"
 )]
 pub(super) struct ClientDoc {
     #[serde(default)]
     retry: PolicyDoc,
     breaker: Option<BreakerConfig>,
+    /// The layer's client-side adaptive throttle, off when absent.
+    adaptive_throttle: Option<AdaptiveThrottleConfig>,
     /// By `/package.Service/Method` or `/package.Service/`; `null`: neither retried nor
     /// hedged.
     #[serde(default)]
@@ -184,6 +187,7 @@ impl Build for ClientDoc {
             methods,
             budget: BudgetChoice::Stormguard(self.retry.budget.unwrap_or_default()),
             breaker: self.breaker,
+            adaptive_throttle: self.adaptive_throttle,
             not_applied: Vec::new(),
         };
         config.validate()?;

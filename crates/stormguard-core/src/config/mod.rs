@@ -127,6 +127,31 @@
 //! # Ok::<(), stormguard_core::config::ConfigError>(())
 //! ```
 //!
+//! # Adaptive throttle
+//!
+//! `adaptive_throttle` (stormguard's shape only; off when absent) has the layer refuse
+//! calls locally while the dependency refuses most of them for overload (the SRE book's
+//! client-side throttling; see [`adaptive_throttle`](crate::adaptive_throttle) for why).
+//! Every key is optional and defaults as in
+//! [`AdaptiveThrottleConfig::default`](crate::adaptive_throttle::AdaptiveThrottleConfig):
+//! `k` (2), `sheddable_k` (1.5), `critical_k` (3), `max_reject_probability` (0.9),
+//! `window` (`"10s"`), `reject_codes` (`[RESOURCE_EXHAUSTED]`), `shed_codes`
+//! (`[DEADLINE_EXCEEDED, UNAVAILABLE]`, counted only when the answer carries a pushback or
+//! `stormguard-unprocessed`). An empty object turns it on with the defaults.
+//!
+//! ```
+//! use stormguard_core::config::ClientConfig;
+//!
+//! let config = ClientConfig::from_json(r#"{ "adaptive_throttle": { "k": 1.5, "sheddable_k": 1.2,
+//!     "window": "30s" } }"#)?;
+//! assert_eq!(config.adaptive_throttle.unwrap().k, 1.5);
+//! assert!(ClientConfig::from_json("{}")?.adaptive_throttle.is_none(), "off by default");
+//!
+//! let bad = ClientConfig::from_json(r#"{ "adaptive_throttle": { "max_reject_probability": 1 } }"#);
+//! assert!(bad.unwrap_err().to_string().contains("adaptive_throttle.max_reject_probability"));
+//! # Ok::<(), stormguard_core::config::ConfigError>(())
+//! ```
+//!
 //! # Errors
 //!
 //! Every value is checked; an error names the field as a dotted path and says why
@@ -171,6 +196,7 @@
 //! in `serde_path_to_error` for a dotted path); a failed check names the field within
 //! stormguard's section (`retry.budget.ttl`). Parts on their own
 //! ([`BudgetConfig`], [`BreakerConfig`], [`ThrottleConfig`],
+//! [`AdaptiveThrottleConfig`],
 //! [`AdaptiveLimitConfig`](crate::limit::AdaptiveLimitConfig)) deserialize with their
 //! defaults for missing fields and are checked by what is built from them. Durations in an
 //! application's own fields can use the [`duration`] module (`"50ms"`, `"10s"`).
@@ -189,6 +215,7 @@ use serde_json::{Map, Value};
 
 use document::Build;
 
+use crate::adaptive_throttle::AdaptiveThrottleConfig;
 use crate::breaker::BreakerConfig;
 use crate::budget::BudgetConfig;
 pub use crate::error::ConfigError;
@@ -254,6 +281,9 @@ pub struct ClientConfig {
     pub budget: BudgetChoice,
     /// The circuit breaker, if any.
     pub breaker: Option<BreakerConfig>,
+    /// Client-side adaptive throttling (stormguard's `adaptive_throttle`), if any: see
+    /// [`adaptive_throttle`](crate::adaptive_throttle). Off by default.
+    pub adaptive_throttle: Option<AdaptiveThrottleConfig>,
     /// Fields of the document read but not applied.
     not_applied: Vec<NotApplied>,
 }
@@ -289,6 +319,9 @@ impl ClientConfig {
         }
         if let Some(b) = &self.breaker {
             b.validate()?;
+        }
+        if let Some(t) = &self.adaptive_throttle {
+            t.validate()?;
         }
         Ok(())
     }

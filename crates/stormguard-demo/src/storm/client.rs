@@ -13,6 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use stormguard_client::{Retry as RetryService, RetryLayer, RetryStats};
+use stormguard_core::adaptive_throttle::AdaptiveThrottleConfig;
 use stormguard_core::backoff::{Backoff, BackoffConfig};
 use stormguard_core::code::{Code as CoreCode, CodeSet};
 use stormguard_core::config::{ClientConfig, ConfigError};
@@ -260,6 +261,15 @@ pub fn stormguard_client_config(per_attempt: Option<Duration>) -> ClientConfig {
     config
         .methods
         .insert_method(INVENTORY_SERVICE, RESERVE_METHOD, Some(policy));
+    config
+}
+
+/// The `throttle` policy's client: [`stormguard_client_config`] with the client-side
+/// adaptive throttle at its defaults (`K = 2`, at most 90 % of calls refused locally, a
+/// 10 s window; see [`stormguard_core::adaptive_throttle`]).
+pub fn throttle_client_config(per_attempt: Option<Duration>) -> ClientConfig {
+    let mut config = stormguard_client_config(per_attempt);
+    config.adaptive_throttle = Some(AdaptiveThrottleConfig::default());
     config
 }
 

@@ -12,6 +12,11 @@
 //! most its deadline); attempts and shed answers in the second they were sent or
 //! received.
 //!
+//! With [`StormConfig::overload`] the trigger is replaced by a sustained overload (the
+//! whole run at a multiple of the capacity), and with [`StormConfig::reject_cost`] every
+//! answer the `ShedLayer` sheds costs the server CPU before it is sent: the case the
+//! client's adaptive throttle ([`Policy::Throttle`]) is for.
+//!
 //! The `storm` example runs it; the test suite runs [`StormConfig::quick`].
 
 pub mod chain;
@@ -32,18 +37,21 @@ use tonic::transport::Channel;
 pub use client::{
     Attempt, Caller, Delays, INVENTORY_SERVICE, NaiveRetry, RESERVE_METHOD, connect,
     grpc_throttle_client_config, hedging_client_config, stormguard_client_config,
+    throttle_client_config,
 };
 pub use report::{
     Hedges, PolicyRun, PolicySummary, RECOVERED_FOR_S, RECOVERED_SHARE, Second, StormReport,
     TriggerReport, recovery_s, storm_report, summarize,
 };
-pub use server::{MAX_PENDING_ACCEPT_RESET_STREAMS, ServerModel, Serving, Workers};
+pub use server::{
+    MAX_PENDING_ACCEPT_RESET_STREAMS, RejectCost, RejectCostService, ServerModel, Serving, Workers,
+};
 
 use crate::InventoryClient;
 use crate::server::{DemoConfig, DemoControl, DemoInventory};
 use client::{Naive, Observe, layered_caller, layered_client, naive_caller};
 use report::Timeline;
-use server::serve;
+use server::{serve, serve_costed};
 
 /// Why a scenario could not run.
 #[derive(Debug, thiserror::Error)]
@@ -78,11 +86,15 @@ pub enum Policy {
     /// Both layers with defaults, but `Reserve` hedged instead of retried
     /// ([`hedging_client_config`]). Not in the default run ([`Policy::DEFAULT`]).
     Hedging,
+    /// `stormguard` plus the client's adaptive throttle with its defaults
+    /// ([`throttle_client_config`]): for a server whose refusals cost real work
+    /// ([`StormConfig::reject_cost`]). Not in the default run.
+    Throttle,
 }
 
 impl Policy {
     /// Every policy, in the order they run when named together.
-    pub const ALL: [Policy; 7] = [
+    pub const ALL: [Policy; 8] = [
         Policy::Naive,
         Policy::Jitter,
         Policy::GrpcThrottle,
@@ -90,6 +102,7 @@ impl Policy {
         Policy::ServerOnly,
         Policy::Stormguard,
         Policy::Hedging,
+        Policy::Throttle,
     ];
 
     /// The policies a run compares unless told otherwise: the six retry policies.
@@ -114,6 +127,7 @@ impl Policy {
             Policy::ServerOnly => "server-only",
             Policy::Stormguard => "stormguard",
             Policy::Hedging => "hedging",
+            Policy::Throttle => "throttle",
         }
     }
 
@@ -121,7 +135,7 @@ impl Policy {
     pub fn sheds(self) -> bool {
         matches!(
             self,
-            Policy::ServerOnly | Policy::Stormguard | Policy::Hedging
+            Policy::ServerOnly | Policy::Stormguard | Policy::Hedging | Policy::Throttle
         )
     }
 }
@@ -173,6 +187,16 @@ pub struct StormConfig {
     /// trigger slows is due a hedge: the run shows what the budget and the `ShedLayer` do
     /// with hedges sent exactly while the server is slow.
     pub hedge_delay: Duration,
+    /// With `Some(x)`, a sustained overload instead of the trigger: logical calls are
+    /// offered at `x` times the measured capacity for the whole run, and the service time
+    /// never changes (`load` and `slowdown` are not used). `None` in
+    /// [`standard`](Self::standard).
+    pub overload: Option<f64>,
+    /// CPU each answer the `ShedLayer` sheds costs the server before it is sent: a busy
+    /// loop on the server's runtime thread (what decoding, authenticating or a cache miss
+    /// before the shed decision cost a real server), totalled in
+    /// [`PolicySummary::reject_cpu_ms`]. Zero in [`standard`](Self::standard).
+    pub reject_cost: Duration,
 }
 
 impl StormConfig {
@@ -197,6 +221,8 @@ impl StormConfig {
             seed: 1,
             adaptive_limit: false,
             hedge_delay: Duration::from_millis(20),
+            overload: None,
+            reject_cost: Duration::ZERO,
         }
     }
 
@@ -222,6 +248,15 @@ impl StormConfig {
 
     fn trigger_end(&self) -> Duration {
         Duration::from_secs(u64::from(self.warmup_s + self.trigger_s))
+    }
+
+    /// The seconds the report's trigger spans: the trigger, or with
+    /// [`overload`](Self::overload) the whole run (it is all overload).
+    fn reported_trigger(&self) -> (u32, u32) {
+        match self.overload {
+            Some(_) => (0, self.total_s()),
+            None => (self.warmup_s, self.warmup_s + self.trigger_s),
+        }
     }
 
     /// The shed layer's configuration: the defaults, with the server's real concurrency,
@@ -315,19 +350,21 @@ pub async fn run_storm(
     progress: &(dyn Fn(Policy, f64) + Send + Sync),
 ) -> Result<StormReport, StormError> {
     let capacity = measure_capacity(config).await?;
-    let rate = config.load * capacity.normal;
+    let rate = config.overload.unwrap_or(config.load) * capacity.normal;
     let mut runs = Vec::with_capacity(policies.len());
     for &policy in policies {
         runs.push(run_policy(policy, config, rate, &|done| progress(policy, done)).await?);
     }
-    Ok(storm_report(
-        &runs,
-        config.warmup_s,
-        config.warmup_s + config.trigger_s,
-        capacity.normal,
-        capacity.reduced,
-        rate,
-    ))
+    let (start_s, end_s) = config.reported_trigger();
+    // Under a sustained overload the service time never changes: the capacity is the one
+    // the run has throughout.
+    let reduced = match config.overload {
+        Some(_) => capacity.normal,
+        None => capacity.reduced,
+    };
+    let mut report = storm_report(&runs, start_s, end_s, capacity.normal, reduced, rate);
+    report.overload = config.overload;
+    Ok(report)
 }
 
 /// Runs `policy` through the scenario at `rate` logical calls per second. `progress` is
@@ -340,7 +377,11 @@ pub async fn run_policy(
 ) -> Result<PolicyRun, StormError> {
     let (workers, control) = capacity_model(config);
     let admission = policy.sheds().then(|| config.admission());
-    let serving = serve(workers.clone(), admission).await?;
+    // Only a server that sheds has refusals to pay for; without a cost the stack is the
+    // default run's.
+    let reject_cost = (policy.sheds() && !config.reject_cost.is_zero())
+        .then(|| RejectCost::new(config.reject_cost));
+    let serving = serve_costed(workers.clone(), admission, reject_cost.clone()).await?;
     let channel: Channel = connect(serving.addr).await?;
 
     let total = Duration::from_secs(u64::from(config.total_s()));
@@ -372,10 +413,15 @@ pub async fn run_policy(
                 None,
             )
         }
-        Policy::GrpcThrottle | Policy::ClientOnly | Policy::Stormguard | Policy::Hedging => {
+        Policy::GrpcThrottle
+        | Policy::ClientOnly
+        | Policy::Stormguard
+        | Policy::Hedging
+        | Policy::Throttle => {
             let client_config = match policy {
                 Policy::GrpcThrottle => grpc_throttle_client_config(per_attempt)?,
                 Policy::Hedging => hedging_client_config(config.hedge_delay),
+                Policy::Throttle => throttle_client_config(per_attempt),
                 _ => stormguard_client_config(per_attempt),
             };
             let (client, stats) = layered_client(observed, &client_config, config.seed)?;
@@ -394,7 +440,8 @@ pub async fn run_policy(
         tokio::time::sleep_until(next).await;
         let now = Instant::now();
         let elapsed = now - start;
-        if !slowed && elapsed >= config.trigger_start() {
+        // A sustained overload keeps the service time as it is.
+        if !slowed && config.overload.is_none() && elapsed >= config.trigger_start() {
             control.set_service_time(config.service_time.mul_f64(config.slowdown));
             slowed = true;
         }
@@ -438,6 +485,8 @@ pub async fn run_policy(
             _ => s.refused.budget,
         }),
         connection_errors: timeline.connection_errors(),
+        reject_cpu: reject_cost.map_or(Duration::ZERO, |c| c.spent()),
+        throttled: snapshot.map(|s| s.throttled.total()),
         hedges: snapshot
             .filter(|_| policy == Policy::Hedging)
             .map(|s| Hedges {

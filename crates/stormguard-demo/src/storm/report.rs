@@ -129,6 +129,12 @@ pub struct PolicyRun {
     /// Attempts that failed because the connection failed (an h2 `GOAWAY`, a reset
     /// connection). Zero when the h2 settings hold.
     pub connection_errors: u64,
+    /// CPU the server spent on shed answers
+    /// ([`StormConfig::reject_cost`](super::StormConfig::reject_cost)); zero without a cost.
+    pub reject_cpu: Duration,
+    /// Calls the client's adaptive throttle refused locally; `None` for clients without
+    /// stormguard's layer.
+    pub throttled: Option<u64>,
     /// What the client's hedging did; `None` for the policies that do not hedge.
     pub hedges: Option<Hedges>,
 }
@@ -190,6 +196,16 @@ pub struct PolicySummary {
     pub goodput_during: f64,
     /// The same after the trigger.
     pub goodput_after: f64,
+    /// Successes per second over the whole run, as a share of the capacity measured before
+    /// it: what the server's work was worth (1.0: every unit of capacity went into a call
+    /// that succeeded in time).
+    pub goodput_share_of_capacity: f64,
+    /// CPU the server spent on shed answers over the run, in milliseconds
+    /// ([`StormConfig::reject_cost`](super::StormConfig::reject_cost); 0 without a cost).
+    pub reject_cpu_ms: f64,
+    /// Calls the client's adaptive throttle refused locally (`None`: no stormguard layer).
+    #[serde(skip)]
+    pub throttled: Option<u64>,
     /// The run, second by second.
     pub timeline: Vec<Second>,
     /// Shed answers over the whole run.
@@ -224,6 +240,11 @@ pub struct StormReport {
     /// Logical calls offered per second.
     #[serde(skip)]
     pub offered_rate: f64,
+    /// The sustained overload, as a multiple of the capacity, when the run was one
+    /// ([`StormConfig::overload`](super::StormConfig::overload)): the table then shows
+    /// goodput as a share of capacity and the CPU spent rejecting.
+    #[serde(skip)]
+    pub overload: Option<f64>,
 }
 
 /// Goodput must stay at or above this share of offered calls...
@@ -274,6 +295,10 @@ pub fn summarize(run: &PolicyRun, start_s: u32, end_s: u32) -> PolicySummary {
         goodput_before: ratio(g_before, o_before),
         goodput_during: ratio(g_during, o_during),
         goodput_after: ratio(g_after, o_after),
+        // Filled in by `storm_report`, which knows the capacity.
+        goodput_share_of_capacity: 0.0,
+        reject_cpu_ms: run.reject_cpu.as_secs_f64() * 1000.0,
+        throttled: run.throttled,
         timeline: run.timeline.clone(),
         shed: t.iter().map(|s| s.shed).sum(),
         budget_refusals: run.budget_refusals,
@@ -301,10 +326,25 @@ pub fn storm_report(
                 0.0
             },
         },
-        policies: runs.iter().map(|r| summarize(r, start_s, end_s)).collect(),
+        policies: runs
+            .iter()
+            .map(|r| {
+                let goodput: u64 = r.timeline.iter().map(|s| s.goodput).sum();
+                let per_second = ratio(goodput, r.timeline.len() as u64);
+                PolicySummary {
+                    goodput_share_of_capacity: if capacity > 0.0 {
+                        per_second / capacity
+                    } else {
+                        0.0
+                    },
+                    ..summarize(r, start_s, end_s)
+                }
+            })
+            .collect(),
         capacity,
         reduced_capacity,
         offered_rate,
+        overload: None,
     }
 }
 
@@ -315,6 +355,9 @@ fn pct(x: f64) -> String {
 impl StormReport {
     /// The report as a text table, one row per policy.
     pub fn table(&self) -> String {
+        if self.overload.is_some() {
+            return self.overload_table();
+        }
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -345,6 +388,34 @@ impl StormReport {
         out
     }
 
+    /// The table of a sustained overload: goodput as a share of offered and of capacity,
+    /// attempts per call, shed answers, CPU spent on them, local refusals.
+    fn overload_table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "| policy | goodput / offered | goodput / capacity | attempts/call | shed | reject CPU | throttled locally |"
+        );
+        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
+        for p in &self.policies {
+            let throttled = p
+                .throttled
+                .map_or_else(|| "–".to_owned(), |n| n.to_string());
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {:.2} | {} | {:.0} ms | {} |",
+                p.name,
+                pct(p.goodput_during),
+                pct(p.goodput_share_of_capacity),
+                p.amplification_during_trigger,
+                p.shed,
+                p.reject_cpu_ms,
+                throttled,
+            );
+        }
+        out
+    }
+
     /// One line on the capacity and the offered load.
     pub fn headline(
         &self,
@@ -352,6 +423,13 @@ impl StormReport {
         per_attempt: Duration,
         deadline: Duration,
     ) -> String {
+        if let Some(overload) = self.overload {
+            return format!(
+                "capacity {:.0} calls/s measured, offered {:.0}/s ({overload}x capacity) for the \
+                 whole run, no trigger; deadline {deadline:?}, {per_attempt:?} per attempt",
+                self.capacity, self.offered_rate,
+            );
+        }
         format!(
             "capacity {:.0} calls/s measured ({:.0}/s during the trigger), offered {:.0}/s ({:.0} %); \
              service time x{trigger_slowdown} from {} s to {} s: at most {:.1} % of offered can succeed then; \
@@ -415,6 +493,8 @@ mod tests {
             timeline: t,
             budget_refusals: None,
             connection_errors: 0,
+            reject_cpu: Duration::from_millis(3),
+            throttled: None,
             hedges: None,
         };
         let s = summarize(&run, 2, 4);
@@ -423,6 +503,10 @@ mod tests {
         assert_eq!(s.amplification_during_trigger, 2.5);
         assert_eq!(s.amplification_after_trigger, 1.0);
         assert_eq!(s.recovery_s, None);
+        assert_eq!(s.reject_cpu_ms, 3.0);
+        // 42 successes in 6 s at a capacity of 10/s.
+        let report = storm_report(std::slice::from_ref(&run), 2, 4, 10.0, 5.0, 10.0);
+        assert!((report.policies[0].goodput_share_of_capacity - 42.0 / 60.0).abs() < 1e-9);
         let json = serde_json::to_value(&s).expect("serializes");
         assert!(json["recovery_s"].is_null());
     }

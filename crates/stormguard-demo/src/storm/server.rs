@@ -3,12 +3,16 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use stormguard_core::admission::AdmissionConfig;
+use stormguard_core::wire::STORMGUARD_UNPROCESSED;
 use stormguard_server::ShedLayer;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
@@ -144,21 +148,127 @@ pub(crate) async fn serve<T: Inventory>(
     service: T,
     admission: Option<AdmissionConfig>,
 ) -> Result<Serving, StormError> {
+    serve_costed(service, admission, None).await
+}
+
+/// Makes every answer the `ShedLayer` sheds cost the server `cost` of CPU before it is
+/// sent: a layer outside the `ShedLayer` that sees the shed marker
+/// (`stormguard-unprocessed`) on an answer and busy-loops on the runtime thread that polls
+/// it, as decoding, authenticating or a cache miss before the shed decision would. Clones
+/// share the total spent.
+#[derive(Clone, Debug)]
+pub struct RejectCost {
+    cost: Duration,
+    spent_ns: Arc<AtomicU64>,
+}
+
+impl RejectCost {
+    /// `cost` of CPU per shed answer.
+    pub fn new(cost: Duration) -> Self {
+        RejectCost {
+            cost,
+            spent_ns: Arc::default(),
+        }
+    }
+
+    /// CPU spent on shed answers so far.
+    pub fn spent(&self) -> Duration {
+        Duration::from_nanos(self.spent_ns.load(Ordering::Relaxed))
+    }
+
+    /// Busy-loops for the cost and counts it.
+    fn pay(&self) {
+        let start = Instant::now();
+        while start.elapsed() < self.cost {
+            std::hint::spin_loop();
+        }
+        let spent = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.spent_ns.fetch_add(spent, Ordering::Relaxed);
+    }
+}
+
+impl<S> tower::Layer<S> for RejectCost {
+    type Service = RejectCostService<S>;
+
+    fn layer(&self, inner: S) -> RejectCostService<S> {
+        RejectCostService {
+            inner,
+            cost: self.clone(),
+        }
+    }
+}
+
+/// The service of [`RejectCost`].
+#[derive(Clone, Debug)]
+pub struct RejectCostService<S> {
+    inner: S,
+    cost: RejectCost,
+}
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+impl<S, Rq, B> tower::Service<http::Request<Rq>> for RejectCostService<S>
+where
+    S: tower::Service<http::Request<Rq>, Response = http::Response<B>>,
+    S::Future: Send + 'static,
+    S::Error: 'static,
+    B: 'static,
+{
+    type Response = http::Response<B>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<http::Response<B>, S::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Rq>) -> Self::Future {
+        let future = self.inner.call(request);
+        let cost = self.cost.clone();
+        Box::pin(async move {
+            let result = future.await;
+            if let Ok(response) = &result
+                && response.headers().contains_key(STORMGUARD_UNPROCESSED)
+            {
+                cost.pay();
+            }
+            result
+        })
+    }
+}
+
+/// [`serve`], with `reject_cost` outside the `ShedLayer` when both are given.
+pub(crate) async fn serve_costed<T: Inventory>(
+    service: T,
+    admission: Option<AdmissionConfig>,
+    reject_cost: Option<RejectCost>,
+) -> Result<Serving, StormError> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let builder = Server::builder()
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS));
     let service = InventoryServer::new(service);
-    Ok(match admission {
-        Some(config) => {
+    Ok(match (admission, reject_cost) {
+        (Some(config), Some(cost)) => {
+            // The first layer is the outer one.
+            let mut builder = builder.layer(cost).layer(ShedLayer::from_config(config)?);
+            Serving::spawn(
+                addr,
+                builder.add_service(service).serve_with_incoming(incoming),
+            )
+        }
+        (Some(config), None) => {
             let mut builder = builder.layer(ShedLayer::from_config(config)?);
             Serving::spawn(
                 addr,
                 builder.add_service(service).serve_with_incoming(incoming),
             )
         }
-        None => {
+        (None, _) => {
             let mut builder = builder;
             Serving::spawn(
                 addr,

@@ -141,7 +141,11 @@ where
             result,
             ..
         } = ended;
-        match classify(result, this.attempts.is_replayable()) {
+        let outcome = classify(result, this.attempts.is_replayable());
+        if let Some(throttle) = this.throttle.as_ref() {
+            throttle.record(&outcome, now);
+        }
+        match outcome {
             Outcome::Ok(response) => {
                 won(this, first, now);
                 if let Some(call) = this.call.as_mut() {

@@ -1,0 +1,773 @@
+//! Client-side adaptive throttling: refuse calls locally while the dependency refuses
+//! most of them anyway.
+//!
+//! # Why
+//!
+//! A server that sheds load (stormguard's `ShedLayer`) keeps its goodput under overload
+//! only as long as saying "no" is cheap. When rejecting a call costs the server real work
+//! (decoding the request, authenticating it, a cache miss before the shed decision), a
+//! 10× overload makes the server spend its capacity refusing calls, and goodput falls
+//! however well it chooses what to shed. The only cure is for the clients to stop sending
+//! what would be refused.
+//!
+//! Google's SRE book ("Handling Overload", client-side throttling) has each client keep,
+//! over a recent window, the number of **requests** it attempted and the number of
+//! **accepts** (requests the backend did not refuse for overload), and refuse each new
+//! request locally with probability
+//!
+//! ```text
+//! p = max(0, (requests − K · accepts) / (requests + 1))
+//! ```
+//!
+//! While the backend accepts everything, `requests = accepts` and `p` is 0 for any
+//! `K ≥ 1`. Once it accepts fewer than `1/K` of the requests, the client starts refusing
+//! locally, so that what reaches the backend settles near `K ×` what it accepts: the
+//! backend still sees a little more than it takes (it keeps learning how much it can take)
+//! without spending most of its time refusing. A request refused locally is counted as a
+//! request and not as an accept, as the book does, so refusing feeds itself only as long as
+//! the backend keeps refusing too. `K = 2` is the book's default; a lower `K` throttles
+//! sooner and harder (less wasted work, slower to notice the backend recover).
+//!
+//! # Why a ceiling
+//!
+//! If `p` could reach 1, a client that saw only refusals would stop sending altogether,
+//! and with no calls going out it would never see an accept again: it would learn of the
+//! recovery only when the window forgets the overload. [`AdaptiveThrottleConfig::max_reject_probability`]
+//! (default 0.9) caps `p`, so at least one call in ten always goes out as a probe and the
+//! first accepts bring `p` down at once.
+//!
+//! # Why only overload answers
+//!
+//! The throttle protects a server from the cost of refusing work, so only refusals for
+//! overload count against the accepts: by default any `RESOURCE_EXHAUSTED`
+//! ([`AdaptiveThrottleConfig::reject_codes`]), and `UNAVAILABLE` or `DEADLINE_EXCEEDED`
+//! ([`AdaptiveThrottleConfig::shed_codes`]) when the answer says the server shed the call
+//! (it carries a `grpc-retry-pushback-ms`, or `stormguard-unprocessed: 1`: what a
+//! `ShedLayer` sends when it sheds a call, or drops a queued one whose deadline came too
+//! close). An application error (`NOT_FOUND`, `INVALID_ARGUMENT`, a plain `UNAVAILABLE`
+//! from a handler) is an answer the server chose to give after doing the work: refusing
+//! the next calls locally would save it nothing.
+//!
+//! An attempt that ran out of time without an answer is a request that was not seen to
+//! be accepted, as the book counts it: a request, not an accept
+//! ([`record_timeout_at`](AdaptiveThrottle::record_timeout_at)); under overload it is
+//! usually a call the server queued until its caller left. An attempt that failed in
+//! transport is recorded nowhere: it says nothing about whether the server would take
+//! more work (a dead dependency is the circuit breaker's business).
+//!
+//! # Criticality: sheddable first, critical last
+//!
+//! Each [`Criticality`] has a window of its own, as the SRE book advises: a backend that
+//! sheds sheddable calls first (as a `ShedLayer` does) and still accepts critical ones
+//! must not have the client throttle its critical calls for the sheddable ones' refusals.
+//! And each class has its own `K`: [`sheddable_k`](AdaptiveThrottleConfig::sheddable_k)
+//! (1.5) ≤ [`k`](AdaptiveThrottleConfig::k) (2) ≤ [`critical_k`](AdaptiveThrottleConfig::critical_k)
+//! (3), checked in that order, so at the same counts a sheddable call is refused at least
+//! as often as a default one, and a critical one least: sheddable traffic starts being
+//! refused once fewer than two thirds of it is accepted, default traffic below one half,
+//! critical traffic below one third. Critical calls are throttled too, only later: when
+//! the backend refuses even them, sending more of them costs it what it has least of. A
+//! service that wants them (almost) never refused sets `critical_k` high (up to 1000).
+//!
+//! # Memory and time
+//!
+//! Each class's window is [`WINDOW_BUCKETS`] time buckets of two counters over
+//! [`window`](AdaptiveThrottleConfig::window) (default 10 s): fixed memory whatever the
+//! traffic. Time comes only from the `now` arguments of the `*_at` methods, so tests and the
+//! simulator drive it on injected instants; the draw comes from a seeded RNG. The state
+//! sits behind a mutex held for a few arithmetic operations per call and per answer.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use stormguard_core::Instant;
+//! use stormguard_core::adaptive_throttle::{AdaptiveThrottle, AdaptiveThrottleConfig};
+//! use stormguard_core::code::Code;
+//! use stormguard_core::criticality::Criticality;
+//!
+//! let throttle = AdaptiveThrottle::new(AdaptiveThrottleConfig::default(), 7)?;
+//! let (now, class) = (Instant::now(), Criticality::Default);
+//! // The backend accepted 10 calls and shed 30 (UNAVAILABLE with a pushback).
+//! for _ in 0..10 {
+//!     throttle.record_answer_at(class, Code::Ok, false, now);
+//! }
+//! for _ in 0..30 {
+//!     throttle.record_answer_at(class, Code::Unavailable, true, now);
+//! }
+//! // p = (40 − 2 · 10) / 41
+//! assert!((throttle.probability_at(class, now) - 20.0 / 41.0).abs() < 1e-9);
+//! // A plain UNAVAILABLE from a handler is an application answer: an accept.
+//! throttle.record_answer_at(class, Code::Unavailable, false, now);
+//! assert!((throttle.probability_at(class, now) - 19.0 / 42.0).abs() < 1e-9);
+//! // Ten seconds later the window has forgotten all of it.
+//! assert_eq!(throttle.probability_at(class, now + Duration::from_secs(10)), 0.0);
+//! # Ok::<(), stormguard_core::config::ConfigError>(())
+//! ```
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::Instant;
+use crate::code::{Code, CodeSet};
+use crate::criticality::Criticality;
+use crate::error::ConfigError;
+
+/// Number of time buckets each class's window is split into: a count is forgotten
+/// between `0.9 · window` and `window` after it was recorded.
+pub const WINDOW_BUCKETS: usize = 10;
+
+const MIN_WINDOW: Duration = Duration::from_secs(1);
+const MAX_WINDOW: Duration = Duration::from_secs(600);
+const MAX_K: f64 = 1000.0;
+
+/// Configuration of an [`AdaptiveThrottle`] (stormguard's `adaptive_throttle`).
+///
+/// Deserializes from an object of these fields, each optional (its default when absent),
+/// durations with their unit (`"10s"`), codes by name or number; unknown fields are
+/// refused. [`AdaptiveThrottle::new`] validates it.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(
+    default,
+    deny_unknown_fields,
+    expecting = "an object of adaptive throttle settings"
+)]
+pub struct AdaptiveThrottleConfig {
+    /// `K` of [`Criticality::Default`] calls: they are refused locally once fewer than
+    /// `1/K` of their recent requests were accepted. From 1 to 1000; default 2 (the SRE
+    /// book's).
+    #[serde(deserialize_with = "crate::config::finite")]
+    pub k: f64,
+    /// `K` of [`Criticality::Sheddable`] calls. From 1 to `k`; default 1.5.
+    #[serde(deserialize_with = "crate::config::finite")]
+    pub sheddable_k: f64,
+    /// `K` of [`Criticality::Critical`] calls. From `k` to 1000; default 3.
+    #[serde(deserialize_with = "crate::config::finite")]
+    pub critical_k: f64,
+    /// The highest probability of refusing a call locally, so that some calls always go
+    /// out as probes and the first accepts bring the probability down. In `[0, 1)`;
+    /// default 0.9.
+    #[serde(deserialize_with = "crate::config::finite")]
+    pub max_reject_probability: f64,
+    /// How far back requests and accepts are counted. From 1 s to 600 s; default 10 s.
+    #[serde(with = "crate::config::duration")]
+    pub window: Duration,
+    /// Codes that are a refusal for overload whatever the answer carries. Default
+    /// `[RESOURCE_EXHAUSTED]`.
+    pub reject_codes: CodeSet,
+    /// Codes that are a refusal for overload when the answer says the server shed the
+    /// call: it carries `grpc-retry-pushback-ms` or `stormguard-unprocessed: 1` (what a
+    /// `ShedLayer` sends when it sheds a call, `UNAVAILABLE`, or drops a queued one whose
+    /// deadline came too close, `DEADLINE_EXCEEDED`). Without either, such an answer is
+    /// the application's and counts as an accept. Default
+    /// `[DEADLINE_EXCEEDED, UNAVAILABLE]`.
+    pub shed_codes: CodeSet,
+}
+
+impl Default for AdaptiveThrottleConfig {
+    fn default() -> Self {
+        AdaptiveThrottleConfig {
+            k: 2.0,
+            sheddable_k: 1.5,
+            critical_k: 3.0,
+            max_reject_probability: 0.9,
+            window: Duration::from_secs(10),
+            reject_codes: CodeSet::single(Code::ResourceExhausted),
+            shed_codes: CodeSet::from_iter([Code::DeadlineExceeded, Code::Unavailable]),
+        }
+    }
+}
+
+impl AdaptiveThrottleConfig {
+    /// Checks every field; the error names the first invalid one
+    /// (`adaptive_throttle.k`, `adaptive_throttle.window`, …).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let k_range = |field: &str, value: f64, low: f64, low_name: &str| {
+            // Written so that NaN fails.
+            if value >= low && value <= MAX_K {
+                Ok(())
+            } else {
+                Err(ConfigError::invalid(
+                    format!("adaptive_throttle.{field}"),
+                    format!("must be between {low_name} and 1000, got {value}"),
+                ))
+            }
+        };
+        k_range("k", self.k, 1.0, "1")?;
+        k_range("sheddable_k", self.sheddable_k, 1.0, "1")?;
+        if self.sheddable_k > self.k {
+            return Err(ConfigError::invalid(
+                "adaptive_throttle.sheddable_k",
+                format!(
+                    "must be at most `k` ({}), so that sheddable calls are refused first, got {}",
+                    self.k, self.sheddable_k
+                ),
+            ));
+        }
+        k_range("critical_k", self.critical_k, self.k, "`k`")?;
+        if !(self.max_reject_probability >= 0.0 && self.max_reject_probability < 1.0) {
+            return Err(ConfigError::invalid(
+                "adaptive_throttle.max_reject_probability",
+                format!(
+                    "must be in [0, 1) (at 1 a client that saw only refusals would never \
+                     send again), got {}",
+                    self.max_reject_probability
+                ),
+            ));
+        }
+        if self.window < MIN_WINDOW || self.window > MAX_WINDOW {
+            return Err(ConfigError::invalid(
+                "adaptive_throttle.window",
+                format!("must be between 1 s and 600 s, got {:?}", self.window),
+            ));
+        }
+        for (field, codes) in [
+            ("reject_codes", self.reject_codes),
+            ("shed_codes", self.shed_codes),
+        ] {
+            if codes.contains(Code::Ok) {
+                return Err(ConfigError::invalid(
+                    format!("adaptive_throttle.{field}"),
+                    "must not hold OK: an OK is an accept",
+                ));
+            }
+        }
+        if self.reject_codes.is_empty() && self.shed_codes.is_empty() {
+            return Err(ConfigError::invalid(
+                "adaptive_throttle.reject_codes",
+                "`reject_codes` and `shed_codes` are both empty: no answer would ever count \
+                 as a refusal, and the throttle would never act",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The `K` of calls of `class`.
+    pub fn k_for(&self, class: Criticality) -> f64 {
+        match class {
+            Criticality::Sheddable => self.sheddable_k,
+            Criticality::Default => self.k,
+            Criticality::Critical => self.critical_k,
+        }
+    }
+
+    /// Whether an answer with `code` is a refusal for overload; `shed_mark`: the answer
+    /// carries `grpc-retry-pushback-ms` or `stormguard-unprocessed: 1`.
+    pub fn is_rejection(&self, code: Code, shed_mark: bool) -> bool {
+        self.reject_codes.contains(code) || (shed_mark && self.shed_codes.contains(code))
+    }
+}
+
+/// A call refused locally by an [`AdaptiveThrottle`].
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error(
+    "rejected locally by the adaptive throttle: the dependency has been refusing {} \
+     calls for overload (local rejection probability {probability:.2})",
+    .class.as_str()
+)]
+pub struct Throttled {
+    /// The class of the call refused.
+    pub class: Criticality,
+    /// The probability it was refused with.
+    pub probability: f64,
+}
+
+/// Requests and accepts of one class over the window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WindowCounts {
+    /// Requests: answered attempts and calls refused locally.
+    pub requests: u64,
+    /// Requests the backend did not refuse for overload.
+    pub accepts: u64,
+}
+
+/// The adaptive throttle of one dependency; see the [module docs](self).
+///
+/// Clones share one state: one throttle per dependency, shared by every caller of it.
+#[derive(Clone)]
+pub struct AdaptiveThrottle {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    config: AdaptiveThrottleConfig,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    /// Bucket indices count from the first instant the throttle saw.
+    origin: Option<Instant>,
+    /// Newest bucket index seen: time never runs backwards inside the window.
+    newest: u64,
+    /// One window per class, by `Criticality` order.
+    windows: [[Bucket; WINDOW_BUCKETS]; 3],
+    rng: fastrand::Rng,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Bucket {
+    index: u64,
+    requests: u32,
+    accepts: u32,
+}
+
+impl fmt::Debug for AdaptiveThrottle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdaptiveThrottle")
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+fn slot(class: Criticality) -> usize {
+    match class {
+        Criticality::Sheddable => 0,
+        Criticality::Default => 1,
+        Criticality::Critical => 2,
+    }
+}
+
+impl Inner {
+    /// The current bucket index at `now`.
+    fn advance(&mut self, now: Instant, width: Duration) -> u64 {
+        let origin = *self.origin.get_or_insert(now);
+        let elapsed = now.saturating_duration_since(origin);
+        let index = u64::try_from(elapsed.as_nanos() / width.as_nanos().max(1)).unwrap_or(u64::MAX);
+        self.newest = self.newest.max(index);
+        self.newest
+    }
+
+    fn counts(&self, class: Criticality, current: u64) -> WindowCounts {
+        self.windows[slot(class)]
+            .iter()
+            .filter(|b| b.index <= current && current - b.index < WINDOW_BUCKETS as u64)
+            .fold(WindowCounts::default(), |c, b| WindowCounts {
+                requests: c.requests + u64::from(b.requests),
+                accepts: c.accepts + u64::from(b.accepts),
+            })
+    }
+
+    fn record(&mut self, class: Criticality, current: u64, accepted: bool) {
+        let bucket = &mut self.windows[slot(class)][(current % WINDOW_BUCKETS as u64) as usize];
+        if bucket.index != current {
+            *bucket = Bucket {
+                index: current,
+                ..Bucket::default()
+            };
+        }
+        bucket.requests = bucket.requests.saturating_add(1);
+        if accepted {
+            bucket.accepts = bucket.accepts.saturating_add(1);
+        }
+    }
+}
+
+/// The SRE book's formula, capped at `ceiling`.
+fn probability(counts: WindowCounts, k: f64, ceiling: f64) -> f64 {
+    let requests = counts.requests as f64;
+    let p = (requests - k * counts.accepts as f64) / (requests + 1.0);
+    p.clamp(0.0, ceiling)
+}
+
+impl AdaptiveThrottle {
+    /// A throttle with empty windows. `seed` seeds the draw: give each process a different
+    /// one.
+    pub fn new(config: AdaptiveThrottleConfig, seed: u64) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(AdaptiveThrottle {
+            shared: Arc::new(Shared {
+                config,
+                inner: Mutex::new(Inner {
+                    origin: None,
+                    newest: 0,
+                    windows: [[Bucket::default(); WINDOW_BUCKETS]; 3],
+                    rng: fastrand::Rng::with_seed(seed),
+                }),
+            }),
+        })
+    }
+
+    /// The configuration this throttle was built with.
+    pub fn config(&self) -> &AdaptiveThrottleConfig {
+        &self.shared.config
+    }
+
+    fn width(&self) -> Duration {
+        // window ≥ 1 s (validated): the width is ≥ 100 ms.
+        self.shared.config.window / WINDOW_BUCKETS as u32
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // Every update is a few plain assignments: a poisoned state is still consistent.
+        self.shared
+            .inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a call of `class` may be sent at `now`: refused with the probability of
+    /// [`probability_at`](Self::probability_at), drawn from the seeded RNG. A refused call
+    /// is counted as a request (and not an accept); an admitted one is counted when its
+    /// answer is recorded ([`record_answer_at`](Self::record_answer_at)).
+    pub fn admit_at(&self, class: Criticality, now: Instant) -> Result<(), Throttled> {
+        let config = &self.shared.config;
+        let width = self.width();
+        let mut inner = self.lock();
+        let current = inner.advance(now, width);
+        let counts = inner.counts(class, current);
+        let p = probability(counts, config.k_for(class), config.max_reject_probability);
+        // `f64()` is in [0, 1): a probability of 0 never refuses.
+        if p > 0.0 && inner.rng.f64() < p {
+            inner.record(class, current, false);
+            return Err(Throttled {
+                class,
+                probability: p,
+            });
+        }
+        Ok(())
+    }
+
+    /// An attempt of a call of `class` was answered by the server at `now` with `code`
+    /// (`Code::Ok` for a success, or for response headers that commit the call);
+    /// `shed_mark`: the answer carries `grpc-retry-pushback-ms` or
+    /// `stormguard-unprocessed: 1`. Counted as a request, and as an accept unless
+    /// [`AdaptiveThrottleConfig::is_rejection`] says it was refused for overload. Retries
+    /// and hedges are requests too. Only answers the server sent are recorded here (an
+    /// attempt that timed out goes to [`record_timeout_at`](Self::record_timeout_at), one
+    /// that failed in transport nowhere).
+    pub fn record_answer_at(&self, class: Criticality, code: Code, shed_mark: bool, now: Instant) {
+        let accepted = !self.shared.config.is_rejection(code, shed_mark);
+        let width = self.width();
+        let mut inner = self.lock();
+        let current = inner.advance(now, width);
+        inner.record(class, current, accepted);
+    }
+
+    /// An attempt of a call of `class` ran out of time at `now` without an answer (its
+    /// per-attempt timeout, or the call's deadline): a request, not an accept.
+    pub fn record_timeout_at(&self, class: Criticality, now: Instant) {
+        let width = self.width();
+        let mut inner = self.lock();
+        let current = inner.advance(now, width);
+        inner.record(class, current, false);
+    }
+
+    /// The probability of refusing a call of `class` at `now`: `max(0, (requests − K ·
+    /// accepts) / (requests + 1))` over the class's window, with its `K`, capped at
+    /// [`max_reject_probability`](AdaptiveThrottleConfig::max_reject_probability).
+    pub fn probability_at(&self, class: Criticality, now: Instant) -> f64 {
+        let config = &self.shared.config;
+        let counts = self.counts_at(class, now);
+        probability(counts, config.k_for(class), config.max_reject_probability)
+    }
+
+    /// Requests and accepts of `class` in the window at `now`.
+    pub fn counts_at(&self, class: Criticality, now: Instant) -> WindowCounts {
+        let width = self.width();
+        let mut inner = self.lock();
+        let current = inner.advance(now, width);
+        inner.counts(class, current)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use Criticality::*;
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    fn throttle(config: AdaptiveThrottleConfig) -> AdaptiveThrottle {
+        AdaptiveThrottle::new(config, 42).unwrap()
+    }
+
+    /// Records `accepts` OK answers and `rejects` shed answers of `class` at `now`.
+    fn feed(t: &AdaptiveThrottle, class: Criticality, accepts: u32, rejects: u32, now: Instant) {
+        for _ in 0..accepts {
+            t.record_answer_at(class, Code::Ok, false, now);
+        }
+        for _ in 0..rejects {
+            t.record_answer_at(class, Code::ResourceExhausted, false, now);
+        }
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-12
+    }
+
+    #[test]
+    fn the_probability_is_the_sre_formula_at_known_counts() {
+        let t = throttle(AdaptiveThrottleConfig::default());
+        let now = Instant::now();
+        assert_eq!(t.probability_at(Default, now), 0.0, "no history");
+        feed(&t, Default, 100, 0, now);
+        assert_eq!(t.probability_at(Default, now), 0.0, "all accepted");
+        // 100 requests, 50 accepts, K = 2: 100 − 100 = 0.
+        let t = throttle(AdaptiveThrottleConfig::default());
+        feed(&t, Default, 50, 50, now);
+        assert_eq!(t.probability_at(Default, now), 0.0, "exactly 1/K accepted");
+        feed(&t, Default, 0, 50, now);
+        // 150 requests, 50 accepts: (150 − 100) / 151.
+        assert!(close(t.probability_at(Default, now), 50.0 / 151.0));
+        assert_eq!(
+            t.counts_at(Default, now),
+            WindowCounts {
+                requests: 150,
+                accepts: 50
+            }
+        );
+        // K = 1.1: (150 − 55) / 151.
+        let k = AdaptiveThrottleConfig {
+            k: 1.1,
+            sheddable_k: 1.1,
+            ..AdaptiveThrottleConfig::default()
+        };
+        let t = throttle(k);
+        feed(&t, Default, 50, 100, now);
+        assert!(close(t.probability_at(Default, now), 95.0 / 151.0));
+    }
+
+    #[test]
+    fn the_ceiling_caps_the_probability() {
+        let t = throttle(AdaptiveThrottleConfig::default());
+        let now = Instant::now();
+        feed(&t, Default, 0, 1000, now);
+        // 1000 / 1001 without the ceiling.
+        assert_eq!(t.probability_at(Default, now), 0.9);
+        let low = throttle(AdaptiveThrottleConfig {
+            max_reject_probability: 0.5,
+            ..AdaptiveThrottleConfig::default()
+        });
+        feed(&low, Default, 0, 1000, now);
+        assert_eq!(low.probability_at(Default, now), 0.5);
+        // With the ceiling, about one call in ten still goes out however long it lasts.
+        let sent = (0..10_000)
+            .filter(|_| t.admit_at(Default, now).is_ok())
+            .count();
+        assert!((800..1200).contains(&sent), "{sent} of 10000 sent");
+    }
+
+    #[test]
+    fn the_window_forgets() {
+        let t = throttle(AdaptiveThrottleConfig::default());
+        let t0 = Instant::now();
+        feed(&t, Default, 0, 100, t0);
+        assert_eq!(t.counts_at(Default, t0 + 9 * SEC).requests, 100);
+        assert!(t.probability_at(Default, t0 + 9 * SEC) > 0.0);
+        // The bucket of t0 rotates out 10 s (the window) after it began.
+        assert_eq!(t.counts_at(Default, t0 + 10 * SEC), WindowCounts::default());
+        assert_eq!(t.probability_at(Default, t0 + 10 * SEC), 0.0);
+        // Counts spread over time leave bucket by bucket.
+        let t = throttle(AdaptiveThrottleConfig::default());
+        for s in 0..10 {
+            feed(&t, Default, 0, 10, t0 + s * SEC);
+        }
+        assert_eq!(t.counts_at(Default, t0 + 9 * SEC).requests, 100);
+        assert_eq!(t.counts_at(Default, t0 + 12 * SEC).requests, 70);
+        // An instant older than the newest seen lands in the newest bucket.
+        t.record_answer_at(Default, Code::Ok, false, t0);
+        assert_eq!(
+            t.counts_at(Default, t0 + 12 * SEC),
+            WindowCounts {
+                requests: 71,
+                accepts: 1
+            }
+        );
+        // A bucket reused after a long silence starts from zero.
+        assert_eq!(
+            t.counts_at(Default, t0 + 100 * SEC),
+            WindowCounts::default()
+        );
+        feed(&t, Default, 1, 0, t0 + 100 * SEC);
+        assert_eq!(t.counts_at(Default, t0 + 100 * SEC).requests, 1);
+    }
+
+    #[test]
+    fn local_rejections_count_as_requests_not_accepts() {
+        let t = throttle(AdaptiveThrottleConfig::default());
+        let now = Instant::now();
+        feed(&t, Default, 10, 90, now);
+        let before = t.counts_at(Default, now);
+        let refused = (0..100)
+            .filter(|_| t.admit_at(Default, now).is_err())
+            .count() as u64;
+        assert!(refused > 0);
+        let after = t.counts_at(Default, now);
+        assert_eq!(after.requests, before.requests + refused);
+        assert_eq!(after.accepts, before.accepts);
+    }
+
+    #[test]
+    fn sheddable_is_refused_first_and_critical_last() {
+        let t = throttle(AdaptiveThrottleConfig::default());
+        let now = Instant::now();
+        // The same history in every class: 100 requests, 30 accepted.
+        for class in Criticality::ALL {
+            feed(&t, class, 30, 70, now);
+        }
+        let p = |c| t.probability_at(c, now);
+        assert!(close(p(Sheddable), (100.0 - 45.0) / 101.0));
+        assert!(close(p(Default), (100.0 - 60.0) / 101.0));
+        assert!(close(p(Critical), (100.0 - 90.0) / 101.0));
+        assert!(p(Sheddable) > p(Default) && p(Default) > p(Critical));
+        // 40 % accepted: critical (K = 3) is not refused at all, default is.
+        let t = throttle(AdaptiveThrottleConfig::default());
+        for class in Criticality::ALL {
+            feed(&t, class, 40, 60, now);
+        }
+        assert_eq!(t.probability_at(Critical, now), 0.0);
+        assert!(t.probability_at(Default, now) > 0.0);
+        assert!((0..1000).all(|_| t.admit_at(Critical, now).is_ok()));
+    }
+
+    #[test]
+    fn each_class_has_its_own_window() {
+        let t = throttle(AdaptiveThrottleConfig::default());
+        let now = Instant::now();
+        // The backend sheds every sheddable call and accepts every critical one.
+        feed(&t, Sheddable, 0, 100, now);
+        feed(&t, Critical, 100, 0, now);
+        assert_eq!(t.probability_at(Sheddable, now), 0.9);
+        assert_eq!(t.probability_at(Default, now), 0.0);
+        assert_eq!(t.probability_at(Critical, now), 0.0);
+    }
+
+    #[test]
+    fn draws_are_seeded_and_follow_the_probability() {
+        let draws = |seed| {
+            let t = AdaptiveThrottle::new(AdaptiveThrottleConfig::default(), seed).unwrap();
+            let now = Instant::now();
+            feed(&t, Default, 20, 80, now);
+            (0..200)
+                .map(|_| t.admit_at(Default, now).is_ok())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(draws(1), draws(1), "same seed, same draws");
+        assert_ne!(draws(1), draws(2), "another seed, other draws");
+        // At p = 0 nothing is ever refused, and nothing is counted.
+        let t = throttle(AdaptiveThrottleConfig::default());
+        let now = Instant::now();
+        assert!((0..1000).all(|_| t.admit_at(Default, now).is_ok()));
+        assert_eq!(t.counts_at(Default, now), WindowCounts::default());
+        // Refusals follow p: 60 requests, 0 accepts, p capped at 0.5.
+        let t = throttle(AdaptiveThrottleConfig {
+            max_reject_probability: 0.5,
+            ..AdaptiveThrottleConfig::default()
+        });
+        feed(&t, Default, 0, 60, now);
+        let refused = (0..10_000)
+            .filter(|_| t.admit_at(Default, now).is_err())
+            .count();
+        assert!((4500..5500).contains(&refused), "{refused}");
+    }
+
+    #[test]
+    fn only_overload_answers_are_refusals() {
+        let c = AdaptiveThrottleConfig::default();
+        assert!(c.is_rejection(Code::ResourceExhausted, false));
+        assert!(c.is_rejection(Code::Unavailable, true));
+        assert!(
+            !c.is_rejection(Code::Unavailable, false),
+            "a handler's UNAVAILABLE"
+        );
+        // A ShedLayer's "expired while queued".
+        assert!(c.is_rejection(Code::DeadlineExceeded, true));
+        assert!(!c.is_rejection(Code::DeadlineExceeded, false));
+        for code in [
+            Code::Ok,
+            Code::NotFound,
+            Code::InvalidArgument,
+            Code::Internal,
+        ] {
+            assert!(!c.is_rejection(code, false), "{code}");
+            assert!(!c.is_rejection(code, true), "{code}");
+        }
+        let t = throttle(c);
+        let now = Instant::now();
+        for _ in 0..100 {
+            t.record_answer_at(Default, Code::NotFound, false, now);
+            t.record_answer_at(Default, Code::Unavailable, false, now);
+        }
+        assert_eq!(t.probability_at(Default, now), 0.0);
+        // Configurable: INTERNAL as an overload answer.
+        let internal = AdaptiveThrottleConfig {
+            reject_codes: CodeSet::from_iter([Code::Internal]),
+            ..AdaptiveThrottleConfig::default()
+        };
+        assert!(internal.is_rejection(Code::Internal, false));
+        assert!(!internal.is_rejection(Code::ResourceExhausted, false));
+    }
+
+    #[test]
+    fn a_timeout_is_a_request_not_an_accept() {
+        let t = throttle(AdaptiveThrottleConfig::default());
+        let now = Instant::now();
+        feed(&t, Default, 10, 0, now);
+        for _ in 0..30 {
+            t.record_timeout_at(Default, now);
+        }
+        assert_eq!(
+            t.counts_at(Default, now),
+            WindowCounts {
+                requests: 40,
+                accepts: 10
+            }
+        );
+        assert!(close(t.probability_at(Default, now), 20.0 / 41.0));
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let bad = |c: AdaptiveThrottleConfig| c.validate().unwrap_err().to_string();
+        let d = AdaptiveThrottleConfig::default;
+        assert!(bad(AdaptiveThrottleConfig { k: 0.5, ..d() }).contains("adaptive_throttle.k"));
+        assert!(bad(AdaptiveThrottleConfig { k: f64::NAN, ..d() }).contains("adaptive_throttle.k"));
+        assert!(
+            bad(AdaptiveThrottleConfig {
+                sheddable_k: 2.5,
+                ..d()
+            })
+            .contains("adaptive_throttle.sheddable_k")
+        );
+        assert!(
+            bad(AdaptiveThrottleConfig {
+                critical_k: 1.5,
+                ..d()
+            })
+            .contains("adaptive_throttle.critical_k")
+        );
+        assert!(
+            bad(AdaptiveThrottleConfig {
+                max_reject_probability: 1.0,
+                ..d()
+            })
+            .contains("adaptive_throttle.max_reject_probability")
+        );
+        assert!(
+            bad(AdaptiveThrottleConfig {
+                window: Duration::from_millis(500),
+                ..d()
+            })
+            .contains("adaptive_throttle.window")
+        );
+        assert!(
+            bad(AdaptiveThrottleConfig {
+                shed_codes: CodeSet::single(Code::Ok),
+                ..d()
+            })
+            .contains("adaptive_throttle.shed_codes")
+        );
+        assert!(
+            bad(AdaptiveThrottleConfig {
+                reject_codes: CodeSet::EMPTY,
+                shed_codes: CodeSet::EMPTY,
+                ..d()
+            })
+            .contains("adaptive_throttle.reject_codes")
+        );
+        assert!(d().validate().is_ok());
+        assert!(AdaptiveThrottle::new(AdaptiveThrottleConfig { k: 0.0, ..d() }, 1).is_err());
+    }
+}
