@@ -63,6 +63,7 @@ pub mod error;
 pub mod hedge;
 pub mod limit;
 pub mod observe;
+pub mod orca;
 pub mod policy;
 pub mod pushback;
 pub mod queue;

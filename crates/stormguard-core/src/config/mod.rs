@@ -208,6 +208,7 @@ mod value;
 pub use document::Format;
 pub use duration::parse_duration;
 pub use notice::{IDEMPOTENT_SETTING, NotApplied, NotAppliedReason, Notice};
+pub use admission::ShedSettings;
 pub(crate) use value::{finite, whole};
 
 /// Which budget pays for retries.
@@ -254,6 +255,10 @@ pub struct ClientConfig {
     pub budget: BudgetChoice,
     /// The circuit breaker, if any.
     pub breaker: Option<BreakerConfig>,
+    /// Refuse retries and hedges to a dependency whose load reports (ORCA) say it is
+    /// saturated (`retry.load_reports`; see [`crate::orca`]). Default `None`: reports are
+    /// not read for retries.
+    pub load_reports: Option<crate::orca::SaturationConfig>,
     /// Fields of the document read but not applied.
     not_applied: Vec<NotApplied>,
 }
@@ -289,6 +294,9 @@ impl ClientConfig {
         }
         if let Some(b) = &self.breaker {
             b.validate()?;
+        }
+        if let Some(l) = &self.load_reports {
+            l.validate()?;
         }
         Ok(())
     }

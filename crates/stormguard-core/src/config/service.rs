@@ -139,6 +139,7 @@ pub(super) fn read(root: Map<String, Value>) -> Result<ClientConfig, ConfigError
         methods,
         budget,
         breaker: None,
+        load_reports: None,
         not_applied,
     })
 }
