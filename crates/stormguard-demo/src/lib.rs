@@ -17,6 +17,13 @@ pub mod v1 {
     tonic::include_proto!("stormguard.demo.v1");
 }
 
+/// The ORCA load report generated from the vendored published proto
+/// (`proto/xds/data/orca/v3/orca_load_report.proto`), for the tests that check
+/// `stormguard_core::orca::OrcaLoadReport` against it.
+pub mod orca {
+    tonic::include_proto!("xds.data.orca.v3");
+}
+
 pub use v1::{
     ReserveBatchReply, ReserveReply, ReserveRequest, StockLevel, WatchStockRequest,
     inventory_batch_client::InventoryBatchClient,

@@ -164,6 +164,12 @@ impl<S, K> Shared<S, K> {
 /// not need the replicas' service and key types).
 pub(crate) trait EndAttempt: Send + Sync {
     fn end(&self, id: ReplicaId, outcome: ReplicaOutcome, started: Instant);
+
+    /// `id` answered an attempt with the load report `report`.
+    fn load_report(&self, id: ReplicaId, report: &stormguard_core::orca::LoadReport);
+
+    /// How many replicas the channel holds.
+    fn replicas(&self) -> usize;
 }
 
 impl<S: Send, K: Send> EndAttempt for Shared<S, K> {
@@ -181,6 +187,14 @@ impl<S: Send, K: Send> EndAttempt for Shared<S, K> {
                 log_transition(t, name.as_deref().unwrap_or("?"));
             }
         }
+    }
+
+    fn load_report(&self, id: ReplicaId, report: &stormguard_core::orca::LoadReport) {
+        self.lock().set.record_load_at(id, report, Instant::now());
+    }
+
+    fn replicas(&self) -> usize {
+        self.lock().set.len()
     }
 }
 
@@ -333,10 +347,10 @@ where
         };
         let svc = inner.members[i].svc.clone();
         drop(inner);
-        if let Some(route) = route {
-            route.record(id);
-        }
         let ends: Arc<dyn EndAttempt> = self.shared.clone();
+        if let Some(route) = route {
+            route.record(id, Arc::clone(&ends));
+        }
         ResponseFuture::new(svc, request, ends, id, now)
     }
 }

@@ -141,6 +141,11 @@ where
             result,
             ..
         } = ended;
+        if let Ok(response) = &result {
+            // Copies interleave, so the route's latest replica need not be this copy's:
+            // the report feeds the call's saturation under the channel's key only.
+            crate::retry::load::read(response.headers(), Some(&*call), None, this.stats);
+        }
         match classify(result, this.attempts.is_replayable()) {
             Outcome::Ok(response) => {
                 won(this, first, now);
