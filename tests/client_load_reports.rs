@@ -72,7 +72,8 @@ async fn serve(svc: Reporting) -> Channel {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(
-        Server::builder().serve_with_incoming(InventoryServer::new(svc), TcpIncoming::from(listener)),
+        Server::builder()
+            .serve_with_incoming(InventoryServer::new(svc), TcpIncoming::from(listener)),
     );
     client_support::channel(addr).await
 }
@@ -215,8 +216,16 @@ async fn a_real_server_at_its_limit_with_a_queue_gets_no_retry() {
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable);
     let s = stats.snapshot();
-    assert_eq!((s.attempts, s.refused.saturated, s.load_reports), (1, 1, 1), "{s:?}");
-    assert_eq!(server.stats.snapshot().shed(), 1, "the server shed only the first attempt");
+    assert_eq!(
+        (s.attempts, s.refused.saturated, s.load_reports),
+        (1, 1, 1),
+        "{s:?}"
+    );
+    assert_eq!(
+        server.stats.snapshot().shed(),
+        1,
+        "the server shed only the first attempt"
+    );
     server_support::release(&server.control, held).await;
     queued.serve_all(&server.control).await;
 }
@@ -257,12 +266,15 @@ async fn replicas_move_calls_away_from_a_replica_reporting_high_utilization() {
     // call at its limit of one worker: utilization 1.0 against `roomy`'s 1/64.
     let busy = start_reporting(roomy(1), demo(1), false).await;
     let spare = start_reporting(roomy(64), demo(8), false).await;
-    let replicas =
-        Replicas::from_endpoints(reports_at_once(), [endpoint(busy.addr), endpoint(spare.addr)])
-            .unwrap();
+    let replicas = Replicas::from_endpoints(
+        reports_at_once(),
+        [endpoint(busy.addr), endpoint(spare.addr)],
+    )
+    .unwrap();
     let layer = RetryLayer::new(controller(quick_policy())).over_replicas();
     let stats = layer.stats();
-    let mut client = InventoryClient::new(ServiceBuilder::new().layer(layer).service(replicas.clone()));
+    let mut client =
+        InventoryClient::new(ServiceBuilder::new().layer(layer).service(replicas.clone()));
     for i in 0..200 {
         client
             .reserve(client_support::reserve(&format!("c-{i}")))
@@ -284,7 +296,11 @@ async fn replicas_move_calls_away_from_a_replica_reporting_high_utilization() {
             .report_factor
     };
     assert!(factor(busy.addr) < 0.2, "{}", factor(busy.addr));
-    assert_eq!(factor(spare.addr), 1.0, "the best replica keeps its report-free weight");
+    assert_eq!(
+        factor(spare.addr),
+        1.0,
+        "the best replica keeps its report-free weight"
+    );
 }
 
 #[tokio::test]
@@ -292,11 +308,14 @@ async fn a_replica_reporting_no_load_gets_no_more_than_its_report_free_weight() 
     // `liar` reports (it has 64 workers: next to no utilization); `quiet` sends no reports.
     let liar = start_reporting(roomy(64), demo(2), false).await;
     let quiet = server_support::start(roomy(64), demo(2), false).await;
-    let replicas =
-        Replicas::from_endpoints(reports_at_once(), [endpoint(liar.addr), endpoint(quiet.addr)])
-            .unwrap();
+    let replicas = Replicas::from_endpoints(
+        reports_at_once(),
+        [endpoint(liar.addr), endpoint(quiet.addr)],
+    )
+    .unwrap();
     let layer = RetryLayer::new(controller(quick_policy())).over_replicas();
-    let mut client = InventoryClient::new(ServiceBuilder::new().layer(layer).service(replicas.clone()));
+    let mut client =
+        InventoryClient::new(ServiceBuilder::new().layer(layer).service(replicas.clone()));
     for i in 0..50 {
         client
             .reserve(client_support::reserve(&format!("c-{i}")))
@@ -317,8 +336,7 @@ async fn over_replicas_a_retry_to_an_unsaturated_replica_is_allowed() {
     let held = server_support::hold_worker(&direct, &full.control).await;
     let mut queued = server_support::Background::new(&direct);
     queued.send(server_support::reserve("queued", None));
-    server_support::eventually("one call queued", || full.stats.snapshot().queue_depth == 1)
-        .await;
+    server_support::eventually("one call queued", || full.stats.snapshot().queue_depth == 1).await;
     // Reports do not weight the choice here (a long blackout), so the channel keeps
     // sending first attempts to `full`.
     let replicas = Replicas::from_endpoints(
@@ -339,9 +357,16 @@ async fn over_replicas_a_retry_to_an_unsaturated_replica_is_allowed() {
             .unwrap();
     }
     let s = stats.snapshot();
-    assert!(full.stats.snapshot().shed() >= 1, "some first attempts went to `full`");
+    assert!(
+        full.stats.snapshot().shed() >= 1,
+        "some first attempts went to `full`"
+    );
     assert_eq!(s.refused.saturated, 0, "{s:?}");
-    assert_eq!(s.retries, full.stats.snapshot().shed(), "each shed attempt retried on `free`");
+    assert_eq!(
+        s.retries,
+        full.stats.snapshot().shed(),
+        "each shed attempt retried on `free`"
+    );
     server_support::release(&full.control, held).await;
     queued.serve_all(&full.control).await;
 }

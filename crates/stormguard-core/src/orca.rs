@@ -136,6 +136,18 @@ fn checked(field: &'static str, value: f64, max: f64) -> Result<f64, LoadReportE
 }
 
 impl LoadReport {
+    /// Decodes and checks the bytes of an `OrcaLoadReport` (after base64): at most
+    /// [`MAX_REPORT_BYTES`], the message, then [`from_message`](Self::from_message).
+    pub fn decode(bytes: &[u8]) -> Result<Self, LoadReportError> {
+        use prost::Message as _;
+        if bytes.len() > MAX_REPORT_BYTES {
+            return Err(LoadReportError::Oversize);
+        }
+        let message =
+            OrcaLoadReport::decode(bytes).map_err(|e| LoadReportError::Decode(e.to_string()))?;
+        Self::from_message(&message)
+    }
+
     /// Checks `message`: every number finite and non-negative, utilizations at most
     /// [`MAX_UTILIZATION`] (`mem_utilization` and the `utilization` map at most 1, as the
     /// proto says), rates at most [`MAX_RATE`], named metrics and request costs finite.
@@ -408,7 +420,10 @@ impl RateMeter {
     /// of the last second.
     pub fn rate_at(&mut self, now: Instant) -> f64 {
         self.roll_at(now);
-        let into = now.saturating_duration_since(self.start).as_secs_f64().min(1.0);
+        let into = now
+            .saturating_duration_since(self.start)
+            .as_secs_f64()
+            .min(1.0);
         self.current as f64 + self.previous as f64 * (1.0 - into)
     }
 }
@@ -521,7 +536,10 @@ mod tests {
         sat.record_at(0, &report(1.0, 5.0), t0 + ms(2000));
         assert!(sat.refuses_retry_at(t0 + ms(2000)), "old reports decayed");
         assert!(sat.refuses_retry_at(t0 + ms(5900)));
-        assert!(!sat.refuses_retry_at(t0 + ms(6000)), "nothing heard for 4 windows");
+        assert!(
+            !sat.refuses_retry_at(t0 + ms(6000)),
+            "nothing heard for 4 windows"
+        );
     }
 
     #[test]
@@ -576,11 +594,12 @@ mod tests {
         assert_eq!(ClientConfig::from_json("{}").unwrap().load_reports, None);
         let e = ClientConfig::from_json(r#"{"retry": {"load_reports": {"utilization": -1}}}"#)
             .unwrap_err();
-        assert!(e.to_string().contains("retry.load_reports.utilization"), "{e}");
-        let e = ClientConfig::from_json(
-            r#"{"methods": {"/a.B/": {"load_reports": {}}}}"#,
-        )
-        .unwrap_err();
+        assert!(
+            e.to_string().contains("retry.load_reports.utilization"),
+            "{e}"
+        );
+        let e =
+            ClientConfig::from_json(r#"{"methods": {"/a.B/": {"load_reports": {}}}}"#).unwrap_err();
         assert!(e.to_string().contains("load_reports"), "{e}");
         let controller = crate::retry::RetryController::from_config(
             &ClientConfig::from_json(r#"{"retry": {"load_reports": {}}}"#).unwrap(),

@@ -802,13 +802,17 @@ impl ReplicaSet {
     /// `id` answered with the load report `report` at `now` (from the trailers of an
     /// attempt the channel sent it). A report whose A58 weight is not defined (no requests,
     /// no utilization) is ignored, as A58 ignores it; a replica not in the set, too.
-    pub fn record_load_at(&mut self, id: ReplicaId, report: &crate::orca::LoadReport, now: Instant) {
+    pub fn record_load_at(
+        &mut self,
+        id: ReplicaId,
+        report: &crate::orca::LoadReport,
+        now: Instant,
+    ) {
         let config = &self.config.reports;
         if !config.enabled {
             return;
         }
-        let Some(weight) = crate::orca::a58_weight(report, config.error_utilization_penalty)
-        else {
+        let Some(weight) = crate::orca::a58_weight(report, config.error_utilization_penalty) else {
             return;
         };
         let expiration = config.expiration_period;
@@ -861,7 +865,8 @@ impl ReplicaSet {
     /// (none, in blackout, expired, or reports disabled). Never above 1: a report only
     /// lowers a share. `None` for a replica not in the set.
     pub fn report_factor_at(&self, id: ReplicaId, now: Instant) -> Option<f64> {
-        self.index(id).map(|i| self.factor_at(&self.replicas[i], now))
+        self.index(id)
+            .map(|i| self.factor_at(&self.replicas[i], now))
     }
 
     /// The peak-EWMA latency at `now`, in nanoseconds: while no answer arrives it returns
@@ -1141,8 +1146,16 @@ mod tests {
         let t1 = t0 + Duration::from_secs(10);
         let fa = s.report_factor_at(a, t1).unwrap();
         assert!((fa - 0.1 / 0.9).abs() < 1e-9, "{fa}");
-        assert_eq!(s.report_factor_at(b, t1), Some(1.0), "the best keeps its share");
-        assert_eq!(s.report_factor_at(c, t1), Some(1.0), "no reports: untouched");
+        assert_eq!(
+            s.report_factor_at(b, t1),
+            Some(1.0),
+            "the best keeps its share"
+        );
+        assert_eq!(
+            s.report_factor_at(c, t1),
+            Some(1.0),
+            "no reports: untouched"
+        );
         // A replica claiming no load at all is capped at its report-free share.
         s.record_load_at(c, &load(1e-6), t0);
         assert_eq!(s.report_factor_at(c, t1), Some(1.0));
@@ -1152,7 +1165,11 @@ mod tests {
         assert_eq!(s.report_factor_at(a, late), Some(1.0));
         s.record_load_at(a, &load(0.9), late);
         s.record_load_at(b, &load(0.1), late);
-        assert_eq!(s.report_factor_at(a, late + MS), Some(1.0), "in blackout again");
+        assert_eq!(
+            s.report_factor_at(a, late + MS),
+            Some(1.0),
+            "in blackout again"
+        );
         // The choice follows: with a at a ninth of b's weight, b takes most of the calls.
         let t2 = late + Duration::from_secs(10);
         let per = run(&mut s, &[a, b, c], 2000, t2, |_| ReplicaOutcome::Success);
@@ -1182,7 +1199,12 @@ mod tests {
             },
             ..ReplicaConfig::default()
         };
-        assert!(bad.validate().unwrap_err().to_string().contains("replicas.reports.min_factor"));
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("replicas.reports.min_factor")
+        );
     }
 
     /// Sends `n` attempts from `now`, one every 200 µs, answering each with `answer(id)`

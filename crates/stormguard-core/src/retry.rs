@@ -75,9 +75,9 @@ use crate::config::{BudgetChoice, ClientConfig, ConfigError};
 use crate::context;
 use crate::deadline::{CallDeadline, CallTimes, DeadlineSource, resolve_deadline_at};
 use crate::hedge::{DelayEstimator, HedgeDelay, HedgingPolicy};
+use crate::orca::{LoadReport, Saturation};
 use crate::policy::{MethodTable, RetryPolicy};
 use crate::pushback::Pushback;
-use crate::orca::{LoadReport, Saturation};
 use crate::throttle::A6Throttle;
 
 /// Why a failed attempt was not retried.

@@ -488,9 +488,8 @@ const BIN_BASE64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpos
 pub fn parse_load_report<'a>(
     values: impl IntoIterator<Item = &'a [u8]>,
 ) -> Option<Result<crate::orca::LoadReport, crate::orca::LoadReportError>> {
-    use crate::orca::{LoadReport, LoadReportError, MAX_REPORT_BYTES, OrcaLoadReport};
+    use crate::orca::{LoadReport, LoadReportError, MAX_REPORT_BYTES};
     use base64::Engine as _;
-    use prost::Message as _;
 
     let mut values = values.into_iter();
     let value = values.next()?;
@@ -505,12 +504,7 @@ pub fn parse_load_report<'a>(
         let bytes = BIN_BASE64
             .decode(value)
             .map_err(|_| LoadReportError::Base64)?;
-        if bytes.len() > MAX_REPORT_BYTES {
-            return Err(LoadReportError::Oversize);
-        }
-        let message = OrcaLoadReport::decode(&bytes[..])
-            .map_err(|e| LoadReportError::Decode(e.to_string()))?;
-        LoadReport::from_message(&message)
+        LoadReport::decode(&bytes)
     })())
 }
 

@@ -213,7 +213,12 @@ impl Build for ClientDoc {
             methods,
             budget: BudgetChoice::Stormguard(self.retry.budget.unwrap_or_default()),
             breaker: self.breaker,
-            load_reports: self.retry.load_reports.as_ref().map(LoadReportsDoc::build).transpose()?,
+            load_reports: self
+                .retry
+                .load_reports
+                .as_ref()
+                .map(LoadReportsDoc::build)
+                .transpose()?,
             not_applied: Vec::new(),
         };
         config.validate()?;

@@ -205,10 +205,10 @@ mod notice;
 mod service;
 mod value;
 
+pub use admission::ShedSettings;
 pub use document::Format;
 pub use duration::parse_duration;
 pub use notice::{IDEMPOTENT_SETTING, NotApplied, NotAppliedReason, Notice};
-pub use admission::ShedSettings;
 pub(crate) use value::{finite, whole};
 
 /// Which budget pays for retries.

@@ -40,11 +40,7 @@ impl<B> ShedBody<B> {
 
     /// The handler's `body`, which holds `permit` until it ends or is dropped, and adds
     /// `report` to its trailers.
-    pub(crate) fn holding(
-        body: B,
-        permit: Option<WorkerPermit>,
-        report: Option<CallReport>,
-    ) -> Self
+    pub(crate) fn holding(body: B, permit: Option<WorkerPermit>, report: Option<CallReport>) -> Self
     where
         B: Body,
     {

@@ -162,11 +162,8 @@ where
                             events.expired();
                             // Dropping the queued state discards the unread request body.
                             state.set(State::Answered { response: None });
-                            let answer = response::with_report(
-                                response::expired(),
-                                report.as_ref(),
-                                false,
-                            );
+                            let answer =
+                                response::with_report(response::expired(), report.as_ref(), false);
                             return Poll::Ready(Ok(with_empty_body(answer)));
                         }
                         Turn::Closing => {

@@ -219,13 +219,9 @@ where
             report.started_at(now);
         }
         match entry {
-            Entry::Admitted(permit) => ResponseFuture::running(
-                context,
-                scope,
-                self.inner.call(request),
-                permit,
-                report,
-            ),
+            Entry::Admitted(permit) => {
+                ResponseFuture::running(context, scope, self.inner.call(request), permit, report)
+            }
             Entry::Queued(ticket) => {
                 // Keep the service that was made ready for this call; the clone takes
                 // its place for the next poll_ready.
