@@ -467,7 +467,8 @@ mod tests {
             ..OrcaLoadReport::default()
         };
         assert!(LoadReport::from_message(&good).is_ok());
-        let cases: [(&str, fn(&mut OrcaLoadReport)); 8] = [
+        type Spoil = fn(&mut OrcaLoadReport);
+        let cases: [(&str, Spoil); 8] = [
             ("cpu_utilization", |m| m.cpu_utilization = f64::NAN),
             ("cpu_utilization", |m| m.cpu_utilization = -0.1),
             ("application_utilization", |m| {

@@ -19,12 +19,12 @@
 //! 7. the deadline leaves room for the delay plus a useful attempt (a pushback longer than
 //!    the time left means no retry);
 //! 8. the breaker is not open;
-//! 8b. the dependency's recent load reports (ORCA, when the layer reads them; see
-//!    [`crate::orca`]) do not say that every endpoint heard from is saturated;
-//! 9. the request's retry allowance, when the call runs inside a
-//!    [`RequestScope`](crate::context::RequestScope) that has one (`x-retry-budget`), has a
-//!    retry left (it spends one);
-//! 10. the budget grants a withdrawal (checked last, because it consumes).
+//! 9. the dependency's recent load reports (ORCA, when the layer reads them; see
+//!    [`crate::orca`]) do not say that every endpoint is saturated;
+//! 10. the request's retry allowance, when the call runs inside a
+//!     [`RequestScope`](crate::context::RequestScope) that has one (`x-retry-budget`), has
+//!     a retry left (it spends one);
+//! 11. the budget grants a withdrawal (checked last, because it consumes).
 //!
 //! The delay is the server's pushback when it sent one (exactly, and the backoff restarts),
 //! else the next backoff step.
@@ -748,11 +748,11 @@ impl CallRetry {
     /// 2. copies so far < `maxAttempts` ([`Refusal::Attempts`]);
     /// 3. no pushback stopped the hedges ([`Refusal::Pushback`]);
     /// 4. the breaker is closed: neither open nor probing ([`Refusal::Breaker`]);
-    /// 4b. the load reports do not say the dependency is saturated
+    /// 5. the load reports do not say the dependency is saturated
     ///    ([`Refusal::Saturated`], with [`RetryController::with_saturation`]);
-    /// 5. the request's retry allowance has one left (it spends one;
+    /// 6. the request's retry allowance has one left (it spends one;
     ///    [`Refusal::Allowance`]);
-    /// 6. the budget grants a withdrawal, the same budget that pays for retries; an A6
+    /// 7. the budget grants a withdrawal, the same budget that pays for retries; an A6
     ///    throttle grants it while it holds more than half its tokens ([`Refusal::Budget`]).
     ///
     /// A hedge granted is spent: it carries `grpc-previous-rpc-attempts` (the copies sent
