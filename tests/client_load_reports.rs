@@ -207,6 +207,22 @@ async fn a_real_server_at_its_limit_with_a_queue_gets_no_retry() {
         server.stats.snapshot().queue_depth == 1
     })
     .await;
+    // Attempts that reach the server while it is saturated (its worker busy, a call
+    // queued) are the ones it sheds: without reports the client's retries arrive there too.
+    let without = RetryLayer::new(controller(quick_policy()));
+    let plain = without.stats();
+    let mut client = client_support::client(server_support::channel(server.addr).await, without);
+    client
+        .reserve(client_support::reserve("shed"))
+        .await
+        .unwrap_err();
+    assert_eq!(plain.snapshot().attempts, 3, "{:?}", plain.snapshot());
+    assert_eq!(
+        server.stats.snapshot().shed(),
+        3,
+        "every attempt met a saturated server"
+    );
+
     let layer = reading_layer();
     let stats = layer.stats();
     let mut client = client_support::client(server_support::channel(server.addr).await, layer);
@@ -223,8 +239,8 @@ async fn a_real_server_at_its_limit_with_a_queue_gets_no_retry() {
     );
     assert_eq!(
         server.stats.snapshot().shed(),
-        1,
-        "the server shed only the first attempt"
+        4,
+        "with reports only the first attempt met the saturated server"
     );
     server_support::release(&server.control, held).await;
     queued.serve_all(&server.control).await;
