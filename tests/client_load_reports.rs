@@ -345,9 +345,11 @@ async fn a_replica_reporting_no_load_gets_no_more_than_its_report_free_weight() 
 
 #[tokio::test]
 async fn over_replicas_a_retry_to_an_unsaturated_replica_is_allowed() {
-    // `full` sheds with saturated reports (its worker held, its queue full); `free` serves.
+    // `full` sheds with saturated reports (its worker held, its queue full); `free` serves
+    // and sends no reports: the client has heard only of a saturated replica, and still
+    // knows another may take the retry.
     let full = start_reporting(full_when_three(), DemoConfig::default(), true).await;
-    let free = start_reporting(roomy(64), DemoConfig::default(), false).await;
+    let free = server_support::start(roomy(64), DemoConfig::default(), false).await;
     let direct = InventoryClient::new(server_support::channel(full.addr).await);
     let held = server_support::hold_worker(&direct, &full.control).await;
     let mut queued = server_support::Background::new(&direct);

@@ -25,6 +25,12 @@
 //!   doubling, capped to a share of the set, ended by a probe; overload answers (a shed with
 //!   a pushback) lower a replica's weight but never eject it;
 //! - slow start for a replica that joins a set already serving or returns from ejection;
+//! - load reports (gRPC ORCA, from a `ShedLayer::with_load_reports` server) weight each
+//!   replica by gRPC A58's formula, only ever *lowering* its share below the report-free
+//!   one ([`ReplicaConfig::reports`](stormguard_core::replica::ReplicaConfig::reports)); the
+//!   retry layer above reads each attempt's report and hands it to the replica that
+//!   answered (through the call's [`Route`]), so reports need the layer's
+//!   [`over_replicas`](crate::RetryLayer::over_replicas);
 //! - the retry layer charges each retry to the replica whose attempt failed
 //!   ([`KeyedBudgets`](stormguard_core::budget::KeyedBudgets)), so a failing replica spends
 //!   only what its own successes earned (plus the floor).
