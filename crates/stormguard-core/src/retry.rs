@@ -2579,7 +2579,8 @@ mod tests {
                 "budget",
                 "key_budget",
                 "replay_limit",
-                "allowance"
+                "allowance",
+                "saturated"
             ]
         );
         assert!(Refusal::Budget.is_retryable_but_refused());
