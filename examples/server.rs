@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! cargo run --release --example server -- --addr 127.0.0.1:0 --workers 4 --queue 64 \
-//!     --service-time-ms 5 [--fail-rate 0.0] [--no-shed] [--retry-depth N] [--lifo-depth N]
+//!     --service-time-ms 5 [--fail-rate 0.0] [--no-shed] [--retry-depth N] [--lifo-depth N] \
+//!     [--load-reports]
 //! cargo run --release --example server -- --addr 127.0.0.1:0 --config admission.json \
 //!     --service-time-ms 5
 //! ```
@@ -39,6 +40,11 @@
 //! answers whose status comes in the trailers, as every served call's does). A call whose
 //! caller left before the answer is logged when it is dropped, with `"cancelled":true`.
 //!
+//! `--load-reports` attaches an ORCA load report (`endpoint-load-metrics-bin`: utilization =
+//! calls running / workers, calls per second, sheds per second, queue depth, time queued)
+//! to every answer, as `ShedLayer::with_load_reports` does; a `--config` file turns it on
+//! with `"load_reports": true` in its `admission` object.
+//!
 //! `--otel-stdout` also exports the layer's OpenTelemetry metrics to stdout every
 //! second and once more on Ctrl-C (needs `--features otel-examples`).
 
@@ -50,6 +56,7 @@ use std::time::Duration;
 use clap::Parser;
 use serde::Serialize;
 use stormguard::core::admission::{AdmissionConfig, QueueOrder, RetryThreshold};
+use stormguard::core::config::ShedSettings;
 use stormguard::server::{ShedBody, ShedLayer, ShedStats};
 use stormguard_demo::InventoryServer;
 use stormguard_demo::server::{DemoConfig, DemoControl, DemoInventory};
@@ -94,6 +101,10 @@ pub struct Args {
     /// Serve the same service with no stormguard layer (tonic runs every call at once)
     #[arg(long = "no-shed")]
     no_shed: bool,
+    /// Attach an ORCA load report (`endpoint-load-metrics-bin`) to every answer; also
+    /// `"load_reports": true` in a `--config` file
+    #[arg(long = "load-reports", conflicts_with = "no_shed")]
+    load_reports: bool,
     /// Queue depth from which retries are shed [default: queue / 8, at least 1]
     #[arg(long = "retry-depth", value_name = "N")]
     retry_depth: Option<usize>,
@@ -250,6 +261,19 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
     });
     let control = inventory.control();
     let layer = admission(&args)?.map(ShedLayer::from_config).transpose()?;
+    // `--load-reports`, or `admission.load_reports` in the `--config` file.
+    let from_file = match &args.config {
+        Some(path) => {
+            ShedSettings::from_path(path)
+                .map_err(|e| format!("--config {path}: {e}"))?
+                .load_reports
+        }
+        None => false,
+    };
+    let layer = match layer {
+        Some(layer) if args.load_reports || from_file => Some(layer.with_load_reports()),
+        layer => layer,
+    };
     let export = if args.otel_stdout {
         Some(otel::Export::stdout(Duration::from_secs(1))?)
     } else {

@@ -92,6 +92,7 @@ const EXAMPLES: &[Example] = &[
             "--max-pending-resets",
             "--log-calls",
             "--otel-stdout",
+            "--load-reports",
         ],
         bad_value: &["--fail-rate", "2"],
     },

@@ -30,6 +30,8 @@
 //! | `stormguard.client.hedges.won` | counter | `{call}` | |
 //! | `stormguard.client.hedges.refused` | counter | `{attempt}` | `stormguard.refusal.cause` |
 //! | `stormguard.client.throttled` | counter | `{call}` | `stormguard.criticality` (`sheddable`, `default`, `critical`): calls the adaptive throttle refused locally |
+//! | `stormguard.client.load_reports` | counter | `{report}` | |
+//! | `stormguard.client.load_reports.ignored` | counter | `{report}` | |
 //! | `stormguard.client.budget.balance` | gauge | `{retry}` | |
 //! | `stormguard.client.breaker.state` | gauge | `1` | `stormguard.breaker.state` (`closed`, `open`, `half_open`: 1 for the current one) |
 //!
@@ -247,7 +249,7 @@ impl ClientMetrics {
         );
         // The layer-wide counters: `read` picks one from a snapshot.
         type Read = fn(&crate::StatsSnapshot) -> u64;
-        let plain: [(&'static str, &'static str, &'static str, Read); 5] = [
+        let plain: [(&'static str, &'static str, &'static str, Read); 7] = [
             (
                 "stormguard.client.retries",
                 "Attempts that were retries",
@@ -277,6 +279,18 @@ impl ClientMetrics {
                 "Hedged calls answered by a copy other than the first",
                 "{call}",
                 |s| s.hedges_won,
+            ),
+            (
+                "stormguard.client.load_reports",
+                "Load reports (ORCA) read from attempts' answers",
+                "{report}",
+                |s| s.load_reports,
+            ),
+            (
+                "stormguard.client.load_reports.ignored",
+                "Load reports ignored as malformed or absurd",
+                "{report}",
+                |s| s.load_reports_ignored,
             ),
         ];
         for (metric, description, unit, read) in plain {

@@ -64,6 +64,8 @@ struct Counters {
     transparent_retries: AtomicU64,
     hedges: AtomicU64,
     hedges_won: AtomicU64,
+    load_reports: AtomicU64,
+    load_reports_ignored: AtomicU64,
     refused: [AtomicU64; Refusal::ALL.len()],
     hedges_refused: [AtomicU64; Refusal::ALL.len()],
     /// Calls the adaptive throttle refused locally, by criticality (lowest first).
@@ -179,6 +181,18 @@ impl RetryStats {
         self.shard().throttled[class_index(class)].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A load report (ORCA) was read from an attempt's answer.
+    pub(crate) fn load_report(&self) {
+        self.shard().load_reports.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A malformed or absurd load report was ignored.
+    pub(crate) fn load_report_ignored(&self) {
+        self.shard()
+            .load_reports_ignored
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A hedge that was due was not sent, because of `r`.
     pub(crate) fn hedge_refused(&self, r: Refusal) {
         self.shard().hedges_refused[index(r)].fetch_add(1, Ordering::Relaxed);
@@ -212,6 +226,7 @@ impl RetryStats {
                 key_budget: r(Refusal::KeyBudget),
                 replay_limit: r(Refusal::ReplayLimit),
                 allowance: r(Refusal::Allowance),
+                saturated: r(Refusal::Saturated),
             }
         };
         StatsSnapshot {
@@ -230,6 +245,8 @@ impl RetryStats {
             transparent_retries: load(|c| &c.transparent_retries),
             hedges: load(|c| &c.hedges),
             hedges_won: load(|c| &c.hedges_won),
+            load_reports: load(|c| &c.load_reports),
+            load_reports_ignored: load(|c| &c.load_reports_ignored),
             refused: counts(|c| &c.refused),
             hedges_refused: counts(|c| &c.hedges_refused),
             throttled: {
@@ -306,6 +323,12 @@ pub struct StatsSnapshot {
     pub hedges: u64,
     /// Hedged calls answered by a copy other than the first.
     pub hedges_won: u64,
+    /// Load reports (ORCA, `endpoint-load-metrics-bin`) read from attempts' answers, when
+    /// the layer reads them ([`RetryLayer::with_load_reports`](crate::RetryLayer::with_load_reports)).
+    pub load_reports: u64,
+    /// Load reports ignored as malformed or absurd: repeated, oversize, not base64, not the
+    /// message, or a field out of range (see [`stormguard_core::orca`]).
+    pub load_reports_ignored: u64,
     /// Failures that were not retried, by cause. A first attempt rejected by an open
     /// breaker counts under `breaker` too.
     pub refused: RefusedCounts,
@@ -354,6 +377,8 @@ pub struct RefusedCounts {
     pub replay_limit: u64,
     /// The request-scoped retry allowance (`x-retry-budget`) was spent.
     pub allowance: u64,
+    /// The dependency's recent load reports said it was saturated.
+    pub saturated: u64,
 }
 
 /// Calls refused locally by the adaptive throttle, by the criticality they had.
@@ -400,6 +425,7 @@ impl RefusedCounts {
             (Refusal::KeyBudget, self.key_budget),
             (Refusal::ReplayLimit, self.replay_limit),
             (Refusal::Allowance, self.allowance),
+            (Refusal::Saturated, self.saturated),
         ]
         .into_iter()
         .map(|(r, n)| (r.as_str(), n))

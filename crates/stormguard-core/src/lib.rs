@@ -38,6 +38,9 @@
 //!   application's own config through `serde`, validated either way;
 //! * the **wire** ([`wire`]): every header the layers write or read, with its one parser
 //!   and encoder (and, with the `http` feature, its `http::HeaderName`);
+//! * **load reports** ([`orca`], gRPC ORCA): the report a server sends on every answer,
+//!   and what a client makes of it: no retry to a saturated server, replica weights that
+//!   a report can only lower;
 //! * what the layers **tell operators** ([`observe`]): a layer's name, and the per-second
 //!   summary that keeps INFO readable during an incident.
 //!
@@ -67,6 +70,7 @@ pub mod error;
 pub mod hedge;
 pub mod limit;
 pub mod observe;
+pub mod orca;
 pub mod policy;
 pub mod pushback;
 pub mod queue;

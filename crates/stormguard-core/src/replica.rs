@@ -42,6 +42,22 @@
 //! raises its latency, so the choice sends it less, but never ejects it. Ejecting busy
 //! replicas moves their load onto the rest, which is how an overload spreads.
 //!
+//! # Load reports (ORCA) may only lower a replica's share
+//!
+//! A replica that sends load reports (gRPC ORCA; a stormguard server built with
+//! `ShedLayer::with_load_reports`) gets gRPC A58's weight,
+//! `qps / (utilization + eps / qps × error_utilization_penalty)`, its utilization
+//! `application_utilization`, else `cpu_utilization` ([`crate::orca::a58_weight`]). As in
+//! A58, a replica's reports weight it only after a blackout period from its first report
+//! ([`ReportWeightConfig::blackout_period`]) and stop weighting it when none came for
+//! [`ReportWeightConfig::expiration_period`] (its blackout starts again). Unlike A58, the
+//! weight never replaces the cost above: it divides into it as a factor in
+//! [[`ReportWeightConfig::min_factor`], 1], the replica's weight over the largest weight of
+//! the replicas whose reports count ([`ReplicaSet::report_factor_at`]). So a report can
+//! only *lower* a replica's share below what the channel gives it without reports, never
+//! raise one above it: a replica that lies about its load cannot attract traffic, and a
+//! replica that sends no reports keeps its report-free share.
+//!
 //! Everything takes the time as an argument (`*_at(now)`) and draws from a seeded RNG, so a
 //! test or a simulator drives it deterministically.
 //!
@@ -91,6 +107,8 @@ pub struct ReplicaConfig {
     pub slow_start: SlowStartConfig,
     /// How load and health are estimated.
     pub load: LoadConfig,
+    /// How load reports (ORCA) weight replicas.
+    pub reports: ReportWeightConfig,
     /// The seed of the choice and of the ejection jitter; `None` draws one.
     pub seed: Option<u64>,
 }
@@ -206,6 +224,48 @@ impl Default for LoadConfig {
     }
 }
 
+/// How load reports (ORCA) weight replicas, after gRPC A58 (see the
+/// [module docs](self#load-reports-orca-may-only-lower-a-replicas-share)).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(
+    default,
+    deny_unknown_fields,
+    expecting = "an object of load report settings"
+)]
+pub struct ReportWeightConfig {
+    /// Whether reports weight replicas at all. Default `true` (a replica that sends none is
+    /// unaffected).
+    pub enabled: bool,
+    /// How long after a replica's first report (or its first after expiry) its reports
+    /// start to count. A58's default, 10 s. At most 10 min.
+    #[serde(with = "crate::config::duration")]
+    pub blackout_period: Duration,
+    /// A replica's reports stop counting when none came for this long. A58's default,
+    /// 3 min. 1 s to 1 h.
+    #[serde(with = "crate::config::duration")]
+    pub expiration_period: Duration,
+    /// A58's `error_utilization_penalty`: how much errors per request add to the
+    /// utilization. Default 1.0, at least 0, at most 100.
+    #[serde(deserialize_with = "crate::config::finite")]
+    pub error_utilization_penalty: f64,
+    /// The least a report multiplies a replica's share by, in (0, 1]. Default 0.05.
+    #[serde(deserialize_with = "crate::config::finite")]
+    pub min_factor: f64,
+}
+
+impl Default for ReportWeightConfig {
+    /// Enabled, A58's 10 s blackout and 3 min expiry, penalty 1.0, factor at least 0.05.
+    fn default() -> Self {
+        ReportWeightConfig {
+            enabled: true,
+            blackout_period: Duration::from_secs(10),
+            expiration_period: Duration::from_secs(180),
+            error_utilization_penalty: 1.0,
+            min_factor: 0.05,
+        }
+    }
+}
+
 /// The document [`ReplicaConfig::from_text`] reads: `{"replicas": {...}}`.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -317,6 +377,28 @@ impl ReplicaConfig {
             Duration::from_millis(10),
             TEN_MIN,
         )?;
+        let r = &self.reports;
+        within(
+            "replicas.reports.blackout_period",
+            r.blackout_period,
+            Duration::ZERO,
+            TEN_MIN,
+        )?;
+        within(
+            "replicas.reports.expiration_period",
+            r.expiration_period,
+            Duration::from_secs(1),
+            HOUR,
+        )?;
+        if !(r.error_utilization_penalty.is_finite()
+            && (0.0..=100.0).contains(&r.error_utilization_penalty))
+        {
+            return Err(ConfigError::invalid(
+                "replicas.reports.error_utilization_penalty",
+                format!("must be in [0, 100], got {}", r.error_utilization_penalty),
+            ));
+        }
+        share("replicas.reports.min_factor", r.min_factor, false)?;
         Ok(())
     }
 }
@@ -473,6 +555,9 @@ pub struct ReplicaSnapshot {
     pub health: f64,
     /// Its slow-start weight now, in (0, 1].
     pub weight: f64,
+    /// What its load reports multiply its share by now, in (0, 1] (1: no report counts;
+    /// see [`ReplicaSet::report_factor_at`]).
+    pub report_factor: f64,
 }
 
 /// The weight of one new answer in the health EWMA.
@@ -498,10 +583,21 @@ struct Replica {
     /// Health EWMA, as of `health_at`.
     health: f64,
     health_at: Instant,
+    /// Its latest load report's A58 weight, when it sent one that weights.
+    report: Option<ReportWeight>,
     attempts: u64,
     failures: u64,
     overloads: u64,
     ejections: u64,
+}
+
+/// A replica's latest A58 weight from its load reports.
+#[derive(Clone, Copy, Debug)]
+struct ReportWeight {
+    weight: f64,
+    /// Since when it has sent reports without a gap of `expiration_period`.
+    non_empty_since: Instant,
+    last_update: Instant,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -598,6 +694,7 @@ impl ReplicaSet {
             latency_at: now,
             health: 1.0,
             health_at: now,
+            report: None,
             attempts: 0,
             failures: 0,
             overloads: 0,
@@ -692,13 +789,84 @@ impl ReplicaSet {
     }
 
     /// The replica's cost at `now`: latency × (in flight + 1) / (health × slow-start
-    /// weight).
+    /// weight × report factor).
     fn cost_at(&self, i: usize, now: Instant) -> f64 {
         let r = &self.replicas[i];
         let latency = self.latency_at(r, now);
         let health = self.health_at(r, now).max(MIN_HEALTH);
         let weight = self.weight_at(r, now);
-        latency * f64::from(r.in_flight + 1) / (health * weight)
+        let factor = self.factor_at(r, now);
+        latency * f64::from(r.in_flight + 1) / (health * weight * factor)
+    }
+
+    /// `id` answered with the load report `report` at `now` (from the trailers of an
+    /// attempt the channel sent it). A report whose A58 weight is not defined (no requests,
+    /// no utilization) is ignored, as A58 ignores it; a replica not in the set, too.
+    pub fn record_load_at(
+        &mut self,
+        id: ReplicaId,
+        report: &crate::orca::LoadReport,
+        now: Instant,
+    ) {
+        let config = &self.config.reports;
+        if !config.enabled {
+            return;
+        }
+        let Some(weight) = crate::orca::a58_weight(report, config.error_utilization_penalty) else {
+            return;
+        };
+        let expiration = config.expiration_period;
+        let Some(i) = self.index(id) else {
+            return;
+        };
+        let r = &mut self.replicas[i];
+        let non_empty_since = match r.report {
+            Some(w) if now.saturating_duration_since(w.last_update) < expiration => {
+                w.non_empty_since
+            }
+            _ => now,
+        };
+        r.report = Some(ReportWeight {
+            weight,
+            non_empty_since,
+            last_update: now,
+        });
+    }
+
+    /// The A58 weight of `r`'s reports at `now`, if they count (past the blackout, not
+    /// expired).
+    fn counted_weight(&self, r: &Replica, now: Instant) -> Option<f64> {
+        let config = &self.config.reports;
+        let w = r.report?;
+        let fresh = now.saturating_duration_since(w.last_update) < config.expiration_period;
+        let past_blackout =
+            now.saturating_duration_since(w.non_empty_since) >= config.blackout_period;
+        (config.enabled && fresh && past_blackout).then_some(w.weight)
+    }
+
+    fn factor_at(&self, r: &Replica, now: Instant) -> f64 {
+        let Some(weight) = self.counted_weight(r, now) else {
+            return 1.0;
+        };
+        let max = self
+            .replicas
+            .iter()
+            .filter_map(|o| self.counted_weight(o, now))
+            .fold(0.0_f64, f64::max);
+        if max <= 0.0 {
+            return 1.0;
+        }
+        (weight / max).clamp(self.config.reports.min_factor, 1.0)
+    }
+
+    /// What `id`'s load reports multiply its share by at `now`: its A58 weight over the
+    /// largest A58 weight among the replicas whose reports count, at least
+    /// [`ReportWeightConfig::min_factor`] and at most 1; 1 when its reports do not count
+    /// (none, in blackout, expired, or reports disabled). Never above 1: a report only
+    /// lowers a share. `None` for a replica not in the set.
+    pub fn report_factor_at(&self, id: ReplicaId, now: Instant) -> Option<f64> {
+        self.index(id)
+            .map(|i| self.factor_at(&self.replicas[i], now))
     }
 
     /// The peak-EWMA latency at `now`, in nanoseconds: while no answer arrives it returns
@@ -937,6 +1105,7 @@ impl ReplicaSet {
             latency: Duration::from_nanos(self.latency_at(r, now) as u64),
             health: self.health_at(r, now),
             weight: self.weight_at(r, now),
+            report_factor: self.factor_at(r, now),
         })
     }
 }
@@ -955,6 +1124,88 @@ mod tests {
     }
 
     const MS: Duration = Duration::from_millis(1);
+
+    fn load(utilization: f64) -> crate::orca::LoadReport {
+        crate::orca::LoadReport {
+            utilization,
+            rps: 100.0,
+            eps: 0.0,
+            queue_depth: None,
+        }
+    }
+
+    #[test]
+    fn reports_lower_a_share_after_the_blackout_and_never_raise_one() {
+        let mut s = set(3);
+        let t0 = Instant::now();
+        let (a, b, c) = (s.insert_at(t0), s.insert_at(t0), s.insert_at(t0));
+        s.record_load_at(a, &load(0.9), t0);
+        s.record_load_at(b, &load(0.1), t0);
+        // Within the blackout nothing changes.
+        assert_eq!(s.report_factor_at(a, t0 + 9 * 1000 * MS), Some(1.0));
+        let t1 = t0 + Duration::from_secs(10);
+        let fa = s.report_factor_at(a, t1).unwrap();
+        assert!((fa - 0.1 / 0.9).abs() < 1e-9, "{fa}");
+        assert_eq!(
+            s.report_factor_at(b, t1),
+            Some(1.0),
+            "the best keeps its share"
+        );
+        assert_eq!(
+            s.report_factor_at(c, t1),
+            Some(1.0),
+            "no reports: untouched"
+        );
+        // A replica claiming no load at all is capped at its report-free share.
+        s.record_load_at(c, &load(1e-6), t0);
+        assert_eq!(s.report_factor_at(c, t1), Some(1.0));
+        assert!(s.report_factor_at(b, t1).unwrap() >= s.config().reports.min_factor);
+        // Reports expire: a's share comes back, and its blackout starts again.
+        let late = t0 + Duration::from_secs(181);
+        assert_eq!(s.report_factor_at(a, late), Some(1.0));
+        s.record_load_at(a, &load(0.9), late);
+        s.record_load_at(b, &load(0.1), late);
+        assert_eq!(
+            s.report_factor_at(a, late + MS),
+            Some(1.0),
+            "in blackout again"
+        );
+        // The choice follows: with a at a ninth of b's weight, b takes most of the calls.
+        let t2 = late + Duration::from_secs(10);
+        let per = run(&mut s, &[a, b, c], 2000, t2, |_| ReplicaOutcome::Success);
+        assert!(per[1] > 3 * per[0], "{per:?}");
+    }
+
+    #[test]
+    fn disabled_reports_weight_nothing() {
+        let mut s = ReplicaSet::new(ReplicaConfig {
+            reports: ReportWeightConfig {
+                enabled: false,
+                blackout_period: Duration::ZERO,
+                ..ReportWeightConfig::default()
+            },
+            ..ReplicaConfig::default()
+        })
+        .unwrap();
+        let t0 = Instant::now();
+        let (a, b) = (s.insert_at(t0), s.insert_at(t0));
+        s.record_load_at(a, &load(0.9), t0);
+        s.record_load_at(b, &load(0.1), t0);
+        assert_eq!(s.report_factor_at(a, t0 + MS), Some(1.0));
+        let bad = ReplicaConfig {
+            reports: ReportWeightConfig {
+                min_factor: 0.0,
+                ..ReportWeightConfig::default()
+            },
+            ..ReplicaConfig::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("replicas.reports.min_factor")
+        );
+    }
 
     /// Sends `n` attempts from `now`, one every 200 µs, answering each with `answer(id)`
     /// after 2 ms (so about ten are in flight at once); returns the attempts per replica.

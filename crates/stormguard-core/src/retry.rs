@@ -19,10 +19,12 @@
 //! 7. the deadline leaves room for the delay plus a useful attempt (a pushback longer than
 //!    the time left means no retry);
 //! 8. the breaker is not open;
-//! 9. the request's retry allowance, when the call runs inside a
-//!    [`RequestScope`](crate::context::RequestScope) that has one (`x-retry-budget`), has a
-//!    retry left (it spends one);
-//! 10. the budget grants a withdrawal (checked last, because it consumes).
+//! 9. the dependency's recent load reports (ORCA, when the layer reads them; see
+//!    [`crate::orca`]) do not say that every endpoint is saturated;
+//! 10. the request's retry allowance, when the call runs inside a
+//!     [`RequestScope`](crate::context::RequestScope) that has one (`x-retry-budget`), has
+//!     a retry left (it spends one);
+//! 11. the budget grants a withdrawal (checked last, because it consumes).
 //!
 //! The delay is the server's pushback when it sent one (exactly, and the backoff restarts),
 //! else the next backoff step.
@@ -73,6 +75,7 @@ use crate::config::{BudgetChoice, ClientConfig, ConfigError};
 use crate::context;
 use crate::deadline::{CallDeadline, CallTimes, DeadlineSource, resolve_deadline_at};
 use crate::hedge::{DelayEstimator, HedgeDelay, HedgingPolicy};
+use crate::orca::{LoadReport, Saturation};
 use crate::policy::{MethodTable, RetryPolicy};
 use crate::pushback::Pushback;
 use crate::throttle::A6Throttle;
@@ -101,12 +104,15 @@ pub enum Refusal {
     ReplayLimit,
     /// The request-scoped retry allowance (`x-retry-budget`) is spent.
     Allowance,
+    /// The dependency's recent load reports (ORCA) say it is saturated: every endpoint
+    /// heard from is running at its limit with calls queued (see [`crate::orca`]).
+    Saturated,
 }
 
 impl Refusal {
     /// Every refusal, in declaration order (the [module docs](self) give the order in which
     /// the checks run: a passed deadline first, the budget last).
-    pub const ALL: [Refusal; 10] = [
+    pub const ALL: [Refusal; 11] = [
         Refusal::NotRetryable,
         Refusal::NotIdempotent,
         Refusal::Pushback,
@@ -117,6 +123,7 @@ impl Refusal {
         Refusal::KeyBudget,
         Refusal::ReplayLimit,
         Refusal::Allowance,
+        Refusal::Saturated,
     ];
 
     /// A short stable name, used as a metric label and a JSON key.
@@ -132,6 +139,7 @@ impl Refusal {
             Refusal::KeyBudget => "key_budget",
             Refusal::ReplayLimit => "replay_limit",
             Refusal::Allowance => "allowance",
+            Refusal::Saturated => "saturated",
         }
     }
 
@@ -148,6 +156,7 @@ impl Refusal {
                 | Refusal::Budget
                 | Refusal::KeyBudget
                 | Refusal::Allowance
+                | Refusal::Saturated
         )
     }
 }
@@ -283,7 +292,9 @@ struct Shared {
     budget: Arc<dyn Budget>,
     breaker: Option<CircuitBreaker>,
     /// Accounts per key (replica or shard), when the budget is stormguard's.
-    keyed: Option<KeyedBudgets>,
+    keyed: Option<Arc<KeyedBudgets>>,
+    /// What the dependency's load reports say, when the layer reads them.
+    saturation: Option<Arc<Saturation>>,
     /// The learned hedge delays, one per hedging policy of the table that learns its delay
     /// (found by the policy's address: a lookup allocates nothing).
     estimators: Vec<(Arc<HedgingPolicy>, Arc<DelayEstimator>)>,
@@ -331,6 +342,7 @@ impl RetryController {
                 budget,
                 breaker,
                 keyed: None,
+                saturation: None,
                 seed,
                 calls: AtomicU64::new(0),
             }),
@@ -361,7 +373,8 @@ impl RetryController {
                 methods: old.methods.clone(),
                 budget: Arc::clone(&old.budget),
                 breaker: old.breaker.clone(),
-                keyed: Some(keyed),
+                keyed: Some(Arc::new(keyed)),
+                saturation: old.saturation.clone(),
                 estimators: old.estimators.clone(),
                 seed: old.seed,
                 calls: AtomicU64::new(old.calls.load(Ordering::Relaxed)),
@@ -369,9 +382,45 @@ impl RetryController {
         }
     }
 
+    /// Refuse retries and hedges while `saturation` says every endpoint of the dependency
+    /// heard from recently is saturated ([`Refusal::Saturated`]); the layer feeds it the
+    /// load reports of every attempt ([`CallRetry::record_load_report_at`]).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use stormguard_core::{budget::*, orca::*, policy::*, retry::RetryController};
+    ///
+    /// let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default())?);
+    /// let sat = Arc::new(Saturation::new(SaturationConfig::default())?);
+    /// let controller = RetryController::new(MethodTable::uniform(RetryPolicy::default()), budget, None, 1)
+    ///     .with_saturation(sat);
+    /// assert!(controller.saturation().is_some());
+    /// # Ok::<(), stormguard_core::config::ConfigError>(())
+    /// ```
+    pub fn with_saturation(self, saturation: Arc<Saturation>) -> Self {
+        let old = &*self.shared;
+        RetryController {
+            shared: Arc::new(Shared {
+                methods: old.methods.clone(),
+                budget: Arc::clone(&old.budget),
+                breaker: old.breaker.clone(),
+                keyed: old.keyed.clone(),
+                saturation: Some(saturation),
+                estimators: old.estimators.clone(),
+                seed: old.seed,
+                calls: AtomicU64::new(old.calls.load(Ordering::Relaxed)),
+            }),
+        }
+    }
+
+    /// The load-report tracker, if retries are refused by load reports.
+    pub fn saturation(&self) -> Option<&Arc<Saturation>> {
+        self.shared.saturation.as_ref()
+    }
+
     /// The accounts per key, if retries are charged per key.
     pub fn key_budgets(&self) -> Option<&KeyedBudgets> {
-        self.shared.keyed.as_ref()
+        self.shared.keyed.as_deref()
     }
 
     /// A controller for `config` (validated first): its method table, the budget or A6
@@ -397,7 +446,10 @@ impl RetryController {
             )?),
             None => None,
         };
-        let controller = RetryController::new(config.methods.clone(), budget, breaker, seed);
+        let mut controller = RetryController::new(config.methods.clone(), budget, breaker, seed);
+        if let Some(load_reports) = config.load_reports {
+            controller = controller.with_saturation(Arc::new(Saturation::new(load_reports)?));
+        }
         Ok(match &config.budget {
             // One account per replica (or shard) beside the shared budget; an A6 throttle
             // is one token bucket, as A6 defines it.
@@ -518,6 +570,7 @@ impl RetryController {
             pending_transparent: false,
             transparent_retries: 0,
             hedge,
+            endpoints: 1,
         })
     }
 
@@ -556,6 +609,8 @@ pub struct CallRetry {
     transparent_retries: u32,
     /// The call's hedging, when its method is hedged.
     hedge: Option<HedgeState>,
+    /// How many endpoints a retry could go to ([`CallRetry::set_endpoints`]).
+    endpoints: usize,
 }
 
 /// The hedges of one call.
@@ -693,9 +748,11 @@ impl CallRetry {
     /// 2. copies so far < `maxAttempts` ([`Refusal::Attempts`]);
     /// 3. no pushback stopped the hedges ([`Refusal::Pushback`]);
     /// 4. the breaker is closed: neither open nor probing ([`Refusal::Breaker`]);
-    /// 5. the request's retry allowance has one left (it spends one;
+    /// 5. the load reports do not say the dependency is saturated
+    ///    ([`Refusal::Saturated`], with [`RetryController::with_saturation`]);
+    /// 6. the request's retry allowance has one left (it spends one;
     ///    [`Refusal::Allowance`]);
-    /// 6. the budget grants a withdrawal, the same budget that pays for retries; an A6
+    /// 7. the budget grants a withdrawal, the same budget that pays for retries; an A6
     ///    throttle grants it while it holds more than half its tokens ([`Refusal::Budget`]).
     ///
     /// A hedge granted is spent: it carries `grpc-previous-rpc-attempts` (the copies sent
@@ -735,6 +792,9 @@ impl CallRetry {
             && !matches!(breaker.state_at(now), BreakerState::Closed)
         {
             return Some(Refusal::Breaker);
+        }
+        if self.saturated_at(now) {
+            return Some(Refusal::Saturated);
         }
         if !context::spend_retry() {
             return Some(Refusal::Allowance);
@@ -1178,6 +1238,9 @@ impl CallRetry {
         {
             return Err(Refusal::Breaker);
         }
+        if self.saturated_at(now) {
+            return Err(Refusal::Saturated);
+        }
         if !context::spend_retry() {
             return Err(Refusal::Allowance);
         }
@@ -1262,6 +1325,31 @@ impl CallRetry {
         Ok(())
     }
 
+    /// An attempt of this call was answered by `endpoint` (the replica, or one key for
+    /// a plain channel) with the load report `report` at `now`: fed to the controller's
+    /// [`Saturation`], if it has one (else nothing happens).
+    pub fn record_load_report_at(&self, endpoint: u64, report: &LoadReport, now: Instant) {
+        if let Some(saturation) = &self.shared.saturation {
+            saturation.record_at(endpoint, report, now);
+        }
+    }
+
+    /// The dependency has `n` endpoints a retry could go to (the replicas of an
+    /// endpoint-aware channel; 1, the default, for a plain channel): a retry is refused as
+    /// [`Refusal::Saturated`] only once that many were heard from saturated (see
+    /// [`Saturation::refuses_retry_among_at`]).
+    pub fn set_endpoints(&mut self, n: usize) {
+        self.endpoints = n.max(1);
+    }
+
+    /// Whether the load reports say every endpoint is saturated.
+    fn saturated_at(&self, now: Instant) -> bool {
+        self.shared
+            .saturation
+            .as_ref()
+            .is_some_and(|s| s.refuses_retry_among_at(self.endpoints, now))
+    }
+
     /// Transparent retries this call has made (each replaced an attempt that never reached
     /// the server's application; see [`on_attempt_end_at`](Self::on_attempt_end_at)).
     pub fn transparent_retries(&self) -> u32 {
@@ -1342,6 +1430,63 @@ mod tests {
 
     fn unavailable() -> Failure {
         Failure::status(Code::Unavailable)
+    }
+
+    #[test]
+    fn saturated_load_reports_refuse_retries_and_hedges() {
+        use crate::orca::{LoadReport, Saturation, SaturationConfig};
+        let sat = Arc::new(Saturation::new(SaturationConfig::default()).unwrap());
+        let c = controller(retried(), budget(100, 0.5)).with_saturation(Arc::clone(&sat));
+        let t0 = Instant::now();
+        let report = |utilization, queue| LoadReport {
+            utilization,
+            rps: 10.0,
+            eps: 0.0,
+            queue_depth: Some(queue),
+        };
+        // Unsaturated reports: the retry goes out.
+        let mut call = c.begin_at(PATH, None, t0).unwrap();
+        call.record_load_report_at(0, &report(0.5, 0.0), t0);
+        let v = call.on_attempt_end_at(AttemptEnd::Failed(unavailable()), t0);
+        assert!(matches!(v.decision, Decision::Retry { .. }), "{v:?}");
+        drop(call);
+        // Saturated ones (running at the limit, calls queued): refused, and counted as such.
+        let mut call = c.begin_at(PATH, None, t0 + ms(1)).unwrap();
+        for _ in 0..3 {
+            call.record_load_report_at(0, &report(1.0, 4.0), t0 + ms(1));
+        }
+        let v = call.on_attempt_end_at(AttemptEnd::Failed(unavailable()), t0 + ms(1));
+        assert_eq!(v.decision, Decision::GiveUp(Refusal::Saturated));
+        assert!(Refusal::Saturated.is_retryable_but_refused());
+        // Over two replicas, one heard from saturated: the other may take the retry.
+        let mut call = c.begin_at(PATH, None, t0 + ms(1)).unwrap();
+        call.set_endpoints(2);
+        let v = call.on_attempt_end_at(AttemptEnd::Failed(unavailable()), t0 + ms(1));
+        assert!(matches!(v.decision, Decision::Retry { .. }), "{v:?}");
+        drop(call);
+        // Another endpoint that is not saturated can take the retry.
+        let mut call = c.begin_at(PATH, None, t0 + ms(2)).unwrap();
+        call.record_load_report_at(1, &report(0.3, 0.0), t0 + ms(2));
+        let v = call.on_attempt_end_at(AttemptEnd::Failed(unavailable()), t0 + ms(2));
+        assert!(matches!(v.decision, Decision::Retry { .. }), "{v:?}");
+        drop(call);
+        // The reports fade: after 4 windows of silence, retries go out again.
+        sat.record_at(1, &report(1.0, 4.0), t0 + ms(3));
+        sat.record_at(1, &report(1.0, 4.0), t0 + ms(3));
+        sat.record_at(1, &report(1.0, 4.0), t0 + ms(3));
+        let later = t0 + Duration::from_secs(5);
+        let mut call = c.begin_at(PATH, None, later).unwrap();
+        let v = call.on_attempt_end_at(AttemptEnd::Failed(unavailable()), later);
+        assert!(matches!(v.decision, Decision::Retry { .. }), "{v:?}");
+        drop(call);
+        // Hedges too.
+        let h = hedging(10, CodeSet::EMPTY).with_saturation(Arc::clone(&sat));
+        let mut call = h.begin_at(PATH, None, later).unwrap();
+        let _ = call.first_attempt_at(later);
+        for _ in 0..3 {
+            call.record_load_report_at(1, &report(1.0, 4.0), later);
+        }
+        assert_eq!(call.start_hedge_at(later + ms(10)), Err(Refusal::Saturated));
     }
 
     fn hedging(delay: u64, non_fatal: CodeSet) -> RetryController {
@@ -2434,7 +2579,8 @@ mod tests {
                 "budget",
                 "key_budget",
                 "replay_limit",
-                "allowance"
+                "allowance",
+                "saturated"
             ]
         );
         assert!(Refusal::Budget.is_retryable_but_refused());

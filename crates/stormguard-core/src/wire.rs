@@ -17,6 +17,7 @@
 //! | [`X_RETRY_BUDGET`] | request | `RetryLayer` inside a request with an allowance (the retries left, on every attempt) | `ShedLayer` with `with_retry_allowance` ([`parse_allowance`]) | the retries left for the whole logical operation, decimal, at most [`MAX_ALLOWANCE`]; it can lower the server's allowance, never raise it | ignored: the server's own allowance stands |
 //! | [`STORMGUARD_UNPROCESSED`] | response (trailers-only headers) | `ShedLayer` on its own answers (shed, shutting down, expired while queued): the handler never ran | `RetryLayer` ([`is_unprocessed`]): a non-idempotent method may be retried, paid and counted as any retry | exactly `1` | processed (the method's idempotency decides) |
 //! | [`STORMGUARD_CRITICALITY`] | request | the client's `CriticalityLayer` | `ShedLayer` ([`parse_criticality`], then capped by its table) | exactly `critical`, `default` or `sheddable` | `default` |
+//! | [`ENDPOINT_LOAD_METRICS_BIN`] | response (trailers, or trailers-only headers) | `ShedLayer` with `with_load_reports` ([`encode_load_report`]) | `RetryLayer` on every attempt ([`parse_load_report`]): with `with_load_reports` it refuses retries to a saturated server; over `Replicas` it weights the replica that answered | an ORCA `OrcaLoadReport` ([`crate::orca`]), base64 without padding as tonic writes `-bin` keys (padding accepted) | ignored and counted |
 //!
 //! The header names are `&str` constants, which is what tonic's metadata and the
 //! simulator need. With the `http` feature, `wire::http` has each one as an
@@ -60,6 +61,11 @@ pub const STORMGUARD_CRITICALITY: &str = "stormguard-criticality";
 /// can use it only to have the client retry a call against itself, which changes no local
 /// limit (the budget, the attempts and the deadline still apply).
 pub const STORMGUARD_UNPROCESSED: &str = "stormguard-unprocessed";
+
+/// The trailer with a server's load report (gRPC ORCA, gRFC A51):
+/// `endpoint-load-metrics-bin`, a binary (`-bin`) key whose value is an
+/// `xds.data.orca.v3.OrcaLoadReport`, base64 on the wire (see [`crate::orca`]).
+pub const ENDPOINT_LOAD_METRICS_BIN: &str = "endpoint-load-metrics-bin";
 
 /// Whether a [`STORMGUARD_UNPROCESSED`] value says the call was not run: exactly `1`
 /// (anything else, or a repeated header, says nothing).
@@ -454,6 +460,62 @@ pub fn encode_grpc_status(code: Code) -> &'static str {
     }
 }
 
+/// The base64 of `-bin` metadata as tonic writes it (no padding) and reads it (padding
+/// or none).
+const BIN_BASE64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    base64::engine::GeneralPurposeConfig::new()
+        .with_encode_padding(false)
+        .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+);
+
+/// Reads an [`ENDPOINT_LOAD_METRICS_BIN`] value as it came off the wire: `None` when the
+/// header is absent, else the report or why it is ignored (a repeated header, more than
+/// [`MAX_REPORT_BYTES`](crate::orca::MAX_REPORT_BYTES), not base64, not the message, or a
+/// field out of range; see [`LoadReport::from_message`](crate::orca::LoadReport::from_message)).
+///
+/// ```
+/// use stormguard_core::orca::{LoadReportError, OrcaLoadReport};
+/// use stormguard_core::wire::{encode_load_report, parse_load_report};
+///
+/// let sent = OrcaLoadReport { application_utilization: 0.5, rps_fractional: 20.0, ..Default::default() };
+/// let value = encode_load_report(&sent);
+/// let read = parse_load_report([value.as_bytes()]).unwrap().unwrap();
+/// assert_eq!((read.utilization, read.rps), (0.5, 20.0));
+/// assert_eq!(parse_load_report([&b"%%%"[..]]), Some(Err(LoadReportError::Base64)));
+/// assert_eq!(parse_load_report(std::iter::empty::<&[u8]>()), None);
+/// ```
+pub fn parse_load_report<'a>(
+    values: impl IntoIterator<Item = &'a [u8]>,
+) -> Option<Result<crate::orca::LoadReport, crate::orca::LoadReportError>> {
+    use crate::orca::{LoadReport, LoadReportError, MAX_REPORT_BYTES};
+    use base64::Engine as _;
+
+    let mut values = values.into_iter();
+    let value = values.next()?;
+    if values.next().is_some() {
+        return Some(Err(LoadReportError::Repeated));
+    }
+    Some((|| {
+        // Base64 is 4 characters for 3 bytes: a longer value cannot decode to less.
+        if value.len() > MAX_REPORT_BYTES.div_ceil(3) * 4 {
+            return Err(LoadReportError::Oversize);
+        }
+        let bytes = BIN_BASE64
+            .decode(value)
+            .map_err(|_| LoadReportError::Base64)?;
+        LoadReport::decode(&bytes)
+    })())
+}
+
+/// Encodes a load report as an [`ENDPOINT_LOAD_METRICS_BIN`] value: the message's bytes in
+/// base64 without padding, as tonic encodes `-bin` metadata.
+pub fn encode_load_report(report: &crate::orca::OrcaLoadReport) -> String {
+    use base64::Engine as _;
+    use prost::Message as _;
+    BIN_BASE64.encode(report.encode_to_vec())
+}
+
 /// The header names as [`http::HeaderName`](::http::HeaderName) constants, and the
 /// "do not retry" pushback as a [`HeaderValue`](::http::HeaderValue) (feature `http`).
 ///
@@ -490,6 +552,9 @@ pub mod http {
     /// [`super::STORMGUARD_UNPROCESSED`].
     pub const STORMGUARD_UNPROCESSED: HeaderName =
         HeaderName::from_static(super::STORMGUARD_UNPROCESSED);
+    /// [`super::ENDPOINT_LOAD_METRICS_BIN`].
+    pub const ENDPOINT_LOAD_METRICS_BIN: HeaderName =
+        HeaderName::from_static(super::ENDPOINT_LOAD_METRICS_BIN);
     /// `1`, the [`super::STORMGUARD_UNPROCESSED`] value.
     pub const UNPROCESSED: HeaderValue = HeaderValue::from_static("1");
     /// [`super::DO_NOT_RETRY`], the [`GRPC_RETRY_PUSHBACK_MS`] value that says "do not

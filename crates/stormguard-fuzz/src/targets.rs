@@ -17,7 +17,7 @@ use stormguard_core::retry::{AttemptEnd, Decision, Failure, RetryController};
 use stormguard_core::wire::{
     AttemptClass, MAX_ALLOWANCE, MAX_PUSHBACK_MS, attempt_class, decode_grpc_timeout,
     decode_grpc_timeout_bytes, encode_grpc_timeout, encode_pushback, parse_allowance,
-    parse_criticality, parse_pushback,
+    parse_criticality, parse_load_report, parse_pushback,
 };
 use tokio::time::Instant;
 
@@ -117,6 +117,34 @@ pub const TARGETS: &[Target] = &[
         run: stormguard_toml,
         seeds: TOML_SEEDS,
         dictionary: TOML_TOKENS,
+    },
+    Target {
+        name: "load-report",
+        run: load_report,
+        seeds: &[
+            "bSQAAAAAAAOA/MQAAAAAAAFlA",
+            "bSQAAAAAAAPA/MQAAAAAAAFlAOQAAAAAAAAhAQhYKC3F1ZXVlX2RlcHRoEQAAAAAAABBAQhkKDnRpbWVfcXVldWVkX21zEQAAAAAAAClA",
+            "bCWZmZmZmZuY/ETMzMzMzM9M/Kg8KBGRpc2sRAAAAAAAA4D8iEAoFYnl0ZXMRAAAAAAAAWUA",
+            "bSQAAAAAAAPh/",
+            "bSQAAAAAAAPC/",
+            "bSQAAAAAAAOA/MQAAAAAAAFlA==",
+            "bSQAAAAAAAOA/\x00SQAAAAAAAOA/",
+            "r",
+            "r\x18\x05",
+            "rB\x0f\x0a\x0bqueue_depth\x11",
+        ],
+        dictionary: &[
+            "SQAAAAAAAPA/",
+            "MQAAAAAAAFlA",
+            "OQAAAAAAAAhA",
+            "QhYKC3F1ZXVlX2RlcHRoEQAAAAAAABBA",
+            "=",
+            "\x00",
+            "\x11",
+            "\x09",
+            "\x42",
+            "queue_depth",
+        ],
     },
     Target {
         name: "retry-budget",
@@ -806,6 +834,43 @@ pub fn admission_json(input: &[u8]) -> Outcome {
         Err(e) => {
             assert!(!e.to_string().is_empty(), "empty error for {text}");
             Outcome::rejected(error_kind(&e))
+        }
+    }
+}
+
+/// `endpoint-load-metrics-bin`: a peer's load report (ORCA). The first byte chooses the
+/// form: `b` and the header value as it came off the wire (base64), anything else and the
+/// message's own bytes. A report is accepted only with every number finite, non-negative
+/// and within its bound; an accepted one feeds the saturation tracker and gRPC A58's
+/// weight, which must stay finite.
+pub fn load_report(input: &[u8]) -> Outcome {
+    use stormguard_core::orca::{
+        LoadReport, MAX_RATE, MAX_UTILIZATION, Saturation, SaturationConfig, a58_weight,
+    };
+    let parsed = match input.split_first() {
+        Some((b'b', value)) => parse_load_report(header_values(value)),
+        Some((_, bytes)) => Some(LoadReport::decode(bytes)),
+        None => None,
+    };
+    match parsed {
+        None => Outcome::rejected("absent"),
+        Some(Err(e)) => {
+            assert!(!e.to_string().is_empty());
+            Outcome::rejected(std::mem::discriminant(&e))
+        }
+        Some(Ok(r)) => {
+            assert!((0.0..=MAX_UTILIZATION).contains(&r.utilization), "{r:?}");
+            assert!((0.0..=MAX_RATE).contains(&r.rps) && (0.0..=MAX_RATE).contains(&r.eps));
+            assert!(r.queue_depth.is_none_or(|q| (0.0..=MAX_RATE).contains(&q)));
+            if let Some(w) = a58_weight(&r, 1.0) {
+                assert!(w.is_finite() && w > 0.0, "{r:?} {w}");
+            }
+            let sat = Saturation::new(SaturationConfig::default()).expect("default is valid");
+            let now = Instant::now();
+            sat.record_at(1, &r, now);
+            let saturated = sat.refuses_retry_at(now);
+            assert_eq!(saturated, SaturationConfig::default().is_saturated(&r));
+            Outcome::accepted((saturated, r.queue_depth.is_some(), r.utilization > 1.0))
         }
     }
 }

@@ -147,6 +147,11 @@ impl Counters {
         self.queue_depth.load(Ordering::Relaxed)
     }
 
+    /// Calls on a worker now.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
     /// The number of workers (the concurrency limit) now.
     pub(crate) fn workers(&self) -> usize {
         self.workers.load(Ordering::Relaxed)

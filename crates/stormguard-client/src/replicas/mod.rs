@@ -25,6 +25,12 @@
 //!   doubling, capped to a share of the set, ended by a probe; overload answers (a shed with
 //!   a pushback) lower a replica's weight but never eject it;
 //! - slow start for a replica that joins a set already serving or returns from ejection;
+//! - load reports (gRPC ORCA, from a `ShedLayer::with_load_reports` server) weight each
+//!   replica by gRPC A58's formula, only ever *lowering* its share below the report-free
+//!   one ([`ReplicaConfig::reports`](stormguard_core::replica::ReplicaConfig::reports)); the
+//!   retry layer above reads each attempt's report and hands it to the replica that
+//!   answered (through the call's [`Route`]), so reports need the layer's
+//!   [`over_replicas`](crate::RetryLayer::over_replicas);
 //! - the retry layer charges each retry to the replica whose attempt failed
 //!   ([`KeyedBudgets`](stormguard_core::budget::KeyedBudgets)), so a failing replica spends
 //!   only what its own successes earned (plus the floor).
@@ -164,6 +170,12 @@ impl<S, K> Shared<S, K> {
 /// not need the replicas' service and key types).
 pub(crate) trait EndAttempt: Send + Sync {
     fn end(&self, id: ReplicaId, outcome: ReplicaOutcome, started: Instant);
+
+    /// `id` answered an attempt with the load report `report`.
+    fn load_report(&self, id: ReplicaId, report: &stormguard_core::orca::LoadReport);
+
+    /// How many replicas the channel holds.
+    fn replicas(&self) -> usize;
 }
 
 impl<S: Send, K: Send> EndAttempt for Shared<S, K> {
@@ -181,6 +193,14 @@ impl<S: Send, K: Send> EndAttempt for Shared<S, K> {
                 log_transition(t, name.as_deref().unwrap_or("?"));
             }
         }
+    }
+
+    fn load_report(&self, id: ReplicaId, report: &stormguard_core::orca::LoadReport) {
+        self.lock().set.record_load_at(id, report, Instant::now());
+    }
+
+    fn replicas(&self) -> usize {
+        self.lock().set.len()
     }
 }
 
@@ -333,10 +353,10 @@ where
         };
         let svc = inner.members[i].svc.clone();
         drop(inner);
-        if let Some(route) = route {
-            route.record(id);
-        }
         let ends: Arc<dyn EndAttempt> = self.shared.clone();
+        if let Some(route) = route {
+            route.record(id, Arc::clone(&ends));
+        }
         ResponseFuture::new(svc, request, ends, id, now)
     }
 }

@@ -4,7 +4,10 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use stormguard_core::orca::LoadReport;
 use stormguard_core::replica::ReplicaId;
+
+use super::EndAttempt;
 
 /// How many of a call's replicas a [`Route`] remembers (its latest ones).
 pub(crate) const REMEMBERED: usize = 8;
@@ -33,6 +36,8 @@ pub struct Route(Arc<Mutex<Tried>>);
 struct Tried {
     ids: [Option<ReplicaId>; REMEMBERED],
     count: u32,
+    /// The channel that chose the latest replica: where its load report goes.
+    channel: Option<Arc<dyn EndAttempt>>,
 }
 
 impl Route {
@@ -72,12 +77,44 @@ impl Route {
         n
     }
 
-    /// An attempt went to `id`.
-    pub(crate) fn record(&self, id: ReplicaId) {
+    /// An attempt went to `id`, chosen by `channel`.
+    pub(crate) fn record(&self, id: ReplicaId, channel: Arc<dyn EndAttempt>) {
         let mut tried = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let slot = tried.count as usize % REMEMBERED;
         tried.ids[slot] = Some(id);
         tried.count = tried.count.saturating_add(1);
+        tried.channel = Some(channel);
+    }
+
+    /// How many replicas the channel that chose the latest replica holds (1 before any
+    /// was chosen): where a retry could go.
+    pub(crate) fn replicas(&self) -> usize {
+        let channel = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .channel
+            .clone();
+        channel.map_or(1, |c| c.replicas())
+    }
+
+    /// The latest attempt's replica answered with `report`: the channel that chose it
+    /// weights it by the report (see [`ReplicaSet::record_load_at`]). The retry layer calls
+    /// this for every report it reads.
+    ///
+    /// [`ReplicaSet::record_load_at`]: stormguard_core::replica::ReplicaSet::record_load_at
+    pub(crate) fn record_load(&self, report: &LoadReport) {
+        let (id, channel) = {
+            let tried = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let id = match tried.count {
+                0 => None,
+                n => tried.ids[(n as usize - 1) % REMEMBERED],
+            };
+            (id, tried.channel.clone())
+        };
+        if let (Some(id), Some(channel)) = (id, channel) {
+            channel.load_report(id, report);
+        }
     }
 }
 
@@ -102,8 +139,17 @@ mod tests {
         let mut set = ReplicaSet::new(ReplicaConfig::default()).unwrap();
         let ids: Vec<_> = (0..10).map(|_| set.insert_at(Instant::now())).collect();
         let route = Route::new();
+        struct Nowhere;
+        impl EndAttempt for Nowhere {
+            fn end(&self, _: ReplicaId, _: stormguard_core::replica::ReplicaOutcome, _: Instant) {}
+            fn load_report(&self, _: ReplicaId, _: &LoadReport) {}
+            fn replicas(&self) -> usize {
+                1
+            }
+        }
+        let channel: Arc<dyn EndAttempt> = Arc::new(Nowhere);
         for &id in &ids {
-            route.record(id);
+            route.record(id, Arc::clone(&channel));
         }
         assert_eq!(route.attempts(), 10);
         assert_eq!(route.last(), Some(ids[9]));

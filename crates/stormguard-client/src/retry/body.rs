@@ -20,6 +20,7 @@ use stormguard_core::code::Code;
 use stormguard_core::retry::CallRetry;
 
 use super::record::CallStats;
+use crate::replicas::Route;
 use crate::status::trailers_only_code;
 
 pin_project! {
@@ -74,6 +75,8 @@ pin_project! {
 struct Pending {
     call: Option<CallRetry>,
     stats: CallStats,
+    /// The replicas the call used, when the layer is over an endpoint-aware channel.
+    route: Option<Route>,
     ended: bool,
 }
 
@@ -89,10 +92,17 @@ enum End<'a> {
 
 impl<B: Body> ResponseBody<B> {
     /// A committed call's body: records the outcome of `call` when it ends.
-    pub(super) fn committed(inner: B, call: Option<CallRetry>, stats: CallStats) -> Self {
+    /// A load report in its trailers is read as every attempt's is (see `load`).
+    pub(super) fn committed(
+        inner: B,
+        call: Option<CallRetry>,
+        stats: CallStats,
+        route: Option<Route>,
+    ) -> Self {
         let pending = Pending {
             call,
             stats,
+            route,
             ended: false,
         };
         if inner.is_end_stream() {
@@ -135,7 +145,15 @@ impl Pending {
     fn end(mut self, end: End<'_>) {
         let code = match end {
             // Without a final status the stream was cut before the server finished the call.
-            End::Trailers(trailers) => trailers_only_code(trailers).unwrap_or(Code::Unavailable),
+            End::Trailers(trailers) => {
+                super::load::read(
+                    trailers,
+                    self.call.as_ref(),
+                    self.route.as_ref(),
+                    &self.stats,
+                );
+                trailers_only_code(trailers).unwrap_or(Code::Unavailable)
+            }
             End::Eos | End::Error => Code::Unavailable,
         };
         if let Some(call) = self.call.as_mut() {
@@ -281,6 +299,7 @@ mod tests {
             Frames(frames.into()),
             Some(call),
             CallStats::new(stats.clone(), crate::metrics::CallMetrics::none()),
+            None,
         )
     }
 

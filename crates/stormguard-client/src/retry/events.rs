@@ -29,13 +29,14 @@ use stormguard_core::observe::{DEFAULT_SUMMARY_INTERVAL, EventSummary, LayerName
 use stormguard_core::retry::{Refusal, RetryController};
 
 /// The refusals the summary counts, in the order of its counts.
-const SUMMARISED: [Refusal; 6] = [
+const SUMMARISED: [Refusal; 7] = [
     Refusal::Attempts,
     Refusal::Deadline,
     Refusal::Breaker,
     Refusal::Budget,
     Refusal::KeyBudget,
     Refusal::Allowance,
+    Refusal::Saturated,
 ];
 
 /// The event state of one layer, shared by every call through it.
@@ -76,7 +77,15 @@ impl LayerEvents {
         let Some(summary) = self.refusals.record_at(cause, Instant::now()) else {
             return;
         };
-        let [attempts, deadline, breaker, budget, key_budget, allowance] = summary.counts;
+        let [
+            attempts,
+            deadline,
+            breaker,
+            budget,
+            key_budget,
+            allowance,
+            saturated,
+        ] = summary.counts;
         tracing::info!(
             stormguard.layer = self.layer(),
             rpc.method = path,
@@ -86,6 +95,7 @@ impl LayerEvents {
             refused.budget = budget,
             refused.key_budget = key_budget,
             refused.allowance = allowance,
+            refused.saturated = saturated,
             summary.window_ms = summary.elapsed.as_millis() as u64,
             "stormguard: {} retries refused in the last {:.1} s",
             summary.total(),

@@ -308,6 +308,16 @@ where
                             ready!(fut.poll(cx))
                         };
                         set_key(this.call, this.route, *this.keyed_by_route);
+                        if let Ok(response) = &result {
+                            // A trailers-only answer's load report (a committed answer's
+                            // comes in its trailers, read by its body).
+                            super::load::read(
+                                response.headers(),
+                                this.call.as_ref(),
+                                this.route.as_ref(),
+                                this.stats,
+                            );
+                        }
                         let outcome = classify(result, this.attempts.is_replayable());
                         if let Some(throttle) = this.throttle.as_ref() {
                             throttle.record(&outcome, Instant::now());
@@ -484,15 +494,24 @@ where
     this.stats.committed();
     this.state.set(State::Done { status: None });
     let (parts, body) = response.into_parts();
-    let body = ResponseBody::committed(body, this.call.take(), this.stats.take());
+    let body = ResponseBody::committed(
+        body,
+        this.call.take(),
+        this.stats.take(),
+        this.route.clone(),
+    );
     http::Response::from_parts(parts, body)
 }
 
 /// The attempt that just ended went to the route's latest replica: its budget account pays
 /// for a retry after it, and its success mints into it.
 fn set_key(call: &mut Option<CallRetry>, route: &Option<Route>, keyed_by_route: bool) {
-    if let (Some(call), Some(route), true) = (call.as_mut(), route, keyed_by_route) {
-        call.set_budget_key(route.last().map(|id| id.get()));
+    if let (Some(call), Some(route)) = (call.as_mut(), route) {
+        // A retry could go to any of the channel's replicas: saturation is per replica.
+        call.set_endpoints(route.replicas());
+        if keyed_by_route {
+            call.set_budget_key(route.last().map(|id| id.get()));
+        }
     }
 }
 

@@ -305,6 +305,34 @@ impl RetryLayer {
         self
     }
 
+    /// Refuse retries and hedges while the dependency's load reports (gRPC ORCA, the
+    /// `endpoint-load-metrics-bin` trailer a stormguard server sends with
+    /// `ShedLayer::with_load_reports`) say it is saturated, before it starts shedding
+    /// (counted as `saturated`; see [`stormguard_core::orca`]). The config key is
+    /// `retry.load_reports`. Over [`over_replicas`](Self::over_replicas) saturation is per
+    /// replica: a retry is refused only while every replica heard from is saturated, and
+    /// the channel weights each replica by its reports either way.
+    ///
+    /// ```
+    /// use stormguard_client::RetryLayer;
+    /// use stormguard_core::config::ClientConfig;
+    /// use stormguard_core::orca::SaturationConfig;
+    ///
+    /// let layer = RetryLayer::from_config(&ClientConfig::standard())?
+    ///     .with_load_reports(SaturationConfig { utilization: 0.9, ..SaturationConfig::default() })?;
+    /// assert!(layer.controller().saturation().is_some());
+    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// ```
+    pub fn with_load_reports(
+        mut self,
+        config: stormguard_core::orca::SaturationConfig,
+    ) -> Result<Self, ConfigError> {
+        let saturation = Arc::new(stormguard_core::orca::Saturation::new(config)?);
+        let shared = self.configure();
+        shared.controller = shared.controller.clone().with_saturation(saturation);
+        Ok(self)
+    }
+
     /// The layer's name: the one given to [`with_name`](Self::with_name), else the service
     /// of its first call (`None` before it).
     pub fn name(&self) -> Option<&str> {

@@ -113,6 +113,7 @@ mod end;
 mod events;
 mod future;
 mod layer;
+mod load;
 mod record;
 mod replay;
 mod throttle;

@@ -40,6 +40,8 @@ struct AdmissionDoc {
     #[serde(default, deserialize_with = "nullable")]
     no_retry_depth: Option<Option<Int<usize>>>,
     seed: Option<Int<u64>>,
+    /// The server layer's switch, not the queue's: read by [`ShedSettings`].
+    load_reports: Option<bool>,
 }
 
 /// A threshold's keys set over its own default; `null` turns a condition off.
@@ -137,9 +139,58 @@ impl Build for AdmissionDoc {
 
 /// Reads a document's root object.
 fn read(root: Map<String, Value>) -> Result<AdmissionConfig, ConfigError> {
+    read_settings(root).map(|s| s.admission)
+}
+
+/// Reads a document's root object, the layer's switches included.
+fn read_settings(root: Map<String, Value>) -> Result<ShedSettings, ConfigError> {
     match document::strict::<AdmissionFile>(root)?.admission {
-        Some(doc) => doc.build(),
-        None => Ok(AdmissionConfig::default()),
+        Some(doc) => {
+            let load_reports = doc.load_reports.unwrap_or(false);
+            Ok(ShedSettings {
+                admission: doc.build()?,
+                load_reports,
+            })
+        }
+        None => Ok(ShedSettings::default()),
+    }
+}
+
+/// The whole `admission` document: the queue's settings ([`AdmissionConfig`]) and the
+/// server layer's own switches beside them. `AdmissionConfig::from_*` read the same
+/// documents and leave the switches out.
+///
+/// ```
+/// use stormguard_core::config::ShedSettings;
+///
+/// let s = ShedSettings::from_json(r#"{ "admission": { "workers": 8, "load_reports": true } }"#)?;
+/// assert!(s.load_reports);
+/// assert_eq!(s.admission.workers, 8);
+/// # Ok::<(), stormguard_core::ConfigError>(())
+/// ```
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ShedSettings {
+    /// The queue.
+    pub admission: AdmissionConfig,
+    /// `admission.load_reports`: attach an ORCA load report to every answer
+    /// (`endpoint-load-metrics-bin`; see [`crate::orca`]). Default `false`.
+    pub load_reports: bool,
+}
+
+impl ShedSettings {
+    /// Reads the `admission` document from JSON; errors as [`AdmissionConfig::from_json`].
+    pub fn from_json(json: &str) -> Result<Self, ConfigError> {
+        Self::from_text(json, Format::Json)
+    }
+
+    /// Reads the `admission` document in `format`.
+    pub fn from_text(text: &str, format: Format) -> Result<Self, ConfigError> {
+        read_settings(document::parse(text, format)?)
+    }
+
+    /// Reads the `admission` document from a file (JSON, YAML or TOML by its extension).
+    pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        document::read_file(path.as_ref(), read_settings)
     }
 }
 

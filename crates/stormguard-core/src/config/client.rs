@@ -18,6 +18,7 @@ use crate::budget::BudgetConfig;
 use crate::code::CodeSet;
 use crate::error::ConfigError;
 use crate::hedge::{HedgeDelay, HedgingPolicy, LearnedDelay};
+use crate::orca::SaturationConfig;
 use crate::policy::{MethodTable, RetryPolicy};
 
 /// The document: every key optional, unknown keys refused (a typo must not quietly fall
@@ -59,8 +60,36 @@ struct PolicyDoc {
     // The layer's, under `retry` only.
     budget: Option<BudgetConfig>,
     budget_exhausted: Option<BudgetExhausted>,
+    load_reports: Option<LoadReportsDoc>,
     // An entry of `methods` only, and then alone: the method is hedged, not retried.
     hedging: Option<HedgingDoc>,
+}
+
+/// `retry.load_reports`: refuse retries to a dependency whose load reports (ORCA) say it
+/// is saturated. Every key optional, defaults as [`SaturationConfig::default`].
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an object of load report settings")]
+struct LoadReportsDoc {
+    utilization: Option<Finite>,
+    queue_depth: Option<Finite>,
+    window: Option<Human>,
+}
+
+impl LoadReportsDoc {
+    fn build(&self) -> Result<SaturationConfig, ConfigError> {
+        let mut c = SaturationConfig::default();
+        if let Some(Finite(u)) = self.utilization {
+            c.utilization = u;
+        }
+        if let Some(Finite(q)) = self.queue_depth {
+            c.queue_depth = q;
+        }
+        if let Some(Human(w)) = self.window {
+            c.window = w;
+        }
+        c.validate()?;
+        Ok(c)
+    }
 }
 
 /// `hedging` in an entry of `methods`: every key optional, defaults as
@@ -188,6 +217,12 @@ impl Build for ClientDoc {
             budget: BudgetChoice::Stormguard(self.retry.budget.unwrap_or_default()),
             breaker: self.breaker,
             adaptive_throttle: self.adaptive_throttle,
+            load_reports: self
+                .retry
+                .load_reports
+                .as_ref()
+                .map(LoadReportsDoc::build)
+                .transpose()?,
             not_applied: Vec::new(),
         };
         config.validate()?;
@@ -269,6 +304,7 @@ impl PolicyDoc {
         let layer_wide = [
             ("budget", self.budget.is_some()),
             ("budget_exhausted", self.budget_exhausted.is_some()),
+            ("load_reports", self.load_reports.is_some()),
         ];
         if let Some((key, _)) = layer_wide.iter().find(|(_, set)| *set) {
             return Err(ConfigError::invalid(

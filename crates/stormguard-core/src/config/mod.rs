@@ -232,6 +232,7 @@ mod notice;
 mod service;
 mod value;
 
+pub use admission::ShedSettings;
 pub use document::Format;
 pub use duration::parse_duration;
 pub use notice::{IDEMPOTENT_SETTING, NotApplied, NotAppliedReason, Notice};
@@ -284,6 +285,10 @@ pub struct ClientConfig {
     /// Client-side adaptive throttling (stormguard's `adaptive_throttle`), if any: see
     /// [`adaptive_throttle`](crate::adaptive_throttle). Off by default.
     pub adaptive_throttle: Option<AdaptiveThrottleConfig>,
+    /// Refuse retries and hedges to a dependency whose load reports (ORCA) say it is
+    /// saturated (`retry.load_reports`; see [`crate::orca`]). Default `None`: reports are
+    /// not read for retries.
+    pub load_reports: Option<crate::orca::SaturationConfig>,
     /// Fields of the document read but not applied.
     not_applied: Vec<NotApplied>,
 }
@@ -322,6 +327,9 @@ impl ClientConfig {
         }
         if let Some(t) = &self.adaptive_throttle {
             t.validate()?;
+        }
+        if let Some(l) = &self.load_reports {
+            l.validate()?;
         }
         Ok(())
     }

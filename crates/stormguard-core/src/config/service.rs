@@ -140,6 +140,7 @@ pub(super) fn read(root: Map<String, Value>) -> Result<ClientConfig, ConfigError
         budget,
         breaker: None,
         adaptive_throttle: None,
+        load_reports: None,
         not_applied,
     })
 }

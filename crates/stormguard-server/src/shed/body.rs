@@ -8,6 +8,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::gate::WorkerPermit;
+use super::load::CallReport;
 
 pin_project! {
     /// The response body of a [`ShedService`](super::ShedService).
@@ -17,11 +18,13 @@ pin_project! {
     /// (the caller went away, or the transport gave up): a server-streaming or
     /// bidirectional call counts against the workers for as long as it streams, not
     /// only while its handler builds the stream. For the layer's own answers it is
-    /// empty.
+    /// empty. With load reports on, it adds the call's report to the handler's
+    /// trailers.
     pub struct ShedBody<B> {
         #[pin]
         inner: Option<B>,
         permit: Option<WorkerPermit>,
+        report: Option<CallReport>,
     }
 }
 
@@ -31,11 +34,13 @@ impl<B> ShedBody<B> {
         ShedBody {
             inner: None,
             permit: None,
+            report: None,
         }
     }
 
-    /// The handler's `body`, which holds `permit` until it ends or is dropped.
-    pub(crate) fn holding(body: B, permit: Option<WorkerPermit>) -> Self
+    /// The handler's `body`, which holds `permit` until it ends or is dropped, and adds
+    /// `report` to its trailers.
+    pub(crate) fn holding(body: B, permit: Option<WorkerPermit>, report: Option<CallReport>) -> Self
     where
         B: Body,
     {
@@ -50,6 +55,7 @@ impl<B> ShedBody<B> {
         ShedBody {
             inner: Some(body),
             permit,
+            report,
         }
     }
 }
@@ -72,7 +78,15 @@ impl<B: Body> Body for ShedBody<B> {
         let Some(inner) = this.inner.as_pin_mut() else {
             return Poll::Ready(None);
         };
-        let frame = std::task::ready!(inner.poll_frame(cx));
+        let mut frame = std::task::ready!(inner.poll_frame(cx));
+        if let Some(Ok(f)) = &mut frame
+            && let Some(trailers) = f.trailers_mut()
+            && let Some(report) = this.report.take()
+        {
+            // Built now, while the call still holds its worker: what the server carries
+            // as this answer ends.
+            report.attach_at(trailers, stormguard_core::Instant::now());
+        }
         let ended = match &frame {
             None => true,
             // Trailers are the last frame of a body.

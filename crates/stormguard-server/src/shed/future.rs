@@ -7,6 +7,7 @@ use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
 use stormguard_core::context::{self, CallContext, RequestScope, RequestScoped, Scoped};
+use stormguard_core::wire::http::GRPC_STATUS;
 use tokio::time::Sleep;
 use tower_service::Service;
 
@@ -14,6 +15,7 @@ use super::body::ShedBody;
 use super::drain::Unread;
 use super::events::QueuedEvents;
 use super::gate::{Ticket, Turn, WorkerPermit};
+use super::load::CallReport;
 use super::response;
 
 pin_project! {
@@ -33,6 +35,9 @@ pin_project! {
     {
         #[pin]
         state: State<S, Req>,
+        // The call's load report, when the layer sends them: attached to whichever
+        // answer the call ends with.
+        report: Option<CallReport>,
     }
 }
 
@@ -72,12 +77,14 @@ where
         scope: RequestScope,
         future: S::Future,
         permit: WorkerPermit,
+        report: Option<CallReport>,
     ) -> Self {
         ResponseFuture {
             state: State::Running {
                 future: context::request_scope(scope, context::scope(context, future)),
                 permit: Some(permit),
             },
+            report,
         }
     }
 
@@ -88,6 +95,7 @@ where
         service: S,
         request: Unread<Req>,
         events: QueuedEvents,
+        report: Option<CallReport>,
     ) -> Self {
         let timer = tokio::time::sleep_until(ticket.expiry());
         ResponseFuture {
@@ -100,6 +108,7 @@ where
                 scope: Some(scope),
                 events,
             },
+            report,
         }
     }
 
@@ -110,6 +119,7 @@ where
                 future: context::request_scope(scope, context::scope(context, future)),
                 permit: None,
             },
+            report: None,
         }
     }
 
@@ -118,6 +128,7 @@ where
             state: State::Answered {
                 response: Some(response),
             },
+            report: None,
         }
     }
 }
@@ -130,7 +141,9 @@ where
     type Output = Result<http::Response<ShedBody<B>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut state = self.project().state;
+        let this = self.project();
+        let mut state = this.state;
+        let report = this.report;
         loop {
             match state.as_mut().project() {
                 StateProj::Queued {
@@ -149,13 +162,20 @@ where
                             events.expired();
                             // Dropping the queued state discards the unread request body.
                             state.set(State::Answered { response: None });
-                            return Poll::Ready(Ok(with_empty_body(response::expired())));
+                            let answer =
+                                response::with_report(response::expired(), report.as_ref(), false);
+                            return Poll::Ready(Ok(with_empty_body(answer)));
                         }
                         Turn::Closing => {
                             // As when expired, dropping the queued state discards the unread
                             // request body.
                             state.set(State::Answered { response: None });
-                            return Poll::Ready(Ok(with_empty_body(response::shutting_down())));
+                            let answer = response::with_report(
+                                response::shutting_down(),
+                                report.as_ref(),
+                                false,
+                            );
+                            return Poll::Ready(Ok(with_empty_body(answer)));
                         }
                         Turn::Shed(shed) => {
                             // Gave its place up in a full queue; as when expired, dropping
@@ -164,9 +184,13 @@ where
                             let code = ticket.shed_code();
                             state.set(State::Answered { response: None });
                             let answer = response::shed(code, shed.reason, shed.pushback);
+                            let answer = response::with_report(answer, report.as_ref(), true);
                             return Poll::Ready(Ok(with_empty_body(answer)));
                         }
                         Turn::Run(permit) => {
+                            if let Some(report) = report.as_mut() {
+                                report.started_at(stormguard_core::Instant::now());
+                            }
                             let (Some(mut service), Some(request), Some(scope)) =
                                 (service.take(), request.take(), scope.take())
                             else {
@@ -199,9 +223,22 @@ where
                         }
                         response
                     });
+                    let mut report = report.take();
                     return Poll::Ready(match output {
                         // The body holds the worker until it ends (see `ShedBody`).
-                        Ok(response) => Ok(response.map(|body| ShedBody::holding(body, permit))),
+                        Ok(mut response) => {
+                            // A trailers-only answer (its status in the headers) carries the
+                            // report there; any other in its trailers (see `ShedBody`).
+                            if response.headers().contains_key(GRPC_STATUS)
+                                && let Some(report) = report.take()
+                            {
+                                report.attach_at(
+                                    response.headers_mut(),
+                                    stormguard_core::Instant::now(),
+                                );
+                            }
+                            Ok(response.map(|body| ShedBody::holding(body, permit, report)))
+                        }
                         Err(error) => {
                             if let Some(permit) = permit {
                                 permit.finished();

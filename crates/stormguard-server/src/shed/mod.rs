@@ -54,6 +54,7 @@ pub mod exempt;
 mod future;
 pub(crate) mod gate;
 mod layer;
+pub(crate) mod load;
 pub(crate) mod response;
 mod shutdown;
 
@@ -88,6 +89,7 @@ use drain::{Drains, Unread};
 use events::{QueuedEvents, ShedEvents};
 use exempt::{Bypassed, NeverShed};
 use gate::{Entry, Gate};
+use load::{CallReport, LoadReporter};
 
 /// A service behind the admission queue. Built by [`ShedLayer`]; every clone, and every
 /// service the same layer wraps, shares one queue.
@@ -100,6 +102,7 @@ pub struct ShedService<S> {
     drains: Arc<Drains>,
     retry_allowance: Option<u32>,
     events: Arc<ShedEvents>,
+    load: Option<Arc<LoadReporter>>,
 }
 
 impl<S> ShedService<S> {
@@ -129,6 +132,7 @@ impl<S: Clone> Clone for ShedService<S> {
             drains: Arc::clone(&self.drains),
             retry_allowance: self.retry_allowance,
             events: Arc::clone(&self.events),
+            load: self.load.clone(),
         }
     }
 }
@@ -203,9 +207,20 @@ where
         }
         // The first call that can be shed names a layer that has no name.
         self.events.name().get_or_name_after(request.uri().path());
-        match self.gate.enter(now, class, deadline) {
+        let mut report = self.load.as_ref().map(|load| {
+            load.arrived_at(now);
+            CallReport::new(Arc::clone(load), Arc::clone(&self.gate), now)
+        });
+        let entry = self.gate.enter(now, class, deadline);
+        if let Some(report) = report.as_mut()
+            && !matches!(entry, Entry::Queued(_))
+        {
+            // Not queued: its time queued is zero.
+            report.started_at(now);
+        }
+        match entry {
             Entry::Admitted(permit) => {
-                ResponseFuture::running(context, scope, self.inner.call(request), permit)
+                ResponseFuture::running(context, scope, self.inner.call(request), permit, report)
             }
             Entry::Queued(ticket) => {
                 // Keep the service that was made ready for this call; the clone takes
@@ -214,25 +229,24 @@ where
                 let ready = std::mem::replace(&mut self.inner, clone);
                 let events = QueuedEvents::new(&self.events, request.uri(), class);
                 let request = Unread::new(request, &self.drains);
-                ResponseFuture::queued(context, scope, ticket, ready, request, events)
+                ResponseFuture::queued(context, scope, ticket, ready, request, events, report)
             }
             Entry::Shed(shed) => {
                 self.events.shed(request.uri().path(), class, &shed, false);
                 drain::discard_request(request, &self.drains);
-                ResponseFuture::answered(response::shed(
-                    self.gate.shed_code(),
-                    shed.reason,
-                    shed.pushback,
-                ))
+                let answer = response::shed(self.gate.shed_code(), shed.reason, shed.pushback);
+                ResponseFuture::answered(response::with_report(answer, report.as_ref(), true))
             }
             Entry::Expired => {
                 self.events.expired(request.uri().path(), class, false);
                 drain::discard_request(request, &self.drains);
-                ResponseFuture::answered(response::expired())
+                let answer = response::expired();
+                ResponseFuture::answered(response::with_report(answer, report.as_ref(), false))
             }
             Entry::Closing => {
                 drain::discard_request(request, &self.drains);
-                ResponseFuture::answered(response::shutting_down())
+                let answer = response::shutting_down();
+                ResponseFuture::answered(response::with_report(answer, report.as_ref(), false))
             }
         }
     }

@@ -1,0 +1,60 @@
+//! Load reports (gRPC ORCA) read from every attempt's answer: the trailers-only headers of
+//! an answer before commit, the trailers of a committed one.
+//!
+//! Why here: this is where the layer already knows how each attempt ended and which
+//! replica served it. A report feeds two things, both of which can only lower what the
+//! client sends: the controller's [`Saturation`](stormguard_core::orca::Saturation) (a
+//! retry or hedge is refused while every endpoint heard from says it is saturated:
+//! [`Refusal::Saturated`](stormguard_core::retry::Refusal::Saturated)), and, over an
+//! endpoint-aware channel, the weight of the replica that answered (through the call's
+//! [`Route`]). A malformed or absurd report is ignored and counted
+//! (`load_reports_ignored`), never an error of the call.
+
+use http::HeaderMap;
+use stormguard_core::Instant;
+use stormguard_core::retry::CallRetry;
+use stormguard_core::wire::http::ENDPOINT_LOAD_METRICS_BIN;
+use stormguard_core::wire::parse_load_report;
+
+use crate::replicas::Route;
+use crate::stats::RetryStats;
+
+/// The endpoint key of an attempt over a plain channel (one endpoint as far as the layer
+/// can tell).
+const CHANNEL: u64 = 0;
+
+/// Reads the load report in `headers`, if any, and feeds it to `call`'s saturation and to
+/// the replica the route's latest attempt went to.
+pub(super) fn read(
+    headers: &HeaderMap,
+    call: Option<&CallRetry>,
+    route: Option<&Route>,
+    stats: &RetryStats,
+) {
+    let Some(parsed) = parse_load_report(
+        headers
+            .get_all(ENDPOINT_LOAD_METRICS_BIN)
+            .iter()
+            .map(|v| v.as_bytes()),
+    ) else {
+        return;
+    };
+    let report = match parsed {
+        Ok(report) => report,
+        Err(why) => {
+            stats.load_report_ignored();
+            tracing::debug!(error = %why, "stormguard: load report ignored");
+            return;
+        }
+    };
+    stats.load_report();
+    let endpoint = route
+        .and_then(Route::last)
+        .map_or(CHANNEL, |id| id.get().saturating_add(1));
+    if let Some(call) = call {
+        call.record_load_report_at(endpoint, &report, Instant::now());
+    }
+    if let Some(route) = route {
+        route.record_load(&report);
+    }
+}
