@@ -19,7 +19,9 @@
 //! the measured capacity, the service time unchanged) and `--reject-cost-us N` makes every
 //! answer the `ShedLayer` sheds cost the server N µs of CPU: the case of the `throttle`
 //! policy (stormguard plus the client's adaptive throttle), e.g.
-//! `--policies stormguard,throttle --overload 10 --reject-cost-us 300`.
+//! `--policies stormguard,throttle --overload 10 --reject-cost-us 300`. The `reports`
+//! policy is `stormguard` with load reports (ORCA) on both layers: `--policies
+//! stormguard,reports`.
 
 use std::error::Error;
 use std::process::ExitCode;
@@ -60,7 +62,7 @@ struct Args {
     #[arg(long, value_name = "M", value_enum, default_value_t = Model::Cancelling)]
     model: Model,
     /// The policies to run, comma-separated, in the table's order [default: all but
-    /// hedging and throttle]
+    /// hedging, throttle and reports]
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = policy())]
     policies: Vec<Policy>,
     /// Offered load as a share of the measured capacity
@@ -213,7 +215,7 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
 }
 
 /// One colour per policy, in [`Policy::ALL`]'s order.
-const COLOURS: [RGBColor; 8] = [
+const COLOURS: [RGBColor; 9] = [
     RGBColor(214, 39, 40),
     RGBColor(255, 127, 14),
     RGBColor(148, 103, 189),
@@ -222,6 +224,7 @@ const COLOURS: [RGBColor; 8] = [
     RGBColor(44, 160, 44),
     RGBColor(23, 190, 207),
     RGBColor(227, 119, 194),
+    RGBColor(188, 189, 34),
 ];
 
 /// What one panel plots, per second.

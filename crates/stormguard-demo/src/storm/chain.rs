@@ -185,7 +185,7 @@ async fn hop(
     Ok(match policy {
         Policy::Stormguard => {
             let (client, _) =
-                layered_client(channel, &stormguard_client_config(None), config.seed)?;
+                layered_client(channel, &stormguard_client_config(None), config.seed, false)?;
             layered_caller(client, timeout)
         }
         _ => naive_caller(

@@ -340,8 +340,12 @@ pub(crate) fn layered_client(
     channel: Observe<Channel>,
     config: &ClientConfig,
     seed: u64,
+    load_reports: bool,
 ) -> Result<(InventoryClient<Layered>, RetryStats), ConfigError> {
-    let layer = RetryLayer::from_config_seeded(config, seed)?;
+    let mut layer = RetryLayer::from_config_seeded(config, seed)?;
+    if load_reports {
+        layer = layer.with_load_reports(stormguard_core::orca::SaturationConfig::default())?;
+    }
     let stats = layer.stats();
     let service = ServiceBuilder::new().layer(layer).service(channel);
     Ok((InventoryClient::new(service), stats))

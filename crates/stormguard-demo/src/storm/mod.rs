@@ -90,11 +90,16 @@ pub enum Policy {
     /// ([`throttle_client_config`]): for a server whose refusals cost real work
     /// ([`StormConfig::reject_cost`]). Not in the default run.
     Throttle,
+    /// `stormguard` with load reports (ORCA) on both layers: the `ShedLayer` reports its
+    /// load on every answer and the `RetryLayer` refuses retries while the server reports
+    /// itself saturated ([`SaturationConfig`](stormguard_core::orca::SaturationConfig)'s
+    /// defaults). Not in the default run.
+    Reports,
 }
 
 impl Policy {
     /// Every policy, in the order they run when named together.
-    pub const ALL: [Policy; 8] = [
+    pub const ALL: [Policy; 9] = [
         Policy::Naive,
         Policy::Jitter,
         Policy::GrpcThrottle,
@@ -103,6 +108,7 @@ impl Policy {
         Policy::Stormguard,
         Policy::Hedging,
         Policy::Throttle,
+        Policy::Reports,
     ];
 
     /// The policies a run compares unless told otherwise: the six retry policies.
@@ -128,6 +134,7 @@ impl Policy {
             Policy::Stormguard => "stormguard",
             Policy::Hedging => "hedging",
             Policy::Throttle => "throttle",
+            Policy::Reports => "reports",
         }
     }
 
@@ -135,7 +142,11 @@ impl Policy {
     pub fn sheds(self) -> bool {
         matches!(
             self,
-            Policy::ServerOnly | Policy::Stormguard | Policy::Hedging | Policy::Throttle
+            Policy::ServerOnly
+                | Policy::Stormguard
+                | Policy::Hedging
+                | Policy::Throttle
+                | Policy::Reports
         )
     }
 }
@@ -381,7 +392,8 @@ pub async fn run_policy(
     // default run's.
     let reject_cost = (policy.sheds() && !config.reject_cost.is_zero())
         .then(|| RejectCost::new(config.reject_cost));
-    let serving = serve_costed(workers.clone(), admission, reject_cost.clone()).await?;
+    let reports = policy == Policy::Reports;
+    let serving = serve_costed(workers.clone(), admission, reject_cost.clone(), reports).await?;
     let channel: Channel = connect(serving.addr).await?;
 
     let total = Duration::from_secs(u64::from(config.total_s()));
@@ -417,14 +429,15 @@ pub async fn run_policy(
         | Policy::ClientOnly
         | Policy::Stormguard
         | Policy::Hedging
-        | Policy::Throttle => {
+        | Policy::Throttle
+        | Policy::Reports => {
             let client_config = match policy {
                 Policy::GrpcThrottle => grpc_throttle_client_config(per_attempt)?,
                 Policy::Hedging => hedging_client_config(config.hedge_delay),
                 Policy::Throttle => throttle_client_config(per_attempt),
                 _ => stormguard_client_config(per_attempt),
             };
-            let (client, stats) = layered_client(observed, &client_config, config.seed)?;
+            let (client, stats) = layered_client(observed, &client_config, config.seed, reports)?;
             (layered_caller(client, Some(config.deadline)), Some(stats))
         }
     };
@@ -487,6 +500,7 @@ pub async fn run_policy(
         connection_errors: timeline.connection_errors(),
         reject_cpu: reject_cost.map_or(Duration::ZERO, |c| c.spent()),
         throttled: snapshot.map(|s| s.throttled.total()),
+        saturated_refusals: snapshot.filter(|_| reports).map(|s| s.refused.saturated),
         hedges: snapshot
             .filter(|_| policy == Policy::Hedging)
             .map(|s| Hedges {

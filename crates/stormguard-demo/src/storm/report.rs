@@ -135,6 +135,9 @@ pub struct PolicyRun {
     /// Calls the client's adaptive throttle refused locally; `None` for clients without
     /// stormguard's layer.
     pub throttled: Option<u64>,
+    /// Retries the client refused because the server's load reports said it was
+    /// saturated; `None` for the policies that do not read them.
+    pub saturated_refusals: Option<u64>,
     /// What the client's hedging did; `None` for the policies that do not hedge.
     pub hedges: Option<Hedges>,
 }
@@ -206,6 +209,10 @@ pub struct PolicySummary {
     /// Calls the client's adaptive throttle refused locally (`None`: no stormguard layer).
     #[serde(skip)]
     pub throttled: Option<u64>,
+    /// Retries refused because the server's load reports (ORCA) said it was saturated,
+    /// for the policy that reads them (in the JSON only for it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub saturated_refusals: Option<u64>,
     /// The run, second by second.
     pub timeline: Vec<Second>,
     /// Shed answers over the whole run.
@@ -299,6 +306,7 @@ pub fn summarize(run: &PolicyRun, start_s: u32, end_s: u32) -> PolicySummary {
         goodput_share_of_capacity: 0.0,
         reject_cpu_ms: run.reject_cpu.as_secs_f64() * 1000.0,
         throttled: run.throttled,
+        saturated_refusals: run.saturated_refusals,
         timeline: run.timeline.clone(),
         shed: t.iter().map(|s| s.shed).sum(),
         budget_refusals: run.budget_refusals,
@@ -384,6 +392,15 @@ impl StormReport {
                 p.shed,
                 refusals,
             );
+        }
+        for p in &self.policies {
+            if let Some(n) = p.saturated_refusals {
+                let _ = writeln!(
+                    out,
+                    "\n{}: {n} retries refused because the server's load reports said it was saturated",
+                    p.name
+                );
+            }
         }
         out
     }
@@ -495,6 +512,7 @@ mod tests {
             connection_errors: 0,
             reject_cpu: Duration::from_millis(3),
             throttled: None,
+            saturated_refusals: None,
             hedges: None,
         };
         let s = summarize(&run, 2, 4);

@@ -148,7 +148,7 @@ pub(crate) async fn serve<T: Inventory>(
     service: T,
     admission: Option<AdmissionConfig>,
 ) -> Result<Serving, StormError> {
-    serve_costed(service, admission, None).await
+    serve_costed(service, admission, None, false).await
 }
 
 /// Makes every answer the `ShedLayer` sheds cost the server `cost` of CPU before it is
@@ -240,12 +240,22 @@ where
     }
 }
 
-/// [`serve`], with `reject_cost` outside the `ShedLayer` when both are given.
+/// [`serve`], with `reject_cost` outside the `ShedLayer` when both are given, and the
+/// `ShedLayer` sending load reports when `load_reports` is set.
 pub(crate) async fn serve_costed<T: Inventory>(
     service: T,
     admission: Option<AdmissionConfig>,
     reject_cost: Option<RejectCost>,
+    load_reports: bool,
 ) -> Result<Serving, StormError> {
+    let shed = |config| -> Result<ShedLayer, StormError> {
+        let layer = ShedLayer::from_config(config)?;
+        Ok(if load_reports {
+            layer.with_load_reports()
+        } else {
+            layer
+        })
+    };
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
@@ -255,14 +265,14 @@ pub(crate) async fn serve_costed<T: Inventory>(
     Ok(match (admission, reject_cost) {
         (Some(config), Some(cost)) => {
             // The first layer is the outer one.
-            let mut builder = builder.layer(cost).layer(ShedLayer::from_config(config)?);
+            let mut builder = builder.layer(cost).layer(shed(config)?);
             Serving::spawn(
                 addr,
                 builder.add_service(service).serve_with_incoming(incoming),
             )
         }
         (Some(config), None) => {
-            let mut builder = builder.layer(ShedLayer::from_config(config)?);
+            let mut builder = builder.layer(shed(config)?);
             Serving::spawn(
                 addr,
                 builder.add_service(service).serve_with_incoming(incoming),
