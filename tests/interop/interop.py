@@ -477,53 +477,76 @@ def do_not_retry_crosses_the_relay(bins):
 # --- 4. attempts per call of a standard client under overload ---
 
 MEASURE_WORKERS, MEASURE_SERVICE_MS, MEASURE_QUEUE = 4, 10, 64
-MEASURE_DEADLINE_S, MEASURE_SECONDS = 2.0, 3.0
-# The defaults' attempts per call at 1.5x must stay at or below this. The target is 1.3;
-# runs on a quiet 2-core machine give about 1.1 (see docs/admission.md), and the bound
-# keeps a margin for a CI machine busy with other builds.
+MEASURE_DEADLINE_S, MEASURE_SECONDS = 2.0, 4.0
+# The defaults' attempts per call at 1.5x must stay at or below this (the target). Runs
+# on a 2-core machine busy with other builds gave 1.04-1.10 with 4 s per load (the first
+# ~0.4 s fills the queue, the next 0.5 s of shedding still sends delays); without the
+# rules, 1.6-2.6.
 MAX_ATTEMPTS_PER_CALL_AT_1_5X = 1.3
+# Goodput with the rules may not fall below goodput without them by more than this (the
+# run-to-run noise of goodput on a busy machine is several points).
+GOODPUT_SLACK = 0.10
 
 
-def measuring_server(bins, admission):
-    """The example server with `admission` (the fields of `admission`), logging calls."""
+def measuring_server(bins, admission, log_calls=True):
+    """The example server with `admission` (the fields of `admission`)."""
     f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
     with f:
         json.dump({"admission": admission}, f)
     server = Proc([
         os.path.join(bins, "server"), "--addr", "127.0.0.1:0", "--config", f.name,
-        "--service-time-ms", str(MEASURE_SERVICE_MS), "--seed", "7", "--log-calls",
-    ])
+        "--service-time-ms", str(MEASURE_SERVICE_MS), "--seed", "7",
+    ] + (["--log-calls"] if log_calls else []))
     return server, f.name
 
 
+def open_loop(stub, rate, seconds, seed, deadline_s):
+    """Sends Poisson arrivals at `rate` calls/s for `seconds`; returns the futures."""
+    rng = random.Random(seed)
+    futures, started = [], time.monotonic()
+    due, end = started, started + seconds
+    # Every call due by now is sent, then a short sleep.
+    while due < end:
+        now = time.monotonic()
+        while due <= now and due < end:
+            i = len(futures)
+            futures.append(stub.future(
+                encode_reserve_request(f"sku-{i % 10}", 1, f"m{i}"),
+                timeout=deadline_s,
+                metadata=[("x-call-id", f"m{seed}-{i}")],
+            ))
+            due += rng.expovariate(rate)
+        time.sleep(0.0005)
+    return futures, len(futures) / (time.monotonic() - started)
+
+
 def measure_capacity(bins, admission):
-    """Calls/s the server completes with 32 callers in a closed loop and no retries."""
-    server, path = measuring_server(bins, admission)
+    """Calls/s the server completes while offered about twice what its workers can serve,
+    with no retries: the completions between its first and third stats lines (1 s and 3 s
+    after it started), counted by the server itself, so a slow client cannot lower them."""
+    server, path = measuring_server(bins, admission, log_calls=False)
     try:
         channel = grpc.insecure_channel(server.listening(), options=[("grpc.enable_retries", 0)])
         grpc.channel_ready_future(channel).result(timeout=STARTUP_TIMEOUT_S)
         stub = reserve_stub(channel)
-        request = encode_reserve_request("sku", 1, "capacity")
-        end = time.monotonic() + 1.5
-        done = [0] * 32
-
-        def loop(k):
-            while time.monotonic() < end:
-                try:
-                    stub(request, timeout=5.0)
-                    done[k] += 1
-                except grpc.RpcError:
-                    pass
-
-        started = time.monotonic()
-        with concurrent.futures.ThreadPoolExecutor(32) as pool:
-            list(pool.map(loop, range(32)))
-        elapsed = time.monotonic() - started
+        rate = 2 * MEASURE_WORKERS * 1000 / MEASURE_SERVICE_MS
+        stats = lambda l: l.startswith("{") and "call" not in json.loads(l)  # noqa: E731
+        futures, _ = open_loop(stub, rate, 3.3, 3, MEASURE_DEADLINE_S)
+        first = json.loads(server.wait_line(stats, 30))
+        json.loads(server.wait_line(stats, 30))
+        second = json.loads(server.wait_line(stats, 30))
+        for future in futures:
+            try:
+                future.result(timeout=MEASURE_DEADLINE_S + 30)
+            except grpc.RpcError:
+                pass
         channel.close()
     finally:
         server.stop()
         os.unlink(path)
-    return sum(done) / elapsed
+    assert first["queue_depth"] > 0 and second["queue_depth"] > 0, (
+        f"the capacity run did not keep the queue busy: {first} {second}")
+    return (second["completed"] - first["completed"]) / 2
 
 
 def overload_run(bins, admission, rate, seed):
@@ -535,23 +558,7 @@ def overload_run(bins, admission, rate, seed):
         channel = retrying_channel(addr, max_attempts=5, backoff="0.02s")
         grpc.channel_ready_future(channel).result(timeout=STARTUP_TIMEOUT_S)
         stub = reserve_stub(channel)
-        rng = random.Random(seed)
-        futures, started = [], time.monotonic()
-        due = started
-        end = started + MEASURE_SECONDS
-        # Open loop, Poisson arrivals: every call due by now is sent, then a short sleep.
-        while due < end:
-            now = time.monotonic()
-            while due <= now and due < end:
-                i = len(futures)
-                futures.append(stub.future(
-                    encode_reserve_request(f"sku-{i % 10}", 1, f"m{i}"),
-                    timeout=MEASURE_DEADLINE_S,
-                    metadata=[("x-call-id", f"m{i}")],
-                ))
-                due += rng.expovariate(rate)
-            time.sleep(0.0005)
-        offered = len(futures) / (time.monotonic() - started)
+        futures, offered = open_loop(stub, rate, MEASURE_SECONDS, seed, MEASURE_DEADLINE_S)
         ok = 0
         for future in futures:
             try:
@@ -575,7 +582,7 @@ def overload_run(bins, admission, rate, seed):
     finally:
         server.stop()
         os.unlink(path)
-    calls = {l["call"] for l in logs}
+    calls = {l["call"] for l in logs if l["call"].startswith(f"m{seed}-")}
     assert len(calls) == len(futures), f"{len(calls)} calls logged for {len(futures)} sent"
     shed = [l for l in logs if l["status"] == "14" and l["pushback"] is not None]
     refused = sum(1 for l in shed if l["pushback"] == "-1")
@@ -608,9 +615,8 @@ def attempts_per_call_under_overload(bins):
             )
     apc, goodput = figures[("defaults", 1.5)]
     assert apc <= MAX_ATTEMPTS_PER_CALL_AT_1_5X, f"{apc:.2f} attempts per call at 1.5x"
-    # Goodput with the rules is no lower than without (a few points of noise allowed).
     old_goodput = figures[("rules off", 1.5)][1]
-    assert goodput >= old_goodput - 0.05, (goodput, old_goodput)
+    assert goodput >= old_goodput - GOODPUT_SLACK, (goodput, old_goodput)
 
 
 def main():
