@@ -284,8 +284,9 @@ pub struct AdmissionConfig {
     pub no_retry_margin: Option<Duration>,
     /// The sustained-overload rule: once the server has been shedding without a break
     /// for this long, every shed call is told "do not retry" (`-1`). A break is an
-    /// arrival that finds a worker free, or a stretch longer than the queue's drain
-    /// estimate with nothing shed (see [`AdmissionPolicy::shedding_since`]). At most
+    /// arrival that finds a worker free or the queue below the retry threshold, or a
+    /// stretch longer than the queue's drain estimate with nothing shed (see
+    /// [`AdmissionPolicy::shedding_since`]). At most
     /// [`MAX_TIME_QUEUED`]. Default 500 ms; `None` turns the rule off.
     pub no_retry_after_shedding: Option<Duration>,
     /// Seed of the pushback jitter. Default `None`: a seed drawn for each policy when it is
@@ -655,7 +656,13 @@ impl AdmissionPolicy {
             self.shedding = None;
             return Admission::Admit;
         }
-        let reason = if load.depth >= self.config.queue_capacity {
+        let full = load.depth >= self.config.queue_capacity;
+        if !full && !passed(self.config.retry_threshold, now, load) {
+            // A retry arriving now would wait for a worker, not be shed: retries are not
+            // only feeding the overload.
+            self.shedding = None;
+        }
+        let reason = if full {
             ShedReason::QueueFull
         } else if class.criticality == Criticality::Sheddable
             && passed(self.config.sheddable_threshold, now, load)
@@ -843,10 +850,13 @@ impl AdmissionPolicy {
     }
 
     /// When the current stretch of shedding without a break began, if the server is
-    /// shedding: the first shed after a break. A break is an arrival that finds a worker
-    /// free ([`AdmissionPolicy::decide_with_deadline_at`]), or a stretch longer than the
-    /// drain estimate of the queue at the next shed with nothing shed (the queue as it
-    /// stood could have drained in the meantime).
+    /// shedding: the first shed after a break. A break is an arrival
+    /// ([`AdmissionPolicy::decide_with_deadline_at`]) that finds a worker free, or a
+    /// queue short enough that a retry would wait in it (not full, below the
+    /// [`RetryThreshold`]); or a stretch longer than the drain estimate of the queue at
+    /// the next shed with nothing shed (the queue as it stood could have drained in the
+    /// meantime). So an overload that comes and goes, where retries do get served in
+    /// between, is not a sustained one.
     pub fn shedding_since(&self) -> Option<Instant> {
         self.shedding.map(|s| s.since)
     }
@@ -1352,16 +1362,26 @@ mod tests {
         );
         assert_eq!(p.shedding_since(), None);
         assert!(!told(&mut p, 107, AttemptClass::Retry));
-        assert_eq!(p.shedding_since(), Some(at(107)));
         for t in (117..207).step_by(10) {
             told(&mut p, t, AttemptClass::Retry);
         }
         assert!(told(&mut p, 207, AttemptClass::Retry));
+        // So is an arrival that finds the queue below the retry threshold (4 here): a
+        // retry would wait in it.
+        assert_eq!(
+            p.decide_at(at(208), busy(3, Some(at(200))), AttemptClass::First),
+            Admission::Queue
+        );
+        assert_eq!(p.shedding_since(), None);
+        // An arrival at the threshold is not one.
+        assert!(!told(&mut p, 209, AttemptClass::Retry));
+        p.decide_at(at(210), busy(4, Some(at(200))), AttemptClass::First);
+        assert_eq!(p.shedding_since(), Some(at(209)));
         // So is a stretch longer than the drain estimate with nothing shed. No completion
         // since `t0`: the silence is the gap, and the estimate reaches its clamp
         // (pushback_max, 500 ms); 501 ms later the next shed starts a new stretch.
-        assert!(!told(&mut p, 207 + 501, AttemptClass::Retry));
-        assert_eq!(p.shedding_since(), Some(at(207 + 501)));
+        assert!(!told(&mut p, 209 + 501, AttemptClass::Retry));
+        assert_eq!(p.shedding_since(), Some(at(209 + 501)));
     }
 
     /// Completions 2 ms apart from `t0` to `until` ms, a retry shed every `every` ms at
