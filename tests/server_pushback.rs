@@ -304,18 +304,18 @@ async fn sustained_shedding_turns_pushback_to_do_not_retry_and_back_when_it_ends
     };
     let hold = |gate: &watch::Sender<bool>| {
         gate.send_replace(false);
-        let held = tokio::spawn(call(false));
-        async {
-            while stats.snapshot().in_flight < 1 {
-                tokio::task::yield_now().await;
-            }
-            held
+        tokio::spawn(call(false))
+    };
+    let running = || async {
+        while stats.snapshot().in_flight < 1 {
+            tokio::task::yield_now().await;
         }
     };
     let shed_now = |retry| async move { header_pushback(&call(retry).await.expect("infallible")) };
     let step = Duration::from_millis(50);
 
-    let held = hold(&gate).await;
+    let held = hold(&gate);
+    running().await;
     // 0 to 250 ms of shedding: delays, for first attempts and retries.
     for i in 0..6 {
         let pb = shed_now(i % 2 == 1).await;
@@ -332,9 +332,13 @@ async fn sustained_shedding_turns_pushback_to_do_not_retry_and_back_when_it_ends
     // free. A new overload starts a new stretch, with delays again.
     gate.send_replace(true);
     held.await.expect("task").expect("infallible");
-    let held = hold(&gate).await;
+    let held = hold(&gate);
+    running().await;
     let pb = shed_now(true).await;
-    assert!(pb.parse::<u64>().is_ok_and(|ms| ms >= 1), "after the break: {pb}");
+    assert!(
+        pb.parse::<u64>().is_ok_and(|ms| ms >= 1),
+        "after the break: {pb}"
+    );
     gate.send_replace(true);
     held.await.expect("task").expect("infallible");
 }

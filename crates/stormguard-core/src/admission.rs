@@ -783,8 +783,8 @@ impl AdmissionPolicy {
         deadline: Option<Instant>,
     ) -> ShedPushback {
         let shedding_for = self.record_shed_at(now, depth);
-        let deep = class == AttemptClass::Retry
-            && self.config.no_retry_depth.is_some_and(|d| depth >= d);
+        let deep =
+            class == AttemptClass::Retry && self.config.no_retry_depth.is_some_and(|d| depth >= d);
         let sustained = self
             .config
             .no_retry_after_shedding

@@ -285,10 +285,7 @@ mod tests {
                 "no_retry_margin": null, "no_retry_after_shedding": null}}"#,
         )
         .unwrap();
-        assert_eq!(
-            (c.no_retry_margin, c.no_retry_after_shedding),
-            (None, None)
-        );
+        assert_eq!((c.no_retry_margin, c.no_retry_after_shedding), (None, None));
         assert_eq!(c.queue_order, QueueOrder::Fifo);
         assert_eq!(c.shed_code, Code::ResourceExhausted);
         assert_eq!(
@@ -430,10 +427,8 @@ mod tests {
             c.no_retry_margin,
             AdmissionConfig::default().no_retry_margin
         );
-        let bad = AdmissionConfig::from_text(
-            "[admission]\nno_retry_margin = \"2h\"\n",
-            Format::Toml,
-        );
+        let bad =
+            AdmissionConfig::from_text("[admission]\nno_retry_margin = \"2h\"\n", Format::Toml);
         assert!(
             bad.unwrap_err()
                 .to_string()
