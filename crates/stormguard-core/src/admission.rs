@@ -284,8 +284,7 @@ pub struct AdmissionConfig {
     pub no_retry_margin: Option<Duration>,
     /// The sustained-overload rule: once the server has been shedding without a break
     /// for this long, every shed call is told "do not retry" (`-1`). A break is an
-    /// arrival that finds a worker free or the queue below the retry threshold, or a
-    /// stretch longer than the queue's drain estimate with nothing shed (see
+    /// arrival that finds a worker free or the queue below the retry threshold (see
     /// [`AdmissionPolicy::shedding_since`]). At most
     /// [`MAX_TIME_QUEUED`]. Default 500 ms; `None` turns the rule off.
     pub no_retry_after_shedding: Option<Duration>,
@@ -587,8 +586,6 @@ pub struct AdmissionPolicy {
 struct Shedding {
     /// The first shed of the stretch.
     since: Instant,
-    /// The latest shed.
-    last: Instant,
 }
 
 impl AdmissionPolicy {
@@ -767,7 +764,7 @@ impl AdmissionPolicy {
     /// // 120 ms left: no room for 50..100 ms of pushback and 100 ms of drain.
     /// let p = policy.shed_pushback_at(t0, 4, AttemptClass::First, Some(t0 + ms(120)));
     /// assert_eq!(p, ShedPushback::DoNotRetry);
-    /// // Shedding without a break (sheds closer together than the drain estimate)...
+    /// // Shedding without a break (no arrival found a free worker or a short queue)...
     /// for t in (50..300).step_by(50) {
     ///     policy.shed_pushback_at(t0 + ms(t), 4, AttemptClass::Retry, None);
     /// }
@@ -782,7 +779,7 @@ impl AdmissionPolicy {
         class: AttemptClass,
         deadline: Option<Instant>,
     ) -> ShedPushback {
-        let shedding_for = self.record_shed_at(now, depth);
+        let shedding_for = self.record_shed_at(now);
         let deep =
             class == AttemptClass::Retry && self.config.no_retry_depth.is_some_and(|d| depth >= d);
         let sustained = self
@@ -853,24 +850,19 @@ impl AdmissionPolicy {
     /// shedding: the first shed after a break. A break is an arrival
     /// ([`AdmissionPolicy::decide_with_deadline_at`]) that finds a worker free, or a
     /// queue short enough that a retry would wait in it (not full, below the
-    /// [`RetryThreshold`]); or a stretch longer than the drain estimate of the queue at
-    /// the next shed with nothing shed (the queue as it stood could have drained in the
-    /// meantime). So an overload that comes and goes, where retries do get served in
-    /// between, is not a sustained one.
+    /// [`RetryThreshold`]). So an overload that comes and goes, where retries do get in
+    /// between, is not a sustained one; a lull in shedding while the queue stays past
+    /// the retry threshold (waiters expiring make room for first attempts) is not a
+    /// break, since a retry would still be shed.
     pub fn shedding_since(&self) -> Option<Instant> {
         self.shedding.map(|s| s.since)
     }
 
-    /// Counts a shed at `now` with `depth` queued; returns how long the server has been
-    /// shedding without a break.
-    fn record_shed_at(&mut self, now: Instant, depth: usize) -> Duration {
-        let calm = self.drain_estimate_at(now, depth);
-        let since = match self.shedding {
-            Some(s) if now.saturating_duration_since(s.last) <= calm => s.since,
-            _ => now,
-        };
-        let last = self.shedding.map_or(now, |s| s.last.max(now));
-        self.shedding = Some(Shedding { since, last });
+    /// Counts a shed at `now`; returns how long the server has been shedding without a
+    /// break.
+    fn record_shed_at(&mut self, now: Instant) -> Duration {
+        let since = self.shedding.map_or(now, |s| s.since.min(now));
+        self.shedding = Some(Shedding { since });
         now.saturating_duration_since(since)
     }
 
@@ -1377,15 +1369,13 @@ mod tests {
         assert!(!told(&mut p, 209, AttemptClass::Retry));
         p.decide_at(at(210), busy(4, Some(at(200))), AttemptClass::First);
         assert_eq!(p.shedding_since(), Some(at(209)));
-        // So is a stretch longer than the drain estimate with nothing shed. No completion
-        // since `t0`: the silence is the gap, and the estimate reaches its clamp
-        // (pushback_max, 500 ms); 501 ms later the next shed starts a new stretch.
-        assert!(!told(&mut p, 209 + 501, AttemptClass::Retry));
-        assert_eq!(p.shedding_since(), Some(at(209 + 501)));
+        // A lull in shedding is not a break while no arrival finds a short queue.
+        assert!(told(&mut p, 209 + 5_000, AttemptClass::Retry));
+        assert_eq!(p.shedding_since(), Some(at(209)));
     }
 
     /// Completions 2 ms apart from `t0` to `until` ms, a retry shed every `every` ms at
-    /// depth 4 (drain estimate 10 ms); the last shed answer.
+    /// depth 4; the last shed answer.
     fn shed_every(p: &mut AdmissionPolicy, t0: Instant, until: u64, every: u64) -> ShedPushback {
         let mut last = None;
         for t in (0..=until).step_by(2) {
@@ -1399,18 +1389,14 @@ mod tests {
     }
 
     #[test]
-    fn a_gap_in_shedding_longer_than_the_drain_is_a_break() {
-        // Sheds 8 ms apart: one stretch, -1 from 50 ms.
-        let (mut p, t0) = warmed(only_the_sustained_rule(50));
-        assert_eq!(shed_every(&mut p, t0, 56, 8), ShedPushback::DoNotRetry);
-        assert_eq!(p.shedding_since(), Some(t0));
-        // Sheds 12 ms apart (more than the 10 ms drain): each starts a new stretch.
-        let (mut q, t0) = warmed(only_the_sustained_rule(50));
-        assert!(matches!(
-            shed_every(&mut q, t0, 120, 12),
-            ShedPushback::After(_)
-        ));
-        assert_eq!(q.shedding_since(), Some(t0 + Duration::from_millis(120)));
+    fn a_lull_in_shedding_with_the_queue_past_the_threshold_is_no_break() {
+        // Sheds 8 ms or 40 ms apart at depth 4 (the retry threshold) while calls
+        // complete: one stretch either way, -1 from 50 ms.
+        for every in [8, 40] {
+            let (mut p, t0) = warmed(only_the_sustained_rule(50));
+            assert_eq!(shed_every(&mut p, t0, 80, every), ShedPushback::DoNotRetry);
+            assert_eq!(p.shedding_since(), Some(t0));
+        }
     }
 
     #[test]
