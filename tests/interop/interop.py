@@ -9,6 +9,12 @@
 3. A grpcio client -> stormguard relay -> grpcio server that always fails: the relay's
    layer retries, gives up with `grpc-retry-pushback-ms: -1`, and the grpcio client does
    not retry on top of it.
+4. A measurement: a grpcio client with a standard `retryPolicy` (5 attempts) sending an
+   open-loop load at 1.1x, 1.5x and 2x the example server's measured capacity, against
+   the server with the admission defaults and against the same server with the two "do
+   not retry" rules turned off (`no_retry_margin` and `no_retry_after_shedding` null:
+   the behaviour before them). Prints attempts per logical call (counted by the server,
+   per `x-call-id`) and goodput; asserts the defaults' figure at 1.5x.
 
 Run through `bash tests/interop/run.sh`. Every server binds port 0 and reports its address;
 every wait has a bound; everything listens and connects on 127.0.0.1.
@@ -19,6 +25,7 @@ import concurrent.futures
 import json
 import os
 import queue
+import random
 import subprocess
 import sys
 import tempfile
@@ -467,16 +474,165 @@ def do_not_retry_crosses_the_relay(bins):
     )
 
 
+# --- 4. attempts per call of a standard client under overload ---
+
+MEASURE_WORKERS, MEASURE_SERVICE_MS, MEASURE_QUEUE = 4, 10, 64
+MEASURE_DEADLINE_S, MEASURE_SECONDS = 2.0, 4.0
+# The target for the defaults' attempts per call at 1.5x is 1.3. Runs on a 2-core machine
+# busy with other builds gave 1.04-1.19 with 4 s per load (the first ~0.3 s fills the
+# queue, the next 0.5 s of shedding still sends delays, and a batch of queued calls
+# expiring together can empty the queue for a moment, which starts a new stretch);
+# without the rules, 1.8-2.5. Not stable enough under CI load to assert 1.3 itself: the
+# run asserts a looser bound, still far below the figure without the rules, and prints
+# the figure.
+MAX_ATTEMPTS_PER_CALL_AT_1_5X = 1.5
+# Goodput with the rules may not fall below goodput without them by more than this (the
+# run-to-run noise of goodput on a busy machine is several points).
+GOODPUT_SLACK = 0.10
+
+
+def measuring_server(bins, admission, log_calls=True):
+    """The example server with `admission` (the fields of `admission`)."""
+    f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    with f:
+        json.dump({"admission": admission}, f)
+    server = Proc([
+        os.path.join(bins, "server"), "--addr", "127.0.0.1:0", "--config", f.name,
+        "--service-time-ms", str(MEASURE_SERVICE_MS), "--seed", "7",
+    ] + (["--log-calls"] if log_calls else []))
+    return server, f.name
+
+
+def open_loop(stub, rate, seconds, seed, deadline_s):
+    """Sends Poisson arrivals at `rate` calls/s for `seconds`; returns the futures."""
+    rng = random.Random(seed)
+    futures, started = [], time.monotonic()
+    due, end = started, started + seconds
+    # Every call due by now is sent, then a short sleep.
+    while due < end:
+        now = time.monotonic()
+        while due <= now and due < end:
+            i = len(futures)
+            futures.append(stub.future(
+                encode_reserve_request(f"sku-{i % 10}", 1, f"m{i}"),
+                timeout=deadline_s,
+                metadata=[("x-call-id", f"m{seed}-{i}")],
+            ))
+            due += rng.expovariate(rate)
+        time.sleep(0.0005)
+    return futures, len(futures) / (time.monotonic() - started)
+
+
+def measure_capacity(bins, admission):
+    """Calls/s the server completes while offered about twice what its workers can serve,
+    with no retries: the completions between its first and third stats lines (1 s and 3 s
+    after it started), counted by the server itself, so a slow client cannot lower them."""
+    server, path = measuring_server(bins, admission, log_calls=False)
+    try:
+        channel = grpc.insecure_channel(server.listening(), options=[("grpc.enable_retries", 0)])
+        grpc.channel_ready_future(channel).result(timeout=STARTUP_TIMEOUT_S)
+        stub = reserve_stub(channel)
+        rate = 2 * MEASURE_WORKERS * 1000 / MEASURE_SERVICE_MS
+        stats = lambda l: l.startswith("{") and "call" not in json.loads(l)  # noqa: E731
+        futures, _ = open_loop(stub, rate, 3.3, 3, MEASURE_DEADLINE_S)
+        first = json.loads(server.wait_line(stats, 30))
+        json.loads(server.wait_line(stats, 30))
+        second = json.loads(server.wait_line(stats, 30))
+        for future in futures:
+            try:
+                future.result(timeout=MEASURE_DEADLINE_S + 30)
+            except grpc.RpcError:
+                pass
+        channel.close()
+    finally:
+        server.stop()
+        os.unlink(path)
+    assert first["queue_depth"] > 0 and second["queue_depth"] > 0, (
+        f"the capacity run did not keep the queue busy: {first} {second}")
+    return (second["completed"] - first["completed"]) / 2
+
+
+def overload_run(bins, admission, rate, seed):
+    """`rate` calls/s for MEASURE_SECONDS from a 5-attempt grpcio client; returns
+    (offered calls/s, attempts per call, goodput, share of shed answers that were -1)."""
+    server, path = measuring_server(bins, admission)
+    try:
+        addr = server.listening()
+        channel = retrying_channel(addr, max_attempts=5, backoff="0.02s")
+        grpc.channel_ready_future(channel).result(timeout=STARTUP_TIMEOUT_S)
+        stub = reserve_stub(channel)
+        futures, offered = open_loop(stub, rate, MEASURE_SECONDS, seed, MEASURE_DEADLINE_S)
+        ok = 0
+        for future in futures:
+            try:
+                future.result(timeout=MEASURE_DEADLINE_S + 30)
+                ok += 1
+            except grpc.RpcError:
+                pass
+            except grpc.FutureTimeoutError:
+                raise AssertionError("a call outlived its deadline by 30 s")
+        channel.close()
+        # Every call has its answer; a stats line with nothing queued or running that
+        # counts every served call comes after every answer's log line.
+        def quiet(line):
+            if not line.startswith("{"):
+                return False
+            r = json.loads(line)
+            return ("call" not in r and r["queue_depth"] == 0 and r["in_flight"] == 0
+                    and r["unsettled"] == 0 and r["completed"] >= ok)
+        server.wait_line(quiet, 30)
+        logs = [l for l in json_lines(server.drain()) if "call" in l]
+    finally:
+        server.stop()
+        os.unlink(path)
+    calls = {l["call"] for l in logs if l["call"].startswith(f"m{seed}-")}
+    assert len(calls) == len(futures), f"{len(calls)} calls logged for {len(futures)} sent"
+    shed = [l for l in logs if l["status"] == "14" and l["pushback"] is not None]
+    refused = sum(1 for l in shed if l["pushback"] == "-1")
+    assert all(l["pushback"] != "0" for l in shed), "the server sent a pushback of 0"
+    return offered, len(logs) / len(futures), ok / len(futures), refused / max(len(shed), 1)
+
+
+def attempts_per_call_under_overload(bins):
+    base = {"workers": MEASURE_WORKERS, "queue_capacity": MEASURE_QUEUE}
+    configs = {
+        "defaults": base,
+        "rules off": {**base, "no_retry_margin": None, "no_retry_after_shedding": None},
+    }
+    capacity = measure_capacity(bins, base)
+    print(
+        f"4. C-core client (5 attempts, {MEASURE_DEADLINE_S:.0f} s deadline) -> example server "
+        f"({MEASURE_WORKERS} workers x {MEASURE_SERVICE_MS} ms, queue {MEASURE_QUEUE}): "
+        f"capacity {capacity:.0f} calls/s measured; {MEASURE_SECONDS:.0f} s per load"
+    )
+    figures = {}
+    for level in (1.1, 1.5, 2.0):
+        for name, admission in configs.items():
+            offered, apc, goodput, refused = overload_run(bins, admission, level * capacity, 11)
+            figures[(name, level)] = (apc, goodput)
+            print(
+                f"   {level:.1f}x ({offered / capacity:.2f}x sent) {name:>9}: "
+                f"{apc:.2f} attempts/call, goodput {goodput * 100:.1f} % of offered "
+                f"({goodput * offered / capacity * 100:.0f} % of capacity), "
+                f"{refused * 100:.0f} % of shed answers -1"
+            )
+    apc, goodput = figures[("defaults", 1.5)]
+    assert apc <= MAX_ATTEMPTS_PER_CALL_AT_1_5X, f"{apc:.2f} attempts per call at 1.5x"
+    old_goodput = figures[("rules off", 1.5)][1]
+    assert goodput >= old_goodput - GOODPUT_SLACK, (goodput, old_goodput)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin", required=True, help="folder with the example binaries")
-    parser.add_argument("--only", choices=["1", "2", "3"])
+    parser.add_argument("--only", choices=["1", "2", "3", "4"])
     args = parser.parse_args()
     started = time.monotonic()
     suites = {
         "1": c_core_client_against_overloaded_server,
         "2": example_client_against_c_core_server,
         "3": do_not_retry_crosses_the_relay,
+        "4": attempts_per_call_under_overload,
     }
     for key, suite in suites.items():
         if args.only in (None, key):

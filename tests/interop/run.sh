@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Interop with gRPC C-core: builds the example binaries, makes a virtualenv with the pinned
-# grpcio, and runs the three directions in interop.py. Loopback only; every wait is bounded.
+# grpcio, and runs the four directions in interop.py (the fourth measures attempts per call).
+# Loopback only; every wait is bounded.
 #
 #   bash tests/interop/run.sh
 #

@@ -25,6 +25,26 @@
 //!   rate, [`CompletionRate`]), clamped to `[1 ms, pushback_max]` and jittered so that
 //!   the clients told to come back do not all come back together. It is **never 0**:
 //!   gRPC C-core clients never finish a call told "retry after 0 ms".
+//! - [`AdmissionPolicy::shed_pushback_at`]: whether the shed answer says "come back
+//!   after the pushback" or "do not retry" (`-1`). A standard gRPC client (gRPC A6)
+//!   comes back after every pushback until its attempts run out, so a pushback is an
+//!   invitation to send one more attempt; it is worth sending only when that attempt
+//!   can succeed. Two rules, both on by default, say when it cannot:
+//!   - **the deadline rule** ([`AdmissionConfig::no_retry_margin`]): the caller's
+//!     deadline (`grpc-timeout`) leaves no room for the pushback, the drain of the queue
+//!     and a service time ([`AdmissionPolicy::cannot_serve_in_time_at`]). The attempt
+//!     would come back too late to be served, for a first attempt as for a retry;
+//!   - **the sustained-overload rule** ([`AdmissionConfig::no_retry_after_shedding`]):
+//!     the server has been shedding without a break for long enough that the calls it
+//!     told to come back have come back into the same overload and been shed again
+//!     ([`AdmissionPolicy::shedding_since`]). From then on retries only feed the
+//!     overload: each costs a shed answer and a wait and cannot be served.
+//!
+//!   Measured with a grpcio (C-core) client of 5 attempts against the example server at
+//!   1.5× its capacity (`tests/interop/interop.py`, direction 4): without the rules the
+//!   server saw about 2.3 attempts per logical call; see `docs/admission.md` for the
+//!   figures with them. `no_retry_depth` (off by default) is a third, static rule for
+//!   retries.
 //! - [`AdmissionPolicy::expiry`]: when queued work stops being worth running (its
 //!   `grpc-timeout` leaves less than [`AdmissionConfig::min_time_left`], or it has waited
 //!   [`AdmissionConfig::max_time_queued`]).
@@ -52,6 +72,7 @@
 //!     "max_time_queued": "1s", "min_time_left": "2ms",
 //!     "queue_order": "adaptive_lifo", "lifo_from_depth": 8,
 //!     "pushback_max": "1s", "shed_code": "UNAVAILABLE", "no_retry_depth": 48,
+//!     "no_retry_margin": "5ms", "no_retry_after_shedding": "500ms",
 //!     "seed": 7,
 //!     "sheddable_threshold": { "depth": 0, "queue_delay": null },
 //!     "adaptive": { "min_limit": 2, "max_limit": 256, "window": "100ms",
@@ -60,9 +81,9 @@
 //!
 //! `queue_order` is `"fifo"` or `"adaptive_lifo"` (newest first from `lifo_from_depth`
 //! queued calls, default 8); `null` turns off `retry_threshold.depth`,
-//! `retry_threshold.queue_delay`, `sheddable_threshold.*`, `no_retry_depth` or
-//! `adaptive` (a fixed limit of `workers`). With `adaptive`, `workers` is the starting
-//! limit (see [`crate::limit`]).
+//! `retry_threshold.queue_delay`, `sheddable_threshold.*`, `no_retry_depth`,
+//! `no_retry_margin`, `no_retry_after_shedding` or `adaptive` (a fixed limit of
+//! `workers`). With `adaptive`, `workers` is the starting limit (see [`crate::limit`]).
 //!
 //! ```
 //! use std::time::Duration;
@@ -103,6 +124,12 @@ pub const MAX_PUSHBACK: Duration = Duration::from_secs(3600);
 /// The largest `max_time_queued` accepted: one hour. A call waiting longer has no
 /// caller left; and a bound near `Duration::MAX` would not fit in an `Instant`.
 pub const MAX_TIME_QUEUED: Duration = Duration::from_secs(3600);
+
+/// The default [`AdmissionConfig::no_retry_margin`]: 5 ms.
+pub const DEFAULT_NO_RETRY_MARGIN: Duration = Duration::from_millis(5);
+
+/// The default [`AdmissionConfig::no_retry_after_shedding`]: 500 ms.
+pub const DEFAULT_NO_RETRY_AFTER_SHEDDING: Duration = Duration::from_millis(500);
 
 /// What the admission queue knows about a call: its attempt class and its criticality.
 ///
@@ -246,6 +273,21 @@ pub struct AdmissionConfig {
     /// (`grpc-retry-pushback-ms: -1`) instead of a delay. At most `queue_capacity`.
     /// Default `None` (never).
     pub no_retry_depth: Option<usize>,
+    /// The deadline rule: a shed call whose deadline leaves no room for the pushback, the
+    /// drain of the queue and this much service time is told "do not retry" (`-1`): a
+    /// call shed at `now` with `P` of pushback, `E` of drain estimate and deadline `D` is
+    /// told `-1` when `now + P + E + no_retry_margin >= D` (see
+    /// [`AdmissionPolicy::cannot_serve_in_time_at`] for why this estimate). Applies to
+    /// first attempts as well as retries; a call without a deadline is never told `-1`
+    /// by it. At most [`MAX_TIME_QUEUED`]. Default 5 ms (about one service time of a
+    /// small handler); `None` turns the rule off.
+    pub no_retry_margin: Option<Duration>,
+    /// The sustained-overload rule: once the server has been shedding without a break
+    /// for this long, every shed call is told "do not retry" (`-1`). A break is an
+    /// arrival that finds a worker free or the queue below the retry threshold (see
+    /// [`AdmissionPolicy::shedding_since`]). At most
+    /// [`MAX_TIME_QUEUED`]. Default 500 ms; `None` turns the rule off.
+    pub no_retry_after_shedding: Option<Duration>,
     /// Seed of the pushback jitter. Default `None`: a seed drawn for each policy when it is
     /// built, so that replicas of a service do not all draw the same jitter sequence (and
     /// send their clients back together); set one only to reproduce a run.
@@ -263,7 +305,8 @@ pub struct AdmissionConfig {
 impl Default for AdmissionConfig {
     /// 64 workers, 64 queued, retries shed from 8 queued, 1 s in queue at most, 2 ms
     /// minimum time left, adaptive LIFO from 8 queued, pushback at most 1 s, shed with
-    /// `UNAVAILABLE`.
+    /// `UNAVAILABLE`; "do not retry" for a shed call whose deadline leaves no room
+    /// (5 ms margin) and for every shed call after 500 ms of shedding without a break.
     fn default() -> Self {
         AdmissionConfig {
             workers: 64,
@@ -275,6 +318,8 @@ impl Default for AdmissionConfig {
             pushback_max: Duration::from_secs(1),
             shed_code: Code::Unavailable,
             no_retry_depth: None,
+            no_retry_margin: Some(DEFAULT_NO_RETRY_MARGIN),
+            no_retry_after_shedding: Some(DEFAULT_NO_RETRY_AFTER_SHEDDING),
             seed: None,
             sheddable_threshold: RetryThreshold {
                 depth: Some(0),
@@ -341,6 +386,22 @@ impl AdmissionConfig {
             return Err(ConfigError::invalid(
                 "admission.no_retry_depth",
                 format!("{depth} is above queue_capacity ({})", self.queue_capacity),
+            ));
+        }
+        if let Some(margin) = self.no_retry_margin
+            && margin > MAX_TIME_QUEUED
+        {
+            return Err(ConfigError::invalid(
+                "admission.no_retry_margin",
+                format!("{margin:?} is above {MAX_TIME_QUEUED:?}"),
+            ));
+        }
+        if let Some(after) = self.no_retry_after_shedding
+            && after > MAX_TIME_QUEUED
+        {
+            return Err(ConfigError::invalid(
+                "admission.no_retry_after_shedding",
+                format!("{after:?} is above {MAX_TIME_QUEUED:?}"),
             ));
         }
         if let Some(depth) = self.sheddable_threshold.depth
@@ -517,6 +578,14 @@ pub struct AdmissionPolicy {
     config: AdmissionConfig,
     rate: CompletionRate,
     rng: fastrand::Rng,
+    shedding: Option<Shedding>,
+}
+
+/// The current stretch of shedding without a break.
+#[derive(Clone, Copy, Debug)]
+struct Shedding {
+    /// The first shed of the stretch.
+    since: Instant,
 }
 
 impl AdmissionPolicy {
@@ -532,6 +601,7 @@ impl AdmissionPolicy {
             config,
             rate: CompletionRate::new(),
             rng,
+            shedding: None,
         })
     }
 
@@ -553,17 +623,43 @@ impl AdmissionPolicy {
     /// sheddable threshold, a retry past the retry threshold; anything else queues.
     /// (Whether a full queue gives a lower-ranked waiter's place to the call instead is
     /// the queue's business: [`crate::queue::AdmissionQueue`].)
+    ///
+    /// The call's deadline is not known here, so the deadline rule
+    /// ([`AdmissionConfig::no_retry_margin`]) does not apply; the queue uses
+    /// [`AdmissionPolicy::decide_with_deadline_at`].
     pub fn decide_at(
         &mut self,
         now: Instant,
         load: QueueLoad,
         class: impl Into<CallClass>,
     ) -> Admission {
+        self.decide_with_deadline_at(now, load, class, None)
+    }
+
+    /// [`AdmissionPolicy::decide_at`] for a call with `deadline` (from its
+    /// `grpc-timeout`): a shed answer's pushback is decided by
+    /// [`AdmissionPolicy::shed_pushback_at`] with it. An arrival that finds a worker free
+    /// ends the current stretch of shedding ([`AdmissionPolicy::shedding_since`]).
+    pub fn decide_with_deadline_at(
+        &mut self,
+        now: Instant,
+        load: QueueLoad,
+        class: impl Into<CallClass>,
+        deadline: Option<Instant>,
+    ) -> Admission {
         let class = class.into();
         if load.free_workers > 0 {
+            // A worker is free: the server is keeping up, whatever it shed before.
+            self.shedding = None;
             return Admission::Admit;
         }
-        let reason = if load.depth >= self.config.queue_capacity {
+        let full = load.depth >= self.config.queue_capacity;
+        if !full && !passed(self.config.retry_threshold, now, load) {
+            // A retry arriving now would wait for a worker, not be shed: retries are not
+            // only feeding the overload.
+            self.shedding = None;
+        }
+        let reason = if full {
             ShedReason::QueueFull
         } else if class.criticality == Criticality::Sheddable
             && passed(self.config.sheddable_threshold, now, load)
@@ -576,7 +672,7 @@ impl AdmissionPolicy {
         } else {
             return Admission::Queue;
         };
-        let pushback = self.shed_pushback_at(now, load.depth, class.attempt);
+        let pushback = self.shed_pushback_at(now, load.depth, class.attempt, deadline);
         Admission::Shed(Shed { reason, pushback })
     }
 
@@ -628,21 +724,146 @@ impl AdmissionPolicy {
         self.pushback_at(Instant::now(), depth)
     }
 
-    /// What a call of `class` shed at `now` with `depth` queued is told: "do not retry"
-    /// for a retry at or past [`AdmissionConfig::no_retry_depth`], else
-    /// [`AdmissionPolicy::pushback_at`].
+    /// What a call of `class` with `deadline`, shed at `now` with `depth` queued, is told.
+    /// This is the one place that decides it. "Do not retry" (`-1`):
+    ///
+    /// 1. for a retry at or past [`AdmissionConfig::no_retry_depth`];
+    /// 2. for any call once the server has been shedding without a break for
+    ///    [`AdmissionConfig::no_retry_after_shedding`] (the sustained-overload rule);
+    /// 3. for any call whose deadline leaves no room for the pushback, the drain and
+    ///    [`AdmissionConfig::no_retry_margin`]
+    ///    ([`AdmissionPolicy::cannot_serve_in_time_at`], the deadline rule).
+    ///
+    /// Otherwise the jittered [`AdmissionPolicy::pushback_at`]. Every call of this method
+    /// is a shed, and counts towards the current stretch of shedding.
+    ///
+    /// Why the second rule: a standard client (gRPC A6) comes back after the pushback
+    /// until its attempts run out. Once shedding has gone on for longer than a round of
+    /// pushback, the calls told to come back have come back into the same overload, past
+    /// the retry threshold, and been shed again: each retry only adds a shed answer to
+    /// the server's work and a wait to the caller's. A first attempt shed then (the
+    /// queue is full) would come back as such a retry, so it is told `-1` as well.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard_core::Instant;
+    /// use stormguard_core::admission::{AdmissionConfig, AdmissionPolicy, ShedPushback};
+    /// use stormguard_core::wire::AttemptClass;
+    ///
+    /// let mut policy = AdmissionPolicy::new(AdmissionConfig {
+    ///     pushback_max: Duration::from_millis(100),
+    ///     no_retry_after_shedding: Some(Duration::from_millis(300)),
+    ///     ..AdmissionConfig::default()
+    /// }).expect("valid");
+    /// let t0 = Instant::now();
+    /// let ms = Duration::from_millis;
+    /// // No rate known yet: pushback in [50, 100] ms, drain estimate 100 ms.
+    /// // 1 s left: room for both and the 5 ms margin.
+    /// let p = policy.shed_pushback_at(t0, 4, AttemptClass::Retry, Some(t0 + ms(1000)));
+    /// assert!(matches!(p, ShedPushback::After(_)));
+    /// // 120 ms left: no room for 50..100 ms of pushback and 100 ms of drain.
+    /// let p = policy.shed_pushback_at(t0, 4, AttemptClass::First, Some(t0 + ms(120)));
+    /// assert_eq!(p, ShedPushback::DoNotRetry);
+    /// // Shedding without a break (no arrival found a free worker or a short queue)...
+    /// for t in (50..300).step_by(50) {
+    ///     policy.shed_pushback_at(t0 + ms(t), 4, AttemptClass::Retry, None);
+    /// }
+    /// // ...for 300 ms: every shed call is told not to come back.
+    /// let p = policy.shed_pushback_at(t0 + ms(300), 4, AttemptClass::Retry, None);
+    /// assert_eq!(p, ShedPushback::DoNotRetry);
+    /// ```
     pub fn shed_pushback_at(
         &mut self,
         now: Instant,
         depth: usize,
         class: AttemptClass,
+        deadline: Option<Instant>,
     ) -> ShedPushback {
-        let deep = self.config.no_retry_depth.is_some_and(|d| depth >= d);
-        if class == AttemptClass::Retry && deep {
+        let shedding_for = self.record_shed_at(now);
+        let deep =
+            class == AttemptClass::Retry && self.config.no_retry_depth.is_some_and(|d| depth >= d);
+        let sustained = self
+            .config
+            .no_retry_after_shedding
+            .is_some_and(|after| shedding_for >= after);
+        if deep || sustained {
+            return ShedPushback::DoNotRetry;
+        }
+        let pushback = self.pushback_at(now, depth);
+        if self.cannot_serve_in_time_at(now, depth, pushback, deadline) {
             ShedPushback::DoNotRetry
         } else {
-            ShedPushback::After(self.pushback_at(now, depth))
+            ShedPushback::After(pushback)
         }
+    }
+
+    /// Whether a call shed at `now` with `depth` queued and told to come back after
+    /// `pushback` could not be served before `deadline`: with `P` the pushback, `E` the
+    /// drain estimate ([`AdmissionPolicy::drain_estimate_at`]) and `S`
+    /// [`AdmissionConfig::no_retry_margin`], when `now + P + E + S >= deadline`. Never
+    /// without a deadline, or with the rule off.
+    ///
+    /// Why `P + E` and not `max(P, E)`: the server sheds only while it is overloaded, and
+    /// a call that comes back into a steady overload finds a queue about as deep as the
+    /// one it left, which needs about `E` to drain before a worker is free for it (its
+    /// retry is not served before that queue has gone: under adaptive LIFO it may be
+    /// served sooner, but only by being preferred over work that is then shed, and past
+    /// the retry threshold it is not queued at all). `S` is the time it then needs on a
+    /// worker. A call told to come back that cannot finish in time would spend an
+    /// attempt, a shed answer and its caller's wait for nothing; a first attempt that
+    /// cannot be served in time will not be either when it comes back.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard_core::Instant;
+    /// use stormguard_core::admission::{AdmissionConfig, AdmissionPolicy};
+    ///
+    /// let policy = AdmissionPolicy::new(AdmissionConfig {
+    ///     pushback_max: Duration::from_millis(100),
+    ///     ..AdmissionConfig::default()
+    /// }).expect("valid");
+    /// let t0 = Instant::now();
+    /// let ms = Duration::from_millis;
+    /// // No rate yet: E = 100 ms. P 60 + E 100 + S 5 = 165 ms.
+    /// assert!(policy.cannot_serve_in_time_at(t0, 3, ms(60), Some(t0 + ms(165))));
+    /// assert!(!policy.cannot_serve_in_time_at(t0, 3, ms(60), Some(t0 + ms(166))));
+    /// assert!(!policy.cannot_serve_in_time_at(t0, 3, ms(60), None));
+    /// ```
+    pub fn cannot_serve_in_time_at(
+        &self,
+        now: Instant,
+        depth: usize,
+        pushback: Duration,
+        deadline: Option<Instant>,
+    ) -> bool {
+        let (Some(margin), Some(deadline)) = (self.config.no_retry_margin, deadline) else {
+            return false;
+        };
+        let left = deadline.saturating_duration_since(now);
+        let needed = pushback
+            .saturating_add(self.drain_estimate_at(now, depth))
+            .saturating_add(margin);
+        needed >= left
+    }
+
+    /// When the current stretch of shedding without a break began, if the server is
+    /// shedding: the first shed after a break. A break is an arrival
+    /// ([`AdmissionPolicy::decide_with_deadline_at`]) that finds a worker free, or a
+    /// queue short enough that a retry would wait in it (not full, below the
+    /// [`RetryThreshold`]). So an overload that comes and goes, where retries do get in
+    /// between, is not a sustained one; a lull in shedding while the queue stays past
+    /// the retry threshold (waiters expiring make room for first attempts) is not a
+    /// break, since a retry would still be shed.
+    pub fn shedding_since(&self) -> Option<Instant> {
+        self.shedding.map(|s| s.since)
+    }
+
+    /// Counts a shed at `now`; returns how long the server has been shedding without a
+    /// break.
+    fn record_shed_at(&mut self, now: Instant) -> Duration {
+        let since = self.shedding.map_or(now, |s| s.since.min(now));
+        self.shedding = Some(Shedding { since });
+        now.saturating_duration_since(since)
     }
 
     /// When a call queued at `enqueued_at` with deadline `deadline` stops being worth
@@ -788,6 +1009,22 @@ mod tests {
             }),
             "admission.no_retry_depth"
         );
+        for bad in [MAX_TIME_QUEUED + Duration::from_millis(1), Duration::MAX] {
+            assert_eq!(
+                field(AdmissionConfig {
+                    no_retry_margin: Some(bad),
+                    ..base.clone()
+                }),
+                "admission.no_retry_margin"
+            );
+            assert_eq!(
+                field(AdmissionConfig {
+                    no_retry_after_shedding: Some(bad),
+                    ..base.clone()
+                }),
+                "admission.no_retry_after_shedding"
+            );
+        }
         assert!(AdmissionPolicy::new(AdmissionConfig { workers: 0, ..base }).is_err());
     }
 
@@ -994,6 +1231,188 @@ mod tests {
         assert!(distinct.len() > 20, "not jittered: {distinct:?}");
     }
 
+    /// A policy whose completions came exactly 2 ms apart up to `t0 + 98 ms`, returned
+    /// with that instant.
+    fn warmed(config: AdmissionConfig) -> (AdmissionPolicy, Instant) {
+        let mut p = AdmissionPolicy::new(config).unwrap();
+        let t0 = Instant::now();
+        for i in 0..50 {
+            p.record_completion_at(t0 + Duration::from_millis(2 * i));
+        }
+        (p, t0 + Duration::from_millis(98))
+    }
+
+    fn only_the_deadline_rule() -> AdmissionConfig {
+        AdmissionConfig {
+            no_retry_margin: Some(Duration::from_millis(5)),
+            no_retry_after_shedding: None,
+            ..config()
+        }
+    }
+
+    #[test]
+    fn the_deadline_rule_adds_pushback_drain_and_margin() {
+        let (p, now) = warmed(only_the_deadline_rule());
+        let ms = Duration::from_millis;
+        // 10 queued: E = 11 × 2 ms = 22 ms. P 30 + E 22 + S 5 = 57 ms.
+        assert_eq!(p.drain_estimate_at(now, 10), ms(22));
+        let fits = |left| !p.cannot_serve_in_time_at(now, 10, ms(30), Some(now + ms(left)));
+        assert!(!fits(57));
+        assert!(fits(58));
+        assert!(!fits(0));
+        // A deadline already gone, and no deadline at all.
+        assert!(p.cannot_serve_in_time_at(now + ms(10), 10, ms(1), Some(now)));
+        assert!(!p.cannot_serve_in_time_at(now, 10, ms(30), None));
+        // The drain term follows the depth: 40 queued is 82 ms.
+        assert!(p.cannot_serve_in_time_at(now, 40, ms(30), Some(now + ms(100))));
+        assert!(!p.cannot_serve_in_time_at(now, 0, ms(30), Some(now + ms(100))));
+        // Off: never.
+        let (off, now) = warmed(AdmissionConfig {
+            no_retry_margin: None,
+            ..only_the_deadline_rule()
+        });
+        assert!(!off.cannot_serve_in_time_at(now, 40, ms(30), Some(now)));
+        // A huge margin saturates instead of overflowing.
+        let (huge, now) = warmed(AdmissionConfig {
+            no_retry_margin: Some(MAX_TIME_QUEUED),
+            ..only_the_deadline_rule()
+        });
+        assert!(huge.cannot_serve_in_time_at(now, usize::MAX, MAX_PUSHBACK, Some(now)));
+    }
+
+    #[test]
+    fn shed_calls_without_time_for_a_retry_are_told_not_to_retry() {
+        let (mut p, now) = warmed(only_the_deadline_rule());
+        let ms = Duration::from_millis;
+        // 10 queued: E = 22 ms, P in [11, 22], S = 5: at most 49 ms needed, at least 38.
+        for class in [AttemptClass::First, AttemptClass::Retry] {
+            for _ in 0..50 {
+                let roomy = p.shed_pushback_at(now, 10, class, Some(now + ms(50)));
+                assert!(matches!(roomy, ShedPushback::After(_)), "{roomy:?}");
+                let tight = p.shed_pushback_at(now, 10, class, Some(now + ms(38)));
+                assert_eq!(tight, ShedPushback::DoNotRetry);
+                assert!(matches!(
+                    p.shed_pushback_at(now, 10, class, None),
+                    ShedPushback::After(_)
+                ));
+            }
+        }
+        // Through the decision: a first attempt shed by a full queue with 30 ms left.
+        let full = busy(10, Some(now));
+        let d = p.decide_with_deadline_at(now, full, AttemptClass::First, Some(now + ms(30)));
+        assert_eq!(
+            d,
+            Admission::Shed(Shed {
+                reason: ShedReason::QueueFull,
+                pushback: ShedPushback::DoNotRetry
+            })
+        );
+        // Without a deadline, `decide_at` keeps sending delays.
+        assert!(matches!(
+            p.decide_at(now, full, AttemptClass::First),
+            Admission::Shed(Shed {
+                pushback: ShedPushback::After(_),
+                ..
+            })
+        ));
+    }
+
+    fn only_the_sustained_rule(after_ms: u64) -> AdmissionConfig {
+        AdmissionConfig {
+            no_retry_margin: None,
+            no_retry_after_shedding: Some(Duration::from_millis(after_ms)),
+            ..config()
+        }
+    }
+
+    #[test]
+    fn sustained_shedding_turns_every_pushback_to_do_not_retry_until_a_break() {
+        let (mut p, t0) = warmed(only_the_sustained_rule(100));
+        let ms = Duration::from_millis;
+        let at = |t| t0 + ms(t);
+        let told = |p: &mut AdmissionPolicy, t, class| {
+            p.shed_pushback_at(at(t), 10, class, None) == ShedPushback::DoNotRetry
+        };
+        assert_eq!(p.shedding_since(), None);
+        // A shed every 10 ms (the drain estimate at depth 10 is 22 ms: no break).
+        for t in (0..100).step_by(10) {
+            assert!(!told(&mut p, t, AttemptClass::Retry), "{t} ms");
+        }
+        assert_eq!(p.shedding_since(), Some(at(0)));
+        // 100 ms of shedding: retries and first attempts alike.
+        assert!(told(&mut p, 100, AttemptClass::Retry));
+        assert!(told(&mut p, 105, AttemptClass::First));
+        // An arrival that finds a worker free is a break.
+        let free = QueueLoad {
+            free_workers: 1,
+            depth: 0,
+            oldest_enqueued: None,
+        };
+        assert_eq!(
+            p.decide_at(at(106), free, AttemptClass::First),
+            Admission::Admit
+        );
+        assert_eq!(p.shedding_since(), None);
+        assert!(!told(&mut p, 107, AttemptClass::Retry));
+        for t in (117..207).step_by(10) {
+            told(&mut p, t, AttemptClass::Retry);
+        }
+        assert!(told(&mut p, 207, AttemptClass::Retry));
+        // So is an arrival that finds the queue below the retry threshold (4 here): a
+        // retry would wait in it.
+        assert_eq!(
+            p.decide_at(at(208), busy(3, Some(at(200))), AttemptClass::First),
+            Admission::Queue
+        );
+        assert_eq!(p.shedding_since(), None);
+        // An arrival at the threshold is not one.
+        assert!(!told(&mut p, 209, AttemptClass::Retry));
+        p.decide_at(at(210), busy(4, Some(at(200))), AttemptClass::First);
+        assert_eq!(p.shedding_since(), Some(at(209)));
+        // A lull in shedding is not a break while no arrival finds a short queue.
+        assert!(told(&mut p, 209 + 5_000, AttemptClass::Retry));
+        assert_eq!(p.shedding_since(), Some(at(209)));
+    }
+
+    /// Completions 2 ms apart from `t0` to `until` ms, a retry shed every `every` ms at
+    /// depth 4; the last shed answer.
+    fn shed_every(p: &mut AdmissionPolicy, t0: Instant, until: u64, every: u64) -> ShedPushback {
+        let mut last = None;
+        for t in (0..=until).step_by(2) {
+            let now = t0 + Duration::from_millis(t);
+            p.record_completion_at(now);
+            if t % every == 0 {
+                last = Some(p.shed_pushback_at(now, 4, AttemptClass::Retry, None));
+            }
+        }
+        last.unwrap()
+    }
+
+    #[test]
+    fn a_lull_in_shedding_with_the_queue_past_the_threshold_is_no_break() {
+        // Sheds 8 ms or 40 ms apart at depth 4 (the retry threshold) while calls
+        // complete: one stretch either way, -1 from 50 ms.
+        for every in [8, 40] {
+            let (mut p, t0) = warmed(only_the_sustained_rule(50));
+            assert_eq!(shed_every(&mut p, t0, 80, every), ShedPushback::DoNotRetry);
+            assert_eq!(p.shedding_since(), Some(t0));
+        }
+    }
+
+    #[test]
+    fn with_both_rules_off_only_no_retry_depth_says_do_not_retry() {
+        let (mut p, now) = warmed(AdmissionConfig {
+            no_retry_margin: None,
+            no_retry_after_shedding: None,
+            ..config()
+        });
+        let ms = Duration::from_millis;
+        for t in 0..2_000 {
+            let pb = p.shed_pushback_at(now + ms(t), 10, AttemptClass::Retry, Some(now));
+            assert!(matches!(pb, ShedPushback::After(_)), "{t}: {pb:?}");
+        }
+    }
+
     #[test]
     fn expiry_is_the_earlier_of_queue_bound_and_deadline() {
         let p = AdmissionPolicy::new(AdmissionConfig {
@@ -1071,7 +1490,7 @@ mod tests {
                 let pb = p.pushback_at(now, depth);
                 prop_assert!(pb >= Duration::from_millis(1), "{pb:?}");
                 prop_assert!(pb <= Duration::from_millis(max_ms), "{pb:?}");
-                let ms = p.shed_pushback_at(now, depth, class).millis();
+                let ms = p.shed_pushback_at(now, depth, class, None).millis();
                 prop_assert!((1..=max_ms as i64).contains(&ms), "{ms}");
             }
         }

@@ -146,6 +146,7 @@ struct Waiting<T> {
     waiter: T,
     enqueued_at: Instant,
     expiry: Instant,
+    deadline: Option<Instant>,
     class: CallClass,
 }
 
@@ -273,13 +274,15 @@ impl<T> AdmissionQueue<T> {
         if expiry <= now {
             return Arrival::Expired;
         }
-        let decision = self.policy.decide_at(now, self.load(), class);
+        let decision = self
+            .policy
+            .decide_with_deadline_at(now, self.load(), class, deadline);
         match decision {
             Admission::Admit => {
                 self.running += 1;
                 Arrival::Run
             }
-            Admission::Queue => self.enqueue(now, class, expiry, waiter),
+            Admission::Queue => self.enqueue(now, class, expiry, deadline, waiter),
             Admission::Shed(shed) if shed.reason == ShedReason::QueueFull => {
                 // A full queue: the lowest-ranked waiter of a lower criticality gives its
                 // place up, if there is one.
@@ -287,8 +290,12 @@ impl<T> AdmissionQueue<T> {
                     Some(id) => {
                         if let Some(out) = self.take(id) {
                             let depth = self.waiting.len();
-                            let pushback =
-                                self.policy.shed_pushback_at(now, depth, out.class.attempt);
+                            let pushback = self.policy.shed_pushback_at(
+                                now,
+                                depth,
+                                out.class.attempt,
+                                out.deadline,
+                            );
                             let reason = ShedReason::Sheddable;
                             sink(Dispatch::Shed(
                                 Left {
@@ -300,7 +307,7 @@ impl<T> AdmissionQueue<T> {
                                 Shed { reason, pushback },
                             ));
                         }
-                        self.enqueue(now, class, expiry, waiter)
+                        self.enqueue(now, class, expiry, deadline, waiter)
                     }
                     None => Arrival::Shed(shed),
                 }
@@ -309,7 +316,14 @@ impl<T> AdmissionQueue<T> {
         }
     }
 
-    fn enqueue(&mut self, now: Instant, class: CallClass, expiry: Instant, waiter: T) -> Arrival {
+    fn enqueue(
+        &mut self,
+        now: Instant,
+        class: CallClass,
+        expiry: Instant,
+        deadline: Option<Instant>,
+        waiter: T,
+    ) -> Arrival {
         let id = self.next_id;
         self.next_id += 1;
         self.waiting.insert(
@@ -318,6 +332,7 @@ impl<T> AdmissionQueue<T> {
                 waiter,
                 enqueued_at: now,
                 expiry,
+                deadline,
                 class,
             },
         );

@@ -346,6 +346,8 @@ const JSON_TOKENS: &[&str] = &[
     "\"adaptive_lifo\"",
     "\"lifo_from_depth\"",
     "\"no_retry_depth\"",
+    "\"no_retry_margin\"",
+    "\"no_retry_after_shedding\"",
     "\"pushback_max\"",
     "\"shed_code\"",
     "\"seed\"",
@@ -821,7 +823,8 @@ pub fn admission_json(input: &[u8]) -> Outcome {
                         pushback >= Duration::from_millis(1) && pushback <= config.pushback_max,
                         "pushback {pushback:?} at depth {depth}: {text}"
                     );
-                    let _ = policy.shed_pushback_at(t, depth, class);
+                    let _ = policy.shed_pushback_at(t, depth, class, None);
+                    let _ = policy.shed_pushback_at(t, depth, class, Some(t));
                 }
             }
             let far = t.checked_add(Duration::from_secs(99_999_999 * 3600));

@@ -39,6 +39,10 @@ struct AdmissionDoc {
     shed_code: Option<Code>,
     #[serde(default, deserialize_with = "nullable")]
     no_retry_depth: Option<Option<Int<usize>>>,
+    #[serde(default, deserialize_with = "nullable")]
+    no_retry_margin: Option<Option<Human>>,
+    #[serde(default, deserialize_with = "nullable")]
+    no_retry_after_shedding: Option<Option<Human>>,
     seed: Option<Int<u64>>,
     /// The server layer's switch, not the queue's: read by [`ShedSettings`].
     load_reports: Option<bool>,
@@ -128,6 +132,12 @@ impl Build for AdmissionDoc {
         }
         if let Some(depth) = self.no_retry_depth {
             c.no_retry_depth = depth.map(|d| d.0);
+        }
+        if let Some(margin) = self.no_retry_margin {
+            c.no_retry_margin = margin.map(|d| d.0);
+        }
+        if let Some(after) = self.no_retry_after_shedding {
+            c.no_retry_after_shedding = after.map(|d| d.0);
         }
         if let Some(Int(seed)) = self.seed {
             c.seed = Some(seed);
@@ -273,6 +283,7 @@ mod tests {
             "max_time_queued": "1.5s", "min_time_left": "750us",
             "queue_order": "adaptive_lifo", "lifo_from_depth": 4,
             "pushback_max": "2s", "shed_code": "resource_exhausted", "no_retry_depth": 48,
+            "no_retry_margin": "3ms", "no_retry_after_shedding": "2s",
             "seed": "18446744073709551615",
             "sheddable_threshold": { "depth": 2, "queue_delay": "5ms" },
             "adaptive": { "min_limit": 3, "max_limit": 200, "window": "50ms",
@@ -293,6 +304,8 @@ mod tests {
                 pushback_max: Duration::from_secs(2),
                 shed_code: Code::ResourceExhausted,
                 no_retry_depth: Some(48),
+                no_retry_margin: Some(Duration::from_millis(3)),
+                no_retry_after_shedding: Some(Duration::from_secs(2)),
                 seed: Some(u64::MAX),
                 sheddable_threshold: RetryThreshold {
                     depth: Some(2),
@@ -319,9 +332,11 @@ mod tests {
         );
         let c = AdmissionConfig::from_json(
             r#"{"admission": {"queue_order": "fifo", "shed_code": 8,
-                "retry_threshold": {"depth": null, "queue_delay": null}, "no_retry_depth": null}}"#,
+                "retry_threshold": {"depth": null, "queue_delay": null}, "no_retry_depth": null,
+                "no_retry_margin": null, "no_retry_after_shedding": null}}"#,
         )
         .unwrap();
+        assert_eq!((c.no_retry_margin, c.no_retry_after_shedding), (None, None));
         assert_eq!(c.queue_order, QueueOrder::Fifo);
         assert_eq!(c.shed_code, Code::ResourceExhausted);
         assert_eq!(
@@ -403,6 +418,22 @@ mod tests {
             ),
             (r#"{"admission": {"seed": -3}}"#, "admission.seed"),
             (
+                r#"{"admission": {"no_retry_margin": "2h"}}"#,
+                "admission.no_retry_margin",
+            ),
+            (
+                r#"{"admission": {"no_retry_margin": 5}}"#,
+                "admission.no_retry_margin",
+            ),
+            (
+                r#"{"admission": {"no_retry_after_shedding": "61m"}}"#,
+                "admission.no_retry_after_shedding",
+            ),
+            (
+                r#"{"admission": {"no_retry_after_shedding": "soon"}}"#,
+                "admission.no_retry_after_shedding",
+            ),
+            (
                 r#"{"admission": {"sheddable_threshold": {"depth": 65}}}"#,
                 "admission.sheddable_threshold.depth",
             ),
@@ -431,6 +462,29 @@ mod tests {
                 "{malformed:?}"
             );
         }
+    }
+
+    #[cfg(all(feature = "yaml", feature = "toml"))]
+    #[test]
+    fn yaml_and_toml_read_and_turn_off_the_no_retry_rules() {
+        let yaml = "admission:\n  no_retry_margin: 8ms\n  no_retry_after_shedding: null\n";
+        let c = AdmissionConfig::from_text(yaml, Format::Yaml).unwrap();
+        assert_eq!(c.no_retry_margin, Some(Duration::from_millis(8)));
+        assert_eq!(c.no_retry_after_shedding, None);
+        let toml = "[admission]\nno_retry_after_shedding = \"750ms\"\n";
+        let c = AdmissionConfig::from_text(toml, Format::Toml).unwrap();
+        assert_eq!(c.no_retry_after_shedding, Some(Duration::from_millis(750)));
+        assert_eq!(
+            c.no_retry_margin,
+            AdmissionConfig::default().no_retry_margin
+        );
+        let bad =
+            AdmissionConfig::from_text("[admission]\nno_retry_margin = \"2h\"\n", Format::Toml);
+        assert!(
+            bad.unwrap_err()
+                .to_string()
+                .contains("admission.no_retry_margin")
+        );
     }
 
     #[test]
