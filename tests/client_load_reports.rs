@@ -178,6 +178,10 @@ fn full_when_three() -> AdmissionConfig {
             depth: None,
             queue_delay: None,
         },
+        // The server's own "do not retry" (a deadline it cannot meet, shedding without a
+        // break) would stop the retries too: off, so that only the reports decide.
+        no_retry_margin: None,
+        no_retry_after_shedding: None,
         ..AdmissionConfig::default()
     }
 }

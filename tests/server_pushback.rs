@@ -257,7 +257,9 @@ async fn a_call_whose_deadline_leaves_no_room_after_pushback_and_drain_is_told_n
     for previous in [None, Some("1")] {
         // 250 ms left: P + E alone is 300 ms or more. First attempts too.
         let status = shed(&client, with_timeout(250, previous)).await;
-        assert_eq!(status.code(), tonic::Code::Unavailable);
+        // "Do not retry" comes as `RESOURCE_EXHAUSTED`, which retry loops that read only
+        // the code leave alone too (`no_retry_code`).
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
         assert_eq!(pushback(&status).as_deref(), Some("-1"), "{previous:?}");
         // 30 s left: room for P + E + S (at most 405 ms) even on a slow machine.
         let status = shed(&client, with_timeout(30_000, previous)).await;

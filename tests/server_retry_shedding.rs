@@ -141,8 +141,9 @@ async fn overload_run(retry_threshold: RetryThreshold) -> [u64; 5] {
         let slot = match (status.as_deref(), retry) {
             (None, false) => 0,
             (None, true) => 1,
-            (Some("14"), false) => 2,
-            (Some("14"), true) => 3,
+            // `UNAVAILABLE` with a delay, `RESOURCE_EXHAUSTED` with "do not retry".
+            (Some("14" | "8"), false) => 2,
+            (Some("14" | "8"), true) => 3,
             (Some("4"), _) => 4,
             (Some(other), _) => panic!("unexpected status {other}"),
         };

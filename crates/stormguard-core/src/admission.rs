@@ -269,6 +269,14 @@ pub struct AdmissionConfig {
     /// The status of a shed answer. Not `OK`. Default `UNAVAILABLE`, so standard clients
     /// may come back after the pushback.
     pub shed_code: Code,
+    /// The status of a shed answer that says "do not retry" (`grpc-retry-pushback-ms:
+    /// -1`), when it should differ from `shed_code`. Not `OK`. Default
+    /// `RESOURCE_EXHAUSTED`: a client that reads the pushback does not retry either way,
+    /// but most retry loops and library retry policies look only at the code, and retry
+    /// `UNAVAILABLE` (gRPC's `retryableStatusCodes` usually list it alone) while leaving
+    /// `RESOURCE_EXHAUSTED` alone, so the code carries the advice to them too. `None`:
+    /// `shed_code` for every shed answer.
+    pub no_retry_code: Option<Code>,
     /// Retries shed while at least this many calls are queued are told "do not retry"
     /// (`grpc-retry-pushback-ms: -1`) instead of a delay. At most `queue_capacity`.
     /// Default `None` (never).
@@ -317,6 +325,7 @@ impl Default for AdmissionConfig {
             queue_order: QueueOrder::AdaptiveLifo { from_depth: 8 },
             pushback_max: Duration::from_secs(1),
             shed_code: Code::Unavailable,
+            no_retry_code: Some(Code::ResourceExhausted),
             no_retry_depth: None,
             no_retry_margin: Some(DEFAULT_NO_RETRY_MARGIN),
             no_retry_after_shedding: Some(DEFAULT_NO_RETRY_AFTER_SHEDDING),
@@ -331,6 +340,26 @@ impl Default for AdmissionConfig {
 }
 
 impl AdmissionConfig {
+    /// The status of a shed answer carrying `pushback`: [`no_retry_code`](Self::no_retry_code)
+    /// (when set) for "do not retry", else [`shed_code`](Self::shed_code).
+    ///
+    /// ```
+    /// use stormguard_core::Code;
+    /// use stormguard_core::admission::{AdmissionConfig, ShedPushback};
+    /// use std::time::Duration;
+    ///
+    /// let c = AdmissionConfig::default();
+    /// assert_eq!(c.code_for(ShedPushback::DoNotRetry), Code::ResourceExhausted);
+    /// let later = ShedPushback::After(Duration::from_millis(20));
+    /// assert_eq!(c.code_for(later), Code::Unavailable);
+    /// ```
+    pub fn code_for(&self, pushback: ShedPushback) -> Code {
+        match (pushback, self.no_retry_code) {
+            (ShedPushback::DoNotRetry, Some(code)) => code,
+            _ => self.shed_code,
+        }
+    }
+
     /// Checks every field; the error names the first bad one (`admission.<field>`).
     ///
     /// ```
@@ -377,6 +406,12 @@ impl AdmissionConfig {
         if self.shed_code == Code::Ok {
             return Err(ConfigError::invalid(
                 "admission.shed_code",
+                "a shed answer cannot be OK",
+            ));
+        }
+        if self.no_retry_code == Some(Code::Ok) {
+            return Err(ConfigError::invalid(
+                "admission.no_retry_code",
                 "a shed answer cannot be OK",
             ));
         }

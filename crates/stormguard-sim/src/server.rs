@@ -96,11 +96,13 @@ impl SimServer {
         })
     }
 
-    /// The status a shed answer carries (`UNAVAILABLE` for a plain server's refusals).
-    pub fn shed_code(&self) -> Code {
+    /// The status a shed answer with `pushback` carries (`UNAVAILABLE` for a plain
+    /// server's refusals), as the `ShedLayer` chooses it
+    /// ([`AdmissionConfig::code_for`](stormguard_core::admission::AdmissionConfig::code_for)).
+    pub fn shed_code(&self, pushback: ShedPushback) -> Code {
         match &self.kind {
             Kind::Plain { .. } => Code::Unavailable,
-            Kind::Shedding(s) => s.queue.policy().config().shed_code,
+            Kind::Shedding(s) => s.queue.policy().config().code_for(pushback),
         }
     }
 
@@ -355,9 +357,6 @@ impl<'a> Servers<'a> {
 
     /// Turns the actions of the server of `shard` into events.
     fn carry_out(&mut self, agenda: &mut Agenda, shard: u32) {
-        let shed_code = self.servers[shard as usize]
-            .as_ref()
-            .map_or(Code::Unavailable, SimServer::shed_code);
         let mut actions = std::mem::take(&mut self.actions);
         for action in actions.drain(..) {
             match action {
@@ -372,6 +371,9 @@ impl<'a> Servers<'a> {
                     agenda.schedule(at, Event::ServerTimer { shard, job });
                 }
                 ServerAction::Shed(job, shed) => {
+                    let shed_code = self.servers[shard as usize]
+                        .as_ref()
+                        .map_or(Code::Unavailable, |s| s.shed_code(shed.pushback));
                     let pushback = match shed.pushback {
                         ShedPushback::After(d) => Pushback::RetryAfter(d),
                         ShedPushback::DoNotRetry => Pushback::DoNotRetry,

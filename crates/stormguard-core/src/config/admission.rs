@@ -38,6 +38,8 @@ struct AdmissionDoc {
     pushback_max: Option<Human>,
     shed_code: Option<Code>,
     #[serde(default, deserialize_with = "nullable")]
+    no_retry_code: Option<Option<Code>>,
+    #[serde(default, deserialize_with = "nullable")]
     no_retry_depth: Option<Option<Int<usize>>>,
     #[serde(default, deserialize_with = "nullable")]
     no_retry_margin: Option<Option<Human>>,
@@ -129,6 +131,9 @@ impl Build for AdmissionDoc {
         }
         if let Some(code) = self.shed_code {
             c.shed_code = code;
+        }
+        if let Some(code) = self.no_retry_code {
+            c.no_retry_code = code;
         }
         if let Some(depth) = self.no_retry_depth {
             c.no_retry_depth = depth.map(|d| d.0);
@@ -283,7 +288,7 @@ mod tests {
             "max_time_queued": "1.5s", "min_time_left": "750us",
             "queue_order": "adaptive_lifo", "lifo_from_depth": 4,
             "pushback_max": "2s", "shed_code": "resource_exhausted", "no_retry_depth": 48,
-            "no_retry_margin": "3ms", "no_retry_after_shedding": "2s",
+            "no_retry_code": "ABORTED", "no_retry_margin": "3ms", "no_retry_after_shedding": "2s",
             "seed": "18446744073709551615",
             "sheddable_threshold": { "depth": 2, "queue_delay": "5ms" },
             "adaptive": { "min_limit": 3, "max_limit": 200, "window": "50ms",
@@ -303,6 +308,7 @@ mod tests {
                 queue_order: QueueOrder::AdaptiveLifo { from_depth: 4 },
                 pushback_max: Duration::from_secs(2),
                 shed_code: Code::ResourceExhausted,
+                no_retry_code: Some(Code::Aborted),
                 no_retry_depth: Some(48),
                 no_retry_margin: Some(Duration::from_millis(3)),
                 no_retry_after_shedding: Some(Duration::from_secs(2)),
@@ -333,10 +339,12 @@ mod tests {
         let c = AdmissionConfig::from_json(
             r#"{"admission": {"queue_order": "fifo", "shed_code": 8,
                 "retry_threshold": {"depth": null, "queue_delay": null}, "no_retry_depth": null,
-                "no_retry_margin": null, "no_retry_after_shedding": null}}"#,
+                "no_retry_margin": null, "no_retry_after_shedding": null,
+                "no_retry_code": null}}"#,
         )
         .unwrap();
         assert_eq!((c.no_retry_margin, c.no_retry_after_shedding), (None, None));
+        assert_eq!(c.no_retry_code, None);
         assert_eq!(c.queue_order, QueueOrder::Fifo);
         assert_eq!(c.shed_code, Code::ResourceExhausted);
         assert_eq!(
@@ -412,6 +420,10 @@ mod tests {
                 "admission.shed_code",
             ),
             (r#"{"admission": {"shed_code": 17}}"#, "admission.shed_code"),
+            (
+                r#"{"admission": {"no_retry_code": "OK"}}"#,
+                "admission.no_retry_code",
+            ),
             (
                 r#"{"admission": {"no_retry_depth": 65}}"#,
                 "admission.no_retry_depth",

@@ -181,7 +181,7 @@ where
                             // Gave its place up in a full queue; as when expired, dropping
                             // the queued state discards the unread request body.
                             events.shed(&shed);
-                            let code = ticket.shed_code();
+                            let code = ticket.shed_code(shed.pushback);
                             state.set(State::Answered { response: None });
                             let answer = response::shed(code, shed.reason, shed.pushback);
                             let answer = response::with_report(answer, report.as_ref(), true);

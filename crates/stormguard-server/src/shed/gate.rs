@@ -24,7 +24,7 @@ use std::task::Waker;
 use tokio::sync::Notify;
 
 use stormguard_core::Instant;
-use stormguard_core::admission::{AdmissionPolicy, CallClass, Shed};
+use stormguard_core::admission::{AdmissionPolicy, CallClass, Shed, ShedPushback};
 use stormguard_core::code::Code;
 use stormguard_core::queue::{AdmissionQueue, Arrival, Dispatch, QueuedId};
 
@@ -36,7 +36,9 @@ use crate::stats::{Counters, Occupancy};
 pub(crate) struct Gate {
     state: Mutex<State>,
     counters: Counters,
+    /// The status of a shed answer, and of one that says "do not retry".
     shed_code: Code,
+    no_retry_code: Code,
     /// Whether the server is shutting down (set once, under the lock, never cleared).
     closing: AtomicBool,
     /// Wakes the futures of [`ShutdownHandle::begun`](super::ShutdownHandle::begun).
@@ -135,6 +137,7 @@ impl State {
 impl Gate {
     pub(crate) fn new(policy: AdmissionPolicy) -> Self {
         let shed_code = policy.config().shed_code;
+        let no_retry_code = policy.config().code_for(ShedPushback::DoNotRetry);
         let counters = Counters::default();
         let core = AdmissionQueue::new(policy);
         counters.set_gauges(0, 0, core.worker_limit(), None);
@@ -146,13 +149,19 @@ impl Gate {
             }),
             counters,
             shed_code,
+            no_retry_code,
             closing: AtomicBool::new(false),
             closed: Notify::new(),
         }
     }
 
-    pub(crate) fn shed_code(&self) -> Code {
-        self.shed_code
+    /// The status of a shed answer carrying `pushback`
+    /// ([`AdmissionConfig::code_for`](stormguard_core::admission::AdmissionConfig::code_for)).
+    pub(crate) fn shed_code(&self, pushback: ShedPushback) -> Code {
+        match pushback {
+            ShedPushback::DoNotRetry => self.no_retry_code,
+            ShedPushback::After(_) => self.shed_code,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -401,8 +410,8 @@ impl Ticket {
     }
 
     /// The status of a shed answer.
-    pub(crate) fn shed_code(&self) -> Code {
-        self.gate.shed_code
+    pub(crate) fn shed_code(&self, pushback: ShedPushback) -> Code {
+        self.gate.shed_code(pushback)
     }
 
     /// Checks the call's turn; registers `waker` while it waits.

@@ -234,7 +234,11 @@ where
             Entry::Shed(shed) => {
                 self.events.shed(request.uri().path(), class, &shed, false);
                 drain::discard_request(request, &self.drains);
-                let answer = response::shed(self.gate.shed_code(), shed.reason, shed.pushback);
+                let answer = response::shed(
+                    self.gate.shed_code(shed.pushback),
+                    shed.reason,
+                    shed.pushback,
+                );
                 ResponseFuture::answered(response::with_report(answer, report.as_ref(), true))
             }
             Entry::Expired => {
