@@ -6,27 +6,13 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod alloc_support;
 mod client_support;
 
-use std::time::Duration;
-
+use alloc_support::allocations_of;
 use client_support::*;
-use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 use stormguard_client::RetryLayer;
 use stormguard_core::adaptive_throttle::{AdaptiveThrottle, AdaptiveThrottleConfig};
-
-#[global_allocator]
-static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
-
-async fn allocations_of(client: &mut Client, calls: usize) -> usize {
-    let before = GLOBAL.stats().allocations;
-    for i in 0..calls {
-        let mut request = tonic::Request::new(reserve(&format!("{i:08}")));
-        request.set_timeout(Duration::from_secs(10));
-        client.reserve(request).await.unwrap();
-    }
-    GLOBAL.stats().allocations - before
-}
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_call_the_throttle_lets_through_allocates_no_more_than_one_without_it() {

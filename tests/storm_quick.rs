@@ -45,7 +45,8 @@ async fn quick_storm_has_the_shape_of_the_report() {
             "server-only",
             "stormguard",
             "hedging",
-            "throttle"
+            "throttle",
+            "reports"
         ]
     );
     for p in &report.policies {
@@ -79,8 +80,15 @@ async fn quick_storm_has_the_shape_of_the_report() {
                 | Policy::Stormguard
                 | Policy::Hedging
                 | Policy::Throttle
+                | Policy::Reports
         );
         assert_eq!(p.budget_refusals.is_some(), budgeted, "{}", p.name);
+        assert_eq!(
+            p.saturated_refusals.is_some(),
+            policy == Policy::Reports,
+            "{}",
+            p.name
+        );
         assert_eq!(p.hedges.is_some(), policy == Policy::Hedging, "{}", p.name);
         if let Some(recovery) = p.recovery_s {
             assert!(
@@ -93,6 +101,10 @@ async fn quick_storm_has_the_shape_of_the_report() {
     // The naive clients send up to 3 attempts per call and the budgeted ones do not: the
     // shape of the storm, whatever the machine's speed.
     let by_name = |n: &str| report.policies.iter().find(|p| p.name == n).unwrap();
+    // The server is saturated through the trigger: with its load reports read, the client
+    // refuses retries on its word.
+    let reports = by_name("reports").saturated_refusals.unwrap();
+    assert!(reports > 0, "no retry refused on a load report");
     assert!(
         by_name("naive").amplification_during_trigger
             > by_name("stormguard").amplification_during_trigger
@@ -140,6 +152,9 @@ async fn quick_storm_has_the_shape_of_the_report() {
         if p["name"] == "hedging" {
             expected.insert(6, "hedges");
             assert_eq!(keys(&p["hedges"]), ["refused", "sent", "won"]);
+        }
+        if p["name"] == "reports" {
+            expected.insert(9, "saturated_refusals");
         }
         assert_eq!(keys(p), expected);
         assert!(p["recovery_s"].is_null() || p["recovery_s"].is_u64());

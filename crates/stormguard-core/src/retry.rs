@@ -367,18 +367,26 @@ impl RetryController {
     /// # Ok::<(), stormguard_core::config::ConfigError>(())
     /// ```
     pub fn with_key_budgets(self, keyed: KeyedBudgets) -> Self {
+        self.rebuilt(|shared| shared.keyed = Some(Arc::new(keyed)))
+    }
+
+    /// A controller sharing this one's state but for what `edit` changes (the builders
+    /// below run once, before any call).
+    fn rebuilt(self, edit: impl FnOnce(&mut Shared)) -> Self {
         let old = &*self.shared;
+        let mut shared = Shared {
+            methods: old.methods.clone(),
+            budget: Arc::clone(&old.budget),
+            breaker: old.breaker.clone(),
+            keyed: old.keyed.clone(),
+            saturation: old.saturation.clone(),
+            estimators: old.estimators.clone(),
+            seed: old.seed,
+            calls: AtomicU64::new(old.calls.load(Ordering::Relaxed)),
+        };
+        edit(&mut shared);
         RetryController {
-            shared: Arc::new(Shared {
-                methods: old.methods.clone(),
-                budget: Arc::clone(&old.budget),
-                breaker: old.breaker.clone(),
-                keyed: Some(Arc::new(keyed)),
-                saturation: old.saturation.clone(),
-                estimators: old.estimators.clone(),
-                seed: old.seed,
-                calls: AtomicU64::new(old.calls.load(Ordering::Relaxed)),
-            }),
+            shared: Arc::new(shared),
         }
     }
 
@@ -398,19 +406,7 @@ impl RetryController {
     /// # Ok::<(), stormguard_core::config::ConfigError>(())
     /// ```
     pub fn with_saturation(self, saturation: Arc<Saturation>) -> Self {
-        let old = &*self.shared;
-        RetryController {
-            shared: Arc::new(Shared {
-                methods: old.methods.clone(),
-                budget: Arc::clone(&old.budget),
-                breaker: old.breaker.clone(),
-                keyed: old.keyed.clone(),
-                saturation: Some(saturation),
-                estimators: old.estimators.clone(),
-                seed: old.seed,
-                calls: AtomicU64::new(old.calls.load(Ordering::Relaxed)),
-            }),
-        }
+        self.rebuilt(|shared| shared.saturation = Some(saturation))
     }
 
     /// The load-report tracker, if retries are refused by load reports.
