@@ -178,6 +178,8 @@ fn full_when_three() -> AdmissionConfig {
             depth: None,
             queue_delay: None,
         },
+        // Retries come back after the pushback, in real time: keep it short.
+        pushback_max: Duration::from_millis(20),
         // The server's own "do not retry" (a deadline it cannot meet, shedding without a
         // break) would stop the retries too: off, so that only the reports decide.
         no_retry_margin: None,
