@@ -107,14 +107,21 @@ async fn retries_avoid_tried_replicas_and_a_failing_replica_is_ejected() {
     for server in std::iter::once(&bad).chain(&good) {
         assert!(ids_seen(server).values().all(|&n| n == 1));
     }
-    // The bad replica was ejected after its first failures (and at most probed since).
+    // The bad replica was ejected at its fifth failure in a row (and at most probed
+    // since), unless the balancer, which scores it down after each failure, stopped
+    // picking it before that (on a slow machine, less time passes for its score to heal).
     let report = replicas.snapshot();
     let bad_report = report
         .iter()
         .find(|r| r.key == endpoint(bad_addr).uri().clone())
         .unwrap();
-    assert!(bad_report.snapshot.ejections >= 1);
-    assert!(bad.seen().len() <= 10, "{}", bad.seen().len());
+    let attempts = bad.seen().len();
+    assert!(
+        bad_report.snapshot.ejections >= 1 || attempts < 5,
+        "{attempts} attempts, {} ejections",
+        bad_report.snapshot.ejections
+    );
+    assert!(attempts <= 10, "{attempts}");
     let s = stats.snapshot();
     assert_eq!((s.logical, s.ok), (200, 200));
     assert_eq!(s.retries as usize, bad.seen().len());
