@@ -67,9 +67,13 @@ async fn two_hundred_thousand_shed_answers_keep_one_connection() {
                     break;
                 };
                 match outcome {
+                    // `UNAVAILABLE` with a delay; after half a second of shedding,
+                    // "do not retry" with `RESOURCE_EXHAUSTED`.
                     Err(status)
-                        if status.code() == tonic::Code::Unavailable
-                            && status.message() == MESSAGE_QUEUE_FULL =>
+                        if matches!(
+                            status.code(),
+                            tonic::Code::Unavailable | tonic::Code::ResourceExhausted
+                        ) && status.message() == MESSAGE_QUEUE_FULL =>
                     {
                         shed += 1
                     }
