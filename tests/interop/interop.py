@@ -237,7 +237,7 @@ def c_core_client_against_overloaded_server(bins):
         # Every call has its answer, so every log line is already written; read up to the
         # first stats line that counts every shed answer logged before it (a line printed
         # after the last answer), within a bound.
-        shed = lambda l: l["status"] == "14" and l["pushback"] is not None  # noqa: E731
+        shed = lambda l: l["status"] in ("14", "8") and l["pushback"] is not None  # noqa: E731
         logs, stats, end = [], None, time.monotonic() + 30
         while stats is None:
             line = server.wait_line(lambda l: True, max(end - time.monotonic(), 0.1))
@@ -587,7 +587,7 @@ def overload_run(bins, admission, rate, seed):
         os.unlink(path)
     calls = {l["call"] for l in logs if l["call"].startswith(f"m{seed}-")}
     assert len(calls) == len(futures), f"{len(calls)} calls logged for {len(futures)} sent"
-    shed = [l for l in logs if l["status"] == "14" and l["pushback"] is not None]
+    shed = [l for l in logs if l["status"] in ("14", "8") and l["pushback"] is not None]
     refused = sum(1 for l in shed if l["pushback"] == "-1")
     assert all(l["pushback"] != "0" for l in shed), "the server sent a pushback of 0"
     return offered, len(logs) / len(futures), ok / len(futures), refused / max(len(shed), 1)
