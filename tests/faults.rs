@@ -109,7 +109,9 @@ fn held_messages_released_after_the_callers_gave_up() {
     assert!(w.refused_not_idempotent > 0, "{f:#?}");
 }
 
-/// The server host crashed at 1 s with calls in flight (50 ms each) and restarted at 1.5 s.
+/// The server host crashed with calls in flight (50 ms each), twice: at 1 s, restarted
+/// 50 ms later (retries would reach the new process within their deadline), and at 2 s,
+/// restarted 500 ms later (longer than a call's deadline).
 #[test]
 fn server_crashed_mid_call_and_restarted() {
     let f = scenario(
@@ -119,10 +121,12 @@ fn server_crashed_mid_call_and_restarted() {
         Target::One("server"),
         &[
             (1000, Fault::Crash("server")),
-            (1500, Fault::Bounce("server")),
+            (1050, Fault::Bounce("server")),
+            (2000, Fault::Crash("server")),
+            (2500, Fault::Bounce("server")),
         ],
     );
-    assert_eq!(f.servers["server"].boots, 2, "{f:#?}");
+    assert_eq!(f.servers["server"].boots, 3, "{f:#?}");
     assert!(failed(&f, Kind::Write) > 0, "{f:#?}");
 }
 

@@ -37,7 +37,7 @@
 
 #![allow(dead_code, unreachable_pub, missing_docs, clippy::unwrap_used)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::error::Error;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -215,7 +215,7 @@ struct State {
     calls: BTreeMap<String, CallRecord>,
     /// Ends recorded for an id that was never started.
     unknown_ends: u64,
-    executions: HashMap<String, Executions>,
+    executions: BTreeMap<String, Executions>,
     /// Each server host's `ShedLayer` counters, one per boot.
     shed: BTreeMap<&'static str, Vec<ShedStats>>,
     tasks: BTreeMap<&'static str, TaskCounts>,
@@ -672,7 +672,7 @@ pub fn drive(sim: &mut turmoil::Sim<'_>, mut faults: Vec<(Duration, Fault)>) {
 pub struct Run {
     pub calls: BTreeMap<String, CallRecord>,
     pub unknown_ends: u64,
-    pub executions: HashMap<String, Executions>,
+    pub executions: BTreeMap<String, Executions>,
     pub shed: BTreeMap<&'static str, Vec<ShedStats>>,
     pub tasks: BTreeMap<&'static str, TaskCounts>,
     pub rest: ClientRest,
