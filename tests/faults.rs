@@ -149,4 +149,7 @@ fn latency_spike_on_one_of_two_replicas() {
     );
     let (w, i) = (f.kind(Kind::Write), f.kind(Kind::Idempotent));
     assert!(w.attempt_timeouts > 0 && i.retries > 0, "{f:#?}");
+    // Each retry goes to the replica the call has not tried: every idempotent call is
+    // answered within its deadline.
+    assert_eq!(i.codes.get("OK"), Some(&i.calls), "{f:#?}");
 }

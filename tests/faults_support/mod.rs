@@ -222,6 +222,8 @@ struct State {
     rest: Option<ClientRest>,
     /// Replicas ejected at some point (endpoint-aware channel only).
     ejected: BTreeMap<String, u32>,
+    /// Probes (see `probe`) that failed.
+    probe_failures: Vec<String>,
 }
 
 /// What every host of one run shares: the call ledger, the executions per request id,
@@ -583,7 +585,7 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
             at += CALL_EVERY;
         }
         tokio::time::sleep_until(origin + PROBE_BEFORE).await;
-        probe(&channels).await?;
+        probe(&world, &channels).await;
         tokio::time::sleep_until(origin + BASELINE_AT).await;
         // Less the replica watcher, gone at rest.
         world.tasks("client", false, alive_tasks() - usize::from(watch.is_some()));
@@ -615,7 +617,7 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
                 .collect();
         }
         world.with(|s| s.rest = Some(rest));
-        probe(&channels).await?;
+        probe(&world, &channels).await;
         tokio::time::sleep_until(origin + COUNT_AT_REST).await;
         world.tasks("client", true, alive_tasks());
         Ok(())
@@ -625,16 +627,16 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
 /// One call on each raw channel (below the layers, not in the ledger: no `request_id`),
 /// so that each holds one live connection when the tasks are counted: a channel connects
 /// lazily, and one the fault disconnected is connected again by the next call it carries.
-async fn probe(channels: &[Channel]) -> Result<(), Box<dyn Error>> {
-    for channel in channels {
+/// A probe that fails is recorded (and fails the run's assertions).
+async fn probe(world: &World, channels: &[Channel]) {
+    for (i, channel) in channels.iter().enumerate() {
         let mut request = Request::new(ReserveRequest::default());
         request.set_timeout(DEADLINE);
-        InventoryClient::new(channel.clone())
-            .reserve(request)
-            .await
-            .map_err(|s| format!("probe: {s:?}"))?;
+        if let Err(status) = InventoryClient::new(channel.clone()).reserve(request).await {
+            let failure = format!("channel {i} at {:?}: {status:?}", now());
+            world.with(|s| s.probe_failures.push(failure));
+        }
     }
-    Ok(())
 }
 
 /// Builds the simulation on `seed`: 1 ms ticks, 1 to 3 ms per message, 10 s at most.
@@ -677,6 +679,7 @@ pub struct Run {
     pub tasks: BTreeMap<&'static str, TaskCounts>,
     pub rest: ClientRest,
     pub ejected: BTreeMap<String, u32>,
+    pub probe_failures: Vec<String>,
 }
 
 impl Run {
@@ -690,6 +693,7 @@ impl Run {
             tasks: std::mem::take(&mut s.tasks),
             rest: s.rest.take().expect("the client read the resting state"),
             ejected: std::mem::take(&mut s.ejected),
+            probe_failures: std::mem::take(&mut s.probe_failures),
         })
     }
 
@@ -907,6 +911,11 @@ pub fn assert_at_rest(name: &str, run: &Run) {
         let DrainCounts { active, .. } = stats.drains();
         assert_eq!(active, 0, "{name}: {host}: a request body drain left behind");
     }
+    assert!(
+        run.probe_failures.is_empty(),
+        "{name}: a channel could not carry a call before the fault or at rest: {:?}",
+        run.probe_failures
+    );
     for (host, t) in &run.tasks {
         let (Some(baseline), Some(at_rest)) = (t.baseline, t.rest) else {
             panic!("{name}: {host}: tasks not counted at both marks: {t:?}");
