@@ -62,6 +62,7 @@ fn scenario(
     let again = run(seed, servers, target, faults).figures();
     assert_eq!(figures, again, "{name}: the same seed gave other figures");
     println!("{name} (seed {seed}): {figures:#?}");
+    print!("{}", figures.rows(name, seed));
     figures
 }
 

@@ -836,6 +836,28 @@ impl Figures {
     pub fn kind(&self, kind: Kind) -> &KindFigures {
         self.by_kind.get(&kind).expect("calls of this kind")
     }
+
+    /// One Markdown table row per kind of call (the rows of `docs/faults.md`).
+    pub fn rows(&self, scenario: &str, seed: u64) -> String {
+        let mut out = String::new();
+        for (kind, k) in &self.by_kind {
+            let ok = k.codes.get("OK").copied().unwrap_or(0);
+            out += &format!(
+                "| {scenario} | {seed} | {kind:?} | {} | {ok} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                k.calls,
+                k.attempts,
+                k.retries,
+                k.transparent_retries,
+                k.attempt_timeouts,
+                k.refused_not_idempotent,
+                k.late,
+                k.max_late_ms,
+                k.duplicates,
+                k.executed_after_end,
+            );
+        }
+        out
+    }
 }
 
 /// The guarantees every scenario asserts, on one run.
