@@ -26,13 +26,17 @@ mod faults_support;
 use std::time::Duration;
 
 use faults_support::{
-    Fault, Figures, Kind, Run, Target, World, add_client, add_server, assert_guarantees, drive,
-    sim,
+    Fault, Figures, Kind, Run, Target, World, add_client, add_server, assert_guarantees, drive, sim,
 };
 
 /// Runs one scenario on `seed`: builds the hosts, applies `faults`, and returns what it
 /// measured.
-fn run(seed: u64, servers: &[(&'static str, Duration)], target: Target, faults: &[(u64, Fault)]) -> Run {
+fn run(
+    seed: u64,
+    servers: &[(&'static str, Duration)],
+    target: Target,
+    faults: &[(u64, Fault)],
+) -> Run {
     let world = World::default();
     let mut sim = sim(seed);
     for (host, service_time) in servers {
@@ -86,7 +90,10 @@ fn partition_then_repair() {
         ],
     );
     // The fault bit: calls of both kinds failed during it, and none ran twice.
-    assert!(failed(&f, Kind::Write) > 0 && failed(&f, Kind::Idempotent) > 0, "{f:#?}");
+    assert!(
+        failed(&f, Kind::Write) > 0 && failed(&f, Kind::Idempotent) > 0,
+        "{f:#?}"
+    );
 }
 
 /// Every message between the client and the server held from 1 s to 1.25 s (longer than
@@ -144,8 +151,14 @@ fn latency_spike_on_one_of_two_replicas() {
         ],
         Target::Replicas(vec!["replica-a", "replica-b"]),
         &[
-            (1000, Fault::Latency("client", "replica-b", Duration::from_millis(400))),
-            (2000, Fault::Latency("client", "replica-b", Duration::from_millis(2))),
+            (
+                1000,
+                Fault::Latency("client", "replica-b", Duration::from_millis(400)),
+            ),
+            (
+                2000,
+                Fault::Latency("client", "replica-b", Duration::from_millis(2)),
+            ),
         ],
     );
     let (w, i) = (f.kind(Kind::Write), f.kind(Kind::Idempotent));

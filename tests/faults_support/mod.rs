@@ -45,6 +45,7 @@ use std::time::Duration;
 
 use stormguard_client::replicas::{EjectionConfig, ReplicaConfig, Replicas, SlowStartConfig};
 use stormguard_client::{Retry, RetryLayer, RetryStats, StatsSnapshot, code_from_tonic};
+use stormguard_core::Code;
 use stormguard_core::admission::AdmissionConfig;
 use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::breaker::BreakerConfig;
@@ -52,7 +53,6 @@ use stormguard_core::budget::BudgetConfig;
 use stormguard_core::config::{BudgetChoice, ClientConfig};
 use stormguard_core::policy::RetryPolicy;
 use stormguard_core::retry::RetryController;
-use stormguard_core::Code;
 use stormguard_demo::net_sim;
 use stormguard_demo::server::{DemoConfig, DemoInventory};
 use stormguard_demo::{
@@ -550,7 +550,7 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
                     sku: "sku".into(),
                     quantity: 1,
                     request_id: id.clone(),
-                    payload: Vec::new().into(),
+                    payload: Vec::new(),
                 });
                 request.set_timeout(DEADLINE);
                 let started = Instant::now();
@@ -588,7 +588,11 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
         probe(&world, &channels).await;
         tokio::time::sleep_until(origin + BASELINE_AT).await;
         // Less the replica watcher, gone at rest.
-        world.tasks("client", false, alive_tasks() - usize::from(watch.is_some()));
+        world.tasks(
+            "client",
+            false,
+            alive_tasks() - usize::from(watch.is_some()),
+        );
         let mut at = CALLS_FROM;
         while at < CALLS_UNTIL {
             tokio::time::sleep_until(origin + at).await;
@@ -864,8 +868,14 @@ impl Figures {
 pub fn assert_guarantees(name: &str, run: &Run) {
     let f = run.figures();
     for (kind, k) in &f.by_kind {
-        assert_eq!(k.never_ended, 0, "{name}: {kind:?} calls that never ended: {f:#?}");
-        assert_eq!(k.ended_twice, 0, "{name}: {kind:?} calls that ended twice: {f:#?}");
+        assert_eq!(
+            k.never_ended, 0,
+            "{name}: {kind:?} calls that never ended: {f:#?}"
+        );
+        assert_eq!(
+            k.ended_twice, 0,
+            "{name}: {kind:?} calls that ended twice: {f:#?}"
+        );
         assert_eq!(
             k.late, 0,
             "{name}: {kind:?} calls that ended more than {LATE_BOUND:?} past their deadline \
@@ -873,7 +883,11 @@ pub fn assert_guarantees(name: &str, run: &Run) {
             k.max_late_ms
         );
         // Every started call was counted by its layer, and its outcome recorded.
-        assert_eq!((k.logical, k.outcomes), (k.calls, k.calls), "{name}: {kind:?} {f:#?}");
+        assert_eq!(
+            (k.logical, k.outcomes),
+            (k.calls, k.calls),
+            "{name}: {kind:?} {f:#?}"
+        );
     }
     assert_eq!(
         f.kind(Kind::Write).duplicates,
@@ -881,7 +895,11 @@ pub fn assert_guarantees(name: &str, run: &Run) {
         "{name}: a non-idempotent call ran twice: {}",
         duplicated(run, Kind::Write)
     );
-    assert_eq!((f.unknown_ends, f.executions_unknown), (0, 0), "{name}: {f:#?}");
+    assert_eq!(
+        (f.unknown_ends, f.executions_unknown),
+        (0, 0),
+        "{name}: {f:#?}"
+    );
     assert_at_rest(name, run);
 }
 
@@ -890,7 +908,11 @@ fn duplicated(run: &Run, kind: Kind) -> String {
     let mut out = String::new();
     for (id, e) in &run.executions {
         if e.count > 1 && Kind::of(id) == kind {
-            out += &format!("\n  {id}: {} executions, call {:?}", e.count, run.calls.get(id));
+            out += &format!(
+                "\n  {id}: {} executions, call {:?}",
+                e.count,
+                run.calls.get(id)
+            );
         }
     }
     out
@@ -900,7 +922,12 @@ fn duplicated(run: &Run, kind: Kind) -> String {
 /// servers idle, no drain left, as many tasks as before the fault on every host.
 pub fn assert_at_rest(name: &str, run: &Run) {
     if std::env::var_os("FAULTS_DEBUG").is_some() {
-        eprintln!("{name}: {:#?}\n{:#?}\n{:#?}", run.figures(), run.tasks, run.rest);
+        eprintln!(
+            "{name}: {:#?}\n{:#?}\n{:#?}",
+            run.figures(),
+            run.tasks,
+            run.rest
+        );
     }
     let rest = &run.rest;
     let reserve = f64::from(MIN_RETRIES_PER_SECOND) * BUDGET_TTL.as_secs_f64();
@@ -912,7 +939,10 @@ pub fn assert_at_rest(name: &str, run: &Run) {
     }
     assert_eq!(rest.breaker.len(), 2, "{name}: both layers have a breaker");
     for (kind, state) in &rest.breaker {
-        assert_eq!(*state, "closed", "{name}: {kind:?} breaker not closed at rest");
+        assert_eq!(
+            *state, "closed",
+            "{name}: {kind:?} breaker not closed at rest"
+        );
     }
     for (key, state) in &rest.replicas {
         assert_eq!(*state, "active", "{name}: replica {key} not back at rest");
@@ -929,9 +959,16 @@ pub fn assert_at_rest(name: &str, run: &Run) {
             },
             "{name}: {host} queue not at rest: {s:?}"
         );
-        assert_eq!((s.queue_depth, s.in_flight), (0, 0), "{name}: {host}: {s:?}");
+        assert_eq!(
+            (s.queue_depth, s.in_flight),
+            (0, 0),
+            "{name}: {host}: {s:?}"
+        );
         let DrainCounts { active, .. } = stats.drains();
-        assert_eq!(active, 0, "{name}: {host}: a request body drain left behind");
+        assert_eq!(
+            active, 0,
+            "{name}: {host}: a request body drain left behind"
+        );
     }
     assert!(
         run.probe_failures.is_empty(),
