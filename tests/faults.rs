@@ -135,7 +135,10 @@ fn server_crashed_mid_call_and_restarted() {
         ],
     );
     assert_eq!(f.servers["server"].boots, 3, "{f:#?}");
-    assert!(failed(&f, Kind::Write) > 0, "{f:#?}");
+    // Mid-call: writes ran on a server that crashed before answering; their callers got a
+    // failure, and they were not repeated.
+    let w = f.kind(Kind::Write);
+    assert!(w.executed > w.codes["OK"], "{f:#?}");
 }
 
 /// Two replicas behind the endpoint-aware channel; from 1 s to 2 s every message to and

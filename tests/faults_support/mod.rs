@@ -27,6 +27,9 @@
 //! | [`REST_AT`] | a quiet period longer than the budget's window later: the resting state is read, then one call on each raw channel |
 //! | [`COUNT_AT_REST`] | tasks counted on every host again: as many as at the baseline |
 //!
+//! With `FAULTS_DEBUG` set in the environment, each run prints its figures, task counts and
+//! resting state before they are asserted (for a failing scenario).
+//!
 //! # Clients configured as a production user would
 //!
 //! turmoil's TCP does not retransmit what a partition dropped, so a partitioned connection
@@ -197,7 +200,7 @@ fn alive_tasks() -> usize {
         .num_alive_tasks()
 }
 
-/// What the client read at [`REST_AT`] (and at [`BASELINE_AT`]).
+/// What the client read of its layers and replicas at [`REST_AT`].
 #[derive(Clone, Debug, Default)]
 pub struct ClientRest {
     /// Budget balance of each layer at rest.
