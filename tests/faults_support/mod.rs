@@ -30,13 +30,16 @@
 //! With `FAULTS_DEBUG` set in the environment, each run prints its figures, task counts and
 //! resting state before they are asserted (for a failing scenario).
 //!
-//! # Clients configured as a production user would
+//! # Clients and servers configured as in production
 //!
 //! turmoil's TCP does not retransmit what a partition dropped, so a partitioned connection
 //! is broken for good, as behind a black hole. A production client finds such a connection
 //! with HTTP/2 keepalive, and bounds its connection attempts; the clients here do the same
-//! ([`endpoint`]): a ping every 500 ms, even when idle, the connection dropped when a ping
-//! is not answered within 500 ms, connection attempts bounded at 200 ms.
+//! ([`endpoint`]): a ping every [`KEEPALIVE`], even when idle, the connection dropped when a
+//! ping is not answered within as long again, connection attempts bounded at 200 ms. The
+//! servers use keepalive too ([`add_server`]): without it, the server end of a connection
+//! a partition broke stays open for good (the partition scenario counts it as a task left
+//! behind).
 
 #![allow(dead_code, unreachable_pub, missing_docs, clippy::unwrap_used)]
 
