@@ -944,24 +944,19 @@ mod tests {
     #[test]
     fn hedges_spend_only_the_upper_half_and_retries_the_rest() {
         let t0 = Instant::now();
-        let b = RetryBudget::new(BudgetConfig {
-            min_retries_per_second: 0,
-            ..BudgetConfig::default()
-        })
-        .unwrap();
+        let b = budget(10, 0, 0.1);
         for _ in 0..100 {
             b.deposit_at(t0); // 10 retries minted
         }
         let hedges = (0..20).filter(|_| b.withdraw_hedge_at(t0)).count();
         assert_eq!(hedges, 5, "half of the 10 minted");
-        let retries = (0..20).filter(|_| b.withdraw_at(t0)).count();
-        assert_eq!(retries, 5, "the lower half is left for retries");
+        assert_eq!(drain(&b, t0), 5, "the lower half is left for retries");
         // Retries first: once they spent past half, no hedge is granted.
-        let c = RetryBudget::new(BudgetConfig::default()).unwrap(); // reserve 50
+        let c = budget(10, 5, 0.1); // reserve 50
         assert_eq!((0..26).filter(|_| c.withdraw_at(t0)).count(), 26);
         assert!(!c.withdraw_hedge_at(t0), "24 of 50 left");
         // The reserve counts as minted: a fresh default budget grants 25 hedges.
-        let d = RetryBudget::new(BudgetConfig::default()).unwrap();
+        let d = budget(10, 5, 0.1);
         assert_eq!((0..100).filter(|_| d.withdraw_hedge_at(t0)).count(), 25);
     }
 

@@ -1593,7 +1593,11 @@ mod tests {
         let mut call = c.begin_at(PATH, None, t0).unwrap();
         call.first_attempt_at(t0);
         assert_eq!(call.start_hedge_at(t0 + ms(1)), Err(Refusal::Budget));
-        assert_eq!(c.budget().balance_at(t0), 2.0, "the lower half is left to retries");
+        assert_eq!(
+            c.budget().balance_at(t0),
+            2.0,
+            "the lower half is left to retries"
+        );
     }
 
     #[test]
