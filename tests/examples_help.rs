@@ -57,6 +57,22 @@ const EXAMPLES: &[Example] = &[
         bad_value: &["--requests", "many"],
     },
     Example {
+        name: "faults",
+        flags: &[
+            "--fault",
+            "--seconds",
+            "--overload",
+            "--clients",
+            "--deadline-ms",
+            "--fault-after-ms",
+            "--down-ms",
+            "--max-connection-age-ms",
+            "--server",
+            "--json",
+        ],
+        bad_value: &["--fault", "flood"],
+    },
+    Example {
         name: "fleet",
         flags: &[
             "--quick",
@@ -93,6 +109,7 @@ const EXAMPLES: &[Example] = &[
             "--log-calls",
             "--otel-stdout",
             "--load-reports",
+            "--max-connection-age-ms",
         ],
         bad_value: &["--fail-rate", "2"],
     },
