@@ -68,10 +68,9 @@ fn check_common(report: &serde_json::Value) {
         "{report:#}"
     );
     assert!(report["server"]["at_rest"].is_object(), "{report:#}");
-    assert_eq!(
-        count(report, "/tasks/client_before"),
-        count(report, "/tasks/client_after"),
-        "{report:#}"
+    assert!(
+        count(report, "/tasks/client_after") <= count(report, "/tasks/client_before"),
+        "no task left behind: {report:#}"
     );
 }
 
