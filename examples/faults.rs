@@ -318,7 +318,7 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
         clients.push(c);
         layers.push(l);
     }
-    let capacity = child::capacity(&mut server, &clients, "faults", 1).await?;
+    let capacity = child::capacity(&mut server, &clients, "faults", 0, 1).await?;
     if capacity < 1.0 {
         return Err(format!("measured capacity {capacity}/s"));
     }

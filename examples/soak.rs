@@ -139,7 +139,7 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
 
     // Capacity: what the server completes per second when 64 callers keep it saturated,
     // measured between two of its stats lines.
-    let capacity = child::capacity(&mut server, &clients, "soak", 2).await?;
+    let capacity = child::capacity(&mut server, &clients, "soak", 1, 2).await?;
     let server_tasks_before = server
         .at_rest()?
         .ok_or("the server did not come to rest after the capacity run")?["tasks"]

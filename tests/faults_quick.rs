@@ -1,5 +1,5 @@
 //! The `faults` example, short: each fault on the real server process (SIGKILL and restart,
-//! graceful shutdown and restart, connections closed at their maximum age) for 5 s at 3×
+//! graceful shutdown and restart, connections closed at their maximum age) for 4 s at 3×
 //! the capacity, and the server's own refusal of a port another process holds.
 //!
 //! Only counts are asserted, read from the example's `--json` report: every call ended
@@ -13,8 +13,8 @@ mod examples_support;
 
 use std::process::Command;
 
-/// Runs `faults --fault FAULT` for 5 s at 3× the capacity, the fault 1.5 s in and the
-/// server down for 0.5 s; returns the JSON report.
+/// Runs `faults --fault FAULT` for 4 s at 3× the capacity, the fault 1 s in and the server
+/// down for 0.3 s; returns the JSON report.
 fn run(fault: &str) -> serde_json::Value {
     let dir = examples_support::build_examples(&["server", "faults"]);
     let exe = dir.join(format!("faults{}", std::env::consts::EXE_SUFFIX));
@@ -23,8 +23,8 @@ fn run(fault: &str) -> serde_json::Value {
         std::process::id()
     ));
     let out = Command::new(&exe)
-        .args(["--fault", fault, "--seconds", "5", "--overload", "3"])
-        .args(["--fault-after-ms", "1500", "--down-ms", "500"])
+        .args(["--fault", fault, "--seconds", "4", "--overload", "3"])
+        .args(["--fault-after-ms", "1000", "--down-ms", "300"])
         .arg("--json")
         .arg(&report)
         .output()
@@ -111,7 +111,7 @@ fn graceful_shutdown_exits_zero_and_the_restart_serves_again() {
 fn connections_closed_at_their_maximum_age_are_made_again() {
     let report = run("max-age");
     check_common(&report);
-    // 5 s of connections closed at 500 ms of age: far more than one per client.
+    // 4 s of connections closed at 500 ms of age: far more than one per client.
     let clients = count(&report, "/clients");
     assert!(
         count(&report, "/connections/connected") >= 2 * clients,

@@ -251,11 +251,13 @@ pub(crate) fn request(tag: &str, i: u64) -> ReserveRequest {
 }
 
 /// Capacity: what the server completes per second when 64 callers keep it saturated,
-/// measured over `seconds` between two of its stats lines (after one to warm up).
+/// measured over `seconds` between two of its stats lines, after `warm_up` more (the
+/// first line comes a second after the server started: the callers already saturate it).
 pub(crate) async fn capacity(
     server: &mut ServerProcess,
     clients: &[Client],
     tag: &'static str,
+    warm_up: u64,
     seconds: u64,
 ) -> Result<f64, String> {
     let stop = Arc::new(AtomicBool::new(false));
@@ -273,7 +275,9 @@ pub(crate) async fn capacity(
         });
     }
     let measured = (|| {
-        server.stats()?;
+        for _ in 0..warm_up {
+            server.stats()?;
+        }
         let a = server.stats()?;
         for _ in 1..seconds {
             server.stats()?;
