@@ -209,18 +209,35 @@ impl Args {
     }
 }
 
+/// The gRPC status codes, by number, as the report names them.
+const CODES: [&str; 17] = [
+    "ok",
+    "cancelled",
+    "unknown",
+    "invalid_argument",
+    "deadline_exceeded",
+    "not_found",
+    "already_exists",
+    "permission_denied",
+    "resource_exhausted",
+    "failed_precondition",
+    "aborted",
+    "out_of_range",
+    "unimplemented",
+    "internal",
+    "unavailable",
+    "data_loss",
+    "unauthenticated",
+];
+
 /// Counters shared by every call task.
 #[derive(Default)]
 struct Calls {
     started: AtomicU64,
     ended: AtomicU64,
     skipped: AtomicU64,
-    ok: AtomicU64,
-    unavailable: AtomicU64,
-    deadline_exceeded: AtomicU64,
-    resource_exhausted: AtomicU64,
-    cancelled: AtomicU64,
-    other: AtomicU64,
+    /// Calls ended, by status code (`CODES`).
+    by_code: [AtomicU64; 17],
     late: AtomicU64,
     max_late_us: AtomicU64,
     connect_attempts: AtomicU64,
@@ -229,26 +246,26 @@ struct Calls {
 
 impl Calls {
     fn class(&self, code: tonic::Code) -> &AtomicU64 {
-        match code {
-            tonic::Code::Ok => &self.ok,
-            tonic::Code::Unavailable => &self.unavailable,
-            tonic::Code::DeadlineExceeded => &self.deadline_exceeded,
-            tonic::Code::ResourceExhausted => &self.resource_exhausted,
-            tonic::Code::Cancelled => &self.cancelled,
-            _ => &self.other,
-        }
+        // `Code` is the 17 gRPC codes, 0 to 16; anything else tonic reads as `Unknown`.
+        let i = usize::try_from(i32::from(code)).unwrap_or(2);
+        &self.by_code[i.min(CODES.len() - 1)]
     }
 
-    fn by_status(&self) -> [(&'static str, u64); 6] {
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        [
-            ("ok", get(&self.ok)),
-            ("unavailable", get(&self.unavailable)),
-            ("deadline_exceeded", get(&self.deadline_exceeded)),
-            ("resource_exhausted", get(&self.resource_exhausted)),
-            ("cancelled", get(&self.cancelled)),
-            ("other", get(&self.other)),
-        ]
+    /// The calls ended by status: OK, UNAVAILABLE, DEADLINE_EXCEEDED and
+    /// RESOURCE_EXHAUSTED always, any other code when it occurred.
+    fn by_status(&self) -> Vec<(&'static str, u64)> {
+        CODES
+            .iter()
+            .zip(&self.by_code)
+            .map(|(name, n)| (*name, n.load(Ordering::Relaxed)))
+            .filter(|(name, n)| {
+                *n > 0
+                    || matches!(
+                        *name,
+                        "ok" | "unavailable" | "deadline_exceeded" | "resource_exhausted"
+                    )
+            })
+            .collect()
     }
 }
 
@@ -473,6 +490,13 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
              end exactly once"
         ));
     }
+    let offered = started as f64 / args.seconds as f64;
+    if offered < rate / 2.0 {
+        failures.push(format!(
+            "offered {offered:.0} calls/s, not even half the {rate:.0}/s intended: the \
+             machine could not generate the load"
+        ));
+    }
     let max_open = sockets.iter().copied().max().unwrap_or(0);
     let bound = CONNECTIONS_PER_CLIENT * args.clients;
     if sockets.is_empty() {
@@ -559,7 +583,7 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
     println!(
         "calls started {started} ({:.0}/s; {skipped} arrivals skipped while a generator was \
          stalled), ended {ended}: {}",
-        started as f64 / args.seconds as f64,
+        offered,
         by_status
             .iter()
             .map(|(k, n)| format!("{k} {n}"))
@@ -639,7 +663,7 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
             "max_connection_age_ms": (args.fault == Fault::MaxAge)
                 .then(|| args.max_connection_age.as_millis() as u64),
             "capacity_per_second": capacity,
-            "offered_per_second": started as f64 / args.seconds as f64,
+            "offered_per_second": offered,
             "calls": {
                 "started": started,
                 "ended": ended,
