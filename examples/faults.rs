@@ -368,7 +368,8 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
 
     // Goodput: calls answered OK per 100 ms bucket of the overload, by the time they ended.
     let n_buckets = (args.seconds * 1000 / BUCKET.as_millis() as u64) as usize;
-    let buckets: Arc<Vec<AtomicU64>> = Arc::new((0..n_buckets).map(|_| AtomicU64::new(0)).collect());
+    let buckets: Arc<Vec<AtomicU64>> =
+        Arc::new((0..n_buckets).map(|_| AtomicU64::new(0)).collect());
     let per_client = rate / args.clients as f64;
     let begin = Instant::now();
     let end = begin + Duration::from_secs(args.seconds);
@@ -378,36 +379,43 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
             (c.clone(), calls.clone(), buckets.clone(), args.deadline);
         generators.spawn(async move {
             let counts = calls.clone();
-            child::open_loop(begin, end, per_client, (k as u64) << 40, &calls.skipped, |i| {
-                let (mut c, calls, buckets) = (c.clone(), counts.clone(), buckets.clone());
-                calls.started.fetch_add(1, Ordering::Relaxed);
-                let r = child::request("faults", i);
-                let arrived = Instant::now();
-                async move {
-                    let mut r = tonic::Request::new(r);
-                    r.set_timeout(deadline);
-                    let code = match c.reserve(r).await {
-                        Ok(_) => tonic::Code::Ok,
-                        Err(status) => status.code(),
-                    };
-                    let ended = Instant::now();
-                    calls.class(code).fetch_add(1, Ordering::Relaxed);
-                    let late = ended.duration_since(arrived).saturating_sub(deadline);
-                    if late > LATE_BOUND {
-                        calls.late.fetch_add(1, Ordering::Relaxed);
-                    }
-                    calls
-                        .max_late_us
-                        .fetch_max(late.as_micros() as u64, Ordering::Relaxed);
-                    if code == tonic::Code::Ok {
-                        let at = ended.duration_since(begin).as_millis() / BUCKET.as_millis();
-                        if let Some(b) = buckets.get(at as usize) {
-                            b.fetch_add(1, Ordering::Relaxed);
+            child::open_loop(
+                begin,
+                end,
+                per_client,
+                (k as u64) << 40,
+                &calls.skipped,
+                |i| {
+                    let (mut c, calls, buckets) = (c.clone(), counts.clone(), buckets.clone());
+                    calls.started.fetch_add(1, Ordering::Relaxed);
+                    let r = child::request("faults", i);
+                    let arrived = Instant::now();
+                    async move {
+                        let mut r = tonic::Request::new(r);
+                        r.set_timeout(deadline);
+                        let code = match c.reserve(r).await {
+                            Ok(_) => tonic::Code::Ok,
+                            Err(status) => status.code(),
+                        };
+                        let ended = Instant::now();
+                        calls.class(code).fetch_add(1, Ordering::Relaxed);
+                        let late = ended.duration_since(arrived).saturating_sub(deadline);
+                        if late > LATE_BOUND {
+                            calls.late.fetch_add(1, Ordering::Relaxed);
                         }
+                        calls
+                            .max_late_us
+                            .fetch_max(late.as_micros() as u64, Ordering::Relaxed);
+                        if code == tonic::Code::Ok {
+                            let at = ended.duration_since(begin).as_millis() / BUCKET.as_millis();
+                            if let Some(b) = buckets.get(at as usize) {
+                                b.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        calls.ended.fetch_add(1, Ordering::Relaxed);
                     }
-                    calls.ended.fetch_add(1, Ordering::Relaxed);
-                }
-            })
+                },
+            )
             .await;
         });
     }
@@ -418,7 +426,9 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
         let (fault, after, down) = (args.fault, args.fault_after, args.down);
         let (path, addr, flags) = (path.clone(), addr.clone(), flags.clone());
         let begin = begin.into_std();
-        tokio::task::spawn_blocking(move || inject(fault, server, &path, &addr, &flags, begin, after, down))
+        tokio::task::spawn_blocking(move || {
+            inject(fault, server, &path, &addr, &flags, begin, after, down)
+        })
     };
 
     // Sockets this process holds to the server, every 100 ms until the load stops.
@@ -442,7 +452,9 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
     match all_ended {
         Ok(done) => done?,
         Err(_) => {
-            failures.push(format!("calls still running {BOUND:?} after the load stopped"));
+            failures.push(format!(
+                "calls still running {BOUND:?} after the load stopped"
+            ));
             generators.abort_all();
         }
     }
@@ -467,12 +479,18 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
         Some(restart) => {
             let from = bucket_of(restart);
             let back = (from..windows.len()).find(|&i| windows[i] >= threshold);
-            let recovery =
-                back.map(|i| (BUCKET * (i as u32 + 1)).saturating_sub(restart));
+            let recovery = back.map(|i| (BUCKET * (i as u32 + 1)).saturating_sub(restart));
             let after: u64 = goodput.get(from..).unwrap_or(&[]).iter().sum();
             (recovery, None, Some(after))
         }
-        None => (None, Some(longest_below(&windows[RAMP_BUCKETS.min(windows.len())..], threshold)), None),
+        None => (
+            None,
+            Some(longest_below(
+                &windows[RAMP_BUCKETS.min(windows.len())..],
+                threshold,
+            )),
+            None,
+        ),
     };
 
     // Back to rest: the server's queue, workers and slots, and this process's tasks.
@@ -575,7 +593,10 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
             ("refused_pushback", s.refused.pushback),
             ("deadline_exceeded", s.deadline_exceeded),
         ] {
-            let total = retry.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+            let total = retry
+                .get(k)
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0);
             retry.insert(k.to_owned(), json!(total + v));
         }
     }
@@ -636,7 +657,9 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
         ),
         (None, None) => println!("goodput {baseline:.0}/s before the fault; not back"),
     }
-    println!("RetryLayer totals {retry:?}; tasks: client {own_tasks_before} before, {own_tasks_after} after");
+    println!(
+        "RetryLayer totals {retry:?}; tasks: client {own_tasks_before} before, {own_tasks_after} after"
+    );
 
     // A clean exit on SIGINT, and no panic on the way.
     if !server.signal("INT")? {
@@ -659,9 +682,9 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
             "clients": args.clients,
             "deadline_ms": args.deadline.as_millis() as u64,
             "fault_after_ms": args.fault_after.as_millis() as u64,
-            "down_ms": args.fault.restarts().then(|| args.down.as_millis() as u64),
+            "down_ms": args.fault.restarts().then_some(args.down.as_millis() as u64),
             "max_connection_age_ms": (args.fault == Fault::MaxAge)
-                .then(|| args.max_connection_age.as_millis() as u64),
+                .then_some(args.max_connection_age.as_millis() as u64),
             "capacity_per_second": capacity,
             "offered_per_second": offered,
             "calls": {
@@ -714,7 +737,10 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
 /// Strikes `fault` at `begin + after`; for `kill` and `graceful`, starts a new server on
 /// `addr` once the old one has been down for `down`. Returns the server serving at the
 /// end of the run.
-#[allow(clippy::too_many_arguments, reason = "one call site, each argument named there")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call site, each argument named there"
+)]
 fn inject(
     fault: Fault,
     mut server: ServerProcess,
@@ -761,8 +787,8 @@ fn inject(
     events.old_panicked = server.stderr().iter().any(|l| l.contains("panicked"));
     drop(server);
     std::thread::sleep(down);
-    let (server, _) = ServerProcess::start(path, addr, flags)
-        .map_err(|e| format!("restart on {addr}: {e}"))?;
+    let (server, _) =
+        ServerProcess::start(path, addr, flags).map_err(|e| format!("restart on {addr}: {e}"))?;
     events.restart_at = Some(server.listening_at.saturating_duration_since(begin));
     Ok((server, events))
 }
@@ -772,7 +798,11 @@ fn inject(
 /// server closes (`max-age`) is opened again only for the next call, so the count at rest
 /// may be lower than before the overload, never higher unless a task was left behind.
 async fn tasks_back_to(before: usize) -> usize {
-    let alive = || tokio::runtime::Handle::current().metrics().num_alive_tasks();
+    let alive = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
     let until = Instant::now() + BOUND;
     let mut tick = tokio::time::interval(BUCKET);
     loop {

@@ -167,21 +167,28 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
         let (c, counts, deadline) = (c.clone(), counts.clone(), args.deadline);
         generators.spawn(async move {
             let calls = counts.clone();
-            child::open_loop(begin, end, per_client, (k as u64) << 40, &counts.skipped, |i| {
-                let (mut c, counts) = (c.clone(), calls.clone());
-                counts.started.fetch_add(1, Ordering::Relaxed);
-                let r = child::request("soak", i);
-                async move {
-                    let mut r = tonic::Request::new(r);
-                    r.set_timeout(deadline);
-                    let counter = match c.reserve(r).await {
-                        Ok(_) => &counts.ok,
-                        Err(_) => &counts.failed,
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
-                    counts.ended.fetch_add(1, Ordering::Relaxed);
-                }
-            })
+            child::open_loop(
+                begin,
+                end,
+                per_client,
+                (k as u64) << 40,
+                &counts.skipped,
+                |i| {
+                    let (mut c, counts) = (c.clone(), calls.clone());
+                    counts.started.fetch_add(1, Ordering::Relaxed);
+                    let r = child::request("soak", i);
+                    async move {
+                        let mut r = tonic::Request::new(r);
+                        r.set_timeout(deadline);
+                        let counter = match c.reserve(r).await {
+                            Ok(_) => &counts.ok,
+                            Err(_) => &counts.failed,
+                        };
+                        counter.fetch_add(1, Ordering::Relaxed);
+                        counts.ended.fetch_add(1, Ordering::Relaxed);
+                    }
+                },
+            )
             .await;
         });
     }

@@ -52,7 +52,11 @@ impl ServerProcess {
     /// Starts the server at `path` listening on `addr` (port 0: any free port) with
     /// `extra` flags; returns it and the address it listens on. A server that cannot bind
     /// `addr` because another process holds it (`EADDRINUSE`) is an error that says so.
-    pub(crate) fn start(path: &Path, addr: &str, extra: &[String]) -> Result<(Self, String), String> {
+    pub(crate) fn start(
+        path: &Path,
+        addr: &str,
+        extra: &[String],
+    ) -> Result<(Self, String), String> {
         let mut child = Command::new(path)
             .args(["--addr", addr])
             .args(SERVER_ARGS)
