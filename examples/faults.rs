@@ -135,11 +135,12 @@ struct Args {
 /// `--fault`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Fault {
-    /// SIGKILL in the middle of the overload, restart on the same port after --down-ms
+    /// SIGKILL in the middle of the overload, restart on the same port after the down time
     Kill,
-    /// SIGTERM (the server's graceful shutdown), restart on the same port after --down-ms
+    /// SIGTERM (the server's graceful shutdown), restart on the same port after the down
+    /// time
     Graceful,
-    /// The server closes each connection once it is --max-connection-age-ms old
+    /// The server closes each connection once it reaches the maximum connection age
     MaxAge,
 }
 
