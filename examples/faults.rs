@@ -81,6 +81,8 @@ const RAMP_BUCKETS: usize = 5;
 /// The most sockets to the server this process may hold per client: its connection, one
 /// the server is closing and one being opened.
 const CONNECTIONS_PER_CLIENT: usize = 3;
+/// How many different unexpected statuses a run keeps for its report.
+const UNEXPECTED_KEPT: usize = 5;
 /// A call that ends this much later than its deadline is counted as late (reported only).
 const LATE_BOUND: Duration = Duration::from_millis(100);
 
@@ -243,6 +245,9 @@ struct Calls {
     max_late_us: AtomicU64,
     connect_attempts: AtomicU64,
     connected: AtomicU64,
+    /// The first few messages of calls that ended with a code other than OK, UNAVAILABLE,
+    /// DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED, each once: what a fault did to them.
+    unexpected: std::sync::Mutex<Vec<String>>,
 }
 
 impl Calls {
@@ -250,6 +255,25 @@ impl Calls {
         // `Code` is the 17 gRPC codes, 0 to 16; anything else tonic reads as `Unknown`.
         let i = usize::try_from(i32::from(code)).unwrap_or(2);
         &self.by_code[i.min(CODES.len() - 1)]
+    }
+
+    /// Keeps `status`'s code and message if its code is not one an overload explains
+    /// (at most [`UNEXPECTED_KEPT`] different ones).
+    fn note(&self, status: &tonic::Status) {
+        use tonic::Code::{DeadlineExceeded, ResourceExhausted, Unavailable};
+        if matches!(
+            status.code(),
+            Unavailable | DeadlineExceeded | ResourceExhausted
+        ) {
+            return;
+        }
+        let text = format!("{:?}: {}", status.code(), status.message());
+        if let Ok(mut kept) = self.unexpected.lock()
+            && kept.len() < UNEXPECTED_KEPT
+            && !kept.contains(&text)
+        {
+            kept.push(text);
+        }
     }
 
     /// The calls ended by status: OK, UNAVAILABLE, DEADLINE_EXCEEDED and
@@ -396,7 +420,10 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
                         r.set_timeout(deadline);
                         let code = match c.reserve(r).await {
                             Ok(_) => tonic::Code::Ok,
-                            Err(status) => status.code(),
+                            Err(status) => {
+                                calls.note(&status);
+                                status.code()
+                            }
                         };
                         let ended = Instant::now();
                         calls.class(code).fetch_add(1, Ordering::Relaxed);
@@ -612,6 +639,14 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
             .collect::<Vec<_>>()
             .join(", ")
     );
+    let unexpected = calls
+        .unexpected
+        .lock()
+        .map(|v| v.clone())
+        .unwrap_or_default();
+    if !unexpected.is_empty() {
+        println!("other statuses, e.g.: {unexpected:?}");
+    }
     println!(
         "late by more than {} ms: {late} calls, worst {:.0} ms (real time, reported only)",
         LATE_BOUND.as_millis(),
@@ -692,6 +727,7 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
                 "started": started,
                 "ended": ended,
                 "skipped": skipped,
+                "unexpected": unexpected,
                 "by_status": by_status.iter().map(|(k, n)| ((*k).to_owned(), json!(n)))
                     .collect::<serde_json::Map<_, _>>(),
             },
