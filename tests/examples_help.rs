@@ -57,22 +57,6 @@ const EXAMPLES: &[Example] = &[
         bad_value: &["--requests", "many"],
     },
     Example {
-        name: "faults",
-        flags: &[
-            "--fault",
-            "--seconds",
-            "--overload",
-            "--clients",
-            "--deadline-ms",
-            "--fault-after-ms",
-            "--down-ms",
-            "--max-connection-age-ms",
-            "--server",
-            "--json",
-        ],
-        bad_value: &["--fault", "flood"],
-    },
-    Example {
         name: "fleet",
         flags: &[
             "--quick",
@@ -86,6 +70,22 @@ const EXAMPLES: &[Example] = &[
             "--deadline-ms",
         ],
         bad_value: &["--scenarios", "fail-fast,flood"],
+    },
+    Example {
+        name: "process_faults",
+        flags: &[
+            "--fault",
+            "--seconds",
+            "--overload",
+            "--clients",
+            "--deadline-ms",
+            "--fault-after-ms",
+            "--down-ms",
+            "--max-connection-age-ms",
+            "--server",
+            "--json",
+        ],
+        bad_value: &["--fault", "flood"],
     },
     Example {
         name: "relay",

@@ -1,4 +1,4 @@
-//! What the overload soak (`soak`) and the process faults (`faults`) share: the example
+//! What the overload soak (`soak`) and the process faults (`process_faults`) share: the example
 //! server as a child process, client channels each behind its own `RetryLayer`, the
 //! capacity measurement and the open-loop arrivals. Both examples include this file, so a
 //! fix to how the server is started or the load is offered applies to both runs.

@@ -4,7 +4,8 @@
 //! copes.
 //!
 //! ```text
-//! cargo build --example server --example faults && target/debug/examples/faults --fault kill
+//! cargo build --example server --example process_faults
+//! target/debug/examples/process_faults --fault kill
 //! # --fault kill|graceful|max-age --seconds 10 --overload 10 --clients 4 --deadline-ms 300
 //! # --fault-after-ms 3000 --down-ms 1000 --max-connection-age-ms 500 [--server PATH]
 //! # [--json FILE]
@@ -92,7 +93,7 @@ const LATE_BOUND: Duration = Duration::from_millis(100);
 /// Exits non-zero unless every call ended exactly once, the fleet's connections stayed
 /// bounded and goodput came back within 2 s of the server's return.
 #[derive(Debug, Parser)]
-#[command(name = "faults")]
+#[command(name = "process_faults")]
 struct Args {
     /// The fault: SIGKILL and restart, graceful shutdown and restart, or connections
     /// closed by the server once they reach --max-connection-age-ms
@@ -320,17 +321,17 @@ async fn main() -> ExitCode {
     }
     match run(args).await {
         Ok(failures) if failures.is_empty() => {
-            println!("faults: passed");
+            println!("process_faults: passed");
             ExitCode::SUCCESS
         }
         Ok(failures) => {
             for f in failures {
-                eprintln!("faults: FAILED: {f}");
+                eprintln!("process_faults: FAILED: {f}");
             }
             ExitCode::FAILURE
         }
         Err(error) => {
-            eprintln!("faults: {error}");
+            eprintln!("process_faults: {error}");
             ExitCode::FAILURE
         }
     }
@@ -360,7 +361,7 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
         clients.push(c);
         layers.push(l);
     }
-    let capacity = child::capacity(&mut server, &clients, "faults", 0, 1).await?;
+    let capacity = child::capacity(&mut server, &clients, "process_faults", 0, 1).await?;
     if capacity < 1.0 {
         return Err(format!("measured capacity {capacity}/s"));
     }
@@ -413,7 +414,7 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
                 |i| {
                     let (mut c, calls, buckets) = (c.clone(), counts.clone(), buckets.clone());
                     calls.started.fetch_add(1, Ordering::Relaxed);
-                    let r = child::request("faults", i);
+                    let r = child::request("process_faults", i);
                     let arrived = Instant::now();
                     async move {
                         let mut r = tonic::Request::new(r);

@@ -1,4 +1,4 @@
-//! The `faults` example, short: each fault on the real server process (SIGKILL and restart,
+//! The `process_faults` example, short: each fault on the real server process (SIGKILL and restart,
 //! graceful shutdown and restart, connections closed at their maximum age) for 4 s at 3×
 //! the capacity, and the server's own refusal of a port another process holds.
 //!
@@ -13,13 +13,13 @@ mod examples_support;
 
 use std::process::Command;
 
-/// Runs `faults --fault FAULT` for 4 s at 3× the capacity, the fault 1 s in and the server
+/// Runs `process_faults --fault FAULT` for 4 s at 3× the capacity, the fault 1 s in and the server
 /// down for 0.3 s; returns the JSON report.
 fn run(fault: &str) -> serde_json::Value {
-    let dir = examples_support::build_examples(&["server", "faults"]);
-    let exe = dir.join(format!("faults{}", std::env::consts::EXE_SUFFIX));
+    let dir = examples_support::build_examples(&["server", "process_faults"]);
+    let exe = dir.join(format!("process_faults{}", std::env::consts::EXE_SUFFIX));
     let report = std::env::temp_dir().join(format!(
-        "stormguard-faults-{fault}-{}.json",
+        "stormguard-process-faults-{fault}-{}.json",
         std::process::id()
     ));
     let out = Command::new(&exe)
@@ -34,9 +34,9 @@ fn run(fault: &str) -> serde_json::Value {
         String::from_utf8_lossy(&out.stderr),
     );
     // Shown when the test fails; the verdict may name a real-time figure, not asserted.
-    eprintln!("faults --fault {fault}: {}\n{stdout}\n{stderr}", out.status);
+    eprintln!("process_faults --fault {fault}: {}\n{stdout}\n{stderr}", out.status);
     let text = std::fs::read_to_string(&report)
-        .unwrap_or_else(|e| panic!("no report from faults --fault {fault} ({e}): {stderr}"));
+        .unwrap_or_else(|e| panic!("no report from process_faults --fault {fault} ({e}): {stderr}"));
     std::fs::remove_file(&report).unwrap();
     serde_json::from_str(&text).unwrap()
 }
