@@ -247,14 +247,15 @@ async fn an_empty_budget_refuses_hedges_and_the_call_waits_for_its_first_copy() 
 }
 
 #[tokio::test(start_paused = true)]
-async fn hedges_spend_the_retry_budget() {
-    // Ten successes at a ratio of 0.2 pay for two hedges; the third slow call gets none.
-    let budget = budget(0, 0.2);
-    for _ in 0..10 {
+async fn hedges_spend_the_upper_half_of_the_retry_budget_and_leave_the_rest_to_retries() {
+    // A hundred successes at a ratio of 0.1 mint ten retries. Hedges may spend only down to
+    // half of what was minted: five of eight slow calls are hedged (each winner mints 0.1
+    // more, not enough for a sixth), and the five left still pay for retries.
+    let budget = budget(0, 0.1);
+    for _ in 0..100 {
         budget.deposit_at(Instant::now());
     }
-    let slow = || Step::slow(ms(100), Step::Ok);
-    let svc = Scripted::new([slow(), Step::Ok, slow(), Step::Ok, slow()], Step::Ok);
+    let svc = Scripted::always(Step::slow(ms(100), Step::Ok));
     let layer = RetryLayer::new(hedging_controller(
         HedgingPolicy {
             max_attempts: 2,
@@ -265,12 +266,14 @@ async fn hedges_spend_the_retry_budget() {
     ));
     let stats = layer.stats();
     let mut client = setup(&svc, layer).await;
-    for id in ["a", "b", "c"] {
+    for id in ["a", "b", "c", "d", "e", "f", "g", "h"] {
         client.reserve(reserve(id)).await.unwrap();
     }
     let s = stats.snapshot();
-    assert_eq!(s.hedges, 2);
-    assert_eq!(s.hedges_refused.budget, 1);
+    assert_eq!(s.hedges, 5);
+    assert_eq!(s.hedges_refused.budget, 3);
+    let now = Instant::now();
+    assert_eq!((0..10).filter(|_| budget.withdraw_at(now)).count(), 5);
 }
 
 #[tokio::test(start_paused = true)]

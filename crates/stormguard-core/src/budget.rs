@@ -148,6 +148,19 @@ pub trait Budget: Send + Sync + fmt::Debug {
     /// Retries currently affordable (observability), may be fractional; never negative.
     fn balance_at(&self, now: Instant) -> f64;
 
+    /// May one more *hedge* go out now? `true` consumes it as [`Budget::withdraw_at`] does.
+    ///
+    /// A hedge is optional work sent while the server is slow, a retry is the only cure of
+    /// a failure: a hedge may spend only the upper half of the budget, so hedges can never
+    /// starve the retries, and under overload they cost at most half of what a retry may.
+    /// [`RetryBudget`] grants a hedge only while, after it, at least half of what the window
+    /// minted (reserve and successes) is left; an [`A6Throttle`](crate::throttle::A6Throttle)
+    /// grants it while it holds more than half its tokens, as gRPC A6 says (its
+    /// [`Budget::withdraw_at`] already is that rule). Default: [`Budget::withdraw_at`].
+    fn withdraw_hedge_at(&self, now: Instant) -> bool {
+        self.withdraw_at(now)
+    }
+
     /// Gives back a retry that [`withdraw_at`](Budget::withdraw_at)`(granted_at)` granted
     /// but that was never sent (the breaker opened or the deadline ran out during its
     /// delay, the caller went away). Default: no-op, for budgets whose withdrawals consume
@@ -365,6 +378,15 @@ struct Shared {
     head: Head,
 }
 
+/// What a withdrawal must leave in the budget.
+#[derive(Clone, Copy)]
+enum Keep {
+    /// A retry may spend the budget to zero.
+    Nothing,
+    /// A hedge must leave half of what the window minted.
+    HalfMinted,
+}
+
 /// The latest epoch seen by a withdrawal or a balance read.
 ///
 /// Withdrawals are always counted in the head slot (a late caller is charged at the latest
@@ -541,20 +563,27 @@ impl Shared {
         self.micros(self.window_deposits(epoch), withdrawals)
     }
 
-    /// Refuses without writing if less than one retry is left at the head; otherwise
-    /// counts the withdrawal in the head slot, re-reads, and undoes it if the head moved
-    /// or concurrent withdrawals took the balance below zero.
-    fn try_withdraw(&self, epoch: u64) -> bool {
+    /// Refuses without writing if less than one retry above `keep` is left at the head;
+    /// otherwise counts the withdrawal in the head slot, re-reads, and undoes it if the
+    /// head moved or concurrent withdrawals took the balance below `keep`.
+    ///
+    /// `keep` is what the withdrawal must leave: nothing for a retry, half of what the
+    /// window minted for a hedge ([`Budget::withdraw_hedge_at`]).
+    fn try_withdraw(&self, epoch: u64, keep: Keep) -> bool {
         let head = self.advance_head(epoch);
+        let keep = match keep {
+            Keep::Nothing => 0,
+            Keep::HalfMinted => self.micros(self.window_deposits(head as u32), 0) / 2,
+        };
         // Read-only refusal: during a storm most withdrawals are refused, and this keeps
         // them from writing to (and contending on) the shared slots.
-        if self.head_balance_micros(head) < MICROS_PER_RETRY {
+        if self.head_balance_micros(head) < MICROS_PER_RETRY + keep {
             return false;
         }
         if !self.withdrawals.add(head as u32) {
             return false;
         }
-        if self.confirm(head) {
+        if self.confirm(head, keep) {
             true
         } else {
             self.withdrawals.remove(head as u32);
@@ -564,9 +593,9 @@ impl Shared {
 
     /// After counting a withdrawal in the `head` slot: may it stand? Only if the head has
     /// not moved (a caller at a later head may have read the ring without it) and the balance,
-    /// with every withdrawal counted so far, is not below zero.
-    fn confirm(&self, head: u64) -> bool {
-        self.head.epoch.load(Ordering::SeqCst) == head && self.head_balance_micros(head) >= 0
+    /// with every withdrawal counted so far, is not below `keep`.
+    fn confirm(&self, head: u64, keep: i128) -> bool {
+        self.head.epoch.load(Ordering::SeqCst) == head && self.head_balance_micros(head) >= keep
     }
 
     fn balance_micros(&self, epoch: u64) -> i128 {
@@ -590,7 +619,14 @@ impl Budget for RetryBudget {
 
     fn withdraw_at(&self, now: Instant) -> bool {
         let shared = &*self.shared;
-        shared.try_withdraw(shared.epoch(now))
+        shared.try_withdraw(shared.epoch(now), Keep::Nothing)
+    }
+
+    /// Granted only while, after it, at least half of what the window minted (the reserve
+    /// and `retry_ratio` of each success) is left for retries.
+    fn withdraw_hedge_at(&self, now: Instant) -> bool {
+        let shared = &*self.shared;
+        shared.try_withdraw(shared.epoch(now), Keep::HalfMinted)
     }
 
     fn balance_at(&self, now: Instant) -> f64 {
@@ -903,6 +939,30 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[test]
+    fn hedges_spend_only_the_upper_half_and_retries_the_rest() {
+        let t0 = Instant::now();
+        let b = RetryBudget::new(BudgetConfig {
+            min_retries_per_second: 0,
+            ..BudgetConfig::default()
+        })
+        .unwrap();
+        for _ in 0..100 {
+            b.deposit_at(t0); // 10 retries minted
+        }
+        let hedges = (0..20).filter(|_| b.withdraw_hedge_at(t0)).count();
+        assert_eq!(hedges, 5, "half of the 10 minted");
+        let retries = (0..20).filter(|_| b.withdraw_at(t0)).count();
+        assert_eq!(retries, 5, "the lower half is left for retries");
+        // Retries first: once they spent past half, no hedge is granted.
+        let c = RetryBudget::new(BudgetConfig::default()).unwrap(); // reserve 50
+        assert_eq!((0..26).filter(|_| c.withdraw_at(t0)).count(), 26);
+        assert!(!c.withdraw_hedge_at(t0), "24 of 50 left");
+        // The reserve counts as minted: a fresh default budget grants 25 hedges.
+        let d = RetryBudget::new(BudgetConfig::default()).unwrap();
+        assert_eq!((0..100).filter(|_| d.withdraw_hedge_at(t0)).count(), 25);
     }
 
     #[test]
@@ -1471,9 +1531,9 @@ mod tests {
         assert!(s.head_balance_micros(head) >= MICROS_PER_RETRY); // both pass the pre-check
         assert!(s.withdrawals.add(head as u32)); // caller A counts
         assert!(s.withdrawals.add(head as u32)); // caller B counts
-        assert!(!s.confirm(head)); // A re-reads: refuses and undoes
+        assert!(!s.confirm(head, 0)); // A re-reads: refuses and undoes
         s.withdrawals.remove(head as u32);
-        assert!(s.confirm(head)); // B re-reads after A's undo: granted
+        assert!(s.confirm(head, 0)); // B re-reads after A's undo: granted
         assert!(!b.withdraw_at(t0), "the single retry is spent");
         assert_eq!(b.balance_at(t0), 0.0);
     }
@@ -1493,7 +1553,7 @@ mod tests {
         assert!(s.withdrawals.add(head as u32)); // A counts itself
         let later = t0 + ms(100);
         assert_eq!(b.balance_at(later), 2.0, "B reads with A counted");
-        assert!(!s.confirm(head), "A's head moved: refused");
+        assert!(!s.confirm(head, 0), "A's head moved: refused");
         s.withdrawals.remove(head as u32); // A's undo
         assert_eq!(b.balance_at(later), 3.0);
         assert_eq!(drain(&b, later), 3);
@@ -1516,7 +1576,7 @@ mod tests {
             "B, two slots later, takes the retry"
         );
         assert!(s.withdrawals.add(head as u32)); // A counts itself
-        assert!(!s.confirm(head), "A's head moved: refused");
+        assert!(!s.confirm(head, 0), "A's head moved: refused");
         s.withdrawals.remove(head as u32); // A's undo
         assert_eq!(b.balance_at(t0 + ms(100)), 0.0);
         assert!(!b.withdraw_at(t0 + ms(100)));

@@ -748,8 +748,10 @@ impl CallRetry {
     ///    ([`Refusal::Saturated`], with [`RetryController::with_saturation`]);
     /// 6. the request's retry allowance has one left (it spends one;
     ///    [`Refusal::Allowance`]);
-    /// 7. the budget grants a withdrawal, the same budget that pays for retries; an A6
-    ///    throttle grants it while it holds more than half its tokens ([`Refusal::Budget`]).
+    /// 7. the budget grants a withdrawal, from the same budget that pays for retries but
+    ///    only from its upper half ([`Budget::withdraw_hedge_at`]): a stormguard budget
+    ///    while half of what its window minted is left after it, an A6 throttle while it
+    ///    holds more than half its tokens ([`Refusal::Budget`]).
     ///
     /// A hedge granted is spent: it carries `grpc-previous-rpc-attempts` (the copies sent
     /// before it), and the next copy is scheduled a delay later.
@@ -795,7 +797,7 @@ impl CallRetry {
         if !context::spend_retry() {
             return Some(Refusal::Allowance);
         }
-        if !self.shared.budget.withdraw_at(now) {
+        if !self.shared.budget.withdraw_hedge_at(now) {
             context::refund_retry();
             return Some(Refusal::Budget);
         }
@@ -1574,10 +1576,11 @@ mod tests {
             delay: HedgeDelay::Fixed(ms(1)),
             ..HedgingPolicy::default()
         }));
-        // No floor: four successes at a ratio of 0.5 pay for two hedges.
+        // No floor: eight successes at a ratio of 0.5 mint four retries, whose upper half
+        // pays for two hedges.
         let c = RetryController::new(table, budget(0, 0.5), None, 9);
         let t0 = Instant::now();
-        for _ in 0..4 {
+        for _ in 0..8 {
             c.budget().deposit_at(t0);
         }
         let mut call = c.begin_at(PATH, None, t0).unwrap();
@@ -1590,6 +1593,7 @@ mod tests {
         let mut call = c.begin_at(PATH, None, t0).unwrap();
         call.first_attempt_at(t0);
         assert_eq!(call.start_hedge_at(t0 + ms(1)), Err(Refusal::Budget));
+        assert_eq!(c.budget().balance_at(t0), 2.0, "the lower half is left to retries");
     }
 
     #[test]

@@ -15,6 +15,9 @@ struct Development;
 #[doc = include_str!("../../../docs/examples.md")]
 struct Examples;
 
+#[doc = include_str!("../../../docs/faults.md")]
+struct Faults;
+
 #[doc = include_str!("../../../docs/hedging.md")]
 struct Hedging;
 

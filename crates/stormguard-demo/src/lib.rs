@@ -8,6 +8,7 @@
 
 #[cfg(doctest)]
 mod docs;
+pub mod net_sim;
 pub mod pool;
 pub mod server;
 pub mod storm;
