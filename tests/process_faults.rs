@@ -34,9 +34,13 @@ fn run(fault: &str) -> serde_json::Value {
         String::from_utf8_lossy(&out.stderr),
     );
     // Shown when the test fails; the verdict may name a real-time figure, not asserted.
-    eprintln!("process_faults --fault {fault}: {}\n{stdout}\n{stderr}", out.status);
-    let text = std::fs::read_to_string(&report)
-        .unwrap_or_else(|e| panic!("no report from process_faults --fault {fault} ({e}): {stderr}"));
+    eprintln!(
+        "process_faults --fault {fault}: {}\n{stdout}\n{stderr}",
+        out.status
+    );
+    let text = std::fs::read_to_string(&report).unwrap_or_else(|e| {
+        panic!("no report from process_faults --fault {fault} ({e}): {stderr}")
+    });
     std::fs::remove_file(&report).unwrap();
     serde_json::from_str(&text).unwrap()
 }
