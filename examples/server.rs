@@ -45,6 +45,14 @@
 //! to every answer, as `ShedLayer::with_load_reports` does; a `--config` file turns it on
 //! with `"load_reports": true` in its `admission` object.
 //!
+//! SIGINT (Ctrl-C) and SIGTERM stop it gracefully: the admission queue answers every call
+//! it holds `UNAVAILABLE` with a 1 ms pushback (`ShutdownHandle::begin`: they never reached
+//! the handler, a retrying client goes elsewhere at once), then tonic's graceful shutdown
+//! closes the listener, sends `GOAWAY` and waits for the running calls; the server exits 0.
+//! `--max-connection-age-ms MS` closes each connection from the server's side once it is
+//! that old (tonic's `Server::max_connection_age`: `GOAWAY`, its running calls finish). A
+//! port another process holds is an error that says `EADDRINUSE`.
+//!
 //! `--otel-stdout` also exports the layer's OpenTelemetry metrics to stdout every
 //! second and once more on Ctrl-C (needs `--features otel-examples`).
 
@@ -130,6 +138,21 @@ pub struct Args {
     /// (needs `--features otel-examples`)
     #[arg(long = "otel-stdout")]
     otel_stdout: bool,
+    /// Close each connection from the server's side (HTTP/2 GOAWAY, running calls finish)
+    /// once it is this old, in milliseconds [default: never]
+    #[arg(long = "max-connection-age-ms", value_name = "MS", value_parser = connection_age)]
+    max_connection_age: Option<Duration>,
+}
+
+/// `--max-connection-age-ms`: a whole number of milliseconds, at least 1.
+fn connection_age(value: &str) -> Result<Duration, String> {
+    let ms: u64 = value
+        .parse()
+        .map_err(|e| format!("{e} (a whole number of milliseconds)"))?;
+    if ms == 0 {
+        return Err("must be at least 1 ms".to_owned());
+    }
+    Ok(Duration::from_millis(ms))
 }
 
 /// `--service-time-ms`: milliseconds, fractions allowed.
@@ -285,8 +308,19 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
         None => layer,
     };
     let stats = layer.as_ref().map(ShedLayer::stats);
+    let queue_shutdown = layer.as_ref().map(ShedLayer::shutdown_handle);
 
-    let listener = TcpListener::bind(args.addr).await?;
+    let listener = TcpListener::bind(args.addr).await.map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            format!(
+                "cannot listen on {}: the address is in use (EADDRINUSE): another process \
+                 holds the port",
+                args.addr
+            )
+        } else {
+            format!("cannot listen on {}: {e}", args.addr)
+        }
+    })?;
     println!("listening on {}", listener.local_addr()?);
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
 
@@ -305,16 +339,23 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
         })
     };
 
-    let shutdown = async {
-        // Without a signal handler the server simply runs until killed.
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
+    // SIGINT (Ctrl-C) or SIGTERM: the queue answers what it holds (UNAVAILABLE, pushback
+    // 1 ms; the calls never reached the handler), then tonic's graceful shutdown closes the
+    // listener, sends GOAWAY and waits for the running calls.
+    let shutdown = async move {
+        stop_signal().await;
+        if let Some(queue) = &queue_shutdown {
+            queue.begin();
         }
     };
     let log = args.log_calls.then(|| CallLogLayer {
         started: std::time::Instant::now(),
     });
-    let builder = Server::builder()
+    let mut server = Server::builder();
+    if let Some(age) = args.max_connection_age {
+        server = server.max_connection_age(age);
+    }
+    let builder = server
         .http2_max_pending_accept_reset_streams(Some(args.max_pending_resets))
         .layer(tower::util::option_layer(log))
         // Both arms answer with tonic's body type: the layer's body (which holds a worker
@@ -336,6 +377,31 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
     }
     served?;
     Ok(())
+}
+
+/// Resolves on SIGINT or (on Unix) SIGTERM; never, if no handler can be installed (the
+/// server then runs until killed).
+async fn stop_signal() {
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
 }
 
 /// `--log-calls`: one JSON line per answered call (see the module docs).

@@ -29,32 +29,25 @@
 //!   connector), so no call saw a GOAWAY or a reset connection.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use clap::Parser;
 use clap::builder::RangedU64ValueParser;
-use hyper_util::rt::TokioIo;
-use stormguard::client::RetryLayer;
-use stormguard_demo::{InventoryClient, ReserveRequest};
-use tokio::net::TcpStream;
-use tokio::time::{Instant, MissedTickBehavior};
-use tonic::transport::{Endpoint, Uri};
-use tower::ServiceBuilder;
+use tokio::time::Instant;
 
+#[path = "support/child.rs"]
+mod child;
 #[path = "support/cli.rs"]
 mod cli;
 
+use child::{BOUND, ServerProcess, rss_kib, wait_exit};
+
 const WINDOW: Duration = Duration::from_secs(5);
 const WARM_UP: Duration = Duration::from_secs(10);
-/// The most arrivals one client sends at once after falling behind.
-const MAX_BURST: u64 = 16;
-/// Bound on every wait for the server (start-up, a stats line, draining, exit).
-const BOUND: Duration = Duration::from_secs(30);
 
 /// Overload soak: ten times the example server's capacity for a minute, from clients
 /// behind the RetryLayer, and a check that nothing wears out.
@@ -97,117 +90,6 @@ impl Args {
     }
 }
 
-/// The example server as a child process, its stdout lines arriving on a channel.
-struct ServerProcess {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    stderr: Arc<Mutex<Vec<String>>>,
-}
-
-impl ServerProcess {
-    fn start(path: &PathBuf) -> Result<(Self, String), String> {
-        let mut child = Command::new(path)
-            .args(["--addr", "127.0.0.1:0", "--workers", "4", "--queue", "32"])
-            .args(["--service-time-ms", "20", "--seed", "5"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| {
-                format!(
-                    "cannot start {}: {e} (build it first: cargo build --example server)",
-                    path.display()
-                )
-            })?;
-        let (tx, lines) = mpsc::channel();
-        let stdout = child.stdout.take().ok_or("no stdout")?;
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let pipe = child.stderr.take().ok_or("no stderr")?;
-        let sink = stderr.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                if let Ok(mut v) = sink.lock() {
-                    v.push(line);
-                }
-            }
-        });
-        let mut server = ServerProcess {
-            child,
-            lines,
-            stderr,
-        };
-        let first = server.next_line()?;
-        let addr = first
-            .strip_prefix("listening on ")
-            .ok_or_else(|| format!("unexpected first line {first:?}"))?
-            .to_owned();
-        Ok((server, addr))
-    }
-
-    fn next_line(&mut self) -> Result<String, String> {
-        self.lines.recv_timeout(BOUND).map_err(|_| {
-            format!(
-                "server: no line within {BOUND:?}; stderr: {:?}",
-                self.stderr()
-            )
-        })
-    }
-
-    /// The next stats line (one per second).
-    fn stats(&mut self) -> Result<serde_json::Value, String> {
-        self.stats_line()
-    }
-
-    /// Waits (one stats line a second, at most [`BOUND`]) until the queue, the workers and
-    /// the unsettled slots are empty; returns that line.
-    fn at_rest(&mut self) -> Result<Option<serde_json::Value>, String> {
-        for _ in 0..BOUND.as_secs() {
-            let s = self.stats()?;
-            if s["queue_depth"] == 0 && s["in_flight"] == 0 && s["unsettled"] == 0 {
-                return Ok(Some(s));
-            }
-        }
-        Ok(None)
-    }
-
-    fn stats_line(&mut self) -> Result<serde_json::Value, String> {
-        loop {
-            let line = self.next_line()?;
-            if line.starts_with('{') {
-                return serde_json::from_str(&line).map_err(|e| format!("{line}: {e}"));
-            }
-        }
-    }
-
-    /// Resident memory in KiB, from `/proc`.
-    fn rss_kib(&self) -> Option<u64> {
-        rss_kib(&format!("/proc/{}/status", self.child.id()))
-    }
-
-    fn stderr(&self) -> Vec<String> {
-        self.stderr.lock().map(|v| v.clone()).unwrap_or_default()
-    }
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn rss_kib(status_file: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(status_file).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// Counters shared by every call task.
 #[derive(Default)]
 struct Counts {
@@ -217,43 +99,6 @@ struct Counts {
     ok: AtomicU64,
     failed: AtomicU64,
     connections: AtomicU64,
-}
-
-type Client = InventoryClient<stormguard::client::Retry<tonic::transport::Channel>>;
-
-/// One client "process": a channel whose connector counts connections, behind its own
-/// `RetryLayer`.
-fn client(addr: &str, counts: &Arc<Counts>) -> Result<(Client, RetryLayer), String> {
-    let layer =
-        RetryLayer::from_config(&stormguard_demo::client_config()).map_err(|e| e.to_string())?;
-    let target = addr.to_owned();
-    let counted = counts.clone();
-    let connector = tower::service_fn(move |_: Uri| {
-        let (target, counted) = (target.clone(), counted.clone());
-        async move {
-            counted.connections.fetch_add(1, Ordering::Relaxed);
-            let stream = TcpStream::connect(target).await?;
-            stream.set_nodelay(true)?;
-            Ok::<_, std::io::Error>(TokioIo::new(stream))
-        }
-    });
-    let channel = Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| e.to_string())?
-        // A server of ours: calls that give up in bulk must not get the connection closed
-        // (docs/operating.md, "HTTP/2 resets").
-        .http2_max_local_error_reset_streams(None)
-        .connect_with_connector_lazy(connector);
-    let client = InventoryClient::new(ServiceBuilder::new().layer(layer.clone()).service(channel));
-    Ok((client, layer))
-}
-
-fn request(i: u64) -> ReserveRequest {
-    ReserveRequest {
-        sku: format!("sku-{}", i % 100),
-        quantity: 1,
-        request_id: format!("soak-{i}"),
-        payload: Vec::new(),
-    }
 }
 
 #[tokio::main]
@@ -278,42 +123,23 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<Vec<String>, String> {
-    let (mut server, addr) = ServerProcess::start(&args.server()?)?;
+    let (mut server, addr) = ServerProcess::start(&args.server()?, "127.0.0.1:0", &[])?;
     let counts = Arc::new(Counts::default());
     let mut clients = Vec::new();
     let mut layers = Vec::new();
     for _ in 0..args.clients {
-        let (c, l) = client(&addr, &counts)?;
+        let counted = counts.clone();
+        let on_connect = Arc::new(move |_: bool| {
+            counted.connections.fetch_add(1, Ordering::Relaxed);
+        });
+        let (c, l) = child::client(&addr, on_connect)?;
         clients.push(c);
         layers.push(l);
     }
 
     // Capacity: what the server completes per second when 64 callers keep it saturated,
     // measured between two of its stats lines.
-    let capacity = {
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let mut tasks = tokio::task::JoinSet::new();
-        for k in 0..64u64 {
-            let (mut c, stop) = (clients[(k as usize) % clients.len()].clone(), stop.clone());
-            tasks.spawn(async move {
-                let mut i = k << 32;
-                while !stop.load(Ordering::Relaxed) {
-                    let mut r = tonic::Request::new(request(i));
-                    r.set_timeout(Duration::from_secs(5));
-                    let _ = c.reserve(r).await;
-                    i += 1;
-                }
-            });
-        }
-        server.stats()?;
-        let a = server.stats()?;
-        let _ = server.stats()?;
-        let b = server.stats()?;
-        stop.store(true, Ordering::Relaxed);
-        while tasks.join_next().await.is_some() {}
-        let done = |v: &serde_json::Value| v["completed"].as_u64().unwrap_or(0);
-        (done(&b).saturating_sub(done(&a))) as f64 / 2.0
-    };
+    let capacity = child::capacity(&mut server, &clients, "soak", 1, 2).await?;
     let server_tasks_before = server
         .at_rest()?
         .ok_or("the server did not come to rest after the capacity run")?["tasks"]
@@ -340,26 +166,18 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
     for (k, c) in clients.iter().enumerate() {
         let (c, counts, deadline) = (c.clone(), counts.clone(), args.deadline);
         generators.spawn(async move {
-            let mut calls = tokio::task::JoinSet::new();
-            // Every millisecond, send the arrivals that are due by now at `per_client`/s: the
-            // rate holds whatever the timer's granularity. A generator that fell far behind
-            // (the machine stalled it) sends at most MAX_BURST at once and skips the rest.
-            let mut tick = tokio::time::interval(Duration::from_millis(1));
-            tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
-            let (mut due_done, mut i) = (0u64, (k as u64) << 40);
-            while Instant::now() < end {
-                tick.tick().await;
-                let due = (begin.elapsed().as_secs_f64() * per_client) as u64;
-                let behind = due.saturating_sub(due_done);
-                let now = behind.min(MAX_BURST);
-                counts.skipped.fetch_add(behind - now, Ordering::Relaxed);
-                due_done = due;
-                for _ in 0..now {
-                    let (mut c, counts) = (c.clone(), counts.clone());
+            let calls = counts.clone();
+            child::open_loop(
+                begin,
+                end,
+                per_client,
+                (k as u64) << 40,
+                &counts.skipped,
+                |i| {
+                    let (mut c, counts) = (c.clone(), calls.clone());
                     counts.started.fetch_add(1, Ordering::Relaxed);
-                    let r = request(i);
-                    i += 1;
-                    calls.spawn(async move {
+                    let r = child::request("soak", i);
+                    async move {
                         let mut r = tonic::Request::new(r);
                         r.set_timeout(deadline);
                         let counter = match c.reserve(r).await {
@@ -368,12 +186,10 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
                         };
                         counter.fetch_add(1, Ordering::Relaxed);
                         counts.ended.fetch_add(1, Ordering::Relaxed);
-                    });
-                }
-                // Reap finished calls so the set does not grow for the whole run.
-                while calls.try_join_next().is_some() {}
-            }
-            while calls.join_next().await.is_some() {}
+                    }
+                },
+            )
+            .await;
         });
     }
 
@@ -490,17 +306,6 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
         failures.push(format!("the server panicked: {stderr:?}"));
     }
     Ok(failures)
-}
-
-fn wait_exit(child: &mut Child) -> Option<std::process::ExitStatus> {
-    let until = std::time::Instant::now() + BOUND;
-    while std::time::Instant::now() < until {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
 }
 
 fn evaluate(
