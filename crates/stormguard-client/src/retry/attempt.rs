@@ -119,6 +119,12 @@ impl Attempts {
     pub(super) fn uri(&self) -> &Uri {
         &self.template.uri
     }
+
+    /// Takes the request's URI out (a committed call's body names its method with it; no
+    /// retry follows a commit), leaving `/`.
+    pub(super) fn take_uri(&mut self) -> Uri {
+        std::mem::take(&mut self.template.uri)
+    }
 }
 
 /// The caller's own timeout: the request's `grpc-timeout` (from `Request::set_timeout`), if

@@ -2,7 +2,8 @@
 //!
 //! It fires at the [`AttemptPlan::fire_at`](stormguard_core::retry::AttemptPlan::fire_at)
 //! of the attempt in flight (the earlier of the call's deadline and the attempt's own), and
-//! watches the call's deadline alone while a retry waits. It also counts the time an
+//! watches the call's deadline alone while a retry waits; a committed call's response body
+//! arms one of its own at the call's deadline (see [`ResponseBody`](super::body::ResponseBody)). It also counts the time an
 //! attempt waits for the channel, which the channel's own `grpc-timeout` timer does not.
 
 use std::future::Future as _;
@@ -41,6 +42,11 @@ impl Timer {
             (Some(at), None) => sleep.set(Some(tokio::time::sleep_until(at))),
             (None, _) => sleep.set(None),
         }
+    }
+
+    /// Whether the timer is armed.
+    pub(super) fn is_armed(&self) -> bool {
+        self.sleep.is_some()
     }
 
     /// Whether the timer is armed and has fired (registers `cx` to be woken when it does).
