@@ -11,7 +11,9 @@
 //! at the deadline less `min_time_left`, and the next queued call is admitted at that
 //! moment rather than when the handler would have finished.
 //!
-//! Every test runs on paused tokio time (virtual time; nothing waits for the wall clock).
+//! Every test runs on paused tokio time (virtual time; nothing waits for the wall clock),
+//! over an in-memory HTTP/2 connection between a real tonic client and server (see
+//! `serve`).
 //! The streaming services use the demo proto's messages (`WatchStock`, and the
 //! `ReserveBatch` path with a handler that sends its response headers at once, as a
 //! server-streaming handler does).
@@ -20,13 +22,12 @@
 mod client_support;
 
 use std::marker::PhantomData;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use client_support::{controller, endpoint, quick_policy};
+use client_support::{controller, quick_policy};
 use http::uri::PathAndQuery;
 use stormguard_client::RetryLayer;
 use stormguard_core::admission::{AdmissionConfig, RetryThreshold};
@@ -34,15 +35,14 @@ use stormguard_demo::{
     Inventory, InventoryBatchClient, InventoryClient, InventoryServer, ReserveBatchReply,
     ReserveReply, ReserveRequest, StockLevel, WatchStockRequest,
 };
-use stormguard_server::{MESSAGE_DEADLINE_CUT, ShedLayer, ShedStats};
-use tokio::net::TcpListener;
+use stormguard_server::shed::MESSAGE_DEADLINE_CUT;
+use stormguard_server::{ShedLayer, ShedStats};
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::tokio_stream::{self, Stream, StreamExt};
 use tonic::server::NamedService;
-use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Channel, Server};
+use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Request, Response, Status, Streaming};
 use tower::ServiceBuilder;
 
@@ -331,12 +331,14 @@ impl tower::Service<http::Request<tonic::body::Body>> for Batch {
     }
 }
 
-/// Serves both test services on a fresh loopback port (bound before this returns), behind
-/// `shed` when given.
-async fn serve(probe: &Arc<Probe>, shed: Option<ShedLayer>) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let incoming = TcpIncoming::from(listener);
+/// Serves both test services, behind `shed` when given, over an in-memory HTTP/2
+/// connection, and returns a channel to them. (Over kernel sockets, paused time can jump to
+/// the next timer while a frame is still on its way between the two sockets: the deadline
+/// would fire early. In memory, a write wakes the reader at once, so virtual time moves
+/// only when every task waits for a timer.)
+async fn serve(probe: &Arc<Probe>, shed: Option<ShedLayer>) -> Channel {
+    let (client_io, server_io) = tokio::io::duplex(1 << 20);
+    let incoming = tokio_stream::once(Ok::<_, std::io::Error>(server_io));
     let inventory = InventoryServer::new(Slow(Arc::clone(probe)));
     let batch = Batch(Arc::clone(probe));
     match shed {
@@ -354,11 +356,17 @@ async fn serve(probe: &Arc<Probe>, shed: Option<ShedLayer>) -> SocketAddr {
                 .serve_with_incoming(incoming),
         ),
     };
-    addr
-}
-
-async fn channel(addr: SocketAddr) -> Channel {
-    endpoint(addr).connect().await.unwrap()
+    let mut client_io = Some(client_io);
+    Endpoint::from_static("http://in-memory.test")
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let io = client_io.take();
+            async move {
+                io.map(hyper_util::rt::TokioIo::new)
+                    .ok_or_else(|| std::io::Error::other("one connection only"))
+            }
+        }))
+        .await
+        .unwrap()
 }
 
 fn retry_layer() -> RetryLayer {
@@ -390,10 +398,10 @@ fn open_stream(items: Vec<ReserveRequest>) -> impl Stream<Item = ReserveRequest>
 #[tokio::test(start_paused = true)]
 async fn a_committed_server_stream_ends_deadline_exceeded_at_its_deadline() {
     let probe = Arc::new(Probe::default());
-    let addr = serve(&probe, None).await;
+    let channel = serve(&probe, None).await;
     let layer = retry_layer();
     let stats = layer.stats();
-    let mut client = InventoryClient::new(ServiceBuilder::new().layer(layer).service(channel(addr).await));
+    let mut client = InventoryClient::new(ServiceBuilder::new().layer(layer).service(channel));
 
     let start = Instant::now();
     let request = timed(
@@ -427,11 +435,11 @@ async fn a_committed_server_stream_ends_deadline_exceeded_at_its_deadline() {
 #[tokio::test(start_paused = true)]
 async fn a_committed_client_stream_ends_deadline_exceeded_at_its_deadline() {
     let probe = Arc::new(Probe::default());
-    let addr = serve(&probe, None).await;
+    let channel = serve(&probe, None).await;
     let layer = retry_layer();
     let stats = layer.stats();
     let mut client =
-        InventoryBatchClient::new(ServiceBuilder::new().layer(layer).service(channel(addr).await));
+        InventoryBatchClient::new(ServiceBuilder::new().layer(layer).service(channel));
 
     let start = Instant::now();
     // Two reservations, and the caller's stream stays open: the server answers only when
@@ -453,10 +461,10 @@ async fn a_committed_client_stream_ends_deadline_exceeded_at_its_deadline() {
 #[tokio::test(start_paused = true)]
 async fn a_committed_bidi_stream_ends_deadline_exceeded_at_its_deadline() {
     let probe = Arc::new(Probe::default());
-    let addr = serve(&probe, None).await;
+    let channel = serve(&probe, None).await;
     let layer = retry_layer();
     let stats = layer.stats();
-    let svc = ServiceBuilder::new().layer(layer).service(channel(addr).await);
+    let svc = ServiceBuilder::new().layer(layer).service(channel);
     let mut grpc = tonic::client::Grpc::new(svc);
     grpc.ready().await.unwrap();
 
@@ -511,8 +519,8 @@ fn cut_after(timeout: Duration) -> Duration {
 async fn a_server_stream_running_past_its_deadline_is_cut_and_frees_its_worker() {
     let probe = Arc::new(Probe::default());
     let (layer, stats) = one_worker();
-    let addr = serve(&probe, Some(layer)).await;
-    let mut client = InventoryClient::new(channel(addr).await);
+    let channel = serve(&probe, Some(layer)).await;
+    let mut client = InventoryClient::new(channel);
 
     let start = Instant::now();
     let request = timed(
@@ -570,8 +578,8 @@ async fn a_server_stream_running_past_its_deadline_is_cut_and_frees_its_worker()
 async fn a_handler_running_past_its_deadline_is_cut_before_it_answers() {
     let probe = Arc::new(Probe::default());
     let (layer, stats) = one_worker();
-    let addr = serve(&probe, Some(layer)).await;
-    let client = InventoryClient::new(channel(addr).await);
+    let channel = serve(&probe, Some(layer)).await;
+    let client = InventoryClient::new(channel);
 
     let start = Instant::now();
     let mut first = client.clone();
@@ -610,11 +618,11 @@ async fn a_handler_running_past_its_deadline_is_cut_before_it_answers() {
 async fn a_call_that_ends_before_its_deadline_is_not_cut() {
     let probe = Arc::new(Probe::default());
     let (layer, stats) = one_worker();
-    let addr = serve(&probe, Some(layer)).await;
+    let channel = serve(&probe, Some(layer)).await;
     let retry = retry_layer();
     let client_stats = retry.stats();
     let mut client =
-        InventoryClient::new(ServiceBuilder::new().layer(retry).service(channel(addr).await));
+        InventoryClient::new(ServiceBuilder::new().layer(retry).service(channel));
     let mut stream = client
         .watch_stock(timed(
             WatchStockRequest {
