@@ -22,7 +22,7 @@ use stormguard_core::wire::encode_grpc_status;
 use stormguard_core::wire::http::{GRPC_MESSAGE, GRPC_STATUS};
 
 use super::record::CallStats;
-use super::timer::Timer;
+use super::timer::BodyTimer;
 use crate::replicas::Route;
 use crate::status::trailers_only_code;
 
@@ -95,8 +95,7 @@ pin_project! {
         // The call's deadline while a committed body has not ended (see "The deadline").
         deadline: Option<Instant>,
         // Armed at `deadline` the first time the inner body has nothing ready.
-        #[pin]
-        timer: Timer,
+        timer: BodyTimer,
     }
 }
 
@@ -149,7 +148,7 @@ impl<B: Body> ResponseBody<B> {
             inner: Some(inner),
             pending: Some(pending),
             deadline,
-            timer: Timer::at(None),
+            timer: BodyTimer::default(),
         }
     }
 }
@@ -169,7 +168,7 @@ impl<B> ResponseBody<B> {
             inner: Some(inner),
             pending: None,
             deadline: None,
-            timer: Timer::at(None),
+            timer: BodyTimer::default(),
         }
     }
 
@@ -225,7 +224,7 @@ impl<B: Body> Body for ResponseBody<B> {
             // Cut at the deadline: the trailers were the last frame.
             return Poll::Ready(None);
         };
-        if this.deadline.is_some() && this.timer.as_mut().poll_fired(cx) {
+        if this.deadline.is_some() && this.timer.poll_fired(cx) {
             return Poll::Ready(Some(Ok(cut(this.inner, this.pending, this.deadline))));
         }
         let frame = match inner.poll_frame(cx) {
@@ -235,8 +234,8 @@ impl<B: Body> Body for ResponseBody<B> {
                 if let Some(deadline) = *this.deadline
                     && !this.timer.is_armed()
                 {
-                    this.timer.as_mut().arm(Some(deadline));
-                    if this.timer.as_mut().poll_fired(cx) {
+                    this.timer.arm(deadline);
+                    if this.timer.poll_fired(cx) {
                         return Poll::Ready(Some(Ok(cut(this.inner, this.pending, this.deadline))));
                     }
                 }
@@ -258,6 +257,7 @@ impl<B: Body> Body for ResponseBody<B> {
         };
         if let Some(end) = end {
             *this.deadline = None;
+            this.timer.disarm();
             if let Some(pending) = this.pending.take() {
                 pending.end(end);
             }
@@ -661,5 +661,8 @@ mod tests {
         {
         }
         grpc_body::<ResponseBody<tonic::body::Body>>();
+        // Read with `BodyExt::frame`, which needs `Unpin`: the deadline's timer is boxed.
+        fn unpin<T: Unpin>() {}
+        unpin::<ResponseBody<tonic::body::Body>>();
     }
 }

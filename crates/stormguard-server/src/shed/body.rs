@@ -1,6 +1,7 @@
 //! The response body: the handler's, holding the call's worker until it ends.
 
 use std::fmt;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -40,9 +41,9 @@ pin_project! {
         // When the call is cut, until its body ends; and what tells of it.
         cut_at: Option<Instant>,
         events: Option<QueuedEvents>,
-        // Armed at `cut_at` the first time the handler's body has nothing ready.
-        #[pin]
-        timer: Option<Sleep>,
+        // Armed at `cut_at` the first time the handler's body has nothing ready (boxed: the
+        // body stays `Unpin`, and a body that never waits allocates none).
+        timer: Option<Pin<Box<Sleep>>>,
     }
 }
 
@@ -110,8 +111,8 @@ impl<B: Body> Body for ShedBody<B> {
             return Poll::Ready(None);
         };
         if this.cut_at.is_some()
-            && let Some(sleep) = this.timer.as_mut().as_pin_mut()
-            && sleep.poll(cx).is_ready()
+            && let Some(sleep) = this.timer.as_mut()
+            && sleep.as_mut().poll(cx).is_ready()
         {
             return Poll::Ready(Some(Ok(cut(&mut this))));
         }
@@ -122,10 +123,8 @@ impl<B: Body> Body for ShedBody<B> {
                 if let Some(at) = *this.cut_at
                     && this.timer.is_none()
                 {
-                    this.timer.set(Some(tokio::time::sleep_until(at)));
-                    if let Some(sleep) = this.timer.as_mut().as_pin_mut()
-                        && sleep.poll(cx).is_ready()
-                    {
+                    let sleep = this.timer.insert(Box::pin(tokio::time::sleep_until(at)));
+                    if sleep.as_mut().poll(cx).is_ready() {
                         return Poll::Ready(Some(Ok(cut(&mut this))));
                     }
                 }
@@ -164,6 +163,7 @@ impl<B: Body> Body for ShedBody<B> {
         }
         if ended || matches!(frame, Some(Err(_))) {
             *this.cut_at = None;
+            *this.timer = None;
         }
         Poll::Ready(frame)
     }
@@ -184,7 +184,7 @@ impl<B: Body> Body for ShedBody<B> {
 /// (with the call's load report, when the layer sends them).
 fn cut<B, D>(this: &mut ShedBodyProj<'_, B>) -> Frame<D> {
     this.inner.set(None);
-    this.timer.set(None);
+    *this.timer = None;
     *this.cut_at = None;
     let mut trailers = HeaderMap::new();
     super::response::deadline_cut_status(&mut trailers);
