@@ -325,7 +325,9 @@ impl tower::Service<http::Request<tonic::body::Body>> for Batch {
                     Ok::<_, Status>(Response::new(stream))
                 }
             });
-            let mut grpc = tonic::server::Grpc::new(ProstCodec::<ReserveBatchReply, ReserveRequest>::default());
+            let mut grpc = tonic::server::Grpc::new(
+                ProstCodec::<ReserveBatchReply, ReserveRequest>::default(),
+            );
             Ok(grpc.streaming(handler, req).await)
         })
     }
@@ -423,10 +425,19 @@ async fn a_committed_server_stream_ends_deadline_exceeded_at_its_deadline() {
             p.first_drop().is_some() && p.first_send_failure().is_some()
         })
         .await;
-    assert_at("the server's drop", start, probe.first_drop().unwrap(), ms(400));
+    assert_at(
+        "the server's drop",
+        start,
+        probe.first_drop().unwrap(),
+        ms(400),
+    );
     let s = stats.snapshot();
     assert_eq!(
-        (s.committed, s.committed_deadline_exceeded, s.deadline_exceeded),
+        (
+            s.committed,
+            s.committed_deadline_exceeded,
+            s.deadline_exceeded
+        ),
         (1, 1, 1)
     );
     assert_eq!((s.ok, s.failed, s.committed_failed), (0, 1, 1));
@@ -438,8 +449,7 @@ async fn a_committed_client_stream_ends_deadline_exceeded_at_its_deadline() {
     let channel = serve(&probe, None).await;
     let layer = retry_layer();
     let stats = layer.stats();
-    let mut client =
-        InventoryBatchClient::new(ServiceBuilder::new().layer(layer).service(channel));
+    let mut client = InventoryBatchClient::new(ServiceBuilder::new().layer(layer).service(channel));
 
     let start = Instant::now();
     // Two reservations, and the caller's stream stays open: the server answers only when
@@ -453,7 +463,12 @@ async fn a_committed_client_stream_ends_deadline_exceeded_at_its_deadline() {
     probe
         .until("the server drops the stream", |p| p.first_drop().is_some())
         .await;
-    assert_at("the server's drop", start, probe.first_drop().unwrap(), ms(300));
+    assert_at(
+        "the server's drop",
+        start,
+        probe.first_drop().unwrap(),
+        ms(300),
+    );
     let s = stats.snapshot();
     assert_eq!((s.committed, s.committed_deadline_exceeded), (1, 1));
 }
@@ -487,7 +502,12 @@ async fn a_committed_bidi_stream_ends_deadline_exceeded_at_its_deadline() {
     probe
         .until("the server drops the stream", |p| p.first_drop().is_some())
         .await;
-    assert_at("the server's drop", start, probe.first_drop().unwrap(), ms(250));
+    assert_at(
+        "the server's drop",
+        start,
+        probe.first_drop().unwrap(),
+        ms(250),
+    );
     assert_eq!(stats.snapshot().committed_deadline_exceeded, 1);
 }
 
@@ -567,10 +587,24 @@ async fn a_server_stream_running_past_its_deadline_is_cut_and_frees_its_worker()
     // The handler's stream was dropped at the cut, and the next call got the worker then,
     // not when the stream would have ended (never).
     waiting.await.unwrap().expect("the second call is served");
-    assert_at("the drop", start, probe.first_drop().unwrap(), cut_after(ms(500)));
-    assert_at("the second call", start, probe.started("second").unwrap(), cut_after(ms(500)));
+    assert_at(
+        "the drop",
+        start,
+        probe.first_drop().unwrap(),
+        cut_after(ms(500)),
+    );
+    assert_at(
+        "the second call",
+        start,
+        probe.started("second").unwrap(),
+        cut_after(ms(500)),
+    );
     let s = stats.snapshot();
-    assert_eq!((s.admitted, s.completed, s.cut_at_deadline), (2, 1, 1), "{s:?}");
+    assert_eq!(
+        (s.admitted, s.completed, s.cut_at_deadline),
+        (2, 1, 1),
+        "{s:?}"
+    );
     assert_eq!(stats.occupancy().free_workers, 1);
 }
 
@@ -608,10 +642,24 @@ async fn a_handler_running_past_its_deadline_is_cut_before_it_answers() {
         .await
         .unwrap()
         .expect("the second call is served");
-    assert_at("the drop", start, probe.first_drop().unwrap(), cut_after(ms(300)));
-    assert_at("the second call", start, probe.started("second").unwrap(), cut_after(ms(300)));
+    assert_at(
+        "the drop",
+        start,
+        probe.first_drop().unwrap(),
+        cut_after(ms(300)),
+    );
+    assert_at(
+        "the second call",
+        start,
+        probe.started("second").unwrap(),
+        cut_after(ms(300)),
+    );
     let s = stats.snapshot();
-    assert_eq!((s.admitted, s.completed, s.cut_at_deadline), (2, 1, 1), "{s:?}");
+    assert_eq!(
+        (s.admitted, s.completed, s.cut_at_deadline),
+        (2, 1, 1),
+        "{s:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -621,8 +669,7 @@ async fn a_call_that_ends_before_its_deadline_is_not_cut() {
     let channel = serve(&probe, Some(layer)).await;
     let retry = retry_layer();
     let client_stats = retry.stats();
-    let mut client =
-        InventoryClient::new(ServiceBuilder::new().layer(retry).service(channel));
+    let mut client = InventoryClient::new(ServiceBuilder::new().layer(retry).service(channel));
     let mut stream = client
         .watch_stock(timed(
             WatchStockRequest {

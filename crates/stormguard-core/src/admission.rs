@@ -357,9 +357,7 @@ impl AdmissionConfig {
     /// assert_eq!(c.cut_at(deadline), deadline - Duration::from_millis(2));
     /// ```
     pub fn cut_at(&self, deadline: Instant) -> Instant {
-        deadline
-            .checked_sub(self.min_time_left)
-            .unwrap_or(deadline)
+        deadline.checked_sub(self.min_time_left).unwrap_or(deadline)
     }
 
     /// The status of a shed answer carrying `pushback`: [`no_retry_code`](Self::no_retry_code)

@@ -330,9 +330,9 @@ mod tests {
 
     use bytes::Bytes;
     use http_body_util::BodyExt;
-    use stormguard_core::deadline::CallTimes;
     use stormguard_core::breaker::{BreakerConfig, CircuitBreaker};
     use stormguard_core::budget::Budget;
+    use stormguard_core::deadline::CallTimes;
     use stormguard_core::policy::{MethodTable, RetryPolicy};
     use stormguard_core::retry::{Refusal, RetryController};
     use stormguard_core::throttle::{A6Throttle, ThrottleConfig};
@@ -614,10 +614,7 @@ mod tests {
         assert!(b.is_end_stream());
         assert!(b.frame().await.is_none());
         let s = stats.snapshot();
-        assert_eq!(
-            (s.deadline_exceeded, s.committed_deadline_exceeded),
-            (1, 1)
-        );
+        assert_eq!((s.deadline_exceeded, s.committed_deadline_exceeded), (1, 1));
         assert_eq!((s.ok, s.failed, s.committed_failed), (0, 1, 1));
         // DEADLINE_EXCEEDED is not a code the policy retries: it costs no token.
         assert!(close(balance(&throttle), 5.0));

@@ -183,8 +183,14 @@ where
         if let Some(key) = &shared.budget_key {
             call.set_budget_key(key(&request));
         }
-        let (attempts, mut request) =
-            Attempts::first(request, &plan, retryable, shared.replay_limit, &stamps, call.deadline());
+        let (attempts, mut request) = Attempts::first(
+            request,
+            &plan,
+            retryable,
+            shared.replay_limit,
+            &stamps,
+            call.deadline(),
+        );
         if call.is_hedged() && !attempts.can_copy() {
             // A streaming request body is read by one copy at a time: sent once.
             let why = stormguard_core::retry::Refusal::ReplayLimit;

@@ -82,8 +82,8 @@ pub use exempt::HEALTH_SERVICE;
 pub use future::ResponseFuture;
 pub use layer::ShedLayer;
 pub use response::{
-    MESSAGE_DEADLINE_CUT, MESSAGE_EXPIRED, MESSAGE_QUEUE_FULL, MESSAGE_RETRY_SHED, MESSAGE_SHEDDABLE,
-    MESSAGE_SHUTTING_DOWN, SHUTDOWN_PUSHBACK_MS,
+    MESSAGE_DEADLINE_CUT, MESSAGE_EXPIRED, MESSAGE_QUEUE_FULL, MESSAGE_RETRY_SHED,
+    MESSAGE_SHEDDABLE, MESSAGE_SHUTTING_DOWN, SHUTDOWN_PUSHBACK_MS,
 };
 pub use shutdown::ShutdownHandle;
 
@@ -240,8 +240,8 @@ where
         let cut_at = deadline.map(|d| self.gate.cut_at(d));
         match entry {
             Entry::Admitted(permit) => {
-                let cut = cut_at
-                    .map(|at| (at, QueuedEvents::new(&self.events, request.uri(), class)));
+                let cut =
+                    cut_at.map(|at| (at, QueuedEvents::new(&self.events, request.uri(), class)));
                 let future = self.inner.call(request);
                 ResponseFuture::running(context, scope, future, permit, report, cut)
             }
