@@ -62,7 +62,7 @@
 //! `Server::timeout` set as well, tonic's timer fires at the earlier of it and the
 //! caller's `grpc-timeout`: a server timeout shorter than the caller's deadline still ends
 //! a handler that has not answered with tonic's `CANCELLED` (the layer's worker is given
-//! back as the future is dropped, counted as a caller that left), while a response that
+//! back as the future is dropped, as for a caller that left mid-run), while a response that
 //! streams is held to the caller's deadline by the layer alone.
 
 mod body;
