@@ -356,6 +356,10 @@ async fn exported_values_equal_the_layers_own_counters() {
         total(m, "stormguard.server.cancelled_queued", &[]),
         s.cancelled_queued
     );
+    assert_eq!(
+        total(m, "stormguard.server.cut_at_deadline", &[]),
+        s.cut_at_deadline
+    );
     assert_eq!(total(m, "stormguard.server.queue.time", &[]), s.dequeued);
     assert!(s.dequeued > 0, "calls queued: {s:?}");
     assert_eq!(total(m, "stormguard.server.workers", &[]), 2);

@@ -72,7 +72,7 @@
 //!
 //! | knob | bounds | the server learns it | when it runs out |
 //! |---|---|---|---|
-//! | `tonic::Request::set_timeout` | the whole call: every attempt and every backoff delay | yes: each attempt's `grpc-timeout` is what is left | `DEADLINE_EXCEEDED`, final (never retried) |
+//! | `tonic::Request::set_timeout` | the whole call: every attempt, every backoff delay and, once committed, the response stream (see [`ResponseBody`]) | yes: each attempt's `grpc-timeout` is what is left | `DEADLINE_EXCEEDED`, final (never retried) |
 //! | per-attempt timeout: [`RetryPolicy::per_attempt_timeout`](stormguard_core::policy::RetryPolicy::per_attempt_timeout), `retry.per_attempt_timeout`, `retryPolicy.perAttemptRecvTimeout`, [`RetryLayer::with_per_attempt_timeout`] | one attempt | yes: `grpc-timeout` is the smaller of it and what is left of the call | a failure of the dependency (budget, breaker), retried; when the layer gives up, `DEADLINE_EXCEEDED` with `grpc-retry-pushback-ms: -1` |
 //! | `Endpoint::timeout`, or a `tower::timeout` layer *under* the `RetryLayer` | one attempt (the channel takes the smaller of it and `grpc-timeout`) | no | read by the layer exactly as a per-attempt timeout |
 //! | a `tower::timeout` layer *above* the `RetryLayer` | the whole call | no | the layer's future is dropped: the attempt in flight is cancelled, nothing is recorded for the budget or the breaker, the caller gets `tower`'s `Elapsed`, not a gRPC status |

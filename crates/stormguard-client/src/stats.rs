@@ -58,6 +58,7 @@ struct Counters {
     committed_failed: AtomicU64,
     committed_abandoned: AtomicU64,
     deadline_exceeded: AtomicU64,
+    committed_deadline_exceeded: AtomicU64,
     attempt_timeouts: AtomicU64,
     delayed_by_backoff: AtomicU64,
     delayed_by_pushback: AtomicU64,
@@ -155,6 +156,16 @@ impl RetryStats {
             .fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A committed call's response body was cut at the call's deadline: a call that ended
+    /// `DEADLINE_EXCEEDED` because its deadline ran out.
+    pub(crate) fn committed_deadline_exceeded(&self) {
+        let shard = self.shard();
+        shard.deadline_exceeded.fetch_add(1, Ordering::Relaxed);
+        shard
+            .committed_deadline_exceeded
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn attempt_timed_out(&self) {
         self.shard()
             .attempt_timeouts
@@ -239,6 +250,7 @@ impl RetryStats {
             committed_failed: load(|c| &c.committed_failed),
             committed_abandoned: load(|c| &c.committed_abandoned),
             deadline_exceeded: load(|c| &c.deadline_exceeded),
+            committed_deadline_exceeded: load(|c| &c.committed_deadline_exceeded),
             attempt_timeouts: load(|c| &c.attempt_timeouts),
             delayed_by_backoff: load(|c| &c.delayed_by_backoff),
             delayed_by_pushback: load(|c| &c.delayed_by_pushback),
@@ -296,8 +308,14 @@ pub struct StatsSnapshot {
     pub committed_abandoned: u64,
     /// Calls that ended with `DEADLINE_EXCEEDED` because the caller's deadline ran out:
     /// before the first attempt was sent, while an attempt was in flight or its failure was
-    /// on its way, or while the channel was being readied for a retry.
+    /// on its way, while the channel was being readied for a retry, or after the call
+    /// committed, while its response was still streaming (those are also in
+    /// `committed_deadline_exceeded`).
     pub deadline_exceeded: u64,
+    /// Committed calls (response headers received) whose response body the layer cut at the
+    /// call's deadline: the stream was reset and the caller read `DEADLINE_EXCEEDED` (a part
+    /// of `deadline_exceeded`, `committed_failed` and `failed`).
+    pub committed_deadline_exceeded: u64,
     /// Attempts abandoned because their per-attempt timeout ran out before the call's
     /// deadline (the layer's own timer, or a timer below it: `Endpoint::timeout`, a
     /// `tower::timeout` layer), or that the server answered `DEADLINE_EXCEEDED` or

@@ -340,6 +340,26 @@ impl Default for AdmissionConfig {
 }
 
 impl AdmissionConfig {
+    /// When a call that got a worker is cut if it is still running (its handler not done,
+    /// or its response still streaming), given its caller's `deadline`: `min_time_left`
+    /// before it, the instant from which a queued call is no longer worth running. Past it
+    /// the caller cannot use the answer; cutting then frees the worker for a call that
+    /// can, and answers `DEADLINE_EXCEEDED` before the transport's own timer (tonic's
+    /// answers `CANCELLED`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard_core::Instant;
+    /// use stormguard_core::admission::AdmissionConfig;
+    ///
+    /// let deadline = Instant::now() + Duration::from_millis(100);
+    /// let c = AdmissionConfig { min_time_left: Duration::from_millis(2), ..AdmissionConfig::default() };
+    /// assert_eq!(c.cut_at(deadline), deadline - Duration::from_millis(2));
+    /// ```
+    pub fn cut_at(&self, deadline: Instant) -> Instant {
+        deadline.checked_sub(self.min_time_left).unwrap_or(deadline)
+    }
+
     /// The status of a shed answer carrying `pushback`: [`no_retry_code`](Self::no_retry_code)
     /// (when set) for "do not retry", else [`shed_code`](Self::shed_code).
     ///

@@ -19,6 +19,7 @@
 //! | `stormguard.server.shed` | counter | `{call}` | `stormguard.attempt.class` (`first`, `retry`), `stormguard.criticality` (`sheddable`, `default`, `critical`), `stormguard.shed.reason` (`queue_full`, `retry_threshold`, `sheddable`) |
 //! | `stormguard.server.expired` | counter | `{call}` | |
 //! | `stormguard.server.cancelled_queued` | counter | `{call}` | |
+//! | `stormguard.server.cut_at_deadline` | counter | `{call}` | |
 //! | `stormguard.server.completed` | counter | `{call}` | |
 //! | `stormguard.server.queue.depth` | gauge | `{call}` | |
 //! | `stormguard.server.in_flight` | gauge | `{call}` | |
@@ -99,7 +100,7 @@ impl ServerMetrics {
                 time_queued.record(waited)
             })));
         type Read = fn(&crate::StatsSnapshot) -> u64;
-        let counters: [(&'static str, &'static str, Read); 4] = [
+        let counters: [(&'static str, &'static str, Read); 5] = [
             (
                 "stormguard.server.admitted",
                 "Calls given a worker, at once or after queuing",
@@ -114,6 +115,11 @@ impl ServerMetrics {
                 "stormguard.server.cancelled_queued",
                 "Calls whose caller went away while they were queued",
                 |s| s.cancelled_queued,
+            ),
+            (
+                "stormguard.server.cut_at_deadline",
+                "Calls cut on their worker at their deadline, still running or streaming",
+                |s| s.cut_at_deadline,
             ),
             (
                 "stormguard.server.completed",

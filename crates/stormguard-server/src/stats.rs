@@ -24,6 +24,7 @@ pub(crate) struct Counters {
     shed_displaced: AtomicU64,
     expired: AtomicU64,
     cancelled_queued: AtomicU64,
+    cut_at_deadline: AtomicU64,
     shutting_down: AtomicU64,
     dequeued: AtomicU64,
     time_queued_us: AtomicU64,
@@ -82,6 +83,11 @@ impl Counters {
     /// A call was answered `DEADLINE_EXCEEDED` before it ran.
     pub(crate) fn record_expired(&self) {
         bump(&self.expired);
+    }
+
+    /// A running call was cut at its deadline.
+    pub(crate) fn record_cut(&self) {
+        bump(&self.cut_at_deadline);
     }
 
     /// A queued call's caller went away.
@@ -169,6 +175,7 @@ impl Counters {
             shed_displaced: get(&self.shed_displaced),
             expired: get(&self.expired),
             cancelled_queued: get(&self.cancelled_queued),
+            cut_at_deadline: get(&self.cut_at_deadline),
             shutting_down: get(&self.shutting_down),
             queue_depth: self.depth(),
             in_flight: self.in_flight.load(Ordering::Relaxed),
@@ -238,6 +245,12 @@ pub struct StatsSnapshot {
     pub expired: u64,
     /// Calls whose caller went away (cancelled, timed out, reset) while queued.
     pub cancelled_queued: u64,
+    /// Calls cut on their worker because their deadline (`grpc-timeout`, less
+    /// `min_time_left`) passed while the handler still ran or its response still streamed:
+    /// answered `DEADLINE_EXCEEDED` (trailers-only, or trailers after the messages sent so
+    /// far), the handler's future or stream dropped and the worker given back at once. Not
+    /// in `completed`.
+    pub cut_at_deadline: u64,
     /// Calls answered `UNAVAILABLE` because the server was shutting down (see
     /// [`ShutdownHandle`](crate::shed::ShutdownHandle)): the ones queued when it began,
     /// and every call that arrived after.

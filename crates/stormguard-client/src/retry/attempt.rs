@@ -11,8 +11,15 @@
 //! `grpc-previous-rpc-attempts` on retries, and what is left of the request's retry
 //! allowance as `x-retry-budget`.
 
+use std::pin::Pin;
 use std::sync::Mutex;
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use stormguard_core::Instant;
+use tonic::Status;
 
 use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, Method, Uri, Version};
@@ -24,6 +31,7 @@ use tonic::GrpcMethod;
 use tonic::body::Body;
 
 use super::replay::{Buffered, Resend, buffer, full};
+use super::timer::Timer;
 
 /// What a call keeps to send its retries.
 pub(super) struct Attempts {
@@ -35,19 +43,29 @@ impl Attempts {
     /// Prepares the first attempt of `request` as `plan` says. When the method may be
     /// retried (`retryable`), its body is made replayable within `replay_limit` bytes and
     /// the parts are kept for a retry.
+    ///
+    /// A streaming body (one not ready at once) is held to the call's `deadline` (see
+    /// [`DeadlineBody`]).
     pub(super) fn first(
         request: http::Request<Body>,
         plan: &AttemptPlan,
         retryable: bool,
         replay_limit: usize,
         stamps: &Stamps,
+        deadline: Option<Instant>,
     ) -> (Attempts, http::Request<Body>) {
         let (mut parts, body) = request.into_parts();
         stamps.stamp(&mut parts.headers, plan);
         let (resend, body) = if retryable {
             match buffer(body, replay_limit) {
                 Buffered::Whole(data) => (Resend::Whole(data.clone()), full(data)),
-                Buffered::Stream(replay, first) => (Resend::Stream(replay), Body::new(first)),
+                Buffered::Stream(replay, first) => {
+                    let body = match deadline {
+                        Some(at) => Body::new(DeadlineBody::new(first, at)),
+                        None => Body::new(first),
+                    };
+                    (Resend::Stream(replay), body)
+                }
                 // The body announced a length over the bound: sent once, never copied.
                 Buffered::Once(body) => (Resend::Never, body),
             }
@@ -118,6 +136,78 @@ impl Attempts {
     /// The request's URI (`rpc.method` of events is its path).
     pub(super) fn uri(&self) -> &Uri {
         &self.template.uri
+    }
+
+    /// Takes the request's URI out (a committed call's body names its method with it; no
+    /// retry follows a commit), leaving `/`.
+    pub(super) fn take_uri(&mut self) -> Uri {
+        std::mem::take(&mut self.template.uri)
+    }
+}
+
+pin_project! {
+    /// A streaming request body held to the call's deadline. When the deadline passes while
+    /// the caller's stream is still open, the body ends with `DEADLINE_EXCEEDED`, and hyper
+    /// resets the HTTP/2 stream: dropping the response body (as the committed call's
+    /// [`ResponseBody`](super::body::ResponseBody) does at the deadline) does not, while the
+    /// request's half is still being sent. The timer is armed the first time the caller's
+    /// stream has nothing ready.
+    struct DeadlineBody<B> {
+        #[pin]
+        inner: B,
+        deadline: Instant,
+        #[pin]
+        timer: Timer,
+    }
+}
+
+impl<B> DeadlineBody<B> {
+    fn new(inner: B, deadline: Instant) -> Self {
+        DeadlineBody {
+            inner,
+            deadline,
+            timer: Timer::at(None),
+        }
+    }
+}
+
+impl<B: HttpBody<Error = Status>> HttpBody for DeadlineBody<B> {
+    type Data = B::Data;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, Status>>> {
+        let mut this = self.project();
+        let expired = || {
+            Poll::Ready(Some(Err(Status::deadline_exceeded(
+                "stormguard: the call's deadline was exceeded while its request streamed",
+            ))))
+        };
+        if this.timer.as_mut().poll_fired(cx) {
+            return expired();
+        }
+        match this.inner.poll_frame(cx) {
+            Poll::Pending => {
+                if !this.timer.is_armed() {
+                    this.timer.as_mut().arm(Some(*this.deadline));
+                    if this.timer.as_mut().poll_fired(cx) {
+                        return expired();
+                    }
+                }
+                Poll::Pending
+            }
+            ready => ready,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -10,16 +10,19 @@
 
 use std::fmt;
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderValue, Uri};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use stormguard_core::Instant;
 use stormguard_core::code::Code;
 use stormguard_core::retry::CallRetry;
+use stormguard_core::wire::encode_grpc_status;
+use stormguard_core::wire::http::{GRPC_MESSAGE, GRPC_STATUS};
 
 use super::record::CallStats;
+use super::timer::BodyTimer;
 use crate::replicas::Route;
 use crate::status::trailers_only_code;
 
@@ -64,10 +67,35 @@ pin_project! {
     /// A body dropped before its end means the caller lost interest: nothing is known about
     /// the dependency, so nothing is recorded (the call counts as `committed_abandoned`),
     /// and the breaker permit the call held is released without an outcome.
+    ///
+    /// # The deadline
+    ///
+    /// A committed call is still held to its deadline, the one the layer resolved when the
+    /// call began (the caller's `grpc-timeout`, the inbound call's deadline, the method's
+    /// service-config `timeout` or the layer's default:
+    /// [`resolve_deadline_at`](stormguard_core::deadline::resolve_deadline_at)). When it
+    /// passes before the body ended, the body drops the inner body, which resets the HTTP/2
+    /// stream (the server's handler sees the call cancelled), and yields a trailers frame
+    /// with `grpc-status: 4` instead: tonic's `Streaming::message()` (and a unary call)
+    /// then returns `DEADLINE_EXCEEDED`. The call is recorded as if its trailers had said
+    /// so, and counted in [`deadline_exceeded`](crate::StatsSnapshot::deadline_exceeded)
+    /// and [`committed_deadline_exceeded`](crate::StatsSnapshot::committed_deadline_exceeded).
+    ///
+    /// What it costs: nothing for a call without a deadline. With one, a frame the inner
+    /// body has ready is forwarded after one clock read (data frames only; a stream that
+    /// always has a frame ready is still cut); the first time the inner body has nothing
+    /// ready, a timer is armed at the deadline and polled before the inner body from then
+    /// on. A unary answer whose frames are ready when the caller reads them never arms it.
     pub struct ResponseBody<B> {
+        // `None` once the layer cut the body at the call's deadline (dropping it resets the
+        // stream).
         #[pin]
-        inner: B,
+        inner: Option<B>,
         pending: Option<Pending>,
+        // The call's deadline while a committed body has not ended (see "The deadline").
+        deadline: Option<Instant>,
+        // Armed at `deadline` the first time the inner body has nothing ready.
+        timer: BodyTimer,
     }
 }
 
@@ -77,6 +105,8 @@ struct Pending {
     stats: CallStats,
     /// The replicas the call used, when the layer is over an endpoint-aware channel.
     route: Option<Route>,
+    /// The call's URI (its path names the method in the event of a cut).
+    uri: Uri,
     ended: bool,
 }
 
@@ -98,11 +128,14 @@ impl<B: Body> ResponseBody<B> {
         call: Option<CallRetry>,
         stats: CallStats,
         route: Option<Route>,
+        uri: Uri,
     ) -> Self {
+        let deadline = call.as_ref().and_then(CallRetry::deadline);
         let pending = Pending {
             call,
             stats,
             route,
+            uri,
             ended: false,
         };
         if inner.is_end_stream() {
@@ -112,8 +145,10 @@ impl<B: Body> ResponseBody<B> {
             return ResponseBody::passthrough(inner);
         }
         ResponseBody {
-            inner,
+            inner: Some(inner),
             pending: Some(pending),
+            deadline,
+            timer: BodyTimer::default(),
         }
     }
 }
@@ -130,14 +165,16 @@ impl<B> ResponseBody<B> {
     /// A body whose outcome is already recorded, or not the layer's to record.
     pub(super) fn passthrough(inner: B) -> Self {
         ResponseBody {
-            inner,
+            inner: Some(inner),
             pending: None,
+            deadline: None,
+            timer: BodyTimer::default(),
         }
     }
 
-    /// The inner body.
-    pub fn get_ref(&self) -> &B {
-        &self.inner
+    /// The inner body; `None` once the layer cut the body at the call's deadline.
+    pub fn get_ref(&self) -> Option<&B> {
+        self.inner.as_ref()
     }
 }
 
@@ -182,28 +219,93 @@ impl<B: Body> Body for ResponseBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        let this = self.project();
-        let frame = ready!(this.inner.poll_frame(cx));
+        let mut this = self.project();
+        let Some(inner) = this.inner.as_mut().as_pin_mut() else {
+            // Cut at the deadline: the trailers were the last frame.
+            return Poll::Ready(None);
+        };
+        if this.deadline.is_some() && this.timer.poll_fired(cx) {
+            return Poll::Ready(Some(Ok(cut(this.inner, this.pending, this.deadline))));
+        }
+        let frame = match inner.poll_frame(cx) {
+            Poll::Ready(frame) => frame,
+            Poll::Pending => {
+                // The first wait: from now on the timer watches the deadline.
+                if let Some(deadline) = *this.deadline
+                    && !this.timer.is_armed()
+                {
+                    this.timer.arm(deadline);
+                    if this.timer.poll_fired(cx) {
+                        return Poll::Ready(Some(Ok(cut(this.inner, this.pending, this.deadline))));
+                    }
+                }
+                return Poll::Pending;
+            }
+        };
+        if let (Some(Ok(f)), Some(deadline)) = (&frame, *this.deadline)
+            && f.is_data()
+            && !this.timer.is_armed()
+            && Instant::now() >= deadline
+        {
+            // A stream that never waited is held to its deadline too.
+            return Poll::Ready(Some(Ok(cut(this.inner, this.pending, this.deadline))));
+        }
         let end = match &frame {
             Some(Ok(frame)) => frame.trailers_ref().map(End::Trailers),
             Some(Err(_)) => Some(End::Error),
             None => Some(End::Eos),
         };
-        if let Some(end) = end
-            && let Some(pending) = this.pending.take()
-        {
-            pending.end(end);
+        if let Some(end) = end {
+            *this.deadline = None;
+            this.timer.disarm();
+            if let Some(pending) = this.pending.take() {
+                pending.end(end);
+            }
         }
         Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
     }
+}
+
+/// The `grpc-message` of a committed call cut at its deadline.
+pub(super) const MESSAGE_DEADLINE: &str = "stormguard: the call's deadline was exceeded";
+
+/// The call's deadline passed before its body ended: drops the inner body (resetting the
+/// stream), records the call as ended `DEADLINE_EXCEEDED`, and returns the trailers the
+/// caller reads that status from.
+fn cut<B, D>(
+    mut inner: Pin<&mut Option<B>>,
+    pending: &mut Option<Pending>,
+    deadline: &mut Option<Instant>,
+) -> Frame<D> {
+    inner.set(None);
+    *deadline = None;
+    let mut trailers = HeaderMap::with_capacity(2);
+    trailers.insert(
+        GRPC_STATUS,
+        HeaderValue::from_static(encode_grpc_status(Code::DeadlineExceeded)),
+    );
+    trailers.insert(GRPC_MESSAGE, HeaderValue::from_static(MESSAGE_DEADLINE));
+    if let Some(pending) = pending.take() {
+        pending.stats.committed_deadline_exceeded();
+        let events = pending.stats.events();
+        tracing::debug!(
+            stormguard.layer = events.name().get().map_or("", |n| &**n),
+            rpc.method = pending.uri.path(),
+            "stormguard: committed call cut at its deadline"
+        );
+        pending.end(End::Trailers(&trailers));
+    }
+    Frame::trailers(trailers)
 }
 
 impl<B: fmt::Debug> fmt::Debug for ResponseBody<B> {
@@ -211,6 +313,7 @@ impl<B: fmt::Debug> fmt::Debug for ResponseBody<B> {
         f.debug_struct("ResponseBody")
             .field("inner", &self.inner)
             .field("recording", &self.pending.is_some())
+            .field("deadline", &self.deadline)
             .finish()
     }
 }
@@ -223,11 +326,13 @@ mod tests {
     use std::collections::VecDeque;
     use std::sync::Arc;
 
+    use std::time::Duration;
+
     use bytes::Bytes;
-    use http::HeaderValue;
     use http_body_util::BodyExt;
     use stormguard_core::breaker::{BreakerConfig, CircuitBreaker};
     use stormguard_core::budget::Budget;
+    use stormguard_core::deadline::CallTimes;
     use stormguard_core::policy::{MethodTable, RetryPolicy};
     use stormguard_core::retry::{Refusal, RetryController};
     use stormguard_core::throttle::{A6Throttle, ThrottleConfig};
@@ -300,6 +405,7 @@ mod tests {
             Some(call),
             CallStats::new(stats.clone(), crate::metrics::CallMetrics::none()),
             None,
+            Uri::from_static(PATH),
         )
     }
 
@@ -453,6 +559,95 @@ mod tests {
         assert_eq!(stats.snapshot().ok, 1);
     }
 
+    /// A body that yields `ready` data frames at once, then waits forever.
+    struct Stalls(u32);
+
+    impl Body for Stalls {
+        type Data = Bytes;
+        type Error = Status;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+            let left = &mut self.get_mut().0;
+            if *left == 0 {
+                return Poll::Pending;
+            }
+            *left -= 1;
+            Poll::Ready(Some(data("x")))
+        }
+    }
+
+    /// A committed body of `inner` whose call has a deadline `timeout` from now.
+    fn with_deadline<B: Body>(
+        c: &RetryController,
+        stats: &RetryStats,
+        inner: B,
+        timeout: Duration,
+    ) -> ResponseBody<B> {
+        let times = CallTimes {
+            caller: Some(timeout),
+            ..CallTimes::default()
+        };
+        let call = c.begin_call_at(PATH, &times, Instant::now()).unwrap();
+        ResponseBody::committed(
+            inner,
+            Some(call),
+            CallStats::new(stats.clone(), crate::metrics::CallMetrics::none()),
+            None,
+            Uri::from_static(PATH),
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_still_waiting_at_the_deadline_ends_deadline_exceeded_at_the_deadline() {
+        let (c, throttle) = a6(None);
+        let stats = RetryStats::new();
+        let start = Instant::now();
+        let mut b = with_deadline(&c, &stats, Stalls(1), Duration::from_millis(300));
+        assert!(b.frame().await.unwrap().unwrap().is_data());
+        let trailers = b.frame().await.unwrap().unwrap().into_trailers().unwrap();
+        assert_eq!(Instant::now() - start, Duration::from_millis(300));
+        assert_eq!(trailers["grpc-status"], "4");
+        assert_eq!(trailers["grpc-message"], MESSAGE_DEADLINE);
+        assert!(b.get_ref().is_none(), "the inner body was dropped");
+        assert!(b.is_end_stream());
+        assert!(b.frame().await.is_none());
+        let s = stats.snapshot();
+        assert_eq!((s.deadline_exceeded, s.committed_deadline_exceeded), (1, 1));
+        assert_eq!((s.ok, s.failed, s.committed_failed), (0, 1, 1));
+        // DEADLINE_EXCEEDED is not a code the policy retries: it costs no token.
+        assert!(close(balance(&throttle), 5.0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_that_never_waits_is_cut_at_its_deadline_too() {
+        let (c, _) = a6(None);
+        let stats = RetryStats::new();
+        let mut b = with_deadline(&c, &stats, Stalls(u32::MAX), Duration::from_millis(50));
+        for _ in 0..3 {
+            assert!(b.frame().await.unwrap().unwrap().is_data());
+        }
+        tokio::time::advance(Duration::from_millis(50)).await;
+        let frame = b.frame().await.unwrap().unwrap();
+        assert_eq!(frame.trailers_ref().unwrap()["grpc-status"], "4");
+        assert_eq!(stats.snapshot().committed_deadline_exceeded, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_ends_before_its_deadline_is_not_cut() {
+        let (c, _) = a6(None);
+        let stats = RetryStats::new();
+        let frames = Frames(vec![data("a"), trailers(Some("0"))].into());
+        let mut b = with_deadline(&c, &stats, frames, Duration::from_millis(50));
+        assert!(b.frame().await.unwrap().unwrap().is_data());
+        assert!(b.frame().await.unwrap().unwrap().is_trailers());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(b.frame().await.is_none());
+        let s = stats.snapshot();
+        assert_eq!((s.ok, s.deadline_exceeded), (1, 0));
+    }
+
     #[test]
     fn tonic_clients_accept_the_body_of_a_channel() {
         // The bounds tonic's generated clients put on a service's response body.
@@ -463,5 +658,8 @@ mod tests {
         {
         }
         grpc_body::<ResponseBody<tonic::body::Body>>();
+        // Read with `BodyExt::frame`, which needs `Unpin`: the deadline's timer is boxed.
+        fn unpin<T: Unpin>() {}
+        unpin::<ResponseBody<tonic::body::Body>>();
     }
 }

@@ -7,6 +7,7 @@
 //! | `stormguard: N retries refused in the last S s` | INFO | `stormguard.layer`, `rpc.method` (of the latest), `refused.attempts`, `refused.deadline`, `refused.breaker`, `refused.budget`, `refused.key_budget`, `refused.allowance`, `summary.window_ms` |
 //! | `stormguard: call rejected by the client throttle` (each one) | DEBUG | `stormguard.layer`, `rpc.method`, `throttle.criticality`, `throttle.probability` |
 //! | `stormguard: N calls rejected by the client throttle in the last S s` | INFO | `stormguard.layer`, `rpc.method` (of the latest), `throttled.sheddable`, `throttled.default`, `throttled.critical`, `summary.window_ms` |
+//! | `stormguard: committed call cut at its deadline` (each one: see [`ResponseBody`](super::ResponseBody)) | DEBUG | `stormguard.layer`, `rpc.method` |
 //! | `stormguard: circuit breaker opened`, `... half-opened`, `... closed` | INFO | `stormguard.layer`, `breaker.from`, `breaker.to`, `breaker.failure_rate` (opened from closed), `breaker.open_ms` (opened) |
 //!
 //! The summary counts the refusals that mean a dependency fails beyond what the policy pays

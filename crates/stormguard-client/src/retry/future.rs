@@ -183,8 +183,14 @@ where
         if let Some(key) = &shared.budget_key {
             call.set_budget_key(key(&request));
         }
-        let (attempts, mut request) =
-            Attempts::first(request, &plan, retryable, shared.replay_limit, &stamps);
+        let (attempts, mut request) = Attempts::first(
+            request,
+            &plan,
+            retryable,
+            shared.replay_limit,
+            &stamps,
+            call.deadline(),
+        );
         if call.is_hedged() && !attempts.can_copy() {
             // A streaming request body is read by one copy at a time: sent once.
             let why = stormguard_core::retry::Refusal::ReplayLimit;
@@ -477,8 +483,9 @@ where
 }
 
 /// The call committed with `response` (headers without a status): passed through, never
-/// retried; the outcome is recorded when the body ends (see `body`). No retry can follow:
-/// stop buffering the request body, and settle a half-open probe.
+/// retried; the outcome is recorded when the body ends (see `body`), and the body holds the
+/// call to its deadline from here on. No retry can follow: stop buffering the request body,
+/// and settle a half-open probe.
 fn commit<S, B>(
     this: &mut FutureProj<'_, S, B>,
     response: http::Response<B>,
@@ -499,6 +506,7 @@ where
         this.call.take(),
         this.stats.take(),
         this.route.clone(),
+        this.attempts.take_uri(),
     );
     http::Response::from_parts(parts, body)
 }

@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | `stormguard: call shed` (each one) | DEBUG | `stormguard.layer`, `rpc.method`, `shed.class`, `shed.criticality`, `shed.reason`, `shed.queued` (it gave its place up in a full queue), `queue.depth`, `pushback_ms` |
 //! | `stormguard: call expired before it could run`, `stormguard: call expired while queued` | DEBUG | `stormguard.layer`, `rpc.method`, `shed.class`, `shed.criticality` |
+//! | `stormguard: call cut at its deadline` (each one) | DEBUG | `stormguard.layer`, `rpc.method`, `shed.class`, `shed.criticality`, `cut.streaming` (the handler had answered and its response was streaming) |
 //! | `stormguard: N calls shed and M expired in the last S s` | INFO | `stormguard.layer`, `rpc.method` (of the latest), `shed.queue_full`, `shed.retry_threshold`, `shed.sheddable`, `expired`, `queue.depth`, `summary.window_ms` |
 //!
 //! The summary is written by the first such call at least a second after the previous
@@ -94,6 +95,19 @@ impl ShedEvents {
         self.count(EXPIRED, path);
     }
 
+    /// A running call to `path` of `class` was cut at its deadline: before its handler
+    /// answered, or while its response streamed (`streaming`).
+    pub(crate) fn cut(&self, path: &str, class: CallClass, streaming: bool) {
+        tracing::debug!(
+            stormguard.layer = self.layer(),
+            rpc.method = path,
+            shed.class = class.attempt.as_str(),
+            shed.criticality = class.criticality.as_str(),
+            cut.streaming = streaming,
+            "stormguard: call cut at its deadline"
+        );
+    }
+
     fn count(&self, cause: usize, path: &str) {
         let Some(summary) = self.summary.record_at(cause, Instant::now()) else {
             return;
@@ -116,7 +130,8 @@ impl ShedEvents {
     }
 }
 
-/// What a queued call's future needs to report how it left the queue.
+/// What a call's future needs to report how it left the queue (a queued call), or that it
+/// was cut at its deadline (a call with a deadline, queued or not).
 #[derive(Debug)]
 pub(crate) struct QueuedEvents {
     events: Arc<ShedEvents>,
@@ -145,5 +160,10 @@ impl QueuedEvents {
     /// The call expired while it waited.
     pub(crate) fn expired(&self) {
         self.events.expired(self.path(), self.class, true);
+    }
+
+    /// The call was cut at its deadline (`streaming`: while its response streamed).
+    pub(crate) fn cut(&self, streaming: bool) {
+        self.events.cut(self.path(), self.class, streaming);
     }
 }

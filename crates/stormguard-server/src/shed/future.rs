@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
+use stormguard_core::Instant;
 use stormguard_core::context::{self, CallContext, RequestScope, RequestScoped, Scoped};
 use stormguard_core::wire::http::GRPC_STATUS;
 use tokio::time::Sleep;
@@ -29,6 +30,12 @@ pin_project! {
     /// call's [`CallContext`] set (its deadline from the inbound `grpc-timeout`), so the
     /// handler's outgoing calls through a `RetryLayer` inherit the deadline. Dropping the
     /// future at any point gives back what it holds.
+    ///
+    /// A call with a deadline is cut when it passes
+    /// ([`AdmissionConfig::cut_at`](stormguard_core::admission::AdmissionConfig::cut_at)):
+    /// while the handler has not answered, the handler's future is dropped, the worker given
+    /// back at once and the caller answered `DEADLINE_EXCEEDED` (trailers-only); once it
+    /// answered, the response body carries the same rule (see [`ShedBody`]).
     pub struct ResponseFuture<S, Req>
     where
         S: Service<Req>,
@@ -38,6 +45,14 @@ pin_project! {
         // The call's load report, when the layer sends them: attached to whichever
         // answer the call ends with.
         report: Option<CallReport>,
+        // One timer: a queued call's expiry, then, for a call with a deadline, when the
+        // running call is cut.
+        #[pin]
+        timer: Option<Sleep>,
+        // When a call with a deadline is cut while it runs.
+        cut_at: Option<Instant>,
+        // What tells how a queued call left the queue, or that a call was cut.
+        events: Option<QueuedEvents>,
     }
 }
 
@@ -49,13 +64,10 @@ pin_project! {
     {
         Queued {
             ticket: Ticket,
-            #[pin]
-            timer: Sleep,
             service: Option<S>,
             request: Unread<Req>,
             context: CallContext,
             scope: Option<RequestScope>,
-            events: QueuedEvents,
         },
         Running {
             #[pin]
@@ -72,19 +84,26 @@ impl<S, Req> ResponseFuture<S, Req>
 where
     S: Service<Req>,
 {
+    /// A call given a worker at once; `cut`: when it is cut, for a call with a deadline,
+    /// and what tells of it.
     pub(crate) fn running(
         context: CallContext,
         scope: RequestScope,
         future: S::Future,
         permit: WorkerPermit,
         report: Option<CallReport>,
+        cut: Option<(Instant, QueuedEvents)>,
     ) -> Self {
+        let (cut_at, events) = cut.unzip();
         ResponseFuture {
             state: State::Running {
                 future: context::request_scope(scope, context::scope(context, future)),
                 permit: Some(permit),
             },
             report,
+            timer: cut_at.map(tokio::time::sleep_until),
+            cut_at,
+            events,
         }
     }
 
@@ -101,15 +120,22 @@ where
         ResponseFuture {
             state: State::Queued {
                 ticket,
-                timer,
                 service: Some(service),
                 request,
                 context,
                 scope: Some(scope),
-                events,
             },
             report,
+            timer: Some(timer),
+            cut_at: None,
+            events: Some(events),
         }
+    }
+
+    /// A queued call with a deadline: once it runs, it is cut at `at`.
+    pub(crate) fn cut_at(mut self, at: Option<Instant>) -> Self {
+        self.cut_at = at;
+        self
     }
 
     /// A call that bypasses the queue: no worker to hold.
@@ -120,6 +146,9 @@ where
                 permit: None,
             },
             report: None,
+            timer: None,
+            cut_at: None,
+            events: None,
         }
     }
 
@@ -129,6 +158,9 @@ where
                 response: Some(response),
             },
             report: None,
+            timer: None,
+            cut_at: None,
+            events: None,
         }
     }
 }
@@ -144,22 +176,25 @@ where
         let this = self.project();
         let mut state = this.state;
         let report = this.report;
+        let mut timer = this.timer;
+        let cut_at = this.cut_at;
+        let events = this.events;
         loop {
             match state.as_mut().project() {
                 StateProj::Queued {
                     ticket,
-                    timer,
                     service,
                     request,
                     context,
                     scope,
-                    events,
                 } => {
-                    let fired = timer.poll(cx).is_ready();
+                    let fired = poll_timer(timer.as_mut(), cx);
                     match ticket.poll_turn(cx.waker(), fired) {
                         Turn::Wait => return Poll::Pending,
                         Turn::Expired => {
-                            events.expired();
+                            if let Some(events) = events.as_ref() {
+                                events.expired();
+                            }
                             // Dropping the queued state discards the unread request body.
                             state.set(State::Answered { response: None });
                             let answer =
@@ -180,7 +215,9 @@ where
                         Turn::Shed(shed) => {
                             // Gave its place up in a full queue; as when expired, dropping
                             // the queued state discards the unread request body.
-                            events.shed(&shed);
+                            if let Some(events) = events.as_ref() {
+                                events.shed(&shed);
+                            }
                             let code = ticket.shed_code(shed.pushback);
                             state.set(State::Answered { response: None });
                             let answer = response::shed(code, shed.reason, shed.pushback);
@@ -202,6 +239,15 @@ where
                                 scope,
                                 context::scope(*context, service.call(request)),
                             );
+                            // The expiry's timer now watches when the running call is cut.
+                            match *cut_at {
+                                Some(at) if timer.is_some() => {
+                                    if let Some(sleep) = timer.as_mut().as_pin_mut() {
+                                        sleep.reset(at);
+                                    }
+                                }
+                                _ => timer.set(None),
+                            }
                             state.set(State::Running {
                                 future,
                                 permit: Some(permit),
@@ -210,7 +256,31 @@ where
                     }
                 }
                 StateProj::Running { mut future, permit } => {
-                    let output = std::task::ready!(future.as_mut().poll(cx));
+                    let output = match future.as_mut().poll(cx) {
+                        Poll::Ready(output) => output,
+                        Poll::Pending => {
+                            if !poll_timer(timer.as_mut(), cx) {
+                                return Poll::Pending;
+                            }
+                            // The deadline passed before the handler answered: its future
+                            // is dropped, then its worker given back.
+                            let permit = permit.take();
+                            state.set(State::Answered { response: None });
+                            timer.set(None);
+                            if let Some(events) = events.as_ref() {
+                                events.cut(false);
+                            }
+                            let answer = response::with_report(
+                                response::deadline_cut(),
+                                report.as_ref(),
+                                false,
+                            );
+                            if let Some(permit) = permit {
+                                permit.cut();
+                            }
+                            return Poll::Ready(Ok(with_empty_body(answer)));
+                        }
+                    };
                     let permit = permit.take();
                     // A client layer inside the handler gave up on a retryable failure:
                     // the handler's own answer must not invite a retry from above either.
@@ -237,7 +307,8 @@ where
                                     stormguard_core::Instant::now(),
                                 );
                             }
-                            Ok(response.map(|body| ShedBody::holding(body, permit, report)))
+                            let cut = cut_at.take().zip(events.take());
+                            Ok(response.map(|body| ShedBody::holding(body, permit, report, cut)))
                         }
                         Err(error) => {
                             if let Some(permit) = permit {
@@ -259,6 +330,13 @@ where
             }
         }
     }
+}
+
+/// Whether `timer` is armed and has fired (registers `cx` to be woken when it does).
+fn poll_timer(timer: Pin<&mut Option<Sleep>>, cx: &mut Context<'_>) -> bool {
+    timer
+        .as_pin_mut()
+        .is_some_and(|sleep| sleep.poll(cx).is_ready())
 }
 
 fn with_empty_body<B>(response: http::Response<()>) -> http::Response<ShedBody<B>> {

@@ -24,7 +24,7 @@ use std::task::Waker;
 use tokio::sync::Notify;
 
 use stormguard_core::Instant;
-use stormguard_core::admission::{AdmissionPolicy, CallClass, Shed, ShedPushback};
+use stormguard_core::admission::{AdmissionConfig, AdmissionPolicy, CallClass, Shed, ShedPushback};
 use stormguard_core::code::Code;
 use stormguard_core::queue::{AdmissionQueue, Arrival, Dispatch, QueuedId};
 
@@ -39,6 +39,9 @@ pub(crate) struct Gate {
     /// The status of a shed answer, and of one that says "do not retry".
     shed_code: Code,
     no_retry_code: Code,
+    /// The queue's configuration, for what is decided without the lock (when a running
+    /// call is cut).
+    config: AdmissionConfig,
     /// Whether the server is shutting down (set once, under the lock, never cleared).
     closing: AtomicBool,
     /// Wakes the futures of [`ShutdownHandle::begun`](super::ShutdownHandle::begun).
@@ -138,6 +141,7 @@ impl Gate {
     pub(crate) fn new(policy: AdmissionPolicy) -> Self {
         let shed_code = policy.config().shed_code;
         let no_retry_code = policy.config().code_for(ShedPushback::DoNotRetry);
+        let config = policy.config().clone();
         let counters = Counters::default();
         let core = AdmissionQueue::new(policy);
         counters.set_gauges(0, 0, core.worker_limit(), None);
@@ -150,6 +154,7 @@ impl Gate {
             counters,
             shed_code,
             no_retry_code,
+            config,
             closing: AtomicBool::new(false),
             closed: Notify::new(),
         }
@@ -162,6 +167,12 @@ impl Gate {
             ShedPushback::DoNotRetry => self.no_retry_code,
             ShedPushback::After(_) => self.shed_code,
         }
+    }
+
+    /// When a running call whose caller's deadline is `deadline` is cut
+    /// ([`AdmissionConfig::cut_at`]).
+    pub(crate) fn cut_at(&self, deadline: Instant) -> Instant {
+        self.config.cut_at(deadline)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -383,6 +394,14 @@ impl WorkerPermit {
     pub(crate) fn finished(mut self) {
         self.gate.counters.record_completed();
         self.finished = true;
+    }
+}
+
+impl WorkerPermit {
+    /// The call was cut at its deadline while it still ran: count it and give the worker
+    /// back, as for a caller that left mid-run.
+    pub(crate) fn cut(self) {
+        self.gate.counters.record_cut();
     }
 }
 

@@ -37,15 +37,33 @@
 //!
 //! The worker is given back when the response body ([`ShedBody`]) ends or is dropped,
 //! or when the future is dropped before that: a streaming response holds its worker for
-//! as long as it streams.
+//! as long as it streams, and no longer than its deadline.
+//!
+//! # Held to the deadline, end to end
+//!
+//! A call with a deadline (`grpc-timeout`) is cut when the deadline, less `min_time_left`
+//! ([`AdmissionConfig::cut_at`](stormguard_core::admission::AdmissionConfig::cut_at)),
+//! passes while it still holds its worker: the handler's future, or its response stream,
+//! is dropped (the handler sees its call cancelled), the worker goes to the next queued
+//! call at that moment, and the caller reads `DEADLINE_EXCEEDED`: trailers-only when the
+//! handler had not answered, else trailers after the messages sent so far
+//! ([`MESSAGE_DEADLINE_CUT`]). It counts in
+//! [`cut_at_deadline`](crate::StatsSnapshot::cut_at_deadline), not in `completed`. Calls
+//! that bypass the queue ([`exempt`]) hold no worker and are not cut.
 //!
 //! # Where to put it
 //!
 //! On a tonic server, `Server::builder().layer(ShedLayer::from_config(..)?)` wraps all the
 //! services of the router behind one queue. Tonic's own `grpc-timeout` handling sits
-//! outside user layers; the queue answers a call slightly before that timer fires
+//! outside user layers and bounds only the handler's future, never a response that
+//! streams; the queue answers a call, queued or running, slightly before that timer fires
 //! ([`AdmissionConfig::min_time_left`](stormguard_core::admission::AdmissionConfig)),
-//! so the caller sees `DEADLINE_EXCEEDED` rather than tonic's `CANCELLED`.
+//! so the caller sees `DEADLINE_EXCEEDED` rather than tonic's `CANCELLED`. With
+//! `Server::timeout` set as well, tonic's timer fires at the earlier of it and the
+//! caller's `grpc-timeout`: a server timeout shorter than the caller's deadline still ends
+//! a handler that has not answered with tonic's `CANCELLED` (the layer's worker is given
+//! back as the future is dropped, as for a caller that left mid-run), while a response that
+//! streams is held to the caller's deadline by the layer alone.
 
 mod body;
 pub mod drain;
@@ -64,8 +82,8 @@ pub use exempt::HEALTH_SERVICE;
 pub use future::ResponseFuture;
 pub use layer::ShedLayer;
 pub use response::{
-    MESSAGE_EXPIRED, MESSAGE_QUEUE_FULL, MESSAGE_RETRY_SHED, MESSAGE_SHEDDABLE,
-    MESSAGE_SHUTTING_DOWN, SHUTDOWN_PUSHBACK_MS,
+    MESSAGE_DEADLINE_CUT, MESSAGE_EXPIRED, MESSAGE_QUEUE_FULL, MESSAGE_RETRY_SHED,
+    MESSAGE_SHEDDABLE, MESSAGE_SHUTTING_DOWN, SHUTDOWN_PUSHBACK_MS,
 };
 pub use shutdown::ShutdownHandle;
 
@@ -218,9 +236,14 @@ where
             // Not queued: its time queued is zero.
             report.started_at(now);
         }
+        // A call with a deadline is cut when it passes (see `ResponseFuture`, `ShedBody`).
+        let cut_at = deadline.map(|d| self.gate.cut_at(d));
         match entry {
             Entry::Admitted(permit) => {
-                ResponseFuture::running(context, scope, self.inner.call(request), permit, report)
+                let cut =
+                    cut_at.map(|at| (at, QueuedEvents::new(&self.events, request.uri(), class)));
+                let future = self.inner.call(request);
+                ResponseFuture::running(context, scope, future, permit, report, cut)
             }
             Entry::Queued(ticket) => {
                 // Keep the service that was made ready for this call; the clone takes
@@ -230,6 +253,7 @@ where
                 let events = QueuedEvents::new(&self.events, request.uri(), class);
                 let request = Unread::new(request, &self.drains);
                 ResponseFuture::queued(context, scope, ticket, ready, request, events, report)
+                    .cut_at(cut_at)
             }
             Entry::Shed(shed) => {
                 self.events.shed(request.uri().path(), class, &shed, false);

@@ -34,6 +34,10 @@ pub const SHUTDOWN_PUSHBACK_MS: i64 = 1;
 /// close or it waited too long.
 pub const MESSAGE_EXPIRED: &str = "stormguard: deadline expired while queued";
 
+/// The `grpc-message` of a call cut at its deadline while its handler still ran or its
+/// response still streamed.
+pub const MESSAGE_DEADLINE_CUT: &str = "stormguard: deadline exceeded while running";
+
 fn trailers_only<B: Default>(code: Code, message: &'static str) -> http::Response<B> {
     let mut response = http::Response::new(B::default());
     let headers = response.headers_mut();
@@ -83,6 +87,28 @@ pub(crate) fn shutting_down<B: Default>() -> http::Response<B> {
 /// caller's deadline is gone or nearly so; there is nothing to come back for).
 pub(crate) fn expired<B: Default>() -> http::Response<B> {
     trailers_only(Code::DeadlineExceeded, MESSAGE_EXPIRED)
+}
+
+/// The status of a call cut at its deadline: `DEADLINE_EXCEEDED` and
+/// [`MESSAGE_DEADLINE_CUT`], no pushback, and not marked unprocessed (the handler ran).
+/// As the headers of a trailers-only answer (the handler had not answered yet), or as the
+/// trailers after the messages sent so far.
+pub(crate) fn deadline_cut_status(headers: &mut http::HeaderMap) {
+    headers.insert(
+        GRPC_STATUS,
+        HeaderValue::from_static(encode_grpc_status(Code::DeadlineExceeded)),
+    );
+    headers.insert(GRPC_MESSAGE, HeaderValue::from_static(MESSAGE_DEADLINE_CUT));
+}
+
+/// The answer to a call cut at its deadline before its handler answered: trailers-only
+/// `DEADLINE_EXCEEDED` (see [`deadline_cut_status`]).
+pub(crate) fn deadline_cut<B: Default>() -> http::Response<B> {
+    let mut response = http::Response::new(B::default());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    deadline_cut_status(headers);
+    response
 }
 
 /// Adds the call's load report, when the layer sends them, to one of the layer's own
@@ -164,6 +190,14 @@ mod tests {
         let r: http::Response<String> = expired();
         assert_eq!(r.headers()["grpc-status"], "4");
         assert!(r.headers().get("grpc-retry-pushback-ms").is_none());
+        let r: http::Response<String> = deadline_cut();
+        assert!(r.body().is_empty());
+        assert_eq!(r.headers()["content-type"], "application/grpc");
+        assert_eq!(r.headers()["grpc-status"], "4");
+        assert_eq!(r.headers()["grpc-message"], MESSAGE_DEADLINE_CUT);
+        assert!(r.headers().get("grpc-retry-pushback-ms").is_none());
+        // The handler ran: a client must not take it for work never started.
+        assert!(r.headers().get("stormguard-unprocessed").is_none());
     }
 
     #[test]
