@@ -227,6 +227,7 @@ mod admission;
 mod client;
 mod criticality;
 pub(crate) mod document;
+mod idempotency;
 pub mod duration;
 mod notice;
 mod service;
