@@ -70,10 +70,18 @@ struct Writes {
 }
 
 /// Counted, so no signal is lost whichever side comes first.
-#[derive(Default)]
 struct Hold {
     entered: Semaphore,
     release: Semaphore,
+}
+
+impl Default for Hold {
+    fn default() -> Self {
+        Hold {
+            entered: Semaphore::new(0),
+            release: Semaphore::new(0),
+        }
+    }
 }
 
 /// Waits for `n` signals of `sem`.
@@ -564,7 +572,8 @@ async fn the_store_s_bounds_hold_over_tonic() {
 async fn an_answer_too_large_to_record_is_sent_and_a_repeat_learns_it_ran() {
     let svc = Writes::default();
     let store = memory(IdempotencyConfig {
-        max_record_bytes: 30,
+        // Less than the reply's one gRPC frame (5 bytes of framing and the message).
+        max_record_bytes: 8,
         ..IdempotencyConfig::default()
     });
     let idem = IdempotencyLayer::new().with_store(store.clone());
@@ -581,7 +590,6 @@ async fn an_answer_too_large_to_record_is_sent_and_a_repeat_learns_it_ran() {
 }
 
 /// What the lossy run of `calls` logical writes did.
-#[derive(Debug)]
 struct LossyRun {
     ok: usize,
     failed: usize,
@@ -628,6 +636,21 @@ async fn lossy_writes(layer: RetryLayer, calls: usize) -> LossyRun {
         failed,
         lost: lost.load(Ordering::Relaxed),
         executions: svc.executions(),
+    }
+}
+
+impl std::fmt::Debug for LossyRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let runs: usize = self.executions.values().sum();
+        let duplicated = self.executions.values().filter(|n| **n > 1).count();
+        write!(
+            f,
+            "ok {}, failed {}, answers lost {}, executions {runs} for {} calls, {duplicated} done more than once",
+            self.ok,
+            self.failed,
+            self.lost,
+            self.executions.len()
+        )
     }
 }
 

@@ -264,6 +264,15 @@ impl<R> DedupTable<R> {
             self.abandon(key);
             return false;
         }
+        self.record_at(key, answer, bytes, now);
+        true
+    }
+
+    /// [`complete_at`](Self::complete_at) without the bound on one answer (the total
+    /// bound still holds): for a fixed, small answer of the server's own, such as the one
+    /// that says "the call ran, its answer was too large to keep", which must be kept
+    /// however small `max_record_bytes` is.
+    pub fn record_at(&mut self, key: &str, answer: R, bytes: usize, now: Instant) {
         self.expire_at(now);
         let done = State::Done {
             answer: Arc::new(answer),
@@ -291,7 +300,6 @@ impl<R> DedupTable<R> {
                 break;
             }
         }
-        true
     }
 
     /// The call with `key` ended without an answer worth keeping (it failed in transport,
@@ -440,6 +448,9 @@ mod tests {
         assert!(matches!(t.begin_at("big", now), Begin::New));
         assert!(!t.complete_at("big", (), 5, now), "over max_record_bytes");
         assert!(matches!(t.begin_at("big", now), Begin::New), "not kept: runs again");
+        // The server's own small answer is kept past the bound on one answer.
+        t.record_at("big", (), 5, now);
+        assert!(matches!(t.begin_at("big", now), Begin::Completed(_)));
         for k in ["a", "b", "c"] {
             t.begin_at(k, now);
             assert!(t.complete_at(k, (), 4, now));
@@ -487,7 +498,7 @@ mod tests {
         /// Whatever the calls, every bound holds after each one, and the bytes counted
         /// are the bytes held.
         #[test]
-        fn bounds_always_hold(ops in proptest::collection::vec((0u8..3, 0u8..12, 0usize..8, 0u64..30), 1..200)) {
+        fn bounds_always_hold(ops in proptest::collection::vec((0u8..4, 0u8..12, 0usize..8, 0u64..30), 1..200)) {
             let cfg = IdempotencyConfig {
                 ttl: Duration::from_secs(20),
                 ..config(5, 16, 6)
@@ -502,7 +513,8 @@ mod tests {
                 match op {
                     0 => { t.begin_at(&key, now); }
                     1 => { t.complete_at(&key, (), bytes, now); }
-                    _ => t.abandon(&key),
+                    2 => t.abandon(&key),
+                    _ => t.record_at(&key, (), bytes, now),
                 }
                 let c = t.counts();
                 prop_assert!(c.entries <= 5);

@@ -337,7 +337,7 @@ fn not_kept() -> Record {
         Code::AlreadyExists,
         HeaderValue::from_static(MESSAGE_NOT_KEPT),
     );
-    Record::new(response.headers().clone(), Bytes::new(), None)
+    Record::not_kept(response.headers().clone())
 }
 
 /// A recorded answer, sent again.

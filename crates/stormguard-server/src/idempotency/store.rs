@@ -72,6 +72,7 @@ pub struct Record {
     headers: HeaderMap,
     body: Bytes,
     trailers: Option<HeaderMap>,
+    not_kept: bool,
 }
 
 impl Record {
@@ -83,7 +84,25 @@ impl Record {
             headers,
             body,
             trailers,
+            not_kept: false,
         }
+    }
+
+    /// What the layer records for a call whose answer was too large to keep: a
+    /// trailers-only `ALREADY_EXISTS` with
+    /// [`MESSAGE_NOT_KEPT`](super::MESSAGE_NOT_KEPT) (the call ran; a repeat is not run, and
+    /// learns that). A store keeps it whatever its bound on one answer: it is small and
+    /// fixed.
+    pub fn not_kept(headers: HeaderMap) -> Self {
+        Record {
+            not_kept: true,
+            ..Record::new(headers, Bytes::new(), None)
+        }
+    }
+
+    /// Whether this is the record of an answer too large to keep ([`Record::not_kept`]).
+    pub fn is_not_kept(&self) -> bool {
+        self.not_kept
     }
 
     /// The response headers.
@@ -176,8 +195,12 @@ impl IdempotencyStore for MemoryStore {
 
     fn complete(&self, key: &IdempotencyKey, record: Record) {
         let size = record.size();
-        self.lock()
-            .complete_at(key.as_str(), record, size, Instant::now());
+        let mut table = self.lock();
+        if record.is_not_kept() {
+            table.record_at(key.as_str(), record, size, Instant::now());
+        } else {
+            table.complete_at(key.as_str(), record, size, Instant::now());
+        }
     }
 
     fn abandon(&self, key: &IdempotencyKey) {
