@@ -84,9 +84,22 @@ impl Default for Hold {
     }
 }
 
-/// Waits for `n` signals of `sem`.
+/// Waits for `n` signals of `sem`; a signal that never comes fails the test (on paused
+/// time the minute passes as soon as nothing else can run) instead of hanging it.
 async fn signals(sem: &Semaphore, n: u32) {
-    sem.acquire_many(n).await.unwrap().forget();
+    tokio::time::timeout(Duration::from_secs(60), sem.acquire_many(n))
+        .await
+        .expect("the signal came")
+        .unwrap()
+        .forget();
+}
+
+/// A spawned call's result; one that never ends fails the test as `signals` does.
+async fn joined<T>(task: tokio::task::JoinHandle<T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), task)
+        .await
+        .expect("the call ended")
+        .unwrap()
 }
 
 impl Writes {
@@ -368,7 +381,7 @@ async fn hedges_carry_the_key_of_their_call() {
     // Both copies reach the handler (no store): release them once both are in.
     signals(&hold.entered, 2).await;
     hold.release.add_permits(2);
-    call.await.unwrap().unwrap();
+    joined(call).await.unwrap();
     let runs = svc.runs();
     assert_eq!(runs.len(), 2);
     assert_eq!(runs[1].previous_attempts.as_deref(), Some("1"), "a hedge");
@@ -453,11 +466,14 @@ async fn a_duplicate_while_the_first_runs_is_aborted_and_a_keyed_client_waits_fo
     let first = tokio::spawn(async move { first_client.reserve(with_key("f", "k-busy")).await });
     signals(&hold.entered, 1).await;
     // A plain client sees the answer as it is.
-    let err = plain(addr)
-        .await
-        .reserve(with_key("f", "k-busy"))
-        .await
-        .unwrap_err();
+    let mut duplicate = plain(addr).await;
+    let err = tokio::time::timeout(
+        Duration::from_secs(60),
+        duplicate.reserve(with_key("f", "k-busy")),
+    )
+    .await
+    .expect("answered without waiting for the first run")
+    .unwrap_err();
     assert_eq!(err.code(), Code::Aborted);
     assert_eq!(err.message(), MESSAGE_IN_FLIGHT);
     let md = err.metadata();
@@ -470,8 +486,8 @@ async fn a_duplicate_while_the_first_runs_is_aborted_and_a_keyed_client_waits_fo
     let waiting = tokio::spawn(async move { keyed.reserve(with_key("f", "k-busy")).await });
     signals(&store.in_flight, 1).await; // the keyed client's first attempt
     hold.release.add_permits(1);
-    let first = first.await.unwrap().unwrap();
-    let waited = waiting.await.unwrap().unwrap();
+    let first = joined(first).await.unwrap();
+    let waited = joined(waiting).await.unwrap();
     assert_eq!(waited.get_ref(), first.get_ref());
     assert_eq!(svc.runs().len(), 1, "the handler ran once");
     let s = stats.snapshot();
@@ -501,7 +517,7 @@ async fn a_hedge_that_finds_its_key_in_flight_is_a_lost_copy_not_the_answer() {
     signals(&hold.entered, 1).await;
     signals(&store.in_flight, 1).await;
     hold.release.add_permits(1);
-    let reply = call.await.unwrap().unwrap();
+    let reply = joined(call).await.unwrap();
     assert_eq!(reply.get_ref().attempt, 1, "the first copy's answer");
     assert_eq!(svc.runs().len(), 1);
 }
