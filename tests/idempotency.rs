@@ -29,8 +29,8 @@ use stormguard_demo::{
     WatchStockRequest,
 };
 use stormguard_server::idempotency::{
-    Begin, IdempotencyKey, IdempotencyLayer, IdempotencyStore, MESSAGE_IN_FLIGHT,
-    MESSAGE_NOT_KEPT, MemoryStore, Record,
+    Begin, IdempotencyKey, IdempotencyLayer, IdempotencyStore, MESSAGE_IN_FLIGHT, MESSAGE_NOT_KEPT,
+    MemoryStore, Record,
 };
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -146,7 +146,10 @@ impl Inventory for Writes {
             header: header(KEY),
             previous_attempts: header("grpc-previous-rpc-attempts"),
         };
-        let attempt = run.previous_attempts.as_deref().map_or(0, |v| v.parse().unwrap());
+        let attempt = run
+            .previous_attempts
+            .as_deref()
+            .map_or(0, |v| v.parse().unwrap());
         self.runs.lock().unwrap().push(run);
         if let Some(hold) = &self.hold {
             hold.entered.add_permits(1);
@@ -234,7 +237,8 @@ where
                 .iter()
                 .fold(0u64, |h, b| splitmix64(h ^ u64::from(*b)))
         };
-        let draw = splitmix64(self.layer.seed ^ h("x-call") ^ splitmix64(h("grpc-previous-rpc-attempts")));
+        let draw =
+            splitmix64(self.layer.seed ^ h("x-call") ^ splitmix64(h("grpc-previous-rpc-attempts")));
         let lose = draw % 100 < self.layer.percent;
         let lost = Arc::clone(&self.layer.lost);
         let fut = self.inner.call(request);
@@ -298,7 +302,11 @@ fn retry_layer(policy: RetryPolicy, keyed: bool) -> RetryLayer {
 type Client = InventoryClient<stormguard_client::Retry<Channel>>;
 
 async fn client(addr: SocketAddr, layer: RetryLayer) -> Client {
-    InventoryClient::new(ServiceBuilder::new().layer(layer).service(channel(addr).await))
+    InventoryClient::new(
+        ServiceBuilder::new()
+            .layer(layer)
+            .service(channel(addr).await),
+    )
 }
 
 async fn plain(addr: SocketAddr) -> InventoryClient<Channel> {
@@ -334,13 +342,25 @@ async fn every_attempt_carries_the_call_s_one_key_and_the_handler_sees_it() {
     assert_eq!(key.len(), 36, "a UUID: {key}");
     assert_eq!(&key[14..15], "4", "version 4: {key}");
     for run in &a {
-        assert_eq!(run.header.as_deref(), Some(key.as_str()), "the same key on every attempt");
-        assert_eq!(run.extension.as_deref(), Some(key.as_str()), "and in the extension");
+        assert_eq!(
+            run.header.as_deref(),
+            Some(key.as_str()),
+            "the same key on every attempt"
+        );
+        assert_eq!(
+            run.extension.as_deref(),
+            Some(key.as_str()),
+            "and in the extension"
+        );
     }
     let previous: Vec<_> = a.iter().map(|r| r.previous_attempts.as_deref()).collect();
     assert_eq!(previous, [None, Some("1"), Some("2")]);
     let b = runs.iter().find(|r| r.request_id == "b").unwrap();
-    assert_ne!(b.header.as_deref(), Some(key.as_str()), "one key per logical call");
+    assert_ne!(
+        b.header.as_deref(),
+        Some(key.as_str()),
+        "one key per logical call"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -350,16 +370,26 @@ async fn a_caller_s_key_is_kept_a_bad_one_is_refused_and_unkeyed_methods_carry_n
     let mut keyed = client(addr, retry_layer(write_policy(3, false), true)).await;
     keyed.reserve(with_key("mine", "order-42")).await.unwrap();
     // A key a server would refuse is the caller's error: not sent.
-    let err = keyed.reserve(with_key("bad", "two words")).await.unwrap_err();
+    let err = keyed
+        .reserve(with_key("bad", "two words"))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("call not sent"), "{}", err.message());
     let mut unkeyed = client(addr, retry_layer(write_policy(3, false), false)).await;
     unkeyed.reserve(reserve("none")).await.unwrap();
     let runs = svc.runs();
-    assert_eq!(runs.len(), 2, "the bad key never reached the server: {runs:?}");
+    assert_eq!(
+        runs.len(),
+        2,
+        "the bad key never reached the server: {runs:?}"
+    );
     assert_eq!(runs[0].header.as_deref(), Some("order-42"));
     assert_eq!(runs[0].extension.as_deref(), Some("order-42"));
-    assert_eq!((runs[1].header.as_deref(), runs[1].extension.as_deref()), (None, None));
+    assert_eq!(
+        (runs[1].header.as_deref(), runs[1].extension.as_deref()),
+        (None, None)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -386,7 +416,10 @@ async fn hedges_carry_the_key_of_their_call() {
     assert_eq!(runs.len(), 2);
     assert_eq!(runs[1].previous_attempts.as_deref(), Some("1"), "a hedge");
     assert!(runs[0].header.is_some());
-    assert_eq!(runs[0].header, runs[1].header, "the hedge carries the call's key");
+    assert_eq!(
+        runs[0].header, runs[1].header,
+        "the hedge carries the call's key"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -402,7 +435,11 @@ async fn a_duplicate_of_a_completed_call_gets_the_recorded_answer_without_runnin
         .metadata_mut()
         .insert("grpc-previous-rpc-attempts", "1".parse().unwrap());
     let second = client.reserve(again).await.unwrap();
-    assert_eq!(second.get_ref(), first.get_ref(), "the recorded answer, not a new run");
+    assert_eq!(
+        second.get_ref(),
+        first.get_ref(),
+        "the recorded answer, not a new run"
+    );
     assert_eq!(second.get_ref().attempt, 1);
     assert_eq!(svc.runs().len(), 1);
     let s = stats.snapshot();
@@ -503,7 +540,12 @@ async fn a_hedge_that_finds_its_key_in_flight_is_a_lost_copy_not_the_answer() {
         inner: memory(IdempotencyConfig::default()),
         in_flight: Semaphore::new(0),
     });
-    let addr = serve(svc.clone(), IdempotencyLayer::new().with_store(store.clone()), None).await;
+    let addr = serve(
+        svc.clone(),
+        IdempotencyLayer::new().with_store(store.clone()),
+        None,
+    )
+    .await;
     let mut table = MethodTable::none();
     table.set_default_hedging(Some(HedgingPolicy {
         max_attempts: 2,
@@ -547,7 +589,11 @@ async fn a_hostile_key_is_refused_and_never_reaches_the_handler() {
     ] {
         let err = client.reserve(req).await.unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-        assert!(err.message().contains("idempotency-key"), "{}", err.message());
+        assert!(
+            err.message().contains("idempotency-key"),
+            "{}",
+            err.message()
+        );
     }
     assert!(svc.runs().is_empty());
     assert_eq!(store.counts().entries, 0, "nothing stored");
@@ -563,7 +609,12 @@ async fn the_store_s_bounds_hold_over_tonic() {
         ttl: Duration::from_secs(60),
         ..IdempotencyConfig::default()
     });
-    let addr = serve(svc.clone(), IdempotencyLayer::new().with_store(store.clone()), None).await;
+    let addr = serve(
+        svc.clone(),
+        IdempotencyLayer::new().with_store(store.clone()),
+        None,
+    )
+    .await;
     let mut client = plain(addr).await;
     for key in ["a", "b", "c"] {
         client.reserve(with_key(key, key)).await.unwrap();
@@ -693,7 +744,10 @@ async fn without_a_key_a_lost_answer_is_either_not_retried_or_done_twice() {
     let run = lossy_writes(retry_layer(write_policy(5, false), false), CALLS).await;
     println!("unkeyed: {run:?}");
     assert!(run.lost >= 5, "{run:?}");
-    assert_eq!(run.failed as u64, run.lost, "each lost answer fails its call: {run:?}");
+    assert_eq!(
+        run.failed as u64, run.lost,
+        "each lost answer fails its call: {run:?}"
+    );
     assert_eq!(run.executions.values().sum::<usize>(), CALLS);
     // Forced retries without a key: each lost answer's retry runs the write again.
     let run = lossy_writes(retry_layer(write_policy(5, true), false), CALLS).await;

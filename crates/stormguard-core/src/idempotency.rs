@@ -447,7 +447,10 @@ mod tests {
         let now = Instant::now();
         assert!(matches!(t.begin_at("big", now), Begin::New));
         assert!(!t.complete_at("big", (), 5, now), "over max_record_bytes");
-        assert!(matches!(t.begin_at("big", now), Begin::New), "not kept: runs again");
+        assert!(
+            matches!(t.begin_at("big", now), Begin::New),
+            "not kept: runs again"
+        );
         // The server's own small answer is kept past the bound on one answer.
         t.record_at("big", (), 5, now);
         assert!(matches!(t.begin_at("big", now), Begin::Completed(_)));
@@ -457,7 +460,10 @@ mod tests {
         }
         let c = t.counts();
         assert!(c.bytes <= 10, "{c:?}");
-        assert!(matches!(t.begin_at("a", now), Begin::New), "oldest evicted for bytes");
+        assert!(
+            matches!(t.begin_at("a", now), Begin::New),
+            "oldest evicted for bytes"
+        );
         assert!(matches!(t.begin_at("c", now), Begin::Completed(_)));
     }
 
@@ -473,7 +479,10 @@ mod tests {
         t.complete_at("k", (), 1, t0);
         let almost = t0 + Duration::from_millis(9_999);
         assert!(matches!(t.begin_at("k", almost), Begin::Completed(_)));
-        assert!(matches!(t.begin_at("k", t0 + Duration::from_secs(10)), Begin::New));
+        assert!(matches!(
+            t.begin_at("k", t0 + Duration::from_secs(10)),
+            Begin::New
+        ));
         assert_eq!(t.counts().expired, 1);
         assert_eq!(t.counts().bytes, 0);
     }

@@ -543,11 +543,12 @@ impl RetryController {
         let keyed = self.shared.methods.idempotency_key(path);
         // One call number per call that draws from the seeded RNG (a retried or a keyed
         // call): the jitter and the key of call `n` both come from `seed` and `n`.
-        let n = (policy.is_some() || keyed)
-            .then(|| self.shared.calls.fetch_add(1, Ordering::Relaxed));
-        let backoff = policy.as_ref().zip(n).map(|(p, n)| {
-            Backoff::new(p.backoff, splitmix64(self.shared.seed ^ splitmix64(n)))
-        });
+        let n =
+            (policy.is_some() || keyed).then(|| self.shared.calls.fetch_add(1, Ordering::Relaxed));
+        let backoff = policy
+            .as_ref()
+            .zip(n)
+            .map(|(p, n)| Backoff::new(p.backoff, splitmix64(self.shared.seed ^ splitmix64(n))));
         let idempotency_key = n.filter(|_| keyed).map(|n| {
             let mut rng =
                 fastrand::Rng::with_seed(splitmix64(self.shared.seed ^ KEY_SALT ^ splitmix64(n)));
@@ -942,8 +943,7 @@ impl CallRetry {
     /// codes, it is retried under every other rule, after the server's pushback, so that
     /// the retry finds the first run's recorded answer.
     pub(crate) fn on_failure_at(&mut self, failure: &Failure, now: Instant) -> Decision {
-        let in_progress =
-            self.is_keyed() && failure.unprocessed && failure.code == Code::Aborted;
+        let in_progress = self.is_keyed() && failure.unprocessed && failure.code == Code::Aborted;
         let retryable_code = if in_progress {
             drop(self.permit.take());
             true
@@ -1925,14 +1925,18 @@ mod tests {
             ..retried()
         };
         let now = Instant::now();
-        let mut call = keyed_controller(policy.clone(), 1).begin_at(PATH, None, now).unwrap();
+        let mut call = keyed_controller(policy.clone(), 1)
+            .begin_at(PATH, None, now)
+            .unwrap();
         assert!(call.is_keyed());
         assert!(matches!(
             call.on_failure_at(&unavailable(), now),
             Decision::Retry { .. }
         ));
         // The same method without a key: the answer may mean it ran, so no retry.
-        let mut call = controller(policy, budget(5, 0.1)).begin_at(PATH, None, now).unwrap();
+        let mut call = controller(policy, budget(5, 0.1))
+            .begin_at(PATH, None, now)
+            .unwrap();
         assert!(!call.is_keyed());
         assert!(call.idempotency_key().is_none());
         assert_eq!(
@@ -1947,7 +1951,12 @@ mod tests {
         let keys = |seed| {
             let c = keyed_controller(retried(), seed);
             (0..50)
-                .map(|_| *c.begin_at(PATH, None, now).unwrap().idempotency_key().unwrap())
+                .map(|_| {
+                    *c.begin_at(PATH, None, now)
+                        .unwrap()
+                        .idempotency_key()
+                        .unwrap()
+                })
                 .collect::<Vec<_>>()
         };
         let a = keys(7);
@@ -1985,19 +1994,25 @@ mod tests {
             ..Failure::status(Code::Aborted)
         }
         .with_pushback(Some(Pushback::RetryAfter(ms(40))));
-        let mut call = keyed_controller(policy.clone(), 1).begin_at(PATH, None, now).unwrap();
+        let mut call = keyed_controller(policy.clone(), 1)
+            .begin_at(PATH, None, now)
+            .unwrap();
         assert_eq!(
             call.on_failure_at(&in_progress, now),
             Decision::Retry { delay: ms(40) }
         );
         // The application's own ABORTED (it ran) is final, as for any method.
-        let mut call = keyed_controller(policy.clone(), 1).begin_at(PATH, None, now).unwrap();
+        let mut call = keyed_controller(policy.clone(), 1)
+            .begin_at(PATH, None, now)
+            .unwrap();
         assert_eq!(
             call.on_failure_at(&Failure::status(Code::Aborted), now),
             Decision::GiveUp(Refusal::NotRetryable)
         );
         // And a method without a key reads the same answer as final.
-        let mut call = controller(policy, budget(5, 0.1)).begin_at(PATH, None, now).unwrap();
+        let mut call = controller(policy, budget(5, 0.1))
+            .begin_at(PATH, None, now)
+            .unwrap();
         assert_eq!(
             call.on_failure_at(&in_progress, now),
             Decision::GiveUp(Refusal::NotRetryable)

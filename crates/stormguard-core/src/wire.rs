@@ -145,7 +145,10 @@ pub fn parse_idempotency_key<'a>(
     // Visible ASCII is UTF-8.
     std::str::from_utf8(value)
         .map(Some)
-        .map_err(|_| IdempotencyKeyError::BadByte { at: 0, byte: value[0] })
+        .map_err(|_| IdempotencyKeyError::BadByte {
+            at: 0,
+            byte: value[0],
+        })
 }
 
 /// A generated [`IDEMPOTENCY_KEY`] value: a UUID version 4 in its standard 36-character

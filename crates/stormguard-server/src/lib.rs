@@ -96,9 +96,9 @@
 //! [`stormguard_core::admission`], shared with the fleet simulator; this crate is the
 //! queue and the tower plumbing around it.
 
+pub mod idempotency;
 #[cfg(feature = "opentelemetry")]
 pub mod metrics;
-pub mod idempotency;
 pub mod shed;
 pub mod stats;
 

@@ -21,8 +21,8 @@ use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, Method, Uri, Version};
 use stormguard_core::context;
 use stormguard_core::retry::AttemptPlan;
-use stormguard_core::wire::http::{GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_TIMEOUT, X_RETRY_BUDGET};
 use stormguard_core::wire::http::IDEMPOTENCY_KEY;
+use stormguard_core::wire::http::{GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_TIMEOUT, X_RETRY_BUDGET};
 use stormguard_core::wire::{
     IdempotencyKeyError, UuidKey, decode_grpc_timeout_bytes, encode_grpc_timeout,
     parse_idempotency_key,
@@ -135,7 +135,10 @@ pub(super) fn stamp_idempotency_key(
     headers: &mut HeaderMap,
     generated: &UuidKey,
 ) -> Result<(), IdempotencyKeyError> {
-    let values = headers.get_all(&IDEMPOTENCY_KEY).iter().map(HeaderValue::as_bytes);
+    let values = headers
+        .get_all(&IDEMPOTENCY_KEY)
+        .iter()
+        .map(HeaderValue::as_bytes);
     if parse_idempotency_key(values)?.is_none() {
         // A UUID is always a valid header value.
         if let Ok(value) = HeaderValue::from_str(generated.as_str()) {

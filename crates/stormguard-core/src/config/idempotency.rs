@@ -137,8 +137,14 @@ mod tests {
     fn errors_name_the_field() {
         for (json, field) in [
             (r#"{ "idempotency": { "ttl": "soon" } }"#, "idempotency.ttl"),
-            (r#"{ "idempotency": { "max_entries": 0 } }"#, "idempotency.max_entries"),
-            (r#"{ "idempotency": { "max_bytes": 10 } }"#, "idempotency.max_record_bytes"),
+            (
+                r#"{ "idempotency": { "max_entries": 0 } }"#,
+                "idempotency.max_entries",
+            ),
+            (
+                r#"{ "idempotency": { "max_bytes": 10 } }"#,
+                "idempotency.max_record_bytes",
+            ),
             (r#"{ "idempotency": { "tll": "1s" } }"#, "tll"),
         ] {
             let e = IdempotencyConfig::from_json(json).unwrap_err().to_string();

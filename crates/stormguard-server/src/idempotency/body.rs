@@ -50,7 +50,10 @@ impl Body for HeldBody {
 
     fn size_hint(&self) -> SizeHint {
         let held: u64 = self.data.iter().map(|d| d.len() as u64).sum();
-        let rest = self.rest.as_ref().map_or(SizeHint::with_exact(0), Body::size_hint);
+        let rest = self
+            .rest
+            .as_ref()
+            .map_or(SizeHint::with_exact(0), Body::size_hint);
         let mut hint = SizeHint::new();
         hint.set_lower(held + rest.lower());
         if let Some(upper) = rest.upper() {

@@ -37,8 +37,7 @@ use tonic::body::Body;
 use super::body::HeldBody;
 use super::store::header_bytes;
 use super::{
-    IdempotencyKey, IdempotencyStats, IdempotencyStore, MESSAGE_IN_FLIGHT, MESSAGE_NOT_KEPT,
-    Record,
+    IdempotencyKey, IdempotencyStats, IdempotencyStore, MESSAGE_IN_FLIGHT, MESSAGE_NOT_KEPT, Record,
 };
 
 pin_project! {
@@ -253,7 +252,11 @@ impl Reading {
                     ));
                 }
                 let body = HeldBody {
-                    data: VecDeque::from(if bytes.is_empty() { vec![] } else { vec![bytes] }),
+                    data: VecDeque::from(if bytes.is_empty() {
+                        vec![]
+                    } else {
+                        vec![bytes]
+                    }),
                     trailers,
                     ..HeldBody::default()
                 };
@@ -315,8 +318,9 @@ fn trailers_only(code: Code, message: HeaderValue) -> http::Response<Body> {
 /// The answer to a call whose key is malformed: `INVALID_ARGUMENT`, saying why.
 pub(super) fn invalid_key(error: &IdempotencyKeyError) -> http::Response<Body> {
     // The error's text is visible ASCII without `%`, a valid grpc-message as it is.
-    let message = HeaderValue::from_str(&format!("stormguard: {error}"))
-        .unwrap_or(HeaderValue::from_static("stormguard: malformed idempotency-key"));
+    let message = HeaderValue::from_str(&format!("stormguard: {error}")).unwrap_or(
+        HeaderValue::from_static("stormguard: malformed idempotency-key"),
+    );
     trailers_only(Code::InvalidArgument, message)
 }
 
@@ -324,9 +328,7 @@ pub(super) fn invalid_key(error: &IdempotencyKeyError) -> http::Response<Body> {
 pub(super) fn in_flight(pushback: Duration) -> http::Response<Body> {
     let mut response = trailers_only(Code::Aborted, HeaderValue::from_static(MESSAGE_IN_FLIGHT));
     if let Ok(value) = HeaderValue::from_str(&encode_pushback(Pushback::RetryAfter(pushback))) {
-        response
-            .headers_mut()
-            .insert(GRPC_RETRY_PUSHBACK_MS, value);
+        response.headers_mut().insert(GRPC_RETRY_PUSHBACK_MS, value);
     }
     response
 }

@@ -100,12 +100,10 @@ pub use self::future::ResponseFuture;
 pub use self::store::{Begin, IdempotencyStore, MemoryStore, Record};
 
 /// The `grpc-message` of the `ABORTED` answer to a duplicate whose first run is in flight.
-pub const MESSAGE_IN_FLIGHT: &str =
-    "stormguard: idempotency-key in flight: a call with this key is still running; ask again after the pushback";
+pub const MESSAGE_IN_FLIGHT: &str = "stormguard: idempotency-key in flight: a call with this key is still running; ask again after the pushback";
 /// The `grpc-message` of the `ALREADY_EXISTS` answer recorded for a call whose answer was
 /// too large to keep.
-pub const MESSAGE_NOT_KEPT: &str =
-    "stormguard: idempotency-key completed: the call ran, but its answer was larger than the record keeps";
+pub const MESSAGE_NOT_KEPT: &str = "stormguard: idempotency-key completed: the call ran, but its answer was larger than the record keeps";
 
 /// A call's idempotency key, as its client sent it (validated): in the request's extensions
 /// of every call that carries one, for its handler.
@@ -144,7 +142,10 @@ impl IdempotencyKey {
 
     /// The key of a request: `Ok(None)` without one.
     fn of(headers: &http::HeaderMap) -> Result<Option<Self>, IdempotencyKeyError> {
-        let values = headers.get_all(&IDEMPOTENCY_KEY).iter().map(HeaderValue::as_bytes);
+        let values = headers
+            .get_all(&IDEMPOTENCY_KEY)
+            .iter()
+            .map(HeaderValue::as_bytes);
         Ok(parse_idempotency_key(values)?.map(|k| IdempotencyKey(Arc::from(k))))
     }
 }

@@ -123,7 +123,9 @@ impl Record {
     /// What the record costs to keep, in bytes: the body, and every header and trailer's
     /// name and value.
     pub fn size(&self) -> usize {
-        self.body.len() + header_bytes(&self.headers) + self.trailers.as_ref().map_or(0, header_bytes)
+        self.body.len()
+            + header_bytes(&self.headers)
+            + self.trailers.as_ref().map_or(0, header_bytes)
     }
 }
 
