@@ -120,7 +120,7 @@ pub struct IdempotencyKey(Arc<str>);
 
 impl IdempotencyKey {
     /// A key from a header's value, validated as
-    /// [`parse_idempotency_key`](stormguard_core::wire::parse_idempotency_key) does.
+    /// [`parse_idempotency_key`] does.
     ///
     /// ```
     /// use stormguard_server::idempotency::IdempotencyKey;
