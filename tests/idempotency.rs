@@ -84,22 +84,21 @@ impl Default for Hold {
     }
 }
 
-/// Waits for `n` signals of `sem`; a signal that never comes fails the test (on paused
-/// time the minute passes as soon as nothing else can run) instead of hanging it.
+/// Waits for `n` signals of `sem`.
 async fn signals(sem: &Semaphore, n: u32) {
-    tokio::time::timeout(Duration::from_secs(60), sem.acquire_many(n))
-        .await
-        .expect("the signal came")
-        .unwrap()
-        .forget();
+    sem.acquire_many(n).await.unwrap().forget();
 }
 
-/// A spawned call's result; one that never ends fails the test as `signals` does.
-async fn joined<T>(task: tokio::task::JoinHandle<T>) -> T {
-    tokio::time::timeout(Duration::from_secs(60), task)
-        .await
-        .expect("the call ended")
-        .unwrap()
+/// Waits for a signal of `expected`; a run of the handler first fails the test (the call
+/// that should have been answered without running ran), so a removed rule fails the test
+/// instead of hanging it. No timer: on paused time a timer can fire while an answer is
+/// still on the loopback.
+async fn before_a_run(expected: &Semaphore, hold: &Hold, what: &str) {
+    tokio::select! {
+        biased;
+        _ = signals(expected, 1) => {}
+        _ = signals(&hold.entered, 1) => panic!("{what} ran the handler"),
+    }
 }
 
 impl Writes {
@@ -411,7 +410,7 @@ async fn hedges_carry_the_key_of_their_call() {
     // Both copies reach the handler (no store): release them once both are in.
     signals(&hold.entered, 2).await;
     hold.release.add_permits(2);
-    joined(call).await.unwrap();
+    call.await.unwrap().unwrap();
     let runs = svc.runs();
     assert_eq!(runs.len(), 2);
     assert_eq!(runs[1].previous_attempts.as_deref(), Some("1"), "a hedge");
@@ -504,13 +503,11 @@ async fn a_duplicate_while_the_first_runs_is_aborted_and_a_keyed_client_waits_fo
     signals(&hold.entered, 1).await;
     // A plain client sees the answer as it is.
     let mut duplicate = plain(addr).await;
-    let err = tokio::time::timeout(
-        Duration::from_secs(60),
-        duplicate.reserve(with_key("f", "k-busy")),
-    )
-    .await
-    .expect("answered without waiting for the first run")
-    .unwrap_err();
+    let err = tokio::select! {
+        biased;
+        answer = duplicate.reserve(with_key("f", "k-busy")) => answer.unwrap_err(),
+        _ = signals(&hold.entered, 1) => panic!("the duplicate ran the handler"),
+    };
     assert_eq!(err.code(), Code::Aborted);
     assert_eq!(err.message(), MESSAGE_IN_FLIGHT);
     let md = err.metadata();
@@ -521,10 +518,11 @@ async fn a_duplicate_while_the_first_runs_is_aborted_and_a_keyed_client_waits_fo
     let mut keyed = client(addr, retry_layer(write_policy(5, false), true)).await;
     signals(&store.in_flight, 1).await; // the plain client's
     let waiting = tokio::spawn(async move { keyed.reserve(with_key("f", "k-busy")).await });
-    signals(&store.in_flight, 1).await; // the keyed client's first attempt
+    // The keyed client's first attempt.
+    before_a_run(&store.in_flight, &hold, "the keyed client's attempt").await;
     hold.release.add_permits(1);
-    let first = joined(first).await.unwrap();
-    let waited = joined(waiting).await.unwrap();
+    let first = first.await.unwrap().unwrap();
+    let waited = waiting.await.unwrap().unwrap();
     assert_eq!(waited.get_ref(), first.get_ref());
     assert_eq!(svc.runs().len(), 1, "the handler ran once");
     let s = stats.snapshot();
@@ -557,9 +555,9 @@ async fn a_hedge_that_finds_its_key_in_flight_is_a_lost_copy_not_the_answer() {
     let mut client = client(addr, layer).await;
     let call = tokio::spawn(async move { client.reserve(reserve("h")).await });
     signals(&hold.entered, 1).await;
-    signals(&store.in_flight, 1).await;
+    before_a_run(&store.in_flight, &hold, "the hedge").await;
     hold.release.add_permits(1);
-    let reply = joined(call).await.unwrap();
+    let reply = call.await.unwrap().unwrap();
     assert_eq!(reply.get_ref().attempt, 1, "the first copy's answer");
     assert_eq!(svc.runs().len(), 1);
 }
