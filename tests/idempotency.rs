@@ -32,6 +32,7 @@ use stormguard_server::idempotency::{
     Begin, IdempotencyKey, IdempotencyLayer, IdempotencyStore, MESSAGE_IN_FLIGHT, MESSAGE_NOT_KEPT,
     MemoryStore, Record,
 };
+use stormguard_server::{AdmissionConfig, ShedLayer};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tonic::codegen::tokio_stream::Stream;
@@ -213,11 +214,13 @@ fn splitmix64(mut x: u64) -> u64 {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-impl<S, B> Service<http::Request<B>> for Lossy<S>
+impl<S, B, RB> Service<http::Request<B>> for Lossy<S>
 where
-    S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S: Service<http::Request<B>, Response = http::Response<RB>>,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
+    RB: tonic::codegen::Body<Data = bytes::Bytes> + Send + 'static,
+    RB::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     type Response = http::Response<tonic::body::Body>;
     type Error = S::Error;
@@ -244,7 +247,7 @@ where
         Box::pin(async move {
             let response = fut.await?;
             if !lose {
-                return Ok(response);
+                return Ok(response.map(tonic::body::Body::new));
             }
             // The handler ran and answered; the answer does not arrive.
             lost.fetch_add(1, Ordering::Relaxed);
@@ -253,7 +256,8 @@ where
     }
 }
 
-/// Serves `svc` behind `idem` (and, outside it, `lossy`) on a fresh loopback port.
+/// Serves `svc` behind `idem` inside a `ShedLayer` (64 workers: nothing here is shed), the
+/// order the docs give, and outside both `lossy`, on a fresh loopback port.
 async fn serve(svc: Writes, idem: IdempotencyLayer, lossy: Option<LoseAnswers>) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -266,6 +270,7 @@ async fn serve(svc: Writes, idem: IdempotencyLayer, lossy: Option<LoseAnswers>) 
     tokio::spawn(
         Server::builder()
             .layer(lossy)
+            .layer(ShedLayer::from_config(AdmissionConfig::default()).unwrap())
             .layer(idem)
             .add_service(InventoryServer::new(svc))
             .serve_with_incoming(incoming),
