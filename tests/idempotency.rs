@@ -659,6 +659,40 @@ async fn an_answer_too_large_to_record_is_sent_and_a_repeat_learns_it_ran() {
     assert_eq!(stats.snapshot().oversize, 1);
 }
 
+#[tokio::test(start_paused = true)]
+async fn at_every_bound_an_answer_is_sent_whole_and_a_repeat_never_runs() {
+    // Bounds from below the body to above the whole answer: wherever the bound falls (in
+    // the body, in the trailers, past both), the first caller gets the whole answer (its
+    // status included) and the repeat is either the recorded answer or "not kept".
+    let (mut kept, mut not_kept) = (0, 0);
+    for limit in (4..=120).step_by(4) {
+        let svc = Writes::default();
+        let store = memory(IdempotencyConfig {
+            max_record_bytes: limit,
+            ..IdempotencyConfig::default()
+        });
+        let addr = serve(svc.clone(), IdempotencyLayer::new().with_store(store), None).await;
+        let mut client = plain(addr).await;
+        let first = client.reserve(with_key("k", "k")).await.unwrap();
+        assert!(first.get_ref().reserved, "limit {limit}");
+        match client.reserve(with_key("k", "k")).await {
+            Ok(again) => {
+                assert_eq!(again.get_ref(), first.get_ref(), "limit {limit}");
+                kept += 1;
+            }
+            Err(e) => {
+                assert_eq!(
+                    (e.code(), e.message()),
+                    (Code::AlreadyExists, MESSAGE_NOT_KEPT)
+                );
+                not_kept += 1;
+            }
+        }
+        assert_eq!(svc.runs().len(), 1, "limit {limit}: the repeat did not run");
+    }
+    assert!(kept > 0 && not_kept > 0, "kept {kept}, not kept {not_kept}");
+}
+
 /// What the lossy run of `calls` logical writes did.
 struct LossyRun {
     ok: usize,

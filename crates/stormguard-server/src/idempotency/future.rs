@@ -186,8 +186,9 @@ where
 enum End {
     /// The body ended (with these trailers, if any).
     Whole(Option<HeaderMap>),
-    /// The body passed the record's bound: the rest is not read.
-    TooLarge,
+    /// The body passed the record's bound: the rest is not read (`None`), or the trailers
+    /// that ended it pushed it past (`Some`).
+    TooLarge(Option<HeaderMap>),
     /// The body failed.
     Failed(tonic::Status),
 }
@@ -205,16 +206,15 @@ fn poll_read(reading: &mut Reading, cx: &mut Context<'_>) -> Poll<End> {
                 reading.size += data.len();
                 reading.data.push_back(data);
                 if reading.size > reading.limit {
-                    return Poll::Ready(End::TooLarge);
+                    return Poll::Ready(End::TooLarge(None));
                 }
             }
             Err(frame) => {
                 if let Ok(trailers) = frame.into_trailers() {
                     reading.size += header_bytes(&trailers);
                     if reading.size > reading.limit {
-                        // Sent, not kept; nothing follows trailers.
-                        reading.data.clear();
-                        return Poll::Ready(End::TooLarge);
+                        // Sent whole, not kept.
+                        return Poll::Ready(End::TooLarge(Some(trailers)));
                     }
                     return Poll::Ready(End::Whole(Some(trailers)));
                 }
@@ -262,12 +262,14 @@ impl Reading {
                 };
                 http::Response::from_parts(parts, Body::new(body))
             }
-            End::TooLarge => {
+            End::TooLarge(trailers) => {
                 claim.stats.0.oversize.fetch_add(1, Ordering::Relaxed);
                 claim.complete(not_kept());
+                let rest = trailers.is_none() && !body.is_end_stream();
                 let body = HeldBody {
                     data,
-                    rest: (!body.is_end_stream()).then_some(body),
+                    rest: rest.then_some(body),
+                    trailers,
                     ..HeldBody::default()
                 };
                 http::Response::from_parts(parts, Body::new(body))
