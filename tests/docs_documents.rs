@@ -2,7 +2,8 @@
 //! READMEs is read by the loader it is written for, so that a document a user copies
 //! loads. A block names its loader after its format: ```` ```json client ````
 //! (`ClientConfig`, either shape), `admission` (`AdmissionConfig`), `replicas`
-//! (`ReplicaConfig`) or `criticality` (`CriticalityTable`); a document without one fails
+//! (`ReplicaConfig`), `criticality` (`CriticalityTable`) or `idempotency`
+//! (`IdempotencyConfig`); a document without one fails
 //! here. (The Rust of the same pages is compiled as doc tests: the README's by this crate,
 //! the others' by `stormguard-demo`.)
 #![allow(clippy::unwrap_used)]
@@ -83,9 +84,12 @@ fn load(block: &Block) -> Option<Result<(), String>> {
             stormguard_core::replica::ReplicaConfig::from_text(text, format).map(drop)
         }
         (Some("criticality"), Format::Json) => CriticalityTable::from_json(text).map(drop),
+        (Some("idempotency"), _) => {
+            stormguard_core::idempotency::IdempotencyConfig::from_text(text, format).map(drop)
+        }
         (other, _) => {
             return Some(Err(format!(
-                "names no loader ({other:?}): write ```{} client, admission, replicas or criticality",
+                "names no loader ({other:?}): write ```{} client, admission, replicas, criticality or idempotency",
                 block.info
             )));
         }

@@ -28,6 +28,9 @@
 //!   the task-local [`context`];
 //! * **classification** ([`code`], [`policy`]): only transient codes of idempotent methods
 //!   are retried;
+//! * **idempotency keys** ([`idempotency`]): one key per logical call of a keyed write,
+//!   the same on every attempt, and the bounded record a server keeps of the keys it ran,
+//!   so a write can be retried after it may have run without being done twice;
 //! * the **retry decision** ([`retry`]) that combines them, in one place;
 //! * the server's **admission policy** ([`admission`]): which work to keep when it cannot
 //!   serve all of it — retries are shed before first attempts — and the **admission
@@ -68,6 +71,7 @@ pub mod criticality;
 pub mod deadline;
 pub mod error;
 pub mod hedge;
+pub mod idempotency;
 pub mod limit;
 pub mod observe;
 pub mod orca;

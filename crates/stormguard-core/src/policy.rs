@@ -171,6 +171,9 @@ pub struct MethodTable {
     hedges: MethodMap<Option<Arc<HedgingPolicy>>>,
     /// Default deadlines, looked up like the policies.
     timeouts: MethodMap<Option<Duration>>,
+    /// Whether a method's calls carry an idempotency key (`idempotency-key`), looked up
+    /// like the policies but set apart from them: a method retried or hedged may be keyed.
+    keys: MethodMap<bool>,
 }
 
 /// A value per gRPC method, matched like the service config's `methodConfig[].name`: an
@@ -379,6 +382,47 @@ impl MethodTable {
     /// ```
     pub fn timeout(&self, path: &str) -> Option<Duration> {
         self.timeouts.get(path).copied().flatten()
+    }
+
+    /// Whether methods that match nothing more specific carry an idempotency key.
+    pub fn set_default_idempotency_key(&mut self, keyed: bool) {
+        self.keys.set_default(keyed);
+    }
+
+    /// Whether every method of `service` carries an idempotency key.
+    pub fn insert_service_idempotency_key(&mut self, service: &str, keyed: bool) {
+        self.keys.insert_service(service, keyed);
+    }
+
+    /// Whether one method carries an idempotency key.
+    pub fn insert_method_idempotency_key(&mut self, service: &str, method: &str, keyed: bool) {
+        self.keys.insert_method(service, method, keyed);
+    }
+
+    /// Whether calls to `path` carry an idempotency key (the `idempotency-key` header, see
+    /// [`wire::IDEMPOTENCY_KEY`](crate::wire::IDEMPOTENCY_KEY)), looked up like
+    /// [`lookup`](Self::lookup); `false` unless set. A keyed method is one whose server
+    /// recognises a repeated key and does not run the call twice, so the retry decision
+    /// treats it as safe to retry after it may have run, as it does an
+    /// [`idempotent`](RetryPolicy::idempotent) one. Allocates nothing.
+    ///
+    /// ```
+    /// use stormguard_core::policy::{MethodTable, RetryPolicy};
+    ///
+    /// let mut table = MethodTable::uniform(RetryPolicy::default());
+    /// table.insert_service_idempotency_key("pkg.Payments", true);
+    /// table.insert_method_idempotency_key("pkg.Payments", "Lookup", false);
+    /// assert!(table.idempotency_key("/pkg.Payments/Charge"));
+    /// assert!(!table.idempotency_key("/pkg.Payments/Lookup"));
+    /// assert!(!table.idempotency_key("/pkg.Other/Charge"));
+    /// ```
+    pub fn idempotency_key(&self, path: &str) -> bool {
+        self.keys.get(path).copied().unwrap_or(false)
+    }
+
+    /// Whether any method of the table carries an idempotency key.
+    pub fn any_idempotency_key(&self) -> bool {
+        self.keys.values().any(|keyed| *keyed)
     }
 
     /// Every policy in the table (for validation and reporting).

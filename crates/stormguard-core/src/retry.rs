@@ -13,7 +13,9 @@
 //!    own per-attempt limit; see [`CallRetry::on_attempt_end_at`]);
 //! 3. the server did not push back with "do not retry", nor ask for a wait longer than the
 //!    policy's `max_pushback`;
-//! 4. the method is idempotent, or the request never reached the server;
+//! 4. the method is idempotent, or it carries an idempotency key (its server recognises a
+//!    repeated key and does not run the call twice; see [`CallRetry::idempotency_key`]),
+//!    or the request never reached the server;
 //! 5. the request can be replayed (its body was buffered);
 //! 6. attempts so far < `maxAttempts`;
 //! 7. the deadline leaves room for the delay plus a useful attempt (a pushback longer than
@@ -79,13 +81,15 @@ use crate::orca::{LoadReport, Saturation};
 use crate::policy::{MethodTable, RetryPolicy};
 use crate::pushback::Pushback;
 use crate::throttle::A6Throttle;
+use crate::wire::{UuidKey, uuid_v4};
 
 /// Why a failed attempt was not retried.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Refusal {
     /// The status is not retryable for this method, or the method has no retry policy.
     NotRetryable,
-    /// The method is not idempotent and the request may have reached the server.
+    /// The method is neither idempotent nor keyed (an idempotency key) and the request may
+    /// have reached the server.
     NotIdempotent,
     /// The server's pushback said not to retry.
     Pushback,
@@ -536,9 +540,19 @@ impl RetryController {
                     stopped: None,
                 }),
         };
-        let backoff = policy.as_ref().map(|p| {
-            let n = self.shared.calls.fetch_add(1, Ordering::Relaxed);
-            Backoff::new(p.backoff, splitmix64(self.shared.seed ^ splitmix64(n)))
+        let keyed = self.shared.methods.idempotency_key(path);
+        // One call number per call that draws from the seeded RNG (a retried or a keyed
+        // call): the jitter and the key of call `n` both come from `seed` and `n`.
+        let n =
+            (policy.is_some() || keyed).then(|| self.shared.calls.fetch_add(1, Ordering::Relaxed));
+        let backoff = policy
+            .as_ref()
+            .zip(n)
+            .map(|(p, n)| Backoff::new(p.backoff, splitmix64(self.shared.seed ^ splitmix64(n))));
+        let idempotency_key = n.filter(|_| keyed).map(|n| {
+            let mut rng =
+                fastrand::Rng::with_seed(splitmix64(self.shared.seed ^ KEY_SALT ^ splitmix64(n)));
+            uuid_v4(rng.u128(..))
         });
         // A hedged call's copies each have what is left of the call's deadline: a slow copy
         // is answered by the next copy, not by a timer.
@@ -567,6 +581,7 @@ impl RetryController {
             transparent_retries: 0,
             hedge,
             endpoints: 1,
+            idempotency_key,
         })
     }
 
@@ -607,6 +622,8 @@ pub struct CallRetry {
     hedge: Option<HedgeState>,
     /// How many endpoints a retry could go to ([`CallRetry::set_endpoints`]).
     endpoints: usize,
+    /// The call's idempotency key, when its method is keyed.
+    idempotency_key: Option<UuidKey>,
 }
 
 /// The hedges of one call.
@@ -699,6 +716,21 @@ impl CallRetry {
     /// may not, there is no need to buffer its request body.
     pub fn is_retryable_method(&self) -> bool {
         self.policy.is_some() || self.hedge.is_some()
+    }
+
+    /// The idempotency key drawn for this call when its method is keyed
+    /// ([`MethodTable::idempotency_key`]): a UUID v4 from the controller's seeded RNG, which
+    /// every attempt and hedge carries as `idempotency-key` (the layer keeps a key the caller
+    /// set instead). A keyed call is retried after it may have run, as an idempotent one is:
+    /// the server that recognises the key answers a repeat with what the first run answered.
+    /// `None`: the method is not keyed.
+    pub fn idempotency_key(&self) -> Option<&UuidKey> {
+        self.idempotency_key.as_ref()
+    }
+
+    /// Whether the method is keyed (see [`idempotency_key`](Self::idempotency_key)).
+    pub fn is_keyed(&self) -> bool {
+        self.idempotency_key.is_some()
     }
 
     /// Whether the method is hedged: its copies are sent by
@@ -906,8 +938,20 @@ impl CallRetry {
 
     /// The attempt failed before the call was committed. Records the failure (breaker,
     /// throttle) and decides whether to retry.
+    ///
+    /// A keyed call answered `ABORTED` by a server that did not run it
+    /// ([`Failure::unprocessed`]) met a first run of the same key still in progress: that is
+    /// no failure of the dependency (recorded nowhere) and, whatever the method's retryable
+    /// codes, it is retried under every other rule, after the server's pushback, so that
+    /// the retry finds the first run's recorded answer.
     pub(crate) fn on_failure_at(&mut self, failure: &Failure, now: Instant) -> Decision {
-        let retryable_code = self.record_outcome_at(failure.code, failure.pushback, now);
+        let in_progress = self.is_keyed() && failure.unprocessed && failure.code == Code::Aborted;
+        let retryable_code = if in_progress {
+            drop(self.permit.take());
+            true
+        } else {
+            self.record_outcome_at(failure.code, failure.pushback, now)
+        };
         let deadline_passed = self.deadline.is_some_and(|d| now >= d);
         match self.decide(failure, retryable_code, deadline_passed, now) {
             Ok(delay) => Decision::Retry { delay },
@@ -1209,7 +1253,8 @@ impl CallRetry {
             Some(Pushback::RetryAfter(d)) => Some(d),
             None => None,
         };
-        if !policy.idempotent && !failure.unsent && !failure.unprocessed {
+        let keyed = self.idempotency_key.is_some();
+        if !policy.idempotent && !keyed && !failure.unsent && !failure.unprocessed {
             return Err(Refusal::NotIdempotent);
         }
         if !failure.replayable {
@@ -1377,6 +1422,10 @@ fn is_overload(code: Code, pushback: Option<Pushback>) -> bool {
             Code::Unavailable | Code::ResourceExhausted | Code::DeadlineExceeded | Code::Cancelled
         )
 }
+
+/// Mixed into the seed of a call's idempotency key, so the key and the call's backoff
+/// jitter (seeded from the same call number) are unrelated draws.
+const KEY_SALT: u64 = 0x1DE4_907E_4C1E_5EED;
 
 /// A 64-bit mixer, so that consecutive call numbers give unrelated seeds.
 fn splitmix64(mut x: u64) -> u64 {
@@ -1868,6 +1917,114 @@ mod tests {
             call.on_failure_at(&unsent, now),
             Decision::Retry { .. }
         ));
+    }
+
+    /// A controller whose every method is retried with `policy` and carries a key.
+    fn keyed_controller(policy: RetryPolicy, seed: u64) -> RetryController {
+        let mut table = MethodTable::uniform(policy);
+        table.set_default_idempotency_key(true);
+        RetryController::new(table, budget(5, 0.1), None, seed)
+    }
+
+    #[test]
+    fn a_keyed_method_is_retried_after_it_may_have_run() {
+        let policy = RetryPolicy {
+            idempotent: false,
+            ..retried()
+        };
+        let now = Instant::now();
+        let mut call = keyed_controller(policy.clone(), 1)
+            .begin_at(PATH, None, now)
+            .unwrap();
+        assert!(call.is_keyed());
+        assert!(matches!(
+            call.on_failure_at(&unavailable(), now),
+            Decision::Retry { .. }
+        ));
+        // The same method without a key: the answer may mean it ran, so no retry.
+        let mut call = controller(policy, budget(5, 0.1))
+            .begin_at(PATH, None, now)
+            .unwrap();
+        assert!(!call.is_keyed());
+        assert!(call.idempotency_key().is_none());
+        assert_eq!(
+            call.on_failure_at(&unavailable(), now),
+            Decision::GiveUp(Refusal::NotIdempotent)
+        );
+    }
+
+    #[test]
+    fn keys_are_drawn_per_call_from_the_seed() {
+        let now = Instant::now();
+        let keys = |seed| {
+            let c = keyed_controller(retried(), seed);
+            (0..50)
+                .map(|_| {
+                    *c.begin_at(PATH, None, now)
+                        .unwrap()
+                        .idempotency_key()
+                        .unwrap()
+                })
+                .collect::<Vec<_>>()
+        };
+        let a = keys(7);
+        assert_eq!(a, keys(7), "a seeded run stamps the same keys");
+        assert_ne!(a, keys(8));
+        let distinct: std::collections::HashSet<_> = a.iter().collect();
+        assert_eq!(distinct.len(), a.len(), "one key per logical call");
+        for key in &a {
+            assert_eq!(
+                crate::wire::parse_idempotency_key([key.as_str().as_bytes()]),
+                Ok(Some(key.as_str()))
+            );
+        }
+        // A key does not change the backoff a call draws (the jitter of call `n` is the
+        // same with and without keys).
+        let delay = |c: RetryController| {
+            let mut call = c.begin_at(PATH, None, now).unwrap();
+            call.on_failure_at(&unavailable(), now)
+        };
+        let plain = RetryController::new(MethodTable::uniform(retried()), budget(5, 0.1), None, 7);
+        assert_eq!(delay(keyed_controller(retried(), 7)), delay(plain));
+    }
+
+    #[test]
+    fn a_keyed_call_waits_out_a_first_run_still_in_progress() {
+        let now = Instant::now();
+        let policy = RetryPolicy {
+            idempotent: false,
+            ..retried()
+        };
+        // ABORTED from a server that did not run the call, with a pushback: its key is in
+        // use. Retried after exactly the pushback, though ABORTED is not a retryable code.
+        let in_progress = Failure {
+            unprocessed: true,
+            ..Failure::status(Code::Aborted)
+        }
+        .with_pushback(Some(Pushback::RetryAfter(ms(40))));
+        let mut call = keyed_controller(policy.clone(), 1)
+            .begin_at(PATH, None, now)
+            .unwrap();
+        assert_eq!(
+            call.on_failure_at(&in_progress, now),
+            Decision::Retry { delay: ms(40) }
+        );
+        // The application's own ABORTED (it ran) is final, as for any method.
+        let mut call = keyed_controller(policy.clone(), 1)
+            .begin_at(PATH, None, now)
+            .unwrap();
+        assert_eq!(
+            call.on_failure_at(&Failure::status(Code::Aborted), now),
+            Decision::GiveUp(Refusal::NotRetryable)
+        );
+        // And a method without a key reads the same answer as final.
+        let mut call = controller(policy, budget(5, 0.1))
+            .begin_at(PATH, None, now)
+            .unwrap();
+        assert_eq!(
+            call.on_failure_at(&in_progress, now),
+            Decision::GiveUp(Refusal::NotRetryable)
+        );
     }
 
     fn refused_stream() -> Failure {

@@ -18,6 +18,7 @@
 //! | [`STORMGUARD_UNPROCESSED`] | response (trailers-only headers) | `ShedLayer` on its own answers (shed, shutting down, expired while queued): the handler never ran | `RetryLayer` ([`is_unprocessed`]): a non-idempotent method may be retried, paid and counted as any retry | exactly `1` | processed (the method's idempotency decides) |
 //! | [`STORMGUARD_CRITICALITY`] | request | the client's `CriticalityLayer` | `ShedLayer` ([`parse_criticality`], then capped by its table) | exactly `critical`, `default` or `sheddable` | `default` |
 //! | [`ENDPOINT_LOAD_METRICS_BIN`] | response (trailers, or trailers-only headers) | `ShedLayer` with `with_load_reports` ([`encode_load_report`]) | `RetryLayer` on every attempt ([`parse_load_report`]): with `with_load_reports` it refuses retries to a saturated server; over `Replicas` it weights the replica that answered | an ORCA `OrcaLoadReport` ([`crate::orca`]), base64 without padding as tonic writes `-bin` keys (padding accepted) | ignored and counted |
+//! | [`IDEMPOTENCY_KEY`] | request | `RetryLayer` for methods configured with an idempotency key: one [`uuid_v4`] per logical call, the same on every attempt and hedge (a key the caller set is kept) | the server's `IdempotencyLayer` ([`parse_idempotency_key`]): the handler's `IdempotencyKey`, and the key its store deduplicates by | 1 to [`MAX_IDEMPOTENCY_KEY_LEN`] visible ASCII characters (`!` to `~`) | refused: `INVALID_ARGUMENT`, the handler does not run, nothing is stored |
 //!
 //! The header names are `&str` constants, which is what tonic's metadata and the
 //! simulator need. With the `http` feature, `wire::http` has each one as an
@@ -66,6 +67,143 @@ pub const STORMGUARD_UNPROCESSED: &str = "stormguard-unprocessed";
 /// `endpoint-load-metrics-bin`, a binary (`-bin`) key whose value is an
 /// `xds.data.orca.v3.OrcaLoadReport`, base64 on the wire (see [`crate::orca`]).
 pub const ENDPOINT_LOAD_METRICS_BIN: &str = "endpoint-load-metrics-bin";
+
+/// The request header that carries a logical call's idempotency key: `idempotency-key`
+/// (the name of the IETF `Idempotency-Key` draft, lower-cased as HTTP/2 sends it). Every
+/// attempt and hedge of one logical call carries the same value, so a server that records
+/// the key can answer a retry of a call it already ran with the answer it recorded.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// The longest [`IDEMPOTENCY_KEY`] value accepted, in bytes. A UUID is 36; the bound leaves
+/// room for a caller's own scheme (a prefix, a hash) and keeps what a peer can make a
+/// server store small.
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 128;
+
+/// Why an [`IDEMPOTENCY_KEY`] value is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdempotencyKeyError {
+    /// The value is empty.
+    #[error("idempotency-key is empty")]
+    Empty,
+    /// The value is longer than [`MAX_IDEMPOTENCY_KEY_LEN`].
+    #[error("idempotency-key is {len} bytes, more than the {max} allowed", max = MAX_IDEMPOTENCY_KEY_LEN)]
+    TooLong {
+        /// The value's length in bytes.
+        len: usize,
+    },
+    /// A byte is not visible ASCII (`!` to `~`): a space, a control character or non-ASCII.
+    #[error("idempotency-key byte {at} is {byte:#04x}, not visible ASCII ('!' to '~')")]
+    BadByte {
+        /// Its position.
+        at: usize,
+        /// The byte.
+        byte: u8,
+    },
+    /// The request carries the header more than once.
+    #[error("idempotency-key is repeated: a call has one key")]
+    Repeated,
+}
+
+/// Reads the [`IDEMPOTENCY_KEY`] values of a request: `Ok(None)` when there is none,
+/// `Ok(Some(key))` for exactly one well-formed value (1 to [`MAX_IDEMPOTENCY_KEY_LEN`]
+/// visible ASCII bytes), else why it is refused. A refused key is never stored nor passed
+/// to a handler: the server answers `INVALID_ARGUMENT`. Never panics.
+///
+/// ```
+/// use stormguard_core::wire::{IdempotencyKeyError, parse_idempotency_key};
+///
+/// let key = "0b5d0b1e-8a3c-4f7e-9d2a-6c1f0e9b7a45";
+/// assert_eq!(parse_idempotency_key([key.as_bytes()]), Ok(Some(key)));
+/// assert_eq!(parse_idempotency_key(std::iter::empty::<&[u8]>()), Ok(None));
+/// assert_eq!(parse_idempotency_key([&b""[..]]), Err(IdempotencyKeyError::Empty));
+/// assert!(matches!(parse_idempotency_key([&b"a b"[..]]), Err(IdempotencyKeyError::BadByte { at: 1, .. })));
+/// assert!(matches!(parse_idempotency_key([&[b'k'; 129][..]]), Err(IdempotencyKeyError::TooLong { len: 129 })));
+/// assert_eq!(parse_idempotency_key([&b"a"[..], &b"a"[..]]), Err(IdempotencyKeyError::Repeated));
+/// ```
+pub fn parse_idempotency_key<'a>(
+    values: impl IntoIterator<Item = &'a [u8]>,
+) -> Result<Option<&'a str>, IdempotencyKeyError> {
+    let mut values = values.into_iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(IdempotencyKeyError::Repeated);
+    }
+    if value.is_empty() {
+        return Err(IdempotencyKeyError::Empty);
+    }
+    if value.len() > MAX_IDEMPOTENCY_KEY_LEN {
+        return Err(IdempotencyKeyError::TooLong { len: value.len() });
+    }
+    if let Some(at) = value.iter().position(|b| !(b'!'..=b'~').contains(b)) {
+        return Err(IdempotencyKeyError::BadByte {
+            at,
+            byte: value[at],
+        });
+    }
+    // Visible ASCII is UTF-8.
+    std::str::from_utf8(value)
+        .map(Some)
+        .map_err(|_| IdempotencyKeyError::BadByte {
+            at: 0,
+            byte: value[0],
+        })
+}
+
+/// A generated [`IDEMPOTENCY_KEY`] value: a UUID version 4 in its standard 36-character
+/// form (`xxxxxxxx-xxxx-4xxx-yxxx-xxxxxxxxxxxx`, lower-case hex), kept on the stack.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UuidKey {
+    buf: [u8; 36],
+}
+
+impl UuidKey {
+    /// The header value.
+    pub fn as_str(&self) -> &str {
+        // Only hex digits and dashes are ever written.
+        std::str::from_utf8(&self.buf).unwrap_or("00000000-0000-4000-8000-000000000000")
+    }
+}
+
+impl fmt::Display for UuidKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for UuidKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "UuidKey({})", self.as_str())
+    }
+}
+
+/// The UUID version 4 (RFC 9562) made of `random`'s bits: 122 of them, with the version
+/// (`4`) and variant (`10`) bits set as the RFC asks. The layers draw `random` from their
+/// seeded RNG, so a seeded run stamps the same keys.
+///
+/// ```
+/// use stormguard_core::wire::{parse_idempotency_key, uuid_v4};
+///
+/// let key = uuid_v4(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
+/// assert_eq!(key.as_str(), "01234567-89ab-4def-8123-456789abcdef");
+/// assert_eq!(uuid_v4(u128::MAX).as_str(), "ffffffff-ffff-4fff-bfff-ffffffffffff");
+/// assert!(parse_idempotency_key([key.as_str().as_bytes()]).is_ok());
+/// ```
+pub fn uuid_v4(random: u128) -> UuidKey {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bits = (random & !(0xF << 76) & !(0x3 << 62)) | (0x4 << 76) | (0x2 << 62);
+    let mut buf = [b'-'; 36];
+    let mut nibble = 0;
+    for (i, slot) in buf.iter_mut().enumerate() {
+        if matches!(i, 8 | 13 | 18 | 23) {
+            continue;
+        }
+        *slot = HEX[((bits >> (124 - 4 * nibble)) & 0xF) as usize];
+        nibble += 1;
+    }
+    UuidKey { buf }
+}
 
 /// Whether a [`STORMGUARD_UNPROCESSED`] value says the call was not run: exactly `1`
 /// (anything else, or a repeated header, says nothing).
@@ -555,6 +693,8 @@ pub mod http {
     /// [`super::ENDPOINT_LOAD_METRICS_BIN`].
     pub const ENDPOINT_LOAD_METRICS_BIN: HeaderName =
         HeaderName::from_static(super::ENDPOINT_LOAD_METRICS_BIN);
+    /// [`super::IDEMPOTENCY_KEY`].
+    pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static(super::IDEMPOTENCY_KEY);
     /// `1`, the [`super::STORMGUARD_UNPROCESSED`] value.
     pub const UNPROCESSED: HeaderValue = HeaderValue::from_static("1");
     /// [`super::DO_NOT_RETRY`], the [`GRPC_RETRY_PUSHBACK_MS`] value that says "do not
@@ -887,6 +1027,43 @@ mod tests {
                 Some(c) => prop_assert_eq!(c.as_str().as_bytes(), value.as_slice()),
                 None => prop_assert_eq!(got, Criticality::Default.min(cap)),
             }
+        }
+
+        /// Whatever a peer sends as a key, reading it never panics, and what is accepted
+        /// is exactly 1 to 128 visible ASCII bytes, returned unchanged.
+        #[test]
+        fn idempotency_keys_are_visible_ascii_or_refused(
+            value in proptest::collection::vec(any::<u8>(), 0..160),
+        ) {
+            let ok = !value.is_empty()
+                && value.len() <= MAX_IDEMPOTENCY_KEY_LEN
+                && value.iter().all(|b| (b'!'..=b'~').contains(b));
+            match parse_idempotency_key([value.as_slice()]) {
+                Ok(Some(key)) => {
+                    prop_assert!(ok);
+                    prop_assert_eq!(key.as_bytes(), value.as_slice());
+                }
+                Ok(None) => prop_assert!(false, "one value is never no key"),
+                Err(_) => prop_assert!(!ok),
+            }
+        }
+
+        /// Every generated key is a well-formed version 4 UUID, and one accepted as a key.
+        #[test]
+        fn generated_keys_are_uuid_v4(random in any::<u128>()) {
+            let key = uuid_v4(random);
+            let s = key.as_str();
+            prop_assert_eq!(s.len(), 36);
+            prop_assert_eq!(&s[14..15], "4");
+            prop_assert!(matches!(&s[19..20], "8" | "9" | "a" | "b"));
+            for (i, c) in s.char_indices() {
+                if matches!(i, 8 | 13 | 18 | 23) {
+                    prop_assert_eq!(c, '-');
+                } else {
+                    prop_assert!(c.is_ascii_hexdigit() && !c.is_ascii_uppercase());
+                }
+            }
+            prop_assert_eq!(parse_idempotency_key([s.as_bytes()]), Ok(Some(s)));
         }
 
         #[test]

@@ -27,6 +27,9 @@ struct Headers;
 #[doc = include_str!("../../../docs/hostile-input.md")]
 struct HostileInput;
 
+#[doc = include_str!("../../../docs/idempotency.md")]
+struct Idempotency;
+
 #[doc = include_str!("../../../docs/interop.md")]
 struct Interop;
 

@@ -55,6 +55,14 @@
 //! other tasks do not inherit it; wrap them in
 //! [`context::scope`](stormguard_core::context::scope).
 //!
+//! # Idempotency keys
+//!
+//! [`IdempotencyLayer`](idempotency::IdempotencyLayer), a layer of its own inside the
+//! `ShedLayer`, hands each call's `idempotency-key` to its handler and, with a store, runs
+//! each key once: a repeat of a completed call gets the recorded answer, a repeat of one
+//! still running gets `ABORTED`. With it, a client may retry a write after it may have
+//! run (see the [`idempotency`] module).
+//!
 //! # Operating notes
 //!
 //! - **Raise h2's pending-reset limit.** Callers that time out reset their HTTP/2
@@ -88,6 +96,7 @@
 //! [`stormguard_core::admission`], shared with the fleet simulator; this crate is the
 //! queue and the tower plumbing around it.
 
+pub mod idempotency;
 #[cfg(feature = "opentelemetry")]
 pub mod metrics;
 pub mod shed;

@@ -10,6 +10,9 @@
 //! `grpc-timeout` (what is left of the call, or the attempt's own shorter limit),
 //! `grpc-previous-rpc-attempts` on retries, and what is left of the request's retry
 //! allowance as `x-retry-budget`.
+//!
+//! A keyed call's `idempotency-key` is written once, before the first attempt
+//! ([`stamp_idempotency_key`]), so the headers every retry and hedge replays carry it.
 
 use std::pin::Pin;
 use std::sync::Mutex;
@@ -25,8 +28,12 @@ use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, Method, Uri, Version};
 use stormguard_core::context;
 use stormguard_core::retry::AttemptPlan;
+use stormguard_core::wire::http::IDEMPOTENCY_KEY;
 use stormguard_core::wire::http::{GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_TIMEOUT, X_RETRY_BUDGET};
-use stormguard_core::wire::{decode_grpc_timeout_bytes, encode_grpc_timeout};
+use stormguard_core::wire::{
+    IdempotencyKeyError, UuidKey, decode_grpc_timeout_bytes, encode_grpc_timeout,
+    parse_idempotency_key,
+};
 use tonic::GrpcMethod;
 use tonic::body::Body;
 
@@ -209,6 +216,26 @@ impl<B: HttpBody<Error = Status>> HttpBody for DeadlineBody<B> {
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// Gives a keyed call its idempotency key: the caller's own when it set one (kept as it
+/// is, once it is one a server accepts), else `generated`. A key the caller set that a
+/// server would refuse is the caller's error, returned before anything is sent.
+pub(super) fn stamp_idempotency_key(
+    headers: &mut HeaderMap,
+    generated: &UuidKey,
+) -> Result<(), IdempotencyKeyError> {
+    let values = headers
+        .get_all(&IDEMPOTENCY_KEY)
+        .iter()
+        .map(HeaderValue::as_bytes);
+    if parse_idempotency_key(values)?.is_none() {
+        // A UUID is always a valid header value.
+        if let Ok(value) = HeaderValue::from_str(generated.as_str()) {
+            headers.insert(IDEMPOTENCY_KEY, value);
+        }
+    }
+    Ok(())
 }
 
 /// The caller's own timeout: the request's `grpc-timeout` (from `Request::set_timeout`), if

@@ -54,6 +54,17 @@ pub(super) fn throttled(stats: &mut CallStats, uri: &Uri, throttled: Throttled) 
     )))
 }
 
+/// The caller set an idempotency key the server would refuse (empty, too long, not visible
+/// ASCII, repeated): the call is not sent, and the caller gets `INVALID_ARGUMENT` saying
+/// why, as the server would have answered.
+pub(super) fn bad_idempotency_key(
+    stats: &mut CallStats,
+    error: &stormguard_core::wire::IdempotencyKeyError,
+) -> Status {
+    stats.outcome(Code::InvalidArgument);
+    Status::invalid_argument(format!("stormguard: call not sent: {error}"))
+}
+
 /// The caller's deadline had passed before the call was sent.
 pub(super) fn expired_before_sent(stats: &mut CallStats) -> Status {
     stats.deadline_exceeded();

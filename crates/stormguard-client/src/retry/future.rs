@@ -32,7 +32,7 @@ use tonic::Status;
 use tonic::body::Body;
 use tower_service::Service;
 
-use super::attempt::{Attempts, Stamps, caller_timeout};
+use super::attempt::{Attempts, Stamps, caller_timeout, stamp_idempotency_key};
 use super::body::ResponseBody;
 use super::classify::{Last, Outcome, classify};
 use super::end::{self, CallResult, log_refusal};
@@ -177,6 +177,15 @@ where
             },
         };
         let mut call = call;
+        let mut request = request;
+        if let Some(key) = call.idempotency_key()
+            && let Err(e) = stamp_idempotency_key(request.headers_mut(), key)
+        {
+            // Dropping the call state releases its breaker permit unused.
+            drop(call);
+            let status = end::bad_idempotency_key(&mut stats, &e);
+            return Self::refused(spare, shared, request.uri(), stats, status);
+        }
         let plan = call.first_attempt_at(now);
         let retryable = call.is_retryable_method();
         let stamps = Arc::clone(&shared.stamps);

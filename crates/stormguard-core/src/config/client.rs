@@ -54,6 +54,9 @@ struct PolicyDoc {
     multiplier: Option<Finite>,
     retryable_codes: Option<CodeSet>,
     idempotent: Option<bool>,
+    /// Whether calls carry an idempotency key; beside `hedging` too (it is not a retry
+    /// setting: a hedged method may be keyed).
+    idempotency_key: Option<bool>,
     min_attempt_time: Option<Human>,
     max_pushback: Option<Human>,
     per_attempt_timeout: Option<Human>,
@@ -194,6 +197,9 @@ impl Build for ClientDoc {
         }
         let default = self.retry.policy(&RetryPolicy::default(), "retry")?;
         let mut methods = MethodTable::uniform(default.clone());
+        if let Some(keyed) = self.retry.idempotency_key {
+            methods.set_default_idempotency_key(keyed);
+        }
         for (path, entry) in &self.methods {
             let field = format!("methods.{path}");
             let (service, method) = method_path(path).ok_or_else(|| {
@@ -206,6 +212,14 @@ impl Build for ClientDoc {
                 Some(entry) => entry.method_choice(&default, &field)?,
                 None => MethodPolicy::Neither,
             };
+            let keyed = entry.as_ref().and_then(|e| e.idempotency_key);
+            match (keyed, method) {
+                (Some(keyed), Some(method)) => {
+                    methods.insert_method_idempotency_key(service, method, keyed);
+                }
+                (Some(keyed), None) => methods.insert_service_idempotency_key(service, keyed),
+                (None, _) => {}
+            }
             let scope = match method {
                 Some(method) => Scope::Method(service, method),
                 None => Scope::Service(service),

@@ -228,6 +228,7 @@ mod client;
 mod criticality;
 pub(crate) mod document;
 pub mod duration;
+mod idempotency;
 mod notice;
 mod service;
 mod value;

@@ -94,7 +94,8 @@ impl fmt::Display for NotApplied {
 pub enum Notice {
     /// A service-config field that was read but is not applied.
     NotApplied(NotApplied),
-    /// Retries are configured (`max_attempts` above 1) but no method is idempotent, so no
+    /// Retries are configured (`max_attempts` above 1) but no method is idempotent (nor
+    /// carries an idempotency key), so no
     /// answer is ever retried: only calls that never reached the server (a failed
     /// connection) are. `setting` is what marks a method idempotent.
     NoAnswerRetried {
@@ -142,6 +143,7 @@ pub(super) fn notices(config: &ClientConfig) -> Vec<Notice> {
         .max();
     if let Some(max_attempts) = max_attempts.filter(|n| *n > 1)
         && !config.methods.policies().any(|p| p.idempotent)
+        && !config.methods.any_idempotency_key()
     {
         notices.push(Notice::NoAnswerRetried {
             max_attempts,

@@ -1133,3 +1133,60 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn idempotency_keys_are_read_per_method_in_every_format() {
+    let json = r#"{ "retry": { "idempotency_key": false },
+        "methods": {
+            "/pkg.Payments/": { "idempotency_key": true },
+            "/pkg.Payments/Lookup": { "idempotency_key": false, "idempotent": true },
+            "/pkg.Search/Find": { "idempotency_key": true, "hedging": { "delay": "10ms" } }
+        } }"#;
+    let yaml = "
+retry: { idempotency_key: false }
+methods:
+  /pkg.Payments/: { idempotency_key: true }
+  /pkg.Payments/Lookup: { idempotency_key: false, idempotent: true }
+  /pkg.Search/Find: { idempotency_key: true, hedging: { delay: 10ms } }
+";
+    let toml = r#"
+[retry]
+idempotency_key = false
+[methods."/pkg.Payments/"]
+idempotency_key = true
+[methods."/pkg.Payments/Lookup"]
+idempotency_key = false
+idempotent = true
+[methods."/pkg.Search/Find"]
+idempotency_key = true
+hedging = { delay = "10ms" }
+"#;
+    let from_json = ClientConfig::from_json(json).unwrap();
+    assert_eq!(
+        from_json,
+        ClientConfig::from_text(yaml, Format::Yaml).unwrap()
+    );
+    assert_eq!(
+        from_json,
+        ClientConfig::from_text(toml, Format::Toml).unwrap()
+    );
+    let m = &from_json.methods;
+    assert!(m.idempotency_key("/pkg.Payments/Charge"));
+    assert!(!m.idempotency_key("/pkg.Payments/Lookup"));
+    assert!(
+        m.idempotency_key("/pkg.Search/Find"),
+        "a hedged method may be keyed"
+    );
+    assert!(m.lookup_hedging("/pkg.Search/Find").is_some());
+    assert!(!m.idempotency_key("/pkg.Other/Charge"));
+    // A keyed method's answers are retried: no notice that none is.
+    assert!(from_json.notices().is_empty());
+    // A wrong type names the field.
+    let e =
+        ClientConfig::from_json(r#"{ "methods": { "/pkg.S/M": { "idempotency_key": "yes" } } }"#)
+            .unwrap_err();
+    assert!(e.to_string().contains("idempotency_key"), "{e}");
+    // Every method keyed from `retry`.
+    let c = ClientConfig::from_json(r#"{ "retry": { "idempotency_key": true } }"#).unwrap();
+    assert!(c.methods.idempotency_key("/any.Svc/Any"));
+}

@@ -1,0 +1,361 @@
+//! The response future of [`Idempotency`](super::Idempotency), and the layer's own answers.
+//!
+//! Four states, each with the data it alone needs:
+//!
+//! - `Answer`: the layer answers itself (a refused key, an in-flight repeat, a recorded
+//!   answer);
+//! - `Passthrough`: a call the layer does not record (no key, or no store);
+//! - `Running`: a first run of a key is in the handler;
+//! - `Reading`: the handler answered; its body is read (bounded) to record it.
+//!
+//! A first run holds a [`Claim`] on its key from `Running` on: dropped before the answer is
+//! recorded (the handler failed, the client went away), it releases the key.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http::{HeaderMap, response::Parts};
+use http_body::Body as _;
+use pin_project_lite::pin_project;
+use stormguard_core::code::Code;
+use stormguard_core::pushback::Pushback;
+use stormguard_core::wire::http::{
+    GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, STORMGUARD_UNPROCESSED, UNPROCESSED,
+};
+use stormguard_core::wire::{
+    IdempotencyKeyError, encode_grpc_status, encode_pushback, parse_grpc_status,
+};
+use tonic::body::Body;
+
+use super::body::HeldBody;
+use super::store::header_bytes;
+use super::{
+    IdempotencyKey, IdempotencyStats, IdempotencyStore, MESSAGE_IN_FLIGHT, MESSAGE_NOT_KEPT, Record,
+};
+
+pin_project! {
+    /// The future of one call through the idempotency layer.
+    pub struct ResponseFuture<F> {
+        #[pin]
+        state: State<F>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        Answer { response: Option<http::Response<Body>> },
+        Passthrough { #[pin] fut: F },
+        Running { #[pin] fut: F, claim: Option<Claim> },
+        Reading { read: Option<Reading> },
+    }
+}
+
+impl<F> std::fmt::Debug for ResponseFuture<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+/// A first run's hold on its key: released (abandoned) when dropped unrecorded.
+struct Claim {
+    store: Arc<dyn IdempotencyStore>,
+    key: IdempotencyKey,
+    stats: IdempotencyStats,
+    done: bool,
+}
+
+impl Claim {
+    fn complete(mut self, record: Record) {
+        self.done = true;
+        self.store.complete(&self.key, record);
+        self.stats.0.recorded.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if !self.done {
+            self.store.abandon(&self.key);
+            self.stats.0.released.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A handler's answer being read to record it.
+struct Reading {
+    parts: Parts,
+    body: Body,
+    data: VecDeque<Bytes>,
+    size: usize,
+    limit: usize,
+    claim: Claim,
+}
+
+impl<F> ResponseFuture<F> {
+    pub(super) fn answer(response: http::Response<Body>) -> Self {
+        ResponseFuture {
+            state: State::Answer {
+                response: Some(response),
+            },
+        }
+    }
+
+    pub(super) fn passthrough(fut: F) -> Self {
+        ResponseFuture {
+            state: State::Passthrough { fut },
+        }
+    }
+
+    pub(super) fn running(
+        fut: F,
+        store: Arc<dyn IdempotencyStore>,
+        key: IdempotencyKey,
+        stats: IdempotencyStats,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Running {
+                fut,
+                claim: Some(Claim {
+                    store,
+                    key,
+                    stats,
+                    done: false,
+                }),
+            },
+        }
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<http::Response<B>, E>>,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Output = Result<http::Response<Body>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Answer { response } => {
+                    let response = response.take().expect("polled after completion");
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Passthrough { fut } => {
+                    let response = ready!(fut.poll(cx))?;
+                    return Poll::Ready(Ok(response.map(Body::new)));
+                }
+                StateProj::Running { fut, claim } => {
+                    // An error drops the claim with the future: the key is released.
+                    let response = ready!(fut.poll(cx))?;
+                    let claim = claim.take().expect("claimed until answered");
+                    let (parts, body) = response.into_parts();
+                    let limit = claim.store.max_record_bytes();
+                    let size = header_bytes(&parts.headers);
+                    let read = Reading {
+                        parts,
+                        body: Body::new(body),
+                        data: VecDeque::new(),
+                        size,
+                        limit,
+                        claim,
+                    };
+                    state.set(State::Reading { read: Some(read) });
+                }
+                StateProj::Reading { read } => {
+                    let reading = read.as_mut().expect("polled after completion");
+                    let end = ready!(poll_read(reading, cx));
+                    let reading = read.take().expect("polled after completion");
+                    return Poll::Ready(Ok(reading.finish(end)));
+                }
+            }
+        }
+    }
+}
+
+/// How reading a handler's answer ended.
+enum End {
+    /// The body ended (with these trailers, if any).
+    Whole(Option<HeaderMap>),
+    /// The body passed the record's bound: the rest is not read (`None`), or the trailers
+    /// that ended it pushed it past (`Some`).
+    TooLarge(Option<HeaderMap>),
+    /// The body failed.
+    Failed(tonic::Status),
+}
+
+/// Reads `reading`'s body until it ends, fails or passes the bound.
+fn poll_read(reading: &mut Reading, cx: &mut Context<'_>) -> Poll<End> {
+    loop {
+        let frame = match ready!(Pin::new(&mut reading.body).poll_frame(cx)) {
+            None => return Poll::Ready(End::Whole(None)),
+            Some(Err(status)) => return Poll::Ready(End::Failed(status)),
+            Some(Ok(frame)) => frame,
+        };
+        match frame.into_data() {
+            Ok(data) => {
+                reading.size += data.len();
+                reading.data.push_back(data);
+                if reading.size > reading.limit {
+                    return Poll::Ready(End::TooLarge(None));
+                }
+            }
+            Err(frame) => {
+                if let Ok(trailers) = frame.into_trailers() {
+                    reading.size += header_bytes(&trailers);
+                    if reading.size > reading.limit {
+                        // Sent whole, not kept.
+                        return Poll::Ready(End::TooLarge(Some(trailers)));
+                    }
+                    return Poll::Ready(End::Whole(Some(trailers)));
+                }
+            }
+        }
+    }
+}
+
+impl Reading {
+    /// The response to send, having recorded (or released) the key as `end` says.
+    fn finish(self, end: End) -> http::Response<Body> {
+        let Reading {
+            parts,
+            body,
+            data,
+            claim,
+            ..
+        } = self;
+        match end {
+            End::Whole(trailers) => {
+                let code = trailers
+                    .as_ref()
+                    .and_then(|t| t.get(&GRPC_STATUS))
+                    .or_else(|| parts.headers.get(&GRPC_STATUS))
+                    .map_or(Code::Ok, |v| parse_grpc_status(v.as_bytes()));
+                let bytes = concat(&data);
+                if code == Code::Unavailable {
+                    // "Try again": nothing a retry must not repeat. Released by the drop.
+                    drop(claim);
+                } else {
+                    claim.complete(Record::new(
+                        parts.headers.clone(),
+                        bytes.clone(),
+                        trailers.clone(),
+                    ));
+                }
+                let body = HeldBody {
+                    data: VecDeque::from(if bytes.is_empty() {
+                        vec![]
+                    } else {
+                        vec![bytes]
+                    }),
+                    trailers,
+                    ..HeldBody::default()
+                };
+                http::Response::from_parts(parts, Body::new(body))
+            }
+            End::TooLarge(trailers) => {
+                claim.stats.0.oversize.fetch_add(1, Ordering::Relaxed);
+                claim.complete(not_kept());
+                let rest = trailers.is_none() && !body.is_end_stream();
+                let body = HeldBody {
+                    data,
+                    rest: rest.then_some(body),
+                    trailers,
+                    ..HeldBody::default()
+                };
+                http::Response::from_parts(parts, Body::new(body))
+            }
+            End::Failed(status) => {
+                drop(claim);
+                let body = HeldBody {
+                    data,
+                    error: Some(status),
+                    ..HeldBody::default()
+                };
+                http::Response::from_parts(parts, Body::new(body))
+            }
+        }
+    }
+}
+
+/// The frames read, as one buffer (no copy for the usual single frame).
+fn concat(data: &VecDeque<Bytes>) -> Bytes {
+    match data.len() {
+        0 => Bytes::new(),
+        1 => data[0].clone(),
+        _ => {
+            let mut all = BytesMut::with_capacity(data.iter().map(Bytes::len).sum());
+            for d in data {
+                all.extend_from_slice(d);
+            }
+            all.freeze()
+        }
+    }
+}
+
+/// A trailers-only gRPC answer of the layer's own: `code`, `message`, and the mark that
+/// the handler did not run this call.
+fn trailers_only(code: Code, message: HeaderValue) -> http::Response<Body> {
+    let mut response = http::Response::new(Body::empty());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(
+        GRPC_STATUS,
+        HeaderValue::from_static(encode_grpc_status(code)),
+    );
+    headers.insert(GRPC_MESSAGE, message);
+    headers.insert(STORMGUARD_UNPROCESSED, UNPROCESSED);
+    response
+}
+
+/// The answer to a call whose key is malformed: `INVALID_ARGUMENT`, saying why.
+pub(super) fn invalid_key(error: &IdempotencyKeyError) -> http::Response<Body> {
+    // The error's text is visible ASCII without `%`, a valid grpc-message as it is.
+    let message = HeaderValue::from_str(&format!("stormguard: {error}")).unwrap_or(
+        HeaderValue::from_static("stormguard: malformed idempotency-key"),
+    );
+    trailers_only(Code::InvalidArgument, message)
+}
+
+/// The answer to a repeat whose first run is in flight: `ABORTED`, after `pushback`.
+pub(super) fn in_flight(pushback: Duration) -> http::Response<Body> {
+    let mut response = trailers_only(Code::Aborted, HeaderValue::from_static(MESSAGE_IN_FLIGHT));
+    if let Ok(value) = HeaderValue::from_str(&encode_pushback(Pushback::RetryAfter(pushback))) {
+        response.headers_mut().insert(GRPC_RETRY_PUSHBACK_MS, value);
+    }
+    response
+}
+
+/// What is recorded for a call whose answer was too large to keep.
+fn not_kept() -> Record {
+    let response = trailers_only(
+        Code::AlreadyExists,
+        HeaderValue::from_static(MESSAGE_NOT_KEPT),
+    );
+    Record::not_kept(response.headers().clone())
+}
+
+/// A recorded answer, sent again.
+pub(super) fn replay(record: &Record) -> http::Response<Body> {
+    let body = HeldBody {
+        data: if record.body().is_empty() {
+            VecDeque::new()
+        } else {
+            VecDeque::from([record.body().clone()])
+        },
+        trailers: record.trailers().cloned(),
+        ..HeldBody::default()
+    };
+    let mut response = http::Response::new(Body::new(body));
+    *response.headers_mut() = record.headers().clone();
+    response
+}
