@@ -20,6 +20,7 @@
 //! The `storm` example runs it; the test suite runs [`StormConfig::quick`].
 
 pub mod chain;
+pub mod fleet_sim;
 mod client;
 mod report;
 mod server;
