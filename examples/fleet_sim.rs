@@ -314,7 +314,8 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let (stats, sim_wall_s) = wall(|| run(&fleet_scenario(dead.clients, sim_variant, &options)));
+        let (stats, sim_wall_s) =
+            wall(|| run(&fleet_scenario(dead.clients, sim_variant, &options)));
         let s = match stats {
             Ok(s) => s,
             Err(e) => {

@@ -188,7 +188,7 @@ mod tests {
                     sku: "sku".into(),
                     quantity: 1,
                     request_id: id.into(),
-                    payload: Vec::new().into(),
+                    payload: Vec::new(),
                 });
                 request.set_timeout(Duration::from_millis(500));
                 request

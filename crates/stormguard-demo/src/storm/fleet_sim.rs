@@ -53,7 +53,7 @@ use super::client::{Caller, Delays, Naive, Observe, layered_caller, naive_caller
 use super::report::Timeline;
 use super::{
     MAX_PENDING_ACCEPT_RESET_STREAMS, Policy, PolicyRun, ServerModel, StormReport, Workers,
-    stormguard_client_config, storm_report,
+    storm_report, stormguard_client_config,
 };
 use crate::net_sim;
 use crate::server::{DemoConfig, DemoCounts, DemoInventory};
@@ -399,8 +399,8 @@ pub fn run_storm_policy(
                 }
                 _ => {
                     let client_config = stormguard_client_config(Some(config.per_attempt));
-                    let layer =
-                        RetryLayer::from_config_seeded(&client_config, mix(seed, 3))?.over_replicas();
+                    let layer = RetryLayer::from_config_seeded(&client_config, mix(seed, 3))?
+                        .over_replicas();
                     let stats = layer.stats();
                     let service = ServiceBuilder::new().layer(layer).service(replicas);
                     (
@@ -409,7 +409,16 @@ pub fn run_storm_policy(
                     )
                 }
             };
-            offer(caller, &timeline, origin, total, rate, config.deadline, mix(seed, 4)).await;
+            offer(
+                caller,
+                &timeline,
+                origin,
+                total,
+                rate,
+                config.deadline,
+                mix(seed, 4),
+            )
+            .await;
             results
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -617,9 +626,11 @@ pub fn run_dead_dependency(
                 let origin = origin();
                 tokio::spawn(async move {
                     tokio::time::sleep_until(origin + from).await;
-                    window.lock().unwrap_or_else(PoisonError::into_inner).0 = Some(control.counts());
+                    window.lock().unwrap_or_else(PoisonError::into_inner).0 =
+                        Some(control.counts());
                     tokio::time::sleep_until(origin + total).await;
-                    window.lock().unwrap_or_else(PoisonError::into_inner).1 = Some(control.counts());
+                    window.lock().unwrap_or_else(PoisonError::into_inner).1 =
+                        Some(control.counts());
                 });
                 serve(demo, None, &bound).await
             }
@@ -657,7 +668,16 @@ pub fn run_dead_dependency(
                 }
             };
             let rate = config.rate_per_client;
-            offer(caller, &timeline, origin, total, rate, config.deadline, mix(seed, 4)).await;
+            offer(
+                caller,
+                &timeline,
+                origin,
+                total,
+                rate,
+                config.deadline,
+                mix(seed, 4),
+            )
+            .await;
             // The server reads its counters at the end of the window: stay until then.
             tokio::time::sleep_until(origin + total + config.deadline).await;
             let measured: u64 = timeline

@@ -20,8 +20,8 @@
 //! The `storm` example runs it; the test suite runs [`StormConfig::quick`].
 
 pub mod chain;
-pub mod fleet_sim;
 mod client;
+pub mod fleet_sim;
 mod report;
 mod server;
 
