@@ -16,9 +16,8 @@
 //! limit ([`Workers`], the storm's cancelling model) and, for the shedding policies, the
 //! `ShedLayer` with the storm's admission config (seeded); `clients` hosts, each an
 //! open-loop Poisson fleet at its share of the offered rate, with its own retry policy
-//! (the storm's `naive` loop, or its own seeded `RetryLayer` over
-//! [`Replicas`](stormguard_client::replicas::Replicas)) over its own
-//! [`Replicas`] (seeded) of one lazily connected channel per server, with HTTP/2
+//! (the storm's `naive` loop, or its own seeded `RetryLayer` with `over_replicas`) over its
+//! own [`Replicas`] (seeded) of one lazily connected channel per server, with HTTP/2
 //! keepalive. Every server multiplies its service time by `slowdown` during the trigger.
 //!
 //! [`run_dead_dependency`]: table 2's case, `clients` hosts calling one server that
