@@ -32,7 +32,8 @@ use stormguard_demo::storm::fleet_sim::{
 };
 use stormguard_demo::storm::{Policy, PolicyRun, PolicySummary, Second};
 use stormguard_sim::{
-    FleetVariant, Options, StormParams, StormPolicy, Window, fleet_scenario, run, storm_scenario,
+    FleetVariant, Options, SimError, StormParams, StormPolicy, Window, fleet_scenario, run,
+    storm_scenario,
 };
 
 /// The storm and a dead dependency at fleet scale on turmoil (real tonic and both layers
@@ -125,11 +126,13 @@ fn sim_params(config: &FleetStormConfig) -> StormParams {
 }
 
 /// The simulator's run of `policy` as the storm's per-second timeline.
-fn sim_run(policy: Policy, sim_policy: StormPolicy, params: &StormParams, seed: u64) -> PolicyRun {
-    let stats = match run(&storm_scenario(sim_policy, params, seed)) {
-        Ok(stats) => stats,
-        Err(e) => panic!("the storm scenario is valid: {e}"),
-    };
+fn sim_run(
+    policy: Policy,
+    sim_policy: StormPolicy,
+    params: &StormParams,
+    seed: u64,
+) -> Result<PolicyRun, SimError> {
+    let stats = run(&storm_scenario(sim_policy, params, seed))?;
     let timeline = stats
         .bins
         .iter()
@@ -143,7 +146,7 @@ fn sim_run(policy: Policy, sim_policy: StormPolicy, params: &StormParams, seed: 
             shed: 0,
         })
         .collect();
-    PolicyRun {
+    Ok(PolicyRun {
         policy,
         timeline,
         budget_refusals: None,
@@ -152,7 +155,7 @@ fn sim_run(policy: Policy, sim_policy: StormPolicy, params: &StormParams, seed: 
         throttled: None,
         saturated_refusals: None,
         hedges: None,
-    }
+    })
 }
 
 fn wall<T>(f: impl FnOnce() -> T) -> (T, f64) {
@@ -223,6 +226,13 @@ fn main() -> ExitCode {
             }
         };
         let (sim, sim_wall) = wall(|| sim_run(policy, sim_policy, &params, args.seed));
+        let sim = match sim {
+            Ok(sim) => sim,
+            Err(e) => {
+                eprintln!("fleet_sim: simulator: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
         eprintln!(
             "  {}: turmoil {turmoil_wall:.1} s of wall time for {:.1} s of virtual time; simulator {sim_wall:.2} s",
             policy.as_str(),
