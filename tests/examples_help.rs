@@ -88,6 +88,11 @@ const EXAMPLES: &[Example] = &[
         bad_value: &["--fault", "flood"],
     },
     Example {
+        name: "fleet_sim",
+        flags: &["--quick", "--seed", "--clients", "--json"],
+        bad_value: &["--clients", "0"],
+    },
+    Example {
         name: "relay",
         flags: &["--addr", "--target", "--service-config"],
         bad_value: &["--addr", "nowhere", "--target", "http://127.0.0.1:1"],

@@ -513,6 +513,7 @@ mod tests {
             service_time: Duration::from_millis(10),
             queue_capacity: 8,
             slowdown: None,
+            drops_abandoned: false,
             shedding: Some(AdmissionConfig {
                 workers: 1,
                 queue_capacity: 8,
@@ -607,6 +608,7 @@ mod tests {
             service_time: Duration::from_millis(10),
             queue_capacity: 1000,
             slowdown: None,
+            drops_abandoned: false,
             shedding: Some(AdmissionConfig {
                 workers: 1,
                 queue_capacity: 4,

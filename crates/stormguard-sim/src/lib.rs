@@ -66,7 +66,9 @@
 //! a capacity drop, every hedge granted against hedges paid from the budget). A hedged
 //! call is driven by [`HedgedCall`], which makes core's hedging calls in the order the
 //! client layer's hedged future makes them; a scenario hedges when its
-//! [`ClientPolicy::hedging`] is set.
+//! [`ClientPolicy::hedging`] is set. [`storm_scenario`] runs the storm with every
+//! parameter given ([`StormParams`]), for setting its figures beside the real layers' on
+//! turmoil (`examples/fleet_sim.rs`).
 //!
 //! # Example
 //!
@@ -92,6 +94,7 @@ mod hedged;
 mod scenario;
 mod server;
 mod stats;
+mod storm;
 mod tables;
 
 pub use client::{End, SimCall, Step};
@@ -103,6 +106,7 @@ pub use scenario::{
 };
 pub use server::{ServerAction, SimServer};
 pub use stats::{Bin, RunStats, ShardStats};
+pub use storm::{StormParams, StormPolicy, storm_scenario};
 pub use tables::*;
 
 use stormguard_core::config::ConfigError;

@@ -106,9 +106,15 @@ pub struct QueueServer {
     pub queue_capacity: usize,
     /// A capacity drop: service time multiplied by `factor` during `window`.
     pub slowdown: Option<(Window, f64)>,
+    /// Whether the plain FIFO server drops the work of a caller that reset its stream,
+    /// queued or running (a tonic handler waiting for a semaphore: the storm's default
+    /// server model), instead of running it anyway (a worker pool). The shedding server
+    /// always drops it, as the `ShedLayer` does.
+    pub drops_abandoned: bool,
     /// `None`: a plain FIFO that runs everything it queued, even work whose caller has
-    /// given up. `Some`: stormguard's admission policy (shed retries first, pushback,
-    /// drop expired work, queue order); its `workers` must equal `workers`.
+    /// given up (unless `drops_abandoned`). `Some`: stormguard's admission policy (shed
+    /// retries first, pushback, drop expired work, queue order); its `workers` must equal
+    /// `workers`.
     pub shedding: Option<AdmissionConfig>,
 }
 

@@ -11,10 +11,14 @@
 //! withdrawn when its caller resets. A test in `stormguard-server` runs one script
 //! through both and compares every decision.
 //!
-//! A plain server (the baseline) is a bounded FIFO that runs everything it queued, even
-//! work whose caller has left, and refuses calls `UNAVAILABLE` when its queue is full.
+//! A plain server (the baseline) is a bounded FIFO that refuses calls `UNAVAILABLE` when
+//! its queue is full. By default it runs everything it queued, even work whose caller has
+//! left (a worker pool, a query already sent to a database); a *cancelling* one
+//! ([`SimServer::plain_cancelling`]) drops the work of a caller that reset its stream,
+//! queued or running, as a tonic handler waiting for a semaphore is dropped (the storm's
+//! default server model).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use stormguard_core::Instant;
@@ -59,6 +63,9 @@ enum Kind {
         capacity: usize,
         busy: usize,
         queue: VecDeque<Job>,
+        /// The jobs on a worker, for a server that drops the work of callers that reset
+        /// (`None`: it runs everything and needs no names).
+        running: Option<HashSet<Job>>,
     },
     Shedding(Box<Shedding>),
 }
@@ -81,6 +88,22 @@ impl SimServer {
                 capacity,
                 busy: 0,
                 queue: VecDeque::new(),
+                running: None,
+            },
+        }
+    }
+
+    /// A plain FIFO server of `workers` with a wait queue of `capacity` that drops the
+    /// work of a caller that reset its stream: a waiting job leaves the queue, a running
+    /// one gives its worker to the next in line.
+    pub fn plain_cancelling(workers: usize, capacity: usize) -> Self {
+        SimServer {
+            kind: Kind::Plain {
+                workers,
+                capacity,
+                busy: 0,
+                queue: VecDeque::new(),
+                running: Some(HashSet::new()),
             },
         }
     }
@@ -147,9 +170,13 @@ impl SimServer {
                 capacity,
                 busy,
                 queue,
+                running,
             } => {
                 if *busy < *workers {
                     *busy += 1;
+                    if let Some(running) = running {
+                        running.insert(job);
+                    }
                     out.push(ServerAction::Start(job));
                 } else if queue.len() < *capacity {
                     queue.push_back(job);
@@ -190,12 +217,20 @@ impl SimServer {
     /// answer goes out): a job whose caller reset the stream was dropped already.
     pub fn done(&mut self, now: Instant, job: Job, out: &mut Vec<ServerAction>) -> bool {
         match &mut self.kind {
-            Kind::Plain { busy, queue, .. } => {
-                *busy = busy.saturating_sub(1);
-                if let Some(next) = queue.pop_front() {
-                    *busy += 1;
-                    out.push(ServerAction::Start(next));
+            Kind::Plain {
+                busy,
+                queue,
+                running,
+                ..
+            } => {
+                // A cancelling server gave the worker of a reset job back already.
+                if let Some(running) = running.as_mut()
+                    && !running.remove(&job)
+                {
+                    return false;
                 }
+                *busy = busy.saturating_sub(1);
+                start_next(busy, queue, running.as_mut(), out);
                 true
             }
             Kind::Shedding(s) => {
@@ -226,10 +261,28 @@ impl SimServer {
 
     /// `job`'s caller reset its stream at `now`: a waiting job leaves the queue, a running
     /// one gives its worker back (the tower layer drops the handler's future). A plain
-    /// server does not notice and runs it anyway.
+    /// server does not notice and runs it anyway, unless it is a cancelling one, which
+    /// does the same as the shedding server.
     pub fn cancel(&mut self, now: Instant, job: Job, out: &mut Vec<ServerAction>) {
-        let Kind::Shedding(s) = &mut self.kind else {
-            return;
+        let s = match &mut self.kind {
+            Kind::Plain {
+                busy,
+                queue,
+                running: Some(running),
+                ..
+            } => {
+                if running.remove(&job) {
+                    *busy = busy.saturating_sub(1);
+                    start_next(busy, queue, Some(running), out);
+                    return;
+                }
+                if let Some(at) = queue.iter().position(|&j| j == job) {
+                    queue.remove(at);
+                }
+                return;
+            }
+            Kind::Plain { .. } => return,
+            Kind::Shedding(s) => s,
         };
         let Shedding {
             queue,
@@ -241,6 +294,23 @@ impl SimServer {
         } else if let Some(started) = running.remove(&job) {
             queue.abandon_at(now, started, dispatcher(now, queued, running, out));
         }
+    }
+}
+
+/// A plain server's freed worker goes to the oldest waiting job (named in `running` for
+/// a cancelling server).
+fn start_next(
+    busy: &mut usize,
+    queue: &mut VecDeque<Job>,
+    running: Option<&mut HashSet<Job>>,
+    out: &mut Vec<ServerAction>,
+) {
+    if let Some(next) = queue.pop_front() {
+        *busy += 1;
+        if let Some(running) = running {
+            running.insert(next);
+        }
+        out.push(ServerAction::Start(next));
     }
 }
 
@@ -295,6 +365,9 @@ impl<'a> Servers<'a> {
                         )),
                         ..c.clone()
                     })?,
+                    None if q.drops_abandoned => {
+                        SimServer::plain_cancelling(q.workers, q.queue_capacity)
+                    }
                     None => SimServer::plain(q.workers, q.queue_capacity),
                 }),
                 ServerKind::Unbounded { .. } => None,
@@ -548,6 +621,31 @@ mod tests {
         assert!(!s.done(t0 + 10 * MS, job(0), &mut out));
         assert!(s.done(t0 + 10 * MS, job(2), &mut out));
         assert!(out.is_empty());
+        assert_eq!((s.running(), s.depth()), (0, 0));
+    }
+
+    #[test]
+    fn a_cancelling_plain_server_drops_the_work_of_callers_that_reset() {
+        let mut s = SimServer::plain_cancelling(1, 2);
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        for n in 0..3 {
+            s.arrive(t0, job(n), AttemptClass::First, None, &mut out);
+        }
+        assert_eq!(out, [ServerAction::Start(job(0))]);
+        out.clear();
+        // A waiting job leaves the queue without running.
+        s.cancel(t0, job(1), &mut out);
+        assert!(out.is_empty());
+        assert_eq!((s.running(), s.depth()), (1, 1));
+        // A running one gives its worker to the next in line; its end is ignored.
+        s.cancel(t0 + MS, job(0), &mut out);
+        assert_eq!(out, [ServerAction::Start(job(2))]);
+        out.clear();
+        assert!(!s.done(t0 + 10 * MS, job(0), &mut out));
+        assert!(out.is_empty());
+        assert_eq!((s.running(), s.depth()), (1, 0));
+        assert!(s.done(t0 + 11 * MS, job(2), &mut out));
         assert_eq!((s.running(), s.depth()), (0, 0));
     }
 

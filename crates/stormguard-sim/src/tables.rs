@@ -93,7 +93,7 @@ fn three_attempts(backoff: BackoffConfig, per_attempt_timeout: Option<Duration>)
 }
 
 /// The backoff of a standard gRPC client: A6 with `initial`, no growth.
-fn a6_backoff(initial: Duration) -> BackoffConfig {
+pub(crate) fn a6_backoff(initial: Duration) -> BackoffConfig {
     BackoffConfig::A6 {
         initial,
         max: initial,
@@ -113,7 +113,7 @@ pub fn a6_throttle_config() -> ThrottleConfig {
 /// standard clients (`std_backoff`). stormguard keeps its own default backoff (full
 /// jitter). The attempt timeout is the retry policy's; a client that never retries has
 /// no policy, so its one attempt gets it from the layer's own setting instead.
-fn client(
+pub(crate) fn client(
     name: PolicyName,
     deadline: Duration,
     attempt_timeout: Option<Duration>,
@@ -495,6 +495,7 @@ pub fn recovery_scenario(variant: RecoveryVariant, options: &Options) -> Scenari
         service_time: Duration::from_micros(11_100),
         queue_capacity: 10_000,
         slowdown: Some((TRIGGER, 2.5)),
+        drops_abandoned: false,
         // The admission defaults (retries shed from 8 queued, adaptive LIFO from 8 queued,
         // pushback at most 1 s) with a queue of 2 × workers: 55 ms of work at the
         // degraded rate, more than the 50 ms deadline.

@@ -213,8 +213,45 @@ pub(crate) struct Naive {
     pub(crate) seed: u64,
 }
 
+/// What the scenarios' generated client runs over: a tonic `Channel`, or anything
+/// `tower` stacks on one (the storm's [`Observe`], the `RetryLayer`, `Replicas` over
+/// several channels), cloneable and sendable as a [`Caller`] needs.
+pub(crate) trait Transport:
+    tonic::client::GrpcService<
+        tonic::body::Body,
+        Future: Send,
+        Error: Into<tonic::codegen::StdError>,
+        ResponseBody: tonic::codegen::Body<
+            Data = tonic::codegen::Bytes,
+            Error: Into<tonic::codegen::StdError> + Send,
+        > + Send
+                          + 'static,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<T> Transport for T where
+    T: tonic::client::GrpcService<
+            tonic::body::Body,
+            Future: Send,
+            Error: Into<tonic::codegen::StdError>,
+            ResponseBody: tonic::codegen::Body<
+                Data = tonic::codegen::Bytes,
+                Error: Into<tonic::codegen::StdError> + Send,
+            > + Send
+                              + 'static,
+        > + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// A caller that retries with [`NaiveRetry`] through a plain tonic client.
-pub(crate) fn naive_caller(client: InventoryClient<Observe<Channel>>, naive: Naive) -> Caller {
+pub(crate) fn naive_caller<T: Transport>(client: InventoryClient<T>, naive: Naive) -> Caller {
     let per_attempt = naive.per_attempt;
     let attempt = tower::service_fn(move |attempt: Attempt| {
         let mut client = client.clone();
@@ -353,8 +390,8 @@ pub(crate) fn layered_client(
 
 /// A caller through a layered client: `timeout` is the logical call's deadline (sent as
 /// `grpc-timeout`); without one the call inherits the inbound call's context.
-pub(crate) fn layered_caller(
-    client: InventoryClient<Layered>,
+pub(crate) fn layered_caller<T: Transport>(
+    client: InventoryClient<T>,
     timeout: Option<Duration>,
 ) -> Caller {
     BoxCloneSyncService::new(tower::service_fn(move |()| {

@@ -21,6 +21,7 @@
 
 pub mod chain;
 mod client;
+pub mod fleet_sim;
 mod report;
 mod server;
 

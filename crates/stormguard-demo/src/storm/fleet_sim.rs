@@ -1,0 +1,715 @@
+//! The storm and a dead dependency at fleet scale on turmoil: the real layers on many
+//! simulated hosts.
+//!
+//! # Why
+//!
+//! The storm runs one client process against one server on loopback; the simulator
+//! (`stormguard-sim`) runs fleets of hundreds, but of the core objects only, in a model of
+//! the network, the server and the client layer's future. turmoil runs real tonic, hyper,
+//! h2, `RetryLayer`, `Replicas` and `ShedLayer` on as many simulated hosts as a run needs,
+//! in one thread on virtual time, so the simulator's fleet figures can be checked against
+//! what the layers really do, for the same parameters and deterministically for a seed.
+//!
+//! # What runs
+//!
+//! [`run_storm_policy`]: `servers` hosts, each the demo Inventory behind a fixed worker
+//! limit ([`Workers`], the storm's cancelling model) and, for the shedding policies, the
+//! `ShedLayer` with the storm's admission config (seeded); `clients` hosts, each an
+//! open-loop Poisson fleet at its share of the offered rate, with its own retry policy
+//! (the storm's `naive` loop, or its own seeded `RetryLayer` with `over_replicas`) over its
+//! own [`Replicas`] (seeded) of one lazily connected channel per server, with HTTP/2
+//! keepalive. Every server multiplies its service time by `slowdown` during the trigger.
+//!
+//! [`run_dead_dependency`]: table 2's case, `clients` hosts calling one server that
+//! answers every attempt `UNAVAILABLE` at once, for each variant the layers' config
+//! supports.
+//!
+//! # Time and determinism
+//!
+//! Time inside a host is tokio's virtual time, advanced by turmoil one tick at a time;
+//! every host starts at virtual 0, so `Instant::now() - turmoil::elapsed()` is the same
+//! origin on every host. Every random choice is seeded from the run's seed: turmoil's
+//! network, the arrivals, each `RetryLayer`, each `Replicas`, each `ShedLayer`'s pushback
+//! jitter. The same config gives the same figures.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use stormguard_client::RetryLayer;
+use stormguard_client::replicas::{ReplicaConfig, Replicas};
+use stormguard_core::admission::AdmissionConfig;
+use stormguard_core::breaker::BreakerConfig;
+use stormguard_core::budget::BudgetConfig;
+use stormguard_core::config::{BudgetChoice, ClientConfig, ConfigError};
+use stormguard_server::ShedLayer;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint, Server};
+use tower::ServiceBuilder;
+
+use super::client::{Caller, Delays, Naive, Observe, layered_caller, naive_caller};
+use super::report::Timeline;
+use super::{
+    MAX_PENDING_ACCEPT_RESET_STREAMS, Policy, PolicyRun, ServerModel, StormReport, Workers,
+    storm_report, stormguard_client_config,
+};
+use crate::net_sim;
+use crate::server::{DemoConfig, DemoCounts, DemoInventory};
+use crate::{InventoryClient, InventoryServer};
+
+/// The port every simulated server listens on.
+pub const PORT: u16 = 50051;
+
+/// Why a fleet run could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetSimError {
+    /// A policy's or a server's configuration was refused.
+    #[error("configuration: {0}")]
+    Config(#[from] ConfigError),
+    /// A host failed, or the simulation ran past its time limit.
+    #[error("simulation: {0}")]
+    Simulation(String),
+}
+
+/// The network every run simulates.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Network {
+    /// One-way delay of every message (turmoil's minimum and maximum latency).
+    pub latency: Duration,
+    /// Virtual time turmoil advances per step: the resolution of every timer and delivery.
+    pub tick: Duration,
+    /// HTTP/2 keepalive ping interval of every client channel (and the time a ping may go
+    /// unanswered), as a production client sets it.
+    pub keepalive: Duration,
+}
+
+impl Default for Network {
+    /// 1 ms each way, a 1 ms tick, 1 s keepalive. The tick is tokio's timer resolution: a
+    /// paused tokio clock advanced by less than 1 ms moves by 1 ms, so with a shorter tick
+    /// the hosts' clocks would run ahead of turmoil's (and its message delays).
+    fn default() -> Self {
+        Network {
+            latency: Duration::from_millis(1),
+            tick: Duration::from_millis(1),
+            keepalive: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The storm at fleet scale.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FleetStormConfig {
+    /// Client hosts, each with its own retry policy, budget and replica set.
+    pub clients: usize,
+    /// Server hosts (the replicas every client balances over).
+    pub servers: usize,
+    /// Calls each server runs at once.
+    pub workers: usize,
+    /// Virtual time one call holds a worker at normal speed.
+    pub service_time: Duration,
+    /// The trigger multiplies the service time by this.
+    pub slowdown: f64,
+    /// Offered load as a share of the fleet's capacity, `servers × workers / service_time`.
+    pub load: f64,
+    /// Deadline of a logical call.
+    pub deadline: Duration,
+    /// Per-attempt timeout of every policy.
+    pub per_attempt: Duration,
+    /// The naive loop's fixed delay between attempts.
+    pub naive_backoff: Duration,
+    /// Attempts of the naive loop.
+    pub naive_attempts: u32,
+    /// Seconds before the trigger.
+    pub warmup_s: u32,
+    /// Seconds of the trigger.
+    pub trigger_s: u32,
+    /// Seconds after the trigger.
+    pub after_s: u32,
+    /// The simulated network.
+    pub network: Network,
+    /// Seed of the whole run.
+    pub seed: u64,
+}
+
+impl FleetStormConfig {
+    /// 20 client hosts, 2 servers of 8 workers × 10 ms (1,600 calls/s), 78 % load, 200 ms
+    /// deadline, 50 ms per attempt, service time × 2.5 from 5 s to 8 s, 12 s after.
+    pub fn standard() -> Self {
+        FleetStormConfig {
+            clients: 20,
+            servers: 2,
+            workers: 8,
+            service_time: Duration::from_millis(10),
+            slowdown: 2.5,
+            load: 0.78,
+            deadline: Duration::from_millis(200),
+            per_attempt: Duration::from_millis(50),
+            naive_backoff: Duration::from_millis(10),
+            naive_attempts: 3,
+            warmup_s: 5,
+            trigger_s: 3,
+            after_s: 12,
+            network: Network::default(),
+            seed: 1,
+        }
+    }
+
+    /// A shorter run: 2 s before, 2 s of trigger, 4 s after.
+    pub fn quick() -> Self {
+        FleetStormConfig {
+            warmup_s: 2,
+            trigger_s: 2,
+            after_s: 4,
+            ..FleetStormConfig::standard()
+        }
+    }
+
+    /// Seconds of one policy's run.
+    pub fn total_s(&self) -> u32 {
+        self.warmup_s + self.trigger_s + self.after_s
+    }
+
+    /// Completions per second of all servers at the normal service time.
+    pub fn capacity(&self) -> f64 {
+        (self.servers * self.workers) as f64 / self.service_time.as_secs_f64()
+    }
+
+    /// Logical calls offered per second by the whole fleet.
+    pub fn offered_per_second(&self) -> f64 {
+        self.load * self.capacity()
+    }
+
+    /// The admission config of a shedding server: the defaults with the server's worker
+    /// count, as the storm's, seeded from `seed`.
+    pub fn admission(&self, seed: u64) -> AdmissionConfig {
+        AdmissionConfig {
+            workers: self.workers,
+            seed: Some(seed),
+            ..AdmissionConfig::default()
+        }
+    }
+}
+
+/// splitmix64 of `seed` and `stream`: unrelated seeds for every host and object.
+fn mix(seed: u64, stream: u64) -> u64 {
+    let mut x = seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// The instant every host's clock started from (virtual 0).
+fn origin() -> Instant {
+    Instant::now() - turmoil::elapsed()
+}
+
+fn sim_error(e: impl std::fmt::Display) -> FleetSimError {
+    FleetSimError::Simulation(e.to_string())
+}
+
+fn turmoil_sim(network: &Network, seed: u64, limit: Duration) -> turmoil::Sim<'static> {
+    turmoil::Builder::new()
+        .simulation_duration(limit)
+        .tick_duration(network.tick)
+        .min_message_latency(network.latency)
+        .max_message_latency(network.latency)
+        .rng_seed(seed)
+        .build()
+}
+
+/// A lazily connected channel to `host`, with keepalive and the storm's reset settings.
+fn channel(host: &str, network: &Network) -> Result<Channel, tonic::transport::Error> {
+    let endpoint: Endpoint = net_sim::endpoint(host, PORT)?
+        .http2_keep_alive_interval(network.keepalive)
+        .keep_alive_timeout(network.keepalive)
+        .http2_max_local_error_reset_streams(None);
+    Ok(net_sim::connect_lazy_with(endpoint))
+}
+
+/// Serves `service` on [`PORT`] of the current host, behind a `ShedLayer` for `admission`
+/// when given; counts the server as bound in `bound` first.
+async fn serve<T: crate::Inventory>(
+    service: T,
+    admission: Option<AdmissionConfig>,
+    bound: &watch::Sender<usize>,
+) -> turmoil::Result {
+    let incoming = net_sim::incoming(PORT).await?;
+    bound.send_modify(|n| *n += 1);
+    let builder = Server::builder()
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS));
+    let service = InventoryServer::new(service);
+    match admission {
+        Some(config) => {
+            builder
+                .layer(ShedLayer::from_config(config)?)
+                .add_service(service)
+                .serve_with_incoming(incoming)
+                .await?
+        }
+        None => {
+            let mut builder = builder;
+            builder
+                .add_service(service)
+                .serve_with_incoming(incoming)
+                .await?
+        }
+    }
+    Ok(())
+}
+
+/// What one client host measured.
+#[derive(Debug, Default)]
+struct ClientResult {
+    timeline: Vec<super::Second>,
+    budget_refusals: Option<u64>,
+    connection_errors: u64,
+}
+
+/// Offers `rate` Poisson calls per second through `caller` from `origin` for `total`,
+/// counting them in `timeline`; returns when every call has ended.
+async fn offer(
+    caller: Caller,
+    timeline: &Arc<Timeline>,
+    origin: Instant,
+    total: Duration,
+    rate: f64,
+    deadline: Duration,
+    seed: u64,
+) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut calls = JoinSet::new();
+    let mut next = origin;
+    while next < origin + total {
+        tokio::time::sleep_until(next).await;
+        let second = timeline.second(next);
+        timeline.offered(second);
+        let caller = caller.clone();
+        let timeline = Arc::clone(timeline);
+        calls.spawn(async move {
+            let called = Instant::now();
+            let answer =
+                tokio::time::timeout(deadline, tower::ServiceExt::oneshot(caller, ())).await;
+            if matches!(answer, Ok(Ok(_))) && called.elapsed() <= deadline {
+                timeline.goodput(second);
+            }
+        });
+        // Exponential gaps: a Poisson process at `rate` per second.
+        let gap = -(1.0 - rng.f64()).ln() / rate;
+        next += Duration::from_secs_f64(gap);
+        while calls.try_join_next().is_some() {}
+    }
+    while calls.join_next().await.is_some() {}
+}
+
+/// Runs the storm for `policy` on turmoil: `config.servers` server hosts, `config.clients`
+/// client hosts. Returns the run, its counters summed over the clients (offered calls and
+/// goodput by the second the call arrived, attempts by the second they were sent), and the
+/// virtual time it took.
+pub fn run_storm_policy(
+    policy: Policy,
+    config: &FleetStormConfig,
+) -> Result<(PolicyRun, Duration), FleetSimError> {
+    if !matches!(
+        policy,
+        Policy::Naive | Policy::ClientOnly | Policy::ServerOnly | Policy::Stormguard
+    ) {
+        return Err(FleetSimError::Simulation(format!(
+            "policy {} is not run on turmoil (naive, client-only, server-only, stormguard are)",
+            policy.as_str()
+        )));
+    }
+    let total = Duration::from_secs(u64::from(config.total_s()));
+    // Every call ends within its deadline of the last arrival; the rest is slack.
+    let limit = total + config.deadline + Duration::from_secs(5);
+    let mut sim = turmoil_sim(&config.network, config.seed, limit);
+    let (bound, ready) = watch::channel(0usize);
+    let bound = Arc::new(bound);
+    let servers: Vec<String> = (0..config.servers).map(|i| format!("server{i}")).collect();
+    for (i, name) in servers.iter().enumerate() {
+        let config = config.clone();
+        let bound = Arc::clone(&bound);
+        let seed = mix(config.seed, 100 + i as u64);
+        sim.host(name.as_str(), move || {
+            let config = config.clone();
+            let bound = Arc::clone(&bound);
+            async move {
+                let demo = DemoInventory::new(DemoConfig {
+                    service_time: config.service_time,
+                    fail_rate: 0.0,
+                    seed,
+                });
+                let control = demo.control();
+                let origin = origin();
+                let (normal, slowed) = (
+                    config.service_time,
+                    config.service_time.mul_f64(config.slowdown),
+                );
+                let (from, until) = (
+                    Duration::from_secs(u64::from(config.warmup_s)),
+                    Duration::from_secs(u64::from(config.warmup_s + config.trigger_s)),
+                );
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(origin + from).await;
+                    control.set_service_time(slowed);
+                    tokio::time::sleep_until(origin + until).await;
+                    control.set_service_time(normal);
+                });
+                let workers = Workers::new(demo, config.workers, ServerModel::Cancelling);
+                let admission = policy.sheds().then(|| config.admission(seed));
+                serve(workers, admission, &bound).await
+            }
+        });
+    }
+    let results: Arc<Mutex<Vec<ClientResult>>> = Arc::default();
+    let rate = config.offered_per_second() / config.clients as f64;
+    for c in 0..config.clients {
+        let config = config.clone();
+        let servers = servers.clone();
+        let results = Arc::clone(&results);
+        let mut ready = ready.clone();
+        let seed = mix(config.seed, 1_000 + c as u64);
+        sim.client(format!("client{c}"), async move {
+            ready.wait_for(|n| *n >= servers.len()).await?;
+            let origin = origin();
+            let timeline = Arc::new(Timeline::new(origin, config.total_s() as usize));
+            let mut members = Vec::with_capacity(servers.len());
+            for name in &servers {
+                let observed = Observe::new(channel(name, &config.network)?, Arc::clone(&timeline));
+                members.push((name.clone(), observed));
+            }
+            let replicas = Replicas::from_services(
+                ReplicaConfig {
+                    seed: Some(mix(seed, 1)),
+                    ..ReplicaConfig::default()
+                },
+                members,
+            )?;
+            let (caller, stats) = match policy {
+                Policy::Naive | Policy::ServerOnly => {
+                    let naive = Naive {
+                        max_attempts: config.naive_attempts,
+                        delays: Delays::Fixed(config.naive_backoff),
+                        deadline: config.deadline,
+                        per_attempt: Some(config.per_attempt),
+                        seed: mix(seed, 2),
+                    };
+                    (naive_caller(InventoryClient::new(replicas), naive), None)
+                }
+                _ => {
+                    let client_config = stormguard_client_config(Some(config.per_attempt));
+                    let layer = RetryLayer::from_config_seeded(&client_config, mix(seed, 3))?
+                        .over_replicas();
+                    let stats = layer.stats();
+                    let service = ServiceBuilder::new().layer(layer).service(replicas);
+                    (
+                        layered_caller(InventoryClient::new(service), Some(config.deadline)),
+                        Some(stats),
+                    )
+                }
+            };
+            offer(
+                caller,
+                &timeline,
+                origin,
+                total,
+                rate,
+                config.deadline,
+                mix(seed, 4),
+            )
+            .await;
+            results
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(ClientResult {
+                    timeline: timeline.snapshot(),
+                    budget_refusals: stats.map(|s| s.snapshot().refused.budget),
+                    connection_errors: timeline.connection_errors(),
+                });
+            Ok(())
+        });
+    }
+    sim.run().map_err(sim_error)?;
+    let elapsed = sim.elapsed();
+    let results = std::mem::take(&mut *results.lock().unwrap_or_else(PoisonError::into_inner));
+    let mut timeline: Vec<super::Second> = (0..config.total_s())
+        .map(|t| super::Second {
+            t,
+            ..super::Second::default()
+        })
+        .collect();
+    let mut budget_refusals = None;
+    let mut connection_errors = 0;
+    for r in &results {
+        for (sum, s) in timeline.iter_mut().zip(&r.timeline) {
+            sum.offered += s.offered;
+            sum.goodput += s.goodput;
+            sum.attempts += s.attempts;
+            sum.shed += s.shed;
+        }
+        if let Some(n) = r.budget_refusals {
+            budget_refusals = Some(budget_refusals.unwrap_or(0) + n);
+        }
+        connection_errors += r.connection_errors;
+    }
+    let run = PolicyRun {
+        policy,
+        timeline,
+        budget_refusals,
+        connection_errors,
+        reject_cpu: Duration::ZERO,
+        throttled: None,
+        saturated_refusals: None,
+        hedges: None,
+    };
+    Ok((run, elapsed))
+}
+
+/// The storm's report of `runs` (from [`run_storm_policy`] with `config`), with the
+/// nominal capacity (on virtual time a sleep takes exactly its duration, rounded up to the
+/// tick).
+pub fn fleet_storm_report(runs: &[PolicyRun], config: &FleetStormConfig) -> StormReport {
+    let capacity = config.capacity();
+    storm_report(
+        runs,
+        config.warmup_s,
+        config.warmup_s + config.trigger_s,
+        capacity,
+        capacity / config.slowdown,
+        config.offered_per_second(),
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// A dead dependency
+
+/// The variants of the simulator's table 2 that the layers' config can express.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeadVariant {
+    /// 3 attempts, a fixed 20 ms backoff, no budget: the storm's naive loop.
+    ThreeAttempts,
+    /// The `RetryLayer` with its default budget: a floor of 5 retries/s per process.
+    PerProcessFloor,
+    /// The default budget with `retry.budget.fleet_size` set to the number of clients.
+    FleetAwareFloor,
+    /// The default budget and the default circuit breaker (`retry.breaker`).
+    FloorWithBreaker,
+}
+
+impl DeadVariant {
+    /// All four, in table 2's order.
+    pub const ALL: [DeadVariant; 4] = [
+        DeadVariant::ThreeAttempts,
+        DeadVariant::PerProcessFloor,
+        DeadVariant::FleetAwareFloor,
+        DeadVariant::FloorWithBreaker,
+    ];
+
+    /// The simulator's name for it (`three-attempts`, `per-process-floor`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadVariant::ThreeAttempts => "three-attempts",
+            DeadVariant::PerProcessFloor => "per-process-floor",
+            DeadVariant::FleetAwareFloor => "fleet-aware-floor",
+            DeadVariant::FloorWithBreaker => "per-process-floor+breaker",
+        }
+    }
+
+    /// The client config of the variant for a fleet of `clients` (`None`: the naive loop).
+    pub fn client_config(self, clients: usize) -> Option<ClientConfig> {
+        let mut config = stormguard_client_config(None);
+        match self {
+            DeadVariant::ThreeAttempts => return None,
+            DeadVariant::PerProcessFloor => {}
+            DeadVariant::FleetAwareFloor => {
+                config.budget = BudgetChoice::Stormguard(BudgetConfig {
+                    fleet_size: u32::try_from(clients).unwrap_or(u32::MAX),
+                    ..BudgetConfig::default()
+                });
+            }
+            DeadVariant::FloorWithBreaker => config.breaker = Some(BreakerConfig::default()),
+        }
+        Some(config)
+    }
+}
+
+/// Table 2's case on turmoil.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeadDependencyConfig {
+    /// Client hosts.
+    pub clients: usize,
+    /// Logical calls per second of each client (Poisson).
+    pub rate_per_client: f64,
+    /// Seconds before the measured window (the budgets' reserves drain in it).
+    pub warmup_s: u32,
+    /// Seconds measured.
+    pub measured_s: u32,
+    /// Deadline of a logical call.
+    pub deadline: Duration,
+    /// The naive loop's fixed delay between attempts.
+    pub naive_backoff: Duration,
+    /// The simulated network.
+    pub network: Network,
+    /// Seed of the whole run.
+    pub seed: u64,
+}
+
+impl DeadDependencyConfig {
+    /// 50 clients × 10 calls/s, 1 s deadline, measured from 10 s to 40 s, as table 2.
+    pub fn standard() -> Self {
+        DeadDependencyConfig {
+            clients: 50,
+            rate_per_client: 10.0,
+            warmup_s: 10,
+            measured_s: 30,
+            deadline: Duration::from_secs(1),
+            naive_backoff: Duration::from_millis(20),
+            network: Network::default(),
+            seed: 1,
+        }
+    }
+
+    /// Measured from 5 s to 15 s, as table 2's quick run.
+    pub fn quick() -> Self {
+        DeadDependencyConfig {
+            warmup_s: 5,
+            measured_s: 10,
+            ..DeadDependencyConfig::standard()
+        }
+    }
+}
+
+/// What a dead-dependency run measured over its window.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeadDependencyRun {
+    /// The variant.
+    pub variant: DeadVariant,
+    /// Logical calls per second offered in the window.
+    pub calls_per_second: f64,
+    /// Retries per second reaching the server (attempts carrying
+    /// `grpc-previous-rpc-attempts`).
+    pub retries_per_second: f64,
+    /// Attempts per second reaching the server.
+    pub attempts_per_second: f64,
+    /// Attempts per logical call.
+    pub amplification: f64,
+    /// Virtual time the run took.
+    pub virtual_time: Duration,
+}
+
+/// Runs `variant` against a server that answers every attempt `UNAVAILABLE` at once.
+pub fn run_dead_dependency(
+    variant: DeadVariant,
+    config: &DeadDependencyConfig,
+) -> Result<DeadDependencyRun, FleetSimError> {
+    let from = Duration::from_secs(u64::from(config.warmup_s));
+    let total = from + Duration::from_secs(u64::from(config.measured_s));
+    let limit = total + config.deadline + Duration::from_secs(5);
+    let mut sim = turmoil_sim(&config.network, config.seed, limit);
+    let (bound, ready) = watch::channel(0usize);
+    let bound = Arc::new(bound);
+    let window: Arc<Mutex<(Option<DemoCounts>, Option<DemoCounts>)>> = Arc::default();
+    {
+        let window = Arc::clone(&window);
+        let seed = mix(config.seed, 100);
+        sim.host("dead", move || {
+            let bound = Arc::clone(&bound);
+            let window = Arc::clone(&window);
+            async move {
+                let demo = DemoInventory::new(DemoConfig {
+                    service_time: Duration::ZERO,
+                    fail_rate: 1.0,
+                    seed,
+                });
+                let control = demo.control();
+                let origin = origin();
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(origin + from).await;
+                    window.lock().unwrap_or_else(PoisonError::into_inner).0 =
+                        Some(control.counts());
+                    tokio::time::sleep_until(origin + total).await;
+                    window.lock().unwrap_or_else(PoisonError::into_inner).1 =
+                        Some(control.counts());
+                });
+                serve(demo, None, &bound).await
+            }
+        });
+    }
+    let calls: Arc<Mutex<u64>> = Arc::default();
+    let client_config = variant.client_config(config.clients);
+    for c in 0..config.clients {
+        let config = config.clone();
+        let client_config = client_config.clone();
+        let calls = Arc::clone(&calls);
+        let mut ready = ready.clone();
+        let seed = mix(config.seed, 1_000 + c as u64);
+        sim.client(format!("client{c}"), async move {
+            ready.wait_for(|n| *n >= 1).await?;
+            let origin = origin();
+            let seconds = (config.warmup_s + config.measured_s) as usize;
+            let timeline = Arc::new(Timeline::new(origin, seconds));
+            let observed = Observe::new(channel("dead", &config.network)?, Arc::clone(&timeline));
+            let caller = match &client_config {
+                None => naive_caller(
+                    InventoryClient::new(observed),
+                    Naive {
+                        max_attempts: 3,
+                        delays: Delays::Fixed(config.naive_backoff),
+                        deadline: config.deadline,
+                        per_attempt: None,
+                        seed: mix(seed, 2),
+                    },
+                ),
+                Some(client_config) => {
+                    let layer = RetryLayer::from_config_seeded(client_config, mix(seed, 3))?;
+                    let service = ServiceBuilder::new().layer(layer).service(observed);
+                    layered_caller(InventoryClient::new(service), Some(config.deadline))
+                }
+            };
+            let rate = config.rate_per_client;
+            offer(
+                caller,
+                &timeline,
+                origin,
+                total,
+                rate,
+                config.deadline,
+                mix(seed, 4),
+            )
+            .await;
+            // The server reads its counters at the end of the window: stay until then.
+            tokio::time::sleep_until(origin + total + config.deadline).await;
+            let measured: u64 = timeline
+                .snapshot()
+                .iter()
+                .skip(config.warmup_s as usize)
+                .map(|s| s.offered)
+                .sum();
+            *calls.lock().unwrap_or_else(PoisonError::into_inner) += measured;
+            Ok(())
+        });
+    }
+    sim.run().map_err(sim_error)?;
+    let virtual_time = sim.elapsed();
+    let (Some(start), Some(end)) = *window.lock().unwrap_or_else(PoisonError::into_inner) else {
+        return Err(FleetSimError::Simulation(
+            "the server did not read its counters at both ends of the window".into(),
+        ));
+    };
+    let calls = *calls.lock().unwrap_or_else(PoisonError::into_inner);
+    let seconds = f64::from(config.measured_s);
+    let attempts = end.entered - start.entered;
+    let retries = end.entered_retry - start.entered_retry;
+    Ok(DeadDependencyRun {
+        variant,
+        calls_per_second: calls as f64 / seconds,
+        retries_per_second: retries as f64 / seconds,
+        attempts_per_second: attempts as f64 / seconds,
+        amplification: if calls == 0 {
+            0.0
+        } else {
+            attempts as f64 / calls as f64
+        },
+        virtual_time,
+    })
+}

@@ -1,0 +1,383 @@
+//! The storm and a dead dependency at fleet scale on turmoil, the real layers on every
+//! host, set beside the simulator's figures for the same parameters.
+//!
+//! ```text
+//! cargo run --release --example fleet_sim -- [--quick] [--seed N] [--clients N] [--json FILE]
+//! ```
+//!
+//! `--help` describes every flag.
+//!
+//! 1. The storm: `--clients` client hosts (default 20) and 2 server hosts, real tonic in
+//!    every one (`stormguard_demo::storm::fleet_sim`). Each server is the demo Inventory
+//!    behind 8 workers × 10 ms, and for `server-only` and `stormguard` behind the
+//!    `ShedLayer` with the storm's admission config; each client offers its share of 78 %
+//!    of the capacity through its own retry policy over its own `Replicas` of the two
+//!    servers. Service time × 2.5 from 5 s to 8 s.
+//! 2. A dead dependency (the simulator's table 2): 50 client hosts × 10 calls/s against a
+//!    server that answers every attempt `UNAVAILABLE`, 30 s measured, for each variant.
+//!
+//! Then the simulator (`stormguard_sim`) runs the same parameters, and both are printed
+//! side by side with the difference in points; wall time (of this build) and virtual time
+//! of every run. `docs/simulator.md` ("On turmoil") explains the differences.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use clap::builder::RangedU64ValueParser;
+use serde::Serialize;
+use stormguard_demo::storm::fleet_sim::{
+    DeadDependencyConfig, DeadDependencyRun, DeadVariant, FleetStormConfig, fleet_storm_report,
+    run_dead_dependency, run_storm_policy,
+};
+use stormguard_demo::storm::{Policy, PolicyRun, PolicySummary, Second};
+use stormguard_sim::{
+    FleetVariant, Options, SimError, StormParams, StormPolicy, Window, fleet_scenario, run,
+    storm_scenario,
+};
+
+/// The storm and a dead dependency at fleet scale on turmoil (real tonic and both layers
+/// on every simulated host, in one thread on virtual time), beside the simulator's
+/// figures for the same parameters.
+#[derive(Debug, Parser)]
+#[command(name = "fleet_sim")]
+struct Args {
+    /// Shorter runs: the storm 2 s before, 2 s of trigger, 4 s after; the dead dependency
+    /// measured for 10 s after 5 s
+    #[arg(long)]
+    quick: bool,
+    /// Seed of every run (turmoil's network, arrivals, every layer's RNG, the simulator)
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    seed: u64,
+    /// Client hosts of the storm
+    #[arg(long, value_name = "N", default_value_t = FleetStormConfig::standard().clients,
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=500))]
+    clients: usize,
+    /// Also write the figures as JSON to FILE
+    #[arg(long, value_name = "FILE")]
+    json: Option<String>,
+}
+
+/// The storm's policies on turmoil and their simulator equivalents.
+const POLICIES: [(Policy, StormPolicy); 4] = [
+    (Policy::Naive, StormPolicy::Naive),
+    (Policy::ClientOnly, StormPolicy::ClientOnly),
+    (Policy::ServerOnly, StormPolicy::ServerOnly),
+    (Policy::Stormguard, StormPolicy::Stormguard),
+];
+
+/// One policy of the storm, both ways.
+#[derive(Debug, Serialize)]
+struct StormRow {
+    policy: &'static str,
+    turmoil: PolicySummary,
+    sim: PolicySummary,
+    turmoil_wall_s: f64,
+    turmoil_virtual_s: f64,
+    sim_wall_s: f64,
+}
+
+/// One variant of the dead dependency, both ways.
+#[derive(Debug, Serialize)]
+struct DeadRow {
+    variant: &'static str,
+    clients: usize,
+    turmoil_retries_per_second: f64,
+    turmoil_amplification: f64,
+    sim_retries_per_second: f64,
+    sim_amplification: f64,
+    turmoil_wall_s: f64,
+    turmoil_virtual_s: f64,
+    sim_wall_s: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    seed: u64,
+    quick: bool,
+    storm_clients: usize,
+    storm_servers: usize,
+    offered_per_second: f64,
+    storm: Vec<StormRow>,
+    dead_dependency: Vec<DeadRow>,
+}
+
+/// The simulator's parameters for the turmoil storm `config`.
+fn sim_params(config: &FleetStormConfig) -> StormParams {
+    let secs = |s: u32| Duration::from_secs(u64::from(s));
+    StormParams {
+        clients: config.clients,
+        servers: config.servers,
+        workers: config.workers,
+        service_time: config.service_time,
+        offered_per_second: config.offered_per_second(),
+        slowdown: config.slowdown,
+        trigger: Window {
+            from: secs(config.warmup_s),
+            until: secs(config.warmup_s + config.trigger_s),
+        },
+        duration: secs(config.total_s()),
+        deadline: config.deadline,
+        per_attempt: config.per_attempt,
+        naive_backoff: config.naive_backoff,
+        network: config.network.latency,
+        bin: Duration::from_secs(1),
+    }
+}
+
+/// The simulator's run of `policy` as the storm's per-second timeline.
+fn sim_run(
+    policy: Policy,
+    sim_policy: StormPolicy,
+    params: &StormParams,
+    seed: u64,
+) -> Result<PolicyRun, SimError> {
+    let stats = run(&storm_scenario(sim_policy, params, seed))?;
+    let timeline = stats
+        .bins
+        .iter()
+        .take(params.duration.as_secs() as usize)
+        .enumerate()
+        .map(|(t, b)| Second {
+            t: t as u32,
+            offered: b.calls,
+            goodput: b.successes,
+            attempts: b.attempts,
+            shed: 0,
+        })
+        .collect();
+    Ok(PolicyRun {
+        policy,
+        timeline,
+        budget_refusals: None,
+        connection_errors: 0,
+        reject_cpu: Duration::ZERO,
+        throttled: None,
+        saturated_refusals: None,
+        hedges: None,
+    })
+}
+
+fn wall<T>(f: impl FnOnce() -> T) -> (T, f64) {
+    // Wall time of this build, for the report only; nothing depends on it.
+    let start = std::time::Instant::now();
+    let out = f();
+    (out, start.elapsed().as_secs_f64())
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}", x * 100.0)
+}
+
+fn points(a: f64, b: f64) -> String {
+    format!("{:+.1}", (a - b) * 100.0)
+}
+
+fn recovery(s: Option<u32>) -> String {
+    s.map_or_else(|| "never".to_owned(), |s| format!("{s} s"))
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let mut storm = if args.quick {
+        FleetStormConfig::quick()
+    } else {
+        FleetStormConfig::standard()
+    };
+    storm.clients = args.clients;
+    storm.seed = args.seed;
+    let mut dead = if args.quick {
+        DeadDependencyConfig::quick()
+    } else {
+        DeadDependencyConfig::standard()
+    };
+    dead.seed = args.seed;
+    let params = sim_params(&storm);
+
+    println!(
+        "The storm on turmoil: {} client hosts, {} servers × {} workers × {:?} ({:.0} calls/s), \
+         offered {:.0}/s ({:.0} %); service time ×{} from {} s to {} s; deadline {:?}, {:?} per attempt; \
+         {:?} each way, {:?} tick",
+        storm.clients,
+        storm.servers,
+        storm.workers,
+        storm.service_time,
+        storm.capacity(),
+        storm.offered_per_second(),
+        storm.load * 100.0,
+        storm.slowdown,
+        storm.warmup_s,
+        storm.warmup_s + storm.trigger_s,
+        storm.deadline,
+        storm.per_attempt,
+        storm.network.latency,
+        storm.network.tick,
+    );
+    let mut turmoil_runs = Vec::new();
+    let mut sim_runs = Vec::new();
+    let mut times = Vec::new();
+    for (policy, sim_policy) in POLICIES {
+        let (result, turmoil_wall) = wall(|| run_storm_policy(policy, &storm));
+        let (run, virtual_time) = match result {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("fleet_sim: {}: {e}", policy.as_str());
+                return ExitCode::FAILURE;
+            }
+        };
+        let (sim, sim_wall) = wall(|| sim_run(policy, sim_policy, &params, args.seed));
+        let sim = match sim {
+            Ok(sim) => sim,
+            Err(e) => {
+                eprintln!("fleet_sim: simulator: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        eprintln!(
+            "  {}: turmoil {turmoil_wall:.1} s of wall time for {:.1} s of virtual time; simulator {sim_wall:.2} s",
+            policy.as_str(),
+            virtual_time.as_secs_f64()
+        );
+        turmoil_runs.push(run);
+        sim_runs.push(sim);
+        times.push((turmoil_wall, virtual_time.as_secs_f64(), sim_wall));
+    }
+    let turmoil_report = fleet_storm_report(&turmoil_runs, &storm);
+    let sim_report = fleet_storm_report(&sim_runs, &storm);
+    println!(
+        "\n| policy | goodput before: turmoil / sim (Δ) | during | after | attempts/call during | recovery | turmoil wall / virtual |"
+    );
+    println!("|---|---:|---:|---:|---:|---|---:|");
+    let mut storm_rows = Vec::new();
+    for ((t, s), (turmoil_wall_s, turmoil_virtual_s, sim_wall_s)) in turmoil_report
+        .policies
+        .iter()
+        .zip(&sim_report.policies)
+        .zip(times)
+    {
+        println!(
+            "| {} | {} / {} ({}) | {} / {} ({}) | {} / {} ({}) | {:.2} / {:.2} | {} / {} | {:.1} s / {:.0} s |",
+            t.name,
+            pct(t.goodput_before),
+            pct(s.goodput_before),
+            points(t.goodput_before, s.goodput_before),
+            pct(t.goodput_during),
+            pct(s.goodput_during),
+            points(t.goodput_during, s.goodput_during),
+            pct(t.goodput_after),
+            pct(s.goodput_after),
+            points(t.goodput_after, s.goodput_after),
+            t.amplification_during_trigger,
+            s.amplification_during_trigger,
+            recovery(t.recovery_s),
+            recovery(s.recovery_s),
+            turmoil_wall_s,
+            turmoil_virtual_s,
+        );
+        storm_rows.push(StormRow {
+            policy: t.name,
+            turmoil: t.clone(),
+            sim: s.clone(),
+            turmoil_wall_s,
+            turmoil_virtual_s,
+            sim_wall_s,
+        });
+    }
+    println!("\nturmoil, second by second (goodput % of offered):");
+    for p in &turmoil_report.policies {
+        let series: Vec<String> = p
+            .timeline
+            .iter()
+            .map(|s| format!("{:.0}", 100.0 * s.goodput as f64 / s.offered.max(1) as f64))
+            .collect();
+        println!("  {:<12} {}", p.name, series.join(" "));
+    }
+    println!("simulator:");
+    for p in &sim_report.policies {
+        let series: Vec<String> = p
+            .timeline
+            .iter()
+            .map(|s| format!("{:.0}", 100.0 * s.goodput as f64 / s.offered.max(1) as f64))
+            .collect();
+        println!("  {:<12} {}", p.name, series.join(" "));
+    }
+
+    println!(
+        "\nA dead dependency: {} client hosts × {} calls/s, every attempt UNAVAILABLE, {} s measured after {} s",
+        dead.clients, dead.rate_per_client, dead.measured_s, dead.warmup_s
+    );
+    println!(
+        "| variant | retries/s: turmoil / sim | attempts per call: turmoil / sim | turmoil wall / virtual |"
+    );
+    println!("|---|---:|---:|---:|");
+    let options = Options {
+        quick: args.quick,
+        seed: args.seed,
+    };
+    let mut dead_rows = Vec::new();
+    for (variant, sim_variant) in DeadVariant::ALL.into_iter().zip(FleetVariant::ALL) {
+        let (result, turmoil_wall_s) = wall(|| run_dead_dependency(variant, &dead));
+        let t: DeadDependencyRun = match result {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("fleet_sim: {}: {e}", variant.as_str());
+                return ExitCode::FAILURE;
+            }
+        };
+        let (stats, sim_wall_s) =
+            wall(|| run(&fleet_scenario(dead.clients, sim_variant, &options)));
+        let s = match stats {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("fleet_sim: simulator: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        println!(
+            "| {} | {:.1} / {:.1} | {:.3} / {:.3} | {:.1} s / {:.0} s |",
+            variant.as_str(),
+            t.retries_per_second,
+            s.retries_per_second(),
+            t.amplification,
+            s.amplification(),
+            turmoil_wall_s,
+            t.virtual_time.as_secs_f64(),
+        );
+        dead_rows.push(DeadRow {
+            variant: variant.as_str(),
+            clients: dead.clients,
+            turmoil_retries_per_second: t.retries_per_second,
+            turmoil_amplification: t.amplification,
+            sim_retries_per_second: s.retries_per_second(),
+            sim_amplification: s.amplification(),
+            turmoil_wall_s,
+            turmoil_virtual_s: t.virtual_time.as_secs_f64(),
+            sim_wall_s,
+        });
+    }
+
+    if let Some(path) = args.json {
+        let report = Report {
+            seed: args.seed,
+            quick: args.quick,
+            storm_clients: storm.clients,
+            storm_servers: storm.servers,
+            offered_per_second: storm.offered_per_second(),
+            storm: storm_rows,
+            dead_dependency: dead_rows,
+        };
+        let json = match serde_json::to_string_pretty(&report) {
+            Ok(json) => json,
+            Err(e) => {
+                eprintln!("fleet_sim: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        if let Err(e) = std::fs::write(&path, json) {
+            eprintln!("fleet_sim: cannot write {path}: {e}");
+            return ExitCode::FAILURE;
+        }
+        println!("figures written to {path}");
+    }
+    ExitCode::SUCCESS
+}

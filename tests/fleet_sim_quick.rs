@@ -1,0 +1,130 @@
+//! The fleet runs on turmoil (`examples/fleet_sim.rs`), made small enough for a debug
+//! build: real tonic and both layers on every simulated host, in one thread on virtual
+//! time, so every figure is the same on any machine, loaded or not, for a seed.
+//!
+//! What is asserted is what the layers guarantee, with the margins the model allows: the
+//! naive fleet amplifies through the trigger and never recovers, stormguard's fleet holds
+//! its attempts near one per call, keeps serving through the trigger and is back at once;
+//! against a dead dependency a per-process floor sends about 5 retries/s per client and a
+//! fleet-aware floor 5 retries/s for the whole fleet; and the same seed gives the same
+//! figures, second by second.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use stormguard_demo::storm::Policy;
+use stormguard_demo::storm::fleet_sim::{
+    DeadDependencyConfig, DeadVariant, FleetStormConfig, Network, fleet_storm_report,
+    run_dead_dependency, run_storm_policy,
+};
+
+/// A coarser network than the example's (2 ms each way, a 2 ms tick): turmoil steps every
+/// host once per tick, and in a debug build those steps, not the calls, are most of the
+/// cost.
+fn coarse(ms: u64) -> Network {
+    Network {
+        latency: Duration::from_millis(ms),
+        tick: Duration::from_millis(ms),
+        ..Network::default()
+    }
+}
+
+/// 4 client hosts over 2 servers of 2 workers × 10 ms (400 calls/s, 312 offered): the
+/// standard run's shape at a quarter of its calls and a fifth of its clients; 1 s before,
+/// 2 s of trigger, 3 s after.
+fn small_storm() -> FleetStormConfig {
+    FleetStormConfig {
+        clients: 4,
+        workers: 2,
+        warmup_s: 1,
+        trigger_s: 2,
+        after_s: 3,
+        network: coarse(2),
+        ..FleetStormConfig::quick()
+    }
+}
+
+#[test]
+fn stormguard_serves_through_the_trigger_and_naive_amplifies_it_into_an_outage() {
+    let config = small_storm();
+    let runs: Vec<_> = [Policy::Naive, Policy::Stormguard]
+        .into_iter()
+        .map(|p| {
+            let (run, virtual_time) = run_storm_policy(p, &config).unwrap();
+            // Every call of the last second ended within its deadline.
+            assert!(virtual_time >= Duration::from_secs(u64::from(config.total_s())));
+            assert!(virtual_time <= Duration::from_secs(u64::from(config.total_s()) + 1));
+            run
+        })
+        .collect();
+    let report = fleet_storm_report(&runs, &config);
+    let (naive, stormguard) = (&report.policies[0], &report.policies[1]);
+    for p in [naive, stormguard] {
+        assert!(p.goodput_before >= 0.99, "{}: {p:?}", p.name);
+        assert_eq!(p.connection_errors, 0, "{}", p.name);
+    }
+    // Naive: three attempts a call through the trigger and after it, no recovery.
+    assert!(naive.amplification_during_trigger >= 2.5, "{naive:?}");
+    assert!(naive.goodput_after <= 0.1, "{naive:?}");
+    assert_eq!(naive.recovery_s, None, "{naive:?}");
+    // stormguard: the budget holds the attempts (10 % of the successes plus each client's
+    // floor, a reserve of 50: at most 200 retries for the trigger's ~620 calls), the
+    // ShedLayer serves about what the reduced capacity allows (51 %), back at once.
+    assert!(
+        stormguard.amplification_during_trigger <= 1.45,
+        "{stormguard:?}"
+    );
+    assert!(stormguard.goodput_during >= 0.3, "{stormguard:?}");
+    assert!(stormguard.goodput_after >= 0.99, "{stormguard:?}");
+    assert!(
+        stormguard.recovery_s.is_some_and(|s| s <= 2),
+        "{stormguard:?}"
+    );
+}
+
+#[test]
+fn the_same_seed_gives_the_same_figures() {
+    let config = FleetStormConfig {
+        clients: 4,
+        workers: 1,
+        warmup_s: 1,
+        trigger_s: 1,
+        after_s: 1,
+        network: coarse(2),
+        ..FleetStormConfig::quick()
+    };
+    let (a, _) = run_storm_policy(Policy::Stormguard, &config).unwrap();
+    let (b, _) = run_storm_policy(Policy::Stormguard, &config).unwrap();
+    assert_eq!(a, b);
+    let other = FleetStormConfig { seed: 2, ..config };
+    let (c, _) = run_storm_policy(Policy::Stormguard, &other).unwrap();
+    assert_ne!(a.timeline, c.timeline, "another seed, other arrivals");
+}
+
+#[test]
+fn a_fleet_aware_floor_sends_only_the_fleets_share_of_retries_to_a_dead_dependency() {
+    // 5 clients × 10 calls/s, measured from 5 s to 15 s as table 2's quick run (the
+    // budgets' reserves refill once in the window, at 10 s); 5 ms each way and a 5 ms
+    // tick: nothing here depends on finer timing.
+    let config = DeadDependencyConfig {
+        clients: 5,
+        network: coarse(5),
+        ..DeadDependencyConfig::quick()
+    };
+    let per_process = run_dead_dependency(DeadVariant::PerProcessFloor, &config).unwrap();
+    let fleet_aware = run_dead_dependency(DeadVariant::FleetAwareFloor, &config).unwrap();
+    assert!(
+        (40.0..=60.0).contains(&per_process.calls_per_second),
+        "{per_process:?}"
+    );
+    // 5 retries/s per client...
+    assert!(
+        (22.0..=28.0).contains(&per_process.retries_per_second),
+        "{per_process:?}"
+    );
+    // ...against the fleet's 5/s shared by all of them: each client's share of the
+    // reserve is 10 per 10 s window.
+    assert!(fleet_aware.retries_per_second <= 6.0, "{fleet_aware:?}");
+    assert!(fleet_aware.amplification <= 1.12, "{fleet_aware:?}");
+    assert!(per_process.amplification >= 1.4, "{per_process:?}");
+}
