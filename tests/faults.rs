@@ -22,11 +22,13 @@
 #![allow(clippy::unwrap_used)]
 
 mod faults_support;
+mod lossy_support;
 
 use std::time::Duration;
 
 use faults_support::{
-    Fault, Figures, Kind, Run, Target, World, add_client, add_server, assert_guarantees, drive, sim,
+    Fault, Figures, Kind, Run, Target, World, add_client, add_server, assert_guarantees,
+    assert_keyed_ok_at_least_unkeyed, drive, sim,
 };
 
 /// Runs one scenario on `seed`: builds the hosts, applies `faults`, and returns what it
@@ -37,7 +39,7 @@ fn run(
     target: Target,
     faults: &[(u64, Fault)],
 ) -> Run {
-    let world = World::default();
+    let world = World::new(seed);
     let mut sim = sim(seed);
     for (host, service_time) in servers {
         add_server(&mut sim, host, &world, *service_time, seed);
@@ -115,6 +117,8 @@ fn held_messages_released_after_the_callers_gave_up() {
     // The fault bit: writes ran after their callers had their answer; never twice.
     assert!(w.executed_after_end > 0, "{f:#?}");
     assert!(w.refused_not_idempotent > 0, "{f:#?}");
+    // The same fault on keyed writes: retried, run once, answered.
+    assert_keyed_ok_at_least_unkeyed("hold", &f);
 }
 
 /// The server host crashed with calls in flight (50 ms each), twice: at 1 s, restarted
@@ -139,6 +143,7 @@ fn server_crashed_mid_call_and_restarted() {
     // failure, and they were not repeated.
     let w = f.kind(Kind::Write);
     assert!(w.executed > w.codes["OK"], "{f:#?}");
+    assert_keyed_ok_at_least_unkeyed("crash", &f);
 }
 
 /// Two replicas behind the endpoint-aware channel; from 1 s to 2 s every message to and
@@ -169,4 +174,5 @@ fn latency_spike_on_one_of_two_replicas() {
     // Each retry goes to the replica the call has not tried: every idempotent call is
     // answered within its deadline.
     assert_eq!(i.codes.get("OK"), Some(&i.calls), "{f:#?}");
+    assert_keyed_ok_at_least_unkeyed("latency", &f);
 }
