@@ -980,7 +980,7 @@ impl Figures {
         for (kind, k) in &self.by_kind {
             let ok = k.codes.get("OK").copied().unwrap_or(0);
             out += &format!(
-                "| {scenario} | {seed} | {kind:?} | {} | {ok} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {scenario} | {seed} | {kind:?} | {} | {ok} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 k.calls,
                 k.attempts,
                 k.retries,
@@ -990,6 +990,7 @@ impl Figures {
                 k.late,
                 k.max_late_ms,
                 k.duplicates,
+                k.duplicate_commits,
                 k.executed_after_end,
             );
         }
