@@ -10,6 +10,12 @@
 //! - no non-idempotent call runs twice: the servers count handler entries per `request_id`,
 //!   and the writes (a layer whose config does not mark `Reserve` idempotent) have none
 //!   beyond the first; the idempotent calls' repeats are counted, not asserted;
+//! - no keyed write commits twice: the keyed writes (`Reserve` not idempotent but keyed,
+//!   through a third layer; the servers with an `IdempotencyLayer` over a store that
+//!   outlives their crashes, and losing 5 % of these calls' answers after the handler
+//!   ran) have no handler run that answered beyond the first per call; they were retried,
+//!   and outside the fault's span they succeed at least as often as the unkeyed writes
+//!   (over the whole run too, but in the partition, see `faults_support`);
 //! - after the fault and a quiet period longer than the budget's window: each layer's budget
 //!   is back at its standing reserve, each breaker closed, each replica active, each server's
 //!   queue empty with every worker free and no request body drain left, and every host runs

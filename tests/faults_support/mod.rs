@@ -1039,7 +1039,10 @@ pub fn assert_guarantees(name: &str, run: &Run) {
         "{name}: a keyed write committed twice: {}",
         duplicated(run, Kind::Keyed)
     );
-    assert!(k.committed >= ok(k), "{name}: a keyed write answered OK never ran: {f:#?}");
+    assert!(
+        k.committed >= ok(k),
+        "{name}: a keyed write answered OK never ran: {f:#?}"
+    );
     // Answers were lost (5 % of the keyed writes' attempts), and the key is what let
     // their calls be retried: the keyed writes were retried, and outside the fault's span
     // they succeeded at least as often as the unkeyed writes, which lost no answer. Over
