@@ -6,17 +6,17 @@
 #![allow(clippy::unwrap_used)]
 
 mod client_support;
+mod lossy_support;
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use client_support::{budget, channel, reserve};
+use lossy_support::{CALL_HEADER, LoseAnswers};
 use stormguard_client::RetryLayer;
 use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::code::{Code as CoreCode, CodeSet};
@@ -39,7 +39,7 @@ use tonic::codegen::tokio_stream::Stream;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server};
 use tonic::{Code, Request, Response, Status};
-use tower::{Layer, Service, ServiceBuilder};
+use tower::ServiceBuilder;
 
 const KEY: &str = "idempotency-key";
 
@@ -178,95 +178,13 @@ impl Inventory for Writes {
     }
 }
 
-/// Drops the answer of a seeded 5 % of attempts *after the handler ran*: the client sees
-/// `UNAVAILABLE`, as from a connection that broke on the way back, though the write
-/// happened. Which attempts lose their answer depends only on the call's request id
-/// header and attempt number, not on the order calls arrive in.
-#[derive(Clone)]
-struct LoseAnswers {
-    seed: u64,
-    percent: u64,
-    lost: Arc<AtomicU64>,
-}
-
-#[derive(Clone)]
-struct Lossy<S> {
-    inner: S,
-    layer: LoseAnswers,
-}
-
-impl<S> Layer<S> for LoseAnswers {
-    type Service = Lossy<S>;
-    fn layer(&self, inner: S) -> Lossy<S> {
-        Lossy {
-            inner,
-            layer: self.clone(),
-        }
-    }
-}
-
-fn splitmix64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-impl<S, B, RB> Service<http::Request<B>> for Lossy<S>
-where
-    S: Service<http::Request<B>, Response = http::Response<RB>>,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    RB: tonic::codegen::Body<Data = bytes::Bytes> + Send + 'static,
-    RB::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, S::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let h = |name: &str| {
-            request
-                .headers()
-                .get(name)
-                .map_or(&b""[..], |v| v.as_bytes())
-                .iter()
-                .fold(0u64, |h, b| splitmix64(h ^ u64::from(*b)))
-        };
-        let draw =
-            splitmix64(self.layer.seed ^ h("x-call") ^ splitmix64(h("grpc-previous-rpc-attempts")));
-        let lose = draw % 100 < self.layer.percent;
-        let lost = Arc::clone(&self.layer.lost);
-        let fut = self.inner.call(request);
-        Box::pin(async move {
-            let response = fut.await?;
-            if !lose {
-                return Ok(response.map(tonic::body::Body::new));
-            }
-            // The handler ran and answered; the answer does not arrive.
-            lost.fetch_add(1, Ordering::Relaxed);
-            Ok(Status::unavailable("answer lost on the way back").into_http())
-        })
-    }
-}
-
 /// Serves `svc` behind `idem` inside a `ShedLayer` (64 workers: nothing here is shed), the
 /// order the docs give, and outside both `lossy`, on a fresh loopback port.
 async fn serve(svc: Writes, idem: IdempotencyLayer, lossy: Option<LoseAnswers>) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let incoming = TcpIncoming::from(listener);
-    let lossy = lossy.unwrap_or(LoseAnswers {
-        seed: 0,
-        percent: 0,
-        lost: Arc::default(),
-    });
+    let lossy = lossy.unwrap_or_default();
     tokio::spawn(
         Server::builder()
             .layer(lossy)
@@ -724,7 +642,7 @@ async fn lossy_writes(layer: RetryLayer, calls: usize) -> LossyRun {
                 let id = format!("w-{i}");
                 let mut req = Request::new(reserve(&id));
                 // The lossy layer's draw: the call's id, on every attempt.
-                req.metadata_mut().insert("x-call", id.parse().unwrap());
+                req.metadata_mut().insert(CALL_HEADER, id.parse().unwrap());
                 let ok = client.reserve(req).await.is_ok();
                 let mut r = results.lock().unwrap();
                 if ok { r.0 += 1 } else { r.1 += 1 }
