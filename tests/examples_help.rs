@@ -72,6 +72,11 @@ const EXAMPLES: &[Example] = &[
         bad_value: &["--scenarios", "fail-fast,flood"],
     },
     Example {
+        name: "fleet_sim",
+        flags: &["--quick", "--seed", "--clients", "--json"],
+        bad_value: &["--clients", "0"],
+    },
+    Example {
         name: "process_faults",
         flags: &[
             "--fault",
@@ -86,11 +91,6 @@ const EXAMPLES: &[Example] = &[
             "--json",
         ],
         bad_value: &["--fault", "flood"],
-    },
-    Example {
-        name: "fleet_sim",
-        flags: &["--quick", "--seed", "--clients", "--json"],
-        bad_value: &["--clients", "0"],
     },
     Example {
         name: "relay",
