@@ -104,10 +104,12 @@ impl IdempotencyConfig {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    #[cfg(all(feature = "yaml", feature = "toml"))]
     use std::time::Duration;
 
     use super::*;
 
+    #[cfg(all(feature = "yaml", feature = "toml"))]
     #[test]
     fn the_same_settings_read_from_json_yaml_and_toml() {
         let json = r#"{ "idempotency": { "max_entries": 64, "max_bytes": 65536,

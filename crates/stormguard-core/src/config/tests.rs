@@ -1134,6 +1134,7 @@ proptest! {
     }
 }
 
+#[cfg(all(feature = "yaml", feature = "toml"))]
 #[test]
 fn idempotency_keys_are_read_per_method_in_every_format() {
     let json = r#"{ "retry": { "idempotency_key": false },
