@@ -531,6 +531,31 @@ fn one_worker() -> (ShedLayer, ShedStats) {
 }
 
 /// The instant the layer cuts a call whose deadline is `timeout` after `start`.
+/// With one worker: the first call's handler was dropped at its cut (`timeout` after
+/// `start`), the second call got the worker at that instant, and the layer counted two
+/// admitted calls, one completed and one cut.
+fn assert_worker_passed_on_at_the_cut(
+    probe: &Probe,
+    stats: &ShedStats,
+    start: Instant,
+    timeout: Duration,
+) {
+    let cut = cut_after(timeout);
+    assert_at("the drop", start, probe.first_drop().unwrap(), cut);
+    assert_at(
+        "the second call",
+        start,
+        probe.started("second").unwrap(),
+        cut,
+    );
+    let s = stats.snapshot();
+    assert_eq!(
+        (s.admitted, s.completed, s.cut_at_deadline),
+        (2, 1, 1),
+        "{s:?}"
+    );
+}
+
 fn cut_after(timeout: Duration) -> Duration {
     timeout - AdmissionConfig::default().min_time_left
 }
@@ -587,24 +612,7 @@ async fn a_server_stream_running_past_its_deadline_is_cut_and_frees_its_worker()
     // The handler's stream was dropped at the cut, and the next call got the worker then,
     // not when the stream would have ended (never).
     waiting.await.unwrap().expect("the second call is served");
-    assert_at(
-        "the drop",
-        start,
-        probe.first_drop().unwrap(),
-        cut_after(ms(500)),
-    );
-    assert_at(
-        "the second call",
-        start,
-        probe.started("second").unwrap(),
-        cut_after(ms(500)),
-    );
-    let s = stats.snapshot();
-    assert_eq!(
-        (s.admitted, s.completed, s.cut_at_deadline),
-        (2, 1, 1),
-        "{s:?}"
-    );
+    assert_worker_passed_on_at_the_cut(&probe, &stats, start, ms(500));
     assert_eq!(stats.occupancy().free_workers, 1);
 }
 
@@ -642,24 +650,7 @@ async fn a_handler_running_past_its_deadline_is_cut_before_it_answers() {
         .await
         .unwrap()
         .expect("the second call is served");
-    assert_at(
-        "the drop",
-        start,
-        probe.first_drop().unwrap(),
-        cut_after(ms(300)),
-    );
-    assert_at(
-        "the second call",
-        start,
-        probe.started("second").unwrap(),
-        cut_after(ms(300)),
-    );
-    let s = stats.snapshot();
-    assert_eq!(
-        (s.admitted, s.completed, s.cut_at_deadline),
-        (2, 1, 1),
-        "{s:?}"
-    );
+    assert_worker_passed_on_at_the_cut(&probe, &stats, start, ms(300));
 }
 
 #[tokio::test(start_paused = true)]
