@@ -59,29 +59,24 @@
 /// runtime and follows `tokio::time::pause()` in tests.
 pub use tokio::time::Instant;
 
-pub mod adaptive_throttle;
 pub mod admission;
-pub mod backoff;
-pub mod breaker;
+pub mod balance;
 pub mod budget;
-pub mod code;
 pub mod config;
 pub mod context;
 pub mod criticality;
 pub mod deadline;
 pub mod error;
-pub mod hedge;
-pub mod idempotency;
-pub mod limit;
 pub mod observe;
-pub mod orca;
-pub mod policy;
-pub mod pushback;
-pub mod queue;
-pub mod replica;
 pub mod retry;
-pub mod throttle;
 pub mod wire;
+
+pub use admission::{dedup as idempotency, limit, queue};
+pub use balance as replica;
+pub use budget::a6 as throttle;
+pub use retry::throttle as adaptive_throttle;
+pub use retry::{backoff, breaker, hedge, policy};
+pub use wire::{code, orca, pushback};
 
 pub use code::Code;
 pub use config::{ClientConfig, ConfigError};

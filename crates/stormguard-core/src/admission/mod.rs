@@ -108,6 +108,10 @@
 //! assert!(matches!(policy.decide_at(now, busy(8), first), Admission::Shed(_)));
 //! ```
 
+pub mod dedup;
+pub mod limit;
+pub mod queue;
+
 use std::time::Duration;
 
 use crate::Instant;

@@ -30,6 +30,10 @@
 //! not the success-funded [`RetryBudget`](crate::budget::RetryBudget), whatever the
 //! header's historical name says.
 
+pub mod code;
+pub mod orca;
+pub mod pushback;
+
 use std::fmt;
 use std::time::Duration;
 

@@ -63,6 +63,12 @@
 //! }
 //! ```
 
+pub mod backoff;
+pub mod breaker;
+pub mod hedge;
+pub mod policy;
+pub mod throttle;
+
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -114,6 +114,8 @@
 //! # Ok::<(), stormguard_core::config::ConfigError>(())
 //! ```
 
+pub mod a6;
+
 use std::fmt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
