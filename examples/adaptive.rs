@@ -45,10 +45,10 @@ use std::time::Duration;
 
 use clap::Parser;
 use clap::builder::{PossibleValuesParser, RangedU64ValueParser};
+use stormguard::client::ClientConfig;
 use stormguard::client::{RetryLayer, RetryStats};
-use stormguard::core::admission::AdmissionConfig;
-use stormguard::core::config::ClientConfig;
-use stormguard::core::limit::AdaptiveLimitConfig;
+use stormguard::server::AdaptiveLimitConfig;
+use stormguard::server::AdmissionConfig;
 use stormguard::server::{ShedLayer, ShedStats};
 use stormguard_demo::pool::PoolInventory;
 use stormguard_demo::{InventoryClient, InventoryServer, ReserveRequest};

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use stormguard_client::RetryLayer;
-use stormguard_core::config::ClientConfig;
+use stormguard_core::ClientConfig;
 use stormguard_demo::{InventoryClient, ReserveRequest};
 use tokio::time::Instant;
 use tonic::transport::Endpoint;

@@ -6,7 +6,7 @@
 mod tracing_support;
 
 use stormguard_client::RetryLayer;
-use stormguard_core::config::{ClientConfig, Format};
+use stormguard_core::{ClientConfig, Format};
 use tracing::Level;
 use tracing_support::Recorder;
 

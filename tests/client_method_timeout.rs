@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use client_support::*;
 use stormguard_client::RetryLayer;
-use stormguard_core::config::ClientConfig;
+use stormguard_core::ClientConfig;
 use tonic::Request;
 
 const CONFIG: &str = r#"{ "methodConfig": [

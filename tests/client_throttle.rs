@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use client_support::{Client, Scripted, Step, pushback_of, quick_policy, reserve, setup};
 use stormguard_client::RetryLayer;
+use stormguard_core::Criticality;
 use stormguard_core::Instant;
-use stormguard_core::adaptive_throttle::{AdaptiveThrottle, AdaptiveThrottleConfig};
-use stormguard_core::config::{ClientConfig, Format};
-use stormguard_core::criticality::Criticality;
+use stormguard_core::{AdaptiveThrottle, AdaptiveThrottleConfig};
+use stormguard_core::{ClientConfig, Format};
 use tonic::{Code, Request};
 
 /// The default settings with a window long enough that a slow machine's run fits in it.
@@ -178,12 +178,12 @@ fn the_config_reads_from_json_yaml_and_toml() {
         critical_k: 4.0,
         max_reject_probability: 0.8,
         window: Duration::from_secs(30),
-        reject_codes: [stormguard_core::code::Code::ResourceExhausted]
+        reject_codes: [stormguard_core::Code::ResourceExhausted]
             .into_iter()
             .collect(),
         shed_codes: [
-            stormguard_core::code::Code::Unavailable,
-            stormguard_core::code::Code::Aborted,
+            stormguard_core::Code::Unavailable,
+            stormguard_core::Code::Aborted,
         ]
         .into_iter()
         .collect(),

@@ -15,9 +15,10 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use clap::ValueEnum;
+use stormguard::client::ReplicaConfig;
 use stormguard::client::RetryLayer;
-use stormguard::client::replicas::{ReplicaConfig, Replicas};
-use stormguard::core::wire::GRPC_PREVIOUS_RPC_ATTEMPTS;
+use stormguard::client::replicas::Replicas;
+use stormguard::engine::wire::GRPC_PREVIOUS_RPC_ATTEMPTS;
 use stormguard_demo::storm::stormguard_client_config;
 use stormguard_demo::{InventoryClient, ReserveRequest};
 use tokio::task::JoinSet;

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use stormguard_client::{Retry, RetryLayer, RetryStats};
-use stormguard_core::config::ClientConfig;
-use stormguard_core::hedge::{HedgeDelay, HedgingPolicy, LearnedDelay};
+use stormguard_core::ClientConfig;
+use stormguard_core::{HedgeDelay, HedgingPolicy, LearnedDelay};
 use stormguard_demo::storm::{INVENTORY_SERVICE, RESERVE_METHOD};
 use stormguard_demo::{InventoryClient, ReserveReply, ReserveRequest};
 use tonic::metadata::MetadataValue;

@@ -48,10 +48,10 @@ use std::sync::{Arc, OnceLock};
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Histogram, Meter, ObservableCounter, ObservableGauge};
+use stormguard_core::Code;
 use stormguard_core::Instant;
-use stormguard_core::code::Code;
-use stormguard_core::observe::{LayerName, split_path};
-use stormguard_core::retry::RetryController;
+use stormguard_core::RetryController;
+use stormguard_core::{LayerName, split_path};
 
 use crate::stats::RetryStats;
 

@@ -17,7 +17,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use stormguard_core::context::{self, CallContext};
+//! use stormguard_core::{context, context::CallContext};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let ctx = CallContext::new().with_timeout(Duration::from_secs(2)).with_previous_attempts(1);
@@ -31,9 +31,9 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
+use crate::Deadline;
 use crate::Instant;
-use crate::deadline::Deadline;
-use crate::wire::{MAX_ALLOWANCE, parse_allowance};
+use crate::{wire::MAX_ALLOWANCE, wire::parse_allowance};
 
 tokio::task_local! {
     static CURRENT: CallContext;
@@ -131,10 +131,10 @@ const UNLIMITED: u32 = u32::MAX;
 /// The allowance is only ever lowered: [`with_allowance`](Self::with_allowance) on a peer's
 /// value keeps the smaller.
 ///
-/// [`Refusal::Allowance`]: crate::retry::Refusal::Allowance
+/// [`Refusal::Allowance`]: crate::Refusal::Allowance
 ///
 /// ```
-/// use stormguard_core::context::{self, RequestScope};
+/// use stormguard_core::{context, context::RequestScope};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let scope = RequestScope::new().with_allowance(2).with_peer_allowance(b"1");

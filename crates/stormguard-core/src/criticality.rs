@@ -13,7 +13,7 @@
 //! | `critical` | [`Criticality::Critical`] | as `default`, but a full queue gives it the place of a waiter of lower criticality (the lowest-ranked, oldest first) |
 //!
 //! Under overload a server sheds **sheddable work first, then retries, then the rest**
-//! ([`CallClass::rank`](crate::admission::CallClass::rank)). A retry of a critical call
+//! ([`CallClass::rank`](crate::CallClass::rank)). A retry of a critical call
 //! is still a retry: the attempt class weighs more than the criticality, because a retry
 //! is load already being amplified.
 //!
@@ -35,7 +35,7 @@
 //! ([`CriticalityTable::class_for`]).
 //!
 //! ```
-//! use stormguard_core::criticality::{Criticality, CriticalityTable};
+//! use stormguard_core::{Criticality, CriticalityTable};
 //! use stormguard_core::wire::parse_criticality;
 //!
 //! // The server grants critical to checkout only.
@@ -51,7 +51,7 @@
 //! assert_eq!(table.resolve("/shop.Cart/Add", parse_criticality(None)), Criticality::Default);
 //! ```
 
-use crate::error::ConfigError;
+use crate::ConfigError;
 
 /// How much a call matters, lowest first (so `min` is "the lower class").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -79,7 +79,7 @@ impl Criticality {
     /// (lowercase ASCII, nothing around it); `None` for anything else.
     ///
     /// ```
-    /// use stormguard_core::criticality::Criticality;
+    /// use stormguard_core::Criticality;
     ///
     /// assert_eq!(Criticality::from_value(b"critical"), Some(Criticality::Critical));
     /// assert_eq!(Criticality::from_value(b"Critical"), None);

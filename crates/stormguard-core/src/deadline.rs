@@ -9,13 +9,13 @@
 use std::time::Duration;
 
 use crate::Instant;
-use crate::wire::{GrpcTimeout, encode_grpc_timeout};
+use crate::{wire::GrpcTimeout, wire::encode_grpc_timeout};
 
 /// The deadline of a logical call: the instant by which the caller stops waiting.
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard_core::{deadline::Deadline, Instant};
+/// use stormguard_core::{Deadline, Instant};
 ///
 /// let t0 = Instant::now();
 /// let d = Deadline::after_at(t0, Duration::from_millis(500));
@@ -101,8 +101,8 @@ pub struct CallDeadline {
 }
 
 /// What a layer knows about a new call's time limits when it starts (the method's own
-/// default comes from the method table). The [`RetryController`](crate::retry::RetryController)
-/// resolves them: see [`resolve_deadline_at`] and [`CallRetry`](crate::retry::CallRetry).
+/// default comes from the method table). The [`RetryController`](crate::RetryController)
+/// resolves them: see [`resolve_deadline_at`] and [`CallRetry`](crate::CallRetry).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CallTimes {
     /// The caller's own timeout (the request's `grpc-timeout`, decoded).
@@ -126,7 +126,7 @@ pub struct CallTimes {
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard_core::{Instant, deadline::{resolve_deadline_at, CallTimes, DeadlineSource}};
+/// use stormguard_core::{Instant, resolve_deadline_at, CallTimes, DeadlineSource};
 ///
 /// let now = Instant::now();
 /// let ms = Duration::from_millis;

@@ -59,25 +59,48 @@
 /// runtime and follows `tokio::time::pause()` in tests.
 pub use tokio::time::Instant;
 
-pub mod admission;
-pub mod balance;
-pub mod budget;
-pub mod config;
+mod admission;
+mod balance;
+mod budget;
+mod config;
 pub mod context;
-pub mod criticality;
-pub mod deadline;
-pub mod error;
-pub mod observe;
-pub mod retry;
+mod criticality;
+mod deadline;
+mod error;
+mod observe;
+mod retry;
 pub mod wire;
 
-pub use admission::{dedup as idempotency, limit, queue};
-pub use balance as replica;
-pub use budget::a6 as throttle;
-pub use retry::throttle as adaptive_throttle;
-pub use retry::{backoff, breaker, hedge, policy};
-pub use wire::{code, orca, pushback};
-
-pub use code::Code;
-pub use config::{ClientConfig, ConfigError};
-pub use retry::{CallRetry, Decision, Failure, Refusal, RetryController};
+pub use admission::{
+    AdaptiveLimit, AdaptiveLimitConfig, Admission, AdmissionConfig, AdmissionController,
+    AdmissionQueue, Arrival, Begin, CallClass, CompletionRate, DedupCounts, DedupTable, Dispatch,
+    IdempotencyConfig, Left, QueueLoad, QueueOrder, QueuedId, RateMeter, RetryThreshold, Shed,
+    ShedPushback, ShedReason,
+};
+pub use balance::weights::a58_weight;
+pub use balance::{
+    EjectReason, EjectionConfig, LoadConfig, ReplicaConfig, ReplicaEvent, ReplicaId,
+    ReplicaOutcome, ReplicaSet, ReplicaSnapshot, ReplicaState, ReportWeightConfig, SlowStartConfig,
+};
+pub use budget::{
+    A6Budget, A6BudgetConfig, Budget, BudgetConfig, KeyedBudgets, RetryBudget, Unlimited,
+};
+pub use config::{
+    BudgetChoice, ClientConfig, Format, NotApplied, NotAppliedReason, Notice, ShedSettings,
+    parse_duration,
+};
+pub use criticality::{Criticality, CriticalityTable};
+pub use deadline::{CallDeadline, CallTimes, Deadline, DeadlineSource, resolve_deadline_at};
+pub use error::ConfigError;
+pub use observe::{DEFAULT_SUMMARY_INTERVAL, EventSummary, LayerName, Summary, split_path};
+pub use retry::{
+    AdaptiveThrottle, AdaptiveThrottleConfig, AttemptEnd, AttemptPlan, Backoff, BackoffConfig,
+    BreakerConfig, BreakerOpen, BreakerPermit, BreakerState, BreakerTransition, CallRetry,
+    CircuitBreaker, Decision, DelayEstimator, Failure, HedgeDecision, HedgeDelay, HedgingPolicy,
+    LearnedDelay, MethodMap, MethodTable, Refusal, RetryController, RetryPolicy, Saturation,
+    SaturationConfig, TRANSPARENT_RETRIES, Throttled, TransitionWatch, Transitions, Verdict,
+    WindowCounts,
+};
+pub use wire::code::{Code, CodeSet, UnknownCode};
+pub use wire::orca::{LoadReport, LoadReportError, OrcaLoadReport};
+pub use wire::pushback::Pushback;

@@ -18,7 +18,7 @@
 //! ```
 //! use std::time::Duration;
 //! use stormguard_core::Instant;
-//! use stormguard_core::observe::EventSummary;
+//! use stormguard_core::EventSummary;
 //!
 //! let t0 = Instant::now();
 //! let summary: EventSummary<2> = EventSummary::new(Duration::from_secs(1), t0);

@@ -8,9 +8,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use stormguard_core::admission::{AdmissionConfig, QueueOrder};
-use stormguard_core::config::{BudgetChoice, ClientConfig, Format, Notice};
-use stormguard_core::error::ConfigError;
+use stormguard_core::ConfigError;
+use stormguard_core::{AdmissionConfig, QueueOrder};
+use stormguard_core::{BudgetChoice, ClientConfig, Format, Notice};
 
 /// A file of this test's own, removed when dropped.
 struct File(PathBuf);

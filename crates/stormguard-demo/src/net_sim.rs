@@ -145,7 +145,7 @@ mod tests {
     use std::time::Duration;
 
     use stormguard_client::RetryLayer;
-    use stormguard_core::admission::AdmissionConfig;
+    use stormguard_core::AdmissionConfig;
     use stormguard_server::ShedLayer;
     use tonic::transport::Server;
     use tower::ServiceBuilder;

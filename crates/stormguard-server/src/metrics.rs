@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Histogram, Meter, ObservableCounter, ObservableGauge};
-use stormguard_core::observe::LayerName;
+use stormguard_core::LayerName;
 
 use crate::shed::gate::Gate;
 use crate::stats::{Counters, TimeQueuedRecorder};

@@ -15,8 +15,8 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
+use stormguard_core::Failure;
 use stormguard_core::Instant;
-use stormguard_core::retry::Failure;
 
 use crate::scenario::nanos;
 

@@ -23,9 +23,9 @@
 //!
 //! The header and its validation are in [`crate::wire`] ([`IDEMPOTENCY_KEY`]); which
 //! methods are keyed is in the method table
-//! ([`MethodTable::idempotency_key`](crate::policy::MethodTable::idempotency_key)); the
+//! ([`MethodTable::idempotency_key`](crate::MethodTable::idempotency_key)); the
 //! retry decision that treats a keyed method as safe to retry is
-//! [`CallRetry`](crate::retry::CallRetry)'s.
+//! [`CallRetry`](crate::CallRetry)'s.
 //!
 //! [`IDEMPOTENCY_KEY`]: crate::wire::IDEMPOTENCY_KEY
 //!
@@ -42,7 +42,7 @@
 //! ```
 //! use std::time::Duration;
 //! use stormguard_core::Instant;
-//! use stormguard_core::idempotency::{Begin, DedupTable, IdempotencyConfig};
+//! use stormguard_core::{Begin, DedupTable, IdempotencyConfig};
 //!
 //! let mut table = DedupTable::new(IdempotencyConfig::default())?;
 //! let now = Instant::now();
@@ -60,8 +60,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::ConfigError;
 use crate::Instant;
-use crate::error::ConfigError;
 use crate::wire::MAX_PUSHBACK_MS;
 
 /// The bounds of a server's record of idempotency keys, and what an in-flight duplicate is
@@ -69,7 +69,7 @@ use crate::wire::MAX_PUSHBACK_MS;
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard_core::idempotency::IdempotencyConfig;
+/// use stormguard_core::IdempotencyConfig;
 ///
 /// let config = IdempotencyConfig::from_json(r#"{ "idempotency": {
 ///     "max_entries": 1000, "ttl": "2m", "max_record_bytes": 4096 } }"#)?;

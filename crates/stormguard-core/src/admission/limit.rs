@@ -80,13 +80,13 @@
 //!   calls that queue inside are those whose callers give up.
 //!
 //! Everything runs on the instants it is given (`*_at(now)`), so the simulator can drive
-//! it on a virtual clock; [`crate::queue::AdmissionQueue`] feeds it when
-//! [`AdmissionConfig::adaptive`](crate::admission::AdmissionConfig::adaptive) is set.
+//! it on a virtual clock; [`crate::AdmissionQueue`] feeds it when
+//! [`AdmissionConfig::adaptive`](crate::AdmissionConfig::adaptive) is set.
 //!
 //! ```
 //! use std::time::Duration;
 //! use stormguard_core::Instant;
-//! use stormguard_core::limit::{AdaptiveLimit, AdaptiveLimitConfig};
+//! use stormguard_core::{AdaptiveLimit, AdaptiveLimitConfig};
 //!
 //! let config = AdaptiveLimitConfig { min_limit: 2, max_limit: 100, ..AdaptiveLimitConfig::default() };
 //! let mut limit = AdaptiveLimit::new(config, 20, 7).expect("valid");
@@ -100,8 +100,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::ConfigError;
 use crate::Instant;
-use crate::error::ConfigError;
 
 /// The adaptive limit's bounds and pace. [`AdaptiveLimitConfig::validate`] says what is
 /// accepted.

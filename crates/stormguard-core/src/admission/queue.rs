@@ -1,6 +1,6 @@
 //! The admission queue: workers, waiters and every decision about them, in one place.
 //!
-//! [`AdmissionPolicy`] answers one question at a time (admit, queue or shed this call;
+//! [`AdmissionController`] answers one question at a time (admit, queue or shed this call;
 //! which end of the queue to serve; when queued work expires). Something still has to
 //! hold the workers and the waiters and ask those questions at the right moments, and
 //! that part decides too: whether work too close to its deadline is refused before it
@@ -45,9 +45,9 @@
 //! ```
 //! use std::time::Duration;
 //! use stormguard_core::Instant;
-//! use stormguard_core::admission::AdmissionConfig;
+//! use stormguard_core::AdmissionConfig;
 //! use stormguard_core::wire::AttemptClass;
-//! use stormguard_core::queue::{AdmissionQueue, Arrival, Dispatch};
+//! use stormguard_core::{AdmissionQueue, Arrival, Dispatch};
 //!
 //! let config = AdmissionConfig { workers: 1, queue_capacity: 16, ..AdmissionConfig::default() };
 //! let mut queue = AdmissionQueue::from_config(config).expect("valid config");
@@ -74,14 +74,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
+use crate::AdaptiveLimit;
+use crate::ConfigError;
+use crate::Criticality;
 use crate::Instant;
-use crate::admission::{
-    Admission, AdmissionConfig, AdmissionPolicy, CallClass, QueueLoad, Shed, ShedReason,
-};
-use crate::criticality::Criticality;
-use crate::error::ConfigError;
-use crate::limit::AdaptiveLimit;
 use crate::wire::AttemptClass;
+use crate::{
+    Admission, AdmissionConfig, AdmissionController, CallClass, QueueLoad, Shed, ShedReason,
+};
 
 /// The place of one queued call, unique for the life of its queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -158,7 +158,7 @@ struct Waiting<T> {
 /// several tasks drive it.
 #[derive(Debug)]
 pub struct AdmissionQueue<T> {
-    policy: AdmissionPolicy,
+    policy: AdmissionController,
     limit: usize,
     running: usize,
     /// Waiters by arrival order: the first is the oldest.
@@ -174,7 +174,7 @@ pub struct AdmissionQueue<T> {
 impl<T> AdmissionQueue<T> {
     /// A queue with `policy.config().workers` free workers and nobody waiting (with an
     /// adaptive limit, that is where the limit starts, within its bounds).
-    pub fn new(policy: AdmissionPolicy) -> Self {
+    pub fn new(policy: AdmissionController) -> Self {
         let config = policy.config();
         let adaptive = config.adaptive.clone().and_then(|adaptive| {
             // The policy validated its config, adaptive part included.
@@ -204,11 +204,11 @@ impl<T> AdmissionQueue<T> {
 
     /// A queue for a valid `config` (see [`AdmissionConfig::validate`]).
     pub fn from_config(config: AdmissionConfig) -> Result<Self, ConfigError> {
-        AdmissionPolicy::new(config).map(Self::new)
+        AdmissionController::new(config).map(Self::new)
     }
 
     /// The policy (its configuration, its completion-rate estimate).
-    pub fn policy(&self) -> &AdmissionPolicy {
+    pub fn policy(&self) -> &AdmissionController {
         &self.policy
     }
 

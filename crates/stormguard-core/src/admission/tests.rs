@@ -1,10 +1,13 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
+use crate::Code;
+use crate::admission::config::{MAX_PUSHBACK, MAX_TIME_QUEUED};
+
 use proptest::prelude::*;
 
 /// Twenty pushbacks with no completions yet (the estimate is `pushback_max`).
 fn pushbacks(seed: Option<u64>) -> Vec<Duration> {
-    let mut p = AdmissionPolicy::new(AdmissionConfig { seed, ..config() }).unwrap();
+    let mut p = AdmissionController::new(AdmissionConfig { seed, ..config() }).unwrap();
     let now = Instant::now();
     (0..20).map(|_| p.pushback_at(now, 8)).collect()
 }
@@ -15,7 +18,7 @@ fn replicas_draw_their_own_pushback_jitter_unless_a_seed_is_set() {
     // at the same instants.
     assert_ne!(pushbacks(None), pushbacks(None));
     assert_eq!(pushbacks(Some(7)), pushbacks(Some(7)));
-    let policy = AdmissionPolicy::new(config()).unwrap();
+    let policy = AdmissionController::new(config()).unwrap();
     assert!(policy.config().seed.is_some(), "the drawn seed is kept");
 }
 
@@ -121,12 +124,12 @@ fn validate_names_each_bad_field() {
             "admission.no_retry_after_shedding"
         );
     }
-    assert!(AdmissionPolicy::new(AdmissionConfig { workers: 0, ..base }).is_err());
+    assert!(AdmissionController::new(AdmissionConfig { workers: 0, ..base }).is_err());
 }
 
 #[test]
 fn admits_when_a_worker_is_free() {
-    let mut p = AdmissionPolicy::new(config()).unwrap();
+    let mut p = AdmissionController::new(config()).unwrap();
     let now = Instant::now();
     let load = QueueLoad {
         free_workers: 1,
@@ -145,7 +148,7 @@ fn admits_when_a_worker_is_free() {
 
 #[test]
 fn retries_are_shed_from_the_threshold_first_attempts_only_when_full() {
-    let mut p = AdmissionPolicy::new(config()).unwrap();
+    let mut p = AdmissionController::new(config()).unwrap();
     let now = Instant::now();
     for depth in 0..4 {
         assert_eq!(
@@ -187,7 +190,7 @@ fn retries_are_shed_from_the_threshold_first_attempts_only_when_full() {
 
 #[test]
 fn retry_threshold_by_queue_delay() {
-    let mut p = AdmissionPolicy::new(AdmissionConfig {
+    let mut p = AdmissionController::new(AdmissionConfig {
         retry_threshold: RetryThreshold {
             depth: None,
             queue_delay: Some(Duration::from_millis(20)),
@@ -219,7 +222,7 @@ fn retry_threshold_by_queue_delay() {
 
 #[test]
 fn without_thresholds_retries_wait_like_first_attempts() {
-    let mut p = AdmissionPolicy::new(AdmissionConfig {
+    let mut p = AdmissionController::new(AdmissionConfig {
         retry_threshold: RetryThreshold {
             depth: None,
             queue_delay: None,
@@ -240,7 +243,7 @@ fn without_thresholds_retries_wait_like_first_attempts() {
 
 #[test]
 fn no_retry_depth_tells_deep_retries_not_to_come_back() {
-    let mut p = AdmissionPolicy::new(AdmissionConfig {
+    let mut p = AdmissionController::new(AdmissionConfig {
         no_retry_depth: Some(8),
         ..config()
     })
@@ -268,7 +271,7 @@ fn no_retry_depth_tells_deep_retries_not_to_come_back() {
 
 #[test]
 fn drain_estimate_follows_the_completion_rate() {
-    let mut p = AdmissionPolicy::new(config()).unwrap();
+    let mut p = AdmissionController::new(config()).unwrap();
     let t0 = Instant::now();
     // Unknown rate: the maximum.
     assert_eq!(p.drain_estimate_at(t0, 5), Duration::from_millis(500));
@@ -294,7 +297,7 @@ fn drain_estimate_follows_the_completion_rate() {
 
 #[test]
 fn drain_estimate_is_never_below_one_millisecond() {
-    let mut p = AdmissionPolicy::new(config()).unwrap();
+    let mut p = AdmissionController::new(config()).unwrap();
     let t0 = Instant::now();
     // A completion every 10 µs.
     for i in 0..100 {
@@ -304,7 +307,7 @@ fn drain_estimate_is_never_below_one_millisecond() {
     assert_eq!(p.drain_estimate_at(now, 0), Duration::from_millis(1));
     assert_eq!(p.pushback_at(now, 0), Duration::from_millis(1));
     // All at the same instant: a zero gap still gives 1 ms.
-    let mut q = AdmissionPolicy::new(config()).unwrap();
+    let mut q = AdmissionController::new(config()).unwrap();
     for _ in 0..10 {
         q.record_completion_at(t0);
     }
@@ -313,7 +316,7 @@ fn drain_estimate_is_never_below_one_millisecond() {
 
 #[test]
 fn pushback_is_jittered_within_half_to_full_estimate() {
-    let mut p = AdmissionPolicy::new(config()).unwrap();
+    let mut p = AdmissionController::new(config()).unwrap();
     let t0 = Instant::now();
     for i in 0..50 {
         p.record_completion_at(t0 + Duration::from_millis(2 * i));
@@ -329,8 +332,8 @@ fn pushback_is_jittered_within_half_to_full_estimate() {
 
 /// A policy whose completions came exactly 2 ms apart up to `t0 + 98 ms`, returned
 /// with that instant.
-fn warmed(config: AdmissionConfig) -> (AdmissionPolicy, Instant) {
-    let mut p = AdmissionPolicy::new(config).unwrap();
+fn warmed(config: AdmissionConfig) -> (AdmissionController, Instant) {
+    let mut p = AdmissionController::new(config).unwrap();
     let t0 = Instant::now();
     for i in 0..50 {
         p.record_completion_at(t0 + Duration::from_millis(2 * i));
@@ -426,7 +429,7 @@ fn sustained_shedding_turns_every_pushback_to_do_not_retry_until_a_break() {
     let (mut p, t0) = warmed(only_the_sustained_rule(100));
     let ms = Duration::from_millis;
     let at = |t| t0 + ms(t);
-    let told = |p: &mut AdmissionPolicy, t, class| {
+    let told = |p: &mut AdmissionController, t, class| {
         p.shed_pushback_at(at(t), 10, class, None) == ShedPushback::DoNotRetry
     };
     assert_eq!(p.shedding_since(), None);
@@ -472,7 +475,7 @@ fn sustained_shedding_turns_every_pushback_to_do_not_retry_until_a_break() {
 
 /// Completions 2 ms apart from `t0` to `until` ms, a retry shed every `every` ms at
 /// depth 4; the last shed answer.
-fn shed_every(p: &mut AdmissionPolicy, t0: Instant, until: u64, every: u64) -> ShedPushback {
+fn shed_every(p: &mut AdmissionController, t0: Instant, until: u64, every: u64) -> ShedPushback {
     let mut last = None;
     for t in (0..=until).step_by(2) {
         let now = t0 + Duration::from_millis(t);
@@ -511,7 +514,7 @@ fn with_both_rules_off_only_no_retry_depth_says_do_not_retry() {
 
 #[test]
 fn expiry_is_the_earlier_of_queue_bound_and_deadline() {
-    let p = AdmissionPolicy::new(AdmissionConfig {
+    let p = AdmissionController::new(AdmissionConfig {
         max_time_queued: Duration::from_millis(100),
         min_time_left: Duration::from_millis(5),
         ..config()
@@ -529,7 +532,7 @@ fn expiry_is_the_earlier_of_queue_bound_and_deadline() {
 fn longest_accepted_max_time_queued_does_not_expire_calls_at_once() {
     // `Duration::MAX` used to be accepted, overflowed the instant and made every
     // queued call expire the moment it arrived; the bound keeps expiry in range.
-    let p = AdmissionPolicy::new(AdmissionConfig {
+    let p = AdmissionController::new(AdmissionConfig {
         max_time_queued: MAX_TIME_QUEUED,
         ..config()
     })
@@ -537,7 +540,7 @@ fn longest_accepted_max_time_queued_does_not_expire_calls_at_once() {
     let t0 = Instant::now();
     assert_eq!(p.expiry(t0, None), t0 + MAX_TIME_QUEUED);
     assert!(
-        AdmissionPolicy::new(AdmissionConfig {
+        AdmissionController::new(AdmissionConfig {
             max_time_queued: Duration::MAX,
             ..config()
         })
@@ -547,13 +550,13 @@ fn longest_accepted_max_time_queued_does_not_expire_calls_at_once() {
 
 #[test]
 fn adaptive_lifo_switches_at_its_depth() {
-    let fifo = AdmissionPolicy::new(AdmissionConfig {
+    let fifo = AdmissionController::new(AdmissionConfig {
         queue_order: QueueOrder::Fifo,
         ..config()
     })
     .unwrap();
     assert!(!fifo.serve_newest(0) && !fifo.serve_newest(10));
-    let lifo = AdmissionPolicy::new(AdmissionConfig {
+    let lifo = AdmissionController::new(AdmissionConfig {
         queue_order: QueueOrder::AdaptiveLifo { from_depth: 3 },
         ..config()
     })
@@ -571,7 +574,7 @@ proptest! {
         depth in 0usize..100_000,
         seed in any::<u64>(),
     ) {
-        let mut p = AdmissionPolicy::new(AdmissionConfig {
+        let mut p = AdmissionController::new(AdmissionConfig {
             pushback_max: Duration::from_millis(max_ms),
             seed: Some(seed),
             ..config()

@@ -11,8 +11,8 @@ fn set(seed: u64) -> ReplicaSet {
 
 const MS: Duration = Duration::from_millis(1);
 
-fn load(utilization: f64) -> crate::orca::LoadReport {
-    crate::orca::LoadReport {
+fn load(utilization: f64) -> crate::LoadReport {
+    crate::LoadReport {
         utilization,
         rps: 100.0,
         eps: 0.0,
@@ -131,7 +131,7 @@ fn force(
     id: ReplicaId,
     outcome: ReplicaOutcome,
     now: Instant,
-) -> (ReplicaId, Option<Transition>) {
+) -> (ReplicaId, Option<ReplicaEvent>) {
     let others: Vec<_> = s.ids().filter(|&x| x != id).collect();
     let picked = s.pick_at(&others, now).unwrap();
     let outcome = if picked == id {
@@ -189,7 +189,7 @@ fn consecutive_failures_eject_then_a_probe_returns_the_replica() {
     let transitions = s.take_transitions();
     assert!(matches!(
         transitions[..],
-        [Transition::Ejected {
+        [ReplicaEvent::Ejected {
             reason: EjectReason::ConsecutiveFailures,
             ..
         }]
@@ -210,7 +210,7 @@ fn consecutive_failures_eject_then_a_probe_returns_the_replica() {
     }
     assert_eq!(
         s.end_at(bad, ReplicaOutcome::Success, later, later),
-        Some(Transition::Returned { id: bad })
+        Some(ReplicaEvent::Returned { id: bad })
     );
     assert!(matches!(
         s.snapshot_at(bad, later).unwrap().state,
@@ -230,7 +230,7 @@ fn repeated_ejections_grow_and_a_healthy_window_resets_them() {
         // Fail until ejected (the first time by five in a row, then by the probe).
         for tries in 0.. {
             assert!(tries < 10, "{lengths:?} {:?}", s.snapshot_at(bad, now));
-            if let (_, Some(Transition::Ejected { duration, .. })) =
+            if let (_, Some(ReplicaEvent::Ejected { duration, .. })) =
                 force(&mut s, bad, ReplicaOutcome::Failure, now)
             {
                 lengths.push(duration);
@@ -251,14 +251,14 @@ fn repeated_ejections_grow_and_a_healthy_window_resets_them() {
     // Back, then healthy for a window: the next ejection starts from 500 ms again.
     assert_eq!(
         force(&mut s, bad, ReplicaOutcome::Success, now),
-        (bad, Some(Transition::Returned { id: bad }))
+        (bad, Some(ReplicaEvent::Returned { id: bad }))
     );
     now += Duration::from_secs(11);
     let mut last = None;
     while last.is_none() {
         last = force(&mut s, bad, ReplicaOutcome::Failure, now).1;
     }
-    let Some(Transition::Ejected { duration, .. }) = last else {
+    let Some(ReplicaEvent::Ejected { duration, .. }) = last else {
         unreachable!()
     };
     assert!(duration <= Duration::from_millis(750), "{duration:?}");
@@ -273,7 +273,7 @@ fn a_replica_refusing_connections_is_probed_every_base_time() {
     let mut now = t0;
     let mut lengths = Vec::new();
     while lengths.len() < 4 {
-        if let (_, Some(Transition::Ejected { duration, .. })) =
+        if let (_, Some(ReplicaEvent::Ejected { duration, .. })) =
             force(&mut s, down, ReplicaOutcome::Refused, now)
         {
             lengths.push(duration);
@@ -288,7 +288,7 @@ fn a_replica_refusing_connections_is_probed_every_base_time() {
     // Back up: the next probe returns it.
     assert_eq!(
         force(&mut s, down, ReplicaOutcome::Success, now),
-        (down, Some(Transition::Returned { id: down }))
+        (down, Some(ReplicaEvent::Returned { id: down }))
     );
 }
 
@@ -334,7 +334,7 @@ fn a_failure_share_ejects_a_replica_that_fails_every_other_call() {
     }
     assert!(matches!(
         transition,
-        Some(Transition::Ejected {
+        Some(ReplicaEvent::Ejected {
             reason: EjectReason::FailureShare,
             ..
         })

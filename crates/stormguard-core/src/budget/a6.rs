@@ -11,7 +11,7 @@
 //!
 //! Use this implementation to behave exactly like other gRPC clients configured with the
 //! same service config (`"retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}`);
-//! [`crate::budget::RetryBudget`] is the time-windowed alternative, which bounds retries
+//! [`crate::RetryBudget`] is the time-windowed alternative, which bounds retries
 //! by a ratio of recent successes.
 //!
 //! # The rules (gRPC A6)
@@ -30,15 +30,15 @@
 //! The bucket does not depend on time; the `now` arguments are ignored.
 //!
 //! With the `tower` feature the bucket is also a `tower::retry::budget::Budget`, for a
-//! `tower::retry::Policy`: see that implementation on [`A6Throttle`] for what tower's two
+//! `tower::retry::Policy`: see that implementation on [`A6Budget`] for what tower's two
 //! calls mean here.
 //!
 //! ```
 //! use stormguard_core::Instant;
-//! use stormguard_core::budget::Budget;
-//! use stormguard_core::throttle::{A6Throttle, ThrottleConfig};
+//! use stormguard_core::Budget;
+//! use stormguard_core::{A6Budget, A6BudgetConfig};
 //!
-//! let throttle = A6Throttle::new(ThrottleConfig { max_tokens: 10.0, token_ratio: 0.1 })?;
+//! let throttle = A6Budget::new(A6BudgetConfig { max_tokens: 10.0, token_ratio: 0.1 })?;
 //! let now = Instant::now();
 //! for _ in 0..4 {
 //!     throttle.record_failure_at(now);
@@ -48,27 +48,27 @@
 //! assert!(!throttle.withdraw_at(now)); // 5 is not > 5: throttled
 //! throttle.deposit_at(now);
 //! assert!(throttle.withdraw_at(now)); // 5.1 > 5
-//! # Ok::<(), stormguard_core::config::ConfigError>(())
+//! # Ok::<(), stormguard_core::ConfigError>(())
 //! ```
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::ConfigError;
 use crate::Instant;
-use crate::budget::{Budget, truncate_decimal};
-use crate::error::ConfigError;
+use crate::{Budget, budget::truncate_decimal};
 
 const MILLI: u64 = 1000;
 
-/// Configuration of an [`A6Throttle`]: the service config's `retryThrottling` object.
+/// Configuration of an [`A6Budget`]: the service config's `retryThrottling` object.
 ///
 /// Deserializes from that object (`{"maxTokens": 10, "tokenRatio": 0.1}`, both
 /// required, numbers or numeric strings as proto3 JSON allows); other fields are skipped,
-/// as gRPC skips them. [`A6Throttle::new`] validates it.
+/// as gRPC skips them. [`A6Budget::new`] validates it.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(rename_all = "camelCase", expecting = "a `retryThrottling` object")]
-pub struct ThrottleConfig {
+pub struct A6BudgetConfig {
     /// `maxTokens`: the bucket's size, and where it starts. In (0, 1000], kept to 3
     /// decimal places.
     #[serde(deserialize_with = "crate::config::finite")]
@@ -79,14 +79,14 @@ pub struct ThrottleConfig {
     pub token_ratio: f64,
 }
 
-impl ThrottleConfig {
+impl A6BudgetConfig {
     /// Checks both fields; the error names the field as the service config spells it.
     ///
     /// ```
-    /// use stormguard_core::throttle::ThrottleConfig;
+    /// use stormguard_core::A6BudgetConfig;
     ///
-    /// assert!(ThrottleConfig { max_tokens: 10.0, token_ratio: 0.1 }.validate().is_ok());
-    /// let err = ThrottleConfig { max_tokens: 10.0, token_ratio: 0.0004 }.validate();
+    /// assert!(A6BudgetConfig { max_tokens: 10.0, token_ratio: 0.1 }.validate().is_ok());
+    /// let err = A6BudgetConfig { max_tokens: 10.0, token_ratio: 0.0004 }.validate();
     /// assert!(err.unwrap_err().to_string().contains("retryThrottling.tokenRatio"));
     /// ```
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -124,25 +124,25 @@ impl ThrottleConfig {
 ///
 /// Lock-free (one atomic word); clones share one bucket, as gRPC keeps one per server.
 #[derive(Clone)]
-pub struct A6Throttle {
+pub struct A6Budget {
     shared: Arc<Shared>,
 }
 
 struct Shared {
-    config: ThrottleConfig,
+    config: A6BudgetConfig,
     max_milli: u64,
     ratio_milli: u64,
     /// Current tokens, in milli-tokens, in `0..=max_milli`.
     tokens_milli: AtomicU64,
 }
 
-impl A6Throttle {
+impl A6Budget {
     /// A full bucket for `config`, or the validation error.
-    pub fn new(config: ThrottleConfig) -> Result<Self, ConfigError> {
+    pub fn new(config: A6BudgetConfig) -> Result<Self, ConfigError> {
         config.validate()?;
         let max_milli = truncate_decimal(config.max_tokens, MILLI as f64);
         let ratio_milli = truncate_decimal(config.token_ratio, MILLI as f64);
-        Ok(A6Throttle {
+        Ok(A6Budget {
             shared: Arc::new(Shared {
                 config,
                 max_milli,
@@ -153,7 +153,7 @@ impl A6Throttle {
     }
 
     /// The configuration this bucket was built with.
-    pub fn config(&self) -> &ThrottleConfig {
+    pub fn config(&self) -> &A6BudgetConfig {
         &self.shared.config
     }
 
@@ -184,7 +184,7 @@ impl A6Throttle {
     }
 }
 
-impl Budget for A6Throttle {
+impl Budget for A6Budget {
     /// A success: `+tokenRatio`, capped at `maxTokens`.
     fn deposit_at(&self, _now: Instant) {
         let (max, ratio) = (self.shared.max_milli, self.shared.ratio_milli);
@@ -221,7 +221,7 @@ impl Budget for A6Throttle {
 ///   above `maxTokens / 2` ([`Budget::withdraw_at`]). gRPC's own clients count the
 ///   failure and then check the threshold in the same way.
 ///
-/// Unlike a [`crate::budget::RetryBudget`], where a granted withdrawal is a spent retry and
+/// Unlike a [`crate::RetryBudget`], where a granted withdrawal is a spent retry and
 /// is asked for last, here every `withdraw()` *is* the failure: call it for every attempt
 /// that failed with a retryable status (or a pushback saying not to retry), before the
 /// policy's own limits such as a maximum number of attempts, as A6 counts the last
@@ -232,10 +232,10 @@ impl Budget for A6Throttle {
 /// `tower::retry::budget::Budget::withdraw(&throttle)`.
 ///
 /// ```
-/// use stormguard_core::throttle::{A6Throttle, ThrottleConfig};
+/// use stormguard_core::{A6Budget, A6BudgetConfig};
 /// use tower::retry::budget::Budget;
 ///
-/// let throttle = A6Throttle::new(ThrottleConfig { max_tokens: 4.0, token_ratio: 0.5 })?;
+/// let throttle = A6Budget::new(A6BudgetConfig { max_tokens: 4.0, token_ratio: 0.5 })?;
 /// assert!(throttle.withdraw()); // a failure: 4 -> 3 tokens, above 2: retry
 /// assert!(!throttle.withdraw()); // another: 3 -> 2, not above 2: no retry
 /// for _ in 0..3 {
@@ -243,10 +243,10 @@ impl Budget for A6Throttle {
 /// }
 /// assert!(throttle.withdraw()); // 3.5 -> 2.5: retry
 /// assert_eq!(throttle.tokens(), 2.5);
-/// # Ok::<(), stormguard_core::config::ConfigError>(())
+/// # Ok::<(), stormguard_core::ConfigError>(())
 /// ```
 #[cfg(feature = "tower")]
-impl tower::retry::budget::Budget for A6Throttle {
+impl tower::retry::budget::Budget for A6Budget {
     fn deposit(&self) {
         self.deposit_at(Instant::now());
     }
@@ -258,9 +258,9 @@ impl tower::retry::budget::Budget for A6Throttle {
     }
 }
 
-impl fmt::Debug for A6Throttle {
+impl fmt::Debug for A6Budget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("A6Throttle")
+        f.debug_struct("A6Budget")
             .field("config", &self.shared.config)
             .field("tokens", &self.tokens())
             .finish()

@@ -5,11 +5,11 @@ use std::fmt;
 use std::sync::{Mutex, PoisonError};
 
 use super::{Budget, BudgetConfig, RetryBudget};
+use crate::ConfigError;
 use crate::Instant;
-use crate::error::ConfigError;
 
 /// The most keys a [`KeyedBudgets`] tracks by default.
-pub const DEFAULT_MAX_KEYS: usize = 256;
+pub(crate) const DEFAULT_MAX_KEYS: usize = 256;
 
 /// One [`RetryBudget`] per key (a replica, a shard), each minted only by the successes of
 /// its key, beside the shared budget that still bounds the whole dependency.
@@ -31,7 +31,7 @@ pub const DEFAULT_MAX_KEYS: usize = 256;
 ///
 /// ```
 /// use stormguard_core::Instant;
-/// use stormguard_core::budget::{BudgetConfig, KeyedBudgets};
+/// use stormguard_core::{BudgetConfig, KeyedBudgets};
 ///
 /// let config = BudgetConfig { min_retries_per_second: 0, ..BudgetConfig::default() };
 /// let keys = KeyedBudgets::new(config, 16)?;
@@ -41,7 +41,7 @@ pub const DEFAULT_MAX_KEYS: usize = 256;
 /// }
 /// assert!(keys.withdraw_at(1, now));
 /// assert!(!keys.withdraw_at(2, now)); // replica 2 earned nothing, and has no floor here
-/// # Ok::<(), stormguard_core::config::ConfigError>(())
+/// # Ok::<(), stormguard_core::ConfigError>(())
 /// ```
 pub struct KeyedBudgets {
     config: BudgetConfig,

@@ -38,7 +38,7 @@
 //!
 //! [`Budget`] is the interface the retry controller and the fleet simulator use (through
 //! `Arc<dyn Budget>`). [`RetryBudget`] is the Finagle-style budget described above;
-//! [`crate::throttle::A6Throttle`] is gRPC's A6 `retryThrottling` token bucket.
+//! [`crate::A6Budget`] is gRPC's A6 `retryThrottling` token bucket.
 //!
 //! # Adopting only the budget, with tower
 //!
@@ -48,10 +48,10 @@
 //! `TpsBudget` does not, in each of the ways listed below, and each shows exactly when a
 //! budget matters: under load, with many threads and steady traffic. With this crate's
 //! `tower` feature (or the `stormguard` crate's `tower-budget`), [`RetryBudget`] and
-//! [`crate::throttle::A6Throttle`] implement `tower::retry::budget::Budget`, so either
+//! [`crate::A6Budget`] implement `tower::retry::budget::Budget`, so either
 //! takes `TpsBudget`'s place in a `tower::retry::Policy` with the same two calls. The
 //! implementation's docs on [`RetryBudget`] show a policy over `Arc<RetryBudget>`; those on
-//! [`crate::throttle::A6Throttle`] say how A6's three events map onto tower's two calls.
+//! [`crate::A6Budget`] say how A6's three events map onto tower's two calls.
 //! The feature adds tower's `retry` module and nothing of tonic, http or hyper.
 //!
 //! # How [`RetryBudget`] differs from tower's `TpsBudget`
@@ -92,7 +92,7 @@
 //! use std::sync::Arc;
 //! use std::time::Duration;
 //! use stormguard_core::Instant;
-//! use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
+//! use stormguard_core::{Budget, BudgetConfig, RetryBudget};
 //!
 //! let config = BudgetConfig { min_retries_per_second: 0, ..BudgetConfig::default() };
 //! let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(config)?);
@@ -111,25 +111,27 @@
 //!     budget.deposit_at(later);
 //! }
 //! assert!(!budget.withdraw_at(later)); // 0.9 of a retry is not a retry
-//! # Ok::<(), stormguard_core::config::ConfigError>(())
+//! # Ok::<(), stormguard_core::ConfigError>(())
 //! ```
 
-pub mod a6;
+mod a6;
+mod keyed;
+
+pub use a6::{A6Budget, A6BudgetConfig};
+pub(crate) use keyed::DEFAULT_MAX_KEYS;
+pub use keyed::KeyedBudgets;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::ConfigError;
 use crate::Instant;
-use crate::error::ConfigError;
-
-mod keyed;
-pub use keyed::{DEFAULT_MAX_KEYS, KeyedBudgets};
 
 /// A retry budget: decides whether the process can afford one more retry now.
 ///
-/// Implemented by [`RetryBudget`] and [`crate::throttle::A6Throttle`]; callers hold it as
+/// Implemented by [`RetryBudget`] and [`crate::A6Budget`]; callers hold it as
 /// `Arc<dyn Budget>`. Every method has an `_at(now)` form that takes the time from its
 /// argument (so a simulator can drive it on a virtual clock) and a convenience form that
 /// reads [`Instant::now`].
@@ -156,7 +158,7 @@ pub trait Budget: Send + Sync + fmt::Debug {
     /// a failure: a hedge may spend only the upper half of the budget, so hedges can never
     /// starve the retries, and under overload they cost at most half of what a retry may.
     /// [`RetryBudget`] grants a hedge only while, after it, at least half of what the window
-    /// minted (reserve and successes) is left; an [`A6Throttle`](crate::throttle::A6Throttle)
+    /// minted (reserve and successes) is left; an [`A6Budget`](crate::A6Budget)
     /// grants it while it holds more than half its tokens, as gRPC A6 says (its
     /// [`Budget::withdraw_at`] already is that rule). Default: [`Budget::withdraw_at`].
     fn withdraw_hedge_at(&self, now: Instant) -> bool {
@@ -199,7 +201,7 @@ pub trait Budget: Send + Sync + fmt::Debug {
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard_core::budget::BudgetConfig;
+/// use stormguard_core::BudgetConfig;
 ///
 /// let config = BudgetConfig { retry_ratio: 0.2, ..BudgetConfig::default() };
 /// assert_eq!(config.ttl, Duration::from_secs(10));
@@ -314,7 +316,7 @@ pub(crate) fn truncate_decimal(x: f64, scale: f64) -> u64 {
 const SLOTS: usize = 16;
 
 /// The largest fleet size a [`RetryBudget`] accepts.
-pub const MAX_FLEET_SIZE: u32 = 1_000_000;
+pub(crate) const MAX_FLEET_SIZE: u32 = 1_000_000;
 
 /// Accounting unit: one retry is a million micro-retries.
 const MICROS_PER_RETRY: i128 = 1_000_000;
@@ -340,7 +342,7 @@ const STALE_LIMIT: u32 = 1 << 20;
 ///
 /// ```
 /// use stormguard_core::Instant;
-/// use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
+/// use stormguard_core::{Budget, BudgetConfig, RetryBudget};
 ///
 /// let budget = RetryBudget::new(BudgetConfig::default())?; // reserve: 5/s × 10 s
 /// let clone = budget.clone();
@@ -348,7 +350,7 @@ const STALE_LIMIT: u32 = 1 << 20;
 /// assert_eq!(budget.balance_at(now), 50.0);
 /// assert!(clone.withdraw_at(now));
 /// assert_eq!(budget.balance_at(now), 49.0); // the clone spent from the same budget
-/// # Ok::<(), stormguard_core::config::ConfigError>(())
+/// # Ok::<(), stormguard_core::ConfigError>(())
 /// ```
 #[derive(Clone)]
 pub struct RetryBudget {
@@ -419,13 +421,13 @@ impl RetryBudget {
     ///
     /// ```
     /// use stormguard_core::Instant;
-    /// use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
+    /// use stormguard_core::{Budget, BudgetConfig, RetryBudget};
     ///
     /// // 5 retries/s × 10 s shared by 10 processes: 5 per process per window.
     /// let budget = RetryBudget::with_fleet_size(BudgetConfig::default(), 10)?;
     /// assert_eq!(budget.balance_at(Instant::now()), 5.0);
     /// assert!(RetryBudget::with_fleet_size(BudgetConfig::default(), 0).is_err());
-    /// # Ok::<(), stormguard_core::config::ConfigError>(())
+    /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
     pub fn with_fleet_size(mut config: BudgetConfig, fleet_size: u32) -> Result<Self, ConfigError> {
         config.fleet_size = fleet_size;
@@ -474,14 +476,14 @@ impl RetryBudget {
     ///
     /// ```
     /// use stormguard_core::Instant;
-    /// use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
+    /// use stormguard_core::{Budget, BudgetConfig, RetryBudget};
     ///
     /// let budget = RetryBudget::with_fleet_size(BudgetConfig::default(), 10)?;
     /// budget.set_fleet_estimate(50);
     /// assert_eq!(budget.balance_at(Instant::now()), 1.0);
     /// budget.set_fleet_estimate(2); // below the configured 10: the floor stays at 5
     /// assert_eq!(budget.balance_at(Instant::now()), 5.0);
-    /// # Ok::<(), stormguard_core::config::ConfigError>(())
+    /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
     pub fn set_fleet_estimate(&self, estimate: u32) {
         let shared = &*self.shared;
@@ -680,7 +682,7 @@ impl Budget for RetryBudget {
 /// use std::sync::Arc;
 /// use std::sync::atomic::{AtomicUsize, Ordering};
 ///
-/// use stormguard_core::budget::{BudgetConfig, RetryBudget};
+/// use stormguard_core::{BudgetConfig, RetryBudget};
 /// use tower::retry::budget::Budget;
 /// use tower::retry::{Policy, Retry};
 /// use tower::{ServiceExt, service_fn};
@@ -835,7 +837,7 @@ impl Ring {
 /// whole: at 100 % failure it multiplies the load by the attempt limit.
 ///
 /// ```
-/// use stormguard_core::budget::{Budget, Unlimited};
+/// use stormguard_core::{Budget, Unlimited};
 ///
 /// let b = Unlimited;
 /// assert!((0..1000).all(|_| b.withdraw()));

@@ -9,10 +9,10 @@ use serde_json::{Map, Value};
 use super::document::{self, Build, Format};
 use super::duration::Human;
 use super::value::{Int, nullable};
-use crate::admission::{AdmissionConfig, QueueOrder, RetryThreshold};
-use crate::code::Code;
-use crate::error::ConfigError;
-use crate::limit::AdaptiveLimitConfig;
+use crate::AdaptiveLimitConfig;
+use crate::Code;
+use crate::ConfigError;
+use crate::{AdmissionConfig, QueueOrder, RetryThreshold};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, expecting = "an object with `admission`")]
@@ -176,7 +176,7 @@ fn read_settings(root: Map<String, Value>) -> Result<ShedSettings, ConfigError> 
 /// documents and leave the switches out.
 ///
 /// ```
-/// use stormguard_core::config::ShedSettings;
+/// use stormguard_core::ShedSettings;
 ///
 /// let s = ShedSettings::from_json(r#"{ "admission": { "workers": 8, "load_reports": true } }"#)?;
 /// assert!(s.load_reports);
@@ -225,7 +225,7 @@ impl AdmissionConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use stormguard_core::admission::{AdmissionConfig, QueueOrder};
+    /// use stormguard_core::{AdmissionConfig, QueueOrder};
     ///
     /// let config = AdmissionConfig::from_json(r#"{ "admission": {
     ///     "workers": 8, "queue_capacity": 32, "max_time_queued": "250ms",
@@ -247,10 +247,10 @@ impl AdmissionConfig {
     /// names the file.
     ///
     /// ```no_run
-    /// use stormguard_core::admission::AdmissionConfig;
+    /// use stormguard_core::AdmissionConfig;
     ///
     /// let config = AdmissionConfig::from_path("admission.toml")?;
-    /// # Ok::<(), stormguard_core::error::ConfigError>(())
+    /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
     pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
         document::read_file(path.as_ref(), read)
@@ -259,8 +259,8 @@ impl AdmissionConfig {
     /// [`AdmissionConfig::from_path`] for a document already in memory.
     ///
     /// ```
-    /// use stormguard_core::admission::AdmissionConfig;
-    /// use stormguard_core::config::Format;
+    /// use stormguard_core::AdmissionConfig;
+    /// use stormguard_core::Format;
     ///
     /// let toml = "[admission]\nworkers = 8\nqueue_capacity = 32\nmax_time_queued = \"250ms\"\n";
     /// # #[cfg(feature = "toml")] {

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Deserializer};
 
 use super::document::{self, Build, Format};
-use crate::criticality::{Criticality, CriticalityTable};
-use crate::error::ConfigError;
+use crate::ConfigError;
+use crate::{Criticality, CriticalityTable};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, expecting = "an object with `criticality`")]
@@ -53,7 +53,7 @@ impl CriticalityTable {
     /// field as written.
     ///
     /// ```
-    /// use stormguard_core::criticality::CriticalityTable;
+    /// use stormguard_core::CriticalityTable;
     ///
     /// let bad = CriticalityTable::from_json(r#"{"criticality": {"default": "high"}}"#);
     /// assert!(bad.unwrap_err().to_string().contains("criticality.default"));

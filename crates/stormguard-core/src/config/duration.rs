@@ -1,33 +1,13 @@
 //! Durations as people write them: `"50ms"`, `"10s"`, `"1.5s"`, `"2m"`, `"250us"`, and the
 //! proto3 form `"0.1s"`.
 //!
-//! [`parse_duration`] is the one parser. The module is also a `serde(with = ...)` module,
-//! so an application's own config can hold durations the way stormguard's does:
-//!
-//! ```
-//! use std::time::Duration;
-//! use serde::{Deserialize, Serialize};
-//!
-//! #[derive(Deserialize, Serialize)]
-//! struct Cache {
-//!     #[serde(with = "stormguard_core::config::duration")]
-//!     ttl: Duration,
-//!     #[serde(with = "stormguard_core::config::duration::option", default)]
-//!     refresh: Option<Duration>,
-//! }
-//!
-//! let cache: Cache = serde_json::from_str(r#"{ "ttl": "1.5s" }"#).unwrap();
-//! assert_eq!(cache.ttl, Duration::from_millis(1500));
-//! assert_eq!(cache.refresh, None);
-//! assert_eq!(serde_json::to_string(&cache).unwrap(), r#"{"ttl":"1.5s","refresh":null}"#);
-//! assert!(serde_json::from_str::<Cache>(r#"{ "ttl": 10 }"#).is_err());
-//! ```
+//! [`parse_duration`] is the one parser; [`Human`] and [`Proto`] read the two written forms
+//! in stormguard's documents and the gRPC service config.
 
 use std::fmt;
 use std::time::Duration;
 
 use serde::de::{self, Deserialize, Deserializer, Unexpected, Visitor};
-use serde::ser::Serializer;
 
 /// A duration: a non-negative decimal number with a unit, `ns`, `us` (or `µs`), `ms`, `s`,
 /// `m` or `h` (`"50ms"`, `"10s"`, `"1.5s"`, `"2m"`, `"250us"`, `".5s"`), exact to the
@@ -36,7 +16,7 @@ use serde::ser::Serializer;
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard_core::config::parse_duration;
+/// use stormguard_core::parse_duration;
 ///
 /// assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
 /// assert_eq!(parse_duration("10"), None);
@@ -93,6 +73,7 @@ fn decimal(number: &str, unit_nanos: u128) -> Option<Duration> {
 
 /// A string for `d` that [`parse_duration`] reads back as `d`: whole seconds and the
 /// fraction they need (`"10s"`, `"0.05s"`, `"1.000000001s"`).
+#[cfg(test)]
 fn format_duration(d: Duration) -> String {
     let nanos = d.subsec_nanos();
     if nanos == 0 {
@@ -151,37 +132,9 @@ impl<'de> Deserialize<'de> for Proto {
     }
 }
 
-/// Reads a duration field with [`parse_duration`] (`#[serde(with = "...::duration")]`).
-pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+/// Reads a duration field with [`parse_duration`] (`#[serde(with = "crate::config::duration")]`).
+pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     Human::deserialize(d).map(|h| h.0)
-}
-
-/// Writes a duration field in seconds, as [`parse_duration`] reads it back (`"1.5s"`).
-pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&format_duration(*d))
-}
-
-/// The same for an `Option<Duration>` field: `null` is `None`. Add `#[serde(default)]`
-/// for the field to be optional.
-pub mod option {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    use super::{Human, format_duration};
-
-    /// Reads an optional duration field.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        Option::<Human>::deserialize(d).map(|h| h.map(|h| h.0))
-    }
-
-    /// Writes an optional duration field (`None` as `null`).
-    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        match d {
-            Some(d) => s.serialize_some(&format_duration(*d)),
-            None => s.serialize_none(),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -9,8 +9,8 @@ use serde_json::{Map, Value};
 use super::document::{self, Build, Format};
 use super::duration::Human;
 use super::value::Int;
-use crate::error::ConfigError;
-use crate::idempotency::IdempotencyConfig;
+use crate::ConfigError;
+use crate::IdempotencyConfig;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, expecting = "an object with `idempotency`")]
@@ -82,8 +82,8 @@ impl IdempotencyConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use stormguard_core::config::Format;
-    /// use stormguard_core::idempotency::IdempotencyConfig;
+    /// use stormguard_core::Format;
+    /// use stormguard_core::IdempotencyConfig;
     ///
     /// let toml = "[idempotency]\nmax_entries = 500\nin_flight_pushback = \"50ms\"\n";
     /// # #[cfg(feature = "toml")] {

@@ -10,7 +10,7 @@
 //!   becomes the A6 token bucket, which pays for hedges as for retries; without
 //!   `retryThrottling` both are paid from stormguard's budget with default settings; a
 //!   method's `timeout` becomes its default deadline
-//!   ([`MethodTable::timeout`](crate::policy::MethodTable::timeout)). Fields gRPC does
+//!   ([`MethodTable::timeout`](crate::MethodTable::timeout)). Fields gRPC does
 //!   not define, and fields stormguard does not act on (`waitForReady`,
 //!   `maxRequestMessageBytes`, ...), are skipped as gRPC skips unknown fields, and listed
 //!   in [`ClientConfig::not_applied`];
@@ -76,8 +76,8 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use stormguard_core::config::ClientConfig;
-//! use stormguard_core::hedge::HedgeDelay;
+//! use stormguard_core::ClientConfig;
+//! use stormguard_core::HedgeDelay;
 //!
 //! let config = ClientConfig::from_service_config_json(r#"{ "methodConfig": [{
 //!     "name": [{ "service": "stormguard.demo.v1.Catalog" }],
@@ -86,7 +86,7 @@
 //! let hedging = config.methods.lookup_hedging("/stormguard.demo.v1.Catalog/Get").unwrap();
 //! assert_eq!(hedging.delay, HedgeDelay::Fixed(Duration::from_millis(10)));
 //! assert!(config.methods.lookup("/stormguard.demo.v1.Catalog/Get").is_none(), "not retried");
-//! # Ok::<(), stormguard_core::config::ConfigError>(())
+//! # Ok::<(), stormguard_core::ConfigError>(())
 //! ```
 //!
 //! In stormguard's shape, an entry of `methods` holds `hedging` and nothing else (a retry
@@ -94,7 +94,7 @@
 //! as in [`HedgingPolicy::default`]: `max_attempts` (2), `delay` (`"10ms"`),
 //! `non_fatal_codes` (none), `min_attempt_time` (`"5ms"`), `max_pushback` (`"30s"`);
 //! nothing comes from `retry`. `delay` is a duration or `"learned"`, a percentile of the
-//! method's recent latency ([`LearnedDelay`](crate::hedge::LearnedDelay)), whose settings
+//! method's recent latency ([`LearnedDelay`](crate::LearnedDelay)), whose settings
 //! sit beside it, as `base` and `cap` sit beside `backoff`: `percentile` (0.95), `floor`
 //! (`"1ms"`), `ceiling` (`"1s"`), `min_samples` (100), `window` (`"10s"`). They are refused
 //! with a fixed delay.
@@ -112,8 +112,8 @@
 //! `idempotent` is. A top-level `hedging`, or one under `retry`, is an error that says so.
 //!
 //! ```
-//! use stormguard_core::config::ClientConfig;
-//! use stormguard_core::hedge::HedgeDelay;
+//! use stormguard_core::ClientConfig;
+//! use stormguard_core::HedgeDelay;
 //!
 //! let config = ClientConfig::from_json(r#"{ "methods": {
 //!     "/stormguard.demo.v1.Search/": { "hedging": { "delay": "learned", "ceiling": "200ms" } } } }"#)?;
@@ -124,7 +124,7 @@
 //! let both = ClientConfig::from_json(r#"{ "methods": {
 //!     "/pkg.Svc/Get": { "hedging": {}, "max_attempts": 3 } } }"#);
 //! assert!(both.unwrap_err().to_string().contains("methods./pkg.Svc/Get.max_attempts"));
-//! # Ok::<(), stormguard_core::config::ConfigError>(())
+//! # Ok::<(), stormguard_core::ConfigError>(())
 //! ```
 //!
 //! # Adaptive throttle
@@ -133,14 +133,14 @@
 //! calls locally while the dependency refuses most of them for overload (the SRE book's
 //! client-side throttling; see [`adaptive_throttle`](crate::adaptive_throttle) for why).
 //! Every key is optional and defaults as in
-//! [`AdaptiveThrottleConfig::default`](crate::adaptive_throttle::AdaptiveThrottleConfig):
+//! [`AdaptiveThrottleConfig::default`](crate::AdaptiveThrottleConfig):
 //! `k` (2), `sheddable_k` (1.5), `critical_k` (3), `max_reject_probability` (0.9),
 //! `window` (`"10s"`), `reject_codes` (`[RESOURCE_EXHAUSTED]`), `shed_codes`
 //! (`[DEADLINE_EXCEEDED, UNAVAILABLE]`, counted only when the answer carries a pushback or
 //! `stormguard-unprocessed`). An empty object turns it on with the defaults.
 //!
 //! ```
-//! use stormguard_core::config::ClientConfig;
+//! use stormguard_core::ClientConfig;
 //!
 //! let config = ClientConfig::from_json(r#"{ "adaptive_throttle": { "k": 1.5, "sheddable_k": 1.2,
 //!     "window": "30s" } }"#)?;
@@ -149,7 +149,7 @@
 //!
 //! let bad = ClientConfig::from_json(r#"{ "adaptive_throttle": { "max_reject_probability": 1 } }"#);
 //! assert!(bad.unwrap_err().to_string().contains("adaptive_throttle.max_reject_probability"));
-//! # Ok::<(), stormguard_core::config::ConfigError>(())
+//! # Ok::<(), stormguard_core::ConfigError>(())
 //! ```
 //!
 //! # Errors
@@ -168,7 +168,7 @@
 //!
 //! ```
 //! use serde::Deserialize;
-//! use stormguard_core::config::ClientConfig;
+//! use stormguard_core::ClientConfig;
 //!
 //! #[derive(Deserialize)]
 //! struct App {
@@ -189,15 +189,15 @@
 //! ```
 //!
 //! Deserializing a [`ClientConfig`] (stormguard's shape) or an
-//! [`AdmissionConfig`](crate::admission::AdmissionConfig) (the fields of `admission`)
+//! [`AdmissionConfig`](crate::AdmissionConfig) (the fields of `admission`)
 //! runs the same checks as [`ClientConfig::from_json`], so a config that deserialized is
 //! valid: there is no `validate()` call to forget. A type error names its place in the
 //! application's document as the application's format reports it (wrap the deserializer
 //! in `serde_path_to_error` for a dotted path); a failed check names the field within
 //! stormguard's section (`retry.budget.ttl`). Parts on their own
-//! ([`BudgetConfig`], [`BreakerConfig`], [`ThrottleConfig`],
+//! ([`BudgetConfig`], [`BreakerConfig`], [`A6BudgetConfig`],
 //! [`AdaptiveThrottleConfig`],
-//! [`AdaptiveLimitConfig`](crate::limit::AdaptiveLimitConfig)) deserialize with their
+//! [`AdaptiveLimitConfig`](crate::AdaptiveLimitConfig)) deserialize with their
 //! defaults for missing fields and are checked by what is built from them. Durations in an
 //! application's own fields can use the [`duration`] module (`"50ms"`, `"10s"`).
 //!
@@ -215,28 +215,29 @@ use serde_json::{Map, Value};
 
 use document::Build;
 
-use crate::adaptive_throttle::AdaptiveThrottleConfig;
-use crate::breaker::BreakerConfig;
-use crate::budget::BudgetConfig;
-pub use crate::error::ConfigError;
-use crate::hedge::HedgingPolicy;
-use crate::policy::{MethodTable, RetryPolicy};
-use crate::throttle::ThrottleConfig;
+use crate::A6BudgetConfig;
+use crate::AdaptiveThrottleConfig;
+use crate::BreakerConfig;
+use crate::BudgetConfig;
+use crate::ConfigError;
+use crate::HedgingPolicy;
+use crate::{MethodTable, RetryPolicy};
 
 mod admission;
 mod client;
 mod criticality;
 pub(crate) mod document;
-pub mod duration;
+pub(crate) mod duration;
 mod idempotency;
-mod notice;
+pub(crate) mod notice;
+mod replica;
 mod service;
 mod value;
 
 pub use admission::ShedSettings;
 pub use document::Format;
 pub use duration::parse_duration;
-pub use notice::{IDEMPOTENT_SETTING, NotApplied, NotAppliedReason, Notice};
+pub use notice::{NotApplied, NotAppliedReason, Notice};
 pub(crate) use value::{finite, whole};
 
 /// Which budget pays for retries.
@@ -245,7 +246,7 @@ pub enum BudgetChoice {
     /// stormguard's windowed budget: retries ≤ `retry_ratio` of successes, plus a floor.
     Stormguard(BudgetConfig),
     /// gRPC A6 `retryThrottling`.
-    A6(ThrottleConfig),
+    A6(A6BudgetConfig),
 }
 
 impl Default for BudgetChoice {
@@ -257,7 +258,7 @@ impl Default for BudgetChoice {
 /// Everything the client retry controller needs.
 ///
 /// ```
-/// use stormguard_core::config::{BudgetChoice, ClientConfig};
+/// use stormguard_core::{BudgetChoice, ClientConfig};
 ///
 /// let json = r#"{
 ///   "methodConfig": [{
@@ -289,7 +290,7 @@ pub struct ClientConfig {
     /// Refuse retries and hedges to a dependency whose load reports (ORCA) say it is
     /// saturated (`retry.load_reports`; see [`crate::orca`]). Default `None`: reports are
     /// not read for retries.
-    pub load_reports: Option<crate::orca::SaturationConfig>,
+    pub load_reports: Option<crate::SaturationConfig>,
     /// Fields of the document read but not applied.
     not_applied: Vec<NotApplied>,
 }
@@ -342,7 +343,7 @@ impl ClientConfig {
     /// which refuses unknown fields, and for a config built in code.
     ///
     /// ```
-    /// use stormguard_core::config::{ClientConfig, NotAppliedReason};
+    /// use stormguard_core::{ClientConfig, NotAppliedReason};
     ///
     /// let config = ClientConfig::from_service_config_json(r#"{ "methodConfig": [{
     ///     "name": [{ "service": "pkg.Svc" }], "waitForReady": true,
@@ -363,7 +364,7 @@ impl ClientConfig {
     /// now, so a method marked idempotent in code after loading counts.
     ///
     /// ```
-    /// use stormguard_core::config::{ClientConfig, Notice};
+    /// use stormguard_core::{ClientConfig, Notice};
     ///
     /// let config = ClientConfig::from_json(r#"{ "retry": { "max_attempts": 3 } }"#).unwrap();
     /// assert!(matches!(config.notices()[..], [Notice::NoAnswerRetried { max_attempts: 3, .. }]));
@@ -382,10 +383,10 @@ impl ClientConfig {
     /// the file's content is a [`ConfigError::File`] naming the file.
     ///
     /// ```no_run
-    /// use stormguard_core::config::ClientConfig;
+    /// use stormguard_core::ClientConfig;
     ///
     /// let config = ClientConfig::from_path("retry.yaml")?;
-    /// # Ok::<(), stormguard_core::config::ConfigError>(())
+    /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
     pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
         document::read_file(path.as_ref(), Self::from_document)
@@ -395,7 +396,7 @@ impl ClientConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use stormguard_core::config::{BudgetChoice, ClientConfig, Format};
+    /// use stormguard_core::{BudgetChoice, ClientConfig, Format};
     ///
     /// let toml = "[retry]\nmax_attempts = 3\nbase = \"100ms\"\n[retry.budget]\nttl = \"10s\"\n";
     /// # #[cfg(feature = "toml")] {

@@ -7,7 +7,7 @@ use std::fmt;
 use super::ClientConfig;
 
 /// The setting that lets a method's answers be retried, in stormguard's shape.
-pub const IDEMPOTENT_SETTING: &str = r#"methods."/package.Service/Method".idempotent: true"#;
+pub(crate) const IDEMPOTENT_SETTING: &str = r#"methods."/package.Service/Method".idempotent: true"#;
 
 /// A field of a gRPC service config that was read but is not applied.
 ///
@@ -104,7 +104,7 @@ pub enum Notice {
         /// The setting that would let a method's answers be retried
         /// ([`IDEMPOTENT_SETTING`]; in code, [`RetryPolicy::idempotent`]).
         ///
-        /// [`RetryPolicy::idempotent`]: crate::policy::RetryPolicy::idempotent
+        /// [`RetryPolicy::idempotent`]: crate::RetryPolicy::idempotent
         setting: &'static str,
     },
 }

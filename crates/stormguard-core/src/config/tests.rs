@@ -5,9 +5,10 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
-use crate::backoff::BackoffConfig;
-use crate::code::{Code, CodeSet};
-use crate::hedge::{HedgeDelay, LearnedDelay};
+use crate::BackoffConfig;
+use crate::config::notice::IDEMPOTENT_SETTING;
+use crate::{Code, CodeSet};
+use crate::{HedgeDelay, LearnedDelay};
 
 /// The field an error names, or the whole message for an error that names none.
 fn field_of(e: ConfigError) -> String {
@@ -66,7 +67,7 @@ fn service_config_throttling_becomes_a6() {
     let c = ClientConfig::from_service_config_json(json).unwrap();
     assert_eq!(
         c.budget,
-        BudgetChoice::A6(ThrottleConfig {
+        BudgetChoice::A6(A6BudgetConfig {
             max_tokens: 10.0,
             token_ratio: 0.1
         })

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use crate::error::ConfigError;
+use crate::ConfigError;
 
 /// How delays grow between attempts.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -102,7 +102,7 @@ impl BackoffConfig {
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard_core::backoff::{Backoff, BackoffConfig};
+/// use stormguard_core::{Backoff, BackoffConfig};
 ///
 /// let config = BackoffConfig::FullJitter {
 ///     base: Duration::from_millis(10),

@@ -45,7 +45,7 @@
 //!
 //! # Who hears of a transition
 //!
-//! Every transition is recorded as a [`Transition`] (from, to, when, and for an opening the
+//! Every transition is recorded as a [`BreakerTransition`] (from, to, when, and for an opening the
 //! failure rate that tripped it and how long it stays open), without a logging dependency.
 //! A layer that reports them takes a [`TransitionWatch`] ([`CircuitBreaker::watch`]) and
 //! calls [`TransitionWatch::take`] where it is convenient (after its calls): the check is one
@@ -65,7 +65,7 @@
 //! ```
 //! use std::time::Duration;
 //! use stormguard_core::Instant;
-//! use stormguard_core::breaker::{BreakerConfig, BreakerState, CircuitBreaker};
+//! use stormguard_core::{BreakerConfig, BreakerState, CircuitBreaker};
 //!
 //! let config = BreakerConfig {
 //!     min_requests: 4,
@@ -93,7 +93,7 @@
 //! assert!(breaker.acquire_at(later).is_err(), "only one probe at a time");
 //! probe.success_at(later);
 //! assert_eq!(breaker.state_at(later), BreakerState::Closed);
-//! # Ok::<(), stormguard_core::config::ConfigError>(())
+//! # Ok::<(), stormguard_core::ConfigError>(())
 //! ```
 
 use std::fmt;
@@ -102,15 +102,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use crate::ConfigError;
 use crate::Instant;
-use crate::error::ConfigError;
 
 /// Number of rolling buckets the sliding window is split into.
 ///
 /// An outcome counts from the moment it is recorded until its bucket rotates out, which
 /// happens between `0.9 · window` and `window` later: never longer than the configured
 /// window.
-pub const WINDOW_BUCKETS: usize = 10;
+pub(crate) const WINDOW_BUCKETS: usize = 10;
 
 /// Longest accepted [`BreakerConfig::open_for`]: one hour. A breaker that stays open
 /// longer than that is an outage switch, not a latency guard.
@@ -120,7 +120,7 @@ const MAX_WINDOW: Duration = Duration::from_secs(600);
 const MAX_OPEN_JITTER: f64 = 10.0;
 
 /// How many of its latest transitions a breaker keeps for its [`TransitionWatch`]es.
-pub const TRANSITION_LOG: usize = 8;
+pub(crate) const TRANSITION_LOG: usize = 8;
 
 /// Configuration of a [`CircuitBreaker`].
 ///
@@ -248,7 +248,7 @@ impl BreakerState {
 
 /// One change of a breaker's state (see [`TransitionWatch`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Transition {
+pub struct BreakerTransition {
     /// The state left.
     pub from: BreakerState,
     /// The state entered.
@@ -262,7 +262,7 @@ pub struct Transition {
     pub failure_rate: Option<f64>,
 }
 
-impl Transition {
+impl BreakerTransition {
     /// For an opening: how long the breaker stays open (its jittered open period).
     pub fn open_for(&self) -> Option<Duration> {
         match self.to {
@@ -346,11 +346,11 @@ impl Drop for Locked<'_> {
 struct TransitionLog {
     /// Transitions ever recorded; the next one's sequence number.
     recorded: u64,
-    entries: [Option<(u64, Transition)>; TRANSITION_LOG],
+    entries: [Option<(u64, BreakerTransition)>; TRANSITION_LOG],
 }
 
 impl TransitionLog {
-    fn push(&mut self, transition: Transition) {
+    fn push(&mut self, transition: BreakerTransition) {
         let seq = self.recorded;
         self.entries[(seq % TRANSITION_LOG as u64) as usize] = Some((seq, transition));
         self.recorded = seq.wrapping_add(1);
@@ -380,7 +380,7 @@ impl Inner {
     }
 
     fn transition(&mut self, state: BreakerState, now: Instant, failure_rate: Option<f64>) {
-        self.log.push(Transition {
+        self.log.push(BreakerTransition {
             from: self.state,
             to: state,
             at: now,
@@ -497,7 +497,7 @@ impl CircuitBreaker {
 /// ```
 /// use std::time::Duration;
 /// use stormguard_core::Instant;
-/// use stormguard_core::breaker::{BreakerConfig, BreakerState, CircuitBreaker};
+/// use stormguard_core::{BreakerConfig, BreakerState, CircuitBreaker};
 ///
 /// let config = BreakerConfig { min_requests: 2, open_jitter: 0.0, ..BreakerConfig::default() };
 /// let breaker = CircuitBreaker::new(config, 1)?;
@@ -511,7 +511,7 @@ impl CircuitBreaker {
 /// assert_eq!((opened.from, opened.failure_rate), (BreakerState::Closed, Some(1.0)));
 /// assert_eq!(opened.open_for(), Some(Duration::from_secs(5)));
 /// assert!(watch.take().is_none(), "handed out once");
-/// # Ok::<(), stormguard_core::config::ConfigError>(())
+/// # Ok::<(), stormguard_core::ConfigError>(())
 /// ```
 pub struct TransitionWatch {
     shared: Arc<Shared>,
@@ -568,14 +568,14 @@ impl TransitionWatch {
 /// Transitions handed out by one [`TransitionWatch::take`], oldest first.
 #[derive(Debug, Clone, Default)]
 pub struct Transitions {
-    entries: [Option<Transition>; TRANSITION_LOG],
+    entries: [Option<BreakerTransition>; TRANSITION_LOG],
     len: usize,
     next: usize,
     missed: u64,
 }
 
 impl Transitions {
-    fn push(&mut self, t: Transition) {
+    fn push(&mut self, t: BreakerTransition) {
         if let Some(slot) = self.entries.get_mut(self.len) {
             *slot = Some(t);
             self.len += 1;
@@ -590,9 +590,9 @@ impl Transitions {
 }
 
 impl Iterator for Transitions {
-    type Item = Transition;
+    type Item = BreakerTransition;
 
-    fn next(&mut self) -> Option<Transition> {
+    fn next(&mut self) -> Option<BreakerTransition> {
         if self.next >= self.len {
             return None;
         }

@@ -11,7 +11,7 @@
 //! repeat:
 //!
 //! ```
-//! use stormguard_core::policy::{MethodTable, RetryPolicy};
+//! use stormguard_core::{MethodTable, RetryPolicy};
 //!
 //! // Every method: retry only requests that never reached the server.
 //! let mut table = MethodTable::uniform(RetryPolicy::default());
@@ -32,18 +32,17 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backoff::BackoffConfig;
-use crate::code::{Code, CodeSet};
-use crate::error::ConfigError;
-use crate::hedge::HedgingPolicy;
+use crate::BackoffConfig;
+use crate::ConfigError;
+use crate::{Code, CodeSet};
 
 /// The largest number of attempts A6 allows; larger configured values are treated as this.
-pub const MAX_ATTEMPTS_CAP: u32 = 5;
+pub(crate) const MAX_ATTEMPTS_CAP: u32 = 5;
 
 /// How one method's failures are retried.
 ///
 /// ```
-/// use stormguard_core::{code::Code, policy::RetryPolicy};
+/// use stormguard_core::{Code, RetryPolicy};
 ///
 /// let policy = RetryPolicy::default();
 /// assert_eq!(policy.max_attempts, 3);
@@ -152,7 +151,7 @@ pub(crate) fn check_max_attempts(
 ///
 /// ```
 /// use std::sync::Arc;
-/// use stormguard_core::policy::{MethodTable, RetryPolicy};
+/// use stormguard_core::{MethodTable, RetryPolicy};
 ///
 /// let mut table = MethodTable::none();
 /// table.insert_service("stormguard.demo.v1.Inventory", Some(RetryPolicy::default()));
@@ -181,7 +180,7 @@ pub struct MethodTable {
 /// default. A lookup allocates nothing.
 ///
 /// ```
-/// use stormguard_core::policy::MethodMap;
+/// use stormguard_core::MethodMap;
 ///
 /// let mut map = MethodMap::new();
 /// map.set_default("default");
@@ -306,8 +305,8 @@ impl MethodTable {
     /// Hedges one method with `policy` (replacing a retry policy set for the method).
     ///
     /// ```
-    /// use stormguard_core::hedge::HedgingPolicy;
-    /// use stormguard_core::policy::{MethodTable, RetryPolicy};
+    /// use stormguard_core::HedgingPolicy;
+    /// use stormguard_core::{MethodTable, RetryPolicy};
     ///
     /// let mut table = MethodTable::uniform(RetryPolicy::default());
     /// table.insert_method_hedging("pkg.Svc", "Get", Some(HedgingPolicy::default()));
@@ -371,7 +370,7 @@ impl MethodTable {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use stormguard_core::policy::MethodTable;
+    /// use stormguard_core::MethodTable;
     ///
     /// let mut table = MethodTable::none();
     /// table.insert_service_timeout("pkg.Svc", Some(Duration::from_secs(1)));
@@ -407,7 +406,7 @@ impl MethodTable {
     /// [`idempotent`](RetryPolicy::idempotent) one. Allocates nothing.
     ///
     /// ```
-    /// use stormguard_core::policy::{MethodTable, RetryPolicy};
+    /// use stormguard_core::{MethodTable, RetryPolicy};
     ///
     /// let mut table = MethodTable::uniform(RetryPolicy::default());
     /// table.insert_service_idempotency_key("pkg.Payments", true);
@@ -428,6 +427,143 @@ impl MethodTable {
     /// Every policy in the table (for validation and reporting).
     pub fn policies(&self) -> impl Iterator<Item = &RetryPolicy> {
         self.policies.values().flatten().map(|p| p.as_ref())
+    }
+}
+
+/// How one method is hedged (gRPC A6's `hedgingPolicy`).
+///
+/// A method has either a [`RetryPolicy`](crate::RetryPolicy) or a hedging policy:
+/// no retries follow the hedges. Giving a method a hedging policy is the statement that
+/// running it more than once is harmless.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::{HedgeDelay, HedgingPolicy};
+///
+/// let policy = HedgingPolicy {
+///     max_attempts: 2,
+///     delay: HedgeDelay::Fixed(Duration::from_millis(10)),
+///     ..HedgingPolicy::default()
+/// };
+/// assert!(policy.validate("hedging").is_ok());
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct HedgingPolicy {
+    /// Copies of one logical call, the first included (A6: at least 2; above 5 counts as 5).
+    pub max_attempts: u32,
+    /// When the copies after the first are sent.
+    pub delay: HedgeDelay,
+    /// Statuses that do not end the call: the next copy is sent at once. Any other status
+    /// (`OK` included) wins. A6 default: none.
+    pub non_fatal_codes: CodeSet,
+    /// A hedge needs at least this much time left on the call's deadline to be worth sending.
+    pub min_attempt_time: Duration,
+    /// The longest server pushback honoured (a longer one stops the call's hedges).
+    pub max_pushback: Duration,
+}
+
+impl Default for HedgingPolicy {
+    /// Two copies, the second after 10 ms, no non-fatal codes, 5 ms minimum attempt,
+    /// pushback honoured up to 30 s.
+    fn default() -> Self {
+        HedgingPolicy {
+            max_attempts: 2,
+            delay: HedgeDelay::Fixed(Duration::from_millis(10)),
+            non_fatal_codes: CodeSet::EMPTY,
+            min_attempt_time: Duration::from_millis(5),
+            max_pushback: Duration::from_secs(30),
+        }
+    }
+}
+
+impl HedgingPolicy {
+    /// Copies actually allowed: `max_attempts` capped at [`MAX_ATTEMPTS_CAP`].
+    pub fn effective_max_attempts(&self) -> u32 {
+        self.max_attempts.min(MAX_ATTEMPTS_CAP)
+    }
+
+    /// Checks the ranges; `field` prefixes the names in errors.
+    pub fn validate(&self, field: &str) -> Result<(), ConfigError> {
+        crate::retry::policy::check_max_attempts(field, self.max_attempts, "hedge")?;
+        if self.non_fatal_codes.contains(Code::Ok) {
+            return Err(ConfigError::invalid(
+                format!("{field}.nonFatalStatusCodes"),
+                "OK is not a failure",
+            ));
+        }
+        match &self.delay {
+            HedgeDelay::Fixed(_) => Ok(()),
+            HedgeDelay::Learned(l) => l.validate(field),
+        }
+    }
+}
+
+/// When a call's hedges are sent.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HedgeDelay {
+    /// The n-th copy after `n × delay` (all at once when it is zero): A6's `hedgingDelay`.
+    Fixed(Duration),
+    /// A high percentile of the method's recent attempt latency (see the
+    /// [module docs](self)).
+    Learned(LearnedDelay),
+}
+
+/// How a learned hedge delay is estimated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LearnedDelay {
+    /// The percentile of attempt latency the delay is set to, in `(0, 1)`: `0.95` hedges
+    /// about the slowest 5 % of calls.
+    pub percentile: f64,
+    /// The shortest delay: below it a hedge would fire on noise.
+    pub floor: Duration,
+    /// The longest delay: the tail it still cuts.
+    pub ceiling: Duration,
+    /// Samples needed before the first hedge (no hedge until the latency is known).
+    pub min_samples: u32,
+    /// How far back samples count: the estimate covers between one and two windows.
+    pub window: Duration,
+}
+
+impl Default for LearnedDelay {
+    /// p95 of the last 10 to 20 s, between 1 ms and 1 s, after 100 samples.
+    fn default() -> Self {
+        LearnedDelay {
+            percentile: 0.95,
+            floor: Duration::from_millis(1),
+            ceiling: Duration::from_secs(1),
+            min_samples: 100,
+            window: Duration::from_secs(10),
+        }
+    }
+}
+
+impl LearnedDelay {
+    fn validate(&self, field: &str) -> Result<(), ConfigError> {
+        if !(self.percentile > 0.0 && self.percentile < 1.0) {
+            return Err(ConfigError::invalid(
+                format!("{field}.percentile"),
+                format!(
+                    "must be between 0 and 1 (exclusive), got {}",
+                    self.percentile
+                ),
+            ));
+        }
+        if self.floor > self.ceiling {
+            return Err(ConfigError::invalid(
+                format!("{field}.floor"),
+                format!(
+                    "must not exceed the ceiling ({:?} > {:?})",
+                    self.floor, self.ceiling
+                ),
+            ));
+        }
+        if self.window.is_zero() {
+            return Err(ConfigError::invalid(
+                format!("{field}.window"),
+                "must be greater than zero",
+            ));
+        }
+        Ok(())
     }
 }
 

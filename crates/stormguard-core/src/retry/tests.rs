@@ -1,10 +1,15 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
-use crate::breaker::BreakerConfig;
-use crate::budget::{BudgetConfig, RetryBudget};
-use crate::code::CodeSet;
-use crate::hedge::{HedgeDelay, HedgingPolicy};
-use crate::throttle::{A6Throttle, ThrottleConfig};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::{Budget, CallTimes, ClientConfig, Code, Instant, KeyedBudgets, Pushback};
+
+use crate::BreakerConfig;
+use crate::CodeSet;
+use crate::{A6Budget, A6BudgetConfig};
+use crate::{BudgetConfig, RetryBudget};
+use crate::{HedgeDelay, HedgingPolicy};
 
 const PATH: &str = "/pkg.Svc/Get";
 
@@ -42,7 +47,7 @@ fn unavailable() -> Failure {
 
 #[test]
 fn saturated_load_reports_refuse_retries_and_hedges() {
-    use crate::orca::{LoadReport, Saturation, SaturationConfig};
+    use crate::{LoadReport, Saturation, SaturationConfig};
     let sat = Arc::new(Saturation::new(SaturationConfig::default()).unwrap());
     let c = controller(retried(), budget(100, 0.5)).with_saturation(Arc::clone(&sat));
     let t0 = Instant::now();
@@ -213,7 +218,7 @@ fn hedges_are_paid_from_the_retry_budget_and_refused_when_it_is_empty() {
 #[test]
 fn an_a6_throttle_lets_hedges_go_only_above_half_its_tokens() {
     let throttle: Arc<dyn Budget> = Arc::new(
-        A6Throttle::new(ThrottleConfig {
+        A6Budget::new(A6BudgetConfig {
             max_tokens: 10.0,
             token_ratio: 0.1,
         })
@@ -267,7 +272,7 @@ fn a_breaker_that_is_not_closed_sends_no_hedge() {
 fn a_learned_delay_sends_no_hedge_until_it_has_samples() {
     let mut table = MethodTable::none();
     table.set_default_hedging(Some(HedgingPolicy {
-        delay: HedgeDelay::Learned(crate::hedge::LearnedDelay {
+        delay: HedgeDelay::Learned(crate::LearnedDelay {
             min_samples: 10,
             ..Default::default()
         }),
@@ -833,7 +838,7 @@ fn a_failing_key_spends_its_own_account_not_what_healthy_keys_earned() {
 #[test]
 fn a6_throttle_counts_failures_and_stops_retries_at_half() {
     let throttle: Arc<dyn Budget> = Arc::new(
-        A6Throttle::new(ThrottleConfig {
+        A6Budget::new(A6BudgetConfig {
             max_tokens: 10.0,
             token_ratio: 0.1,
         })
@@ -912,7 +917,7 @@ fn only_ok_mints_retries() {
 #[test]
 fn only_retryable_codes_cost_a6_tokens() {
     let throttle: Arc<dyn Budget> = Arc::new(
-        A6Throttle::new(ThrottleConfig {
+        A6Budget::new(A6BudgetConfig {
             max_tokens: 10.0,
             token_ratio: 0.5,
         })
@@ -1111,7 +1116,7 @@ fn a_retry_granted_but_never_started_gives_its_token_back() {
 #[test]
 fn committed_outcomes_are_recorded_without_a_decision() {
     let throttle: Arc<dyn Budget> = Arc::new(
-        A6Throttle::new(ThrottleConfig {
+        A6Budget::new(A6BudgetConfig {
             max_tokens: 10.0,
             token_ratio: 0.5,
         })
@@ -1163,7 +1168,7 @@ fn from_config_builds_the_named_budget_and_breaker() {
 #[test]
 fn an_attempt_timeout_is_a_retryable_failure_whatever_the_codes() {
     let throttle: Arc<dyn Budget> = Arc::new(
-        A6Throttle::new(ThrottleConfig {
+        A6Budget::new(A6BudgetConfig {
             max_tokens: 10.0,
             token_ratio: 0.1,
         })
@@ -1224,7 +1229,7 @@ fn an_attempt_timeout_is_a_retryable_failure_whatever_the_codes() {
 
 #[tokio::test]
 async fn the_requests_allowance_is_spent_last_and_given_back_when_unused() {
-    use crate::context::{self, RequestScope};
+    use crate::{context, context::RequestScope};
     let now = Instant::now();
     let failure = Failure::status(Code::Unavailable);
     // A budget that grants nothing: the allowance it was about to spend comes back.
@@ -1424,7 +1429,7 @@ fn an_early_expiry_answer_to_an_attempt_limited_by_its_own_timeout_is_that_attem
     // once (10 ms in): the attempt timed out, and with 290 ms left the call retries,
     // although DEADLINE_EXCEEDED is not among the method's retryable codes.
     let throttle: Arc<dyn Budget> = Arc::new(
-        A6Throttle::new(ThrottleConfig {
+        A6Budget::new(A6BudgetConfig {
             max_tokens: 10.0,
             token_ratio: 0.1,
         })

@@ -82,9 +82,9 @@
 //! ```
 //! use std::time::Duration;
 //! use stormguard_core::Instant;
-//! use stormguard_core::adaptive_throttle::{AdaptiveThrottle, AdaptiveThrottleConfig};
-//! use stormguard_core::code::Code;
-//! use stormguard_core::criticality::Criticality;
+//! use stormguard_core::{AdaptiveThrottle, AdaptiveThrottleConfig};
+//! use stormguard_core::Code;
+//! use stormguard_core::Criticality;
 //!
 //! let throttle = AdaptiveThrottle::new(AdaptiveThrottleConfig::default(), 7)?;
 //! let (now, class) = (Instant::now(), Criticality::Default);
@@ -102,21 +102,21 @@
 //! assert!((throttle.probability_at(class, now) - 19.0 / 42.0).abs() < 1e-9);
 //! // Ten seconds later the window has forgotten all of it.
 //! assert_eq!(throttle.probability_at(class, now + Duration::from_secs(10)), 0.0);
-//! # Ok::<(), stormguard_core::config::ConfigError>(())
+//! # Ok::<(), stormguard_core::ConfigError>(())
 //! ```
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::ConfigError;
+use crate::Criticality;
 use crate::Instant;
-use crate::code::{Code, CodeSet};
-use crate::criticality::Criticality;
-use crate::error::ConfigError;
+use crate::{Code, CodeSet};
 
 /// Number of time buckets each class's window is split into: a count is forgotten
 /// between `0.9 · window` and `window` after it was recorded.
-pub const WINDOW_BUCKETS: usize = 10;
+pub(crate) const WINDOW_BUCKETS: usize = 10;
 
 const MIN_WINDOW: Duration = Duration::from_secs(1);
 const MAX_WINDOW: Duration = Duration::from_secs(600);

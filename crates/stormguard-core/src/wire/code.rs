@@ -10,7 +10,7 @@ use std::str::FromStr;
 /// A canonical gRPC status code.
 ///
 /// ```
-/// use stormguard_core::code::Code;
+/// use stormguard_core::Code;
 ///
 /// assert_eq!("unavailable".parse::<Code>().unwrap(), Code::Unavailable);
 /// assert_eq!("14".parse::<Code>().unwrap(), Code::Unavailable);
@@ -147,7 +147,7 @@ impl FromStr for Code {
 /// A set of codes, as a bit set: copying and testing it costs nothing on the hot path.
 ///
 /// ```
-/// use stormguard_core::code::{Code, CodeSet};
+/// use stormguard_core::{Code, CodeSet};
 ///
 /// let set = CodeSet::from_iter([Code::Unavailable, Code::ResourceExhausted]);
 /// assert!(set.contains(Code::Unavailable));

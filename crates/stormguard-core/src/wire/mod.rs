@@ -27,19 +27,21 @@
 //! on every call).
 //!
 //! "Allowance" is the per-request count of retries that [`X_RETRY_BUDGET`] carries; it is
-//! not the success-funded [`RetryBudget`](crate::budget::RetryBudget), whatever the
+//! not the success-funded [`RetryBudget`](crate::RetryBudget), whatever the
 //! header's historical name says.
 
-pub mod code;
-pub mod orca;
-pub mod pushback;
+pub(crate) mod code;
+pub(crate) mod orca;
+pub(crate) mod pushback;
+
+pub use orca::{MAX_RATE, MAX_REPORT_BYTES, MAX_UTILIZATION, QUEUE_DEPTH, TIME_QUEUED_MS};
 
 use std::fmt;
 use std::time::Duration;
 
-use crate::code::Code;
-use crate::criticality::Criticality;
-use crate::pushback::Pushback;
+use crate::Code;
+use crate::Criticality;
+use crate::Pushback;
 
 /// The request header with the call's timeout: `grpc-timeout`.
 pub const GRPC_TIMEOUT: &str = "grpc-timeout";
@@ -114,7 +116,7 @@ pub enum IdempotencyKeyError {
 /// to a handler: the server answers `INVALID_ARGUMENT`. Never panics.
 ///
 /// ```
-/// use stormguard_core::wire::{IdempotencyKeyError, parse_idempotency_key};
+/// use stormguard_core::{wire::IdempotencyKeyError, wire::parse_idempotency_key};
 ///
 /// let key = "0b5d0b1e-8a3c-4f7e-9d2a-6c1f0e9b7a45";
 /// assert_eq!(parse_idempotency_key([key.as_bytes()]), Ok(Some(key)));
@@ -187,7 +189,7 @@ impl fmt::Debug for UuidKey {
 /// seeded RNG, so a seeded run stamps the same keys.
 ///
 /// ```
-/// use stormguard_core::wire::{parse_idempotency_key, uuid_v4};
+/// use stormguard_core::{wire::parse_idempotency_key, wire::uuid_v4};
 ///
 /// let key = uuid_v4(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
 /// assert_eq!(key.as_str(), "01234567-89ab-4def-8123-456789abcdef");
@@ -338,7 +340,7 @@ impl fmt::Debug for GrpcTimeout {
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard_core::wire::{decode_grpc_timeout, encode_grpc_timeout};
+/// use stormguard_core::{wire::decode_grpc_timeout, wire::encode_grpc_timeout};
 ///
 /// assert_eq!(encode_grpc_timeout(Duration::from_millis(250)).as_str(), "250000u");
 /// assert_eq!(encode_grpc_timeout(Duration::from_secs(3600)).as_str(), "3600000m");
@@ -391,7 +393,7 @@ pub fn encode_grpc_timeout(duration: Duration) -> GrpcTimeout {
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard_core::pushback::Pushback;
+/// use stormguard_core::Pushback;
 /// use stormguard_core::wire::parse_pushback;
 ///
 /// assert_eq!(parse_pushback([b"120".as_slice()]), Some(Pushback::RetryAfter(Duration::from_millis(120))));
@@ -434,7 +436,7 @@ fn parse_millis(value: &[u8]) -> Option<u64> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard_core::pushback::Pushback;
+/// use stormguard_core::Pushback;
 /// use stormguard_core::wire::encode_pushback;
 ///
 /// assert_eq!(encode_pushback(Pushback::RetryAfter(Duration::from_millis(250))), "250");
@@ -476,7 +478,7 @@ impl AttemptClass {
 /// non-decimal or huge one, means [`AttemptClass::Retry`]. Never panics.
 ///
 /// ```
-/// use stormguard_core::wire::{AttemptClass, attempt_class};
+/// use stormguard_core::{wire::AttemptClass, wire::attempt_class};
 ///
 /// assert_eq!(attempt_class(None, None), AttemptClass::First);
 /// assert_eq!(attempt_class(Some(b"0"), None), AttemptClass::First);
@@ -497,7 +499,7 @@ pub fn attempt_class(
 /// Classifies one attempt header value (see [`attempt_class`]).
 ///
 /// ```
-/// use stormguard_core::wire::{AttemptClass, attempt_class_of_value};
+/// use stormguard_core::{wire::AttemptClass, wire::attempt_class_of_value};
 ///
 /// assert_eq!(attempt_class_of_value(b" 00 "), AttemptClass::First);
 /// assert_eq!(attempt_class_of_value(b""), AttemptClass::Retry);
@@ -538,10 +540,10 @@ pub fn parse_allowance(value: &[u8]) -> Option<u32> {
 /// The criticality a call claims in its `stormguard-criticality` value: missing or
 /// malformed is [`Criticality::Default`] (only the exact tokens of
 /// [`Criticality::from_value`] count). Never panics. This is the peer's *claim*; a server
-/// caps it with [`CriticalityTable::resolve`](crate::criticality::CriticalityTable::resolve).
+/// caps it with [`CriticalityTable::resolve`](crate::CriticalityTable::resolve).
 ///
 /// ```
-/// use stormguard_core::criticality::Criticality;
+/// use stormguard_core::Criticality;
 /// use stormguard_core::wire::parse_criticality;
 ///
 /// assert_eq!(parse_criticality(Some(b"sheddable")), Criticality::Sheddable);
@@ -557,7 +559,7 @@ pub fn parse_criticality(value: Option<&[u8]>) -> Criticality {
 /// asks.
 ///
 /// ```
-/// use stormguard_core::code::Code;
+/// use stormguard_core::Code;
 /// use stormguard_core::wire::parse_grpc_status;
 ///
 /// assert_eq!(parse_grpc_status(b"14"), Code::Unavailable);
@@ -575,7 +577,7 @@ pub fn parse_grpc_status(value: &[u8]) -> Code {
 /// The `grpc-status` value of `code`: its number, as a static string.
 ///
 /// ```
-/// use stormguard_core::code::Code;
+/// use stormguard_core::Code;
 /// use stormguard_core::wire::encode_grpc_status;
 ///
 /// assert_eq!(encode_grpc_status(Code::Unavailable), "14");
@@ -613,12 +615,12 @@ const BIN_BASE64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpos
 
 /// Reads an [`ENDPOINT_LOAD_METRICS_BIN`] value as it came off the wire: `None` when the
 /// header is absent, else the report or why it is ignored (a repeated header, more than
-/// [`MAX_REPORT_BYTES`](crate::orca::MAX_REPORT_BYTES), not base64, not the message, or a
-/// field out of range; see [`LoadReport::from_message`](crate::orca::LoadReport::from_message)).
+/// [`MAX_REPORT_BYTES`](crate::wire::MAX_REPORT_BYTES), not base64, not the message, or a
+/// field out of range; see [`LoadReport::from_message`](crate::LoadReport::from_message)).
 ///
 /// ```
-/// use stormguard_core::orca::{LoadReportError, OrcaLoadReport};
-/// use stormguard_core::wire::{encode_load_report, parse_load_report};
+/// use stormguard_core::{LoadReportError, OrcaLoadReport};
+/// use stormguard_core::{wire::encode_load_report, wire::parse_load_report};
 ///
 /// let sent = OrcaLoadReport { application_utilization: 0.5, rps_fractional: 20.0, ..Default::default() };
 /// let value = encode_load_report(&sent);
@@ -629,8 +631,8 @@ const BIN_BASE64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpos
 /// ```
 pub fn parse_load_report<'a>(
     values: impl IntoIterator<Item = &'a [u8]>,
-) -> Option<Result<crate::orca::LoadReport, crate::orca::LoadReportError>> {
-    use crate::orca::{LoadReport, LoadReportError, MAX_REPORT_BYTES};
+) -> Option<Result<crate::LoadReport, crate::LoadReportError>> {
+    use crate::{LoadReport, LoadReportError, wire::MAX_REPORT_BYTES};
     use base64::Engine as _;
 
     let mut values = values.into_iter();
@@ -652,7 +654,7 @@ pub fn parse_load_report<'a>(
 
 /// Encodes a load report as an [`ENDPOINT_LOAD_METRICS_BIN`] value: the message's bytes in
 /// base64 without padding, as tonic encodes `-bin` metadata.
-pub fn encode_load_report(report: &crate::orca::OrcaLoadReport) -> String {
+pub fn encode_load_report(report: &crate::OrcaLoadReport) -> String {
     use base64::Engine as _;
     use prost::Message as _;
     BIN_BASE64.encode(report.encode_to_vec())
@@ -662,7 +664,7 @@ pub fn encode_load_report(report: &crate::orca::OrcaLoadReport) -> String {
 /// "do not retry" pushback as a [`HeaderValue`](::http::HeaderValue) (feature `http`).
 ///
 /// ```
-/// use stormguard_core::wire::{self, http};
+/// use stormguard_core::{wire, wire::http};
 ///
 /// let mut headers = ::http::HeaderMap::new();
 /// headers.insert(http::GRPC_RETRY_PUSHBACK_MS, http::DO_NOT_RETRY);

@@ -28,8 +28,8 @@ use std::time::Duration;
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard_core::pushback::Pushback;
-/// use stormguard_core::wire::{encode_pushback, parse_pushback};
+/// use stormguard_core::Pushback;
+/// use stormguard_core::{wire::encode_pushback, wire::parse_pushback};
 ///
 /// let p = Pushback::RetryAfter(Duration::from_millis(250));
 /// assert_eq!(parse_pushback([encode_pushback(p).as_bytes()]), Some(p));

@@ -35,12 +35,13 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use stormguard_client::ReplicaConfig;
 use stormguard_client::RetryLayer;
-use stormguard_client::replicas::{ReplicaConfig, Replicas};
-use stormguard_core::admission::AdmissionConfig;
-use stormguard_core::breaker::BreakerConfig;
-use stormguard_core::budget::BudgetConfig;
-use stormguard_core::config::{BudgetChoice, ClientConfig, ConfigError};
+use stormguard_client::replicas::Replicas;
+use stormguard_core::AdmissionConfig;
+use stormguard_core::BreakerConfig;
+use stormguard_core::BudgetConfig;
+use stormguard_core::{BudgetChoice, ClientConfig, ConfigError};
 use stormguard_server::ShedLayer;
 use tokio::sync::watch;
 use tokio::task::JoinSet;

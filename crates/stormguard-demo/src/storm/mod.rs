@@ -28,9 +28,9 @@ mod server;
 use std::sync::Arc;
 use std::time::Duration;
 
-use stormguard_core::admission::AdmissionConfig;
-use stormguard_core::backoff::BackoffConfig;
-use stormguard_core::config::ConfigError;
+use stormguard_core::AdmissionConfig;
+use stormguard_core::BackoffConfig;
+use stormguard_core::ConfigError;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -93,7 +93,7 @@ pub enum Policy {
     Throttle,
     /// `stormguard` with load reports (ORCA) on both layers: the `ShedLayer` reports its
     /// load on every answer and the `RetryLayer` refuses retries while the server reports
-    /// itself saturated ([`SaturationConfig`](stormguard_core::orca::SaturationConfig)'s
+    /// itself saturated ([`SaturationConfig`](stormguard_core::SaturationConfig)'s
     /// defaults). Not in the default run.
     Reports,
 }
@@ -276,7 +276,7 @@ impl StormConfig {
     pub fn admission(&self) -> AdmissionConfig {
         if self.adaptive_limit {
             return AdmissionConfig {
-                adaptive: Some(stormguard_core::limit::AdaptiveLimitConfig::default()),
+                adaptive: Some(stormguard_core::AdaptiveLimitConfig::default()),
                 ..AdmissionConfig::default()
             };
         }

@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
-use crate::admission::{QueueOrder, RetryThreshold};
-use crate::limit::AdaptiveLimitConfig;
+use crate::AdaptiveLimitConfig;
+use crate::{QueueOrder, RetryThreshold};
 use proptest::prelude::*;
 
 const MS: Duration = Duration::from_millis(1);

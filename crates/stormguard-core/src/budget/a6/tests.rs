@@ -1,8 +1,7 @@
-
 use super::*;
 
-fn throttle(max_tokens: f64, token_ratio: f64) -> A6Throttle {
-    A6Throttle::new(ThrottleConfig {
+fn throttle(max_tokens: f64, token_ratio: f64) -> A6Budget {
+    A6Budget::new(A6BudgetConfig {
         max_tokens,
         token_ratio,
     })
@@ -146,16 +145,16 @@ fn a6_sequence_max_10_ratio_point_1() {
 #[test]
 fn validate_names_max_tokens() {
     for max in [0.0, -1.0, 1000.001, f64::NAN, f64::INFINITY, 0.0004] {
-        let config = ThrottleConfig {
+        let config = A6BudgetConfig {
             max_tokens: max,
             token_ratio: 0.1,
         };
         let err = config.validate().expect_err("bad maxTokens");
         assert_eq!(field_of(err.clone()), "retryThrottling.maxTokens", "{max}");
-        assert_eq!(A6Throttle::new(config).expect_err("refused"), err);
+        assert_eq!(A6Budget::new(config).expect_err("refused"), err);
     }
     for max in [0.001, 1.0, 1000.0] {
-        let config = ThrottleConfig {
+        let config = A6BudgetConfig {
             max_tokens: max,
             token_ratio: 0.1,
         };
@@ -166,7 +165,7 @@ fn validate_names_max_tokens() {
 #[test]
 fn validate_names_token_ratio() {
     for ratio in [0.0, -0.5, f64::NAN, f64::INFINITY, 0.0009] {
-        let config = ThrottleConfig {
+        let config = A6BudgetConfig {
             max_tokens: 10.0,
             token_ratio: ratio,
         };
@@ -174,7 +173,7 @@ fn validate_names_token_ratio() {
         assert_eq!(field_of(err), "retryThrottling.tokenRatio", "{ratio}");
     }
     for ratio in [0.001, 0.1, 5000.0] {
-        let config = ThrottleConfig {
+        let config = A6BudgetConfig {
             max_tokens: 10.0,
             token_ratio: ratio,
         };
@@ -190,7 +189,7 @@ fn clones_share_one_bucket_through_arc_dyn_budget() {
     shared.record_failure_at(now);
     assert_eq!(t.tokens(), 1.0);
     assert!(!shared.withdraw_at(now));
-    assert!(format!("{shared:?}").contains("A6Throttle"));
+    assert!(format!("{shared:?}").contains("A6Budget"));
     shared.deposit();
     assert!(t.withdraw());
     shared.record_failure();

@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
-use crate::criticality::Criticality;
+use crate::Criticality;
 
 #[test]
 fn json_errors_name_the_field() {

@@ -339,31 +339,31 @@ fn every_transition_is_recorded_once_with_its_details() {
     assert_eq!(
         got,
         [
-            Transition {
+            BreakerTransition {
                 from: BreakerState::Closed,
                 to: open_at(t0),
                 at: t0,
                 failure_rate: Some(0.75),
             },
-            Transition {
+            BreakerTransition {
                 from: open_at(t0),
                 to: BreakerState::HalfOpen,
                 at: t1,
                 failure_rate: None,
             },
-            Transition {
+            BreakerTransition {
                 from: BreakerState::HalfOpen,
                 to: open_at(t1),
                 at: t1,
                 failure_rate: None,
             },
-            Transition {
+            BreakerTransition {
                 from: open_at(t1),
                 to: BreakerState::HalfOpen,
                 at: t2,
                 failure_rate: None,
             },
-            Transition {
+            BreakerTransition {
                 from: BreakerState::HalfOpen,
                 to: BreakerState::Closed,
                 at: t2,

@@ -1,5 +1,6 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
+use crate::{Code, CodeSet, ConfigError, HedgeDelay, HedgingPolicy};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)

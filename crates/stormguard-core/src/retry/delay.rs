@@ -9,7 +9,7 @@
 //!
 //! A hedge is extra load sent exactly when the server is slow, which is when it can least
 //! afford it. stormguard treats every hedge as an attempt (see
-//! [`CallRetry::start_hedge_at`](crate::retry::CallRetry::start_hedge_at)): it is paid from
+//! [`CallRetry::start_hedge_at`](crate::CallRetry::start_hedge_at)): it is paid from
 //! the same budget as retries (an A6 throttle lets hedges go only while it holds more than
 //! half its tokens) and refused when that is empty, never queued; it needs a closed breaker
 //! and a retry left in the request's allowance; it carries `grpc-previous-rpc-attempts`, so
@@ -31,7 +31,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use stormguard_core::hedge::{DelayEstimator, LearnedDelay};
+//! use stormguard_core::{DelayEstimator, LearnedDelay};
 //! use stormguard_core::Instant;
 //!
 //! let learned = LearnedDelay { min_samples: 10, ..LearnedDelay::default() };
@@ -50,147 +50,7 @@ use std::fmt;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::Instant;
-use crate::code::{Code, CodeSet};
-use crate::error::ConfigError;
-use crate::policy::MAX_ATTEMPTS_CAP;
-
-/// How one method is hedged (gRPC A6's `hedgingPolicy`).
-///
-/// A method has either a [`RetryPolicy`](crate::policy::RetryPolicy) or a hedging policy:
-/// no retries follow the hedges. Giving a method a hedging policy is the statement that
-/// running it more than once is harmless.
-///
-/// ```
-/// use std::time::Duration;
-/// use stormguard_core::hedge::{HedgeDelay, HedgingPolicy};
-///
-/// let policy = HedgingPolicy {
-///     max_attempts: 2,
-///     delay: HedgeDelay::Fixed(Duration::from_millis(10)),
-///     ..HedgingPolicy::default()
-/// };
-/// assert!(policy.validate("hedging").is_ok());
-/// ```
-#[derive(Clone, Debug, PartialEq)]
-pub struct HedgingPolicy {
-    /// Copies of one logical call, the first included (A6: at least 2; above 5 counts as 5).
-    pub max_attempts: u32,
-    /// When the copies after the first are sent.
-    pub delay: HedgeDelay,
-    /// Statuses that do not end the call: the next copy is sent at once. Any other status
-    /// (`OK` included) wins. A6 default: none.
-    pub non_fatal_codes: CodeSet,
-    /// A hedge needs at least this much time left on the call's deadline to be worth sending.
-    pub min_attempt_time: Duration,
-    /// The longest server pushback honoured (a longer one stops the call's hedges).
-    pub max_pushback: Duration,
-}
-
-impl Default for HedgingPolicy {
-    /// Two copies, the second after 10 ms, no non-fatal codes, 5 ms minimum attempt,
-    /// pushback honoured up to 30 s.
-    fn default() -> Self {
-        HedgingPolicy {
-            max_attempts: 2,
-            delay: HedgeDelay::Fixed(Duration::from_millis(10)),
-            non_fatal_codes: CodeSet::EMPTY,
-            min_attempt_time: Duration::from_millis(5),
-            max_pushback: Duration::from_secs(30),
-        }
-    }
-}
-
-impl HedgingPolicy {
-    /// Copies actually allowed: `max_attempts` capped at [`MAX_ATTEMPTS_CAP`].
-    pub fn effective_max_attempts(&self) -> u32 {
-        self.max_attempts.min(MAX_ATTEMPTS_CAP)
-    }
-
-    /// Checks the ranges; `field` prefixes the names in errors.
-    pub fn validate(&self, field: &str) -> Result<(), ConfigError> {
-        crate::policy::check_max_attempts(field, self.max_attempts, "hedge")?;
-        if self.non_fatal_codes.contains(Code::Ok) {
-            return Err(ConfigError::invalid(
-                format!("{field}.nonFatalStatusCodes"),
-                "OK is not a failure",
-            ));
-        }
-        match &self.delay {
-            HedgeDelay::Fixed(_) => Ok(()),
-            HedgeDelay::Learned(l) => l.validate(field),
-        }
-    }
-}
-
-/// When a call's hedges are sent.
-#[derive(Clone, Debug, PartialEq)]
-pub enum HedgeDelay {
-    /// The n-th copy after `n × delay` (all at once when it is zero): A6's `hedgingDelay`.
-    Fixed(Duration),
-    /// A high percentile of the method's recent attempt latency (see the
-    /// [module docs](self)).
-    Learned(LearnedDelay),
-}
-
-/// How a learned hedge delay is estimated.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LearnedDelay {
-    /// The percentile of attempt latency the delay is set to, in `(0, 1)`: `0.95` hedges
-    /// about the slowest 5 % of calls.
-    pub percentile: f64,
-    /// The shortest delay: below it a hedge would fire on noise.
-    pub floor: Duration,
-    /// The longest delay: the tail it still cuts.
-    pub ceiling: Duration,
-    /// Samples needed before the first hedge (no hedge until the latency is known).
-    pub min_samples: u32,
-    /// How far back samples count: the estimate covers between one and two windows.
-    pub window: Duration,
-}
-
-impl Default for LearnedDelay {
-    /// p95 of the last 10 to 20 s, between 1 ms and 1 s, after 100 samples.
-    fn default() -> Self {
-        LearnedDelay {
-            percentile: 0.95,
-            floor: Duration::from_millis(1),
-            ceiling: Duration::from_secs(1),
-            min_samples: 100,
-            window: Duration::from_secs(10),
-        }
-    }
-}
-
-impl LearnedDelay {
-    fn validate(&self, field: &str) -> Result<(), ConfigError> {
-        if !(self.percentile > 0.0 && self.percentile < 1.0) {
-            return Err(ConfigError::invalid(
-                format!("{field}.percentile"),
-                format!(
-                    "must be between 0 and 1 (exclusive), got {}",
-                    self.percentile
-                ),
-            ));
-        }
-        if self.floor > self.ceiling {
-            return Err(ConfigError::invalid(
-                format!("{field}.floor"),
-                format!(
-                    "must not exceed the ceiling ({:?} > {:?})",
-                    self.floor, self.ceiling
-                ),
-            ));
-        }
-        if self.window.is_zero() {
-            return Err(ConfigError::invalid(
-                format!("{field}.window"),
-                "must be greater than zero",
-            ));
-        }
-        Ok(())
-    }
-}
+use crate::{Instant, LearnedDelay};
 
 /// Buckets per doubling of latency: 8, so a percentile is read within 9 %.
 const PER_OCTAVE: usize = 8;
