@@ -127,7 +127,7 @@ pub enum QueueOrder {
 }
 
 /// Configuration of the admission queue. [`AdmissionConfig::validate`] says what is
-/// accepted; [`AdmissionController::new`] refuses anything else.
+/// accepted; [`AdmissionController::new`](crate::AdmissionController::new) refuses anything else.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AdmissionConfig {
     /// Calls served at the same time. At least 1. Default 64.
@@ -138,7 +138,7 @@ pub struct AdmissionConfig {
     /// When retries start to be shed. Default: 8 queued calls.
     pub retry_threshold: RetryThreshold,
     /// The longest a call may wait for a worker; after it the call is answered
-    /// `DEADLINE_EXCEEDED` without running. Above zero, at most [`MAX_TIME_QUEUED`].
+    /// `DEADLINE_EXCEEDED` without running. Above zero, at most one hour.
     /// Default 1 s.
     pub max_time_queued: Duration,
     /// Queued work whose `grpc-timeout` leaves less than this is answered
@@ -150,7 +150,7 @@ pub struct AdmissionConfig {
     /// FIFO or adaptive LIFO. Default: adaptive LIFO from 8 queued, which measured
     /// better than FIFO under a capacity drop (see [`QueueOrder`]).
     pub queue_order: QueueOrder,
-    /// The largest `grpc-retry-pushback-ms` sent. Between 1 ms and [`MAX_PUSHBACK`].
+    /// The largest `grpc-retry-pushback-ms` sent. Between 1 ms and one hour.
     /// Default 1 s.
     pub pushback_max: Duration,
     /// The status of a shed answer. Not `OK`. Default `UNAVAILABLE`, so standard clients
@@ -172,16 +172,16 @@ pub struct AdmissionConfig {
     /// drain of the queue and this much service time is told "do not retry" (`-1`): a
     /// call shed at `now` with `P` of pushback, `E` of drain estimate and deadline `D` is
     /// told `-1` when `now + P + E + no_retry_margin >= D` (see
-    /// [`AdmissionController::cannot_serve_in_time_at`] for why this estimate). Applies to
+    /// [`AdmissionController::cannot_serve_in_time_at`](crate::AdmissionController::cannot_serve_in_time_at) for why this estimate). Applies to
     /// first attempts as well as retries; a call without a deadline is never told `-1`
-    /// by it. At most [`MAX_TIME_QUEUED`]. Default 5 ms (about one service time of a
+    /// by it. At most one hour. Default 5 ms (about one service time of a
     /// small handler); `None` turns the rule off.
     pub no_retry_margin: Option<Duration>,
     /// The sustained-overload rule: once the server has been shedding without a break
     /// for this long, every shed call is told "do not retry" (`-1`). A break is an
     /// arrival that finds a worker free or the queue below the retry threshold (see
-    /// [`AdmissionController::shedding_since`]). At most
-    /// [`MAX_TIME_QUEUED`]. Default 500 ms; `None` turns the rule off.
+    /// [`AdmissionController::shedding_since`](crate::AdmissionController::shedding_since)). At most
+    /// one hour. Default 500 ms; `None` turns the rule off.
     pub no_retry_after_shedding: Option<Duration>,
     /// Seed of the pushback jitter. Default `None`: a seed drawn for each policy when it is
     /// built, so that replicas of a service do not all draw the same jitter sequence (and
@@ -193,7 +193,7 @@ pub struct AdmissionConfig {
     pub sheddable_threshold: RetryThreshold,
     /// An adaptive worker limit: `workers` is then only the starting point, and the
     /// limit follows measured latency between the bounds given here (see
-    /// [`crate::limit`]). Default `None`: `workers` is fixed.
+    /// [`crate::limit`](crate::AdaptiveLimit)). Default `None`: `workers` is fixed.
     pub adaptive: Option<AdaptiveLimitConfig>,
 }
 

@@ -216,7 +216,7 @@ struct Probe {
     samples: Vec<Duration>,
 }
 
-/// The current limit and what it was learned from. See the [module docs](self).
+/// The current limit and what it was learned from. See the [module docs](AdaptiveLimit).
 #[derive(Debug)]
 pub struct AdaptiveLimit {
     config: AdaptiveLimitConfig,

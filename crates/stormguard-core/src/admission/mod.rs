@@ -148,7 +148,7 @@ pub enum ShedReason {
     RetryThreshold,
     /// A sheddable call arrived after the queue passed the sheddable threshold, or a
     /// queued call gave its place in a full queue to a call of a higher criticality
-    /// ([`crate::queue`]).
+    /// ([`crate::queue`](crate::AdmissionQueue)).
     Sheddable,
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::ConfigError;
 
-/// How a [`ReplicaSet`] chooses and ejects replicas.
+/// How a [`ReplicaSet`](crate::ReplicaSet) chooses and ejects replicas.
 ///
 /// Build it with `..ReplicaConfig::default()` for the fields you do not set. Deserializes
 /// from an object of these fields, each optional; unknown fields are refused.
@@ -28,7 +28,7 @@ pub struct ReplicaConfig {
     pub seed: Option<u64>,
 }
 
-/// When a replica is ejected, and for how long. See [the module docs](self).
+/// When a replica is ejected, and for how long. See [the module docs](crate::ReplicaSet).
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(
     default,
@@ -140,7 +140,7 @@ impl Default for LoadConfig {
 }
 
 /// How load reports (ORCA) weight replicas, after gRPC A58 (see the
-/// [module docs](self#load-reports-orca-may-only-lower-a-replicas-share)).
+/// [module docs](crate::ReplicaSet#load-reports-orca-may-only-lower-a-replicas-share)).
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(
     default,

@@ -115,7 +115,7 @@ impl fmt::Display for ReplicaId {
 }
 
 /// How an attempt on a replica ended, for its health. The layer reads it from the answer;
-/// the [module docs](self) say which answers are which.
+/// the [module docs](ReplicaSet) say which answers are which.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReplicaOutcome {
     /// An answer from a working replica: `OK`, or an application status (`NOT_FOUND`,

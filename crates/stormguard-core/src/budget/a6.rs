@@ -120,7 +120,7 @@ impl A6BudgetConfig {
     }
 }
 
-/// gRPC A6 `retryThrottling` token bucket (see the [module docs](self)).
+/// gRPC A6 `retryThrottling` token bucket (see the [module docs](A6Budget)).
 ///
 /// Lock-free (one atomic word); clones share one bucket, as gRPC keeps one per server.
 #[derive(Clone)]

@@ -232,7 +232,7 @@ pub struct BudgetConfig {
     pub retry_ratio: f64,
     /// How many processes share the dependency: the standing reserve is divided by it, so
     /// the *fleet* gets `min_retries_per_second`, not each process (see
-    /// [the module docs](self#a-floor-for-the-fleet-not-for-each-process)). 1 (the
+    /// [the module docs](RetryBudget#a-floor-for-the-fleet-not-for-each-process)). 1 (the
     /// default) to [`MAX_FLEET_SIZE`].
     #[serde(deserialize_with = "crate::config::whole")]
     pub fleet_size: u32,
@@ -316,7 +316,7 @@ pub(crate) fn truncate_decimal(x: f64, scale: f64) -> u64 {
 const SLOTS: usize = 16;
 
 /// The largest fleet size a [`RetryBudget`] accepts.
-pub(crate) const MAX_FLEET_SIZE: u32 = 1_000_000;
+pub const MAX_FLEET_SIZE: u32 = 1_000_000;
 
 /// Accounting unit: one retry is a million micro-retries.
 const MICROS_PER_RETRY: i128 = 1_000_000;
@@ -325,7 +325,7 @@ const MICROS_PER_RETRY: i128 = 1_000_000;
 /// (the caller is late) rather than as left over from a previous lap of the 32-bit epoch.
 const STALE_LIMIT: u32 = 1 << 20;
 
-/// A Finagle-style retry budget (see the [module docs](self)): successes mint
+/// A Finagle-style retry budget (see the [module docs](RetryBudget)): successes mint
 /// `retry_ratio` retries each, valid for `ttl`, on top of a standing reserve of
 /// `min_retries_per_second × ttl` retries; retries spent also count for `ttl`.
 ///
@@ -414,7 +414,7 @@ impl RetryBudget {
     }
 
     /// A budget with `config` whose standing reserve is shared by a fleet of
-    /// `fleet_size` processes (see [the module docs](self#a-floor-for-the-fleet-not-for-each-process)):
+    /// `fleet_size` processes (see [the module docs](RetryBudget#a-floor-for-the-fleet-not-for-each-process)):
     /// each process gets `min_retries_per_second × ttl / fleet_size` retries per window,
     /// so the fleet together gets the configured floor. `fleet_size` is 1 to
     /// [`MAX_FLEET_SIZE`] and replaces `config.fleet_size`.

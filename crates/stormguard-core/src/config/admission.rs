@@ -188,7 +188,7 @@ pub struct ShedSettings {
     /// The queue.
     pub admission: AdmissionConfig,
     /// `admission.load_reports`: attach an ORCA load report to every answer
-    /// (`endpoint-load-metrics-bin`; see [`crate::orca`]). Default `false`.
+    /// (`endpoint-load-metrics-bin`; see [`crate::orca`](crate::LoadReport)). Default `false`.
     pub load_reports: bool,
 }
 
@@ -220,7 +220,7 @@ impl<'de> Deserialize<'de> for AdmissionConfig {
 }
 
 impl AdmissionConfig {
-    /// Reads the `admission` document (see the [module docs](crate::admission#configuration-from-json))
+    /// Reads the `admission` document (see the [module docs](crate::AdmissionController#configuration-from-json))
     /// and validates it. An error names the field as the document spells it.
     ///
     /// ```

@@ -237,7 +237,7 @@ mod value;
 pub use admission::ShedSettings;
 pub use document::Format;
 pub use duration::parse_duration;
-pub use notice::{NotApplied, NotAppliedReason, Notice};
+pub use notice::{IDEMPOTENT_SETTING, NotApplied, NotAppliedReason, Notice};
 pub(crate) use value::{finite, whole};
 
 /// Which budget pays for retries.
@@ -285,10 +285,10 @@ pub struct ClientConfig {
     /// The circuit breaker, if any.
     pub breaker: Option<BreakerConfig>,
     /// Client-side adaptive throttling (stormguard's `adaptive_throttle`), if any: see
-    /// [`adaptive_throttle`](crate::adaptive_throttle). Off by default.
+    /// [`adaptive_throttle`](crate::AdaptiveThrottle). Off by default.
     pub adaptive_throttle: Option<AdaptiveThrottleConfig>,
     /// Refuse retries and hedges to a dependency whose load reports (ORCA) say it is
-    /// saturated (`retry.load_reports`; see [`crate::orca`]). Default `None`: reports are
+    /// saturated (`retry.load_reports`; see [`crate::orca`](crate::LoadReport)). Default `None`: reports are
     /// not read for retries.
     pub load_reports: Option<crate::SaturationConfig>,
     /// Fields of the document read but not applied.
@@ -299,7 +299,7 @@ impl ClientConfig {
     /// stormguard's defaults for every method: retry `UNAVAILABLE`, 3 attempts, full jitter,
     /// the default budget, no breaker. No method is taken for idempotent, so only requests
     /// that never reached the server are retried; mark the methods that are safe to repeat
-    /// with a policy of their own (see [`policy`](crate::policy)).
+    /// with a policy of their own (see [`policy`](crate::RetryPolicy)).
     pub fn standard() -> Self {
         ClientConfig {
             methods: MethodTable::uniform(RetryPolicy::default()),
@@ -421,12 +421,12 @@ impl ClientConfig {
     }
 
     /// Reads a standard gRPC service config (JSON): retry and hedging policies, timeouts
-    /// and throttling (see the [module docs](self)).
+    /// and throttling (see `docs/config.md`).
     pub fn from_service_config_json(json: &str) -> Result<Self, ConfigError> {
         service::read(document::parse(json, Format::Json)?)
     }
 
-    /// Reads stormguard's own shape (see the [module docs](self)). Every field is optional
+    /// Reads stormguard's own shape (see `docs/config.md`). Every field is optional
     /// and defaults as in [`ClientConfig::standard`]; unknown fields are errors (a typo must
     /// not silently fall back to a default).
     pub fn from_json(json: &str) -> Result<Self, ConfigError> {
@@ -434,7 +434,7 @@ impl ClientConfig {
     }
 }
 
-/// stormguard's own shape (see the [module docs](self#why-serde-and-how-to-embed-the-config)),
+/// stormguard's own shape (see `docs/config.md`),
 /// validated: what deserializes is what [`ClientConfig::from_json`] accepts.
 impl<'de> Deserialize<'de> for ClientConfig {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

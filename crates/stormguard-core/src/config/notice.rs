@@ -7,7 +7,7 @@ use std::fmt;
 use super::ClientConfig;
 
 /// The setting that lets a method's answers be retried, in stormguard's shape.
-pub(crate) const IDEMPOTENT_SETTING: &str = r#"methods."/package.Service/Method".idempotent: true"#;
+pub const IDEMPOTENT_SETTING: &str = r#"methods."/package.Service/Method".idempotent: true"#;
 
 /// A field of a gRPC service config that was read but is not applied.
 ///

@@ -283,7 +283,7 @@ pub struct BreakerOpen {
     pub retry_after: Duration,
 }
 
-/// A circuit breaker; see the [module docs](self).
+/// A circuit breaker; see the [module docs](CircuitBreaker).
 ///
 /// Clones share one state: clone it into every task that calls the same dependency.
 #[derive(Debug, Clone)]
@@ -492,7 +492,7 @@ impl CircuitBreaker {
     }
 }
 
-/// Hands out a breaker's transitions, each exactly once (see the [module docs](self)).
+/// Hands out a breaker's transitions, each exactly once (see the [module docs](CircuitBreaker)).
 ///
 /// ```
 /// use std::time::Duration;
@@ -583,7 +583,7 @@ impl Transitions {
     }
 
     /// Transitions that happened since the last take but fell out of the breaker's log
-    /// ([`TRANSITION_LOG`]) before this one: they are counted here, not handed out.
+    /// (the last 8 transitions) before this one: they are counted here, not handed out.
     pub fn missed(&self) -> u64 {
         self.missed
     }

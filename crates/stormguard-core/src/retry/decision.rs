@@ -35,12 +35,12 @@ pub enum Refusal {
     /// The request-scoped retry allowance (`x-retry-budget`) is spent.
     Allowance,
     /// The dependency's recent load reports (ORCA) say it is saturated: every endpoint
-    /// heard from is running at its limit with calls queued (see [`crate::orca`]).
+    /// heard from is running at its limit with calls queued (see [`crate::orca`](crate::LoadReport)).
     Saturated,
 }
 
 impl Refusal {
-    /// Every refusal, in declaration order (the [module docs](self) give the order in which
+    /// Every refusal, in declaration order (the [module docs](crate::RetryController) give the order in which
     /// the checks run: a passed deadline first, the budget last).
     pub const ALL: [Refusal; 11] = [
         Refusal::NotRetryable,

@@ -59,7 +59,7 @@ const BASE_MICROS: f64 = 16.0;
 const BUCKETS: usize = PER_OCTAVE * 24;
 
 /// The learned hedge delay of one method: a percentile of its recent attempt latency, the
-/// attempts that lost or were cut off included (see the [module docs](self)).
+/// attempts that lost or were cut off included (see the [module docs](DelayEstimator)).
 ///
 /// Latencies go into log-spaced buckets (8 per doubling, so the percentile is read within
 /// 9 %, rounded up), for the current window and the one before; memory is fixed (two arrays

@@ -37,7 +37,7 @@ use crate::ConfigError;
 use crate::{Code, CodeSet};
 
 /// The largest number of attempts A6 allows; larger configured values are treated as this.
-pub(crate) const MAX_ATTEMPTS_CAP: u32 = 5;
+pub const MAX_ATTEMPTS_CAP: u32 = 5;
 
 /// How one method's failures are retried.
 ///
@@ -288,7 +288,7 @@ impl MethodTable {
     }
 
     /// Hedges methods that match nothing more specific with `policy` (see
-    /// [`hedge`](crate::hedge)); a retry policy set at the same level is replaced: a method
+    /// [`hedge`](crate::HedgingPolicy)); a retry policy set at the same level is replaced: a method
     /// is retried or hedged, not both. `None`: neither.
     pub fn set_default_hedging(&mut self, policy: Option<HedgingPolicy>) {
         self.hedges.set_default(policy.map(Arc::new));
@@ -504,7 +504,7 @@ pub enum HedgeDelay {
     /// The n-th copy after `n × delay` (all at once when it is zero): A6's `hedgingDelay`.
     Fixed(Duration),
     /// A high percentile of the method's recent attempt latency (see the
-    /// [module docs](self)).
+    /// [module docs](RetryPolicy)).
     Learned(LearnedDelay),
 }
 

@@ -282,7 +282,7 @@ pub struct WindowCounts {
     pub accepts: u64,
 }
 
-/// The adaptive throttle of one dependency; see the [module docs](self).
+/// The adaptive throttle of one dependency; see the [module docs](AdaptiveThrottle).
 ///
 /// Clones share one state: one throttle per dependency, shared by every caller of it.
 #[derive(Clone)]

@@ -104,11 +104,11 @@ impl CallRetry {
     /// 3. no pushback stopped the hedges ([`Refusal::Pushback`]);
     /// 4. the breaker is closed: neither open nor probing ([`Refusal::Breaker`]);
     /// 5. the load reports do not say the dependency is saturated
-    ///    ([`Refusal::Saturated`], with [`RetryController::with_saturation`]);
+    ///    ([`Refusal::Saturated`], with [`RetryController::with_saturation`](crate::RetryController::with_saturation));
     /// 6. the request's retry allowance has one left (it spends one;
     ///    [`Refusal::Allowance`]);
     /// 7. the budget grants a withdrawal, from the same budget that pays for retries but
-    ///    only from its upper half ([`Budget::withdraw_hedge_at`]): a stormguard budget
+    ///    only from its upper half ([`Budget::withdraw_hedge_at`](crate::Budget::withdraw_hedge_at)): a stormguard budget
     ///    while half of what its window minted is left after it, an A6 throttle while it
     ///    holds more than half its tokens ([`Refusal::Budget`]).
     ///

@@ -18,7 +18,7 @@ pub(crate) fn splitmix64(mut x: u64) -> u64 {
 
 impl CallRetry {
     /// The idempotency key drawn for this call when its method is keyed
-    /// ([`MethodTable::idempotency_key`]): a UUID v4 from the controller's seeded RNG, which
+    /// ([`MethodTable::idempotency_key`](crate::MethodTable::idempotency_key)): a UUID v4 from the controller's seeded RNG, which
     /// every attempt and hedge carries as `idempotency-key` (the layer keeps a key the caller
     /// set instead). A keyed call is retried after it may have run, as an idempotent one is:
     /// the server that recognises the key answers a repeat with what the first run answered.
@@ -35,7 +35,7 @@ impl CallRetry {
     /// The attempt that just ended went to `key` (the replica the channel chose, or the
     /// request's shard): its success deposits into `key`'s account as well as the shared
     /// budget, and a retry after its failure is charged to `key`'s account too (see
-    /// [`KeyedBudgets`]). `None`: the shared budget only. Set it after each attempt ends,
+    /// [`KeyedBudgets`](crate::KeyedBudgets)). `None`: the shared budget only. Set it after each attempt ends,
     /// before reporting how it ended.
     pub fn set_budget_key(&mut self, key: Option<u64>) {
         self.key = key;

@@ -145,7 +145,7 @@ impl CallRetry {
 
     /// How long each attempt may take: the method policy's
     /// [`per_attempt_timeout`](RetryPolicy::per_attempt_timeout), else the layer's (see
-    /// [`RetryController::begin_call_at`]), if any.
+    /// [`RetryController::begin_call_at`](crate::RetryController::begin_call_at)), if any.
     pub fn per_attempt_timeout(&self) -> Option<Duration> {
         self.attempt_timeout
     }
@@ -222,7 +222,7 @@ impl CallRetry {
     ///    request, room on the call's deadline for a useful attempt, no pushback saying
     ///    otherwise, and a breaker that is not open ([`Verdict::transparent`] says so);
     /// 4. any other answer (an unsent failure past the bound included) is a failure:
-    ///    recorded, then retried only if every rule of the [module docs](self) holds.
+    ///    recorded, then retried only if every rule of [`RetryController`](crate::RetryController) holds.
     pub fn on_attempt_end_at(&mut self, end: AttemptEnd, now: Instant) -> Verdict {
         if self.deadline.is_some_and(|d| now >= d) {
             let answer = match &end {
@@ -504,7 +504,7 @@ impl CallRetry {
 
     /// An attempt of this call was answered by `endpoint` (the replica, or one key for
     /// a plain channel) with the load report `report` at `now`: fed to the controller's
-    /// [`Saturation`], if it has one (else nothing happens).
+    /// [`Saturation`](crate::Saturation), if it has one (else nothing happens).
     pub fn record_load_report_at(&self, endpoint: u64, report: &LoadReport, now: Instant) {
         if let Some(saturation) = &self.shared.saturation {
             saturation.record_at(endpoint, report, now);
@@ -514,7 +514,7 @@ impl CallRetry {
     /// The dependency has `n` endpoints a retry could go to (the replicas of an
     /// endpoint-aware channel; 1, the default, for a plain channel): a retry is refused as
     /// [`Refusal::Saturated`] only once that many were heard from saturated (see
-    /// [`Saturation::refuses_retry_among_at`]).
+    /// [`Saturation::refuses_retry_among_at`](crate::Saturation::refuses_retry_among_at)).
     pub fn set_endpoints(&mut self, n: usize) {
         self.endpoints = n.max(1);
     }
