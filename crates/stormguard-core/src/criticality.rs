@@ -145,11 +145,6 @@ impl CriticalityTable {
         Ok(self)
     }
 
-    /// The class for paths no rule names.
-    pub fn default_class(&self) -> Criticality {
-        self.default_class
-    }
-
     /// The class of calls to `path`.
     pub fn class_for(&self, path: &str) -> Criticality {
         let mut best: Option<(usize, Criticality)> = None;

@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use crate::Instant;
-use crate::{wire::GrpcTimeout, wire::encode_grpc_timeout};
+#[cfg(test)]
+use crate::wire::{GrpcTimeout, encode_grpc_timeout};
 
 /// The deadline of a logical call: the instant by which the caller stops waiting.
 ///
@@ -28,11 +29,6 @@ pub struct Deadline {
 }
 
 impl Deadline {
-    /// A deadline at `at`.
-    pub fn at(at: Instant) -> Self {
-        Deadline { at }
-    }
-
     /// A deadline `timeout` after `now`.
     pub fn after_at(now: Instant, timeout: Duration) -> Self {
         Deadline {
@@ -41,7 +37,7 @@ impl Deadline {
     }
 
     /// A deadline `timeout` from now.
-    pub fn after(timeout: Duration) -> Self {
+    pub(crate) fn after(timeout: Duration) -> Self {
         Self::after_at(Instant::now(), timeout)
     }
 
@@ -55,25 +51,22 @@ impl Deadline {
         self.at.saturating_duration_since(now)
     }
 
-    /// Time left now.
-    pub fn remaining(self) -> Duration {
-        self.remaining_at(Instant::now())
-    }
-
     /// Whether the deadline has passed at `now`.
     pub fn is_expired_at(self, now: Instant) -> bool {
         now >= self.at
     }
 
+    #[cfg(test)]
     /// The `grpc-timeout` value for an attempt sent at `now`, or `None` once expired.
-    pub fn grpc_timeout_at(self, now: Instant) -> Option<GrpcTimeout> {
+    pub(crate) fn grpc_timeout_at(self, now: Instant) -> Option<GrpcTimeout> {
         let left = self.remaining_at(now);
         (!left.is_zero()).then(|| encode_grpc_timeout(left))
     }
 
+    #[cfg(test)]
     /// The earlier of two deadlines: a deadline from a peer may shorten a local one, never
     /// extend it.
-    pub fn min(self, other: Deadline) -> Deadline {
+    pub(crate) fn min(self, other: Deadline) -> Deadline {
         if other.at < self.at { other } else { self }
     }
 }

@@ -113,7 +113,7 @@ impl Default for IdempotencyConfig {
 
 impl IdempotencyConfig {
     /// Checks the ranges; errors name the field as `idempotency.<field>`.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.max_entries == 0 {
             return Err(ConfigError::invalid(
                 "idempotency.max_entries",

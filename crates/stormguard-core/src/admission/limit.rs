@@ -153,7 +153,7 @@ impl Default for AdaptiveLimitConfig {
 
 impl AdaptiveLimitConfig {
     /// Checks every field; the error names the first bad one (`admission.adaptive.<field>`).
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let bad = |field: &str, reason: String| {
             Err(ConfigError::invalid(
                 format!("admission.adaptive.{field}"),
@@ -260,11 +260,6 @@ impl AdaptiveLimit {
         })
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &AdaptiveLimitConfig {
-        &self.config
-    }
-
     /// Calls that may run at once now.
     pub fn limit(&self) -> usize {
         // Within [min_limit, max_limit], both usize: the cast cannot truncate.
@@ -276,8 +271,9 @@ impl AdaptiveLimit {
         self.min_latency
     }
 
+    #[cfg(test)]
     /// Whether a probe of the no-load latency is under way (the limit is at the floor).
-    pub fn probing(&self) -> bool {
+    pub(crate) fn probing(&self) -> bool {
         self.probe.is_some()
     }
 

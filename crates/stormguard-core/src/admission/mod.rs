@@ -237,12 +237,12 @@ impl CompletionRate {
     const WEIGHT: f64 = 1.0 / 16.0;
 
     /// An estimator with no observations.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Records one completion at `now`.
-    pub fn record_at(&mut self, now: Instant) {
+    pub(crate) fn record_at(&mut self, now: Instant) {
         if let Some(last) = self.last {
             let gap = now.saturating_duration_since(last).as_secs_f64();
             self.mean_gap_secs = Some(match self.mean_gap_secs {
@@ -257,7 +257,7 @@ impl CompletionRate {
 
     /// The mean time between completions as seen at `now`, or `None` before two
     /// completions have been seen.
-    pub fn mean_gap_at(&self, now: Instant) -> Option<Duration> {
+    pub(crate) fn mean_gap_at(&self, now: Instant) -> Option<Duration> {
         let mean = self.mean_gap_secs?;
         let silence = self.last.map_or(0.0, |last| {
             now.saturating_duration_since(last).as_secs_f64()
@@ -265,15 +265,16 @@ impl CompletionRate {
         Duration::try_from_secs_f64(mean.max(silence)).ok()
     }
 
+    #[cfg(test)]
     /// Completions per second as seen at `now` (`None` before two completions, or when
     /// they all happened at the same instant).
-    pub fn per_second_at(&self, now: Instant) -> Option<f64> {
+    pub(crate) fn per_second_at(&self, now: Instant) -> Option<f64> {
         let gap = self.mean_gap_at(now)?.as_secs_f64();
         (gap > 0.0).then(|| 1.0 / gap)
     }
 
     /// The time for `depth` queued calls to drain at the estimated rate.
-    pub fn drain_time_at(&self, now: Instant, depth: usize) -> Option<Duration> {
+    pub(crate) fn drain_time_at(&self, now: Instant, depth: usize) -> Option<Duration> {
         let gap = self.mean_gap_at(now)?;
         let depth = u32::try_from(depth).unwrap_or(u32::MAX);
         Some(gap.saturating_mul(depth))
@@ -319,8 +320,9 @@ impl AdmissionController {
         &self.config
     }
 
+    #[cfg(test)]
     /// The completion-rate estimate.
-    pub fn completion_rate(&self) -> &CompletionRate {
+    pub(crate) fn completion_rate(&self) -> &CompletionRate {
         &self.rate
     }
 
@@ -349,7 +351,7 @@ impl AdmissionController {
     /// `grpc-timeout`): a shed answer's pushback is decided by
     /// [`AdmissionController::shed_pushback_at`] with it. An arrival that finds a worker free
     /// ends the current stretch of shedding ([`AdmissionController::shedding_since`]).
-    pub fn decide_with_deadline_at(
+    pub(crate) fn decide_with_deadline_at(
         &mut self,
         now: Instant,
         load: QueueLoad,
@@ -385,19 +387,9 @@ impl AdmissionController {
         Admission::Shed(Shed { reason, pushback })
     }
 
-    /// [`AdmissionController::decide_at`] at `Instant::now()`.
-    pub fn decide(&mut self, load: QueueLoad, class: impl Into<CallClass>) -> Admission {
-        self.decide_at(Instant::now(), load, class)
-    }
-
     /// Records a call finishing on a worker at `now` (feeds the drain estimate).
     pub fn record_completion_at(&mut self, now: Instant) {
         self.rate.record_at(now);
-    }
-
-    /// [`AdmissionController::record_completion_at`] at `Instant::now()`.
-    pub fn record_completion(&mut self) {
-        self.record_completion_at(Instant::now());
     }
 
     /// The un-jittered estimate of the time until `depth` queued calls have drained and
@@ -406,7 +398,7 @@ impl AdmissionController {
     ///
     /// The `+ 1` matters without a queue: a call shed with every worker busy and
     /// nothing queued is told to come back when a worker frees up, not "now".
-    pub fn drain_estimate_at(&self, now: Instant, depth: usize) -> Duration {
+    pub(crate) fn drain_estimate_at(&self, now: Instant, depth: usize) -> Duration {
         let max = self.max_pushback_millis();
         let slots = depth.saturating_add(1);
         let estimate = self.rate.drain_time_at(now, slots).map_or(max, |d| {
@@ -426,11 +418,6 @@ impl AdmissionController {
             .max(1);
         let low = estimate.div_ceil(2).max(1);
         Duration::from_millis(self.rng.u64(low..=estimate))
-    }
-
-    /// [`AdmissionController::pushback_at`] at `Instant::now()`.
-    pub fn pushback(&mut self, depth: usize) -> Duration {
-        self.pushback_at(Instant::now(), depth)
     }
 
     /// What a call of `class` with `deadline`, shed at `now` with `depth` queued, is told.
@@ -555,6 +542,7 @@ impl AdmissionController {
         needed >= left
     }
 
+    #[cfg(test)]
     /// When the current stretch of shedding without a break began, if the server is
     /// shedding: the first shed after a break. A break is an arrival
     /// ([`AdmissionController::decide_with_deadline_at`]) that finds a worker free, or a
@@ -563,7 +551,7 @@ impl AdmissionController {
     /// between, is not a sustained one; a lull in shedding while the queue stays past
     /// the retry threshold (waiters expiring make room for first attempts) is not a
     /// break, since a retry would still be shed.
-    pub fn shedding_since(&self) -> Option<Instant> {
+    pub(crate) fn shedding_since(&self) -> Option<Instant> {
         self.shedding.map(|s| s.since)
     }
 
@@ -595,7 +583,7 @@ impl AdmissionController {
 
     /// Whether the next free worker goes to the newest queued call (rather than the
     /// oldest) when `depth` calls are queued.
-    pub fn serve_newest(&self, depth: usize) -> bool {
+    pub(crate) fn serve_newest(&self, depth: usize) -> bool {
         match self.config.queue_order {
             QueueOrder::Fifo => false,
             QueueOrder::AdaptiveLifo { from_depth } => depth >= from_depth,

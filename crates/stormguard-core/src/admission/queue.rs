@@ -71,6 +71,7 @@
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
+#[cfg(test)]
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
@@ -87,12 +88,7 @@ use crate::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct QueuedId(u64);
 
-impl QueuedId {
-    /// Arrival order: a later call has a larger value.
-    pub fn get(self) -> u64 {
-        self.0
-    }
-}
+impl QueuedId {}
 
 /// What happens to an arriving call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,8 +229,9 @@ impl<T> AdmissionQueue<T> {
         self.waiting.len()
     }
 
+    #[cfg(test)]
     /// Whether the call queued as `id` is still waiting.
-    pub fn is_waiting(&self, id: QueuedId) -> bool {
+    pub(crate) fn is_waiting(&self, id: QueuedId) -> bool {
         self.waiting.contains_key(&id.0)
     }
 
@@ -244,7 +241,7 @@ impl<T> AdmissionQueue<T> {
     }
 
     /// The state a decision is made against.
-    pub fn load(&self) -> QueueLoad {
+    pub(crate) fn load(&self) -> QueueLoad {
         QueueLoad {
             free_workers: self.free_workers(),
             depth: self.waiting.len(),
@@ -439,7 +436,7 @@ impl<T> AdmissionQueue<T> {
 
     /// Takes out every waiter whose expiry is at or before `now`, reporting each to
     /// `sink` as [`Dispatch::Expired`], earliest expiry first.
-    pub fn expire_due_at(&mut self, now: Instant, mut sink: impl FnMut(Dispatch<T>)) {
+    pub(crate) fn expire_due_at(&mut self, now: Instant, mut sink: impl FnMut(Dispatch<T>)) {
         while let Some(&(expiry, id)) = self.by_expiry.first() {
             if expiry > now {
                 break;
@@ -455,11 +452,12 @@ impl<T> AdmissionQueue<T> {
         }
     }
 
+    #[cfg(test)]
     /// Sets the number of calls that may run at once, from `now` on. Raised: the new
     /// workers go to waiters at once (reported to `sink`). Lowered: no call is stopped;
     /// no waiter gets a worker until fewer than `limit` calls run. With an adaptive
     /// limit, the limit's next decision replaces this value.
-    pub fn set_worker_limit_at(
+    pub(crate) fn set_worker_limit_at(
         &mut self,
         now: Instant,
         limit: NonZeroUsize,

@@ -183,7 +183,7 @@ impl Default for ReportWeightConfig {
 
 impl ReplicaConfig {
     /// Checks every field; the error names the first field out of range.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let e = &self.ejection;
         let within = |field: &str, d: Duration, lo: Duration, hi: Duration| {
             if d < lo || d > hi {

@@ -317,8 +317,9 @@ impl ReplicaSet {
         })
     }
 
+    #[cfg(test)]
     /// The configuration.
-    pub fn config(&self) -> &ReplicaConfig {
+    pub(crate) fn config(&self) -> &ReplicaConfig {
         &self.config
     }
 
@@ -390,8 +391,9 @@ impl ReplicaSet {
         }
     }
 
+    #[cfg(test)]
     /// The ids of every replica, oldest first.
-    pub fn ids(&self) -> impl Iterator<Item = ReplicaId> + '_ {
+    pub(crate) fn ids(&self) -> impl Iterator<Item = ReplicaId> + '_ {
         self.replicas.iter().map(|r| r.id)
     }
 

@@ -55,12 +55,13 @@ impl ReplicaSet {
         });
     }
 
+    #[cfg(test)]
     /// What `id`'s load reports multiply its share by at `now`: its A58 weight over the
     /// largest A58 weight among the replicas whose reports count, at least
     /// [`ReportWeightConfig::min_factor`](crate::ReportWeightConfig::min_factor) and at most 1; 1 when its reports do not count
     /// (none, in blackout, expired, or reports disabled). Never above 1: a report only
     /// lowers a share. `None` for a replica not in the set.
-    pub fn report_factor_at(&self, id: ReplicaId, now: Instant) -> Option<f64> {
+    pub(crate) fn report_factor_at(&self, id: ReplicaId, now: Instant) -> Option<f64> {
         self.index(id)
             .map(|i| self.factor_at(&self.replicas[i], now))
     }

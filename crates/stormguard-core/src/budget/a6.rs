@@ -152,13 +152,14 @@ impl A6Budget {
         })
     }
 
+    #[cfg(test)]
     /// The configuration this bucket was built with.
-    pub fn config(&self) -> &A6BudgetConfig {
+    pub(crate) fn config(&self) -> &A6BudgetConfig {
         &self.shared.config
     }
 
     /// The current token count (A6's `token_count`), to 3 decimal places.
-    pub fn tokens(&self) -> f64 {
+    pub(crate) fn tokens(&self) -> f64 {
         self.shared.tokens_milli.load(Ordering::SeqCst) as f64 / MILLI as f64
     }
 

@@ -115,27 +115,24 @@ impl KeyedBudgets {
     }
 
     /// Gives back a retry [`withdraw_at`](Self::withdraw_at)`(key, granted_at)` granted.
-    pub fn refund_at(&self, key: u64, granted_at: Instant) {
+    pub(crate) fn refund_at(&self, key: u64, granted_at: Instant) {
         self.with(key, granted_at, |b| b.refund_at(granted_at));
     }
 
+    #[cfg(test)]
     /// `key`'s balance at `now`, if it is tracked.
-    pub fn balance_at(&self, key: u64, now: Instant) -> Option<f64> {
+    pub(crate) fn balance_at(&self, key: u64, now: Instant) -> Option<f64> {
         let keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
         keys.get(&key).map(|e| e.budget.balance_at(now))
     }
 
+    #[cfg(test)]
     /// How many keys are tracked now.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.keys
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
-    }
-
-    /// Whether no key is tracked.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -459,13 +459,14 @@ impl RetryBudget {
         })
     }
 
+    #[cfg(test)]
     /// The configuration this budget was built with.
-    pub fn config(&self) -> &BudgetConfig {
+    pub(crate) fn config(&self) -> &BudgetConfig {
         &self.shared.config
     }
 
     /// The fleet size dividing the standing reserve now.
-    pub fn fleet_size(&self) -> u32 {
+    pub(crate) fn fleet_size(&self) -> u32 {
         self.shared.fleet.load(Ordering::Relaxed)
     }
 

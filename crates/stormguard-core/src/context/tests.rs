@@ -92,3 +92,16 @@ async fn scopes_nest_and_end() {
     assert_eq!(seen, (Some(outer), Some(inner), Some(outer)));
     assert_eq!(CallContext::current(), None);
 }
+
+#[tokio::test]
+async fn a_peer_allowance_lowers_the_scope_s_and_each_retry_spends_one() {
+    let scope = RequestScope::new()
+        .with_allowance(2)
+        .with_peer_allowance(b"1");
+    let left = request_scope(scope, async {
+        assert!(spend_retry());
+        (spend_retry(), remaining_allowance())
+    })
+    .await;
+    assert_eq!(left, (false, Some(0)));
+}

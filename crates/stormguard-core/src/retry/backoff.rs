@@ -51,7 +51,7 @@ impl Default for BackoffConfig {
 
 impl BackoffConfig {
     /// Checks the ranges; `field` prefixes the names in errors (e.g. `"retry.backoff"`).
-    pub fn validate(&self, field: &str) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self, field: &str) -> Result<(), ConfigError> {
         let (first, first_name, last, last_name, mult, min_mult) = match *self {
             BackoffConfig::FullJitter {
                 base,
@@ -156,8 +156,9 @@ impl Backoff {
         }
     }
 
+    #[cfg(test)]
     /// The upper bound of the next delay, without advancing.
-    pub fn next_window(&self) -> Duration {
+    pub(crate) fn next_window(&self) -> Duration {
         match self.config {
             BackoffConfig::FullJitter {
                 base,
@@ -173,7 +174,7 @@ impl Backoff {
     }
 
     /// Restarts the sequence from its first step (after a server pushback).
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.retries = 0;
     }
 }

@@ -176,7 +176,7 @@ impl Default for BreakerConfig {
 impl BreakerConfig {
     /// Checks every field; the error names the first invalid one (`breaker.failure_rate`,
     /// `breaker.window`, …).
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         // Written so that NaN fails every check.
         if !(self.failure_rate > 0.0 && self.failure_rate <= 1.0) {
             return Err(ConfigError::invalid(
@@ -464,8 +464,9 @@ impl CircuitBreaker {
         })
     }
 
+    #[cfg(test)]
     /// [`acquire_at`](Self::acquire_at) with [`Instant::now`].
-    pub fn acquire(&self) -> Result<BreakerPermit, BreakerOpen> {
+    pub(crate) fn acquire(&self) -> Result<BreakerPermit, BreakerOpen> {
         self.acquire_at(Instant::now())
     }
 
@@ -477,8 +478,9 @@ impl CircuitBreaker {
         inner.state
     }
 
+    #[cfg(test)]
     /// The configuration this breaker was built with.
-    pub fn config(&self) -> &BreakerConfig {
+    pub(crate) fn config(&self) -> &BreakerConfig {
         &self.shared.config
     }
 
@@ -634,7 +636,7 @@ enum Outcome {
 impl BreakerPermit {
     /// Whether this permit is one of the half-open state's probes (it holds a probe slot
     /// until it is settled or dropped).
-    pub fn is_probe(&self) -> bool {
+    pub(crate) fn is_probe(&self) -> bool {
         self.probe
     }
 
@@ -649,13 +651,15 @@ impl BreakerPermit {
         self.settle(Some((Outcome::Failure, now)));
     }
 
+    #[cfg(test)]
     /// [`success_at`](Self::success_at) with [`Instant::now`].
-    pub fn success(self) {
+    pub(crate) fn success(self) {
         self.success_at(Instant::now());
     }
 
+    #[cfg(test)]
     /// [`failure_at`](Self::failure_at) with [`Instant::now`].
-    pub fn failure(self) {
+    pub(crate) fn failure(self) {
         self.failure_at(Instant::now());
     }
 

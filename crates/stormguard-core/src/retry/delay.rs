@@ -101,11 +101,6 @@ impl DelayEstimator {
         }
     }
 
-    /// What it was built with.
-    pub fn config(&self) -> &LearnedDelay {
-        &self.config
-    }
-
     /// An attempt ran for `elapsed` (until its answer, or until it was cancelled because
     /// another copy won or the call's deadline ran out).
     pub fn record_at(&self, elapsed: Duration, now: Instant) {

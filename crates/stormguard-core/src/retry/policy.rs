@@ -97,7 +97,7 @@ impl Default for RetryPolicy {
 
 impl RetryPolicy {
     /// Attempts actually allowed: `max_attempts` capped at [`MAX_ATTEMPTS_CAP`].
-    pub fn effective_max_attempts(&self) -> u32 {
+    pub(crate) fn effective_max_attempts(&self) -> u32 {
         self.max_attempts.min(MAX_ATTEMPTS_CAP)
     }
 
@@ -244,7 +244,7 @@ impl<T> MethodMap<T> {
     }
 
     /// Every value: the default, then the services', then the methods'.
-    pub fn values(&self) -> impl Iterator<Item = &T> {
+    pub(crate) fn values(&self) -> impl Iterator<Item = &T> {
         self.default
             .iter()
             .chain(self.services.values())
@@ -297,7 +297,7 @@ impl MethodTable {
 
     /// Hedges every method of `service` with `policy` (replacing a retry policy set for
     /// the service).
-    pub fn insert_service_hedging(&mut self, service: &str, policy: Option<HedgingPolicy>) {
+    pub(crate) fn insert_service_hedging(&mut self, service: &str, policy: Option<HedgingPolicy>) {
         self.hedges.insert_service(service, policy.map(Arc::new));
         self.policies.insert_service(service, None);
     }
@@ -344,7 +344,7 @@ impl MethodTable {
 
     /// Sets the deadline limit of calls to methods that match nothing more specific (a
     /// service config's `timeout`); `None`: no limit.
-    pub fn set_default_timeout(&mut self, timeout: Option<Duration>) {
+    pub(crate) fn set_default_timeout(&mut self, timeout: Option<Duration>) {
         self.timeouts.set_default(timeout);
     }
 
@@ -420,7 +420,7 @@ impl MethodTable {
     }
 
     /// Whether any method of the table carries an idempotency key.
-    pub fn any_idempotency_key(&self) -> bool {
+    pub(crate) fn any_idempotency_key(&self) -> bool {
         self.keys.values().any(|keyed| *keyed)
     }
 

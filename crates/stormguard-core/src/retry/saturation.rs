@@ -36,7 +36,7 @@ impl Default for SaturationConfig {
 
 impl SaturationConfig {
     /// Checks the bounds of every field; the error names it (`retry.load_reports.<field>`).
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if !(self.utilization > 0.0 && self.utilization <= MAX_UTILIZATION) {
             return Err(ConfigError::invalid(
                 "retry.load_reports.utilization",
@@ -116,11 +116,6 @@ impl Saturation {
             config,
             endpoints: std::sync::Mutex::default(),
         })
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &SaturationConfig {
-        &self.config
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Heard>> {

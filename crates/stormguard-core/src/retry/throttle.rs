@@ -182,7 +182,7 @@ impl Default for AdaptiveThrottleConfig {
 impl AdaptiveThrottleConfig {
     /// Checks every field; the error names the first invalid one
     /// (`adaptive_throttle.k`, `adaptive_throttle.window`, …).
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let k_range = |field: &str, value: f64, low: f64, low_name: &str| {
             // Written so that NaN fails.
             if value >= low && value <= MAX_K {
@@ -244,7 +244,7 @@ impl AdaptiveThrottleConfig {
     }
 
     /// The `K` of calls of `class`.
-    pub fn k_for(&self, class: Criticality) -> f64 {
+    pub(crate) fn k_for(&self, class: Criticality) -> f64 {
         match class {
             Criticality::Sheddable => self.sheddable_k,
             Criticality::Default => self.k,
@@ -254,7 +254,7 @@ impl AdaptiveThrottleConfig {
 
     /// Whether an answer with `code` is a refusal for overload; `shed_mark`: the answer
     /// carries `grpc-retry-pushback-ms` or `stormguard-unprocessed: 1`.
-    pub fn is_rejection(&self, code: Code, shed_mark: bool) -> bool {
+    pub(crate) fn is_rejection(&self, code: Code, shed_mark: bool) -> bool {
         self.reject_codes.contains(code) || (shed_mark && self.shed_codes.contains(code))
     }
 }

@@ -176,12 +176,12 @@ impl CodeSet {
     }
 
     /// Whether the set is empty.
-    pub fn is_empty(self) -> bool {
+    pub(crate) fn is_empty(self) -> bool {
         self.0 == 0
     }
 
     /// The codes in the set, in numeric order.
-    pub fn iter(self) -> impl Iterator<Item = Code> {
+    pub(crate) fn iter(self) -> impl Iterator<Item = Code> {
         ALL.into_iter().filter(move |c| self.contains(*c))
     }
 }

@@ -18,7 +18,7 @@
 //! | [`STORMGUARD_UNPROCESSED`] | response (trailers-only headers) | `ShedLayer` on its own answers (shed, shutting down, expired while queued): the handler never ran | `RetryLayer` ([`is_unprocessed`]): a non-idempotent method may be retried, paid and counted as any retry | exactly `1` | processed (the method's idempotency decides) |
 //! | [`STORMGUARD_CRITICALITY`] | request | the client's `CriticalityLayer` | `ShedLayer` ([`parse_criticality`], then capped by its table) | exactly `critical`, `default` or `sheddable` | `default` |
 //! | [`ENDPOINT_LOAD_METRICS_BIN`] | response (trailers, or trailers-only headers) | `ShedLayer` with `with_load_reports` ([`encode_load_report`]) | `RetryLayer` on every attempt ([`parse_load_report`]): with `with_load_reports` it refuses retries to a saturated server; over `Replicas` it weights the replica that answered | an ORCA `OrcaLoadReport` ([`crate::orca`](crate::LoadReport)), base64 without padding as tonic writes `-bin` keys (padding accepted) | ignored and counted |
-//! | [`IDEMPOTENCY_KEY`] | request | `RetryLayer` for methods configured with an idempotency key: one [`uuid_v4`] per logical call, the same on every attempt and hedge (a key the caller set is kept) | the server's `IdempotencyLayer` ([`parse_idempotency_key`]): the handler's `IdempotencyKey`, and the key its store deduplicates by | 1 to [`MAX_IDEMPOTENCY_KEY_LEN`] visible ASCII characters (`!` to `~`) | refused: `INVALID_ARGUMENT`, the handler does not run, nothing is stored |
+//! | [`IDEMPOTENCY_KEY`] | request | `RetryLayer` for methods configured with an idempotency key: one UUID v4 per logical call, the same on every attempt and hedge (a key the caller set is kept) | the server's `IdempotencyLayer` ([`parse_idempotency_key`]): the handler's `IdempotencyKey`, and the key its store deduplicates by | 1 to [`MAX_IDEMPOTENCY_KEY_LEN`] visible ASCII characters (`!` to `~`) | refused: `INVALID_ARGUMENT`, the handler does not run, nothing is stored |
 //!
 //! The header names are `&str` constants, which is what tonic's metadata and the
 //! simulator need. With the `http` feature, `wire::http` has each one as an
@@ -187,16 +187,7 @@ impl fmt::Debug for UuidKey {
 /// The UUID version 4 (RFC 9562) made of `random`'s bits: 122 of them, with the version
 /// (`4`) and variant (`10`) bits set as the RFC asks. The layers draw `random` from their
 /// seeded RNG, so a seeded run stamps the same keys.
-///
-/// ```
-/// use stormguard_core::{wire::parse_idempotency_key, wire::uuid_v4};
-///
-/// let key = uuid_v4(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
-/// assert_eq!(key.as_str(), "01234567-89ab-4def-8123-456789abcdef");
-/// assert_eq!(uuid_v4(u128::MAX).as_str(), "ffffffff-ffff-4fff-bfff-ffffffffffff");
-/// assert!(parse_idempotency_key([key.as_str().as_bytes()]).is_ok());
-/// ```
-pub fn uuid_v4(random: u128) -> UuidKey {
+pub(crate) fn uuid_v4(random: u128) -> UuidKey {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let bits = (random & !(0xF << 76) & !(0x3 << 62)) | (0x4 << 76) | (0x2 << 62);
     let mut buf = [b'-'; 36];
@@ -497,14 +488,7 @@ pub fn attempt_class(
 }
 
 /// Classifies one attempt header value (see [`attempt_class`]).
-///
-/// ```
-/// use stormguard_core::{wire::AttemptClass, wire::attempt_class_of_value};
-///
-/// assert_eq!(attempt_class_of_value(b" 00 "), AttemptClass::First);
-/// assert_eq!(attempt_class_of_value(b""), AttemptClass::Retry);
-/// ```
-pub fn attempt_class_of_value(value: &[u8]) -> AttemptClass {
+pub(crate) fn attempt_class_of_value(value: &[u8]) -> AttemptClass {
     let value = value.trim_ascii();
     if !value.is_empty() && value.iter().all(|b| *b == b'0') {
         AttemptClass::First

@@ -365,3 +365,20 @@ proptest! {
         prop_assert_eq!(pushback(&n.to_string()), Some(Pushback::DoNotRetry));
     }
 }
+
+#[test]
+fn uuid_v4_sets_the_version_and_variant_bits() {
+    let key = uuid_v4(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
+    assert_eq!(key.as_str(), "01234567-89ab-4def-8123-456789abcdef");
+    assert_eq!(
+        uuid_v4(u128::MAX).as_str(),
+        "ffffffff-ffff-4fff-bfff-ffffffffffff"
+    );
+    assert!(parse_idempotency_key([key.as_str().as_bytes()]).is_ok());
+}
+
+#[test]
+fn one_attempt_header_value_is_classified() {
+    assert_eq!(attempt_class_of_value(b" 00 "), AttemptClass::First);
+    assert_eq!(attempt_class_of_value(b""), AttemptClass::Retry);
+}

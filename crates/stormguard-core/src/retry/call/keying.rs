@@ -28,7 +28,7 @@ impl CallRetry {
     }
 
     /// Whether the method is keyed (see [`idempotency_key`](Self::idempotency_key)).
-    pub fn is_keyed(&self) -> bool {
+    pub(crate) fn is_keyed(&self) -> bool {
         self.idempotency_key.is_some()
     }
 

@@ -143,10 +143,11 @@ impl CallRetry {
         }
     }
 
+    #[cfg(test)]
     /// How long each attempt may take: the method policy's
     /// [`per_attempt_timeout`](RetryPolicy::per_attempt_timeout), else the layer's (see
     /// [`RetryController::begin_call_at`](crate::RetryController::begin_call_at)), if any.
-    pub fn per_attempt_timeout(&self) -> Option<Duration> {
+    pub(crate) fn per_attempt_timeout(&self) -> Option<Duration> {
         self.attempt_timeout
     }
 

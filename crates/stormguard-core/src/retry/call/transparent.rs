@@ -65,9 +65,10 @@ impl CallRetry {
         })
     }
 
+    #[cfg(test)]
     /// Transparent retries this call has made (each replaced an attempt that never reached
     /// the server's application; see [`on_attempt_end_at`](Self::on_attempt_end_at)).
-    pub fn transparent_retries(&self) -> u32 {
+    pub(crate) fn transparent_retries(&self) -> u32 {
         self.transparent_retries
     }
 }
