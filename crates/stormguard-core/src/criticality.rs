@@ -106,7 +106,7 @@ impl Criticality {
 ///
 /// A rule names a full method path (`/pkg.Service/Method`) or a service prefix ending
 /// in `/` (`/pkg.Service/`); the exact path wins over a prefix, a longer prefix over a
-/// shorter one, and a path no rule names gets [`CriticalityTable::default_class`].
+/// shorter one, and a path no rule names gets `CriticalityTable::default_class`.
 /// Memory is what the rules take.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CriticalityTable {

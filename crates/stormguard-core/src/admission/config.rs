@@ -180,7 +180,7 @@ pub struct AdmissionConfig {
     /// The sustained-overload rule: once the server has been shedding without a break
     /// for this long, every shed call is told "do not retry" (`-1`). A break is an
     /// arrival that finds a worker free or the queue below the retry threshold (see
-    /// [`AdmissionController::shedding_since`](crate::AdmissionController::shedding_since)). At most
+    /// `AdmissionController::shedding_since`). At most
     /// one hour. Default 500 ms; `None` turns the rule off.
     pub no_retry_after_shedding: Option<Duration>,
     /// Seed of the pushback jitter. Default `None`: a seed drawn for each policy when it is

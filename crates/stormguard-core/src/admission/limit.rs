@@ -103,7 +103,7 @@ use serde::Deserialize;
 use crate::ConfigError;
 use crate::Instant;
 
-/// The adaptive limit's bounds and pace. [`AdaptiveLimitConfig::validate`] says what is
+/// The adaptive limit's bounds and pace. `AdaptiveLimitConfig::validate` says what is
 /// accepted.
 ///
 /// Deserializes from an object of these fields, each optional (its default when absent),

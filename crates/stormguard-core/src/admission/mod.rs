@@ -337,7 +337,7 @@ impl AdmissionController {
     ///
     /// The call's deadline is not known here, so the deadline rule
     /// ([`AdmissionConfig::no_retry_margin`]) does not apply; the queue uses
-    /// [`AdmissionController::decide_with_deadline_at`].
+    /// `AdmissionController::decide_with_deadline_at`.
     pub fn decide_at(
         &mut self,
         now: Instant,
@@ -410,7 +410,7 @@ impl AdmissionController {
     }
 
     /// The pushback for a call shed at `now` with `depth` queued: the drain estimate `e`
-    /// ([`AdmissionController::drain_estimate_at`]), jittered uniformly over `[e/2, e]` in
+    /// (`AdmissionController::drain_estimate_at`), jittered uniformly over `[e/2, e]` in
     /// whole milliseconds. Always within `[1 ms, pushback_max]`; never 0.
     pub fn pushback_at(&mut self, now: Instant, depth: usize) -> Duration {
         let estimate = u64::try_from(self.drain_estimate_at(now, depth).as_millis())
@@ -495,7 +495,7 @@ impl AdmissionController {
 
     /// Whether a call shed at `now` with `depth` queued and told to come back after
     /// `pushback` could not be served before `deadline`: with `P` the pushback, `E` the
-    /// drain estimate ([`AdmissionController::drain_estimate_at`]) and `S`
+    /// drain estimate (`AdmissionController::drain_estimate_at`) and `S`
     /// [`AdmissionConfig::no_retry_margin`], when `now + P + E + S >= deadline`. Never
     /// without a deadline, or with the rule off.
     ///

@@ -241,7 +241,7 @@ pub struct ReplicaSnapshot {
     /// Its slow-start weight now, in (0, 1].
     pub weight: f64,
     /// What its load reports multiply its share by now, in (0, 1] (1: no report counts;
-    /// see [`ReplicaSet::report_factor_at`]).
+    /// see `ReplicaSet::report_factor_at`).
     pub report_factor: f64,
 }
 

@@ -432,7 +432,7 @@ impl AdaptiveThrottle {
     /// (`Code::Ok` for a success, or for response headers that commit the call);
     /// `shed_mark`: the answer carries `grpc-retry-pushback-ms` or
     /// `stormguard-unprocessed: 1`. Counted as a request, and as an accept unless
-    /// [`AdaptiveThrottleConfig::is_rejection`] says it was refused for overload. Retries
+    /// `AdaptiveThrottleConfig::is_rejection` says it was refused for overload. Retries
     /// and hedges are requests too. Only answers the server sent are recorded here (an
     /// attempt that timed out goes to [`record_timeout_at`](Self::record_timeout_at), one
     /// that failed in transport nowhere).
