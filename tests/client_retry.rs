@@ -470,7 +470,7 @@ async fn per_method_policies_from_a_grpc_service_config() {
         "backoffMultiplier":2,"retryableStatusCodes":["UNAVAILABLE"]}}]}"#;
     let config = ClientConfig::from_service_config_json(json).unwrap();
     let svc = Scripted::always(Step::Fail(Code::Unavailable));
-    let layer = RetryLayer::from_config_seeded(&config, 9).unwrap();
+    let layer = RetryLayer::from_config(&config.clone().with_seed(9)).unwrap();
     let stats = layer.stats();
     let mut client = setup(&svc, layer).await;
 

@@ -29,7 +29,7 @@ fn config() -> AdaptiveThrottleConfig {
 fn layer(config: AdaptiveThrottleConfig) -> RetryLayer {
     let mut client_config = ClientConfig::no_retries();
     client_config.adaptive_throttle = Some(config);
-    RetryLayer::from_config_seeded(&client_config, 7).unwrap()
+    RetryLayer::from_config(&client_config.clone().with_seed(7)).unwrap()
 }
 
 fn request(class: Option<&'static str>) -> Request<stormguard_demo::ReserveRequest> {
@@ -159,7 +159,7 @@ async fn every_attempt_counts_as_a_request_retries_included() {
 #[tokio::test]
 async fn without_a_throttle_a_shedding_server_sees_every_call() {
     let server = Scripted::always(Step::pushback(Code::Unavailable, "100"));
-    let layer = RetryLayer::from_config_seeded(&ClientConfig::no_retries(), 7).unwrap();
+    let layer = RetryLayer::from_config(&ClientConfig::no_retries().with_seed(7)).unwrap();
     assert!(layer.adaptive_throttle().is_none(), "off by default");
     let stats = layer.stats();
     let mut client = setup(&server, layer).await;

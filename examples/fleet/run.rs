@@ -356,7 +356,7 @@ fn client(
     // The `RetryLayer` of `layer` and `stormguard`: defaults, `Reserve` idempotent, 50 ms
     // per attempt.
     let layer = || {
-        RetryLayer::from_config_seeded(&stormguard_client_config(Some(per_attempt)), config.seed)
+        RetryLayer::from_config(&stormguard_client_config(Some(per_attempt)).with_seed(config.seed))
             .map_err(|e| e.to_string())
     };
     match policy {

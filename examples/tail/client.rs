@@ -168,7 +168,7 @@ impl Caller {
             RESERVE_METHOD,
             Some(hedging_policy(delay)),
         );
-        let layer = RetryLayer::from_config_seeded(&config, seed)?;
+        let layer = RetryLayer::from_config(&config.clone().with_seed(seed))?;
         let stats = layer.stats();
         let service = ServiceBuilder::new().layer(layer).service(channel);
         Ok(Caller::Layered(InventoryClient::new(service), stats))

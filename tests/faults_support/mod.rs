@@ -522,7 +522,7 @@ pub fn client_config(idempotent: bool, keyed: bool) -> ClientConfig {
 /// The three retry layers of a client: one per [`Kind`], seeded apart.
 fn layers(seed: u64, over_replicas: bool) -> Result<[(Kind, RetryLayer); 3], Box<dyn Error>> {
     let layer = |kind: Kind, idempotent: bool, keyed: bool, seed: u64| {
-        let layer = RetryLayer::from_config_seeded(&client_config(idempotent, keyed), seed)?;
+        let layer = RetryLayer::from_config(&client_config(idempotent, keyed).with_seed(seed))?;
         Ok::<_, Box<dyn Error>>((
             kind,
             if over_replicas {

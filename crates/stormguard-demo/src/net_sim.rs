@@ -180,7 +180,7 @@ mod tests {
                 .keep_alive_timeout(Duration::from_millis(300))
                 .keep_alive_while_idle(true);
             let channel = super::connect_lazy_with(endpoint);
-            let layer = RetryLayer::from_config_seeded(&crate::client_config(), 3)?;
+            let layer = RetryLayer::from_config(&crate::client_config().with_seed(3))?;
             let mut client =
                 InventoryClient::new(ServiceBuilder::new().layer(layer).service(channel));
             let call = |id: &str| {

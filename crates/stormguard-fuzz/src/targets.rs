@@ -760,7 +760,7 @@ pub fn hedge(input: &[u8]) -> Outcome {
     match ClientConfig::from_text(&text, Format::Json) {
         Ok(config) => {
             assert_eq!(config.validate(), Ok(()), "accepted but invalid: {text}");
-            let controller = match RetryController::from_config(&config, 7) {
+            let controller = match RetryController::from_config(&config.clone().with_seed(7)) {
                 Ok(c) => c,
                 Err(e) => panic!("accepted config does not build ({e}): {text}"),
             };
@@ -990,7 +990,7 @@ fn error_kind(e: &ConfigError) -> (bool, String, String) {
 /// Builds the retry controller an accepted config describes and runs failing calls
 /// through it: no panic, every retry fits in the deadline, the clock never overflows.
 fn drive(config: &ClientConfig, text: &str) {
-    let controller = match RetryController::from_config(config, 7) {
+    let controller = match RetryController::from_config(&config.clone().with_seed(7)) {
         Ok(c) => c,
         Err(e) => panic!("accepted config does not build ({e}): {text}"),
     };

@@ -48,7 +48,7 @@ fn the_hedge_seeds_reach_every_refusal_and_both_budgets() {
     for seed in targets::target("hedge").unwrap().seeds {
         let (text, script) = seed.split_once('\0').unwrap();
         let config = ClientConfig::from_text(text, Format::Json).unwrap();
-        let controller = RetryController::from_config(&config, 7).unwrap();
+        let controller = RetryController::from_config(&config.clone().with_seed(7)).unwrap();
         let mut clock = tokio::time::Instant::now();
         let summary = hedged::drive_script(
             &controller,

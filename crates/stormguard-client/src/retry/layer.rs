@@ -114,7 +114,8 @@ impl RetryLayer {
         }
     }
 
-    /// A layer for `config` (validated first), with a random jitter seed.
+    /// A layer for `config` (validated first), its random draws seeded by
+    /// [`ClientConfig::seed`](stormguard_core::ClientConfig::seed) (`None`: a fresh seed).
     ///
     /// ```
     /// use stormguard_client::RetryLayer;
@@ -128,13 +129,10 @@ impl RetryLayer {
     /// # let _ = (layer, from_grpc);
     /// ```
     pub fn from_config(config: &ClientConfig) -> Result<Self, ConfigError> {
-        Self::from_config_seeded(config, fastrand::u64(..))
-    }
-
-    /// A layer for `config` whose backoff jitter and breaker are seeded with `seed`, so a
-    /// run can be reproduced.
-    pub fn from_config_seeded(config: &ClientConfig, seed: u64) -> Result<Self, ConfigError> {
-        let mut layer = RetryController::from_config(config, seed).map(Self::new)?;
+        // One seed for every draw: the config's (a reproducible run), or a fresh one.
+        let seed = config.seed.unwrap_or_else(|| fastrand::u64(..));
+        let seeded = config.clone().with_seed(seed);
+        let mut layer = RetryController::from_config(&seeded).map(Self::new)?;
         if let Some(throttle) = &config.adaptive_throttle {
             // Its own stream of draws, apart from the backoff's and the breaker's.
             let throttle = AdaptiveThrottle::new(throttle.clone(), seed ^ 0xAD_A971_7E00)?;
@@ -274,8 +272,8 @@ impl RetryLayer {
         self
     }
 
-    /// Charges each call's retries to a key taken from its request (the seed design's bad
-    /// shard: a method, or a metadata value that routes to a shard), beside the shared
+    /// Charges each call's retries to a key taken from its request (a bad shard: a
+    /// method, or a metadata value that routes to a shard), beside the shared
     /// budget: a key whose calls keep failing spends only what its own successes earned
     /// (plus the floor), and calls to the other keys keep their retries. `key` returns
     /// `None` for calls that only the shared budget pays for. The accounts are those of the

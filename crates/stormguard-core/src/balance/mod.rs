@@ -18,7 +18,7 @@
 //!   again;
 //! - *slow start*: a replica that is new or returns from ejection takes a share that ramps
 //!   from [`SlowStartConfig::min_weight`] to a full share over [`SlowStartConfig::window`]
-//!   (the seed's cold process flattened by its full share of synchronized retries).
+//!   (without it, a cold process is flattened by its full share of synchronized retries).
 //!
 //! # Why eject, and why not on overload
 //!

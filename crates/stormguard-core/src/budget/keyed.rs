@@ -16,7 +16,7 @@ pub(crate) const DEFAULT_MAX_KEYS: usize = 256;
 ///
 /// # Why
 ///
-/// With one shared budget, the seed design's hardest case is lost: one bad shard returns
+/// With one shared budget, the hardest case is lost: one bad shard returns
 /// errors while nine are healthy, the healthy ones' successes keep refilling the budget,
 /// and the bad shard's retries spend it; once it is empty, calls that met only healthy
 /// shards lose their retries too. Charged per key, a retry after a failure on key *k* must

@@ -237,6 +237,7 @@ impl Build for ClientDoc {
                 .as_ref()
                 .map(LoadReportsDoc::build)
                 .transpose()?,
+            seed: None,
             not_applied: Vec::new(),
         };
         config.validate()?;

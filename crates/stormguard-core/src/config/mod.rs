@@ -43,7 +43,7 @@
 //!
 //! `idempotent` defaults to `false`, as in [`RetryPolicy`]: without it, only requests that
 //! never reached the server are retried, because a server that answered `UNAVAILABLE` may
-//! have done part of the work. The seed design's config sets everything else and so
+//! have done part of the work. A config that sets everything else and leaves that out
 //! retries no answer; [`ClientConfig::notices`] says so. One entry marks the method that is
 //! safe to repeat (or `idempotent: true` under `retry` marks every method):
 //!
@@ -291,11 +291,27 @@ pub struct ClientConfig {
     /// saturated (`retry.load_reports`; see [`crate::orca`](crate::LoadReport)). Default `None`: reports are
     /// not read for retries.
     pub load_reports: Option<crate::SaturationConfig>,
+    /// The seed of every random draw of a client built from this config (backoff jitter,
+    /// the breaker's open-duration jitter, the adaptive throttle, idempotency keys), so a
+    /// run can be reproduced; `None` draws one. Not read from documents: set it in code,
+    /// with [`ClientConfig::with_seed`].
+    pub seed: Option<u64>,
     /// Fields of the document read but not applied.
     not_applied: Vec<NotApplied>,
 }
 
 impl ClientConfig {
+    /// The same config with its random draws seeded by `seed` (see [`ClientConfig::seed`]).
+    ///
+    /// ```
+    /// use stormguard_core::ClientConfig;
+    ///
+    /// assert_eq!(ClientConfig::standard().with_seed(7).seed, Some(7));
+    /// ```
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
     /// stormguard's defaults for every method: retry `UNAVAILABLE`, 3 attempts, full jitter,
     /// the default budget, no breaker. No method is taken for idempotent, so only requests
     /// that never reached the server are retried; mark the methods that are safe to repeat

@@ -141,6 +141,7 @@ pub(super) fn read(root: Map<String, Value>) -> Result<ClientConfig, ConfigError
         breaker: None,
         adaptive_throttle: None,
         load_reports: None,
+        seed: None,
         not_applied,
     })
 }

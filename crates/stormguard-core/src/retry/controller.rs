@@ -221,17 +221,18 @@ impl RetryController {
     }
 
     /// A controller for `config` (validated first): its method table, the budget or A6
-    /// throttle it names, and its breaker. `seed` seeds the backoff jitter and the breaker's
-    /// open-duration jitter, so a seeded run can be reproduced.
+    /// bucket it names, and its breaker, their random draws seeded by [`ClientConfig::seed`]
+    /// (so a seeded run can be reproduced; `None` draws a seed).
     ///
     /// ```
     /// use stormguard_core::{ClientConfig, RetryController};
     ///
-    /// let controller = RetryController::from_config(&ClientConfig::standard(), 7).unwrap();
+    /// let controller = RetryController::from_config(&ClientConfig::standard().with_seed(7)).unwrap();
     /// assert!(controller.methods().lookup("/pkg.Svc/Get").is_some());
     /// ```
-    pub fn from_config(config: &ClientConfig, seed: u64) -> Result<Self, ConfigError> {
+    pub fn from_config(config: &ClientConfig) -> Result<Self, ConfigError> {
         config.validate()?;
+        let seed = config.seed.unwrap_or_else(|| fastrand::u64(..));
         let budget: Arc<dyn Budget> = match &config.budget {
             BudgetChoice::Stormguard(b) => Arc::new(RetryBudget::new(b.clone())?),
             BudgetChoice::A6(t) => Arc::new(A6Budget::new(t.clone())?),

@@ -1144,7 +1144,7 @@ fn from_config_builds_the_named_budget_and_breaker() {
             "methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 2, "initialBackoff": "0.1s",
             "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}"#;
     let config = ClientConfig::from_service_config_json(json).unwrap();
-    let c = RetryController::from_config(&config, 1).unwrap();
+    let c = RetryController::from_config(&config.clone().with_seed(1)).unwrap();
     let now = Instant::now();
     // An A6 throttle of 4 tokens: 2 above the threshold.
     assert!((c.budget().balance_at(now) - 2.0).abs() < 1e-9);
@@ -1152,7 +1152,7 @@ fn from_config_builds_the_named_budget_and_breaker() {
     let mut with_breaker = ClientConfig::standard();
     with_breaker.breaker = Some(BreakerConfig::default());
     assert!(
-        RetryController::from_config(&with_breaker, 1)
+        RetryController::from_config(&with_breaker.clone().with_seed(1))
             .unwrap()
             .breaker()
             .is_some()
@@ -1162,7 +1162,7 @@ fn from_config_builds_the_named_budget_and_breaker() {
         failure_rate: 0.0,
         ..BreakerConfig::default()
     });
-    assert!(RetryController::from_config(&bad, 1).is_err());
+    assert!(RetryController::from_config(&bad.clone().with_seed(1)).is_err());
 }
 
 #[test]

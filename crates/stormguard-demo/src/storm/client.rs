@@ -379,7 +379,7 @@ pub(crate) fn layered_client(
     seed: u64,
     load_reports: bool,
 ) -> Result<(InventoryClient<Layered>, RetryStats), ConfigError> {
-    let mut layer = RetryLayer::from_config_seeded(config, seed)?;
+    let mut layer = RetryLayer::from_config(&config.clone().with_seed(seed))?;
     if load_reports {
         layer = layer.with_load_reports(stormguard_core::SaturationConfig::default())?;
     }

@@ -399,8 +399,9 @@ pub fn run_storm_policy(
                 }
                 _ => {
                     let client_config = stormguard_client_config(Some(config.per_attempt));
-                    let layer = RetryLayer::from_config_seeded(&client_config, mix(seed, 3))?
-                        .over_replicas();
+                    let layer =
+                        RetryLayer::from_config(&client_config.clone().with_seed(mix(seed, 3)))?
+                            .over_replicas();
                     let stats = layer.stats();
                     let service = ServiceBuilder::new().layer(layer).service(replicas);
                     (
@@ -662,7 +663,8 @@ pub fn run_dead_dependency(
                     },
                 ),
                 Some(client_config) => {
-                    let layer = RetryLayer::from_config_seeded(client_config, mix(seed, 3))?;
+                    let layer =
+                        RetryLayer::from_config(&client_config.clone().with_seed(mix(seed, 3)))?;
                     let service = ServiceBuilder::new().layer(layer).service(observed);
                     layered_caller(InventoryClient::new(service), Some(config.deadline))
                 }

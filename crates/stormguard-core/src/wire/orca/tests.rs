@@ -151,8 +151,7 @@ fn config_key_reads_and_names_its_fields() {
     let e = ClientConfig::from_json(r#"{"methods": {"/a.B/": {"load_reports": {}}}}"#).unwrap_err();
     assert!(e.to_string().contains("load_reports"), "{e}");
     let controller = crate::RetryController::from_config(
-        &ClientConfig::from_json(r#"{"retry": {"load_reports": {}}}"#).unwrap(),
-        1,
+        &(ClientConfig::from_json(r#"{"retry": {"load_reports": {}}}"#).unwrap()).with_seed(1),
     )
     .unwrap();
     assert!(controller.saturation().is_some());
