@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::config::check;
 use crate::wire::AttemptClass;
 use crate::{AdaptiveLimitConfig, Code, ConfigError, Criticality, Instant, ShedPushback};
 
@@ -277,20 +278,10 @@ impl AdmissionConfig {
     /// assert!(bad.validate().unwrap_err().to_string().contains("admission.workers"));
     /// ```
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.workers == 0 {
-            return Err(ConfigError::invalid(
-                "admission.workers",
-                "must be at least 1",
-            ));
-        }
-        if let Some(depth) = self.retry_threshold.depth
-            && depth > self.queue_capacity
-        {
-            return Err(ConfigError::invalid(
-                "admission.retry_threshold.depth",
-                format!("{depth} is above queue_capacity ({})", self.queue_capacity),
-            ));
-        }
+        check::at_least_one("admission.workers", self.workers as u64)?;
+        let capacity = self.queue_capacity;
+        let depth = self.retry_threshold.depth;
+        check::within_capacity("admission.retry_threshold.depth", depth, capacity)?;
         if self.max_time_queued.is_zero() || self.max_time_queued > MAX_TIME_QUEUED {
             return Err(ConfigError::invalid(
                 "admission.max_time_queued",
@@ -310,50 +301,24 @@ impl AdmissionConfig {
                 ),
             ));
         }
-        if self.shed_code == Code::Ok {
-            return Err(ConfigError::invalid(
-                "admission.shed_code",
-                "a shed answer cannot be OK",
-            ));
+        for (field, code) in [
+            ("admission.shed_code", Some(self.shed_code)),
+            ("admission.no_retry_code", self.no_retry_code),
+        ] {
+            if code == Some(Code::Ok) {
+                return Err(ConfigError::invalid(field, "a shed answer cannot be OK"));
+            }
         }
-        if self.no_retry_code == Some(Code::Ok) {
-            return Err(ConfigError::invalid(
-                "admission.no_retry_code",
-                "a shed answer cannot be OK",
-            ));
-        }
-        if let Some(depth) = self.no_retry_depth
-            && depth > self.queue_capacity
-        {
-            return Err(ConfigError::invalid(
-                "admission.no_retry_depth",
-                format!("{depth} is above queue_capacity ({})", self.queue_capacity),
-            ));
-        }
-        if let Some(margin) = self.no_retry_margin
-            && margin > MAX_TIME_QUEUED
-        {
-            return Err(ConfigError::invalid(
-                "admission.no_retry_margin",
-                format!("{margin:?} is above {MAX_TIME_QUEUED:?}"),
-            ));
-        }
-        if let Some(after) = self.no_retry_after_shedding
-            && after > MAX_TIME_QUEUED
-        {
-            return Err(ConfigError::invalid(
-                "admission.no_retry_after_shedding",
-                format!("{after:?} is above {MAX_TIME_QUEUED:?}"),
-            ));
-        }
-        if let Some(depth) = self.sheddable_threshold.depth
-            && depth > self.queue_capacity
-        {
-            return Err(ConfigError::invalid(
-                "admission.sheddable_threshold.depth",
-                format!("{depth} is above queue_capacity ({})", self.queue_capacity),
-            ));
-        }
+        check::within_capacity("admission.no_retry_depth", self.no_retry_depth, capacity)?;
+        check::not_above(
+            "admission.no_retry_margin",
+            self.no_retry_margin,
+            MAX_TIME_QUEUED,
+        )?;
+        let after = self.no_retry_after_shedding;
+        check::not_above("admission.no_retry_after_shedding", after, MAX_TIME_QUEUED)?;
+        let depth = self.sheddable_threshold.depth;
+        check::within_capacity("admission.sheddable_threshold.depth", depth, capacity)?;
         if let Some(adaptive) = &self.adaptive {
             adaptive.validate()?;
         }

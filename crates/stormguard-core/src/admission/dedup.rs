@@ -62,6 +62,7 @@ use std::time::Duration;
 
 use crate::ConfigError;
 use crate::Instant;
+use crate::config::check;
 use crate::wire::MAX_PUSHBACK_MS;
 
 /// The bounds of a server's record of idempotency keys, and what an in-flight duplicate is
@@ -114,18 +115,8 @@ impl Default for IdempotencyConfig {
 impl IdempotencyConfig {
     /// Checks the ranges; errors name the field as `idempotency.<field>`.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
-        if self.max_entries == 0 {
-            return Err(ConfigError::invalid(
-                "idempotency.max_entries",
-                "must be at least 1",
-            ));
-        }
-        if self.max_record_bytes == 0 {
-            return Err(ConfigError::invalid(
-                "idempotency.max_record_bytes",
-                "must be at least 1",
-            ));
-        }
+        check::at_least_one("idempotency.max_entries", self.max_entries as u64)?;
+        check::at_least_one("idempotency.max_record_bytes", self.max_record_bytes as u64)?;
         if self.max_record_bytes > self.max_bytes {
             return Err(ConfigError::invalid(
                 "idempotency.max_record_bytes",

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::ConfigError;
+use crate::config::check::{share, within};
 
 /// How a [`ReplicaSet`](crate::ReplicaSet) chooses and ejects replicas.
 ///
@@ -184,31 +185,19 @@ impl Default for ReportWeightConfig {
 impl ReplicaConfig {
     /// Checks every field; the error names the first field out of range.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
-        let e = &self.ejection;
-        let within = |field: &str, d: Duration, lo: Duration, hi: Duration| {
-            if d < lo || d > hi {
-                Err(ConfigError::invalid(
-                    field,
-                    format!("must be between {lo:?} and {hi:?}, got {d:?}"),
-                ))
-            } else {
-                Ok(())
-            }
-        };
-        let share = |field: &str, x: f64, zero_ok: bool| {
-            let ok = x.is_finite() && x <= 1.0 && (x > 0.0 || (zero_ok && x == 0.0));
-            if ok {
-                Ok(())
-            } else {
-                let range = if zero_ok { "[0, 1]" } else { "(0, 1]" };
-                Err(ConfigError::invalid(
-                    field,
-                    format!("must be in {range}, got {x}"),
-                ))
-            }
-        };
-        const HOUR: Duration = Duration::from_secs(3600);
-        const TEN_MIN: Duration = Duration::from_secs(600);
+        self.ejection.validate()?;
+        self.slow_start.validate()?;
+        self.load.validate()?;
+        self.reports.validate()
+    }
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+const TEN_MIN: Duration = Duration::from_secs(600);
+
+impl EjectionConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let e = self;
         share("replicas.ejection.failure_share", e.failure_share, false)?;
         within(
             "replicas.ejection.window",
@@ -216,9 +205,10 @@ impl ReplicaConfig {
             Duration::from_secs(1),
             TEN_MIN,
         )?;
+        let base = e.base_time;
         within(
             "replicas.ejection.base_time",
-            e.base_time,
+            base,
             Duration::from_millis(10),
             HOUR,
         )?;
@@ -228,47 +218,55 @@ impl ReplicaConfig {
             "replicas.ejection.max_ejected_share",
             e.max_ejected_share,
             true,
-        )?;
+        )
+    }
+}
+
+impl SlowStartConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
         within(
             "replicas.slow_start.window",
-            self.slow_start.window,
+            self.window,
             Duration::ZERO,
             TEN_MIN,
         )?;
-        share(
-            "replicas.slow_start.min_weight",
-            self.slow_start.min_weight,
-            false,
-        )?;
-        let l = &self.load;
-        within(
-            "replicas.load.decay",
-            l.decay,
-            Duration::from_millis(10),
-            Duration::from_secs(60),
-        )?;
+        share("replicas.slow_start.min_weight", self.min_weight, false)
+    }
+}
+
+impl LoadConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let (ms10, min) = (Duration::from_millis(10), Duration::from_secs(60));
+        within("replicas.load.decay", self.decay, ms10, min)?;
+        let rtt = self.default_rtt;
         within(
             "replicas.load.default_rtt",
-            l.default_rtt,
+            rtt,
             Duration::from_micros(1),
-            Duration::from_secs(60),
+            min,
         )?;
         within(
             "replicas.load.failure_decay",
-            l.failure_decay,
-            Duration::from_millis(10),
+            self.failure_decay,
+            ms10,
             TEN_MIN,
-        )?;
-        let r = &self.reports;
+        )
+    }
+}
+
+impl ReportWeightConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let r = self;
         within(
             "replicas.reports.blackout_period",
             r.blackout_period,
             Duration::ZERO,
             TEN_MIN,
         )?;
+        let expiration = r.expiration_period;
         within(
             "replicas.reports.expiration_period",
-            r.expiration_period,
+            expiration,
             Duration::from_secs(1),
             HOUR,
         )?;
@@ -280,7 +278,6 @@ impl ReplicaConfig {
                 format!("must be in [0, 100], got {}", r.error_utilization_penalty),
             ));
         }
-        share("replicas.reports.min_factor", r.min_factor, false)?;
-        Ok(())
+        share("replicas.reports.min_factor", r.min_factor, false)
     }
 }

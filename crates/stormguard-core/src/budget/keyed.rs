@@ -7,6 +7,7 @@ use std::sync::{Mutex, PoisonError};
 use super::{Budget, BudgetConfig, RetryBudget};
 use crate::ConfigError;
 use crate::Instant;
+use crate::config::check;
 
 /// The most keys a [`KeyedBudgets`] tracks by default.
 pub(crate) const DEFAULT_MAX_KEYS: usize = 256;
@@ -68,12 +69,7 @@ impl KeyedBudgets {
     /// one).
     pub fn new(config: BudgetConfig, max_keys: usize) -> Result<Self, ConfigError> {
         config.validate()?;
-        if max_keys == 0 {
-            return Err(ConfigError::invalid(
-                "retry.budget.max_keys",
-                "must be at least 1",
-            ));
-        }
+        check::at_least_one("retry.budget.max_keys", max_keys as u64)?;
         Ok(KeyedBudgets {
             config,
             max_keys,

@@ -128,6 +128,7 @@ use std::time::Duration;
 
 use crate::ConfigError;
 use crate::Instant;
+use crate::config::check;
 
 /// A retry budget: decides whether the process can afford one more retry now.
 ///
@@ -253,12 +254,7 @@ impl Default for BudgetConfig {
 impl BudgetConfig {
     /// Checks every field; the error names the first field out of range.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.ttl < Duration::from_secs(1) || self.ttl > Duration::from_secs(60) {
-            return Err(ConfigError::invalid(
-                "retry.budget.ttl",
-                format!("must be between 1 s and 60 s, got {:?}", self.ttl),
-            ));
-        }
+        check::window_secs("retry.budget.ttl", self.ttl, 1, 60)?;
         if self.min_retries_per_second > i32::MAX as u32 {
             return Err(ConfigError::invalid(
                 "retry.budget.min_retries_per_second",

@@ -224,6 +224,7 @@ use crate::HedgingPolicy;
 use crate::{MethodTable, RetryPolicy};
 
 mod admission;
+pub(crate) mod check;
 mod client;
 mod criticality;
 pub(crate) mod document;

@@ -104,6 +104,7 @@ use std::time::Duration;
 
 use crate::ConfigError;
 use crate::Instant;
+use crate::config::check;
 
 /// Number of rolling buckets the sliding window is split into.
 ///
@@ -115,8 +116,8 @@ pub(crate) const WINDOW_BUCKETS: usize = 10;
 /// Longest accepted [`BreakerConfig::open_for`]: one hour. A breaker that stays open
 /// longer than that is an outage switch, not a latency guard.
 const MAX_OPEN_FOR: Duration = Duration::from_secs(3600);
-const MIN_WINDOW: Duration = Duration::from_secs(1);
-const MAX_WINDOW: Duration = Duration::from_secs(600);
+const MIN_WINDOW_SECS: u64 = 1;
+const MAX_WINDOW_SECS: u64 = 600;
 const MAX_OPEN_JITTER: f64 = 10.0;
 
 /// How many of its latest transitions a breaker keeps for its [`TransitionWatch`]es.
@@ -178,24 +179,14 @@ impl BreakerConfig {
     /// `breaker.window`, …).
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         // Written so that NaN fails every check.
-        if !(self.failure_rate > 0.0 && self.failure_rate <= 1.0) {
-            return Err(ConfigError::invalid(
-                "breaker.failure_rate",
-                format!("must be in (0, 1], got {}", self.failure_rate),
-            ));
-        }
-        if self.window < MIN_WINDOW || self.window > MAX_WINDOW {
-            return Err(ConfigError::invalid(
-                "breaker.window",
-                format!("must be between 1 s and 600 s, got {:?}", self.window),
-            ));
-        }
-        if self.min_requests == 0 {
-            return Err(ConfigError::invalid(
-                "breaker.min_requests",
-                "must be at least 1",
-            ));
-        }
+        check::share("breaker.failure_rate", self.failure_rate, false)?;
+        check::window_secs(
+            "breaker.window",
+            self.window,
+            MIN_WINDOW_SECS,
+            MAX_WINDOW_SECS,
+        )?;
+        check::at_least_one("breaker.min_requests", u64::from(self.min_requests))?;
         if self.open_for.is_zero() || self.open_for > MAX_OPEN_FOR {
             return Err(ConfigError::invalid(
                 "breaker.open_for",
@@ -211,12 +202,7 @@ impl BreakerConfig {
                 format!("must be in [0, 10], got {}", self.open_jitter),
             ));
         }
-        if self.half_open_probes == 0 {
-            return Err(ConfigError::invalid(
-                "breaker.half_open_probes",
-                "must be at least 1",
-            ));
-        }
+        check::at_least_one("breaker.half_open_probes", u64::from(self.half_open_probes))?;
         Ok(())
     }
 }

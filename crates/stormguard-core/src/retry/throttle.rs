@@ -112,14 +112,15 @@ use std::time::Duration;
 use crate::ConfigError;
 use crate::Criticality;
 use crate::Instant;
+use crate::config::check;
 use crate::{Code, CodeSet};
 
 /// Number of time buckets each class's window is split into: a count is forgotten
 /// between `0.9 · window` and `window` after it was recorded.
 pub(crate) const WINDOW_BUCKETS: usize = 10;
 
-const MIN_WINDOW: Duration = Duration::from_secs(1);
-const MAX_WINDOW: Duration = Duration::from_secs(600);
+const MIN_WINDOW_SECS: u64 = 1;
+const MAX_WINDOW_SECS: u64 = 600;
 const MAX_K: f64 = 1000.0;
 
 /// Configuration of an [`AdaptiveThrottle`] (stormguard's `adaptive_throttle`).
@@ -216,12 +217,12 @@ impl AdaptiveThrottleConfig {
                 ),
             ));
         }
-        if self.window < MIN_WINDOW || self.window > MAX_WINDOW {
-            return Err(ConfigError::invalid(
-                "adaptive_throttle.window",
-                format!("must be between 1 s and 600 s, got {:?}", self.window),
-            ));
-        }
+        check::window_secs(
+            "adaptive_throttle.window",
+            self.window,
+            MIN_WINDOW_SECS,
+            MAX_WINDOW_SECS,
+        )?;
         for (field, codes) in [
             ("reject_codes", self.reject_codes),
             ("shed_codes", self.shed_codes),
