@@ -207,6 +207,21 @@ struct Seen {
     saturated: bool,
 }
 
+/// What a window saw when it closed.
+#[derive(Clone, Copy, Debug)]
+struct Closed {
+    /// The no-load latency known when it closed.
+    m: Duration,
+    /// Its mean latency, seconds.
+    rtt: f64,
+    /// The most calls that ran at once.
+    used: f64,
+    /// The mean of the calls running alongside each sample.
+    mean_running: f64,
+    /// Whether many callers left before their calls finished.
+    censored: bool,
+}
+
 #[derive(Debug)]
 struct Probe {
     /// The limit to return to.
@@ -297,6 +312,23 @@ impl AdaptiveLimit {
         abandoned: bool,
     ) -> usize {
         let latency = now.saturating_duration_since(started);
+        self.start_probe_if_due_at(now);
+        if self.probe.is_some() {
+            self.probe_sample_at(now, started, latency, running);
+            return self.limit();
+        }
+        if self.counted_from.is_some_and(|from| started < from) {
+            return self.limit();
+        }
+        if let Some(closed) = self.accumulate_at(now, latency, running, abandoned) {
+            self.close_window_at(now, closed);
+        }
+        self.limit()
+    }
+
+    /// Starts a probe when one is due: the limit drops to the floor until the probe has
+    /// measured the no-load latency.
+    fn start_probe_if_due_at(&mut self, now: Instant) {
         if self.probe.is_none() && self.next_probe.is_none_or(|at| now >= at) {
             self.probe = Some(Probe {
                 saved: self.limit,
@@ -308,27 +340,47 @@ impl AdaptiveLimit {
             self.last = None;
             self.fell_at = None;
         }
-        if let Some(probe) = &mut self.probe {
-            if probe.clean_from.is_some_and(|from| started >= from) {
-                probe.samples.push(latency);
-            }
-            if probe.clean_from.is_none() && running <= self.config.min_limit {
-                probe.clean_from = Some(now);
-            }
-            if probe.samples.len() >= self.config.min_window_samples {
-                probe.samples.sort_unstable();
-                let median = probe.samples[probe.samples.len() / 2];
-                self.min_latency = Some(median.max(Duration::from_micros(1)));
-                self.limit = probe.saved;
-                self.probe = None;
-                let jitter = 0.75 + 0.5 * self.rng.f64();
-                self.next_probe = now.checked_add(self.config.probe_interval.mul_f64(jitter));
-            }
-            return self.limit();
+    }
+
+    /// One sample during a probe: counted once no more than the floor ran when its call
+    /// started; with enough of them, the median is the no-load latency and the limit
+    /// returns to where it was.
+    fn probe_sample_at(
+        &mut self,
+        now: Instant,
+        started: Instant,
+        latency: Duration,
+        running: usize,
+    ) {
+        let Some(probe) = &mut self.probe else {
+            return;
+        };
+        if probe.clean_from.is_some_and(|from| started >= from) {
+            probe.samples.push(latency);
         }
-        if self.counted_from.is_some_and(|from| started < from) {
-            return self.limit();
+        if probe.clean_from.is_none() && running <= self.config.min_limit {
+            probe.clean_from = Some(now);
         }
+        if probe.samples.len() >= self.config.min_window_samples {
+            probe.samples.sort_unstable();
+            let median = probe.samples[probe.samples.len() / 2];
+            self.min_latency = Some(median.max(Duration::from_micros(1)));
+            self.limit = probe.saved;
+            self.probe = None;
+            let jitter = 0.75 + 0.5 * self.rng.f64();
+            self.next_probe = now.checked_add(self.config.probe_interval.mul_f64(jitter));
+        }
+    }
+
+    /// Adds one sample to the current window; returns what the window saw when it closes
+    /// (enough samples over its span, once the no-load latency is known).
+    fn accumulate_at(
+        &mut self,
+        now: Instant,
+        latency: Duration,
+        running: usize,
+        abandoned: bool,
+    ) -> Option<Closed> {
         let window = self.window.get_or_insert(Window {
             started: now,
             count: 0,
@@ -343,25 +395,71 @@ impl AdaptiveLimit {
         // `running` is after this call left: it ran alongside them.
         window.max_running = window.max_running.max(running + 1);
         window.sum_running += running + 1;
-        let Some(m) = self.min_latency else {
-            return self.limit();
-        };
+        let m = self.min_latency?;
         let span = self.config.window.max(m.saturating_mul(2));
         if window.count < self.config.min_window_samples
             || now.saturating_duration_since(window.started) < span
         {
-            return self.limit();
+            return None;
         }
-        let rtt = window.sum_secs / window.count as f64;
-        let used = window.max_running as f64;
-        let mean_running = window.sum_running as f64 / window.count as f64;
-        let censored = window.abandoned as f64 >= CENSORED_SHARE * window.count as f64;
+        let closed = Closed {
+            m,
+            rtt: window.sum_secs / window.count as f64,
+            used: window.max_running as f64,
+            mean_running: window.sum_running as f64 / window.count as f64,
+            censored: window.abandoned as f64 >= CENSORED_SHARE * window.count as f64,
+        };
         self.window = None;
+        Some(closed)
+    }
+
+    /// A window closed at `now`: the floor follows what it saw, and the limit takes the
+    /// Vegas step (held back when callers left).
+    fn close_window_at(&mut self, now: Instant, closed: Closed) {
+        let Closed {
+            m,
+            rtt,
+            used,
+            mean_running,
+            censored,
+        } = closed;
         let seen = Seen {
             limit: self.limit,
             rtt,
             saturated: mean_running >= 0.9 * self.limit.round(),
         };
+        let m = self.follow_floor_at(now, m, seen, censored);
+        if rtt > 0.0 {
+            self.min_latency = Duration::try_from_secs_f64(m).ok().or(self.min_latency);
+        }
+        let before = self.limit;
+        let mut next = self.next_limit(m, rtt, used);
+        if censored {
+            // Callers left: no evidence of room, and while calls still queue inside, that
+            // queue is what made them leave.
+            let l = before.log10().max(1.0);
+            let queued = if rtt > 0.0 {
+                before * (1.0 - m / rtt)
+            } else {
+                0.0
+            };
+            next = next.min(before);
+            if queued >= l / 2.0 {
+                next = next.min(before - l);
+            }
+        }
+        self.limit = next.clamp(self.config.min_limit as f64, self.config.max_limit as f64);
+        if self.limit < before {
+            // Calls let in under the higher limit still queue inside: the next window
+            // counts only the calls that start under the new one.
+            self.counted_from = Some(now);
+        }
+    }
+
+    /// The no-load latency (seconds) after a window that saw `seen`, from the floor `m`
+    /// known before it; schedules a probe when the floor fell while windows stay saturated.
+    fn follow_floor_at(&mut self, now: Instant, m: Duration, seen: Seen, censored: bool) -> f64 {
+        let rtt = seen.rtt;
         // Between probes the floor follows a faster window down at once...
         if rtt < 0.8 * m.as_secs_f64() {
             self.fell_at.get_or_insert(now);
@@ -390,32 +488,7 @@ impl AdaptiveLimit {
             self.next_probe = Some(now);
             self.fell_at = None;
         }
-        if rtt > 0.0 {
-            self.min_latency = Duration::try_from_secs_f64(m).ok().or(self.min_latency);
-        }
-        let before = self.limit;
-        let mut next = self.next_limit(m, rtt, used);
-        if censored {
-            // Callers left: no evidence of room, and while calls still queue inside, that
-            // queue is what made them leave.
-            let l = before.log10().max(1.0);
-            let queued = if rtt > 0.0 {
-                before * (1.0 - m / rtt)
-            } else {
-                0.0
-            };
-            next = next.min(before);
-            if queued >= l / 2.0 {
-                next = next.min(before - l);
-            }
-        }
-        self.limit = next.clamp(self.config.min_limit as f64, self.config.max_limit as f64);
-        if self.limit < before {
-            // Calls let in under the higher limit still queue inside: the next window
-            // counts only the calls that start under the new one.
-            self.counted_from = Some(now);
-        }
-        self.limit()
+        m
     }
 
     /// The Vegas step: the new limit after a window of mean latency `rtt` with no-load
