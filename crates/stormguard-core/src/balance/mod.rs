@@ -282,6 +282,71 @@ struct Counts {
     failures: u32,
 }
 
+/// What an ended attempt measured, and the replica's estimates just before it.
+struct Sample {
+    /// How long the attempt took, ns.
+    elapsed: f64,
+    /// The replica's latency estimate at `now`, ns.
+    latency_now: f64,
+    /// The replica's health at `now`.
+    health_now: f64,
+    /// The latency's decay time, seconds.
+    decay: f64,
+    now: Instant,
+}
+
+impl Replica {
+    /// The window of the failure share: two halves, the older one dropped as time moves.
+    fn roll_window_at(&mut self, now: Instant, window: Duration) {
+        let half = window / 2;
+        let since_start = now.saturating_duration_since(self.window_start);
+        if since_start >= window {
+            self.window = [Counts::default(); 2];
+            self.window_start = now;
+        } else if since_start >= half {
+            self.window = [self.window[1], Counts::default()];
+            self.window_start += half;
+        }
+    }
+
+    /// Peak EWMA: a slower answer is taken at once, a faster one blends in.
+    fn sample_latency(&mut self, s: &Sample) {
+        self.latency_ns = if s.elapsed > s.latency_now {
+            s.elapsed
+        } else {
+            let dt = s
+                .now
+                .saturating_duration_since(self.latency_at)
+                .as_secs_f64();
+            let w = (-dt / s.decay).exp();
+            s.latency_now * w + s.elapsed * (1.0 - w)
+        };
+        self.latency_at = s.now;
+    }
+
+    /// One answer into the health EWMA: 1 for an answer, 0 for a failure or an overload.
+    fn sample_health(&mut self, s: &Sample, x: f64) {
+        self.health = s.health_now + (x - s.health_now) * HEALTH_ALPHA;
+        self.health_at = s.now;
+    }
+
+    /// Why its failures eject it now, if they do.
+    fn ejection_reason(&self, e: &EjectionConfig) -> Option<EjectReason> {
+        let answers = self.window[0].answers + self.window[1].answers;
+        let failures = self.window[0].failures + self.window[1].failures;
+        if e.consecutive_failures > 0 && self.consecutive >= e.consecutive_failures {
+            Some(EjectReason::ConsecutiveFailures)
+        } else if e.min_requests > 0
+            && answers >= e.min_requests
+            && f64::from(failures) >= e.failure_share * f64::from(answers)
+        {
+            Some(EjectReason::FailureShare)
+        } else {
+            None
+        }
+    }
+}
+
 /// The replicas of one dependency, their health and the choice between them. Not
 /// thread-safe itself: a layer keeps it behind a lock (every operation is short and
 /// allocates nothing once the set is built).
@@ -566,49 +631,28 @@ impl ReplicaSet {
         now: Instant,
     ) -> Option<ReplicaEvent> {
         let i = self.index(id)?;
-        let elapsed = now.saturating_duration_since(started).as_nanos() as f64;
-        let latency_now = self.latency_at(&self.replicas[i], now);
-        let health_now = self.health_at(&self.replicas[i], now);
-        let decay = self.config.load.decay.as_secs_f64();
+        let sample = Sample {
+            elapsed: now.saturating_duration_since(started).as_nanos() as f64,
+            latency_now: self.latency_at(&self.replicas[i], now),
+            health_now: self.health_at(&self.replicas[i], now),
+            decay: self.config.load.decay.as_secs_f64(),
+            now,
+        };
         let window = self.config.ejection.window;
         let warming = self.warming_from(now);
         let r = &mut self.replicas[i];
         r.in_flight = r.in_flight.saturating_sub(1);
-        // The window of the failure share: two halves, the older one dropped as time moves.
-        let half = window / 2;
-        let since_start = now.saturating_duration_since(r.window_start);
-        if since_start >= window {
-            r.window = [Counts::default(); 2];
-            r.window_start = now;
-        } else if since_start >= half {
-            r.window = [r.window[1], Counts::default()];
-            r.window_start += half;
-        }
-        let sample_latency = |r: &mut Replica| {
-            // Peak EWMA: a slower answer is taken at once, a faster one blends in.
-            r.latency_ns = if elapsed > latency_now {
-                elapsed
-            } else {
-                let dt = now.saturating_duration_since(r.latency_at).as_secs_f64();
-                let w = (-dt / decay).exp();
-                latency_now * w + elapsed * (1.0 - w)
-            };
-            r.latency_at = now;
-        };
-        let sample_health = |r: &mut Replica, x: f64| {
-            r.health = health_now + (x - health_now) * HEALTH_ALPHA;
-            r.health_at = now;
-        };
+        r.roll_window_at(now, window);
         let probing = matches!(r.state, ReplicaState::Probing);
         match outcome {
             ReplicaOutcome::Success | ReplicaOutcome::Overload => {
-                sample_latency(r);
+                r.sample_latency(&sample);
                 if outcome == ReplicaOutcome::Success {
-                    sample_health(r, 1.0);
+                    r.sample_health(&sample, 1.0);
                     r.consecutive = 0;
                     r.window[1].answers += 1;
                 } else {
-                    sample_health(r, 0.0);
+                    r.sample_health(&sample, 0.0);
                     r.overloads += 1;
                 }
                 if probing {
@@ -622,7 +666,7 @@ impl ReplicaSet {
                 None
             }
             ReplicaOutcome::CutOff => {
-                sample_latency(r);
+                r.sample_latency(&sample);
                 if probing {
                     return self.eject(i, EjectReason::ProbeFailed, true, now);
                 }
@@ -630,7 +674,7 @@ impl ReplicaSet {
             }
             ReplicaOutcome::Failure | ReplicaOutcome::Refused => {
                 let grow = outcome == ReplicaOutcome::Failure;
-                sample_health(r, 0.0);
+                r.sample_health(&sample, 0.0);
                 r.failures += 1;
                 r.consecutive = r.consecutive.saturating_add(1);
                 r.window[1].answers += 1;
@@ -641,20 +685,7 @@ impl ReplicaSet {
                 if matches!(r.state, ReplicaState::Ejected { .. }) {
                     return None;
                 }
-                let e = &self.config.ejection;
-                let answers = r.window[0].answers + r.window[1].answers;
-                let failures = r.window[0].failures + r.window[1].failures;
-                let reason =
-                    if e.consecutive_failures > 0 && r.consecutive >= e.consecutive_failures {
-                        Some(EjectReason::ConsecutiveFailures)
-                    } else if e.min_requests > 0
-                        && answers >= e.min_requests
-                        && f64::from(failures) >= e.failure_share * f64::from(answers)
-                    {
-                        Some(EjectReason::FailureShare)
-                    } else {
-                        None
-                    };
+                let reason = r.ejection_reason(&self.config.ejection);
                 reason.and_then(|reason| self.eject(i, reason, grow, now))
             }
         }
