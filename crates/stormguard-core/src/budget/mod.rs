@@ -116,6 +116,7 @@
 
 mod a6;
 mod keyed;
+pub(crate) mod ring;
 
 pub use a6::{A6Budget, A6BudgetConfig};
 pub(crate) use keyed::DEFAULT_MAX_KEYS;

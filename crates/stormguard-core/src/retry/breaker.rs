@@ -104,6 +104,7 @@ use std::time::Duration;
 
 use crate::ConfigError;
 use crate::Instant;
+use crate::budget::ring::{BUCKETS, BucketClock, BucketRing};
 use crate::config::check;
 
 /// Number of rolling buckets the sliding window is split into.
@@ -111,7 +112,7 @@ use crate::config::check;
 /// An outcome counts from the moment it is recorded until its bucket rotates out, which
 /// happens between `0.9 · window` and `window` later: never longer than the configured
 /// window.
-pub(crate) const WINDOW_BUCKETS: usize = 10;
+pub(crate) const WINDOW_BUCKETS: usize = BUCKETS;
 
 /// Longest accepted [`BreakerConfig::open_for`]: one hour. A breaker that stays open
 /// longer than that is an outage switch, not a latency guard.
@@ -690,23 +691,12 @@ impl Drop for BreakerPermit {
     }
 }
 
-/// Sliding window of outcomes in [`WINDOW_BUCKETS`] rolling buckets, expired by time.
+/// Sliding window of outcomes: one bucket ring of (successes, failures).
 #[derive(Debug)]
 struct Window {
     bucket_width: Duration,
-    /// Bucket indices count from the first instant the window saw.
-    origin: Option<Instant>,
-    /// Newest bucket index seen; time inside the window never runs backwards, so an
-    /// outcome reported with a slightly older `now` lands in the newest bucket.
-    newest: u64,
-    buckets: [Bucket; WINDOW_BUCKETS],
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-struct Bucket {
-    index: u64,
-    successes: u32,
-    failures: u32,
+    clock: BucketClock,
+    ring: BucketRing,
 }
 
 impl Window {
@@ -714,47 +704,21 @@ impl Window {
         Window {
             // window ≥ 1 s (validated), so the width is ≥ 100 ms and never zero.
             bucket_width: window / WINDOW_BUCKETS as u32,
-            origin: None,
-            newest: 0,
-            buckets: [Bucket::default(); WINDOW_BUCKETS],
+            clock: BucketClock::default(),
+            ring: BucketRing::default(),
         }
     }
 
     fn reset(&mut self) {
-        self.buckets = [Bucket::default(); WINDOW_BUCKETS];
+        self.ring = BucketRing::default();
     }
 
     /// Records one outcome at `now`; returns `(total, failures)` over the window.
     fn record(&mut self, now: Instant, failed: bool) -> (u64, u64) {
-        let origin = *self.origin.get_or_insert(now);
-        let elapsed = now.saturating_duration_since(origin);
-        let index = u64::try_from(elapsed.as_nanos() / self.bucket_width.as_nanos().max(1))
-            .unwrap_or(u64::MAX);
-        self.newest = self.newest.max(index);
-        let current = self.newest;
-
-        let bucket = &mut self.buckets[(current % WINDOW_BUCKETS as u64) as usize];
-        if bucket.index != current {
-            *bucket = Bucket {
-                index: current,
-                ..Bucket::default()
-            };
-        }
-        if failed {
-            bucket.failures = bucket.failures.saturating_add(1);
-        } else {
-            bucket.successes = bucket.successes.saturating_add(1);
-        }
-
-        self.buckets
-            .iter()
-            .filter(|b| b.index <= current && current - b.index < WINDOW_BUCKETS as u64)
-            .fold((0, 0), |(total, failures), b| {
-                (
-                    total + u64::from(b.successes) + u64::from(b.failures),
-                    failures + u64::from(b.failures),
-                )
-            })
+        let current = self.clock.advance(now, self.bucket_width);
+        self.ring.add(current, [!failed, failed]);
+        let [successes, failures] = self.ring.sums(current);
+        (successes + failures, failures)
     }
 }
 

@@ -112,12 +112,13 @@ use std::time::Duration;
 use crate::ConfigError;
 use crate::Criticality;
 use crate::Instant;
+use crate::budget::ring::{BUCKETS, BucketClock, BucketRing};
 use crate::config::check;
 use crate::{Code, CodeSet};
 
 /// Number of time buckets each class's window is split into: a count is forgotten
 /// between `0.9 · window` and `window` after it was recorded.
-pub(crate) const WINDOW_BUCKETS: usize = 10;
+pub(crate) const WINDOW_BUCKETS: usize = BUCKETS;
 
 const MIN_WINDOW_SECS: u64 = 1;
 const MAX_WINDOW_SECS: u64 = 600;
@@ -297,20 +298,11 @@ struct Shared {
 }
 
 struct Inner {
-    /// Bucket indices count from the first instant the throttle saw.
-    origin: Option<Instant>,
-    /// Newest bucket index seen: time never runs backwards inside the window.
-    newest: u64,
-    /// One window per class, by `Criticality` order.
-    windows: [[Bucket; WINDOW_BUCKETS]; 3],
+    /// Which bucket is current, shared by the three windows.
+    clock: BucketClock,
+    /// One window per class, by `Criticality` order: (requests, accepts).
+    windows: [BucketRing; 3],
     rng: fastrand::Rng,
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-struct Bucket {
-    index: u64,
-    requests: u32,
-    accepts: u32,
 }
 
 impl fmt::Debug for AdaptiveThrottle {
@@ -332,35 +324,16 @@ fn slot(class: Criticality) -> usize {
 impl Inner {
     /// The current bucket index at `now`.
     fn advance(&mut self, now: Instant, width: Duration) -> u64 {
-        let origin = *self.origin.get_or_insert(now);
-        let elapsed = now.saturating_duration_since(origin);
-        let index = u64::try_from(elapsed.as_nanos() / width.as_nanos().max(1)).unwrap_or(u64::MAX);
-        self.newest = self.newest.max(index);
-        self.newest
+        self.clock.advance(now, width)
     }
 
     fn counts(&self, class: Criticality, current: u64) -> WindowCounts {
-        self.windows[slot(class)]
-            .iter()
-            .filter(|b| b.index <= current && current - b.index < WINDOW_BUCKETS as u64)
-            .fold(WindowCounts::default(), |c, b| WindowCounts {
-                requests: c.requests + u64::from(b.requests),
-                accepts: c.accepts + u64::from(b.accepts),
-            })
+        let [requests, accepts] = self.windows[slot(class)].sums(current);
+        WindowCounts { requests, accepts }
     }
 
     fn record(&mut self, class: Criticality, current: u64, accepted: bool) {
-        let bucket = &mut self.windows[slot(class)][(current % WINDOW_BUCKETS as u64) as usize];
-        if bucket.index != current {
-            *bucket = Bucket {
-                index: current,
-                ..Bucket::default()
-            };
-        }
-        bucket.requests = bucket.requests.saturating_add(1);
-        if accepted {
-            bucket.accepts = bucket.accepts.saturating_add(1);
-        }
+        self.windows[slot(class)].add(current, [true, accepted]);
     }
 }
 
@@ -380,9 +353,8 @@ impl AdaptiveThrottle {
             shared: Arc::new(Shared {
                 config,
                 inner: Mutex::new(Inner {
-                    origin: None,
-                    newest: 0,
-                    windows: [[Bucket::default(); WINDOW_BUCKETS]; 3],
+                    clock: BucketClock::default(),
+                    windows: [BucketRing::default(); 3],
                     rng: fastrand::Rng::with_seed(seed),
                 }),
             }),
