@@ -117,6 +117,8 @@
 mod a6;
 mod keyed;
 pub(crate) mod ring;
+#[cfg(all(test, feature = "tower"))]
+pub(crate) mod tower_harness;
 
 pub use a6::{A6Budget, A6BudgetConfig};
 pub(crate) use keyed::DEFAULT_MAX_KEYS;
@@ -130,6 +132,7 @@ use std::time::Duration;
 use crate::ConfigError;
 use crate::Instant;
 use crate::config::check;
+use ring::{Ring, unpack};
 
 /// A retry budget: decides whether the process can afford one more retry now.
 ///
@@ -757,76 +760,6 @@ impl fmt::Debug for RetryBudget {
     }
 }
 
-/// A ring of `SLOTS` counters, each `epoch << 32 | count` in one atomic word, on cache
-/// lines of its own (so writes do not evict the read-mostly fields next to it).
-#[repr(align(64))]
-struct Ring {
-    slots: [AtomicU64; SLOTS],
-}
-
-fn pack(epoch: u32, count: u32) -> u64 {
-    (u64::from(epoch) << 32) | u64::from(count)
-}
-
-fn unpack(word: u64) -> (u32, u32) {
-    ((word >> 32) as u32, word as u32)
-}
-
-impl Ring {
-    fn new() -> Self {
-        Ring {
-            slots: std::array::from_fn(|_| AtomicU64::new(0)),
-        }
-    }
-
-    /// Counts one event in `epoch`'s slot, starting the slot afresh if it holds an older
-    /// epoch. `false` (nothing counted) if the slot is full or already holds a newer epoch
-    /// (the caller is more than a window late).
-    fn add(&self, epoch: u32) -> bool {
-        let slot = &self.slots[epoch as usize % SLOTS];
-        let mut current = slot.load(Ordering::SeqCst);
-        loop {
-            let (e, n) = unpack(current);
-            let next = if e == epoch {
-                match n.checked_add(1) {
-                    Some(n) => pack(epoch, n),
-                    None => return false,
-                }
-            } else if e.wrapping_sub(epoch) <= STALE_LIMIT {
-                return false;
-            } else {
-                pack(epoch, 1)
-            };
-            match slot.compare_exchange_weak(current, next, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(_) => return true,
-                Err(actual) => current = actual,
-            }
-        }
-    }
-
-    /// Undoes one [`Ring::add`] in `epoch`; nothing (`false`) if the slot has moved on
-    /// (the event has expired with it) or holds nothing.
-    fn remove(&self, epoch: u32) -> bool {
-        let slot = &self.slots[epoch as usize % SLOTS];
-        let mut current = slot.load(Ordering::SeqCst);
-        loop {
-            let (e, n) = unpack(current);
-            if e != epoch || n == 0 {
-                return false;
-            }
-            match slot.compare_exchange_weak(
-                current,
-                pack(e, n - 1),
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            ) {
-                Ok(_) => return true,
-                Err(actual) => current = actual,
-            }
-        }
-    }
-}
-
 /// A budget that grants every retry: the classic "N attempts and nothing else" client.
 ///
 /// It exists to measure what stormguard protects against (the fleet simulator's
@@ -853,83 +786,6 @@ impl Budget for Unlimited {
 
     fn balance_at(&self, _now: Instant) -> f64 {
         f64::INFINITY
-    }
-}
-
-/// One request through a real `tower::retry::Retry`, for the tests of both budgets' tower
-/// implementations.
-#[cfg(all(test, feature = "tower"))]
-pub(crate) mod tower_harness {
-    use std::future;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    use tower::retry::budget::Budget;
-    use tower::retry::{Policy, Retry};
-    use tower::{ServiceExt, service_fn};
-
-    /// A stop for a budget that grants every retry: the test then fails, not hangs.
-    const SAFETY_STOP: usize = 100;
-
-    /// Retries every failure while the budget allows (the budget is its only limit, short
-    /// of [`SAFETY_STOP`] retries) and deposits every success.
-    #[derive(Debug)]
-    struct BudgetOnly<B> {
-        budget: Arc<B>,
-        retries: usize,
-    }
-
-    impl<B> Clone for BudgetOnly<B> {
-        fn clone(&self) -> Self {
-            BudgetOnly {
-                budget: Arc::clone(&self.budget),
-                retries: self.retries,
-            }
-        }
-    }
-
-    impl<B: Budget, Req: Clone, Res, E> Policy<Req, Res, E> for BudgetOnly<B> {
-        type Future = future::Ready<()>;
-
-        fn retry(&mut self, _req: &mut Req, result: &mut Result<Res, E>) -> Option<Self::Future> {
-            match result {
-                Ok(_) => {
-                    self.budget.deposit();
-                    None
-                }
-                Err(_) if self.retries < SAFETY_STOP && self.budget.withdraw() => {
-                    self.retries += 1;
-                    Some(future::ready(()))
-                }
-                Err(_) => None,
-            }
-        }
-
-        fn clone_request(&mut self, req: &Req) -> Option<Req> {
-            Some(req.clone())
-        }
-    }
-
-    /// Sends one request through `Retry` with [`BudgetOnly`] over `budget` to a service
-    /// whose every attempt succeeds if `succeeds` and fails otherwise. Returns how many
-    /// attempts reached the service and whether the call succeeded.
-    pub(crate) async fn call<B: Budget>(budget: &Arc<B>, succeeds: bool) -> (usize, bool) {
-        let attempts = Arc::new(AtomicUsize::new(0));
-        let counted = Arc::clone(&attempts);
-        let service = service_fn(move |request: u32| {
-            counted.fetch_add(1, Ordering::SeqCst);
-            future::ready(if succeeds {
-                Ok(request)
-            } else {
-                Err("unavailable")
-            })
-        });
-        let policy = BudgetOnly {
-            budget: Arc::clone(budget),
-            retries: 0,
-        };
-        let result = Retry::new(policy, service).oneshot(7).await;
-        (attempts.load(Ordering::SeqCst), result.is_ok())
     }
 }
 

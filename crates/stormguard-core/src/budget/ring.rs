@@ -7,8 +7,10 @@
 //! happens between `(BUCKETS - 1) / BUCKETS` of the window and the window: never longer
 //! than the configured window.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::{SLOTS, STALE_LIMIT};
 use crate::Instant;
 
 /// Buckets per ring.
@@ -75,5 +77,78 @@ impl BucketRing {
                     b + u64::from(bucket.counts[1]),
                 ]
             })
+    }
+}
+
+/// The retry budget's ring: the same idea without a lock, one atomic word per slot holding
+/// the slot's epoch and its count, so that a deposit or a withdrawal never waits.
+///
+/// A ring of `SLOTS` counters, each `epoch << 32 | count` in one atomic word, on cache
+/// lines of its own (so writes do not evict the read-mostly fields next to it).
+#[repr(align(64))]
+pub(crate) struct Ring {
+    pub(crate) slots: [AtomicU64; SLOTS],
+}
+
+pub(crate) fn pack(epoch: u32, count: u32) -> u64 {
+    (u64::from(epoch) << 32) | u64::from(count)
+}
+
+pub(crate) fn unpack(word: u64) -> (u32, u32) {
+    ((word >> 32) as u32, word as u32)
+}
+
+impl Ring {
+    pub(crate) fn new() -> Self {
+        Ring {
+            slots: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    /// Counts one event in `epoch`'s slot, starting the slot afresh if it holds an older
+    /// epoch. `false` (nothing counted) if the slot is full or already holds a newer epoch
+    /// (the caller is more than a window late).
+    pub(crate) fn add(&self, epoch: u32) -> bool {
+        let slot = &self.slots[epoch as usize % SLOTS];
+        let mut current = slot.load(Ordering::SeqCst);
+        loop {
+            let (e, n) = unpack(current);
+            let next = if e == epoch {
+                match n.checked_add(1) {
+                    Some(n) => pack(epoch, n),
+                    None => return false,
+                }
+            } else if e.wrapping_sub(epoch) <= STALE_LIMIT {
+                return false;
+            } else {
+                pack(epoch, 1)
+            };
+            match slot.compare_exchange_weak(current, next, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Undoes one [`Ring::add`] in `epoch`; nothing (`false`) if the slot has moved on
+    /// (the event has expired with it) or holds nothing.
+    pub(crate) fn remove(&self, epoch: u32) -> bool {
+        let slot = &self.slots[epoch as usize % SLOTS];
+        let mut current = slot.load(Ordering::SeqCst);
+        loop {
+            let (e, n) = unpack(current);
+            if e != epoch || n == 0 {
+                return false;
+            }
+            match slot.compare_exchange_weak(
+                current,
+                pack(e, n - 1),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
     }
 }
