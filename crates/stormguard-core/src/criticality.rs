@@ -1,59 +1,61 @@
 //! Request criticality: which work a saturated server drops first.
 //!
-//! Retries are not the only work a server can afford to lose. A prefetch, a batch
-//! backfill or a speculative call has a caller that can wait or do without; a checkout
-//! does not. A call may say so in the `stormguard-criticality` header
-//! ([`wire::STORMGUARD_CRITICALITY`](crate::wire::STORMGUARD_CRITICALITY)), one of three
-//! lowercase tokens:
-//!
-//! | value | class | shed |
-//! |---|---|---|
-//! | `sheddable` | [`Criticality::Sheddable`] | first: once its own threshold is passed (by default as soon as it would have to wait) |
-//! | `default` | [`Criticality::Default`] | retries past the retry threshold, first attempts when the queue is full (a full queue gives it a queued sheddable call's place first) |
-//! | `critical` | [`Criticality::Critical`] | as `default`, but a full queue gives it the place of a waiter of lower criticality (the lowest-ranked, oldest first) |
-//!
-//! Under overload a server sheds **sheddable work first, then retries, then the rest**
-//! ([`CallClass::rank`](crate::CallClass::rank)). A retry of a critical call
-//! is still a retry: the attempt class weighs more than the criticality, because a retry
-//! is load already being amplified.
-//!
-//! # What a peer can claim
-//!
-//! Parsing is strict ([`wire::parse_criticality`](crate::wire::parse_criticality)): a missing value, or anything other
-//! than exactly one of the three tokens (`"CRITICAL"`, `" critical"`, `"critical,x"`), is
-//! [`Criticality::Default`]. A peer gains nothing by sending garbage.
-//!
-//! A peer can never get a higher class than the server allows: the server keeps a
-//! [`CriticalityTable`] of the highest class it grants per method (by default
-//! `default` for every method, so `critical` is ignored until the service grants it),
-//! and a call's class is the lower of what it claims and what the table allows
-//! ([`CriticalityTable::resolve`]). A service grants `critical` to the methods whose
-//! callers it trusts with it, and can cap a method at `sheddable` (a report endpoint)
-//! whatever its callers claim.
-//!
-//! The same table type, on the client, is the class each method's calls are stamped with
-//! ([`CriticalityTable::class_for`]).
-//!
-//! ```
-//! use stormguard_core::{Criticality, CriticalityTable};
-//! use stormguard_core::wire::parse_criticality;
-//!
-//! // The server grants critical to checkout only.
-//! let table = CriticalityTable::from_json(r#"{ "criticality": {
-//!     "default": "default",
-//!     "methods": { "/shop.Cart/Checkout": "critical", "/shop.Reports/": "sheddable" } } }"#)
-//!     .expect("valid");
-//! let claim = |path, value: &[u8]| table.resolve(path, parse_criticality(Some(value)));
-//! assert_eq!(claim("/shop.Cart/Checkout", b"critical"), Criticality::Critical);
-//! assert_eq!(claim("/shop.Cart/Add", b"critical"), Criticality::Default);
-//! assert_eq!(claim("/shop.Reports/Daily", b"critical"), Criticality::Sheddable);
-//! assert_eq!(claim("/shop.Cart/Add", b"sheddable"), Criticality::Sheddable);
-//! assert_eq!(table.resolve("/shop.Cart/Add", parse_criticality(None)), Criticality::Default);
-//! ```
+//! See [`Criticality`](crate::Criticality) for what it does and why.
 
 use crate::ConfigError;
 
 /// How much a call matters, lowest first (so `min` is "the lower class").
+///
+/// Retries are not the only work a server can afford to lose. A prefetch, a batch
+/// backfill or a speculative call has a caller that can wait or do without; a checkout
+/// does not. A call may say so in the `stormguard-criticality` header
+/// ([`wire::STORMGUARD_CRITICALITY`](crate::wire::STORMGUARD_CRITICALITY)), one of three
+/// lowercase tokens:
+///
+/// | value | class | shed |
+/// |---|---|---|
+/// | `sheddable` | [`Criticality::Sheddable`] | first: once its own threshold is passed (by default as soon as it would have to wait) |
+/// | `default` | [`Criticality::Default`] | retries past the retry threshold, first attempts when the queue is full (a full queue gives it a queued sheddable call's place first) |
+/// | `critical` | [`Criticality::Critical`] | as `default`, but a full queue gives it the place of a waiter of lower criticality (the lowest-ranked, oldest first) |
+///
+/// Under overload a server sheds **sheddable work first, then retries, then the rest**
+/// ([`CallClass::rank`](crate::CallClass::rank)). A retry of a critical call
+/// is still a retry: the attempt class weighs more than the criticality, because a retry
+/// is load already being amplified.
+///
+/// # What a peer can claim
+///
+/// Parsing is strict ([`wire::parse_criticality`](crate::wire::parse_criticality)): a missing value, or anything other
+/// than exactly one of the three tokens (`"CRITICAL"`, `" critical"`, `"critical,x"`), is
+/// [`Criticality::Default`]. A peer gains nothing by sending garbage.
+///
+/// A peer can never get a higher class than the server allows: the server keeps a
+/// [`CriticalityTable`] of the highest class it grants per method (by default
+/// `default` for every method, so `critical` is ignored until the service grants it),
+/// and a call's class is the lower of what it claims and what the table allows
+/// ([`CriticalityTable::resolve`]). A service grants `critical` to the methods whose
+/// callers it trusts with it, and can cap a method at `sheddable` (a report endpoint)
+/// whatever its callers claim.
+///
+/// The same table type, on the client, is the class each method's calls are stamped with
+/// ([`CriticalityTable::class_for`]).
+///
+/// ```
+/// use stormguard_core::{Criticality, CriticalityTable};
+/// use stormguard_core::wire::parse_criticality;
+///
+/// // The server grants critical to checkout only.
+/// let table = CriticalityTable::from_json(r#"{ "criticality": {
+///     "default": "default",
+///     "methods": { "/shop.Cart/Checkout": "critical", "/shop.Reports/": "sheddable" } } }"#)
+///     .expect("valid");
+/// let claim = |path, value: &[u8]| table.resolve(path, parse_criticality(Some(value)));
+/// assert_eq!(claim("/shop.Cart/Checkout", b"critical"), Criticality::Critical);
+/// assert_eq!(claim("/shop.Cart/Add", b"critical"), Criticality::Default);
+/// assert_eq!(claim("/shop.Reports/Daily", b"critical"), Criticality::Sheddable);
+/// assert_eq!(claim("/shop.Cart/Add", b"sheddable"), Criticality::Sheddable);
+/// assert_eq!(table.resolve("/shop.Cart/Add", parse_criticality(None)), Criticality::Default);
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Criticality {
     /// Work whose caller can wait or do without: shed before anything else.

@@ -1,10 +1,6 @@
 //! Deadlines of logical calls.
 //!
-//! A retry must not get a fresh timeout: the caller waits for the *logical* call, so every
-//! attempt carries what is left of the original deadline. This module keeps that deadline
-//! ([`Deadline`]); the `grpc-timeout` header that carries it from hop to hop is
-//! [`crate::wire`]'s ([`decode_grpc_timeout`](crate::wire::decode_grpc_timeout),
-//! [`encode_grpc_timeout`]).
+//! See [`Deadline`](crate::Deadline) for what it does and why.
 
 use std::time::Duration;
 
@@ -23,6 +19,12 @@ use crate::wire::{GrpcTimeout, encode_grpc_timeout};
 /// assert_eq!(d.remaining_at(t0 + Duration::from_millis(200)), Duration::from_millis(300));
 /// assert!(d.is_expired_at(t0 + Duration::from_millis(500)));
 /// ```
+///
+/// A retry must not get a fresh timeout: the caller waits for the *logical* call, so every
+/// attempt carries what is left of the original deadline. This module keeps that deadline
+/// ([`Deadline`]); the `grpc-timeout` header that carries it from hop to hop is
+/// [`crate::wire`]'s ([`decode_grpc_timeout`](crate::wire::decode_grpc_timeout),
+/// `encode_grpc_timeout`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Deadline {
     at: Instant,

@@ -1,37 +1,7 @@
 //! What the layers tell operators, without a logging dependency: a layer's name and a
 //! per-second summary of events that would flood a log if each were written.
 //!
-//! # Why a summary, and why here
-//!
-//! During an incident a client refuses retries and a server sheds calls by the thousand
-//! per second: one INFO line each is tens of thousands of lines a minute, exactly when
-//! on-call reads the logs. So each event is written at DEBUG only, and an
-//! [`EventSummary`] counts them by cause and says, at most once per interval (1 s by
-//! default), "write a summary now, with these counts". The summary is written on the path
-//! of the next event once the interval has passed: no background task, no timer.
-//!
-//! This crate has no `tracing` dependency, and the summary does not need one: it only
-//! counts (atomics, no lock, no allocation) and hands back the counts; the client and
-//! server layers each write their own INFO event from them. Both layers share this one
-//! counter, so the rule for when a summary is due lives in one place.
-//!
-//! ```
-//! use std::time::Duration;
-//! use stormguard_core::Instant;
-//! use stormguard_core::EventSummary;
-//!
-//! let t0 = Instant::now();
-//! let summary: EventSummary<2> = EventSummary::new(Duration::from_secs(1), t0);
-//! // Three events of cause 0 and one of cause 1 within the first second: nothing yet.
-//! for ms in [0, 100, 200] {
-//!     assert!(summary.record_at(0, t0 + Duration::from_millis(ms)).is_none());
-//! }
-//! assert!(summary.record_at(1, t0 + Duration::from_millis(300)).is_none());
-//! // The first event once the second is over writes the summary, itself included.
-//! let due = summary.record_at(0, t0 + Duration::from_secs(1)).expect("a summary is due");
-//! assert_eq!((due.counts, due.total()), ([4, 1], 5));
-//! assert_eq!(due.elapsed, Duration::from_secs(1));
-//! ```
+//! See [`EventSummary`](crate::EventSummary) for what it does and why.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -54,6 +24,38 @@ pub const DEFAULT_SUMMARY_INTERVAL: Duration = Duration::from_secs(1);
 /// Lock-free: counting is one atomic add and one load; the event that writes the summary
 /// swaps the counts out. Under contention every event is counted in exactly one summary
 /// and exactly one thread is handed each summary.
+///
+/// # Why a summary, and why here
+///
+/// During an incident a client refuses retries and a server sheds calls by the thousand
+/// per second: one INFO line each is tens of thousands of lines a minute, exactly when
+/// on-call reads the logs. So each event is written at DEBUG only, and an
+/// [`EventSummary`] counts them by cause and says, at most once per interval (1 s by
+/// default), "write a summary now, with these counts". The summary is written on the path
+/// of the next event once the interval has passed: no background task, no timer.
+///
+/// This crate has no `tracing` dependency, and the summary does not need one: it only
+/// counts (atomics, no lock, no allocation) and hands back the counts; the client and
+/// server layers each write their own INFO event from them. Both layers share this one
+/// counter, so the rule for when a summary is due lives in one place.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::Instant;
+/// use stormguard_core::EventSummary;
+///
+/// let t0 = Instant::now();
+/// let summary: EventSummary<2> = EventSummary::new(Duration::from_secs(1), t0);
+/// // Three events of cause 0 and one of cause 1 within the first second: nothing yet.
+/// for ms in [0, 100, 200] {
+///     assert!(summary.record_at(0, t0 + Duration::from_millis(ms)).is_none());
+/// }
+/// assert!(summary.record_at(1, t0 + Duration::from_millis(300)).is_none());
+/// // The first event once the second is over writes the summary, itself included.
+/// let due = summary.record_at(0, t0 + Duration::from_secs(1)).expect("a summary is due");
+/// assert_eq!((due.counts, due.total()), ([4, 1], 5));
+/// assert_eq!(due.elapsed, Duration::from_secs(1));
+/// ```
 #[derive(Debug)]
 pub struct EventSummary<const N: usize> {
     origin: Instant,

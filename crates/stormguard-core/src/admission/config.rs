@@ -97,22 +97,9 @@ impl Default for RetryThreshold {
 
 /// The order in which queued calls get a free worker.
 ///
-/// # Which is better
-///
-/// Measured with `examples/server_measure.rs` (8 workers × 10 ms, a naive client at
-/// 540 logical calls/s: 3 attempts, 10 ms backoff, 50 ms per attempt; service time
-/// ×2.5 from 5 s to 8 s). Share of logical calls that succeeded per 3 s window:
-///
-/// | server | 0–3 s | 3–6 s | 6–9 s | 9–12 s | after |
-/// |---|---|---|---|---|---|
-/// | bounded pool, deep FIFO queue, no shedding | 1.00 | 0.66 | 0.01 | 0.00 | ≤ 0.02 (metastable) |
-/// | stormguard, FIFO | 1.00 | 0.67 | 0.35 | 1.00 | 1.00 |
-/// | stormguard, adaptive LIFO from 8 | 1.00 | 0.84 | 0.70 | 1.00 | 1.00 |
-///
-/// Both recover as soon as the trigger ends; adaptive LIFO keeps twice the goodput
-/// during it, with fewer attempts per call (1.61 against 2.30 in the worst window) and
-/// almost no work abandoned mid-run (36 calls against 1 551), because the newest calls
-/// are the ones whose callers are still waiting. Hence the default.
+/// Adaptive LIFO is the default: under a capacity drop, serving the newest calls keeps the
+/// work whose callers are still waiting, and the server both serves more and abandons
+/// less mid-run than with FIFO (`docs/admission.md`, "Queue order", has the run).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QueueOrder {
     /// Oldest first, always.
@@ -148,8 +135,7 @@ pub struct AdmissionConfig {
     /// before the transport's own timeout fires (tonic answers that one `CANCELLED`).
     /// Default 2 ms.
     pub min_time_left: Duration,
-    /// FIFO or adaptive LIFO. Default: adaptive LIFO from 8 queued, which measured
-    /// better than FIFO under a capacity drop (see [`QueueOrder`]).
+    /// FIFO or adaptive LIFO. Default: adaptive LIFO from 8 queued (see [`QueueOrder`]).
     pub queue_order: QueueOrder,
     /// The largest `grpc-retry-pushback-ms` sent. Between 1 ms and one hour.
     /// Default 1 s.

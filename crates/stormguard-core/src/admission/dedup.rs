@@ -1,60 +1,6 @@
 //! Idempotency keys: what lets a write be retried without being done twice.
 //!
-//! # Why
-//!
-//! A method that is not idempotent (a payment, a reservation) is never retried once its
-//! request may have reached the server: an `UNAVAILABLE` after the handler ran, or an answer
-//! lost on the way back, would have it done twice. So writes get no retries at all, and a
-//! blip fails them. The standard way out (AWS's "make retries safe with idempotent APIs",
-//! the IETF `Idempotency-Key` draft) is a caller-provided request identifier: the client
-//! sends one key per logical call, the same on every attempt, and the server remembers
-//! which keys it ran and what it answered. A repeat of a call that completed gets the
-//! recorded answer; a repeat that arrives while the first is still running is told so
-//! (gRPC `ABORTED`, the analogue of the draft's HTTP 409) and does not run either.
-//!
-//! This module holds the two pieces the layers share and the simulator can drive:
-//!
-//! * [`IdempotencyConfig`]: the bounds of a server's record of keys (entries, bytes, one
-//!   record's bytes, time to live) and the pushback of an in-flight duplicate, read from
-//!   code, JSON, YAML or TOML (`{"idempotency": {...}}`), validated with errors that name
-//!   the field;
-//! * [`DedupTable`]: the bounded, in-memory record itself, keyed by the key's text and
-//!   generic over the answer it keeps, with `*_at(now)` methods for injected time.
-//!
-//! The header and its validation are in [`crate::wire`] ([`IDEMPOTENCY_KEY`]); which
-//! methods are keyed is in the method table
-//! ([`MethodTable::idempotency_key`](crate::MethodTable::idempotency_key)); the
-//! retry decision that treats a keyed method as safe to retry is
-//! [`CallRetry`](crate::CallRetry)'s.
-//!
-//! [`IDEMPOTENCY_KEY`]: crate::wire::IDEMPOTENCY_KEY
-//!
-//! # The record's bounds, and the time to live
-//!
-//! A key is remembered from its first run for [`ttl`](IdempotencyConfig::ttl). A retry
-//! that arrives later runs the call again, so the time to live must be longer than the
-//! longest a client keeps retrying one logical call (its deadline; stormguard clients never
-//! retry past it). The record holds at most [`max_entries`](IdempotencyConfig::max_entries)
-//! keys (running ones included) and [`max_bytes`](IdempotencyConfig::max_bytes) of
-//! answers; past either, the oldest entry is evicted (and counted): an evicted key runs
-//! again if it is repeated, so size the bounds for the keyed calls of one time to live.
-//!
-//! ```
-//! use std::time::Duration;
-//! use stormguard_core::Instant;
-//! use stormguard_core::{Begin, DedupTable, IdempotencyConfig};
-//!
-//! let mut table = DedupTable::new(IdempotencyConfig::default())?;
-//! let now = Instant::now();
-//! assert!(matches!(table.begin_at("key-1", now), Begin::New));
-//! assert!(matches!(table.begin_at("key-1", now), Begin::InFlight));
-//! table.complete_at("key-1", "the answer", 10, now);
-//! assert!(matches!(table.begin_at("key-1", now), Begin::Completed(a) if *a == "the answer"));
-//! // After its time to live, the key is forgotten.
-//! let later = now + Duration::from_secs(601);
-//! assert!(matches!(table.begin_at("key-1", later), Begin::New));
-//! # Ok::<(), stormguard_core::ConfigError>(())
-//! ```
+//! See [`DedupTable`](crate::DedupTable) for what it does and why.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -157,6 +103,62 @@ pub enum Begin<R> {
 /// and with what answer (`R`). Every bound of [`IdempotencyConfig`] holds after every
 /// call; the oldest entry (by its first run) goes first. Not shared: a server wraps it in a
 /// lock.
+///
+/// # Why
+///
+/// A method that is not idempotent (a payment, a reservation) is never retried once its
+/// request may have reached the server: an `UNAVAILABLE` after the handler ran, or an answer
+/// lost on the way back, would have it done twice. So writes get no retries at all, and a
+/// blip fails them. The standard way out (AWS's "make retries safe with idempotent APIs",
+/// the IETF `Idempotency-Key` draft) is a caller-provided request identifier: the client
+/// sends one key per logical call, the same on every attempt, and the server remembers
+/// which keys it ran and what it answered. A repeat of a call that completed gets the
+/// recorded answer; a repeat that arrives while the first is still running is told so
+/// (gRPC `ABORTED`, the analogue of the draft's HTTP 409) and does not run either.
+///
+/// This module holds the two pieces the layers share and the simulator can drive:
+///
+/// * [`IdempotencyConfig`]: the bounds of a server's record of keys (entries, bytes, one
+///   record's bytes, time to live) and the pushback of an in-flight duplicate, read from
+///   code, JSON, YAML or TOML (`{"idempotency": {...}}`), validated with errors that name
+///   the field;
+/// * [`DedupTable`]: the bounded, in-memory record itself, keyed by the key's text and
+///   generic over the answer it keeps, with `*_at(now)` methods for injected time.
+///
+/// The header and its validation are in [`crate::wire`] ([`IDEMPOTENCY_KEY`]); which
+/// methods are keyed is in the method table
+/// ([`MethodTable::idempotency_key`](crate::MethodTable::idempotency_key)); the
+/// retry decision that treats a keyed method as safe to retry is
+/// [`CallRetry`](crate::CallRetry)'s.
+///
+/// [`IDEMPOTENCY_KEY`]: crate::wire::IDEMPOTENCY_KEY
+///
+/// # The record's bounds, and the time to live
+///
+/// A key is remembered from its first run for [`ttl`](IdempotencyConfig::ttl). A retry
+/// that arrives later runs the call again, so the time to live must be longer than the
+/// longest a client keeps retrying one logical call (its deadline; stormguard clients never
+/// retry past it). The record holds at most [`max_entries`](IdempotencyConfig::max_entries)
+/// keys (running ones included) and [`max_bytes`](IdempotencyConfig::max_bytes) of
+/// answers; past either, the oldest entry is evicted (and counted): an evicted key runs
+/// again if it is repeated, so size the bounds for the keyed calls of one time to live.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::Instant;
+/// use stormguard_core::{Begin, DedupTable, IdempotencyConfig};
+///
+/// let mut table = DedupTable::new(IdempotencyConfig::default())?;
+/// let now = Instant::now();
+/// assert!(matches!(table.begin_at("key-1", now), Begin::New));
+/// assert!(matches!(table.begin_at("key-1", now), Begin::InFlight));
+/// table.complete_at("key-1", "the answer", 10, now);
+/// assert!(matches!(table.begin_at("key-1", now), Begin::Completed(a) if *a == "the answer"));
+/// // After its time to live, the key is forgotten.
+/// let later = now + Duration::from_secs(601);
+/// assert!(matches!(table.begin_at("key-1", later), Begin::New));
+/// # Ok::<(), stormguard_core::ConfigError>(())
+/// ```
 #[derive(Debug)]
 pub struct DedupTable<R> {
     config: IdempotencyConfig,

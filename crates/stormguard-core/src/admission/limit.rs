@@ -1,100 +1,6 @@
 //! An adaptive concurrency limit: how many calls may run at once, learned from latency.
 //!
-//! A fixed worker count asks the operator to know the server's capacity. Set too high,
-//! the extra calls queue *inside* the handler (a database pool, a downstream channel)
-//! where the admission queue cannot see them: latency climbs for everyone, callers time
-//! out, and nothing is shed, so the retry storm the queue exists to stop comes back. Set
-//! too low, capacity sits idle. [`AdaptiveLimit`] finds the count from what it measures.
-//!
-//! # The algorithm: TCP Vegas on call latency
-//!
-//! When the server runs `L` calls at once and its real capacity is `C`, any `L > C`
-//! waits somewhere inside: latency rises from the no-load latency `m` to about `m·L/C`.
-//! Vegas reads that back as the number of calls queued inside:
-//!
-//! ```text
-//! queued ≈ L · (1 − m / rtt)        (= L − C when L > C, ≈ 0 when L ≤ C)
-//! ```
-//!
-//! and steers `queued` into a small band `[α, β]`, with `l = max(1, log10 L)`, `α = l`,
-//! `β = 3l`: above `β` the limit drops to the capacity the window measured (`L·m/rtt`)
-//! plus the middle of the band (at least by `l`); below `α` it grows by `l`, and by `β`
-//! at once when at most `l` is queued. Dropping at once matters: a limit far too high
-//! (a deploy made calls slower, or the start value was a guess) makes every call wait
-//! inside the handler until callers time out, and stepping down by `l` per window would
-//! take seconds. So the limit settles a few calls above `C`: every
-//! unit of real capacity stays busy, and the calls beyond it wait in the admission queue,
-//! where they can be ordered, expired and shed (retries first), instead of inside the
-//! handler. Each call queued inside adds `1/C` of a service time to every call, so the
-//! band is narrow: Netflix's `VegasLimit` uses `3l` and `6l`, which with C = 16 settled
-//! at 21–22 and cost ~8 % of goodput against `workers = C` under 2× overload
-//! (`examples/adaptive.rs`); `2l`/`4l` matched `workers = C` there, but when the storm
-//! made every call 2.5 times slower, the 2–4 calls it kept queued inside made callers
-//! leave (`tests/integration/limit_storm_model.rs`).
-//!
-//! Why Vegas rather than a gradient (Netflix's Gradient2, Envoy's adaptive concurrency
-//! filter) or AIMD? AIMD needs drops to learn, and the drops it needs are the
-//! timeouts we want to avoid. A gradient limit multiplies the limit by `m / rtt` and
-//! adds a queue allowance; it converges too, but its resting point depends on a
-//! smoothing factor and a tolerance, where Vegas's is stated in calls ("a few calls
-//! queued inside"), which is what an operator can check against a known capacity.
-//!
-//! Details that matter in practice:
-//!
-//! - **One decision per window**, not per call: the window's mean latency is compared
-//!   with `m` once the window has lasted [`AdaptiveLimitConfig::window`] (and at least
-//!   two no-load latencies) and holds [`AdaptiveLimitConfig::min_window_samples`]
-//!   samples. Single calls are too noisy to steer by.
-//! - **No growth while idle.** The limit grows only if, during the window, it was
-//!   reached (as many calls ran at once as it allowed): a quiet server does not talk
-//!   itself into a limit it has never tested.
-//! - **Measuring the no-load latency `m`.** It can only be seen when nothing queues
-//!   inside. Taking the smallest latency ever seen drifts low on a lucky sample and
-//!   never follows a lasting slowdown; taking recent samples drifts high when the limit
-//!   is too high (every sample then includes the internal queue), which raises the limit
-//!   further. So, as Envoy does, the limit *probes*: at the first call and then every
-//!   [`AdaptiveLimitConfig::probe_interval`] (jittered by ±25 % so a fleet does not probe
-//!   together) it drops to [`AdaptiveLimitConfig::min_limit`], waits until no more than
-//!   that many calls run, takes the median latency of the next
-//!   [`AdaptiveLimitConfig::min_window_samples`] calls as `m`, and returns to the limit it
-//!   had. Between probes `m` follows a faster window down at once.
-//! - **A higher floor is read from two windows, not probed.** Vegas cannot tell a higher
-//!   latency floor (a slower dependency, a capacity drop that slows every call) from
-//!   queueing: with the old `m` it cuts the limit below the capacity and holds it there.
-//!   Probing at the floor to find out costs most of the capacity for the length of the
-//!   probe, in exactly the overload the limit is for (in the storm it cost a tenth of the
-//!   goodput during the slowdown and a second of recovery after it). But the cut itself
-//!   tells: while calls queue inside, the latency is proportional to the calls let in
-//!   (`rtt ≈ m·L/C`), so two saturated windows at limits 10 % or more apart show the
-//!   same `rtt / L`. When the lower limit's `rtt / L` is 1.3 times the higher's or more,
-//!   the latency did not fall with the limit: those calls did not queue, and what they
-//!   took is the new floor. A floor that *fell* while every window stays saturated is
-//!   only seen from above (every window includes the calls queued inside), so after a
-//!   second of that a probe measures it.
-//! - **After a cut, only calls that started under the new limit count**: the calls let
-//!   in before it still queue inside, and would read as a need to cut again.
-//! - **A window in which callers left is a lower bound.** A call abandoned mid-run took
-//!   at least its time so far ([`AdaptiveLimit::abandoned_at`]). When a tenth of a
-//!   window's calls were abandoned, the window never grows the limit and never shows a
-//!   floor, and if calls still queue inside, it cuts the limit by `l`: under overload the
-//!   calls that queue inside are those whose callers give up.
-//!
-//! Everything runs on the instants it is given (`*_at(now)`), so the simulator can drive
-//! it on a virtual clock; [`crate::AdmissionQueue`] feeds it when
-//! [`AdmissionConfig::adaptive`](crate::AdmissionConfig::adaptive) is set.
-//!
-//! ```
-//! use std::time::Duration;
-//! use stormguard_core::Instant;
-//! use stormguard_core::{AdaptiveLimit, AdaptiveLimitConfig};
-//!
-//! let config = AdaptiveLimitConfig { min_limit: 2, max_limit: 100, ..AdaptiveLimitConfig::default() };
-//! let mut limit = AdaptiveLimit::new(config, 20, 7).expect("valid");
-//! let t0 = Instant::now();
-//! // The first sample starts a probe at the floor.
-//! limit.sample_at(t0, t0, 0);
-//! assert_eq!(limit.limit(), 2);
-//! ```
+//! See [`AdaptiveLimit`](crate::AdaptiveLimit) for what it does and why.
 
 use std::time::Duration;
 
@@ -231,7 +137,101 @@ struct Probe {
     samples: Vec<Duration>,
 }
 
-/// The current limit and what it was learned from. See the [module docs](AdaptiveLimit).
+/// The current limit and what it was learned from. See the [docs](AdaptiveLimit).
+///
+/// A fixed worker count asks the operator to know the server's capacity. Set too high,
+/// the extra calls queue *inside* the handler (a database pool, a downstream channel)
+/// where the admission queue cannot see them: latency climbs for everyone, callers time
+/// out, and nothing is shed, so the retry storm the queue exists to stop comes back. Set
+/// too low, capacity sits idle. [`AdaptiveLimit`] finds the count from what it measures.
+///
+/// # The algorithm: TCP Vegas on call latency
+///
+/// When the server runs `L` calls at once and its real capacity is `C`, any `L > C`
+/// waits somewhere inside: latency rises from the no-load latency `m` to about `m·L/C`.
+/// Vegas reads that back as the number of calls queued inside:
+///
+/// ```text
+/// queued ≈ L · (1 − m / rtt)        (= L − C when L > C, ≈ 0 when L ≤ C)
+/// ```
+///
+/// and steers `queued` into a small band `[α, β]`, with `l = max(1, log10 L)`, `α = l`,
+/// `β = 3l`: above `β` the limit drops to the capacity the window measured (`L·m/rtt`)
+/// plus the middle of the band (at least by `l`); below `α` it grows by `l`, and by `β`
+/// at once when at most `l` is queued. Dropping at once matters: a limit far too high
+/// (a deploy made calls slower, or the start value was a guess) makes every call wait
+/// inside the handler until callers time out, and stepping down by `l` per window would
+/// take seconds. So the limit settles a few calls above `C`: every
+/// unit of real capacity stays busy, and the calls beyond it wait in the admission queue,
+/// where they can be ordered, expired and shed (retries first), instead of inside the
+/// handler. Each call queued inside adds `1/C` of a service time to every call, so the
+/// band is narrow: Netflix's `VegasLimit` uses `3l` and `6l`, which settled too far above
+/// `C` and cost goodput, and `2l`/`4l` kept enough calls queued inside under a slowdown to
+/// make callers leave (`docs/admission.md`, "Why the band is `l` to `2l`", has the runs).
+///
+/// Why Vegas rather than a gradient (Netflix's Gradient2, Envoy's adaptive concurrency
+/// filter) or AIMD? AIMD needs drops to learn, and the drops it needs are the
+/// timeouts we want to avoid. A gradient limit multiplies the limit by `m / rtt` and
+/// adds a queue allowance; it converges too, but its resting point depends on a
+/// smoothing factor and a tolerance, where Vegas's is stated in calls ("a few calls
+/// queued inside"), which is what an operator can check against a known capacity.
+///
+/// Details that matter in practice:
+///
+/// - **One decision per window**, not per call: the window's mean latency is compared
+///   with `m` once the window has lasted [`AdaptiveLimitConfig::window`] (and at least
+///   two no-load latencies) and holds [`AdaptiveLimitConfig::min_window_samples`]
+///   samples. Single calls are too noisy to steer by.
+/// - **No growth while idle.** The limit grows only if, during the window, it was
+///   reached (as many calls ran at once as it allowed): a quiet server does not talk
+///   itself into a limit it has never tested.
+/// - **Measuring the no-load latency `m`.** It can only be seen when nothing queues
+///   inside. Taking the smallest latency ever seen drifts low on a lucky sample and
+///   never follows a lasting slowdown; taking recent samples drifts high when the limit
+///   is too high (every sample then includes the internal queue), which raises the limit
+///   further. So, as Envoy does, the limit *probes*: at the first call and then every
+///   [`AdaptiveLimitConfig::probe_interval`] (jittered by ±25 % so a fleet does not probe
+///   together) it drops to [`AdaptiveLimitConfig::min_limit`], waits until no more than
+///   that many calls run, takes the median latency of the next
+///   [`AdaptiveLimitConfig::min_window_samples`] calls as `m`, and returns to the limit it
+///   had. Between probes `m` follows a faster window down at once.
+/// - **A higher floor is read from two windows, not probed.** Vegas cannot tell a higher
+///   latency floor (a slower dependency, a capacity drop that slows every call) from
+///   queueing: with the old `m` it cuts the limit below the capacity and holds it there.
+///   Probing at the floor to find out costs most of the capacity for the length of the
+///   probe, in exactly the overload the limit is for (in the storm it cost a tenth of the
+///   goodput during the slowdown and a second of recovery after it). But the cut itself
+///   tells: while calls queue inside, the latency is proportional to the calls let in
+///   (`rtt ≈ m·L/C`), so two saturated windows at limits 10 % or more apart show the
+///   same `rtt / L`. When the lower limit's `rtt / L` is 1.3 times the higher's or more,
+///   the latency did not fall with the limit: those calls did not queue, and what they
+///   took is the new floor. A floor that *fell* while every window stays saturated is
+///   only seen from above (every window includes the calls queued inside), so after a
+///   second of that a probe measures it.
+/// - **After a cut, only calls that started under the new limit count**: the calls let
+///   in before it still queue inside, and would read as a need to cut again.
+/// - **A window in which callers left is a lower bound.** A call abandoned mid-run took
+///   at least its time so far ([`AdaptiveLimit::abandoned_at`]). When a tenth of a
+///   window's calls were abandoned, the window never grows the limit and never shows a
+///   floor, and if calls still queue inside, it cuts the limit by `l`: under overload the
+///   calls that queue inside are those whose callers give up.
+///
+/// Everything runs on the instants it is given (`*_at(now)`), so the simulator can drive
+/// it on a virtual clock; [`crate::AdmissionQueue`] feeds it when
+/// [`AdmissionConfig::adaptive`](crate::AdmissionConfig::adaptive) is set.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::Instant;
+/// use stormguard_core::{AdaptiveLimit, AdaptiveLimitConfig};
+///
+/// let config = AdaptiveLimitConfig { min_limit: 2, max_limit: 100, ..AdaptiveLimitConfig::default() };
+/// let mut limit = AdaptiveLimit::new(config, 20, 7).expect("valid");
+/// let t0 = Instant::now();
+/// // The first sample starts a probe at the floor.
+/// limit.sample_at(t0, t0, 0);
+/// assert_eq!(limit.limit(), 2);
+/// ```
 #[derive(Debug)]
 pub struct AdaptiveLimit {
     config: AdaptiveLimitConfig,

@@ -1,112 +1,6 @@
 //! Admission policy: which work a saturated server keeps, and what it tells the rest.
 //!
-//! A server that cannot serve everything must choose. Queueing everything turns a short
-//! overload into a long one (every queued call times out at the client, is retried, and
-//! the retry joins the queue again: the metastable loop in the crate docs). Shedding at
-//! random punishes first attempts as much as retries, so users whose *first* call would
-//! have succeeded fail too, and their clients retry as well.
-//!
-//! This module is the decision alone, with no queue, no runtime and no transport, so the
-//! tower layer in `stormguard-server` and the fleet simulator (which runs on a virtual
-//! clock) drive the same code:
-//!
-//! - [`CallClass`]: the call's [`AttemptClass`] (first attempt or retry, read from
-//!   `grpc-previous-rpc-attempts`, what standard gRPC clients send on retries, or
-//!   `x-retry-attempt`, by [`wire::attempt_class`](crate::wire::attempt_class); a
-//!   malformed value counts as a retry: a peer cannot buy priority with garbage) and its
-//!   [`Criticality`] ([`crate::criticality`]): sheddable work is shed before retries,
-//!   retries before the rest ([`CallClass::rank`]).
-//! - [`AdmissionController::decide_at`]: admit at once, queue, or shed. **Retries are shed
-//!   first**: once the queue passes the [`RetryThreshold`] a retry is answered at once,
-//!   while a first attempt is shed only when the queue is full. Under sustained overload
-//!   the retries absorb the shedding and first attempts keep the capacity.
-//! - [`AdmissionController::pushback_at`]: the `grpc-retry-pushback-ms` to send with a shed
-//!   answer: the estimated time for the queue to drain (from the observed completion
-//!   rate, [`CompletionRate`]), clamped to `[1 ms, pushback_max]` and jittered so that
-//!   the clients told to come back do not all come back together. It is **never 0**:
-//!   gRPC C-core clients never finish a call told "retry after 0 ms".
-//! - [`AdmissionController::shed_pushback_at`]: whether the shed answer says "come back
-//!   after the pushback" or "do not retry" (`-1`). A standard gRPC client (gRPC A6)
-//!   comes back after every pushback until its attempts run out, so a pushback is an
-//!   invitation to send one more attempt; it is worth sending only when that attempt
-//!   can succeed. Two rules, both on by default, say when it cannot:
-//!   - **the deadline rule** ([`AdmissionConfig::no_retry_margin`]): the caller's
-//!     deadline (`grpc-timeout`) leaves no room for the pushback, the drain of the queue
-//!     and a service time ([`AdmissionController::cannot_serve_in_time_at`]). The attempt
-//!     would come back too late to be served, for a first attempt as for a retry;
-//!   - **the sustained-overload rule** ([`AdmissionConfig::no_retry_after_shedding`]):
-//!     the server has been shedding without a break for long enough that the calls it
-//!     told to come back have come back into the same overload and been shed again
-//!     ([`AdmissionController::shedding_since`]). From then on retries only feed the
-//!     overload: each costs a shed answer and a wait and cannot be served.
-//!
-//!   Measured with a grpcio (C-core) client of 5 attempts against the example server at
-//!   1.5× its capacity (`tests/interop/interop.py`, direction 4): without the rules the
-//!   server saw about 2.3 attempts per logical call; see `docs/admission.md` for the
-//!   figures with them. `no_retry_depth` (off by default) is a third, static rule for
-//!   retries.
-//! - [`AdmissionController::expiry`]: when queued work stops being worth running (its
-//!   `grpc-timeout` leaves less than [`AdmissionConfig::min_time_left`], or it has waited
-//!   [`AdmissionConfig::max_time_queued`]).
-//! - [`AdmissionController::serve_newest`]: FIFO, or newest-first once a queue has formed
-//!   ([`QueueOrder::AdaptiveLifo`]).
-//!
-//! Every time-dependent method has an `_at(now)` form taking the instant explicitly. The
-//! queue that asks these questions at the right moments is [`crate::queue`].
-//!
-//! # Configuration from JSON
-//!
-//! [`AdmissionConfig::from_json`] reads the same fields under `admission`, with durations
-//! written with their unit and codes by name or number ([`AdmissionConfig::from_path`]
-//! reads YAML and TOML too). Every field is optional and defaults as in
-//! [`AdmissionConfig::default`]; unknown fields are errors, and every error names the
-//! field as the document spells it (`admission.retry_threshold.queue_delay`).
-//! `AdmissionConfig` implements `serde::Deserialize` for the fields of the `admission`
-//! object, with the same checks, so an application can hold it in its own config (see
-//! [`crate::config`], where the reader lives).
-//!
-//! ```json
-//! { "admission": {
-//!     "workers": 16, "queue_capacity": 64,
-//!     "retry_threshold": { "depth": 8, "queue_delay": "20ms" },
-//!     "max_time_queued": "1s", "min_time_left": "2ms",
-//!     "queue_order": "adaptive_lifo", "lifo_from_depth": 8,
-//!     "pushback_max": "1s", "shed_code": "UNAVAILABLE", "no_retry_depth": 48,
-//!     "no_retry_margin": "5ms", "no_retry_after_shedding": "500ms",
-//!     "seed": 7,
-//!     "sheddable_threshold": { "depth": 0, "queue_delay": null },
-//!     "adaptive": { "min_limit": 2, "max_limit": 256, "window": "100ms",
-//!                   "min_window_samples": 16, "probe_interval": "30s" } } }
-//! ```
-//!
-//! `queue_order` is `"fifo"` or `"adaptive_lifo"` (newest first from `lifo_from_depth`
-//! queued calls, default 8); `null` turns off `retry_threshold.depth`,
-//! `retry_threshold.queue_delay`, `sheddable_threshold.*`, `no_retry_depth`,
-//! `no_retry_margin`, `no_retry_after_shedding` or `adaptive` (a fixed limit of
-//! `workers`). With `adaptive`, `workers` is the starting limit (see [`crate::limit`]).
-//!
-//! ```
-//! use std::time::Duration;
-//! use stormguard_core::Instant;
-//! use stormguard_core::{Admission, AdmissionConfig, AdmissionController, QueueLoad, RetryThreshold};
-//! use stormguard_core::wire::attempt_class;
-//!
-//! let config = AdmissionConfig {
-//!     workers: 2,
-//!     queue_capacity: 8,
-//!     retry_threshold: RetryThreshold { depth: Some(2), queue_delay: None },
-//!     ..AdmissionConfig::default()
-//! };
-//! let mut policy = AdmissionController::new(config).expect("valid config");
-//! let now = Instant::now();
-//! let busy = |depth| QueueLoad { free_workers: 0, depth, oldest_enqueued: Some(now) };
-//!
-//! let first = attempt_class(None, None);
-//! let retry = attempt_class(Some(b"1"), None);
-//! assert_eq!(policy.decide_at(now, busy(3), first), Admission::Queue);
-//! assert!(matches!(policy.decide_at(now, busy(3), retry), Admission::Shed(_)));
-//! assert!(matches!(policy.decide_at(now, busy(8), first), Admission::Shed(_)));
-//! ```
+//! See [`AdmissionController`](crate::AdmissionController) for what it does and why.
 
 pub(crate) mod config;
 mod dedup;
@@ -283,6 +177,112 @@ impl CompletionRate {
 
 /// The admission decision, the completion-rate estimate and the pushback jitter of one
 /// server. Not shared: wrap it in a lock if several tasks decide.
+///
+/// A server that cannot serve everything must choose. Queueing everything turns a short
+/// overload into a long one (every queued call times out at the client, is retried, and
+/// the retry joins the queue again: the metastable loop in the crate docs). Shedding at
+/// random punishes first attempts as much as retries, so users whose *first* call would
+/// have succeeded fail too, and their clients retry as well.
+///
+/// This module is the decision alone, with no queue, no runtime and no transport, so the
+/// tower layer in `stormguard-server` and the fleet simulator (which runs on a virtual
+/// clock) drive the same code:
+///
+/// - [`CallClass`]: the call's [`AttemptClass`] (first attempt or retry, read from
+///   `grpc-previous-rpc-attempts`, what standard gRPC clients send on retries, or
+///   `x-retry-attempt`, by [`wire::attempt_class`](crate::wire::attempt_class); a
+///   malformed value counts as a retry: a peer cannot buy priority with garbage) and its
+///   [`Criticality`] ([`crate::criticality`](crate::Criticality)): sheddable work is shed before retries,
+///   retries before the rest ([`CallClass::rank`]).
+/// - [`AdmissionController::decide_at`]: admit at once, queue, or shed. **Retries are shed
+///   first**: once the queue passes the [`RetryThreshold`] a retry is answered at once,
+///   while a first attempt is shed only when the queue is full. Under sustained overload
+///   the retries absorb the shedding and first attempts keep the capacity.
+/// - [`AdmissionController::pushback_at`]: the `grpc-retry-pushback-ms` to send with a shed
+///   answer: the estimated time for the queue to drain (from the observed completion
+///   rate, [`CompletionRate`]), clamped to `[1 ms, pushback_max]` and jittered so that
+///   the clients told to come back do not all come back together. It is **never 0**:
+///   gRPC C-core clients never finish a call told "retry after 0 ms".
+/// - [`AdmissionController::shed_pushback_at`]: whether the shed answer says "come back
+///   after the pushback" or "do not retry" (`-1`). A standard gRPC client (gRPC A6)
+///   comes back after every pushback until its attempts run out, so a pushback is an
+///   invitation to send one more attempt; it is worth sending only when that attempt
+///   can succeed. Two rules, both on by default, say when it cannot:
+///   - **the deadline rule** ([`AdmissionConfig::no_retry_margin`]): the caller's
+///     deadline (`grpc-timeout`) leaves no room for the pushback, the drain of the queue
+///     and a service time ([`AdmissionController::cannot_serve_in_time_at`]). The attempt
+///     would come back too late to be served, for a first attempt as for a retry;
+///   - **the sustained-overload rule** ([`AdmissionConfig::no_retry_after_shedding`]):
+///     the server has been shedding without a break for long enough that the calls it
+///     told to come back have come back into the same overload and been shed again
+///     (`AdmissionController::shedding_since`). From then on retries only feed the
+///     overload: each costs a shed answer and a wait and cannot be served.
+///
+///   `docs/admission.md` has what they change for a gRPC C-core client that retries on
+///   its own. `no_retry_depth` (off by default) is a third, static rule for
+///   retries.
+/// - [`AdmissionController::expiry`]: when queued work stops being worth running (its
+///   `grpc-timeout` leaves less than [`AdmissionConfig::min_time_left`], or it has waited
+///   [`AdmissionConfig::max_time_queued`]).
+/// - `AdmissionController::serve_newest`: FIFO, or newest-first once a queue has formed
+///   ([`QueueOrder::AdaptiveLifo`]).
+///
+/// Every time-dependent method has an `_at(now)` form taking the instant explicitly. The
+/// queue that asks these questions at the right moments is [`crate::queue`](crate::AdmissionQueue).
+///
+/// # Configuration from JSON
+///
+/// [`AdmissionConfig::from_json`] reads the same fields under `admission`, with durations
+/// written with their unit and codes by name or number ([`AdmissionConfig::from_path`]
+/// reads YAML and TOML too). Every field is optional and defaults as in
+/// [`AdmissionConfig::default`]; unknown fields are errors, and every error names the
+/// field as the document spells it (`admission.retry_threshold.queue_delay`).
+/// `AdmissionConfig` implements `serde::Deserialize` for the fields of the `admission`
+/// object, with the same checks, so an application can hold it in its own config (see
+/// [`crate::config`](crate::ClientConfig), where the reader lives).
+///
+/// ```json
+/// { "admission": {
+///     "workers": 16, "queue_capacity": 64,
+///     "retry_threshold": { "depth": 8, "queue_delay": "20ms" },
+///     "max_time_queued": "1s", "min_time_left": "2ms",
+///     "queue_order": "adaptive_lifo", "lifo_from_depth": 8,
+///     "pushback_max": "1s", "shed_code": "UNAVAILABLE", "no_retry_depth": 48,
+///     "no_retry_margin": "5ms", "no_retry_after_shedding": "500ms",
+///     "seed": 7,
+///     "sheddable_threshold": { "depth": 0, "queue_delay": null },
+///     "adaptive": { "min_limit": 2, "max_limit": 256, "window": "100ms",
+///                   "min_window_samples": 16, "probe_interval": "30s" } } }
+/// ```
+///
+/// `queue_order` is `"fifo"` or `"adaptive_lifo"` (newest first from `lifo_from_depth`
+/// queued calls, default 8); `null` turns off `retry_threshold.depth`,
+/// `retry_threshold.queue_delay`, `sheddable_threshold.*`, `no_retry_depth`,
+/// `no_retry_margin`, `no_retry_after_shedding` or `adaptive` (a fixed limit of
+/// `workers`). With `adaptive`, `workers` is the starting limit (see [`crate::limit`](crate::AdaptiveLimit)).
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::Instant;
+/// use stormguard_core::{Admission, AdmissionConfig, AdmissionController, QueueLoad, RetryThreshold};
+/// use stormguard_core::wire::attempt_class;
+///
+/// let config = AdmissionConfig {
+///     workers: 2,
+///     queue_capacity: 8,
+///     retry_threshold: RetryThreshold { depth: Some(2), queue_delay: None },
+///     ..AdmissionConfig::default()
+/// };
+/// let mut policy = AdmissionController::new(config).expect("valid config");
+/// let now = Instant::now();
+/// let busy = |depth| QueueLoad { free_workers: 0, depth, oldest_enqueued: Some(now) };
+///
+/// let first = attempt_class(None, None);
+/// let retry = attempt_class(Some(b"1"), None);
+/// assert_eq!(policy.decide_at(now, busy(3), first), Admission::Queue);
+/// assert!(matches!(policy.decide_at(now, busy(3), retry), Admission::Shed(_)));
+/// assert!(matches!(policy.decide_at(now, busy(8), first), Admission::Shed(_)));
+/// ```
 #[derive(Debug)]
 pub struct AdmissionController {
     config: AdmissionConfig,

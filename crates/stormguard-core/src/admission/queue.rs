@@ -1,74 +1,6 @@
 //! The admission queue: workers, waiters and every decision about them, in one place.
 //!
-//! [`AdmissionController`] answers one question at a time (admit, queue or shed this call;
-//! which end of the queue to serve; when queued work expires). Something still has to
-//! hold the workers and the waiters and ask those questions at the right moments, and
-//! that part decides too: whether work too close to its deadline is refused before it
-//! takes a free worker, whether expired waiters count as load, who gets a worker that
-//! frees up. [`AdmissionQueue`] is that part. The tower layer in `stormguard-server` wraps
-//! it in a mutex (with wakers and RAII permits), and the fleet simulator drives the very
-//! same type on its virtual clock, so the two cannot decide differently.
-//!
-//! It is runtime-agnostic: every operation takes `now` and nothing sleeps or spawns. The
-//! driver keeps one timer per queued call (the `expiry` returned when it was queued) and
-//! calls [`AdmissionQueue::withdraw_at`] when it fires, or when the caller goes away.
-//! Expired waiters are also taken out at the start of every operation, so a decision
-//! never counts work whose time is up, whichever of two events at the same instant the
-//! driver happens to run first.
-//!
-//! # What it decides
-//!
-//! - [`AdmissionQueue::arrive_at`]: work whose deadline leaves less than
-//!   [`min_time_left`](AdmissionConfig::min_time_left) is refused at once, even with a
-//!   worker free (it could not finish; running it takes a worker from a call that
-//!   can); otherwise the policy admits, queues or sheds it.
-//! - [`AdmissionQueue::finish_at`] / [`AdmissionQueue::give_back_at`]: a worker turned
-//!   over; the next live waiter gets it, oldest or newest first as the policy says for
-//!   the depth of *live* waiters.
-//! - Criticality ([`crate::criticality`]): sheddable calls are shed first, retries
-//!   next; and when the queue is full, a call takes the place of a waiter of a *lower
-//!   criticality* if there is one (the lowest-ranked by [`CallClass::rank`], the oldest
-//!   of those), which is answered with the shed status ([`Dispatch::Shed`]). So a full
-//!   queue of default work does not turn away a critical call, nor one of sheddable
-//!   work a default one. Between calls of one criticality nothing changes: a full queue
-//!   sheds the arrival.
-//! - The worker limit: fixed ([`AdmissionConfig::workers`]) or adaptive
-//!   ([`AdmissionConfig::adaptive`], [`crate::limit`]): every call that leaves its
-//!   worker ([`AdmissionQueue::finish_at`], with the instant it started) is a latency
-//!   sample, and the limit follows them. [`AdmissionQueue::set_worker_limit_at`] sets it
-//!   from outside. Raising the limit hands the new workers to waiters at once; lowering
-//!   it takes effect as running calls finish.
-//!
-//! Workers handed to waiters, waiters found expired and waiters that gave their place
-//! up are reported to a `sink` closure as [`Dispatch`] values, in the order they happen.
-//!
-//! ```
-//! use std::time::Duration;
-//! use stormguard_core::Instant;
-//! use stormguard_core::AdmissionConfig;
-//! use stormguard_core::wire::AttemptClass;
-//! use stormguard_core::{AdmissionQueue, Arrival, Dispatch};
-//!
-//! let config = AdmissionConfig { workers: 1, queue_capacity: 16, ..AdmissionConfig::default() };
-//! let mut queue = AdmissionQueue::from_config(config).expect("valid config");
-//! let t0 = Instant::now();
-//! let ignore = |_: Dispatch<&str>| {};
-//!
-//! // The first call takes the worker, the second waits for it.
-//! let first = queue.arrive_at(t0, AttemptClass::First, None, "a", ignore);
-//! assert_eq!(first, Arrival::Run);
-//! let Arrival::Queued { id, .. } = queue.arrive_at(t0, AttemptClass::First, None, "b", ignore)
-//! else { panic!("queued") };
-//!
-//! // Too little time left: refused at once, never queued.
-//! let close = Some(t0 + Duration::from_millis(1));
-//! assert_eq!(queue.arrive_at(t0, AttemptClass::First, close, "c", ignore), Arrival::Expired);
-//!
-//! // When the first call finishes, the worker goes to "b".
-//! let mut handed = Vec::new();
-//! queue.finish_at(t0 + Duration::from_millis(5), t0, |d| handed.push(d));
-//! assert!(matches!(handed.as_slice(), [Dispatch::Run(left)] if left.id == id && left.waiter == "b"));
-//! ```
+//! See [`AdmissionQueue`](crate::AdmissionQueue) for what it does and why.
 
 use std::collections::{BTreeMap, BTreeSet};
 #[cfg(test)]
@@ -152,6 +84,76 @@ struct Waiting<T> {
 /// and gets back when the waiter leaves. Memory is bounded: at most
 /// [`AdmissionConfig::queue_capacity`] waiters. Not shared: wrap it in a lock if
 /// several tasks drive it.
+///
+/// [`AdmissionController`] answers one question at a time (admit, queue or shed this call;
+/// which end of the queue to serve; when queued work expires). Something still has to
+/// hold the workers and the waiters and ask those questions at the right moments, and
+/// that part decides too: whether work too close to its deadline is refused before it
+/// takes a free worker, whether expired waiters count as load, who gets a worker that
+/// frees up. [`AdmissionQueue`] is that part. The tower layer in `stormguard-server` wraps
+/// it in a mutex (with wakers and RAII permits), and the fleet simulator drives the very
+/// same type on its virtual clock, so the two cannot decide differently.
+///
+/// It is runtime-agnostic: every operation takes `now` and nothing sleeps or spawns. The
+/// driver keeps one timer per queued call (the `expiry` returned when it was queued) and
+/// calls [`AdmissionQueue::withdraw_at`] when it fires, or when the caller goes away.
+/// Expired waiters are also taken out at the start of every operation, so a decision
+/// never counts work whose time is up, whichever of two events at the same instant the
+/// driver happens to run first.
+///
+/// # What it decides
+///
+/// - [`AdmissionQueue::arrive_at`]: work whose deadline leaves less than
+///   [`min_time_left`](AdmissionConfig::min_time_left) is refused at once, even with a
+///   worker free (it could not finish; running it takes a worker from a call that
+///   can); otherwise the policy admits, queues or sheds it.
+/// - [`AdmissionQueue::finish_at`] / [`AdmissionQueue::give_back_at`]: a worker turned
+///   over; the next live waiter gets it, oldest or newest first as the policy says for
+///   the depth of *live* waiters.
+/// - Criticality ([`crate::criticality`](crate::Criticality)): sheddable calls are shed first, retries
+///   next; and when the queue is full, a call takes the place of a waiter of a *lower
+///   criticality* if there is one (the lowest-ranked by [`CallClass::rank`], the oldest
+///   of those), which is answered with the shed status ([`Dispatch::Shed`]). So a full
+///   queue of default work does not turn away a critical call, nor one of sheddable
+///   work a default one. Between calls of one criticality nothing changes: a full queue
+///   sheds the arrival.
+/// - The worker limit: fixed ([`AdmissionConfig::workers`]) or adaptive
+///   ([`AdmissionConfig::adaptive`], [`crate::limit`](crate::AdaptiveLimit)): every call that leaves its
+///   worker ([`AdmissionQueue::finish_at`], with the instant it started) is a latency
+///   sample, and the limit follows them. `AdmissionQueue::set_worker_limit_at` sets it
+///   from outside. Raising the limit hands the new workers to waiters at once; lowering
+///   it takes effect as running calls finish.
+///
+/// Workers handed to waiters, waiters found expired and waiters that gave their place
+/// up are reported to a `sink` closure as [`Dispatch`] values, in the order they happen.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::Instant;
+/// use stormguard_core::AdmissionConfig;
+/// use stormguard_core::wire::AttemptClass;
+/// use stormguard_core::{AdmissionQueue, Arrival, Dispatch};
+///
+/// let config = AdmissionConfig { workers: 1, queue_capacity: 16, ..AdmissionConfig::default() };
+/// let mut queue = AdmissionQueue::from_config(config).expect("valid config");
+/// let t0 = Instant::now();
+/// let ignore = |_: Dispatch<&str>| {};
+///
+/// // The first call takes the worker, the second waits for it.
+/// let first = queue.arrive_at(t0, AttemptClass::First, None, "a", ignore);
+/// assert_eq!(first, Arrival::Run);
+/// let Arrival::Queued { id, .. } = queue.arrive_at(t0, AttemptClass::First, None, "b", ignore)
+/// else { panic!("queued") };
+///
+/// // Too little time left: refused at once, never queued.
+/// let close = Some(t0 + Duration::from_millis(1));
+/// assert_eq!(queue.arrive_at(t0, AttemptClass::First, close, "c", ignore), Arrival::Expired);
+///
+/// // When the first call finishes, the worker goes to "b".
+/// let mut handed = Vec::new();
+/// queue.finish_at(t0 + Duration::from_millis(5), t0, |d| handed.push(d));
+/// assert!(matches!(handed.as_slice(), [Dispatch::Run(left)] if left.id == id && left.waiter == "b"));
+/// ```
 #[derive(Debug)]
 pub struct AdmissionQueue<T> {
     policy: AdmissionController,

@@ -29,7 +29,7 @@ pub struct ReplicaConfig {
     pub seed: Option<u64>,
 }
 
-/// When a replica is ejected, and for how long. See [the module docs](crate::ReplicaSet).
+/// When a replica is ejected, and for how long. See [the docs](crate::ReplicaSet).
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(
     default,
@@ -141,7 +141,7 @@ impl Default for LoadConfig {
 }
 
 /// How load reports (ORCA) weight replicas, after gRPC A58 (see the
-/// [module docs](crate::ReplicaSet#load-reports-orca-may-only-lower-a-replicas-share)).
+/// [docs](crate::ReplicaSet#load-reports-orca-may-only-lower-a-replicas-share)).
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(
     default,

@@ -1,88 +1,6 @@
 //! Choosing a replica for each attempt, and keeping failing replicas out of the choice.
 //!
-//! # Why the choice is made per attempt, seeing what the call already tried
-//!
-//! tower's power-of-two-choices balancer picks an endpoint in `poll_ready`, before it sees
-//! the request, and tonic's connections report no load, so the pick is uniform: a retry
-//! goes straight back to the replica that just failed one time in *n*, and a replica that
-//! fails fast keeps its full share. A [`ReplicaSet`] picks per attempt, given the replicas
-//! the logical call has already tried, by the **power of two choices** over a cost that
-//! sees what tonic does not:
-//!
-//! - *load*: a peak-EWMA of the replica's latency (a slow answer raises it at once, it
-//!   decays over [`LoadConfig::decay`]) times the attempts in flight on it plus one;
-//! - *health*: an EWMA of its answers in which a failure or an overload answer counts 0 and
-//!   anything else 1, divided into the cost, so a replica that fails fast (and so finishes
-//!   calls fastest) does not attract a least-loaded choice; the memory of failures fades
-//!   over [`LoadConfig::failure_decay`] while the replica gets no traffic, so it is tried
-//!   again;
-//! - *slow start*: a replica that is new or returns from ejection takes a share that ramps
-//!   from [`SlowStartConfig::min_weight`] to a full share over [`SlowStartConfig::window`]
-//!   (without it, a cold process is flattened by its full share of synchronized retries).
-//!
-//! # Why eject, and why not on overload
-//!
-//! A replica whose process died stays in tonic's balancer while reconnects fail, and one
-//! that answers every call `UNAVAILABLE` keeps a weight above zero. Outlier ejection takes
-//! such a replica out of the choice entirely, in the spirit of Envoy's outlier detection
-//! and linkerd's failure accrual: after [`EjectionConfig::consecutive_failures`] failures
-//! in a row, or when failures reach [`EjectionConfig::failure_share`] of at least
-//! [`EjectionConfig::min_requests`] answers over [`EjectionConfig::window`]. It stays out
-//! for a jittered time that doubles with each ejection in a row (from
-//! [`EjectionConfig::base_time`] to [`EjectionConfig::max_time`]); then a single probe
-//! attempt is let through, and its answer returns the replica (with slow start) or ejects
-//! it again for longer. At most [`EjectionConfig::max_ejected_share`] of the replicas (at
-//! least one, never the last) are out at once, so a fault that hits every replica cannot
-//! empty the set.
-//!
-//! Only answers that say the replica is broken count: a transport failure, `UNAVAILABLE`
-//! without a pushback, `INTERNAL`, `UNKNOWN`, `DATA_LOSS` ([`ReplicaOutcome::Failure`]). An
-//! overload answer (a shed with a pushback, `RESOURCE_EXHAUSTED`) or an attempt cut off by
-//! its timeout says the replica is busy, not broken: it lowers the replica's health or
-//! raises its latency, so the choice sends it less, but never ejects it. Ejecting busy
-//! replicas moves their load onto the rest, which is how an overload spreads.
-//!
-//! # Load reports (ORCA) may only lower a replica's share
-//!
-//! A replica that sends load reports (gRPC ORCA; a stormguard server built with
-//! `ShedLayer::with_load_reports`) gets gRPC A58's weight,
-//! `qps / (utilization + eps / qps × error_utilization_penalty)`, its utilization
-//! `application_utilization`, else `cpu_utilization` ([`crate::balance::a58_weight`]). As in
-//! A58, a replica's reports weight it only after a blackout period from its first report
-//! ([`ReportWeightConfig::blackout_period`]) and stop weighting it when none came for
-//! [`ReportWeightConfig::expiration_period`] (its blackout starts again). Unlike A58, the
-//! weight never replaces the cost above: it divides into it as a factor in
-//! [[`ReportWeightConfig::min_factor`], 1], the replica's weight over the largest weight of
-//! the replicas whose reports count ([`ReplicaSet::report_factor_at`]). So a report can
-//! only *lower* a replica's share below what the channel gives it without reports, never
-//! raise one above it: a replica that lies about its load cannot attract traffic, and a
-//! replica that sends no reports keeps its report-free share.
-//!
-//! Everything takes the time as an argument (`*_at(now)`) and draws from a seeded RNG, so a
-//! test or a simulator drives it deterministically.
-//!
-//! ```
-//! use std::time::Duration;
-//! use stormguard_core::Instant;
-//! use stormguard_core::{ReplicaConfig, ReplicaOutcome, ReplicaSet};
-//!
-//! let config = ReplicaConfig { seed: Some(7), ..ReplicaConfig::default() };
-//! let mut set = ReplicaSet::new(config)?;
-//! let now = Instant::now();
-//! let a = set.insert_at(now);
-//! let b = set.insert_at(now);
-//!
-//! // Five failures in a row eject `a`.
-//! for _ in 0..5 {
-//!     let pick = set.pick_at(&[b], now).unwrap(); // `b` already tried: `a` is chosen
-//!     assert_eq!(pick, a);
-//!     set.end_at(a, ReplicaOutcome::Failure, now, now);
-//! }
-//! assert!(set.snapshot_at(a, now).unwrap().state.is_ejected());
-//! // Now every attempt goes to `b`, even a retry that already tried it.
-//! assert_eq!(set.pick_at(&[b], now), Some(b));
-//! # Ok::<(), stormguard_core::ConfigError>(())
-//! ```
+//! See [`ReplicaSet`](crate::ReplicaSet) for what it does and why.
 
 mod config;
 pub(crate) mod weights;
@@ -115,7 +33,7 @@ impl fmt::Display for ReplicaId {
 }
 
 /// How an attempt on a replica ended, for its health. The layer reads it from the answer;
-/// the [module docs](ReplicaSet) say which answers are which.
+/// the [docs](ReplicaSet) say which answers are which.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReplicaOutcome {
     /// An answer from a working replica: `OK`, or an application status (`NOT_FOUND`,
@@ -350,6 +268,90 @@ impl Replica {
 /// The replicas of one dependency, their health and the choice between them. Not
 /// thread-safe itself: a layer keeps it behind a lock (every operation is short and
 /// allocates nothing once the set is built).
+///
+/// # Why the choice is made per attempt, seeing what the call already tried
+///
+/// tower's power-of-two-choices balancer picks an endpoint in `poll_ready`, before it sees
+/// the request, and tonic's connections report no load, so the pick is uniform: a retry
+/// goes straight back to the replica that just failed one time in *n*, and a replica that
+/// fails fast keeps its full share. A [`ReplicaSet`] picks per attempt, given the replicas
+/// the logical call has already tried, by the **power of two choices** over a cost that
+/// sees what tonic does not:
+///
+/// - *load*: a peak-EWMA of the replica's latency (a slow answer raises it at once, it
+///   decays over [`LoadConfig::decay`]) times the attempts in flight on it plus one;
+/// - *health*: an EWMA of its answers in which a failure or an overload answer counts 0 and
+///   anything else 1, divided into the cost, so a replica that fails fast (and so finishes
+///   calls fastest) does not attract a least-loaded choice; the memory of failures fades
+///   over [`LoadConfig::failure_decay`] while the replica gets no traffic, so it is tried
+///   again;
+/// - *slow start*: a replica that is new or returns from ejection takes a share that ramps
+///   from [`SlowStartConfig::min_weight`] to a full share over [`SlowStartConfig::window`]
+///   (without it, a cold process is flattened by its full share of synchronized retries).
+///
+/// # Why eject, and why not on overload
+///
+/// A replica whose process died stays in tonic's balancer while reconnects fail, and one
+/// that answers every call `UNAVAILABLE` keeps a weight above zero. Outlier ejection takes
+/// such a replica out of the choice entirely, in the spirit of Envoy's outlier detection
+/// and linkerd's failure accrual: after [`EjectionConfig::consecutive_failures`] failures
+/// in a row, or when failures reach [`EjectionConfig::failure_share`] of at least
+/// [`EjectionConfig::min_requests`] answers over [`EjectionConfig::window`]. It stays out
+/// for a jittered time that doubles with each ejection in a row (from
+/// [`EjectionConfig::base_time`] to [`EjectionConfig::max_time`]); then a single probe
+/// attempt is let through, and its answer returns the replica (with slow start) or ejects
+/// it again for longer. At most [`EjectionConfig::max_ejected_share`] of the replicas (at
+/// least one, never the last) are out at once, so a fault that hits every replica cannot
+/// empty the set.
+///
+/// Only answers that say the replica is broken count: a transport failure, `UNAVAILABLE`
+/// without a pushback, `INTERNAL`, `UNKNOWN`, `DATA_LOSS` ([`ReplicaOutcome::Failure`]). An
+/// overload answer (a shed with a pushback, `RESOURCE_EXHAUSTED`) or an attempt cut off by
+/// its timeout says the replica is busy, not broken: it lowers the replica's health or
+/// raises its latency, so the choice sends it less, but never ejects it. Ejecting busy
+/// replicas moves their load onto the rest, which is how an overload spreads.
+///
+/// # Load reports (ORCA) may only lower a replica's share
+///
+/// A replica that sends load reports (gRPC ORCA; a stormguard server built with
+/// `ShedLayer::with_load_reports`) gets gRPC A58's weight,
+/// `qps / (utilization + eps / qps × error_utilization_penalty)`, its utilization
+/// `application_utilization`, else `cpu_utilization` (`crate::balance::a58_weight`). As in
+/// A58, a replica's reports weight it only after a blackout period from its first report
+/// ([`ReportWeightConfig::blackout_period`]) and stop weighting it when none came for
+/// [`ReportWeightConfig::expiration_period`] (its blackout starts again). Unlike A58, the
+/// weight never replaces the cost above: it divides into it as a factor in
+/// [[`ReportWeightConfig::min_factor`], 1], the replica's weight over the largest weight of
+/// the replicas whose reports count (`ReplicaSet::report_factor_at`). So a report can
+/// only *lower* a replica's share below what the channel gives it without reports, never
+/// raise one above it: a replica that lies about its load cannot attract traffic, and a
+/// replica that sends no reports keeps its report-free share.
+///
+/// Everything takes the time as an argument (`*_at(now)`) and draws from a seeded RNG, so a
+/// test or a simulator drives it deterministically.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::Instant;
+/// use stormguard_core::{ReplicaConfig, ReplicaOutcome, ReplicaSet};
+///
+/// let config = ReplicaConfig { seed: Some(7), ..ReplicaConfig::default() };
+/// let mut set = ReplicaSet::new(config)?;
+/// let now = Instant::now();
+/// let a = set.insert_at(now);
+/// let b = set.insert_at(now);
+///
+/// // Five failures in a row eject `a`.
+/// for _ in 0..5 {
+///     let pick = set.pick_at(&[b], now).unwrap(); // `b` already tried: `a` is chosen
+///     assert_eq!(pick, a);
+///     set.end_at(a, ReplicaOutcome::Failure, now, now);
+/// }
+/// assert!(set.snapshot_at(a, now).unwrap().state.is_ejected());
+/// // Now every attempt goes to `b`, even a retry that already tried it.
+/// assert_eq!(set.pick_at(&[b], now), Some(b));
+/// # Ok::<(), stormguard_core::ConfigError>(())
+/// ```
 pub struct ReplicaSet {
     config: ReplicaConfig,
     replicas: Vec<Replica>,

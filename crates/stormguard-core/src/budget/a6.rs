@@ -1,55 +1,6 @@
 //! gRPC A6 `retryThrottling`: the standard gRPC client's retry budget, as a [`Budget`].
 //!
-//! # Why
-//!
-//! A maximum number of attempts bounds one request, not the fleet: when a service fails
-//! every call, 3 attempts per call is still 3× the load on a service that is already down.
-//! gRPC's retry design (proposal A6) bounds retries with a token bucket per server instead:
-//! failures drain it, successes refill it, and once it is half empty no call is retried
-//! until successes refill it. At 100 % failure retries stop after a handful of failures,
-//! so the load stays ~1×; at low failure rates the bucket stays full and retries flow.
-//!
-//! Use this implementation to behave exactly like other gRPC clients configured with the
-//! same service config (`"retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}`);
-//! [`crate::RetryBudget`] is the time-windowed alternative, which bounds retries
-//! by a ratio of recent successes.
-//!
-//! # The rules (gRPC A6)
-//!
-//! - The bucket starts full, at `maxTokens`.
-//! - Every failed attempt (a retryable status, or a pushback saying "do not retry")
-//!   removes 1 token ([`Budget::record_failure_at`]); the count never goes below 0.
-//! - Every success adds `tokenRatio` tokens ([`Budget::deposit_at`]); the count never
-//!   exceeds `maxTokens`.
-//! - A retry may go out only while the count is strictly greater than `maxTokens / 2`
-//!   ([`Budget::withdraw_at`]); asking does not consume anything: the failure of the retry
-//!   is what costs a token.
-//! - `tokenRatio` keeps 3 decimal places (further places are ignored), so counts are kept
-//!   in integer milli-tokens.
-//!
-//! The bucket does not depend on time; the `now` arguments are ignored.
-//!
-//! With the `tower` feature the bucket is also a `tower::retry::budget::Budget`, for a
-//! `tower::retry::Policy`: see that implementation on [`A6Budget`] for what tower's two
-//! calls mean here.
-//!
-//! ```
-//! use stormguard_core::Instant;
-//! use stormguard_core::Budget;
-//! use stormguard_core::{A6Budget, A6BudgetConfig};
-//!
-//! let throttle = A6Budget::new(A6BudgetConfig { max_tokens: 10.0, token_ratio: 0.1 })?;
-//! let now = Instant::now();
-//! for _ in 0..4 {
-//!     throttle.record_failure_at(now);
-//! }
-//! assert!(throttle.withdraw_at(now)); // 6 > 5
-//! throttle.record_failure_at(now);
-//! assert!(!throttle.withdraw_at(now)); // 5 is not > 5: throttled
-//! throttle.deposit_at(now);
-//! assert!(throttle.withdraw_at(now)); // 5.1 > 5
-//! # Ok::<(), stormguard_core::ConfigError>(())
-//! ```
+//! See [`A6Budget`](crate::A6Budget) for what it does and why.
 
 use std::fmt;
 use std::sync::Arc;
@@ -120,9 +71,59 @@ impl A6BudgetConfig {
     }
 }
 
-/// gRPC A6 `retryThrottling` token bucket (see the [module docs](A6Budget)).
+/// gRPC A6 `retryThrottling` token bucket (see the [docs](A6Budget)).
 ///
 /// Lock-free (one atomic word); clones share one bucket, as gRPC keeps one per server.
+///
+/// # Why
+///
+/// An attempt cap bounds one request, not the fleet (see the [crate docs](crate)). gRPC's
+/// retry design (proposal A6) bounds retries with a token bucket per server instead:
+/// failures drain it, successes refill it, and once it is half empty no call is retried
+/// until successes refill it. When every call fails, retries stop after a handful of
+/// failures; at low failure rates the bucket stays full and retries flow.
+///
+/// Use this implementation to behave exactly like other gRPC clients configured with the
+/// same service config (`"retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}`);
+/// [`crate::RetryBudget`] is the time-windowed alternative, which bounds retries
+/// by a ratio of recent successes.
+///
+/// # The rules (gRPC A6)
+///
+/// - The bucket starts full, at `maxTokens`.
+/// - Every failed attempt (a retryable status, or a pushback saying "do not retry")
+///   removes 1 token ([`Budget::record_failure_at`]); the count never goes below 0.
+/// - Every success adds `tokenRatio` tokens ([`Budget::deposit_at`]); the count never
+///   exceeds `maxTokens`.
+/// - A retry may go out only while the count is strictly greater than `maxTokens / 2`
+///   ([`Budget::withdraw_at`]); asking does not consume anything: the failure of the retry
+///   is what costs a token.
+/// - `tokenRatio` keeps 3 decimal places (further places are ignored), so counts are kept
+///   in integer milli-tokens.
+///
+/// The bucket does not depend on time; the `now` arguments are ignored.
+///
+/// With the `tower` feature the bucket is also a `tower::retry::budget::Budget`, for a
+/// `tower::retry::Policy`: see that implementation on [`A6Budget`] for what tower's two
+/// calls mean here.
+///
+/// ```
+/// use stormguard_core::Instant;
+/// use stormguard_core::Budget;
+/// use stormguard_core::{A6Budget, A6BudgetConfig};
+///
+/// let throttle = A6Budget::new(A6BudgetConfig { max_tokens: 10.0, token_ratio: 0.1 })?;
+/// let now = Instant::now();
+/// for _ in 0..4 {
+///     throttle.record_failure_at(now);
+/// }
+/// assert!(throttle.withdraw_at(now)); // 6 > 5
+/// throttle.record_failure_at(now);
+/// assert!(!throttle.withdraw_at(now)); // 5 is not > 5: throttled
+/// throttle.deposit_at(now);
+/// assert!(throttle.withdraw_at(now)); // 5.1 > 5
+/// # Ok::<(), stormguard_core::ConfigError>(())
+/// ```
 #[derive(Clone)]
 pub struct A6Budget {
     shared: Arc<Shared>,

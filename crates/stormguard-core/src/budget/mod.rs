@@ -1,118 +1,6 @@
 //! Retry budgets: "can this process afford one more retry right now?"
 //!
-//! # Why a budget, and not only a maximum number of attempts
-//!
-//! A per-request cap such as "at most 3 attempts" bounds what *one request* may cost; it
-//! does not bound what the *fleet* sends. When a dependency fails every call, each logical
-//! call still makes all its attempts: 3 attempts is 3× the load on a service that is
-//! already failing, and the multiplication compounds through a call chain (3 layers × 3
-//! attempts = 27 calls at the bottom for one user request). That extra load is what keeps
-//! an overloaded service down after the trigger has passed (a metastable failure).
-//!
-//! A retry budget bounds retries by the *success* traffic instead: every success mints a
-//! fraction (`retry_ratio`, 10 % by default) of a retry that stays valid for a window
-//! (`ttl`), and every retry spends one. At 100 % failure nothing is minted, so after the
-//! small standing reserve is spent the client sends ~1× its offered load, and during a
-//! partial outage the retry load stays within ~1.1× — however many attempts a single
-//! request would be allowed.
-//!
-//! The reserve (`min_retries_per_second × ttl` retries per window) lets a client that has
-//! just started, or that makes few calls, retry at all.
-//!
-//! # A floor for the fleet, not for each process
-//!
-//! The reserve is per process. Against a dead dependency a fleet therefore sends
-//! `processes × min_retries_per_second` retries per second however little it calls: the
-//! fleet simulator (`stormguard-sim`, table 2) measures 5,000 retries/s from 1,000
-//! processes of 10 calls/s each with the default floor of 5/s, i.e. 1.5× the offered
-//! load, arriving as a pulse every `ttl` because the reserves that were spent together
-//! refill together. [`RetryBudget::with_fleet_size`] divides the reserve by the number of
-//! processes that share the dependency, so the *fleet* gets the floor: at most
-//! `min_retries_per_second` retries per second between them. A process whose share is
-//! below one retry per window retries only on what its own successes mint (with 10 % of
-//! 10 calls/s that is still a retry per second). [`RetryBudget::set_fleet_estimate`]
-//! updates the divisor at run time (from service discovery, say); an estimate can only
-//! make the floor smaller than the configured one, never larger.
-//!
-//! # Two implementations, one trait
-//!
-//! [`Budget`] is the interface the retry controller and the fleet simulator use (through
-//! `Arc<dyn Budget>`). [`RetryBudget`] is the Finagle-style budget described above;
-//! [`crate::A6Budget`] is gRPC's A6 `retryThrottling` token bucket.
-//!
-//! # Adopting only the budget, with tower
-//!
-//! A tower or linkerd-style stack that already has its retry policy (its own reading of
-//! responses, its own replay of request bodies, `tower::retry::Retry`) may want none of
-//! stormguard's layers, only a budget that does what its configuration says. tower's
-//! `TpsBudget` does not, in each of the ways listed below, and each shows exactly when a
-//! budget matters: under load, with many threads and steady traffic. With this crate's
-//! `tower` feature (or the `stormguard` crate's `tower-budget`), [`RetryBudget`] and
-//! [`crate::A6Budget`] implement `tower::retry::budget::Budget`, so either
-//! takes `TpsBudget`'s place in a `tower::retry::Policy` with the same two calls. The
-//! implementation's docs on [`RetryBudget`] show a policy over `Arc<RetryBudget>`; those on
-//! [`crate::A6Budget`] say how A6's three events map onto tower's two calls.
-//! The feature adds tower's `retry` module and nothing of tonic, http or hyper.
-//!
-//! # How [`RetryBudget`] differs from tower's `TpsBudget`
-//!
-//! It follows the same semantics (Finagle's: a reserve of `min_retries_per_second × ttl`,
-//! `retry_ratio` of a retry per deposit, withdrawals that count for `ttl`), with these
-//! fixes, each read from tower 0.5's `retry/budget/tps_budget.rs`:
-//!
-//! - **No lock, and no over-allocation.** `TpsBudget` takes a `Mutex` on every deposit
-//!   and every withdrawal (to expire old slots), then checks the balance and subtracts
-//!   after releasing it, so two threads can both take the last retry. Here the window is
-//!   two rings of slots (deposits and withdrawals), each slot one `AtomicU64` holding a
-//!   32-bit slot epoch and a 32-bit count, updated by compare-and-swap. A withdrawal that
-//!   finds less than one retry is refused without writing anything; otherwise it is
-//!   counted first, the window is summed again, and it is undone and refused if the
-//!   balance went below zero, so concurrent callers can never take more retries than the
-//!   window holds (a race can only refuse too many).
-//! - **An exact window.** A slot's epoch is derived from the call's own instant, so a
-//!   deposit counts until exactly `ttl` after the start of its slot, to the nanosecond:
-//!   for `ttl` less at most one slot width (`ttl / 16`), never more, whatever the timing
-//!   of the calls. `TpsBudget`'s 10 slots advance from the instant of the last expiry,
-//!   and an expiry that finds more than one slot width gone clears one more slot for each
-//!   further width or part of one, so when calls do not line up with its slot width the
-//!   window expires about twice as fast: steady calls every 7 ms against a 1 s `ttl`
-//!   keep about 0.6 s of deposits.
-//! - **Exact ratios.** `TpsBudget` turns a ratio below 1 into a whole number of deposits
-//!   per retry, `(1.0 / retry_percent) as isize`: 0.6 becomes 1, so 10 successes allow
-//!   10 retries (tower issue #857), and 0.3 becomes 3 (one retry per 3 successes).
-//!   Accounting here is in integer micro-retries: 0.6 gives exactly 6 retries per 10
-//!   successes, and there is no floating-point drift.
-//!
-//! Time comes only from the `now` argument of the `*_at` methods (the convenience forms
-//! read [`Instant::now`], which follows tokio's paused clock in tests).
-//!
-//! # Example
-//!
-//! ```
-//! use std::sync::Arc;
-//! use std::time::Duration;
-//! use stormguard_core::Instant;
-//! use stormguard_core::{Budget, BudgetConfig, RetryBudget};
-//!
-//! let config = BudgetConfig { min_retries_per_second: 0, ..BudgetConfig::default() };
-//! let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(config)?);
-//!
-//! let t0 = Instant::now();
-//! for _ in 0..10 {
-//!     budget.deposit_at(t0); // ten successes at a 10 % ratio mint one retry
-//! }
-//! assert_eq!(budget.balance_at(t0), 1.0);
-//! assert!(budget.withdraw_at(t0));
-//! assert!(!budget.withdraw_at(t0)); // spent
-//!
-//! // Eleven seconds later the successes are outside the 10 s window.
-//! let later = t0 + Duration::from_secs(11);
-//! for _ in 0..9 {
-//!     budget.deposit_at(later);
-//! }
-//! assert!(!budget.withdraw_at(later)); // 0.9 of a retry is not a retry
-//! # Ok::<(), stormguard_core::ConfigError>(())
-//! ```
+//! See [`RetryBudget`](crate::RetryBudget) for what it does and why.
 
 mod a6;
 mod keyed;
@@ -237,7 +125,7 @@ pub struct BudgetConfig {
     pub retry_ratio: f64,
     /// How many processes share the dependency: the standing reserve is divided by it, so
     /// the *fleet* gets `min_retries_per_second`, not each process (see
-    /// [the module docs](RetryBudget#a-floor-for-the-fleet-not-for-each-process)). 1 (the
+    /// [the docs](RetryBudget#a-floor-for-the-fleet-not-for-each-process)). 1 (the
     /// default) to [`MAX_FLEET_SIZE`].
     #[serde(deserialize_with = "crate::config::whole")]
     pub fleet_size: u32,
@@ -325,7 +213,7 @@ const MICROS_PER_RETRY: i128 = 1_000_000;
 /// (the caller is late) rather than as left over from a previous lap of the 32-bit epoch.
 const STALE_LIMIT: u32 = 1 << 20;
 
-/// A Finagle-style retry budget (see the [module docs](RetryBudget)): successes mint
+/// A Finagle-style retry budget (see the [docs](RetryBudget)): successes mint
 /// `retry_ratio` retries each, valid for `ttl`, on top of a standing reserve of
 /// `min_retries_per_second × ttl` retries; retries spent also count for `ttl`.
 ///
@@ -350,6 +238,113 @@ const STALE_LIMIT: u32 = 1 << 20;
 /// assert_eq!(budget.balance_at(now), 50.0);
 /// assert!(clone.withdraw_at(now));
 /// assert_eq!(budget.balance_at(now), 49.0); // the clone spent from the same budget
+/// # Ok::<(), stormguard_core::ConfigError>(())
+/// ```
+///
+/// # How
+///
+/// Why a budget rather than an attempt cap is in the [crate docs](crate). A retry budget
+/// bounds retries by the *success* traffic: every success mints a fraction
+/// (`retry_ratio`, 10 % by default) of a retry that stays valid for a window (`ttl`), and
+/// every retry spends one. When nothing succeeds nothing is minted, so once the small
+/// standing reserve is spent the client sends only its offered load, however many
+/// attempts a single request would be allowed.
+///
+/// The reserve (`min_retries_per_second × ttl` retries per window) lets a client that has
+/// just started, or that makes few calls, retry at all.
+///
+/// # A floor for the fleet, not for each process
+///
+/// The reserve is per process. Against a dead dependency a fleet therefore sends
+/// `processes × min_retries_per_second` retries per second however little it calls: the
+/// fleet simulator's table 2 (`docs/simulator.md`) measures it for many low-traffic
+/// processes with the default floor, arriving as a pulse every `ttl` because the reserves
+/// that were spent together
+/// refill together. [`RetryBudget::with_fleet_size`] divides the reserve by the number of
+/// processes that share the dependency, so the *fleet* gets the floor: at most
+/// `min_retries_per_second` retries per second between them. A process whose share is
+/// below one retry per window retries only on what its own successes mint (with 10 % of
+/// 10 calls/s that is still a retry per second). [`RetryBudget::set_fleet_estimate`]
+/// updates the divisor at run time (from service discovery, say); an estimate can only
+/// make the floor smaller than the configured one, never larger.
+///
+/// # Two implementations, one trait
+///
+/// [`Budget`] is the interface the retry controller and the fleet simulator use (through
+/// `Arc<dyn Budget>`). [`RetryBudget`] is the Finagle-style budget described above;
+/// [`crate::A6Budget`] is gRPC's A6 `retryThrottling` token bucket.
+///
+/// # Adopting only the budget, with tower
+///
+/// A tower or linkerd-style stack that already has its retry policy (its own reading of
+/// responses, its own replay of request bodies, `tower::retry::Retry`) may want none of
+/// stormguard's layers, only a budget that does what its configuration says. tower's
+/// `TpsBudget` does not, in each of the ways listed below, and each shows exactly when a
+/// budget matters: under load, with many threads and steady traffic. With this crate's
+/// `tower` feature (or the `stormguard` crate's `tower-budget`), [`RetryBudget`] and
+/// [`crate::A6Budget`] implement `tower::retry::budget::Budget`, so either
+/// takes `TpsBudget`'s place in a `tower::retry::Policy` with the same two calls. The
+/// implementation's docs on [`RetryBudget`] show a policy over `Arc<RetryBudget>`; those on
+/// [`crate::A6Budget`] say how A6's three events map onto tower's two calls.
+/// The feature adds tower's `retry` module and nothing of tonic, http or hyper.
+///
+/// # How [`RetryBudget`] differs from tower's `TpsBudget`
+///
+/// It follows the same semantics (Finagle's: a reserve of `min_retries_per_second × ttl`,
+/// `retry_ratio` of a retry per deposit, withdrawals that count for `ttl`), with these
+/// fixes, each read from tower 0.5's `retry/budget/tps_budget.rs`:
+///
+/// - **No lock, and no over-allocation.** `TpsBudget` takes a `Mutex` on every deposit
+///   and every withdrawal (to expire old slots), then checks the balance and subtracts
+///   after releasing it, so two threads can both take the last retry. Here the window is
+///   two rings of slots (deposits and withdrawals), each slot one `AtomicU64` holding a
+///   32-bit slot epoch and a 32-bit count, updated by compare-and-swap. A withdrawal that
+///   finds less than one retry is refused without writing anything; otherwise it is
+///   counted first, the window is summed again, and it is undone and refused if the
+///   balance went below zero, so concurrent callers can never take more retries than the
+///   window holds (a race can only refuse too many).
+/// - **An exact window.** A slot's epoch is derived from the call's own instant, so a
+///   deposit counts until exactly `ttl` after the start of its slot, to the nanosecond:
+///   for `ttl` less at most one slot width (`ttl / 16`), never more, whatever the timing
+///   of the calls. `TpsBudget`'s 10 slots advance from the instant of the last expiry,
+///   and an expiry that finds more than one slot width gone clears one more slot for each
+///   further width or part of one, so when calls do not line up with its slot width the
+///   window expires about twice as fast: steady calls every 7 ms against a 1 s `ttl`
+///   keep about 0.6 s of deposits.
+/// - **Exact ratios.** `TpsBudget` turns a ratio below 1 into a whole number of deposits
+///   per retry, `(1.0 / retry_percent) as isize`: 0.6 becomes 1, so 10 successes allow
+///   10 retries (tower issue #857), and 0.3 becomes 3 (one retry per 3 successes).
+///   Accounting here is in integer micro-retries: 0.6 gives exactly 6 retries per 10
+///   successes, and there is no floating-point drift.
+///
+/// Time comes only from the `now` argument of the `*_at` methods (the convenience forms
+/// read [`Instant::now`], which follows tokio's paused clock in tests).
+///
+/// # Example
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use stormguard_core::Instant;
+/// use stormguard_core::{Budget, BudgetConfig, RetryBudget};
+///
+/// let config = BudgetConfig { min_retries_per_second: 0, ..BudgetConfig::default() };
+/// let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(config)?);
+///
+/// let t0 = Instant::now();
+/// for _ in 0..10 {
+///     budget.deposit_at(t0); // ten successes at a 10 % ratio mint one retry
+/// }
+/// assert_eq!(budget.balance_at(t0), 1.0);
+/// assert!(budget.withdraw_at(t0));
+/// assert!(!budget.withdraw_at(t0)); // spent
+///
+/// // Eleven seconds later the successes are outside the 10 s window.
+/// let later = t0 + Duration::from_secs(11);
+/// for _ in 0..9 {
+///     budget.deposit_at(later);
+/// }
+/// assert!(!budget.withdraw_at(later)); // 0.9 of a retry is not a retry
 /// # Ok::<(), stormguard_core::ConfigError>(())
 /// ```
 #[derive(Clone)]
@@ -414,7 +409,7 @@ impl RetryBudget {
     }
 
     /// A budget with `config` whose standing reserve is shared by a fleet of
-    /// `fleet_size` processes (see [the module docs](RetryBudget#a-floor-for-the-fleet-not-for-each-process)):
+    /// `fleet_size` processes (see [the docs](RetryBudget#a-floor-for-the-fleet-not-for-each-process)):
     /// each process gets `min_retries_per_second × ttl / fleet_size` retries per window,
     /// so the fleet together gets the configured floor. `fleet_size` is 1 to
     /// [`MAX_FLEET_SIZE`] and replaces `config.fleet_size`.
@@ -661,7 +656,7 @@ impl Budget for RetryBudget {
 }
 
 /// With the `tower` feature: the budget as a tower retry budget, for a
-/// [`tower::retry::Policy`] (see [the module docs](self#adopting-only-the-budget-with-tower)).
+/// [`tower::retry::Policy`] (see [the docs](self#adopting-only-the-budget-with-tower)).
 ///
 /// The two calls mean what they mean in [`Budget`], at [`Instant::now`] (tokio's clock,
 /// paused in tests, as `TpsBudget` reads it):

@@ -1,5 +1,5 @@
 //! The server's admission document, `{"admission": {...}}` (see the
-//! [admission module docs](crate::admission#configuration-from-json)).
+//! [`AdmissionController`](crate::AdmissionController#configuration-from-json)).
 
 use std::path::Path;
 
@@ -220,7 +220,7 @@ impl<'de> Deserialize<'de> for AdmissionConfig {
 }
 
 impl AdmissionConfig {
-    /// Reads the `admission` document (see the [module docs](crate::AdmissionController#configuration-from-json))
+    /// Reads the `admission` document (see the [docs](crate::AdmissionController#configuration-from-json))
     /// and validates it. An error names the field as the document spells it.
     ///
     /// ```

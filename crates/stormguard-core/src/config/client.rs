@@ -1,5 +1,5 @@
 //! stormguard's own shape of a client config: `retry`, `breaker` and `methods` (see the
-//! [module docs](super)).
+//! [docs](super)).
 
 use std::collections::BTreeMap;
 use std::fmt;

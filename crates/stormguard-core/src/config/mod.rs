@@ -39,119 +39,6 @@
 //! method wins over its service, as in the service config. The budget (`retry.budget`,
 //! `retry.budget_exhausted`) is the layer's, so a method entry cannot set it.
 //!
-//! # Idempotency: the one line that makes answers retried
-//!
-//! `idempotent` defaults to `false`, as in [`RetryPolicy`]: without it, only requests that
-//! never reached the server are retried, because a server that answered `UNAVAILABLE` may
-//! have done part of the work. A config that sets everything else and leaves that out
-//! retries no answer; [`ClientConfig::notices`] says so. One entry marks the method that is
-//! safe to repeat (or `idempotent: true` under `retry` marks every method):
-//!
-//! ```yaml
-//! retry:
-//!   budget:
-//!     ttl: 10s
-//!     min_retries_per_second: 5
-//!     retry_ratio: 0.1
-//!   backoff: full_jitter
-//!   base: 100ms
-//!   max_attempts: 3
-//!   budget_exhausted: fail_fast
-//! methods:
-//!   /stormguard.demo.v1.Inventory/Reserve: { idempotent: true }
-//! ```
-//!
-//! # Hedging
-//!
-//! A hedged method has copies of a call sent while the first is slow, and the first useful
-//! answer wins (see [`hedge`](crate::hedge)). A method is retried or hedged, never both: the
-//! most specific entry for it decides which, in either shape. Hedges are attempts: they are
-//! paid from the same budget (or A6 throttle) as retries, and refused, not queued, when it
-//! is empty.
-//!
-//! In the service config, A6's `hedgingPolicy` sits where a `retryPolicy` would, and an
-//! entry holding both is an error naming the entry (`methodConfig[0]`). `maxAttempts` is
-//! required (at least 2; above 5 counts as 5), `hedgingDelay` defaults to `"0s"` (every
-//! copy at once) and `nonFatalStatusCodes` to none:
-//!
-//! ```
-//! use std::time::Duration;
-//! use stormguard_core::ClientConfig;
-//! use stormguard_core::HedgeDelay;
-//!
-//! let config = ClientConfig::from_service_config_json(r#"{ "methodConfig": [{
-//!     "name": [{ "service": "stormguard.demo.v1.Catalog" }],
-//!     "hedgingPolicy": { "maxAttempts": 3, "hedgingDelay": "0.010s",
-//!                        "nonFatalStatusCodes": ["UNAVAILABLE"] } }] }"#)?;
-//! let hedging = config.methods.lookup_hedging("/stormguard.demo.v1.Catalog/Get").unwrap();
-//! assert_eq!(hedging.delay, HedgeDelay::Fixed(Duration::from_millis(10)));
-//! assert!(config.methods.lookup("/stormguard.demo.v1.Catalog/Get").is_none(), "not retried");
-//! # Ok::<(), stormguard_core::ConfigError>(())
-//! ```
-//!
-//! In stormguard's shape, an entry of `methods` holds `hedging` and nothing else (a retry
-//! setting beside it is an error naming that setting). Every key is optional and defaults
-//! as in [`HedgingPolicy::default`]: `max_attempts` (2), `delay` (`"10ms"`),
-//! `non_fatal_codes` (none), `min_attempt_time` (`"5ms"`), `max_pushback` (`"30s"`);
-//! nothing comes from `retry`. `delay` is a duration or `"learned"`, a percentile of the
-//! method's recent latency ([`LearnedDelay`](crate::LearnedDelay)), whose settings
-//! sit beside it, as `base` and `cap` sit beside `backoff`: `percentile` (0.95), `floor`
-//! (`"1ms"`), `ceiling` (`"1s"`), `min_samples` (100), `window` (`"10s"`). They are refused
-//! with a fixed delay.
-//!
-//! ```yaml
-//! methods:
-//!   /stormguard.demo.v1.Catalog/Get:
-//!     hedging: { max_attempts: 3, delay: 10ms, non_fatal_codes: [UNAVAILABLE] }
-//!   /stormguard.demo.v1.Search/:
-//!     hedging: { delay: learned, percentile: 0.95, floor: 2ms, ceiling: 200ms }
-//! ```
-//!
-//! There is no layer-wide `hedging`: hedging a method says that running it more than once
-//! is harmless, a statement made method by method (or service by service), as
-//! `idempotent` is. A top-level `hedging`, or one under `retry`, is an error that says so.
-//!
-//! ```
-//! use stormguard_core::ClientConfig;
-//! use stormguard_core::HedgeDelay;
-//!
-//! let config = ClientConfig::from_json(r#"{ "methods": {
-//!     "/stormguard.demo.v1.Search/": { "hedging": { "delay": "learned", "ceiling": "200ms" } } } }"#)?;
-//! let hedging = config.methods.lookup_hedging("/stormguard.demo.v1.Search/Query").unwrap();
-//! assert!(matches!(hedging.delay, HedgeDelay::Learned(_)));
-//! assert!(config.methods.lookup("/stormguard.demo.v1.Inventory/Reserve").is_some(), "`retry`");
-//!
-//! let both = ClientConfig::from_json(r#"{ "methods": {
-//!     "/pkg.Svc/Get": { "hedging": {}, "max_attempts": 3 } } }"#);
-//! assert!(both.unwrap_err().to_string().contains("methods./pkg.Svc/Get.max_attempts"));
-//! # Ok::<(), stormguard_core::ConfigError>(())
-//! ```
-//!
-//! # Adaptive throttle
-//!
-//! `adaptive_throttle` (stormguard's shape only; off when absent) has the layer refuse
-//! calls locally while the dependency refuses most of them for overload (the SRE book's
-//! client-side throttling; see [`adaptive_throttle`](crate::adaptive_throttle) for why).
-//! Every key is optional and defaults as in
-//! [`AdaptiveThrottleConfig::default`](crate::AdaptiveThrottleConfig):
-//! `k` (2), `sheddable_k` (1.5), `critical_k` (3), `max_reject_probability` (0.9),
-//! `window` (`"10s"`), `reject_codes` (`[RESOURCE_EXHAUSTED]`), `shed_codes`
-//! (`[DEADLINE_EXCEEDED, UNAVAILABLE]`, counted only when the answer carries a pushback or
-//! `stormguard-unprocessed`). An empty object turns it on with the defaults.
-//!
-//! ```
-//! use stormguard_core::ClientConfig;
-//!
-//! let config = ClientConfig::from_json(r#"{ "adaptive_throttle": { "k": 1.5, "sheddable_k": 1.2,
-//!     "window": "30s" } }"#)?;
-//! assert_eq!(config.adaptive_throttle.unwrap().k, 1.5);
-//! assert!(ClientConfig::from_json("{}")?.adaptive_throttle.is_none(), "off by default");
-//!
-//! let bad = ClientConfig::from_json(r#"{ "adaptive_throttle": { "max_reject_probability": 1 } }"#);
-//! assert!(bad.unwrap_err().to_string().contains("adaptive_throttle.max_reject_probability"));
-//! # Ok::<(), stormguard_core::ConfigError>(())
-//! ```
-//!
 //! # Errors
 //!
 //! Every value is checked; an error names the field as a dotted path and says why
@@ -161,52 +48,12 @@
 //! but not applied are not errors (gRPC accepts them): they are [`Notice`]s, which
 //! [`ClientConfig::notices`] lists with the settings under which no answer is retried.
 //!
-//! # Why serde, and how to embed the config
+//! # More
 //!
-//! The config types implement [`serde::Deserialize`], so a team can hold stormguard's
-//! section in its own config struct, in any serde format:
-//!
-//! ```
-//! use serde::Deserialize;
-//! use stormguard_core::ClientConfig;
-//!
-//! #[derive(Deserialize)]
-//! struct App {
-//!     listen: String,
-//!     inventory: ClientConfig,
-//! }
-//!
-//! let app: App = serde_json::from_str(r#"{ "listen": "[::1]:50051",
-//!     "inventory": { "retry": { "max_attempts": 3 },
-//!                    "methods": { "/stormguard.demo.v1.Inventory/Reserve": { "idempotent": true } } } }"#)
-//!     .unwrap();
-//! assert!(app.inventory.methods.lookup("/stormguard.demo.v1.Inventory/Reserve").unwrap().idempotent);
-//!
-//! // Deserializing validates: a bad value cannot get past it unnoticed.
-//! let bad = serde_json::from_str::<App>(r#"{ "listen": "",
-//!     "inventory": { "retry": { "budget": { "ttl": "0.5s" } } } }"#);
-//! assert!(bad.err().unwrap().to_string().contains("retry.budget.ttl"));
-//! ```
-//!
-//! Deserializing a [`ClientConfig`] (stormguard's shape) or an
-//! [`AdmissionConfig`](crate::AdmissionConfig) (the fields of `admission`)
-//! runs the same checks as [`ClientConfig::from_json`], so a config that deserialized is
-//! valid: there is no `validate()` call to forget. A type error names its place in the
-//! application's document as the application's format reports it (wrap the deserializer
-//! in `serde_path_to_error` for a dotted path); a failed check names the field within
-//! stormguard's section (`retry.budget.ttl`). Parts on their own
-//! ([`BudgetConfig`], [`BreakerConfig`], [`A6BudgetConfig`],
-//! [`AdaptiveThrottleConfig`],
-//! [`AdaptiveLimitConfig`](crate::AdaptiveLimitConfig)) deserialize with their
-//! defaults for missing fields and are checked by what is built from them. Durations in an
-//! application's own fields can use the [`duration`] module (`"50ms"`, `"10s"`).
-//!
-//! # Formats
-//!
-//! JSON is always read. YAML and TOML are read with the `yaml` and `toml` features, both
-//! on by default; a user who needs only JSON turns off the default features and compiles
-//! neither parser. Reading a YAML or TOML document without its feature is
-//! [`ConfigError::FormatDisabled`].
+//! Every key of both shapes, which methods are retried, idempotency keys, hedging, the
+//! adaptive throttle, deadlines and how to hold the config in an application's own serde
+//! config: `docs/config.md`. JSON is always read; YAML and TOML with the `yaml` and `toml`
+//! features (on by default).
 
 use std::path::Path;
 

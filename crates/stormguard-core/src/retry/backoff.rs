@@ -1,20 +1,22 @@
 //! Backoff between attempts: full jitter by default, gRPC A6 as an option.
 //!
-//! Retries that wait the same time arrive together, as a pulse that overloads the server
-//! again. *Full jitter* draws the whole delay at random, `rand(0, min(cap, base · mult^n))`,
-//! which spreads a burst of failures over the window and roughly halves the calls needed
-//! to get through compared with exponential backoff plus a little jitter (tower's backoff
-//! adds jitter on top of the exponential value). The A6 mode reproduces what standard gRPC
-//! clients do, `min(initial · mult^(n−1), max) · rand(0.8, 1.2)`, for users who want
-//! stormguard to behave like the service config they already have.
-//!
-//! After a server pushback the sequence restarts from its first step ([`Backoff::reset`]).
+//! See [`BackoffConfig`](crate::BackoffConfig) for what it does and why.
 
 use std::time::Duration;
 
 use crate::ConfigError;
 
 /// How delays grow between attempts.
+///
+/// Retries that wait the same time arrive together, as a pulse that overloads the server
+/// again. *Full jitter* draws the whole delay at random, `rand(0, min(cap, base · mult^n))`,
+/// which spreads a burst of failures over the window and roughly halves the calls needed
+/// to get through compared with exponential backoff plus a little jitter (tower's backoff
+/// adds jitter on top of the exponential value). The A6 mode reproduces what standard gRPC
+/// clients do, `min(initial · mult^(n−1), max) · rand(0.8, 1.2)`, for users who want
+/// stormguard to behave like the service config they already have.
+///
+/// After a server pushback the sequence restarts from its first step (`Backoff::reset`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum BackoffConfig {
     /// `rand(0, min(cap, base · multiplier^n))` for the n-th retry (n from 0).

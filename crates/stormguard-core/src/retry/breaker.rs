@@ -1,100 +1,6 @@
 //! Circuit breaker: fail fast while a dependency is dead, and probe it back gently.
 //!
-//! # Why a breaker, when there is already a retry budget
-//!
-//! The two pieces answer different questions.
-//!
-//! - The **retry budget** is about *load*: it caps how many extra attempts this process
-//!   sends, so that retries cannot multiply the traffic on a struggling server (at 100 %
-//!   failure the budget holds the fleet to ~1.1× instead of 3×). It still lets every
-//!   *first* attempt through, and each of those waits for its own timeout.
-//! - The **breaker** is about *latency*: when the dependency is dead (the failure rate over
-//!   a sliding window crossed a threshold with enough volume to be meaningful), waiting
-//!   for yet another timeout helps nobody. The breaker *opens* and refuses attempts at
-//!   once with [`BreakerOpen`], so callers get an answer in microseconds instead of
-//!   seconds, and can degrade, serve stale data or report the outage upstream.
-//!
-//! # Why the half-open transition is jittered
-//!
-//! After a fixed open period a classic breaker goes *half-open* and lets a few probe calls
-//! through. If 500 pods saw the same outage, they all opened within the same second — and
-//! with a fixed open period they would all go half-open and send their probes within the
-//! same second too: a synchronised pulse aimed at a service that is just coming back,
-//! which is exactly the trigger of a metastable failure. Here each open period lasts
-//! `open_for · (1 + U[0, open_jitter])` drawn from a per-breaker seeded RNG, so the fleet's
-//! probes are spread over the whole `[open_for, open_for · (1 + open_jitter)]` range; and
-//! each breaker admits at most `half_open_probes` probes at once, so even a single process
-//! with many concurrent callers sends a bounded trickle.
-//!
-//! # The state machine
-//!
-//! - **Closed** admits everything. Outcomes go into a sliding window of
-//!   [`WINDOW_BUCKETS`] rolling buckets; when the window holds at least `min_requests`
-//!   outcomes and `failures / total ≥ failure_rate`, the breaker opens.
-//! - **Open { until }** refuses every attempt with the time left until `until`.
-//! - **Half-open** (from `until` on) admits at most `half_open_probes` permits in flight.
-//!   Once `half_open_probes` probes have succeeded the breaker closes with an empty
-//!   window; any probe failure re-opens it with a freshly drawn duration.
-//!
-//! Every transition starts a new *generation*, and each [`BreakerPermit`] remembers the
-//! generation it was issued in. An outcome reported for an older generation — a slow call
-//! that started while closed and finished after the breaker opened, or a probe of an
-//! earlier half-open round — is ignored, so it can neither close an open breaker nor
-//! re-open a fresh one. Dropping a permit without an outcome (a cancelled call) records
-//! nothing and frees its half-open probe slot.
-//!
-//! # Who hears of a transition
-//!
-//! Every transition is recorded as a [`BreakerTransition`] (from, to, when, and for an opening the
-//! failure rate that tripped it and how long it stays open), without a logging dependency.
-//! A layer that reports them takes a [`TransitionWatch`] ([`CircuitBreaker::watch`]) and
-//! calls [`TransitionWatch::take`] where it is convenient (after its calls): the check is one
-//! atomic load while nothing changed, and each transition is handed out exactly once per
-//! watch, whatever the number of threads taking. The breaker keeps the last
-//! [`TRANSITION_LOG`] transitions; a watch that falls further behind learns how many it
-//! missed.
-//!
-//! Time comes only from the `now` arguments of the `*_at` methods (the convenience forms
-//! read [`Instant::now`]), so the fleet simulator can drive a breaker on a virtual clock.
-//! The state sits behind a [`std::sync::Mutex`] that is held for a handful of arithmetic
-//! operations only, never across anything that can block; the breaker is touched once per
-//! attempt, so this is not a contention point.
-//!
-//! # Example
-//!
-//! ```
-//! use std::time::Duration;
-//! use stormguard_core::Instant;
-//! use stormguard_core::{BreakerConfig, BreakerState, CircuitBreaker};
-//!
-//! let config = BreakerConfig {
-//!     min_requests: 4,
-//!     half_open_probes: 1,
-//!     ..BreakerConfig::default()
-//! };
-//! let breaker = CircuitBreaker::new(config, 42)?;
-//! let t0 = Instant::now();
-//!
-//! // The dependency is dead: four failures out of four.
-//! for _ in 0..4 {
-//!     let permit = breaker.acquire_at(t0).expect("a closed breaker admits");
-//!     permit.failure_at(t0);
-//! }
-//!
-//! // Now the breaker answers at once instead of letting callers wait for a timeout.
-//! let refused = breaker.acquire_at(t0).expect_err("the breaker is open");
-//! assert!(refused.retry_after >= Duration::from_secs(5)); // open_for, plus jitter
-//! println!("{refused}"); // "circuit breaker open; retry after 6.1s" (for example)
-//!
-//! // When the open period ends, one probe goes through; its success closes the breaker.
-//! let later = t0 + refused.retry_after;
-//! assert_eq!(breaker.state_at(later), BreakerState::HalfOpen);
-//! let probe = breaker.acquire_at(later).expect("a probe is admitted");
-//! assert!(breaker.acquire_at(later).is_err(), "only one probe at a time");
-//! probe.success_at(later);
-//! assert_eq!(breaker.state_at(later), BreakerState::Closed);
-//! # Ok::<(), stormguard_core::ConfigError>(())
-//! ```
+//! See [`CircuitBreaker`](crate::CircuitBreaker) for what it does and why.
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
@@ -270,9 +176,104 @@ pub struct BreakerOpen {
     pub retry_after: Duration,
 }
 
-/// A circuit breaker; see the [module docs](CircuitBreaker).
+/// A circuit breaker; see the [docs](CircuitBreaker).
 ///
 /// Clones share one state: clone it into every task that calls the same dependency.
+///
+/// # Why a breaker, when there is already a retry budget
+///
+/// The two pieces answer different questions.
+///
+/// - The **retry budget** is about *load*: it caps how many extra attempts this process
+///   sends, so that retries cannot multiply the traffic on a struggling server. It still
+///   lets every *first* attempt through, and each of those waits for its own timeout.
+/// - The **breaker** is about *latency*: when the dependency is dead (the failure rate over
+///   a sliding window crossed a threshold with enough volume to be meaningful), waiting
+///   for yet another timeout helps nobody. The breaker *opens* and refuses attempts at
+///   once with [`BreakerOpen`], so callers get an answer in microseconds instead of
+///   seconds, and can degrade, serve stale data or report the outage upstream.
+///
+/// # Why the half-open transition is jittered
+///
+/// After a fixed open period a classic breaker goes *half-open* and lets a few probe calls
+/// through. If 500 pods saw the same outage, they all opened within the same second — and
+/// with a fixed open period they would all go half-open and send their probes within the
+/// same second too: a synchronised pulse aimed at a service that is just coming back,
+/// which is exactly the trigger of a metastable failure. Here each open period lasts
+/// `open_for · (1 + U[0, open_jitter])` drawn from a per-breaker seeded RNG, so the fleet's
+/// probes are spread over the whole `[open_for, open_for · (1 + open_jitter)]` range; and
+/// each breaker admits at most `half_open_probes` probes at once, so even a single process
+/// with many concurrent callers sends a bounded trickle.
+///
+/// # The state machine
+///
+/// - **Closed** admits everything. Outcomes go into a sliding window of
+///   `WINDOW_BUCKETS` rolling buckets; when the window holds at least `min_requests`
+///   outcomes and `failures / total ≥ failure_rate`, the breaker opens.
+/// - **Open { until }** refuses every attempt with the time left until `until`.
+/// - **Half-open** (from `until` on) admits at most `half_open_probes` permits in flight.
+///   Once `half_open_probes` probes have succeeded the breaker closes with an empty
+///   window; any probe failure re-opens it with a freshly drawn duration.
+///
+/// Every transition starts a new *generation*, and each [`BreakerPermit`] remembers the
+/// generation it was issued in. An outcome reported for an older generation — a slow call
+/// that started while closed and finished after the breaker opened, or a probe of an
+/// earlier half-open round — is ignored, so it can neither close an open breaker nor
+/// re-open a fresh one. Dropping a permit without an outcome (a cancelled call) records
+/// nothing and frees its half-open probe slot.
+///
+/// # Who hears of a transition
+///
+/// Every transition is recorded as a [`BreakerTransition`] (from, to, when, and for an opening the
+/// failure rate that tripped it and how long it stays open), without a logging dependency.
+/// A layer that reports them takes a [`TransitionWatch`] ([`CircuitBreaker::watch`]) and
+/// calls [`TransitionWatch::take`] where it is convenient (after its calls): the check is one
+/// atomic load while nothing changed, and each transition is handed out exactly once per
+/// watch, whatever the number of threads taking. The breaker keeps the last
+/// `TRANSITION_LOG` transitions; a watch that falls further behind learns how many it
+/// missed.
+///
+/// Time comes only from the `now` arguments of the `*_at` methods (the convenience forms
+/// read [`Instant::now`]), so the fleet simulator can drive a breaker on a virtual clock.
+/// The state sits behind a [`std::sync::Mutex`] that is held for a handful of arithmetic
+/// operations only, never across anything that can block; the breaker is touched once per
+/// attempt, so this is not a contention point.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::Instant;
+/// use stormguard_core::{BreakerConfig, BreakerState, CircuitBreaker};
+///
+/// let config = BreakerConfig {
+///     min_requests: 4,
+///     half_open_probes: 1,
+///     ..BreakerConfig::default()
+/// };
+/// let breaker = CircuitBreaker::new(config, 42)?;
+/// let t0 = Instant::now();
+///
+/// // The dependency is dead: four failures out of four.
+/// for _ in 0..4 {
+///     let permit = breaker.acquire_at(t0).expect("a closed breaker admits");
+///     permit.failure_at(t0);
+/// }
+///
+/// // Now the breaker answers at once instead of letting callers wait for a timeout.
+/// let refused = breaker.acquire_at(t0).expect_err("the breaker is open");
+/// assert!(refused.retry_after >= Duration::from_secs(5)); // open_for, plus jitter
+/// println!("{refused}"); // "circuit breaker open; retry after 6.1s" (for example)
+///
+/// // When the open period ends, one probe goes through; its success closes the breaker.
+/// let later = t0 + refused.retry_after;
+/// assert_eq!(breaker.state_at(later), BreakerState::HalfOpen);
+/// let probe = breaker.acquire_at(later).expect("a probe is admitted");
+/// assert!(breaker.acquire_at(later).is_err(), "only one probe at a time");
+/// probe.success_at(later);
+/// assert_eq!(breaker.state_at(later), BreakerState::Closed);
+/// # Ok::<(), stormguard_core::ConfigError>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct CircuitBreaker {
     shared: Arc<Shared>,
@@ -481,7 +482,7 @@ impl CircuitBreaker {
     }
 }
 
-/// Hands out a breaker's transitions, each exactly once (see the [module docs](CircuitBreaker)).
+/// Hands out a breaker's transitions, each exactly once (see the [docs](CircuitBreaker)).
 ///
 /// ```
 /// use std::time::Duration;

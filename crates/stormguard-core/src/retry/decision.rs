@@ -40,7 +40,7 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// Every refusal, in declaration order (the [module docs](crate::RetryController) give the order in which
+    /// Every refusal, in declaration order (the [docs](crate::RetryController) give the order in which
     /// the checks run: a passed deadline first, the budget last).
     pub const ALL: [Refusal; 11] = [
         Refusal::NotRetryable,

@@ -1,50 +1,6 @@
 //! Hedging: more than one copy of a call in flight, the first useful answer wins.
 //!
-//! A retry answers a failure; a hedge answers slowness. The first attempt goes at once, and
-//! while no answer has come the n-th copy follows `n × delay` later (gRPC A6's
-//! `hedgingPolicy`); the first answer that is not a *non-fatal* failure wins and every other
-//! copy is cancelled. A non-fatal status sends the next copy at once.
-//!
-//! # Why hedges can start a storm, and what stops them
-//!
-//! A hedge is extra load sent exactly when the server is slow, which is when it can least
-//! afford it. stormguard treats every hedge as an attempt (see
-//! [`CallRetry::start_hedge_at`](crate::CallRetry::start_hedge_at)): it is paid from
-//! the same budget as retries (an A6 throttle lets hedges go only while it holds more than
-//! half its tokens) and refused when that is empty, never queued; it needs a closed breaker
-//! and a retry left in the request's allowance; it carries `grpc-previous-rpc-attempts`, so
-//! a stormguard server sheds it before any first attempt; a server's pushback `-1` stops the
-//! call's hedges and `N` ms puts the next one off by `N`.
-//!
-//! # A delay that does not feed a slowdown
-//!
-//! A fixed delay must be chosen by someone who knows the latency. The alternative, a
-//! percentile of recent latency ([`HedgeDelay::Learned`]), has a trap: if only the answers
-//! that *won* are measured (as tower's `hedge` middleware does), then during a slowdown the
-//! hedges win, each measured as `delay + a fast answer`; the estimate falls, the layer
-//! hedges sooner, more hedges win, and the estimate falls further: the hedge rate climbs
-//! exactly while the server is slow. [`DelayEstimator`] counts **every** attempt, the ones
-//! that lost or were cut off included, at least for the time they ran, so a slowdown raises
-//! the estimate instead. A floor keeps hedges from firing on noise, a ceiling keeps the tail
-//! bounded, and no hedge is sent before the estimator has enough samples to know the
-//! latency.
-//!
-//! ```
-//! use std::time::Duration;
-//! use stormguard_core::{DelayEstimator, LearnedDelay};
-//! use stormguard_core::Instant;
-//!
-//! let learned = LearnedDelay { min_samples: 10, ..LearnedDelay::default() };
-//! let estimator = DelayEstimator::new(learned);
-//! let now = Instant::now();
-//! assert_eq!(estimator.delay_at(now), None, "too few samples to hedge yet");
-//! // 2 % of attempts are slow: the p95 is the fast majority.
-//! for i in 0..100u64 {
-//!     estimator.record_at(Duration::from_millis(if i % 50 == 0 { 50 } else { 2 }), now);
-//! }
-//! let delay = estimator.delay_at(now).unwrap();
-//! assert!(delay >= Duration::from_millis(2) && delay < Duration::from_millis(3), "{delay:?}");
-//! ```
+//! See [`HedgingPolicy`](crate::HedgingPolicy) for what it does and why.
 
 use std::fmt;
 use std::sync::{Mutex, PoisonError};
@@ -59,7 +15,7 @@ const BASE_MICROS: f64 = 16.0;
 const BUCKETS: usize = PER_OCTAVE * 24;
 
 /// The learned hedge delay of one method: a percentile of its recent attempt latency, the
-/// attempts that lost or were cut off included (see the [module docs](DelayEstimator)).
+/// attempts that lost or were cut off included (see the [docs](DelayEstimator)).
 ///
 /// Latencies go into log-spaced buckets (8 per doubling, so the percentile is read within
 /// 9 %, rounded up), for the current window and the one before; memory is fixed (two arrays

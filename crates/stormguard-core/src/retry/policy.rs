@@ -1,32 +1,6 @@
 //! Which failures of which methods may be retried.
 //!
-//! A retry is only safe when repeating the call cannot do harm. A method with no policy is
-//! never retried. A method with a policy is retried when the status says the server did
-//! not do the work (by default only `UNAVAILABLE`, as in gRPC A6) and either the request
-//! provably never reached the server (the connection failed), or the method is marked
-//! [`idempotent`](RetryPolicy::idempotent). The default policy is **not** idempotent: a
-//! server that answers `UNAVAILABLE` may have done part of the work before it did, and
-//! sending a payment or a reservation twice is worse than failing it once. Retrying
-//! answers is something a user opts into per method, by saying the method is safe to
-//! repeat:
-//!
-//! ```
-//! use stormguard_core::{MethodTable, RetryPolicy};
-//!
-//! // Every method: retry only requests that never reached the server.
-//! let mut table = MethodTable::uniform(RetryPolicy::default());
-//! // Reserve carries a request id that makes it idempotent: retry its failures too.
-//! table.insert_method(
-//!     "stormguard.demo.v1.Inventory",
-//!     "Reserve",
-//!     Some(RetryPolicy { idempotent: true, ..RetryPolicy::default() }),
-//! );
-//! assert!(!table.lookup("/stormguard.demo.v1.Inventory/Cancel").unwrap().idempotent);
-//! assert!(table.lookup("/stormguard.demo.v1.Inventory/Reserve").unwrap().idempotent);
-//! ```
-//!
-//! A standard gRPC service config is read the way gRPC reads it: a method it gives a
-//! `retryPolicy` is retried (naming the method there is the opt-in).
+//! See [`RetryPolicy`](crate::RetryPolicy) for what it does and why.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -50,6 +24,34 @@ pub const MAX_ATTEMPTS_CAP: u32 = 5;
 /// assert!(policy.retryable_codes.contains(Code::Unavailable));
 /// assert!(!policy.retryable_codes.contains(Code::Internal));
 /// ```
+///
+/// A retry is only safe when repeating the call cannot do harm. A method with no policy is
+/// never retried. A method with a policy is retried when the status says the server did
+/// not do the work (by default only `UNAVAILABLE`, as in gRPC A6) and either the request
+/// provably never reached the server (the connection failed), or the method is marked
+/// [`idempotent`](RetryPolicy::idempotent). The default policy is **not** idempotent: a
+/// server that answers `UNAVAILABLE` may have done part of the work before it did, and
+/// sending a payment or a reservation twice is worse than failing it once. Retrying
+/// answers is something a user opts into per method, by saying the method is safe to
+/// repeat:
+///
+/// ```
+/// use stormguard_core::{MethodTable, RetryPolicy};
+///
+/// // Every method: retry only requests that never reached the server.
+/// let mut table = MethodTable::uniform(RetryPolicy::default());
+/// // Reserve carries a request id that makes it idempotent: retry its failures too.
+/// table.insert_method(
+///     "stormguard.demo.v1.Inventory",
+///     "Reserve",
+///     Some(RetryPolicy { idempotent: true, ..RetryPolicy::default() }),
+/// );
+/// assert!(!table.lookup("/stormguard.demo.v1.Inventory/Cancel").unwrap().idempotent);
+/// assert!(table.lookup("/stormguard.demo.v1.Inventory/Reserve").unwrap().idempotent);
+/// ```
+///
+/// A standard gRPC service config is read the way gRPC reads it: a method it gives a
+/// `retryPolicy` is retried (naming the method there is the opt-in).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RetryPolicy {
     /// Attempts of one logical call, the first included (A6: at least 2; above 5 counts as 5).
@@ -447,6 +449,52 @@ impl MethodTable {
 /// };
 /// assert!(policy.validate("hedging").is_ok());
 /// ```
+///
+/// A retry answers a failure; a hedge answers slowness. The first attempt goes at once, and
+/// while no answer has come the n-th copy follows `n × delay` later (gRPC A6's
+/// `hedgingPolicy`); the first answer that is not a *non-fatal* failure wins and every other
+/// copy is cancelled. A non-fatal status sends the next copy at once.
+///
+/// # Why hedges can start a storm, and what stops them
+///
+/// A hedge is extra load sent exactly when the server is slow, which is when it can least
+/// afford it. stormguard treats every hedge as an attempt (see
+/// [`CallRetry::start_hedge_at`](crate::CallRetry::start_hedge_at)): it is paid from
+/// the same budget as retries (an A6 throttle lets hedges go only while it holds more than
+/// half its tokens) and refused when that is empty, never queued; it needs a closed breaker
+/// and a retry left in the request's allowance; it carries `grpc-previous-rpc-attempts`, so
+/// a stormguard server sheds it before any first attempt; a server's pushback `-1` stops the
+/// call's hedges and `N` ms puts the next one off by `N`.
+///
+/// # A delay that does not feed a slowdown
+///
+/// A fixed delay must be chosen by someone who knows the latency. The alternative, a
+/// percentile of recent latency ([`HedgeDelay::Learned`]), has a trap: if only the answers
+/// that *won* are measured (as tower's `hedge` middleware does), then during a slowdown the
+/// hedges win, each measured as `delay + a fast answer`; the estimate falls, the layer
+/// hedges sooner, more hedges win, and the estimate falls further: the hedge rate climbs
+/// exactly while the server is slow. [`DelayEstimator`](crate::DelayEstimator) counts **every** attempt, the ones
+/// that lost or were cut off included, at least for the time they ran, so a slowdown raises
+/// the estimate instead. A floor keeps hedges from firing on noise, a ceiling keeps the tail
+/// bounded, and no hedge is sent before the estimator has enough samples to know the
+/// latency.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::{DelayEstimator, LearnedDelay};
+/// use stormguard_core::Instant;
+///
+/// let learned = LearnedDelay { min_samples: 10, ..LearnedDelay::default() };
+/// let estimator = DelayEstimator::new(learned);
+/// let now = Instant::now();
+/// assert_eq!(estimator.delay_at(now), None, "too few samples to hedge yet");
+/// // 2 % of attempts are slow: the p95 is the fast majority.
+/// for i in 0..100u64 {
+///     estimator.record_at(Duration::from_millis(if i % 50 == 0 { 50 } else { 2 }), now);
+/// }
+/// let delay = estimator.delay_at(now).unwrap();
+/// assert!(delay >= Duration::from_millis(2) && delay < Duration::from_millis(3), "{delay:?}");
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct HedgingPolicy {
     /// Copies of one logical call, the first included (A6: at least 2; above 5 counts as 5).
@@ -504,7 +552,7 @@ pub enum HedgeDelay {
     /// The n-th copy after `n × delay` (all at once when it is zero): A6's `hedgingDelay`.
     Fixed(Duration),
     /// A high percentile of the method's recent attempt latency (see the
-    /// [module docs](RetryPolicy)).
+    /// [docs](RetryPolicy)).
     Learned(LearnedDelay),
 }
 

@@ -1,109 +1,7 @@
 //! Client-side adaptive throttling: refuse calls locally while the dependency refuses
 //! most of them anyway.
 //!
-//! # Why
-//!
-//! A server that sheds load (stormguard's `ShedLayer`) keeps its goodput under overload
-//! only as long as saying "no" is cheap. When rejecting a call costs the server real work
-//! (decoding the request, authenticating it, a cache miss before the shed decision), a
-//! 10× overload makes the server spend its capacity refusing calls, and goodput falls
-//! however well it chooses what to shed. The only cure is for the clients to stop sending
-//! what would be refused.
-//!
-//! Google's SRE book ("Handling Overload", client-side throttling) has each client keep,
-//! over a recent window, the number of **requests** it attempted and the number of
-//! **accepts** (requests the backend did not refuse for overload), and refuse each new
-//! request locally with probability
-//!
-//! ```text
-//! p = max(0, (requests − K · accepts) / (requests + 1))
-//! ```
-//!
-//! While the backend accepts everything, `requests = accepts` and `p` is 0 for any
-//! `K ≥ 1`. Once it accepts fewer than `1/K` of the requests, the client starts refusing
-//! locally, so that what reaches the backend settles near `K ×` what it accepts: the
-//! backend still sees a little more than it takes (it keeps learning how much it can take)
-//! without spending most of its time refusing. A request refused locally is counted as a
-//! request and not as an accept, as the book does, so refusing feeds itself only as long as
-//! the backend keeps refusing too. `K = 2` is the book's default; a lower `K` throttles
-//! sooner and harder (less wasted work, slower to notice the backend recover).
-//!
-//! # Why a ceiling
-//!
-//! If `p` could reach 1, a client that saw only refusals would stop sending altogether,
-//! and with no calls going out it would never see an accept again: it would learn of the
-//! recovery only when the window forgets the overload. [`AdaptiveThrottleConfig::max_reject_probability`]
-//! (default 0.9) caps `p`, so at least one call in ten always goes out as a probe and the
-//! first accepts bring `p` down at once.
-//!
-//! # Why only overload answers
-//!
-//! The throttle protects a server from the cost of refusing work, so only refusals for
-//! overload count against the accepts: by default any `RESOURCE_EXHAUSTED`
-//! ([`AdaptiveThrottleConfig::reject_codes`]), and `UNAVAILABLE` or `DEADLINE_EXCEEDED`
-//! ([`AdaptiveThrottleConfig::shed_codes`]) when the answer says the server shed the call
-//! (it carries a `grpc-retry-pushback-ms`, or `stormguard-unprocessed: 1`: what a
-//! `ShedLayer` sends when it sheds a call, or drops a queued one whose deadline came too
-//! close). An application error (`NOT_FOUND`, `INVALID_ARGUMENT`, a plain `UNAVAILABLE`
-//! from a handler) is an answer the server chose to give after doing the work: refusing
-//! the next calls locally would save it nothing.
-//!
-//! An attempt that ran out of time without an answer is a request that was not seen to
-//! be accepted, as the book counts it: a request, not an accept
-//! ([`record_timeout_at`](AdaptiveThrottle::record_timeout_at)); under overload it is
-//! usually a call the server queued until its caller left. An attempt that failed in
-//! transport is recorded nowhere: it says nothing about whether the server would take
-//! more work (a dead dependency is the circuit breaker's business).
-//!
-//! # Criticality: sheddable first, critical last
-//!
-//! Each [`Criticality`] has a window of its own, as the SRE book advises: a backend that
-//! sheds sheddable calls first (as a `ShedLayer` does) and still accepts critical ones
-//! must not have the client throttle its critical calls for the sheddable ones' refusals.
-//! And each class has its own `K`: [`sheddable_k`](AdaptiveThrottleConfig::sheddable_k)
-//! (1.5) ≤ [`k`](AdaptiveThrottleConfig::k) (2) ≤ [`critical_k`](AdaptiveThrottleConfig::critical_k)
-//! (3), checked in that order, so at the same counts a sheddable call is refused at least
-//! as often as a default one, and a critical one least: sheddable traffic starts being
-//! refused once fewer than two thirds of it is accepted, default traffic below one half,
-//! critical traffic below one third. Critical calls are throttled too, only later: when
-//! the backend refuses even them, sending more of them costs it what it has least of. A
-//! service that wants them (almost) never refused sets `critical_k` high (up to 1000).
-//!
-//! # Memory and time
-//!
-//! Each class's window is [`WINDOW_BUCKETS`] time buckets of two counters over
-//! [`window`](AdaptiveThrottleConfig::window) (default 10 s): fixed memory whatever the
-//! traffic. Time comes only from the `now` arguments of the `*_at` methods, so tests and the
-//! simulator drive it on injected instants; the draw comes from a seeded RNG. The state
-//! sits behind a mutex held for a few arithmetic operations per call and per answer.
-//!
-//! # Example
-//!
-//! ```
-//! use std::time::Duration;
-//! use stormguard_core::Instant;
-//! use stormguard_core::{AdaptiveThrottle, AdaptiveThrottleConfig};
-//! use stormguard_core::Code;
-//! use stormguard_core::Criticality;
-//!
-//! let throttle = AdaptiveThrottle::new(AdaptiveThrottleConfig::default(), 7)?;
-//! let (now, class) = (Instant::now(), Criticality::Default);
-//! // The backend accepted 10 calls and shed 30 (UNAVAILABLE with a pushback).
-//! for _ in 0..10 {
-//!     throttle.record_answer_at(class, Code::Ok, false, now);
-//! }
-//! for _ in 0..30 {
-//!     throttle.record_answer_at(class, Code::Unavailable, true, now);
-//! }
-//! // p = (40 − 2 · 10) / 41
-//! assert!((throttle.probability_at(class, now) - 20.0 / 41.0).abs() < 1e-9);
-//! // A plain UNAVAILABLE from a handler is an application answer: an accept.
-//! throttle.record_answer_at(class, Code::Unavailable, false, now);
-//! assert!((throttle.probability_at(class, now) - 19.0 / 42.0).abs() < 1e-9);
-//! // Ten seconds later the window has forgotten all of it.
-//! assert_eq!(throttle.probability_at(class, now + Duration::from_secs(10)), 0.0);
-//! # Ok::<(), stormguard_core::ConfigError>(())
-//! ```
+//! See [`AdaptiveThrottle`](crate::AdaptiveThrottle) for what it does and why.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -284,9 +182,113 @@ pub struct WindowCounts {
     pub accepts: u64,
 }
 
-/// The adaptive throttle of one dependency; see the [module docs](AdaptiveThrottle).
+/// The adaptive throttle of one dependency; see the [docs](AdaptiveThrottle).
 ///
 /// Clones share one state: one throttle per dependency, shared by every caller of it.
+///
+/// # Why
+///
+/// A server that sheds load (stormguard's `ShedLayer`) keeps its goodput under overload
+/// only as long as saying "no" is cheap. When rejecting a call costs the server real work
+/// (decoding the request, authenticating it, a cache miss before the shed decision), a
+/// 10× overload makes the server spend its capacity refusing calls, and goodput falls
+/// however well it chooses what to shed. The only cure is for the clients to stop sending
+/// what would be refused.
+///
+/// Google's SRE book ("Handling Overload", client-side throttling) has each client keep,
+/// over a recent window, the number of **requests** it attempted and the number of
+/// **accepts** (requests the backend did not refuse for overload), and refuse each new
+/// request locally with probability
+///
+/// ```text
+/// p = max(0, (requests − K · accepts) / (requests + 1))
+/// ```
+///
+/// While the backend accepts everything, `requests = accepts` and `p` is 0 for any
+/// `K ≥ 1`. Once it accepts fewer than `1/K` of the requests, the client starts refusing
+/// locally, so that what reaches the backend settles near `K ×` what it accepts: the
+/// backend still sees a little more than it takes (it keeps learning how much it can take)
+/// without spending most of its time refusing. A request refused locally is counted as a
+/// request and not as an accept, as the book does, so refusing feeds itself only as long as
+/// the backend keeps refusing too. `K = 2` is the book's default; a lower `K` throttles
+/// sooner and harder (less wasted work, slower to notice the backend recover).
+///
+/// # Why a ceiling
+///
+/// If `p` could reach 1, a client that saw only refusals would stop sending altogether,
+/// and with no calls going out it would never see an accept again: it would learn of the
+/// recovery only when the window forgets the overload. [`AdaptiveThrottleConfig::max_reject_probability`]
+/// (default 0.9) caps `p`, so at least one call in ten always goes out as a probe and the
+/// first accepts bring `p` down at once.
+///
+/// # Why only overload answers
+///
+/// The throttle protects a server from the cost of refusing work, so only refusals for
+/// overload count against the accepts: by default any `RESOURCE_EXHAUSTED`
+/// ([`AdaptiveThrottleConfig::reject_codes`]), and `UNAVAILABLE` or `DEADLINE_EXCEEDED`
+/// ([`AdaptiveThrottleConfig::shed_codes`]) when the answer says the server shed the call
+/// (it carries a `grpc-retry-pushback-ms`, or `stormguard-unprocessed: 1`: what a
+/// `ShedLayer` sends when it sheds a call, or drops a queued one whose deadline came too
+/// close). An application error (`NOT_FOUND`, `INVALID_ARGUMENT`, a plain `UNAVAILABLE`
+/// from a handler) is an answer the server chose to give after doing the work: refusing
+/// the next calls locally would save it nothing.
+///
+/// An attempt that ran out of time without an answer is a request that was not seen to
+/// be accepted, as the book counts it: a request, not an accept
+/// ([`record_timeout_at`](AdaptiveThrottle::record_timeout_at)); under overload it is
+/// usually a call the server queued until its caller left. An attempt that failed in
+/// transport is recorded nowhere: it says nothing about whether the server would take
+/// more work (a dead dependency is the circuit breaker's business).
+///
+/// # Criticality: sheddable first, critical last
+///
+/// Each [`Criticality`] has a window of its own, as the SRE book advises: a backend that
+/// sheds sheddable calls first (as a `ShedLayer` does) and still accepts critical ones
+/// must not have the client throttle its critical calls for the sheddable ones' refusals.
+/// And each class has its own `K`: [`sheddable_k`](AdaptiveThrottleConfig::sheddable_k)
+/// (1.5) ≤ [`k`](AdaptiveThrottleConfig::k) (2) ≤ [`critical_k`](AdaptiveThrottleConfig::critical_k)
+/// (3), checked in that order, so at the same counts a sheddable call is refused at least
+/// as often as a default one, and a critical one least: sheddable traffic starts being
+/// refused once fewer than two thirds of it is accepted, default traffic below one half,
+/// critical traffic below one third. Critical calls are throttled too, only later: when
+/// the backend refuses even them, sending more of them costs it what it has least of. A
+/// service that wants them (almost) never refused sets `critical_k` high (up to 1000).
+///
+/// # Memory and time
+///
+/// Each class's window is `WINDOW_BUCKETS` time buckets of two counters over
+/// [`window`](AdaptiveThrottleConfig::window) (default 10 s): fixed memory whatever the
+/// traffic. Time comes only from the `now` arguments of the `*_at` methods, so tests and the
+/// simulator drive it on injected instants; the draw comes from a seeded RNG. The state
+/// sits behind a mutex held for a few arithmetic operations per call and per answer.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::Instant;
+/// use stormguard_core::{AdaptiveThrottle, AdaptiveThrottleConfig};
+/// use stormguard_core::Code;
+/// use stormguard_core::Criticality;
+///
+/// let throttle = AdaptiveThrottle::new(AdaptiveThrottleConfig::default(), 7)?;
+/// let (now, class) = (Instant::now(), Criticality::Default);
+/// // The backend accepted 10 calls and shed 30 (UNAVAILABLE with a pushback).
+/// for _ in 0..10 {
+///     throttle.record_answer_at(class, Code::Ok, false, now);
+/// }
+/// for _ in 0..30 {
+///     throttle.record_answer_at(class, Code::Unavailable, true, now);
+/// }
+/// // p = (40 − 2 · 10) / 41
+/// assert!((throttle.probability_at(class, now) - 20.0 / 41.0).abs() < 1e-9);
+/// // A plain UNAVAILABLE from a handler is an application answer: an accept.
+/// throttle.record_answer_at(class, Code::Unavailable, false, now);
+/// assert!((throttle.probability_at(class, now) - 19.0 / 42.0).abs() < 1e-9);
+/// // Ten seconds later the window has forgotten all of it.
+/// assert_eq!(throttle.probability_at(class, now + Duration::from_secs(10)), 0.0);
+/// # Ok::<(), stormguard_core::ConfigError>(())
+/// ```
 #[derive(Clone)]
 pub struct AdaptiveThrottle {
     shared: Arc<Shared>,

@@ -1,42 +1,7 @@
 //! Load reports from the server (gRPC ORCA): the message, its checks, and what a client
 //! makes of it.
 //!
-//! # Why
-//!
-//! A server knows it is about to shed before its clients do: its workers are all busy and
-//! calls wait in its queue. gRPC's ORCA (gRFC A51) lets it say so on every answer, an
-//! `xds.data.orca.v3.OrcaLoadReport` in the [`ENDPOINT_LOAD_METRICS_BIN`] trailer. grpc-go,
-//! Java and Envoy use those reports only to weight load balancing. stormguard uses them
-//! for that too (the endpoint-aware channel weights replicas with gRPC A58's formula, see
-//! [`crate::replica`]) and, first of all, to **stop retries to a server that says it is
-//! saturated before it starts shedding**: a retry sent there would only queue behind the
-//! work that is already late, and a shed answer would come back at the cost of one more
-//! call ([`Saturation`], [`Refusal::Saturated`](crate::Refusal::Saturated)).
-//!
-//! # Trust
-//!
-//! A report comes from a peer. A malformed or absurd one (not base64, not the message,
-//! larger than [`MAX_REPORT_BYTES`], a NaN, a negative value, a utilization above
-//! [`MAX_UTILIZATION`]) is ignored and counted by the layer that read it, never an error of
-//! the call. A valid report can only *lower* what a client sends to that server: it may
-//! refuse a retry, or lower a replica's weight below its report-free weight, never raise
-//! one, so a lying server cannot attract traffic with it.
-//!
-//! # The fields
-//!
-//! [`OrcaLoadReport`] mirrors the fields of the published proto
-//! (`proto/xds/data/orca/v3/orca_load_report.proto`, vendored from cncf/xds) that
-//! stormguard reads or writes, with the same numbers and types, so a report decodes with
-//! the generated types of that proto and the other way round (the demo crate's test
-//! checks it). A stormguard server (`ShedLayer::with_load_reports`) sends:
-//!
-//! | field | value |
-//! |---|---|
-//! | `application_utilization` | calls running / the current worker limit |
-//! | `rps_fractional` | calls that arrived per second, over the last second or so |
-//! | `eps` | calls shed per second, over the same window |
-//! | `named_metrics["queue_depth"]` ([`QUEUE_DEPTH`]) | calls waiting for a worker |
-//! | `named_metrics["time_queued_ms"]` ([`TIME_QUEUED_MS`]) | how long this call waited, ms |
+//! See [`LoadReport`](crate::LoadReport) for what it does and why.
 
 use std::collections::BTreeMap;
 
@@ -106,6 +71,43 @@ pub enum LoadReportError {
 }
 
 /// A load report that passed every check: what a client acts on.
+///
+/// # Why
+///
+/// A server knows it is about to shed before its clients do: its workers are all busy and
+/// calls wait in its queue. gRPC's ORCA (gRFC A51) lets it say so on every answer, an
+/// `xds.data.orca.v3.OrcaLoadReport` in the `ENDPOINT_LOAD_METRICS_BIN` trailer. grpc-go,
+/// Java and Envoy use those reports only to weight load balancing. stormguard uses them
+/// for that too (the endpoint-aware channel weights replicas with gRPC A58's formula, see
+/// [`crate::replica`](crate::ReplicaSet)) and, first of all, to **stop retries to a server that says it is
+/// saturated before it starts shedding**: a retry sent there would only queue behind the
+/// work that is already late, and a shed answer would come back at the cost of one more
+/// call ([`Saturation`](crate::Saturation), [`Refusal::Saturated`](crate::Refusal::Saturated)).
+///
+/// # Trust
+///
+/// A report comes from a peer. A malformed or absurd one (not base64, not the message,
+/// larger than [`MAX_REPORT_BYTES`], a NaN, a negative value, a utilization above
+/// [`MAX_UTILIZATION`]) is ignored and counted by the layer that read it, never an error of
+/// the call. A valid report can only *lower* what a client sends to that server: it may
+/// refuse a retry, or lower a replica's weight below its report-free weight, never raise
+/// one, so a lying server cannot attract traffic with it.
+///
+/// # The fields
+///
+/// [`OrcaLoadReport`] mirrors the fields of the published proto
+/// (`proto/xds/data/orca/v3/orca_load_report.proto`, vendored from cncf/xds) that
+/// stormguard reads or writes, with the same numbers and types, so a report decodes with
+/// the generated types of that proto and the other way round (the demo crate's test
+/// checks it). A stormguard server (`ShedLayer::with_load_reports`) sends:
+///
+/// | field | value |
+/// |---|---|
+/// | `application_utilization` | calls running / the current worker limit |
+/// | `rps_fractional` | calls that arrived per second, over the last second or so |
+/// | `eps` | calls shed per second, over the same window |
+/// | `named_metrics["queue_depth"]` ([`QUEUE_DEPTH`]) | calls waiting for a worker |
+/// | `named_metrics["time_queued_ms"]` ([`TIME_QUEUED_MS`]) | how long this call waited, ms |
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LoadReport {
     /// `application_utilization` when set, else `cpu_utilization` (gRPC A58's order).
