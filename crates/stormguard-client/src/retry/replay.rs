@@ -20,6 +20,7 @@ use std::task::{Context, Poll, Waker};
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body as HttpBody, Frame, SizeHint};
+use stormguard_core::HeldFrames;
 use tonic::Status;
 use tonic::body::Body;
 
@@ -67,15 +68,15 @@ pub(crate) fn buffer(mut body: Body, limit: usize) -> Buffered {
             Poll::Ready(Some(Err(status))) => Some(Err(status)),
             Poll::Pending => None,
         };
-        let rest = Body::new(Unread {
-            read: Some(read.into_bytes()).filter(|b| !b.is_empty()),
-            unread,
-            rest: body,
-        });
-        return match Replay::new(rest, limit) {
-            Ok((replay, first)) => Buffered::Stream(replay, first),
-            Err(body) => Buffered::Once(body),
-        };
+        // What was read goes back in front of the rest. The limit was checked against the
+        // body's announced length above; the frames read count against it as the first
+        // attempt sends them again.
+        let read = Some(read.into_bytes())
+            .filter(|b| !b.is_empty())
+            .map(|data| Ok(Frame::data(data)));
+        let rest = Body::new(HeldFrames::new(read.into_iter().chain(unread), Some(body)));
+        let (replay, first) = Replay::over(rest, limit);
+        return Buffered::Stream(replay, first);
     }
 }
 
@@ -108,36 +109,6 @@ impl Read {
             (Some(first), None) => first,
             (None, None) => Bytes::new(),
         }
-    }
-}
-
-/// A body whose first frames were already read: yields them again, then the rest.
-struct Unread {
-    read: Option<Bytes>,
-    unread: Option<Result<Frame<Bytes>, Status>>,
-    rest: Body,
-}
-
-impl HttpBody for Unread {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        let this = self.get_mut();
-        if let Some(data) = this.read.take() {
-            return Poll::Ready(Some(Ok(Frame::data(data))));
-        }
-        if let Some(frame) = this.unread.take() {
-            return Poll::Ready(Some(frame));
-        }
-        Pin::new(&mut this.rest).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.read.is_none() && self.unread.is_none() && self.rest.is_end_stream()
     }
 }
 
@@ -185,13 +156,19 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 impl Replay {
     /// Wraps `body` for replay of up to `limit` bytes and returns the first attempt's body.
     ///
-    /// Returns `None` (and gives the body back unchanged) when the body announces a length
+    /// Gives the body back unchanged (`Err`) when the body announces a length
     /// over the limit: such a body is sent once without any copying.
+    #[cfg(test)]
     pub(crate) fn new(body: Body, limit: usize) -> Result<(Replay, ReplayBody), Body> {
-        let hint = body.size_hint();
-        if hint.lower() > limit as u64 {
+        if body.size_hint().lower() > limit as u64 {
             return Err(body);
         }
+        Ok(Replay::over(body, limit))
+    }
+
+    /// Wraps `body` for replay of up to `limit` bytes, whatever length it announces, and
+    /// returns the first attempt's body.
+    fn over(body: Body, limit: usize) -> (Replay, ReplayBody) {
         let complete = body.is_end_stream();
         let state = State {
             rest: if complete { None } else { Some(body) },
@@ -205,7 +182,7 @@ impl Replay {
             }),
         };
         let first = replay.body();
-        Ok((replay, first))
+        (replay, first)
     }
 
     /// A fresh body for the next attempt: replays what was buffered, then reads on.
