@@ -58,7 +58,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use stormguard_client::replicas::{EjectionConfig, ReplicaConfig, Replicas, SlowStartConfig};
-use stormguard_client::{Retry, RetryLayer, RetryStats, StatsSnapshot, code_from_tonic};
+use stormguard_client::{Retry, RetryLayer, RetrySnapshot, RetryStats, code_from_tonic};
 use stormguard_core::Code;
 use stormguard_core::admission::AdmissionConfig;
 use stormguard_core::backoff::BackoffConfig;
@@ -248,7 +248,7 @@ pub struct ClientRest {
     /// Each replica's state at rest (endpoint-aware channel only).
     pub replicas: Vec<(String, &'static str)>,
     /// Each layer's counters at rest.
-    pub stats: BTreeMap<Kind, StatsSnapshot>,
+    pub stats: BTreeMap<Kind, RetrySnapshot>,
 }
 
 #[derive(Debug, Default)]

@@ -97,14 +97,11 @@
 //! queue and the tower plumbing around it.
 
 pub mod idempotency;
-#[cfg(feature = "opentelemetry")]
-pub mod metrics;
 pub mod shed;
-pub mod stats;
 
 pub use shed::{DrainCounts, ShedBody};
+pub use shed::{Occupancy, ShedSnapshot};
 pub use shed::{ResponseFuture, ShedLayer, ShedService, ShedStats};
-pub use stats::{Occupancy, StatsSnapshot};
 pub use stormguard_core::admission::{
     AdmissionConfig, AdmissionPolicy, QueueOrder, RetryThreshold,
 };

@@ -31,8 +31,16 @@ type Snapshots = Arc<dyn Fn() -> Vec<(Arc<str>, ReplicaSnapshot)> + Send + Sync>
 
 const STATES: [&str; 4] = ["active", "warming", "ejected", "probing"];
 
-/// The counters: name, unit, description, and what `read` takes from a replica's snapshot.
-const COUNTERS: [(&str, &str, &str, fn(&ReplicaSnapshot) -> u64); 4] = [
+/// A counter: name, unit, description, and what it reads from a replica's snapshot.
+type Counter = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&ReplicaSnapshot) -> u64,
+);
+
+/// The counters.
+const COUNTERS: [Counter; 4] = [
     (
         "stormguard.client.replica.attempts",
         "{attempt}",

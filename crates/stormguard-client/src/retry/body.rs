@@ -32,7 +32,7 @@ pin_project! {
     /// are its errors. Other responses (trailers-only answers, whose status the layer read
     /// from the headers) are only forwarded. When the call was committed (response headers
     /// without `grpc-status`), the body also records the call's final outcome in the
-    /// layer's budget, breaker and [counters](crate::StatsSnapshot) when it ends, once:
+    /// layer's budget, breaker and [counters](crate::RetrySnapshot) when it ends, once:
     ///
     /// | how the body ends | code recorded |
     /// |---|---|
@@ -77,8 +77,8 @@ pin_project! {
     /// stream (the server's handler sees the call cancelled), and yields a trailers frame
     /// with `grpc-status: 4` instead: tonic's `Streaming::message()` (and a unary call)
     /// then returns `DEADLINE_EXCEEDED`. The call is recorded as if its trailers had said
-    /// so, and counted in [`deadline_exceeded`](crate::StatsSnapshot::deadline_exceeded)
-    /// and [`committed_deadline_exceeded`](crate::StatsSnapshot::committed_deadline_exceeded).
+    /// so, and counted in [`deadline_exceeded`](crate::RetrySnapshot::deadline_exceeded)
+    /// and [`committed_deadline_exceeded`](crate::RetrySnapshot::committed_deadline_exceeded).
     ///
     /// What it costs: nothing for a call without a deadline. With one, a frame the inner
     /// body has ready is forwarded after one clock read (data frames only; a stream that
@@ -277,7 +277,7 @@ impl<B: fmt::Debug> fmt::Debug for ResponseBody<B> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::stats::RetryStats;
+    use crate::retry::RetryStats;
     use std::collections::VecDeque;
     use std::sync::Arc;
 
@@ -358,7 +358,7 @@ mod tests {
         ResponseBody::committed(
             Frames(frames.into()),
             Some(call),
-            CallStats::new(stats.clone(), crate::metrics::CallMetrics::none()),
+            CallStats::new(stats.clone(), crate::retry::metrics::CallMetrics::none()),
             None,
             Uri::from_static(PATH),
         )
@@ -548,7 +548,7 @@ mod tests {
         ResponseBody::committed(
             inner,
             Some(call),
-            CallStats::new(stats.clone(), crate::metrics::CallMetrics::none()),
+            CallStats::new(stats.clone(), crate::retry::metrics::CallMetrics::none()),
             None,
             Uri::from_static(PATH),
         )

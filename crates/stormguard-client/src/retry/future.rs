@@ -340,12 +340,6 @@ where
 /// another state.
 type Step<B> = Poll<Option<CallResult<B>>>;
 
-/// How an attempt ended, when the layer did not pass its answer through.
-struct Ended<B> {
-    end: AttemptEnd,
-    last: Last<B>,
-}
-
 /// `Called`: the attempt in flight ends (or the layer's timer cuts it); a failure is
 /// decided on by the call's retry state.
 fn poll_called<S, B>(this: &mut FutureProj<'_, S, B>, cx: &mut Context<'_>) -> Step<B>
@@ -354,16 +348,26 @@ where
     S::Error: Into<BoxError>,
     B: http_body::Body,
 {
-    let Ended { end, last } = if this.timer.as_mut().poll_fired(cx) {
+    let outcome = if this.timer.as_mut().poll_fired(cx) {
         timed_out(this)
     } else {
         let Some(result) = ready!(this.state.as_mut().poll_attempt(cx)) else {
             return Poll::Ready(Some(end::expired(this.stats)));
         };
-        match answered(this, result) {
-            Ok(response) => return Poll::Ready(Some(Ok(response))),
-            Err(ended) => ended,
+        answered(this, result)
+    };
+    let (end, last) = match outcome {
+        Outcome::Ok(response) => {
+            // A trailers-only `OK`: the outcome is known now.
+            if let Some(call) = this.call.as_mut() {
+                call.on_success_at(Instant::now());
+            }
+            this.stats.outcome(Code::Ok);
+            this.state.set(State::Done { status: None });
+            return Poll::Ready(Some(Ok(response.map(ResponseBody::passthrough))));
         }
+        Outcome::Committed(response) => return Poll::Ready(Some(Ok(commit(this, response)))),
+        Outcome::Failed { end, last } => (end, last),
     };
     let span = this.state.as_mut().take_span();
     // Drops the attempt in flight, if it is still running.
@@ -374,7 +378,7 @@ where
 /// The layer's timer fired (the call's deadline or the attempt's own timeout): the attempt
 /// is dropped by the caller, which cancels its stream and tells the server through
 /// `RST_STREAM`.
-fn timed_out<S, B>(this: &mut FutureProj<'_, S, B>) -> Ended<B>
+fn timed_out<S, B>(this: &mut FutureProj<'_, S, B>) -> Outcome<B>
 where
     S: Service<http::Request<Body>, Response = http::Response<B>>,
 {
@@ -382,7 +386,7 @@ where
     if let Some(throttle) = this.throttle.as_ref() {
         throttle.timed_out(Instant::now());
     }
-    Ended {
+    Outcome::Failed {
         end: AttemptEnd::TimedOut {
             replayable: this.attempts.is_replayable(),
             unsent: false,
@@ -393,12 +397,12 @@ where
     }
 }
 
-/// The attempt in flight answered `result`: passed through (`OK` in the headers, or a
-/// commit), else how it failed.
+/// The attempt in flight answered `result`: recorded (route, load report, throttle) and
+/// classified.
 fn answered<S, B>(
     this: &mut FutureProj<'_, S, B>,
     result: Result<http::Response<B>, S::Error>,
-) -> Result<http::Response<ResponseBody<B>>, Ended<B>>
+) -> Outcome<B>
 where
     S: Service<http::Request<Body>, Response = http::Response<B>>,
     S::Error: Into<BoxError>,
@@ -419,19 +423,7 @@ where
     if let Some(throttle) = this.throttle.as_ref() {
         throttle.record(&outcome, Instant::now());
     }
-    match outcome {
-        Outcome::Ok(response) => {
-            // A trailers-only `OK`: the outcome is known now.
-            if let Some(call) = this.call.as_mut() {
-                call.on_success_at(Instant::now());
-            }
-            this.stats.outcome(Code::Ok);
-            this.state.set(State::Done { status: None });
-            Ok(response.map(ResponseBody::passthrough))
-        }
-        Outcome::Committed(response) => Ok(commit(this, response)),
-        Outcome::Failed { end, last } => Err(Ended { end, last }),
-    }
+    outcome
 }
 
 /// An attempt failed (`end`, the caller's answer `last` if no retry follows): the call's

@@ -362,6 +362,9 @@ where
     with_empty_body(answer)
 }
 
+/// What a handler's future returns.
+type Handled<S, Req> = Result<<S as Service<Req>>::Response, <S as Service<Req>>::Error>;
+
 /// What a handler's future left: its output, the worker it held, and whether a client
 /// layer inside it refused a retry.
 struct Ran<T> {
@@ -378,7 +381,7 @@ where
     fn poll_handler(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Ran<Result<S::Response, S::Error>>>> {
+    ) -> Poll<Option<Ran<Handled<S, Req>>>> {
         let StateProj::Running { mut future, permit } = self.project() else {
             return Poll::Ready(None);
         };

@@ -57,7 +57,7 @@ pub struct ShedLayer {
     /// The queue's instruments, registered on `meter` when the layer first wraps a
     /// service, once per queue (a meter keeps every callback registered on it).
     #[cfg(feature = "opentelemetry")]
-    metrics: Arc<std::sync::OnceLock<crate::metrics::ServerMetrics>>,
+    metrics: Arc<std::sync::OnceLock<crate::shed::metrics::ServerMetrics>>,
 }
 
 impl ShedLayer {
@@ -270,7 +270,7 @@ impl ShedLayer {
     }
 
     /// Record this layer's metrics into `meter` (feature `opentelemetry`); the
-    /// [`metrics`](crate::metrics) module lists them. Nothing global is read or set: the
+    /// [`metrics`](crate::shed::metrics) module lists them. Nothing global is read or set: the
     /// application owns the meter provider and its exporters. The instruments are
     /// registered when the layer first wraps a service, so this goes before or after
     /// [`with_name`](Self::with_name) alike; one queue registers them once.
@@ -296,7 +296,7 @@ impl ShedLayer {
         #[cfg(feature = "opentelemetry")]
         if let Some(meter) = &self.meter {
             self.metrics.get_or_init(|| {
-                crate::metrics::ServerMetrics::register(meter, &self.gate, self.events.name())
+                crate::shed::metrics::ServerMetrics::register(meter, &self.gate, self.events.name())
             });
         }
     }

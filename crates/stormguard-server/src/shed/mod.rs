@@ -48,7 +48,7 @@
 //! call at that moment, and the caller reads `DEADLINE_EXCEEDED`: trailers-only when the
 //! handler had not answered, else trailers after the messages sent so far
 //! ([`MESSAGE_DEADLINE_CUT`]). It counts in
-//! [`cut_at_deadline`](crate::StatsSnapshot::cut_at_deadline), not in `completed`. Calls
+//! [`cut_at_deadline`](crate::ShedSnapshot::cut_at_deadline), not in `completed`. Calls
 //! that bypass the queue ([`exempt`]) hold no worker and are not cut.
 //!
 //! # Where to put it
@@ -73,8 +73,11 @@ mod future;
 pub(crate) mod gate;
 mod layer;
 pub(crate) mod load;
+#[cfg(feature = "opentelemetry")]
+pub mod metrics;
 pub(crate) mod response;
 mod shutdown;
+mod stats;
 
 pub use body::ShedBody;
 pub use drain::DrainCounts;
@@ -86,6 +89,7 @@ pub use response::{
     MESSAGE_SHEDDABLE, MESSAGE_SHUTTING_DOWN, SHUTDOWN_PUSHBACK_MS,
 };
 pub use shutdown::ShutdownHandle;
+pub use stats::{Occupancy, ShedSnapshot};
 
 use std::fmt;
 use std::sync::Arc;
@@ -102,7 +106,6 @@ use stormguard_core::wire::http::{
 use stormguard_core::wire::{attempt_class, decode_grpc_timeout_bytes, parse_criticality};
 use tower_service::Service;
 
-use crate::stats::{Occupancy, StatsSnapshot};
 use drain::{Discard, Drains};
 use events::{QueuedEvents, ShedEvents};
 use exempt::{Bypassed, NeverShed};
@@ -350,7 +353,7 @@ impl ShedStats {
     }
 
     /// The counters now.
-    pub fn snapshot(&self) -> StatsSnapshot {
+    pub fn snapshot(&self) -> ShedSnapshot {
         self.gate.counters().snapshot()
     }
 

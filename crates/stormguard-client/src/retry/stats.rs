@@ -104,14 +104,14 @@ impl RetryStats {
     }
 
     /// A transparent retry was sent: an attempt, not a retry (see
-    /// [`StatsSnapshot::transparent_retries`]).
+    /// [`RetrySnapshot::transparent_retries`]).
     pub(crate) fn transparent_retry(&self) {
         let shard = self.shard();
         shard.attempts.fetch_add(1, Ordering::Relaxed);
         shard.transparent_retries.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A hedge was sent: an attempt, not a retry (see [`StatsSnapshot::hedges`]).
+    /// A hedge was sent: an attempt, not a retry (see [`RetrySnapshot::hedges`]).
     pub(crate) fn hedge(&self) {
         let shard = self.shard();
         shard.attempts.fetch_add(1, Ordering::Relaxed);
@@ -211,7 +211,7 @@ impl RetryStats {
 
     /// The counters now. Each counter is read atomically, the set is not (a call that ends
     /// while this runs may be half counted).
-    pub fn snapshot(&self) -> StatsSnapshot {
+    pub fn snapshot(&self) -> RetrySnapshot {
         let shards = &self.inner.shards;
         let load = |f: fn(&Counters) -> &AtomicU64| {
             shards
@@ -240,7 +240,7 @@ impl RetryStats {
                 saturated: r(Refusal::Saturated),
             }
         };
-        StatsSnapshot {
+        RetrySnapshot {
             logical: load(|c| &c.logical),
             attempts: load(|c| &c.attempts),
             retries: load(|c| &c.retries),
@@ -280,7 +280,7 @@ impl RetryStats {
 
 /// The counters of a layer at one moment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StatsSnapshot {
+pub struct RetrySnapshot {
     /// Logical calls started (what the caller asked for).
     pub logical: u64,
     /// Physical attempts sent (first attempts plus retries).
@@ -360,7 +360,7 @@ pub struct StatsSnapshot {
     pub throttled: ThrottledCounts,
 }
 
-impl StatsSnapshot {
+impl RetrySnapshot {
     /// Attempts per logical call (1.0 when nothing was retried; 0.0 before any call).
     pub fn amplification(&self) -> f64 {
         if self.logical == 0 {

@@ -55,8 +55,8 @@ use stormguard_core::code::Code;
 use stormguard_core::observe::{LayerName, split_path};
 use stormguard_core::retry::RetryController;
 
-use crate::StatsSnapshot;
-use crate::stats::RetryStats;
+use super::stats::RetryStats;
+use crate::RetrySnapshot;
 
 /// Distinct methods a layer keeps apart; further ones are counted under `_OTHER` (as
 /// OpenTelemetry's RPC conventions advise for unbounded method sets).
@@ -198,8 +198,11 @@ fn counter(
         .build()
 }
 
+/// Reads one counter from a snapshot.
+type Read = fn(&RetrySnapshot) -> u64;
+
 /// The layer-wide counters: `read` picks one from a snapshot.
-const LAYER_COUNTERS: [(Spec, fn(&StatsSnapshot) -> u64); 7] = [
+const LAYER_COUNTERS: [(Spec, Read); 7] = [
     (
         (
             "stormguard.client.retries",
@@ -259,7 +262,7 @@ const LAYER_COUNTERS: [(Spec, fn(&StatsSnapshot) -> u64); 7] = [
 ];
 
 /// Lists a snapshot's counts by one label's values, to `observe`.
-type ReadLabelled = fn(&StatsSnapshot, observe: &mut dyn FnMut(&'static str, u64));
+type ReadLabelled = fn(&RetrySnapshot, observe: &mut dyn FnMut(&'static str, u64));
 
 /// The layer-wide counters by one label: its key, and `read` lists each value's count.
 const LABELLED_COUNTERS: [(Spec, &str, ReadLabelled); 4] = [

@@ -36,7 +36,7 @@ use opentelemetry::metrics::{
 use stormguard_core::observe::LayerName;
 
 use crate::shed::gate::Gate;
-use crate::stats::{Counters, TimeQueuedRecorder};
+use crate::shed::stats::{Counters, TimeQueuedRecorder};
 
 /// `[rpc.system, stormguard.layer]`, once the layer has a name.
 fn base(name: &LayerName) -> Option<[KeyValue; 2]> {
@@ -110,8 +110,11 @@ fn counter(
         .build()
 }
 
+/// Reads one value from `T`.
+type Read<T> = fn(&T) -> u64;
+
 /// The counters of calls: `read` picks one from a snapshot.
-const COUNTERS: [(Spec, fn(&crate::StatsSnapshot) -> u64); 5] = [
+const COUNTERS: [(Spec, Read<crate::ShedSnapshot>); 5] = [
     (
         (
             "stormguard.server.admitted",
@@ -155,7 +158,7 @@ const COUNTERS: [(Spec, fn(&crate::StatsSnapshot) -> u64); 5] = [
 ];
 
 /// The gauges: `read` takes one from the queue's counters.
-const GAUGES: [(Spec, fn(&Counters) -> u64); 3] = [
+const GAUGES: [(Spec, Read<Counters>); 3] = [
     (
         (
             "stormguard.server.queue.depth",

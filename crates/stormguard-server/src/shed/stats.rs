@@ -164,9 +164,9 @@ impl Counters {
     }
 
     /// Every counter now.
-    pub(crate) fn snapshot(&self) -> StatsSnapshot {
+    pub(crate) fn snapshot(&self) -> ShedSnapshot {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        StatsSnapshot {
+        ShedSnapshot {
             admitted: get(&self.admitted),
             completed: get(&self.completed),
             shed_first: get(&self.shed_first),
@@ -224,7 +224,7 @@ pub struct Occupancy {
 
 /// The counters of one admission queue at one moment. Serializes to one JSON object.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct StatsSnapshot {
+pub struct ShedSnapshot {
     /// Calls given a worker (at once or after queuing).
     pub admitted: u64,
     /// Calls that finished (with any status) on a worker: the handler returned and the
@@ -273,7 +273,7 @@ pub struct StatsSnapshot {
     pub min_latency_us: Option<u64>,
 }
 
-impl StatsSnapshot {
+impl ShedSnapshot {
     /// Calls shed, whatever their class.
     pub fn shed(&self) -> u64 {
         self.shed_first + self.shed_retry + self.shed_sheddable
