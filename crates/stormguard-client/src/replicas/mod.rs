@@ -9,8 +9,9 @@
 //! once keeps its full share; a replica whose process died stays in the set while its
 //! reconnects fail; and a replica that comes back takes a full share at once. With one
 //! shared retry budget above it, the bad replica's failures then spend the retries the
-//! healthy ones earned: measured with five replicas and one failing, stormguard's retry
-//! layer over `balance_list` served 87.8 % of calls where a naive loop served 99.1 %.
+//! healthy ones earned, and the retry layer over `balance_list` serves fewer calls than a
+//! naive retry loop would (the repository's `docs/replicas.md` has the measurement and the
+//! command that makes it).
 //!
 //! [`Replicas`] picks in `call()`, per attempt, through the policy of
 //! [`stormguard_core::replica`] (the simulator and the tests drive the same code):

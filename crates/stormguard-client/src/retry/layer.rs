@@ -274,8 +274,8 @@ impl RetryLayer {
         self
     }
 
-    /// Charges each call's retries to a key taken from its request (the seed design's bad
-    /// shard: a method, or a metadata value that routes to a shard), beside the shared
+    /// Charges each call's retries to a key taken from its request (a shard that may go
+    /// bad: a method, or a metadata value that routes to a shard), beside the shared
     /// budget: a key whose calls keep failing spends only what its own successes earned
     /// (plus the floor), and calls to the other keys keep their retries. `key` returns
     /// `None` for calls that only the shared budget pays for. The accounts are those of the
