@@ -414,7 +414,7 @@ async fn first_ejection(
         let ejected = replicas
             .snapshot()
             .iter()
-            .any(|r| r.state.is_ejected() && watched.contains(&r.key));
+            .any(|r| r.snapshot.state.is_ejected() && watched.contains(&r.key));
         if ejected {
             return Some(Instant::now());
         }
@@ -700,6 +700,12 @@ pub(crate) trait ErrorChain {
 }
 
 impl ErrorChain for tonic::transport::Error {
+    fn chain(&self) -> &(dyn std::error::Error + 'static) {
+        self
+    }
+}
+
+impl ErrorChain for stormguard::client::replicas::Error {
     fn chain(&self) -> &(dyn std::error::Error + 'static) {
         self
     }

@@ -662,7 +662,7 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
                 let mut was = BTreeMap::new();
                 loop {
                     for r in replicas.snapshot() {
-                        let ejected = r.state.is_ejected();
+                        let ejected = r.snapshot.state.is_ejected();
                         if ejected && !was.get(&r.key).copied().unwrap_or(false) {
                             world.with(|s| *s.ejected.entry(r.key.clone()).or_default() += 1);
                         }
@@ -711,7 +711,7 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
             rest.replicas = replicas
                 .snapshot()
                 .into_iter()
-                .map(|r| (r.key, r.state.as_str()))
+                .map(|r| (r.key, r.snapshot.state.as_str()))
                 .collect();
         }
         world.with(|s| s.rest = Some(rest));

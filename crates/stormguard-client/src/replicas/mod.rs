@@ -49,12 +49,14 @@
 //!     .map(Endpoint::from_static);
 //! // Each replica gets its own lazily connected tonic `Channel`.
 //! let replicas = Replicas::from_endpoints(ReplicaConfig::default(), endpoints)?;
+//! // Clones share the replicas and their health: one to watch them.
+//! let watch = replicas.clone();
 //! let channel = tower::ServiceBuilder::new()
 //!     .layer(RetryLayer::from_config(&ClientConfig::standard())?.over_replicas())
-//!     .service(replicas.clone());
+//!     .service(replicas);
 //! // let mut client = InventoryClient::new(channel);
-//! for replica in replicas.snapshot() {
-//!     println!("{} {}", replica.key, replica.state.as_str());
+//! for replica in watch.snapshot() {
+//!     println!("{} {}", replica.key, replica.snapshot.state.as_str());
 //! }
 //! # let _ = channel;
 //! # Ok(()) }
@@ -91,11 +93,13 @@ use std::task::{Context, Poll};
 
 use stormguard_core::Instant;
 use stormguard_core::replica::{
-    ReplicaId, ReplicaOutcome, ReplicaSet, ReplicaSnapshot, ReplicaState, Transition,
+    ReplicaId, ReplicaOutcome, ReplicaSet, ReplicaSnapshot, Transition,
 };
+use tokio::sync::oneshot;
 use tower_service::Service;
 
-pub use self::future::{NoReplica, ResponseFuture};
+pub(crate) use self::future::unwrap_error;
+pub use self::future::{Error, NoReplica, ResponseFuture};
 pub use self::route::Route;
 pub use stormguard_core::replica::{
     EjectReason, EjectionConfig, LoadConfig, ReplicaConfig, SlowStartConfig,
@@ -109,12 +113,16 @@ use crate::status::BoxError;
 /// [module docs](self)). Clones share the replicas and their health.
 pub struct Replicas<S, K> {
     shared: Arc<Shared<S, K>>,
+    // Dropped with the last clone of the channel, which tells the task that feeds it (see
+    // `discover`) to end. Attempts in flight and routes hold `shared`, not this.
+    _alive: Arc<oneshot::Sender<()>>,
 }
 
 impl<S, K> Clone for Replicas<S, K> {
     fn clone(&self) -> Self {
         Replicas {
             shared: Arc::clone(&self.shared),
+            _alive: Arc::clone(&self._alive),
         }
     }
 }
@@ -155,15 +163,43 @@ struct Member<S, K> {
 pub struct ReplicaReport<K> {
     /// The replica's key (for [`Replicas::from_endpoints`], the endpoint's URI).
     pub key: K,
-    /// Where it stands.
-    pub state: ReplicaState,
-    /// Its counters and estimates.
+    /// Where it stands ([`state`](ReplicaSnapshot::state)), its counters and estimates.
     pub snapshot: ReplicaSnapshot,
 }
 
 impl<S, K> Shared<S, K> {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner<S, K>> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds a replica (see [`Replicas::insert`]).
+    fn insert(&self, key: K, svc: S)
+    where
+        K: Eq + fmt::Display,
+    {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        remove_key(&mut inner, &key);
+        let id = if inner.serving {
+            inner.set.insert_warming_at(now)
+        } else {
+            inner.set.insert_at(now)
+        };
+        let name = Arc::from(key.to_string());
+        inner.members.push(Member { id, key, name, svc });
+    }
+
+    /// Applies a change from a discovery source.
+    fn apply(&self, change: Change<K, S>)
+    where
+        K: Eq + fmt::Display,
+    {
+        match change {
+            Change::Insert(key, svc) => self.insert(key, svc),
+            Change::Remove(key) => {
+                remove_key(&mut self.lock(), &key);
+            }
+        }
     }
 }
 
@@ -251,6 +287,18 @@ where
         config: ReplicaConfig,
         services: impl IntoIterator<Item = (K, S)>,
     ) -> Result<Self, stormguard_core::ConfigError> {
+        let (replicas, _) = Replicas::empty(config)?;
+        for (key, svc) in services {
+            replicas.insert(key, svc);
+        }
+        Ok(replicas)
+    }
+
+    /// A channel with no replica, and what tells that its last clone is gone.
+    fn empty(
+        config: ReplicaConfig,
+    ) -> Result<(Self, oneshot::Receiver<()>), stormguard_core::ConfigError> {
+        let (alive, gone) = oneshot::channel();
         let replicas = Replicas {
             shared: Arc::new(Shared {
                 inner: Mutex::new(Inner {
@@ -259,26 +307,15 @@ where
                     serving: false,
                 }),
             }),
+            _alive: Arc::new(alive),
         };
-        for (key, svc) in services {
-            replicas.insert(key, svc);
-        }
-        Ok(replicas)
+        Ok((replicas, gone))
     }
 
     /// Adds a replica (replacing the one with the same key, as tower's `Change::Insert`
     /// does). Before the first call it starts at a full share; later, it ramps up.
     pub fn insert(&self, key: K, svc: S) {
-        let now = Instant::now();
-        let mut inner = self.shared.lock();
-        remove_key(&mut inner, &key);
-        let id = if inner.serving {
-            inner.set.insert_warming_at(now)
-        } else {
-            inner.set.insert_at(now)
-        };
-        let name = Arc::from(key.to_string());
-        inner.members.push(Member { id, key, name, svc });
+        self.shared.insert(key, svc);
     }
 
     /// Removes the replica with `key`; attempts in flight on it finish.
@@ -297,11 +334,17 @@ where
                 let snapshot = inner.set.snapshot_at(m.id, now)?;
                 Some(ReplicaReport {
                     key: m.key.clone(),
-                    state: snapshot.state,
                     snapshot,
                 })
             })
             .collect()
+    }
+
+    /// The key of the replica `id` (as a [`Route`] or a [`ReplicaSnapshot`] names it),
+    /// while the channel holds it.
+    pub fn key(&self, id: ReplicaId) -> Option<K> {
+        let inner = self.shared.lock();
+        inner.index(id).map(|i| inner.members[i].key.clone())
     }
 
     /// How many replicas the channel holds.
@@ -331,10 +374,10 @@ where
     K: Send + 'static,
 {
     type Response = http::Response<RB>;
-    type Error = BoxError;
+    type Error = Error;
     type Future = ResponseFuture<S, B>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         // The replica is chosen in `call`; its own readiness is waited for in the future.
         Poll::Ready(Ok(()))
     }
