@@ -17,7 +17,7 @@ where
     S: Send + 'static,
     K: Clone + Eq + Hash + fmt::Display + Send + 'static,
 {
-    /// A channel fed by `discover` (any tower [`Discover`]: a stream of [`Change`]s).
+    /// A channel fed by `discover` (any tower [`Discover`]: a stream of [`Change`](super::Change)s).
     /// A task on the current tokio runtime applies each change as it comes (a replica
     /// inserted after the first call ramps up with slow start; a removed one finishes
     /// its attempts in flight) and ends when the stream ends, fails, or every clone of
