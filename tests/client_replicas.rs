@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use client_support::{Scripted, Step, quick_policy, reserve, serve};
 use stormguard_client::RetryLayer;
-use stormguard_client::replicas::{Change, ReplicaConfig, Replicas};
+use stormguard_client::replicas::{Change, EndpointKey, ReplicaConfig, Replicas};
 use stormguard_core::budget::{Budget, BudgetConfig, KeyedBudgets, RetryBudget};
 use stormguard_core::policy::{MethodTable, RetryPolicy};
 use stormguard_core::replica::{EjectionConfig, LoadConfig};
@@ -30,7 +30,7 @@ use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
 use tower::ServiceBuilder;
 
-type Client = InventoryClient<stormguard_client::Retry<Replicas<Channel, http::Uri>>>;
+type Client = InventoryClient<stormguard_client::Retry<Replicas<Channel, EndpointKey>>>;
 
 fn endpoint(addr: std::net::SocketAddr) -> Endpoint {
     Endpoint::from_shared(format!("http://{addr}")).unwrap()
@@ -54,7 +54,7 @@ fn roomy(policy: RetryPolicy) -> RetryController {
     RetryController::new(MethodTable::uniform(policy), budget, None, 7)
 }
 
-fn client(replicas: &Replicas<Channel, http::Uri>, layer: RetryLayer) -> Client {
+fn client(replicas: &Replicas<Channel, EndpointKey>, layer: RetryLayer) -> Client {
     InventoryClient::new(ServiceBuilder::new().layer(layer).service(replicas.clone()))
 }
 

@@ -520,7 +520,7 @@ async fn replicas_export_each_replicas_counters_and_state() {
         assert_eq!(sum_of(states.clone(), &current), 1);
         assert_eq!(sum_of(states, &with), 1, "one state at a time");
     }
-    let gone_key = format!("http://{gone}/");
+    let gone_key = format!("http://{gone}");
     assert!(
         total(
             &metrics,

@@ -405,17 +405,55 @@ where
     }
 }
 
+/// The key of a replica made from an endpoint ([`Replicas::from_endpoints`]): its URI,
+/// written as it is usually given. `http::Uri` writes a URI without a path with a `/`
+/// (`http://10.0.0.1:50051/`); this key writes it without (`http://10.0.0.1:50051`), in
+/// the snapshot, the logs and the metrics. It compares equal to its URI.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct EndpointKey(http::Uri);
+
+impl EndpointKey {
+    /// The endpoint's URI.
+    pub fn uri(&self) -> &http::Uri {
+        &self.0
+    }
+}
+
+impl From<http::Uri> for EndpointKey {
+    fn from(uri: http::Uri) -> Self {
+        EndpointKey(uri)
+    }
+}
+
+impl PartialEq<http::Uri> for EndpointKey {
+    fn eq(&self, uri: &http::Uri) -> bool {
+        self.0 == *uri
+    }
+}
+
+impl fmt::Display for EndpointKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let uri = &self.0;
+        match (uri.scheme(), uri.authority(), uri.path_and_query()) {
+            (Some(scheme), Some(authority), path) if path.is_none_or(|p| p.as_str() == "/") => {
+                write!(f, "{scheme}://{authority}")
+            }
+            _ => uri.fmt(f),
+        }
+    }
+}
+
 #[cfg(feature = "transport")]
 mod transport {
     use tonic::transport::{Channel, Endpoint};
 
     use super::*;
 
-    impl Replicas<Channel, http::Uri> {
+    impl Replicas<Channel, EndpointKey> {
         /// A channel over `endpoints`, each a replica with its own lazily connected tonic
         /// [`Channel`] (so an endpoint that is down at start is ejected like any failing
-        /// replica, not an error here), keyed by its URI. Must be called within a tokio
-        /// runtime, as `Endpoint::connect_lazy`.
+        /// replica, not an error here), keyed by its URI ([`EndpointKey`]). Must be called
+        /// within a tokio runtime, as `Endpoint::connect_lazy`.
         pub fn from_endpoints(
             config: ReplicaConfig,
             endpoints: impl IntoIterator<Item = Endpoint>,
@@ -424,8 +462,26 @@ mod transport {
                 config,
                 endpoints
                     .into_iter()
-                    .map(|e| (e.uri().clone(), e.connect_lazy())),
+                    .map(|e| (EndpointKey(e.uri().clone()), e.connect_lazy())),
             )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_endpoint_key_is_written_as_it_was_given() {
+        for given in [
+            "http://127.0.0.1:50051",
+            "https://inventory.internal",
+            "http://10.0.0.1:50051/prefix",
+        ] {
+            let key = EndpointKey::from(http::Uri::from_static(given));
+            assert_eq!(key.to_string(), given);
+            assert_eq!(key, http::Uri::from_static(given));
         }
     }
 }
