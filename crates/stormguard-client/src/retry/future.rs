@@ -448,14 +448,7 @@ where
     }
     match verdict.decision {
         Decision::Retry { delay } => {
-            let code = ended_code(&end, timed_out);
-            tracing::debug!(
-                parent: span,
-                code = code.name(),
-                timed_out,
-                delay_ms = delay.as_millis() as u64,
-                "stormguard: retrying"
-            );
+            let reason = retry_reason(&end, timed_out, verdict.transparent, delay, span);
             if !verdict.transparent {
                 this.stats.delayed(matches!(
                     end,
@@ -466,13 +459,6 @@ where
             // deadline).
             let until = Deadline::after_at(now, delay).instant();
             this.timer.as_mut().arm(Some(until));
-            let reason = if timed_out {
-                "per_attempt_timeout"
-            } else if verdict.transparent {
-                "transparent"
-            } else {
-                code.name()
-            };
             this.state.set(State::Waiting {
                 slept: false,
                 last: Box::new(last),
@@ -493,6 +479,32 @@ where
             drop(this.call.take());
             Some(end::expired(this.stats))
         }
+    }
+}
+
+/// Why a retry is sent after the attempt that ended with `end` (its span's `retry.reason`),
+/// logged at DEBUG in the ended attempt's `span`.
+fn retry_reason(
+    end: &AttemptEnd,
+    timed_out: bool,
+    transparent: bool,
+    delay: Duration,
+    span: &tracing::Span,
+) -> &'static str {
+    let code = ended_code(end, timed_out);
+    tracing::debug!(
+        parent: span,
+        code = code.name(),
+        timed_out,
+        delay_ms = delay.as_millis() as u64,
+        "stormguard: retrying"
+    );
+    if timed_out {
+        "per_attempt_timeout"
+    } else if transparent {
+        "transparent"
+    } else {
+        code.name()
     }
 }
 
