@@ -1,18 +1,4 @@
-//! Counters of one retry layer: logical calls and physical attempts apart, refusals by
-//! cause.
-//!
-//! The number that tells whether retries amplify load is `attempts / logical`; a budget
-//! keeps it near `1 + retry_ratio` however badly the dependency fails. The refusal counters
-//! say which guard held the line.
-//!
-//! A call's outcome (`ok` or `failed`) is counted when it is known. For most calls that is
-//! when the layer returns the response or the error. A *committed* call (response headers
-//! without `grpc-status`: every successful unary call from tonic, and every stream) is only
-//! known when its response body ends, so it is counted then, from the `grpc-status` of its
-//! trailers; a committed call whose body is dropped before its end is counted as
-//! `committed_abandoned` instead. Once no call is in flight,
-//! `ok + failed + committed_abandoned == logical`, less the calls whose response future
-//! was dropped before it resolved (they count in `logical` only).
+//! Counters of one retry layer ([`RetryStats`], read as a [`RetrySnapshot`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -278,7 +264,21 @@ impl RetryStats {
     }
 }
 
-/// The counters of a layer at one moment.
+/// The counters of a layer at one moment: logical calls and physical attempts apart,
+/// refusals by cause.
+///
+/// The number that tells whether retries amplify load is `attempts / logical`; a budget
+/// keeps it near `1 + retry_ratio` however badly the dependency fails. The refusal counters
+/// say which guard held the line.
+///
+/// A call's outcome (`ok` or `failed`) is counted when it is known. For most calls that is
+/// when the layer returns the response or the error. A *committed* call (response headers
+/// without `grpc-status`: every successful unary call from tonic, and every stream) is only
+/// known when its response body ends, so it is counted then, from the `grpc-status` of its
+/// trailers; a committed call whose body is dropped before its end is counted as
+/// `committed_abandoned` instead. Once no call is in flight,
+/// `ok + failed + committed_abandoned == logical`, less the calls whose response future
+/// was dropped before it resolved (they count in `logical` only).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RetrySnapshot {
     /// Logical calls started (what the caller asked for).

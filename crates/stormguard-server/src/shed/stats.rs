@@ -1,9 +1,4 @@
-//! Counters of the admission queue.
-//!
-//! Counters are atomics updated where the event happens and read without the queue's
-//! lock, so reading them costs the server nothing. Every count is cumulative since the
-//! layer was built; gauges (`queue_depth`, `in_flight`) are the value at the read. A
-//! layer's [`ShedStats`](crate::ShedStats) handle reads them.
+//! Counters of the admission queue, read as a [`ShedSnapshot`].
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -223,6 +218,11 @@ pub struct Occupancy {
 }
 
 /// The counters of one admission queue at one moment. Serializes to one JSON object.
+///
+/// Counters are atomics updated where the event happens and read without the queue's
+/// lock, so reading them costs the server nothing. Every count is cumulative since the
+/// layer was built; gauges (`queue_depth`, `in_flight`) are the value at the read. A
+/// layer's [`ShedStats`](crate::ShedStats) handle reads them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ShedSnapshot {
     /// Calls given a worker (at once or after queuing).
