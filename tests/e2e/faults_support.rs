@@ -247,6 +247,8 @@ pub struct ClientRest {
     pub breaker: BTreeMap<Kind, &'static str>,
     /// Each replica's state at rest (endpoint-aware channel only).
     pub replicas: Vec<(String, &'static str)>,
+    /// The replicas the client was given (0 over one channel).
+    pub replicas_given: usize,
     /// Each layer's counters at rest.
     pub stats: BTreeMap<Kind, StatsSnapshot>,
 }
@@ -698,7 +700,13 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
             watch.abort();
         }
         let now = Instant::now();
-        let mut rest = ClientRest::default();
+        let mut rest = ClientRest {
+            replicas_given: match &target {
+                Target::One(_) => 0,
+                Target::Replicas(hosts) => hosts.len(),
+            },
+            ..ClientRest::default()
+        };
         for (kind, stats, controller) in &stats {
             rest.balance
                 .insert(*kind, controller.budget().balance_at(now));
@@ -1131,6 +1139,12 @@ pub fn assert_at_rest(name: &str, run: &Run) {
             "{name}: {kind:?} breaker not closed at rest"
         );
     }
+    assert_eq!(
+        rest.replicas.len(),
+        rest.replicas_given,
+        "{name}: every replica given is in the channel at rest: {:?}",
+        rest.replicas
+    );
     for (key, state) in &rest.replicas {
         assert_eq!(*state, "active", "{name}: replica {key} not back at rest");
     }
