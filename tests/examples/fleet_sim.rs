@@ -10,6 +10,8 @@
 //! figures, second by second.
 #![allow(clippy::unwrap_used)]
 
+use crate::support;
+
 use std::time::Duration;
 
 use stormguard_demo::storm::Policy;
@@ -46,6 +48,7 @@ fn small_storm() -> FleetStormConfig {
 
 #[test]
 fn stormguard_serves_through_the_trigger_and_naive_amplifies_it_into_an_outage() {
+    let _loading = support::loading();
     let config = small_storm();
     let runs: Vec<_> = [Policy::Naive, Policy::Stormguard]
         .into_iter()
@@ -85,6 +88,7 @@ fn stormguard_serves_through_the_trigger_and_naive_amplifies_it_into_an_outage()
 
 #[test]
 fn the_same_seed_gives_the_same_figures() {
+    let _loading = support::loading();
     let config = FleetStormConfig {
         clients: 4,
         workers: 1,
@@ -104,6 +108,7 @@ fn the_same_seed_gives_the_same_figures() {
 
 #[test]
 fn a_fleet_aware_floor_sends_only_the_fleets_share_of_retries_to_a_dead_dependency() {
+    let _loading = support::loading();
     // 5 clients × 10 calls/s, measured from 5 s to 15 s as table 2's quick run (the
     // budgets' reserves refill once in the window, at 10 s); 5 ms each way and a 5 ms
     // tick: nothing here depends on finer timing.

@@ -6,6 +6,8 @@
 //! hedges held by the retry budget), never how fast anything ran.
 #![allow(clippy::unwrap_used)]
 
+use crate::support;
+
 use stormguard_demo::storm::chain::{ChainConfig, run_chain};
 use stormguard_demo::storm::{Policy, StormConfig, run_storm};
 
@@ -23,6 +25,7 @@ fn keys(value: &serde_json::Value) -> Vec<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_storm_has_the_shape_of_the_report() {
+    let _loading = support::loading_async().await;
     let config = StormConfig::quick();
     let report = run_storm(&config, &Policy::ALL, &|_, _| {}).await.unwrap();
     let (start_s, end_s) = (config.warmup_s, config.warmup_s + config.trigger_s);
@@ -171,6 +174,7 @@ async fn quick_storm_has_the_shape_of_the_report() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_chain_multiplies_naive_retries_and_not_stormguard() {
+    let _loading = support::loading_async().await;
     let config = ChainConfig::quick();
     let report = run_chain(&config).await.unwrap();
     eprintln!("{}", report.table(config.flaky_rate));
