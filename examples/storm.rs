@@ -41,23 +41,14 @@ mod cli;
 /// its measured capacity, the service time x2.5 for 4 s; the same timeline for each
 /// policy. Prints a table and draws the picture. With --overload and --reject-cost-us: a
 /// sustained overload against a server whose refusals cost CPU, the case of the `throttle`
-/// policy (stormguard plus the client's adaptive throttle).
+/// policy (stormguard plus the client's adaptive throttle). --quick: 1 s before the
+/// trigger, 2 s of it, 3 s after (about 40 s in all). The JSON holds the trigger, and per
+/// policy the summary and the timeline second by second.
 #[derive(Debug, Parser)]
 #[command(name = "storm")]
 struct Args {
-    /// 1 s before the trigger, 2 s of it, 3 s after (about 40 s in all)
-    #[arg(long)]
-    quick: bool,
-    /// Also write the result as JSON to FILE: the trigger, and per policy the summary and
-    /// the timeline second by second
-    #[arg(long, value_name = "FILE")]
-    json: Option<String>,
-    /// Where to draw the picture
-    #[arg(long, value_name = "FILE", default_value = "storm.svg")]
-    svg: String,
-    /// Seed of arrivals and jitter
-    #[arg(long, value_name = "N", default_value_t = StormConfig::standard().seed)]
-    seed: u64,
+    #[command(flatten)]
+    run: cli::RunArgs,
     /// What the server does with work whose caller left
     #[arg(long, value_name = "M", value_enum, default_value_t = Model::Cancelling)]
     model: Model,
@@ -118,12 +109,12 @@ fn policy() -> impl TypedValueParser<Value = Policy> {
 impl Args {
     /// The run the flags describe.
     fn config(&self) -> StormConfig {
-        let mut config = if self.quick {
+        let mut config = if self.run.quick {
             StormConfig::quick()
         } else {
             StormConfig::standard()
         };
-        config.seed = self.seed;
+        config.seed = self.run.seed;
         config.model = match self.model {
             Model::Cancelling => ServerModel::Cancelling,
             Model::Pool => ServerModel::Pool,
@@ -204,14 +195,7 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
             println!("{}: {hedges}", p.name);
         }
     }
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .map_err(|e| format!("cannot write {path}: {e}"))?;
-        println!("result written to {path}");
-    }
-    draw(&report, &args.svg)?;
-    println!("picture drawn to {}", args.svg);
-    Ok(())
+    args.run.write_report("storm", &report, draw)
 }
 
 /// One colour per policy, in [`Policy::ALL`]'s order.

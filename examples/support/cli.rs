@@ -23,3 +23,47 @@ pub(crate) fn positive(value: &str) -> Result<f64, String> {
     }
     Ok(x)
 }
+
+/// The flags of the examples that run policies one after another and draw them (`storm`,
+/// `tail`, `fleet`), as `#[command(flatten)] run: cli::RunArgs`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct RunArgs {
+    /// A shorter run, the same phases (the example's help says how long)
+    #[arg(long)]
+    pub(crate) quick: bool,
+    /// Seed of the run: arrivals, jitter and every layer's RNG
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// Also write the result as JSON to FILE (docs/examples.md describes its fields)
+    #[arg(long, value_name = "FILE")]
+    pub(crate) json: Option<String>,
+    /// Where to draw the picture [default: the example's name with .svg, here]
+    #[arg(long, value_name = "FILE")]
+    svg: Option<String>,
+}
+
+impl RunArgs {
+    /// The picture's path: `--svg`, else `NAME.svg`.
+    pub(crate) fn svg(&self, name: &str) -> String {
+        self.svg.clone().unwrap_or_else(|| format!("{name}.svg"))
+    }
+
+    /// Writes `report` as JSON to the `--json` file, if one was given, then draws it with
+    /// `draw` to the picture's path; says where each went.
+    pub(crate) fn write_report<R: serde::Serialize>(
+        &self,
+        name: &str,
+        report: &R,
+        draw: impl FnOnce(&R, &str) -> Result<(), Box<dyn std::error::Error>>,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        if let Some(path) = &self.json {
+            std::fs::write(path, serde_json::to_string_pretty(report)?)
+                .map_err(|e| format!("cannot write {path}: {e}"))?;
+            println!("result written to {path}");
+        }
+        let svg = self.svg(name);
+        draw(report, &svg).map_err(|e| format!("cannot draw {svg}: {e}"))?;
+        println!("picture drawn to {svg}");
+        Ok(())
+    }
+}
