@@ -27,13 +27,12 @@ use clap::Parser;
 use clap::builder::RangedU64ValueParser;
 use serde::Serialize;
 use stormguard_demo::storm::fleet_sim::{
-    DeadDependencyConfig, DeadDependencyRun, DeadVariant, FleetStormConfig, fleet_storm_report,
+    DeadDependencyConfig, DeadDependencyRun, DeadVariant, Network, fleet_storm_report,
     run_dead_dependency, run_storm_policy,
 };
 use stormguard_demo::storm::{Policy, PolicyRun, PolicySummary, Second};
 use stormguard_sim::{
-    FleetVariant, Options, SimError, StormParams, StormPolicy, Window, fleet_scenario, run,
-    storm_scenario,
+    FleetVariant, Options, SimError, StormConfig, StormPolicy, fleet_scenario, run, storm_scenario,
 };
 
 /// The storm and a dead dependency at fleet scale on turmoil (real tonic and both layers
@@ -50,7 +49,7 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 1)]
     seed: u64,
     /// Client hosts of the storm
-    #[arg(long, value_name = "N", default_value_t = FleetStormConfig::standard().clients,
+    #[arg(long, value_name = "N", default_value_t = StormConfig::fleet().clients,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=500))]
     clients: usize,
     /// Also write the figures as JSON to FILE
@@ -102,41 +101,18 @@ struct Report {
     dead_dependency: Vec<DeadRow>,
 }
 
-/// The simulator's parameters for the turmoil storm `config`.
-fn sim_params(config: &FleetStormConfig) -> StormParams {
-    let secs = |s: u32| Duration::from_secs(u64::from(s));
-    StormParams {
-        clients: config.clients,
-        servers: config.servers,
-        workers: config.workers,
-        service_time: config.service_time,
-        offered_per_second: config.offered_per_second(),
-        slowdown: config.slowdown,
-        trigger: Window {
-            from: secs(config.warmup_s),
-            until: secs(config.warmup_s + config.trigger_s),
-        },
-        duration: secs(config.total_s()),
-        deadline: config.deadline,
-        per_attempt: config.per_attempt,
-        naive_backoff: config.naive_backoff,
-        network: config.network.latency,
-        bin: Duration::from_secs(1),
-    }
-}
-
 /// The simulator's run of `policy` as the storm's per-second timeline.
 fn sim_run(
     policy: Policy,
     sim_policy: StormPolicy,
-    params: &StormParams,
-    seed: u64,
+    storm: &StormConfig,
+    network: &Network,
 ) -> Result<PolicyRun, SimError> {
-    let stats = run(&storm_scenario(sim_policy, params, seed))?;
+    let stats = run(&storm_scenario(sim_policy, storm, network.latency))?;
     let timeline = stats
         .bins
         .iter()
-        .take(params.duration.as_secs() as usize)
+        .take(storm.total_s() as usize)
         .enumerate()
         .map(|(t, b)| Second {
             t: t as u32,
@@ -180,10 +156,11 @@ fn recovery(s: Option<u32>) -> String {
 fn main() -> ExitCode {
     let args = Args::parse();
     let mut storm = if args.quick {
-        FleetStormConfig::quick()
+        StormConfig::fleet_quick()
     } else {
-        FleetStormConfig::standard()
+        StormConfig::fleet()
     };
+    let network = Network::default();
     storm.clients = args.clients;
     storm.seed = args.seed;
     let mut dead = if args.quick {
@@ -192,7 +169,6 @@ fn main() -> ExitCode {
         DeadDependencyConfig::standard()
     };
     dead.seed = args.seed;
-    let params = sim_params(&storm);
 
     println!(
         "The storm on turmoil: {} client hosts, {} servers × {} workers × {:?} ({:.0} calls/s), \
@@ -210,14 +186,14 @@ fn main() -> ExitCode {
         storm.warmup_s + storm.trigger_s,
         storm.deadline,
         storm.per_attempt,
-        storm.network.latency,
-        storm.network.tick,
+        network.latency,
+        network.tick,
     );
     let mut turmoil_runs = Vec::new();
     let mut sim_runs = Vec::new();
     let mut times = Vec::new();
     for (policy, sim_policy) in POLICIES {
-        let (result, turmoil_wall) = wall(|| run_storm_policy(policy, &storm));
+        let (result, turmoil_wall) = wall(|| run_storm_policy(policy, &storm, &network));
         let (run, virtual_time) = match result {
             Ok(r) => r,
             Err(e) => {
@@ -225,7 +201,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let (sim, sim_wall) = wall(|| sim_run(policy, sim_policy, &params, args.seed));
+        let (sim, sim_wall) = wall(|| sim_run(policy, sim_policy, &storm, &network));
         let sim = match sim {
             Ok(sim) => sim,
             Err(e) => {

@@ -31,7 +31,8 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Parser, ValueEnum};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use plotters::prelude::*;
-use stormguard_demo::storm::{Policy, Second, ServerModel, StormConfig, StormReport, run_storm};
+use stormguard_demo::storm::{LoopbackStorm, Policy, Second, ServerModel, StormReport, run_storm};
+use stormguard_sim::StormConfig;
 #[path = "support/cli.rs"]
 mod cli;
 
@@ -58,11 +59,11 @@ struct Args {
     policies: Vec<Policy>,
     /// Offered load as a share of the measured capacity
     #[arg(long, value_name = "SHARE", value_parser = cli::positive,
-          default_value_t = StormConfig::standard().load)]
+          default_value_t = StormConfig::loopback().load)]
     load: f64,
     /// Deadline of each logical call, in milliseconds
     #[arg(long = "deadline-ms", value_name = "MS", value_parser = clap::value_parser!(u64).range(1..),
-          default_value_t = StormConfig::standard().deadline.as_millis() as u64)]
+          default_value_t = StormConfig::loopback().deadline.as_millis() as u64)]
     deadline_ms: u64,
     /// The shed layer's worker limit
     #[arg(long, value_name = "L", value_enum, default_value_t = Limit::Fixed)]
@@ -108,19 +109,19 @@ fn policy() -> impl TypedValueParser<Value = Policy> {
 
 impl Args {
     /// The run the flags describe.
-    fn config(&self) -> StormConfig {
+    fn config(&self) -> LoopbackStorm {
         let mut config = if self.run.quick {
-            StormConfig::quick()
+            LoopbackStorm::quick()
         } else {
-            StormConfig::standard()
+            LoopbackStorm::standard()
         };
-        config.seed = self.run.seed;
+        config.storm.seed = self.run.seed;
         config.model = match self.model {
             Model::Cancelling => ServerModel::Cancelling,
             Model::Pool => ServerModel::Pool,
         };
-        config.load = self.load;
-        config.deadline = Duration::from_millis(self.deadline_ms);
+        config.storm.load = self.load;
+        config.storm.deadline = Duration::from_millis(self.deadline_ms);
         config.adaptive_limit = matches!(self.limit, Limit::Adaptive);
         config.overload = self.overload;
         config.reject_cost = Duration::from_micros(self.reject_cost_us.unwrap_or(0));
@@ -154,8 +155,8 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     let policies = args.policies();
     eprintln!(
         "measuring the server's capacity ({} workers x {:?}, {} model)...",
-        config.workers,
-        config.service_time,
+        config.storm.workers,
+        config.storm.service_time,
         config.model.as_str()
     );
     let bars = MultiProgress::new();
@@ -181,7 +182,11 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     let report = run_storm(config, policies, &progress).await?;
     println!(
         "{}\n",
-        report.headline(config.slowdown, config.per_attempt, config.deadline)
+        report.headline(
+            config.storm.slowdown,
+            config.storm.per_attempt,
+            config.storm.deadline,
+        )
     );
     print!("{}", report.table());
     for p in report.policies.iter().filter(|p| p.connection_errors > 0) {

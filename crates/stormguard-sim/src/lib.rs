@@ -68,8 +68,8 @@
 //! A hedged
 //! call is driven by [`HedgedCall`], which makes core's hedging calls in the order the
 //! client layer's hedged future makes them; a scenario hedges when its
-//! [`ClientPolicy::hedging`] is set. [`storm_scenario`] runs the storm with every
-//! parameter given ([`StormParams`]), for setting its figures beside the real layers' on
+//! [`ClientPolicy::hedging`] is set. [`storm_scenario`] runs the storm of a
+//! [`StormConfig`] (the one type of the storm's settings), for setting its figures beside the real layers' on
 //! turmoil (`examples/fleet_sim.rs`).
 //!
 //! # Example
@@ -109,7 +109,7 @@ pub use scenario::{
 };
 pub use server::{ServerAction, SimServer};
 pub use stats::{Bin, RunStats, ShardStats};
-pub use storm::{StormParams, StormPolicy, storm_scenario};
+pub use storm::{StormConfig, StormPolicy, storm_scenario};
 pub use tables::*;
 
 use stormguard_core::config::ConfigError;
