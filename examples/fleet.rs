@@ -25,6 +25,8 @@ use clap::Parser;
 use clap::builder::RangedU64ValueParser;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
+#[path = "support/chart.rs"]
+mod chart;
 #[path = "support/cli.rs"]
 mod cli;
 #[path = "fleet/process.rs"]

@@ -33,6 +33,8 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use plotters::prelude::*;
 use stormguard_demo::storm::{LoopbackStorm, Policy, Second, ServerModel, StormReport, run_storm};
 use stormguard_sim::StormConfig;
+#[path = "support/chart.rs"]
+mod chart;
 #[path = "support/cli.rs"]
 mod cli;
 
@@ -235,10 +237,17 @@ fn draw(report: &StormReport, path: &str) -> Result<(), Box<dyn Error>> {
         }),
         (bottom, "attempts sent per second", |s| s.attempts),
     ];
-    let (start, end) = (
+    let frame = chart::Frame {
+        caption: 18,
+        margin: 12,
+        x_labels: 32,
+        y_labels: 56,
+    };
+    let window = (
         f64::from(report.trigger.start_s),
         f64::from(report.trigger.end_s),
     );
+    let mid = |s: &Second| f64::from(s.t) + 0.5;
     for (panel, (area, title, value)) in panels.into_iter().enumerate() {
         let peak = report
             .policies
@@ -246,71 +255,44 @@ fn draw(report: &StormReport, path: &str) -> Result<(), Box<dyn Error>> {
             .flat_map(|p| p.timeline.iter().map(|s| value(s).max(s.offered)))
             .max()
             .unwrap_or(1) as f64;
-        let y_max = peak * 1.1;
-        let mut chart = ChartBuilder::on(&area)
-            .caption(title, ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(32)
-            .y_label_area_size(56)
-            .build_cartesian_2d(0f64..seconds, 0f64..y_max)?;
-        chart
-            .configure_mesh()
-            .x_desc("seconds")
-            .y_label_formatter(&|v| format!("{v:.0}"))
-            .disable_x_mesh()
-            .light_line_style(WHITE)
-            .draw()?;
-        chart
-            .draw_series(std::iter::once(Rectangle::new(
-                [(start, 0.0), (end, y_max)],
-                RGBColor(255, 170, 170).mix(0.35).filled(),
-            )))?
-            .label("trigger (service time x2.5)")
-            .legend(|(x, y)| {
-                Rectangle::new(
-                    [(x, y - 5), (x + 20, y + 5)],
-                    RGBColor(255, 170, 170).mix(0.35).filled(),
-                )
-            });
+        let mut lines = Vec::new();
         if let Some(first) = report.policies.first() {
-            chart
-                .draw_series(LineSeries::new(
-                    first
-                        .timeline
-                        .iter()
-                        .map(|s| (f64::from(s.t) + 0.5, s.offered as f64)),
-                    BLACK.mix(0.5).stroke_width(1),
-                ))?
-                .label("offered")
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.5)));
+            lines.push(chart::offered(
+                first
+                    .timeline
+                    .iter()
+                    .map(|s| (mid(s), s.offered as f64))
+                    .collect(),
+            ));
         }
         for policy in &report.policies {
             let colour = Policy::ALL
                 .iter()
                 .position(|p| p.as_str() == policy.name)
                 .map_or(BLACK, |i| COLOURS[i]);
-            chart
-                .draw_series(LineSeries::new(
-                    policy
-                        .timeline
-                        .iter()
-                        .map(|s| (f64::from(s.t) + 0.5, value(s) as f64)),
-                    colour.stroke_width(2),
-                ))?
-                .label(policy.name)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
-                });
+            lines.push(chart::Line {
+                label: policy.name,
+                colour: chart::solid(colour),
+                width: 2,
+                points: policy
+                    .timeline
+                    .iter()
+                    .map(|s| (mid(s), value(s) as f64))
+                    .collect(),
+            });
         }
-        // One legend, where the lines of the first panel leave room for it.
-        if panel == 0 {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::MiddleRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK.mix(0.3))
-                .draw()?;
-        }
+        let panel = chart::LinePanel {
+            title,
+            x_max: seconds,
+            y_max: peak * 1.1,
+            window,
+            window_label: "trigger (service time x2.5)",
+            window_alpha: 0.35,
+            lines,
+            // One legend, where the lines of the first panel leave room for it.
+            legend: (panel == 0).then_some(SeriesLabelPosition::MiddleRight),
+        };
+        chart::draw_lines(&area, frame, panel)?;
     }
     root.present()?;
     Ok(())

@@ -23,6 +23,8 @@ use tower::BoxError;
 use clap::Parser;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
+#[path = "support/chart.rs"]
+mod chart;
 #[path = "support/cli.rs"]
 mod cli;
 #[path = "tail/client.rs"]
