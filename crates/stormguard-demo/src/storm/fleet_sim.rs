@@ -55,8 +55,8 @@ use super::{
     MAX_PENDING_ACCEPT_RESET_STREAMS, Policy, PolicyRun, ServerModel, StormReport, Workers,
     storm_report, stormguard_client_config,
 };
-use crate::net_sim;
 use crate::server::{DemoConfig, DemoCounts, DemoInventory};
+use crate::turmoil_net;
 use crate::{InventoryClient, InventoryServer};
 
 /// The port every simulated server listens on.
@@ -137,11 +137,11 @@ fn turmoil_sim(network: &Network, seed: u64, limit: Duration) -> turmoil::Sim<'s
 
 /// A lazily connected channel to `host`, with keepalive and the storm's reset settings.
 fn channel(host: &str, network: &Network) -> Result<Channel, tonic::transport::Error> {
-    let endpoint: Endpoint = net_sim::endpoint(host, PORT)?
+    let endpoint: Endpoint = turmoil_net::endpoint(host, PORT)?
         .http2_keep_alive_interval(network.keepalive)
         .keep_alive_timeout(network.keepalive)
         .http2_max_local_error_reset_streams(None);
-    Ok(net_sim::connect_lazy_with(endpoint))
+    Ok(turmoil_net::connect_lazy_with(endpoint))
 }
 
 /// Serves `service` on [`PORT`] of the current host, behind a `ShedLayer` for `admission`
@@ -151,7 +151,7 @@ async fn serve<T: crate::Inventory>(
     admission: Option<AdmissionConfig>,
     bound: &watch::Sender<usize>,
 ) -> turmoil::Result {
-    let incoming = net_sim::incoming(PORT).await?;
+    let incoming = turmoil_net::incoming(PORT).await?;
     bound.send_modify(|n| *n += 1);
     let builder = Server::builder()
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS));
