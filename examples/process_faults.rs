@@ -490,36 +490,9 @@ async fn overload(
     let n_buckets = (args.seconds * 1000 / BUCKET.as_millis() as u64) as usize;
     let buckets: Arc<Vec<AtomicU64>> =
         Arc::new((0..n_buckets).map(|_| AtomicU64::new(0)).collect());
-    let per_client = rate / args.clients as f64;
     let begin = Instant::now();
     let end = begin + Duration::from_secs(args.seconds);
-    let mut generators = tokio::task::JoinSet::new();
-    for (k, c) in setup.clients.iter().enumerate() {
-        let (c, calls, buckets, deadline) = (
-            c.clone(),
-            setup.calls.clone(),
-            buckets.clone(),
-            args.deadline,
-        );
-        generators.spawn(async move {
-            let counts = calls.clone();
-            child::open_loop(
-                begin,
-                end,
-                per_client,
-                (k as u64) << 40,
-                &calls.skipped,
-                |i| {
-                    let (c, calls, buckets) = (c.clone(), counts.clone(), buckets.clone());
-                    calls.started.fetch_add(1, Ordering::Relaxed);
-                    let r = child::request("process_faults", i);
-                    let arrived = Instant::now();
-                    call(c, r, (arrived, deadline), calls, buckets, begin)
-                },
-            )
-            .await;
-        });
-    }
+    let mut generators = spawn_generators(args, setup, rate, (begin, end), &buckets);
 
     // The fault runs on a thread of its own: waiting for, killing and starting processes
     // must not hold up the arrivals.
@@ -571,6 +544,46 @@ async fn overload(
     };
     Ok((load, failures))
 }
+/// One open-loop generator per client, offering its share of `rate` from `begin` to
+/// `end`, each call counted in the setup's counters and OK answers in `buckets`.
+fn spawn_generators(
+    args: &Args,
+    setup: &Setup,
+    rate: f64,
+    (begin, end): (Instant, Instant),
+    buckets: &Arc<Vec<AtomicU64>>,
+) -> tokio::task::JoinSet<()> {
+    let per_client = rate / args.clients as f64;
+    let mut generators = tokio::task::JoinSet::new();
+    for (k, c) in setup.clients.iter().enumerate() {
+        let (c, calls, buckets, deadline) = (
+            c.clone(),
+            setup.calls.clone(),
+            buckets.clone(),
+            args.deadline,
+        );
+        generators.spawn(async move {
+            let counts = calls.clone();
+            child::open_loop(
+                begin,
+                end,
+                per_client,
+                (k as u64) << 40,
+                &calls.skipped,
+                |i| {
+                    let (c, calls, buckets) = (c.clone(), counts.clone(), buckets.clone());
+                    calls.started.fetch_add(1, Ordering::Relaxed);
+                    let r = child::request("process_faults", i);
+                    let arrived = Instant::now();
+                    call(c, r, (arrived, deadline), calls, buckets, begin)
+                },
+            )
+            .await;
+        });
+    }
+    generators
+}
+
 /// One call of `request` through `client`, arrived at `arrived` with `deadline`, counted
 /// in `calls`, and in the goodput `buckets` of the overload that began at `begin` if it is
 /// answered OK.
