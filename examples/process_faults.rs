@@ -361,17 +361,7 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
     outcome.print(&args, &goodput);
 
     // A clean exit on SIGINT, and no panic on the way.
-    if !server.signal("INT")? {
-        failures.push("the server was gone before SIGINT".into());
-    }
-    match wait_exit(&mut server.child) {
-        Some(status) if status.success() => {}
-        other => failures.push(format!("the server did not exit cleanly: {other:?}")),
-    }
-    let stderr = server.stderr();
-    if stderr.iter().any(|l| l.contains("panicked")) {
-        failures.push(format!("the server panicked: {stderr:?}"));
-    }
+    failures.extend(child::stop(&mut server)?);
 
     if let Some(file) = &args.json {
         let report = outcome.json(&args, setup.capacity, &goodput, &failures);
@@ -407,20 +397,14 @@ impl Setup {
             .and_then(|p| p.parse().ok())
             .ok_or_else(|| format!("no port in {addr:?}"))?;
         let calls = Arc::new(Calls::default());
-        let mut clients = Vec::new();
-        let mut layers = Vec::new();
-        for _ in 0..args.clients {
-            let counted = calls.clone();
-            let on_connect = Arc::new(move |connected: bool| {
-                counted.connect_attempts.fetch_add(1, Ordering::Relaxed);
-                if connected {
-                    counted.connected.fetch_add(1, Ordering::Relaxed);
-                }
-            });
-            let (c, l) = child::client(&addr, on_connect)?;
-            clients.push(c);
-            layers.push(l);
-        }
+        let counted = calls.clone();
+        let on_connect: Arc<dyn Fn(bool) + Send + Sync> = Arc::new(move |connected: bool| {
+            counted.connect_attempts.fetch_add(1, Ordering::Relaxed);
+            if connected {
+                counted.connected.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        let (clients, layers) = child::clients(&addr, args.clients, &on_connect)?;
         let capacity = child::capacity(&mut server, &clients, "process_faults", 0, 1).await?;
         if capacity < 1.0 {
             return Err(format!("measured capacity {capacity}/s"));
@@ -730,7 +714,10 @@ impl Outcome {
             connected: calls.connected.load(Ordering::Relaxed),
             events,
             idle,
-            retry: retry_totals(&setup.layers),
+            retry: child::retry_totals(&setup.layers)
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), json!(v)))
+                .collect(),
             own_tasks_before: setup.own_tasks_before,
             own_tasks_after,
         }
@@ -975,30 +962,6 @@ impl Outcome {
             "failures": failures,
         })
     }
-}
-
-/// The retry layers' counters, summed over the clients.
-fn retry_totals(layers: &[RetryLayer]) -> serde_json::Map<String, serde_json::Value> {
-    let mut retry = serde_json::Map::new();
-    for l in layers {
-        let s = l.stats().snapshot();
-        for (k, v) in [
-            ("logical", s.logical),
-            ("attempts", s.attempts),
-            ("retries", s.retries),
-            ("ok", s.ok),
-            ("refused_budget", s.refused.budget),
-            ("refused_pushback", s.refused.pushback),
-            ("deadline_exceeded", s.deadline_exceeded),
-        ] {
-            let total = retry
-                .get(k)
-                .and_then(serde_json::Value::as_u64)
-                .unwrap_or(0);
-            retry.insert(k.to_owned(), json!(total + v));
-        }
-    }
-    retry
 }
 
 /// Strikes `fault` at `begin + after`; for `kill` and `graceful`, starts a new server on
