@@ -57,7 +57,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use clap::builder::RangedU64ValueParser;
 use clap::{CommandFactory, Parser, ValueEnum};
 use serde_json::json;
 use stormguard::client::RetryLayer;
@@ -105,17 +104,8 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(1..))]
     seconds: u64,
-    /// Offered load as a multiple of the measured capacity
-    #[arg(long, value_name = "X", default_value_t = 10.0, value_parser = cli::positive)]
-    overload: f64,
-    /// Channels, each behind its own RetryLayer
-    #[arg(long, value_name = "N", default_value_t = 4,
-          value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
-    clients: usize,
-    /// Deadline of each call, in milliseconds
-    #[arg(long = "deadline-ms", value_name = "MS", default_value = "300",
-          value_parser = cli::millis)]
-    deadline: Duration,
+    #[command(flatten)]
+    run: cli::OverloadArgs,
     /// When the fault strikes, in milliseconds into the overload
     #[arg(long = "fault-after-ms", value_name = "MS", default_value = "3000",
           value_parser = cli::millis)]
@@ -129,9 +119,6 @@ struct Args {
     #[arg(long = "max-connection-age-ms", value_name = "MS", default_value = "500",
           value_parser = cli::millis)]
     max_connection_age: Duration,
-    /// The example server binary [default: `server` next to this one]
-    #[arg(long, value_name = "PATH")]
-    server: Option<PathBuf>,
     /// Write the report as JSON to FILE
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -164,16 +151,6 @@ impl Fault {
 }
 
 impl Args {
-    /// `--server`, or the `server` binary next to this one.
-    fn server(&self) -> Result<PathBuf, String> {
-        match &self.server {
-            Some(path) => Ok(path.clone()),
-            None => Ok(std::env::current_exe()
-                .map_err(|e| format!("current exe: {e}"))?
-                .with_file_name(format!("server{}", std::env::consts::EXE_SUFFIX))),
-        }
-    }
-
     /// The server's flags beyond the shared ones.
     fn server_flags(&self) -> Vec<String> {
         match self.fault {
@@ -341,7 +318,7 @@ async fn main() -> ExitCode {
 
 async fn run(args: Args) -> Result<Vec<String>, String> {
     let (setup, server) = Setup::start(&args).await?;
-    let rate = setup.capacity * args.overload;
+    let rate = setup.capacity * args.run.overload;
     print_plan(&args, setup.capacity, rate);
     let (load, mut failures) = overload(&args, &setup, server, rate).await?;
     let Load {
@@ -388,7 +365,7 @@ struct Setup {
 impl Setup {
     /// Starts the server and the clients, measures the capacity and waits for rest.
     async fn start(args: &Args) -> Result<(Setup, ServerProcess), String> {
-        let path = args.server()?;
+        let path = args.run.server()?;
         let flags = args.server_flags();
         let (mut server, addr) = ServerProcess::start(&path, "127.0.0.1:0", &flags)?;
         let port: u16 = addr
@@ -404,7 +381,7 @@ impl Setup {
                 counted.connected.fetch_add(1, Ordering::Relaxed);
             }
         });
-        let (clients, layers) = child::clients(&addr, args.clients, &on_connect)?;
+        let (clients, layers) = child::clients(&addr, args.run.clients, &on_connect)?;
         let capacity = child::capacity(&mut server, &clients, "process_faults", 0, 1).await?;
         if capacity < 1.0 {
             return Err(format!("measured capacity {capacity}/s"));
@@ -437,10 +414,10 @@ fn print_plan(args: &Args, capacity: f64, rate: f64) {
     println!(
         "capacity {capacity:.0} calls/s; offering {rate:.0} calls/s ({}x) for {} s from {} \
          RetryLayer clients, deadline {:?}; fault {} at {} ms{}",
-        args.overload,
+        args.run.overload,
         args.seconds,
-        args.clients,
-        args.deadline,
+        args.run.clients,
+        args.run.deadline,
         args.fault.name(),
         args.fault_after.as_millis(),
         match args.fault {
@@ -537,14 +514,14 @@ fn spawn_generators(
     (begin, end): (Instant, Instant),
     buckets: &Arc<Vec<AtomicU64>>,
 ) -> tokio::task::JoinSet<()> {
-    let per_client = rate / args.clients as f64;
+    let per_client = rate / args.run.clients as f64;
     let mut generators = tokio::task::JoinSet::new();
     for (k, c) in setup.clients.iter().enumerate() {
         let (c, calls, buckets, deadline) = (
             c.clone(),
             setup.calls.clone(),
             buckets.clone(),
-            args.deadline,
+            args.run.deadline,
         );
         generators.spawn(async move {
             let counts = calls.clone();
@@ -709,7 +686,7 @@ impl Outcome {
             max_late: Duration::from_micros(calls.max_late_us.load(Ordering::Relaxed)),
             max_open: sockets.iter().copied().max().unwrap_or(0),
             sockets,
-            bound: CONNECTIONS_PER_CLIENT * args.clients,
+            bound: CONNECTIONS_PER_CLIENT * args.run.clients,
             connect_attempts: calls.connect_attempts.load(Ordering::Relaxed),
             connected: calls.connected.load(Ordering::Relaxed),
             events,
@@ -805,10 +782,10 @@ impl Outcome {
                     ));
                 }
                 let connected = self.connected;
-                if connected < 2 * args.clients as u64 {
+                if connected < 2 * args.run.clients as u64 {
                     failures.push(format!(
                         "{connected} connections made by {} clients: the server closed none",
-                        args.clients
+                        args.run.clients
                     ));
                 }
             }
@@ -910,9 +887,9 @@ impl Outcome {
         json!({
             "fault": args.fault.name(),
             "seconds": args.seconds,
-            "overload": args.overload,
-            "clients": args.clients,
-            "deadline_ms": args.deadline.as_millis() as u64,
+            "overload": args.run.overload,
+            "clients": args.run.clients,
+            "deadline_ms": args.run.deadline.as_millis() as u64,
             "fault_after_ms": args.fault_after.as_millis() as u64,
             "down_ms": args.fault.restarts().then_some(args.down.as_millis() as u64),
             "max_connection_age_ms": (args.fault == Fault::MaxAge)

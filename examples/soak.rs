@@ -29,14 +29,12 @@
 //!   connector), so no call saw a GOAWAY or a reset connection.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
-use clap::builder::RangedU64ValueParser;
 use stormguard::client::RetryLayer;
 use tokio::time::Instant;
 
@@ -63,32 +61,8 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..))]
     seconds: u64,
-    /// Offered load as a multiple of the measured capacity
-    #[arg(long, value_name = "X", default_value_t = 10.0, value_parser = cli::positive)]
-    overload: f64,
-    /// Channels, each behind its own RetryLayer
-    #[arg(long, value_name = "N", default_value_t = 4,
-          value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
-    clients: usize,
-    /// Deadline of each call, in milliseconds
-    #[arg(long = "deadline-ms", value_name = "MS", default_value = "300",
-          value_parser = cli::millis)]
-    deadline: Duration,
-    /// The example server binary [default: `server` next to this one]
-    #[arg(long, value_name = "PATH")]
-    server: Option<PathBuf>,
-}
-
-impl Args {
-    /// `--server`, or the `server` binary next to this one.
-    fn server(&self) -> Result<PathBuf, String> {
-        match &self.server {
-            Some(path) => Ok(path.clone()),
-            None => Ok(std::env::current_exe()
-                .map_err(|e| format!("current exe: {e}"))?
-                .with_file_name(format!("server{}", std::env::consts::EXE_SUFFIX))),
-        }
-    }
+    #[command(flatten)]
+    run: cli::OverloadArgs,
 }
 
 /// Counters shared by every call task.
@@ -124,13 +98,13 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<Vec<String>, String> {
-    let (mut server, addr) = ServerProcess::start(&args.server()?, "127.0.0.1:0", &[])?;
+    let (mut server, addr) = ServerProcess::start(&args.run.server()?, "127.0.0.1:0", &[])?;
     let counts = Arc::new(Counts::default());
     let counted = counts.clone();
     let on_connect: Arc<dyn Fn(bool) + Send + Sync> = Arc::new(move |_: bool| {
         counted.connections.fetch_add(1, Ordering::Relaxed);
     });
-    let (clients, layers) = child::clients(&addr, args.clients, &on_connect)?;
+    let (clients, layers) = child::clients(&addr, args.run.clients, &on_connect)?;
 
     // Capacity: what the server completes per second when 64 callers keep it saturated,
     // measured between two of its stats lines.
@@ -145,11 +119,11 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
     if capacity < 1.0 {
         return Err(format!("measured capacity {capacity}/s"));
     }
-    let rate = capacity * args.overload;
+    let rate = capacity * args.run.overload;
     println!(
         "capacity {capacity:.0} calls/s (4 workers x 20 ms); offering {rate:.0} calls/s ({}x) \
          for {} s from {} RetryLayer clients, deadline {:?}",
-        args.overload, args.seconds, args.clients, args.deadline
+        args.run.overload, args.seconds, args.run.clients, args.run.deadline
     );
 
     // The soak: open-loop arrivals at `rate`, spread over the clients.
@@ -207,12 +181,12 @@ fn spawn_generators(
     counts: &Arc<Counts>,
     rate: f64,
 ) -> tokio::task::JoinSet<()> {
-    let per_client = rate / args.clients as f64;
+    let per_client = rate / args.run.clients as f64;
     let begin = Instant::now();
     let end = begin + Duration::from_secs(args.seconds);
     let mut generators = tokio::task::JoinSet::new();
     for (k, c) in clients.iter().enumerate() {
-        let (c, counts, deadline) = (c.clone(), counts.clone(), args.deadline);
+        let (c, counts, deadline) = (c.clone(), counts.clone(), args.run.deadline);
         generators.spawn(async move {
             let calls = counts.clone();
             child::open_loop(
@@ -347,7 +321,7 @@ fn print_totals(
         counts.ok.load(Ordering::Relaxed),
         counts.failed.load(Ordering::Relaxed),
         counts.connections.load(Ordering::Relaxed),
-        args.clients,
+        args.run.clients,
         server,
     );
 }
@@ -403,7 +377,7 @@ fn evaluate(
         failures.push(format!("{started} calls started, {ended} ended"));
     }
     let offered = started as f64 / args.seconds as f64;
-    let target = capacity * args.overload;
+    let target = capacity * args.run.overload;
     if offered < target / 2.0 {
         failures.push(format!(
             "offered {offered:.0} calls/s, not even half the {target:.0}/s intended: the \
@@ -411,10 +385,10 @@ fn evaluate(
         ));
     }
     let connections = counts.connections.load(Ordering::Relaxed);
-    if connections != args.clients as u64 {
+    if connections != args.run.clients as u64 {
         failures.push(format!(
             "{connections} connections for {} clients: a connection was lost",
-            args.clients
+            args.run.clients
         ));
     }
     failures

@@ -266,20 +266,13 @@ fn draw(report: &StormReport, path: &str) -> Result<(), Box<dyn Error>> {
             ));
         }
         for policy in &report.policies {
-            let colour = Policy::ALL
-                .iter()
-                .position(|p| p.as_str() == policy.name)
-                .map_or(BLACK, |i| COLOURS[i]);
-            lines.push(chart::Line {
-                label: policy.name,
-                colour: chart::solid(colour),
-                width: 2,
-                points: policy
-                    .timeline
-                    .iter()
-                    .map(|s| (mid(s), value(s) as f64))
-                    .collect(),
-            });
+            let points = policy.timeline.iter();
+            lines.push(chart::policy_line(
+                policy.name,
+                &Policy::ALL.map(Policy::as_str),
+                &COLOURS,
+                points.map(|s| (mid(s), value(s) as f64)).collect(),
+            ));
         }
         let panel = chart::LinePanel {
             title,

@@ -89,20 +89,13 @@ pub(crate) fn draw(report: &FleetReport, path: &str) -> Result<(), Box<dyn Error
                 ));
             }
             for policy in &scenario.policies {
-                let colour = Policy::ALL
-                    .iter()
-                    .position(|p| p.as_str() == policy.name)
-                    .map_or(BLACK, |i| COLOURS[i]);
-                lines.push(chart::Line {
-                    label: policy.name,
-                    colour: chart::solid(colour),
-                    width: 2,
-                    points: policy
-                        .timeline
-                        .iter()
-                        .map(|b| (mid(b), value(b) as f64 * per_s))
-                        .collect(),
-                });
+                let points = policy.timeline.iter();
+                lines.push(chart::policy_line(
+                    policy.name,
+                    &Policy::ALL.map(Policy::as_str),
+                    &COLOURS,
+                    points.map(|b| (mid(b), value(b) as f64 * per_s)).collect(),
+                ));
             }
             let panel_lines = chart::LinePanel {
                 title: &title,

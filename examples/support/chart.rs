@@ -96,9 +96,26 @@ pub(crate) fn offered(points: Vec<(f64, f64)>) -> Line<'static> {
     }
 }
 
-/// The colour of a series drawn opaque.
-pub(crate) fn solid(colour: RGBColor) -> RGBAColor {
-    colour.mix(1.0)
+/// The line of policy `name`, 2 px wide, in the colour of its place in `names` (black
+/// if it has none).
+pub(crate) fn policy_line<'a>(
+    name: &'a str,
+    names: &[&str],
+    colours: &[RGBColor],
+    points: Vec<(f64, f64)>,
+) -> Line<'a> {
+    let colour = names
+        .iter()
+        .position(|n| *n == name)
+        .and_then(|i| colours.get(i))
+        .copied()
+        .unwrap_or(BLACK);
+    Line {
+        label: name,
+        colour: colour.mix(1.0),
+        width: 2,
+        points,
+    }
 }
 
 /// One group of bars: a bar per x position, all in one colour, each labelled with its

@@ -67,3 +67,35 @@ impl RunArgs {
         Ok(())
     }
 }
+
+/// The flags of the examples that overload the example server from client channels
+/// (`soak`, `process_faults`), as `#[command(flatten)] run: cli::OverloadArgs`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct OverloadArgs {
+    /// Offered load as a multiple of the measured capacity
+    #[arg(long, value_name = "X", default_value_t = 10.0, value_parser = positive)]
+    pub(crate) overload: f64,
+    /// Channels, each behind its own RetryLayer
+    #[arg(long, value_name = "N", default_value_t = 4,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub(crate) clients: usize,
+    /// Deadline of each call, in milliseconds
+    #[arg(long = "deadline-ms", value_name = "MS", default_value = "300",
+          value_parser = millis)]
+    pub(crate) deadline: Duration,
+    /// The example server binary [default: `server` next to this one]
+    #[arg(long, value_name = "PATH")]
+    server: Option<std::path::PathBuf>,
+}
+
+impl OverloadArgs {
+    /// `--server`, or the `server` binary next to this one.
+    pub(crate) fn server(&self) -> Result<std::path::PathBuf, String> {
+        match &self.server {
+            Some(path) => Ok(path.clone()),
+            None => Ok(std::env::current_exe()
+                .map_err(|e| format!("current exe: {e}"))?
+                .with_file_name(format!("server{}", std::env::consts::EXE_SUFFIX))),
+        }
+    }
+}
