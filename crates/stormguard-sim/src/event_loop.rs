@@ -506,6 +506,14 @@ mod tests {
         }
     }
 
+    /// Jobs running on shard 0's server `ms` into a run of `sc` with one arrival.
+    fn running_at(sc: &Scenario, ms: u64) -> Option<usize> {
+        let mut sim = Sim::new(sc, Instant::now()).expect("valid");
+        sim.fleet.arrival(&mut sim.agenda);
+        while sim.step(ms * 1_000_000) {}
+        sim.servers.get(0).map(SimServer::running)
+    }
+
     /// A one-worker shedding shard.
     fn one_worker_shard(depth: Option<usize>) -> Scenario {
         let mut sc = scenario(0.0, policy(None, BudgetKind::Unlimited));
@@ -540,12 +548,6 @@ mod tests {
         if let ServerKind::Queue(q) = &mut sc.shards[0].server {
             q.service_time = Duration::from_millis(100);
         }
-        let running_at = |sc: &Scenario, ms: u64| {
-            let mut sim = Sim::new(sc, Instant::now()).expect("valid");
-            sim.fleet.arrival(&mut sim.agenda);
-            while sim.step(ms * 1_000_000) {}
-            sim.servers.get(0).map(SimServer::running)
-        };
         assert_eq!(running_at(&sc, 5), Some(1));
         assert_eq!(running_at(&sc, 12), Some(0));
         if let ServerKind::Queue(q) = &mut sc.shards[0].server {
@@ -567,12 +569,6 @@ mod tests {
         if let ServerKind::Queue(q) = &mut sc.shards[0].server {
             q.service_time = Duration::from_millis(100);
         }
-        let running_at = |sc: &Scenario, ms: u64| {
-            let mut sim = Sim::new(sc, Instant::now()).expect("valid");
-            sim.fleet.arrival(&mut sim.agenda);
-            while sim.step(ms * 1_000_000) {}
-            sim.servers.get(0).map(SimServer::running)
-        };
         assert_eq!(running_at(&sc, 6), Some(1));
         assert_eq!(running_at(&sc, 17), Some(1));
         assert_eq!(running_at(&sc, 19), Some(0));
@@ -600,12 +596,6 @@ mod tests {
                 c.workers = 2;
             }
         }
-        let running_at = |sc: &Scenario, ms: u64| {
-            let mut sim = Sim::new(sc, Instant::now()).expect("valid");
-            sim.fleet.arrival(&mut sim.agenda);
-            while sim.step(ms * 1_000_000) {}
-            sim.servers.get(0).map(SimServer::running)
-        };
         assert_eq!(running_at(&sc, 5), Some(1));
         assert_eq!(running_at(&sc, 20), Some(2));
         assert_eq!(running_at(&sc, 102), Some(1));

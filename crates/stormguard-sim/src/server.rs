@@ -244,20 +244,7 @@ impl SimServer {
                 start_next(busy, queue, running.as_mut(), out);
                 true
             }
-            Kind::Shedding(s) => {
-                let Shedding {
-                    queue,
-                    queued,
-                    running,
-                    cut_at,
-                } = &mut **s;
-                let Some(started) = running.remove(&job) else {
-                    return false;
-                };
-                cut_at.remove(&job);
-                queue.finish_at(now, started, dispatcher(now, queued, running, cut_at, out));
-                true
-            }
+            Kind::Shedding(s) => s.release(now, job, Release::Finished, out),
         }
     }
 
@@ -289,24 +276,12 @@ impl SimServer {
     /// next waiter, in `out`) as when its caller leaves, and its caller is answered
     /// `DEADLINE_EXCEEDED`, as the `ShedLayer` cuts a handler that has not answered.
     pub fn cut(&mut self, now: Instant, job: Job, out: &mut Vec<ServerAction>) -> bool {
-        let Kind::Shedding(s) = &mut self.kind else {
-            return false;
-        };
-        let Shedding {
-            queue,
-            queued,
-            running,
-            cut_at,
-        } = &mut **s;
-        if cut_at.get(&job).is_none_or(|at| now < *at) {
-            return false;
+        match &mut self.kind {
+            Kind::Shedding(s) if s.cut_at.get(&job).is_some_and(|at| now >= *at) => {
+                s.release(now, job, Release::Abandoned, out)
+            }
+            _ => false,
         }
-        let Some(started) = running.remove(&job) else {
-            return false;
-        };
-        cut_at.remove(&job);
-        queue.abandon_at(now, started, dispatcher(now, queued, running, cut_at, out));
-        true
     }
 
     /// `job`'s caller reset its stream at `now`: a waiting job leaves the queue, a running
@@ -334,18 +309,51 @@ impl SimServer {
             Kind::Plain { .. } => return,
             Kind::Shedding(s) => s,
         };
+        if let Some(id) = s.queued.remove(&job) {
+            s.cut_at.remove(&job);
+            s.queue.withdraw_at(now, id);
+        } else {
+            s.release(now, job, Release::Abandoned, out);
+        }
+    }
+}
+
+/// How a running job gave its worker back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Release {
+    /// Its work ended.
+    Finished,
+    /// Its work was dropped (its caller left, or it was cut): its time on the worker is
+    /// only a lower bound on its latency.
+    Abandoned,
+}
+
+impl Shedding {
+    /// Running `job` gives its worker back at `now`, which goes to the next waiter (in
+    /// `out`). Returns whether it was running.
+    fn release(
+        &mut self,
+        now: Instant,
+        job: Job,
+        how: Release,
+        out: &mut Vec<ServerAction>,
+    ) -> bool {
         let Shedding {
             queue,
             queued,
             running,
             cut_at,
-        } = &mut **s;
+        } = self;
+        let Some(started) = running.remove(&job) else {
+            return false;
+        };
         cut_at.remove(&job);
-        if let Some(id) = queued.remove(&job) {
-            queue.withdraw_at(now, id);
-        } else if let Some(started) = running.remove(&job) {
-            queue.abandon_at(now, started, dispatcher(now, queued, running, cut_at, out));
+        let sink = dispatcher(now, queued, running, cut_at, out);
+        match how {
+            Release::Finished => queue.finish_at(now, started, sink),
+            Release::Abandoned => queue.abandon_at(now, started, sink),
         }
+        true
     }
 }
 
