@@ -68,8 +68,8 @@ use stormguard_core::config::{BudgetChoice, ClientConfig};
 use stormguard_core::idempotency::IdempotencyConfig;
 use stormguard_core::policy::RetryPolicy;
 use stormguard_core::retry::RetryController;
-use stormguard_demo::net_sim;
 use stormguard_demo::server::{DemoConfig, DemoInventory};
+use stormguard_demo::turmoil_net;
 use stormguard_demo::{
     Inventory, InventoryClient, InventoryServer, ReserveReply, ReserveRequest, StockLevel,
     WatchStockRequest,
@@ -431,7 +431,7 @@ pub fn add_server(
     sim.host(host, move || {
         let world = world.clone();
         async move {
-            let incoming = net_sim::incoming(PORT).await?;
+            let incoming = turmoil_net::incoming(PORT).await?;
             let inner = DemoInventory::new(DemoConfig {
                 service_time,
                 fail_rate: 0.0,
@@ -475,7 +475,7 @@ async fn count_tasks(world: World, host: &'static str) {
 
 /// The endpoint of `host` as a production client configures it (see the module docs).
 pub fn endpoint(host: &str) -> Endpoint {
-    net_sim::endpoint(host, PORT)
+    turmoil_net::endpoint(host, PORT)
         .unwrap()
         .http2_keep_alive_interval(KEEPALIVE)
         .keep_alive_timeout(KEEPALIVE)
@@ -599,7 +599,7 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
             .collect();
         let (callers, replicas, channels) = match &target {
             Target::One(host) => {
-                let channel = net_sim::connect_lazy_with(endpoint(host));
+                let channel = turmoil_net::connect_lazy_with(endpoint(host));
                 let callers = layers.map(|(k, l)| {
                     let svc = ServiceBuilder::new().layer(l).service(channel.clone());
                     (k, Caller::One(InventoryClient::new(svc)))
@@ -609,7 +609,7 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
             Target::Replicas(hosts) => {
                 let channels: Vec<Channel> = hosts
                     .iter()
-                    .map(|h| net_sim::connect_lazy_with(endpoint(h)))
+                    .map(|h| turmoil_net::connect_lazy_with(endpoint(h)))
                     .collect();
                 let replicas = Replicas::from_services(
                     replica_config(seed),
