@@ -58,7 +58,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use stormguard_client::replicas::{EjectionConfig, ReplicaConfig, Replicas, SlowStartConfig};
-use stormguard_client::{Retry, RetryLayer, RetryStats, StatsSnapshot, code_from_tonic};
+use stormguard_client::{Retry, RetryLayer, RetrySnapshot, RetryStats, code_from_tonic};
 use stormguard_core::Code;
 use stormguard_core::admission::AdmissionConfig;
 use stormguard_core::backoff::BackoffConfig;
@@ -250,7 +250,7 @@ pub struct ClientRest {
     /// The replicas the client was given (0 over one channel).
     pub replicas_given: usize,
     /// Each layer's counters at rest.
-    pub stats: BTreeMap<Kind, StatsSnapshot>,
+    pub stats: BTreeMap<Kind, RetrySnapshot>,
 }
 
 #[derive(Debug, Default)]
@@ -664,7 +664,7 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
                 let mut was = BTreeMap::new();
                 loop {
                     for r in replicas.snapshot() {
-                        let ejected = r.state.is_ejected();
+                        let ejected = r.snapshot.state.is_ejected();
                         if ejected && !was.get(&r.key).copied().unwrap_or(false) {
                             world.with(|s| *s.ejected.entry(r.key.clone()).or_default() += 1);
                         }
@@ -719,7 +719,7 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
             rest.replicas = replicas
                 .snapshot()
                 .into_iter()
-                .map(|r| (r.key, r.state.as_str()))
+                .map(|r| (r.key, r.snapshot.state.as_str()))
                 .collect();
         }
         world.with(|s| s.rest = Some(rest));
