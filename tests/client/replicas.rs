@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use client_support::{Scripted, Step, quick_policy, reserve, serve};
+use client_support::{Scripted, Step, in_memory, quick_policy, reserve, serve, serve_in_memory};
 use stormguard_client::RetryLayer;
 use stormguard_client::replicas::{Change, EndpointKey, ReplicaConfig, Replicas};
 use stormguard_core::budget::{Budget, BudgetConfig, KeyedBudgets, RetryBudget};
@@ -58,6 +58,26 @@ fn client(replicas: &Replicas<Channel, EndpointKey>, layer: RetryLayer) -> Clien
     InventoryClient::new(ServiceBuilder::new().layer(layer).service(replicas.clone()))
 }
 
+/// The key of the `i`-th replica of [`in_memory_replicas`].
+fn in_memory_key(i: usize) -> http::Uri {
+    format!("http://replica-{i}.in-memory.test")
+        .parse()
+        .unwrap()
+}
+
+/// A replica per server, each over one in-memory connection, keyed by
+/// [`in_memory_key`] of its place in `servers`.
+async fn in_memory_replicas<'a>(
+    config: ReplicaConfig,
+    servers: impl IntoIterator<Item = &'a Scripted>,
+) -> Replicas<Channel, http::Uri> {
+    let mut channels = Vec::new();
+    for (i, server) in servers.into_iter().enumerate() {
+        channels.push((in_memory_key(i), serve_in_memory(server.clone()).await));
+    }
+    Replicas::from_services(config, channels).unwrap()
+}
+
 /// A retry policy for a method that is not idempotent: only an attempt that provably never
 /// reached a server, or that a server says it never ran, is retried.
 fn non_idempotent() -> RetryPolicy {
@@ -89,61 +109,71 @@ fn ids_seen(server: &Scripted) -> HashMap<String, usize> {
     ids
 }
 
-#[tokio::test]
+/// Paused time, in-memory connections: every figure is the same on every machine.
+#[tokio::test(start_paused = true)]
 async fn retries_avoid_tried_replicas_and_a_failing_replica_is_ejected() {
+    // The bad replica fails at once; the good ones answer in 1 ms.
     let bad = Scripted::always(Step::Fail(Code::Unavailable));
-    let good = [Scripted::always(Step::Ok), Scripted::always(Step::Ok)];
-    let bad_addr = serve(bad.clone()).await;
-    let mut endpoints = vec![endpoint(bad_addr)];
-    for g in &good {
-        endpoints.push(endpoint(serve(g.clone()).await));
-    }
-    let replicas = Replicas::from_endpoints(config(1), endpoints).unwrap();
+    let ok = || Scripted::always(Step::slow(Duration::from_millis(1), Step::Ok));
+    let good = [ok(), ok()];
+    // Failures are forgotten over 10 ms, and the calls are 10 ms apart: the bad replica
+    // stays in the choice until ejection takes it out.
+    let config = ReplicaConfig {
+        load: LoadConfig {
+            failure_decay: Duration::from_millis(10),
+            ..LoadConfig::default()
+        },
+        ..config(1)
+    };
+    let replicas = in_memory_replicas(config, [&bad, &good[0], &good[1]]).await;
     let layer = RetryLayer::new(roomy(quick_policy())).over_replicas();
     let stats = layer.stats();
     let mut c = client(&replicas, layer);
-    call_all(&mut c, "call", 200).await;
+    for i in 0..200 {
+        c.reserve(reserve(&format!("call-{i}"))).await.unwrap();
+        tokio::time::advance(Duration::from_millis(10)).await;
+    }
     // No call went to the same replica twice.
     for server in std::iter::once(&bad).chain(&good) {
         assert!(ids_seen(server).values().all(|&n| n == 1));
     }
-    // The bad replica was ejected at its fifth failure in a row (and at most probed
-    // since), unless the balancer, which scores it down after each failure, stopped
-    // picking it before that (on a slow machine, less time passes for its score to heal).
+    // The bad replica was ejected at its fifth failure in a row, and at most probed since:
+    // its one probe, after the first ejection, failed and ejected it again.
     let report = replicas.snapshot();
-    let bad_report = report
-        .iter()
-        .find(|r| r.key == endpoint(bad_addr).uri().clone())
-        .unwrap();
+    let bad_report = report.iter().find(|r| r.key == in_memory_key(0)).unwrap();
     let attempts = bad.seen().len();
     assert!(
-        bad_report.snapshot.ejections >= 1 || attempts < 5,
+        bad_report.snapshot.ejections >= 1 && attempts >= 5,
         "{attempts} attempts, {} ejections",
         bad_report.snapshot.ejections
     );
     assert!(attempts <= 10, "{attempts}");
+    assert_eq!(
+        (attempts, bad_report.snapshot.ejections),
+        (6, 2),
+        "{bad_report:?}"
+    );
     let s = stats.snapshot();
     assert_eq!((s.logical, s.ok), (200, 200));
     assert_eq!(s.retries as usize, bad.seen().len());
 }
 
-#[tokio::test]
+/// Paused time, in-memory connections: every figure is the same on every machine.
+#[tokio::test(start_paused = true)]
 async fn a_failing_replica_spends_its_own_retries_not_the_healthy_ones() {
     // The bad replica fails every call; the healthy ones fail one call in twenty. Ejection is
-    // off and failures are forgotten at once, so the bad replica keeps a third of the
-    // first attempts (the shared budget's worst case).
+    // off and failures are forgotten between calls (50 ms apart, five times the decay), so
+    // the bad replica keeps a third of the first attempts (the shared budget's worst case).
+    // Every answer takes 1 ms, so only health tells the replicas apart.
+    let after_1ms = |step| Step::slow(Duration::from_millis(1), step);
     let bad = Scripted::always(Step::Fail(Code::Unavailable));
     let flaky = || {
-        let pattern =
-            std::iter::once(Step::Fail(Code::Unavailable)).chain(std::iter::repeat_n(Step::Ok, 19));
-        Scripted::new(pattern.cycle().take(4000), Step::Ok)
+        let pattern = std::iter::once(after_1ms(Step::Fail(Code::Unavailable)))
+            .chain(std::iter::repeat_n(after_1ms(Step::Ok), 19));
+        Scripted::new(pattern.cycle().take(4000), after_1ms(Step::Ok))
     };
     let good = [flaky(), flaky()];
-    let mut endpoints = vec![endpoint(serve(bad.clone()).await)];
-    for g in &good {
-        endpoints.push(endpoint(serve(g.clone()).await));
-    }
-    let replicas = Replicas::from_endpoints(
+    let replicas = in_memory_replicas(
         ReplicaConfig {
             ejection: EjectionConfig {
                 max_ejected_share: 0.0,
@@ -156,12 +186,14 @@ async fn a_failing_replica_spends_its_own_retries_not_the_healthy_ones() {
             seed: Some(2),
             ..ReplicaConfig::default()
         },
-        endpoints,
+        [&bad, &good[0], &good[1]],
     )
-    .unwrap();
-    // 3 retries/s of floor (30 per window) and 1 retry per 5 successes, shared and per key.
+    .await;
+    // 1 retry/s of floor over a window that holds the whole 30 s run (60 retries), and 1
+    // retry per 5 successes, shared and per key.
     let budget_config = BudgetConfig {
-        min_retries_per_second: 3,
+        ttl: Duration::from_secs(60),
+        min_retries_per_second: 1,
         retry_ratio: 0.2,
         ..BudgetConfig::default()
     };
@@ -177,21 +209,23 @@ async fn a_failing_replica_spends_its_own_retries_not_the_healthy_ones() {
         if c.reserve(reserve(&id)).await.is_err() {
             failed.push(id);
         }
+        tokio::time::advance(Duration::from_millis(50)).await;
     }
     let s = stats.snapshot();
     let on_bad = ids_seen(&bad);
-    // A third of the first attempts when the balancer forgets at once; how much less
-    // depends on how much time passes between calls (98 of 600 on a loaded CI machine, 200
-    // on an idle one). What matters is that it keeps taking some, and what they cost:
+    // It keeps taking first attempts (80 of 600: failing at once, it looks quick), and
+    // what they cost:
     assert!(
         on_bad.len() > 50,
         "the bad replica took {} calls",
         on_bad.len()
     );
+    assert_eq!(on_bad.len(), 80);
     assert!(s.refused.key_budget > 0, "{s:?}");
     // The healthy replicas' failures were all paid: every failed call met the bad replica,
-    // whose own account refused the retry after it (it spent its floor, 30, and no more).
+    // whose own account refused the retry after it (it spent its floor, 60, and no more).
     assert_eq!(s.refused.budget, 0, "{s:?}");
+    assert_eq!(s.refused.key_budget, 17, "{s:?}");
     assert!(!failed.is_empty());
     assert!(failed.iter().all(|id| on_bad.contains_key(id)));
 }
@@ -330,14 +364,18 @@ impl stormguard_demo::Inventory for Shards {
     }
 }
 
-#[tokio::test]
+/// Paused time, an in-memory connection: the whole run is one budget window on every
+/// machine.
+#[tokio::test(start_paused = true)]
 async fn a_failing_shard_spends_its_own_retries_not_the_other_shards() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(tonic::transport::Server::builder().serve_with_incoming(
-        stormguard_demo::InventoryServer::new(Shards::default()),
-        tonic::transport::server::TcpIncoming::from(listener),
-    ));
+    let channel = in_memory(|incoming| {
+        tokio::spawn(tonic::transport::Server::builder().serve_with_incoming(
+            stormguard_demo::InventoryServer::new(Shards::default()),
+            incoming,
+        ));
+    })
+    .await;
+    let started = tokio::time::Instant::now();
     let budget_config = BudgetConfig {
         min_retries_per_second: 1,
         retry_ratio: 0.2,
@@ -353,7 +391,6 @@ async fn a_failing_shard_spends_its_own_retries_not_the_other_shards() {
         }
     });
     let stats = layer.stats();
-    let channel = endpoint(addr).connect().await.unwrap();
     let mut c = InventoryClient::new(ServiceBuilder::new().layer(layer).service(channel));
     let mut failed = [0, 0];
     for i in 0..300 {
@@ -368,6 +405,10 @@ async fn a_failing_shard_spends_its_own_retries_not_the_other_shards() {
         }
     }
     let s = stats.snapshot();
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "one budget window"
+    );
     // The good shard's 20 failures were all retried (and succeeded); the bad shard had its
     // floor of 10 retries (each failing again, a call giving up after its third attempt),
     // and its other calls were refused by its own account.
@@ -376,6 +417,8 @@ async fn a_failing_shard_spends_its_own_retries_not_the_other_shards() {
     assert_eq!(s.retries, 20 + 10, "{s:?}");
     assert_eq!(s.refused.key_budget + s.refused.attempts, 100, "{s:?}");
     assert!(s.refused.key_budget >= 90, "{s:?}");
+    // Its first five calls had their third attempt refused at the attempt limit.
+    assert_eq!((s.refused.key_budget, s.refused.attempts), (95, 5), "{s:?}");
 }
 
 /// Serves `svc` behind a `ShedLayer` that is already shutting down when `draining`.
