@@ -109,7 +109,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 use stormguard_client::ReplicaConfig;
-use stormguard_client::replicas::Replicas;
+use stormguard_client::replicas::{EndpointKey, Replicas};
 use stormguard_client::{Retry, RetryLayer};
 use stormguard_core::BackoffConfig;
 use stormguard_core::RetryController;
@@ -250,7 +250,7 @@ async fn servers() -> Servers {
 
 /// `Replicas` over the fleet, one lazily connected `Channel` per server (the choice seeded,
 /// so that a run makes the same choices every time).
-type ReplicaChannel = Replicas<Channel, http::Uri>;
+type ReplicaChannel = Replicas<Channel, EndpointKey>;
 
 fn replicas(fleet: &[SocketAddr]) -> ReplicaChannel {
     let config = ReplicaConfig {

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 use clap::ValueEnum;
 use stormguard::client::ReplicaConfig;
 use stormguard::client::RetryLayer;
-use stormguard::client::replicas::Replicas;
+use stormguard::client::replicas::{EndpointKey, Replicas};
 use stormguard::engine::wire::GRPC_PREVIOUS_RPC_ATTEMPTS;
 use stormguard_demo::storm::stormguard_client_config;
 use stormguard_demo::{InventoryClient, ReserveRequest};
@@ -335,7 +335,7 @@ fn endpoint(port: u16) -> Result<Endpoint, String> {
 }
 
 /// The endpoint-aware channel of the `stormguard` policy.
-type ReplicaChannel = Replicas<Channel, http::Uri>;
+type ReplicaChannel = Replicas<Channel, EndpointKey>;
 
 /// A policy's client: one logical call, the retry layer's counters where it has one, the
 /// replica channel where it is one.
@@ -356,8 +356,12 @@ fn client(
     // The `RetryLayer` of `layer` and `stormguard`: defaults, `Reserve` idempotent, 50 ms
     // per attempt.
     let layer = || {
-        RetryLayer::from_config(&stormguard_client_config(Some(per_attempt)).with_seed(config.seed))
-            .map_err(|e| e.to_string())
+        RetryLayer::from_config(
+            &stormguard_client_config(Some(per_attempt))
+                .clone()
+                .with_seed(config.seed),
+        )
+        .map_err(|e| e.to_string())
     };
     match policy {
         Policy::Naive => {
@@ -415,7 +419,7 @@ async fn first_ejection(
         let ejected = replicas
             .snapshot()
             .iter()
-            .any(|r| r.state.is_ejected() && watched.contains(&r.key));
+            .any(|r| r.snapshot.state.is_ejected() && watched.iter().any(|uri| r.key == *uri));
         if ejected {
             return Some(Instant::now());
         }
@@ -701,6 +705,12 @@ pub(crate) trait ErrorChain {
 }
 
 impl ErrorChain for tonic::transport::Error {
+    fn chain(&self) -> &(dyn std::error::Error + 'static) {
+        self
+    }
+}
+
+impl ErrorChain for stormguard::client::replicas::Error {
     fn chain(&self) -> &(dyn std::error::Error + 'static) {
         self
     }

@@ -59,7 +59,7 @@ use std::time::Duration;
 
 use stormguard_client::replicas::Replicas;
 use stormguard_client::{EjectionConfig, ReplicaConfig, SlowStartConfig};
-use stormguard_client::{Retry, RetryLayer, RetryStats, StatsSnapshot, code_from_tonic};
+use stormguard_client::{Retry, RetryLayer, RetrySnapshot, RetryStats, code_from_tonic};
 use stormguard_core::AdmissionConfig;
 use stormguard_core::BackoffConfig;
 use stormguard_core::BreakerConfig;
@@ -69,8 +69,8 @@ use stormguard_core::IdempotencyConfig;
 use stormguard_core::RetryController;
 use stormguard_core::RetryPolicy;
 use stormguard_core::{BudgetChoice, ClientConfig};
-use stormguard_demo::net_sim;
 use stormguard_demo::server::{DemoConfig, DemoInventory};
+use stormguard_demo::turmoil_net;
 use stormguard_demo::{
     Inventory, InventoryClient, InventoryServer, ReserveReply, ReserveRequest, StockLevel,
     WatchStockRequest,
@@ -248,8 +248,10 @@ pub struct ClientRest {
     pub breaker: BTreeMap<Kind, &'static str>,
     /// Each replica's state at rest (endpoint-aware channel only).
     pub replicas: Vec<(String, &'static str)>,
+    /// The replicas the client was given (0 over one channel).
+    pub replicas_given: usize,
     /// Each layer's counters at rest.
-    pub stats: BTreeMap<Kind, StatsSnapshot>,
+    pub stats: BTreeMap<Kind, RetrySnapshot>,
 }
 
 #[derive(Debug, Default)]
@@ -430,7 +432,7 @@ pub fn add_server(
     sim.host(host, move || {
         let world = world.clone();
         async move {
-            let incoming = net_sim::incoming(PORT).await?;
+            let incoming = turmoil_net::incoming(PORT).await?;
             let inner = DemoInventory::new(DemoConfig {
                 service_time,
                 fail_rate: 0.0,
@@ -474,7 +476,7 @@ async fn count_tasks(world: World, host: &'static str) {
 
 /// The endpoint of `host` as a production client configures it (see the module docs).
 pub fn endpoint(host: &str) -> Endpoint {
-    net_sim::endpoint(host, PORT)
+    turmoil_net::endpoint(host, PORT)
         .unwrap()
         .http2_keep_alive_interval(KEEPALIVE)
         .keep_alive_timeout(KEEPALIVE)
@@ -522,7 +524,8 @@ pub fn client_config(idempotent: bool, keyed: bool) -> ClientConfig {
 /// The three retry layers of a client: one per [`Kind`], seeded apart.
 fn layers(seed: u64, over_replicas: bool) -> Result<[(Kind, RetryLayer); 3], Box<dyn Error>> {
     let layer = |kind: Kind, idempotent: bool, keyed: bool, seed: u64| {
-        let layer = RetryLayer::from_config(&client_config(idempotent, keyed).with_seed(seed))?;
+        let layer =
+            RetryLayer::from_config(&(client_config(idempotent, keyed)).clone().with_seed(seed))?;
         Ok::<_, Box<dyn Error>>((
             kind,
             if over_replicas {
@@ -598,7 +601,7 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
             .collect();
         let (callers, replicas, channels) = match &target {
             Target::One(host) => {
-                let channel = net_sim::connect_lazy_with(endpoint(host));
+                let channel = turmoil_net::connect_lazy_with(endpoint(host));
                 let callers = layers.map(|(k, l)| {
                     let svc = ServiceBuilder::new().layer(l).service(channel.clone());
                     (k, Caller::One(InventoryClient::new(svc)))
@@ -608,7 +611,7 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
             Target::Replicas(hosts) => {
                 let channels: Vec<Channel> = hosts
                     .iter()
-                    .map(|h| net_sim::connect_lazy_with(endpoint(h)))
+                    .map(|h| turmoil_net::connect_lazy_with(endpoint(h)))
                     .collect();
                 let replicas = Replicas::from_services(
                     replica_config(seed),
@@ -663,7 +666,7 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
                 let mut was = BTreeMap::new();
                 loop {
                     for r in replicas.snapshot() {
-                        let ejected = r.state.is_ejected();
+                        let ejected = r.snapshot.state.is_ejected();
                         if ejected && !was.get(&r.key).copied().unwrap_or(false) {
                             world.with(|s| *s.ejected.entry(r.key.clone()).or_default() += 1);
                         }
@@ -699,7 +702,13 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
             watch.abort();
         }
         let now = Instant::now();
-        let mut rest = ClientRest::default();
+        let mut rest = ClientRest {
+            replicas_given: match &target {
+                Target::One(_) => 0,
+                Target::Replicas(hosts) => hosts.len(),
+            },
+            ..ClientRest::default()
+        };
         for (kind, stats, controller) in &stats {
             rest.balance
                 .insert(*kind, controller.budget().balance_at(now));
@@ -712,7 +721,7 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
             rest.replicas = replicas
                 .snapshot()
                 .into_iter()
-                .map(|r| (r.key, r.state.as_str()))
+                .map(|r| (r.key, r.snapshot.state.as_str()))
                 .collect();
         }
         world.with(|s| s.rest = Some(rest));
@@ -1132,6 +1141,12 @@ pub fn assert_at_rest(name: &str, run: &Run) {
             "{name}: {kind:?} breaker not closed at rest"
         );
     }
+    assert_eq!(
+        rest.replicas.len(),
+        rest.replicas_given,
+        "{name}: every replica given is in the channel at rest: {:?}",
+        rest.replicas
+    );
     for (key, state) in &rest.replicas {
         assert_eq!(*state, "active", "{name}: replica {key} not back at rest");
     }

@@ -63,6 +63,9 @@ mod observe;
 mod retry;
 pub mod wire;
 
+#[cfg(feature = "http")]
+pub use wire::body::{DeadlineCut, HeldFrames, Polled};
+
 pub use admission::{
     AdaptiveLimit, AdaptiveLimitConfig, Admission, AdmissionConfig, AdmissionController,
     AdmissionQueue, Arrival, Begin, CallClass, CompletionRate, DedupCounts, DedupTable, Dispatch,

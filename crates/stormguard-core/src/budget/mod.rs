@@ -656,7 +656,7 @@ impl Budget for RetryBudget {
 }
 
 /// With the `tower` feature: the budget as a tower retry budget, for a
-/// [`tower::retry::Policy`] (see [the docs](self#adopting-only-the-budget-with-tower)).
+/// [`tower::retry::Policy`] (see [the docs](RetryBudget#adopting-only-the-budget-with-tower)).
 ///
 /// The two calls mean what they mean in [`Budget`], at [`Instant::now`] (tokio's clock,
 /// paused in tests, as `TpsBudget` reads it):

@@ -30,6 +30,8 @@
 //! not the success-funded [`RetryBudget`](crate::RetryBudget), whatever the
 //! header's historical name says.
 
+#[cfg(feature = "http")]
+pub(crate) mod body;
 pub(crate) mod code;
 pub(crate) mod orca;
 pub(crate) mod pushback;
