@@ -54,7 +54,7 @@ pub enum PolicyName {
     /// Up to 3 attempts, every retry granted.
     ThreeAttempts,
     /// Up to 3 attempts, gRPC A6 `retryThrottling` (maxTokens 10, tokenRatio 0.1).
-    A6Budget,
+    A6Throttle,
     /// Up to 3 attempts, stormguard's retry budget with its defaults.
     Stormguard,
 }
@@ -64,7 +64,7 @@ impl PolicyName {
     pub const ALL: [PolicyName; 4] = [
         PolicyName::NoRetries,
         PolicyName::ThreeAttempts,
-        PolicyName::A6Budget,
+        PolicyName::A6Throttle,
         PolicyName::Stormguard,
     ];
 
@@ -73,7 +73,7 @@ impl PolicyName {
         match self {
             PolicyName::NoRetries => "no-retries",
             PolicyName::ThreeAttempts => "three-attempts",
-            PolicyName::A6Budget => "a6-throttle",
+            PolicyName::A6Throttle => "a6-throttle",
             PolicyName::Stormguard => "stormguard",
         }
     }
@@ -126,7 +126,7 @@ pub(crate) fn client(
             Some(three_attempts(std_backoff, attempt_timeout)),
             BudgetKind::Unlimited,
         ),
-        PolicyName::A6Budget => (
+        PolicyName::A6Throttle => (
             Some(three_attempts(std_backoff, attempt_timeout)),
             BudgetKind::Throttle(a6_throttle_config()),
         ),
@@ -392,7 +392,7 @@ pub enum RecoveryVariant {
     /// 3 attempts, every retry granted, plain FIFO server.
     ThreeAttempts,
     /// 3 attempts, A6 throttle, plain FIFO server.
-    A6Budget,
+    A6Throttle,
     /// 3 attempts, stormguard budget, plain FIFO server.
     Stormguard,
     /// 3 attempts, stormguard budget, stormguard admission (shedding) server.
@@ -409,7 +409,7 @@ impl RecoveryVariant {
     pub const ALL: [RecoveryVariant; 7] = [
         RecoveryVariant::NoRetries,
         RecoveryVariant::ThreeAttempts,
-        RecoveryVariant::A6Budget,
+        RecoveryVariant::A6Throttle,
         RecoveryVariant::Stormguard,
         RecoveryVariant::StormguardShedding,
         RecoveryVariant::StormguardSheddingBreaker,
@@ -421,7 +421,7 @@ impl RecoveryVariant {
         match self {
             RecoveryVariant::NoRetries => "no-retries",
             RecoveryVariant::ThreeAttempts => "three-attempts",
-            RecoveryVariant::A6Budget => "a6-throttle",
+            RecoveryVariant::A6Throttle => "a6-throttle",
             RecoveryVariant::Stormguard => "stormguard",
             RecoveryVariant::StormguardShedding => "stormguard+shedding",
             RecoveryVariant::StormguardSheddingBreaker => "stormguard+shedding+breaker",
@@ -433,7 +433,7 @@ impl RecoveryVariant {
         match self {
             RecoveryVariant::NoRetries => PolicyName::NoRetries,
             RecoveryVariant::ThreeAttempts => PolicyName::ThreeAttempts,
-            RecoveryVariant::A6Budget => PolicyName::A6Budget,
+            RecoveryVariant::A6Throttle => PolicyName::A6Throttle,
             _ => PolicyName::Stormguard,
         }
     }
