@@ -515,12 +515,12 @@ async fn replicas_export_each_replicas_counters_and_state() {
         let states = points(&metrics, "stormguard.client.replica.state");
         let current = [
             ("stormguard.replica", key.as_str()),
-            ("stormguard.replica.state", report.state.as_str()),
+            ("stormguard.replica.state", report.snapshot.state.as_str()),
         ];
         assert_eq!(sum_of(states.clone(), &current), 1);
         assert_eq!(sum_of(states, &with), 1, "one state at a time");
     }
-    let gone_key = format!("http://{gone}/");
+    let gone_key = format!("http://{gone}");
     assert!(
         total(
             &metrics,

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use client_support::{Scripted, Step, in_memory, quick_policy, reserve, serve, serve_in_memory};
 use stormguard_client::RetryLayer;
-use stormguard_client::replicas::{Change, ReplicaConfig, Replicas};
+use stormguard_client::replicas::{Change, EndpointKey, ReplicaConfig, Replicas};
 use stormguard_core::budget::{Budget, BudgetConfig, KeyedBudgets, RetryBudget};
 use stormguard_core::policy::{MethodTable, RetryPolicy};
 use stormguard_core::replica::{EjectionConfig, LoadConfig};
@@ -30,7 +30,7 @@ use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
 use tower::ServiceBuilder;
 
-type Client = InventoryClient<stormguard_client::Retry<Replicas<Channel, http::Uri>>>;
+type Client = InventoryClient<stormguard_client::Retry<Replicas<Channel, EndpointKey>>>;
 
 fn endpoint(addr: std::net::SocketAddr) -> Endpoint {
     Endpoint::from_shared(format!("http://{addr}")).unwrap()
@@ -54,15 +54,16 @@ fn roomy(policy: RetryPolicy) -> RetryController {
     RetryController::new(MethodTable::uniform(policy), budget, None, 7)
 }
 
-fn client(replicas: &Replicas<Channel, http::Uri>, layer: RetryLayer) -> Client {
+fn client(replicas: &Replicas<Channel, EndpointKey>, layer: RetryLayer) -> Client {
     InventoryClient::new(ServiceBuilder::new().layer(layer).service(replicas.clone()))
 }
 
 /// The key of the `i`-th replica of [`in_memory_replicas`].
-fn in_memory_key(i: usize) -> http::Uri {
+fn in_memory_key(i: usize) -> EndpointKey {
     format!("http://replica-{i}.in-memory.test")
-        .parse()
+        .parse::<http::Uri>()
         .unwrap()
+        .into()
 }
 
 /// A replica per server, each over one in-memory connection, keyed by
@@ -70,7 +71,7 @@ fn in_memory_key(i: usize) -> http::Uri {
 async fn in_memory_replicas<'a>(
     config: ReplicaConfig,
     servers: impl IntoIterator<Item = &'a Scripted>,
-) -> Replicas<Channel, http::Uri> {
+) -> Replicas<Channel, EndpointKey> {
     let mut channels = Vec::new();
     for (i, server) in servers.into_iter().enumerate() {
         channels.push((in_memory_key(i), serve_in_memory(server.clone()).await));
@@ -300,7 +301,7 @@ async fn a_replica_added_while_serving_starts_small_and_a_removed_one_gets_nothi
         .into_iter()
         .find(|r| r.key == addrs[2].to_string())
         .unwrap();
-    assert_eq!(new.state.as_str(), "warming");
+    assert_eq!(new.snapshot.state.as_str(), "warming");
     call_all(&mut c, "after", 150).await;
     // A tenth of a share, rising over 5 s, against two full ones: far below a third.
     let newcomer = servers[2].seen().len();
@@ -491,4 +492,103 @@ async fn a_slow_replica_gets_a_small_share() {
     // A uniform pick would give it 100; latency × load gives it a few.
     let share = slow.seen().len();
     assert!(share < 30, "the slow replica took {share} of 300 calls");
+}
+
+/// A middleware of the kind that sits over a tonic `Channel`: it requires its inner
+/// service's error to be a `std::error::Error` (here to count failures by their source).
+#[derive(Clone)]
+struct CountFailures<S> {
+    inner: S,
+    failures: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<S, R> tower::Service<R> for CountFailures<S>
+where
+    S: tower::Service<R>,
+    S::Error: std::error::Error + Send + Sync + 'static,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        let future = self.inner.call(request);
+        let failures = Arc::clone(&self.failures);
+        Box::pin(async move {
+            let result = future.await;
+            if let Err(err) = &result {
+                // The error keeps its source: the chain is there to walk.
+                let _ = std::error::Error::source(err);
+                failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            result
+        })
+    }
+}
+
+#[tokio::test]
+async fn middleware_bounded_on_std_error_sits_over_replicas_as_over_a_channel() {
+    let server = Scripted::always(Step::Ok);
+    let addr = serve(server.clone()).await;
+    let replicas = Replicas::from_endpoints(config(8), [endpoint(addr)]).unwrap();
+    let failures = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = CountFailures {
+        inner: replicas.clone(),
+        failures: Arc::clone(&failures),
+    };
+    let mut c = InventoryClient::new(counted);
+    call_all(&mut c, "typed", 3).await;
+    assert_eq!(server.seen().len(), 3);
+    assert_eq!(failures.load(std::sync::atomic::Ordering::Relaxed), 0);
+
+    // A replica whose server is gone: the error is typed and keeps the transport's as its
+    // source; the tonic client reads it as it reads a `Channel`'s (`UNAVAILABLE`).
+    let gone = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let replicas = Replicas::from_endpoints(config(9), [endpoint(gone)]).unwrap();
+    let mut direct = replicas.clone();
+    let request = http::Request::new(tonic::body::Body::empty());
+    let err = tower::ServiceExt::oneshot(&mut direct, request)
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        stormguard_client::replicas::Error::Replica(_)
+    ));
+    assert!(std::error::Error::source(&err).is_some());
+    let counted = CountFailures {
+        inner: replicas,
+        failures: Arc::clone(&failures),
+    };
+    let status = InventoryClient::new(counted)
+        .reserve(reserve("typed-gone"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(failures.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
+
+#[tokio::test]
+async fn a_replica_id_names_its_key() {
+    let addr = serve(Scripted::always(Step::Ok)).await;
+    let replicas = Replicas::from_endpoints(config(10), [endpoint(addr)]).unwrap();
+    let report = replicas.snapshot();
+    let [replica] = report.as_slice() else {
+        panic!("one replica: {report:?}")
+    };
+    assert_eq!(replicas.key(replica.snapshot.id), Some(replica.key.clone()));
+    assert!(replicas.remove(&replica.key));
+    assert_eq!(replicas.key(replica.snapshot.id), None);
 }
