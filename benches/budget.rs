@@ -16,7 +16,7 @@ use std::time::{Duration, Instant as StdInstant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use stormguard_core::Instant;
-use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
+use stormguard_core::{Budget, BudgetConfig, RetryBudget};
 use tower::retry::budget::{Budget as TowerBudget, TpsBudget};
 
 const TTL: Duration = Duration::from_secs(10);

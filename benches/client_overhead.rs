@@ -108,13 +108,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
-use stormguard_client::replicas::{EndpointKey, ReplicaConfig, Replicas};
+use stormguard_client::ReplicaConfig;
+use stormguard_client::replicas::{EndpointKey, Replicas};
 use stormguard_client::{Retry, RetryLayer};
-use stormguard_core::backoff::BackoffConfig;
-use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
-use stormguard_core::hedge::{HedgeDelay, HedgingPolicy};
-use stormguard_core::policy::{MethodTable, RetryPolicy};
-use stormguard_core::retry::RetryController;
+use stormguard_core::BackoffConfig;
+use stormguard_core::RetryController;
+use stormguard_core::{Budget, BudgetConfig, RetryBudget};
+use stormguard_core::{HedgeDelay, HedgingPolicy};
+use stormguard_core::{MethodTable, RetryPolicy};
 use stormguard_demo::{
     Inventory, InventoryClient, InventoryServer, ReserveReply, ReserveRequest, StockLevel,
     WatchStockRequest,

@@ -45,10 +45,10 @@ use std::time::Duration;
 
 use clap::Parser;
 use clap::builder::{PossibleValuesParser, RangedU64ValueParser};
+use stormguard::client::ClientConfig;
 use stormguard::client::{RetryLayer, RetryStats};
-use stormguard::core::admission::AdmissionConfig;
-use stormguard::core::config::ClientConfig;
-use stormguard::core::limit::AdaptiveLimitConfig;
+use stormguard::server::AdaptiveLimitConfig;
+use stormguard::server::AdmissionConfig;
 use stormguard::server::{ShedLayer, ShedStats};
 use stormguard_demo::pool::PoolInventory;
 use stormguard_demo::{InventoryClient, InventoryServer, ReserveRequest};
@@ -182,7 +182,7 @@ type Client = InventoryClient<stormguard::client::Retry<tonic::transport::Channe
 
 /// A tonic channel to `addr` through a `RetryLayer` (standard policy, 50 ms per attempt).
 async fn connect(addr: SocketAddr) -> Result<(Client, RetryStats), Box<dyn std::error::Error>> {
-    let retry = RetryLayer::from_config_seeded(&ClientConfig::standard(), 7)?
+    let retry = RetryLayer::from_config(&ClientConfig::standard().with_seed(7))?
         .with_per_attempt_timeout(PER_ATTEMPT);
     let stats = retry.stats();
     let channel = Endpoint::from_shared(format!("http://{addr}"))?

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use stormguard_client::RetryLayer;
-use stormguard_core::config::ClientConfig;
+use stormguard_core::ClientConfig;
 use stormguard_demo::{InventoryClient, ReserveRequest};
 use tokio::time::Instant;
 use tonic::transport::Endpoint;
@@ -127,7 +127,7 @@ pub async fn run(args: &Args) -> Result<serde_json::Value, Box<dyn Error + Send 
         }
     };
     let layer = match args.seed {
-        Some(seed) => RetryLayer::from_config_seeded(&config, seed)?,
+        Some(seed) => RetryLayer::from_config(&config.clone().with_seed(seed))?,
         None => RetryLayer::from_config(&config)?,
     };
     let export = if args.otel_stdout {

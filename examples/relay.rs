@@ -25,9 +25,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use serde::Serialize;
+use stormguard::client::ClientConfig;
 use stormguard::client::{Retry, RetryLayer, RetryStats};
-use stormguard::core::admission::AdmissionConfig;
-use stormguard::core::config::ClientConfig;
+use stormguard::server::AdmissionConfig;
 use stormguard::server::{ShedLayer, ShedStats};
 use stormguard_demo::{
     Inventory, InventoryClient, InventoryServer, ReserveReply, ReserveRequest, StockLevel,

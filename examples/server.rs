@@ -63,8 +63,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use serde::Serialize;
-use stormguard::core::admission::{AdmissionConfig, QueueOrder, RetryThreshold};
-use stormguard::core::config::ShedSettings;
+use stormguard::server::ShedSettings;
+use stormguard::server::{AdmissionConfig, QueueOrder, RetryThreshold};
 use stormguard::server::{ShedBody, ShedLayer, ShedStats};
 use stormguard_demo::InventoryServer;
 use stormguard_demo::server::{DemoConfig, DemoControl, DemoInventory};
@@ -467,7 +467,7 @@ where
         let call = header(request.headers(), "x-call-id");
         let attempt = header(
             request.headers(),
-            stormguard::core::wire::GRPC_PREVIOUS_RPC_ATTEMPTS,
+            stormguard::engine::wire::GRPC_PREVIOUS_RPC_ATTEMPTS,
         );
         let arrived_us = started.elapsed().as_micros();
         let answer = self.inner.call(request);
@@ -488,10 +488,10 @@ where
             let answer = answer.await;
             if let (Ok(response), Some(line)) = (&answer, pending.1.as_mut()) {
                 line.cancelled = false;
-                line.status = header(response.headers(), stormguard::core::wire::GRPC_STATUS);
+                line.status = header(response.headers(), stormguard::engine::wire::GRPC_STATUS);
                 line.pushback = header(
                     response.headers(),
-                    stormguard::core::wire::GRPC_RETRY_PUSHBACK_MS,
+                    stormguard::engine::wire::GRPC_RETRY_PUSHBACK_MS,
                 );
             }
             drop(pending);

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use clap::builder::PossibleValuesParser;
-use stormguard::core::admission::{AdmissionConfig, QueueOrder, RetryThreshold};
+use stormguard::server::{AdmissionConfig, QueueOrder, RetryThreshold};
 use stormguard::server::{ShedLayer, ShedSnapshot};
 use stormguard_demo::server::{DemoConfig, DemoInventory};
 use stormguard_demo::{InventoryClient, InventoryServer, ReserveRequest};

@@ -8,8 +8,9 @@
 //! * [`server`]: `ShedLayer`, a depth-aware admission queue for tonic servers that **sheds
 //!   retries before first attempts**, drops work whose deadline has passed and answers with
 //!   `grpc-retry-pushback-ms`.
-//! * [`core`]: the policy both share (budgets, backoff, breaker, deadlines,
-//!   classification, admission, config), with no tonic dependency.
+//! * [`engine`]: the decisions both layers make (retry controller, budgets, breaker,
+//!   replica set, admission queue), for a custom call loop or a simulator, with no tonic
+//!   dependency. What a layer's user configures is at that layer's root.
 //!
 //! Why budgets and not attempt caps: a cap bounds one request, not the fleet. At 100 %
 //! failure, 3 attempts are 3× the load on a dependency that is already down, and through
@@ -19,7 +20,7 @@
 //!
 //! ```no_run
 //! use stormguard::client::RetryLayer;
-//! use stormguard::core::ClientConfig;
+//! use stormguard::client::ClientConfig;
 //! use tonic::transport::Endpoint;
 //! use tower::ServiceBuilder;
 //!
@@ -35,8 +36,30 @@
 //! ```
 
 pub use stormguard_client as client;
-pub use stormguard_core as core;
 pub use stormguard_server as server;
+
+/// The engine under both layers, for a custom call loop or a simulator: the retry
+/// decision, budgets, breaker, replica set, admission queue and the wire vocabulary.
+///
+/// The types a layer's user configures are not repeated here: they are at the root of
+/// [`client`] (`ClientConfig`, `RetryPolicy`, `BudgetConfig`, ...) and [`server`]
+/// (`AdmissionConfig`, `AdmissionController`, ...). Everything else of `stormguard-core`
+/// that a loop of its own needs is here, at one path each.
+pub mod engine {
+    pub use stormguard_core::{
+        A6Budget, AdaptiveLimit, AdaptiveThrottle, Admission, AdmissionQueue, Arrival, AttemptEnd,
+        AttemptPlan, Backoff, Begin, BreakerOpen, BreakerPermit, BreakerState, BreakerTransition,
+        Budget, BudgetChoice, CallClass, CallDeadline, CallRetry, CallTimes, CircuitBreaker,
+        CodeSet, CompletionRate, Deadline, DeadlineSource, Decision, DedupCounts, DedupTable,
+        DelayEstimator, Dispatch, EventSummary, Failure, HedgeDecision, Instant, KeyedBudgets,
+        LayerName, Left, LoadReport, LoadReportError, MethodMap, NotApplied, NotAppliedReason,
+        Notice, OrcaLoadReport, Pushback, QueueLoad, QueuedId, RateMeter, Refusal, ReplicaEvent,
+        ReplicaId, ReplicaOutcome, ReplicaSet, ReplicaSnapshot, ReplicaState, RetryBudget,
+        RetryController, Saturation, Shed, ShedPushback, ShedReason, Summary, TRANSPARENT_RETRIES,
+        Throttled, TransitionWatch, Transitions, UnknownCode, Unlimited, Verdict, WindowCounts,
+        a58_weight, parse_duration, resolve_deadline_at, wire,
+    };
+}
 
 // The README's Rust, compiled (and run where it can be) as doc tests of this crate. The
 // `docs/` pages are not in the published package; their Rust is tested by

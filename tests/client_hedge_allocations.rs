@@ -15,9 +15,9 @@ use std::time::Duration;
 use alloc_support::allocations_of;
 use client_support::*;
 use stormguard_client::RetryLayer;
-use stormguard_core::hedge::{HedgeDelay, HedgingPolicy};
-use stormguard_core::policy::MethodTable;
-use stormguard_core::retry::RetryController;
+use stormguard_core::MethodTable;
+use stormguard_core::RetryController;
+use stormguard_core::{HedgeDelay, HedgingPolicy};
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_hedged_call_answered_before_its_delay_allocates_no_more_than_a_retried_one() {

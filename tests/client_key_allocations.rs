@@ -16,8 +16,8 @@ mod client_support;
 use alloc_support::allocations_of;
 use client_support::*;
 use stormguard_client::RetryLayer;
-use stormguard_core::policy::MethodTable;
-use stormguard_core::retry::RetryController;
+use stormguard_core::MethodTable;
+use stormguard_core::RetryController;
 
 /// A layer retrying every method as `controller` does, keying `keyed_service`'s methods.
 fn layer(keyed_service: Option<&str>) -> RetryLayer {

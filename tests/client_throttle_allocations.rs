@@ -14,7 +14,7 @@ mod client_support;
 use alloc_support::allocations_of;
 use client_support::*;
 use stormguard_client::RetryLayer;
-use stormguard_core::adaptive_throttle::{AdaptiveThrottle, AdaptiveThrottleConfig};
+use stormguard_core::{AdaptiveThrottle, AdaptiveThrottleConfig};
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_call_the_throttle_lets_through_allocates_no_more_than_one_without_it() {
@@ -39,7 +39,7 @@ async fn a_call_the_throttle_lets_through_allocates_no_more_than_one_without_it(
     }
     assert_eq!(stats.snapshot().throttled.total(), 0, "nothing was refused");
     let counts = throttle.counts_at(
-        stormguard_core::criticality::Criticality::Default,
+        stormguard_core::Criticality::Default,
         stormguard_core::Instant::now(),
     );
     assert_eq!(counts.accepts, 550, "every answer was recorded");

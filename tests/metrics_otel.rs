@@ -12,10 +12,10 @@ use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, SdkMeterProvider};
 use stormguard_client::{RetryLayer, RetryStats};
-use stormguard_core::admission::{AdmissionConfig, RetryThreshold};
-use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
-use stormguard_core::policy::{MethodTable, RetryPolicy};
-use stormguard_core::retry::RetryController;
+use stormguard_core::RetryController;
+use stormguard_core::{AdmissionConfig, RetryThreshold};
+use stormguard_core::{Budget, BudgetConfig, RetryBudget};
+use stormguard_core::{MethodTable, RetryPolicy};
 use stormguard_demo::server::{DemoConfig, DemoInventory};
 use stormguard_demo::{InventoryClient, InventoryServer, ReserveRequest};
 use stormguard_server::ShedLayer;
@@ -146,7 +146,7 @@ fn controller(seed: u64) -> RetryController {
     );
     let policy = RetryPolicy {
         idempotent: true,
-        backoff: stormguard_core::backoff::BackoffConfig::FullJitter {
+        backoff: stormguard_core::BackoffConfig::FullJitter {
             base: Duration::from_millis(1),
             cap: Duration::from_millis(5),
             multiplier: 2.0,
@@ -471,7 +471,8 @@ async fn with_meter_and_with_stats_in_either_order_export_the_same_series() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_export_each_replicas_counters_and_state() {
-    use stormguard_client::replicas::{ReplicaConfig, Replicas};
+    use stormguard_client::ReplicaConfig;
+    use stormguard_client::replicas::Replicas;
     let (provider, exporter) = provider();
     let good = serve(DemoConfig::default(), None).await;
     // A port bound and released: connections to it are refused.
@@ -551,8 +552,8 @@ async fn calls_the_adaptive_throttle_refuses_are_exported_by_criticality() {
         seed: 5,
     };
     let addr = serve(demo, Some(shed)).await;
-    let throttle = stormguard_core::adaptive_throttle::AdaptiveThrottle::new(
-        stormguard_core::adaptive_throttle::AdaptiveThrottleConfig {
+    let throttle = stormguard_core::AdaptiveThrottle::new(
+        stormguard_core::AdaptiveThrottleConfig {
             window: Duration::from_secs(60),
             ..Default::default()
         },
@@ -592,9 +593,10 @@ async fn calls_the_adaptive_throttle_refuses_are_exported_by_criticality() {
 /// retries. The exported values equal the layers' own counters.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hedges_timeouts_cuts_and_transparent_retries_are_exported() {
-    use stormguard_client::replicas::{ReplicaConfig, Replicas};
-    use stormguard_core::code::{Code, CodeSet};
-    use stormguard_core::hedge::{HedgeDelay, HedgingPolicy};
+    use stormguard_client::ReplicaConfig;
+    use stormguard_client::replicas::Replicas;
+    use stormguard_core::{Code, CodeSet};
+    use stormguard_core::{HedgeDelay, HedgingPolicy};
 
     let (provider, exporter) = provider();
     let meter = provider.meter("stormguard-test");

@@ -8,7 +8,7 @@ mod server_support;
 use std::time::Duration;
 
 use server_support::{channel, reserve};
-use stormguard_core::limit::AdaptiveLimitConfig;
+use stormguard_core::AdaptiveLimitConfig;
 use stormguard_demo::pool::PoolInventory;
 use stormguard_demo::{InventoryClient, InventoryServer};
 use stormguard_server::{AdmissionConfig, QueueOrder, ShedLayer};

@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-use stormguard::core::admission::AdmissionConfig;
-use stormguard::core::wire::{GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_STATUS};
+use stormguard::engine::{wire::GRPC_PREVIOUS_RPC_ATTEMPTS, wire::GRPC_STATUS};
+use stormguard::server::AdmissionConfig;
 use stormguard::server::ShedLayer;
 use stormguard_demo::InventoryServer;
 use stormguard_demo::server::{DemoConfig, DemoControl, DemoInventory};

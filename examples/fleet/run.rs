@@ -15,9 +15,10 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use clap::ValueEnum;
+use stormguard::client::ReplicaConfig;
 use stormguard::client::RetryLayer;
-use stormguard::client::replicas::{EndpointKey, ReplicaConfig, Replicas};
-use stormguard::core::wire::GRPC_PREVIOUS_RPC_ATTEMPTS;
+use stormguard::client::replicas::{EndpointKey, Replicas};
+use stormguard::engine::wire::GRPC_PREVIOUS_RPC_ATTEMPTS;
 use stormguard_demo::storm::stormguard_client_config;
 use stormguard_demo::{InventoryClient, ReserveRequest};
 use tokio::task::JoinSet;
@@ -355,8 +356,12 @@ fn client(
     // The `RetryLayer` of `layer` and `stormguard`: defaults, `Reserve` idempotent, 50 ms
     // per attempt.
     let layer = || {
-        RetryLayer::from_config_seeded(&stormguard_client_config(Some(per_attempt)), config.seed)
-            .map_err(|e| e.to_string())
+        RetryLayer::from_config(
+            &stormguard_client_config(Some(per_attempt))
+                .clone()
+                .with_seed(config.seed),
+        )
+        .map_err(|e| e.to_string())
     };
     match policy {
         Policy::Naive => {

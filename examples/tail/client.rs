@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use stormguard_client::{Retry, RetryLayer, RetryStats};
-use stormguard_core::config::ClientConfig;
-use stormguard_core::hedge::{HedgeDelay, HedgingPolicy, LearnedDelay};
+use stormguard_core::ClientConfig;
+use stormguard_core::{HedgeDelay, HedgingPolicy, LearnedDelay};
 use stormguard_demo::storm::{INVENTORY_SERVICE, RESERVE_METHOD};
 use stormguard_demo::{InventoryClient, ReserveReply, ReserveRequest};
 use tonic::metadata::MetadataValue;
@@ -168,7 +168,7 @@ impl Caller {
             RESERVE_METHOD,
             Some(hedging_policy(delay)),
         );
-        let layer = RetryLayer::from_config_seeded(&config, seed)?;
+        let layer = RetryLayer::from_config(&config.clone().with_seed(seed))?;
         let stats = layer.stats();
         let service = ServiceBuilder::new().layer(layer).service(channel);
         Ok(Caller::Layered(InventoryClient::new(service), stats))

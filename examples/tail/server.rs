@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use stormguard_core::admission::AdmissionConfig;
+use stormguard_core::AdmissionConfig;
 use stormguard_demo::server::{DemoConfig, DemoControl, DemoInventory};
 use stormguard_demo::storm::MAX_PENDING_ACCEPT_RESET_STREAMS;
 use stormguard_demo::storm::Serving;

@@ -93,8 +93,8 @@ async fn the_default_bound_is_64_kib() {
 async fn a_method_that_is_never_retried_is_not_buffered_whatever_its_size() {
     // No policy: the body goes straight through, and the call still works.
     let svc = Scripted::always(Step::Ok);
-    let controller = stormguard_core::retry::RetryController::new(
-        stormguard_core::policy::MethodTable::none(),
+    let controller = stormguard_core::RetryController::new(
+        stormguard_core::MethodTable::none(),
         budget(10, 0.1),
         None,
         1,

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use client_support::*;
 use stormguard_client::RetryLayer;
-use stormguard_core::breaker::{BreakerConfig, CircuitBreaker};
-use stormguard_core::budget::Budget;
-use stormguard_core::policy::MethodTable;
-use stormguard_core::retry::RetryController;
-use stormguard_core::throttle::{A6Throttle, ThrottleConfig};
+use stormguard_core::Budget;
+use stormguard_core::MethodTable;
+use stormguard_core::RetryController;
+use stormguard_core::{A6Budget, A6BudgetConfig};
+use stormguard_core::{BreakerConfig, CircuitBreaker};
 use stormguard_demo::WatchStockRequest;
 use tonic::Code;
 
@@ -31,7 +31,7 @@ fn watch(count: u32) -> WatchStockRequest {
 /// success adds 0.5.
 fn a6_layer(breaker: Option<CircuitBreaker>) -> RetryLayer {
     let throttle: Arc<dyn Budget> = Arc::new(
-        A6Throttle::new(ThrottleConfig {
+        A6Budget::new(A6BudgetConfig {
             max_tokens: 10.0,
             token_ratio: 0.5,
         })

@@ -1,12 +1,12 @@
 //! A layer built from a config that says something that will not happen says so once, at
-//! WARN, when it is built: service-config fields it does not act on, and the seed design's
-//! own YAML, whose `max_attempts: 3` retries no answer until a method is marked idempotent.
+//! WARN, when it is built: service-config fields it does not act on, and the example
+//! YAML, whose `max_attempts: 3` retries no answer until a method is marked idempotent.
 #![allow(clippy::unwrap_used)]
 
 use crate::tracing_support;
 
 use stormguard_client::RetryLayer;
-use stormguard_core::config::{ClientConfig, Format};
+use stormguard_core::{ClientConfig, Format};
 use tracing::Level;
 use tracing_support::Recorder;
 
@@ -25,7 +25,7 @@ retry:
 fn warnings_of(config: &ClientConfig) -> Vec<String> {
     let recorder = Recorder::default();
     tracing::subscriber::with_default(recorder.clone(), || {
-        RetryLayer::from_config_seeded(config, 1).unwrap();
+        RetryLayer::from_config(&config.clone().with_seed(1)).unwrap();
     });
     recorder
         .take_info()

@@ -13,14 +13,14 @@ use std::time::Duration;
 
 use client_support::*;
 use stormguard_client::RetryLayer;
+use stormguard_core::Budget;
 use stormguard_core::Instant;
-use stormguard_core::breaker::{BreakerConfig, CircuitBreaker};
-use stormguard_core::budget::Budget;
-use stormguard_core::code::{Code as CoreCode, CodeSet};
-use stormguard_core::hedge::{HedgeDelay, HedgingPolicy};
-use stormguard_core::policy::MethodTable;
-use stormguard_core::retry::RetryController;
-use stormguard_core::throttle::{A6Throttle, ThrottleConfig};
+use stormguard_core::MethodTable;
+use stormguard_core::RetryController;
+use stormguard_core::{A6Budget, A6BudgetConfig};
+use stormguard_core::{BreakerConfig, CircuitBreaker};
+use stormguard_core::{Code as CoreCode, CodeSet};
+use stormguard_core::{HedgeDelay, HedgingPolicy};
 use tonic::Code;
 
 fn ms(n: u64) -> Duration {
@@ -281,7 +281,7 @@ async fn hedges_spend_the_upper_half_of_the_retry_budget_and_leave_the_rest_to_r
 #[tokio::test(start_paused = true)]
 async fn an_a6_throttle_sends_hedges_only_above_half_its_tokens() {
     let throttle: Arc<dyn Budget> = Arc::new(
-        A6Throttle::new(ThrottleConfig {
+        A6Budget::new(A6BudgetConfig {
             max_tokens: 10.0,
             token_ratio: 0.1,
         })
@@ -341,7 +341,7 @@ async fn a_half_open_breaker_lets_the_probe_go_alone() {
 
 #[tokio::test(start_paused = true)]
 async fn the_requests_retry_allowance_pays_for_hedges_too() {
-    use stormguard_core::context::{RequestScope, request_scope};
+    use stormguard_core::{context::RequestScope, context::request_scope};
     let svc = Scripted::always(Step::slow(ms(100), Step::Ok));
     let layer = layer(policy());
     let stats = layer.stats();
@@ -442,7 +442,8 @@ async fn a_hedge_whose_response_headers_arrive_first_commits_the_call() {
 
 #[tokio::test(start_paused = true)]
 async fn each_hedge_goes_to_a_replica_the_call_has_not_used() {
-    use stormguard_client::replicas::{ReplicaConfig, Replicas};
+    use stormguard_client::ReplicaConfig;
+    use stormguard_client::replicas::Replicas;
     use tower::ServiceBuilder;
 
     // Three replicas, every attempt slow: the three copies of each call must go to three
@@ -473,7 +474,7 @@ async fn each_hedge_goes_to_a_replica_the_call_has_not_used() {
 }
 
 fn learned_layer() -> RetryLayer {
-    use stormguard_core::hedge::LearnedDelay;
+    use stormguard_core::LearnedDelay;
     layer(HedgingPolicy {
         max_attempts: 2,
         delay: HedgeDelay::Learned(LearnedDelay {

@@ -13,10 +13,11 @@ use std::time::Duration;
 
 use client_support::{controller, quick_policy};
 use prost::Message as _;
+use stormguard_client::ReplicaConfig;
 use stormguard_client::RetryLayer;
-use stormguard_client::replicas::{ReplicaConfig, Replicas};
-use stormguard_core::orca::SaturationConfig;
-use stormguard_core::replica::ReportWeightConfig;
+use stormguard_client::replicas::Replicas;
+use stormguard_core::ReportWeightConfig;
+use stormguard_core::SaturationConfig;
 use stormguard_demo::orca::OrcaLoadReport;
 use stormguard_demo::server::DemoConfig;
 use stormguard_demo::{
@@ -149,7 +150,7 @@ async fn malformed_reports_are_counted_and_ignored() {
             r.named_metrics.insert(format!("metric-{i}"), 1.0);
         }
     });
-    assert!(oversize.len() > stormguard_core::orca::MAX_REPORT_BYTES);
+    assert!(oversize.len() > stormguard_core::wire::MAX_REPORT_BYTES);
     let cases = [
         vec![b"\xff\xff not a protobuf".to_vec()],
         vec![absurd(|r| r.application_utilization = f64::NAN)],

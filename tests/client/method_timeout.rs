@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use client_support::*;
 use stormguard_client::RetryLayer;
-use stormguard_core::config::ClientConfig;
+use stormguard_core::ClientConfig;
 use tonic::Request;
 
 const CONFIG: &str = r#"{ "methodConfig": [
@@ -21,9 +21,13 @@ const CONFIG: &str = r#"{ "methodConfig": [
   { "name": [{ "service": "stormguard.demo.v1.Inventory", "method": "WatchStock" }] } ] }"#;
 
 fn layer() -> RetryLayer {
-    RetryLayer::from_config_seeded(&ClientConfig::from_service_config_json(CONFIG).unwrap(), 1)
-        .unwrap()
-        .with_default_timeout(Duration::from_secs(30))
+    RetryLayer::from_config(
+        &ClientConfig::from_service_config_json(CONFIG)
+            .unwrap()
+            .with_seed(1),
+    )
+    .unwrap()
+    .with_default_timeout(Duration::from_secs(30))
 }
 
 #[tokio::test]

@@ -25,10 +25,10 @@ async fn each_attempt_runs_in_a_span_with_its_number_and_reason() {
         ],
         Step::Ok,
     );
-    let policy = stormguard_core::policy::RetryPolicy {
+    let policy = stormguard_core::RetryPolicy {
         retryable_codes: [
-            stormguard_core::code::Code::Unavailable,
-            stormguard_core::code::Code::ResourceExhausted,
+            stormguard_core::Code::Unavailable,
+            stormguard_core::Code::ResourceExhausted,
         ]
         .into_iter()
         .collect(),

@@ -19,12 +19,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use client_support::{Scripted, Step, in_memory, quick_policy, reserve, serve, serve_in_memory};
+use stormguard_client::ReplicaConfig;
 use stormguard_client::RetryLayer;
-use stormguard_client::replicas::{Change, EndpointKey, ReplicaConfig, Replicas};
-use stormguard_core::budget::{Budget, BudgetConfig, KeyedBudgets, RetryBudget};
-use stormguard_core::policy::{MethodTable, RetryPolicy};
-use stormguard_core::replica::{EjectionConfig, LoadConfig};
-use stormguard_core::retry::RetryController;
+use stormguard_client::replicas::{Change, EndpointKey, Replicas};
+use stormguard_core::RetryController;
+use stormguard_core::{Budget, BudgetConfig, KeyedBudgets, RetryBudget};
+use stormguard_core::{EjectionConfig, LoadConfig};
+use stormguard_core::{MethodTable, RetryPolicy};
 use stormguard_demo::InventoryClient;
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};

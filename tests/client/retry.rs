@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use client_support::*;
 use stormguard_client::RetryLayer;
-use stormguard_core::code::{Code as CoreCode, CodeSet};
-use stormguard_core::policy::{MethodTable, RetryPolicy};
-use stormguard_core::retry::RetryController;
+use stormguard_core::RetryController;
+use stormguard_core::{Code as CoreCode, CodeSet};
+use stormguard_core::{MethodTable, RetryPolicy};
 use tonic::{Code, Request};
 
 fn ms(n: u64) -> Duration {
@@ -355,7 +355,7 @@ async fn successes_pay_for_retries_and_an_empty_budget_refuses_with_minus_one() 
 
 #[tokio::test]
 async fn an_open_breaker_rejects_the_first_attempt_fast() {
-    use stormguard_core::breaker::{BreakerConfig, CircuitBreaker};
+    use stormguard_core::{BreakerConfig, CircuitBreaker};
     let svc = Scripted::always(Step::Fail(Code::Unavailable));
     let breaker = CircuitBreaker::new(
         BreakerConfig {
@@ -464,13 +464,13 @@ async fn a_connection_reset_before_headers_is_retried_on_a_new_connection() {
 
 #[tokio::test]
 async fn per_method_policies_from_a_grpc_service_config() {
-    use stormguard_core::config::ClientConfig;
+    use stormguard_core::ClientConfig;
     let json = r#"{"methodConfig":[{"name":[{"service":"stormguard.demo.v1.Inventory","method":"Reserve"}],
         "retryPolicy":{"maxAttempts":2,"initialBackoff":"0.001s","maxBackoff":"0.002s",
         "backoffMultiplier":2,"retryableStatusCodes":["UNAVAILABLE"]}}]}"#;
     let config = ClientConfig::from_service_config_json(json).unwrap();
     let svc = Scripted::always(Step::Fail(Code::Unavailable));
-    let layer = RetryLayer::from_config_seeded(&config, 9).unwrap();
+    let layer = RetryLayer::from_config(&config.clone().with_seed(9)).unwrap();
     let stats = layer.stats();
     let mut client = setup(&svc, layer).await;
 

@@ -17,10 +17,10 @@ use std::time::Duration;
 
 use server_support::{channel, eventually, hold_worker, release, reserve, start};
 use stormguard_client::RetryLayer;
-use stormguard_core::backoff::BackoffConfig;
-use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
-use stormguard_core::policy::{MethodTable, RetryPolicy};
-use stormguard_core::retry::RetryController;
+use stormguard_core::BackoffConfig;
+use stormguard_core::RetryController;
+use stormguard_core::{Budget, BudgetConfig, RetryBudget};
+use stormguard_core::{MethodTable, RetryPolicy};
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
 use stormguard_server::AdmissionConfig;

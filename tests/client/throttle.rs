@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use client_support::{Client, Scripted, Step, pushback_of, quick_policy, reserve, setup};
 use stormguard_client::RetryLayer;
+use stormguard_core::Criticality;
 use stormguard_core::Instant;
-use stormguard_core::adaptive_throttle::{AdaptiveThrottle, AdaptiveThrottleConfig};
-use stormguard_core::config::{ClientConfig, Format};
-use stormguard_core::criticality::Criticality;
+use stormguard_core::{AdaptiveThrottle, AdaptiveThrottleConfig};
+use stormguard_core::{ClientConfig, Format};
 use tonic::{Code, Request};
 
 /// The default settings with a window long enough that a slow machine's run fits in it.
@@ -29,7 +29,7 @@ fn config() -> AdaptiveThrottleConfig {
 fn layer(config: AdaptiveThrottleConfig) -> RetryLayer {
     let mut client_config = ClientConfig::no_retries();
     client_config.adaptive_throttle = Some(config);
-    RetryLayer::from_config_seeded(&client_config, 7).unwrap()
+    RetryLayer::from_config(&client_config.clone().with_seed(7)).unwrap()
 }
 
 fn request(class: Option<&'static str>) -> Request<stormguard_demo::ReserveRequest> {
@@ -159,7 +159,7 @@ async fn every_attempt_counts_as_a_request_retries_included() {
 #[tokio::test]
 async fn without_a_throttle_a_shedding_server_sees_every_call() {
     let server = Scripted::always(Step::pushback(Code::Unavailable, "100"));
-    let layer = RetryLayer::from_config_seeded(&ClientConfig::no_retries(), 7).unwrap();
+    let layer = RetryLayer::from_config(&ClientConfig::no_retries().with_seed(7)).unwrap();
     assert!(layer.adaptive_throttle().is_none(), "off by default");
     let stats = layer.stats();
     let mut client = setup(&server, layer).await;
@@ -178,12 +178,12 @@ fn the_config_reads_from_json_yaml_and_toml() {
         critical_k: 4.0,
         max_reject_probability: 0.8,
         window: Duration::from_secs(30),
-        reject_codes: [stormguard_core::code::Code::ResourceExhausted]
+        reject_codes: [stormguard_core::Code::ResourceExhausted]
             .into_iter()
             .collect(),
         shed_codes: [
-            stormguard_core::code::Code::Unavailable,
-            stormguard_core::code::Code::Aborted,
+            stormguard_core::Code::Unavailable,
+            stormguard_core::Code::Aborted,
         ]
         .into_iter()
         .collect(),

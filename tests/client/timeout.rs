@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use client_support::*;
 use stormguard_client::RetryLayer;
-use stormguard_core::policy::RetryPolicy;
+use stormguard_core::RetryPolicy;
 use tonic::{Code, Request};
 use tower::ServiceBuilder;
 

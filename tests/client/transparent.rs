@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 
 use http::{HeaderMap, Request, Response};
 use stormguard_client::RetryLayer;
-use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
-use stormguard_core::policy::{MethodTable, RetryPolicy};
-use stormguard_core::retry::RetryController;
+use stormguard_core::RetryController;
+use stormguard_core::{Budget, BudgetConfig, RetryBudget};
+use stormguard_core::{MethodTable, RetryPolicy};
 use tokio::net::TcpListener;
 use tonic::body::Body;
 use tonic::transport::Endpoint;
@@ -140,7 +140,7 @@ async fn refused_streams_are_free_only_a_bounded_number_of_times() {
     let status = err.downcast::<tonic::Status>().unwrap();
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
     let s = stats.snapshot();
-    let free = u64::from(stormguard_core::retry::TRANSPARENT_RETRIES);
+    let free = u64::from(stormguard_core::TRANSPARENT_RETRIES);
     assert_eq!(
         (
             s.attempts,

@@ -10,9 +10,9 @@
 
 use std::path::{Path, PathBuf};
 
-use stormguard_core::admission::AdmissionConfig;
-use stormguard_core::config::{ClientConfig, Format};
-use stormguard_core::criticality::CriticalityTable;
+use stormguard_core::AdmissionConfig;
+use stormguard_core::CriticalityTable;
+use stormguard_core::{ClientConfig, Format};
 
 /// One fenced block: where it is, its info string, its text.
 struct Block {
@@ -80,12 +80,10 @@ fn load(block: &Block) -> Option<Result<(), String>> {
     let loaded = match (words.next(), format) {
         (Some("client"), _) => ClientConfig::from_text(text, format).map(drop),
         (Some("admission"), _) => AdmissionConfig::from_text(text, format).map(drop),
-        (Some("replicas"), _) => {
-            stormguard_core::replica::ReplicaConfig::from_text(text, format).map(drop)
-        }
+        (Some("replicas"), _) => stormguard_core::ReplicaConfig::from_text(text, format).map(drop),
         (Some("criticality"), Format::Json) => CriticalityTable::from_json(text).map(drop),
         (Some("idempotency"), _) => {
-            stormguard_core::idempotency::IdempotencyConfig::from_text(text, format).map(drop)
+            stormguard_core::IdempotencyConfig::from_text(text, format).map(drop)
         }
         (other, _) => {
             return Some(Err(format!(

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use hops_support::{Client, client, retry_layer};
 use stormguard_client::RetryLayer;
-use stormguard_core::admission::AdmissionConfig;
+use stormguard_core::AdmissionConfig;
 use stormguard_demo::server::{DemoConfig, DemoInventory};
 use stormguard_demo::{
     Inventory, InventoryServer, ReserveReply, ReserveRequest, StockLevel, WatchStockRequest,

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use hops_support::{Client, client, retry_layer};
 use stormguard_client::RetryStats;
-use stormguard_core::admission::AdmissionConfig;
+use stormguard_core::AdmissionConfig;
 use stormguard_demo::{
     Inventory, InventoryServer, ReserveReply, ReserveRequest, StockLevel, WatchStockRequest,
 };

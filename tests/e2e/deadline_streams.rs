@@ -30,7 +30,7 @@ use std::time::Duration;
 use client_support::{controller, quick_policy};
 use http::uri::PathAndQuery;
 use stormguard_client::RetryLayer;
-use stormguard_core::admission::{AdmissionConfig, RetryThreshold};
+use stormguard_core::{AdmissionConfig, RetryThreshold};
 use stormguard_demo::{
     Inventory, InventoryBatchClient, InventoryClient, InventoryServer, ReserveBatchReply,
     ReserveReply, ReserveRequest, StockLevel, WatchStockRequest,

@@ -57,17 +57,18 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use stormguard_client::replicas::{EjectionConfig, ReplicaConfig, Replicas, SlowStartConfig};
+use stormguard_client::replicas::Replicas;
+use stormguard_client::{EjectionConfig, ReplicaConfig, SlowStartConfig};
 use stormguard_client::{Retry, RetryLayer, RetrySnapshot, RetryStats, code_from_tonic};
+use stormguard_core::AdmissionConfig;
+use stormguard_core::BackoffConfig;
+use stormguard_core::BreakerConfig;
+use stormguard_core::BudgetConfig;
 use stormguard_core::Code;
-use stormguard_core::admission::AdmissionConfig;
-use stormguard_core::backoff::BackoffConfig;
-use stormguard_core::breaker::BreakerConfig;
-use stormguard_core::budget::BudgetConfig;
-use stormguard_core::config::{BudgetChoice, ClientConfig};
-use stormguard_core::idempotency::IdempotencyConfig;
-use stormguard_core::policy::RetryPolicy;
-use stormguard_core::retry::RetryController;
+use stormguard_core::IdempotencyConfig;
+use stormguard_core::RetryController;
+use stormguard_core::RetryPolicy;
+use stormguard_core::{BudgetChoice, ClientConfig};
 use stormguard_demo::server::{DemoConfig, DemoInventory};
 use stormguard_demo::turmoil_net;
 use stormguard_demo::{
@@ -523,7 +524,8 @@ pub fn client_config(idempotent: bool, keyed: bool) -> ClientConfig {
 /// The three retry layers of a client: one per [`Kind`], seeded apart.
 fn layers(seed: u64, over_replicas: bool) -> Result<[(Kind, RetryLayer); 3], Box<dyn Error>> {
     let layer = |kind: Kind, idempotent: bool, keyed: bool, seed: u64| {
-        let layer = RetryLayer::from_config_seeded(&client_config(idempotent, keyed), seed)?;
+        let layer =
+            RetryLayer::from_config(&(client_config(idempotent, keyed)).clone().with_seed(seed))?;
         Ok::<_, Box<dyn Error>>((
             kind,
             if over_replicas {

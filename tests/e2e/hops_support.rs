@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stormguard_client::{Retry, RetryLayer};
-use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
-use stormguard_core::policy::{MethodTable, RetryPolicy};
-use stormguard_core::retry::RetryController;
+use stormguard_core::RetryController;
+use stormguard_core::{Budget, BudgetConfig, RetryBudget};
+use stormguard_core::{MethodTable, RetryPolicy};
 use stormguard_demo::InventoryClient;
 use tonic::transport::{Channel, Endpoint};
 use tower::ServiceBuilder;
@@ -20,7 +20,7 @@ pub type Client = InventoryClient<Retry<Channel>>;
 /// idempotent, a budget floor of 1 000 retries a second.
 pub fn retry_layer(max_attempts: u32) -> RetryLayer {
     let policy = RetryPolicy {
-        backoff: stormguard_core::backoff::BackoffConfig::FullJitter {
+        backoff: stormguard_core::BackoffConfig::FullJitter {
             base: Duration::from_millis(1),
             cap: Duration::from_millis(4),
             multiplier: 2.0,

@@ -18,12 +18,12 @@ use std::time::Duration;
 use client_support::{budget, channel, reserve};
 use lossy_support::{CALL_HEADER, LoseAnswers};
 use stormguard_client::RetryLayer;
-use stormguard_core::backoff::BackoffConfig;
-use stormguard_core::code::{Code as CoreCode, CodeSet};
-use stormguard_core::hedge::{HedgeDelay, HedgingPolicy};
-use stormguard_core::idempotency::IdempotencyConfig;
-use stormguard_core::policy::{MethodTable, RetryPolicy};
-use stormguard_core::retry::RetryController;
+use stormguard_core::BackoffConfig;
+use stormguard_core::IdempotencyConfig;
+use stormguard_core::RetryController;
+use stormguard_core::{Code as CoreCode, CodeSet};
+use stormguard_core::{HedgeDelay, HedgingPolicy};
+use stormguard_core::{MethodTable, RetryPolicy};
 use stormguard_demo::{
     Inventory, InventoryClient, InventoryServer, ReserveReply, ReserveRequest, StockLevel,
     WatchStockRequest,

@@ -17,9 +17,9 @@ use std::time::Duration;
 
 use client_support::{Scripted, Step};
 use stormguard_client::RetryLayer;
-use stormguard_core::breaker::{BreakerConfig, CircuitBreaker};
-use stormguard_core::policy::{MethodTable, RetryPolicy};
-use stormguard_core::retry::RetryController;
+use stormguard_core::RetryController;
+use stormguard_core::{BreakerConfig, CircuitBreaker};
+use stormguard_core::{MethodTable, RetryPolicy};
 use stormguard_demo::server::{DemoConfig, DemoInventory};
 use stormguard_demo::{InventoryClient, InventoryServer};
 use tokio::net::TcpListener;
@@ -392,7 +392,8 @@ async fn a_breaker_opening_half_opening_and_closing_is_three_info_events() {
 
 #[tokio::test]
 async fn a_replica_ejected_is_logged_once_at_info() {
-    use stormguard_client::replicas::{ReplicaConfig, Replicas};
+    use stormguard_client::ReplicaConfig;
+    use stormguard_client::replicas::Replicas;
     let (recorder, _guard) = record();
     let bad = Scripted::always(Step::Fail(Code::Unavailable));
     let good = Scripted::always(Step::Ok);
@@ -437,8 +438,8 @@ async fn calls_the_throttle_refuses_are_each_at_debug_and_summarised_at_info_onc
     // Every call is shed: the throttle soon refuses about nine in ten locally.
     let svc = Scripted::always(Step::pushback(Code::Unavailable, "10"));
     let t0 = Instant::now();
-    let throttle = stormguard_core::adaptive_throttle::AdaptiveThrottle::new(
-        stormguard_core::adaptive_throttle::AdaptiveThrottleConfig::default(),
+    let throttle = stormguard_core::AdaptiveThrottle::new(
+        stormguard_core::AdaptiveThrottleConfig::default(),
         5,
     )
     .unwrap();

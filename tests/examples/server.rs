@@ -10,8 +10,8 @@ mod example;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use stormguard_core::admission::{QueueOrder, RetryThreshold};
-use stormguard_core::code::Code;
+use stormguard_core::Code;
+use stormguard_core::{QueueOrder, RetryThreshold};
 
 /// A config file of this test's own, removed when dropped.
 struct File(PathBuf);

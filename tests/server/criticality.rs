@@ -8,7 +8,7 @@ use server_support::{
     ReserveResult, channel, eventually, hold_worker, pushback, reserve, start_with, with_header,
 };
 use stormguard_client::CriticalityLayer;
-use stormguard_core::criticality::{Criticality, CriticalityTable};
+use stormguard_core::{Criticality, CriticalityTable};
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
 use stormguard_server::shed::{MESSAGE_QUEUE_FULL, MESSAGE_SHEDDABLE};

@@ -191,14 +191,13 @@ async fn a_stream_carries_its_report_in_its_trailers() {
 
 #[tokio::test]
 async fn the_admission_key_turns_reports_on() {
-    let settings = stormguard_core::config::ShedSettings::from_json(
+    let settings = stormguard_core::ShedSettings::from_json(
         r#"{"admission": {"workers": 2, "load_reports": true}}"#,
     )
     .expect("valid");
     let layer = stormguard_server::ShedLayer::from_settings(settings).expect("valid");
     assert!(layer.sends_load_reports());
-    let off =
-        stormguard_core::config::ShedSettings::from_json(r#"{"admission": {}}"#).expect("valid");
+    let off = stormguard_core::ShedSettings::from_json(r#"{"admission": {}}"#).expect("valid");
     assert!(
         !stormguard_server::ShedLayer::from_settings(off)
             .expect("valid")

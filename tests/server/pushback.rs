@@ -14,7 +14,7 @@ use server_support::{
     Background, channel, eventually, hold_worker, one_worker_no_queue, pushback, release, reserve,
     start,
 };
-use stormguard_core::code::Code as CoreCode;
+use stormguard_core::Code as CoreCode;
 use stormguard_demo::server::DemoConfig;
 use stormguard_demo::{InventoryClient, ReserveRequest};
 use stormguard_server::{AdmissionConfig, RetryThreshold, ShedLayer};

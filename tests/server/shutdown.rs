@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use server_support::{channel, eventually, hold_worker, pushback, release, reserve, start_with};
 use stormguard_client::RetryLayer;
-use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
-use stormguard_core::policy::{MethodTable, RetryPolicy};
-use stormguard_core::retry::RetryController;
+use stormguard_core::RetryController;
+use stormguard_core::{Budget, BudgetConfig, RetryBudget};
+use stormguard_core::{MethodTable, RetryPolicy};
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
 use stormguard_server::AdmissionConfig;

@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stormguard_client::RetryLayer;
-use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
-use stormguard_core::policy::{MethodTable, RetryPolicy};
-use stormguard_core::retry::RetryController;
+use stormguard_core::RetryController;
+use stormguard_core::{Budget, BudgetConfig, RetryBudget};
+use stormguard_core::{MethodTable, RetryPolicy};
 use stormguard_demo::{
     Inventory, InventoryClient, InventoryServer, ReserveReply, ReserveRequest, StockLevel,
     WatchStockRequest,
@@ -333,7 +333,7 @@ pub fn idempotent_policy() -> RetryPolicy {
 /// time stay quick.
 pub fn quick_policy() -> RetryPolicy {
     RetryPolicy {
-        backoff: stormguard_core::backoff::BackoffConfig::FullJitter {
+        backoff: stormguard_core::BackoffConfig::FullJitter {
             base: Duration::from_millis(1),
             cap: Duration::from_millis(5),
             multiplier: 2.0,

@@ -1,7 +1,7 @@
 //! Stamping each call with its criticality: [`CriticalityLayer`].
 //!
 //! A server sheds sheddable work first, then retries, then the rest (see
-//! [`stormguard_core::criticality`]). It learns a call's class from the
+//! [`stormguard_core::Criticality`]). It learns a call's class from the
 //! `stormguard-criticality` request header; this layer sets that header from a
 //! [`CriticalityTable`] of classes per method, so the code that makes the calls does not
 //! have to. A call that already carries the header (set by the caller for that one call)
@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::HeaderValue;
-use stormguard_core::config::ConfigError;
-use stormguard_core::criticality::CriticalityTable;
+use stormguard_core::ConfigError;
+use stormguard_core::CriticalityTable;
 use stormguard_core::wire::http::STORMGUARD_CRITICALITY;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -101,7 +101,7 @@ where
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use stormguard_core::criticality::Criticality;
+    use stormguard_core::Criticality;
     use tower::{ServiceExt, service_fn};
 
     #[tokio::test]

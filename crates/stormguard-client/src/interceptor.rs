@@ -36,8 +36,9 @@
 use std::time::Duration;
 
 use stormguard_core::Instant;
-use stormguard_core::wire::{
-    GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_TIMEOUT, decode_grpc_timeout_bytes, encode_grpc_timeout,
+use stormguard_core::{
+    wire::GRPC_PREVIOUS_RPC_ATTEMPTS, wire::GRPC_TIMEOUT, wire::decode_grpc_timeout_bytes,
+    wire::encode_grpc_timeout,
 };
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;

@@ -7,7 +7,7 @@
 //! service for one user request, and a per-call attempt cap does nothing against a fleet
 //! of callers that all retry at once. When a dependency slows down, the retry load alone
 //! can keep it saturated after the trigger is gone (a metastable failure). This crate puts
-//! one [`RetryController`](stormguard_core::retry::RetryController) per dependency in front
+//! one [`RetryController`](stormguard_core::RetryController) per dependency in front
 //! of a tonic channel: a retry goes out only when the failure is retryable, the server did
 //! not push back, the deadline leaves room, the breaker is closed and the shared budget
 //! (retries ≤ ~10 % of successes) can pay for it.
@@ -22,9 +22,7 @@
 //! use std::{sync::Arc, time::Duration};
 //! use stormguard_client::RetryLayer;
 //! use stormguard_core::{
-//!     budget::{Budget, BudgetConfig, RetryBudget},
-//!     policy::{MethodTable, RetryPolicy},
-//!     retry::RetryController,
+//!     Budget, BudgetConfig, RetryBudget, MethodTable, RetryPolicy, RetryController,
 //! };
 //! use tower::ServiceBuilder;
 //! # use tonic::transport::Endpoint;
@@ -73,7 +71,7 @@
 //! | knob | bounds | the server learns it | when it runs out |
 //! |---|---|---|---|
 //! | `tonic::Request::set_timeout` | the whole call: every attempt, every backoff delay and, once committed, the response stream (see [`ResponseBody`]) | yes: each attempt's `grpc-timeout` is what is left | `DEADLINE_EXCEEDED`, final (never retried) |
-//! | per-attempt timeout: [`RetryPolicy::per_attempt_timeout`](stormguard_core::policy::RetryPolicy::per_attempt_timeout), `retry.per_attempt_timeout`, `retryPolicy.perAttemptRecvTimeout`, [`RetryLayer::with_per_attempt_timeout`] | one attempt | yes: `grpc-timeout` is the smaller of it and what is left of the call | a failure of the dependency (budget, breaker), retried; when the layer gives up, `DEADLINE_EXCEEDED` with `grpc-retry-pushback-ms: -1` |
+//! | per-attempt timeout: [`RetryPolicy::per_attempt_timeout`](stormguard_core::RetryPolicy::per_attempt_timeout), `retry.per_attempt_timeout`, `retryPolicy.perAttemptRecvTimeout`, [`RetryLayer::with_per_attempt_timeout`] | one attempt | yes: `grpc-timeout` is the smaller of it and what is left of the call | a failure of the dependency (budget, breaker), retried; when the layer gives up, `DEADLINE_EXCEEDED` with `grpc-retry-pushback-ms: -1` |
 //! | `Endpoint::timeout`, or a `tower::timeout` layer *under* the `RetryLayer` | one attempt (the channel takes the smaller of it and `grpc-timeout`) | no | read by the layer exactly as a per-attempt timeout |
 //! | a `tower::timeout` layer *above* the `RetryLayer` | the whole call | no | the layer's future is dropped: the attempt in flight is cancelled, nothing is recorded for the budget or the breaker, the caller gets `tower`'s `Elapsed`, not a gRPC status |
 //!
@@ -117,3 +115,11 @@ pub use retry::DEFAULT_REPLAY_LIMIT;
 pub use retry::{RefusedCounts, RetrySnapshot, RetryStats, ThrottledCounts};
 pub use retry::{ResponseBody, Retry, RetryLayer};
 pub use status::{BoxError, code_from_tonic, code_to_tonic};
+
+// What a user of the layer configures, so that one `use stormguard_client::{..}` holds it.
+pub use stormguard_core::{
+    A6BudgetConfig, AdaptiveThrottleConfig, BackoffConfig, BreakerConfig, BudgetConfig,
+    ClientConfig, Code, ConfigError, Criticality, CriticalityTable, EjectReason, EjectionConfig,
+    Format, HedgeDelay, HedgingPolicy, LearnedDelay, LoadConfig, MethodTable, ReplicaConfig,
+    ReportWeightConfig, RetryPolicy, SaturationConfig, SlowStartConfig,
+};

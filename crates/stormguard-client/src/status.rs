@@ -12,7 +12,7 @@
 //!
 //! Some transport errors prove that the request never reached the server's application,
 //! and so may be retried *transparently* (gRPC A6; see
-//! [`CallRetry::on_attempt_end_at`](stormguard_core::retry::CallRetry::on_attempt_end_at)):
+//! [`CallRetry::on_attempt_end_at`](stormguard_core::CallRetry::on_attempt_end_at)):
 //! they are read as *unsent* ([`classify_error`]). What tonic 0.14's channel (hyper 1 over
 //! h2) returns for each, found in the error's source chain:
 //!
@@ -31,10 +31,12 @@
 //! Everything here maps between those wire facts and `stormguard_core` types, in one place.
 
 use http::{HeaderMap, HeaderValue};
-use stormguard_core::code::Code;
-use stormguard_core::pushback::Pushback;
-use stormguard_core::wire::http::{DO_NOT_RETRY, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS};
-use stormguard_core::wire::{self, parse_grpc_status, parse_pushback};
+use stormguard_core::Code;
+use stormguard_core::Pushback;
+use stormguard_core::{wire, wire::parse_grpc_status, wire::parse_pushback};
+use stormguard_core::{
+    wire::http::DO_NOT_RETRY, wire::http::GRPC_RETRY_PUSHBACK_MS, wire::http::GRPC_STATUS,
+};
 use tonic::Status;
 
 /// The boxed error type of the retry service.

@@ -17,7 +17,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use stormguard_core::context::{self, CallContext};
+//! use stormguard_core::{context, context::CallContext};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let ctx = CallContext::new().with_timeout(Duration::from_secs(2)).with_previous_attempts(1);
@@ -31,9 +31,9 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
+use crate::Deadline;
 use crate::Instant;
-use crate::deadline::Deadline;
-use crate::wire::{MAX_ALLOWANCE, parse_allowance};
+use crate::{wire::MAX_ALLOWANCE, wire::parse_allowance};
 
 tokio::task_local! {
     static CURRENT: CallContext;
@@ -131,19 +131,15 @@ const UNLIMITED: u32 = u32::MAX;
 /// The allowance is only ever lowered: [`with_allowance`](Self::with_allowance) on a peer's
 /// value keeps the smaller.
 ///
-/// [`Refusal::Allowance`]: crate::retry::Refusal::Allowance
+/// [`Refusal::Allowance`]: crate::Refusal::Allowance
 ///
 /// ```
-/// use stormguard_core::context::{self, RequestScope};
+/// use stormguard_core::{context, context::RequestScope};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let scope = RequestScope::new().with_allowance(2).with_peer_allowance(b"1");
-/// let left = context::request_scope(scope, async {
-///     assert!(context::spend_retry());
-///     (context::spend_retry(), context::remaining_allowance())
-/// })
-/// .await;
-/// assert_eq!(left, (false, Some(0)));
+/// let left = context::request_scope(scope, async { context::remaining_allowance() }).await;
+/// assert_eq!(left, Some(1), "the smaller of the two");
 /// # }
 /// ```
 #[derive(Debug)]
@@ -189,7 +185,7 @@ impl RequestScope {
     }
 
     /// Retries left, if this scope has an allowance.
-    pub fn allowance(&self) -> Option<u32> {
+    pub(crate) fn allowance(&self) -> Option<u32> {
         match self.allowance.load(Ordering::Relaxed) {
             UNLIMITED => None,
             n => Some(n),
@@ -233,12 +229,12 @@ pub type RequestScoped<F> = tokio::task::futures::TaskLocalFuture<RequestScope, 
 
 /// Spends one retry of the current request's allowance. `true` when the retry may go
 /// ahead: an allowance had one left, or there is no allowance (or no request scope).
-pub fn spend_retry() -> bool {
+pub(crate) fn spend_retry() -> bool {
     REQUEST.try_with(RequestScope::spend).unwrap_or(true)
 }
 
 /// Gives back a retry [`spend_retry`] took but that was not made.
-pub fn refund_retry() {
+pub(crate) fn refund_retry() {
     let _ = REQUEST.try_with(RequestScope::refund);
 }
 
@@ -253,99 +249,4 @@ pub fn mark_downstream_refused() {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_peer_can_lower_the_allowance_but_never_raise_or_create_it() {
-        let lowered = RequestScope::new()
-            .with_allowance(3)
-            .with_peer_allowance(b"1");
-        assert_eq!(lowered.allowance(), Some(1));
-        let kept = RequestScope::new()
-            .with_allowance(3)
-            .with_peer_allowance(b"9");
-        assert_eq!(kept.allowance(), Some(3));
-        let ignored = RequestScope::new()
-            .with_allowance(3)
-            .with_peer_allowance(b"-2");
-        assert_eq!(ignored.allowance(), Some(3));
-        let off = RequestScope::new().with_peer_allowance(b"1");
-        assert_eq!(off.allowance(), None);
-    }
-
-    #[tokio::test]
-    async fn spending_stops_at_zero_and_refunds_give_back() {
-        let (first, second, refunded, outside) =
-            request_scope(RequestScope::new().with_allowance(1), async {
-                let first = spend_retry();
-                let second = spend_retry();
-                refund_retry();
-                (first, second, remaining_allowance(), ())
-            })
-            .await;
-        assert_eq!(
-            (first, second, refunded, outside),
-            (true, false, Some(1), ())
-        );
-        // No scope, or a scope without an allowance: nothing limits.
-        assert!(spend_retry());
-        assert!(request_scope(RequestScope::new(), async { spend_retry() }).await);
-    }
-
-    #[tokio::test]
-    async fn a_refusal_is_seen_by_whoever_holds_the_scope() {
-        let mut fut = std::pin::pin!(request_scope(RequestScope::new(), async {
-            mark_downstream_refused();
-        }));
-        (&mut fut).await;
-        let scope = fut.as_mut().take_value().unwrap();
-        assert!(scope.downstream_refused());
-    }
-
-    #[test]
-    fn a_deadline_can_be_shortened_but_not_extended() {
-        let now = Instant::now();
-        let ctx = CallContext::new().with_deadline(now + Duration::from_secs(5));
-        let shorter = ctx.with_deadline(now + Duration::from_secs(1));
-        assert_eq!(shorter.deadline(), Some(now + Duration::from_secs(1)));
-        let longer = shorter.with_deadline(now + Duration::from_secs(9));
-        assert_eq!(longer.deadline(), Some(now + Duration::from_secs(1)));
-    }
-
-    #[test]
-    fn an_absurd_timeout_saturates_instead_of_panicking() {
-        let ctx = CallContext::new().with_timeout(Duration::MAX);
-        let left = ctx.remaining_at(Instant::now()).expect("a deadline is set");
-        assert!(left > Duration::from_secs(365 * 24 * 3600));
-        // An earlier deadline still wins over the far one.
-        let soon = Instant::now() + Duration::from_secs(1);
-        assert_eq!(ctx.with_deadline(soon).deadline(), Some(soon));
-    }
-
-    #[test]
-    fn remaining_time_saturates_at_zero() {
-        let now = Instant::now();
-        let ctx = CallContext::new().with_deadline(now);
-        assert_eq!(
-            ctx.remaining_at(now + Duration::from_secs(1)),
-            Some(Duration::ZERO)
-        );
-        assert_eq!(CallContext::new().remaining_at(now), None);
-    }
-
-    #[tokio::test]
-    async fn scopes_nest_and_end() {
-        let outer = CallContext::new().with_previous_attempts(1);
-        let inner = CallContext::new().with_previous_attempts(2);
-        let seen = scope(outer, async {
-            let a = CallContext::current();
-            let b = scope(inner, async { CallContext::current() }).await;
-            (a, b, CallContext::current())
-        })
-        .await;
-        assert_eq!(seen, (Some(outer), Some(inner), Some(outer)));
-        assert_eq!(CallContext::current(), None);
-    }
-}
+mod tests;

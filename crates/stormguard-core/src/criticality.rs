@@ -1,59 +1,61 @@
 //! Request criticality: which work a saturated server drops first.
 //!
-//! Retries are not the only work a server can afford to lose. A prefetch, a batch
-//! backfill or a speculative call has a caller that can wait or do without; a checkout
-//! does not. A call may say so in the `stormguard-criticality` header
-//! ([`wire::STORMGUARD_CRITICALITY`](crate::wire::STORMGUARD_CRITICALITY)), one of three
-//! lowercase tokens:
-//!
-//! | value | class | shed |
-//! |---|---|---|
-//! | `sheddable` | [`Criticality::Sheddable`] | first: once its own threshold is passed (by default as soon as it would have to wait) |
-//! | `default` | [`Criticality::Default`] | retries past the retry threshold, first attempts when the queue is full (a full queue gives it a queued sheddable call's place first) |
-//! | `critical` | [`Criticality::Critical`] | as `default`, but a full queue gives it the place of a waiter of lower criticality (the lowest-ranked, oldest first) |
-//!
-//! Under overload a server sheds **sheddable work first, then retries, then the rest**
-//! ([`CallClass::rank`](crate::admission::CallClass::rank)). A retry of a critical call
-//! is still a retry: the attempt class weighs more than the criticality, because a retry
-//! is load already being amplified.
-//!
-//! # What a peer can claim
-//!
-//! Parsing is strict ([`wire::parse_criticality`](crate::wire::parse_criticality)): a missing value, or anything other
-//! than exactly one of the three tokens (`"CRITICAL"`, `" critical"`, `"critical,x"`), is
-//! [`Criticality::Default`]. A peer gains nothing by sending garbage.
-//!
-//! A peer can never get a higher class than the server allows: the server keeps a
-//! [`CriticalityTable`] of the highest class it grants per method (by default
-//! `default` for every method, so `critical` is ignored until the service grants it),
-//! and a call's class is the lower of what it claims and what the table allows
-//! ([`CriticalityTable::resolve`]). A service grants `critical` to the methods whose
-//! callers it trusts with it, and can cap a method at `sheddable` (a report endpoint)
-//! whatever its callers claim.
-//!
-//! The same table type, on the client, is the class each method's calls are stamped with
-//! ([`CriticalityTable::class_for`]).
-//!
-//! ```
-//! use stormguard_core::criticality::{Criticality, CriticalityTable};
-//! use stormguard_core::wire::parse_criticality;
-//!
-//! // The server grants critical to checkout only.
-//! let table = CriticalityTable::from_json(r#"{ "criticality": {
-//!     "default": "default",
-//!     "methods": { "/shop.Cart/Checkout": "critical", "/shop.Reports/": "sheddable" } } }"#)
-//!     .expect("valid");
-//! let claim = |path, value: &[u8]| table.resolve(path, parse_criticality(Some(value)));
-//! assert_eq!(claim("/shop.Cart/Checkout", b"critical"), Criticality::Critical);
-//! assert_eq!(claim("/shop.Cart/Add", b"critical"), Criticality::Default);
-//! assert_eq!(claim("/shop.Reports/Daily", b"critical"), Criticality::Sheddable);
-//! assert_eq!(claim("/shop.Cart/Add", b"sheddable"), Criticality::Sheddable);
-//! assert_eq!(table.resolve("/shop.Cart/Add", parse_criticality(None)), Criticality::Default);
-//! ```
+//! See [`Criticality`](crate::Criticality) for what it does and why.
 
-use crate::error::ConfigError;
+use crate::ConfigError;
 
 /// How much a call matters, lowest first (so `min` is "the lower class").
+///
+/// Retries are not the only work a server can afford to lose. A prefetch, a batch
+/// backfill or a speculative call has a caller that can wait or do without; a checkout
+/// does not. A call may say so in the `stormguard-criticality` header
+/// ([`wire::STORMGUARD_CRITICALITY`](crate::wire::STORMGUARD_CRITICALITY)), one of three
+/// lowercase tokens:
+///
+/// | value | class | shed |
+/// |---|---|---|
+/// | `sheddable` | [`Criticality::Sheddable`] | first: once its own threshold is passed (by default as soon as it would have to wait) |
+/// | `default` | [`Criticality::Default`] | retries past the retry threshold, first attempts when the queue is full (a full queue gives it a queued sheddable call's place first) |
+/// | `critical` | [`Criticality::Critical`] | as `default`, but a full queue gives it the place of a waiter of lower criticality (the lowest-ranked, oldest first) |
+///
+/// Under overload a server sheds **sheddable work first, then retries, then the rest**
+/// ([`CallClass::rank`](crate::CallClass::rank)). A retry of a critical call
+/// is still a retry: the attempt class weighs more than the criticality, because a retry
+/// is load already being amplified.
+///
+/// # What a peer can claim
+///
+/// Parsing is strict ([`wire::parse_criticality`](crate::wire::parse_criticality)): a missing value, or anything other
+/// than exactly one of the three tokens (`"CRITICAL"`, `" critical"`, `"critical,x"`), is
+/// [`Criticality::Default`]. A peer gains nothing by sending garbage.
+///
+/// A peer can never get a higher class than the server allows: the server keeps a
+/// [`CriticalityTable`] of the highest class it grants per method (by default
+/// `default` for every method, so `critical` is ignored until the service grants it),
+/// and a call's class is the lower of what it claims and what the table allows
+/// ([`CriticalityTable::resolve`]). A service grants `critical` to the methods whose
+/// callers it trusts with it, and can cap a method at `sheddable` (a report endpoint)
+/// whatever its callers claim.
+///
+/// The same table type, on the client, is the class each method's calls are stamped with
+/// ([`CriticalityTable::class_for`]).
+///
+/// ```
+/// use stormguard_core::{Criticality, CriticalityTable};
+/// use stormguard_core::wire::parse_criticality;
+///
+/// // The server grants critical to checkout only.
+/// let table = CriticalityTable::from_json(r#"{ "criticality": {
+///     "default": "default",
+///     "methods": { "/shop.Cart/Checkout": "critical", "/shop.Reports/": "sheddable" } } }"#)
+///     .expect("valid");
+/// let claim = |path, value: &[u8]| table.resolve(path, parse_criticality(Some(value)));
+/// assert_eq!(claim("/shop.Cart/Checkout", b"critical"), Criticality::Critical);
+/// assert_eq!(claim("/shop.Cart/Add", b"critical"), Criticality::Default);
+/// assert_eq!(claim("/shop.Reports/Daily", b"critical"), Criticality::Sheddable);
+/// assert_eq!(claim("/shop.Cart/Add", b"sheddable"), Criticality::Sheddable);
+/// assert_eq!(table.resolve("/shop.Cart/Add", parse_criticality(None)), Criticality::Default);
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Criticality {
     /// Work whose caller can wait or do without: shed before anything else.
@@ -79,7 +81,7 @@ impl Criticality {
     /// (lowercase ASCII, nothing around it); `None` for anything else.
     ///
     /// ```
-    /// use stormguard_core::criticality::Criticality;
+    /// use stormguard_core::Criticality;
     ///
     /// assert_eq!(Criticality::from_value(b"critical"), Some(Criticality::Critical));
     /// assert_eq!(Criticality::from_value(b"Critical"), None);
@@ -106,7 +108,7 @@ impl Criticality {
 ///
 /// A rule names a full method path (`/pkg.Service/Method`) or a service prefix ending
 /// in `/` (`/pkg.Service/`); the exact path wins over a prefix, a longer prefix over a
-/// shorter one, and a path no rule names gets [`CriticalityTable::default_class`].
+/// shorter one, and a path no rule names gets `CriticalityTable::default_class`.
 /// Memory is what the rules take.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CriticalityTable {
@@ -145,11 +147,6 @@ impl CriticalityTable {
         Ok(self)
     }
 
-    /// The class for paths no rule names.
-    pub fn default_class(&self) -> Criticality {
-        self.default_class
-    }
-
     /// The class of calls to `path`.
     pub fn class_for(&self, path: &str) -> Criticality {
         let mut best: Option<(usize, Criticality)> = None;
@@ -177,51 +174,4 @@ impl CriticalityTable {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn table_matches_exact_then_longest_prefix() {
-        use Criticality::*;
-        let t = CriticalityTable::new(Sheddable)
-            .with_method("/a.S/", Default)
-            .unwrap()
-            .with_method("/a.S/Pay", Critical)
-            .unwrap()
-            .with_method("/a.", Critical)
-            .unwrap();
-        assert_eq!(t.class_for("/a.S/Pay"), Critical);
-        assert_eq!(t.class_for("/a.S/Payx"), Default);
-        assert_eq!(t.class_for("/a.S/Get"), Default);
-        assert_eq!(t.class_for("/b.S/Get"), Sheddable);
-        // "/a." does not end in '/': exact only.
-        assert_eq!(t.class_for("/a.T/Get"), Sheddable);
-        assert!(
-            CriticalityTable::default()
-                .with_method("a.S/", Default)
-                .is_err()
-        );
-        assert!(
-            CriticalityTable::default()
-                .with_method("/", Default)
-                .is_err()
-        );
-    }
-
-    #[test]
-    fn a_peer_never_gets_more_than_the_table_allows() {
-        use Criticality::*;
-        let t = CriticalityTable::default()
-            .with_method("/a.S/Pay", Critical)
-            .unwrap();
-        assert_eq!(t.resolve("/a.S/Get", Critical), Default);
-        assert_eq!(t.resolve("/a.S/Pay", Critical), Critical);
-        assert_eq!(t.resolve("/a.S/Pay", Sheddable), Sheddable);
-        assert_eq!(t.resolve("/a.S/Pay", Default), Default);
-        let capped = t.with_method("/a.S/Report", Sheddable).unwrap();
-        for claim in Criticality::ALL {
-            assert_eq!(capped.resolve("/a.S/Report", claim), Sheddable);
-        }
-    }
-}
+mod tests;

@@ -1,38 +1,36 @@
 //! Deadlines of logical calls.
 //!
-//! A retry must not get a fresh timeout: the caller waits for the *logical* call, so every
-//! attempt carries what is left of the original deadline. This module keeps that deadline
-//! ([`Deadline`]); the `grpc-timeout` header that carries it from hop to hop is
-//! [`crate::wire`]'s ([`decode_grpc_timeout`](crate::wire::decode_grpc_timeout),
-//! [`encode_grpc_timeout`]).
+//! See [`Deadline`](crate::Deadline) for what it does and why.
 
 use std::time::Duration;
 
 use crate::Instant;
+#[cfg(test)]
 use crate::wire::{GrpcTimeout, encode_grpc_timeout};
 
 /// The deadline of a logical call: the instant by which the caller stops waiting.
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard_core::{deadline::Deadline, Instant};
+/// use stormguard_core::{Deadline, Instant};
 ///
 /// let t0 = Instant::now();
 /// let d = Deadline::after_at(t0, Duration::from_millis(500));
 /// assert_eq!(d.remaining_at(t0 + Duration::from_millis(200)), Duration::from_millis(300));
 /// assert!(d.is_expired_at(t0 + Duration::from_millis(500)));
 /// ```
+///
+/// A retry must not get a fresh timeout: the caller waits for the *logical* call, so every
+/// attempt carries what is left of the original deadline. This module keeps that deadline
+/// ([`Deadline`]); the `grpc-timeout` header that carries it from hop to hop is
+/// [`crate::wire`]'s ([`decode_grpc_timeout`](crate::wire::decode_grpc_timeout),
+/// `encode_grpc_timeout`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Deadline {
     at: Instant,
 }
 
 impl Deadline {
-    /// A deadline at `at`.
-    pub fn at(at: Instant) -> Self {
-        Deadline { at }
-    }
-
     /// A deadline `timeout` after `now`.
     pub fn after_at(now: Instant, timeout: Duration) -> Self {
         Deadline {
@@ -41,7 +39,7 @@ impl Deadline {
     }
 
     /// A deadline `timeout` from now.
-    pub fn after(timeout: Duration) -> Self {
+    pub(crate) fn after(timeout: Duration) -> Self {
         Self::after_at(Instant::now(), timeout)
     }
 
@@ -55,25 +53,22 @@ impl Deadline {
         self.at.saturating_duration_since(now)
     }
 
-    /// Time left now.
-    pub fn remaining(self) -> Duration {
-        self.remaining_at(Instant::now())
-    }
-
     /// Whether the deadline has passed at `now`.
     pub fn is_expired_at(self, now: Instant) -> bool {
         now >= self.at
     }
 
+    #[cfg(test)]
     /// The `grpc-timeout` value for an attempt sent at `now`, or `None` once expired.
-    pub fn grpc_timeout_at(self, now: Instant) -> Option<GrpcTimeout> {
+    pub(crate) fn grpc_timeout_at(self, now: Instant) -> Option<GrpcTimeout> {
         let left = self.remaining_at(now);
         (!left.is_zero()).then(|| encode_grpc_timeout(left))
     }
 
+    #[cfg(test)]
     /// The earlier of two deadlines: a deadline from a peer may shorten a local one, never
     /// extend it.
-    pub fn min(self, other: Deadline) -> Deadline {
+    pub(crate) fn min(self, other: Deadline) -> Deadline {
         if other.at < self.at { other } else { self }
     }
 }
@@ -101,8 +96,8 @@ pub struct CallDeadline {
 }
 
 /// What a layer knows about a new call's time limits when it starts (the method's own
-/// default comes from the method table). The [`RetryController`](crate::retry::RetryController)
-/// resolves them: see [`resolve_deadline_at`] and [`CallRetry`](crate::retry::CallRetry).
+/// default comes from the method table). The [`RetryController`](crate::RetryController)
+/// resolves them: see [`resolve_deadline_at`] and [`CallRetry`](crate::CallRetry).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CallTimes {
     /// The caller's own timeout (the request's `grpc-timeout`, decoded).
@@ -126,7 +121,7 @@ pub struct CallTimes {
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard_core::{Instant, deadline::{resolve_deadline_at, CallTimes, DeadlineSource}};
+/// use stormguard_core::{Instant, resolve_deadline_at, CallTimes, DeadlineSource};
 ///
 /// let now = Instant::now();
 /// let ms = Duration::from_millis;
@@ -165,28 +160,4 @@ pub fn resolve_deadline_at(
 const MAX_DEADLINE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn deadline_arithmetic() {
-        let t0 = Instant::now();
-        let d = Deadline::after_at(t0, Duration::from_millis(100));
-        assert_eq!(d.remaining_at(t0), Duration::from_millis(100));
-        assert_eq!(d.remaining_at(t0 + Duration::from_secs(1)), Duration::ZERO);
-        assert!(!d.is_expired_at(t0 + Duration::from_millis(99)));
-        assert!(d.is_expired_at(t0 + Duration::from_millis(100)));
-        assert_eq!(
-            d.grpc_timeout_at(t0 + Duration::from_millis(40))
-                .map(|t| t.to_string()),
-            Some("60000000n".to_owned())
-        );
-        assert_eq!(d.grpc_timeout_at(t0 + Duration::from_millis(100)), None);
-        let shorter = Deadline::after_at(t0, Duration::from_millis(10));
-        assert_eq!(d.min(shorter), shorter);
-        assert_eq!(shorter.min(d), shorter);
-        // An absurd timeout from a peer does not overflow.
-        let far = Deadline::after_at(t0, Duration::MAX);
-        assert!(far.remaining_at(t0) > Duration::from_secs(365 * 24 * 3600));
-    }
-}
+mod tests;

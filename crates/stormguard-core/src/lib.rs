@@ -1,4 +1,5 @@
-//! stormguard-core: the policy that stormguard's client and server layers share.
+//! stormguard-core: the engine under stormguard's client and server layers, for custom
+//! call loops and simulators.
 //!
 //! # Why
 //!
@@ -10,48 +11,39 @@
 //! and the retry load alone keeps the service saturated after the trigger is gone: a
 //! *metastable* failure that does not recover by itself.
 //!
-//! stormguard's answer is a policy that asks *can the system afford another attempt?*
-//! rather than *has this request been tried enough?*:
+//! stormguard asks *can the system afford another attempt?* rather than *has this request
+//! been tried enough?*. A [`RetryBudget`] minted by successes (retries ≤ 10 % of recent
+//! successes plus a small floor) holds amplification near 1.1× however bad the failure,
+//! and a server that sheds retries before first attempts ([`AdmissionController`]) keeps
+//! its capacity for the calls that are someone's only chance so far.
 //!
-//! * a **retry budget** ([`budget`]) minted by successes — retries ≤ 10 % of recent
-//!   successes plus a small floor — holds amplification near 1.1× however bad the failure;
-//!   the gRPC A6 token bucket ([`throttle`]) is there for users who want the standard one;
-//! * **full-jitter backoff** ([`backoff`]) so retries do not arrive as pulses;
-//! * **server pushback** ([`pushback`], `grpc-retry-pushback-ms`) honoured exactly;
-//! * **client-side adaptive throttling** ([`adaptive_throttle`], the SRE book's formula):
-//!   a client refuses calls locally while the dependency refuses most of them for
-//!   overload, for servers whose refusals cost real work;
-//! * a **circuit breaker** ([`breaker`]) for latency: fail fast while a dependency is dead,
-//!   probe it back on a jittered schedule;
-//! * **deadlines** ([`deadline`]): a retry gets what is left of the caller's time, never a
-//!   fresh timeout, and a handler's downstream calls inherit the inbound deadline through
-//!   the task-local [`context`];
-//! * **classification** ([`code`], [`policy`]): only transient codes of idempotent methods
-//!   are retried;
-//! * **idempotency keys** ([`idempotency`]): one key per logical call of a keyed write,
-//!   the same on every attempt, and the bounded record a server keeps of the keys it ran,
-//!   so a write can be retried after it may have run without being done twice;
-//! * the **retry decision** ([`retry`]) that combines them, in one place;
-//! * the server's **admission policy** ([`admission`]): which work to keep when it cannot
-//!   serve all of it — retries are shed before first attempts — and the **admission
-//!   queue** ([`queue`]) that applies it to workers and waiters, shared by the server layer
-//!   and the simulator;
-//! * **configuration** ([`config`]) in stormguard's shape (with per-method policies) or
-//!   the standard gRPC service config, from JSON, YAML or TOML, or held in an
-//!   application's own config through `serde`, validated either way;
-//! * the **wire** ([`wire`]): every header the layers write or read, with its one parser
-//!   and encoder (and, with the `http` feature, its `http::HeaderName`);
-//! * **load reports** ([`orca`], gRPC ORCA): the report a server sends on every answer,
-//!   and what a client makes of it: no retry to a saturated server, replica weights that
-//!   a report can only lower;
-//! * what the layers **tell operators** ([`observe`]): a layer's name, and the per-second
-//!   summary that keeps INFO readable during an incident.
+//! # What is here
 //!
-//! This crate knows nothing of tonic or a runtime, and of http only behind the `http`
-//! feature (header names as `http::HeaderName` constants): plain types that the
-//! `stormguard-client` and `stormguard-server` tower layers adapt, and that the fleet
-//! simulator drives on a virtual clock. Time is [`Instant`] (`tokio::time::Instant`, so
-//! tests run on paused time), and every time-dependent method has an `*_at(now)` form.
+//! The decisions, as plain types that know nothing of tonic or a runtime (http only behind
+//! the `http` feature), grouped by what they decide:
+//!
+//! * **the retry decision**: [`RetryController`] per dependency and [`CallRetry`] per
+//!   call, one ordered list of checks with a typed [`Refusal`]; its settings
+//!   ([`RetryPolicy`], [`HedgingPolicy`], [`MethodTable`]), [`Backoff`] with full jitter,
+//!   the [`CircuitBreaker`], the SRE client throttle ([`AdaptiveThrottle`]) and what load
+//!   reports say ([`Saturation`]);
+//! * **budgets**: the [`Budget`] trait, stormguard's [`RetryBudget`], per-key accounts
+//!   ([`KeyedBudgets`]) and gRPC A6's token bucket ([`A6Budget`]);
+//! * **the balancer**: [`ReplicaSet`], which picks a replica per attempt and ejects
+//!   failing ones;
+//! * **admission**: [`AdmissionController`], the [`AdmissionQueue`] that applies it, the
+//!   [`AdaptiveLimit`] of workers and the idempotency [`DedupTable`];
+//! * **the wire** ([`wire`]): every header the layers read or write, with its one parser
+//!   and encoder, and the ORCA [`LoadReport`];
+//! * **configuration**: [`ClientConfig`], [`AdmissionConfig`], [`ReplicaConfig`] from
+//!   JSON, YAML or TOML (see `docs/config.md`), validated with errors that name the field;
+//! * the task-local call [`context`] that carries a deadline across hops.
+//!
+//! Time is [`Instant`] (`tokio::time::Instant`, so tests run on paused time), and every
+//! time-dependent method has an `*_at(now)` form. The `stormguard-client` and
+//! `stormguard-server` layers re-export what their users configure; use this crate
+//! directly to drive the same decisions from a loop of your own, as the fleet simulator
+//! does.
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
@@ -59,35 +51,52 @@
 /// runtime and follows `tokio::time::pause()` in tests.
 pub use tokio::time::Instant;
 
-pub mod adaptive_throttle;
-pub mod admission;
-pub mod backoff;
-pub mod breaker;
-pub mod budget;
-pub mod code;
-pub mod config;
+mod admission;
+mod balance;
+mod budget;
+mod config;
 pub mod context;
-pub mod criticality;
-pub mod deadline;
-pub mod error;
-pub mod hedge;
-pub mod idempotency;
-pub mod limit;
-pub mod observe;
-pub mod orca;
-pub mod policy;
-pub mod pushback;
-pub mod queue;
-pub mod replica;
-pub mod retry;
-pub mod throttle;
+mod criticality;
+mod deadline;
+mod error;
+mod observe;
+mod retry;
 pub mod wire;
 
 #[cfg(feature = "http")]
-mod body;
+pub use wire::body::{DeadlineCut, HeldFrames, Polled};
 
-#[cfg(feature = "http")]
-pub use body::{DeadlineCut, HeldFrames, Polled};
-pub use code::Code;
-pub use config::{ClientConfig, ConfigError};
-pub use retry::{CallRetry, Decision, Failure, Refusal, RetryController};
+pub use admission::{
+    AdaptiveLimit, AdaptiveLimitConfig, Admission, AdmissionConfig, AdmissionController,
+    AdmissionQueue, Arrival, Begin, CallClass, CompletionRate, DedupCounts, DedupTable, Dispatch,
+    IdempotencyConfig, Left, QueueLoad, QueueOrder, QueuedId, RateMeter, RetryThreshold, Shed,
+    ShedPushback, ShedReason,
+};
+pub use balance::weights::a58_weight;
+pub use balance::{
+    EjectReason, EjectionConfig, LoadConfig, ReplicaConfig, ReplicaEvent, ReplicaId,
+    ReplicaOutcome, ReplicaSet, ReplicaSnapshot, ReplicaState, ReportWeightConfig, SlowStartConfig,
+};
+pub use budget::{
+    A6Budget, A6BudgetConfig, Budget, BudgetConfig, KeyedBudgets, MAX_FLEET_SIZE, RetryBudget,
+    Unlimited,
+};
+pub use config::{
+    BudgetChoice, ClientConfig, Format, IDEMPOTENT_SETTING, NotApplied, NotAppliedReason, Notice,
+    ShedSettings, parse_duration,
+};
+pub use criticality::{Criticality, CriticalityTable};
+pub use deadline::{CallDeadline, CallTimes, Deadline, DeadlineSource, resolve_deadline_at};
+pub use error::ConfigError;
+pub use observe::{DEFAULT_SUMMARY_INTERVAL, EventSummary, LayerName, Summary, split_path};
+pub use retry::{
+    AdaptiveThrottle, AdaptiveThrottleConfig, AttemptEnd, AttemptPlan, Backoff, BackoffConfig,
+    BreakerConfig, BreakerOpen, BreakerPermit, BreakerState, BreakerTransition, CallRetry,
+    CircuitBreaker, Decision, DelayEstimator, Failure, HedgeDecision, HedgeDelay, HedgingPolicy,
+    LearnedDelay, MAX_ATTEMPTS_CAP, MethodMap, MethodTable, Refusal, RetryController, RetryPolicy,
+    Saturation, SaturationConfig, TRANSPARENT_RETRIES, Throttled, TransitionWatch, Transitions,
+    Verdict, WindowCounts,
+};
+pub use wire::code::{Code, CodeSet, UnknownCode};
+pub use wire::orca::{LoadReport, LoadReportError, OrcaLoadReport};
+pub use wire::pushback::Pushback;

@@ -20,7 +20,7 @@ pub mod v1 {
 
 /// The ORCA load report generated from the vendored published proto
 /// (`proto/xds/data/orca/v3/orca_load_report.proto`), for the tests that check
-/// `stormguard_core::orca::OrcaLoadReport` against it.
+/// `stormguard_core::OrcaLoadReport` against it.
 pub mod orca {
     tonic::include_proto!("xds.data.orca.v3");
 }
@@ -37,15 +37,15 @@ pub use v1::{
 /// `Reserve` marked idempotent, as the proto documents it (a reservation is keyed by its
 /// `request_id`): the policy the examples use when no config file is given.
 ///
-/// [`ClientConfig::standard`]: stormguard_core::config::ClientConfig::standard
-pub fn client_config() -> stormguard_core::config::ClientConfig {
-    let mut config = stormguard_core::config::ClientConfig::standard();
+/// [`ClientConfig::standard`]: stormguard_core::ClientConfig::standard
+pub fn client_config() -> stormguard_core::ClientConfig {
+    let mut config = stormguard_core::ClientConfig::standard();
     config.methods.insert_method(
         "stormguard.demo.v1.Inventory",
         "Reserve",
-        Some(stormguard_core::policy::RetryPolicy {
+        Some(stormguard_core::RetryPolicy {
             idempotent: true,
-            ..stormguard_core::policy::RetryPolicy::default()
+            ..stormguard_core::RetryPolicy::default()
         }),
     );
     config
@@ -57,7 +57,7 @@ mod orca_wire {
     //! stormguard's hand-written `OrcaLoadReport` (core's `orca` module) against the types
     //! generated from the vendored published proto: the same bytes, both ways, every field.
     use prost::Message as _;
-    use stormguard_core::orca::OrcaLoadReport as Mirror;
+    use stormguard_core::OrcaLoadReport as Mirror;
 
     use crate::orca::OrcaLoadReport as Published;
 
@@ -97,7 +97,7 @@ mod orca_wire {
         assert_eq!(got.utilization, map(&sent.utilization));
         assert_eq!(got.named_metrics, map(&sent.named_metrics));
         // The deprecated integer `rps` (field 3) is skipped, not misread.
-        let checked = stormguard_core::orca::LoadReport::from_message(&got).unwrap();
+        let checked = stormguard_core::LoadReport::from_message(&got).unwrap();
         assert_eq!(checked.utilization, 1.0);
         assert_eq!(checked.queue_depth, Some(4.0));
     }

@@ -15,9 +15,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use stormguard_core::wire::{
-    AttemptClass, GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_TIMEOUT, X_RETRY_ATTEMPT, attempt_class,
-    decode_grpc_timeout_bytes,
+use stormguard_core::{
+    wire::AttemptClass, wire::GRPC_PREVIOUS_RPC_ATTEMPTS, wire::GRPC_TIMEOUT,
+    wire::X_RETRY_ATTEMPT, wire::attempt_class, wire::decode_grpc_timeout_bytes,
 };
 use tokio::sync::watch;
 use tonic::codegen::tokio_stream::{self, Stream};

@@ -145,7 +145,7 @@ mod tests {
     use std::time::Duration;
 
     use stormguard_client::RetryLayer;
-    use stormguard_core::admission::AdmissionConfig;
+    use stormguard_core::AdmissionConfig;
     use stormguard_server::ShedLayer;
     use tonic::transport::Server;
     use tower::ServiceBuilder;
@@ -180,7 +180,7 @@ mod tests {
                 .keep_alive_timeout(Duration::from_millis(300))
                 .keep_alive_while_idle(true);
             let channel = super::connect_lazy_with(endpoint);
-            let layer = RetryLayer::from_config_seeded(&crate::client_config(), 3)?;
+            let layer = RetryLayer::from_config(&crate::client_config().with_seed(3))?;
             let mut client =
                 InventoryClient::new(ServiceBuilder::new().layer(layer).service(channel));
             let call = |id: &str| {

@@ -27,14 +27,16 @@ use std::pin::pin;
 use std::task::{Context, Waker};
 use std::time::Duration;
 
-use stormguard_core::code::Code;
-use stormguard_core::config::BudgetChoice;
-use stormguard_core::context::{RequestScope, request_scope};
-use stormguard_core::hedge::{DelayEstimator, HedgeDelay, HedgingPolicy, LearnedDelay};
-use stormguard_core::retry::{
+use stormguard_core::BudgetChoice;
+use stormguard_core::Code;
+use stormguard_core::{
     AttemptEnd, AttemptPlan, CallRetry, Failure, HedgeDecision, Refusal, RetryController,
 };
-use stormguard_core::wire::{MAX_ALLOWANCE, is_unprocessed, parse_grpc_status, parse_pushback};
+use stormguard_core::{DelayEstimator, HedgeDelay, HedgingPolicy, LearnedDelay};
+use stormguard_core::{context::RequestScope, context::request_scope};
+use stormguard_core::{
+    wire::MAX_ALLOWANCE, wire::is_unprocessed, wire::parse_grpc_status, wire::parse_pushback,
+};
 use tokio::time::Instant;
 
 /// The paths a hedged config is driven on (those of the targets' seeds, and others that
@@ -77,7 +79,7 @@ pub struct Summary {
 
 /// Drives every hedged method of `controller` (on [`PATHS`]) through `script`, checking
 /// the hedging invariants after every decision. `budget` says which budget the controller
-/// has: each hedge a [`RetryBudget`](stormguard_core::budget::RetryBudget) grants lowers
+/// has: each hedge a [`RetryBudget`](stormguard_core::RetryBudget) grants lowers
 /// its balance by one, an A6 throttle's grant consumes nothing. `clock` is the time the
 /// first call starts; it is moved on to the time the last one ended, so that calls one
 /// after the other see time go forward only (a budget reads time as a monotonic clock).

@@ -8,16 +8,17 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Duration;
 
-use stormguard_core::admission::{AdmissionConfig, AdmissionPolicy, QueueLoad};
-use stormguard_core::code::Code;
-use stormguard_core::config::{ClientConfig, ConfigError, Format, parse_duration};
-use stormguard_core::criticality::{Criticality, CriticalityTable};
-use stormguard_core::pushback::Pushback;
-use stormguard_core::retry::{AttemptEnd, Decision, Failure, RetryController};
-use stormguard_core::wire::{
-    AttemptClass, MAX_ALLOWANCE, MAX_PUSHBACK_MS, attempt_class, decode_grpc_timeout,
-    decode_grpc_timeout_bytes, encode_grpc_timeout, encode_pushback, parse_allowance,
-    parse_criticality, parse_load_report, parse_pushback,
+use stormguard_core::Code;
+use stormguard_core::Pushback;
+use stormguard_core::{AdmissionConfig, AdmissionController, QueueLoad};
+use stormguard_core::{AttemptEnd, Decision, Failure, RetryController};
+use stormguard_core::{ClientConfig, ConfigError, Format, parse_duration};
+use stormguard_core::{Criticality, CriticalityTable};
+use stormguard_core::{
+    wire::AttemptClass, wire::MAX_ALLOWANCE, wire::MAX_PUSHBACK_MS, wire::attempt_class,
+    wire::decode_grpc_timeout, wire::decode_grpc_timeout_bytes, wire::encode_grpc_timeout,
+    wire::encode_pushback, wire::parse_allowance, wire::parse_criticality, wire::parse_load_report,
+    wire::parse_pushback,
 };
 use tokio::time::Instant;
 
@@ -759,7 +760,7 @@ pub fn hedge(input: &[u8]) -> Outcome {
     match ClientConfig::from_text(&text, Format::Json) {
         Ok(config) => {
             assert_eq!(config.validate(), Ok(()), "accepted but invalid: {text}");
-            let controller = match RetryController::from_config(&config, 7) {
+            let controller = match RetryController::from_config(&config.clone().with_seed(7)) {
                 Ok(c) => c,
                 Err(e) => panic!("accepted config does not build ({e}): {text}"),
             };
@@ -800,7 +801,7 @@ pub fn admission_json(input: &[u8]) -> Outcome {
     match AdmissionConfig::from_json(&text) {
         Ok(config) => {
             assert_eq!(config.validate(), Ok(()), "accepted but invalid: {text}");
-            let mut policy = match AdmissionPolicy::new(config.clone()) {
+            let mut policy = match AdmissionController::new(config.clone()) {
                 Ok(p) => p,
                 Err(e) => panic!("accepted config does not build ({e}): {text}"),
             };
@@ -847,8 +848,8 @@ pub fn admission_json(input: &[u8]) -> Outcome {
 /// and within its bound; an accepted one feeds the saturation tracker and gRPC A58's
 /// weight, which must stay finite.
 pub fn load_report(input: &[u8]) -> Outcome {
-    use stormguard_core::orca::{
-        LoadReport, MAX_RATE, MAX_UTILIZATION, Saturation, SaturationConfig, a58_weight,
+    use stormguard_core::{
+        LoadReport, Saturation, SaturationConfig, a58_weight, wire::MAX_RATE, wire::MAX_UTILIZATION,
     };
     let parsed = match input.split_first() {
         Some((b'b', value)) => parse_load_report(header_values(value)),
@@ -989,7 +990,7 @@ fn error_kind(e: &ConfigError) -> (bool, String, String) {
 /// Builds the retry controller an accepted config describes and runs failing calls
 /// through it: no panic, every retry fits in the deadline, the clock never overflows.
 fn drive(config: &ClientConfig, text: &str) {
-    let controller = match RetryController::from_config(config, 7) {
+    let controller = match RetryController::from_config(&config.clone().with_seed(7)) {
         Ok(c) => c,
         Err(e) => panic!("accepted config does not build ({e}): {text}"),
     };

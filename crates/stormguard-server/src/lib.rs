@@ -27,11 +27,11 @@
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! use stormguard_core::admission::{AdmissionConfig, AdmissionPolicy};
+//! use stormguard_core::{AdmissionConfig, AdmissionController};
 //! use stormguard_server::ShedLayer;
 //!
 //! // Validated once, at start-up: a bad value is an error that names the field.
-//! let admission = AdmissionPolicy::new(AdmissionConfig {
+//! let admission = AdmissionController::new(AdmissionConfig {
 //!     workers: 32,
 //!     queue_capacity: 128,
 //!     ..AdmissionConfig::default()
@@ -91,7 +91,7 @@
 //!   limit for a streaming service, say).
 //!
 //! The decision itself (attempt classes, thresholds, pushback, expiry, queue order) is
-//! [`stormguard_core::admission`], shared with the fleet simulator; this crate is the
+//! [`stormguard_core::AdmissionController`], shared with the fleet simulator; this crate is the
 //! queue and the tower plumbing around it.
 
 pub mod idempotency;
@@ -100,7 +100,9 @@ pub mod shed;
 pub use shed::{DrainCounts, ShedBody};
 pub use shed::{Occupancy, ShedSnapshot};
 pub use shed::{ResponseFuture, ShedLayer, ShedService, ShedStats};
-pub use stormguard_core::admission::{
-    AdmissionConfig, AdmissionPolicy, QueueOrder, RetryThreshold,
-};
+// What a user of the layer configures, so that one `use stormguard_server::{..}` holds it.
 pub use stormguard_core::wire::AttemptClass;
+pub use stormguard_core::{
+    AdaptiveLimitConfig, AdmissionConfig, AdmissionController, Code, ConfigError, Criticality,
+    CriticalityTable, Format, IdempotencyConfig, QueueOrder, RetryThreshold, ShedSettings,
+};

@@ -8,10 +8,10 @@
 
 use std::time::Duration;
 
+use stormguard_core::CallTimes;
+use stormguard_core::Code;
 use stormguard_core::Instant;
-use stormguard_core::code::Code;
-use stormguard_core::deadline::CallTimes;
-use stormguard_core::retry::{
+use stormguard_core::{
     AttemptEnd, AttemptPlan, CallRetry, Decision, Failure, Refusal, RetryController,
 };
 

@@ -15,8 +15,8 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
+use stormguard_core::Failure;
 use stormguard_core::Instant;
-use stormguard_core::retry::Failure;
 
 use crate::scenario::nanos;
 
@@ -80,7 +80,7 @@ pub(crate) enum Event {
         job: Job,
     },
     /// A running attempt reaches the instant a shedding server cuts it
-    /// ([`AdmissionConfig::cut_at`](stormguard_core::admission::AdmissionConfig::cut_at)).
+    /// ([`AdmissionConfig::cut_at`](stormguard_core::AdmissionConfig::cut_at)).
     ServerCut {
         shard: u32,
         job: Job,

@@ -111,11 +111,11 @@ mod tests {
     use crate::scenario::{BudgetKind, ClientPolicy, QueueServer, ServerKind, Shard, Tier, Window};
     use crate::server::SimServer;
     use crate::stats::Bin;
-    use stormguard_core::admission::AdmissionConfig;
-    use stormguard_core::breaker::BreakerConfig;
-    use stormguard_core::budget::BudgetConfig;
-    use stormguard_core::code::{Code, CodeSet};
-    use stormguard_core::policy::RetryPolicy;
+    use stormguard_core::AdmissionConfig;
+    use stormguard_core::BreakerConfig;
+    use stormguard_core::BudgetConfig;
+    use stormguard_core::RetryPolicy;
+    use stormguard_core::{Code, CodeSet};
 
     /// The default policy for a method whose answers may be retried.
     fn retried() -> RetryPolicy {
@@ -458,7 +458,7 @@ mod tests {
     fn a_chain_multiplies_retries_unless_give_ups_say_do_not_retry() {
         // Delays of at most 1 ms keep the 27 attempts of a call inside its deadline.
         let fast = RetryPolicy {
-            backoff: stormguard_core::backoff::BackoffConfig::FullJitter {
+            backoff: stormguard_core::BackoffConfig::FullJitter {
                 base: Duration::from_millis(1),
                 cap: Duration::from_millis(1),
                 multiplier: 1.0,
@@ -526,7 +526,7 @@ mod tests {
             shedding: Some(AdmissionConfig {
                 workers: 1,
                 queue_capacity: 8,
-                retry_threshold: stormguard_core::admission::RetryThreshold {
+                retry_threshold: stormguard_core::RetryThreshold {
                     depth,
                     queue_delay: None,
                 },
@@ -584,9 +584,9 @@ mod tests {
         // The first copy's OK reaches the client at 102 ms and the hedge is cancelled; the
         // reset reaches the server at 103 ms, 8 ms before the hedge's work would end.
         let mut sc = one_worker_shard(None);
-        sc.policy.hedging = Some(stormguard_core::hedge::HedgingPolicy {
+        sc.policy.hedging = Some(stormguard_core::HedgingPolicy {
             max_attempts: 2,
-            delay: stormguard_core::hedge::HedgeDelay::Fixed(Duration::from_millis(10)),
+            delay: stormguard_core::HedgeDelay::Fixed(Duration::from_millis(10)),
             ..Default::default()
         });
         if let ServerKind::Queue(q) = &mut sc.shards[0].server {
@@ -609,7 +609,7 @@ mod tests {
     #[test]
     fn a_method_is_retried_or_hedged_not_both() {
         let mut sc = scenario(0.0, policy(Some(retried()), BudgetKind::Unlimited));
-        sc.policy.hedging = Some(stormguard_core::hedge::HedgingPolicy::default());
+        sc.policy.hedging = Some(stormguard_core::HedgingPolicy::default());
         assert_eq!(field(run(&sc).expect_err("both")), "policy.hedging");
     }
 
@@ -631,7 +631,7 @@ mod tests {
             shedding: Some(AdmissionConfig {
                 workers: 1,
                 queue_capacity: 4,
-                retry_threshold: stormguard_core::admission::RetryThreshold {
+                retry_threshold: stormguard_core::RetryThreshold {
                     depth: Some(1),
                     queue_delay: None,
                 },

@@ -15,14 +15,14 @@
 
 use std::sync::Arc;
 
-use stormguard_core::breaker::CircuitBreaker;
-use stormguard_core::budget::{Budget, RetryBudget, Unlimited};
-use stormguard_core::code::Code;
-use stormguard_core::deadline::CallTimes;
-use stormguard_core::policy::MethodTable;
-use stormguard_core::pushback::Pushback;
-use stormguard_core::retry::{AttemptPlan, Failure, Refusal, RetryController};
-use stormguard_core::throttle::A6Throttle;
+use stormguard_core::A6Budget;
+use stormguard_core::CallTimes;
+use stormguard_core::CircuitBreaker;
+use stormguard_core::Code;
+use stormguard_core::MethodTable;
+use stormguard_core::Pushback;
+use stormguard_core::{AttemptPlan, Failure, Refusal, RetryController};
+use stormguard_core::{Budget, RetryBudget, Unlimited};
 
 use crate::SimError;
 use crate::client::{End, SimCall, Step};
@@ -100,7 +100,7 @@ fn build_controller(
     }
     let budget: Arc<dyn Budget> = match &policy.budget {
         BudgetKind::Unlimited => Arc::new(Unlimited),
-        BudgetKind::Throttle(c) => Arc::new(A6Throttle::new(c.clone())?),
+        BudgetKind::Throttle(c) => Arc::new(A6Budget::new(c.clone())?),
         BudgetKind::Budget(c) => Arc::new(RetryBudget::new(c.clone())?),
         BudgetKind::FleetBudget { config, fleet_size } => {
             Arc::new(RetryBudget::with_fleet_size(config.clone(), *fleet_size)?)

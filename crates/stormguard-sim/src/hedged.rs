@@ -21,10 +21,10 @@
 //! The simulator's channel is always ready, so a due hedge never waits for it. A simulated
 //! answer has no streamed body, so no copy commits.
 
+use stormguard_core::CallTimes;
+use stormguard_core::Code;
 use stormguard_core::Instant;
-use stormguard_core::code::Code;
-use stormguard_core::deadline::CallTimes;
-use stormguard_core::retry::{
+use stormguard_core::{
     AttemptEnd, AttemptPlan, CallRetry, Failure, HedgeDecision, Refusal, RetryController,
 };
 

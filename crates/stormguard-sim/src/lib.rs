@@ -12,13 +12,13 @@
 //! # No copies of the policy
 //!
 //! The simulator decides nothing about retries itself. Each simulated client process owns
-//! a real [`RetryController`](stormguard_core::retry::RetryController) with its own
-//! budget ([`RetryBudget`](stormguard_core::budget::RetryBudget),
-//! [`A6Throttle`](stormguard_core::throttle::A6Throttle) or
-//! [`Unlimited`](stormguard_core::budget::Unlimited)) and its own optional
-//! [`CircuitBreaker`](stormguard_core::breaker::CircuitBreaker), exactly as the client
+//! a real [`RetryController`](stormguard_core::RetryController) with its own
+//! budget ([`RetryBudget`](stormguard_core::RetryBudget),
+//! [`A6Budget`](stormguard_core::A6Budget) or
+//! [`Unlimited`](stormguard_core::Unlimited)) and its own optional
+//! [`CircuitBreaker`](stormguard_core::CircuitBreaker), exactly as the client
 //! layer builds them; each logical call is a real
-//! [`CallRetry`](stormguard_core::retry::CallRetry), so backoff, pushback, deadlines,
+//! [`CallRetry`](stormguard_core::CallRetry), so backoff, pushback, deadlines,
 //! attempt limits, breaker and budget are the production code paths. The calls are made at
 //! the moments the client layer makes them: a success, a failure, an attempt that ran out
 //! of its per-attempt timeout (a failure of the dependency, retried whatever the codes),
@@ -26,7 +26,7 @@
 //! retry; and the per-attempt timeout is the one the layer would use (the method's retry
 //! policy's, else the layer's own). A shedding server
 //! ([`SimServer`]) is the same
-//! [`AdmissionQueue`](stormguard_core::queue::AdmissionQueue) the server layer wraps: it
+//! [`AdmissionQueue`](stormguard_core::AdmissionQueue) the server layer wraps: it
 //! decides what to admit, queue or shed, what pushback to send, which work is refused for
 //! lack of time, which queued call a freed worker goes to and when queued work has
 //! expired, and it cannot drift from the layer (a test in `stormguard-server` runs one
@@ -112,7 +112,7 @@ pub use stats::{Bin, RunStats, ShardStats};
 pub use storm::{StormConfig, StormPolicy, storm_scenario};
 pub use tables::*;
 
-use stormguard_core::config::ConfigError;
+use stormguard_core::ConfigError;
 
 /// Why a simulation could not run.
 #[derive(Debug, thiserror::Error)]

@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
-use stormguard_core::admission::AdmissionConfig;
-use stormguard_core::breaker::BreakerConfig;
-use stormguard_core::budget::BudgetConfig;
-use stormguard_core::hedge::HedgingPolicy;
-use stormguard_core::policy::RetryPolicy;
-use stormguard_core::throttle::ThrottleConfig;
+use stormguard_core::A6BudgetConfig;
+use stormguard_core::AdmissionConfig;
+use stormguard_core::BreakerConfig;
+use stormguard_core::BudgetConfig;
+use stormguard_core::HedgingPolicy;
+use stormguard_core::RetryPolicy;
 
 use crate::SimError;
 
@@ -18,14 +18,14 @@ pub const PATH: &str = "/stormguard.demo.v1.Inventory/Reserve";
 /// What pays for a client's retries.
 #[derive(Clone, Debug, PartialEq)]
 pub enum BudgetKind {
-    /// Every retry is granted ([`Unlimited`](stormguard_core::budget::Unlimited)): the classic "N attempts" client.
+    /// Every retry is granted ([`Unlimited`](stormguard_core::Unlimited)): the classic "N attempts" client.
     Unlimited,
-    /// gRPC A6 `retryThrottling` ([`A6Throttle`](stormguard_core::throttle::A6Throttle)).
-    Throttle(ThrottleConfig),
-    /// stormguard's [`RetryBudget`](stormguard_core::budget::RetryBudget).
+    /// gRPC A6 `retryThrottling` ([`A6Budget`](stormguard_core::A6Budget)).
+    Throttle(A6BudgetConfig),
+    /// stormguard's [`RetryBudget`](stormguard_core::RetryBudget).
     Budget(BudgetConfig),
-    /// stormguard's [`RetryBudget`](stormguard_core::budget::RetryBudget) with its floor shared by `fleet_size` processes
-    /// ([`RetryBudget::with_fleet_size`](stormguard_core::budget::RetryBudget::with_fleet_size)).
+    /// stormguard's [`RetryBudget`](stormguard_core::RetryBudget) with its floor shared by `fleet_size` processes
+    /// ([`RetryBudget::with_fleet_size`](stormguard_core::RetryBudget::with_fleet_size)).
     FleetBudget {
         /// The budget's configuration.
         config: BudgetConfig,

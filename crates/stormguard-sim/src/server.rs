@@ -1,7 +1,7 @@
 //! The servers of queueing shards: workers, a wait queue, and what each answers.
 //!
 //! A shedding server is stormguard's admission queue itself: a
-//! [`stormguard_core::queue::AdmissionQueue`], the type the `ShedLayer` of
+//! [`stormguard_core::AdmissionQueue`], the type the `ShedLayer` of
 //! `stormguard-server` wraps, driven here on the virtual clock. Every decision (admit,
 //! queue, shed and the pushback, refuse work too close to its deadline, expire queued
 //! work, which waiter a freed worker goes to) is that type's; [`SimServer`] only turns
@@ -23,13 +23,13 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
+use stormguard_core::Code;
+use stormguard_core::Failure;
 use stormguard_core::Instant;
-use stormguard_core::admission::{AdmissionConfig, CallClass, Shed, ShedPushback};
-use stormguard_core::code::Code;
-use stormguard_core::pushback::Pushback;
-use stormguard_core::queue::{AdmissionQueue, Arrival, Dispatch, QueuedId};
-use stormguard_core::retry::Failure;
+use stormguard_core::Pushback;
 use stormguard_core::wire::AttemptClass;
+use stormguard_core::{AdmissionConfig, CallClass, Shed, ShedPushback};
+use stormguard_core::{AdmissionQueue, Arrival, Dispatch, QueuedId};
 
 use crate::SimError;
 use crate::event::{Agenda, Event, Job, Outcome};
@@ -126,7 +126,7 @@ impl SimServer {
 
     /// The status a shed answer with `pushback` carries (`UNAVAILABLE` for a plain
     /// server's refusals), as the `ShedLayer` chooses it
-    /// ([`AdmissionConfig::code_for`](stormguard_core::admission::AdmissionConfig::code_for)).
+    /// ([`AdmissionConfig::code_for`](stormguard_core::AdmissionConfig::code_for)).
     pub fn shed_code(&self, pushback: ShedPushback) -> Code {
         match &self.kind {
             Kind::Plain { .. } => Code::Unavailable,
@@ -611,7 +611,7 @@ impl<'a> Servers<'a> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use stormguard_core::admission::RetryThreshold;
+    use stormguard_core::RetryThreshold;
 
     const MS: Duration = Duration::from_millis(1);
 

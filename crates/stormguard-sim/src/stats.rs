@@ -48,7 +48,7 @@ pub struct RunStats {
     pub hedges: u64,
     /// Calls a hedge won (its `OK` came before any other copy's).
     pub hedges_won: u64,
-    /// Why failed calls stopped, by [`Refusal`](stormguard_core::retry::Refusal) name; `"rejected_by_breaker"` counts calls
+    /// Why failed calls stopped, by [`Refusal`](stormguard_core::Refusal) name; `"rejected_by_breaker"` counts calls
     /// whose first attempt an open breaker refused.
     pub gave_up: BTreeMap<String, u64>,
     /// Per-shard totals (of the fleet's own calls; empty when there are middle tiers).

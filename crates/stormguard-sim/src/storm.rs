@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use stormguard_core::admission::AdmissionConfig;
+use stormguard_core::AdmissionConfig;
 
 use crate::scenario::{QueueServer, Scenario, ServerKind, Shard, Window, mix};
 use crate::tables::{PolicyName, a6_backoff, client};

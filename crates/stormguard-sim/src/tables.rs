@@ -9,14 +9,14 @@ use std::fmt;
 use std::time::Duration;
 
 use serde::Serialize;
-use stormguard_core::admission::{AdmissionConfig, QueueOrder};
-use stormguard_core::backoff::BackoffConfig;
-use stormguard_core::breaker::BreakerConfig;
-use stormguard_core::budget::BudgetConfig;
-use stormguard_core::code::{Code, CodeSet};
-use stormguard_core::hedge::{HedgeDelay, HedgingPolicy};
-use stormguard_core::policy::RetryPolicy;
-use stormguard_core::throttle::ThrottleConfig;
+use stormguard_core::A6BudgetConfig;
+use stormguard_core::BackoffConfig;
+use stormguard_core::BreakerConfig;
+use stormguard_core::BudgetConfig;
+use stormguard_core::RetryPolicy;
+use stormguard_core::{AdmissionConfig, QueueOrder};
+use stormguard_core::{Code, CodeSet};
+use stormguard_core::{HedgeDelay, HedgingPolicy};
 
 use crate::SimError;
 use crate::event_loop::run;
@@ -54,7 +54,7 @@ pub enum PolicyName {
     /// Up to 3 attempts, every retry granted.
     ThreeAttempts,
     /// Up to 3 attempts, gRPC A6 `retryThrottling` (maxTokens 10, tokenRatio 0.1).
-    A6Throttle,
+    A6Budget,
     /// Up to 3 attempts, stormguard's retry budget with its defaults.
     Stormguard,
 }
@@ -64,7 +64,7 @@ impl PolicyName {
     pub const ALL: [PolicyName; 4] = [
         PolicyName::NoRetries,
         PolicyName::ThreeAttempts,
-        PolicyName::A6Throttle,
+        PolicyName::A6Budget,
         PolicyName::Stormguard,
     ];
 
@@ -73,7 +73,7 @@ impl PolicyName {
         match self {
             PolicyName::NoRetries => "no-retries",
             PolicyName::ThreeAttempts => "three-attempts",
-            PolicyName::A6Throttle => "a6-throttle",
+            PolicyName::A6Budget => "a6-throttle",
             PolicyName::Stormguard => "stormguard",
         }
     }
@@ -103,8 +103,8 @@ pub(crate) fn a6_backoff(initial: Duration) -> BackoffConfig {
 }
 
 /// A6 `retryThrottling` with gRPC C-core's commonly used values (10 tokens, ratio 0.1).
-pub fn a6_throttle_config() -> ThrottleConfig {
-    ThrottleConfig {
+pub fn a6_throttle_config() -> A6BudgetConfig {
+    A6BudgetConfig {
         max_tokens: 10.0,
         token_ratio: 0.1,
     }
@@ -126,7 +126,7 @@ pub(crate) fn client(
             Some(three_attempts(std_backoff, attempt_timeout)),
             BudgetKind::Unlimited,
         ),
-        PolicyName::A6Throttle => (
+        PolicyName::A6Budget => (
             Some(three_attempts(std_backoff, attempt_timeout)),
             BudgetKind::Throttle(a6_throttle_config()),
         ),
@@ -392,7 +392,7 @@ pub enum RecoveryVariant {
     /// 3 attempts, every retry granted, plain FIFO server.
     ThreeAttempts,
     /// 3 attempts, A6 throttle, plain FIFO server.
-    A6Throttle,
+    A6Budget,
     /// 3 attempts, stormguard budget, plain FIFO server.
     Stormguard,
     /// 3 attempts, stormguard budget, stormguard admission (shedding) server.
@@ -409,7 +409,7 @@ impl RecoveryVariant {
     pub const ALL: [RecoveryVariant; 7] = [
         RecoveryVariant::NoRetries,
         RecoveryVariant::ThreeAttempts,
-        RecoveryVariant::A6Throttle,
+        RecoveryVariant::A6Budget,
         RecoveryVariant::Stormguard,
         RecoveryVariant::StormguardShedding,
         RecoveryVariant::StormguardSheddingBreaker,
@@ -421,7 +421,7 @@ impl RecoveryVariant {
         match self {
             RecoveryVariant::NoRetries => "no-retries",
             RecoveryVariant::ThreeAttempts => "three-attempts",
-            RecoveryVariant::A6Throttle => "a6-throttle",
+            RecoveryVariant::A6Budget => "a6-throttle",
             RecoveryVariant::Stormguard => "stormguard",
             RecoveryVariant::StormguardShedding => "stormguard+shedding",
             RecoveryVariant::StormguardSheddingBreaker => "stormguard+shedding+breaker",
@@ -433,7 +433,7 @@ impl RecoveryVariant {
         match self {
             RecoveryVariant::NoRetries => PolicyName::NoRetries,
             RecoveryVariant::ThreeAttempts => PolicyName::ThreeAttempts,
-            RecoveryVariant::A6Throttle => PolicyName::A6Throttle,
+            RecoveryVariant::A6Budget => PolicyName::A6Budget,
             _ => PolicyName::Stormguard,
         }
     }
@@ -587,7 +587,7 @@ pub enum ShardVariant {
     /// One stormguard budget per process and shard.
     PerShardBudget,
     /// One budget per process and shard, each shard's floor shared by the fleet
-    /// ([`RetryBudget::with_fleet_size`](stormguard_core::budget::RetryBudget::with_fleet_size)
+    /// ([`RetryBudget::with_fleet_size`](stormguard_core::RetryBudget::with_fleet_size)
     /// with the number of processes).
     PerShardFleetFloor,
 }

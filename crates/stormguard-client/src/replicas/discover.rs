@@ -9,8 +9,9 @@ use std::task::Poll;
 
 use tower::discover::Discover;
 
-use super::{ReplicaConfig, Replicas};
+use super::Replicas;
 use crate::status::BoxError;
+use stormguard_core::ReplicaConfig;
 
 impl<S, K> Replicas<S, K>
 where
@@ -26,7 +27,8 @@ where
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use stormguard_client::replicas::{ReplicaConfig, Replicas};
+    /// use stormguard_client::ReplicaConfig;
+    /// use stormguard_client::replicas::Replicas;
     /// use tower::discover::ServiceList;
     ///
     /// // Any `Discover`; here a fixed list, keyed 0, 1, 2.

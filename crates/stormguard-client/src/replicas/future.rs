@@ -9,10 +9,10 @@ use std::task::{Context, Poll, ready};
 
 use http::StatusCode;
 use pin_project_lite::pin_project;
+use stormguard_core::Code;
 use stormguard_core::Instant;
-use stormguard_core::code::Code;
-use stormguard_core::pushback::Pushback;
-use stormguard_core::replica::{ReplicaId, ReplicaOutcome};
+use stormguard_core::Pushback;
+use stormguard_core::{ReplicaId, ReplicaOutcome};
 use tower_service::Service;
 
 use super::EndAttempt;

@@ -23,7 +23,7 @@ use std::sync::{Arc, Weak};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
 use stormguard_core::Instant;
-use stormguard_core::replica::ReplicaSnapshot;
+use stormguard_core::ReplicaSnapshot;
 
 use super::{Replicas, Shared};
 
@@ -77,7 +77,8 @@ where
     /// callback registered on it.
     ///
     /// ```
-    /// use stormguard_client::replicas::{ReplicaConfig, Replicas};
+    /// use stormguard_client::ReplicaConfig;
+    /// use stormguard_client::replicas::Replicas;
     ///
     /// // The application's meter (here the global one).
     /// let meter = opentelemetry::global::meter("inventory-client");

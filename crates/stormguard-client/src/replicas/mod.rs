@@ -14,7 +14,7 @@
 //! command that makes it).
 //!
 //! [`Replicas`] picks in `call()`, per attempt, through the policy of
-//! [`stormguard_core::replica`] (the simulator and the tests drive the same code):
+//! [`stormguard_core::ReplicaSet`] (the simulator and the tests drive the same code):
 //!
 //! - power of two choices over latency (peak-EWMA) × attempts in flight, divided by the
 //!   replica's recent health and its slow-start weight;
@@ -28,12 +28,12 @@
 //! - slow start for a replica that joins a set already serving or returns from ejection;
 //! - load reports (gRPC ORCA, from a `ShedLayer::with_load_reports` server) weight each
 //!   replica by gRPC A58's formula, only ever *lowering* its share below the report-free
-//!   one ([`ReplicaConfig::reports`](stormguard_core::replica::ReplicaConfig::reports)); the
+//!   one ([`ReplicaConfig::reports`](stormguard_core::ReplicaConfig::reports)); the
 //!   retry layer above reads each attempt's report and hands it to the replica that
 //!   answered (through the call's [`Route`]), so reports need the layer's
 //!   [`over_replicas`](crate::RetryLayer::over_replicas);
 //! - the retry layer charges each retry to the replica whose attempt failed
-//!   ([`KeyedBudgets`](stormguard_core::budget::KeyedBudgets)), so a failing replica spends
+//!   ([`KeyedBudgets`](stormguard_core::KeyedBudgets)), so a failing replica spends
 //!   only what its own successes earned (plus the floor).
 //!
 //! # Use
@@ -41,7 +41,8 @@
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! use stormguard_client::RetryLayer;
-//! use stormguard_client::replicas::{ReplicaConfig, Replicas};
+//! use stormguard_client::ReplicaConfig;
+//! use stormguard_client::replicas::Replicas;
 //! use stormguard_core::ClientConfig;
 //! use tonic::transport::Endpoint;
 //!
@@ -92,8 +93,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use stormguard_core::Instant;
-use stormguard_core::replica::{
-    ReplicaId, ReplicaOutcome, ReplicaSet, ReplicaSnapshot, Transition,
+use stormguard_core::{
+    ReplicaConfig, ReplicaEvent, ReplicaId, ReplicaOutcome, ReplicaSet, ReplicaSnapshot,
 };
 use tokio::sync::oneshot;
 use tower_service::Service;
@@ -101,9 +102,6 @@ use tower_service::Service;
 pub(crate) use self::future::unwrap_error;
 pub use self::future::{Error, NoReplica, ResponseFuture};
 pub use self::route::Route;
-pub use stormguard_core::replica::{
-    EjectReason, EjectionConfig, LoadConfig, ReplicaConfig, SlowStartConfig,
-};
 pub use tower::discover::Change;
 
 use self::route::REMEMBERED;
@@ -209,7 +207,7 @@ pub(crate) trait EndAttempt: Send + Sync {
     fn end(&self, id: ReplicaId, outcome: ReplicaOutcome, started: Instant);
 
     /// `id` answered an attempt with the load report `report`.
-    fn load_report(&self, id: ReplicaId, report: &stormguard_core::orca::LoadReport);
+    fn load_report(&self, id: ReplicaId, report: &stormguard_core::LoadReport);
 
     /// How many replicas the channel holds.
     fn replicas(&self) -> usize;
@@ -232,7 +230,7 @@ impl<S: Send, K: Send> EndAttempt for Shared<S, K> {
         }
     }
 
-    fn load_report(&self, id: ReplicaId, report: &stormguard_core::orca::LoadReport) {
+    fn load_report(&self, id: ReplicaId, report: &stormguard_core::LoadReport) {
         self.lock().set.record_load_at(id, report, Instant::now());
     }
 
@@ -241,16 +239,16 @@ impl<S: Send, K: Send> EndAttempt for Shared<S, K> {
     }
 }
 
-fn transition_id(t: &Transition) -> ReplicaId {
+fn transition_id(t: &ReplicaEvent) -> ReplicaId {
     match *t {
-        Transition::Ejected { id, .. } | Transition::Returned { id } => id,
+        ReplicaEvent::Ejected { id, .. } | ReplicaEvent::Returned { id } => id,
     }
 }
 
 /// INFO, once per transition.
-fn log_transition(t: &Transition, replica: &str) {
+fn log_transition(t: &ReplicaEvent, replica: &str) {
     match *t {
-        Transition::Ejected {
+        ReplicaEvent::Ejected {
             reason,
             duration,
             ejections,
@@ -262,7 +260,7 @@ fn log_transition(t: &Transition, replica: &str) {
             ejected_for_ms = duration.as_millis() as u64,
             "stormguard: replica ejected"
         ),
-        Transition::Returned { .. } => {
+        ReplicaEvent::Returned { .. } => {
             tracing::info!(replica, "stormguard: replica returned")
         }
     }

@@ -4,8 +4,8 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use stormguard_core::orca::LoadReport;
-use stormguard_core::replica::ReplicaId;
+use stormguard_core::LoadReport;
+use stormguard_core::ReplicaId;
 
 use super::EndAttempt;
 
@@ -102,7 +102,7 @@ impl Route {
     /// weights it by the report (see [`ReplicaSet::record_load_at`]). The retry layer calls
     /// this for every report it reads.
     ///
-    /// [`ReplicaSet::record_load_at`]: stormguard_core::replica::ReplicaSet::record_load_at
+    /// [`ReplicaSet::record_load_at`]: stormguard_core::ReplicaSet::record_load_at
     pub(crate) fn record_load(&self, report: &LoadReport) {
         let (id, channel) = {
             let tried = self.0.lock().unwrap_or_else(PoisonError::into_inner);
@@ -132,7 +132,7 @@ impl fmt::Debug for Route {
 mod tests {
     use super::*;
     use stormguard_core::Instant;
-    use stormguard_core::replica::{ReplicaConfig, ReplicaSet};
+    use stormguard_core::{ReplicaConfig, ReplicaSet};
 
     #[test]
     fn remembers_the_latest_replicas() {
@@ -141,7 +141,7 @@ mod tests {
         let route = Route::new();
         struct Nowhere;
         impl EndAttempt for Nowhere {
-            fn end(&self, _: ReplicaId, _: stormguard_core::replica::ReplicaOutcome, _: Instant) {}
+            fn end(&self, _: ReplicaId, _: stormguard_core::ReplicaOutcome, _: Instant) {}
             fn load_report(&self, _: ReplicaId, _: &LoadReport) {}
             fn replicas(&self) -> usize {
                 1

@@ -26,13 +26,15 @@ use tonic::Status;
 
 use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, Method, Uri, Version};
+use stormguard_core::AttemptPlan;
 use stormguard_core::context;
-use stormguard_core::retry::AttemptPlan;
 use stormguard_core::wire::http::IDEMPOTENCY_KEY;
-use stormguard_core::wire::http::{GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_TIMEOUT, X_RETRY_BUDGET};
-use stormguard_core::wire::{
-    IdempotencyKeyError, UuidKey, decode_grpc_timeout_bytes, encode_grpc_timeout,
-    parse_idempotency_key,
+use stormguard_core::{
+    wire::IdempotencyKeyError, wire::UuidKey, wire::decode_grpc_timeout_bytes,
+    wire::encode_grpc_timeout, wire::parse_idempotency_key,
+};
+use stormguard_core::{
+    wire::http::GRPC_PREVIOUS_RPC_ATTEMPTS, wire::http::GRPC_TIMEOUT, wire::http::X_RETRY_BUDGET,
 };
 use tonic::GrpcMethod;
 use tonic::body::Body;

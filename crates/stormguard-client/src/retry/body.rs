@@ -15,11 +15,11 @@ use std::task::{Context, Poll, ready};
 use http::{HeaderMap, HeaderValue, Uri};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use stormguard_core::code::Code;
-use stormguard_core::retry::CallRetry;
+use stormguard_core::CallRetry;
+use stormguard_core::Code;
 use stormguard_core::wire::encode_grpc_status;
-use stormguard_core::wire::http::{GRPC_MESSAGE, GRPC_STATUS};
 use stormguard_core::{DeadlineCut, Instant, Polled};
+use stormguard_core::{wire::http::GRPC_MESSAGE, wire::http::GRPC_STATUS};
 
 use super::record::CallStats;
 use crate::replicas::Route;
@@ -42,7 +42,7 @@ pin_project! {
     /// | dropped before any of these | nothing |
     ///
     /// The recorded code then counts as
-    /// [`CallRetry::on_committed_at`](stormguard_core::retry::CallRetry::on_committed_at)
+    /// [`CallRetry::on_committed_at`](stormguard_core::CallRetry::on_committed_at)
     /// says: `OK` deposits into the budget and is a breaker success; a code the method's
     /// policy retries (default: `UNAVAILABLE`) is a breaker failure and costs an A6 token;
     /// any other code neither mints nor costs anything, and counts for the breaker as a sign
@@ -72,7 +72,7 @@ pin_project! {
     /// A committed call is still held to its deadline, the one the layer resolved when the
     /// call began (the caller's `grpc-timeout`, the inbound call's deadline, the method's
     /// service-config `timeout` or the layer's default:
-    /// [`resolve_deadline_at`](stormguard_core::deadline::resolve_deadline_at)). When it
+    /// [`resolve_deadline_at`](stormguard_core::resolve_deadline_at)). When it
     /// passes before the body ended, the body drops the inner body, which resets the HTTP/2
     /// stream (the server's handler sees the call cancelled), and yields a trailers frame
     /// with `grpc-status: 4` instead: tonic's `Streaming::message()` (and a unary call)
@@ -285,12 +285,12 @@ mod tests {
 
     use bytes::Bytes;
     use http_body_util::BodyExt;
-    use stormguard_core::breaker::{BreakerConfig, CircuitBreaker};
-    use stormguard_core::budget::Budget;
-    use stormguard_core::deadline::CallTimes;
-    use stormguard_core::policy::{MethodTable, RetryPolicy};
-    use stormguard_core::retry::{Refusal, RetryController};
-    use stormguard_core::throttle::{A6Throttle, ThrottleConfig};
+    use stormguard_core::Budget;
+    use stormguard_core::CallTimes;
+    use stormguard_core::{A6Budget, A6BudgetConfig};
+    use stormguard_core::{BreakerConfig, CircuitBreaker};
+    use stormguard_core::{MethodTable, RetryPolicy};
+    use stormguard_core::{Refusal, RetryController};
     use tonic::Status;
 
     const PATH: &str = "/pkg.Svc/Watch";
@@ -331,7 +331,7 @@ mod tests {
     /// full: each failure costs 1, each success adds 0.5), and its throttle.
     fn a6(breaker: Option<CircuitBreaker>) -> (RetryController, Arc<dyn Budget>) {
         let throttle: Arc<dyn Budget> = Arc::new(
-            A6Throttle::new(ThrottleConfig {
+            A6Budget::new(A6BudgetConfig {
                 max_tokens: 10.0,
                 token_ratio: 0.5,
             })

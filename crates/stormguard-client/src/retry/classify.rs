@@ -5,8 +5,8 @@
 //! proxy's HTTP error, or a transport error; the wire facts are read by
 //! [`status`](crate::status), and sorted here into what the retry decision needs.
 
-use stormguard_core::code::Code;
-use stormguard_core::retry::{AttemptEnd, Failure};
+use stormguard_core::Code;
+use stormguard_core::{AttemptEnd, Failure};
 use tonic::Status;
 
 use crate::status::{

@@ -9,10 +9,10 @@
 use std::time::Duration;
 
 use http::Uri;
-use stormguard_core::adaptive_throttle::Throttled;
-use stormguard_core::code::Code;
+use stormguard_core::Code;
+use stormguard_core::Refusal;
+use stormguard_core::Throttled;
 use stormguard_core::context;
-use stormguard_core::retry::Refusal;
 use tonic::Status;
 
 use super::body::ResponseBody;

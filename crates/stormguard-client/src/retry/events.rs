@@ -23,11 +23,11 @@
 
 use std::sync::Arc;
 
+use stormguard_core::Criticality;
 use stormguard_core::Instant;
-use stormguard_core::breaker::{BreakerState, Transition, TransitionWatch};
-use stormguard_core::criticality::Criticality;
-use stormguard_core::observe::{DEFAULT_SUMMARY_INTERVAL, EventSummary, LayerName};
-use stormguard_core::retry::{Refusal, RetryController};
+use stormguard_core::{BreakerState, BreakerTransition, TransitionWatch};
+use stormguard_core::{DEFAULT_SUMMARY_INTERVAL, EventSummary, LayerName};
+use stormguard_core::{Refusal, RetryController};
 
 /// The refusals the summary counts, in the order of its counts.
 const SUMMARISED: [Refusal; 7] = [
@@ -145,7 +145,7 @@ impl LayerEvents {
         }
     }
 
-    fn transition(&self, t: &Transition) {
+    fn transition(&self, t: &BreakerTransition) {
         let open_ms = t.open_for().map(|d| d.as_millis() as u64);
         macro_rules! transition {
             ($message:literal) => {

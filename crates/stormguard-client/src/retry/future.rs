@@ -23,11 +23,11 @@ use std::time::Duration;
 
 use http::Uri;
 use pin_project_lite::pin_project;
+use stormguard_core::Code;
 use stormguard_core::Instant;
-use stormguard_core::code::Code;
-use stormguard_core::deadline::{CallTimes, Deadline};
-use stormguard_core::pushback::Pushback;
-use stormguard_core::retry::{AttemptEnd, CallRetry, Decision};
+use stormguard_core::Pushback;
+use stormguard_core::{AttemptEnd, CallRetry, Decision};
+use stormguard_core::{CallTimes, Deadline};
 use tonic::Status;
 use tonic::body::Body;
 use tower_service::Service;
@@ -178,7 +178,7 @@ where
         );
         if call.is_hedged() && !attempts.can_copy() {
             // A streaming request body is read by one copy at a time: sent once.
-            let why = stormguard_core::retry::Refusal::ReplayLimit;
+            let why = stormguard_core::Refusal::ReplayLimit;
             call.stop_hedges(why);
             stats.hedge_refused(why);
         }

@@ -2,10 +2,10 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stormguard_core::adaptive_throttle::AdaptiveThrottle;
-use stormguard_core::config::{ClientConfig, ConfigError};
-use stormguard_core::observe::LayerName;
-use stormguard_core::retry::RetryController;
+use stormguard_core::AdaptiveThrottle;
+use stormguard_core::LayerName;
+use stormguard_core::RetryController;
+use stormguard_core::{ClientConfig, ConfigError};
 use tower_layer::Layer;
 
 use super::Retry;
@@ -114,11 +114,12 @@ impl RetryLayer {
         }
     }
 
-    /// A layer for `config` (validated first), with a random jitter seed.
+    /// A layer for `config` (validated first), its random draws seeded by
+    /// [`ClientConfig::seed`](stormguard_core::ClientConfig::seed) (`None`: a fresh seed).
     ///
     /// ```
     /// use stormguard_client::RetryLayer;
-    /// use stormguard_core::config::ClientConfig;
+    /// use stormguard_core::ClientConfig;
     ///
     /// let layer = RetryLayer::from_config(&ClientConfig::standard()).unwrap();
     /// let json = r#"{"methodConfig":[{"name":[{}],"retryPolicy":{"maxAttempts":2,
@@ -128,13 +129,10 @@ impl RetryLayer {
     /// # let _ = (layer, from_grpc);
     /// ```
     pub fn from_config(config: &ClientConfig) -> Result<Self, ConfigError> {
-        Self::from_config_seeded(config, fastrand::u64(..))
-    }
-
-    /// A layer for `config` whose backoff jitter and breaker are seeded with `seed`, so a
-    /// run can be reproduced.
-    pub fn from_config_seeded(config: &ClientConfig, seed: u64) -> Result<Self, ConfigError> {
-        let mut layer = RetryController::from_config(config, seed).map(Self::new)?;
+        // One seed for every draw: the config's (a reproducible run), or a fresh one.
+        let seed = config.seed.unwrap_or_else(|| fastrand::u64(..));
+        let seeded = config.clone().with_seed(seed);
+        let mut layer = RetryController::from_config(&seeded).map(Self::new)?;
         if let Some(throttle) = &config.adaptive_throttle {
             // Its own stream of draws, apart from the backoff's and the breaker's.
             let throttle = AdaptiveThrottle::new(throttle.clone(), seed ^ 0xAD_A971_7E00)?;
@@ -155,7 +153,7 @@ impl RetryLayer {
     /// Give calls that carry no deadline (no `grpc-timeout` from `Request::set_timeout`,
     /// none in the [`CallContext`](crate::context::CallContext), and no limit for their
     /// method in the service config, see
-    /// [`MethodTable::timeout`](stormguard_core::policy::MethodTable::timeout)) this one.
+    /// [`MethodTable::timeout`](stormguard_core::MethodTable::timeout)) this one.
     /// Retries then stop when it runs out, and each attempt tells the server how long it
     /// has.
     pub fn with_default_timeout(mut self, timeout: Duration) -> Self {
@@ -164,7 +162,7 @@ impl RetryLayer {
     }
 
     /// Limit each attempt of methods whose [`RetryPolicy`] sets no
-    /// [`per_attempt_timeout`](stormguard_core::policy::RetryPolicy::per_attempt_timeout)
+    /// [`per_attempt_timeout`](stormguard_core::RetryPolicy::per_attempt_timeout)
     /// (and of methods with no policy) to `timeout`. The policy's own value, when set, wins.
     ///
     /// Each attempt carries the smaller of this and what is left of the call's deadline as
@@ -176,7 +174,7 @@ impl RetryLayer {
     /// ```
     /// use std::time::Duration;
     /// use stormguard_client::RetryLayer;
-    /// use stormguard_core::config::ClientConfig;
+    /// use stormguard_core::ClientConfig;
     ///
     /// let layer = RetryLayer::from_config(&ClientConfig::standard())
     ///     .unwrap()
@@ -185,7 +183,7 @@ impl RetryLayer {
     /// # let _ = layer;
     /// ```
     ///
-    /// [`RetryPolicy`]: stormguard_core::policy::RetryPolicy
+    /// [`RetryPolicy`]: stormguard_core::RetryPolicy
     pub fn with_per_attempt_timeout(mut self, timeout: Duration) -> Self {
         Arc::make_mut(&mut self.shared).per_attempt_timeout = Some(timeout);
         self
@@ -193,7 +191,7 @@ impl RetryLayer {
 
     /// Refuse calls locally while the dependency refuses most of them for overload: the SRE
     /// book's client-side throttling (see
-    /// [`adaptive_throttle`](stormguard_core::adaptive_throttle) for the formula and its
+    /// [`adaptive_throttle`](stormguard_core::AdaptiveThrottle) for the formula and its
     /// settings). Off by default; a config's `adaptive_throttle` turns it on in
     /// [`from_config`](Self::from_config).
     ///
@@ -209,14 +207,14 @@ impl RetryLayer {
     ///
     /// ```
     /// use stormguard_client::RetryLayer;
-    /// use stormguard_core::adaptive_throttle::{AdaptiveThrottle, AdaptiveThrottleConfig};
-    /// use stormguard_core::config::ClientConfig;
+    /// use stormguard_core::{AdaptiveThrottle, AdaptiveThrottleConfig};
+    /// use stormguard_core::ClientConfig;
     ///
     /// let throttle = AdaptiveThrottle::new(AdaptiveThrottleConfig::default(), 7)?;
     /// let layer = RetryLayer::from_config(&ClientConfig::standard())?
     ///     .with_adaptive_throttle(throttle);
     /// assert!(layer.adaptive_throttle().is_some());
-    /// # Ok::<(), stormguard_core::config::ConfigError>(())
+    /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
     pub fn with_adaptive_throttle(mut self, throttle: AdaptiveThrottle) -> Self {
         Arc::make_mut(&mut self.shared).throttle = Some(throttle);
@@ -241,7 +239,7 @@ impl RetryLayer {
     ///
     /// ```
     /// use stormguard_client::RetryLayer;
-    /// use stormguard_core::config::ClientConfig;
+    /// use stormguard_core::ClientConfig;
     ///
     /// let layer = RetryLayer::from_config(&ClientConfig::standard()).unwrap().with_name("inventory-eu");
     /// assert_eq!(layer.name(), Some("inventory-eu"));
@@ -257,14 +255,14 @@ impl RetryLayer {
     /// [`Route`](crate::replicas::Route) in its attempts' extensions, so that the channel
     /// sends a retry to a replica the call has not tried, and the layer charges each retry
     /// to the replica whose attempt failed (its own
-    /// [`KeyedBudgets`](stormguard_core::budget::KeyedBudgets) account, beside the shared
+    /// [`KeyedBudgets`](stormguard_core::KeyedBudgets) account, beside the shared
     /// budget): a failing replica cannot spend the retries the healthy ones earned. Costs
     /// two allocations per call (the route and its entry in the extensions); over a
     /// channel that is not endpoint-aware it changes nothing else.
     ///
     /// ```
     /// use stormguard_client::RetryLayer;
-    /// use stormguard_core::config::ClientConfig;
+    /// use stormguard_core::ClientConfig;
     ///
     /// let layer = RetryLayer::from_config(&ClientConfig::standard()).unwrap().over_replicas();
     /// # let _ = layer;
@@ -279,7 +277,7 @@ impl RetryLayer {
     /// budget: a key whose calls keep failing spends only what its own successes earned
     /// (plus the floor), and calls to the other keys keep their retries. `key` returns
     /// `None` for calls that only the shared budget pays for. The accounts are those of the
-    /// controller's [`KeyedBudgets`](stormguard_core::budget::KeyedBudgets), bounded in how
+    /// controller's [`KeyedBudgets`](stormguard_core::KeyedBudgets), bounded in how
     /// many keys they track (the key used longest ago is forgotten first), so a key from
     /// metadata cannot grow memory without bound. A controller built from a config with
     /// stormguard's budget has them; over [`over_replicas`](Self::over_replicas) the
@@ -288,7 +286,7 @@ impl RetryLayer {
     /// ```
     /// use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
     /// use stormguard_client::RetryLayer;
-    /// use stormguard_core::config::ClientConfig;
+    /// use stormguard_core::ClientConfig;
     ///
     /// // One account per tenant shard, read from the `x-shard` metadata.
     /// let layer = RetryLayer::from_config(&ClientConfig::standard()).unwrap().budget_key(|request| {
@@ -308,15 +306,15 @@ impl RetryLayer {
     /// Refuse retries and hedges while the dependency's load reports (gRPC ORCA, the
     /// `endpoint-load-metrics-bin` trailer a stormguard server sends with
     /// `ShedLayer::with_load_reports`) say it is saturated, before it starts shedding
-    /// (counted as `saturated`; see [`stormguard_core::orca`]). The config key is
+    /// (counted as `saturated`; see [`stormguard_core::LoadReport`]). The config key is
     /// `retry.load_reports`. Over [`over_replicas`](Self::over_replicas) saturation is per
     /// replica: a retry is refused only while every replica heard from is saturated, and
     /// the channel weights each replica by its reports either way.
     ///
     /// ```
     /// use stormguard_client::RetryLayer;
-    /// use stormguard_core::config::ClientConfig;
-    /// use stormguard_core::orca::SaturationConfig;
+    /// use stormguard_core::ClientConfig;
+    /// use stormguard_core::SaturationConfig;
     ///
     /// let layer = RetryLayer::from_config(&ClientConfig::standard())?
     ///     .with_load_reports(SaturationConfig { utilization: 0.9, ..SaturationConfig::default() })?;
@@ -325,9 +323,9 @@ impl RetryLayer {
     /// ```
     pub fn with_load_reports(
         mut self,
-        config: stormguard_core::orca::SaturationConfig,
+        config: stormguard_core::SaturationConfig,
     ) -> Result<Self, ConfigError> {
-        let saturation = Arc::new(stormguard_core::orca::Saturation::new(config)?);
+        let saturation = Arc::new(stormguard_core::Saturation::new(config)?);
         let shared = self.configure();
         shared.controller = shared.controller.clone().with_saturation(saturation);
         Ok(self)
@@ -348,7 +346,7 @@ impl RetryLayer {
     /// ```
     /// use opentelemetry::metrics::MeterProvider as _;
     /// use stormguard_client::RetryLayer;
-    /// use stormguard_core::config::ClientConfig;
+    /// use stormguard_core::ClientConfig;
     ///
     /// # fn provider() -> impl opentelemetry::metrics::MeterProvider { opentelemetry::metrics::noop::NoopMeterProvider::new() }
     /// let meter = provider().meter("checkout");

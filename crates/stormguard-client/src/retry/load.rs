@@ -3,16 +3,16 @@
 //!
 //! Why here: this is where the layer already knows how each attempt ended and which
 //! replica served it. A report feeds two things, both of which can only lower what the
-//! client sends: the controller's [`Saturation`](stormguard_core::orca::Saturation) (a
+//! client sends: the controller's [`Saturation`](stormguard_core::Saturation) (a
 //! retry or hedge is refused while every endpoint heard from says it is saturated:
-//! [`Refusal::Saturated`](stormguard_core::retry::Refusal::Saturated)), and, over an
+//! [`Refusal::Saturated`](stormguard_core::Refusal::Saturated)), and, over an
 //! endpoint-aware channel, the weight of the replica that answered (through the call's
 //! [`Route`]). A malformed or absurd report is ignored and counted
 //! (`load_reports_ignored`), never an error of the call.
 
 use http::HeaderMap;
+use stormguard_core::CallRetry;
 use stormguard_core::Instant;
-use stormguard_core::retry::CallRetry;
 use stormguard_core::wire::http::ENDPOINT_LOAD_METRICS_BIN;
 use stormguard_core::wire::parse_load_report;
 

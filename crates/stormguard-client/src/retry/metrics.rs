@@ -50,10 +50,10 @@ use opentelemetry::KeyValue;
 use opentelemetry::metrics::{
     AsyncInstrument, Histogram, Meter, ObservableCounter, ObservableGauge,
 };
+use stormguard_core::Code;
 use stormguard_core::Instant;
-use stormguard_core::code::Code;
-use stormguard_core::observe::{LayerName, split_path};
-use stormguard_core::retry::RetryController;
+use stormguard_core::RetryController;
+use stormguard_core::{LayerName, split_path};
 
 use super::stats::RetryStats;
 use crate::RetrySnapshot;

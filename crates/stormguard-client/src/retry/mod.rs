@@ -5,7 +5,7 @@
 //! An attempt cap bounds one call: at a 100 % failure rate, three attempts still triple the
 //! load on a dependency that is already failing, and the retry load alone can keep it down
 //! after the trigger is gone (a metastable failure). [`Retry`] asks the shared
-//! [`RetryController`](stormguard_core::retry::RetryController) before each retry, whose
+//! [`RetryController`](stormguard_core::RetryController) before each retry, whose
 //! budget lets retries be at most a fraction of successes (plus a small floor), so the load
 //! stays near `1.1 ×` however badly the dependency fails.
 //!
@@ -28,7 +28,7 @@
 //!
 //! # Hedging
 //!
-//! A method given a [`HedgingPolicy`](stormguard_core::hedge::HedgingPolicy) instead of a
+//! A method given a [`HedgingPolicy`](stormguard_core::HedgingPolicy) instead of a
 //! retry policy is hedged: its first copy goes at once, another follows each delay while
 //! no answer has come, the first answer that is not a non-fatal failure wins and the other
 //! copies are dropped (which resets their streams). Each hedge is an attempt under every
@@ -44,8 +44,8 @@
 //! retried call. The repository's `docs/hedging.md` says why a learned delay counts the
 //! copies that lost.
 //!
-//! [`CallRetry::start_hedge_at`]: stormguard_core::retry::CallRetry::start_hedge_at
-//! [`CallRetry::on_hedge_end_at`]: stormguard_core::retry::CallRetry::on_hedge_end_at
+//! [`CallRetry::start_hedge_at`]: stormguard_core::CallRetry::start_hedge_at
+//! [`CallRetry::on_hedge_end_at`]: stormguard_core::CallRetry::on_hedge_end_at
 //!
 //! # Success, for the budget and the breaker
 //!
@@ -83,7 +83,7 @@
 //! config's `timeout`, which gRPC defines as a cap on what the application sets, not only
 //! a default); when none is set, the layer's [default](RetryLayer::with_default_timeout),
 //! if any. The policy crate decides it, in one place
-//! ([`resolve_deadline_at`](stormguard_core::deadline::resolve_deadline_at)). Every attempt carries what is left
+//! ([`resolve_deadline_at`](stormguard_core::resolve_deadline_at)). Every attempt carries what is left
 //! of it as `grpc-timeout`. The layer also races each attempt against the deadline itself
 //! (time spent waiting for the channel counts), and when it runs out the call ends with
 //! `DEADLINE_EXCEEDED`, never retried, whatever code the server used: a failure that is
@@ -119,7 +119,7 @@ pub mod metrics;
 #[cfg(not(feature = "opentelemetry"))]
 mod metrics {
     //! Without the `opentelemetry` feature a call counts nothing by method: this is empty.
-    use stormguard_core::code::Code;
+    use stormguard_core::Code;
 
     #[derive(Debug, Default)]
     pub(crate) struct CallMetrics;

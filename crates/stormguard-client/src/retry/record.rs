@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
-use stormguard_core::code::Code;
-use stormguard_core::retry::AttemptPlan;
+use stormguard_core::AttemptPlan;
+use stormguard_core::Code;
 
 use super::events::LayerEvents;
 use super::layer::Shared;
@@ -58,9 +58,9 @@ impl CallStats {
     /// A call counted into `layer` only, for tests of what counts.
     #[cfg(test)]
     pub(crate) fn new(layer: RetryStats, metrics: CallMetrics) -> Self {
-        let controller = stormguard_core::retry::RetryController::new(
-            stormguard_core::policy::MethodTable::default(),
-            Arc::new(stormguard_core::budget::Unlimited),
+        let controller = stormguard_core::RetryController::new(
+            stormguard_core::MethodTable::default(),
+            Arc::new(stormguard_core::Unlimited),
             None,
             0,
         );

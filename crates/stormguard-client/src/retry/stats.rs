@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use stormguard_core::criticality::Criticality;
-use stormguard_core::retry::Refusal;
+use stormguard_core::Criticality;
+use stormguard_core::Refusal;
 
 /// A cloneable handle on a layer's counters; every clone of the layer and its services
 /// counts into the same ones.
@@ -333,10 +333,10 @@ pub struct RetrySnapshot {
     /// (a connection that could not be made, a stream HTTP/2 refused: `REFUSED_STREAM`, or
     /// above a `GOAWAY`'s last stream id), at once and for free: counted in `attempts`, not
     /// in `retries`; not paid from the budget, not counted against `maxAttempts` (see
-    /// [`CallRetry::on_attempt_end_at`](stormguard_core::retry::CallRetry::on_attempt_end_at)).
+    /// [`CallRetry::on_attempt_end_at`](stormguard_core::CallRetry::on_attempt_end_at)).
     pub transparent_retries: u64,
     /// Copies of hedged calls sent after the first (see
-    /// [`hedge`](stormguard_core::hedge)): counted in `attempts`, not in `retries`; each
+    /// [`hedge`](stormguard_core::HedgingPolicy)): counted in `attempts`, not in `retries`; each
     /// paid from the retry budget.
     pub hedges: u64,
     /// Hedged calls answered by a copy other than the first.
@@ -345,7 +345,7 @@ pub struct RetrySnapshot {
     /// the layer reads them ([`RetryLayer::with_load_reports`](crate::RetryLayer::with_load_reports)).
     pub load_reports: u64,
     /// Load reports ignored as malformed or absurd: repeated, oversize, not base64, not the
-    /// message, or a field out of range (see [`stormguard_core::orca`]).
+    /// message, or a field out of range (see [`stormguard_core::LoadReport`]).
     pub load_reports_ignored: u64,
     /// Failures that were not retried, by cause. A first attempt rejected by an open
     /// breaker counts under `breaker` too.
@@ -389,7 +389,7 @@ pub struct RefusedCounts {
     /// The retry budget was spent.
     pub budget: u64,
     /// The replica (or shard) the failed attempt went to had spent its own account
-    /// ([`KeyedBudgets`](stormguard_core::budget::KeyedBudgets)).
+    /// ([`KeyedBudgets`](stormguard_core::KeyedBudgets)).
     pub key_budget: u64,
     /// The request body was larger than the replay buffer.
     pub replay_limit: u64,

@@ -1,5 +1,5 @@
 //! The layer's side of the client-side adaptive throttle
-//! ([`stormguard_core::adaptive_throttle`]): which calls it asks about, and which answers
+//! ([`stormguard_core::AdaptiveThrottle`]): which calls it asks about, and which answers
 //! it records. The formula, the window and the draw are core's.
 //!
 //! A call asks the throttle once, before its first attempt, with the class of its
@@ -13,13 +13,13 @@
 //! ran out of time (the layer's timer, or one below it) is a request without an accept;
 //! one that failed in transport is recorded nowhere.
 
+use stormguard_core::AttemptEnd;
+use stormguard_core::Code;
+use stormguard_core::Criticality;
 use stormguard_core::Instant;
-use stormguard_core::adaptive_throttle::{AdaptiveThrottle, Throttled};
-use stormguard_core::code::Code;
-use stormguard_core::criticality::Criticality;
-use stormguard_core::retry::AttemptEnd;
 use stormguard_core::wire::http::STORMGUARD_CRITICALITY;
 use stormguard_core::wire::parse_criticality;
+use stormguard_core::{AdaptiveThrottle, Throttled};
 
 use super::classify::{Last, Outcome};
 

@@ -1,6 +1,6 @@
 //! The layer's timer: one per call, re-armed for each attempt.
 //!
-//! It fires at the [`AttemptPlan::fire_at`](stormguard_core::retry::AttemptPlan::fire_at)
+//! It fires at the [`AttemptPlan::fire_at`](stormguard_core::AttemptPlan::fire_at)
 //! of the attempt in flight (the earlier of the call's deadline and the attempt's own), and
 //! watches the call's deadline alone while a retry waits; a committed call's response body
 //! arms one of its own at the call's deadline (see [`ResponseBody`](super::body::ResponseBody)). It also counts the time an

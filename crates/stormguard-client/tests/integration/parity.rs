@@ -16,14 +16,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stormguard_client::{RetryLayer, RetrySnapshot};
+use stormguard_core::CallTimes;
 use stormguard_core::Instant;
-use stormguard_core::breaker::{BreakerConfig, CircuitBreaker};
-use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
-use stormguard_core::code::{Code, CodeSet};
-use stormguard_core::deadline::CallTimes;
-use stormguard_core::policy::{MethodTable, RetryPolicy};
-use stormguard_core::retry::{Failure, RetryController, TRANSPARENT_RETRIES};
-use stormguard_core::wire::{encode_grpc_timeout, parse_pushback};
+use stormguard_core::{BreakerConfig, CircuitBreaker};
+use stormguard_core::{Budget, BudgetConfig, RetryBudget};
+use stormguard_core::{Code, CodeSet};
+use stormguard_core::{Failure, RetryController, TRANSPARENT_RETRIES};
+use stormguard_core::{MethodTable, RetryPolicy};
+use stormguard_core::{wire::encode_grpc_timeout, wire::parse_pushback};
 use stormguard_sim::{SimCall, Step};
 use tonic::body::Body;
 use tower::{Service, ServiceExt, service_fn};
@@ -282,7 +282,7 @@ fn through_the_simulator(script: &Script) -> Vec<Record> {
             Err(_) => (
                 None,
                 Step::End(stormguard_sim::End::GaveUp(
-                    stormguard_core::retry::Refusal::Breaker,
+                    stormguard_core::Refusal::Breaker,
                     Failure::status(Code::Unavailable),
                 )),
             ),

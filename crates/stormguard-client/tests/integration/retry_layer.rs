@@ -13,11 +13,11 @@ use tonic::body::Body;
 use tower_service::Service;
 
 use std::time::Duration;
-use stormguard_core::breaker::{BreakerConfig, CircuitBreaker};
-use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
-use stormguard_core::policy::{MethodTable, RetryPolicy};
-use stormguard_core::retry::RetryController;
-use stormguard_core::throttle::{A6Throttle, ThrottleConfig};
+use stormguard_core::RetryController;
+use stormguard_core::{A6Budget, A6BudgetConfig};
+use stormguard_core::{BreakerConfig, CircuitBreaker};
+use stormguard_core::{Budget, BudgetConfig, RetryBudget};
+use stormguard_core::{MethodTable, RetryPolicy};
 use tower::ServiceExt;
 use tower_layer::Layer;
 
@@ -163,7 +163,7 @@ impl Service<http::Request<Body>> for LateCancel {
 
 #[tokio::test(start_paused = true)]
 async fn a_failure_that_arrives_after_the_deadline_ends_as_deadline_exceeded() {
-    use stormguard_core::code::{Code, CodeSet};
+    use stormguard_core::{Code, CodeSet};
 
     let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default()).unwrap());
     let policy = RetryPolicy {
@@ -260,7 +260,7 @@ impl Service<http::Request<Body>> for Hang {
 fn timeout_layer(budget: Arc<dyn Budget>, breaker: Option<CircuitBreaker>) -> RetryLayer {
     let policy = RetryPolicy {
         per_attempt_timeout: Some(Duration::from_millis(50)),
-        backoff: stormguard_core::backoff::BackoffConfig::FullJitter {
+        backoff: stormguard_core::BackoffConfig::FullJitter {
             base: Duration::from_millis(1),
             cap: Duration::from_millis(1),
             multiplier: 1.0,
@@ -279,7 +279,7 @@ fn timeout_layer(budget: Arc<dyn Budget>, breaker: Option<CircuitBreaker>) -> Re
 #[tokio::test(start_paused = true)]
 async fn an_attempt_that_times_out_is_retried_and_paid_for() {
     let throttle: Arc<dyn Budget> = Arc::new(
-        A6Throttle::new(ThrottleConfig {
+        A6Budget::new(A6BudgetConfig {
             max_tokens: 10.0,
             token_ratio: 0.1,
         })

@@ -5,18 +5,19 @@ use std::fmt;
 use std::sync::{Mutex, PoisonError};
 
 use super::{Budget, BudgetConfig, RetryBudget};
+use crate::ConfigError;
 use crate::Instant;
-use crate::error::ConfigError;
+use crate::config::check;
 
 /// The most keys a [`KeyedBudgets`] tracks by default.
-pub const DEFAULT_MAX_KEYS: usize = 256;
+pub(crate) const DEFAULT_MAX_KEYS: usize = 256;
 
 /// One [`RetryBudget`] per key (a replica, a shard), each minted only by the successes of
 /// its key, beside the shared budget that still bounds the whole dependency.
 ///
 /// # Why
 ///
-/// With one shared budget, the seed design's hardest case is lost: one bad shard returns
+/// With one shared budget, the hardest case is lost: one bad shard returns
 /// errors while nine are healthy, the healthy ones' successes keep refilling the budget,
 /// and the bad shard's retries spend it; once it is empty, calls that met only healthy
 /// shards lose their retries too. Charged per key, a retry after a failure on key *k* must
@@ -31,7 +32,7 @@ pub const DEFAULT_MAX_KEYS: usize = 256;
 ///
 /// ```
 /// use stormguard_core::Instant;
-/// use stormguard_core::budget::{BudgetConfig, KeyedBudgets};
+/// use stormguard_core::{BudgetConfig, KeyedBudgets};
 ///
 /// let config = BudgetConfig { min_retries_per_second: 0, ..BudgetConfig::default() };
 /// let keys = KeyedBudgets::new(config, 16)?;
@@ -41,7 +42,7 @@ pub const DEFAULT_MAX_KEYS: usize = 256;
 /// }
 /// assert!(keys.withdraw_at(1, now));
 /// assert!(!keys.withdraw_at(2, now)); // replica 2 earned nothing, and has no floor here
-/// # Ok::<(), stormguard_core::config::ConfigError>(())
+/// # Ok::<(), stormguard_core::ConfigError>(())
 /// ```
 pub struct KeyedBudgets {
     config: BudgetConfig,
@@ -68,12 +69,7 @@ impl KeyedBudgets {
     /// one).
     pub fn new(config: BudgetConfig, max_keys: usize) -> Result<Self, ConfigError> {
         config.validate()?;
-        if max_keys == 0 {
-            return Err(ConfigError::invalid(
-                "retry.budget.max_keys",
-                "must be at least 1",
-            ));
-        }
+        check::at_least_one("retry.budget.max_keys", max_keys as u64)?;
         Ok(KeyedBudgets {
             config,
             max_keys,
@@ -115,71 +111,26 @@ impl KeyedBudgets {
     }
 
     /// Gives back a retry [`withdraw_at`](Self::withdraw_at)`(key, granted_at)` granted.
-    pub fn refund_at(&self, key: u64, granted_at: Instant) {
+    pub(crate) fn refund_at(&self, key: u64, granted_at: Instant) {
         self.with(key, granted_at, |b| b.refund_at(granted_at));
     }
 
+    #[cfg(test)]
     /// `key`'s balance at `now`, if it is tracked.
-    pub fn balance_at(&self, key: u64, now: Instant) -> Option<f64> {
+    pub(crate) fn balance_at(&self, key: u64, now: Instant) -> Option<f64> {
         let keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
         keys.get(&key).map(|e| e.budget.balance_at(now))
     }
 
+    #[cfg(test)]
     /// How many keys are tracked now.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.keys
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
     }
-
-    /// Whether no key is tracked.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn each_key_spends_what_it_earned_plus_the_floor() {
-        // Floor 1/s over 10 s: 10 retries per key with no success at all.
-        let config = BudgetConfig {
-            min_retries_per_second: 1,
-            ..BudgetConfig::default()
-        };
-        let keys = KeyedBudgets::new(config, 8).unwrap();
-        let now = Instant::now();
-        for _ in 0..200 {
-            keys.deposit_at(1, now);
-        }
-        let granted = |k| (0..100).filter(|_| keys.withdraw_at(k, now)).count();
-        assert_eq!(granted(2), 10, "a key that never succeeded: the floor only");
-        assert_eq!(granted(1), 30, "200 successes at 0.1, plus the floor");
-        keys.refund_at(2, now);
-        assert_eq!(granted(2), 1);
-    }
-
-    #[test]
-    fn the_map_is_bounded_and_forgets_the_oldest_key() {
-        let keys = KeyedBudgets::new(BudgetConfig::default(), 3).unwrap();
-        let t0 = Instant::now();
-        for k in 0..3u64 {
-            keys.deposit_at(k, t0 + Duration::from_millis(k));
-        }
-        keys.deposit_at(0, t0 + Duration::from_millis(10)); // 0 used again: 1 is oldest
-        keys.deposit_at(99, t0 + Duration::from_millis(11));
-        assert_eq!(keys.len(), 3);
-        assert!(keys.balance_at(1, t0).is_none());
-        assert!(keys.balance_at(0, t0).is_some());
-        for k in 1000..2000 {
-            keys.withdraw_at(k, t0);
-        }
-        assert_eq!(keys.len(), 3);
-        assert!(KeyedBudgets::new(BudgetConfig::default(), 0).is_err());
-    }
-}
+mod tests;

@@ -1,5 +1,5 @@
 //! stormguard's own shape of a client config: `retry`, `breaker` and `methods` (see the
-//! [module docs](super)).
+//! [docs](super)).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -11,15 +11,15 @@ use super::document::Build;
 use super::duration::{Human, parse_duration};
 use super::value::{Finite, Int, present};
 use super::{BudgetChoice, ClientConfig, MethodPolicy, Scope};
-use crate::adaptive_throttle::AdaptiveThrottleConfig;
-use crate::backoff::BackoffConfig;
-use crate::breaker::BreakerConfig;
-use crate::budget::BudgetConfig;
-use crate::code::CodeSet;
-use crate::error::ConfigError;
-use crate::hedge::{HedgeDelay, HedgingPolicy, LearnedDelay};
-use crate::orca::SaturationConfig;
-use crate::policy::{MethodTable, RetryPolicy};
+use crate::AdaptiveThrottleConfig;
+use crate::BackoffConfig;
+use crate::BreakerConfig;
+use crate::BudgetConfig;
+use crate::CodeSet;
+use crate::ConfigError;
+use crate::SaturationConfig;
+use crate::{HedgeDelay, HedgingPolicy, LearnedDelay};
+use crate::{MethodTable, RetryPolicy};
 
 /// The document: every key optional, unknown keys refused (a typo must not quietly fall
 /// back to a default).
@@ -237,6 +237,7 @@ impl Build for ClientDoc {
                 .as_ref()
                 .map(LoadReportsDoc::build)
                 .transpose()?,
+            seed: None,
             not_applied: Vec::new(),
         };
         config.validate()?;

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Deserializer};
 
 use super::document::{self, Build, Format};
-use crate::criticality::{Criticality, CriticalityTable};
-use crate::error::ConfigError;
+use crate::ConfigError;
+use crate::{Criticality, CriticalityTable};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, expecting = "an object with `criticality`")]
@@ -53,7 +53,7 @@ impl CriticalityTable {
     /// field as written.
     ///
     /// ```
-    /// use stormguard_core::criticality::CriticalityTable;
+    /// use stormguard_core::CriticalityTable;
     ///
     /// let bad = CriticalityTable::from_json(r#"{"criticality": {"default": "high"}}"#);
     /// assert!(bad.unwrap_err().to_string().contains("criticality.default"));
@@ -68,65 +68,4 @@ impl CriticalityTable {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-    use crate::criticality::Criticality;
-
-    #[test]
-    fn json_errors_name_the_field() {
-        let field = |json: &str| match CriticalityTable::from_json(json).unwrap_err() {
-            ConfigError::Invalid { field, .. } => field,
-            other => other.to_string(),
-        };
-        assert_eq!(field(r#"{"criticalty": {}}"#), "criticalty");
-        assert_eq!(
-            field(r#"{"criticality": {"default": "high"}}"#),
-            "criticality.default"
-        );
-        assert_eq!(
-            field(r#"{"criticality": {"methods": {"/a.S/M": 3}}}"#),
-            "criticality.methods./a.S/M"
-        );
-        assert_eq!(
-            field(r#"{"criticality": {"methods": {"a.S/M": "critical"}}}"#),
-            "criticality.methods.a.S/M"
-        );
-        assert_eq!(
-            field(r#"{"criticality": {"method": {}}}"#),
-            "criticality.method"
-        );
-        assert_eq!(
-            CriticalityTable::from_json("{}").unwrap(),
-            CriticalityTable::default()
-        );
-    }
-
-    #[test]
-    fn an_application_config_holds_a_table() {
-        #[derive(Deserialize)]
-        struct Server {
-            criticality: CriticalityTable,
-        }
-        let server: Server = serde_json::from_str(
-            r#"{"criticality": {"methods": {"/shop.Cart/Checkout": "critical"}}}"#,
-        )
-        .unwrap();
-        assert_eq!(
-            server.criticality.class_for("/shop.Cart/Checkout"),
-            Criticality::Critical
-        );
-        assert_eq!(
-            server.criticality.class_for("/shop.Cart/Add"),
-            Criticality::Default
-        );
-        let bad =
-            serde_json::from_str::<Server>(r#"{"criticality": {"methods": {"shop": "critical"}}}"#);
-        assert!(
-            bad.err()
-                .unwrap()
-                .to_string()
-                .contains("criticality.methods.shop")
-        );
-    }
-}
+mod tests;

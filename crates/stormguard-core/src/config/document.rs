@@ -11,7 +11,7 @@ use serde::de::{self, DeserializeOwned};
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
-use crate::error::ConfigError;
+use crate::ConfigError;
 
 /// The format of a config document. YAML and TOML are read when their features of
 /// stormguard-core (`yaml`, `toml`, both on by default) are on; without them, reading
@@ -31,7 +31,7 @@ impl Format {
     ///
     /// ```
     /// use std::path::Path;
-    /// use stormguard_core::config::Format;
+    /// use stormguard_core::Format;
     ///
     /// assert_eq!(Format::from_path(Path::new("retry.yml")).unwrap(), Format::Yaml);
     /// assert!(Format::from_path(Path::new("retry.ini")).is_err());

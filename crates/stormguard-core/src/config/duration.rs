@@ -1,33 +1,13 @@
 //! Durations as people write them: `"50ms"`, `"10s"`, `"1.5s"`, `"2m"`, `"250us"`, and the
 //! proto3 form `"0.1s"`.
 //!
-//! [`parse_duration`] is the one parser. The module is also a `serde(with = ...)` module,
-//! so an application's own config can hold durations the way stormguard's does:
-//!
-//! ```
-//! use std::time::Duration;
-//! use serde::{Deserialize, Serialize};
-//!
-//! #[derive(Deserialize, Serialize)]
-//! struct Cache {
-//!     #[serde(with = "stormguard_core::config::duration")]
-//!     ttl: Duration,
-//!     #[serde(with = "stormguard_core::config::duration::option", default)]
-//!     refresh: Option<Duration>,
-//! }
-//!
-//! let cache: Cache = serde_json::from_str(r#"{ "ttl": "1.5s" }"#).unwrap();
-//! assert_eq!(cache.ttl, Duration::from_millis(1500));
-//! assert_eq!(cache.refresh, None);
-//! assert_eq!(serde_json::to_string(&cache).unwrap(), r#"{"ttl":"1.5s","refresh":null}"#);
-//! assert!(serde_json::from_str::<Cache>(r#"{ "ttl": 10 }"#).is_err());
-//! ```
+//! [`parse_duration`] is the one parser; [`Human`] and [`Proto`] read the two written forms
+//! in stormguard's documents and the gRPC service config.
 
 use std::fmt;
 use std::time::Duration;
 
 use serde::de::{self, Deserialize, Deserializer, Unexpected, Visitor};
-use serde::ser::Serializer;
 
 /// A duration: a non-negative decimal number with a unit, `ns`, `us` (or `µs`), `ms`, `s`,
 /// `m` or `h` (`"50ms"`, `"10s"`, `"1.5s"`, `"2m"`, `"250us"`, `".5s"`), exact to the
@@ -36,7 +16,7 @@ use serde::ser::Serializer;
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard_core::config::parse_duration;
+/// use stormguard_core::parse_duration;
 ///
 /// assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
 /// assert_eq!(parse_duration("10"), None);
@@ -93,6 +73,7 @@ fn decimal(number: &str, unit_nanos: u128) -> Option<Duration> {
 
 /// A string for `d` that [`parse_duration`] reads back as `d`: whole seconds and the
 /// fraction they need (`"10s"`, `"0.05s"`, `"1.000000001s"`).
+#[cfg(test)]
 fn format_duration(d: Duration) -> String {
     let nanos = d.subsec_nanos();
     if nanos == 0 {
@@ -151,109 +132,10 @@ impl<'de> Deserialize<'de> for Proto {
     }
 }
 
-/// Reads a duration field with [`parse_duration`] (`#[serde(with = "...::duration")]`).
-pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+/// Reads a duration field with [`parse_duration`] (`#[serde(with = "crate::config::duration")]`).
+pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     Human::deserialize(d).map(|h| h.0)
 }
 
-/// Writes a duration field in seconds, as [`parse_duration`] reads it back (`"1.5s"`).
-pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&format_duration(*d))
-}
-
-/// The same for an `Option<Duration>` field: `null` is `None`. Add `#[serde(default)]`
-/// for the field to be optional.
-pub mod option {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    use super::{Human, format_duration};
-
-    /// Reads an optional duration field.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        Option::<Human>::deserialize(d).map(|h| h.map(|h| h.0))
-    }
-
-    /// Writes an optional duration field (`None` as `null`).
-    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        match d {
-            Some(d) => s.serialize_some(&format_duration(*d)),
-            None => s.serialize_none(),
-        }
-    }
-}
-
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    #[test]
-    fn durations_parse_exactly() {
-        assert_eq!(parse_duration("50ms"), Some(Duration::from_millis(50)));
-        assert_eq!(parse_duration("0.1s"), Some(Duration::from_millis(100)));
-        assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1h"), Some(Duration::from_secs(3600)));
-        assert_eq!(parse_duration("250us"), Some(Duration::from_micros(250)));
-        assert_eq!(parse_duration("7ns"), Some(Duration::from_nanos(7)));
-        assert_eq!(parse_duration(".5s"), Some(Duration::from_millis(500)));
-        for bad in [
-            "",
-            "s",
-            "10",
-            "-1s",
-            "1e3s",
-            "1.2.3s",
-            "ms",
-            "1,5s",
-            "1.0000000001s",
-        ] {
-            assert_eq!(parse_duration(bad), None, "{bad:?}");
-        }
-        assert_eq!(
-            parse_proto_duration("0.000000001s"),
-            Some(Duration::from_nanos(1))
-        );
-        // The service config's durations are seconds only.
-        assert_eq!(parse_proto_duration("100ms"), None);
-        assert_eq!(parse_proto_duration("1m"), None);
-    }
-
-    #[test]
-    fn the_forms_are_what_each_document_accepts() {
-        let human = |json: &str| serde_json::from_str::<Human>(json).map(|h| h.0);
-        let proto = |json: &str| serde_json::from_str::<Proto>(json).map(|p| p.0);
-        assert_eq!(human(r#""50ms""#).unwrap(), Duration::from_millis(50));
-        assert_eq!(proto(r#""0.05s""#).unwrap(), Duration::from_millis(50));
-        let e = proto(r#""50ms""#).unwrap_err().to_string();
-        assert!(e.contains("decimal seconds"), "{e}");
-        let e = human("50").unwrap_err().to_string();
-        assert!(
-            e.contains(r#"a duration with a unit such as "50ms""#),
-            "{e}"
-        );
-    }
-
-    proptest! {
-        #[test]
-        fn duration_parser_never_panics(s in ".{0,24}") {
-            let _ = parse_duration(&s);
-        }
-
-        #[test]
-        fn milliseconds_round_trip(ms in 0u64..1_000_000_000) {
-            prop_assert_eq!(parse_duration(&format!("{ms}ms")), Some(Duration::from_millis(ms)));
-            let secs = format!("{}.{:03}s", ms / 1000, ms % 1000);
-            prop_assert_eq!(parse_duration(&secs), Some(Duration::from_millis(ms)));
-        }
-
-        #[test]
-        fn what_is_written_reads_back(secs in 0u64..1_000_000_000_000, nanos in 0u32..1_000_000_000) {
-            let d = Duration::new(secs, nanos);
-            prop_assert_eq!(parse_duration(&format_duration(d)), Some(d));
-        }
-    }
-}
+mod tests;

@@ -10,7 +10,7 @@
 //!   becomes the A6 token bucket, which pays for hedges as for retries; without
 //!   `retryThrottling` both are paid from stormguard's budget with default settings; a
 //!   method's `timeout` becomes its default deadline
-//!   ([`MethodTable::timeout`](crate::policy::MethodTable::timeout)). Fields gRPC does
+//!   ([`MethodTable::timeout`](crate::MethodTable::timeout)). Fields gRPC does
 //!   not define, and fields stormguard does not act on (`waitForReady`,
 //!   `maxRequestMessageBytes`, ...), are skipped as gRPC skips unknown fields, and listed
 //!   in [`ClientConfig::not_applied`];
@@ -39,119 +39,6 @@
 //! method wins over its service, as in the service config. The budget (`retry.budget`,
 //! `retry.budget_exhausted`) is the layer's, so a method entry cannot set it.
 //!
-//! # Idempotency: the one line that makes answers retried
-//!
-//! `idempotent` defaults to `false`, as in [`RetryPolicy`]: without it, only requests that
-//! never reached the server are retried, because a server that answered `UNAVAILABLE` may
-//! have done part of the work. The seed design's config sets everything else and so
-//! retries no answer; [`ClientConfig::notices`] says so. One entry marks the method that is
-//! safe to repeat (or `idempotent: true` under `retry` marks every method):
-//!
-//! ```yaml
-//! retry:
-//!   budget:
-//!     ttl: 10s
-//!     min_retries_per_second: 5
-//!     retry_ratio: 0.1
-//!   backoff: full_jitter
-//!   base: 100ms
-//!   max_attempts: 3
-//!   budget_exhausted: fail_fast
-//! methods:
-//!   /stormguard.demo.v1.Inventory/Reserve: { idempotent: true }
-//! ```
-//!
-//! # Hedging
-//!
-//! A hedged method has copies of a call sent while the first is slow, and the first useful
-//! answer wins (see [`hedge`](crate::hedge)). A method is retried or hedged, never both: the
-//! most specific entry for it decides which, in either shape. Hedges are attempts: they are
-//! paid from the same budget (or A6 throttle) as retries, and refused, not queued, when it
-//! is empty.
-//!
-//! In the service config, A6's `hedgingPolicy` sits where a `retryPolicy` would, and an
-//! entry holding both is an error naming the entry (`methodConfig[0]`). `maxAttempts` is
-//! required (at least 2; above 5 counts as 5), `hedgingDelay` defaults to `"0s"` (every
-//! copy at once) and `nonFatalStatusCodes` to none:
-//!
-//! ```
-//! use std::time::Duration;
-//! use stormguard_core::config::ClientConfig;
-//! use stormguard_core::hedge::HedgeDelay;
-//!
-//! let config = ClientConfig::from_service_config_json(r#"{ "methodConfig": [{
-//!     "name": [{ "service": "stormguard.demo.v1.Catalog" }],
-//!     "hedgingPolicy": { "maxAttempts": 3, "hedgingDelay": "0.010s",
-//!                        "nonFatalStatusCodes": ["UNAVAILABLE"] } }] }"#)?;
-//! let hedging = config.methods.lookup_hedging("/stormguard.demo.v1.Catalog/Get").unwrap();
-//! assert_eq!(hedging.delay, HedgeDelay::Fixed(Duration::from_millis(10)));
-//! assert!(config.methods.lookup("/stormguard.demo.v1.Catalog/Get").is_none(), "not retried");
-//! # Ok::<(), stormguard_core::config::ConfigError>(())
-//! ```
-//!
-//! In stormguard's shape, an entry of `methods` holds `hedging` and nothing else (a retry
-//! setting beside it is an error naming that setting). Every key is optional and defaults
-//! as in [`HedgingPolicy::default`]: `max_attempts` (2), `delay` (`"10ms"`),
-//! `non_fatal_codes` (none), `min_attempt_time` (`"5ms"`), `max_pushback` (`"30s"`);
-//! nothing comes from `retry`. `delay` is a duration or `"learned"`, a percentile of the
-//! method's recent latency ([`LearnedDelay`](crate::hedge::LearnedDelay)), whose settings
-//! sit beside it, as `base` and `cap` sit beside `backoff`: `percentile` (0.95), `floor`
-//! (`"1ms"`), `ceiling` (`"1s"`), `min_samples` (100), `window` (`"10s"`). They are refused
-//! with a fixed delay.
-//!
-//! ```yaml
-//! methods:
-//!   /stormguard.demo.v1.Catalog/Get:
-//!     hedging: { max_attempts: 3, delay: 10ms, non_fatal_codes: [UNAVAILABLE] }
-//!   /stormguard.demo.v1.Search/:
-//!     hedging: { delay: learned, percentile: 0.95, floor: 2ms, ceiling: 200ms }
-//! ```
-//!
-//! There is no layer-wide `hedging`: hedging a method says that running it more than once
-//! is harmless, a statement made method by method (or service by service), as
-//! `idempotent` is. A top-level `hedging`, or one under `retry`, is an error that says so.
-//!
-//! ```
-//! use stormguard_core::config::ClientConfig;
-//! use stormguard_core::hedge::HedgeDelay;
-//!
-//! let config = ClientConfig::from_json(r#"{ "methods": {
-//!     "/stormguard.demo.v1.Search/": { "hedging": { "delay": "learned", "ceiling": "200ms" } } } }"#)?;
-//! let hedging = config.methods.lookup_hedging("/stormguard.demo.v1.Search/Query").unwrap();
-//! assert!(matches!(hedging.delay, HedgeDelay::Learned(_)));
-//! assert!(config.methods.lookup("/stormguard.demo.v1.Inventory/Reserve").is_some(), "`retry`");
-//!
-//! let both = ClientConfig::from_json(r#"{ "methods": {
-//!     "/pkg.Svc/Get": { "hedging": {}, "max_attempts": 3 } } }"#);
-//! assert!(both.unwrap_err().to_string().contains("methods./pkg.Svc/Get.max_attempts"));
-//! # Ok::<(), stormguard_core::config::ConfigError>(())
-//! ```
-//!
-//! # Adaptive throttle
-//!
-//! `adaptive_throttle` (stormguard's shape only; off when absent) has the layer refuse
-//! calls locally while the dependency refuses most of them for overload (the SRE book's
-//! client-side throttling; see [`adaptive_throttle`](crate::adaptive_throttle) for why).
-//! Every key is optional and defaults as in
-//! [`AdaptiveThrottleConfig::default`](crate::adaptive_throttle::AdaptiveThrottleConfig):
-//! `k` (2), `sheddable_k` (1.5), `critical_k` (3), `max_reject_probability` (0.9),
-//! `window` (`"10s"`), `reject_codes` (`[RESOURCE_EXHAUSTED]`), `shed_codes`
-//! (`[DEADLINE_EXCEEDED, UNAVAILABLE]`, counted only when the answer carries a pushback or
-//! `stormguard-unprocessed`). An empty object turns it on with the defaults.
-//!
-//! ```
-//! use stormguard_core::config::ClientConfig;
-//!
-//! let config = ClientConfig::from_json(r#"{ "adaptive_throttle": { "k": 1.5, "sheddable_k": 1.2,
-//!     "window": "30s" } }"#)?;
-//! assert_eq!(config.adaptive_throttle.unwrap().k, 1.5);
-//! assert!(ClientConfig::from_json("{}")?.adaptive_throttle.is_none(), "off by default");
-//!
-//! let bad = ClientConfig::from_json(r#"{ "adaptive_throttle": { "max_reject_probability": 1 } }"#);
-//! assert!(bad.unwrap_err().to_string().contains("adaptive_throttle.max_reject_probability"));
-//! # Ok::<(), stormguard_core::config::ConfigError>(())
-//! ```
-//!
 //! # Errors
 //!
 //! Every value is checked; an error names the field as a dotted path and says why
@@ -161,52 +48,12 @@
 //! but not applied are not errors (gRPC accepts them): they are [`Notice`]s, which
 //! [`ClientConfig::notices`] lists with the settings under which no answer is retried.
 //!
-//! # Why serde, and how to embed the config
+//! # More
 //!
-//! The config types implement [`serde::Deserialize`], so a team can hold stormguard's
-//! section in its own config struct, in any serde format:
-//!
-//! ```
-//! use serde::Deserialize;
-//! use stormguard_core::config::ClientConfig;
-//!
-//! #[derive(Deserialize)]
-//! struct App {
-//!     listen: String,
-//!     inventory: ClientConfig,
-//! }
-//!
-//! let app: App = serde_json::from_str(r#"{ "listen": "[::1]:50051",
-//!     "inventory": { "retry": { "max_attempts": 3 },
-//!                    "methods": { "/stormguard.demo.v1.Inventory/Reserve": { "idempotent": true } } } }"#)
-//!     .unwrap();
-//! assert!(app.inventory.methods.lookup("/stormguard.demo.v1.Inventory/Reserve").unwrap().idempotent);
-//!
-//! // Deserializing validates: a bad value cannot get past it unnoticed.
-//! let bad = serde_json::from_str::<App>(r#"{ "listen": "",
-//!     "inventory": { "retry": { "budget": { "ttl": "0.5s" } } } }"#);
-//! assert!(bad.err().unwrap().to_string().contains("retry.budget.ttl"));
-//! ```
-//!
-//! Deserializing a [`ClientConfig`] (stormguard's shape) or an
-//! [`AdmissionConfig`](crate::admission::AdmissionConfig) (the fields of `admission`)
-//! runs the same checks as [`ClientConfig::from_json`], so a config that deserialized is
-//! valid: there is no `validate()` call to forget. A type error names its place in the
-//! application's document as the application's format reports it (wrap the deserializer
-//! in `serde_path_to_error` for a dotted path); a failed check names the field within
-//! stormguard's section (`retry.budget.ttl`). Parts on their own
-//! ([`BudgetConfig`], [`BreakerConfig`], [`ThrottleConfig`],
-//! [`AdaptiveThrottleConfig`],
-//! [`AdaptiveLimitConfig`](crate::limit::AdaptiveLimitConfig)) deserialize with their
-//! defaults for missing fields and are checked by what is built from them. Durations in an
-//! application's own fields can use the [`duration`] module (`"50ms"`, `"10s"`).
-//!
-//! # Formats
-//!
-//! JSON is always read. YAML and TOML are read with the `yaml` and `toml` features, both
-//! on by default; a user who needs only JSON turns off the default features and compiles
-//! neither parser. Reading a YAML or TOML document without its feature is
-//! [`ConfigError::FormatDisabled`].
+//! Every key of both shapes, which methods are retried, idempotency keys, hedging, the
+//! adaptive throttle, deadlines and how to hold the config in an application's own serde
+//! config: `docs/config.md`. JSON is always read; YAML and TOML with the `yaml` and `toml`
+//! features (on by default).
 
 use std::path::Path;
 
@@ -215,21 +62,23 @@ use serde_json::{Map, Value};
 
 use document::Build;
 
-use crate::adaptive_throttle::AdaptiveThrottleConfig;
-use crate::breaker::BreakerConfig;
-use crate::budget::BudgetConfig;
-pub use crate::error::ConfigError;
-use crate::hedge::HedgingPolicy;
-use crate::policy::{MethodTable, RetryPolicy};
-use crate::throttle::ThrottleConfig;
+use crate::A6BudgetConfig;
+use crate::AdaptiveThrottleConfig;
+use crate::BreakerConfig;
+use crate::BudgetConfig;
+use crate::ConfigError;
+use crate::HedgingPolicy;
+use crate::{MethodTable, RetryPolicy};
 
 mod admission;
+pub(crate) mod check;
 mod client;
 mod criticality;
 pub(crate) mod document;
-pub mod duration;
+pub(crate) mod duration;
 mod idempotency;
-mod notice;
+pub(crate) mod notice;
+mod replica;
 mod service;
 mod value;
 
@@ -245,7 +94,7 @@ pub enum BudgetChoice {
     /// stormguard's windowed budget: retries ≤ `retry_ratio` of successes, plus a floor.
     Stormguard(BudgetConfig),
     /// gRPC A6 `retryThrottling`.
-    A6(ThrottleConfig),
+    A6(A6BudgetConfig),
 }
 
 impl Default for BudgetChoice {
@@ -257,7 +106,7 @@ impl Default for BudgetChoice {
 /// Everything the client retry controller needs.
 ///
 /// ```
-/// use stormguard_core::config::{BudgetChoice, ClientConfig};
+/// use stormguard_core::{BudgetChoice, ClientConfig};
 ///
 /// let json = r#"{
 ///   "methodConfig": [{
@@ -284,21 +133,37 @@ pub struct ClientConfig {
     /// The circuit breaker, if any.
     pub breaker: Option<BreakerConfig>,
     /// Client-side adaptive throttling (stormguard's `adaptive_throttle`), if any: see
-    /// [`adaptive_throttle`](crate::adaptive_throttle). Off by default.
+    /// [`adaptive_throttle`](crate::AdaptiveThrottle). Off by default.
     pub adaptive_throttle: Option<AdaptiveThrottleConfig>,
     /// Refuse retries and hedges to a dependency whose load reports (ORCA) say it is
-    /// saturated (`retry.load_reports`; see [`crate::orca`]). Default `None`: reports are
+    /// saturated (`retry.load_reports`; see [`crate::orca`](crate::LoadReport)). Default `None`: reports are
     /// not read for retries.
-    pub load_reports: Option<crate::orca::SaturationConfig>,
+    pub load_reports: Option<crate::SaturationConfig>,
+    /// The seed of every random draw of a client built from this config (backoff jitter,
+    /// the breaker's open-duration jitter, the adaptive throttle, idempotency keys), so a
+    /// run can be reproduced; `None` draws one. Not read from documents: set it in code,
+    /// with [`ClientConfig::with_seed`].
+    pub seed: Option<u64>,
     /// Fields of the document read but not applied.
     not_applied: Vec<NotApplied>,
 }
 
 impl ClientConfig {
+    /// The same config with its random draws seeded by `seed` (see [`ClientConfig::seed`]).
+    ///
+    /// ```
+    /// use stormguard_core::ClientConfig;
+    ///
+    /// assert_eq!(ClientConfig::standard().with_seed(7).seed, Some(7));
+    /// ```
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
     /// stormguard's defaults for every method: retry `UNAVAILABLE`, 3 attempts, full jitter,
     /// the default budget, no breaker. No method is taken for idempotent, so only requests
     /// that never reached the server are retried; mark the methods that are safe to repeat
-    /// with a policy of their own (see [`policy`](crate::policy)).
+    /// with a policy of their own (see [`policy`](crate::RetryPolicy)).
     pub fn standard() -> Self {
         ClientConfig {
             methods: MethodTable::uniform(RetryPolicy::default()),
@@ -342,7 +207,7 @@ impl ClientConfig {
     /// which refuses unknown fields, and for a config built in code.
     ///
     /// ```
-    /// use stormguard_core::config::{ClientConfig, NotAppliedReason};
+    /// use stormguard_core::{ClientConfig, NotAppliedReason};
     ///
     /// let config = ClientConfig::from_service_config_json(r#"{ "methodConfig": [{
     ///     "name": [{ "service": "pkg.Svc" }], "waitForReady": true,
@@ -363,7 +228,7 @@ impl ClientConfig {
     /// now, so a method marked idempotent in code after loading counts.
     ///
     /// ```
-    /// use stormguard_core::config::{ClientConfig, Notice};
+    /// use stormguard_core::{ClientConfig, Notice};
     ///
     /// let config = ClientConfig::from_json(r#"{ "retry": { "max_attempts": 3 } }"#).unwrap();
     /// assert!(matches!(config.notices()[..], [Notice::NoAnswerRetried { max_attempts: 3, .. }]));
@@ -382,10 +247,10 @@ impl ClientConfig {
     /// the file's content is a [`ConfigError::File`] naming the file.
     ///
     /// ```no_run
-    /// use stormguard_core::config::ClientConfig;
+    /// use stormguard_core::ClientConfig;
     ///
     /// let config = ClientConfig::from_path("retry.yaml")?;
-    /// # Ok::<(), stormguard_core::config::ConfigError>(())
+    /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
     pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
         document::read_file(path.as_ref(), Self::from_document)
@@ -395,7 +260,7 @@ impl ClientConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use stormguard_core::config::{BudgetChoice, ClientConfig, Format};
+    /// use stormguard_core::{BudgetChoice, ClientConfig, Format};
     ///
     /// let toml = "[retry]\nmax_attempts = 3\nbase = \"100ms\"\n[retry.budget]\nttl = \"10s\"\n";
     /// # #[cfg(feature = "toml")] {
@@ -420,12 +285,12 @@ impl ClientConfig {
     }
 
     /// Reads a standard gRPC service config (JSON): retry and hedging policies, timeouts
-    /// and throttling (see the [module docs](self)).
+    /// and throttling (see `docs/config.md`).
     pub fn from_service_config_json(json: &str) -> Result<Self, ConfigError> {
         service::read(document::parse(json, Format::Json)?)
     }
 
-    /// Reads stormguard's own shape (see the [module docs](self)). Every field is optional
+    /// Reads stormguard's own shape (see `docs/config.md`). Every field is optional
     /// and defaults as in [`ClientConfig::standard`]; unknown fields are errors (a typo must
     /// not silently fall back to a default).
     pub fn from_json(json: &str) -> Result<Self, ConfigError> {
@@ -433,7 +298,7 @@ impl ClientConfig {
     }
 }
 
-/// stormguard's own shape (see the [module docs](self#why-serde-and-how-to-embed-the-config)),
+/// stormguard's own shape (see `docs/config.md`),
 /// validated: what deserializes is what [`ClientConfig::from_json`] accepts.
 impl<'de> Deserialize<'de> for ClientConfig {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -104,7 +104,7 @@ pub enum Notice {
         /// The setting that would let a method's answers be retried
         /// ([`IDEMPOTENT_SETTING`]; in code, [`RetryPolicy::idempotent`]).
         ///
-        /// [`RetryPolicy::idempotent`]: crate::policy::RetryPolicy::idempotent
+        /// [`RetryPolicy::idempotent`]: crate::RetryPolicy::idempotent
         setting: &'static str,
     },
 }

@@ -17,19 +17,19 @@ use super::duration::Proto;
 use super::notice::NotApplied;
 use super::value::{Finite, Int};
 use super::{BudgetChoice, ClientConfig, MethodPolicy, Scope};
-use crate::backoff::BackoffConfig;
-use crate::code::CodeSet;
-use crate::error::ConfigError;
-use crate::hedge::{HedgeDelay, HedgingPolicy};
-use crate::policy::{MethodTable, RetryPolicy};
-use crate::throttle::ThrottleConfig;
+use crate::A6BudgetConfig;
+use crate::BackoffConfig;
+use crate::CodeSet;
+use crate::ConfigError;
+use crate::{HedgeDelay, HedgingPolicy};
+use crate::{MethodTable, RetryPolicy};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", expecting = "a gRPC service config object")]
 struct ServiceConfigDoc {
     #[serde(default)]
     method_config: Vec<MethodConfigDoc>,
-    retry_throttling: Option<ThrottleConfig>,
+    retry_throttling: Option<A6BudgetConfig>,
 }
 
 #[derive(Deserialize)]
@@ -141,6 +141,7 @@ pub(super) fn read(root: Map<String, Value>) -> Result<ClientConfig, ConfigError
         breaker: None,
         adaptive_throttle: None,
         load_reports: None,
+        seed: None,
         not_applied,
     })
 }

@@ -5,9 +5,10 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
-use crate::backoff::BackoffConfig;
-use crate::code::{Code, CodeSet};
-use crate::hedge::{HedgeDelay, LearnedDelay};
+use crate::BackoffConfig;
+use crate::config::notice::IDEMPOTENT_SETTING;
+use crate::{Code, CodeSet};
+use crate::{HedgeDelay, LearnedDelay};
 
 /// The field an error names, or the whole message for an error that names none.
 fn field_of(e: ConfigError) -> String {
@@ -66,7 +67,7 @@ fn service_config_throttling_becomes_a6() {
     let c = ClientConfig::from_service_config_json(json).unwrap();
     assert_eq!(
         c.budget,
-        BudgetChoice::A6(ThrottleConfig {
+        BudgetChoice::A6(A6BudgetConfig {
             max_tokens: 10.0,
             token_ratio: 0.1
         })
@@ -1190,4 +1191,120 @@ hedging = { delay = "10ms" }
     // Every method keyed from `retry`.
     let c = ClientConfig::from_json(r#"{ "retry": { "idempotency_key": true } }"#).unwrap();
     assert!(c.methods.idempotency_key("/any.Svc/Any"));
+}
+#[test]
+fn hedging_in_the_service_config_sits_where_a_retry_policy_would() -> Result<(), ConfigError> {
+    use crate::ClientConfig;
+    use crate::HedgeDelay;
+    use std::time::Duration;
+
+    let config = ClientConfig::from_service_config_json(
+        r#"{ "methodConfig": [{
+        "name": [{ "service": "stormguard.demo.v1.Catalog" }],
+        "hedgingPolicy": { "maxAttempts": 3, "hedgingDelay": "0.010s",
+                           "nonFatalStatusCodes": ["UNAVAILABLE"] } }] }"#,
+    )?;
+    let hedging = config
+        .methods
+        .lookup_hedging("/stormguard.demo.v1.Catalog/Get")
+        .unwrap();
+    assert_eq!(hedging.delay, HedgeDelay::Fixed(Duration::from_millis(10)));
+    assert!(
+        config
+            .methods
+            .lookup("/stormguard.demo.v1.Catalog/Get")
+            .is_none(),
+        "not retried"
+    );
+    Ok(())
+}
+
+#[test]
+fn hedging_in_stormguard_s_shape_is_per_method_and_alone_in_its_entry() -> Result<(), ConfigError> {
+    use crate::ClientConfig;
+    use crate::HedgeDelay;
+
+    let config = ClientConfig::from_json(
+        r#"{ "methods": {
+        "/stormguard.demo.v1.Search/": { "hedging": { "delay": "learned", "ceiling": "200ms" } } } }"#,
+    )?;
+    let hedging = config
+        .methods
+        .lookup_hedging("/stormguard.demo.v1.Search/Query")
+        .unwrap();
+    assert!(matches!(hedging.delay, HedgeDelay::Learned(_)));
+    assert!(
+        config
+            .methods
+            .lookup("/stormguard.demo.v1.Inventory/Reserve")
+            .is_some(),
+        "`retry`"
+    );
+
+    let both = ClientConfig::from_json(
+        r#"{ "methods": {
+        "/pkg.Svc/Get": { "hedging": {}, "max_attempts": 3 } } }"#,
+    );
+    assert!(
+        both.unwrap_err()
+            .to_string()
+            .contains("methods./pkg.Svc/Get.max_attempts")
+    );
+    Ok(())
+}
+
+#[test]
+fn the_adaptive_throttle_is_read_and_checked() -> Result<(), ConfigError> {
+    use crate::ClientConfig;
+
+    let config = ClientConfig::from_json(
+        r#"{ "adaptive_throttle": { "k": 1.5, "sheddable_k": 1.2,
+        "window": "30s" } }"#,
+    )?;
+    assert_eq!(config.adaptive_throttle.unwrap().k, 1.5);
+    assert!(
+        ClientConfig::from_json("{}")?.adaptive_throttle.is_none(),
+        "off by default"
+    );
+
+    let bad =
+        ClientConfig::from_json(r#"{ "adaptive_throttle": { "max_reject_probability": 1 } }"#);
+    assert!(
+        bad.unwrap_err()
+            .to_string()
+            .contains("adaptive_throttle.max_reject_probability")
+    );
+    Ok(())
+}
+
+#[test]
+fn an_application_config_embeds_a_client_config_and_deserializing_validates() {
+    use crate::ClientConfig;
+    use serde::Deserialize;
+
+    #[derive(Deserialize)]
+    #[allow(dead_code)] // `listen` stands for the application's own fields.
+    struct App {
+        listen: String,
+        inventory: ClientConfig,
+    }
+
+    let app: App = serde_json::from_str(r#"{ "listen": "[::1]:50051",
+        "inventory": { "retry": { "max_attempts": 3 },
+                       "methods": { "/stormguard.demo.v1.Inventory/Reserve": { "idempotent": true } } } }"#)
+        .unwrap();
+    assert!(
+        app.inventory
+            .methods
+            .lookup("/stormguard.demo.v1.Inventory/Reserve")
+            .unwrap()
+            .idempotent
+    );
+
+    // Deserializing validates: a bad value cannot get past it unnoticed.
+    let bad = serde_json::from_str::<App>(
+        r#"{ "listen": "",
+        "inventory": { "retry": { "budget": { "ttl": "0.5s" } } } }"#,
+    );
+    assert!(bad.err().unwrap().to_string().contains("retry.budget.ttl"));
 }

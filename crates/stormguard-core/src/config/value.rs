@@ -7,8 +7,8 @@ use std::marker::PhantomData;
 
 use serde::de::{self, Deserialize, Deserializer, SeqAccess, Unexpected, Visitor};
 
-use crate::code::{Code, CodeSet};
-use crate::criticality::Criticality;
+use crate::Criticality;
+use crate::{Code, CodeSet};
 
 /// A whole-number type a config field holds, with the largest value accepted.
 pub(crate) trait Whole: Copy {

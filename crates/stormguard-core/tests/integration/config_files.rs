@@ -8,9 +8,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use stormguard_core::admission::{AdmissionConfig, QueueOrder};
-use stormguard_core::config::{BudgetChoice, ClientConfig, Format, Notice};
-use stormguard_core::error::ConfigError;
+use stormguard_core::ConfigError;
+use stormguard_core::{AdmissionConfig, QueueOrder};
+use stormguard_core::{BudgetChoice, ClientConfig, Format, Notice};
 
 /// A file of this test's own, removed when dropped.
 struct File(PathBuf);
@@ -303,14 +303,14 @@ fn the_server_reads_its_admission_config_from_the_same_loader() {
     assert_eq!(field(e), "admission.workers");
 }
 
-/// The seed's YAML retries no answer, and says so; one entry under `methods` makes the
+/// The example YAML retries no answer, and says so; one entry under `methods` makes the
 /// method that is safe to repeat have its answers retried, in YAML and in TOML.
 #[cfg(all(feature = "yaml", feature = "toml"))]
 #[test]
-fn the_seed_config_says_it_retries_no_answer_until_a_method_is_marked() {
-    let seed = ClientConfig::from_text(YAML, Format::Yaml).unwrap();
+fn the_example_config_says_it_retries_no_answer_until_a_method_is_marked() {
+    let example = ClientConfig::from_text(YAML, Format::Yaml).unwrap();
     assert!(matches!(
-        seed.notices()[..],
+        example.notices()[..],
         [Notice::NoAnswerRetried {
             max_attempts: 3,
             ..
@@ -330,8 +330,8 @@ fn the_seed_config_says_it_retries_no_answer_until_a_method_is_marked() {
                 .unwrap()
                 .idempotent
         );
-        // Everything else is the seed's.
-        assert_eq!(config.budget, seed.budget, "{format:?}");
+        // Everything else is the example's.
+        assert_eq!(config.budget, example.budget, "{format:?}");
     }
 }
 

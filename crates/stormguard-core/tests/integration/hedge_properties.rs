@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use stormguard_core::Instant;
-use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
-use stormguard_core::code::{Code, CodeSet};
-use stormguard_core::hedge::{HedgeDelay, HedgingPolicy};
-use stormguard_core::policy::MethodTable;
-use stormguard_core::pushback::Pushback;
-use stormguard_core::retry::{AttemptEnd, Failure, HedgeDecision, RetryController};
+use stormguard_core::MethodTable;
+use stormguard_core::Pushback;
+use stormguard_core::{AttemptEnd, Failure, HedgeDecision, RetryController};
+use stormguard_core::{Budget, BudgetConfig, RetryBudget};
+use stormguard_core::{Code, CodeSet};
+use stormguard_core::{HedgeDelay, HedgingPolicy};
 
 #[derive(Clone, Debug)]
 enum Event {

@@ -15,7 +15,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::time::Duration;
 
 use stormguard_core::Instant;
-use stormguard_core::limit::{AdaptiveLimit, AdaptiveLimitConfig};
+use stormguard_core::{AdaptiveLimit, AdaptiveLimitConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::Serialize;
-use stormguard_core::admission::AdmissionConfig;
+use stormguard_core::AdmissionConfig;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};

@@ -13,13 +13,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use stormguard_client::{Retry as RetryService, RetryLayer, RetryStats};
-use stormguard_core::adaptive_throttle::AdaptiveThrottleConfig;
-use stormguard_core::backoff::{Backoff, BackoffConfig};
-use stormguard_core::code::{Code as CoreCode, CodeSet};
-use stormguard_core::config::{ClientConfig, ConfigError};
-use stormguard_core::hedge::{HedgeDelay, HedgingPolicy};
-use stormguard_core::policy::RetryPolicy;
-use stormguard_core::wire::{GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_RETRY_PUSHBACK_MS};
+use stormguard_core::AdaptiveThrottleConfig;
+use stormguard_core::RetryPolicy;
+use stormguard_core::{Backoff, BackoffConfig};
+use stormguard_core::{ClientConfig, ConfigError};
+use stormguard_core::{Code as CoreCode, CodeSet};
+use stormguard_core::{HedgeDelay, HedgingPolicy};
+use stormguard_core::{wire::GRPC_PREVIOUS_RPC_ATTEMPTS, wire::GRPC_RETRY_PUSHBACK_MS};
 use tokio::time::{Instant, Sleep};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
@@ -303,7 +303,7 @@ pub fn stormguard_client_config(per_attempt: Option<Duration>) -> ClientConfig {
 
 /// The `throttle` policy's client: [`stormguard_client_config`] with the client-side
 /// adaptive throttle at its defaults (`K = 2`, at most 90 % of calls refused locally, a
-/// 10 s window; see [`stormguard_core::adaptive_throttle`]).
+/// 10 s window; see [`stormguard_core::AdaptiveThrottle`]).
 pub fn throttle_client_config(per_attempt: Option<Duration>) -> ClientConfig {
     let mut config = stormguard_client_config(per_attempt);
     config.adaptive_throttle = Some(AdaptiveThrottleConfig::default());
@@ -379,9 +379,9 @@ pub(crate) fn layered_client(
     seed: u64,
     load_reports: bool,
 ) -> Result<(InventoryClient<Layered>, RetryStats), ConfigError> {
-    let mut layer = RetryLayer::from_config_seeded(config, seed)?;
+    let mut layer = RetryLayer::from_config(&config.clone().with_seed(seed))?;
     if load_reports {
-        layer = layer.with_load_reports(stormguard_core::orca::SaturationConfig::default())?;
+        layer = layer.with_load_reports(stormguard_core::SaturationConfig::default())?;
     }
     let stats = layer.stats();
     let service = ServiceBuilder::new().layer(layer).service(channel);

@@ -35,12 +35,13 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use stormguard_client::ReplicaConfig;
 use stormguard_client::RetryLayer;
-use stormguard_client::replicas::{ReplicaConfig, Replicas};
-use stormguard_core::admission::AdmissionConfig;
-use stormguard_core::breaker::BreakerConfig;
-use stormguard_core::budget::BudgetConfig;
-use stormguard_core::config::{BudgetChoice, ClientConfig, ConfigError};
+use stormguard_client::replicas::Replicas;
+use stormguard_core::AdmissionConfig;
+use stormguard_core::BreakerConfig;
+use stormguard_core::BudgetConfig;
+use stormguard_core::{BudgetChoice, ClientConfig, ConfigError};
 use stormguard_server::ShedLayer;
 use stormguard_sim::StormConfig;
 use tokio::sync::watch;
@@ -351,8 +352,9 @@ impl StormClient {
             }
             _ => {
                 let client_config = stormguard_client_config(Some(config.per_attempt));
-                let layer = RetryLayer::from_config_seeded(&client_config, mix(self.seed, 3))?
-                    .over_replicas();
+                let layer =
+                    RetryLayer::from_config(&client_config.clone().with_seed(mix(self.seed, 3)))?
+                        .over_replicas();
                 let stats = layer.stats();
                 let service = ServiceBuilder::new().layer(layer).service(replicas);
                 (
@@ -611,7 +613,8 @@ pub fn run_dead_dependency(
                     },
                 ),
                 Some(client_config) => {
-                    let layer = RetryLayer::from_config_seeded(client_config, mix(seed, 3))?;
+                    let layer =
+                        RetryLayer::from_config(&client_config.clone().with_seed(mix(seed, 3)))?;
                     let service = ServiceBuilder::new().layer(layer).service(observed);
                     layered_caller(InventoryClient::new(service), Some(config.deadline))
                 }

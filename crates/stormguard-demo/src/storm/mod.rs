@@ -28,9 +28,9 @@ mod server;
 use std::sync::Arc;
 use std::time::Duration;
 
-use stormguard_core::admission::AdmissionConfig;
-use stormguard_core::backoff::BackoffConfig;
-use stormguard_core::config::ConfigError;
+use stormguard_core::AdmissionConfig;
+use stormguard_core::BackoffConfig;
+use stormguard_core::ConfigError;
 use stormguard_sim::StormConfig;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -94,7 +94,7 @@ pub enum Policy {
     Throttle,
     /// `stormguard` with load reports (ORCA) on both layers: the `ShedLayer` reports its
     /// load on every answer and the `RetryLayer` refuses retries while the server reports
-    /// itself saturated ([`SaturationConfig`](stormguard_core::orca::SaturationConfig)'s
+    /// itself saturated ([`SaturationConfig`](stormguard_core::SaturationConfig)'s
     /// defaults). Not in the default run.
     Reports,
 }
@@ -232,7 +232,7 @@ impl LoopbackStorm {
     pub fn admission(&self) -> AdmissionConfig {
         if self.adaptive_limit {
             return AdmissionConfig {
-                adaptive: Some(stormguard_core::limit::AdaptiveLimitConfig::default()),
+                adaptive: Some(stormguard_core::AdaptiveLimitConfig::default()),
                 ..AdmissionConfig::default()
             };
         }

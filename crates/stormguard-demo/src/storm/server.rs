@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use stormguard_core::admission::AdmissionConfig;
+use stormguard_core::AdmissionConfig;
 use stormguard_core::wire::STORMGUARD_UNPROCESSED;
 use stormguard_server::ShedLayer;
 use tokio::net::TcpListener;

@@ -38,8 +38,8 @@ fn the_same_seed_runs_the_same_inputs() {
 /// with both kinds of budget granting hedges: the invariants are checked on real grants.
 #[test]
 fn the_hedge_seeds_reach_every_refusal_and_both_budgets() {
-    use stormguard_core::config::{BudgetChoice, ClientConfig, Format};
-    use stormguard_core::retry::{Refusal, RetryController};
+    use stormguard_core::{BudgetChoice, ClientConfig, Format};
+    use stormguard_core::{Refusal, RetryController};
     use stormguard_fuzz::{hedged, targets};
 
     let mut refusals = std::collections::BTreeSet::new();
@@ -48,7 +48,7 @@ fn the_hedge_seeds_reach_every_refusal_and_both_budgets() {
     for seed in targets::target("hedge").unwrap().seeds {
         let (text, script) = seed.split_once('\0').unwrap();
         let config = ClientConfig::from_text(text, Format::Json).unwrap();
-        let controller = RetryController::from_config(&config, 7).unwrap();
+        let controller = RetryController::from_config(&config.clone().with_seed(7)).unwrap();
         let mut clock = tokio::time::Instant::now();
         let summary = hedged::drive_script(
             &controller,
@@ -83,7 +83,7 @@ fn the_hedge_seeds_reach_every_refusal_and_both_budgets() {
 #[test]
 fn the_learned_delay_takes_absurd_latencies() {
     use std::time::Duration;
-    use stormguard_core::hedge::{DelayEstimator, LearnedDelay};
+    use stormguard_core::{DelayEstimator, LearnedDelay};
 
     let now = tokio::time::Instant::now();
     let bounded = LearnedDelay {

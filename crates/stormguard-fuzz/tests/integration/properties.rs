@@ -5,11 +5,13 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use stormguard_core::code::Code;
-use stormguard_core::config::ClientConfig;
-use stormguard_core::pushback::Pushback;
-use stormguard_core::retry::{AttemptEnd, Decision, Failure, Refusal, RetryController};
-use stormguard_core::wire::{AttemptClass, attempt_class, decode_grpc_timeout, parse_pushback};
+use stormguard_core::ClientConfig;
+use stormguard_core::Code;
+use stormguard_core::Pushback;
+use stormguard_core::{AttemptEnd, Decision, Failure, Refusal, RetryController};
+use stormguard_core::{
+    wire::AttemptClass, wire::attempt_class, wire::decode_grpc_timeout, wire::parse_pushback,
+};
 use stormguard_fuzz::targets;
 use tokio::time::Instant;
 
@@ -134,7 +136,7 @@ fn a_pushback_of_2_pow_31_ms_means_no_retry() {
         pushback,
         Some(Pushback::RetryAfter(Duration::from_millis((1 << 31) - 1)))
     );
-    let controller = RetryController::from_config(&ClientConfig::standard(), 1).unwrap();
+    let controller = RetryController::from_config(&ClientConfig::standard().with_seed(1)).unwrap();
     let now = Instant::now();
     for deadline in [None, Some(now + Duration::from_secs(3600))] {
         let mut call = controller

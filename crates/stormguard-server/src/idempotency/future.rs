@@ -24,14 +24,16 @@ use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{HeaderMap, response::Parts};
 use http_body::{Body as _, Frame};
 use pin_project_lite::pin_project;
+use stormguard_core::Code;
 use stormguard_core::HeldFrames;
-use stormguard_core::code::Code;
-use stormguard_core::pushback::Pushback;
-use stormguard_core::wire::http::{
-    GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, STORMGUARD_UNPROCESSED, UNPROCESSED,
+use stormguard_core::Pushback;
+use stormguard_core::{
+    wire::IdempotencyKeyError, wire::encode_grpc_status, wire::encode_pushback,
+    wire::parse_grpc_status,
 };
-use stormguard_core::wire::{
-    IdempotencyKeyError, encode_grpc_status, encode_pushback, parse_grpc_status,
+use stormguard_core::{
+    wire::http::GRPC_MESSAGE, wire::http::GRPC_RETRY_PUSHBACK_MS, wire::http::GRPC_STATUS,
+    wire::http::STORMGUARD_UNPROCESSED, wire::http::UNPROCESSED,
 };
 use tonic::Status;
 use tonic::body::Body;

@@ -57,7 +57,7 @@
 //! layer keeps one job.
 //!
 //! ```
-//! use stormguard_core::idempotency::IdempotencyConfig;
+//! use stormguard_core::IdempotencyConfig;
 //! use stormguard_server::idempotency::IdempotencyLayer;
 //! use stormguard_server::{AdmissionConfig, ShedLayer};
 //!
@@ -88,10 +88,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::HeaderValue;
-use stormguard_core::error::ConfigError;
-use stormguard_core::idempotency::IdempotencyConfig;
+use stormguard_core::ConfigError;
+use stormguard_core::IdempotencyConfig;
 use stormguard_core::wire::http::IDEMPOTENCY_KEY;
-use stormguard_core::wire::{IdempotencyKeyError, parse_idempotency_key};
+use stormguard_core::{wire::IdempotencyKeyError, wire::parse_idempotency_key};
 use tower_layer::Layer;
 use tower_service::Service;
 

@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 use http::HeaderMap;
+pub use stormguard_core::Begin;
+use stormguard_core::ConfigError;
 use stormguard_core::Instant;
-use stormguard_core::error::ConfigError;
-pub use stormguard_core::idempotency::Begin;
-use stormguard_core::idempotency::{DedupCounts, DedupTable, IdempotencyConfig};
+use stormguard_core::{DedupCounts, DedupTable, IdempotencyConfig};
 
 use super::IdempotencyKey;
 
@@ -49,7 +49,7 @@ use super::IdempotencyKey;
 ///
 /// A key's record must outlive every retry of its call: keep it longer than the longest
 /// deadline a client gives one logical call (see
-/// [`IdempotencyConfig::ttl`](stormguard_core::idempotency::IdempotencyConfig::ttl)).
+/// [`IdempotencyConfig::ttl`](stormguard_core::IdempotencyConfig::ttl)).
 pub trait IdempotencyStore: Send + Sync + 'static {
     /// A call with `key` begins: what the store knows of it (see the trait's docs).
     fn begin(&self, key: &IdempotencyKey) -> Begin<Record>;
@@ -145,7 +145,7 @@ pub(super) fn header_bytes(headers: &HeaderMap) -> usize {
 ///
 /// ```
 /// use stormguard_server::idempotency::{IdempotencyLayer, MemoryStore};
-/// use stormguard_core::idempotency::IdempotencyConfig;
+/// use stormguard_core::IdempotencyConfig;
 /// use std::sync::Arc;
 ///
 /// let store = Arc::new(MemoryStore::new(IdempotencyConfig::default())?);

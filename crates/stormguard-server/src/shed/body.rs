@@ -26,7 +26,7 @@ pin_project! {
     /// trailers.
     ///
     /// A call with a deadline is held to it while it streams: when its cut-off passes
-    /// ([`AdmissionConfig::cut_at`](stormguard_core::admission::AdmissionConfig::cut_at))
+    /// ([`AdmissionConfig::cut_at`](stormguard_core::AdmissionConfig::cut_at))
     /// before the body ended, the handler's body (its stream) is dropped, the worker given
     /// back at once, and the body ends with trailers carrying `grpc-status: 4` after the
     /// messages sent so far. A frame the handler has ready is forwarded after one clock read

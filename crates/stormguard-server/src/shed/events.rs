@@ -16,10 +16,10 @@
 use std::sync::Arc;
 
 use http::uri::PathAndQuery;
+use stormguard_core::CallClass;
 use stormguard_core::Instant;
-use stormguard_core::admission::CallClass;
-use stormguard_core::admission::{Shed, ShedReason};
-use stormguard_core::observe::{DEFAULT_SUMMARY_INTERVAL, EventSummary, LayerName};
+use stormguard_core::{DEFAULT_SUMMARY_INTERVAL, EventSummary, LayerName};
+use stormguard_core::{Shed, ShedReason};
 
 use super::gate::Gate;
 

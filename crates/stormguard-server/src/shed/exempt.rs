@@ -14,8 +14,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use stormguard_core::config::ConfigError;
-use stormguard_core::policy::MethodMap;
+use stormguard_core::ConfigError;
+use stormguard_core::MethodMap;
 
 /// The gRPC health service (`grpc.health.v1.Health`), never shed unless
 /// [`ShedLayer::shed_health_checks`](crate::ShedLayer::shed_health_checks) is called.

@@ -7,8 +7,10 @@ use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
 use stormguard_core::Instant;
-use stormguard_core::context::{self, CallContext, RequestScope, RequestScoped, Scoped};
 use stormguard_core::wire::http::GRPC_STATUS;
+use stormguard_core::{
+    context, context::CallContext, context::RequestScope, context::RequestScoped, context::Scoped,
+};
 use tokio::time::Sleep;
 use tower_service::Service;
 
@@ -33,7 +35,7 @@ pin_project! {
     /// future at any point gives back what it holds.
     ///
     /// A call with a deadline is cut when it passes
-    /// ([`AdmissionConfig::cut_at`](stormguard_core::admission::AdmissionConfig::cut_at)):
+    /// ([`AdmissionConfig::cut_at`](stormguard_core::AdmissionConfig::cut_at)):
     /// while the handler has not answered, the handler's future is dropped, the worker given
     /// back at once and the caller answered `DEADLINE_EXCEEDED` (trailers-only); once it
     /// answered, the response body carries the same rule (see [`ShedBody`]).

@@ -2,7 +2,7 @@
 //! enters: admitted, queued, shed or expired.
 //!
 //! A gate, not a queue: the queue, and every decision about it (admit, queue, shed,
-//! expire, which waiter runs next, pushback), is [`stormguard_core::queue::AdmissionQueue`],
+//! expire, which waiter runs next, pushback), is [`stormguard_core::AdmissionQueue`],
 //! the same type the fleet simulator drives on its virtual clock. The gate is only the
 //! synchronisation around it: one short-held mutex, a waker per waiter, the outcomes its
 //! futures have not yet seen, and the lock-free [`Counters`]. Resources are RAII: a
@@ -23,10 +23,10 @@ use std::task::Waker;
 
 use tokio::sync::Notify;
 
+use stormguard_core::Code;
 use stormguard_core::Instant;
-use stormguard_core::admission::{AdmissionConfig, AdmissionPolicy, CallClass, Shed, ShedPushback};
-use stormguard_core::code::Code;
-use stormguard_core::queue::{AdmissionQueue, Arrival, Dispatch, QueuedId};
+use stormguard_core::{AdmissionConfig, AdmissionController, CallClass, Shed, ShedPushback};
+use stormguard_core::{AdmissionQueue, Arrival, Dispatch, QueuedId};
 
 use crate::shed::stats::{Counters, Occupancy};
 
@@ -138,7 +138,7 @@ impl State {
 }
 
 impl Gate {
-    pub(crate) fn new(policy: AdmissionPolicy) -> Self {
+    pub(crate) fn new(policy: AdmissionController) -> Self {
         let shed_code = policy.config().shed_code;
         let no_retry_code = policy.config().code_for(ShedPushback::DoNotRetry);
         let config = policy.config().clone();
@@ -161,7 +161,7 @@ impl Gate {
     }
 
     /// The status of a shed answer carrying `pushback`
-    /// ([`AdmissionConfig::code_for`](stormguard_core::admission::AdmissionConfig::code_for)).
+    /// ([`AdmissionConfig::code_for`](stormguard_core::AdmissionConfig::code_for)).
     pub(crate) fn shed_code(&self, pushback: ShedPushback) -> Code {
         match pushback {
             ShedPushback::DoNotRetry => self.no_retry_code,

@@ -1,10 +1,10 @@
 use std::fmt;
 use std::sync::Arc;
 
-use stormguard_core::admission::{AdmissionConfig, AdmissionPolicy};
-use stormguard_core::config::ConfigError;
-use stormguard_core::criticality::CriticalityTable;
-use stormguard_core::observe::LayerName;
+use stormguard_core::ConfigError;
+use stormguard_core::CriticalityTable;
+use stormguard_core::LayerName;
+use stormguard_core::{AdmissionConfig, AdmissionController};
 use tower_layer::Layer;
 
 use super::drain::Drains;
@@ -27,7 +27,7 @@ use super::{ShedService, ShedStats, ShutdownHandle};
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// use stormguard_core::admission::AdmissionConfig;
+/// use stormguard_core::AdmissionConfig;
 /// use stormguard_server::ShedLayer;
 ///
 /// let admission = AdmissionConfig { workers: 16, queue_capacity: 64, ..AdmissionConfig::default() };
@@ -63,11 +63,11 @@ pub struct ShedLayer {
 impl ShedLayer {
     /// A layer with its own queue, for a valid `config` (see [`AdmissionConfig::validate`]).
     pub fn from_config(config: AdmissionConfig) -> Result<Self, ConfigError> {
-        AdmissionPolicy::new(config).map(Self::new)
+        AdmissionController::new(config).map(Self::new)
     }
 
     /// A layer with its own queue, driven by `policy` (already validated).
-    pub fn new(policy: AdmissionPolicy) -> Self {
+    pub fn new(policy: AdmissionController) -> Self {
         let gate = Arc::new(Gate::new(policy));
         ShedLayer {
             events: Arc::new(ShedEvents::new(Arc::default(), Arc::clone(&gate))),
@@ -90,7 +90,7 @@ impl ShedLayer {
     /// the metrics take the name the layer has then.
     ///
     /// ```
-    /// use stormguard_core::admission::AdmissionConfig;
+    /// use stormguard_core::AdmissionConfig;
     /// use stormguard_server::ShedLayer;
     ///
     /// let layer = ShedLayer::from_config(AdmissionConfig::default())?.with_name("inventory");
@@ -116,8 +116,8 @@ impl ShedLayer {
     /// `critical` is read as `default`, and `sheddable` is honoured.
     ///
     /// ```
-    /// use stormguard_core::admission::AdmissionConfig;
-    /// use stormguard_core::criticality::{Criticality, CriticalityTable};
+    /// use stormguard_core::AdmissionConfig;
+    /// use stormguard_core::{Criticality, CriticalityTable};
     /// use stormguard_server::ShedLayer;
     ///
     /// let table = CriticalityTable::default()
@@ -136,7 +136,7 @@ impl ShedLayer {
     /// [`exempt`](crate::shed::exempt)). Such calls run at once, without a worker.
     ///
     /// ```
-    /// use stormguard_core::admission::AdmissionConfig;
+    /// use stormguard_core::AdmissionConfig;
     /// use stormguard_server::ShedLayer;
     ///
     /// let layer = ShedLayer::from_config(AdmissionConfig::default())?
@@ -144,7 +144,7 @@ impl ShedLayer {
     /// assert!(ShedLayer::from_config(AdmissionConfig::default())?
     ///     .never_shed(["Inventory/Ping"])
     ///     .is_err());
-    /// # Ok::<(), stormguard_core::config::ConfigError>(())
+    /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
     pub fn never_shed<I>(self, entries: I) -> Result<Self, ConfigError>
     where
@@ -162,12 +162,12 @@ impl ShedLayer {
     /// top of the named ones. Called again, it replaces the previous predicate.
     ///
     /// ```
-    /// use stormguard_core::admission::AdmissionConfig;
+    /// use stormguard_core::AdmissionConfig;
     /// use stormguard_server::ShedLayer;
     ///
     /// let layer = ShedLayer::from_config(AdmissionConfig::default())?
     ///     .never_shed_if(|path| path.ends_with("/Ping"));
-    /// # Ok::<(), stormguard_core::config::ConfigError>(())
+    /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
     pub fn never_shed_if(self, predicate: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
         let mut never = NeverShed::clone(&self.never_shed);
@@ -197,7 +197,7 @@ impl ShedLayer {
     /// a bounded number of retries across all its services.
     ///
     /// ```
-    /// use stormguard_core::admission::AdmissionConfig;
+    /// use stormguard_core::AdmissionConfig;
     /// use stormguard_server::ShedLayer;
     ///
     /// let layer = ShedLayer::from_config(AdmissionConfig::default())
@@ -216,7 +216,7 @@ impl ShedLayer {
     /// `xds.data.orca.v3.OrcaLoadReport` in the `endpoint-load-metrics-bin` trailer, or in
     /// the headers of a trailers-only answer (the layer's own shed, expired and
     /// shutting-down answers included). Off by default; the config key is
-    /// `admission.load_reports` ([`ShedSettings`](stormguard_core::config::ShedSettings)).
+    /// `admission.load_reports` ([`ShedSettings`](stormguard_core::ShedSettings)).
     ///
     /// The report says: `application_utilization` = calls running / the current worker
     /// limit, `rps_fractional` = calls that arrived per second, `eps` = calls shed per
@@ -225,10 +225,10 @@ impl ShedLayer {
     /// the protobuf, a few dozen bytes (the load report tests pin its size). A client's
     /// `RetryLayer` built with load reports refuses retries while they say the server is
     /// saturated, and the endpoint-aware channel weights replicas by them (see
-    /// [`stormguard_core::orca`]).
+    /// [`stormguard_core::LoadReport`]).
     ///
     /// ```
-    /// use stormguard_core::admission::AdmissionConfig;
+    /// use stormguard_core::AdmissionConfig;
     /// use stormguard_server::ShedLayer;
     ///
     /// let layer = ShedLayer::from_config(AdmissionConfig::default())?.with_load_reports();
@@ -249,16 +249,14 @@ impl ShedLayer {
     /// `admission.load_reports` is `true`.
     ///
     /// ```
-    /// use stormguard_core::config::ShedSettings;
+    /// use stormguard_core::ShedSettings;
     /// use stormguard_server::ShedLayer;
     ///
     /// let settings = ShedSettings::from_json(r#"{"admission": {"load_reports": true}}"#)?;
     /// assert!(ShedLayer::from_settings(settings)?.sends_load_reports());
     /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
-    pub fn from_settings(
-        settings: stormguard_core::config::ShedSettings,
-    ) -> Result<Self, ConfigError> {
+    pub fn from_settings(settings: stormguard_core::ShedSettings) -> Result<Self, ConfigError> {
         let layer = Self::from_config(settings.admission)?;
         Ok(if settings.load_reports {
             layer.with_load_reports()
@@ -275,7 +273,7 @@ impl ShedLayer {
     ///
     /// ```
     /// use opentelemetry::metrics::MeterProvider as _;
-    /// use stormguard_core::admission::AdmissionConfig;
+    /// use stormguard_core::AdmissionConfig;
     /// use stormguard_server::ShedLayer;
     ///
     /// # fn provider() -> impl opentelemetry::metrics::MeterProvider { opentelemetry::metrics::noop::NoopMeterProvider::new() }

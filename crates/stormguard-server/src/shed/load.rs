@@ -1,6 +1,6 @@
 //! The load report each answer carries when the layer is built
 //! [`with_load_reports`](super::ShedLayer::with_load_reports): an ORCA `OrcaLoadReport`
-//! in the `endpoint-load-metrics-bin` trailer (see [`stormguard_core::orca`]).
+//! in the `endpoint-load-metrics-bin` trailer (see [`stormguard_core::LoadReport`]).
 //!
 //! Why the server says it: its clients can then stop retrying into it *before* it
 //! sheds (a stormguard `RetryLayer` refuses retries to a saturated dependency), and an
@@ -17,9 +17,9 @@ use std::time::Duration;
 use http::HeaderMap;
 use http::header::HeaderValue;
 use stormguard_core::Instant;
-use stormguard_core::orca::{OrcaLoadReport, QUEUE_DEPTH, RateMeter, TIME_QUEUED_MS};
 use stormguard_core::wire::encode_load_report;
 use stormguard_core::wire::http::ENDPOINT_LOAD_METRICS_BIN;
+use stormguard_core::{OrcaLoadReport, RateMeter, wire::QUEUE_DEPTH, wire::TIME_QUEUED_MS};
 
 use super::gate::Gate;
 

@@ -33,7 +33,7 @@ use opentelemetry::KeyValue;
 use opentelemetry::metrics::{
     AsyncInstrument, Histogram, Meter, ObservableCounter, ObservableGauge,
 };
-use stormguard_core::observe::LayerName;
+use stormguard_core::LayerName;
 
 use crate::shed::gate::Gate;
 use crate::shed::stats::{Counters, TimeQueuedRecorder};

@@ -17,7 +17,7 @@
 //!    (`grpc-timeout`, malformed = none) from the request headers.
 //! 3. Answers `DEADLINE_EXCEEDED` at once when the deadline leaves less than
 //!    `min_time_left`, even with a worker free.
-//! 4. Asks the [`AdmissionPolicy`](stormguard_core::admission::AdmissionPolicy):
+//! 4. Asks the [`AdmissionController`](stormguard_core::AdmissionController):
 //!    - *admit*: a worker is free; the inner service is called now;
 //!    - *queue*: the readied inner service and the request wait in the returned future
 //!      for a worker; the inner service is called only when one is granted, so a call
@@ -42,7 +42,7 @@
 //! # Held to the deadline, end to end
 //!
 //! A call with a deadline (`grpc-timeout`) is cut when the deadline, less `min_time_left`
-//! ([`AdmissionConfig::cut_at`](stormguard_core::admission::AdmissionConfig::cut_at)),
+//! ([`AdmissionConfig::cut_at`](stormguard_core::AdmissionConfig::cut_at)),
 //! passes while it still holds its worker: the handler's future, or its response stream,
 //! is dropped (the handler sees its call cancelled), the worker goes to the next queued
 //! call at that moment, and the caller reads `DEADLINE_EXCEEDED`: trailers-only when the
@@ -57,7 +57,7 @@
 //! services of the router behind one queue. Tonic's own `grpc-timeout` handling sits
 //! outside user layers and bounds only the handler's future, never a response that
 //! streams; the queue answers a call, queued or running, slightly before that timer fires
-//! ([`AdmissionConfig::min_time_left`](stormguard_core::admission::AdmissionConfig)),
+//! ([`AdmissionConfig::min_time_left`](stormguard_core::AdmissionConfig)),
 //! so the caller sees `DEADLINE_EXCEEDED` rather than tonic's `CANCELLED`. With
 //! `Server::timeout` set as well, tonic's timer fires at the earlier of it and the
 //! caller's `grpc-timeout`: a server timeout shorter than the caller's deadline still ends
@@ -95,15 +95,17 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use stormguard_core::CallClass;
+use stormguard_core::CriticalityTable;
 use stormguard_core::Instant;
-use stormguard_core::admission::CallClass;
-use stormguard_core::context::{CallContext, RequestScope};
-use stormguard_core::criticality::CriticalityTable;
-use stormguard_core::wire::http::{
-    GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_TIMEOUT, STORMGUARD_CRITICALITY, X_RETRY_ATTEMPT,
-    X_RETRY_BUDGET,
+use stormguard_core::{context::CallContext, context::RequestScope};
+use stormguard_core::{
+    wire::attempt_class, wire::decode_grpc_timeout_bytes, wire::parse_criticality,
 };
-use stormguard_core::wire::{attempt_class, decode_grpc_timeout_bytes, parse_criticality};
+use stormguard_core::{
+    wire::http::GRPC_PREVIOUS_RPC_ATTEMPTS, wire::http::GRPC_TIMEOUT,
+    wire::http::STORMGUARD_CRITICALITY, wire::http::X_RETRY_ATTEMPT, wire::http::X_RETRY_BUDGET,
+};
 use tower_service::Service;
 
 use drain::{Discard, Drains};
@@ -329,7 +331,7 @@ impl<S> ShedService<S> {
 /// Take it from the layer before handing the layer to the server builder:
 ///
 /// ```
-/// use stormguard_core::admission::AdmissionConfig;
+/// use stormguard_core::AdmissionConfig;
 /// use stormguard_server::ShedLayer;
 ///
 /// let layer = ShedLayer::from_config(AdmissionConfig::default()).expect("valid config");

@@ -8,13 +8,13 @@
 //! gRPC client reads as the call's status (and which is retryable under gRPC A6).
 
 use http::header::{CONTENT_TYPE, HeaderValue};
-use stormguard_core::admission::{ShedPushback, ShedReason};
-use stormguard_core::code::Code;
-use stormguard_core::wire::http::{
-    DO_NOT_RETRY, GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, STORMGUARD_UNPROCESSED,
-    UNPROCESSED,
+use stormguard_core::Code;
+use stormguard_core::{ShedPushback, ShedReason};
+use stormguard_core::{wire::encode_grpc_status, wire::parse_grpc_status};
+use stormguard_core::{
+    wire::http::DO_NOT_RETRY, wire::http::GRPC_MESSAGE, wire::http::GRPC_RETRY_PUSHBACK_MS,
+    wire::http::GRPC_STATUS, wire::http::STORMGUARD_UNPROCESSED, wire::http::UNPROCESSED,
 };
-use stormguard_core::wire::{encode_grpc_status, parse_grpc_status};
 
 /// The `grpc-message` of a call shed because the queue was full.
 pub const MESSAGE_QUEUE_FULL: &str = "stormguard: overloaded, queue full";

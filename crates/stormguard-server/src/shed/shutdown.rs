@@ -38,7 +38,7 @@ use super::gate::Gate;
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// use stormguard_core::admission::AdmissionConfig;
+/// use stormguard_core::AdmissionConfig;
 /// use stormguard_server::ShedLayer;
 ///
 /// let layer = ShedLayer::from_config(AdmissionConfig::default())?;
@@ -76,7 +76,7 @@ impl ShutdownHandle {
     /// new server).
     ///
     /// ```
-    /// use stormguard_core::admission::AdmissionConfig;
+    /// use stormguard_core::AdmissionConfig;
     /// use stormguard_server::ShedLayer;
     ///
     /// let layer = ShedLayer::from_config(AdmissionConfig::default())?;

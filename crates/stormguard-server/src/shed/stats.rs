@@ -4,9 +4,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde::Serialize;
-use stormguard_core::admission::{CallClass, ShedReason};
-use stormguard_core::criticality::Criticality;
+use stormguard_core::Criticality;
 use stormguard_core::wire::AttemptClass;
+use stormguard_core::{CallClass, ShedReason};
 
 /// Where one admission gate counts what happens to its calls.
 #[derive(Debug, Default)]

@@ -6,14 +6,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use stormguard_core::CallTimes;
 use stormguard_core::Instant;
-use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget, Unlimited};
-use stormguard_core::code::{Code, CodeSet};
-use stormguard_core::deadline::CallTimes;
-use stormguard_core::hedge::{HedgeDelay, HedgingPolicy};
-use stormguard_core::policy::MethodTable;
-use stormguard_core::pushback::Pushback;
-use stormguard_core::retry::{Failure, Refusal, RetryController};
+use stormguard_core::MethodTable;
+use stormguard_core::Pushback;
+use stormguard_core::{Budget, BudgetConfig, RetryBudget, Unlimited};
+use stormguard_core::{Code, CodeSet};
+use stormguard_core::{Failure, Refusal, RetryController};
+use stormguard_core::{HedgeDelay, HedgingPolicy};
 use stormguard_sim::{Action, End, HedgeVariant, HedgedCall, Options, PATH, hedging_scenario, run};
 
 fn ms(n: u64) -> Duration {

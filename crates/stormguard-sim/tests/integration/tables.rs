@@ -3,7 +3,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use stormguard_core::code::{Code, CodeSet};
+use stormguard_core::{Code, CodeSet};
 use stormguard_sim::{
     AmplificationRow, FleetVariant, HedgeVariant, Options, PolicyName, RecoveryVariant,
     ShardVariant, Tables, amplification_scenario, recovery_scenario, run,
@@ -66,10 +66,10 @@ fn amplification_table_matches_the_published_shapes() {
     // The A6 throttle stops retrying early: cheap under failure, but it loses successes
     // that stormguard keeps at 10-20 % failure.
     for rate in [0.3, 0.5, 1.0] {
-        assert!(row(rows, PolicyName::A6Throttle, rate).amplification <= 1.01);
+        assert!(row(rows, PolicyName::A6Budget, rate).amplification <= 1.01);
     }
     for rate in [0.1, 0.2] {
-        let a6 = row(rows, PolicyName::A6Throttle, rate);
+        let a6 = row(rows, PolicyName::A6Budget, rate);
         let sg = row(rows, PolicyName::Stormguard, rate);
         assert!(sg.success > a6.success + 0.05, "{sg:?} vs {a6:?}");
     }
@@ -121,7 +121,7 @@ fn recovery_table_naive_stays_down_shedding_recovers_first() {
 
     for variant in [
         RecoveryVariant::NoRetries,
-        RecoveryVariant::A6Throttle,
+        RecoveryVariant::A6Budget,
         RecoveryVariant::Stormguard,
         RecoveryVariant::StormguardShedding,
     ] {
@@ -141,7 +141,7 @@ fn recovery_table_naive_stays_down_shedding_recovers_first() {
         "{fifo:?}"
     );
     assert!(fifo.recovered, "{fifo:?}");
-    for variant in [RecoveryVariant::NoRetries, RecoveryVariant::A6Throttle] {
+    for variant in [RecoveryVariant::NoRetries, RecoveryVariant::A6Budget] {
         let other = get(variant);
         assert!(
             other.time_to_recover_s > shedding.time_to_recover_s,

@@ -26,9 +26,9 @@ use std::sync::PoisonError;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use stormguard_core::Code;
 use stormguard_core::Instant;
-use stormguard_core::code::Code;
-use stormguard_core::retry::{AttemptEnd, HedgeDecision, Refusal};
+use stormguard_core::{AttemptEnd, HedgeDecision, Refusal};
 use tonic::Status;
 use tonic::body::Body;
 use tower_service::Service;

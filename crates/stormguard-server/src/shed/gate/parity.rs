@@ -15,13 +15,13 @@ use std::sync::Arc;
 use std::task::Waker;
 use std::time::Duration;
 
+use stormguard_core::AdaptiveLimitConfig;
+use stormguard_core::Criticality;
 use stormguard_core::Instant;
-use stormguard_core::admission::{
-    AdmissionConfig, AdmissionPolicy, CallClass, QueueOrder, RetryThreshold, Shed, ShedReason,
-};
-use stormguard_core::criticality::Criticality;
-use stormguard_core::limit::AdaptiveLimitConfig;
 use stormguard_core::wire::AttemptClass;
+use stormguard_core::{
+    AdmissionConfig, AdmissionController, CallClass, QueueOrder, RetryThreshold, Shed, ShedReason,
+};
 use stormguard_sim::{Job, ServerAction, SimServer};
 
 use super::{Entry, Gate, Ticket, Turn, WorkerPermit};
@@ -401,7 +401,7 @@ async fn compare(config: AdmissionConfig, seed: u64) -> Vec<Record> {
     let t0 = Instant::now();
     let mut server = Server {
         gate: Arc::new(Gate::new(
-            AdmissionPolicy::new(config.clone()).expect("valid config"),
+            AdmissionController::new(config.clone()).expect("valid config"),
         )),
         tickets: BTreeMap::new(),
         permits: BTreeMap::new(),

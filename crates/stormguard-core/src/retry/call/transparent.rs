@@ -1,0 +1,74 @@
+//! Transparent retries: an attempt that never reached the server's application is sent
+//! again at once and for free, a bounded number of times per call.
+
+use std::time::Duration;
+
+use crate::{BreakerState, CallRetry, Decision, Failure, Instant, Pushback, Refusal};
+
+/// How many transparent retries one logical call may make (see
+/// [`CallRetry::on_attempt_end_at`], step 3); past them an unsent failure is an ordinary
+/// failure: recorded, paid from the budget, counted against `maxAttempts`.
+///
+/// Why a bound, and why 3: gRPC A6 retries an attempt that never left the client without
+/// limit, but against a single server whose process is gone every connection attempt
+/// fails at once, and an unbounded free retry would be a hot loop until the deadline. A
+/// rolling restart or a graceful `GOAWAY` refuses a call once or twice (the connection that
+/// closed, then perhaps a replica that is also draining); three free retries cover that,
+/// and against a dead server a call costs at most three extra immediate attempts before the
+/// budget, the backoff and the attempt limit take over, as for any failure. A failure that
+/// is not unsent does not use them up.
+pub const TRANSPARENT_RETRIES: u32 = 3;
+
+impl CallRetry {
+    /// The transparent retry of `failure`, when it is one (see
+    /// [`on_attempt_end_at`](Self::on_attempt_end_at), step 3): `None` when the failure may
+    /// have reached the application or the call has used its transparent retries, and it
+    /// goes the ordinary way.
+    pub(super) fn transparent_retry_at(
+        &mut self,
+        failure: &Failure,
+        now: Instant,
+    ) -> Option<Decision> {
+        if !failure.unsent || self.transparent_retries >= TRANSPARENT_RETRIES {
+            return None;
+        }
+        let policy = self.policy.as_ref()?;
+        // Recorded nowhere: the dependency's application never saw the attempt.
+        drop(self.permit.take());
+        let refusal = if matches!(failure.pushback, Some(Pushback::DoNotRetry)) {
+            Some(Refusal::Pushback)
+        } else if !failure.replayable {
+            Some(Refusal::ReplayLimit)
+        } else if self
+            .deadline
+            .is_some_and(|d| policy.min_attempt_time >= d.saturating_duration_since(now))
+        {
+            Some(Refusal::Deadline)
+        } else if self
+            .shared
+            .breaker
+            .as_ref()
+            .is_some_and(|b| matches!(b.state_at(now), BreakerState::Open { .. }))
+        {
+            Some(Refusal::Breaker)
+        } else {
+            None
+        };
+        Some(match refusal {
+            Some(refusal) => Decision::GiveUp(refusal),
+            None => {
+                self.pending_transparent = true;
+                Decision::Retry {
+                    delay: Duration::ZERO,
+                }
+            }
+        })
+    }
+
+    #[cfg(test)]
+    /// Transparent retries this call has made (each replaced an attempt that never reached
+    /// the server's application; see [`on_attempt_end_at`](Self::on_attempt_end_at)).
+    pub(crate) fn transparent_retries(&self) -> u32 {
+        self.transparent_retries
+    }
+}

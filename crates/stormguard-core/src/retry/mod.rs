@@ -1,0 +1,31 @@
+//! The retry decision: may this failed attempt be tried again, and after how long? The
+//! checks and their order are documented on [`RetryController`]; the pieces each have a
+//! file (settings, backoff, breaker, throttle, saturation, per-call state).
+
+mod backoff;
+mod breaker;
+mod call;
+mod controller;
+mod decision;
+mod delay;
+mod policy;
+mod saturation;
+mod throttle;
+
+pub use backoff::{Backoff, BackoffConfig};
+pub use breaker::{
+    BreakerConfig, BreakerOpen, BreakerPermit, BreakerState, BreakerTransition, CircuitBreaker,
+    TransitionWatch, Transitions,
+};
+pub use call::{CallRetry, HedgeDecision, TRANSPARENT_RETRIES};
+pub use controller::RetryController;
+pub use decision::{AttemptEnd, AttemptPlan, Decision, Failure, Refusal, Verdict};
+pub use delay::DelayEstimator;
+pub use policy::{
+    HedgeDelay, HedgingPolicy, LearnedDelay, MAX_ATTEMPTS_CAP, MethodMap, MethodTable, RetryPolicy,
+};
+pub use saturation::{Saturation, SaturationConfig};
+pub use throttle::{AdaptiveThrottle, AdaptiveThrottleConfig, Throttled, WindowCounts};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,45 @@
+//! Server pushback: `grpc-retry-pushback-ms` (gRPC proposal A6).
+//!
+//! See [`Pushback`](crate::Pushback) for what it does and why.
+
+use std::time::Duration;
+
+/// What a server's pushback says about retrying.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::Pushback;
+/// use stormguard_core::{wire::encode_pushback, wire::parse_pushback};
+///
+/// let p = Pushback::RetryAfter(Duration::from_millis(250));
+/// assert_eq!(parse_pushback([encode_pushback(p).as_bytes()]), Some(p));
+/// ```
+///
+/// A server that knows it is overloaded can tell clients when to come back, or not to come
+/// back at all. A6 gives the header exact semantics, and stormguard follows them, with one
+/// deliberate difference from gRPC C-core:
+///
+/// | value | meaning |
+/// |---|---|
+/// | a non-negative decimal integer `N` | retry after exactly `N` ms; the backoff sequence then restarts |
+/// | `"0"` | retry now (C-core waits until the deadline instead; stormguard does not copy that) |
+/// | negative, unparseable, empty, above [`MAX_PUSHBACK_MS`], or the header repeated | do not retry |
+///
+/// The value comes from a peer, so it can only make the client *more* careful: a pushback
+/// longer than the time left on the call means no retry at all (see
+/// [`retry`](crate::RetryController)), and a pushback never unlocks a retry that the budget, the
+/// attempt limit or the breaker refused.
+///
+/// This module is what a pushback means; reading and writing the header is
+/// [`crate::wire`]'s ([`parse_pushback`], [`encode_pushback`]).
+///
+/// [`MAX_PUSHBACK_MS`]: crate::wire::MAX_PUSHBACK_MS
+/// [`parse_pushback`]: crate::wire::parse_pushback
+/// [`encode_pushback`]: crate::wire::encode_pushback
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pushback {
+    /// Retry after exactly this long (possibly zero: retry now).
+    RetryAfter(Duration),
+    /// Do not retry this call.
+    DoNotRetry,
+}
