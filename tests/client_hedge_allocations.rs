@@ -5,7 +5,9 @@
 
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/alloc.rs"]
 mod alloc_support;
+#[path = "support/client.rs"]
 mod client_support;
 
 use std::time::Duration;

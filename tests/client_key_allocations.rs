@@ -8,7 +8,9 @@
 
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/alloc.rs"]
 mod alloc_support;
+#[path = "support/client.rs"]
 mod client_support;
 
 use alloc_support::allocations_of;

@@ -323,7 +323,7 @@ mod tests {
     fn only_errors_of_the_peers_making_are_read_as_refused_by_h2() {
         // Outside h2, an `h2::Error` can be built only from a reason (this end's, not the
         // peer's); the peer's resets and GOAWAYs come from real connections (see
-        // `tests/client_transparent.rs`).
+        // `tests/client/transparent.rs`).
         let local: BoxError = Box::new(Wrapped(Box::new(h2::Error::from(
             h2::Reason::REFUSED_STREAM,
         ))));

@@ -30,7 +30,7 @@
 //! at 21–22 and cost ~8 % of goodput against `workers = C` under 2× overload
 //! (`examples/adaptive.rs`); `2l`/`4l` matched `workers = C` there, but when the storm
 //! made every call 2.5 times slower, the 2–4 calls it kept queued inside made callers
-//! leave (`tests/limit_storm_model.rs`).
+//! leave (`tests/integration/limit_storm_model.rs`).
 //!
 //! Why Vegas rather than a gradient (Netflix's Gradient2, Envoy's adaptive concurrency
 //! filter) or AIMD? AIMD needs drops to learn, and the drops it needs are the

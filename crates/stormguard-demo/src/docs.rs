@@ -1,7 +1,7 @@
 //! The Rust of the `docs/` pages and of the published crates' READMEs, compiled (and run
 //! where it can be) as doc tests of this crate: the published crates do not ship `docs/`,
 //! and a crate README's code uses other crates of the workspace. The JSON, YAML and TOML
-//! documents of the same pages are read by their loaders in `tests/docs_documents.rs`.
+//! documents of the same pages are read by their loaders in `tests/docs/main.rs`.
 
 #[doc = include_str!("../../../docs/admission.md")]
 struct Admission;

@@ -102,7 +102,7 @@
 //! `RESOURCE_EXHAUSTED` ("h2 protocol error") or `UNAVAILABLE`, and the server's queue is
 //! flushed, which looks like a recovery but is an artifact. Which h2 settings to change,
 //! what each one costs in memory and what abuse each guard stops is in one place: the
-//! repository's `docs/operating.md` ("HTTP/2 resets"). `tests/client_h2.rs` runs such a
+//! repository's `docs/operating.md` ("HTTP/2 resets"). `tests/client/http2.rs` runs such a
 //! storm (5 120 expiring calls on one connection) and checks that every call ends in its
 //! own deadline and the connection still serves afterwards.
 

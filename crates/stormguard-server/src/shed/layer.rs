@@ -222,7 +222,7 @@ impl ShedLayer {
     /// limit, `rps_fractional` = calls that arrived per second, `eps` = calls shed per
     /// second, and the named metrics `queue_depth` (calls waiting) and `time_queued_ms`
     /// (how long this call waited; both left out at zero). On the wire (base64 of the
-    /// protobuf, measured by `tests/server_load_reports.rs`): 36 bytes from a server with
+    /// protobuf, measured by `tests/server/load_reports.rs`): 36 bytes from a server with
     /// room, 68 for a shed answer from one at its limit with calls queued, at most 92 with
     /// both named metrics. A client's
     /// `RetryLayer` built with load reports refuses retries while they say the server is

@@ -1,0 +1,167 @@
+//! The `fleet` example's quick run, as the example binary (its replicas are child
+//! processes of it, so it cannot run in this test's process).
+//!
+//! It checks the shape of the JSON the example writes (every scenario, every policy, the
+//! fields of the JSON contract, a timeline whose counts add up) and what holds by construction
+//! or in any healthy phase: the calls before the fault succeed, every replica gets about
+//! its share of them, a killed replica receives nothing, a restarted one receives attempts
+//! again. Never how fast anything ran. The load is 2 % of the fleet's capacity (about 120
+//! calls/s): this test runs the debug build on a machine shared with other builds; the
+//! default run's figures are the release build's, in `docs/examples.md`.
+#![allow(clippy::unwrap_used)]
+
+use crate::support;
+
+use serde_json::Value;
+
+/// The keys of a JSON object.
+fn keys(value: &Value) -> Vec<&str> {
+    value
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect()
+}
+
+fn number(value: &Value, key: &str) -> f64 {
+    value[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} is not a number: {value:#}"))
+}
+
+fn count(value: &Value, key: &str) -> u64 {
+    value[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} is not a count: {value:#}"))
+}
+
+/// The fields of the JSON contract (docs/examples.md), in every policy.
+const POLICY_FIELDS: [&str; 10] = [
+    "name",
+    "success",
+    "attempts_per_call",
+    "retries_to_tried_replica_share",
+    "bad_replica_share_after_2s",
+    "failed_calls",
+    "failed_calls_after_1s",
+    "p99_ms",
+    "ejected_after_s",
+    "timeline",
+];
+const BUCKET_FIELDS: [&str; 5] = ["t", "offered", "ok", "attempts", "bad_replica_attempts"];
+const POLICIES: [&str; 3] = ["naive", "layer", "stormguard"];
+
+#[test]
+fn quick_fleet_writes_the_report_of_every_scenario_and_policy() {
+    let report = support::run_with_report("fleet", &["--quick", "--load", "0.02", "--seed", "3"]);
+
+    assert_eq!(report["replicas"], 5);
+    let buckets = (5.0 / number(&report, "bucket_s")).round() as usize;
+    let scenarios = report["scenarios"].as_array().unwrap();
+    let names: Vec<&str> = scenarios
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["fail-fast", "slow", "killed", "restart", "rolling"]);
+    let fault_s = 1.0;
+    let fault_bucket = 10;
+    for scenario in scenarios {
+        let name = scenario["name"].as_str().unwrap();
+        assert_eq!(number(scenario, "fault_s"), fault_s);
+        let policies = scenario["policies"].as_array().unwrap();
+        let policy_names: Vec<&str> = policies
+            .iter()
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(policy_names, POLICIES, "{name}");
+        for p in policies {
+            let at = format!("{name} / {}", p["name"]);
+            let fields = keys(p);
+            for field in POLICY_FIELDS {
+                assert!(fields.contains(&field), "{at}: no {field} in {fields:?}");
+            }
+            for share in [
+                "success",
+                "retries_to_tried_replica_share",
+                "bad_replica_share_after_2s",
+                "success_before_fault",
+            ] {
+                let x = number(p, share);
+                assert!((0.0..=1.0).contains(&x), "{at}: {share} {x}");
+            }
+            assert!(number(p, "p99_ms") >= 0.0, "{at}");
+            let ejected = &p["ejected_after_s"];
+            if p["name"] == "stormguard" {
+                assert!(
+                    ejected.is_null() || ejected.as_f64().is_some_and(|s| s >= 0.0),
+                    "{at}"
+                );
+            } else {
+                assert!(ejected.is_null(), "{at}: only stormguard ejects");
+            }
+            let returned = &p["returned_share_after_s"];
+            if !matches!(name, "restart" | "rolling") {
+                assert!(returned.is_null(), "{at}: nothing returned");
+            }
+
+            // The timeline adds up to the summary.
+            let timeline = p["timeline"].as_array().unwrap();
+            assert_eq!(timeline.len(), buckets, "{at}");
+            let (mut offered, mut ok) = (0, 0);
+            for (i, b) in timeline.iter().enumerate() {
+                let fields = keys(b);
+                for field in BUCKET_FIELDS {
+                    assert!(fields.contains(&field), "{at}: no {field} in {fields:?}");
+                }
+                assert!(
+                    (number(b, "t") - i as f64 * 0.1).abs() < 1e-6,
+                    "{at}: bucket {i}"
+                );
+                assert!(count(b, "ok") <= count(b, "offered"), "{at}: bucket {i}");
+                offered += count(b, "offered");
+                ok += count(b, "ok");
+            }
+            assert_eq!(offered, count(p, "calls"), "{at}");
+            assert_eq!(offered - ok, count(p, "failed_calls"), "{at}");
+            assert!(
+                count(p, "failed_calls_after_1s") <= count(p, "failed_calls"),
+                "{at}"
+            );
+
+            // The healthy phase: calls succeed, one attempt each, spread over every replica.
+            assert!(number(p, "success_before_fault") >= 0.9, "{at}: {p:#}");
+            let a = number(p, "attempts_per_call_before_fault");
+            assert!((0.8..=1.5).contains(&a), "{at}: {a} attempts per call");
+            let shares = p["replica_shares_before_fault"].as_array().unwrap();
+            assert_eq!(shares.len(), 5);
+            for s in shares {
+                let s = s.as_f64().unwrap();
+                assert!((0.05..=0.45).contains(&s), "{at}: a replica's share {s}");
+            }
+
+            // What holds by construction.
+            let bad_received = |from: usize| -> u64 {
+                timeline[from..]
+                    .iter()
+                    .map(|b| b["replica_attempts"][0].as_u64().unwrap())
+                    .sum()
+            };
+            match name {
+                // A killed replica's process receives nothing; a restarted one, again.
+                "killed" => assert_eq!(bad_received(fault_bucket + 1), 0, "{at}"),
+                "restart" => assert!(bad_received(2 * fault_bucket + 1) > 0, "{at}"),
+                // balance_list keeps sending to a replica that fails every call.
+                "fail-fast" if p["name"] == "naive" => {
+                    assert!(number(p, "bad_replica_share_after_2s") > 0.0, "{at}");
+                }
+                // The endpoint-aware channel ejects a replica that fails every call.
+                "fail-fast" if p["name"] == "stormguard" => {
+                    assert!(p["ejected_after_s"].is_f64(), "{at}: never ejected");
+                    assert!(count(p, "ejections") >= 1, "{at}");
+                }
+                _ => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! The adaptive concurrency limit over real tonic: behind a handler whose inner
+//! resource has capacity C, a layer started at 4C learns a limit near C by itself, and
+//! its state is readable in the server's stats.
+
+use crate::server_support;
+
+use std::time::Duration;
+
+use server_support::{channel, reserve};
+use stormguard_core::limit::AdaptiveLimitConfig;
+use stormguard_demo::pool::PoolInventory;
+use stormguard_demo::{InventoryClient, InventoryServer};
+use stormguard_server::{AdmissionConfig, QueueOrder, ShedLayer};
+use tokio::net::TcpListener;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+
+const C: usize = 8;
+const SERVICE: Duration = Duration::from_millis(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adaptive_limit_finds_the_handlers_capacity() {
+    let admission = AdmissionConfig {
+        workers: 4 * C,
+        queue_capacity: 64,
+        // Every call is served in turn: none waits past max_time_queued.
+        queue_order: QueueOrder::Fifo,
+        adaptive: Some(AdaptiveLimitConfig {
+            min_limit: 1,
+            probe_interval: Duration::from_secs(3600),
+            ..AdaptiveLimitConfig::default()
+        }),
+        ..AdmissionConfig::default()
+    };
+    let layer = ShedLayer::from_config(admission).expect("valid");
+    let stats = layer.stats();
+    assert_eq!(stats.workers(), 4 * C);
+    assert_eq!(stats.snapshot().min_latency_us, None);
+    let pool = PoolInventory::new(C, SERVICE);
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let server = tokio::spawn(
+        Server::builder()
+            .layer(layer)
+            .add_service(InventoryServer::new(pool.clone()))
+            .serve_with_incoming(incoming),
+    );
+    let client = InventoryClient::new(channel(addr).await);
+
+    // 3C callers in closed loops: always more work than the pool can take.
+    let mut callers = Vec::new();
+    for c in 0..3 * C {
+        let mut client = client.clone();
+        callers.push(tokio::spawn(async move {
+            for i in 0..100 {
+                let id = format!("c{c}-{i}");
+                client.reserve(reserve(&id, None)).await.expect("served");
+            }
+        }));
+    }
+    for caller in callers {
+        caller.await.expect("caller");
+    }
+    server.abort();
+
+    let snapshot = stats.snapshot();
+    let limit = stats.workers();
+    assert_eq!(snapshot.worker_limit, limit);
+    assert!(
+        (C / 2..=2 * C).contains(&limit),
+        "the limit should settle near the pool's capacity {C}, from {}: {limit} ({snapshot:?})",
+        4 * C
+    );
+    let m = Duration::from_micros(snapshot.min_latency_us.expect("measured"));
+    assert!(
+        m >= SERVICE && m < 3 * SERVICE,
+        "no-load latency {m:?} for a {SERVICE:?} service"
+    );
+    assert_eq!(pool.completed(), 3 * C as u64 * 100);
+}
