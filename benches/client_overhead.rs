@@ -108,7 +108,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
-use stormguard_client::replicas::{ReplicaConfig, Replicas};
+use stormguard_client::replicas::{EndpointKey, ReplicaConfig, Replicas};
 use stormguard_client::{Retry, RetryLayer};
 use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
@@ -249,7 +249,7 @@ async fn servers() -> Servers {
 
 /// `Replicas` over the fleet, one lazily connected `Channel` per server (the choice seeded,
 /// so that a run makes the same choices every time).
-type ReplicaChannel = Replicas<Channel, http::Uri>;
+type ReplicaChannel = Replicas<Channel, EndpointKey>;
 
 fn replicas(fleet: &[SocketAddr]) -> ReplicaChannel {
     let config = ReplicaConfig {

@@ -25,6 +25,8 @@ use clap::Parser;
 use clap::builder::RangedU64ValueParser;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
+#[path = "support/chart.rs"]
+mod chart;
 #[path = "support/cli.rs"]
 mod cli;
 #[path = "fleet/process.rs"]
@@ -47,13 +49,14 @@ use run::{BAD, BUCKET, Policy, RunConfig, Scenario, Timing};
 /// N replicas, each its own process (a tonic server behind the ShedLayer, 4 workers x
 /// 2 ms), an open-loop client at half their capacity; each scenario runs once per policy
 /// on the same timeline, 2 s healthy, then the fault. Prints a table and draws the
-/// picture.
+/// picture. The seed also picks the replicas' pushback. --quick: 1 s healthy, 4 s of fault
+/// per run (about a minute and a quarter in all). The JSON holds per scenario and policy
+/// the figures and the timeline in 100 ms buckets.
 #[derive(Debug, Parser)]
 #[command(name = "fleet")]
 struct Args {
-    /// 1 s healthy, 4 s of fault per run (about a minute and a quarter in all)
-    #[arg(long)]
-    quick: bool,
+    #[command(flatten)]
+    run: cli::RunArgs,
     /// Replicas, each its own process
     #[arg(long, value_name = "N", default_value_t = 5,
           value_parser = RangedU64ValueParser::<usize>::new().range(2..=32))]
@@ -64,16 +67,6 @@ struct Args {
     /// The policies to run, comma-separated, in the table's order [default: all]
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
     policies: Vec<Policy>,
-    /// Seed of arrivals, jitter and the replicas' pushback
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    seed: u64,
-    /// Also write the result as JSON to FILE: per scenario and policy the figures and the
-    /// timeline in 100 ms buckets
-    #[arg(long, value_name = "FILE")]
-    json: Option<String>,
-    /// Where to draw the picture
-    #[arg(long, value_name = "FILE", default_value = "fleet.svg")]
-    svg: String,
     /// Offered load as a share of the fleet's capacity
     #[arg(long, value_name = "SHARE", value_parser = cli::positive, default_value_t = 0.5)]
     load: f64,
@@ -98,7 +91,11 @@ const PER_ATTEMPT: Duration = Duration::from_millis(50);
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.replica {
-        return replica::main(args.port, args.seed, Duration::from_millis(args.cold_ms));
+        return replica::main(
+            args.port,
+            args.run.seed,
+            Duration::from_millis(args.cold_ms),
+        );
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -130,7 +127,7 @@ async fn capacity(replicas: usize) -> f64 {
 }
 
 async fn fleet(args: &Args) -> Result<(), Box<dyn Error>> {
-    let timing = if args.quick {
+    let timing = if args.run.quick {
         Timing::quick()
     } else {
         Timing::standard()
@@ -151,7 +148,7 @@ async fn fleet(args: &Args) -> Result<(), Box<dyn Error>> {
         rate: args.load * capacity,
         deadline: Duration::from_millis(args.deadline_ms),
         per_attempt: PER_ATTEMPT,
-        seed: args.seed,
+        seed: args.run.seed,
         timing,
     };
     eprintln!(
@@ -186,7 +183,7 @@ async fn fleet(args: &Args) -> Result<(), Box<dyn Error>> {
         deadline_ms: args.deadline_ms,
         per_attempt_ms: PER_ATTEMPT.as_millis() as u64,
         bucket_s: BUCKET.as_secs_f64(),
-        seed: args.seed,
+        seed: args.run.seed,
     };
     for (&scenario, bar) in scenarios.iter().zip(&scenario_bars) {
         let mut runs = Vec::new();
@@ -216,12 +213,5 @@ async fn fleet(args: &Args) -> Result<(), Box<dyn Error>> {
         });
     }
     print!("{}", report::table(&report));
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .map_err(|e| format!("cannot write {path}: {e}"))?;
-        println!("result written to {path}");
-    }
-    svg::draw(&report, &args.svg).map_err(|e| format!("cannot draw {}: {e}", args.svg))?;
-    println!("picture drawn to {}", args.svg);
-    Ok(())
+    args.run.write_report("fleet", &report, svg::draw)
 }

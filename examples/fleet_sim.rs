@@ -27,13 +27,12 @@ use clap::Parser;
 use clap::builder::RangedU64ValueParser;
 use serde::Serialize;
 use stormguard_demo::storm::fleet_sim::{
-    DeadDependencyConfig, DeadDependencyRun, DeadVariant, FleetStormConfig, fleet_storm_report,
+    DeadDependencyConfig, DeadDependencyRun, DeadVariant, Network, fleet_storm_report,
     run_dead_dependency, run_storm_policy,
 };
 use stormguard_demo::storm::{Policy, PolicyRun, PolicySummary, Second};
 use stormguard_sim::{
-    FleetVariant, Options, SimError, StormParams, StormPolicy, Window, fleet_scenario, run,
-    storm_scenario,
+    FleetVariant, Options, SimError, StormConfig, StormPolicy, fleet_scenario, run, storm_scenario,
 };
 
 /// The storm and a dead dependency at fleet scale on turmoil (real tonic and both layers
@@ -50,7 +49,7 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 1)]
     seed: u64,
     /// Client hosts of the storm
-    #[arg(long, value_name = "N", default_value_t = FleetStormConfig::standard().clients,
+    #[arg(long, value_name = "N", default_value_t = StormConfig::fleet().clients,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=500))]
     clients: usize,
     /// Also write the figures as JSON to FILE
@@ -102,41 +101,18 @@ struct Report {
     dead_dependency: Vec<DeadRow>,
 }
 
-/// The simulator's parameters for the turmoil storm `config`.
-fn sim_params(config: &FleetStormConfig) -> StormParams {
-    let secs = |s: u32| Duration::from_secs(u64::from(s));
-    StormParams {
-        clients: config.clients,
-        servers: config.servers,
-        workers: config.workers,
-        service_time: config.service_time,
-        offered_per_second: config.offered_per_second(),
-        slowdown: config.slowdown,
-        trigger: Window {
-            from: secs(config.warmup_s),
-            until: secs(config.warmup_s + config.trigger_s),
-        },
-        duration: secs(config.total_s()),
-        deadline: config.deadline,
-        per_attempt: config.per_attempt,
-        naive_backoff: config.naive_backoff,
-        network: config.network.latency,
-        bin: Duration::from_secs(1),
-    }
-}
-
 /// The simulator's run of `policy` as the storm's per-second timeline.
 fn sim_run(
     policy: Policy,
     sim_policy: StormPolicy,
-    params: &StormParams,
-    seed: u64,
+    storm: &StormConfig,
+    network: &Network,
 ) -> Result<PolicyRun, SimError> {
-    let stats = run(&storm_scenario(sim_policy, params, seed))?;
+    let stats = run(&storm_scenario(sim_policy, storm, network.latency))?;
     let timeline = stats
         .bins
         .iter()
-        .take(params.duration.as_secs() as usize)
+        .take(storm.total_s() as usize)
         .enumerate()
         .map(|(t, b)| Second {
             t: t as u32,
@@ -179,11 +155,22 @@ fn recovery(s: Option<u32>) -> String {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    match fleet_sim(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fleet_sim: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn fleet_sim(args: &Args) -> Result<(), String> {
     let mut storm = if args.quick {
-        FleetStormConfig::quick()
+        StormConfig::fleet_quick()
     } else {
-        FleetStormConfig::standard()
+        StormConfig::fleet()
     };
+    let network = Network::default();
     storm.clients = args.clients;
     storm.seed = args.seed;
     let mut dead = if args.quick {
@@ -192,8 +179,36 @@ fn main() -> ExitCode {
         DeadDependencyConfig::standard()
     };
     dead.seed = args.seed;
-    let params = sim_params(&storm);
 
+    print_storm_header(&storm, &network);
+    let storm_rows = storm_rows(&storm, &network)?;
+    println!(
+        "\nA dead dependency: {} client hosts × {} calls/s, every attempt UNAVAILABLE, {} s measured after {} s",
+        dead.clients, dead.rate_per_client, dead.measured_s, dead.warmup_s
+    );
+    let options = Options {
+        quick: args.quick,
+        seed: args.seed,
+    };
+    let dead_rows = dead_rows(&dead, &options)?;
+    if let Some(path) = &args.json {
+        let report = Report {
+            seed: args.seed,
+            quick: args.quick,
+            storm_clients: storm.clients,
+            storm_servers: storm.servers,
+            offered_per_second: storm.offered_per_second(),
+            storm: storm_rows,
+            dead_dependency: dead_rows,
+        };
+        let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        std::fs::write(path, json).map_err(|e| format!("cannot write {path}: {e}"))?;
+        println!("figures written to {path}");
+    }
+    Ok(())
+}
+
+fn print_storm_header(storm: &StormConfig, network: &Network) {
     println!(
         "The storm on turmoil: {} client hosts, {} servers × {} workers × {:?} ({:.0} calls/s), \
          offered {:.0}/s ({:.0} %); service time ×{} from {} s to {} s; deadline {:?}, {:?} per attempt; \
@@ -210,29 +225,22 @@ fn main() -> ExitCode {
         storm.warmup_s + storm.trigger_s,
         storm.deadline,
         storm.per_attempt,
-        storm.network.latency,
-        storm.network.tick,
+        network.latency,
+        network.tick,
     );
+}
+
+/// Runs every policy of the storm on turmoil and in the simulator, prints them side by
+/// side and second by second.
+fn storm_rows(storm: &StormConfig, network: &Network) -> Result<Vec<StormRow>, String> {
     let mut turmoil_runs = Vec::new();
     let mut sim_runs = Vec::new();
     let mut times = Vec::new();
     for (policy, sim_policy) in POLICIES {
-        let (result, turmoil_wall) = wall(|| run_storm_policy(policy, &storm));
-        let (run, virtual_time) = match result {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("fleet_sim: {}: {e}", policy.as_str());
-                return ExitCode::FAILURE;
-            }
-        };
-        let (sim, sim_wall) = wall(|| sim_run(policy, sim_policy, &params, args.seed));
-        let sim = match sim {
-            Ok(sim) => sim,
-            Err(e) => {
-                eprintln!("fleet_sim: simulator: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
+        let (result, turmoil_wall) = wall(|| run_storm_policy(policy, storm, network));
+        let (run, virtual_time) = result.map_err(|e| format!("{}: {e}", policy.as_str()))?;
+        let (sim, sim_wall) = wall(|| sim_run(policy, sim_policy, storm, network));
+        let sim = sim.map_err(|e| format!("simulator: {e}"))?;
         eprintln!(
             "  {}: turmoil {turmoil_wall:.1} s of wall time for {:.1} s of virtual time; simulator {sim_wall:.2} s",
             policy.as_str(),
@@ -242,8 +250,8 @@ fn main() -> ExitCode {
         sim_runs.push(sim);
         times.push((turmoil_wall, virtual_time.as_secs_f64(), sim_wall));
     }
-    let turmoil_report = fleet_storm_report(&turmoil_runs, &storm);
-    let sim_report = fleet_storm_report(&sim_runs, &storm);
+    let turmoil_report = fleet_storm_report(&turmoil_runs, storm);
+    let sim_report = fleet_storm_report(&sim_runs, storm);
     println!(
         "\n| policy | goodput before: turmoil / sim (Δ) | during | after | attempts/call during | recovery | turmoil wall / virtual |"
     );
@@ -284,16 +292,15 @@ fn main() -> ExitCode {
         });
     }
     println!("\nturmoil, second by second (goodput % of offered):");
-    for p in &turmoil_report.policies {
-        let series: Vec<String> = p
-            .timeline
-            .iter()
-            .map(|s| format!("{:.0}", 100.0 * s.goodput as f64 / s.offered.max(1) as f64))
-            .collect();
-        println!("  {:<12} {}", p.name, series.join(" "));
-    }
+    print_series(&turmoil_report.policies);
     println!("simulator:");
-    for p in &sim_report.policies {
+    print_series(&sim_report.policies);
+    Ok(storm_rows)
+}
+
+/// Goodput as a share of the offered calls, second by second, a line per policy.
+fn print_series(policies: &[PolicySummary]) {
+    for p in policies {
         let series: Vec<String> = p
             .timeline
             .iter()
@@ -301,38 +308,21 @@ fn main() -> ExitCode {
             .collect();
         println!("  {:<12} {}", p.name, series.join(" "));
     }
+}
 
-    println!(
-        "\nA dead dependency: {} client hosts × {} calls/s, every attempt UNAVAILABLE, {} s measured after {} s",
-        dead.clients, dead.rate_per_client, dead.measured_s, dead.warmup_s
-    );
+/// Runs every variant of the dead dependency on turmoil and in the simulator, and prints
+/// them side by side.
+fn dead_rows(dead: &DeadDependencyConfig, options: &Options) -> Result<Vec<DeadRow>, String> {
     println!(
         "| variant | retries/s: turmoil / sim | attempts per call: turmoil / sim | turmoil wall / virtual |"
     );
     println!("|---|---:|---:|---:|");
-    let options = Options {
-        quick: args.quick,
-        seed: args.seed,
-    };
     let mut dead_rows = Vec::new();
     for (variant, sim_variant) in DeadVariant::ALL.into_iter().zip(FleetVariant::ALL) {
-        let (result, turmoil_wall_s) = wall(|| run_dead_dependency(variant, &dead));
-        let t: DeadDependencyRun = match result {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("fleet_sim: {}: {e}", variant.as_str());
-                return ExitCode::FAILURE;
-            }
-        };
-        let (stats, sim_wall_s) =
-            wall(|| run(&fleet_scenario(dead.clients, sim_variant, &options)));
-        let s = match stats {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("fleet_sim: simulator: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
+        let (result, turmoil_wall_s) = wall(|| run_dead_dependency(variant, dead));
+        let t: DeadDependencyRun = result.map_err(|e| format!("{}: {e}", variant.as_str()))?;
+        let (stats, sim_wall_s) = wall(|| run(&fleet_scenario(dead.clients, sim_variant, options)));
+        let s = stats.map_err(|e| format!("simulator: {e}"))?;
         println!(
             "| {} | {:.1} / {:.1} | {:.3} / {:.3} | {:.1} s / {:.0} s |",
             variant.as_str(),
@@ -355,29 +345,5 @@ fn main() -> ExitCode {
             sim_wall_s,
         });
     }
-
-    if let Some(path) = args.json {
-        let report = Report {
-            seed: args.seed,
-            quick: args.quick,
-            storm_clients: storm.clients,
-            storm_servers: storm.servers,
-            offered_per_second: storm.offered_per_second(),
-            storm: storm_rows,
-            dead_dependency: dead_rows,
-        };
-        let json = match serde_json::to_string_pretty(&report) {
-            Ok(json) => json,
-            Err(e) => {
-                eprintln!("fleet_sim: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        if let Err(e) = std::fs::write(&path, json) {
-            eprintln!("fleet_sim: cannot write {path}: {e}");
-            return ExitCode::FAILURE;
-        }
-        println!("figures written to {path}");
-    }
-    ExitCode::SUCCESS
+    Ok(dead_rows)
 }

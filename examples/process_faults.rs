@@ -57,9 +57,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use clap::builder::RangedU64ValueParser;
 use clap::{CommandFactory, Parser, ValueEnum};
 use serde_json::json;
+use stormguard::client::RetryLayer;
+use stormguard_demo::ReserveRequest;
 use tokio::time::{Instant, MissedTickBehavior};
 
 #[path = "support/child.rs"]
@@ -103,17 +104,8 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(1..))]
     seconds: u64,
-    /// Offered load as a multiple of the measured capacity
-    #[arg(long, value_name = "X", default_value_t = 10.0, value_parser = cli::positive)]
-    overload: f64,
-    /// Channels, each behind its own RetryLayer
-    #[arg(long, value_name = "N", default_value_t = 4,
-          value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
-    clients: usize,
-    /// Deadline of each call, in milliseconds
-    #[arg(long = "deadline-ms", value_name = "MS", default_value = "300",
-          value_parser = cli::millis)]
-    deadline: Duration,
+    #[command(flatten)]
+    run: cli::OverloadArgs,
     /// When the fault strikes, in milliseconds into the overload
     #[arg(long = "fault-after-ms", value_name = "MS", default_value = "3000",
           value_parser = cli::millis)]
@@ -127,9 +119,6 @@ struct Args {
     #[arg(long = "max-connection-age-ms", value_name = "MS", default_value = "500",
           value_parser = cli::millis)]
     max_connection_age: Duration,
-    /// The example server binary [default: `server` next to this one]
-    #[arg(long, value_name = "PATH")]
-    server: Option<PathBuf>,
     /// Write the report as JSON to FILE
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -162,16 +151,6 @@ impl Fault {
 }
 
 impl Args {
-    /// `--server`, or the `server` binary next to this one.
-    fn server(&self) -> Result<PathBuf, String> {
-        match &self.server {
-            Some(path) => Ok(path.clone()),
-            None => Ok(std::env::current_exe()
-                .map_err(|e| format!("current exe: {e}"))?
-                .with_file_name(format!("server{}", std::env::consts::EXE_SUFFIX))),
-        }
-    }
-
     /// The server's flags beyond the shared ones.
     fn server_flags(&self) -> Vec<String> {
         match self.fault {
@@ -338,49 +317,107 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<Vec<String>, String> {
-    let path = args.server()?;
-    let flags = args.server_flags();
-    let (mut server, addr) = ServerProcess::start(&path, "127.0.0.1:0", &flags)?;
-    let port: u16 = addr
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .ok_or_else(|| format!("no port in {addr:?}"))?;
-    let calls = Arc::new(Calls::default());
-    let mut clients = Vec::new();
-    let mut layers = Vec::new();
-    for _ in 0..args.clients {
+    let (setup, server) = Setup::start(&args).await?;
+    let rate = setup.capacity * args.run.overload;
+    print_plan(&args, setup.capacity, rate);
+    let (load, mut failures) = overload(&args, &setup, server, rate).await?;
+    let Load {
+        mut server,
+        events,
+        goodput,
+        sockets,
+    } = load;
+    let goodput = Goodput::of(&args, goodput, &events);
+
+    // Back to rest: the server's queue, workers and slots, and this process's tasks.
+    server.skip_buffered();
+    let idle = server.at_rest()?;
+    let own_tasks_after = tasks_back_to(setup.own_tasks_before).await;
+    let outcome = Outcome::of(&args, &setup, rate, sockets, events, idle, own_tasks_after);
+    failures.extend(outcome.failures(&args, &goodput));
+    outcome.print(&args, &goodput);
+
+    // A clean exit on SIGINT, and no panic on the way.
+    failures.extend(child::stop(&mut server)?);
+
+    if let Some(file) = &args.json {
+        let report = outcome.json(&args, setup.capacity, &goodput, &failures);
+        let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        std::fs::write(file, text).map_err(|e| format!("{}: {e}", file.display()))?;
+    }
+    Ok(failures)
+}
+
+/// The server, its clients and its measured capacity, before the overload.
+struct Setup {
+    path: PathBuf,
+    flags: Vec<String>,
+    addr: String,
+    port: u16,
+    calls: Arc<Calls>,
+    clients: Vec<child::Client>,
+    layers: Vec<RetryLayer>,
+    capacity: f64,
+    /// This process's tasks at rest before the overload.
+    own_tasks_before: usize,
+}
+
+impl Setup {
+    /// Starts the server and the clients, measures the capacity and waits for rest.
+    async fn start(args: &Args) -> Result<(Setup, ServerProcess), String> {
+        let path = args.run.server()?;
+        let flags = args.server_flags();
+        let (mut server, addr) = ServerProcess::start(&path, "127.0.0.1:0", &flags)?;
+        let port: u16 = addr
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| format!("no port in {addr:?}"))?;
+        let calls = Arc::new(Calls::default());
         let counted = calls.clone();
-        let on_connect = Arc::new(move |connected: bool| {
+        let on_connect: Arc<dyn Fn(bool) + Send + Sync> = Arc::new(move |connected: bool| {
             counted.connect_attempts.fetch_add(1, Ordering::Relaxed);
             if connected {
                 counted.connected.fetch_add(1, Ordering::Relaxed);
             }
         });
-        let (c, l) = child::client(&addr, on_connect)?;
-        clients.push(c);
-        layers.push(l);
+        let (clients, layers) = child::clients(&addr, args.run.clients, &on_connect)?;
+        let capacity = child::capacity(&mut server, &clients, "process_faults", 0, 1).await?;
+        if capacity < 1.0 {
+            return Err(format!("measured capacity {capacity}/s"));
+        }
+        // At rest before the overload, as after it: the server's queue empty, this
+        // process's tasks (a channel's worker and connection, nothing of the capacity run)
+        // settled.
+        server
+            .at_rest()?
+            .ok_or("the server did not come to rest after the capacity run")?;
+        let own_tasks_before = tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks();
+        let setup = Setup {
+            path,
+            flags,
+            addr,
+            port,
+            calls,
+            clients,
+            layers,
+            capacity,
+            own_tasks_before,
+        };
+        Ok((setup, server))
     }
-    let capacity = child::capacity(&mut server, &clients, "process_faults", 0, 1).await?;
-    if capacity < 1.0 {
-        return Err(format!("measured capacity {capacity}/s"));
-    }
-    // At rest before the overload, as after it: the server's queue empty, this process's
-    // tasks (a channel's worker and connection, nothing of the capacity run) settled.
-    server
-        .at_rest()?
-        .ok_or("the server did not come to rest after the capacity run")?;
-    let own_tasks_before = tokio::runtime::Handle::current()
-        .metrics()
-        .num_alive_tasks();
-    let rate = capacity * args.overload;
+}
+
+fn print_plan(args: &Args, capacity: f64, rate: f64) {
     println!(
         "capacity {capacity:.0} calls/s; offering {rate:.0} calls/s ({}x) for {} s from {} \
          RetryLayer clients, deadline {:?}; fault {} at {} ms{}",
-        args.overload,
+        args.run.overload,
         args.seconds,
-        args.clients,
-        args.deadline,
+        args.run.clients,
+        args.run.deadline,
         args.fault.name(),
         args.fault_after.as_millis(),
         match args.fault {
@@ -391,69 +428,38 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
             _ => format!(", down {} ms", args.down.as_millis()),
         }
     );
+}
 
+/// What the overload left: the server serving at its end, what happened to it, the calls
+/// answered OK per bucket and the sockets sampled.
+struct Load {
+    server: ServerProcess,
+    events: Events,
+    goodput: Vec<u64>,
+    sockets: Vec<usize>,
+}
+
+/// Offers `rate` calls per second for the run while the fault strikes; returns when every
+/// call has ended (or [`BOUND`] after the load stopped, a failure).
+async fn overload(
+    args: &Args,
+    setup: &Setup,
+    server: ServerProcess,
+    rate: f64,
+) -> Result<(Load, Vec<String>), String> {
     // Goodput: calls answered OK per 100 ms bucket of the overload, by the time they ended.
     let n_buckets = (args.seconds * 1000 / BUCKET.as_millis() as u64) as usize;
     let buckets: Arc<Vec<AtomicU64>> =
         Arc::new((0..n_buckets).map(|_| AtomicU64::new(0)).collect());
-    let per_client = rate / args.clients as f64;
     let begin = Instant::now();
     let end = begin + Duration::from_secs(args.seconds);
-    let mut generators = tokio::task::JoinSet::new();
-    for (k, c) in clients.iter().enumerate() {
-        let (c, calls, buckets, deadline) =
-            (c.clone(), calls.clone(), buckets.clone(), args.deadline);
-        generators.spawn(async move {
-            let counts = calls.clone();
-            child::open_loop(
-                begin,
-                end,
-                per_client,
-                (k as u64) << 40,
-                &calls.skipped,
-                |i| {
-                    let (mut c, calls, buckets) = (c.clone(), counts.clone(), buckets.clone());
-                    calls.started.fetch_add(1, Ordering::Relaxed);
-                    let r = child::request("process_faults", i);
-                    let arrived = Instant::now();
-                    async move {
-                        let mut r = tonic::Request::new(r);
-                        r.set_timeout(deadline);
-                        let code = match c.reserve(r).await {
-                            Ok(_) => tonic::Code::Ok,
-                            Err(status) => {
-                                calls.note(&status);
-                                status.code()
-                            }
-                        };
-                        let ended = Instant::now();
-                        calls.class(code).fetch_add(1, Ordering::Relaxed);
-                        let late = ended.duration_since(arrived).saturating_sub(deadline);
-                        if late > LATE_BOUND {
-                            calls.late.fetch_add(1, Ordering::Relaxed);
-                        }
-                        calls
-                            .max_late_us
-                            .fetch_max(late.as_micros() as u64, Ordering::Relaxed);
-                        if code == tonic::Code::Ok {
-                            let at = ended.duration_since(begin).as_millis() / BUCKET.as_millis();
-                            if let Some(b) = buckets.get(at as usize) {
-                                b.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                        calls.ended.fetch_add(1, Ordering::Relaxed);
-                    }
-                },
-            )
-            .await;
-        });
-    }
+    let mut generators = spawn_generators(args, setup, rate, (begin, end), &buckets);
 
     // The fault runs on a thread of its own: waiting for, killing and starting processes
     // must not hold up the arrivals.
     let fault = {
         let (fault, after, down) = (args.fault, args.fault_after, args.down);
-        let (path, addr, flags) = (path.clone(), addr.clone(), flags.clone());
+        let (path, addr, flags) = (setup.path.clone(), setup.addr.clone(), setup.flags.clone());
         let begin = begin.into_std();
         tokio::task::spawn_blocking(move || {
             inject(fault, server, &path, &addr, &flags, begin, after, down)
@@ -466,7 +472,7 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
     tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
     while Instant::now() < end {
         tick.tick().await;
-        if let Some(n) = own_sockets_to(port) {
+        if let Some(n) = own_sockets_to(setup.port) {
             sockets.push(n);
         }
     }
@@ -487,262 +493,428 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
             generators.abort_all();
         }
     }
-    let (mut server, events) = fault
+    let (server, events) = fault
         .await
         .map_err(|e| format!("the fault thread panicked: {e}"))??;
-
-    // Goodput before, after, and how soon it came back.
-    let goodput: Vec<u64> = buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect();
-    let per_second = |n: f64| n * (Duration::from_secs(1).as_secs_f64() / BUCKET.as_secs_f64());
-    let fault_bucket = bucket_of(args.fault_after).min(goodput.len());
-    let baseline = per_second(match args.fault {
-        Fault::MaxAge => mean(goodput.get(RAMP_BUCKETS..).unwrap_or(&[])),
-        _ => mean(goodput.get(RAMP_BUCKETS..fault_bucket).unwrap_or(&[])),
-    });
-    let threshold = baseline * RECOVERED_SHARE;
-    let windows: Vec<f64> = goodput
-        .windows(WINDOW_BUCKETS)
-        .map(|w| per_second(mean(w)))
-        .collect();
-    let (recovery, longest_dip, ok_after_restart) = match events.restart_at {
-        Some(restart) => {
-            let from = bucket_of(restart);
-            let back = (from..windows.len()).find(|&i| windows[i] >= threshold);
-            let recovery = back.map(|i| (BUCKET * (i as u32 + 1)).saturating_sub(restart));
-            let after: u64 = goodput.get(from..).unwrap_or(&[]).iter().sum();
-            (recovery, None, Some(after))
-        }
-        None => (
-            None,
-            Some(longest_below(
-                &windows[RAMP_BUCKETS.min(windows.len())..],
-                threshold,
-            )),
-            None,
-        ),
+    let goodput = buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect();
+    let load = Load {
+        server,
+        events,
+        goodput,
+        sockets,
     };
+    Ok((load, failures))
+}
+/// One open-loop generator per client, offering its share of `rate` from `begin` to
+/// `end`, each call counted in the setup's counters and OK answers in `buckets`.
+fn spawn_generators(
+    args: &Args,
+    setup: &Setup,
+    rate: f64,
+    (begin, end): (Instant, Instant),
+    buckets: &Arc<Vec<AtomicU64>>,
+) -> tokio::task::JoinSet<()> {
+    let per_client = rate / args.run.clients as f64;
+    let mut generators = tokio::task::JoinSet::new();
+    for (k, c) in setup.clients.iter().enumerate() {
+        let (c, calls, buckets, deadline) = (
+            c.clone(),
+            setup.calls.clone(),
+            buckets.clone(),
+            args.run.deadline,
+        );
+        generators.spawn(async move {
+            let counts = calls.clone();
+            child::open_loop(
+                begin,
+                end,
+                per_client,
+                (k as u64) << 40,
+                &calls.skipped,
+                |i| {
+                    let (c, calls, buckets) = (c.clone(), counts.clone(), buckets.clone());
+                    calls.started.fetch_add(1, Ordering::Relaxed);
+                    let r = child::request("process_faults", i);
+                    let arrived = Instant::now();
+                    call(c, r, (arrived, deadline), calls, buckets, begin)
+                },
+            )
+            .await;
+        });
+    }
+    generators
+}
 
-    // Back to rest: the server's queue, workers and slots, and this process's tasks.
-    server.skip_buffered();
-    let idle = server.at_rest()?;
-    let own_tasks_after = tasks_back_to(own_tasks_before).await;
+/// One call of `request` through `client`, arrived at `arrived` with `deadline`, counted
+/// in `calls`, and in the goodput `buckets` of the overload that began at `begin` if it is
+/// answered OK.
+async fn call(
+    mut client: child::Client,
+    request: ReserveRequest,
+    (arrived, deadline): (Instant, Duration),
+    calls: Arc<Calls>,
+    buckets: Arc<Vec<AtomicU64>>,
+    begin: Instant,
+) {
+    let mut r = tonic::Request::new(request);
+    r.set_timeout(deadline);
+    let code = match client.reserve(r).await {
+        Ok(_) => tonic::Code::Ok,
+        Err(status) => {
+            calls.note(&status);
+            status.code()
+        }
+    };
+    let ended = Instant::now();
+    calls.class(code).fetch_add(1, Ordering::Relaxed);
+    let late = ended.duration_since(arrived).saturating_sub(deadline);
+    if late > LATE_BOUND {
+        calls.late.fetch_add(1, Ordering::Relaxed);
+    }
+    calls
+        .max_late_us
+        .fetch_max(late.as_micros() as u64, Ordering::Relaxed);
+    if code == tonic::Code::Ok {
+        let at = ended.duration_since(begin).as_millis() / BUCKET.as_millis();
+        if let Some(b) = buckets.get(at as usize) {
+            b.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    calls.ended.fetch_add(1, Ordering::Relaxed);
+}
 
-    let started = calls.started.load(Ordering::Relaxed);
-    let ended = calls.ended.load(Ordering::Relaxed);
-    let by_status = calls.by_status();
-    let classified: u64 = by_status.iter().map(|(_, n)| n).sum();
-    if started != ended || classified != ended {
-        failures.push(format!(
-            "{started} calls started, {ended} ended, {classified} by status: each call must \
-             end exactly once"
-        ));
+/// Goodput before the fault, and how soon it came back (or its longest dip).
+struct Goodput {
+    per_bucket: Vec<u64>,
+    baseline: f64,
+    threshold: f64,
+    recovery: Option<Duration>,
+    longest_dip: Option<Duration>,
+    ok_after_restart: Option<u64>,
+}
+
+impl Goodput {
+    fn of(args: &Args, per_bucket: Vec<u64>, events: &Events) -> Goodput {
+        let goodput = &per_bucket;
+        let per_second = |n: f64| n * (Duration::from_secs(1).as_secs_f64() / BUCKET.as_secs_f64());
+        let fault_bucket = bucket_of(args.fault_after).min(goodput.len());
+        let baseline = per_second(match args.fault {
+            Fault::MaxAge => mean(goodput.get(RAMP_BUCKETS..).unwrap_or(&[])),
+            _ => mean(goodput.get(RAMP_BUCKETS..fault_bucket).unwrap_or(&[])),
+        });
+        let threshold = baseline * RECOVERED_SHARE;
+        let windows: Vec<f64> = goodput
+            .windows(WINDOW_BUCKETS)
+            .map(|w| per_second(mean(w)))
+            .collect();
+        let (recovery, longest_dip, ok_after_restart) = match events.restart_at {
+            Some(restart) => {
+                let from = bucket_of(restart);
+                let back = (from..windows.len()).find(|&i| windows[i] >= threshold);
+                let recovery = back.map(|i| (BUCKET * (i as u32 + 1)).saturating_sub(restart));
+                let after: u64 = goodput.get(from..).unwrap_or(&[]).iter().sum();
+                (recovery, None, Some(after))
+            }
+            None => (
+                None,
+                Some(longest_below(
+                    &windows[RAMP_BUCKETS.min(windows.len())..],
+                    threshold,
+                )),
+                None,
+            ),
+        };
+        Goodput {
+            per_bucket,
+            baseline,
+            threshold,
+            recovery,
+            longest_dip,
+            ok_after_restart,
+        }
     }
-    let offered = started as f64 / args.seconds as f64;
-    if offered < rate / 2.0 {
-        failures.push(format!(
-            "offered {offered:.0} calls/s, not even half the {rate:.0}/s intended: the \
-             machine could not generate the load"
-        ));
+}
+
+/// Everything counted over the run, after it.
+struct Outcome {
+    rate: f64,
+    offered: f64,
+    started: u64,
+    ended: u64,
+    skipped: u64,
+    by_status: Vec<(&'static str, u64)>,
+    unexpected: Vec<String>,
+    late: u64,
+    max_late: Duration,
+    sockets: Vec<usize>,
+    max_open: usize,
+    bound: usize,
+    connect_attempts: u64,
+    connected: u64,
+    events: Events,
+    idle: Option<serde_json::Value>,
+    retry: serde_json::Map<String, serde_json::Value>,
+    own_tasks_before: usize,
+    own_tasks_after: usize,
+}
+
+impl Outcome {
+    fn of(
+        args: &Args,
+        setup: &Setup,
+        rate: f64,
+        sockets: Vec<usize>,
+        events: Events,
+        idle: Option<serde_json::Value>,
+        own_tasks_after: usize,
+    ) -> Outcome {
+        let calls = &setup.calls;
+        let started = calls.started.load(Ordering::Relaxed);
+        Outcome {
+            rate,
+            offered: started as f64 / args.seconds as f64,
+            started,
+            ended: calls.ended.load(Ordering::Relaxed),
+            skipped: calls.skipped.load(Ordering::Relaxed),
+            by_status: calls.by_status(),
+            unexpected: calls
+                .unexpected
+                .lock()
+                .map(|v| v.clone())
+                .unwrap_or_default(),
+            late: calls.late.load(Ordering::Relaxed),
+            max_late: Duration::from_micros(calls.max_late_us.load(Ordering::Relaxed)),
+            max_open: sockets.iter().copied().max().unwrap_or(0),
+            sockets,
+            bound: CONNECTIONS_PER_CLIENT * args.run.clients,
+            connect_attempts: calls.connect_attempts.load(Ordering::Relaxed),
+            connected: calls.connected.load(Ordering::Relaxed),
+            events,
+            idle,
+            retry: child::retry_totals(&setup.layers)
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), json!(v)))
+                .collect(),
+            own_tasks_before: setup.own_tasks_before,
+            own_tasks_after,
+        }
     }
-    let max_open = sockets.iter().copied().max().unwrap_or(0);
-    let bound = CONNECTIONS_PER_CLIENT * args.clients;
-    if sockets.is_empty() {
-        failures.push("no connection sample (is /proc/self/net/tcp readable?)".into());
-    } else if max_open > bound {
-        failures.push(format!(
-            "{max_open} sockets to the server at once, above {bound} \
-             ({CONNECTIONS_PER_CLIENT} per client)"
-        ));
+
+    /// What went wrong: calls that did not end once, load not generated, too many
+    /// sockets, no recovery, an unclean old server, no rest, tasks left behind.
+    fn failures(&self, args: &Args, goodput: &Goodput) -> Vec<String> {
+        let mut failures = Vec::new();
+        let (started, ended) = (self.started, self.ended);
+        let classified: u64 = self.by_status.iter().map(|(_, n)| n).sum();
+        if started != ended || classified != ended {
+            failures.push(format!(
+                "{started} calls started, {ended} ended, {classified} by status: each call must \
+                 end exactly once"
+            ));
+        }
+        let (offered, rate) = (self.offered, self.rate);
+        if offered < rate / 2.0 {
+            failures.push(format!(
+                "offered {offered:.0} calls/s, not even half the {rate:.0}/s intended: the \
+                 machine could not generate the load"
+            ));
+        }
+        let (max_open, bound) = (self.max_open, self.bound);
+        if self.sockets.is_empty() {
+            failures.push("no connection sample (is /proc/self/net/tcp readable?)".into());
+        } else if max_open > bound {
+            failures.push(format!(
+                "{max_open} sockets to the server at once, above {bound} \
+                 ({CONNECTIONS_PER_CLIENT} per client)"
+            ));
+        }
+        failures.extend(self.fault_failures(args, goodput));
+        let events = &self.events;
+        if args.fault == Fault::Graceful && !events.old_exit_ok {
+            failures.push(format!(
+                "the server did not exit cleanly on SIGTERM: {:?}",
+                events.old_exit
+            ));
+        }
+        if events.old_panicked {
+            failures.push("the old server panicked".into());
+        }
+        if self.idle.is_none() {
+            failures.push(format!("the server did not come to rest within {BOUND:?}"));
+        }
+        let (own_tasks_before, own_tasks_after) = (self.own_tasks_before, self.own_tasks_after);
+        if own_tasks_after > own_tasks_before {
+            failures.push(format!(
+                "client tasks: {own_tasks_before} before the overload, {own_tasks_after} {BOUND:?} \
+                 after"
+            ));
+        }
+        failures
     }
-    let connected = calls.connected.load(Ordering::Relaxed);
-    match args.fault {
-        Fault::Kill | Fault::Graceful => match (events.restart_at, recovery) {
-            (None, _) => failures.push("the server was not started again".into()),
-            (Some(_), None) => failures.push(format!(
-                "goodput never came back to {threshold:.0}/s (90 % of {baseline:.0}/s) after \
-                 the restart"
-            )),
-            (Some(_), Some(r)) if r > RECOVERY_LIMIT => failures.push(format!(
-                "goodput back {} ms after the restart, more than {} ms",
+
+    /// The fault's own checks: back after a restart, or no long dip and connections
+    /// closed under a maximum age.
+    fn fault_failures(&self, args: &Args, goodput: &Goodput) -> Vec<String> {
+        let mut failures = Vec::new();
+        let (threshold, baseline) = (goodput.threshold, goodput.baseline);
+        match args.fault {
+            Fault::Kill | Fault::Graceful => match (self.events.restart_at, goodput.recovery) {
+                (None, _) => failures.push("the server was not started again".into()),
+                (Some(_), None) => failures.push(format!(
+                    "goodput never came back to {threshold:.0}/s (90 % of {baseline:.0}/s) after \
+                     the restart"
+                )),
+                (Some(_), Some(r)) if r > RECOVERY_LIMIT => failures.push(format!(
+                    "goodput back {} ms after the restart, more than {} ms",
+                    r.as_millis(),
+                    RECOVERY_LIMIT.as_millis()
+                )),
+                _ => {}
+            },
+            Fault::MaxAge => {
+                let dip = goodput.longest_dip.unwrap_or_default();
+                if dip > RECOVERY_LIMIT {
+                    failures.push(format!(
+                        "goodput below {threshold:.0}/s (90 % of {baseline:.0}/s) for {} ms in a \
+                         row, more than {} ms",
+                        dip.as_millis(),
+                        RECOVERY_LIMIT.as_millis()
+                    ));
+                }
+                let connected = self.connected;
+                if connected < 2 * args.run.clients as u64 {
+                    failures.push(format!(
+                        "{connected} connections made by {} clients: the server closed none",
+                        args.run.clients
+                    ));
+                }
+            }
+        }
+        failures
+    }
+
+    /// The run's summary on stdout.
+    fn print(&self, args: &Args, goodput: &Goodput) {
+        let (started, ended, skipped) = (self.started, self.ended, self.skipped);
+        println!(
+            "calls started {started} ({:.0}/s; {skipped} arrivals skipped while a generator was \
+             stalled), ended {ended}: {}",
+            self.offered,
+            self.by_status
+                .iter()
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let unexpected = &self.unexpected;
+        if !unexpected.is_empty() {
+            println!("other statuses, e.g.: {unexpected:?}");
+        }
+        println!(
+            "late by more than {} ms: {} calls, worst {:.0} ms (real time, reported only)",
+            LATE_BOUND.as_millis(),
+            self.late,
+            self.max_late.as_secs_f64() * 1000.0
+        );
+        let (max_open, bound) = (self.max_open, self.bound);
+        println!(
+            "sockets to the server: at most {max_open} at once (bound {bound}), {} samples; \
+             connection attempts {}, connected {}",
+            self.sockets.len(),
+            self.connect_attempts,
+            self.connected
+        );
+        self.print_server(args);
+        let (threshold, baseline) = (goodput.threshold, goodput.baseline);
+        match (goodput.recovery, goodput.longest_dip) {
+            (Some(r), _) => println!(
+                "goodput {baseline:.0}/s before the fault; back to >= {threshold:.0}/s {} ms after \
+                 the restart (limit {} ms)",
                 r.as_millis(),
                 RECOVERY_LIMIT.as_millis()
-            )),
-            _ => {}
-        },
-        Fault::MaxAge => {
-            let dip = longest_dip.unwrap_or_default();
-            if dip > RECOVERY_LIMIT {
-                failures.push(format!(
-                    "goodput below {threshold:.0}/s (90 % of {baseline:.0}/s) for {} ms in a \
-                     row, more than {} ms",
-                    dip.as_millis(),
-                    RECOVERY_LIMIT.as_millis()
-                ));
-            }
-            if connected < 2 * args.clients as u64 {
-                failures.push(format!(
-                    "{connected} connections made by {} clients: the server closed none",
-                    args.clients
-                ));
-            }
+            ),
+            (None, Some(d)) => println!(
+                "goodput {baseline:.0}/s over the run; longest stretch below {threshold:.0}/s: {} \
+                 ms (limit {} ms)",
+                d.as_millis(),
+                RECOVERY_LIMIT.as_millis()
+            ),
+            (None, None) => println!("goodput {baseline:.0}/s before the fault; not back"),
+        }
+        let (retry, own_tasks_before, own_tasks_after) =
+            (&self.retry, self.own_tasks_before, self.own_tasks_after);
+        println!(
+            "RetryLayer totals {retry:?}; tasks: client {own_tasks_before} before, {own_tasks_after} after"
+        );
+    }
+
+    fn print_server(&self, args: &Args) {
+        let events = &self.events;
+        let at =
+            |d: Option<Duration>| d.map_or("-".to_owned(), |d| format!("{} ms", d.as_millis()));
+        match args.fault {
+            Fault::MaxAge => println!(
+                "server: closed each connection at {} ms of age",
+                args.max_connection_age.as_millis()
+            ),
+            _ => println!(
+                "server: fault at {}, gone at {}, listening again at {}{}",
+                at(events.fault_at),
+                at(events.down_at),
+                at(events.restart_at),
+                events
+                    .shutdown
+                    .map(|d| format!(
+                        "; graceful shutdown took {} ms ({})",
+                        d.as_millis(),
+                        events.old_exit.as_deref().unwrap_or("-")
+                    ))
+                    .unwrap_or_default()
+            ),
         }
     }
-    if args.fault == Fault::Graceful && !events.old_exit_ok {
-        failures.push(format!(
-            "the server did not exit cleanly on SIGTERM: {:?}",
-            events.old_exit
-        ));
-    }
-    if events.old_panicked {
-        failures.push("the old server panicked".into());
-    }
-    if idle.is_none() {
-        failures.push(format!("the server did not come to rest within {BOUND:?}"));
-    }
-    if own_tasks_after > own_tasks_before {
-        failures.push(format!(
-            "client tasks: {own_tasks_before} before the overload, {own_tasks_after} {BOUND:?} \
-             after"
-        ));
-    }
 
-    let max_late = Duration::from_micros(calls.max_late_us.load(Ordering::Relaxed));
-    let late = calls.late.load(Ordering::Relaxed);
-    let skipped = calls.skipped.load(Ordering::Relaxed);
-    let attempts = calls.connect_attempts.load(Ordering::Relaxed);
-    let mut retry = serde_json::Map::new();
-    for l in &layers {
-        let s = l.stats().snapshot();
-        for (k, v) in [
-            ("logical", s.logical),
-            ("attempts", s.attempts),
-            ("retries", s.retries),
-            ("ok", s.ok),
-            ("refused_budget", s.refused.budget),
-            ("refused_pushback", s.refused.pushback),
-            ("deadline_exceeded", s.deadline_exceeded),
-        ] {
-            let total = retry
-                .get(k)
-                .and_then(serde_json::Value::as_u64)
-                .unwrap_or(0);
-            retry.insert(k.to_owned(), json!(total + v));
-        }
-    }
-    let ms = |d: Option<Duration>| d.map(|d| d.as_millis() as u64);
-    println!(
-        "calls started {started} ({:.0}/s; {skipped} arrivals skipped while a generator was \
-         stalled), ended {ended}: {}",
-        offered,
-        by_status
-            .iter()
-            .map(|(k, n)| format!("{k} {n}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    let unexpected = calls
-        .unexpected
-        .lock()
-        .map(|v| v.clone())
-        .unwrap_or_default();
-    if !unexpected.is_empty() {
-        println!("other statuses, e.g.: {unexpected:?}");
-    }
-    println!(
-        "late by more than {} ms: {late} calls, worst {:.0} ms (real time, reported only)",
-        LATE_BOUND.as_millis(),
-        max_late.as_secs_f64() * 1000.0
-    );
-    println!(
-        "sockets to the server: at most {max_open} at once (bound {bound}), {} samples; \
-         connection attempts {attempts}, connected {connected}",
-        sockets.len()
-    );
-    let at = |d: Option<Duration>| d.map_or("-".to_owned(), |d| format!("{} ms", d.as_millis()));
-    match args.fault {
-        Fault::MaxAge => println!(
-            "server: closed each connection at {} ms of age",
-            args.max_connection_age.as_millis()
-        ),
-        _ => println!(
-            "server: fault at {}, gone at {}, listening again at {}{}",
-            at(events.fault_at),
-            at(events.down_at),
-            at(events.restart_at),
-            events
-                .shutdown
-                .map(|d| format!(
-                    "; graceful shutdown took {} ms ({})",
-                    d.as_millis(),
-                    events.old_exit.as_deref().unwrap_or("-")
-                ))
-                .unwrap_or_default()
-        ),
-    }
-    match (recovery, longest_dip) {
-        (Some(r), _) => println!(
-            "goodput {baseline:.0}/s before the fault; back to >= {threshold:.0}/s {} ms after \
-             the restart (limit {} ms)",
-            r.as_millis(),
-            RECOVERY_LIMIT.as_millis()
-        ),
-        (None, Some(d)) => println!(
-            "goodput {baseline:.0}/s over the run; longest stretch below {threshold:.0}/s: {} \
-             ms (limit {} ms)",
-            d.as_millis(),
-            RECOVERY_LIMIT.as_millis()
-        ),
-        (None, None) => println!("goodput {baseline:.0}/s before the fault; not back"),
-    }
-    println!(
-        "RetryLayer totals {retry:?}; tasks: client {own_tasks_before} before, {own_tasks_after} after"
-    );
-
-    // A clean exit on SIGINT, and no panic on the way.
-    if !server.signal("INT")? {
-        failures.push("the server was gone before SIGINT".into());
-    }
-    match wait_exit(&mut server.child) {
-        Some(status) if status.success() => {}
-        other => failures.push(format!("the server did not exit cleanly: {other:?}")),
-    }
-    let stderr = server.stderr();
-    if stderr.iter().any(|l| l.contains("panicked")) {
-        failures.push(format!("the server panicked: {stderr:?}"));
-    }
-
-    if let Some(file) = &args.json {
-        let report = json!({
+    /// The report `--json` writes.
+    fn json(
+        &self,
+        args: &Args,
+        capacity: f64,
+        goodput: &Goodput,
+        failures: &[String],
+    ) -> serde_json::Value {
+        let ms = |d: Option<Duration>| d.map(|d| d.as_millis() as u64);
+        let events = &self.events;
+        json!({
             "fault": args.fault.name(),
             "seconds": args.seconds,
-            "overload": args.overload,
-            "clients": args.clients,
-            "deadline_ms": args.deadline.as_millis() as u64,
+            "overload": args.run.overload,
+            "clients": args.run.clients,
+            "deadline_ms": args.run.deadline.as_millis() as u64,
             "fault_after_ms": args.fault_after.as_millis() as u64,
             "down_ms": args.fault.restarts().then_some(args.down.as_millis() as u64),
             "max_connection_age_ms": (args.fault == Fault::MaxAge)
                 .then_some(args.max_connection_age.as_millis() as u64),
             "capacity_per_second": capacity,
-            "offered_per_second": offered,
+            "offered_per_second": self.offered,
             "calls": {
-                "started": started,
-                "ended": ended,
-                "skipped": skipped,
-                "unexpected": unexpected,
-                "by_status": by_status.iter().map(|(k, n)| ((*k).to_owned(), json!(n)))
+                "started": self.started,
+                "ended": self.ended,
+                "skipped": self.skipped,
+                "unexpected": self.unexpected,
+                "by_status": self.by_status.iter().map(|(k, n)| ((*k).to_owned(), json!(n)))
                     .collect::<serde_json::Map<_, _>>(),
             },
             "late": {
                 "bound_ms": LATE_BOUND.as_millis() as u64,
-                "calls": late,
-                "max_ms": max_late.as_secs_f64() * 1000.0,
+                "calls": self.late,
+                "max_ms": self.max_late.as_secs_f64() * 1000.0,
             },
             "connections": {
-                "max_open": max_open,
-                "bound": bound,
-                "samples": sockets.len(),
-                "connect_attempts": attempts,
-                "connected": connected,
+                "max_open": self.max_open,
+                "bound": self.bound,
+                "samples": self.sockets.len(),
+                "connect_attempts": self.connect_attempts,
+                "connected": self.connected,
             },
             "server": {
                 "fault_at_ms": ms(events.fault_at),
@@ -750,26 +922,23 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
                 "restart_at_ms": ms(events.restart_at),
                 "graceful_shutdown_ms": ms(events.shutdown),
                 "old_exit": events.old_exit,
-                "at_rest": idle,
+                "at_rest": self.idle,
             },
             "goodput": {
                 "bucket_ms": BUCKET.as_millis() as u64,
-                "baseline_per_second": baseline,
-                "threshold_per_second": threshold,
-                "recovery_ms": ms(recovery),
-                "longest_dip_ms": ms(longest_dip),
+                "baseline_per_second": goodput.baseline,
+                "threshold_per_second": goodput.threshold,
+                "recovery_ms": ms(goodput.recovery),
+                "longest_dip_ms": ms(goodput.longest_dip),
                 "limit_ms": RECOVERY_LIMIT.as_millis() as u64,
-                "ok_after_restart": ok_after_restart,
-                "per_bucket": goodput,
+                "ok_after_restart": goodput.ok_after_restart,
+                "per_bucket": goodput.per_bucket,
             },
-            "retry_layer": retry,
-            "tasks": {"client_before": own_tasks_before, "client_after": own_tasks_after},
+            "retry_layer": self.retry,
+            "tasks": {"client_before": self.own_tasks_before, "client_after": self.own_tasks_after},
             "failures": failures,
-        });
-        let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-        std::fs::write(file, text).map_err(|e| format!("{}: {e}", file.display()))?;
+        })
     }
-    Ok(failures)
 }
 
 /// Strikes `fault` at `begin + after`; for `kill` and `graceful`, starts a new server on

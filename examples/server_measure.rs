@@ -23,7 +23,7 @@ use std::time::Duration;
 use clap::Parser;
 use clap::builder::PossibleValuesParser;
 use stormguard::core::admission::{AdmissionConfig, QueueOrder, RetryThreshold};
-use stormguard::server::{ShedLayer, StatsSnapshot};
+use stormguard::server::{ShedLayer, ShedSnapshot};
 use stormguard_demo::server::{DemoConfig, DemoInventory};
 use stormguard_demo::{InventoryClient, InventoryServer, ReserveRequest};
 use tokio::net::TcpListener;
@@ -198,7 +198,7 @@ async fn run(name: &str, admission: AdmissionConfig, secs: u64, load: f64, seed:
         while tasks.try_join_next().is_some() {}
     }
     while tasks.join_next().await.is_some() {}
-    let s: StatsSnapshot = stats.snapshot();
+    let s: ShedSnapshot = stats.snapshot();
     // Per window, `counts` per offered call.
     let per_offered = |counts: &[AtomicU64]| -> Vec<String> {
         (0..n_windows)

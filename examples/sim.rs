@@ -1,4 +1,4 @@
-//! The fleet simulator's command line: prints the four tables of `stormguard-sim` and
+//! The fleet simulator's command line: prints the six tables of `stormguard-sim` and
 //! optionally writes them as JSON.
 //!
 //! ```text
@@ -16,7 +16,7 @@ use clap::Parser;
 use stormguard_sim::{Options, Tables};
 
 /// The fleet simulator: the same policy objects the layers use, on a virtual clock, at
-/// fleet scale. Prints its four tables; the same seed prints the same figures.
+/// fleet scale. Prints its six tables; the same seed prints the same figures.
 #[derive(Debug, Parser)]
 #[command(name = "sim")]
 struct Args {

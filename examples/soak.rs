@@ -29,14 +29,13 @@
 //!   connector), so no call saw a GOAWAY or a reset connection.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
-use clap::builder::RangedU64ValueParser;
+use stormguard::client::RetryLayer;
 use tokio::time::Instant;
 
 #[path = "support/child.rs"]
@@ -44,7 +43,7 @@ mod child;
 #[path = "support/cli.rs"]
 mod cli;
 
-use child::{BOUND, ServerProcess, rss_kib, wait_exit};
+use child::{BOUND, ServerProcess, rss_kib};
 
 const WINDOW: Duration = Duration::from_secs(5);
 const WARM_UP: Duration = Duration::from_secs(10);
@@ -62,32 +61,8 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..))]
     seconds: u64,
-    /// Offered load as a multiple of the measured capacity
-    #[arg(long, value_name = "X", default_value_t = 10.0, value_parser = cli::positive)]
-    overload: f64,
-    /// Channels, each behind its own RetryLayer
-    #[arg(long, value_name = "N", default_value_t = 4,
-          value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
-    clients: usize,
-    /// Deadline of each call, in milliseconds
-    #[arg(long = "deadline-ms", value_name = "MS", default_value = "300",
-          value_parser = cli::millis)]
-    deadline: Duration,
-    /// The example server binary [default: `server` next to this one]
-    #[arg(long, value_name = "PATH")]
-    server: Option<PathBuf>,
-}
-
-impl Args {
-    /// `--server`, or the `server` binary next to this one.
-    fn server(&self) -> Result<PathBuf, String> {
-        match &self.server {
-            Some(path) => Ok(path.clone()),
-            None => Ok(std::env::current_exe()
-                .map_err(|e| format!("current exe: {e}"))?
-                .with_file_name(format!("server{}", std::env::consts::EXE_SUFFIX))),
-        }
-    }
+    #[command(flatten)]
+    run: cli::OverloadArgs,
 }
 
 /// Counters shared by every call task.
@@ -123,19 +98,13 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<Vec<String>, String> {
-    let (mut server, addr) = ServerProcess::start(&args.server()?, "127.0.0.1:0", &[])?;
+    let (mut server, addr) = ServerProcess::start(&args.run.server()?, "127.0.0.1:0", &[])?;
     let counts = Arc::new(Counts::default());
-    let mut clients = Vec::new();
-    let mut layers = Vec::new();
-    for _ in 0..args.clients {
-        let counted = counts.clone();
-        let on_connect = Arc::new(move |_: bool| {
-            counted.connections.fetch_add(1, Ordering::Relaxed);
-        });
-        let (c, l) = child::client(&addr, on_connect)?;
-        clients.push(c);
-        layers.push(l);
-    }
+    let counted = counts.clone();
+    let on_connect: Arc<dyn Fn(bool) + Send + Sync> = Arc::new(move |_: bool| {
+        counted.connections.fetch_add(1, Ordering::Relaxed);
+    });
+    let (clients, layers) = child::clients(&addr, args.run.clients, &on_connect)?;
 
     // Capacity: what the server completes per second when 64 callers keep it saturated,
     // measured between two of its stats lines.
@@ -150,21 +119,74 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
     if capacity < 1.0 {
         return Err(format!("measured capacity {capacity}/s"));
     }
-    let rate = capacity * args.overload;
+    let rate = capacity * args.run.overload;
     println!(
         "capacity {capacity:.0} calls/s (4 workers x 20 ms); offering {rate:.0} calls/s ({}x) \
          for {} s from {} RetryLayer clients, deadline {:?}",
-        args.overload, args.seconds, args.clients, args.deadline
+        args.run.overload, args.seconds, args.run.clients, args.run.deadline
     );
 
     // The soak: open-loop arrivals at `rate`, spread over the clients.
     let soak_start = counts.ok.load(Ordering::Relaxed);
-    let per_client = rate / args.clients as f64;
+    let mut generators = spawn_generators(&args, &clients, &counts, rate);
+    let sampled = sample(&args, &mut server, &counts, soak_start)?;
+    while let Some(done) = generators.join_next().await {
+        done.map_err(|e| format!("a client task panicked: {e}"))?;
+    }
+
+    // Back to zero: the queue, the workers and the slots empty, no task left behind.
+    let idle = server.at_rest()?;
+    let mut failures = evaluate(
+        &args,
+        capacity,
+        &sampled.windows,
+        &sampled.rss,
+        idle.as_ref(),
+        &counts,
+    );
+    let own_tasks_after = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
+    failures.extend(task_failures(
+        server_tasks_before,
+        idle.as_ref(),
+        own_tasks_before,
+        own_tasks_after,
+    ));
+    println!(
+        "tasks at rest: server {} before, {} after; client {own_tasks_before} before, \
+         {own_tasks_after} after",
+        server_tasks_before.unwrap_or(0),
+        idle.as_ref()
+            .map_or(serde_json::Value::Null, |s| s["tasks"].clone()),
+    );
+    print_totals(
+        &args,
+        &sampled.rss,
+        &counts,
+        &layers,
+        idle.as_ref().unwrap_or(&sampled.last_stats),
+    );
+
+    // A clean exit on SIGINT, and no panic on the way.
+    failures.extend(child::stop(&mut server)?);
+    Ok(failures)
+}
+
+/// One open-loop generator per client, offering its share of `rate` for the run, each
+/// call counted in `counts`.
+fn spawn_generators(
+    args: &Args,
+    clients: &[child::Client],
+    counts: &Arc<Counts>,
+    rate: f64,
+) -> tokio::task::JoinSet<()> {
+    let per_client = rate / args.run.clients as f64;
     let begin = Instant::now();
     let end = begin + Duration::from_secs(args.seconds);
     let mut generators = tokio::task::JoinSet::new();
     for (k, c) in clients.iter().enumerate() {
-        let (c, counts, deadline) = (c.clone(), counts.clone(), args.deadline);
+        let (c, counts, deadline) = (c.clone(), counts.clone(), args.run.deadline);
         generators.spawn(async move {
             let calls = counts.clone();
             child::open_loop(
@@ -192,32 +214,53 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
             .await;
         });
     }
+    generators
+}
 
+/// What the soak sampled: (second, server KiB, client KiB) every window, the calls
+/// served OK in each window, and the server's last stats line.
+struct Sampled {
+    rss: Vec<(u64, u64, u64)>,
+    windows: Vec<u64>,
+    last_stats: serde_json::Value,
+}
+
+/// Samples memory and goodput every window for the run, paced by the server's stats
+/// lines (one a second), printing each window.
+fn sample(
+    args: &Args,
+    server: &mut ServerProcess,
+    counts: &Counts,
+    soak_start: u64,
+) -> Result<Sampled, String> {
     let own_status = "/proc/self/status";
-    let mut samples: Vec<(u64, u64, u64)> = Vec::new(); // (second, server KiB, client KiB)
-    let mut windows: Vec<u64> = Vec::new();
+    let mut sampled = Sampled {
+        rss: Vec::new(),
+        windows: Vec::new(),
+        last_stats: serde_json::Value::Null,
+    };
     let mut last_ok = soak_start;
     let mut second = 0;
-    let mut failures = Vec::new();
-    let mut last_stats = serde_json::Value::Null;
     while second < args.seconds {
         // The server's stats line paces the sampling: one a second.
-        last_stats = server.stats()?;
+        sampled.last_stats = server.stats()?;
         second += 1;
         if second % WINDOW.as_secs() == 0 {
             let ok = counts.ok.load(Ordering::Relaxed);
-            windows.push(ok - last_ok);
+            let window = ok - last_ok;
+            sampled.windows.push(window);
             last_ok = ok;
             let s = server.rss_kib().unwrap_or(0);
             let c = rss_kib(own_status).unwrap_or(0);
-            samples.push((second, s, c));
+            sampled.rss.push((second, s, c));
+            let last_stats = &sampled.last_stats;
             println!(
                 "t={second:>3}s  server RSS {:>6} KiB  client RSS {:>6} KiB  ok in window {:>5} \
                  ({:.0}/s)  server: completed {} shed_first {} shed_retry {} expired {} queue {}",
                 s,
                 c,
-                windows[windows.len() - 1],
-                windows[windows.len() - 1] as f64 / WINDOW.as_secs_f64(),
+                window,
+                window as f64 / WINDOW.as_secs_f64(),
                 last_stats["completed"],
                 last_stats["shed_first"],
                 last_stats["shed_retry"],
@@ -226,52 +269,46 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
             );
         }
     }
-    while let Some(done) = generators.join_next().await {
-        done.map_err(|e| format!("a client task panicked: {e}"))?;
-    }
+    Ok(sampled)
+}
 
-    // Back to zero: the queue, the workers and the slots empty, no task left behind.
-    let idle = server.at_rest()?;
-    let checks = evaluate(&args, capacity, &windows, &samples, idle.as_ref(), &counts);
-    failures.extend(checks);
-    if let Some(s) = &idle
-        && s["tasks"].as_u64() != server_tasks_before
+/// Tasks left behind: the server's at rest against before the soak, this process's.
+fn task_failures(
+    server_before: Option<u64>,
+    idle: Option<&serde_json::Value>,
+    own_before: usize,
+    own_after: usize,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    if let Some(s) = idle
+        && s["tasks"].as_u64() != server_before
     {
         failures.push(format!(
             "server tasks at rest: {} before the soak, {} after",
-            server_tasks_before.unwrap_or(0),
+            server_before.unwrap_or(0),
             s["tasks"]
         ));
     }
-    let own_tasks_after = tokio::runtime::Handle::current()
-        .metrics()
-        .num_alive_tasks();
-    if own_tasks_after != own_tasks_before {
+    if own_after != own_before {
         failures.push(format!(
-            "client tasks: {own_tasks_before} before the soak, {own_tasks_after} after"
+            "client tasks: {own_before} before the soak, {own_after} after"
         ));
     }
-    println!(
-        "tasks at rest: server {} before, {} after; client {own_tasks_before} before, \
-         {own_tasks_after} after",
-        server_tasks_before.unwrap_or(0),
-        idle.as_ref()
-            .map_or(serde_json::Value::Null, |s| s["tasks"].clone()),
-    );
+    failures
+}
 
-    let peak = samples.iter().map(|s| s.1).max().unwrap_or(0);
-    let client_peak = samples.iter().map(|s| s.2).max().unwrap_or(0);
-    let mut totals = BTreeMap::new();
-    for l in &layers {
-        let s = l.stats().snapshot();
-        *totals.entry("logical").or_insert(0) += s.logical;
-        *totals.entry("attempts").or_insert(0) += s.attempts;
-        *totals.entry("retries").or_insert(0) += s.retries;
-        *totals.entry("ok").or_insert(0) += s.ok;
-        *totals.entry("refused_budget").or_insert(0) += s.refused.budget;
-        *totals.entry("refused_pushback").or_insert(0) += s.refused.pushback;
-        *totals.entry("deadline_exceeded").or_insert(0) += s.deadline_exceeded;
-    }
+/// The run's totals: memory peaks, calls, connections, the retry layers' counters and
+/// the server's last state.
+fn print_totals(
+    args: &Args,
+    rss: &[(u64, u64, u64)],
+    counts: &Counts,
+    layers: &[RetryLayer],
+    server: &serde_json::Value,
+) {
+    let peak = rss.iter().map(|s| s.1).max().unwrap_or(0);
+    let client_peak = rss.iter().map(|s| s.2).max().unwrap_or(0);
+    let totals: BTreeMap<&str, u64> = child::retry_totals(layers).into_iter().collect();
     println!(
         "server RSS peak {peak} KiB, client RSS peak {client_peak} KiB; calls started {} \
          ({:.0}/s; {} arrivals skipped while a generator was stalled), ended {}, ok {}, \
@@ -284,28 +321,9 @@ async fn run(args: Args) -> Result<Vec<String>, String> {
         counts.ok.load(Ordering::Relaxed),
         counts.failed.load(Ordering::Relaxed),
         counts.connections.load(Ordering::Relaxed),
-        args.clients,
-        idle.as_ref().unwrap_or(&last_stats),
+        args.run.clients,
+        server,
     );
-
-    // A clean exit on SIGINT, and no panic on the way.
-    let stopped = Command::new("kill")
-        .args(["-INT", &server.child.id().to_string()])
-        .status()
-        .map_err(|e| format!("kill -INT: {e}"))?;
-    if !stopped.success() {
-        failures.push("the server was gone before SIGINT".into());
-    }
-    let exit = wait_exit(&mut server.child);
-    match exit {
-        Some(status) if status.success() => {}
-        other => failures.push(format!("the server did not exit cleanly: {other:?}")),
-    }
-    let stderr = server.stderr();
-    if stderr.iter().any(|l| l.contains("panicked")) {
-        failures.push(format!("the server panicked: {stderr:?}"));
-    }
-    Ok(failures)
 }
 
 fn evaluate(
@@ -359,7 +377,7 @@ fn evaluate(
         failures.push(format!("{started} calls started, {ended} ended"));
     }
     let offered = started as f64 / args.seconds as f64;
-    let target = capacity * args.overload;
+    let target = capacity * args.run.overload;
     if offered < target / 2.0 {
         failures.push(format!(
             "offered {offered:.0} calls/s, not even half the {target:.0}/s intended: the \
@@ -367,10 +385,10 @@ fn evaluate(
         ));
     }
     let connections = counts.connections.load(Ordering::Relaxed);
-    if connections != args.clients as u64 {
+    if connections != args.run.clients as u64 {
         failures.push(format!(
             "{connections} connections for {} clients: a connection was lost",
-            args.clients
+            args.run.clients
         ));
     }
     failures

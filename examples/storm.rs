@@ -31,7 +31,10 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Parser, ValueEnum};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use plotters::prelude::*;
-use stormguard_demo::storm::{Policy, Second, ServerModel, StormConfig, StormReport, run_storm};
+use stormguard_demo::storm::{LoopbackStorm, Policy, Second, ServerModel, StormReport, run_storm};
+use stormguard_sim::StormConfig;
+#[path = "support/chart.rs"]
+mod chart;
 #[path = "support/cli.rs"]
 mod cli;
 
@@ -41,23 +44,14 @@ mod cli;
 /// its measured capacity, the service time x2.5 for 4 s; the same timeline for each
 /// policy. Prints a table and draws the picture. With --overload and --reject-cost-us: a
 /// sustained overload against a server whose refusals cost CPU, the case of the `throttle`
-/// policy (stormguard plus the client's adaptive throttle).
+/// policy (stormguard plus the client's adaptive throttle). --quick: 1 s before the
+/// trigger, 2 s of it, 3 s after (about 40 s in all). The JSON holds the trigger, and per
+/// policy the summary and the timeline second by second.
 #[derive(Debug, Parser)]
 #[command(name = "storm")]
 struct Args {
-    /// 1 s before the trigger, 2 s of it, 3 s after (about 40 s in all)
-    #[arg(long)]
-    quick: bool,
-    /// Also write the result as JSON to FILE: the trigger, and per policy the summary and
-    /// the timeline second by second
-    #[arg(long, value_name = "FILE")]
-    json: Option<String>,
-    /// Where to draw the picture
-    #[arg(long, value_name = "FILE", default_value = "storm.svg")]
-    svg: String,
-    /// Seed of arrivals and jitter
-    #[arg(long, value_name = "N", default_value_t = StormConfig::standard().seed)]
-    seed: u64,
+    #[command(flatten)]
+    run: cli::RunArgs,
     /// What the server does with work whose caller left
     #[arg(long, value_name = "M", value_enum, default_value_t = Model::Cancelling)]
     model: Model,
@@ -67,11 +61,11 @@ struct Args {
     policies: Vec<Policy>,
     /// Offered load as a share of the measured capacity
     #[arg(long, value_name = "SHARE", value_parser = cli::positive,
-          default_value_t = StormConfig::standard().load)]
+          default_value_t = StormConfig::loopback().load)]
     load: f64,
     /// Deadline of each logical call, in milliseconds
     #[arg(long = "deadline-ms", value_name = "MS", value_parser = clap::value_parser!(u64).range(1..),
-          default_value_t = StormConfig::standard().deadline.as_millis() as u64)]
+          default_value_t = StormConfig::loopback().deadline.as_millis() as u64)]
     deadline_ms: u64,
     /// The shed layer's worker limit
     #[arg(long, value_name = "L", value_enum, default_value_t = Limit::Fixed)]
@@ -117,19 +111,19 @@ fn policy() -> impl TypedValueParser<Value = Policy> {
 
 impl Args {
     /// The run the flags describe.
-    fn config(&self) -> StormConfig {
-        let mut config = if self.quick {
-            StormConfig::quick()
+    fn config(&self) -> LoopbackStorm {
+        let mut config = if self.run.quick {
+            LoopbackStorm::quick()
         } else {
-            StormConfig::standard()
+            LoopbackStorm::standard()
         };
-        config.seed = self.seed;
+        config.storm.seed = self.run.seed;
         config.model = match self.model {
             Model::Cancelling => ServerModel::Cancelling,
             Model::Pool => ServerModel::Pool,
         };
-        config.load = self.load;
-        config.deadline = Duration::from_millis(self.deadline_ms);
+        config.storm.load = self.load;
+        config.storm.deadline = Duration::from_millis(self.deadline_ms);
         config.adaptive_limit = matches!(self.limit, Limit::Adaptive);
         config.overload = self.overload;
         config.reject_cost = Duration::from_micros(self.reject_cost_us.unwrap_or(0));
@@ -163,8 +157,8 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     let policies = args.policies();
     eprintln!(
         "measuring the server's capacity ({} workers x {:?}, {} model)...",
-        config.workers,
-        config.service_time,
+        config.storm.workers,
+        config.storm.service_time,
         config.model.as_str()
     );
     let bars = MultiProgress::new();
@@ -190,7 +184,11 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     let report = run_storm(config, policies, &progress).await?;
     println!(
         "{}\n",
-        report.headline(config.slowdown, config.per_attempt, config.deadline)
+        report.headline(
+            config.storm.slowdown,
+            config.storm.per_attempt,
+            config.storm.deadline,
+        )
     );
     print!("{}", report.table());
     for p in report.policies.iter().filter(|p| p.connection_errors > 0) {
@@ -204,14 +202,7 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
             println!("{}: {hedges}", p.name);
         }
     }
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .map_err(|e| format!("cannot write {path}: {e}"))?;
-        println!("result written to {path}");
-    }
-    draw(&report, &args.svg)?;
-    println!("picture drawn to {}", args.svg);
-    Ok(())
+    args.run.write_report("storm", &report, draw)
 }
 
 /// One colour per policy, in [`Policy::ALL`]'s order.
@@ -246,10 +237,17 @@ fn draw(report: &StormReport, path: &str) -> Result<(), Box<dyn Error>> {
         }),
         (bottom, "attempts sent per second", |s| s.attempts),
     ];
-    let (start, end) = (
+    let frame = chart::Frame {
+        caption: 18,
+        margin: 12,
+        x_labels: 32,
+        y_labels: 56,
+    };
+    let window = (
         f64::from(report.trigger.start_s),
         f64::from(report.trigger.end_s),
     );
+    let mid = |s: &Second| f64::from(s.t) + 0.5;
     for (panel, (area, title, value)) in panels.into_iter().enumerate() {
         let peak = report
             .policies
@@ -257,71 +255,37 @@ fn draw(report: &StormReport, path: &str) -> Result<(), Box<dyn Error>> {
             .flat_map(|p| p.timeline.iter().map(|s| value(s).max(s.offered)))
             .max()
             .unwrap_or(1) as f64;
-        let y_max = peak * 1.1;
-        let mut chart = ChartBuilder::on(&area)
-            .caption(title, ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(32)
-            .y_label_area_size(56)
-            .build_cartesian_2d(0f64..seconds, 0f64..y_max)?;
-        chart
-            .configure_mesh()
-            .x_desc("seconds")
-            .y_label_formatter(&|v| format!("{v:.0}"))
-            .disable_x_mesh()
-            .light_line_style(WHITE)
-            .draw()?;
-        chart
-            .draw_series(std::iter::once(Rectangle::new(
-                [(start, 0.0), (end, y_max)],
-                RGBColor(255, 170, 170).mix(0.35).filled(),
-            )))?
-            .label("trigger (service time x2.5)")
-            .legend(|(x, y)| {
-                Rectangle::new(
-                    [(x, y - 5), (x + 20, y + 5)],
-                    RGBColor(255, 170, 170).mix(0.35).filled(),
-                )
-            });
+        let mut lines = Vec::new();
         if let Some(first) = report.policies.first() {
-            chart
-                .draw_series(LineSeries::new(
-                    first
-                        .timeline
-                        .iter()
-                        .map(|s| (f64::from(s.t) + 0.5, s.offered as f64)),
-                    BLACK.mix(0.5).stroke_width(1),
-                ))?
-                .label("offered")
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.5)));
+            lines.push(chart::offered(
+                first
+                    .timeline
+                    .iter()
+                    .map(|s| (mid(s), s.offered as f64))
+                    .collect(),
+            ));
         }
         for policy in &report.policies {
-            let colour = Policy::ALL
-                .iter()
-                .position(|p| p.as_str() == policy.name)
-                .map_or(BLACK, |i| COLOURS[i]);
-            chart
-                .draw_series(LineSeries::new(
-                    policy
-                        .timeline
-                        .iter()
-                        .map(|s| (f64::from(s.t) + 0.5, value(s) as f64)),
-                    colour.stroke_width(2),
-                ))?
-                .label(policy.name)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
-                });
+            let points = policy.timeline.iter();
+            lines.push(chart::policy_line(
+                policy.name,
+                &Policy::ALL.map(Policy::as_str),
+                &COLOURS,
+                points.map(|s| (mid(s), value(s) as f64)).collect(),
+            ));
         }
-        // One legend, where the lines of the first panel leave room for it.
-        if panel == 0 {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::MiddleRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK.mix(0.3))
-                .draw()?;
-        }
+        let panel = chart::LinePanel {
+            title,
+            x_max: seconds,
+            y_max: peak * 1.1,
+            window,
+            window_label: "trigger (service time x2.5)",
+            window_alpha: 0.35,
+            lines,
+            // One legend, where the lines of the first panel leave room for it.
+            legend: (panel == 0).then_some(SeriesLabelPosition::MiddleRight),
+        };
+        chart::draw_lines(&area, frame, panel)?;
     }
     root.present()?;
     Ok(())

@@ -23,6 +23,10 @@ use tower::BoxError;
 use clap::Parser;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
+#[path = "support/chart.rs"]
+mod chart;
+#[path = "support/cli.rs"]
+mod cli;
 #[path = "tail/client.rs"]
 mod client;
 #[path = "tail/report.rs"]
@@ -43,26 +47,18 @@ use run::{RunConfig, Timing};
 ///
 /// One Inventory server (8 workers x 10 ms, behind the ShedLayer) on loopback; each policy
 /// runs at 40 % of the measured capacity, then at twice it, on a fresh server. Prints a
-/// table and draws the picture.
+/// table and draws the picture. The seed also picks the slow attempts. --quick: 1.5 s of
+/// warm-up, 3 s measured, 2 s of overload per policy (about 30 s in all). The JSON holds
+/// per policy the latency percentiles and the extra attempts, at the normal load and under
+/// overload.
 #[derive(Debug, Parser)]
 #[command(name = "tail")]
 struct Args {
-    /// 1.5 s of warm-up, 3 s measured, 2 s of overload per policy (about 30 s in all)
-    #[arg(long)]
-    quick: bool,
-    /// Also write the result as JSON to FILE: per policy the latency percentiles and the
-    /// extra attempts, at the normal load and under overload
-    #[arg(long, value_name = "FILE")]
-    json: Option<String>,
-    /// Where to draw the picture
-    #[arg(long, value_name = "FILE", default_value = "tail.svg")]
-    svg: String,
+    #[command(flatten)]
+    run: cli::RunArgs,
     /// The policies to run, comma-separated, in the table's order [default: all]
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
     policies: Vec<Policy>,
-    /// Seed of the slow attempts, the shed layer's jitter and the retry layer's RNG
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    seed: u64,
 }
 
 /// The normal load, as a share of the measured capacity.
@@ -85,7 +81,7 @@ async fn main() -> ExitCode {
 }
 
 async fn tail(args: &Args) -> Result<(), BoxError> {
-    let timing = if args.quick {
+    let timing = if args.run.quick {
         Timing::quick()
     } else {
         Timing::standard()
@@ -103,12 +99,12 @@ async fn tail(args: &Args) -> Result<(), BoxError> {
         server::BLOCK,
         server::SLOWDOWN,
     );
-    let capacity = run::capacity(args.seed, timing.calibration).await?;
+    let capacity = run::capacity(args.run.seed, timing.calibration).await?;
     let config = RunConfig {
         rate: LOAD * capacity,
         overload_rate: OVERLOAD * capacity,
         deadline: DEADLINE,
-        seed: args.seed,
+        seed: args.run.seed,
         timing,
     };
     eprintln!(
@@ -134,7 +130,7 @@ async fn tail(args: &Args) -> Result<(), BoxError> {
         warmup_s: timing.warmup.as_secs_f64(),
         normal_s: timing.normal.as_secs_f64(),
         overload_s: timing.overload.as_secs_f64(),
-        seed: args.seed,
+        seed: args.run.seed,
     };
     let policy_bars: Vec<ProgressBar> = policies
         .iter()
@@ -159,12 +155,7 @@ async fn tail(args: &Args) -> Result<(), BoxError> {
         ));
     }
     print!("{}", report::table(&report));
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .map_err(|e| format!("cannot write {path}: {e}"))?;
-        println!("result written to {path}");
-    }
-    svg::draw(&report, &args.svg).map_err(|e| format!("cannot draw {}: {e}", args.svg))?;
-    println!("picture drawn to {}", args.svg);
-    Ok(())
+    args.run
+        .write_report("tail", &report, svg::draw)
+        .map_err(|e| e.to_string().into())
 }

@@ -515,12 +515,12 @@ async fn replicas_export_each_replicas_counters_and_state() {
         let states = points(&metrics, "stormguard.client.replica.state");
         let current = [
             ("stormguard.replica", key.as_str()),
-            ("stormguard.replica.state", report.state.as_str()),
+            ("stormguard.replica.state", report.snapshot.state.as_str()),
         ];
         assert_eq!(sum_of(states.clone(), &current), 1);
         assert_eq!(sum_of(states, &with), 1, "one state at a time");
     }
-    let gone_key = format!("http://{gone}/");
+    let gone_key = format!("http://{gone}");
     assert!(
         total(
             &metrics,
@@ -585,4 +585,163 @@ async fn calls_the_adaptive_throttle_refuses_are_exported_by_criticality() {
     assert_eq!(class("default"), c.throttled.default);
     assert_eq!(class("sheddable"), 0);
     assert_eq!(class("critical"), 0);
+}
+
+/// The series a plain run leaves at zero, each driven above it: hedges (sent, won and
+/// refused), attempt timeouts, calls the server cut at their deadline, and transparent
+/// retries. The exported values equal the layers' own counters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hedges_timeouts_cuts_and_transparent_retries_are_exported() {
+    use stormguard_client::replicas::{ReplicaConfig, Replicas};
+    use stormguard_core::code::{Code, CodeSet};
+    use stormguard_core::hedge::{HedgeDelay, HedgingPolicy};
+
+    let (provider, exporter) = provider();
+    let meter = provider.meter("stormguard-test");
+    // 50 ms a call; a third of the calls fail at once, from a seeded draw.
+    let shed = ShedLayer::from_config(AdmissionConfig::default())
+        .unwrap()
+        .with_meter(&meter)
+        .with_name("inventory-server");
+    let server_stats = shed.stats();
+    let demo = DemoConfig {
+        service_time: Duration::from_millis(50),
+        fail_rate: 0.3,
+        seed: 5,
+    };
+    let addr = serve(demo, Some(shed)).await;
+
+    // Hedging: a second copy after 10 ms, or at once after an UNAVAILABLE, paid from a
+    // budget of 20 retries of which hedges may spend half. Calls one after another: the
+    // same draws every run.
+    let budget: Arc<dyn Budget> = Arc::new(
+        RetryBudget::new(BudgetConfig {
+            min_retries_per_second: 2,
+            retry_ratio: 0.01,
+            ..BudgetConfig::default()
+        })
+        .unwrap(),
+    );
+    let mut table = MethodTable::none();
+    table.set_default_hedging(Some(HedgingPolicy {
+        max_attempts: 2,
+        delay: HedgeDelay::Fixed(Duration::from_millis(10)),
+        non_fatal_codes: CodeSet::single(Code::Unavailable),
+        ..HedgingPolicy::default()
+    }));
+    let hedging = RetryLayer::new(RetryController::new(table, budget, None, 4))
+        .with_name("hedging")
+        .with_meter(&meter);
+    let hedging_stats = hedging.stats();
+    for _ in 0..30 {
+        run(addr, hedging.clone(), 1).await;
+    }
+
+    // Attempts cut off by the layer's per-attempt timeout, shorter than the service time.
+    let timeouts = RetryLayer::new(controller(6))
+        .with_per_attempt_timeout(Duration::from_millis(20))
+        .with_name("timeouts")
+        .with_meter(&meter);
+    let timeouts_stats = timeouts.stats();
+    run(addr, timeouts, 4).await;
+
+    // Calls whose deadline is shorter than the service time, sent without a retry layer:
+    // the server cuts them at their deadline.
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut plain = InventoryClient::new(channel);
+    for _ in 0..3 {
+        let mut request = tonic::Request::new(ReserveRequest::default());
+        request.set_timeout(Duration::from_millis(30));
+        let status = plain.reserve(request).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+    }
+
+    // A replica whose port refuses connections: its attempts are retried transparently.
+    let gone = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let endpoints = [addr, gone].map(|a| Endpoint::from_shared(format!("http://{a}")).unwrap());
+    let replicas = Replicas::from_endpoints(
+        ReplicaConfig {
+            seed: Some(5),
+            ..ReplicaConfig::default()
+        },
+        endpoints,
+    )
+    .unwrap();
+    let transparent = RetryLayer::new(controller(5))
+        .over_replicas()
+        .with_name("transparent")
+        .with_meter(&meter);
+    let transparent_stats = transparent.stats();
+    let mut client =
+        InventoryClient::new(ServiceBuilder::new().layer(transparent).service(replicas));
+    for _ in 0..20 {
+        let _ = client.reserve(ReserveRequest::default()).await;
+    }
+
+    let m = &collect(&provider, &exporter);
+    let of = |layer: &'static str| [("stormguard.layer", layer)];
+    let h = hedging_stats.snapshot();
+    eprintln!("HEDGING {h:?}");
+    assert!(h.hedges > 0 && h.hedges_won > 0, "{h:?}");
+    let refused: u64 = h.hedges_refused.iter().map(|(_, n)| n).sum();
+    assert!(refused > 0, "{h:?}");
+    assert_eq!(
+        total(m, "stormguard.client.hedges", &of("hedging")),
+        h.hedges
+    );
+    assert_eq!(
+        total(m, "stormguard.client.hedges.won", &of("hedging")),
+        h.hedges_won
+    );
+    assert_eq!(
+        total(m, "stormguard.client.hedges.refused", &of("hedging")),
+        refused
+    );
+    for (cause, n) in h.hedges_refused.iter() {
+        let exported = total(
+            m,
+            "stormguard.client.hedges.refused",
+            &[
+                ("stormguard.layer", "hedging"),
+                ("stormguard.refusal.cause", cause),
+            ],
+        );
+        assert_eq!(exported, n, "{cause}");
+    }
+
+    let t = timeouts_stats.snapshot();
+    eprintln!("TIMEOUTS {t:?}");
+    assert!(t.attempt_timeouts > 0, "{t:?}");
+    assert_eq!(
+        total(m, "stormguard.client.attempt.timeouts", &of("timeouts")),
+        t.attempt_timeouts
+    );
+
+    let s = server_stats.snapshot();
+    eprintln!("SERVER {s:?}");
+    assert!(s.cut_at_deadline >= 3, "{s:?}");
+    assert_eq!(
+        total(m, "stormguard.server.cut_at_deadline", &[]),
+        s.cut_at_deadline
+    );
+
+    let r = transparent_stats.snapshot();
+    eprintln!("TRANSPARENT {r:?}");
+    assert!(r.transparent_retries > 0, "{r:?}");
+    assert_eq!(
+        total(
+            m,
+            "stormguard.client.retries.transparent",
+            &of("transparent")
+        ),
+        r.transparent_retries
+    );
+    provider.shutdown().unwrap();
 }

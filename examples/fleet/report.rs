@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::run::{BAD, BUCKET, Down, RunData, Scenario, Timing};
+use crate::run::{BAD, BUCKET, Call, Down, RunData, Scenario, Timing};
 
 /// The whole result, as `--json` writes it.
 #[derive(Debug, Serialize)]
@@ -162,23 +162,22 @@ struct Placed {
     at_us: u64,
 }
 
-/// The figures of one run.
-pub(crate) fn summarize(
-    name: &'static str,
-    scenario: Scenario,
-    timing: &Timing,
-    replicas: usize,
-    data: &RunData,
-) -> PolicyReport {
-    let n = timing.buckets();
-    let fault_us = us(timing.fault);
-    // The bad replica at a moment: the one being restarted (`rolling`), else the fault's.
-    let bad_at = |at_us: u64| match scenario {
+/// The bad replica at `at_us`: the one being restarted (`rolling`), else the fault's.
+fn bad_at(scenario: Scenario, data: &RunData, at_us: u64) -> Option<usize> {
+    match scenario {
         Scenario::Rolling => down_at(&data.downs, at_us),
         _ => Some(BAD),
-    };
+    }
+}
 
-    // Every attempt with its replica: received by one, or refused while one was down.
+/// Every attempt of the run with its replica, by call (received by one, or refused while
+/// one was down), and the timeline of `n` buckets.
+fn place_attempts(
+    scenario: Scenario,
+    n: usize,
+    replicas: usize,
+    data: &RunData,
+) -> (HashMap<u64, Vec<Placed>>, Vec<Bucket>) {
     let mut by_call: HashMap<u64, Vec<Placed>> = HashMap::new();
     let mut timeline: Vec<Bucket> = (0..n)
         .map(|b| Bucket {
@@ -199,7 +198,7 @@ pub(crate) fn summarize(
         });
         if let Some(bucket) = timeline.get_mut((r.at_us / us(BUCKET)) as usize) {
             bucket.replica_attempts[r.replica] += 1;
-            if bad_at(r.at_us) == Some(r.replica) {
+            if bad_at(scenario, data, r.at_us) == Some(r.replica) {
                 bucket.bad_replica_attempts += 1;
             }
         }
@@ -214,7 +213,7 @@ pub(crate) fn summarize(
         });
         if let Some(bucket) = timeline.get_mut(bucket_of(f.at)) {
             bucket.connection_failures += 1;
-            if replica.is_some() && replica == bad_at(at_us) {
+            if replica.is_some() && replica == bad_at(scenario, data, at_us) {
                 bucket.bad_replica_attempts += 1;
             }
         }
@@ -225,60 +224,61 @@ pub(crate) fn summarize(
             bucket.ok += u64::from(c.ok);
         }
     }
+    (by_call, timeline)
+}
 
-    let after: Vec<_> = data.calls.iter().filter(|c| c.at >= timing.fault).collect();
-    let before: Vec<_> = data.calls.iter().filter(|c| c.at < timing.fault).collect();
-    let fault_b = bucket_of(timing.fault);
-    let attempts_after: u64 = data.attempts.iter().skip(fault_b).sum();
-    let attempts_before: u64 = data.attempts.iter().take(fault_b).sum();
+/// Retries after the fault: all, transparent, to a replica the call had tried; and the
+/// failed calls that met only healthy replicas.
+#[derive(Default)]
+struct Retries {
+    all: u64,
+    transparent: u64,
+    to_tried: u64,
+    failed_only_healthy: u64,
+}
 
-    // Retries to a replica the call had tried, and failures that met only healthy ones.
-    let (mut retries, mut transparent, mut to_tried, mut only_healthy) = (0u64, 0, 0, 0);
-    for c in &after {
-        let Some(placed) = by_call.get_mut(&c.id) else {
-            continue;
-        };
-        placed.sort_by_key(|p| p.at_us);
-        for (i, p) in placed.iter().enumerate() {
-            if i == 0 || p.replica.is_none() {
+impl Retries {
+    fn of(
+        scenario: Scenario,
+        data: &RunData,
+        after: &[&Call],
+        by_call: &mut HashMap<u64, Vec<Placed>>,
+    ) -> Retries {
+        let mut retries = Retries::default();
+        for c in after {
+            let Some(placed) = by_call.get_mut(&c.id) else {
                 continue;
+            };
+            placed.sort_by_key(|p| p.at_us);
+            for (i, p) in placed.iter().enumerate() {
+                if i == 0 || p.replica.is_none() {
+                    continue;
+                }
+                retries.all += 1;
+                // A transparent retry repeats the attempt number of the attempt it replaces.
+                if p.attempt <= placed[i - 1].attempt {
+                    retries.transparent += 1;
+                }
+                if placed[..i].iter().any(|q| q.replica == p.replica) {
+                    retries.to_tried += 1;
+                }
             }
-            retries += 1;
-            // A transparent retry repeats the attempt number of the attempt it replaces.
-            if p.attempt <= placed[i - 1].attempt {
-                transparent += 1;
-            }
-            if placed[..i].iter().any(|q| q.replica == p.replica) {
-                to_tried += 1;
+            let healthy = |p: &Placed| {
+                p.replica
+                    .is_some_and(|r| bad_at(scenario, data, p.at_us) != Some(r))
+            };
+            if !c.ok && !placed.is_empty() && placed.iter().all(healthy) {
+                retries.failed_only_healthy += 1;
             }
         }
-        let healthy = |p: &Placed| p.replica.is_some_and(|r| bad_at(p.at_us) != Some(r));
-        if !c.ok && !placed.is_empty() && placed.iter().all(healthy) {
-            only_healthy += 1;
-        }
+        retries
     }
+}
 
-    // The bad replica's share from 2 s after the fault on.
-    let window = bucket_of(timing.fault + Duration::from_secs(2)).min(n);
-    let (bad, all) = timeline[window..].iter().fold((0, 0), |(bad, all), b| {
-        let reached: u64 = b.replica_attempts.iter().sum();
-        (
-            bad + b.bad_replica_attempts,
-            all + reached + b.connection_failures,
-        )
-    });
-    let window_s = (n - window) as f64 * BUCKET.as_secs_f64();
-
-    let reached_before: Vec<u64> = (0..replicas)
-        .map(|r| {
-            timeline[..fault_b]
-                .iter()
-                .map(|b| b.replica_attempts[r])
-                .sum()
-        })
-        .collect();
-    let total_before: u64 = reached_before.iter().sum();
-    let (returning_p99_ms, others_p99_ms) = match (scenario, data.downs.first()) {
+/// The p99 latency of OK answers after a `restart` replica returned: of the returning
+/// replica's, and of the others'. `None` for other scenarios.
+fn restart_p99_ms(scenario: Scenario, data: &RunData) -> (Option<f64>, Option<f64>) {
+    match (scenario, data.downs.first()) {
         (Scenario::Restart, Some(Down { to: Some(back), .. })) => {
             let ok = |bad: bool| {
                 data.received
@@ -290,7 +290,55 @@ pub(crate) fn summarize(
             (Some(p99_ms(ok(true))), Some(p99_ms(ok(false))))
         }
         _ => (None, None),
-    };
+    }
+}
+
+/// The attempts that reached the bad replica from 2 s after the fault on, all attempts
+/// then, and the seconds they span.
+fn bad_after_2s(timing: &Timing, timeline: &[Bucket]) -> (u64, u64, f64) {
+    let n = timeline.len();
+    let window = bucket_of(timing.fault + Duration::from_secs(2)).min(n);
+    let (bad, all) = timeline[window..].iter().fold((0, 0), |(bad, all), b| {
+        let reached: u64 = b.replica_attempts.iter().sum();
+        (
+            bad + b.bad_replica_attempts,
+            all + reached + b.connection_failures,
+        )
+    });
+    (bad, all, (n - window) as f64 * BUCKET.as_secs_f64())
+}
+
+/// The figures of one run.
+pub(crate) fn summarize(
+    name: &'static str,
+    scenario: Scenario,
+    timing: &Timing,
+    replicas: usize,
+    data: &RunData,
+) -> PolicyReport {
+    let n = timing.buckets();
+    let fault_us = us(timing.fault);
+    let (mut by_call, timeline) = place_attempts(scenario, n, replicas, data);
+
+    let after: Vec<_> = data.calls.iter().filter(|c| c.at >= timing.fault).collect();
+    let before: Vec<_> = data.calls.iter().filter(|c| c.at < timing.fault).collect();
+    let fault_b = bucket_of(timing.fault);
+    let attempts_after: u64 = data.attempts.iter().skip(fault_b).sum();
+    let attempts_before: u64 = data.attempts.iter().take(fault_b).sum();
+    let retries = Retries::of(scenario, data, &after, &mut by_call);
+
+    let (bad, all, window_s) = bad_after_2s(timing, &timeline);
+
+    let reached_before: Vec<u64> = (0..replicas)
+        .map(|r| {
+            timeline[..fault_b]
+                .iter()
+                .map(|b| b.replica_attempts[r])
+                .sum()
+        })
+        .collect();
+    let total_before: u64 = reached_before.iter().sum();
+    let (returning_p99_ms, others_p99_ms) = restart_p99_ms(scenario, data);
 
     PolicyReport {
         name,
@@ -302,7 +350,7 @@ pub(crate) fn summarize(
             5,
         ),
         attempts_per_call: round(share(attempts_after, after.len() as u64), 3),
-        retries_to_tried_replica_share: round(share(to_tried, retries), 4),
+        retries_to_tried_replica_share: round(share(retries.to_tried, retries.all), 4),
         bad_replica_share_after_2s: round(share(bad, all), 4),
         failed_calls: data.calls.iter().filter(|c| !c.ok).count() as u64,
         failed_calls_after_1s: after
@@ -334,9 +382,9 @@ pub(crate) fn summarize(
         returned_share_after_s: returned_share_after_s(scenario, data, &timeline, fault_us),
         returning_p99_ms,
         others_p99_ms,
-        failed_calls_only_healthy: only_healthy,
-        retries,
-        transparent_retries: transparent,
+        failed_calls_only_healthy: retries.failed_only_healthy,
+        retries: retries.all,
+        transparent_retries: retries.transparent,
         connection_failures: data.refused.len() as u64,
         budget_refusals: data.budget_refusals,
         ejections: data.ejections,

@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime};
 
 use clap::ValueEnum;
 use stormguard::client::RetryLayer;
-use stormguard::client::replicas::{ReplicaConfig, Replicas};
+use stormguard::client::replicas::{EndpointKey, ReplicaConfig, Replicas};
 use stormguard::core::wire::GRPC_PREVIOUS_RPC_ATTEMPTS;
 use stormguard_demo::storm::stormguard_client_config;
 use stormguard_demo::{InventoryClient, ReserveRequest};
@@ -334,7 +334,7 @@ fn endpoint(port: u16) -> Result<Endpoint, String> {
 }
 
 /// The endpoint-aware channel of the `stormguard` policy.
-type ReplicaChannel = Replicas<Channel, http::Uri>;
+type ReplicaChannel = Replicas<Channel, EndpointKey>;
 
 /// A policy's client: one logical call, the retry layer's counters where it has one, the
 /// replica channel where it is one.
@@ -414,7 +414,7 @@ async fn first_ejection(
         let ejected = replicas
             .snapshot()
             .iter()
-            .any(|r| r.state.is_ejected() && watched.contains(&r.key));
+            .any(|r| r.snapshot.state.is_ejected() && watched.iter().any(|uri| r.key == *uri));
         if ejected {
             return Some(Instant::now());
         }
@@ -700,6 +700,12 @@ pub(crate) trait ErrorChain {
 }
 
 impl ErrorChain for tonic::transport::Error {
+    fn chain(&self) -> &(dyn std::error::Error + 'static) {
+        self
+    }
+}
+
+impl ErrorChain for stormguard::client::replicas::Error {
     fn chain(&self) -> &(dyn std::error::Error + 'static) {
         self
     }

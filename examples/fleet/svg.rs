@@ -6,6 +6,7 @@ use std::error::Error;
 
 use plotters::prelude::*;
 
+use crate::chart;
 use crate::report::{Bucket, FleetReport};
 use crate::run::{BUCKET, Policy};
 
@@ -16,6 +17,13 @@ const COLOURS: [RGBColor; 3] = [
     RGBColor(44, 160, 44),
 ];
 const ROW: u32 = 280;
+/// The panels' caption and margins.
+const FRAME: chart::Frame = chart::Frame {
+    caption: 16,
+    margin: 10,
+    x_labels: 28,
+    y_labels: 52,
+};
 
 /// What a panel plots, per bucket, as a rate per second.
 type Metric = fn(&Bucket) -> u64;
@@ -67,70 +75,40 @@ pub(crate) fn draw(report: &FleetReport, path: &str) -> Result<(), Box<dyn Error
                 .unwrap_or(1)
                 .max(1) as f64
                 * per_s;
-            let y_max = peak * 1.1;
-            let mut chart = ChartBuilder::on(&area)
-                .caption(title, ("sans-serif", 16))
-                .margin(10)
-                .x_label_area_size(28)
-                .y_label_area_size(52)
-                .build_cartesian_2d(0f64..seconds, 0f64..y_max)?;
-            chart
-                .configure_mesh()
-                .x_desc("seconds")
-                .y_label_formatter(&|v| format!("{v:.0}"))
-                .disable_x_mesh()
-                .light_line_style(WHITE)
-                .draw()?;
-            let fault = RGBColor(255, 170, 170).mix(0.3).filled();
-            chart
-                .draw_series(std::iter::once(Rectangle::new(
-                    [(scenario.fault_s, 0.0), (seconds, y_max)],
-                    fault,
-                )))?
-                .label("fault")
-                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], fault));
             let mid = |b: &Bucket| b.t + BUCKET.as_secs_f64() / 2.0;
+            let mut lines = Vec::new();
             if panel == 0
                 && let Some(first) = scenario.policies.first()
             {
-                chart
-                    .draw_series(LineSeries::new(
-                        first
-                            .timeline
-                            .iter()
-                            .map(|b| (mid(b), b.offered as f64 * per_s)),
-                        BLACK.mix(0.5).stroke_width(1),
-                    ))?
-                    .label("offered")
-                    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.5)));
+                lines.push(chart::offered(
+                    first
+                        .timeline
+                        .iter()
+                        .map(|b| (mid(b), b.offered as f64 * per_s))
+                        .collect(),
+                ));
             }
             for policy in &scenario.policies {
-                let colour = Policy::ALL
-                    .iter()
-                    .position(|p| p.as_str() == policy.name)
-                    .map_or(BLACK, |i| COLOURS[i]);
-                chart
-                    .draw_series(LineSeries::new(
-                        policy
-                            .timeline
-                            .iter()
-                            .map(|b| (mid(b), value(b) as f64 * per_s)),
-                        colour.stroke_width(2),
-                    ))?
-                    .label(policy.name)
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
-                    });
+                let points = policy.timeline.iter();
+                lines.push(chart::policy_line(
+                    policy.name,
+                    &Policy::ALL.map(Policy::as_str),
+                    &COLOURS,
+                    points.map(|b| (mid(b), value(b) as f64 * per_s)).collect(),
+                ));
             }
-            // One legend, in the first panel, below its lines.
-            if row_index == 0 && panel == 0 {
-                chart
-                    .configure_series_labels()
-                    .position(SeriesLabelPosition::LowerLeft)
-                    .background_style(WHITE.mix(0.85))
-                    .border_style(BLACK.mix(0.3))
-                    .draw()?;
-            }
+            let panel_lines = chart::LinePanel {
+                title: &title,
+                x_max: seconds,
+                y_max: peak * 1.1,
+                window: (scenario.fault_s, seconds),
+                window_label: "fault",
+                window_alpha: 0.3,
+                lines,
+                // One legend, in the first panel, below its lines.
+                legend: (row_index == 0 && panel == 0).then_some(SeriesLabelPosition::LowerLeft),
+            };
+            chart::draw_lines(&area, FRAME, panel_lines)?;
         }
     }
     root.present()?;

@@ -244,6 +244,64 @@ pub(crate) fn client(
     Ok((client, layer))
 }
 
+/// `n` client "processes" of [`client`], every connection's outcome given to `on_connect`.
+pub(crate) fn clients(
+    addr: &str,
+    n: usize,
+    on_connect: &Arc<dyn Fn(bool) + Send + Sync>,
+) -> Result<(Vec<Client>, Vec<RetryLayer>), String> {
+    (0..n)
+        .map(|_| client(addr, Arc::clone(on_connect)))
+        .collect()
+}
+
+/// Stops `server` with SIGINT and says what went wrong: gone before the signal, not a
+/// clean exit within [`BOUND`], a panic on its stderr.
+pub(crate) fn stop(server: &mut ServerProcess) -> Result<Vec<String>, String> {
+    let mut failures = Vec::new();
+    if !server.signal("INT")? {
+        failures.push("the server was gone before SIGINT".into());
+    }
+    match wait_exit(&mut server.child) {
+        Some(status) if status.success() => {}
+        other => failures.push(format!("the server did not exit cleanly: {other:?}")),
+    }
+    let stderr = server.stderr();
+    if stderr.iter().any(|l| l.contains("panicked")) {
+        failures.push(format!("the server panicked: {stderr:?}"));
+    }
+    Ok(failures)
+}
+
+/// The retry layers' counters that a run reports, summed over `layers`, by name.
+pub(crate) fn retry_totals(layers: &[RetryLayer]) -> Vec<(&'static str, u64)> {
+    let mut totals = vec![
+        ("logical", 0),
+        ("attempts", 0),
+        ("retries", 0),
+        ("ok", 0),
+        ("refused_budget", 0),
+        ("refused_pushback", 0),
+        ("deadline_exceeded", 0),
+    ];
+    for l in layers {
+        let s = l.stats().snapshot();
+        let values = [
+            s.logical,
+            s.attempts,
+            s.retries,
+            s.ok,
+            s.refused.budget,
+            s.refused.pushback,
+            s.deadline_exceeded,
+        ];
+        for ((_, total), v) in totals.iter_mut().zip(values) {
+            *total += v;
+        }
+    }
+    totals
+}
+
 /// The `i`th call's request; `tag` names the run in its request id.
 pub(crate) fn request(tag: &str, i: u64) -> ReserveRequest {
     ReserveRequest {

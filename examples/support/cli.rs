@@ -23,3 +23,79 @@ pub(crate) fn positive(value: &str) -> Result<f64, String> {
     }
     Ok(x)
 }
+
+/// The flags of the examples that run policies one after another and draw them (`storm`,
+/// `tail`, `fleet`), as `#[command(flatten)] run: cli::RunArgs`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct RunArgs {
+    /// A shorter run, the same phases (the example's help says how long)
+    #[arg(long)]
+    pub(crate) quick: bool,
+    /// Seed of the run: arrivals, jitter and every layer's RNG
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// Also write the result as JSON to FILE (docs/examples.md describes its fields)
+    #[arg(long, value_name = "FILE")]
+    pub(crate) json: Option<String>,
+    /// Where to draw the picture [default: the example's name with .svg, here]
+    #[arg(long, value_name = "FILE")]
+    svg: Option<String>,
+}
+
+impl RunArgs {
+    /// The picture's path: `--svg`, else `NAME.svg`.
+    pub(crate) fn svg(&self, name: &str) -> String {
+        self.svg.clone().unwrap_or_else(|| format!("{name}.svg"))
+    }
+
+    /// Writes `report` as JSON to the `--json` file, if one was given, then draws it with
+    /// `draw` to the picture's path; says where each went.
+    pub(crate) fn write_report<R: serde::Serialize>(
+        &self,
+        name: &str,
+        report: &R,
+        draw: impl FnOnce(&R, &str) -> Result<(), Box<dyn std::error::Error>>,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        if let Some(path) = &self.json {
+            std::fs::write(path, serde_json::to_string_pretty(report)?)
+                .map_err(|e| format!("cannot write {path}: {e}"))?;
+            println!("result written to {path}");
+        }
+        let svg = self.svg(name);
+        draw(report, &svg).map_err(|e| format!("cannot draw {svg}: {e}"))?;
+        println!("picture drawn to {svg}");
+        Ok(())
+    }
+}
+
+/// The flags of the examples that overload the example server from client channels
+/// (`soak`, `process_faults`), as `#[command(flatten)] run: cli::OverloadArgs`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct OverloadArgs {
+    /// Offered load as a multiple of the measured capacity
+    #[arg(long, value_name = "X", default_value_t = 10.0, value_parser = positive)]
+    pub(crate) overload: f64,
+    /// Channels, each behind its own RetryLayer
+    #[arg(long, value_name = "N", default_value_t = 4,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub(crate) clients: usize,
+    /// Deadline of each call, in milliseconds
+    #[arg(long = "deadline-ms", value_name = "MS", default_value = "300",
+          value_parser = millis)]
+    pub(crate) deadline: Duration,
+    /// The example server binary [default: `server` next to this one]
+    #[arg(long, value_name = "PATH")]
+    server: Option<std::path::PathBuf>,
+}
+
+impl OverloadArgs {
+    /// `--server`, or the `server` binary next to this one.
+    pub(crate) fn server(&self) -> Result<std::path::PathBuf, String> {
+        match &self.server {
+            Some(path) => Ok(path.clone()),
+            None => Ok(std::env::current_exe()
+                .map_err(|e| format!("current exe: {e}"))?
+                .with_file_name(format!("server{}", std::env::consts::EXE_SUFFIX))),
+        }
+    }
+}

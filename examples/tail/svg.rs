@@ -6,6 +6,7 @@ use std::error::Error;
 
 use plotters::prelude::*;
 
+use crate::chart::{self, BarPanel, Bars};
 use crate::report::{PolicyReport, TailReport};
 
 /// The colour of each bar in a group.
@@ -16,6 +17,14 @@ const LATENCY_COLOURS: [RGBColor; 3] = [
 ];
 const LOAD_COLOURS: [RGBColor; 2] = [RGBColor(161, 217, 155), RGBColor(214, 39, 40)];
 
+/// The panels' caption and margins.
+const FRAME: chart::Frame = chart::Frame {
+    caption: 16,
+    margin: 12,
+    x_labels: 32,
+    y_labels: 52,
+};
+
 /// A value of a policy a bar shows.
 type Metric = fn(&PolicyReport) -> f64;
 
@@ -23,15 +32,17 @@ pub(crate) fn draw(report: &TailReport, path: &str) -> Result<(), Box<dyn Error>
     let root = SVGBackend::new(path, (1200, 460)).into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = root.split_horizontally(640);
-    let n = report.policies.len().max(1);
     let names: Vec<&str> = report.policies.iter().map(|p| p.name).collect();
-    let x_label = move |x: &f64| -> String {
-        let i = x.round();
-        if (x - i).abs() < 1e-6 && i >= 0.0 {
-            names.get(i as usize).copied().unwrap_or("").to_owned()
-        } else {
-            String::new()
-        }
+    let bars = |metrics: &[(&'static str, Metric)], colours: &[RGBColor]| -> Vec<Bars<'static>> {
+        metrics
+            .iter()
+            .zip(colours)
+            .map(|((label, value), colour)| Bars {
+                label,
+                colour: *colour,
+                values: report.policies.iter().map(value).collect(),
+            })
+            .collect()
     };
 
     // Latency, log scale.
@@ -51,51 +62,19 @@ pub(crate) fn draw(report: &TailReport, path: &str) -> Result<(), Box<dyn Error>
         .map(|p| p.p50_ms)
         .filter(|v| *v > 0.0)
         .fold(peak, f64::min);
-    let mut chart = ChartBuilder::on(&left)
-        .caption(
-            "latency of successful calls at the normal load (ms, log scale)",
-            ("sans-serif", 16),
-        )
-        .margin(12)
-        .x_label_area_size(32)
-        .y_label_area_size(52)
-        .build_cartesian_2d(-0.5f64..n as f64 - 0.5, (low / 2.0..peak * 2.0).log_scale())?;
-    chart
-        .configure_mesh()
-        .x_labels(n * 2 + 1)
-        .x_label_formatter(&x_label)
-        .y_label_formatter(&|v| format!("{v:.0}"))
-        .disable_x_mesh()
-        .light_line_style(WHITE)
-        .draw()?;
-    for (k, (label, value)) in latency.into_iter().enumerate() {
-        let colour = LATENCY_COLOURS[k];
-        let offset = (k as f64 - 1.0) * 0.26;
-        chart
-            .draw_series(report.policies.iter().enumerate().map(|(i, p)| {
-                let x = i as f64 + offset;
-                Rectangle::new(
-                    [(x - 0.12, low / 2.0), (x + 0.12, value(p).max(low / 2.0))],
-                    colour.filled(),
-                )
-            }))?
-            .label(label)
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], colour.filled()));
-        chart.draw_series(report.policies.iter().enumerate().map(|(i, p)| {
-            let x = i as f64 + offset;
-            Text::new(
-                format!("{:.0}", value(p)),
-                (x - 0.1, value(p).max(low / 2.0) * 1.12),
-                ("sans-serif", 11),
-            )
-        }))?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.3))
-        .draw()?;
+    let panel = BarPanel {
+        title: "latency of successful calls at the normal load (ms, log scale)",
+        names: &names,
+        y: (low / 2.0, peak * 2.0),
+        log: true,
+        groups: bars(&latency, &LATENCY_COLOURS),
+        spacing: 0.26,
+        half_width: 0.12,
+        decimals: 0,
+        text_dx: -0.1,
+        text_dy: 1.12,
+    };
+    chart::draw_bars(&left, FRAME, panel)?;
 
     // Extra load.
     let load: [(&str, Metric); 2] = [
@@ -110,48 +89,19 @@ pub(crate) fn draw(report: &TailReport, path: &str) -> Result<(), Box<dyn Error>
         .flat_map(|p| load.iter().map(move |(_, v)| v(p)))
         .fold(5.0, f64::max)
         * 1.15;
-    let mut chart = ChartBuilder::on(&right)
-        .caption(
-            "extra attempts per call the server received (%)",
-            ("sans-serif", 16),
-        )
-        .margin(12)
-        .x_label_area_size(32)
-        .y_label_area_size(52)
-        .build_cartesian_2d(-0.5f64..n as f64 - 0.5, 0f64..top)?;
-    chart
-        .configure_mesh()
-        .x_labels(n * 2 + 1)
-        .x_label_formatter(&x_label)
-        .y_label_formatter(&|v| format!("{v:.0}"))
-        .disable_x_mesh()
-        .light_line_style(WHITE)
-        .draw()?;
-    for (k, (label, value)) in load.into_iter().enumerate() {
-        let colour = LOAD_COLOURS[k];
-        let offset = (k as f64 - 0.5) * 0.3;
-        chart
-            .draw_series(report.policies.iter().enumerate().map(|(i, p)| {
-                let x = i as f64 + offset;
-                Rectangle::new([(x - 0.14, 0.0), (x + 0.14, value(p))], colour.filled())
-            }))?
-            .label(label)
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], colour.filled()));
-        chart.draw_series(report.policies.iter().enumerate().map(|(i, p)| {
-            let x = i as f64 + offset;
-            Text::new(
-                format!("{:.1}", value(p)),
-                (x - 0.12, value(p) + top * 0.04),
-                ("sans-serif", 11),
-            )
-        }))?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.3))
-        .draw()?;
+    let panel = BarPanel {
+        title: "extra attempts per call the server received (%)",
+        names: &names,
+        y: (0.0, top),
+        log: false,
+        groups: bars(&load, &LOAD_COLOURS),
+        spacing: 0.3,
+        half_width: 0.14,
+        decimals: 1,
+        text_dx: -0.12,
+        text_dy: 0.04,
+    };
+    chart::draw_bars(&right, FRAME, panel)?;
     root.present()?;
     Ok(())
 }

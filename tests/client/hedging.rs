@@ -1,5 +1,7 @@
-//! Hedging over real tonic: a scripted server on loopback, the `RetryLayer` with a hedging
-//! policy, paused time (so every gap the server sees is exactly what the layer waited).
+//! Hedging over real tonic: a scripted server over an in-memory HTTP/2 connection, the
+//! `RetryLayer` with a hedging policy, paused time (so every gap the server sees is exactly
+//! what the layer waited: in memory, virtual time moves only when every task waits for a
+//! timer, never while a frame is on its way).
 
 #![allow(clippy::unwrap_used)]
 
@@ -58,7 +60,7 @@ async fn a_slow_first_copy_is_beaten_by_a_hedge_sent_after_the_delay_and_cancell
     let svc = Scripted::new([Step::slow(ms(1000), Step::Ok)], Step::Ok);
     let layer = layer(policy());
     let stats = layer.stats();
-    let mut client = setup(&svc, layer).await;
+    let mut client = setup_in_memory(&svc, layer).await;
 
     let started = tokio::time::Instant::now();
     let reply = client.reserve(reserve("a")).await.unwrap();
@@ -94,7 +96,7 @@ async fn an_answer_before_the_delay_sends_no_hedge() {
     let svc = Scripted::always(Step::slow(ms(9), Step::Ok));
     let layer = layer(policy());
     let stats = layer.stats();
-    let mut client = setup(&svc, layer).await;
+    let mut client = setup_in_memory(&svc, layer).await;
     for id in ["a", "b", "c"] {
         client.reserve(reserve(id)).await.unwrap();
     }
@@ -107,7 +109,7 @@ async fn an_answer_before_the_delay_sends_no_hedge() {
 async fn hedges_follow_every_delay_up_to_the_attempt_limit() {
     let slow = || Step::slow(ms(1000), Step::Ok);
     let svc = Scripted::new([slow(), slow(), slow()], Step::Ok);
-    let mut client = setup(&svc, layer(policy())).await;
+    let mut client = setup_in_memory(&svc, layer(policy())).await;
     let started = tokio::time::Instant::now();
     client.reserve(reserve("a")).await.unwrap();
     assert_eq!(
@@ -131,7 +133,7 @@ async fn a_non_fatal_status_sends_the_next_copy_at_once() {
         ..policy()
     });
     let stats = layer.stats();
-    let mut client = setup(&svc, layer).await;
+    let mut client = setup_in_memory(&svc, layer).await;
     let reply = client.reserve(reserve("a")).await.unwrap();
     assert_eq!(reply.get_ref().attempt, 2);
     let seen = svc.seen();
@@ -153,7 +155,7 @@ async fn a_fatal_status_ends_the_call_and_cancels_the_other_copies() {
         ],
         Step::Ok,
     );
-    let mut client = setup(&svc, layer(policy())).await;
+    let mut client = setup_in_memory(&svc, layer(policy())).await;
     let started = tokio::time::Instant::now();
     let status = client.reserve(reserve("a")).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
@@ -168,7 +170,7 @@ async fn when_every_copy_fails_non_fatally_the_last_failure_is_answered_and_noth
     let svc = Scripted::always(Step::Fail(Code::Unavailable));
     let layer = layer(policy());
     let stats = layer.stats();
-    let mut client = setup(&svc, layer).await;
+    let mut client = setup_in_memory(&svc, layer).await;
     let status = client.reserve(reserve("a")).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable);
     assert_eq!(svc.seen().len(), 3, "the hedges, and no retries after them");
@@ -193,7 +195,7 @@ async fn pushback_minus_one_stops_further_hedges() {
     );
     let layer = layer(policy());
     let stats = layer.stats();
-    let mut client = setup(&svc, layer).await;
+    let mut client = setup_in_memory(&svc, layer).await;
     let started = tokio::time::Instant::now();
     let reply = client.reserve(reserve("a")).await.unwrap();
     assert_eq!(reply.get_ref().attempt, 1);
@@ -215,7 +217,7 @@ async fn pushback_n_puts_the_next_hedge_off_by_n() {
         ],
         Step::Ok,
     );
-    let mut client = setup(&svc, layer(policy())).await;
+    let mut client = setup_in_memory(&svc, layer(policy())).await;
     let reply = client.reserve(reserve("a")).await.unwrap();
     assert_eq!(reply.get_ref().attempt, 3);
     let seen = svc.seen();
@@ -233,7 +235,7 @@ async fn an_empty_budget_refuses_hedges_and_the_call_waits_for_its_first_copy() 
     let svc = Scripted::always(Step::slow(ms(200), Step::Ok));
     let layer = RetryLayer::new(hedging_controller(policy(), budget(0, 0.1), None));
     let stats = layer.stats();
-    let mut client = setup(&svc, layer).await;
+    let mut client = setup_in_memory(&svc, layer).await;
     let started = tokio::time::Instant::now();
     client.reserve(reserve("a")).await.unwrap();
     assert_eq!(
@@ -265,7 +267,7 @@ async fn hedges_spend_the_upper_half_of_the_retry_budget_and_leave_the_rest_to_r
         None,
     ));
     let stats = layer.stats();
-    let mut client = setup(&svc, layer).await;
+    let mut client = setup_in_memory(&svc, layer).await;
     for id in ["a", "b", "c", "d", "e", "f", "g", "h"] {
         client.reserve(reserve(id)).await.unwrap();
     }
@@ -288,7 +290,7 @@ async fn an_a6_throttle_sends_hedges_only_above_half_its_tokens() {
     let svc = Scripted::always(Step::slow(ms(100), Step::Ok));
     let layer = RetryLayer::new(hedging_controller(policy(), Arc::clone(&throttle), None));
     let stats = layer.stats();
-    let mut client = setup(&svc, layer).await;
+    let mut client = setup_in_memory(&svc, layer).await;
     client.reserve(reserve("a")).await.unwrap();
     assert_eq!(
         stats.snapshot().hedges,
@@ -331,7 +333,7 @@ async fn a_half_open_breaker_lets_the_probe_go_alone() {
         Some(breaker),
     ));
     let stats = layer.stats();
-    let mut client = setup(&svc, layer).await;
+    let mut client = setup_in_memory(&svc, layer).await;
     client.reserve(reserve("probe")).await.unwrap();
     assert_eq!(svc.seen().len(), 1, "a probe is one copy");
     assert_eq!(stats.snapshot().hedges_refused.breaker, 1);
@@ -343,7 +345,7 @@ async fn the_requests_retry_allowance_pays_for_hedges_too() {
     let svc = Scripted::always(Step::slow(ms(100), Step::Ok));
     let layer = layer(policy());
     let stats = layer.stats();
-    let mut client = setup(&svc, layer).await;
+    let mut client = setup_in_memory(&svc, layer).await;
     // One retry allowed for the whole request: one hedge, not two.
     request_scope(RequestScope::new().with_allowance(1), async {
         client.reserve(reserve("a")).await.unwrap();
@@ -359,7 +361,7 @@ async fn a_request_too_large_to_replay_is_not_hedged() {
     let svc = Scripted::always(Step::slow(ms(100), Step::Ok));
     let layer = layer(policy()).with_replay_limit(16);
     let stats = layer.stats();
-    let mut client = setup(&svc, layer).await;
+    let mut client = setup_in_memory(&svc, layer).await;
     let mut request = reserve("big");
     request.payload = vec![7; 1024];
     client.reserve(request).await.unwrap();
@@ -374,7 +376,7 @@ async fn no_hedge_goes_out_without_time_for_a_useful_attempt() {
     let svc = Scripted::always(Step::slow(ms(100), Step::Ok));
     let layer = layer(policy());
     let stats = layer.stats();
-    let mut client = setup(&svc, layer).await;
+    let mut client = setup_in_memory(&svc, layer).await;
     let mut request = tonic::Request::new(reserve("a"));
     request.set_timeout(ms(12));
     let status = client.reserve(request).await.unwrap_err();
@@ -386,7 +388,7 @@ async fn no_hedge_goes_out_without_time_for_a_useful_attempt() {
 #[tokio::test(start_paused = true)]
 async fn the_deadline_ends_every_copy() {
     let svc = Scripted::always(Step::slow(ms(1000), Step::Ok));
-    let mut client = setup(&svc, layer(policy())).await;
+    let mut client = setup_in_memory(&svc, layer(policy())).await;
     let mut request = tonic::Request::new(reserve("a"));
     request.set_timeout(ms(100));
     let started = tokio::time::Instant::now();
@@ -416,7 +418,7 @@ async fn a_hedge_whose_response_headers_arrive_first_commits_the_call() {
     );
     let layer = layer(policy());
     let stats = layer.stats();
-    let mut client = setup(&svc, layer).await;
+    let mut client = setup_in_memory(&svc, layer).await;
     let mut stream = client
         .watch_stock(stormguard_demo::WatchStockRequest {
             sku: "s".into(),
@@ -441,7 +443,6 @@ async fn a_hedge_whose_response_headers_arrive_first_commits_the_call() {
 #[tokio::test(start_paused = true)]
 async fn each_hedge_goes_to_a_replica_the_call_has_not_used() {
     use stormguard_client::replicas::{ReplicaConfig, Replicas};
-    use tonic::transport::Endpoint;
     use tower::ServiceBuilder;
 
     // Three replicas, every attempt slow: the three copies of each call must go to three
@@ -449,16 +450,15 @@ async fn each_hedge_goes_to_a_replica_the_call_has_not_used() {
     let servers: Vec<Scripted> = (0..3)
         .map(|_| Scripted::always(Step::slow(ms(100), Step::Ok)))
         .collect();
-    let mut endpoints = Vec::new();
-    for svc in &servers {
-        let addr = serve(svc.clone()).await;
-        endpoints.push(Endpoint::from_shared(format!("http://{addr}")).unwrap());
+    let mut channels = Vec::new();
+    for (i, svc) in servers.iter().enumerate() {
+        channels.push((i, serve_in_memory(svc.clone()).await));
     }
     let config = ReplicaConfig {
         seed: Some(3),
         ..ReplicaConfig::default()
     };
-    let replicas = Replicas::from_endpoints(config, endpoints).unwrap();
+    let replicas = Replicas::from_services(config, channels).unwrap();
     let layer = layer(policy()).over_replicas();
     let mut client =
         stormguard_demo::InventoryClient::new(ServiceBuilder::new().layer(layer).service(replicas));
@@ -489,7 +489,7 @@ async fn a_learned_delay_hedges_only_once_it_knows_the_latency_then_at_its_tail(
     let svc = Scripted::always(Step::slow(ms(2), Step::Ok));
     let layer = learned_layer();
     let stats = layer.stats();
-    let mut client = setup(&svc, layer).await;
+    let mut client = setup_in_memory(&svc, layer).await;
     // Before 20 samples: no hedge, however slow the call.
     svc.push([Step::slow(ms(300), Step::Ok)]);
     let started = tokio::time::Instant::now();
@@ -513,7 +513,7 @@ async fn copies_cut_off_by_the_deadline_raise_the_learned_delay_so_a_slowdown_st
     let svc = Scripted::always(Step::slow(ms(2), Step::Ok));
     let layer = learned_layer();
     let stats = layer.stats();
-    let mut client = setup(&svc, layer).await;
+    let mut client = setup_in_memory(&svc, layer).await;
     for i in 0..40 {
         client.reserve(reserve(&format!("warm-{i}"))).await.unwrap();
     }
@@ -543,21 +543,21 @@ async fn copies_cut_off_by_the_deadline_raise_the_learned_delay_so_a_slowdown_st
 async fn a_hedge_a_shedding_server_refuses_does_not_fail_the_copy_still_running() {
     use stormguard_server::ShedLayer;
     use tonic::transport::Server;
-    use tonic::transport::server::TcpIncoming;
 
     // One worker, no queue: while the first copy runs, the hedge is shed on arrival. The
     // policy names no non-fatal code (A6's default), yet the shed answer (the handler never
     // ran) must not end the call: the first copy answers.
     let admission = server_support::one_worker_no_queue();
     let svc = Scripted::always(Step::slow(ms(100), Step::Ok));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(
-        Server::builder()
-            .layer(ShedLayer::from_config(admission).unwrap())
-            .add_service(stormguard_demo::InventoryServer::new(svc.clone()))
-            .serve_with_incoming(TcpIncoming::from(listener)),
-    );
+    let channel = in_memory(|incoming| {
+        tokio::spawn(
+            Server::builder()
+                .layer(ShedLayer::from_config(admission).unwrap())
+                .add_service(stormguard_demo::InventoryServer::new(svc.clone()))
+                .serve_with_incoming(incoming),
+        );
+    })
+    .await;
     let layer = layer(HedgingPolicy {
         non_fatal_codes: CodeSet::EMPTY,
         // Two copies: the hedge is shed while the first copy holds the worker.
@@ -565,7 +565,7 @@ async fn a_hedge_a_shedding_server_refuses_does_not_fail_the_copy_still_running(
         ..policy()
     });
     let stats = layer.stats();
-    let mut client = client(channel(addr).await, layer);
+    let mut client = client(channel, layer);
     let started = tokio::time::Instant::now();
     let reply = client.reserve(reserve("a")).await.unwrap();
     assert_eq!(started.elapsed(), ms(100));

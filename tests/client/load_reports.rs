@@ -95,7 +95,7 @@ fn reading_layer() -> RetryLayer {
         .unwrap()
 }
 
-async fn one_call(channel: Channel, layer: RetryLayer) -> stormguard_client::StatsSnapshot {
+async fn one_call(channel: Channel, layer: RetryLayer) -> stormguard_client::RetrySnapshot {
     let stats = layer.stats();
     let mut client = client_support::client(channel, layer);
     let err = client

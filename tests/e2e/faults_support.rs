@@ -58,7 +58,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use stormguard_client::replicas::{EjectionConfig, ReplicaConfig, Replicas, SlowStartConfig};
-use stormguard_client::{Retry, RetryLayer, RetryStats, StatsSnapshot, code_from_tonic};
+use stormguard_client::{Retry, RetryLayer, RetrySnapshot, RetryStats, code_from_tonic};
 use stormguard_core::Code;
 use stormguard_core::admission::AdmissionConfig;
 use stormguard_core::backoff::BackoffConfig;
@@ -68,8 +68,8 @@ use stormguard_core::config::{BudgetChoice, ClientConfig};
 use stormguard_core::idempotency::IdempotencyConfig;
 use stormguard_core::policy::RetryPolicy;
 use stormguard_core::retry::RetryController;
-use stormguard_demo::net_sim;
 use stormguard_demo::server::{DemoConfig, DemoInventory};
+use stormguard_demo::turmoil_net;
 use stormguard_demo::{
     Inventory, InventoryClient, InventoryServer, ReserveReply, ReserveRequest, StockLevel,
     WatchStockRequest,
@@ -247,8 +247,10 @@ pub struct ClientRest {
     pub breaker: BTreeMap<Kind, &'static str>,
     /// Each replica's state at rest (endpoint-aware channel only).
     pub replicas: Vec<(String, &'static str)>,
+    /// The replicas the client was given (0 over one channel).
+    pub replicas_given: usize,
     /// Each layer's counters at rest.
-    pub stats: BTreeMap<Kind, StatsSnapshot>,
+    pub stats: BTreeMap<Kind, RetrySnapshot>,
 }
 
 #[derive(Debug, Default)]
@@ -429,7 +431,7 @@ pub fn add_server(
     sim.host(host, move || {
         let world = world.clone();
         async move {
-            let incoming = net_sim::incoming(PORT).await?;
+            let incoming = turmoil_net::incoming(PORT).await?;
             let inner = DemoInventory::new(DemoConfig {
                 service_time,
                 fail_rate: 0.0,
@@ -473,7 +475,7 @@ async fn count_tasks(world: World, host: &'static str) {
 
 /// The endpoint of `host` as a production client configures it (see the module docs).
 pub fn endpoint(host: &str) -> Endpoint {
-    net_sim::endpoint(host, PORT)
+    turmoil_net::endpoint(host, PORT)
         .unwrap()
         .http2_keep_alive_interval(KEEPALIVE)
         .keep_alive_timeout(KEEPALIVE)
@@ -597,7 +599,7 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
             .collect();
         let (callers, replicas, channels) = match &target {
             Target::One(host) => {
-                let channel = net_sim::connect_lazy_with(endpoint(host));
+                let channel = turmoil_net::connect_lazy_with(endpoint(host));
                 let callers = layers.map(|(k, l)| {
                     let svc = ServiceBuilder::new().layer(l).service(channel.clone());
                     (k, Caller::One(InventoryClient::new(svc)))
@@ -607,7 +609,7 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
             Target::Replicas(hosts) => {
                 let channels: Vec<Channel> = hosts
                     .iter()
-                    .map(|h| net_sim::connect_lazy_with(endpoint(h)))
+                    .map(|h| turmoil_net::connect_lazy_with(endpoint(h)))
                     .collect();
                 let replicas = Replicas::from_services(
                     replica_config(seed),
@@ -662,7 +664,7 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
                 let mut was = BTreeMap::new();
                 loop {
                     for r in replicas.snapshot() {
-                        let ejected = r.state.is_ejected();
+                        let ejected = r.snapshot.state.is_ejected();
                         if ejected && !was.get(&r.key).copied().unwrap_or(false) {
                             world.with(|s| *s.ejected.entry(r.key.clone()).or_default() += 1);
                         }
@@ -698,7 +700,13 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
             watch.abort();
         }
         let now = Instant::now();
-        let mut rest = ClientRest::default();
+        let mut rest = ClientRest {
+            replicas_given: match &target {
+                Target::One(_) => 0,
+                Target::Replicas(hosts) => hosts.len(),
+            },
+            ..ClientRest::default()
+        };
         for (kind, stats, controller) in &stats {
             rest.balance
                 .insert(*kind, controller.budget().balance_at(now));
@@ -711,7 +719,7 @@ pub fn add_client(sim: &mut turmoil::Sim<'_>, world: &World, target: Target, see
             rest.replicas = replicas
                 .snapshot()
                 .into_iter()
-                .map(|r| (r.key, r.state.as_str()))
+                .map(|r| (r.key, r.snapshot.state.as_str()))
                 .collect();
         }
         world.with(|s| s.rest = Some(rest));
@@ -1131,6 +1139,12 @@ pub fn assert_at_rest(name: &str, run: &Run) {
             "{name}: {kind:?} breaker not closed at rest"
         );
     }
+    assert_eq!(
+        rest.replicas.len(),
+        rest.replicas_given,
+        "{name}: every replica given is in the channel at rest: {:?}",
+        rest.replicas
+    );
     for (key, state) in &rest.replicas {
         assert_eq!(*state, "active", "{name}: replica {key} not back at rest");
     }

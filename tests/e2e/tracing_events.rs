@@ -425,7 +425,7 @@ async fn a_replica_ejected_is_logged_once_at_info() {
     assert_eq!(ejected.len(), 1, "{events:?}");
     assert_eq!(
         ejected[0].get("replica"),
-        Some(format!("http://{bad_addr}/").as_str())
+        Some(format!("http://{bad_addr}").as_str())
     );
     assert_eq!(ejected[0].get("reason"), Some("consecutive_failures"));
     assert_eq!(ejected[0].get("ejections"), Some("1"));

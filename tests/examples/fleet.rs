@@ -54,6 +54,7 @@ const POLICIES: [&str; 3] = ["naive", "layer", "stormguard"];
 
 #[test]
 fn quick_fleet_writes_the_report_of_every_scenario_and_policy() {
+    let _alone = support::measuring_alone();
     let report = support::run_with_report("fleet", &["--quick", "--load", "0.02", "--seed", "3"]);
 
     assert_eq!(report["replicas"], 5);
@@ -161,6 +162,27 @@ fn quick_fleet_writes_the_report_of_every_scenario_and_policy() {
                     assert!(count(p, "ejections") >= 1, "{at}");
                 }
                 _ => {}
+            }
+            // The endpoint-aware channel never sends a retry to a replica the call tried.
+            if p["name"] == "stormguard" {
+                assert_eq!(number(p, "retries_to_tried_replica_share"), 0.0, "{at}");
+            }
+        }
+        // What the example exists to show: once a replica fails every call, the
+        // endpoint-aware channel sends it a smaller share of the attempts than
+        // `balance_list` does, with or without the retry layer.
+        if name == "fail-fast" {
+            let share = |policy: &str| {
+                let p = policies.iter().find(|p| p["name"] == policy).unwrap();
+                number(p, "bad_replica_share_after_2s")
+            };
+            for other in ["naive", "layer"] {
+                assert!(
+                    share("stormguard") < share(other),
+                    "{name}: stormguard {} against {other} {}",
+                    share("stormguard"),
+                    share(other)
+                );
             }
         }
     }

@@ -10,13 +10,16 @@
 //! figures, second by second.
 #![allow(clippy::unwrap_used)]
 
+use crate::support;
+
 use std::time::Duration;
 
 use stormguard_demo::storm::Policy;
 use stormguard_demo::storm::fleet_sim::{
-    DeadDependencyConfig, DeadVariant, FleetStormConfig, Network, fleet_storm_report,
-    run_dead_dependency, run_storm_policy,
+    DeadDependencyConfig, DeadVariant, Network, fleet_storm_report, run_dead_dependency,
+    run_storm_policy,
 };
+use stormguard_sim::StormConfig;
 
 /// A coarser network than the example's (2 ms each way, a 2 ms tick): turmoil steps every
 /// host once per tick, and in a debug build those steps, not the calls, are most of the
@@ -32,25 +35,25 @@ fn coarse(ms: u64) -> Network {
 /// 4 client hosts over 2 servers of 2 workers × 10 ms (400 calls/s, 312 offered): the
 /// standard run's shape at a quarter of its calls and a fifth of its clients; 1 s before,
 /// 2 s of trigger, 3 s after.
-fn small_storm() -> FleetStormConfig {
-    FleetStormConfig {
+fn small_storm() -> StormConfig {
+    StormConfig {
         clients: 4,
         workers: 2,
         warmup_s: 1,
         trigger_s: 2,
         after_s: 3,
-        network: coarse(2),
-        ..FleetStormConfig::quick()
+        ..StormConfig::fleet_quick()
     }
 }
 
 #[test]
 fn stormguard_serves_through_the_trigger_and_naive_amplifies_it_into_an_outage() {
+    let _loading = support::loading();
     let config = small_storm();
     let runs: Vec<_> = [Policy::Naive, Policy::Stormguard]
         .into_iter()
         .map(|p| {
-            let (run, virtual_time) = run_storm_policy(p, &config).unwrap();
+            let (run, virtual_time) = run_storm_policy(p, &config, &coarse(2)).unwrap();
             // Every call of the last second ended within its deadline.
             assert!(virtual_time >= Duration::from_secs(u64::from(config.total_s())));
             assert!(virtual_time <= Duration::from_secs(u64::from(config.total_s()) + 1));
@@ -85,25 +88,26 @@ fn stormguard_serves_through_the_trigger_and_naive_amplifies_it_into_an_outage()
 
 #[test]
 fn the_same_seed_gives_the_same_figures() {
-    let config = FleetStormConfig {
+    let _loading = support::loading();
+    let config = StormConfig {
         clients: 4,
         workers: 1,
         warmup_s: 1,
         trigger_s: 1,
         after_s: 1,
-        network: coarse(2),
-        ..FleetStormConfig::quick()
+        ..StormConfig::fleet_quick()
     };
-    let (a, _) = run_storm_policy(Policy::Stormguard, &config).unwrap();
-    let (b, _) = run_storm_policy(Policy::Stormguard, &config).unwrap();
+    let (a, _) = run_storm_policy(Policy::Stormguard, &config, &coarse(2)).unwrap();
+    let (b, _) = run_storm_policy(Policy::Stormguard, &config, &coarse(2)).unwrap();
     assert_eq!(a, b);
-    let other = FleetStormConfig { seed: 2, ..config };
-    let (c, _) = run_storm_policy(Policy::Stormguard, &other).unwrap();
+    let other = StormConfig { seed: 2, ..config };
+    let (c, _) = run_storm_policy(Policy::Stormguard, &other, &coarse(2)).unwrap();
     assert_ne!(a.timeline, c.timeline, "another seed, other arrivals");
 }
 
 #[test]
 fn a_fleet_aware_floor_sends_only_the_fleets_share_of_retries_to_a_dead_dependency() {
+    let _loading = support::loading();
     // 5 clients × 10 calls/s, measured from 5 s to 15 s as table 2's quick run (the
     // budgets' reserves refill once in the window, at 10 s); 5 ms each way and a 5 ms
     // tick: nothing here depends on finer timing.

@@ -16,6 +16,7 @@ use std::process::Command;
 /// Runs `process_faults --fault FAULT` for 4 s at 3× the capacity, the fault 1 s in and the server
 /// down for 0.3 s; returns the JSON report.
 fn run(fault: &str) -> serde_json::Value {
+    let _loading = support::loading();
     let dir = support::build_examples(&["server", "process_faults"]);
     let exe = dir.join(format!("process_faults{}", std::env::consts::EXE_SUFFIX));
     let report = std::env::temp_dir().join(format!(
@@ -66,6 +67,16 @@ fn check_common(report: &serde_json::Value) {
         .map(|v| v.as_u64().unwrap())
         .sum();
     assert_eq!(by_status, ended, "each call ends once: {report:#}");
+    // The retry layers count on their own (the capacity run included): every call the
+    // example started went through one, and every OK it saw was answered OK by one.
+    assert!(
+        count(report, "/retry_layer/logical") >= started,
+        "the layers saw every call: {report:#}"
+    );
+    assert!(
+        count(report, "/retry_layer/ok") >= count(report, "/calls/by_status/ok"),
+        "every OK came from a layer: {report:#}"
+    );
     assert!(count(report, "/connections/samples") > 0, "{report:#}");
     assert!(
         count(report, "/connections/max_open") <= count(report, "/connections/bound"),
@@ -86,6 +97,12 @@ fn check_restarted(report: &serde_json::Value) {
         "restarted: {report:#}"
     );
     assert!(count(report, "/goodput/ok_after_restart") > 0, "{report:#}");
+    // Counted by the new server process on its own: its handler answered OK at least the
+    // calls that ended OK after it started (the old process was gone by then).
+    assert!(
+        count(report, "/server/at_rest/handler_ok") >= count(report, "/goodput/ok_after_restart"),
+        "OK after the restart, from the new server: {report:#}"
+    );
     let clients = count(report, "/clients");
     assert!(
         count(report, "/connections/connected") >= 2 * clients,

@@ -6,8 +6,10 @@
 //! hedges held by the retry budget), never how fast anything ran.
 #![allow(clippy::unwrap_used)]
 
+use crate::support;
+
 use stormguard_demo::storm::chain::{ChainConfig, run_chain};
-use stormguard_demo::storm::{Policy, StormConfig, run_storm};
+use stormguard_demo::storm::{LoopbackStorm, Policy, run_storm};
 
 /// The keys of a JSON object, sorted.
 fn keys(value: &serde_json::Value) -> Vec<&str> {
@@ -23,8 +25,12 @@ fn keys(value: &serde_json::Value) -> Vec<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_storm_has_the_shape_of_the_report() {
-    let config = StormConfig::quick();
-    let report = run_storm(&config, &Policy::ALL, &|_, _| {}).await.unwrap();
+    let _loading = support::loading_async().await;
+    let loopback = LoopbackStorm::quick();
+    let report = run_storm(&loopback, &Policy::ALL, &|_, _| {})
+        .await
+        .unwrap();
+    let config = &loopback.storm;
     let (start_s, end_s) = (config.warmup_s, config.warmup_s + config.trigger_s);
     assert!(report.capacity > 0.0 && report.reduced_capacity > 0.0);
     assert!(report.offered_rate > 0.0);
@@ -114,7 +120,7 @@ async fn quick_storm_has_the_shape_of_the_report() {
     // pays for few of them: its reserve of 50 and a tenth of the successes of the 3 s up
     // to the trigger's end (its window is 10 s) bound the hedges to about 0.2 per call
     // then. 1.5 leaves room for a stalled machine; unbudgeted hedges would make it near 2.
-    assert!(config.hedge_delay < config.service_time.mul_f64(config.slowdown));
+    assert!(loopback.hedge_delay < config.service_time.mul_f64(config.slowdown));
     let hedging = by_name("hedging");
     let hedges = hedging.hedges.as_ref().unwrap();
     assert!(hedges.sent > 0 && hedges.won <= hedges.sent, "{hedges:?}");
@@ -171,6 +177,7 @@ async fn quick_storm_has_the_shape_of_the_report() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_chain_multiplies_naive_retries_and_not_stormguard() {
+    let _loading = support::loading_async().await;
     let config = ChainConfig::quick();
     let report = run_chain(&config).await.unwrap();
     eprintln!("{}", report.table(config.flaky_rate));

@@ -260,6 +260,39 @@ pub async fn serve(svc: Scripted) -> SocketAddr {
     addr
 }
 
+/// The server's end of one in-memory connection, for `serve_with_incoming`.
+pub type MemoryIncoming = tokio_stream::Once<Result<tokio::io::DuplexStream, std::io::Error>>;
+
+/// One in-memory HTTP/2 connection: `serve` starts a server on its incoming end; returns a
+/// channel over the other. For tests that assert instants on paused time: over kernel
+/// sockets the clock can jump to the next timer while a frame is still on its way between
+/// the two sockets, while in memory a write wakes the reader at once, so virtual time moves
+/// only when every task waits for a timer.
+pub async fn in_memory(serve: impl FnOnce(MemoryIncoming)) -> Channel {
+    let (client_io, server_io) = tokio::io::duplex(1 << 20);
+    serve(tokio_stream::once(Ok(server_io)));
+    let mut client_io = Some(client_io);
+    Endpoint::from_static("http://in-memory.test")
+        .http2_max_local_error_reset_streams(None)
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let io = client_io.take();
+            async move {
+                io.map(hyper_util::rt::TokioIo::new)
+                    .ok_or_else(|| std::io::Error::other("one connection only"))
+            }
+        }))
+        .await
+        .unwrap()
+}
+
+/// Serves `svc` over one in-memory connection; returns a channel to it.
+pub async fn serve_in_memory(svc: Scripted) -> Channel {
+    in_memory(|incoming| {
+        tokio::spawn(Server::builder().serve_with_incoming(InventoryServer::new(svc), incoming));
+    })
+    .await
+}
+
 pub fn endpoint(addr: SocketAddr) -> Endpoint {
     Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
@@ -320,6 +353,12 @@ pub fn client(channel: Channel, layer: RetryLayer) -> Client {
 pub async fn setup(svc: &Scripted, layer: RetryLayer) -> Client {
     let addr = serve(svc.clone()).await;
     client(channel(addr).await, layer)
+}
+
+/// A scripted server plus a client to it through `layer`, over one in-memory connection
+/// (see [`in_memory`]): for tests that assert instants on paused time.
+pub async fn setup_in_memory(svc: &Scripted, layer: RetryLayer) -> Client {
+    client(serve_in_memory(svc.clone()).await, layer)
 }
 
 pub fn reserve(id: &str) -> ReserveRequest {

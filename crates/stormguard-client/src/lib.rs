@@ -107,36 +107,13 @@ pub mod interceptor;
 /// The call context (deadline and attempt number) that outgoing calls inherit; it lives in
 /// the policy crate so that the server layer can set it. See [`stormguard_core::context`].
 pub use stormguard_core::context;
-#[cfg(feature = "opentelemetry")]
-pub mod metrics;
-#[cfg(not(feature = "opentelemetry"))]
-mod metrics {
-    //! Without the `opentelemetry` feature a call counts nothing by method: this is empty.
-    use stormguard_core::code::Code;
-
-    #[derive(Debug, Default)]
-    pub(crate) struct CallMetrics;
-
-    impl CallMetrics {
-        pub(crate) fn none() -> Self {
-            CallMetrics
-        }
-
-        #[inline(always)]
-        pub(crate) fn attempt(&mut self) {}
-
-        #[inline(always)]
-        pub(crate) fn ended(&mut self, _code: Code) {}
-    }
-}
 pub mod replicas;
 pub mod retry;
-pub mod stats;
 mod status;
 
 pub use criticality::{CriticalityLayer, StampCriticality};
 pub use interceptor::ContextInterceptor;
 pub use retry::DEFAULT_REPLAY_LIMIT;
+pub use retry::{RefusedCounts, RetrySnapshot, RetryStats, ThrottledCounts};
 pub use retry::{ResponseBody, Retry, RetryLayer};
-pub use stats::{RefusedCounts, RetryStats, StatsSnapshot, ThrottledCounts};
 pub use status::{BoxError, code_from_tonic, code_to_tonic};

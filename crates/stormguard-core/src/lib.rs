@@ -83,6 +83,11 @@ pub mod retry;
 pub mod throttle;
 pub mod wire;
 
+#[cfg(feature = "http")]
+mod body;
+
+#[cfg(feature = "http")]
+pub use body::{DeadlineCut, HeldFrames, Polled};
 pub use code::Code;
 pub use config::{ClientConfig, ConfigError};
 pub use retry::{CallRetry, Decision, Failure, Refusal, RetryController};

@@ -8,10 +8,10 @@
 
 #[cfg(doctest)]
 mod docs;
-pub mod net_sim;
 pub mod pool;
 pub mod server;
 pub mod storm;
+pub mod turmoil_net;
 
 /// Generated messages, client and server for `stormguard.demo.v1`.
 pub mod v1 {

@@ -69,12 +69,10 @@
 //!   streams. During a storm they can do so faster than a busy connection accepts new
 //!   streams, and past h2's default of 20 such resets the server sends GOAWAY
 //!   (`ENHANCE_YOUR_CALM`) and every call on the connection fails (the callers see
-//!   `RESOURCE_EXHAUSTED "h2 protocol error"` or a broken pipe). Measured here: 200
-//!   callers giving up after 5 ms on one connection broke it; with
-//!   `Server::builder().http2_max_pending_accept_reset_streams(Some(10_000))` it held.
-//!   The queue frees the slots of those callers either way. The repository's
-//!   `docs/operating.md` ("HTTP/2 resets") gives each h2 setting with its cost and the
-//!   abuse its guard stops.
+//!   `RESOURCE_EXHAUSTED "h2 protocol error"` or a broken pipe); raise it with
+//!   `Server::builder().http2_max_pending_accept_reset_streams(..)`. The queue frees the
+//!   slots of those callers either way. The repository's `docs/operating.md` ("HTTP/2
+//!   resets") gives each h2 setting with its cost and the abuse its guard stops.
 //! - **Early answers cost the connection nothing.** A shed or expired call is answered
 //!   before its request body is read; the layer then reads and discards what the caller
 //!   still sends, within bounds, because h2 closes a connection on which too many small
@@ -97,14 +95,11 @@
 //! queue and the tower plumbing around it.
 
 pub mod idempotency;
-#[cfg(feature = "opentelemetry")]
-pub mod metrics;
 pub mod shed;
-pub mod stats;
 
 pub use shed::{DrainCounts, ShedBody};
+pub use shed::{Occupancy, ShedSnapshot};
 pub use shed::{ResponseFuture, ShedLayer, ShedService, ShedStats};
-pub use stats::{Occupancy, StatsSnapshot};
 pub use stormguard_core::admission::{
     AdmissionConfig, AdmissionPolicy, QueueOrder, RetryThreshold,
 };

@@ -79,6 +79,12 @@ pub(crate) enum Event {
         shard: u32,
         job: Job,
     },
+    /// A running attempt reaches the instant a shedding server cuts it
+    /// ([`AdmissionConfig::cut_at`](stormguard_core::admission::AdmissionConfig::cut_at)).
+    ServerCut {
+        shard: u32,
+        job: Job,
+    },
     /// The client gave up on an attempt: the stream reset reaches the server.
     ServerCancel {
         shard: u32,

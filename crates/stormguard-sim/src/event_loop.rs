@@ -96,6 +96,7 @@ impl<'a> Sim<'a> {
             } => servers.arrive(agenda, shard, job, retry, deadline),
             Event::ServiceDone { shard, job } => servers.service_done(agenda, shard, job),
             Event::ServerTimer { shard, job } => servers.timer(agenda, shard, job),
+            Event::ServerCut { shard, job } => servers.cut(agenda, shard, job),
             Event::ServerCancel { shard, job } => servers.cancel(agenda, shard, job),
         }
         true
@@ -505,6 +506,14 @@ mod tests {
         }
     }
 
+    /// Jobs running on shard 0's server `ms` into a run of `sc` with one arrival.
+    fn running_at(sc: &Scenario, ms: u64) -> Option<usize> {
+        let mut sim = Sim::new(sc, Instant::now()).expect("valid");
+        sim.fleet.arrival(&mut sim.agenda);
+        while sim.step(ms * 1_000_000) {}
+        sim.servers.get(0).map(SimServer::running)
+    }
+
     /// A one-worker shedding shard.
     fn one_worker_shard(depth: Option<usize>) -> Scenario {
         let mut sc = scenario(0.0, policy(None, BudgetKind::Unlimited));
@@ -539,18 +548,34 @@ mod tests {
         if let ServerKind::Queue(q) = &mut sc.shards[0].server {
             q.service_time = Duration::from_millis(100);
         }
-        let running_at = |sc: &Scenario, ms: u64| {
-            let mut sim = Sim::new(sc, Instant::now()).expect("valid");
-            sim.fleet.arrival(&mut sim.agenda);
-            while sim.step(ms * 1_000_000) {}
-            sim.servers.get(0).map(SimServer::running)
-        };
         assert_eq!(running_at(&sc, 5), Some(1));
         assert_eq!(running_at(&sc, 12), Some(0));
         if let ServerKind::Queue(q) = &mut sc.shards[0].server {
             q.shedding = None;
         }
         assert_eq!(running_at(&sc, 12), Some(1));
+    }
+
+    #[test]
+    fn a_shedding_server_cuts_a_running_call_at_its_deadline_as_the_layer_does() {
+        // One worker, 100 ms of service, a 20 ms deadline and 5 ms each way: the call
+        // reaches the server at 5 ms and is cut at 18 ms (`cut_at`: 2 ms of
+        // `min_time_left` before the deadline), its worker given back then; the client
+        // gives up at 20 ms and its reset would reach the server only at 25 ms. A plain
+        // FIFO server runs the call to the end.
+        let mut sc = one_worker_shard(None);
+        sc.network = Duration::from_millis(5);
+        sc.policy.deadline = Some(Duration::from_millis(20));
+        if let ServerKind::Queue(q) = &mut sc.shards[0].server {
+            q.service_time = Duration::from_millis(100);
+        }
+        assert_eq!(running_at(&sc, 6), Some(1));
+        assert_eq!(running_at(&sc, 17), Some(1));
+        assert_eq!(running_at(&sc, 19), Some(0));
+        if let ServerKind::Queue(q) = &mut sc.shards[0].server {
+            q.shedding = None;
+        }
+        assert_eq!(running_at(&sc, 19), Some(1));
     }
 
     #[test]
@@ -571,12 +596,6 @@ mod tests {
                 c.workers = 2;
             }
         }
-        let running_at = |sc: &Scenario, ms: u64| {
-            let mut sim = Sim::new(sc, Instant::now()).expect("valid");
-            sim.fleet.arrival(&mut sim.agenda);
-            while sim.step(ms * 1_000_000) {}
-            sim.servers.get(0).map(SimServer::running)
-        };
         assert_eq!(running_at(&sc, 5), Some(1));
         assert_eq!(running_at(&sc, 20), Some(2));
         assert_eq!(running_at(&sc, 102), Some(1));

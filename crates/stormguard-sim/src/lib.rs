@@ -38,8 +38,8 @@
 //! `scenario` (what a run simulates), `event` (the events and the virtual clock they wait
 //! on), `fleet` (the clients and their calls), `server` ([`SimServer`]), `event_loop`
 //! ([`run`]: takes each event off the clock and hands it to the fleet or the servers,
-//! which know nothing of each other or of the loop), `stats` ([`RunStats`]) and `tables`
-//! (the experiments).
+//! which know nothing of each other or of the loop), `stats` ([`RunStats`]), `tables`
+//! (the experiments) and `text_table` (the one printer of their tables).
 //!
 //! # Determinism
 //!
@@ -48,7 +48,7 @@
 //! `base + offset` where only differences matter. The same [`Scenario`] gives the same
 //! [`RunStats`], and the same [`Options`] give the same [`Tables`] and JSON bytes.
 //!
-//! # The four tables
+//! # The six tables
 //!
 //! [`Tables::run`] produces them (`cargo run --release --example sim -- --json FILE`
 //! prints them and writes the JSON):
@@ -60,14 +60,16 @@
 //! 3. [`recovery`]: time to recover from a capacity drop per policy, with a plain FIFO
 //!    server and with stormguard's admission policy;
 //! 4. [`partial_failure`]: one bad shard of ten, one budget per process against one per
-//!    shard.
+//!    shard;
+//! 5. [`call_chain`]: attempts reaching the bottom of a call chain;
+//! 6. [`hedging`]: a hedged method through a capacity drop, every hedge granted against
+//!    hedges paid from the budget.
 //!
-//! Beyond them, [`call_chain`] (table 5) and [`hedging`] (table 6: a hedged method through
-//! a capacity drop, every hedge granted against hedges paid from the budget). A hedged
+//! A hedged
 //! call is driven by [`HedgedCall`], which makes core's hedging calls in the order the
 //! client layer's hedged future makes them; a scenario hedges when its
-//! [`ClientPolicy::hedging`] is set. [`storm_scenario`] runs the storm with every
-//! parameter given ([`StormParams`]), for setting its figures beside the real layers' on
+//! [`ClientPolicy::hedging`] is set. [`storm_scenario`] runs the storm of a
+//! [`StormConfig`] (the one type of the storm's settings), for setting its figures beside the real layers' on
 //! turmoil (`examples/fleet_sim.rs`).
 //!
 //! # Example
@@ -96,6 +98,7 @@ mod server;
 mod stats;
 mod storm;
 mod tables;
+mod text_table;
 
 pub use client::{End, SimCall, Step};
 pub use event::Job;
@@ -106,7 +109,7 @@ pub use scenario::{
 };
 pub use server::{ServerAction, SimServer};
 pub use stats::{Bin, RunStats, ShardStats};
-pub use storm::{StormParams, StormPolicy, storm_scenario};
+pub use storm::{StormConfig, StormPolicy, storm_scenario};
 pub use tables::*;
 
 use stormguard_core::config::ConfigError;

@@ -7,9 +7,11 @@
 //! work, which waiter a freed worker goes to) is that type's; [`SimServer`] only turns
 //! the decisions into [`ServerAction`]s, and the event loop turns those into events. The
 //! driving mirrors the tower layer's: a timer per queued call at its expiry, a worker
-//! given back when a call finishes or its caller resets the stream, and a queued call
-//! withdrawn when its caller resets. A test in `stormguard-server` runs one script
-//! through both and compares every decision.
+//! given back when a call finishes or its caller resets the stream, a queued call
+//! withdrawn when its caller resets, and a running call with a deadline cut when it
+//! reaches [`AdmissionConfig::cut_at`] (its worker given back, its caller answered
+//! `DEADLINE_EXCEEDED`). A test in `stormguard-server` runs one script through both and
+//! compares every decision.
 //!
 //! A plain server (the baseline) is a bounded FIFO that refuses calls `UNAVAILABLE` when
 //! its queue is full. By default it runs everything it queued, even work whose caller has
@@ -77,6 +79,8 @@ struct Shedding {
     queued: HashMap<Job, QueuedId>,
     /// Jobs on a worker, with when they got it.
     running: HashMap<Job, Instant>,
+    /// When each waiting or running job with a deadline is cut if it still runs.
+    cut_at: HashMap<Job, Instant>,
 }
 
 impl SimServer {
@@ -115,6 +119,7 @@ impl SimServer {
                 queue: AdmissionQueue::from_config(config)?,
                 queued: HashMap::new(),
                 running: HashMap::new(),
+                cut_at: HashMap::new(),
             })),
         })
     }
@@ -189,14 +194,20 @@ impl SimServer {
                     queue,
                     queued,
                     running,
+                    cut_at,
                 } = &mut **s;
                 let arrival = queue.arrive_at(
                     now,
                     class,
                     deadline,
                     job,
-                    dispatcher(now, queued, running, out),
+                    dispatcher(now, queued, running, cut_at, out),
                 );
+                if let (Arrival::Run | Arrival::Queued { .. }, Some(deadline)) =
+                    (&arrival, deadline)
+                {
+                    cut_at.insert(job, queue.policy().config().cut_at(deadline));
+                }
                 out.push(match arrival {
                     Arrival::Run => {
                         running.insert(job, now);
@@ -233,18 +244,7 @@ impl SimServer {
                 start_next(busy, queue, running.as_mut(), out);
                 true
             }
-            Kind::Shedding(s) => {
-                let Shedding {
-                    queue,
-                    queued,
-                    running,
-                } = &mut **s;
-                let Some(started) = running.remove(&job) else {
-                    return false;
-                };
-                queue.finish_at(now, started, dispatcher(now, queued, running, out));
-                true
-            }
+            Kind::Shedding(s) => s.release(now, job, Release::Finished, out),
         }
     }
 
@@ -255,7 +255,32 @@ impl SimServer {
             && let Some(id) = s.queued.remove(&job)
             && s.queue.withdraw_at(now, id).is_some()
         {
+            s.cut_at.remove(&job);
             out.push(ServerAction::Expired(job));
+        }
+    }
+
+    /// When running `job` is cut if it still runs: for a shedding server and a job with a
+    /// deadline, [`AdmissionConfig::cut_at`] of it, as the `ShedLayer` arms it once the
+    /// call has a worker. `None` for a plain server, a job without a deadline or one not
+    /// running.
+    pub fn cut_at(&self, job: Job) -> Option<Instant> {
+        match &self.kind {
+            Kind::Shedding(s) if s.running.contains_key(&job) => s.cut_at.get(&job).copied(),
+            _ => None,
+        }
+    }
+
+    /// `job`'s cut instant ([`cut_at`](Self::cut_at)) is reached at `now`. Returns whether
+    /// it was still running and is cut: its work is dropped, its worker given back (to the
+    /// next waiter, in `out`) as when its caller leaves, and its caller is answered
+    /// `DEADLINE_EXCEEDED`, as the `ShedLayer` cuts a handler that has not answered.
+    pub fn cut(&mut self, now: Instant, job: Job, out: &mut Vec<ServerAction>) -> bool {
+        match &mut self.kind {
+            Kind::Shedding(s) if s.cut_at.get(&job).is_some_and(|at| now >= *at) => {
+                s.release(now, job, Release::Abandoned, out)
+            }
+            _ => false,
         }
     }
 
@@ -284,16 +309,51 @@ impl SimServer {
             Kind::Plain { .. } => return,
             Kind::Shedding(s) => s,
         };
+        if let Some(id) = s.queued.remove(&job) {
+            s.cut_at.remove(&job);
+            s.queue.withdraw_at(now, id);
+        } else {
+            s.release(now, job, Release::Abandoned, out);
+        }
+    }
+}
+
+/// How a running job gave its worker back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Release {
+    /// Its work ended.
+    Finished,
+    /// Its work was dropped (its caller left, or it was cut): its time on the worker is
+    /// only a lower bound on its latency.
+    Abandoned,
+}
+
+impl Shedding {
+    /// Running `job` gives its worker back at `now`, which goes to the next waiter (in
+    /// `out`). Returns whether it was running.
+    fn release(
+        &mut self,
+        now: Instant,
+        job: Job,
+        how: Release,
+        out: &mut Vec<ServerAction>,
+    ) -> bool {
         let Shedding {
             queue,
             queued,
             running,
-        } = &mut **s;
-        if let Some(id) = queued.remove(&job) {
-            queue.withdraw_at(now, id);
-        } else if let Some(started) = running.remove(&job) {
-            queue.abandon_at(now, started, dispatcher(now, queued, running, out));
+            cut_at,
+        } = self;
+        let Some(started) = running.remove(&job) else {
+            return false;
+        };
+        cut_at.remove(&job);
+        let sink = dispatcher(now, queued, running, cut_at, out);
+        match how {
+            Release::Finished => queue.finish_at(now, started, sink),
+            Release::Abandoned => queue.abandon_at(now, started, sink),
         }
+        true
     }
 }
 
@@ -320,6 +380,7 @@ fn dispatcher<'a>(
     now: Instant,
     queued: &'a mut HashMap<Job, QueuedId>,
     running: &'a mut HashMap<Job, Instant>,
+    cut_at: &'a mut HashMap<Job, Instant>,
     out: &'a mut Vec<ServerAction>,
 ) -> impl FnMut(Dispatch<Job>) + 'a {
     move |dispatch| match dispatch {
@@ -330,10 +391,12 @@ fn dispatcher<'a>(
         }
         Dispatch::Expired(left) => {
             queued.remove(&left.waiter);
+            cut_at.remove(&left.waiter);
             out.push(ServerAction::Expired(left.waiter));
         }
         Dispatch::Shed(left, shed) => {
             queued.remove(&left.waiter);
+            cut_at.remove(&left.waiter);
             out.push(ServerAction::Shed(left.waiter, shed));
         }
     }
@@ -438,6 +501,15 @@ impl<'a> Servers<'a> {
                         .now()
                         .saturating_add(self.service_time(agenda.now(), shard));
                     agenda.schedule(at, Event::ServiceDone { shard, job });
+                    // A shedding server cuts the job at its deadline if it would still be
+                    // running then (when both fall at once, the answer goes first).
+                    let cut = self.servers[shard as usize]
+                        .as_ref()
+                        .and_then(|s| s.cut_at(job))
+                        .map(|cut| agenda.time_of(cut));
+                    if let Some(cut) = cut.filter(|cut| *cut < at) {
+                        agenda.schedule(cut, Event::ServerCut { shard, job });
+                    }
                 }
                 ServerAction::Queued(job, expiry) => {
                     let at = agenda.time_of(expiry);
@@ -511,6 +583,18 @@ impl<'a> Servers<'a> {
         self.on_server(agenda, shard, |server, now, out| {
             server.timer(now, job, out)
         });
+        self.carry_out(agenda, shard);
+    }
+
+    /// Running `job` reaches the instant the server of `shard` cuts it: if it is still
+    /// running, its caller is answered `DEADLINE_EXCEEDED` (the handler ran: not an
+    /// unprocessed answer).
+    pub(crate) fn cut(&mut self, agenda: &mut Agenda, shard: u32, job: Job) {
+        let cut = self.on_server(agenda, shard, |server, now, out| server.cut(now, job, out));
+        if cut == Some(true) {
+            let failure = Failure::status(Code::DeadlineExceeded);
+            self.answer(agenda, job, Outcome::Failed(failure));
+        }
         self.carry_out(agenda, shard);
     }
 
@@ -620,6 +704,62 @@ mod tests {
         out.clear();
         assert!(!s.done(t0 + 10 * MS, job(0), &mut out));
         assert!(s.done(t0 + 10 * MS, job(2), &mut out));
+        assert!(out.is_empty());
+        assert_eq!((s.running(), s.depth()), (0, 0));
+    }
+
+    #[test]
+    fn a_running_job_is_cut_at_cut_at_and_its_worker_goes_to_the_next() {
+        // Job 0 (deadline 10 ms) runs, job 1 waits. At `cut_at` (10 ms less the 2 ms of
+        // `min_time_left`) job 0 is cut and the worker goes to job 1; its end is ignored.
+        let mut s = one_worker(None);
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        s.arrive(
+            t0,
+            job(0),
+            AttemptClass::First,
+            Some(t0 + 10 * MS),
+            &mut out,
+        );
+        s.arrive(t0, job(1), AttemptClass::First, None, &mut out);
+        assert_eq!(s.cut_at(job(0)), Some(t0 + 8 * MS));
+        assert_eq!(s.cut_at(job(1)), None, "waiting, and without a deadline");
+        out.clear();
+        assert!(!s.cut(t0 + 7 * MS, job(0), &mut out), "not yet");
+        assert!(s.cut(t0 + 8 * MS, job(0), &mut out));
+        assert_eq!(out, [ServerAction::Start(job(1))]);
+        assert_eq!(s.cut_at(job(0)), None);
+        out.clear();
+        assert!(!s.done(t0 + 10 * MS, job(0), &mut out));
+        assert!(
+            !s.cut(t0 + 10 * MS, job(1), &mut out),
+            "no deadline: never cut"
+        );
+        assert!(s.done(t0 + 18 * MS, job(1), &mut out));
+        assert_eq!((s.running(), s.depth()), (0, 0));
+    }
+
+    #[test]
+    fn a_job_that_waited_is_cut_at_its_own_deadline_once_it_runs() {
+        let mut s = one_worker(None);
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        s.arrive(t0, job(0), AttemptClass::First, None, &mut out);
+        s.arrive(
+            t0,
+            job(1),
+            AttemptClass::First,
+            Some(t0 + 50 * MS),
+            &mut out,
+        );
+        assert_eq!(s.cut_at(job(1)), None, "waiting");
+        out.clear();
+        assert!(s.done(t0 + 10 * MS, job(0), &mut out));
+        assert_eq!(out, [ServerAction::Start(job(1))]);
+        assert_eq!(s.cut_at(job(1)), Some(t0 + 48 * MS));
+        out.clear();
+        assert!(s.cut(t0 + 48 * MS, job(1), &mut out));
         assert!(out.is_empty());
         assert_eq!((s.running(), s.depth()), (0, 0));
     }

@@ -1,11 +1,11 @@
-//! The four experiments, each a table of rows, printable and serializable.
+//! The six experiments, each a table of rows, printable and serializable.
 //!
 //! Every row is one or more seeded runs of [`crate::run`]; the figures are
 //! reproducible bit for bit for a seed. [`Options::quick`] shortens the runs (and trims
 //! the largest fleets) so that the tests can check the shape of every table in a few
 //! seconds of a debug build.
 
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -24,6 +24,7 @@ use crate::scenario::{
     BudgetKind, ClientPolicy, QueueServer, Scenario, ServerKind, Shard, Tier, Window, mix,
 };
 use crate::stats::{RunStats, ratio};
+use crate::text_table::{Column, TextTable, fixed, percent, seconds_or_never};
 
 /// How long and how large the runs are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,7 +60,7 @@ pub enum PolicyName {
 }
 
 impl PolicyName {
-    /// All four, in table order.
+    /// All of them, in table order.
     pub const ALL: [PolicyName; 4] = [
         PolicyName::NoRetries,
         PolicyName::ThreeAttempts,
@@ -702,7 +703,7 @@ pub fn partial_failure(options: &Options) -> Result<Vec<ShardRow>, SimError> {
 }
 
 // ---------------------------------------------------------------------------------------
-// Table 5 (beyond the four asked for): a call chain
+// Table 5: a call chain
 
 /// One row of table 5.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -763,7 +764,7 @@ pub fn call_chain(options: &Options) -> Result<Vec<ChainRow>, SimError> {
 }
 
 // ---------------------------------------------------------------------------------------
-// Table 6 (beyond the four asked for): hedging under a capacity drop
+// Table 6: hedging under a capacity drop
 
 /// The variants of the hedging table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -874,46 +875,10 @@ pub fn hedging(options: &Options) -> Result<Vec<HedgeRow>, SimError> {
     Ok(rows)
 }
 
-/// Prints table 6.
-fn write_hedging(f: &mut fmt::Formatter<'_>, rows: &[HedgeRow]) -> fmt::Result {
-    writeln!(
-        f,
-        "Table 6: hedging (2 copies, the second after {} ms) through a 3 s capacity drop (x2.5) at 75 % load",
-        HEDGE_DELAY.as_millis()
-    )?;
-    writeln!(
-        f,
-        "{:<23} | {:>7} | {:>9} | {:>8} | {:>6} | {:>7} | {:>6} | success per second",
-        "variant", "clients", "recover s", "success", "ampl", "hedges", "won"
-    )?;
-    for r in rows {
-        let recover = r
-            .time_to_recover_s
-            .map_or("never".to_owned(), |s| format!("{s:.0}"));
-        let mut series = String::new();
-        for s in &r.success_by_second {
-            let _ = write!(series, "{:>4.0}", s * 100.0);
-        }
-        writeln!(
-            f,
-            "{:<23} | {:>7} | {:>9} | {:>7.2}% | {:>6.3} | {:>7.3} | {:>6.3} |{}",
-            r.variant.as_str(),
-            r.clients,
-            recover,
-            r.success_after_trigger * 100.0,
-            r.amplification_after_trigger,
-            r.hedges_per_call,
-            r.hedges_won_per_call,
-            series
-        )?;
-    }
-    Ok(())
-}
-
 // ---------------------------------------------------------------------------------------
-// All four
+// All six
 
-/// The four tables.
+/// The six tables.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Tables {
     /// Table 1.
@@ -924,14 +889,14 @@ pub struct Tables {
     pub recovery: Vec<RecoveryRow>,
     /// Table 4.
     pub partial_failure: Vec<ShardRow>,
-    /// Table 5, beyond the four asked for: amplification through a call chain.
+    /// Table 5: amplification through a call chain.
     pub call_chain: Vec<ChainRow>,
     /// Table 6: hedging through a capacity drop, with and without the budget.
     pub hedging: Vec<HedgeRow>,
 }
 
 impl Tables {
-    /// Runs all four experiments.
+    /// Runs all six experiments.
     pub fn run(options: &Options) -> Result<Tables, SimError> {
         Ok(Tables {
             amplification: amplification(options)?,
@@ -950,147 +915,186 @@ impl Tables {
     }
 }
 
+impl Tables {
+    /// Table 1 (and 5's shape): a row per failure rate, a cell per policy with attempts
+    /// (or attempts reaching the bottom) per call and the success rate. The policies'
+    /// headers are two wider than their cells, as the table has always been printed.
+    fn policy_grid(
+        title: &str,
+        rates: &[f64],
+        cell: impl Fn(PolicyName, f64) -> Option<(f64, f64)>,
+    ) -> TextTable {
+        let mut columns = vec![Column::right("failure", 8)];
+        columns.extend(PolicyName::ALL.map(|p| Column::right(format!("{:>22}", p.as_str()), 20)));
+        let mut table = TextTable::new(title, columns);
+        for &rate in rates {
+            let mut cells = vec![percent(rate, 0)];
+            cells.extend(PolicyName::ALL.map(|p| match cell(p, rate) {
+                Some((calls, success)) => format!("{calls:>8.3}x {:>10}", percent(success, 3)),
+                None => format!("{:>22}", "-"),
+            }));
+            table.row(cells);
+        }
+        table
+    }
+
+    fn amplification_table(&self) -> TextTable {
+        Tables::policy_grid(
+            "Table 1: amplification (attempts / logical calls) and success rate",
+            &FAILURE_RATES,
+            |p, rate| {
+                self.amplification
+                    .iter()
+                    .find(|r| r.policy == p && r.failure_rate == rate)
+                    .map(|r| (r.amplification, r.success))
+            },
+        )
+    }
+
+    fn fleet_floor_table(&self) -> TextTable {
+        let mut table = TextTable::new(
+            "Table 2: a dead dependency, by fleet size (10 calls/s per process)",
+            vec![
+                Column::right("fleet", 6),
+                Column::left("variant", 26),
+                Column::right("calls/s", 9),
+                Column::right("retries/s", 10),
+                Column::right("attempts/s", 10),
+                Column::right("peak att/s", 11),
+                Column::right("ampl", 6),
+                Column::right("success@5%", 11),
+            ],
+        );
+        for r in &self.fleet_floor {
+            table.row(vec![
+                r.fleet_size.to_string(),
+                r.variant.as_str().to_owned(),
+                fixed(r.calls_per_second, 0),
+                fixed(r.retries_per_second, 1),
+                fixed(r.attempts_per_second, 1),
+                fixed(r.peak_attempts_per_second, 0),
+                fixed(r.amplification, 3),
+                percent(r.success_at_5_percent, 3),
+            ]);
+        }
+        table
+    }
+
+    fn recovery_table(&self) -> TextTable {
+        let mut table = TextTable::new(
+            "Table 3: recovery from a 3 s capacity drop (x2.5 service time) at 75 % load",
+            vec![
+                Column::left("variant", 31),
+                Column::right("clients", 7),
+                Column::right("recover s", 10),
+                Column::right("success", 9),
+                Column::right("ampl", 6),
+            ],
+        )
+        .with_series("success per second");
+        for r in &self.recovery {
+            table.row_with_series(
+                vec![
+                    r.variant.as_str().to_owned(),
+                    r.clients.to_string(),
+                    seconds_or_never(r.time_to_recover_s),
+                    percent(r.success_after_trigger, 2),
+                    fixed(r.amplification_after_trigger, 3),
+                ],
+                &r.success_by_second,
+            );
+        }
+        table
+    }
+
+    fn partial_failure_table(&self) -> TextTable {
+        let mut table = TextTable::new(
+            "Table 4: one bad shard of ten (healthy shards fail 5 % at random)",
+            vec![
+                Column::left("variant", 21),
+                Column::right("healthy success", 15),
+                Column::right("healthy ampl", 12),
+                Column::right("bad success", 11),
+                Column::right("bad ampl", 9),
+            ],
+        );
+        for r in &self.partial_failure {
+            table.row(vec![
+                r.variant.as_str().to_owned(),
+                percent(r.healthy_success, 3),
+                fixed(r.healthy_amplification, 3),
+                percent(r.bad_success, 3),
+                fixed(r.bad_amplification, 3),
+            ]);
+        }
+        table
+    }
+
+    fn call_chain_table(&self) -> TextTable {
+        Tables::policy_grid(
+            "Table 5: a call chain (fleet -> A -> B -> bottom), attempts reaching the bottom per call",
+            &CHAIN_FAILURE_RATES,
+            |p, rate| {
+                self.call_chain
+                    .iter()
+                    .find(|r| r.policy == p && r.failure_rate == rate)
+                    .map(|r| (r.bottom_amplification, r.success))
+            },
+        )
+    }
+
+    fn hedging_table(&self) -> TextTable {
+        let title = format!(
+            "Table 6: hedging (2 copies, the second after {} ms) through a 3 s capacity drop (x2.5) at 75 % load",
+            HEDGE_DELAY.as_millis()
+        );
+        let mut table = TextTable::new(
+            title,
+            vec![
+                Column::left("variant", 23),
+                Column::right("clients", 7),
+                Column::right("recover s", 9),
+                Column::right("success", 8),
+                Column::right("ampl", 6),
+                Column::right("hedges", 7),
+                Column::right("won", 6),
+            ],
+        )
+        .with_series("success per second");
+        for r in &self.hedging {
+            table.row_with_series(
+                vec![
+                    r.variant.as_str().to_owned(),
+                    r.clients.to_string(),
+                    seconds_or_never(r.time_to_recover_s),
+                    percent(r.success_after_trigger, 2),
+                    fixed(r.amplification_after_trigger, 3),
+                    fixed(r.hedges_per_call, 3),
+                    fixed(r.hedges_won_per_call, 3),
+                ],
+                &r.success_by_second,
+            );
+        }
+        table
+    }
+}
+
 impl fmt::Display for Tables {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "Table 1: amplification (attempts / logical calls) and success rate"
-        )?;
-        write!(f, "{:>8}", "failure")?;
-        for p in PolicyName::ALL {
-            write!(f, " | {:>22}", p.as_str())?;
-        }
-        writeln!(f)?;
-        for rate in FAILURE_RATES {
-            write!(f, "{:>7.0}%", rate * 100.0)?;
-            for p in PolicyName::ALL {
-                match self
-                    .amplification
-                    .iter()
-                    .find(|r| r.policy == p && r.failure_rate == rate)
-                {
-                    Some(r) => write!(
-                        f,
-                        " | {:>8.3}x {:>9.3}%",
-                        r.amplification,
-                        r.success * 100.0
-                    )?,
-                    None => write!(f, " | {:>22}", "-")?,
-                }
+        let tables = [
+            self.amplification_table(),
+            self.fleet_floor_table(),
+            self.recovery_table(),
+            self.partial_failure_table(),
+            self.call_chain_table(),
+            self.hedging_table(),
+        ];
+        for (i, table) in tables.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
             }
-            writeln!(f)?;
+            write!(f, "{table}")?;
         }
-
-        writeln!(
-            f,
-            "\nTable 2: a dead dependency, by fleet size (10 calls/s per process)"
-        )?;
-        writeln!(
-            f,
-            "{:>6} | {:<26} | {:>9} | {:>10} | {:>10} | {:>11} | {:>6} | {:>11}",
-            "fleet",
-            "variant",
-            "calls/s",
-            "retries/s",
-            "attempts/s",
-            "peak att/s",
-            "ampl",
-            "success@5%"
-        )?;
-        for r in &self.fleet_floor {
-            writeln!(
-                f,
-                "{:>6} | {:<26} | {:>9.0} | {:>10.1} | {:>10.1} | {:>11.0} | {:>6.3} | {:>10.3}%",
-                r.fleet_size,
-                r.variant.as_str(),
-                r.calls_per_second,
-                r.retries_per_second,
-                r.attempts_per_second,
-                r.peak_attempts_per_second,
-                r.amplification,
-                r.success_at_5_percent * 100.0
-            )?;
-        }
-
-        writeln!(
-            f,
-            "\nTable 3: recovery from a 3 s capacity drop (x2.5 service time) at 75 % load"
-        )?;
-        writeln!(
-            f,
-            "{:<31} | {:>7} | {:>10} | {:>9} | {:>6} | success per second",
-            "variant", "clients", "recover s", "success", "ampl"
-        )?;
-        for r in &self.recovery {
-            let recover = r
-                .time_to_recover_s
-                .map_or("never".to_owned(), |s| format!("{s:.0}"));
-            let mut series = String::new();
-            for s in &r.success_by_second {
-                let _ = write!(series, "{:>4.0}", s * 100.0);
-            }
-            writeln!(
-                f,
-                "{:<31} | {:>7} | {:>10} | {:>8.2}% | {:>6.3} |{}",
-                r.variant.as_str(),
-                r.clients,
-                recover,
-                r.success_after_trigger * 100.0,
-                r.amplification_after_trigger,
-                series
-            )?;
-        }
-
-        writeln!(
-            f,
-            "\nTable 4: one bad shard of ten (healthy shards fail 5 % at random)"
-        )?;
-        writeln!(
-            f,
-            "{:<21} | {:>15} | {:>12} | {:>11} | {:>9}",
-            "variant", "healthy success", "healthy ampl", "bad success", "bad ampl"
-        )?;
-        for r in &self.partial_failure {
-            writeln!(
-                f,
-                "{:<21} | {:>14.3}% | {:>12.3} | {:>10.3}% | {:>9.3}",
-                r.variant.as_str(),
-                r.healthy_success * 100.0,
-                r.healthy_amplification,
-                r.bad_success * 100.0,
-                r.bad_amplification
-            )?;
-        }
-
-        writeln!(
-            f,
-            "\nTable 5: a call chain (fleet -> A -> B -> bottom), attempts reaching the bottom per call"
-        )?;
-        write!(f, "{:>8}", "failure")?;
-        for p in PolicyName::ALL {
-            write!(f, " | {:>22}", p.as_str())?;
-        }
-        writeln!(f)?;
-        for rate in CHAIN_FAILURE_RATES {
-            write!(f, "{:>7.0}%", rate * 100.0)?;
-            for p in PolicyName::ALL {
-                match self
-                    .call_chain
-                    .iter()
-                    .find(|r| r.policy == p && r.failure_rate == rate)
-                {
-                    Some(r) => write!(
-                        f,
-                        " | {:>8.3}x {:>9.3}%",
-                        r.bottom_amplification,
-                        r.success * 100.0
-                    )?,
-                    None => write!(f, " | {:>22}", "-")?,
-                }
-            }
-            writeln!(f)?;
-        }
-        writeln!(f)?;
-        write_hedging(f, &self.hedging)
+        Ok(())
     }
 }

@@ -1,12 +1,13 @@
 //! Replicas that come and go: tower `Change`s applied by a background task.
 
 use std::fmt;
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::hash::Hash;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::task::Poll;
 
-use tower::discover::{Change, Discover};
+use tower::discover::Discover;
 
 use super::{ReplicaConfig, Replicas};
 use crate::status::BoxError;
@@ -16,7 +17,7 @@ where
     S: Send + 'static,
     K: Clone + Eq + Hash + fmt::Display + Send + 'static,
 {
-    /// A channel fed by `discover` (any tower [`Discover`]: a stream of [`Change`]s).
+    /// A channel fed by `discover` (any tower [`Discover`]: a stream of [`Change`](super::Change)s).
     /// A task on the current tokio runtime applies each change as it comes (a replica
     /// inserted after the first call ramps up with slow start; a removed one finishes
     /// its attempts in flight) and ends when the stream ends, fails, or every clone of
@@ -45,16 +46,25 @@ where
         D: Discover<Key = K, Service = S> + Send + 'static,
         D::Error: Into<BoxError>,
     {
-        let replicas = Replicas::from_services(config, std::iter::empty())?;
+        let (replicas, mut gone) = Replicas::empty(config)?;
         let weak = Arc::downgrade(&replicas.shared);
         tokio::spawn(async move {
             let mut discover = pin!(discover);
             loop {
-                let change = poll_fn(|cx| discover.as_mut().poll_discover(cx)).await;
-                let Some(shared) = weak.upgrade() else { return };
-                let replicas = Replicas::<S, K> { shared };
+                // The next change, unless the channel's last clone is gone first (the
+                // stream may stay pending for ever).
+                let change = poll_fn(|cx| {
+                    if Pin::new(&mut gone).poll(cx).is_ready() {
+                        return Poll::Ready(None);
+                    }
+                    discover.as_mut().poll_discover(cx).map(Some)
+                })
+                .await;
+                let (Some(change), Some(shared)) = (change, weak.upgrade()) else {
+                    return;
+                };
                 match change {
-                    Some(Ok(change)) => apply(&replicas, change),
+                    Some(Ok(change)) => shared.apply(change),
                     Some(Err(err)) => {
                         let err: BoxError = err.into();
                         tracing::warn!(error = %err, "stormguard: replica discovery failed; the replicas stay as they are");
@@ -68,22 +78,11 @@ where
     }
 }
 
-fn apply<S, K>(replicas: &Replicas<S, K>, change: Change<K, S>)
-where
-    K: Clone + Eq + Hash + fmt::Display,
-{
-    match change {
-        Change::Insert(key, svc) => replicas.insert(key, svc),
-        Change::Remove(key) => {
-            replicas.remove(&key);
-        }
-    }
-}
-
 #[cfg(feature = "transport")]
 mod transport {
     use tokio::sync::mpsc;
     use tonic::transport::{Channel, Endpoint};
+    use tower::discover::Change;
 
     use super::*;
 
@@ -101,23 +100,72 @@ mod transport {
             capacity: usize,
         ) -> Result<(Self, mpsc::Sender<Change<K, Endpoint>>), stormguard_core::ConfigError>
         {
-            let replicas = Replicas::from_services(config, std::iter::empty())?;
+            let (replicas, _) = Replicas::empty(config)?;
             let (tx, mut rx) = mpsc::channel::<Change<K, Endpoint>>(capacity.max(1));
             let weak = Arc::downgrade(&replicas.shared);
             tokio::spawn(async move {
                 while let Some(change) = rx.recv().await {
                     let Some(shared) = weak.upgrade() else { return };
-                    let replicas = Replicas::<Channel, K> { shared };
                     let change = match change {
                         Change::Insert(key, endpoint) => {
                             Change::Insert(key, endpoint.connect_lazy())
                         }
                         Change::Remove(key) => Change::Remove(key),
                     };
-                    apply(&replicas, change);
+                    shared.apply(change);
                 }
             });
             Ok((replicas, tx))
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::convert::Infallible;
+    use std::task::Context;
+    use std::time::Duration;
+
+    use tokio::sync::oneshot;
+    use tower::discover::Change;
+
+    use super::*;
+
+    /// A discovery stream that never yields; `_held` is dropped with it.
+    struct Silent {
+        _held: oneshot::Sender<()>,
+    }
+
+    type Answer = tower::util::ServiceFn<
+        fn(http::Request<()>) -> std::future::Ready<Result<http::Response<()>, Infallible>>,
+    >;
+
+    impl futures_core::Stream for Silent {
+        type Item = Result<Change<u32, Answer>, Infallible>;
+
+        fn poll_next(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+            Poll::Pending
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_discovery_task_ends_when_the_channel_is_dropped_while_its_stream_waits() {
+        let (held, dropped) = oneshot::channel();
+        let replicas =
+            Replicas::discover(ReplicaConfig::default(), Silent { _held: held }).unwrap();
+        let copy = replicas.clone();
+        tokio::task::yield_now().await;
+        drop(replicas);
+        tokio::task::yield_now().await;
+        let mut dropped = pin!(dropped);
+        assert!(
+            poll_fn(|cx| Poll::Ready(dropped.as_mut().poll(cx).is_pending())).await,
+            "a clone is left: the task goes on"
+        );
+        drop(copy);
+        // The task drops its stream as it ends (within a second of paused time, or never).
+        let ended = tokio::time::timeout(Duration::from_secs(1), dropped).await;
+        assert!(matches!(ended, Ok(Err(_))), "the task ended: {ended:?}");
     }
 }

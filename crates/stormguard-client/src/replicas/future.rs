@@ -25,6 +25,40 @@ use crate::status::{
 #[error("stormguard: no replica to send the call to")]
 pub struct NoReplica;
 
+/// The error of a call through [`Replicas`](super::Replicas): a typed error, so that
+/// middleware bounded on `S::Error: std::error::Error` sits over the channel as over a tonic
+/// `Channel`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The channel held no replica.
+    #[error(transparent)]
+    NoReplica(#[from] NoReplica),
+    /// The chosen replica's service failed: its error is this one's source, and its message
+    /// this one's (so a status built from it reads as the replica's error does).
+    #[error("{0}")]
+    Replica(#[source] BoxError),
+}
+
+impl Error {
+    /// The replica's own error (or [`NoReplica`]), boxed.
+    pub fn into_inner(self) -> BoxError {
+        match self {
+            Error::NoReplica(e) => Box::new(e),
+            Error::Replica(e) => e,
+        }
+    }
+}
+
+/// An inner service's error as the retry layer reads it: a [`Replicas`](super::Replicas)
+/// error is unwrapped to the replica's own, so that it is classified (and its status built)
+/// exactly as the replica's error would be without the channel.
+pub(crate) fn unwrap_error(err: BoxError) -> BoxError {
+    match err.downcast::<Error>() {
+        Ok(err) => err.into_inner(),
+        Err(err) => err,
+    }
+}
+
 pin_project! {
     /// The future of one attempt through [`Replicas`](super::Replicas).
     pub struct ResponseFuture<S, B>
@@ -124,17 +158,17 @@ where
     S: Service<http::Request<B>, Response = http::Response<RB>>,
     S::Error: Into<BoxError>,
 {
-    type Output = Result<http::Response<RB>, BoxError>;
+    type Output = Result<http::Response<RB>, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Empty => return Poll::Ready(Err(Box::new(NoReplica))),
+                StateProj::Empty => return Poll::Ready(Err(NoReplica.into())),
                 StateProj::Ready => {
                     let (Some(svc), Some(request)) = (this.svc.as_mut(), this.request.take())
                     else {
-                        return Poll::Ready(Err(Box::new(NoReplica)));
+                        return Poll::Ready(Err(NoReplica.into()));
                     };
                     match svc.poll_ready(cx) {
                         Poll::Pending => {
@@ -144,7 +178,7 @@ where
                         Poll::Ready(Err(err)) => {
                             let err = err.into();
                             finish(this.attempt, outcome_of_error(&*err));
-                            return Poll::Ready(Err(err));
+                            return Poll::Ready(Err(Error::Replica(err)));
                         }
                         Poll::Ready(Ok(())) => {
                             let fut = svc.call(request);
@@ -160,7 +194,7 @@ where
                     };
                     finish(this.attempt, outcome);
                     *this.svc = None;
-                    return Poll::Ready(result);
+                    return Poll::Ready(result.map_err(Error::Replica));
                 }
             }
         }

@@ -31,6 +31,42 @@ type Snapshots = Arc<dyn Fn() -> Vec<(Arc<str>, ReplicaSnapshot)> + Send + Sync>
 
 const STATES: [&str; 4] = ["active", "warming", "ejected", "probing"];
 
+/// A counter: name, unit, description, and what it reads from a replica's snapshot.
+type Counter = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&ReplicaSnapshot) -> u64,
+);
+
+/// The counters.
+const COUNTERS: [Counter; 4] = [
+    (
+        "stormguard.client.replica.attempts",
+        "{attempt}",
+        "Attempts sent to the replica",
+        |s| s.attempts,
+    ),
+    (
+        "stormguard.client.replica.failures",
+        "{attempt}",
+        "Attempts the replica answered as broken (transport failure, UNAVAILABLE without pushback, INTERNAL, UNKNOWN, DATA_LOSS)",
+        |s| s.failures,
+    ),
+    (
+        "stormguard.client.replica.overloads",
+        "{attempt}",
+        "Attempts the replica answered as busy (a pushback, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED)",
+        |s| s.overloads,
+    ),
+    (
+        "stormguard.client.replica.ejections",
+        "{ejection}",
+        "Times the replica was ejected",
+        |s| s.ejections,
+    ),
+];
+
 impl<S, K> Replicas<S, K>
 where
     S: Send + 'static,
@@ -67,10 +103,7 @@ where
                 .filter_map(|m| Some((Arc::clone(&m.name), inner.set.snapshot_at(m.id, now)?)))
                 .collect()
         });
-        let counter = |name: &'static str,
-                       unit: &'static str,
-                       doc: &'static str,
-                       read: fn(&ReplicaSnapshot) -> u64| {
+        for (name, unit, doc, read) in COUNTERS {
             let snapshots = Arc::clone(&snapshots);
             meter
                 .u64_observable_counter(name)
@@ -82,31 +115,7 @@ where
                     }
                 })
                 .build();
-        };
-        counter(
-            "stormguard.client.replica.attempts",
-            "{attempt}",
-            "Attempts sent to the replica",
-            |s| s.attempts,
-        );
-        counter(
-            "stormguard.client.replica.failures",
-            "{attempt}",
-            "Attempts the replica answered as broken (transport failure, UNAVAILABLE without pushback, INTERNAL, UNKNOWN, DATA_LOSS)",
-            |s| s.failures,
-        );
-        counter(
-            "stormguard.client.replica.overloads",
-            "{attempt}",
-            "Attempts the replica answered as busy (a pushback, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED)",
-            |s| s.overloads,
-        );
-        counter(
-            "stormguard.client.replica.ejections",
-            "{ejection}",
-            "Times the replica was ejected",
-            |s| s.ejections,
-        );
+        }
         let s = Arc::clone(&snapshots);
         meter
             .u64_observable_gauge("stormguard.client.replica.in_flight")

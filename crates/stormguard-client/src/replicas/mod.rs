@@ -9,8 +9,9 @@
 //! once keeps its full share; a replica whose process died stays in the set while its
 //! reconnects fail; and a replica that comes back takes a full share at once. With one
 //! shared retry budget above it, the bad replica's failures then spend the retries the
-//! healthy ones earned: measured with five replicas and one failing, stormguard's retry
-//! layer over `balance_list` served 87.8 % of calls where a naive loop served 99.1 %.
+//! healthy ones earned, and the retry layer over `balance_list` serves fewer calls than a
+//! naive retry loop would (the repository's `docs/replicas.md` has the measurement and the
+//! command that makes it).
 //!
 //! [`Replicas`] picks in `call()`, per attempt, through the policy of
 //! [`stormguard_core::replica`] (the simulator and the tests drive the same code):
@@ -48,12 +49,14 @@
 //!     .map(Endpoint::from_static);
 //! // Each replica gets its own lazily connected tonic `Channel`.
 //! let replicas = Replicas::from_endpoints(ReplicaConfig::default(), endpoints)?;
+//! // Clones share the replicas and their health: one to watch them.
+//! let watch = replicas.clone();
 //! let channel = tower::ServiceBuilder::new()
 //!     .layer(RetryLayer::from_config(&ClientConfig::standard())?.over_replicas())
-//!     .service(replicas.clone());
+//!     .service(replicas);
 //! // let mut client = InventoryClient::new(channel);
-//! for replica in replicas.snapshot() {
-//!     println!("{} {}", replica.key, replica.state.as_str());
+//! for replica in watch.snapshot() {
+//!     println!("{} {}", replica.key, replica.snapshot.state.as_str());
 //! }
 //! # let _ = channel;
 //! # Ok(()) }
@@ -90,11 +93,13 @@ use std::task::{Context, Poll};
 
 use stormguard_core::Instant;
 use stormguard_core::replica::{
-    ReplicaId, ReplicaOutcome, ReplicaSet, ReplicaSnapshot, ReplicaState, Transition,
+    ReplicaId, ReplicaOutcome, ReplicaSet, ReplicaSnapshot, Transition,
 };
+use tokio::sync::oneshot;
 use tower_service::Service;
 
-pub use self::future::{NoReplica, ResponseFuture};
+pub(crate) use self::future::unwrap_error;
+pub use self::future::{Error, NoReplica, ResponseFuture};
 pub use self::route::Route;
 pub use stormguard_core::replica::{
     EjectReason, EjectionConfig, LoadConfig, ReplicaConfig, SlowStartConfig,
@@ -108,12 +113,16 @@ use crate::status::BoxError;
 /// [module docs](self)). Clones share the replicas and their health.
 pub struct Replicas<S, K> {
     shared: Arc<Shared<S, K>>,
+    // Dropped with the last clone of the channel, which tells the task that feeds it (see
+    // `discover`) to end. Attempts in flight and routes hold `shared`, not this.
+    _alive: Arc<oneshot::Sender<()>>,
 }
 
 impl<S, K> Clone for Replicas<S, K> {
     fn clone(&self) -> Self {
         Replicas {
             shared: Arc::clone(&self.shared),
+            _alive: Arc::clone(&self._alive),
         }
     }
 }
@@ -154,15 +163,43 @@ struct Member<S, K> {
 pub struct ReplicaReport<K> {
     /// The replica's key (for [`Replicas::from_endpoints`], the endpoint's URI).
     pub key: K,
-    /// Where it stands.
-    pub state: ReplicaState,
-    /// Its counters and estimates.
+    /// Where it stands ([`state`](ReplicaSnapshot::state)), its counters and estimates.
     pub snapshot: ReplicaSnapshot,
 }
 
 impl<S, K> Shared<S, K> {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner<S, K>> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds a replica (see [`Replicas::insert`]).
+    fn insert(&self, key: K, svc: S)
+    where
+        K: Eq + fmt::Display,
+    {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        remove_key(&mut inner, &key);
+        let id = if inner.serving {
+            inner.set.insert_warming_at(now)
+        } else {
+            inner.set.insert_at(now)
+        };
+        let name = Arc::from(key.to_string());
+        inner.members.push(Member { id, key, name, svc });
+    }
+
+    /// Applies a change from a discovery source.
+    fn apply(&self, change: Change<K, S>)
+    where
+        K: Eq + fmt::Display,
+    {
+        match change {
+            Change::Insert(key, svc) => self.insert(key, svc),
+            Change::Remove(key) => {
+                remove_key(&mut self.lock(), &key);
+            }
+        }
     }
 }
 
@@ -250,6 +287,18 @@ where
         config: ReplicaConfig,
         services: impl IntoIterator<Item = (K, S)>,
     ) -> Result<Self, stormguard_core::ConfigError> {
+        let (replicas, _) = Replicas::empty(config)?;
+        for (key, svc) in services {
+            replicas.insert(key, svc);
+        }
+        Ok(replicas)
+    }
+
+    /// A channel with no replica, and what tells that its last clone is gone.
+    fn empty(
+        config: ReplicaConfig,
+    ) -> Result<(Self, oneshot::Receiver<()>), stormguard_core::ConfigError> {
+        let (alive, gone) = oneshot::channel();
         let replicas = Replicas {
             shared: Arc::new(Shared {
                 inner: Mutex::new(Inner {
@@ -258,26 +307,15 @@ where
                     serving: false,
                 }),
             }),
+            _alive: Arc::new(alive),
         };
-        for (key, svc) in services {
-            replicas.insert(key, svc);
-        }
-        Ok(replicas)
+        Ok((replicas, gone))
     }
 
     /// Adds a replica (replacing the one with the same key, as tower's `Change::Insert`
     /// does). Before the first call it starts at a full share; later, it ramps up.
     pub fn insert(&self, key: K, svc: S) {
-        let now = Instant::now();
-        let mut inner = self.shared.lock();
-        remove_key(&mut inner, &key);
-        let id = if inner.serving {
-            inner.set.insert_warming_at(now)
-        } else {
-            inner.set.insert_at(now)
-        };
-        let name = Arc::from(key.to_string());
-        inner.members.push(Member { id, key, name, svc });
+        self.shared.insert(key, svc);
     }
 
     /// Removes the replica with `key`; attempts in flight on it finish.
@@ -296,11 +334,17 @@ where
                 let snapshot = inner.set.snapshot_at(m.id, now)?;
                 Some(ReplicaReport {
                     key: m.key.clone(),
-                    state: snapshot.state,
                     snapshot,
                 })
             })
             .collect()
+    }
+
+    /// The key of the replica `id` (as a [`Route`] or a [`ReplicaSnapshot`] names it),
+    /// while the channel holds it.
+    pub fn key(&self, id: ReplicaId) -> Option<K> {
+        let inner = self.shared.lock();
+        inner.index(id).map(|i| inner.members[i].key.clone())
     }
 
     /// How many replicas the channel holds.
@@ -330,10 +374,10 @@ where
     K: Send + 'static,
 {
     type Response = http::Response<RB>;
-    type Error = BoxError;
+    type Error = Error;
     type Future = ResponseFuture<S, B>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         // The replica is chosen in `call`; its own readiness is waited for in the future.
         Poll::Ready(Ok(()))
     }
@@ -361,17 +405,55 @@ where
     }
 }
 
+/// The key of a replica made from an endpoint ([`Replicas::from_endpoints`]): its URI,
+/// written as it is usually given. `http::Uri` writes a URI without a path with a `/`
+/// (`http://10.0.0.1:50051/`); this key writes it without (`http://10.0.0.1:50051`), in
+/// the snapshot, the logs and the metrics. It compares equal to its URI.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct EndpointKey(http::Uri);
+
+impl EndpointKey {
+    /// The endpoint's URI.
+    pub fn uri(&self) -> &http::Uri {
+        &self.0
+    }
+}
+
+impl From<http::Uri> for EndpointKey {
+    fn from(uri: http::Uri) -> Self {
+        EndpointKey(uri)
+    }
+}
+
+impl PartialEq<http::Uri> for EndpointKey {
+    fn eq(&self, uri: &http::Uri) -> bool {
+        self.0 == *uri
+    }
+}
+
+impl fmt::Display for EndpointKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let uri = &self.0;
+        match (uri.scheme(), uri.authority(), uri.path_and_query()) {
+            (Some(scheme), Some(authority), path) if path.is_none_or(|p| p.as_str() == "/") => {
+                write!(f, "{scheme}://{authority}")
+            }
+            _ => uri.fmt(f),
+        }
+    }
+}
+
 #[cfg(feature = "transport")]
 mod transport {
     use tonic::transport::{Channel, Endpoint};
 
     use super::*;
 
-    impl Replicas<Channel, http::Uri> {
+    impl Replicas<Channel, EndpointKey> {
         /// A channel over `endpoints`, each a replica with its own lazily connected tonic
         /// [`Channel`] (so an endpoint that is down at start is ejected like any failing
-        /// replica, not an error here), keyed by its URI. Must be called within a tokio
-        /// runtime, as `Endpoint::connect_lazy`.
+        /// replica, not an error here), keyed by its URI ([`EndpointKey`]). Must be called
+        /// within a tokio runtime, as `Endpoint::connect_lazy`.
         pub fn from_endpoints(
             config: ReplicaConfig,
             endpoints: impl IntoIterator<Item = Endpoint>,
@@ -380,8 +462,26 @@ mod transport {
                 config,
                 endpoints
                     .into_iter()
-                    .map(|e| (e.uri().clone(), e.connect_lazy())),
+                    .map(|e| (EndpointKey(e.uri().clone()), e.connect_lazy())),
             )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_endpoint_key_is_written_as_it_was_given() {
+        for given in [
+            "http://127.0.0.1:50051",
+            "https://inventory.internal",
+            "http://10.0.0.1:50051/prefix",
+        ] {
+            let key = EndpointKey::from(http::Uri::from_static(given));
+            assert_eq!(key.to_string(), given);
+            assert_eq!(key, http::Uri::from_static(given));
         }
     }
 }

@@ -10,19 +10,18 @@
 
 use std::fmt;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use http::{HeaderMap, HeaderValue, Uri};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use stormguard_core::Instant;
 use stormguard_core::code::Code;
 use stormguard_core::retry::CallRetry;
 use stormguard_core::wire::encode_grpc_status;
 use stormguard_core::wire::http::{GRPC_MESSAGE, GRPC_STATUS};
+use stormguard_core::{DeadlineCut, Instant, Polled};
 
 use super::record::CallStats;
-use super::timer::BodyTimer;
 use crate::replicas::Route;
 use crate::status::trailers_only_code;
 
@@ -33,7 +32,7 @@ pin_project! {
     /// are its errors. Other responses (trailers-only answers, whose status the layer read
     /// from the headers) are only forwarded. When the call was committed (response headers
     /// without `grpc-status`), the body also records the call's final outcome in the
-    /// layer's budget, breaker and [counters](crate::StatsSnapshot) when it ends, once:
+    /// layer's budget, breaker and [counters](crate::RetrySnapshot) when it ends, once:
     ///
     /// | how the body ends | code recorded |
     /// |---|---|
@@ -78,8 +77,8 @@ pin_project! {
     /// stream (the server's handler sees the call cancelled), and yields a trailers frame
     /// with `grpc-status: 4` instead: tonic's `Streaming::message()` (and a unary call)
     /// then returns `DEADLINE_EXCEEDED`. The call is recorded as if its trailers had said
-    /// so, and counted in [`deadline_exceeded`](crate::StatsSnapshot::deadline_exceeded)
-    /// and [`committed_deadline_exceeded`](crate::StatsSnapshot::committed_deadline_exceeded).
+    /// so, and counted in [`deadline_exceeded`](crate::RetrySnapshot::deadline_exceeded)
+    /// and [`committed_deadline_exceeded`](crate::RetrySnapshot::committed_deadline_exceeded).
     ///
     /// What it costs: nothing for a call without a deadline. With one, a frame the inner
     /// body has ready is forwarded after one clock read (data frames only; a stream that
@@ -87,15 +86,11 @@ pin_project! {
     /// ready, a timer is armed at the deadline and polled before the inner body from then
     /// on. A unary answer whose frames are ready when the caller reads them never arms it.
     pub struct ResponseBody<B> {
-        // `None` once the layer cut the body at the call's deadline (dropping it resets the
-        // stream).
+        // The inner body, held to the call's deadline while a committed body has not ended
+        // (see "The deadline"); cut, it drops the inner body (resetting the stream).
         #[pin]
-        inner: Option<B>,
+        body: DeadlineCut<B>,
         pending: Option<Pending>,
-        // The call's deadline while a committed body has not ended (see "The deadline").
-        deadline: Option<Instant>,
-        // Armed at `deadline` the first time the inner body has nothing ready.
-        timer: BodyTimer,
     }
 }
 
@@ -145,10 +140,8 @@ impl<B: Body> ResponseBody<B> {
             return ResponseBody::passthrough(inner);
         }
         ResponseBody {
-            inner: Some(inner),
+            body: DeadlineCut::new(inner, deadline),
             pending: Some(pending),
-            deadline,
-            timer: BodyTimer::default(),
         }
     }
 }
@@ -165,16 +158,14 @@ impl<B> ResponseBody<B> {
     /// A body whose outcome is already recorded, or not the layer's to record.
     pub(super) fn passthrough(inner: B) -> Self {
         ResponseBody {
-            inner: Some(inner),
+            body: DeadlineCut::new(inner, None),
             pending: None,
-            deadline: None,
-            timer: BodyTimer::default(),
         }
     }
 
     /// The inner body; `None` once the layer cut the body at the call's deadline.
     pub fn get_ref(&self) -> Option<&B> {
-        self.inner.as_ref()
+        self.body.get_ref()
     }
 }
 
@@ -219,76 +210,40 @@ impl<B: Body> Body for ResponseBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        let mut this = self.project();
-        let Some(inner) = this.inner.as_mut().as_pin_mut() else {
-            // Cut at the deadline: the trailers were the last frame.
-            return Poll::Ready(None);
+        let this = self.project();
+        let frame = match ready!(this.body.poll_frame(cx)) {
+            Polled::Frame(frame) => frame,
+            Polled::Cut => return Poll::Ready(Some(Ok(cut(this.pending)))),
         };
-        if this.deadline.is_some() && this.timer.poll_fired(cx) {
-            return Poll::Ready(Some(Ok(cut(this.inner, this.pending, this.deadline))));
-        }
-        let frame = match inner.poll_frame(cx) {
-            Poll::Ready(frame) => frame,
-            Poll::Pending => {
-                // The first wait: from now on the timer watches the deadline.
-                if let Some(deadline) = *this.deadline
-                    && !this.timer.is_armed()
-                {
-                    this.timer.arm(deadline);
-                    if this.timer.poll_fired(cx) {
-                        return Poll::Ready(Some(Ok(cut(this.inner, this.pending, this.deadline))));
-                    }
-                }
-                return Poll::Pending;
-            }
-        };
-        if let (Some(Ok(f)), Some(deadline)) = (&frame, *this.deadline)
-            && f.is_data()
-            && !this.timer.is_armed()
-            && Instant::now() >= deadline
-        {
-            // A stream that never waited is held to its deadline too.
-            return Poll::Ready(Some(Ok(cut(this.inner, this.pending, this.deadline))));
-        }
         let end = match &frame {
             Some(Ok(frame)) => frame.trailers_ref().map(End::Trailers),
             Some(Err(_)) => Some(End::Error),
             None => Some(End::Eos),
         };
-        if let Some(end) = end {
-            *this.deadline = None;
-            this.timer.disarm();
-            if let Some(pending) = this.pending.take() {
-                pending.end(end);
-            }
+        if let Some(end) = end
+            && let Some(pending) = this.pending.take()
+        {
+            pending.end(end);
         }
         Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(Body::is_end_stream)
+        self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner
-            .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+        self.body.size_hint()
     }
 }
 
 /// The `grpc-message` of a committed call cut at its deadline.
 pub(super) const MESSAGE_DEADLINE: &str = "stormguard: the call's deadline was exceeded";
 
-/// The call's deadline passed before its body ended: drops the inner body (resetting the
-/// stream), records the call as ended `DEADLINE_EXCEEDED`, and returns the trailers the
-/// caller reads that status from.
-fn cut<B, D>(
-    mut inner: Pin<&mut Option<B>>,
-    pending: &mut Option<Pending>,
-    deadline: &mut Option<Instant>,
-) -> Frame<D> {
-    inner.set(None);
-    *deadline = None;
+/// The call's deadline passed before its body ended (the inner body is dropped, which
+/// resets the stream): records the call as ended `DEADLINE_EXCEEDED`, and returns the
+/// trailers the caller reads that status from.
+fn cut<D>(pending: &mut Option<Pending>) -> Frame<D> {
     let mut trailers = HeaderMap::with_capacity(2);
     trailers.insert(
         GRPC_STATUS,
@@ -311,9 +266,9 @@ fn cut<B, D>(
 impl<B: fmt::Debug> fmt::Debug for ResponseBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseBody")
-            .field("inner", &self.inner)
+            .field("inner", &self.body.get_ref())
             .field("recording", &self.pending.is_some())
-            .field("deadline", &self.deadline)
+            .field("deadline", &self.body.cut_at())
             .finish()
     }
 }
@@ -322,7 +277,7 @@ impl<B: fmt::Debug> fmt::Debug for ResponseBody<B> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::stats::RetryStats;
+    use crate::retry::RetryStats;
     use std::collections::VecDeque;
     use std::sync::Arc;
 
@@ -403,7 +358,7 @@ mod tests {
         ResponseBody::committed(
             Frames(frames.into()),
             Some(call),
-            CallStats::new(stats.clone(), crate::metrics::CallMetrics::none()),
+            CallStats::new(stats.clone(), crate::retry::metrics::CallMetrics::none()),
             None,
             Uri::from_static(PATH),
         )
@@ -593,7 +548,7 @@ mod tests {
         ResponseBody::committed(
             inner,
             Some(call),
-            CallStats::new(stats.clone(), crate::metrics::CallMetrics::none()),
+            CallStats::new(stats.clone(), crate::retry::metrics::CallMetrics::none()),
             None,
             Uri::from_static(PATH),
         )

@@ -74,7 +74,7 @@ pub(super) fn classify<B, E: Into<BoxError>>(
             Some(code) => answered(code, response),
         },
         Err(err) => {
-            let err: BoxError = err.into();
+            let err = crate::replicas::unwrap_error(err.into());
             let transport = classify_error(&*err);
             if transport.timed_out {
                 // A timer below the layer (the channel's `grpc-timeout`, `Endpoint::timeout`,

@@ -85,6 +85,7 @@ pub(super) fn expired<B>(stats: &mut CallStats) -> CallResult<B> {
 /// The channel could not be readied for a retry: the call ends like every other give-up,
 /// as a status marked "do not retry".
 pub(super) fn not_ready<B>(stats: &mut CallStats, err: BoxError) -> CallResult<B> {
+    let err = crate::replicas::unwrap_error(err);
     let code = classify_error(&*err).code;
     stats.outcome(code);
     Err(Box::new(status_do_not_retry(status_from_error(err, code))))

@@ -136,56 +136,32 @@ where
     S: Service<http::Request<Body>, Response = http::Response<B>>,
     S::Error: Into<BoxError>,
 {
+    /// Begins a call: admits it (breaker, deadline, throttle, idempotency key), then sends
+    /// its first attempt on `svc`.
     pub(super) fn start(
         svc: &mut S,
         spare: &Arc<Mutex<S>>,
-        request: http::Request<Body>,
+        mut request: http::Request<Body>,
         shared: &Shared,
     ) -> Self {
         let now = Instant::now();
-        let path = request.uri().path();
-        let mut stats = CallStats::start(shared, path);
-        let times = CallTimes {
-            caller: caller_timeout(request.headers()),
-            inbound: CallContext::current().and_then(|c| c.deadline()),
-            default: shared.default_timeout,
-            per_attempt: shared.per_attempt_timeout,
-        };
-        let begun = shared.controller.begin_call_at(path, &times, now);
-        let call = match begun {
-            Ok(call) if call.deadline().is_none_or(|d| d > now) => call,
-            // Only an open breaker rejects a first attempt: fail fast.
-            Err(refusal) => {
-                let status = end::breaker_open(&mut stats, refusal);
-                return Self::refused(spare, shared, request.uri(), stats, status);
-            }
-            Ok(_) => {
-                let status = end::expired_before_sent(&mut stats);
-                return Self::refused(spare, shared, request.uri(), stats, status);
-            }
-        };
-        let throttle = match &shared.throttle {
-            None => None,
-            Some(throttle) => match CallThrottle::admit(throttle, request.headers(), now) {
-                Ok(admitted) => Some(admitted),
-                Err(throttled) => {
-                    // Dropping the call state releases its breaker permit unused.
-                    drop(call);
-                    let status = end::throttled(&mut stats, request.uri(), throttled);
-                    return Self::refused(spare, shared, request.uri(), stats, status);
-                }
-            },
-        };
-        let mut call = call;
-        let mut request = request;
-        if let Some(key) = call.idempotency_key()
-            && let Err(e) = stamp_idempotency_key(request.headers_mut(), key)
-        {
-            // Dropping the call state releases its breaker permit unused.
-            drop(call);
-            let status = end::bad_idempotency_key(&mut stats, &e);
-            return Self::refused(spare, shared, request.uri(), stats, status);
+        let mut stats = CallStats::start(shared, request.uri().path());
+        match admit(&mut request, shared, &mut stats, now) {
+            Ok(admitted) => Self::send_first(svc, spare, shared, request, admitted, stats, now),
+            Err(status) => Self::refused(spare, shared, request.uri(), stats, status),
         }
+    }
+
+    /// Sends the first attempt of an admitted call.
+    fn send_first(
+        svc: &mut S,
+        spare: &Arc<Mutex<S>>,
+        shared: &Shared,
+        request: http::Request<Body>,
+        (mut call, throttle): (CallRetry, Option<CallThrottle>),
+        mut stats: CallStats,
+        now: Instant,
+    ) -> Self {
         let plan = call.first_attempt_at(now);
         let retryable = call.is_retryable_method();
         let stamps = Arc::clone(&shared.stamps);
@@ -242,6 +218,46 @@ where
     }
 }
 
+/// Admits a call at `now`: its retry state (refused while the breaker is open or once the
+/// deadline passed), the throttle's admission, and the call's idempotency key stamped on
+/// `request`; else the status the call ends with, unsent. Dropping a call state that is
+/// not sent releases its breaker permit unused.
+fn admit(
+    request: &mut http::Request<Body>,
+    shared: &Shared,
+    stats: &mut CallStats,
+    now: Instant,
+) -> Result<(CallRetry, Option<CallThrottle>), Status> {
+    let times = CallTimes {
+        caller: caller_timeout(request.headers()),
+        inbound: CallContext::current().and_then(|c| c.deadline()),
+        default: shared.default_timeout,
+        per_attempt: shared.per_attempt_timeout,
+    };
+    let call = match shared
+        .controller
+        .begin_call_at(request.uri().path(), &times, now)
+    {
+        Ok(call) if call.deadline().is_none_or(|d| d > now) => call,
+        // Only an open breaker rejects a first attempt: fail fast.
+        Err(refusal) => return Err(end::breaker_open(stats, refusal)),
+        Ok(_) => return Err(end::expired_before_sent(stats)),
+    };
+    let throttle = match &shared.throttle {
+        None => None,
+        Some(throttle) => match CallThrottle::admit(throttle, request.headers(), now) {
+            Ok(admitted) => Some(admitted),
+            Err(throttled) => return Err(end::throttled(stats, request.uri(), throttled)),
+        },
+    };
+    if let Some(key) = call.idempotency_key()
+        && let Err(e) = stamp_idempotency_key(request.headers_mut(), key)
+    {
+        return Err(end::bad_idempotency_key(stats, &e));
+    }
+    Ok((call, throttle))
+}
+
 impl<S, B> ResponseFuture<S, B>
 where
     S: Service<http::Request<Body>, Response = http::Response<B>>,
@@ -289,7 +305,7 @@ where
             return hedged::poll(&mut this, cx);
         }
         loop {
-            match this.state.as_mut().project() {
+            let step = match this.state.as_mut().project() {
                 StateProj::Done { status } => {
                     let status = status.take().unwrap_or_else(|| {
                         Box::new(Status::internal("stormguard: call polled after completion"))
@@ -300,193 +316,297 @@ where
                     // Only a hedged call gets here, and it is polled above while it runs.
                     return Poll::Ready(end::expired(this.stats));
                 }
-                StateProj::Called { fut, span, .. } => {
-                    let (end, last) = if this.timer.as_mut().poll_fired(cx) {
-                        // The layer's timer fired (the call's deadline or the attempt's own
-                        // timeout): the attempt is dropped below, which cancels its stream
-                        // and tells the server through `RST_STREAM`.
-                        set_key(this.call, this.route, *this.keyed_by_route);
-                        if let Some(throttle) = this.throttle.as_ref() {
-                            throttle.timed_out(Instant::now());
-                        }
-                        let end = AttemptEnd::TimedOut {
-                            replayable: this.attempts.is_replayable(),
-                            unsent: false,
-                        };
-                        let last = Last::Error(Status::deadline_exceeded(
-                            "stormguard: the attempt's timeout ran out",
-                        ));
-                        (end, last)
-                    } else {
-                        let result = {
-                            let _enter = span.enter();
-                            ready!(fut.poll(cx))
-                        };
-                        set_key(this.call, this.route, *this.keyed_by_route);
-                        if let Ok(response) = &result {
-                            // A trailers-only answer's load report (a committed answer's
-                            // comes in its trailers, read by its body).
-                            super::load::read(
-                                response.headers(),
-                                this.call.as_ref(),
-                                this.route.as_ref(),
-                                this.stats,
-                            );
-                        }
-                        let outcome = classify(result, this.attempts.is_replayable());
-                        if let Some(throttle) = this.throttle.as_ref() {
-                            throttle.record(&outcome, Instant::now());
-                        }
-                        match outcome {
-                            Outcome::Ok(response) => {
-                                // A trailers-only `OK`: the outcome is known now.
-                                if let Some(call) = this.call.as_mut() {
-                                    call.on_success_at(Instant::now());
-                                }
-                                this.stats.outcome(Code::Ok);
-                                this.state.set(State::Done { status: None });
-                                return Poll::Ready(Ok(response.map(ResponseBody::passthrough)));
-                            }
-                            Outcome::Committed(response) => {
-                                return Poll::Ready(Ok(commit(&mut this, response)));
-                            }
-                            Outcome::Failed { end, last } => (end, last),
-                        }
-                    };
-                    let span = std::mem::replace(span, tracing::Span::none());
-                    // Drops the attempt in flight, if it is still running.
-                    this.state.set(State::Done { status: None });
-                    let Some(call) = this.call.as_mut() else {
-                        return Poll::Ready(end::expired(this.stats));
-                    };
-                    let now = Instant::now();
-                    let verdict = call.on_attempt_end_at(end, now);
-                    let timed_out = verdict.attempt_timed_out;
-                    if timed_out {
-                        this.stats.attempt_timed_out();
-                    }
-                    match verdict.decision {
-                        Decision::Retry { delay } => {
-                            let code = ended_code(&end, timed_out);
-                            tracing::debug!(
-                                parent: &span,
-                                code = code.name(),
-                                timed_out,
-                                delay_ms = delay.as_millis() as u64,
-                                "stormguard: retrying"
-                            );
-                            if !verdict.transparent {
-                                this.stats.delayed(matches!(
-                                    end,
-                                    AttemptEnd::Failed(f)
-                                        if matches!(f.pushback, Some(Pushback::RetryAfter(_)))
-                                ));
-                            }
-                            // The delay runs on the layer's timer (a granted delay ends
-                            // before the call's deadline).
-                            let until = Deadline::after_at(now, delay).instant();
-                            this.timer.as_mut().arm(Some(until));
-                            this.state.set(State::Waiting {
-                                slept: false,
-                                last: Box::new(last),
-                                reason: if timed_out {
-                                    "per_attempt_timeout"
-                                } else if verdict.transparent {
-                                    "transparent"
-                                } else {
-                                    code.name()
-                                },
-                                delay,
-                            });
-                        }
-                        Decision::GiveUp(refusal) => {
-                            let attempt = call.previous_attempts();
-                            let left = call.remaining_at(now);
-                            log_refusal(this.stats, this.attempts.uri(), refusal, attempt, left);
-                            return Poll::Ready(end::give_up(this.stats, refusal, last, timed_out));
-                        }
-                        Decision::Expired => {
-                            // Dropping the call state gives back a retry granted but not
-                            // started (there is none here) and releases its permit.
-                            drop(this.call.take());
-                            return Poll::Ready(end::expired(this.stats));
-                        }
-                    }
-                }
+                StateProj::Called { .. } => poll_called(&mut this, cx),
                 StateProj::Waiting { slept, .. } => {
-                    if !*slept {
-                        if !this.timer.as_mut().poll_fired(cx) {
-                            return Poll::Pending;
-                        }
-                        *slept = true;
-                        // Until the retry starts only the call's deadline matters.
-                        let deadline = this.call.as_ref().and_then(CallRetry::deadline);
-                        this.timer.as_mut().arm(deadline);
-                    }
-                    if this.timer.as_mut().poll_fired(cx) {
+                    let deadline = this.call.as_ref().and_then(CallRetry::deadline);
+                    if ready!(poll_delay(this.timer.as_mut(), slept, deadline, cx)) {
                         // The caller's deadline ran out during the delay: dropping the call
                         // state gives the granted retry back to the budget.
                         this.state.set(State::Done { status: None });
                         drop(this.call.take());
                         return Poll::Ready(end::expired(this.stats));
                     }
-                    let svc = this.svc.get_or_insert_with(|| {
-                        this.spare
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .clone()
-                    });
-                    if let Err(err) = ready!(svc.poll_ready(cx)) {
-                        // The channel cannot take the retry (the granted retry goes back to
-                        // the budget when the call state is dropped).
-                        this.state.set(State::Done { status: None });
-                        drop(this.call.take());
-                        return Poll::Ready(end::not_ready(this.stats, err.into()));
-                    }
-                    let StateReplace::Waiting {
-                        last,
-                        reason,
-                        delay,
-                        ..
-                    } = this
-                        .state
-                        .as_mut()
-                        .project_replace(State::Done { status: None })
-                    else {
-                        unreachable!("the state was Waiting a moment ago");
-                    };
-                    let Some(call) = this.call.as_mut() else {
-                        return Poll::Ready(end::expired(this.stats));
-                    };
-                    let now = Instant::now();
-                    let plan = match call.start_retry_at(now) {
-                        Ok(plan) => plan,
-                        Err(refusal) => {
-                            let attempt = call.previous_attempts();
-                            let left = call.remaining_at(now);
-                            log_refusal(this.stats, this.attempts.uri(), refusal, attempt, left);
-                            return Poll::Ready(end::give_up(this.stats, refusal, *last, false));
-                        }
-                    };
-                    let mut request = this.attempts.retry(&plan, this.stamps);
-                    if let Some(route) = this.route.as_ref() {
-                        request.extensions_mut().insert(route.clone());
-                    }
-                    this.timer.as_mut().arm(plan.fire_at);
-                    let span =
-                        attempt_span(this.attempts.uri(), plan.previous_attempts, reason, delay);
-                    this.stats.retry_attempt(&plan);
-                    let fut = {
-                        let _enter = span.enter();
-                        svc.call(request)
-                    };
-                    this.state.set(State::Called {
-                        fut,
-                        span,
-                        started: now,
-                    });
+                    poll_retry(&mut this, cx)
                 }
+            };
+            if let Some(ended) = ready!(step) {
+                return Poll::Ready(ended);
             }
+        }
+    }
+}
+
+/// What polling one state gives: the call's answer, or `None` when the call moved on to
+/// another state.
+type Step<B> = Poll<Option<CallResult<B>>>;
+
+/// `Called`: the attempt in flight ends (or the layer's timer cuts it); a failure is
+/// decided on by the call's retry state.
+fn poll_called<S, B>(this: &mut FutureProj<'_, S, B>, cx: &mut Context<'_>) -> Step<B>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>>,
+    S::Error: Into<BoxError>,
+    B: http_body::Body,
+{
+    let outcome = if this.timer.as_mut().poll_fired(cx) {
+        timed_out(this)
+    } else {
+        let Some(result) = ready!(this.state.as_mut().poll_attempt(cx)) else {
+            return Poll::Ready(Some(end::expired(this.stats)));
+        };
+        answered(this, result)
+    };
+    let (end, last) = match outcome {
+        Outcome::Ok(response) => {
+            // A trailers-only `OK`: the outcome is known now.
+            if let Some(call) = this.call.as_mut() {
+                call.on_success_at(Instant::now());
+            }
+            this.stats.outcome(Code::Ok);
+            this.state.set(State::Done { status: None });
+            return Poll::Ready(Some(Ok(response.map(ResponseBody::passthrough))));
+        }
+        Outcome::Committed(response) => return Poll::Ready(Some(Ok(commit(this, response)))),
+        Outcome::Failed { end, last } => (end, last),
+    };
+    let span = this.state.as_mut().take_span();
+    // Drops the attempt in flight, if it is still running.
+    this.state.set(State::Done { status: None });
+    Poll::Ready(failed(this, end, last, &span))
+}
+
+/// The layer's timer fired (the call's deadline or the attempt's own timeout): the attempt
+/// is dropped by the caller, which cancels its stream and tells the server through
+/// `RST_STREAM`.
+fn timed_out<S, B>(this: &mut FutureProj<'_, S, B>) -> Outcome<B>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>>,
+{
+    set_key(this.call, this.route, *this.keyed_by_route);
+    if let Some(throttle) = this.throttle.as_ref() {
+        throttle.timed_out(Instant::now());
+    }
+    Outcome::Failed {
+        end: AttemptEnd::TimedOut {
+            replayable: this.attempts.is_replayable(),
+            unsent: false,
+        },
+        last: Last::Error(Status::deadline_exceeded(
+            "stormguard: the attempt's timeout ran out",
+        )),
+    }
+}
+
+/// The attempt in flight answered `result`: recorded (route, load report, throttle) and
+/// classified.
+fn answered<S, B>(
+    this: &mut FutureProj<'_, S, B>,
+    result: Result<http::Response<B>, S::Error>,
+) -> Outcome<B>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>>,
+    S::Error: Into<BoxError>,
+    B: http_body::Body,
+{
+    set_key(this.call, this.route, *this.keyed_by_route);
+    if let Ok(response) = &result {
+        // A trailers-only answer's load report (a committed answer's comes in its
+        // trailers, read by its body).
+        super::load::read(
+            response.headers(),
+            this.call.as_ref(),
+            this.route.as_ref(),
+            this.stats,
+        );
+    }
+    let outcome = classify(result, this.attempts.is_replayable());
+    if let Some(throttle) = this.throttle.as_ref() {
+        throttle.record(&outcome, Instant::now());
+    }
+    outcome
+}
+
+/// An attempt failed (`end`, the caller's answer `last` if no retry follows): the call's
+/// retry state grants a retry (the call then waits out its delay), or the call ends.
+fn failed<S, B>(
+    this: &mut FutureProj<'_, S, B>,
+    end: AttemptEnd,
+    last: Last<B>,
+    span: &tracing::Span,
+) -> Option<CallResult<B>>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>>,
+{
+    let Some(call) = this.call.as_mut() else {
+        return Some(end::expired(this.stats));
+    };
+    let now = Instant::now();
+    let verdict = call.on_attempt_end_at(end, now);
+    let timed_out = verdict.attempt_timed_out;
+    if timed_out {
+        this.stats.attempt_timed_out();
+    }
+    match verdict.decision {
+        Decision::Retry { delay } => {
+            let reason = retry_reason(&end, timed_out, verdict.transparent, delay, span);
+            if !verdict.transparent {
+                this.stats.delayed(matches!(
+                    end,
+                    AttemptEnd::Failed(f) if matches!(f.pushback, Some(Pushback::RetryAfter(_)))
+                ));
+            }
+            // The delay runs on the layer's timer (a granted delay ends before the call's
+            // deadline).
+            let until = Deadline::after_at(now, delay).instant();
+            this.timer.as_mut().arm(Some(until));
+            this.state.set(State::Waiting {
+                slept: false,
+                last: Box::new(last),
+                reason,
+                delay,
+            });
+            None
+        }
+        Decision::GiveUp(refusal) => {
+            let attempt = call.previous_attempts();
+            let left = call.remaining_at(now);
+            log_refusal(this.stats, this.attempts.uri(), refusal, attempt, left);
+            Some(end::give_up(this.stats, refusal, last, timed_out))
+        }
+        Decision::Expired => {
+            // Dropping the call state gives back a retry granted but not started (there is
+            // none here) and releases its permit.
+            drop(this.call.take());
+            Some(end::expired(this.stats))
+        }
+    }
+}
+
+/// Why a retry is sent after the attempt that ended with `end` (its span's `retry.reason`),
+/// logged at DEBUG in the ended attempt's `span`.
+fn retry_reason(
+    end: &AttemptEnd,
+    timed_out: bool,
+    transparent: bool,
+    delay: Duration,
+    span: &tracing::Span,
+) -> &'static str {
+    let code = ended_code(end, timed_out);
+    tracing::debug!(
+        parent: span,
+        code = code.name(),
+        timed_out,
+        delay_ms = delay.as_millis() as u64,
+        "stormguard: retrying"
+    );
+    if timed_out {
+        "per_attempt_timeout"
+    } else if transparent {
+        "transparent"
+    } else {
+        code.name()
+    }
+}
+
+/// `Waiting`, first part: the granted retry's delay runs out on `timer`, which then watches
+/// the call's `deadline` alone until the retry starts. Whether the deadline ran out.
+fn poll_delay(
+    mut timer: Pin<&mut Timer>,
+    slept: &mut bool,
+    deadline: Option<Instant>,
+    cx: &mut Context<'_>,
+) -> Poll<bool> {
+    if !*slept {
+        if !timer.as_mut().poll_fired(cx) {
+            return Poll::Pending;
+        }
+        *slept = true;
+        timer.as_mut().arm(deadline);
+    }
+    Poll::Ready(timer.poll_fired(cx))
+}
+
+/// `Waiting`, once the delay is over: readies a clone of the service and sends the retry
+/// (which the call's retry state may still refuse).
+fn poll_retry<S, B>(this: &mut FutureProj<'_, S, B>, cx: &mut Context<'_>) -> Step<B>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>> + Clone,
+    S::Error: Into<BoxError>,
+{
+    let svc = this.svc.get_or_insert_with(|| {
+        this.spare
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    });
+    if let Err(err) = ready!(svc.poll_ready(cx)) {
+        // The channel cannot take the retry (the granted retry goes back to the budget
+        // when the call state is dropped).
+        this.state.set(State::Done { status: None });
+        drop(this.call.take());
+        return Poll::Ready(Some(end::not_ready(this.stats, err.into())));
+    }
+    let StateReplace::Waiting {
+        last,
+        reason,
+        delay,
+        ..
+    } = this
+        .state
+        .as_mut()
+        .project_replace(State::Done { status: None })
+    else {
+        unreachable!("the state was Waiting a moment ago");
+    };
+    let Some(call) = this.call.as_mut() else {
+        return Poll::Ready(Some(end::expired(this.stats)));
+    };
+    let now = Instant::now();
+    let plan = match call.start_retry_at(now) {
+        Ok(plan) => plan,
+        Err(refusal) => {
+            let attempt = call.previous_attempts();
+            let left = call.remaining_at(now);
+            log_refusal(this.stats, this.attempts.uri(), refusal, attempt, left);
+            return Poll::Ready(Some(end::give_up(this.stats, refusal, *last, false)));
+        }
+    };
+    let mut request = this.attempts.retry(&plan, this.stamps);
+    if let Some(route) = this.route.as_ref() {
+        request.extensions_mut().insert(route.clone());
+    }
+    this.timer.as_mut().arm(plan.fire_at);
+    let span = attempt_span(this.attempts.uri(), plan.previous_attempts, reason, delay);
+    this.stats.retry_attempt(&plan);
+    let fut = {
+        let _enter = span.enter();
+        svc.call(request)
+    };
+    this.state.set(State::Called {
+        fut,
+        span,
+        started: now,
+    });
+    Poll::Ready(None)
+}
+
+impl<F: Future, B> State<F, B> {
+    /// Polls the attempt in flight, in its span (`None` in any other state).
+    fn poll_attempt(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<F::Output>> {
+        match self.project() {
+            StateProj::Called { fut, span, .. } => {
+                let _enter = span.enter();
+                fut.poll(cx).map(Some)
+            }
+            _ => Poll::Ready(None),
+        }
+    }
+
+    /// The span of the attempt in flight (none in any other state).
+    fn take_span(self: Pin<&mut Self>) -> tracing::Span {
+        match self.project() {
+            StateProj::Called { span, .. } => std::mem::replace(span, tracing::Span::none()),
+            _ => tracing::Span::none(),
         }
     }
 }

@@ -11,7 +11,7 @@ use tower_layer::Layer;
 use super::Retry;
 use super::events::LayerEvents;
 use super::replay::DEFAULT_REPLAY_LIMIT;
-use crate::stats::RetryStats;
+use super::stats::RetryStats;
 
 /// Wraps a tonic channel (any `Clone` service of `http::Request<tonic::body::Body>`) in a
 /// [`Retry`] service.
@@ -56,18 +56,18 @@ pub(super) struct Shared {
     /// order. (A meter keeps every callback registered on it, so registering once per
     /// configuration is the only way not to export a series twice.)
     #[cfg(feature = "opentelemetry")]
-    metrics: std::sync::OnceLock<Arc<crate::metrics::ClientMetrics>>,
+    metrics: std::sync::OnceLock<Arc<crate::retry::metrics::ClientMetrics>>,
 }
 
 impl Shared {
     /// The per-method counters of a new call to `path` (none without a meter).
-    pub(super) fn call_metrics(&self, path: &str) -> crate::metrics::CallMetrics {
+    pub(super) fn call_metrics(&self, path: &str) -> crate::retry::metrics::CallMetrics {
         #[cfg(feature = "opentelemetry")]
         if let Some(metrics) = self.metrics.get() {
             return metrics.call(path);
         }
         let _ = path;
-        crate::metrics::CallMetrics::none()
+        crate::retry::metrics::CallMetrics::none()
     }
 
     /// Registers the instruments, once, if the layer has a meter.
@@ -75,7 +75,7 @@ impl Shared {
         #[cfg(feature = "opentelemetry")]
         if let Some(meter) = &self.meter {
             self.metrics.get_or_init(|| {
-                Arc::new(crate::metrics::ClientMetrics::register(
+                Arc::new(crate::retry::metrics::ClientMetrics::register(
                     meter,
                     &self.stats,
                     &self.controller,
@@ -203,7 +203,7 @@ impl RetryLayer {
     /// [`CriticalityLayer`](crate::CriticalityLayer) outside this layer stamps it); a call
     /// refused is answered at once with `UNAVAILABLE` marked `grpc-retry-pushback-ms: -1`
     /// and never reaches the inner service, counted in
-    /// [`StatsSnapshot::throttled`](crate::StatsSnapshot::throttled) by class. Every
+    /// [`RetrySnapshot::throttled`](crate::RetrySnapshot::throttled) by class. Every
     /// attempt's answer, retries and hedges included, is recorded in it. A call the
     /// throttle lets through costs a lock and an atomic increment, no allocation.
     ///
@@ -274,8 +274,8 @@ impl RetryLayer {
         self
     }
 
-    /// Charges each call's retries to a key taken from its request (the seed design's bad
-    /// shard: a method, or a metadata value that routes to a shard), beside the shared
+    /// Charges each call's retries to a key taken from its request (a shard that may go
+    /// bad: a method, or a metadata value that routes to a shard), beside the shared
     /// budget: a key whose calls keep failing spends only what its own successes earned
     /// (plus the floor), and calls to the other keys keep their retries. `key` returns
     /// `None` for calls that only the shared budget pays for. The accounts are those of the
@@ -340,7 +340,7 @@ impl RetryLayer {
     }
 
     /// Record this layer's metrics into `meter` (feature `opentelemetry`); the
-    /// [`metrics`](crate::metrics) module lists them. Nothing global is read or set: the
+    /// [`metrics`](crate::retry::metrics) module lists them. Nothing global is read or set: the
     /// application owns the meter provider and its exporters. The instruments are
     /// registered when the layer builds its first service, so this goes before or after
     /// [`with_stats`](Self::with_stats) and [`with_name`](Self::with_name) alike.

@@ -16,8 +16,8 @@ use stormguard_core::retry::CallRetry;
 use stormguard_core::wire::http::ENDPOINT_LOAD_METRICS_BIN;
 use stormguard_core::wire::parse_load_report;
 
+use super::stats::RetryStats;
 use crate::replicas::Route;
-use crate::stats::RetryStats;
 
 /// The endpoint key of an attempt over a plain channel (one endpoint as far as the layer
 /// can tell).

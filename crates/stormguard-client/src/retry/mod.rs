@@ -114,8 +114,31 @@ mod events;
 mod future;
 mod layer;
 mod load;
+#[cfg(feature = "opentelemetry")]
+pub mod metrics;
+#[cfg(not(feature = "opentelemetry"))]
+mod metrics {
+    //! Without the `opentelemetry` feature a call counts nothing by method: this is empty.
+    use stormguard_core::code::Code;
+
+    #[derive(Debug, Default)]
+    pub(crate) struct CallMetrics;
+
+    impl CallMetrics {
+        pub(crate) fn none() -> Self {
+            CallMetrics
+        }
+
+        #[inline(always)]
+        pub(crate) fn attempt(&mut self) {}
+
+        #[inline(always)]
+        pub(crate) fn ended(&mut self, _code: Code) {}
+    }
+}
 mod record;
 mod replay;
+mod stats;
 mod throttle;
 mod timer;
 
@@ -130,7 +153,7 @@ pub use self::body::ResponseBody;
 pub use self::future::ResponseFuture;
 pub use self::layer::RetryLayer;
 pub use self::replay::DEFAULT_REPLAY_LIMIT;
-use crate::stats::RetryStats;
+pub use self::stats::{RefusedCounts, RetrySnapshot, RetryStats, ThrottledCounts};
 use crate::status::BoxError;
 
 /// A tonic channel wrapped in stormguard's retry controller; built by [`RetryLayer`].

@@ -1,7 +1,7 @@
 //! What one logical call counts, and where: the layer's counters, with a meter its
 //! method's metrics, and the layer's events (its name, its breaker's transitions). The
 //! layer's future and a committed call's response body record through it; neither the
-//! counters ([`stats`](crate::stats)) nor the metrics ([`metrics`](crate::metrics)) know
+//! counters ([`RetryStats`](crate::RetryStats)) nor the metrics ([`metrics`](crate::retry::metrics)) know
 //! of the other.
 
 use std::sync::Arc;
@@ -11,8 +11,8 @@ use stormguard_core::retry::AttemptPlan;
 
 use super::events::LayerEvents;
 use super::layer::Shared;
-use crate::metrics::CallMetrics;
-use crate::stats::RetryStats;
+use super::stats::RetryStats;
+use crate::retry::metrics::CallMetrics;
 
 /// What one logical call counts into: the layer's counters, and its method's counters
 /// when the layer records metrics (without the `opentelemetry` feature, nothing more).

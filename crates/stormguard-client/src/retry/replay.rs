@@ -15,11 +15,12 @@
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Waker, ready};
 
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body as HttpBody, Frame, SizeHint};
+use stormguard_core::HeldFrames;
 use tonic::Status;
 use tonic::body::Body;
 
@@ -67,15 +68,15 @@ pub(crate) fn buffer(mut body: Body, limit: usize) -> Buffered {
             Poll::Ready(Some(Err(status))) => Some(Err(status)),
             Poll::Pending => None,
         };
-        let rest = Body::new(Unread {
-            read: Some(read.into_bytes()).filter(|b| !b.is_empty()),
-            unread,
-            rest: body,
-        });
-        return match Replay::new(rest, limit) {
-            Ok((replay, first)) => Buffered::Stream(replay, first),
-            Err(body) => Buffered::Once(body),
-        };
+        // What was read goes back in front of the rest. The limit was checked against the
+        // body's announced length above; the frames read count against it as the first
+        // attempt sends them again.
+        let read = Some(read.into_bytes())
+            .filter(|b| !b.is_empty())
+            .map(|data| Ok(Frame::data(data)));
+        let rest = Body::new(HeldFrames::new(read.into_iter().chain(unread), Some(body)));
+        let (replay, first) = Replay::over(rest, limit);
+        return Buffered::Stream(replay, first);
     }
 }
 
@@ -108,36 +109,6 @@ impl Read {
             (Some(first), None) => first,
             (None, None) => Bytes::new(),
         }
-    }
-}
-
-/// A body whose first frames were already read: yields them again, then the rest.
-struct Unread {
-    read: Option<Bytes>,
-    unread: Option<Result<Frame<Bytes>, Status>>,
-    rest: Body,
-}
-
-impl HttpBody for Unread {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        let this = self.get_mut();
-        if let Some(data) = this.read.take() {
-            return Poll::Ready(Some(Ok(Frame::data(data))));
-        }
-        if let Some(frame) = this.unread.take() {
-            return Poll::Ready(Some(frame));
-        }
-        Pin::new(&mut this.rest).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.read.is_none() && self.unread.is_none() && self.rest.is_end_stream()
     }
 }
 
@@ -185,13 +156,19 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 impl Replay {
     /// Wraps `body` for replay of up to `limit` bytes and returns the first attempt's body.
     ///
-    /// Returns `None` (and gives the body back unchanged) when the body announces a length
+    /// Gives the body back unchanged (`Err`) when the body announces a length
     /// over the limit: such a body is sent once without any copying.
+    #[cfg(test)]
     pub(crate) fn new(body: Body, limit: usize) -> Result<(Replay, ReplayBody), Body> {
-        let hint = body.size_hint();
-        if hint.lower() > limit as u64 {
+        if body.size_hint().lower() > limit as u64 {
             return Err(body);
         }
+        Ok(Replay::over(body, limit))
+    }
+
+    /// Wraps `body` for replay of up to `limit` bytes, whatever length it announces, and
+    /// returns the first attempt's body.
+    fn over(body: Body, limit: usize) -> (Replay, ReplayBody) {
         let complete = body.is_end_stream();
         let state = State {
             rest: if complete { None } else { Some(body) },
@@ -205,7 +182,7 @@ impl Replay {
             }),
         };
         let first = replay.body();
-        Ok((replay, first))
+        (replay, first)
     }
 
     /// A fresh body for the next attempt: replays what was buffered, then reads on.
@@ -266,111 +243,126 @@ pub(crate) struct ReplayBody {
     trailers_sent: bool,
 }
 
+/// A frame of a request body, `None` at its end.
+type Polled = Option<Result<Frame<Bytes>, Status>>;
+
+impl State {
+    /// The body can no longer be replayed: the buffer is freed.
+    fn break_buffer(&mut self) {
+        self.broken = true;
+        self.chunks = Vec::new();
+        self.len = 0;
+    }
+}
+
+impl ReplayBody {
+    /// What earlier attempts buffered: the next chunk, the end of a body read whole, or a
+    /// wait for the attempt that holds the original body; `None` once this attempt holds
+    /// it (its frames are read next).
+    fn replay(&mut self, cx: &mut Context<'_>) -> Option<Poll<Polled>> {
+        let mut state = lock(&self.shared.state);
+        if state.broken && self.rest.is_none() {
+            // Another attempt overflowed the buffer: this one cannot resend the body.
+            return Some(Poll::Ready(Some(Err(Status::internal(
+                "stormguard: request body exceeded the replay limit and cannot be resent",
+            )))));
+        }
+        if let Some(chunk) = state.chunks.get(self.replayed) {
+            let chunk = chunk.clone();
+            self.replayed += 1;
+            self.replayed_bytes += chunk.len();
+            return Some(Poll::Ready(Some(Ok(Frame::data(chunk)))));
+        }
+        if state.complete {
+            if !self.trailers_sent {
+                self.trailers_sent = true;
+                if let Some(trailers) = state.trailers.clone() {
+                    return Some(Poll::Ready(Some(Ok(Frame::trailers(trailers)))));
+                }
+            }
+            return Some(Poll::Ready(None));
+        }
+        if self.rest.is_none() {
+            match state.rest.take() {
+                Some(rest) => self.rest = Some(rest),
+                None => {
+                    // The previous attempt still holds the original body (its transport has
+                    // not dropped it yet): wait until it hands it back.
+                    let id = self.id;
+                    match state.waiting.iter_mut().find(|(w, _)| *w == id) {
+                        Some((_, waker)) => waker.clone_from(cx.waker()),
+                        None => state.waiting.push((id, cx.waker().clone())),
+                    }
+                    return Some(Poll::Pending);
+                }
+            }
+        }
+        None
+    }
+
+    /// A frame this attempt read from the original body: buffered for later attempts while
+    /// the buffer stays within the limit (and the call has not committed).
+    fn keep(&mut self, frame: Polled) -> Polled {
+        let mut state = lock(&self.shared.state);
+        if state.committed {
+            // No attempt will follow: the buffer has no reader left.
+            state.break_buffer();
+            self.passthrough = true;
+            return frame;
+        }
+        match &frame {
+            Some(Ok(f)) => {
+                if let Some(data) = f.data_ref() {
+                    if state.len + data.len() > self.shared.limit {
+                        // Over the bound: free the buffer now and stream the rest once.
+                        state.break_buffer();
+                        self.passthrough = true;
+                    } else {
+                        state.len += data.len();
+                        state.chunks.push(data.clone());
+                        self.replayed += 1;
+                        self.replayed_bytes += data.len();
+                    }
+                } else if let Some(trailers) = f.trailers_ref() {
+                    state.trailers = Some(trailers.clone());
+                    state.complete = true;
+                    self.trailers_sent = true;
+                    self.rest = None;
+                }
+            }
+            Some(Err(_)) => {
+                state.break_buffer();
+                self.rest = None;
+            }
+            None => {
+                state.complete = true;
+                self.rest = None;
+                self.trailers_sent = true;
+            }
+        }
+        frame
+    }
+}
+
 impl HttpBody for ReplayBody {
     type Data = Bytes;
     type Error = Status;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Polled> {
         let this = self.get_mut();
-        if !this.passthrough {
-            let mut state = lock(&this.shared.state);
-            if state.broken && this.rest.is_none() {
-                // Another attempt overflowed the buffer: this one cannot resend the body.
-                return Poll::Ready(Some(Err(Status::internal(
-                    "stormguard: request body exceeded the replay limit and cannot be resent",
-                ))));
-            }
-            if let Some(chunk) = state.chunks.get(this.replayed) {
-                let chunk = chunk.clone();
-                this.replayed += 1;
-                this.replayed_bytes += chunk.len();
-                return Poll::Ready(Some(Ok(Frame::data(chunk))));
-            }
-            if state.complete {
-                if !this.trailers_sent {
-                    this.trailers_sent = true;
-                    if let Some(trailers) = state.trailers.clone() {
-                        return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
-                    }
-                }
-                return Poll::Ready(None);
-            }
-            if this.rest.is_none() {
-                match state.rest.take() {
-                    Some(rest) => this.rest = Some(rest),
-                    None => {
-                        // The previous attempt still holds the original body (its transport
-                        // has not dropped it yet): wait until it hands it back.
-                        let id = this.id;
-                        match state.waiting.iter_mut().find(|(w, _)| *w == id) {
-                            Some((_, waker)) => waker.clone_from(cx.waker()),
-                            None => state.waiting.push((id, cx.waker().clone())),
-                        }
-                        return Poll::Pending;
-                    }
-                }
-            }
+        if !this.passthrough
+            && let Some(replayed) = this.replay(cx)
+        {
+            return replayed;
         }
-
         let Some(rest) = this.rest.as_mut() else {
             return Poll::Ready(None);
         };
-        let frame = match Pin::new(rest).poll_frame(cx) {
-            Poll::Pending => return Poll::Pending,
-            Poll::Ready(frame) => frame,
-        };
+        let frame = ready!(Pin::new(rest).poll_frame(cx));
         if this.passthrough {
             return Poll::Ready(frame);
         }
-        let mut state = lock(&this.shared.state);
-        if state.committed {
-            // No attempt will follow: the buffer has no reader left.
-            state.broken = true;
-            state.chunks = Vec::new();
-            state.len = 0;
-            this.passthrough = true;
-            return Poll::Ready(frame);
-        }
-        match frame {
-            Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    if state.len + data.len() > this.shared.limit {
-                        // Over the bound: free the buffer now and stream the rest once.
-                        state.broken = true;
-                        state.chunks = Vec::new();
-                        state.len = 0;
-                        this.passthrough = true;
-                    } else {
-                        state.len += data.len();
-                        state.chunks.push(data.clone());
-                        this.replayed += 1;
-                        this.replayed_bytes += data.len();
-                    }
-                } else if let Some(trailers) = frame.trailers_ref() {
-                    state.trailers = Some(trailers.clone());
-                    state.complete = true;
-                    this.trailers_sent = true;
-                    this.rest = None;
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Some(Err(status)) => {
-                state.broken = true;
-                state.chunks = Vec::new();
-                state.len = 0;
-                this.rest = None;
-                Poll::Ready(Some(Err(status)))
-            }
-            None => {
-                state.complete = true;
-                this.rest = None;
-                this.trailers_sent = true;
-                Poll::Ready(None)
-            }
-        }
+        Poll::Ready(this.keep(frame))
     }
 
     fn is_end_stream(&self) -> bool {

@@ -57,34 +57,3 @@ impl Timer {
             .is_some_and(|sleep| sleep.poll(cx).is_ready())
     }
 }
-
-/// A body's timer: unarmed (and unallocated) until a body first has to wait, then boxed so
-/// that the body stays `Unpin` (bodies are read with `BodyExt::frame`, which needs it).
-#[derive(Debug, Default)]
-pub(super) struct BodyTimer {
-    sleep: Option<Pin<Box<Sleep>>>,
-}
-
-impl BodyTimer {
-    /// Whether the timer is armed.
-    pub(super) fn is_armed(&self) -> bool {
-        self.sleep.is_some()
-    }
-
-    /// Arms the timer at `at`.
-    pub(super) fn arm(&mut self, at: Instant) {
-        self.sleep = Some(Box::pin(tokio::time::sleep_until(at)));
-    }
-
-    /// Whether the timer is armed and has fired (registers `cx` to be woken when it does).
-    pub(super) fn poll_fired(&mut self, cx: &mut Context<'_>) -> bool {
-        self.sleep
-            .as_mut()
-            .is_some_and(|sleep| sleep.as_mut().poll(cx).is_ready())
-    }
-
-    /// Disarms the timer.
-    pub(super) fn disarm(&mut self) {
-        self.sleep = None;
-    }
-}

@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stormguard_client::{RetryLayer, StatsSnapshot};
+use stormguard_client::{RetryLayer, RetrySnapshot};
 use stormguard_core::Instant;
 use stormguard_core::breaker::{BreakerConfig, CircuitBreaker};
 use stormguard_core::budget::{Budget, BudgetConfig, RetryBudget};
@@ -192,7 +192,7 @@ fn code_of(
     }
 }
 
-async fn through_the_layer(script: &Script) -> (Vec<Record>, StatsSnapshot) {
+async fn through_the_layer(script: &Script) -> (Vec<Record>, RetrySnapshot) {
     let t0 = Instant::now();
     let records = Arc::new(Mutex::new(Vec::new()));
     let answers = Arc::new(Mutex::new(

@@ -316,7 +316,7 @@ pub fn throttle_client_config(per_attempt: Option<Duration>) -> ClientConfig {
 /// - 2 copies at most: a hedge may double a call's cost, never more, and the budget
 ///   bounds how often it does;
 /// - the second after `delay`
-///   ([`StormConfig::hedge_delay`](super::StormConfig::hedge_delay), which says why 20 ms);
+///   ([`LoopbackStorm::hedge_delay`](super::LoopbackStorm::hedge_delay), which says why 20 ms);
 /// - `UNAVAILABLE` non-fatal, the code stormguard retries by default: a copy that
 ///   failed it lets the other go on. (A copy the `ShedLayer` shed is non-fatal whatever
 ///   the codes, since it never ran; its pushback puts off, or with `-1` stops, the

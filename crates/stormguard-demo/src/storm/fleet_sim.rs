@@ -42,6 +42,7 @@ use stormguard_core::breaker::BreakerConfig;
 use stormguard_core::budget::BudgetConfig;
 use stormguard_core::config::{BudgetChoice, ClientConfig, ConfigError};
 use stormguard_server::ShedLayer;
+use stormguard_sim::StormConfig;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -54,8 +55,8 @@ use super::{
     MAX_PENDING_ACCEPT_RESET_STREAMS, Policy, PolicyRun, ServerModel, StormReport, Workers,
     storm_report, stormguard_client_config,
 };
-use crate::net_sim;
 use crate::server::{DemoConfig, DemoCounts, DemoInventory};
+use crate::turmoil_net;
 use crate::{InventoryClient, InventoryServer};
 
 /// The port every simulated server listens on.
@@ -97,97 +98,13 @@ impl Default for Network {
     }
 }
 
-/// The storm at fleet scale.
-#[derive(Clone, Debug, PartialEq)]
-pub struct FleetStormConfig {
-    /// Client hosts, each with its own retry policy, budget and replica set.
-    pub clients: usize,
-    /// Server hosts (the replicas every client balances over).
-    pub servers: usize,
-    /// Calls each server runs at once.
-    pub workers: usize,
-    /// Virtual time one call holds a worker at normal speed.
-    pub service_time: Duration,
-    /// The trigger multiplies the service time by this.
-    pub slowdown: f64,
-    /// Offered load as a share of the fleet's capacity, `servers × workers / service_time`.
-    pub load: f64,
-    /// Deadline of a logical call.
-    pub deadline: Duration,
-    /// Per-attempt timeout of every policy.
-    pub per_attempt: Duration,
-    /// The naive loop's fixed delay between attempts.
-    pub naive_backoff: Duration,
-    /// Attempts of the naive loop.
-    pub naive_attempts: u32,
-    /// Seconds before the trigger.
-    pub warmup_s: u32,
-    /// Seconds of the trigger.
-    pub trigger_s: u32,
-    /// Seconds after the trigger.
-    pub after_s: u32,
-    /// The simulated network.
-    pub network: Network,
-    /// Seed of the whole run.
-    pub seed: u64,
-}
-
-impl FleetStormConfig {
-    /// 20 client hosts, 2 servers of 8 workers × 10 ms (1,600 calls/s), 78 % load, 200 ms
-    /// deadline, 50 ms per attempt, service time × 2.5 from 5 s to 8 s, 12 s after.
-    pub fn standard() -> Self {
-        FleetStormConfig {
-            clients: 20,
-            servers: 2,
-            workers: 8,
-            service_time: Duration::from_millis(10),
-            slowdown: 2.5,
-            load: 0.78,
-            deadline: Duration::from_millis(200),
-            per_attempt: Duration::from_millis(50),
-            naive_backoff: Duration::from_millis(10),
-            naive_attempts: 3,
-            warmup_s: 5,
-            trigger_s: 3,
-            after_s: 12,
-            network: Network::default(),
-            seed: 1,
-        }
-    }
-
-    /// A shorter run: 2 s before, 2 s of trigger, 4 s after.
-    pub fn quick() -> Self {
-        FleetStormConfig {
-            warmup_s: 2,
-            trigger_s: 2,
-            after_s: 4,
-            ..FleetStormConfig::standard()
-        }
-    }
-
-    /// Seconds of one policy's run.
-    pub fn total_s(&self) -> u32 {
-        self.warmup_s + self.trigger_s + self.after_s
-    }
-
-    /// Completions per second of all servers at the normal service time.
-    pub fn capacity(&self) -> f64 {
-        (self.servers * self.workers) as f64 / self.service_time.as_secs_f64()
-    }
-
-    /// Logical calls offered per second by the whole fleet.
-    pub fn offered_per_second(&self) -> f64 {
-        self.load * self.capacity()
-    }
-
-    /// The admission config of a shedding server: the defaults with the server's worker
-    /// count, as the storm's, seeded from `seed`.
-    pub fn admission(&self, seed: u64) -> AdmissionConfig {
-        AdmissionConfig {
-            workers: self.workers,
-            seed: Some(seed),
-            ..AdmissionConfig::default()
-        }
+/// The admission config of a shedding server: the defaults with the server's worker
+/// count, as the storm's, seeded from `seed`.
+fn admission(storm: &StormConfig, seed: u64) -> AdmissionConfig {
+    AdmissionConfig {
+        workers: storm.workers,
+        seed: Some(seed),
+        ..AdmissionConfig::default()
     }
 }
 
@@ -220,11 +137,11 @@ fn turmoil_sim(network: &Network, seed: u64, limit: Duration) -> turmoil::Sim<'s
 
 /// A lazily connected channel to `host`, with keepalive and the storm's reset settings.
 fn channel(host: &str, network: &Network) -> Result<Channel, tonic::transport::Error> {
-    let endpoint: Endpoint = net_sim::endpoint(host, PORT)?
+    let endpoint: Endpoint = turmoil_net::endpoint(host, PORT)?
         .http2_keep_alive_interval(network.keepalive)
         .keep_alive_timeout(network.keepalive)
         .http2_max_local_error_reset_streams(None);
-    Ok(net_sim::connect_lazy_with(endpoint))
+    Ok(turmoil_net::connect_lazy_with(endpoint))
 }
 
 /// Serves `service` on [`PORT`] of the current host, behind a `ShedLayer` for `admission`
@@ -234,7 +151,7 @@ async fn serve<T: crate::Inventory>(
     admission: Option<AdmissionConfig>,
     bound: &watch::Sender<usize>,
 ) -> turmoil::Result {
-    let incoming = net_sim::incoming(PORT).await?;
+    let incoming = turmoil_net::incoming(PORT).await?;
     bound.send_modify(|n| *n += 1);
     let builder = Server::builder()
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS));
@@ -302,13 +219,14 @@ async fn offer(
     while calls.join_next().await.is_some() {}
 }
 
-/// Runs the storm for `policy` on turmoil: `config.servers` server hosts, `config.clients`
-/// client hosts. Returns the run, its counters summed over the clients (offered calls and
-/// goodput by the second the call arrived, attempts by the second they were sent), and the
-/// virtual time it took.
+/// Runs the storm `config` for `policy` on turmoil over `network`: `config.servers` server
+/// hosts, `config.clients` client hosts. Returns the run, its counters summed over the
+/// clients (offered calls and goodput by the second the call arrived, attempts by the
+/// second they were sent), and the virtual time it took.
 pub fn run_storm_policy(
     policy: Policy,
-    config: &FleetStormConfig,
+    config: &StormConfig,
+    network: &Network,
 ) -> Result<(PolicyRun, Duration), FleetSimError> {
     if !matches!(
         policy,
@@ -322,7 +240,7 @@ pub fn run_storm_policy(
     let total = Duration::from_secs(u64::from(config.total_s()));
     // Every call ends within its deadline of the last arrival; the rest is slack.
     let limit = total + config.deadline + Duration::from_secs(5);
-    let mut sim = turmoil_sim(&config.network, config.seed, limit);
+    let mut sim = turmoil_sim(network, config.seed, limit);
     let (bound, ready) = watch::channel(0usize);
     let bound = Arc::new(bound);
     let servers: Vec<String> = (0..config.servers).map(|i| format!("server{i}")).collect();
@@ -331,107 +249,140 @@ pub fn run_storm_policy(
         let bound = Arc::clone(&bound);
         let seed = mix(config.seed, 100 + i as u64);
         sim.host(name.as_str(), move || {
-            let config = config.clone();
-            let bound = Arc::clone(&bound);
-            async move {
-                let demo = DemoInventory::new(DemoConfig {
-                    service_time: config.service_time,
-                    fail_rate: 0.0,
-                    seed,
-                });
-                let control = demo.control();
-                let origin = origin();
-                let (normal, slowed) = (
-                    config.service_time,
-                    config.service_time.mul_f64(config.slowdown),
-                );
-                let (from, until) = (
-                    Duration::from_secs(u64::from(config.warmup_s)),
-                    Duration::from_secs(u64::from(config.warmup_s + config.trigger_s)),
-                );
-                tokio::spawn(async move {
-                    tokio::time::sleep_until(origin + from).await;
-                    control.set_service_time(slowed);
-                    tokio::time::sleep_until(origin + until).await;
-                    control.set_service_time(normal);
-                });
-                let workers = Workers::new(demo, config.workers, ServerModel::Cancelling);
-                let admission = policy.sheds().then(|| config.admission(seed));
-                serve(workers, admission, &bound).await
-            }
+            storm_server(policy, config.clone(), seed, Arc::clone(&bound))
         });
     }
     let results: Arc<Mutex<Vec<ClientResult>>> = Arc::default();
-    let rate = config.offered_per_second() / config.clients as f64;
     for c in 0..config.clients {
-        let config = config.clone();
-        let servers = servers.clone();
+        let host = StormClient {
+            policy,
+            config: config.clone(),
+            network: *network,
+            servers: servers.clone(),
+            seed: mix(config.seed, 1_000 + c as u64),
+        };
         let results = Arc::clone(&results);
         let mut ready = ready.clone();
-        let seed = mix(config.seed, 1_000 + c as u64);
         sim.client(format!("client{c}"), async move {
-            ready.wait_for(|n| *n >= servers.len()).await?;
-            let origin = origin();
-            let timeline = Arc::new(Timeline::new(origin, config.total_s() as usize));
-            let mut members = Vec::with_capacity(servers.len());
-            for name in &servers {
-                let observed = Observe::new(channel(name, &config.network)?, Arc::clone(&timeline));
-                members.push((name.clone(), observed));
-            }
-            let replicas = Replicas::from_services(
-                ReplicaConfig {
-                    seed: Some(mix(seed, 1)),
-                    ..ReplicaConfig::default()
-                },
-                members,
-            )?;
-            let (caller, stats) = match policy {
-                Policy::Naive | Policy::ServerOnly => {
-                    let naive = Naive {
-                        max_attempts: config.naive_attempts,
-                        delays: Delays::Fixed(config.naive_backoff),
-                        deadline: config.deadline,
-                        per_attempt: Some(config.per_attempt),
-                        seed: mix(seed, 2),
-                    };
-                    (naive_caller(InventoryClient::new(replicas), naive), None)
-                }
-                _ => {
-                    let client_config = stormguard_client_config(Some(config.per_attempt));
-                    let layer = RetryLayer::from_config_seeded(&client_config, mix(seed, 3))?
-                        .over_replicas();
-                    let stats = layer.stats();
-                    let service = ServiceBuilder::new().layer(layer).service(replicas);
-                    (
-                        layered_caller(InventoryClient::new(service), Some(config.deadline)),
-                        Some(stats),
-                    )
-                }
-            };
-            offer(
-                caller,
-                &timeline,
-                origin,
-                total,
-                rate,
-                config.deadline,
-                mix(seed, 4),
-            )
-            .await;
+            ready.wait_for(|n| *n >= host.servers.len()).await?;
+            let result = host.run().await?;
             results
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .push(ClientResult {
-                    timeline: timeline.snapshot(),
-                    budget_refusals: stats.map(|s| s.snapshot().refused.budget),
-                    connection_errors: timeline.connection_errors(),
-                });
+                .push(result);
             Ok(())
         });
     }
     sim.run().map_err(sim_error)?;
     let elapsed = sim.elapsed();
     let results = std::mem::take(&mut *results.lock().unwrap_or_else(PoisonError::into_inner));
+    Ok((sum_clients(policy, config, &results), elapsed))
+}
+
+/// One server host of the storm: the demo Inventory, slowed during the trigger, behind
+/// the storm's workers and, for a shedding policy, the `ShedLayer` seeded from `seed`.
+async fn storm_server(
+    policy: Policy,
+    config: StormConfig,
+    seed: u64,
+    bound: Arc<watch::Sender<usize>>,
+) -> turmoil::Result {
+    let demo = DemoInventory::new(DemoConfig {
+        service_time: config.service_time,
+        fail_rate: 0.0,
+        seed,
+    });
+    let control = demo.control();
+    let origin = origin();
+    let (normal, slowed) = (
+        config.service_time,
+        config.service_time.mul_f64(config.slowdown),
+    );
+    let trigger = config.trigger();
+    tokio::spawn(async move {
+        tokio::time::sleep_until(origin + trigger.from).await;
+        control.set_service_time(slowed);
+        tokio::time::sleep_until(origin + trigger.until).await;
+        control.set_service_time(normal);
+    });
+    let workers = Workers::new(demo, config.workers, ServerModel::Cancelling);
+    let admission = policy.sheds().then(|| admission(&config, seed));
+    serve(workers, admission, &bound).await
+}
+
+/// One client host of the storm.
+struct StormClient {
+    policy: Policy,
+    config: StormConfig,
+    network: Network,
+    servers: Vec<String>,
+    seed: u64,
+}
+
+impl StormClient {
+    /// Offers the host's share of the calls through its policy over its own `Replicas` of
+    /// every server, and returns what it counted.
+    async fn run(self) -> turmoil::Result<ClientResult> {
+        let config = &self.config;
+        let origin = origin();
+        let timeline = Arc::new(Timeline::new(origin, config.total_s() as usize));
+        let mut members = Vec::with_capacity(self.servers.len());
+        for name in &self.servers {
+            let observed = Observe::new(channel(name, &self.network)?, Arc::clone(&timeline));
+            members.push((name.clone(), observed));
+        }
+        let replicas = Replicas::from_services(
+            ReplicaConfig {
+                seed: Some(mix(self.seed, 1)),
+                ..ReplicaConfig::default()
+            },
+            members,
+        )?;
+        let (caller, stats) = match self.policy {
+            Policy::Naive | Policy::ServerOnly => {
+                let naive = Naive {
+                    max_attempts: config.naive_attempts,
+                    delays: Delays::Fixed(config.naive_backoff),
+                    deadline: config.deadline,
+                    per_attempt: Some(config.per_attempt),
+                    seed: mix(self.seed, 2),
+                };
+                (naive_caller(InventoryClient::new(replicas), naive), None)
+            }
+            _ => {
+                let client_config = stormguard_client_config(Some(config.per_attempt));
+                let layer = RetryLayer::from_config_seeded(&client_config, mix(self.seed, 3))?
+                    .over_replicas();
+                let stats = layer.stats();
+                let service = ServiceBuilder::new().layer(layer).service(replicas);
+                (
+                    layered_caller(InventoryClient::new(service), Some(config.deadline)),
+                    Some(stats),
+                )
+            }
+        };
+        let total = Duration::from_secs(u64::from(config.total_s()));
+        let rate = config.offered_per_second() / config.clients as f64;
+        offer(
+            caller,
+            &timeline,
+            origin,
+            total,
+            rate,
+            config.deadline,
+            mix(self.seed, 4),
+        )
+        .await;
+        Ok(ClientResult {
+            timeline: timeline.snapshot(),
+            budget_refusals: stats.map(|s| s.snapshot().refused.budget),
+            connection_errors: timeline.connection_errors(),
+        })
+    }
+}
+
+/// The run of `policy`: the clients' counters summed second by second.
+fn sum_clients(policy: Policy, config: &StormConfig, results: &[ClientResult]) -> PolicyRun {
     let mut timeline: Vec<super::Second> = (0..config.total_s())
         .map(|t| super::Second {
             t,
@@ -440,7 +391,7 @@ pub fn run_storm_policy(
         .collect();
     let mut budget_refusals = None;
     let mut connection_errors = 0;
-    for r in &results {
+    for r in results {
         for (sum, s) in timeline.iter_mut().zip(&r.timeline) {
             sum.offered += s.offered;
             sum.goodput += s.goodput;
@@ -452,7 +403,7 @@ pub fn run_storm_policy(
         }
         connection_errors += r.connection_errors;
     }
-    let run = PolicyRun {
+    PolicyRun {
         policy,
         timeline,
         budget_refusals,
@@ -461,14 +412,13 @@ pub fn run_storm_policy(
         throttled: None,
         saturated_refusals: None,
         hedges: None,
-    };
-    Ok((run, elapsed))
+    }
 }
 
 /// The storm's report of `runs` (from [`run_storm_policy`] with `config`), with the
 /// nominal capacity (on virtual time a sleep takes exactly its duration, rounded up to the
 /// tick).
-pub fn fleet_storm_report(runs: &[PolicyRun], config: &FleetStormConfig) -> StormReport {
+pub fn fleet_storm_report(runs: &[PolicyRun], config: &StormConfig) -> StormReport {
     let capacity = config.capacity();
     storm_report(
         runs,

@@ -12,12 +12,12 @@
 //! most its deadline); attempts and shed answers in the second they were sent or
 //! received.
 //!
-//! With [`StormConfig::overload`] the trigger is replaced by a sustained overload (the
-//! whole run at a multiple of the capacity), and with [`StormConfig::reject_cost`] every
+//! With [`LoopbackStorm::overload`] the trigger is replaced by a sustained overload (the
+//! whole run at a multiple of the capacity), and with [`LoopbackStorm::reject_cost`] every
 //! answer the `ShedLayer` sheds costs the server CPU before it is sent: the case the
 //! client's adaptive throttle ([`Policy::Throttle`]) is for.
 //!
-//! The `storm` example runs it; the test suite runs [`StormConfig::quick`].
+//! The `storm` example runs it; the test suite runs [`LoopbackStorm::quick`].
 
 pub mod chain;
 mod client;
@@ -31,6 +31,7 @@ use std::time::Duration;
 use stormguard_core::admission::AdmissionConfig;
 use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::config::ConfigError;
+use stormguard_sim::StormConfig;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -89,7 +90,7 @@ pub enum Policy {
     Hedging,
     /// `stormguard` plus the client's adaptive throttle with its defaults
     /// ([`throttle_client_config`]): for a server whose refusals cost real work
-    /// ([`StormConfig::reject_cost`]). Not in the default run.
+    /// ([`LoopbackStorm::reject_cost`]). Not in the default run.
     Throttle,
     /// `stormguard` with load reports (ORCA) on both layers: the `ShedLayer` reports its
     /// load on every answer and the `RetryLayer` refuses retries while the server reports
@@ -152,38 +153,18 @@ impl Policy {
     }
 }
 
-/// The scenario's knobs.
+/// The storm on loopback: the storm's settings and what this run adds to them (its
+/// capacity measurement, its server model, the hedging policy's delay, the sustained
+/// overload and the cost of a refusal).
 #[derive(Clone, Debug, PartialEq)]
-pub struct StormConfig {
-    /// Calls the server runs at once.
-    pub workers: usize,
-    /// Wall time of one call at normal speed.
-    pub service_time: Duration,
-    /// The trigger multiplies the service time by this.
-    pub slowdown: f64,
-    /// Offered load as a share of the measured capacity.
-    pub load: f64,
-    /// The deadline of a logical call.
-    pub deadline: Duration,
-    /// The longest one attempt may take.
-    pub per_attempt: Duration,
-    /// The fixed delay between a naive client's attempts (and the first window of the
-    /// jittered one).
-    pub naive_backoff: Duration,
-    /// Attempts of the naive clients.
-    pub naive_attempts: u32,
-    /// Seconds before the trigger.
-    pub warmup_s: u32,
-    /// Seconds of the trigger.
-    pub trigger_s: u32,
-    /// Seconds after the trigger.
-    pub after_s: u32,
+pub struct LoopbackStorm {
+    /// The storm (its `clients` and `servers` are one each here; its `load` is a share of
+    /// the *measured* capacity).
+    pub storm: StormConfig,
     /// How long each capacity measurement takes.
     pub calibration: Duration,
     /// What the server does with work whose caller left.
     pub model: ServerModel,
-    /// Seed of arrivals and jitter.
-    pub seed: u64,
     /// Whether the shed layer's worker limit is adaptive (starting at the default 64 and
     /// following latency) rather than `workers`.
     pub adaptive_limit: bool,
@@ -211,26 +192,14 @@ pub struct StormConfig {
     pub reject_cost: Duration,
 }
 
-impl StormConfig {
-    /// The default run: 8 workers × 10 ms, 78 % load, 200 ms deadline (room for three
-    /// whole attempts and their delays), 50 ms per attempt,
-    /// service time × 2.5 from 5 s to 9 s, 16 s after; hedges after 20 ms.
+impl LoopbackStorm {
+    /// The default run: [`StormConfig::loopback`], capacity measured for 1.5 s, a
+    /// cancelling server, hedges after 20 ms.
     pub fn standard() -> Self {
-        StormConfig {
-            workers: 8,
-            service_time: Duration::from_millis(10),
-            slowdown: 2.5,
-            load: 0.78,
-            deadline: Duration::from_millis(200),
-            per_attempt: Duration::from_millis(50),
-            naive_backoff: Duration::from_millis(10),
-            naive_attempts: 3,
-            warmup_s: 5,
-            trigger_s: 4,
-            after_s: 16,
+        LoopbackStorm {
+            storm: StormConfig::loopback(),
             calibration: Duration::from_millis(1500),
             model: ServerModel::Cancelling,
-            seed: 1,
             adaptive_limit: false,
             hedge_delay: Duration::from_millis(20),
             overload: None,
@@ -238,36 +207,23 @@ impl StormConfig {
         }
     }
 
-    /// A shorter run for tests: 1 s before, 2 s of trigger, 3 s after.
+    /// A shorter run for tests: [`StormConfig::loopback_quick`], capacity measured for
+    /// 0.6 s.
     pub fn quick() -> Self {
-        StormConfig {
-            warmup_s: 1,
-            trigger_s: 2,
-            after_s: 3,
+        LoopbackStorm {
+            storm: StormConfig::loopback_quick(),
             calibration: Duration::from_millis(600),
-            ..StormConfig::standard()
+            ..LoopbackStorm::standard()
         }
-    }
-
-    /// Seconds of one policy's run.
-    pub fn total_s(&self) -> u32 {
-        self.warmup_s + self.trigger_s + self.after_s
-    }
-
-    fn trigger_start(&self) -> Duration {
-        Duration::from_secs(u64::from(self.warmup_s))
-    }
-
-    fn trigger_end(&self) -> Duration {
-        Duration::from_secs(u64::from(self.warmup_s + self.trigger_s))
     }
 
     /// The seconds the report's trigger spans: the trigger, or with
     /// [`overload`](Self::overload) the whole run (it is all overload).
     fn reported_trigger(&self) -> (u32, u32) {
+        let storm = &self.storm;
         match self.overload {
-            Some(_) => (0, self.total_s()),
-            None => (self.warmup_s, self.warmup_s + self.trigger_s),
+            Some(_) => (0, storm.total_s()),
+            None => (storm.warmup_s, storm.warmup_s + storm.trigger_s),
         }
     }
 
@@ -281,7 +237,7 @@ impl StormConfig {
             };
         }
         AdmissionConfig {
-            workers: self.workers,
+            workers: self.storm.workers,
             ..AdmissionConfig::default()
         }
     }
@@ -298,24 +254,27 @@ pub struct Capacity {
 
 /// The demo Inventory at the normal service time behind the scenario's capacity model,
 /// and the handle that changes its service time.
-fn capacity_model(config: &StormConfig) -> (Workers, DemoControl) {
+fn capacity_model(config: &LoopbackStorm) -> (Workers, DemoControl) {
     let demo = DemoInventory::new(DemoConfig {
-        service_time: config.service_time,
+        service_time: config.storm.service_time,
         fail_rate: 0.0,
-        seed: config.seed,
+        seed: config.storm.seed,
     });
     let control = demo.control();
-    (Workers::new(demo, config.workers, config.model), control)
+    (
+        Workers::new(demo, config.storm.workers, config.model),
+        control,
+    )
 }
 
 /// Measures the server's capacity at both service times: `2 × workers` callers in a
 /// closed loop without deadlines keep every worker busy, and completions are counted.
-pub async fn measure_capacity(config: &StormConfig) -> Result<Capacity, StormError> {
+pub async fn measure_capacity(config: &LoopbackStorm) -> Result<Capacity, StormError> {
     let (workers, control) = capacity_model(config);
     let serving = serve(workers.clone(), None).await?;
     let client = InventoryClient::new(connect(serving.addr).await?);
     let mut callers = JoinSet::new();
-    for _ in 0..2 * config.workers {
+    for _ in 0..2 * config.storm.workers {
         let mut client = client.clone();
         callers.spawn(async move {
             loop {
@@ -330,9 +289,10 @@ pub async fn measure_capacity(config: &StormConfig) -> Result<Capacity, StormErr
         });
     }
     let mut rates = [0.0; 2];
+    let storm = &config.storm;
     for (i, service_time) in [
-        config.service_time,
-        config.service_time.mul_f64(config.slowdown),
+        storm.service_time,
+        storm.service_time.mul_f64(storm.slowdown),
     ]
     .into_iter()
     .enumerate()
@@ -353,16 +313,16 @@ pub async fn measure_capacity(config: &StormConfig) -> Result<Capacity, StormErr
     })
 }
 
-/// The whole storm: measures the capacity, offers `config.load` of it to each of
+/// The whole storm: measures the capacity, offers `config.storm.load` of it to each of
 /// `policies` in turn, and reports. `progress` is called with each policy and the share of
 /// its run done (1.0 when it ends).
 pub async fn run_storm(
-    config: &StormConfig,
+    config: &LoopbackStorm,
     policies: &[Policy],
     progress: &(dyn Fn(Policy, f64) + Send + Sync),
 ) -> Result<StormReport, StormError> {
     let capacity = measure_capacity(config).await?;
-    let rate = config.overload.unwrap_or(config.load) * capacity.normal;
+    let rate = config.overload.unwrap_or(config.storm.load) * capacity.normal;
     let mut runs = Vec::with_capacity(policies.len());
     for &policy in policies {
         runs.push(run_policy(policy, config, rate, &|done| progress(policy, done)).await?);
@@ -383,7 +343,7 @@ pub async fn run_storm(
 /// called with the share of the run done, about ten times a second.
 pub async fn run_policy(
     policy: Policy,
-    config: &StormConfig,
+    config: &LoopbackStorm,
     rate: f64,
     progress: &(dyn Fn(f64) + Send + Sync),
 ) -> Result<PolicyRun, StormError> {
@@ -397,94 +357,18 @@ pub async fn run_policy(
     let serving = serve_costed(workers.clone(), admission, reject_cost.clone(), reports).await?;
     let channel: Channel = connect(serving.addr).await?;
 
-    let total = Duration::from_secs(u64::from(config.total_s()));
     let start = Instant::now();
-    let timeline = Arc::new(Timeline::new(start, config.total_s() as usize));
+    let timeline = Arc::new(Timeline::new(start, config.storm.total_s() as usize));
     let observed = Observe::new(channel, Arc::clone(&timeline));
-    let per_attempt = Some(config.per_attempt);
-    let naive = |delays| Naive {
-        max_attempts: config.naive_attempts,
-        delays,
-        deadline: config.deadline,
-        per_attempt,
-        seed: config.seed,
+    let (caller, stats) = policy_caller(policy, config, observed)?;
+    let offered = Offered {
+        config,
+        control: &control,
+        timeline: &timeline,
+        start,
+        rate,
     };
-    let fixed = Delays::Fixed(config.naive_backoff);
-    let (caller, stats) = match policy {
-        Policy::Naive | Policy::ServerOnly => (
-            naive_caller(InventoryClient::new(observed), naive(fixed)),
-            None,
-        ),
-        Policy::Jitter => {
-            let jitter = Delays::Jittered(BackoffConfig::FullJitter {
-                base: config.naive_backoff,
-                cap: config.deadline,
-                multiplier: 2.0,
-            });
-            (
-                naive_caller(InventoryClient::new(observed), naive(jitter)),
-                None,
-            )
-        }
-        Policy::GrpcThrottle
-        | Policy::ClientOnly
-        | Policy::Stormguard
-        | Policy::Hedging
-        | Policy::Throttle
-        | Policy::Reports => {
-            let client_config = match policy {
-                Policy::GrpcThrottle => grpc_throttle_client_config(per_attempt)?,
-                Policy::Hedging => hedging_client_config(config.hedge_delay),
-                Policy::Throttle => throttle_client_config(per_attempt),
-                _ => stormguard_client_config(per_attempt),
-            };
-            let (client, stats) = layered_client(observed, &client_config, config.seed, reports)?;
-            (layered_caller(client, Some(config.deadline)), Some(stats))
-        }
-    };
-
-    let mut rng = fastrand::Rng::with_seed(config.seed);
-    let mut calls = JoinSet::new();
-    let mut next = start;
-    let mut slowed = false;
-    let mut restored = false;
-    let mut last_progress = start;
-    let deadline = config.deadline;
-    while next < start + total {
-        tokio::time::sleep_until(next).await;
-        let now = Instant::now();
-        let elapsed = now - start;
-        // A sustained overload keeps the service time as it is.
-        if !slowed && config.overload.is_none() && elapsed >= config.trigger_start() {
-            control.set_service_time(config.service_time.mul_f64(config.slowdown));
-            slowed = true;
-        }
-        if !restored && elapsed >= config.trigger_end() {
-            control.set_service_time(config.service_time);
-            restored = true;
-        }
-        if now - last_progress >= Duration::from_millis(100) {
-            progress(elapsed.as_secs_f64() / total.as_secs_f64());
-            last_progress = now;
-        }
-        let second = timeline.second(next);
-        timeline.offered(second);
-        let caller = caller.clone();
-        let timeline = Arc::clone(&timeline);
-        calls.spawn(async move {
-            let called = Instant::now();
-            let answer =
-                tokio::time::timeout(deadline, tower::ServiceExt::oneshot(caller, ())).await;
-            if matches!(answer, Ok(Ok(_))) && called.elapsed() <= deadline {
-                timeline.goodput(second);
-            }
-        });
-        // Exponential gaps: a Poisson process at `rate` per second.
-        let gap = -(1.0 - rng.f64()).ln() / rate;
-        next += Duration::from_secs_f64(gap);
-        while calls.try_join_next().is_some() {}
-    }
-    while calls.join_next().await.is_some() {}
+    offered.offer(caller, progress).await;
     progress(1.0);
     workers.close();
     drop(serving);
@@ -510,4 +394,117 @@ pub async fn run_policy(
                 refused: s.hedges_refused.iter().filter(|(_, n)| *n > 0).collect(),
             }),
     })
+}
+
+/// The caller of `policy` over `observed`, and the retry layer's counters if it has one.
+fn policy_caller(
+    policy: Policy,
+    config: &LoopbackStorm,
+    observed: Observe<Channel>,
+) -> Result<(client::Caller, Option<stormguard_client::RetryStats>), StormError> {
+    let storm = &config.storm;
+    let per_attempt = Some(storm.per_attempt);
+    let naive = |delays| Naive {
+        max_attempts: storm.naive_attempts,
+        delays,
+        deadline: storm.deadline,
+        per_attempt,
+        seed: storm.seed,
+    };
+    let fixed = Delays::Fixed(storm.naive_backoff);
+    Ok(match policy {
+        Policy::Naive | Policy::ServerOnly => (
+            naive_caller(InventoryClient::new(observed), naive(fixed)),
+            None,
+        ),
+        Policy::Jitter => {
+            let jitter = Delays::Jittered(BackoffConfig::FullJitter {
+                base: storm.naive_backoff,
+                cap: storm.deadline,
+                multiplier: 2.0,
+            });
+            (
+                naive_caller(InventoryClient::new(observed), naive(jitter)),
+                None,
+            )
+        }
+        Policy::GrpcThrottle
+        | Policy::ClientOnly
+        | Policy::Stormguard
+        | Policy::Hedging
+        | Policy::Throttle
+        | Policy::Reports => {
+            let client_config = match policy {
+                Policy::GrpcThrottle => grpc_throttle_client_config(per_attempt)?,
+                Policy::Hedging => hedging_client_config(config.hedge_delay),
+                Policy::Throttle => throttle_client_config(per_attempt),
+                _ => stormguard_client_config(per_attempt),
+            };
+            let reports = policy == Policy::Reports;
+            let (client, stats) = layered_client(observed, &client_config, storm.seed, reports)?;
+            (layered_caller(client, Some(storm.deadline)), Some(stats))
+        }
+    })
+}
+
+/// The open-loop arrivals of one policy's run, and the trigger on the server's speed.
+struct Offered<'a> {
+    config: &'a LoopbackStorm,
+    control: &'a DemoControl,
+    timeline: &'a Arc<Timeline>,
+    start: Instant,
+    rate: f64,
+}
+
+impl Offered<'_> {
+    /// Offers Poisson calls at `rate` through `caller` for the run's length, slowing the
+    /// server during the trigger; returns when every call has ended.
+    async fn offer(&self, caller: client::Caller, progress: &(dyn Fn(f64) + Send + Sync)) {
+        let storm = &self.config.storm;
+        let total = Duration::from_secs(u64::from(storm.total_s()));
+        let trigger = storm.trigger();
+        let mut rng = fastrand::Rng::with_seed(storm.seed);
+        let mut calls = JoinSet::new();
+        let mut next = self.start;
+        let mut slowed = false;
+        let mut restored = false;
+        let mut last_progress = self.start;
+        let deadline = storm.deadline;
+        while next < self.start + total {
+            tokio::time::sleep_until(next).await;
+            let now = Instant::now();
+            let elapsed = now - self.start;
+            // A sustained overload keeps the service time as it is.
+            if !slowed && self.config.overload.is_none() && elapsed >= trigger.from {
+                self.control
+                    .set_service_time(storm.service_time.mul_f64(storm.slowdown));
+                slowed = true;
+            }
+            if !restored && elapsed >= trigger.until {
+                self.control.set_service_time(storm.service_time);
+                restored = true;
+            }
+            if now - last_progress >= Duration::from_millis(100) {
+                progress(elapsed.as_secs_f64() / total.as_secs_f64());
+                last_progress = now;
+            }
+            let second = self.timeline.second(next);
+            self.timeline.offered(second);
+            let caller = caller.clone();
+            let timeline = Arc::clone(self.timeline);
+            calls.spawn(async move {
+                let called = Instant::now();
+                let answer =
+                    tokio::time::timeout(deadline, tower::ServiceExt::oneshot(caller, ())).await;
+                if matches!(answer, Ok(Ok(_))) && called.elapsed() <= deadline {
+                    timeline.goodput(second);
+                }
+            });
+            // Exponential gaps: a Poisson process at `rate` per second.
+            let gap = -(1.0 - rng.f64()).ln() / self.rate;
+            next += Duration::from_secs_f64(gap);
+            while calls.try_join_next().is_some() {}
+        }
+        while calls.join_next().await.is_some() {}
+    }
 }

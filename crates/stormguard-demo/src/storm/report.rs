@@ -130,7 +130,7 @@ pub struct PolicyRun {
     /// connection). Zero when the h2 settings hold.
     pub connection_errors: u64,
     /// CPU the server spent on shed answers
-    /// ([`StormConfig::reject_cost`](super::StormConfig::reject_cost)); zero without a cost.
+    /// ([`LoopbackStorm::reject_cost`](super::LoopbackStorm::reject_cost)); zero without a cost.
     pub reject_cpu: Duration,
     /// Calls the client's adaptive throttle refused locally; `None` for clients without
     /// stormguard's layer.
@@ -204,7 +204,7 @@ pub struct PolicySummary {
     /// that succeeded in time).
     pub goodput_share_of_capacity: f64,
     /// CPU the server spent on shed answers over the run, in milliseconds
-    /// ([`StormConfig::reject_cost`](super::StormConfig::reject_cost); 0 without a cost).
+    /// ([`LoopbackStorm::reject_cost`](super::LoopbackStorm::reject_cost); 0 without a cost).
     pub reject_cpu_ms: f64,
     /// Calls the client's adaptive throttle refused locally (`None`: no stormguard layer).
     #[serde(skip)]
@@ -248,7 +248,7 @@ pub struct StormReport {
     #[serde(skip)]
     pub offered_rate: f64,
     /// The sustained overload, as a multiple of the capacity, when the run was one
-    /// ([`StormConfig::overload`](super::StormConfig::overload)): the table then shows
+    /// ([`LoopbackStorm::overload`](super::LoopbackStorm::overload)): the table then shows
     /// goodput as a share of capacity and the CPU spent rejecting.
     #[serde(skip)]
     pub overload: Option<f64>,

@@ -22,8 +22,9 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{HeaderMap, response::Parts};
-use http_body::Body as _;
+use http_body::{Body as _, Frame};
 use pin_project_lite::pin_project;
+use stormguard_core::HeldFrames;
 use stormguard_core::code::Code;
 use stormguard_core::pushback::Pushback;
 use stormguard_core::wire::http::{
@@ -32,9 +33,9 @@ use stormguard_core::wire::http::{
 use stormguard_core::wire::{
     IdempotencyKeyError, encode_grpc_status, encode_pushback, parse_grpc_status,
 };
+use tonic::Status;
 use tonic::body::Body;
 
-use super::body::HeldBody;
 use super::store::header_bytes;
 use super::{
     IdempotencyKey, IdempotencyStats, IdempotencyStore, MESSAGE_IN_FLIGHT, MESSAGE_NOT_KEPT, Record,
@@ -251,40 +252,35 @@ impl Reading {
                         trailers.clone(),
                     ));
                 }
-                let body = HeldBody {
-                    data: VecDeque::from(if bytes.is_empty() {
-                        vec![]
-                    } else {
-                        vec![bytes]
-                    }),
-                    trailers,
-                    ..HeldBody::default()
-                };
-                http::Response::from_parts(parts, Body::new(body))
+                let data = Some(bytes).filter(|b| !b.is_empty());
+                http::Response::from_parts(parts, held(data, None, trailers.map(Ok)))
             }
             End::TooLarge(trailers) => {
                 claim.stats.0.oversize.fetch_add(1, Ordering::Relaxed);
                 claim.complete(not_kept());
                 let rest = trailers.is_none() && !body.is_end_stream();
-                let body = HeldBody {
-                    data,
-                    rest: rest.then_some(body),
-                    trailers,
-                    ..HeldBody::default()
-                };
-                http::Response::from_parts(parts, Body::new(body))
+                let body = held(data, rest.then_some(body), trailers.map(Ok));
+                http::Response::from_parts(parts, body)
             }
             End::Failed(status) => {
                 drop(claim);
-                let body = HeldBody {
-                    data,
-                    error: Some(status),
-                    ..HeldBody::default()
-                };
-                http::Response::from_parts(parts, Body::new(body))
+                http::Response::from_parts(parts, held(data, None, Some(Err(status))))
             }
         }
     }
+}
+
+/// The body of an answer the layer held: `data`, then the `rest` of a live answer (when the
+/// layer stopped reading it), then `last` (trailers, or the error the live answer failed
+/// with). A recorded answer sent again has no rest.
+fn held(
+    data: impl IntoIterator<Item = Bytes>,
+    rest: Option<Body>,
+    last: Option<Result<HeaderMap, Status>>,
+) -> Body {
+    let last = last.map(|last| last.map(Frame::trailers));
+    let frames = data.into_iter().map(|d| Ok(Frame::data(d))).chain(last);
+    Body::new(HeldFrames::new(frames, rest))
 }
 
 /// The frames read, as one buffer (no copy for the usual single frame).
@@ -346,16 +342,9 @@ fn not_kept() -> Record {
 
 /// A recorded answer, sent again.
 pub(super) fn replay(record: &Record) -> http::Response<Body> {
-    let body = HeldBody {
-        data: if record.body().is_empty() {
-            VecDeque::new()
-        } else {
-            VecDeque::from([record.body().clone()])
-        },
-        trailers: record.trailers().cloned(),
-        ..HeldBody::default()
-    };
-    let mut response = http::Response::new(Body::new(body));
+    let data = Some(record.body().clone()).filter(|b| !b.is_empty());
+    let trailers = record.trailers().cloned().map(Ok);
+    let mut response = http::Response::new(held(data, None, trailers));
     *response.headers_mut() = record.headers().clone();
     response
 }

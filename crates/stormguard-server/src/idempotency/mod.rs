@@ -78,7 +78,6 @@
 //! key, a repeat) does not call the inner service: the readiness it was given is unused,
 //! which tonic's router and the `ShedLayer` allow.
 
-mod body;
 mod future;
 mod store;
 

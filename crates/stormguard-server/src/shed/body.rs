@@ -1,15 +1,13 @@
 //! The response body: the handler's, holding the call's worker until it ends.
 
 use std::fmt;
-use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use stormguard_core::Instant;
-use tokio::time::Sleep;
+use stormguard_core::{DeadlineCut, Instant, Polled};
 
 use super::events::QueuedEvents;
 use super::gate::WorkerPermit;
@@ -34,16 +32,14 @@ pin_project! {
     /// messages sent so far. A frame the handler has ready is forwarded after one clock read
     /// (data frames only); the first time it has none, a timer is armed at the cut-off.
     pub struct ShedBody<B> {
+        // The handler's body (none for the layer's own answers), held to the call's
+        // cut-off while it streams.
         #[pin]
-        inner: Option<B>,
+        body: DeadlineCut<B>,
         permit: Option<WorkerPermit>,
         report: Option<CallReport>,
-        // When the call is cut, until its body ends; and what tells of it.
-        cut_at: Option<Instant>,
+        // What tells of a cut.
         events: Option<QueuedEvents>,
-        // Armed at `cut_at` the first time the handler's body has nothing ready (boxed: the
-        // body stays `Unpin`, and a body that never waits allocates none).
-        timer: Option<Pin<Box<Sleep>>>,
     }
 }
 
@@ -51,12 +47,10 @@ impl<B> ShedBody<B> {
     /// An empty body: the layer's own answers (trailers-only).
     pub(crate) fn empty() -> Self {
         ShedBody {
-            inner: None,
+            body: DeadlineCut::empty(),
             permit: None,
             report: None,
-            cut_at: None,
             events: None,
-            timer: None,
         }
     }
 
@@ -82,12 +76,10 @@ impl<B> ShedBody<B> {
         };
         let (cut_at, events) = cut.unzip();
         ShedBody {
-            inner: Some(body),
+            body: DeadlineCut::new(body, cut_at),
             permit,
             report,
-            cut_at,
             events,
-            timer: None,
         }
     }
 }
@@ -106,39 +98,13 @@ impl<B: Body> Body for ShedBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let mut this = self.project();
-        let Some(inner) = this.inner.as_mut().as_pin_mut() else {
-            return Poll::Ready(None);
-        };
-        if this.cut_at.is_some()
-            && let Some(sleep) = this.timer.as_mut()
-            && sleep.as_mut().poll(cx).is_ready()
-        {
-            return Poll::Ready(Some(Ok(cut(&mut this))));
-        }
-        let mut frame = match inner.poll_frame(cx) {
-            Poll::Ready(frame) => frame,
-            Poll::Pending => {
-                // The first wait: from now on the timer watches the cut-off.
-                if let Some(at) = *this.cut_at
-                    && this.timer.is_none()
-                {
-                    let sleep = this.timer.insert(Box::pin(tokio::time::sleep_until(at)));
-                    if sleep.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(Some(Ok(cut(&mut this))));
-                    }
-                }
-                return Poll::Pending;
+        let this = self.project();
+        let mut frame = match ready!(this.body.poll_frame(cx)) {
+            Polled::Frame(frame) => frame,
+            Polled::Cut => {
+                return Poll::Ready(Some(Ok(cut(this.report, this.events, this.permit))));
             }
         };
-        if let (Some(Ok(f)), Some(at)) = (&frame, *this.cut_at)
-            && f.is_data()
-            && this.timer.is_none()
-            && Instant::now() >= at
-        {
-            // A stream that never waited is held to its deadline too.
-            return Poll::Ready(Some(Ok(cut(&mut this))));
-        }
         if let Some(Ok(f)) = &mut frame
             && let Some(trailers) = f.trailers_mut()
             && let Some(report) = this.report.take()
@@ -161,41 +127,36 @@ impl<B: Body> Body for ShedBody<B> {
         if ended && let Some(permit) = this.permit.take() {
             permit.finished();
         }
-        if ended || matches!(frame, Some(Err(_))) {
-            *this.cut_at = None;
-            *this.timer = None;
-        }
         Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(Body::is_end_stream)
+        self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner
-            .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+        self.body.size_hint()
     }
 }
 
-/// The call's cut-off passed before its body ended: drops the handler's body (its stream),
-/// gives the worker back and returns the trailers that end the call `DEADLINE_EXCEEDED`
-/// (with the call's load report, when the layer sends them).
-fn cut<B, D>(this: &mut ShedBodyProj<'_, B>) -> Frame<D> {
-    this.inner.set(None);
-    *this.timer = None;
-    *this.cut_at = None;
+/// The call's cut-off passed before its body ended (the handler's body, its stream, is
+/// dropped): gives the worker back and returns the trailers that end the call
+/// `DEADLINE_EXCEEDED` (with the call's load report, when the layer sends them).
+fn cut<D>(
+    report: &mut Option<CallReport>,
+    events: &mut Option<QueuedEvents>,
+    permit: &mut Option<WorkerPermit>,
+) -> Frame<D> {
     let mut trailers = HeaderMap::new();
     super::response::deadline_cut_status(&mut trailers);
-    if let Some(report) = this.report.take() {
+    if let Some(report) = report.take() {
         // Built while the call still holds its worker, as for any other ending.
         report.attach_at(&mut trailers, Instant::now());
     }
-    if let Some(events) = this.events.take() {
+    if let Some(events) = events.take() {
         events.cut(true);
     }
-    if let Some(permit) = this.permit.take() {
+    if let Some(permit) = permit.take() {
         permit.cut();
     }
     Frame::trailers(trailers)
@@ -204,9 +165,9 @@ fn cut<B, D>(this: &mut ShedBodyProj<'_, B>) -> Frame<D> {
 impl<B> fmt::Debug for ShedBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShedBody")
-            .field("answered_by_layer", &self.inner.is_none())
+            .field("answered_by_layer", &self.body.get_ref().is_none())
             .field("holds_worker", &self.permit.is_some())
-            .field("cut_at", &self.cut_at)
+            .field("cut_at", &self.body.cut_at())
             .finish()
     }
 }

@@ -175,20 +175,20 @@ impl<B: Body + Unpin> Drain<B> {
     }
 }
 
-/// A queued call's request, not yet handed to the inner service. Dropped unused (the
-/// call expired, or the transport dropped the call), its body is discarded as above.
-pub(crate) struct Unread<Req> {
+/// A queued call's request, until it is handed to the inner service. Dropped unused (the
+/// call expired, or the transport dropped the call), it discards its body as above.
+pub(crate) struct Discard<Req> {
     request: Option<Req>,
     drains: Arc<Drains>,
     discard: fn(Req, &Arc<Drains>),
 }
 
-impl<B> Unread<http::Request<B>>
+impl<B> Discard<http::Request<B>>
 where
     B: Body + Send + Unpin + 'static,
 {
     pub(crate) fn new(request: http::Request<B>, drains: &Arc<Drains>) -> Self {
-        Unread {
+        Discard {
             request: Some(request),
             drains: Arc::clone(drains),
             discard: discard_request::<B>,
@@ -196,14 +196,14 @@ where
     }
 }
 
-impl<Req> Unread<Req> {
+impl<Req> Discard<Req> {
     /// The request, to hand to the inner service; it is then no longer discarded here.
     pub(crate) fn take(&mut self) -> Option<Req> {
         self.request.take()
     }
 }
 
-impl<Req> Drop for Unread<Req> {
+impl<Req> Drop for Discard<Req> {
     fn drop(&mut self) {
         if let Some(request) = self.request.take() {
             (self.discard)(request, &self.drains);

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
 use stormguard_core::Instant;
@@ -13,13 +13,14 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::body::ShedBody;
-use super::drain::Unread;
+use super::drain::Discard;
 use super::events::QueuedEvents;
 use super::gate::{Ticket, Turn, WorkerPermit};
 use super::load::CallReport;
 use super::response;
 
 pin_project! {
+    #[project = FutureProj]
     /// The response future of [`ShedService`](super::ShedService).
     ///
     /// A hand-written state machine, no boxing: a queued call holds its place
@@ -65,7 +66,7 @@ pin_project! {
         Queued {
             ticket: Ticket,
             service: Option<S>,
-            request: Unread<Req>,
+            request: Discard<Req>,
             context: CallContext,
             scope: Option<RequestScope>,
         },
@@ -112,7 +113,7 @@ where
         scope: RequestScope,
         ticket: Ticket,
         service: S,
-        request: Unread<Req>,
+        request: Discard<Req>,
         events: QueuedEvents,
         report: Option<CallReport>,
     ) -> Self {
@@ -170,154 +171,18 @@ where
     S: Service<Req, Response = http::Response<B>>,
     B: http_body::Body,
 {
-    type Output = Result<http::Response<ShedBody<B>>, S::Error>;
+    type Output = Answer<B, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let mut state = this.state;
-        let report = this.report;
-        let mut timer = this.timer;
-        let cut_at = this.cut_at;
-        let events = this.events;
+        let mut this = self.project();
         loop {
-            match state.as_mut().project() {
-                StateProj::Queued {
-                    ticket,
-                    service,
-                    request,
-                    context,
-                    scope,
-                } => {
-                    let fired = poll_timer(timer.as_mut(), cx);
-                    match ticket.poll_turn(cx.waker(), fired) {
-                        Turn::Wait => return Poll::Pending,
-                        Turn::Expired => {
-                            if let Some(events) = events.as_ref() {
-                                events.expired();
-                            }
-                            // Dropping the queued state discards the unread request body.
-                            state.set(State::Answered { response: None });
-                            let answer =
-                                response::with_report(response::expired(), report.as_ref(), false);
-                            return Poll::Ready(Ok(with_empty_body(answer)));
-                        }
-                        Turn::Closing => {
-                            // As when expired, dropping the queued state discards the unread
-                            // request body.
-                            state.set(State::Answered { response: None });
-                            let answer = response::with_report(
-                                response::shutting_down(),
-                                report.as_ref(),
-                                false,
-                            );
-                            return Poll::Ready(Ok(with_empty_body(answer)));
-                        }
-                        Turn::Shed(shed) => {
-                            // Gave its place up in a full queue; as when expired, dropping
-                            // the queued state discards the unread request body.
-                            if let Some(events) = events.as_ref() {
-                                events.shed(&shed);
-                            }
-                            let code = ticket.shed_code(shed.pushback);
-                            state.set(State::Answered { response: None });
-                            let answer = response::shed(code, shed.reason, shed.pushback);
-                            let answer = response::with_report(answer, report.as_ref(), true);
-                            return Poll::Ready(Ok(with_empty_body(answer)));
-                        }
-                        Turn::Run(permit) => {
-                            if let Some(report) = report.as_mut() {
-                                report.started_at(stormguard_core::Instant::now());
-                            }
-                            let (Some(mut service), Some(request), Some(scope)) =
-                                (service.take(), request.take(), scope.take())
-                            else {
-                                // The state only holds both until this transition.
-                                unreachable_state();
-                                return Poll::Ready(Ok(with_empty_body(response::expired())));
-                            };
-                            let future = context::request_scope(
-                                scope,
-                                context::scope(*context, service.call(request)),
-                            );
-                            // The expiry's timer now watches when the running call is cut.
-                            match *cut_at {
-                                Some(at) if timer.is_some() => {
-                                    if let Some(sleep) = timer.as_mut().as_pin_mut() {
-                                        sleep.reset(at);
-                                    }
-                                }
-                                _ => timer.set(None),
-                            }
-                            state.set(State::Running {
-                                future,
-                                permit: Some(permit),
-                            });
-                        }
+            match this.state.as_mut().project() {
+                StateProj::Queued { .. } => {
+                    if let Some(answer) = ready!(poll_queued(&mut this, cx)) {
+                        return Poll::Ready(answer);
                     }
                 }
-                StateProj::Running { mut future, permit } => {
-                    let output = match future.as_mut().poll(cx) {
-                        Poll::Ready(output) => output,
-                        Poll::Pending => {
-                            if !poll_timer(timer.as_mut(), cx) {
-                                return Poll::Pending;
-                            }
-                            // The deadline passed before the handler answered: its future
-                            // is dropped, then its worker given back.
-                            let permit = permit.take();
-                            state.set(State::Answered { response: None });
-                            timer.set(None);
-                            if let Some(events) = events.as_ref() {
-                                events.cut(false);
-                            }
-                            let answer = response::with_report(
-                                response::deadline_cut(),
-                                report.as_ref(),
-                                false,
-                            );
-                            if let Some(permit) = permit {
-                                permit.cut();
-                            }
-                            return Poll::Ready(Ok(with_empty_body(answer)));
-                        }
-                    };
-                    let permit = permit.take();
-                    // A client layer inside the handler gave up on a retryable failure:
-                    // the handler's own answer must not invite a retry from above either.
-                    let refused = future
-                        .take_value()
-                        .is_some_and(|scope| scope.downstream_refused());
-                    let output = output.map(|mut response| {
-                        if refused && response::mark_downstream_refused(&mut response) {
-                            tracing::debug!("stormguard: answer marked do-not-retry");
-                        }
-                        response
-                    });
-                    let mut report = report.take();
-                    return Poll::Ready(match output {
-                        // The body holds the worker until it ends (see `ShedBody`).
-                        Ok(mut response) => {
-                            // A trailers-only answer (its status in the headers) carries the
-                            // report there; any other in its trailers (see `ShedBody`).
-                            if response.headers().contains_key(GRPC_STATUS)
-                                && let Some(report) = report.take()
-                            {
-                                report.attach_at(
-                                    response.headers_mut(),
-                                    stormguard_core::Instant::now(),
-                                );
-                            }
-                            let cut = cut_at.take().zip(events.take());
-                            Ok(response.map(|body| ShedBody::holding(body, permit, report, cut)))
-                        }
-                        Err(error) => {
-                            if let Some(permit) = permit {
-                                permit.finished();
-                            }
-                            Err(error)
-                        }
-                    });
-                }
+                StateProj::Running { .. } => return poll_running(&mut this, cx),
                 StateProj::Answered { response } => {
                     return match response.take() {
                         Some(response) => Poll::Ready(Ok(with_empty_body(response))),
@@ -328,6 +193,214 @@ where
                     };
                 }
             }
+        }
+    }
+}
+
+/// What the future answers.
+type Answer<B, E> = Result<http::Response<ShedBody<B>>, E>;
+
+/// `Queued`: the call waits for its turn; it runs, or is answered by the layer (expired,
+/// shed, the server closing). `None` once it runs.
+fn poll_queued<S, Req, B>(
+    this: &mut FutureProj<'_, S, Req>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Answer<B, S::Error>>>
+where
+    S: Service<Req, Response = http::Response<B>>,
+{
+    let StateProj::Queued {
+        ticket,
+        service,
+        request,
+        context,
+        scope,
+    } = this.state.as_mut().project()
+    else {
+        return Poll::Ready(None);
+    };
+    let fired = poll_timer(this.timer.as_mut(), cx);
+    let (answer, shed) = match ticket.poll_turn(cx.waker(), fired) {
+        Turn::Wait => return Poll::Pending,
+        Turn::Expired => {
+            if let Some(events) = this.events.as_ref() {
+                events.expired();
+            }
+            (response::expired(), false)
+        }
+        Turn::Closing => (response::shutting_down(), false),
+        Turn::Shed(shed) => {
+            // Gave its place up in a full queue.
+            if let Some(events) = this.events.as_ref() {
+                events.shed(&shed);
+            }
+            let code = ticket.shed_code(shed.pushback);
+            (response::shed(code, shed.reason, shed.pushback), true)
+        }
+        Turn::Run(permit) => {
+            let taken = (service.take(), request.take(), scope.take());
+            let context = *context;
+            return Poll::Ready(run(this, permit, context, taken));
+        }
+    };
+    // Dropping the queued state discards the unread request body.
+    this.state.set(State::Answered { response: None });
+    let answer = response::with_report(answer, this.report.as_ref(), shed);
+    Poll::Ready(Some(Ok(with_empty_body(answer))))
+}
+
+/// A queued call's turn came: it calls the inner service with what it kept, holding
+/// `permit`. `None` once it runs.
+fn run<S, Req, B>(
+    this: &mut FutureProj<'_, S, Req>,
+    permit: WorkerPermit,
+    context: CallContext,
+    taken: (Option<S>, Option<Req>, Option<RequestScope>),
+) -> Option<Answer<B, S::Error>>
+where
+    S: Service<Req, Response = http::Response<B>>,
+{
+    if let Some(report) = this.report.as_mut() {
+        report.started_at(stormguard_core::Instant::now());
+    }
+    let (Some(mut service), Some(request), Some(scope)) = taken else {
+        // The state only holds both until this transition.
+        unreachable_state();
+        return Some(Ok(with_empty_body(response::expired())));
+    };
+    let future = context::request_scope(scope, context::scope(context, service.call(request)));
+    // The expiry's timer now watches when the running call is cut.
+    match *this.cut_at {
+        Some(at) if this.timer.is_some() => {
+            if let Some(sleep) = this.timer.as_mut().as_pin_mut() {
+                sleep.reset(at);
+            }
+        }
+        _ => this.timer.set(None),
+    }
+    this.state.set(State::Running {
+        future,
+        permit: Some(permit),
+    });
+    None
+}
+
+/// `Running`: the handler answers, or its deadline passes first and the call is cut.
+fn poll_running<S, Req, B>(
+    this: &mut FutureProj<'_, S, Req>,
+    cx: &mut Context<'_>,
+) -> Poll<Answer<B, S::Error>>
+where
+    S: Service<Req, Response = http::Response<B>>,
+    B: http_body::Body,
+{
+    let ran = match this.state.as_mut().poll_handler(cx) {
+        Poll::Ready(Some(ran)) => ran,
+        Poll::Ready(None) => {
+            unreachable_state();
+            return Poll::Pending;
+        }
+        Poll::Pending => {
+            if !poll_timer(this.timer.as_mut(), cx) {
+                return Poll::Pending;
+            }
+            return Poll::Ready(Ok(cut(this)));
+        }
+    };
+    let Ran {
+        output,
+        permit,
+        refused,
+    } = ran;
+    // A client layer inside the handler gave up on a retryable failure: the handler's own
+    // answer must not invite a retry from above either.
+    let output = output.map(|mut response| {
+        if refused && response::mark_downstream_refused(&mut response) {
+            tracing::debug!("stormguard: answer marked do-not-retry");
+        }
+        response
+    });
+    let mut report = this.report.take();
+    Poll::Ready(match output {
+        // The body holds the worker until it ends (see `ShedBody`).
+        Ok(mut response) => {
+            // A trailers-only answer (its status in the headers) carries the report there;
+            // any other in its trailers (see `ShedBody`).
+            if response.headers().contains_key(GRPC_STATUS)
+                && let Some(report) = report.take()
+            {
+                report.attach_at(response.headers_mut(), stormguard_core::Instant::now());
+            }
+            let cut = this.cut_at.take().zip(this.events.take());
+            Ok(response.map(|body| ShedBody::holding(body, permit, report, cut)))
+        }
+        Err(error) => {
+            if let Some(permit) = permit {
+                permit.finished();
+            }
+            Err(error)
+        }
+    })
+}
+
+/// The deadline passed before the handler answered: its future is dropped, then its worker
+/// given back, and the caller answered `DEADLINE_EXCEEDED`.
+fn cut<S, Req, B>(this: &mut FutureProj<'_, S, Req>) -> http::Response<ShedBody<B>>
+where
+    S: Service<Req>,
+{
+    let permit = this.state.as_mut().take_permit();
+    this.state.set(State::Answered { response: None });
+    this.timer.set(None);
+    if let Some(events) = this.events.as_ref() {
+        events.cut(false);
+    }
+    let answer = response::with_report(response::deadline_cut(), this.report.as_ref(), false);
+    if let Some(permit) = permit {
+        permit.cut();
+    }
+    with_empty_body(answer)
+}
+
+/// What a handler's future returns.
+type Handled<S, Req> = Result<<S as Service<Req>>::Response, <S as Service<Req>>::Error>;
+
+/// What a handler's future left: its output, the worker it held, and whether a client
+/// layer inside it refused a retry.
+struct Ran<T> {
+    output: T,
+    permit: Option<WorkerPermit>,
+    refused: bool,
+}
+
+impl<S, Req> State<S, Req>
+where
+    S: Service<Req>,
+{
+    /// Polls the handler's future (in `Running`; `None` in any other state).
+    fn poll_handler(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Ran<Handled<S, Req>>>> {
+        let StateProj::Running { mut future, permit } = self.project() else {
+            return Poll::Ready(None);
+        };
+        let output = ready!(future.as_mut().poll(cx));
+        let refused = future
+            .take_value()
+            .is_some_and(|scope| scope.downstream_refused());
+        Poll::Ready(Some(Ran {
+            output,
+            permit: permit.take(),
+            refused,
+        }))
+    }
+
+    /// The worker a running call holds.
+    fn take_permit(self: Pin<&mut Self>) -> Option<WorkerPermit> {
+        match self.project() {
+            StateProj::Running { permit, .. } => permit.take(),
+            _ => None,
         }
     }
 }

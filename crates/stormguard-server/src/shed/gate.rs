@@ -28,7 +28,7 @@ use stormguard_core::admission::{AdmissionConfig, AdmissionPolicy, CallClass, Sh
 use stormguard_core::code::Code;
 use stormguard_core::queue::{AdmissionQueue, Arrival, Dispatch, QueuedId};
 
-use crate::stats::{Counters, Occupancy};
+use crate::shed::stats::{Counters, Occupancy};
 
 /// One server's admission gate: the core queue (every decision), the outcomes its
 /// waiters have not yet seen, and the counters.

@@ -57,7 +57,7 @@ pub struct ShedLayer {
     /// The queue's instruments, registered on `meter` when the layer first wraps a
     /// service, once per queue (a meter keeps every callback registered on it).
     #[cfg(feature = "opentelemetry")]
-    metrics: Arc<std::sync::OnceLock<crate::metrics::ServerMetrics>>,
+    metrics: Arc<std::sync::OnceLock<crate::shed::metrics::ServerMetrics>>,
 }
 
 impl ShedLayer {
@@ -221,10 +221,8 @@ impl ShedLayer {
     /// The report says: `application_utilization` = calls running / the current worker
     /// limit, `rps_fractional` = calls that arrived per second, `eps` = calls shed per
     /// second, and the named metrics `queue_depth` (calls waiting) and `time_queued_ms`
-    /// (how long this call waited; both left out at zero). On the wire (base64 of the
-    /// protobuf, measured by `tests/server/load_reports.rs`): 36 bytes from a server with
-    /// room, 68 for a shed answer from one at its limit with calls queued, at most 92 with
-    /// both named metrics. A client's
+    /// (how long this call waited; both left out at zero). On the wire it is the base64 of
+    /// the protobuf, a few dozen bytes (the load report tests pin its size). A client's
     /// `RetryLayer` built with load reports refuses retries while they say the server is
     /// saturated, and the endpoint-aware channel weights replicas by them (see
     /// [`stormguard_core::orca`]).
@@ -270,7 +268,7 @@ impl ShedLayer {
     }
 
     /// Record this layer's metrics into `meter` (feature `opentelemetry`); the
-    /// [`metrics`](crate::metrics) module lists them. Nothing global is read or set: the
+    /// [`metrics`](crate::shed::metrics) module lists them. Nothing global is read or set: the
     /// application owns the meter provider and its exporters. The instruments are
     /// registered when the layer first wraps a service, so this goes before or after
     /// [`with_name`](Self::with_name) alike; one queue registers them once.
@@ -296,7 +294,7 @@ impl ShedLayer {
         #[cfg(feature = "opentelemetry")]
         if let Some(meter) = &self.meter {
             self.metrics.get_or_init(|| {
-                crate::metrics::ServerMetrics::register(meter, &self.gate, self.events.name())
+                crate::shed::metrics::ServerMetrics::register(meter, &self.gate, self.events.name())
             });
         }
     }

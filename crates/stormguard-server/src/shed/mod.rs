@@ -48,7 +48,7 @@
 //! call at that moment, and the caller reads `DEADLINE_EXCEEDED`: trailers-only when the
 //! handler had not answered, else trailers after the messages sent so far
 //! ([`MESSAGE_DEADLINE_CUT`]). It counts in
-//! [`cut_at_deadline`](crate::StatsSnapshot::cut_at_deadline), not in `completed`. Calls
+//! [`cut_at_deadline`](crate::ShedSnapshot::cut_at_deadline), not in `completed`. Calls
 //! that bypass the queue ([`exempt`]) hold no worker and are not cut.
 //!
 //! # Where to put it
@@ -73,8 +73,11 @@ mod future;
 pub(crate) mod gate;
 mod layer;
 pub(crate) mod load;
+#[cfg(feature = "opentelemetry")]
+pub mod metrics;
 pub(crate) mod response;
 mod shutdown;
+mod stats;
 
 pub use body::ShedBody;
 pub use drain::DrainCounts;
@@ -86,6 +89,7 @@ pub use response::{
     MESSAGE_SHEDDABLE, MESSAGE_SHUTTING_DOWN, SHUTDOWN_PUSHBACK_MS,
 };
 pub use shutdown::ShutdownHandle;
+pub use stats::{Occupancy, ShedSnapshot};
 
 use std::fmt;
 use std::sync::Arc;
@@ -102,11 +106,10 @@ use stormguard_core::wire::http::{
 use stormguard_core::wire::{attempt_class, decode_grpc_timeout_bytes, parse_criticality};
 use tower_service::Service;
 
-use crate::stats::{Occupancy, StatsSnapshot};
-use drain::{Drains, Unread};
+use drain::{Discard, Drains};
 use events::{QueuedEvents, ShedEvents};
 use exempt::{Bypassed, NeverShed};
-use gate::{Entry, Gate};
+use gate::{Entry, Gate, Ticket};
 use load::{CallReport, LoadReporter};
 
 /// A service behind the admission queue. Built by [`ShedLayer`]; every clone, and every
@@ -183,6 +186,69 @@ where
 
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
         let now = Instant::now();
+        let inbound = self.inbound(&request, now);
+        if self.never_shed.matches(request.uri().path()) {
+            self.bypassed.record();
+            let future = self.inner.call(request);
+            return ResponseFuture::bypass(inbound.context, inbound.scope, future);
+        }
+        // The first call that can be shed names a layer that has no name.
+        self.events.name().get_or_name_after(request.uri().path());
+        let mut report = self.load.as_ref().map(|load| {
+            load.arrived_at(now);
+            CallReport::new(Arc::clone(load), Arc::clone(&self.gate), now)
+        });
+        let entry = self.gate.enter(now, inbound.class, inbound.deadline);
+        if let Some(report) = report.as_mut()
+            && !matches!(entry, Entry::Queued(_))
+        {
+            // Not queued: its time queued is zero.
+            report.started_at(now);
+        }
+        match entry {
+            Entry::Admitted(permit) => {
+                let cut = self.cut(&inbound, request.uri());
+                let future = self.inner.call(request);
+                let Inbound { context, scope, .. } = inbound;
+                ResponseFuture::running(context, scope, future, permit, report, cut)
+            }
+            Entry::Queued(ticket) => self.queue(request, inbound, ticket, report),
+            Entry::Shed(shed) => {
+                self.events
+                    .shed(request.uri().path(), inbound.class, &shed, false);
+                drain::discard_request(request, &self.drains);
+                let code = self.gate.shed_code(shed.pushback);
+                let answer = response::shed(code, shed.reason, shed.pushback);
+                ResponseFuture::answered(response::with_report(answer, report.as_ref(), true))
+            }
+            Entry::Expired => {
+                self.events
+                    .expired(request.uri().path(), inbound.class, false);
+                drain::discard_request(request, &self.drains);
+                let answer = response::expired();
+                ResponseFuture::answered(response::with_report(answer, report.as_ref(), false))
+            }
+            Entry::Closing => {
+                drain::discard_request(request, &self.drains);
+                let answer = response::shutting_down();
+                ResponseFuture::answered(response::with_report(answer, report.as_ref(), false))
+            }
+        }
+    }
+}
+
+/// What the layer reads of an inbound call's headers, once: its class, its deadline, and
+/// what its handler's outgoing calls inherit.
+struct Inbound {
+    class: CallClass,
+    deadline: Option<Instant>,
+    context: CallContext,
+    scope: RequestScope,
+}
+
+impl<S> ShedService<S> {
+    /// Reads the headers of `request`, arrived at `now`.
+    fn inbound<B>(&self, request: &http::Request<B>, now: Instant) -> Inbound {
         let headers = request.headers();
         let class = attempt_class(
             headers
@@ -195,7 +261,6 @@ where
             request.uri().path(),
             parse_criticality(headers.get(STORMGUARD_CRITICALITY).map(|v| v.as_bytes())),
         );
-        let class = CallClass::new(class, criticality);
         let deadline = headers
             .get(GRPC_TIMEOUT)
             // Malformed (or non-ASCII) values read as "no deadline", as tonic does.
@@ -219,64 +284,43 @@ where
             }
             None => RequestScope::new(),
         };
-        if self.never_shed.matches(request.uri().path()) {
-            self.bypassed.record();
-            return ResponseFuture::bypass(context, scope, self.inner.call(request));
+        Inbound {
+            class: CallClass::new(class, criticality),
+            deadline,
+            context,
+            scope,
         }
-        // The first call that can be shed names a layer that has no name.
-        self.events.name().get_or_name_after(request.uri().path());
-        let mut report = self.load.as_ref().map(|load| {
-            load.arrived_at(now);
-            CallReport::new(Arc::clone(load), Arc::clone(&self.gate), now)
-        });
-        let entry = self.gate.enter(now, class, deadline);
-        if let Some(report) = report.as_mut()
-            && !matches!(entry, Entry::Queued(_))
-        {
-            // Not queued: its time queued is zero.
-            report.started_at(now);
-        }
-        // A call with a deadline is cut when it passes (see `ResponseFuture`, `ShedBody`).
-        let cut_at = deadline.map(|d| self.gate.cut_at(d));
-        match entry {
-            Entry::Admitted(permit) => {
-                let cut =
-                    cut_at.map(|at| (at, QueuedEvents::new(&self.events, request.uri(), class)));
-                let future = self.inner.call(request);
-                ResponseFuture::running(context, scope, future, permit, report, cut)
-            }
-            Entry::Queued(ticket) => {
-                // Keep the service that was made ready for this call; the clone takes
-                // its place for the next poll_ready.
-                let clone = self.inner.clone();
-                let ready = std::mem::replace(&mut self.inner, clone);
-                let events = QueuedEvents::new(&self.events, request.uri(), class);
-                let request = Unread::new(request, &self.drains);
-                ResponseFuture::queued(context, scope, ticket, ready, request, events, report)
-                    .cut_at(cut_at)
-            }
-            Entry::Shed(shed) => {
-                self.events.shed(request.uri().path(), class, &shed, false);
-                drain::discard_request(request, &self.drains);
-                let answer = response::shed(
-                    self.gate.shed_code(shed.pushback),
-                    shed.reason,
-                    shed.pushback,
-                );
-                ResponseFuture::answered(response::with_report(answer, report.as_ref(), true))
-            }
-            Entry::Expired => {
-                self.events.expired(request.uri().path(), class, false);
-                drain::discard_request(request, &self.drains);
-                let answer = response::expired();
-                ResponseFuture::answered(response::with_report(answer, report.as_ref(), false))
-            }
-            Entry::Closing => {
-                drain::discard_request(request, &self.drains);
-                let answer = response::shutting_down();
-                ResponseFuture::answered(response::with_report(answer, report.as_ref(), false))
-            }
-        }
+    }
+
+    /// A call waits for a worker with `ticket`, holding the service that was made ready
+    /// for it (a clone takes its place for the next `poll_ready`) and its request, whose
+    /// body is discarded if it never runs.
+    fn queue<B>(
+        &mut self,
+        request: http::Request<B>,
+        inbound: Inbound,
+        ticket: Ticket,
+        report: Option<CallReport>,
+    ) -> ResponseFuture<S, http::Request<B>>
+    where
+        S: Service<http::Request<B>> + Clone,
+        B: http_body::Body + Send + Unpin + 'static,
+    {
+        let clone = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, clone);
+        let cut_at = inbound.deadline.map(|d| self.gate.cut_at(d));
+        let events = QueuedEvents::new(&self.events, request.uri(), inbound.class);
+        let request = Discard::new(request, &self.drains);
+        let Inbound { context, scope, .. } = inbound;
+        ResponseFuture::queued(context, scope, ticket, ready, request, events, report)
+            .cut_at(cut_at)
+    }
+
+    /// When an admitted call with a deadline is cut (see `ResponseFuture`, `ShedBody`), and
+    /// what tells of it.
+    fn cut(&self, inbound: &Inbound, uri: &http::Uri) -> Option<(Instant, QueuedEvents)> {
+        let at = self.gate.cut_at(inbound.deadline?);
+        Some((at, QueuedEvents::new(&self.events, uri, inbound.class)))
     }
 }
 
@@ -322,7 +366,7 @@ impl ShedStats {
     }
 
     /// The counters now.
-    pub fn snapshot(&self) -> StatsSnapshot {
+    pub fn snapshot(&self) -> ShedSnapshot {
         self.gate.counters().snapshot()
     }
 

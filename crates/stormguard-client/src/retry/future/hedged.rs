@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use stormguard_core::Instant;
 use stormguard_core::code::Code;
-use stormguard_core::retry::{HedgeDecision, Refusal};
+use stormguard_core::retry::{AttemptEnd, HedgeDecision, Refusal};
 use tonic::Status;
 use tonic::body::Body;
 use tower_service::Service;
@@ -85,119 +85,177 @@ where
             return Poll::Ready(end::expired(this.stats));
         };
         if call.deadline().is_some_and(|d| now >= d) {
-            cancel_all(this, now);
-            this.state.set(State::Done { status: None });
-            drop(this.call.take());
-            return Poll::Ready(end::expired(this.stats));
+            return Poll::Ready(expired(this, now));
         }
-        let mut readying = false;
-        if call.next_hedge_at().is_some_and(|at| at <= now) {
-            readying = send_hedge(this, cx, now);
+        let readying =
+            call.next_hedge_at().is_some_and(|at| at <= now) && send_hedge(this, cx, now);
+        if let Some(ended) = all_failed(this, readying, now) {
+            return Poll::Ready(ended);
         }
-        let Some(call) = this.call.as_mut() else {
-            return Poll::Ready(end::expired(this.stats));
-        };
-        let running = in_flight(this.state.as_mut().project(), this.copies.len());
-        if running == 0 && !readying && call.next_hedge_at().is_none() {
-            // Every copy failed and no other may follow.
-            let why = call.hedges_stopped().unwrap_or(Refusal::Attempts);
-            let last = this.hedge_last.take().map_or_else(
-                || {
-                    Last::Error(Status::unavailable(
-                        "stormguard: no copy of the call was sent",
-                    ))
-                },
-                |last| *last,
-            );
-            this.state.set(State::Done { status: None });
-            log_refusal(
-                this.stats,
-                this.attempts.uri(),
-                why,
-                call.hedges_sent(),
-                call.remaining_at(now),
-            );
-            return Poll::Ready(end::give_up(this.stats, why, last, false));
-        }
-        // The timer: the deadline, and the next hedge unless it is due and waits for the
-        // channel (which wakes the call when it is ready).
-        let next = call.next_hedge_at().filter(|_| !readying);
-        this.timer.as_mut().arm(earlier(call.deadline(), next));
-        if this.timer.as_mut().poll_fired(cx) {
+        if timer_fired(this, readying, cx) {
             continue;
         }
         let Some(ended) = poll_copies(this, cx) else {
             return Poll::Pending;
         };
-        let now = Instant::now();
-        let Some(call) = this.call.as_mut() else {
-            return Poll::Ready(end::expired(this.stats));
-        };
-        call.record_hedge_latency_at(now.saturating_duration_since(ended.started), now);
-        let in_flight = in_flight(this.state.as_mut().project(), this.copies.len());
-        let Ended {
-            first,
-            span,
-            result,
-            ..
-        } = ended;
-        if let Ok(response) = &result {
-            // Copies interleave, so the route's latest replica need not be this copy's:
-            // the report feeds the call's saturation under the channel's key only.
-            crate::retry::load::read(response.headers(), Some(&*call), None, this.stats);
+        if let Some(ended) = copy_ended(this, ended) {
+            return Poll::Ready(ended);
         }
-        let outcome = classify(result, this.attempts.is_replayable());
-        if let Some(throttle) = this.throttle.as_ref() {
-            throttle.record(&outcome, now);
-        }
-        match outcome {
-            Outcome::Ok(response) => {
-                won(this, first, now);
-                if let Some(call) = this.call.as_mut() {
-                    call.on_success_at(now);
-                }
-                this.stats.outcome(Code::Ok);
-                this.state.set(State::Done { status: None });
-                return Poll::Ready(Ok(response.map(ResponseBody::passthrough)));
+    }
+}
+
+/// The call's deadline passed at `now`: every copy is cancelled, the call ends
+/// `DEADLINE_EXCEEDED`.
+fn expired<S, B>(this: &mut FutureProj<'_, S, B>, now: Instant) -> CallResult<B>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>>,
+{
+    cancel_all(this, now);
+    this.state.set(State::Done { status: None });
+    drop(this.call.take());
+    end::expired(this.stats)
+}
+
+/// The call's answer when every copy failed and no other may follow (none is in flight or
+/// waits for the channel, and no hedge is due).
+fn all_failed<S, B>(
+    this: &mut FutureProj<'_, S, B>,
+    readying: bool,
+    now: Instant,
+) -> Option<CallResult<B>>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>>,
+{
+    let Some(call) = this.call.as_mut() else {
+        return Some(end::expired(this.stats));
+    };
+    let running = in_flight(this.state.as_mut().project(), this.copies.len());
+    if running > 0 || readying || call.next_hedge_at().is_some() {
+        return None;
+    }
+    let why = call.hedges_stopped().unwrap_or(Refusal::Attempts);
+    let last = this.hedge_last.take().map_or_else(
+        || {
+            Last::Error(Status::unavailable(
+                "stormguard: no copy of the call was sent",
+            ))
+        },
+        |last| *last,
+    );
+    this.state.set(State::Done { status: None });
+    log_refusal(
+        this.stats,
+        this.attempts.uri(),
+        why,
+        call.hedges_sent(),
+        call.remaining_at(now),
+    );
+    Some(end::give_up(this.stats, why, last, false))
+}
+
+/// Arms the timer at the deadline, and at the next hedge unless it is due and waits for
+/// the channel (which wakes the call when it is ready); whether it fired.
+fn timer_fired<S, B>(this: &mut FutureProj<'_, S, B>, readying: bool, cx: &mut Context<'_>) -> bool
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>>,
+{
+    if let Some(call) = this.call.as_ref() {
+        let next = call.next_hedge_at().filter(|_| !readying);
+        this.timer.as_mut().arm(earlier(call.deadline(), next));
+    }
+    this.timer.as_mut().poll_fired(cx)
+}
+
+/// A copy ended: `OK` or a commit wins, a failure lets the others run or ends the call.
+fn copy_ended<S, B>(
+    this: &mut FutureProj<'_, S, B>,
+    ended: Ended<Result<http::Response<B>, S::Error>>,
+) -> Option<CallResult<B>>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>>,
+    S::Error: Into<BoxError>,
+    B: http_body::Body,
+{
+    let now = Instant::now();
+    let Some(call) = this.call.as_mut() else {
+        return Some(end::expired(this.stats));
+    };
+    call.record_hedge_latency_at(now.saturating_duration_since(ended.started), now);
+    let Ended {
+        first,
+        span,
+        result,
+        ..
+    } = ended;
+    if let Ok(response) = &result {
+        // Copies interleave, so the route's latest replica need not be this copy's:
+        // the report feeds the call's saturation under the channel's key only.
+        crate::retry::load::read(response.headers(), Some(&*call), None, this.stats);
+    }
+    let outcome = classify(result, this.attempts.is_replayable());
+    if let Some(throttle) = this.throttle.as_ref() {
+        throttle.record(&outcome, now);
+    }
+    match outcome {
+        Outcome::Ok(response) => {
+            won(this, first, now);
+            if let Some(call) = this.call.as_mut() {
+                call.on_success_at(now);
             }
-            Outcome::Committed(response) => {
-                won(this, first, now);
-                return Poll::Ready(Ok(commit(this, response)));
-            }
-            Outcome::Failed { end, last } => match call.on_hedge_end_at(end, in_flight, now) {
-                HedgeDecision::Wait => {
-                    tracing::debug!(
-                        parent: &span,
-                        code = last.code().name(),
-                        "stormguard: copy failed, the others go on"
-                    );
-                    *this.hedge_last = Some(Box::new(last));
-                }
-                HedgeDecision::GiveUp(refusal) => {
-                    cancel_all(this, now);
-                    this.state.set(State::Done { status: None });
-                    if let Some(call) = this.call.as_ref()
-                        && refusal != Refusal::NotRetryable
-                    {
-                        let sent = call.hedges_sent();
-                        log_refusal(
-                            this.stats,
-                            this.attempts.uri(),
-                            refusal,
-                            sent,
-                            call.remaining_at(now),
-                        );
-                    }
-                    return Poll::Ready(end::give_up(this.stats, refusal, last, false));
-                }
-                HedgeDecision::Expired => {
-                    cancel_all(this, now);
-                    this.state.set(State::Done { status: None });
-                    drop(this.call.take());
-                    return Poll::Ready(end::expired(this.stats));
-                }
-            },
+            this.stats.outcome(Code::Ok);
+            this.state.set(State::Done { status: None });
+            Some(Ok(response.map(ResponseBody::passthrough)))
         }
+        Outcome::Committed(response) => {
+            won(this, first, now);
+            Some(Ok(commit(this, response)))
+        }
+        Outcome::Failed { end, last } => copy_failed(this, end, last, &span, now),
+    }
+}
+
+/// A copy failed (`end`; `last` is the caller's answer if the call ends now): the others
+/// go on, or the call ends.
+fn copy_failed<S, B>(
+    this: &mut FutureProj<'_, S, B>,
+    end: AttemptEnd,
+    last: Last<B>,
+    span: &tracing::Span,
+    now: Instant,
+) -> Option<CallResult<B>>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>>,
+{
+    let in_flight = in_flight(this.state.as_mut().project(), this.copies.len());
+    let call = this.call.as_mut()?;
+    match call.on_hedge_end_at(end, in_flight, now) {
+        HedgeDecision::Wait => {
+            tracing::debug!(
+                parent: span,
+                code = last.code().name(),
+                "stormguard: copy failed, the others go on"
+            );
+            *this.hedge_last = Some(Box::new(last));
+            None
+        }
+        HedgeDecision::GiveUp(refusal) => {
+            cancel_all(this, now);
+            this.state.set(State::Done { status: None });
+            if let Some(call) = this.call.as_ref()
+                && refusal != Refusal::NotRetryable
+            {
+                let sent = call.hedges_sent();
+                log_refusal(
+                    this.stats,
+                    this.attempts.uri(),
+                    refusal,
+                    sent,
+                    call.remaining_at(now),
+                );
+            }
+            Some(end::give_up(this.stats, refusal, last, false))
+        }
+        HedgeDecision::Expired => Some(expired(this, now)),
     }
 }
 

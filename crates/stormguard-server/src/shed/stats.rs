@@ -1,9 +1,4 @@
-//! Counters of the admission queue.
-//!
-//! Counters are atomics updated where the event happens and read without the queue's
-//! lock, so reading them costs the server nothing. Every count is cumulative since the
-//! layer was built; gauges (`queue_depth`, `in_flight`) are the value at the read. A
-//! layer's [`ShedStats`](crate::ShedStats) handle reads them.
+//! Counters of the admission queue, read as a [`ShedSnapshot`].
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -164,9 +159,9 @@ impl Counters {
     }
 
     /// Every counter now.
-    pub(crate) fn snapshot(&self) -> StatsSnapshot {
+    pub(crate) fn snapshot(&self) -> ShedSnapshot {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        StatsSnapshot {
+        ShedSnapshot {
             admitted: get(&self.admitted),
             completed: get(&self.completed),
             shed_first: get(&self.shed_first),
@@ -223,8 +218,13 @@ pub struct Occupancy {
 }
 
 /// The counters of one admission queue at one moment. Serializes to one JSON object.
+///
+/// Counters are atomics updated where the event happens and read without the queue's
+/// lock, so reading them costs the server nothing. Every count is cumulative since the
+/// layer was built; gauges (`queue_depth`, `in_flight`) are the value at the read. A
+/// layer's [`ShedStats`](crate::ShedStats) handle reads them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct StatsSnapshot {
+pub struct ShedSnapshot {
     /// Calls given a worker (at once or after queuing).
     pub admitted: u64,
     /// Calls that finished (with any status) on a worker: the handler returned and the
@@ -273,7 +273,7 @@ pub struct StatsSnapshot {
     pub min_latency_us: Option<u64>,
 }
 
-impl StatsSnapshot {
+impl ShedSnapshot {
     /// Calls shed, whatever their class.
     pub fn shed(&self) -> u64 {
         self.shed_first + self.shed_retry + self.shed_sheddable

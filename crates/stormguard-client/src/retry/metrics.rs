@@ -47,13 +47,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Histogram, Meter, ObservableCounter, ObservableGauge};
+use opentelemetry::metrics::{
+    AsyncInstrument, Histogram, Meter, ObservableCounter, ObservableGauge,
+};
 use stormguard_core::Instant;
 use stormguard_core::code::Code;
 use stormguard_core::observe::{LayerName, split_path};
 use stormguard_core::retry::RetryController;
 
-use crate::stats::RetryStats;
+use super::stats::RetryStats;
+use crate::RetrySnapshot;
 
 /// Distinct methods a layer keeps apart; further ones are counted under `_OTHER` (as
 /// OpenTelemetry's RPC conventions advise for unbounded method sets).
@@ -178,6 +181,132 @@ fn method_attributes(name: &LayerName, slot: &Slot) -> Option<[KeyValue; 4]> {
     ])
 }
 
+/// An instrument's name, description and unit.
+type Spec = (&'static str, &'static str, &'static str);
+
+/// Registers the observable counter `spec` on `meter`; `observe` reports its values.
+fn counter(
+    meter: &Meter,
+    (metric, description, unit): Spec,
+    observe: impl Fn(&dyn AsyncInstrument<u64>) + Send + Sync + 'static,
+) -> ObservableCounter<u64> {
+    meter
+        .u64_observable_counter(metric)
+        .with_description(description)
+        .with_unit(unit)
+        .with_callback(observe)
+        .build()
+}
+
+/// Reads one counter from a snapshot.
+type Read = fn(&RetrySnapshot) -> u64;
+
+/// The layer-wide counters: `read` picks one from a snapshot.
+const LAYER_COUNTERS: [(Spec, Read); 7] = [
+    (
+        (
+            "stormguard.client.retries",
+            "Attempts that were retries",
+            "{retry}",
+        ),
+        |s| s.retries,
+    ),
+    (
+        (
+            "stormguard.client.retries.transparent",
+            "Attempts sent again, for free, because the one before never reached the server's application",
+            "{attempt}",
+        ),
+        |s| s.transparent_retries,
+    ),
+    (
+        (
+            "stormguard.client.attempt.timeouts",
+            "Attempts abandoned when their per-attempt timeout ran out",
+            "{attempt}",
+        ),
+        |s| s.attempt_timeouts,
+    ),
+    (
+        (
+            "stormguard.client.hedges",
+            "Copies of hedged calls sent after the first",
+            "{attempt}",
+        ),
+        |s| s.hedges,
+    ),
+    (
+        (
+            "stormguard.client.hedges.won",
+            "Hedged calls answered by a copy other than the first",
+            "{call}",
+        ),
+        |s| s.hedges_won,
+    ),
+    (
+        (
+            "stormguard.client.load_reports",
+            "Load reports (ORCA) read from attempts' answers",
+            "{report}",
+        ),
+        |s| s.load_reports,
+    ),
+    (
+        (
+            "stormguard.client.load_reports.ignored",
+            "Load reports ignored as malformed or absurd",
+            "{report}",
+        ),
+        |s| s.load_reports_ignored,
+    ),
+];
+
+/// Lists a snapshot's counts by one label's values, to `observe`.
+type ReadLabelled = fn(&RetrySnapshot, observe: &mut dyn FnMut(&'static str, u64));
+
+/// The layer-wide counters by one label: its key, and `read` lists each value's count.
+const LABELLED_COUNTERS: [(Spec, &str, ReadLabelled); 4] = [
+    (
+        (
+            "stormguard.client.hedges.refused",
+            "Hedges that were due and not sent, by the rule that refused them",
+            "{attempt}",
+        ),
+        "stormguard.refusal.cause",
+        |s, o| s.hedges_refused.iter().for_each(|(cause, n)| o(cause, n)),
+    ),
+    (
+        (
+            "stormguard.client.retries.refused",
+            "Failures not retried, by the rule that refused the retry",
+            "{retry}",
+        ),
+        "stormguard.refusal.cause",
+        |s, o| s.refused.iter().for_each(|(cause, n)| o(cause, n)),
+    ),
+    (
+        (
+            "stormguard.client.throttled",
+            "Calls the adaptive throttle refused locally (never sent), by criticality",
+            "{call}",
+        ),
+        "stormguard.criticality",
+        |s, o| s.throttled.iter().for_each(|(class, n)| o(class, n)),
+    ),
+    (
+        (
+            "stormguard.client.retry.delays",
+            "Retries granted, by where their delay came from",
+            "{retry}",
+        ),
+        "stormguard.delay.source",
+        |s, o| {
+            o("backoff", s.delayed_by_backoff);
+            o("pushback", s.delayed_by_pushback);
+        },
+    ),
+];
+
 impl ClientMetrics {
     pub(crate) fn register(
         meter: &Meter,
@@ -186,237 +315,31 @@ impl ClientMetrics {
         name: &Arc<LayerName>,
     ) -> Self {
         let methods = Arc::new(Methods::new());
-        let mut counters = Vec::new();
-
-        let (m, n) = (Arc::clone(&methods), Arc::clone(name));
-        counters.push(
-            meter
-                .u64_observable_counter("stormguard.client.calls")
-                .with_description("Logical calls started (what callers asked for)")
-                .with_unit("{call}")
-                .with_callback(move |o| {
-                    for slot in m.slots.iter() {
-                        if let Some(attrs) = method_attributes(&n, slot) {
-                            o.observe(slot.calls.load(Ordering::Relaxed), &attrs);
-                        }
-                    }
-                })
-                .build(),
-        );
-        let (m, n) = (Arc::clone(&methods), Arc::clone(name));
-        counters.push(
-            meter
-                .u64_observable_counter("stormguard.client.calls.ended")
-                .with_description("Logical calls ended, by final gRPC status code")
-                .with_unit("{call}")
-                .with_callback(move |o| {
-                    for slot in m.slots.iter() {
-                        let Some([system, layer, service, method]) = method_attributes(&n, slot)
-                        else {
-                            continue;
-                        };
-                        for code in Code::ALL {
-                            let count = slot.ended[code.as_i32() as usize].load(Ordering::Relaxed);
-                            if count > 0 {
-                                let attrs = [
-                                    system.clone(),
-                                    layer.clone(),
-                                    service.clone(),
-                                    method.clone(),
-                                    status_code(code),
-                                ];
-                                o.observe(count, &attrs);
-                            }
-                        }
-                    }
-                })
-                .build(),
-        );
-        let (m, n) = (Arc::clone(&methods), Arc::clone(name));
-        counters.push(
-            meter
-                .u64_observable_counter("stormguard.client.attempts")
-                .with_description("Physical attempts sent (first attempts and retries)")
-                .with_unit("{attempt}")
-                .with_callback(move |o| {
-                    for slot in m.slots.iter() {
-                        if let Some(attrs) = method_attributes(&n, slot) {
-                            o.observe(slot.attempts.load(Ordering::Relaxed), &attrs);
-                        }
-                    }
-                })
-                .build(),
-        );
-        // The layer-wide counters: `read` picks one from a snapshot.
-        type Read = fn(&crate::StatsSnapshot) -> u64;
-        let plain: [(&'static str, &'static str, &'static str, Read); 7] = [
-            (
-                "stormguard.client.retries",
-                "Attempts that were retries",
-                "{retry}",
-                |s| s.retries,
-            ),
-            (
-                "stormguard.client.retries.transparent",
-                "Attempts sent again, for free, because the one before never reached the server's application",
-                "{attempt}",
-                |s| s.transparent_retries,
-            ),
-            (
-                "stormguard.client.attempt.timeouts",
-                "Attempts abandoned when their per-attempt timeout ran out",
-                "{attempt}",
-                |s| s.attempt_timeouts,
-            ),
-            (
-                "stormguard.client.hedges",
-                "Copies of hedged calls sent after the first",
-                "{attempt}",
-                |s| s.hedges,
-            ),
-            (
-                "stormguard.client.hedges.won",
-                "Hedged calls answered by a copy other than the first",
-                "{call}",
-                |s| s.hedges_won,
-            ),
-            (
-                "stormguard.client.load_reports",
-                "Load reports (ORCA) read from attempts' answers",
-                "{report}",
-                |s| s.load_reports,
-            ),
-            (
-                "stormguard.client.load_reports.ignored",
-                "Load reports ignored as malformed or absurd",
-                "{report}",
-                |s| s.load_reports_ignored,
-            ),
-        ];
-        for (metric, description, unit, read) in plain {
+        let mut counters = method_counters(meter, &methods, name);
+        for (spec, read) in LAYER_COUNTERS {
             let (s, n) = (stats.clone(), Arc::clone(name));
-            counters.push(
-                meter
-                    .u64_observable_counter(metric)
-                    .with_description(description)
-                    .with_unit(unit)
-                    .with_callback(move |o| {
-                        if let Some(attrs) = base(&n) {
-                            o.observe(read(&s.snapshot()), &attrs);
-                        }
-                    })
-                    .build(),
-            );
-        }
-        let (s, n) = (stats.clone(), Arc::clone(name));
-        counters.push(
-            meter
-                .u64_observable_counter("stormguard.client.hedges.refused")
-                .with_description(
-                    "Hedges that were due and not sent, by the rule that refused them",
-                )
-                .with_unit("{attempt}")
-                .with_callback(move |o| {
-                    let Some([system, layer]) = base(&n) else {
-                        return;
-                    };
-                    for (cause, count) in s.snapshot().hedges_refused.iter() {
-                        let cause = KeyValue::new("stormguard.refusal.cause", cause);
-                        o.observe(count, &[system.clone(), layer.clone(), cause]);
-                    }
-                })
-                .build(),
-        );
-        let (s, n) = (stats.clone(), Arc::clone(name));
-        counters.push(
-            meter
-                .u64_observable_counter("stormguard.client.retries.refused")
-                .with_description("Failures not retried, by the rule that refused the retry")
-                .with_unit("{retry}")
-                .with_callback(move |o| {
-                    let Some([system, layer]) = base(&n) else {
-                        return;
-                    };
-                    for (cause, count) in s.snapshot().refused.iter() {
-                        let cause = KeyValue::new("stormguard.refusal.cause", cause);
-                        o.observe(count, &[system.clone(), layer.clone(), cause]);
-                    }
-                })
-                .build(),
-        );
-        let (s, n) = (stats.clone(), Arc::clone(name));
-        counters.push(
-            meter
-                .u64_observable_counter("stormguard.client.throttled")
-                .with_description(
-                    "Calls the adaptive throttle refused locally (never sent), by criticality",
-                )
-                .with_unit("{call}")
-                .with_callback(move |o| {
-                    let Some([system, layer]) = base(&n) else {
-                        return;
-                    };
-                    for (class, count) in s.snapshot().throttled.iter() {
-                        let class = KeyValue::new("stormguard.criticality", class);
-                        o.observe(count, &[system.clone(), layer.clone(), class]);
-                    }
-                })
-                .build(),
-        );
-        let (s, n) = (stats.clone(), Arc::clone(name));
-        counters.push(
-            meter
-                .u64_observable_counter("stormguard.client.retry.delays")
-                .with_description("Retries granted, by where their delay came from")
-                .with_unit("{retry}")
-                .with_callback(move |o| {
-                    let Some([system, layer]) = base(&n) else {
-                        return;
-                    };
-                    let snap = s.snapshot();
-                    for (source, count) in [
-                        ("backoff", snap.delayed_by_backoff),
-                        ("pushback", snap.delayed_by_pushback),
-                    ] {
-                        let source = KeyValue::new("stormguard.delay.source", source);
-                        o.observe(count, &[system.clone(), layer.clone(), source]);
-                    }
-                })
-                .build(),
-        );
-
-        let (budget, n) = (Arc::clone(controller.budget()), Arc::clone(name));
-        let balance = meter
-            .f64_observable_gauge("stormguard.client.budget.balance")
-            .with_description("Retries the budget would grant now")
-            .with_unit("{retry}")
-            .with_callback(move |o| {
-                let b = budget.balance();
-                if let Some(attrs) = base(&n)
-                    && b.is_finite()
-                {
-                    o.observe(b, &attrs);
+            counters.push(counter(meter, spec, move |o| {
+                if let Some(attrs) = base(&n) {
+                    o.observe(read(&s.snapshot()), &attrs);
                 }
-            })
-            .build();
-        let (breaker, n) = (controller.breaker().cloned(), Arc::clone(name));
-        let state = meter
-            .u64_observable_gauge("stormguard.client.breaker.state")
-            .with_description("The circuit breaker's state: 1 for the current one")
-            .with_unit("1")
-            .with_callback(move |o| {
-                let (Some(breaker), Some([system, layer])) = (&breaker, base(&n)) else {
+            }));
+        }
+        for (spec, key, read) in LABELLED_COUNTERS {
+            let (s, n) = (stats.clone(), Arc::clone(name));
+            counters.push(counter(meter, spec, move |o| {
+                let Some([system, layer]) = base(&n) else {
                     return;
                 };
-                let now = breaker.state_at(Instant::now()).as_str();
-                for state in ["closed", "open", "half_open"] {
-                    let state_kv = KeyValue::new("stormguard.breaker.state", state);
-                    let attrs = [system.clone(), layer.clone(), state_kv];
-                    o.observe(u64::from(state == now), &attrs);
-                }
-            })
-            .build();
-
+                read(&s.snapshot(), &mut |value, count| {
+                    let label = KeyValue::new(key, value);
+                    o.observe(count, &[system.clone(), layer.clone(), label]);
+                });
+            }));
+        }
+        let gauges = (
+            balance_gauge(meter, controller, name),
+            breaker_gauge(meter, controller, name),
+        );
         let duration = meter
             .f64_histogram("rpc.client.duration")
             .with_description("Duration of logical calls, from the layer taking them to their end")
@@ -429,14 +352,13 @@ impl ClientMetrics {
             .with_unit("{attempt}")
             .with_boundaries(ATTEMPTS_BOUNDS.to_vec())
             .build();
-
         ClientMetrics {
             methods,
             name: Arc::clone(name),
             duration,
             attempts_per_call,
             _counters: counters,
-            _gauges: (balance, state),
+            _gauges: gauges,
         }
     }
 
@@ -455,6 +377,117 @@ impl ClientMetrics {
             }),
         }
     }
+}
+
+/// The counters by method: calls, calls ended by code, attempts.
+fn method_counters(
+    meter: &Meter,
+    methods: &Arc<Methods>,
+    name: &Arc<LayerName>,
+) -> Vec<ObservableCounter<u64>> {
+    let by_method = |spec: Spec, read: fn(&Slot) -> u64| {
+        let (m, n) = (Arc::clone(methods), Arc::clone(name));
+        counter(meter, spec, move |o| {
+            for slot in m.slots.iter() {
+                if let Some(attrs) = method_attributes(&n, slot) {
+                    o.observe(read(slot), &attrs);
+                }
+            }
+        })
+    };
+    let calls = by_method(
+        (
+            "stormguard.client.calls",
+            "Logical calls started (what callers asked for)",
+            "{call}",
+        ),
+        |slot| slot.calls.load(Ordering::Relaxed),
+    );
+    let (m, n) = (Arc::clone(methods), Arc::clone(name));
+    let ended = counter(
+        meter,
+        (
+            "stormguard.client.calls.ended",
+            "Logical calls ended, by final gRPC status code",
+            "{call}",
+        ),
+        move |o| {
+            for slot in m.slots.iter() {
+                let Some([system, layer, service, method]) = method_attributes(&n, slot) else {
+                    continue;
+                };
+                for code in Code::ALL {
+                    let count = slot.ended[code.as_i32() as usize].load(Ordering::Relaxed);
+                    if count > 0 {
+                        let attrs = [
+                            system.clone(),
+                            layer.clone(),
+                            service.clone(),
+                            method.clone(),
+                            status_code(code),
+                        ];
+                        o.observe(count, &attrs);
+                    }
+                }
+            }
+        },
+    );
+    let attempts = by_method(
+        (
+            "stormguard.client.attempts",
+            "Physical attempts sent (first attempts and retries)",
+            "{attempt}",
+        ),
+        |slot| slot.attempts.load(Ordering::Relaxed),
+    );
+    vec![calls, ended, attempts]
+}
+
+/// `stormguard.client.budget.balance`: the retries the budget would grant now.
+fn balance_gauge(
+    meter: &Meter,
+    controller: &RetryController,
+    name: &Arc<LayerName>,
+) -> ObservableGauge<f64> {
+    let (budget, n) = (Arc::clone(controller.budget()), Arc::clone(name));
+    meter
+        .f64_observable_gauge("stormguard.client.budget.balance")
+        .with_description("Retries the budget would grant now")
+        .with_unit("{retry}")
+        .with_callback(move |o| {
+            let b = budget.balance();
+            if let Some(attrs) = base(&n)
+                && b.is_finite()
+            {
+                o.observe(b, &attrs);
+            }
+        })
+        .build()
+}
+
+/// `stormguard.client.breaker.state`: 1 for the breaker's current state.
+fn breaker_gauge(
+    meter: &Meter,
+    controller: &RetryController,
+    name: &Arc<LayerName>,
+) -> ObservableGauge<u64> {
+    let (breaker, n) = (controller.breaker().cloned(), Arc::clone(name));
+    meter
+        .u64_observable_gauge("stormguard.client.breaker.state")
+        .with_description("The circuit breaker's state: 1 for the current one")
+        .with_unit("1")
+        .with_callback(move |o| {
+            let (Some(breaker), Some([system, layer])) = (&breaker, base(&n)) else {
+                return;
+            };
+            let now = breaker.state_at(Instant::now()).as_str();
+            for state in ["closed", "open", "half_open"] {
+                let state_kv = KeyValue::new("stormguard.breaker.state", state);
+                let attrs = [system.clone(), layer.clone(), state_kv];
+                o.observe(u64::from(state == now), &attrs);
+            }
+        })
+        .build()
 }
 
 /// `rpc.grpc.status_code = code`, an integer as OpenTelemetry's RPC conventions have it.

@@ -30,11 +30,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Histogram, Meter, ObservableCounter, ObservableGauge};
+use opentelemetry::metrics::{
+    AsyncInstrument, Histogram, Meter, ObservableCounter, ObservableGauge,
+};
 use stormguard_core::observe::LayerName;
 
 use crate::shed::gate::Gate;
-use crate::stats::{Counters, TimeQueuedRecorder};
+use crate::shed::stats::{Counters, TimeQueuedRecorder};
 
 /// `[rpc.system, stormguard.layer]`, once the layer has a name.
 fn base(name: &LayerName) -> Option<[KeyValue; 2]> {
@@ -91,6 +93,98 @@ impl QueueTime {
     }
 }
 
+/// An instrument's name, description and unit.
+type Spec = (&'static str, &'static str, &'static str);
+
+/// Registers the observable counter `spec` on `meter`; `observe` reports its values.
+fn counter(
+    meter: &Meter,
+    (metric, description, unit): Spec,
+    observe: impl Fn(&dyn AsyncInstrument<u64>) + Send + Sync + 'static,
+) -> ObservableCounter<u64> {
+    meter
+        .u64_observable_counter(metric)
+        .with_description(description)
+        .with_unit(unit)
+        .with_callback(observe)
+        .build()
+}
+
+/// Reads one value from `T`.
+type Read<T> = fn(&T) -> u64;
+
+/// The counters of calls: `read` picks one from a snapshot.
+const COUNTERS: [(Spec, Read<crate::ShedSnapshot>); 5] = [
+    (
+        (
+            "stormguard.server.admitted",
+            "Calls given a worker, at once or after queuing",
+            "{call}",
+        ),
+        |s| s.admitted,
+    ),
+    (
+        (
+            "stormguard.server.expired",
+            "Calls answered DEADLINE_EXCEEDED before running",
+            "{call}",
+        ),
+        |s| s.expired,
+    ),
+    (
+        (
+            "stormguard.server.cancelled_queued",
+            "Calls whose caller went away while they were queued",
+            "{call}",
+        ),
+        |s| s.cancelled_queued,
+    ),
+    (
+        (
+            "stormguard.server.cut_at_deadline",
+            "Calls cut on their worker at their deadline, still running or streaming",
+            "{call}",
+        ),
+        |s| s.cut_at_deadline,
+    ),
+    (
+        (
+            "stormguard.server.completed",
+            "Calls that finished on a worker",
+            "{call}",
+        ),
+        |s| s.completed,
+    ),
+];
+
+/// The gauges: `read` takes one from the queue's counters.
+const GAUGES: [(Spec, Read<Counters>); 3] = [
+    (
+        (
+            "stormguard.server.queue.depth",
+            "Calls waiting for a worker",
+            "{call}",
+        ),
+        |c| c.depth() as u64,
+    ),
+    (
+        (
+            "stormguard.server.in_flight",
+            "Calls holding a worker",
+            "{call}",
+        ),
+        |c| c.snapshot().in_flight as u64,
+    ),
+    (
+        (
+            "stormguard.server.workers",
+            "The current worker limit (calls that may run at once)",
+            "{worker}",
+        ),
+        |c| c.workers() as u64,
+    ),
+];
+
 impl ServerMetrics {
     /// Registers the instruments of `queue`, named `name`, on `meter`.
     pub(crate) fn register(meter: &Meter, gate: &Arc<Gate>, name: &Arc<LayerName>) -> Self {
@@ -99,104 +193,21 @@ impl ServerMetrics {
             .record_time_queued_into(TimeQueuedRecorder(Box::new(move |waited| {
                 time_queued.record(waited)
             })));
-        type Read = fn(&crate::StatsSnapshot) -> u64;
-        let counters: [(&'static str, &'static str, Read); 5] = [
-            (
-                "stormguard.server.admitted",
-                "Calls given a worker, at once or after queuing",
-                |s| s.admitted,
-            ),
-            (
-                "stormguard.server.expired",
-                "Calls answered DEADLINE_EXCEEDED before running",
-                |s| s.expired,
-            ),
-            (
-                "stormguard.server.cancelled_queued",
-                "Calls whose caller went away while they were queued",
-                |s| s.cancelled_queued,
-            ),
-            (
-                "stormguard.server.cut_at_deadline",
-                "Calls cut on their worker at their deadline, still running or streaming",
-                |s| s.cut_at_deadline,
-            ),
-            (
-                "stormguard.server.completed",
-                "Calls that finished on a worker",
-                |s| s.completed,
-            ),
-        ];
-        let mut observable: Vec<ObservableCounter<u64>> = counters
+        let mut counters: Vec<ObservableCounter<u64>> = COUNTERS
             .into_iter()
-            .map(|(metric, description, read)| {
+            .map(|(spec, read)| {
                 let (g, n) = (Arc::clone(gate), Arc::clone(name));
-                meter
-                    .u64_observable_counter(metric)
-                    .with_description(description)
-                    .with_unit("{call}")
-                    .with_callback(move |o| {
-                        if let Some(attrs) = base(&n) {
-                            o.observe(read(&g.counters().snapshot()), &attrs);
-                        }
-                    })
-                    .build()
-            })
-            .collect();
-        let (g, n) = (Arc::clone(gate), Arc::clone(name));
-        observable.push(
-            meter
-                .u64_observable_counter("stormguard.server.shed")
-                .with_description("Calls answered with the shed status, by class and reason")
-                .with_unit("{call}")
-                .with_callback(move |o| {
-                    let Some([system, layer]) = base(&n) else {
-                        return;
-                    };
-                    for (attempt, criticality, reason, count) in g.counters().shed_breakdown() {
-                        let attrs = [
-                            system.clone(),
-                            layer.clone(),
-                            KeyValue::new("stormguard.attempt.class", attempt.as_str()),
-                            KeyValue::new("stormguard.criticality", criticality.as_str()),
-                            KeyValue::new("stormguard.shed.reason", reason.as_str()),
-                        ];
-                        o.observe(count, &attrs);
+                counter(meter, spec, move |o| {
+                    if let Some(attrs) = base(&n) {
+                        o.observe(read(&g.counters().snapshot()), &attrs);
                     }
                 })
-                .build(),
-        );
-
-        // (name, description, unit, read)
-        type GaugeSpec = (
-            &'static str,
-            &'static str,
-            &'static str,
-            fn(&Counters) -> u64,
-        );
-        let gauges: [GaugeSpec; 3] = [
-            (
-                "stormguard.server.queue.depth",
-                "Calls waiting for a worker",
-                "{call}",
-                |c| c.depth() as u64,
-            ),
-            (
-                "stormguard.server.in_flight",
-                "Calls holding a worker",
-                "{call}",
-                |c| c.snapshot().in_flight as u64,
-            ),
-            (
-                "stormguard.server.workers",
-                "The current worker limit (calls that may run at once)",
-                "{worker}",
-                |c| c.workers() as u64,
-            ),
-        ];
-        let gauges = gauges
+            })
+            .collect();
+        counters.push(shed_counter(meter, gate, name));
+        let gauges = GAUGES
             .into_iter()
-            .map(|(metric, description, unit, read)| {
+            .map(|((metric, description, unit), read)| {
                 let (g, n) = (Arc::clone(gate), Arc::clone(name));
                 meter
                     .u64_observable_gauge(metric)
@@ -211,8 +222,33 @@ impl ServerMetrics {
             })
             .collect();
         ServerMetrics {
-            _counters: observable,
+            _counters: counters,
             _gauges: gauges,
         }
     }
+}
+
+/// `stormguard.server.shed`: calls shed, by attempt class, criticality and reason.
+fn shed_counter(meter: &Meter, gate: &Arc<Gate>, name: &Arc<LayerName>) -> ObservableCounter<u64> {
+    let (g, n) = (Arc::clone(gate), Arc::clone(name));
+    let spec = (
+        "stormguard.server.shed",
+        "Calls answered with the shed status, by class and reason",
+        "{call}",
+    );
+    counter(meter, spec, move |o| {
+        let Some([system, layer]) = base(&n) else {
+            return;
+        };
+        for (attempt, criticality, reason, count) in g.counters().shed_breakdown() {
+            let attrs = [
+                system.clone(),
+                layer.clone(),
+                KeyValue::new("stormguard.attempt.class", attempt.as_str()),
+                KeyValue::new("stormguard.criticality", criticality.as_str()),
+                KeyValue::new("stormguard.shed.reason", reason.as_str()),
+            ];
+            o.observe(count, &attrs);
+        }
+    })
 }

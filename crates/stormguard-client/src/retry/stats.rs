@@ -1,18 +1,4 @@
-//! Counters of one retry layer: logical calls and physical attempts apart, refusals by
-//! cause.
-//!
-//! The number that tells whether retries amplify load is `attempts / logical`; a budget
-//! keeps it near `1 + retry_ratio` however badly the dependency fails. The refusal counters
-//! say which guard held the line.
-//!
-//! A call's outcome (`ok` or `failed`) is counted when it is known. For most calls that is
-//! when the layer returns the response or the error. A *committed* call (response headers
-//! without `grpc-status`: every successful unary call from tonic, and every stream) is only
-//! known when its response body ends, so it is counted then, from the `grpc-status` of its
-//! trailers; a committed call whose body is dropped before its end is counted as
-//! `committed_abandoned` instead. Once no call is in flight,
-//! `ok + failed + committed_abandoned == logical`, less the calls whose response future
-//! was dropped before it resolved (they count in `logical` only).
+//! Counters of one retry layer ([`RetryStats`], read as a [`RetrySnapshot`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -104,14 +90,14 @@ impl RetryStats {
     }
 
     /// A transparent retry was sent: an attempt, not a retry (see
-    /// [`StatsSnapshot::transparent_retries`]).
+    /// [`RetrySnapshot::transparent_retries`]).
     pub(crate) fn transparent_retry(&self) {
         let shard = self.shard();
         shard.attempts.fetch_add(1, Ordering::Relaxed);
         shard.transparent_retries.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A hedge was sent: an attempt, not a retry (see [`StatsSnapshot::hedges`]).
+    /// A hedge was sent: an attempt, not a retry (see [`RetrySnapshot::hedges`]).
     pub(crate) fn hedge(&self) {
         let shard = self.shard();
         shard.attempts.fetch_add(1, Ordering::Relaxed);
@@ -211,7 +197,7 @@ impl RetryStats {
 
     /// The counters now. Each counter is read atomically, the set is not (a call that ends
     /// while this runs may be half counted).
-    pub fn snapshot(&self) -> StatsSnapshot {
+    pub fn snapshot(&self) -> RetrySnapshot {
         let shards = &self.inner.shards;
         let load = |f: fn(&Counters) -> &AtomicU64| {
             shards
@@ -240,7 +226,7 @@ impl RetryStats {
                 saturated: r(Refusal::Saturated),
             }
         };
-        StatsSnapshot {
+        RetrySnapshot {
             logical: load(|c| &c.logical),
             attempts: load(|c| &c.attempts),
             retries: load(|c| &c.retries),
@@ -278,9 +264,23 @@ impl RetryStats {
     }
 }
 
-/// The counters of a layer at one moment.
+/// The counters of a layer at one moment: logical calls and physical attempts apart,
+/// refusals by cause.
+///
+/// The number that tells whether retries amplify load is `attempts / logical`; a budget
+/// keeps it near `1 + retry_ratio` however badly the dependency fails. The refusal counters
+/// say which guard held the line.
+///
+/// A call's outcome (`ok` or `failed`) is counted when it is known. For most calls that is
+/// when the layer returns the response or the error. A *committed* call (response headers
+/// without `grpc-status`: every successful unary call from tonic, and every stream) is only
+/// known when its response body ends, so it is counted then, from the `grpc-status` of its
+/// trailers; a committed call whose body is dropped before its end is counted as
+/// `committed_abandoned` instead. Once no call is in flight,
+/// `ok + failed + committed_abandoned == logical`, less the calls whose response future
+/// was dropped before it resolved (they count in `logical` only).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StatsSnapshot {
+pub struct RetrySnapshot {
     /// Logical calls started (what the caller asked for).
     pub logical: u64,
     /// Physical attempts sent (first attempts plus retries).
@@ -360,7 +360,7 @@ pub struct StatsSnapshot {
     pub throttled: ThrottledCounts,
 }
 
-impl StatsSnapshot {
+impl RetrySnapshot {
     /// Attempts per logical call (1.0 when nothing was retried; 0.0 before any call).
     pub fn amplification(&self) -> f64 {
         if self.logical == 0 {
