@@ -647,11 +647,11 @@ async fn hedges_timeouts_cuts_and_transparent_retries_are_exported() {
     let timeouts_stats = timeouts.stats();
     run(addr, timeouts, 4).await;
 
-    // Calls with a 200 ms deadline to a server whose handler takes 400 ms and that cuts a
-    // call 100 ms before its deadline (long before the client gives up): every one is cut
-    // while its handler runs.
+    // Calls with a 600 ms deadline to a server whose handler takes 1 s and that cuts a
+    // call 500 ms before its deadline (long before the client gives up, however slow the
+    // machine): every one is cut while its handler runs.
     let cutting = ShedLayer::from_config(AdmissionConfig {
-        min_time_left: Duration::from_millis(100),
+        min_time_left: Duration::from_millis(500),
         ..AdmissionConfig::default()
     })
     .unwrap()
@@ -659,7 +659,7 @@ async fn hedges_timeouts_cuts_and_transparent_retries_are_exported() {
     .with_name("cutting-server");
     let cutting_stats = cutting.stats();
     let slow = DemoConfig {
-        service_time: Duration::from_millis(400),
+        service_time: Duration::from_millis(1000),
         fail_rate: 0.0,
         seed: 5,
     };
@@ -672,7 +672,7 @@ async fn hedges_timeouts_cuts_and_transparent_retries_are_exported() {
     let mut plain = InventoryClient::new(channel);
     for _ in 0..3 {
         let mut request = tonic::Request::new(ReserveRequest::default());
-        request.set_timeout(Duration::from_millis(200));
+        request.set_timeout(Duration::from_millis(600));
         plain.reserve(request).await.unwrap_err();
     }
 
