@@ -5,7 +5,6 @@
 #[path = "../support/server.rs"]
 mod server_support;
 
-mod adaptive;
 mod bounds;
 mod cancel;
 mod criticality;

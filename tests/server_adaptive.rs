@@ -2,7 +2,8 @@
 //! resource has capacity C, a layer started at 4C learns a limit near C by itself, and
 //! its state is readable in the server's stats.
 
-use crate::server_support;
+#[path = "support/server.rs"]
+mod server_support;
 
 use std::time::Duration;
 
