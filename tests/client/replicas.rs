@@ -59,10 +59,11 @@ fn client(replicas: &Replicas<Channel, EndpointKey>, layer: RetryLayer) -> Clien
 }
 
 /// The key of the `i`-th replica of [`in_memory_replicas`].
-fn in_memory_key(i: usize) -> http::Uri {
+fn in_memory_key(i: usize) -> EndpointKey {
     format!("http://replica-{i}.in-memory.test")
-        .parse()
+        .parse::<http::Uri>()
         .unwrap()
+        .into()
 }
 
 /// A replica per server, each over one in-memory connection, keyed by
@@ -70,7 +71,7 @@ fn in_memory_key(i: usize) -> http::Uri {
 async fn in_memory_replicas<'a>(
     config: ReplicaConfig,
     servers: impl IntoIterator<Item = &'a Scripted>,
-) -> Replicas<Channel, http::Uri> {
+) -> Replicas<Channel, EndpointKey> {
     let mut channels = Vec::new();
     for (i, server) in servers.into_iter().enumerate() {
         channels.push((in_memory_key(i), serve_in_memory(server.clone()).await));

@@ -109,7 +109,7 @@ use tower_service::Service;
 use drain::{Discard, Drains};
 use events::{QueuedEvents, ShedEvents};
 use exempt::{Bypassed, NeverShed};
-use gate::{Entry, Gate};
+use gate::{Entry, Gate, Ticket};
 use load::{CallReport, LoadReporter};
 
 /// A service behind the admission queue. Built by [`ShedLayer`]; every clone, and every
@@ -212,18 +212,7 @@ where
                 let Inbound { context, scope, .. } = inbound;
                 ResponseFuture::running(context, scope, future, permit, report, cut)
             }
-            Entry::Queued(ticket) => {
-                // Keep the service that was made ready for this call; the clone takes
-                // its place for the next poll_ready.
-                let clone = self.inner.clone();
-                let ready = std::mem::replace(&mut self.inner, clone);
-                let cut_at = inbound.deadline.map(|d| self.gate.cut_at(d));
-                let events = QueuedEvents::new(&self.events, request.uri(), inbound.class);
-                let request = Discard::new(request, &self.drains);
-                let Inbound { context, scope, .. } = inbound;
-                ResponseFuture::queued(context, scope, ticket, ready, request, events, report)
-                    .cut_at(cut_at)
-            }
+            Entry::Queued(ticket) => self.queue(request, inbound, ticket, report),
             Entry::Shed(shed) => {
                 self.events
                     .shed(request.uri().path(), inbound.class, &shed, false);
@@ -301,6 +290,30 @@ impl<S> ShedService<S> {
             context,
             scope,
         }
+    }
+
+    /// A call waits for a worker with `ticket`, holding the service that was made ready
+    /// for it (a clone takes its place for the next `poll_ready`) and its request, whose
+    /// body is discarded if it never runs.
+    fn queue<B>(
+        &mut self,
+        request: http::Request<B>,
+        inbound: Inbound,
+        ticket: Ticket,
+        report: Option<CallReport>,
+    ) -> ResponseFuture<S, http::Request<B>>
+    where
+        S: Service<http::Request<B>> + Clone,
+        B: http_body::Body + Send + Unpin + 'static,
+    {
+        let clone = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, clone);
+        let cut_at = inbound.deadline.map(|d| self.gate.cut_at(d));
+        let events = QueuedEvents::new(&self.events, request.uri(), inbound.class);
+        let request = Discard::new(request, &self.drains);
+        let Inbound { context, scope, .. } = inbound;
+        ResponseFuture::queued(context, scope, ticket, ready, request, events, report)
+            .cut_at(cut_at)
     }
 
     /// When an admitted call with a deadline is cut (see `ResponseFuture`, `ShedBody`), and
