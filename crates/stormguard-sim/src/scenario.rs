@@ -176,7 +176,29 @@ impl Scenario {
     /// Checks the scenario; every core config is validated by the core object itself
     /// when the run builds it.
     pub fn validate(&self) -> Result<(), SimError> {
-        let bad = |field: &'static str, reason: String| Err(SimError::Scenario { field, reason });
+        self.validate_run()?;
+        if self.shards.is_empty() || self.shards.len() > u32::MAX as usize {
+            return bad("shards", "must name at least one shard".into());
+        }
+        for shard in &self.shards {
+            shard.validate()?;
+        }
+        if self.tiers.len() > 8 {
+            return bad("tiers", format!("at most 8, got {}", self.tiers.len()));
+        }
+        for tier in &self.tiers {
+            if tier.processes == 0 || tier.processes > 100_000 {
+                return bad(
+                    "tiers.processes",
+                    format!("must be in [1, 100000], got {}", tier.processes),
+                );
+            }
+        }
+        self.policy.validate()
+    }
+
+    /// The fleet, its rate and the run's times.
+    fn validate_run(&self) -> Result<(), SimError> {
         if self.clients == 0 {
             return bad("clients", "must be at least 1".into());
         }
@@ -216,69 +238,67 @@ impl Scenario {
                 ),
             );
         }
-        if self.shards.is_empty() || self.shards.len() > u32::MAX as usize {
-            return bad("shards", "must name at least one shard".into());
+        Ok(())
+    }
+}
+
+/// A scenario error on `field`.
+fn bad(field: &'static str, reason: String) -> Result<(), SimError> {
+    Err(SimError::Scenario { field, reason })
+}
+
+impl Shard {
+    fn validate(&self) -> Result<(), SimError> {
+        if !(0.0..=1.0).contains(&self.failure_rate) {
+            return bad(
+                "shards.failure_rate",
+                format!("must be in [0, 1], got {}", self.failure_rate),
+            );
         }
-        for shard in &self.shards {
-            if !(0.0..=1.0).contains(&shard.failure_rate) {
-                return bad(
-                    "shards.failure_rate",
-                    format!("must be in [0, 1], got {}", shard.failure_rate),
-                );
-            }
-            if let ServerKind::Queue(q) = &shard.server {
-                if q.workers == 0 {
-                    return bad("shards.server.workers", "must be at least 1".into());
-                }
-                if q.service_time.is_zero() {
-                    return bad("shards.server.service_time", "must be above 0".into());
-                }
-                // The engine counts free workers from `workers`; a different number in the
-                // admission config would be silently ignored.
-                if let Some(c) = &q.shedding
-                    && c.workers != q.workers
-                {
-                    return bad(
-                        "shards.server.shedding.workers",
-                        format!("must equal workers ({}), got {}", q.workers, c.workers),
-                    );
-                }
-                if let Some((_, factor)) = q.slowdown
-                    && !(factor.is_finite() && factor > 0.0 && factor <= 1000.0)
-                {
-                    return bad(
-                        "shards.server.slowdown",
-                        format!("factor must be in (0, 1000], got {factor}"),
-                    );
-                }
-            }
+        let ServerKind::Queue(q) = &self.server else {
+            return Ok(());
+        };
+        if q.workers == 0 {
+            return bad("shards.server.workers", "must be at least 1".into());
         }
-        if self.tiers.len() > 8 {
-            return bad("tiers", format!("at most 8, got {}", self.tiers.len()));
+        if q.service_time.is_zero() {
+            return bad("shards.server.service_time", "must be above 0".into());
         }
-        for tier in &self.tiers {
-            if tier.processes == 0 || tier.processes > 100_000 {
-                return bad(
-                    "tiers.processes",
-                    format!("must be in [1, 100000], got {}", tier.processes),
-                );
-            }
-        }
-        if self
-            .policy
-            .layer_per_attempt_timeout
-            .is_some_and(|t| t.is_zero())
+        // The engine counts free workers from `workers`; a different number in the
+        // admission config would be silently ignored.
+        if let Some(c) = &q.shedding
+            && c.workers != q.workers
         {
+            return bad(
+                "shards.server.shedding.workers",
+                format!("must equal workers ({}), got {}", q.workers, c.workers),
+            );
+        }
+        if let Some((_, factor)) = q.slowdown
+            && !(factor.is_finite() && factor > 0.0 && factor <= 1000.0)
+        {
+            return bad(
+                "shards.server.slowdown",
+                format!("factor must be in (0, 1000], got {factor}"),
+            );
+        }
+        Ok(())
+    }
+}
+
+impl ClientPolicy {
+    fn validate(&self) -> Result<(), SimError> {
+        if self.layer_per_attempt_timeout.is_some_and(|t| t.is_zero()) {
             return bad(
                 "policy.layer_per_attempt_timeout",
                 "must be above 0; leave it out for no per-attempt timeout".into(),
             );
         }
-        if let Some(retry) = &self.policy.retry {
+        if let Some(retry) = &self.retry {
             retry.validate("policy.retry")?;
         }
-        if let Some(hedging) = &self.policy.hedging {
-            if self.policy.retry.is_some() {
+        if let Some(hedging) = &self.hedging {
+            if self.retry.is_some() {
                 return bad(
                     "policy.hedging",
                     "a method is retried or hedged, not both: set `retry` to None".into(),

@@ -549,6 +549,84 @@ pub struct DeadDependencyRun {
     pub virtual_time: Duration,
 }
 
+/// The dead server's counters at the start and at the end of the measured window.
+type Window = Arc<Mutex<(Option<DemoCounts>, Option<DemoCounts>)>>;
+
+/// The dead dependency: the demo Inventory failing every call at once, reading its
+/// counters into `window` at both ends of the measured window `(from, total)`.
+async fn dead_server(
+    seed: u64,
+    (from, total): (Duration, Duration),
+    bound: Arc<watch::Sender<usize>>,
+    window: Window,
+) -> turmoil::Result {
+    let demo = DemoInventory::new(DemoConfig {
+        service_time: Duration::ZERO,
+        fail_rate: 1.0,
+        seed,
+    });
+    let control = demo.control();
+    let origin = origin();
+    tokio::spawn(async move {
+        tokio::time::sleep_until(origin + from).await;
+        window.lock().unwrap_or_else(PoisonError::into_inner).0 = Some(control.counts());
+        tokio::time::sleep_until(origin + total).await;
+        window.lock().unwrap_or_else(PoisonError::into_inner).1 = Some(control.counts());
+    });
+    serve(demo, None, &bound).await
+}
+
+/// One client host of the dead dependency: its calls through the naive loop (no
+/// `client_config`) or the variant's layer until `total`; returns the calls it offered
+/// in the measured window.
+async fn dead_client(
+    config: &DeadDependencyConfig,
+    client_config: Option<&ClientConfig>,
+    seed: u64,
+    total: Duration,
+) -> turmoil::Result<u64> {
+    let origin = origin();
+    let seconds = (config.warmup_s + config.measured_s) as usize;
+    let timeline = Arc::new(Timeline::new(origin, seconds));
+    let observed = Observe::new(channel("dead", &config.network)?, Arc::clone(&timeline));
+    let caller = match client_config {
+        None => naive_caller(
+            InventoryClient::new(observed),
+            Naive {
+                max_attempts: 3,
+                delays: Delays::Fixed(config.naive_backoff),
+                deadline: config.deadline,
+                per_attempt: None,
+                seed: mix(seed, 2),
+            },
+        ),
+        Some(client_config) => {
+            let layer = RetryLayer::from_config(&client_config.clone().with_seed(mix(seed, 3)))?;
+            let service = ServiceBuilder::new().layer(layer).service(observed);
+            layered_caller(InventoryClient::new(service), Some(config.deadline))
+        }
+    };
+    let rate = config.rate_per_client;
+    offer(
+        caller,
+        &timeline,
+        origin,
+        total,
+        rate,
+        config.deadline,
+        mix(seed, 4),
+    )
+    .await;
+    // The server reads its counters at the end of the window: stay until then.
+    tokio::time::sleep_until(origin + total + config.deadline).await;
+    Ok(timeline
+        .snapshot()
+        .iter()
+        .skip(config.warmup_s as usize)
+        .map(|s| s.offered)
+        .sum())
+}
+
 /// Runs `variant` against a server that answers every attempt `UNAVAILABLE` at once.
 pub fn run_dead_dependency(
     variant: DeadVariant,
@@ -560,31 +638,12 @@ pub fn run_dead_dependency(
     let mut sim = turmoil_sim(&config.network, config.seed, limit);
     let (bound, ready) = watch::channel(0usize);
     let bound = Arc::new(bound);
-    let window: Arc<Mutex<(Option<DemoCounts>, Option<DemoCounts>)>> = Arc::default();
+    let window: Window = Arc::default();
     {
         let window = Arc::clone(&window);
         let seed = mix(config.seed, 100);
         sim.host("dead", move || {
-            let bound = Arc::clone(&bound);
-            let window = Arc::clone(&window);
-            async move {
-                let demo = DemoInventory::new(DemoConfig {
-                    service_time: Duration::ZERO,
-                    fail_rate: 1.0,
-                    seed,
-                });
-                let control = demo.control();
-                let origin = origin();
-                tokio::spawn(async move {
-                    tokio::time::sleep_until(origin + from).await;
-                    window.lock().unwrap_or_else(PoisonError::into_inner).0 =
-                        Some(control.counts());
-                    tokio::time::sleep_until(origin + total).await;
-                    window.lock().unwrap_or_else(PoisonError::into_inner).1 =
-                        Some(control.counts());
-                });
-                serve(demo, None, &bound).await
-            }
+            dead_server(seed, (from, total), Arc::clone(&bound), Arc::clone(&window))
         });
     }
     let calls: Arc<Mutex<u64>> = Arc::default();
@@ -597,47 +656,7 @@ pub fn run_dead_dependency(
         let seed = mix(config.seed, 1_000 + c as u64);
         sim.client(format!("client{c}"), async move {
             ready.wait_for(|n| *n >= 1).await?;
-            let origin = origin();
-            let seconds = (config.warmup_s + config.measured_s) as usize;
-            let timeline = Arc::new(Timeline::new(origin, seconds));
-            let observed = Observe::new(channel("dead", &config.network)?, Arc::clone(&timeline));
-            let caller = match &client_config {
-                None => naive_caller(
-                    InventoryClient::new(observed),
-                    Naive {
-                        max_attempts: 3,
-                        delays: Delays::Fixed(config.naive_backoff),
-                        deadline: config.deadline,
-                        per_attempt: None,
-                        seed: mix(seed, 2),
-                    },
-                ),
-                Some(client_config) => {
-                    let layer =
-                        RetryLayer::from_config(&client_config.clone().with_seed(mix(seed, 3)))?;
-                    let service = ServiceBuilder::new().layer(layer).service(observed);
-                    layered_caller(InventoryClient::new(service), Some(config.deadline))
-                }
-            };
-            let rate = config.rate_per_client;
-            offer(
-                caller,
-                &timeline,
-                origin,
-                total,
-                rate,
-                config.deadline,
-                mix(seed, 4),
-            )
-            .await;
-            // The server reads its counters at the end of the window: stay until then.
-            tokio::time::sleep_until(origin + total + config.deadline).await;
-            let measured: u64 = timeline
-                .snapshot()
-                .iter()
-                .skip(config.warmup_s as usize)
-                .map(|s| s.offered)
-                .sum();
+            let measured = dead_client(&config, client_config.as_ref(), seed, total).await?;
             *calls.lock().unwrap_or_else(PoisonError::into_inner) += measured;
             Ok(())
         });
