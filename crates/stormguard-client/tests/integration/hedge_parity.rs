@@ -34,7 +34,7 @@ use tonic::body::Body;
 use tower::{Service, ServiceExt, service_fn};
 use tower_layer::Layer;
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::scripted::{BoxError, code_of, response};
 
 const PATH: &str = "/pkg.Svc/Get";
 const MS: Duration = Duration::from_millis(1);
@@ -149,33 +149,6 @@ fn controller() -> RetryController {
         .unwrap(),
     );
     RetryController::new(methods, budget, None, 5)
-}
-
-fn response(code: Code, pushback: Option<&'static str>) -> http::Response<Body> {
-    let mut response = http::Response::new(Body::empty());
-    let headers = response.headers_mut();
-    headers.insert("content-type", "application/grpc".parse().unwrap());
-    headers.insert("grpc-status", code.as_i32().into());
-    if let Some(p) = pushback {
-        headers.insert("grpc-retry-pushback-ms", p.parse().unwrap());
-    }
-    response
-}
-
-/// The code of what the layer returned.
-fn code_of(result: Result<http::Response<impl Sized>, BoxError>) -> Code {
-    match result {
-        Ok(r) => r
-            .headers()
-            .get("grpc-status")
-            .and_then(|v| v.to_str().ok()?.parse().ok())
-            .and_then(Code::from_i32)
-            .unwrap_or(Code::Ok),
-        Err(e) => match e.downcast::<tonic::Status>() {
-            Ok(status) => Code::from_i32(status.code() as i32).unwrap(),
-            Err(e) => panic!("not a status: {e}"),
-        },
-    }
 }
 
 /// Records a copy's cancellation when the layer drops it before it answered.

@@ -4,3 +4,4 @@
 mod hedge_parity;
 mod parity;
 mod retry_layer;
+mod scripted;

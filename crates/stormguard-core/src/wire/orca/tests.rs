@@ -2,21 +2,12 @@
 use super::*;
 use std::time::Duration;
 
-use crate::{Instant, RateMeter, Saturation, SaturationConfig, a58_weight};
+use crate::{Instant, RateMeter, a58_weight};
 
 use prost::Message as _;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-fn report(utilization: f64, queue: f64) -> LoadReport {
-    LoadReport {
-        utilization,
-        rps: 100.0,
-        eps: 0.0,
-        queue_depth: Some(queue),
-    }
 }
 
 #[test]
@@ -80,81 +71,6 @@ fn the_message_round_trips() {
     m.named_metrics.insert(QUEUE_DEPTH.into(), 3.0);
     let bytes = m.encode_to_vec();
     assert_eq!(OrcaLoadReport::decode(&bytes[..]).unwrap(), m);
-}
-
-#[test]
-fn saturation_needs_a_queue_and_fades() {
-    let sat = Saturation::new(SaturationConfig::default()).unwrap();
-    let t0 = Instant::now();
-    sat.record_at(0, &report(1.0, 0.0), t0);
-    assert!(!sat.refuses_retry_at(t0), "busy but nothing queued");
-    sat.record_at(0, &report(1.0, 2.0), t0);
-    assert!(sat.refuses_retry_at(t0), "half the reports say saturated");
-    // Unsaturated reports outweigh it as they come.
-    sat.record_at(0, &report(0.5, 0.0), t0 + ms(10));
-    assert!(!sat.refuses_retry_at(t0 + ms(10)));
-    sat.record_at(0, &report(1.0, 5.0), t0 + ms(2000));
-    sat.record_at(0, &report(1.0, 5.0), t0 + ms(2000));
-    assert!(sat.refuses_retry_at(t0 + ms(2000)), "old reports decayed");
-    assert!(sat.refuses_retry_at(t0 + ms(5900)));
-    assert!(
-        !sat.refuses_retry_at(t0 + ms(6000)),
-        "nothing heard for 4 windows"
-    );
-}
-
-#[test]
-fn config_is_checked() {
-    let bad = [
-        SaturationConfig {
-            utilization: 0.0,
-            ..SaturationConfig::default()
-        },
-        SaturationConfig {
-            queue_depth: f64::NAN,
-            ..SaturationConfig::default()
-        },
-        SaturationConfig {
-            window: Duration::ZERO,
-            ..SaturationConfig::default()
-        },
-    ];
-    for c in bad {
-        assert!(Saturation::new(c).is_err());
-    }
-}
-
-#[test]
-fn config_key_reads_and_names_its_fields() {
-    use crate::ClientConfig;
-    let c = ClientConfig::from_json(
-        r#"{"retry": {"load_reports": {"utilization": 0.9, "queue_depth": 2, "window": "500ms"}}}"#,
-    )
-    .unwrap();
-    assert_eq!(
-        c.load_reports,
-        Some(SaturationConfig {
-            utilization: 0.9,
-            queue_depth: 2.0,
-            window: ms(500),
-        })
-    );
-    let c = ClientConfig::from_json(r#"{"retry": {"load_reports": {}}}"#).unwrap();
-    assert_eq!(c.load_reports, Some(SaturationConfig::default()));
-    assert_eq!(ClientConfig::from_json("{}").unwrap().load_reports, None);
-    let e =
-        ClientConfig::from_json(r#"{"retry": {"load_reports": {"utilization": -1}}}"#).unwrap_err();
-    assert!(
-        e.to_string().contains("retry.load_reports.utilization"),
-        "{e}"
-    );
-    let e = ClientConfig::from_json(r#"{"methods": {"/a.B/": {"load_reports": {}}}}"#).unwrap_err();
-    assert!(e.to_string().contains("load_reports"), "{e}");
-    let controller = crate::RetryController::from_config(
-        &(ClientConfig::from_json(r#"{"retry": {"load_reports": {}}}"#).unwrap()).with_seed(1),
-    )
-    .unwrap();
-    assert!(controller.saturation().is_some());
 }
 
 #[test]
