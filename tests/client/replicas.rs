@@ -527,9 +527,7 @@ where
         let failures = Arc::clone(&self.failures);
         Box::pin(async move {
             let result = future.await;
-            if let Err(err) = &result {
-                // The error keeps its source: the chain is there to walk.
-                let _ = std::error::Error::source(err);
+            if result.is_err() {
                 failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             result

@@ -36,7 +36,7 @@ const OVERLOAD_FIELDS: [&str; 2] = ["extra_attempts_per_call", "goodput"];
 const POLICIES: [&str; 4] = ["none", "tower-hedge", "hedging", "hedging-learned"];
 
 #[test]
-fn quick_tail_reports_every_policy_and_hedging_cuts_the_tail_within_its_budget() {
+fn quick_tail_reports_every_policy_and_hedges_within_its_budget() {
     let _alone = support::measuring_alone();
     let report = support::run_with_report("tail", &["--quick", "--seed", "3"]);
 
@@ -65,7 +65,6 @@ fn quick_tail_reports_every_policy_and_hedging_cuts_the_tail_within_its_budget()
         assert!(10.0 <= p50 && p50 <= p99 && p99 <= p999, "{at}: {p:#}");
         // Well under capacity every call succeeds.
         assert!(number(p, "success") >= 0.99, "{at}: {p:#}");
-        assert!(number(p, "extra_attempts_per_call") >= 0.0, "{at}: {p:#}");
         // Every policy but `none` hedges a slow attempt (100 ms, past every delay).
         if at != "none" {
             assert!(number(p, "extra_attempts_per_call") > 0.0, "{at}: {p:#}");
@@ -77,10 +76,6 @@ fn quick_tail_reports_every_policy_and_hedging_cuts_the_tail_within_its_budget()
     // By construction: one attempt per call, a slow 1.5 % of them, so p99 is a slow one.
     let none = by_name("none");
     assert_eq!(number(none, "extra_attempts_per_call"), 0.0, "{none:#}");
-    assert!(
-        number(&none["overload"], "extra_attempts_per_call") <= 0.0,
-        "{none:#}"
-    );
     assert_eq!(
         number(&none["overload"], "extra_attempts_per_call"),
         0.0,
