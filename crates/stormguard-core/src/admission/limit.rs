@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use crate::ConfigError;
 use crate::Instant;
+use crate::config::check;
 
 /// The adaptive limit's bounds and pace. `AdaptiveLimitConfig::validate` says what is
 /// accepted.
@@ -66,9 +67,7 @@ impl AdaptiveLimitConfig {
                 reason,
             ))
         };
-        if self.min_limit == 0 {
-            return bad("min_limit", "must be at least 1".into());
-        }
+        check::at_least_one("admission.adaptive.min_limit", self.min_limit as u64)?;
         if self.max_limit < self.min_limit {
             return bad(
                 "max_limit",
@@ -78,9 +77,10 @@ impl AdaptiveLimitConfig {
         if self.window.is_zero() || self.window > Duration::from_secs(3600) {
             return bad("window", format!("{:?} is outside (0, 1h]", self.window));
         }
-        if self.min_window_samples == 0 {
-            return bad("min_window_samples", "must be at least 1".into());
-        }
+        check::at_least_one(
+            "admission.adaptive.min_window_samples",
+            self.min_window_samples as u64,
+        )?;
         if self.probe_interval.is_zero() || self.probe_interval > Duration::from_secs(86_400) {
             return bad(
                 "probe_interval",

@@ -193,15 +193,6 @@ impl<B: Body> HeldFrames<B> {
 // The held frames are never pinned: only the rest is polled in place.
 impl<B: Body + Unpin> Unpin for HeldFrames<B> {}
 
-impl<B: Body> Default for HeldFrames<B> {
-    fn default() -> Self {
-        HeldFrames {
-            held: VecDeque::new(),
-            rest: None,
-        }
-    }
-}
-
 impl<B: Body + Unpin> Body for HeldFrames<B> {
     type Data = B::Data;
     type Error = B::Error;
