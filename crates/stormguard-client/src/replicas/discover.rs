@@ -48,7 +48,7 @@ where
         D: Discover<Key = K, Service = S> + Send + 'static,
         D::Error: Into<BoxError>,
     {
-        let (replicas, mut gone) = Replicas::empty(config)?;
+        let (replicas, mut gone) = Replicas::empty(config)?.watched();
         let weak = Arc::downgrade(&replicas.shared);
         tokio::spawn(async move {
             let mut discover = pin!(discover);
@@ -102,7 +102,7 @@ mod transport {
             capacity: usize,
         ) -> Result<(Self, mpsc::Sender<Change<K, Endpoint>>), stormguard_core::ConfigError>
         {
-            let (replicas, _) = Replicas::empty(config)?;
+            let replicas = Replicas::empty(config)?;
             let (tx, mut rx) = mpsc::channel::<Change<K, Endpoint>>(capacity.max(1));
             let weak = Arc::downgrade(&replicas.shared);
             tokio::spawn(async move {

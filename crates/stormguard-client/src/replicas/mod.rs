@@ -112,15 +112,16 @@ use crate::status::BoxError;
 pub struct Replicas<S, K> {
     shared: Arc<Shared<S, K>>,
     // Dropped with the last clone of the channel, which tells the task that feeds it (see
-    // `discover`) to end. Attempts in flight and routes hold `shared`, not this.
-    _alive: Arc<oneshot::Sender<()>>,
+    // `discover`) to end. Attempts in flight and routes hold `shared`, not this. `None`
+    // for a channel no task feeds.
+    _alive: Option<Arc<oneshot::Sender<()>>>,
 }
 
 impl<S, K> Clone for Replicas<S, K> {
     fn clone(&self) -> Self {
         Replicas {
             shared: Arc::clone(&self.shared),
-            _alive: Arc::clone(&self._alive),
+            _alive: self._alive.clone(),
         }
     }
 }
@@ -285,19 +286,16 @@ where
         config: ReplicaConfig,
         services: impl IntoIterator<Item = (K, S)>,
     ) -> Result<Self, stormguard_core::ConfigError> {
-        let (replicas, _) = Replicas::empty(config)?;
+        let replicas = Replicas::empty(config)?;
         for (key, svc) in services {
             replicas.insert(key, svc);
         }
         Ok(replicas)
     }
 
-    /// A channel with no replica, and what tells that its last clone is gone.
-    fn empty(
-        config: ReplicaConfig,
-    ) -> Result<(Self, oneshot::Receiver<()>), stormguard_core::ConfigError> {
-        let (alive, gone) = oneshot::channel();
-        let replicas = Replicas {
+    /// A channel with no replica.
+    fn empty(config: ReplicaConfig) -> Result<Self, stormguard_core::ConfigError> {
+        Ok(Replicas {
             shared: Arc::new(Shared {
                 inner: Mutex::new(Inner {
                     set: ReplicaSet::new(config)?,
@@ -305,9 +303,15 @@ where
                     serving: false,
                 }),
             }),
-            _alive: Arc::new(alive),
-        };
-        Ok((replicas, gone))
+            _alive: None,
+        })
+    }
+
+    /// This channel, fed by a task: what tells the task that its last clone is gone.
+    fn watched(mut self) -> (Self, oneshot::Receiver<()>) {
+        let (alive, gone) = oneshot::channel();
+        self._alive = Some(Arc::new(alive));
+        (self, gone)
     }
 
     /// Adds a replica (replacing the one with the same key, as tower's `Change::Insert`
