@@ -1,7 +1,7 @@
 //! The standard gRPC service config: `methodConfig[]` and `retryThrottling`, read the way
 //! gRPC reads them. Fields gRPC does not define are skipped, as gRPC skips them, and
 //! fields stormguard does not act on are skipped too; both are listed in
-//! [`ClientConfig::not_applied`] rather than dropped without a word.
+//! [`ClientConfig::notices`] rather than dropped without a word.
 //!
 //! An entry of `methodConfig` gives the methods it names a `retryPolicy` or a
 //! `hedgingPolicy` (A6: never both), or neither: then they are neither retried nor hedged.

@@ -269,7 +269,7 @@ impl MethodTable {
 
     /// Sets the policy of methods that match nothing more specific.
     /// (Any hedging policy set at the same level is replaced.)
-    pub fn set_default(&mut self, policy: Option<RetryPolicy>) {
+    pub(crate) fn set_default(&mut self, policy: Option<RetryPolicy>) {
         self.policies.set_default(policy.map(Arc::new));
         self.hedges.set_default(None);
     }
