@@ -68,7 +68,7 @@ pub use wire::body::{DeadlineCut, HeldFrames, Polled};
 
 pub use admission::{
     AdaptiveLimit, AdaptiveLimitConfig, Admission, AdmissionConfig, AdmissionController,
-    AdmissionQueue, Arrival, Begin, CallClass, CompletionRate, DedupCounts, DedupTable, Dispatch,
+    AdmissionQueue, Arrival, Begin, CallClass, DedupCounts, DedupTable, Dispatch,
     IdempotencyConfig, Left, QueueLoad, QueueOrder, QueuedId, RateMeter, RetryThreshold, Shed,
     ShedPushback, ShedReason,
 };
