@@ -12,6 +12,7 @@ use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, SdkMeterProvider};
 use stormguard_client::{RetryLayer, RetryStats};
+use stormguard_core::MethodScope;
 use stormguard_core::RetryController;
 use stormguard_core::{AdmissionConfig, RetryThreshold};
 use stormguard_core::{Budget, BudgetConfig, RetryBudget};
@@ -625,12 +626,15 @@ async fn hedges_timeouts_cuts_and_transparent_retries_are_exported() {
         .unwrap(),
     );
     let mut table = MethodTable::none();
-    table.set_default_hedging(Some(HedgingPolicy {
-        max_attempts: 2,
-        delay: HedgeDelay::Fixed(Duration::from_millis(10)),
-        non_fatal_codes: CodeSet::single(Code::Unavailable),
-        ..HedgingPolicy::default()
-    }));
+    table.set_hedging(
+        MethodScope::Default,
+        Some(HedgingPolicy {
+            max_attempts: 2,
+            delay: HedgeDelay::Fixed(Duration::from_millis(10)),
+            non_fatal_codes: CodeSet::single(Code::Unavailable),
+            ..HedgingPolicy::default()
+        }),
+    );
     let hedging = RetryLayer::new(RetryController::new(table, budget, None, 4))
         .with_name("hedging")
         .with_meter(&meter);

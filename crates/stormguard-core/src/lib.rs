@@ -93,9 +93,9 @@ pub use retry::{
     AdaptiveThrottle, AdaptiveThrottleConfig, AttemptEnd, AttemptPlan, Backoff, BackoffConfig,
     BreakerConfig, BreakerOpen, BreakerPermit, BreakerState, BreakerTransition, CallRetry,
     CircuitBreaker, Decision, DelayEstimator, Failure, HedgeDecision, HedgeDelay, HedgingPolicy,
-    LearnedDelay, MAX_ATTEMPTS_CAP, MethodMap, MethodTable, Refusal, RetryController, RetryPolicy,
-    Saturation, SaturationConfig, TRANSPARENT_RETRIES, Throttled, TransitionWatch, Transitions,
-    Verdict, WindowCounts,
+    LearnedDelay, MAX_ATTEMPTS_CAP, MethodMap, MethodScope, MethodTable, Refusal, RetryController,
+    RetryPolicy, Saturation, SaturationConfig, TRANSPARENT_RETRIES, Throttled, TransitionWatch,
+    Transitions, Verdict, WindowCounts,
 };
 pub use wire::code::{Code, CodeSet, UnknownCode};
 pub use wire::orca::{LoadReport, LoadReportError, OrcaLoadReport};

@@ -68,7 +68,7 @@ use crate::BreakerConfig;
 use crate::BudgetConfig;
 use crate::ConfigError;
 use crate::HedgingPolicy;
-use crate::{MethodTable, RetryPolicy};
+use crate::{MethodScope, MethodTable, RetryPolicy};
 
 mod admission;
 pub(crate) mod check;
@@ -314,32 +314,13 @@ enum MethodPolicy {
     Neither,
 }
 
-/// The methods an entry names.
-#[derive(Clone, Copy)]
-enum Scope<'a> {
-    /// Every method no other entry names.
-    Default,
-    /// Every method of a service (`pkg.Service`).
-    Service(&'a str),
-    /// One method.
-    Method(&'a str, &'a str),
-}
-
 impl MethodPolicy {
     /// Sets it in `table` for `scope`, replacing what was set there before (of either kind).
-    fn set(&self, table: &mut MethodTable, scope: Scope<'_>) {
-        let (retry, hedge) = match self {
-            MethodPolicy::Retry(p) => (Some(p.clone()), None),
-            MethodPolicy::Hedge(h) => (None, Some(h.clone())),
-            MethodPolicy::Neither => (None, None),
-        };
-        match (scope, hedge) {
-            (Scope::Default, Some(h)) => table.set_default_hedging(Some(h)),
-            (Scope::Default, None) => table.set_default(retry),
-            (Scope::Service(s), Some(h)) => table.insert_service_hedging(s, Some(h)),
-            (Scope::Service(s), None) => table.insert_service(s, retry),
-            (Scope::Method(s, m), Some(h)) => table.insert_method_hedging(s, m, Some(h)),
-            (Scope::Method(s, m), None) => table.insert_method(s, m, retry),
+    fn set(&self, table: &mut MethodTable, scope: MethodScope<'_>) {
+        match self {
+            MethodPolicy::Retry(p) => table.set_retry(scope, Some(p.clone())),
+            MethodPolicy::Hedge(h) => table.set_hedging(scope, Some(h.clone())),
+            MethodPolicy::Neither => table.set_retry(scope, None),
         }
     }
 }
