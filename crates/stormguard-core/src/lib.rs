@@ -70,7 +70,7 @@ pub use admission::{
     AdaptiveLimit, AdaptiveLimitConfig, Admission, AdmissionConfig, AdmissionController,
     AdmissionQueue, Arrival, Begin, CallClass, DedupCounts, DedupTable, Dispatch,
     IdempotencyConfig, Left, QueueLoad, QueueOrder, QueuedId, RateMeter, RetryThreshold, Shed,
-    ShedPushback, ShedReason,
+    ShedPushback, ShedReason, WorkerLimit,
 };
 pub use balance::weights::a58_weight;
 pub use balance::{

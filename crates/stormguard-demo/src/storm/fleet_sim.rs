@@ -41,6 +41,7 @@ use stormguard_client::replicas::Replicas;
 use stormguard_core::AdmissionConfig;
 use stormguard_core::BreakerConfig;
 use stormguard_core::BudgetConfig;
+use stormguard_core::WorkerLimit;
 use stormguard_core::{BudgetChoice, ClientConfig, ConfigError};
 use stormguard_server::ShedLayer;
 use stormguard_sim::StormConfig;
@@ -103,7 +104,7 @@ impl Default for Network {
 /// count, as the storm's, seeded from `seed`.
 fn admission(storm: &StormConfig, seed: u64) -> AdmissionConfig {
     AdmissionConfig {
-        workers: storm.workers,
+        workers: WorkerLimit::Fixed(storm.workers),
         seed: Some(seed),
         ..AdmissionConfig::default()
     }

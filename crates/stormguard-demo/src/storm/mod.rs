@@ -28,9 +28,9 @@ mod server;
 use std::sync::Arc;
 use std::time::Duration;
 
-use stormguard_core::AdmissionConfig;
 use stormguard_core::BackoffConfig;
 use stormguard_core::ConfigError;
+use stormguard_core::{AdmissionConfig, WorkerLimit};
 use stormguard_sim::StormConfig;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -83,8 +83,15 @@ pub enum Policy {
     ClientOnly,
     /// The naive client against stormguard's `ShedLayer` with defaults.
     ServerOnly,
-    /// Both layers with defaults.
+    /// Both layers tuned to the run: the `ShedLayer`'s defaults with the server's real
+    /// concurrency as a fixed limit (unless [`LoopbackStorm::fixed_limit`] is off), the
+    /// `RetryLayer`'s defaults with `Reserve` idempotent and the run's per-attempt timeout.
     Stormguard,
+    /// Both layers exactly as a newcomer installs them: `AdmissionConfig::default()` (an
+    /// adaptive worker limit, told nothing) and `ClientConfig::standard()` with `Reserve`
+    /// marked idempotent, nothing else set (no per-attempt timeout: each call has its
+    /// deadline).
+    Defaults,
     /// Both layers with defaults, but `Reserve` hedged instead of retried
     /// ([`hedging_client_config`]). Not in the default run ([`Policy::DEFAULT`]).
     Hedging,
@@ -101,28 +108,31 @@ pub enum Policy {
 
 impl Policy {
     /// Every policy, in the order they run when named together.
-    pub const ALL: [Policy; 9] = [
+    pub const ALL: [Policy; 10] = [
         Policy::Naive,
         Policy::Jitter,
         Policy::GrpcThrottle,
         Policy::ClientOnly,
         Policy::ServerOnly,
         Policy::Stormguard,
+        Policy::Defaults,
         Policy::Hedging,
         Policy::Throttle,
         Policy::Reports,
     ];
 
-    /// The policies a run compares unless told otherwise: the six retry policies.
-    /// `hedging` answers another question (slowness, not failure) and is run on request, so
-    /// the default run stays at six policies of 25 s each.
-    pub const DEFAULT: [Policy; 6] = [
+    /// The policies a run compares unless told otherwise: the six retry policies and
+    /// both layers on their defaults. `hedging` answers another question (slowness, not
+    /// failure) and is run on request, so the default run stays at seven policies of 25 s
+    /// each.
+    pub const DEFAULT: [Policy; 7] = [
         Policy::Naive,
         Policy::Jitter,
         Policy::GrpcThrottle,
         Policy::ClientOnly,
         Policy::ServerOnly,
         Policy::Stormguard,
+        Policy::Defaults,
     ];
 
     /// The policy's name in tables and JSON.
@@ -134,6 +144,7 @@ impl Policy {
             Policy::ClientOnly => "client-only",
             Policy::ServerOnly => "server-only",
             Policy::Stormguard => "stormguard",
+            Policy::Defaults => "defaults",
             Policy::Hedging => "hedging",
             Policy::Throttle => "throttle",
             Policy::Reports => "reports",
@@ -146,6 +157,7 @@ impl Policy {
             self,
             Policy::ServerOnly
                 | Policy::Stormguard
+                | Policy::Defaults
                 | Policy::Hedging
                 | Policy::Throttle
                 | Policy::Reports
@@ -165,9 +177,10 @@ pub struct LoopbackStorm {
     pub calibration: Duration,
     /// What the server does with work whose caller left.
     pub model: ServerModel,
-    /// Whether the shed layer's worker limit is adaptive (starting at the default 64 and
-    /// following latency) rather than `workers`.
-    pub adaptive_limit: bool,
+    /// Whether the shed layer's worker limit is fixed at the server's real concurrency
+    /// (`workers`, what an operator who measured it would set) rather than the default,
+    /// adaptive. The [`Policy::Defaults`] row always runs the default.
+    pub fixed_limit: bool,
     /// When the `hedging` policy sends the second copy of a call that has not answered.
     ///
     /// [`standard`](Self::standard): 20 ms, twice the service time. A call takes about
@@ -200,7 +213,7 @@ impl LoopbackStorm {
             storm: StormConfig::loopback(),
             calibration: Duration::from_millis(1500),
             model: ServerModel::Cancelling,
-            adaptive_limit: false,
+            fixed_limit: true,
             hedge_delay: Duration::from_millis(20),
             overload: None,
             reject_cost: Duration::ZERO,
@@ -227,19 +240,16 @@ impl LoopbackStorm {
         }
     }
 
-    /// The shed layer's configuration: the defaults, with the server's real concurrency,
-    /// or (with `adaptive_limit`) an adaptive limit that is not told it.
+    /// The shed layer's configuration: the defaults, with (`fixed_limit`) the server's
+    /// real concurrency as a fixed limit, else the default adaptive limit, told nothing.
     pub fn admission(&self) -> AdmissionConfig {
-        if self.adaptive_limit {
+        if self.fixed_limit {
             return AdmissionConfig {
-                adaptive: Some(stormguard_core::AdaptiveLimitConfig::default()),
+                workers: WorkerLimit::Fixed(self.storm.workers),
                 ..AdmissionConfig::default()
             };
         }
-        AdmissionConfig {
-            workers: self.storm.workers,
-            ..AdmissionConfig::default()
-        }
+        AdmissionConfig::default()
     }
 }
 
@@ -348,7 +358,10 @@ pub async fn run_policy(
     progress: &(dyn Fn(f64) + Send + Sync),
 ) -> Result<PolicyRun, StormError> {
     let (workers, control) = capacity_model(config);
-    let admission = policy.sheds().then(|| config.admission());
+    let admission = match policy {
+        Policy::Defaults => Some(AdmissionConfig::default()),
+        _ => policy.sheds().then(|| config.admission()),
+    };
     // Only a server that sheds has refusals to pay for; without a cost the stack is the
     // default run's.
     let reject_cost = (policy.sheds() && !config.reject_cost.is_zero())
@@ -431,11 +444,14 @@ fn policy_caller(
         Policy::GrpcThrottle
         | Policy::ClientOnly
         | Policy::Stormguard
+        | Policy::Defaults
         | Policy::Hedging
         | Policy::Throttle
         | Policy::Reports => {
             let client_config = match policy {
                 Policy::GrpcThrottle => grpc_throttle_client_config(per_attempt)?,
+                // A newcomer's client sets no per-attempt timeout.
+                Policy::Defaults => stormguard_client_config(None),
                 Policy::Hedging => hedging_client_config(config.hedge_delay),
                 Policy::Throttle => throttle_client_config(per_attempt),
                 _ => stormguard_client_config(per_attempt),
