@@ -41,6 +41,7 @@ use stormguard_client::replicas::Replicas;
 use stormguard_core::AdmissionConfig;
 use stormguard_core::BreakerConfig;
 use stormguard_core::BudgetConfig;
+use stormguard_core::Floor;
 use stormguard_core::{BudgetChoice, ClientConfig, ConfigError};
 use stormguard_server::ShedLayer;
 use stormguard_sim::StormConfig;
@@ -446,15 +447,19 @@ pub enum DeadVariant {
     FleetAwareFloor,
     /// The default budget and the default circuit breaker (`retry.breaker`).
     FloorWithBreaker,
+    /// `ClientConfig::standard()` with the method marked idempotent, nothing else: the
+    /// floor lent only while the dependency answers, no fleet size, no breaker.
+    Defaults,
 }
 
 impl DeadVariant {
-    /// All four, in table 2's order.
-    pub const ALL: [DeadVariant; 4] = [
+    /// All five, in table 2's order.
+    pub const ALL: [DeadVariant; 5] = [
         DeadVariant::ThreeAttempts,
         DeadVariant::PerProcessFloor,
         DeadVariant::FleetAwareFloor,
         DeadVariant::FloorWithBreaker,
+        DeadVariant::Defaults,
     ];
 
     /// The simulator's name for it (`three-attempts`, `per-process-floor`, ...).
@@ -464,22 +469,32 @@ impl DeadVariant {
             DeadVariant::PerProcessFloor => "per-process-floor",
             DeadVariant::FleetAwareFloor => "fleet-aware-floor",
             DeadVariant::FloorWithBreaker => "per-process-floor+breaker",
+            DeadVariant::Defaults => "defaults",
         }
     }
 
     /// The client config of the variant for a fleet of `clients` (`None`: the naive loop).
     pub fn client_config(self, clients: usize) -> Option<ClientConfig> {
         let mut config = stormguard_client_config(None);
+        // The floor variants lend their floor always, as the budgets table 2 compares do.
+        let always = BudgetConfig {
+            floor: Floor::Always,
+            ..BudgetConfig::default()
+        };
         match self {
             DeadVariant::ThreeAttempts => return None,
-            DeadVariant::PerProcessFloor => {}
+            DeadVariant::Defaults => {}
+            DeadVariant::PerProcessFloor => config.budget = BudgetChoice::Stormguard(always),
             DeadVariant::FleetAwareFloor => {
                 config.budget = BudgetChoice::Stormguard(BudgetConfig {
                     fleet_size: u32::try_from(clients).unwrap_or(u32::MAX),
-                    ..BudgetConfig::default()
+                    ..always
                 });
             }
-            DeadVariant::FloorWithBreaker => config.breaker = Some(BreakerConfig::default()),
+            DeadVariant::FloorWithBreaker => {
+                config.budget = BudgetChoice::Stormguard(always);
+                config.breaker = Some(BreakerConfig::default());
+            }
         }
         Some(config)
     }
