@@ -17,7 +17,7 @@ use std::time::Duration;
 use stormguard_demo::storm::Policy;
 use stormguard_demo::storm::fleet_sim::{
     DeadDependencyConfig, DeadVariant, Network, fleet_storm_report, run_dead_dependency,
-    run_storm_policy,
+    run_refusing_dependency, run_storm_policy,
 };
 use stormguard_sim::StormConfig;
 
@@ -152,4 +152,27 @@ fn fifty_hosts_on_the_defaults_send_about_one_attempt_per_call_to_a_dead_depende
         "{defaults:?}"
     );
     assert!(defaults.amplification <= 1.1, "{defaults:?}");
+}
+
+#[test]
+fn fifty_hosts_on_the_defaults_wait_out_a_dependency_that_refuses_connections() {
+    let _loading = support::loading();
+    // 50 hosts × 10 calls/s for 4 s against a host that listens on nothing.
+    let config = DeadDependencyConfig {
+        network: coarse(5),
+        warmup_s: 1,
+        measured_s: 3,
+        ..DeadDependencyConfig::quick()
+    };
+    let defaults = run_refusing_dependency(DeadVariant::Defaults, &config).unwrap();
+    assert!(
+        (400.0..=600.0).contains(&defaults.calls_per_second),
+        "{defaults:?}"
+    );
+    // A call's first attempt connects, its transparent retries wait for the backoff.
+    assert!(defaults.connections_per_call <= 1.1, "{defaults:?}");
+    assert!(
+        defaults.max_connections_per_host_second <= 20,
+        "{defaults:?}"
+    );
 }

@@ -5,11 +5,11 @@
 //! stream refused by a server that is draining, and wrong against a dependency that
 //! refuses connections: sent at once, it is one more connection attempt per call, on top
 //! of the channel's own immediate reconnect. After a refused connection, a transparent
-//! retry of the same call waits for the next connection attempt the backoff allows (1 s,
+//! retry of the same call waits for the next free connection slot of the backoff (1 s,
 //! then ×1.6 per refusal in a row, at most 10 s, ±20 % jitter: gRPC's connection backoff,
-//! with a shorter cap so a restarted dependency is found again within seconds), and gives
-//! up when that is past its deadline. An answer of any kind (a connection was made)
-//! resets it.
+//! with a shorter cap), one slot per refused call, and gives up when its slot is past its
+//! deadline. First attempts are not held: the first one that gets an answer (a connection
+//! was made) resets the backoff, so a dependency that comes back is found at once.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -55,18 +55,18 @@ impl ConnectBackoff {
         }
     }
 
-    /// A connection attempt was refused at `now`: when the next may be made. Refusals
-    /// before that instant (the calls that were already on their way) grow nothing.
+    /// A connection attempt was refused at `now`: when its call may make the next one.
+    /// Each refusal takes the next free instant, one backoff step after the last one
+    /// handed out (or after `now`, when that has passed): the calls refused together
+    /// connect again one at a time, not together.
     pub(crate) fn refused_at(&self, now: Instant) -> Instant {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         self.down.store(true, Ordering::Relaxed);
-        if let Some(next) = state.next_at.filter(|&next| now < next) {
-            return next;
-        }
+        let from = state.next_at.filter(|&next| now < next).unwrap_or(now);
         let grown = INITIAL.as_secs_f64() * MULTIPLIER.powi(state.refusals.min(64) as i32);
         let wait = grown.min(MAX.as_secs_f64()) * (1.0 + JITTER * (2.0 * state.rng.f64() - 1.0));
         state.refusals = state.refusals.saturating_add(1);
-        let next = now + Duration::from_secs_f64(wait);
+        let next = from + Duration::from_secs_f64(wait);
         state.next_at = Some(next);
         next
     }
@@ -93,11 +93,14 @@ mod tests {
         let mut waits = Vec::new();
         for _ in 0..10 {
             let next = backoff.refused_at(now);
-            // The calls already on their way when it was refused wait for the same instant.
-            assert_eq!(backoff.refused_at(now + Duration::from_millis(1)), next);
             waits.push(next - now);
             now = next;
         }
+        // Refused together, connecting one step apart.
+        let first = backoff.refused_at(now);
+        let second = backoff.refused_at(now);
+        assert!(second - first >= MAX.mul_f64(1.0 - JITTER), "{:?}", second - first);
+        now = second;
         for (n, wait) in waits.iter().enumerate() {
             let nominal = (MULTIPLIER.powi(n as i32)).min(MAX.as_secs_f64());
             let secs = wait.as_secs_f64();

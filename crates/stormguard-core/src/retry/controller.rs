@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::call::keying::{backoff_seed, breaker_seed, call_key, connect_seed};
-use super::connect::ConnectBackoff;
 use super::call::{CallRetry, HedgeState};
+use super::connect::ConnectBackoff;
 use crate::BudgetChoice;
 use crate::budget::DEFAULT_MAX_KEYS;
 use crate::{

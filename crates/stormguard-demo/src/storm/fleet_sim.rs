@@ -604,23 +604,7 @@ async fn dead_client(
     let seconds = (config.warmup_s + config.measured_s) as usize;
     let timeline = Arc::new(Timeline::new(origin, seconds));
     let observed = Observe::new(channel("dead", &config.network)?, Arc::clone(&timeline));
-    let caller = match client_config {
-        None => naive_caller(
-            InventoryClient::new(observed),
-            Naive {
-                max_attempts: 3,
-                delays: Delays::Fixed(config.naive_backoff),
-                deadline: config.deadline,
-                per_attempt: None,
-                seed: mix(seed, 2),
-            },
-        ),
-        Some(client_config) => {
-            let layer = RetryLayer::from_config(&client_config.clone().with_seed(mix(seed, 3)))?;
-            let service = ServiceBuilder::new().layer(layer).service(observed);
-            layered_caller(InventoryClient::new(service), Some(config.deadline))
-        }
-    };
+    let caller = dead_caller(config, client_config, observed, seed)?;
     let rate = config.rate_per_client;
     offer(
         caller,
@@ -640,6 +624,33 @@ async fn dead_client(
         .skip(config.warmup_s as usize)
         .map(|s| s.offered)
         .sum())
+}
+
+/// The caller of a dead-dependency client host over `observed`: the naive loop (no
+/// `client_config`) or the variant's layer, seeded from `seed`.
+fn dead_caller(
+    config: &DeadDependencyConfig,
+    client_config: Option<&ClientConfig>,
+    observed: Observe<Channel>,
+    seed: u64,
+) -> Result<Caller, ConfigError> {
+    Ok(match client_config {
+        None => naive_caller(
+            InventoryClient::new(observed),
+            Naive {
+                max_attempts: 3,
+                delays: Delays::Fixed(config.naive_backoff),
+                deadline: config.deadline,
+                per_attempt: None,
+                seed: mix(seed, 2),
+            },
+        ),
+        Some(client_config) => {
+            let layer = RetryLayer::from_config(&client_config.clone().with_seed(mix(seed, 3)))?;
+            let service = ServiceBuilder::new().layer(layer).service(observed);
+            layered_caller(InventoryClient::new(service), Some(config.deadline))
+        }
+    })
 }
 
 /// Runs `variant` against a server that answers every attempt `UNAVAILABLE` at once.
@@ -697,6 +708,129 @@ pub fn run_dead_dependency(
         } else {
             attempts as f64 / calls as f64
         },
+        virtual_time,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// A dependency that refuses connections
+
+/// What a run against a dependency that refuses every connection measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RefusingDependencyRun {
+    /// The variant.
+    pub variant: DeadVariant,
+    /// Logical calls per second offered after the first second.
+    pub calls_per_second: f64,
+    /// Connection attempts per logical call after the first second (every client's
+    /// channel, counted by its connector).
+    pub connections_per_call: f64,
+    /// The most connection attempts one host made in one second.
+    pub max_connections_per_host_second: u64,
+    /// Virtual time the run took.
+    pub virtual_time: Duration,
+}
+
+/// What one client host of the refusing dependency counted: calls offered after the
+/// first second, and its connection attempts per second.
+struct Refused {
+    calls: u64,
+    dials_per_second: Vec<u64>,
+}
+
+/// One client host calling the refusing host through `client_config` (`None`: the naive
+/// loop) until `total`, over a channel that records its connection attempts.
+async fn refused_client(
+    config: &DeadDependencyConfig,
+    client_config: Option<&ClientConfig>,
+    seed: u64,
+    total: Duration,
+) -> turmoil::Result<Refused> {
+    let origin = origin();
+    let seconds = (config.warmup_s + config.measured_s) as usize;
+    let timeline = Arc::new(Timeline::new(origin, seconds));
+    let dials = turmoil_net::Dials::default();
+    let endpoint = turmoil_net::endpoint("refusing", PORT)?
+        .http2_keep_alive_interval(config.network.keepalive)
+        .keep_alive_timeout(config.network.keepalive);
+    let channel = turmoil_net::connect_lazy_counting(endpoint, Arc::clone(&dials));
+    let observed = Observe::new(channel, Arc::clone(&timeline));
+    let caller = dead_caller(config, client_config, observed, seed)?;
+    offer(
+        caller,
+        &timeline,
+        origin,
+        total,
+        config.rate_per_client,
+        config.deadline,
+        mix(seed, 4),
+    )
+    .await;
+    let calls = timeline.snapshot().iter().skip(1).map(|s| s.offered).sum();
+    let mut dials_per_second = vec![0; seconds + 2];
+    for at in dials.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+        let s = at.saturating_duration_since(origin).as_secs() as usize;
+        if let Some(n) = dials_per_second.get_mut(s) {
+            *n += 1;
+        }
+    }
+    Ok(Refused {
+        calls,
+        dials_per_second,
+    })
+}
+
+/// Runs `variant` against a host that refuses every connection (it listens on nothing),
+/// for the config's warm-up and measured seconds together.
+pub fn run_refusing_dependency(
+    variant: DeadVariant,
+    config: &DeadDependencyConfig,
+) -> Result<RefusingDependencyRun, FleetSimError> {
+    let total = Duration::from_secs(u64::from(config.warmup_s + config.measured_s));
+    let limit = total + config.deadline + Duration::from_secs(5);
+    let mut sim = turmoil_sim(&config.network, config.seed, limit);
+    sim.host("refusing", move || async move {
+        tokio::time::sleep(limit).await;
+        Ok(())
+    });
+    let results: Arc<Mutex<Vec<Refused>>> = Arc::default();
+    let client_config = variant.client_config(config.clients);
+    for c in 0..config.clients {
+        let config = config.clone();
+        let client_config = client_config.clone();
+        let results = Arc::clone(&results);
+        let seed = mix(config.seed, 1_000 + c as u64);
+        sim.client(format!("client{c}"), async move {
+            let refused = refused_client(&config, client_config.as_ref(), seed, total).await?;
+            results
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(refused);
+            Ok(())
+        });
+    }
+    sim.run().map_err(sim_error)?;
+    let virtual_time = sim.elapsed();
+    let results = std::mem::take(&mut *results.lock().unwrap_or_else(PoisonError::into_inner));
+    let calls: u64 = results.iter().map(|r| r.calls).sum();
+    let dials: u64 = results
+        .iter()
+        .map(|r| r.dials_per_second.iter().skip(1).sum::<u64>())
+        .sum();
+    let seconds = f64::from(config.warmup_s + config.measured_s - 1);
+    Ok(RefusingDependencyRun {
+        variant,
+        calls_per_second: calls as f64 / seconds,
+        connections_per_call: if calls == 0 {
+            0.0
+        } else {
+            dials as f64 / calls as f64
+        },
+        max_connections_per_host_second: results
+            .iter()
+            .flat_map(|r| r.dials_per_second.iter().copied())
+            .max()
+            .unwrap_or(0),
         virtual_time,
     })
 }

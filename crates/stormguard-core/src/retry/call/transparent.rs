@@ -45,9 +45,10 @@ impl CallRetry {
             Some(Refusal::Pushback)
         } else if !failure.replayable {
             Some(Refusal::ReplayLimit)
-        } else if self.deadline.is_some_and(|d| {
-            delay + policy.min_attempt_time >= d.saturating_duration_since(now)
-        }) {
+        } else if self
+            .deadline
+            .is_some_and(|d| delay + policy.min_attempt_time >= d.saturating_duration_since(now))
+        {
             Some(Refusal::Deadline)
         } else if self
             .shared
@@ -69,9 +70,10 @@ impl CallRetry {
     }
 
     /// The attempt that just ended could not connect to the dependency: its transparent
-    /// retry, if any, waits for the next connection attempt the dependency's connection
-    /// backoff allows (1 s after the first refusal, ×1.6 per refusal in a row, at most
-    /// 10 s, jittered), and is not made when that is past the call's deadline. Call it
+    /// retry, if any, waits for the next free slot of the dependency's connection backoff
+    /// (1 s after the first refusal, each refused call one step later, ×1.6 per refusal
+    /// in a row, at most 10 s, jittered), and is not made when that is past the call's
+    /// deadline. Call it
     /// before [`on_attempt_end_at`](Self::on_attempt_end_at) with the attempt's unsent
     /// failure, for a connection to the dependency as a whole: a failed connection to one
     /// replica of several is the balancer's to route around, at once.
