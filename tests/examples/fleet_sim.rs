@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use stormguard_demo::storm::Policy;
 use stormguard_demo::storm::fleet_sim::{
-    DeadDependencyConfig, DeadVariant, Network, fleet_storm_report, run_dead_dependency,
+    DeadDependencyConfig, DeadVariant, Network, fleet_storm_report, run_blip, run_dead_dependency,
     run_refusing_dependency, run_storm_policy,
 };
 use stormguard_sim::StormConfig;
@@ -175,4 +175,30 @@ fn fifty_hosts_on_the_defaults_wait_out_a_dependency_that_refuses_connections() 
         defaults.max_connections_per_host_second <= 20,
         "{defaults:?}"
     );
+}
+
+#[test]
+fn the_defaults_lose_no_call_to_a_blip_that_the_floor_lent_always_saves() {
+    let _loading = support::loading();
+    // 10 hosts × 10 calls/s; every answer UNAVAILABLE from 2 s to 3 s; 2 s after it.
+    let config = DeadDependencyConfig {
+        clients: 10,
+        network: coarse(5),
+        warmup_s: 2,
+        measured_s: 3,
+        ..DeadDependencyConfig::quick()
+    };
+    let defaults = run_blip(DeadVariant::Defaults, &config).unwrap();
+    let always = run_blip(DeadVariant::PerProcessFloor, &config).unwrap();
+    // The dependency answered before the blip: the floor stays lent through it, and
+    // every call is decided as with the floor lent always.
+    assert_eq!(defaults, always);
+    // Every call that arrived a deadline or more before the blip, or after it, succeeded;
+    // the retries saved some of those that arrived in it.
+    for s in &defaults {
+        if s.t < 1 || s.t >= 3 {
+            assert_eq!(s.goodput, s.offered, "{defaults:?}");
+        }
+    }
+    assert!(defaults[2].goodput > 0, "{defaults:?}");
 }

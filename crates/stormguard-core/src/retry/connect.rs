@@ -99,7 +99,11 @@ mod tests {
         // Refused together, connecting one step apart.
         let first = backoff.refused_at(now);
         let second = backoff.refused_at(now);
-        assert!(second - first >= MAX.mul_f64(1.0 - JITTER), "{:?}", second - first);
+        assert!(
+            second - first >= MAX.mul_f64(1.0 - JITTER),
+            "{:?}",
+            second - first
+        );
         now = second;
         for (n, wait) in waits.iter().enumerate() {
             let nominal = (MULTIPLIER.powi(n as i32)).min(MAX.as_secs_f64());

@@ -834,3 +834,94 @@ pub fn run_refusing_dependency(
         virtual_time,
     })
 }
+
+// ---------------------------------------------------------------------------------------
+// A blip
+
+/// A healthy server that answers every attempt `UNAVAILABLE` for one second, from the
+/// config's `warmup_s`: the calls offered and those that succeeded, summed over the
+/// clients second by second (by the second each call arrived).
+pub fn run_blip(
+    variant: DeadVariant,
+    config: &DeadDependencyConfig,
+) -> Result<Vec<super::Second>, FleetSimError> {
+    let from = Duration::from_secs(u64::from(config.warmup_s));
+    let total = from + Duration::from_secs(u64::from(config.measured_s));
+    let limit = total + config.deadline + Duration::from_secs(5);
+    let mut sim = turmoil_sim(&config.network, config.seed, limit);
+    let (bound, ready) = watch::channel(0usize);
+    let bound = Arc::new(bound);
+    let seed = mix(config.seed, 100);
+    sim.host("dead", move || {
+        let bound = Arc::clone(&bound);
+        async move {
+            let demo = DemoInventory::new(DemoConfig {
+                service_time: Duration::ZERO,
+                fail_rate: 0.0,
+                seed,
+            });
+            let control = demo.control();
+            let origin = origin();
+            tokio::spawn(async move {
+                tokio::time::sleep_until(origin + from).await;
+                control.set_fail_rate(1.0);
+                tokio::time::sleep_until(origin + from + Duration::from_secs(1)).await;
+                control.set_fail_rate(0.0);
+            });
+            serve(demo, None, &bound).await
+        }
+    });
+    let results: Arc<Mutex<Vec<ClientResult>>> = Arc::default();
+    let client_config = variant.client_config(config.clients);
+    for c in 0..config.clients {
+        let config = config.clone();
+        let client_config = client_config.clone();
+        let results = Arc::clone(&results);
+        let mut ready = ready.clone();
+        let seed = mix(config.seed, 1_000 + c as u64);
+        sim.client(format!("client{c}"), async move {
+            ready.wait_for(|n| *n >= 1).await?;
+            let origin = origin();
+            let seconds = (config.warmup_s + config.measured_s) as usize;
+            let timeline = Arc::new(Timeline::new(origin, seconds));
+            let observed = Observe::new(channel("dead", &config.network)?, Arc::clone(&timeline));
+            let caller = dead_caller(&config, client_config.as_ref(), observed, seed)?;
+            let rate = config.rate_per_client;
+            offer(
+                caller,
+                &timeline,
+                origin,
+                total,
+                rate,
+                config.deadline,
+                mix(seed, 4),
+            )
+            .await;
+            results
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(ClientResult {
+                    timeline: timeline.snapshot(),
+                    ..ClientResult::default()
+                });
+            Ok(())
+        });
+    }
+    sim.run().map_err(sim_error)?;
+    let results = std::mem::take(&mut *results.lock().unwrap_or_else(PoisonError::into_inner));
+    let seconds = config.warmup_s + config.measured_s;
+    let mut timeline: Vec<super::Second> = (0..seconds)
+        .map(|t| super::Second {
+            t,
+            ..super::Second::default()
+        })
+        .collect();
+    for r in &results {
+        for (sum, s) in timeline.iter_mut().zip(&r.timeline) {
+            sum.offered += s.offered;
+            sum.goodput += s.goodput;
+            sum.attempts += s.attempts;
+        }
+    }
+    Ok(timeline)
+}
