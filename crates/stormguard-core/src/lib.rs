@@ -78,8 +78,8 @@ pub use balance::{
     ReplicaOutcome, ReplicaSet, ReplicaSnapshot, ReplicaState, ReportWeightConfig, SlowStartConfig,
 };
 pub use budget::{
-    A6Budget, A6BudgetConfig, Budget, BudgetConfig, KeyedBudgets, MAX_FLEET_SIZE, RetryBudget,
-    Unlimited,
+    A6Budget, A6BudgetConfig, Budget, BudgetConfig, FLOOR_WITHHELD_AFTER, Floor, KeyedBudgets,
+    MAX_FLEET_SIZE, RetryBudget, Unlimited,
 };
 pub use config::{
     BudgetChoice, ClientConfig, Format, IDEMPOTENT_SETTING, NotApplied, NotAppliedReason, Notice,
