@@ -185,7 +185,13 @@ async fn hop(
     Ok(match policy {
         Policy::Stormguard => {
             let (client, _) =
-                layered_client(channel, &stormguard_client_config(None), config.seed, false)?;
+                layered_client(
+                    channel,
+                    &stormguard_client_config(None),
+                    config.seed,
+                    false,
+                    |layer| layer,
+                )?;
             layered_caller(client, timeout)
         }
         _ => naive_caller(
