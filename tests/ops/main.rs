@@ -8,8 +8,6 @@
 mod prometheus;
 mod rules;
 
-#[cfg(feature = "otel-examples")]
 #[path = "../examples/support.rs"]
 mod examples_support;
-#[cfg(feature = "otel-examples")]
 mod live;

@@ -3,12 +3,12 @@
 use std::path::{Path, PathBuf};
 
 /// The repository's `ops/` folder.
-pub fn ops_dir() -> PathBuf {
+pub(crate) fn ops_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("ops")
 }
 
 /// `name` (`promtool`, `prometheus`) on PATH; fails, saying how to get it, when it is not.
-pub fn tool(name: &str) -> PathBuf {
+pub(crate) fn tool(name: &str) -> PathBuf {
     let found = std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|dir| dir.join(name))
@@ -25,7 +25,7 @@ pub fn tool(name: &str) -> PathBuf {
 
 /// `text` with every duration of a range selector (`[5m]`) and of a `for:` divided by
 /// `factor`, in milliseconds: the same rules, on a clock `factor` times faster.
-pub fn scale_durations(text: &str, factor: u64) -> String {
+pub(crate) fn scale_durations(text: &str, factor: u64) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(i) = rest.find(['[', ':']) {
