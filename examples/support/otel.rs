@@ -41,10 +41,9 @@ impl Export {
         }
         let mut provider = SdkMeterProvider::builder();
         if let Some(interval) = sinks.stdout {
-            let reader =
-                PeriodicReader::builder(opentelemetry_stdout::MetricExporter::default())
-                    .with_interval(interval)
-                    .build();
+            let reader = PeriodicReader::builder(opentelemetry_stdout::MetricExporter::default())
+                .with_interval(interval)
+                .build();
             provider = provider.with_reader(reader);
         }
         let mut scrape = None;
@@ -76,9 +75,11 @@ impl Export {
         if sinks.stdout.is_none() && sinks.metrics_addr.is_none() {
             return Ok(None);
         }
-        Err("--otel-stdout and --metrics-addr need the otel-examples feature: \
+        Err(
+            "--otel-stdout and --metrics-addr need the otel-examples feature: \
              cargo run --features otel-examples --example ..."
-            .to_owned())
+                .to_owned(),
+        )
     }
 
     /// The meter the example's layers record into.
@@ -152,8 +153,7 @@ mod scrape {
                     Ok(()) => respond(&mut stream, "200 OK", &body).await,
                     Err(e) => {
                         let message = format!("encoding the metrics: {e}\n");
-                        respond(&mut stream, "500 Internal Server Error", message.as_bytes())
-                            .await
+                        respond(&mut stream, "500 Internal Server Error", message.as_bytes()).await
                     }
                 }
             }

@@ -101,8 +101,7 @@ fn api(addr: SocketAddr, path: &str) -> Value {
 
 /// Prometheus on `port`, scraping `target`, with the rules sped up; ready when returned.
 fn start_prometheus(dir: &Path, port: u16, target: &str) -> (Running, SocketAddr) {
-    let rules = std::fs::read_to_string(ops_dir().join("prometheus/stormguard.rules.yml"))
-        .unwrap();
+    let rules = std::fs::read_to_string(ops_dir().join("prometheus/stormguard.rules.yml")).unwrap();
     std::fs::write(dir.join("rules.yml"), scale_durations(&rules, SPEED)).unwrap();
     let config = format!(
         "global:\n  scrape_interval: {INTERVAL}\n  scrape_timeout: {INTERVAL}\n  \
@@ -114,8 +113,14 @@ fn start_prometheus(dir: &Path, port: u16, target: &str) -> (Running, SocketAddr
     let mut child = Running(
         Command::new(tool("prometheus"))
             .current_dir(dir)
-            .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!(
+                "--config.file={}",
+                dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
             .arg(format!("--web.listen-address={addr}"))
             .arg("--log.level=warn")
             .stdout(Stdio::null())
@@ -265,8 +270,7 @@ fn alerts_and_dashboard_on_a_real_prometheus() {
     assert!(status.success(), "storm failed: {lines:#?}\n{out}");
     eprintln!("{out}");
     let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.0.join("storm.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.0.join("storm.json")).unwrap()).unwrap();
     let trigger = |start: f64| {
         (
             start + report["trigger"]["start_s"].as_f64().unwrap(),
@@ -280,7 +284,12 @@ fn alerts_and_dashboard_on_a_real_prometheus() {
         .as_secs_f64();
     evaluated_past(addr, end);
 
-    check_metastable_loop(addr, trigger(unguarded), (unguarded, stormguard), (stormguard, end));
+    check_metastable_loop(
+        addr,
+        trigger(unguarded),
+        (unguarded, stormguard),
+        (stormguard, end),
+    );
     check_budget(addr, trigger(stormguard), (stormguard, end));
     check_dashboard(addr, trigger(stormguard).0 + 2.0);
 }
@@ -353,10 +362,8 @@ fn check_dashboard(addr: SocketAddr, at: f64) {
         let title = panel["title"].as_str().unwrap();
         for target in panel["targets"].as_array().unwrap() {
             let expr = target["expr"].as_str().unwrap();
-            let live = scale_durations(
-                &expr.replace("$layer", ".+").replace("$chain", ".+"),
-                SPEED,
-            );
+            let live =
+                scale_durations(&expr.replace("$layer", ".+").replace("$chain", ".+"), SPEED);
             let data = api(
                 addr,
                 &format!("/api/v1/query?query={}&time={at:.3}", encode(&live)),

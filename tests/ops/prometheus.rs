@@ -59,7 +59,8 @@ pub(crate) fn scale_durations(text: &str, factor: u64) -> String {
 
 #[test]
 fn durations_scale_in_selectors_and_for_only() {
-    let rules = "expr: rate(x[1m]) > 0.5 and y[15m:30s]\nfor: 2m\nlabels: {a: b}\nsummary: 'at 3 m'";
+    let rules =
+        "expr: rate(x[1m]) > 0.5 and y[15m:30s]\nfor: 2m\nlabels: {a: b}\nsummary: 'at 3 m'";
     assert_eq!(
         scale_durations(rules, 60),
         "expr: rate(x[1000ms]) > 0.5 and y[15000ms:30s]\nfor: 2000ms\nlabels: {a: b}\nsummary: 'at 3 m'"

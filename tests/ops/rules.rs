@@ -38,7 +38,10 @@ fn every_alert_is_unit_tested_and_passes() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "yml") {
             tested.push_str(&std::fs::read_to_string(&path).unwrap());
-            tests.push(format!("tests/{}", path.file_name().unwrap().to_string_lossy()));
+            tests.push(format!(
+                "tests/{}",
+                path.file_name().unwrap().to_string_lossy()
+            ));
         }
     }
     tests.sort();

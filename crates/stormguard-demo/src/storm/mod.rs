@@ -30,10 +30,10 @@ use std::time::Duration;
 
 use stormguard_client::RetryLayer;
 use stormguard_core::AdmissionConfig;
-use stormguard_core::{QueueOrder, RetryThreshold};
-use stormguard_server::ShedLayer;
 use stormguard_core::BackoffConfig;
 use stormguard_core::ConfigError;
+use stormguard_core::{QueueOrder, RetryThreshold};
+use stormguard_server::ShedLayer;
 use stormguard_sim::StormConfig;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -536,11 +536,9 @@ fn policy_caller(
                 Policy::GrpcThrottle => grpc_throttle_client_config(per_attempt)?,
                 Policy::Hedging => hedging_client_config(config.hedge_delay),
                 Policy::Throttle => throttle_client_config(per_attempt),
-                Policy::Unguarded => unguarded_client_config(
-                    per_attempt,
-                    storm.naive_backoff,
-                    storm.naive_attempts,
-                ),
+                Policy::Unguarded => {
+                    unguarded_client_config(per_attempt, storm.naive_backoff, storm.naive_attempts)
+                }
                 _ => stormguard_client_config(per_attempt),
             };
             let reports = policy == Policy::Reports;

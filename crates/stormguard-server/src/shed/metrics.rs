@@ -245,8 +245,16 @@ fn limit_bounds(
     (min, max): (usize, usize),
 ) -> Vec<ObservableGauge<u64>> {
     [
-        ("stormguard.server.workers.min", "The adaptive worker limit's minimum", min),
-        ("stormguard.server.workers.max", "The adaptive worker limit's maximum", max),
+        (
+            "stormguard.server.workers.min",
+            "The adaptive worker limit's minimum",
+            min,
+        ),
+        (
+            "stormguard.server.workers.max",
+            "The adaptive worker limit's maximum",
+            max,
+        ),
     ]
     .into_iter()
     .map(|(metric, description, value)| {
