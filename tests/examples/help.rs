@@ -155,6 +155,7 @@ const EXAMPLES: &[Example] = &[
             "--limit",
             "--overload",
             "--reject-cost-us",
+            "--metrics-addr",
         ],
         bad_value: &["--policies", "naive,patient"],
     },
