@@ -170,7 +170,7 @@ pub struct DnsReport {
 }
 
 impl Replicas<Channel, EndpointKey> {
-    /// A channel over the addresses `dns` resolves to (see the [module docs](self)), each
+    /// A channel over the addresses `dns` resolves to, each
     /// a replica with its own lazily connected [`Channel`], keyed `http://{address}`. A
     /// task on the current tokio runtime resolves the name and applies what changed; it
     /// ends with the channel's last clone. Until the first resolution ends the channel is

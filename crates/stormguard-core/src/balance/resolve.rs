@@ -141,7 +141,7 @@ pub struct RefreshCounts {
 }
 
 /// The decisions of a replica set found by name: when to resolve, and what an answer
-/// changes (see the [module docs](self)). `K` is what a record is keyed by (an address).
+/// changes. `K` is what a record is keyed by (an address).
 #[derive(Debug)]
 pub struct Refresh<K> {
     config: RefreshConfig,

@@ -4,6 +4,8 @@ use std::sync::Arc;
 use stormguard_core::ConfigError;
 use stormguard_core::CriticalityTable;
 use stormguard_core::LayerName;
+#[cfg(feature = "opentelemetry")]
+use stormguard_core::WorkerLimit;
 use stormguard_core::{AdmissionConfig, AdmissionController};
 use tower_layer::Layer;
 
@@ -72,11 +74,10 @@ impl ShedLayer {
     /// A layer with its own queue, driven by `policy` (already validated).
     pub fn new(policy: AdmissionController) -> Self {
         #[cfg(feature = "opentelemetry")]
-        let limit_bounds = policy
-            .config()
-            .adaptive
-            .as_ref()
-            .map(|a| (a.min_limit, a.max_limit));
+        let limit_bounds = match &policy.config().workers {
+            WorkerLimit::Adaptive(a) => Some((a.min_limit, a.max_limit)),
+            WorkerLimit::Fixed(_) => None,
+        };
         let gate = Arc::new(Gate::new(policy));
         ShedLayer {
             events: Arc::new(ShedEvents::new(Arc::default(), Arc::clone(&gate))),
