@@ -1015,7 +1015,10 @@ fn drive(config: &ClientConfig, text: &str) {
                 };
                 let mut t = now;
                 for _ in 0..8 {
-                    let failure = Failure::status(Code::Unavailable).with_pushback(pushback);
+                    let failure = Failure {
+                        pushback,
+                        ..Failure::status(Code::Unavailable)
+                    };
                     match call
                         .on_attempt_end_at(AttemptEnd::Failed(failure), t)
                         .decision

@@ -527,7 +527,10 @@ impl<'a> Servers<'a> {
                     // (`stormguard-unprocessed`): a hedge shed does not fail its call.
                     let failure = Failure {
                         unprocessed: true,
-                        ..Failure::status(shed_code).with_pushback(Some(pushback))
+                        ..Failure {
+                            pushback: Some(pushback),
+                            ..Failure::status(shed_code)
+                        }
                     };
                     self.answer(agenda, job, Outcome::Failed(failure));
                 }

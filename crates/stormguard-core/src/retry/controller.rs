@@ -375,9 +375,4 @@ impl RetryController {
             idempotency_key,
         })
     }
-
-    /// [`begin_at`](Self::begin_at) now.
-    pub fn begin(&self, path: &str, deadline: Option<Instant>) -> Result<CallRetry, Refusal> {
-        self.begin_at(path, deadline, Instant::now())
-    }
 }

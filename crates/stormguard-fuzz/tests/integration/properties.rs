@@ -142,7 +142,10 @@ fn a_pushback_of_2_pow_31_ms_means_no_retry() {
         let mut call = controller
             .begin_at("/stormguard.demo.v1.Inventory/Reserve", deadline, now)
             .unwrap();
-        let failure = Failure::status(Code::Unavailable).with_pushback(pushback);
+        let failure = Failure {
+            pushback,
+            ..Failure::status(Code::Unavailable)
+        };
         assert!(matches!(
             call.on_attempt_end_at(AttemptEnd::Failed(failure), now)
                 .decision,
