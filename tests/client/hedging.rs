@@ -501,7 +501,7 @@ async fn a_learned_delay_hedges_only_once_it_knows_the_latency_then_at_its_tail(
     for i in 0..30 {
         client.reserve(reserve(&format!("warm-{i}"))).await.unwrap();
     }
-    // Now the p95 is about 2 ms: a stalled first copy is hedged right after it.
+    // Now the p97 is about 2 ms: a stalled first copy is hedged right after it.
     svc.push([Step::slow(ms(300), Step::Ok)]);
     let started = tokio::time::Instant::now();
     client.reserve(reserve("tail")).await.unwrap();

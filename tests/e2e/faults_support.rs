@@ -69,6 +69,7 @@ use stormguard_core::IdempotencyConfig;
 use stormguard_core::MethodScope;
 use stormguard_core::RetryController;
 use stormguard_core::RetryPolicy;
+use stormguard_core::WorkerLimit;
 use stormguard_core::{BudgetChoice, ClientConfig};
 use stormguard_demo::server::{DemoConfig, DemoInventory};
 use stormguard_demo::turmoil_net;
@@ -412,7 +413,7 @@ impl Inventory for Counting {
 /// The admission settings of every server: 16 workers, 32 queued, seeded pushback jitter.
 pub fn admission(seed: u64) -> AdmissionConfig {
     AdmissionConfig {
-        workers: 16,
+        workers: WorkerLimit::Fixed(16),
         queue_capacity: 32,
         seed: Some(seed),
         ..AdmissionConfig::default()

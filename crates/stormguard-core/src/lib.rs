@@ -30,7 +30,8 @@
 //! * **budgets**: the [`Budget`] trait, stormguard's [`RetryBudget`], per-key accounts
 //!   ([`KeyedBudgets`]) and gRPC A6's token bucket ([`A6Budget`]);
 //! * **the balancer**: [`ReplicaSet`], which picks a replica per attempt and ejects
-//!   failing ones;
+//!   failing ones, and [`Refresh`], which decides when a set found by DNS is resolved
+//!   again and what an answer changes;
 //! * **admission**: [`AdmissionController`], the [`AdmissionQueue`] that applies it, the
 //!   [`AdaptiveLimit`] of workers and the idempotency [`DedupTable`];
 //! * **the wire** ([`wire`]): every header the layers read or write, with its one parser
@@ -70,16 +71,19 @@ pub use admission::{
     AdaptiveLimit, AdaptiveLimitConfig, Admission, AdmissionConfig, AdmissionController,
     AdmissionQueue, Arrival, Begin, CallClass, DedupCounts, DedupTable, Dispatch,
     IdempotencyConfig, Left, QueueLoad, QueueOrder, QueuedId, RateMeter, RetryThreshold, Shed,
-    ShedPushback, ShedReason,
+    ShedPushback, ShedReason, WorkerLimit,
 };
 pub use balance::weights::a58_weight;
 pub use balance::{
     EjectReason, EjectionConfig, LoadConfig, ReplicaConfig, ReplicaEvent, ReplicaId,
     ReplicaOutcome, ReplicaSet, ReplicaSnapshot, ReplicaState, ReportWeightConfig, SlowStartConfig,
 };
+pub use balance::{
+    Refresh, RefreshAnswer, RefreshConfig, RefreshCounts, RefreshHealth, RefreshUpdate,
+};
 pub use budget::{
-    A6Budget, A6BudgetConfig, Budget, BudgetConfig, KeyedBudgets, MAX_FLEET_SIZE, RetryBudget,
-    Unlimited,
+    A6Budget, A6BudgetConfig, Budget, BudgetConfig, FLOOR_WITHHELD_AFTER, Floor, KeyedBudgets,
+    MAX_FLEET_SIZE, RetryBudget, Unlimited,
 };
 pub use config::{
     BudgetChoice, ClientConfig, Format, IDEMPOTENT_SETTING, NotApplied, NotAppliedReason, Notice,

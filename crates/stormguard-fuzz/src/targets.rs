@@ -832,7 +832,7 @@ pub fn admission_json(input: &[u8]) -> Outcome {
                 policy.expiry(t, far) >= t && policy.expiry(t, None) >= t,
                 "{text}"
             );
-            Outcome::accepted(config.workers.min(2))
+            Outcome::accepted(config.workers.fixed().map(|n| n.min(2)))
         }
         Err(e) => {
             assert!(!e.to_string().is_empty(), "empty error for {text}");

@@ -5,6 +5,7 @@
 mod backoff;
 mod breaker;
 mod call;
+mod connect;
 mod controller;
 mod decision;
 mod delay;

@@ -31,6 +31,8 @@ fn budget(floor: u32, ratio: f64) -> Arc<dyn Budget> {
             ttl: Duration::from_secs(10),
             min_retries_per_second: floor,
             retry_ratio: ratio,
+            // These tests are about the other checks: a floor lent whatever the answers.
+            floor: crate::Floor::Always,
             ..BudgetConfig::default()
         })
         .unwrap(),
@@ -1577,5 +1579,44 @@ fn an_expiry_answer_past_the_attempts_deadline_is_that_attempt_timing_out() {
             attempt_timed_out: false,
             transparent: false
         }
+    );
+}
+
+#[test]
+fn a_transparent_retry_after_a_refused_connection_waits_for_the_connection_backoff() {
+    let c = controller(retried(), budget(5, 0.1));
+    let now = Instant::now();
+    let refused = Failure {
+        unsent: true,
+        ..unavailable()
+    };
+    // A call with time to wait: its transparent retry waits out the backoff (1 s ± 20 %).
+    let mut call = c.begin_at(PATH, Some(now + ms(5_000)), now).unwrap();
+    call.on_connect_refused_at(now);
+    let v = call.on_attempt_end_at(AttemptEnd::Failed(refused), now);
+    let Decision::Retry { delay } = v.decision else {
+        panic!("{v:?}")
+    };
+    assert!(v.transparent);
+    assert!((ms(800)..=ms(1_200)).contains(&delay), "{delay:?}");
+    // A call whose deadline comes first gives up at once instead of connecting again.
+    let mut short = c.begin_at(PATH, Some(now + ms(500)), now + ms(1)).unwrap();
+    short.on_connect_refused_at(now + ms(1));
+    let v = short.on_attempt_end_at(AttemptEnd::Failed(refused), now + ms(1));
+    assert_eq!(v.decision, Decision::GiveUp(Refusal::Deadline));
+    // A stream refused over a working connection (a draining server) is retried at once.
+    let mut drained = c.begin_at(PATH, Some(now + ms(5_000)), now).unwrap();
+    let v = drained.on_attempt_end_at(AttemptEnd::Failed(refused), now + ms(2));
+    assert_eq!(v.decision, Decision::Retry { delay: ms(0) });
+    // An answer resets the backoff: the next refusal waits about 1 s again, not 1.6 s.
+    let later = now + ms(3_000);
+    let mut ok = c.begin_at(PATH, None, later).unwrap();
+    ok.on_success_at(later);
+    let mut call = c.begin_at(PATH, Some(later + ms(5_000)), later).unwrap();
+    call.on_connect_refused_at(later);
+    let v = call.on_attempt_end_at(AttemptEnd::Failed(refused), later);
+    assert!(
+        matches!(v.decision, Decision::Retry { delay } if delay <= ms(1_200)),
+        "{v:?}"
     );
 }
