@@ -66,6 +66,7 @@ use stormguard_core::BreakerConfig;
 use stormguard_core::BudgetConfig;
 use stormguard_core::Code;
 use stormguard_core::IdempotencyConfig;
+use stormguard_core::MethodScope;
 use stormguard_core::RetryController;
 use stormguard_core::RetryPolicy;
 use stormguard_core::WorkerLimit;
@@ -502,9 +503,8 @@ pub fn client_config(idempotent: bool, keyed: bool) -> ClientConfig {
         open_for: Duration::from_millis(500),
         ..BreakerConfig::default()
     });
-    config.methods.insert_method(
-        "stormguard.demo.v1.Inventory",
-        "Reserve",
+    config.methods.set_retry(
+        MethodScope::Method("stormguard.demo.v1.Inventory", "Reserve"),
         Some(RetryPolicy {
             idempotent,
             per_attempt_timeout: Some(PER_ATTEMPT),
@@ -516,9 +516,10 @@ pub fn client_config(idempotent: bool, keyed: bool) -> ClientConfig {
             ..RetryPolicy::default()
         }),
     );
-    config
-        .methods
-        .insert_method_idempotency_key("stormguard.demo.v1.Inventory", "Reserve", keyed);
+    config.methods.set_idempotency_key(
+        MethodScope::Method("stormguard.demo.v1.Inventory", "Reserve"),
+        keyed,
+    );
     config
 }
 

@@ -122,7 +122,7 @@ fn passed(threshold: RetryThreshold, now: Instant, load: QueueLoad) -> bool {
 /// mean gap, that silence is used instead, so a stalled server does not look fast.
 /// Constant memory.
 #[derive(Clone, Debug, Default)]
-pub struct CompletionRate {
+pub(crate) struct CompletionRate {
     last: Option<Instant>,
     mean_gap_secs: Option<f64>,
 }
@@ -200,7 +200,7 @@ impl CompletionRate {
 ///   the retries absorb the shedding and first attempts keep the capacity.
 /// - [`AdmissionController::pushback_at`]: the `grpc-retry-pushback-ms` to send with a shed
 ///   answer: the estimated time for the queue to drain (from the observed completion
-///   rate, [`CompletionRate`]), clamped to `[1 ms, pushback_max]` and jittered so that
+///   rate), clamped to `[1 ms, pushback_max]` and jittered so that
 ///   the clients told to come back do not all come back together. It is **never 0**:
 ///   gRPC C-core clients never finish a call told "retry after 0 ms".
 /// - [`AdmissionController::shed_pushback_at`]: whether the shed answer says "come back

@@ -220,7 +220,7 @@ impl ShedSettings {
     }
 
     /// Reads the `admission` document in `format`.
-    pub(crate) fn from_text(text: &str, format: Format) -> Result<Self, ConfigError> {
+    pub fn from_text(text: &str, format: Format) -> Result<Self, ConfigError> {
         read_settings(document::parse(text, format)?)
     }
 

@@ -28,9 +28,12 @@ mod server;
 use std::sync::Arc;
 use std::time::Duration;
 
+use stormguard_client::RetryLayer;
 use stormguard_core::BackoffConfig;
 use stormguard_core::ConfigError;
 use stormguard_core::{AdmissionConfig, WorkerLimit};
+use stormguard_core::{QueueOrder, RetryThreshold};
+use stormguard_server::ShedLayer;
 use stormguard_sim::StormConfig;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -39,7 +42,7 @@ use tonic::transport::Channel;
 pub use client::{
     Attempt, Caller, Delays, INVENTORY_SERVICE, NaiveRetry, RESERVE_METHOD, connect,
     grpc_throttle_client_config, hedging_client_config, stormguard_client_config,
-    throttle_client_config,
+    throttle_client_config, unguarded_client_config,
 };
 pub use report::{
     Hedges, PolicyRun, PolicySummary, RECOVERED_FOR_S, RECOVERED_SHARE, Second, StormReport,
@@ -104,6 +107,12 @@ pub enum Policy {
     /// itself saturated ([`SaturationConfig`](stormguard_core::SaturationConfig)'s
     /// defaults). Not in the default run.
     Reports,
+    /// The naive loop's behaviour built from stormguard's layers with every protection
+    /// off, so that its metrics can be seen: the client a `RetryLayer` that retries as
+    /// `naive` does, with a budget no storm uses up ([`unguarded_client_config`]); the
+    /// server a `ShedLayer` that queues in arrival order and sheds nothing
+    /// ([`LoopbackStorm::unguarded_admission`]). Not in the default run.
+    Unguarded,
 }
 
 impl Policy {
@@ -119,6 +128,7 @@ impl Policy {
         Policy::Hedging,
         Policy::Throttle,
         Policy::Reports,
+        Policy::Unguarded,
     ];
 
     /// The policies a run compares unless told otherwise: the six retry policies and
@@ -148,6 +158,7 @@ impl Policy {
             Policy::Hedging => "hedging",
             Policy::Throttle => "throttle",
             Policy::Reports => "reports",
+            Policy::Unguarded => "unguarded",
         }
     }
 
@@ -161,7 +172,55 @@ impl Policy {
                 | Policy::Hedging
                 | Policy::Throttle
                 | Policy::Reports
+                | Policy::Unguarded
         )
+    }
+}
+
+/// Applied to each policy's layers before they serve, with the policy: the `storm`
+/// example's `--metrics-addr` gives them a meter and the policy's name.
+#[derive(Clone, Default)]
+pub struct Instruments {
+    client: Option<Arc<ClientInstrument>>,
+    server: Option<Arc<ServerInstrument>>,
+}
+
+type ClientInstrument = dyn Fn(RetryLayer, Policy) -> RetryLayer + Send + Sync;
+type ServerInstrument = dyn Fn(ShedLayer, Policy) -> ShedLayer + Send + Sync;
+
+impl Instruments {
+    /// `client` applied to every `RetryLayer`, `server` to every `ShedLayer`.
+    pub fn new(
+        client: impl Fn(RetryLayer, Policy) -> RetryLayer + Send + Sync + 'static,
+        server: impl Fn(ShedLayer, Policy) -> ShedLayer + Send + Sync + 'static,
+    ) -> Self {
+        Instruments {
+            client: Some(Arc::new(client)),
+            server: Some(Arc::new(server)),
+        }
+    }
+
+    fn client(&self, layer: RetryLayer, policy: Policy) -> RetryLayer {
+        match &self.client {
+            Some(instrument) => instrument(layer, policy),
+            None => layer,
+        }
+    }
+
+    fn server(&self, layer: ShedLayer, policy: Policy) -> ShedLayer {
+        match &self.server {
+            Some(instrument) => instrument(layer, policy),
+            None => layer,
+        }
+    }
+}
+
+impl std::fmt::Debug for Instruments {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Instruments")
+            .field("client", &self.client.is_some())
+            .field("server", &self.server.is_some())
+            .finish()
     }
 }
 
@@ -237,6 +296,27 @@ impl LoopbackStorm {
         match self.overload {
             Some(_) => (0, storm.total_s()),
             None => (storm.warmup_s, storm.warmup_s + storm.trigger_s),
+        }
+    }
+
+    /// The `unguarded` policy's shed layer: the server's real concurrency, callers served
+    /// in arrival order from a queue of 10,000, nothing shed before the queue is full, no
+    /// "do not retry", calls given until their deadline: what a plain server with a
+    /// semaphore does, counted.
+    pub fn unguarded_admission(&self) -> AdmissionConfig {
+        AdmissionConfig {
+            workers: WorkerLimit::Fixed(self.storm.workers),
+            queue_capacity: 10_000,
+            retry_threshold: RetryThreshold {
+                depth: None,
+                queue_delay: None,
+            },
+            queue_order: QueueOrder::Fifo,
+            min_time_left: Duration::ZERO,
+            no_retry_code: None,
+            no_retry_margin: None,
+            no_retry_after_shedding: None,
+            ..AdmissionConfig::default()
         }
     }
 
@@ -330,12 +410,14 @@ pub async fn run_storm(
     config: &LoopbackStorm,
     policies: &[Policy],
     progress: &(dyn Fn(Policy, f64) + Send + Sync),
+    instruments: &Instruments,
 ) -> Result<StormReport, StormError> {
     let capacity = measure_capacity(config).await?;
     let rate = config.overload.unwrap_or(config.storm.load) * capacity.normal;
     let mut runs = Vec::with_capacity(policies.len());
     for &policy in policies {
-        runs.push(run_policy(policy, config, rate, &|done| progress(policy, done)).await?);
+        let progress = |done| progress(policy, done);
+        runs.push(run_policy(policy, config, rate, &progress, instruments).await?);
     }
     let (start_s, end_s) = config.reported_trigger();
     // Under a sustained overload the service time never changes: the capacity is the one
@@ -349,17 +431,20 @@ pub async fn run_storm(
     Ok(report)
 }
 
-/// Runs `policy` through the scenario at `rate` logical calls per second. `progress` is
-/// called with the share of the run done, about ten times a second.
+/// Runs `policy` through the scenario at `rate` logical calls per second, its layers
+/// through `instruments`. `progress` is called with the share of the run done: 0 when the
+/// run's clock starts, then about ten times a second.
 pub async fn run_policy(
     policy: Policy,
     config: &LoopbackStorm,
     rate: f64,
     progress: &(dyn Fn(f64) + Send + Sync),
+    instruments: &Instruments,
 ) -> Result<PolicyRun, StormError> {
     let (workers, control) = capacity_model(config);
     let admission = match policy {
         Policy::Defaults => Some(AdmissionConfig::default()),
+        Policy::Unguarded => Some(config.unguarded_admission()),
         _ => policy.sheds().then(|| config.admission()),
     };
     // Only a server that sheds has refusals to pay for; without a cost the stack is the
@@ -367,13 +452,22 @@ pub async fn run_policy(
     let reject_cost = (policy.sheds() && !config.reject_cost.is_zero())
         .then(|| RejectCost::new(config.reject_cost));
     let reports = policy == Policy::Reports;
-    let serving = serve_costed(workers.clone(), admission, reject_cost.clone(), reports).await?;
+    let instrument = |layer| instruments.server(layer, policy);
+    let serving = serve_costed(
+        workers.clone(),
+        admission,
+        reject_cost.clone(),
+        reports,
+        &instrument,
+    )
+    .await?;
     let channel: Channel = connect(serving.addr).await?;
 
     let start = Instant::now();
+    progress(0.0);
     let timeline = Arc::new(Timeline::new(start, config.storm.total_s() as usize));
     let observed = Observe::new(channel, Arc::clone(&timeline));
-    let (caller, stats) = policy_caller(policy, config, observed)?;
+    let (caller, stats) = policy_caller(policy, config, observed, instruments)?;
     let offered = Offered {
         config,
         control: &control,
@@ -414,6 +508,7 @@ fn policy_caller(
     policy: Policy,
     config: &LoopbackStorm,
     observed: Observe<Channel>,
+    instruments: &Instruments,
 ) -> Result<(client::Caller, Option<stormguard_client::RetryStats>), StormError> {
     let storm = &config.storm;
     let per_attempt = Some(storm.per_attempt);
@@ -447,17 +542,23 @@ fn policy_caller(
         | Policy::Defaults
         | Policy::Hedging
         | Policy::Throttle
-        | Policy::Reports => {
+        | Policy::Reports
+        | Policy::Unguarded => {
             let client_config = match policy {
                 Policy::GrpcThrottle => grpc_throttle_client_config(per_attempt)?,
                 // A newcomer's client sets no per-attempt timeout.
                 Policy::Defaults => stormguard_client_config(None),
                 Policy::Hedging => hedging_client_config(config.hedge_delay),
                 Policy::Throttle => throttle_client_config(per_attempt),
+                Policy::Unguarded => {
+                    unguarded_client_config(per_attempt, storm.naive_backoff, storm.naive_attempts)
+                }
                 _ => stormguard_client_config(per_attempt),
             };
             let reports = policy == Policy::Reports;
-            let (client, stats) = layered_client(observed, &client_config, storm.seed, reports)?;
+            let instrument = |layer| instruments.client(layer, policy);
+            let (client, stats) =
+                layered_client(observed, &client_config, storm.seed, reports, instrument)?;
             (layered_caller(client, Some(storm.deadline)), Some(stats))
         }
     })
