@@ -15,6 +15,7 @@ use client_support::*;
 use stormguard_client::RetryLayer;
 use stormguard_core::Budget;
 use stormguard_core::Instant;
+use stormguard_core::MethodScope;
 use stormguard_core::MethodTable;
 use stormguard_core::RetryController;
 use stormguard_core::{A6Budget, A6BudgetConfig};
@@ -43,7 +44,7 @@ fn hedging_controller(
     breaker: Option<CircuitBreaker>,
 ) -> RetryController {
     let mut table = MethodTable::none();
-    table.set_default_hedging(Some(policy));
+    table.set_hedging(MethodScope::Default, Some(policy));
     RetryController::new(table, budget, breaker, 7)
 }
 

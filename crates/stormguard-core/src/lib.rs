@@ -30,7 +30,8 @@
 //! * **budgets**: the [`Budget`] trait, stormguard's [`RetryBudget`], per-key accounts
 //!   ([`KeyedBudgets`]) and gRPC A6's token bucket ([`A6Budget`]);
 //! * **the balancer**: [`ReplicaSet`], which picks a replica per attempt and ejects
-//!   failing ones;
+//!   failing ones, and [`Refresh`], which decides when a set found by DNS is resolved
+//!   again and what an answer changes;
 //! * **admission**: [`AdmissionController`], the [`AdmissionQueue`] that applies it, the
 //!   [`AdaptiveLimit`] of workers and the idempotency [`DedupTable`];
 //! * **the wire** ([`wire`]): every header the layers read or write, with its one parser
@@ -68,14 +69,17 @@ pub use wire::body::{DeadlineCut, HeldFrames, Polled};
 
 pub use admission::{
     AdaptiveLimit, AdaptiveLimitConfig, Admission, AdmissionConfig, AdmissionController,
-    AdmissionQueue, Arrival, Begin, CallClass, CompletionRate, DedupCounts, DedupTable, Dispatch,
+    AdmissionQueue, Arrival, Begin, CallClass, DedupCounts, DedupTable, Dispatch,
     IdempotencyConfig, Left, QueueLoad, QueueOrder, QueuedId, RateMeter, RetryThreshold, Shed,
-    ShedPushback, ShedReason,
+    ShedPushback, ShedReason, WorkerLimit,
 };
 pub use balance::weights::a58_weight;
 pub use balance::{
     EjectReason, EjectionConfig, LoadConfig, ReplicaConfig, ReplicaEvent, ReplicaId,
     ReplicaOutcome, ReplicaSet, ReplicaSnapshot, ReplicaState, ReportWeightConfig, SlowStartConfig,
+};
+pub use balance::{
+    Refresh, RefreshAnswer, RefreshConfig, RefreshCounts, RefreshHealth, RefreshUpdate,
 };
 pub use budget::{
     A6Budget, A6BudgetConfig, Budget, BudgetConfig, FLOOR_WITHHELD_AFTER, Floor, KeyedBudgets,
@@ -93,9 +97,9 @@ pub use retry::{
     AdaptiveThrottle, AdaptiveThrottleConfig, AttemptEnd, AttemptPlan, Backoff, BackoffConfig,
     BreakerConfig, BreakerOpen, BreakerPermit, BreakerState, BreakerTransition, CallRetry,
     CircuitBreaker, Decision, DelayEstimator, Failure, HedgeDecision, HedgeDelay, HedgingPolicy,
-    LearnedDelay, MAX_ATTEMPTS_CAP, MethodMap, MethodTable, Refusal, RetryController, RetryPolicy,
-    Saturation, SaturationConfig, TRANSPARENT_RETRIES, Throttled, TransitionWatch, Transitions,
-    Verdict, WindowCounts,
+    LearnedDelay, MAX_ATTEMPTS_CAP, MethodMap, MethodScope, MethodTable, Refusal, RetryController,
+    RetryPolicy, Saturation, SaturationConfig, TRANSPARENT_RETRIES, Throttled, TransitionWatch,
+    Transitions, Verdict, WindowCounts,
 };
 pub use wire::code::{Code, CodeSet, UnknownCode};
 pub use wire::orca::{LoadReport, LoadReportError, OrcaLoadReport};

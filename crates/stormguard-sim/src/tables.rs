@@ -15,7 +15,7 @@ use stormguard_core::BreakerConfig;
 use stormguard_core::BudgetConfig;
 use stormguard_core::Floor;
 use stormguard_core::RetryPolicy;
-use stormguard_core::{AdmissionConfig, QueueOrder};
+use stormguard_core::{AdmissionConfig, QueueOrder, WorkerLimit};
 use stormguard_core::{Code, CodeSet};
 use stormguard_core::{HedgeDelay, HedgingPolicy};
 
@@ -519,7 +519,7 @@ pub fn recovery_scenario(variant: RecoveryVariant, options: &Options) -> Scenari
         // pushback at most 1 s) with a queue of 2 × workers: 55 ms of work at the
         // degraded rate, more than the 50 ms deadline.
         shedding: shedding.then(|| AdmissionConfig {
-            workers,
+            workers: WorkerLimit::Fixed(workers),
             queue_capacity: 2 * workers,
             queue_order: if variant == RecoveryVariant::StormguardSheddingFifo {
                 QueueOrder::Fifo

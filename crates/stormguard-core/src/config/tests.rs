@@ -537,9 +537,8 @@ fn no_answer_retried_is_a_notice_naming_the_setting() {
     );
     let mut in_code = ClientConfig::standard();
     assert_eq!(in_code.notices().len(), 1);
-    in_code.methods.insert_method(
-        "pkg.Svc",
-        "Get",
+    in_code.methods.set_retry(
+        MethodScope::Method("pkg.Svc", "Get"),
         Some(RetryPolicy {
             idempotent: true,
             ..RetryPolicy::default()

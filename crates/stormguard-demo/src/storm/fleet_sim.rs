@@ -42,6 +42,7 @@ use stormguard_core::AdmissionConfig;
 use stormguard_core::BreakerConfig;
 use stormguard_core::BudgetConfig;
 use stormguard_core::Floor;
+use stormguard_core::WorkerLimit;
 use stormguard_core::{BudgetChoice, ClientConfig, ConfigError};
 use stormguard_server::ShedLayer;
 use stormguard_sim::StormConfig;
@@ -104,7 +105,7 @@ impl Default for Network {
 /// count, as the storm's, seeded from `seed`.
 fn admission(storm: &StormConfig, seed: u64) -> AdmissionConfig {
     AdmissionConfig {
-        workers: storm.workers,
+        workers: WorkerLimit::Fixed(storm.workers),
         seed: Some(seed),
         ..AdmissionConfig::default()
     }

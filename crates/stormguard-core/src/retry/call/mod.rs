@@ -526,7 +526,7 @@ impl CallRetry {
     /// The dependency has `n` endpoints a retry could go to (the replicas of an
     /// endpoint-aware channel; 1, the default, for a plain channel): a retry is refused as
     /// [`Refusal::Saturated`] only once that many were heard from saturated (see
-    /// [`Saturation::refuses_retry_among_at`](crate::Saturation::refuses_retry_among_at)).
+    /// [`Saturation::refuses_retry_at`](crate::Saturation::refuses_retry_at)).
     pub fn set_endpoints(&mut self, n: usize) {
         self.endpoints = n.max(1);
     }
@@ -536,6 +536,6 @@ impl CallRetry {
         self.shared
             .saturation
             .as_ref()
-            .is_some_and(|s| s.refuses_retry_among_at(self.endpoints, now))
+            .is_some_and(|s| s.refuses_retry_at(self.endpoints, now))
     }
 }
