@@ -790,7 +790,10 @@ async fn an_adaptive_limit_exports_its_bounds_and_a_fixed_one_none() {
         fail_rate: 0.0,
         seed: 1,
     };
-    for (name, config) in [("adaptive", adaptive), ("fixed", AdmissionConfig::default())] {
+    for (name, config) in [
+        ("adaptive", adaptive),
+        ("fixed", AdmissionConfig::default()),
+    ] {
         let shed = ShedLayer::from_config(config)
             .unwrap()
             .with_meter(&meter)
@@ -808,7 +811,11 @@ async fn an_adaptive_limit_exports_its_bounds_and_a_fixed_one_none() {
         assert_eq!(total(m, metric, &[("stormguard.layer", "adaptive")]), bound);
     }
     assert_eq!(
-        total(m, "stormguard.server.workers", &[("stormguard.layer", "fixed")]),
+        total(
+            m,
+            "stormguard.server.workers",
+            &[("stormguard.layer", "fixed")]
+        ),
         64
     );
     provider.shutdown().unwrap();

@@ -238,7 +238,6 @@ fn evaluated_past(addr: SocketAddr, instant: f64) {
 /// One run: the storm (`unguarded`, then `stormguard`) under a real Prometheus.
 #[test]
 fn alerts_and_dashboard_on_a_real_prometheus() {
-    let _alone = crate::examples_support::measuring_alone();
     let storm = build_examples(&["storm"]).join(format!("storm{}", std::env::consts::EXE_SUFFIX));
     let dir = TempDir::new();
     let mut child = Command::new(&storm)
