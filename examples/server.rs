@@ -66,6 +66,7 @@ use std::time::Duration;
 use clap::Parser;
 use serde::Serialize;
 use stormguard::server::ShedSettings;
+use stormguard::server::WorkerLimit;
 use stormguard::server::{AdmissionConfig, QueueOrder, RetryThreshold};
 use stormguard::server::{ShedBody, ShedLayer, ShedStats};
 use stormguard_demo::InventoryServer;
@@ -194,7 +195,7 @@ pub fn admission(args: &Args) -> Result<Option<AdmissionConfig>, Box<dyn Error>>
     }
     let defaults = AdmissionConfig::default();
     Ok(Some(AdmissionConfig {
-        workers: args.workers,
+        workers: WorkerLimit::Fixed(args.workers),
         queue_capacity: args.queue,
         retry_threshold: RetryThreshold {
             depth: Some(

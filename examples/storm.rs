@@ -77,7 +77,8 @@ struct Args {
     #[arg(long = "deadline-ms", value_name = "MS", value_parser = clap::value_parser!(u64).range(1..),
           default_value_t = StormConfig::loopback().deadline.as_millis() as u64)]
     deadline_ms: u64,
-    /// The shed layer's worker limit
+    /// The worker limit of the shed layer of `server-only`, `stormguard` and the rows
+    /// built on them (`defaults` always runs the default, adaptive)
     #[arg(long, value_name = "L", value_enum, default_value_t = Limit::Fixed)]
     limit: Limit,
     /// Instead of the trigger, a sustained overload: offer X times the measured capacity
@@ -107,9 +108,9 @@ enum Model {
 /// `--limit`.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Limit {
-    /// The server's workers
+    /// Fixed at the server's real concurrency (8), as an operator who measured it sets it
     Fixed,
-    /// Adaptive, starting at 64 and following latency
+    /// The default: adaptive, learned from latency, told nothing
     Adaptive,
 }
 
@@ -138,7 +139,7 @@ impl Args {
         };
         config.storm.load = self.load;
         config.storm.deadline = Duration::from_millis(self.deadline_ms);
-        config.adaptive_limit = matches!(self.limit, Limit::Adaptive);
+        config.fixed_limit = matches!(self.limit, Limit::Fixed);
         config.overload = self.overload;
         config.reject_cost = Duration::from_micros(self.reject_cost_us.unwrap_or(0));
         config

@@ -12,7 +12,9 @@ use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, SdkMeterProvider};
 use stormguard_client::{RetryLayer, RetryStats};
+use stormguard_core::MethodScope;
 use stormguard_core::RetryController;
+use stormguard_core::WorkerLimit;
 use stormguard_core::{AdmissionConfig, RetryThreshold};
 use stormguard_core::{Budget, BudgetConfig, RetryBudget};
 use stormguard_core::{MethodTable, RetryPolicy};
@@ -203,7 +205,7 @@ async fn exported_values_equal_the_layers_own_counters() {
     // A small server that must queue and shed: 2 workers, 4 places, retries shed once one
     // call waits; a third of the calls fail. Named after the meter is given: either order.
     let shed = ShedLayer::from_config(AdmissionConfig {
-        workers: 2,
+        workers: WorkerLimit::Fixed(2),
         queue_capacity: 4,
         retry_threshold: RetryThreshold {
             depth: Some(1),
@@ -537,7 +539,7 @@ async fn calls_the_adaptive_throttle_refuses_are_exported_by_criticality() {
     let meter = provider.meter("stormguard-test");
     // A real ShedLayer with one worker and one place: most of a wave of calls is shed.
     let shed = ShedLayer::from_config(AdmissionConfig {
-        workers: 1,
+        workers: WorkerLimit::Fixed(1),
         queue_capacity: 1,
         retry_threshold: RetryThreshold {
             depth: Some(1),
@@ -625,12 +627,15 @@ async fn hedges_timeouts_cuts_and_transparent_retries_are_exported() {
         .unwrap(),
     );
     let mut table = MethodTable::none();
-    table.set_default_hedging(Some(HedgingPolicy {
-        max_attempts: 2,
-        delay: HedgeDelay::Fixed(Duration::from_millis(10)),
-        non_fatal_codes: CodeSet::single(Code::Unavailable),
-        ..HedgingPolicy::default()
-    }));
+    table.set_hedging(
+        MethodScope::Default,
+        Some(HedgingPolicy {
+            max_attempts: 2,
+            delay: HedgeDelay::Fixed(Duration::from_millis(10)),
+            non_fatal_codes: CodeSet::single(Code::Unavailable),
+            ..HedgingPolicy::default()
+        }),
+    );
     let hedging = RetryLayer::new(RetryController::new(table, budget, None, 4))
         .with_name("hedging")
         .with_meter(&meter);

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use stormguard_client::{Retry as RetryService, RetryLayer, RetryStats};
 use stormguard_core::AdaptiveThrottleConfig;
+use stormguard_core::MethodScope;
 use stormguard_core::RetryPolicy;
 use stormguard_core::{Backoff, BackoffConfig};
 use stormguard_core::{ClientConfig, ConfigError};
@@ -295,9 +296,10 @@ pub fn stormguard_client_config(per_attempt: Option<Duration>) -> ClientConfig {
         per_attempt_timeout: per_attempt,
         ..RetryPolicy::default()
     };
-    config
-        .methods
-        .insert_method(INVENTORY_SERVICE, RESERVE_METHOD, Some(policy));
+    config.methods.set_retry(
+        MethodScope::Method(INVENTORY_SERVICE, RESERVE_METHOD),
+        Some(policy),
+    );
     config
 }
 
@@ -372,9 +374,10 @@ pub fn hedging_client_config(delay: Duration) -> ClientConfig {
         non_fatal_codes: CodeSet::single(CoreCode::Unavailable),
         ..HedgingPolicy::default()
     };
-    config
-        .methods
-        .insert_method_hedging(INVENTORY_SERVICE, RESERVE_METHOD, Some(policy));
+    config.methods.set_hedging(
+        MethodScope::Method(INVENTORY_SERVICE, RESERVE_METHOD),
+        Some(policy),
+    );
     config
 }
 
@@ -400,9 +403,10 @@ pub fn grpc_throttle_client_config(
             idempotent: true,
             ..RetryPolicy::clone(policy)
         };
-        config
-            .methods
-            .insert_method(INVENTORY_SERVICE, RESERVE_METHOD, Some(policy));
+        config.methods.set_retry(
+            MethodScope::Method(INVENTORY_SERVICE, RESERVE_METHOD),
+            Some(policy),
+        );
     }
     Ok(config)
 }

@@ -29,9 +29,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stormguard_client::RetryLayer;
-use stormguard_core::AdmissionConfig;
 use stormguard_core::BackoffConfig;
 use stormguard_core::ConfigError;
+use stormguard_core::{AdmissionConfig, WorkerLimit};
 use stormguard_core::{QueueOrder, RetryThreshold};
 use stormguard_server::ShedLayer;
 use stormguard_sim::StormConfig;
@@ -86,8 +86,15 @@ pub enum Policy {
     ClientOnly,
     /// The naive client against stormguard's `ShedLayer` with defaults.
     ServerOnly,
-    /// Both layers with defaults.
+    /// Both layers tuned to the run: the `ShedLayer`'s defaults with the server's real
+    /// concurrency as a fixed limit (unless [`LoopbackStorm::fixed_limit`] is off), the
+    /// `RetryLayer`'s defaults with `Reserve` idempotent and the run's per-attempt timeout.
     Stormguard,
+    /// Both layers exactly as a newcomer installs them: `AdmissionConfig::default()` (an
+    /// adaptive worker limit, told nothing) and `ClientConfig::standard()` with `Reserve`
+    /// marked idempotent, nothing else set (no per-attempt timeout: each call has its
+    /// deadline).
+    Defaults,
     /// Both layers with defaults, but `Reserve` hedged instead of retried
     /// ([`hedging_client_config`]). Not in the default run ([`Policy::DEFAULT`]).
     Hedging,
@@ -117,22 +124,25 @@ impl Policy {
         Policy::ClientOnly,
         Policy::ServerOnly,
         Policy::Stormguard,
+        Policy::Defaults,
         Policy::Hedging,
         Policy::Throttle,
         Policy::Reports,
         Policy::Unguarded,
     ];
 
-    /// The policies a run compares unless told otherwise: the six retry policies.
-    /// `hedging` answers another question (slowness, not failure) and is run on request, so
-    /// the default run stays at six policies of 25 s each.
-    pub const DEFAULT: [Policy; 6] = [
+    /// The policies a run compares unless told otherwise: the six retry policies and
+    /// both layers on their defaults. `hedging` answers another question (slowness, not
+    /// failure) and is run on request, so the default run stays at seven policies of 25 s
+    /// each.
+    pub const DEFAULT: [Policy; 7] = [
         Policy::Naive,
         Policy::Jitter,
         Policy::GrpcThrottle,
         Policy::ClientOnly,
         Policy::ServerOnly,
         Policy::Stormguard,
+        Policy::Defaults,
     ];
 
     /// The policy's name in tables and JSON.
@@ -144,6 +154,7 @@ impl Policy {
             Policy::ClientOnly => "client-only",
             Policy::ServerOnly => "server-only",
             Policy::Stormguard => "stormguard",
+            Policy::Defaults => "defaults",
             Policy::Hedging => "hedging",
             Policy::Throttle => "throttle",
             Policy::Reports => "reports",
@@ -157,6 +168,7 @@ impl Policy {
             self,
             Policy::ServerOnly
                 | Policy::Stormguard
+                | Policy::Defaults
                 | Policy::Hedging
                 | Policy::Throttle
                 | Policy::Reports
@@ -224,9 +236,10 @@ pub struct LoopbackStorm {
     pub calibration: Duration,
     /// What the server does with work whose caller left.
     pub model: ServerModel,
-    /// Whether the shed layer's worker limit is adaptive (starting at the default 64 and
-    /// following latency) rather than `workers`.
-    pub adaptive_limit: bool,
+    /// Whether the shed layer's worker limit is fixed at the server's real concurrency
+    /// (`workers`, what an operator who measured it would set) rather than the default,
+    /// adaptive. The [`Policy::Defaults`] row always runs the default.
+    pub fixed_limit: bool,
     /// When the `hedging` policy sends the second copy of a call that has not answered.
     ///
     /// [`standard`](Self::standard): 20 ms, twice the service time. A call takes about
@@ -259,7 +272,7 @@ impl LoopbackStorm {
             storm: StormConfig::loopback(),
             calibration: Duration::from_millis(1500),
             model: ServerModel::Cancelling,
-            adaptive_limit: false,
+            fixed_limit: true,
             hedge_delay: Duration::from_millis(20),
             overload: None,
             reject_cost: Duration::ZERO,
@@ -292,7 +305,7 @@ impl LoopbackStorm {
     /// semaphore does, counted.
     pub fn unguarded_admission(&self) -> AdmissionConfig {
         AdmissionConfig {
-            workers: self.storm.workers,
+            workers: WorkerLimit::Fixed(self.storm.workers),
             queue_capacity: 10_000,
             retry_threshold: RetryThreshold {
                 depth: None,
@@ -307,19 +320,16 @@ impl LoopbackStorm {
         }
     }
 
-    /// The shed layer's configuration: the defaults, with the server's real concurrency,
-    /// or (with `adaptive_limit`) an adaptive limit that is not told it.
+    /// The shed layer's configuration: the defaults, with (`fixed_limit`) the server's
+    /// real concurrency as a fixed limit, else the default adaptive limit, told nothing.
     pub fn admission(&self) -> AdmissionConfig {
-        if self.adaptive_limit {
+        if self.fixed_limit {
             return AdmissionConfig {
-                adaptive: Some(stormguard_core::AdaptiveLimitConfig::default()),
+                workers: WorkerLimit::Fixed(self.storm.workers),
                 ..AdmissionConfig::default()
             };
         }
-        AdmissionConfig {
-            workers: self.storm.workers,
-            ..AdmissionConfig::default()
-        }
+        AdmissionConfig::default()
     }
 }
 
@@ -433,6 +443,7 @@ pub async fn run_policy(
 ) -> Result<PolicyRun, StormError> {
     let (workers, control) = capacity_model(config);
     let admission = match policy {
+        Policy::Defaults => Some(AdmissionConfig::default()),
         Policy::Unguarded => Some(config.unguarded_admission()),
         _ => policy.sheds().then(|| config.admission()),
     };
@@ -528,12 +539,15 @@ fn policy_caller(
         Policy::GrpcThrottle
         | Policy::ClientOnly
         | Policy::Stormguard
+        | Policy::Defaults
         | Policy::Hedging
         | Policy::Throttle
         | Policy::Reports
         | Policy::Unguarded => {
             let client_config = match policy {
                 Policy::GrpcThrottle => grpc_throttle_client_config(per_attempt)?,
+                // A newcomer's client sets no per-attempt timeout.
+                Policy::Defaults => stormguard_client_config(None),
                 Policy::Hedging => hedging_client_config(config.hedge_delay),
                 Policy::Throttle => throttle_client_config(per_attempt),
                 Policy::Unguarded => {

@@ -30,8 +30,8 @@ use super::{ShedService, ShedStats, ShutdownHandle};
 /// use stormguard_core::AdmissionConfig;
 /// use stormguard_server::ShedLayer;
 ///
-/// let admission = AdmissionConfig { workers: 16, queue_capacity: 64, ..AdmissionConfig::default() };
-/// let layer = ShedLayer::from_config(admission)?;
+/// // The worker limit is learned from latency: nothing to size.
+/// let layer = ShedLayer::from_config(AdmissionConfig::default())?;
 /// let stats = layer.stats();
 /// tonic::transport::Server::builder()
 ///     .layer(layer)
