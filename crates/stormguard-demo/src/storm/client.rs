@@ -336,9 +336,10 @@ pub fn unguarded_client_config(
         per_attempt_timeout: per_attempt,
         ..RetryPolicy::default()
     };
-    config
-        .methods
-        .insert_method(INVENTORY_SERVICE, RESERVE_METHOD, Some(policy));
+    config.methods.set_retry(
+        MethodScope::Method(INVENTORY_SERVICE, RESERVE_METHOD),
+        Some(policy),
+    );
     config
 }
 

@@ -117,7 +117,7 @@ pub enum Policy {
 
 impl Policy {
     /// Every policy, in the order they run when named together.
-    pub const ALL: [Policy; 10] = [
+    pub const ALL: [Policy; 11] = [
         Policy::Naive,
         Policy::Jitter,
         Policy::GrpcThrottle,
