@@ -121,5 +121,6 @@ pub use stormguard_core::{
     A6BudgetConfig, AdaptiveThrottleConfig, BackoffConfig, BreakerConfig, BudgetConfig,
     ClientConfig, Code, ConfigError, Criticality, CriticalityTable, EjectReason, EjectionConfig,
     Floor, Format, HedgeDelay, HedgingPolicy, LearnedDelay, LoadConfig, MethodScope, MethodTable,
-    ReplicaConfig, ReportWeightConfig, RetryPolicy, SaturationConfig, SlowStartConfig,
+    RefreshConfig, ReplicaConfig, ReportWeightConfig, RetryPolicy, SaturationConfig,
+    SlowStartConfig,
 };

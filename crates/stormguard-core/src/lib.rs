@@ -30,7 +30,8 @@
 //! * **budgets**: the [`Budget`] trait, stormguard's [`RetryBudget`], per-key accounts
 //!   ([`KeyedBudgets`]) and gRPC A6's token bucket ([`A6Budget`]);
 //! * **the balancer**: [`ReplicaSet`], which picks a replica per attempt and ejects
-//!   failing ones;
+//!   failing ones, and [`Refresh`], which decides when a set found by DNS is resolved
+//!   again and what an answer changes;
 //! * **admission**: [`AdmissionController`], the [`AdmissionQueue`] that applies it, the
 //!   [`AdaptiveLimit`] of workers and the idempotency [`DedupTable`];
 //! * **the wire** ([`wire`]): every header the layers read or write, with its one parser
@@ -76,6 +77,9 @@ pub use balance::weights::a58_weight;
 pub use balance::{
     EjectReason, EjectionConfig, LoadConfig, ReplicaConfig, ReplicaEvent, ReplicaId,
     ReplicaOutcome, ReplicaSet, ReplicaSnapshot, ReplicaState, ReportWeightConfig, SlowStartConfig,
+};
+pub use balance::{
+    Refresh, RefreshAnswer, RefreshConfig, RefreshCounts, RefreshHealth, RefreshUpdate,
 };
 pub use budget::{
     A6Budget, A6BudgetConfig, Budget, BudgetConfig, FLOOR_WITHHELD_AFTER, Floor, KeyedBudgets,

@@ -6,6 +6,7 @@
 
 #![allow(missing_docs, unreachable_pub, clippy::unwrap_used)]
 
+pub mod dns;
 #[cfg(doctest)]
 mod docs;
 pub mod pool;

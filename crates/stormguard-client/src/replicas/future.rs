@@ -25,6 +25,18 @@ use crate::status::{
 #[error("stormguard: no replica to send the call to")]
 pub struct NoReplica;
 
+/// The error of a call made while a channel found by DNS holds no replica because its
+/// name has not resolved ([`Replicas::from_dns`](super::Replicas::from_dns)): the name
+/// and why.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("stormguard: `{name}` has not resolved to any replica: {reason}")]
+pub struct Unresolved {
+    /// The name.
+    pub name: Arc<str>,
+    /// The last resolution's error.
+    pub reason: Arc<str>,
+}
+
 /// The error of a call through [`Replicas`](super::Replicas): a typed error, so that
 /// middleware bounded on `S::Error: std::error::Error` sits over the channel as over a tonic
 /// `Channel`.
@@ -33,6 +45,9 @@ pub enum Error {
     /// The channel held no replica.
     #[error(transparent)]
     NoReplica(#[from] NoReplica),
+    /// The channel is found by DNS and its name has not resolved.
+    #[error(transparent)]
+    Unresolved(#[from] Unresolved),
     /// The chosen replica's service failed: its error is this one's source, and its message
     /// this one's (so a status built from it reads as the replica's error does).
     #[error("{0}")]
@@ -44,6 +59,7 @@ impl Error {
     pub fn into_inner(self) -> BoxError {
         match self {
             Error::NoReplica(e) => Box::new(e),
+            Error::Unresolved(e) => Box::new(e),
             Error::Replica(e) => e,
         }
     }
@@ -80,8 +96,8 @@ pin_project! {
         Ready,
         // The attempt is in flight.
         Called { #[pin] fut: F },
-        // Nothing to send it to.
-        Empty,
+        // Nothing to send it to (and why, for a name that did not resolve).
+        Empty { unresolved: Option<Unresolved> },
     }
 }
 
@@ -143,12 +159,12 @@ where
         }
     }
 
-    pub(super) fn no_replica() -> Self {
+    pub(super) fn no_replica(unresolved: Option<Unresolved>) -> Self {
         ResponseFuture {
             svc: None,
             request: None,
             attempt: None,
-            state: State::Empty,
+            state: State::Empty { unresolved },
         }
     }
 }
@@ -164,7 +180,12 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Empty => return Poll::Ready(Err(NoReplica.into())),
+                StateProj::Empty { unresolved } => {
+                    return Poll::Ready(Err(match unresolved.take() {
+                        Some(e) => e.into(),
+                        None => NoReplica.into(),
+                    }));
+                }
                 StateProj::Ready => {
                     let (Some(svc), Some(request)) = (this.svc.as_mut(), this.request.take())
                     else {

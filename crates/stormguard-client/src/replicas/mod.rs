@@ -82,6 +82,8 @@
 //! are counted until the headers arrive.
 
 mod discover;
+#[cfg(feature = "dns")]
+mod dns;
 mod future;
 #[cfg(feature = "opentelemetry")]
 pub mod metrics;
@@ -99,8 +101,10 @@ use stormguard_core::{
 use tokio::sync::oneshot;
 use tower_service::Service;
 
+#[cfg(feature = "dns")]
+pub use self::dns::{Dns, DnsError, DnsReport};
 pub(crate) use self::future::unwrap_error;
-pub use self::future::{Error, NoReplica, ResponseFuture};
+pub use self::future::{Error, NoReplica, ResponseFuture, Unresolved};
 pub use self::route::Route;
 pub use tower::discover::Change;
 
@@ -115,6 +119,9 @@ pub struct Replicas<S, K> {
     // `discover`) to end. Attempts in flight and routes hold `shared`, not this. `None`
     // for a channel no task feeds.
     _alive: Option<Arc<oneshot::Sender<()>>>,
+    // A channel found by DNS, until its first resolution has ended: `poll_ready` waits for
+    // it, so that a first call neither hangs nor fails before the name had a chance.
+    first: Option<FirstAnswer>,
 }
 
 impl<S, K> Clone for Replicas<S, K> {
@@ -122,7 +129,42 @@ impl<S, K> Clone for Replicas<S, K> {
         Replicas {
             shared: Arc::clone(&self.shared),
             _alive: self._alive.clone(),
+            first: self.first.as_ref().and_then(FirstAnswer::fresh),
         }
+    }
+}
+
+/// Waits for a DNS-fed channel's first resolution to end (answered or failed).
+struct FirstAnswer {
+    reports: tokio::sync::watch::Receiver<Resolutions>,
+    wait: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + Sync>>>,
+}
+
+/// How many resolutions have ended (the channel's own count for [`FirstAnswer`]).
+pub(crate) type Resolutions = u64;
+
+impl FirstAnswer {
+    /// A waiter for a clone, unless the first answer is in already.
+    fn fresh(&self) -> Option<FirstAnswer> {
+        (*self.reports.borrow() == 0).then(|| FirstAnswer {
+            reports: self.reports.clone(),
+            wait: None,
+        })
+    }
+
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if *self.reports.borrow() > 0 {
+            return Poll::Ready(());
+        }
+        let reports = self.reports.clone();
+        let wait = self.wait.get_or_insert_with(|| {
+            Box::pin(async move {
+                let mut reports = reports;
+                // An error: the task is gone, which ends the wait as well.
+                let _ = reports.wait_for(|n| *n > 0).await;
+            })
+        });
+        wait.as_mut().poll(cx)
     }
 }
 
@@ -140,6 +182,12 @@ impl<S, K: fmt::Debug> fmt::Debug for Replicas<S, K> {
 
 pub(crate) struct Shared<S, K> {
     inner: Mutex<Inner<S, K>>,
+    /// Told when a replica refuses a connection or is ejected: the DNS task (if any)
+    /// resolves early.
+    early: Option<Arc<tokio::sync::Notify>>,
+    /// What the DNS task reports after each resolution.
+    #[cfg(feature = "dns")]
+    dns: Option<tokio::sync::watch::Sender<DnsReport>>,
 }
 
 struct Inner<S, K> {
@@ -148,6 +196,9 @@ struct Inner<S, K> {
     members: Vec<Member<S, K>>,
     /// Whether any attempt went out yet: a replica added after that joins with slow start.
     serving: bool,
+    /// For a channel found by DNS whose name has not resolved (yet, or lately while empty):
+    /// why, for the error of a call that finds no replica.
+    unresolved: Option<Unresolved>,
 }
 
 struct Member<S, K> {
@@ -167,6 +218,13 @@ pub struct ReplicaReport<K> {
 }
 
 impl<S, K> Shared<S, K> {
+    /// Asks the DNS task, if any, for an early resolution (it rate-limits them).
+    fn resolve_early(&self) {
+        if let Some(early) = &self.early {
+            early.notify_one();
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner<S, K>> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -218,8 +276,17 @@ impl<S: Send, K: Send> EndAttempt for Shared<S, K> {
     fn end(&self, id: ReplicaId, outcome: ReplicaOutcome, started: Instant) {
         let now = Instant::now();
         let mut inner = self.lock();
+        if outcome == ReplicaOutcome::Refused {
+            self.resolve_early();
+        }
         if inner.set.end_at(id, outcome, started, now).is_some() {
             let transitions = inner.set.take_transitions();
+            if transitions
+                .iter()
+                .any(|t| matches!(t, ReplicaEvent::Ejected { .. }))
+            {
+                self.resolve_early();
+            }
             let names: Vec<_> = transitions
                 .iter()
                 .map(|t| inner.name_of(transition_id(t)))
@@ -301,9 +368,14 @@ where
                     set: ReplicaSet::new(config)?,
                     members: Vec::new(),
                     serving: false,
+                    unresolved: None,
                 }),
+                early: None,
+                #[cfg(feature = "dns")]
+                dns: None,
             }),
             _alive: None,
+            first: None,
         })
     }
 
@@ -379,8 +451,12 @@ where
     type Error = Error;
     type Future = ResponseFuture<S, B>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         // The replica is chosen in `call`; its own readiness is waited for in the future.
+        if let Some(first) = &mut self.first {
+            std::task::ready!(first.poll(cx));
+            self.first = None;
+        }
         Poll::Ready(Ok(()))
     }
 
@@ -392,10 +468,10 @@ where
         let mut inner = self.shared.lock();
         inner.serving = true;
         let Some(id) = inner.set.pick_at(&tried[..n], now) else {
-            return ResponseFuture::no_replica();
+            return ResponseFuture::no_replica(inner.unresolved.clone());
         };
         let Some(i) = inner.index(id) else {
-            return ResponseFuture::no_replica();
+            return ResponseFuture::no_replica(None);
         };
         let svc = inner.members[i].svc.clone();
         drop(inner);

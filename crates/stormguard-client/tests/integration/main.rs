@@ -1,6 +1,11 @@
-//! The client layer against scripted inner services (`retry_layer`) and against the
-//! simulator's client (`parity`) and hedged call (`hedge_parity`), in one binary.
+//! The client layer against scripted inner services (`retry_layer`), against the
+//! simulator's client (`parity`) and hedged call (`hedge_parity`), and `Replicas` found by
+//! DNS against a real DNS server and replicas on loopback (`dns`), in one binary.
 
+#[cfg(feature = "dns")]
+mod dns;
+#[cfg(feature = "dns")]
+mod dns_support;
 mod hedge_parity;
 mod parity;
 mod retry_layer;

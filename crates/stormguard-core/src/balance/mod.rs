@@ -3,9 +3,13 @@
 //! See [`ReplicaSet`](crate::ReplicaSet) for what it does and why.
 
 mod config;
+mod resolve;
 pub(crate) mod weights;
 
 pub use config::{EjectionConfig, LoadConfig, ReplicaConfig, ReportWeightConfig, SlowStartConfig};
+pub use resolve::{
+    Refresh, RefreshAnswer, RefreshConfig, RefreshCounts, RefreshHealth, RefreshUpdate,
+};
 use weights::ReportWeight;
 
 use std::fmt;
