@@ -161,6 +161,8 @@ impl Dns {
 /// Where a DNS-fed channel stands ([`Replicas::dns_reports`]).
 #[derive(Debug, Clone, Default)]
 pub struct DnsReport {
+    /// The name resolved.
+    pub name: Arc<str>,
     /// What the resolutions so far did: how many, how many failed, records added and removed.
     pub counts: RefreshCounts,
     /// The records of the last good answer.
@@ -183,7 +185,11 @@ impl Replicas<Channel, EndpointKey> {
         let resolver = dns.resolver()?;
         let early = Arc::new(Notify::new());
         let (first_tx, first_rx) = watch::channel::<Resolutions>(0);
-        let (reports, _) = watch::channel(DnsReport::default());
+        let name: Arc<str> = Arc::from(dns.host.as_str());
+        let (reports, _) = watch::channel(DnsReport {
+            name: Arc::clone(&name),
+            ..DnsReport::default()
+        });
         let shared = Arc::new(Shared {
             inner: Mutex::new(Inner {
                 set: ReplicaSet::new(config)?,
@@ -197,7 +203,7 @@ impl Replicas<Channel, EndpointKey> {
         let (alive, gone) = oneshot::channel();
         let task = Task {
             shared: Arc::downgrade(&shared),
-            name: Arc::from(dns.host.as_str()),
+            name,
             port,
             configure: dns.configure,
             resolver,
@@ -326,6 +332,7 @@ impl Task {
             .map(|ip| SocketAddr::new(*ip, self.port))
             .collect();
         self.reports.send_replace(DnsReport {
+            name: Arc::clone(&self.name),
             counts,
             records,
             failing: error,
