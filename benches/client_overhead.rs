@@ -112,6 +112,7 @@ use stormguard_client::ReplicaConfig;
 use stormguard_client::replicas::{EndpointKey, Replicas};
 use stormguard_client::{Retry, RetryLayer};
 use stormguard_core::BackoffConfig;
+use stormguard_core::MethodScope;
 use stormguard_core::RetryController;
 use stormguard_core::{Budget, BudgetConfig, RetryBudget};
 use stormguard_core::{HedgeDelay, HedgingPolicy};
@@ -284,10 +285,13 @@ fn hedge_layer(delay: Duration) -> RetryLayer {
     let budget: Arc<dyn Budget> =
         Arc::new(RetryBudget::new(BudgetConfig::default()).expect("budget"));
     let mut table = MethodTable::none();
-    table.set_default_hedging(Some(HedgingPolicy {
-        delay: HedgeDelay::Fixed(delay),
-        ..HedgingPolicy::default()
-    }));
+    table.set_hedging(
+        MethodScope::Default,
+        Some(HedgingPolicy {
+            delay: HedgeDelay::Fixed(delay),
+            ..HedgingPolicy::default()
+        }),
+    );
     RetryLayer::new(RetryController::new(table, budget, None, 1))
 }
 

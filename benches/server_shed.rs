@@ -14,6 +14,7 @@ use std::convert::Infallible;
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use stormguard_server::WorkerLimit;
 use stormguard_server::{AdmissionConfig, RetryThreshold, ShedLayer};
 use tower::{Layer, Service, ServiceExt};
 
@@ -47,7 +48,7 @@ fn bench(c: &mut Criterion) {
     // Zero workers are not allowed; one worker held for the whole run and no queue
     // makes every call a shed.
     let full = ShedLayer::from_config(AdmissionConfig {
-        workers: 1,
+        workers: WorkerLimit::Fixed(1),
         queue_capacity: 0,
         retry_threshold: RetryThreshold {
             depth: None,

@@ -22,8 +22,8 @@
 //! - `fixed-right`: `workers = C`, the number an operator who knew C would set;
 //! - `fixed-high`: `workers = 4C`;
 //! - `fixed-low`: `workers = C/4`;
-//! - `adaptive`: starts at the default 64 workers and follows latency
-//!   (`AdmissionConfig::adaptive`), told nothing about C.
+//! - `adaptive`: `AdmissionConfig::default()`, whose limit is learned from latency,
+//!   told nothing about C.
 //!
 //! For each: goodput (successful logical calls per second during the measured window)
 //! as a share of capacity, p99 latency of the successful calls, the limit over time and
@@ -47,8 +47,7 @@ use clap::Parser;
 use clap::builder::{PossibleValuesParser, RangedU64ValueParser};
 use stormguard::client::ClientConfig;
 use stormguard::client::{RetryLayer, RetryStats};
-use stormguard::server::AdaptiveLimitConfig;
-use stormguard::server::AdmissionConfig;
+use stormguard::server::{AdmissionConfig, WorkerLimit};
 use stormguard::server::{ShedLayer, ShedStats};
 use stormguard_demo::pool::PoolInventory;
 use stormguard_demo::{InventoryClient, InventoryServer, ReserveRequest};
@@ -73,7 +72,7 @@ const POLICIES: [&str; 4] = ["fixed-right", "fixed-high", "fixed-low", "adaptive
 ///
 /// Offers `--load` x the measured capacity through RetryLayer clients (150 ms deadline,
 /// 50 ms per attempt) to `fixed-right` (workers = C), `fixed-high` (4C), `fixed-low`
-/// (C/4) and `adaptive` (starts at 64); prints goodput, p99 and the limit.
+/// (C/4) and `adaptive` (the default, learned from latency); prints goodput, p99 and the limit.
 #[derive(Clone, Debug, Parser)]
 #[command(name = "adaptive")]
 struct Args {
@@ -143,21 +142,16 @@ struct Outcome {
 }
 
 fn admission(name: &str, c: usize) -> AdmissionConfig {
-    let base = AdmissionConfig::default();
+    let fixed = |n: usize| AdmissionConfig {
+        workers: WorkerLimit::Fixed(n.max(1)),
+        ..AdmissionConfig::default()
+    };
     match name {
-        "fixed-right" => AdmissionConfig { workers: c, ..base },
-        "fixed-high" => AdmissionConfig {
-            workers: 4 * c,
-            ..base
-        },
-        "fixed-low" => AdmissionConfig {
-            workers: (c / 4).max(1),
-            ..base
-        },
-        _ => AdmissionConfig {
-            adaptive: Some(AdaptiveLimitConfig::default()),
-            ..base
-        },
+        "fixed-right" => fixed(c),
+        "fixed-high" => fixed(4 * c),
+        "fixed-low" => fixed(c / 4),
+        // The default: adaptive.
+        _ => AdmissionConfig::default(),
     }
 }
 

@@ -78,6 +78,10 @@ pub struct Args {
     /// `--features otel-examples`)
     #[arg(long = "otel-stdout")]
     pub otel_stdout: bool,
+    /// Also serve the layer's metrics to Prometheus at http://ADDR/metrics while the load
+    /// runs (needs `--features otel-examples`)
+    #[arg(long = "metrics-addr", value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// `--policy`.
@@ -130,11 +134,11 @@ pub async fn run(args: &Args) -> Result<serde_json::Value, Box<dyn Error + Send 
         Some(seed) => RetryLayer::from_config(&config.clone().with_seed(seed))?,
         None => RetryLayer::from_config(&config)?,
     };
-    let export = if args.otel_stdout {
-        Some(otel::Export::stdout(Duration::from_secs(3600))?)
-    } else {
-        None
-    };
+    let export = otel::Export::start(otel::Sinks {
+        stdout: args.otel_stdout.then_some(Duration::from_secs(3600)),
+        metrics_addr: args.metrics_addr,
+    })
+    .await?;
     #[cfg(feature = "otel-examples")]
     let layer = match &export {
         Some(export) => layer.with_meter(&export.meter()),

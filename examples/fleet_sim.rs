@@ -14,7 +14,13 @@
 //!    of the capacity through its own retry policy over its own `Replicas` of the two
 //!    servers. Service time × 2.5 from 5 s to 8 s.
 //! 2. A dead dependency (the simulator's table 2): 50 client hosts × 10 calls/s against a
-//!    server that answers every attempt `UNAVAILABLE`, 30 s measured, for each variant.
+//!    server that answers every attempt `UNAVAILABLE`, 30 s measured, for each variant
+//!    (`defaults`: `ClientConfig::standard()` with the method marked idempotent).
+//! 3. A dependency that refuses connections: the same 50 hosts against a host that
+//!    listens on nothing; connection attempts counted by each client's connector.
+//! 4. A blip: the same 50 hosts against a healthy server that answers `UNAVAILABLE` for
+//!    one second; goodput by the second the calls arrived, the defaults beside the floor
+//!    lent always.
 //!
 //! Then the simulator (`stormguard_sim`) runs the same parameters, and both are printed
 //! side by side with the difference in points; wall time (of this build) and virtual time
@@ -27,8 +33,8 @@ use clap::Parser;
 use clap::builder::RangedU64ValueParser;
 use serde::Serialize;
 use stormguard_demo::storm::fleet_sim::{
-    DeadDependencyConfig, DeadDependencyRun, DeadVariant, Network, fleet_storm_report,
-    run_dead_dependency, run_storm_policy,
+    DeadDependencyConfig, DeadDependencyRun, DeadVariant, Network, fleet_storm_report, run_blip,
+    run_dead_dependency, run_refusing_dependency, run_storm_policy,
 };
 use stormguard_demo::storm::{Policy, PolicyRun, PolicySummary, Second};
 use stormguard_sim::{
@@ -90,6 +96,27 @@ struct DeadRow {
     sim_wall_s: f64,
 }
 
+/// One variant against a dependency that refuses connections.
+#[derive(Debug, Serialize)]
+struct RefusedRow {
+    variant: &'static str,
+    clients: usize,
+    /// Connection attempts per call after the first second.
+    connections_per_call: f64,
+    max_connections_per_host_second: u64,
+    turmoil_wall_s: f64,
+}
+
+/// One variant through a blip: calls offered and succeeded by the second they arrived.
+#[derive(Debug, Serialize)]
+struct BlipRow {
+    variant: &'static str,
+    clients: usize,
+    offered: Vec<u64>,
+    goodput: Vec<u64>,
+    turmoil_wall_s: f64,
+}
+
 #[derive(Debug, Serialize)]
 struct Report {
     seed: u64,
@@ -99,6 +126,8 @@ struct Report {
     offered_per_second: f64,
     storm: Vec<StormRow>,
     dead_dependency: Vec<DeadRow>,
+    refusing_dependency: Vec<RefusedRow>,
+    blip: Vec<BlipRow>,
 }
 
 /// The simulator's run of `policy` as the storm's per-second timeline.
@@ -191,6 +220,8 @@ fn fleet_sim(args: &Args) -> Result<(), String> {
         seed: args.seed,
     };
     let dead_rows = dead_rows(&dead, &options)?;
+    let refused_rows = refused_rows(&dead)?;
+    let blip_rows = blip_rows(&dead)?;
     if let Some(path) = &args.json {
         let report = Report {
             seed: args.seed,
@@ -200,6 +231,8 @@ fn fleet_sim(args: &Args) -> Result<(), String> {
             offered_per_second: storm.offered_per_second(),
             storm: storm_rows,
             dead_dependency: dead_rows,
+            refusing_dependency: refused_rows,
+            blip: blip_rows,
         };
         let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
         std::fs::write(path, json).map_err(|e| format!("cannot write {path}: {e}"))?;
@@ -346,4 +379,72 @@ fn dead_rows(dead: &DeadDependencyConfig, options: &Options) -> Result<Vec<DeadR
         });
     }
     Ok(dead_rows)
+}
+
+/// The naive loop and the defaults against a dependency that refuses connections.
+fn refused_rows(dead: &DeadDependencyConfig) -> Result<Vec<RefusedRow>, String> {
+    println!(
+        "\nA dependency that refuses connections: {} client hosts × {} calls/s for {} s",
+        dead.clients,
+        dead.rate_per_client,
+        dead.warmup_s + dead.measured_s
+    );
+    println!(
+        "| variant | connection attempts per call after 1 s | most per host and second | turmoil wall |"
+    );
+    println!("|---|---:|---:|---:|");
+    let mut rows = Vec::new();
+    for variant in [DeadVariant::ThreeAttempts, DeadVariant::Defaults] {
+        let (result, turmoil_wall_s) = wall(|| run_refusing_dependency(variant, dead));
+        let r = result.map_err(|e| format!("{}: {e}", variant.as_str()))?;
+        println!(
+            "| {} | {:.3} | {} | {turmoil_wall_s:.1} s |",
+            variant.as_str(),
+            r.connections_per_call,
+            r.max_connections_per_host_second
+        );
+        rows.push(RefusedRow {
+            variant: variant.as_str(),
+            clients: dead.clients,
+            connections_per_call: r.connections_per_call,
+            max_connections_per_host_second: r.max_connections_per_host_second,
+            turmoil_wall_s,
+        });
+    }
+    Ok(rows)
+}
+
+/// The defaults and the floor lent always through a one-second blip.
+fn blip_rows(dead: &DeadDependencyConfig) -> Result<Vec<BlipRow>, String> {
+    let blip = DeadDependencyConfig {
+        warmup_s: 3,
+        measured_s: 3,
+        ..dead.clone()
+    };
+    println!(
+        "\nA blip: {} client hosts × {} calls/s; every answer UNAVAILABLE from {} s to {} s \
+         (goodput % of the calls that arrived in each second)",
+        blip.clients,
+        blip.rate_per_client,
+        blip.warmup_s,
+        blip.warmup_s + 1
+    );
+    let mut rows = Vec::new();
+    for variant in [DeadVariant::PerProcessFloor, DeadVariant::Defaults] {
+        let (result, turmoil_wall_s) = wall(|| run_blip(variant, &blip));
+        let timeline = result.map_err(|e| format!("{}: {e}", variant.as_str()))?;
+        let series: Vec<String> = timeline
+            .iter()
+            .map(|s| format!("{:.1}", 100.0 * s.goodput as f64 / s.offered.max(1) as f64))
+            .collect();
+        println!("  {:<18} {}", variant.as_str(), series.join(" "));
+        rows.push(BlipRow {
+            variant: variant.as_str(),
+            clients: blip.clients,
+            offered: timeline.iter().map(|s| s.offered).collect(),
+            goodput: timeline.iter().map(|s| s.goodput).collect(),
+            turmoil_wall_s,
+        });
+    }
+    Ok(rows)
 }

@@ -54,7 +54,9 @@
 //! port another process holds is an error that says `EADDRINUSE`.
 //!
 //! `--otel-stdout` also exports the layer's OpenTelemetry metrics to stdout every
-//! second and once more on Ctrl-C (needs `--features otel-examples`).
+//! second and once more on Ctrl-C, and `--metrics-addr ADDR` serves them to Prometheus at
+//! `http://ADDR/metrics` (both need `--features otel-examples`; the rules and dashboard
+//! that read them are in `ops/`, see `docs/operating.md`).
 
 use std::error::Error;
 use std::net::SocketAddr;
@@ -64,6 +66,7 @@ use std::time::Duration;
 use clap::Parser;
 use serde::Serialize;
 use stormguard::server::ShedSettings;
+use stormguard::server::WorkerLimit;
 use stormguard::server::{AdmissionConfig, QueueOrder, RetryThreshold};
 use stormguard::server::{ShedBody, ShedLayer, ShedStats};
 use stormguard_demo::InventoryServer;
@@ -138,6 +141,10 @@ pub struct Args {
     /// (needs `--features otel-examples`)
     #[arg(long = "otel-stdout")]
     otel_stdout: bool,
+    /// Also serve the layer's metrics to Prometheus at http://ADDR/metrics (needs
+    /// `--features otel-examples`)
+    #[arg(long = "metrics-addr", value_name = "ADDR")]
+    metrics_addr: Option<SocketAddr>,
     /// Close each connection from the server's side (HTTP/2 GOAWAY, running calls finish)
     /// once it is this old, in milliseconds [default: never]
     #[arg(long = "max-connection-age-ms", value_name = "MS", value_parser = connection_age)]
@@ -188,7 +195,7 @@ pub fn admission(args: &Args) -> Result<Option<AdmissionConfig>, Box<dyn Error>>
     }
     let defaults = AdmissionConfig::default();
     Ok(Some(AdmissionConfig {
-        workers: args.workers,
+        workers: WorkerLimit::Fixed(args.workers),
         queue_capacity: args.queue,
         retry_threshold: RetryThreshold {
             depth: Some(
@@ -297,11 +304,11 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
         Some(layer) if args.load_reports || from_file => Some(layer.with_load_reports()),
         layer => layer,
     };
-    let export = if args.otel_stdout {
-        Some(otel::Export::stdout(Duration::from_secs(1))?)
-    } else {
-        None
-    };
+    let export = otel::Export::start(otel::Sinks {
+        stdout: args.otel_stdout.then_some(Duration::from_secs(1)),
+        metrics_addr: args.metrics_addr,
+    })
+    .await?;
     #[cfg(feature = "otel-examples")]
     let layer = match &export {
         Some(export) => layer.map(|layer| layer.with_meter(&export.meter())),

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use clap::builder::PossibleValuesParser;
+use stormguard::server::WorkerLimit;
 use stormguard::server::{AdmissionConfig, QueueOrder, RetryThreshold};
 use stormguard::server::{ShedLayer, ShedSnapshot};
 use stormguard_demo::server::{DemoConfig, DemoInventory};
@@ -44,7 +45,7 @@ const TRIGGER_FOR: Duration = Duration::from_secs(3);
 
 fn scenarios() -> Vec<(&'static str, AdmissionConfig)> {
     let base = AdmissionConfig {
-        workers: WORKERS,
+        workers: WorkerLimit::Fixed(WORKERS),
         ..AdmissionConfig::default()
     };
     vec![

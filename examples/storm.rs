@@ -21,7 +21,13 @@
 //! policy (stormguard plus the client's adaptive throttle), e.g.
 //! `--policies stormguard,throttle --overload 10 --reject-cost-us 300`. The `reports`
 //! policy is `stormguard` with load reports (ORCA) on both layers: `--policies
-//! stormguard,reports`.
+//! stormguard,reports`. The `unguarded` policy is the naive loop built from stormguard's
+//! layers with every protection off, so that its metrics can be seen.
+//!
+//! `--metrics-addr ADDR` serves every policy's layers' metrics to Prometheus at
+//! `http://ADDR/metrics`, each layer named after its policy (`stormguard_layer`), and writes
+//! on stderr when each policy's run starts (`storm: POLICY started at unix ms N`); needs
+//! `--features otel-examples`. The rules and dashboard that read them are in `ops/`.
 
 use std::error::Error;
 use std::process::ExitCode;
@@ -31,12 +37,16 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Parser, ValueEnum};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use plotters::prelude::*;
-use stormguard_demo::storm::{LoopbackStorm, Policy, Second, ServerModel, StormReport, run_storm};
+use stormguard_demo::storm::{
+    Instruments, LoopbackStorm, Policy, Second, ServerModel, StormReport, run_storm,
+};
 use stormguard_sim::StormConfig;
 #[path = "support/chart.rs"]
 mod chart;
 #[path = "support/cli.rs"]
 mod cli;
+#[path = "support/otel.rs"]
+mod otel;
 
 /// The storm on real tonic: a metastable failure, and what six retry policies do with it.
 ///
@@ -67,7 +77,8 @@ struct Args {
     #[arg(long = "deadline-ms", value_name = "MS", value_parser = clap::value_parser!(u64).range(1..),
           default_value_t = StormConfig::loopback().deadline.as_millis() as u64)]
     deadline_ms: u64,
-    /// The shed layer's worker limit
+    /// The worker limit of the shed layer of `server-only`, `stormguard` and the rows
+    /// built on them (`defaults` always runs the default, adaptive)
     #[arg(long, value_name = "L", value_enum, default_value_t = Limit::Fixed)]
     limit: Limit,
     /// Instead of the trigger, a sustained overload: offer X times the measured capacity
@@ -79,6 +90,10 @@ struct Args {
     /// microseconds (a busy loop on the server's runtime thread) [default: 0]
     #[arg(long = "reject-cost-us", value_name = "N")]
     reject_cost_us: Option<u64>,
+    /// Serve the layers' metrics to Prometheus at http://ADDR/metrics, each layer named
+    /// after its policy (needs `--features otel-examples`)
+    #[arg(long = "metrics-addr", value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// `--model`.
@@ -93,9 +108,9 @@ enum Model {
 /// `--limit`.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Limit {
-    /// The server's workers
+    /// Fixed at the server's real concurrency (8), as an operator who measured it sets it
     Fixed,
-    /// Adaptive, starting at 64 and following latency
+    /// The default: adaptive, learned from latency, told nothing
     Adaptive,
 }
 
@@ -124,7 +139,7 @@ impl Args {
         };
         config.storm.load = self.load;
         config.storm.deadline = Duration::from_millis(self.deadline_ms);
-        config.adaptive_limit = matches!(self.limit, Limit::Adaptive);
+        config.fixed_limit = matches!(self.limit, Limit::Fixed);
         config.overload = self.overload;
         config.reject_cost = Duration::from_micros(self.reject_cost_us.unwrap_or(0));
         config
@@ -173,7 +188,19 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
             (p, bar)
         })
         .collect();
+    let export = otel::Export::start(otel::Sinks {
+        stdout: None,
+        metrics_addr: args.metrics_addr,
+    })
+    .await?;
+    let instruments = instruments(export.as_ref());
     let progress = |policy: Policy, done: f64| {
+        if done == 0.0 && export.is_some() {
+            let unix_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
+            eprintln!("storm: {} started at unix ms {unix_ms}", policy.as_str());
+        }
         if let Some((_, bar)) = policy_bars.iter().find(|(p, _)| *p == policy) {
             bar.set_position((done * 1000.0) as u64);
             if done >= 1.0 {
@@ -181,7 +208,10 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
             }
         }
     };
-    let report = run_storm(config, policies, &progress).await?;
+    let report = run_storm(config, policies, &progress, &instruments).await?;
+    if let Some(export) = export {
+        export.finish();
+    }
     println!(
         "{}\n",
         report.headline(
@@ -205,8 +235,27 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     args.run.write_report("storm", &report, draw)
 }
 
+/// `--metrics-addr`: every layer records into the export's meter, named after its policy.
+#[cfg(feature = "otel-examples")]
+fn instruments(export: Option<&otel::Export>) -> Instruments {
+    let Some(export) = export else {
+        return Instruments::default();
+    };
+    let (client, server) = (export.meter(), export.meter());
+    Instruments::new(
+        move |layer, policy| layer.with_meter(&client).with_name(policy.as_str()),
+        move |layer, policy| layer.with_meter(&server).with_name(policy.as_str()),
+    )
+}
+
+/// Without the feature there is no export (`otel::Export::start` refused the flag).
+#[cfg(not(feature = "otel-examples"))]
+fn instruments(_export: Option<&otel::Export>) -> Instruments {
+    Instruments::default()
+}
+
 /// One colour per policy, in [`Policy::ALL`]'s order.
-const COLOURS: [RGBColor; 9] = [
+const COLOURS: [RGBColor; 10] = [
     RGBColor(214, 39, 40),
     RGBColor(255, 127, 14),
     RGBColor(148, 103, 189),
@@ -216,6 +265,7 @@ const COLOURS: [RGBColor; 9] = [
     RGBColor(23, 190, 207),
     RGBColor(227, 119, 194),
     RGBColor(188, 189, 34),
+    RGBColor(127, 127, 127),
 ];
 
 /// What one panel plots, per second.

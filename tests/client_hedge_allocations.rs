@@ -15,6 +15,7 @@ use std::time::Duration;
 use alloc_support::allocations_of;
 use client_support::*;
 use stormguard_client::RetryLayer;
+use stormguard_core::MethodScope;
 use stormguard_core::MethodTable;
 use stormguard_core::RetryController;
 use stormguard_core::{HedgeDelay, HedgingPolicy};
@@ -28,10 +29,13 @@ async fn a_hedged_call_answered_before_its_delay_allocates_no_more_than_a_retrie
         RetryLayer::new(controller(idempotent_policy())),
     );
     let mut table = MethodTable::none();
-    table.set_default_hedging(Some(HedgingPolicy {
-        delay: HedgeDelay::Fixed(Duration::from_secs(5)),
-        ..HedgingPolicy::default()
-    }));
+    table.set_hedging(
+        MethodScope::Default,
+        Some(HedgingPolicy {
+            delay: HedgeDelay::Fixed(Duration::from_secs(5)),
+            ..HedgingPolicy::default()
+        }),
+    );
     let hedging = RetryController::new(table, budget(100, 0.1), None, 1);
     let layer = RetryLayer::new(hedging);
     let stats = layer.stats();

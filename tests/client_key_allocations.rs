@@ -16,6 +16,7 @@ mod client_support;
 use alloc_support::allocations_of;
 use client_support::*;
 use stormguard_client::RetryLayer;
+use stormguard_core::MethodScope;
 use stormguard_core::MethodTable;
 use stormguard_core::RetryController;
 
@@ -23,7 +24,7 @@ use stormguard_core::RetryController;
 fn layer(keyed_service: Option<&str>) -> RetryLayer {
     let mut table = MethodTable::uniform(idempotent_policy());
     if let Some(service) = keyed_service {
-        table.insert_service_idempotency_key(service, true);
+        table.set_idempotency_key(MethodScope::Service(service), true);
     }
     RetryLayer::new(RetryController::new(table, budget(100, 0.1), None, 42))
 }

@@ -12,7 +12,9 @@ use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, SdkMeterProvider};
 use stormguard_client::{RetryLayer, RetryStats};
+use stormguard_core::MethodScope;
 use stormguard_core::RetryController;
+use stormguard_core::WorkerLimit;
 use stormguard_core::{AdmissionConfig, RetryThreshold};
 use stormguard_core::{Budget, BudgetConfig, RetryBudget};
 use stormguard_core::{MethodTable, RetryPolicy};
@@ -203,7 +205,7 @@ async fn exported_values_equal_the_layers_own_counters() {
     // A small server that must queue and shed: 2 workers, 4 places, retries shed once one
     // call waits; a third of the calls fail. Named after the meter is given: either order.
     let shed = ShedLayer::from_config(AdmissionConfig {
-        workers: 2,
+        workers: WorkerLimit::Fixed(2),
         queue_capacity: 4,
         retry_threshold: RetryThreshold {
             depth: Some(1),
@@ -582,7 +584,7 @@ async fn calls_the_adaptive_throttle_refuses_are_exported_by_criticality() {
     let meter = provider.meter("stormguard-test");
     // A real ShedLayer with one worker and one place: most of a wave of calls is shed.
     let shed = ShedLayer::from_config(AdmissionConfig {
-        workers: 1,
+        workers: WorkerLimit::Fixed(1),
         queue_capacity: 1,
         retry_threshold: RetryThreshold {
             depth: Some(1),
@@ -670,12 +672,15 @@ async fn hedges_timeouts_cuts_and_transparent_retries_are_exported() {
         .unwrap(),
     );
     let mut table = MethodTable::none();
-    table.set_default_hedging(Some(HedgingPolicy {
-        max_attempts: 2,
-        delay: HedgeDelay::Fixed(Duration::from_millis(10)),
-        non_fatal_codes: CodeSet::single(Code::Unavailable),
-        ..HedgingPolicy::default()
-    }));
+    table.set_hedging(
+        MethodScope::Default,
+        Some(HedgingPolicy {
+            max_attempts: 2,
+            delay: HedgeDelay::Fixed(Duration::from_millis(10)),
+            non_fatal_codes: CodeSet::single(Code::Unavailable),
+            ..HedgingPolicy::default()
+        }),
+    );
     let hedging = RetryLayer::new(RetryController::new(table, budget, None, 4))
         .with_name("hedging")
         .with_meter(&meter);
@@ -812,6 +817,56 @@ async fn hedges_timeouts_cuts_and_transparent_retries_are_exported() {
             &of("transparent")
         ),
         r.transparent_retries
+    );
+    provider.shutdown().unwrap();
+}
+
+/// A layer with an adaptive limit exports its bounds beside the limit, so that a rule can
+/// tell a limit pinned at one of them; a fixed limit has none to export.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adaptive_limit_exports_its_bounds_and_a_fixed_one_none() {
+    let (provider, exporter) = provider();
+    let meter = provider.meter("stormguard-test");
+    let adaptive = AdmissionConfig {
+        adaptive: Some(stormguard_core::AdaptiveLimitConfig {
+            min_limit: 3,
+            max_limit: 40,
+            ..stormguard_core::AdaptiveLimitConfig::default()
+        }),
+        ..AdmissionConfig::default()
+    };
+    let demo = DemoConfig {
+        service_time: Duration::from_millis(1),
+        fail_rate: 0.0,
+        seed: 1,
+    };
+    for (name, config) in [
+        ("adaptive", adaptive),
+        ("fixed", AdmissionConfig::default()),
+    ] {
+        let shed = ShedLayer::from_config(config)
+            .unwrap()
+            .with_meter(&meter)
+            .with_name(name);
+        let addr = serve(demo.clone(), Some(shed)).await;
+        assert_eq!(run(addr, RetryLayer::new(controller(1)), 1).await, 1);
+    }
+    let m = &collect(&provider, &exporter);
+    for (metric, bound) in [
+        ("stormguard.server.workers.min", 3),
+        ("stormguard.server.workers.max", 40),
+    ] {
+        let exported = points(m, metric);
+        assert_eq!(exported.len(), 1, "{metric}: {exported:?}");
+        assert_eq!(total(m, metric, &[("stormguard.layer", "adaptive")]), bound);
+    }
+    assert_eq!(
+        total(
+            m,
+            "stormguard.server.workers",
+            &[("stormguard.layer", "fixed")]
+        ),
+        64
     );
     provider.shutdown().unwrap();
 }

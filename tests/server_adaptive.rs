@@ -11,7 +11,7 @@ use server_support::{channel, reserve};
 use stormguard_core::AdaptiveLimitConfig;
 use stormguard_demo::pool::PoolInventory;
 use stormguard_demo::{InventoryClient, InventoryServer};
-use stormguard_server::{AdmissionConfig, QueueOrder, ShedLayer};
+use stormguard_server::{AdmissionConfig, QueueOrder, ShedLayer, WorkerLimit};
 use tokio::net::TcpListener;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
@@ -22,11 +22,11 @@ const SERVICE: Duration = Duration::from_millis(10);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_adaptive_limit_finds_the_handlers_capacity() {
     let admission = AdmissionConfig {
-        workers: 4 * C,
         queue_capacity: 64,
         // Every call is served in turn: none waits past max_time_queued.
         queue_order: QueueOrder::Fifo,
-        adaptive: Some(AdaptiveLimitConfig {
+        workers: WorkerLimit::Adaptive(AdaptiveLimitConfig {
+            initial_limit: 4 * C,
             min_limit: 1,
             probe_interval: Duration::from_secs(3600),
             ..AdaptiveLimitConfig::default()

@@ -34,6 +34,7 @@ use std::time::{Duration, SystemTime};
 use stormguard::engine::{wire::GRPC_PREVIOUS_RPC_ATTEMPTS, wire::GRPC_STATUS};
 use stormguard::server::AdmissionConfig;
 use stormguard::server::ShedLayer;
+use stormguard::server::WorkerLimit;
 use stormguard_demo::InventoryServer;
 use stormguard_demo::server::{DemoConfig, DemoControl, DemoInventory};
 use stormguard_demo::storm::MAX_PENDING_ACCEPT_RESET_STREAMS;
@@ -123,7 +124,7 @@ async fn serve(port: u16, seed: u64, cold: Duration) -> Result<(), Box<dyn Error
     write_line(&format!("port {port}"));
 
     let shed = ShedLayer::from_config(AdmissionConfig {
-        workers: WORKERS,
+        workers: WorkerLimit::Fixed(WORKERS),
         seed: Some(seed),
         ..AdmissionConfig::default()
     })?;

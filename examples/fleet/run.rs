@@ -353,15 +353,11 @@ fn client(
     counts: &Arc<ClientCounts>,
 ) -> Result<Client, String> {
     let (deadline, per_attempt) = (config.deadline, config.per_attempt);
-    // The `RetryLayer` of `layer` and `stormguard`: defaults, `Reserve` idempotent, 50 ms
-    // per attempt.
-    let layer = || {
-        RetryLayer::from_config(
-            &stormguard_client_config(Some(per_attempt))
-                .clone()
-                .with_seed(config.seed),
-        )
-        .map_err(|e| e.to_string())
+    // The `RetryLayer`: defaults with `Reserve` idempotent; for `layer`, 50 ms per attempt
+    // as the naive loop, for `stormguard` nothing else (no number to find).
+    let layer = |per_attempt: Option<Duration>| {
+        RetryLayer::from_config(&stormguard_client_config(per_attempt).with_seed(config.seed))
+            .map_err(|e| e.to_string())
     };
     match policy {
         Policy::Naive => {
@@ -375,7 +371,7 @@ fn client(
         }
         Policy::Layer => {
             let channel = Channel::balance_list(endpoints.into_iter());
-            let layer = layer()?;
+            let layer = layer(Some(per_attempt))?;
             let budget = Some(layer.stats());
             let service = tower::ServiceBuilder::new()
                 .layer(layer)
@@ -389,7 +385,7 @@ fn client(
         Policy::Stormguard => {
             let replicas = Replicas::from_endpoints(ReplicaConfig::default(), endpoints)
                 .map_err(|e| e.to_string())?;
-            let layer = layer()?.over_replicas();
+            let layer = layer(None)?.over_replicas();
             let budget = Some(layer.stats());
             // `Observe` passes the layer's `Route` down to the channel in the extensions.
             let service = tower::ServiceBuilder::new()

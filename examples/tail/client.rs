@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::ValueEnum;
 use stormguard_client::{Retry, RetryLayer, RetryStats};
 use stormguard_core::ClientConfig;
+use stormguard_core::MethodScope;
 use stormguard_core::{HedgeDelay, HedgingPolicy, LearnedDelay};
 use stormguard_demo::storm::{INVENTORY_SERVICE, RESERVE_METHOD};
 use stormguard_demo::{InventoryClient, ReserveReply, ReserveRequest};
@@ -163,9 +164,8 @@ impl Caller {
             Policy::HedgingLearned => HedgeDelay::Learned(LearnedDelay::default()),
         };
         let mut config = ClientConfig::standard();
-        config.methods.insert_method_hedging(
-            INVENTORY_SERVICE,
-            RESERVE_METHOD,
+        config.methods.set_hedging(
+            MethodScope::Method(INVENTORY_SERVICE, RESERVE_METHOD),
             Some(hedging_policy(delay)),
         );
         let layer = RetryLayer::from_config(&config.clone().with_seed(seed))?;

@@ -14,6 +14,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use stormguard_core::AdmissionConfig;
+
+use stormguard_core::WorkerLimit;
 use stormguard_demo::server::{DemoConfig, DemoControl, DemoInventory};
 use stormguard_demo::storm::MAX_PENDING_ACCEPT_RESET_STREAMS;
 use stormguard_demo::storm::Serving;
@@ -232,7 +234,7 @@ where
 /// The shed layer's configuration: the defaults, with the server's real concurrency.
 pub(crate) fn admission(seed: u64) -> AdmissionConfig {
     AdmissionConfig {
-        workers: WORKERS,
+        workers: WorkerLimit::Fixed(WORKERS),
         seed: Some(seed),
         ..AdmissionConfig::default()
     }

@@ -15,6 +15,7 @@ use client_support::*;
 use stormguard_client::RetryLayer;
 use stormguard_core::Budget;
 use stormguard_core::Instant;
+use stormguard_core::MethodScope;
 use stormguard_core::MethodTable;
 use stormguard_core::RetryController;
 use stormguard_core::{A6Budget, A6BudgetConfig};
@@ -43,7 +44,7 @@ fn hedging_controller(
     breaker: Option<CircuitBreaker>,
 ) -> RetryController {
     let mut table = MethodTable::none();
-    table.set_default_hedging(Some(policy));
+    table.set_hedging(MethodScope::Default, Some(policy));
     RetryController::new(table, budget, breaker, 7)
 }
 
@@ -500,7 +501,7 @@ async fn a_learned_delay_hedges_only_once_it_knows_the_latency_then_at_its_tail(
     for i in 0..30 {
         client.reserve(reserve(&format!("warm-{i}"))).await.unwrap();
     }
-    // Now the p95 is about 2 ms: a stalled first copy is hedged right after it.
+    // Now the p97 is about 2 ms: a stalled first copy is hedged right after it.
     svc.push([Step::slow(ms(300), Step::Ok)]);
     let started = tokio::time::Instant::now();
     client.reserve(reserve("tail")).await.unwrap();

@@ -24,6 +24,7 @@ use stormguard_demo::{
     Inventory, InventoryClient, InventoryServer, ReserveReply, ReserveRequest, StockLevel,
     WatchStockRequest,
 };
+use stormguard_server::WorkerLimit;
 use stormguard_server::{AdmissionConfig, RetryThreshold};
 use tokio::net::TcpListener;
 use tonic::codegen::tokio_stream::Stream;
@@ -172,7 +173,7 @@ async fn malformed_reports_are_counted_and_ignored() {
 /// Two workers and a queue of one: with both held and one call waiting, the next is shed.
 fn full_when_three() -> AdmissionConfig {
     AdmissionConfig {
-        workers: 1,
+        workers: WorkerLimit::Fixed(1),
         queue_capacity: 1,
         max_time_queued: Duration::from_secs(60),
         retry_threshold: RetryThreshold {
@@ -270,7 +271,7 @@ fn reports_at_once() -> ReplicaConfig {
 
 fn roomy(workers: usize) -> AdmissionConfig {
     AdmissionConfig {
-        workers,
+        workers: WorkerLimit::Fixed(workers),
         queue_capacity: 64,
         ..AdmissionConfig::default()
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use client_support::*;
 use stormguard_client::RetryLayer;
+use stormguard_core::MethodScope;
 use stormguard_core::RetryController;
 use stormguard_core::{Code as CoreCode, CodeSet};
 use stormguard_core::{MethodTable, RetryPolicy};
@@ -82,7 +83,7 @@ async fn a_non_retryable_status_is_returned_at_once_unmarked() {
 async fn a_method_without_a_retry_policy_is_sent_once() {
     let svc = Scripted::always(Step::Fail(Code::Unavailable));
     let mut methods = MethodTable::none();
-    methods.insert_service("other.Service", Some(quick_policy()));
+    methods.set_retry(MethodScope::Service("other.Service"), Some(quick_policy()));
     let controller = RetryController::new(methods, budget(100, 0.1), None, 1);
     let layer = RetryLayer::new(controller);
     let stats = layer.stats();

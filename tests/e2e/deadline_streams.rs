@@ -30,6 +30,7 @@ use std::time::Duration;
 use client_support::{controller, quick_policy};
 use http::uri::PathAndQuery;
 use stormguard_client::RetryLayer;
+use stormguard_core::WorkerLimit;
 use stormguard_core::{AdmissionConfig, RetryThreshold};
 use stormguard_demo::{
     Inventory, InventoryBatchClient, InventoryClient, InventoryServer, ReserveBatchReply,
@@ -516,7 +517,7 @@ async fn a_committed_bidi_stream_ends_deadline_exceeded_at_its_deadline() {
 /// One worker, a queue that waits as long as it must (so only the cut frees the worker).
 fn one_worker() -> (ShedLayer, ShedStats) {
     let layer = ShedLayer::from_config(AdmissionConfig {
-        workers: 1,
+        workers: WorkerLimit::Fixed(1),
         queue_capacity: 4,
         retry_threshold: RetryThreshold {
             depth: None,

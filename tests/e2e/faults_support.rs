@@ -66,8 +66,10 @@ use stormguard_core::BreakerConfig;
 use stormguard_core::BudgetConfig;
 use stormguard_core::Code;
 use stormguard_core::IdempotencyConfig;
+use stormguard_core::MethodScope;
 use stormguard_core::RetryController;
 use stormguard_core::RetryPolicy;
+use stormguard_core::WorkerLimit;
 use stormguard_core::{BudgetChoice, ClientConfig};
 use stormguard_demo::server::{DemoConfig, DemoInventory};
 use stormguard_demo::turmoil_net;
@@ -411,7 +413,7 @@ impl Inventory for Counting {
 /// The admission settings of every server: 16 workers, 32 queued, seeded pushback jitter.
 pub fn admission(seed: u64) -> AdmissionConfig {
     AdmissionConfig {
-        workers: 16,
+        workers: WorkerLimit::Fixed(16),
         queue_capacity: 32,
         seed: Some(seed),
         ..AdmissionConfig::default()
@@ -501,9 +503,8 @@ pub fn client_config(idempotent: bool, keyed: bool) -> ClientConfig {
         open_for: Duration::from_millis(500),
         ..BreakerConfig::default()
     });
-    config.methods.insert_method(
-        "stormguard.demo.v1.Inventory",
-        "Reserve",
+    config.methods.set_retry(
+        MethodScope::Method("stormguard.demo.v1.Inventory", "Reserve"),
         Some(RetryPolicy {
             idempotent,
             per_attempt_timeout: Some(PER_ATTEMPT),
@@ -515,9 +516,10 @@ pub fn client_config(idempotent: bool, keyed: bool) -> ClientConfig {
             ..RetryPolicy::default()
         }),
     );
-    config
-        .methods
-        .insert_method_idempotency_key("stormguard.demo.v1.Inventory", "Reserve", keyed);
+    config.methods.set_idempotency_key(
+        MethodScope::Method("stormguard.demo.v1.Inventory", "Reserve"),
+        keyed,
+    );
     config
 }
 

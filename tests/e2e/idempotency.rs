@@ -20,6 +20,7 @@ use lossy_support::{CALL_HEADER, LoseAnswers};
 use stormguard_client::RetryLayer;
 use stormguard_core::BackoffConfig;
 use stormguard_core::IdempotencyConfig;
+use stormguard_core::MethodScope;
 use stormguard_core::RetryController;
 use stormguard_core::{Code as CoreCode, CodeSet};
 use stormguard_core::{HedgeDelay, HedgingPolicy};
@@ -217,7 +218,7 @@ fn write_policy(max_attempts: u32, idempotent: bool) -> RetryPolicy {
 
 fn retry_layer(policy: RetryPolicy, keyed: bool) -> RetryLayer {
     let mut table = MethodTable::uniform(policy);
-    table.set_default_idempotency_key(keyed);
+    table.set_idempotency_key(MethodScope::Default, keyed);
     RetryLayer::new(RetryController::new(table, budget(1000, 0.5), None, 21))
 }
 
@@ -320,13 +321,16 @@ async fn hedges_carry_the_key_of_their_call() {
     let hold = Arc::clone(svc.hold.as_ref().unwrap());
     let addr = serve(svc.clone(), IdempotencyLayer::new(), None).await;
     let mut table = MethodTable::none();
-    table.set_default_hedging(Some(HedgingPolicy {
-        max_attempts: 2,
-        delay: HedgeDelay::Fixed(ms(10)),
-        non_fatal_codes: CodeSet::single(CoreCode::Unavailable),
-        ..HedgingPolicy::default()
-    }));
-    table.set_default_idempotency_key(true);
+    table.set_hedging(
+        MethodScope::Default,
+        Some(HedgingPolicy {
+            max_attempts: 2,
+            delay: HedgeDelay::Fixed(ms(10)),
+            non_fatal_codes: CodeSet::single(CoreCode::Unavailable),
+            ..HedgingPolicy::default()
+        }),
+    );
+    table.set_idempotency_key(MethodScope::Default, true);
     let layer = RetryLayer::new(RetryController::new(table, budget(100, 0.1), None, 7));
     let mut client = client(addr, layer).await;
     let call = tokio::spawn(async move { client.reserve(reserve("h")).await });
@@ -468,12 +472,15 @@ async fn a_hedge_that_finds_its_key_in_flight_is_a_lost_copy_not_the_answer() {
     )
     .await;
     let mut table = MethodTable::none();
-    table.set_default_hedging(Some(HedgingPolicy {
-        max_attempts: 2,
-        delay: HedgeDelay::Fixed(ms(10)),
-        ..HedgingPolicy::default()
-    }));
-    table.set_default_idempotency_key(true);
+    table.set_hedging(
+        MethodScope::Default,
+        Some(HedgingPolicy {
+            max_attempts: 2,
+            delay: HedgeDelay::Fixed(ms(10)),
+            ..HedgingPolicy::default()
+        }),
+    );
+    table.set_idempotency_key(MethodScope::Default, true);
     let layer = RetryLayer::new(RetryController::new(table, budget(100, 0.1), None, 7));
     let mut client = client(addr, layer).await;
     let call = tokio::spawn(async move { client.reserve(reserve("h")).await });

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use stormguard_demo::storm::Policy;
 use stormguard_demo::storm::fleet_sim::{
-    DeadDependencyConfig, DeadVariant, Network, fleet_storm_report, run_dead_dependency,
-    run_storm_policy,
+    DeadDependencyConfig, DeadVariant, Network, fleet_storm_report, run_blip, run_dead_dependency,
+    run_refusing_dependency, run_storm_policy,
 };
 use stormguard_sim::StormConfig;
 
@@ -132,4 +132,73 @@ fn a_fleet_aware_floor_sends_only_the_fleets_share_of_retries_to_a_dead_dependen
     assert!(fleet_aware.retries_per_second <= 6.0, "{fleet_aware:?}");
     assert!(fleet_aware.amplification <= 1.12, "{fleet_aware:?}");
     assert!(per_process.amplification >= 1.4, "{per_process:?}");
+}
+
+#[test]
+fn fifty_hosts_on_the_defaults_send_about_one_attempt_per_call_to_a_dead_dependency() {
+    let _loading = support::loading();
+    // 50 hosts × 10 calls/s, as the example's table, measured from 1 s to 4 s: by then
+    // every host has seen its dependency fail and never answer. (With the floor lent
+    // always, the old default and `PerProcessFloor` here, it is about 1.5.)
+    let config = DeadDependencyConfig {
+        network: coarse(5),
+        warmup_s: 1,
+        measured_s: 3,
+        ..DeadDependencyConfig::quick()
+    };
+    let defaults = run_dead_dependency(DeadVariant::Defaults, &config).unwrap();
+    assert!(
+        (400.0..=600.0).contains(&defaults.calls_per_second),
+        "{defaults:?}"
+    );
+    assert!(defaults.amplification <= 1.1, "{defaults:?}");
+}
+
+#[test]
+fn fifty_hosts_on_the_defaults_wait_out_a_dependency_that_refuses_connections() {
+    let _loading = support::loading();
+    // 50 hosts × 10 calls/s for 4 s against a host that listens on nothing.
+    let config = DeadDependencyConfig {
+        network: coarse(5),
+        warmup_s: 1,
+        measured_s: 3,
+        ..DeadDependencyConfig::quick()
+    };
+    let defaults = run_refusing_dependency(DeadVariant::Defaults, &config).unwrap();
+    assert!(
+        (400.0..=600.0).contains(&defaults.calls_per_second),
+        "{defaults:?}"
+    );
+    // A call's first attempt connects, its transparent retries wait for the backoff.
+    assert!(defaults.connections_per_call <= 1.1, "{defaults:?}");
+    assert!(
+        defaults.max_connections_per_host_second <= 20,
+        "{defaults:?}"
+    );
+}
+
+#[test]
+fn the_defaults_lose_no_call_to_a_blip_that_the_floor_lent_always_saves() {
+    let _loading = support::loading();
+    // 10 hosts × 10 calls/s; every answer UNAVAILABLE from 2 s to 3 s; 2 s after it.
+    let config = DeadDependencyConfig {
+        clients: 10,
+        network: coarse(5),
+        warmup_s: 2,
+        measured_s: 3,
+        ..DeadDependencyConfig::quick()
+    };
+    let defaults = run_blip(DeadVariant::Defaults, &config).unwrap();
+    let always = run_blip(DeadVariant::PerProcessFloor, &config).unwrap();
+    // The dependency answered before the blip: the floor stays lent through it, and
+    // every call is decided as with the floor lent always.
+    assert_eq!(defaults, always);
+    // Every call that arrived a deadline or more before the blip, or after it, succeeded;
+    // the retries saved some of those that arrived in it.
+    for s in &defaults {
+        if s.t < 1 || s.t >= 3 {
+            assert_eq!(s.goodput, s.offered, "{defaults:?}");
+        }
+    }
+    assert!(defaults[2].goodput > 0, "{defaults:?}");
 }

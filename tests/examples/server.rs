@@ -52,7 +52,7 @@ fn config_file_sets_the_whole_admission_config() {
     );
     let args = args(&["--addr", "127.0.0.1:0", "--config", &file.arg()]).unwrap();
     let config = example::admission(&args).unwrap().expect("shedding");
-    assert_eq!(config.workers, 6);
+    assert_eq!(config.workers.fixed(), Some(6));
     assert_eq!(config.queue_capacity, 24);
     assert_eq!(
         config.retry_threshold,
@@ -115,7 +115,10 @@ fn config_excludes_the_flags_that_also_set_it() {
     // Without --config the flags still build it.
     let args = args(&["--workers", "2", "--queue", "16", "--lifo-depth", "3"]).unwrap();
     let config = example::admission(&args).unwrap().expect("shedding");
-    assert_eq!((config.workers, config.queue_capacity), (2, 16));
+    assert_eq!(
+        (config.workers.fixed(), config.queue_capacity),
+        (Some(2), 16)
+    );
     assert_eq!(
         config.queue_order,
         QueueOrder::AdaptiveLifo { from_depth: 3 }

@@ -6,6 +6,7 @@ use crate::server_support;
 use server_support::{channel, reserve, start};
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
+use stormguard_server::WorkerLimit;
 use stormguard_server::shed::MESSAGE_QUEUE_FULL;
 use stormguard_server::{AdmissionConfig, Occupancy, RetryThreshold};
 use tokio::task::JoinSet;
@@ -13,7 +14,7 @@ use tonic::Code;
 
 fn admission(workers: usize, queue: usize) -> AdmissionConfig {
     AdmissionConfig {
-        workers,
+        workers: WorkerLimit::Fixed(workers),
         queue_capacity: queue,
         retry_threshold: RetryThreshold {
             depth: Some(queue),

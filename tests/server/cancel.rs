@@ -16,6 +16,7 @@ use std::time::Duration;
 use server_support::{channel, eventually, hold_worker, release, reserve, start};
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
+use stormguard_server::WorkerLimit;
 use stormguard_server::{
     AdmissionConfig, Occupancy, RetryThreshold, ShedBody, ShedLayer, ShedService, ShedStats,
 };
@@ -25,7 +26,7 @@ use tower::{Layer, Service, ServiceExt};
 
 fn admission(workers: usize, queue: usize) -> AdmissionConfig {
     AdmissionConfig {
-        workers,
+        workers: WorkerLimit::Fixed(workers),
         queue_capacity: queue,
         retry_threshold: RetryThreshold {
             depth: None,

@@ -11,6 +11,7 @@ use stormguard_client::CriticalityLayer;
 use stormguard_core::{Criticality, CriticalityTable};
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
+use stormguard_server::WorkerLimit;
 use stormguard_server::shed::{MESSAGE_QUEUE_FULL, MESSAGE_SHEDDABLE};
 use stormguard_server::{AdmissionConfig, QueueOrder, RetryThreshold};
 use tonic::transport::Server;
@@ -20,7 +21,7 @@ const RESERVE: &str = "/stormguard.demo.v1.Inventory/Reserve";
 
 fn admission() -> AdmissionConfig {
     AdmissionConfig {
-        workers: 1,
+        workers: WorkerLimit::Fixed(1),
         queue_capacity: 3,
         retry_threshold: RetryThreshold {
             depth: Some(2),

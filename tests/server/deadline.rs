@@ -11,6 +11,7 @@ use server_support::{
 };
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
+use stormguard_server::WorkerLimit;
 use stormguard_server::shed::MESSAGE_EXPIRED;
 use stormguard_server::{AdmissionConfig, RetryThreshold};
 use tonic::Code;
@@ -18,7 +19,7 @@ use tonic::transport::Channel;
 
 fn admission(max_time_queued: Duration) -> AdmissionConfig {
     AdmissionConfig {
-        workers: 1,
+        workers: WorkerLimit::Fixed(1),
         queue_capacity: 4,
         retry_threshold: RetryThreshold {
             depth: None,

@@ -17,6 +17,7 @@ use server_support::*;
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
 use stormguard_server::AdmissionConfig;
+use stormguard_server::WorkerLimit;
 use tokio::net::TcpStream;
 
 const RESERVE: &str = "/stormguard.demo.v1.Inventory/Reserve";
@@ -149,7 +150,7 @@ async fn send_raw(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_header_values_leave_the_server_answering() {
     let admission = AdmissionConfig {
-        workers: 2,
+        workers: WorkerLimit::Fixed(2),
         queue_capacity: 64,
         ..AdmissionConfig::default()
     };

@@ -14,6 +14,7 @@ use server_support::{
 use stormguard_demo::InventoryClient;
 use stormguard_demo::orca::OrcaLoadReport;
 use stormguard_demo::server::DemoConfig;
+use stormguard_server::WorkerLimit;
 use stormguard_server::{AdmissionConfig, RetryThreshold};
 use tonic::metadata::MetadataMap;
 use tonic::transport::Server;
@@ -24,7 +25,7 @@ const KEY: &str = "endpoint-load-metrics-bin";
 /// one call queued, the next is shed.
 fn two_workers_queue_of_one() -> AdmissionConfig {
     AdmissionConfig {
-        workers: 2,
+        workers: WorkerLimit::Fixed(2),
         queue_capacity: 1,
         max_time_queued: Duration::from_secs(60),
         retry_threshold: RetryThreshold {

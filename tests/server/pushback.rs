@@ -17,6 +17,7 @@ use server_support::{
 use stormguard_core::Code as CoreCode;
 use stormguard_demo::server::DemoConfig;
 use stormguard_demo::{InventoryClient, ReserveRequest};
+use stormguard_server::WorkerLimit;
 use stormguard_server::{AdmissionConfig, RetryThreshold, ShedLayer};
 use tokio::sync::watch;
 use tonic::transport::Channel;
@@ -112,7 +113,7 @@ async fn the_shed_status_is_configurable_and_the_answer_is_trailers_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_shed_under_deep_overload_are_told_not_to_retry() {
     let admission = AdmissionConfig {
-        workers: 1,
+        workers: WorkerLimit::Fixed(1),
         queue_capacity: 2,
         retry_threshold: RetryThreshold {
             depth: Some(1),
@@ -161,7 +162,7 @@ fn header_pushback_ms<B>(response: &http::Response<B>) -> u64 {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn the_pushback_follows_the_observed_completion_rate() {
     let layer = ShedLayer::from_config(AdmissionConfig {
-        workers: 1,
+        workers: WorkerLimit::Fixed(1),
         queue_capacity: 4,
         retry_threshold: RetryThreshold {
             depth: None,

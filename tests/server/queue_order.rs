@@ -6,12 +6,13 @@ use crate::server_support;
 use server_support::{channel, eventually, reserve, start};
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
+use stormguard_server::WorkerLimit;
 use stormguard_server::{AdmissionConfig, QueueOrder, RetryThreshold};
 use tokio::task::JoinSet;
 
 async fn service_order(queue_order: QueueOrder) -> Vec<String> {
     let admission = AdmissionConfig {
-        workers: 1,
+        workers: WorkerLimit::Fixed(1),
         queue_capacity: 8,
         retry_threshold: RetryThreshold {
             depth: None,

@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use stormguard_server::{AdmissionConfig, RetryThreshold, ShedLayer};
+
+use stormguard_server::WorkerLimit;
 use tower::{Layer, Service};
 
 /// A handler whose readiness the test switches; its calls never finish.
@@ -54,7 +56,7 @@ fn ready_exactly_when_the_inner_service_is_even_with_the_queue_full() {
         .expect("runtime");
     let _guard = runtime.enter();
     let layer = ShedLayer::from_config(AdmissionConfig {
-        workers: 1,
+        workers: WorkerLimit::Fixed(1),
         queue_capacity: 1,
         retry_threshold: RetryThreshold {
             depth: None,

@@ -11,6 +11,7 @@ use std::time::Duration;
 use server_support::{Background, channel, eventually, pushback, reserve, start, with_header};
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
+use stormguard_server::WorkerLimit;
 use stormguard_server::shed::{MESSAGE_QUEUE_FULL, MESSAGE_RETRY_SHED};
 use stormguard_server::{AdmissionConfig, RetryThreshold, ShedLayer};
 use tokio::task::JoinSet;
@@ -20,7 +21,7 @@ use tower::{Layer, ServiceExt};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_are_shed_past_the_threshold_and_first_attempts_queue_until_full() {
     let admission = AdmissionConfig {
-        workers: 1,
+        workers: WorkerLimit::Fixed(1),
         queue_capacity: 4,
         retry_threshold: RetryThreshold {
             depth: Some(1),
@@ -98,7 +99,7 @@ async fn retries_are_shed_past_the_threshold_and_first_attempts_queue_until_full
 /// Returns (ok first, ok retry, shed first, shed retry, expired).
 async fn overload_run(retry_threshold: RetryThreshold) -> [u64; 5] {
     let layer = ShedLayer::from_config(AdmissionConfig {
-        workers: 2,
+        workers: WorkerLimit::Fixed(2),
         queue_capacity: 16,
         retry_threshold,
         ..AdmissionConfig::default()
@@ -194,7 +195,7 @@ async fn under_four_times_overload_retries_absorb_the_shedding() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_are_shed_once_the_oldest_queued_call_has_waited_past_the_delay_threshold() {
     let admission = AdmissionConfig {
-        workers: 1,
+        workers: WorkerLimit::Fixed(1),
         queue_capacity: 8,
         retry_threshold: RetryThreshold {
             depth: None,

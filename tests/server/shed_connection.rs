@@ -14,6 +14,7 @@ use std::time::Duration;
 use server_support::{channel, hold_worker, one_worker_no_queue, reserve, start_with};
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
+use stormguard_server::WorkerLimit;
 use stormguard_server::shed::MESSAGE_QUEUE_FULL;
 use stormguard_server::{AdmissionConfig, RetryThreshold};
 use tonic::codegen::tokio_stream::StreamExt;
@@ -120,7 +121,7 @@ async fn every_early_answer_reads_the_request_body() {
     use tower::{Layer, ServiceExt};
 
     let layer = stormguard_server::ShedLayer::from_config(AdmissionConfig {
-        workers: 1,
+        workers: WorkerLimit::Fixed(1),
         queue_capacity: 1,
         retry_threshold: RetryThreshold {
             depth: None,

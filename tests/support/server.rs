@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use stormguard_demo::server::{DemoConfig, DemoControl, DemoInventory};
 use stormguard_demo::{InventoryClient, InventoryServer, ReserveReply, ReserveRequest};
+use stormguard_server::WorkerLimit;
 use stormguard_server::{AdmissionConfig, RetryThreshold, ShedLayer, ShedStats};
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
@@ -32,7 +33,7 @@ impl Drop for TestServer {
 /// shed on arrival.
 pub fn one_worker_no_queue() -> AdmissionConfig {
     AdmissionConfig {
-        workers: 1,
+        workers: WorkerLimit::Fixed(1),
         queue_capacity: 0,
         retry_threshold: RetryThreshold {
             depth: None,

@@ -22,7 +22,7 @@
 //! use std::{sync::Arc, time::Duration};
 //! use stormguard_client::RetryLayer;
 //! use stormguard_core::{
-//!     Budget, BudgetConfig, RetryBudget, MethodTable, RetryPolicy, RetryController,
+//!     Budget, BudgetConfig, MethodScope, MethodTable, RetryBudget, RetryController, RetryPolicy,
 //! };
 //! use tower::ServiceBuilder;
 //! # use tonic::transport::Endpoint;
@@ -43,7 +43,7 @@
 //!     per_attempt_timeout: Some(Duration::from_millis(50)),
 //!     ..RetryPolicy::default()
 //! };
-//! methods.insert_method("stormguard.demo.v1.Inventory", "Reserve", Some(reserve));
+//! methods.set_retry(MethodScope::Method("stormguard.demo.v1.Inventory", "Reserve"), Some(reserve));
 //! let controller = RetryController::new(methods, budget, None, 7);
 //! // Calls that set no deadline of their own get 150 ms for all their attempts.
 //! let layer = RetryLayer::new(controller).with_default_timeout(Duration::from_millis(150));
@@ -120,6 +120,7 @@ pub use status::{BoxError, code_from_tonic, code_to_tonic};
 pub use stormguard_core::{
     A6BudgetConfig, AdaptiveThrottleConfig, BackoffConfig, BreakerConfig, BudgetConfig,
     ClientConfig, Code, ConfigError, Criticality, CriticalityTable, EjectReason, EjectionConfig,
-    Format, HedgeDelay, HedgingPolicy, LearnedDelay, LoadConfig, MethodTable, RefreshConfig,
-    ReplicaConfig, ReportWeightConfig, RetryPolicy, SaturationConfig, SlowStartConfig,
+    Floor, Format, HedgeDelay, HedgingPolicy, LearnedDelay, LoadConfig, MethodScope, MethodTable,
+    RefreshConfig, ReplicaConfig, ReportWeightConfig, RetryPolicy, SaturationConfig,
+    SlowStartConfig,
 };

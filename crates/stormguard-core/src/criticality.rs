@@ -79,15 +79,7 @@ impl Criticality {
 
     /// The class a header value names: exactly `critical`, `default` or `sheddable`
     /// (lowercase ASCII, nothing around it); `None` for anything else.
-    ///
-    /// ```
-    /// use stormguard_core::Criticality;
-    ///
-    /// assert_eq!(Criticality::from_value(b"critical"), Some(Criticality::Critical));
-    /// assert_eq!(Criticality::from_value(b"Critical"), None);
-    /// assert_eq!(Criticality::from_value(b" sheddable"), None);
-    /// ```
-    pub fn from_value(value: &[u8]) -> Option<Criticality> {
+    pub(crate) fn from_value(value: &[u8]) -> Option<Criticality> {
         Criticality::ALL
             .into_iter()
             .find(|c| c.as_str().as_bytes() == value)

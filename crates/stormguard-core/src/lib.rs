@@ -69,9 +69,9 @@ pub use wire::body::{DeadlineCut, HeldFrames, Polled};
 
 pub use admission::{
     AdaptiveLimit, AdaptiveLimitConfig, Admission, AdmissionConfig, AdmissionController,
-    AdmissionQueue, Arrival, Begin, CallClass, CompletionRate, DedupCounts, DedupTable, Dispatch,
+    AdmissionQueue, Arrival, Begin, CallClass, DedupCounts, DedupTable, Dispatch,
     IdempotencyConfig, Left, QueueLoad, QueueOrder, QueuedId, RateMeter, RetryThreshold, Shed,
-    ShedPushback, ShedReason,
+    ShedPushback, ShedReason, WorkerLimit,
 };
 pub use balance::weights::a58_weight;
 pub use balance::{
@@ -82,8 +82,8 @@ pub use balance::{
     Refresh, RefreshAnswer, RefreshConfig, RefreshCounts, RefreshHealth, RefreshUpdate,
 };
 pub use budget::{
-    A6Budget, A6BudgetConfig, Budget, BudgetConfig, KeyedBudgets, MAX_FLEET_SIZE, RetryBudget,
-    Unlimited,
+    A6Budget, A6BudgetConfig, Budget, BudgetConfig, FLOOR_WITHHELD_AFTER, Floor, KeyedBudgets,
+    MAX_FLEET_SIZE, RetryBudget, Unlimited,
 };
 pub use config::{
     BudgetChoice, ClientConfig, Format, IDEMPOTENT_SETTING, NotApplied, NotAppliedReason, Notice,
@@ -97,9 +97,9 @@ pub use retry::{
     AdaptiveThrottle, AdaptiveThrottleConfig, AttemptEnd, AttemptPlan, Backoff, BackoffConfig,
     BreakerConfig, BreakerOpen, BreakerPermit, BreakerState, BreakerTransition, CallRetry,
     CircuitBreaker, Decision, DelayEstimator, Failure, HedgeDecision, HedgeDelay, HedgingPolicy,
-    LearnedDelay, MAX_ATTEMPTS_CAP, MethodMap, MethodTable, Refusal, RetryController, RetryPolicy,
-    Saturation, SaturationConfig, TRANSPARENT_RETRIES, Throttled, TransitionWatch, Transitions,
-    Verdict, WindowCounts,
+    LearnedDelay, MAX_ATTEMPTS_CAP, MethodMap, MethodScope, MethodTable, Refusal, RetryController,
+    RetryPolicy, Saturation, SaturationConfig, TRANSPARENT_RETRIES, Throttled, TransitionWatch,
+    Transitions, Verdict, WindowCounts,
 };
 pub use wire::code::{Code, CodeSet, UnknownCode};
 pub use wire::orca::{LoadReport, LoadReportError, OrcaLoadReport};

@@ -41,9 +41,8 @@ pub use v1::{
 /// [`ClientConfig::standard`]: stormguard_core::ClientConfig::standard
 pub fn client_config() -> stormguard_core::ClientConfig {
     let mut config = stormguard_core::ClientConfig::standard();
-    config.methods.insert_method(
-        "stormguard.demo.v1.Inventory",
-        "Reserve",
+    config.methods.set_retry(
+        stormguard_core::MethodScope::Method("stormguard.demo.v1.Inventory", "Reserve"),
         Some(stormguard_core::RetryPolicy {
             idempotent: true,
             ..stormguard_core::RetryPolicy::default()

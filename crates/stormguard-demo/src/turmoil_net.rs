@@ -12,6 +12,7 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use http::Uri;
@@ -94,13 +95,21 @@ pub fn endpoint(host: &str, port: u16) -> Result<Endpoint, tonic::transport::Err
 
 /// Connects `endpoint` through turmoil now.
 pub async fn connect_with(endpoint: Endpoint) -> Result<Channel, tonic::transport::Error> {
-    endpoint.connect_with_connector(Dialer).await
+    endpoint.connect_with_connector(Dialer::default()).await
 }
 
 /// A channel that connects through turmoil on its first call, and again after the
 /// connection breaks (as `Endpoint::connect_lazy` does over TCP).
 pub fn connect_lazy_with(endpoint: Endpoint) -> Channel {
-    endpoint.connect_with_connector_lazy(Dialer)
+    endpoint.connect_with_connector_lazy(Dialer::default())
+}
+
+/// The instants of a channel's connection attempts ([`connect_lazy_counting`]).
+pub type Dials = Arc<Mutex<Vec<tokio::time::Instant>>>;
+
+/// [`connect_lazy_with`], recording the instant of every connection attempt in `dials`.
+pub fn connect_lazy_counting(endpoint: Endpoint, dials: Dials) -> Channel {
+    endpoint.connect_with_connector_lazy(Dialer { dials: Some(dials) })
 }
 
 /// [`connect_with`] on `http://{host}:{port}` with tonic's defaults.
@@ -113,9 +122,12 @@ pub fn connect_lazy(host: &str, port: u16) -> Result<Channel, tonic::transport::
     Ok(connect_lazy_with(endpoint(host, port)?))
 }
 
-/// tonic's connector: dials the URI's host (a turmoil host name) and port.
-#[derive(Debug, Clone, Copy)]
-struct Dialer;
+/// tonic's connector: dials the URI's host (a turmoil host name) and port, recording
+/// each attempt in `dials` when given.
+#[derive(Debug, Clone, Default)]
+struct Dialer {
+    dials: Option<Dials>,
+}
 
 impl tower_service::Service<Uri> for Dialer {
     type Response = TokioIo<turmoil::net::TcpStream>;
@@ -128,6 +140,12 @@ impl tower_service::Service<Uri> for Dialer {
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
+        if let Some(dials) = &self.dials {
+            dials
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(tokio::time::Instant::now());
+        }
         Box::pin(async move {
             let host = uri
                 .host()

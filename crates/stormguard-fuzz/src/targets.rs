@@ -833,7 +833,7 @@ pub fn admission_json(input: &[u8]) -> Outcome {
                 policy.expiry(t, far) >= t && policy.expiry(t, None) >= t,
                 "{text}"
             );
-            Outcome::accepted(config.workers.min(2))
+            Outcome::accepted(config.workers.fixed().map(|n| n.min(2)))
         }
         Err(e) => {
             assert!(!e.to_string().is_empty(), "empty error for {text}");
@@ -872,7 +872,7 @@ pub fn load_report(input: &[u8]) -> Outcome {
             let sat = Saturation::new(SaturationConfig::default()).expect("default is valid");
             let now = Instant::now();
             sat.record_at(1, &r, now);
-            let saturated = sat.refuses_retry_at(now);
+            let saturated = sat.refuses_retry_at(1, now);
             assert_eq!(saturated, SaturationConfig::default().is_saturated(&r));
             Outcome::accepted((saturated, r.queue_depth.is_some(), r.utilization > 1.0))
         }

@@ -30,9 +30,9 @@
 //! use stormguard_core::{AdmissionConfig, AdmissionController};
 //! use stormguard_server::ShedLayer;
 //!
-//! // Validated once, at start-up: a bad value is an error that names the field.
+//! // Validated once, at start-up: a bad value is an error that names the field. The
+//! // worker limit is learned from latency unless `workers` says `WorkerLimit::Fixed(n)`.
 //! let admission = AdmissionController::new(AdmissionConfig {
-//!     workers: 32,
 //!     queue_capacity: 128,
 //!     ..AdmissionConfig::default()
 //! })?;
@@ -105,4 +105,5 @@ pub use stormguard_core::wire::AttemptClass;
 pub use stormguard_core::{
     AdaptiveLimitConfig, AdmissionConfig, AdmissionController, Code, ConfigError, Criticality,
     CriticalityTable, Format, IdempotencyConfig, QueueOrder, RetryThreshold, ShedSettings,
+    WorkerLimit,
 };

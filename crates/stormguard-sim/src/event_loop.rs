@@ -115,6 +115,7 @@ mod tests {
     use stormguard_core::BreakerConfig;
     use stormguard_core::BudgetConfig;
     use stormguard_core::RetryPolicy;
+    use stormguard_core::WorkerLimit;
     use stormguard_core::{Code, CodeSet};
 
     /// The default policy for a method whose answers may be retried.
@@ -248,7 +249,7 @@ mod tests {
             shedding: Some(c), ..
         }) = &mut sc.shards[0].server
         {
-            c.workers = 4;
+            c.workers = WorkerLimit::Fixed(4);
         }
         let err = run(&sc).expect_err("mismatched workers");
         assert_eq!(field(err), "shards.server.shedding.workers");
@@ -524,7 +525,7 @@ mod tests {
             slowdown: None,
             drops_abandoned: false,
             shedding: Some(AdmissionConfig {
-                workers: 1,
+                workers: WorkerLimit::Fixed(1),
                 queue_capacity: 8,
                 retry_threshold: stormguard_core::RetryThreshold {
                     depth,
@@ -593,7 +594,7 @@ mod tests {
             q.workers = 2;
             q.service_time = Duration::from_millis(100);
             if let Some(c) = q.shedding.as_mut() {
-                c.workers = 2;
+                c.workers = WorkerLimit::Fixed(2);
             }
         }
         assert_eq!(running_at(&sc, 5), Some(1));
@@ -629,7 +630,7 @@ mod tests {
             slowdown: None,
             drops_abandoned: false,
             shedding: Some(AdmissionConfig {
-                workers: 1,
+                workers: WorkerLimit::Fixed(1),
                 queue_capacity: 4,
                 retry_threshold: stormguard_core::RetryThreshold {
                     depth: Some(1),

@@ -19,6 +19,7 @@ use stormguard_core::A6Budget;
 use stormguard_core::CallTimes;
 use stormguard_core::CircuitBreaker;
 use stormguard_core::Code;
+use stormguard_core::MethodScope;
 use stormguard_core::MethodTable;
 use stormguard_core::Pushback;
 use stormguard_core::{AttemptPlan, Failure, Refusal, RetryController};
@@ -96,7 +97,7 @@ fn build_controller(
         None => MethodTable::none(),
     };
     if let Some(h) = &policy.hedging {
-        methods.set_default_hedging(Some(h.clone()));
+        methods.set_hedging(MethodScope::Default, Some(h.clone()));
     }
     let budget: Arc<dyn Budget> = match &policy.budget {
         BudgetKind::Unlimited => Arc::new(Unlimited),

@@ -267,11 +267,14 @@ impl Shard {
         // The engine counts free workers from `workers`; a different number in the
         // admission config would be silently ignored.
         if let Some(c) = &q.shedding
-            && c.workers != q.workers
+            && c.workers.fixed() != Some(q.workers)
         {
             return bad(
                 "shards.server.shedding.workers",
-                format!("must equal workers ({}), got {}", q.workers, c.workers),
+                format!(
+                    "must be the fixed limit of workers ({}), got {:?}",
+                    q.workers, c.workers
+                ),
             );
         }
         if let Some((_, factor)) = q.slowdown

@@ -611,13 +611,13 @@ impl<'a> Servers<'a> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use stormguard_core::RetryThreshold;
+    use stormguard_core::{RetryThreshold, WorkerLimit};
 
     const MS: Duration = Duration::from_millis(1);
 
     fn one_worker(depth: Option<usize>) -> SimServer {
         SimServer::shedding(AdmissionConfig {
-            workers: 1,
+            workers: WorkerLimit::Fixed(1),
             queue_capacity: 8,
             retry_threshold: RetryThreshold {
                 depth,

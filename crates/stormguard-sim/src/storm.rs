@@ -17,6 +17,8 @@ use std::time::Duration;
 
 use stormguard_core::AdmissionConfig;
 
+use stormguard_core::WorkerLimit;
+
 use crate::scenario::{QueueServer, Scenario, ServerKind, Shard, Window, mix};
 use crate::tables::{PolicyName, a6_backoff, client};
 
@@ -235,7 +237,7 @@ pub fn storm_scenario(policy: StormPolicy, storm: &StormConfig, network: Duratio
         // resets its stream drops its work.
         drops_abandoned: true,
         shedding: policy.sheds().then(|| AdmissionConfig {
-            workers: storm.workers,
+            workers: WorkerLimit::Fixed(storm.workers),
             ..AdmissionConfig::default()
         }),
     };

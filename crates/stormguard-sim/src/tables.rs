@@ -13,8 +13,9 @@ use stormguard_core::A6BudgetConfig;
 use stormguard_core::BackoffConfig;
 use stormguard_core::BreakerConfig;
 use stormguard_core::BudgetConfig;
+use stormguard_core::Floor;
 use stormguard_core::RetryPolicy;
-use stormguard_core::{AdmissionConfig, QueueOrder};
+use stormguard_core::{AdmissionConfig, QueueOrder, WorkerLimit};
 use stormguard_core::{Code, CodeSet};
 use stormguard_core::{HedgeDelay, HedgingPolicy};
 
@@ -243,15 +244,20 @@ pub enum FleetVariant {
     FleetAwareFloor,
     /// The per-process floor plus stormguard's default circuit breaker.
     PerProcessFloorWithBreaker,
+    /// stormguard's defaults: the per-process floor lent only while the dependency answers
+    /// ([`Floor::WhileAnswering`](stormguard_core::Floor::WhileAnswering)), no fleet size,
+    /// no breaker.
+    Defaults,
 }
 
 impl FleetVariant {
     /// All variants, in table order.
-    pub const ALL: [FleetVariant; 4] = [
+    pub const ALL: [FleetVariant; 5] = [
         FleetVariant::ThreeAttempts,
         FleetVariant::PerProcessFloor,
         FleetVariant::FleetAwareFloor,
         FleetVariant::PerProcessFloorWithBreaker,
+        FleetVariant::Defaults,
     ];
 
     /// The name used in tables and JSON.
@@ -261,6 +267,7 @@ impl FleetVariant {
             FleetVariant::PerProcessFloor => "per-process-floor",
             FleetVariant::FleetAwareFloor => "fleet-aware-floor",
             FleetVariant::PerProcessFloorWithBreaker => "per-process-floor+breaker",
+            FleetVariant::Defaults => "defaults",
         }
     }
 }
@@ -306,11 +313,22 @@ pub fn fleet_scenario(fleet_size: usize, variant: FleetVariant, options: &Option
     };
     let mut policy = client(name, secs(1.0), None, a6_backoff(ms(20)));
     policy.name = variant.as_str().to_owned();
-    if variant == FleetVariant::FleetAwareFloor {
-        policy.budget = BudgetKind::FleetBudget {
-            config: BudgetConfig::default(),
-            fleet_size: u32::try_from(fleet_size).unwrap_or(u32::MAX),
-        };
+    // The floor variants lend their floor always, as the budgets the table compares do.
+    let always = BudgetConfig {
+        floor: Floor::Always,
+        ..BudgetConfig::default()
+    };
+    match variant {
+        FleetVariant::ThreeAttempts | FleetVariant::Defaults => {}
+        FleetVariant::FleetAwareFloor => {
+            policy.budget = BudgetKind::FleetBudget {
+                config: always,
+                fleet_size: u32::try_from(fleet_size).unwrap_or(u32::MAX),
+            };
+        }
+        FleetVariant::PerProcessFloor | FleetVariant::PerProcessFloorWithBreaker => {
+            policy.budget = BudgetKind::Budget(always);
+        }
     }
     if variant == FleetVariant::PerProcessFloorWithBreaker {
         policy.breaker = Some(BreakerConfig::default());
@@ -501,7 +519,7 @@ pub fn recovery_scenario(variant: RecoveryVariant, options: &Options) -> Scenari
         // pushback at most 1 s) with a queue of 2 × workers: 55 ms of work at the
         // degraded rate, more than the 50 ms deadline.
         shedding: shedding.then(|| AdmissionConfig {
-            workers,
+            workers: WorkerLimit::Fixed(workers),
             queue_capacity: 2 * workers,
             queue_order: if variant == RecoveryVariant::StormguardSheddingFifo {
                 QueueOrder::Fifo

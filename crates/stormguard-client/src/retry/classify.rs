@@ -22,8 +22,12 @@ pub(super) enum Outcome<B> {
     /// trailers.
     Committed(http::Response<B>),
     /// A failure before commit: the retry state decides (`end`); `last` is what the caller
-    /// gets if nothing follows.
-    Failed { end: AttemptEnd, last: Last<B> },
+    /// gets if nothing follows; `connect` says the connection could not be made.
+    Failed {
+        end: AttemptEnd,
+        last: Last<B>,
+        connect: bool,
+    },
 }
 
 /// What the caller gets from a failed attempt if it is not retried: the response as it
@@ -60,6 +64,7 @@ pub(super) fn classify<B, E: Into<BoxError>>(
             unprocessed: unprocessed(response.headers()),
         }),
         last: Last::Response(response),
+        connect: false,
     };
     match result {
         Ok(response) => match trailers_only_code(response.headers()) {
@@ -85,6 +90,7 @@ pub(super) fn classify<B, E: Into<BoxError>>(
                         unsent: transport.unsent,
                     },
                     last: Last::Error(Status::deadline_exceeded(err.to_string())),
+                    connect: false,
                 };
             }
             Outcome::Failed {
@@ -96,6 +102,7 @@ pub(super) fn classify<B, E: Into<BoxError>>(
                     unprocessed: false,
                 }),
                 last: Last::Error(status_from_error(err, transport.code)),
+                connect: transport.connect,
             }
         }
     }

@@ -367,7 +367,16 @@ where
             return Poll::Ready(Some(Ok(response.map(ResponseBody::passthrough))));
         }
         Outcome::Committed(response) => return Poll::Ready(Some(Ok(commit(this, response)))),
-        Outcome::Failed { end, last } => (end, last),
+        Outcome::Failed { end, last, connect } => {
+            // Over `Replicas`, the balancer routes around a replica that refused.
+            if connect
+                && this.route.is_none()
+                && let Some(call) = this.call.as_mut()
+            {
+                call.on_connect_refused_at(Instant::now());
+            }
+            (end, last)
+        }
     };
     let span = this.state.as_mut().take_span();
     // Drops the attempt in flight, if it is still running.
@@ -394,6 +403,7 @@ where
         last: Last::Error(Status::deadline_exceeded(
             "stormguard: the attempt's timeout ran out",
         )),
+        connect: false,
     }
 }
 

@@ -59,6 +59,7 @@ impl CallThrottle {
             Outcome::Failed {
                 end: AttemptEnd::Failed(f),
                 last: Last::Response(_),
+                ..
             } => {
                 let shed_mark = f.pushback.is_some() || f.unprocessed;
                 self.throttle

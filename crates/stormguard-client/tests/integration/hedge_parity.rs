@@ -23,6 +23,7 @@ use std::time::Duration;
 use stormguard_client::{RetryLayer, RetrySnapshot};
 use stormguard_core::CallTimes;
 use stormguard_core::Instant;
+use stormguard_core::MethodScope;
 use stormguard_core::MethodTable;
 use stormguard_core::{Budget, BudgetConfig, RetryBudget};
 use stormguard_core::{Code, CodeSet};
@@ -139,7 +140,7 @@ fn controller() -> RetryController {
         max_pushback: Duration::from_millis(20),
     };
     let mut methods = MethodTable::none();
-    methods.set_default_hedging(Some(hedging));
+    methods.set_hedging(MethodScope::Default, Some(hedging));
     let budget: Arc<dyn Budget> = Arc::new(
         RetryBudget::new(BudgetConfig {
             min_retries_per_second: 5,

@@ -114,12 +114,78 @@ pub enum QueueOrder {
     },
 }
 
+/// How many calls the admission queue lets run at once.
+///
+/// [`Adaptive`](WorkerLimit::Adaptive) is the default: the limit is learned from
+/// measured latency ([`AdaptiveLimit`](crate::AdaptiveLimit)), so a server needs no
+/// number to keep its real capacity busy and the rest of its work in the queue, where it
+/// is ordered, expired and shed. [`Fixed`](WorkerLimit::Fixed) is for a handler whose
+/// capacity is known and does not move (`docs/admission.md` says when, and what it costs
+/// when the number is wrong).
+///
+/// ```
+/// use stormguard_core::{AdmissionConfig, WorkerLimit};
+///
+/// // Learned from latency: nothing to size.
+/// assert!(AdmissionConfig::default().workers.is_adaptive());
+/// // Exactly 8 at once: the handler runs a pool of 8.
+/// let sized = AdmissionConfig { workers: WorkerLimit::Fixed(8), ..AdmissionConfig::default() };
+/// assert_eq!(sized.workers.fixed(), Some(8));
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub enum WorkerLimit {
+    /// Learned from latency, between the bounds and at the pace given here.
+    Adaptive(AdaptiveLimitConfig),
+    /// Exactly this many (at least 1).
+    Fixed(usize),
+}
+
+impl Default for WorkerLimit {
+    /// Adaptive, with [`AdaptiveLimitConfig::default`].
+    fn default() -> Self {
+        WorkerLimit::Adaptive(AdaptiveLimitConfig::default())
+    }
+}
+
+impl WorkerLimit {
+    /// Whether the limit is learned from latency.
+    pub fn is_adaptive(&self) -> bool {
+        matches!(self, WorkerLimit::Adaptive(_))
+    }
+
+    /// The fixed number, if the limit is fixed.
+    pub fn fixed(&self) -> Option<usize> {
+        match self {
+            WorkerLimit::Fixed(n) => Some(*n),
+            WorkerLimit::Adaptive(_) => None,
+        }
+    }
+
+    /// `"adaptive"` or `"fixed"`, for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            WorkerLimit::Adaptive(_) => "adaptive",
+            WorkerLimit::Fixed(_) => "fixed",
+        }
+    }
+
+    /// The limit before any call has been measured: the fixed number, or where the
+    /// adaptive limit starts.
+    pub(crate) fn initial(&self) -> usize {
+        match self {
+            WorkerLimit::Fixed(n) => *n,
+            WorkerLimit::Adaptive(c) => c.initial_limit.clamp(c.min_limit, c.max_limit),
+        }
+    }
+}
+
 /// Configuration of the admission queue. [`AdmissionConfig::validate`] says what is
 /// accepted; [`AdmissionController::new`](crate::AdmissionController::new) refuses anything else.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AdmissionConfig {
-    /// Calls served at the same time. At least 1. Default 64.
-    pub workers: usize,
+    /// How many calls are served at the same time. Default: adaptive, learned from
+    /// latency ([`WorkerLimit`]); `WorkerLimit::Fixed(n)` (n at least 1) for exactly `n`.
+    pub workers: WorkerLimit,
     /// Calls that may wait for a worker; beyond it every call is shed. 0 means no queue.
     /// Default 64.
     pub queue_capacity: usize,
@@ -178,20 +244,16 @@ pub struct AdmissionConfig {
     /// condition holds. Default depth 0: a sheddable call runs if a worker is free and
     /// is shed rather than queued otherwise, before any retry is.
     pub sheddable_threshold: RetryThreshold,
-    /// An adaptive worker limit: `workers` is then only the starting point, and the
-    /// limit follows measured latency between the bounds given here (see
-    /// [`crate::limit`](crate::AdaptiveLimit)). Default `None`: `workers` is fixed.
-    pub adaptive: Option<AdaptiveLimitConfig>,
 }
 
 impl Default for AdmissionConfig {
-    /// 64 workers, 64 queued, retries shed from 8 queued, 1 s in queue at most, 2 ms
+    /// An adaptive worker limit, 64 queued, retries shed from 8 queued, 1 s in queue at most, 2 ms
     /// minimum time left, adaptive LIFO from 8 queued, pushback at most 1 s, shed with
     /// `UNAVAILABLE`; "do not retry" for a shed call whose deadline leaves no room
     /// (5 ms margin) and for every shed call after 500 ms of shedding without a break.
     fn default() -> Self {
         AdmissionConfig {
-            workers: 64,
+            workers: WorkerLimit::default(),
             queue_capacity: 64,
             retry_threshold: RetryThreshold::default(),
             max_time_queued: Duration::from_secs(1),
@@ -208,7 +270,6 @@ impl Default for AdmissionConfig {
                 depth: Some(0),
                 queue_delay: None,
             },
-            adaptive: None,
         }
     }
 }
@@ -257,14 +318,17 @@ impl AdmissionConfig {
     /// Checks every field; the error names the first bad one (`admission.<field>`).
     ///
     /// ```
-    /// use stormguard_core::AdmissionConfig;
+    /// use stormguard_core::{AdmissionConfig, WorkerLimit};
     ///
     /// assert!(AdmissionConfig::default().validate().is_ok());
-    /// let bad = AdmissionConfig { workers: 0, ..AdmissionConfig::default() };
+    /// let bad = AdmissionConfig { workers: WorkerLimit::Fixed(0), ..AdmissionConfig::default() };
     /// assert!(bad.validate().unwrap_err().to_string().contains("admission.workers"));
     /// ```
     pub fn validate(&self) -> Result<(), ConfigError> {
-        check::at_least_one("admission.workers", self.workers as u64)?;
+        match &self.workers {
+            WorkerLimit::Fixed(n) => check::at_least_one("admission.workers", *n as u64)?,
+            WorkerLimit::Adaptive(adaptive) => adaptive.validate()?,
+        }
         let capacity = self.queue_capacity;
         let depth = self.retry_threshold.depth;
         check::within_capacity("admission.retry_threshold.depth", depth, capacity)?;
@@ -305,9 +369,6 @@ impl AdmissionConfig {
         check::not_above("admission.no_retry_after_shedding", after, MAX_TIME_QUEUED)?;
         let depth = self.sheddable_threshold.depth;
         check::within_capacity("admission.sheddable_threshold.depth", depth, capacity)?;
-        if let Some(adaptive) = &self.adaptive {
-            adaptive.validate()?;
-        }
         Ok(())
     }
 }

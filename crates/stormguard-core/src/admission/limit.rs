@@ -22,6 +22,10 @@ use crate::config::check;
     expecting = "an object of adaptive limit settings"
 )]
 pub struct AdaptiveLimitConfig {
+    /// Where the limit starts, before anything has been measured (within the bounds).
+    /// Default 16.
+    #[serde(deserialize_with = "crate::config::whole")]
+    pub initial_limit: usize,
     /// The floor: the limit never goes below it, and it is the limit during a probe.
     /// At least 1. Default 2.
     #[serde(deserialize_with = "crate::config::whole")]
@@ -48,6 +52,7 @@ pub struct AdaptiveLimitConfig {
 impl Default for AdaptiveLimitConfig {
     fn default() -> Self {
         AdaptiveLimitConfig {
+            initial_limit: 16,
             min_limit: 2,
             max_limit: 1000,
             window: Duration::from_millis(100),
@@ -217,16 +222,18 @@ struct Probe {
 ///   calls that queue inside are those whose callers give up.
 ///
 /// Everything runs on the instants it is given (`*_at(now)`), so the simulator can drive
-/// it on a virtual clock; [`crate::AdmissionQueue`] feeds it when
-/// [`AdmissionConfig::adaptive`](crate::AdmissionConfig::adaptive) is set.
+/// it on a virtual clock; [`crate::AdmissionQueue`] feeds it unless
+/// [`AdmissionConfig::workers`](crate::AdmissionConfig::workers) is a fixed number.
 ///
 /// ```
 /// use std::time::Duration;
 /// use stormguard_core::Instant;
 /// use stormguard_core::{AdaptiveLimit, AdaptiveLimitConfig};
 ///
-/// let config = AdaptiveLimitConfig { min_limit: 2, max_limit: 100, ..AdaptiveLimitConfig::default() };
-/// let mut limit = AdaptiveLimit::new(config, 20, 7).expect("valid");
+/// let config = AdaptiveLimitConfig {
+///     initial_limit: 20, min_limit: 2, max_limit: 100, ..AdaptiveLimitConfig::default()
+/// };
+/// let mut limit = AdaptiveLimit::new(config, 7).expect("valid");
 /// let t0 = Instant::now();
 /// // The first sample starts a probe at the floor.
 /// limit.sample_at(t0, t0, 0);
@@ -251,15 +258,13 @@ pub struct AdaptiveLimit {
 }
 
 impl AdaptiveLimit {
-    /// A limit starting at `initial` (clamped to the bounds) for a valid `config`;
-    /// `seed` varies the probe jitter between servers.
-    pub fn new(
-        config: AdaptiveLimitConfig,
-        initial: usize,
-        seed: u64,
-    ) -> Result<Self, ConfigError> {
+    /// A limit starting at `config.initial_limit` (clamped to the bounds) for a valid
+    /// `config`; `seed` varies the probe jitter between servers.
+    pub fn new(config: AdaptiveLimitConfig, seed: u64) -> Result<Self, ConfigError> {
         config.validate()?;
-        let limit = initial.clamp(config.min_limit, config.max_limit) as f64;
+        let limit = config
+            .initial_limit
+            .clamp(config.min_limit, config.max_limit) as f64;
         let rng = fastrand::Rng::with_seed(config.seed ^ seed);
         Ok(AdaptiveLimit {
             config,

@@ -8,7 +8,7 @@ mod limit;
 mod queue;
 mod rates;
 
-pub use config::{AdmissionConfig, CallClass, QueueOrder, RetryThreshold};
+pub use config::{AdmissionConfig, CallClass, QueueOrder, RetryThreshold, WorkerLimit};
 pub use dedup::{Begin, DedupCounts, DedupTable, IdempotencyConfig};
 pub use limit::{AdaptiveLimit, AdaptiveLimitConfig};
 pub use queue::{AdmissionQueue, Arrival, Dispatch, Left, QueuedId};
@@ -122,7 +122,7 @@ fn passed(threshold: RetryThreshold, now: Instant, load: QueueLoad) -> bool {
 /// mean gap, that silence is used instead, so a stalled server does not look fast.
 /// Constant memory.
 #[derive(Clone, Debug, Default)]
-pub struct CompletionRate {
+pub(crate) struct CompletionRate {
     last: Option<Instant>,
     mean_gap_secs: Option<f64>,
 }
@@ -200,7 +200,7 @@ impl CompletionRate {
 ///   the retries absorb the shedding and first attempts keep the capacity.
 /// - [`AdmissionController::pushback_at`]: the `grpc-retry-pushback-ms` to send with a shed
 ///   answer: the estimated time for the queue to drain (from the observed completion
-///   rate, [`CompletionRate`]), clamped to `[1 ms, pushback_max]` and jittered so that
+///   rate), clamped to `[1 ms, pushback_max]` and jittered so that
 ///   the clients told to come back do not all come back together. It is **never 0**:
 ///   gRPC C-core clients never finish a call told "retry after 0 ms".
 /// - [`AdmissionController::shed_pushback_at`]: whether the shed answer says "come back
@@ -243,7 +243,7 @@ impl CompletionRate {
 ///
 /// ```json
 /// { "admission": {
-///     "workers": 16, "queue_capacity": 64,
+///     "queue_capacity": 64,
 ///     "retry_threshold": { "depth": 8, "queue_delay": "20ms" },
 ///     "max_time_queued": "1s", "min_time_left": "2ms",
 ///     "queue_order": "adaptive_lifo", "lifo_from_depth": 8,
@@ -251,15 +251,21 @@ impl CompletionRate {
 ///     "no_retry_margin": "5ms", "no_retry_after_shedding": "500ms",
 ///     "seed": 7,
 ///     "sheddable_threshold": { "depth": 0, "queue_delay": null },
-///     "adaptive": { "min_limit": 2, "max_limit": 256, "window": "100ms",
+///     "adaptive": { "initial_limit": 16, "min_limit": 2, "max_limit": 256, "window": "100ms",
 ///                   "min_window_samples": 16, "probe_interval": "30s" } } }
 /// ```
 ///
 /// `queue_order` is `"fifo"` or `"adaptive_lifo"` (newest first from `lifo_from_depth`
 /// queued calls, default 8); `null` turns off `retry_threshold.depth`,
 /// `retry_threshold.queue_delay`, `sheddable_threshold.*`, `no_retry_depth`,
-/// `no_retry_margin`, `no_retry_after_shedding` or `adaptive` (a fixed limit of
-/// `workers`). With `adaptive`, `workers` is the starting limit (see [`crate::limit`](crate::AdaptiveLimit)).
+/// `no_retry_margin` or `no_retry_after_shedding`.
+///
+/// The worker limit: **without `workers` it is adaptive** (learned from latency, see
+/// [`crate::limit`](crate::AdaptiveLimit)), with the settings of the `adaptive` object
+/// when there is one; `workers: N` alone is a fixed limit of `N` ([`WorkerLimit`]). The
+/// documents of earlier versions read as they did: `workers` beside an `adaptive` object
+/// is where the adaptive limit starts, and `adaptive: null` is a fixed limit of
+/// `workers` (64 when absent).
 ///
 /// ```
 /// use std::time::Duration;
@@ -268,7 +274,6 @@ impl CompletionRate {
 /// use stormguard_core::wire::attempt_class;
 ///
 /// let config = AdmissionConfig {
-///     workers: 2,
 ///     queue_capacity: 8,
 ///     retry_threshold: RetryThreshold { depth: Some(2), queue_delay: None },
 ///     ..AdmissionConfig::default()

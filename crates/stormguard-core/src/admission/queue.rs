@@ -14,6 +14,7 @@ use crate::Instant;
 use crate::wire::AttemptClass;
 use crate::{
     Admission, AdmissionConfig, AdmissionController, CallClass, QueueLoad, Shed, ShedReason,
+    WorkerLimit,
 };
 
 /// The place of one queued call, unique for the life of its queue.
@@ -117,8 +118,8 @@ struct Waiting<T> {
 ///   queue of default work does not turn away a critical call, nor one of sheddable
 ///   work a default one. Between calls of one criticality nothing changes: a full queue
 ///   sheds the arrival.
-/// - The worker limit: fixed ([`AdmissionConfig::workers`]) or adaptive
-///   ([`AdmissionConfig::adaptive`], [`crate::limit`](crate::AdaptiveLimit)): every call that leaves its
+/// - The worker limit ([`AdmissionConfig::workers`]): adaptive
+///   ([`crate::limit`](crate::AdaptiveLimit)) or fixed: every call that leaves its
 ///   worker ([`AdmissionQueue::finish_at`], with the instant it started) is a latency
 ///   sample, and the limit follows them. `AdmissionQueue::set_worker_limit_at` sets it
 ///   from outside. Raising the limit hands the new workers to waiters at once; lowering
@@ -130,11 +131,11 @@ struct Waiting<T> {
 /// ```
 /// use std::time::Duration;
 /// use stormguard_core::Instant;
-/// use stormguard_core::AdmissionConfig;
+/// use stormguard_core::{AdmissionConfig, WorkerLimit};
 /// use stormguard_core::wire::AttemptClass;
 /// use stormguard_core::{AdmissionQueue, Arrival, Dispatch};
 ///
-/// let config = AdmissionConfig { workers: 1, queue_capacity: 16, ..AdmissionConfig::default() };
+/// let config = AdmissionConfig { workers: WorkerLimit::Fixed(1), queue_capacity: 16, ..AdmissionConfig::default() };
 /// let mut queue = AdmissionQueue::from_config(config).expect("valid config");
 /// let t0 = Instant::now();
 /// let ignore = |_: Dispatch<&str>| {};
@@ -171,17 +172,20 @@ pub struct AdmissionQueue<T> {
 
 impl<T> AdmissionQueue<T> {
     /// A queue with `policy.config().workers` free workers and nobody waiting (with an
-    /// adaptive limit, that is where the limit starts, within its bounds).
+    /// adaptive limit, [`AdaptiveLimitConfig::initial_limit`](crate::AdaptiveLimitConfig::initial_limit) of them).
     pub fn new(policy: AdmissionController) -> Self {
         let config = policy.config();
-        let adaptive = config.adaptive.clone().and_then(|adaptive| {
-            // The policy validated its config, adaptive part included.
-            // A policy's config always has its seed (drawn when none was set).
-            AdaptiveLimit::new(adaptive, config.workers, config.seed.unwrap_or_default()).ok()
-        });
+        let adaptive = match &config.workers {
+            // The policy validated its config, adaptive part included, and always has
+            // its seed (drawn when none was set).
+            WorkerLimit::Adaptive(adaptive) => {
+                AdaptiveLimit::new(adaptive.clone(), config.seed.unwrap_or_default()).ok()
+            }
+            WorkerLimit::Fixed(_) => None,
+        };
         let limit = adaptive
             .as_ref()
-            .map_or(config.workers, AdaptiveLimit::limit);
+            .map_or(config.workers.initial(), AdaptiveLimit::limit);
         AdmissionQueue {
             policy,
             limit,
@@ -210,7 +214,8 @@ impl<T> AdmissionQueue<T> {
         &self.policy
     }
 
-    /// Calls that may run at once now (initially [`AdmissionConfig::workers`]).
+    /// Calls that may run at once now (initially the fixed number, or where the adaptive
+    /// limit starts).
     pub fn worker_limit(&self) -> usize {
         self.limit
     }

@@ -24,7 +24,7 @@ fn replicas_draw_their_own_pushback_jitter_unless_a_seed_is_set() {
 
 fn config() -> AdmissionConfig {
     AdmissionConfig {
-        workers: 2,
+        workers: WorkerLimit::Fixed(2),
         queue_capacity: 10,
         retry_threshold: RetryThreshold {
             depth: Some(4),
@@ -53,7 +53,7 @@ fn validate_names_each_bad_field() {
     assert!(base.validate().is_ok());
     assert_eq!(
         field(AdmissionConfig {
-            workers: 0,
+            workers: WorkerLimit::Fixed(0),
             ..base.clone()
         }),
         "admission.workers"
@@ -124,7 +124,13 @@ fn validate_names_each_bad_field() {
             "admission.no_retry_after_shedding"
         );
     }
-    assert!(AdmissionController::new(AdmissionConfig { workers: 0, ..base }).is_err());
+    assert!(
+        AdmissionController::new(AdmissionConfig {
+            workers: WorkerLimit::Fixed(0),
+            ..base
+        })
+        .is_err()
+    );
 }
 
 #[test]

@@ -129,16 +129,50 @@ pub struct BudgetConfig {
     /// default) to [`MAX_FLEET_SIZE`].
     #[serde(deserialize_with = "crate::config::whole")]
     pub fleet_size: u32,
+    /// When the standing reserve may be spent (see
+    /// [the docs](RetryBudget#a-floor-that-lends-only-while-the-dependency-answers)):
+    /// [`Floor::WhileAnswering`] (the default), or [`Floor::Always`].
+    pub floor: Floor,
 }
 
+/// When a [`RetryBudget`]'s standing reserve (its floor) may be spent.
+///
+/// ```
+/// use stormguard_core::{BudgetConfig, Floor};
+///
+/// assert_eq!(BudgetConfig::default().floor, Floor::WhileAnswering);
+/// let config: BudgetConfig = serde_json::from_str(r#"{ "floor": "always" }"#).unwrap();
+/// assert_eq!(config.floor, Floor::Always);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Floor {
+    /// While the dependency answers: the reserve is withheld once the window holds
+    /// [`FLOOR_WITHHELD_AFTER`] retryable failures and no success, and lent again at the
+    /// next success. Against a dependency that is down, only successes pay for retries
+    /// (none arrive), so a fleet sends its offered load and no more, whatever its size.
+    #[default]
+    WhileAnswering,
+    /// Always, as Finagle's and tower's budgets do: against a dependency that is down each
+    /// process spends its reserve every window.
+    Always,
+}
+
+/// Retryable failures in a window without a success after which a [`Floor::WhileAnswering`]
+/// reserve is withheld. Three lets a process that has just started retry its first calls
+/// (a failure, a retry that fails, a third attempt) before it has seen a success.
+pub const FLOOR_WITHHELD_AFTER: u64 = 3;
+
 impl Default for BudgetConfig {
-    /// ttl 10 s, 5 retries per second floor, ratio 0.1, a fleet of one.
+    /// ttl 10 s, 5 retries per second floor lent while the dependency answers, ratio 0.1,
+    /// a fleet of one.
     fn default() -> Self {
         BudgetConfig {
             ttl: Duration::from_secs(10),
             min_retries_per_second: 5,
             retry_ratio: 0.1,
             fleet_size: 1,
+            floor: Floor::WhileAnswering,
         }
     }
 }
@@ -268,6 +302,20 @@ const STALE_LIMIT: u32 = 1 << 20;
 /// updates the divisor at run time (from service discovery, say); an estimate can only
 /// make the floor smaller than the configured one, never larger.
 ///
+/// # A floor that lends only while the dependency answers
+///
+/// Even divided by a fleet size, a floor spent against a dependency that is down is load
+/// on a dependency that is down, and the fleet size is a number nobody has at hand. By
+/// default ([`Floor::WhileAnswering`]) the reserve is lent only while the dependency
+/// answers: once the window holds [`FLOOR_WITHHELD_AFTER`] retryable failures
+/// ([`Budget::record_failure_at`]) and not one success, it is withheld, and the first
+/// success lends it again. A process that has just started may still retry its first
+/// failures; a process that sees a healthy dependency blip keeps its whole reserve (the
+/// window holds the successes from before the blip); a dependency that stays down gets
+/// each process's offered load and only what successes mint (nothing), so a fleet of any
+/// size sends about one attempt per call without being told its size. [`Floor::Always`]
+/// keeps the reserve lent whatever the answers, as Finagle and tower do.
+///
 /// # Two implementations, one trait
 ///
 /// [`Budget`] is the interface the retry controller and the fleet simulator use (through
@@ -374,6 +422,8 @@ struct Shared {
     mint_micros: i128,
     deposits: Ring,
     withdrawals: Ring,
+    /// Retryable failures, counted only for [`Floor::WhileAnswering`].
+    failures: Ring,
     head: Head,
 }
 
@@ -446,6 +496,7 @@ impl RetryBudget {
                 mint_micros,
                 deposits: Ring::new(),
                 withdrawals: Ring::new(),
+                failures: Ring::new(),
                 head: Head {
                     epoch: AtomicU64::new(0),
                 },
@@ -488,6 +539,20 @@ impl RetryBudget {
     }
 }
 
+/// Events of `ring` in the window at `epoch` (its slot and the 15 before it).
+fn window_count(ring: &Ring, epoch: u32) -> u64 {
+    // In the window iff `epoch - e < SLOTS` (mod 2³²), i.e. `e - oldest < SLOTS`: done on
+    // the packed word (subtracting only epoch bits cannot borrow from the count).
+    let oldest = u64::from(epoch.wrapping_sub(SLOTS as u32 - 1)) << 32;
+    let mut count = 0u64;
+    for slot in &ring.slots {
+        let word = slot.load(Ordering::SeqCst);
+        let in_window = word.wrapping_sub(oldest) < (SLOTS as u64) << 32;
+        count += (word & u64::from(u32::MAX)) * u64::from(in_window);
+    }
+    count
+}
+
 impl Shared {
     /// The slot epoch of `now`: `⌊SLOTS · n / ttl⌋` for `n` ns since the origin, exactly.
     /// Slot words keep its low 32 bits.
@@ -527,16 +592,21 @@ impl Shared {
 
     /// Deposits in the window at `epoch` (its slot and the 15 before it).
     fn window_deposits(&self, epoch: u32) -> u64 {
-        // In the window iff `epoch - e < SLOTS` (mod 2³²), i.e. `e - oldest < SLOTS`: done on
-        // the packed word (subtracting only epoch bits cannot borrow from the count).
-        let oldest = u64::from(epoch.wrapping_sub(SLOTS as u32 - 1)) << 32;
-        let mut deposits = 0u64;
-        for slot in &self.deposits.slots {
-            let word = slot.load(Ordering::SeqCst);
-            let in_window = word.wrapping_sub(oldest) < (SLOTS as u64) << 32;
-            deposits += (word & u64::from(u32::MAX)) * u64::from(in_window);
+        window_count(&self.deposits, epoch)
+    }
+
+    /// The standing reserve at `epoch` in micro-retries, given the window's `deposits`:
+    /// the configured reserve divided by the fleet, or nothing while a
+    /// [`Floor::WhileAnswering`] floor is withheld.
+    fn reserve_at(&self, epoch: u32, deposits: u64) -> i128 {
+        if self.config.floor == Floor::WhileAnswering
+            && deposits == 0
+            && window_count(&self.failures, epoch) >= FLOOR_WITHHELD_AFTER
+        {
+            return 0;
         }
-        deposits
+        let fleet = i128::from(self.fleet.load(Ordering::Relaxed).max(1));
+        self.reserve_micros / fleet
     }
 
     /// The balance at the head epoch `head` in micro-retries (may be negative).
@@ -544,9 +614,9 @@ impl Shared {
         self.full_balance_micros(head as u32)
     }
 
-    fn micros(&self, deposits: u64, withdrawals: u64) -> i128 {
-        let fleet = i128::from(self.fleet.load(Ordering::Relaxed).max(1));
-        self.reserve_micros / fleet + self.mint_micros * i128::from(deposits)
+    /// The balance at `epoch` of the window's `deposits` and `withdrawals`.
+    fn micros(&self, epoch: u32, deposits: u64, withdrawals: u64) -> i128 {
+        self.reserve_at(epoch, deposits) + self.mint_micros * i128::from(deposits)
             - MICROS_PER_RETRY * i128::from(withdrawals)
     }
 
@@ -560,7 +630,7 @@ impl Shared {
             let counts = age < SLOTS as u32 || age > u32::MAX - STALE_LIMIT;
             withdrawals += u64::from(n) * u64::from(counts);
         }
-        self.micros(self.window_deposits(epoch), withdrawals)
+        self.micros(epoch, self.window_deposits(epoch), withdrawals)
     }
 
     /// Refuses without writing if less than one retry above `keep` is left at the head;
@@ -573,7 +643,10 @@ impl Shared {
         let head = self.advance_head(epoch);
         let keep = match keep {
             Keep::Nothing => 0,
-            Keep::HalfMinted => self.micros(self.window_deposits(head as u32), 0) / 2,
+            Keep::HalfMinted => {
+                let epoch = head as u32;
+                self.micros(epoch, self.window_deposits(epoch), 0) / 2
+            }
         };
         // Read-only refusal: during a storm most withdrawals are refused, and this keeps
         // them from writing to (and contending on) the shared slots.
@@ -615,6 +688,14 @@ impl Budget for RetryBudget {
         // A deposit older than a window (a very late caller), or beyond 2³² per slot, is
         // dropped: it could only make the budget more generous.
         let _ = shared.deposits.add(shared.epoch(now) as u32);
+    }
+
+    /// Counted for a [`Floor::WhileAnswering`] floor only (nothing else reads it).
+    fn record_failure_at(&self, now: Instant) {
+        let shared = &*self.shared;
+        if shared.config.floor == Floor::WhileAnswering {
+            let _ = shared.failures.add(shared.epoch(now) as u32);
+        }
     }
 
     fn withdraw_at(&self, now: Instant) -> bool {

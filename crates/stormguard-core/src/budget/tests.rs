@@ -45,14 +45,65 @@ fn config_fleet_size_divides_the_reserve() {
     );
 }
 
-fn budget(ttl_secs: u64, min: u32, ratio: f64) -> RetryBudget {
-    RetryBudget::new(BudgetConfig {
+fn config(ttl_secs: u64, min: u32, ratio: f64) -> BudgetConfig {
+    BudgetConfig {
         ttl: Duration::from_secs(ttl_secs),
         min_retries_per_second: min,
         retry_ratio: ratio,
         ..BudgetConfig::default()
+    }
+}
+
+fn budget(ttl_secs: u64, min: u32, ratio: f64) -> RetryBudget {
+    RetryBudget::new(config(ttl_secs, min, ratio)).expect("valid test config")
+}
+
+#[test]
+fn the_floor_is_withheld_while_the_dependency_fails_and_lent_again_at_a_success() {
+    let t0 = Instant::now();
+    let b = budget(10, 5, 0.1); // reserve 50, lent while the dependency answers
+    // A process that has just started retries its first failures.
+    for _ in 0..FLOOR_WITHHELD_AFTER - 1 {
+        b.record_failure_at(t0);
+    }
+    assert_eq!(b.balance_at(t0), 50.0);
+    assert!(b.withdraw_at(t0));
+    // A third failure and no success in the window: the dependency is taken for down.
+    b.record_failure_at(t0);
+    assert_eq!(b.balance_at(t0), 0.0);
+    assert!(!b.withdraw_at(t0));
+    assert!(!b.withdraw_hedge_at(t0));
+    // One answer lends the reserve again (less the retry spent, plus what it minted).
+    b.deposit_at(t0 + ms(10));
+    assert_eq!(b.balance_at(t0 + ms(10)), 49.1);
+    // Failures after successes in the window leave it lent: a blip of a healthy
+    // dependency is retried from the whole reserve.
+    for _ in 0..100 {
+        b.record_failure_at(t0 + ms(20));
+    }
+    assert!(b.withdraw_at(t0 + ms(20)));
+    // Once the successes have left the window, the failures still in it withhold it.
+    for _ in 0..3 {
+        b.record_failure_at(t0 + ms(10_500));
+    }
+    assert_eq!(b.balance_at(t0 + ms(10_500)), 0.0);
+    // A window later, nothing is left of either: a new start.
+    assert_eq!(b.balance_at(t0 + ms(21_000)), 50.0);
+}
+
+#[test]
+fn a_floor_lent_always_ignores_failures() {
+    let t0 = Instant::now();
+    let b = RetryBudget::new(BudgetConfig {
+        floor: Floor::Always,
+        ..config(10, 5, 0.1)
     })
-    .expect("valid test config")
+    .expect("valid");
+    for _ in 0..1_000 {
+        b.record_failure_at(t0);
+    }
+    assert_eq!(b.balance_at(t0), 50.0);
+    assert_eq!(drain(&b, t0), 50);
 }
 
 fn drain(b: &RetryBudget, now: Instant) -> u32 {
@@ -483,7 +534,14 @@ fn clones_share_one_budget() {
 #[test]
 fn works_through_arc_dyn_budget_and_default_record_failure_is_a_no_op() {
     let t0 = Instant::now();
-    let b: Arc<dyn Budget> = Arc::new(budget(10, 1, 0.1));
+    // A floor lent always: failures change nothing.
+    let b: Arc<dyn Budget> = Arc::new(
+        RetryBudget::new(BudgetConfig {
+            floor: Floor::Always,
+            ..config(10, 1, 0.1)
+        })
+        .expect("valid"),
+    );
     for _ in 0..100 {
         b.record_failure_at(t0);
     }

@@ -12,7 +12,7 @@ use super::value::{Int, nullable};
 use crate::AdaptiveLimitConfig;
 use crate::Code;
 use crate::ConfigError;
-use crate::{AdmissionConfig, QueueOrder, RetryThreshold};
+use crate::{AdmissionConfig, QueueOrder, RetryThreshold, WorkerLimit};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, expecting = "an object with `admission`")]
@@ -86,10 +86,10 @@ impl Build for AdmissionDoc {
     type Config = AdmissionConfig;
 
     fn build(self) -> Result<AdmissionConfig, ConfigError> {
-        let mut c = AdmissionConfig::default();
-        if let Some(Int(n)) = self.workers {
-            c.workers = n;
-        }
+        let mut c = AdmissionConfig {
+            workers: worker_limit(self.workers.map(|n| n.0), self.adaptive),
+            ..AdmissionConfig::default()
+        };
         if let Some(Int(n)) = self.queue_capacity {
             c.queue_capacity = n;
         }
@@ -98,9 +98,6 @@ impl Build for AdmissionDoc {
         }
         if let Some(t) = &self.sheddable_threshold {
             c.sheddable_threshold = t.over(c.sheddable_threshold);
-        }
-        if let Some(adaptive) = self.adaptive {
-            c.adaptive = adaptive;
         }
         if let Some(d) = self.max_time_queued {
             c.max_time_queued = d.0;
@@ -152,6 +149,30 @@ impl Build for AdmissionDoc {
     }
 }
 
+/// The worker limit a document states: `workers: N` alone is fixed, no `workers` is
+/// adaptive. The keys of earlier versions keep their meaning: with an `adaptive` object,
+/// `workers` is where the adaptive limit starts; `adaptive: null` is a fixed limit of
+/// `workers` (64 when absent, the fixed default of those versions).
+fn worker_limit(
+    workers: Option<usize>,
+    adaptive: Option<Option<AdaptiveLimitConfig>>,
+) -> WorkerLimit {
+    match (workers, adaptive) {
+        (Some(n), None) => WorkerLimit::Fixed(n),
+        (None, None) => WorkerLimit::default(),
+        (start, Some(Some(mut adaptive))) => {
+            if let Some(n) = start {
+                adaptive.initial_limit = n;
+            }
+            WorkerLimit::Adaptive(adaptive)
+        }
+        (n, Some(None)) => WorkerLimit::Fixed(n.unwrap_or(LEGACY_FIXED_WORKERS)),
+    }
+}
+
+/// The fixed limit of versions before the adaptive default, which `adaptive: null` keeps.
+const LEGACY_FIXED_WORKERS: usize = 64;
+
 /// Reads a document's root object.
 fn read(root: Map<String, Value>) -> Result<AdmissionConfig, ConfigError> {
     read_settings(root).map(|s| s.admission)
@@ -180,7 +201,7 @@ fn read_settings(root: Map<String, Value>) -> Result<ShedSettings, ConfigError> 
 ///
 /// let s = ShedSettings::from_json(r#"{ "admission": { "workers": 8, "load_reports": true } }"#)?;
 /// assert!(s.load_reports);
-/// assert_eq!(s.admission.workers, 8);
+/// assert_eq!(s.admission.workers.fixed(), Some(8));
 /// # Ok::<(), stormguard_core::ConfigError>(())
 /// ```
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -199,7 +220,7 @@ impl ShedSettings {
     }
 
     /// Reads the `admission` document in `format`.
-    pub(crate) fn from_text(text: &str, format: Format) -> Result<Self, ConfigError> {
+    pub fn from_text(text: &str, format: Format) -> Result<Self, ConfigError> {
         read_settings(document::parse(text, format)?)
     }
 
@@ -230,7 +251,7 @@ impl AdmissionConfig {
     /// let config = AdmissionConfig::from_json(r#"{ "admission": {
     ///     "workers": 8, "queue_capacity": 32, "max_time_queued": "250ms",
     ///     "queue_order": "fifo" } }"#).expect("valid");
-    /// assert_eq!(config.workers, 8);
+    /// assert_eq!(config.workers.fixed(), Some(8));
     /// assert_eq!(config.max_time_queued, Duration::from_millis(250));
     /// assert_eq!(config.queue_order, QueueOrder::Fifo);
     ///

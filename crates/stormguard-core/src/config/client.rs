@@ -10,7 +10,7 @@ use serde::de::{self, Deserializer, Unexpected, Visitor};
 use super::document::Build;
 use super::duration::{Human, parse_duration};
 use super::value::{Finite, Int, present};
-use super::{BudgetChoice, ClientConfig, MethodPolicy, Scope};
+use super::{BudgetChoice, ClientConfig, MethodPolicy};
 use crate::AdaptiveThrottleConfig;
 use crate::BackoffConfig;
 use crate::BreakerConfig;
@@ -19,7 +19,7 @@ use crate::CodeSet;
 use crate::ConfigError;
 use crate::SaturationConfig;
 use crate::{HedgeDelay, HedgingPolicy, LearnedDelay};
-use crate::{MethodTable, RetryPolicy};
+use crate::{MethodScope, MethodTable, RetryPolicy};
 
 /// The document: every key optional, unknown keys refused (a typo must not quietly fall
 /// back to a default).
@@ -198,7 +198,7 @@ impl Build for ClientDoc {
         let default = self.retry.policy(&RetryPolicy::default(), "retry")?;
         let mut methods = MethodTable::uniform(default.clone());
         if let Some(keyed) = self.retry.idempotency_key {
-            methods.set_default_idempotency_key(keyed);
+            methods.set_idempotency_key(MethodScope::Default, keyed);
         }
         for (path, entry) in &self.methods {
             let field = format!("methods.{path}");
@@ -215,14 +215,16 @@ impl Build for ClientDoc {
             let keyed = entry.as_ref().and_then(|e| e.idempotency_key);
             match (keyed, method) {
                 (Some(keyed), Some(method)) => {
-                    methods.insert_method_idempotency_key(service, method, keyed);
+                    methods.set_idempotency_key(MethodScope::Method(service, method), keyed);
                 }
-                (Some(keyed), None) => methods.insert_service_idempotency_key(service, keyed),
+                (Some(keyed), None) => {
+                    methods.set_idempotency_key(MethodScope::Service(service), keyed)
+                }
                 (None, _) => {}
             }
             let scope = match method {
-                Some(method) => Scope::Method(service, method),
-                None => Scope::Service(service),
+                Some(method) => MethodScope::Method(service, method),
+                None => MethodScope::Service(service),
             };
             choice.set(&mut methods, scope);
         }

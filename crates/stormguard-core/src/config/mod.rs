@@ -13,7 +13,7 @@
 //!   ([`MethodTable::timeout`](crate::MethodTable::timeout)). Fields gRPC does
 //!   not define, and fields stormguard does not act on (`waitForReady`,
 //!   `maxRequestMessageBytes`, ...), are skipped as gRPC skips unknown fields, and listed
-//!   in [`ClientConfig::not_applied`];
+//!   in [`ClientConfig::notices`];
 //! * **stormguard's own shape**, for users who want the budget and full jitter:
 //!
 //! ```json
@@ -68,7 +68,7 @@ use crate::BreakerConfig;
 use crate::BudgetConfig;
 use crate::ConfigError;
 use crate::HedgingPolicy;
-use crate::{MethodTable, RetryPolicy};
+use crate::{MethodScope, MethodTable, RetryPolicy};
 
 mod admission;
 pub(crate) mod check;
@@ -200,35 +200,35 @@ impl ClientConfig {
         Ok(())
     }
 
-    /// The fields of the service config this was read from that are not applied: fields
-    /// stormguard does not act on (`waitForReady`, `maxRequestMessageBytes`,
-    /// `maxResponseMessageBytes`, load balancing) and fields gRPC does not define (a
-    /// misspelled `retryPolicyy`), each with its path. Empty for stormguard's own shape,
-    /// which refuses unknown fields, and for a config built in code.
-    ///
-    /// ```
-    /// use stormguard_core::{ClientConfig, NotAppliedReason};
-    ///
-    /// let config = ClientConfig::from_service_config_json(r#"{ "methodConfig": [{
-    ///     "name": [{ "service": "pkg.Svc" }], "waitForReady": true,
-    ///     "retryPolicyy": { "maxAttempts": 3 } }] }"#).unwrap();
-    /// let reason = |path: &str| config.not_applied().iter().find(|n| n.path == path).map(|n| n.reason);
-    /// assert_eq!(config.not_applied().len(), 2);
-    /// assert_eq!(reason("methodConfig[0].waitForReady"), Some(NotAppliedReason::WaitForReady));
-    /// assert_eq!(reason("methodConfig[0].retryPolicyy"), Some(NotAppliedReason::Unknown));
-    /// ```
-    pub fn not_applied(&self) -> &[NotApplied] {
+    /// The fields of the service config this was read from that are not applied (each is
+    /// also a [`Notice::NotApplied`] of [`notices`](Self::notices)).
+    #[cfg(test)]
+    pub(crate) fn not_applied(&self) -> &[NotApplied] {
         &self.not_applied
     }
 
     /// What this config says that will not happen, for the layer to report when it is
-    /// built: each field [not applied](Self::not_applied), then
-    /// [`Notice::NoAnswerRetried`] when methods have retry policies but none is
+    /// built: each field of the service config it was read from that is not applied
+    /// ([`Notice::NotApplied`]: fields stormguard does not act on, such as `waitForReady`,
+    /// `maxRequestMessageBytes`, `maxResponseMessageBytes` and load balancing, and fields
+    /// gRPC does not define, such as a misspelled `retryPolicyy`, each with its path; none
+    /// for stormguard's own shape, which refuses unknown fields, nor for a config built in
+    /// code), then [`Notice::NoAnswerRetried`] when methods have retry policies but none is
     /// idempotent, so that no answer is ever retried. Computed from the config as it is
     /// now, so a method marked idempotent in code after loading counts.
     ///
     /// ```
-    /// use stormguard_core::{ClientConfig, Notice};
+    /// use stormguard_core::{ClientConfig, NotAppliedReason, Notice};
+    ///
+    /// let config = ClientConfig::from_service_config_json(r#"{ "methodConfig": [{
+    ///     "name": [{ "service": "pkg.Svc" }], "waitForReady": true,
+    ///     "retryPolicyy": { "maxAttempts": 3 } }] }"#).unwrap();
+    /// let reason = |path: &str| config.notices().into_iter().find_map(|n| match n {
+    ///     Notice::NotApplied(n) if n.path == path => Some(n.reason),
+    ///     _ => None,
+    /// });
+    /// assert_eq!(reason("methodConfig[0].waitForReady"), Some(NotAppliedReason::WaitForReady));
+    /// assert_eq!(reason("methodConfig[0].retryPolicyy"), Some(NotAppliedReason::Unknown));
     ///
     /// let config = ClientConfig::from_json(r#"{ "retry": { "max_attempts": 3 } }"#).unwrap();
     /// assert!(matches!(config.notices()[..], [Notice::NoAnswerRetried { max_attempts: 3, .. }]));
@@ -314,32 +314,13 @@ enum MethodPolicy {
     Neither,
 }
 
-/// The methods an entry names.
-#[derive(Clone, Copy)]
-enum Scope<'a> {
-    /// Every method no other entry names.
-    Default,
-    /// Every method of a service (`pkg.Service`).
-    Service(&'a str),
-    /// One method.
-    Method(&'a str, &'a str),
-}
-
 impl MethodPolicy {
     /// Sets it in `table` for `scope`, replacing what was set there before (of either kind).
-    fn set(&self, table: &mut MethodTable, scope: Scope<'_>) {
-        let (retry, hedge) = match self {
-            MethodPolicy::Retry(p) => (Some(p.clone()), None),
-            MethodPolicy::Hedge(h) => (None, Some(h.clone())),
-            MethodPolicy::Neither => (None, None),
-        };
-        match (scope, hedge) {
-            (Scope::Default, Some(h)) => table.set_default_hedging(Some(h)),
-            (Scope::Default, None) => table.set_default(retry),
-            (Scope::Service(s), Some(h)) => table.insert_service_hedging(s, Some(h)),
-            (Scope::Service(s), None) => table.insert_service(s, retry),
-            (Scope::Method(s, m), Some(h)) => table.insert_method_hedging(s, m, Some(h)),
-            (Scope::Method(s, m), None) => table.insert_method(s, m, retry),
+    fn set(&self, table: &mut MethodTable, scope: MethodScope<'_>) {
+        match self {
+            MethodPolicy::Retry(p) => table.set_retry(scope, Some(p.clone())),
+            MethodPolicy::Hedge(h) => table.set_hedging(scope, Some(h.clone())),
+            MethodPolicy::Neither => table.set_retry(scope, None),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The standard gRPC service config: `methodConfig[]` and `retryThrottling`, read the way
 //! gRPC reads them. Fields gRPC does not define are skipped, as gRPC skips them, and
 //! fields stormguard does not act on are skipped too; both are listed in
-//! [`ClientConfig::not_applied`] rather than dropped without a word.
+//! [`ClientConfig::notices`] rather than dropped without a word.
 //!
 //! An entry of `methodConfig` gives the methods it names a `retryPolicy` or a
 //! `hedgingPolicy` (A6: never both), or neither: then they are neither retried nor hedged.
@@ -16,13 +16,13 @@ use super::document;
 use super::duration::Proto;
 use super::notice::NotApplied;
 use super::value::{Finite, Int};
-use super::{BudgetChoice, ClientConfig, MethodPolicy, Scope};
+use super::{BudgetChoice, ClientConfig, MethodPolicy};
 use crate::A6BudgetConfig;
 use crate::BackoffConfig;
 use crate::CodeSet;
 use crate::ConfigError;
 use crate::{HedgeDelay, HedgingPolicy};
-use crate::{MethodTable, RetryPolicy};
+use crate::{MethodScope, MethodTable, RetryPolicy};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", expecting = "a gRPC service config object")]
@@ -110,22 +110,18 @@ pub(super) fn read(root: Map<String, Value>) -> Result<ClientConfig, ConfigError
             let service = name.service.as_deref().unwrap_or("");
             let method = name.method.as_deref().unwrap_or("");
             let scope = match (service, method) {
-                ("", "") => Scope::Default,
+                ("", "") => MethodScope::Default,
                 ("", _) => {
                     return Err(ConfigError::invalid(
                         format!("{field}.name[{j}].service"),
                         "a method name needs its service",
                     ));
                 }
-                (s, "") => Scope::Service(s),
-                (s, m) => Scope::Method(s, m),
+                (s, "") => MethodScope::Service(s),
+                (s, m) => MethodScope::Method(s, m),
             };
             choice.set(&mut methods, scope);
-            match scope {
-                Scope::Default => methods.set_default_timeout(timeout),
-                Scope::Service(s) => methods.insert_service_timeout(s, timeout),
-                Scope::Method(s, m) => methods.insert_method_timeout(s, m, timeout),
-            }
+            methods.set_timeout(scope, timeout);
         }
     }
     let budget = match doc.retry_throttling {

@@ -236,7 +236,7 @@ fn max_attempts_above_five_count_as_five() {
 fn stormguard_shape_reads_every_field() {
     let json = r#"{"retry": {"max_attempts": 4, "backoff": "full_jitter", "base": "20ms", "cap": "1s", "max_pushback": "5s",
         "retryable_codes": ["UNAVAILABLE", 8], "min_attempt_time": "2ms", "budget": {"ttl": "5s", "min_retries_per_second": 2,
-        "retry_ratio": 0.2, "fleet_size": "40"}, "budget_exhausted": "fail_fast"},
+        "retry_ratio": 0.2, "fleet_size": "40", "floor": "always"}, "budget_exhausted": "fail_fast"},
         "breaker": {"failure_rate": 0.6, "min_requests": 10, "open_for": "2s"}}"#;
     let c = ClientConfig::from_json(json).unwrap();
     let p = c.methods.lookup("/any.Svc/Any").unwrap();
@@ -259,6 +259,7 @@ fn stormguard_shape_reads_every_field() {
             min_retries_per_second: 2,
             retry_ratio: 0.2,
             fleet_size: 40,
+            floor: crate::Floor::Always,
         })
     );
     let b = c.breaker.unwrap();
@@ -536,9 +537,8 @@ fn no_answer_retried_is_a_notice_naming_the_setting() {
     );
     let mut in_code = ClientConfig::standard();
     assert_eq!(in_code.notices().len(), 1);
-    in_code.methods.insert_method(
-        "pkg.Svc",
-        "Get",
+    in_code.methods.set_retry(
+        MethodScope::Method("pkg.Svc", "Get"),
         Some(RetryPolicy {
             idempotent: true,
             ..RetryPolicy::default()

@@ -2,6 +2,16 @@
 use super::*;
 
 #[test]
+fn a_value_names_a_class_only_exactly() {
+    assert_eq!(
+        Criticality::from_value(b"critical"),
+        Some(Criticality::Critical)
+    );
+    assert_eq!(Criticality::from_value(b"Critical"), None);
+    assert_eq!(Criticality::from_value(b" sheddable"), None);
+}
+
+#[test]
 fn table_matches_exact_then_longest_prefix() {
     use Criticality::*;
     let t = CriticalityTable::new(Sheddable)

@@ -21,3 +21,14 @@ fn deadline_arithmetic() {
     let far = Deadline::after_at(t0, Duration::MAX);
     assert!(far.remaining_at(t0) > Duration::from_secs(365 * 24 * 3600));
 }
+
+#[test]
+fn what_is_left_of_a_deadline() {
+    let t0 = Instant::now();
+    let d = Deadline::after_at(t0, Duration::from_millis(500));
+    assert_eq!(
+        d.remaining_at(t0 + Duration::from_millis(200)),
+        Duration::from_millis(300)
+    );
+    assert!(d.is_expired_at(t0 + Duration::from_millis(500)));
+}

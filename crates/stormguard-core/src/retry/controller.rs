@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::call::keying::{backoff_seed, breaker_seed, call_key};
+use super::call::keying::{backoff_seed, breaker_seed, call_key, connect_seed};
 use super::call::{CallRetry, HedgeState};
+use super::connect::ConnectBackoff;
 use crate::BudgetChoice;
 use crate::budget::DEFAULT_MAX_KEYS;
 use crate::{
@@ -98,6 +99,8 @@ pub(super) struct Shared {
     pub(super) estimators: Vec<(Arc<HedgingPolicy>, Arc<DelayEstimator>)>,
     pub(super) seed: u64,
     pub(super) calls: AtomicU64,
+    /// How long a transparent retry waits after a refused connection.
+    pub(super) connect: Arc<ConnectBackoff>,
 }
 
 /// One estimator per learned hedging policy of `methods`.
@@ -143,6 +146,7 @@ impl RetryController {
                 saturation: None,
                 seed,
                 calls: AtomicU64::new(0),
+                connect: Arc::new(ConnectBackoff::new(connect_seed(seed))),
             }),
         }
     }
@@ -161,7 +165,6 @@ impl RetryController {
     /// let keyed = KeyedBudgets::new(BudgetConfig::default(), 64)?;
     /// let controller = RetryController::new(MethodTable::uniform(RetryPolicy::default()), budget, None, 1)
     ///     .with_key_budgets(keyed);
-    /// assert!(controller.key_budgets().is_some());
     /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
     pub fn with_key_budgets(self, keyed: KeyedBudgets) -> Self {
@@ -181,6 +184,7 @@ impl RetryController {
             estimators: old.estimators.clone(),
             seed: old.seed,
             calls: AtomicU64::new(old.calls.load(Ordering::Relaxed)),
+            connect: Arc::clone(&old.connect),
         };
         edit(&mut shared);
         RetryController {
@@ -203,7 +207,6 @@ impl RetryController {
     /// let sat = Arc::new(Saturation::new(SaturationConfig::default())?);
     /// let controller = RetryController::new(MethodTable::uniform(RetryPolicy::default()), budget, None, 1)
     ///     .with_saturation(sat);
-    /// assert!(controller.saturation().is_some());
     /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
     pub fn with_saturation(self, saturation: Arc<Saturation>) -> Self {
@@ -211,12 +214,14 @@ impl RetryController {
     }
 
     /// The load-report tracker, if retries are refused by load reports.
-    pub fn saturation(&self) -> Option<&Arc<Saturation>> {
+    #[cfg(test)]
+    pub(crate) fn saturation(&self) -> Option<&Arc<Saturation>> {
         self.shared.saturation.as_ref()
     }
 
     /// The accounts per key, if retries are charged per key.
-    pub fn key_budgets(&self) -> Option<&KeyedBudgets> {
+    #[cfg(test)]
+    pub(crate) fn key_budgets(&self) -> Option<&KeyedBudgets> {
         self.shared.keyed.as_deref()
     }
 
@@ -373,6 +378,7 @@ impl RetryController {
             hedge,
             endpoints: 1,
             idempotency_key,
+            connect_at: None,
         })
     }
 

@@ -5,6 +5,7 @@
 mod backoff;
 mod breaker;
 mod call;
+mod connect;
 mod controller;
 mod decision;
 mod delay;
@@ -22,7 +23,8 @@ pub use controller::RetryController;
 pub use decision::{AttemptEnd, AttemptPlan, Decision, Failure, Refusal, Verdict};
 pub use delay::DelayEstimator;
 pub use policy::{
-    HedgeDelay, HedgingPolicy, LearnedDelay, MAX_ATTEMPTS_CAP, MethodMap, MethodTable, RetryPolicy,
+    HedgeDelay, HedgingPolicy, LearnedDelay, MAX_ATTEMPTS_CAP, MethodMap, MethodScope, MethodTable,
+    RetryPolicy,
 };
 pub use saturation::{Saturation, SaturationConfig};
 pub use throttle::{AdaptiveThrottle, AdaptiveThrottleConfig, Throttled, WindowCounts};

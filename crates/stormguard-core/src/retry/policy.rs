@@ -36,14 +36,13 @@ pub const MAX_ATTEMPTS_CAP: u32 = 5;
 /// repeat:
 ///
 /// ```
-/// use stormguard_core::{MethodTable, RetryPolicy};
+/// use stormguard_core::{MethodScope, MethodTable, RetryPolicy};
 ///
 /// // Every method: retry only requests that never reached the server.
 /// let mut table = MethodTable::uniform(RetryPolicy::default());
 /// // Reserve carries a request id that makes it idempotent: retry its failures too.
-/// table.insert_method(
-///     "stormguard.demo.v1.Inventory",
-///     "Reserve",
+/// table.set_retry(
+///     MethodScope::Method("stormguard.demo.v1.Inventory", "Reserve"),
 ///     Some(RetryPolicy { idempotent: true, ..RetryPolicy::default() }),
 /// );
 /// assert!(!table.lookup("/stormguard.demo.v1.Inventory/Cancel").unwrap().idempotent);
@@ -153,11 +152,12 @@ pub(crate) fn check_max_attempts(
 ///
 /// ```
 /// use std::sync::Arc;
-/// use stormguard_core::{MethodTable, RetryPolicy};
+/// use stormguard_core::{MethodScope, MethodTable, RetryPolicy};
 ///
 /// let mut table = MethodTable::none();
-/// table.insert_service("stormguard.demo.v1.Inventory", Some(RetryPolicy::default()));
-/// table.insert_method("stormguard.demo.v1.Inventory", "Cancel", None);
+/// let inventory = "stormguard.demo.v1.Inventory";
+/// table.set_retry(MethodScope::Service(inventory), Some(RetryPolicy::default()));
+/// table.set_retry(MethodScope::Method(inventory, "Cancel"), None);
 /// assert!(table.lookup("/stormguard.demo.v1.Inventory/Reserve").is_some());
 /// assert!(table.lookup("/stormguard.demo.v1.Inventory/Cancel").is_none());
 /// assert!(table.lookup("/other.Service/Reserve").is_none());
@@ -177,17 +177,30 @@ pub struct MethodTable {
     keys: MethodMap<bool>,
 }
 
+/// The methods a setting of a [`MethodTable`] or a [`MethodMap`] covers, as the service
+/// config's `methodConfig[].name` names them. A method's own setting wins over its
+/// service's, which wins over the default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MethodScope<'a> {
+    /// Every method no more specific setting names.
+    Default,
+    /// Every method of a service, fully qualified (`pkg.Service`).
+    Service(&'a str),
+    /// One method: its service (`pkg.Service`) and its name.
+    Method(&'a str, &'a str),
+}
+
 /// A value per gRPC method, matched like the service config's `methodConfig[].name`: an
 /// exact `service/method` entry wins over a whole-`service` entry, which wins over the
 /// default. A lookup allocates nothing.
 ///
 /// ```
-/// use stormguard_core::MethodMap;
+/// use stormguard_core::{MethodMap, MethodScope};
 ///
 /// let mut map = MethodMap::new();
-/// map.set_default("default");
-/// map.insert_service("pkg.Svc", "service");
-/// map.insert_method("pkg.Svc", "Get", "method");
+/// map.insert(MethodScope::Default, "default");
+/// map.insert(MethodScope::Service("pkg.Svc"), "service");
+/// map.insert(MethodScope::Method("pkg.Svc", "Get"), "method");
 /// assert_eq!(map.get("/pkg.Svc/Get"), Some(&"method"));
 /// assert_eq!(map.get("/pkg.Svc/Put"), Some(&"service"));
 /// assert_eq!(map.get("/other.Svc/Get"), Some(&"default"));
@@ -217,19 +230,17 @@ impl<T> MethodMap<T> {
         MethodMap::default()
     }
 
-    /// Sets the value of methods that match nothing more specific.
-    pub fn set_default(&mut self, value: T) {
-        self.default = Some(value);
-    }
-
-    /// Sets the value of every method of `service` (fully qualified, `pkg.Service`).
-    pub fn insert_service(&mut self, service: &str, value: T) {
-        self.services.insert(service.to_owned(), value);
-    }
-
-    /// Sets the value of one method.
-    pub fn insert_method(&mut self, service: &str, method: &str, value: T) {
-        self.methods.insert(format!("{service}/{method}"), value);
+    /// Sets the value of the methods `scope` names, replacing the one set there before.
+    pub fn insert(&mut self, scope: MethodScope<'_>, value: T) {
+        match scope {
+            MethodScope::Default => self.default = Some(value),
+            MethodScope::Service(service) => {
+                self.services.insert(service.to_owned(), value);
+            }
+            MethodScope::Method(service, method) => {
+                self.methods.insert(format!("{service}/{method}"), value);
+            }
+        }
     }
 
     /// The most specific value for a request path (`/pkg.Service/Method`): the method's,
@@ -263,68 +274,37 @@ impl MethodTable {
     /// A table that applies `policy` to every method.
     pub fn uniform(policy: RetryPolicy) -> Self {
         let mut table = MethodTable::default();
-        table.policies.set_default(Some(Arc::new(policy)));
+        table
+            .policies
+            .insert(MethodScope::Default, Some(Arc::new(policy)));
         table
     }
 
-    /// Sets the policy of methods that match nothing more specific.
-    /// (Any hedging policy set at the same level is replaced.)
-    pub fn set_default(&mut self, policy: Option<RetryPolicy>) {
-        self.policies.set_default(policy.map(Arc::new));
-        self.hedges.set_default(None);
+    /// Sets the retry policy of the methods `scope` names; `None` disables retries for
+    /// them. A hedging policy set for the same scope is replaced: a method is retried or
+    /// hedged, not both.
+    pub fn set_retry(&mut self, scope: MethodScope<'_>, policy: Option<RetryPolicy>) {
+        self.policies.insert(scope, policy.map(Arc::new));
+        self.hedges.insert(scope, None);
     }
 
-    /// Sets the policy of every method of `service` (fully qualified, `pkg.Service`);
-    /// `None` disables retries for it (and any hedging policy set for it is replaced).
-    pub fn insert_service(&mut self, service: &str, policy: Option<RetryPolicy>) {
-        self.policies.insert_service(service, policy.map(Arc::new));
-        self.hedges.insert_service(service, None);
-    }
-
-    /// Sets the policy of one method; `None` disables retries for it (and any hedging
-    /// policy set for it is replaced).
-    pub fn insert_method(&mut self, service: &str, method: &str, policy: Option<RetryPolicy>) {
-        self.policies
-            .insert_method(service, method, policy.map(Arc::new));
-        self.hedges.insert_method(service, method, None);
-    }
-
-    /// Hedges methods that match nothing more specific with `policy` (see
-    /// [`hedge`](crate::HedgingPolicy)); a retry policy set at the same level is replaced: a method
-    /// is retried or hedged, not both. `None`: neither.
-    pub fn set_default_hedging(&mut self, policy: Option<HedgingPolicy>) {
-        self.hedges.set_default(policy.map(Arc::new));
-        self.policies.set_default(None);
-    }
-
-    /// Hedges every method of `service` with `policy` (replacing a retry policy set for
-    /// the service).
-    pub(crate) fn insert_service_hedging(&mut self, service: &str, policy: Option<HedgingPolicy>) {
-        self.hedges.insert_service(service, policy.map(Arc::new));
-        self.policies.insert_service(service, None);
-    }
-
-    /// Hedges one method with `policy` (replacing a retry policy set for the method).
+    /// Hedges the methods `scope` names with `policy` (see
+    /// [`HedgingPolicy`]); a retry policy set for the same scope is replaced: a method is
+    /// retried or hedged, not both. `None`: neither.
     ///
     /// ```
     /// use stormguard_core::HedgingPolicy;
-    /// use stormguard_core::{MethodTable, RetryPolicy};
+    /// use stormguard_core::{MethodScope, MethodTable, RetryPolicy};
     ///
     /// let mut table = MethodTable::uniform(RetryPolicy::default());
-    /// table.insert_method_hedging("pkg.Svc", "Get", Some(HedgingPolicy::default()));
+    /// table.set_hedging(MethodScope::Method("pkg.Svc", "Get"), Some(HedgingPolicy::default()));
     /// assert!(table.lookup_hedging("/pkg.Svc/Get").is_some());
     /// assert!(table.lookup("/pkg.Svc/Get").is_none(), "hedged, so not retried");
     /// assert!(table.lookup("/pkg.Svc/Put").is_some());
     /// ```
-    pub fn insert_method_hedging(
-        &mut self,
-        service: &str,
-        method: &str,
-        policy: Option<HedgingPolicy>,
-    ) {
-        self.hedges
-            .insert_method(service, method, policy.map(Arc::new));
-        self.policies.insert_method(service, method, None);
+    pub fn set_hedging(&mut self, scope: MethodScope<'_>, policy: Option<HedgingPolicy>) {
+        self.hedges.insert(scope, policy.map(Arc::new));
+        self.policies.insert(scope, None);
     }
 
     /// The hedging policy for a request path, or `None` when the method is not hedged.
@@ -344,25 +324,10 @@ impl MethodTable {
         self.policies.get(path).and_then(Option::as_ref)
     }
 
-    /// Sets the deadline limit of calls to methods that match nothing more specific (a
-    /// service config's `timeout`); `None`: no limit.
-    pub(crate) fn set_default_timeout(&mut self, timeout: Option<Duration>) {
-        self.timeouts.set_default(timeout);
-    }
-
-    /// Sets the deadline limit of calls to every method of `service`.
-    pub fn insert_service_timeout(&mut self, service: &str, timeout: Option<Duration>) {
-        self.timeouts.insert_service(service, timeout);
-    }
-
-    /// Sets the deadline limit of calls to one method.
-    pub fn insert_method_timeout(
-        &mut self,
-        service: &str,
-        method: &str,
-        timeout: Option<Duration>,
-    ) {
-        self.timeouts.insert_method(service, method, timeout);
+    /// Sets the deadline limit of calls to the methods `scope` names (a service config's
+    /// `timeout`); `None`: no limit.
+    pub fn set_timeout(&mut self, scope: MethodScope<'_>, timeout: Option<Duration>) {
+        self.timeouts.insert(scope, timeout);
     }
 
     /// The longest a call to `path` may take (a service config's `timeout` for the
@@ -372,11 +337,11 @@ impl MethodTable {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use stormguard_core::MethodTable;
+    /// use stormguard_core::{MethodScope, MethodTable};
     ///
     /// let mut table = MethodTable::none();
-    /// table.insert_service_timeout("pkg.Svc", Some(Duration::from_secs(1)));
-    /// table.insert_method_timeout("pkg.Svc", "Slow", None);
+    /// table.set_timeout(MethodScope::Service("pkg.Svc"), Some(Duration::from_secs(1)));
+    /// table.set_timeout(MethodScope::Method("pkg.Svc", "Slow"), None);
     /// assert_eq!(table.timeout("/pkg.Svc/Get"), Some(Duration::from_secs(1)));
     /// assert_eq!(table.timeout("/pkg.Svc/Slow"), None);
     /// assert_eq!(table.timeout("/other.Svc/Get"), None);
@@ -385,19 +350,9 @@ impl MethodTable {
         self.timeouts.get(path).copied().flatten()
     }
 
-    /// Whether methods that match nothing more specific carry an idempotency key.
-    pub fn set_default_idempotency_key(&mut self, keyed: bool) {
-        self.keys.set_default(keyed);
-    }
-
-    /// Whether every method of `service` carries an idempotency key.
-    pub fn insert_service_idempotency_key(&mut self, service: &str, keyed: bool) {
-        self.keys.insert_service(service, keyed);
-    }
-
-    /// Whether one method carries an idempotency key.
-    pub fn insert_method_idempotency_key(&mut self, service: &str, method: &str, keyed: bool) {
-        self.keys.insert_method(service, method, keyed);
+    /// Sets whether calls to the methods `scope` names carry an idempotency key.
+    pub fn set_idempotency_key(&mut self, scope: MethodScope<'_>, keyed: bool) {
+        self.keys.insert(scope, keyed);
     }
 
     /// Whether calls to `path` carry an idempotency key (the `idempotency-key` header, see
@@ -408,11 +363,11 @@ impl MethodTable {
     /// [`idempotent`](RetryPolicy::idempotent) one. Allocates nothing.
     ///
     /// ```
-    /// use stormguard_core::{MethodTable, RetryPolicy};
+    /// use stormguard_core::{MethodScope, MethodTable, RetryPolicy};
     ///
     /// let mut table = MethodTable::uniform(RetryPolicy::default());
-    /// table.insert_service_idempotency_key("pkg.Payments", true);
-    /// table.insert_method_idempotency_key("pkg.Payments", "Lookup", false);
+    /// table.set_idempotency_key(MethodScope::Service("pkg.Payments"), true);
+    /// table.set_idempotency_key(MethodScope::Method("pkg.Payments", "Lookup"), false);
     /// assert!(table.idempotency_key("/pkg.Payments/Charge"));
     /// assert!(!table.idempotency_key("/pkg.Payments/Lookup"));
     /// assert!(!table.idempotency_key("/pkg.Other/Charge"));
@@ -488,7 +443,7 @@ impl MethodTable {
 /// let estimator = DelayEstimator::new(learned);
 /// let now = Instant::now();
 /// assert_eq!(estimator.delay_at(now), None, "too few samples to hedge yet");
-/// // 2 % of attempts are slow: the p95 is the fast majority.
+/// // 2 % of attempts are slow: the p97 is the fast majority.
 /// for i in 0..100u64 {
 ///     estimator.record_at(Duration::from_millis(if i % 50 == 0 { 50 } else { 2 }), now);
 /// }
@@ -559,8 +514,10 @@ pub enum HedgeDelay {
 /// How a learned hedge delay is estimated.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LearnedDelay {
-    /// The percentile of attempt latency the delay is set to, in `(0, 1)`: `0.95` hedges
-    /// about the slowest 5 % of calls.
+    /// The percentile of attempt latency the delay is set to, in `(0, 1)`: `0.97` (the
+    /// default) hedges about the slowest 3 % of calls. Hedges may spend the upper half of
+    /// the retry budget, 5 % of the calls that succeed by default: hedging 3 % leaves room
+    /// for bursts, so at a normal load every slow call gets its hedge.
     pub percentile: f64,
     /// The shortest delay: below it a hedge would fire on noise.
     pub floor: Duration,
@@ -573,10 +530,10 @@ pub struct LearnedDelay {
 }
 
 impl Default for LearnedDelay {
-    /// p95 of the last 10 to 20 s, between 1 ms and 1 s, after 100 samples.
+    /// p97 of the last 10 to 20 s, between 1 ms and 1 s, after 100 samples.
     fn default() -> Self {
         LearnedDelay {
-            percentile: 0.95,
+            percentile: 0.97,
             floor: Duration::from_millis(1),
             ceiling: Duration::from_secs(1),
             min_samples: 100,

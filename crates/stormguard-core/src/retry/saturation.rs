@@ -95,12 +95,11 @@ struct Heard {
 /// let idle = LoadReport { utilization: 0.2, rps: 50.0, eps: 0.0, queue_depth: Some(0.0) };
 /// let now = Instant::now();
 /// sat.record_at(1, &busy, now);
-/// assert!(sat.refuses_retry_at(now));
-/// assert!(!sat.refuses_retry_among_at(2, now), "a second replica, not heard from yet");
+/// assert!(sat.refuses_retry_at(1, now));
+/// assert!(!sat.refuses_retry_at(2, now), "a second replica, not heard from yet");
 /// sat.record_at(2, &idle, now);
-/// assert!(!sat.refuses_retry_at(now), "replica 2 can take the retry");
-/// assert!(sat.is_saturated_at(1, now));
-/// assert!(!sat.refuses_retry_at(now + Duration::from_secs(5)), "old reports expire");
+/// assert!(!sat.refuses_retry_at(1, now), "replica 2 can take the retry");
+/// assert!(!sat.refuses_retry_at(1, now + Duration::from_secs(5)), "old reports expire");
 /// ```
 #[derive(Debug)]
 pub struct Saturation {
@@ -164,23 +163,19 @@ impl Saturation {
     }
 
     /// Whether `endpoint`'s recent reports say it is saturated at `now`.
-    pub fn is_saturated_at(&self, endpoint: u64, now: Instant) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_saturated_at(&self, endpoint: u64, now: Instant) -> bool {
         self.lock()
             .get(&endpoint)
             .is_some_and(|h| self.saturated(h, now))
     }
 
-    /// Whether a retry must be refused at `now`: at least one endpoint was heard from
-    /// recently, and every endpoint heard from recently is saturated.
-    pub fn refuses_retry_at(&self, now: Instant) -> bool {
-        self.refuses_retry_among_at(1, now)
-    }
-
     /// Whether a retry must be refused at `now` when the dependency has `endpoints`
-    /// endpoints (the replicas of an endpoint-aware channel): at least `endpoints` of them
-    /// were heard from recently and said "saturated", and none heard from recently said
-    /// otherwise. An endpoint not heard from may take the retry.
-    pub fn refuses_retry_among_at(&self, endpoints: usize, now: Instant) -> bool {
+    /// endpoints (1 for a single channel; the replicas of an endpoint-aware channel): at
+    /// least `endpoints` of them (and at least one) were heard from recently and said
+    /// "saturated", and none heard from recently said otherwise. An endpoint not heard
+    /// from may take the retry.
+    pub fn refuses_retry_at(&self, endpoints: usize, now: Instant) -> bool {
         let heard = self.lock();
         let mut saturated = 0;
         for h in heard.values().filter(|h| self.fresh(h, now)) {

@@ -31,6 +31,8 @@ fn budget(floor: u32, ratio: f64) -> Arc<dyn Budget> {
             ttl: Duration::from_secs(10),
             min_retries_per_second: floor,
             retry_ratio: ratio,
+            // These tests are about the other checks: a floor lent whatever the answers.
+            floor: crate::Floor::Always,
             ..BudgetConfig::default()
         })
         .unwrap(),
@@ -104,12 +106,15 @@ fn saturated_load_reports_refuse_retries_and_hedges() {
 
 fn hedging(delay: u64, non_fatal: CodeSet) -> RetryController {
     let mut table = MethodTable::none();
-    table.set_default_hedging(Some(HedgingPolicy {
-        max_attempts: 3,
-        delay: HedgeDelay::Fixed(ms(delay)),
-        non_fatal_codes: non_fatal,
-        ..HedgingPolicy::default()
-    }));
+    table.set_hedging(
+        MethodScope::Default,
+        Some(HedgingPolicy {
+            max_attempts: 3,
+            delay: HedgeDelay::Fixed(ms(delay)),
+            non_fatal_codes: non_fatal,
+            ..HedgingPolicy::default()
+        }),
+    );
     RetryController::new(table, budget(100, 0.1), None, 9)
 }
 
@@ -186,11 +191,14 @@ fn pushback_stops_or_delays_the_next_hedge() {
 #[test]
 fn hedges_are_paid_from_the_retry_budget_and_refused_when_it_is_empty() {
     let mut table = MethodTable::none();
-    table.set_default_hedging(Some(HedgingPolicy {
-        max_attempts: 5,
-        delay: HedgeDelay::Fixed(ms(1)),
-        ..HedgingPolicy::default()
-    }));
+    table.set_hedging(
+        MethodScope::Default,
+        Some(HedgingPolicy {
+            max_attempts: 5,
+            delay: HedgeDelay::Fixed(ms(1)),
+            ..HedgingPolicy::default()
+        }),
+    );
     // No floor: eight successes at a ratio of 0.5 mint four retries, whose upper half
     // pays for two hedges.
     let c = RetryController::new(table, budget(0, 0.5), None, 9);
@@ -225,7 +233,7 @@ fn an_a6_throttle_lets_hedges_go_only_above_half_its_tokens() {
         .unwrap(),
     );
     let mut table = MethodTable::none();
-    table.set_default_hedging(Some(HedgingPolicy::default()));
+    table.set_hedging(MethodScope::Default, Some(HedgingPolicy::default()));
     let c = RetryController::new(table, throttle, None, 9);
     let t0 = Instant::now();
     let mut call = c.begin_at(PATH, None, t0).unwrap();
@@ -251,10 +259,13 @@ fn a_breaker_that_is_not_closed_sends_no_hedge() {
     )
     .unwrap();
     let mut table = MethodTable::none();
-    table.set_default_hedging(Some(HedgingPolicy {
-        non_fatal_codes: CodeSet::single(Code::Unavailable),
-        ..HedgingPolicy::default()
-    }));
+    table.set_hedging(
+        MethodScope::Default,
+        Some(HedgingPolicy {
+            non_fatal_codes: CodeSet::single(Code::Unavailable),
+            ..HedgingPolicy::default()
+        }),
+    );
     let c = RetryController::new(table, budget(100, 0.1), Some(breaker.clone()), 9);
     let t0 = Instant::now();
     let mut call = c.begin_at(PATH, None, t0).unwrap();
@@ -271,13 +282,16 @@ fn a_breaker_that_is_not_closed_sends_no_hedge() {
 #[test]
 fn a_learned_delay_sends_no_hedge_until_it_has_samples() {
     let mut table = MethodTable::none();
-    table.set_default_hedging(Some(HedgingPolicy {
-        delay: HedgeDelay::Learned(crate::LearnedDelay {
-            min_samples: 10,
-            ..Default::default()
+    table.set_hedging(
+        MethodScope::Default,
+        Some(HedgingPolicy {
+            delay: HedgeDelay::Learned(crate::LearnedDelay {
+                min_samples: 10,
+                ..Default::default()
+            }),
+            ..HedgingPolicy::default()
         }),
-        ..HedgingPolicy::default()
-    }));
+    );
     let c = RetryController::new(table, budget(100, 0.1), None, 9);
     let t0 = Instant::now();
     let mut call = c.begin_at(PATH, None, t0).unwrap();
@@ -317,7 +331,7 @@ fn retries_until_the_attempt_limit() {
 #[test]
 fn only_retryable_codes_of_retryable_methods() {
     let mut table = MethodTable::none();
-    table.insert_method("pkg.Svc", "Get", Some(retried()));
+    table.set_retry(MethodScope::Method("pkg.Svc", "Get"), Some(retried()));
     let c = RetryController::new(table, budget(5, 0.1), None, 1);
     let now = Instant::now();
     let mut call = c.begin_at(PATH, None, now).unwrap();
@@ -487,7 +501,7 @@ fn non_idempotent_methods_retry_only_unsent_requests() {
 /// A controller whose every method is retried with `policy` and carries a key.
 fn keyed_controller(policy: RetryPolicy, seed: u64) -> RetryController {
     let mut table = MethodTable::uniform(policy);
-    table.set_default_idempotency_key(true);
+    table.set_idempotency_key(MethodScope::Default, true);
     RetryController::new(table, budget(5, 0.1), None, seed)
 }
 
@@ -1529,5 +1543,44 @@ fn an_expiry_answer_past_the_attempts_deadline_is_that_attempt_timing_out() {
             attempt_timed_out: false,
             transparent: false
         }
+    );
+}
+
+#[test]
+fn a_transparent_retry_after_a_refused_connection_waits_for_the_connection_backoff() {
+    let c = controller(retried(), budget(5, 0.1));
+    let now = Instant::now();
+    let refused = Failure {
+        unsent: true,
+        ..unavailable()
+    };
+    // A call with time to wait: its transparent retry waits out the backoff (1 s ± 20 %).
+    let mut call = c.begin_at(PATH, Some(now + ms(5_000)), now).unwrap();
+    call.on_connect_refused_at(now);
+    let v = call.on_attempt_end_at(AttemptEnd::Failed(refused), now);
+    let Decision::Retry { delay } = v.decision else {
+        panic!("{v:?}")
+    };
+    assert!(v.transparent);
+    assert!((ms(800)..=ms(1_200)).contains(&delay), "{delay:?}");
+    // A call whose deadline comes first gives up at once instead of connecting again.
+    let mut short = c.begin_at(PATH, Some(now + ms(500)), now + ms(1)).unwrap();
+    short.on_connect_refused_at(now + ms(1));
+    let v = short.on_attempt_end_at(AttemptEnd::Failed(refused), now + ms(1));
+    assert_eq!(v.decision, Decision::GiveUp(Refusal::Deadline));
+    // A stream refused over a working connection (a draining server) is retried at once.
+    let mut drained = c.begin_at(PATH, Some(now + ms(5_000)), now).unwrap();
+    let v = drained.on_attempt_end_at(AttemptEnd::Failed(refused), now + ms(2));
+    assert_eq!(v.decision, Decision::Retry { delay: ms(0) });
+    // An answer resets the backoff: the next refusal waits about 1 s again, not 1.6 s.
+    let later = now + ms(3_000);
+    let mut ok = c.begin_at(PATH, None, later).unwrap();
+    ok.on_success_at(later);
+    let mut call = c.begin_at(PATH, Some(later + ms(5_000)), later).unwrap();
+    call.on_connect_refused_at(later);
+    let v = call.on_attempt_end_at(AttemptEnd::Failed(refused), later);
+    assert!(
+        matches!(v.decision, Decision::Retry { delay } if delay <= ms(1_200)),
+        "{v:?}"
     );
 }

@@ -267,7 +267,7 @@ pub struct WindowCounts {
 /// ```
 /// use std::time::Duration;
 /// use stormguard_core::Instant;
-/// use stormguard_core::{AdaptiveThrottle, AdaptiveThrottleConfig};
+/// use stormguard_core::{AdaptiveThrottle, AdaptiveThrottleConfig, WindowCounts};
 /// use stormguard_core::Code;
 /// use stormguard_core::Criticality;
 ///
@@ -280,13 +280,13 @@ pub struct WindowCounts {
 /// for _ in 0..30 {
 ///     throttle.record_answer_at(class, Code::Unavailable, true, now);
 /// }
-/// // p = (40 − 2 · 10) / 41
-/// assert!((throttle.probability_at(class, now) - 20.0 / 41.0).abs() < 1e-9);
+/// // A call is now refused with p = (40 − 2 · 10) / 41.
+/// assert_eq!(throttle.counts_at(class, now), WindowCounts { requests: 40, accepts: 10 });
 /// // A plain UNAVAILABLE from a handler is an application answer: an accept.
 /// throttle.record_answer_at(class, Code::Unavailable, false, now);
-/// assert!((throttle.probability_at(class, now) - 19.0 / 42.0).abs() < 1e-9);
+/// assert_eq!(throttle.counts_at(class, now), WindowCounts { requests: 41, accepts: 11 });
 /// // Ten seconds later the window has forgotten all of it.
-/// assert_eq!(throttle.probability_at(class, now + Duration::from_secs(10)), 0.0);
+/// assert_eq!(throttle.counts_at(class, now + Duration::from_secs(10)), WindowCounts::default());
 /// # Ok::<(), stormguard_core::ConfigError>(())
 /// ```
 #[derive(Clone)]
@@ -381,8 +381,11 @@ impl AdaptiveThrottle {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether a call of `class` may be sent at `now`: refused with the probability of
-    /// [`probability_at`](Self::probability_at), drawn from the seeded RNG. A refused call
+    /// Whether a call of `class` may be sent at `now`: refused with probability `max(0,
+    /// (requests − K · accepts) / (requests + 1))` over the class's window
+    /// ([`counts_at`](Self::counts_at)), with its `K`, capped at
+    /// [`max_reject_probability`](AdaptiveThrottleConfig::max_reject_probability), drawn
+    /// from the seeded RNG. A refused call
     /// is counted as a request (and not an accept); an admitted one is counted when its
     /// answer is recorded ([`record_answer_at`](Self::record_answer_at)).
     pub fn admit_at(&self, class: Criticality, now: Instant) -> Result<(), Throttled> {
@@ -431,7 +434,8 @@ impl AdaptiveThrottle {
     /// The probability of refusing a call of `class` at `now`: `max(0, (requests − K ·
     /// accepts) / (requests + 1))` over the class's window, with its `K`, capped at
     /// [`max_reject_probability`](AdaptiveThrottleConfig::max_reject_probability).
-    pub fn probability_at(&self, class: Criticality, now: Instant) -> f64 {
+    #[cfg(test)]
+    pub(crate) fn probability_at(&self, class: Criticality, now: Instant) -> f64 {
         let config = &self.shared.config;
         let counts = self.counts_at(class, now);
         probability(counts, config.k_for(class), config.max_reject_probability)

@@ -524,8 +524,8 @@ pub fn parse_allowance(value: &[u8]) -> Option<u32> {
 }
 
 /// The criticality a call claims in its `stormguard-criticality` value: missing or
-/// malformed is [`Criticality::Default`] (only the exact tokens of
-/// [`Criticality::from_value`] count). Never panics. This is the peer's *claim*; a server
+/// malformed is [`Criticality::Default`] (only the exact lowercase tokens `critical`,
+/// `default` and `sheddable` count). Never panics. This is the peer's *claim*; a server
 /// caps it with [`CriticalityTable::resolve`](crate::CriticalityTable::resolve).
 ///
 /// ```

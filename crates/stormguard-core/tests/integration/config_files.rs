@@ -294,7 +294,7 @@ fn the_server_reads_its_admission_config_from_the_same_loader() {
     );
     for file in [&yaml, &toml] {
         let config = AdmissionConfig::from_path(&file.0).unwrap();
-        assert_eq!(config.workers, 6);
+        assert_eq!(config.workers.fixed(), Some(6));
         assert_eq!(config.queue_capacity, 24);
         assert_eq!(config.max_time_queued, Duration::from_millis(400));
         assert_eq!(config.queue_order, QueueOrder::Fifo);
@@ -366,7 +366,7 @@ admission:
             .unwrap()
             .idempotent
     );
-    assert_eq!(app.admission.workers, 8);
+    assert_eq!(app.admission.workers.fixed(), Some(8));
     assert_eq!(app.admission.queue_order, QueueOrder::Fifo);
     let bad = yaml.replace("ttl: 10s", "ttl: 90s");
     let e = serde_norway::from_str::<App>(&bad).unwrap_err().to_string();
@@ -402,7 +402,7 @@ workers = 8
             .unwrap()
             .idempotent
     );
-    assert_eq!(app.admission.workers, 8);
+    assert_eq!(app.admission.workers.fixed(), Some(8));
     let bad = toml.replace("workers = 8", "workers = 0");
     let e = toml::from_str::<App>(&bad).unwrap_err().to_string();
     assert!(e.contains("admission.workers"), "{e}");

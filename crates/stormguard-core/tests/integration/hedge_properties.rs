@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use stormguard_core::Instant;
+use stormguard_core::MethodScope;
 use stormguard_core::MethodTable;
 use stormguard_core::Pushback;
 use stormguard_core::{AttemptEnd, Failure, HedgeDecision, RetryController};
@@ -58,7 +59,7 @@ proptest! {
             ..HedgingPolicy::default()
         };
         let mut table = MethodTable::none();
-        table.set_default_hedging(Some(policy.clone()));
+        table.set_hedging(MethodScope::Default, Some(policy.clone()));
         let budget = RetryBudget::new(BudgetConfig {
             min_retries_per_second: budget_floor,
             ttl: Duration::from_secs(1),

@@ -174,7 +174,7 @@ fn run(adaptive: Option<AdaptiveLimitConfig>, fixed: usize, sc: Scenario, seed: 
     let mut m = Model {
         c,
         fixed,
-        adaptive: adaptive.map(|c| AdaptiveLimit::new(c, 64, seed).unwrap()),
+        adaptive: adaptive.map(|c| AdaptiveLimit::new(c, seed).unwrap()),
         calls: Vec::new(),
         arrived: Vec::new(),
         queue: Vec::new(),

@@ -184,8 +184,13 @@ async fn hop(
     let channel = Observe::new(connect(serving.addr).await?, timeline);
     Ok(match policy {
         Policy::Stormguard => {
-            let (client, _) =
-                layered_client(channel, &stormguard_client_config(None), config.seed, false)?;
+            let (client, _) = layered_client(
+                channel,
+                &stormguard_client_config(None),
+                config.seed,
+                false,
+                |layer| layer,
+            )?;
             layered_caller(client, timeout)
         }
         _ => naive_caller(

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use stormguard_client::{Retry as RetryService, RetryLayer, RetryStats};
 use stormguard_core::AdaptiveThrottleConfig;
+use stormguard_core::MethodScope;
 use stormguard_core::RetryPolicy;
 use stormguard_core::{Backoff, BackoffConfig};
 use stormguard_core::{ClientConfig, ConfigError};
@@ -295,9 +296,50 @@ pub fn stormguard_client_config(per_attempt: Option<Duration>) -> ClientConfig {
         per_attempt_timeout: per_attempt,
         ..RetryPolicy::default()
     };
+    config.methods.set_retry(
+        MethodScope::Method(INVENTORY_SERVICE, RESERVE_METHOD),
+        Some(policy),
+    );
     config
-        .methods
-        .insert_method(INVENTORY_SERVICE, RESERVE_METHOD, Some(policy));
+}
+
+/// The `unguarded` policy's client: the naive loop's behaviour on a `RetryLayer`, so that
+/// its metrics can be seen. `max_attempts` attempts of `Reserve` (idempotent) with
+/// `per_attempt` each, a fixed `backoff` (the A6 backoff at a multiplier of 1: ±20 %),
+/// `UNAVAILABLE`, `DEADLINE_EXCEEDED` and `CANCELLED` retried, and a budget no storm uses
+/// up (a floor of a million retries a second): nothing that keeps a loop from forming.
+pub fn unguarded_client_config(
+    per_attempt: Option<Duration>,
+    backoff: Duration,
+    max_attempts: u32,
+) -> ClientConfig {
+    let mut config = ClientConfig::standard();
+    config.budget = stormguard_core::BudgetChoice::Stormguard(stormguard_core::BudgetConfig {
+        min_retries_per_second: 1_000_000,
+        ..stormguard_core::BudgetConfig::default()
+    });
+    let policy = RetryPolicy {
+        max_attempts,
+        retryable_codes: [
+            CoreCode::Unavailable,
+            CoreCode::DeadlineExceeded,
+            CoreCode::Cancelled,
+        ]
+        .into_iter()
+        .collect(),
+        backoff: BackoffConfig::A6 {
+            initial: backoff,
+            max: backoff,
+            multiplier: 1.0,
+        },
+        idempotent: true,
+        per_attempt_timeout: per_attempt,
+        ..RetryPolicy::default()
+    };
+    config.methods.set_retry(
+        MethodScope::Method(INVENTORY_SERVICE, RESERVE_METHOD),
+        Some(policy),
+    );
     config
 }
 
@@ -333,9 +375,10 @@ pub fn hedging_client_config(delay: Duration) -> ClientConfig {
         non_fatal_codes: CodeSet::single(CoreCode::Unavailable),
         ..HedgingPolicy::default()
     };
-    config
-        .methods
-        .insert_method_hedging(INVENTORY_SERVICE, RESERVE_METHOD, Some(policy));
+    config.methods.set_hedging(
+        MethodScope::Method(INVENTORY_SERVICE, RESERVE_METHOD),
+        Some(policy),
+    );
     config
 }
 
@@ -361,9 +404,10 @@ pub fn grpc_throttle_client_config(
             idempotent: true,
             ..RetryPolicy::clone(policy)
         };
-        config
-            .methods
-            .insert_method(INVENTORY_SERVICE, RESERVE_METHOD, Some(policy));
+        config.methods.set_retry(
+            MethodScope::Method(INVENTORY_SERVICE, RESERVE_METHOD),
+            Some(policy),
+        );
     }
     Ok(config)
 }
@@ -378,11 +422,13 @@ pub(crate) fn layered_client(
     config: &ClientConfig,
     seed: u64,
     load_reports: bool,
+    instrument: impl FnOnce(RetryLayer) -> RetryLayer,
 ) -> Result<(InventoryClient<Layered>, RetryStats), ConfigError> {
     let mut layer = RetryLayer::from_config(&config.clone().with_seed(seed))?;
     if load_reports {
         layer = layer.with_load_reports(stormguard_core::SaturationConfig::default())?;
     }
+    let layer = instrument(layer);
     let stats = layer.stats();
     let service = ServiceBuilder::new().layer(layer).service(channel);
     Ok((InventoryClient::new(service), stats))

@@ -41,6 +41,8 @@ use stormguard_client::replicas::Replicas;
 use stormguard_core::AdmissionConfig;
 use stormguard_core::BreakerConfig;
 use stormguard_core::BudgetConfig;
+use stormguard_core::Floor;
+use stormguard_core::WorkerLimit;
 use stormguard_core::{BudgetChoice, ClientConfig, ConfigError};
 use stormguard_server::ShedLayer;
 use stormguard_sim::StormConfig;
@@ -103,7 +105,7 @@ impl Default for Network {
 /// count, as the storm's, seeded from `seed`.
 fn admission(storm: &StormConfig, seed: u64) -> AdmissionConfig {
     AdmissionConfig {
-        workers: storm.workers,
+        workers: WorkerLimit::Fixed(storm.workers),
         seed: Some(seed),
         ..AdmissionConfig::default()
     }
@@ -446,15 +448,19 @@ pub enum DeadVariant {
     FleetAwareFloor,
     /// The default budget and the default circuit breaker (`retry.breaker`).
     FloorWithBreaker,
+    /// `ClientConfig::standard()` with the method marked idempotent, nothing else: the
+    /// floor lent only while the dependency answers, no fleet size, no breaker.
+    Defaults,
 }
 
 impl DeadVariant {
-    /// All four, in table 2's order.
-    pub const ALL: [DeadVariant; 4] = [
+    /// All five, in table 2's order.
+    pub const ALL: [DeadVariant; 5] = [
         DeadVariant::ThreeAttempts,
         DeadVariant::PerProcessFloor,
         DeadVariant::FleetAwareFloor,
         DeadVariant::FloorWithBreaker,
+        DeadVariant::Defaults,
     ];
 
     /// The simulator's name for it (`three-attempts`, `per-process-floor`, ...).
@@ -464,22 +470,32 @@ impl DeadVariant {
             DeadVariant::PerProcessFloor => "per-process-floor",
             DeadVariant::FleetAwareFloor => "fleet-aware-floor",
             DeadVariant::FloorWithBreaker => "per-process-floor+breaker",
+            DeadVariant::Defaults => "defaults",
         }
     }
 
     /// The client config of the variant for a fleet of `clients` (`None`: the naive loop).
     pub fn client_config(self, clients: usize) -> Option<ClientConfig> {
         let mut config = stormguard_client_config(None);
+        // The floor variants lend their floor always, as the budgets table 2 compares do.
+        let always = BudgetConfig {
+            floor: Floor::Always,
+            ..BudgetConfig::default()
+        };
         match self {
             DeadVariant::ThreeAttempts => return None,
-            DeadVariant::PerProcessFloor => {}
+            DeadVariant::Defaults => {}
+            DeadVariant::PerProcessFloor => config.budget = BudgetChoice::Stormguard(always),
             DeadVariant::FleetAwareFloor => {
                 config.budget = BudgetChoice::Stormguard(BudgetConfig {
                     fleet_size: u32::try_from(clients).unwrap_or(u32::MAX),
-                    ..BudgetConfig::default()
+                    ..always
                 });
             }
-            DeadVariant::FloorWithBreaker => config.breaker = Some(BreakerConfig::default()),
+            DeadVariant::FloorWithBreaker => {
+                config.budget = BudgetChoice::Stormguard(always);
+                config.breaker = Some(BreakerConfig::default());
+            }
         }
         Some(config)
     }
@@ -589,23 +605,7 @@ async fn dead_client(
     let seconds = (config.warmup_s + config.measured_s) as usize;
     let timeline = Arc::new(Timeline::new(origin, seconds));
     let observed = Observe::new(channel("dead", &config.network)?, Arc::clone(&timeline));
-    let caller = match client_config {
-        None => naive_caller(
-            InventoryClient::new(observed),
-            Naive {
-                max_attempts: 3,
-                delays: Delays::Fixed(config.naive_backoff),
-                deadline: config.deadline,
-                per_attempt: None,
-                seed: mix(seed, 2),
-            },
-        ),
-        Some(client_config) => {
-            let layer = RetryLayer::from_config(&client_config.clone().with_seed(mix(seed, 3)))?;
-            let service = ServiceBuilder::new().layer(layer).service(observed);
-            layered_caller(InventoryClient::new(service), Some(config.deadline))
-        }
-    };
+    let caller = dead_caller(config, client_config, observed, seed)?;
     let rate = config.rate_per_client;
     offer(
         caller,
@@ -625,6 +625,33 @@ async fn dead_client(
         .skip(config.warmup_s as usize)
         .map(|s| s.offered)
         .sum())
+}
+
+/// The caller of a dead-dependency client host over `observed`: the naive loop (no
+/// `client_config`) or the variant's layer, seeded from `seed`.
+fn dead_caller(
+    config: &DeadDependencyConfig,
+    client_config: Option<&ClientConfig>,
+    observed: Observe<Channel>,
+    seed: u64,
+) -> Result<Caller, ConfigError> {
+    Ok(match client_config {
+        None => naive_caller(
+            InventoryClient::new(observed),
+            Naive {
+                max_attempts: 3,
+                delays: Delays::Fixed(config.naive_backoff),
+                deadline: config.deadline,
+                per_attempt: None,
+                seed: mix(seed, 2),
+            },
+        ),
+        Some(client_config) => {
+            let layer = RetryLayer::from_config(&client_config.clone().with_seed(mix(seed, 3)))?;
+            let service = ServiceBuilder::new().layer(layer).service(observed);
+            layered_caller(InventoryClient::new(service), Some(config.deadline))
+        }
+    })
 }
 
 /// Runs `variant` against a server that answers every attempt `UNAVAILABLE` at once.
@@ -684,4 +711,218 @@ pub fn run_dead_dependency(
         },
         virtual_time,
     })
+}
+
+// ---------------------------------------------------------------------------------------
+// A dependency that refuses connections
+
+/// What a run against a dependency that refuses every connection measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RefusingDependencyRun {
+    /// The variant.
+    pub variant: DeadVariant,
+    /// Logical calls per second offered after the first second.
+    pub calls_per_second: f64,
+    /// Connection attempts per logical call after the first second (every client's
+    /// channel, counted by its connector).
+    pub connections_per_call: f64,
+    /// The most connection attempts one host made in one second.
+    pub max_connections_per_host_second: u64,
+    /// Virtual time the run took.
+    pub virtual_time: Duration,
+}
+
+/// What one client host of the refusing dependency counted: calls offered after the
+/// first second, and its connection attempts per second.
+struct Refused {
+    calls: u64,
+    dials_per_second: Vec<u64>,
+}
+
+/// One client host calling the refusing host through `client_config` (`None`: the naive
+/// loop) until `total`, over a channel that records its connection attempts.
+async fn refused_client(
+    config: &DeadDependencyConfig,
+    client_config: Option<&ClientConfig>,
+    seed: u64,
+    total: Duration,
+) -> turmoil::Result<Refused> {
+    let origin = origin();
+    let seconds = (config.warmup_s + config.measured_s) as usize;
+    let timeline = Arc::new(Timeline::new(origin, seconds));
+    let dials = turmoil_net::Dials::default();
+    let endpoint = turmoil_net::endpoint("refusing", PORT)?
+        .http2_keep_alive_interval(config.network.keepalive)
+        .keep_alive_timeout(config.network.keepalive);
+    let channel = turmoil_net::connect_lazy_counting(endpoint, Arc::clone(&dials));
+    let observed = Observe::new(channel, Arc::clone(&timeline));
+    let caller = dead_caller(config, client_config, observed, seed)?;
+    offer(
+        caller,
+        &timeline,
+        origin,
+        total,
+        config.rate_per_client,
+        config.deadline,
+        mix(seed, 4),
+    )
+    .await;
+    let calls = timeline.snapshot().iter().skip(1).map(|s| s.offered).sum();
+    let mut dials_per_second = vec![0; seconds + 2];
+    for at in dials.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+        let s = at.saturating_duration_since(origin).as_secs() as usize;
+        if let Some(n) = dials_per_second.get_mut(s) {
+            *n += 1;
+        }
+    }
+    Ok(Refused {
+        calls,
+        dials_per_second,
+    })
+}
+
+/// Runs `variant` against a host that refuses every connection (it listens on nothing),
+/// for the config's warm-up and measured seconds together.
+pub fn run_refusing_dependency(
+    variant: DeadVariant,
+    config: &DeadDependencyConfig,
+) -> Result<RefusingDependencyRun, FleetSimError> {
+    let total = Duration::from_secs(u64::from(config.warmup_s + config.measured_s));
+    let limit = total + config.deadline + Duration::from_secs(5);
+    let mut sim = turmoil_sim(&config.network, config.seed, limit);
+    sim.host("refusing", move || async move {
+        tokio::time::sleep(limit).await;
+        Ok(())
+    });
+    let results: Arc<Mutex<Vec<Refused>>> = Arc::default();
+    let client_config = variant.client_config(config.clients);
+    for c in 0..config.clients {
+        let config = config.clone();
+        let client_config = client_config.clone();
+        let results = Arc::clone(&results);
+        let seed = mix(config.seed, 1_000 + c as u64);
+        sim.client(format!("client{c}"), async move {
+            let refused = refused_client(&config, client_config.as_ref(), seed, total).await?;
+            results
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(refused);
+            Ok(())
+        });
+    }
+    sim.run().map_err(sim_error)?;
+    let virtual_time = sim.elapsed();
+    let results = std::mem::take(&mut *results.lock().unwrap_or_else(PoisonError::into_inner));
+    let calls: u64 = results.iter().map(|r| r.calls).sum();
+    let dials: u64 = results
+        .iter()
+        .map(|r| r.dials_per_second.iter().skip(1).sum::<u64>())
+        .sum();
+    let seconds = f64::from(config.warmup_s + config.measured_s - 1);
+    Ok(RefusingDependencyRun {
+        variant,
+        calls_per_second: calls as f64 / seconds,
+        connections_per_call: if calls == 0 {
+            0.0
+        } else {
+            dials as f64 / calls as f64
+        },
+        max_connections_per_host_second: results
+            .iter()
+            .flat_map(|r| r.dials_per_second.iter().copied())
+            .max()
+            .unwrap_or(0),
+        virtual_time,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// A blip
+
+/// A healthy server that answers every attempt `UNAVAILABLE` for one second, from the
+/// config's `warmup_s`: the calls offered and those that succeeded, summed over the
+/// clients second by second (by the second each call arrived).
+pub fn run_blip(
+    variant: DeadVariant,
+    config: &DeadDependencyConfig,
+) -> Result<Vec<super::Second>, FleetSimError> {
+    let from = Duration::from_secs(u64::from(config.warmup_s));
+    let total = from + Duration::from_secs(u64::from(config.measured_s));
+    let limit = total + config.deadline + Duration::from_secs(5);
+    let mut sim = turmoil_sim(&config.network, config.seed, limit);
+    let (bound, ready) = watch::channel(0usize);
+    let bound = Arc::new(bound);
+    let seed = mix(config.seed, 100);
+    sim.host("dead", move || {
+        let bound = Arc::clone(&bound);
+        async move {
+            let demo = DemoInventory::new(DemoConfig {
+                service_time: Duration::ZERO,
+                fail_rate: 0.0,
+                seed,
+            });
+            let control = demo.control();
+            let origin = origin();
+            tokio::spawn(async move {
+                tokio::time::sleep_until(origin + from).await;
+                control.set_fail_rate(1.0);
+                tokio::time::sleep_until(origin + from + Duration::from_secs(1)).await;
+                control.set_fail_rate(0.0);
+            });
+            serve(demo, None, &bound).await
+        }
+    });
+    let results: Arc<Mutex<Vec<ClientResult>>> = Arc::default();
+    let client_config = variant.client_config(config.clients);
+    for c in 0..config.clients {
+        let config = config.clone();
+        let client_config = client_config.clone();
+        let results = Arc::clone(&results);
+        let mut ready = ready.clone();
+        let seed = mix(config.seed, 1_000 + c as u64);
+        sim.client(format!("client{c}"), async move {
+            ready.wait_for(|n| *n >= 1).await?;
+            let origin = origin();
+            let seconds = (config.warmup_s + config.measured_s) as usize;
+            let timeline = Arc::new(Timeline::new(origin, seconds));
+            let observed = Observe::new(channel("dead", &config.network)?, Arc::clone(&timeline));
+            let caller = dead_caller(&config, client_config.as_ref(), observed, seed)?;
+            let rate = config.rate_per_client;
+            offer(
+                caller,
+                &timeline,
+                origin,
+                total,
+                rate,
+                config.deadline,
+                mix(seed, 4),
+            )
+            .await;
+            results
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(ClientResult {
+                    timeline: timeline.snapshot(),
+                    ..ClientResult::default()
+                });
+            Ok(())
+        });
+    }
+    sim.run().map_err(sim_error)?;
+    let results = std::mem::take(&mut *results.lock().unwrap_or_else(PoisonError::into_inner));
+    let seconds = config.warmup_s + config.measured_s;
+    let mut timeline: Vec<super::Second> = (0..seconds)
+        .map(|t| super::Second {
+            t,
+            ..super::Second::default()
+        })
+        .collect();
+    for r in &results {
+        for (sum, s) in timeline.iter_mut().zip(&r.timeline) {
+            sum.offered += s.offered;
+            sum.goodput += s.goodput;
+            sum.attempts += s.attempts;
+        }
+    }
+    Ok(timeline)
 }

@@ -28,9 +28,12 @@ mod server;
 use std::sync::Arc;
 use std::time::Duration;
 
-use stormguard_core::AdmissionConfig;
+use stormguard_client::RetryLayer;
 use stormguard_core::BackoffConfig;
 use stormguard_core::ConfigError;
+use stormguard_core::{AdmissionConfig, WorkerLimit};
+use stormguard_core::{QueueOrder, RetryThreshold};
+use stormguard_server::ShedLayer;
 use stormguard_sim::StormConfig;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -39,7 +42,7 @@ use tonic::transport::Channel;
 pub use client::{
     Attempt, Caller, Delays, INVENTORY_SERVICE, NaiveRetry, RESERVE_METHOD, connect,
     grpc_throttle_client_config, hedging_client_config, stormguard_client_config,
-    throttle_client_config,
+    throttle_client_config, unguarded_client_config,
 };
 pub use report::{
     Hedges, PolicyRun, PolicySummary, RECOVERED_FOR_S, RECOVERED_SHARE, Second, StormReport,
@@ -83,8 +86,15 @@ pub enum Policy {
     ClientOnly,
     /// The naive client against stormguard's `ShedLayer` with defaults.
     ServerOnly,
-    /// Both layers with defaults.
+    /// Both layers tuned to the run: the `ShedLayer`'s defaults with the server's real
+    /// concurrency as a fixed limit (unless [`LoopbackStorm::fixed_limit`] is off), the
+    /// `RetryLayer`'s defaults with `Reserve` idempotent and the run's per-attempt timeout.
     Stormguard,
+    /// Both layers exactly as a newcomer installs them: `AdmissionConfig::default()` (an
+    /// adaptive worker limit, told nothing) and `ClientConfig::standard()` with `Reserve`
+    /// marked idempotent, nothing else set (no per-attempt timeout: each call has its
+    /// deadline).
+    Defaults,
     /// Both layers with defaults, but `Reserve` hedged instead of retried
     /// ([`hedging_client_config`]). Not in the default run ([`Policy::DEFAULT`]).
     Hedging,
@@ -97,32 +107,42 @@ pub enum Policy {
     /// itself saturated ([`SaturationConfig`](stormguard_core::SaturationConfig)'s
     /// defaults). Not in the default run.
     Reports,
+    /// The naive loop's behaviour built from stormguard's layers with every protection
+    /// off, so that its metrics can be seen: the client a `RetryLayer` that retries as
+    /// `naive` does, with a budget no storm uses up ([`unguarded_client_config`]); the
+    /// server a `ShedLayer` that queues in arrival order and sheds nothing
+    /// ([`LoopbackStorm::unguarded_admission`]). Not in the default run.
+    Unguarded,
 }
 
 impl Policy {
     /// Every policy, in the order they run when named together.
-    pub const ALL: [Policy; 9] = [
+    pub const ALL: [Policy; 11] = [
         Policy::Naive,
         Policy::Jitter,
         Policy::GrpcThrottle,
         Policy::ClientOnly,
         Policy::ServerOnly,
         Policy::Stormguard,
+        Policy::Defaults,
         Policy::Hedging,
         Policy::Throttle,
         Policy::Reports,
+        Policy::Unguarded,
     ];
 
-    /// The policies a run compares unless told otherwise: the six retry policies.
-    /// `hedging` answers another question (slowness, not failure) and is run on request, so
-    /// the default run stays at six policies of 25 s each.
-    pub const DEFAULT: [Policy; 6] = [
+    /// The policies a run compares unless told otherwise: the six retry policies and
+    /// both layers on their defaults. `hedging` answers another question (slowness, not
+    /// failure) and is run on request, so the default run stays at seven policies of 25 s
+    /// each.
+    pub const DEFAULT: [Policy; 7] = [
         Policy::Naive,
         Policy::Jitter,
         Policy::GrpcThrottle,
         Policy::ClientOnly,
         Policy::ServerOnly,
         Policy::Stormguard,
+        Policy::Defaults,
     ];
 
     /// The policy's name in tables and JSON.
@@ -134,9 +154,11 @@ impl Policy {
             Policy::ClientOnly => "client-only",
             Policy::ServerOnly => "server-only",
             Policy::Stormguard => "stormguard",
+            Policy::Defaults => "defaults",
             Policy::Hedging => "hedging",
             Policy::Throttle => "throttle",
             Policy::Reports => "reports",
+            Policy::Unguarded => "unguarded",
         }
     }
 
@@ -146,10 +168,59 @@ impl Policy {
             self,
             Policy::ServerOnly
                 | Policy::Stormguard
+                | Policy::Defaults
                 | Policy::Hedging
                 | Policy::Throttle
                 | Policy::Reports
+                | Policy::Unguarded
         )
+    }
+}
+
+/// Applied to each policy's layers before they serve, with the policy: the `storm`
+/// example's `--metrics-addr` gives them a meter and the policy's name.
+#[derive(Clone, Default)]
+pub struct Instruments {
+    client: Option<Arc<ClientInstrument>>,
+    server: Option<Arc<ServerInstrument>>,
+}
+
+type ClientInstrument = dyn Fn(RetryLayer, Policy) -> RetryLayer + Send + Sync;
+type ServerInstrument = dyn Fn(ShedLayer, Policy) -> ShedLayer + Send + Sync;
+
+impl Instruments {
+    /// `client` applied to every `RetryLayer`, `server` to every `ShedLayer`.
+    pub fn new(
+        client: impl Fn(RetryLayer, Policy) -> RetryLayer + Send + Sync + 'static,
+        server: impl Fn(ShedLayer, Policy) -> ShedLayer + Send + Sync + 'static,
+    ) -> Self {
+        Instruments {
+            client: Some(Arc::new(client)),
+            server: Some(Arc::new(server)),
+        }
+    }
+
+    fn client(&self, layer: RetryLayer, policy: Policy) -> RetryLayer {
+        match &self.client {
+            Some(instrument) => instrument(layer, policy),
+            None => layer,
+        }
+    }
+
+    fn server(&self, layer: ShedLayer, policy: Policy) -> ShedLayer {
+        match &self.server {
+            Some(instrument) => instrument(layer, policy),
+            None => layer,
+        }
+    }
+}
+
+impl std::fmt::Debug for Instruments {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Instruments")
+            .field("client", &self.client.is_some())
+            .field("server", &self.server.is_some())
+            .finish()
     }
 }
 
@@ -165,9 +236,10 @@ pub struct LoopbackStorm {
     pub calibration: Duration,
     /// What the server does with work whose caller left.
     pub model: ServerModel,
-    /// Whether the shed layer's worker limit is adaptive (starting at the default 64 and
-    /// following latency) rather than `workers`.
-    pub adaptive_limit: bool,
+    /// Whether the shed layer's worker limit is fixed at the server's real concurrency
+    /// (`workers`, what an operator who measured it would set) rather than the default,
+    /// adaptive. The [`Policy::Defaults`] row always runs the default.
+    pub fixed_limit: bool,
     /// When the `hedging` policy sends the second copy of a call that has not answered.
     ///
     /// [`standard`](Self::standard): 20 ms, twice the service time. A call takes about
@@ -200,7 +272,7 @@ impl LoopbackStorm {
             storm: StormConfig::loopback(),
             calibration: Duration::from_millis(1500),
             model: ServerModel::Cancelling,
-            adaptive_limit: false,
+            fixed_limit: true,
             hedge_delay: Duration::from_millis(20),
             overload: None,
             reject_cost: Duration::ZERO,
@@ -227,19 +299,37 @@ impl LoopbackStorm {
         }
     }
 
-    /// The shed layer's configuration: the defaults, with the server's real concurrency,
-    /// or (with `adaptive_limit`) an adaptive limit that is not told it.
+    /// The `unguarded` policy's shed layer: the server's real concurrency, callers served
+    /// in arrival order from a queue of 10,000, nothing shed before the queue is full, no
+    /// "do not retry", calls given until their deadline: what a plain server with a
+    /// semaphore does, counted.
+    pub fn unguarded_admission(&self) -> AdmissionConfig {
+        AdmissionConfig {
+            workers: WorkerLimit::Fixed(self.storm.workers),
+            queue_capacity: 10_000,
+            retry_threshold: RetryThreshold {
+                depth: None,
+                queue_delay: None,
+            },
+            queue_order: QueueOrder::Fifo,
+            min_time_left: Duration::ZERO,
+            no_retry_code: None,
+            no_retry_margin: None,
+            no_retry_after_shedding: None,
+            ..AdmissionConfig::default()
+        }
+    }
+
+    /// The shed layer's configuration: the defaults, with (`fixed_limit`) the server's
+    /// real concurrency as a fixed limit, else the default adaptive limit, told nothing.
     pub fn admission(&self) -> AdmissionConfig {
-        if self.adaptive_limit {
+        if self.fixed_limit {
             return AdmissionConfig {
-                adaptive: Some(stormguard_core::AdaptiveLimitConfig::default()),
+                workers: WorkerLimit::Fixed(self.storm.workers),
                 ..AdmissionConfig::default()
             };
         }
-        AdmissionConfig {
-            workers: self.storm.workers,
-            ..AdmissionConfig::default()
-        }
+        AdmissionConfig::default()
     }
 }
 
@@ -320,12 +410,14 @@ pub async fn run_storm(
     config: &LoopbackStorm,
     policies: &[Policy],
     progress: &(dyn Fn(Policy, f64) + Send + Sync),
+    instruments: &Instruments,
 ) -> Result<StormReport, StormError> {
     let capacity = measure_capacity(config).await?;
     let rate = config.overload.unwrap_or(config.storm.load) * capacity.normal;
     let mut runs = Vec::with_capacity(policies.len());
     for &policy in policies {
-        runs.push(run_policy(policy, config, rate, &|done| progress(policy, done)).await?);
+        let progress = |done| progress(policy, done);
+        runs.push(run_policy(policy, config, rate, &progress, instruments).await?);
     }
     let (start_s, end_s) = config.reported_trigger();
     // Under a sustained overload the service time never changes: the capacity is the one
@@ -339,28 +431,43 @@ pub async fn run_storm(
     Ok(report)
 }
 
-/// Runs `policy` through the scenario at `rate` logical calls per second. `progress` is
-/// called with the share of the run done, about ten times a second.
+/// Runs `policy` through the scenario at `rate` logical calls per second, its layers
+/// through `instruments`. `progress` is called with the share of the run done: 0 when the
+/// run's clock starts, then about ten times a second.
 pub async fn run_policy(
     policy: Policy,
     config: &LoopbackStorm,
     rate: f64,
     progress: &(dyn Fn(f64) + Send + Sync),
+    instruments: &Instruments,
 ) -> Result<PolicyRun, StormError> {
     let (workers, control) = capacity_model(config);
-    let admission = policy.sheds().then(|| config.admission());
+    let admission = match policy {
+        Policy::Defaults => Some(AdmissionConfig::default()),
+        Policy::Unguarded => Some(config.unguarded_admission()),
+        _ => policy.sheds().then(|| config.admission()),
+    };
     // Only a server that sheds has refusals to pay for; without a cost the stack is the
     // default run's.
     let reject_cost = (policy.sheds() && !config.reject_cost.is_zero())
         .then(|| RejectCost::new(config.reject_cost));
     let reports = policy == Policy::Reports;
-    let serving = serve_costed(workers.clone(), admission, reject_cost.clone(), reports).await?;
+    let instrument = |layer| instruments.server(layer, policy);
+    let serving = serve_costed(
+        workers.clone(),
+        admission,
+        reject_cost.clone(),
+        reports,
+        &instrument,
+    )
+    .await?;
     let channel: Channel = connect(serving.addr).await?;
 
     let start = Instant::now();
+    progress(0.0);
     let timeline = Arc::new(Timeline::new(start, config.storm.total_s() as usize));
     let observed = Observe::new(channel, Arc::clone(&timeline));
-    let (caller, stats) = policy_caller(policy, config, observed)?;
+    let (caller, stats) = policy_caller(policy, config, observed, instruments)?;
     let offered = Offered {
         config,
         control: &control,
@@ -401,6 +508,7 @@ fn policy_caller(
     policy: Policy,
     config: &LoopbackStorm,
     observed: Observe<Channel>,
+    instruments: &Instruments,
 ) -> Result<(client::Caller, Option<stormguard_client::RetryStats>), StormError> {
     let storm = &config.storm;
     let per_attempt = Some(storm.per_attempt);
@@ -431,17 +539,26 @@ fn policy_caller(
         Policy::GrpcThrottle
         | Policy::ClientOnly
         | Policy::Stormguard
+        | Policy::Defaults
         | Policy::Hedging
         | Policy::Throttle
-        | Policy::Reports => {
+        | Policy::Reports
+        | Policy::Unguarded => {
             let client_config = match policy {
                 Policy::GrpcThrottle => grpc_throttle_client_config(per_attempt)?,
+                // A newcomer's client sets no per-attempt timeout.
+                Policy::Defaults => stormguard_client_config(None),
                 Policy::Hedging => hedging_client_config(config.hedge_delay),
                 Policy::Throttle => throttle_client_config(per_attempt),
+                Policy::Unguarded => {
+                    unguarded_client_config(per_attempt, storm.naive_backoff, storm.naive_attempts)
+                }
                 _ => stormguard_client_config(per_attempt),
             };
             let reports = policy == Policy::Reports;
-            let (client, stats) = layered_client(observed, &client_config, storm.seed, reports)?;
+            let instrument = |layer| instruments.client(layer, policy);
+            let (client, stats) =
+                layered_client(observed, &client_config, storm.seed, reports, instrument)?;
             (layered_caller(client, Some(storm.deadline)), Some(stats))
         }
     })

@@ -148,7 +148,7 @@ pub(crate) async fn serve<T: Inventory>(
     service: T,
     admission: Option<AdmissionConfig>,
 ) -> Result<Serving, StormError> {
-    serve_costed(service, admission, None, false).await
+    serve_costed(service, admission, None, false, &|layer| layer).await
 }
 
 /// Makes every answer the `ShedLayer` sheds cost the server `cost` of CPU before it is
@@ -240,21 +240,23 @@ where
     }
 }
 
-/// [`serve`], with `reject_cost` outside the `ShedLayer` when both are given, and the
-/// `ShedLayer` sending load reports when `load_reports` is set.
+/// [`serve`], with `reject_cost` outside the `ShedLayer` when both are given, the
+/// `ShedLayer` sending load reports when `load_reports` is set, and `instrument` applied to
+/// it.
 pub(crate) async fn serve_costed<T: Inventory>(
     service: T,
     admission: Option<AdmissionConfig>,
     reject_cost: Option<RejectCost>,
     load_reports: bool,
+    instrument: &dyn Fn(ShedLayer) -> ShedLayer,
 ) -> Result<Serving, StormError> {
     let shed = |config| -> Result<ShedLayer, StormError> {
         let layer = ShedLayer::from_config(config)?;
-        Ok(if load_reports {
+        Ok(instrument(if load_reports {
             layer.with_load_reports()
         } else {
             layer
-        })
+        }))
     };
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;

@@ -6,7 +6,7 @@
 //! | `stormguard: call shed` (each one) | DEBUG | `stormguard.layer`, `rpc.method`, `shed.class`, `shed.criticality`, `shed.reason`, `shed.queued` (it gave its place up in a full queue), `queue.depth`, `pushback_ms` |
 //! | `stormguard: call expired before it could run`, `stormguard: call expired while queued` | DEBUG | `stormguard.layer`, `rpc.method`, `shed.class`, `shed.criticality` |
 //! | `stormguard: call cut at its deadline` (each one) | DEBUG | `stormguard.layer`, `rpc.method`, `shed.class`, `shed.criticality`, `cut.streaming` (the handler had answered and its response was streaming) |
-//! | `stormguard: N calls shed and M expired in the last S s` | INFO | `stormguard.layer`, `rpc.method` (of the latest), `shed.queue_full`, `shed.retry_threshold`, `shed.sheddable`, `expired`, `queue.depth`, `summary.window_ms` |
+//! | `stormguard: N calls shed and M expired in the last S s (worker limit L, adaptive)` | INFO | `stormguard.layer`, `rpc.method` (of the latest), `shed.queue_full`, `shed.retry_threshold`, `shed.sheddable`, `expired`, `queue.depth`, `worker.limit` (where the limit stands), `worker.adaptive` (`false`: a fixed limit), `summary.window_ms` |
 //!
 //! The summary is written by the first such call at least a second after the previous
 //! summary ([`EventSummary`]): a lone shed after a quiet spell is written at once, an
@@ -121,11 +121,19 @@ impl ShedEvents {
             shed.sheddable = sheddable,
             expired,
             queue.depth = self.gate.counters().depth(),
+            worker.limit = self.gate.counters().workers(),
+            worker.adaptive = self.gate.counters().adaptive(),
             summary.window_ms = summary.elapsed.as_millis() as u64,
-            "stormguard: {} calls shed and {} expired in the last {:.1} s",
+            "stormguard: {} calls shed and {} expired in the last {:.1} s (worker limit {}, {})",
             queue_full + retry_threshold + sheddable,
             expired,
             summary.elapsed.as_secs_f64(),
+            self.gate.counters().workers(),
+            if self.gate.counters().adaptive() {
+                "adaptive"
+            } else {
+                "fixed"
+            },
         );
     }
 }

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use stormguard_core::ConfigError;
 use stormguard_core::MethodMap;
+use stormguard_core::MethodScope;
 
 /// The gRPC health service (`grpc.health.v1.Health`), never shed unless
 /// [`ShedLayer::shed_health_checks`](crate::ShedLayer::shed_health_checks) is called.
@@ -67,7 +68,7 @@ impl NeverShed {
                 Some((service, method))
                     if !service.is_empty() && !method.is_empty() && !method.contains('/') =>
                 {
-                    self.named.insert_method(service, method, ());
+                    self.named.insert(MethodScope::Method(service, method), ());
                 }
                 _ => return Err(bad("a method path is `/package.Service/Method`")),
             },
@@ -76,7 +77,7 @@ impl NeverShed {
                     "a service is named without slashes (`package.Service`)",
                 ));
             }
-            None => self.named.insert_service(entry, ()),
+            None => self.named.insert(MethodScope::Service(entry), ()),
         }
         Ok(())
     }

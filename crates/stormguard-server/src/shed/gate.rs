@@ -142,7 +142,7 @@ impl Gate {
         let shed_code = policy.config().shed_code;
         let no_retry_code = policy.config().code_for(ShedPushback::DoNotRetry);
         let config = policy.config().clone();
-        let counters = Counters::default();
+        let counters = Counters::new(config.workers.is_adaptive());
         let core = AdmissionQueue::new(policy);
         counters.set_gauges(0, 0, core.worker_limit(), None);
         Gate {

@@ -30,8 +30,8 @@ use super::{ShedService, ShedStats, ShutdownHandle};
 /// use stormguard_core::AdmissionConfig;
 /// use stormguard_server::ShedLayer;
 ///
-/// let admission = AdmissionConfig { workers: 16, queue_capacity: 64, ..AdmissionConfig::default() };
-/// let layer = ShedLayer::from_config(admission)?;
+/// // The worker limit is learned from latency: nothing to size.
+/// let layer = ShedLayer::from_config(AdmissionConfig::default())?;
 /// let stats = layer.stats();
 /// tonic::transport::Server::builder()
 ///     .layer(layer)
@@ -58,6 +58,9 @@ pub struct ShedLayer {
     /// service, once per queue (a meter keeps every callback registered on it).
     #[cfg(feature = "opentelemetry")]
     metrics: Arc<std::sync::OnceLock<crate::shed::metrics::ServerMetrics>>,
+    /// The adaptive limit's bounds (`min_limit`, `max_limit`), exported beside the limit.
+    #[cfg(feature = "opentelemetry")]
+    limit_bounds: Option<(usize, usize)>,
 }
 
 impl ShedLayer {
@@ -68,6 +71,12 @@ impl ShedLayer {
 
     /// A layer with its own queue, driven by `policy` (already validated).
     pub fn new(policy: AdmissionController) -> Self {
+        #[cfg(feature = "opentelemetry")]
+        let limit_bounds = policy
+            .config()
+            .adaptive
+            .as_ref()
+            .map(|a| (a.min_limit, a.max_limit));
         let gate = Arc::new(Gate::new(policy));
         ShedLayer {
             events: Arc::new(ShedEvents::new(Arc::default(), Arc::clone(&gate))),
@@ -82,6 +91,8 @@ impl ShedLayer {
             meter: None,
             #[cfg(feature = "opentelemetry")]
             metrics: Arc::default(),
+            #[cfg(feature = "opentelemetry")]
+            limit_bounds,
         }
     }
 
@@ -292,7 +303,12 @@ impl ShedLayer {
         #[cfg(feature = "opentelemetry")]
         if let Some(meter) = &self.meter {
             self.metrics.get_or_init(|| {
-                crate::shed::metrics::ServerMetrics::register(meter, &self.gate, self.events.name())
+                crate::shed::metrics::ServerMetrics::register(
+                    meter,
+                    &self.gate,
+                    self.events.name(),
+                    self.limit_bounds,
+                )
             });
         }
     }

@@ -24,6 +24,7 @@
 //! | `stormguard.server.queue.depth` | gauge | `{call}` | |
 //! | `stormguard.server.in_flight` | gauge | `{call}` | |
 //! | `stormguard.server.workers` | gauge | `{worker}` | |
+//! | `stormguard.server.workers.min`, `stormguard.server.workers.max` | gauge | `{worker}` | (the adaptive limit's bounds; not exported for a fixed limit) |
 //! | `stormguard.server.queue.time` | histogram | `s` | |
 
 use std::sync::Arc;
@@ -56,6 +57,7 @@ const QUEUE_TIME_BOUNDS: [f64; 14] = [
 pub(crate) struct ServerMetrics {
     _counters: Vec<ObservableCounter<u64>>,
     _gauges: Vec<ObservableGauge<u64>>,
+    _bounds: Vec<ObservableGauge<u64>>,
 }
 
 impl std::fmt::Debug for ServerMetrics {
@@ -186,8 +188,14 @@ const GAUGES: [(Spec, Read<Counters>); 3] = [
 ];
 
 impl ServerMetrics {
-    /// Registers the instruments of `queue`, named `name`, on `meter`.
-    pub(crate) fn register(meter: &Meter, gate: &Arc<Gate>, name: &Arc<LayerName>) -> Self {
+    /// Registers the instruments of `queue`, named `name`, on `meter`; `bounds` are an
+    /// adaptive limit's (`min_limit`, `max_limit`).
+    pub(crate) fn register(
+        meter: &Meter,
+        gate: &Arc<Gate>,
+        name: &Arc<LayerName>,
+        bounds: Option<(usize, usize)>,
+    ) -> Self {
         let time_queued = QueueTime::new(meter, name);
         gate.counters()
             .record_time_queued_into(TimeQueuedRecorder(Box::new(move |waited| {
@@ -224,8 +232,45 @@ impl ServerMetrics {
         ServerMetrics {
             _counters: counters,
             _gauges: gauges,
+            _bounds: bounds.map_or_else(Vec::new, |b| limit_bounds(meter, name, b)),
         }
     }
+}
+
+/// `stormguard.server.workers.min` and `.max`: the adaptive limit's bounds, so that a rule
+/// can tell a limit pinned at one of them.
+fn limit_bounds(
+    meter: &Meter,
+    name: &Arc<LayerName>,
+    (min, max): (usize, usize),
+) -> Vec<ObservableGauge<u64>> {
+    [
+        (
+            "stormguard.server.workers.min",
+            "The adaptive worker limit's minimum",
+            min,
+        ),
+        (
+            "stormguard.server.workers.max",
+            "The adaptive worker limit's maximum",
+            max,
+        ),
+    ]
+    .into_iter()
+    .map(|(metric, description, value)| {
+        let n = Arc::clone(name);
+        meter
+            .u64_observable_gauge(metric)
+            .with_description(description)
+            .with_unit("{worker}")
+            .with_callback(move |o| {
+                if let Some(attrs) = base(&n) {
+                    o.observe(value as u64, &attrs);
+                }
+            })
+            .build()
+    })
+    .collect()
 }
 
 /// `stormguard.server.shed`: calls shed, by attempt class, criticality and reason.

@@ -27,6 +27,8 @@ pub(crate) struct Counters {
     queue_depth: AtomicUsize,
     in_flight: AtomicUsize,
     workers: AtomicUsize,
+    /// Whether the worker limit is adaptive (set once, when the gate is built).
+    adaptive: bool,
     /// Where each call's time queued is also recorded, once a meter is set.
     #[cfg(feature = "opentelemetry")]
     time_queued: std::sync::OnceLock<TimeQueuedRecorder>,
@@ -65,6 +67,19 @@ fn bump(counter: &AtomicU64) {
 }
 
 impl Counters {
+    /// Zeroed counters of a gate whose worker limit is `adaptive` or fixed.
+    pub(crate) fn new(adaptive: bool) -> Self {
+        Counters {
+            adaptive,
+            ..Counters::default()
+        }
+    }
+
+    /// Whether the worker limit is adaptive.
+    pub(crate) fn adaptive(&self) -> bool {
+        self.adaptive
+    }
+
     /// A call was given a worker (at once, or after queuing).
     pub(crate) fn record_admitted(&self) {
         bump(&self.admitted);
@@ -178,6 +193,7 @@ impl Counters {
             time_queued_us: get(&self.time_queued_us),
             max_time_queued_us: get(&self.max_time_queued_us),
             worker_limit: self.workers(),
+            adaptive_limit: self.adaptive(),
             min_latency_us: Some(get(&self.min_latency_us)).filter(|us| *us > 0),
         }
     }
@@ -265,9 +281,12 @@ pub struct ShedSnapshot {
     pub time_queued_us: u64,
     /// The longest time one call spent queued, in microseconds.
     pub max_time_queued_us: u64,
-    /// Calls that may run at once now: the configured workers, or where the adaptive
-    /// limit stands.
+    /// Calls that may run at once now: where the adaptive limit stands, or the fixed
+    /// number.
     pub worker_limit: usize,
+    /// Whether the worker limit is adaptive, learned from latency (the default), rather
+    /// than a fixed number (`WorkerLimit::Fixed`).
+    pub adaptive_limit: bool,
     /// The adaptive limit's measured no-load latency, in microseconds (`None` with a
     /// fixed limit, or before its first measurement).
     pub min_latency_us: Option<u64>,

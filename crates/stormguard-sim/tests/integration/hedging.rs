@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use stormguard_core::CallTimes;
 use stormguard_core::Instant;
+use stormguard_core::MethodScope;
 use stormguard_core::MethodTable;
 use stormguard_core::Pushback;
 use stormguard_core::{Budget, BudgetConfig, RetryBudget, Unlimited};
@@ -22,7 +23,7 @@ fn ms(n: u64) -> Duration {
 
 fn controller(policy: HedgingPolicy, budget: Arc<dyn Budget>) -> RetryController {
     let mut methods = MethodTable::none();
-    methods.set_default_hedging(Some(policy));
+    methods.set_hedging(MethodScope::Default, Some(policy));
     RetryController::new(methods, budget, None, 7)
 }
 

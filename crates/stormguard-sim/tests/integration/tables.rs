@@ -102,6 +102,10 @@ fn fleet_floor_table_scales_with_the_fleet_and_the_breaker_cuts_it() {
         // The breaker turns a dead dependency into fast failures: almost no attempts.
         let breaker = get(size, FleetVariant::PerProcessFloorWithBreaker);
         assert!(breaker.amplification < 0.1, "{breaker:?}");
+        // The defaults, told nothing of the fleet: the floor is withheld while nothing
+        // succeeds, so every process sends its calls and no retries.
+        let defaults = get(size, FleetVariant::Defaults);
+        assert!(defaults.amplification <= 1.01, "{defaults:?}");
     }
 }
 

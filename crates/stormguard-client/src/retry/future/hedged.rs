@@ -210,7 +210,7 @@ where
             won(this, first, now);
             Some(Ok(commit(this, response)))
         }
-        Outcome::Failed { end, last } => copy_failed(this, end, last, &span, now),
+        Outcome::Failed { end, last, .. } => copy_failed(this, end, last, &span, now),
     }
 }
 

@@ -31,8 +31,21 @@ fn drive(
     seen
 }
 
+/// A limit of `config` starting at `initial`.
+fn starting(config: AdaptiveLimitConfig, initial: usize) -> AdaptiveLimit {
+    AdaptiveLimit::new(
+        AdaptiveLimitConfig {
+            initial_limit: initial,
+            ..config
+        },
+        0,
+    )
+    .unwrap()
+}
+
 fn config() -> AdaptiveLimitConfig {
     AdaptiveLimitConfig {
+        initial_limit: 16,
         min_limit: 1,
         max_limit: 500,
         window: 50 * MS,
@@ -45,7 +58,7 @@ fn config() -> AdaptiveLimitConfig {
 #[test]
 fn settles_a_few_calls_above_capacity_from_above_and_below() {
     for initial in [1, 16, 200] {
-        let mut limit = AdaptiveLimit::new(config(), initial, 0).unwrap();
+        let mut limit = starting(config(), initial);
         let mut t = Instant::now();
         drive(&mut limit, &mut t, 16.0, |_| 10 * MS, 400, None);
         let l = limit.limit();
@@ -62,7 +75,7 @@ fn a_slower_floor_is_found_without_a_probe_and_the_limit_follows_it_both_ways() 
         probe_interval: Duration::from_secs(3600),
         ..config()
     };
-    let mut limit = AdaptiveLimit::new(config, 16, 0).unwrap();
+    let mut limit = starting(config, 16);
     let mut t0 = Instant::now();
     let start = t0;
     // Every call takes 2.5x longer from 2 s to 6 s: the same 16 slots, slower.
@@ -116,7 +129,7 @@ fn a_slower_floor_is_found_without_a_probe_and_the_limit_follows_it_both_ways() 
 
 #[test]
 fn a_window_whose_callers_left_neither_grows_the_limit_nor_shows_a_floor() {
-    let mut limit = AdaptiveLimit::new(config(), 30, 0).unwrap();
+    let mut limit = starting(config(), 30);
     let t0 = Instant::now();
     // A probe at the floor of 1 measures m = 10 ms.
     limit.sample_at(t0, t0, 0);
@@ -148,7 +161,7 @@ fn a_window_whose_callers_left_neither_grows_the_limit_nor_shows_a_floor() {
 
 #[test]
 fn an_idle_limit_does_not_grow() {
-    let mut limit = AdaptiveLimit::new(config(), 10, 0).unwrap();
+    let mut limit = starting(config(), 10);
     let mut t = Instant::now();
     // Only 3 calls at a time are offered, far under capacity: no queueing inside,
     // but the limit of 10 is never used, so it stays.
@@ -158,7 +171,7 @@ fn an_idle_limit_does_not_grow() {
 
 #[test]
 fn a_probe_drops_to_the_floor_and_measures_only_clean_calls() {
-    let mut limit = AdaptiveLimit::new(config(), 30, 0).unwrap();
+    let mut limit = starting(config(), 30);
     let t0 = Instant::now();
     // The first sample starts a probe; 20 calls still run, so nothing counts yet.
     assert_eq!(limit.sample_at(t0, t0 - 50 * MS, 20), 1);
@@ -188,7 +201,7 @@ fn bounds_hold_and_config_is_checked() {
         max_limit: 6,
         ..config()
     };
-    let mut limit = AdaptiveLimit::new(c.clone(), 100, 0).unwrap();
+    let mut limit = starting(c.clone(), 100);
     assert_eq!(limit.limit(), 6);
     let mut t = Instant::now();
     for l in drive(&mut limit, &mut t, 2.0, |_| 10 * MS, 50, None) {

@@ -8,7 +8,7 @@ const MS: Duration = Duration::from_millis(1);
 
 fn config(workers: usize, capacity: usize) -> AdmissionConfig {
     AdmissionConfig {
-        workers,
+        workers: WorkerLimit::Fixed(workers),
         queue_capacity: capacity,
         retry_threshold: RetryThreshold {
             depth: Some(capacity / 2),
@@ -317,8 +317,8 @@ fn a_displaced_waiter_is_told_when_to_come_back() {
 #[test]
 fn an_adaptive_limit_is_fed_by_finishing_calls() {
     let mut q = queue(AdmissionConfig {
-        workers: 8,
-        adaptive: Some(AdaptiveLimitConfig {
+        workers: WorkerLimit::Adaptive(AdaptiveLimitConfig {
+            initial_limit: 8,
             min_limit: 2,
             max_limit: 64,
             min_window_samples: 4,

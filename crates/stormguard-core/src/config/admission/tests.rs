@@ -20,7 +20,15 @@ fn json_reads_every_field() {
     assert_eq!(
         c,
         AdmissionConfig {
-            workers: 16,
+            workers: WorkerLimit::Adaptive(AdaptiveLimitConfig {
+                initial_limit: 16,
+                min_limit: 3,
+                max_limit: 200,
+                window: Duration::from_millis(50),
+                min_window_samples: 10,
+                probe_interval: Duration::from_secs(10),
+                seed: 4,
+            }),
             queue_capacity: 64,
             retry_threshold: RetryThreshold {
                 depth: Some(12),
@@ -40,14 +48,6 @@ fn json_reads_every_field() {
                 depth: Some(2),
                 queue_delay: Some(Duration::from_millis(5)),
             },
-            adaptive: Some(AdaptiveLimitConfig {
-                min_limit: 3,
-                max_limit: 200,
-                window: Duration::from_millis(50),
-                min_window_samples: 10,
-                probe_interval: Duration::from_secs(10),
-                seed: 4,
-            }),
         }
     );
     // Defaults, FIFO, nulls and a code by number.
@@ -246,4 +246,37 @@ fn an_application_config_holds_the_admission_fields_with_the_same_checks() {
         message.contains("admission.retry_threshold.depth"),
         "{message}"
     );
+}
+
+#[test]
+fn a_document_without_workers_is_adaptive_and_one_with_workers_is_fixed() {
+    let limit = |json: &str| AdmissionConfig::from_json(json).unwrap().workers;
+    let adaptive = WorkerLimit::Adaptive(AdaptiveLimitConfig::default());
+    assert_eq!(limit("{}"), adaptive);
+    assert_eq!(limit(r#"{"admission": {"queue_capacity": 8}}"#), adaptive);
+    assert_eq!(
+        limit(r#"{"admission": {"workers": 8}}"#),
+        WorkerLimit::Fixed(8)
+    );
+    // The keys of earlier versions: an `adaptive` object selects the adaptive limit, with
+    // `workers` where it starts; `adaptive: null` is the fixed limit, 64 by default.
+    assert_eq!(limit(r#"{"admission": {"adaptive": {}}}"#), adaptive);
+    assert_eq!(
+        limit(r#"{"admission": {"workers": 32, "adaptive": {"max_limit": 100}}}"#),
+        WorkerLimit::Adaptive(AdaptiveLimitConfig {
+            initial_limit: 32,
+            max_limit: 100,
+            ..AdaptiveLimitConfig::default()
+        })
+    );
+    assert_eq!(
+        limit(r#"{"admission": {"adaptive": null}}"#),
+        WorkerLimit::Fixed(64)
+    );
+    assert_eq!(
+        limit(r#"{"admission": {"workers": 8, "adaptive": null}}"#),
+        WorkerLimit::Fixed(8)
+    );
+    let e = AdmissionConfig::from_json(r#"{"admission": {"workers": 0}}"#).unwrap_err();
+    assert!(e.to_string().contains("admission.workers"), "{e}");
 }

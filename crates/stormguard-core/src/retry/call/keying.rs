@@ -58,3 +58,8 @@ pub(in crate::retry) fn call_key(seed: u64, n: u64) -> UuidKey {
 pub(in crate::retry) fn breaker_seed(seed: u64) -> u64 {
     splitmix64(seed ^ 0x0B2E_A4E2)
 }
+
+/// The seed of the connection backoff's jitter.
+pub(in crate::retry) fn connect_seed(seed: u64) -> u64 {
+    splitmix64(seed ^ 0xC044_EC70)
+}

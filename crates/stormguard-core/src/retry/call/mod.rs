@@ -54,6 +54,9 @@ pub struct CallRetry {
     pub(in crate::retry) endpoints: usize,
     /// The call's idempotency key, when its method is keyed.
     pub(in crate::retry) idempotency_key: Option<UuidKey>,
+    /// When the connection backoff allows the next connection, after the attempt that
+    /// ended last found its connection refused ([`CallRetry::on_connect_refused_at`]).
+    pub(in crate::retry) connect_at: Option<Instant>,
 }
 
 impl Drop for CallRetry {
@@ -111,6 +114,7 @@ impl CallRetry {
     /// The attempt answered `OK`: deposits into the budget and reports a success to the
     /// breaker. Only `OK` mints retries (as in gRPC A6 and its C-core and Java clients).
     pub fn on_success_at(&mut self, now: Instant) {
+        self.shared.connect.connected();
         self.shared.budget.deposit_at(now);
         if let (Some(keyed), Some(key)) = (&self.shared.keyed, self.key) {
             keyed.deposit_at(key, now);
@@ -236,6 +240,12 @@ impl CallRetry {
                 attempt_timed_out: false,
                 transparent: false,
             };
+        }
+        if let AttemptEnd::Failed(f) = &end
+            && !f.unsent
+        {
+            // An answer came over a connection.
+            self.shared.connect.connected();
         }
         if let AttemptEnd::Failed(f) = &end
             && let Some(decision) = self.transparent_retry_at(f, now)
@@ -515,7 +525,7 @@ impl CallRetry {
     /// The dependency has `n` endpoints a retry could go to (the replicas of an
     /// endpoint-aware channel; 1, the default, for a plain channel): a retry is refused as
     /// [`Refusal::Saturated`] only once that many were heard from saturated (see
-    /// [`Saturation::refuses_retry_among_at`](crate::Saturation::refuses_retry_among_at)).
+    /// [`Saturation::refuses_retry_at`](crate::Saturation::refuses_retry_at)).
     pub fn set_endpoints(&mut self, n: usize) {
         self.endpoints = n.max(1);
     }
@@ -525,6 +535,6 @@ impl CallRetry {
         self.shared
             .saturation
             .as_ref()
-            .is_some_and(|s| s.refuses_retry_among_at(self.endpoints, now))
+            .is_some_and(|s| s.refuses_retry_at(self.endpoints, now))
     }
 }

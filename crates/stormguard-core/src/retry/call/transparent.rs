@@ -1,5 +1,6 @@
 //! Transparent retries: an attempt that never reached the server's application is sent
-//! again at once and for free, a bounded number of times per call.
+//! again for free, a bounded number of times per call: at once, or after a refused
+//! connection when the connection backoff allows the next one.
 
 use std::time::Duration;
 
@@ -35,13 +36,18 @@ impl CallRetry {
         let policy = self.policy.as_ref()?;
         // Recorded nowhere: the dependency's application never saw the attempt.
         drop(self.permit.take());
+        // After a refused connection, the next connection the backoff allows.
+        let delay = self
+            .connect_at
+            .take()
+            .map_or(Duration::ZERO, |at| at.saturating_duration_since(now));
         let refusal = if matches!(failure.pushback, Some(Pushback::DoNotRetry)) {
             Some(Refusal::Pushback)
         } else if !failure.replayable {
             Some(Refusal::ReplayLimit)
         } else if self
             .deadline
-            .is_some_and(|d| policy.min_attempt_time >= d.saturating_duration_since(now))
+            .is_some_and(|d| delay + policy.min_attempt_time >= d.saturating_duration_since(now))
         {
             Some(Refusal::Deadline)
         } else if self
@@ -58,11 +64,21 @@ impl CallRetry {
             Some(refusal) => Decision::GiveUp(refusal),
             None => {
                 self.pending_transparent = true;
-                Decision::Retry {
-                    delay: Duration::ZERO,
-                }
+                Decision::Retry { delay }
             }
         })
+    }
+
+    /// The attempt that just ended could not connect to the dependency: its transparent
+    /// retry, if any, waits for the next free slot of the dependency's connection backoff
+    /// (1 s after the first refusal, each refused call one step later, ×1.6 per refusal
+    /// in a row, at most 10 s, jittered), and is not made when that is past the call's
+    /// deadline. Call it
+    /// before [`on_attempt_end_at`](Self::on_attempt_end_at) with the attempt's unsent
+    /// failure, for a connection to the dependency as a whole: a failed connection to one
+    /// replica of several is the balancer's to route around, at once.
+    pub fn on_connect_refused_at(&mut self, now: Instant) {
+        self.connect_at = Some(self.shared.connect.refused_at(now));
     }
 
     #[cfg(test)]

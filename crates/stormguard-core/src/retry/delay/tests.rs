@@ -30,7 +30,7 @@ fn no_delay_before_enough_samples() {
 fn the_percentile_reads_the_tail_within_a_bucket() {
     let e = DelayEstimator::new(learned());
     let now = Instant::now();
-    // 90 % at 2 ms, 10 % at 40 ms: p95 is in the slow tenth.
+    // 90 % at 2 ms, 10 % at 40 ms: p97 is in the slow tenth.
     for i in 0..1000 {
         e.record_at(if i % 10 == 0 { ms(40) } else { ms(2) }, now);
     }

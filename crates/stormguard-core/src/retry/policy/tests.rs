@@ -11,9 +11,9 @@ fn most_specific_entry_wins() {
         ..RetryPolicy::default()
     };
     let mut t = MethodTable::uniform(RetryPolicy::default());
-    t.insert_service("a.S", Some(fast.clone()));
-    t.insert_method("a.S", "M", Some(slow.clone()));
-    t.insert_method("a.S", "Never", None);
+    t.set_retry(MethodScope::Service("a.S"), Some(fast.clone()));
+    t.set_retry(MethodScope::Method("a.S", "M"), Some(slow.clone()));
+    t.set_retry(MethodScope::Method("a.S", "Never"), None);
     assert_eq!(t.lookup("/a.S/M").map(|p| p.max_attempts), Some(4));
     assert_eq!(t.lookup("/a.S/Other").map(|p| p.max_attempts), Some(2));
     assert_eq!(t.lookup("/b.S/M").map(|p| p.max_attempts), Some(3));
@@ -24,17 +24,20 @@ fn most_specific_entry_wins() {
 #[test]
 fn a_method_is_retried_or_hedged_by_its_most_specific_entry() {
     let mut t = MethodTable::none();
-    t.insert_service_hedging("a.S", Some(HedgingPolicy::default()));
-    t.insert_method("a.S", "Write", Some(RetryPolicy::default()));
+    t.set_hedging(MethodScope::Service("a.S"), Some(HedgingPolicy::default()));
+    t.set_retry(
+        MethodScope::Method("a.S", "Write"),
+        Some(RetryPolicy::default()),
+    );
     assert!(t.lookup_hedging("/a.S/Read").is_some());
     assert!(t.lookup("/a.S/Read").is_none());
     assert!(t.lookup_hedging("/a.S/Write").is_none());
     assert!(t.lookup("/a.S/Write").is_some());
     // The last setting at a level wins.
-    t.insert_service("a.S", Some(RetryPolicy::default()));
+    t.set_retry(MethodScope::Service("a.S"), Some(RetryPolicy::default()));
     assert!(t.lookup_hedging("/a.S/Read").is_none());
     assert!(t.lookup("/a.S/Read").is_some());
-    t.set_default_hedging(Some(HedgingPolicy::default()));
+    t.set_hedging(MethodScope::Default, Some(HedgingPolicy::default()));
     assert!(t.lookup_hedging("/b.S/Any").is_some());
     assert_eq!(t.hedging_policies().count(), 1);
 }

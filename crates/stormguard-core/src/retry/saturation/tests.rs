@@ -33,18 +33,24 @@ fn saturation_needs_a_queue_and_fades() {
     let sat = Saturation::new(SaturationConfig::default()).unwrap();
     let t0 = Instant::now();
     sat.record_at(0, &report(1.0, 0.0), t0);
-    assert!(!sat.refuses_retry_at(t0), "busy but nothing queued");
+    assert!(!sat.refuses_retry_at(1, t0), "busy but nothing queued");
     sat.record_at(0, &report(1.0, 2.0), t0);
-    assert!(sat.refuses_retry_at(t0), "half the reports say saturated");
+    assert!(
+        sat.refuses_retry_at(1, t0),
+        "half the reports say saturated"
+    );
     // Unsaturated reports outweigh it as they come.
     sat.record_at(0, &report(0.5, 0.0), t0 + ms(10));
-    assert!(!sat.refuses_retry_at(t0 + ms(10)));
+    assert!(!sat.refuses_retry_at(1, t0 + ms(10)));
     sat.record_at(0, &report(1.0, 5.0), t0 + ms(2000));
     sat.record_at(0, &report(1.0, 5.0), t0 + ms(2000));
-    assert!(sat.refuses_retry_at(t0 + ms(2000)), "old reports decayed");
-    assert!(sat.refuses_retry_at(t0 + ms(5900)));
     assert!(
-        !sat.refuses_retry_at(t0 + ms(6000)),
+        sat.refuses_retry_at(1, t0 + ms(2000)),
+        "old reports decayed"
+    );
+    assert!(sat.refuses_retry_at(1, t0 + ms(5900)));
+    assert!(
+        !sat.refuses_retry_at(1, t0 + ms(6000)),
         "nothing heard for 4 windows"
     );
 }
@@ -101,4 +107,22 @@ fn config_key_reads_and_names_its_fields() {
     )
     .unwrap();
     assert!(controller.saturation().is_some());
+}
+
+#[test]
+fn one_saturated_endpoint_refuses_alone_not_beside_an_idle_one() {
+    let sat = Saturation::new(SaturationConfig::default()).unwrap();
+    let now = Instant::now();
+    sat.record_at(1, &report(1.0, 4.0), now);
+    assert!(sat.refuses_retry_at(1, now));
+    assert!(
+        !sat.refuses_retry_at(2, now),
+        "a second replica, not heard from yet"
+    );
+    sat.record_at(2, &report(0.2, 0.0), now);
+    assert!(
+        !sat.refuses_retry_at(1, now),
+        "replica 2 can take the retry"
+    );
+    assert!(sat.is_saturated_at(1, now));
 }

@@ -295,3 +295,25 @@ fn validation_names_the_field() {
     assert!(d().validate().is_ok());
     assert!(AdaptiveThrottle::new(AdaptiveThrottleConfig { k: 0.0, ..d() }, 1).is_err());
 }
+
+#[test]
+fn only_refusals_for_overload_count_against_the_backend() {
+    let throttle = AdaptiveThrottle::new(AdaptiveThrottleConfig::default(), 7).unwrap();
+    let (now, class) = (Instant::now(), Criticality::Default);
+    for _ in 0..10 {
+        throttle.record_answer_at(class, Code::Ok, false, now);
+    }
+    for _ in 0..30 {
+        throttle.record_answer_at(class, Code::Unavailable, true, now);
+    }
+    // p = (40 − 2 · 10) / 41
+    assert!((throttle.probability_at(class, now) - 20.0 / 41.0).abs() < 1e-9);
+    // A plain UNAVAILABLE from a handler is an application answer: an accept.
+    throttle.record_answer_at(class, Code::Unavailable, false, now);
+    assert!((throttle.probability_at(class, now) - 19.0 / 42.0).abs() < 1e-9);
+    // Ten seconds later the window has forgotten all of it.
+    assert_eq!(
+        throttle.probability_at(class, now + Duration::from_secs(10)),
+        0.0
+    );
+}

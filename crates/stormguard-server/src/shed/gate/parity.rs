@@ -18,6 +18,7 @@ use std::time::Duration;
 use stormguard_core::AdaptiveLimitConfig;
 use stormguard_core::Criticality;
 use stormguard_core::Instant;
+use stormguard_core::WorkerLimit;
 use stormguard_core::wire::AttemptClass;
 use stormguard_core::{
     AdmissionConfig, AdmissionController, CallClass, QueueOrder, RetryThreshold, Shed, ShedReason,
@@ -380,7 +381,7 @@ fn script(seed: u64, steps: usize) -> Vec<(Duration, Step)> {
 
 fn config(queue_order: QueueOrder) -> AdmissionConfig {
     AdmissionConfig {
-        workers: 3,
+        workers: WorkerLimit::Fixed(3),
         queue_capacity: 8,
         retry_threshold: RetryThreshold {
             depth: Some(3),
@@ -424,7 +425,8 @@ fn count(records: &[Record], pred: impl Fn(&What) -> bool) -> usize {
 
 fn adaptive(queue_order: QueueOrder) -> AdmissionConfig {
     AdmissionConfig {
-        adaptive: Some(AdaptiveLimitConfig {
+        workers: WorkerLimit::Adaptive(AdaptiveLimitConfig {
+            initial_limit: 3,
             min_limit: 1,
             max_limit: 8,
             window: 5 * MS,
@@ -457,7 +459,7 @@ async fn server_queue_and_simulator_decide_alike() {
         ),
         ("adaptive-fifo", adaptive(QueueOrder::Fifo), 5),
     ] {
-        let is_adaptive = config.adaptive.is_some();
+        let is_adaptive = config.workers.is_adaptive();
         let records = compare(config, seed).await;
         // The script reaches every kind of decision, so the comparison covers them all.
         let queued = count(&records, |w| matches!(w, What::Queued { .. }));
