@@ -4,8 +4,6 @@ use std::sync::Arc;
 use stormguard_core::ConfigError;
 use stormguard_core::CriticalityTable;
 use stormguard_core::LayerName;
-#[cfg(feature = "opentelemetry")]
-use stormguard_core::WorkerLimit;
 use stormguard_core::{AdmissionConfig, AdmissionController};
 use tower_layer::Layer;
 
@@ -75,8 +73,8 @@ impl ShedLayer {
     pub fn new(policy: AdmissionController) -> Self {
         #[cfg(feature = "opentelemetry")]
         let limit_bounds = match &policy.config().workers {
-            WorkerLimit::Adaptive(a) => Some((a.min_limit, a.max_limit)),
-            WorkerLimit::Fixed(_) => None,
+            stormguard_core::WorkerLimit::Adaptive(a) => Some((a.min_limit, a.max_limit)),
+            stormguard_core::WorkerLimit::Fixed(_) => None,
         };
         let gate = Arc::new(Gate::new(policy));
         ShedLayer {
