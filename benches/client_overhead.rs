@@ -537,7 +537,7 @@ struct Variant {
     deadline: bool,
 }
 
-const VARIANTS: [Variant; 13] = [
+const VARIANTS: [Variant; 15] = [
     Variant {
         name: "bare",
         baseline: "bare",
