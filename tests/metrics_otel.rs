@@ -828,11 +828,15 @@ async fn an_adaptive_limit_exports_its_bounds_and_a_fixed_one_none() {
     let (provider, exporter) = provider();
     let meter = provider.meter("stormguard-test");
     let adaptive = AdmissionConfig {
-        adaptive: Some(stormguard_core::AdaptiveLimitConfig {
+        workers: stormguard_core::WorkerLimit::Adaptive(stormguard_core::AdaptiveLimitConfig {
             min_limit: 3,
             max_limit: 40,
             ..stormguard_core::AdaptiveLimitConfig::default()
         }),
+        ..AdmissionConfig::default()
+    };
+    let fixed = AdmissionConfig {
+        workers: stormguard_core::WorkerLimit::Fixed(64),
         ..AdmissionConfig::default()
     };
     let demo = DemoConfig {
