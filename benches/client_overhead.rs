@@ -50,6 +50,12 @@
 //! - `retry-balance-list`: the `RetryLayer` of `retry` over `balance_list`;
 //! - `retry-replicas`: the same `RetryLayer` built with `over_replicas()` over `Replicas`
 //!   (each call's attempts carry a `Route`), against `retry-balance-list` as its rival.
+//! - `replicas-dns`, `retry-replicas-dns`: `replicas` and `retry-replicas` with the fleet
+//!   found by DNS (`Replicas::from_dns`, the demo's DNS server on loopback listing the
+//!   three, an hour's TTL: one resolution, at start), against them as rivals: what the
+//!   resolver costs per call on the happy path (docs/replicas.md has the figures).
+//!
+//! The fleet listens on 127.0.0.2, 127.0.0.3, 127.0.0.4 (one port: what a DNS name lists).
 //!
 //! Each variant with a layer is compared with its own baseline: `retry`, `shed` and `both`
 //! with `bare`, the deadline variants with `bare-deadline`, the fleet variants with

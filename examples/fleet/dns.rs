@@ -295,12 +295,12 @@ async fn change(
             }
         }
         DnsScenario::RollingNewAddresses => {
-            for step in 0..3 {
+            for (step, old) in fleet[..3].iter_mut().enumerate() {
                 let gap = timing.rolling_gap.saturating_mul(step as u32);
                 tokio::time::sleep_until(at(timing.fault + gap)).await;
                 dns.set_records((step + 1..3).chain(3..=3 + step).map(ip));
                 tokio::time::sleep(GRACE).await;
-                fleet[step].stop().await?;
+                old.stop().await?;
             }
         }
         DnsScenario::KilledRecordStays => {
