@@ -799,15 +799,12 @@ async fn an_adaptive_limit_exports_its_bounds_and_a_fixed_one_none() {
         fail_rate: 0.0,
         seed: 1,
     };
-    for (name, config) in [
-        ("adaptive", adaptive),
-        ("fixed", AdmissionConfig::default()),
-    ] {
+    for (name, config) in [("adaptive", adaptive), ("fixed", fixed)] {
         let shed = ShedLayer::from_config(config)
             .unwrap()
             .with_meter(&meter)
             .with_name(name);
-        let addr = serve(demo.clone(), Some(shed)).await;
+        let addr = serve(demo, Some(shed)).await;
         assert_eq!(run(addr, RetryLayer::new(controller(1)), 1).await, 1);
     }
     let m = &collect(&provider, &exporter);
