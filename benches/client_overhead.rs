@@ -7,7 +7,12 @@
 //! - `retry`: the channel wrapped in a `RetryLayer` (the method marked idempotent, so the
 //!   request is kept for a replay that never comes), same plain server;
 //! - `shed`: the plain channel to a server behind a `ShedLayer` (default admission);
-//! - `both`: the `RetryLayer` channel to the `ShedLayer` server.
+//! - `both`: the `RetryLayer` channel to the `ShedLayer` server;
+//! - `retry-prometheus`, `shed-prometheus` (only with `--features otel-examples`): `retry`
+//!   and `shed` with the layer recording into a meter whose provider has OpenTelemetry's
+//!   Prometheus exporter registered, each against its plain variant as its rival: what
+//!   being scraped costs the call path (nothing scrapes during the run; a scrape reads the
+//!   layers' counters on its own path).
 //!
 //! With a deadline, as every real call has one (each request carries a 1 s
 //! `Request::set_timeout`, so tonic's channel arms its own `grpc-timeout` timer on every
@@ -207,9 +212,15 @@ async fn serve_bare() -> SocketAddr {
     addr
 }
 
-async fn serve_shed() -> SocketAddr {
+/// A server behind a `ShedLayer`; `prometheus`: recording into the exporter's meter.
+async fn serve_shed(prometheus: bool) -> SocketAddr {
     let (listener, addr) = listener().await;
     let shed = ShedLayer::from_config(AdmissionConfig::default()).expect("admission config");
+    let shed = if prometheus {
+        exporter::shed(shed)
+    } else {
+        shed
+    };
     // Served exactly as the bare server, the layer aside (no router in either).
     tokio::spawn(
         Server::builder()
@@ -217,6 +228,51 @@ async fn serve_shed() -> SocketAddr {
             .serve_with_incoming(InventoryServer::new(Echo), TcpIncoming::from(listener)),
     );
     addr
+}
+
+/// The `*-prometheus` variants' meter: a provider of the bench's own with OpenTelemetry's
+/// Prometheus exporter registered, as a service that Prometheus scrapes has it. Nothing
+/// scrapes it during the run: a scrape reads the layers' counters on the scraper's own
+/// path, and what is measured is what the meter adds to each call.
+#[cfg(feature = "otel-examples")]
+mod exporter {
+    use std::sync::OnceLock;
+
+    use opentelemetry::metrics::MeterProvider as _;
+    use opentelemetry_sdk::metrics::SdkMeterProvider;
+
+    fn meter() -> opentelemetry::metrics::Meter {
+        static PROVIDER: OnceLock<SdkMeterProvider> = OnceLock::new();
+        PROVIDER
+            .get_or_init(|| {
+                let exporter = opentelemetry_prometheus::exporter()
+                    .with_registry(prometheus::Registry::new())
+                    .build()
+                    .expect("the Prometheus exporter");
+                SdkMeterProvider::builder().with_reader(exporter).build()
+            })
+            .meter("client_overhead")
+    }
+
+    pub(super) fn retry(layer: super::RetryLayer) -> super::RetryLayer {
+        layer.with_meter(&meter())
+    }
+
+    pub(super) fn shed(layer: super::ShedLayer) -> super::ShedLayer {
+        layer.with_meter(&meter())
+    }
+}
+
+/// Without the feature the `*-prometheus` variants are not offered (`available`).
+#[cfg(not(feature = "otel-examples"))]
+mod exporter {
+    pub(super) fn retry(layer: super::RetryLayer) -> super::RetryLayer {
+        layer
+    }
+
+    pub(super) fn shed(layer: super::ShedLayer) -> super::ShedLayer {
+        layer
+    }
 }
 
 fn endpoint(addr: SocketAddr) -> Endpoint {
@@ -237,16 +293,28 @@ const FLEET: usize = 3;
 struct Servers {
     bare: SocketAddr,
     shed: SocketAddr,
+    /// Behind a `ShedLayer` recording into the exporter's meter.
+    shed_prometheus: SocketAddr,
     fleet: [SocketAddr; FLEET],
 }
 
 async fn servers() -> Servers {
-    let (bare, shed) = (serve_bare().await, serve_shed().await);
+    let (bare, shed) = (serve_bare().await, serve_shed(false).await);
+    let shed_prometheus = if cfg!(feature = "otel-examples") {
+        serve_shed(true).await
+    } else {
+        shed
+    };
     let mut fleet = [bare; FLEET];
     for addr in &mut fleet {
         *addr = serve_bare().await;
     }
-    Servers { bare, shed, fleet }
+    Servers {
+        bare,
+        shed,
+        shed_prometheus,
+        fleet,
+    }
 }
 
 /// `Replicas` over the fleet, one lazily connected `Channel` per server (the choice seeded,
@@ -468,9 +536,13 @@ struct Variant {
     shed_server: bool,
     /// Whether every call carries a deadline.
     deadline: bool,
+    /// Whether the variant's layers record into a meter whose provider has
+    /// OpenTelemetry's Prometheus exporter registered (only with `--features
+    /// otel-examples`): what a service scraped by Prometheus runs on its call path.
+    prometheus: bool,
 }
 
-const VARIANTS: [Variant; 13] = [
+const VARIANTS: [Variant; 15] = [
     Variant {
         name: "bare",
         baseline: "bare",
@@ -478,6 +550,7 @@ const VARIANTS: [Variant; 13] = [
         stack: Stack::Plain,
         shed_server: false,
         deadline: false,
+        prometheus: false,
     },
     Variant {
         name: "retry",
@@ -486,6 +559,7 @@ const VARIANTS: [Variant; 13] = [
         stack: Stack::Layer { per_attempt: false },
         shed_server: false,
         deadline: false,
+        prometheus: false,
     },
     Variant {
         name: "shed",
@@ -494,6 +568,7 @@ const VARIANTS: [Variant; 13] = [
         stack: Stack::Plain,
         shed_server: true,
         deadline: false,
+        prometheus: false,
     },
     Variant {
         name: "both",
@@ -502,6 +577,7 @@ const VARIANTS: [Variant; 13] = [
         stack: Stack::Layer { per_attempt: false },
         shed_server: true,
         deadline: false,
+        prometheus: false,
     },
     Variant {
         name: "bare-deadline",
@@ -510,6 +586,7 @@ const VARIANTS: [Variant; 13] = [
         stack: Stack::Plain,
         shed_server: false,
         deadline: true,
+        prometheus: false,
     },
     Variant {
         name: "retry-deadline",
@@ -518,6 +595,7 @@ const VARIANTS: [Variant; 13] = [
         stack: Stack::Layer { per_attempt: false },
         shed_server: false,
         deadline: true,
+        prometheus: false,
     },
     Variant {
         name: "retry-attempt",
@@ -526,6 +604,7 @@ const VARIANTS: [Variant; 13] = [
         stack: Stack::Layer { per_attempt: true },
         shed_server: false,
         deadline: true,
+        prometheus: false,
     },
     Variant {
         name: "hedge-deadline",
@@ -534,6 +613,7 @@ const VARIANTS: [Variant; 13] = [
         stack: Stack::Hedge,
         shed_server: false,
         deadline: true,
+        prometheus: false,
     },
     Variant {
         name: "tower-retry",
@@ -542,6 +622,7 @@ const VARIANTS: [Variant; 13] = [
         stack: Stack::Tower,
         shed_server: false,
         deadline: true,
+        prometheus: false,
     },
     Variant {
         name: "balance-list",
@@ -550,6 +631,7 @@ const VARIANTS: [Variant; 13] = [
         stack: Stack::BalanceList { retry: false },
         shed_server: false,
         deadline: false,
+        prometheus: false,
     },
     Variant {
         name: "replicas",
@@ -558,6 +640,7 @@ const VARIANTS: [Variant; 13] = [
         stack: Stack::Replicas { retry: false },
         shed_server: false,
         deadline: false,
+        prometheus: false,
     },
     Variant {
         name: "retry-balance-list",
@@ -566,6 +649,7 @@ const VARIANTS: [Variant; 13] = [
         stack: Stack::BalanceList { retry: true },
         shed_server: false,
         deadline: false,
+        prometheus: false,
     },
     Variant {
         name: "retry-replicas",
@@ -574,12 +658,39 @@ const VARIANTS: [Variant; 13] = [
         stack: Stack::Replicas { retry: true },
         shed_server: false,
         deadline: false,
+        prometheus: false,
+    },
+    Variant {
+        name: "retry-prometheus",
+        baseline: "bare",
+        rival: Some("retry"),
+        stack: Stack::Layer { per_attempt: false },
+        shed_server: false,
+        deadline: false,
+        prometheus: true,
+    },
+    Variant {
+        name: "shed-prometheus",
+        baseline: "bare",
+        rival: Some("shed"),
+        stack: Stack::Plain,
+        shed_server: true,
+        deadline: false,
+        prometheus: true,
     },
 ];
 
+/// The variants this build can run: those with a Prometheus exporter need the
+/// `otel-examples` feature.
+fn available() -> impl Iterator<Item = &'static Variant> {
+    VARIANTS
+        .iter()
+        .filter(|v| !v.prometheus || cfg!(feature = "otel-examples"))
+}
+
 fn variant(name: &str) -> &'static Variant {
-    VARIANTS.iter().find(|v| v.name == name).unwrap_or_else(|| {
-        let names: Vec<_> = VARIANTS.iter().map(|v| v.name).collect();
+    available().find(|v| v.name == name).unwrap_or_else(|| {
+        let names: Vec<_> = available().map(|v| v.name).collect();
         panic!("unknown variant {name:?}; expected one of {names:?}")
     })
 }
@@ -653,19 +764,25 @@ async fn client(v: &Variant, timeouts: Timeouts, servers: Servers) -> Client {
 
 /// The stub of a variant that calls one server over one connected channel.
 async fn one_server_stub(v: &Variant, timeouts: Timeouts, servers: Servers) -> Stub {
-    let channel = channel(if v.shed_server {
-        servers.shed
-    } else {
-        servers.bare
+    let channel = channel(match (v.shed_server, v.prometheus) {
+        (true, true) => servers.shed_prometheus,
+        (true, false) => servers.shed,
+        (false, _) => servers.bare,
     })
     .await;
     match v.stack {
         Stack::Plain => Stub::Bare(InventoryClient::new(channel)),
-        Stack::Layer { per_attempt } => Stub::Retry(InventoryClient::new(
-            tower::ServiceBuilder::new()
-                .layer(retry_layer(per_attempt.then_some(timeouts.per_attempt)))
-                .service(channel),
-        )),
+        Stack::Layer { per_attempt } => {
+            let layer = retry_layer(per_attempt.then_some(timeouts.per_attempt));
+            let layer = if v.prometheus {
+                exporter::retry(layer)
+            } else {
+                layer
+            };
+            Stub::Retry(InventoryClient::new(
+                tower::ServiceBuilder::new().layer(layer).service(channel),
+            ))
+        }
         Stack::Tower => Stub::Tower(InventoryClient::new(tower_retry(channel))),
         Stack::Hedge => Stub::Retry(InventoryClient::new(
             tower::ServiceBuilder::new()
@@ -817,10 +934,9 @@ fn options() -> Options {
 /// rivals, in table order.
 fn selected(asked: Option<&[&'static Variant]>) -> Vec<&'static Variant> {
     let Some(asked) = asked else {
-        return VARIANTS.iter().collect();
+        return available().collect();
     };
-    VARIANTS
-        .iter()
+    available()
         .filter(|v| {
             asked.iter().any(|a| {
                 a.name == v.name || a.baseline == v.name || a.rival.is_some_and(|r| r == v.name)
@@ -847,7 +963,7 @@ fn main() {
     let o = options();
     if o.list {
         // For `benches/callgrind.sh`: which ratios to take, from this one table.
-        for v in &VARIANTS {
+        for v in available() {
             println!("{} {} {}", v.name, v.baseline, v.rival.unwrap_or("-"));
         }
         return;

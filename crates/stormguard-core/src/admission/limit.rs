@@ -109,13 +109,12 @@ struct Window {
     abandoned: usize,
 }
 
-/// What the last decided window saw: the limit in force, its mean latency, and whether
-/// the limit was the bound (as many calls ran as it allowed).
+/// What a window that cut the limit saw: the calls that ran at once on average and
+/// their mean latency. The window after the cut is compared with it.
 #[derive(Clone, Copy, Debug)]
 struct Seen {
-    limit: f64,
+    running: f64,
     rtt: f64,
-    saturated: bool,
 }
 
 /// What a window saw when it closed.
@@ -125,8 +124,6 @@ struct Closed {
     m: Duration,
     /// Its mean latency, seconds.
     rtt: f64,
-    /// The most calls that ran at once.
-    used: f64,
     /// The mean of the calls running alongside each sample.
     mean_running: f64,
     /// Whether many callers left before their calls finished.
@@ -248,12 +245,15 @@ pub struct AdaptiveLimit {
     probe: Option<Probe>,
     /// When the next probe starts (`None`: at the first sample).
     next_probe: Option<Instant>,
-    /// The last window in which the limit was the bound and few callers left.
+    /// The last window that cut the limit, until the window after the cut is compared
+    /// with it.
     last: Option<Seen>,
     /// When a window first showed the floor falling, while windows stay saturated.
     fell_at: Option<Instant>,
     /// Samples count from calls started at or after this instant (the last cut).
     counted_from: Option<Instant>,
+    /// Windows in a row that grew the limit: each doubles the next step.
+    growth: u32,
     rng: fastrand::Rng,
 }
 
@@ -276,6 +276,7 @@ impl AdaptiveLimit {
             last: None,
             fell_at: None,
             counted_from: None,
+            growth: 0,
             rng,
         })
     }
@@ -340,15 +341,28 @@ impl AdaptiveLimit {
                 clean_from: None,
                 samples: Vec::with_capacity(self.config.min_window_samples),
             });
-            self.limit = self.config.min_limit as f64;
+            self.limit = self.probe_limit();
             self.window = None;
             self.last = None;
             self.fell_at = None;
         }
     }
 
-    /// One sample during a probe: counted once no more than the floor ran when its call
-    /// started; with enough of them, the median is the no-load latency and the limit
+    /// The limit during a probe. The first, with nothing known, is at the floor. Later
+    /// ones are at half the limit: it sits a call or two above the capacity, so half of it
+    /// queues nothing inside, and the probe costs at most half the capacity for a few
+    /// service times instead of pinning the server at the floor (which sheds real
+    /// traffic for as long as the probe lasts).
+    fn probe_limit(&self) -> f64 {
+        let floor = self.config.min_limit as f64;
+        match self.min_latency {
+            None => floor,
+            Some(_) => (self.limit / 2.0).floor().max(floor),
+        }
+    }
+
+    /// One sample during a probe: counted once no more than the probe's limit ran when
+    /// its call started; with enough of them, the median is the no-load latency and the limit
     /// returns to where it was.
     fn probe_sample_at(
         &mut self,
@@ -363,7 +377,7 @@ impl AdaptiveLimit {
         if probe.clean_from.is_some_and(|from| started >= from) {
             probe.samples.push(latency);
         }
-        if probe.clean_from.is_none() && running <= self.config.min_limit {
+        if probe.clean_from.is_none() && running as f64 <= self.limit {
             probe.clean_from = Some(now);
         }
         if probe.samples.len() >= self.config.min_window_samples {
@@ -401,16 +415,25 @@ impl AdaptiveLimit {
         window.max_running = window.max_running.max(running + 1);
         window.sum_running += running + 1;
         let m = self.min_latency?;
-        let span = self.config.window.max(m.saturating_mul(2));
-        if window.count < self.config.min_window_samples
-            || now.saturating_duration_since(window.started) < span
-        {
+        // The window after a cut answers one question (did the latency fall with the
+        // limit?) while capacity may sit idle: half the samples over two floors do.
+        let (span, samples) = if self.last.is_some() {
+            (
+                m.saturating_mul(2),
+                self.config.min_window_samples.div_ceil(2),
+            )
+        } else {
+            (
+                self.config.window.max(m.saturating_mul(2)),
+                self.config.min_window_samples,
+            )
+        };
+        if window.count < samples || now.saturating_duration_since(window.started) < span {
             return None;
         }
         let closed = Closed {
             m,
             rtt: window.sum_secs / window.count as f64,
-            used: window.max_running as f64,
             mean_running: window.sum_running as f64 / window.count as f64,
             censored: window.abandoned as f64 >= CENSORED_SHARE * window.count as f64,
         };
@@ -419,38 +442,38 @@ impl AdaptiveLimit {
     }
 
     /// A window closed at `now`: the floor follows what it saw, and the limit takes the
-    /// Vegas step (held back when callers left).
+    /// Vegas step (held back when callers left), or goes to the capacity that the window
+    /// and the one before the last cut show.
     fn close_window_at(&mut self, now: Instant, closed: Closed) {
         let Closed {
             m,
             rtt,
-            used,
             mean_running,
             censored,
         } = closed;
+        let saturated = mean_running >= 0.9 * self.limit.round();
         let seen = Seen {
-            limit: self.limit,
+            running: mean_running,
             rtt,
-            saturated: mean_running >= 0.9 * self.limit.round(),
         };
-        let m = self.follow_floor_at(now, m, seen, censored);
+        let (m, capacity) = self.follow_floor_at(now, m, seen, saturated, censored);
         if rtt > 0.0 {
             self.min_latency = Duration::try_from_secs_f64(m).ok().or(self.min_latency);
         }
         let before = self.limit;
-        let mut next = self.next_limit(m, rtt, used);
-        if censored {
+        let l = band_unit(before);
+        let queued = queued(before, m, rtt);
+        let mut next = match capacity {
+            // The floor rose: the calls take longer, but as many run at once.
+            Some(capacity) => capacity + l / 2.0,
+            None => self.next_limit(queued, m, rtt, saturated && !censored),
+        };
+        if censored && capacity.is_none() {
             // Callers left: no evidence of room, and while calls still queue inside, that
             // queue is what made them leave.
-            let l = before.log10().max(1.0);
-            let queued = if rtt > 0.0 {
-                before * (1.0 - m / rtt)
-            } else {
-                0.0
-            };
             next = next.min(before);
             if queued >= l / 2.0 {
-                next = next.min(before - l);
+                next = next.min(before - l / 2.0);
             }
         }
         self.limit = next.clamp(self.config.min_limit as f64, self.config.max_limit as f64);
@@ -458,34 +481,48 @@ impl AdaptiveLimit {
             // Calls let in under the higher limit still queue inside: the next window
             // counts only the calls that start under the new one.
             self.counted_from = Some(now);
+            if !censored && capacity.is_none() {
+                // A cut is a test of "those calls queued inside": the next window answers.
+                self.last = Some(seen);
+            }
         }
     }
 
     /// The no-load latency (seconds) after a window that saw `seen`, from the floor `m`
-    /// known before it; schedules a probe when the floor fell while windows stay saturated.
-    fn follow_floor_at(&mut self, now: Instant, m: Duration, seen: Seen, censored: bool) -> f64 {
+    /// known before it, and the capacity when this window and the one that made the last
+    /// cut show a higher floor; schedules a probe when the floor fell while windows stay
+    /// `saturated`.
+    fn follow_floor_at(
+        &mut self,
+        now: Instant,
+        m: Duration,
+        seen: Seen,
+        saturated: bool,
+        censored: bool,
+    ) -> (f64, Option<f64>) {
         let rtt = seen.rtt;
         // Between probes the floor follows a faster window down at once...
         if rtt < 0.8 * m.as_secs_f64() {
             self.fell_at.get_or_insert(now);
         }
         let mut m = m.as_secs_f64().min(rtt);
-        // ...and up when two saturated windows show it (see `floor_between`). A window in
-        // which many callers left is not one of them: its mean is only a lower bound.
-        if seen.saturated && !censored {
-            if let Some(floor) = self.last.and_then(|last| floor_between(last, seen)) {
+        let mut capacity = None;
+        // ...and up when the window after a cut shows it (see `floor_between`). A window
+        // in which many callers left is not one: its mean is only a lower bound.
+        if !censored {
+            if let Some((floor, c)) = self.last.take().and_then(|last| floor_between(last, seen)) {
                 m = floor;
+                capacity = Some(c);
             }
-            self.last = Some(seen);
-        } else if !seen.saturated {
-            self.last = None;
+        }
+        if !saturated {
             // Calls that do not queue inside show the floor as it is.
             self.fell_at = None;
         }
         // A floor that fell while every window stays saturated is only known from above
         // (the windows' means include the calls queued inside), so the limit would sit
         // too high: after a second of that, a probe measures it.
-        if seen.saturated
+        if saturated
             && self
                 .fell_at
                 .is_some_and(|at| now.saturating_duration_since(at) >= Duration::from_secs(1))
@@ -493,35 +530,49 @@ impl AdaptiveLimit {
             self.next_probe = Some(now);
             self.fell_at = None;
         }
-        m
+        (m, capacity)
     }
 
     /// The Vegas step: the new limit after a window of mean latency `rtt` with no-load
-    /// latency `m`, in which at most `used` calls ran at once.
-    fn next_limit(&self, m: f64, rtt: f64, used: f64) -> f64 {
+    /// latency `m`, in which `queued` calls seemed to queue inside; the limit grows only
+    /// after a window that was `saturated` (as many calls ran, on average, as it allowed):
+    /// growing a limit that was not used tests nothing.
+    fn next_limit(&mut self, queued: f64, m: f64, rtt: f64, saturated: bool) -> f64 {
         let limit = self.limit;
-        let queued = if rtt > 0.0 {
-            limit * (1.0 - m / rtt)
-        } else {
-            0.0
-        };
-        let l = limit.log10().max(1.0);
-        let (alpha, beta) = (l, 3.0 * l);
-        // Growing a limit that was not used tests nothing.
-        let busy = used >= limit.round();
-        let next = if queued <= l && busy {
-            limit + beta
-        } else if queued < alpha && busy {
-            limit + l
+        let l = band_unit(limit);
+        let (alpha, beta) = (l / 4.0, l);
+        let next = if queued < alpha && saturated {
+            // Each window that grows the limit with nothing queued inside doubles the
+            // next step, from `l/2`: a large server reaches its capacity in a few windows.
+            let step = (alpha * f64::from(1u32 << self.growth.min(16))).min(limit);
+            self.growth += 1;
+            return (limit + step)
+                .clamp(self.config.min_limit as f64, self.config.max_limit as f64);
         } else if queued > beta {
             // `L · m / rtt` is the capacity the window measured: go at once to it plus
-            // the middle of the band, or by `l` if that is less of a step.
+            // the middle of the band, or by `α` if that is less of a step.
             let target = limit * m / rtt + (alpha + beta) / 2.0;
-            target.min(limit - l)
+            target.min(limit - alpha)
         } else {
             limit
         };
+        self.growth = 0;
         next.clamp(self.config.min_limit as f64, self.config.max_limit as f64)
+    }
+}
+
+/// `l = max(1, log10 L)`: the unit of the band of calls kept queued inside.
+fn band_unit(limit: f64) -> f64 {
+    limit.log10().max(1.0)
+}
+
+/// Vegas's reading of the calls queued inside at `limit`, with floor `m` and mean
+/// latency `rtt`: `L · (1 − m / rtt)`.
+fn queued(limit: f64, m: f64, rtt: f64) -> f64 {
+    if rtt > 0.0 {
+        limit * (1.0 - m / rtt)
+    } else {
+        0.0
     }
 }
 
@@ -529,18 +580,27 @@ impl AdaptiveLimit {
 /// latency counts only as a lower bound.
 const CENSORED_SHARE: f64 = 0.1;
 
-/// The latency floor two saturated windows at different limits show, if they show one.
-/// While calls queue inside, the latency is proportional to the calls let in
-/// (`rtt ≈ m·L/C`), so `rtt / L` is the same at both limits. When the lower limit's
-/// `rtt / L` is clearly higher, the latency did not fall with the limit: its calls did
-/// not queue inside, and what they took is the floor.
-fn floor_between(a: Seen, b: Seen) -> Option<f64> {
-    let (lo, hi) = if a.limit < b.limit { (a, b) } else { (b, a) };
-    if lo.limit > 0.9 * hi.limit || lo.rtt <= 0.0 || hi.rtt <= 0.0 {
+/// The latency floor and the capacity that the window which cut the limit (`hi`) and
+/// the window after the cut (`lo`) show, if they show one. While calls queue inside, the
+/// latency is proportional to the calls running at once (`rtt ≈ m·N/C`): the lower
+/// window's latency would be the higher one's times `N_lo / N_hi`. When it is clearly
+/// more than that, the lower window's calls did not all queue inside: what they took is
+/// the floor, and the higher window's latency says how many ran at once at that floor,
+/// `C = N_hi · rtt_lo / rtt_hi` (at least `N_lo`).
+fn floor_between(hi: Seen, lo: Seen) -> Option<(f64, f64)> {
+    if lo.running > 0.95 * hi.running || lo.rtt <= 0.0 || hi.rtt <= 0.0 {
         return None;
     }
-    (lo.rtt / lo.limit > 1.3 * hi.rtt / hi.limit).then_some(lo.rtt)
+    let if_queued = hi.rtt * lo.running / hi.running;
+    (lo.rtt > FLOOR_SHOWN * if_queued).then(|| {
+        let capacity = (hi.running * lo.rtt / hi.rtt).clamp(lo.running, hi.running);
+        (lo.rtt, capacity)
+    })
 }
+
+/// How much above the latency pure queueing predicts a lower limit's latency must be to
+/// show a floor: well above the noise of a window's mean.
+const FLOOR_SHOWN: f64 = 1.15;
 
 #[cfg(test)]
 mod tests;

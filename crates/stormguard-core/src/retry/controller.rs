@@ -383,9 +383,4 @@ impl RetryController {
             connect_at: None,
         })
     }
-
-    /// [`begin_at`](Self::begin_at) now.
-    pub fn begin(&self, path: &str, deadline: Option<Instant>) -> Result<CallRetry, Refusal> {
-        self.begin_at(path, deadline, Instant::now())
-    }
 }

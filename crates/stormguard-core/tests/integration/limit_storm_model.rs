@@ -238,10 +238,10 @@ fn served(run: &Run, from: u64, to: u64) -> f64 {
     f64::from(s) / f64::from(o)
 }
 
-/// Six seeds of the storm: during the slowdown the adaptive limit serves at least 0.9 of
-/// what `workers = C` serves (0.93-0.94 on average; the limit before it, which probed
-/// the floor at `min_limit` as soon as a cut looked like one, served 0.83-0.89), and it
-/// is back at once; under a sustained 2x overload it serves what `workers = C` serves.
+/// Six seeds of the storm: during the slowdown the adaptive limit serves at least 0.96 of
+/// what `workers = C` serves (0.975-0.993, 0.983 on average; a fixed limit of C + 1
+/// serves 0.98-0.99 of it, C + 2 0.97-0.99, C + 3 0.92-0.98), and it is back at once;
+/// under a sustained 2x overload it serves what `workers = C` serves.
 #[test]
 fn the_adaptive_limit_holds_through_a_slowdown_and_under_overload() {
     let back = |r: &Run| {
@@ -263,7 +263,7 @@ fn the_adaptive_limit_holds_through_a_slowdown_and_under_overload() {
             served(&adaptive, 5, 9),
             &adaptive.limits[..adaptive.limits.len().min(12)]
         );
-        assert!(ratio >= 0.9, "seed {seed}: {ratio:.3}x of workers = C");
+        assert!(ratio >= 0.96, "seed {seed}: {ratio:.3}x of workers = C");
         assert_eq!(back(&fixed), Some(9), "seed {seed}: fixed");
         assert_eq!(back(&adaptive), Some(9), "seed {seed}: adaptive");
         ratios.push(ratio);
@@ -274,5 +274,5 @@ fn the_adaptive_limit_holds_through_a_slowdown_and_under_overload() {
         assert!(share >= 0.95, "seed {seed}: {share:.3}x under overload");
     }
     let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
-    assert!(mean >= 0.92, "{mean:.3}x of workers = C on average");
+    assert!(mean >= 0.975, "{mean:.3}x of workers = C on average");
 }

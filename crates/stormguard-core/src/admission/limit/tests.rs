@@ -138,23 +138,23 @@ fn a_window_whose_callers_left_neither_grows_the_limit_nor_shows_a_floor() {
         limit.sample_at(start + 10 * MS, start, 0);
     }
     assert_eq!((limit.limit(), limit.min_latency()), (30, Some(10 * MS)));
-    // Windows of 30 calls running, each 10.2 ms so far, a third abandoned: hardly
+    // Windows of 30 calls running, each 10.1 ms so far, a third abandoned: hardly
     // anything seems queued, which would grow the limit, but the mean is only a
     // lower bound.
     let mut t = t0 + 100 * MS;
     for i in 0..60u32 {
         t += 2 * MS;
         if i % 3 == 0 {
-            limit.abandoned_at(t, t - 10200 * US, 29);
+            limit.abandoned_at(t, t - 10100 * US, 29);
         } else {
-            limit.sample_at(t, t - 10200 * US, 29);
+            limit.sample_at(t, t - 10100 * US, 29);
         }
     }
     assert_eq!(limit.limit(), 30);
     // The same windows with every call finished grow it.
-    for _ in 0..30u32 {
+    for _ in 0..60u32 {
         t += 2 * MS;
-        limit.sample_at(t, t - 10200 * US, 29);
+        limit.sample_at(t, t - 10100 * US, 29);
     }
     assert!(limit.limit() > 30, "{}", limit.limit());
 }
