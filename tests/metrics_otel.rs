@@ -2,7 +2,23 @@
 //! what the SDK's in-memory exporter received equals the layers' own counters; every
 //! series names its layer, so two layers on one meter stay apart; the order of
 //! `with_meter` and `with_stats` does not matter.
+//!
+//! Beside them, the example client and server (`examples/client.rs`, `examples/server.rs`)
+//! with the feature on (their `--otel-stdout`): their tests, in the examples' test binary
+//! too, run here with it, so that the larger binary is built once.
 #![allow(clippy::unwrap_used)]
+// The example client and server each bring the examples' `support/otel.rs` module of their own.
+#![allow(clippy::duplicate_mod)]
+
+#[path = "support/client.rs"]
+mod client_support;
+#[path = "examples/support.rs"]
+mod support;
+
+#[path = "examples/client.rs"]
+mod client;
+#[path = "examples/server.rs"]
+mod server;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
