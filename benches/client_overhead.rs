@@ -6,7 +6,9 @@
 //! - `bare`: a plain tonic channel to a plain tonic server;
 //! - `retry`: the channel wrapped in a `RetryLayer` (the method marked idempotent, so the
 //!   request is kept for a replay that never comes), same plain server;
-//! - `shed`: the plain channel to a server behind a `ShedLayer` (default admission);
+//! - `shed`: the plain channel to a server behind a `ShedLayer` (default admission: an
+//!   adaptive worker limit), against `shed-fixed` as its rival, the same with a fixed
+//!   limit of 64 workers;
 //! - `both`: the `RetryLayer` channel to the `ShedLayer` server.
 //!
 //! With a deadline, as every real call has one (each request carries a 1 s
@@ -121,7 +123,7 @@ use stormguard_demo::{
     Inventory, InventoryClient, InventoryServer, ReserveReply, ReserveRequest, StockLevel,
     WatchStockRequest,
 };
-use stormguard_server::{AdmissionConfig, ShedLayer};
+use stormguard_server::{AdmissionConfig, ShedLayer, WorkerLimit};
 use tokio::net::TcpListener;
 use tokio::time::Sleep;
 use tonic::body::Body;
@@ -207,9 +209,9 @@ async fn serve_bare() -> SocketAddr {
     addr
 }
 
-async fn serve_shed() -> SocketAddr {
+async fn serve_shed(admission: AdmissionConfig) -> SocketAddr {
     let (listener, addr) = listener().await;
-    let shed = ShedLayer::from_config(AdmissionConfig::default()).expect("admission config");
+    let shed = ShedLayer::from_config(admission).expect("admission config");
     // Served exactly as the bare server, the layer aside (no router in either).
     tokio::spawn(
         Server::builder()
@@ -237,16 +239,30 @@ const FLEET: usize = 3;
 struct Servers {
     bare: SocketAddr,
     shed: SocketAddr,
+    shed_fixed: SocketAddr,
     fleet: [SocketAddr; FLEET],
 }
 
 async fn servers() -> Servers {
-    let (bare, shed) = (serve_bare().await, serve_shed().await);
+    let (bare, shed) = (
+        serve_bare().await,
+        serve_shed(AdmissionConfig::default()).await,
+    );
+    let shed_fixed = serve_shed(AdmissionConfig {
+        workers: WorkerLimit::Fixed(64),
+        ..AdmissionConfig::default()
+    })
+    .await;
     let mut fleet = [bare; FLEET];
     for addr in &mut fleet {
         *addr = serve_bare().await;
     }
-    Servers { bare, shed, fleet }
+    Servers {
+        bare,
+        shed,
+        shed_fixed,
+        fleet,
+    }
 }
 
 /// `Replicas` over the fleet, one lazily connected `Channel` per server (the choice seeded,
@@ -465,18 +481,30 @@ struct Variant {
     /// A variant it is also compared with (stormguard against what tower offers).
     rival: Option<&'static str>,
     stack: Stack,
-    shed_server: bool,
+    /// The server: bare, or behind a `ShedLayer` with the default (adaptive) worker
+    /// limit, or with a fixed one.
+    server: Target,
     /// Whether every call carries a deadline.
     deadline: bool,
 }
 
-const VARIANTS: [Variant; 13] = [
+/// Which server a variant calls.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Target {
+    Bare,
+    /// Behind a `ShedLayer` of `AdmissionConfig::default()`: an adaptive worker limit.
+    Shed,
+    /// Behind a `ShedLayer` with a fixed limit of 64 workers.
+    ShedFixed,
+}
+
+const VARIANTS: [Variant; 14] = [
     Variant {
         name: "bare",
         baseline: "bare",
         rival: None,
         stack: Stack::Plain,
-        shed_server: false,
+        server: Target::Bare,
         deadline: false,
     },
     Variant {
@@ -484,15 +512,23 @@ const VARIANTS: [Variant; 13] = [
         baseline: "bare",
         rival: None,
         stack: Stack::Layer { per_attempt: false },
-        shed_server: false,
+        server: Target::Bare,
         deadline: false,
     },
     Variant {
         name: "shed",
         baseline: "bare",
+        rival: Some("shed-fixed"),
+        stack: Stack::Plain,
+        server: Target::Shed,
+        deadline: false,
+    },
+    Variant {
+        name: "shed-fixed",
+        baseline: "bare",
         rival: None,
         stack: Stack::Plain,
-        shed_server: true,
+        server: Target::ShedFixed,
         deadline: false,
     },
     Variant {
@@ -500,7 +536,7 @@ const VARIANTS: [Variant; 13] = [
         baseline: "bare",
         rival: None,
         stack: Stack::Layer { per_attempt: false },
-        shed_server: true,
+        server: Target::Shed,
         deadline: false,
     },
     Variant {
@@ -508,7 +544,7 @@ const VARIANTS: [Variant; 13] = [
         baseline: "bare-deadline",
         rival: None,
         stack: Stack::Plain,
-        shed_server: false,
+        server: Target::Bare,
         deadline: true,
     },
     Variant {
@@ -516,7 +552,7 @@ const VARIANTS: [Variant; 13] = [
         baseline: "bare-deadline",
         rival: Some("tower-retry"),
         stack: Stack::Layer { per_attempt: false },
-        shed_server: false,
+        server: Target::Bare,
         deadline: true,
     },
     Variant {
@@ -524,7 +560,7 @@ const VARIANTS: [Variant; 13] = [
         baseline: "bare-deadline",
         rival: Some("tower-retry"),
         stack: Stack::Layer { per_attempt: true },
-        shed_server: false,
+        server: Target::Bare,
         deadline: true,
     },
     Variant {
@@ -532,7 +568,7 @@ const VARIANTS: [Variant; 13] = [
         baseline: "bare-deadline",
         rival: Some("retry-deadline"),
         stack: Stack::Hedge,
-        shed_server: false,
+        server: Target::Bare,
         deadline: true,
     },
     Variant {
@@ -540,7 +576,7 @@ const VARIANTS: [Variant; 13] = [
         baseline: "bare-deadline",
         rival: None,
         stack: Stack::Tower,
-        shed_server: false,
+        server: Target::Bare,
         deadline: true,
     },
     Variant {
@@ -548,7 +584,7 @@ const VARIANTS: [Variant; 13] = [
         baseline: "balance-list",
         rival: None,
         stack: Stack::BalanceList { retry: false },
-        shed_server: false,
+        server: Target::Bare,
         deadline: false,
     },
     Variant {
@@ -556,7 +592,7 @@ const VARIANTS: [Variant; 13] = [
         baseline: "balance-list",
         rival: None,
         stack: Stack::Replicas { retry: false },
-        shed_server: false,
+        server: Target::Bare,
         deadline: false,
     },
     Variant {
@@ -564,7 +600,7 @@ const VARIANTS: [Variant; 13] = [
         baseline: "balance-list",
         rival: None,
         stack: Stack::BalanceList { retry: true },
-        shed_server: false,
+        server: Target::Bare,
         deadline: false,
     },
     Variant {
@@ -572,7 +608,7 @@ const VARIANTS: [Variant; 13] = [
         baseline: "balance-list",
         rival: Some("retry-balance-list"),
         stack: Stack::Replicas { retry: true },
-        shed_server: false,
+        server: Target::Bare,
         deadline: false,
     },
 ];
@@ -653,10 +689,10 @@ async fn client(v: &Variant, timeouts: Timeouts, servers: Servers) -> Client {
 
 /// The stub of a variant that calls one server over one connected channel.
 async fn one_server_stub(v: &Variant, timeouts: Timeouts, servers: Servers) -> Stub {
-    let channel = channel(if v.shed_server {
-        servers.shed
-    } else {
-        servers.bare
+    let channel = channel(match v.server {
+        Target::Bare => servers.bare,
+        Target::Shed => servers.shed,
+        Target::ShedFixed => servers.shed_fixed,
     })
     .await;
     match v.stack {
