@@ -11,8 +11,11 @@
 # against `tower-retry`, `retry-replicas` against `retry-balance-list`); the bench's
 # `--list` says which is which, and baselines and rivals of the variants named are run too.
 #
-# Usage: benches/callgrind.sh [--json] [--calls N1,N2] [--keep DIR] [--valgrind-arg A]... [VARIANT...]
+# Usage: benches/callgrind.sh [--json] [--calls N1,N2] [--features F] [--keep DIR] [--valgrind-arg A]... [VARIANT...]
 #   --json           print the table as a JSON array instead of text
+#   --features F     build the bench with cargo features F (`otel-examples` adds the
+#                    `retry-prometheus` and `shed-prometheus` variants: the layers recording
+#                    into a meter with OpenTelemetry's Prometheus exporter registered)
 #   --calls N1,N2    the two call counts (default 2000,4000)
 #   --keep DIR       keep the callgrind output files in DIR (callgrind.VARIANT.N.out), for
 #                    `callgrind_annotate`; build with CARGO_PROFILE_BENCH_DEBUG=line-tables-only
@@ -34,6 +37,7 @@ cd "$(dirname "$0")/.."
 
 json=false
 calls="2000,4000"
+features=()
 keep=""
 valgrind_args=()
 asked=()
@@ -42,6 +46,10 @@ while (($#)); do
         --json) json=true ;;
         --calls)
             calls="${2:?--calls needs N1,N2}"
+            shift
+            ;;
+        --features)
+            features=(--features "${2:?--features needs a list}")
             shift
             ;;
         --keep)
@@ -75,7 +83,7 @@ command -v valgrind >/dev/null || {
     exit 1
 }
 
-bin=$(cargo bench --bench client_overhead --no-run --locked --message-format=json |
+bin=$(cargo bench --bench client_overhead --no-run --locked "${features[@]}" --message-format=json |
     jq -r 'select(.reason == "compiler-artifact" and .target.name == "client_overhead")
            | .executable // empty' | tail -1)
 if [[ -z "$bin" || ! -x "$bin" ]]; then

@@ -9,7 +9,12 @@
 //! - `shed`: the plain channel to a server behind a `ShedLayer` (default admission: an
 //!   adaptive worker limit), against `shed-fixed` as its rival, the same with a fixed
 //!   limit of 64 workers;
-//! - `both`: the `RetryLayer` channel to the `ShedLayer` server.
+//! - `both`: the `RetryLayer` channel to the `ShedLayer` server;
+//! - `retry-prometheus`, `shed-prometheus` (only with `--features otel-examples`): `retry`
+//!   and `shed` with the layer recording into a meter whose provider has OpenTelemetry's
+//!   Prometheus exporter registered, each against its plain variant as its rival: what
+//!   being scraped costs the call path (nothing scrapes during the run; a scrape reads the
+//!   layers' counters on its own path).
 //!
 //! With a deadline, as every real call has one (each request carries a 1 s
 //! `Request::set_timeout`, so tonic's channel arms its own `grpc-timeout` timer on every
@@ -209,9 +214,16 @@ async fn serve_bare() -> SocketAddr {
     addr
 }
 
-async fn serve_shed(admission: AdmissionConfig) -> SocketAddr {
+/// A server behind a `ShedLayer` of `admission`; `prometheus`: recording into the
+/// exporter's meter.
+async fn serve_shed(prometheus: bool, admission: AdmissionConfig) -> SocketAddr {
     let (listener, addr) = listener().await;
     let shed = ShedLayer::from_config(admission).expect("admission config");
+    let shed = if prometheus {
+        exporter::shed(shed)
+    } else {
+        shed
+    };
     // Served exactly as the bare server, the layer aside (no router in either).
     tokio::spawn(
         Server::builder()
@@ -219,6 +231,51 @@ async fn serve_shed(admission: AdmissionConfig) -> SocketAddr {
             .serve_with_incoming(InventoryServer::new(Echo), TcpIncoming::from(listener)),
     );
     addr
+}
+
+/// The `*-prometheus` variants' meter: a provider of the bench's own with OpenTelemetry's
+/// Prometheus exporter registered, as a service that Prometheus scrapes has it. Nothing
+/// scrapes it during the run: a scrape reads the layers' counters on the scraper's own
+/// path, and what is measured is what the meter adds to each call.
+#[cfg(feature = "otel-examples")]
+mod exporter {
+    use std::sync::OnceLock;
+
+    use opentelemetry::metrics::MeterProvider as _;
+    use opentelemetry_sdk::metrics::SdkMeterProvider;
+
+    fn meter() -> opentelemetry::metrics::Meter {
+        static PROVIDER: OnceLock<SdkMeterProvider> = OnceLock::new();
+        PROVIDER
+            .get_or_init(|| {
+                let exporter = opentelemetry_prometheus::exporter()
+                    .with_registry(prometheus::Registry::new())
+                    .build()
+                    .expect("the Prometheus exporter");
+                SdkMeterProvider::builder().with_reader(exporter).build()
+            })
+            .meter("client_overhead")
+    }
+
+    pub(super) fn retry(layer: super::RetryLayer) -> super::RetryLayer {
+        layer.with_meter(&meter())
+    }
+
+    pub(super) fn shed(layer: super::ShedLayer) -> super::ShedLayer {
+        layer.with_meter(&meter())
+    }
+}
+
+/// Without the feature the `*-prometheus` variants are not offered (`available`).
+#[cfg(not(feature = "otel-examples"))]
+mod exporter {
+    pub(super) fn retry(layer: super::RetryLayer) -> super::RetryLayer {
+        layer
+    }
+
+    pub(super) fn shed(layer: super::ShedLayer) -> super::ShedLayer {
+        layer
+    }
 }
 
 fn endpoint(addr: SocketAddr) -> Endpoint {
@@ -239,6 +296,9 @@ const FLEET: usize = 3;
 struct Servers {
     bare: SocketAddr,
     shed: SocketAddr,
+    /// Behind a `ShedLayer` recording into the exporter's meter.
+    shed_prometheus: SocketAddr,
+    /// Behind a `ShedLayer` with a fixed limit of 64 workers.
     shed_fixed: SocketAddr,
     fleet: [SocketAddr; FLEET],
 }
@@ -246,13 +306,18 @@ struct Servers {
 async fn servers() -> Servers {
     let (bare, shed) = (
         serve_bare().await,
-        serve_shed(AdmissionConfig::default()).await,
+        serve_shed(false, AdmissionConfig::default()).await,
     );
-    let shed_fixed = serve_shed(AdmissionConfig {
+    let fixed = AdmissionConfig {
         workers: WorkerLimit::Fixed(64),
         ..AdmissionConfig::default()
-    })
-    .await;
+    };
+    let shed_fixed = serve_shed(false, fixed).await;
+    let shed_prometheus = if cfg!(feature = "otel-examples") {
+        serve_shed(true, AdmissionConfig::default()).await
+    } else {
+        shed
+    };
     let mut fleet = [bare; FLEET];
     for addr in &mut fleet {
         *addr = serve_bare().await;
@@ -260,6 +325,7 @@ async fn servers() -> Servers {
     Servers {
         bare,
         shed,
+        shed_prometheus,
         shed_fixed,
         fleet,
     }
@@ -481,141 +547,192 @@ struct Variant {
     /// A variant it is also compared with (stormguard against what tower offers).
     rival: Option<&'static str>,
     stack: Stack,
-    /// The server: bare, or behind a `ShedLayer` with the default (adaptive) worker
-    /// limit, or with a fixed one.
-    server: Target,
+    shed_server: bool,
     /// Whether every call carries a deadline.
     deadline: bool,
+    /// Whether the variant's layers record into a meter whose provider has
+    /// OpenTelemetry's Prometheus exporter registered (only with `--features
+    /// otel-examples`): what a service scraped by Prometheus runs on its call path.
+    prometheus: bool,
+    /// Whether its `ShedLayer` has a fixed worker limit (64) instead of the default,
+    /// adaptive one.
+    fixed_limit: bool,
 }
 
-/// Which server a variant calls.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Target {
-    Bare,
-    /// Behind a `ShedLayer` of `AdmissionConfig::default()`: an adaptive worker limit.
-    Shed,
-    /// Behind a `ShedLayer` with a fixed limit of 64 workers.
-    ShedFixed,
-}
-
-const VARIANTS: [Variant; 14] = [
+const VARIANTS: [Variant; 16] = [
     Variant {
         name: "bare",
         baseline: "bare",
         rival: None,
         stack: Stack::Plain,
-        server: Target::Bare,
+        shed_server: false,
         deadline: false,
+        prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "retry",
         baseline: "bare",
         rival: None,
         stack: Stack::Layer { per_attempt: false },
-        server: Target::Bare,
+        shed_server: false,
         deadline: false,
+        prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "shed",
         baseline: "bare",
         rival: Some("shed-fixed"),
         stack: Stack::Plain,
-        server: Target::Shed,
+        shed_server: true,
         deadline: false,
+        prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "shed-fixed",
         baseline: "bare",
         rival: None,
         stack: Stack::Plain,
-        server: Target::ShedFixed,
+        shed_server: true,
         deadline: false,
+        prometheus: false,
+        fixed_limit: true,
     },
     Variant {
         name: "both",
         baseline: "bare",
         rival: None,
         stack: Stack::Layer { per_attempt: false },
-        server: Target::Shed,
+        shed_server: true,
         deadline: false,
+        prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "bare-deadline",
         baseline: "bare-deadline",
         rival: None,
         stack: Stack::Plain,
-        server: Target::Bare,
+        shed_server: false,
         deadline: true,
+        prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "retry-deadline",
         baseline: "bare-deadline",
         rival: Some("tower-retry"),
         stack: Stack::Layer { per_attempt: false },
-        server: Target::Bare,
+        shed_server: false,
         deadline: true,
+        prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "retry-attempt",
         baseline: "bare-deadline",
         rival: Some("tower-retry"),
         stack: Stack::Layer { per_attempt: true },
-        server: Target::Bare,
+        shed_server: false,
         deadline: true,
+        prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "hedge-deadline",
         baseline: "bare-deadline",
         rival: Some("retry-deadline"),
         stack: Stack::Hedge,
-        server: Target::Bare,
+        shed_server: false,
         deadline: true,
+        prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "tower-retry",
         baseline: "bare-deadline",
         rival: None,
         stack: Stack::Tower,
-        server: Target::Bare,
+        shed_server: false,
         deadline: true,
+        prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "balance-list",
         baseline: "balance-list",
         rival: None,
         stack: Stack::BalanceList { retry: false },
-        server: Target::Bare,
+        shed_server: false,
         deadline: false,
+        prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "replicas",
         baseline: "balance-list",
         rival: None,
         stack: Stack::Replicas { retry: false },
-        server: Target::Bare,
+        shed_server: false,
         deadline: false,
+        prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "retry-balance-list",
         baseline: "balance-list",
         rival: None,
         stack: Stack::BalanceList { retry: true },
-        server: Target::Bare,
+        shed_server: false,
         deadline: false,
+        prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "retry-replicas",
         baseline: "balance-list",
         rival: Some("retry-balance-list"),
         stack: Stack::Replicas { retry: true },
-        server: Target::Bare,
+        shed_server: false,
         deadline: false,
+        prometheus: false,
+        fixed_limit: false,
+    },
+    Variant {
+        name: "retry-prometheus",
+        baseline: "bare",
+        rival: Some("retry"),
+        stack: Stack::Layer { per_attempt: false },
+        shed_server: false,
+        deadline: false,
+        prometheus: true,
+        fixed_limit: false,
+    },
+    Variant {
+        name: "shed-prometheus",
+        baseline: "bare",
+        rival: Some("shed"),
+        stack: Stack::Plain,
+        shed_server: true,
+        deadline: false,
+        prometheus: true,
+        fixed_limit: false,
     },
 ];
 
+/// The variants this build can run: those with a Prometheus exporter need the
+/// `otel-examples` feature.
+fn available() -> impl Iterator<Item = &'static Variant> {
+    VARIANTS
+        .iter()
+        .filter(|v| !v.prometheus || cfg!(feature = "otel-examples"))
+}
+
 fn variant(name: &str) -> &'static Variant {
-    VARIANTS.iter().find(|v| v.name == name).unwrap_or_else(|| {
-        let names: Vec<_> = VARIANTS.iter().map(|v| v.name).collect();
+    available().find(|v| v.name == name).unwrap_or_else(|| {
+        let names: Vec<_> = available().map(|v| v.name).collect();
         panic!("unknown variant {name:?}; expected one of {names:?}")
     })
 }
@@ -689,19 +806,26 @@ async fn client(v: &Variant, timeouts: Timeouts, servers: Servers) -> Client {
 
 /// The stub of a variant that calls one server over one connected channel.
 async fn one_server_stub(v: &Variant, timeouts: Timeouts, servers: Servers) -> Stub {
-    let channel = channel(match v.server {
-        Target::Bare => servers.bare,
-        Target::Shed => servers.shed,
-        Target::ShedFixed => servers.shed_fixed,
+    let channel = channel(match (v.shed_server, v.prometheus, v.fixed_limit) {
+        (true, true, _) => servers.shed_prometheus,
+        (true, false, true) => servers.shed_fixed,
+        (true, false, false) => servers.shed,
+        (false, _, _) => servers.bare,
     })
     .await;
     match v.stack {
         Stack::Plain => Stub::Bare(InventoryClient::new(channel)),
-        Stack::Layer { per_attempt } => Stub::Retry(InventoryClient::new(
-            tower::ServiceBuilder::new()
-                .layer(retry_layer(per_attempt.then_some(timeouts.per_attempt)))
-                .service(channel),
-        )),
+        Stack::Layer { per_attempt } => {
+            let layer = retry_layer(per_attempt.then_some(timeouts.per_attempt));
+            let layer = if v.prometheus {
+                exporter::retry(layer)
+            } else {
+                layer
+            };
+            Stub::Retry(InventoryClient::new(
+                tower::ServiceBuilder::new().layer(layer).service(channel),
+            ))
+        }
         Stack::Tower => Stub::Tower(InventoryClient::new(tower_retry(channel))),
         Stack::Hedge => Stub::Retry(InventoryClient::new(
             tower::ServiceBuilder::new()
@@ -853,10 +977,9 @@ fn options() -> Options {
 /// rivals, in table order.
 fn selected(asked: Option<&[&'static Variant]>) -> Vec<&'static Variant> {
     let Some(asked) = asked else {
-        return VARIANTS.iter().collect();
+        return available().collect();
     };
-    VARIANTS
-        .iter()
+    available()
         .filter(|v| {
             asked.iter().any(|a| {
                 a.name == v.name || a.baseline == v.name || a.rival.is_some_and(|r| r == v.name)
@@ -883,7 +1006,7 @@ fn main() {
     let o = options();
     if o.list {
         // For `benches/callgrind.sh`: which ratios to take, from this one table.
-        for v in &VARIANTS {
+        for v in available() {
             println!("{} {} {}", v.name, v.baseline, v.rival.unwrap_or("-"));
         }
         return;

@@ -255,7 +255,7 @@ fn instruments(_export: Option<&otel::Export>) -> Instruments {
 }
 
 /// One colour per policy, in [`Policy::ALL`]'s order.
-const COLOURS: [RGBColor; 10] = [
+const COLOURS: [RGBColor; 11] = [
     RGBColor(214, 39, 40),
     RGBColor(255, 127, 14),
     RGBColor(148, 103, 189),
@@ -266,6 +266,7 @@ const COLOURS: [RGBColor; 10] = [
     RGBColor(227, 119, 194),
     RGBColor(188, 189, 34),
     RGBColor(127, 127, 127),
+    RGBColor(0, 0, 0),
 ];
 
 /// What one panel plots, per second.

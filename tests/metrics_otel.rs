@@ -534,6 +534,51 @@ async fn replicas_export_each_replicas_counters_and_state() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_found_by_dns_export_their_resolutions() {
+    use stormguard_client::replicas::{Dns, Replicas};
+    use stormguard_client::{RefreshConfig, ReplicaConfig};
+    use stormguard_demo::dns::DnsServer;
+    let (provider, exporter) = provider();
+    let good = serve(DemoConfig::default(), None).await;
+    let name = "inventory.metrics.test";
+    let dns = DnsServer::start(name, [good.ip()], 1).await.unwrap();
+    let target = Dns::new(name)
+        .unwrap()
+        .port(good.port())
+        .name_servers([dns.addr()])
+        .refresh(RefreshConfig {
+            min_interval: Duration::from_millis(20),
+            max_interval: Duration::from_millis(50),
+            timeout: Duration::from_millis(100),
+            ..RefreshConfig::default()
+        });
+    let replicas = Replicas::from_dns(ReplicaConfig::default(), target)
+        .unwrap()
+        .with_meter(&provider.meter("replicas"));
+    let layer = RetryLayer::new(controller(5)).over_replicas();
+    let mut client =
+        InventoryClient::new(ServiceBuilder::new().layer(layer).service(replicas.clone()));
+    client.reserve(ReserveRequest::default()).await.unwrap();
+    // The server stops answering: a failed resolution, the record kept.
+    dns.set_answering(false);
+    let mut reports = replicas.dns_reports().unwrap();
+    let report = reports
+        .wait_for(|r| r.counts.failures >= 1)
+        .await
+        .unwrap()
+        .clone();
+    let metrics = collect(&provider, &exporter);
+    let with = [("stormguard.dns.name", name)];
+    let counts = report.counts;
+    // Read after the report: at least its counts (a resolution may have ended since).
+    assert!(total(&metrics, "stormguard.client.dns.resolutions", &with) >= counts.resolutions);
+    assert!(total(&metrics, "stormguard.client.dns.failures", &with) >= 1);
+    assert_eq!(total(&metrics, "stormguard.client.dns.added", &with), 1);
+    assert_eq!(total(&metrics, "stormguard.client.dns.removed", &with), 0);
+    assert_eq!(total(&metrics, "stormguard.client.dns.records", &with), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_the_adaptive_throttle_refuses_are_exported_by_criticality() {
     let (provider, exporter) = provider();
     let meter = provider.meter("stormguard-test");
@@ -783,11 +828,15 @@ async fn an_adaptive_limit_exports_its_bounds_and_a_fixed_one_none() {
     let (provider, exporter) = provider();
     let meter = provider.meter("stormguard-test");
     let adaptive = AdmissionConfig {
-        adaptive: Some(stormguard_core::AdaptiveLimitConfig {
+        workers: stormguard_core::WorkerLimit::Adaptive(stormguard_core::AdaptiveLimitConfig {
             min_limit: 3,
             max_limit: 40,
             ..stormguard_core::AdaptiveLimitConfig::default()
         }),
+        ..AdmissionConfig::default()
+    };
+    let fixed = AdmissionConfig {
+        workers: stormguard_core::WorkerLimit::Fixed(64),
         ..AdmissionConfig::default()
     };
     let demo = DemoConfig {

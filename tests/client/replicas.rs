@@ -23,7 +23,7 @@ use stormguard_client::ReplicaConfig;
 use stormguard_client::RetryLayer;
 use stormguard_client::replicas::{Change, EndpointKey, Replicas};
 use stormguard_core::RetryController;
-use stormguard_core::{Budget, BudgetConfig, KeyedBudgets, RetryBudget};
+use stormguard_core::{Budget, BudgetConfig, Floor, KeyedBudgets, RetryBudget};
 use stormguard_core::{EjectionConfig, LoadConfig};
 use stormguard_core::{MethodTable, RetryPolicy};
 use stormguard_demo::InventoryClient;
@@ -197,6 +197,8 @@ async fn a_failing_replica_spends_its_own_retries_not_the_healthy_ones() {
         ttl: Duration::from_secs(60),
         min_retries_per_second: 1,
         retry_ratio: 0.2,
+        // About the per-key accounts: the floor lent whatever the answers.
+        floor: Floor::Always,
         ..BudgetConfig::default()
     };
     let shared: Arc<dyn Budget> = Arc::new(RetryBudget::new(budget_config.clone()).unwrap());
@@ -381,6 +383,8 @@ async fn a_failing_shard_spends_its_own_retries_not_the_other_shards() {
     let budget_config = BudgetConfig {
         min_retries_per_second: 1,
         retry_ratio: 0.2,
+        // About the per-key accounts: the floor lent whatever the answers.
+        floor: Floor::Always,
         ..BudgetConfig::default()
     };
     let shared: Arc<dyn Budget> = Arc::new(RetryBudget::new(budget_config.clone()).unwrap());

@@ -1,5 +1,6 @@
 //! The `fleet` example's quick run, as the example binary (its replicas are child
-//! processes of it, so it cannot run in this test's process).
+//! processes of it, so it cannot run in this test's process), every scenario with every
+//! policy, split over four runs of the example at once.
 //!
 //! It checks the shape of the JSON the example writes (every scenario, every policy, the
 //! fields of the JSON contract, a timeline whose counts add up) and what holds by construction
@@ -51,139 +52,201 @@ const POLICY_FIELDS: [&str; 10] = [
 ];
 const BUCKET_FIELDS: [&str; 5] = ["t", "offered", "ok", "attempts", "bad_replica_attempts"];
 const POLICIES: [&str; 3] = ["naive", "layer", "stormguard"];
+const SCENARIOS: [&str; 5] = ["fail-fast", "slow", "killed", "restart", "rolling"];
+
+/// The bucket the fault begins in: 1 s at 100 ms a bucket.
+const FAULT_BUCKET: usize = 10;
+
+/// Every scenario with every policy, as four processes at once (each run has replica
+/// processes of its own; the quick run is 5 s of real time per scenario and policy, so the
+/// fifteen one after another would take over a minute): one with the default scenarios,
+/// one with the default policies, and the rest, each list in the table's order.
+const RUNS: [&[&str]; 4] = [
+    &["--policies", "stormguard"],
+    &["--scenarios", "fail-fast"],
+    &["--scenarios", "slow,killed", "--policies", "naive,layer"],
+    &[
+        "--scenarios",
+        "restart,rolling",
+        "--policies",
+        "naive,layer",
+    ],
+];
 
 #[test]
 fn quick_fleet_writes_the_report_of_every_scenario_and_policy() {
     let _alone = support::measuring_alone();
-    let report = support::run_with_report("fleet", &["--quick", "--load", "0.02", "--seed", "3"]);
-
-    assert_eq!(report["replicas"], 5);
-    let buckets = (5.0 / number(&report, "bucket_s")).round() as usize;
-    let scenarios = report["scenarios"].as_array().unwrap();
-    let names: Vec<&str> = scenarios
+    let command_lines: Vec<Vec<&str>> = RUNS
         .iter()
-        .map(|s| s["name"].as_str().unwrap())
+        .map(|run| {
+            let mut args = vec!["--quick", "--load", "0.02", "--seed", "3"];
+            args.extend_from_slice(run);
+            args
+        })
         .collect();
-    assert_eq!(names, ["fail-fast", "slow", "killed", "restart", "rolling"]);
-    let fault_s = 1.0;
-    let fault_bucket = 10;
-    for scenario in scenarios {
-        let name = scenario["name"].as_str().unwrap();
-        assert_eq!(number(scenario, "fault_s"), fault_s);
-        let policies = scenario["policies"].as_array().unwrap();
-        let policy_names: Vec<&str> = policies
+    let command_lines: Vec<&[&str]> = command_lines.iter().map(Vec::as_slice).collect();
+    let reports = support::run_with_reports("fleet", &command_lines);
+
+    let scenario_names = |report: &Value| -> Vec<String> {
+        let scenarios = report["scenarios"].as_array().unwrap();
+        scenarios
             .iter()
-            .map(|p| p["name"].as_str().unwrap())
-            .collect();
-        assert_eq!(policy_names, POLICIES, "{name}");
-        for p in policies {
-            let at = format!("{name} / {}", p["name"]);
-            let fields = keys(p);
-            for field in POLICY_FIELDS {
-                assert!(fields.contains(&field), "{at}: no {field} in {fields:?}");
-            }
-            for share in [
-                "success",
-                "retries_to_tried_replica_share",
-                "bad_replica_share_after_2s",
-                "success_before_fault",
-            ] {
-                let x = number(p, share);
-                assert!((0.0..=1.0).contains(&x), "{at}: {share} {x}");
-            }
-            assert!(number(p, "p99_ms") >= 0.0, "{at}");
-            let ejected = &p["ejected_after_s"];
-            if p["name"] == "stormguard" {
-                assert!(
-                    ejected.is_null() || ejected.as_f64().is_some_and(|s| s >= 0.0),
-                    "{at}"
-                );
-            } else {
-                assert!(ejected.is_null(), "{at}: only stormguard ejects");
-            }
-            let returned = &p["returned_share_after_s"];
-            if !matches!(name, "restart" | "rolling") {
-                assert!(returned.is_null(), "{at}: nothing returned");
-            }
+            .map(|s| s["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    // Without --scenarios, every scenario in the table's order; without --policies, every
+    // policy (checked in each scenario below).
+    assert_eq!(scenario_names(&reports[0]), SCENARIOS);
+    assert_eq!(scenario_names(&reports[1]), ["fail-fast"]);
+    assert_eq!(scenario_names(&reports[2]), ["slow", "killed"]);
+    assert_eq!(scenario_names(&reports[3]), ["restart", "rolling"]);
+    let expected_policies: [&[&str]; 4] = [
+        &["stormguard"],
+        &POLICIES,
+        &["naive", "layer"],
+        &["naive", "layer"],
+    ];
 
-            // The timeline adds up to the summary.
-            let timeline = p["timeline"].as_array().unwrap();
-            assert_eq!(timeline.len(), buckets, "{at}");
-            let (mut offered, mut ok) = (0, 0);
-            for (i, b) in timeline.iter().enumerate() {
-                let fields = keys(b);
-                for field in BUCKET_FIELDS {
-                    assert!(fields.contains(&field), "{at}: no {field} in {fields:?}");
-                }
-                assert!(
-                    (number(b, "t") - i as f64 * 0.1).abs() < 1e-6,
-                    "{at}: bucket {i}"
-                );
-                assert!(count(b, "ok") <= count(b, "offered"), "{at}: bucket {i}");
-                offered += count(b, "offered");
-                ok += count(b, "ok");
-            }
-            assert_eq!(offered, count(p, "calls"), "{at}");
-            assert_eq!(offered - ok, count(p, "failed_calls"), "{at}");
-            assert!(
-                count(p, "failed_calls_after_1s") <= count(p, "failed_calls"),
-                "{at}"
-            );
-
-            // The healthy phase: calls succeed, one attempt each, spread over every replica.
-            assert!(number(p, "success_before_fault") >= 0.9, "{at}: {p:#}");
-            let a = number(p, "attempts_per_call_before_fault");
-            assert!((0.8..=1.5).contains(&a), "{at}: {a} attempts per call");
-            let shares = p["replica_shares_before_fault"].as_array().unwrap();
-            assert_eq!(shares.len(), 5);
-            for s in shares {
-                let s = s.as_f64().unwrap();
-                assert!((0.05..=0.45).contains(&s), "{at}: a replica's share {s}");
-            }
-
-            // What holds by construction.
-            let bad_received = |from: usize| -> u64 {
-                timeline[from..]
-                    .iter()
-                    .map(|b| b["replica_attempts"][0].as_u64().unwrap())
-                    .sum()
-            };
-            match name {
-                // A killed replica's process receives nothing; a restarted one, again.
-                "killed" => assert_eq!(bad_received(fault_bucket + 1), 0, "{at}"),
-                "restart" => assert!(bad_received(2 * fault_bucket + 1) > 0, "{at}"),
-                // balance_list keeps sending to a replica that fails every call.
-                "fail-fast" if p["name"] == "naive" => {
-                    assert!(number(p, "bad_replica_share_after_2s") > 0.0, "{at}");
-                }
-                // The endpoint-aware channel ejects a replica that fails every call.
-                "fail-fast" if p["name"] == "stormguard" => {
-                    assert!(p["ejected_after_s"].is_f64(), "{at}: never ejected");
-                    assert!(count(p, "ejections") >= 1, "{at}");
-                }
-                _ => {}
-            }
-            // The endpoint-aware channel never sends a retry to a replica the call tried.
-            if p["name"] == "stormguard" {
-                assert_eq!(number(p, "retries_to_tried_replica_share"), 0.0, "{at}");
-            }
-        }
-        // What the example exists to show: once a replica fails every call, the
-        // endpoint-aware channel sends it a smaller share of the attempts than
-        // `balance_list` does, with or without the retry layer.
-        if name == "fail-fast" {
-            let share = |policy: &str| {
-                let p = policies.iter().find(|p| p["name"] == policy).unwrap();
-                number(p, "bad_replica_share_after_2s")
-            };
-            for other in ["naive", "layer"] {
-                assert!(
-                    share("stormguard") < share(other),
-                    "{name}: stormguard {} against {other} {}",
-                    share("stormguard"),
-                    share(other)
-                );
+    let mut covered = Vec::new();
+    for (report, expected) in reports.iter().zip(expected_policies) {
+        assert_eq!(report["replicas"], 5);
+        let buckets = (5.0 / number(report, "bucket_s")).round() as usize;
+        for scenario in report["scenarios"].as_array().unwrap() {
+            let name = scenario["name"].as_str().unwrap();
+            assert_eq!(number(scenario, "fault_s"), 1.0);
+            let policies = scenario["policies"].as_array().unwrap();
+            let policy_names: Vec<&str> = policies
+                .iter()
+                .map(|p| p["name"].as_str().unwrap())
+                .collect();
+            assert_eq!(policy_names, expected, "{name}");
+            for p in policies {
+                check_policy(name, p, buckets);
+                covered.push(format!("{name} / {}", p["name"].as_str().unwrap()));
             }
         }
     }
+    // Every scenario ran with every policy.
+    covered.sort_unstable();
+    let mut all: Vec<String> = SCENARIOS
+        .iter()
+        .flat_map(|s| POLICIES.iter().map(move |p| format!("{s} / {p}")))
+        .collect();
+    all.sort_unstable();
+    assert_eq!(covered, all);
+
+    // What the example exists to show: once a replica fails every call, the
+    // endpoint-aware channel sends it a smaller share of the attempts than
+    // `balance_list` does, with or without the retry layer (the three policies of one run).
+    let policies = reports[1]["scenarios"][0]["policies"].as_array().unwrap();
+    let share = |policy: &str| {
+        let p = policies.iter().find(|p| p["name"] == policy).unwrap();
+        number(p, "bad_replica_share_after_2s")
+    };
+    for other in ["naive", "layer"] {
+        assert!(
+            share("stormguard") < share(other),
+            "fail-fast: stormguard {} against {other} {}",
+            share("stormguard"),
+            share(other)
+        );
+    }
+}
+
+/// The checks of one policy's run of the scenario `name`, with `buckets` in its timeline.
+fn check_policy(name: &str, p: &Value, buckets: usize) {
+    let at = format!("{name} / {}", p["name"]);
+    let fields = keys(p);
+    for field in POLICY_FIELDS {
+        assert!(fields.contains(&field), "{at}: no {field} in {fields:?}");
+    }
+    for share in [
+        "success",
+        "retries_to_tried_replica_share",
+        "bad_replica_share_after_2s",
+        "success_before_fault",
+    ] {
+        let x = number(p, share);
+        assert!((0.0..=1.0).contains(&x), "{at}: {share} {x}");
+    }
+    assert!(number(p, "p99_ms") >= 0.0, "{at}");
+    let ejected = &p["ejected_after_s"];
+    if p["name"] == "stormguard" {
+        assert!(
+            ejected.is_null() || ejected.as_f64().is_some_and(|s| s >= 0.0),
+            "{at}"
+        );
+    } else {
+        assert!(ejected.is_null(), "{at}: only stormguard ejects");
+    }
+    let returned = &p["returned_share_after_s"];
+    if !matches!(name, "restart" | "rolling") {
+        assert!(returned.is_null(), "{at}: nothing returned");
+    }
+    check_timeline(&at, p, buckets);
+
+    // The healthy phase: calls succeed, one attempt each, spread over every replica.
+    assert!(number(p, "success_before_fault") >= 0.9, "{at}: {p:#}");
+    let a = number(p, "attempts_per_call_before_fault");
+    assert!((0.8..=1.5).contains(&a), "{at}: {a} attempts per call");
+    let shares = p["replica_shares_before_fault"].as_array().unwrap();
+    assert_eq!(shares.len(), 5);
+    for s in shares {
+        let s = s.as_f64().unwrap();
+        assert!((0.05..=0.45).contains(&s), "{at}: a replica's share {s}");
+    }
+
+    // What holds by construction.
+    let timeline = p["timeline"].as_array().unwrap();
+    let bad_received = |from: usize| -> u64 {
+        timeline[from..]
+            .iter()
+            .map(|b| b["replica_attempts"][0].as_u64().unwrap())
+            .sum()
+    };
+    match name {
+        // A killed replica's process receives nothing; a restarted one, again.
+        "killed" => assert_eq!(bad_received(FAULT_BUCKET + 1), 0, "{at}"),
+        "restart" => assert!(bad_received(2 * FAULT_BUCKET + 1) > 0, "{at}"),
+        // balance_list keeps sending to a replica that fails every call.
+        "fail-fast" if p["name"] == "naive" => {
+            assert!(number(p, "bad_replica_share_after_2s") > 0.0, "{at}");
+        }
+        // The endpoint-aware channel ejects a replica that fails every call.
+        "fail-fast" if p["name"] == "stormguard" => {
+            assert!(p["ejected_after_s"].is_f64(), "{at}: never ejected");
+            assert!(count(p, "ejections") >= 1, "{at}");
+        }
+        _ => {}
+    }
+    // The endpoint-aware channel never sends a retry to a replica the call tried.
+    if p["name"] == "stormguard" {
+        assert_eq!(number(p, "retries_to_tried_replica_share"), 0.0, "{at}");
+    }
+}
+
+/// The timeline adds up to the summary.
+fn check_timeline(at: &str, p: &Value, buckets: usize) {
+    let timeline = p["timeline"].as_array().unwrap();
+    assert_eq!(timeline.len(), buckets, "{at}");
+    let (mut offered, mut ok) = (0, 0);
+    for (i, b) in timeline.iter().enumerate() {
+        let fields = keys(b);
+        for field in BUCKET_FIELDS {
+            assert!(fields.contains(&field), "{at}: no {field} in {fields:?}");
+        }
+        assert!(
+            (number(b, "t") - i as f64 * 0.1).abs() < 1e-6,
+            "{at}: bucket {i}"
+        );
+        assert!(count(b, "ok") <= count(b, "offered"), "{at}: bucket {i}");
+        offered += count(b, "offered");
+        ok += count(b, "ok");
+    }
+    assert_eq!(offered, count(p, "calls"), "{at}");
+    assert_eq!(offered - ok, count(p, "failed_calls"), "{at}");
+    assert!(
+        count(p, "failed_calls_after_1s") <= count(p, "failed_calls"),
+        "{at}"
+    );
 }

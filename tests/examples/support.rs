@@ -80,14 +80,35 @@ pub fn build_examples(names: &[&str]) -> PathBuf {
 /// fresh temporary folder, checks that it succeeded and drew an SVG, and returns the JSON
 /// report (and prints the example's stdout, shown when the test fails).
 pub fn run_with_report(name: &str, args: &[&str]) -> serde_json::Value {
+    run_with_reports(name, &[args]).pop().unwrap()
+}
+
+/// [`run_with_report`] for each command line of `runs`, all at once (each its own
+/// process and folder); the reports in the order of `runs`.
+pub fn run_with_reports(name: &str, runs: &[&[&str]]) -> Vec<serde_json::Value> {
     let exe = build_examples(&[name]).join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    let dir = std::env::temp_dir().join(format!("stormguard-{name}-{}", std::process::id()));
+    std::thread::scope(|scope| {
+        let running: Vec<_> = runs
+            .iter()
+            .enumerate()
+            .map(|(i, args)| {
+                let exe = &exe;
+                scope.spawn(move || run_one(exe, name, i, args))
+            })
+            .collect();
+        running.into_iter().map(|run| run.join().unwrap()).collect()
+    })
+}
+
+/// One run of [`run_with_reports`], the `i`-th.
+fn run_one(exe: &Path, name: &str, i: usize, args: &[&str]) -> serde_json::Value {
+    let dir = std::env::temp_dir().join(format!("stormguard-{name}-{}-{i}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (json_path, svg_path) = (
         dir.join(format!("{name}.json")),
         dir.join(format!("{name}.svg")),
     );
-    let out = Command::new(&exe)
+    let out = Command::new(exe)
         .args(args)
         .arg("--json")
         .arg(&json_path)
@@ -101,7 +122,7 @@ pub fn run_with_report(name: &str, args: &[&str]) -> serde_json::Value {
         "{name} {args:?}: {}\n{stdout}",
         String::from_utf8_lossy(&out.stderr)
     );
-    eprintln!("{stdout}");
+    eprintln!("{name} {args:?}:\n{stdout}");
     let report = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
     let svg = std::fs::read_to_string(&svg_path).unwrap();
     assert!(svg.contains("<svg"), "not an SVG: {svg:.200}");

@@ -69,9 +69,9 @@ pub struct Seen {
 impl Seen {
     /// The received `grpc-timeout`, decoded.
     pub fn timeout(&self) -> Option<Duration> {
-        self.timeout
-            .as_deref()
-            .map(|v| stormguard_core::wire::decode_grpc_timeout(v).expect("valid grpc-timeout"))
+        self.timeout.as_deref().map(|v| {
+            stormguard_core::wire::decode_grpc_timeout(v.as_bytes()).expect("valid grpc-timeout")
+        })
     }
 }
 

@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use stormguard_core::Instant;
 use stormguard_core::{
-    wire::GRPC_PREVIOUS_RPC_ATTEMPTS, wire::GRPC_TIMEOUT, wire::decode_grpc_timeout_bytes,
+    wire::GRPC_PREVIOUS_RPC_ATTEMPTS, wire::GRPC_TIMEOUT, wire::decode_grpc_timeout,
     wire::encode_grpc_timeout,
 };
 use tonic::metadata::MetadataValue;
@@ -77,7 +77,7 @@ impl ContextInterceptor {
             let own: Option<Duration> = request
                 .metadata()
                 .get(GRPC_TIMEOUT)
-                .and_then(|v| decode_grpc_timeout_bytes(v.as_bytes()));
+                .and_then(|v| decode_grpc_timeout(v.as_bytes()).ok());
             let timeout = own.map_or(left, |own| own.min(left));
             let value = MetadataValue::try_from(encode_grpc_timeout(timeout).as_str())
                 .map_err(|_| Status::internal("stormguard: unencodable grpc-timeout"))?;
@@ -118,7 +118,7 @@ mod tests {
         req.set_timeout(request_timeout);
         let req = ContextInterceptor::stamp(ctx, now, req).unwrap();
         let v = req.metadata().get("grpc-timeout").unwrap();
-        let timeout = decode_grpc_timeout_bytes(v.as_bytes()).unwrap();
+        let timeout = decode_grpc_timeout(v.as_bytes()).unwrap();
         (req, timeout)
     }
 

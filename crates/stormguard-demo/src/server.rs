@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use stormguard_core::{
     wire::AttemptClass, wire::GRPC_PREVIOUS_RPC_ATTEMPTS, wire::GRPC_TIMEOUT,
-    wire::X_RETRY_ATTEMPT, wire::attempt_class, wire::decode_grpc_timeout_bytes,
+    wire::X_RETRY_ATTEMPT, wire::attempt_class, wire::decode_grpc_timeout,
 };
 use tokio::sync::watch;
 use tonic::codegen::tokio_stream::{self, Stream};
@@ -337,7 +337,7 @@ fn clamp_rate(rate: f64) -> f64 {
 /// Milliseconds of a `grpc-timeout` value (for the reply's `timeout_ms`), rounded down;
 /// `None` when malformed.
 fn decode_timeout_ms(value: &[u8]) -> Option<u64> {
-    let timeout = decode_grpc_timeout_bytes(value)?;
+    let timeout = decode_grpc_timeout(value).ok()?;
     Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX))
 }
 

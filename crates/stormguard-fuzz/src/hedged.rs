@@ -334,7 +334,10 @@ impl Run<'_> {
                 let failure = Failure {
                     unsent,
                     unprocessed,
-                    ..Failure::status(code).with_pushback(pushback)
+                    ..Failure {
+                        pushback,
+                        ..Failure::status(code)
+                    }
                 };
                 return self.answer(newest, (code != Code::Ok).then_some(failure));
             }

@@ -16,9 +16,8 @@ use stormguard_core::{ClientConfig, ConfigError, Format, parse_duration};
 use stormguard_core::{Criticality, CriticalityTable};
 use stormguard_core::{
     wire::AttemptClass, wire::MAX_ALLOWANCE, wire::MAX_PUSHBACK_MS, wire::attempt_class,
-    wire::decode_grpc_timeout, wire::decode_grpc_timeout_bytes, wire::encode_grpc_timeout,
-    wire::encode_pushback, wire::parse_allowance, wire::parse_criticality, wire::parse_load_report,
-    wire::parse_pushback,
+    wire::decode_grpc_timeout, wire::encode_grpc_timeout, wire::encode_pushback,
+    wire::parse_allowance, wire::parse_criticality, wire::parse_load_report, wire::parse_pushback,
 };
 use tokio::time::Instant;
 
@@ -651,10 +650,10 @@ pub fn attempt(input: &[u8]) -> Outcome {
 /// UTF-8, and nothing otherwise.
 pub fn grpc_timeout(input: &[u8]) -> Outcome {
     let text = String::from_utf8_lossy(input);
-    let got = decode_grpc_timeout(&text);
+    let got = decode_grpc_timeout(text.as_bytes());
     let utf8 = std::str::from_utf8(input).is_ok();
     assert_eq!(
-        decode_grpc_timeout_bytes(input),
+        decode_grpc_timeout(input).ok(),
         got.clone().ok().filter(|_| utf8),
         "grpc-timeout bytes {input:?}"
     );
@@ -684,7 +683,7 @@ pub fn grpc_timeout(input: &[u8]) -> Outcome {
                 Instant::now().checked_add(d).is_some(),
                 "{text:?} overflows"
             );
-            let again = decode_grpc_timeout(encode_grpc_timeout(d).as_str());
+            let again = decode_grpc_timeout(encode_grpc_timeout(d).as_str().as_bytes());
             assert!(again.is_ok_and(|back| back >= d), "{text:?} re-encoded");
             Outcome::accepted(text.chars().last())
         }
@@ -1015,7 +1014,10 @@ fn drive(config: &ClientConfig, text: &str) {
                 };
                 let mut t = now;
                 for _ in 0..8 {
-                    let failure = Failure::status(Code::Unavailable).with_pushback(pushback);
+                    let failure = Failure {
+                        pushback,
+                        ..Failure::status(Code::Unavailable)
+                    };
                     match call
                         .on_attempt_end_at(AttemptEnd::Failed(failure), t)
                         .decision

@@ -687,7 +687,10 @@ impl<'a> Fleet<'a> {
             (true, true) => Some(Pushback::DoNotRetry),
             (true, false) => came_with,
         };
-        Failure::status(code).with_pushback(pushback)
+        Failure {
+            pushback,
+            ..Failure::status(code)
+        }
     }
 
     /// An attempt reaches middle tier `level`: one of its processes starts its own call

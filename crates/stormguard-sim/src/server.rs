@@ -28,7 +28,7 @@ use stormguard_core::Failure;
 use stormguard_core::Instant;
 use stormguard_core::Pushback;
 use stormguard_core::wire::AttemptClass;
-use stormguard_core::{AdmissionConfig, CallClass, Shed, ShedPushback};
+use stormguard_core::{AdmissionConfig, AdmissionController, CallClass, Shed, ShedPushback};
 use stormguard_core::{AdmissionQueue, Arrival, Dispatch, QueuedId};
 
 use crate::SimError;
@@ -116,7 +116,7 @@ impl SimServer {
     pub fn shedding(config: AdmissionConfig) -> Result<Self, SimError> {
         Ok(SimServer {
             kind: Kind::Shedding(Box::new(Shedding {
-                queue: AdmissionQueue::from_config(config)?,
+                queue: AdmissionQueue::new(AdmissionController::new(config)?),
                 queued: HashMap::new(),
                 running: HashMap::new(),
                 cut_at: HashMap::new(),
@@ -155,7 +155,7 @@ impl SimServer {
     pub fn depth(&self) -> usize {
         match &self.kind {
             Kind::Plain { queue, .. } => queue.len(),
-            Kind::Shedding(s) => s.queue.depth(),
+            Kind::Shedding(s) => s.queue.load().depth,
         }
     }
 
@@ -527,7 +527,10 @@ impl<'a> Servers<'a> {
                     // (`stormguard-unprocessed`): a hedge shed does not fail its call.
                     let failure = Failure {
                         unprocessed: true,
-                        ..Failure::status(shed_code).with_pushback(Some(pushback))
+                        ..Failure {
+                            pushback: Some(pushback),
+                            ..Failure::status(shed_code)
+                        }
                     };
                     self.answer(agenda, job, Outcome::Failed(failure));
                 }

@@ -1,31 +1,4 @@
-//! Replicas found by DNS (feature `dns`): a name resolved again as its records change.
-//!
-//! On Kubernetes a client finds its replicas through a headless Service, whose name
-//! answers with one A/AAAA record per ready pod; the records change with every deploy,
-//! scale-up and eviction. tonic resolves a name once per connection, so a channel over it
-//! talks to whichever pod it found first. [`Replicas::from_dns`] resolves the name with
-//! hickory-resolver on a task, and applies what changed: a record that disappears stops
-//! getting new attempts at once (those in flight finish, then its connection closes), a
-//! new one joins with slow start, and an address that comes back is a new replica. When
-//! to resolve, and what an answer changes, are [`stormguard_core::Refresh`]'s decisions:
-//! on a jittered timer bounded by the records' TTL, early when a replica refuses
-//! connections or is ejected, and never an empty set because the DNS server failed.
-//!
-//! ```no_run
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! use stormguard_client::ReplicaConfig;
-//! use stormguard_client::replicas::{Dns, Replicas};
-//!
-//! // The system's resolver configuration (`/etc/resolv.conf`), the port from the name.
-//! let replicas = Replicas::from_dns(ReplicaConfig::default(), Dns::new("inventory.prod.svc:50051")?)?;
-//! // Or your own DNS server.
-//! let dns = Dns::new("inventory.internal")?
-//!     .port(50051)
-//!     .name_servers(["10.0.0.53:53".parse()?]);
-//! let other = Replicas::from_dns(ReplicaConfig::default(), dns)?;
-//! # let _ = (replicas, other);
-//! # Ok(()) }
-//! ```
+//! Replicas found by DNS (feature `dns`): see [`Dns`] and [`Replicas::from_dns`].
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -48,6 +21,33 @@ type Configure = Arc<dyn Fn(Endpoint) -> Endpoint + Send + Sync>;
 
 /// Where and how [`Replicas::from_dns`] finds its replicas: a name, a port, the name
 /// servers to ask, when to ask again.
+///
+/// On Kubernetes a client finds its replicas through a headless Service, whose name
+/// answers with one A/AAAA record per ready pod; the records change with every deploy,
+/// scale-up and eviction. tonic resolves a name once per connection, so a channel over it
+/// talks to whichever pod it found first. [`Replicas::from_dns`] resolves the name with
+/// hickory-resolver on a task, and applies what changed: a record that disappears stops
+/// getting new attempts at once (those in flight finish, then its connection closes), a
+/// new one joins with slow start, and an address that comes back is a new replica. When
+/// to resolve, and what an answer changes, are [`stormguard_core::Refresh`]'s decisions:
+/// on a jittered timer bounded by the records' TTL, early when a replica refuses
+/// connections or is ejected, and never an empty set because the DNS server failed.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use stormguard_client::ReplicaConfig;
+/// use stormguard_client::replicas::{Dns, Replicas};
+///
+/// // The system's resolver configuration (`/etc/resolv.conf`), the port from the name.
+/// let replicas = Replicas::from_dns(ReplicaConfig::default(), Dns::new("inventory.prod.svc:50051")?)?;
+/// // Or your own DNS server.
+/// let dns = Dns::new("inventory.internal")?
+///     .port(50051)
+///     .name_servers(["10.0.0.53:53".parse()?]);
+/// let other = Replicas::from_dns(ReplicaConfig::default(), dns)?;
+/// # let _ = (replicas, other);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Dns {
     host: String,
@@ -161,6 +161,8 @@ impl Dns {
 /// Where a DNS-fed channel stands ([`Replicas::dns_reports`]).
 #[derive(Debug, Clone, Default)]
 pub struct DnsReport {
+    /// The name resolved.
+    pub name: Arc<str>,
     /// What the resolutions so far did: how many, how many failed, records added and removed.
     pub counts: RefreshCounts,
     /// The records of the last good answer.
@@ -170,7 +172,7 @@ pub struct DnsReport {
 }
 
 impl Replicas<Channel, EndpointKey> {
-    /// A channel over the addresses `dns` resolves to (see the [module docs](self)), each
+    /// A channel over the addresses `dns` resolves to (see [`Dns`]), each
     /// a replica with its own lazily connected [`Channel`], keyed `http://{address}`. A
     /// task on the current tokio runtime resolves the name and applies what changed; it
     /// ends with the channel's last clone. Until the first resolution ends the channel is
@@ -183,7 +185,11 @@ impl Replicas<Channel, EndpointKey> {
         let resolver = dns.resolver()?;
         let early = Arc::new(Notify::new());
         let (first_tx, first_rx) = watch::channel::<Resolutions>(0);
-        let (reports, _) = watch::channel(DnsReport::default());
+        let name: Arc<str> = Arc::from(dns.host.as_str());
+        let (reports, _) = watch::channel(DnsReport {
+            name: Arc::clone(&name),
+            ..DnsReport::default()
+        });
         let shared = Arc::new(Shared {
             inner: Mutex::new(Inner {
                 set: ReplicaSet::new(config)?,
@@ -197,7 +203,7 @@ impl Replicas<Channel, EndpointKey> {
         let (alive, gone) = oneshot::channel();
         let task = Task {
             shared: Arc::downgrade(&shared),
-            name: Arc::from(dns.host.as_str()),
+            name,
             port,
             configure: dns.configure,
             resolver,
@@ -326,6 +332,7 @@ impl Task {
             .map(|ip| SocketAddr::new(*ip, self.port))
             .collect();
         self.reports.send_replace(DnsReport {
+            name: Arc::clone(&self.name),
             counts,
             records,
             failing: error,

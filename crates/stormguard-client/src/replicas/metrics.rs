@@ -15,6 +15,17 @@
 //! | `stormguard.client.replica.state` | gauge | `1` | `stormguard.replica.state` (`active`, `warming`, `ejected`, `probing`: 1 for the current one) |
 //!
 //! A replica's series stop when it is removed.
+//!
+//! A channel found by DNS ([`Replicas::from_dns`], feature `dns`) also records its
+//! resolutions, with `rpc.system = grpc` and `stormguard.dns.name`, the name:
+//!
+//! | name | kind | unit |
+//! |---|---|---|
+//! | `stormguard.client.dns.resolutions` | counter | `{resolution}` |
+//! | `stormguard.client.dns.failures` | counter | `{resolution}` |
+//! | `stormguard.client.dns.added` | counter | `{record}` |
+//! | `stormguard.client.dns.removed` | counter | `{record}` |
+//! | `stormguard.client.dns.records` | gauge | `{record}` |
 
 use std::fmt;
 use std::hash::Hash;
@@ -143,8 +154,93 @@ where
                 }
             })
             .build();
+        #[cfg(feature = "dns")]
+        dns_metrics(meter, &Arc::downgrade(&self.shared));
         self
     }
+}
+
+/// A DNS counter: name, unit, description, and what it reads from the counts.
+#[cfg(feature = "dns")]
+type DnsCounter = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&stormguard_core::RefreshCounts) -> u64,
+);
+
+#[cfg(feature = "dns")]
+const DNS_COUNTERS: [DnsCounter; 4] = [
+    (
+        "stormguard.client.dns.resolutions",
+        "{resolution}",
+        "Resolutions of the replicas' name that ended",
+        |c| c.resolutions,
+    ),
+    (
+        "stormguard.client.dns.failures",
+        "{resolution}",
+        "Resolutions that failed, timed out or returned no record (the last good set stays)",
+        |c| c.failures,
+    ),
+    (
+        "stormguard.client.dns.added",
+        "{record}",
+        "Records new in an answer: replicas added",
+        |c| c.added,
+    ),
+    (
+        "stormguard.client.dns.removed",
+        "{record}",
+        "Records an answer no longer listed: replicas removed",
+        |c| c.removed,
+    ),
+];
+
+/// The DNS series of a channel made by `from_dns` (none for any other).
+#[cfg(feature = "dns")]
+fn dns_metrics<S: Send + 'static, K: Send + 'static>(meter: &Meter, weak: &Weak<Shared<S, K>>) {
+    let Some(shared) = weak.upgrade() else { return };
+    if shared.dns.is_none() {
+        return;
+    }
+    let report = {
+        let weak = Weak::clone(weak);
+        Arc::new(move || {
+            let shared = weak.upgrade()?;
+            let report = shared.dns.as_ref()?.borrow().clone();
+            Some(report)
+        })
+    };
+    let dns_attributes = |name: &Arc<str>| {
+        [
+            KeyValue::new("rpc.system", "grpc"),
+            KeyValue::new("stormguard.dns.name", Arc::clone(name)),
+        ]
+    };
+    for (name, unit, doc, read) in DNS_COUNTERS {
+        let report = Arc::clone(&report);
+        meter
+            .u64_observable_counter(name)
+            .with_description(doc)
+            .with_unit(unit)
+            .with_callback(move |o| {
+                if let Some(r) = report() {
+                    o.observe(read(&r.counts), &dns_attributes(&r.name));
+                }
+            })
+            .build();
+    }
+    meter
+        .u64_observable_gauge("stormguard.client.dns.records")
+        .with_description("Records in the last good answer: the replicas found by DNS")
+        .with_unit("{record}")
+        .with_callback(move |o| {
+            if let Some(r) = report() {
+                o.observe(r.records.len() as u64, &dns_attributes(&r.name));
+            }
+        })
+        .build();
 }
 
 fn attributes(replica: &Arc<str>) -> [KeyValue; 2] {

@@ -65,7 +65,9 @@
 //!
 //! Replicas that come and go are fed as tower [`Change`]s: through the sender
 //! [`Replicas::balance_channel`] returns (the shape of tonic's `Channel::balance_channel`),
-//! or from any [`Discover`](tower::discover::Discover) stream with [`Replicas::discover`].
+//! or from any [`Discover`](tower::discover::Discover) stream with [`Replicas::discover`];
+//! or they are found by DNS, resolved again as the records change, with
+//! `Replicas::from_dns` (feature `dns`, on by default: see `Dns`).
 //!
 //! # Readiness contract
 //!

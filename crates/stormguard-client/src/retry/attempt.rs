@@ -30,8 +30,8 @@ use stormguard_core::AttemptPlan;
 use stormguard_core::context;
 use stormguard_core::wire::http::IDEMPOTENCY_KEY;
 use stormguard_core::{
-    wire::IdempotencyKeyError, wire::UuidKey, wire::decode_grpc_timeout_bytes,
-    wire::encode_grpc_timeout, wire::parse_idempotency_key,
+    wire::IdempotencyKeyError, wire::UuidKey, wire::decode_grpc_timeout, wire::encode_grpc_timeout,
+    wire::parse_idempotency_key,
 };
 use stormguard_core::{
     wire::http::GRPC_PREVIOUS_RPC_ATTEMPTS, wire::http::GRPC_TIMEOUT, wire::http::X_RETRY_BUDGET,
@@ -245,7 +245,7 @@ pub(super) fn stamp_idempotency_key(
 pub(super) fn caller_timeout(headers: &HeaderMap) -> Option<Duration> {
     headers
         .get(&GRPC_TIMEOUT)
-        .and_then(|v| decode_grpc_timeout_bytes(v.as_bytes()))
+        .and_then(|v| decode_grpc_timeout(v.as_bytes()).ok())
 }
 
 /// How a layer stamps its attempts, with the `grpc-timeout` value of a per-attempt limit

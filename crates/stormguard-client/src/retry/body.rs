@@ -354,7 +354,7 @@ mod tests {
         stats: &RetryStats,
         frames: Vec<Result<Frame<Bytes>, Status>>,
     ) -> ResponseBody<Frames> {
-        let call = c.begin(PATH, None).unwrap();
+        let call = c.begin_at(PATH, None, Instant::now()).unwrap();
         ResponseBody::committed(
             Frames(frames.into()),
             Some(call),
@@ -490,11 +490,17 @@ mod tests {
         let s = stats.snapshot();
         assert_eq!((s.ok, s.failed, s.committed_abandoned), (0, 0, 1));
         // A failure would have opened this breaker (one outcome, all failed).
-        assert!(c.begin(PATH, None).is_ok(), "the breaker heard nothing");
+        assert!(
+            c.begin_at(PATH, None, Instant::now()).is_ok(),
+            "the breaker heard nothing"
+        );
         // The same stream read to its end does open it.
         let b = body(&c, &stats, vec![trailers(Some("14"))]);
         drain(b).await;
-        assert_eq!(c.begin(PATH, None).err(), Some(Refusal::Breaker));
+        assert_eq!(
+            c.begin_at(PATH, None, Instant::now()).err(),
+            Some(Refusal::Breaker)
+        );
     }
 
     #[tokio::test]

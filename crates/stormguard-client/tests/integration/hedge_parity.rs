@@ -283,10 +283,9 @@ fn simulate_call(
                             code,
                             pushback,
                         } => {
-                            let failure = (code != Code::Ok).then(|| {
-                                Failure::status(code).with_pushback(
-                                    pushback.and_then(|p| parse_pushback([p.as_bytes()])),
-                                )
+                            let failure = (code != Code::Ok).then(|| Failure {
+                                pushback: pushback.and_then(|p| parse_pushback([p.as_bytes()])),
+                                ..Failure::status(code)
                             });
                             Some((now + after, failure))
                         }

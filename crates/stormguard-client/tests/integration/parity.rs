@@ -292,9 +292,10 @@ fn through_the_simulator(script: &Script) -> Vec<Record> {
                             now = at;
                             let failure = (code != Code::Ok).then(|| Failure {
                                 unsent,
-                                ..Failure::status(code).with_pushback(
-                                    pushback.and_then(|p| parse_pushback([p.as_bytes()])),
-                                )
+                                ..Failure {
+                                    pushback: pushback.and_then(|p| parse_pushback([p.as_bytes()])),
+                                    ..Failure::status(code)
+                                }
                             });
                             sim.answered_at(failure, now)
                         }

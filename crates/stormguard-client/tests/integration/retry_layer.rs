@@ -233,7 +233,7 @@ impl Service<http::Request<Body>> for Hang {
             .headers()
             .get("grpc-timeout")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| stormguard_core::wire::decode_grpc_timeout(v).ok());
+            .and_then(|v| stormguard_core::wire::decode_grpc_timeout(v.as_bytes()).ok());
         if let Some(t) = timeout {
             self.timeouts.lock().unwrap().push(t);
         }

@@ -8,14 +8,10 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use crate::AdaptiveLimit;
-use crate::ConfigError;
 use crate::Criticality;
 use crate::Instant;
 use crate::wire::AttemptClass;
-use crate::{
-    Admission, AdmissionConfig, AdmissionController, CallClass, QueueLoad, Shed, ShedReason,
-    WorkerLimit,
-};
+use crate::{Admission, AdmissionController, CallClass, QueueLoad, Shed, ShedReason, WorkerLimit};
 
 /// The place of one queued call, unique for the life of its queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -83,7 +79,7 @@ struct Waiting<T> {
 ///
 /// `T` is whatever the driver keeps with each waiter (a task's waker, a simulated job)
 /// and gets back when the waiter leaves. Memory is bounded: at most
-/// [`AdmissionConfig::queue_capacity`] waiters. Not shared: wrap it in a lock if
+/// [`AdmissionConfig::queue_capacity`](crate::AdmissionConfig::queue_capacity) waiters. Not shared: wrap it in a lock if
 /// several tasks drive it.
 ///
 /// [`AdmissionController`] answers one question at a time (admit, queue or shed this call;
@@ -105,7 +101,7 @@ struct Waiting<T> {
 /// # What it decides
 ///
 /// - [`AdmissionQueue::arrive_at`]: work whose deadline leaves less than
-///   [`min_time_left`](AdmissionConfig::min_time_left) is refused at once, even with a
+///   [`min_time_left`](crate::AdmissionConfig::min_time_left) is refused at once, even with a
 ///   worker free (it could not finish; running it takes a worker from a call that
 ///   can); otherwise the policy admits, queues or sheds it.
 /// - [`AdmissionQueue::finish_at`] / [`AdmissionQueue::give_back_at`]: a worker turned
@@ -118,7 +114,7 @@ struct Waiting<T> {
 ///   queue of default work does not turn away a critical call, nor one of sheddable
 ///   work a default one. Between calls of one criticality nothing changes: a full queue
 ///   sheds the arrival.
-/// - The worker limit ([`AdmissionConfig::workers`]): adaptive
+/// - The worker limit ([`AdmissionConfig::workers`](crate::AdmissionConfig::workers)): adaptive
 ///   ([`crate::limit`](crate::AdaptiveLimit)) or fixed: every call that leaves its
 ///   worker ([`AdmissionQueue::finish_at`], with the instant it started) is a latency
 ///   sample, and the limit follows them. `AdmissionQueue::set_worker_limit_at` sets it
@@ -131,12 +127,12 @@ struct Waiting<T> {
 /// ```
 /// use std::time::Duration;
 /// use stormguard_core::Instant;
-/// use stormguard_core::{AdmissionConfig, WorkerLimit};
+/// use stormguard_core::{AdmissionConfig, AdmissionController, WorkerLimit};
 /// use stormguard_core::wire::AttemptClass;
 /// use stormguard_core::{AdmissionQueue, Arrival, Dispatch};
 ///
 /// let config = AdmissionConfig { workers: WorkerLimit::Fixed(1), queue_capacity: 16, ..AdmissionConfig::default() };
-/// let mut queue = AdmissionQueue::from_config(config).expect("valid config");
+/// let mut queue = AdmissionQueue::new(AdmissionController::new(config).expect("valid config"));
 /// let t0 = Instant::now();
 /// let ignore = |_: Dispatch<&str>| {};
 ///
@@ -204,11 +200,6 @@ impl<T> AdmissionQueue<T> {
         self.adaptive.as_ref()
     }
 
-    /// A queue for a valid `config` (see [`AdmissionConfig::validate`]).
-    pub fn from_config(config: AdmissionConfig) -> Result<Self, ConfigError> {
-        AdmissionController::new(config).map(Self::new)
-    }
-
     /// The policy (its configuration, its completion-rate estimate).
     pub fn policy(&self) -> &AdmissionController {
         &self.policy
@@ -226,16 +217,6 @@ impl<T> AdmissionQueue<T> {
         self.running
     }
 
-    /// Workers free now. Never above 0 while anyone waits.
-    pub fn free_workers(&self) -> usize {
-        self.limit.saturating_sub(self.running)
-    }
-
-    /// Calls waiting now (expired ones included until the next operation takes them out).
-    pub fn depth(&self) -> usize {
-        self.waiting.len()
-    }
-
     #[cfg(test)]
     /// Whether the call queued as `id` is still waiting.
     pub(crate) fn is_waiting(&self, id: QueuedId) -> bool {
@@ -247,10 +228,12 @@ impl<T> AdmissionQueue<T> {
         self.waiting.get_mut(&id.0).map(|w| &mut w.waiter)
     }
 
-    /// The state a decision is made against.
-    pub(crate) fn load(&self) -> QueueLoad {
+    /// The state a decision is made against: workers free now (never above 0 while
+    /// anyone waits), calls waiting now (expired ones included until the next operation
+    /// takes them out) and since when the oldest has waited.
+    pub fn load(&self) -> QueueLoad {
         QueueLoad {
-            free_workers: self.free_workers(),
+            free_workers: self.limit.saturating_sub(self.running),
             depth: self.waiting.len(),
             oldest_enqueued: self.waiting.first_key_value().map(|(_, w)| w.enqueued_at),
         }

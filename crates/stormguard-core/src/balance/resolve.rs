@@ -1,43 +1,5 @@
-//! When to resolve a replica set's name again, and what an answer changes.
-//!
-//! A client that finds its replicas through DNS (a Kubernetes headless Service answers
-//! with one record per ready pod) must ask again as the records change, and must not turn
-//! a DNS hiccup into an empty set. [`Refresh`] holds those decisions apart from the I/O,
-//! on an injected clock and a seeded RNG, so that they are tested deterministically and a
-//! thousand clients' timers can be run on a virtual clock:
-//!
-//! - the next resolution is due on a timer bounded by the records' TTL, `min_interval` and
-//!   `max_interval`, drawn at random in its last `jitter` share so that clients started
-//!   together drift apart instead of asking in step;
-//! - [`Refresh::early_at`] brings it forward (a replica refused a connection, or none is
-//!   healthy), never closer than `min_interval` to the last one;
-//! - an answer is diffed against the current set: records that went away are
-//!   [`removed`](RefreshUpdate::removed), new ones [`added`](RefreshUpdate::added);
-//! - an answer that fails, times out or holds no record keeps the last good set, is
-//!   counted, and is retried sooner (doubling from `min_interval`); the change between
-//!   answering and failing is reported once ([`RefreshUpdate::health`]).
-//!
-//! ```
-//! use std::time::Duration;
-//! use stormguard_core::{RefreshAnswer, Instant, Refresh, RefreshConfig};
-//!
-//! let t0 = Instant::now();
-//! let mut dns = Refresh::new(RefreshConfig { seed: Some(1), ..RefreshConfig::default() }, t0)?;
-//! assert_eq!(dns.due_at(), t0); // the first resolution is due at once
-//! dns.begin_at(t0);
-//! let ttl = Duration::from_secs(5);
-//! let update = dns.answer_at(RefreshAnswer::Found { records: vec!["10.0.0.1", "10.0.0.2"], ttl }, t0);
-//! assert_eq!(update.added, ["10.0.0.1", "10.0.0.2"]);
-//! // The next one is due within the TTL.
-//! assert!(dns.due_at() <= t0 + ttl);
-//! // The DNS server does not answer: the set is kept.
-//! let t1 = dns.due_at();
-//! dns.begin_at(t1);
-//! let update = dns.answer_at(RefreshAnswer::Failed, t1);
-//! assert!(update.removed.is_empty());
-//! assert_eq!(dns.records().count(), 2);
-//! # Ok::<(), stormguard_core::ConfigError>(())
-//! ```
+//! When to resolve a replica set's name again, and what an answer changes: see
+//! [`Refresh`](crate::Refresh).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -141,7 +103,46 @@ pub struct RefreshCounts {
 }
 
 /// The decisions of a replica set found by name: when to resolve, and what an answer
-/// changes (see the [module docs](self)). `K` is what a record is keyed by (an address).
+/// changes. `K` is what a record is keyed by (an address).
+///
+/// A client that finds its replicas through DNS (a Kubernetes headless Service answers
+/// with one record per ready pod) must ask again as the records change, and must not turn
+/// a DNS hiccup into an empty set. [`Refresh`] holds those decisions apart from the I/O,
+/// on an injected clock and a seeded RNG, so that they are tested deterministically and a
+/// thousand clients' timers can be run on a virtual clock:
+///
+/// - the next resolution is due on a timer bounded by the records' TTL, `min_interval` and
+///   `max_interval`, drawn at random in its last `jitter` share so that clients started
+///   together drift apart instead of asking in step;
+/// - [`Refresh::early_at`] brings it forward (a replica refused a connection, or none is
+///   healthy), never closer than `min_interval` to the last one;
+/// - an answer is diffed against the current set: records that went away are
+///   [`removed`](RefreshUpdate::removed), new ones [`added`](RefreshUpdate::added);
+/// - an answer that fails, times out or holds no record keeps the last good set, is
+///   counted, and is retried sooner (doubling from `min_interval`); the change between
+///   answering and failing is reported once ([`RefreshUpdate::health`]).
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::{RefreshAnswer, Instant, Refresh, RefreshConfig};
+///
+/// let t0 = Instant::now();
+/// let mut dns = Refresh::new(RefreshConfig { seed: Some(1), ..RefreshConfig::default() }, t0)?;
+/// assert_eq!(dns.due_at(), t0); // the first resolution is due at once
+/// dns.begin_at(t0);
+/// let ttl = Duration::from_secs(5);
+/// let update = dns.answer_at(RefreshAnswer::Found { records: vec!["10.0.0.1", "10.0.0.2"], ttl }, t0);
+/// assert_eq!(update.added, ["10.0.0.1", "10.0.0.2"]);
+/// // The next one is due within the TTL.
+/// assert!(dns.due_at() <= t0 + ttl);
+/// // The DNS server does not answer: the set is kept.
+/// let t1 = dns.due_at();
+/// dns.begin_at(t1);
+/// let update = dns.answer_at(RefreshAnswer::Failed, t1);
+/// assert!(update.removed.is_empty());
+/// assert_eq!(dns.records().count(), 2);
+/// # Ok::<(), stormguard_core::ConfigError>(())
+/// ```
 #[derive(Debug)]
 pub struct Refresh<K> {
     config: RefreshConfig,

@@ -56,8 +56,10 @@ use crate::{CallDeadline, DeadlineSource, deadline::resolve_deadline_at};
 /// An attempt that never reached the server's application (a connection that could not be
 /// made, a stream HTTP/2 refused with `REFUSED_STREAM` or above a `GOAWAY`'s last stream
 /// id) is not a failure of the dependency: it is retried *transparently*, as gRPC A6 does,
-/// at once and for free (no budget, no attempt counted, no breaker outcome), at most
-/// [`TRANSPARENT_RETRIES`](crate::TRANSPARENT_RETRIES) times per call; see [`CallRetry::on_attempt_end_at`].
+/// for free (no budget, no attempt counted, no breaker outcome), at most
+/// [`TRANSPARENT_RETRIES`](crate::TRANSPARENT_RETRIES) times per call: at once, or after a
+/// refused connection when the connection backoff gives the call a slot
+/// ([`CallRetry::on_connect_refused_at`]); see [`CallRetry::on_attempt_end_at`].
 ///
 /// ```
 /// use std::{sync::Arc, time::Duration};
@@ -380,10 +382,5 @@ impl RetryController {
             idempotency_key,
             connect_at: None,
         })
-    }
-
-    /// [`begin_at`](Self::begin_at) now.
-    pub fn begin(&self, path: &str, deadline: Option<Instant>) -> Result<CallRetry, Refusal> {
-        self.begin_at(path, deadline, Instant::now())
     }
 }

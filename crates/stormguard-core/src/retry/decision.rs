@@ -131,11 +131,6 @@ impl Failure {
             unprocessed: false,
         }
     }
-
-    /// The same failure with a pushback.
-    pub fn with_pushback(self, pushback: Option<Pushback>) -> Self {
-        Failure { pushback, ..self }
-    }
 }
 
 /// The verdict on a failed attempt.

@@ -161,7 +161,12 @@ fn a_fatal_answer_ends_the_hedged_call_and_a_non_fatal_one_sends_the_next_copy_n
 fn pushback_stops_or_delays_the_next_hedge() {
     let c = hedging(10, CodeSet::single(Code::Unavailable));
     let t0 = Instant::now();
-    let pushed = |p| AttemptEnd::Failed(unavailable().with_pushback(Some(p)));
+    let pushed = |p| {
+        AttemptEnd::Failed(Failure {
+            pushback: Some(p),
+            ..unavailable()
+        })
+    };
     let mut call = c.begin_at(PATH, None, t0).unwrap();
     call.first_attempt_at(t0);
     assert_eq!(
@@ -366,7 +371,10 @@ fn pushback_is_exact_and_restarts_the_backoff() {
         };
         call.start_retry_at(now + delay).unwrap();
     }
-    let f = unavailable().with_pushback(Some(Pushback::RetryAfter(ms(777))));
+    let f = Failure {
+        pushback: Some(Pushback::RetryAfter(ms(777))),
+        ..unavailable()
+    };
     assert_eq!(
         call.on_failure_at(&f, now),
         Decision::Retry { delay: ms(777) }
@@ -390,15 +398,19 @@ fn pushback_beyond_the_policy_maximum_is_refused_even_without_a_deadline() {
     );
     let now = Instant::now();
     let mut call = c.begin_at(PATH, None, now).unwrap();
-    let days = unavailable().with_pushback(Some(Pushback::RetryAfter(Duration::from_secs(
-        49 * 24 * 3600,
-    ))));
+    let days = Failure {
+        pushback: Some(Pushback::RetryAfter(Duration::from_secs(49 * 24 * 3600))),
+        ..unavailable()
+    };
     assert_eq!(
         call.on_failure_at(&days, now),
         Decision::GiveUp(Refusal::Pushback)
     );
     let mut call = c.begin_at(PATH, None, now).unwrap();
-    let at_max = unavailable().with_pushback(Some(Pushback::RetryAfter(Duration::from_secs(10))));
+    let at_max = Failure {
+        pushback: Some(Pushback::RetryAfter(Duration::from_secs(10))),
+        ..unavailable()
+    };
     assert_eq!(
         call.on_failure_at(&at_max, now),
         Decision::Retry {
@@ -412,7 +424,10 @@ fn pushback_zero_means_retry_now() {
     let c = controller(retried(), budget(5, 0.1));
     let now = Instant::now();
     let mut call = c.begin_at(PATH, None, now).unwrap();
-    let f = unavailable().with_pushback(Some(Pushback::RetryAfter(Duration::ZERO)));
+    let f = Failure {
+        pushback: Some(Pushback::RetryAfter(Duration::ZERO)),
+        ..unavailable()
+    };
     assert_eq!(
         call.on_failure_at(&f, now),
         Decision::Retry {
@@ -428,7 +443,10 @@ fn do_not_retry_pushback_is_final_and_costs_nothing() {
     let now = Instant::now();
     let before = b.balance_at(now);
     let mut call = c.begin_at(PATH, None, now).unwrap();
-    let f = unavailable().with_pushback(Some(Pushback::DoNotRetry));
+    let f = Failure {
+        pushback: Some(Pushback::DoNotRetry),
+        ..unavailable()
+    };
     assert_eq!(
         call.on_failure_at(&f, now),
         Decision::GiveUp(Refusal::Pushback)
@@ -441,13 +459,19 @@ fn pushback_longer_than_the_time_left_is_refused() {
     let c = controller(retried(), budget(5, 0.1));
     let now = Instant::now();
     let mut call = c.begin_at(PATH, Some(now + ms(100)), now).unwrap();
-    let f = unavailable().with_pushback(Some(Pushback::RetryAfter(ms(100))));
+    let f = Failure {
+        pushback: Some(Pushback::RetryAfter(ms(100))),
+        ..unavailable()
+    };
     assert_eq!(
         call.on_failure_at(&f, now),
         Decision::GiveUp(Refusal::Deadline)
     );
     let mut call = c.begin_at(PATH, Some(now + ms(100)), now).unwrap();
-    let f = unavailable().with_pushback(Some(Pushback::RetryAfter(ms(90))));
+    let f = Failure {
+        pushback: Some(Pushback::RetryAfter(ms(90))),
+        ..unavailable()
+    };
     assert_eq!(
         call.on_failure_at(&f, now),
         Decision::Retry { delay: ms(90) }
@@ -578,9 +602,9 @@ fn a_keyed_call_waits_out_a_first_run_still_in_progress() {
     // use. Retried after exactly the pushback, though ABORTED is not a retryable code.
     let in_progress = Failure {
         unprocessed: true,
+        pushback: Some(Pushback::RetryAfter(ms(40))),
         ..Failure::status(Code::Aborted)
-    }
-    .with_pushback(Some(Pushback::RetryAfter(ms(40))));
+    };
     let mut call = keyed_controller(policy.clone(), 1)
         .begin_at(PATH, None, now)
         .unwrap();
@@ -913,8 +937,14 @@ fn only_ok_mints_retries() {
         // A late CANCELLED (tonic's answer to an expired grpc-timeout).
         Failure::status(Code::Cancelled),
         // A shed answer with a code the policy does not retry.
-        Failure::status(Code::ResourceExhausted).with_pushback(Some(Pushback::DoNotRetry)),
-        Failure::status(Code::ResourceExhausted).with_pushback(Some(Pushback::RetryAfter(ms(10)))),
+        Failure {
+            pushback: Some(Pushback::DoNotRetry),
+            ..Failure::status(Code::ResourceExhausted)
+        },
+        Failure {
+            pushback: Some(Pushback::RetryAfter(ms(10))),
+            ..Failure::status(Code::ResourceExhausted)
+        },
     ];
     for f in answers {
         let mut call = c.begin_at(PATH, None, now).unwrap();
@@ -948,7 +978,10 @@ fn only_retryable_codes_cost_a6_tokens() {
     assert!((throttle.balance_at(now) - 3.0).abs() < 1e-9);
     for code in [Code::NotFound, Code::Cancelled, Code::ResourceExhausted] {
         let mut call = c.begin_at(PATH, None, now).unwrap();
-        let f = Failure::status(code).with_pushback(Some(Pushback::DoNotRetry));
+        let f = Failure {
+            pushback: Some(Pushback::DoNotRetry),
+            ..Failure::status(code)
+        };
         let _ = call.on_failure_at(&f, now);
     }
     assert!(
@@ -984,7 +1017,10 @@ fn an_overload_answer_is_never_health_for_the_breaker() {
     let now = Instant::now();
     let overload = [
         Failure::status(Code::ResourceExhausted),
-        Failure::status(Code::NotFound).with_pushback(Some(Pushback::DoNotRetry)),
+        Failure {
+            pushback: Some(Pushback::DoNotRetry),
+            ..Failure::status(Code::NotFound)
+        },
     ];
     let fail = || {
         let mut call = c.begin_at(PATH, None, now).unwrap();

@@ -242,7 +242,7 @@ pub enum TimeoutError {
     /// The value is empty or has no unit.
     #[error("grpc-timeout is empty or has no unit")]
     Empty,
-    /// The digits are missing, not ASCII digits, or more than 8.
+    /// The value is not UTF-8, or its digits are missing, not ASCII digits, or more than 8.
     #[error("grpc-timeout must be 1 to 8 ASCII digits followed by a unit, got {0:?}")]
     BadValue(String),
     /// The unit is not one of `H M S m u n`.
@@ -250,21 +250,25 @@ pub enum TimeoutError {
     BadUnit(char),
 }
 
-/// Decodes a `grpc-timeout` value, in the format of the gRPC over HTTP/2 spec:
-/// `TimeoutValue TimeoutUnit`, at most 8 ASCII digits followed by one of `H` (hours),
-/// `M` (minutes), `S` (seconds), `m` (milliseconds), `u` (microseconds), `n`
-/// (nanoseconds).
+/// Decodes a `grpc-timeout` value as it came off the wire, in the format of the gRPC over
+/// HTTP/2 spec: `TimeoutValue TimeoutUnit`, at most 8 ASCII digits followed by one of `H`
+/// (hours), `M` (minutes), `S` (seconds), `m` (milliseconds), `u` (microseconds), `n`
+/// (nanoseconds). The layers read an error as "no deadline", as tonic does.
 ///
 /// ```
 /// use std::time::Duration;
 /// use stormguard_core::wire::decode_grpc_timeout;
 ///
-/// assert_eq!(decode_grpc_timeout("250m"), Ok(Duration::from_millis(250)));
-/// assert_eq!(decode_grpc_timeout("2S"), Ok(Duration::from_secs(2)));
-/// assert!(decode_grpc_timeout("123456789m").is_err()); // 9 digits
-/// assert!(decode_grpc_timeout("5x").is_err());
+/// assert_eq!(decode_grpc_timeout(b"250m"), Ok(Duration::from_millis(250)));
+/// assert_eq!(decode_grpc_timeout(b"2S"), Ok(Duration::from_secs(2)));
+/// assert!(decode_grpc_timeout(b"123456789m").is_err()); // 9 digits
+/// assert!(decode_grpc_timeout(b"5x").is_err());
+/// assert!(decode_grpc_timeout(b"250ms").is_err());
+/// assert!(decode_grpc_timeout(b"\xff1S").is_err()); // not UTF-8
 /// ```
-pub fn decode_grpc_timeout(value: &str) -> Result<Duration, TimeoutError> {
+pub fn decode_grpc_timeout(value: &[u8]) -> Result<Duration, TimeoutError> {
+    let value = std::str::from_utf8(value)
+        .map_err(|_| TimeoutError::BadValue(String::from_utf8_lossy(value).into_owned()))?;
     let unit = value.chars().last().ok_or(TimeoutError::Empty)?;
     let digits = &value[..value.len() - unit.len_utf8()];
     if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
@@ -282,22 +286,6 @@ pub fn decode_grpc_timeout(value: &str) -> Result<Duration, TimeoutError> {
         'n' => Duration::from_nanos(n),
         other => return Err(TimeoutError::BadUnit(other)),
     })
-}
-
-/// Decodes a `grpc-timeout` header value as it came off the wire: `None` when it is not
-/// UTF-8 or not well-formed ([`decode_grpc_timeout`]), which the layers read as "no
-/// deadline", as tonic does. The decoder every layer uses.
-///
-/// ```
-/// use std::time::Duration;
-/// use stormguard_core::wire::decode_grpc_timeout_bytes;
-///
-/// assert_eq!(decode_grpc_timeout_bytes(b"250m"), Some(Duration::from_millis(250)));
-/// assert_eq!(decode_grpc_timeout_bytes(b"250ms"), None);
-/// assert_eq!(decode_grpc_timeout_bytes(b"\xff1S"), None);
-/// ```
-pub fn decode_grpc_timeout_bytes(value: &[u8]) -> Option<Duration> {
-    decode_grpc_timeout(std::str::from_utf8(value).ok()?).ok()
 }
 
 /// An encoded `grpc-timeout` value: at most 8 digits and a unit, kept on the stack.
@@ -338,7 +326,7 @@ impl fmt::Debug for GrpcTimeout {
 /// assert_eq!(encode_grpc_timeout(Duration::from_millis(250)).as_str(), "250000u");
 /// assert_eq!(encode_grpc_timeout(Duration::from_secs(3600)).as_str(), "3600000m");
 /// let d = Duration::from_millis(1234);
-/// assert_eq!(decode_grpc_timeout(encode_grpc_timeout(d).as_str()), Ok(d));
+/// assert_eq!(decode_grpc_timeout(encode_grpc_timeout(d).as_str().as_bytes()), Ok(d));
 /// ```
 pub fn encode_grpc_timeout(duration: Duration) -> GrpcTimeout {
     let nanos = duration.as_nanos();

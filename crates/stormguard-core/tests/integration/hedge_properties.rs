@@ -105,7 +105,7 @@ proptest! {
                         p if p < 0 => Pushback::DoNotRetry,
                         p => Pushback::RetryAfter(Duration::from_millis(p as u64)),
                     });
-                    let failure = Failure::status(code).with_pushback(pushback);
+                    let failure = Failure { pushback, ..Failure::status(code) };
                     match call.on_hedge_end_at(AttemptEnd::Failed(failure), in_flight, now) {
                         HedgeDecision::Wait => {
                             prop_assert!(

@@ -142,7 +142,10 @@ fn a_pushback_of_2_pow_31_ms_means_no_retry() {
         let mut call = controller
             .begin_at("/stormguard.demo.v1.Inventory/Reserve", deadline, now)
             .unwrap();
-        let failure = Failure::status(Code::Unavailable).with_pushback(pushback);
+        let failure = Failure {
+            pushback,
+            ..Failure::status(Code::Unavailable)
+        };
         assert!(matches!(
             call.on_attempt_end_at(AttemptEnd::Failed(failure), now)
                 .decision,
@@ -153,10 +156,10 @@ fn a_pushback_of_2_pow_31_ms_means_no_retry() {
 
 #[test]
 fn a_grpc_timeout_of_99999999_hours_fits_on_the_clock() {
-    let d = decode_grpc_timeout("99999999H").unwrap();
+    let d = decode_grpc_timeout(b"99999999H").unwrap();
     assert_eq!(d, Duration::from_secs(99_999_999 * 3600));
     assert!(Instant::now().checked_add(d).is_some());
-    assert!(decode_grpc_timeout("999999999H").is_err());
+    assert!(decode_grpc_timeout(b"999999999H").is_err());
 }
 
 #[test]

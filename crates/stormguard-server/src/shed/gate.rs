@@ -129,7 +129,7 @@ impl State {
         };
         op(core, &mut sink);
         counters.set_gauges(
-            core.depth(),
+            core.load().depth,
             core.running(),
             core.worker_limit(),
             core.adaptive().and_then(|a| a.min_latency()),
@@ -343,7 +343,7 @@ impl Gate {
             }
         });
         self.counters.set_gauges(
-            core.depth(),
+            core.load().depth,
             core.running(),
             core.worker_limit(),
             core.adaptive().and_then(|a| a.min_latency()),
@@ -374,8 +374,8 @@ impl Gate {
     pub(crate) fn occupancy(&self) -> Occupancy {
         let state = self.lock();
         Occupancy {
-            free_workers: state.core.free_workers(),
-            waiting: state.core.depth(),
+            free_workers: state.core.load().free_workers,
+            waiting: state.core.load().depth,
             unsettled: state.decided.len(),
         }
     }

@@ -72,11 +72,10 @@ impl ShedLayer {
     /// A layer with its own queue, driven by `policy` (already validated).
     pub fn new(policy: AdmissionController) -> Self {
         #[cfg(feature = "opentelemetry")]
-        let limit_bounds = policy
-            .config()
-            .adaptive
-            .as_ref()
-            .map(|a| (a.min_limit, a.max_limit));
+        let limit_bounds = match &policy.config().workers {
+            stormguard_core::WorkerLimit::Adaptive(a) => Some((a.min_limit, a.max_limit)),
+            stormguard_core::WorkerLimit::Fixed(_) => None,
+        };
         let gate = Arc::new(Gate::new(policy));
         ShedLayer {
             events: Arc::new(ShedEvents::new(Arc::default(), Arc::clone(&gate))),

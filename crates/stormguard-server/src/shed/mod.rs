@@ -99,9 +99,7 @@ use stormguard_core::CallClass;
 use stormguard_core::CriticalityTable;
 use stormguard_core::Instant;
 use stormguard_core::{context::CallContext, context::RequestScope};
-use stormguard_core::{
-    wire::attempt_class, wire::decode_grpc_timeout_bytes, wire::parse_criticality,
-};
+use stormguard_core::{wire::attempt_class, wire::decode_grpc_timeout, wire::parse_criticality};
 use stormguard_core::{
     wire::http::GRPC_PREVIOUS_RPC_ATTEMPTS, wire::http::GRPC_TIMEOUT,
     wire::http::STORMGUARD_CRITICALITY, wire::http::X_RETRY_ATTEMPT, wire::http::X_RETRY_BUDGET,
@@ -266,7 +264,7 @@ impl<S> ShedService<S> {
         let deadline = headers
             .get(GRPC_TIMEOUT)
             // Malformed (or non-ASCII) values read as "no deadline", as tonic does.
-            .and_then(|v| decode_grpc_timeout_bytes(v.as_bytes()))
+            .and_then(|v| decode_grpc_timeout(v.as_bytes()).ok())
             .and_then(|t| now.checked_add(t));
         // The handler's outgoing calls inherit this call's deadline (see `CallContext`).
         let context = match deadline {

@@ -143,7 +143,10 @@ fn pushback_minus_one_stops_the_hedges() {
     out.clear();
     // The first copy fails non-fatally with "do not retry": no more hedges, the second
     // copy goes on.
-    let told = Failure::status(Code::Unavailable).with_pushback(Some(Pushback::DoNotRetry));
+    let told = Failure {
+        pushback: Some(Pushback::DoNotRetry),
+        ..Failure::status(Code::Unavailable)
+    };
     call.answered_at(0, Some(told), t0 + ms(12), &mut out);
     assert!(sends(&out).is_empty(), "{out:?}");
     assert_eq!(call.retry().hedges_stopped(), Some(Refusal::Pushback));

@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
 use crate::AdaptiveLimitConfig;
+use crate::AdmissionConfig;
 use crate::{QueueOrder, RetryThreshold};
 use proptest::prelude::*;
 
@@ -22,7 +23,7 @@ fn config(workers: usize, capacity: usize) -> AdmissionConfig {
 }
 
 fn queue(config: AdmissionConfig) -> AdmissionQueue<u32> {
-    AdmissionQueue::from_config(config).unwrap()
+    AdmissionQueue::new(AdmissionController::new(config).unwrap())
 }
 
 /// Everything reported to a sink, as (waiter, ran).
@@ -52,7 +53,7 @@ fn runs_up_to_the_limit_then_queues_then_sheds() {
     let retry = AttemptClass::Retry;
     assert_eq!(q.arrive_at(t0, first, None, 0, none), Arrival::Run);
     assert_eq!(q.arrive_at(t0, retry, None, 1, none), Arrival::Run);
-    assert_eq!((q.running(), q.free_workers()), (2, 0));
+    assert_eq!((q.running(), q.load().free_workers), (2, 0));
     queued(q.arrive_at(t0, first, None, 2, none));
     queued(q.arrive_at(t0, retry, None, 3, none));
     // Depth 2 is the retry threshold: retries are shed, first attempts still queue.
@@ -68,7 +69,7 @@ fn runs_up_to_the_limit_then_queues_then_sheds() {
         matches!(full, Arrival::Shed(s) if s.reason == ShedReason::QueueFull),
         "{full:?}"
     );
-    assert_eq!(q.depth(), 4);
+    assert_eq!(q.load().depth, 4);
 }
 
 #[test]
@@ -99,7 +100,7 @@ fn a_freed_worker_goes_to_the_oldest_live_waiter_fifo() {
     let mut out = Vec::new();
     q.finish_at(t0 + 10 * MS, t0, collect(&mut out));
     assert_eq!(out, [(1, true)]);
-    assert_eq!((q.running(), q.depth()), (1, 2));
+    assert_eq!((q.running(), q.load().depth), (1, 2));
 }
 
 #[test]
@@ -186,7 +187,10 @@ fn withdrawn_waiters_leave_and_given_back_workers_move_on() {
     assert_eq!(out, [(2, true)]);
     assert!(q.policy().completion_rate().mean_gap_at(t0).is_none());
     q.give_back_at(t0 + 6 * MS, none);
-    assert_eq!((q.running(), q.free_workers(), q.depth()), (0, 1, 0));
+    assert_eq!(
+        (q.running(), q.load().free_workers, q.load().depth),
+        (0, 1, 0)
+    );
     // One completion so far: a give-back is not one.
     q.arrive_at(t0 + 7 * MS, AttemptClass::First, None, 3, none);
     q.finish_at(t0 + 9 * MS, t0, none);
@@ -208,13 +212,16 @@ fn the_worker_limit_changes_at_run_time() {
     let mut out = Vec::new();
     q.set_worker_limit_at(t0 + MS, NonZeroUsize::new(3).unwrap(), collect(&mut out));
     assert_eq!(out, [(1, true), (2, true)]);
-    assert_eq!((q.worker_limit(), q.running(), q.depth()), (3, 3, 2));
+    assert_eq!((q.worker_limit(), q.running(), q.load().depth), (3, 3, 2));
     // Lowered to 1: nothing stops, and finishing calls hand out no worker until
     // fewer than one runs.
     q.set_worker_limit_at(t0 + MS, NonZeroUsize::MIN, none);
     q.finish_at(t0 + 2 * MS, t0, none);
     q.finish_at(t0 + 3 * MS, t0, none);
-    assert_eq!((q.running(), q.free_workers(), q.depth()), (1, 0, 2));
+    assert_eq!(
+        (q.running(), q.load().free_workers, q.load().depth),
+        (1, 0, 2)
+    );
     out.clear();
     q.finish_at(t0 + 4 * MS, t0, collect(&mut out));
     assert_eq!(out, [(3, true)]);
@@ -254,7 +261,7 @@ fn sheddable_work_is_shed_first_then_retries_then_the_rest() {
     );
     queued(q.arrive_at(t0, first, None, 5, none));
     queued(q.arrive_at(t0, first, None, 6, none));
-    assert_eq!(q.depth(), 4);
+    assert_eq!(q.load().depth, 4);
     // Full. Between calls of one criticality nothing gives way.
     assert_eq!(
         shed(q.arrive_at(t0, first, None, 7, none)),
@@ -273,7 +280,7 @@ fn sheddable_work_is_shed_first_then_retries_then_the_rest() {
         shed(q.arrive_at(t0, critical, None, 11, none)),
         ShedReason::QueueFull
     );
-    assert_eq!(q.depth(), 4);
+    assert_eq!(q.load().depth, 4);
     let mut out = Vec::new();
     for _ in 0..5 {
         q.finish_at(t0 + MS, t0, collect(&mut out));
@@ -428,7 +435,7 @@ proptest! {
                     let attempt = if retry { AttemptClass::Retry } else { AttemptClass::First };
                     let class = CallClass::new(attempt, criticality);
                     let deadline = deadline_ms.map(|d| now + Duration::from_millis(d));
-                    let before = q.depth();
+                    let before = q.load().depth;
                     match q.arrive_at(now, class, deadline, 0, &mut sink) {
                         Arrival::Queued { id, expiry } => {
                             prop_assert!(expiry > now);
@@ -440,7 +447,7 @@ proptest! {
                         }
                         Arrival::Run | Arrival::Shed(_) => {}
                     }
-                    prop_assert!(q.depth() <= before + 1);
+                    prop_assert!(q.load().depth <= before + 1);
                 }
                 Op::Finish => {
                     if q.running() > 0 {
@@ -485,9 +492,9 @@ proptest! {
                 };
                 prop_assert!(left.insert(l.id), "left twice: {:?}", l.id);
             }
-            prop_assert!(q.depth() <= 6);
-            if q.free_workers() > 0 {
-                prop_assert_eq!(q.depth(), 0);
+            prop_assert!(q.load().depth <= 6);
+            if q.load().free_workers > 0 {
+                prop_assert_eq!(q.load().depth, 0);
             }
             if purged {
                 let first = q.by_expiry.first().map(|(e, _)| *e);

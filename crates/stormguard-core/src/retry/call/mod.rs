@@ -220,7 +220,8 @@ impl CallRetry {
     /// 3. a failure that never reached the server's application ([`Failure::unsent`]: a
     ///    connection that could not be made, a stream HTTP/2 refused) is retried
     ///    *transparently*, as gRPC A6 retries such attempts, while the call has made fewer
-    ///    than [`TRANSPARENT_RETRIES`] of them: at once (no backoff), not paid from the
+    ///    than [`TRANSPARENT_RETRIES`] of them: at once (after a refused connection, when
+    ///    the connection backoff gives the call a slot: [`CallRetry::on_connect_refused_at`]), not paid from the
     ///    budget or the request's allowance, not counted against `maxAttempts` nor in
     ///    `grpc-previous-rpc-attempts`, for a non-idempotent method too, and recorded nowhere
     ///    (the breaker permit is released without an outcome). It still needs a replayable

@@ -14,10 +14,10 @@ use crate::{BreakerState, CallRetry, Decision, Failure, Instant, Pushback, Refus
 /// limit, but against a single server whose process is gone every connection attempt
 /// fails at once, and an unbounded free retry would be a hot loop until the deadline. A
 /// rolling restart or a graceful `GOAWAY` refuses a call once or twice (the connection that
-/// closed, then perhaps a replica that is also draining); three free retries cover that,
-/// and against a dead server a call costs at most three extra immediate attempts before the
-/// budget, the backoff and the attempt limit take over, as for any failure. A failure that
-/// is not unsent does not use them up.
+/// closed, then perhaps a replica that is also draining); three free retries cover that.
+/// Against a dead server a refused connection makes the next transparent retry wait for
+/// the connection backoff ([`CallRetry::on_connect_refused_at`]), so a call costs about one
+/// connection attempt. A failure that is not unsent does not use them up.
 pub const TRANSPARENT_RETRIES: u32 = 3;
 
 impl CallRetry {
