@@ -6,7 +6,9 @@
 //! - `bare`: a plain tonic channel to a plain tonic server;
 //! - `retry`: the channel wrapped in a `RetryLayer` (the method marked idempotent, so the
 //!   request is kept for a replay that never comes), same plain server;
-//! - `shed`: the plain channel to a server behind a `ShedLayer` (default admission);
+//! - `shed`: the plain channel to a server behind a `ShedLayer` (default admission: an
+//!   adaptive worker limit), against `shed-fixed` as its rival, the same with a fixed
+//!   limit of 64 workers;
 //! - `both`: the `RetryLayer` channel to the `ShedLayer` server;
 //! - `retry-prometheus`, `shed-prometheus` (only with `--features otel-examples`): `retry`
 //!   and `shed` with the layer recording into a meter whose provider has OpenTelemetry's
@@ -133,7 +135,7 @@ use stormguard_demo::{
     Inventory, InventoryClient, InventoryServer, ReserveReply, ReserveRequest, StockLevel,
     WatchStockRequest,
 };
-use stormguard_server::{AdmissionConfig, ShedLayer};
+use stormguard_server::{AdmissionConfig, ShedLayer, WorkerLimit};
 use tokio::net::TcpListener;
 use tokio::time::Sleep;
 use tonic::body::Body;
@@ -223,10 +225,11 @@ fn serve_bare_on(listener: TcpListener, addr: SocketAddr) -> SocketAddr {
     addr
 }
 
-/// A server behind a `ShedLayer`; `prometheus`: recording into the exporter's meter.
-async fn serve_shed(prometheus: bool) -> SocketAddr {
+/// A server behind a `ShedLayer` of `admission`; `prometheus`: recording into the
+/// exporter's meter.
+async fn serve_shed(prometheus: bool, admission: AdmissionConfig) -> SocketAddr {
     let (listener, addr) = listener().await;
-    let shed = ShedLayer::from_config(AdmissionConfig::default()).expect("admission config");
+    let shed = ShedLayer::from_config(admission).expect("admission config");
     let shed = if prometheus {
         exporter::shed(shed)
     } else {
@@ -306,6 +309,8 @@ struct Servers {
     shed: SocketAddr,
     /// Behind a `ShedLayer` recording into the exporter's meter.
     shed_prometheus: SocketAddr,
+    /// Behind a `ShedLayer` with a fixed limit of 64 workers.
+    shed_fixed: SocketAddr,
     /// On 127.0.0.2, 127.0.0.3, ..., one port: what a DNS name can list.
     fleet: [SocketAddr; FLEET],
     /// The DNS server that lists the fleet under [`FLEET_NAME`].
@@ -316,9 +321,17 @@ struct Servers {
 const FLEET_NAME: &str = "fleet.bench.test";
 
 async fn servers() -> Servers {
-    let (bare, shed) = (serve_bare().await, serve_shed(false).await);
+    let (bare, shed) = (
+        serve_bare().await,
+        serve_shed(false, AdmissionConfig::default()).await,
+    );
+    let fixed = AdmissionConfig {
+        workers: WorkerLimit::Fixed(64),
+        ..AdmissionConfig::default()
+    };
+    let shed_fixed = serve_shed(false, fixed).await;
     let shed_prometheus = if cfg!(feature = "otel-examples") {
-        serve_shed(true).await
+        serve_shed(true, AdmissionConfig::default()).await
     } else {
         shed
     };
@@ -334,6 +347,7 @@ async fn servers() -> Servers {
         bare,
         shed,
         shed_prometheus,
+        shed_fixed,
         fleet,
         dns: dns_addr,
     }
@@ -609,9 +623,12 @@ struct Variant {
     /// OpenTelemetry's Prometheus exporter registered (only with `--features
     /// otel-examples`): what a service scraped by Prometheus runs on its call path.
     prometheus: bool,
+    /// Whether its `ShedLayer` has a fixed worker limit (64) instead of the default,
+    /// adaptive one.
+    fixed_limit: bool,
 }
 
-const VARIANTS: [Variant; 17] = [
+const VARIANTS: [Variant; 18] = [
     Variant {
         name: "bare",
         baseline: "bare",
@@ -620,6 +637,7 @@ const VARIANTS: [Variant; 17] = [
         shed_server: false,
         deadline: false,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "retry",
@@ -629,15 +647,27 @@ const VARIANTS: [Variant; 17] = [
         shed_server: false,
         deadline: false,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "shed",
+        baseline: "bare",
+        rival: Some("shed-fixed"),
+        stack: Stack::Plain,
+        shed_server: true,
+        deadline: false,
+        prometheus: false,
+        fixed_limit: false,
+    },
+    Variant {
+        name: "shed-fixed",
         baseline: "bare",
         rival: None,
         stack: Stack::Plain,
         shed_server: true,
         deadline: false,
         prometheus: false,
+        fixed_limit: true,
     },
     Variant {
         name: "both",
@@ -647,6 +677,7 @@ const VARIANTS: [Variant; 17] = [
         shed_server: true,
         deadline: false,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "bare-deadline",
@@ -656,6 +687,7 @@ const VARIANTS: [Variant; 17] = [
         shed_server: false,
         deadline: true,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "retry-deadline",
@@ -665,6 +697,7 @@ const VARIANTS: [Variant; 17] = [
         shed_server: false,
         deadline: true,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "retry-attempt",
@@ -674,6 +707,7 @@ const VARIANTS: [Variant; 17] = [
         shed_server: false,
         deadline: true,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "hedge-deadline",
@@ -683,6 +717,7 @@ const VARIANTS: [Variant; 17] = [
         shed_server: false,
         deadline: true,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "tower-retry",
@@ -692,6 +727,7 @@ const VARIANTS: [Variant; 17] = [
         shed_server: false,
         deadline: true,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "balance-list",
@@ -701,6 +737,7 @@ const VARIANTS: [Variant; 17] = [
         shed_server: false,
         deadline: false,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "replicas",
@@ -713,6 +750,7 @@ const VARIANTS: [Variant; 17] = [
         shed_server: false,
         deadline: false,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "retry-balance-list",
@@ -722,6 +760,7 @@ const VARIANTS: [Variant; 17] = [
         shed_server: false,
         deadline: false,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "retry-replicas",
@@ -734,6 +773,7 @@ const VARIANTS: [Variant; 17] = [
         shed_server: false,
         deadline: false,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "replicas-dns",
@@ -746,6 +786,7 @@ const VARIANTS: [Variant; 17] = [
         shed_server: false,
         deadline: false,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "retry-replicas-dns",
@@ -758,6 +799,7 @@ const VARIANTS: [Variant; 17] = [
         shed_server: false,
         deadline: false,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "retry-prometheus",
@@ -767,6 +809,7 @@ const VARIANTS: [Variant; 17] = [
         shed_server: false,
         deadline: false,
         prometheus: true,
+        fixed_limit: false,
     },
     Variant {
         name: "shed-prometheus",
@@ -776,6 +819,7 @@ const VARIANTS: [Variant; 17] = [
         shed_server: true,
         deadline: false,
         prometheus: true,
+        fixed_limit: false,
     },
 ];
 
@@ -871,10 +915,11 @@ async fn client(v: &Variant, timeouts: Timeouts, servers: Servers) -> Client {
 
 /// The stub of a variant that calls one server over one connected channel.
 async fn one_server_stub(v: &Variant, timeouts: Timeouts, servers: Servers) -> Stub {
-    let channel = channel(match (v.shed_server, v.prometheus) {
-        (true, true) => servers.shed_prometheus,
-        (true, false) => servers.shed,
-        (false, _) => servers.bare,
+    let channel = channel(match (v.shed_server, v.prometheus, v.fixed_limit) {
+        (true, true, _) => servers.shed_prometheus,
+        (true, false, true) => servers.shed_fixed,
+        (true, false, false) => servers.shed,
+        (false, _, _) => servers.bare,
     })
     .await;
     match v.stack {
