@@ -52,6 +52,12 @@
 //! - `retry-balance-list`: the `RetryLayer` of `retry` over `balance_list`;
 //! - `retry-replicas`: the same `RetryLayer` built with `over_replicas()` over `Replicas`
 //!   (each call's attempts carry a `Route`), against `retry-balance-list` as its rival.
+//! - `replicas-dns`, `retry-replicas-dns`: `replicas` and `retry-replicas` with the fleet
+//!   found by DNS (`Replicas::from_dns`, the demo's DNS server on loopback listing the
+//!   three, an hour's TTL: one resolution, at start), against them as rivals: what the
+//!   resolver costs per call on the happy path (docs/replicas.md has the figures).
+//!
+//! The fleet listens on 127.0.0.2, 127.0.0.3, 127.0.0.4 (one port: what a DNS name lists).
 //!
 //! Each variant with a layer is compared with its own baseline: `retry`, `shed` and `both`
 //! with `bare`, the deadline variants with `bare-deadline`, the fleet variants with
@@ -115,8 +121,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+use stormguard_client::RefreshConfig;
 use stormguard_client::ReplicaConfig;
-use stormguard_client::replicas::{EndpointKey, Replicas};
+use stormguard_client::replicas::{Dns, EndpointKey, Replicas};
 use stormguard_client::{Retry, RetryLayer};
 use stormguard_core::BackoffConfig;
 use stormguard_core::MethodScope;
@@ -207,6 +214,10 @@ async fn listener() -> (TcpListener, SocketAddr) {
 
 async fn serve_bare() -> SocketAddr {
     let (listener, addr) = listener().await;
+    serve_bare_on(listener, addr)
+}
+
+fn serve_bare_on(listener: TcpListener, addr: SocketAddr) -> SocketAddr {
     tokio::spawn(
         Server::builder()
             .serve_with_incoming(InventoryServer::new(Echo), TcpIncoming::from(listener)),
@@ -300,8 +311,14 @@ struct Servers {
     shed_prometheus: SocketAddr,
     /// Behind a `ShedLayer` with a fixed limit of 64 workers.
     shed_fixed: SocketAddr,
+    /// On 127.0.0.2, 127.0.0.3, ..., one port: what a DNS name can list.
     fleet: [SocketAddr; FLEET],
+    /// The DNS server that lists the fleet under [`FLEET_NAME`].
+    dns: SocketAddr,
 }
+
+/// The name the fleet's DNS server answers for.
+const FLEET_NAME: &str = "fleet.bench.test";
 
 async fn servers() -> Servers {
     let (bare, shed) = (
@@ -318,17 +335,48 @@ async fn servers() -> Servers {
     } else {
         shed
     };
-    let mut fleet = [bare; FLEET];
-    for addr in &mut fleet {
-        *addr = serve_bare().await;
-    }
+    let fleet = fleet().await;
+    // A TTL of an hour: no resolution but the first during a run (the happy path).
+    let dns = stormguard_demo::dns::DnsServer::start(FLEET_NAME, fleet.map(|a| a.ip()), 3600)
+        .await
+        .expect("dns server");
+    let dns_addr = dns.addr();
+    // It answers for the whole run.
+    Box::leak(Box::new(dns));
     Servers {
         bare,
         shed,
         shed_prometheus,
         shed_fixed,
         fleet,
+        dns: dns_addr,
     }
+}
+
+/// The fleet's servers on 127.0.0.2, 127.0.0.3, ... (Linux routes 127/8 to loopback), on
+/// one port free on all of them.
+async fn fleet() -> [SocketAddr; FLEET] {
+    for _ in 0..20 {
+        let mut bound = Vec::new();
+        let mut port = 0;
+        for i in 0..FLEET {
+            let ip = std::net::Ipv4Addr::new(127, 0, 0, 2 + i as u8);
+            let Ok(listener) = TcpListener::bind((ip, port)).await else {
+                break;
+            };
+            let addr = listener.local_addr().expect("local addr");
+            port = addr.port();
+            bound.push((listener, addr));
+        }
+        if bound.len() == FLEET {
+            let addrs: Vec<SocketAddr> = bound
+                .into_iter()
+                .map(|(listener, addr)| serve_bare_on(listener, addr))
+                .collect();
+            return addrs.try_into().expect("FLEET servers");
+        }
+    }
+    panic!("no port free on 127.0.0.2 to 127.0.0.{}", 1 + FLEET)
 }
 
 /// `Replicas` over the fleet, one lazily connected `Channel` per server (the choice seeded,
@@ -336,11 +384,31 @@ async fn servers() -> Servers {
 type ReplicaChannel = Replicas<Channel, EndpointKey>;
 
 fn replicas(fleet: &[SocketAddr]) -> ReplicaChannel {
-    let config = ReplicaConfig {
+    Replicas::from_endpoints(replica_config(), fleet.iter().copied().map(endpoint))
+        .expect("replicas")
+}
+
+fn replica_config() -> ReplicaConfig {
+    ReplicaConfig {
         seed: Some(17),
         ..ReplicaConfig::default()
-    };
-    Replicas::from_endpoints(config, fleet.iter().copied().map(endpoint)).expect("replicas")
+    }
+}
+
+/// `Replicas` over the same fleet found by DNS: its name resolved by the fleet's DNS
+/// server, once (an hour's TTL and `max_interval`).
+fn replicas_from_dns(servers: &Servers) -> ReplicaChannel {
+    let hour = Duration::from_secs(3600);
+    let dns = Dns::new(FLEET_NAME)
+        .expect("name")
+        .port(servers.fleet[0].port())
+        .name_servers([servers.dns])
+        .refresh(RefreshConfig {
+            max_interval: hour,
+            seed: Some(17),
+            ..RefreshConfig::default()
+        });
+    Replicas::from_dns(replica_config(), dns).expect("replicas from dns")
 }
 
 /// The `RetryLayer` of the layered variants: the default policy, the method idempotent (so
@@ -533,9 +601,10 @@ enum Stack {
         retry: bool,
     },
     /// stormguard's `Replicas` over the fleet; `retry`: under a `RetryLayer` built with
-    /// `over_replicas`.
+    /// `over_replicas`; `dns`: the fleet found by DNS (`Replicas::from_dns`).
     Replicas {
         retry: bool,
+        dns: bool,
     },
 }
 
@@ -559,7 +628,7 @@ struct Variant {
     fixed_limit: bool,
 }
 
-const VARIANTS: [Variant; 16] = [
+const VARIANTS: [Variant; 18] = [
     Variant {
         name: "bare",
         baseline: "bare",
@@ -674,7 +743,10 @@ const VARIANTS: [Variant; 16] = [
         name: "replicas",
         baseline: "balance-list",
         rival: None,
-        stack: Stack::Replicas { retry: false },
+        stack: Stack::Replicas {
+            retry: false,
+            dns: false,
+        },
         shed_server: false,
         deadline: false,
         prometheus: false,
@@ -694,7 +766,36 @@ const VARIANTS: [Variant; 16] = [
         name: "retry-replicas",
         baseline: "balance-list",
         rival: Some("retry-balance-list"),
-        stack: Stack::Replicas { retry: true },
+        stack: Stack::Replicas {
+            retry: true,
+            dns: false,
+        },
+        shed_server: false,
+        deadline: false,
+        prometheus: false,
+        fixed_limit: false,
+    },
+    Variant {
+        name: "replicas-dns",
+        baseline: "balance-list",
+        rival: Some("replicas"),
+        stack: Stack::Replicas {
+            retry: false,
+            dns: true,
+        },
+        shed_server: false,
+        deadline: false,
+        prometheus: false,
+        fixed_limit: false,
+    },
+    Variant {
+        name: "retry-replicas-dns",
+        baseline: "balance-list",
+        rival: Some("retry-replicas"),
+        stack: Stack::Replicas {
+            retry: true,
+            dns: true,
+        },
         shed_server: false,
         deadline: false,
         prometheus: false,
@@ -788,14 +889,22 @@ async fn client(v: &Variant, timeouts: Timeouts, servers: Servers) -> Client {
                 Stub::Bare(InventoryClient::new(channel))
             }
         }
-        Stack::Replicas { retry: false } => {
-            Stub::Replicas(InventoryClient::new(replicas(&servers.fleet)))
+        Stack::Replicas { retry, dns } => {
+            let channel = if dns {
+                replicas_from_dns(&servers)
+            } else {
+                replicas(&servers.fleet)
+            };
+            if retry {
+                Stub::RetryReplicas(InventoryClient::new(
+                    tower::ServiceBuilder::new()
+                        .layer(retry_layer(None).over_replicas())
+                        .service(channel),
+                ))
+            } else {
+                Stub::Replicas(InventoryClient::new(channel))
+            }
         }
-        Stack::Replicas { retry: true } => Stub::RetryReplicas(InventoryClient::new(
-            tower::ServiceBuilder::new()
-                .layer(retry_layer(None).over_replicas())
-                .service(replicas(&servers.fleet)),
-        )),
         _ => one_server_stub(v, timeouts, servers).await,
     };
     Client {

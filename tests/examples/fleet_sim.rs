@@ -137,13 +137,13 @@ fn a_fleet_aware_floor_sends_only_the_fleets_share_of_retries_to_a_dead_dependen
 #[test]
 fn fifty_hosts_on_the_defaults_send_about_one_attempt_per_call_to_a_dead_dependency() {
     let _loading = support::loading();
-    // 50 hosts × 10 calls/s, as the example's table, measured from 1 s to 4 s: by then
+    // 50 hosts × 10 calls/s, as the example's table, measured from 1 s to 3 s: by then
     // every host has seen its dependency fail and never answer. (With the floor lent
     // always, the old default and `PerProcessFloor` here, it is about 1.5.)
     let config = DeadDependencyConfig {
         network: coarse(5),
         warmup_s: 1,
-        measured_s: 3,
+        measured_s: 2,
         ..DeadDependencyConfig::quick()
     };
     let defaults = run_dead_dependency(DeadVariant::Defaults, &config).unwrap();

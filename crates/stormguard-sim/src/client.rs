@@ -98,6 +98,19 @@ impl SimCall {
         }
     }
 
+    /// The attempt in flight could not connect to the dependency at `now` (the layer reads
+    /// a connection error so, outside `Replicas`): as [`answered_at`](Self::answered_at)
+    /// with an unsent `UNAVAILABLE`, its transparent retry waiting for the dependency's
+    /// connection backoff ([`CallRetry::on_connect_refused_at`]), as the layer's does.
+    pub fn connect_refused_at(&mut self, now: Instant) -> Step {
+        self.retry.on_connect_refused_at(now);
+        let failure = Failure {
+            unsent: true,
+            ..Failure::status(Code::Unavailable)
+        };
+        self.ended_at(AttemptEnd::Failed(failure), failure, now)
+    }
+
     /// The layer's timer fired at `now` while the attempt was in flight (the caller's
     /// deadline or the attempt's own timeout: the retry state tells them apart).
     pub fn timer_at(&mut self, now: Instant) -> Step {
