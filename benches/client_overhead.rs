@@ -6,7 +6,9 @@
 //! - `bare`: a plain tonic channel to a plain tonic server;
 //! - `retry`: the channel wrapped in a `RetryLayer` (the method marked idempotent, so the
 //!   request is kept for a replay that never comes), same plain server;
-//! - `shed`: the plain channel to a server behind a `ShedLayer` (default admission);
+//! - `shed`: the plain channel to a server behind a `ShedLayer` (default admission: an
+//!   adaptive worker limit), against `shed-fixed` as its rival, the same with a fixed
+//!   limit of 64 workers;
 //! - `both`: the `RetryLayer` channel to the `ShedLayer` server;
 //! - `retry-prometheus`, `shed-prometheus` (only with `--features otel-examples`): `retry`
 //!   and `shed` with the layer recording into a meter whose provider has OpenTelemetry's
@@ -50,6 +52,12 @@
 //! - `retry-balance-list`: the `RetryLayer` of `retry` over `balance_list`;
 //! - `retry-replicas`: the same `RetryLayer` built with `over_replicas()` over `Replicas`
 //!   (each call's attempts carry a `Route`), against `retry-balance-list` as its rival.
+//! - `replicas-dns`, `retry-replicas-dns`: `replicas` and `retry-replicas` with the fleet
+//!   found by DNS (`Replicas::from_dns`, the demo's DNS server on loopback listing the
+//!   three, an hour's TTL: one resolution, at start), against them as rivals: what the
+//!   resolver costs per call on the happy path (docs/replicas.md has the figures).
+//!
+//! The fleet listens on 127.0.0.2, 127.0.0.3, 127.0.0.4 (one port: what a DNS name lists).
 //!
 //! Each variant with a layer is compared with its own baseline: `retry`, `shed` and `both`
 //! with `bare`, the deadline variants with `bare-deadline`, the fleet variants with
@@ -113,8 +121,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+use stormguard_client::RefreshConfig;
 use stormguard_client::ReplicaConfig;
-use stormguard_client::replicas::{EndpointKey, Replicas};
+use stormguard_client::replicas::{Dns, EndpointKey, Replicas};
 use stormguard_client::{Retry, RetryLayer};
 use stormguard_core::BackoffConfig;
 use stormguard_core::MethodScope;
@@ -126,7 +135,7 @@ use stormguard_demo::{
     Inventory, InventoryClient, InventoryServer, ReserveReply, ReserveRequest, StockLevel,
     WatchStockRequest,
 };
-use stormguard_server::{AdmissionConfig, ShedLayer};
+use stormguard_server::{AdmissionConfig, ShedLayer, WorkerLimit};
 use tokio::net::TcpListener;
 use tokio::time::Sleep;
 use tonic::body::Body;
@@ -205,6 +214,10 @@ async fn listener() -> (TcpListener, SocketAddr) {
 
 async fn serve_bare() -> SocketAddr {
     let (listener, addr) = listener().await;
+    serve_bare_on(listener, addr)
+}
+
+fn serve_bare_on(listener: TcpListener, addr: SocketAddr) -> SocketAddr {
     tokio::spawn(
         Server::builder()
             .serve_with_incoming(InventoryServer::new(Echo), TcpIncoming::from(listener)),
@@ -212,10 +225,11 @@ async fn serve_bare() -> SocketAddr {
     addr
 }
 
-/// A server behind a `ShedLayer`; `prometheus`: recording into the exporter's meter.
-async fn serve_shed(prometheus: bool) -> SocketAddr {
+/// A server behind a `ShedLayer` of `admission`; `prometheus`: recording into the
+/// exporter's meter.
+async fn serve_shed(prometheus: bool, admission: AdmissionConfig) -> SocketAddr {
     let (listener, addr) = listener().await;
-    let shed = ShedLayer::from_config(AdmissionConfig::default()).expect("admission config");
+    let shed = ShedLayer::from_config(admission).expect("admission config");
     let shed = if prometheus {
         exporter::shed(shed)
     } else {
@@ -295,26 +309,74 @@ struct Servers {
     shed: SocketAddr,
     /// Behind a `ShedLayer` recording into the exporter's meter.
     shed_prometheus: SocketAddr,
+    /// Behind a `ShedLayer` with a fixed limit of 64 workers.
+    shed_fixed: SocketAddr,
+    /// On 127.0.0.2, 127.0.0.3, ..., one port: what a DNS name can list.
     fleet: [SocketAddr; FLEET],
+    /// The DNS server that lists the fleet under [`FLEET_NAME`].
+    dns: SocketAddr,
 }
 
+/// The name the fleet's DNS server answers for.
+const FLEET_NAME: &str = "fleet.bench.test";
+
 async fn servers() -> Servers {
-    let (bare, shed) = (serve_bare().await, serve_shed(false).await);
+    let (bare, shed) = (
+        serve_bare().await,
+        serve_shed(false, AdmissionConfig::default()).await,
+    );
+    let fixed = AdmissionConfig {
+        workers: WorkerLimit::Fixed(64),
+        ..AdmissionConfig::default()
+    };
+    let shed_fixed = serve_shed(false, fixed).await;
     let shed_prometheus = if cfg!(feature = "otel-examples") {
-        serve_shed(true).await
+        serve_shed(true, AdmissionConfig::default()).await
     } else {
         shed
     };
-    let mut fleet = [bare; FLEET];
-    for addr in &mut fleet {
-        *addr = serve_bare().await;
-    }
+    let fleet = fleet().await;
+    // A TTL of an hour: no resolution but the first during a run (the happy path).
+    let dns = stormguard_demo::dns::DnsServer::start(FLEET_NAME, fleet.map(|a| a.ip()), 3600)
+        .await
+        .expect("dns server");
+    let dns_addr = dns.addr();
+    // It answers for the whole run.
+    Box::leak(Box::new(dns));
     Servers {
         bare,
         shed,
         shed_prometheus,
+        shed_fixed,
         fleet,
+        dns: dns_addr,
     }
+}
+
+/// The fleet's servers on 127.0.0.2, 127.0.0.3, ... (Linux routes 127/8 to loopback), on
+/// one port free on all of them.
+async fn fleet() -> [SocketAddr; FLEET] {
+    for _ in 0..20 {
+        let mut bound = Vec::new();
+        let mut port = 0;
+        for i in 0..FLEET {
+            let ip = std::net::Ipv4Addr::new(127, 0, 0, 2 + i as u8);
+            let Ok(listener) = TcpListener::bind((ip, port)).await else {
+                break;
+            };
+            let addr = listener.local_addr().expect("local addr");
+            port = addr.port();
+            bound.push((listener, addr));
+        }
+        if bound.len() == FLEET {
+            let addrs: Vec<SocketAddr> = bound
+                .into_iter()
+                .map(|(listener, addr)| serve_bare_on(listener, addr))
+                .collect();
+            return addrs.try_into().expect("FLEET servers");
+        }
+    }
+    panic!("no port free on 127.0.0.2 to 127.0.0.{}", 1 + FLEET)
 }
 
 /// `Replicas` over the fleet, one lazily connected `Channel` per server (the choice seeded,
@@ -322,11 +384,31 @@ async fn servers() -> Servers {
 type ReplicaChannel = Replicas<Channel, EndpointKey>;
 
 fn replicas(fleet: &[SocketAddr]) -> ReplicaChannel {
-    let config = ReplicaConfig {
+    Replicas::from_endpoints(replica_config(), fleet.iter().copied().map(endpoint))
+        .expect("replicas")
+}
+
+fn replica_config() -> ReplicaConfig {
+    ReplicaConfig {
         seed: Some(17),
         ..ReplicaConfig::default()
-    };
-    Replicas::from_endpoints(config, fleet.iter().copied().map(endpoint)).expect("replicas")
+    }
+}
+
+/// `Replicas` over the same fleet found by DNS: its name resolved by the fleet's DNS
+/// server, once (an hour's TTL and `max_interval`).
+fn replicas_from_dns(servers: &Servers) -> ReplicaChannel {
+    let hour = Duration::from_secs(3600);
+    let dns = Dns::new(FLEET_NAME)
+        .expect("name")
+        .port(servers.fleet[0].port())
+        .name_servers([servers.dns])
+        .refresh(RefreshConfig {
+            max_interval: hour,
+            seed: Some(17),
+            ..RefreshConfig::default()
+        });
+    Replicas::from_dns(replica_config(), dns).expect("replicas from dns")
 }
 
 /// The `RetryLayer` of the layered variants: the default policy, the method idempotent (so
@@ -519,9 +601,10 @@ enum Stack {
         retry: bool,
     },
     /// stormguard's `Replicas` over the fleet; `retry`: under a `RetryLayer` built with
-    /// `over_replicas`.
+    /// `over_replicas`; `dns`: the fleet found by DNS (`Replicas::from_dns`).
     Replicas {
         retry: bool,
+        dns: bool,
     },
 }
 
@@ -540,9 +623,12 @@ struct Variant {
     /// OpenTelemetry's Prometheus exporter registered (only with `--features
     /// otel-examples`): what a service scraped by Prometheus runs on its call path.
     prometheus: bool,
+    /// Whether its `ShedLayer` has a fixed worker limit (64) instead of the default,
+    /// adaptive one.
+    fixed_limit: bool,
 }
 
-const VARIANTS: [Variant; 15] = [
+const VARIANTS: [Variant; 18] = [
     Variant {
         name: "bare",
         baseline: "bare",
@@ -551,6 +637,7 @@ const VARIANTS: [Variant; 15] = [
         shed_server: false,
         deadline: false,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "retry",
@@ -560,15 +647,27 @@ const VARIANTS: [Variant; 15] = [
         shed_server: false,
         deadline: false,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "shed",
+        baseline: "bare",
+        rival: Some("shed-fixed"),
+        stack: Stack::Plain,
+        shed_server: true,
+        deadline: false,
+        prometheus: false,
+        fixed_limit: false,
+    },
+    Variant {
+        name: "shed-fixed",
         baseline: "bare",
         rival: None,
         stack: Stack::Plain,
         shed_server: true,
         deadline: false,
         prometheus: false,
+        fixed_limit: true,
     },
     Variant {
         name: "both",
@@ -578,6 +677,7 @@ const VARIANTS: [Variant; 15] = [
         shed_server: true,
         deadline: false,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "bare-deadline",
@@ -587,6 +687,7 @@ const VARIANTS: [Variant; 15] = [
         shed_server: false,
         deadline: true,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "retry-deadline",
@@ -596,6 +697,7 @@ const VARIANTS: [Variant; 15] = [
         shed_server: false,
         deadline: true,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "retry-attempt",
@@ -605,6 +707,7 @@ const VARIANTS: [Variant; 15] = [
         shed_server: false,
         deadline: true,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "hedge-deadline",
@@ -614,6 +717,7 @@ const VARIANTS: [Variant; 15] = [
         shed_server: false,
         deadline: true,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "tower-retry",
@@ -623,6 +727,7 @@ const VARIANTS: [Variant; 15] = [
         shed_server: false,
         deadline: true,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "balance-list",
@@ -632,15 +737,20 @@ const VARIANTS: [Variant; 15] = [
         shed_server: false,
         deadline: false,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "replicas",
         baseline: "balance-list",
         rival: None,
-        stack: Stack::Replicas { retry: false },
+        stack: Stack::Replicas {
+            retry: false,
+            dns: false,
+        },
         shed_server: false,
         deadline: false,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "retry-balance-list",
@@ -650,15 +760,46 @@ const VARIANTS: [Variant; 15] = [
         shed_server: false,
         deadline: false,
         prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "retry-replicas",
         baseline: "balance-list",
         rival: Some("retry-balance-list"),
-        stack: Stack::Replicas { retry: true },
+        stack: Stack::Replicas {
+            retry: true,
+            dns: false,
+        },
         shed_server: false,
         deadline: false,
         prometheus: false,
+        fixed_limit: false,
+    },
+    Variant {
+        name: "replicas-dns",
+        baseline: "balance-list",
+        rival: Some("replicas"),
+        stack: Stack::Replicas {
+            retry: false,
+            dns: true,
+        },
+        shed_server: false,
+        deadline: false,
+        prometheus: false,
+        fixed_limit: false,
+    },
+    Variant {
+        name: "retry-replicas-dns",
+        baseline: "balance-list",
+        rival: Some("retry-replicas"),
+        stack: Stack::Replicas {
+            retry: true,
+            dns: true,
+        },
+        shed_server: false,
+        deadline: false,
+        prometheus: false,
+        fixed_limit: false,
     },
     Variant {
         name: "retry-prometheus",
@@ -668,6 +809,7 @@ const VARIANTS: [Variant; 15] = [
         shed_server: false,
         deadline: false,
         prometheus: true,
+        fixed_limit: false,
     },
     Variant {
         name: "shed-prometheus",
@@ -677,6 +819,7 @@ const VARIANTS: [Variant; 15] = [
         shed_server: true,
         deadline: false,
         prometheus: true,
+        fixed_limit: false,
     },
 ];
 
@@ -746,14 +889,22 @@ async fn client(v: &Variant, timeouts: Timeouts, servers: Servers) -> Client {
                 Stub::Bare(InventoryClient::new(channel))
             }
         }
-        Stack::Replicas { retry: false } => {
-            Stub::Replicas(InventoryClient::new(replicas(&servers.fleet)))
+        Stack::Replicas { retry, dns } => {
+            let channel = if dns {
+                replicas_from_dns(&servers)
+            } else {
+                replicas(&servers.fleet)
+            };
+            if retry {
+                Stub::RetryReplicas(InventoryClient::new(
+                    tower::ServiceBuilder::new()
+                        .layer(retry_layer(None).over_replicas())
+                        .service(channel),
+                ))
+            } else {
+                Stub::Replicas(InventoryClient::new(channel))
+            }
         }
-        Stack::Replicas { retry: true } => Stub::RetryReplicas(InventoryClient::new(
-            tower::ServiceBuilder::new()
-                .layer(retry_layer(None).over_replicas())
-                .service(replicas(&servers.fleet)),
-        )),
         _ => one_server_stub(v, timeouts, servers).await,
     };
     Client {
@@ -764,10 +915,11 @@ async fn client(v: &Variant, timeouts: Timeouts, servers: Servers) -> Client {
 
 /// The stub of a variant that calls one server over one connected channel.
 async fn one_server_stub(v: &Variant, timeouts: Timeouts, servers: Servers) -> Stub {
-    let channel = channel(match (v.shed_server, v.prometheus) {
-        (true, true) => servers.shed_prometheus,
-        (true, false) => servers.shed,
-        (false, _) => servers.bare,
+    let channel = channel(match (v.shed_server, v.prometheus, v.fixed_limit) {
+        (true, true, _) => servers.shed_prometheus,
+        (true, false, true) => servers.shed_fixed,
+        (true, false, false) => servers.shed,
+        (false, _, _) => servers.bare,
     })
     .await;
     match v.stack {

@@ -4,8 +4,13 @@
 //! ```text
 //! cargo run --release --example fleet -- [--quick] [--replicas N] [--scenarios LIST]
 //!     [--policies LIST] [--seed N] [--json FILE] [--svg FILE] [--load SHARE]
-//!     [--deadline-ms MS]
+//!     [--deadline-ms MS] [--discovery list|dns]
 //! ```
+//!
+//! `--discovery dns` (see `fleet/dns.rs`) finds the replicas through a DNS server on
+//! loopback whose records change (scale up and down, a rolling deploy to new addresses, a
+//! killed pod whose record stays, the DNS server down), each replica on its own loopback
+//! address, through the `stormguard` policy over `Replicas::from_dns`.
 //!
 //! `--help` describes every flag.
 //!
@@ -29,6 +34,8 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 mod chart;
 #[path = "support/cli.rs"]
 mod cli;
+#[path = "fleet/dns.rs"]
+mod dns;
 #[path = "fleet/process.rs"]
 mod process;
 #[path = "fleet/replica.rs"]
@@ -61,9 +68,15 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 5,
           value_parser = RangedU64ValueParser::<usize>::new().range(2..=32))]
     replicas: usize,
-    /// The scenarios to run, comma-separated, in the table's order [default: all]
-    #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
-    scenarios: Vec<Scenario>,
+    /// The scenarios to run, comma-separated, in the table's order [default: all of the
+    /// discovery's]: fail-fast, slow, killed, restart, rolling; with --discovery dns:
+    /// scale-up, scale-down, rolling-new-addresses, killed-record-stays, dns-down
+    #[arg(long, value_name = "LIST", value_parser = scenario_name, value_delimiter = ',')]
+    scenarios: Vec<ScenarioName>,
+    /// How the client finds the replicas: a list of their addresses, or a DNS name whose
+    /// records change during the run (each replica on its own loopback address)
+    #[arg(long, value_enum, default_value_t = Discovery::List)]
+    discovery: Discovery,
     /// The policies to run, comma-separated, in the table's order [default: all]
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
     policies: Vec<Policy>,
@@ -80,9 +93,102 @@ struct Args {
     /// The replica's port (0: any free one)
     #[arg(long, hide = true, default_value_t = 0)]
     port: u16,
+    /// The replica's address
+    #[arg(long, hide = true, default_value = "127.0.0.1")]
+    ip: std::net::IpAddr,
     /// The replica starts cold for this long
     #[arg(long = "cold-ms", hide = true, default_value_t = 0)]
     cold_ms: u64,
+}
+
+/// `--discovery`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Discovery {
+    /// The replicas' addresses, given once
+    List,
+    /// A DNS name on a DNS server on loopback whose records change
+    Dns,
+}
+
+/// A scenario of either discovery.
+#[derive(Clone, Copy, Debug)]
+enum ScenarioName {
+    List(Scenario),
+    Dns(dns::DnsScenario),
+}
+
+fn scenario_name(name: &str) -> Result<ScenarioName, String> {
+    use clap::ValueEnum;
+    Scenario::from_str(name, false)
+        .map(ScenarioName::List)
+        .or_else(|_| dns::DnsScenario::from_str(name, false).map(ScenarioName::Dns))
+        .map_err(|_| format!("no scenario {name:?}"))
+}
+
+/// `--discovery dns`: each scenario through the `stormguard` policy over `Replicas::from_dns`.
+async fn dns_fleet(args: &Args) -> Result<(), Box<dyn Error>> {
+    let scenarios: Vec<dns::DnsScenario> = if args.scenarios.is_empty() {
+        dns::DnsScenario::ALL.to_vec()
+    } else {
+        args.scenarios
+            .iter()
+            .map(|s| match s {
+                ScenarioName::Dns(s) => Ok(*s),
+                ScenarioName::List(s) => Err(format!(
+                    "--scenarios {}: not a scenario of --discovery dns",
+                    s.as_str()
+                )),
+            })
+            .collect::<Result<_, _>>()?
+    };
+    if args.policies.iter().any(|p| *p != Policy::Stormguard) {
+        return Err("--discovery dns runs the stormguard policy only".into());
+    }
+    let timing = if args.run.quick {
+        Timing::quick()
+    } else {
+        Timing::standard()
+    };
+    // The rate of a five-replica fleet at --load: every scenario has three at least.
+    let rate = args.load * capacity(3).await;
+    let config = RunConfig {
+        replicas: 5,
+        rate,
+        deadline: Duration::from_millis(args.deadline_ms),
+        per_attempt: PER_ATTEMPT,
+        seed: args.run.seed,
+        timing,
+    };
+    eprintln!(
+        "--discovery dns: offering {rate:.0} calls/s; change at {:?}, runs of {:?}",
+        timing.fault, timing.total
+    );
+    let mut report = dns::DnsReport {
+        discovery: "dns",
+        scenarios: Vec::new(),
+        rate: rate.round(),
+        deadline_ms: args.deadline_ms,
+        fault_s: timing.fault.as_secs_f64(),
+        seed: args.run.seed,
+    };
+    for scenario in scenarios {
+        let (policy, resolutions, dns_failures) = dns::run(scenario, &config, &|_| {})
+            .await
+            .map_err(|e| format!("{}: {e}", scenario.as_str()))?;
+        report.scenarios.push(dns::DnsScenarioReport {
+            name: scenario.as_str(),
+            resolutions,
+            dns_failures,
+            policies: vec![policy],
+        });
+    }
+    print!("{}", dns::table(&report));
+    if let Some(path) = &args.run.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .map_err(|e| format!("cannot write {path}: {e}"))?;
+        println!("result written to {path}");
+    }
+    Ok(())
 }
 
 /// The longest one attempt may take.
@@ -92,6 +198,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     if args.replica {
         return replica::main(
+            args.ip,
             args.port,
             args.run.seed,
             Duration::from_millis(args.cold_ms),
@@ -132,10 +239,24 @@ async fn fleet(args: &Args) -> Result<(), Box<dyn Error>> {
     } else {
         Timing::standard()
     };
-    let scenarios = if args.scenarios.is_empty() {
+    if args.discovery == Discovery::Dns {
+        return dns_fleet(args).await;
+    }
+    let listed: Vec<Scenario> = args
+        .scenarios
+        .iter()
+        .map(|s| match s {
+            ScenarioName::List(s) => Ok(*s),
+            ScenarioName::Dns(s) => Err(format!(
+                "--scenarios {}: a scenario of --discovery dns",
+                s.as_str()
+            )),
+        })
+        .collect::<Result<_, _>>()?;
+    let scenarios = if listed.is_empty() {
         &Scenario::ALL[..]
     } else {
-        &args.scenarios
+        &listed
     };
     let policies = if args.policies.is_empty() {
         &Policy::ALL[..]

@@ -2,7 +2,23 @@
 //! what the SDK's in-memory exporter received equals the layers' own counters; every
 //! series names its layer, so two layers on one meter stay apart; the order of
 //! `with_meter` and `with_stats` does not matter.
+//!
+//! Beside them, the example client and server (`examples/client.rs`, `examples/server.rs`)
+//! with the feature on (their `--otel-stdout`): their tests, in the examples' test binary
+//! too, run here with it, so that the larger binary is built once.
 #![allow(clippy::unwrap_used)]
+// The example client and server each bring the examples' `support/otel.rs` module of their own.
+#![allow(clippy::duplicate_mod)]
+
+#[path = "support/client.rs"]
+mod client_support;
+#[path = "examples/support.rs"]
+mod support;
+
+#[path = "examples/client.rs"]
+mod client;
+#[path = "examples/server.rs"]
+mod server;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -844,15 +860,12 @@ async fn an_adaptive_limit_exports_its_bounds_and_a_fixed_one_none() {
         fail_rate: 0.0,
         seed: 1,
     };
-    for (name, config) in [
-        ("adaptive", adaptive),
-        ("fixed", AdmissionConfig::default()),
-    ] {
+    for (name, config) in [("adaptive", adaptive), ("fixed", fixed)] {
         let shed = ShedLayer::from_config(config)
             .unwrap()
             .with_meter(&meter)
             .with_name(name);
-        let addr = serve(demo.clone(), Some(shed)).await;
+        let addr = serve(demo, Some(shed)).await;
         assert_eq!(run(addr, RetryLayer::new(controller(1)), 1).await, 1);
     }
     let m = &collect(&provider, &exporter);

@@ -79,9 +79,23 @@ impl Replica {
         cold: Duration,
         reports: &SharedReports,
     ) -> Result<Replica, String> {
+        let localhost = std::net::IpAddr::from([127, 0, 0, 1]);
+        Replica::start_on(localhost, index, port, seed, cold, reports).await
+    }
+
+    /// [`start`](Self::start) on `ip` rather than 127.0.0.1.
+    pub(crate) async fn start_on(
+        ip: std::net::IpAddr,
+        index: usize,
+        port: u16,
+        seed: u64,
+        cold: Duration,
+        reports: &SharedReports,
+    ) -> Result<Replica, String> {
         let exe = std::env::current_exe().map_err(|e| format!("current exe: {e}"))?;
         let mut child = Command::new(&exe)
             .arg("--replica")
+            .args(["--ip", &ip.to_string()])
             .args(["--port", &port.to_string()])
             .args(["--seed", &seed.to_string()])
             .args(["--cold-ms", &cold.as_millis().to_string()])

@@ -2,7 +2,8 @@
 //!
 //! A tonic server for the demo Inventory behind the `ShedLayer` (4 workers, each `Reserve`
 //! taking 2 ms of wall time: a sleep, so five replicas do not burn the machine's cores),
-//! on `127.0.0.1:PORT` (port 0: any free one).
+//! on `127.0.0.1:PORT` (port 0: any free one), or `--ip IP` (`--discovery dns`: each
+//! replica on its own loopback address).
 //!
 //! Its stdout, read by the parent:
 //! - first `port N`, once the socket is bound (the parent connects only then);
@@ -80,12 +81,12 @@ fn command(line: &str) -> Result<Command, String> {
 }
 
 /// Runs the replica until `stop` or the end of stdin.
-pub(crate) fn main(port: u16, seed: u64, cold: Duration) -> ExitCode {
+pub(crate) fn main(ip: std::net::IpAddr, port: u16, seed: u64, cold: Duration) -> ExitCode {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build();
     let served = match runtime {
-        Ok(runtime) => runtime.block_on(serve(port, seed, cold)),
+        Ok(runtime) => runtime.block_on(serve(ip, port, seed, cold)),
         Err(e) => Err(e.into()),
     };
     match served {
@@ -97,10 +98,15 @@ pub(crate) fn main(port: u16, seed: u64, cold: Duration) -> ExitCode {
     }
 }
 
-async fn serve(port: u16, seed: u64, cold: Duration) -> Result<(), Box<dyn Error>> {
-    let listener = TcpListener::bind(("127.0.0.1", port))
+async fn serve(
+    ip: std::net::IpAddr,
+    port: u16,
+    seed: u64,
+    cold: Duration,
+) -> Result<(), Box<dyn Error>> {
+    let listener = TcpListener::bind((ip, port))
         .await
-        .map_err(|e| format!("bind 127.0.0.1:{port}: {e}"))?;
+        .map_err(|e| format!("bind {ip}:{port}: {e}"))?;
     let port = listener.local_addr()?.port();
     let demo = DemoInventory::new(DemoConfig {
         service_time: SERVICE_TIME,

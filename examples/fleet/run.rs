@@ -205,7 +205,7 @@ pub(crate) struct RunData {
 }
 
 /// One logical call of a policy (request: the call id).
-type Caller = BoxCloneSyncService<u64, (), Status>;
+pub(crate) type Caller = BoxCloneSyncService<u64, (), Status>;
 
 /// Runs `policy` through `scenario`. `progress` is called with the share of the run done,
 /// about ten times a second.
@@ -312,12 +312,12 @@ pub(crate) async fn run(
     })
 }
 
-fn replica_seed(seed: u64, replica: usize) -> u64 {
+pub(crate) fn replica_seed(seed: u64, replica: usize) -> u64 {
     seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
         .wrapping_add(replica as u64)
 }
 
-fn unix_us() -> u64 {
+pub(crate) fn unix_us() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
@@ -486,7 +486,7 @@ where
 }
 
 /// A call through a client whose service retries: one request with the deadline.
-fn layered<S>(client: InventoryClient<S>, deadline: Duration) -> Caller
+pub(crate) fn layered<S>(client: InventoryClient<S>, deadline: Duration) -> Caller
 where
     InventoryClient<S>: Clone + Send + Sync + 'static,
     S: tonic::client::GrpcService<tonic::body::Body> + Send + 'static,
@@ -508,7 +508,7 @@ where
 
 /// The open-loop generator: Poisson arrivals at `config.rate` until the end of the run,
 /// a task per call; returns every call's outcome.
-async fn generate(
+pub(crate) async fn generate(
     caller: &Caller,
     config: &RunConfig,
     start: Instant,
@@ -610,13 +610,13 @@ async fn fault(
 #[derive(Debug)]
 pub(crate) struct ClientCounts {
     /// The run's start; nothing is counted before it is set.
-    start: OnceLock<Instant>,
+    pub(crate) start: OnceLock<Instant>,
     attempts: Vec<AtomicU64>,
     refused: Mutex<Vec<Refused>>,
 }
 
 impl ClientCounts {
-    fn new(buckets: usize) -> Self {
+    pub(crate) fn new(buckets: usize) -> Self {
         ClientCounts {
             start: OnceLock::new(),
             attempts: (0..buckets).map(|_| AtomicU64::new(0)).collect(),
@@ -634,7 +634,7 @@ pub(crate) struct Observe<S> {
 }
 
 impl<S> Observe<S> {
-    fn new(inner: S, counts: Arc<ClientCounts>) -> Self {
+    pub(crate) fn new(inner: S, counts: Arc<ClientCounts>) -> Self {
         Observe { inner, counts }
     }
 }

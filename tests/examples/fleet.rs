@@ -250,3 +250,56 @@ fn check_timeline(at: &str, p: &Value, buckets: usize) {
         "{at}"
     );
 }
+
+/// `--discovery dns`, two of its scenarios, quick: the JSON contract other tools read
+/// (`scenarios[].policies[]` with the fleet's fields, per scenario the resolutions and
+/// failed ones, per policy the attempts that reached a removed address), and that the
+/// client resolved during each run. Never how fast.
+#[test]
+fn quick_fleet_over_dns_writes_the_contract() {
+    let _alone = support::measuring_alone();
+    let exe =
+        support::build_examples(&["fleet"]).join(format!("fleet{}", std::env::consts::EXE_SUFFIX));
+    let json =
+        std::env::temp_dir().join(format!("stormguard-fleet-dns-{}.json", std::process::id()));
+    let out = std::process::Command::new(&exe)
+        .args([
+            "--discovery",
+            "dns",
+            "--quick",
+            "--load",
+            "0.02",
+            "--seed",
+            "3",
+        ])
+        .args(["--scenarios", "scale-down,dns-down", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    let scenarios = report["scenarios"].as_array().unwrap();
+    let names: Vec<&str> = scenarios
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["scale-down", "dns-down"]);
+    for scenario in scenarios {
+        assert!(count(scenario, "resolutions") >= 1, "{scenario:#}");
+        assert!(count(scenario, "dns_failures") <= count(scenario, "resolutions"));
+        let policies = scenario["policies"].as_array().unwrap();
+        assert_eq!(policies.len(), 1);
+        let p = &policies[0];
+        assert_eq!(p["name"], "stormguard");
+        assert!((0.0..=1.0).contains(&number(p, "success")), "{p:#}");
+        assert!(count(p, "failed_calls_after_1s") <= count(p, "failed_calls"));
+        assert!(count(p, "failed_calls") <= count(p, "calls"));
+        assert!(number(p, "p99_ms") >= 0.0);
+        count(p, "attempts_to_removed_after_resolution");
+    }
+}

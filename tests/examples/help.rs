@@ -69,6 +69,7 @@ const EXAMPLES: &[Example] = &[
             "--svg",
             "--load",
             "--deadline-ms",
+            "--discovery",
         ],
         bad_value: &["--scenarios", "fail-fast,flood"],
     },

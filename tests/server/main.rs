@@ -5,6 +5,7 @@
 #[path = "../support/server.rs"]
 mod server_support;
 
+mod adaptive;
 mod bounds;
 mod cancel;
 mod criticality;

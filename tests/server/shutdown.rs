@@ -136,3 +136,54 @@ async fn a_retrying_client_reads_the_shutdown_answer_as_retryable() {
     assert_eq!(server.stats.snapshot().shutting_down, 3);
     assert!(server.control.entry_log().is_empty(), "nothing ran");
 }
+
+/// With the server's health service handed to the layer (`with_readiness`), the shutdown
+/// sets it `NOT_SERVING` (a readiness probe on gRPC health fails, the pod leaves the
+/// Service's endpoints) while the queue answers with pushback; health checks are still
+/// answered during the drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shutdown_sets_the_health_service_not_serving() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+
+    let mut shutdown: Option<ShutdownHandle> = None;
+    let server = start_with(
+        admission(),
+        DemoConfig::default(),
+        false,
+        |layer, svc, incoming| {
+            let (reporter, health) = tonic_health::server::health_reporter();
+            let layer = layer.with_readiness(reporter, "");
+            shutdown = Some(layer.shutdown_handle());
+            Server::builder()
+                .layer(layer)
+                .add_service(health)
+                .add_service(svc)
+                .serve_with_incoming(incoming)
+        },
+    )
+    .await;
+    let shutdown = shutdown.unwrap();
+    let mut health = HealthClient::new(channel(server.addr).await);
+    let mut watch = health
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(first.status(), ServingStatus::Serving);
+    assert!(shutdown.begin());
+    let next = tokio::time::timeout(std::time::Duration::from_secs(10), watch.message())
+        .await
+        .expect("the health service changed")
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.status(), ServingStatus::NotServing);
+    // The queue answers with pushback as before.
+    let mut client = InventoryClient::new(channel(server.addr).await);
+    let status = client.reserve(reserve("late", None)).await.unwrap_err();
+    assert_eq!(status.message(), MESSAGE_SHUTTING_DOWN);
+}

@@ -100,9 +100,10 @@ impl AdaptiveLimitConfig {
 struct Window {
     started: Instant,
     count: usize,
+    /// The latency of the calls that finished, summed.
     sum_secs: f64,
-    /// The most calls running at once seen during the window.
-    max_running: usize,
+    /// The time so far of the calls whose caller left, summed: only a lower bound.
+    sum_abandoned_secs: f64,
     /// The sum over samples of the calls that ran alongside each (itself included).
     sum_running: usize,
     /// Samples of calls whose caller left before they finished.
@@ -132,6 +133,8 @@ struct Closed {
 
 #[derive(Debug)]
 struct Probe {
+    /// When it began.
+    began: Instant,
     /// The limit to return to.
     saved: f64,
     /// From when samples count: calls that started once no more than the floor ran.
@@ -254,6 +257,8 @@ pub struct AdaptiveLimit {
     counted_from: Option<Instant>,
     /// Windows in a row that grew the limit: each doubles the next step.
     growth: u32,
+    /// When the last sample came.
+    last_sample: Option<Instant>,
     rng: fastrand::Rng,
 }
 
@@ -277,6 +282,7 @@ impl AdaptiveLimit {
             fell_at: None,
             counted_from: None,
             growth: 0,
+            last_sample: None,
             rng,
         })
     }
@@ -319,8 +325,12 @@ impl AdaptiveLimit {
     ) -> usize {
         let latency = now.saturating_duration_since(started);
         self.start_probe_if_due_at(now);
+        self.last_sample = Some(now);
         if self.probe.is_some() {
-            self.probe_sample_at(now, started, latency, running);
+            // A call whose caller left says nothing of how long calls take.
+            if !abandoned {
+                self.probe_sample_at(now, started, latency, running);
+            }
             return self.limit();
         }
         if self.counted_from.is_some_and(|from| started < from) {
@@ -335,8 +345,18 @@ impl AdaptiveLimit {
     /// Starts a probe when one is due: the limit drops to the floor until the probe has
     /// measured the no-load latency.
     fn start_probe_if_due_at(&mut self, now: Instant) {
+        let idle = self
+            .last_sample
+            .is_some_and(|at| now.saturating_duration_since(at) >= IDLE);
+        if self.probe.is_none() && self.next_probe.is_some_and(|at| now >= at) && idle {
+            // The first calls after a quiet spell run at the limit learned before: a
+            // burst is no moment to serve at half of it. The probe comes later.
+            self.next_probe = now.checked_add(self.jittered_interval());
+            return;
+        }
         if self.probe.is_none() && self.next_probe.is_none_or(|at| now >= at) {
             self.probe = Some(Probe {
+                began: now,
                 saved: self.limit,
                 clean_from: None,
                 samples: Vec::with_capacity(self.config.min_window_samples),
@@ -346,6 +366,13 @@ impl AdaptiveLimit {
             self.last = None;
             self.fell_at = None;
         }
+    }
+
+    /// The time to the next probe: the probe interval, jittered by ±25 % so that a fleet
+    /// does not probe together.
+    fn jittered_interval(&mut self) -> Duration {
+        let jitter = 0.75 + 0.5 * self.rng.f64();
+        self.config.probe_interval.mul_f64(jitter)
     }
 
     /// The limit during a probe. The first, with nothing known, is at the floor. Later
@@ -380,14 +407,29 @@ impl AdaptiveLimit {
         if probe.clean_from.is_none() && running as f64 <= self.limit {
             probe.clean_from = Some(now);
         }
-        if probe.samples.len() >= self.config.min_window_samples {
+        // The first probe, with nothing known yet, serves at the floor: a quarter of the
+        // samples keeps that short; a later one refines the floor.
+        let wanted = match self.min_latency {
+            None => self.config.min_window_samples.div_ceil(4),
+            Some(_) => self.config.min_window_samples,
+        };
+        // Calls that hold their workers for long (streams) can keep the probe from ever
+        // seeing few enough run: it ends after `PROBE_LONGEST` with what it has.
+        let overdue = now.saturating_duration_since(probe.began) >= PROBE_LONGEST;
+        if probe.samples.len() >= wanted || overdue {
             probe.samples.sort_unstable();
-            let median = probe.samples[probe.samples.len() / 2];
-            self.min_latency = Some(median.max(Duration::from_micros(1)));
+            if let Some(median) = probe.samples.get(probe.samples.len() / 2) {
+                let median = (*median).max(Duration::from_micros(1));
+                // The calls that finish first are the fast ones, so a probe reads a
+                // little low: it lowers a known floor only by more than that.
+                self.min_latency = Some(match self.min_latency {
+                    Some(m) if median < m && median > m.mul_f64(FOLLOWED_DOWN) => m,
+                    _ => median,
+                });
+            }
             self.limit = probe.saved;
             self.probe = None;
-            let jitter = 0.75 + 0.5 * self.rng.f64();
-            self.next_probe = now.checked_add(self.config.probe_interval.mul_f64(jitter));
+            self.next_probe = now.checked_add(self.jittered_interval());
         }
     }
 
@@ -404,15 +446,18 @@ impl AdaptiveLimit {
             started: now,
             count: 0,
             sum_secs: 0.0,
-            max_running: 0,
+            sum_abandoned_secs: 0.0,
             sum_running: 0,
             abandoned: 0,
         });
-        window.abandoned += usize::from(abandoned);
         window.count += 1;
-        window.sum_secs += latency.as_secs_f64();
+        if abandoned {
+            window.abandoned += 1;
+            window.sum_abandoned_secs += latency.as_secs_f64();
+        } else {
+            window.sum_secs += latency.as_secs_f64();
+        }
         // `running` is after this call left: it ran alongside them.
-        window.max_running = window.max_running.max(running + 1);
         window.sum_running += running + 1;
         let m = self.min_latency?;
         // The window after a cut answers one question (did the latency fall with the
@@ -431,11 +476,20 @@ impl AdaptiveLimit {
         if window.count < samples || now.saturating_duration_since(window.started) < span {
             return None;
         }
+        let censored = window.abandoned as f64 >= CENSORED_SHARE * window.count as f64;
+        let finished = window.count - window.abandoned;
+        // A call whose caller left is no fast answer: its time counts only in a window
+        // read as a lower bound.
+        let rtt = if censored || finished == 0 {
+            (window.sum_secs + window.sum_abandoned_secs) / window.count as f64
+        } else {
+            window.sum_secs / finished as f64
+        };
         let closed = Closed {
             m,
-            rtt: window.sum_secs / window.count as f64,
+            rtt,
             mean_running: window.sum_running as f64 / window.count as f64,
-            censored: window.abandoned as f64 >= CENSORED_SHARE * window.count as f64,
+            censored,
         };
         self.window = None;
         Some(closed)
@@ -461,19 +515,19 @@ impl AdaptiveLimit {
             self.min_latency = Duration::try_from_secs_f64(m).ok().or(self.min_latency);
         }
         let before = self.limit;
-        let l = band_unit(before);
+        let (_, beta) = band(before);
         let queued = queued(before, m, rtt);
         let mut next = match capacity {
             // The floor rose: the calls take longer, but as many run at once.
-            Some(capacity) => capacity + l / 2.0,
+            Some(capacity) => capacity + beta / 2.0,
             None => self.next_limit(queued, m, rtt, saturated && !censored),
         };
         if censored && capacity.is_none() {
             // Callers left: no evidence of room, and while calls still queue inside, that
             // queue is what made them leave.
             next = next.min(before);
-            if queued >= l / 2.0 {
-                next = next.min(before - l / 2.0);
+            if queued >= beta / 2.0 {
+                next = next.min(before - beta / 2.0);
             }
         }
         self.limit = next.clamp(self.config.min_limit as f64, self.config.max_limit as f64);
@@ -481,8 +535,9 @@ impl AdaptiveLimit {
             // Calls let in under the higher limit still queue inside: the next window
             // counts only the calls that start under the new one.
             self.counted_from = Some(now);
-            if !censored && capacity.is_none() {
-                // A cut is a test of "those calls queued inside": the next window answers.
+            if !censored && capacity.is_none() && self.limit <= CUT_TESTED * before {
+                // A deep cut is a test of "those calls queued inside": the next window
+                // answers (a shallow one moves the latency too little to tell).
                 self.last = Some(seen);
             }
         }
@@ -501,19 +556,26 @@ impl AdaptiveLimit {
         censored: bool,
     ) -> (f64, Option<f64>) {
         let rtt = seen.rtt;
-        // Between probes the floor follows a faster window down at once...
+        if censored {
+            // Its mean is a lower bound, the calls cut short by their callers: it shows
+            // no floor, higher or lower.
+            return (m.as_secs_f64(), None);
+        }
+        // Between probes the floor follows a clearly faster window down at once (not one
+        // a little faster by chance: following every low mean would ratchet the floor
+        // down on noise, and the limit with it)...
         if rtt < 0.8 * m.as_secs_f64() {
             self.fell_at.get_or_insert(now);
         }
-        let mut m = m.as_secs_f64().min(rtt);
+        let mut m = m.as_secs_f64();
+        if rtt < FOLLOWED_DOWN * m {
+            m = rtt;
+        }
         let mut capacity = None;
-        // ...and up when the window after a cut shows it (see `floor_between`). A window
-        // in which many callers left is not one: its mean is only a lower bound.
-        if !censored {
-            if let Some((floor, c)) = self.last.take().and_then(|last| floor_between(last, seen)) {
-                m = floor;
-                capacity = Some(c);
-            }
+        // ...and up when the window after a cut shows it (see `floor_between`).
+        if let Some((floor, c)) = self.last.take().and_then(|last| floor_between(last, seen)) {
+            m = floor;
+            capacity = Some(c);
         }
         if !saturated {
             // Calls that do not queue inside show the floor as it is.
@@ -539,8 +601,7 @@ impl AdaptiveLimit {
     /// growing a limit that was not used tests nothing.
     fn next_limit(&mut self, queued: f64, m: f64, rtt: f64, saturated: bool) -> f64 {
         let limit = self.limit;
-        let l = band_unit(limit);
-        let (alpha, beta) = (l / 4.0, l);
+        let (alpha, beta) = band(limit);
         let next = if queued < alpha && saturated {
             // Each window that grows the limit with nothing queued inside doubles the
             // next step, from `l/2`: a large server reaches its capacity in a few windows.
@@ -561,9 +622,14 @@ impl AdaptiveLimit {
     }
 }
 
-/// `l = max(1, log10 L)`: the unit of the band of calls kept queued inside.
-fn band_unit(limit: f64) -> f64 {
-    limit.log10().max(1.0)
+/// The band `[α, β]` of calls the limit keeps queued inside: `β = max(1, log10 L, L/16)`,
+/// `α = β/4`. One call at most for a small limit, where each call queued inside adds a
+/// large share of a service time to every call; a sixteenth of the limit for a large one,
+/// where a window's mean latency and the floor are known to a few percent and `L` times
+/// that error reads as calls queued.
+fn band(limit: f64) -> (f64, f64) {
+    let beta = limit.log10().max(limit / 16.0).max(1.0);
+    (beta / 4.0, beta)
 }
 
 /// Vegas's reading of the calls queued inside at `limit`, with floor `m` and mean
@@ -597,6 +663,22 @@ fn floor_between(hi: Seen, lo: Seen) -> Option<(f64, f64)> {
         (lo.rtt, capacity)
     })
 }
+
+/// A cut to at most this share of the limit is compared with the window after it
+/// (`floor_between`): the latency pure queueing predicts then differs from the floor by
+/// more than a window's noise.
+const CUT_TESTED: f64 = 0.85;
+
+/// A window whose mean latency is below this share of the floor moves the floor down to
+/// it: more than the noise of a window's mean.
+const FOLLOWED_DOWN: f64 = 0.9;
+
+/// The longest a probe holds the limit down, whatever it has measured by then.
+const PROBE_LONGEST: Duration = Duration::from_secs(1);
+
+/// A quiet spell after which a due probe is put off: the burst that ends it is served at
+/// the limit learned before.
+const IDLE: Duration = Duration::from_secs(1);
 
 /// How much above the latency pure queueing predicts a lower limit's latency must be to
 /// show a floor: well above the noise of a window's mean.

@@ -216,8 +216,7 @@ impl RetryController {
     }
 
     /// The load-report tracker, if retries are refused by load reports.
-    #[cfg(test)]
-    pub(crate) fn saturation(&self) -> Option<&Arc<Saturation>> {
+    pub fn saturation(&self) -> Option<&Arc<Saturation>> {
         self.shared.saturation.as_ref()
     }
 

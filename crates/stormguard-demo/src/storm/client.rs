@@ -307,7 +307,8 @@ pub fn stormguard_client_config(per_attempt: Option<Duration>) -> ClientConfig {
 /// its metrics can be seen. `max_attempts` attempts of `Reserve` (idempotent) with
 /// `per_attempt` each, a fixed `backoff` (the A6 backoff at a multiplier of 1: ±20 %),
 /// `UNAVAILABLE`, `DEADLINE_EXCEEDED` and `CANCELLED` retried, and a budget no storm uses
-/// up (a floor of a million retries a second): nothing that keeps a loop from forming.
+/// up (a floor of a million retries a second, lent always): nothing that keeps a loop from
+/// forming.
 pub fn unguarded_client_config(
     per_attempt: Option<Duration>,
     backoff: Duration,
@@ -316,6 +317,8 @@ pub fn unguarded_client_config(
     let mut config = ClientConfig::standard();
     config.budget = stormguard_core::BudgetChoice::Stormguard(stormguard_core::BudgetConfig {
         min_retries_per_second: 1_000_000,
+        // Lent whether or not the dependency answers, as a loop without a budget would.
+        floor: stormguard_core::Floor::Always,
         ..stormguard_core::BudgetConfig::default()
     });
     let policy = RetryPolicy {

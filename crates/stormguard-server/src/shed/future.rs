@@ -334,6 +334,10 @@ where
                 report.attach_at(response.headers_mut(), stormguard_core::Instant::now());
             }
             let cut = this.cut_at.take().zip(this.events.take());
+            let permit = permit.map(|mut permit| {
+                permit.answered();
+                permit
+            });
             Ok(response.map(|body| ShedBody::holding(body, permit, report, cut)))
         }
         Err(error) => {

@@ -212,6 +212,7 @@ impl Gate {
                 Entry::Admitted(WorkerPermit {
                     gate: Arc::clone(self),
                     started: now,
+                    answered: None,
                     finished: false,
                 })
             }
@@ -270,6 +271,7 @@ impl Gate {
                 return Turn::Run(WorkerPermit {
                     gate: Arc::clone(self),
                     started: now,
+                    answered: None,
                     finished: false,
                 });
             }
@@ -385,11 +387,18 @@ pub(crate) struct WorkerPermit {
     gate: Arc<Gate>,
     /// When the call got the worker (its latency sample starts here).
     started: Instant,
+    /// When the handler answered (its response's headers), once it has.
+    answered: Option<Instant>,
     /// Whether the call finished (rather than being dropped when its caller left).
     finished: bool,
 }
 
 impl WorkerPermit {
+    /// The handler answered now; its response's body may stream on, holding the worker.
+    pub(crate) fn answered(&mut self) {
+        self.answered.get_or_insert_with(Instant::now);
+    }
+
     /// The call finished on this worker: count it and give the worker back.
     pub(crate) fn finished(mut self) {
         self.gate.counters.record_completed();
@@ -407,8 +416,14 @@ impl WorkerPermit {
 
 impl Drop for WorkerPermit {
     fn drop(&mut self) {
-        self.gate
-            .release(Instant::now(), self.started, self.finished);
+        let now = Instant::now();
+        // A response that streams on after the handler answered holds its worker, but the
+        // length of its stream is no latency: an adaptive limit reads the time to the
+        // answer, as if the call had started that much later.
+        let started = self.answered.map_or(self.started, |at| {
+            self.started + now.saturating_duration_since(at)
+        });
+        self.gate.release(now, started, self.finished);
     }
 }
 

@@ -52,6 +52,8 @@ pub struct ShedLayer {
     retry_allowance: Option<u32>,
     events: Arc<ShedEvents>,
     load: Option<Arc<LoadReporter>>,
+    #[cfg(feature = "health")]
+    readiness: Option<Arc<super::health::Readiness>>,
     #[cfg(feature = "opentelemetry")]
     meter: Option<opentelemetry::metrics::Meter>,
     /// The queue's instruments, registered on `meter` when the layer first wraps a
@@ -86,6 +88,8 @@ impl ShedLayer {
             drains: Arc::default(),
             retry_allowance: None,
             load: None,
+            #[cfg(feature = "health")]
+            readiness: None,
             #[cfg(feature = "opentelemetry")]
             meter: None,
             #[cfg(feature = "opentelemetry")]
@@ -250,6 +254,39 @@ impl ShedLayer {
         self
     }
 
+    /// Hands the layer the server's health service (feature `health`): when the shutdown
+    /// begins ([`ShutdownHandle::begin`]), `service` (a name the health service answers
+    /// for; `""` is the whole server's) is set `NOT_SERVING`, so that the readiness probe
+    /// fails and the pod leaves the Service's endpoints while the queue answers with
+    /// pushback. Call it before [`shutdown_handle`](Self::shutdown_handle).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stormguard_core::ConfigError> {
+    /// use stormguard_core::AdmissionConfig;
+    /// use stormguard_server::ShedLayer;
+    ///
+    /// let (reporter, health) = tonic_health::server::health_reporter();
+    /// let layer = ShedLayer::from_config(AdmissionConfig::default())?.with_readiness(reporter, "");
+    /// let shutdown = layer.shutdown_handle();
+    /// // Server::builder().layer(layer).add_service(health).add_service(...)
+    /// # let _ = health;
+    /// shutdown.begin(); // the health service says NOT_SERVING from now on
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "health")]
+    pub fn with_readiness(
+        mut self,
+        reporter: tonic_health::server::HealthReporter,
+        service: impl Into<String>,
+    ) -> Self {
+        self.readiness = Some(Arc::new(super::health::Readiness::new(
+            reporter,
+            service.into(),
+        )));
+        self
+    }
+
     /// Whether answers carry a load report ([`with_load_reports`](Self::with_load_reports)).
     pub fn sends_load_reports(&self) -> bool {
         self.load.is_some()
@@ -320,7 +357,11 @@ impl ShedLayer {
     /// A handle that shuts this layer's queue down gracefully (see [`ShutdownHandle`]):
     /// take it before handing the layer to the server builder.
     pub fn shutdown_handle(&self) -> ShutdownHandle {
-        ShutdownHandle::new(Arc::clone(&self.gate))
+        ShutdownHandle::new(
+            Arc::clone(&self.gate),
+            #[cfg(feature = "health")]
+            self.readiness.clone(),
+        )
     }
 
     /// The queue's counters.

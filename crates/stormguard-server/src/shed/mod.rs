@@ -71,6 +71,8 @@ mod events;
 pub mod exempt;
 mod future;
 pub(crate) mod gate;
+#[cfg(feature = "health")]
+mod health;
 mod layer;
 pub(crate) mod load;
 #[cfg(feature = "opentelemetry")]

@@ -17,7 +17,12 @@
 //!
 //! # Order
 //!
-//! Begin the queue's shutdown first, then let tonic's graceful shutdown run:
+//! On Kubernetes, on `SIGTERM`: the pod is already leaving the Service's endpoints, and a
+//! `preStop` delay (a few seconds, longer than the clients' DNS re-resolution) keeps it
+//! serving while clients see it go; then begin the queue's shutdown (with
+//! `ShedLayer::with_readiness`, the health service says `NOT_SERVING` at the same moment,
+//! so the readiness probe agrees), then let tonic's graceful shutdown run within
+//! `terminationGracePeriodSeconds`:
 //! [`ShutdownHandle::begun`] is a future to give `serve_with_shutdown`, which resolves once
 //! [`begin`](ShutdownHandle::begin) is called (from a signal handler, say). The queued calls
 //! are answered at once; tonic then sends `GOAWAY` and waits for the running ones.
@@ -62,16 +67,28 @@ use super::gate::Gate;
 #[derive(Clone)]
 pub struct ShutdownHandle {
     gate: Arc<Gate>,
+    #[cfg(feature = "health")]
+    readiness: Option<Arc<super::health::Readiness>>,
 }
 
 impl ShutdownHandle {
-    pub(crate) fn new(gate: Arc<Gate>) -> Self {
-        ShutdownHandle { gate }
+    pub(crate) fn new(
+        gate: Arc<Gate>,
+        #[cfg(feature = "health")] readiness: Option<Arc<super::health::Readiness>>,
+    ) -> Self {
+        ShutdownHandle {
+            gate,
+            #[cfg(feature = "health")]
+            readiness,
+        }
     }
 
     /// Begins the shutdown: every call waiting in the queue is answered `UNAVAILABLE` with
     /// a pushback of 1 ms at once, and so is every call that arrives from now on; calls
-    /// that already hold a worker run to their end. Returns `true` the first time, `false`
+    /// that already hold a worker run to their end. With a health service handed to the
+    /// layer (`ShedLayer::with_readiness`, feature `health`), that service is set
+    /// `NOT_SERVING` as well (on a task of the current runtime), so that the readiness
+    /// probe fails and clients with health checks stop sending new calls. Returns `true` the first time, `false`
     /// when the shutdown had begun already (it cannot be undone: build a new layer for a
     /// new server).
     ///
@@ -89,6 +106,10 @@ impl ShutdownHandle {
     /// ```
     pub fn begin(&self) -> bool {
         let begun = self.gate.begin_shutdown(Instant::now());
+        #[cfg(feature = "health")]
+        if let (true, Some(readiness)) = (begun, &self.readiness) {
+            readiness.not_serving();
+        }
         if begun {
             tracing::info!(
                 queue.answered = self.gate.counters().snapshot().shutting_down,

@@ -1,0 +1,371 @@
+//! `--discovery dns`: the replicas found through a DNS server on loopback whose records
+//! change as on Kubernetes (scale up, scale down, a rolling deploy to new addresses, a pod
+//! killed while its record stays, the DNS server down), each replica a process on its own
+//! loopback address (127.0.0.2, 127.0.0.3, ..., one port), the client the `stormguard`
+//! policy over `Replicas::from_dns`.
+//!
+//! Per scenario it reports the resolutions and the failed ones; per policy the contract's
+//! figures and the attempts that reached an address after a resolution that no longer
+//! listed it.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use clap::ValueEnum;
+use serde::Serialize;
+use stormguard::client::replicas::{Dns, Replicas};
+use stormguard::client::{ReplicaConfig, RetryLayer};
+use stormguard_demo::InventoryClient;
+use stormguard_demo::dns::DnsServer;
+use stormguard_demo::storm::stormguard_client_config;
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+use crate::process::{Replica, SharedReports};
+use crate::run::{
+    Caller, ClientCounts, Observe, RunConfig, generate, layered, replica_seed, unix_us,
+};
+
+/// The name the DNS server answers for.
+const NAME: &str = "inventory.fleet.test";
+/// The records' TTL: the client resolves about once a second.
+const TTL_SECS: u32 = 1;
+/// How long a removed replica's process lives on after its record went (the pod's grace).
+const GRACE: Duration = Duration::from_secs(1);
+
+/// `--scenarios` with `--discovery dns`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum DnsScenario {
+    /// 3 records, then 5: the new replicas ramp up
+    ScaleUp,
+    /// 5 records, then 3; the 2 processes stop gracefully a second later
+    ScaleDown,
+    /// Each of 3 records replaced by a new replica's, one by one; old ones drained
+    RollingNewAddresses,
+    /// One replica killed (SIGKILL); its record stays for 2 s
+    KilledRecordStays,
+    /// The DNS server stops answering (10 s; --quick: to the end)
+    DnsDown,
+}
+
+impl DnsScenario {
+    pub(crate) const ALL: [DnsScenario; 5] = [
+        DnsScenario::ScaleUp,
+        DnsScenario::ScaleDown,
+        DnsScenario::RollingNewAddresses,
+        DnsScenario::KilledRecordStays,
+        DnsScenario::DnsDown,
+    ];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            DnsScenario::ScaleUp => "scale-up",
+            DnsScenario::ScaleDown => "scale-down",
+            DnsScenario::RollingNewAddresses => "rolling-new-addresses",
+            DnsScenario::KilledRecordStays => "killed-record-stays",
+            DnsScenario::DnsDown => "dns-down",
+        }
+    }
+
+    /// Replica processes, and how many of them are listed at first.
+    fn fleet(self) -> (usize, usize) {
+        match self {
+            DnsScenario::ScaleUp => (5, 3),
+            DnsScenario::ScaleDown => (5, 5),
+            DnsScenario::RollingNewAddresses => (6, 3),
+            DnsScenario::KilledRecordStays | DnsScenario::DnsDown => (3, 3),
+        }
+    }
+}
+
+/// The JSON of a `--discovery dns` run.
+#[derive(Debug, Serialize)]
+pub(crate) struct DnsReport {
+    pub(crate) discovery: &'static str,
+    pub(crate) scenarios: Vec<DnsScenarioReport>,
+    pub(crate) rate: f64,
+    pub(crate) deadline_ms: u64,
+    pub(crate) fault_s: f64,
+    pub(crate) seed: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct DnsScenarioReport {
+    pub(crate) name: &'static str,
+    /// Resolutions the client made during the runs, and those that failed.
+    pub(crate) resolutions: u64,
+    pub(crate) dns_failures: u64,
+    pub(crate) policies: Vec<DnsPolicyReport>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct DnsPolicyReport {
+    pub(crate) name: &'static str,
+    /// Share of the calls from the change on that succeeded.
+    pub(crate) success: f64,
+    pub(crate) failed_calls: u64,
+    pub(crate) failed_calls_after_1s: u64,
+    pub(crate) p99_ms: f64,
+    /// Attempts that reached an address after a resolution that no longer listed it.
+    pub(crate) attempts_to_removed_after_resolution: u64,
+    pub(crate) calls: u64,
+}
+
+/// The replica processes of a run, on 127.0.0.2, 127.0.0.3, ..., all on one port.
+async fn start_fleet(
+    n: usize,
+    config: &RunConfig,
+    reports: &SharedReports,
+) -> Result<Vec<Replica>, String> {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let mut fleet: Vec<Replica> = Vec::with_capacity(n);
+        let mut port = 0;
+        for i in 0..n {
+            let seed = replica_seed(config.seed, i);
+            match Replica::start_on(ip(i), i, port, seed, Duration::ZERO, reports).await {
+                Ok(replica) => {
+                    port = replica.port;
+                    fleet.push(replica);
+                }
+                Err(e) => {
+                    last = e;
+                    break;
+                }
+            }
+        }
+        if fleet.len() == n {
+            return Ok(fleet);
+        }
+    }
+    Err(format!("no port free on every replica's address: {last}"))
+}
+
+/// Replica `i`'s address.
+fn ip(i: usize) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + i as u8))
+}
+
+/// When each address left the client's set (since the run's start).
+type Removed = Arc<Mutex<HashMap<IpAddr, Duration>>>;
+
+/// Runs the `stormguard` policy through `scenario`.
+pub(crate) async fn run(
+    scenario: DnsScenario,
+    config: &RunConfig,
+    progress: &(dyn Fn(f64) + Send + Sync),
+) -> Result<(DnsPolicyReport, u64, u64), String> {
+    let reports = SharedReports::default();
+    let (processes, listed) = scenario.fleet();
+    let mut fleet = start_fleet(processes, config, &reports).await?;
+    let port = fleet[0].port;
+    let dns = DnsServer::start(NAME, (0..listed).map(ip), TTL_SECS)
+        .await
+        .map_err(|e| format!("dns server: {e}"))?;
+    let counts = Arc::new(ClientCounts::new(config.timing.buckets()));
+    let (caller, replicas) = client(&dns, port, config, &counts)?;
+    // Connections up before the clock starts: calls with no id, not counted anywhere.
+    for _ in 0..4 * listed {
+        let _ = caller.clone().oneshot(0).await;
+    }
+    let before = replicas
+        .dns_reports()
+        .map(|r| r.borrow().counts)
+        .unwrap_or_default();
+    let start = Instant::now();
+    let start_unix = unix_us();
+    counts.start.get_or_init(|| start);
+    let removed = Removed::default();
+    let watch = tokio::spawn(watch_removals(replicas.clone(), start, removed.clone()));
+    let driver = {
+        let (config, dns) = (*config, dns.clone());
+        tokio::spawn(async move {
+            let result = change(scenario, &mut fleet, &dns, &config, start).await;
+            (fleet, result)
+        })
+    };
+    let calls = generate(&caller, config, start, progress).await?;
+    let (mut fleet, result) = driver
+        .await
+        .map_err(|e| format!("the change's task: {e}"))?;
+    result?;
+    watch.abort();
+    let after = replicas
+        .dns_reports()
+        .map(|r| r.borrow().counts)
+        .unwrap_or_default();
+    drop(caller);
+    for replica in &mut fleet {
+        replica.stop().await?;
+    }
+    let received = std::mem::take(
+        &mut reports
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .received,
+    );
+    let removed = removed
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let to_removed = received
+        .iter()
+        .filter(|r| r.call != 0 && r.at_us >= start_unix)
+        .filter(|r| {
+            removed
+                .get(&ip(r.replica))
+                .is_some_and(|gone| r.at_us - start_unix > gone.as_micros() as u64)
+        })
+        .count() as u64;
+    let report = summarize(config, &calls, to_removed);
+    Ok((
+        report,
+        after.resolutions - before.resolutions,
+        after.failures - before.failures,
+    ))
+}
+
+type Channel = Replicas<tonic::transport::Channel, stormguard::client::replicas::EndpointKey>;
+
+/// The `stormguard` policy over the replicas `dns` lists.
+fn client(
+    dns: &DnsServer,
+    port: u16,
+    config: &RunConfig,
+    counts: &Arc<ClientCounts>,
+) -> Result<(Caller, Channel), String> {
+    let target = Dns::new(NAME)
+        .map_err(|e| e.to_string())?
+        .port(port)
+        .name_servers([dns.addr()])
+        .endpoint(|e| {
+            e.http2_max_local_error_reset_streams(None)
+                .tcp_nodelay(true)
+        });
+    let replicas =
+        Replicas::from_dns(ReplicaConfig::default(), target).map_err(|e| e.to_string())?;
+    let layer = RetryLayer::from_config(&stormguard_client_config(None).with_seed(config.seed))
+        .map_err(|e| e.to_string())?
+        .over_replicas();
+    let service = tower::ServiceBuilder::new()
+        .layer(layer)
+        .service(Observe::new(replicas.clone(), counts.clone()));
+    Ok((
+        layered(InventoryClient::new(service), config.deadline),
+        replicas,
+    ))
+}
+
+/// Notes when each address leaves the client's set.
+async fn watch_removals(replicas: Channel, start: Instant, removed: Removed) {
+    let Some(mut reports) = replicas.dns_reports() else {
+        return;
+    };
+    let mut listed: Vec<SocketAddr> = reports.borrow().records.clone();
+    while reports.changed().await.is_ok() {
+        let now: Vec<SocketAddr> = reports.borrow_and_update().records.clone();
+        let mut gone = removed.lock().unwrap_or_else(PoisonError::into_inner);
+        for addr in listed.iter().filter(|a| !now.contains(a)) {
+            gone.entry(addr.ip()).or_insert_with(|| start.elapsed());
+        }
+        listed = now;
+    }
+}
+
+/// The scenario's change, on the run's clock.
+async fn change(
+    scenario: DnsScenario,
+    fleet: &mut [Replica],
+    dns: &DnsServer,
+    config: &RunConfig,
+    start: Instant,
+) -> Result<(), String> {
+    let timing = &config.timing;
+    let at = |d: Duration| start + d;
+    tokio::time::sleep_until(at(timing.fault)).await;
+    match scenario {
+        DnsScenario::ScaleUp => dns.set_records((0..5).map(ip)),
+        DnsScenario::ScaleDown => {
+            dns.set_records((0..3).map(ip));
+            tokio::time::sleep_until(at(timing.fault + GRACE)).await;
+            for replica in &mut fleet[3..] {
+                replica.stop().await?;
+            }
+        }
+        DnsScenario::RollingNewAddresses => {
+            for (step, old) in fleet[..3].iter_mut().enumerate() {
+                let gap = timing.rolling_gap.saturating_mul(step as u32);
+                tokio::time::sleep_until(at(timing.fault + gap)).await;
+                dns.set_records((step + 1..3).chain(3..=3 + step).map(ip));
+                tokio::time::sleep(GRACE).await;
+                old.stop().await?;
+            }
+        }
+        DnsScenario::KilledRecordStays => {
+            fleet[0].kill();
+            tokio::time::sleep_until(at(timing.fault + 2 * GRACE)).await;
+            dns.set_records((1..3).map(ip));
+        }
+        DnsScenario::DnsDown => {
+            dns.set_answering(false);
+            let back = (timing.fault + Duration::from_secs(10)).min(timing.total);
+            tokio::time::sleep_until(at(back)).await;
+            dns.set_answering(true);
+        }
+    }
+    Ok(())
+}
+
+/// The contract's figures of one run.
+fn summarize(config: &RunConfig, calls: &[crate::run::Call], to_removed: u64) -> DnsPolicyReport {
+    let fault = config.timing.fault;
+    let after: Vec<_> = calls.iter().filter(|c| c.at >= fault).collect();
+    let ok = after.iter().filter(|c| c.ok).count();
+    let mut latencies: Vec<u128> = after.iter().map(|c| c.latency.as_micros()).collect();
+    latencies.sort_unstable();
+    let p99 = latencies
+        .get(((latencies.len() as f64 * 0.99).ceil() as usize).saturating_sub(1))
+        .map_or(0.0, |us| (*us as f64 / 100.0).round() / 10.0);
+    DnsPolicyReport {
+        name: "stormguard",
+        success: if after.is_empty() {
+            0.0
+        } else {
+            ((ok as f64 / after.len() as f64) * 1e5).round() / 1e5
+        },
+        failed_calls: calls.iter().filter(|c| !c.ok).count() as u64,
+        failed_calls_after_1s: after
+            .iter()
+            .filter(|c| !c.ok && c.at >= fault + Duration::from_secs(1))
+            .count() as u64,
+        p99_ms: p99,
+        attempts_to_removed_after_resolution: to_removed,
+        calls: calls.len() as u64,
+    }
+}
+
+/// The table of a `--discovery dns` run.
+pub(crate) fn table(report: &DnsReport) -> String {
+    let mut out = String::from(
+        "| scenario | policy | success | failed | after 1 s | p99 ms | to removed | resolutions | dns failures |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for s in &report.scenarios {
+        for p in &s.policies {
+            out.push_str(&format!(
+                "| {} | {} | {:.4} | {} | {} | {:.1} | {} | {} | {} |\n",
+                s.name,
+                p.name,
+                p.success,
+                p.failed_calls,
+                p.failed_calls_after_1s,
+                p.p99_ms,
+                p.attempts_to_removed_after_resolution,
+                s.resolutions,
+                s.dns_failures
+            ));
+        }
+    }
+    out
+}
