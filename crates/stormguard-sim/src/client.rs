@@ -98,6 +98,15 @@ impl SimCall {
         }
     }
 
+    /// The attempt in flight could not connect at `now` (`failure` is unsent): as
+    /// [`answered_at`](Self::answered_at), after telling the retry state, as the layer
+    /// does for a channel to the dependency as a whole, so its transparent retry waits
+    /// for the connection backoff.
+    pub fn connect_refused_at(&mut self, failure: Failure, now: Instant) -> Step {
+        self.retry.on_connect_refused_at(now);
+        self.answered_at(Some(failure), now)
+    }
+
     /// The layer's timer fired at `now` while the attempt was in flight (the caller's
     /// deadline or the attempt's own timeout: the retry state tells them apart).
     pub fn timer_at(&mut self, now: Instant) -> Step {

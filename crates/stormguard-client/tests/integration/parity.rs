@@ -297,7 +297,11 @@ fn through_the_simulator(script: &Script) -> Vec<Record> {
                                     ..Failure::status(code)
                                 }
                             });
-                            sim.answered_at(failure, now)
+                            match failure {
+                                // The script's unsent answer is a refused connection.
+                                Some(f) if unsent => sim.connect_refused_at(f, now),
+                                _ => sim.answered_at(failure, now),
+                            }
                         }
                         _ => {
                             now = fire;
