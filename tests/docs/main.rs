@@ -2,8 +2,10 @@
 //! READMEs is read by the loader it is written for, so that a document a user copies
 //! loads. A block names its loader after its format: ```` ```json client ````
 //! (`ClientConfig`, either shape), `admission` (`AdmissionConfig`), `replicas`
-//! (`ReplicaConfig`), `criticality` (`CriticalityTable`) or `idempotency`
-//! (`IdempotencyConfig`); a document without one fails
+//! (`ReplicaConfig`), `criticality` (`CriticalityTable`), `idempotency`
+//! (`IdempotencyConfig`) or `kubernetes` (Kubernetes manifests: each a YAML document with
+//! its `apiVersion`, `kind` and name, checked for what docs/kubernetes.md relies on); a
+//! document without one fails
 //! here. (The Rust of the same pages is compiled as doc tests: the README's by this crate,
 //! the others' by `stormguard-demo`.)
 #![allow(clippy::unwrap_used)]
@@ -85,14 +87,68 @@ fn load(block: &Block) -> Option<Result<(), String>> {
         (Some("idempotency"), _) => {
             stormguard_core::IdempotencyConfig::from_text(text, format).map(drop)
         }
+        (Some("kubernetes"), Format::Yaml) => return Some(manifests(text)),
         (other, _) => {
             return Some(Err(format!(
-                "names no loader ({other:?}): write ```{} client, admission, replicas, criticality or idempotency",
+                "names no loader ({other:?}): write ```{} client, admission, replicas, criticality, idempotency or kubernetes",
                 block.info
             )));
         }
     };
     Some(loaded.map_err(|e| e.to_string()))
+}
+
+/// Kubernetes manifests: every YAML document (`---` between them) is an object with an
+/// `apiVersion`, a `kind` and a `metadata.name`; a Service that a client resolves is
+/// headless; a Deployment's containers have a gRPC readiness probe, and a grace period
+/// longer than their pre-stop delay.
+fn manifests(text: &str) -> Result<(), String> {
+    use serde::Deserialize;
+    let mut count = 0;
+    for document in serde_norway::Deserializer::from_str(text) {
+        let value = serde_norway::Value::deserialize(document).map_err(|e| e.to_string())?;
+        count += 1;
+        let str_at = |path: &[&str]| {
+            path.iter()
+                .try_fold(&value, |v, key| v.get(*key))
+                .and_then(serde_norway::Value::as_str)
+                .map(str::to_owned)
+        };
+        let kind = str_at(&["kind"]).ok_or("no kind")?;
+        str_at(&["apiVersion"]).ok_or(format!("{kind}: no apiVersion"))?;
+        str_at(&["metadata", "name"]).ok_or(format!("{kind}: no metadata.name"))?;
+        match kind.as_str() {
+            "Service" if str_at(&["spec", "clusterIP"]).as_deref() != Some("None") => {
+                return Err("a Service clients resolve must be headless (clusterIP: None)".into());
+            }
+            "Deployment" => deployment(&value)?,
+            _ => {}
+        }
+    }
+    if count == 0 {
+        return Err("no manifest".into());
+    }
+    Ok(())
+}
+
+fn deployment(value: &serde_norway::Value) -> Result<(), String> {
+    let spec = &value["spec"]["template"]["spec"];
+    let grace = spec["terminationGracePeriodSeconds"].as_u64().unwrap_or(30);
+    let containers = spec["containers"].as_sequence().ok_or("no containers")?;
+    for c in containers {
+        if c["readinessProbe"]["grpc"]["port"].as_u64().is_none() {
+            return Err("a container without a gRPC readiness probe".into());
+        }
+        let pre_stop = c["lifecycle"]["preStop"]["sleep"]["seconds"]
+            .as_u64()
+            .unwrap_or(0);
+        if pre_stop >= grace {
+            return Err(format!(
+                "preStop sleep {pre_stop} s is not under the grace period {grace} s"
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[test]
@@ -116,7 +172,12 @@ fn every_document_in_the_docs_loads() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
     // The pages that show documents: a reader that found none would pass vacuously.
-    for page in ["README.md", "docs/config.md", "docs/admission.md"] {
+    for page in [
+        "README.md",
+        "docs/config.md",
+        "docs/admission.md",
+        "docs/kubernetes.md",
+    ] {
         let prefix = format!("{page}:");
         assert!(
             loaded.iter().any(|place| place.starts_with(&prefix)),
@@ -137,4 +198,13 @@ fn a_document_that_does_not_load_is_reported_with_its_place() {
     let error = load(&found[1]).unwrap().unwrap_err();
     assert!(error.contains("names no loader"), "{error}");
     assert!(load(&found[2]).is_none());
+    // A manifest that is not one, a Service that is not headless.
+    let bad = [
+        "kind: Service\n",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.0.0.1}\n",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: a}\nspec: {template: {spec: {containers: [{name: c}]}}}\n",
+    ];
+    for text in bad {
+        assert!(manifests(text).is_err(), "{text}");
+    }
 }

@@ -36,6 +36,9 @@ struct Interop;
 #[doc = include_str!("../../../docs/observability.md")]
 struct Observability;
 
+#[doc = include_str!("../../../docs/kubernetes.md")]
+struct Kubernetes;
+
 #[doc = include_str!("../../../docs/operating.md")]
 struct Operating;
 

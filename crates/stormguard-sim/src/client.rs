@@ -98,13 +98,17 @@ impl SimCall {
         }
     }
 
-    /// The attempt in flight could not connect at `now` (`failure` is unsent): as
-    /// [`answered_at`](Self::answered_at), after telling the retry state, as the layer
-    /// does for a channel to the dependency as a whole, so its transparent retry waits
-    /// for the connection backoff.
-    pub fn connect_refused_at(&mut self, failure: Failure, now: Instant) -> Step {
+    /// The attempt in flight could not connect to the dependency at `now` (the layer reads
+    /// a connection error so, outside `Replicas`): as [`answered_at`](Self::answered_at)
+    /// with an unsent `UNAVAILABLE`, its transparent retry waiting for the dependency's
+    /// connection backoff ([`CallRetry::on_connect_refused_at`]), as the layer's does.
+    pub fn connect_refused_at(&mut self, now: Instant) -> Step {
         self.retry.on_connect_refused_at(now);
-        self.answered_at(Some(failure), now)
+        let failure = Failure {
+            unsent: true,
+            ..Failure::status(Code::Unavailable)
+        };
+        self.ended_at(AttemptEnd::Failed(failure), failure, now)
     }
 
     /// The layer's timer fired at `now` while the attempt was in flight (the caller's

@@ -47,8 +47,8 @@ enum Answer {
     },
     /// Never answers.
     Hang,
-    /// Fails at once without reaching the server (a connection that could not be made;
-    /// a stream HTTP/2 refused reads the same): retried transparently.
+    /// Fails at once without reaching the server (a connection that could not be made):
+    /// retried transparently once the connection backoff allows.
     Unsent,
 }
 
@@ -288,6 +288,10 @@ fn through_the_simulator(script: &Script) -> Vec<Record> {
                         .fire_at
                         .expect("every attempt has a per-attempt timeout");
                     step = match answer {
+                        Some((at, _, _, true)) if at < fire => {
+                            now = at;
+                            sim.connect_refused_at(now)
+                        }
                         Some((at, code, pushback, unsent)) if at < fire => {
                             now = at;
                             let failure = (code != Code::Ok).then(|| Failure {
@@ -297,11 +301,7 @@ fn through_the_simulator(script: &Script) -> Vec<Record> {
                                     ..Failure::status(code)
                                 }
                             });
-                            match failure {
-                                // The script's unsent answer is a refused connection.
-                                Some(f) if unsent => sim.connect_refused_at(f, now),
-                                _ => sim.answered_at(failure, now),
-                            }
+                            sim.answered_at(failure, now)
                         }
                         _ => {
                             now = fire;
