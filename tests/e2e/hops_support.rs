@@ -32,6 +32,8 @@ pub fn retry_layer(max_attempts: u32) -> RetryLayer {
     let budget: Arc<dyn Budget> = Arc::new(
         RetryBudget::new(BudgetConfig {
             min_retries_per_second: 1_000,
+            // A roomy budget, lent whatever the answers: the hops are what is tested.
+            floor: stormguard_core::Floor::Always,
             ..BudgetConfig::default()
         })
         .unwrap(),

@@ -310,6 +310,9 @@ pub fn budget(floor: u32, ratio: f64) -> Arc<dyn Budget> {
             ttl: Duration::from_secs(10),
             min_retries_per_second: floor,
             retry_ratio: ratio,
+            // The tests that use it are about other checks: a floor lent whatever the
+            // answers.
+            floor: stormguard_core::Floor::Always,
             ..BudgetConfig::default()
         })
         .unwrap(),
