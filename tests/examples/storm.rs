@@ -55,6 +55,7 @@ async fn quick_storm_has_the_shape_of_the_report() {
             "client-only",
             "server-only",
             "stormguard",
+            "defaults",
             "hedging",
             "throttle",
             "reports"
@@ -89,6 +90,7 @@ async fn quick_storm_has_the_shape_of_the_report() {
             Policy::GrpcThrottle
                 | Policy::ClientOnly
                 | Policy::Stormguard
+                | Policy::Defaults
                 | Policy::Hedging
                 | Policy::Throttle
                 | Policy::Reports
