@@ -38,6 +38,13 @@ pub trait Budget: Send + Sync + fmt::Debug {
         let _ = now;
     }
 
+    /// A failed attempt came with a pushback (a delay to wait, not "do not retry"), after
+    /// [`record_failure_at`](Budget::record_failure_at): the dependency is up and paces its
+    /// callers, so a floor lent "while the dependency answers" stays lent. Default: no-op.
+    fn record_pushback_at(&self, now: Instant) {
+        let _ = now;
+    }
+
     /// May one more retry go out now? `true` consumes the retry where the implementation
     /// consumes.
     fn withdraw_at(&self, now: Instant) -> bool;
@@ -148,8 +155,9 @@ pub struct BudgetConfig {
 #[serde(rename_all = "snake_case")]
 pub enum Floor {
     /// While the dependency answers: the reserve is withheld once the window holds
-    /// [`FLOOR_WITHHELD_AFTER`] retryable failures and no success, and lent again at the
-    /// next success. Against a dependency that is down, only successes pay for retries
+    /// [`FLOOR_WITHHELD_AFTER`] retryable failures and no answer (a success, or a failure
+    /// that came with a pushback: a server that says when to come back is up), and lent
+    /// again at the next answer. Against a dependency that is down, only successes pay for retries
     /// (none arrive), so a fleet sends its offered load and no more, whatever its size.
     #[default]
     WhileAnswering,
@@ -424,6 +432,9 @@ struct Shared {
     withdrawals: Ring,
     /// Retryable failures, counted only for [`Floor::WhileAnswering`].
     failures: Ring,
+    /// Failures that came with a pushback ([`Budget::record_pushback_at`]), counted only
+    /// for [`Floor::WhileAnswering`]: the dependency answered.
+    paced: Ring,
     head: Head,
 }
 
@@ -497,6 +508,7 @@ impl RetryBudget {
                 deposits: Ring::new(),
                 withdrawals: Ring::new(),
                 failures: Ring::new(),
+                paced: Ring::new(),
                 head: Head {
                     epoch: AtomicU64::new(0),
                 },
@@ -601,6 +613,7 @@ impl Shared {
     fn reserve_at(&self, epoch: u32, deposits: u64) -> i128 {
         if self.config.floor == Floor::WhileAnswering
             && deposits == 0
+            && window_count(&self.paced, epoch) == 0
             && window_count(&self.failures, epoch) >= FLOOR_WITHHELD_AFTER
         {
             return 0;
@@ -695,6 +708,14 @@ impl Budget for RetryBudget {
         let shared = &*self.shared;
         if shared.config.floor == Floor::WhileAnswering {
             let _ = shared.failures.add(shared.epoch(now) as u32);
+        }
+    }
+
+    /// Counted for a [`Floor::WhileAnswering`] floor only: a pushback is an answer.
+    fn record_pushback_at(&self, now: Instant) {
+        let shared = &*self.shared;
+        if shared.config.floor == Floor::WhileAnswering {
+            let _ = shared.paced.add(shared.epoch(now) as u32);
         }
     }
 

@@ -92,6 +92,34 @@ fn the_floor_is_withheld_while_the_dependency_fails_and_lent_again_at_a_success(
 }
 
 #[test]
+fn a_failure_with_a_pushback_is_an_answer_that_keeps_the_floor_lent() {
+    let t0 = Instant::now();
+    let b = budget(10, 5, 0.1); // reserve 50, lent while the dependency answers
+    // A server that has just started and sheds with a pushback on every first attempt:
+    // it is up and says when to come back, so its callers' retries are lent the floor.
+    for _ in 0..20 {
+        b.record_failure_at(t0);
+        b.record_pushback_at(t0);
+    }
+    assert_eq!(b.balance_at(t0), 50.0);
+    assert!(b.withdraw_at(t0));
+    // Without a pushback, the same failures withhold it.
+    let silent = budget(10, 5, 0.1);
+    for _ in 0..20 {
+        silent.record_failure_at(t0);
+    }
+    assert!(!silent.withdraw_at(t0));
+    // Lent always, pushback or not.
+    let always = RetryBudget::new(BudgetConfig {
+        floor: Floor::Always,
+        ..config(10, 5, 0.1)
+    })
+    .expect("valid test config");
+    always.record_pushback_at(t0);
+    assert_eq!(always.balance_at(t0), 50.0);
+}
+
+#[test]
 fn a_floor_lent_always_ignores_failures() {
     let t0 = Instant::now();
     let b = RetryBudget::new(BudgetConfig {

@@ -212,6 +212,9 @@ impl CallRetry {
         }
         if !failure.unsent {
             self.shared.budget.record_failure_at(now);
+            if matches!(failure.pushback, Some(Pushback::RetryAfter(_))) {
+                self.shared.budget.record_pushback_at(now);
+            }
         }
         let after = match failure.pushback {
             Some(Pushback::DoNotRetry) => None,

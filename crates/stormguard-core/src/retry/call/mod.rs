@@ -376,6 +376,9 @@ impl CallRetry {
                 permit.failure_at(now);
             }
             self.shared.budget.record_failure_at(now);
+            if matches!(pushback, Some(Pushback::RetryAfter(_))) {
+                self.shared.budget.record_pushback_at(now);
+            }
         } else if !is_overload(code, pushback)
             && let Some(permit) = permit
         {
