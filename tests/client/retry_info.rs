@@ -9,7 +9,7 @@ use crate::client_support;
 use std::time::Duration;
 
 use client_support::*;
-use stormguard_client::RetryLayer;
+use stormguard_client::{RetryLayer, RetryStats};
 use tonic::Code;
 
 /// A protobuf varint.
@@ -47,19 +47,26 @@ fn status_with_retry_info(code: Code, seconds: i64, nanos: i32) -> Vec<u8> {
     status
 }
 
-/// Paused time: the only timer is the retry delay, so the virtual gap between the two
-/// attempts the server saw is exactly the delay the client waited.
-#[tokio::test(start_paused = true)]
-async fn the_delay_is_the_retry_info_of_a_server_that_sends_only_that() {
-    // 20.25 s is far beyond the 2 s backoff cap: only the RetryInfo can explain such a wait.
-    let details = status_with_retry_info(Code::Unavailable, 20, 250_000_000);
+/// A server whose first answer is `UNAVAILABLE` with a RetryInfo of `seconds`, `nanos` and
+/// no `grpc-retry-pushback-ms`, then OK; a client through a `RetryLayer`, and its counters.
+async fn only_retry_info(seconds: i64, nanos: i32) -> (Scripted, RetryStats, Client) {
+    let details = status_with_retry_info(Code::Unavailable, seconds, nanos);
     let svc = Scripted::new(
         [Step::Details(Code::Unavailable, details, vec![])],
         Step::Ok,
     );
     let layer = RetryLayer::new(controller(idempotent_policy()));
     let stats = layer.stats();
-    let mut client = setup(&svc, layer).await;
+    let client = setup(&svc, layer).await;
+    (svc, stats, client)
+}
+
+/// Paused time: the only timer is the retry delay, so the virtual gap between the two
+/// attempts the server saw is exactly the delay the client waited.
+#[tokio::test(start_paused = true)]
+async fn the_delay_is_the_retry_info_of_a_server_that_sends_only_that() {
+    // 20.25 s is far beyond the 2 s backoff cap: only the RetryInfo can explain such a wait.
+    let (svc, stats, mut client) = only_retry_info(20, 250_000_000).await;
 
     client.reserve(reserve("a")).await.expect("retried");
     let seen = svc.seen();
@@ -71,14 +78,7 @@ async fn the_delay_is_the_retry_info_of_a_server_that_sends_only_that() {
 #[tokio::test(start_paused = true)]
 async fn a_negative_retry_info_is_not_retried() {
     for (seconds, nanos) in [(-1, 0), (0, -5), (i64::MIN, 0)] {
-        let details = status_with_retry_info(Code::Unavailable, seconds, nanos);
-        let svc = Scripted::new(
-            [Step::Details(Code::Unavailable, details, vec![])],
-            Step::Ok,
-        );
-        let layer = RetryLayer::new(controller(idempotent_policy()));
-        let stats = layer.stats();
-        let mut client = setup(&svc, layer).await;
+        let (svc, stats, mut client) = only_retry_info(seconds, nanos).await;
 
         let status = client.reserve(reserve("a")).await.unwrap_err();
         assert_eq!(status.code(), Code::Unavailable);
