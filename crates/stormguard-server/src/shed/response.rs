@@ -3,9 +3,11 @@
 //! A shed answer must cost less than the work it refuses, or shedding itself becomes
 //! the overload. So these responses are put together from static header values (one
 //! per status code, fixed messages) plus one small integer for the pushback: no
-//! `tonic::Status`, no `String`, no metadata map. The body is empty (`B::default()`),
-//! so hyper sends the headers with END_STREAM: a trailers-only response, which every
-//! gRPC client reads as the call's status (and which is retryable under gRPC A6).
+//! `tonic::Status`, no `String`, no metadata map (unless `AdmissionConfig::retry_info` asks
+//! for the pushback as a RetryInfo too: one short base64 string per answer). The body is
+//! empty (`B::default()`), so hyper sends the headers with END_STREAM: a trailers-only
+//! response, which every gRPC client reads as the call's status (and which is retryable
+//! under gRPC A6).
 
 use http::header::{CONTENT_TYPE, HeaderValue};
 use std::time::Duration;
