@@ -23,6 +23,7 @@ mod method_timeout;
 mod observe;
 mod replicas;
 mod retry;
+mod retry_info;
 mod shed_expiry;
 mod stream;
 mod throttle;

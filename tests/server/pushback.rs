@@ -382,3 +382,84 @@ async fn over_loopback_a_long_overload_is_told_not_to_retry_after_the_configured
         server.control.close_gate();
     }
 }
+
+/// The fields of `google.rpc.Status`, `google.rpc.RetryInfo` and the well-known types in
+/// them that this test reads, declared
+/// from the published protos (a decoder skips the rest), so the answer is checked as any
+/// client of the rich error model reads it.
+mod rpc {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct Status {
+        #[prost(int32, tag = "1")]
+        pub(super) code: i32,
+        #[prost(string, tag = "2")]
+        pub(super) message: String,
+        #[prost(message, repeated, tag = "3")]
+        pub(super) details: Vec<Any>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct RetryInfo {
+        #[prost(message, optional, tag = "1")]
+        pub(super) retry_delay: Option<Duration>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct Any {
+        #[prost(string, tag = "1")]
+        pub(super) type_url: String,
+        #[prost(bytes = "vec", tag = "2")]
+        pub(super) value: Vec<u8>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct Duration {
+        #[prost(int64, tag = "1")]
+        pub(super) seconds: i64,
+        #[prost(int32, tag = "2")]
+        pub(super) nanos: i32,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_retry_info_a_shed_answer_carries_its_pushback_as_a_retry_info_too() {
+    use prost::Message as _;
+
+    let admission = AdmissionConfig {
+        retry_info: true,
+        ..no_queue(50)
+    };
+    let server = start(admission, DemoConfig::default(), true).await;
+    let client = InventoryClient::new(channel(server.addr).await);
+    let hold = hold_worker(&client, &server.control).await;
+
+    for _ in 0..5 {
+        let status = shed(&client, reserve("", None)).await;
+        let ms = pushback_ms(&status);
+        let rich = rpc::Status::decode(status.details()).expect("a google.rpc.Status");
+        assert_eq!(rich.code, status.code() as i32, "the same code");
+        assert_eq!(rich.message, status.message(), "the same message");
+        assert_eq!(rich.details.len(), 1);
+        let any = &rich.details[0];
+        assert_eq!(any.type_url, "type.googleapis.com/google.rpc.RetryInfo");
+        let info = rpc::RetryInfo::decode(any.value.as_slice()).expect("a RetryInfo");
+        let delay = info.retry_delay.expect("retry_delay");
+        let delay_ms = delay.seconds * 1000 + i64::from(delay.nanos) / 1_000_000;
+        assert_eq!(delay_ms, ms as i64, "the delay of grpc-retry-pushback-ms");
+        assert_eq!(
+            delay.nanos % 1_000_000,
+            0,
+            "whole milliseconds, as the header"
+        );
+    }
+    release(&server.control, hold).await;
+
+    // Off by default: the header alone.
+    let server = start(no_queue(50), DemoConfig::default(), true).await;
+    let client = InventoryClient::new(channel(server.addr).await);
+    let hold = hold_worker(&client, &server.control).await;
+    let status = shed(&client, reserve("", None)).await;
+    assert!(status.details().is_empty());
+    assert!(pushback_ms(&status) >= 1);
+    release(&server.control, hold).await;
+}

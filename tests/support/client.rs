@@ -38,6 +38,10 @@ pub enum Step {
     Fail(Code),
     /// Answer with this status and these `grpc-retry-pushback-ms` values.
     Pushback(Code, Vec<&'static str>),
+    /// Answer with this status, these `grpc-status-details-bin` bytes (tonic writes them
+    /// in base64), as servers of the rich error model answer, and these
+    /// `grpc-retry-pushback-ms` values.
+    Details(Code, Vec<u8>, Vec<&'static str>),
     /// Sleep (tokio time), then take the next step.
     Sleep(Duration, Box<Step>),
     /// WatchStock only: send response headers and `messages` messages, then end with
@@ -171,6 +175,15 @@ fn status(code: Code, pushback: &[&'static str]) -> Status {
     st
 }
 
+fn with_details(code: Code, details: Vec<u8>, pushback: &[&'static str]) -> Status {
+    let mut st = Status::with_details(code, "scripted failure", details.into());
+    for v in pushback {
+        st.metadata_mut()
+            .append("grpc-retry-pushback-ms", v.parse().unwrap());
+    }
+    st
+}
+
 /// Resolves sleeps; returns the final step.
 async fn settle(mut step: Step) -> Step {
     while let Step::Sleep(d, next) = step {
@@ -211,6 +224,7 @@ impl Inventory for Scripted {
             })),
             Step::Fail(code) => Err(status(code, &[])),
             Step::Pushback(code, values) => Err(status(code, &values)),
+            Step::Details(code, details, pushback) => Err(with_details(code, details, &pushback)),
             Step::Sleep(..) => unreachable!("settled"),
         }
     }
@@ -232,6 +246,9 @@ impl Inventory for Scripted {
             Step::Stream { messages, then } => (messages, then),
             Step::Fail(code) => return Err(status(code, &[])),
             Step::Pushback(code, values) => return Err(status(code, &values)),
+            Step::Details(code, details, pushback) => {
+                return Err(with_details(code, details, &pushback));
+            }
             Step::Sleep(..) => unreachable!("settled"),
         };
         let items = (0..messages)

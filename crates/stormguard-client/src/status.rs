@@ -33,7 +33,7 @@
 use http::{HeaderMap, HeaderValue};
 use stormguard_core::Code;
 use stormguard_core::Pushback;
-use stormguard_core::{wire, wire::parse_grpc_status, wire::parse_pushback};
+use stormguard_core::{wire, wire::parse_grpc_status, wire::response_pushback};
 use stormguard_core::{
     wire::http::DO_NOT_RETRY, wire::http::GRPC_RETRY_PUSHBACK_MS, wire::http::GRPC_STATUS,
 };
@@ -67,13 +67,14 @@ pub(crate) fn code_from_http_status(status: http::StatusCode) -> Code {
     }
 }
 
-/// The server's pushback in `headers`, if it sent one.
+/// The server's pushback in `headers`, if it sent one: `grpc-retry-pushback-ms`, or a
+/// `google.rpc.RetryInfo` in `grpc-status-details-bin`, the longer when both
+/// ([`response_pushback`]).
 pub(crate) fn pushback(headers: &HeaderMap) -> Option<Pushback> {
-    parse_pushback(
-        headers
-            .get_all(GRPC_RETRY_PUSHBACK_MS)
-            .iter()
-            .map(HeaderValue::as_bytes),
+    let values = |name| headers.get_all(name).into_iter().map(HeaderValue::as_bytes);
+    response_pushback(
+        values(GRPC_RETRY_PUSHBACK_MS),
+        values(wire::http::GRPC_STATUS_DETAILS_BIN),
     )
 }
 
@@ -265,6 +266,28 @@ mod tests {
             pushback(&headers(&[("grpc-retry-pushback-ms", "-1")])),
             Some(Pushback::DoNotRetry)
         );
+    }
+
+    #[test]
+    fn a_retry_info_is_a_pushback_and_the_longer_one_wins() {
+        let info = wire::encode_retry_info(Code::Unavailable, "busy", Duration::from_millis(700));
+        let mut h = headers(&[]);
+        h.insert(
+            wire::http::GRPC_STATUS_DETAILS_BIN,
+            HeaderValue::from_str(&info).unwrap(),
+        );
+        let later = Some(Pushback::RetryAfter(Duration::from_millis(700)));
+        assert_eq!(pushback(&h), later);
+        h.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("30"));
+        assert_eq!(pushback(&h), later);
+        h.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("5000"));
+        assert_eq!(
+            pushback(&h),
+            Some(Pushback::RetryAfter(Duration::from_secs(5)))
+        );
+        // Giving up still wins over the server's RetryInfo.
+        mark_do_not_retry(&mut h);
+        assert_eq!(pushback(&h), Some(Pushback::DoNotRetry));
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Fuzz targets for every parser of a value that a peer or a config author controls, and a
 //! seeded driver that runs them on the stable toolchain.
 //!
-//! A gRPC peer controls `grpc-retry-pushback-ms` and `endpoint-load-metrics-bin` (on
-//! answers), `grpc-previous-rpc-attempts`,
+//! A gRPC peer controls `grpc-retry-pushback-ms`, `grpc-status-details-bin` and
+//! `endpoint-load-metrics-bin` (on answers), `grpc-previous-rpc-attempts`,
 //! `x-retry-attempt` and `grpc-timeout` (on requests); whoever writes the config controls
 //! the service config and stormguard's client and admission JSON. Each has a
 //! [target](targets::TARGETS) that checks the parser against its contract, not only that

@@ -18,6 +18,7 @@ use stormguard_core::{
     wire::AttemptClass, wire::MAX_ALLOWANCE, wire::MAX_PUSHBACK_MS, wire::attempt_class,
     wire::decode_grpc_timeout, wire::encode_grpc_timeout, wire::encode_pushback,
     wire::parse_allowance, wire::parse_criticality, wire::parse_load_report, wire::parse_pushback,
+    wire::parse_retry_info,
 };
 use tokio::time::Instant;
 
@@ -75,6 +76,31 @@ pub const TARGETS: &[Target] = &[
         run: pushback,
         seeds: &["120", "0", "-1", "4294967295", "120\x00120", ""],
         dictionary: NUMBERS,
+    },
+    Target {
+        name: "retry-info",
+        run: retry_info,
+        seeds: &[
+            "bCA4aMAoodHlwZS5nb29nbGVhcGlzLmNvbS9nb29nbGUucnBjLlJldHJ5SW5mbxIECgIIAQ",
+            "bCA4aNQoodHlwZS5nb29nbGVhcGlzLmNvbS9nb29nbGUucnBjLlJldHJ5SW5mbxIJCgcIABCA4esX",
+            "bCA4aOQoodHlwZS5nb29nbGVhcGlzLmNvbS9nb29nbGUucnBjLlJldHJ5SW5mbxINCgsI////////////AQ",
+            "bCA4aLgoodHlwZS5nb29nbGVhcGlzLmNvbS9nb29nbGUucnBjLlJldHJ5SW5mbxICCgA",
+            "bCA4aMAoodHlwZS5nb29nbGVhcGlzLmNvbS9nb29nbGUucnBjLlJldHJ5SW5mbxIECgIIAQ==",
+            "bCA4\x00CA4",
+            "r\x08\x0e\x1a\x30\x0a\x28type.googleapis.com/google.rpc.RetryInfo\x12\x04\x0a\x02\x08\x01",
+            "r\x08\x0e\x1a\x02\x0a\x00",
+            "r",
+        ],
+        dictionary: &[
+            "type.googleapis.com/google.rpc.RetryInfo",
+            "\x1a",
+            "\x12",
+            "\x0a",
+            "\x08",
+            "\x10",
+            "\x00",
+            "=",
+        ],
     },
     Target {
         name: "attempt",
@@ -623,6 +649,54 @@ pub fn pushback(input: &[u8]) -> Outcome {
         }
         Some(Pushback::DoNotRetry) => Outcome::rejected(values.len().min(3)),
         None => Outcome::rejected(0),
+    }
+}
+
+/// `grpc-status-details-bin`: a `google.rpc.Status` whose `google.rpc.RetryInfo` is a
+/// pushback. The first byte chooses the form: `b` and the header values as they came off
+/// the wire (base64, separated by NUL), anything else and the Status's own bytes. A delay
+/// read is at most [`MAX_PUSHBACK_MS`] and survives the encoder; read with a
+/// `grpc-retry-pushback-ms` beside it, the answer is never sooner than the header alone.
+pub fn retry_info(input: &[u8]) -> Outcome {
+    use base64::Engine as _;
+    use stormguard_core::{Code, wire::encode_retry_info, wire::response_pushback};
+    let encoded;
+    let values = match input.split_first() {
+        Some((b'b', value)) => header_values(value),
+        Some((_, bytes)) => {
+            encoded = base64::engine::general_purpose::STANDARD_NO_PAD.encode(bytes);
+            vec![encoded.as_bytes()]
+        }
+        None => Vec::new(),
+    };
+    let got = parse_retry_info(values.iter().copied());
+    let header = Pushback::RetryAfter(Duration::from_millis(100));
+    let both = response_pushback([b"100".as_slice()], values.iter().copied());
+    assert!(
+        both >= Some(header),
+        "{input:?}: {both:?} hurries the header"
+    );
+    assert_eq!(
+        both,
+        Some(header).max(got.clone().ok().flatten()),
+        "{input:?}"
+    );
+    match got {
+        Ok(Some(p @ Pushback::RetryAfter(d))) => {
+            assert!(
+                d <= Duration::from_millis(MAX_PUSHBACK_MS),
+                "{input:?}: {d:?}"
+            );
+            let again = encode_retry_info(Code::Unavailable, "", d);
+            assert_eq!(parse_retry_info([again.as_bytes()]), Ok(Some(p)));
+            Outcome::accepted(d.is_zero())
+        }
+        Ok(Some(Pushback::DoNotRetry)) => Outcome::rejected("do not retry"),
+        Ok(None) => Outcome::rejected(values.len().min(1)),
+        Err(e) => {
+            assert!(!e.to_string().is_empty());
+            Outcome::rejected(std::mem::discriminant(&e))
+        }
     }
 }
 

@@ -236,6 +236,13 @@ pub struct AdmissionConfig {
     /// `AdmissionController::shedding_since`). At most
     /// one hour. Default 500 ms; `None` turns the rule off.
     pub no_retry_after_shedding: Option<Duration>,
+    /// Whether a shed answer that tells the client when to come back also carries it as a
+    /// `google.rpc.RetryInfo` in `grpc-status-details-bin` (a `google.rpc.Status` with the
+    /// answer's code and message), for clients of Google's rich error model that do not
+    /// read `grpc-retry-pushback-ms`. The delay is the header's; a "do not retry" answer
+    /// has no RetryInfo (it cannot say "never"). Default `false`: a shed answer stays a few
+    /// static headers.
+    pub retry_info: bool,
     /// Seed of the pushback jitter. Default `None`: a seed drawn for each policy when it is
     /// built, so that replicas of a service do not all draw the same jitter sequence (and
     /// send their clients back together); set one only to reproduce a run.
@@ -265,6 +272,7 @@ impl Default for AdmissionConfig {
             no_retry_depth: None,
             no_retry_margin: Some(DEFAULT_NO_RETRY_MARGIN),
             no_retry_after_shedding: Some(DEFAULT_NO_RETRY_AFTER_SHEDDING),
+            retry_info: false,
             seed: None,
             sheddable_threshold: RetryThreshold {
                 depth: Some(0),

@@ -46,6 +46,7 @@ struct AdmissionDoc {
     #[serde(default, deserialize_with = "nullable")]
     no_retry_after_shedding: Option<Option<Human>>,
     seed: Option<Int<u64>>,
+    retry_info: Option<bool>,
     /// The server layer's switch, not the queue's: read by [`ShedSettings`].
     load_reports: Option<bool>,
 }
@@ -143,6 +144,9 @@ impl Build for AdmissionDoc {
         }
         if let Some(Int(seed)) = self.seed {
             c.seed = Some(seed);
+        }
+        if let Some(on) = self.retry_info {
+            c.retry_info = on;
         }
         c.validate()?;
         Ok(c)

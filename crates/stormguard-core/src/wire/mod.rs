@@ -14,6 +14,7 @@
 //! | [`GRPC_RETRY_PUSHBACK_MS`] | response | `ShedLayer` on a shed answer (`N` ≥ 1, or `-1`); `RetryLayer` and `ShedLayer` (`-1`) on an answer whose retries stormguard refused | `RetryLayer` ([`parse_pushback`]) | `N` in `0..=`[`MAX_PUSHBACK_MS`]: retry after exactly `N` ms; `-1`: do not retry (gRPC A6) | do not retry, as is a repeated header |
 //! | [`GRPC_STATUS`] | response (trailers-only headers, or trailers) | `ShedLayer`'s own answers ([`encode_grpc_status`]), tonic | `RetryLayer` (how an attempt ended), `ShedLayer` (whether a handler's answer is one clients retry) ([`parse_grpc_status`]) | a code number `0..=16` | `UNKNOWN`, as the gRPC spec asks |
 //! | [`GRPC_MESSAGE`] | response | `ShedLayer`'s own answers (fixed texts) | nothing in stormguard | text | — |
+//! | [`GRPC_STATUS_DETAILS_BIN`] | response (trailers-only headers, or trailers) | `ShedLayer` with [`AdmissionConfig::retry_info`](crate::AdmissionConfig::retry_info) on its pushback answers (a `google.rpc.Status` with the same code and message and a `google.rpc.RetryInfo` of the pushback's delay), Google's APIs, any server using the rich error model | `RetryLayer` and `Replicas` ([`response_pushback`]): its RetryInfo is a pushback, read with `grpc-retry-pushback-ms` and the longer of the two wins | a `google.rpc.Status`, base64 without padding (padding accepted), at most [`MAX_STATUS_DETAILS_BYTES`] | a Status that cannot be read is ignored; a RetryInfo in it that is malformed, negative or above [`MAX_PUSHBACK_MS`] (or repeated) means do not retry |
 //! | [`X_RETRY_BUDGET`] | request | `RetryLayer` inside a request with an allowance (the retries left, on every attempt) | `ShedLayer` with `with_retry_allowance` ([`parse_allowance`]) | the retries left for the whole logical operation, decimal, at most [`MAX_ALLOWANCE`]; it can lower the server's allowance, never raise it | ignored: the server's own allowance stands |
 //! | [`STORMGUARD_UNPROCESSED`] | response (trailers-only headers) | `ShedLayer` on its own answers (shed, shutting down, expired while queued): the handler never ran | `RetryLayer` ([`is_unprocessed`]): a non-idempotent method may be retried, paid and counted as any retry | exactly `1` | processed (the method's idempotency decides) |
 //! | [`STORMGUARD_CRITICALITY`] | request | the client's `CriticalityLayer` | `ShedLayer` ([`parse_criticality`], then capped by its table) | exactly `critical`, `default` or `sheddable` | `default` |
@@ -35,8 +36,13 @@ pub(crate) mod body;
 pub(crate) mod code;
 pub(crate) mod orca;
 pub(crate) mod pushback;
+pub(crate) mod retry_info;
 
 pub use orca::{MAX_RATE, MAX_REPORT_BYTES, MAX_UTILIZATION, QUEUE_DEPTH, TIME_QUEUED_MS};
+pub use retry_info::{
+    MAX_STATUS_DETAILS_BYTES, RETRY_INFO_TYPE_URL, StatusDetailsError, encode_retry_info,
+    parse_retry_info,
+};
 
 use std::fmt;
 use std::time::Duration;
@@ -56,6 +62,11 @@ pub const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
 pub const GRPC_STATUS: &str = "grpc-status";
 /// The status message beside [`GRPC_STATUS`]: `grpc-message`.
 pub const GRPC_MESSAGE: &str = "grpc-message";
+/// The trailer with a call's rich status: `grpc-status-details-bin`, a `google.rpc.Status`
+/// (base64 on the wire). stormguard reads the `google.rpc.RetryInfo` among its details as a
+/// pushback ([`parse_retry_info`]), and a `ShedLayer` with
+/// [`AdmissionConfig::retry_info`](crate::AdmissionConfig::retry_info) writes one.
+pub const GRPC_STATUS_DETAILS_BIN: &str = "grpc-status-details-bin";
 /// An older, non-standard attempt header, read when [`GRPC_PREVIOUS_RPC_ATTEMPTS`] is
 /// absent: `x-retry-attempt`.
 pub const X_RETRY_ATTEMPT: &str = "x-retry-attempt";
@@ -396,6 +407,31 @@ pub fn parse_pushback<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Option<
     })
 }
 
+/// The pushback of a response: its [`GRPC_RETRY_PUSHBACK_MS`] values
+/// ([`parse_pushback`]) and its [`GRPC_STATUS_DETAILS_BIN`] values ([`parse_retry_info`]),
+/// the longer when both say something. A status detail that cannot be read is ignored.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::{Code, Pushback};
+/// use stormguard_core::wire::{encode_retry_info, response_pushback};
+///
+/// let info = encode_retry_info(Code::Unavailable, "busy", Duration::from_millis(800));
+/// let later = Some(Pushback::RetryAfter(Duration::from_millis(800)));
+/// assert_eq!(response_pushback([&b"20"[..]], [info.as_bytes()]), later);
+/// assert_eq!(response_pushback([&b"-1"[..]], [info.as_bytes()]), Some(Pushback::DoNotRetry));
+/// assert_eq!(response_pushback(std::iter::empty(), [info.as_bytes()]), later);
+/// assert_eq!(response_pushback([&b"20"[..]], [&b"%%"[..]]), Some(Pushback::RetryAfter(Duration::from_millis(20))));
+/// ```
+pub fn response_pushback<'a, 'b>(
+    pushback_ms: impl IntoIterator<Item = &'a [u8]>,
+    status_details: impl IntoIterator<Item = &'b [u8]>,
+) -> Option<Pushback> {
+    let header = parse_pushback(pushback_ms);
+    let retry_info = parse_retry_info(status_details).ok().flatten();
+    header.max(retry_info)
+}
+
 /// A decimal integer of ASCII digits only (no sign, no spaces, no `+`), at most
 /// [`MAX_PUSHBACK_MS`].
 fn parse_millis(value: &[u8]) -> Option<u64> {
@@ -660,6 +696,9 @@ pub mod http {
     pub const GRPC_STATUS: HeaderName = HeaderName::from_static(super::GRPC_STATUS);
     /// [`super::GRPC_MESSAGE`].
     pub const GRPC_MESSAGE: HeaderName = HeaderName::from_static(super::GRPC_MESSAGE);
+    /// [`super::GRPC_STATUS_DETAILS_BIN`].
+    pub const GRPC_STATUS_DETAILS_BIN: HeaderName =
+        HeaderName::from_static(super::GRPC_STATUS_DETAILS_BIN);
     /// [`super::X_RETRY_ATTEMPT`].
     pub const X_RETRY_ATTEMPT: HeaderName = HeaderName::from_static(super::X_RETRY_ATTEMPT);
     /// [`super::X_RETRY_BUDGET`].

@@ -30,13 +30,32 @@ use std::time::Duration;
 /// [`retry`](crate::RetryController)), and a pushback never unlocks a retry that the budget, the
 /// attempt limit or the breaker refused.
 ///
+/// A server may also say when to come back in a `google.rpc.RetryInfo` inside
+/// `grpc-status-details-bin` ([`parse_retry_info`]). When an answer carries both, the
+/// longer delay wins: pushbacks are ordered by how long they hold the client back
+/// (`RetryAfter` by its delay, and `DoNotRetry` above every delay), so the reading is
+/// `header.max(retry_info)`, and a peer can only delay a retry with either, never hurry it.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_core::Pushback;
+///
+/// let short = Some(Pushback::RetryAfter(Duration::from_millis(10)));
+/// let long = Some(Pushback::RetryAfter(Duration::from_millis(900)));
+/// assert_eq!(short.max(long), long);
+/// assert_eq!(long.max(Some(Pushback::DoNotRetry)), Some(Pushback::DoNotRetry));
+/// assert_eq!(None.max(short), short);
+/// ```
+///
 /// This module is what a pushback means; reading and writing the header is
 /// [`crate::wire`]'s ([`parse_pushback`], [`encode_pushback`]).
 ///
 /// [`MAX_PUSHBACK_MS`]: crate::wire::MAX_PUSHBACK_MS
 /// [`parse_pushback`]: crate::wire::parse_pushback
 /// [`encode_pushback`]: crate::wire::encode_pushback
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// [`parse_retry_info`]: crate::wire::parse_retry_info
+// The order of the variants is the order of `Ord`: keep `DoNotRetry` last.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Pushback {
     /// Retry after exactly this long (possibly zero: retry now).
     RetryAfter(Duration),

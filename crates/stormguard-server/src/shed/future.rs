@@ -230,14 +230,16 @@ where
             }
             (response::expired(), false)
         }
-        Turn::Closing => (response::shutting_down(), false),
+        Turn::Closing => (response::shutting_down(ticket.sends_retry_info()), false),
         Turn::Shed(shed) => {
             // Gave its place up in a full queue.
             if let Some(events) = this.events.as_ref() {
                 events.shed(&shed);
             }
             let code = ticket.shed_code(shed.pushback);
-            (response::shed(code, shed.reason, shed.pushback), true)
+            let retry_info = ticket.sends_retry_info();
+            let answer = response::shed(code, shed.reason, shed.pushback, retry_info);
+            (answer, true)
         }
         Turn::Run(permit) => {
             let taken = (service.take(), request.take(), scope.take());

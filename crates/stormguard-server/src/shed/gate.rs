@@ -39,6 +39,8 @@ pub(crate) struct Gate {
     /// The status of a shed answer, and of one that says "do not retry".
     shed_code: Code,
     no_retry_code: Code,
+    /// Whether shed answers carry a RetryInfo ([`AdmissionConfig::retry_info`]).
+    retry_info: bool,
     /// The queue's configuration, for what is decided without the lock (when a running
     /// call is cut).
     config: AdmissionConfig,
@@ -141,6 +143,7 @@ impl Gate {
     pub(crate) fn new(policy: AdmissionController) -> Self {
         let shed_code = policy.config().shed_code;
         let no_retry_code = policy.config().code_for(ShedPushback::DoNotRetry);
+        let retry_info = policy.config().retry_info;
         let config = policy.config().clone();
         let counters = Counters::new(config.workers.is_adaptive());
         let core = AdmissionQueue::new(policy);
@@ -154,6 +157,7 @@ impl Gate {
             counters,
             shed_code,
             no_retry_code,
+            retry_info,
             config,
             closing: AtomicBool::new(false),
             closed: Notify::new(),
@@ -167,6 +171,11 @@ impl Gate {
             ShedPushback::DoNotRetry => self.no_retry_code,
             ShedPushback::After(_) => self.shed_code,
         }
+    }
+
+    /// Whether the layer's pushback answers carry a RetryInfo.
+    pub(crate) fn sends_retry_info(&self) -> bool {
+        self.retry_info
     }
 
     /// When a running call whose caller's deadline is `deadline` is cut
@@ -446,6 +455,11 @@ impl Ticket {
     /// The status of a shed answer.
     pub(crate) fn shed_code(&self, pushback: ShedPushback) -> Code {
         self.gate.shed_code(pushback)
+    }
+
+    /// [`Gate::sends_retry_info`].
+    pub(crate) fn sends_retry_info(&self) -> bool {
+        self.gate.sends_retry_info()
     }
 
     /// Checks the call's turn; registers `waker` while it waits.

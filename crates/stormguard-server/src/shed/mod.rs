@@ -220,7 +220,8 @@ where
                     .shed(request.uri().path(), inbound.class, &shed, false);
                 drain::discard_request(request, &self.drains);
                 let code = self.gate.shed_code(shed.pushback);
-                let answer = response::shed(code, shed.reason, shed.pushback);
+                let retry_info = self.gate.sends_retry_info();
+                let answer = response::shed(code, shed.reason, shed.pushback, retry_info);
                 ResponseFuture::answered(response::with_report(answer, report.as_ref(), true))
             }
             Entry::Expired => {
@@ -232,7 +233,7 @@ where
             }
             Entry::Closing => {
                 drain::discard_request(request, &self.drains);
-                let answer = response::shutting_down();
+                let answer = response::shutting_down(self.gate.sends_retry_info());
                 ResponseFuture::answered(response::with_report(answer, report.as_ref(), false))
             }
         }

@@ -3,17 +3,22 @@
 //! A shed answer must cost less than the work it refuses, or shedding itself becomes
 //! the overload. So these responses are put together from static header values (one
 //! per status code, fixed messages) plus one small integer for the pushback: no
-//! `tonic::Status`, no `String`, no metadata map. The body is empty (`B::default()`),
-//! so hyper sends the headers with END_STREAM: a trailers-only response, which every
-//! gRPC client reads as the call's status (and which is retryable under gRPC A6).
+//! `tonic::Status`, no `String`, no metadata map (unless `AdmissionConfig::retry_info` asks
+//! for the pushback as a RetryInfo too: one short base64 string per answer). The body is
+//! empty (`B::default()`), so hyper sends the headers with END_STREAM: a trailers-only
+//! response, which every gRPC client reads as the call's status (and which is retryable
+//! under gRPC A6).
 
 use http::header::{CONTENT_TYPE, HeaderValue};
+use std::time::Duration;
 use stormguard_core::Code;
 use stormguard_core::{ShedPushback, ShedReason};
-use stormguard_core::{wire::encode_grpc_status, wire::parse_grpc_status};
+
+use stormguard_core::wire::{encode_grpc_status, encode_retry_info, parse_grpc_status};
 use stormguard_core::{
     wire::http::DO_NOT_RETRY, wire::http::GRPC_MESSAGE, wire::http::GRPC_RETRY_PUSHBACK_MS,
-    wire::http::GRPC_STATUS, wire::http::STORMGUARD_UNPROCESSED, wire::http::UNPROCESSED,
+    wire::http::GRPC_STATUS, wire::http::GRPC_STATUS_DETAILS_BIN,
+    wire::http::STORMGUARD_UNPROCESSED, wire::http::UNPROCESSED,
 };
 
 /// The `grpc-message` of a call shed because the queue was full.
@@ -52,11 +57,24 @@ fn trailers_only<B: Default>(code: Code, message: &'static str) -> http::Respons
     response
 }
 
-/// The answer to a shed call: `code`, a fixed message, and `grpc-retry-pushback-ms`.
+/// Adds the pushback of `millis` (at least 1) as a `google.rpc.RetryInfo` in
+/// `grpc-status-details-bin`, with the answer's `code` and `message`
+/// ([`AdmissionConfig::retry_info`](stormguard_core::AdmissionConfig::retry_info)).
+fn add_retry_info(headers: &mut http::HeaderMap, code: Code, message: &str, millis: u64) {
+    let value = encode_retry_info(code, message, Duration::from_millis(millis));
+    // Base64 is always a valid header value.
+    if let Ok(value) = HeaderValue::try_from(value) {
+        headers.insert(GRPC_STATUS_DETAILS_BIN, value);
+    }
+}
+
+/// The answer to a shed call: `code`, a fixed message, and `grpc-retry-pushback-ms`; with
+/// `retry_info`, the same delay as a RetryInfo (not on a "do not retry" answer).
 pub(crate) fn shed<B: Default>(
     code: Code,
     reason: ShedReason,
     pushback: ShedPushback,
+    retry_info: bool,
 ) -> http::Response<B> {
     let message = match reason {
         ShedReason::QueueFull => MESSAGE_QUEUE_FULL,
@@ -64,22 +82,30 @@ pub(crate) fn shed<B: Default>(
         ShedReason::Sheddable => MESSAGE_SHEDDABLE,
     };
     let mut response = trailers_only(code, message);
-    response
-        .headers_mut()
-        .insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(pushback.millis()));
+    let headers = response.headers_mut();
+    let millis = pushback.millis();
+    headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(millis));
+    if let (true, Ok(millis)) = (retry_info, u64::try_from(millis)) {
+        add_retry_info(headers, code, message, millis);
+    }
     response
 }
 
 /// The answer to a call the server will not run because it is shutting down:
 /// `UNAVAILABLE` (whatever the shed code: this is no overload, and every gRPC client
 /// retries `UNAVAILABLE` most readily), a pushback of [`SHUTDOWN_PUSHBACK_MS`] and
-/// [`MESSAGE_SHUTTING_DOWN`].
-pub(crate) fn shutting_down<B: Default>() -> http::Response<B> {
+/// [`MESSAGE_SHUTTING_DOWN`]; with `retry_info`, the pushback as a RetryInfo too.
+pub(crate) fn shutting_down<B: Default>(retry_info: bool) -> http::Response<B> {
     let mut response = trailers_only(Code::Unavailable, MESSAGE_SHUTTING_DOWN);
-    response.headers_mut().insert(
+    let headers = response.headers_mut();
+    headers.insert(
         GRPC_RETRY_PUSHBACK_MS,
         HeaderValue::from(SHUTDOWN_PUSHBACK_MS),
     );
+    if retry_info {
+        let millis = SHUTDOWN_PUSHBACK_MS.unsigned_abs();
+        add_retry_info(headers, Code::Unavailable, MESSAGE_SHUTTING_DOWN, millis);
+    }
     response
 }
 
@@ -159,7 +185,8 @@ pub(crate) fn mark_downstream_refused<B>(response: &mut http::Response<B>) -> bo
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use stormguard_core::Pushback;
+    use stormguard_core::wire::parse_retry_info;
 
     #[test]
     fn shed_answer_is_trailers_only_with_pushback() {
@@ -167,6 +194,7 @@ mod tests {
             Code::Unavailable,
             ShedReason::RetryThreshold,
             ShedPushback::After(Duration::from_millis(37)),
+            false,
         );
         assert!(r.body().is_empty());
         let h = r.headers();
@@ -179,14 +207,16 @@ mod tests {
             Code::ResourceExhausted,
             ShedReason::QueueFull,
             ShedPushback::DoNotRetry,
+            false,
         );
         assert_eq!(r.headers()["grpc-status"], "8");
         assert_eq!(r.headers()["grpc-retry-pushback-ms"], "-1");
-        let r: http::Response<String> = shutting_down();
+        let r: http::Response<String> = shutting_down(false);
         assert!(r.body().is_empty());
         assert_eq!(r.headers()["grpc-status"], "14");
         assert_eq!(r.headers()["grpc-message"], MESSAGE_SHUTTING_DOWN);
         assert_eq!(r.headers()["grpc-retry-pushback-ms"], "1");
+        assert!(r.headers().get("grpc-status-details-bin").is_none());
         let r: http::Response<String> = expired();
         assert_eq!(r.headers()["grpc-status"], "4");
         assert!(r.headers().get("grpc-retry-pushback-ms").is_none());
@@ -198,6 +228,35 @@ mod tests {
         assert!(r.headers().get("grpc-retry-pushback-ms").is_none());
         // The handler ran: a client must not take it for work never started.
         assert!(r.headers().get("stormguard-unprocessed").is_none());
+    }
+
+    #[test]
+    fn with_retry_info_a_pushback_answer_carries_it_too() {
+        let read = |r: &http::Response<String>| {
+            parse_retry_info(
+                r.headers()
+                    .get_all("grpc-status-details-bin")
+                    .iter()
+                    .map(|v| v.as_bytes()),
+            )
+        };
+        let after = |ms| Ok(Some(Pushback::RetryAfter(Duration::from_millis(ms))));
+        let pushback = ShedPushback::After(Duration::from_millis(37));
+        let r = shed(Code::Unavailable, ShedReason::QueueFull, pushback, true);
+        assert_eq!(r.headers()["grpc-retry-pushback-ms"], "37");
+        assert_eq!(read(&r), after(37));
+        let off = shed(Code::Unavailable, ShedReason::QueueFull, pushback, false);
+        assert_eq!(read(&off), Ok(None), "off by default");
+        // "Do not retry" has no RetryInfo: the header alone says it.
+        let r = shed(
+            Code::ResourceExhausted,
+            ShedReason::QueueFull,
+            ShedPushback::DoNotRetry,
+            true,
+        );
+        assert_eq!(read(&r), Ok(None));
+        assert_eq!(r.headers()["grpc-retry-pushback-ms"], "-1");
+        assert_eq!(read(&shutting_down(true)), after(1));
     }
 
     #[test]

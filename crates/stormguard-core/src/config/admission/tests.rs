@@ -12,7 +12,7 @@ fn json_reads_every_field() {
             "queue_order": "adaptive_lifo", "lifo_from_depth": 4,
             "pushback_max": "2s", "shed_code": "resource_exhausted", "no_retry_depth": 48,
             "no_retry_code": "ABORTED", "no_retry_margin": "3ms", "no_retry_after_shedding": "2s",
-            "seed": "18446744073709551615",
+            "seed": "18446744073709551615", "retry_info": true,
             "sheddable_threshold": { "depth": 2, "queue_delay": "5ms" },
             "adaptive": { "min_limit": 3, "max_limit": 200, "window": "50ms",
                           "min_window_samples": 10, "probe_interval": "10s", "seed": 4 } } }"#;
@@ -44,6 +44,7 @@ fn json_reads_every_field() {
             no_retry_margin: Some(Duration::from_millis(3)),
             no_retry_after_shedding: Some(Duration::from_secs(2)),
             seed: Some(u64::MAX),
+            retry_info: true,
             sheddable_threshold: RetryThreshold {
                 depth: Some(2),
                 queue_delay: Some(Duration::from_millis(5)),
@@ -279,4 +280,29 @@ fn a_document_without_workers_is_adaptive_and_one_with_workers_is_fixed() {
     );
     let e = AdmissionConfig::from_json(r#"{"admission": {"workers": 0}}"#).unwrap_err();
     assert!(e.to_string().contains("admission.workers"), "{e}");
+}
+
+#[test]
+fn retry_info_is_off_unless_the_document_turns_it_on() {
+    assert!(!AdmissionConfig::default().retry_info);
+    let on = "admission:\n  retry_info: true\n";
+    #[cfg(feature = "yaml")]
+    assert!(
+        AdmissionConfig::from_text(on, Format::Yaml)
+            .unwrap()
+            .retry_info
+    );
+    let on = "[admission]\nretry_info = true\n";
+    #[cfg(feature = "toml")]
+    assert!(
+        AdmissionConfig::from_text(on, Format::Toml)
+            .unwrap()
+            .retry_info
+    );
+    let bad = AdmissionConfig::from_json(r#"{"admission": {"retry_info": "yes"}}"#);
+    assert!(
+        bad.unwrap_err()
+            .to_string()
+            .contains("admission.retry_info")
+    );
 }
