@@ -285,17 +285,17 @@ fn a_document_without_workers_is_adaptive_and_one_with_workers_is_fixed() {
 #[test]
 fn retry_info_is_off_unless_the_document_turns_it_on() {
     assert!(!AdmissionConfig::default().retry_info);
-    let on = "admission:\n  retry_info: true\n";
+    let on = AdmissionConfig::from_json(r#"{"admission": {"retry_info": true}}"#).unwrap();
+    assert!(on.retry_info);
     #[cfg(feature = "yaml")]
     assert!(
-        AdmissionConfig::from_text(on, Format::Yaml)
+        AdmissionConfig::from_text("admission:\n  retry_info: true\n", Format::Yaml)
             .unwrap()
             .retry_info
     );
-    let on = "[admission]\nretry_info = true\n";
     #[cfg(feature = "toml")]
     assert!(
-        AdmissionConfig::from_text(on, Format::Toml)
+        AdmissionConfig::from_text("[admission]\nretry_info = true\n", Format::Toml)
             .unwrap()
             .retry_info
     );
