@@ -601,6 +601,26 @@ async fn dead_client(
     seed: u64,
     total: Duration,
 ) -> turmoil::Result<u64> {
+    let (origin, timeline) = offer_to_dead(config, client_config, seed, total).await?;
+    // The server reads its counters at the end of the window: stay until then.
+    tokio::time::sleep_until(origin + total + config.deadline).await;
+    Ok(timeline
+        .snapshot()
+        .iter()
+        .skip(config.warmup_s as usize)
+        .map(|s| s.offered)
+        .sum())
+}
+
+/// A client host's open-loop calls to the `dead` host until `total`, through the naive
+/// loop (no `client_config`) or the variant's layer: the run's origin and the host's
+/// timeline, second by second.
+async fn offer_to_dead(
+    config: &DeadDependencyConfig,
+    client_config: Option<&ClientConfig>,
+    seed: u64,
+    total: Duration,
+) -> turmoil::Result<(Instant, Arc<Timeline>)> {
     let origin = origin();
     let seconds = (config.warmup_s + config.measured_s) as usize;
     let timeline = Arc::new(Timeline::new(origin, seconds));
@@ -617,14 +637,7 @@ async fn dead_client(
         mix(seed, 4),
     )
     .await;
-    // The server reads its counters at the end of the window: stay until then.
-    tokio::time::sleep_until(origin + total + config.deadline).await;
-    Ok(timeline
-        .snapshot()
-        .iter()
-        .skip(config.warmup_s as usize)
-        .map(|s| s.offered)
-        .sum())
+    Ok((origin, timeline))
 }
 
 /// The caller of a dead-dependency client host over `observed`: the naive loop (no
@@ -882,22 +895,7 @@ pub fn run_blip(
         let seed = mix(config.seed, 1_000 + c as u64);
         sim.client(format!("client{c}"), async move {
             ready.wait_for(|n| *n >= 1).await?;
-            let origin = origin();
-            let seconds = (config.warmup_s + config.measured_s) as usize;
-            let timeline = Arc::new(Timeline::new(origin, seconds));
-            let observed = Observe::new(channel("dead", &config.network)?, Arc::clone(&timeline));
-            let caller = dead_caller(&config, client_config.as_ref(), observed, seed)?;
-            let rate = config.rate_per_client;
-            offer(
-                caller,
-                &timeline,
-                origin,
-                total,
-                rate,
-                config.deadline,
-                mix(seed, 4),
-            )
-            .await;
+            let (_, timeline) = offer_to_dead(&config, client_config.as_ref(), seed, total).await?;
             results
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
