@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! cargo run --release --example chain -- [--quick] [--json FILE] [--seed N]
+//!     [--metrics-addr ADDR]
 //! ```
 //!
 //! `--help` describes every flag.
@@ -16,6 +17,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use stormguard_demo::storm::chain::{ChainConfig, run_chain};
+
+#[path = "support/meters.rs"]
+mod meters;
+#[path = "support/otel.rs"]
+mod otel;
 
 /// The chain on real tonic: gateway -> orders -> inventory, each hop retrying.
 ///
@@ -35,6 +41,12 @@ struct Args {
     /// Seed of failures and jitter
     #[arg(long, value_name = "N", default_value_t = ChainConfig::standard().seed)]
     seed: u64,
+    /// Serve the layers' metrics to Prometheus at http://ADDR/metrics, each layer named
+    /// after its case and hop (`dead.orders`: the client layer calling orders and orders'
+    /// ShedLayer, in the dead case), as the dashboard's `chain` variable picks them (needs
+    /// `--features otel-examples`)
+    #[arg(long = "metrics-addr", value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[tokio::main]
@@ -50,7 +62,23 @@ async fn main() -> ExitCode {
         "gateway -> orders -> inventory, {:.0} user requests/s for {:?}, {:?} deadline",
         config.rate, config.duration, config.deadline
     );
-    let report = match run_chain(&config).await {
+    let sinks = otel::Sinks {
+        stdout: None,
+        metrics_addr: args.metrics_addr,
+    };
+    let export = match otel::Export::start(sinks).await {
+        Ok(export) => export,
+        Err(e) => {
+            eprintln!("chain: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let instruments = meters::Meters::of(export.as_ref()).instruments();
+    let report = run_chain(&config, &instruments).await;
+    if let Some(export) = export {
+        export.finish();
+    }
+    let report = match report {
         Ok(report) => report,
         Err(e) => {
             eprintln!("chain: {e}");

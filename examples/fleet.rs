@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release --example fleet -- [--quick] [--replicas N] [--scenarios LIST]
 //!     [--policies LIST] [--seed N] [--json FILE] [--svg FILE] [--load SHARE]
-//!     [--deadline-ms MS] [--discovery list|dns]
+//!     [--deadline-ms MS] [--discovery list|dns] [--metrics-addr ADDR]
 //! ```
 //!
 //! `--discovery dns` (see `fleet/dns.rs`) finds the replicas through a DNS server on
@@ -36,6 +36,10 @@ mod chart;
 mod cli;
 #[path = "fleet/dns.rs"]
 mod dns;
+#[path = "support/meters.rs"]
+mod meters;
+#[path = "support/otel.rs"]
+mod otel;
 #[path = "fleet/process.rs"]
 mod process;
 #[path = "fleet/replica.rs"]
@@ -87,6 +91,11 @@ struct Args {
     #[arg(long = "deadline-ms", value_name = "MS", default_value_t = 200,
           value_parser = clap::value_parser!(u64).range(1..))]
     deadline_ms: u64,
+    /// Serve the client's metrics to Prometheus at http://ADDR/metrics: each run's
+    /// `RetryLayer` named `SCENARIO.POLICY`, and its `Replicas` by replica (needs
+    /// `--features otel-examples`)
+    #[arg(long = "metrics-addr", value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
     /// Run as one replica (the parent starts its children so)
     #[arg(long, hide = true)]
     replica: bool,
@@ -263,6 +272,12 @@ async fn fleet(args: &Args) -> Result<(), Box<dyn Error>> {
     } else {
         &args.policies
     };
+    let export = otel::Export::start(otel::Sinks {
+        stdout: None,
+        metrics_addr: args.metrics_addr,
+    })
+    .await?;
+    let meters = meters::Meters::of(export.as_ref());
     let capacity = capacity(args.replicas).await;
     let config = RunConfig {
         replicas: args.replicas,
@@ -314,7 +329,7 @@ async fn fleet(args: &Args) -> Result<(), Box<dyn Error>> {
                 let overall = (i as f64 + done) / policies.len() as f64;
                 bar.set_position((overall * 1000.0) as u64);
             };
-            let data = run::run(scenario, policy, &config, &progress)
+            let data = run::run((scenario, policy), &config, &meters, &progress)
                 .await
                 .map_err(|e| format!("{} / {}: {e}", scenario.as_str(), policy.as_str()))?;
             runs.push(report::summarize(
@@ -332,6 +347,9 @@ async fn fleet(args: &Args) -> Result<(), Box<dyn Error>> {
             fault_s: timing.fault.as_secs_f64(),
             bad_replica: (scenario != Scenario::Rolling).then_some(BAD),
         });
+    }
+    if let Some(export) = export {
+        export.finish();
     }
     print!("{}", report::table(&report));
     args.run.write_report("fleet", &report, svg::draw)

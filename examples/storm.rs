@@ -37,14 +37,14 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Parser, ValueEnum};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use plotters::prelude::*;
-use stormguard_demo::storm::{
-    Instruments, LoopbackStorm, Policy, Second, ServerModel, StormReport, run_storm,
-};
+use stormguard_demo::storm::{LoopbackStorm, Policy, Second, ServerModel, StormReport, run_storm};
 use stormguard_sim::StormConfig;
 #[path = "support/chart.rs"]
 mod chart;
 #[path = "support/cli.rs"]
 mod cli;
+#[path = "support/meters.rs"]
+mod meters;
 #[path = "support/otel.rs"]
 mod otel;
 
@@ -193,7 +193,7 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
         metrics_addr: args.metrics_addr,
     })
     .await?;
-    let instruments = instruments(export.as_ref());
+    let instruments = meters::Meters::of(export.as_ref()).instruments();
     let progress = |policy: Policy, done: f64| {
         if done == 0.0 && export.is_some() {
             let unix_ms = std::time::SystemTime::now()
@@ -233,25 +233,6 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
         }
     }
     args.run.write_report("storm", &report, draw)
-}
-
-/// `--metrics-addr`: every layer records into the export's meter, named after its policy.
-#[cfg(feature = "otel-examples")]
-fn instruments(export: Option<&otel::Export>) -> Instruments {
-    let Some(export) = export else {
-        return Instruments::default();
-    };
-    let (client, server) = (export.meter(), export.meter());
-    Instruments::new(
-        move |layer, policy| layer.with_meter(&client).with_name(policy.as_str()),
-        move |layer, policy| layer.with_meter(&server).with_name(policy.as_str()),
-    )
-}
-
-/// Without the feature there is no export (`otel::Export::start` refused the flag).
-#[cfg(not(feature = "otel-examples"))]
-fn instruments(_export: Option<&otel::Export>) -> Instruments {
-    Instruments::default()
 }
 
 /// One colour per policy, in [`Policy::ALL`]'s order.

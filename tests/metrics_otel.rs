@@ -35,6 +35,8 @@ use stormguard_core::{AdmissionConfig, RetryThreshold};
 use stormguard_core::{Budget, BudgetConfig, RetryBudget};
 use stormguard_core::{MethodTable, RetryPolicy};
 use stormguard_demo::server::{DemoConfig, DemoInventory};
+use stormguard_demo::storm::Instruments;
+use stormguard_demo::storm::chain::{ChainConfig, run_chain};
 use stormguard_demo::{InventoryClient, InventoryServer, ReserveRequest};
 use stormguard_server::ShedLayer;
 use tokio::net::TcpListener;
@@ -136,6 +138,22 @@ fn series(metrics: &ResourceMetrics) -> Vec<(String, Attributes)> {
         .collect();
     all.sort();
     all
+}
+
+/// The layers (`stormguard.layer`) with a series of `metric`, sorted.
+fn layers(metrics: &ResourceMetrics, metric: &str) -> Vec<String> {
+    let mut names: Vec<_> = points(metrics, metric)
+        .into_iter()
+        .filter_map(|(attrs, _)| {
+            attrs
+                .into_iter()
+                .find(|(k, _)| k == "stormguard.layer")
+                .map(|(_, v)| v)
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// A meter provider exporting into memory, and its exporter.
@@ -412,20 +430,7 @@ async fn two_layers_on_one_meter_export_series_of_their_own() {
         other_stats.snapshot().logical
     );
     assert_eq!(total(m, "stormguard.client.calls", &[]), 8);
-    let layers = |metric| {
-        let mut names: Vec<_> = points(m, metric)
-            .into_iter()
-            .filter_map(|(attrs, _)| {
-                attrs
-                    .into_iter()
-                    .find(|(k, _)| k == "stormguard.layer")
-                    .map(|(_, v)| v)
-            })
-            .collect();
-        names.sort();
-        names.dedup();
-        names
-    };
+    let layers = |metric| layers(m, metric);
     for metric in [
         "stormguard.client.retries",
         "stormguard.client.budget.balance",
@@ -885,5 +890,47 @@ async fn an_adaptive_limit_exports_its_bounds_and_a_fixed_one_none() {
         ),
         64
     );
+    provider.shutdown().unwrap();
+}
+
+/// The chain example's `--metrics-addr`: each layer is named after its case and hop, the
+/// client layer calling a service and that service's `ShedLayer` alike (how the
+/// dashboard's `chain` variable picks one layer per hop), and the inventory hop's exported
+/// attempts are the attempts the chain counted reaching inventory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chain_names_each_hop_after_its_case_and_service() {
+    let (provider, exporter) = provider();
+    let meter = provider.meter("stormguard-test");
+    let (client, server) = (meter.clone(), meter);
+    let instruments = Instruments::new(
+        move |layer, name| layer.with_meter(&client).with_name(name),
+        move |layer, name| layer.with_meter(&server).with_name(name),
+    );
+    let config = ChainConfig {
+        duration: Duration::from_millis(400),
+        ..ChainConfig::quick()
+    };
+    let report = run_chain(&config, &instruments).await.unwrap();
+    let m = &collect(&provider, &exporter);
+
+    let hops = ["gateway", "inventory", "orders"];
+    let named: Vec<String> = ["dead", "flaky"]
+        .iter()
+        .flat_map(|case| hops.map(|hop| format!("{case}.{hop}")))
+        .collect();
+    assert_eq!(layers(m, "stormguard.client.calls"), named);
+    assert_eq!(layers(m, "stormguard.server.admitted"), named);
+    for (case, name) in [(&report.dead, "dead"), (&report.flaky, "flaky")] {
+        let stormguard = case.policies.iter().find(|p| p.name == "stormguard");
+        let bottom = stormguard.expect("a stormguard run").bottom_calls;
+        let layer = format!("{name}.inventory");
+        let attempts = total(
+            m,
+            "stormguard.client.attempts",
+            &[("stormguard.layer", &layer)],
+        );
+        assert_eq!(attempts, bottom, "{layer}");
+        assert!(bottom > 0, "{layer}: calls reached inventory");
+    }
     provider.shutdown().unwrap();
 }

@@ -17,6 +17,8 @@ use std::time::{Duration, SystemTime};
 use clap::ValueEnum;
 use stormguard::client::ReplicaConfig;
 use stormguard::client::RetryLayer;
+
+use crate::meters::Meters;
 use stormguard::client::replicas::{EndpointKey, Replicas};
 use stormguard::engine::wire::GRPC_PREVIOUS_RPC_ATTEMPTS;
 use stormguard_demo::storm::stormguard_client_config;
@@ -210,9 +212,9 @@ pub(crate) type Caller = BoxCloneSyncService<u64, (), Status>;
 /// Runs `policy` through `scenario`. `progress` is called with the share of the run done,
 /// about ten times a second.
 pub(crate) async fn run(
-    scenario: Scenario,
-    policy: Policy,
+    (scenario, policy): (Scenario, Policy),
     config: &RunConfig,
+    meters: &Meters,
     progress: &(dyn Fn(f64) + Send + Sync),
 ) -> Result<RunData, String> {
     let reports = SharedReports::default();
@@ -232,7 +234,7 @@ pub(crate) async fn run(
         caller,
         budget,
         replicas,
-    } = client(policy, endpoints, config, &counts)?;
+    } = client((scenario, policy), endpoints, config, (&counts, meters))?;
 
     // Connections up before the clock starts: calls with no id, not counted anywhere.
     for _ in 0..4 * config.replicas {
@@ -345,18 +347,21 @@ struct Client {
     replicas: Option<ReplicaChannel>,
 }
 
-/// The policy's client over `endpoints`.
+/// The policy's client over `endpoints`, its layers recording into `meters` (the
+/// `RetryLayer` named `SCENARIO.POLICY`).
 fn client(
-    policy: Policy,
+    (scenario, policy): (Scenario, Policy),
     endpoints: Vec<Endpoint>,
     config: &RunConfig,
-    counts: &Arc<ClientCounts>,
+    (counts, meters): (&Arc<ClientCounts>, &Meters),
 ) -> Result<Client, String> {
     let (deadline, per_attempt) = (config.deadline, config.per_attempt);
     // The `RetryLayer`: defaults with `Reserve` idempotent; for `layer`, 50 ms per attempt
     // as the naive loop, for `stormguard` nothing else (no number to find).
+    let name = format!("{}.{}", scenario.as_str(), policy.as_str());
     let layer = |per_attempt: Option<Duration>| {
         RetryLayer::from_config(&stormguard_client_config(per_attempt).with_seed(config.seed))
+            .map(|layer| meters.retry(layer, &name))
             .map_err(|e| e.to_string())
     };
     match policy {
@@ -384,6 +389,7 @@ fn client(
         }
         Policy::Stormguard => {
             let replicas = Replicas::from_endpoints(ReplicaConfig::default(), endpoints)
+                .map(|replicas| meters.replicas(replicas))
                 .map_err(|e| e.to_string())?;
             let layer = layer(None)?.over_replicas();
             let budget = Some(layer.stats());

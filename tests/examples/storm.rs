@@ -186,7 +186,7 @@ async fn quick_storm_has_the_shape_of_the_report() {
 async fn quick_chain_multiplies_naive_retries_and_not_stormguard() {
     let _loading = support::loading_async().await;
     let config = ChainConfig::quick();
-    let report = run_chain(&config).await.unwrap();
+    let report = run_chain(&config, &Instruments::default()).await.unwrap();
     eprintln!("{}", report.table(config.flaky_rate));
     let dead = &report.dead.policies;
     assert_eq!(dead[0].name, "naive");

@@ -24,8 +24,8 @@ use super::client::{
     stormguard_client_config,
 };
 use super::report::Timeline;
-use super::server::{Serving, serve};
-use super::{Policy, StormError};
+use super::server::{Serving, serve_costed};
+use super::{Instruments, Policy, StormError};
 use crate::server::{DemoConfig, DemoInventory};
 use crate::{Inventory, InventoryClient, ReserveReply, ReserveRequest, WatchStockRequest};
 
@@ -159,13 +159,24 @@ impl Inventory for Relay {
     }
 }
 
-/// Runs the dead case and the flaky case for both policies.
-pub async fn run_chain(config: &ChainConfig) -> Result<ChainReport, StormError> {
+/// Runs the dead case and the flaky case for both policies. `instruments` is applied to
+/// the `stormguard` policy's layers, each named after its case and the service it stands
+/// in front of or calls (`dead.orders`: the client layer calling orders and orders'
+/// `ShedLayer`, in the dead case).
+pub async fn run_chain(
+    config: &ChainConfig,
+    instruments: &Instruments,
+) -> Result<ChainReport, StormError> {
     let mut dead = Vec::new();
     let mut flaky = Vec::new();
     for policy in CHAIN_POLICIES {
-        dead.push(run_case(config, policy, 1.0).await?);
-        flaky.push(run_case(config, policy, config.flaky_rate).await?);
+        let case = Case {
+            config,
+            policy,
+            instruments,
+        };
+        dead.push(run_case(&case, "dead", 1.0).await?);
+        flaky.push(run_case(&case, "flaky", config.flaky_rate).await?);
     }
     Ok(ChainReport {
         dead: ChainCase { policies: dead },
@@ -173,23 +184,40 @@ pub async fn run_chain(config: &ChainConfig) -> Result<ChainReport, StormError> 
     })
 }
 
+/// What every hop of one policy's run shares.
+struct Case<'a> {
+    config: &'a ChainConfig,
+    policy: Policy,
+    instruments: &'a Instruments,
+}
+
+impl Case<'_> {
+    /// Serves `service` as the hop `name` of the case `case`: behind a `ShedLayer` for
+    /// `stormguard`.
+    async fn serve<T: Inventory>(&self, service: T, name: &str) -> Result<Serving, StormError> {
+        let admission = (self.policy == Policy::Stormguard).then(AdmissionConfig::default);
+        let instrument = |layer| self.instruments.server(layer, name);
+        serve_costed(service, admission, None, false, &instrument).await
+    }
+}
+
 /// One hop's client to the server at `serving`: attempts counted into `timeline`.
 async fn hop(
-    config: &ChainConfig,
-    policy: Policy,
-    serving: &Serving,
+    case: &Case<'_>,
+    (serving, name): (&Serving, &str),
     timeline: Arc<Timeline>,
     timeout: Option<Duration>,
 ) -> Result<Caller, StormError> {
+    let config = case.config;
     let channel = Observe::new(connect(serving.addr).await?, timeline);
-    Ok(match policy {
+    Ok(match case.policy {
         Policy::Stormguard => {
             let (client, _) = layered_client(
                 channel,
                 &stormguard_client_config(None),
                 config.seed,
                 false,
-                |layer| layer,
+                |layer| case.instruments.client(layer, name),
             )?;
             layered_caller(client, timeout)
         }
@@ -206,12 +234,9 @@ async fn hop(
     })
 }
 
-async fn run_case(
-    config: &ChainConfig,
-    policy: Policy,
-    fail_rate: f64,
-) -> Result<ChainResult, StormError> {
-    let admission = (policy == Policy::Stormguard).then(AdmissionConfig::default);
+async fn run_case(case: &Case<'_>, name: &str, fail_rate: f64) -> Result<ChainResult, StormError> {
+    let (config, policy) = (case.config, case.policy);
+    let hop_name = |service: &str| format!("{name}.{service}");
     let inventory = DemoInventory::new(DemoConfig {
         service_time: Duration::from_millis(1),
         fail_rate,
@@ -221,12 +246,31 @@ async fn run_case(
     // Only the orders → inventory hop is counted: its attempts are the bottom calls.
     let bottom = Arc::new(Timeline::new(start, 1));
     let ignored = || Arc::new(Timeline::new(start, 1));
-    let inventory = serve(inventory, admission.clone()).await?;
-    let to_inventory = hop(config, policy, &inventory, Arc::clone(&bottom), None).await?;
-    let orders = serve(Relay { next: to_inventory }, admission.clone()).await?;
-    let to_orders = hop(config, policy, &orders, ignored(), None).await?;
-    let gateway = serve(Relay { next: to_orders }, admission).await?;
-    let user = hop(config, policy, &gateway, ignored(), Some(config.deadline)).await?;
+    let (inventory_name, orders_name, gateway_name) = (
+        hop_name("inventory"),
+        hop_name("orders"),
+        hop_name("gateway"),
+    );
+    let inventory = case.serve(inventory, &inventory_name).await?;
+    let to_inventory = hop(
+        case,
+        (&inventory, &inventory_name),
+        Arc::clone(&bottom),
+        None,
+    )
+    .await?;
+    let orders = case
+        .serve(Relay { next: to_inventory }, &orders_name)
+        .await?;
+    let to_orders = hop(case, (&orders, &orders_name), ignored(), None).await?;
+    let gateway = case.serve(Relay { next: to_orders }, &gateway_name).await?;
+    let user = hop(
+        case,
+        (&gateway, &gateway_name),
+        ignored(),
+        Some(config.deadline),
+    )
+    .await?;
 
     let requests = (config.rate * config.duration.as_secs_f64()).round() as u64;
     let gap = Duration::from_secs_f64(1.0 / config.rate);

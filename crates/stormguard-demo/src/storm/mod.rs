@@ -177,22 +177,23 @@ impl Policy {
     }
 }
 
-/// Applied to each policy's layers before they serve, with the policy: the `storm`
-/// example's `--metrics-addr` gives them a meter and the policy's name.
+/// Applied to each layer before it serves, with the name the run gives it (the storm: the
+/// policy's; the chain: the case's and the hop's): the examples' `--metrics-addr` gives
+/// the layers a meter and that name.
 #[derive(Clone, Default)]
 pub struct Instruments {
     client: Option<Arc<ClientInstrument>>,
     server: Option<Arc<ServerInstrument>>,
 }
 
-type ClientInstrument = dyn Fn(RetryLayer, Policy) -> RetryLayer + Send + Sync;
-type ServerInstrument = dyn Fn(ShedLayer, Policy) -> ShedLayer + Send + Sync;
+type ClientInstrument = dyn Fn(RetryLayer, &str) -> RetryLayer + Send + Sync;
+type ServerInstrument = dyn Fn(ShedLayer, &str) -> ShedLayer + Send + Sync;
 
 impl Instruments {
     /// `client` applied to every `RetryLayer`, `server` to every `ShedLayer`.
     pub fn new(
-        client: impl Fn(RetryLayer, Policy) -> RetryLayer + Send + Sync + 'static,
-        server: impl Fn(ShedLayer, Policy) -> ShedLayer + Send + Sync + 'static,
+        client: impl Fn(RetryLayer, &str) -> RetryLayer + Send + Sync + 'static,
+        server: impl Fn(ShedLayer, &str) -> ShedLayer + Send + Sync + 'static,
     ) -> Self {
         Instruments {
             client: Some(Arc::new(client)),
@@ -200,16 +201,16 @@ impl Instruments {
         }
     }
 
-    fn client(&self, layer: RetryLayer, policy: Policy) -> RetryLayer {
+    pub(crate) fn client(&self, layer: RetryLayer, name: &str) -> RetryLayer {
         match &self.client {
-            Some(instrument) => instrument(layer, policy),
+            Some(instrument) => instrument(layer, name),
             None => layer,
         }
     }
 
-    fn server(&self, layer: ShedLayer, policy: Policy) -> ShedLayer {
+    pub(crate) fn server(&self, layer: ShedLayer, name: &str) -> ShedLayer {
         match &self.server {
-            Some(instrument) => instrument(layer, policy),
+            Some(instrument) => instrument(layer, name),
             None => layer,
         }
     }
@@ -452,7 +453,7 @@ pub async fn run_policy(
     let reject_cost = (policy.sheds() && !config.reject_cost.is_zero())
         .then(|| RejectCost::new(config.reject_cost));
     let reports = policy == Policy::Reports;
-    let instrument = |layer| instruments.server(layer, policy);
+    let instrument = |layer| instruments.server(layer, policy.as_str());
     let serving = serve_costed(
         workers.clone(),
         admission,
@@ -556,7 +557,7 @@ fn policy_caller(
                 _ => stormguard_client_config(per_attempt),
             };
             let reports = policy == Policy::Reports;
-            let instrument = |layer| instruments.client(layer, policy);
+            let instrument = |layer| instruments.client(layer, policy.as_str());
             let (client, stats) =
                 layered_client(observed, &client_config, storm.seed, reports, instrument)?;
             (layered_caller(client, Some(storm.deadline)), Some(stats))
