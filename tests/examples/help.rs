@@ -38,7 +38,7 @@ const EXAMPLES: &[Example] = &[
     },
     Example {
         name: "chain",
-        flags: &["--quick", "--json", "--seed"],
+        flags: &["--quick", "--json", "--seed", "--metrics-addr"],
         bad_value: &["--seed", "1.5"],
     },
     Example {
@@ -70,6 +70,7 @@ const EXAMPLES: &[Example] = &[
             "--load",
             "--deadline-ms",
             "--discovery",
+            "--metrics-addr",
         ],
         bad_value: &["--scenarios", "fail-fast,flood"],
     },
