@@ -287,6 +287,12 @@ pub(crate) fn naive_caller<T: Transport>(client: InventoryClient<T>, naive: Naiv
     }))
 }
 
+/// `Reserve`'s retry policy in `config`: `policy`.
+fn set_reserve_retry(config: &mut ClientConfig, policy: RetryPolicy) {
+    let reserve = MethodScope::Method(INVENTORY_SERVICE, RESERVE_METHOD);
+    config.methods.set_retry(reserve, Some(policy));
+}
+
 /// stormguard's client defaults, with `Reserve` configured explicitly as idempotent (so
 /// the scenario does not depend on the default idempotency of methods).
 pub fn stormguard_client_config(per_attempt: Option<Duration>) -> ClientConfig {
@@ -296,10 +302,7 @@ pub fn stormguard_client_config(per_attempt: Option<Duration>) -> ClientConfig {
         per_attempt_timeout: per_attempt,
         ..RetryPolicy::default()
     };
-    config.methods.set_retry(
-        MethodScope::Method(INVENTORY_SERVICE, RESERVE_METHOD),
-        Some(policy),
-    );
+    set_reserve_retry(&mut config, policy);
     config
 }
 
@@ -339,10 +342,7 @@ pub fn unguarded_client_config(
         per_attempt_timeout: per_attempt,
         ..RetryPolicy::default()
     };
-    config.methods.set_retry(
-        MethodScope::Method(INVENTORY_SERVICE, RESERVE_METHOD),
-        Some(policy),
-    );
+    set_reserve_retry(&mut config, policy);
     config
 }
 
@@ -407,10 +407,7 @@ pub fn grpc_throttle_client_config(
             idempotent: true,
             ..RetryPolicy::clone(policy)
         };
-        config.methods.set_retry(
-            MethodScope::Method(INVENTORY_SERVICE, RESERVE_METHOD),
-            Some(policy),
-        );
+        set_reserve_retry(&mut config, policy);
     }
     Ok(config)
 }
