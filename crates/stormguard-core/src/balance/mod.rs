@@ -496,15 +496,21 @@ impl ReplicaSet {
             failures: 0,
             overloads: 0,
             ejections: 0,
-            serving: ServingStatus::Unchecked,
+            // With health checks on, a replica takes no attempt before its first answer.
+            serving: if self.config.health_check.is_some() {
+                ServingStatus::Unknown
+            } else {
+                ServingStatus::Unchecked
+            },
             serving_changes: 0,
         });
         id
     }
 
     /// What replica `id`'s health check says now (gRFC A17; a client's health-check task
-    /// calls this for each answer, and with [`ServingStatus::Unknown`] when it starts and
-    /// when the replica's connection fails). From the call on, [`pick_at`](Self::pick_at)
+    /// calls this for each answer, and with [`ServingStatus::Unknown`] when the replica's
+    /// connection fails). With [`ReplicaConfig::health_check`] set, a replica starts
+    /// [`Unknown`](ServingStatus::Unknown); otherwise [`Unchecked`](ServingStatus::Unchecked). From the call on, [`pick_at`](Self::pick_at)
     /// gives the replica new attempts only while the status
     /// [takes them](ServingStatus::takes_attempts). Returns the previous status when it
     /// changed (counted in the snapshot's `serving_changes`), `None` when it did not or

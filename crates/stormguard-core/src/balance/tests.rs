@@ -535,3 +535,21 @@ fn a_replica_that_is_not_serving_gets_no_new_attempts() {
     assert_eq!((snap.serving, snap.serving_changes), (ServingStatus::Serving, 2));
     assert_eq!(s.snapshot_at(b, t0).unwrap().serving_changes, 2);
 }
+
+/// With health checks on, a new replica takes no attempt before its check answers.
+#[test]
+fn with_health_checks_on_a_replica_waits_for_its_first_answer() {
+    let mut s = ReplicaSet::new(ReplicaConfig {
+        seed: Some(5),
+        health_check: Some(crate::HealthCheckConfig::service("")),
+        ..ReplicaConfig::default()
+    })
+    .unwrap();
+    let t0 = Instant::now();
+    let (a, b) = (s.insert_at(t0), s.insert_warming_at(t0));
+    assert_eq!(s.snapshot_at(a, t0).unwrap().serving, ServingStatus::Unknown);
+    assert_eq!(s.pick_at(&[], t0), None);
+    s.set_serving(b, ServingStatus::Serving);
+    assert_eq!(s.pick_at(&[], t0), Some(b));
+    assert_eq!(s.snapshot_at(b, t0).unwrap().serving_changes, 1);
+}
