@@ -176,13 +176,19 @@ where
         let s = Arc::clone(&snapshots);
         meter
             .u64_observable_gauge("stormguard.client.replica.health")
-            .with_description("The replica's client-side health-check status: 1 for the current one")
+            .with_description(
+                "The replica's client-side health-check status: 1 for the current one",
+            )
             .with_unit("1")
             .with_callback(move |o| {
                 for (replica, snap) in s() {
                     for status in HEALTH {
                         let [a, b] = attributes(&replica);
-                        let attrs = [a, b, KeyValue::new("stormguard.replica.health", status.as_str())];
+                        let attrs = [
+                            a,
+                            b,
+                            KeyValue::new("stormguard.replica.health", status.as_str()),
+                        ];
                         o.observe(u64::from(snap.serving == status), &attrs);
                     }
                 }

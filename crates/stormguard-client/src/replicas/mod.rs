@@ -194,6 +194,8 @@ pub(crate) struct Shared<S, K> {
     dns: Option<tokio::sync::watch::Sender<DnsReport>>,
     /// Starts a replica's health-check task, when client-side health checks are on.
     health: Option<StartHealth<S>>,
+    /// How many times a replica's health-check status changed ([`Replicas::health_changes`]).
+    health_changes: tokio::sync::watch::Sender<u64>,
 }
 
 /// Starts the health-check task of a replica (its id, its service).
@@ -251,6 +253,7 @@ impl<S, K> Shared<S, K> {
             #[cfg(feature = "dns")]
             dns: None,
             health: None,
+            health_changes: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -359,6 +362,7 @@ impl<S: Send, K: Send> health::HealthSink for Shared<S, K> {
         };
         let name = inner.name_of(id);
         drop(inner);
+        self.health_changes.send_modify(|n| *n += 1);
         tracing::info!(
             replica = name.as_deref().unwrap_or("?"),
             from = before.as_str(),
@@ -481,6 +485,14 @@ where
                 })
             })
             .collect()
+    }
+
+    /// A [`watch`](tokio::sync::watch) of how many times a replica's client-side health
+    /// check changed status ([`ReplicaConfig::health_check`]): it changes after each, and
+    /// [`snapshot`](Self::snapshot) says where each replica stands
+    /// ([`ReplicaSnapshot::serving`]). Never changes while checks are off.
+    pub fn health_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.health_changes.subscribe()
     }
 
     /// The key of the replica `id` (as a [`Route`] or a [`ReplicaSnapshot`] names it),
@@ -617,11 +629,13 @@ mod transport {
         };
         #[cfg(feature = "health")]
         {
-            Ok(Arc::new_cyclic(|weak: &std::sync::Weak<Shared<Channel, K>>| {
-                let sink: std::sync::Weak<dyn health::HealthSink> = weak.clone();
-                shared.health = Some(health::starter(checks, seed, sink));
-                shared
-            }))
+            Ok(Arc::new_cyclic(
+                |weak: &std::sync::Weak<Shared<Channel, K>>| {
+                    let sink: std::sync::Weak<dyn health::HealthSink> = weak.clone();
+                    shared.health = Some(health::starter(checks, seed, sink));
+                    shared
+                },
+            ))
         }
         #[cfg(not(feature = "health"))]
         {

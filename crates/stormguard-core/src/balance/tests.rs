@@ -493,7 +493,10 @@ fn a_replica_that_is_not_serving_gets_no_new_attempts() {
     let t0 = Instant::now();
     let (a, b) = (s.insert_at(t0), s.insert_at(t0));
     for id in [a, b] {
-        assert_eq!(s.snapshot_at(id, t0).unwrap().serving, ServingStatus::Unchecked);
+        assert_eq!(
+            s.snapshot_at(id, t0).unwrap().serving,
+            ServingStatus::Unchecked
+        );
     }
     // An attempt in flight on `a` when it stops serving still ends normally.
     let in_flight = loop {
@@ -505,7 +508,11 @@ fn a_replica_that_is_not_serving_gets_no_new_attempts() {
         s.set_serving(a, ServingStatus::NotServing),
         Some(ServingStatus::Unchecked)
     );
-    assert_eq!(s.set_serving(a, ServingStatus::NotServing), None, "no change");
+    assert_eq!(
+        s.set_serving(a, ServingStatus::NotServing),
+        None,
+        "no change"
+    );
     for _ in 0..200 {
         let id = s.pick_at(&[], t0).unwrap();
         assert_eq!(id, b, "a retry that tried b still avoids a");
@@ -532,7 +539,10 @@ fn a_replica_that_is_not_serving_gets_no_new_attempts() {
     s.set_serving(a, ServingStatus::Serving);
     assert_eq!(s.pick_at(&[], t0), Some(a));
     let snap = s.snapshot_at(a, t0).unwrap();
-    assert_eq!((snap.serving, snap.serving_changes), (ServingStatus::Serving, 2));
+    assert_eq!(
+        (snap.serving, snap.serving_changes),
+        (ServingStatus::Serving, 2)
+    );
     assert_eq!(s.snapshot_at(b, t0).unwrap().serving_changes, 2);
 }
 
@@ -547,7 +557,10 @@ fn with_health_checks_on_a_replica_waits_for_its_first_answer() {
     .unwrap();
     let t0 = Instant::now();
     let (a, b) = (s.insert_at(t0), s.insert_warming_at(t0));
-    assert_eq!(s.snapshot_at(a, t0).unwrap().serving, ServingStatus::Unknown);
+    assert_eq!(
+        s.snapshot_at(a, t0).unwrap().serving,
+        ServingStatus::Unknown
+    );
     assert_eq!(s.pick_at(&[], t0), None);
     s.set_serving(b, ServingStatus::Serving);
     assert_eq!(s.pick_at(&[], t0), Some(b));
