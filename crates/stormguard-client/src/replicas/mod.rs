@@ -69,6 +69,39 @@
 //! or they are found by DNS, resolved again as the records change, with
 //! `Replicas::from_dns` (feature `dns`, on by default: see `Dns`).
 //!
+//! # Health checks (gRFC A17)
+//!
+//! With [`ReplicaConfig::health_check`] set (feature `health`), each replica also gets one
+//! `grpc.health.v1.Health/Watch` stream on its own connection, and takes new attempts only
+//! while it answers `SERVING`: a replica that says `NOT_SERVING` (a server whose shutdown
+//! began, with `ShedLayer::with_readiness`) gets no new attempt from the moment the client
+//! has the report, before it fails any. Attempts in flight on it finish. A replica whose
+//! server has no health service (`UNIMPLEMENTED`) counts as healthy; with no replica
+//! serving, a call fails at once with [`NotServing`]. Each replica's status is in
+//! [`snapshot`](Replicas::snapshot) ([`ReplicaSnapshot::serving`]);
+//! [`health_changes`](Replicas::health_changes) changes with it. Checks need a tonic
+//! `Channel` per replica: [`from_endpoints`](Replicas::from_endpoints),
+//! [`balance_channel`](Replicas::balance_channel), `from_dns`.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use stormguard_client::replicas::Replicas;
+//! use stormguard_client::{HealthCheckConfig, ReplicaConfig};
+//! use tonic::transport::Endpoint;
+//!
+//! let config = ReplicaConfig {
+//!     // "": the whole server's status, as `ShedLayer::with_readiness(reporter, "")` sets it.
+//!     health_check: Some(HealthCheckConfig::service("")),
+//!     ..ReplicaConfig::default()
+//! };
+//! let endpoints = ["http://10.0.0.1:50051", "http://10.0.0.2:50051"].map(Endpoint::from_static);
+//! let replicas = Replicas::from_endpoints(config, endpoints)?;
+//! for replica in replicas.snapshot() {
+//!     println!("{} {}", replica.key, replica.snapshot.serving.as_str());
+//! }
+//! # Ok(()) }
+//! ```
+//!
 //! # Readiness contract
 //!
 //! `poll_ready` is always ready: the replica is chosen in `call`, and the response future
