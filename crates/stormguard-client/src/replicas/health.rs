@@ -190,7 +190,12 @@ mod tests {
         assert_eq!(serving(Answer::Serving), ServingStatus::Serving);
         assert_eq!(serving(Answer::NotServing), ServingStatus::NotServing);
         assert_eq!(serving(Answer::Unknown), ServingStatus::NotServing);
-        assert_eq!(serving(Answer::ServiceUnknown), ServingStatus::ServiceUnknown);
-        assert!(!connection_failed(&tonic::Status::unavailable("from the server")));
+        assert_eq!(
+            serving(Answer::ServiceUnknown),
+            ServingStatus::ServiceUnknown
+        );
+        assert!(!connection_failed(&tonic::Status::unavailable(
+            "from the server"
+        )));
     }
 }

@@ -7,7 +7,9 @@ mod resolve;
 pub(crate) mod weights;
 
 pub use config::{
-    EjectionConfig, HealthCheckConfig, LoadConfig, ReplicaConfig, ReportWeightConfig, SlowStartConfig};
+    EjectionConfig, HealthCheckConfig, LoadConfig, ReplicaConfig, ReportWeightConfig,
+    SlowStartConfig,
+};
 pub use resolve::{
     Refresh, RefreshAnswer, RefreshConfig, RefreshCounts, RefreshHealth, RefreshUpdate,
 };
