@@ -70,7 +70,7 @@ struct Args {
     replicas: usize,
     /// The scenarios to run, comma-separated, in the table's order [default: all of the
     /// discovery's]: fail-fast, slow, killed, restart, rolling; with --discovery dns:
-    /// scale-up, scale-down, rolling-new-addresses, killed-record-stays, dns-down
+    /// scale-up, scale-down, rolling-new-addresses, killed-record-stays, dns-down, not-serving
     #[arg(long, value_name = "LIST", value_parser = scenario_name, value_delimiter = ',')]
     scenarios: Vec<ScenarioName>,
     /// How the client finds the replicas: a list of their addresses, or a DNS name whose
