@@ -4,7 +4,7 @@
 //! before it stops), each replica a process on its own loopback address (127.0.0.2,
 //! 127.0.0.3, ..., one port), the client the `stormguard` policy over `Replicas::from_dns`
 //! with client-side health checks on (gRFC A17: each replica's `grpc.health.v1.Health/Watch`
-//! stream, the whole server's status).
+//! stream, the whole server's status; `--no-health-checks`: off).
 //!
 //! Per scenario it reports the resolutions and the failed ones; per policy the contract's
 //! figures, the attempts that reached an address after a resolution that no longer listed
@@ -177,10 +177,12 @@ struct Marks {
     not_serving: Removed,
 }
 
-/// Runs the `stormguard` policy through `scenario`.
+/// Runs the `stormguard` policy through `scenario`, with client-side health checks if
+/// `checks`.
 pub(crate) async fn run(
     scenario: DnsScenario,
     config: &RunConfig,
+    checks: bool,
     progress: &(dyn Fn(f64) + Send + Sync),
 ) -> Result<(DnsPolicyReport, u64, u64), String> {
     let reports = SharedReports::default();
@@ -191,7 +193,7 @@ pub(crate) async fn run(
         .await
         .map_err(|e| format!("dns server: {e}"))?;
     let counts = Arc::new(ClientCounts::new(config.timing.buckets()));
-    let (caller, replicas) = client(&dns, port, config, &counts)?;
+    let (caller, replicas) = client(&dns, port, config, checks, &counts)?;
     // Connections up before the clock starts: calls with no id, not counted anywhere.
     for _ in 0..4 * listed {
         let _ = caller.clone().oneshot(0).await;
@@ -283,11 +285,12 @@ fn attempts_after(
 
 type Channel = Replicas<tonic::transport::Channel, stormguard::client::replicas::EndpointKey>;
 
-/// The `stormguard` policy over the replicas `dns` lists.
+/// The `stormguard` policy over the replicas `dns` lists (health checks if `checks`).
 fn client(
     dns: &DnsServer,
     port: u16,
     config: &RunConfig,
+    checks: bool,
     counts: &Arc<ClientCounts>,
 ) -> Result<(Caller, Channel), String> {
     let target = Dns::new(NAME)
@@ -299,7 +302,7 @@ fn client(
                 .tcp_nodelay(true)
         });
     let checked = ReplicaConfig {
-        health_check: Some(HealthCheckConfig::service("")),
+        health_check: checks.then(|| HealthCheckConfig::service("")),
         ..ReplicaConfig::default()
     };
     let replicas = Replicas::from_dns(checked, target).map_err(|e| e.to_string())?;

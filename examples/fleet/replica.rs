@@ -41,6 +41,7 @@ use stormguard::engine::{wire::GRPC_PREVIOUS_RPC_ATTEMPTS, wire::GRPC_STATUS};
 use stormguard::server::AdmissionConfig;
 use stormguard::server::ShedLayer;
 use stormguard::server::WorkerLimit;
+use stormguard::server::shed::ShutdownHandle;
 use stormguard_demo::InventoryServer;
 use stormguard_demo::server::{DemoConfig, DemoControl, DemoInventory};
 use stormguard_demo::storm::MAX_PENDING_ACCEPT_RESET_STREAMS;
@@ -128,7 +129,7 @@ async fn serve(
     let control = demo.control();
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
 
-    let (commands_tx, mut commands) = mpsc::unbounded_channel();
+    let (commands_tx, commands) = mpsc::unbounded_channel();
     std::thread::spawn(move || {
         for line in std::io::stdin().lock().lines() {
             let Ok(line) = line else { break };
@@ -149,30 +150,7 @@ async fn serve(
     let (reporter, health) = tonic_health::server::health_reporter();
     let shed = shed.with_readiness(reporter, "");
     let shutdown = shed.shutdown_handle();
-    let knobs = control.clone();
-    let (drained_tx, drained) = tokio::sync::oneshot::channel::<()>();
-    let mut drained_tx = Some(drained_tx);
-    tokio::spawn(async move {
-        while let Some(line) = commands.recv().await {
-            match command(&line) {
-                Ok(Command::Fail) => knobs.set_fail_rate(1.0),
-                Ok(Command::Slow(f)) => knobs.set_service_time(SERVICE_TIME.mul_f64(f)),
-                // The health service says NOT_SERVING; queued and arriving calls are
-                // answered UNAVAILABLE with a 1 ms pushback, running ones finish; after
-                // `delay`, tonic sends GOAWAY and waits for them.
-                Ok(Command::Stop(delay)) => {
-                    shutdown.begin();
-                    if let Some(tx) = drained_tx.take() {
-                        tokio::spawn(async move {
-                            tokio::time::sleep(delay).await;
-                            let _ = tx.send(());
-                        });
-                    }
-                }
-                Err(e) => eprintln!("fleet replica: {e}"),
-            }
-        }
-    });
+    let drained = obey(commands, control.clone(), shutdown);
     if !cold.is_zero() {
         tokio::spawn(warm_up(control, cold));
     }
@@ -201,6 +179,39 @@ async fn serve(
     flusher.abort();
     flush(&seen);
     Ok(())
+}
+
+/// Carries out the parent's commands on a task; the receiver fires when tonic's graceful
+/// shutdown is to start.
+fn obey(
+    mut commands: mpsc::UnboundedReceiver<String>,
+    knobs: DemoControl,
+    shutdown: ShutdownHandle,
+) -> tokio::sync::oneshot::Receiver<()> {
+    let (drained_tx, drained) = tokio::sync::oneshot::channel::<()>();
+    let mut drained_tx = Some(drained_tx);
+    tokio::spawn(async move {
+        while let Some(line) = commands.recv().await {
+            match command(&line) {
+                Ok(Command::Fail) => knobs.set_fail_rate(1.0),
+                Ok(Command::Slow(f)) => knobs.set_service_time(SERVICE_TIME.mul_f64(f)),
+                // The health service says NOT_SERVING; queued and arriving calls are
+                // answered UNAVAILABLE with a 1 ms pushback, running ones finish; after
+                // `delay`, tonic sends GOAWAY and waits for them.
+                Ok(Command::Stop(delay)) => {
+                    shutdown.begin();
+                    if let Some(tx) = drained_tx.take() {
+                        tokio::spawn(async move {
+                            tokio::time::sleep(delay).await;
+                            let _ = tx.send(());
+                        });
+                    }
+                }
+                Err(e) => eprintln!("fleet replica: {e}"),
+            }
+        }
+    });
+    drained
 }
 
 /// A cold start: the service time falls from `COLD_FACTOR` × to 1× over `cold`.

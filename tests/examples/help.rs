@@ -70,6 +70,7 @@ const EXAMPLES: &[Example] = &[
             "--load",
             "--deadline-ms",
             "--discovery",
+            "--no-health-checks",
         ],
         bad_value: &["--scenarios", "fail-fast,flood"],
     },
