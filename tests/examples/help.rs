@@ -70,7 +70,6 @@ const EXAMPLES: &[Example] = &[
             "--load",
             "--deadline-ms",
             "--discovery",
-            "--no-health-checks",
         ],
         bad_value: &["--scenarios", "fail-fast,flood"],
     },
