@@ -29,7 +29,9 @@ pub struct ReplicaConfig {
     pub seed: Option<u64>,
     /// Client-side health checks (gRFC A17): each replica's `grpc.health.v1.Health/Watch`
     /// stream says whether it takes attempts. `None` (the default): off, no `Watch` is
-    /// sent. In a document: `health_check: { service_name: "" }`.
+    /// sent. In a document: `health_check: { service_name: "" }`. A client runs them with
+    /// `stormguard-client`'s feature `health`, over a tonic `Channel` per replica
+    /// (`Replicas::from_endpoints`, `balance_channel`, `from_dns`).
     pub health_check: Option<HealthCheckConfig>,
 }
 
