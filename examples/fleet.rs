@@ -74,13 +74,17 @@ struct Args {
     replicas: usize,
     /// The scenarios to run, comma-separated, in the table's order [default: all of the
     /// discovery's]: fail-fast, slow, killed, restart, rolling; with --discovery dns:
-    /// scale-up, scale-down, rolling-new-addresses, killed-record-stays, dns-down
+    /// scale-up, scale-down, rolling-new-addresses, killed-record-stays, dns-down, not-serving
     #[arg(long, value_name = "LIST", value_parser = scenario_name, value_delimiter = ',')]
     scenarios: Vec<ScenarioName>,
     /// How the client finds the replicas: a list of their addresses, or a DNS name whose
     /// records change during the run (each replica on its own loopback address)
     #[arg(long, value_enum, default_value_t = Discovery::List)]
     discovery: Discovery,
+    /// With --discovery dns: the client without its health checks (they are on by
+    /// default: the not-serving scenario's comparison)
+    #[arg(long = "no-health-checks")]
+    no_health_checks: bool,
     /// The policies to run, comma-separated, in the table's order [default: all]
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
     policies: Vec<Policy>,
@@ -181,9 +185,10 @@ async fn dns_fleet(args: &Args) -> Result<(), Box<dyn Error>> {
         seed: args.run.seed,
     };
     for scenario in scenarios {
-        let (policy, resolutions, dns_failures) = dns::run(scenario, &config, &|_| {})
-            .await
-            .map_err(|e| format!("{}: {e}", scenario.as_str()))?;
+        let (policy, resolutions, dns_failures) =
+            dns::run(scenario, &config, !args.no_health_checks, &|_| {})
+                .await
+                .map_err(|e| format!("{}: {e}", scenario.as_str()))?;
         report.scenarios.push(dns::DnsScenarioReport {
             name: scenario.as_str(),
             resolutions,

@@ -55,9 +55,9 @@ pub mod engine {
         LoadReport, LoadReportError, MethodMap, NotApplied, NotAppliedReason, Notice,
         OrcaLoadReport, Pushback, QueueLoad, QueuedId, RateMeter, Refusal, ReplicaEvent, ReplicaId,
         ReplicaOutcome, ReplicaSet, ReplicaSnapshot, ReplicaState, RetryBudget, RetryController,
-        Saturation, Shed, ShedPushback, ShedReason, Summary, TRANSPARENT_RETRIES, Throttled,
-        TransitionWatch, Transitions, UnknownCode, Unlimited, Verdict, WindowCounts, a58_weight,
-        parse_duration, resolve_deadline_at, wire,
+        Saturation, ServingStatus, Shed, ShedPushback, ShedReason, Summary, TRANSPARENT_RETRIES,
+        Throttled, TransitionWatch, Transitions, UnknownCode, Unlimited, Verdict, WindowCounts,
+        a58_weight, parse_duration, resolve_deadline_at, wire,
     };
 }
 

@@ -543,6 +543,18 @@ async fn replicas_export_each_replicas_counters_and_state() {
         ];
         assert_eq!(sum_of(states.clone(), &current), 1);
         assert_eq!(sum_of(states, &with), 1, "one state at a time");
+        // Health checks off: every replica `unchecked`, no change.
+        let health = points(&metrics, "stormguard.client.replica.health");
+        let unchecked = [
+            ("stormguard.replica", key.as_str()),
+            ("stormguard.replica.health", "unchecked"),
+        ];
+        assert_eq!(sum_of(health.clone(), &unchecked), 1);
+        assert_eq!(sum_of(health, &with), 1, "one status at a time");
+        assert_eq!(
+            total(&metrics, "stormguard.client.replica.health_changes", &with),
+            s.serving_changes
+        );
     }
     let gone_key = format!("http://{gone}");
     assert!(

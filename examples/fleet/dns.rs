@@ -1,12 +1,15 @@
 //! `--discovery dns`: the replicas found through a DNS server on loopback whose records
 //! change as on Kubernetes (scale up, scale down, a rolling deploy to new addresses, a pod
-//! killed while its record stays, the DNS server down), each replica a process on its own
-//! loopback address (127.0.0.2, 127.0.0.3, ..., one port), the client the `stormguard`
-//! policy over `Replicas::from_dns`.
+//! killed while its record stays, the DNS server down, a pod that reports `NOT_SERVING`
+//! before it stops), each replica a process on its own loopback address (127.0.0.2,
+//! 127.0.0.3, ..., one port), the client the `stormguard` policy over `Replicas::from_dns`
+//! with client-side health checks on (gRFC A17: each replica's `grpc.health.v1.Health/Watch`
+//! stream, the whole server's status; `--no-health-checks`: off).
 //!
 //! Per scenario it reports the resolutions and the failed ones; per policy the contract's
-//! figures and the attempts that reached an address after a resolution that no longer
-//! listed it.
+//! figures, the attempts that reached an address after a resolution that no longer listed
+//! it, and the attempts that reached a replica after the client had its `NOT_SERVING`
+//! report.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -16,7 +19,8 @@ use std::time::Duration;
 use clap::ValueEnum;
 use serde::Serialize;
 use stormguard::client::replicas::{Dns, Replicas};
-use stormguard::client::{ReplicaConfig, RetryLayer};
+use stormguard::client::{HealthCheckConfig, ReplicaConfig, RetryLayer};
+use stormguard::engine::ServingStatus;
 use stormguard_demo::InventoryClient;
 use stormguard_demo::dns::DnsServer;
 use stormguard_demo::storm::stormguard_client_config;
@@ -48,15 +52,19 @@ pub(crate) enum DnsScenario {
     KilledRecordStays,
     /// The DNS server stops answering (10 s; --quick: to the end)
     DnsDown,
+    /// One replica's shutdown begins (its health service says NOT_SERVING) while its
+    /// record stays; it stops a second later
+    NotServing,
 }
 
 impl DnsScenario {
-    pub(crate) const ALL: [DnsScenario; 5] = [
+    pub(crate) const ALL: [DnsScenario; 6] = [
         DnsScenario::ScaleUp,
         DnsScenario::ScaleDown,
         DnsScenario::RollingNewAddresses,
         DnsScenario::KilledRecordStays,
         DnsScenario::DnsDown,
+        DnsScenario::NotServing,
     ];
 
     pub(crate) fn as_str(self) -> &'static str {
@@ -66,6 +74,7 @@ impl DnsScenario {
             DnsScenario::RollingNewAddresses => "rolling-new-addresses",
             DnsScenario::KilledRecordStays => "killed-record-stays",
             DnsScenario::DnsDown => "dns-down",
+            DnsScenario::NotServing => "not-serving",
         }
     }
 
@@ -75,7 +84,9 @@ impl DnsScenario {
             DnsScenario::ScaleUp => (5, 3),
             DnsScenario::ScaleDown => (5, 5),
             DnsScenario::RollingNewAddresses => (6, 3),
-            DnsScenario::KilledRecordStays | DnsScenario::DnsDown => (3, 3),
+            DnsScenario::KilledRecordStays | DnsScenario::DnsDown | DnsScenario::NotServing => {
+                (3, 3)
+            }
         }
     }
 }
@@ -110,6 +121,10 @@ pub(crate) struct DnsPolicyReport {
     pub(crate) p99_ms: f64,
     /// Attempts that reached an address after a resolution that no longer listed it.
     pub(crate) attempts_to_removed_after_resolution: u64,
+    /// `not-serving`: attempts that reached the replica after the client had its
+    /// `NOT_SERVING` report (had it none, after the replica was told to stop); 0 in the
+    /// other scenarios.
+    pub(crate) attempts_after_not_serving: u64,
     pub(crate) calls: u64,
 }
 
@@ -148,13 +163,26 @@ fn ip(i: usize) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + i as u8))
 }
 
-/// When each address left the client's set (since the run's start).
+/// When something happened to each address (since the run's start).
 type Removed = Arc<Mutex<HashMap<IpAddr, Duration>>>;
 
-/// Runs the `stormguard` policy through `scenario`.
+/// When things happened to each address during a run.
+#[derive(Default)]
+struct Marks {
+    /// Left the client's set.
+    removed: Removed,
+    /// Told to stop while still listed (`not-serving`).
+    told: Removed,
+    /// Seen `NOT_SERVING` by the client's health check.
+    not_serving: Removed,
+}
+
+/// Runs the `stormguard` policy through `scenario`, with client-side health checks if
+/// `checks`.
 pub(crate) async fn run(
     scenario: DnsScenario,
     config: &RunConfig,
+    checks: bool,
     progress: &(dyn Fn(f64) + Send + Sync),
 ) -> Result<(DnsPolicyReport, u64, u64), String> {
     let reports = SharedReports::default();
@@ -165,7 +193,7 @@ pub(crate) async fn run(
         .await
         .map_err(|e| format!("dns server: {e}"))?;
     let counts = Arc::new(ClientCounts::new(config.timing.buckets()));
-    let (caller, replicas) = client(&dns, port, config, &counts)?;
+    let (caller, replicas) = client(&dns, port, config, checks, &counts)?;
     // Connections up before the clock starts: calls with no id, not counted anywhere.
     for _ in 0..4 * listed {
         let _ = caller.clone().oneshot(0).await;
@@ -177,12 +205,21 @@ pub(crate) async fn run(
     let start = Instant::now();
     let start_unix = unix_us();
     counts.start.get_or_init(|| start);
-    let removed = Removed::default();
-    let watch = tokio::spawn(watch_removals(replicas.clone(), start, removed.clone()));
+    let marks = Marks::default();
+    let watch = tokio::spawn(watch_removals(
+        replicas.clone(),
+        start,
+        marks.removed.clone(),
+    ));
+    let health = tokio::spawn(watch_not_serving(
+        replicas.clone(),
+        start,
+        marks.not_serving.clone(),
+    ));
     let driver = {
-        let (config, dns) = (*config, dns.clone());
+        let (config, dns, told) = (*config, dns.clone(), marks.told.clone());
         tokio::spawn(async move {
-            let result = change(scenario, &mut fleet, &dns, &config, start).await;
+            let result = change(scenario, &mut fleet, &dns, &config, start, &told).await;
             (fleet, result)
         })
     };
@@ -192,6 +229,7 @@ pub(crate) async fn run(
         .map_err(|e| format!("the change's task: {e}"))?;
     result?;
     watch.abort();
+    health.abort();
     let after = replicas
         .dns_reports()
         .map(|r| r.borrow().counts)
@@ -206,20 +244,16 @@ pub(crate) async fn run(
             .unwrap_or_else(PoisonError::into_inner)
             .received,
     );
-    let removed = removed
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
-    let to_removed = received
-        .iter()
-        .filter(|r| r.call != 0 && r.at_us >= start_unix)
-        .filter(|r| {
-            removed
-                .get(&ip(r.replica))
-                .is_some_and(|gone| r.at_us - start_unix > gone.as_micros() as u64)
-        })
-        .count() as u64;
-    let report = summarize(config, &calls, to_removed);
+    let to_removed = attempts_after(&received, start_unix, &read(&marks.removed));
+    // From the client's report of each replica told to stop, else from the telling.
+    let mut cutoffs = read(&marks.told);
+    for (ip, seen) in read(&marks.not_serving) {
+        if let Some(at) = cutoffs.get_mut(&ip) {
+            *at = seen;
+        }
+    }
+    let after_not_serving = attempts_after(&received, start_unix, &cutoffs);
+    let report = summarize(config, &calls, to_removed, after_not_serving);
     Ok((
         report,
         after.resolutions - before.resolutions,
@@ -227,13 +261,36 @@ pub(crate) async fn run(
     ))
 }
 
+fn read(marks: &Removed) -> HashMap<IpAddr, Duration> {
+    marks.lock().unwrap_or_else(PoisonError::into_inner).clone()
+}
+
+/// Attempts of the run that reached an address later than its cutoff (since the run's
+/// start, Unix µs `start_unix`).
+fn attempts_after(
+    received: &[crate::process::Received],
+    start_unix: u64,
+    cutoffs: &HashMap<IpAddr, Duration>,
+) -> u64 {
+    received
+        .iter()
+        .filter(|r| r.call != 0 && r.at_us >= start_unix)
+        .filter(|r| {
+            cutoffs
+                .get(&ip(r.replica))
+                .is_some_and(|cut| r.at_us - start_unix > cut.as_micros() as u64)
+        })
+        .count() as u64
+}
+
 type Channel = Replicas<tonic::transport::Channel, stormguard::client::replicas::EndpointKey>;
 
-/// The `stormguard` policy over the replicas `dns` lists.
+/// The `stormguard` policy over the replicas `dns` lists (health checks if `checks`).
 fn client(
     dns: &DnsServer,
     port: u16,
     config: &RunConfig,
+    checks: bool,
     counts: &Arc<ClientCounts>,
 ) -> Result<(Caller, Channel), String> {
     let target = Dns::new(NAME)
@@ -244,8 +301,11 @@ fn client(
             e.http2_max_local_error_reset_streams(None)
                 .tcp_nodelay(true)
         });
-    let replicas =
-        Replicas::from_dns(ReplicaConfig::default(), target).map_err(|e| e.to_string())?;
+    let checked = ReplicaConfig {
+        health_check: checks.then(|| HealthCheckConfig::service("")),
+        ..ReplicaConfig::default()
+    };
+    let replicas = Replicas::from_dns(checked, target).map_err(|e| e.to_string())?;
     let layer = RetryLayer::from_config(&stormguard_client_config(None).with_seed(config.seed))
         .map_err(|e| e.to_string())?
         .over_replicas();
@@ -274,13 +334,33 @@ async fn watch_removals(replicas: Channel, start: Instant, removed: Removed) {
     }
 }
 
-/// The scenario's change, on the run's clock.
+/// Notes when the client's health check first sees each address `NOT_SERVING`.
+async fn watch_not_serving(replicas: Channel, start: Instant, seen: Removed) {
+    let mut changes = replicas.health_changes();
+    loop {
+        let now = start.elapsed();
+        for r in replicas.snapshot() {
+            let ip = r.key.uri().host().and_then(|h| h.parse::<IpAddr>().ok());
+            if let (Some(ip), ServingStatus::NotServing) = (ip, r.snapshot.serving) {
+                let mut seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
+                seen.entry(ip).or_insert(now);
+            }
+        }
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The scenario's change, on the run's clock (`told`: when a replica still listed is told
+/// to stop).
 async fn change(
     scenario: DnsScenario,
     fleet: &mut [Replica],
     dns: &DnsServer,
     config: &RunConfig,
     start: Instant,
+    told: &Removed,
 ) -> Result<(), String> {
     let timing = &config.timing;
     let at = |d: Duration| start + d;
@@ -314,12 +394,25 @@ async fn change(
             tokio::time::sleep_until(at(back)).await;
             dns.set_answering(true);
         }
+        DnsScenario::NotServing => {
+            told.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(ip(0), start.elapsed());
+            // NOT_SERVING now (the shutdown begun), its connections for GRACE more; the
+            // record stays.
+            fleet[0].stop_after(GRACE).await?;
+        }
     }
     Ok(())
 }
 
 /// The contract's figures of one run.
-fn summarize(config: &RunConfig, calls: &[crate::run::Call], to_removed: u64) -> DnsPolicyReport {
+fn summarize(
+    config: &RunConfig,
+    calls: &[crate::run::Call],
+    to_removed: u64,
+    after_not_serving: u64,
+) -> DnsPolicyReport {
     let fault = config.timing.fault;
     let after: Vec<_> = calls.iter().filter(|c| c.at >= fault).collect();
     let ok = after.iter().filter(|c| c.ok).count();
@@ -342,6 +435,7 @@ fn summarize(config: &RunConfig, calls: &[crate::run::Call], to_removed: u64) ->
             .count() as u64,
         p99_ms: p99,
         attempts_to_removed_after_resolution: to_removed,
+        attempts_after_not_serving: after_not_serving,
         calls: calls.len() as u64,
     }
 }
@@ -349,12 +443,12 @@ fn summarize(config: &RunConfig, calls: &[crate::run::Call], to_removed: u64) ->
 /// The table of a `--discovery dns` run.
 pub(crate) fn table(report: &DnsReport) -> String {
     let mut out = String::from(
-        "| scenario | policy | success | failed | after 1 s | p99 ms | to removed | resolutions | dns failures |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| scenario | policy | success | failed | after 1 s | p99 ms | to removed | after NOT_SERVING | resolutions | dns failures |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in &report.scenarios {
         for p in &s.policies {
             out.push_str(&format!(
-                "| {} | {} | {:.4} | {} | {} | {:.1} | {} | {} | {} |\n",
+                "| {} | {} | {:.4} | {} | {} | {:.1} | {} | {} | {} | {} |\n",
                 s.name,
                 p.name,
                 p.success,
@@ -362,6 +456,7 @@ pub(crate) fn table(report: &DnsReport) -> String {
                 p.failed_calls_after_1s,
                 p.p99_ms,
                 p.attempts_to_removed_after_resolution,
+                p.attempts_after_not_serving,
                 s.resolutions,
                 s.dns_failures
             ));

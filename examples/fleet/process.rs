@@ -151,7 +151,7 @@ impl Replica {
         }
     }
 
-    /// Sends one command line (`fail`, `slow 10`, `stop`).
+    /// Sends one command line (`fail`, `slow 10`, `stop`, `stop 1000`).
     pub(crate) fn send(&mut self, command: &str) -> Result<(), String> {
         writeln!(self.stdin, "{command}")
             .and_then(|()| self.stdin.flush())
@@ -170,13 +170,23 @@ impl Replica {
     /// Graceful shutdown: `stop`, then waits (at most [`BOUND`]) until it has said all it
     /// had to say and exited; killed if it does not.
     pub(crate) async fn stop(&mut self) -> Result<(), String> {
+        self.stop_after(Duration::ZERO).await
+    }
+
+    /// [`stop`](Self::stop), its connections kept for `drain` after the shutdown began
+    /// (`stop MS`: the health service says `NOT_SERVING` meanwhile).
+    pub(crate) async fn stop_after(&mut self, drain: Duration) -> Result<(), String> {
         if self.gone {
             return Ok(());
         }
-        self.send("stop")?;
+        if drain.is_zero() {
+            self.send("stop")?;
+        } else {
+            self.send(&format!("stop {}", drain.as_millis()))?;
+        }
         let closed = self.closed.take();
         let ended = match closed {
-            Some(closed) => tokio::time::timeout(BOUND, closed).await.is_ok(),
+            Some(closed) => tokio::time::timeout(BOUND + drain, closed).await.is_ok(),
             None => true,
         };
         if !ended {

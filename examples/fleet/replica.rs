@@ -16,9 +16,14 @@
 //!
 //! Its stdin, written by the parent, one command a line: `fail` (answer every call
 //! `UNAVAILABLE` at once), `slow F` (service time × F), `stop` (graceful shutdown: the
-//! `ShedLayer`'s `ShutdownHandle` answers queued and arriving calls `UNAVAILABLE` with a
-//! 1 ms pushback while running ones finish, tonic sends GOAWAY and waits for them; then a
-//! last line and exit 0).
+//! `ShedLayer`'s `ShutdownHandle` sets its gRPC health service `NOT_SERVING` and answers
+//! queued and arriving calls `UNAVAILABLE` with a 1 ms pushback while running ones finish,
+//! tonic sends GOAWAY and waits for them; then a last line and exit 0), `stop MS` (the
+//! same, tonic's part MS later: the server says `NOT_SERVING`, and answers arriving calls
+//! so, for MS before its connections go).
+//!
+//! It serves `grpc.health.v1.Health` (tonic-health, the whole server's status `""`),
+//! handed to the `ShedLayer` with `with_readiness`; health calls are not recorded.
 //! End of stdin (the parent is gone, however it died) exits at once.
 //!
 //! `--cold-ms T` starts it cold: every call costs 10× the service time at first, falling
@@ -36,6 +41,7 @@ use stormguard::engine::{wire::GRPC_PREVIOUS_RPC_ATTEMPTS, wire::GRPC_STATUS};
 use stormguard::server::AdmissionConfig;
 use stormguard::server::ShedLayer;
 use stormguard::server::WorkerLimit;
+use stormguard::server::shed::ShutdownHandle;
 use stormguard_demo::InventoryServer;
 use stormguard_demo::server::{DemoConfig, DemoControl, DemoInventory};
 use stormguard_demo::storm::MAX_PENDING_ACCEPT_RESET_STREAMS;
@@ -52,6 +58,8 @@ pub(crate) const SERVICE_TIME: Duration = Duration::from_millis(2);
 pub(crate) const COLD_FACTOR: f64 = 10.0;
 /// The metadata key that names the logical call on every attempt.
 pub(crate) const CALL_ID: &str = "x-call-id";
+/// The health service's calls: served, not recorded.
+const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
 /// How often the replica writes what it saw.
 const FLUSH_EVERY: Duration = Duration::from_millis(20);
 
@@ -64,14 +72,19 @@ pub(crate) type Seen = (u64, u32, u64, u64, i32);
 enum Command {
     Fail,
     Slow(f64),
-    Stop,
+    /// Begin the shutdown; tonic's graceful part after this long.
+    Stop(Duration),
 }
 
 fn command(line: &str) -> Result<Command, String> {
     let mut words = line.split_whitespace();
     match (words.next(), words.next(), words.next()) {
         (Some("fail"), None, None) => Ok(Command::Fail),
-        (Some("stop"), None, None) => Ok(Command::Stop),
+        (Some("stop"), None, None) => Ok(Command::Stop(Duration::ZERO)),
+        (Some("stop"), Some(ms), None) => match ms.parse::<u64>() {
+            Ok(ms) if ms <= 60_000 => Ok(Command::Stop(Duration::from_millis(ms))),
+            _ => Err(format!("stop: {ms:?} is not a delay of 0 to 60000 ms")),
+        },
         (Some("slow"), Some(factor), None) => match factor.parse::<f64>() {
             Ok(f) if f.is_finite() && f > 0.0 => Ok(Command::Slow(f)),
             _ => Err(format!("slow: {factor:?} is not a factor above 0")),
@@ -116,7 +129,7 @@ async fn serve(
     let control = demo.control();
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
 
-    let (commands_tx, mut commands) = mpsc::unbounded_channel();
+    let (commands_tx, commands) = mpsc::unbounded_channel();
     std::thread::spawn(move || {
         for line in std::io::stdin().lock().lines() {
             let Ok(line) = line else { break };
@@ -134,23 +147,10 @@ async fn serve(
         seed: Some(seed),
         ..AdmissionConfig::default()
     })?;
+    let (reporter, health) = tonic_health::server::health_reporter();
+    let shed = shed.with_readiness(reporter, "");
     let shutdown = shed.shutdown_handle();
-    let knobs = control.clone();
-    let on_stop = shutdown.clone();
-    tokio::spawn(async move {
-        while let Some(line) = commands.recv().await {
-            match command(&line) {
-                Ok(Command::Fail) => knobs.set_fail_rate(1.0),
-                Ok(Command::Slow(f)) => knobs.set_service_time(SERVICE_TIME.mul_f64(f)),
-                // Queued and arriving calls are answered UNAVAILABLE with a 1 ms pushback,
-                // running ones finish; then tonic sends GOAWAY and waits for them.
-                Ok(Command::Stop) => {
-                    on_stop.begin();
-                }
-                Err(e) => eprintln!("fleet replica: {e}"),
-            }
-        }
-    });
+    let drained = obey(commands, control.clone(), shutdown);
     if !cold.is_zero() {
         tokio::spawn(warm_up(control, cold));
     }
@@ -170,12 +170,48 @@ async fn serve(
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))
         .layer(RecordLayer { seen: seen.clone() })
         .layer(shed)
+        .add_service(health)
         .add_service(InventoryServer::new(demo))
-        .serve_with_incoming_shutdown(incoming, shutdown.begun())
+        .serve_with_incoming_shutdown(incoming, async {
+            let _ = drained.await;
+        })
         .await?;
     flusher.abort();
     flush(&seen);
     Ok(())
+}
+
+/// Carries out the parent's commands on a task; the receiver fires when tonic's graceful
+/// shutdown is to start.
+fn obey(
+    mut commands: mpsc::UnboundedReceiver<String>,
+    knobs: DemoControl,
+    shutdown: ShutdownHandle,
+) -> tokio::sync::oneshot::Receiver<()> {
+    let (drained_tx, drained) = tokio::sync::oneshot::channel::<()>();
+    let mut drained_tx = Some(drained_tx);
+    tokio::spawn(async move {
+        while let Some(line) = commands.recv().await {
+            match command(&line) {
+                Ok(Command::Fail) => knobs.set_fail_rate(1.0),
+                Ok(Command::Slow(f)) => knobs.set_service_time(SERVICE_TIME.mul_f64(f)),
+                // The health service says NOT_SERVING; queued and arriving calls are
+                // answered UNAVAILABLE with a 1 ms pushback, running ones finish; after
+                // `delay`, tonic sends GOAWAY and waits for them.
+                Ok(Command::Stop(delay)) => {
+                    shutdown.begin();
+                    if let Some(tx) = drained_tx.take() {
+                        tokio::spawn(async move {
+                            tokio::time::sleep(delay).await;
+                            let _ = tx.send(());
+                        });
+                    }
+                }
+                Err(e) => eprintln!("fleet replica: {e}"),
+            }
+        }
+    });
+    drained
 }
 
 /// A cold start: the service time falls from `COLD_FACTOR` × to 1× over `cold`.
@@ -280,6 +316,9 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.uri().path().starts_with(HEALTH_PATH) {
+            return Box::pin(self.inner.call(request));
+        }
         let headers = request.headers();
         let pending = Pending {
             seen: self.seen.clone(),
@@ -314,7 +353,13 @@ mod tests {
     fn commands_parse_and_garbage_is_refused() {
         assert_eq!(command("fail"), Ok(Command::Fail));
         assert_eq!(command(" slow 10 "), Ok(Command::Slow(10.0)));
-        assert_eq!(command("stop"), Ok(Command::Stop));
+        assert_eq!(command("stop"), Ok(Command::Stop(Duration::ZERO)));
+        assert_eq!(
+            command("stop 1000"),
+            Ok(Command::Stop(Duration::from_secs(1)))
+        );
+        assert!(command("stop -1").is_err());
+        assert!(command("stop 99999999").is_err());
         assert!(command("slow -1").is_err());
         assert!(command("slow NaN").is_err());
         assert!(command("fail now").is_err());

@@ -188,10 +188,13 @@ fn quick_fleet_writes_the_report_of_every_scenario_and_policy() {
     }
 }
 
-/// `--discovery dns`, two of its scenarios, quick: the JSON contract other tools read
+/// `--discovery dns`, three of its scenarios, quick: the JSON contract other tools read
 /// (`scenarios[].policies[]` with the fleet's fields, per scenario the resolutions and
-/// failed ones, per policy the attempts that reached a removed address), and that the
-/// client resolved during each run. Never how fast.
+/// failed ones, per policy the attempts that reached a removed address and those that
+/// reached a replica after its `NOT_SERVING` report), that the client resolved during
+/// each run, and that with client-side health checks no attempt reached the replica that
+/// said `NOT_SERVING` after the client had the report (without them, about a dozen do at
+/// this load). Never how fast.
 #[test]
 fn quick_fleet_over_dns_writes_the_contract() {
     let _alone = support::measuring_alone();
@@ -209,7 +212,7 @@ fn quick_fleet_over_dns_writes_the_contract() {
             "--seed",
             "3",
         ])
-        .args(["--scenarios", "scale-down,dns-down", "--json"])
+        .args(["--scenarios", "scale-down,dns-down,not-serving", "--json"])
         .arg(&json)
         .output()
         .unwrap();
@@ -225,7 +228,7 @@ fn quick_fleet_over_dns_writes_the_contract() {
         .iter()
         .map(|s| s["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["scale-down", "dns-down"]);
+    assert_eq!(names, ["scale-down", "dns-down", "not-serving"]);
     for scenario in scenarios {
         assert!(count(scenario, "resolutions") >= 1, "{scenario:#}");
         assert!(count(scenario, "dns_failures") <= count(scenario, "resolutions"));
@@ -238,5 +241,9 @@ fn quick_fleet_over_dns_writes_the_contract() {
         assert!(count(p, "failed_calls") <= count(p, "calls"));
         assert!(number(p, "p99_ms") >= 0.0);
         count(p, "attempts_to_removed_after_resolution");
+        let after_report = count(p, "attempts_after_not_serving");
+        if scenario["name"] == "not-serving" {
+            assert_eq!(after_report, 0, "{p:#}");
+        }
     }
 }

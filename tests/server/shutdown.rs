@@ -139,8 +139,9 @@ async fn a_retrying_client_reads_the_shutdown_answer_as_retryable() {
 
 /// With the server's health service handed to the layer (`with_readiness`), the shutdown
 /// sets it `NOT_SERVING` (a readiness probe on gRPC health fails, the pod leaves the
-/// Service's endpoints) while the queue answers with pushback; health checks are still
-/// answered during the drain.
+/// Service's endpoints) while the queue answers with pushback, then ends the open `Watch`
+/// streams (which would hold the graceful shutdown); health checks are still answered
+/// during the drain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shutdown_sets_the_health_service_not_serving() {
     use tonic_health::pb::HealthCheckRequest;
@@ -182,6 +183,19 @@ async fn the_shutdown_sets_the_health_service_not_serving() {
         .unwrap()
         .unwrap();
     assert_eq!(next.status(), ServingStatus::NotServing);
+    // Then the Watch stream ends (tonic's graceful shutdown waits for every open stream: a
+    // watching client would hold it), and the service is no longer known.
+    let end = tokio::time::timeout(std::time::Duration::from_secs(10), watch.message())
+        .await
+        .expect("the Watch stream ended");
+    assert!(matches!(end, Ok(None)), "{end:?}");
+    let check = health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(check.code(), tonic::Code::NotFound);
     // The queue answers with pushback as before.
     let mut client = InventoryClient::new(channel(server.addr).await);
     let status = client.reserve(reserve("late", None)).await.unwrap_err();

@@ -120,7 +120,7 @@ pub use status::{BoxError, code_from_tonic, code_to_tonic};
 pub use stormguard_core::{
     A6BudgetConfig, AdaptiveThrottleConfig, BackoffConfig, BreakerConfig, BudgetConfig,
     ClientConfig, Code, ConfigError, Criticality, CriticalityTable, EjectReason, EjectionConfig,
-    Floor, Format, HedgeDelay, HedgingPolicy, LearnedDelay, LoadConfig, MethodScope, MethodTable,
-    RefreshConfig, ReplicaConfig, ReportWeightConfig, RetryPolicy, SaturationConfig,
-    SlowStartConfig,
+    Floor, Format, HealthCheckConfig, HedgeDelay, HedgingPolicy, LearnedDelay, LoadConfig,
+    MethodScope, MethodTable, RefreshConfig, ReplicaConfig, ReportWeightConfig, RetryPolicy,
+    SaturationConfig, SlowStartConfig,
 };

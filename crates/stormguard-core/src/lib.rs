@@ -75,8 +75,9 @@ pub use admission::{
 };
 pub use balance::weights::a58_weight;
 pub use balance::{
-    EjectReason, EjectionConfig, LoadConfig, ReplicaConfig, ReplicaEvent, ReplicaId,
-    ReplicaOutcome, ReplicaSet, ReplicaSnapshot, ReplicaState, ReportWeightConfig, SlowStartConfig,
+    EjectReason, EjectionConfig, HealthCheckConfig, LoadConfig, ReplicaConfig, ReplicaEvent,
+    ReplicaId, ReplicaOutcome, ReplicaSet, ReplicaSnapshot, ReplicaState, ReportWeightConfig,
+    ServingStatus, SlowStartConfig,
 };
 pub use balance::{
     Refresh, RefreshAnswer, RefreshConfig, RefreshCounts, RefreshHealth, RefreshUpdate,

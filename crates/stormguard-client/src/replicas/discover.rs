@@ -102,7 +102,7 @@ mod transport {
             capacity: usize,
         ) -> Result<(Self, mpsc::Sender<Change<K, Endpoint>>), stormguard_core::ConfigError>
         {
-            let replicas = Replicas::empty(config)?;
+            let replicas = Replicas::over(super::super::transport::channels(config, |_| {})?);
             let (tx, mut rx) = mpsc::channel::<Change<K, Endpoint>>(capacity.max(1));
             let weak = Arc::downgrade(&replicas.shared);
             tokio::spawn(async move {

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use hickory_resolver::TokioResolver;
 use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig};
@@ -13,8 +13,8 @@ use stormguard_core::{
 use tokio::sync::{Notify, oneshot, watch};
 use tonic::transport::{Channel, Endpoint};
 
-use super::{EndpointKey, FirstAnswer, Inner, Replicas, Resolutions, Shared, Unresolved};
-use stormguard_core::{ReplicaConfig, ReplicaSet};
+use super::{EndpointKey, FirstAnswer, Replicas, Resolutions, Shared, Unresolved};
+use stormguard_core::ReplicaConfig;
 
 /// Makes each replica's [`Endpoint`] from its default (`http://{address}`).
 type Configure = Arc<dyn Fn(Endpoint) -> Endpoint + Send + Sync>;
@@ -190,16 +190,10 @@ impl Replicas<Channel, EndpointKey> {
             name: Arc::clone(&name),
             ..DnsReport::default()
         });
-        let shared = Arc::new(Shared {
-            inner: Mutex::new(Inner {
-                set: ReplicaSet::new(config)?,
-                members: Vec::new(),
-                serving: false,
-                unresolved: None,
-            }),
-            early: Some(Arc::clone(&early)),
-            dns: Some(reports.clone()),
-        });
+        let shared = super::transport::channels(config, |shared| {
+            shared.early = Some(Arc::clone(&early));
+            shared.dns = Some(reports.clone());
+        })?;
         let (alive, gone) = oneshot::channel();
         let task = Task {
             shared: Arc::downgrade(&shared),

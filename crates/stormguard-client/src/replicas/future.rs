@@ -25,6 +25,27 @@ use crate::status::{
 #[error("stormguard: no replica to send the call to")]
 pub struct NoReplica;
 
+/// The error of a call made while every replica's client-side health check (gRFC A17,
+/// [`ReplicaConfig::health_check`](stormguard_core::ReplicaConfig::health_check)) says it
+/// does not serve: `NOT_SERVING`, `SERVICE_UNKNOWN`, or no answer yet. The call fails at
+/// once rather than wait, as a gRPC channel's balancer fails a call (without
+/// wait-for-ready) while no subchannel is ready; a retry layer above sees it as
+/// `UNAVAILABLE`.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error(
+    "stormguard: no replica serving: the health check of each of the {replicas} replicas says NOT_SERVING, SERVICE_UNKNOWN or has not answered"
+)]
+pub struct NotServing {
+    /// How many replicas the channel holds.
+    pub replicas: usize,
+}
+
+impl NotServing {
+    pub(super) fn of(replicas: usize) -> Self {
+        NotServing { replicas }
+    }
+}
+
 /// The error of a call made while a channel found by DNS holds no replica because its
 /// name has not resolved ([`Replicas::from_dns`](super::Replicas::from_dns)): the name
 /// and why.
@@ -48,6 +69,9 @@ pub enum Error {
     /// The channel is found by DNS and its name has not resolved.
     #[error(transparent)]
     Unresolved(#[from] Unresolved),
+    /// Every replica's health check says it does not serve.
+    #[error(transparent)]
+    NotServing(#[from] NotServing),
     /// The chosen replica's service failed: its error is this one's source, and its message
     /// this one's (so a status built from it reads as the replica's error does).
     #[error("{0}")]
@@ -60,6 +84,7 @@ impl Error {
         match self {
             Error::NoReplica(e) => Box::new(e),
             Error::Unresolved(e) => Box::new(e),
+            Error::NotServing(e) => Box::new(e),
             Error::Replica(e) => e,
         }
     }
@@ -96,8 +121,8 @@ pin_project! {
         Ready,
         // The attempt is in flight.
         Called { #[pin] fut: F },
-        // Nothing to send it to (and why, for a name that did not resolve).
-        Empty { unresolved: Option<Unresolved> },
+        // Nothing to send it to, and why.
+        Empty { error: Option<Error> },
     }
 }
 
@@ -160,11 +185,19 @@ where
     }
 
     pub(super) fn no_replica(unresolved: Option<Unresolved>) -> Self {
+        ResponseFuture::failed(match unresolved {
+            Some(e) => e.into(),
+            None => NoReplica.into(),
+        })
+    }
+
+    /// A call that fails with `error` without an attempt.
+    pub(super) fn failed(error: Error) -> Self {
         ResponseFuture {
             svc: None,
             request: None,
             attempt: None,
-            state: State::Empty { unresolved },
+            state: State::Empty { error: Some(error) },
         }
     }
 }
@@ -180,11 +213,8 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Empty { unresolved } => {
-                    return Poll::Ready(Err(match unresolved.take() {
-                        Some(e) => e.into(),
-                        None => NoReplica.into(),
-                    }));
+                StateProj::Empty { error } => {
+                    return Poll::Ready(Err(error.take().unwrap_or(Error::NoReplica(NoReplica))));
                 }
                 StateProj::Ready => {
                     let (Some(svc), Some(request)) = (this.svc.as_mut(), this.request.take())

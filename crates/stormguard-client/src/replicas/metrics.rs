@@ -13,6 +13,12 @@
 //! | `stormguard.client.replica.ejections` | counter | `{ejection}` | |
 //! | `stormguard.client.replica.in_flight` | gauge | `{attempt}` | |
 //! | `stormguard.client.replica.state` | gauge | `1` | `stormguard.replica.state` (`active`, `warming`, `ejected`, `probing`: 1 for the current one) |
+//! | `stormguard.client.replica.health_changes` | counter | `{change}` | |
+//! | `stormguard.client.replica.health` | gauge | `1` | `stormguard.replica.health` (`unchecked`, `unknown`, `serving`, `not_serving`, `service_unknown`: 1 for the current one) |
+//!
+//! The last two are the replica's client-side health check
+//! ([`ReplicaConfig::health_check`](stormguard_core::ReplicaConfig::health_check)):
+//! `unchecked` while checks are off.
 //!
 //! A replica's series stop when it is removed.
 //!
@@ -34,13 +40,20 @@ use std::sync::{Arc, Weak};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
 use stormguard_core::Instant;
-use stormguard_core::ReplicaSnapshot;
+use stormguard_core::{ReplicaSnapshot, ServingStatus};
 
 use super::{Replicas, Shared};
 
 type Snapshots = Arc<dyn Fn() -> Vec<(Arc<str>, ReplicaSnapshot)> + Send + Sync>;
 
 const STATES: [&str; 4] = ["active", "warming", "ejected", "probing"];
+const HEALTH: [ServingStatus; 5] = [
+    ServingStatus::Unchecked,
+    ServingStatus::Unknown,
+    ServingStatus::Serving,
+    ServingStatus::NotServing,
+    ServingStatus::ServiceUnknown,
+];
 
 /// A counter: name, unit, description, and what it reads from a replica's snapshot.
 type Counter = (
@@ -51,7 +64,7 @@ type Counter = (
 );
 
 /// The counters.
-const COUNTERS: [Counter; 4] = [
+const COUNTERS: [Counter; 5] = [
     (
         "stormguard.client.replica.attempts",
         "{attempt}",
@@ -75,6 +88,12 @@ const COUNTERS: [Counter; 4] = [
         "{ejection}",
         "Times the replica was ejected",
         |s| s.ejections,
+    ),
+    (
+        "stormguard.client.replica.health_changes",
+        "{change}",
+        "Times the replica's client-side health-check status changed",
+        |s| s.serving_changes,
     ),
 ];
 
@@ -150,6 +169,27 @@ where
                         let [a, b] = attributes(&replica);
                         let attrs = [a, b, KeyValue::new("stormguard.replica.state", state)];
                         o.observe(u64::from(snap.state.as_str() == state), &attrs);
+                    }
+                }
+            })
+            .build();
+        let s = Arc::clone(&snapshots);
+        meter
+            .u64_observable_gauge("stormguard.client.replica.health")
+            .with_description(
+                "The replica's client-side health-check status: 1 for the current one",
+            )
+            .with_unit("1")
+            .with_callback(move |o| {
+                for (replica, snap) in s() {
+                    for status in HEALTH {
+                        let [a, b] = attributes(&replica);
+                        let attrs = [
+                            a,
+                            b,
+                            KeyValue::new("stormguard.replica.health", status.as_str()),
+                        ];
+                        o.observe(u64::from(snap.serving == status), &attrs);
                     }
                 }
             })

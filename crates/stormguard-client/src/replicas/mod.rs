@@ -69,6 +69,39 @@
 //! or they are found by DNS, resolved again as the records change, with
 //! `Replicas::from_dns` (feature `dns`, on by default: see `Dns`).
 //!
+//! # Health checks (gRFC A17)
+//!
+//! With [`ReplicaConfig::health_check`] set (feature `health`), each replica also gets one
+//! `grpc.health.v1.Health/Watch` stream on its own connection, and takes new attempts only
+//! while it answers `SERVING`: a replica that says `NOT_SERVING` (a server whose shutdown
+//! began, with `ShedLayer::with_readiness`) gets no new attempt from the moment the client
+//! has the report, before it fails any. Attempts in flight on it finish. A replica whose
+//! server has no health service (`UNIMPLEMENTED`) counts as healthy; with no replica
+//! serving, a call fails at once with [`NotServing`]. Each replica's status is in
+//! [`snapshot`](Replicas::snapshot) ([`ReplicaSnapshot::serving`]);
+//! [`health_changes`](Replicas::health_changes) changes with it. Checks need a tonic
+//! `Channel` per replica: [`from_endpoints`](Replicas::from_endpoints),
+//! [`balance_channel`](Replicas::balance_channel), `from_dns`.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use stormguard_client::replicas::Replicas;
+//! use stormguard_client::{HealthCheckConfig, ReplicaConfig};
+//! use tonic::transport::Endpoint;
+//!
+//! let config = ReplicaConfig {
+//!     // "": the whole server's status, as `ShedLayer::with_readiness(reporter, "")` sets it.
+//!     health_check: Some(HealthCheckConfig::service("")),
+//!     ..ReplicaConfig::default()
+//! };
+//! let endpoints = ["http://10.0.0.1:50051", "http://10.0.0.2:50051"].map(Endpoint::from_static);
+//! let replicas = Replicas::from_endpoints(config, endpoints)?;
+//! for replica in replicas.snapshot() {
+//!     println!("{} {}", replica.key, replica.snapshot.serving.as_str());
+//! }
+//! # Ok(()) }
+//! ```
+//!
 //! # Readiness contract
 //!
 //! `poll_ready` is always ready: the replica is chosen in `call`, and the response future
@@ -87,6 +120,8 @@ mod discover;
 #[cfg(feature = "dns")]
 mod dns;
 mod future;
+#[cfg(feature = "health")]
+mod health;
 #[cfg(feature = "opentelemetry")]
 pub mod metrics;
 mod route;
@@ -106,7 +141,7 @@ use tower_service::Service;
 #[cfg(feature = "dns")]
 pub use self::dns::{Dns, DnsError, DnsReport};
 pub(crate) use self::future::unwrap_error;
-pub use self::future::{Error, NoReplica, ResponseFuture, Unresolved};
+pub use self::future::{Error, NoReplica, NotServing, ResponseFuture, Unresolved};
 pub use self::route::Route;
 pub use tower::discover::Change;
 
@@ -190,6 +225,22 @@ pub(crate) struct Shared<S, K> {
     /// What the DNS task reports after each resolution.
     #[cfg(feature = "dns")]
     dns: Option<tokio::sync::watch::Sender<DnsReport>>,
+    /// Starts a replica's health-check task, when client-side health checks are on.
+    health: Option<StartHealth<S>>,
+    /// How many times a replica's health-check status changed ([`Replicas::health_changes`]).
+    health_changes: tokio::sync::watch::Sender<u64>,
+}
+
+/// Starts the health-check task of a replica (its id, its service).
+pub(crate) type StartHealth<S> = Box<dyn Fn(ReplicaId, &S) -> HealthTask + Send + Sync>;
+
+/// A replica's health-check task: ended when dropped (with the replica).
+pub(crate) struct HealthTask(#[allow(dead_code)] tokio::task::AbortHandle);
+
+impl Drop for HealthTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 struct Inner<S, K> {
@@ -208,6 +259,8 @@ struct Member<S, K> {
     key: K,
     name: Arc<str>,
     svc: S,
+    /// Its health-check task, while checks are on.
+    _health: Option<HealthTask>,
 }
 
 /// A replica as [`Replicas::snapshot`] reports it.
@@ -220,6 +273,23 @@ pub struct ReplicaReport<K> {
 }
 
 impl<S, K> Shared<S, K> {
+    /// The state of a channel over `set`.
+    fn new(set: ReplicaSet, early: Option<Arc<tokio::sync::Notify>>) -> Self {
+        Shared {
+            inner: Mutex::new(Inner {
+                set,
+                members: Vec::new(),
+                serving: false,
+                unresolved: None,
+            }),
+            early,
+            #[cfg(feature = "dns")]
+            dns: None,
+            health: None,
+            health_changes: tokio::sync::watch::Sender::new(0),
+        }
+    }
+
     /// Asks the DNS task, if any, for an early resolution (it rate-limits them).
     fn resolve_early(&self) {
         if let Some(early) = &self.early {
@@ -245,7 +315,14 @@ impl<S, K> Shared<S, K> {
             inner.set.insert_at(now)
         };
         let name = Arc::from(key.to_string());
-        inner.members.push(Member { id, key, name, svc });
+        let _health = self.health.as_ref().map(|start| start(id, &svc));
+        inner.members.push(Member {
+            id,
+            key,
+            name,
+            svc,
+            _health,
+        });
     }
 
     /// Applies a change from a discovery source.
@@ -309,6 +386,25 @@ impl<S: Send, K: Send> EndAttempt for Shared<S, K> {
     }
 }
 
+#[cfg(feature = "health")]
+impl<S: Send, K: Send> health::HealthSink for Shared<S, K> {
+    fn serving(&self, id: ReplicaId, status: stormguard_core::ServingStatus) {
+        let mut inner = self.lock();
+        let Some(before) = inner.set.set_serving(id, status) else {
+            return;
+        };
+        let name = inner.name_of(id);
+        drop(inner);
+        self.health_changes.send_modify(|n| *n += 1);
+        tracing::info!(
+            replica = name.as_deref().unwrap_or("?"),
+            from = before.as_str(),
+            to = status.as_str(),
+            "stormguard: replica health check changed"
+        );
+    }
+}
+
 fn transition_id(t: &ReplicaEvent) -> ReplicaId {
     match *t {
         ReplicaEvent::Ejected { id, .. } | ReplicaEvent::Returned { id } => id,
@@ -351,6 +447,9 @@ where
     K: Clone + Eq + Hash + fmt::Display,
 {
     /// A channel over `services`, each a replica under its key (all at a full share).
+    /// Client-side health checks ([`ReplicaConfig::health_check`]) need a tonic `Channel`
+    /// per replica ([`from_endpoints`](Replicas::from_endpoints),
+    /// [`balance_channel`](Replicas::balance_channel), `from_dns`): here they are an error.
     pub fn from_services(
         config: ReplicaConfig,
         services: impl IntoIterator<Item = (K, S)>,
@@ -362,23 +461,28 @@ where
         Ok(replicas)
     }
 
-    /// A channel with no replica.
+    /// A channel with no replica, over services of any kind (so without health checks).
     fn empty(config: ReplicaConfig) -> Result<Self, stormguard_core::ConfigError> {
-        Ok(Replicas {
-            shared: Arc::new(Shared {
-                inner: Mutex::new(Inner {
-                    set: ReplicaSet::new(config)?,
-                    members: Vec::new(),
-                    serving: false,
-                    unresolved: None,
-                }),
-                early: None,
-                #[cfg(feature = "dns")]
-                dns: None,
-            }),
+        if config.health_check.is_some() {
+            return Err(stormguard_core::ConfigError::invalid(
+                "replicas.health_check",
+                "client-side health checks need a tonic Channel per replica \
+                 (Replicas::from_endpoints, balance_channel or from_dns)",
+            ));
+        }
+        Ok(Replicas::over(Arc::new(Shared::new(
+            ReplicaSet::new(config)?,
+            None,
+        ))))
+    }
+
+    /// The channel over `shared`, no task feeding it.
+    fn over(shared: Arc<Shared<S, K>>) -> Self {
+        Replicas {
+            shared,
             _alive: None,
             first: None,
-        })
+        }
     }
 
     /// This channel, fed by a task: what tells the task that its last clone is gone.
@@ -414,6 +518,14 @@ where
                 })
             })
             .collect()
+    }
+
+    /// A [`watch`](tokio::sync::watch) of how many times a replica's client-side health
+    /// check changed status ([`ReplicaConfig::health_check`]): it changes after each, and
+    /// [`snapshot`](Self::snapshot) says where each replica stands
+    /// ([`ReplicaSnapshot::serving`]). Never changes while checks are off.
+    pub fn health_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.health_changes.subscribe()
     }
 
     /// The key of the replica `id` (as a [`Route`] or a [`ReplicaSnapshot`] names it),
@@ -470,6 +582,11 @@ where
         let mut inner = self.shared.lock();
         inner.serving = true;
         let Some(id) = inner.set.pick_at(&tried[..n], now) else {
+            if !inner.set.is_empty() {
+                // Every replica's health check says it does not serve (gRFC A17): fail
+                // fast, as gRPC's balancers do with no ready subchannel.
+                return ResponseFuture::failed(NotServing::of(inner.set.len()).into());
+            }
             return ResponseFuture::no_replica(inner.unresolved.clone());
         };
         let Some(i) = inner.index(id) else {
@@ -529,6 +646,40 @@ mod transport {
 
     use super::*;
 
+    /// The state of a channel of tonic `Channel`s (`state` finishes it: `early`, `dns`),
+    /// starting each replica's health-check task when `config` asks for health checks
+    /// (feature `health`).
+    pub(crate) fn channels<K: Send + 'static>(
+        config: ReplicaConfig,
+        state: impl FnOnce(&mut Shared<Channel, K>),
+    ) -> Result<Arc<Shared<Channel, K>>, stormguard_core::ConfigError> {
+        let checks = config.health_check.clone();
+        let seed = config.seed;
+        let mut shared = Shared::new(ReplicaSet::new(config)?, None);
+        state(&mut shared);
+        let Some(checks) = checks else {
+            return Ok(Arc::new(shared));
+        };
+        #[cfg(feature = "health")]
+        {
+            Ok(Arc::new_cyclic(
+                |weak: &std::sync::Weak<Shared<Channel, K>>| {
+                    let sink: std::sync::Weak<dyn health::HealthSink> = weak.clone();
+                    shared.health = Some(health::starter(checks, seed, sink));
+                    shared
+                },
+            ))
+        }
+        #[cfg(not(feature = "health"))]
+        {
+            let _ = (checks, seed, shared);
+            Err(stormguard_core::ConfigError::invalid(
+                "replicas.health_check",
+                "client-side health checks need stormguard-client's feature `health`",
+            ))
+        }
+    }
+
     impl Replicas<Channel, EndpointKey> {
         /// A channel over `endpoints`, each a replica with its own lazily connected tonic
         /// [`Channel`] (so an endpoint that is down at start is ejected like any failing
@@ -538,12 +689,11 @@ mod transport {
             config: ReplicaConfig,
             endpoints: impl IntoIterator<Item = Endpoint>,
         ) -> Result<Self, stormguard_core::ConfigError> {
-            Replicas::from_services(
-                config,
-                endpoints
-                    .into_iter()
-                    .map(|e| (EndpointKey(e.uri().clone()), e.connect_lazy())),
-            )
+            let replicas = Replicas::over(channels(config, |_| {})?);
+            for e in endpoints {
+                replicas.insert(EndpointKey(e.uri().clone()), e.connect_lazy());
+            }
+            Ok(replicas)
         }
     }
 }

@@ -27,6 +27,49 @@ pub struct ReplicaConfig {
     pub reports: ReportWeightConfig,
     /// The seed of the choice and of the ejection jitter; `None` draws one.
     pub seed: Option<u64>,
+    /// Client-side health checks (gRFC A17): each replica's `grpc.health.v1.Health/Watch`
+    /// stream says whether it takes attempts. `None` (the default): off, no `Watch` is
+    /// sent. In a document: `health_check: { service_name: "" }`. A client runs them with
+    /// `stormguard-client`'s feature `health`, over a tonic `Channel` per replica
+    /// (`Replicas::from_endpoints`, `balance_channel`, `from_dns`).
+    pub health_check: Option<HealthCheckConfig>,
+}
+
+/// Client-side health checks per replica, as gRFC A17's `healthCheckConfig`: a replica
+/// whose health service says `NOT_SERVING` (or `SERVICE_UNKNOWN`, or has not answered yet)
+/// gets no new attempts until it says `SERVING` (see
+/// [`ServingStatus`](crate::ServingStatus)).
+///
+/// ```
+/// use stormguard_core::{Format, HealthCheckConfig, ReplicaConfig};
+///
+/// let json = r#"{ "replicas": { "health_check": { "service_name": "inventory.v1.Inventory" } } }"#;
+/// let config = ReplicaConfig::from_text(json, Format::Json)?;
+/// assert_eq!(config.health_check, Some(HealthCheckConfig::service("inventory.v1.Inventory")));
+/// // Off unless asked for.
+/// assert_eq!(ReplicaConfig::default().health_check, None);
+/// # Ok::<(), stormguard_core::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(
+    default,
+    deny_unknown_fields,
+    expecting = "an object of health-check settings"
+)]
+pub struct HealthCheckConfig {
+    /// The service name each `Watch` asks about (A17's `serviceName`); `""`, the default,
+    /// is the whole server's status.
+    #[serde(alias = "serviceName")]
+    pub service_name: String,
+}
+
+impl HealthCheckConfig {
+    /// Health checks of the service `name` (`""`: the whole server).
+    pub fn service(name: impl Into<String>) -> Self {
+        HealthCheckConfig {
+            service_name: name.into(),
+        }
+    }
 }
 
 /// When a replica is ejected, and for how long. See [the docs](crate::ReplicaSet).

@@ -6,7 +6,10 @@ mod config;
 mod resolve;
 pub(crate) mod weights;
 
-pub use config::{EjectionConfig, LoadConfig, ReplicaConfig, ReportWeightConfig, SlowStartConfig};
+pub use config::{
+    EjectionConfig, HealthCheckConfig, LoadConfig, ReplicaConfig, ReportWeightConfig,
+    SlowStartConfig,
+};
 pub use resolve::{
     Refresh, RefreshAnswer, RefreshConfig, RefreshCounts, RefreshHealth, RefreshUpdate,
 };
@@ -96,6 +99,47 @@ impl ReplicaState {
     }
 }
 
+/// What a replica's client-side health check (gRFC A17, `grpc.health.v1.Health/Watch`)
+/// says of it. Only [`Unchecked`](Self::Unchecked) and [`Serving`](Self::Serving) let it
+/// take new attempts ([`takes_attempts`](Self::takes_attempts)); attempts in flight on a
+/// replica that stops taking them finish.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ServingStatus {
+    /// Not health-checked: checks are off (the default), or its server does not implement
+    /// the health service (A17: the check is disabled for it, the replica counts as
+    /// healthy).
+    #[default]
+    Unchecked,
+    /// Checked, with no answer yet since its connection was made (or since it failed).
+    Unknown,
+    /// `SERVING`.
+    Serving,
+    /// `NOT_SERVING` (or a status this client does not know).
+    NotServing,
+    /// `SERVICE_UNKNOWN`: the server does not know the service name asked about.
+    ServiceUnknown,
+}
+
+impl ServingStatus {
+    /// Whether a replica with this status takes new attempts: unchecked or `SERVING`.
+    /// The one place that decides it ([`ReplicaSet::pick_at`] asks it).
+    pub fn takes_attempts(self) -> bool {
+        matches!(self, ServingStatus::Unchecked | ServingStatus::Serving)
+    }
+
+    /// A short name for metrics and logs: `unchecked`, `unknown`, `serving`,
+    /// `not_serving`, `service_unknown`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServingStatus::Unchecked => "unchecked",
+            ServingStatus::Unknown => "unknown",
+            ServingStatus::Serving => "serving",
+            ServingStatus::NotServing => "not_serving",
+            ServingStatus::ServiceUnknown => "service_unknown",
+        }
+    }
+}
+
 /// Why a replica was ejected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EjectReason {
@@ -165,6 +209,10 @@ pub struct ReplicaSnapshot {
     /// What its load reports multiply its share by now, in (0, 1] (1: no report counts;
     /// see `ReplicaSet::report_factor_at`).
     pub report_factor: f64,
+    /// What its health check says ([`ServingStatus::Unchecked`] when checks are off).
+    pub serving: ServingStatus,
+    /// Times its health-check status changed ([`ReplicaSet::set_serving`]).
+    pub serving_changes: u64,
 }
 
 /// The weight of one new answer in the health EWMA.
@@ -196,6 +244,9 @@ struct Replica {
     failures: u64,
     overloads: u64,
     ejections: u64,
+    /// What its health check says.
+    serving: ServingStatus,
+    serving_changes: u64,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -447,8 +498,35 @@ impl ReplicaSet {
             failures: 0,
             overloads: 0,
             ejections: 0,
+            // With health checks on, a replica takes no attempt before its first answer.
+            serving: if self.config.health_check.is_some() {
+                ServingStatus::Unknown
+            } else {
+                ServingStatus::Unchecked
+            },
+            serving_changes: 0,
         });
         id
+    }
+
+    /// What replica `id`'s health check says now (gRFC A17; a client's health-check task
+    /// calls this for each answer, and with [`ServingStatus::Unknown`] when the replica's
+    /// connection fails). With [`ReplicaConfig::health_check`] set, a replica starts
+    /// [`Unknown`](ServingStatus::Unknown); otherwise [`Unchecked`](ServingStatus::Unchecked). From the call on, [`pick_at`](Self::pick_at)
+    /// gives the replica new attempts only while the status
+    /// [takes them](ServingStatus::takes_attempts). Returns the previous status when it
+    /// changed (counted in the snapshot's `serving_changes`), `None` when it did not or
+    /// the replica is gone.
+    pub fn set_serving(&mut self, id: ReplicaId, status: ServingStatus) -> Option<ServingStatus> {
+        let i = self.index(id)?;
+        let r = &mut self.replicas[i];
+        let before = r.serving;
+        if before == status {
+            return None;
+        }
+        r.serving = status;
+        r.serving_changes += 1;
+        Some(before)
     }
 
     /// Removes a replica; answers that arrive for it later are ignored.
@@ -475,14 +553,18 @@ impl ReplicaSet {
 
     /// Chooses the replica for an attempt at `now`, avoiding those in `tried` (the ones
     /// this logical call already used) when another is in the choice, and counts the
-    /// attempt as in flight on it until [`end_at`](Self::end_at). `None` only when the set
-    /// is empty.
+    /// attempt as in flight on it until [`end_at`](Self::end_at). `None` when the set is
+    /// empty, or when no replica's health check lets it take attempts (every one is
+    /// checked and says `NOT_SERVING`, `SERVICE_UNKNOWN` or nothing yet: see
+    /// [`set_serving`](Self::set_serving)); a client fails such a call at once, as gRPC's
+    /// balancers do when no subchannel is ready.
     ///
-    /// The candidates are the replicas in the choice (active, warming, or probing with no
-    /// probe in flight) that the call has not tried; if there are none, those in the choice
-    /// that it has; if there are none either (every replica is out), every replica (the
-    /// least bad one is better than failing the call here). Among the candidates two are
-    /// drawn at random and the one of lower cost wins.
+    /// Only replicas whose [`ServingStatus`] takes attempts are candidates. Among them: the
+    /// replicas in the choice (active, warming, or probing with no probe in flight) that
+    /// the call has not tried; if there are none, those in the choice that it has; if there
+    /// are none either (every replica is out), every one (the least bad one is better than
+    /// failing the call here). Among the candidates two are drawn at random and the one of
+    /// lower cost wins.
     pub fn pick_at(&mut self, tried: &[ReplicaId], now: Instant) -> Option<ReplicaId> {
         if self.replicas.is_empty() {
             return None;
@@ -490,10 +572,14 @@ impl ReplicaSet {
         self.refresh_at(now);
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
-        let in_choice = |r: &Replica| match r.state {
-            ReplicaState::Active | ReplicaState::Warming { .. } => true,
-            ReplicaState::Probing => r.in_flight == 0,
-            ReplicaState::Ejected { .. } => false,
+        let serving = |r: &Replica| r.serving.takes_attempts();
+        let in_choice = |r: &Replica| {
+            serving(r)
+                && match r.state {
+                    ReplicaState::Active | ReplicaState::Warming { .. } => true,
+                    ReplicaState::Probing => r.in_flight == 0,
+                    ReplicaState::Ejected { .. } => false,
+                }
         };
         scratch.extend(
             self.replicas
@@ -512,9 +598,19 @@ impl ReplicaSet {
             );
         }
         if scratch.is_empty() {
-            scratch.extend(0..self.replicas.len());
+            scratch.extend(
+                self.replicas
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| serving(r))
+                    .map(|(i, _)| i),
+            );
         }
         let chosen = match scratch.len() {
+            0 => {
+                self.scratch = scratch;
+                return None;
+            }
             1 => scratch[0],
             n => {
                 let a = self.rng.usize(..n);
@@ -777,6 +873,8 @@ impl ReplicaSet {
             health: self.health_at(r, now),
             weight: self.weight_at(r, now),
             report_factor: self.factor_at(r, now),
+            serving: r.serving,
+            serving_changes: r.serving_changes,
         })
     }
 }

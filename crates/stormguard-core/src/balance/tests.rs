@@ -483,3 +483,86 @@ fn deserializes_with_units_and_refuses_unknown_fields() {
     assert!(c.slow_start.window.is_zero());
     assert!(serde_json::from_str::<ReplicaConfig>(r#"{"ejections":{}}"#).is_err());
 }
+
+/// gRFC A17: a replica whose health check does not say `SERVING` takes no new attempts,
+/// even when every other replica is ejected; it takes them again once it does; with no
+/// replica serving, the pick fails rather than send to one that said it is not.
+#[test]
+fn a_replica_that_is_not_serving_gets_no_new_attempts() {
+    let mut s = set(11);
+    let t0 = Instant::now();
+    let (a, b) = (s.insert_at(t0), s.insert_at(t0));
+    for id in [a, b] {
+        assert_eq!(
+            s.snapshot_at(id, t0).unwrap().serving,
+            ServingStatus::Unchecked
+        );
+    }
+    // An attempt in flight on `a` when it stops serving still ends normally.
+    let in_flight = loop {
+        if let Some(id) = s.pick_at(&[], t0).filter(|id| *id == a) {
+            break id;
+        }
+    };
+    assert_eq!(
+        s.set_serving(a, ServingStatus::NotServing),
+        Some(ServingStatus::Unchecked)
+    );
+    assert_eq!(
+        s.set_serving(a, ServingStatus::NotServing),
+        None,
+        "no change"
+    );
+    for _ in 0..200 {
+        let id = s.pick_at(&[], t0).unwrap();
+        assert_eq!(id, b, "a retry that tried b still avoids a");
+        assert_eq!(s.pick_at(&[b], t0), Some(b));
+        s.end_at(b, ReplicaOutcome::Success, t0, t0);
+        s.end_at(b, ReplicaOutcome::Success, t0, t0);
+    }
+    s.end_at(in_flight, ReplicaOutcome::Success, t0, t0);
+    assert_eq!(s.snapshot_at(a, t0).unwrap().in_flight, 0);
+    // `b` ejected (the only one left in the choice) still beats a replica not serving.
+    for _ in 0..5 {
+        assert_eq!(s.pick_at(&[], t0), Some(b));
+        s.end_at(b, ReplicaOutcome::Failure, t0, t0);
+    }
+    assert!(s.snapshot_at(b, t0).unwrap().state.is_ejected());
+    assert_eq!(s.pick_at(&[], t0), Some(b));
+    s.end_at(b, ReplicaOutcome::CutOff, t0, t0);
+    // Nothing serving (b has not answered its check yet): no pick.
+    s.set_serving(b, ServingStatus::Unknown);
+    assert_eq!(s.pick_at(&[], t0), None);
+    s.set_serving(b, ServingStatus::ServiceUnknown);
+    assert_eq!(s.pick_at(&[], t0), None);
+    // `a` serving again: it takes attempts at once.
+    s.set_serving(a, ServingStatus::Serving);
+    assert_eq!(s.pick_at(&[], t0), Some(a));
+    let snap = s.snapshot_at(a, t0).unwrap();
+    assert_eq!(
+        (snap.serving, snap.serving_changes),
+        (ServingStatus::Serving, 2)
+    );
+    assert_eq!(s.snapshot_at(b, t0).unwrap().serving_changes, 2);
+}
+
+/// With health checks on, a new replica takes no attempt before its check answers.
+#[test]
+fn with_health_checks_on_a_replica_waits_for_its_first_answer() {
+    let mut s = ReplicaSet::new(ReplicaConfig {
+        seed: Some(5),
+        health_check: Some(crate::HealthCheckConfig::service("")),
+        ..ReplicaConfig::default()
+    })
+    .unwrap();
+    let t0 = Instant::now();
+    let (a, b) = (s.insert_at(t0), s.insert_warming_at(t0));
+    assert_eq!(
+        s.snapshot_at(a, t0).unwrap().serving,
+        ServingStatus::Unknown
+    );
+    assert_eq!(s.pick_at(&[], t0), None);
+    s.set_serving(b, ServingStatus::Serving);
+    assert_eq!(s.pick_at(&[], t0), Some(b));
+    assert_eq!(s.snapshot_at(b, t0).unwrap().serving_changes, 1);
+}

@@ -19,6 +19,14 @@ impl Readiness {
 
     /// Sets the service `NOT_SERVING`, on a task of the current tokio runtime (the
     /// reporter's lock is async); outside a runtime, only logs that it could not.
+    ///
+    /// Then it ends the service's open `Watch` streams (clients that watch, as gRFC A17's
+    /// client-side health checks do, have the `NOT_SERVING` first): tonic's graceful
+    /// shutdown waits for every open stream, and a `Watch` never ends by itself, so without
+    /// this a watching client would hold the shutdown until the process is killed. From
+    /// then on the service is unknown to the health service (a `Check` or a new `Watch` is
+    /// answered `NOT_FOUND`, which a readiness probe and a watching client both take as
+    /// not serving) and answered at once, so nothing holds the drain.
     pub(crate) fn not_serving(&self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(
@@ -29,9 +37,13 @@ impl Readiness {
         };
         let (reporter, service) = (self.reporter.clone(), self.service.clone());
         runtime.spawn(async move {
+            let mut reporter = reporter;
             reporter
                 .set_service_status(&service, ServingStatus::NotServing)
                 .await;
+            // The streams see NOT_SERVING, then their end (a watch's last value is read
+            // before its closing).
+            reporter.clear_service_status(&service).await;
             tracing::info!(
                 service,
                 "stormguard: health set to NOT_SERVING for the shutdown"

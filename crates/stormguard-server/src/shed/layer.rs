@@ -258,7 +258,10 @@ impl ShedLayer {
     /// begins ([`ShutdownHandle::begin`]), `service` (a name the health service answers
     /// for; `""` is the whole server's) is set `NOT_SERVING`, so that the readiness probe
     /// fails and the pod leaves the Service's endpoints while the queue answers with
-    /// pushback. Call it before [`shutdown_handle`](Self::shutdown_handle).
+    /// pushback; clients that watch it (gRFC A17's client-side health checks) stop sending
+    /// it attempts. Then the service's open `Watch` streams end, so that they do not hold
+    /// tonic's graceful shutdown, and the name is no longer known (answered `NOT_FOUND`).
+    /// Call it before [`shutdown_handle`](Self::shutdown_handle).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
