@@ -96,8 +96,8 @@ struct Args {
           value_parser = clap::value_parser!(u64).range(1..))]
     deadline_ms: u64,
     /// Serve the client's metrics to Prometheus at http://ADDR/metrics: each run's
-    /// `RetryLayer` named `SCENARIO.POLICY`, and its `Replicas` by replica (needs
-    /// `--features otel-examples`)
+    /// `RetryLayer` named `SCENARIO.POLICY`, and its `Replicas` by replica (with
+    /// --discovery dns, also their resolutions) (needs `--features otel-examples`)
     #[arg(long = "metrics-addr", value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
     /// Run as one replica (the parent starts its children so)
@@ -139,7 +139,7 @@ fn scenario_name(name: &str) -> Result<ScenarioName, String> {
 }
 
 /// `--discovery dns`: each scenario through the `stormguard` policy over `Replicas::from_dns`.
-async fn dns_fleet(args: &Args) -> Result<(), Box<dyn Error>> {
+async fn dns_fleet(args: &Args, meters: &meters::Meters) -> Result<(), Box<dyn Error>> {
     let scenarios: Vec<dns::DnsScenario> = if args.scenarios.is_empty() {
         dns::DnsScenario::ALL.to_vec()
     } else {
@@ -186,7 +186,7 @@ async fn dns_fleet(args: &Args) -> Result<(), Box<dyn Error>> {
     };
     for scenario in scenarios {
         let (policy, resolutions, dns_failures) =
-            dns::run(scenario, &config, !args.no_health_checks, &|_| {})
+            dns::run(scenario, &config, (!args.no_health_checks, meters), &|_| {})
                 .await
                 .map_err(|e| format!("{}: {e}", scenario.as_str()))?;
         report.scenarios.push(dns::DnsScenarioReport {
@@ -222,7 +222,7 @@ fn main() -> ExitCode {
         .enable_all()
         .build();
     let result = match runtime {
-        Ok(runtime) => runtime.block_on(fleet(&args)),
+        Ok(runtime) => runtime.block_on(exported(&args)),
         Err(e) => Err(e.into()),
     };
     match result {
@@ -247,15 +247,30 @@ async fn capacity(replicas: usize) -> f64 {
     (replicas * replica::WORKERS) as f64 / service
 }
 
-async fn fleet(args: &Args) -> Result<(), Box<dyn Error>> {
+/// The fleet of `--discovery`, its layers' metrics served at `--metrics-addr` while it runs.
+async fn exported(args: &Args) -> Result<(), Box<dyn Error>> {
+    let export = otel::Export::start(otel::Sinks {
+        stdout: None,
+        metrics_addr: args.metrics_addr,
+    })
+    .await?;
+    let meters = meters::Meters::of(export.as_ref());
+    let result = match args.discovery {
+        Discovery::Dns => dns_fleet(args, &meters).await,
+        Discovery::List => fleet(args, &meters).await,
+    };
+    if let Some(export) = export {
+        export.finish();
+    }
+    result
+}
+
+async fn fleet(args: &Args, meters: &meters::Meters) -> Result<(), Box<dyn Error>> {
     let timing = if args.run.quick {
         Timing::quick()
     } else {
         Timing::standard()
     };
-    if args.discovery == Discovery::Dns {
-        return dns_fleet(args).await;
-    }
     let listed: Vec<Scenario> = args
         .scenarios
         .iter()
@@ -277,12 +292,6 @@ async fn fleet(args: &Args) -> Result<(), Box<dyn Error>> {
     } else {
         &args.policies
     };
-    let export = otel::Export::start(otel::Sinks {
-        stdout: None,
-        metrics_addr: args.metrics_addr,
-    })
-    .await?;
-    let meters = meters::Meters::of(export.as_ref());
     let capacity = capacity(args.replicas).await;
     let config = RunConfig {
         replicas: args.replicas,
@@ -334,7 +343,7 @@ async fn fleet(args: &Args) -> Result<(), Box<dyn Error>> {
                 let overall = (i as f64 + done) / policies.len() as f64;
                 bar.set_position((overall * 1000.0) as u64);
             };
-            let data = run::run((scenario, policy), &config, &meters, &progress)
+            let data = run::run((scenario, policy), &config, meters, &progress)
                 .await
                 .map_err(|e| format!("{} / {}: {e}", scenario.as_str(), policy.as_str()))?;
             runs.push(report::summarize(
@@ -352,9 +361,6 @@ async fn fleet(args: &Args) -> Result<(), Box<dyn Error>> {
             fault_s: timing.fault.as_secs_f64(),
             bad_replica: (scenario != Scenario::Rolling).then_some(BAD),
         });
-    }
-    if let Some(export) = export {
-        export.finish();
     }
     print!("{}", report::table(&report));
     args.run.write_report("fleet", &report, svg::draw)

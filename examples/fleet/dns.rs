@@ -27,6 +27,7 @@ use stormguard_demo::storm::stormguard_client_config;
 use tokio::time::Instant;
 use tower::ServiceExt;
 
+use crate::meters::Meters;
 use crate::process::{Replica, SharedReports};
 use crate::run::{
     Caller, ClientCounts, Observe, RunConfig, generate, layered, replica_seed, unix_us,
@@ -182,7 +183,7 @@ struct Marks {
 pub(crate) async fn run(
     scenario: DnsScenario,
     config: &RunConfig,
-    checks: bool,
+    (checks, meters): (bool, &Meters),
     progress: &(dyn Fn(f64) + Send + Sync),
 ) -> Result<(DnsPolicyReport, u64, u64), String> {
     let reports = SharedReports::default();
@@ -193,7 +194,7 @@ pub(crate) async fn run(
         .await
         .map_err(|e| format!("dns server: {e}"))?;
     let counts = Arc::new(ClientCounts::new(config.timing.buckets()));
-    let (caller, replicas) = client(&dns, port, config, checks, &counts)?;
+    let (caller, replicas) = client(scenario, (&dns, port), config, (checks, meters), &counts)?;
     // Connections up before the clock starts: calls with no id, not counted anywhere.
     for _ in 0..4 * listed {
         let _ = caller.clone().oneshot(0).await;
@@ -287,10 +288,10 @@ type Channel = Replicas<tonic::transport::Channel, stormguard::client::replicas:
 
 /// The `stormguard` policy over the replicas `dns` lists (health checks if `checks`).
 fn client(
-    dns: &DnsServer,
-    port: u16,
+    scenario: DnsScenario,
+    (dns, port): (&DnsServer, u16),
     config: &RunConfig,
-    checks: bool,
+    (checks, meters): (bool, &Meters),
     counts: &Arc<ClientCounts>,
 ) -> Result<(Caller, Channel), String> {
     let target = Dns::new(NAME)
@@ -305,10 +306,13 @@ fn client(
         health_check: checks.then(|| HealthCheckConfig::service("")),
         ..ReplicaConfig::default()
     };
-    let replicas = Replicas::from_dns(checked, target).map_err(|e| e.to_string())?;
+    let replicas = Replicas::from_dns(checked, target)
+        .map(|replicas| meters.replicas(replicas))
+        .map_err(|e| e.to_string())?;
     let layer = RetryLayer::from_config(&stormguard_client_config(None).with_seed(config.seed))
         .map_err(|e| e.to_string())?
         .over_replicas();
+    let layer = meters.retry(layer, &format!("{}.stormguard", scenario.as_str()));
     let service = tower::ServiceBuilder::new()
         .layer(layer)
         .service(Observe::new(replicas.clone(), counts.clone()));

@@ -71,6 +71,7 @@ const EXAMPLES: &[Example] = &[
             "--deadline-ms",
             "--discovery",
             "--metrics-addr",
+            "--no-health-checks",
         ],
         bad_value: &["--scenarios", "fail-fast,flood"],
     },
