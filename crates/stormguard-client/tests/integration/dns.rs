@@ -91,11 +91,22 @@ async fn scale_down_finishes_attempts_in_flight_and_sends_no_new_one() {
     let staying: Vec<&Pod> = pods[..3].iter().collect();
     wait_report(&replicas, "the removal", |r| lists(r, &staying)).await;
     let entered_at_removal: Vec<u64> = leaving.iter().map(Pod::entered).collect();
+    assert!(
+        leaving.iter().all(|pod| pod.connections() > 0),
+        "the attempts in flight hold their connections"
+    );
     // The attempts in flight finish: their calls succeed.
     for pod in leaving {
         pod.control.open_gate();
     }
     failed += held.await.unwrap();
+    // With them, the client's connections to the removed replicas close, before the
+    // processes stop.
+    for pod in leaving {
+        tokio::time::timeout(PATIENCE, pod.wait_no_connection())
+            .await
+            .expect("the removed replica's connection closes once its attempts finished");
+    }
     for _ in 0..5 {
         failed += batch(&client, 20).await;
     }

@@ -32,7 +32,25 @@ pub(crate) const PATIENCE: Duration = Duration::from_secs(10);
 pub(crate) struct Pod {
     pub(crate) addr: SocketAddr,
     pub(crate) control: DemoControl,
+    /// Its connections open now.
+    connections: watch::Sender<usize>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Counts one open connection of a pod while it lives.
+struct Open(watch::Sender<usize>);
+
+impl Open {
+    fn new(connections: &watch::Sender<usize>) -> Self {
+        connections.send_modify(|n| *n += 1);
+        Open(connections.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
 }
 
 impl Pod {
@@ -46,6 +64,8 @@ impl Pod {
         });
         let control = inventory.control();
         let routes = tonic::service::Routes::new(InventoryServer::new(inventory));
+        let connections = watch::Sender::new(0);
+        let counted = connections.clone();
         let task = tokio::spawn(async move {
             // Dropped with the task: a killed pod's connections close with its listener.
             let mut connections = JoinSet::new();
@@ -54,7 +74,9 @@ impl Pod {
                     return;
                 };
                 let svc = TowerToHyperService::new(routes.clone());
+                let open = Open::new(&counted);
                 connections.spawn(async move {
+                    let _open = open;
                     let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(stream), svc)
                         .await;
@@ -64,6 +86,7 @@ impl Pod {
         Ok(Pod {
             addr,
             control,
+            connections,
             task,
         })
     }
@@ -71,6 +94,17 @@ impl Pod {
     /// Stops the pod at once, as `kill -9`: new connections are refused, open ones close.
     pub(crate) fn kill(&self) {
         self.task.abort();
+    }
+
+    /// Returns once none of its connections is open (a client closed them).
+    pub(crate) async fn wait_no_connection(&self) {
+        let mut open = self.connections.subscribe();
+        let _ = open.wait_for(|n| *n == 0).await;
+    }
+
+    /// Its connections open now.
+    pub(crate) fn connections(&self) -> usize {
+        *self.connections.borrow()
     }
 
     /// Attempts that reached it so far.
