@@ -162,8 +162,24 @@ impl Replica {
     pub(crate) fn kill(&mut self) {
         if !self.gone {
             let _ = self.child.kill();
-            let _ = self.child.wait();
+            let _ = self.reap();
             self.gone = true;
+        }
+    }
+
+    /// Waits for the process to be gone. Reaping a process blocks, for as long as the
+    /// system takes to tear it down (long on a busy machine): the runtime's other tasks,
+    /// the client's calls among them, move to another worker meanwhile instead of waiting
+    /// behind it.
+    fn reap(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        let child = &mut self.child;
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime)
+                if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread =>
+            {
+                tokio::task::block_in_place(|| child.wait())
+            }
+            _ => child.wait(),
         }
     }
 
@@ -197,7 +213,7 @@ impl Replica {
                 self.stderr_tail()
             ));
         }
-        let status = self.child.wait().map_err(|e| format!("wait: {e}"))?;
+        let status = self.reap().map_err(|e| format!("wait: {e}"))?;
         self.gone = true;
         if !status.success() {
             return Err(format!(
