@@ -49,10 +49,24 @@ struct State {
     refusals: u32,
     /// When the backoff allows the next connection attempt.
     next_at: Option<Instant>,
-    /// Until when the probe let through last holds the slot it took (it has not reported
-    /// yet): no other first attempt goes through before then.
+    /// When the next probe may go: one backoff step (for the probes refused so far) after
+    /// the refusal that began the backoff or reported the last probe. The slots handed to
+    /// refused calls do not move it: a burst of calls refused together is one refusal of
+    /// the dependency, not many.
+    probe_at: Option<Instant>,
+    /// Probes refused in a row (the first refusal counts as one).
+    probes_refused: u32,
+    /// Until when the probe let through last holds its slot (it has not reported yet): no
+    /// other first attempt goes through before then.
     probe_until: Option<Instant>,
     rng: fastrand::Rng,
+}
+
+impl State {
+    /// A jitter factor, within 1 ± [`JITTER`].
+    fn jitter(&mut self) -> f64 {
+        1.0 + JITTER * (2.0 * self.rng.f64() - 1.0)
+    }
 }
 
 /// The nominal wait after `refusals` refusals in a row, before jitter.
@@ -68,6 +82,8 @@ impl ConnectBackoff {
             state: Mutex::new(State {
                 refusals: 0,
                 next_at: None,
+                probe_at: None,
+                probes_refused: 0,
                 probe_until: None,
                 rng: fastrand::Rng::with_seed(seed),
             }),
@@ -84,12 +100,12 @@ impl ConnectBackoff {
             return true;
         }
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let slot_open = state.next_at.is_none_or(|next| now >= next);
+        let slot_open = state.probe_at.is_none_or(|at| now >= at);
         let probe_out = state.probe_until.is_some_and(|until| now < until);
         if !slot_open || probe_out {
             return false;
         }
-        state.probe_until = Some(now + Duration::from_secs_f64(nominal(state.refusals)));
+        state.probe_until = Some(now + Duration::from_secs_f64(nominal(state.probes_refused)));
         true
     }
 
@@ -100,9 +116,15 @@ impl ConnectBackoff {
     pub(crate) fn refused_at(&self, now: Instant) -> Instant {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         self.down.store(true, Ordering::Relaxed);
-        state.probe_until = None;
+        // The refusal that begins the backoff, or the one that reports the probe out:
+        // the next probe is one (grown) step later.
+        if state.probe_until.take().is_some() || state.probe_at.is_none() {
+            let step = nominal(state.probes_refused) * state.jitter();
+            state.probes_refused = state.probes_refused.saturating_add(1);
+            state.probe_at = Some(now + Duration::from_secs_f64(step));
+        }
         let from = state.next_at.filter(|&next| now < next).unwrap_or(now);
-        let wait = nominal(state.refusals) * (1.0 + JITTER * (2.0 * state.rng.f64() - 1.0));
+        let wait = nominal(state.refusals) * state.jitter();
         state.refusals = state.refusals.saturating_add(1);
         let next = from + Duration::from_secs_f64(wait);
         state.next_at = Some(next);
@@ -116,6 +138,8 @@ impl ConnectBackoff {
             self.down.store(false, Ordering::Relaxed);
             state.refusals = 0;
             state.next_at = None;
+            state.probe_at = None;
+            state.probes_refused = 0;
             state.probe_until = None;
         }
     }
@@ -164,27 +188,38 @@ mod tests {
         let ms = Duration::from_millis;
         // Connections are made: every first attempt goes.
         assert!((0..5).all(|i| backoff.admits_first_at(t0 + ms(i))));
-        let slot = backoff.refused_at(t0);
-        // Before the slot: none; at the slot: one probe, and no second one beside it.
+        backoff.refused_at(t0);
+        // Before the slot (1 s ± 20 %): none; at it: one probe, and no second one beside it.
         assert!(!backoff.admits_first_at(t0 + ms(1)));
-        assert!(!backoff.admits_first_at(slot - ms(1)));
-        assert!(backoff.admits_first_at(slot));
-        assert!(!backoff.admits_first_at(slot + ms(1)));
-        // The probe is refused: the next slot is one (grown) step later, one probe there.
-        let next = backoff.refused_at(slot + ms(10));
-        let step = (next - (slot + ms(10))).as_secs_f64();
-        assert!(
-            step >= MULTIPLIER * (1.0 - JITTER) && step <= MULTIPLIER * (1.0 + JITTER),
-            "{step}"
-        );
-        assert!(!backoff.admits_first_at(next - ms(1)));
+        assert!(!backoff.admits_first_at(t0 + ms(799)));
+        let probe = t0 + ms(1_200);
+        assert!(backoff.admits_first_at(probe));
+        assert!(!backoff.admits_first_at(probe + ms(1)));
+        // The probe is refused: the next slot is one grown step later (1.6 s ± 20 %).
+        let refused = probe + ms(10);
+        backoff.refused_at(refused);
+        assert!(!backoff.admits_first_at(refused + ms(1_279)));
+        let next = refused + ms(1_920);
         assert!(backoff.admits_first_at(next));
-        // A probe that never reports frees its slot one step later.
+        // A probe that never reports frees its slot one step (2.56 s) later.
         assert!(!backoff.admits_first_at(next + ms(100)));
         let later = next + Duration::from_secs_f64(nominal(2));
         assert!(backoff.admits_first_at(later));
         // An answer ends the backoff: every first attempt goes again.
         backoff.connected();
         assert!((0..5).all(|i| backoff.admits_first_at(later + ms(i))));
+    }
+
+    #[test]
+    fn calls_refused_together_do_not_put_the_probe_off() {
+        // The calls in flight when the dependency went away are refused together: each
+        // takes a slot for its transparent retry, but the first probe still goes one step
+        // after the first refusal, not after the last slot handed out.
+        let backoff = ConnectBackoff::new(5);
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let slots: Vec<_> = (0..10).map(|i| backoff.refused_at(t0 + ms(i))).collect();
+        assert!(slots[9] - t0 > Duration::from_secs(30), "{:?}", slots[9] - t0);
+        assert!(backoff.admits_first_at(t0 + ms(1_200)));
     }
 }
