@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
-use crate::AdaptiveLimit;
 use super::limit::Ended;
+use crate::AdaptiveLimit;
 use crate::Criticality;
 use crate::Instant;
 use crate::wire::AttemptClass;

@@ -219,7 +219,11 @@ mod tests {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         let slots: Vec<_> = (0..10).map(|i| backoff.refused_at(t0 + ms(i))).collect();
-        assert!(slots[9] - t0 > Duration::from_secs(30), "{:?}", slots[9] - t0);
+        assert!(
+            slots[9] - t0 > Duration::from_secs(30),
+            "{:?}",
+            slots[9] - t0
+        );
         assert!(backoff.admits_first_at(t0 + ms(1_200)));
     }
 }

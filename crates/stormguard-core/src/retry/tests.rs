@@ -1633,7 +1633,8 @@ fn while_connections_are_refused_a_first_attempt_is_sent_only_as_the_slots_probe
     // In backoff: every first attempt is refused, none dials.
     for t in [11, 100, 700] {
         assert_eq!(
-            c.begin_at(PATH, Some(now + ms(t + 1_000)), now + ms(t)).err(),
+            c.begin_at(PATH, Some(now + ms(t + 1_000)), now + ms(t))
+                .err(),
             Some(Refusal::ConnectBackoff),
             "{t} ms"
         );

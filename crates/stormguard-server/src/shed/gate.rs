@@ -249,11 +249,12 @@ impl Gate {
     /// estimate and an adaptive limit, which reads an abandoned call's time as a lower
     /// bound and takes no latency from a call that was not served.
     fn release(&self, now: Instant, started: Instant, finished: bool, served: bool) {
-        self.lock().apply(&self.counters, |core, sink| match (finished, served) {
-            (true, true) => core.finish_at(now, started, sink),
-            (true, false) => core.finish_not_served_at(now, started, sink),
-            (false, _) => core.abandon_at(now, started, sink),
-        });
+        self.lock()
+            .apply(&self.counters, |core, sink| match (finished, served) {
+                (true, true) => core.finish_at(now, started, sink),
+                (true, false) => core.finish_not_served_at(now, started, sink),
+                (false, _) => core.abandon_at(now, started, sink),
+            });
     }
 
     /// Whether the call holding ticket `id` may run, given that its expiry timer has

@@ -534,7 +534,11 @@ fn answers_that_were_not_served_are_not_read_as_fast_answers() {
         limit.min_latency()
     );
     assert!(highest <= settled, "grew from {settled} to {highest}");
-    assert!(limit.limit() + 2 >= settled, "{settled} -> {}", limit.limit());
+    assert!(
+        limit.limit() + 2 >= settled,
+        "{settled} -> {}",
+        limit.limit()
+    );
 }
 
 #[test]
