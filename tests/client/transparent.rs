@@ -153,3 +153,45 @@ async fn refused_streams_are_free_only_a_bounded_number_of_times() {
     );
     assert_eq!(seen.lock().unwrap().len() as u64, 1 + free);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_a_dependency_refuses_connections_a_new_call_fails_at_once_without_dialing() {
+    // A port that refuses connections: bound, then closed.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_lazy();
+    let (layer, _) = layer(true);
+    let stats = layer.stats();
+    let mut svc = layer.layer(channel);
+    let call = || {
+        let mut request = request();
+        let timeout = http::HeaderValue::from_static("300m");
+        request.headers_mut().insert("grpc-timeout", timeout);
+        request
+    };
+    // The first call dials and is refused; its transparent retry's slot in the connection
+    // backoff (1 s ± 20 %) is past its deadline, so it is not made.
+    let first = svc.ready().await.unwrap().call(call()).await.unwrap_err();
+    let first = tonic::Status::from_error(first);
+    assert_eq!(first.code(), tonic::Code::Unavailable, "{first:?}");
+    // The dependency is in backoff: the next call is answered at once, without dialing.
+    let second = svc.ready().await.unwrap().call(call()).await.unwrap_err();
+    let second = tonic::Status::from_error(second);
+    assert_eq!(second.code(), tonic::Code::Unavailable, "{second:?}");
+    assert!(
+        second.message().contains("connection is in backoff"),
+        "{second:?}"
+    );
+    assert_eq!(
+        second.metadata().get("grpc-retry-pushback-ms").unwrap(),
+        "-1",
+        "callers above are told not to retry it"
+    );
+    let s = stats.snapshot();
+    assert_eq!((s.logical, s.attempts), (2, 1), "{s:?}");
+    assert_eq!(s.refused.connect_backoff, 1, "{s:?}");
+}

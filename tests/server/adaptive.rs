@@ -658,3 +658,34 @@ async fn in_a_chain_through_a_downstream_slowdown_the_default_serves_what_fixed_
         "{before:.3}x before, {after:.3}x after"
     );
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn answers_that_were_not_served_do_not_raise_the_limit() {
+    // A third of the calls are answered `UNAVAILABLE` at once (the handler passes on its
+    // own dependency's shed); the others use a pool of 8 permits x 10 ms. Read as fast
+    // successes they would drag the latency floor down and the limit up, and the calls
+    // let in beyond the pool would wait inside it past their callers' 50 ms.
+    let pool = Pool::new(8, 10 * MS);
+    let calls = Arc::new(AtomicU64::new(0));
+    let handler = tower::service_fn(move |_req: http::Request<String>| {
+        let (pool, calls) = (pool.clone(), Arc::clone(&calls));
+        async move {
+            if calls.fetch_add(1, Ordering::Relaxed) % 3 == 0 {
+                let mut refused = http::Response::new(String::new());
+                let unavailable = http::HeaderValue::from_static("14");
+                refused.headers_mut().insert("grpc-status", unavailable);
+                return Ok::<_, Infallible>(refused);
+            }
+            pool.use_once().await;
+            Ok(http::Response::new(String::new()))
+        }
+    });
+    let handler = tower::util::BoxCloneSyncService::new(handler);
+    let offer = Offer::Closed { callers: 64 };
+    let run = run(AdmissionConfig::default(), handler, offer, 50 * MS, 3).await;
+    let highest = run.highest_limit(1.0, 3.0);
+    let served = run.between(1.0, 3.0) as f64 / 1600.0;
+    eprintln!("a third not served: limit at most {highest} from 1 s, {served:.3} of capacity");
+    assert!(highest <= 10, "the limit grew to {highest}");
+    assert!(served >= 0.95, "{served:.3} of the pool's capacity");
+}

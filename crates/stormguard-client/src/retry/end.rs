@@ -25,13 +25,22 @@ use crate::status::{
 /// What the future of a call returns.
 pub(super) type CallResult<B> = Result<http::Response<ResponseBody<B>>, BoxError>;
 
-/// The breaker is open: the first attempt is not sent, and callers above are told not to
-/// retry into it either.
-pub(super) fn breaker_open(stats: &mut CallStats, refusal: Refusal) -> Status {
+/// The retry state refused the call before its first attempt (`breaker`: the breaker is
+/// open; `connect_backoff`: the dependency refused connections and its connection backoff
+/// holds new attempts until the next probe): the first attempt is not sent, and callers
+/// above are told not to retry into it either.
+pub(super) fn not_sent(stats: &mut CallStats, refusal: Refusal) -> Status {
     stats.refused(refusal);
     stats.outcome(Code::Unavailable);
+    let why = match refusal {
+        Refusal::ConnectBackoff => {
+            "the dependency refused connections and its connection is in backoff \
+             (one probe per backoff slot tries to connect)"
+        }
+        _ => "the circuit breaker is open",
+    };
     status_do_not_retry(Status::unavailable(format!(
-        "stormguard: call not sent ({refusal}): the circuit breaker is open"
+        "stormguard: call not sent ({refusal}): {why}"
     )))
 }
 

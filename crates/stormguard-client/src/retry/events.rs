@@ -4,7 +4,7 @@
 //! | event | level | fields |
 //! |---|---|---|
 //! | `stormguard: retry refused` (each one) | DEBUG | `stormguard.layer`, `rpc.method`, `retry.refused`, `retry.attempt`, `deadline.left_ms` |
-//! | `stormguard: N retries refused in the last S s` | INFO | `stormguard.layer`, `rpc.method` (of the latest), `refused.attempts`, `refused.deadline`, `refused.breaker`, `refused.budget`, `refused.key_budget`, `refused.allowance`, `summary.window_ms` |
+//! | `stormguard: N retries refused in the last S s` | INFO | `stormguard.layer`, `rpc.method` (of the latest), `refused.attempts`, `refused.deadline`, `refused.breaker`, `refused.budget`, `refused.key_budget`, `refused.allowance`, `refused.saturated`, `summary.window_ms` |
 //! | `stormguard: call rejected by the client throttle` (each one) | DEBUG | `stormguard.layer`, `rpc.method`, `throttle.criticality`, `throttle.probability` |
 //! | `stormguard: N calls rejected by the client throttle in the last S s` | INFO | `stormguard.layer`, `rpc.method` (of the latest), `throttled.sheddable`, `throttled.default`, `throttled.critical`, `summary.window_ms` |
 //! | `stormguard: committed call cut at its deadline` (each one: see [`ResponseBody`](super::ResponseBody)) | DEBUG | `stormguard.layer`, `rpc.method` |

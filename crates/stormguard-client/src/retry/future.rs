@@ -218,8 +218,9 @@ where
     }
 }
 
-/// Admits a call at `now`: its retry state (refused while the breaker is open or once the
-/// deadline passed), the throttle's admission, and the call's idempotency key stamped on
+/// Admits a call at `now`: its retry state (refused while the breaker is open, while the
+/// dependency is in connection backoff but for the slot's probe, or once the deadline
+/// passed), the throttle's admission, and the call's idempotency key stamped on
 /// `request`; else the status the call ends with, unsent. Dropping a call state that is
 /// not sent releases its breaker permit unused.
 fn admit(
@@ -239,8 +240,8 @@ fn admit(
         .begin_call_at(request.uri().path(), &times, now)
     {
         Ok(call) if call.deadline().is_none_or(|d| d > now) => call,
-        // Only an open breaker rejects a first attempt: fail fast.
-        Err(refusal) => return Err(end::breaker_open(stats, refusal)),
+        // An open breaker, or a dependency in connection backoff: fail fast.
+        Err(refusal) => return Err(end::not_sent(stats, refusal)),
         Ok(_) => return Err(end::expired_before_sent(stats)),
     };
     let throttle = match &shared.throttle {

@@ -224,6 +224,7 @@ impl RetryStats {
                 replay_limit: r(Refusal::ReplayLimit),
                 allowance: r(Refusal::Allowance),
                 saturated: r(Refusal::Saturated),
+                connect_backoff: r(Refusal::ConnectBackoff),
             }
         };
         RetrySnapshot {
@@ -348,7 +349,8 @@ pub struct RetrySnapshot {
     /// message, or a field out of range (see [`stormguard_core::LoadReport`]).
     pub load_reports_ignored: u64,
     /// Failures that were not retried, by cause. A first attempt rejected by an open
-    /// breaker counts under `breaker` too.
+    /// breaker counts under `breaker` too, one rejected while the dependency's connection
+    /// is in backoff under `connect_backoff`.
     pub refused: RefusedCounts,
     /// Hedges that were due and not sent, by cause (`budget`: the retry budget was spent;
     /// `pushback`: a server's pushback stopped them; `replay_limit`: the request could not
@@ -397,6 +399,9 @@ pub struct RefusedCounts {
     pub allowance: u64,
     /// The dependency's recent load reports said it was saturated.
     pub saturated: u64,
+    /// The dependency refused connections and was in connection backoff: a first attempt
+    /// not sent (only one probe per backoff slot dials).
+    pub connect_backoff: u64,
 }
 
 /// Calls refused locally by the adaptive throttle, by the criticality they had.
@@ -444,6 +449,7 @@ impl RefusedCounts {
             (Refusal::ReplayLimit, self.replay_limit),
             (Refusal::Allowance, self.allowance),
             (Refusal::Saturated, self.saturated),
+            (Refusal::ConnectBackoff, self.connect_backoff),
         ]
         .into_iter()
         .map(|(r, n)| (r.as_str(), n))

@@ -250,10 +250,10 @@ fn through_the_simulator(script: &Script) -> Vec<Record> {
         };
         let (mut sim, mut step) = match SimCall::begin_at(&controller, PATH, &times, now) {
             Ok(begun) => (Some(begun.0), begun.1),
-            Err(_) => (
+            Err(refusal) => (
                 None,
                 Step::End(stormguard_sim::End::GaveUp(
-                    stormguard_core::Refusal::Breaker,
+                    refusal,
                     Failure::status(Code::Unavailable),
                 )),
             ),

@@ -108,6 +108,19 @@ struct Window {
     sum_running: usize,
     /// Samples of calls whose caller left before they finished.
     abandoned: usize,
+    /// Samples of calls answered without being served (an overload answer).
+    not_served: usize,
+}
+
+/// How a call that held a worker ended, as the limit reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// Answered as served: its time is a latency sample.
+    Served,
+    /// Answered without being served (shed, refused, expired): no latency sample.
+    NotServed,
+    /// Its caller left mid-run: its time so far is a lower bound.
+    Abandoned,
 }
 
 /// What a window that cut the limit saw: the calls that ran at once on average and
@@ -129,6 +142,8 @@ struct Closed {
     mean_running: f64,
     /// Whether many callers left before their calls finished.
     censored: bool,
+    /// Whether many calls were answered without being served.
+    refusing: bool,
 }
 
 #[derive(Debug)]
@@ -220,6 +235,13 @@ struct Probe {
 ///   window's calls were abandoned, the window never grows the limit and never shows a
 ///   floor, and if calls still queue inside, it cuts the limit by `l`: under overload the
 ///   calls that queue inside are those whose callers give up.
+/// - **An answer that was not served is no latency.** A handler that answers
+///   `UNAVAILABLE` or `RESOURCE_EXHAUSTED` at once (passing on its own dependency's shed,
+///   say) took a worker for a moment and served nothing; read as a call, it would look like
+///   a fast success, raise the limit and drag the floor down, letting in more calls to a
+///   handler that is already refusing them ([`AdaptiveLimit::not_served_at`]). Such
+///   calls are left out of every latency mean, the floor and the probe, and a window in
+///   which a tenth of the calls were not served never grows the limit.
 ///
 /// Everything runs on the instants it is given (`*_at(now)`), so the simulator can drive
 /// it on a virtual clock; [`crate::AdmissionQueue`] feeds it unless
@@ -307,28 +329,57 @@ impl AdaptiveLimit {
     /// One call that started at `started` finished at `now`; `running` calls still run.
     /// Returns the limit from now on.
     pub fn sample_at(&mut self, now: Instant, started: Instant, running: usize) -> usize {
-        self.record_at(now, started, running, false)
+        self.record_at(now, started, running, Ended::Served)
     }
 
     /// One call that started at `started` was abandoned by its caller at `now`, before it
     /// finished; `running` calls still run. Returns the limit from now on.
     pub fn abandoned_at(&mut self, now: Instant, started: Instant, running: usize) -> usize {
-        self.record_at(now, started, running, true)
+        self.record_at(now, started, running, Ended::Abandoned)
     }
 
-    fn record_at(
+    /// One call that started at `started` was answered at `now` without being served: its
+    /// answer's code says overload or expiry ([`Code::is_overload`](crate::Code::is_overload):
+    /// shed, refused, out of time). Its time is no latency sample (left out of the window's
+    /// mean, the floor and the probe), and a window in which a tenth of the calls were not
+    /// served does not grow the limit; `running` calls still run. Returns the limit from
+    /// now on.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard_core::Instant;
+    /// use stormguard_core::{AdaptiveLimit, AdaptiveLimitConfig};
+    ///
+    /// let mut limit = AdaptiveLimit::new(AdaptiveLimitConfig::default(), 7).expect("valid");
+    /// let t0 = Instant::now();
+    /// // The first call starts the probe of the no-load latency; answers that were not
+    /// // served, however fast, do not end it.
+    /// limit.sample_at(t0, t0, 0);
+    /// for i in 1..=16u32 {
+    ///     limit.not_served_at(t0 + i * Duration::from_micros(50), t0, 0);
+    /// }
+    /// assert_eq!(limit.min_latency(), None);
+    /// ```
+    pub fn not_served_at(&mut self, now: Instant, started: Instant, running: usize) -> usize {
+        self.record_at(now, started, running, Ended::NotServed)
+    }
+
+    /// One call that started at `started` ended at `now` as `ended` says; `running` calls
+    /// still run. Returns the limit from now on.
+    pub(crate) fn record_at(
         &mut self,
         now: Instant,
         started: Instant,
         running: usize,
-        abandoned: bool,
+        ended: Ended,
     ) -> usize {
         let latency = now.saturating_duration_since(started);
         self.start_probe_if_due_at(now);
         self.last_sample = Some(now);
         if self.probe.is_some() {
-            // A call whose caller left says nothing of how long calls take.
-            if !abandoned {
+            // A call whose caller left, or that was not served, says nothing of how long
+            // calls take.
+            if ended == Ended::Served {
                 self.probe_sample_at(now, started, latency, running);
             }
             return self.limit();
@@ -336,7 +387,7 @@ impl AdaptiveLimit {
         if self.counted_from.is_some_and(|from| started < from) {
             return self.limit();
         }
-        if let Some(closed) = self.accumulate_at(now, latency, running, abandoned) {
+        if let Some(closed) = self.accumulate_at(now, latency, running, ended) {
             self.close_window_at(now, closed);
         }
         self.limit()
@@ -440,7 +491,7 @@ impl AdaptiveLimit {
         now: Instant,
         latency: Duration,
         running: usize,
-        abandoned: bool,
+        ended: Ended,
     ) -> Option<Closed> {
         let window = self.window.get_or_insert(Window {
             started: now,
@@ -449,13 +500,16 @@ impl AdaptiveLimit {
             sum_abandoned_secs: 0.0,
             sum_running: 0,
             abandoned: 0,
+            not_served: 0,
         });
         window.count += 1;
-        if abandoned {
-            window.abandoned += 1;
-            window.sum_abandoned_secs += latency.as_secs_f64();
-        } else {
-            window.sum_secs += latency.as_secs_f64();
+        match ended {
+            Ended::Served => window.sum_secs += latency.as_secs_f64(),
+            Ended::NotServed => window.not_served += 1,
+            Ended::Abandoned => {
+                window.abandoned += 1;
+                window.sum_abandoned_secs += latency.as_secs_f64();
+            }
         }
         // `running` is after this call left: it ran alongside them.
         window.sum_running += running + 1;
@@ -477,22 +531,28 @@ impl AdaptiveLimit {
             return None;
         }
         let censored = window.abandoned as f64 >= CENSORED_SHARE * window.count as f64;
-        let finished = window.count - window.abandoned;
+        let refusing = window.not_served as f64 >= CENSORED_SHARE * window.count as f64;
+        let served = window.count - window.abandoned - window.not_served;
+        let timed = served + window.abandoned;
+        let window = self.window.take()?;
+        if timed == 0 {
+            // Nothing was served, and no caller left mid-run: no latency to steer by.
+            return None;
+        }
         // A call whose caller left is no fast answer: its time counts only in a window
-        // read as a lower bound.
-        let rtt = if censored || finished == 0 {
-            (window.sum_secs + window.sum_abandoned_secs) / window.count as f64
+        // read as a lower bound. A call that was not served counts in none.
+        let rtt = if censored || served == 0 {
+            (window.sum_secs + window.sum_abandoned_secs) / timed as f64
         } else {
-            window.sum_secs / finished as f64
+            window.sum_secs / served as f64
         };
-        let closed = Closed {
+        Some(Closed {
             m,
             rtt,
             mean_running: window.sum_running as f64 / window.count as f64,
             censored,
-        };
-        self.window = None;
-        Some(closed)
+            refusing,
+        })
     }
 
     /// A window closed at `now`: the floor follows what it saw, and the limit takes the
@@ -504,6 +564,7 @@ impl AdaptiveLimit {
             rtt,
             mean_running,
             censored,
+            refusing,
         } = closed;
         let saturated = mean_running >= 0.9 * self.limit.round();
         let seen = Seen {
@@ -520,8 +581,13 @@ impl AdaptiveLimit {
         let mut next = match capacity {
             // The floor rose: the calls take longer, but as many run at once.
             Some(capacity) => capacity + beta / 2.0,
-            None => self.next_limit(queued, m, rtt, saturated && !censored),
+            None => self.next_limit(queued, m, rtt, saturated && !censored && !refusing),
         };
+        if refusing {
+            // A tenth of the calls or more were not served: the handler refuses work, which
+            // is no room for more.
+            next = next.min(before);
+        }
         if censored && capacity.is_none() {
             // Callers left: no evidence of room, and while calls still queue inside, that
             // queue is what made them leave.
@@ -643,7 +709,8 @@ fn queued(limit: f64, m: f64, rtt: f64) -> f64 {
 }
 
 /// The share of a window's samples abandoned by their callers from which its mean
-/// latency counts only as a lower bound.
+/// latency counts only as a lower bound; and the share of calls not served from which a
+/// window does not grow the limit.
 const CENSORED_SHARE: f64 = 0.1;
 
 /// The latency floor and the capacity that the window which cut the limit (`hi`) and

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
+use super::limit::Ended;
 use crate::AdaptiveLimit;
 use crate::Criticality;
 use crate::Instant;
@@ -364,31 +365,41 @@ impl<T> AdmissionQueue<T> {
     /// drain estimate behind the pushback, and its time on the worker is a latency sample
     /// for an adaptive limit.
     pub fn finish_at(&mut self, now: Instant, started: Instant, sink: impl FnMut(Dispatch<T>)) {
-        self.release_at(now, started, false, sink);
+        self.release_at(now, started, Ended::Served, sink);
     }
 
     /// A running call that got its worker at `started` was abandoned at `now` (its caller
     /// left mid-run): as [`finish_at`](Self::finish_at), but its time on the worker is
     /// only a lower bound on its latency, which an adaptive limit reads as such.
     pub fn abandon_at(&mut self, now: Instant, started: Instant, sink: impl FnMut(Dispatch<T>)) {
-        self.release_at(now, started, true, sink);
+        self.release_at(now, started, Ended::Abandoned, sink);
+    }
+
+    /// A running call that got its worker at `started` was answered at `now` without being
+    /// served (its answer's code is an overload or expiry code,
+    /// [`Code::is_overload`](crate::Code::is_overload)): as [`finish_at`](Self::finish_at),
+    /// but an adaptive limit takes no latency sample from it
+    /// ([`AdaptiveLimit::not_served_at`](crate::AdaptiveLimit::not_served_at)).
+    pub fn finish_not_served_at(
+        &mut self,
+        now: Instant,
+        started: Instant,
+        sink: impl FnMut(Dispatch<T>),
+    ) {
+        self.release_at(now, started, Ended::NotServed, sink);
     }
 
     fn release_at(
         &mut self,
         now: Instant,
         started: Instant,
-        abandoned: bool,
+        ended: Ended,
         sink: impl FnMut(Dispatch<T>),
     ) {
         self.running = self.running.saturating_sub(1);
         self.policy.record_completion_at(now);
         if let Some(adaptive) = &mut self.adaptive {
-            self.limit = if abandoned {
-                adaptive.abandoned_at(now, started, self.running)
-            } else {
-                adaptive.sample_at(now, started, self.running)
-            };
+            self.limit = adaptive.record_at(now, started, self.running, ended);
         }
         self.dispatch_at(now, sink);
     }

@@ -59,7 +59,9 @@ use crate::{CallDeadline, DeadlineSource, deadline::resolve_deadline_at};
 /// for free (no budget, no attempt counted, no breaker outcome), at most
 /// [`TRANSPARENT_RETRIES`](crate::TRANSPARENT_RETRIES) times per call: at once, or after a
 /// refused connection when the connection backoff gives the call a slot
-/// ([`CallRetry::on_connect_refused_at`]); see [`CallRetry::on_attempt_end_at`].
+/// ([`CallRetry::on_connect_refused_at`]); see [`CallRetry::on_attempt_end_at`]. While that
+/// backoff runs, a new call's first attempt is refused too, but for one probe per slot
+/// ([`begin_call_at`](Self::begin_call_at)).
 ///
 /// ```
 /// use std::{sync::Arc, time::Duration};
@@ -101,7 +103,8 @@ pub(super) struct Shared {
     pub(super) estimators: Vec<(Arc<HedgingPolicy>, Arc<DelayEstimator>)>,
     pub(super) seed: u64,
     pub(super) calls: AtomicU64,
-    /// How long a transparent retry waits after a refused connection.
+    /// How long a transparent retry waits after a refused connection, and whether a first
+    /// attempt may be sent meanwhile.
     pub(super) connect: Arc<ConnectBackoff>,
 }
 
@@ -277,8 +280,10 @@ impl RetryController {
     }
 
     /// Starts a logical call to `path` (`/pkg.Service/Method`) whose caller waits until
-    /// `deadline` (already resolved: a caller's deadline). Fails only when the breaker is
-    /// open: then the first attempt is rejected at once, without touching the network. A
+    /// `deadline` (already resolved: a caller's deadline). Fails when the breaker is open
+    /// ([`Refusal::Breaker`]) or the dependency is in connection backoff and this is not the
+    /// slot's probe ([`Refusal::ConnectBackoff`]): then the first attempt is rejected at
+    /// once, without touching the network. A
     /// layer starts calls with [`begin_call_at`](Self::begin_call_at), which resolves the
     /// deadline from everything it knows.
     pub fn begin_at(
@@ -298,8 +303,34 @@ impl RetryController {
     /// (`times`). The call's deadline is resolved here, in one place
     /// ([`resolve_deadline_at`], with the method's default from the method table), and so
     /// is each attempt's timeout: the method policy's
-    /// [`per_attempt_timeout`](crate::RetryPolicy::per_attempt_timeout), else the layer's. Fails
-    /// only when the breaker is open.
+    /// [`per_attempt_timeout`](crate::RetryPolicy::per_attempt_timeout), else the layer's.
+    ///
+    /// Fails when the breaker is open ([`Refusal::Breaker`]), and while the dependency is in
+    /// connection backoff ([`Refusal::ConnectBackoff`], gRPC's `TRANSIENT_FAILURE`): after a
+    /// refused connection ([`CallRetry::on_connect_refused_at`]) a first attempt would only
+    /// dial a dependency that refuses, so it is refused at once, except one probe per slot
+    /// of the backoff (1 s after the first refusal, ×1.6 per refusal in a row, at most
+    /// 10 s), let through to find the dependency back; the first answer ends the backoff.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use stormguard_core::{Budget, BudgetConfig, CallTimes, Instant, MethodTable};
+    /// use stormguard_core::{Refusal, RetryBudget, RetryController, RetryPolicy};
+    ///
+    /// let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default())?);
+    /// let controller = RetryController::new(MethodTable::uniform(RetryPolicy::default()), budget, None, 1);
+    /// let now = Instant::now();
+    /// let mut call = controller.begin_call_at("/pkg.Svc/Get", &CallTimes::default(), now).unwrap();
+    /// call.on_connect_refused_at(now);
+    /// // In backoff: the next call is not sent...
+    /// let next = controller.begin_call_at("/pkg.Svc/Get", &CallTimes::default(), now);
+    /// assert_eq!(next.err(), Some(Refusal::ConnectBackoff));
+    /// // ...until the slot, 1 s ± 20 % later, lets one probe through.
+    /// let slot = now + Duration::from_millis(1_200);
+    /// assert!(controller.begin_call_at("/pkg.Svc/Get", &CallTimes::default(), slot).is_ok());
+    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// ```
     pub fn begin_call_at(
         &self,
         path: &str,
@@ -321,6 +352,11 @@ impl RetryController {
             Some(b) => Some(b.acquire_at(now).map_err(|_| Refusal::Breaker)?),
             None => None,
         };
+        // After the breaker: a call it refuses takes no probe slot (a half-open permit
+        // taken here goes back unused when the call is refused).
+        if !self.shared.connect.admits_first_at(now) {
+            return Err(Refusal::ConnectBackoff);
+        }
         let policy = self.shared.methods.lookup(path).cloned();
         let hedge = match &policy {
             Some(_) => None,

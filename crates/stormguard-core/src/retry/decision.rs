@@ -37,12 +37,16 @@ pub enum Refusal {
     /// The dependency's recent load reports (ORCA) say it is saturated: every endpoint
     /// heard from is running at its limit with calls queued (see [`crate::orca`](crate::LoadReport)).
     Saturated,
+    /// The dependency refused connections and is in connection backoff (gRPC's
+    /// `TRANSIENT_FAILURE`): a call's first attempt is not sent, except the one probe per
+    /// backoff slot (see [`RetryController::begin_call_at`](crate::RetryController::begin_call_at)).
+    ConnectBackoff,
 }
 
 impl Refusal {
     /// Every refusal, in declaration order (the [docs](crate::RetryController) give the order in which
     /// the checks run: a passed deadline first, the budget last).
-    pub const ALL: [Refusal; 11] = [
+    pub const ALL: [Refusal; 12] = [
         Refusal::NotRetryable,
         Refusal::NotIdempotent,
         Refusal::Pushback,
@@ -54,6 +58,7 @@ impl Refusal {
         Refusal::ReplayLimit,
         Refusal::Allowance,
         Refusal::Saturated,
+        Refusal::ConnectBackoff,
     ];
 
     /// A short stable name, used as a metric label and a JSON key.
@@ -70,6 +75,7 @@ impl Refusal {
             Refusal::ReplayLimit => "replay_limit",
             Refusal::Allowance => "allowance",
             Refusal::Saturated => "saturated",
+            Refusal::ConnectBackoff => "connect_backoff",
         }
     }
 

@@ -1353,7 +1353,8 @@ fn refusal_names_are_stable() {
             "key_budget",
             "replay_limit",
             "allowance",
-            "saturated"
+            "saturated",
+            "connect_backoff"
         ]
     );
     assert!(Refusal::Budget.is_retryable_but_refused());
@@ -1590,8 +1591,11 @@ fn a_transparent_retry_after_a_refused_connection_waits_for_the_connection_backo
         unsent: true,
         ..unavailable()
     };
-    // A call with time to wait: its transparent retry waits out the backoff (1 s ± 20 %).
+    // Begun while connections were made (once one is refused, first attempts wait too).
     let mut call = c.begin_at(PATH, Some(now + ms(5_000)), now).unwrap();
+    let mut short = c.begin_at(PATH, Some(now + ms(500)), now).unwrap();
+    let mut drained = c.begin_at(PATH, Some(now + ms(5_000)), now).unwrap();
+    // A call with time to wait: its transparent retry waits out the backoff (1 s ± 20 %).
     call.on_connect_refused_at(now);
     let v = call.on_attempt_end_at(AttemptEnd::Failed(refused), now);
     let Decision::Retry { delay } = v.decision else {
@@ -1600,16 +1604,15 @@ fn a_transparent_retry_after_a_refused_connection_waits_for_the_connection_backo
     assert!(v.transparent);
     assert!((ms(800)..=ms(1_200)).contains(&delay), "{delay:?}");
     // A call whose deadline comes first gives up at once instead of connecting again.
-    let mut short = c.begin_at(PATH, Some(now + ms(500)), now + ms(1)).unwrap();
     short.on_connect_refused_at(now + ms(1));
     let v = short.on_attempt_end_at(AttemptEnd::Failed(refused), now + ms(1));
     assert_eq!(v.decision, Decision::GiveUp(Refusal::Deadline));
     // A stream refused over a working connection (a draining server) is retried at once.
-    let mut drained = c.begin_at(PATH, Some(now + ms(5_000)), now).unwrap();
     let v = drained.on_attempt_end_at(AttemptEnd::Failed(refused), now + ms(2));
     assert_eq!(v.decision, Decision::Retry { delay: ms(0) });
-    // An answer resets the backoff: the next refusal waits about 1 s again, not 1.6 s.
-    let later = now + ms(3_000);
+    // An answer (to the slot's probe: the slots are at most 1.2 s + 1.92 s apart) resets
+    // the backoff: the next refusal waits about 1 s again, not 1.6 s.
+    let later = now + ms(4_000);
     let mut ok = c.begin_at(PATH, None, later).unwrap();
     ok.on_success_at(later);
     let mut call = c.begin_at(PATH, Some(later + ms(5_000)), later).unwrap();
@@ -1619,4 +1622,33 @@ fn a_transparent_retry_after_a_refused_connection_waits_for_the_connection_backo
         matches!(v.decision, Decision::Retry { delay } if delay <= ms(1_200)),
         "{v:?}"
     );
+}
+
+#[test]
+fn while_connections_are_refused_a_first_attempt_is_sent_only_as_the_slots_probe() {
+    let c = controller(retried(), budget(5, 0.1));
+    let now = Instant::now();
+    let mut first = c.begin_at(PATH, Some(now + ms(1_000)), now).unwrap();
+    first.on_connect_refused_at(now + ms(10));
+    // In backoff: every first attempt is refused, none dials.
+    for t in [11, 100, 700] {
+        assert_eq!(
+            c.begin_at(PATH, Some(now + ms(t + 1_000)), now + ms(t))
+                .err(),
+            Some(Refusal::ConnectBackoff),
+            "{t} ms"
+        );
+    }
+    // Once the slot (1 s ± 20 % after the refusal) has come: one probe, the others wait.
+    let slot = now + ms(1_300);
+    let probe = c.begin_at(PATH, Some(slot + ms(1_000)), slot);
+    assert!(probe.is_ok());
+    assert_eq!(
+        c.begin_at(PATH, None, slot + ms(1)).err(),
+        Some(Refusal::ConnectBackoff)
+    );
+    // The probe is answered: the dependency is back, every call goes.
+    let mut probe = probe.unwrap();
+    probe.on_success_at(slot + ms(5));
+    assert!((0..3).all(|i| c.begin_at(PATH, None, slot + ms(6 + i)).is_ok()));
 }

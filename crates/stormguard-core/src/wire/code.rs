@@ -92,6 +92,26 @@ impl Code {
         self as i32
     }
 
+    /// Whether an answer with this code says the server was overloaded or out of time
+    /// rather than that it served the call: `UNAVAILABLE`, `RESOURCE_EXHAUSTED`,
+    /// `DEADLINE_EXCEEDED`, `CANCELLED` (a shed, a refusal, an expiry). Such an answer is
+    /// never a sign of health: a client's breaker does not count it as a success, and a
+    /// server's adaptive worker limit does not read it as a served call's latency
+    /// ([`AdaptiveLimit::not_served_at`](crate::AdaptiveLimit::not_served_at)).
+    ///
+    /// ```
+    /// use stormguard_core::Code;
+    ///
+    /// assert!(Code::ResourceExhausted.is_overload());
+    /// assert!(!Code::NotFound.is_overload());
+    /// ```
+    pub fn is_overload(self) -> bool {
+        matches!(
+            self,
+            Code::Unavailable | Code::ResourceExhausted | Code::DeadlineExceeded | Code::Cancelled
+        )
+    }
+
     /// The canonical upper-case name, as in the gRPC service config (`"UNAVAILABLE"`).
     pub fn name(self) -> &'static str {
         match self {

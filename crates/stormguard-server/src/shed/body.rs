@@ -107,11 +107,16 @@ impl<B: Body> Body for ShedBody<B> {
         };
         if let Some(Ok(f)) = &mut frame
             && let Some(trailers) = f.trailers_mut()
-            && let Some(report) = this.report.take()
         {
-            // Built now, while the call still holds its worker: what the server carries
-            // as this answer ends.
-            report.attach_at(trailers, stormguard_core::Instant::now());
+            // The answer's status: whether the call was served.
+            if let Some(permit) = this.permit.as_mut() {
+                permit.answered_with(trailers);
+            }
+            if let Some(report) = this.report.take() {
+                // Built now, while the call still holds its worker: what the server
+                // carries as this answer ends.
+                report.attach_at(trailers, stormguard_core::Instant::now());
+            }
         }
         let ended = match &frame {
             None => true,

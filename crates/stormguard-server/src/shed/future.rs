@@ -336,8 +336,12 @@ where
                 report.attach_at(response.headers_mut(), stormguard_core::Instant::now());
             }
             let cut = this.cut_at.take().zip(this.events.take());
+            let trailers_only = response.headers().contains_key(GRPC_STATUS);
             let permit = permit.map(|mut permit| {
                 permit.answered();
+                if trailers_only {
+                    permit.answered_with(response.headers());
+                }
                 permit
             });
             Ok(response.map(|body| ShedBody::holding(body, permit, report, cut)))

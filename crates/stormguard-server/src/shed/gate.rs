@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Waker;
 
+use http::HeaderMap;
 use tokio::sync::Notify;
 
 use stormguard_core::Code;
@@ -223,6 +224,7 @@ impl Gate {
                     started: now,
                     answered: None,
                     finished: false,
+                    served: true,
                 })
             }
             Arrival::Queued { id, expiry } => Entry::Queued(Ticket {
@@ -242,17 +244,17 @@ impl Gate {
         }
     }
 
-    /// Gives a worker back (a call that got it at `started` finished, or its caller
-    /// left mid-run). Either way a worker turned over, so both feed the drain estimate
-    /// and an adaptive limit, which reads an abandoned call's time as a lower bound.
-    fn release(&self, now: Instant, started: Instant, finished: bool) {
-        self.lock().apply(&self.counters, |core, sink| {
-            if finished {
-                core.finish_at(now, started, sink);
-            } else {
-                core.abandon_at(now, started, sink);
-            }
-        });
+    /// Gives a worker back (a call that got it at `started` finished, served or not, or
+    /// its caller left mid-run). Either way a worker turned over, so all feed the drain
+    /// estimate and an adaptive limit, which reads an abandoned call's time as a lower
+    /// bound and takes no latency from a call that was not served.
+    fn release(&self, now: Instant, started: Instant, finished: bool, served: bool) {
+        self.lock()
+            .apply(&self.counters, |core, sink| match (finished, served) {
+                (true, true) => core.finish_at(now, started, sink),
+                (true, false) => core.finish_not_served_at(now, started, sink),
+                (false, _) => core.abandon_at(now, started, sink),
+            });
     }
 
     /// Whether the call holding ticket `id` may run, given that its expiry timer has
@@ -282,6 +284,7 @@ impl Gate {
                     started: now,
                     answered: None,
                     finished: false,
+                    served: true,
                 });
             }
             Some(Outcome::Expired) => return Turn::Expired,
@@ -400,12 +403,24 @@ pub(crate) struct WorkerPermit {
     answered: Option<Instant>,
     /// Whether the call finished (rather than being dropped when its caller left).
     finished: bool,
+    /// Whether its answer served the call (not an overload or expiry code).
+    served: bool,
 }
 
 impl WorkerPermit {
     /// The handler answered now; its response's body may stream on, holding the worker.
     pub(crate) fn answered(&mut self) {
         self.answered.get_or_insert_with(Instant::now);
+    }
+
+    /// The call's answer carries `status` (in its headers for a trailers-only answer, else
+    /// in its trailers): an overload or expiry code
+    /// ([`Code::is_overload`](stormguard_core::Code::is_overload)) means the call was not
+    /// served, and an adaptive limit takes no latency sample from it.
+    pub(crate) fn answered_with(&mut self, status: &HeaderMap) {
+        if super::response::is_not_served(status) {
+            self.served = false;
+        }
     }
 
     /// The call finished on this worker: count it and give the worker back.
@@ -432,7 +447,7 @@ impl Drop for WorkerPermit {
         let started = self.answered.map_or(self.started, |at| {
             self.started + now.saturating_duration_since(at)
         });
-        self.gate.release(now, started, self.finished);
+        self.gate.release(now, started, self.finished, self.served);
     }
 }
 

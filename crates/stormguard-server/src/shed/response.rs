@@ -9,6 +9,7 @@
 //! response, which every gRPC client reads as the call's status (and which is retryable
 //! under gRPC A6).
 
+use http::HeaderMap;
 use http::header::{CONTENT_TYPE, HeaderValue};
 use std::time::Duration;
 use stormguard_core::Code;
@@ -163,6 +164,16 @@ const RETRYABLE: [Code; 4] = [
     Code::Aborted,
     Code::DeadlineExceeded,
 ];
+
+/// Whether an answer whose status is in `status` (the headers of a trailers-only answer,
+/// else the trailers) was not served: its `grpc-status` is an overload or expiry code
+/// ([`Code::is_overload`]: `UNAVAILABLE`, `RESOURCE_EXHAUSTED`, `DEADLINE_EXCEEDED`,
+/// `CANCELLED`). No status at all is no such answer.
+pub(crate) fn is_not_served(status: &HeaderMap) -> bool {
+    status
+        .get(GRPC_STATUS)
+        .is_some_and(|v| parse_grpc_status(v.as_bytes()).is_overload())
+}
 
 /// Marks a handler's trailers-only answer with `grpc-retry-pushback-ms: -1` when its code
 /// is one clients retry ([`RETRYABLE`]: `UNAVAILABLE`, `RESOURCE_EXHAUSTED`, `ABORTED`,

@@ -505,3 +505,71 @@ fn an_idle_minute_then_a_burst_is_served_at_the_limit_learned_before() {
         "the burst was served at {lowest}, {learned} learned"
     );
 }
+
+#[test]
+fn answers_that_were_not_served_are_not_read_as_fast_answers() {
+    // A handler passes on its own dependency's shed: a third of the calls are answered
+    // `UNAVAILABLE` 0.1 ms after they start, the rest take their service time, at steady
+    // load. Read as calls, they would drag the floor down and the limit up.
+    let mut limit = starting(config(), 16);
+    let t0 = Instant::now();
+    let mut t = t0;
+    drive(&mut limit, &mut t, 16.0, |_| 10 * MS, 40, None);
+    let (settled, floor) = (limit.limit(), limit.min_latency().unwrap());
+    let mut highest = settled;
+    for i in 0..3000u32 {
+        t += MS;
+        let l = limit.limit();
+        if i % 3 == 0 {
+            limit.not_served_at(t, t - 100 * US, l - 1);
+        } else {
+            let latency = (10 * MS).mul_f64((l as f64 / 16.0).max(1.0));
+            limit.sample_at(t, t - latency, l - 1);
+        }
+        highest = highest.max(limit.limit());
+    }
+    assert!(
+        limit.min_latency().unwrap() >= floor.mul_f64(0.95),
+        "floor fell from {floor:?} to {:?}",
+        limit.min_latency()
+    );
+    assert!(highest <= settled, "grew from {settled} to {highest}");
+    assert!(
+        limit.limit() + 2 >= settled,
+        "{settled} -> {}",
+        limit.limit()
+    );
+}
+
+#[test]
+fn a_window_with_a_tenth_of_its_calls_not_served_does_not_grow_the_limit() {
+    let mut limit = starting(config(), 30);
+    let t0 = Instant::now();
+    // A probe at the floor of 1 measures m = 10 ms; fast answers that were not served
+    // neither end it nor lower what it measures.
+    limit.sample_at(t0, t0, 0);
+    for i in 0..8u32 {
+        let start = t0 + i * 10 * MS;
+        limit.not_served_at(start + 5 * MS, start + 4 * MS, 0);
+        limit.sample_at(start + 10 * MS, start, 0);
+    }
+    assert_eq!((limit.limit(), limit.min_latency()), (30, Some(10 * MS)));
+    // Windows of 30 calls running, the served ones 10.1 ms: nothing seems queued, which
+    // grows the limit, but one call in eight is answered without being served.
+    let mut t = t0 + 100 * MS;
+    for i in 0..64u32 {
+        t += 2 * MS;
+        if i % 8 == 0 {
+            limit.not_served_at(t, t - 10100 * US, 29);
+        } else {
+            limit.sample_at(t, t - 10100 * US, 29);
+        }
+    }
+    assert_eq!(limit.limit(), 30);
+    // The same windows with every call served grow it.
+    for _ in 0..64u32 {
+        t += 2 * MS;
+        limit.sample_at(t, t - 10100 * US, 29);
+    }
+    assert!(limit.limit() > 30, "{}", limit.limit());
+}

@@ -81,11 +81,7 @@ impl fmt::Debug for CallRetry {
 
 /// An answer that says the server is overloaded or out of time: never a sign of health.
 pub(super) fn is_overload(code: Code, pushback: Option<Pushback>) -> bool {
-    pushback.is_some()
-        || matches!(
-            code,
-            Code::Unavailable | Code::ResourceExhausted | Code::DeadlineExceeded | Code::Cancelled
-        )
+    pushback.is_some() || code.is_overload()
 }
 
 impl CallRetry {

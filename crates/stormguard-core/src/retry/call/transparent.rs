@@ -73,7 +73,8 @@ impl CallRetry {
     /// retry, if any, waits for the next free slot of the dependency's connection backoff
     /// (1 s after the first refusal, each refused call one step later, ×1.6 per refusal
     /// in a row, at most 10 s, jittered), and is not made when that is past the call's
-    /// deadline. Call it
+    /// deadline; until an answer comes, new calls' first attempts are refused but for one
+    /// probe per slot ([`RetryController::begin_call_at`](crate::RetryController::begin_call_at)). Call it
     /// before [`on_attempt_end_at`](Self::on_attempt_end_at) with the attempt's unsent
     /// failure, for a connection to the dependency as a whole: a failed connection to one
     /// replica of several is the balancer's to route around, at once.
