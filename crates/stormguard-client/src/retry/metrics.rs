@@ -136,6 +136,13 @@ impl Methods {
         for probe in 0..MAX_METHODS {
             let i = (start + probe) % MAX_METHODS;
             let slot = &self.slots[i];
+            // A plain load first: after its first call a method finds its slot without a
+            // read-modify-write on every call.
+            match slot.key.load(Ordering::Acquire) {
+                k if k == key => return i,
+                0 => {}
+                _ => continue,
+            }
             match slot
                 .key
                 .compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire)
