@@ -648,6 +648,12 @@ async fn in_a_chain_through_a_downstream_slowdown_the_default_serves_what_fixed_
         right.between(1.0, 3.0)
     );
     assert!(ours.between(1.0, 3.0) as f64 >= 0.98 * upstream_fixed as f64);
+    // Behind an upstream of fixed limit, the downstream's callers leave when their
+    // deadline passes mid-call: its default limit still finds the slower floor rather
+    // than reading every window as calls queued inside (it fell to its floor and served
+    // a tenth of this).
+    let capped = upstream_fixed as f64 / right.between(1.0, 3.0) as f64;
+    assert!(capped >= 0.95, "{capped:.3}x with the upstream at 8");
     // As behind one layer (`through_a_slowdown_...`): the default serves about 0.97x
     // while the floor it steers by is rising.
     assert!(during >= 0.95, "{during:.3}x during");

@@ -138,6 +138,8 @@ struct Closed {
     m: Duration,
     /// Its mean latency, seconds.
     rtt: f64,
+    /// The mean latency of the calls served in full, seconds (none: no call was).
+    served_rtt: Option<f64>,
     /// The mean of the calls running alongside each sample.
     mean_running: f64,
     /// Whether many callers left before their calls finished.
@@ -233,8 +235,14 @@ struct Probe {
 /// - **A window in which callers left is a lower bound.** A call abandoned mid-run took
 ///   at least its time so far ([`AdaptiveLimit::abandoned_at`]). When a tenth of a
 ///   window's calls were abandoned, the window never grows the limit and never shows a
-///   floor, and if calls still queue inside, it cuts the limit by `l`: under overload the
-///   calls that queue inside are those whose callers give up.
+///   lower floor, and if calls still queue inside, it cuts the limit by `β/2`: under overload the
+///   calls that queue inside are those whose callers give up. Such a window still answers
+///   the test of a deep cut made just before it by a window whose callers stayed: a
+///   lower bound (the larger of the mean with the calls cut short and the mean of the
+///   calls served in full) that already shows the latency did not fall with the limit
+///   shows a higher floor. Without that, a slowdown that made callers leave read as calls
+///   queued inside, window after window, and took the limit down to
+///   [`AdaptiveLimitConfig::min_limit`] for as long as it lasted.
 /// - **An answer that was not served is no latency.** A handler that answers
 ///   `UNAVAILABLE` or `RESOURCE_EXHAUSTED` at once (passing on its own dependency's shed,
 ///   say) took a worker for a moment and served nothing; read as a call, it would look like
@@ -549,6 +557,7 @@ impl AdaptiveLimit {
         Some(Closed {
             m,
             rtt,
+            served_rtt: (served > 0).then(|| window.sum_secs / served as f64),
             mean_running: window.sum_running as f64 / window.count as f64,
             censored,
             refusing,
@@ -562,6 +571,7 @@ impl AdaptiveLimit {
         let Closed {
             m,
             rtt,
+            served_rtt,
             mean_running,
             censored,
             refusing,
@@ -571,7 +581,17 @@ impl AdaptiveLimit {
             running: mean_running,
             rtt,
         };
-        let (m, capacity) = self.follow_floor_at(now, m, seen, saturated, censored);
+        // Where callers left, two lower bounds of the window's true mean: all calls with the
+        // time so far of those cut short, and the calls served in full (those cut short
+        // were the longer ones). A test of a higher floor takes the tighter.
+        let tested = match served_rtt {
+            Some(served) if censored => Seen {
+                rtt: rtt.max(served),
+                ..seen
+            },
+            _ => seen,
+        };
+        let (m, capacity) = self.follow_floor_at(now, m, tested, saturated, censored);
         if rtt > 0.0 {
             self.min_latency = Duration::try_from_secs_f64(m).ok().or(self.min_latency);
         }
@@ -623,9 +643,15 @@ impl AdaptiveLimit {
     ) -> (f64, Option<f64>) {
         let rtt = seen.rtt;
         if censored {
-            // Its mean is a lower bound, the calls cut short by their callers: it shows
-            // no floor, higher or lower.
-            return (m.as_secs_f64(), None);
+            // Its mean is a lower bound, the calls cut short by their callers: it shows no
+            // lower floor. But it still answers the test of a deep cut made by a window
+            // whose callers stayed: a lower bound that already shows the latency did not
+            // fall with the limit shows a higher floor (the true mean is higher still).
+            let m = m.as_secs_f64();
+            return match self.last.take().and_then(|last| floor_between(last, seen)) {
+                Some((floor, capacity)) => (floor.max(m), Some(capacity)),
+                None => (m, None),
+            };
         }
         // Between probes the floor follows a clearly faster window down at once (not one
         // a little faster by chance: following every low mean would ratchet the floor
