@@ -287,6 +287,13 @@ pub struct AdaptiveLimit {
     counted_from: Option<Instant>,
     /// Windows in a row that grew the limit: each doubles the next step.
     growth: u32,
+    /// The last growth that let one more call run at once, until the window after it
+    /// answers: the limit before it.
+    raised_from: Option<f64>,
+    /// Windows a refuted growth holds the limit back for; doubles each time.
+    hold: u32,
+    /// Windows left before the limit may grow again.
+    hold_left: u32,
     /// When the last sample came.
     last_sample: Option<Instant>,
     rng: fastrand::Rng,
@@ -312,6 +319,9 @@ impl AdaptiveLimit {
             fell_at: None,
             counted_from: None,
             growth: 0,
+            raised_from: None,
+            hold: 0,
+            hold_left: 0,
             last_sample: None,
             rng,
         })
@@ -694,13 +704,35 @@ impl AdaptiveLimit {
     fn next_limit(&mut self, queued: f64, m: f64, rtt: f64, saturated: bool) -> f64 {
         let limit = self.limit;
         let (alpha, beta) = band(limit);
+        if let Some(from) = self.raised_from.take() {
+            if saturated && queued >= REFUTES_GROWTH {
+                // The call the growth let in waited inside: back to where it was, and no
+                // growth for a while.
+                self.hold = (self.hold * 2).clamp(2, HOLD_LONGEST);
+                self.hold_left = self.hold;
+                self.growth = 0;
+                return from;
+            }
+            if saturated {
+                self.hold = 0;
+            }
+        }
         let next = if queued < alpha && saturated {
+            if self.hold_left > 0 {
+                self.hold_left -= 1;
+                self.growth = 0;
+                return limit;
+            }
             // Each window that grows the limit with nothing queued inside doubles the
             // next step, from `l/2`: a large server reaches its capacity in a few windows.
             let step = (alpha * f64::from(1u32 << self.growth.min(16))).min(limit);
             self.growth += 1;
-            return (limit + step)
-                .clamp(self.config.min_limit as f64, self.config.max_limit as f64);
+            let next =
+                (limit + step).clamp(self.config.min_limit as f64, self.config.max_limit as f64);
+            if next.round() == limit.round() + 1.0 && beta <= 1.0 {
+                self.raised_from = Some(limit);
+            }
+            return next;
         } else if queued > beta {
             // `L · m / rtt` is the capacity the window measured: go at once to it plus
             // the middle of the band, or by `α` if that is less of a step.
@@ -756,6 +788,13 @@ fn floor_between(hi: Seen, lo: Seen) -> Option<(f64, f64)> {
         (lo.rtt, capacity)
     })
 }
+
+/// The longest a refuted growth holds the limit back, in windows.
+const HOLD_LONGEST: u32 = 16;
+
+/// Calls queued inside, in the window after a growth by one call, that show the call
+/// waited inside (it reads as 1 when it did, as 0 when there was room).
+const REFUTES_GROWTH: f64 = 0.5;
 
 /// A cut to at most this share of the limit is compared with the window after it
 /// (`floor_between`): the latency pure queueing predicts then differs from the floor by
