@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use clap::builder::RangedU64ValueParser;
-use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 
 #[path = "support/chart.rs"]
 mod chart;
@@ -289,7 +289,7 @@ async fn fleet(args: &Args, meters: &meters::Meters) -> Result<(), Box<dyn Error
         timing.fault,
         timing.total,
     );
-    let (_bars, scenario_bars) = progress_bars(scenarios)?;
+    let (_bars, scenario_bars) = cli::progress_bars(scenarios.iter().map(|s| s.as_str()), 10)?;
     let mut report = FleetReport {
         replicas: args.replicas,
         scenarios: Vec::new(),
@@ -329,25 +329,6 @@ fn listed_scenarios(args: &Args) -> Result<Vec<Scenario>, String> {
             )),
         })
         .collect()
-}
-
-/// A progress bar per scenario, drawn together.
-fn progress_bars(
-    scenarios: &[Scenario],
-) -> Result<(MultiProgress, Vec<ProgressBar>), Box<dyn Error>> {
-    let bars = MultiProgress::new();
-    let style =
-        ProgressStyle::with_template("{prefix:>10} [{bar:40}] {msg}")?.progress_chars("=> ");
-    let scenario_bars = scenarios
-        .iter()
-        .map(|s| {
-            let bar = bars.add(ProgressBar::new(1000));
-            bar.set_style(style.clone());
-            bar.set_prefix(s.as_str());
-            bar
-        })
-        .collect();
-    Ok((bars, scenario_bars))
 }
 
 /// Runs every policy of `--policies` (none: all) through `scenario`, its progress on `bar`.

@@ -75,6 +75,8 @@ use tokio::net::TcpListener;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
+#[path = "support/cli.rs"]
+mod cli;
 #[path = "support/otel.rs"]
 mod otel;
 
@@ -147,19 +149,8 @@ pub struct Args {
     metrics_addr: Option<SocketAddr>,
     /// Close each connection from the server's side (HTTP/2 GOAWAY, running calls finish)
     /// once it is this old, in milliseconds [default: never]
-    #[arg(long = "max-connection-age-ms", value_name = "MS", value_parser = connection_age)]
+    #[arg(long = "max-connection-age-ms", value_name = "MS", value_parser = cli::millis)]
     max_connection_age: Option<Duration>,
-}
-
-/// `--max-connection-age-ms`: a whole number of milliseconds, at least 1.
-fn connection_age(value: &str) -> Result<Duration, String> {
-    let ms: u64 = value
-        .parse()
-        .map_err(|e| format!("{e} (a whole number of milliseconds)"))?;
-    if ms == 0 {
-        return Err("must be at least 1 ms".to_owned());
-    }
-    Ok(Duration::from_millis(ms))
 }
 
 /// `--service-time-ms`: milliseconds, fractions allowed.
@@ -274,13 +265,7 @@ fn line(stats: Option<&ShedStats>, control: &DemoControl) -> Line {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    match run(args).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("server: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    cli::exit_code("server", run(args).await)
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn Error>> {

@@ -138,6 +138,35 @@ fn turmoil_sim(network: &Network, seed: u64, limit: Duration) -> turmoil::Sim<'s
         .build()
 }
 
+/// Adds the client hosts `client0`, `client1`, ... (`clients` of them) to `sim`, host `c`
+/// running the future `client(c)` makes, and runs the simulation: what each client
+/// returned, in the order they ended, and the virtual time the run took.
+fn run_clients<T: Send + 'static, F>(
+    mut sim: turmoil::Sim<'static>,
+    clients: usize,
+    client: impl Fn(usize) -> F,
+) -> Result<(Vec<T>, Duration), FleetSimError>
+where
+    F: Future<Output = turmoil::Result<T>> + 'static,
+{
+    let results: Arc<Mutex<Vec<T>>> = Arc::default();
+    for c in 0..clients {
+        let (run, results) = (client(c), Arc::clone(&results));
+        sim.client(format!("client{c}"), async move {
+            let result = run.await?;
+            results
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(result);
+            Ok(())
+        });
+    }
+    sim.run().map_err(sim_error)?;
+    let elapsed = sim.elapsed();
+    let results = std::mem::take(&mut *results.lock().unwrap_or_else(PoisonError::into_inner));
+    Ok((results, elapsed))
+}
+
 /// A lazily connected channel to `host`, with keepalive and the storm's reset settings.
 fn channel(host: &str, network: &Network) -> Result<Channel, tonic::transport::Error> {
     let endpoint: Endpoint = turmoil_net::endpoint(host, PORT)?
@@ -255,8 +284,7 @@ pub fn run_storm_policy(
             storm_server(policy, config.clone(), seed, Arc::clone(&bound))
         });
     }
-    let results: Arc<Mutex<Vec<ClientResult>>> = Arc::default();
-    for c in 0..config.clients {
+    let (results, elapsed) = run_clients(sim, config.clients, |c| {
         let host = StormClient {
             policy,
             config: config.clone(),
@@ -264,21 +292,12 @@ pub fn run_storm_policy(
             servers: servers.clone(),
             seed: mix(config.seed, 1_000 + c as u64),
         };
-        let results = Arc::clone(&results);
         let mut ready = ready.clone();
-        sim.client(format!("client{c}"), async move {
+        async move {
             ready.wait_for(|n| *n >= host.servers.len()).await?;
-            let result = host.run().await?;
-            results
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(result);
-            Ok(())
-        });
-    }
-    sim.run().map_err(sim_error)?;
-    let elapsed = sim.elapsed();
-    let results = std::mem::take(&mut *results.lock().unwrap_or_else(PoisonError::into_inner));
+            host.run().await
+        }
+    })?;
     Ok((sum_clients(policy, config, &results), elapsed))
 }
 
@@ -686,29 +705,23 @@ pub fn run_dead_dependency(
             dead_server(seed, (from, total), Arc::clone(&bound), Arc::clone(&window))
         });
     }
-    let calls: Arc<Mutex<u64>> = Arc::default();
     let client_config = variant.client_config(config.clients);
-    for c in 0..config.clients {
+    let (calls, virtual_time) = run_clients(sim, config.clients, |c| {
         let config = config.clone();
         let client_config = client_config.clone();
-        let calls = Arc::clone(&calls);
         let mut ready = ready.clone();
         let seed = mix(config.seed, 1_000 + c as u64);
-        sim.client(format!("client{c}"), async move {
+        async move {
             ready.wait_for(|n| *n >= 1).await?;
-            let measured = dead_client(&config, client_config.as_ref(), seed, total).await?;
-            *calls.lock().unwrap_or_else(PoisonError::into_inner) += measured;
-            Ok(())
-        });
-    }
-    sim.run().map_err(sim_error)?;
-    let virtual_time = sim.elapsed();
+            dead_client(&config, client_config.as_ref(), seed, total).await
+        }
+    })?;
     let (Some(start), Some(end)) = *window.lock().unwrap_or_else(PoisonError::into_inner) else {
         return Err(FleetSimError::Simulation(
             "the server did not read its counters at both ends of the window".into(),
         ));
     };
-    let calls = *calls.lock().unwrap_or_else(PoisonError::into_inner);
+    let calls: u64 = calls.iter().sum();
     let seconds = f64::from(config.measured_s);
     let attempts = end.entered - start.entered;
     let retries = end.entered_retry - start.entered_retry;
@@ -807,25 +820,13 @@ pub fn run_refusing_dependency(
         tokio::time::sleep(limit).await;
         Ok(())
     });
-    let results: Arc<Mutex<Vec<Refused>>> = Arc::default();
     let client_config = variant.client_config(config.clients);
-    for c in 0..config.clients {
+    let (results, virtual_time) = run_clients(sim, config.clients, |c| {
         let config = config.clone();
         let client_config = client_config.clone();
-        let results = Arc::clone(&results);
         let seed = mix(config.seed, 1_000 + c as u64);
-        sim.client(format!("client{c}"), async move {
-            let refused = refused_client(&config, client_config.as_ref(), seed, total).await?;
-            results
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(refused);
-            Ok(())
-        });
-    }
-    sim.run().map_err(sim_error)?;
-    let virtual_time = sim.elapsed();
-    let results = std::mem::take(&mut *results.lock().unwrap_or_else(PoisonError::into_inner));
+        async move { refused_client(&config, client_config.as_ref(), seed, total).await }
+    })?;
     let calls: u64 = results.iter().map(|r| r.calls).sum();
     let dials: u64 = results
         .iter()
@@ -885,29 +886,21 @@ pub fn run_blip(
             serve(demo, None, &bound).await
         }
     });
-    let results: Arc<Mutex<Vec<ClientResult>>> = Arc::default();
     let client_config = variant.client_config(config.clients);
-    for c in 0..config.clients {
+    let (results, _) = run_clients(sim, config.clients, |c| {
         let config = config.clone();
         let client_config = client_config.clone();
-        let results = Arc::clone(&results);
         let mut ready = ready.clone();
         let seed = mix(config.seed, 1_000 + c as u64);
-        sim.client(format!("client{c}"), async move {
+        async move {
             ready.wait_for(|n| *n >= 1).await?;
             let (_, timeline) = offer_to_dead(&config, client_config.as_ref(), seed, total).await?;
-            results
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(ClientResult {
-                    timeline: timeline.snapshot(),
-                    ..ClientResult::default()
-                });
-            Ok(())
-        });
-    }
-    sim.run().map_err(sim_error)?;
-    let results = std::mem::take(&mut *results.lock().unwrap_or_else(PoisonError::into_inner));
+            Ok(ClientResult {
+                timeline: timeline.snapshot(),
+                ..ClientResult::default()
+            })
+        }
+    })?;
     let seconds = config.warmup_s + config.measured_s;
     let mut timeline: Vec<super::Second> = (0..seconds)
         .map(|t| super::Second {
