@@ -686,17 +686,45 @@ fn dead_caller(
     })
 }
 
+/// What a run against the `dead` host starts from: its measured window, from the end of
+/// the warm-up (`from`) to `total`; a simulation long enough for the last calls to end;
+/// and the channel by which the host says that it listens.
+struct DeadRun {
+    from: Duration,
+    total: Duration,
+    sim: turmoil::Sim<'static>,
+    bound: Arc<watch::Sender<usize>>,
+    ready: watch::Receiver<usize>,
+}
+
+impl DeadRun {
+    fn new(config: &DeadDependencyConfig) -> Self {
+        let from = Duration::from_secs(u64::from(config.warmup_s));
+        let total = from + Duration::from_secs(u64::from(config.measured_s));
+        let limit = total + config.deadline + Duration::from_secs(5);
+        let (bound, ready) = watch::channel(0usize);
+        DeadRun {
+            from,
+            total,
+            sim: turmoil_sim(&config.network, config.seed, limit),
+            bound: Arc::new(bound),
+            ready,
+        }
+    }
+}
+
 /// Runs `variant` against a server that answers every attempt `UNAVAILABLE` at once.
 pub fn run_dead_dependency(
     variant: DeadVariant,
     config: &DeadDependencyConfig,
 ) -> Result<DeadDependencyRun, FleetSimError> {
-    let from = Duration::from_secs(u64::from(config.warmup_s));
-    let total = from + Duration::from_secs(u64::from(config.measured_s));
-    let limit = total + config.deadline + Duration::from_secs(5);
-    let mut sim = turmoil_sim(&config.network, config.seed, limit);
-    let (bound, ready) = watch::channel(0usize);
-    let bound = Arc::new(bound);
+    let DeadRun {
+        from,
+        total,
+        mut sim,
+        bound,
+        ready,
+    } = DeadRun::new(config);
     let window: Window = Arc::default();
     {
         let window = Arc::clone(&window);
@@ -860,12 +888,13 @@ pub fn run_blip(
     variant: DeadVariant,
     config: &DeadDependencyConfig,
 ) -> Result<Vec<super::Second>, FleetSimError> {
-    let from = Duration::from_secs(u64::from(config.warmup_s));
-    let total = from + Duration::from_secs(u64::from(config.measured_s));
-    let limit = total + config.deadline + Duration::from_secs(5);
-    let mut sim = turmoil_sim(&config.network, config.seed, limit);
-    let (bound, ready) = watch::channel(0usize);
-    let bound = Arc::new(bound);
+    let DeadRun {
+        from,
+        total,
+        mut sim,
+        bound,
+        ready,
+    } = DeadRun::new(config);
     let seed = mix(config.seed, 100);
     sim.host("dead", move || {
         let bound = Arc::clone(&bound);
