@@ -58,7 +58,7 @@ use super::{
     MAX_PENDING_ACCEPT_RESET_STREAMS, Policy, PolicyRun, ServerModel, StormReport, Workers,
     storm_report, stormguard_client_config,
 };
-use crate::server::{DemoConfig, DemoCounts, DemoInventory};
+use crate::server::{DemoConfig, DemoControl, DemoCounts, DemoInventory};
 use crate::turmoil_net;
 use crate::{InventoryClient, InventoryServer};
 
@@ -595,19 +595,29 @@ async fn dead_server(
     bound: Arc<watch::Sender<usize>>,
     window: Window,
 ) -> turmoil::Result {
-    let demo = DemoInventory::new(DemoConfig {
-        service_time: Duration::ZERO,
-        fail_rate: 1.0,
-        seed,
-    });
-    let control = demo.control();
-    let origin = origin();
-    tokio::spawn(async move {
+    instant_server(seed, 1.0, bound, move |control, origin| async move {
         tokio::time::sleep_until(origin + from).await;
         window.lock().unwrap_or_else(PoisonError::into_inner).0 = Some(control.counts());
         tokio::time::sleep_until(origin + total).await;
         window.lock().unwrap_or_else(PoisonError::into_inner).1 = Some(control.counts());
+    })
+    .await
+}
+
+/// A `dead` host: the demo Inventory answering at once, failing at `fail_rate`, while
+/// `script` runs beside it with the Inventory's control and the run's origin.
+async fn instant_server<F: Future<Output = ()> + Send + 'static>(
+    seed: u64,
+    fail_rate: f64,
+    bound: Arc<watch::Sender<usize>>,
+    script: impl FnOnce(DemoControl, Instant) -> F,
+) -> turmoil::Result {
+    let demo = DemoInventory::new(DemoConfig {
+        service_time: Duration::ZERO,
+        fail_rate,
+        seed,
     });
+    tokio::spawn(script(demo.control(), origin()));
     serve(demo, None, &bound).await
 }
 
@@ -713,6 +723,31 @@ impl DeadRun {
     }
 }
 
+/// Runs `sim` with the config's client hosts of `variant`: once the `dead` host listens
+/// (`ready`), client `c` runs what `client` makes of the config, the variant's layer
+/// config (none: the naive loop) and the client's seed. What each returned, and the
+/// virtual time the run took.
+fn run_dead_clients<T: Send + 'static, F>(
+    sim: turmoil::Sim<'static>,
+    ready: &watch::Receiver<usize>,
+    (variant, config): (DeadVariant, &DeadDependencyConfig),
+    client: impl Fn(DeadDependencyConfig, Option<ClientConfig>, u64) -> F,
+) -> Result<(Vec<T>, Duration), FleetSimError>
+where
+    F: Future<Output = turmoil::Result<T>> + 'static,
+{
+    let layer = variant.client_config(config.clients);
+    run_clients(sim, config.clients, |c| {
+        let mut ready = ready.clone();
+        let seed = mix(config.seed, 1_000 + c as u64);
+        let run = client(config.clone(), layer.clone(), seed);
+        async move {
+            ready.wait_for(|n| *n >= 1).await?;
+            run.await
+        }
+    })
+}
+
 /// Runs `variant` against a server that answers every attempt `UNAVAILABLE` at once.
 pub fn run_dead_dependency(
     variant: DeadVariant,
@@ -733,17 +768,12 @@ pub fn run_dead_dependency(
             dead_server(seed, (from, total), Arc::clone(&bound), Arc::clone(&window))
         });
     }
-    let client_config = variant.client_config(config.clients);
-    let (calls, virtual_time) = run_clients(sim, config.clients, |c| {
-        let config = config.clone();
-        let client_config = client_config.clone();
-        let mut ready = ready.clone();
-        let seed = mix(config.seed, 1_000 + c as u64);
-        async move {
-            ready.wait_for(|n| *n >= 1).await?;
-            dead_client(&config, client_config.as_ref(), seed, total).await
-        }
-    })?;
+    let (calls, virtual_time) = run_dead_clients(
+        sim,
+        &ready,
+        (variant, config),
+        |config, layer, seed| async move { dead_client(&config, layer.as_ref(), seed, total).await },
+    )?;
     let (Some(start), Some(end)) = *window.lock().unwrap_or_else(PoisonError::into_inner) else {
         return Err(FleetSimError::Simulation(
             "the server did not read its counters at both ends of the window".into(),
@@ -897,39 +927,30 @@ pub fn run_blip(
     } = DeadRun::new(config);
     let seed = mix(config.seed, 100);
     sim.host("dead", move || {
-        let bound = Arc::clone(&bound);
-        async move {
-            let demo = DemoInventory::new(DemoConfig {
-                service_time: Duration::ZERO,
-                fail_rate: 0.0,
-                seed,
-            });
-            let control = demo.control();
-            let origin = origin();
-            tokio::spawn(async move {
+        instant_server(
+            seed,
+            0.0,
+            Arc::clone(&bound),
+            move |control, origin| async move {
                 tokio::time::sleep_until(origin + from).await;
                 control.set_fail_rate(1.0);
                 tokio::time::sleep_until(origin + from + Duration::from_secs(1)).await;
                 control.set_fail_rate(0.0);
-            });
-            serve(demo, None, &bound).await
-        }
+            },
+        )
     });
-    let client_config = variant.client_config(config.clients);
-    let (results, _) = run_clients(sim, config.clients, |c| {
-        let config = config.clone();
-        let client_config = client_config.clone();
-        let mut ready = ready.clone();
-        let seed = mix(config.seed, 1_000 + c as u64);
-        async move {
-            ready.wait_for(|n| *n >= 1).await?;
-            let (_, timeline) = offer_to_dead(&config, client_config.as_ref(), seed, total).await?;
+    let (results, _) = run_dead_clients(
+        sim,
+        &ready,
+        (variant, config),
+        |config, layer, seed| async move {
+            let (_, timeline) = offer_to_dead(&config, layer.as_ref(), seed, total).await?;
             Ok(ClientResult {
                 timeline: timeline.snapshot(),
                 ..ClientResult::default()
             })
-        }
-    })?;
+        },
+    )?;
     let seconds = config.warmup_s + config.measured_s;
     let mut timeline: Vec<super::Second> = (0..seconds)
         .map(|t| super::Second {
