@@ -753,26 +753,25 @@ pub fn run_dead_dependency(
     variant: DeadVariant,
     config: &DeadDependencyConfig,
 ) -> Result<DeadDependencyRun, FleetSimError> {
-    let DeadRun {
-        from,
-        total,
-        mut sim,
-        bound,
-        ready,
-    } = DeadRun::new(config);
+    let mut run = DeadRun::new(config);
     let window: Window = Arc::default();
     {
         let window = Arc::clone(&window);
         let seed = mix(config.seed, 100);
-        sim.host("dead", move || {
-            dead_server(seed, (from, total), Arc::clone(&bound), Arc::clone(&window))
+        run.sim.host("dead", move || {
+            dead_server(
+                seed,
+                (run.from, run.total),
+                Arc::clone(&run.bound),
+                Arc::clone(&window),
+            )
         });
     }
     let (calls, virtual_time) = run_dead_clients(
-        sim,
-        &ready,
+        run.sim,
+        &run.ready,
         (variant, config),
-        |config, layer, seed| async move { dead_client(&config, layer.as_ref(), seed, total).await },
+        |config, layer, seed| async move { dead_client(&config, layer.as_ref(), seed, run.total).await },
     )?;
     let (Some(start), Some(end)) = *window.lock().unwrap_or_else(PoisonError::into_inner) else {
         return Err(FleetSimError::Simulation(
@@ -918,33 +917,27 @@ pub fn run_blip(
     variant: DeadVariant,
     config: &DeadDependencyConfig,
 ) -> Result<Vec<super::Second>, FleetSimError> {
-    let DeadRun {
-        from,
-        total,
-        mut sim,
-        bound,
-        ready,
-    } = DeadRun::new(config);
+    let mut run = DeadRun::new(config);
     let seed = mix(config.seed, 100);
-    sim.host("dead", move || {
+    run.sim.host("dead", move || {
         instant_server(
             seed,
             0.0,
-            Arc::clone(&bound),
+            Arc::clone(&run.bound),
             move |control, origin| async move {
-                tokio::time::sleep_until(origin + from).await;
+                tokio::time::sleep_until(origin + run.from).await;
                 control.set_fail_rate(1.0);
-                tokio::time::sleep_until(origin + from + Duration::from_secs(1)).await;
+                tokio::time::sleep_until(origin + run.from + Duration::from_secs(1)).await;
                 control.set_fail_rate(0.0);
             },
         )
     });
     let (results, _) = run_dead_clients(
-        sim,
-        &ready,
+        run.sim,
+        &run.ready,
         (variant, config),
         |config, layer, seed| async move {
-            let (_, timeline) = offer_to_dead(&config, layer.as_ref(), seed, total).await?;
+            let (_, timeline) = offer_to_dead(&config, layer.as_ref(), seed, run.total).await?;
             Ok(ClientResult {
                 timeline: timeline.snapshot(),
                 ..ClientResult::default()
