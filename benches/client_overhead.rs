@@ -1111,6 +1111,26 @@ async fn count_calls(v: &Variant, calls: u64, callers: usize, servers: Servers) 
     );
 }
 
+/// Per variant, one figure a round: its throughput over its baseline's (and over its
+/// rival's), its allocations and CPU time per call.
+struct Rounds {
+    ratios: Vec<Vec<f64>>,
+    rival_ratios: Vec<Vec<f64>>,
+    allocs: Vec<Vec<f64>>,
+    cpus: Vec<Vec<f64>>,
+}
+
+impl Rounds {
+    fn new(n: usize) -> Rounds {
+        Rounds {
+            ratios: vec![Vec::new(); n],
+            rival_ratios: vec![Vec::new(); n],
+            allocs: vec![Vec::new(); n],
+            cpus: vec![Vec::new(); n],
+        }
+    }
+}
+
 fn main() {
     let o = options();
     if o.list {
@@ -1137,84 +1157,109 @@ fn main() {
             return;
         }
         let variants = selected(o.variants.as_deref());
-        let index = |name: &str| variants.iter().position(|v| v.name == name);
-        let mut clients = Vec::new();
-        for v in &variants {
-            let c = client(v, TIMED, servers).await;
-            // Warm up: connections, h2 windows, allocator caches.
-            run_for(&c, o.callers, 0.3).await;
-            clients.push(c);
-        }
-        println!(
-            "{} callers, one channel per variant, {} rounds of {} s per variant",
-            o.callers, o.rounds, o.secs
-        );
-        println!(
-            "{:>5} {:>14} {:>10} {:>14} {:>7} {:>12} {:>11}",
-            "round", "variant", "calls/s", "baseline", "ratio", "allocs/call", "cpu µs/call"
-        );
-        let n = variants.len();
-        let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); n];
-        let mut rival_ratios: Vec<Vec<f64>> = vec![Vec::new(); n];
-        let mut allocs: Vec<Vec<f64>> = vec![Vec::new(); n];
-        let mut cpus: Vec<Vec<f64>> = vec![Vec::new(); n];
-        for round in 1..=o.rounds {
-            // Each round starts with a different variant, so that no variant always runs
-            // first (or right after the same other one).
-            let mut samples: Vec<Option<Sample>> = (0..n).map(|_| None).collect();
-            for k in 0..n {
-                let i = (round - 1 + k) % n;
-                samples[i] = Some(run_for(&clients[i], o.callers, o.secs).await);
-            }
-            let rate_of = |name: &str| {
-                index(name)
-                    .and_then(|j| samples[j].as_ref())
-                    .map_or(f64::NAN, Sample::rate)
-            };
-            for (i, s) in samples.iter().enumerate() {
-                let Some(s) = s else { continue };
-                let v = variants[i];
-                let per_call_allocs = s.allocations as f64 / s.calls as f64;
-                let cpu = s.cpu.as_secs_f64() * 1e6 / s.calls as f64;
-                let ratio = s.rate() / rate_of(v.baseline);
-                ratios[i].push(ratio);
-                if let Some(rival) = v.rival {
-                    rival_ratios[i].push(s.rate() / rate_of(rival));
-                }
-                allocs[i].push(per_call_allocs);
-                cpus[i].push(cpu);
-                println!(
-                    "{round:>5} {:>14} {:>10.0} {:>14} {ratio:>7.3} {per_call_allocs:>12.2} {cpu:>11.2}",
-                    v.name,
-                    s.rate(),
-                    v.baseline,
-                );
-            }
-        }
-        println!("medians over rounds (ratio to the same round's baseline):");
-        for (i, v) in variants.iter().enumerate() {
-            let b = index(v.baseline).unwrap_or(i);
-            let (r, a, c) = (
-                median(ratios[i].clone()),
-                median(allocs[i].clone()),
-                median(cpus[i].clone()),
-            );
-            let rival = match v.rival {
-                Some(name) if !rival_ratios[i].is_empty() => format!(
-                    ", throughput {:.3}x {name}",
-                    median(rival_ratios[i].clone())
-                ),
-                _ => String::new(),
-            };
-            println!(
-                "{:>14}: throughput {r:.3}x {} (min {:.3}, max {:.3}){rival}, allocs/call {a:.2} ({:+.2}), cpu/call {c:.2} µs ({:+.2})",
-                v.name,
-                v.baseline,
-                ratios[i].iter().copied().fold(f64::INFINITY, f64::min),
-                ratios[i].iter().copied().fold(f64::NEG_INFINITY, f64::max),
-                a - median(allocs[b].clone()),
-                c - median(cpus[b].clone()),
-            );
-        }
+        let rounds = time_rounds(&o, &variants, servers).await;
+        print_medians(&variants, &rounds);
     });
+}
+
+/// Runs `o.rounds` timed rounds of every variant, printing a line per variant and round.
+async fn time_rounds(o: &Options, variants: &[&'static Variant], servers: Servers) -> Rounds {
+    let mut clients = Vec::new();
+    for v in variants {
+        let c = client(v, TIMED, servers).await;
+        // Warm up: connections, h2 windows, allocator caches.
+        run_for(&c, o.callers, 0.3).await;
+        clients.push(c);
+    }
+    println!(
+        "{} callers, one channel per variant, {} rounds of {} s per variant",
+        o.callers, o.rounds, o.secs
+    );
+    println!(
+        "{:>5} {:>14} {:>10} {:>14} {:>7} {:>12} {:>11}",
+        "round", "variant", "calls/s", "baseline", "ratio", "allocs/call", "cpu µs/call"
+    );
+    let n = variants.len();
+    let mut rounds = Rounds::new(n);
+    for round in 1..=o.rounds {
+        // Each round starts with a different variant, so that no variant always runs
+        // first (or right after the same other one).
+        let mut samples: Vec<Option<Sample>> = (0..n).map(|_| None).collect();
+        for k in 0..n {
+            let i = (round - 1 + k) % n;
+            samples[i] = Some(run_for(&clients[i], o.callers, o.secs).await);
+        }
+        record_round(round, variants, &samples, &mut rounds);
+    }
+    rounds
+}
+
+/// Records and prints round `round`'s `samples` (one per variant).
+fn record_round(
+    round: usize,
+    variants: &[&'static Variant],
+    samples: &[Option<Sample>],
+    rounds: &mut Rounds,
+) {
+    let index = |name: &str| variants.iter().position(|v| v.name == name);
+    let rate_of = |name: &str| {
+        index(name)
+            .and_then(|j| samples[j].as_ref())
+            .map_or(f64::NAN, Sample::rate)
+    };
+    for (i, s) in samples.iter().enumerate() {
+        let Some(s) = s else { continue };
+        let v = variants[i];
+        let per_call_allocs = s.allocations as f64 / s.calls as f64;
+        let cpu = s.cpu.as_secs_f64() * 1e6 / s.calls as f64;
+        let ratio = s.rate() / rate_of(v.baseline);
+        rounds.ratios[i].push(ratio);
+        if let Some(rival) = v.rival {
+            rounds.rival_ratios[i].push(s.rate() / rate_of(rival));
+        }
+        rounds.allocs[i].push(per_call_allocs);
+        rounds.cpus[i].push(cpu);
+        println!(
+            "{round:>5} {:>14} {:>10.0} {:>14} {ratio:>7.3} {per_call_allocs:>12.2} {cpu:>11.2}",
+            v.name,
+            s.rate(),
+            v.baseline,
+        );
+    }
+}
+
+/// Prints each variant's medians over the rounds.
+fn print_medians(variants: &[&'static Variant], rounds: &Rounds) {
+    let index = |name: &str| variants.iter().position(|v| v.name == name);
+    let Rounds {
+        ratios,
+        rival_ratios,
+        allocs,
+        cpus,
+    } = rounds;
+    println!("medians over rounds (ratio to the same round's baseline):");
+    for (i, v) in variants.iter().enumerate() {
+        let b = index(v.baseline).unwrap_or(i);
+        let (r, a, c) = (
+            median(ratios[i].clone()),
+            median(allocs[i].clone()),
+            median(cpus[i].clone()),
+        );
+        let rival = match v.rival {
+            Some(name) if !rival_ratios[i].is_empty() => format!(
+                ", throughput {:.3}x {name}",
+                median(rival_ratios[i].clone())
+            ),
+            _ => String::new(),
+        };
+        println!(
+            "{:>14}: throughput {r:.3}x {} (min {:.3}, max {:.3}){rival}, allocs/call {a:.2} ({:+.2}), cpu/call {c:.2} µs ({:+.2})",
+            v.name,
+            v.baseline,
+            ratios[i].iter().copied().fold(f64::INFINITY, f64::min),
+            ratios[i].iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            a - median(allocs[b].clone()),
+            c - median(cpus[b].clone()),
+        );
+    }
 }

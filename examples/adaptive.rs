@@ -282,40 +282,74 @@ async fn run(
 
     let (client, client_stats) = connect(addr).await?;
 
-    let rate = capacity * args.load;
     let start = Instant::now();
     let measure_from = start + Duration::from_secs(args.warmup);
     let end = measure_from + Duration::from_secs(args.secs);
+    let sampler = sample_limits(stats.clone(), end);
+    let measured = offer(
+        &client,
+        &client_stats,
+        capacity * args.load,
+        measure_from,
+        end,
+    )
+    .await;
+    let limits = sampler.await?;
+    Ok(outcome(
+        name,
+        args,
+        capacity,
+        &measured,
+        &client_stats,
+        &stats,
+        limits,
+    ))
+}
+
+/// The worker limit of `stats` every 250 ms until `end`.
+fn sample_limits(stats: ShedStats, end: Instant) -> tokio::task::JoinHandle<Vec<usize>> {
+    tokio::spawn(async move {
+        let mut limits = Vec::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        while Instant::now() < end {
+            tick.tick().await;
+            limits.push(stats.workers());
+        }
+        limits
+    })
+}
+
+/// What the calls sent from `measure_from` to `end` left: how many were served and in how
+/// long (µs), and the client's attempts and logical calls when the window opened.
+struct Measured {
+    ok: u64,
+    latencies: Vec<u32>,
+    attempts_at_measure: u64,
+    logical_at_measure: u64,
+}
+
+/// Sends calls at `rate` per second until `end`; returns when every call has ended.
+async fn offer(
+    client: &Client,
+    client_stats: &RetryStats,
+    rate: f64,
+    measure_from: Instant,
+    end: Instant,
+) -> Measured {
     let latencies: Arc<Mutex<Vec<u32>>> = Arc::new(Mutex::new(Vec::new()));
     let ok = Arc::new(AtomicU64::new(0));
-
-    // The limit every 250 ms.
-    let sampler = {
-        let stats = stats.clone();
-        tokio::spawn(async move {
-            let mut limits = Vec::new();
-            let mut tick = tokio::time::interval(Duration::from_millis(250));
-            while Instant::now() < end {
-                tick.tick().await;
-                limits.push(stats.workers());
-            }
-            limits
-        })
-    };
-
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
     tick.set_missed_tick_behavior(MissedTickBehavior::Burst);
     let mut calls = Vec::new();
     let mut i = 0u64;
-    let attempts_at_measure = Arc::new(AtomicU64::new(u64::MAX));
-    let logical_at_measure = Arc::new(AtomicU64::new(u64::MAX));
+    let mut attempts_at_measure = u64::MAX;
+    let mut logical_at_measure = u64::MAX;
     while Instant::now() < end {
         tick.tick().await;
-        if Instant::now() >= measure_from && attempts_at_measure.load(Ordering::Relaxed) == u64::MAX
-        {
+        if Instant::now() >= measure_from && attempts_at_measure == u64::MAX {
             let s = client_stats.snapshot();
-            attempts_at_measure.store(s.attempts, Ordering::Relaxed);
-            logical_at_measure.store(s.logical, Ordering::Relaxed);
+            attempts_at_measure = s.attempts;
+            logical_at_measure = s.logical;
         }
         i += 1;
         let mut client = client.clone();
@@ -339,35 +373,54 @@ async fn run(
     for c in calls {
         let _ = c.await;
     }
-    let limits = sampler.await?;
-    let s = client_stats.snapshot();
-    let attempts = s.attempts - attempts_at_measure.load(Ordering::Relaxed).min(s.attempts);
-    let logical = s.logical - logical_at_measure.load(Ordering::Relaxed).min(s.logical);
-    let mut lat = latencies
+    let latencies = latencies
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
+    Measured {
+        ok: ok.load(Ordering::Relaxed),
+        latencies,
+        attempts_at_measure,
+        logical_at_measure,
+    }
+}
+
+/// The outcome of policy `name` from what was `measured`, the client's and the server's
+/// counters, and the worker limit every 250 ms.
+fn outcome(
+    name: &str,
+    args: &Args,
+    capacity: f64,
+    measured: &Measured,
+    client_stats: &RetryStats,
+    stats: &ShedStats,
+    limits: Vec<usize>,
+) -> Outcome {
+    let s = client_stats.snapshot();
+    let attempts = s.attempts - measured.attempts_at_measure.min(s.attempts);
+    let logical = s.logical - measured.logical_at_measure.min(s.logical);
+    let mut lat = measured.latencies.clone();
     lat.sort_unstable();
     let p99 = lat
         .get((lat.len() * 99 / 100).min(lat.len().saturating_sub(1)))
         .map_or(0.0, |us| f64::from(*us) / 1000.0);
-    let measured: Vec<usize> = limits
+    let in_window: Vec<usize> = limits
         .iter()
         .skip(usize::try_from(args.warmup * 4).unwrap_or(0))
         .copied()
         .collect();
     let snapshot = stats.snapshot();
-    Ok(Outcome {
+    Outcome {
         name: name.to_owned(),
-        goodput_share: ok.load(Ordering::Relaxed) as f64 / args.secs as f64 / capacity,
+        goodput_share: measured.ok as f64 / args.secs as f64 / capacity,
         p99_ms: p99,
         final_limit: stats.workers(),
-        mean_limit: measured.iter().sum::<usize>() as f64 / measured.len().max(1) as f64,
+        mean_limit: in_window.iter().sum::<usize>() as f64 / in_window.len().max(1) as f64,
         limits,
         min_latency_ms: snapshot.min_latency_us.map(|us| us as f64 / 1000.0),
         attempts_per_call: attempts as f64 / logical.max(1) as f64,
         shed: snapshot.shed(),
-    })
+    }
 }
 
 fn round(x: f64, places: i32) -> f64 {
@@ -396,24 +449,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             continue;
         }
         let o = run(name, &args, capacity).await?;
-        println!(
-            "{:<12} goodput {:>5.1} % of capacity  p99 {:>6.1} ms  attempts/call {:.2}  \
-             shed {:>6}  limit: final {:>3}, mean {:>5.1} over the measured window{}",
-            o.name,
-            o.goodput_share * 100.0,
-            o.p99_ms,
-            o.attempts_per_call,
-            o.shed,
-            o.final_limit,
-            o.mean_limit,
-            o.min_latency_ms
-                .map(|m| format!(", no-load latency {m:.1} ms"))
-                .unwrap_or_default()
-        );
-        if name == "adaptive" {
-            let series: Vec<String> = o.limits.iter().map(usize::to_string).collect();
-            println!("             limit every 250 ms: {}", series.join(" "));
-        }
+        print_outcome(&o);
         outcomes.push(o);
         // Let the previous server's connections wind down before the next run.
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -428,44 +464,77 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     if args.storm {
-        let capacity = measure_capacity(args.capacity, STORM_SERVICE).await;
-        println!(
-            "storm: C = {} permits x {STORM_SERVICE:?} = {capacity:.0} completions/s measured; \
-             75 % of capacity offered; pool service time x2.5 from 5 s to 8 s; share of \
-             calls served per 500 ms (by send time); recovery = from 8 s to the first window \
-             that starts 2 s of windows serving >= 90 %",
-            args.capacity
-        );
-        for name in ["fixed-right", "fixed-high", "adaptive"] {
-            if args.only.as_deref().is_some_and(|o| o != name) {
-                continue;
-            }
-            let (share, limits, recovery) = storm(name, &args, capacity).await?;
-            let share: Vec<String> = share.iter().map(|s| format!("{:.2}", s)).collect();
-            let limits: Vec<String> = limits.iter().map(usize::to_string).collect();
-            println!(
-                "storm {name:<12} recovery {}\n  served: {}\n  limit:  {}",
-                recovery.map_or("never (within 8 s)".to_owned(), |d| format!("{d:?}")),
-                share.join(" "),
-                limits.join(" ")
-            );
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+        storms(&args).await?;
     }
     if let Some(path) = &args.json {
-        let policies: Vec<serde_json::Value> = outcomes
-            .iter()
-            .map(|o| {
-                serde_json::json!({
-                    "name": o.name,
-                    "goodput_share_of_capacity": round(o.goodput_share, 4),
-                    "p99_ms": round(o.p99_ms, 2),
-                    "final_limit": o.final_limit,
-                })
-            })
-            .collect();
-        let report = serde_json::json!({ "policies": policies, "capacity": args.capacity });
-        std::fs::write(path, format!("{report}\n"))?;
+        write_json(path, &outcomes, args.capacity)?;
     }
     Ok(())
+}
+
+/// Prints the line of one policy (and the limit's series, for the adaptive one).
+fn print_outcome(o: &Outcome) {
+    println!(
+        "{:<12} goodput {:>5.1} % of capacity  p99 {:>6.1} ms  attempts/call {:.2}  \
+         shed {:>6}  limit: final {:>3}, mean {:>5.1} over the measured window{}",
+        o.name,
+        o.goodput_share * 100.0,
+        o.p99_ms,
+        o.attempts_per_call,
+        o.shed,
+        o.final_limit,
+        o.mean_limit,
+        o.min_latency_ms
+            .map(|m| format!(", no-load latency {m:.1} ms"))
+            .unwrap_or_default()
+    );
+    if o.name == "adaptive" {
+        let series: Vec<String> = o.limits.iter().map(usize::to_string).collect();
+        println!("             limit every 250 ms: {}", series.join(" "));
+    }
+}
+
+/// `--storm`: the capacity drop, for each policy that `--only` leaves.
+async fn storms(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let capacity = measure_capacity(args.capacity, STORM_SERVICE).await;
+    println!(
+        "storm: C = {} permits x {STORM_SERVICE:?} = {capacity:.0} completions/s measured; \
+         75 % of capacity offered; pool service time x2.5 from 5 s to 8 s; share of \
+         calls served per 500 ms (by send time); recovery = from 8 s to the first window \
+         that starts 2 s of windows serving >= 90 %",
+        args.capacity
+    );
+    for name in ["fixed-right", "fixed-high", "adaptive"] {
+        if args.only.as_deref().is_some_and(|o| o != name) {
+            continue;
+        }
+        let (share, limits, recovery) = storm(name, args, capacity).await?;
+        let share: Vec<String> = share.iter().map(|s| format!("{:.2}", s)).collect();
+        let limits: Vec<String> = limits.iter().map(usize::to_string).collect();
+        println!(
+            "storm {name:<12} recovery {}\n  served: {}\n  limit:  {}",
+            recovery.map_or("never (within 8 s)".to_owned(), |d| format!("{d:?}")),
+            share.join(" "),
+            limits.join(" ")
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
+
+/// `--json`: each policy's goodput, p99 and final limit, and the capacity `C`.
+fn write_json(path: &str, outcomes: &[Outcome], capacity: usize) -> std::io::Result<()> {
+    let policies: Vec<serde_json::Value> = outcomes
+        .iter()
+        .map(|o| {
+            serde_json::json!({
+                "name": o.name,
+                "goodput_share_of_capacity": round(o.goodput_share, 4),
+                "p99_ms": round(o.p99_ms, 2),
+                "final_limit": o.final_limit,
+            })
+        })
+        .collect();
+    let report = serde_json::json!({ "policies": policies, "capacity": capacity });
+    std::fs::write(path, format!("{report}\n"))
 }

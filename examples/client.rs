@@ -123,17 +123,7 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Args, clap:
 
 /// Runs the load and returns the JSON report.
 pub async fn run(args: &Args) -> Result<serde_json::Value, Box<dyn Error + Send + Sync>> {
-    let config = match args.policy() {
-        PolicyArg::Default => stormguard_demo::client_config(),
-        PolicyArg::None => ClientConfig::no_retries(),
-        PolicyArg::ServiceConfig(path) => {
-            ClientConfig::from_path(&path).map_err(|e| format!("--service-config {path}: {e}"))?
-        }
-    };
-    let layer = match args.seed {
-        Some(seed) => RetryLayer::from_config(&config.clone().with_seed(seed))?,
-        None => RetryLayer::from_config(&config)?,
-    };
+    let layer = retry_layer(args)?;
     let export = otel::Export::start(otel::Sinks {
         stdout: args.otel_stdout.then_some(Duration::from_secs(3600)),
         metrics_addr: args.metrics_addr,
@@ -151,35 +141,49 @@ pub async fn run(args: &Args) -> Result<serde_json::Value, Box<dyn Error + Send 
         .http2_max_local_error_reset_streams(None)
         .connect_lazy();
     let client = InventoryClient::new(ServiceBuilder::new().layer(layer).service(channel));
-
-    let next = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
+    let codes = call_all(&client, args).await?;
+    let elapsed = started.elapsed();
+    if let Some(export) = export {
+        export.finish();
+    }
+    Ok(report(&stats.snapshot(), &codes, elapsed))
+}
+
+/// The retry layer of `--policy` (or `--service-config`), seeded with `--seed`.
+fn retry_layer(args: &Args) -> Result<RetryLayer, Box<dyn Error + Send + Sync>> {
+    let config = match args.policy() {
+        PolicyArg::Default => stormguard_demo::client_config(),
+        PolicyArg::None => ClientConfig::no_retries(),
+        PolicyArg::ServiceConfig(path) => {
+            ClientConfig::from_path(&path).map_err(|e| format!("--service-config {path}: {e}"))?
+        }
+    };
+    Ok(match args.seed {
+        Some(seed) => RetryLayer::from_config(&config.clone().with_seed(seed))?,
+        None => RetryLayer::from_config(&config)?,
+    })
+}
+
+/// The client of the load: the demo Inventory through the retry layer.
+type Client = InventoryClient<stormguard_client::Retry<tonic::transport::Channel>>;
+
+/// Makes the `--requests` calls from `--concurrency` tasks; the calls per final code.
+async fn call_all(
+    client: &Client,
+    args: &Args,
+) -> Result<BTreeMap<&'static str, u64>, Box<dyn Error + Send + Sync>> {
+    let next = Arc::new(AtomicU64::new(0));
     let mut workers = Vec::new();
     for _ in 0..args.concurrency.min(args.requests.max(1)) {
-        let mut client = client.clone();
-        let next = next.clone();
         let (total, deadline, payload) = (args.requests, args.deadline, args.payload_bytes);
-        workers.push(tokio::spawn(async move {
-            let mut codes: BTreeMap<&'static str, u64> = BTreeMap::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= total {
-                    break codes;
-                }
-                let mut request = tonic::Request::new(ReserveRequest {
-                    sku: format!("sku-{}", i % 100),
-                    quantity: 1,
-                    request_id: format!("req-{i}"),
-                    payload: vec![0; payload],
-                });
-                request.set_timeout(deadline);
-                let code = match client.reserve(request).await {
-                    Ok(_) => "OK",
-                    Err(status) => code_name(status.code()),
-                };
-                *codes.entry(code).or_default() += 1;
-            }
-        }));
+        workers.push(tokio::spawn(call_until(
+            client.clone(),
+            next.clone(),
+            total,
+            deadline,
+            payload,
+        )));
     }
     let mut codes: BTreeMap<&'static str, u64> = BTreeMap::new();
     for worker in workers {
@@ -187,17 +191,51 @@ pub async fn run(args: &Args) -> Result<serde_json::Value, Box<dyn Error + Send 
             *codes.entry(code).or_default() += n;
         }
     }
-    let elapsed = started.elapsed();
-    if let Some(export) = export {
-        export.finish();
+    Ok(codes)
+}
+
+/// One task of the load: takes the next call's number until `total` are taken; the
+/// calls it made per final code.
+async fn call_until(
+    mut client: Client,
+    next: Arc<AtomicU64>,
+    total: u64,
+    deadline: Duration,
+    payload: usize,
+) -> BTreeMap<&'static str, u64> {
+    let mut codes: BTreeMap<&'static str, u64> = BTreeMap::new();
+    loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= total {
+            break codes;
+        }
+        let mut request = tonic::Request::new(ReserveRequest {
+            sku: format!("sku-{}", i % 100),
+            quantity: 1,
+            request_id: format!("req-{i}"),
+            payload: vec![0; payload],
+        });
+        request.set_timeout(deadline);
+        let code = match client.reserve(request).await {
+            Ok(_) => "OK",
+            Err(status) => code_name(status.code()),
+        };
+        *codes.entry(code).or_default() += 1;
     }
-    let s = stats.snapshot();
+}
+
+/// The JSON line of the run: the layer's counters `s`, the final `codes`, the time taken.
+fn report(
+    s: &stormguard_client::RetrySnapshot,
+    codes: &BTreeMap<&'static str, u64>,
+    elapsed: Duration,
+) -> serde_json::Value {
     let refused: serde_json::Map<String, serde_json::Value> = s
         .refused
         .iter()
         .map(|(name, n)| (name.to_owned(), n.into()))
         .collect();
-    Ok(serde_json::json!({
+    serde_json::json!({
         "logical": s.logical,
         "ok": s.ok,
         "failed": s.failed,
@@ -208,7 +246,7 @@ pub async fn run(args: &Args) -> Result<serde_json::Value, Box<dyn Error + Send 
         "deadline_exceeded": s.deadline_exceeded,
         "codes": codes,
         "elapsed_ms": elapsed.as_millis() as u64,
-    }))
+    })
 }
 
 fn code_name(code: tonic::Code) -> &'static str {

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use clap::builder::RangedU64ValueParser;
-use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 
 #[path = "support/chart.rs"]
 mod chart;
@@ -157,11 +157,7 @@ async fn dns_fleet(args: &Args, meters: &meters::Meters) -> Result<(), Box<dyn E
     if args.policies.iter().any(|p| *p != Policy::Stormguard) {
         return Err("--discovery dns runs the stormguard policy only".into());
     }
-    let timing = if args.run.quick {
-        Timing::quick()
-    } else {
-        Timing::standard()
-    };
+    let timing = timing(args);
     // The rate of a five-replica fleet at --load: every scenario has three at least.
     let rate = args.load * capacity(3).await;
     let config = RunConfig {
@@ -266,31 +262,12 @@ async fn exported(args: &Args) -> Result<(), Box<dyn Error>> {
 }
 
 async fn fleet(args: &Args, meters: &meters::Meters) -> Result<(), Box<dyn Error>> {
-    let timing = if args.run.quick {
-        Timing::quick()
-    } else {
-        Timing::standard()
-    };
-    let listed: Vec<Scenario> = args
-        .scenarios
-        .iter()
-        .map(|s| match s {
-            ScenarioName::List(s) => Ok(*s),
-            ScenarioName::Dns(s) => Err(format!(
-                "--scenarios {}: a scenario of --discovery dns",
-                s.as_str()
-            )),
-        })
-        .collect::<Result<_, _>>()?;
+    let timing = timing(args);
+    let listed = listed_scenarios(args)?;
     let scenarios = if listed.is_empty() {
         &Scenario::ALL[..]
     } else {
         &listed
-    };
-    let policies = if args.policies.is_empty() {
-        &Policy::ALL[..]
-    } else {
-        &args.policies
     };
     let capacity = capacity(args.replicas).await;
     let config = RunConfig {
@@ -312,19 +289,7 @@ async fn fleet(args: &Args, meters: &meters::Meters) -> Result<(), Box<dyn Error
         timing.fault,
         timing.total,
     );
-
-    let bars = MultiProgress::new();
-    let style =
-        ProgressStyle::with_template("{prefix:>10} [{bar:40}] {msg}")?.progress_chars("=> ");
-    let scenario_bars: Vec<ProgressBar> = scenarios
-        .iter()
-        .map(|s| {
-            let bar = bars.add(ProgressBar::new(1000));
-            bar.set_style(style.clone());
-            bar.set_prefix(s.as_str());
-            bar
-        })
-        .collect();
+    let (_bars, scenario_bars) = cli::progress_bars(scenarios.iter().map(|s| s.as_str()), 10)?;
     let mut report = FleetReport {
         replicas: args.replicas,
         scenarios: Vec::new(),
@@ -336,32 +301,72 @@ async fn fleet(args: &Args, meters: &meters::Meters) -> Result<(), Box<dyn Error
         seed: args.run.seed,
     };
     for (&scenario, bar) in scenarios.iter().zip(&scenario_bars) {
-        let mut runs = Vec::new();
-        for (i, &policy) in policies.iter().enumerate() {
-            bar.set_message(policy.as_str());
-            let progress = |done: f64| {
-                let overall = (i as f64 + done) / policies.len() as f64;
-                bar.set_position((overall * 1000.0) as u64);
-            };
-            let data = run::run((scenario, policy), &config, meters, &progress)
-                .await
-                .map_err(|e| format!("{} / {}: {e}", scenario.as_str(), policy.as_str()))?;
-            runs.push(report::summarize(
-                policy.as_str(),
-                scenario,
-                &timing,
-                args.replicas,
-                &data,
-            ));
-        }
-        bar.finish_with_message("done");
-        report.scenarios.push(ScenarioReport {
-            name: scenario.as_str(),
-            policies: runs,
-            fault_s: timing.fault.as_secs_f64(),
-            bad_replica: (scenario != Scenario::Rolling).then_some(BAD),
-        });
+        let report_of = run_scenario(args, scenario, &config, meters, bar).await?;
+        report.scenarios.push(report_of);
     }
     print!("{}", report::table(&report));
     args.run.write_report("fleet", &report, svg::draw)
+}
+
+/// The timing of the runs: `--quick` or the standard one.
+fn timing(args: &Args) -> Timing {
+    if args.run.quick {
+        Timing::quick()
+    } else {
+        Timing::standard()
+    }
+}
+
+/// The scenarios of `--scenarios` (none: all); a scenario of `--discovery dns` is an error.
+fn listed_scenarios(args: &Args) -> Result<Vec<Scenario>, String> {
+    args.scenarios
+        .iter()
+        .map(|s| match s {
+            ScenarioName::List(s) => Ok(*s),
+            ScenarioName::Dns(s) => Err(format!(
+                "--scenarios {}: a scenario of --discovery dns",
+                s.as_str()
+            )),
+        })
+        .collect()
+}
+
+/// Runs every policy of `--policies` (none: all) through `scenario`, its progress on `bar`.
+async fn run_scenario(
+    args: &Args,
+    scenario: Scenario,
+    config: &RunConfig,
+    meters: &meters::Meters,
+    bar: &ProgressBar,
+) -> Result<ScenarioReport, Box<dyn Error>> {
+    let policies = if args.policies.is_empty() {
+        &Policy::ALL[..]
+    } else {
+        &args.policies
+    };
+    let mut runs = Vec::new();
+    for (i, &policy) in policies.iter().enumerate() {
+        bar.set_message(policy.as_str());
+        let progress = |done: f64| {
+            let overall = (i as f64 + done) / policies.len() as f64;
+            bar.set_position((overall * 1000.0) as u64);
+        };
+        let data = run::run((scenario, policy), config, meters, &progress)
+            .await
+            .map_err(|e| format!("{} / {}: {e}", scenario.as_str(), policy.as_str()))?;
+        runs.push(report::summarize(
+            policy.as_str(),
+            scenario,
+            &config.timing,
+            args.replicas,
+            &data,
+        ));
+    }
+    bar.finish_with_message("done");
+    Ok(ScenarioReport {
+        name: scenario.as_str(),
+        policies: runs,
+        fault_s: config.timing.fault.as_secs_f64(),
+        bad_replica: (scenario != Scenario::Rolling).then_some(BAD),
+    })
 }

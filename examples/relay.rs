@@ -40,6 +40,9 @@ use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status};
 use tower::ServiceBuilder;
 
+#[path = "support/cli.rs"]
+mod cli;
+
 /// A stormguard service in the middle of a call chain: the demo Inventory behind a
 /// ShedLayer, forwarding every call to another Inventory server through a RetryLayer.
 ///
@@ -115,13 +118,7 @@ fn line(shed: &ShedStats, client: &RetryStats) -> Line {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    match run(args).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("relay: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    cli::exit_code("relay", run(args).await)
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {

@@ -75,6 +75,8 @@ use tokio::net::TcpListener;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
+#[path = "support/cli.rs"]
+mod cli;
 #[path = "support/otel.rs"]
 mod otel;
 
@@ -147,19 +149,8 @@ pub struct Args {
     metrics_addr: Option<SocketAddr>,
     /// Close each connection from the server's side (HTTP/2 GOAWAY, running calls finish)
     /// once it is this old, in milliseconds [default: never]
-    #[arg(long = "max-connection-age-ms", value_name = "MS", value_parser = connection_age)]
+    #[arg(long = "max-connection-age-ms", value_name = "MS", value_parser = cli::millis)]
     max_connection_age: Option<Duration>,
-}
-
-/// `--max-connection-age-ms`: a whole number of milliseconds, at least 1.
-fn connection_age(value: &str) -> Result<Duration, String> {
-    let ms: u64 = value
-        .parse()
-        .map_err(|e| format!("{e} (a whole number of milliseconds)"))?;
-    if ms == 0 {
-        return Err("must be at least 1 ms".to_owned());
-    }
-    Ok(Duration::from_millis(ms))
 }
 
 /// `--service-time-ms`: milliseconds, fractions allowed.
@@ -274,13 +265,7 @@ fn line(stats: Option<&ShedStats>, control: &DemoControl) -> Line {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    match run(args).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("server: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    cli::exit_code("server", run(args).await)
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn Error>> {
@@ -290,20 +275,7 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
         seed: args.seed,
     });
     let control = inventory.control();
-    let layer = admission(&args)?.map(ShedLayer::from_config).transpose()?;
-    // `--load-reports`, or `admission.load_reports` in the `--config` file.
-    let from_file = match &args.config {
-        Some(path) => {
-            ShedSettings::from_path(path)
-                .map_err(|e| format!("--config {path}: {e}"))?
-                .load_reports
-        }
-        None => false,
-    };
-    let layer = match layer {
-        Some(layer) if args.load_reports || from_file => Some(layer.with_load_reports()),
-        layer => layer,
-    };
+    let layer = shed_layer(&args)?;
     let export = otel::Export::start(otel::Sinks {
         stdout: args.otel_stdout.then_some(Duration::from_secs(1)),
         metrics_addr: args.metrics_addr,
@@ -316,36 +288,10 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
     };
     let stats = layer.as_ref().map(ShedLayer::stats);
     let queue_shutdown = layer.as_ref().map(ShedLayer::shutdown_handle);
-
-    let listener = TcpListener::bind(args.addr).await.map_err(|e| {
-        if e.kind() == std::io::ErrorKind::AddrInUse {
-            format!(
-                "cannot listen on {}: the address is in use (EADDRINUSE): another process \
-                 holds the port",
-                args.addr
-            )
-        } else {
-            format!("cannot listen on {}: {e}", args.addr)
-        }
-    })?;
+    let listener = bind(args.addr).await?;
     println!("listening on {}", listener.local_addr()?);
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-
-    let reporter = {
-        let control = control.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                match serde_json::to_string(&line(stats.as_ref(), &control)) {
-                    Ok(json) => println!("{json}"),
-                    Err(error) => eprintln!("server: stats line: {error}"),
-                }
-            }
-        })
-    };
-
+    let reporter = report_every_second(stats, control);
     // SIGINT (Ctrl-C) or SIGTERM: the queue answers what it holds (UNAVAILABLE, pushback
     // 1 ms; the calls never reached the handler), then tonic's graceful shutdown closes the
     // listener, sends GOAWAY and waits for the running calls.
@@ -355,6 +301,75 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
             queue.begin();
         }
     };
+    let served = serve(&args, layer, inventory, incoming, shutdown).await;
+    reporter.abort();
+    if let Some(export) = export {
+        export.finish();
+    }
+    served?;
+    Ok(())
+}
+
+/// The admission layer of [`admission`], with load reports on `--load-reports` or
+/// `admission.load_reports` in the `--config` file; `None` with `--no-shed`.
+fn shed_layer(args: &Args) -> Result<Option<ShedLayer>, Box<dyn Error>> {
+    let layer = admission(args)?.map(ShedLayer::from_config).transpose()?;
+    let from_file = match &args.config {
+        Some(path) => {
+            ShedSettings::from_path(path)
+                .map_err(|e| format!("--config {path}: {e}"))?
+                .load_reports
+        }
+        None => false,
+    };
+    Ok(match layer {
+        Some(layer) if args.load_reports || from_file => Some(layer.with_load_reports()),
+        layer => layer,
+    })
+}
+
+/// Listens on `addr`; an address in use is said in words.
+async fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
+    TcpListener::bind(addr).await.map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            format!(
+                "cannot listen on {addr}: the address is in use (EADDRINUSE): another process \
+                 holds the port"
+            )
+        } else {
+            format!("cannot listen on {addr}: {e}")
+        }
+    })
+}
+
+/// Prints a stats line (see [`line`]) every second until aborted.
+fn report_every_second(
+    stats: Option<ShedStats>,
+    control: DemoControl,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            match serde_json::to_string(&line(stats.as_ref(), &control)) {
+                Ok(json) => println!("{json}"),
+                Err(error) => eprintln!("server: stats line: {error}"),
+            }
+        }
+    })
+}
+
+/// Serves `inventory` on `incoming` until `shutdown`, behind `--max-connection-age-ms`,
+/// `--max-pending-resets`, the call log of `--log-calls`, then `layer` (none with
+/// `--no-shed`).
+async fn serve(
+    args: &Args,
+    layer: Option<ShedLayer>,
+    inventory: DemoInventory,
+    incoming: TcpIncoming,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
     let log = args.log_calls.then(|| CallLogLayer {
         started: std::time::Instant::now(),
     });
@@ -362,7 +377,7 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
     if let Some(age) = args.max_connection_age {
         server = server.max_connection_age(age);
     }
-    let builder = server
+    server
         .http2_max_pending_accept_reset_streams(Some(args.max_pending_resets))
         .layer(tower::util::option_layer(log))
         // Both arms answer with tonic's body type: the layer's body (which holds a worker
@@ -374,16 +389,9 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
                 })
                 .layer(layer)
         })))
-        .add_service(InventoryServer::new(inventory));
-    let served = builder
+        .add_service(InventoryServer::new(inventory))
         .serve_with_incoming_shutdown(incoming, shutdown)
-        .await;
-    reporter.abort();
-    if let Some(export) = export {
-        export.finish();
-    }
-    served?;
-    Ok(())
+        .await
 }
 
 /// Resolves on SIGINT or (on Unix) SIGTERM; never, if no handler can be installed (the

@@ -116,7 +116,16 @@ impl Windows {
     }
 }
 
-async fn run(name: &str, admission: AdmissionConfig, secs: u64, load: f64, seed: u64) {
+/// The demo Inventory behind `admission`, serving on a loopback port; its address, the
+/// layer's stats, the knob of its service time, and the task serving it.
+struct Served {
+    addr: std::net::SocketAddr,
+    stats: stormguard::server::ShedStats,
+    control: stormguard_demo::server::DemoControl,
+    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+async fn serve(admission: AdmissionConfig, seed: u64) -> Served {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let layer = ShedLayer::from_config(admission).expect("config");
@@ -133,6 +142,15 @@ async fn run(name: &str, admission: AdmissionConfig, secs: u64, load: f64, seed:
             .add_service(InventoryServer::new(inventory))
             .serve_with_incoming(TcpIncoming::from(listener).with_nodelay(Some(true))),
     );
+    Served {
+        addr,
+        stats,
+        control,
+        server,
+    }
+}
+
+async fn connect(addr: std::net::SocketAddr) -> InventoryClient<tonic::transport::Channel> {
     let channel = Endpoint::from_shared(format!("http://{addr}"))
         .expect("uri")
         .http2_max_local_error_reset_streams(None)
@@ -140,13 +158,48 @@ async fn run(name: &str, admission: AdmissionConfig, secs: u64, load: f64, seed:
         .connect()
         .await
         .expect("connect");
-    let client = InventoryClient::new(channel);
+    InventoryClient::new(channel)
+}
 
+async fn run(name: &str, admission: AdmissionConfig, secs: u64, load: f64, seed: u64) {
+    let served = serve(admission, seed).await;
+    let client = connect(served.addr).await;
     let n_windows = usize::try_from(secs.div_ceil(WINDOW.as_secs())).expect("windows");
     let windows = Arc::new(Windows::new(n_windows));
     let transport_errors = Arc::new(AtomicU64::new(0));
+    offer(
+        &client,
+        &served.control,
+        &windows,
+        &transport_errors,
+        Duration::from_secs(secs),
+        load,
+        seed,
+    )
+    .await;
+    report(
+        name,
+        &windows,
+        served.stats.snapshot(),
+        transport_errors.load(Ordering::Relaxed),
+    );
+    served.server.abort();
+}
+
+/// Poisson arrivals at `load` per second for `length`, each call counted in its window;
+/// the service time x2.5 from `TRIGGER_AT` for `TRIGGER_FOR`. Returns when every call
+/// has ended.
+async fn offer(
+    client: &InventoryClient<tonic::transport::Channel>,
+    control: &stormguard_demo::server::DemoControl,
+    windows: &Arc<Windows>,
+    transport_errors: &Arc<AtomicU64>,
+    length: Duration,
+    load: f64,
+    seed: u64,
+) {
     let start = Instant::now();
-    let end = start + Duration::from_secs(secs);
+    let end = start + length;
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut next = start;
     let mut triggered = false;
@@ -165,33 +218,12 @@ async fn run(name: &str, admission: AdmissionConfig, secs: u64, load: f64, seed:
         }
         let window = ((next - start).as_secs() / WINDOW.as_secs()) as usize;
         windows.offered[window].fetch_add(1, Ordering::Relaxed);
-        let mut client = client.clone();
-        let windows = Arc::clone(&windows);
-        let transport_errors = Arc::clone(&transport_errors);
-        tasks.spawn(async move {
-            for attempt in 0..3u32 {
-                windows.attempts[window].fetch_add(1, Ordering::Relaxed);
-                let mut request = tonic::Request::new(ReserveRequest::default());
-                request.set_timeout(ATTEMPT_TIMEOUT);
-                if attempt > 0 {
-                    request.metadata_mut().insert(
-                        "grpc-previous-rpc-attempts",
-                        attempt.to_string().parse().expect("ascii"),
-                    );
-                }
-                match tokio::time::timeout(ATTEMPT_TIMEOUT, client.reserve(request)).await {
-                    Ok(Ok(_)) => {
-                        windows.ok[window].fetch_add(1, Ordering::Relaxed);
-                        return;
-                    }
-                    Ok(Err(status)) if status.message().contains("h2 protocol error") => {
-                        transport_errors.fetch_add(1, Ordering::Relaxed);
-                    }
-                    _ => {}
-                }
-                tokio::time::sleep(BACKOFF).await;
-            }
-        });
+        tasks.spawn(call(
+            client.clone(),
+            Arc::clone(windows),
+            window,
+            Arc::clone(transport_errors),
+        ));
         // Exponential inter-arrival times: a Poisson process at `load` per second.
         let gap = -(1.0 - rng.f64()).ln() / load;
         next += Duration::from_secs_f64(gap);
@@ -199,10 +231,46 @@ async fn run(name: &str, admission: AdmissionConfig, secs: u64, load: f64, seed:
         while tasks.try_join_next().is_some() {}
     }
     while tasks.join_next().await.is_some() {}
-    let s: ShedSnapshot = stats.snapshot();
+}
+
+/// One logical call of the naive client: up to 3 attempts, `BACKOFF` apart, each cut at
+/// `ATTEMPT_TIMEOUT`, counted in `window`.
+async fn call(
+    mut client: InventoryClient<tonic::transport::Channel>,
+    windows: Arc<Windows>,
+    window: usize,
+    transport_errors: Arc<AtomicU64>,
+) {
+    for attempt in 0..3u32 {
+        windows.attempts[window].fetch_add(1, Ordering::Relaxed);
+        let mut request = tonic::Request::new(ReserveRequest::default());
+        request.set_timeout(ATTEMPT_TIMEOUT);
+        if attempt > 0 {
+            request.metadata_mut().insert(
+                "grpc-previous-rpc-attempts",
+                attempt.to_string().parse().expect("ascii"),
+            );
+        }
+        match tokio::time::timeout(ATTEMPT_TIMEOUT, client.reserve(request)).await {
+            Ok(Ok(_)) => {
+                windows.ok[window].fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            Ok(Err(status)) if status.message().contains("h2 protocol error") => {
+                transport_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        tokio::time::sleep(BACKOFF).await;
+    }
+}
+
+/// Prints the scenario `name`: success and attempts per offered call in each window, and
+/// the server's counters `s`.
+fn report(name: &str, windows: &Windows, s: ShedSnapshot, transport_errors: u64) {
     // Per window, `counts` per offered call.
     let per_offered = |counts: &[AtomicU64]| -> Vec<String> {
-        (0..n_windows)
+        (0..windows.offered.len())
             .map(|w| {
                 let offered = windows.offered[w].load(Ordering::Relaxed).max(1);
                 format!(
@@ -228,9 +296,8 @@ async fn run(name: &str, admission: AdmissionConfig, secs: u64, load: f64, seed:
         s.expired,
         s.cancelled_queued,
         s.mean_time_queued().unwrap_or_default(),
-        transport_errors.load(Ordering::Relaxed),
+        transport_errors,
     );
-    server.abort();
 }
 
 /// Measures the admission queue's disciplines under the capacity drop of the storm: the

@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Parser, ValueEnum};
-use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use plotters::prelude::*;
 use stormguard_demo::storm::{LoopbackStorm, Policy, Second, ServerModel, StormReport, run_storm};
 use stormguard_sim::StormConfig;
@@ -158,13 +158,7 @@ impl Args {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    match run(&args).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("storm: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    cli::exit_code("storm", run(&args).await)
 }
 
 async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
@@ -176,18 +170,8 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
         config.storm.service_time,
         config.model.as_str()
     );
-    let bars = MultiProgress::new();
-    let style =
-        ProgressStyle::with_template("{prefix:>14} [{bar:40}] {msg}")?.progress_chars("=> ");
-    let policy_bars: Vec<(Policy, ProgressBar)> = policies
-        .iter()
-        .map(|&p| {
-            let bar = bars.add(ProgressBar::new(1000));
-            bar.set_style(style.clone());
-            bar.set_prefix(p.as_str());
-            (p, bar)
-        })
-        .collect();
+    let (_bars, each) = cli::progress_bars(policies.iter().map(|p| p.as_str()), 14)?;
+    let policy_bars: Vec<(Policy, ProgressBar)> = policies.iter().copied().zip(each).collect();
     let export = otel::Export::start(otel::Sinks {
         stdout: None,
         metrics_addr: args.metrics_addr,

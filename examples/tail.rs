@@ -21,7 +21,6 @@ use std::time::Duration;
 use tower::BoxError;
 
 use clap::Parser;
-use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
 #[path = "support/chart.rs"]
 mod chart;
@@ -71,13 +70,7 @@ const DEADLINE: Duration = Duration::from_millis(200);
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    match tail(&args).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("tail: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    cli::exit_code("tail", tail(&args).await)
 }
 
 async fn tail(args: &Args) -> Result<(), BoxError> {
@@ -113,9 +106,7 @@ async fn tail(args: &Args) -> Result<(), BoxError> {
         config.rate, timing.warmup, timing.normal, config.overload_rate, timing.overload,
     );
 
-    let bars = MultiProgress::new();
-    let style =
-        ProgressStyle::with_template("{prefix:>16} [{bar:40}] {msg}")?.progress_chars("=> ");
+    let (_bars, policy_bars) = cli::progress_bars(policies.iter().map(|p| p.as_str()), 16)?;
     let mut report = TailReport {
         policies: Vec::new(),
         capacity: capacity.round(),
@@ -132,15 +123,6 @@ async fn tail(args: &Args) -> Result<(), BoxError> {
         overload_s: timing.overload.as_secs_f64(),
         seed: args.run.seed,
     };
-    let policy_bars: Vec<ProgressBar> = policies
-        .iter()
-        .map(|p| {
-            let bar = bars.add(ProgressBar::new(1000));
-            bar.set_style(style.clone());
-            bar.set_prefix(p.as_str());
-            bar
-        })
-        .collect();
     for (&policy, bar) in policies.iter().zip(&policy_bars) {
         let progress = |done: f64| bar.set_position((done * 1000.0) as u64);
         let data = run::run(policy, &config, &progress)

@@ -245,21 +245,31 @@ pub(crate) async fn run(
             .unwrap_or_else(PoisonError::into_inner)
             .received,
     );
-    let to_removed = attempts_after(&received, start_unix, &read(&marks.removed));
-    // From the client's report of each replica told to stop, else from the telling.
-    let mut cutoffs = read(&marks.told);
-    for (ip, seen) in read(&marks.not_serving) {
-        if let Some(at) = cutoffs.get_mut(&ip) {
-            *at = seen;
-        }
-    }
-    let after_not_serving = attempts_after(&received, start_unix, &cutoffs);
+    let (to_removed, after_not_serving) = marked_attempts(&received, start_unix, &marks);
     let report = summarize(config, &calls, to_removed, after_not_serving);
     Ok((
         report,
         after.resolutions - before.resolutions,
         after.failures - before.failures,
     ))
+}
+
+/// The attempts of `received` that reached an address after it left the client's set, and
+/// those that reached one after it was told to stop (from when the client's health check
+/// saw it `NOT_SERVING`, else from the telling).
+fn marked_attempts(
+    received: &[crate::process::Received],
+    start_unix: u64,
+    marks: &Marks,
+) -> (u64, u64) {
+    let to_removed = attempts_after(received, start_unix, &read(&marks.removed));
+    let mut cutoffs = read(&marks.told);
+    for (ip, seen) in read(&marks.not_serving) {
+        if let Some(at) = cutoffs.get_mut(&ip) {
+            *at = seen;
+        }
+    }
+    (to_removed, attempts_after(received, start_unix, &cutoffs))
 }
 
 fn read(marks: &Removed) -> HashMap<IpAddr, Duration> {

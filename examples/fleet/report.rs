@@ -329,26 +329,11 @@ pub(crate) fn summarize(
 
     let (bad, all, window_s) = bad_after_2s(timing, &timeline);
 
-    let reached_before: Vec<u64> = (0..replicas)
-        .map(|r| {
-            timeline[..fault_b]
-                .iter()
-                .map(|b| b.replica_attempts[r])
-                .sum()
-        })
-        .collect();
-    let total_before: u64 = reached_before.iter().sum();
     let (returning_p99_ms, others_p99_ms) = restart_p99_ms(scenario, data);
 
     PolicyReport {
         name,
-        success: round(
-            share(
-                after.iter().filter(|c| c.ok).count() as u64,
-                after.len() as u64,
-            ),
-            5,
-        ),
+        success: success_of(&after),
         attempts_per_call: round(share(attempts_after, after.len() as u64), 3),
         retries_to_tried_replica_share: round(share(retries.to_tried, retries.all), 4),
         bad_replica_share_after_2s: round(share(bad, all), 4),
@@ -362,18 +347,9 @@ pub(crate) fn summarize(
             .ejected_at
             .map(|t| round(t.saturating_sub(timing.fault).as_secs_f64(), 2)),
         calls: data.calls.len() as u64,
-        success_before_fault: round(
-            share(
-                before.iter().filter(|c| c.ok).count() as u64,
-                before.len() as u64,
-            ),
-            5,
-        ),
+        success_before_fault: success_of(&before),
         attempts_per_call_before_fault: round(share(attempts_before, before.len() as u64), 3),
-        replica_shares_before_fault: reached_before
-            .iter()
-            .map(|&r| round(share(r, total_before), 4))
-            .collect(),
+        replica_shares_before_fault: replica_shares(&timeline[..fault_b], replicas),
         bad_replica_attempts_per_s_after_2s: if window_s > 0.0 {
             round(bad as f64 / window_s, 1)
         } else {
@@ -390,6 +366,27 @@ pub(crate) fn summarize(
         ejections: data.ejections,
         timeline,
     }
+}
+
+/// The share of `calls` that succeeded, to 5 places.
+fn success_of(calls: &[&Call]) -> f64 {
+    round(
+        share(
+            calls.iter().filter(|c| c.ok).count() as u64,
+            calls.len() as u64,
+        ),
+        5,
+    )
+}
+
+/// Each of the `replicas`' share of the attempts that reached one over `timeline`, to 4
+/// places.
+fn replica_shares(timeline: &[Bucket], replicas: usize) -> Vec<f64> {
+    let reached: Vec<u64> = (0..replicas)
+        .map(|r| timeline.iter().map(|b| b.replica_attempts[r]).sum())
+        .collect();
+    let total: u64 = reached.iter().sum();
+    reached.iter().map(|&r| round(share(r, total), 4)).collect()
 }
 
 /// Seconds from each return until the replica answers 80 % of its fair share of OK

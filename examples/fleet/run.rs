@@ -218,12 +218,7 @@ pub(crate) async fn run(
     progress: &(dyn Fn(f64) + Send + Sync),
 ) -> Result<RunData, String> {
     let reports = SharedReports::default();
-    let mut fleet = Vec::with_capacity(config.replicas);
-    for i in 0..config.replicas {
-        fleet.push(
-            Replica::start(i, 0, replica_seed(config.seed, i), Duration::ZERO, &reports).await?,
-        );
-    }
+    let mut fleet = start_fleet(config, &reports).await?;
     let endpoints = fleet
         .iter()
         .map(|r| endpoint(r.port))
@@ -254,19 +249,9 @@ pub(crate) async fn run(
             (fleet, downs)
         })
     };
-    // The replicas the scenario's fault hits, whose ejection is watched.
-    let watched = match scenario {
-        Scenario::Rolling => keys,
-        _ => vec![keys[BAD].clone()],
-    };
-    let ejections = replicas.clone().map(|replicas| {
-        tokio::spawn(first_ejection(
-            replicas,
-            watched,
-            start + config.timing.fault,
-            start + config.timing.total,
-        ))
-    });
+    let ejections = replicas
+        .clone()
+        .map(|replicas| watch_ejection(scenario, replicas, keys, config, start));
     let calls = generate(&caller, config, start, progress).await?;
     let ejected_at = match ejections {
         Some(task) => task
@@ -283,16 +268,6 @@ pub(crate) async fn run(
     for replica in &mut fleet {
         replica.stop().await?;
     }
-    let mut reports = std::mem::take(&mut *reports.lock().unwrap_or_else(PoisonError::into_inner));
-    if !reports.errors.is_empty() {
-        return Err(reports.errors.join("; "));
-    }
-    reports
-        .received
-        .retain(|r| r.call != 0 && r.at_us >= start_unix);
-    for r in &mut reports.received {
-        r.at_us -= start_unix;
-    }
     Ok(RunData {
         calls,
         attempts: counts
@@ -306,12 +281,60 @@ pub(crate) async fn run(
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner),
         ),
-        received: reports.received,
+        received: received_since(&reports, start_unix)?,
         downs,
         ejected_at,
         ejections: replicas.map(|r| r.snapshot().iter().map(|r| r.snapshot.ejections).sum()),
         budget_refusals: budget.map(|stats| stats.snapshot().refused.budget),
     })
+}
+
+/// The fleet of `config.replicas` replicas, each started warm, reporting into `reports`.
+async fn start_fleet(config: &RunConfig, reports: &SharedReports) -> Result<Vec<Replica>, String> {
+    let mut fleet = Vec::with_capacity(config.replicas);
+    for i in 0..config.replicas {
+        fleet.push(
+            Replica::start(i, 0, replica_seed(config.seed, i), Duration::ZERO, reports).await?,
+        );
+    }
+    Ok(fleet)
+}
+
+/// Watches, from the fault to the end of the run, for the channel's first ejection of a
+/// replica the `scenario`'s fault hits (all of `keys` in `rolling`, else the bad one).
+fn watch_ejection(
+    scenario: Scenario,
+    replicas: ReplicaChannel,
+    keys: Vec<http::Uri>,
+    config: &RunConfig,
+    start: Instant,
+) -> tokio::task::JoinHandle<Option<Instant>> {
+    let watched = match scenario {
+        Scenario::Rolling => keys,
+        _ => vec![keys[BAD].clone()],
+    };
+    tokio::spawn(first_ejection(
+        replicas,
+        watched,
+        start + config.timing.fault,
+        start + config.timing.total,
+    ))
+}
+
+/// What the replicas received from the run's calls (started at `start_unix`), its time
+/// counted from that start; an error if a replica reported one.
+fn received_since(reports: &SharedReports, start_unix: u64) -> Result<Vec<Received>, String> {
+    let mut reports = std::mem::take(&mut *reports.lock().unwrap_or_else(PoisonError::into_inner));
+    if !reports.errors.is_empty() {
+        return Err(reports.errors.join("; "));
+    }
+    reports
+        .received
+        .retain(|r| r.call != 0 && r.at_us >= start_unix);
+    for r in &mut reports.received {
+        r.at_us -= start_unix;
+    }
+    Ok(reports.received)
 }
 
 pub(crate) fn replica_seed(seed: u64, replica: usize) -> u64 {

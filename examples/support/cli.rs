@@ -15,6 +15,46 @@ pub(crate) fn millis(value: &str) -> Result<Duration, String> {
     Ok(Duration::from_millis(ms))
 }
 
+/// The exit status of the example `name` whose run ended with `result`: success, or
+/// failure with the error on stderr after the example's name.
+pub(crate) fn exit_code(
+    name: &str,
+    result: Result<(), impl std::fmt::Display>,
+) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{name}: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Progress bars drawn together, and the bars.
+pub(crate) type Bars = (indicatif::MultiProgress, Vec<indicatif::ProgressBar>);
+
+/// A progress bar of 1000 steps per name of `names`, drawn together, each labelled with
+/// its name right-aligned in `width` columns. The first of the pair draws them: keep it
+/// while they run.
+pub(crate) fn progress_bars(
+    names: impl IntoIterator<Item = &'static str>,
+    width: usize,
+) -> Result<Bars, indicatif::style::TemplateError> {
+    let bars = indicatif::MultiProgress::new();
+    let template = format!("{{prefix:>{width}}} [{{bar:40}}] {{msg}}");
+    let style = indicatif::ProgressStyle::with_template(&template)?.progress_chars("=> ");
+    let each = names
+        .into_iter()
+        .map(|name| {
+            let bar = bars.add(indicatif::ProgressBar::new(1000));
+            bar.set_style(style.clone());
+            bar.set_prefix(name);
+            bar
+        })
+        .collect();
+    Ok((bars, each))
+}
+
 /// A finite number above 0 (`--load 0.78`, `--overload 10`).
 pub(crate) fn positive(value: &str) -> Result<f64, String> {
     let x: f64 = value.parse().map_err(|e| format!("{e}"))?;

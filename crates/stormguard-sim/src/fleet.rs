@@ -423,6 +423,33 @@ impl<'a> Fleet<'a> {
         let measured = call.measured;
         let level = call.level;
         let timer = plan.fire_at.map(|at| agenda.time_of(at));
+        self.count_attempt(now, (level, shard_index), measured, (retry, hedge));
+        if let Some(tier) = self.sc.tiers.get(level as usize) {
+            let at = now.saturating_add(nanos(tier.latency) / 2);
+            let deadline = timer;
+            agenda.schedule(
+                at,
+                Event::RelayArrive {
+                    level,
+                    slot,
+                    id,
+                    deadline,
+                },
+            );
+            return;
+        }
+        self.reach_shard(agenda, shard_index, Job { slot, id }, again, timer);
+    }
+
+    /// Counts an attempt sent at `now` by a call at `level` to shard `shard_index`: in
+    /// its bin and, if the call is `measured`, in the run's figures (a `retry`, a `hedge`).
+    fn count_attempt(
+        &mut self,
+        now: u64,
+        (level, shard_index): (u8, u32),
+        measured: bool,
+        (retry, hedge): (bool, bool),
+    ) {
         if measured {
             self.stats.attempts_by_level[level as usize] += 1;
         }
@@ -441,20 +468,20 @@ impl<'a> Fleet<'a> {
                 self.stats.hedges += u64::from(hedge);
             }
         }
-        if let Some(tier) = self.sc.tiers.get(level as usize) {
-            let at = now.saturating_add(nanos(tier.latency) / 2);
-            let deadline = timer;
-            agenda.schedule(
-                at,
-                Event::RelayArrive {
-                    level,
-                    slot,
-                    id,
-                    deadline,
-                },
-            );
-            return;
-        }
+    }
+
+    /// Attempt `job` reaches shard `shard_index` (`again`: it carries
+    /// `grpc-previous-rpc-attempts`; `timer`: the client's deadline for it), which fails it
+    /// (down, or at its failure rate) or serves it.
+    fn reach_shard(
+        &mut self,
+        agenda: &mut Agenda,
+        shard_index: u32,
+        Job { slot, id }: Job,
+        again: bool,
+        timer: Option<u64>,
+    ) {
+        let now = agenda.now();
         let shard = &self.sc.shards[shard_index as usize];
         let down = shard.outage.is_some_and(|w| w.contains(now));
         let fails = down || (shard.failure_rate > 0.0 && self.rng.f64() < shard.failure_rate);

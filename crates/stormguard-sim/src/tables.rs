@@ -970,82 +970,83 @@ impl Tables {
     }
 
     fn fleet_floor_table(&self) -> TextTable {
-        let mut table = TextTable::new(
+        rows_table(
             "Table 2: a dead dependency, by fleet size (10 calls/s per process)",
             vec![
-                Column::right("fleet", 6),
-                Column::left("variant", 26),
-                Column::right("calls/s", 9),
-                Column::right("retries/s", 10),
-                Column::right("attempts/s", 10),
-                Column::right("peak att/s", 11),
-                Column::right("ampl", 6),
-                Column::right("success@5%", 11),
+                cell(Column::right("fleet", 6), |r: &FleetRow| {
+                    r.fleet_size.to_string()
+                }),
+                cell(Column::left("variant", 26), |r| {
+                    r.variant.as_str().to_owned()
+                }),
+                cell(Column::right("calls/s", 9), |r| {
+                    fixed(r.calls_per_second, 0)
+                }),
+                cell(Column::right("retries/s", 10), |r| {
+                    fixed(r.retries_per_second, 1)
+                }),
+                cell(Column::right("attempts/s", 10), |r| {
+                    fixed(r.attempts_per_second, 1)
+                }),
+                cell(Column::right("peak att/s", 11), |r| {
+                    fixed(r.peak_attempts_per_second, 0)
+                }),
+                cell(Column::right("ampl", 6), |r| fixed(r.amplification, 3)),
+                cell(Column::right("success@5%", 11), |r| {
+                    percent(r.success_at_5_percent, 3)
+                }),
             ],
-        );
-        for r in &self.fleet_floor {
-            table.row(vec![
-                r.fleet_size.to_string(),
-                r.variant.as_str().to_owned(),
-                fixed(r.calls_per_second, 0),
-                fixed(r.retries_per_second, 1),
-                fixed(r.attempts_per_second, 1),
-                fixed(r.peak_attempts_per_second, 0),
-                fixed(r.amplification, 3),
-                percent(r.success_at_5_percent, 3),
-            ]);
-        }
-        table
+            &self.fleet_floor,
+            None,
+        )
     }
 
     fn recovery_table(&self) -> TextTable {
-        let mut table = TextTable::new(
+        rows_table(
             "Table 3: recovery from a 3 s capacity drop (x2.5 service time) at 75 % load",
             vec![
-                Column::left("variant", 31),
-                Column::right("clients", 7),
-                Column::right("recover s", 10),
-                Column::right("success", 9),
-                Column::right("ampl", 6),
+                cell(Column::left("variant", 31), |r: &RecoveryRow| {
+                    r.variant.as_str().to_owned()
+                }),
+                cell(Column::right("clients", 7), |r| r.clients.to_string()),
+                cell(Column::right("recover s", 10), |r| {
+                    seconds_or_never(r.time_to_recover_s)
+                }),
+                cell(Column::right("success", 9), |r| {
+                    percent(r.success_after_trigger, 2)
+                }),
+                cell(Column::right("ampl", 6), |r| {
+                    fixed(r.amplification_after_trigger, 3)
+                }),
             ],
+            &self.recovery,
+            Some(|r| &r.success_by_second),
         )
-        .with_series("success per second");
-        for r in &self.recovery {
-            table.row_with_series(
-                vec![
-                    r.variant.as_str().to_owned(),
-                    r.clients.to_string(),
-                    seconds_or_never(r.time_to_recover_s),
-                    percent(r.success_after_trigger, 2),
-                    fixed(r.amplification_after_trigger, 3),
-                ],
-                &r.success_by_second,
-            );
-        }
-        table
     }
 
     fn partial_failure_table(&self) -> TextTable {
-        let mut table = TextTable::new(
+        rows_table(
             "Table 4: one bad shard of ten (healthy shards fail 5 % at random)",
             vec![
-                Column::left("variant", 21),
-                Column::right("healthy success", 15),
-                Column::right("healthy ampl", 12),
-                Column::right("bad success", 11),
-                Column::right("bad ampl", 9),
+                cell(Column::left("variant", 21), |r: &ShardRow| {
+                    r.variant.as_str().to_owned()
+                }),
+                cell(Column::right("healthy success", 15), |r| {
+                    percent(r.healthy_success, 3)
+                }),
+                cell(Column::right("healthy ampl", 12), |r| {
+                    fixed(r.healthy_amplification, 3)
+                }),
+                cell(Column::right("bad success", 11), |r| {
+                    percent(r.bad_success, 3)
+                }),
+                cell(Column::right("bad ampl", 9), |r| {
+                    fixed(r.bad_amplification, 3)
+                }),
             ],
-        );
-        for r in &self.partial_failure {
-            table.row(vec![
-                r.variant.as_str().to_owned(),
-                percent(r.healthy_success, 3),
-                fixed(r.healthy_amplification, 3),
-                percent(r.bad_success, 3),
-                fixed(r.bad_amplification, 3),
-            ]);
-        }
-        table
+            &self.partial_failure,
+            None,
+        )
     }
 
     fn call_chain_table(&self) -> TextTable {
@@ -1066,35 +1067,64 @@ impl Tables {
             "Table 6: hedging (2 copies, the second after {} ms) through a 3 s capacity drop (x2.5) at 75 % load",
             HEDGE_DELAY.as_millis()
         );
-        let mut table = TextTable::new(
+        rows_table(
             title,
             vec![
-                Column::left("variant", 23),
-                Column::right("clients", 7),
-                Column::right("recover s", 9),
-                Column::right("success", 8),
-                Column::right("ampl", 6),
-                Column::right("hedges", 7),
-                Column::right("won", 6),
+                cell(Column::left("variant", 23), |r: &HedgeRow| {
+                    r.variant.as_str().to_owned()
+                }),
+                cell(Column::right("clients", 7), |r| r.clients.to_string()),
+                cell(Column::right("recover s", 9), |r| {
+                    seconds_or_never(r.time_to_recover_s)
+                }),
+                cell(Column::right("success", 8), |r| {
+                    percent(r.success_after_trigger, 2)
+                }),
+                cell(Column::right("ampl", 6), |r| {
+                    fixed(r.amplification_after_trigger, 3)
+                }),
+                cell(Column::right("hedges", 7), |r| fixed(r.hedges_per_call, 3)),
+                cell(Column::right("won", 6), |r| fixed(r.hedges_won_per_call, 3)),
             ],
+            &self.hedging,
+            Some(|r| &r.success_by_second),
         )
-        .with_series("success per second");
-        for r in &self.hedging {
-            table.row_with_series(
-                vec![
-                    r.variant.as_str().to_owned(),
-                    r.clients.to_string(),
-                    seconds_or_never(r.time_to_recover_s),
-                    percent(r.success_after_trigger, 2),
-                    fixed(r.amplification_after_trigger, 3),
-                    fixed(r.hedges_per_call, 3),
-                    fixed(r.hedges_won_per_call, 3),
-                ],
-                &r.success_by_second,
-            );
-        }
-        table
     }
+}
+
+/// How a row of type `R` prints its cell in one column.
+type Print<R> = fn(&R) -> String;
+
+/// A column of a table of `R` rows, and how a row prints its cell in it.
+type Cell<R> = (Column, Print<R>);
+
+/// The column `column`, filled by `print` (a function, so every table's columns are one
+/// list whatever the closures).
+fn cell<R>(column: Column, print: Print<R>) -> Cell<R> {
+    (column, print)
+}
+
+/// Tables 2, 3, 4 and 6: `title`, the columns of `cells`, a row per element of `rows`
+/// and, with `series`, each row's success rate per second after its cells.
+fn rows_table<R>(
+    title: impl Into<String>,
+    cells: Vec<Cell<R>>,
+    rows: &[R],
+    series: Option<fn(&R) -> &[f64]>,
+) -> TextTable {
+    let (columns, prints): (Vec<Column>, Vec<Print<R>>) = cells.into_iter().unzip();
+    let mut table = TextTable::new(title, columns);
+    if series.is_some() {
+        table = table.with_series("success per second");
+    }
+    for r in rows {
+        let row = prints.iter().map(|print| print(r)).collect();
+        match series {
+            Some(series) => table.row_with_series(row, series(r)),
+            None => table.row(row),
+        }
+    }
+    table
 }
 
 impl fmt::Display for Tables {

@@ -581,30 +581,14 @@ impl ReplicaSet {
                     ReplicaState::Ejected { .. } => false,
                 }
         };
-        scratch.extend(
-            self.replicas
-                .iter()
-                .enumerate()
-                .filter(|(_, r)| in_choice(r) && !tried.contains(&r.id))
-                .map(|(i, _)| i),
-        );
+        push_indices(&mut scratch, &self.replicas, |r| {
+            in_choice(r) && !tried.contains(&r.id)
+        });
         if scratch.is_empty() {
-            scratch.extend(
-                self.replicas
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, r)| in_choice(r))
-                    .map(|(i, _)| i),
-            );
+            push_indices(&mut scratch, &self.replicas, in_choice);
         }
         if scratch.is_empty() {
-            scratch.extend(
-                self.replicas
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, r)| serving(r))
-                    .map(|(i, _)| i),
-            );
+            push_indices(&mut scratch, &self.replicas, serving);
         }
         let chosen = match scratch.len() {
             0 => {
@@ -877,6 +861,17 @@ impl ReplicaSet {
             serving_changes: r.serving_changes,
         })
     }
+}
+
+/// Pushes onto `scratch` the index in `replicas` of each replica `keep` keeps, in order.
+fn push_indices(scratch: &mut Vec<usize>, replicas: &[Replica], keep: impl Fn(&Replica) -> bool) {
+    scratch.extend(
+        replicas
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| keep(r))
+            .map(|(i, _)| i),
+    );
 }
 
 #[cfg(test)]

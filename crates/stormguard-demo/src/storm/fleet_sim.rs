@@ -58,7 +58,7 @@ use super::{
     MAX_PENDING_ACCEPT_RESET_STREAMS, Policy, PolicyRun, ServerModel, StormReport, Workers,
     storm_report, stormguard_client_config,
 };
-use crate::server::{DemoConfig, DemoCounts, DemoInventory};
+use crate::server::{DemoConfig, DemoControl, DemoCounts, DemoInventory};
 use crate::turmoil_net;
 use crate::{InventoryClient, InventoryServer};
 
@@ -136,6 +136,35 @@ fn turmoil_sim(network: &Network, seed: u64, limit: Duration) -> turmoil::Sim<'s
         .max_message_latency(network.latency)
         .rng_seed(seed)
         .build()
+}
+
+/// Adds the client hosts `client0`, `client1`, ... (`clients` of them) to `sim`, host `c`
+/// running the future `client(c)` makes, and runs the simulation: what each client
+/// returned, in the order they ended, and the virtual time the run took.
+fn run_clients<T: Send + 'static, F>(
+    mut sim: turmoil::Sim<'static>,
+    clients: usize,
+    client: impl Fn(usize) -> F,
+) -> Result<(Vec<T>, Duration), FleetSimError>
+where
+    F: Future<Output = turmoil::Result<T>> + 'static,
+{
+    let results: Arc<Mutex<Vec<T>>> = Arc::default();
+    for c in 0..clients {
+        let (run, results) = (client(c), Arc::clone(&results));
+        sim.client(format!("client{c}"), async move {
+            let result = run.await?;
+            results
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(result);
+            Ok(())
+        });
+    }
+    sim.run().map_err(sim_error)?;
+    let elapsed = sim.elapsed();
+    let results = std::mem::take(&mut *results.lock().unwrap_or_else(PoisonError::into_inner));
+    Ok((results, elapsed))
 }
 
 /// A lazily connected channel to `host`, with keepalive and the storm's reset settings.
@@ -255,8 +284,7 @@ pub fn run_storm_policy(
             storm_server(policy, config.clone(), seed, Arc::clone(&bound))
         });
     }
-    let results: Arc<Mutex<Vec<ClientResult>>> = Arc::default();
-    for c in 0..config.clients {
+    let (results, elapsed) = run_clients(sim, config.clients, |c| {
         let host = StormClient {
             policy,
             config: config.clone(),
@@ -264,21 +292,12 @@ pub fn run_storm_policy(
             servers: servers.clone(),
             seed: mix(config.seed, 1_000 + c as u64),
         };
-        let results = Arc::clone(&results);
         let mut ready = ready.clone();
-        sim.client(format!("client{c}"), async move {
+        async move {
             ready.wait_for(|n| *n >= host.servers.len()).await?;
-            let result = host.run().await?;
-            results
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(result);
-            Ok(())
-        });
-    }
-    sim.run().map_err(sim_error)?;
-    let elapsed = sim.elapsed();
-    let results = std::mem::take(&mut *results.lock().unwrap_or_else(PoisonError::into_inner));
+            host.run().await
+        }
+    })?;
     Ok((sum_clients(policy, config, &results), elapsed))
 }
 
@@ -576,19 +595,29 @@ async fn dead_server(
     bound: Arc<watch::Sender<usize>>,
     window: Window,
 ) -> turmoil::Result {
-    let demo = DemoInventory::new(DemoConfig {
-        service_time: Duration::ZERO,
-        fail_rate: 1.0,
-        seed,
-    });
-    let control = demo.control();
-    let origin = origin();
-    tokio::spawn(async move {
+    instant_server(seed, 1.0, bound, move |control, origin| async move {
         tokio::time::sleep_until(origin + from).await;
         window.lock().unwrap_or_else(PoisonError::into_inner).0 = Some(control.counts());
         tokio::time::sleep_until(origin + total).await;
         window.lock().unwrap_or_else(PoisonError::into_inner).1 = Some(control.counts());
+    })
+    .await
+}
+
+/// A `dead` host: the demo Inventory answering at once, failing at `fail_rate`, while
+/// `script` runs beside it with the Inventory's control and the run's origin.
+async fn instant_server<F: Future<Output = ()> + Send + 'static>(
+    seed: u64,
+    fail_rate: f64,
+    bound: Arc<watch::Sender<usize>>,
+    script: impl FnOnce(DemoControl, Instant) -> F,
+) -> turmoil::Result {
+    let demo = DemoInventory::new(DemoConfig {
+        service_time: Duration::ZERO,
+        fail_rate,
+        seed,
     });
+    tokio::spawn(script(demo.control(), origin()));
     serve(demo, None, &bound).await
 }
 
@@ -667,48 +696,89 @@ fn dead_caller(
     })
 }
 
+/// What a run against the `dead` host starts from: its measured window, from the end of
+/// the warm-up (`from`) to `total`; a simulation long enough for the last calls to end;
+/// and the channel by which the host says that it listens.
+struct DeadRun {
+    from: Duration,
+    total: Duration,
+    sim: turmoil::Sim<'static>,
+    bound: Arc<watch::Sender<usize>>,
+    ready: watch::Receiver<usize>,
+}
+
+impl DeadRun {
+    fn new(config: &DeadDependencyConfig) -> Self {
+        let from = Duration::from_secs(u64::from(config.warmup_s));
+        let total = from + Duration::from_secs(u64::from(config.measured_s));
+        let limit = total + config.deadline + Duration::from_secs(5);
+        let (bound, ready) = watch::channel(0usize);
+        DeadRun {
+            from,
+            total,
+            sim: turmoil_sim(&config.network, config.seed, limit),
+            bound: Arc::new(bound),
+            ready,
+        }
+    }
+}
+
+/// Runs `sim` with the config's client hosts of `variant`: once the `dead` host listens
+/// (`ready`), client `c` runs what `client` makes of the config, the variant's layer
+/// config (none: the naive loop) and the client's seed. What each returned, and the
+/// virtual time the run took.
+fn run_dead_clients<T: Send + 'static, F>(
+    sim: turmoil::Sim<'static>,
+    ready: &watch::Receiver<usize>,
+    (variant, config): (DeadVariant, &DeadDependencyConfig),
+    client: impl Fn(DeadDependencyConfig, Option<ClientConfig>, u64) -> F,
+) -> Result<(Vec<T>, Duration), FleetSimError>
+where
+    F: Future<Output = turmoil::Result<T>> + 'static,
+{
+    let layer = variant.client_config(config.clients);
+    run_clients(sim, config.clients, |c| {
+        let mut ready = ready.clone();
+        let seed = mix(config.seed, 1_000 + c as u64);
+        let run = client(config.clone(), layer.clone(), seed);
+        async move {
+            ready.wait_for(|n| *n >= 1).await?;
+            run.await
+        }
+    })
+}
+
 /// Runs `variant` against a server that answers every attempt `UNAVAILABLE` at once.
 pub fn run_dead_dependency(
     variant: DeadVariant,
     config: &DeadDependencyConfig,
 ) -> Result<DeadDependencyRun, FleetSimError> {
-    let from = Duration::from_secs(u64::from(config.warmup_s));
-    let total = from + Duration::from_secs(u64::from(config.measured_s));
-    let limit = total + config.deadline + Duration::from_secs(5);
-    let mut sim = turmoil_sim(&config.network, config.seed, limit);
-    let (bound, ready) = watch::channel(0usize);
-    let bound = Arc::new(bound);
+    let mut run = DeadRun::new(config);
     let window: Window = Arc::default();
     {
         let window = Arc::clone(&window);
         let seed = mix(config.seed, 100);
-        sim.host("dead", move || {
-            dead_server(seed, (from, total), Arc::clone(&bound), Arc::clone(&window))
+        run.sim.host("dead", move || {
+            dead_server(
+                seed,
+                (run.from, run.total),
+                Arc::clone(&run.bound),
+                Arc::clone(&window),
+            )
         });
     }
-    let calls: Arc<Mutex<u64>> = Arc::default();
-    let client_config = variant.client_config(config.clients);
-    for c in 0..config.clients {
-        let config = config.clone();
-        let client_config = client_config.clone();
-        let calls = Arc::clone(&calls);
-        let mut ready = ready.clone();
-        let seed = mix(config.seed, 1_000 + c as u64);
-        sim.client(format!("client{c}"), async move {
-            ready.wait_for(|n| *n >= 1).await?;
-            let measured = dead_client(&config, client_config.as_ref(), seed, total).await?;
-            *calls.lock().unwrap_or_else(PoisonError::into_inner) += measured;
-            Ok(())
-        });
-    }
-    sim.run().map_err(sim_error)?;
-    let virtual_time = sim.elapsed();
+    let (calls, virtual_time) = run_dead_clients(
+        run.sim,
+        &run.ready,
+        (variant, config),
+        |config, layer, seed| async move { dead_client(&config, layer.as_ref(), seed, run.total).await },
+    )?;
     let (Some(start), Some(end)) = *window.lock().unwrap_or_else(PoisonError::into_inner) else {
         return Err(FleetSimError::Simulation(
             "the server did not read its counters at both ends of the window".into(),
         ));
     };
-    let calls = *calls.lock().unwrap_or_else(PoisonError::into_inner);
+    let calls: u64 = calls.iter().sum();
     let seconds = f64::from(config.measured_s);
     let attempts = end.entered - start.entered;
     let retries = end.entered_retry - start.entered_retry;
@@ -807,25 +877,13 @@ pub fn run_refusing_dependency(
         tokio::time::sleep(limit).await;
         Ok(())
     });
-    let results: Arc<Mutex<Vec<Refused>>> = Arc::default();
     let client_config = variant.client_config(config.clients);
-    for c in 0..config.clients {
+    let (results, virtual_time) = run_clients(sim, config.clients, |c| {
         let config = config.clone();
         let client_config = client_config.clone();
-        let results = Arc::clone(&results);
         let seed = mix(config.seed, 1_000 + c as u64);
-        sim.client(format!("client{c}"), async move {
-            let refused = refused_client(&config, client_config.as_ref(), seed, total).await?;
-            results
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(refused);
-            Ok(())
-        });
-    }
-    sim.run().map_err(sim_error)?;
-    let virtual_time = sim.elapsed();
-    let results = std::mem::take(&mut *results.lock().unwrap_or_else(PoisonError::into_inner));
+        async move { refused_client(&config, client_config.as_ref(), seed, total).await }
+    })?;
     let calls: u64 = results.iter().map(|r| r.calls).sum();
     let dials: u64 = results
         .iter()
@@ -859,55 +917,33 @@ pub fn run_blip(
     variant: DeadVariant,
     config: &DeadDependencyConfig,
 ) -> Result<Vec<super::Second>, FleetSimError> {
-    let from = Duration::from_secs(u64::from(config.warmup_s));
-    let total = from + Duration::from_secs(u64::from(config.measured_s));
-    let limit = total + config.deadline + Duration::from_secs(5);
-    let mut sim = turmoil_sim(&config.network, config.seed, limit);
-    let (bound, ready) = watch::channel(0usize);
-    let bound = Arc::new(bound);
+    let mut run = DeadRun::new(config);
     let seed = mix(config.seed, 100);
-    sim.host("dead", move || {
-        let bound = Arc::clone(&bound);
-        async move {
-            let demo = DemoInventory::new(DemoConfig {
-                service_time: Duration::ZERO,
-                fail_rate: 0.0,
-                seed,
-            });
-            let control = demo.control();
-            let origin = origin();
-            tokio::spawn(async move {
-                tokio::time::sleep_until(origin + from).await;
+    run.sim.host("dead", move || {
+        instant_server(
+            seed,
+            0.0,
+            Arc::clone(&run.bound),
+            move |control, origin| async move {
+                tokio::time::sleep_until(origin + run.from).await;
                 control.set_fail_rate(1.0);
-                tokio::time::sleep_until(origin + from + Duration::from_secs(1)).await;
+                tokio::time::sleep_until(origin + run.from + Duration::from_secs(1)).await;
                 control.set_fail_rate(0.0);
-            });
-            serve(demo, None, &bound).await
-        }
+            },
+        )
     });
-    let results: Arc<Mutex<Vec<ClientResult>>> = Arc::default();
-    let client_config = variant.client_config(config.clients);
-    for c in 0..config.clients {
-        let config = config.clone();
-        let client_config = client_config.clone();
-        let results = Arc::clone(&results);
-        let mut ready = ready.clone();
-        let seed = mix(config.seed, 1_000 + c as u64);
-        sim.client(format!("client{c}"), async move {
-            ready.wait_for(|n| *n >= 1).await?;
-            let (_, timeline) = offer_to_dead(&config, client_config.as_ref(), seed, total).await?;
-            results
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(ClientResult {
-                    timeline: timeline.snapshot(),
-                    ..ClientResult::default()
-                });
-            Ok(())
-        });
-    }
-    sim.run().map_err(sim_error)?;
-    let results = std::mem::take(&mut *results.lock().unwrap_or_else(PoisonError::into_inner));
+    let (results, _) = run_dead_clients(
+        run.sim,
+        &run.ready,
+        (variant, config),
+        |config, layer, seed| async move {
+            let (_, timeline) = offer_to_dead(&config, layer.as_ref(), seed, run.total).await?;
+            Ok(ClientResult {
+                timeline: timeline.snapshot(),
+                ..ClientResult::default()
+            })
+        },
+    )?;
     let seconds = config.warmup_s + config.measured_s;
     let mut timeline: Vec<super::Second> = (0..seconds)
         .map(|t| super::Second {

@@ -7,12 +7,11 @@ use stormguard_core::LayerName;
 use stormguard_core::{AdmissionConfig, AdmissionController};
 use tower_layer::Layer;
 
-use super::drain::Drains;
 use super::events::ShedEvents;
-use super::exempt::{Bypassed, NeverShed};
+use super::exempt::NeverShed;
 use super::gate::Gate;
 use super::load::LoadReporter;
-use super::{ShedService, ShedStats, ShutdownHandle};
+use super::{Shared, ShedService, ShedStats, ShutdownHandle};
 
 /// Puts services behind one admission queue that sheds retries before first attempts.
 ///
@@ -44,14 +43,7 @@ use super::{ShedService, ShedStats, ShutdownHandle};
 /// ```
 #[derive(Clone)]
 pub struct ShedLayer {
-    gate: Arc<Gate>,
-    criticality: Arc<CriticalityTable>,
-    never_shed: Arc<NeverShed>,
-    bypassed: Arc<Bypassed>,
-    drains: Arc<Drains>,
-    retry_allowance: Option<u32>,
-    events: Arc<ShedEvents>,
-    load: Option<Arc<LoadReporter>>,
+    shared: Shared,
     #[cfg(feature = "health")]
     readiness: Option<Arc<super::health::Readiness>>,
     #[cfg(feature = "opentelemetry")]
@@ -80,14 +72,16 @@ impl ShedLayer {
         };
         let gate = Arc::new(Gate::new(policy));
         ShedLayer {
-            events: Arc::new(ShedEvents::new(Arc::default(), Arc::clone(&gate))),
-            gate,
-            criticality: Arc::new(CriticalityTable::default()),
-            never_shed: Arc::default(),
-            bypassed: Arc::default(),
-            drains: Arc::default(),
-            retry_allowance: None,
-            load: None,
+            shared: Shared {
+                events: Arc::new(ShedEvents::new(Arc::default(), Arc::clone(&gate))),
+                gate,
+                criticality: Arc::new(CriticalityTable::default()),
+                never_shed: Arc::default(),
+                bypassed: Arc::default(),
+                drains: Arc::default(),
+                retry_allowance: None,
+                load: None,
+            },
             #[cfg(feature = "health")]
             readiness: None,
             #[cfg(feature = "opentelemetry")]
@@ -113,14 +107,14 @@ impl ShedLayer {
     /// ```
     pub fn with_name(mut self, name: impl Into<Arc<str>>) -> Self {
         let name = Arc::new(LayerName::named(name));
-        self.events = Arc::new(ShedEvents::new(name, Arc::clone(&self.gate)));
+        self.shared.events = Arc::new(ShedEvents::new(name, Arc::clone(&self.shared.gate)));
         self
     }
 
     /// The layer's name: the one given to [`with_name`](Self::with_name), else the service
     /// of its first call that could be shed (`None` before it).
     pub fn name(&self) -> Option<&str> {
-        self.events.name().get().map(|n| &**n)
+        self.shared.events.name().get().map(|n| &**n)
     }
 
     /// The highest criticality a peer may claim, per method (the
@@ -141,7 +135,7 @@ impl ShedLayer {
     /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
     pub fn with_criticality(mut self, table: CriticalityTable) -> Self {
-        self.criticality = Arc::new(table);
+        self.shared.criticality = Arc::new(table);
         self
     }
 
@@ -165,7 +159,7 @@ impl ShedLayer {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        let mut never = NeverShed::clone(&self.never_shed);
+        let mut never = NeverShed::clone(&self.shared.never_shed);
         for entry in entries {
             never.add(entry.as_ref())?;
         }
@@ -184,7 +178,7 @@ impl ShedLayer {
     /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
     pub fn never_shed_if(self, predicate: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
-        let mut never = NeverShed::clone(&self.never_shed);
+        let mut never = NeverShed::clone(&self.shared.never_shed);
         never.set_predicate(Arc::new(predicate));
         self.with_never_shed(never)
     }
@@ -193,7 +187,7 @@ impl ShedLayer {
     /// and shed under overload. Off by default, for the reasons in
     /// [`exempt`](crate::shed::exempt).
     pub fn shed_health_checks(self) -> Self {
-        let mut never = NeverShed::clone(&self.never_shed);
+        let mut never = NeverShed::clone(&self.shared.never_shed);
         never.set_health(false);
         self.with_never_shed(never)
     }
@@ -222,7 +216,7 @@ impl ShedLayer {
     ///
     /// [`MAX_ALLOWANCE`]: stormguard_core::wire::MAX_ALLOWANCE
     pub fn with_retry_allowance(mut self, retries: u32) -> Self {
-        self.retry_allowance = Some(retries);
+        self.shared.retry_allowance = Some(retries);
         self
     }
 
@@ -250,7 +244,7 @@ impl ShedLayer {
     /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
     pub fn with_load_reports(mut self) -> Self {
-        self.load = Some(Arc::new(LoadReporter::new()));
+        self.shared.load = Some(Arc::new(LoadReporter::new()));
         self
     }
 
@@ -292,7 +286,7 @@ impl ShedLayer {
 
     /// Whether answers carry a load report ([`with_load_reports`](Self::with_load_reports)).
     pub fn sends_load_reports(&self) -> bool {
-        self.load.is_some()
+        self.shared.load.is_some()
     }
 
     /// A layer for the whole `admission` document: its queue, and load reports when
@@ -344,8 +338,8 @@ impl ShedLayer {
             self.metrics.get_or_init(|| {
                 crate::shed::metrics::ServerMetrics::register(
                     meter,
-                    &self.gate,
-                    self.events.name(),
+                    &self.shared.gate,
+                    self.shared.events.name(),
                     self.limit_bounds,
                 )
             });
@@ -353,7 +347,7 @@ impl ShedLayer {
     }
 
     fn with_never_shed(mut self, never: NeverShed) -> Self {
-        self.never_shed = Arc::new(never);
+        self.shared.never_shed = Arc::new(never);
         self
     }
 
@@ -361,7 +355,7 @@ impl ShedLayer {
     /// take it before handing the layer to the server builder.
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         ShutdownHandle::new(
-            Arc::clone(&self.gate),
+            Arc::clone(&self.shared.gate),
             #[cfg(feature = "health")]
             self.readiness.clone(),
         )
@@ -369,11 +363,7 @@ impl ShedLayer {
 
     /// The queue's counters.
     pub fn stats(&self) -> ShedStats {
-        ShedStats::new(
-            Arc::clone(&self.gate),
-            Arc::clone(&self.drains),
-            Arc::clone(&self.bypassed),
-        )
+        self.shared.stats()
     }
 }
 
@@ -382,17 +372,7 @@ impl<S> Layer<S> for ShedLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         self.register_metrics();
-        ShedService {
-            inner,
-            gate: Arc::clone(&self.gate),
-            criticality: Arc::clone(&self.criticality),
-            never_shed: Arc::clone(&self.never_shed),
-            bypassed: Arc::clone(&self.bypassed),
-            drains: Arc::clone(&self.drains),
-            retry_allowance: self.retry_allowance,
-            events: Arc::clone(&self.events),
-            load: self.load.clone(),
-        }
+        ShedService::new(inner, self.shared.clone())
     }
 }
 
@@ -400,8 +380,8 @@ impl fmt::Debug for ShedLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShedLayer")
             .field("name", &self.name())
-            .field("queue", &self.gate.counters().snapshot())
-            .field("never_shed", &self.never_shed)
+            .field("queue", &self.shared.gate.counters().snapshot())
+            .field("never_shed", &self.shared.never_shed)
             .finish()
     }
 }

@@ -112,6 +112,27 @@ fn counter(
         .build()
 }
 
+/// Registers the observable gauge `spec` on `meter`: `read`'s value, with the layer
+/// `name`'s attributes (nothing while it has none).
+fn gauge(
+    meter: &Meter,
+    (metric, description, unit): Spec,
+    name: &Arc<LayerName>,
+    read: impl Fn() -> u64 + Send + Sync + 'static,
+) -> ObservableGauge<u64> {
+    let n = Arc::clone(name);
+    meter
+        .u64_observable_gauge(metric)
+        .with_description(description)
+        .with_unit(unit)
+        .with_callback(move |o| {
+            if let Some(attrs) = base(&n) {
+                o.observe(read(), &attrs);
+            }
+        })
+        .build()
+}
+
 /// Reads one value from `T`.
 type Read<T> = fn(&T) -> u64;
 
@@ -215,18 +236,9 @@ impl ServerMetrics {
         counters.push(shed_counter(meter, gate, name));
         let gauges = GAUGES
             .into_iter()
-            .map(|((metric, description, unit), read)| {
-                let (g, n) = (Arc::clone(gate), Arc::clone(name));
-                meter
-                    .u64_observable_gauge(metric)
-                    .with_description(description)
-                    .with_unit(unit)
-                    .with_callback(move |o| {
-                        if let Some(attrs) = base(&n) {
-                            o.observe(read(g.counters()), &attrs);
-                        }
-                    })
-                    .build()
+            .map(|(spec, read)| {
+                let g = Arc::clone(gate);
+                gauge(meter, spec, name, move || read(g.counters()))
             })
             .collect();
         ServerMetrics {
@@ -258,17 +270,9 @@ fn limit_bounds(
     ]
     .into_iter()
     .map(|(metric, description, value)| {
-        let n = Arc::clone(name);
-        meter
-            .u64_observable_gauge(metric)
-            .with_description(description)
-            .with_unit("{worker}")
-            .with_callback(move |o| {
-                if let Some(attrs) = base(&n) {
-                    o.observe(value as u64, &attrs);
-                }
-            })
-            .build()
+        gauge(meter, (metric, description, "{worker}"), name, move || {
+            value as u64
+        })
     })
     .collect()
 }

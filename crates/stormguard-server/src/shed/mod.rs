@@ -116,26 +116,46 @@ use load::{CallReport, LoadReporter};
 
 /// A service behind the admission queue. Built by [`ShedLayer`]; every clone, and every
 /// service the same layer wraps, shares one queue.
+#[derive(Clone)]
 pub struct ShedService<S> {
     inner: S,
-    gate: Arc<Gate>,
-    criticality: Arc<CriticalityTable>,
-    never_shed: Arc<NeverShed>,
-    bypassed: Arc<Bypassed>,
-    drains: Arc<Drains>,
-    retry_allowance: Option<u32>,
-    events: Arc<ShedEvents>,
-    load: Option<Arc<LoadReporter>>,
+    shared: Shared,
 }
 
-impl<S> ShedService<S> {
+/// What a [`ShedLayer`] gives every service it wraps: the one queue, the rules its calls
+/// are admitted by, and where they are counted and logged.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub(crate) gate: Arc<Gate>,
+    pub(crate) criticality: Arc<CriticalityTable>,
+    pub(crate) never_shed: Arc<NeverShed>,
+    pub(crate) bypassed: Arc<Bypassed>,
+    pub(crate) drains: Arc<Drains>,
+    pub(crate) retry_allowance: Option<u32>,
+    pub(crate) events: Arc<ShedEvents>,
+    pub(crate) load: Option<Arc<LoadReporter>>,
+}
+
+impl Shared {
     /// The queue's counters.
-    pub fn stats(&self) -> ShedStats {
+    pub(crate) fn stats(&self) -> ShedStats {
         ShedStats::new(
             Arc::clone(&self.gate),
             Arc::clone(&self.drains),
             Arc::clone(&self.bypassed),
         )
+    }
+}
+
+impl<S> ShedService<S> {
+    /// `inner` behind the queue and rules of `shared`.
+    pub(crate) fn new(inner: S, shared: Shared) -> Self {
+        ShedService { inner, shared }
+    }
+
+    /// The queue's counters.
+    pub fn stats(&self) -> ShedStats {
+        self.shared.stats()
     }
 
     /// The wrapped service.
@@ -144,26 +164,10 @@ impl<S> ShedService<S> {
     }
 }
 
-impl<S: Clone> Clone for ShedService<S> {
-    fn clone(&self) -> Self {
-        ShedService {
-            inner: self.inner.clone(),
-            gate: Arc::clone(&self.gate),
-            criticality: Arc::clone(&self.criticality),
-            never_shed: Arc::clone(&self.never_shed),
-            bypassed: Arc::clone(&self.bypassed),
-            drains: Arc::clone(&self.drains),
-            retry_allowance: self.retry_allowance,
-            events: Arc::clone(&self.events),
-            load: self.load.clone(),
-        }
-    }
-}
-
 impl<S> fmt::Debug for ShedService<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShedService")
-            .field("queue", &self.gate.counters().snapshot())
+            .field("queue", &self.shared.gate.counters().snapshot())
             .finish_non_exhaustive()
     }
 }
@@ -189,18 +193,21 @@ where
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
         let now = Instant::now();
         let inbound = self.inbound(&request, now);
-        if self.never_shed.matches(request.uri().path()) {
-            self.bypassed.record();
+        if self.shared.never_shed.matches(request.uri().path()) {
+            self.shared.bypassed.record();
             let future = self.inner.call(request);
             return ResponseFuture::bypass(inbound.context, inbound.scope, future);
         }
         // The first call that can be shed names a layer that has no name.
-        self.events.name().get_or_name_after(request.uri().path());
-        let mut report = self.load.as_ref().map(|load| {
+        self.shared
+            .events
+            .name()
+            .get_or_name_after(request.uri().path());
+        let mut report = self.shared.load.as_ref().map(|load| {
             load.arrived_at(now);
-            CallReport::new(Arc::clone(load), Arc::clone(&self.gate), now)
+            CallReport::new(Arc::clone(load), Arc::clone(&self.shared.gate), now)
         });
-        let entry = self.gate.enter(now, inbound.class, inbound.deadline);
+        let entry = self.shared.gate.enter(now, inbound.class, inbound.deadline);
         if let Some(report) = report.as_mut()
             && !matches!(entry, Entry::Queued(_))
         {
@@ -216,24 +223,26 @@ where
             }
             Entry::Queued(ticket) => self.queue(request, inbound, ticket, report),
             Entry::Shed(shed) => {
-                self.events
+                self.shared
+                    .events
                     .shed(request.uri().path(), inbound.class, &shed, false);
-                drain::discard_request(request, &self.drains);
-                let code = self.gate.shed_code(shed.pushback);
-                let retry_info = self.gate.sends_retry_info();
+                drain::discard_request(request, &self.shared.drains);
+                let code = self.shared.gate.shed_code(shed.pushback);
+                let retry_info = self.shared.gate.sends_retry_info();
                 let answer = response::shed(code, shed.reason, shed.pushback, retry_info);
                 ResponseFuture::answered(response::with_report(answer, report.as_ref(), true))
             }
             Entry::Expired => {
-                self.events
+                self.shared
+                    .events
                     .expired(request.uri().path(), inbound.class, false);
-                drain::discard_request(request, &self.drains);
+                drain::discard_request(request, &self.shared.drains);
                 let answer = response::expired();
                 ResponseFuture::answered(response::with_report(answer, report.as_ref(), false))
             }
             Entry::Closing => {
-                drain::discard_request(request, &self.drains);
-                let answer = response::shutting_down(self.gate.sends_retry_info());
+                drain::discard_request(request, &self.shared.drains);
+                let answer = response::shutting_down(self.shared.gate.sends_retry_info());
                 ResponseFuture::answered(response::with_report(answer, report.as_ref(), false))
             }
         }
@@ -260,7 +269,7 @@ impl<S> ShedService<S> {
             headers.get(X_RETRY_ATTEMPT).map(|v| v.as_bytes()),
         );
         // A peer's claim, never above what this server grants the method.
-        let criticality = self.criticality.resolve(
+        let criticality = self.shared.criticality.resolve(
             request.uri().path(),
             parse_criticality(headers.get(STORMGUARD_CRITICALITY).map(|v| v.as_bytes())),
         );
@@ -277,7 +286,7 @@ impl<S> ShedService<S> {
         // What the handler's outgoing calls share: the request's retry allowance, when the
         // layer has one (lowered, never raised, by the caller's `x-retry-budget`), and
         // whether one of them was refused a retry.
-        let scope = match self.retry_allowance {
+        let scope = match self.shared.retry_allowance {
             Some(limit) => {
                 let scope = RequestScope::new().with_allowance(limit);
                 match headers.get(X_RETRY_BUDGET) {
@@ -311,9 +320,9 @@ impl<S> ShedService<S> {
     {
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
-        let cut_at = inbound.deadline.map(|d| self.gate.cut_at(d));
-        let events = QueuedEvents::new(&self.events, request.uri(), inbound.class);
-        let request = Discard::new(request, &self.drains);
+        let cut_at = inbound.deadline.map(|d| self.shared.gate.cut_at(d));
+        let events = QueuedEvents::new(&self.shared.events, request.uri(), inbound.class);
+        let request = Discard::new(request, &self.shared.drains);
         let Inbound { context, scope, .. } = inbound;
         ResponseFuture::queued(context, scope, ticket, ready, request, events, report)
             .cut_at(cut_at)
@@ -322,8 +331,11 @@ impl<S> ShedService<S> {
     /// When an admitted call with a deadline is cut (see `ResponseFuture`, `ShedBody`), and
     /// what tells of it.
     fn cut(&self, inbound: &Inbound, uri: &http::Uri) -> Option<(Instant, QueuedEvents)> {
-        let at = self.gate.cut_at(inbound.deadline?);
-        Some((at, QueuedEvents::new(&self.events, uri, inbound.class)))
+        let at = self.shared.gate.cut_at(inbound.deadline?);
+        Some((
+            at,
+            QueuedEvents::new(&self.shared.events, uri, inbound.class),
+        ))
     }
 }
 
