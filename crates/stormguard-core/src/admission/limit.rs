@@ -243,6 +243,12 @@ struct Probe {
 ///   shows a higher floor. Without that, a slowdown that made callers leave read as calls
 ///   queued inside, window after window, and took the limit down to
 ///   [`AdaptiveLimitConfig::min_limit`] for as long as it lasted.
+/// - **Near a small capacity, one call too many is tried, not kept.** Where the band is
+///   one call (`β = 1`, limits up to about 10), the limit at `C + 1` reads one call queued
+///   inside, which the band allows, so it would rest there, that call waiting inside the
+///   handler and slowing every other. A growth by one call whose next window shows the
+///   call waited goes back, and the limit does not grow again for 2 windows, then 4, up
+///   to 16, until a growth shows room (the capacity rose).
 /// - **An answer that was not served is no latency.** A handler that answers
 ///   `UNAVAILABLE` or `RESOURCE_EXHAUSTED` at once (passing on its own dependency's shed,
 ///   say) took a worker for a moment and served nothing; read as a call, it would look like
