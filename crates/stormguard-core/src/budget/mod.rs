@@ -187,7 +187,7 @@ impl Default for BudgetConfig {
 
 impl BudgetConfig {
     /// Checks every field; the error names the first field out of range.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         check::window_secs("retry.budget.ttl", self.ttl, 1, 60)?;
         if self.min_retries_per_second > i32::MAX as u32 {
             return Err(ConfigError::invalid(
