@@ -101,7 +101,7 @@ impl ReplicaState {
 
 /// What a replica's client-side health check (gRFC A17, `grpc.health.v1.Health/Watch`)
 /// says of it. Only [`Unchecked`](Self::Unchecked) and [`Serving`](Self::Serving) let it
-/// take new attempts ([`takes_attempts`](Self::takes_attempts)); attempts in flight on a
+/// take new attempts; attempts in flight on a
 /// replica that stops taking them finish.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ServingStatus {
@@ -123,7 +123,7 @@ pub enum ServingStatus {
 impl ServingStatus {
     /// Whether a replica with this status takes new attempts: unchecked or `SERVING`.
     /// The one place that decides it ([`ReplicaSet::pick_at`] asks it).
-    pub fn takes_attempts(self) -> bool {
+    pub(crate) fn takes_attempts(self) -> bool {
         matches!(self, ServingStatus::Unchecked | ServingStatus::Serving)
     }
 
@@ -514,7 +514,7 @@ impl ReplicaSet {
     /// connection fails). With [`ReplicaConfig::health_check`] set, a replica starts
     /// [`Unknown`](ServingStatus::Unknown); otherwise [`Unchecked`](ServingStatus::Unchecked). From the call on, [`pick_at`](Self::pick_at)
     /// gives the replica new attempts only while the status
-    /// [takes them](ServingStatus::takes_attempts). Returns the previous status when it
+    /// takes them (`Unchecked` or `Serving`). Returns the previous status when it
     /// changed (counted in the snapshot's `serving_changes`), `None` when it did not or
     /// the replica is gone.
     pub fn set_serving(&mut self, id: ReplicaId, status: ServingStatus) -> Option<ServingStatus> {

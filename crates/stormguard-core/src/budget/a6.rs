@@ -32,15 +32,7 @@ pub struct A6BudgetConfig {
 
 impl A6BudgetConfig {
     /// Checks both fields; the error names the field as the service config spells it.
-    ///
-    /// ```
-    /// use stormguard_core::A6BudgetConfig;
-    ///
-    /// assert!(A6BudgetConfig { max_tokens: 10.0, token_ratio: 0.1 }.validate().is_ok());
-    /// let err = A6BudgetConfig { max_tokens: 10.0, token_ratio: 0.0004 }.validate();
-    /// assert!(err.unwrap_err().to_string().contains("retryThrottling.tokenRatio"));
-    /// ```
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let max = self.max_tokens;
         if !max.is_finite() || max <= 0.0 || max > 1000.0 {
             return Err(ConfigError::invalid(

@@ -101,12 +101,13 @@ pub trait Budget: Send + Sync + fmt::Debug {
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard_core::BudgetConfig;
+/// use stormguard_core::{BudgetConfig, RetryBudget};
 ///
 /// let config = BudgetConfig { retry_ratio: 0.2, ..BudgetConfig::default() };
 /// assert_eq!(config.ttl, Duration::from_secs(10));
-/// assert!(config.validate().is_ok());
-/// assert!(BudgetConfig { retry_ratio: 0.0, ..config }.validate().is_err());
+/// // The budget's constructor checks every field.
+/// assert!(RetryBudget::new(config.clone()).is_ok());
+/// assert!(RetryBudget::new(BudgetConfig { retry_ratio: 0.0, ..config }).is_err());
 /// ```
 ///
 /// Deserializes from an object of these fields (stormguard's `retry.budget`), each
@@ -187,7 +188,7 @@ impl Default for BudgetConfig {
 
 impl BudgetConfig {
     /// Checks every field; the error names the first field out of range.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         check::window_secs("retry.budget.ttl", self.ttl, 1, 60)?;
         if self.min_retries_per_second > i32::MAX as u32 {
             return Err(ConfigError::invalid(

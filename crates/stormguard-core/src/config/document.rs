@@ -28,15 +28,7 @@ pub enum Format {
 
 impl Format {
     /// The format a file's extension names.
-    ///
-    /// ```
-    /// use std::path::Path;
-    /// use stormguard_core::Format;
-    ///
-    /// assert_eq!(Format::from_path(Path::new("retry.yml")).unwrap(), Format::Yaml);
-    /// assert!(Format::from_path(Path::new("retry.ini")).is_err());
-    /// ```
-    pub fn from_path(path: &Path) -> Result<Format, ConfigError> {
+    pub(crate) fn from_path(path: &Path) -> Result<Format, ConfigError> {
         match path.extension().and_then(|e| e.to_str()) {
             Some("json") => Ok(Format::Json),
             Some("yaml" | "yml") => Ok(Format::Yaml),

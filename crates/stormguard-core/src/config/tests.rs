@@ -1308,3 +1308,14 @@ fn an_application_config_embeds_a_client_config_and_deserializing_validates() {
     );
     assert!(bad.err().unwrap().to_string().contains("retry.budget.ttl"));
 }
+
+#[test]
+fn format_follows_the_file_extension() {
+    use std::path::Path;
+
+    assert_eq!(
+        document::Format::from_path(Path::new("retry.yml")).unwrap(),
+        Format::Yaml
+    );
+    assert!(document::Format::from_path(Path::new("retry.ini")).is_err());
+}

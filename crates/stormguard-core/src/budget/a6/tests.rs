@@ -268,3 +268,25 @@ fn concurrent_updates_are_not_lost() {
     // because the failures of all workers total 400 of 1000 tokens.
     assert_eq!(t.tokens(), 800.0);
 }
+
+#[test]
+fn validate_names_the_token_ratio() {
+    assert!(
+        A6BudgetConfig {
+            max_tokens: 10.0,
+            token_ratio: 0.1
+        }
+        .validate()
+        .is_ok()
+    );
+    let err = A6BudgetConfig {
+        max_tokens: 10.0,
+        token_ratio: 0.0004,
+    }
+    .validate();
+    assert!(
+        err.expect_err("a ratio below the floor")
+            .to_string()
+            .contains("retryThrottling.tokenRatio")
+    );
+}
