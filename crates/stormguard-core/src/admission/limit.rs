@@ -138,8 +138,9 @@ struct Closed {
     m: Duration,
     /// Its mean latency, seconds.
     rtt: f64,
-    /// The mean latency of the calls served in full, seconds (none: no call was).
-    served_rtt: Option<f64>,
+    /// The mean latency a test of a higher floor reads, seconds: `rtt`, or where callers
+    /// left, the tighter of its two lower bounds.
+    floor_rtt: f64,
     /// The mean of the calls running alongside each sample.
     mean_running: f64,
     /// Whether many callers left before their calls finished.
@@ -235,13 +236,13 @@ struct Probe {
 /// - **A window in which callers left is a lower bound.** A call abandoned mid-run took
 ///   at least its time so far ([`AdaptiveLimit::abandoned_at`]). When a tenth of a
 ///   window's calls were abandoned, the window never grows the limit and never shows a
-///   lower floor, and if calls still queue inside, it cuts the limit by `β/2`: under overload the
-///   calls that queue inside are those whose callers give up. Such a window still answers
-///   the test of a deep cut made just before it by a window whose callers stayed: a
-///   lower bound (the larger of the mean with the calls cut short and the mean of the
-///   calls served in full) that already shows the latency did not fall with the limit
-///   shows a higher floor. Without that, a slowdown that made callers leave read as calls
-///   queued inside, window after window, and took the limit down to
+///   lower floor, and if calls still queue inside, it cuts the limit by `β/2`: under
+///   overload the calls that queue inside are those whose callers give up. Such a window
+///   still answers the test of a deep cut made just before it by a window whose callers
+///   stayed: a lower bound (the larger of the mean with the calls cut short and the mean
+///   of the calls served in full) that already shows the latency did not fall with the
+///   limit shows a higher floor. Without that, a slowdown that made callers leave read as
+///   calls queued inside, window after window, and took the limit down to
 ///   [`AdaptiveLimitConfig::min_limit`] for as long as it lasted.
 /// - **Near a small capacity, one call too many is tried, not kept.** Where the band is
 ///   one call (`β = 1`, limits up to about 10), the limit at `C + 1` reads one call queued
@@ -570,10 +571,18 @@ impl AdaptiveLimit {
         } else {
             window.sum_secs / served as f64
         };
+        // Where callers left, two lower bounds of the true mean: all calls with the time so
+        // far of those cut short, and the calls served in full (those cut short were the
+        // longer ones). A test of a higher floor reads the tighter.
+        let floor_rtt = if censored && served > 0 {
+            rtt.max(window.sum_secs / served as f64)
+        } else {
+            rtt
+        };
         Some(Closed {
             m,
             rtt,
-            served_rtt: (served > 0).then(|| window.sum_secs / served as f64),
+            floor_rtt,
             mean_running: window.sum_running as f64 / window.count as f64,
             censored,
             refusing,
@@ -587,7 +596,7 @@ impl AdaptiveLimit {
         let Closed {
             m,
             rtt,
-            served_rtt,
+            floor_rtt,
             mean_running,
             censored,
             refusing,
@@ -597,15 +606,9 @@ impl AdaptiveLimit {
             running: mean_running,
             rtt,
         };
-        // Where callers left, two lower bounds of the window's true mean: all calls with the
-        // time so far of those cut short, and the calls served in full (those cut short
-        // were the longer ones). A test of a higher floor takes the tighter.
-        let tested = match served_rtt {
-            Some(served) if censored => Seen {
-                rtt: rtt.max(served),
-                ..seen
-            },
-            _ => seen,
+        let tested = Seen {
+            rtt: floor_rtt,
+            ..seen
         };
         let (m, capacity) = self.follow_floor_at(now, m, tested, saturated, censored);
         if rtt > 0.0 {
@@ -658,13 +661,15 @@ impl AdaptiveLimit {
         censored: bool,
     ) -> (f64, Option<f64>) {
         let rtt = seen.rtt;
+        // The window after a cut shows whether the floor rose (see `floor_between`).
+        let shown = self.last.take().and_then(|last| floor_between(last, seen));
         if censored {
             // Its mean is a lower bound, the calls cut short by their callers: it shows no
             // lower floor. But it still answers the test of a deep cut made by a window
             // whose callers stayed: a lower bound that already shows the latency did not
             // fall with the limit shows a higher floor (the true mean is higher still).
             let m = m.as_secs_f64();
-            return match self.last.take().and_then(|last| floor_between(last, seen)) {
+            return match shown {
                 Some((floor, capacity)) => (floor.max(m), Some(capacity)),
                 None => (m, None),
             };
@@ -680,8 +685,8 @@ impl AdaptiveLimit {
             m = rtt;
         }
         let mut capacity = None;
-        // ...and up when the window after a cut shows it (see `floor_between`).
-        if let Some((floor, c)) = self.last.take().and_then(|last| floor_between(last, seen)) {
+        // ...and up when the window after a cut shows it.
+        if let Some((floor, c)) = shown {
             m = floor;
             capacity = Some(c);
         }
