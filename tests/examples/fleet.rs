@@ -3,8 +3,8 @@
 //!
 //! It checks the shape of the JSON the example writes (every scenario, every policy, the
 //! fields of the JSON contract, a timeline whose counts add up) and what holds by construction
-//! or in any healthy phase: the calls before the fault succeed, every replica gets about
-//! its share of them, a killed replica receives nothing, a restarted one receives attempts
+//! or in any healthy phase: the calls before the fault succeed, every replica gets some of
+//! them, a killed replica receives nothing, a restarted one receives attempts
 //! again. Never how fast anything ran. The load is 2 % of the fleet's capacity (about 120
 //! calls/s): this test runs the debug build on a machine shared with other builds; the
 //! default run's figures are the release build's, in `docs/examples.md`.
@@ -134,11 +134,26 @@ fn quick_fleet_writes_the_report_of_every_scenario_and_policy() {
             assert!(number(p, "success_before_fault") >= 0.9, "{at}: {p:#}");
             let a = number(p, "attempts_per_call_before_fault");
             assert!((0.8..=1.5).contains(&a), "{at}: {a} attempts per call");
-            let shares = p["replica_shares_before_fault"].as_array().unwrap();
+            // `balance_list` draws its two candidates at random and, at this load, finds
+            // no request pending on either: every replica gets about 1/5. The
+            // endpoint-aware channel prefers the replica of lower peak-EWMA latency, and
+            // on a shared machine one slow answer keeps a replica out of the choice for
+            // about a second (the latency decays over 1 s): only that each replica was
+            // chosen holds, and that none took the fleet's load alone.
+            let shares: Vec<f64> = p["replica_shares_before_fault"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s.as_f64().unwrap())
+                .collect();
             assert_eq!(shares.len(), 5);
-            for s in shares {
-                let s = s.as_f64().unwrap();
-                assert!((0.05..=0.45).contains(&s), "{at}: a replica's share {s}");
+            let spread = if p["name"] == "stormguard" {
+                f64::MIN_POSITIVE..=0.6
+            } else {
+                0.05..=0.45
+            };
+            for s in &shares {
+                assert!(spread.contains(s), "{at}: the replicas' shares {shares:?}");
             }
 
             // What holds by construction.
