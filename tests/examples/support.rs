@@ -39,7 +39,11 @@ pub fn profile_dir() -> PathBuf {
 }
 
 /// Builds the examples `names` with the profile and features this test was built with (a
-/// no-op when `cargo test` just did); returns the folder the binaries are in.
+/// no-op when `cargo test --workspace` just did); returns the folder the binaries are in.
+///
+/// The build resolves features over the whole workspace, as `cargo test --workspace` does:
+/// `-p stormguard` alone would resolve its dependencies' features differently and build
+/// every crate of the workspace a second time, in the middle of the tests.
 pub fn build_examples(names: &[&str]) -> PathBuf {
     let profile_dir = profile_dir();
     let target_dir = profile_dir.parent().unwrap();
@@ -51,15 +55,15 @@ pub fn build_examples(names: &[&str]) -> PathBuf {
     let mut cargo = Command::new(env!("CARGO"));
     cargo
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["build", "--quiet", "-p", "stormguard", "--profile", profile])
+        .args(["build", "--quiet", "--workspace", "--profile", profile])
         .arg("--target-dir")
         .arg(target_dir);
     let mut features = Vec::new();
     if cfg!(feature = "opentelemetry") {
-        features.push("opentelemetry");
+        features.push("stormguard/opentelemetry");
     }
     if cfg!(feature = "otel-examples") {
-        features.push("otel-examples");
+        features.push("stormguard/otel-examples");
     }
     if !features.is_empty() {
         cargo.args(["--features", &features.join(",")]);
