@@ -5,6 +5,7 @@
 #
 #   bash tests/interop/run.sh
 #
+# `--venv-only` makes the virtualenv and stops.
 # INTEROP_VENV chooses where the virtualenv lives (default: target/interop-venv).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,6 +16,9 @@ venv="${INTEROP_VENV:-target/interop-venv}"
 if ! "$venv/bin/python" -c "import grpc, sys; sys.exit(grpc.__version__ != '$GRPCIO_VERSION')" 2>/dev/null; then
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check "grpcio==$GRPCIO_VERSION"
+fi
+if [ "${1:-}" = "--venv-only" ]; then
+    exit 0
 fi
 
 cargo build --locked --example server --example client --example relay
