@@ -24,15 +24,16 @@
 
 use std::collections::{BTreeSet, VecDeque};
 use std::pin::pin;
+use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::Duration;
 
-use stormguard_core::BudgetChoice;
 use stormguard_core::Code;
 use stormguard_core::{
-    AttemptEnd, AttemptPlan, CallRetry, Failure, HedgeDecision, Refusal, RetryController,
+    AttemptEnd, AttemptPlan, CallRetry, CallTimes, Failure, HedgeDecision, Refusal, RetryController,
 };
-use stormguard_core::{DelayEstimator, HedgeDelay, HedgingPolicy, LearnedDelay};
+use stormguard_core::{BudgetChoice, ClientConfig, Deadline, MethodScope, MethodTable, Unlimited};
+use stormguard_core::{HedgeDelay, HedgingPolicy, LearnedDelay, MAX_ATTEMPTS_CAP};
 use stormguard_core::{context::RequestScope, context::request_scope};
 use stormguard_core::{
     wire::MAX_ALLOWANCE, wire::is_unprocessed, wire::parse_grpc_status, wire::parse_pushback,
@@ -77,25 +78,27 @@ pub struct Summary {
     pub granted: u64,
 }
 
-/// Drives every hedged method of `controller` (on [`PATHS`]) through `script`, checking
-/// the hedging invariants after every decision. `budget` says which budget the controller
-/// has: each hedge a [`RetryBudget`](stormguard_core::RetryBudget) grants lowers
-/// its balance by one, an A6 throttle's grant consumes nothing. `clock` is the time the
-/// first call starts; it is moved on to the time the last one ended, so that calls one
-/// after the other see time go forward only (a budget reads time as a monotonic clock).
+/// Drives every hedged method of `controller`, built from `config` (on [`PATHS`]), through
+/// `script`, checking the hedging invariants after every decision. The config's budget
+/// says which budget the controller has: each hedge a
+/// [`RetryBudget`](stormguard_core::RetryBudget) grants lowers its balance by one, an A6
+/// throttle's grant consumes nothing. `clock` is the time the first call starts; it is
+/// moved on to the time the last one ended, so that calls one after the other see time go
+/// forward only (a budget reads time as a monotonic clock).
 pub fn drive_script(
     controller: &RetryController,
-    budget: &BudgetChoice,
+    config: &ClientConfig,
     script: &[u8],
     clock: &mut Instant,
     text: &str,
 ) -> Summary {
     let mut summary = Summary::default();
+    let budget = &config.budget;
     for path in PATHS {
-        let Some(policy) = controller.methods().lookup_hedging(path) else {
+        let Some(policy) = config.methods.lookup_hedging(path) else {
             continue;
         };
-        if controller.methods().lookup(path).is_some() {
+        if config.methods.lookup(path).is_some() {
             panic!("{path} has both a retry and a hedging policy: {text}");
         }
         let policy: HedgingPolicy = (**policy).clone();
@@ -198,15 +201,28 @@ impl<'a> Call<'a> {
         summary: &mut Summary,
         text: &str,
     ) -> Instant {
-        let deadline = self.deadline.and_then(|d| start.checked_add(d));
-        let Ok(call) = controller.begin_at(path, deadline, start) else {
+        // The script's deadline is the inbound call's; the method's own timeout, if
+        // shorter, caps it as it does in the layer. The call says which one it has.
+        let times = CallTimes {
+            inbound: self.deadline.and_then(|d| start.checked_add(d)),
+            ..CallTimes::default()
+        };
+        let Ok(call) = controller.begin_call_at(path, &times, start) else {
             return start;
         };
+        let deadline = call.deadline();
+        if let Some(inbound) = times.inbound {
+            assert!(
+                deadline.is_some_and(|d| d <= inbound),
+                "{deadline:?}: not the caller's deadline or earlier: {text}"
+            );
+        }
         let mut run = Run {
             call,
             controller,
             stormguard_budget: matches!(budget, BudgetChoice::Stormguard(_)),
-            max: policy.effective_max_attempts(),
+            // A6: above 5 counts as 5.
+            max: policy.max_attempts.min(MAX_ATTEMPTS_CAP),
             copies: VecDeque::new(),
             now: start,
             deadline,
@@ -511,6 +527,11 @@ fn take(bytes: &mut &[u8], byte: u8) -> bool {
 
 /// What the `hedge-delay` target made of one input: whether its estimator config was
 /// valid, and the delays it read.
+///
+/// The method's learned delay is driven as the client drives it: every copy's latency
+/// through [`CallRetry::record_hedge_latency_at`], and the delay read where the client
+/// reads it, as the time of the first hedge a new call schedules
+/// ([`CallRetry::next_hedge_at`] after [`CallRetry::first_attempt_at`]).
 pub fn learned_delay(input: &[u8]) -> (bool, BTreeSet<u8>) {
     let mut r = Reader(input);
     let learned = LearnedDelay {
@@ -534,8 +555,16 @@ pub fn learned_delay(input: &[u8]) -> (bool, BTreeSet<u8>) {
     if policy.validate("hedging").is_err() {
         return (false, BTreeSet::new());
     }
-    let estimator = DelayEstimator::new(learned.clone());
+    let mut methods = MethodTable::none();
+    methods.set_hedging(MethodScope::Default, Some(policy));
+    let controller = RetryController::new(methods, Arc::new(Unlimited), None, 7);
+    let begin = |now| match controller.begin_call_at(PATHS[0], &CallTimes::default(), now) {
+        Ok(call) => call,
+        Err(why) => panic!("a controller without a breaker refused a call: {why}"),
+    };
     let mut now = Instant::now();
+    // The copies' latencies are recorded on one call: the estimator is the method's.
+    let recorder = begin(now);
     let mut recorded: u64 = 0;
     let mut seen = BTreeSet::new();
     // The most samples one input records (a count of 2^14 per event at most).
@@ -547,7 +576,7 @@ pub fn learned_delay(input: &[u8]) -> (bool, BTreeSet<u8>) {
                 let elapsed = r.duration();
                 let count = (1u64 << (op >> 4).min(14)).min(MAX_RECORDS - recorded);
                 for _ in 0..count {
-                    estimator.record_at(elapsed, now);
+                    recorder.record_hedge_latency_at(elapsed, now);
                 }
                 recorded += count;
             }
@@ -564,12 +593,21 @@ pub fn learned_delay(input: &[u8]) -> (bool, BTreeSet<u8>) {
             }
             _ => {}
         }
-        let delay = estimator.delay_at(now);
-        match delay {
-            Some(d) => {
+        // The first hedge of a call started now is due the learned delay later (as a
+        // deadline is: a delay past the clock's range saturates), or not at all while
+        // the delay is unknown.
+        let mut call = begin(now);
+        call.first_attempt_at(now);
+        let (floor, ceiling) = (
+            Deadline::after_at(now, learned.floor).instant(),
+            Deadline::after_at(now, learned.ceiling).instant(),
+        );
+        match call.next_hedge_at() {
+            Some(at) => {
                 assert!(
-                    d >= learned.floor && d <= learned.ceiling,
-                    "{d:?} outside [{:?}, {:?}]",
+                    at >= floor && at <= ceiling,
+                    "{:?} outside [{:?}, {:?}]",
+                    at.saturating_duration_since(now),
                     learned.floor,
                     learned.ceiling
                 );
@@ -578,7 +616,7 @@ pub fn learned_delay(input: &[u8]) -> (bool, BTreeSet<u8>) {
                     "a delay after {recorded} samples, {} needed",
                     learned.min_samples
                 );
-                seen.insert(u8::from(d == learned.floor) + 2 * u8::from(d == learned.ceiling));
+                seen.insert(u8::from(at == floor) + 2 * u8::from(at == ceiling));
             }
             None => {
                 seen.insert(4);

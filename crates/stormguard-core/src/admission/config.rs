@@ -179,8 +179,9 @@ impl WorkerLimit {
     }
 }
 
-/// Configuration of the admission queue. [`AdmissionConfig::validate`] says what is
-/// accepted; [`AdmissionController::new`](crate::AdmissionController::new) refuses anything else.
+/// Configuration of the admission queue. Each field says what it accepts;
+/// [`AdmissionController::new`](crate::AdmissionController::new) refuses anything else, with an
+/// error that names the first bad field (`admission.<field>`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AdmissionConfig {
     /// How many calls are served at the same time. Default: adaptive, learned from
@@ -225,7 +226,7 @@ pub struct AdmissionConfig {
     /// drain of the queue and this much service time is told "do not retry" (`-1`): a
     /// call shed at `now` with `P` of pushback, `E` of drain estimate and deadline `D` is
     /// told `-1` when `now + P + E + no_retry_margin >= D` (see
-    /// [`AdmissionController::cannot_serve_in_time_at`](crate::AdmissionController::cannot_serve_in_time_at) for why this estimate). Applies to
+    /// `AdmissionController::cannot_serve_in_time_at` for why this estimate). Applies to
     /// first attempts as well as retries; a call without a deadline is never told `-1`
     /// by it. At most one hour. Default 5 ms (about one service time of a
     /// small handler); `None` turns the rule off.
@@ -324,15 +325,7 @@ impl AdmissionConfig {
     }
 
     /// Checks every field; the error names the first bad one (`admission.<field>`).
-    ///
-    /// ```
-    /// use stormguard_core::{AdmissionConfig, WorkerLimit};
-    ///
-    /// assert!(AdmissionConfig::default().validate().is_ok());
-    /// let bad = AdmissionConfig { workers: WorkerLimit::Fixed(0), ..AdmissionConfig::default() };
-    /// assert!(bad.validate().unwrap_err().to_string().contains("admission.workers"));
-    /// ```
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         match &self.workers {
             WorkerLimit::Fixed(n) => check::at_least_one("admission.workers", *n as u64)?,
             WorkerLimit::Adaptive(adaptive) => adaptive.validate()?,

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use stormguard_core::ClientConfig;
 use stormguard_core::Code;
 use stormguard_core::Pushback;
-use stormguard_core::{AttemptEnd, Decision, Failure, Refusal, RetryController};
+use stormguard_core::{AttemptEnd, CallTimes, Decision, Failure, Refusal, RetryController};
 use stormguard_core::{
     wire::AttemptClass, wire::attempt_class, wire::decode_grpc_timeout, wire::parse_pushback,
 };
@@ -138,9 +138,13 @@ fn a_pushback_of_2_pow_31_ms_means_no_retry() {
     );
     let controller = RetryController::from_config(&ClientConfig::standard().with_seed(1)).unwrap();
     let now = Instant::now();
-    for deadline in [None, Some(now + Duration::from_secs(3600))] {
+    for inbound in [None, Some(now + Duration::from_secs(3600))] {
+        let times = CallTimes {
+            inbound,
+            ..CallTimes::default()
+        };
         let mut call = controller
-            .begin_at("/stormguard.demo.v1.Inventory/Reserve", deadline, now)
+            .begin_call_at("/stormguard.demo.v1.Inventory/Reserve", &times, now)
             .unwrap();
         let failure = Failure {
             pushback,
