@@ -562,7 +562,8 @@ pub fn learned_delay(input: &[u8]) -> (bool, BTreeSet<u8>) {
         Ok(call) => call,
         Err(why) => panic!("a controller without a breaker refused a call: {why}"),
     };
-    let mut now = Instant::now();
+    let start = Instant::now();
+    let mut now = start;
     // The copies' latencies are recorded on one call: the estimator is the method's.
     let recorder = begin(now);
     let mut recorded: u64 = 0;
@@ -580,8 +581,12 @@ pub fn learned_delay(input: &[u8]) -> (bool, BTreeSet<u8>) {
                 }
                 recorded += count;
             }
+            // The clock moves on by hostile amounts, up to `MAX_CLOCK` past the start: a
+            // call started later could not place its deadlines on the clock.
             1 => {
-                if let Some(t) = now.checked_add(r.duration()) {
+                if let Some(t) = now.checked_add(r.duration())
+                    && t.saturating_duration_since(start) <= MAX_CLOCK
+                {
                     now = t;
                 }
             }
@@ -593,21 +598,21 @@ pub fn learned_delay(input: &[u8]) -> (bool, BTreeSet<u8>) {
             }
             _ => {}
         }
-        // The first hedge of a call started now is due the learned delay later (as a
-        // deadline is: a delay past the clock's range saturates), or not at all while
-        // the delay is unknown.
+        // The first hedge of a call started now is due the learned delay later, or not at
+        // all while the delay is unknown. A delay past the clock's range is placed as a
+        // deadline is: at the furthest a deadline goes (`Deadline::after_at` of
+        // `Duration::MAX`).
         let mut call = begin(now);
         call.first_attempt_at(now);
-        let (floor, ceiling) = (
-            Deadline::after_at(now, learned.floor).instant(),
-            Deadline::after_at(now, learned.ceiling).instant(),
-        );
+        let furthest = Deadline::after_at(now, Duration::MAX).instant();
+        let within = |d: Duration| d >= learned.floor && d <= learned.ceiling;
         match call.next_hedge_at() {
             Some(at) => {
+                let d = at.saturating_duration_since(now);
+                let past_the_clock = at == furthest && now.checked_add(learned.ceiling).is_none();
                 assert!(
-                    at >= floor && at <= ceiling,
-                    "{:?} outside [{:?}, {:?}]",
-                    at.saturating_duration_since(now),
+                    within(d) || past_the_clock,
+                    "{d:?} outside [{:?}, {:?}]",
                     learned.floor,
                     learned.ceiling
                 );
@@ -616,7 +621,10 @@ pub fn learned_delay(input: &[u8]) -> (bool, BTreeSet<u8>) {
                     "a delay after {recorded} samples, {} needed",
                     learned.min_samples
                 );
-                seen.insert(u8::from(at == floor) + 2 * u8::from(at == ceiling));
+                seen.insert(match within(d) {
+                    true => u8::from(d == learned.floor) + 2 * u8::from(d == learned.ceiling),
+                    false => 5,
+                });
             }
             None => {
                 seen.insert(4);
@@ -628,6 +636,10 @@ pub fn learned_delay(input: &[u8]) -> (bool, BTreeSet<u8>) {
     }
     (true, seen)
 }
+
+/// How far the `hedge-delay` target moves its clock from where it started: about 35 000
+/// years, where a deadline a century later is still on the clock.
+const MAX_CLOCK: Duration = Duration::from_secs(1 << 40);
 
 /// Reads numbers from the front of an input (zeros once it runs out).
 struct Reader<'a>(&'a [u8]);
