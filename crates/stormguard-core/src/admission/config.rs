@@ -43,19 +43,7 @@ impl CallClass {
     /// retry of a critical call, 3 a first attempt, 4 a critical first attempt. When a
     /// full queue gives a waiter's place to a call of higher criticality, it is the
     /// lowest-ranked waiter of lower criticality.
-    ///
-    /// ```
-    /// use stormguard_core::CallClass;
-    /// use stormguard_core::Criticality::*;
-    /// use stormguard_core::{wire::AttemptClass::First, wire::AttemptClass::Retry};
-    ///
-    /// let rank = |a, c| CallClass::new(a, c).rank();
-    /// assert!(rank(First, Sheddable) < rank(Retry, Default));
-    /// // A retry of a critical call is still a retry.
-    /// assert!(rank(Retry, Critical) < rank(First, Default));
-    /// assert!(rank(First, Default) < rank(First, Critical));
-    /// ```
-    pub fn rank(self) -> u8 {
+    pub(crate) fn rank(self) -> u8 {
         match (self.criticality, self.attempt) {
             (Criticality::Sheddable, _) => 0,
             (Criticality::Default, AttemptClass::Retry) => 1,
@@ -158,14 +146,6 @@ impl WorkerLimit {
         match self {
             WorkerLimit::Fixed(n) => Some(*n),
             WorkerLimit::Adaptive(_) => None,
-        }
-    }
-
-    /// `"adaptive"` or `"fixed"`, for logs and metrics.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            WorkerLimit::Adaptive(_) => "adaptive",
-            WorkerLimit::Fixed(_) => "fixed",
         }
     }
 

@@ -193,7 +193,7 @@ impl CompletionRate {
 ///   `x-retry-attempt`, by [`wire::attempt_class`](crate::wire::attempt_class); a
 ///   malformed value counts as a retry: a peer cannot buy priority with garbage) and its
 ///   [`Criticality`] ([`crate::criticality`](crate::Criticality)): sheddable work is shed before retries,
-///   retries before the rest ([`CallClass::rank`]).
+///   retries before the rest (`CallClass::rank`).
 /// - `AdmissionController::decide_at`: admit at once, queue, or shed. **Retries are shed
 ///   first**: once the queue passes the [`RetryThreshold`] a retry is answered at once,
 ///   while a first attempt is shed only when the queue is full. Under sustained overload

@@ -713,3 +713,15 @@ proptest! {
         prop_assert!(p.expiry(t, far) >= t && p.expiry(t, None) >= t);
     }
 }
+
+#[test]
+fn sheddable_calls_rank_lowest_then_retries_then_first_attempts() {
+    use crate::Criticality::{Critical, Default, Sheddable};
+    use AttemptClass::{First, Retry};
+
+    let rank = |a, c| CallClass::new(a, c).rank();
+    assert!(rank(First, Sheddable) < rank(Retry, Default));
+    // A retry of a critical call is still a retry.
+    assert!(rank(Retry, Critical) < rank(First, Default));
+    assert!(rank(First, Default) < rank(First, Critical));
+}
