@@ -169,9 +169,9 @@ impl FromStr for Code {
 /// ```
 /// use stormguard_core::{Code, CodeSet};
 ///
-/// let mut set = CodeSet::single(Code::Unavailable);
-/// set.insert(Code::ResourceExhausted);
-/// assert_eq!(set, CodeSet::from_iter([Code::ResourceExhausted, Code::Unavailable]));
+/// let set = CodeSet::from_iter([Code::Unavailable, Code::ResourceExhausted]);
+/// assert!(set.contains(Code::Unavailable));
+/// assert!(!set.contains(Code::Internal));
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct CodeSet(u32);
@@ -191,7 +191,7 @@ impl CodeSet {
     }
 
     /// Whether the set holds `code`.
-    pub(crate) fn contains(self, code: Code) -> bool {
+    pub fn contains(self, code: Code) -> bool {
         self.0 & (1 << code as u32) != 0
     }
 

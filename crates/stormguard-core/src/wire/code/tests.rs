@@ -37,10 +37,3 @@ proptest! {
         prop_assert_eq!(set.iter().collect::<Vec<_>>(), chosen);
     }
 }
-
-#[test]
-fn a_set_holds_what_was_put_in_it() {
-    let set = CodeSet::from_iter([Code::Unavailable, Code::ResourceExhausted]);
-    assert!(set.contains(Code::Unavailable));
-    assert!(!set.contains(Code::Internal));
-}
