@@ -47,7 +47,7 @@ pub use stormguard_server as server;
 /// that a loop of its own needs is here, at one path each.
 pub mod engine {
     pub use stormguard_core::{
-        A6Budget, AdaptiveLimit, AdaptiveThrottle, Admission, AdmissionQueue, Arrival, AttemptEnd,
+        A6Budget, AdaptiveLimit, AdaptiveThrottle, AdmissionQueue, Arrival, AttemptEnd,
         AttemptPlan, Backoff, Begin, BreakerOpen, BreakerPermit, BreakerState, BreakerTransition,
         Budget, BudgetChoice, CallClass, CallDeadline, CallRetry, CallTimes, CircuitBreaker,
         CodeSet, Deadline, DeadlineSource, Decision, DedupCounts, DedupTable, Dispatch,

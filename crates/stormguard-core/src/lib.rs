@@ -68,10 +68,10 @@ pub mod wire;
 pub use wire::body::{DeadlineCut, HeldFrames, Polled};
 
 pub use admission::{
-    AdaptiveLimit, AdaptiveLimitConfig, Admission, AdmissionConfig, AdmissionController,
-    AdmissionQueue, Arrival, Begin, CallClass, DedupCounts, DedupTable, Dispatch,
-    IdempotencyConfig, Left, QueueLoad, QueueOrder, QueuedId, RateMeter, RetryThreshold, Shed,
-    ShedPushback, ShedReason, WorkerLimit,
+    AdaptiveLimit, AdaptiveLimitConfig, AdmissionConfig, AdmissionController, AdmissionQueue,
+    Arrival, Begin, CallClass, DedupCounts, DedupTable, Dispatch, IdempotencyConfig, Left,
+    QueueLoad, QueueOrder, QueuedId, RateMeter, RetryThreshold, Shed, ShedPushback, ShedReason,
+    WorkerLimit,
 };
 pub use balance::weights::a58_weight;
 pub use balance::{
@@ -104,6 +104,7 @@ pub use retry::{
 };
 pub use wire::code::{Code, CodeSet, UnknownCode};
 
+pub(crate) use admission::Admission;
 pub(crate) use retry::DelayEstimator;
 pub use wire::orca::{LoadReport, LoadReportError, OrcaLoadReport};
 pub use wire::pushback::Pushback;

@@ -94,7 +94,7 @@ pub struct Shed {
 
 /// What to do with an arriving call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Admission {
+pub(crate) enum Admission {
     /// A worker is free: run it now.
     Admit,
     /// Wait for a worker.
