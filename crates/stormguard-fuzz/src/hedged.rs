@@ -35,9 +35,7 @@ use stormguard_core::{
 use stormguard_core::{BudgetChoice, ClientConfig, Deadline, MethodScope, MethodTable, Unlimited};
 use stormguard_core::{HedgeDelay, HedgingPolicy, LearnedDelay, MAX_ATTEMPTS_CAP};
 use stormguard_core::{context::RequestScope, context::request_scope};
-use stormguard_core::{
-    wire::MAX_ALLOWANCE, wire::is_unprocessed, wire::parse_grpc_status, wire::parse_pushback,
-};
+use stormguard_core::{wire::MAX_ALLOWANCE, wire::is_unprocessed, wire::parse_grpc_status};
 use tokio::time::Instant;
 
 /// The paths a hedged config is driven on (those of the targets' seeds, and others that
@@ -345,7 +343,8 @@ impl Run<'_> {
                     None => (answer, None),
                 };
                 let code = parse_grpc_status(status);
-                let pushback = pushback.and_then(|v| parse_pushback(v.split(|b| *b == b',')));
+                let pushback =
+                    pushback.and_then(|v| crate::targets::pushback_header(v.split(|b| *b == b',')));
                 let unprocessed = unprocessed && is_unprocessed([b"1".as_slice()]);
                 let failure = Failure {
                     unsent,

@@ -17,7 +17,8 @@ use stormguard_core::{Criticality, CriticalityTable, ShedPushback};
 use stormguard_core::{
     wire::AttemptClass, wire::MAX_ALLOWANCE, wire::MAX_PUSHBACK_MS, wire::attempt_class,
     wire::decode_grpc_timeout, wire::encode_grpc_timeout, wire::encode_pushback,
-    wire::parse_criticality, wire::parse_load_report, wire::parse_pushback, wire::parse_retry_info,
+    wire::parse_criticality, wire::parse_load_report, wire::parse_retry_info,
+    wire::response_pushback,
 };
 use tokio::time::Instant;
 
@@ -626,10 +627,11 @@ fn decimal(value: &[u8]) -> Option<u128> {
     )
 }
 
-/// `grpc-retry-pushback-ms`: the values of the header in one response, separated by NUL.
+/// `grpc-retry-pushback-ms`: the values of the header in one response, separated by NUL,
+/// read as the client reads a response's pushback (with no status details beside it).
 pub fn pushback(input: &[u8]) -> Outcome {
     let values = header_values(input);
-    let got = parse_pushback(values.iter().copied());
+    let got = pushback_header(values.iter().copied());
     let want = match values.as_slice() {
         [] => None,
         [one] => Some(match decimal(one) {
@@ -643,12 +645,18 @@ pub fn pushback(input: &[u8]) -> Outcome {
     assert_eq!(got, want, "pushback of {input:?}");
     match got {
         Some(p @ Pushback::RetryAfter(_)) => {
-            assert_eq!(parse_pushback([encode_pushback(p).as_bytes()]), got);
+            assert_eq!(pushback_header([encode_pushback(p).as_bytes()]), got);
             Outcome::accepted(values.len())
         }
         Some(Pushback::DoNotRetry) => Outcome::rejected(values.len().min(3)),
         None => Outcome::rejected(0),
     }
+}
+
+/// The pushback of a response that carries `values` of `grpc-retry-pushback-ms` and no
+/// status details.
+pub fn pushback_header<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Option<Pushback> {
+    response_pushback(values, std::iter::empty())
 }
 
 /// `grpc-status-details-bin`: a `google.rpc.Status` whose `google.rpc.RetryInfo` is a
