@@ -328,7 +328,7 @@ impl MethodTable {
     /// `timeout`); `None`: no limit. Looked up like [`lookup`](Self::lookup): a call's
     /// deadline is the earlier of it and the caller's own (see
     /// [`resolve_deadline_at`](crate::resolve_deadline_at)).
-    pub(crate) fn set_timeout(&mut self, scope: MethodScope<'_>, timeout: Option<Duration>) {
+    pub fn set_timeout(&mut self, scope: MethodScope<'_>, timeout: Option<Duration>) {
         self.timeouts.insert(scope, timeout);
     }
 
