@@ -152,7 +152,7 @@ impl A6Budget {
     }
 
     /// The current token count (A6's `token_count`), to 3 decimal places.
-    pub(crate) fn tokens(&self) -> f64 {
+    pub fn tokens(&self) -> f64 {
         self.shared.tokens_milli.load(Ordering::SeqCst) as f64 / MILLI as f64
     }
 
