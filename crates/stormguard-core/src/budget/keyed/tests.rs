@@ -39,21 +39,3 @@ fn the_map_is_bounded_and_forgets_the_oldest_key() {
     assert_eq!(keys.len(), 3);
     assert!(KeyedBudgets::new(BudgetConfig::default(), 0).is_err());
 }
-
-#[test]
-fn a_key_spends_only_what_its_own_successes_earned() {
-    let config = BudgetConfig {
-        min_retries_per_second: 0,
-        ..BudgetConfig::default()
-    };
-    let keys = KeyedBudgets::new(config, 16).unwrap();
-    let now = Instant::now();
-    for _ in 0..100 {
-        keys.deposit_at(1, now); // replica 1 answers: it earns 10 retries
-    }
-    assert!(keys.withdraw_at(1, now));
-    assert!(
-        !keys.withdraw_at(2, now),
-        "replica 2 earned nothing, and has no floor here"
-    );
-}
