@@ -174,7 +174,8 @@ impl RequestScope {
     }
 
     /// The same scope lowered to the `x-retry-budget` value a peer sent, when it is
-    /// well-formed ([`parse_allowance`]); a malformed, negative or huge value is ignored.
+    /// well-formed (ASCII decimal digits, surrounding spaces allowed, at most
+    /// [`MAX_ALLOWANCE`]); a malformed, negative or huge value is ignored.
     /// A peer's value never raises the allowance, and does not create one: a scope without
     /// an allowance (the feature is off) stays without.
     pub fn with_peer_allowance(self, value: &[u8]) -> Self {

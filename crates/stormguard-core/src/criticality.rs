@@ -19,7 +19,7 @@ use crate::ConfigError;
 /// | `critical` | [`Criticality::Critical`] | as `default`, but a full queue gives it the place of a waiter of lower criticality (the lowest-ranked, oldest first) |
 ///
 /// Under overload a server sheds **sheddable work first, then retries, then the rest**
-/// ([`CallClass::rank`](crate::CallClass::rank)). A retry of a critical call
+/// (`CallClass::rank`). A retry of a critical call
 /// is still a retry: the attempt class weighs more than the criticality, because a retry
 /// is load already being amplified.
 ///

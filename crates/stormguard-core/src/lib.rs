@@ -68,10 +68,10 @@ pub mod wire;
 pub use wire::body::{DeadlineCut, HeldFrames, Polled};
 
 pub use admission::{
-    AdaptiveLimit, AdaptiveLimitConfig, Admission, AdmissionConfig, AdmissionController,
-    AdmissionQueue, Arrival, Begin, CallClass, DedupCounts, DedupTable, Dispatch,
-    IdempotencyConfig, Left, QueueLoad, QueueOrder, QueuedId, RateMeter, RetryThreshold, Shed,
-    ShedPushback, ShedReason, WorkerLimit,
+    AdaptiveLimit, AdaptiveLimitConfig, AdmissionConfig, AdmissionController, AdmissionQueue,
+    Arrival, Begin, CallClass, DedupCounts, DedupTable, Dispatch, IdempotencyConfig, Left,
+    QueueLoad, QueueOrder, QueuedId, RateMeter, RetryThreshold, Shed, ShedPushback, ShedReason,
+    WorkerLimit,
 };
 pub use balance::weights::a58_weight;
 pub use balance::{
@@ -97,11 +97,14 @@ pub use observe::{DEFAULT_SUMMARY_INTERVAL, EventSummary, LayerName, Summary, sp
 pub use retry::{
     AdaptiveThrottle, AdaptiveThrottleConfig, AttemptEnd, AttemptPlan, Backoff, BackoffConfig,
     BreakerConfig, BreakerOpen, BreakerPermit, BreakerState, BreakerTransition, CallRetry,
-    CircuitBreaker, Decision, DelayEstimator, Failure, HedgeDecision, HedgeDelay, HedgingPolicy,
-    LearnedDelay, MAX_ATTEMPTS_CAP, MethodMap, MethodScope, MethodTable, Refusal, RetryController,
-    RetryPolicy, Saturation, SaturationConfig, TRANSPARENT_RETRIES, Throttled, TransitionWatch,
-    Transitions, Verdict, WindowCounts,
+    CircuitBreaker, Decision, Failure, HedgeDecision, HedgeDelay, HedgingPolicy, LearnedDelay,
+    MAX_ATTEMPTS_CAP, MethodMap, MethodScope, MethodTable, Refusal, RetryController, RetryPolicy,
+    Saturation, SaturationConfig, TRANSPARENT_RETRIES, Throttled, TransitionWatch, Transitions,
+    Verdict, WindowCounts,
 };
 pub use wire::code::{Code, CodeSet, UnknownCode};
+
+pub(crate) use admission::Admission;
+pub(crate) use retry::DelayEstimator;
 pub use wire::orca::{LoadReport, LoadReportError, OrcaLoadReport};
 pub use wire::pushback::Pushback;

@@ -97,7 +97,10 @@ mod orca_wire {
         assert_eq!(got.utilization, map(&sent.utilization));
         assert_eq!(got.named_metrics, map(&sent.named_metrics));
         // The deprecated integer `rps` (field 3) is skipped, not misread.
-        let checked = stormguard_core::LoadReport::from_message(&got).unwrap();
+        let value = stormguard_core::wire::encode_load_report(&got);
+        let checked = stormguard_core::wire::parse_load_report([value.as_bytes()])
+            .unwrap()
+            .unwrap();
         assert_eq!(checked.utilization, 1.0);
         assert_eq!(checked.queue_depth, Some(4.0));
     }

@@ -24,19 +24,18 @@
 
 use std::collections::{BTreeSet, VecDeque};
 use std::pin::pin;
+use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::Duration;
 
-use stormguard_core::BudgetChoice;
 use stormguard_core::Code;
 use stormguard_core::{
-    AttemptEnd, AttemptPlan, CallRetry, Failure, HedgeDecision, Refusal, RetryController,
+    AttemptEnd, AttemptPlan, CallRetry, CallTimes, Failure, HedgeDecision, Refusal, RetryController,
 };
-use stormguard_core::{DelayEstimator, HedgeDelay, HedgingPolicy, LearnedDelay};
+use stormguard_core::{BudgetChoice, ClientConfig, Deadline, MethodScope, MethodTable, Unlimited};
+use stormguard_core::{HedgeDelay, HedgingPolicy, LearnedDelay, MAX_ATTEMPTS_CAP};
 use stormguard_core::{context::RequestScope, context::request_scope};
-use stormguard_core::{
-    wire::MAX_ALLOWANCE, wire::is_unprocessed, wire::parse_grpc_status, wire::parse_pushback,
-};
+use stormguard_core::{wire::MAX_ALLOWANCE, wire::is_unprocessed, wire::parse_grpc_status};
 use tokio::time::Instant;
 
 /// The paths a hedged config is driven on (those of the targets' seeds, and others that
@@ -77,25 +76,27 @@ pub struct Summary {
     pub granted: u64,
 }
 
-/// Drives every hedged method of `controller` (on [`PATHS`]) through `script`, checking
-/// the hedging invariants after every decision. `budget` says which budget the controller
-/// has: each hedge a [`RetryBudget`](stormguard_core::RetryBudget) grants lowers
-/// its balance by one, an A6 throttle's grant consumes nothing. `clock` is the time the
-/// first call starts; it is moved on to the time the last one ended, so that calls one
-/// after the other see time go forward only (a budget reads time as a monotonic clock).
+/// Drives every hedged method of `controller`, built from `config` (on [`PATHS`]), through
+/// `script`, checking the hedging invariants after every decision. The config's budget
+/// says which budget the controller has: each hedge a
+/// [`RetryBudget`](stormguard_core::RetryBudget) grants lowers its balance by one, an A6
+/// throttle's grant consumes nothing. `clock` is the time the first call starts; it is
+/// moved on to the time the last one ended, so that calls one after the other see time go
+/// forward only (a budget reads time as a monotonic clock).
 pub fn drive_script(
     controller: &RetryController,
-    budget: &BudgetChoice,
+    config: &ClientConfig,
     script: &[u8],
     clock: &mut Instant,
     text: &str,
 ) -> Summary {
     let mut summary = Summary::default();
+    let budget = &config.budget;
     for path in PATHS {
-        let Some(policy) = controller.methods().lookup_hedging(path) else {
+        let Some(policy) = config.methods.lookup_hedging(path) else {
             continue;
         };
-        if controller.methods().lookup(path).is_some() {
+        if config.methods.lookup(path).is_some() {
             panic!("{path} has both a retry and a hedging policy: {text}");
         }
         let policy: HedgingPolicy = (**policy).clone();
@@ -198,15 +199,28 @@ impl<'a> Call<'a> {
         summary: &mut Summary,
         text: &str,
     ) -> Instant {
-        let deadline = self.deadline.and_then(|d| start.checked_add(d));
-        let Ok(call) = controller.begin_at(path, deadline, start) else {
+        // The script's deadline is the inbound call's; the method's own timeout, if
+        // shorter, caps it as it does in the layer. The call says which one it has.
+        let times = CallTimes {
+            inbound: self.deadline.and_then(|d| start.checked_add(d)),
+            ..CallTimes::default()
+        };
+        let Ok(call) = controller.begin_call_at(path, &times, start) else {
             return start;
         };
+        let deadline = call.deadline();
+        if let Some(inbound) = times.inbound {
+            assert!(
+                deadline.is_some_and(|d| d <= inbound),
+                "{deadline:?}: not the caller's deadline or earlier: {text}"
+            );
+        }
         let mut run = Run {
             call,
             controller,
             stormguard_budget: matches!(budget, BudgetChoice::Stormguard(_)),
-            max: policy.effective_max_attempts(),
+            // A6: above 5 counts as 5.
+            max: policy.max_attempts.min(MAX_ATTEMPTS_CAP),
             copies: VecDeque::new(),
             now: start,
             deadline,
@@ -329,7 +343,8 @@ impl Run<'_> {
                     None => (answer, None),
                 };
                 let code = parse_grpc_status(status);
-                let pushback = pushback.and_then(|v| parse_pushback(v.split(|b| *b == b',')));
+                let pushback =
+                    pushback.and_then(|v| crate::targets::pushback_header(v.split(|b| *b == b',')));
                 let unprocessed = unprocessed && is_unprocessed([b"1".as_slice()]);
                 let failure = Failure {
                     unsent,
@@ -511,6 +526,11 @@ fn take(bytes: &mut &[u8], byte: u8) -> bool {
 
 /// What the `hedge-delay` target made of one input: whether its estimator config was
 /// valid, and the delays it read.
+///
+/// The method's learned delay is driven as the client drives it: every copy's latency
+/// through [`CallRetry::record_hedge_latency_at`], and the delay read where the client
+/// reads it, as the time of the first hedge a new call schedules
+/// ([`CallRetry::next_hedge_at`] after [`CallRetry::first_attempt_at`]).
 pub fn learned_delay(input: &[u8]) -> (bool, BTreeSet<u8>) {
     let mut r = Reader(input);
     let learned = LearnedDelay {
@@ -534,8 +554,17 @@ pub fn learned_delay(input: &[u8]) -> (bool, BTreeSet<u8>) {
     if policy.validate("hedging").is_err() {
         return (false, BTreeSet::new());
     }
-    let estimator = DelayEstimator::new(learned.clone());
-    let mut now = Instant::now();
+    let mut methods = MethodTable::none();
+    methods.set_hedging(MethodScope::Default, Some(policy));
+    let controller = RetryController::new(methods, Arc::new(Unlimited), None, 7);
+    let begin = |now| match controller.begin_call_at(PATHS[0], &CallTimes::default(), now) {
+        Ok(call) => call,
+        Err(why) => panic!("a controller without a breaker refused a call: {why}"),
+    };
+    let start = Instant::now();
+    let mut now = start;
+    // The copies' latencies are recorded on one call: the estimator is the method's.
+    let recorder = begin(now);
     let mut recorded: u64 = 0;
     let mut seen = BTreeSet::new();
     // The most samples one input records (a count of 2^14 per event at most).
@@ -547,12 +576,16 @@ pub fn learned_delay(input: &[u8]) -> (bool, BTreeSet<u8>) {
                 let elapsed = r.duration();
                 let count = (1u64 << (op >> 4).min(14)).min(MAX_RECORDS - recorded);
                 for _ in 0..count {
-                    estimator.record_at(elapsed, now);
+                    recorder.record_hedge_latency_at(elapsed, now);
                 }
                 recorded += count;
             }
+            // The clock moves on by hostile amounts, up to `MAX_CLOCK` past the start: a
+            // call started later could not place its deadlines on the clock.
             1 => {
-                if let Some(t) = now.checked_add(r.duration()) {
+                if let Some(t) = now.checked_add(r.duration())
+                    && t.saturating_duration_since(start) <= MAX_CLOCK
+                {
                     now = t;
                 }
             }
@@ -564,11 +597,20 @@ pub fn learned_delay(input: &[u8]) -> (bool, BTreeSet<u8>) {
             }
             _ => {}
         }
-        let delay = estimator.delay_at(now);
-        match delay {
-            Some(d) => {
+        // The first hedge of a call started now is due the learned delay later, or not at
+        // all while the delay is unknown. A delay past the clock's range is placed as a
+        // deadline is: at the furthest a deadline goes (`Deadline::after_at` of
+        // `Duration::MAX`).
+        let mut call = begin(now);
+        call.first_attempt_at(now);
+        let furthest = Deadline::after_at(now, Duration::MAX).instant();
+        let within = |d: Duration| d >= learned.floor && d <= learned.ceiling;
+        match call.next_hedge_at() {
+            Some(at) => {
+                let d = at.saturating_duration_since(now);
+                let past_the_clock = at == furthest && now.checked_add(learned.ceiling).is_none();
                 assert!(
-                    d >= learned.floor && d <= learned.ceiling,
+                    within(d) || past_the_clock,
                     "{d:?} outside [{:?}, {:?}]",
                     learned.floor,
                     learned.ceiling
@@ -578,7 +620,10 @@ pub fn learned_delay(input: &[u8]) -> (bool, BTreeSet<u8>) {
                     "a delay after {recorded} samples, {} needed",
                     learned.min_samples
                 );
-                seen.insert(u8::from(d == learned.floor) + 2 * u8::from(d == learned.ceiling));
+                seen.insert(match within(d) {
+                    true => u8::from(d == learned.floor) + 2 * u8::from(d == learned.ceiling),
+                    false => 5,
+                });
             }
             None => {
                 seen.insert(4);
@@ -590,6 +635,10 @@ pub fn learned_delay(input: &[u8]) -> (bool, BTreeSet<u8>) {
     }
     (true, seen)
 }
+
+/// How far the `hedge-delay` target moves its clock from where it started: about 35 000
+/// years, where a deadline a century later is still on the clock.
+const MAX_CLOCK: Duration = Duration::from_secs(1 << 40);
 
 /// Reads numbers from the front of an input (zeros once it runs out).
 struct Reader<'a>(&'a [u8]);

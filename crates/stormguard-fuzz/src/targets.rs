@@ -10,15 +10,15 @@ use std::time::Duration;
 
 use stormguard_core::Code;
 use stormguard_core::Pushback;
-use stormguard_core::{AdmissionConfig, AdmissionController, QueueLoad};
-use stormguard_core::{AttemptEnd, Decision, Failure, RetryController};
+use stormguard_core::{AdmissionConfig, AdmissionController, AdmissionQueue, Arrival, Dispatch};
+use stormguard_core::{AttemptEnd, CallTimes, Decision, Failure, RetryController};
 use stormguard_core::{ClientConfig, ConfigError, Format, parse_duration};
-use stormguard_core::{Criticality, CriticalityTable};
+use stormguard_core::{Criticality, CriticalityTable, ShedPushback};
 use stormguard_core::{
     wire::AttemptClass, wire::MAX_ALLOWANCE, wire::MAX_PUSHBACK_MS, wire::attempt_class,
     wire::decode_grpc_timeout, wire::encode_grpc_timeout, wire::encode_pushback,
-    wire::parse_allowance, wire::parse_criticality, wire::parse_load_report, wire::parse_pushback,
-    wire::parse_retry_info,
+    wire::parse_criticality, wire::parse_load_report, wire::parse_retry_info,
+    wire::response_pushback,
 };
 use tokio::time::Instant;
 
@@ -627,10 +627,11 @@ fn decimal(value: &[u8]) -> Option<u128> {
     )
 }
 
-/// `grpc-retry-pushback-ms`: the values of the header in one response, separated by NUL.
+/// `grpc-retry-pushback-ms`: the values of the header in one response, separated by NUL,
+/// read as the client reads a response's pushback (with no status details beside it).
 pub fn pushback(input: &[u8]) -> Outcome {
     let values = header_values(input);
-    let got = parse_pushback(values.iter().copied());
+    let got = pushback_header(values.iter().copied());
     let want = match values.as_slice() {
         [] => None,
         [one] => Some(match decimal(one) {
@@ -644,12 +645,18 @@ pub fn pushback(input: &[u8]) -> Outcome {
     assert_eq!(got, want, "pushback of {input:?}");
     match got {
         Some(p @ Pushback::RetryAfter(_)) => {
-            assert_eq!(parse_pushback([encode_pushback(p).as_bytes()]), got);
+            assert_eq!(pushback_header([encode_pushback(p).as_bytes()]), got);
             Outcome::accepted(values.len())
         }
         Some(Pushback::DoNotRetry) => Outcome::rejected(values.len().min(3)),
         None => Outcome::rejected(0),
     }
+}
+
+/// The pushback of a response that carries `values` of `grpc-retry-pushback-ms` and no
+/// status details.
+pub fn pushback_header<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Option<Pushback> {
+    response_pushback(values, std::iter::empty())
 }
 
 /// `grpc-status-details-bin`: a `google.rpc.Status` whose `google.rpc.RetryInfo` is a
@@ -806,13 +813,20 @@ fn config(input: &[u8], parse: fn(&str) -> Result<ClientConfig, ConfigError>) ->
     let text = String::from_utf8_lossy(input);
     match parse(&text) {
         Ok(config) => {
-            assert_eq!(config.validate(), Ok(()), "accepted but invalid: {text}");
+            // An accepted config is valid: the controller validates it first, and `drive`
+            // fails the input when it does not build.
             drive(&config, &text);
-            // Hedging policies count apart, so that an input newly accepted with one is kept.
-            Outcome::accepted((
-                config.methods.policies().count(),
-                config.methods.hedging_policies().count(),
-            ))
+            // Hedged paths count apart, so that an input newly accepted with one is kept.
+            let paths = |hedged: bool| {
+                hedged::PATHS
+                    .iter()
+                    .filter(|p| match hedged {
+                        false => config.methods.lookup(p).is_some(),
+                        true => config.methods.lookup_hedging(p).is_some(),
+                    })
+                    .count()
+            };
+            Outcome::accepted((paths(false), paths(true)))
         }
         Err(e) => {
             assert!(!e.to_string().is_empty(), "empty error for {text}");
@@ -832,14 +846,13 @@ pub fn hedge(input: &[u8]) -> Outcome {
     let text = String::from_utf8_lossy(config);
     match ClientConfig::from_text(&text, Format::Json) {
         Ok(config) => {
-            assert_eq!(config.validate(), Ok(()), "accepted but invalid: {text}");
+            // The controller validates the config first: an accepted one must build.
             let controller = match RetryController::from_config(&config.clone().with_seed(7)) {
                 Ok(c) => c,
                 Err(e) => panic!("accepted config does not build ({e}): {text}"),
             };
             let mut clock = Instant::now();
-            let summary =
-                hedged::drive_script(&controller, &config.budget, script, &mut clock, &text);
+            let summary = hedged::drive_script(&controller, &config, script, &mut clock, &text);
             // How the calls went, not how many there were: the driver keeps new ways.
             Outcome::accepted((
                 summary.ends,
@@ -868,44 +881,60 @@ pub fn hedge_delay(input: &[u8]) -> Outcome {
 }
 
 /// The server's admission config (stormguard's JSON, `{"admission": {...}}`): an accepted
-/// one builds a policy whose decisions and pushbacks stay in range at any queue depth.
+/// one builds a queue whose decisions stay in range: calls of both classes, without a
+/// deadline and with one too far to add to the clock, arrive until the queue is full (or
+/// [`ADMISSION_ARRIVALS`] have arrived) before and after completions an hour apart; every
+/// pushback a shed answer carries is in `[1 ms, pushback_max]`, and a queued call's expiry
+/// is after its arrival. (Depths the driver cannot reach, up to `usize::MAX`, are the
+/// policy's unit tests'.)
 pub fn admission_json(input: &[u8]) -> Outcome {
     let text = String::from_utf8_lossy(input);
     match AdmissionConfig::from_json(&text) {
         Ok(config) => {
-            assert_eq!(config.validate(), Ok(()), "accepted but invalid: {text}");
-            let mut policy = match AdmissionController::new(config.clone()) {
+            // The policy validates its config first: an accepted one must build.
+            let policy = match AdmissionController::new(config.clone()) {
                 Ok(p) => p,
                 Err(e) => panic!("accepted config does not build ({e}): {text}"),
             };
+            let mut queue = AdmissionQueue::new(policy);
+            let pushback_in_range = |pushback: ShedPushback| match pushback {
+                ShedPushback::After(p) => {
+                    assert!(
+                        p >= Duration::from_millis(1) && p <= config.pushback_max,
+                        "pushback {p:?}: {text}"
+                    );
+                }
+                ShedPushback::DoNotRetry => {}
+            };
+            let dispatched = |d: Dispatch<Instant>| {
+                if let Dispatch::Shed(_, shed) = d {
+                    pushback_in_range(shed.pushback);
+                }
+            };
             let start = Instant::now();
+            let far = start.checked_add(Duration::from_secs(99_999_999 * 3600));
+            let mut running = Vec::new();
             let mut t = start;
             for gap in [0, 1, 3_600_000] {
                 t += Duration::from_millis(gap);
-                policy.record_completion_at(t);
-            }
-            for depth in [0, 1, config.queue_capacity, usize::MAX] {
-                for class in [AttemptClass::First, AttemptClass::Retry] {
-                    let load = QueueLoad {
-                        free_workers: 0,
-                        depth,
-                        oldest_enqueued: Some(start),
-                    };
-                    let _ = policy.decide_at(t, load, class);
-                    let pushback = policy.pushback_at(t, depth);
-                    assert!(
-                        pushback >= Duration::from_millis(1) && pushback <= config.pushback_max,
-                        "pushback {pushback:?} at depth {depth}: {text}"
-                    );
-                    let _ = policy.shed_pushback_at(t, depth, class, None);
-                    let _ = policy.shed_pushback_at(t, depth, class, Some(t));
+                // A worker turns over: the drain estimate behind the pushback hears of it.
+                if let Some(started) = running.pop() {
+                    queue.finish_at(t, started, dispatched);
+                }
+                for i in 0..ADMISSION_ARRIVALS {
+                    let class = [AttemptClass::First, AttemptClass::Retry][i % 2];
+                    let deadline = [None, far][i / 2 % 2];
+                    match queue.arrive_at(t, class, deadline, t, dispatched) {
+                        Arrival::Run => running.push(t),
+                        Arrival::Queued { expiry, .. } => assert!(expiry > t, "{text}"),
+                        Arrival::Shed(shed) => pushback_in_range(shed.pushback),
+                        Arrival::Expired => {}
+                    }
+                    if queue.load().depth >= config.queue_capacity {
+                        break;
+                    }
                 }
             }
-            let far = t.checked_add(Duration::from_secs(99_999_999 * 3600));
-            assert!(
-                policy.expiry(t, far) >= t && policy.expiry(t, None) >= t,
-                "{text}"
-            );
             Outcome::accepted(config.workers.fixed().map(|n| n.min(2)))
         }
         Err(e) => {
@@ -915,18 +944,26 @@ pub fn admission_json(input: &[u8]) -> Outcome {
     }
 }
 
+/// The most calls the `admission-json` target sends to one queue at a time.
+pub const ADMISSION_ARRIVALS: usize = 64;
+
 /// `endpoint-load-metrics-bin`: a peer's load report (ORCA). The first byte chooses the
 /// form: `b` and the header value as it came off the wire (base64), anything else and the
-/// message's own bytes. A report is accepted only with every number finite, non-negative
-/// and within its bound; an accepted one feeds the saturation tracker and gRPC A58's
-/// weight, which must stay finite.
+/// message's own bytes (sent as tonic sends `-bin` metadata: base64 without padding). A
+/// report is accepted only with every number finite, non-negative and within its bound;
+/// an accepted one feeds gRPC A58's weight, which must stay finite, and a call's retry
+/// decision, which must refuse the retry (as saturated) exactly when the report says the
+/// server is saturated.
 pub fn load_report(input: &[u8]) -> Outcome {
-    use stormguard_core::{
-        LoadReport, Saturation, SaturationConfig, a58_weight, wire::MAX_RATE, wire::MAX_UTILIZATION,
-    };
+    use base64::Engine as _;
+    use stormguard_core::{a58_weight, wire::MAX_RATE, wire::MAX_UTILIZATION};
+
     let parsed = match input.split_first() {
         Some((b'b', value)) => parse_load_report(header_values(value)),
-        Some((_, bytes)) => Some(LoadReport::decode(bytes)),
+        Some((_, bytes)) => {
+            let value = base64::engine::general_purpose::STANDARD_NO_PAD.encode(bytes);
+            parse_load_report([value.as_bytes()])
+        }
         None => None,
     };
     match parsed {
@@ -942,20 +979,54 @@ pub fn load_report(input: &[u8]) -> Outcome {
             if let Some(w) = a58_weight(&r, 1.0) {
                 assert!(w.is_finite() && w > 0.0, "{r:?} {w}");
             }
-            let sat = Saturation::new(SaturationConfig::default()).expect("default is valid");
-            let now = Instant::now();
-            sat.record_at(1, &r, now);
-            let saturated = sat.refuses_retry_at(1, now);
-            assert_eq!(saturated, SaturationConfig::default().is_saturated(&r));
+            let refused = retry_refused_after(&r);
+            // A reference reading of the default rule: utilization at least 0.95 with at
+            // least one call queued.
+            let defaults = stormguard_core::SaturationConfig::default();
+            let saturated = r.utilization >= defaults.utilization
+                && r.queue_depth.unwrap_or(0.0) >= defaults.queue_depth;
+            assert_eq!(refused, saturated, "{r:?}");
             Outcome::accepted((saturated, r.queue_depth.is_some(), r.utilization > 1.0))
         }
+    }
+}
+
+/// Whether a call whose only attempt failed retryably, after the dependency's one
+/// endpoint sent `report`, is refused its retry as saturated (the controller reads load
+/// reports with the default [`SaturationConfig`](stormguard_core::SaturationConfig)).
+fn retry_refused_after(report: &stormguard_core::LoadReport) -> bool {
+    use std::sync::Arc;
+    use stormguard_core::{Budget, MethodTable, Refusal, RetryPolicy, Saturation, Unlimited};
+
+    let saturation = Saturation::new(Default::default()).expect("the default is valid");
+    let policy = RetryPolicy {
+        idempotent: true,
+        ..RetryPolicy::default()
+    };
+    let budget: Arc<dyn Budget> = Arc::new(Unlimited);
+    let controller = RetryController::new(MethodTable::uniform(policy), budget, None, 7)
+        .with_saturation(Arc::new(saturation));
+    let now = Instant::now();
+    let mut call = match controller.begin_call_at("/pkg.Svc/Get", &CallTimes::default(), now) {
+        Ok(call) => call,
+        Err(why) => panic!("a controller without a breaker refused a call: {why}"),
+    };
+    call.first_attempt_at(now);
+    call.record_load_report_at(1, report, now);
+    let failed = AttemptEnd::Failed(Failure::status(Code::Unavailable));
+    match call.on_attempt_end_at(failed, now).decision {
+        Decision::Retry { .. } => false,
+        Decision::GiveUp(Refusal::Saturated) => true,
+        other => panic!("neither a retry nor refused as saturated: {other:?}"),
     }
 }
 
 /// `x-retry-budget`: the allowance, the retries a peer allows the rest of a request.
 /// Accepted only as at most ten ASCII digits (surrounding ASCII whitespace aside) whose
 /// value is at most [`MAX_ALLOWANCE`]; signs, fractions, other text and huge values are
-/// ignored. (The target keeps the header's name on the command line.)
+/// ignored. Read as a server reads it, into a request whose own allowance is
+/// [`MAX_ALLOWANCE`]: an accepted value becomes the retries left, an ignored one leaves
+/// them as they were. (The target keeps the header's name on the command line.)
 pub fn allowance(input: &[u8]) -> Outcome {
     let digits = input.trim_ascii();
     let well_formed =
@@ -965,11 +1036,34 @@ pub fn allowance(input: &[u8]) -> Outcome {
         .then(|| std::str::from_utf8(digits).ok()?.parse::<u64>().ok())
         .flatten()
         .filter(|n| *n <= u64::from(MAX_ALLOWANCE));
-    let got = parse_allowance(input);
-    assert_eq!(got.map(u64::from), want, "{input:?}");
-    match got {
+    let left = retries_left(input);
+    assert_eq!(
+        u64::from(left),
+        want.unwrap_or(u64::from(MAX_ALLOWANCE)),
+        "{input:?}"
+    );
+    match want {
         Some(n) => Outcome::accepted(n.min(3)),
         None => Outcome::rejected(well_formed),
+    }
+}
+
+/// The retries left in a request whose own allowance is [`MAX_ALLOWANCE`] once a peer's
+/// `x-retry-budget: value` is applied to it, read inside the request.
+fn retries_left(value: &[u8]) -> u32 {
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+    use stormguard_core::context::{RequestScope, remaining_allowance, request_scope};
+
+    let scope = RequestScope::new()
+        .with_allowance(MAX_ALLOWANCE)
+        .with_peer_allowance(value);
+    // The task-local scope, entered by polling once: reading it never waits.
+    let read = pin!(request_scope(scope, async { remaining_allowance() }));
+    match read.poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(Some(left)) => left,
+        Poll::Ready(None) => panic!("a scope with an allowance has none: {value:?}"),
+        Poll::Pending => panic!("a read that never waits is pending"),
     }
 }
 
@@ -1081,11 +1175,17 @@ fn drive(config: &ClientConfig, text: &str) {
         "/stormguard.demo.v1.Inventory/Reserve",
         "/other.Service/Call",
     ] {
-        for deadline in deadlines {
+        for inbound in deadlines {
             for pushback in pushbacks {
-                let Ok(mut call) = controller.begin_at(path, deadline, now) else {
+                let times = CallTimes {
+                    inbound,
+                    ..CallTimes::default()
+                };
+                let Ok(mut call) = controller.begin_call_at(path, &times, now) else {
                     continue;
                 };
+                // The inbound deadline, or the method's own timeout when it is shorter.
+                let deadline = call.deadline();
                 let mut t = now;
                 for _ in 0..8 {
                     let failure = Failure {
@@ -1119,6 +1219,6 @@ fn drive(config: &ClientConfig, text: &str) {
     }
     // Hedged methods are sent more than once by another path: through the hedges.
     for script in hedged::SCRIPTS {
-        hedged::drive_script(&controller, &config.budget, script, &mut latest, text);
+        hedged::drive_script(&controller, config, script, &mut latest, text);
     }
 }

@@ -354,7 +354,9 @@ mod tests {
         stats: &RetryStats,
         frames: Vec<Result<Frame<Bytes>, Status>>,
     ) -> ResponseBody<Frames> {
-        let call = c.begin_at(PATH, None, Instant::now()).unwrap();
+        let call = c
+            .begin_call_at(PATH, &CallTimes::default(), Instant::now())
+            .unwrap();
         ResponseBody::committed(
             Frames(frames.into()),
             Some(call),
@@ -491,14 +493,16 @@ mod tests {
         assert_eq!((s.ok, s.failed, s.committed_abandoned), (0, 0, 1));
         // A failure would have opened this breaker (one outcome, all failed).
         assert!(
-            c.begin_at(PATH, None, Instant::now()).is_ok(),
+            c.begin_call_at(PATH, &CallTimes::default(), Instant::now())
+                .is_ok(),
             "the breaker heard nothing"
         );
         // The same stream read to its end does open it.
         let b = body(&c, &stats, vec![trailers(Some("14"))]);
         drain(b).await;
         assert_eq!(
-            c.begin_at(PATH, None, Instant::now()).err(),
+            c.begin_call_at(PATH, &CallTimes::default(), Instant::now())
+                .err(),
             Some(Refusal::Breaker)
         );
     }

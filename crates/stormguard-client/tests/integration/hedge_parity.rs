@@ -29,7 +29,7 @@ use stormguard_core::{Budget, BudgetConfig, RetryBudget};
 use stormguard_core::{Code, CodeSet};
 use stormguard_core::{Failure, RetryController};
 use stormguard_core::{HedgeDelay, HedgingPolicy};
-use stormguard_core::{wire::encode_grpc_timeout, wire::parse_pushback};
+use stormguard_core::{wire::encode_grpc_timeout, wire::response_pushback};
 use stormguard_sim::{Action, HedgedCall};
 use tonic::body::Body;
 use tower::{Service, ServiceExt, service_fn};
@@ -284,7 +284,9 @@ fn simulate_call(
                             pushback,
                         } => {
                             let failure = (code != Code::Ok).then(|| Failure {
-                                pushback: pushback.and_then(|p| parse_pushback([p.as_bytes()])),
+                                pushback: pushback.and_then(|p| {
+                                    response_pushback([p.as_bytes()], std::iter::empty())
+                                }),
                                 ..Failure::status(code)
                             });
                             Some((now + after, failure))

@@ -23,7 +23,7 @@ use stormguard_core::{Budget, BudgetConfig, RetryBudget};
 use stormguard_core::{Code, CodeSet};
 use stormguard_core::{Failure, RetryController, TRANSPARENT_RETRIES};
 use stormguard_core::{MethodTable, RetryPolicy};
-use stormguard_core::{wire::encode_grpc_timeout, wire::parse_pushback};
+use stormguard_core::{wire::encode_grpc_timeout, wire::response_pushback};
 use stormguard_sim::{SimCall, Step};
 use tonic::body::Body;
 use tower::{Service, ServiceExt, service_fn};
@@ -297,7 +297,9 @@ fn through_the_simulator(script: &Script) -> Vec<Record> {
                             let failure = (code != Code::Ok).then(|| Failure {
                                 unsent,
                                 ..Failure {
-                                    pushback: pushback.and_then(|p| parse_pushback([p.as_bytes()])),
+                                    pushback: pushback.and_then(|p| {
+                                        response_pushback([p.as_bytes()], std::iter::empty())
+                                    }),
                                     ..Failure::status(code)
                                 }
                             });

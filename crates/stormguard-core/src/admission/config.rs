@@ -43,19 +43,7 @@ impl CallClass {
     /// retry of a critical call, 3 a first attempt, 4 a critical first attempt. When a
     /// full queue gives a waiter's place to a call of higher criticality, it is the
     /// lowest-ranked waiter of lower criticality.
-    ///
-    /// ```
-    /// use stormguard_core::CallClass;
-    /// use stormguard_core::Criticality::*;
-    /// use stormguard_core::{wire::AttemptClass::First, wire::AttemptClass::Retry};
-    ///
-    /// let rank = |a, c| CallClass::new(a, c).rank();
-    /// assert!(rank(First, Sheddable) < rank(Retry, Default));
-    /// // A retry of a critical call is still a retry.
-    /// assert!(rank(Retry, Critical) < rank(First, Default));
-    /// assert!(rank(First, Default) < rank(First, Critical));
-    /// ```
-    pub fn rank(self) -> u8 {
+    pub(crate) fn rank(self) -> u8 {
         match (self.criticality, self.attempt) {
             (Criticality::Sheddable, _) => 0,
             (Criticality::Default, AttemptClass::Retry) => 1,
@@ -161,14 +149,6 @@ impl WorkerLimit {
         }
     }
 
-    /// `"adaptive"` or `"fixed"`, for logs and metrics.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            WorkerLimit::Adaptive(_) => "adaptive",
-            WorkerLimit::Fixed(_) => "fixed",
-        }
-    }
-
     /// The limit before any call has been measured: the fixed number, or where the
     /// adaptive limit starts.
     pub(crate) fn initial(&self) -> usize {
@@ -179,8 +159,9 @@ impl WorkerLimit {
     }
 }
 
-/// Configuration of the admission queue. [`AdmissionConfig::validate`] says what is
-/// accepted; [`AdmissionController::new`](crate::AdmissionController::new) refuses anything else.
+/// Configuration of the admission queue. Each field says what it accepts;
+/// [`AdmissionController::new`](crate::AdmissionController::new) refuses anything else, with an
+/// error that names the first bad field (`admission.<field>`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AdmissionConfig {
     /// How many calls are served at the same time. Default: adaptive, learned from
@@ -225,7 +206,7 @@ pub struct AdmissionConfig {
     /// drain of the queue and this much service time is told "do not retry" (`-1`): a
     /// call shed at `now` with `P` of pushback, `E` of drain estimate and deadline `D` is
     /// told `-1` when `now + P + E + no_retry_margin >= D` (see
-    /// [`AdmissionController::cannot_serve_in_time_at`](crate::AdmissionController::cannot_serve_in_time_at) for why this estimate). Applies to
+    /// `AdmissionController::cannot_serve_in_time_at` for why this estimate). Applies to
     /// first attempts as well as retries; a call without a deadline is never told `-1`
     /// by it. At most one hour. Default 5 ms (about one service time of a
     /// small handler); `None` turns the rule off.
@@ -324,15 +305,7 @@ impl AdmissionConfig {
     }
 
     /// Checks every field; the error names the first bad one (`admission.<field>`).
-    ///
-    /// ```
-    /// use stormguard_core::{AdmissionConfig, WorkerLimit};
-    ///
-    /// assert!(AdmissionConfig::default().validate().is_ok());
-    /// let bad = AdmissionConfig { workers: WorkerLimit::Fixed(0), ..AdmissionConfig::default() };
-    /// assert!(bad.validate().unwrap_err().to_string().contains("admission.workers"));
-    /// ```
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         match &self.workers {
             WorkerLimit::Fixed(n) => check::at_least_one("admission.workers", *n as u64)?,
             WorkerLimit::Adaptive(adaptive) => adaptive.validate()?,

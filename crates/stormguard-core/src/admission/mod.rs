@@ -94,7 +94,7 @@ pub struct Shed {
 
 /// What to do with an arriving call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Admission {
+pub(crate) enum Admission {
     /// A worker is free: run it now.
     Admit,
     /// Wait for a worker.
@@ -193,24 +193,24 @@ impl CompletionRate {
 ///   `x-retry-attempt`, by [`wire::attempt_class`](crate::wire::attempt_class); a
 ///   malformed value counts as a retry: a peer cannot buy priority with garbage) and its
 ///   [`Criticality`] ([`crate::criticality`](crate::Criticality)): sheddable work is shed before retries,
-///   retries before the rest ([`CallClass::rank`]).
-/// - [`AdmissionController::decide_at`]: admit at once, queue, or shed. **Retries are shed
+///   retries before the rest (`CallClass::rank`).
+/// - `AdmissionController::decide_at`: admit at once, queue, or shed. **Retries are shed
 ///   first**: once the queue passes the [`RetryThreshold`] a retry is answered at once,
 ///   while a first attempt is shed only when the queue is full. Under sustained overload
 ///   the retries absorb the shedding and first attempts keep the capacity.
-/// - [`AdmissionController::pushback_at`]: the `grpc-retry-pushback-ms` to send with a shed
+/// - `AdmissionController::pushback_at`: the `grpc-retry-pushback-ms` to send with a shed
 ///   answer: the estimated time for the queue to drain (from the observed completion
 ///   rate), clamped to `[1 ms, pushback_max]` and jittered so that
 ///   the clients told to come back do not all come back together. It is **never 0**:
 ///   gRPC C-core clients never finish a call told "retry after 0 ms".
-/// - [`AdmissionController::shed_pushback_at`]: whether the shed answer says "come back
+/// - `AdmissionController::shed_pushback_at`: whether the shed answer says "come back
 ///   after the pushback" or "do not retry" (`-1`). A standard gRPC client (gRPC A6)
 ///   comes back after every pushback until its attempts run out, so a pushback is an
 ///   invitation to send one more attempt; it is worth sending only when that attempt
 ///   can succeed. Two rules, both on by default, say when it cannot:
 ///   - **the deadline rule** ([`AdmissionConfig::no_retry_margin`]): the caller's
 ///     deadline (`grpc-timeout`) leaves no room for the pushback, the drain of the queue
-///     and a service time ([`AdmissionController::cannot_serve_in_time_at`]). The attempt
+///     and a service time (`AdmissionController::cannot_serve_in_time_at`). The attempt
 ///     would come back too late to be served, for a first attempt as for a retry;
 ///   - **the sustained-overload rule** ([`AdmissionConfig::no_retry_after_shedding`]):
 ///     the server has been shedding without a break for long enough that the calls it
@@ -221,7 +221,7 @@ impl CompletionRate {
 ///   `docs/admission.md` has what they change for a gRPC C-core client that retries on
 ///   its own. `no_retry_depth` (off by default) is a third, static rule for
 ///   retries.
-/// - [`AdmissionController::expiry`]: when queued work stops being worth running (its
+/// - `AdmissionController::expiry`: when queued work stops being worth running (its
 ///   `grpc-timeout` leaves less than [`AdmissionConfig::min_time_left`], or it has waited
 ///   [`AdmissionConfig::max_time_queued`]).
 /// - `AdmissionController::serve_newest`: FIFO, or newest-first once a queue has formed
@@ -268,25 +268,32 @@ impl CompletionRate {
 /// `workers` (64 when absent).
 ///
 /// ```
-/// use std::time::Duration;
 /// use stormguard_core::Instant;
-/// use stormguard_core::{Admission, AdmissionConfig, AdmissionController, QueueLoad, RetryThreshold};
+/// use stormguard_core::{AdmissionConfig, AdmissionController, AdmissionQueue, Arrival};
+/// use stormguard_core::{Dispatch, RetryThreshold, WorkerLimit};
 /// use stormguard_core::wire::attempt_class;
 ///
 /// let config = AdmissionConfig {
-///     queue_capacity: 8,
+///     workers: WorkerLimit::Fixed(1),
+///     queue_capacity: 3,
 ///     retry_threshold: RetryThreshold { depth: Some(2), queue_delay: None },
 ///     ..AdmissionConfig::default()
 /// };
-/// let mut policy = AdmissionController::new(config).expect("valid config");
+/// let mut queue = AdmissionQueue::new(AdmissionController::new(config).expect("valid config"));
 /// let now = Instant::now();
-/// let busy = |depth| QueueLoad { free_workers: 0, depth, oldest_enqueued: Some(now) };
+/// let ignore = |_: Dispatch<()>| {};
 ///
 /// let first = attempt_class(None, None);
 /// let retry = attempt_class(Some(b"1"), None);
-/// assert_eq!(policy.decide_at(now, busy(3), first), Admission::Queue);
-/// assert!(matches!(policy.decide_at(now, busy(3), retry), Admission::Shed(_)));
-/// assert!(matches!(policy.decide_at(now, busy(8), first), Admission::Shed(_)));
+/// assert_eq!(queue.arrive_at(now, first, None, (), ignore), Arrival::Run);
+/// for _ in 0..2 {
+///     assert!(matches!(queue.arrive_at(now, first, None, (), ignore), Arrival::Queued { .. }));
+/// }
+/// // Two queued: past the retry threshold, a retry is shed, a first attempt still queues.
+/// assert!(matches!(queue.arrive_at(now, retry, None, (), ignore), Arrival::Shed(_)));
+/// assert!(matches!(queue.arrive_at(now, first, None, (), ignore), Arrival::Queued { .. }));
+/// // The queue is full: a first attempt is shed too.
+/// assert!(matches!(queue.arrive_at(now, first, None, (), ignore), Arrival::Shed(_)));
 /// ```
 #[derive(Debug)]
 pub struct AdmissionController {
@@ -331,6 +338,7 @@ impl AdmissionController {
         &self.rate
     }
 
+    #[cfg(test)]
     /// Decides what to do with a call of `class` (an [`AttemptClass`], or a
     /// [`CallClass`] with its criticality) arriving at `now` on a queue in state `load`.
     /// A shed decision carries its jittered pushback.
@@ -343,7 +351,7 @@ impl AdmissionController {
     /// The call's deadline is not known here, so the deadline rule
     /// ([`AdmissionConfig::no_retry_margin`]) does not apply; the queue uses
     /// `AdmissionController::decide_with_deadline_at`.
-    pub fn decide_at(
+    pub(crate) fn decide_at(
         &mut self,
         now: Instant,
         load: QueueLoad,
@@ -352,9 +360,9 @@ impl AdmissionController {
         self.decide_with_deadline_at(now, load, class, None)
     }
 
-    /// [`AdmissionController::decide_at`] for a call with `deadline` (from its
+    /// `AdmissionController::decide_at` for a call with `deadline` (from its
     /// `grpc-timeout`): a shed answer's pushback is decided by
-    /// [`AdmissionController::shed_pushback_at`] with it. An arrival that finds a worker free
+    /// `AdmissionController::shed_pushback_at` with it. An arrival that finds a worker free
     /// ends the current stretch of shedding ([`AdmissionController::shedding_since`]).
     pub(crate) fn decide_with_deadline_at(
         &mut self,
@@ -393,7 +401,7 @@ impl AdmissionController {
     }
 
     /// Records a call finishing on a worker at `now` (feeds the drain estimate).
-    pub fn record_completion_at(&mut self, now: Instant) {
+    pub(crate) fn record_completion_at(&mut self, now: Instant) {
         self.rate.record_at(now);
     }
 
@@ -417,7 +425,7 @@ impl AdmissionController {
     /// The pushback for a call shed at `now` with `depth` queued: the drain estimate `e`
     /// (`AdmissionController::drain_estimate_at`), jittered uniformly over `[e/2, e]` in
     /// whole milliseconds. Always within `[1 ms, pushback_max]`; never 0.
-    pub fn pushback_at(&mut self, now: Instant, depth: usize) -> Duration {
+    pub(crate) fn pushback_at(&mut self, now: Instant, depth: usize) -> Duration {
         let estimate = u64::try_from(self.drain_estimate_at(now, depth).as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
@@ -433,9 +441,9 @@ impl AdmissionController {
     ///    [`AdmissionConfig::no_retry_after_shedding`] (the sustained-overload rule);
     /// 3. for any call whose deadline leaves no room for the pushback, the drain and
     ///    [`AdmissionConfig::no_retry_margin`]
-    ///    ([`AdmissionController::cannot_serve_in_time_at`], the deadline rule).
+    ///    (`AdmissionController::cannot_serve_in_time_at`, the deadline rule).
     ///
-    /// Otherwise the jittered [`AdmissionController::pushback_at`]. Every call of this method
+    /// Otherwise the jittered `AdmissionController::pushback_at`. Every call of this method
     /// is a shed, and counts towards the current stretch of shedding.
     ///
     /// Why the second rule: a standard client (gRPC A6) comes back after the pushback
@@ -444,36 +452,7 @@ impl AdmissionController {
     /// the retry threshold, and been shed again: each retry only adds a shed answer to
     /// the server's work and a wait to the caller's. A first attempt shed then (the
     /// queue is full) would come back as such a retry, so it is told `-1` as well.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use stormguard_core::Instant;
-    /// use stormguard_core::{AdmissionConfig, AdmissionController, ShedPushback};
-    /// use stormguard_core::wire::AttemptClass;
-    ///
-    /// let mut policy = AdmissionController::new(AdmissionConfig {
-    ///     pushback_max: Duration::from_millis(100),
-    ///     no_retry_after_shedding: Some(Duration::from_millis(300)),
-    ///     ..AdmissionConfig::default()
-    /// }).expect("valid");
-    /// let t0 = Instant::now();
-    /// let ms = Duration::from_millis;
-    /// // No rate known yet: pushback in [50, 100] ms, drain estimate 100 ms.
-    /// // 1 s left: room for both and the 5 ms margin.
-    /// let p = policy.shed_pushback_at(t0, 4, AttemptClass::Retry, Some(t0 + ms(1000)));
-    /// assert!(matches!(p, ShedPushback::After(_)));
-    /// // 120 ms left: no room for 50..100 ms of pushback and 100 ms of drain.
-    /// let p = policy.shed_pushback_at(t0, 4, AttemptClass::First, Some(t0 + ms(120)));
-    /// assert_eq!(p, ShedPushback::DoNotRetry);
-    /// // Shedding without a break (no arrival found a free worker or a short queue)...
-    /// for t in (50..300).step_by(50) {
-    ///     policy.shed_pushback_at(t0 + ms(t), 4, AttemptClass::Retry, None);
-    /// }
-    /// // ...for 300 ms: every shed call is told not to come back.
-    /// let p = policy.shed_pushback_at(t0 + ms(300), 4, AttemptClass::Retry, None);
-    /// assert_eq!(p, ShedPushback::DoNotRetry);
-    /// ```
-    pub fn shed_pushback_at(
+    pub(crate) fn shed_pushback_at(
         &mut self,
         now: Instant,
         depth: usize,
@@ -513,24 +492,7 @@ impl AdmissionController {
     /// worker. A call told to come back that cannot finish in time would spend an
     /// attempt, a shed answer and its caller's wait for nothing; a first attempt that
     /// cannot be served in time will not be either when it comes back.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use stormguard_core::Instant;
-    /// use stormguard_core::{AdmissionConfig, AdmissionController};
-    ///
-    /// let policy = AdmissionController::new(AdmissionConfig {
-    ///     pushback_max: Duration::from_millis(100),
-    ///     ..AdmissionConfig::default()
-    /// }).expect("valid");
-    /// let t0 = Instant::now();
-    /// let ms = Duration::from_millis;
-    /// // No rate yet: E = 100 ms. P 60 + E 100 + S 5 = 165 ms.
-    /// assert!(policy.cannot_serve_in_time_at(t0, 3, ms(60), Some(t0 + ms(165))));
-    /// assert!(!policy.cannot_serve_in_time_at(t0, 3, ms(60), Some(t0 + ms(166))));
-    /// assert!(!policy.cannot_serve_in_time_at(t0, 3, ms(60), None));
-    /// ```
-    pub fn cannot_serve_in_time_at(
+    pub(crate) fn cannot_serve_in_time_at(
         &self,
         now: Instant,
         depth: usize,
@@ -571,7 +533,7 @@ impl AdmissionController {
     /// When a call queued at `enqueued_at` with deadline `deadline` stops being worth
     /// running: the earlier of `enqueued_at + max_time_queued` and
     /// `deadline - min_time_left`.
-    pub fn expiry(&self, enqueued_at: Instant, deadline: Option<Instant>) -> Instant {
+    pub(crate) fn expiry(&self, enqueued_at: Instant, deadline: Option<Instant>) -> Instant {
         let by_queue = enqueued_at
             .checked_add(self.config.max_time_queued)
             .unwrap_or(enqueued_at);

@@ -110,7 +110,7 @@ struct Waiting<T> {
 ///   the depth of *live* waiters.
 /// - Criticality ([`crate::criticality`](crate::Criticality)): sheddable calls are shed first, retries
 ///   next; and when the queue is full, a call takes the place of a waiter of a *lower
-///   criticality* if there is one (the lowest-ranked by [`CallClass::rank`], the oldest
+///   criticality* if there is one (the lowest-ranked by `CallClass::rank`, the oldest
 ///   of those), which is answered with the shed status ([`Dispatch::Shed`]). So a full
 ///   queue of default work does not turn away a critical call, nor one of sheddable
 ///   work a default one. Between calls of one criticality nothing changes: a full queue

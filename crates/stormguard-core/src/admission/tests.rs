@@ -600,3 +600,128 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn retries_are_shed_before_first_attempts_on_a_busy_queue() {
+    let config = AdmissionConfig {
+        queue_capacity: 8,
+        retry_threshold: RetryThreshold {
+            depth: Some(2),
+            queue_delay: None,
+        },
+        ..AdmissionConfig::default()
+    };
+    let mut policy = AdmissionController::new(config).unwrap();
+    let now = Instant::now();
+    let first = crate::wire::attempt_class(None, None);
+    let retry = crate::wire::attempt_class(Some(b"1"), None);
+    let busy = |depth| busy(depth, Some(now));
+    assert_eq!(policy.decide_at(now, busy(3), first), Admission::Queue);
+    assert!(matches!(
+        policy.decide_at(now, busy(3), retry),
+        Admission::Shed(_)
+    ));
+    assert!(matches!(
+        policy.decide_at(now, busy(8), first),
+        Admission::Shed(_)
+    ));
+}
+
+#[test]
+fn shed_pushback_follows_the_deadline_and_the_sustained_rules() {
+    let mut policy = AdmissionController::new(AdmissionConfig {
+        pushback_max: Duration::from_millis(100),
+        no_retry_after_shedding: Some(Duration::from_millis(300)),
+        ..AdmissionConfig::default()
+    })
+    .unwrap();
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    // No rate known yet: pushback in [50, 100] ms, drain estimate 100 ms.
+    // 1 s left: room for both and the 5 ms margin.
+    let p = policy.shed_pushback_at(t0, 4, AttemptClass::Retry, Some(t0 + ms(1000)));
+    assert!(matches!(p, ShedPushback::After(_)));
+    // 120 ms left: no room for 50..100 ms of pushback and 100 ms of drain.
+    let p = policy.shed_pushback_at(t0, 4, AttemptClass::First, Some(t0 + ms(120)));
+    assert_eq!(p, ShedPushback::DoNotRetry);
+    // Shedding without a break (no arrival found a free worker or a short queue)...
+    for t in (50..300).step_by(50) {
+        policy.shed_pushback_at(t0 + ms(t), 4, AttemptClass::Retry, None);
+    }
+    // ...for 300 ms: every shed call is told not to come back.
+    let p = policy.shed_pushback_at(t0 + ms(300), 4, AttemptClass::Retry, None);
+    assert_eq!(p, ShedPushback::DoNotRetry);
+}
+
+#[test]
+fn cannot_serve_in_time_adds_pushback_drain_and_margin() {
+    let policy = AdmissionController::new(AdmissionConfig {
+        pushback_max: Duration::from_millis(100),
+        ..AdmissionConfig::default()
+    })
+    .unwrap();
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    // No rate yet: E = 100 ms. P 60 + E 100 + S 5 = 165 ms.
+    assert!(policy.cannot_serve_in_time_at(t0, 3, ms(60), Some(t0 + ms(165))));
+    assert!(!policy.cannot_serve_in_time_at(t0, 3, ms(60), Some(t0 + ms(166))));
+    assert!(!policy.cannot_serve_in_time_at(t0, 3, ms(60), None));
+}
+
+proptest! {
+    /// Any valid config, at any queue depth (`usize::MAX` included) and after completions
+    /// an hour apart: the pushback stays in `[1 ms, pushback_max]`, a shed answer's too, and
+    /// a deadline too far to add to the clock expires no earlier than the call arrived.
+    #[test]
+    fn pushback_and_expiry_stay_in_range_at_any_depth(
+        max_ms in 1u64..=MAX_PUSHBACK.as_millis() as u64,
+        queued_ms in 1u64..=MAX_TIME_QUEUED.as_millis() as u64,
+        left_ms in 0u64..=MAX_TIME_QUEUED.as_millis() as u64,
+        depth in prop_oneof![Just(0usize), Just(1), Just(usize::MAX), any::<usize>()],
+        seed in any::<u64>(),
+    ) {
+        let config = AdmissionConfig {
+            pushback_max: Duration::from_millis(max_ms),
+            max_time_queued: Duration::from_millis(queued_ms),
+            min_time_left: Duration::from_millis(left_ms),
+            seed: Some(seed),
+            ..config()
+        };
+        prop_assume!(config.validate().is_ok());
+        let mut p = AdmissionController::new(config).unwrap();
+        let start = Instant::now();
+        let mut t = start;
+        for gap in [0, 1, 3_600_000] {
+            t += Duration::from_millis(gap);
+            p.record_completion_at(t);
+        }
+        let max = Duration::from_millis(max_ms);
+        for class in [AttemptClass::First, AttemptClass::Retry] {
+            let load = QueueLoad { free_workers: 0, depth, oldest_enqueued: Some(start) };
+            if let Admission::Shed(shed) = p.decide_at(t, load, class) {
+                prop_assert!(shed.pushback.millis() != 0);
+            }
+            let pushback = p.pushback_at(t, depth);
+            prop_assert!(pushback >= Duration::from_millis(1) && pushback <= max, "{pushback:?}");
+            for deadline in [None, Some(t)] {
+                if let ShedPushback::After(d) = p.shed_pushback_at(t, depth, class, deadline) {
+                    prop_assert!(d >= Duration::from_millis(1) && d <= max, "{d:?}");
+                }
+            }
+        }
+        let far = t.checked_add(Duration::from_secs(99_999_999 * 3600));
+        prop_assert!(p.expiry(t, far) >= t && p.expiry(t, None) >= t);
+    }
+}
+
+#[test]
+fn sheddable_calls_rank_lowest_then_retries_then_first_attempts() {
+    use crate::Criticality::{Critical, Default, Sheddable};
+    use AttemptClass::{First, Retry};
+
+    let rank = |a, c| CallClass::new(a, c).rank();
+    assert!(rank(First, Sheddable) < rank(Retry, Default));
+    // A retry of a critical call is still a retry.
+    assert!(rank(Retry, Critical) < rank(First, Default));
+    assert!(rank(First, Default) < rank(First, Critical));
+}

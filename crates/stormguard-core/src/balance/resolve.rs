@@ -256,8 +256,9 @@ impl<K: Ord + Clone> Refresh<K> {
         self.set.iter()
     }
 
+    #[cfg(test)]
     /// Whether `key` is in the current set.
-    pub fn contains(&self, key: &K) -> bool {
+    pub(crate) fn contains(&self, key: &K) -> bool {
         self.set.contains(key)
     }
 

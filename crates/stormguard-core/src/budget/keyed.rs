@@ -30,20 +30,10 @@ pub(crate) const DEFAULT_MAX_KEYS: usize = 256;
 /// account starts again from the floor), so a key taken from request metadata cannot grow
 /// memory without bound.
 ///
-/// ```
-/// use stormguard_core::Instant;
-/// use stormguard_core::{BudgetConfig, KeyedBudgets};
-///
-/// let config = BudgetConfig { min_retries_per_second: 0, ..BudgetConfig::default() };
-/// let keys = KeyedBudgets::new(config, 16)?;
-/// let now = Instant::now();
-/// for _ in 0..100 {
-///     keys.deposit_at(1, now); // replica 1 answers: it earns 10 retries
-/// }
-/// assert!(keys.withdraw_at(1, now));
-/// assert!(!keys.withdraw_at(2, now)); // replica 2 earned nothing, and has no floor here
-/// # Ok::<(), stormguard_core::ConfigError>(())
-/// ```
+/// A controller charges them when it has them
+/// ([`RetryController::with_key_budgets`](crate::RetryController::with_key_budgets)), each
+/// retry to the key its failed attempt went to
+/// ([`CallRetry::set_budget_key`](crate::CallRetry::set_budget_key)).
 pub struct KeyedBudgets {
     config: BudgetConfig,
     max_keys: usize,
@@ -101,12 +91,12 @@ impl KeyedBudgets {
     }
 
     /// A call whose last attempt went to `key` succeeded.
-    pub fn deposit_at(&self, key: u64, now: Instant) {
+    pub(crate) fn deposit_at(&self, key: u64, now: Instant) {
         self.with(key, now, |b| b.deposit_at(now));
     }
 
     /// May a retry after a failure on `key` go out? `true` consumes it from `key`'s account.
-    pub fn withdraw_at(&self, key: u64, now: Instant) -> bool {
+    pub(crate) fn withdraw_at(&self, key: u64, now: Instant) -> bool {
         self.with(key, now, |b| b.withdraw_at(now))
     }
 

@@ -224,7 +224,7 @@ impl ShedSettings {
     }
 
     /// Reads the `admission` document in `format`.
-    pub fn from_text(text: &str, format: Format) -> Result<Self, ConfigError> {
+    pub(crate) fn from_text(text: &str, format: Format) -> Result<Self, ConfigError> {
         read_settings(document::parse(text, format)?)
     }
 

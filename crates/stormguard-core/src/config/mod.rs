@@ -177,7 +177,7 @@ impl ClientConfig {
     }
 
     /// Checks every part.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         for policy in self.methods.policies() {
             policy.validate("retry")?;
         }

@@ -66,15 +66,15 @@ use crate::{CallDeadline, DeadlineSource, deadline::resolve_deadline_at};
 /// ```
 /// use std::{sync::Arc, time::Duration};
 /// use stormguard_core::{
-///     Budget, BudgetConfig, RetryBudget, Code, MethodTable, RetryPolicy, AttemptEnd, Decision,
-///     Failure, RetryController, Instant,
+///     Budget, BudgetConfig, RetryBudget, Code, MethodTable, RetryPolicy, AttemptEnd, CallTimes,
+///     Decision, Failure, RetryController, Instant,
 /// };
 ///
 /// let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default()).unwrap());
 /// let policy = RetryPolicy { idempotent: true, ..RetryPolicy::default() };
 /// let controller = RetryController::new(MethodTable::uniform(policy), budget, None, 1);
 /// let now = Instant::now();
-/// let mut call = controller.begin_at("/pkg.Svc/Get", None, now).unwrap();
+/// let mut call = controller.begin_call_at("/pkg.Svc/Get", &CallTimes::default(), now).unwrap();
 /// let failed = AttemptEnd::Failed(Failure::status(Code::Unavailable));
 /// match call.on_attempt_end_at(failed, now).decision {
 ///     Decision::Retry { delay } => {
@@ -234,10 +234,11 @@ impl RetryController {
     /// (so a seeded run can be reproduced; `None` draws a seed).
     ///
     /// ```
-    /// use stormguard_core::{ClientConfig, RetryController};
+    /// use stormguard_core::{CallTimes, ClientConfig, Instant, RetryController};
     ///
     /// let controller = RetryController::from_config(&ClientConfig::standard().with_seed(7)).unwrap();
-    /// assert!(controller.methods().lookup("/pkg.Svc/Get").is_some());
+    /// let call = controller.begin_call_at("/pkg.Svc/Get", &CallTimes::default(), Instant::now());
+    /// assert!(call.unwrap().is_retryable_method());
     /// ```
     pub fn from_config(config: &ClientConfig) -> Result<Self, ConfigError> {
         config.validate()?;
@@ -274,11 +275,7 @@ impl RetryController {
         self.shared.breaker.as_ref()
     }
 
-    /// The method table.
-    pub fn methods(&self) -> &MethodTable {
-        &self.shared.methods
-    }
-
+    #[cfg(test)]
     /// Starts a logical call to `path` (`/pkg.Service/Method`) whose caller waits until
     /// `deadline` (already resolved: a caller's deadline). Fails when the breaker is open
     /// ([`Refusal::Breaker`]) or the dependency is in connection backoff and this is not the
@@ -286,7 +283,7 @@ impl RetryController {
     /// once, without touching the network. A
     /// layer starts calls with [`begin_call_at`](Self::begin_call_at), which resolves the
     /// deadline from everything it knows.
-    pub fn begin_at(
+    pub(crate) fn begin_at(
         &self,
         path: &str,
         deadline: Option<Instant>,

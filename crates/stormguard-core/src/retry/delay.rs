@@ -15,13 +15,13 @@ const BASE_MICROS: f64 = 16.0;
 const BUCKETS: usize = PER_OCTAVE * 24;
 
 /// The learned hedge delay of one method: a percentile of its recent attempt latency, the
-/// attempts that lost or were cut off included (see the [docs](DelayEstimator)).
+/// attempts that lost or were cut off included (see [`HedgeDelay::Learned`](crate::HedgeDelay::Learned)).
 ///
 /// Latencies go into log-spaced buckets (8 per doubling, so the percentile is read within
 /// 9 %, rounded up), for the current window and the one before; memory is fixed (two arrays
 /// of 192 counters) whatever the load. The delay is recomputed every 16 samples and when a
 /// window turns, so reading it costs a lock and a copy.
-pub struct DelayEstimator {
+pub(crate) struct DelayEstimator {
     config: LearnedDelay,
     state: Mutex<Window>,
 }
@@ -44,7 +44,7 @@ impl fmt::Debug for DelayEstimator {
 
 impl DelayEstimator {
     /// An estimator with no samples (it gives no delay until it has `min_samples`).
-    pub fn new(config: LearnedDelay) -> Self {
+    pub(crate) fn new(config: LearnedDelay) -> Self {
         DelayEstimator {
             config,
             state: Mutex::new(Window {
@@ -59,7 +59,7 @@ impl DelayEstimator {
 
     /// An attempt ran for `elapsed` (until its answer, or until it was cancelled because
     /// another copy won or the call's deadline ran out).
-    pub fn record_at(&self, elapsed: Duration, now: Instant) {
+    pub(crate) fn record_at(&self, elapsed: Duration, now: Instant) {
         let mut w = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         self.turn(&mut w, now);
         let b = bucket(elapsed);
@@ -71,7 +71,7 @@ impl DelayEstimator {
     }
 
     /// The delay to hedge after, at `now`; `None` while there are too few samples.
-    pub fn delay_at(&self, now: Instant) -> Option<Duration> {
+    pub(crate) fn delay_at(&self, now: Instant) -> Option<Duration> {
         let mut w = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if self.turn(&mut w, now) {
             self.estimate(&mut w);

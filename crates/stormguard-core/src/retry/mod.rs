@@ -21,7 +21,7 @@ pub use breaker::{
 pub use call::{CallRetry, HedgeDecision, TRANSPARENT_RETRIES};
 pub use controller::RetryController;
 pub use decision::{AttemptEnd, AttemptPlan, Decision, Failure, Refusal, Verdict};
-pub use delay::DelayEstimator;
+pub(crate) use delay::DelayEstimator;
 pub use policy::{
     HedgeDelay, HedgingPolicy, LearnedDelay, MAX_ATTEMPTS_CAP, MethodMap, MethodScope, MethodTable,
     RetryPolicy,

@@ -314,7 +314,7 @@ impl MethodTable {
     }
 
     /// Every hedging policy in the table, each shared entry once per entry.
-    pub fn hedging_policies(&self) -> impl Iterator<Item = &Arc<HedgingPolicy>> {
+    pub(crate) fn hedging_policies(&self) -> impl Iterator<Item = &Arc<HedgingPolicy>> {
         self.hedges.values().flatten()
     }
 
@@ -325,7 +325,9 @@ impl MethodTable {
     }
 
     /// Sets the deadline limit of calls to the methods `scope` names (a service config's
-    /// `timeout`); `None`: no limit.
+    /// `timeout`); `None`: no limit. Looked up like [`lookup`](Self::lookup): a call's
+    /// deadline is the earlier of it and the caller's own (see
+    /// [`resolve_deadline_at`](crate::resolve_deadline_at)).
     pub fn set_timeout(&mut self, scope: MethodScope<'_>, timeout: Option<Duration>) {
         self.timeouts.insert(scope, timeout);
     }
@@ -334,19 +336,7 @@ impl MethodTable {
     /// method), looked up like [`lookup`](Self::lookup): a call's deadline is the earlier
     /// of it and the caller's own (see
     /// [`resolve_deadline_at`](crate::deadline::resolve_deadline_at)).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use stormguard_core::{MethodScope, MethodTable};
-    ///
-    /// let mut table = MethodTable::none();
-    /// table.set_timeout(MethodScope::Service("pkg.Svc"), Some(Duration::from_secs(1)));
-    /// table.set_timeout(MethodScope::Method("pkg.Svc", "Slow"), None);
-    /// assert_eq!(table.timeout("/pkg.Svc/Get"), Some(Duration::from_secs(1)));
-    /// assert_eq!(table.timeout("/pkg.Svc/Slow"), None);
-    /// assert_eq!(table.timeout("/other.Svc/Get"), None);
-    /// ```
-    pub fn timeout(&self, path: &str) -> Option<Duration> {
+    pub(crate) fn timeout(&self, path: &str) -> Option<Duration> {
         self.timeouts.get(path).copied().flatten()
     }
 
@@ -382,7 +372,7 @@ impl MethodTable {
     }
 
     /// Every policy in the table (for validation and reporting).
-    pub fn policies(&self) -> impl Iterator<Item = &RetryPolicy> {
+    pub(crate) fn policies(&self) -> impl Iterator<Item = &RetryPolicy> {
         self.policies.values().flatten().map(|p| p.as_ref())
     }
 }
@@ -428,28 +418,11 @@ impl MethodTable {
 /// that *won* are measured (as tower's `hedge` middleware does), then during a slowdown the
 /// hedges win, each measured as `delay + a fast answer`; the estimate falls, the layer
 /// hedges sooner, more hedges win, and the estimate falls further: the hedge rate climbs
-/// exactly while the server is slow. [`DelayEstimator`](crate::DelayEstimator) counts **every** attempt, the ones
+/// exactly while the server is slow. The learned delay counts **every** attempt, the ones
 /// that lost or were cut off included, at least for the time they ran, so a slowdown raises
 /// the estimate instead. A floor keeps hedges from firing on noise, a ceiling keeps the tail
 /// bounded, and no hedge is sent before the estimator has enough samples to know the
 /// latency.
-///
-/// ```
-/// use std::time::Duration;
-/// use stormguard_core::{DelayEstimator, LearnedDelay};
-/// use stormguard_core::Instant;
-///
-/// let learned = LearnedDelay { min_samples: 10, ..LearnedDelay::default() };
-/// let estimator = DelayEstimator::new(learned);
-/// let now = Instant::now();
-/// assert_eq!(estimator.delay_at(now), None, "too few samples to hedge yet");
-/// // 2 % of attempts are slow: the p97 is the fast majority.
-/// for i in 0..100u64 {
-///     estimator.record_at(Duration::from_millis(if i % 50 == 0 { 50 } else { 2 }), now);
-/// }
-/// let delay = estimator.delay_at(now).unwrap();
-/// assert!(delay >= Duration::from_millis(2) && delay < Duration::from_millis(3), "{delay:?}");
-/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct HedgingPolicy {
     /// Copies of one logical call, the first included (A6: at least 2; above 5 counts as 5).
@@ -481,7 +454,7 @@ impl Default for HedgingPolicy {
 
 impl HedgingPolicy {
     /// Copies actually allowed: `max_attempts` capped at [`MAX_ATTEMPTS_CAP`].
-    pub fn effective_max_attempts(&self) -> u32 {
+    pub(crate) fn effective_max_attempts(&self) -> u32 {
         self.max_attempts.min(MAX_ATTEMPTS_CAP)
     }
 

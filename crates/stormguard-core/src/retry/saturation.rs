@@ -59,7 +59,7 @@ impl SaturationConfig {
     }
 
     /// Whether `report` alone says "saturated".
-    pub fn is_saturated(&self, report: &LoadReport) -> bool {
+    pub(crate) fn is_saturated(&self, report: &LoadReport) -> bool {
         report.utilization >= self.utilization
             && (self.queue_depth == 0.0 || report.queue_depth.unwrap_or(0.0) >= self.queue_depth)
     }
@@ -85,21 +85,21 @@ struct Heard {
 /// ([`Refusal::Saturated`](crate::Refusal::Saturated)) when every endpoint heard
 /// from is saturated: over several replicas, a retry can still go to one that is not.
 ///
-/// ```
-/// use std::time::Duration;
-/// use stormguard_core::Instant;
-/// use stormguard_core::{LoadReport, Saturation, SaturationConfig};
+/// The layer feeds it each attempt's report ([`CallRetry::record_load_report_at`](crate::CallRetry::record_load_report_at))
+/// and the retry decision reads it; give it to a controller with
+/// [`RetryController::with_saturation`](crate::RetryController::with_saturation).
 ///
-/// let sat = Saturation::new(SaturationConfig::default()).unwrap();
-/// let busy = LoadReport { utilization: 1.0, rps: 50.0, eps: 0.0, queue_depth: Some(4.0) };
-/// let idle = LoadReport { utilization: 0.2, rps: 50.0, eps: 0.0, queue_depth: Some(0.0) };
-/// let now = Instant::now();
-/// sat.record_at(1, &busy, now);
-/// assert!(sat.refuses_retry_at(1, now));
-/// assert!(!sat.refuses_retry_at(2, now), "a second replica, not heard from yet");
-/// sat.record_at(2, &idle, now);
-/// assert!(!sat.refuses_retry_at(1, now), "replica 2 can take the retry");
-/// assert!(!sat.refuses_retry_at(1, now + Duration::from_secs(5)), "old reports expire");
+/// ```
+/// use std::sync::Arc;
+/// use stormguard_core::{Budget, BudgetConfig, MethodTable, RetryBudget, RetryController};
+/// use stormguard_core::{RetryPolicy, Saturation, SaturationConfig};
+///
+/// let sat = Arc::new(Saturation::new(SaturationConfig::default())?);
+/// let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default())?);
+/// let controller = RetryController::new(MethodTable::uniform(RetryPolicy::default()), budget, None, 1)
+///     .with_saturation(sat);
+/// assert!(controller.saturation().is_some());
+/// # Ok::<(), stormguard_core::ConfigError>(())
 /// ```
 #[derive(Debug)]
 pub struct Saturation {
@@ -138,7 +138,7 @@ impl Saturation {
     }
 
     /// `endpoint` answered with `report` at `now`.
-    pub fn record_at(&self, endpoint: u64, report: &LoadReport, now: Instant) {
+    pub(crate) fn record_at(&self, endpoint: u64, report: &LoadReport, now: Instant) {
         let saturated = if self.config.is_saturated(report) {
             1.0
         } else {
@@ -175,7 +175,7 @@ impl Saturation {
     /// least `endpoints` of them (and at least one) were heard from recently and said
     /// "saturated", and none heard from recently said otherwise. An endpoint not heard
     /// from may take the retry.
-    pub fn refuses_retry_at(&self, endpoints: usize, now: Instant) -> bool {
+    pub(crate) fn refuses_retry_at(&self, endpoints: usize, now: Instant) -> bool {
         let heard = self.lock();
         let mut saturated = 0;
         for h in heard.values().filter(|h| self.fresh(h, now)) {

@@ -11,11 +11,11 @@
 //! | [`GRPC_TIMEOUT`] | request | `RetryLayer` (what is left of the logical deadline, on every attempt), `ContextInterceptor`, any gRPC client | `ShedLayer` (the deadline of queued work), `RetryLayer` (a timeout the caller set) | 1 to 8 ASCII digits and a unit `H M S m u n` ([`decode_grpc_timeout`]) | no deadline, as tonic reads it |
 //! | [`GRPC_PREVIOUS_RPC_ATTEMPTS`] | request | `RetryLayer` on retries, `ContextInterceptor`, any standard gRPC client | `ShedLayer` ([`attempt_class`]) | attempts before this one, decimal; absent or `0` on a first attempt | a retry: a peer cannot buy priority with garbage |
 //! | [`X_RETRY_ATTEMPT`] | request | older, non-standard clients (stormguard never sends it) | `ShedLayer`, only when [`GRPC_PREVIOUS_RPC_ATTEMPTS`] is absent | as above | a retry |
-//! | [`GRPC_RETRY_PUSHBACK_MS`] | response | `ShedLayer` on a shed answer (`N` ≥ 1, or `-1`); `RetryLayer` and `ShedLayer` (`-1`) on an answer whose retries stormguard refused | `RetryLayer` ([`parse_pushback`]) | `N` in `0..=`[`MAX_PUSHBACK_MS`]: retry after exactly `N` ms; `-1`: do not retry (gRPC A6) | do not retry, as is a repeated header |
+//! | [`GRPC_RETRY_PUSHBACK_MS`] | response | `ShedLayer` on a shed answer (`N` ≥ 1, or `-1`); `RetryLayer` and `ShedLayer` (`-1`) on an answer whose retries stormguard refused | `RetryLayer` ([`response_pushback`]) | `N` in `0..=`[`MAX_PUSHBACK_MS`]: retry after exactly `N` ms; `-1`: do not retry (gRPC A6) | do not retry, as is a repeated header |
 //! | [`GRPC_STATUS`] | response (trailers-only headers, or trailers) | `ShedLayer`'s own answers ([`encode_grpc_status`]), tonic | `RetryLayer` (how an attempt ended), `ShedLayer` (whether a handler's answer is one clients retry) ([`parse_grpc_status`]) | a code number `0..=16` | `UNKNOWN`, as the gRPC spec asks |
 //! | [`GRPC_MESSAGE`] | response | `ShedLayer`'s own answers (fixed texts) | nothing in stormguard | text | — |
 //! | [`GRPC_STATUS_DETAILS_BIN`] | response (trailers-only headers, or trailers) | `ShedLayer` with [`AdmissionConfig::retry_info`](crate::AdmissionConfig::retry_info) on its pushback answers (a `google.rpc.Status` with the same code and message and a `google.rpc.RetryInfo` of the pushback's delay), Google's APIs, any server using the rich error model | `RetryLayer` and `Replicas` ([`response_pushback`]): its RetryInfo is a pushback, read with `grpc-retry-pushback-ms` and the longer of the two wins | a `google.rpc.Status`, base64 without padding (padding accepted), at most [`MAX_STATUS_DETAILS_BYTES`] | a Status that cannot be read is ignored; a RetryInfo in it that is malformed, negative or above [`MAX_PUSHBACK_MS`] (or repeated) means do not retry |
-//! | [`X_RETRY_BUDGET`] | request | `RetryLayer` inside a request with an allowance (the retries left, on every attempt) | `ShedLayer` with `with_retry_allowance` ([`parse_allowance`]) | the retries left for the whole logical operation, decimal, at most [`MAX_ALLOWANCE`]; it can lower the server's allowance, never raise it | ignored: the server's own allowance stands |
+//! | [`X_RETRY_BUDGET`] | request | `RetryLayer` inside a request with an allowance (the retries left, on every attempt) | `ShedLayer` with `with_retry_allowance` ([`RequestScope::with_peer_allowance`](crate::context::RequestScope::with_peer_allowance)) | the retries left for the whole logical operation, decimal, at most [`MAX_ALLOWANCE`]; it can lower the server's allowance, never raise it | ignored: the server's own allowance stands |
 //! | [`STORMGUARD_UNPROCESSED`] | response (trailers-only headers) | `ShedLayer` on its own answers (shed, shutting down, expired while queued): the handler never ran | `RetryLayer` ([`is_unprocessed`]): a non-idempotent method may be retried, paid and counted as any retry | exactly `1` | processed (the method's idempotency decides) |
 //! | [`STORMGUARD_CRITICALITY`] | request | the client's `CriticalityLayer` | `ShedLayer` ([`parse_criticality`], then capped by its table) | exactly `critical`, `default` or `sheddable` | `default` |
 //! | [`ENDPOINT_LOAD_METRICS_BIN`] | response (trailers, or trailers-only headers) | `ShedLayer` with `with_load_reports` ([`encode_load_report`]) | `RetryLayer` on every attempt ([`parse_load_report`]): with `with_load_reports` it refuses retries to a saturated server; over `Replicas` it weights the replica that answered | an ORCA `OrcaLoadReport` ([`crate::orca`](crate::LoadReport)), base64 without padding as tonic writes `-bin` keys (padding accepted) | ignored and counted |
@@ -382,20 +382,7 @@ pub fn encode_grpc_timeout(duration: Duration) -> GrpcTimeout {
 /// non-negative decimal integer of at most [`MAX_PUSHBACK_MS`] means
 /// [`Pushback::DoNotRetry`]: a server that sends garbage is not one to hammer. What each
 /// reading means for the retry is [`crate::pushback`](crate::Pushback)'s.
-///
-/// ```
-/// use std::time::Duration;
-/// use stormguard_core::Pushback;
-/// use stormguard_core::wire::parse_pushback;
-///
-/// assert_eq!(parse_pushback([b"120".as_slice()]), Some(Pushback::RetryAfter(Duration::from_millis(120))));
-/// assert_eq!(parse_pushback([b"0".as_slice()]), Some(Pushback::RetryAfter(Duration::ZERO)));
-/// assert_eq!(parse_pushback([b"-1".as_slice()]), Some(Pushback::DoNotRetry));
-/// assert_eq!(parse_pushback([b"soon".as_slice()]), Some(Pushback::DoNotRetry));
-/// assert_eq!(parse_pushback([b"5".as_slice(), b"5".as_slice()]), Some(Pushback::DoNotRetry));
-/// assert_eq!(parse_pushback(std::iter::empty::<&[u8]>()), None);
-/// ```
-pub fn parse_pushback<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Option<Pushback> {
+pub(crate) fn parse_pushback<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Option<Pushback> {
     let mut values = values.into_iter();
     let first = values.next()?;
     if values.next().is_some() {
@@ -408,7 +395,8 @@ pub fn parse_pushback<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Option<
 }
 
 /// The pushback of a response: its [`GRPC_RETRY_PUSHBACK_MS`] values
-/// ([`parse_pushback`]) and its [`GRPC_STATUS_DETAILS_BIN`] values ([`parse_retry_info`]),
+/// (exactly one well-formed non-negative decimal integer of at most [`MAX_PUSHBACK_MS`];
+/// anything else means [`Pushback::DoNotRetry`]) and its [`GRPC_STATUS_DETAILS_BIN`] values ([`parse_retry_info`]),
 /// the longer when both say something. A status detail that cannot be read is ignored.
 ///
 /// ```
@@ -527,16 +515,7 @@ pub(crate) fn attempt_class_of_value(value: &[u8]) -> AttemptClass {
 /// ASCII decimal digits (surrounding spaces allowed), at most [`MAX_ALLOWANCE`]. Anything
 /// else (empty, a sign, a fraction, a larger number) is `None`: it is ignored, never an
 /// error the request fails with.
-///
-/// ```
-/// use stormguard_core::wire::parse_allowance;
-///
-/// assert_eq!(parse_allowance(b"3"), Some(3));
-/// assert_eq!(parse_allowance(b"-1"), None);
-/// assert_eq!(parse_allowance(b"99999999999"), None);
-/// assert_eq!(parse_allowance(b"2x"), None);
-/// ```
-pub fn parse_allowance(value: &[u8]) -> Option<u32> {
+pub(crate) fn parse_allowance(value: &[u8]) -> Option<u32> {
     let digits = value.trim_ascii();
     if digits.is_empty() || digits.len() > 10 || !digits.iter().all(u8::is_ascii_digit) {
         return None;
@@ -626,7 +605,8 @@ const BIN_BASE64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpos
 /// Reads an [`ENDPOINT_LOAD_METRICS_BIN`] value as it came off the wire: `None` when the
 /// header is absent, else the report or why it is ignored (a repeated header, more than
 /// [`MAX_REPORT_BYTES`], not base64, not the message, or a
-/// field out of range; see [`LoadReport::from_message`](crate::LoadReport::from_message)).
+/// field out of range: every number finite and non-negative, utilizations at most
+/// [`MAX_UTILIZATION`], rates at most [`MAX_RATE`], named metrics and request costs finite).
 ///
 /// ```
 /// use stormguard_core::{LoadReportError, OrcaLoadReport};

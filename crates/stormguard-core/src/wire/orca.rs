@@ -131,7 +131,7 @@ fn checked(field: &'static str, value: f64, max: f64) -> Result<f64, LoadReportE
 impl LoadReport {
     /// Decodes and checks the bytes of an `OrcaLoadReport` (after base64): at most
     /// [`MAX_REPORT_BYTES`], the message, then [`from_message`](Self::from_message).
-    pub fn decode(bytes: &[u8]) -> Result<Self, LoadReportError> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Self, LoadReportError> {
         use prost::Message as _;
         if bytes.len() > MAX_REPORT_BYTES {
             return Err(LoadReportError::Oversize);
@@ -144,7 +144,7 @@ impl LoadReport {
     /// Checks `message`: every number finite and non-negative, utilizations at most
     /// [`MAX_UTILIZATION`] (`mem_utilization` and the `utilization` map at most 1, as the
     /// proto says), rates at most [`MAX_RATE`], named metrics and request costs finite.
-    pub fn from_message(message: &OrcaLoadReport) -> Result<Self, LoadReportError> {
+    pub(crate) fn from_message(message: &OrcaLoadReport) -> Result<Self, LoadReportError> {
         let cpu = checked("cpu_utilization", message.cpu_utilization, MAX_UTILIZATION)?;
         checked("mem_utilization", message.mem_utilization, 1.0)?;
         let app = checked(

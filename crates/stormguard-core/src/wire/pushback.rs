@@ -9,10 +9,11 @@ use std::time::Duration;
 /// ```
 /// use std::time::Duration;
 /// use stormguard_core::Pushback;
-/// use stormguard_core::{wire::encode_pushback, wire::parse_pushback};
+/// use stormguard_core::{wire::encode_pushback, wire::response_pushback};
 ///
 /// let p = Pushback::RetryAfter(Duration::from_millis(250));
-/// assert_eq!(parse_pushback([encode_pushback(p).as_bytes()]), Some(p));
+/// let read = response_pushback([encode_pushback(p).as_bytes()], std::iter::empty());
+/// assert_eq!(read, Some(p));
 /// ```
 ///
 /// A server that knows it is overloaded can tell clients when to come back, or not to come
@@ -48,10 +49,10 @@ use std::time::Duration;
 /// ```
 ///
 /// This module is what a pushback means; reading and writing the header is
-/// [`crate::wire`]'s ([`parse_pushback`], [`encode_pushback`]).
+/// [`crate::wire`]'s ([`response_pushback`], [`encode_pushback`]).
 ///
 /// [`MAX_PUSHBACK_MS`]: crate::wire::MAX_PUSHBACK_MS
-/// [`parse_pushback`]: crate::wire::parse_pushback
+/// [`response_pushback`]: crate::wire::response_pushback
 /// [`encode_pushback`]: crate::wire::encode_pushback
 /// [`parse_retry_info`]: crate::wire::parse_retry_info
 // The order of the variants is the order of `Ord`: keep `DoNotRetry` last.

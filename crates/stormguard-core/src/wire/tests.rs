@@ -388,3 +388,23 @@ fn one_attempt_header_value_is_classified() {
     assert_eq!(attempt_class_of_value(b" 00 "), AttemptClass::First);
     assert_eq!(attempt_class_of_value(b""), AttemptClass::Retry);
 }
+
+#[test]
+fn one_well_formed_pushback_header_is_a_delay_anything_else_do_not_retry() {
+    let ms = |n| Some(Pushback::RetryAfter(Duration::from_millis(n)));
+    assert_eq!(parse_pushback([b"120".as_slice()]), ms(120));
+    assert_eq!(parse_pushback([b"0".as_slice()]), ms(0));
+    assert_eq!(
+        parse_pushback([b"-1".as_slice()]),
+        Some(Pushback::DoNotRetry)
+    );
+    assert_eq!(
+        parse_pushback([b"soon".as_slice()]),
+        Some(Pushback::DoNotRetry)
+    );
+    assert_eq!(
+        parse_pushback([b"5".as_slice(), b"5".as_slice()]),
+        Some(Pushback::DoNotRetry)
+    );
+    assert_eq!(parse_pushback(std::iter::empty::<&[u8]>()), None);
+}

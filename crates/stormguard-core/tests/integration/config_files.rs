@@ -11,6 +11,7 @@ use std::time::Duration;
 use stormguard_core::ConfigError;
 use stormguard_core::{AdmissionConfig, QueueOrder};
 use stormguard_core::{BudgetChoice, ClientConfig, Format, Notice};
+use stormguard_core::{CallTimes, Instant, RetryController};
 
 /// A file of this test's own, removed when dropped.
 struct File(PathBuf);
@@ -187,15 +188,22 @@ methodConfig:
     timeout: 10s
 ";
     let config = ClientConfig::from_text(yaml, Format::Yaml).unwrap();
+    // A call that carries no deadline of its own gets the method's.
+    let controller = RetryController::from_config(&config).unwrap();
+    let now = Instant::now();
+    let deadline = |path: &str| {
+        let call = controller.begin_call_at(path, &CallTimes::default(), now);
+        call.unwrap().deadline()
+    };
     assert_eq!(
-        config.methods.timeout("/pkg.Svc/Get"),
-        Some(Duration::from_millis(1500))
+        deadline("/pkg.Svc/Get"),
+        Some(now + Duration::from_millis(1500))
     );
     // The most specific entry wins, as for the retry policy: this one has no timeout.
-    assert_eq!(config.methods.timeout("/pkg.Svc/Stream"), None);
+    assert_eq!(deadline("/pkg.Svc/Stream"), None);
     assert_eq!(
-        config.methods.timeout("/other.Svc/Get"),
-        Some(Duration::from_secs(10))
+        deadline("/other.Svc/Get"),
+        Some(now + Duration::from_secs(10))
     );
     for (bad, why) in [("0s", "greater than 0"), ("soon", "")] {
         let json = format!(r#"{{"methodConfig":[{{"name":[{{}}],"timeout":"{bad}"}}]}}"#);

@@ -50,13 +50,8 @@ fn the_hedge_seeds_reach_every_refusal_and_both_budgets() {
         let config = ClientConfig::from_text(text, Format::Json).unwrap();
         let controller = RetryController::from_config(&config.clone().with_seed(7)).unwrap();
         let mut clock = tokio::time::Instant::now();
-        let summary = hedged::drive_script(
-            &controller,
-            &config.budget,
-            script.as_bytes(),
-            &mut clock,
-            text,
-        );
+        let summary =
+            hedged::drive_script(&controller, &config, script.as_bytes(), &mut clock, text);
         match config.budget {
             BudgetChoice::Stormguard(_) => stormguard += summary.granted,
             BudgetChoice::A6(_) => a6 += summary.granted,
@@ -76,50 +71,4 @@ fn the_hedge_seeds_reach_every_refusal_and_both_budgets() {
     for end in ["won", "expired", "dropped", "gave up: budget"] {
         assert!(ends.contains(end), "{end}: {ends:?}");
     }
-}
-
-/// The learned delay's absurd inputs: zero and `Duration::MAX` latencies, a window of
-/// `Duration::MAX`, `min_samples` of `u32::MAX`, a clock that goes back.
-#[test]
-fn the_learned_delay_takes_absurd_latencies() {
-    use std::time::Duration;
-    use stormguard_core::{DelayEstimator, LearnedDelay};
-
-    let now = tokio::time::Instant::now();
-    let bounded = LearnedDelay {
-        floor: Duration::from_millis(2),
-        ceiling: Duration::from_millis(20),
-        min_samples: 1,
-        window: Duration::MAX,
-        ..LearnedDelay::default()
-    };
-    for elapsed in [Duration::ZERO, Duration::MAX, Duration::from_nanos(1)] {
-        let e = DelayEstimator::new(bounded.clone());
-        for _ in 0..10_000 {
-            e.record_at(elapsed, now);
-        }
-        let d = e.delay_at(now).unwrap();
-        assert!(
-            d >= bounded.floor && d <= bounded.ceiling,
-            "{elapsed:?}: {d:?}"
-        );
-        // Read back in time and far ahead: still in range, or no delay at all.
-        let far = now
-            .checked_add(Duration::from_secs(u64::MAX / 4))
-            .unwrap_or(now);
-        for t in [now.checked_sub(Duration::from_secs(1)).unwrap_or(now), far] {
-            assert!(
-                e.delay_at(t)
-                    .is_none_or(|d| d >= bounded.floor && d <= bounded.ceiling)
-            );
-        }
-    }
-    let never = DelayEstimator::new(LearnedDelay {
-        min_samples: u32::MAX,
-        ..bounded
-    });
-    for _ in 0..10_000 {
-        never.record_at(Duration::MAX, now);
-    }
-    assert_eq!(never.delay_at(now), None);
 }

@@ -8,10 +8,8 @@ use proptest::prelude::*;
 use stormguard_core::ClientConfig;
 use stormguard_core::Code;
 use stormguard_core::Pushback;
-use stormguard_core::{AttemptEnd, Decision, Failure, Refusal, RetryController};
-use stormguard_core::{
-    wire::AttemptClass, wire::attempt_class, wire::decode_grpc_timeout, wire::parse_pushback,
-};
+use stormguard_core::{AttemptEnd, CallTimes, Decision, Failure, Refusal, RetryController};
+use stormguard_core::{wire::AttemptClass, wire::attempt_class, wire::decode_grpc_timeout};
 use stormguard_fuzz::targets;
 use tokio::time::Instant;
 
@@ -124,23 +122,27 @@ fn a_pushback_of_2_pow_31_ms_means_no_retry() {
     // A6 makes the header a signed 32-bit integer: 2^31 is not a valid value.
     for v in ["2147483648", "4294967296", "18446744073709551616"] {
         assert_eq!(
-            parse_pushback([v.as_bytes()]),
+            targets::pushback_header([v.as_bytes()]),
             Some(Pushback::DoNotRetry),
             "{v}"
         );
     }
     // The largest valid one, 24.8 days, is longer than any policy waits: no retry either,
     // and no instant arithmetic on it.
-    let pushback = parse_pushback([b"2147483647".as_slice()]);
+    let pushback = targets::pushback_header([b"2147483647".as_slice()]);
     assert_eq!(
         pushback,
         Some(Pushback::RetryAfter(Duration::from_millis((1 << 31) - 1)))
     );
     let controller = RetryController::from_config(&ClientConfig::standard().with_seed(1)).unwrap();
     let now = Instant::now();
-    for deadline in [None, Some(now + Duration::from_secs(3600))] {
+    for inbound in [None, Some(now + Duration::from_secs(3600))] {
+        let times = CallTimes {
+            inbound,
+            ..CallTimes::default()
+        };
         let mut call = controller
-            .begin_at("/stormguard.demo.v1.Inventory/Reserve", deadline, now)
+            .begin_call_at("/stormguard.demo.v1.Inventory/Reserve", &times, now)
             .unwrap();
         let failure = Failure {
             pushback,

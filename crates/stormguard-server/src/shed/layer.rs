@@ -58,7 +58,8 @@ pub struct ShedLayer {
 }
 
 impl ShedLayer {
-    /// A layer with its own queue, for a valid `config` (see [`AdmissionConfig::validate`]).
+    /// A layer with its own queue, for a valid `config` (checked by
+    /// [`AdmissionController::new`], whose error names the first bad field).
     pub fn from_config(config: AdmissionConfig) -> Result<Self, ConfigError> {
         AdmissionController::new(config).map(Self::new)
     }

@@ -254,3 +254,6 @@ impl CallRetry {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

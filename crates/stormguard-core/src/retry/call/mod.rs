@@ -524,8 +524,8 @@ impl CallRetry {
 
     /// The dependency has `n` endpoints a retry could go to (the replicas of an
     /// endpoint-aware channel; 1, the default, for a plain channel): a retry is refused as
-    /// [`Refusal::Saturated`] only once that many were heard from saturated (see
-    /// [`Saturation::refuses_retry_at`](crate::Saturation::refuses_retry_at)).
+    /// [`Refusal::Saturated`] only once that many were heard from saturated, and none
+    /// heard from recently said otherwise (see [`Saturation`](crate::Saturation)).
     pub fn set_endpoints(&mut self, n: usize) {
         self.endpoints = n.max(1);
     }

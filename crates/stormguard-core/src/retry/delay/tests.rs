@@ -145,3 +145,67 @@ fn buckets_cover_every_latency() {
         assert!(bucket_upper_micros(b) >= us as f64, "{us}");
     }
 }
+
+#[test]
+fn a_few_slow_attempts_leave_the_percentile_on_the_fast_majority() {
+    let learned = LearnedDelay {
+        min_samples: 10,
+        ..LearnedDelay::default()
+    };
+    let estimator = DelayEstimator::new(learned);
+    let now = Instant::now();
+    assert_eq!(
+        estimator.delay_at(now),
+        None,
+        "too few samples to hedge yet"
+    );
+    // 2 % of attempts are slow: the p97 is the fast majority.
+    for i in 0..100u64 {
+        estimator.record_at(ms(if i % 50 == 0 { 50 } else { 2 }), now);
+    }
+    let delay = estimator.delay_at(now).unwrap();
+    assert!(delay >= ms(2) && delay < ms(3), "{delay:?}");
+}
+
+/// Absurd inputs: zero and `Duration::MAX` latencies, a window of `Duration::MAX`,
+/// `min_samples` of `u32::MAX`, a clock that goes back.
+#[test]
+fn absurd_latencies_keep_the_delay_in_range() {
+    let now = Instant::now();
+    let bounded = LearnedDelay {
+        floor: ms(2),
+        ceiling: ms(20),
+        min_samples: 1,
+        window: Duration::MAX,
+        ..LearnedDelay::default()
+    };
+    for elapsed in [Duration::ZERO, Duration::MAX, Duration::from_nanos(1)] {
+        let e = DelayEstimator::new(bounded.clone());
+        for _ in 0..10_000 {
+            e.record_at(elapsed, now);
+        }
+        let d = e.delay_at(now).unwrap();
+        assert!(
+            d >= bounded.floor && d <= bounded.ceiling,
+            "{elapsed:?}: {d:?}"
+        );
+        // Read back in time and far ahead: still in range, or no delay at all.
+        let far = now
+            .checked_add(Duration::from_secs(u64::MAX / 4))
+            .unwrap_or(now);
+        for t in [now.checked_sub(Duration::from_secs(1)).unwrap_or(now), far] {
+            assert!(
+                e.delay_at(t)
+                    .is_none_or(|d| d >= bounded.floor && d <= bounded.ceiling)
+            );
+        }
+    }
+    let never = DelayEstimator::new(LearnedDelay {
+        min_samples: u32::MAX,
+        ..bounded
+    });
+    for _ in 0..10_000 {
+        never.record_at(Duration::MAX, now);
+    }
+    assert_eq!(never.delay_at(now), None);
+}

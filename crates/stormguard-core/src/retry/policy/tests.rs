@@ -84,3 +84,16 @@ fn validation_names_the_field() {
     };
     assert!(p.validate("r").is_err());
 }
+
+#[test]
+fn timeout_is_looked_up_like_a_policy() {
+    let mut table = MethodTable::none();
+    table.set_timeout(
+        MethodScope::Service("pkg.Svc"),
+        Some(Duration::from_secs(1)),
+    );
+    table.set_timeout(MethodScope::Method("pkg.Svc", "Slow"), None);
+    assert_eq!(table.timeout("/pkg.Svc/Get"), Some(Duration::from_secs(1)));
+    assert_eq!(table.timeout("/pkg.Svc/Slow"), None);
+    assert_eq!(table.timeout("/other.Svc/Get"), None);
+}

@@ -126,3 +126,36 @@ fn one_saturated_endpoint_refuses_alone_not_beside_an_idle_one() {
     );
     assert!(sat.is_saturated_at(1, now));
 }
+
+#[test]
+fn a_retry_is_refused_while_every_endpoint_heard_from_is_saturated() {
+    let sat = Saturation::new(SaturationConfig::default()).unwrap();
+    let busy = LoadReport {
+        utilization: 1.0,
+        rps: 50.0,
+        eps: 0.0,
+        queue_depth: Some(4.0),
+    };
+    let idle = LoadReport {
+        utilization: 0.2,
+        rps: 50.0,
+        eps: 0.0,
+        queue_depth: Some(0.0),
+    };
+    let now = Instant::now();
+    sat.record_at(1, &busy, now);
+    assert!(sat.refuses_retry_at(1, now));
+    assert!(
+        !sat.refuses_retry_at(2, now),
+        "a second replica, not heard from yet"
+    );
+    sat.record_at(2, &idle, now);
+    assert!(
+        !sat.refuses_retry_at(1, now),
+        "replica 2 can take the retry"
+    );
+    assert!(
+        !sat.refuses_retry_at(1, now + Duration::from_secs(5)),
+        "old reports expire"
+    );
+}

@@ -9,15 +9,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::Instant;
+use crate::MethodScope;
+use crate::MethodTable;
+use crate::Pushback;
+use crate::{AttemptEnd, Failure, HedgeDecision, RetryController};
+use crate::{Budget, BudgetConfig, RetryBudget};
+use crate::{Code, CodeSet};
+use crate::{HedgeDelay, HedgingPolicy};
 use proptest::prelude::*;
-use stormguard_core::Instant;
-use stormguard_core::MethodScope;
-use stormguard_core::MethodTable;
-use stormguard_core::Pushback;
-use stormguard_core::{AttemptEnd, Failure, HedgeDecision, RetryController};
-use stormguard_core::{Budget, BudgetConfig, RetryBudget};
-use stormguard_core::{Code, CodeSet};
-use stormguard_core::{HedgeDelay, HedgingPolicy};
 
 #[derive(Clone, Debug)]
 enum Event {
