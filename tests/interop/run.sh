@@ -21,6 +21,7 @@ if [ "${1:-}" = "--venv-only" ]; then
     exit 0
 fi
 
-cargo build --locked --example server --example client --example relay
+# Over the workspace, as `cargo test --workspace` built them: a no-op after it.
+cargo build --locked --workspace --example server --example client --example relay
 
 exec "$venv/bin/python" tests/interop/interop.py --bin target/debug/examples "$@"
