@@ -4,7 +4,7 @@
 //! (5 retries/s over a 10 s window = 50 retries) is all that retries can spend.
 #![allow(clippy::unwrap_used)]
 
-use crate::{client_support, support};
+use crate::client_support;
 
 #[allow(dead_code, unreachable_pub, missing_docs)]
 #[path = "../../examples/client.rs"]
@@ -44,7 +44,6 @@ fn n(report: &serde_json::Value, key: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_policy_against_an_always_unavailable_server_stays_within_the_budget() {
-    let _loading = support::loading_async().await;
     let svc = Scripted::always(Step::Fail(Code::Unavailable));
     let addr = serve(svc.clone()).await;
     let report = example::run(&args(addr, &[])).await.unwrap();
@@ -73,7 +72,6 @@ async fn default_policy_against_an_always_unavailable_server_stays_within_the_bu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_none_sends_exactly_one_attempt_per_call() {
-    let _loading = support::loading_async().await;
     let svc = Scripted::always(Step::Fail(Code::Unavailable));
     let addr = serve(svc.clone()).await;
     let report = example::run(&args(addr, &["--policy", "none"]))
@@ -87,7 +85,6 @@ async fn policy_none_sends_exactly_one_attempt_per_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_config_with_retry_throttling_is_loaded() {
-    let _loading = support::loading_async().await;
     let svc = Scripted::always(Step::Fail(Code::Unavailable));
     let addr = serve(svc.clone()).await;
     let path = std::env::temp_dir().join(format!("stormguard-client-{}.json", std::process::id()));

@@ -54,7 +54,6 @@ const POLICIES: [&str; 3] = ["naive", "layer", "stormguard"];
 
 #[test]
 fn quick_fleet_writes_the_report_of_every_scenario_and_policy() {
-    let _loading = support::loading();
     let report = support::run_with_report("fleet", &["--quick", "--load", "0.02", "--seed", "3"]);
 
     assert_eq!(report["replicas"], 5);
@@ -212,7 +211,6 @@ fn quick_fleet_writes_the_report_of_every_scenario_and_policy() {
 /// this load). Never how fast.
 #[test]
 fn quick_fleet_over_dns_writes_the_contract() {
-    let _loading = support::loading();
     let exe =
         support::build_examples(&["fleet"]).join(format!("fleet{}", std::env::consts::EXE_SUFFIX));
     let json =

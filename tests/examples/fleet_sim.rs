@@ -10,8 +10,6 @@
 //! figures, second by second.
 #![allow(clippy::unwrap_used)]
 
-use crate::support;
-
 use std::time::Duration;
 
 use stormguard_demo::storm::Policy;
@@ -48,7 +46,6 @@ fn small_storm() -> StormConfig {
 
 #[test]
 fn stormguard_serves_through_the_trigger_and_naive_amplifies_it_into_an_outage() {
-    let _loading = support::loading();
     let config = small_storm();
     let runs: Vec<_> = [Policy::Naive, Policy::Stormguard]
         .into_iter()
@@ -88,7 +85,6 @@ fn stormguard_serves_through_the_trigger_and_naive_amplifies_it_into_an_outage()
 
 #[test]
 fn the_same_seed_gives_the_same_figures() {
-    let _loading = support::loading();
     let config = StormConfig {
         clients: 4,
         workers: 1,
@@ -107,7 +103,6 @@ fn the_same_seed_gives_the_same_figures() {
 
 #[test]
 fn a_fleet_aware_floor_sends_only_the_fleets_share_of_retries_to_a_dead_dependency() {
-    let _loading = support::loading();
     // 5 clients × 10 calls/s, measured from 5 s to 15 s as table 2's quick run (the
     // budgets' reserves refill once in the window, at 10 s); 5 ms each way and a 5 ms
     // tick: nothing here depends on finer timing.
@@ -136,7 +131,6 @@ fn a_fleet_aware_floor_sends_only_the_fleets_share_of_retries_to_a_dead_dependen
 
 #[test]
 fn fifty_hosts_on_the_defaults_send_about_one_attempt_per_call_to_a_dead_dependency() {
-    let _loading = support::loading();
     // 50 hosts × 10 calls/s, as the example's table, measured from 1 s to 3 s: by then
     // every host has seen its dependency fail and never answer. (With the floor lent
     // always, the old default and `PerProcessFloor` here, it is about 1.5.)
@@ -156,7 +150,6 @@ fn fifty_hosts_on_the_defaults_send_about_one_attempt_per_call_to_a_dead_depende
 
 #[test]
 fn fifty_hosts_on_the_defaults_wait_out_a_dependency_that_refuses_connections() {
-    let _loading = support::loading();
     // 50 hosts × 10 calls/s for 4 s against a host that listens on nothing.
     let config = DeadDependencyConfig {
         network: coarse(5),
@@ -182,7 +175,6 @@ fn fifty_hosts_on_the_defaults_wait_out_a_dependency_that_refuses_connections() 
 
 #[test]
 fn the_defaults_lose_no_call_to_a_blip_that_the_floor_lent_always_saves() {
-    let _loading = support::loading();
     // 10 hosts × 10 calls/s; every answer UNAVAILABLE from 2 s to 3 s; 2 s after it.
     let config = DeadDependencyConfig {
         clients: 10,

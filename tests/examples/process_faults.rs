@@ -16,7 +16,6 @@ use std::process::Command;
 /// Runs `process_faults --fault FAULT` for 4 s at 3× the capacity, the fault 1 s in and the server
 /// down for 0.3 s; returns the JSON report.
 fn run(fault: &str) -> serde_json::Value {
-    let _loading = support::loading();
     let dir = support::build_examples(&["server", "process_faults"]);
     let exe = dir.join(format!("process_faults{}", std::env::consts::EXE_SUFFIX));
     let report = std::env::temp_dir().join(format!(

@@ -6,8 +6,6 @@
 //! hedges held by the retry budget), never how fast anything ran.
 #![allow(clippy::unwrap_used)]
 
-use crate::support;
-
 use stormguard_demo::storm::chain::{ChainConfig, run_chain};
 use stormguard_demo::storm::{Instruments, LoopbackStorm, Policy, run_storm};
 
@@ -25,7 +23,6 @@ fn keys(value: &serde_json::Value) -> Vec<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_storm_has_the_shape_of_the_report() {
-    let _loading = support::loading_async().await;
     let loopback = LoopbackStorm::quick();
     // `unguarded` (naive on the layers) runs in tests/ops/, under a real Prometheus.
     let compared: Vec<Policy> = Policy::ALL
@@ -191,7 +188,6 @@ async fn quick_storm_has_the_shape_of_the_report() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_chain_multiplies_naive_retries_and_not_stormguard() {
-    let _loading = support::loading_async().await;
     let config = ChainConfig::quick();
     let report = run_chain(&config, &Instruments::default()).await.unwrap();
     eprintln!("{}", report.table(config.flaky_rate));

@@ -6,29 +6,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
-
-/// The examples' tests share one test binary (and its threads); the runs whose checks read
-/// figures measured on real time take this lock alone, and the runs that load the machine
-/// take it together, so that no measured run has another beside it, as when each test was
-/// a binary of its own.
-static MACHINE: RwLock<()> = RwLock::const_new(());
-
-/// Held by a run whose checks read real-time figures: nothing else runs beside it.
-pub fn measuring_alone() -> RwLockWriteGuard<'static, ()> {
-    MACHINE.blocking_write()
-}
-
-/// Held by a run that loads the machine, from a test that is not async.
-pub fn loading() -> RwLockReadGuard<'static, ()> {
-    MACHINE.blocking_read()
-}
-
-/// Held by a run that loads the machine, from an async test.
-pub async fn loading_async() -> RwLockReadGuard<'static, ()> {
-    MACHINE.read().await
-}
-
 /// `<target>/<profile>`, the folder this test binary's `deps/` is in.
 pub fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();

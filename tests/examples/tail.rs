@@ -37,7 +37,6 @@ const POLICIES: [&str; 4] = ["none", "tower-hedge", "hedging", "hedging-learned"
 
 #[test]
 fn quick_tail_reports_every_policy_and_hedges_within_its_budget() {
-    let _alone = support::measuring_alone();
     let report = support::run_with_report("tail", &["--quick", "--seed", "3"]);
 
     let policies = report["policies"].as_array().unwrap();
