@@ -140,20 +140,13 @@ fn scenario_name(name: &str) -> Result<ScenarioName, String> {
 
 /// `--discovery dns`: each scenario through the `stormguard` policy over `Replicas::from_dns`.
 async fn dns_fleet(args: &Args, meters: &meters::Meters) -> Result<(), Box<dyn Error>> {
-    let scenarios: Vec<dns::DnsScenario> = if args.scenarios.is_empty() {
-        dns::DnsScenario::ALL.to_vec()
-    } else {
-        args.scenarios
-            .iter()
-            .map(|s| match s {
-                ScenarioName::Dns(s) => Ok(*s),
-                ScenarioName::List(s) => Err(format!(
-                    "--scenarios {}: not a scenario of --discovery dns",
-                    s.as_str()
-                )),
-            })
-            .collect::<Result<_, _>>()?
-    };
+    let scenarios = chosen_scenarios(args, &dns::DnsScenario::ALL, |s| match s {
+        ScenarioName::Dns(s) => Ok(s),
+        ScenarioName::List(s) => Err(format!(
+            "--scenarios {}: not a scenario of --discovery dns",
+            s.as_str()
+        )),
+    })?;
     if args.policies.iter().any(|p| *p != Policy::Stormguard) {
         return Err("--discovery dns runs the stormguard policy only".into());
     }
@@ -263,12 +256,13 @@ async fn exported(args: &Args) -> Result<(), Box<dyn Error>> {
 
 async fn fleet(args: &Args, meters: &meters::Meters) -> Result<(), Box<dyn Error>> {
     let timing = timing(args);
-    let listed = listed_scenarios(args)?;
-    let scenarios = if listed.is_empty() {
-        &Scenario::ALL[..]
-    } else {
-        &listed
-    };
+    let scenarios = chosen_scenarios(args, &Scenario::ALL, |s| match s {
+        ScenarioName::List(s) => Ok(s),
+        ScenarioName::Dns(s) => Err(format!(
+            "--scenarios {}: a scenario of --discovery dns",
+            s.as_str()
+        )),
+    })?;
     let capacity = capacity(args.replicas).await;
     let config = RunConfig {
         replicas: args.replicas,
@@ -317,18 +311,17 @@ fn timing(args: &Args) -> Timing {
     }
 }
 
-/// The scenarios of `--scenarios` (none: all); a scenario of `--discovery dns` is an error.
-fn listed_scenarios(args: &Args) -> Result<Vec<Scenario>, String> {
-    args.scenarios
-        .iter()
-        .map(|s| match s {
-            ScenarioName::List(s) => Ok(*s),
-            ScenarioName::Dns(s) => Err(format!(
-                "--scenarios {}: a scenario of --discovery dns",
-                s.as_str()
-            )),
-        })
-        .collect()
+/// The scenarios of `--scenarios` (none: `all`), each taken by `of`, which names the
+/// error of a scenario of the other discovery.
+fn chosen_scenarios<T: Copy>(
+    args: &Args,
+    all: &[T],
+    of: impl Fn(ScenarioName) -> Result<T, String>,
+) -> Result<Vec<T>, String> {
+    if args.scenarios.is_empty() {
+        return Ok(all.to_vec());
+    }
+    args.scenarios.iter().map(|s| of(*s)).collect()
 }
 
 /// Runs every policy of `--policies` (none: all) through `scenario`, its progress on `bar`.
