@@ -32,8 +32,8 @@
 //! * **the balancer**: [`ReplicaSet`], which picks a replica per attempt and ejects
 //!   failing ones, and [`Refresh`], which decides when a set found by DNS is resolved
 //!   again and what an answer changes;
-//! * **admission**: [`AdmissionController`], the [`AdmissionQueue`] that applies it, the
-//!   [`AdaptiveLimit`] of workers and the idempotency [`DedupTable`];
+//! * **admission**: [`AdmissionController`], the [`AdmissionQueue`] that applies it, its adaptive
+//!   worker limit ([`AdaptiveLimitConfig`]) and the idempotency [`DedupTable`];
 //! * **the wire** ([`wire`]): every header the layers read or write, with its one parser
 //!   and encoder, and the ORCA [`LoadReport`];
 //! * **configuration**: [`ClientConfig`], [`AdmissionConfig`], [`ReplicaConfig`] from
@@ -68,10 +68,9 @@ pub mod wire;
 pub use wire::body::{DeadlineCut, HeldFrames, Polled};
 
 pub use admission::{
-    AdaptiveLimit, AdaptiveLimitConfig, AdmissionConfig, AdmissionController, AdmissionQueue,
-    Arrival, Begin, CallClass, DedupCounts, DedupTable, Dispatch, IdempotencyConfig, Left,
-    QueueLoad, QueueOrder, QueuedId, RateMeter, RetryThreshold, Shed, ShedPushback, ShedReason,
-    WorkerLimit,
+    AdaptiveLimitConfig, AdmissionConfig, AdmissionController, AdmissionQueue, Arrival, Begin,
+    CallClass, DedupCounts, DedupTable, Dispatch, IdempotencyConfig, Left, QueueLoad, QueueOrder,
+    QueuedId, RateMeter, RetryThreshold, Shed, ShedPushback, ShedReason, WorkerLimit,
 };
 pub use balance::weights::a58_weight;
 pub use balance::{

@@ -105,7 +105,7 @@ pub enum QueueOrder {
 /// How many calls the admission queue lets run at once.
 ///
 /// [`Adaptive`](WorkerLimit::Adaptive) is the default: the limit is learned from
-/// measured latency ([`AdaptiveLimit`](crate::AdaptiveLimit)), so a server needs no
+/// measured latency ([`AdaptiveLimitConfig`](crate::AdaptiveLimitConfig)), so a server needs no
 /// number to keep its real capacity busy and the rest of its work in the queue, where it
 /// is ordered, expired and shed. [`Fixed`](WorkerLimit::Fixed) is for a handler whose
 /// capacity is known and does not move (`docs/admission.md` says when, and what it costs

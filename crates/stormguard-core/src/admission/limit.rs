@@ -1,6 +1,6 @@
 //! An adaptive concurrency limit: how many calls may run at once, learned from latency.
 //!
-//! See [`AdaptiveLimit`](crate::AdaptiveLimit) for what it does and why.
+//! See [`AdaptiveLimitConfig`](crate::AdaptiveLimitConfig) for what it does and why.
 
 use std::time::Duration;
 
@@ -10,11 +10,129 @@ use crate::ConfigError;
 use crate::Instant;
 use crate::config::check;
 
-/// The adaptive limit's bounds and pace. `AdaptiveLimitConfig::validate` says what is
-/// accepted.
+/// The adaptive worker limit's bounds and pace: how many calls may run at once, learned
+/// from latency.
 ///
 /// Deserializes from an object of these fields, each optional (its default when absent),
 /// durations with their unit (`"100ms"`); unknown fields are refused.
+///
+/// A fixed worker count asks the operator to know the server's capacity. Set too high,
+/// the extra calls queue *inside* the handler (a database pool, a downstream channel)
+/// where the admission queue cannot see them: latency climbs for everyone, callers time
+/// out, and nothing is shed, so the retry storm the queue exists to stop comes back. Set
+/// too low, capacity sits idle. The adaptive limit finds the count from what it measures.
+///
+/// # The algorithm: TCP Vegas on call latency
+///
+/// When the server runs `L` calls at once and its real capacity is `C`, any `L > C`
+/// waits somewhere inside: latency rises from the no-load latency `m` to about `m·L/C`.
+/// Vegas reads that back as the number of calls queued inside:
+///
+/// ```text
+/// queued ≈ L · (1 − m / rtt)        (= L − C when L > C, ≈ 0 when L ≤ C)
+/// ```
+///
+/// and steers `queued` into a small band `[α, β]`, with `l = max(1, log10 L)`, `α = l`,
+/// `β = 3l`: above `β` the limit drops to the capacity the window measured (`L·m/rtt`)
+/// plus the middle of the band (at least by `l`); below `α` it grows by `l`, and by `β`
+/// at once when at most `l` is queued. Dropping at once matters: a limit far too high
+/// (a deploy made calls slower, or the start value was a guess) makes every call wait
+/// inside the handler until callers time out, and stepping down by `l` per window would
+/// take seconds. So the limit settles a few calls above `C`: every
+/// unit of real capacity stays busy, and the calls beyond it wait in the admission queue,
+/// where they can be ordered, expired and shed (retries first), instead of inside the
+/// handler. Each call queued inside adds `1/C` of a service time to every call, so the
+/// band is narrow: Netflix's `VegasLimit` uses `3l` and `6l`, which settled too far above
+/// `C` and cost goodput, and `2l`/`4l` kept enough calls queued inside under a slowdown to
+/// make callers leave (`docs/admission.md`, "Why the band is `l` to `2l`", has the runs).
+///
+/// Why Vegas rather than a gradient (Netflix's Gradient2, Envoy's adaptive concurrency
+/// filter) or AIMD? AIMD needs drops to learn, and the drops it needs are the
+/// timeouts we want to avoid. A gradient limit multiplies the limit by `m / rtt` and
+/// adds a queue allowance; it converges too, but its resting point depends on a
+/// smoothing factor and a tolerance, where Vegas's is stated in calls ("a few calls
+/// queued inside"), which is what an operator can check against a known capacity.
+///
+/// Details that matter in practice:
+///
+/// - **One decision per window**, not per call: the window's mean latency is compared
+///   with `m` once the window has lasted [`AdaptiveLimitConfig::window`] (and at least
+///   two no-load latencies) and holds [`AdaptiveLimitConfig::min_window_samples`]
+///   samples. Single calls are too noisy to steer by.
+/// - **No growth while idle.** The limit grows only if, during the window, it was
+///   reached (as many calls ran at once as it allowed): a quiet server does not talk
+///   itself into a limit it has never tested.
+/// - **Measuring the no-load latency `m`.** It can only be seen when nothing queues
+///   inside. Taking the smallest latency ever seen drifts low on a lucky sample and
+///   never follows a lasting slowdown; taking recent samples drifts high when the limit
+///   is too high (every sample then includes the internal queue), which raises the limit
+///   further. So, as Envoy does, the limit *probes*: at the first call and then every
+///   [`AdaptiveLimitConfig::probe_interval`] (jittered by ±25 % so a fleet does not probe
+///   together) it drops to [`AdaptiveLimitConfig::min_limit`], waits until no more than
+///   that many calls run, takes the median latency of the next
+///   [`AdaptiveLimitConfig::min_window_samples`] calls as `m`, and returns to the limit it
+///   had. Between probes `m` follows a faster window down at once.
+/// - **A higher floor is read from two windows, not probed.** Vegas cannot tell a higher
+///   latency floor (a slower dependency, a capacity drop that slows every call) from
+///   queueing: with the old `m` it cuts the limit below the capacity and holds it there.
+///   Probing at the floor to find out costs most of the capacity for the length of the
+///   probe, in exactly the overload the limit is for (in the storm it cost a tenth of the
+///   goodput during the slowdown and a second of recovery after it). But the cut itself
+///   tells: while calls queue inside, the latency is proportional to the calls let in
+///   (`rtt ≈ m·L/C`), so two saturated windows at limits 10 % or more apart show the
+///   same `rtt / L`. When the lower limit's `rtt / L` is 1.3 times the higher's or more,
+///   the latency did not fall with the limit: those calls did not queue, and what they
+///   took is the new floor. A floor that *fell* while every window stays saturated is
+///   only seen from above (every window includes the calls queued inside), so after a
+///   second of that a probe measures it.
+/// - **After a cut, only calls that started under the new limit count**: the calls let
+///   in before it still queue inside, and would read as a need to cut again.
+/// - **A window in which callers left is a lower bound.** A call abandoned mid-run took
+///   at least its time so far ([`AdmissionQueue::abandon_at`](crate::AdmissionQueue::abandon_at)). When a tenth of a
+///   window's calls were abandoned, the window never grows the limit and never shows a
+///   lower floor, and if calls still queue inside, it cuts the limit by `β/2`: under
+///   overload the calls that queue inside are those whose callers give up. Such a window
+///   still answers the test of a deep cut made just before it by a window whose callers
+///   stayed: a lower bound (the larger of the mean with the calls cut short and the mean
+///   of the calls served in full) that already shows the latency did not fall with the
+///   limit shows a higher floor. Without that, a slowdown that made callers leave read as
+///   calls queued inside, window after window, and took the limit down to
+///   [`AdaptiveLimitConfig::min_limit`] for as long as it lasted.
+/// - **Near a small capacity, one call too many is tried, not kept.** Where the band is
+///   one call (`β = 1`, limits up to about 10), the limit at `C + 1` reads one call queued
+///   inside, which the band allows, so it would rest there, that call waiting inside the
+///   handler and slowing every other. A growth by one call whose next window shows the
+///   call waited goes back, and the limit does not grow again for 2 windows, then 4, up
+///   to 16, until a growth shows room (the capacity rose).
+/// - **An answer that was not served is no latency.** A handler that answers
+///   `UNAVAILABLE` or `RESOURCE_EXHAUSTED` at once (passing on its own dependency's shed,
+///   say) took a worker for a moment and served nothing; read as a call, it would look like
+///   a fast success, raise the limit and drag the floor down, letting in more calls to a
+///   handler that is already refusing them ([`AdmissionQueue::finish_not_served_at`](crate::AdmissionQueue::finish_not_served_at)). Such
+///   calls are left out of every latency mean, the floor and the probe, and a window in
+///   which a tenth of the calls were not served never grows the limit.
+///
+/// The limit runs on the instants it is given (`*_at(now)`), so the simulator drives it on
+/// a virtual clock; [`AdmissionQueue`](crate::AdmissionQueue) feeds it unless
+/// [`AdmissionConfig::workers`](crate::AdmissionConfig::workers) is a fixed number.
+///
+/// ```
+/// use stormguard_core::{
+///     AdaptiveLimitConfig, AdmissionConfig, AdmissionController, AdmissionQueue, WorkerLimit,
+/// };
+///
+/// let adaptive = AdaptiveLimitConfig {
+///     initial_limit: 20, min_limit: 2, max_limit: 100, ..AdaptiveLimitConfig::default()
+/// };
+/// let config = AdmissionConfig {
+///     workers: WorkerLimit::Adaptive(adaptive),
+///     ..AdmissionConfig::default()
+/// };
+/// let queue: AdmissionQueue<()> = AdmissionQueue::new(AdmissionController::new(config)?);
+/// assert_eq!(queue.worker_limit(), 20);
+/// assert_eq!(queue.min_latency(), None); // nothing measured yet
+/// # Ok::<(), stormguard_core::ConfigError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(
     default,
@@ -160,124 +278,10 @@ struct Probe {
     samples: Vec<Duration>,
 }
 
-/// The current limit and what it was learned from. See the [docs](AdaptiveLimit).
-///
-/// A fixed worker count asks the operator to know the server's capacity. Set too high,
-/// the extra calls queue *inside* the handler (a database pool, a downstream channel)
-/// where the admission queue cannot see them: latency climbs for everyone, callers time
-/// out, and nothing is shed, so the retry storm the queue exists to stop comes back. Set
-/// too low, capacity sits idle. [`AdaptiveLimit`] finds the count from what it measures.
-///
-/// # The algorithm: TCP Vegas on call latency
-///
-/// When the server runs `L` calls at once and its real capacity is `C`, any `L > C`
-/// waits somewhere inside: latency rises from the no-load latency `m` to about `m·L/C`.
-/// Vegas reads that back as the number of calls queued inside:
-///
-/// ```text
-/// queued ≈ L · (1 − m / rtt)        (= L − C when L > C, ≈ 0 when L ≤ C)
-/// ```
-///
-/// and steers `queued` into a small band `[α, β]`, with `l = max(1, log10 L)`, `α = l`,
-/// `β = 3l`: above `β` the limit drops to the capacity the window measured (`L·m/rtt`)
-/// plus the middle of the band (at least by `l`); below `α` it grows by `l`, and by `β`
-/// at once when at most `l` is queued. Dropping at once matters: a limit far too high
-/// (a deploy made calls slower, or the start value was a guess) makes every call wait
-/// inside the handler until callers time out, and stepping down by `l` per window would
-/// take seconds. So the limit settles a few calls above `C`: every
-/// unit of real capacity stays busy, and the calls beyond it wait in the admission queue,
-/// where they can be ordered, expired and shed (retries first), instead of inside the
-/// handler. Each call queued inside adds `1/C` of a service time to every call, so the
-/// band is narrow: Netflix's `VegasLimit` uses `3l` and `6l`, which settled too far above
-/// `C` and cost goodput, and `2l`/`4l` kept enough calls queued inside under a slowdown to
-/// make callers leave (`docs/admission.md`, "Why the band is `l` to `2l`", has the runs).
-///
-/// Why Vegas rather than a gradient (Netflix's Gradient2, Envoy's adaptive concurrency
-/// filter) or AIMD? AIMD needs drops to learn, and the drops it needs are the
-/// timeouts we want to avoid. A gradient limit multiplies the limit by `m / rtt` and
-/// adds a queue allowance; it converges too, but its resting point depends on a
-/// smoothing factor and a tolerance, where Vegas's is stated in calls ("a few calls
-/// queued inside"), which is what an operator can check against a known capacity.
-///
-/// Details that matter in practice:
-///
-/// - **One decision per window**, not per call: the window's mean latency is compared
-///   with `m` once the window has lasted [`AdaptiveLimitConfig::window`] (and at least
-///   two no-load latencies) and holds [`AdaptiveLimitConfig::min_window_samples`]
-///   samples. Single calls are too noisy to steer by.
-/// - **No growth while idle.** The limit grows only if, during the window, it was
-///   reached (as many calls ran at once as it allowed): a quiet server does not talk
-///   itself into a limit it has never tested.
-/// - **Measuring the no-load latency `m`.** It can only be seen when nothing queues
-///   inside. Taking the smallest latency ever seen drifts low on a lucky sample and
-///   never follows a lasting slowdown; taking recent samples drifts high when the limit
-///   is too high (every sample then includes the internal queue), which raises the limit
-///   further. So, as Envoy does, the limit *probes*: at the first call and then every
-///   [`AdaptiveLimitConfig::probe_interval`] (jittered by ±25 % so a fleet does not probe
-///   together) it drops to [`AdaptiveLimitConfig::min_limit`], waits until no more than
-///   that many calls run, takes the median latency of the next
-///   [`AdaptiveLimitConfig::min_window_samples`] calls as `m`, and returns to the limit it
-///   had. Between probes `m` follows a faster window down at once.
-/// - **A higher floor is read from two windows, not probed.** Vegas cannot tell a higher
-///   latency floor (a slower dependency, a capacity drop that slows every call) from
-///   queueing: with the old `m` it cuts the limit below the capacity and holds it there.
-///   Probing at the floor to find out costs most of the capacity for the length of the
-///   probe, in exactly the overload the limit is for (in the storm it cost a tenth of the
-///   goodput during the slowdown and a second of recovery after it). But the cut itself
-///   tells: while calls queue inside, the latency is proportional to the calls let in
-///   (`rtt ≈ m·L/C`), so two saturated windows at limits 10 % or more apart show the
-///   same `rtt / L`. When the lower limit's `rtt / L` is 1.3 times the higher's or more,
-///   the latency did not fall with the limit: those calls did not queue, and what they
-///   took is the new floor. A floor that *fell* while every window stays saturated is
-///   only seen from above (every window includes the calls queued inside), so after a
-///   second of that a probe measures it.
-/// - **After a cut, only calls that started under the new limit count**: the calls let
-///   in before it still queue inside, and would read as a need to cut again.
-/// - **A window in which callers left is a lower bound.** A call abandoned mid-run took
-///   at least its time so far ([`AdaptiveLimit::abandoned_at`]). When a tenth of a
-///   window's calls were abandoned, the window never grows the limit and never shows a
-///   lower floor, and if calls still queue inside, it cuts the limit by `β/2`: under
-///   overload the calls that queue inside are those whose callers give up. Such a window
-///   still answers the test of a deep cut made just before it by a window whose callers
-///   stayed: a lower bound (the larger of the mean with the calls cut short and the mean
-///   of the calls served in full) that already shows the latency did not fall with the
-///   limit shows a higher floor. Without that, a slowdown that made callers leave read as
-///   calls queued inside, window after window, and took the limit down to
-///   [`AdaptiveLimitConfig::min_limit`] for as long as it lasted.
-/// - **Near a small capacity, one call too many is tried, not kept.** Where the band is
-///   one call (`β = 1`, limits up to about 10), the limit at `C + 1` reads one call queued
-///   inside, which the band allows, so it would rest there, that call waiting inside the
-///   handler and slowing every other. A growth by one call whose next window shows the
-///   call waited goes back, and the limit does not grow again for 2 windows, then 4, up
-///   to 16, until a growth shows room (the capacity rose).
-/// - **An answer that was not served is no latency.** A handler that answers
-///   `UNAVAILABLE` or `RESOURCE_EXHAUSTED` at once (passing on its own dependency's shed,
-///   say) took a worker for a moment and served nothing; read as a call, it would look like
-///   a fast success, raise the limit and drag the floor down, letting in more calls to a
-///   handler that is already refusing them ([`AdaptiveLimit::not_served_at`]). Such
-///   calls are left out of every latency mean, the floor and the probe, and a window in
-///   which a tenth of the calls were not served never grows the limit.
-///
-/// Everything runs on the instants it is given (`*_at(now)`), so the simulator can drive
-/// it on a virtual clock; [`crate::AdmissionQueue`] feeds it unless
-/// [`AdmissionConfig::workers`](crate::AdmissionConfig::workers) is a fixed number.
-///
-/// ```
-/// use std::time::Duration;
-/// use stormguard_core::Instant;
-/// use stormguard_core::{AdaptiveLimit, AdaptiveLimitConfig};
-///
-/// let config = AdaptiveLimitConfig {
-///     initial_limit: 20, min_limit: 2, max_limit: 100, ..AdaptiveLimitConfig::default()
-/// };
-/// let mut limit = AdaptiveLimit::new(config, 7).expect("valid");
-/// let t0 = Instant::now();
-/// // The first sample starts a probe at the floor.
-/// limit.sample_at(t0, t0, 0);
-/// assert_eq!(limit.limit(), 2);
-/// ```
+/// The current limit and what it was learned from (the reasoning is on
+/// [`AdaptiveLimitConfig`]). Driven by [`AdmissionQueue`](crate::AdmissionQueue).
 #[derive(Debug)]
-pub struct AdaptiveLimit {
+pub(crate) struct AdaptiveLimit {
     config: AdaptiveLimitConfig,
     limit: f64,
     min_latency: Option<Duration>,
@@ -309,7 +313,7 @@ pub struct AdaptiveLimit {
 impl AdaptiveLimit {
     /// A limit starting at `config.initial_limit` (clamped to the bounds) for a valid
     /// `config`; `seed` varies the probe jitter between servers.
-    pub fn new(config: AdaptiveLimitConfig, seed: u64) -> Result<Self, ConfigError> {
+    pub(crate) fn new(config: AdaptiveLimitConfig, seed: u64) -> Result<Self, ConfigError> {
         config.validate()?;
         let limit = config
             .initial_limit
@@ -335,13 +339,13 @@ impl AdaptiveLimit {
     }
 
     /// Calls that may run at once now.
-    pub fn limit(&self) -> usize {
+    pub(crate) fn limit(&self) -> usize {
         // Within [min_limit, max_limit], both usize: the cast cannot truncate.
         self.limit.round() as usize
     }
 
     /// The no-load latency `m` the limit steers by (`None` until the first probe ends).
-    pub fn min_latency(&self) -> Option<Duration> {
+    pub(crate) fn min_latency(&self) -> Option<Duration> {
         self.min_latency
     }
 
@@ -353,13 +357,15 @@ impl AdaptiveLimit {
 
     /// One call that started at `started` finished at `now`; `running` calls still run.
     /// Returns the limit from now on.
-    pub fn sample_at(&mut self, now: Instant, started: Instant, running: usize) -> usize {
+    #[cfg(test)]
+    pub(crate) fn sample_at(&mut self, now: Instant, started: Instant, running: usize) -> usize {
         self.record_at(now, started, running, Ended::Served)
     }
 
     /// One call that started at `started` was abandoned by its caller at `now`, before it
     /// finished; `running` calls still run. Returns the limit from now on.
-    pub fn abandoned_at(&mut self, now: Instant, started: Instant, running: usize) -> usize {
+    #[cfg(test)]
+    pub(crate) fn abandoned_at(&mut self, now: Instant, started: Instant, running: usize) -> usize {
         self.record_at(now, started, running, Ended::Abandoned)
     }
 
@@ -369,23 +375,13 @@ impl AdaptiveLimit {
     /// mean, the floor and the probe), and a window in which a tenth of the calls were not
     /// served does not grow the limit; `running` calls still run. Returns the limit from
     /// now on.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use stormguard_core::Instant;
-    /// use stormguard_core::{AdaptiveLimit, AdaptiveLimitConfig};
-    ///
-    /// let mut limit = AdaptiveLimit::new(AdaptiveLimitConfig::default(), 7).expect("valid");
-    /// let t0 = Instant::now();
-    /// // The first call starts the probe of the no-load latency; answers that were not
-    /// // served, however fast, do not end it.
-    /// limit.sample_at(t0, t0, 0);
-    /// for i in 1..=16u32 {
-    ///     limit.not_served_at(t0 + i * Duration::from_micros(50), t0, 0);
-    /// }
-    /// assert_eq!(limit.min_latency(), None);
-    /// ```
-    pub fn not_served_at(&mut self, now: Instant, started: Instant, running: usize) -> usize {
+    #[cfg(test)]
+    pub(crate) fn not_served_at(
+        &mut self,
+        now: Instant,
+        started: Instant,
+        running: usize,
+    ) -> usize {
         self.record_at(now, started, running, Ended::NotServed)
     }
 
@@ -827,5 +823,7 @@ const IDLE: Duration = Duration::from_secs(1);
 /// show a floor: well above the noise of a window's mean.
 const FLOOR_SHOWN: f64 = 1.15;
 
+#[cfg(test)]
+mod storm_model;
 #[cfg(test)]
 mod tests;

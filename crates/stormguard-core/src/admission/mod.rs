@@ -10,7 +10,7 @@ mod rates;
 
 pub use config::{AdmissionConfig, CallClass, QueueOrder, RetryThreshold, WorkerLimit};
 pub use dedup::{Begin, DedupCounts, DedupTable, IdempotencyConfig};
-pub use limit::{AdaptiveLimit, AdaptiveLimitConfig};
+pub use limit::AdaptiveLimitConfig;
 pub use queue::{AdmissionQueue, Arrival, Dispatch, Left, QueuedId};
 pub use rates::RateMeter;
 
@@ -261,7 +261,7 @@ impl CompletionRate {
 /// `no_retry_margin` or `no_retry_after_shedding`.
 ///
 /// The worker limit: **without `workers` it is adaptive** (learned from latency, see
-/// [`crate::limit`](crate::AdaptiveLimit)), with the settings of the `adaptive` object
+/// [`AdaptiveLimitConfig`](crate::AdaptiveLimitConfig)), with the settings of the `adaptive` object
 /// when there is one; `workers: N` alone is a fixed limit of `N` ([`WorkerLimit`]). The
 /// documents of earlier versions read as they did: `workers` beside an `adaptive` object
 /// is where the adaptive limit starts, and `adaptive: null` is a fixed limit of

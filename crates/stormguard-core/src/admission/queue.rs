@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
+use super::limit::AdaptiveLimit;
 use super::limit::Ended;
-use crate::AdaptiveLimit;
 use crate::Criticality;
 use crate::Instant;
 use crate::wire::AttemptClass;
@@ -116,7 +116,7 @@ struct Waiting<T> {
 ///   work a default one. Between calls of one criticality nothing changes: a full queue
 ///   sheds the arrival.
 /// - The worker limit ([`AdmissionConfig::workers`](crate::AdmissionConfig::workers)): adaptive
-///   ([`crate::limit`](crate::AdaptiveLimit)) or fixed: every call that leaves its
+///   ([`AdaptiveLimitConfig`](crate::AdaptiveLimitConfig)) or fixed: every call that leaves its
 ///   worker ([`AdmissionQueue::finish_at`], with the instant it started) is a latency
 ///   sample, and the limit follows them. `AdmissionQueue::set_worker_limit_at` sets it
 ///   from outside. Raising the limit hands the new workers to waiters at once; lowering
@@ -195,10 +195,10 @@ impl<T> AdmissionQueue<T> {
         }
     }
 
-    /// The adaptive limit's state (its limit, its no-load latency), if the limit is
-    /// adaptive.
-    pub fn adaptive(&self) -> Option<&AdaptiveLimit> {
-        self.adaptive.as_ref()
+    /// The adaptive limit's estimate of a call's latency without load (the base of its
+    /// limit), once it has one; `None` for a fixed limit.
+    pub fn min_latency(&self) -> Option<Duration> {
+        self.adaptive.as_ref().and_then(AdaptiveLimit::min_latency)
     }
 
     /// The policy (its configuration, its completion-rate estimate).
@@ -378,8 +378,8 @@ impl<T> AdmissionQueue<T> {
     /// A running call that got its worker at `started` was answered at `now` without being
     /// served (its answer's code is an overload or expiry code,
     /// [`Code::is_overload`](crate::Code::is_overload)): as [`finish_at`](Self::finish_at),
-    /// but an adaptive limit takes no latency sample from it
-    /// ([`AdaptiveLimit::not_served_at`](crate::AdaptiveLimit::not_served_at)).
+    /// but an adaptive limit takes no latency sample from it (an answer that
+    /// served nothing says nothing about how long serving takes).
     pub fn finish_not_served_at(
         &mut self,
         now: Instant,

@@ -97,7 +97,7 @@ impl Code {
     /// `DEADLINE_EXCEEDED`, `CANCELLED` (a shed, a refusal, an expiry). Such an answer is
     /// never a sign of health: a client's breaker does not count it as a success, and a
     /// server's adaptive worker limit does not read it as a served call's latency
-    /// ([`AdaptiveLimit::not_served_at`](crate::AdaptiveLimit::not_served_at)).
+    /// ([`AdmissionQueue::finish_not_served_at`](crate::AdmissionQueue::finish_not_served_at)).
     ///
     /// ```
     /// use stormguard_core::Code;

@@ -1,5 +1,4 @@
-//! The engine through its public API: config files and the adaptive limit in a model of
-//! the storm. One binary.
+//! The engine through its public API: the configuration files of every layer, read as a
+//! user writes them. One binary.
 
 mod config_files;
-mod limit_storm_model;

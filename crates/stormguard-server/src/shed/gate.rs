@@ -135,7 +135,7 @@ impl State {
             core.load().depth,
             core.running(),
             core.worker_limit(),
-            core.adaptive().and_then(|a| a.min_latency()),
+            core.min_latency(),
         );
     }
 }
@@ -358,7 +358,7 @@ impl Gate {
             core.load().depth,
             core.running(),
             core.worker_limit(),
-            core.adaptive().and_then(|a| a.min_latency()),
+            core.min_latency(),
         );
         drop(state);
         self.closed.notify_waiters();

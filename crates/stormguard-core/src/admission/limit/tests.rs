@@ -601,3 +601,17 @@ fn near_a_small_capacity_the_limit_seldom_lets_one_call_too_many_in() {
         "{below:.3} of the samples below the capacity"
     );
 }
+
+#[test]
+fn answers_that_were_not_served_do_not_end_the_probe() {
+    let mut limit = AdaptiveLimit::new(AdaptiveLimitConfig::default(), 7).unwrap();
+    let t0 = Instant::now();
+    // The first call starts the probe of the no-load latency; answers that were not
+    // served, however fast, do not end it.
+    limit.sample_at(t0, t0, 0);
+    for i in 1..=16u32 {
+        limit.not_served_at(t0 + i * Duration::from_micros(50), t0, 0);
+    }
+    assert_eq!(limit.min_latency(), None);
+    assert!(limit.probing());
+}

@@ -348,7 +348,7 @@ fn an_adaptive_limit_is_fed_by_finishing_calls() {
     // gets the freed worker.
     q.finish_at(t0 + 10 * MS, t0, none);
     assert_eq!(q.worker_limit(), 2);
-    assert!(q.adaptive().unwrap().probing());
+    assert!(q.adaptive.as_ref().unwrap().probing());
     // Calls drain to the floor; then 4 clean calls of 10 ms measure the no-load
     // latency and the limit returns to 8.
     let mut now = t0 + 10 * MS;
@@ -361,7 +361,7 @@ fn an_adaptive_limit_is_fed_by_finishing_calls() {
     q.finish_at(now, t0, collect(&mut out));
     q.finish_at(now, t0, collect(&mut out));
     assert_eq!(out, [(8, true), (9, true)]);
-    assert!(q.adaptive().unwrap().probing());
+    assert!(q.adaptive.as_ref().unwrap().probing());
     // Four clean ones (two rounds of two) end the probe; the limit is back at 8 and
     // the freed workers go to waiters at once.
     for _ in 0..2 {
@@ -369,8 +369,8 @@ fn an_adaptive_limit_is_fed_by_finishing_calls() {
         q.finish_at(now, now - 10 * MS, |_| {});
         q.finish_at(now, now - 10 * MS, |_| {});
     }
-    assert!(!q.adaptive().unwrap().probing());
-    assert_eq!(q.adaptive().unwrap().min_latency(), Some(10 * MS));
+    assert!(!q.adaptive.as_ref().unwrap().probing());
+    assert_eq!(q.min_latency(), Some(10 * MS));
     assert_eq!(q.worker_limit(), 8);
     assert_eq!(q.running(), 8);
 }

@@ -14,8 +14,8 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::Duration;
 
-use stormguard_core::Instant;
-use stormguard_core::{AdaptiveLimit, AdaptiveLimitConfig};
+use super::{AdaptiveLimit, AdaptiveLimitConfig};
+use crate::Instant;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
