@@ -32,19 +32,21 @@ use crate::config::check;
 /// queued ≈ L · (1 − m / rtt)        (= L − C when L > C, ≈ 0 when L ≤ C)
 /// ```
 ///
-/// and steers `queued` into a small band `[α, β]`, with `l = max(1, log10 L)`, `α = l`,
-/// `β = 3l`: above `β` the limit drops to the capacity the window measured (`L·m/rtt`)
-/// plus the middle of the band (at least by `l`); below `α` it grows by `l`, and by `β`
-/// at once when at most `l` is queued. Dropping at once matters: a limit far too high
-/// (a deploy made calls slower, or the start value was a guess) makes every call wait
-/// inside the handler until callers time out, and stepping down by `l` per window would
-/// take seconds. So the limit settles a few calls above `C`: every
-/// unit of real capacity stays busy, and the calls beyond it wait in the admission queue,
-/// where they can be ordered, expired and shed (retries first), instead of inside the
-/// handler. Each call queued inside adds `1/C` of a service time to every call, so the
-/// band is narrow: Netflix's `VegasLimit` uses `3l` and `6l`, which settled too far above
-/// `C` and cost goodput, and `2l`/`4l` kept enough calls queued inside under a slowdown to
-/// make callers leave (`docs/admission.md`, "Why the band is `l` to `2l`", has the runs).
+/// and steers `queued` into a small band `[α, β]`, with `β = max(1, log10 L, L/16)` and
+/// `α = β/4`: above `β` the limit drops at once to the capacity the window measured
+/// (`L·m/rtt`) plus the middle of the band (by at least `α`); below `α` it grows, by `α`
+/// and then by twice the last step after each window that grew it with nothing queued
+/// inside, so a large server reaches its capacity in a few windows. Dropping at once
+/// matters: a limit far too high (a deploy made calls slower, or the start value was a
+/// guess) makes every call wait inside the handler until callers time out, and stepping
+/// down a little per window would take seconds. So the limit settles a few calls above
+/// `C`: every unit of real capacity stays busy, and the calls beyond it wait in the
+/// admission queue, where they can be ordered, expired and shed (retries first), instead
+/// of inside the handler. Each call queued inside adds `1/C` of a service time to every
+/// call, so the band is narrow: one call at most for a small limit, a sixteenth of the
+/// limit for a large one, where a window's mean latency is known to a few percent and `L`
+/// times that error reads as calls queued. Netflix's `VegasLimit` keeps `3·log10 L` to
+/// `6·log10 L` queued, which settled too far above `C` and cost goodput.
 ///
 /// Why Vegas rather than a gradient (Netflix's Gradient2, Envoy's adaptive concurrency
 /// filter) or AIMD? AIMD needs drops to learn, and the drops it needs are the
@@ -88,8 +90,9 @@ use crate::config::check;
 /// - **After a cut, only calls that started under the new limit count**: the calls let
 ///   in before it still queue inside, and would read as a need to cut again.
 /// - **A window in which callers left is a lower bound.** A call abandoned mid-run took
-///   at least its time so far ([`AdmissionQueue::abandon_at`](crate::AdmissionQueue::abandon_at)). When a tenth of a
-///   window's calls were abandoned, the window never grows the limit and never shows a
+///   at least its time so far
+///   ([`AdmissionQueue::abandon_at`](crate::AdmissionQueue::abandon_at)). When a tenth
+///   of a window's calls were abandoned, the window never grows the limit and never shows a
 ///   lower floor, and if calls still queue inside, it cuts the limit by `β/2`: under
 ///   overload the calls that queue inside are those whose callers give up. Such a window
 ///   still answers the test of a deep cut made just before it by a window whose callers
@@ -99,7 +102,7 @@ use crate::config::check;
 ///   calls queued inside, window after window, and took the limit down to
 ///   [`AdaptiveLimitConfig::min_limit`] for as long as it lasted.
 /// - **Near a small capacity, one call too many is tried, not kept.** Where the band is
-///   one call (`β = 1`, limits up to about 10), the limit at `C + 1` reads one call queued
+///   one call (`β = 1`, limits up to 16), the limit at `C + 1` reads one call queued
 ///   inside, which the band allows, so it would rest there, that call waiting inside the
 ///   handler and slowing every other. A growth by one call whose next window shows the
 ///   call waited goes back, and the limit does not grow again for 2 windows, then 4, up
@@ -108,8 +111,9 @@ use crate::config::check;
 ///   `UNAVAILABLE` or `RESOURCE_EXHAUSTED` at once (passing on its own dependency's shed,
 ///   say) took a worker for a moment and served nothing; read as a call, it would look like
 ///   a fast success, raise the limit and drag the floor down, letting in more calls to a
-///   handler that is already refusing them ([`AdmissionQueue::finish_not_served_at`](crate::AdmissionQueue::finish_not_served_at)). Such
-///   calls are left out of every latency mean, the floor and the probe, and a window in
+///   handler that is already refusing them
+///   ([`AdmissionQueue::finish_not_served_at`](crate::AdmissionQueue::finish_not_served_at)).
+///   Such calls are left out of every latency mean, the floor and the probe, and a window in
 ///   which a tenth of the calls were not served never grows the limit.
 ///
 /// The limit runs on the instants it is given (`*_at(now)`), so the simulator drives it on
