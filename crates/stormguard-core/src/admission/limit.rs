@@ -353,42 +353,6 @@ impl AdaptiveLimit {
         self.min_latency
     }
 
-    #[cfg(test)]
-    /// Whether a probe of the no-load latency is under way (the limit is at the floor).
-    pub(crate) fn probing(&self) -> bool {
-        self.probe.is_some()
-    }
-
-    /// One call that started at `started` finished at `now`; `running` calls still run.
-    /// Returns the limit from now on.
-    #[cfg(test)]
-    pub(crate) fn sample_at(&mut self, now: Instant, started: Instant, running: usize) -> usize {
-        self.record_at(now, started, running, Ended::Served)
-    }
-
-    /// One call that started at `started` was abandoned by its caller at `now`, before it
-    /// finished; `running` calls still run. Returns the limit from now on.
-    #[cfg(test)]
-    pub(crate) fn abandoned_at(&mut self, now: Instant, started: Instant, running: usize) -> usize {
-        self.record_at(now, started, running, Ended::Abandoned)
-    }
-
-    /// One call that started at `started` was answered at `now` without being served: its
-    /// answer's code says overload or expiry ([`Code::is_overload`](crate::Code::is_overload):
-    /// shed, refused, out of time). Its time is no latency sample (left out of the window's
-    /// mean, the floor and the probe), and a window in which a tenth of the calls were not
-    /// served does not grow the limit; `running` calls still run. Returns the limit from
-    /// now on.
-    #[cfg(test)]
-    pub(crate) fn not_served_at(
-        &mut self,
-        now: Instant,
-        started: Instant,
-        running: usize,
-    ) -> usize {
-        self.record_at(now, started, running, Ended::NotServed)
-    }
-
     /// One call that started at `started` ended at `now` as `ended` says; `running` calls
     /// still run. Returns the limit from now on.
     pub(crate) fn record_at(

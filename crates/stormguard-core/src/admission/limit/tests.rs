@@ -1,6 +1,32 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
 
+/// The limit's reading of each way a call ends, one call at a time, for the tests here and
+/// the queue's.
+impl AdaptiveLimit {
+    /// Whether a probe of the no-load latency is under way (the limit is at the floor).
+    pub(crate) fn probing(&self) -> bool {
+        self.probe.is_some()
+    }
+
+    pub(crate) fn sample_at(&mut self, now: Instant, started: Instant, running: usize) -> usize {
+        self.record_at(now, started, running, Ended::Served)
+    }
+
+    pub(crate) fn abandoned_at(&mut self, now: Instant, started: Instant, running: usize) -> usize {
+        self.record_at(now, started, running, Ended::Abandoned)
+    }
+
+    pub(crate) fn not_served_at(
+        &mut self,
+        now: Instant,
+        started: Instant,
+        running: usize,
+    ) -> usize {
+        self.record_at(now, started, running, Ended::NotServed)
+    }
+}
+
 const MS: Duration = Duration::from_millis(1);
 const US: Duration = Duration::from_micros(1);
 
