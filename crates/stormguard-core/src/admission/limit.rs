@@ -166,9 +166,6 @@ pub struct AdaptiveLimitConfig {
     /// Default 30 s.
     #[serde(with = "crate::config::duration")]
     pub probe_interval: Duration,
-    /// Seed of the probe jitter.
-    #[serde(deserialize_with = "crate::config::whole")]
-    pub seed: u64,
 }
 
 impl Default for AdaptiveLimitConfig {
@@ -180,7 +177,6 @@ impl Default for AdaptiveLimitConfig {
             window: Duration::from_millis(100),
             min_window_samples: 16,
             probe_interval: Duration::from_secs(30),
-            seed: 0x11_ad_a9,
         }
     }
 }
@@ -314,15 +310,19 @@ pub(crate) struct AdaptiveLimit {
     rng: fastrand::Rng,
 }
 
+/// Mixed into the admission config's seed so that the probe jitter and the pushback
+/// jitter, seeded alike, draw different numbers.
+const PROBE_STREAM: u64 = 0x11_ad_a9;
+
 impl AdaptiveLimit {
     /// A limit starting at `config.initial_limit` (clamped to the bounds) for a valid
-    /// `config`; `seed` varies the probe jitter between servers.
+    /// `config`; `seed` (the admission config's) varies the probe jitter between servers.
     pub(crate) fn new(config: AdaptiveLimitConfig, seed: u64) -> Result<Self, ConfigError> {
         config.validate()?;
         let limit = config
             .initial_limit
             .clamp(config.min_limit, config.max_limit) as f64;
-        let rng = fastrand::Rng::with_seed(config.seed ^ seed);
+        let rng = fastrand::Rng::with_seed(seed ^ PROBE_STREAM);
         Ok(AdaptiveLimit {
             config,
             limit,

@@ -77,7 +77,6 @@ fn config() -> AdaptiveLimitConfig {
         window: 50 * MS,
         min_window_samples: 8,
         probe_interval: Duration::from_secs(5),
-        seed: 1,
     }
 }
 

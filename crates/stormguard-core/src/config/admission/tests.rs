@@ -15,7 +15,7 @@ fn json_reads_every_field() {
             "seed": "18446744073709551615", "retry_info": true,
             "sheddable_threshold": { "depth": 2, "queue_delay": "5ms" },
             "adaptive": { "min_limit": 3, "max_limit": 200, "window": "50ms",
-                          "min_window_samples": 10, "probe_interval": "10s", "seed": 4 } } }"#;
+                          "min_window_samples": 10, "probe_interval": "10s" } } }"#;
     let c = AdmissionConfig::from_json(json).unwrap();
     assert_eq!(
         c,
@@ -27,7 +27,6 @@ fn json_reads_every_field() {
                 window: Duration::from_millis(50),
                 min_window_samples: 10,
                 probe_interval: Duration::from_secs(10),
-                seed: 4,
             }),
             queue_capacity: 64,
             retry_threshold: RetryThreshold {
@@ -184,6 +183,11 @@ fn json_errors_name_the_field_as_written() {
         (
             r#"{"admission": {"adaptive": {"window": "fast"}}}"#,
             "admission.adaptive.window",
+        ),
+        // The probe jitter is seeded by `admission.seed`, like every other jitter.
+        (
+            r#"{"admission": {"adaptive": {"seed": 4}}}"#,
+            "admission.adaptive.seed",
         ),
     ];
     for (json, want) in cases {

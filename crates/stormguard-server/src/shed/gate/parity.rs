@@ -432,7 +432,6 @@ fn adaptive(queue_order: QueueOrder) -> AdmissionConfig {
             window: 5 * MS,
             min_window_samples: 3,
             probe_interval: 150 * MS,
-            seed: 5,
         }),
         ..config(queue_order)
     }
