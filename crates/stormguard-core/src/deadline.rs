@@ -30,10 +30,16 @@ pub struct Deadline {
 }
 
 impl Deadline {
-    /// A deadline `timeout` after `now`.
+    /// A deadline `timeout` after `now`, or as far as the clock reaches when that is past
+    /// it (an absurd timeout is "no practical limit", never a panic).
     pub fn after_at(now: Instant, timeout: Duration) -> Self {
-        Deadline {
-            at: now.checked_add(timeout).unwrap_or(now + MAX_DEADLINE),
+        let mut timeout = timeout.min(MAX_DEADLINE);
+        loop {
+            // Halving ends: `now + 0` is `now`.
+            match now.checked_add(timeout) {
+                Some(at) => return Deadline { at },
+                None => timeout /= 2,
+            }
         }
     }
 
@@ -156,8 +162,8 @@ pub fn resolve_deadline_at(
         .map(|(at, source)| CallDeadline { at, source })
 }
 
-/// The furthest a deadline is ever placed: about a century, so `Instant` arithmetic never
-/// overflows.
+/// The furthest a deadline is ever placed: about a century, so later `Instant` arithmetic
+/// on it does not overflow.
 const MAX_DEADLINE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 #[cfg(test)]
