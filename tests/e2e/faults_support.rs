@@ -78,7 +78,7 @@ use stormguard_demo::{
     WatchStockRequest,
 };
 use stormguard_server::idempotency::{IdempotencyLayer, IdempotencyStats, MemoryStore};
-use stormguard_server::shed::{DrainCounts, ShedStats};
+use stormguard_server::{DrainCounts, ShedStats};
 use stormguard_server::{Occupancy, ShedLayer};
 use tokio::time::Instant;
 use tonic::codegen::tokio_stream::Stream;

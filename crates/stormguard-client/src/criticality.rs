@@ -1,28 +1,4 @@
-//! Stamping each call with its criticality: [`CriticalityLayer`].
-//!
-//! A server sheds sheddable work first, then retries, then the rest (see
-//! [`stormguard_core::Criticality`]). It learns a call's class from the
-//! `stormguard-criticality` request header; this layer sets that header from a
-//! [`CriticalityTable`] of classes per method, so the code that makes the calls does not
-//! have to. A call that already carries the header (set by the caller for that one call)
-//! keeps it. The server caps whatever a call claims at what its own table grants the
-//! method, so stamping `critical` only helps where the server allows it.
-//!
-//! ```
-//! use stormguard_client::CriticalityLayer;
-//! use tower::ServiceBuilder;
-//!
-//! let layer = CriticalityLayer::from_json(r#"{ "criticality": {
-//!     "default": "default",
-//!     "methods": { "/shop.Cart/Checkout": "critical", "/shop.Recs/": "sheddable" } } }"#)
-//!     .expect("valid");
-//! # let channel = tower::service_fn(|_: http::Request<()>| async {
-//! #     Ok::<_, std::convert::Infallible>(http::Response::new(()))
-//! # });
-//! // Outside or inside the RetryLayer: retries carry the header either way.
-//! let svc = ServiceBuilder::new().layer(layer).service(channel);
-//! # let _ = svc;
-//! ```
+//! Stamping each call with its criticality: `CriticalityLayer`.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -35,6 +11,30 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 /// Stamps each call with its method's criticality (the `stormguard-criticality` header).
+///
+/// A server sheds sheddable work first, then retries, then the rest (see
+/// [`Criticality`](crate::Criticality)). It learns a call's class from the
+/// `stormguard-criticality` request header; this layer sets that header from a
+/// [`CriticalityTable`] of classes per method, so the code that makes the calls does not
+/// have to. A call that already carries the header (set by the caller for that one call)
+/// keeps it. The server caps whatever a call claims at what its own table grants the
+/// method, so stamping `critical` only helps where the server allows it.
+///
+/// ```
+/// use stormguard_client::CriticalityLayer;
+/// use tower::ServiceBuilder;
+///
+/// let layer = CriticalityLayer::from_json(r#"{ "criticality": {
+///     "default": "default",
+///     "methods": { "/shop.Cart/Checkout": "critical", "/shop.Recs/": "sheddable" } } }"#)
+///     .expect("valid");
+/// # let channel = tower::service_fn(|_: http::Request<()>| async {
+/// #     Ok::<_, std::convert::Infallible>(http::Response::new(()))
+/// # });
+/// // Outside or inside the RetryLayer: retries carry the header either way.
+/// let svc = ServiceBuilder::new().layer(layer).service(channel);
+/// # let _ = svc;
+/// ```
 #[derive(Clone, Debug)]
 pub struct CriticalityLayer {
     table: Arc<CriticalityTable>,

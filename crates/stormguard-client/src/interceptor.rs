@@ -1,37 +1,4 @@
-//! A tonic [`Interceptor`] for code that keeps its own retry loop.
-//!
-//! # When to use which
-//!
-//! - Use the [`RetryLayer`](crate::RetryLayer) when stormguard should own the retries of
-//!   a channel: it decides each retry (budget, breaker, pushback, deadline), replays the
-//!   request body and stamps every attempt. This is the normal choice.
-//! - Use the [`ContextInterceptor`] when your code already decides retries itself (or a
-//!   call must never be retried) but should still tell the server what it needs to shed
-//!   load well: the time left on the deadline of the work in scope (`grpc-timeout`) and
-//!   whether this attempt is a retry (`grpc-previous-rpc-attempts`). It reads both from the
-//!   current [`CallContext`]; set it with [`context::scope`](crate::context::scope) around
-//!   each attempt. It cannot see responses, so it cannot retry: tonic interceptors only see
-//!   the outgoing request.
-//!
-//! Do not stack both on one channel: the layer already stamps what the interceptor would.
-//!
-//! ```
-//! use std::time::Duration;
-//! use stormguard_client::{ContextInterceptor, context::{self, CallContext}};
-//! use tonic::service::Interceptor;
-//!
-//! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! let ctx = CallContext::new().with_timeout(Duration::from_secs(1)).with_previous_attempts(2);
-//! let request = context::scope(ctx, async {
-//!     ContextInterceptor::new().call(tonic::Request::new(())).unwrap()
-//! })
-//! .await;
-//! assert_eq!(request.metadata().get("grpc-previous-rpc-attempts").unwrap(), "2");
-//! assert!(request.metadata().get("grpc-timeout").is_some());
-//! # }
-//! ```
-//!
-//! With a generated client: `InventoryClient::with_interceptor(channel, ContextInterceptor::new())`.
+//! [`ContextInterceptor`](crate::ContextInterceptor): a tonic interceptor for code that keeps its own retry loop.
 
 use std::time::Duration;
 
@@ -52,6 +19,39 @@ use crate::context::CallContext;
 ///
 /// A request whose context deadline has already passed is not sent: it fails at once with
 /// `DEADLINE_EXCEEDED`.
+///
+/// # When to use which
+///
+/// - Use the [`RetryLayer`](crate::RetryLayer) when stormguard should own the retries of
+///   a channel: it decides each retry (budget, breaker, pushback, deadline), replays the
+///   request body and stamps every attempt. This is the normal choice.
+/// - Use this interceptor when your code already decides retries itself (or a
+///   call must never be retried) but should still tell the server what it needs to shed
+///   load well: the time left on the deadline of the work in scope (`grpc-timeout`) and
+///   whether this attempt is a retry (`grpc-previous-rpc-attempts`). It reads both from the
+///   current [`CallContext`]; set it with [`context::scope`](crate::context::scope) around
+///   each attempt. It cannot see responses, so it cannot retry: tonic interceptors only see
+///   the outgoing request.
+///
+/// Do not stack both on one channel: the layer already stamps what the interceptor would.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard_client::{ContextInterceptor, context::{self, CallContext}};
+/// use tonic::service::Interceptor;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let ctx = CallContext::new().with_timeout(Duration::from_secs(1)).with_previous_attempts(2);
+/// let request = context::scope(ctx, async {
+///     ContextInterceptor::new().call(tonic::Request::new(())).unwrap()
+/// })
+/// .await;
+/// assert_eq!(request.metadata().get("grpc-previous-rpc-attempts").unwrap(), "2");
+/// assert!(request.metadata().get("grpc-timeout").is_some());
+/// # }
+/// ```
+///
+/// With a generated client: `InventoryClient::with_interceptor(channel, ContextInterceptor::new())`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ContextInterceptor {
     _p: (),

@@ -95,12 +95,12 @@
 //! The [`RetryLayer`] owns retries: use it unless your code keeps its own call loop. The
 //! [`ContextInterceptor`] only stamps the deadline and attempt number of the current
 //! [`CallContext`](context::CallContext) onto requests, for code that retries by itself or
-//! must never retry; see [`interceptor`] for details.
+//! must never retry; see [`ContextInterceptor`] for which to use.
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
-pub mod criticality;
-pub mod interceptor;
+mod criticality;
+mod interceptor;
 
 /// The call context (deadline and attempt number) that outgoing calls inherit; it lives in
 /// the policy crate so that the server layer can set it. See [`stormguard_core::context`].
@@ -111,9 +111,11 @@ mod status;
 
 pub use criticality::{CriticalityLayer, StampCriticality};
 pub use interceptor::ContextInterceptor;
-pub use retry::DEFAULT_REPLAY_LIMIT;
-pub use retry::{RefusedCounts, RetrySnapshot, RetryStats, ThrottledCounts};
-pub use retry::{ResponseBody, Retry, RetryLayer};
+pub use retry::body::ResponseBody;
+pub use retry::layer::RetryLayer;
+pub use retry::replay::DEFAULT_REPLAY_LIMIT;
+pub use retry::service::Retry;
+pub use retry::stats::{RefusedCounts, RetrySnapshot, RetryStats, ThrottledCounts};
 pub use status::{BoxError, code_from_tonic, code_to_tonic};
 
 // What a user of the layer configures, so that one `use stormguard_client::{..}` holds it.

@@ -97,9 +97,11 @@
 pub mod idempotency;
 pub mod shed;
 
-pub use shed::{DrainCounts, ShedBody};
-pub use shed::{Occupancy, ShedSnapshot};
-pub use shed::{ResponseFuture, ShedLayer, ShedService, ShedStats};
+pub use shed::body::ShedBody;
+pub use shed::future::ResponseFuture;
+pub use shed::layer::ShedLayer;
+pub use shed::service::{ShedService, ShedStats};
+pub use shed::stats::{DrainCounts, Occupancy, ShedSnapshot};
 // What a user of the layer configures, so that one `use stormguard_server::{..}` holds it.
 pub use stormguard_core::wire::AttemptClass;
 pub use stormguard_core::{

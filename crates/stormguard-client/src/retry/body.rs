@@ -277,7 +277,7 @@ impl<B: fmt::Debug> fmt::Debug for ResponseBody<B> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::retry::RetryStats;
+    use crate::RetryStats;
     use std::collections::VecDeque;
     use std::sync::Arc;
 

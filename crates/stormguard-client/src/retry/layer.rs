@@ -1,5 +1,5 @@
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use stormguard_core::AdaptiveThrottle;
@@ -8,9 +8,9 @@ use stormguard_core::RetryController;
 use stormguard_core::{ClientConfig, ConfigError};
 use tower_layer::Layer;
 
-use super::Retry;
 use super::events::LayerEvents;
 use super::replay::DEFAULT_REPLAY_LIMIT;
+use super::service::Retry;
 use super::stats::RetryStats;
 
 /// Wraps a tonic channel (any `Clone` service of `http::Request<tonic::body::Body>`) in a
@@ -425,10 +425,6 @@ impl<S: Clone> Layer<S> for RetryLayer {
 
     fn layer(&self, inner: S) -> Retry<S> {
         self.shared.register_metrics();
-        Retry {
-            spare: Arc::new(Mutex::new(inner.clone())),
-            inner,
-            shared: self.shared.clone(),
-        }
+        Retry::new(inner, self.shared.clone())
     }
 }

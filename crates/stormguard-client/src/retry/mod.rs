@@ -4,7 +4,7 @@
 //!
 //! An attempt cap bounds one call: at a 100 % failure rate, three attempts still triple the
 //! load on a dependency that is already failing, and the retry load alone can keep it down
-//! after the trigger is gone (a metastable failure). [`Retry`] asks the shared
+//! after the trigger is gone (a metastable failure). [`Retry`](crate::Retry) asks the shared
 //! [`RetryController`](stormguard_core::RetryController) before each retry, whose
 //! budget lets retries be at most a fraction of successes (plus a small floor), so the load
 //! stays near `1.1 ×` however badly the dependency fails.
@@ -39,7 +39,7 @@
 //! [`CallRetry::on_hedge_end_at`], where these are decided). Only a request whose body is
 //! read whole (every unary call) within the replay limit is copied. Over
 //! [`Replicas`](crate::replicas::Replicas) with
-//! [`over_replicas`](RetryLayer::over_replicas), each copy goes to a replica the call has
+//! [`over_replicas`](crate::RetryLayer::over_replicas), each copy goes to a replica the call has
 //! not used. A call that is answered before its delay allocates nothing more than a
 //! retried call. The repository's `docs/hedging.md` says why a learned delay counts the
 //! copies that lost.
@@ -62,7 +62,7 @@
 //!
 //! For a trailers-only answer the status is in the headers and is recorded at once. A
 //! committed call (headers without a status: a stream, or a unary call whose status comes
-//! in the trailers) is recorded when its body ends, by the [`ResponseBody`] the caller
+//! in the trailers) is recorded when its body ends, by the [`ResponseBody`](crate::ResponseBody) the caller
 //! reads: the `grpc-status` of the trailers; `UNAVAILABLE` when the body fails or ends
 //! without a status (the stream broke before the server finished the call); nothing when
 //! the caller drops the body before its end. So a stream that fails with `UNAVAILABLE` after
@@ -81,7 +81,7 @@
 //! (`tonic::Request::set_timeout`), the deadline of the current
 //! [`CallContext`](crate::context::CallContext) and the method's own limit (a service
 //! config's `timeout`, which gRPC defines as a cap on what the application sets, not only
-//! a default); when none is set, the layer's [default](RetryLayer::with_default_timeout),
+//! a default); when none is set, the layer's [default](crate::RetryLayer::with_default_timeout),
 //! if any. The policy crate decides it, in one place
 //! ([`resolve_deadline_at`](stormguard_core::resolve_deadline_at)). Every attempt carries what is left
 //! of it as `grpc-timeout`. The layer also races each attempt against the deadline itself
@@ -107,12 +107,12 @@
 //! own deadline and the connection still serves afterwards.
 
 mod attempt;
-mod body;
+pub(crate) mod body;
 mod classify;
 mod end;
 mod events;
 mod future;
-mod layer;
+pub(crate) mod layer;
 mod load;
 #[cfg(feature = "opentelemetry")]
 pub mod metrics;
@@ -137,75 +137,13 @@ mod metrics {
     }
 }
 mod record;
-mod replay;
-mod stats;
+pub(crate) mod replay;
+pub(crate) mod service;
+pub(crate) mod stats;
 mod throttle;
 mod timer;
 
-use std::fmt;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
-
-use tonic::body::Body;
-use tower_service::Service;
-
-pub use self::body::ResponseBody;
+// The layer, its service and body, and its counters are at the crate's root (one path
+// each); this module holds what is only read through them: the response future and, with
+// the `opentelemetry` feature, the metrics.
 pub use self::future::ResponseFuture;
-pub use self::layer::RetryLayer;
-pub use self::replay::DEFAULT_REPLAY_LIMIT;
-pub use self::stats::{RefusedCounts, RetrySnapshot, RetryStats, ThrottledCounts};
-use crate::status::BoxError;
-
-/// A tonic channel wrapped in stormguard's retry controller; built by [`RetryLayer`].
-///
-/// Responses pass through unchanged (their body wrapped in a [`ResponseBody`], which
-/// forwards it and records how a committed call ended) except when the layer gives up on a retryable failure
-/// (budget, breaker, attempts, deadline): then the returned status carries
-/// `grpc-retry-pushback-ms: -1`, so that a handler passing it up tells standard gRPC
-/// clients above it not to retry either.
-#[derive(Clone)]
-pub struct Retry<S> {
-    inner: S,
-    // What a retry clones its service from (the first attempt uses `inner` itself).
-    spare: Arc<Mutex<S>>,
-    shared: Arc<layer::Shared>,
-}
-
-impl<S> Retry<S> {
-    /// The counters of the layer this service came from.
-    pub fn stats(&self) -> RetryStats {
-        self.shared.stats.clone()
-    }
-
-    /// The wrapped service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-}
-
-impl<S: fmt::Debug> fmt::Debug for Retry<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Retry")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S, B> Service<http::Request<Body>> for Retry<S>
-where
-    S: Service<http::Request<Body>, Response = http::Response<B>> + Clone,
-    S::Error: Into<BoxError>,
-    B: http_body::Body,
-{
-    type Response = http::Response<ResponseBody<B>>;
-    type Error = BoxError;
-    type Future = ResponseFuture<S, B>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        ResponseFuture::start(&mut self.inner, &self.spare, request, &self.shared)
-    }
-}

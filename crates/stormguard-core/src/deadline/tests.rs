@@ -26,12 +26,12 @@ fn deadline_arithmetic() {
 fn a_deadline_near_the_end_of_the_clock_stops_there() {
     // About the last instant the clock can hold: each step adds what still fits.
     let t0 = Instant::now();
-    let end = (0..64)
-        .rev()
-        .fold(t0, |t, bit| t.checked_add(Duration::from_secs(1 << bit)).unwrap_or(t));
-    let end = (0..30)
-        .rev()
-        .fold(end, |t, bit| t.checked_add(Duration::from_nanos(1 << bit)).unwrap_or(t));
+    let end = (0..64).rev().fold(t0, |t, bit| {
+        t.checked_add(Duration::from_secs(1 << bit)).unwrap_or(t)
+    });
+    let end = (0..30).rev().fold(end, |t, bit| {
+        t.checked_add(Duration::from_nanos(1 << bit)).unwrap_or(t)
+    });
     assert!(end.checked_add(Duration::from_secs(1)).is_none());
     for timeout in [Duration::from_secs(10), MAX_DEADLINE, Duration::MAX] {
         let d = Deadline::after_at(end, timeout);

@@ -45,6 +45,8 @@ use std::time::Duration;
 use bytes::Buf;
 use http_body::Body;
 
+use super::stats::DrainCounts;
+
 /// The most request bytes read after an early answer.
 pub const MAX_BYTES: usize = 64 * 1024;
 /// The longest a request body is waited for after an early answer.
@@ -59,20 +61,6 @@ pub(crate) struct Drains {
     ended: AtomicU64,
     cut: AtomicU64,
     skipped: AtomicU64,
-}
-
-/// Counters of the request bodies read after early answers (see
-/// [`ShedStats::drains`](crate::ShedStats::drains)).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct DrainCounts {
-    /// Bodies read to their end.
-    pub ended: u64,
-    /// Bodies dropped unfinished at [`MAX_BYTES`] or [`MAX_TIME`] (the stream is reset).
-    pub cut: u64,
-    /// Bodies dropped unread because [`MAX_DRAINS`] were already being read.
-    pub skipped: u64,
-    /// Bodies being read now.
-    pub active: usize,
 }
 
 impl Drains {

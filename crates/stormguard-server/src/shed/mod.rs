@@ -1,8 +1,8 @@
-//! The admission queue as a tower middleware: [`ShedLayer`] and [`ShedService`].
+//! The admission queue as a tower middleware: [`ShedLayer`](crate::ShedLayer) and [`ShedService`](crate::ShedService).
 //!
 //! # Readiness contract
 //!
-//! [`ShedService`] is ready exactly when its inner service is. It never waits for a
+//! [`ShedService`](crate::ShedService) is ready exactly when its inner service is. It never waits for a
 //! worker in `poll_ready`: admission happens in `call`, where the call's attempt class
 //! and deadline are known, and where a call that must not wait can be answered at once.
 //! Waiting in `poll_ready` would stall hyper's connection task and could shed nothing.
@@ -13,7 +13,7 @@
 //!    the inner service at once, without a worker.
 //! 2. Reads the attempt class (`grpc-previous-rpc-attempts`, else `x-retry-attempt`),
 //!    the criticality (`stormguard-criticality`, capped by the layer's table for the
-//!    method's path; see [`ShedLayer::with_criticality`]) and the deadline
+//!    method's path; see [`ShedLayer::with_criticality`](crate::ShedLayer::with_criticality)) and the deadline
 //!    (`grpc-timeout`, malformed = none) from the request headers.
 //! 3. Answers `DEADLINE_EXCEEDED` at once when the deadline leaves less than
 //!    `min_time_left`, even with a worker free.
@@ -35,7 +35,7 @@
 //! request body is read and discarded within bounds ([`drain`]), so the connection
 //! survives any number of them.
 //!
-//! The worker is given back when the response body ([`ShedBody`]) ends or is dropped,
+//! The worker is given back when the response body ([`ShedBody`](crate::ShedBody)) ends or is dropped,
 //! or when the future is dropped before that: a streaming response holds its worker for
 //! as long as it streams, and no longer than its deadline.
 //!
@@ -65,345 +65,30 @@
 //! back as the future is dropped, as for a caller that left mid-run), while a response that
 //! streams is held to the caller's deadline by the layer alone.
 
-mod body;
+pub(crate) mod body;
 pub mod drain;
 mod events;
 pub mod exempt;
-mod future;
+pub(crate) mod future;
 pub(crate) mod gate;
 #[cfg(feature = "health")]
 mod health;
-mod layer;
+pub(crate) mod layer;
 pub(crate) mod load;
 #[cfg(feature = "opentelemetry")]
 pub mod metrics;
 pub(crate) mod response;
+pub(crate) mod service;
 mod shutdown;
-mod stats;
+pub(crate) mod stats;
 
-pub use body::ShedBody;
-pub use drain::DrainCounts;
-pub use exempt::HEALTH_SERVICE;
-pub use future::ResponseFuture;
-pub use layer::ShedLayer;
+// The layer, its service, body and future, and its counters are at the crate's root (one
+// path each); this module holds the rest: what the answers say, the shutdown handle, the
+// limits of draining, the exempt services and, with `opentelemetry`, the metrics.
 pub use response::{
     MESSAGE_DEADLINE_CUT, MESSAGE_EXPIRED, MESSAGE_QUEUE_FULL, MESSAGE_RETRY_SHED,
     MESSAGE_SHEDDABLE, MESSAGE_SHUTTING_DOWN, SHUTDOWN_PUSHBACK_MS,
 };
 pub use shutdown::ShutdownHandle;
-pub use stats::{Occupancy, ShedSnapshot};
 
-use std::fmt;
-use std::sync::Arc;
-use std::task::{Context, Poll};
-
-use stormguard_core::CallClass;
-use stormguard_core::CriticalityTable;
-use stormguard_core::Instant;
-use stormguard_core::{context::CallContext, context::RequestScope};
-use stormguard_core::{wire::attempt_class, wire::decode_grpc_timeout, wire::parse_criticality};
-use stormguard_core::{
-    wire::http::GRPC_PREVIOUS_RPC_ATTEMPTS, wire::http::GRPC_TIMEOUT,
-    wire::http::STORMGUARD_CRITICALITY, wire::http::X_RETRY_ATTEMPT, wire::http::X_RETRY_BUDGET,
-};
-use tower_service::Service;
-
-use drain::{Discard, Drains};
-use events::{QueuedEvents, ShedEvents};
-use exempt::{Bypassed, NeverShed};
-use gate::{Entry, Gate, Ticket};
-use load::{CallReport, LoadReporter};
-
-/// A service behind the admission queue. Built by [`ShedLayer`]; every clone, and every
-/// service the same layer wraps, shares one queue.
-#[derive(Clone)]
-pub struct ShedService<S> {
-    inner: S,
-    shared: Shared,
-}
-
-/// What a [`ShedLayer`] gives every service it wraps: the one queue, the rules its calls
-/// are admitted by, and where they are counted and logged.
-#[derive(Clone)]
-pub(crate) struct Shared {
-    pub(crate) gate: Arc<Gate>,
-    pub(crate) criticality: Arc<CriticalityTable>,
-    pub(crate) never_shed: Arc<NeverShed>,
-    pub(crate) bypassed: Arc<Bypassed>,
-    pub(crate) drains: Arc<Drains>,
-    pub(crate) retry_allowance: Option<u32>,
-    pub(crate) events: Arc<ShedEvents>,
-    pub(crate) load: Option<Arc<LoadReporter>>,
-}
-
-impl Shared {
-    /// The queue's counters.
-    pub(crate) fn stats(&self) -> ShedStats {
-        ShedStats::new(
-            Arc::clone(&self.gate),
-            Arc::clone(&self.drains),
-            Arc::clone(&self.bypassed),
-        )
-    }
-}
-
-impl<S> ShedService<S> {
-    /// `inner` behind the queue and rules of `shared`.
-    pub(crate) fn new(inner: S, shared: Shared) -> Self {
-        ShedService { inner, shared }
-    }
-
-    /// The queue's counters.
-    pub fn stats(&self) -> ShedStats {
-        self.shared.stats()
-    }
-
-    /// The wrapped service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-}
-
-impl<S> fmt::Debug for ShedService<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ShedService")
-            .field("queue", &self.shared.gate.counters().snapshot())
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S: tonic::server::NamedService> tonic::server::NamedService for ShedService<S> {
-    const NAME: &'static str = S::NAME;
-}
-
-impl<S, ReqBody, B> Service<http::Request<ReqBody>> for ShedService<S>
-where
-    S: Service<http::Request<ReqBody>, Response = http::Response<B>> + Clone,
-    ReqBody: http_body::Body + Send + Unpin + 'static,
-    B: http_body::Body,
-{
-    type Response = http::Response<ShedBody<B>>;
-    type Error = S::Error;
-    type Future = ResponseFuture<S, http::Request<ReqBody>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
-        let now = Instant::now();
-        let inbound = self.inbound(&request, now);
-        if self.shared.never_shed.matches(request.uri().path()) {
-            self.shared.bypassed.record();
-            let future = self.inner.call(request);
-            return ResponseFuture::bypass(inbound.context, inbound.scope, future);
-        }
-        // The first call that can be shed names a layer that has no name.
-        self.shared
-            .events
-            .name()
-            .get_or_name_after(request.uri().path());
-        let mut report = self.shared.load.as_ref().map(|load| {
-            load.arrived_at(now);
-            CallReport::new(Arc::clone(load), Arc::clone(&self.shared.gate), now)
-        });
-        let entry = self.shared.gate.enter(now, inbound.class, inbound.deadline);
-        if let Some(report) = report.as_mut()
-            && !matches!(entry, Entry::Queued(_))
-        {
-            // Not queued: its time queued is zero.
-            report.started_at(now);
-        }
-        match entry {
-            Entry::Admitted(permit) => {
-                let cut = self.cut(&inbound, request.uri());
-                let future = self.inner.call(request);
-                let Inbound { context, scope, .. } = inbound;
-                ResponseFuture::running(context, scope, future, permit, report, cut)
-            }
-            Entry::Queued(ticket) => self.queue(request, inbound, ticket, report),
-            Entry::Shed(shed) => {
-                self.shared
-                    .events
-                    .shed(request.uri().path(), inbound.class, &shed, false);
-                drain::discard_request(request, &self.shared.drains);
-                let code = self.shared.gate.shed_code(shed.pushback);
-                let retry_info = self.shared.gate.sends_retry_info();
-                let answer = response::shed(code, shed.reason, shed.pushback, retry_info);
-                ResponseFuture::answered(response::with_report(answer, report.as_ref(), true))
-            }
-            Entry::Expired => {
-                self.shared
-                    .events
-                    .expired(request.uri().path(), inbound.class, false);
-                drain::discard_request(request, &self.shared.drains);
-                let answer = response::expired();
-                ResponseFuture::answered(response::with_report(answer, report.as_ref(), false))
-            }
-            Entry::Closing => {
-                drain::discard_request(request, &self.shared.drains);
-                let answer = response::shutting_down(self.shared.gate.sends_retry_info());
-                ResponseFuture::answered(response::with_report(answer, report.as_ref(), false))
-            }
-        }
-    }
-}
-
-/// What the layer reads of an inbound call's headers, once: its class, its deadline, and
-/// what its handler's outgoing calls inherit.
-struct Inbound {
-    class: CallClass,
-    deadline: Option<Instant>,
-    context: CallContext,
-    scope: RequestScope,
-}
-
-impl<S> ShedService<S> {
-    /// Reads the headers of `request`, arrived at `now`.
-    fn inbound<B>(&self, request: &http::Request<B>, now: Instant) -> Inbound {
-        let headers = request.headers();
-        let class = attempt_class(
-            headers
-                .get(GRPC_PREVIOUS_RPC_ATTEMPTS)
-                .map(|v| v.as_bytes()),
-            headers.get(X_RETRY_ATTEMPT).map(|v| v.as_bytes()),
-        );
-        // A peer's claim, never above what this server grants the method.
-        let criticality = self.shared.criticality.resolve(
-            request.uri().path(),
-            parse_criticality(headers.get(STORMGUARD_CRITICALITY).map(|v| v.as_bytes())),
-        );
-        let deadline = headers
-            .get(GRPC_TIMEOUT)
-            // Malformed (or non-ASCII) values read as "no deadline", as tonic does.
-            .and_then(|v| decode_grpc_timeout(v.as_bytes()).ok())
-            .and_then(|t| now.checked_add(t));
-        // The handler's outgoing calls inherit this call's deadline (see `CallContext`).
-        let context = match deadline {
-            Some(d) => CallContext::new().with_deadline(d),
-            None => CallContext::new(),
-        };
-        // What the handler's outgoing calls share: the request's retry allowance, when the
-        // layer has one (lowered, never raised, by the caller's `x-retry-budget`), and
-        // whether one of them was refused a retry.
-        let scope = match self.shared.retry_allowance {
-            Some(limit) => {
-                let scope = RequestScope::new().with_allowance(limit);
-                match headers.get(X_RETRY_BUDGET) {
-                    Some(peer) => scope.with_peer_allowance(peer.as_bytes()),
-                    None => scope,
-                }
-            }
-            None => RequestScope::new(),
-        };
-        Inbound {
-            class: CallClass::new(class, criticality),
-            deadline,
-            context,
-            scope,
-        }
-    }
-
-    /// A call waits for a worker with `ticket`, holding the service that was made ready
-    /// for it (a clone takes its place for the next `poll_ready`) and its request, whose
-    /// body is discarded if it never runs.
-    fn queue<B>(
-        &mut self,
-        request: http::Request<B>,
-        inbound: Inbound,
-        ticket: Ticket,
-        report: Option<CallReport>,
-    ) -> ResponseFuture<S, http::Request<B>>
-    where
-        S: Service<http::Request<B>> + Clone,
-        B: http_body::Body + Send + Unpin + 'static,
-    {
-        let clone = self.inner.clone();
-        let ready = std::mem::replace(&mut self.inner, clone);
-        let cut_at = inbound.deadline.map(|d| self.shared.gate.cut_at(d));
-        let events = QueuedEvents::new(&self.shared.events, request.uri(), inbound.class);
-        let request = Discard::new(request, &self.shared.drains);
-        let Inbound { context, scope, .. } = inbound;
-        ResponseFuture::queued(context, scope, ticket, ready, request, events, report)
-            .cut_at(cut_at)
-    }
-
-    /// When an admitted call with a deadline is cut (see `ResponseFuture`, `ShedBody`), and
-    /// what tells of it.
-    fn cut(&self, inbound: &Inbound, uri: &http::Uri) -> Option<(Instant, QueuedEvents)> {
-        let at = self.shared.gate.cut_at(inbound.deadline?);
-        Some((
-            at,
-            QueuedEvents::new(&self.shared.events, uri, inbound.class),
-        ))
-    }
-}
-
-/// A cloneable handle on one [`ShedLayer`]'s counters.
-///
-/// Take it from the layer before handing the layer to the server builder:
-///
-/// ```
-/// use stormguard_core::AdmissionConfig;
-/// use stormguard_server::ShedLayer;
-///
-/// let layer = ShedLayer::from_config(AdmissionConfig::default()).expect("valid config");
-/// let stats = layer.stats();
-/// // ... Server::builder().layer(layer) ...
-/// assert_eq!(stats.snapshot().admitted, 0);
-/// ```
-#[derive(Clone)]
-pub struct ShedStats {
-    gate: Arc<Gate>,
-    drains: Arc<Drains>,
-    bypassed: Arc<Bypassed>,
-}
-
-impl ShedStats {
-    pub(crate) fn new(gate: Arc<Gate>, drains: Arc<Drains>, bypassed: Arc<Bypassed>) -> Self {
-        ShedStats {
-            gate,
-            drains,
-            bypassed,
-        }
-    }
-
-    /// Calls that bypassed the queue because they are never shed (health checks and
-    /// the paths named with [`ShedLayer::never_shed`]).
-    pub fn never_shed(&self) -> u64 {
-        self.bypassed.get()
-    }
-
-    /// What happened to the request bodies of calls answered before they were read
-    /// (see [`drain`]).
-    pub fn drains(&self) -> DrainCounts {
-        self.drains.counts()
-    }
-
-    /// The counters now.
-    pub fn snapshot(&self) -> ShedSnapshot {
-        self.gate.counters().snapshot()
-    }
-
-    /// The number of workers (the concurrency bound; with an adaptive limit, where it
-    /// stands now).
-    pub fn workers(&self) -> usize {
-        self.gate.counters().workers()
-    }
-
-    /// Exact occupancy read under the queue's lock: free workers, calls waiting, and
-    /// calls taken off the queue whose future has not yet seen its outcome. At rest
-    /// (no call in progress) it is `(workers, 0, 0)`: anything else is a leak.
-    pub fn occupancy(&self) -> Occupancy {
-        self.gate.occupancy()
-    }
-}
-
-impl fmt::Debug for ShedStats {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ShedStats")
-            .field("snapshot", &self.snapshot())
-            .field("drains", &self.drains())
-            .finish()
-    }
-}
+pub(crate) use service::Shared;

@@ -38,8 +38,8 @@ use stormguard_core::Instant;
 
 use super::gate::Gate;
 
-/// Shuts one [`ShedLayer`](super::ShedLayer)'s queue down gracefully; cloneable, every
-/// clone acts on the same queue. From [`ShedLayer::shutdown_handle`](super::ShedLayer::shutdown_handle).
+/// Shuts one [`ShedLayer`](crate::ShedLayer)'s queue down gracefully; cloneable, every
+/// clone acts on the same queue. From [`ShedLayer::shutdown_handle`](crate::ShedLayer::shutdown_handle).
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {

@@ -315,3 +315,17 @@ impl std::fmt::Debug for TimeQueuedRecorder {
         f.write_str("TimeQueuedRecorder")
     }
 }
+
+/// Counters of the request bodies read after early answers (see
+/// [`ShedStats::drains`](crate::ShedStats::drains)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DrainCounts {
+    /// Bodies read to their end.
+    pub ended: u64,
+    /// Bodies dropped unfinished at [`MAX_BYTES`](crate::shed::drain::MAX_BYTES) or [`MAX_TIME`](crate::shed::drain::MAX_TIME) (the stream is reset).
+    pub cut: u64,
+    /// Bodies dropped unread because [`MAX_DRAINS`](crate::shed::drain::MAX_DRAINS) were already being read.
+    pub skipped: u64,
+    /// Bodies being read now.
+    pub active: usize,
+}
