@@ -1,49 +1,21 @@
-//! An endpoint-aware balanced channel: one replica chosen per attempt, seeing the request.
+//! An endpoint-aware balanced channel: [`Replicas`] chooses one replica per attempt, in
+//! `call`, seeing the request.
 //!
-//! # Why not `Channel::balance_list`
-//!
-//! tonic's balanced channel is tower's power-of-two-choices balancer over connections that
-//! report no load. It picks in `poll_ready`, before it sees the request, so a retry cannot
-//! avoid the replica that just failed it (one retry in five went straight back to it, with
-//! five replicas); with no load the pick is uniform, so a replica that fails every call at
-//! once keeps its full share; a replica whose process died stays in the set while its
-//! reconnects fail; and a replica that comes back takes a full share at once. With one
-//! shared retry budget above it, the bad replica's failures then spend the retries the
-//! healthy ones earned, and the retry layer over `balance_list` serves fewer calls than a
-//! naive retry loop would (the repository's `docs/replicas.md` has the measurement and the
-//! command that makes it).
-//!
-//! [`Replicas`] picks in `call()`, per attempt, through the policy of
-//! [`stormguard_core::ReplicaSet`] (the simulator and the tests drive the same code):
-//!
-//! - power of two choices over latency (peak-EWMA) × attempts in flight, divided by the
-//!   replica's recent health and its slow-start weight;
-//! - a retry goes to a replica the call has not tried, when one is in the choice: the
-//!   [`RetryLayer`](crate::RetryLayer) above, built with
-//!   [`over_replicas`](crate::RetryLayer::over_replicas), passes a [`Route`] down in the
-//!   request's extensions;
-//! - outlier ejection (failures in a row, a failure share over a window), jittered and
-//!   doubling, capped to a share of the set, ended by a probe; overload answers (a shed with
-//!   a pushback) lower a replica's weight but never eject it;
-//! - slow start for a replica that joins a set already serving or returns from ejection;
-//! - load reports (gRPC ORCA, from a `ShedLayer::with_load_reports` server) weight each
-//!   replica by gRPC A58's formula, only ever *lowering* its share below the report-free
-//!   one ([`ReplicaConfig::reports`](stormguard_core::ReplicaConfig::reports)); the
-//!   retry layer above reads each attempt's report and hands it to the replica that
-//!   answered (through the call's [`Route`]), so reports need the layer's
-//!   [`over_replicas`](crate::RetryLayer::over_replicas);
-//! - the retry layer charges each retry to the replica whose attempt failed
-//!   ([`KeyedBudgets`](stormguard_core::KeyedBudgets)), so a failing replica spends
-//!   only what its own successes earned (plus the floor).
-//!
-//! # Use
+//! tonic's `Channel::balance_list` picks in `poll_ready`, before it sees the request, over
+//! connections that report no load: a retry cannot avoid the replica that just failed it,
+//! a replica that fails every call at once keeps its full share and spends the retries the
+//! healthy ones earned. [`Replicas`] chooses through [`ReplicaSet`]
+//! (the engine's balancer, which the tests drive directly): power of two choices over
+//! latency and attempts in flight weighed by health, a retry sent to a replica the call has
+//! not tried (with [`RetryLayer::over_replicas`](crate::RetryLayer::over_replicas) above,
+//! which passes a [`Route`] down), outlier ejection, slow start, load reports and a budget
+//! per replica. How each works, with its settings and measurements: the repository's
+//! `docs/replicas.md`.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! use stormguard_client::RetryLayer;
-//! use stormguard_client::ReplicaConfig;
+//! use stormguard_client::{ClientConfig, ReplicaConfig, RetryLayer};
 //! use stormguard_client::replicas::Replicas;
-//! use stormguard_core::ClientConfig;
 //! use tonic::transport::Endpoint;
 //!
 //! let endpoints = ["http://10.0.0.1:50051", "http://10.0.0.2:50051", "http://10.0.0.3:50051"]
@@ -69,52 +41,11 @@
 //! or they are found by DNS, resolved again as the records change, with
 //! `Replicas::from_dns` (feature `dns`, on by default: see `Dns`).
 //!
-//! # Health checks (gRFC A17)
-//!
-//! With [`ReplicaConfig::health_check`] set (feature `health`), each replica also gets one
-//! `grpc.health.v1.Health/Watch` stream on its own connection, and takes new attempts only
-//! while it answers `SERVING`: a replica that says `NOT_SERVING` (a server whose shutdown
-//! began, with `ShedLayer::with_readiness`) gets no new attempt from the moment the client
-//! has the report, before it fails any. Attempts in flight on it finish. A replica whose
-//! server has no health service (`UNIMPLEMENTED`) counts as healthy; with no replica
-//! serving, a call fails at once with [`NotServing`]. Each replica's status is in
-//! [`snapshot`](Replicas::snapshot) ([`ReplicaSnapshot::serving`]);
-//! [`health_changes`](Replicas::health_changes) changes with it. Checks need a tonic
-//! `Channel` per replica: [`from_endpoints`](Replicas::from_endpoints),
-//! [`balance_channel`](Replicas::balance_channel), `from_dns`.
-//!
-//! ```no_run
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! use stormguard_client::replicas::Replicas;
-//! use stormguard_client::{HealthCheckConfig, ReplicaConfig};
-//! use tonic::transport::Endpoint;
-//!
-//! let config = ReplicaConfig {
-//!     // "": the whole server's status, as `ShedLayer::with_readiness(reporter, "")` sets it.
-//!     health_check: Some(HealthCheckConfig::service("")),
-//!     ..ReplicaConfig::default()
-//! };
-//! let endpoints = ["http://10.0.0.1:50051", "http://10.0.0.2:50051"].map(Endpoint::from_static);
-//! let replicas = Replicas::from_endpoints(config, endpoints)?;
-//! for replica in replicas.snapshot() {
-//!     println!("{} {}", replica.key, replica.snapshot.serving.as_str());
-//! }
-//! # Ok(()) }
-//! ```
-//!
 //! # Readiness contract
 //!
 //! `poll_ready` is always ready: the replica is chosen in `call`, and the response future
 //! readies that replica's service (a clone of it) before sending. A tonic `Channel` is
 //! ready while its buffer has room, so this waits only when a replica's buffer is full.
-//!
-//! # What counts as a replica's answer
-//!
-//! The outcome is read when the response headers arrive (a trailers-only status, or
-//! headers that commit the call: a success for the replica) or the attempt fails; an
-//! attempt dropped before that (its timeout ran out, the call was cancelled) counts its
-//! time as latency. A committed stream that fails later is not seen. Attempts in flight
-//! are counted until the headers arrive.
 
 mod discover;
 #[cfg(feature = "dns")]

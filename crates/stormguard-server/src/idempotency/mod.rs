@@ -1,65 +1,23 @@
-//! The idempotency middleware: a tower [`Layer`] for tonic servers that hands each call's
-//! idempotency key to its handler and, with a store, runs each key once.
-//!
-//! # Why
+//! The idempotency middleware: [`IdempotencyLayer`] hands each call's idempotency key to
+//! its handler and, with a store, runs each key once.
 //!
 //! A write that is not idempotent cannot be retried once it may have run: if the answer
-//! was lost, a retry would do it twice. With a key that the client sends on every attempt
-//! of one logical call (stormguard's `RetryLayer` stamps `idempotency-key` for the methods
-//! configured with `idempotency_key: true`), the server can tell a retry from a new call.
-//! This layer:
-//!
-//! * reads the key ([`wire::IDEMPOTENCY_KEY`](stormguard_core::wire::IDEMPOTENCY_KEY)) and
-//!   puts it in the request's extensions as an [`IdempotencyKey`], which a tonic handler
-//!   reads with `request.extensions().get::<IdempotencyKey>()` (to write it in the
-//!   transaction of its side effect, see [`IdempotencyStore`]); a key that is empty, longer
-//!   than 128 bytes, not visible ASCII or repeated is refused with `INVALID_ARGUMENT`, and
-//!   the handler does not run;
-//! * with a store ([`with_store`](IdempotencyLayer::with_store), or
-//!   [`in_memory`](IdempotencyLayer::in_memory)), deduplicates: a repeat of a call that
-//!   completed gets the recorded answer again, a repeat that arrives while the first is
-//!   still running gets `ABORTED` (see [`MESSAGE_IN_FLIGHT`]), and neither runs the
-//!   handler.
-//!
-//! Calls without a key pass through untouched.
-//!
-//! # What is recorded
-//!
-//! The answer of a unary call: its response headers, its body's bytes and its trailers,
-//! once the handler answered and the body was read to its end (which, for a unary tonic
-//! handler, is at once). Recorded: an `OK`, and any status the handler returned but
-//! `UNAVAILABLE`, which says the server did nothing a retry must not repeat (the key is
-//! released, so a retry runs). Not recorded, the key released: a handler whose future or
-//! body failed, or that was cancelled (the client went away). An answer larger than the
-//! store's [`max_record_bytes`](IdempotencyStore::max_record_bytes) is sent as it is, and
-//! the key is recorded with a short answer instead, `ALREADY_EXISTS` with
-//! [`MESSAGE_NOT_KEPT`]: the call ran, its answer was not kept (counted as
-//! [`IdempotencySnapshot::oversize`]). A streaming answer is read until it ends or passes
-//! that bound, so keys are for unary methods.
-//!
-//! # The in-flight answer
-//!
-//! A duplicate that finds its key in flight is answered at once: `ABORTED`,
-//! [`MESSAGE_IN_FLIGHT`], `stormguard-unprocessed: 1` (this call did not run) and
-//! `grpc-retry-pushback-ms` set to the store's in-flight pushback (100 ms by default).
-//! `ABORTED` is not a retryable code by default; a stormguard client calling a keyed
-//! method reads this answer (an `ABORTED` its server did not run) as "the first run is
-//! still going": it retries after the pushback, under every other rule (budget, attempts,
-//! deadline), and the retry finds the recorded answer. A hedge of a keyed call that gets it
-//! is a lost copy, never the call's answer.
-//!
-//! # Where it goes
-//!
-//! Inside the [`ShedLayer`](crate::ShedLayer) (`Server::builder().layer(shed).layer(idem)`):
-//! a call the queue sheds never reaches the store, and a repeat answered from the record
-//! still took its place in the queue for the moment it took. A layer of its own rather than
-//! a part of the `ShedLayer`: a server that does not shed may still deduplicate, and each
-//! layer keeps one job.
+//! was lost, a retry would do it twice. With a key the client sends on every attempt of
+//! one logical call (stormguard's `RetryLayer` stamps `idempotency-key` for the methods
+//! configured with `idempotency_key: true`), the server tells a retry from a new call. The
+//! layer refuses a malformed key with `INVALID_ARGUMENT`, puts a valid one in the request's
+//! extensions as an [`IdempotencyKey`] (for the handler to write in the transaction of its
+//! side effect, see [`IdempotencyStore`]) and, with a store, answers a repeat of a
+//! completed call with its recorded answer and a repeat of a running one with `ABORTED`
+//! and a pushback ([`MESSAGE_IN_FLIGHT`]), neither running the handler. Calls without a
+//! key pass through. It goes inside the [`ShedLayer`](crate::ShedLayer), so a call the
+//! queue sheds never reaches the store. What is recorded, what a store must guarantee and
+//! how the key's time to live meets the client's retries: the repository's
+//! `docs/idempotency.md`.
 //!
 //! ```
-//! use stormguard_core::IdempotencyConfig;
 //! use stormguard_server::idempotency::IdempotencyLayer;
-//! use stormguard_server::{AdmissionConfig, ShedLayer};
+//! use stormguard_server::{AdmissionConfig, IdempotencyConfig, ShedLayer};
 //!
 //! let idempotency = IdempotencyLayer::in_memory(IdempotencyConfig::default())?;
 //! let stats = idempotency.stats();
@@ -69,7 +27,7 @@
 //! // server.add_service(...).serve(addr).await
 //! # let _ = server;
 //! assert_eq!(stats.snapshot().replayed, 0);
-//! # Ok::<(), stormguard_core::ConfigError>(())
+//! # Ok::<(), stormguard_server::ConfigError>(())
 //! ```
 //!
 //! # Readiness contract

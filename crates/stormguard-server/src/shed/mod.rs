@@ -1,4 +1,7 @@
-//! The admission queue as a tower middleware: [`ShedLayer`](crate::ShedLayer) and [`ShedService`](crate::ShedService).
+//! The admission queue as a tower middleware: [`ShedLayer`](crate::ShedLayer) wraps each
+//! service in a [`ShedService`](crate::ShedService); this module holds what its answers
+//! say, its [`ShutdownHandle`], the limits of reading the bodies it discards ([`drain`]),
+//! the services it never sheds ([`exempt`]) and, with `opentelemetry`, its metrics.
 //!
 //! # Readiness contract
 //!
@@ -39,31 +42,15 @@
 //! or when the future is dropped before that: a streaming response holds its worker for
 //! as long as it streams, and no longer than its deadline.
 //!
-//! # Held to the deadline, end to end
+//! # Where it goes, and the deadline
 //!
-//! A call with a deadline (`grpc-timeout`) is cut when the deadline, less `min_time_left`
-//! ([`AdmissionConfig::cut_at`](stormguard_core::AdmissionConfig::cut_at)),
-//! passes while it still holds its worker: the handler's future, or its response stream,
-//! is dropped (the handler sees its call cancelled), the worker goes to the next queued
-//! call at that moment, and the caller reads `DEADLINE_EXCEEDED`: trailers-only when the
-//! handler had not answered, else trailers after the messages sent so far
-//! ([`MESSAGE_DEADLINE_CUT`]). It counts in
-//! [`cut_at_deadline`](crate::ShedSnapshot::cut_at_deadline), not in `completed`. Calls
-//! that bypass the queue ([`exempt`]) hold no worker and are not cut.
-//!
-//! # Where to put it
-//!
-//! On a tonic server, `Server::builder().layer(ShedLayer::from_config(..)?)` wraps all the
-//! services of the router behind one queue. Tonic's own `grpc-timeout` handling sits
-//! outside user layers and bounds only the handler's future, never a response that
-//! streams; the queue answers a call, queued or running, slightly before that timer fires
-//! ([`AdmissionConfig::min_time_left`](stormguard_core::AdmissionConfig)),
-//! so the caller sees `DEADLINE_EXCEEDED` rather than tonic's `CANCELLED`. With
-//! `Server::timeout` set as well, tonic's timer fires at the earlier of it and the
-//! caller's `grpc-timeout`: a server timeout shorter than the caller's deadline still ends
-//! a handler that has not answered with tonic's `CANCELLED` (the layer's worker is given
-//! back as the future is dropped, as for a caller that left mid-run), while a response that
-//! streams is held to the caller's deadline by the layer alone.
+//! `Server::builder().layer(ShedLayer::from_config(..)?)` puts all the services of a tonic
+//! router behind one queue. A call still running when its deadline, less `min_time_left`
+//! ([`AdmissionConfig::cut_at`](stormguard_core::AdmissionConfig::cut_at)), passes is cut,
+//! streams included, so the caller reads `DEADLINE_EXCEEDED` ([`MESSAGE_DEADLINE_CUT`])
+//! before tonic's own timer answers `CANCELLED`; how that timer and `Server::timeout` meet
+//! the layer: the repository's `docs/config.md` ("Held to the deadline end to end"). The
+//! worker limit, criticality and "do not retry": `docs/admission.md`.
 
 pub(crate) mod body;
 pub mod drain;
