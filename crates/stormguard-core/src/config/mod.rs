@@ -5,55 +5,37 @@
 //! * the **standard gRPC service config** (what gRPC clients in every language already
 //!   read): `methodConfig[].name` / `retryPolicy` / `hedgingPolicy` / `timeout` and
 //!   `retryThrottling`, with proto3 JSON durations (`"0.1s"`) and status codes by name
-//!   (any case) or number. Its retry policies use the A6 backoff, its hedging policies
-//!   become [`HedgingPolicy`]s (see [Hedging](#hedging)), and its `retryThrottling`
-//!   becomes the A6 token bucket, which pays for hedges as for retries; without
-//!   `retryThrottling` both are paid from stormguard's budget with default settings; a
-//!   method's `timeout` becomes its default deadline
-//!   ([`MethodTable::timeout`](crate::MethodTable::timeout)). Fields gRPC does
-//!   not define, and fields stormguard does not act on (`waitForReady`,
-//!   `maxRequestMessageBytes`, ...), are skipped as gRPC skips unknown fields, and listed
-//!   in [`ClientConfig::notices`];
-//! * **stormguard's own shape**, for users who want the budget and full jitter:
+//!   (any case) or number. Its retry policies use the A6 backoff, its `retryThrottling`
+//!   becomes the A6 token bucket (which pays for hedges as for retries), and a method's
+//!   `timeout` caps its deadline. Fields stormguard does not act on (`waitForReady`,
+//!   `maxRequestMessageBytes`, ...) are skipped as gRPC skips them, and listed in
+//!   [`ClientConfig::notices`];
+//! * **stormguard's own shape**, for the budget and full jitter: `retry` for every method
+//!   (the layer's `budget` and `load_reports` with it), `methods` by full path or whole
+//!   service (the exact method wins; `null`: neither retried nor hedged), `breaker` and
+//!   `adaptive_throttle`.
 //!
-//! ```json
-//! { "retry": {
-//!     "max_attempts": 3,
-//!     "backoff": "full_jitter", "base": "50ms", "cap": "2s", "max_pushback": "30s",
-//!     "per_attempt_timeout": "50ms",
-//!     "retryable_codes": ["UNAVAILABLE"], "idempotent": false,
-//!     "budget": { "ttl": "10s", "min_retries_per_second": 5, "retry_ratio": 0.1,
-//!                 "fleet_size": 1 },
-//!     "budget_exhausted": "fail_fast" },
-//!   "methods": {
-//!     "/stormguard.demo.v1.Inventory/Reserve": { "idempotent": true },
-//!     "/stormguard.demo.v1.Reports/": { "max_attempts": 2 },
-//!     "/stormguard.demo.v1.Inventory/Watch": null },
-//!   "breaker": { "failure_rate": 0.5, "open_for": "5s" } }
+//! The admission, criticality, idempotency and replica documents have readers here too,
+//! one per type, all built on one document reader ([`Format`]: JSON always, YAML and TOML
+//! with the features of those names).
+//!
+//! Why typed and checked: every value is validated and an error names the field as a
+//! dotted path and says why (``invalid `retry.budget.ttl`: must be between 1 s and 60 s,
+//! got 500ms``), so a bad deploy fails loudly at start-up rather than quietly retrying
+//! everything. An error from [`ClientConfig::from_path`] also names the file
+//! ([`ConfigError::File`]). Fields read but not applied are [`Notice`]s, not errors.
+//!
+//! ```
+//! use stormguard_core::ClientConfig;
+//!
+//! let config = ClientConfig::from_json(r#"{ "retry": { "max_attempts": 3 },
+//!     "methods": { "/shop.Cart/Checkout": { "idempotent": true } } }"#)?;
+//! assert!(ClientConfig::from_json(r#"{ "retry": { "max_attempts": 0 } }"#).is_err());
+//! # let _ = config;
+//! # Ok::<(), stormguard_core::ConfigError>(())
 //! ```
 //!
-//! `retry` applies to every method. An entry of `methods`, by full path
-//! (`/package.Service/Method`) or whole service (`/package.Service/`), changes what it
-//! names over `retry`'s settings, or hedges it instead (`hedging`, see
-//! [Hedging](#hedging)); `null` means the method is neither retried nor hedged. The exact
-//! method wins over its service, as in the service config. The budget (`retry.budget`,
-//! `retry.budget_exhausted`) is the layer's, so a method entry cannot set it.
-//!
-//! # Errors
-//!
-//! Every value is checked; an error names the field as a dotted path and says why
-//! (``invalid `retry.budget.ttl`: must be between 1 s and 60 s, got 500ms``), so a bad
-//! deploy fails loudly at start-up rather than quietly retrying everything. An error from
-//! [`ClientConfig::from_path`] also names the file ([`ConfigError::File`]). Fields read
-//! but not applied are not errors (gRPC accepts them): they are [`Notice`]s, which
-//! [`ClientConfig::notices`] lists with the settings under which no answer is retried.
-//!
-//! # More
-//!
-//! Every key of both shapes, which methods are retried, idempotency keys, hedging, the
-//! adaptive throttle, deadlines and how to hold the config in an application's own serde
-//! config: `docs/config.md`. JSON is always read; YAML and TOML with the `yaml` and `toml`
-//! features (on by default).
+//! Every key of every document: the repository's `docs/config.md`.
 
 use std::path::Path;
 
