@@ -30,10 +30,14 @@ pub struct Deadline {
 }
 
 impl Deadline {
-    /// A deadline `timeout` after `now`, or as far as the clock reaches when that is past
-    /// it (an absurd timeout is "no practical limit", never a panic).
+    /// A deadline `timeout` after `now`. A timeout past the clock's range is "no practical
+    /// limit", never a panic: the deadline goes about a century after `now`, or as far as
+    /// the clock reaches when even that is past it.
     pub fn after_at(now: Instant, timeout: Duration) -> Self {
-        let mut timeout = timeout.min(MAX_DEADLINE);
+        if let Some(at) = now.checked_add(timeout) {
+            return Deadline { at };
+        }
+        let mut timeout = MAX_DEADLINE;
         loop {
             // Halving ends: `now + 0` is `now`.
             match now.checked_add(timeout) {
@@ -162,8 +166,8 @@ pub fn resolve_deadline_at(
         .map(|(at, source)| CallDeadline { at, source })
 }
 
-/// The furthest a deadline is ever placed: about a century, so later `Instant` arithmetic
-/// on it does not overflow.
+/// Where a deadline goes when its timeout is past the clock's range: about a century, so
+/// later `Instant` arithmetic on it does not overflow.
 const MAX_DEADLINE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 #[cfg(test)]
