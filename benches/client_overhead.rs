@@ -421,12 +421,9 @@ fn retry_layer(per_attempt: Option<Duration>) -> RetryLayer {
         per_attempt_timeout: per_attempt,
         ..RetryPolicy::default()
     };
-    RetryLayer::new(RetryController::new(
-        MethodTable::uniform(policy),
-        budget,
-        None,
-        1,
-    ))
+    RetryLayer::new(
+        RetryController::new(MethodTable::uniform(policy), budget, None, 1).expect("policy"),
+    )
 }
 
 /// The `RetryLayer` of the hedged variant: two copies, the second after `delay` (the
@@ -442,7 +439,7 @@ fn hedge_layer(delay: Duration) -> RetryLayer {
             ..HedgingPolicy::default()
         }),
     );
-    RetryLayer::new(RetryController::new(table, budget, None, 1))
+    RetryLayer::new(RetryController::new(table, budget, None, 1).expect("policy"))
 }
 
 /// A `tower::retry::Policy` doing the `RetryLayer`'s job the way tower offers: retry

@@ -36,7 +36,7 @@ async fn a_hedged_call_answered_before_its_delay_allocates_no_more_than_a_retrie
             ..HedgingPolicy::default()
         }),
     );
-    let hedging = RetryController::new(table, budget(100, 0.1), None, 1);
+    let hedging = RetryController::new(table, budget(100, 0.1), None, 1).unwrap();
     let layer = RetryLayer::new(hedging);
     let stats = layer.stats();
     let mut hedged = client(channel(addr).await, layer);

@@ -26,7 +26,7 @@ fn layer(keyed_service: Option<&str>) -> RetryLayer {
     if let Some(service) = keyed_service {
         table.set_idempotency_key(MethodScope::Service(service), true);
     }
-    RetryLayer::new(RetryController::new(table, budget(100, 0.1), None, 42))
+    RetryLayer::new(RetryController::new(table, budget(100, 0.1), None, 42).unwrap())
 }
 
 #[tokio::test(flavor = "current_thread")]

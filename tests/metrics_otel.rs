@@ -189,7 +189,7 @@ fn controller(seed: u64) -> RetryController {
         },
         ..RetryPolicy::default()
     };
-    RetryController::new(MethodTable::uniform(policy), budget, None, seed)
+    RetryController::new(MethodTable::uniform(policy), budget, None, seed).unwrap()
 }
 
 /// Serves the demo Inventory with `demo` (behind `shed`, if given) on a loopback port
@@ -714,7 +714,7 @@ async fn hedges_timeouts_cuts_and_transparent_retries_are_exported() {
             ..HedgingPolicy::default()
         }),
     );
-    let hedging = RetryLayer::new(RetryController::new(table, budget, None, 4))
+    let hedging = RetryLayer::new(RetryController::new(table, budget, None, 4).unwrap())
         .with_name("hedging")
         .with_meter(&meter);
     let hedging_stats = hedging.stats();

@@ -98,7 +98,8 @@ async fn a_method_that_is_never_retried_is_not_buffered_whatever_its_size() {
         budget(10, 0.1),
         None,
         1,
-    );
+    )
+    .unwrap();
     let mut client = setup(&svc, RetryLayer::new(controller).with_replay_limit(16)).await;
     let request = with_payload(200_000);
     client.reserve(request.clone()).await.unwrap();

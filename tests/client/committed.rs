@@ -37,12 +37,9 @@ fn a6_layer(breaker: Option<CircuitBreaker>) -> RetryLayer {
         })
         .unwrap(),
     );
-    RetryLayer::new(RetryController::new(
-        MethodTable::uniform(quick_policy()),
-        throttle,
-        breaker,
-        42,
-    ))
+    RetryLayer::new(
+        RetryController::new(MethodTable::uniform(quick_policy()), throttle, breaker, 42).unwrap(),
+    )
 }
 
 fn balance(layer: &RetryLayer) -> f64 {

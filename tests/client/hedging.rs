@@ -45,7 +45,7 @@ fn hedging_controller(
 ) -> RetryController {
     let mut table = MethodTable::none();
     table.set_hedging(MethodScope::Default, Some(policy));
-    RetryController::new(table, budget, breaker, 7)
+    RetryController::new(table, budget, breaker, 7).unwrap()
 }
 
 fn layer(policy: HedgingPolicy) -> RetryLayer {

@@ -52,7 +52,7 @@ fn roomy(policy: RetryPolicy) -> RetryController {
         })
         .unwrap(),
     );
-    RetryController::new(MethodTable::uniform(policy), budget, None, 7)
+    RetryController::new(MethodTable::uniform(policy), budget, None, 7).unwrap()
 }
 
 fn client(replicas: &Replicas<Channel, EndpointKey>, layer: RetryLayer) -> Client {
@@ -203,6 +203,7 @@ async fn a_failing_replica_spends_its_own_retries_not_the_healthy_ones() {
     };
     let shared: Arc<dyn Budget> = Arc::new(RetryBudget::new(budget_config.clone()).unwrap());
     let controller = RetryController::new(MethodTable::uniform(quick_policy()), shared, None, 3)
+        .unwrap()
         .with_key_budgets(KeyedBudgets::new(budget_config, 16).unwrap());
     let layer = RetryLayer::new(controller).over_replicas();
     let stats = layer.stats();
@@ -400,6 +401,7 @@ async fn a_failing_shard_spends_its_own_retries_not_the_other_shards() {
     };
     let shared: Arc<dyn Budget> = Arc::new(RetryBudget::new(budget_config.clone()).unwrap());
     let controller = RetryController::new(MethodTable::uniform(quick_policy()), shared, None, 3)
+        .unwrap()
         .with_key_budgets(KeyedBudgets::new(budget_config, 16).unwrap());
     let layer = RetryLayer::new(controller).budget_key(|request| {
         match request.headers().get("x-shard")?.as_bytes() {

@@ -84,7 +84,7 @@ async fn a_method_without_a_retry_policy_is_sent_once() {
     let svc = Scripted::always(Step::Fail(Code::Unavailable));
     let mut methods = MethodTable::none();
     methods.set_retry(MethodScope::Service("other.Service"), Some(quick_policy()));
-    let controller = RetryController::new(methods, budget(100, 0.1), None, 1);
+    let controller = RetryController::new(methods, budget(100, 0.1), None, 1).unwrap();
     let layer = RetryLayer::new(controller);
     let stats = layer.stats();
     let mut client = setup(&svc, layer).await;
@@ -326,7 +326,8 @@ async fn successes_pay_for_retries_and_an_empty_budget_refuses_with_minus_one() 
         budget(0, 0.1),
         None,
         5,
-    );
+    )
+    .unwrap();
     let budget = controller.budget().clone();
     let layer = RetryLayer::new(controller);
     let stats = layer.stats();
@@ -372,7 +373,8 @@ async fn an_open_breaker_rejects_the_first_attempt_fast() {
         budget(100, 0.1),
         Some(breaker),
         5,
-    );
+    )
+    .unwrap();
     let layer = RetryLayer::new(controller);
     let stats = layer.stats();
     let mut client = setup(&svc, layer).await;

@@ -57,12 +57,9 @@ fn retry_layer(per_attempt: Option<Duration>) -> RetryLayer {
         })
         .unwrap(),
     );
-    let layer = RetryLayer::new(RetryController::new(
-        MethodTable::uniform(policy),
-        budget,
-        None,
-        7,
-    ));
+    let layer = RetryLayer::new(
+        RetryController::new(MethodTable::uniform(policy), budget, None, 7).unwrap(),
+    );
     match per_attempt {
         Some(t) => layer.with_per_attempt_timeout(t),
         None => layer,

@@ -64,7 +64,7 @@ fn layer(idempotent: bool) -> (RetryLayer, Arc<dyn Budget>) {
         ..RetryPolicy::default()
     };
     let controller =
-        RetryController::new(MethodTable::uniform(policy), Arc::clone(&budget), None, 3);
+        RetryController::new(MethodTable::uniform(policy), Arc::clone(&budget), None, 3).unwrap();
     (RetryLayer::new(controller), budget)
 }
 

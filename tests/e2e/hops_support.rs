@@ -38,12 +38,7 @@ pub fn retry_layer(max_attempts: u32) -> RetryLayer {
         })
         .unwrap(),
     );
-    RetryLayer::new(RetryController::new(
-        MethodTable::uniform(policy),
-        budget,
-        None,
-        7,
-    ))
+    RetryLayer::new(RetryController::new(MethodTable::uniform(policy), budget, None, 7).unwrap())
 }
 
 /// A client of the service at `addr` through `layer`.

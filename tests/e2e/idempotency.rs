@@ -219,7 +219,7 @@ fn write_policy(max_attempts: u32, idempotent: bool) -> RetryPolicy {
 fn retry_layer(policy: RetryPolicy, keyed: bool) -> RetryLayer {
     let mut table = MethodTable::uniform(policy);
     table.set_idempotency_key(MethodScope::Default, keyed);
-    RetryLayer::new(RetryController::new(table, budget(1000, 0.5), None, 21))
+    RetryLayer::new(RetryController::new(table, budget(1000, 0.5), None, 21).unwrap())
 }
 
 type Client = InventoryClient<stormguard_client::Retry<Channel>>;
@@ -331,7 +331,7 @@ async fn hedges_carry_the_key_of_their_call() {
         }),
     );
     table.set_idempotency_key(MethodScope::Default, true);
-    let layer = RetryLayer::new(RetryController::new(table, budget(100, 0.1), None, 7));
+    let layer = RetryLayer::new(RetryController::new(table, budget(100, 0.1), None, 7).unwrap());
     let mut client = client(addr, layer).await;
     let call = tokio::spawn(async move { client.reserve(reserve("h")).await });
     // Both copies reach the handler (no store): release them once both are in.
@@ -481,7 +481,7 @@ async fn a_hedge_that_finds_its_key_in_flight_is_a_lost_copy_not_the_answer() {
         }),
     );
     table.set_idempotency_key(MethodScope::Default, true);
-    let layer = RetryLayer::new(RetryController::new(table, budget(100, 0.1), None, 7));
+    let layer = RetryLayer::new(RetryController::new(table, budget(100, 0.1), None, 7).unwrap());
     let mut client = client(addr, layer).await;
     let call = tokio::spawn(async move { client.reserve(reserve("h")).await });
     signals(&hold.entered, 1).await;

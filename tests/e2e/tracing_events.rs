@@ -318,7 +318,8 @@ async fn a_breaker_opening_half_opening_and_closing_is_three_info_events() {
         client_support::budget(100, 0.1),
         Some(breaker),
         5,
-    );
+    )
+    .unwrap();
     let layer = RetryLayer::new(controller).with_name("inventory-eu");
     let stats = layer.stats();
     let client = client_support::client(client_support::channel(addr).await, layer);
@@ -443,12 +444,15 @@ async fn calls_the_throttle_refuses_are_each_at_debug_and_summarised_at_info_onc
         5,
     )
     .unwrap();
-    let layer = RetryLayer::new(RetryController::new(
-        MethodTable::default(),
-        client_support::budget(10, 0.1),
-        None,
-        1,
-    ))
+    let layer = RetryLayer::new(
+        RetryController::new(
+            MethodTable::default(),
+            client_support::budget(10, 0.1),
+            None,
+            1,
+        )
+        .unwrap(),
+    )
     .with_adaptive_throttle(throttle);
     let stats = layer.stats();
     let mut client = client_support::setup(&svc, layer).await;

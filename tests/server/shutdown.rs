@@ -106,12 +106,9 @@ async fn a_retrying_client_reads_the_shutdown_answer_as_retryable() {
         idempotent: true,
         ..RetryPolicy::default()
     };
-    let layer = RetryLayer::new(RetryController::new(
-        MethodTable::uniform(policy),
-        budget,
-        None,
-        5,
-    ));
+    let layer = RetryLayer::new(
+        RetryController::new(MethodTable::uniform(policy), budget, None, 5).unwrap(),
+    );
     let stats = layer.stats();
     let mut client = InventoryClient::new(
         ServiceBuilder::new()

@@ -338,7 +338,7 @@ pub fn budget(floor: u32, ratio: f64) -> Arc<dyn Budget> {
 
 /// A controller with `policy` for every method and a roomy budget.
 pub fn controller(policy: RetryPolicy) -> RetryController {
-    RetryController::new(MethodTable::uniform(policy), budget(100, 0.1), None, 42)
+    RetryController::new(MethodTable::uniform(policy), budget(100, 0.1), None, 42).unwrap()
 }
 
 /// The default policy for an idempotent method (`Reserve` carries a request id).

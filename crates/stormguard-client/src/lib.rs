@@ -44,7 +44,7 @@
 //!     ..RetryPolicy::default()
 //! };
 //! methods.set_retry(MethodScope::Method("stormguard.demo.v1.Inventory", "Reserve"), Some(reserve));
-//! let controller = RetryController::new(methods, budget, None, 7);
+//! let controller = RetryController::new(methods, budget, None, 7)?;
 //! // Calls that set no deadline of their own get 150 ms for all their attempts.
 //! let layer = RetryLayer::new(controller).with_default_timeout(Duration::from_millis(150));
 //! let stats = layer.stats();

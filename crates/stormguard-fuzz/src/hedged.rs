@@ -556,7 +556,8 @@ pub fn learned_delay(input: &[u8]) -> (bool, BTreeSet<u8>) {
     }
     let mut methods = MethodTable::none();
     methods.set_hedging(MethodScope::Default, Some(policy));
-    let controller = RetryController::new(methods, Arc::new(Unlimited), None, 7);
+    let controller =
+        RetryController::new(methods, Arc::new(Unlimited), None, 7).expect("a checked policy");
     let begin = |now| match controller.begin_call_at(PATHS[0], &CallTimes::default(), now) {
         Ok(call) => call,
         Err(why) => panic!("a controller without a breaker refused a call: {why}"),

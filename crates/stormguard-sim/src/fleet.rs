@@ -116,7 +116,7 @@ fn build_controller(
         budget,
         breaker,
         mix(seed, 2 * stream),
-    ))
+    )?)
 }
 
 impl<'a> Fleet<'a> {

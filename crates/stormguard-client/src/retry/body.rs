@@ -345,7 +345,8 @@ mod tests {
             Arc::clone(&throttle),
             breaker,
             1,
-        );
+        )
+        .unwrap();
         (c, throttle)
     }
 

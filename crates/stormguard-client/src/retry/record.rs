@@ -63,7 +63,8 @@ impl CallStats {
             Arc::new(stormguard_core::Unlimited),
             None,
             0,
-        );
+        )
+        .expect("an empty table is valid");
         let events = LayerEvents::new(Arc::default(), &controller);
         Self::with(layer, metrics, Arc::new(events))
     }

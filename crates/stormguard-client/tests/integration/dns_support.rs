@@ -198,7 +198,7 @@ pub(crate) fn client(
         .unwrap(),
     );
     let controller =
-        RetryController::new(MethodTable::uniform(policy(idempotent)), budget, None, 7);
+        RetryController::new(MethodTable::uniform(policy(idempotent)), budget, None, 7).unwrap();
     let layer = RetryLayer::new(controller).over_replicas();
     let svc = tower::ServiceBuilder::new()
         .layer(layer)

@@ -149,7 +149,7 @@ fn controller() -> RetryController {
         })
         .unwrap(),
     );
-    RetryController::new(methods, budget, None, 5)
+    RetryController::new(methods, budget, None, 5).unwrap()
 }
 
 /// Records a copy's cancellation when the layer drops it before it answered.

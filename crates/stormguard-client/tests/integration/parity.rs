@@ -160,7 +160,7 @@ fn controller() -> RetryController {
         11,
     )
     .unwrap();
-    RetryController::new(MethodTable::uniform(policy), budget, Some(breaker), 5)
+    RetryController::new(MethodTable::uniform(policy), budget, Some(breaker), 5).unwrap()
 }
 
 async fn through_the_layer(script: &Script) -> (Vec<Record>, RetrySnapshot) {

@@ -70,15 +70,18 @@ impl Service<http::Request<Body>> for Strict {
 
 fn layer() -> RetryLayer {
     let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default()).unwrap());
-    RetryLayer::new(RetryController::new(
-        MethodTable::uniform(RetryPolicy {
-            idempotent: true,
-            ..RetryPolicy::default()
-        }),
-        budget,
-        None,
-        3,
-    ))
+    RetryLayer::new(
+        RetryController::new(
+            MethodTable::uniform(RetryPolicy {
+                idempotent: true,
+                ..RetryPolicy::default()
+            }),
+            budget,
+            None,
+            3,
+        )
+        .unwrap(),
+    )
 }
 
 fn request() -> http::Request<Body> {
@@ -173,12 +176,9 @@ async fn a_failure_that_arrives_after_the_deadline_ends_as_deadline_exceeded() {
         idempotent: true,
         ..RetryPolicy::default()
     };
-    let layer = RetryLayer::new(RetryController::new(
-        MethodTable::uniform(policy),
-        budget,
-        None,
-        3,
-    ))
+    let layer = RetryLayer::new(
+        RetryController::new(MethodTable::uniform(policy), budget, None, 3).unwrap(),
+    )
     .with_default_timeout(std::time::Duration::from_millis(100));
     let stats = layer.stats();
     let mut svc = layer.layer(LateCancel {
@@ -268,12 +268,7 @@ fn timeout_layer(budget: Arc<dyn Budget>, breaker: Option<CircuitBreaker>) -> Re
         idempotent: true,
         ..RetryPolicy::default()
     };
-    RetryLayer::new(RetryController::new(
-        MethodTable::uniform(policy),
-        budget,
-        breaker,
-        3,
-    ))
+    RetryLayer::new(RetryController::new(MethodTable::uniform(policy), budget, breaker, 3).unwrap())
 }
 
 #[tokio::test(start_paused = true)]
@@ -397,15 +392,18 @@ fn breaker(min_requests: u32, probes: u32) -> CircuitBreaker {
 
 fn breaker_layer(breaker: CircuitBreaker) -> RetryLayer {
     let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default()).unwrap());
-    RetryLayer::new(RetryController::new(
-        MethodTable::uniform(RetryPolicy {
-            idempotent: true,
-            ..RetryPolicy::default()
-        }),
-        budget,
-        Some(breaker),
-        3,
-    ))
+    RetryLayer::new(
+        RetryController::new(
+            MethodTable::uniform(RetryPolicy {
+                idempotent: true,
+                ..RetryPolicy::default()
+            }),
+            budget,
+            Some(breaker),
+            3,
+        )
+        .unwrap(),
+    )
 }
 
 #[tokio::test(start_paused = true)]

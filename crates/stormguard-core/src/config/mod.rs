@@ -160,12 +160,7 @@ impl ClientConfig {
 
     /// Checks every part.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
-        for policy in self.methods.policies() {
-            policy.validate("retry")?;
-        }
-        for policy in self.methods.hedging_policies() {
-            policy.validate("hedging")?;
-        }
+        self.methods.validate()?;
         match &self.budget {
             BudgetChoice::Stormguard(b) => b.validate()?,
             BudgetChoice::A6(t) => t.validate()?,

@@ -72,7 +72,7 @@ use crate::{CallDeadline, DeadlineSource, deadline::resolve_deadline_at};
 ///
 /// let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default()).unwrap());
 /// let policy = RetryPolicy { idempotent: true, ..RetryPolicy::default() };
-/// let controller = RetryController::new(MethodTable::uniform(policy), budget, None, 1);
+/// let controller = RetryController::new(MethodTable::uniform(policy), budget, None, 1).unwrap();
 /// let now = Instant::now();
 /// let mut call = controller.begin_call_at("/pkg.Svc/Get", &CallTimes::default(), now).unwrap();
 /// let failed = AttemptEnd::Failed(Failure::status(Code::Unavailable));
@@ -134,8 +134,22 @@ impl fmt::Debug for RetryController {
 impl RetryController {
     /// A controller over `methods`, paying for retries from `budget`, failing fast through
     /// `breaker`. `seed` seeds the backoff jitter of every call (call `i` uses a seed
-    /// derived from `seed` and `i`), so a seeded run is reproducible.
+    /// derived from `seed` and `i`), so a seeded run is reproducible. Fails, naming the
+    /// field, when a policy of `methods` is out of range (a retry policy of fewer than 2
+    /// attempts or no retryable code, a learned hedge delay whose floor is above its
+    /// ceiling, ...), as [`from_config`](Self::from_config) does.
     pub fn new(
+        methods: MethodTable,
+        budget: Arc<dyn Budget>,
+        breaker: Option<CircuitBreaker>,
+        seed: u64,
+    ) -> Result<Self, ConfigError> {
+        methods.validate()?;
+        Ok(Self::over(methods, budget, breaker, seed))
+    }
+
+    /// [`new`](Self::new) for a table already checked.
+    fn over(
         methods: MethodTable,
         budget: Arc<dyn Budget>,
         breaker: Option<CircuitBreaker>,
@@ -168,7 +182,7 @@ impl RetryController {
     ///
     /// let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default())?);
     /// let keyed = KeyedBudgets::new(BudgetConfig::default(), 64)?;
-    /// let controller = RetryController::new(MethodTable::uniform(RetryPolicy::default()), budget, None, 1)
+    /// let controller = RetryController::new(MethodTable::uniform(RetryPolicy::default()), budget, None, 1)?
     ///     .with_key_budgets(keyed);
     /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
@@ -210,7 +224,7 @@ impl RetryController {
     ///
     /// let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default())?);
     /// let sat = Arc::new(Saturation::new(SaturationConfig::default())?);
-    /// let controller = RetryController::new(MethodTable::uniform(RetryPolicy::default()), budget, None, 1)
+    /// let controller = RetryController::new(MethodTable::uniform(RetryPolicy::default()), budget, None, 1)?
     ///     .with_saturation(sat);
     /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
@@ -251,7 +265,7 @@ impl RetryController {
             Some(b) => Some(CircuitBreaker::new(b.clone(), breaker_seed(seed))?),
             None => None,
         };
-        let mut controller = RetryController::new(config.methods.clone(), budget, breaker, seed);
+        let mut controller = RetryController::over(config.methods.clone(), budget, breaker, seed);
         if let Some(load_reports) = config.load_reports {
             controller = controller.with_saturation(Arc::new(Saturation::new(load_reports)?));
         }
@@ -316,7 +330,7 @@ impl RetryController {
     /// use stormguard_core::{Refusal, RetryBudget, RetryController, RetryPolicy};
     ///
     /// let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default())?);
-    /// let controller = RetryController::new(MethodTable::uniform(RetryPolicy::default()), budget, None, 1);
+    /// let controller = RetryController::new(MethodTable::uniform(RetryPolicy::default()), budget, None, 1)?;
     /// let now = Instant::now();
     /// let mut call = controller.begin_call_at("/pkg.Svc/Get", &CallTimes::default(), now).unwrap();
     /// call.on_connect_refused_at(now);

@@ -371,6 +371,18 @@ impl MethodTable {
         self.keys.values().any(|keyed| *keyed)
     }
 
+    /// Checks every retry and hedging policy of the table; the error names the first bad
+    /// field (`retry.<field>` or `hedging.<field>`).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        for policy in self.policies() {
+            policy.validate("retry")?;
+        }
+        for policy in self.hedging_policies() {
+            policy.validate("hedging")?;
+        }
+        Ok(())
+    }
+
     /// Every policy in the table (for validation and reporting).
     pub(crate) fn policies(&self) -> impl Iterator<Item = &RetryPolicy> {
         self.policies.values().flatten().map(|p| p.as_ref())

@@ -96,7 +96,7 @@ struct Heard {
 ///
 /// let sat = Arc::new(Saturation::new(SaturationConfig::default())?);
 /// let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default())?);
-/// let controller = RetryController::new(MethodTable::uniform(RetryPolicy::default()), budget, None, 1)
+/// let controller = RetryController::new(MethodTable::uniform(RetryPolicy::default()), budget, None, 1)?
 ///     .with_saturation(sat);
 /// assert!(controller.saturation().is_some());
 /// # Ok::<(), stormguard_core::ConfigError>(())

@@ -40,7 +40,7 @@ fn budget(floor: u32, ratio: f64) -> Arc<dyn Budget> {
 }
 
 fn controller(policy: RetryPolicy, budget: Arc<dyn Budget>) -> RetryController {
-    RetryController::new(MethodTable::uniform(policy), budget, None, 9)
+    RetryController::new(MethodTable::uniform(policy), budget, None, 9).unwrap()
 }
 
 fn unavailable() -> Failure {
@@ -115,7 +115,7 @@ fn hedging(delay: u64, non_fatal: CodeSet) -> RetryController {
             ..HedgingPolicy::default()
         }),
     );
-    RetryController::new(table, budget(100, 0.1), None, 9)
+    RetryController::new(table, budget(100, 0.1), None, 9).unwrap()
 }
 
 #[test]
@@ -206,7 +206,7 @@ fn hedges_are_paid_from_the_retry_budget_and_refused_when_it_is_empty() {
     );
     // No floor: eight successes at a ratio of 0.5 mint four retries, whose upper half
     // pays for two hedges.
-    let c = RetryController::new(table, budget(0, 0.5), None, 9);
+    let c = RetryController::new(table, budget(0, 0.5), None, 9).unwrap();
     let t0 = Instant::now();
     for _ in 0..8 {
         c.budget().deposit_at(t0);
@@ -239,7 +239,7 @@ fn an_a6_throttle_lets_hedges_go_only_above_half_its_tokens() {
     );
     let mut table = MethodTable::none();
     table.set_hedging(MethodScope::Default, Some(HedgingPolicy::default()));
-    let c = RetryController::new(table, throttle, None, 9);
+    let c = RetryController::new(table, throttle, None, 9).unwrap();
     let t0 = Instant::now();
     let mut call = c.begin_at(PATH, None, t0).unwrap();
     call.first_attempt_at(t0);
@@ -271,7 +271,7 @@ fn a_breaker_that_is_not_closed_sends_no_hedge() {
             ..HedgingPolicy::default()
         }),
     );
-    let c = RetryController::new(table, budget(100, 0.1), Some(breaker.clone()), 9);
+    let c = RetryController::new(table, budget(100, 0.1), Some(breaker.clone()), 9).unwrap();
     let t0 = Instant::now();
     let mut call = c.begin_at(PATH, None, t0).unwrap();
     call.first_attempt_at(t0);
@@ -297,7 +297,7 @@ fn a_learned_delay_sends_no_hedge_until_it_has_samples() {
             ..HedgingPolicy::default()
         }),
     );
-    let c = RetryController::new(table, budget(100, 0.1), None, 9);
+    let c = RetryController::new(table, budget(100, 0.1), None, 9).unwrap();
     let t0 = Instant::now();
     let mut call = c.begin_at(PATH, None, t0).unwrap();
     call.first_attempt_at(t0);
@@ -337,7 +337,7 @@ fn retries_until_the_attempt_limit() {
 fn only_retryable_codes_of_retryable_methods() {
     let mut table = MethodTable::none();
     table.set_retry(MethodScope::Method("pkg.Svc", "Get"), Some(retried()));
-    let c = RetryController::new(table, budget(5, 0.1), None, 1);
+    let c = RetryController::new(table, budget(5, 0.1), None, 1).unwrap();
     let now = Instant::now();
     let mut call = c.begin_at(PATH, None, now).unwrap();
     assert!(call.is_retryable_method());
@@ -526,7 +526,7 @@ fn non_idempotent_methods_retry_only_unsent_requests() {
 fn keyed_controller(policy: RetryPolicy, seed: u64) -> RetryController {
     let mut table = MethodTable::uniform(policy);
     table.set_idempotency_key(MethodScope::Default, true);
-    RetryController::new(table, budget(5, 0.1), None, seed)
+    RetryController::new(table, budget(5, 0.1), None, seed).unwrap()
 }
 
 #[test]
@@ -587,7 +587,8 @@ fn keys_are_drawn_per_call_from_the_seed() {
         let mut call = c.begin_at(PATH, None, now).unwrap();
         call.on_failure_at(&unavailable(), now)
     };
-    let plain = RetryController::new(MethodTable::uniform(retried()), budget(5, 0.1), None, 7);
+    let plain =
+        RetryController::new(MethodTable::uniform(retried()), budget(5, 0.1), None, 7).unwrap();
     assert_eq!(delay(keyed_controller(retried(), 7)), delay(plain));
 }
 
@@ -661,7 +662,8 @@ fn an_unsent_attempt_is_retried_transparently_for_free_a_bounded_number_of_times
         Arc::clone(&dry),
         Some(breaker),
         1,
-    );
+    )
+    .unwrap();
     let t0 = Instant::now();
     let mut call = c.begin_call_at(PATH, &times(Some(300), None), t0).unwrap();
     call.first_attempt_at(t0);
@@ -912,7 +914,8 @@ fn open_breaker_rejects_first_attempts_and_retries() {
         budget(100, 0.1),
         Some(breaker),
         1,
-    );
+    )
+    .unwrap();
     let now = Instant::now();
     let mut refusals = vec![];
     for _ in 0..4 {
@@ -1013,7 +1016,8 @@ fn an_overload_answer_is_never_health_for_the_breaker() {
         budget(100, 0.1),
         Some(breaker(2, 0.6, 1)),
         1,
-    );
+    )
+    .unwrap();
     let now = Instant::now();
     let overload = [
         Failure::status(Code::ResourceExhausted),
@@ -1041,7 +1045,8 @@ fn an_overload_answer_is_never_health_for_the_breaker() {
         budget(100, 0.1),
         Some(breaker(2, 0.6, 1)),
         1,
-    );
+    )
+    .unwrap();
     for code in [
         Code::Unavailable,
         Code::NotFound,
@@ -1066,7 +1071,8 @@ fn the_callers_own_deadline_does_not_count_for_the_breaker() {
         budget(100, 0.1),
         Some(breaker(2, 0.5, 1)),
         1,
-    );
+    )
+    .unwrap();
     let now = Instant::now();
     for answer in [
         None,
@@ -1096,7 +1102,8 @@ fn a_half_open_probe_is_settled_when_its_call_commits() {
         budget(100, 0.1),
         Some(breaker(1, 0.5, 1)),
         1,
-    );
+    )
+    .unwrap();
     let now = Instant::now();
     let mut call = c.begin_at(PATH, None, now).unwrap();
     let _ = call.on_failure_at(&unavailable(), now);
@@ -1118,7 +1125,8 @@ fn a_retry_granted_but_never_started_gives_its_token_back() {
         Arc::clone(&b),
         Some(breaker(5, 0.6, 1)),
         1,
-    );
+    )
+    .unwrap();
     let now = Instant::now();
     c.begin_at(PATH, None, now).unwrap().on_success_at(now);
     c.begin_at(PATH, None, now).unwrap().on_success_at(now);
@@ -1244,7 +1252,8 @@ fn an_attempt_timeout_is_a_retryable_failure_whatever_the_codes() {
         Arc::clone(&throttle),
         Some(breaker),
         1,
-    );
+    )
+    .unwrap();
     let now = Instant::now();
     let mut call = c.begin_at(PATH, Some(now + ms(500)), now).unwrap();
     assert_eq!(call.per_attempt_timeout(), Some(ms(50)));
@@ -1284,7 +1293,7 @@ async fn the_requests_allowance_is_spent_last_and_given_back_when_unused() {
     let failure = Failure::status(Code::Unavailable);
     // A budget that grants nothing: the allowance it was about to spend comes back.
     let dry = budget(0, 0.001);
-    let c = RetryController::new(MethodTable::uniform(retried()), dry, None, 1);
+    let c = RetryController::new(MethodTable::uniform(retried()), dry, None, 1).unwrap();
     let left = context::request_scope(RequestScope::new().with_allowance(1), async {
         let mut call = c.begin_at(PATH, None, now).unwrap();
         let d = call.on_failure_at(&failure, now);
@@ -1299,7 +1308,7 @@ async fn the_requests_allowance_is_spent_last_and_given_back_when_unused() {
         max_attempts: 5,
         ..retried()
     };
-    let c = RetryController::new(MethodTable::uniform(five), budget(100, 0.1), None, 1);
+    let c = RetryController::new(MethodTable::uniform(five), budget(100, 0.1), None, 1).unwrap();
     let seen = context::request_scope(RequestScope::new().with_allowance(2), async {
         let mut dropped = c.begin_at(PATH, None, now).unwrap();
         assert!(matches!(
@@ -1374,7 +1383,8 @@ fn seeded_controllers_draw_the_same_delays() {
             budget(100, 0.1),
             None,
             seed,
-        );
+        )
+        .unwrap();
         let now = Instant::now();
         (0..20)
             .map(|_| {
@@ -1651,4 +1661,45 @@ fn while_connections_are_refused_a_first_attempt_is_sent_only_as_the_slots_probe
     let mut probe = probe.unwrap();
     probe.on_success_at(slot + ms(5));
     assert!((0..3).all(|i| c.begin_at(PATH, None, slot + ms(6 + i)).is_ok()));
+}
+
+/// A table built by hand is checked as a config file's is: the error names the field.
+#[test]
+fn a_controller_refuses_a_table_with_a_policy_out_of_range() {
+    let field = |methods: MethodTable| match RetryController::new(
+        methods,
+        Arc::new(crate::Unlimited),
+        None,
+        1,
+    ) {
+        Err(crate::ConfigError::Invalid { field, .. }) => field,
+        other => panic!("{:?}", other.map(|_| ())),
+    };
+    let one_attempt = RetryPolicy {
+        max_attempts: 1,
+        ..RetryPolicy::default()
+    };
+    assert_eq!(
+        field(MethodTable::uniform(one_attempt)),
+        "retry.maxAttempts"
+    );
+    let mut hedged = MethodTable::none();
+    hedged.set_hedging(
+        crate::MethodScope::Method("pkg.Svc", "Get"),
+        Some(HedgingPolicy {
+            non_fatal_codes: CodeSet::single(Code::Ok),
+            ..HedgingPolicy::default()
+        }),
+    );
+    assert_eq!(field(hedged), "hedging.nonFatalStatusCodes");
+    // A valid table is taken.
+    assert!(
+        RetryController::new(
+            MethodTable::uniform(RetryPolicy::default()),
+            Arc::new(crate::Unlimited),
+            None,
+            1
+        )
+        .is_ok()
+    );
 }

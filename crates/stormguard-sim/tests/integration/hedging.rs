@@ -24,7 +24,7 @@ fn ms(n: u64) -> Duration {
 fn controller(policy: HedgingPolicy, budget: Arc<dyn Budget>) -> RetryController {
     let mut methods = MethodTable::none();
     methods.set_hedging(MethodScope::Default, Some(policy));
-    RetryController::new(methods, budget, None, 7)
+    RetryController::new(methods, budget, None, 7).unwrap()
 }
 
 fn policy(max_attempts: u32, non_fatal: CodeSet) -> HedgingPolicy {

@@ -67,7 +67,7 @@ proptest! {
         })
         .unwrap();
         let budget: Arc<dyn Budget> = Arc::new(budget);
-        let controller = RetryController::new(table, Arc::clone(&budget), None, 3);
+        let controller = RetryController::new(table, Arc::clone(&budget), None, 3).unwrap();
         let mut now = Instant::now();
         let mut call = controller.begin_at("/p.S/M", None, now).unwrap();
         let first = call.first_attempt_at(now);
