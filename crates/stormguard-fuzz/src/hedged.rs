@@ -551,13 +551,12 @@ pub fn learned_delay(input: &[u8]) -> (bool, BTreeSet<u8>) {
         delay: HedgeDelay::Learned(learned.clone()),
         ..HedgingPolicy::default()
     };
-    if policy.validate("hedging").is_err() {
-        return (false, BTreeSet::new());
-    }
     let mut methods = MethodTable::none();
     methods.set_hedging(MethodScope::Default, Some(policy));
-    let controller =
-        RetryController::new(methods, Arc::new(Unlimited), None, 7).expect("a checked policy");
+    // A learned delay out of range is refused by the controller, as by a config file.
+    let Ok(controller) = RetryController::new(methods, Arc::new(Unlimited), None, 7) else {
+        return (false, BTreeSet::new());
+    };
     let begin = |now| match controller.begin_call_at(PATHS[0], &CallTimes::default(), now) {
         Ok(call) => call,
         Err(why) => panic!("a controller without a breaker refused a call: {why}"),

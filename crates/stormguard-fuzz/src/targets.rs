@@ -1005,7 +1005,7 @@ fn retry_refused_after(report: &stormguard_core::LoadReport) -> bool {
     };
     let budget: Arc<dyn Budget> = Arc::new(Unlimited);
     let controller = RetryController::new(MethodTable::uniform(policy), budget, None, 7)
-        .expect("a checked policy")
+        .expect("the default policy is valid")
         .with_saturation(Arc::new(saturation));
     let now = Instant::now();
     let mut call = match controller.begin_call_at("/pkg.Svc/Get", &CallTimes::default(), now) {

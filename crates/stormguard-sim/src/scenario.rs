@@ -297,17 +297,12 @@ impl ClientPolicy {
                 "must be above 0; leave it out for no per-attempt timeout".into(),
             );
         }
-        if let Some(retry) = &self.retry {
-            retry.validate("policy.retry")?;
-        }
-        if let Some(hedging) = &self.hedging {
-            if self.retry.is_some() {
-                return bad(
-                    "policy.hedging",
-                    "a method is retried or hedged, not both: set `retry` to None".into(),
-                );
-            }
-            hedging.validate("policy.hedging")?;
+        // The policies themselves are checked by the controller built from them.
+        if self.hedging.is_some() && self.retry.is_some() {
+            return bad(
+                "policy.hedging",
+                "a method is retried or hedged, not both: set `retry` to None".into(),
+            );
         }
         Ok(())
     }

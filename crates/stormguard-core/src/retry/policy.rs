@@ -103,7 +103,7 @@ impl RetryPolicy {
     }
 
     /// Checks the ranges; `field` prefixes the names in errors.
-    pub fn validate(&self, field: &str) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self, field: &str) -> Result<(), ConfigError> {
         check_max_attempts(field, self.max_attempts, "retry")?;
         if self.retryable_codes.is_empty() {
             return Err(ConfigError::invalid(
@@ -396,15 +396,20 @@ impl MethodTable {
 /// running it more than once is harmless.
 ///
 /// ```
-/// use std::time::Duration;
-/// use stormguard_core::{HedgeDelay, HedgingPolicy};
+/// use std::{sync::Arc, time::Duration};
+/// use stormguard_core::{HedgeDelay, HedgingPolicy, MethodScope, MethodTable, RetryController, Unlimited};
 ///
 /// let policy = HedgingPolicy {
 ///     max_attempts: 2,
 ///     delay: HedgeDelay::Fixed(Duration::from_millis(10)),
 ///     ..HedgingPolicy::default()
 /// };
-/// assert!(policy.validate("hedging").is_ok());
+/// let mut methods = MethodTable::none();
+/// methods.set_hedging(MethodScope::Method("shop.Catalog", "Get"), Some(policy));
+/// // The controller checks every policy of its table.
+/// let controller = RetryController::new(methods, Arc::new(Unlimited), None, 1)?;
+/// # let _ = controller;
+/// # Ok::<(), stormguard_core::ConfigError>(())
 /// ```
 ///
 /// A retry answers a failure; a hedge answers slowness. The first attempt goes at once, and
@@ -471,7 +476,7 @@ impl HedgingPolicy {
     }
 
     /// Checks the ranges; `field` prefixes the names in errors.
-    pub fn validate(&self, field: &str) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self, field: &str) -> Result<(), ConfigError> {
         crate::retry::policy::check_max_attempts(field, self.max_attempts, "hedge")?;
         if self.non_fatal_codes.contains(Code::Ok) {
             return Err(ConfigError::invalid(
