@@ -69,19 +69,7 @@ impl Service<http::Request<Body>> for Strict {
 }
 
 fn layer() -> RetryLayer {
-    let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default()).unwrap());
-    RetryLayer::new(
-        RetryController::new(
-            MethodTable::uniform(RetryPolicy {
-                idempotent: true,
-                ..RetryPolicy::default()
-            }),
-            budget,
-            None,
-            3,
-        )
-        .unwrap(),
-    )
+    idempotent_layer(None)
 }
 
 fn request() -> http::Request<Body> {
@@ -391,19 +379,17 @@ fn breaker(min_requests: u32, probes: u32) -> CircuitBreaker {
 }
 
 fn breaker_layer(breaker: CircuitBreaker) -> RetryLayer {
+    idempotent_layer(Some(breaker))
+}
+
+/// Every method idempotent, the default budget, `breaker` if any.
+fn idempotent_layer(breaker: Option<CircuitBreaker>) -> RetryLayer {
     let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default()).unwrap());
-    RetryLayer::new(
-        RetryController::new(
-            MethodTable::uniform(RetryPolicy {
-                idempotent: true,
-                ..RetryPolicy::default()
-            }),
-            budget,
-            Some(breaker),
-            3,
-        )
-        .unwrap(),
-    )
+    let policy = RetryPolicy {
+        idempotent: true,
+        ..RetryPolicy::default()
+    };
+    RetryLayer::new(RetryController::new(MethodTable::uniform(policy), budget, breaker, 3).unwrap())
 }
 
 #[tokio::test(start_paused = true)]
