@@ -100,8 +100,8 @@ pub mod shed;
 pub use shed::body::ShedBody;
 pub use shed::future::ResponseFuture;
 pub use shed::layer::ShedLayer;
-pub use shed::service::{ShedService, ShedStats};
-pub use shed::stats::{DrainCounts, Occupancy, ShedSnapshot};
+pub use shed::service::ShedService;
+pub use shed::stats::{DrainCounts, Occupancy, ShedSnapshot, ShedStats};
 // What a user of the layer configures, so that one `use stormguard_server::{..}` holds it.
 pub use stormguard_core::wire::AttemptClass;
 pub use stormguard_core::{

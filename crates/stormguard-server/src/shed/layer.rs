@@ -11,7 +11,8 @@ use super::events::ShedEvents;
 use super::exempt::NeverShed;
 use super::gate::Gate;
 use super::load::LoadReporter;
-use super::service::{ShedService, ShedStats};
+use super::service::ShedService;
+use super::stats::ShedStats;
 use super::{Shared, ShutdownHandle};
 
 /// Puts services behind one admission queue that sheds retries before first attempts.
