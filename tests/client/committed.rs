@@ -23,6 +23,7 @@ fn watch(count: u32) -> WatchStockRequest {
     WatchStockRequest {
         sku: "sku-7".into(),
         count,
+        interval_ms: 0,
     }
 }
 

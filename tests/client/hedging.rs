@@ -424,6 +424,7 @@ async fn a_hedge_whose_response_headers_arrive_first_commits_the_call() {
         .watch_stock(stormguard_demo::WatchStockRequest {
             sku: "s".into(),
             count: 3,
+            interval_ms: 0,
         })
         .await
         .unwrap()

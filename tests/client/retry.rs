@@ -485,6 +485,7 @@ async fn per_method_policies_from_a_grpc_service_config() {
     let request = stormguard_demo::WatchStockRequest {
         sku: "s".into(),
         count: 1,
+        interval_ms: 0,
     };
     assert!(client.watch_stock(request).await.is_err());
     assert_eq!(svc.seen().len(), 3);

@@ -12,6 +12,7 @@ fn watch(count: u32) -> WatchStockRequest {
     WatchStockRequest {
         sku: "sku-9".into(),
         count,
+        interval_ms: 0,
     }
 }
 

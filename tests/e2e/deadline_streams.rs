@@ -202,7 +202,7 @@ impl Inventory for Slow {
         &self,
         req: Request<WatchStockRequest>,
     ) -> Result<Response<Fed<StockLevel>>, Status> {
-        let WatchStockRequest { sku, count } = req.into_inner();
+        let WatchStockRequest { sku, count, .. } = req.into_inner();
         self.0.start(&sku);
         let stream = fed(&self.0, move |tx| async move {
             if sku == "forever" {
@@ -411,6 +411,7 @@ async fn a_committed_server_stream_ends_deadline_exceeded_at_its_deadline() {
         WatchStockRequest {
             sku: "stall".into(),
             count: 2,
+            interval_ms: 0,
         },
         ms(400),
     );
@@ -562,7 +563,7 @@ fn cut_after(timeout: Duration) -> Duration {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_server_stream_running_past_its_deadline_is_cut_and_frees_its_worker() {
+async fn a_server_stream_running_past_its_deadline_is_cut_and_holds_no_worker_while_idle() {
     let probe = Arc::new(Probe::default());
     let (layer, stats) = one_worker();
     let channel = serve(&probe, Some(layer)).await;
@@ -573,26 +574,24 @@ async fn a_server_stream_running_past_its_deadline_is_cut_and_frees_its_worker()
         WatchStockRequest {
             sku: "forever".into(),
             count: 0,
+            interval_ms: 0,
         },
         ms(500),
     );
     let mut stream = client.watch_stock(request).await.unwrap().into_inner();
     assert_eq!(stream.message().await.unwrap().unwrap().seq, 0);
-    // A second call, without a deadline, waits for the only worker.
+    // The stream waits for its next message: its handler's work is done, and the only
+    // worker is free for a second call, served while the stream stays open.
     let mut second = client.clone();
-    let waiting = tokio::spawn(async move {
-        let mut request = Request::new(reservation("now", 1));
-        request.get_mut().request_id = "second".into();
-        second.reserve(request).await
-    });
-    // Let the runtime carry it to the server (no time passes while tasks can run).
-    for _ in 0..10_000 {
-        if stats.snapshot().queue_depth == 1 {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
-    assert_eq!(stats.snapshot().queue_depth, 1, "the second call queued");
+    let mut request = Request::new(reservation("now", 1));
+    request.get_mut().request_id = "second".into();
+    within("the second call", second.reserve(request))
+        .await
+        .expect("the second call is served beside the idle stream");
+    assert!(
+        probe.started("second").unwrap() < start + cut_after(ms(500)),
+        "the second call ran before the stream's cut"
+    );
 
     let mut seqs = vec![0];
     let status = within("the stream", async {
@@ -605,15 +604,23 @@ async fn a_server_stream_running_past_its_deadline_is_cut_and_frees_its_worker()
         }
     })
     .await;
+    // Still held to its deadline: cut, with the messages sent before the cut, in order.
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
     assert_eq!(status.message(), MESSAGE_DEADLINE_CUT);
     assert_at("the cut", start, Instant::now(), cut_after(ms(500)));
-    // The messages sent before the cut arrived, in order.
     assert_eq!(seqs, [0, 1, 2, 3, 4]);
-    // The handler's stream was dropped at the cut, and the next call got the worker then,
-    // not when the stream would have ended (never).
-    waiting.await.unwrap().expect("the second call is served");
-    assert_worker_passed_on_at_the_cut(&probe, &stats, start, ms(500));
+    assert_at(
+        "the drop",
+        start,
+        probe.first_drop().unwrap(),
+        cut_after(ms(500)),
+    );
+    let s = stats.snapshot();
+    assert_eq!(
+        (s.admitted, s.completed, s.cut_at_deadline),
+        (2, 1, 1),
+        "{s:?}"
+    );
     assert_eq!(stats.occupancy().free_workers, 1);
 }
 
@@ -667,6 +674,7 @@ async fn a_call_that_ends_before_its_deadline_is_not_cut() {
             WatchStockRequest {
                 sku: "done".into(),
                 count: 0,
+                interval_ms: 0,
             },
             ms(200),
         ))

@@ -173,6 +173,7 @@ async fn a_stream_carries_its_report_in_its_trailers() {
         .watch_stock(stormguard_demo::WatchStockRequest {
             sku: "sku-1".into(),
             count: 3,
+            interval_ms: 0,
         })
         .await
         .expect("stream")

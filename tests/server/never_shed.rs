@@ -108,6 +108,7 @@ async fn users_name_more_paths_by_list_or_predicate() {
             .watch_stock(WatchStockRequest {
                 sku: "sku-1".into(),
                 count: 3,
+                interval_ms: 0,
             })
             .await
             .expect("never shed")

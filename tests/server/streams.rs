@@ -75,6 +75,7 @@ async fn open_long_watch(
     let request = WatchStockRequest {
         sku: "x".repeat(1024),
         count: 10_000,
+        interval_ms: 0,
     };
     client
         .clone()

@@ -11,6 +11,7 @@ pub mod dns;
 mod docs;
 pub mod pool;
 pub mod server;
+pub mod steady;
 pub mod storm;
 pub mod turmoil_net;
 

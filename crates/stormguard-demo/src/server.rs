@@ -285,12 +285,17 @@ impl Inventory for DemoInventory {
 
     type WatchStockStream = Pin<Box<dyn Stream<Item = Result<StockLevel, Status>> + Send>>;
 
-    /// Sends `count` (at most 10 000) levels at once.
+    /// Sends `count` (at most 10 000) levels, `interval_ms` apart (at once when 0): with an
+    /// interval, a watch that sits idle between updates, as a subscription API does.
     async fn watch_stock(
         &self,
         request: Request<WatchStockRequest>,
     ) -> Result<Response<Self::WatchStockStream>, Status> {
-        let WatchStockRequest { sku, count } = request.into_inner();
+        let WatchStockRequest {
+            sku,
+            count,
+            interval_ms,
+        } = request.into_inner();
         let count = count.min(10_000);
         let levels = (0..count).map(move |seq| {
             Ok(StockLevel {
@@ -299,7 +304,19 @@ impl Inventory for DemoInventory {
                 seq,
             })
         });
-        Ok(Response::new(Box::pin(tokio_stream::iter(levels))))
+        if interval_ms == 0 {
+            return Ok(Response::new(Box::pin(tokio_stream::iter(levels))));
+        }
+        let every = Duration::from_millis(u64::from(interval_ms));
+        // The first update at once, then one per interval, the stream idle in between.
+        let paced =
+            futures_util::stream::unfold((levels, true), move |(mut levels, first)| async move {
+                if !first {
+                    tokio::time::sleep(every).await;
+                }
+                levels.next().map(|level| (level, (levels, false)))
+            });
+        Ok(Response::new(Box::pin(paced)))
     }
 }
 

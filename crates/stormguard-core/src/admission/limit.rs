@@ -239,6 +239,8 @@ pub(crate) enum Ended {
     NotServed,
     /// Its caller left mid-run: its time so far is a lower bound.
     Abandoned,
+    /// Its response streams on, idle between messages: no sample at all.
+    Streaming,
 }
 
 /// What a window that cut the limit saw: the calls that ran at once on average and
@@ -362,6 +364,10 @@ impl AdaptiveLimit {
         running: usize,
         ended: Ended,
     ) -> usize {
+        if ended == Ended::Streaming {
+            // A stream's length is no call's latency, and its start says nothing of it.
+            return self.limit();
+        }
         let latency = now.saturating_duration_since(started);
         self.start_probe_if_due_at(now);
         self.last_sample = Some(now);
@@ -499,6 +505,7 @@ impl AdaptiveLimit {
                 window.abandoned += 1;
                 window.sum_abandoned_secs += latency.as_secs_f64();
             }
+            Ended::Streaming => {}
         }
         // `running` is after this call left: it ran alongside them.
         window.sum_running += running + 1;

@@ -389,6 +389,14 @@ impl<T> AdmissionQueue<T> {
         self.release_at(now, started, Ended::NotServed, sink);
     }
 
+    /// A running call's response streams on, idle between messages, at `now`: its worker
+    /// goes to the next live waiter, as for [`finish_at`](Self::finish_at), but an adaptive
+    /// limit takes no latency sample (a stream's length is no call's latency). A stream
+    /// holds a worker while its handler works, not while it waits for its next message.
+    pub fn stream_idle_at(&mut self, now: Instant, sink: impl FnMut(Dispatch<T>)) {
+        self.release_at(now, now, Ended::Streaming, sink);
+    }
+
     fn release_at(
         &mut self,
         now: Instant,

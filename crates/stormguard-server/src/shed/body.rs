@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
@@ -18,11 +18,13 @@ pin_project! {
     /// The response body of a [`ShedService`](super::ShedService).
     ///
     /// For a call that ran, it is the handler's body, and it holds the call's worker
-    /// until the body ends (its last frame or its trailers were read) or is dropped
-    /// (the caller went away, or the transport gave up): a server-streaming or
-    /// bidirectional call counts against the workers for as long as it streams, not
-    /// only while its handler builds the stream. For the layer's own answers it is
-    /// empty. With load reports on, it adds the call's report to the handler's
+    /// until the body ends (its last frame or its trailers were read), is dropped (the
+    /// caller went away, or the transport gave up), or first has nothing to send: a
+    /// streaming call counts against the workers while its handler works, not while its
+    /// stream sits idle waiting for its next message, so a server with many open watches
+    /// serves its unary callers as it does without them. A unary answer is complete when
+    /// the handler returns, and holds its worker to its end. For the layer's own answers
+    /// it is empty. With load reports on, it adds the call's report to the handler's
     /// trailers.
     ///
     /// A call with a deadline is held to it while it streams: when its cut-off passes
@@ -99,7 +101,19 @@ impl<B: Body> Body for ShedBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.project();
-        let mut frame = match ready!(this.body.poll_frame(cx)) {
+        let polled = match this.body.poll_frame(cx) {
+            Poll::Ready(polled) => polled,
+            Poll::Pending => {
+                // Nothing to send yet: the response waits for its next message (a stream
+                // idle between messages). The handler's work is done, and the worker goes
+                // back until the call ends (a unary answer is never pending here).
+                if let Some(permit) = this.permit.as_mut() {
+                    permit.idle();
+                }
+                return Poll::Pending;
+            }
+        };
+        let mut frame = match polled {
             Polled::Frame(frame) => frame,
             Polled::Cut => {
                 return Poll::Ready(Some(Ok(cut(this.report, this.events, this.permit))));

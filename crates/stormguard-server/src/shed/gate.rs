@@ -225,6 +225,7 @@ impl Gate {
                     answered: None,
                     finished: false,
                     served: true,
+                    released: false,
                 })
             }
             Arrival::Queued { id, expiry } => Entry::Queued(Ticket {
@@ -248,6 +249,13 @@ impl Gate {
     /// its caller left mid-run). Either way a worker turned over, so all feed the drain
     /// estimate and an adaptive limit, which reads an abandoned call's time as a lower
     /// bound and takes no latency from a call that was not served.
+    /// A streaming call's worker goes back at `now` while its response streams on
+    /// ([`WorkerPermit::idle`]).
+    fn release_streaming(&self, now: Instant) {
+        self.lock()
+            .apply(&self.counters, |core, sink| core.stream_idle_at(now, sink));
+    }
+
     fn release(&self, now: Instant, started: Instant, finished: bool, served: bool) {
         self.lock()
             .apply(&self.counters, |core, sink| match (finished, served) {
@@ -285,6 +293,7 @@ impl Gate {
                     answered: None,
                     finished: false,
                     served: true,
+                    released: false,
                 });
             }
             Some(Outcome::Expired) => return Turn::Expired,
@@ -405,6 +414,9 @@ pub(crate) struct WorkerPermit {
     finished: bool,
     /// Whether its answer served the call (not an overload or expiry code).
     served: bool,
+    /// Whether the worker was given back already, while the call's response streams on
+    /// ([`WorkerPermit::idle`]).
+    released: bool,
 }
 
 impl WorkerPermit {
@@ -436,10 +448,24 @@ impl WorkerPermit {
     pub(crate) fn cut(self) {
         self.gate.counters.record_cut();
     }
+
+    /// The call's response waits for its next message: the handler's work is done, and the
+    /// stream holds no worker while it sits idle. The worker goes back now, with no
+    /// latency sample (a stream's length is no call's latency); the permit still counts the
+    /// call's ending (finished, cut) when it comes.
+    pub(crate) fn idle(&mut self) {
+        if !self.released {
+            self.released = true;
+            self.gate.release_streaming(Instant::now());
+        }
+    }
 }
 
 impl Drop for WorkerPermit {
     fn drop(&mut self) {
+        if self.released {
+            return;
+        }
         let now = Instant::now();
         // A response that streams on after the handler answered holds its worker, but the
         // length of its stream is no latency: an adaptive limit reads the time to the

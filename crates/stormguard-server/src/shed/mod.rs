@@ -38,9 +38,10 @@
 //! request body is read and discarded within bounds ([`drain`]), so the connection
 //! survives any number of them.
 //!
-//! The worker is given back when the response body ([`ShedBody`](crate::ShedBody)) ends or is dropped,
-//! or when the future is dropped before that: a streaming response holds its worker for
-//! as long as it streams, and no longer than its deadline.
+//! The worker is given back when the response body ([`ShedBody`](crate::ShedBody)) ends, is
+//! dropped, or first has nothing to send, or when the future is dropped before that: a
+//! streaming response holds its worker while its handler works, not while it waits for its
+//! next message; the call's deadline still cuts it.
 //!
 //! # Where it goes, and the deadline
 //!
