@@ -50,7 +50,7 @@ pub mod engine {
         A6Budget, AdaptiveThrottle, AdmissionQueue, Arrival, AttemptEnd, AttemptPlan, Backoff,
         Begin, BreakerOpen, BreakerPermit, BreakerState, BreakerTransition, Budget, BudgetChoice,
         CallClass, CallDeadline, CallRetry, CallTimes, CircuitBreaker, CodeSet, Deadline,
-        DeadlineSource, Decision, DedupCounts, DedupTable, Dispatch, EventSummary, Failure,
+        DeadlineSource, Decision, DedupCounts, DedupTable, Digest, Dispatch, EventSummary, Failure,
         HedgeDecision, Instant, KeyedBudgets, LayerName, Left, LoadReport, LoadReportError,
         MethodMap, NotApplied, NotAppliedReason, Notice, OrcaLoadReport, Pushback, QueueLoad,
         QueuedId, RateMeter, Refusal, ReplicaEvent, ReplicaId, ReplicaOutcome, ReplicaSet,

@@ -30,8 +30,8 @@ use stormguard_demo::{
     WatchStockRequest,
 };
 use stormguard_server::idempotency::{
-    Begin, IdempotencyKey, IdempotencyLayer, IdempotencyStore, MESSAGE_IN_FLIGHT, MESSAGE_NOT_KEPT,
-    MemoryStore, Record,
+    Begin, Digest, IdempotencyKey, IdempotencyLayer, IdempotencyStore, MESSAGE_IN_FLIGHT,
+    MESSAGE_NOT_KEPT, MemoryStore, Record, ScopedKey,
 };
 use stormguard_server::{AdmissionConfig, ShedLayer};
 use tokio::net::TcpListener;
@@ -397,18 +397,18 @@ struct Watched {
 }
 
 impl IdempotencyStore for Watched {
-    fn begin(&self, key: &IdempotencyKey) -> Begin<Record> {
-        let begun = self.inner.begin(key);
+    fn begin(&self, key: &ScopedKey, fingerprint: &Digest) -> Begin<Record> {
+        let begun = self.inner.begin(key, fingerprint);
         if matches!(begun, Begin::InFlight) {
             self.in_flight.add_permits(1);
         }
         begun
     }
-    fn complete(&self, key: &IdempotencyKey, record: Record) {
+    fn complete(&self, key: &ScopedKey, record: Record) {
         self.inner.complete(key, record);
     }
-    fn abandon(&self, key: &IdempotencyKey) {
-        self.inner.abandon(key);
+    fn abandon(&self, key: &ScopedKey, fingerprint: &Digest) {
+        self.inner.abandon(key, fingerprint);
     }
 }
 

@@ -20,4 +20,5 @@ mod chain;
 mod deadline_streams;
 mod faults;
 mod idempotency;
+mod idempotency_scope;
 mod tracing_events;

@@ -16,7 +16,8 @@ use stormguard_core::{MethodTable, RetryPolicy};
 use stormguard_demo::InventoryClient;
 use stormguard_demo::server::DemoConfig;
 use stormguard_server::AdmissionConfig;
-use stormguard_server::shed::{MESSAGE_SHUTTING_DOWN, ShutdownHandle};
+use stormguard_server::ShutdownHandle;
+use stormguard_server::shed::MESSAGE_SHUTTING_DOWN;
 use tonic::Code;
 use tonic::transport::Server;
 use tower::ServiceBuilder;
@@ -141,6 +142,24 @@ async fn a_retrying_client_reads_the_shutdown_answer_as_retryable() {
 /// during the drain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shutdown_sets_the_health_service_not_serving() {
+    shutdown_sets_not_serving(Order::ReadinessFirst).await;
+}
+
+/// The same with the handle taken before the health service is handed to the layer: the
+/// layer and its handles share one readiness, so the order does not matter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_taken_before_with_readiness_still_sets_not_serving() {
+    shutdown_sets_not_serving(Order::HandleFirst).await;
+}
+
+/// Which of `with_readiness` and `shutdown_handle` the server's code calls first.
+#[derive(Clone, Copy)]
+enum Order {
+    ReadinessFirst,
+    HandleFirst,
+}
+
+async fn shutdown_sets_not_serving(order: Order) {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
@@ -152,8 +171,17 @@ async fn the_shutdown_sets_the_health_service_not_serving() {
         false,
         |layer, svc, incoming| {
             let (reporter, health) = tonic_health::server::health_reporter();
-            let layer = layer.with_readiness(reporter, "");
-            shutdown = Some(layer.shutdown_handle());
+            let layer = match order {
+                Order::ReadinessFirst => {
+                    let layer = layer.with_readiness(reporter, "");
+                    shutdown = Some(layer.shutdown_handle());
+                    layer
+                }
+                Order::HandleFirst => {
+                    shutdown = Some(layer.shutdown_handle());
+                    layer.with_readiness(reporter, "")
+                }
+            };
             Server::builder()
                 .layer(layer)
                 .add_service(health)

@@ -69,8 +69,8 @@ pub use wire::body::{DeadlineCut, HeldFrames, Polled};
 
 pub use admission::{
     AdaptiveLimitConfig, AdmissionConfig, AdmissionController, AdmissionQueue, Arrival, Begin,
-    CallClass, DedupCounts, DedupTable, Dispatch, IdempotencyConfig, Left, QueueLoad, QueueOrder,
-    QueuedId, RateMeter, RetryThreshold, Shed, ShedPushback, ShedReason, WorkerLimit,
+    CallClass, DedupCounts, DedupTable, Digest, Dispatch, IdempotencyConfig, Left, QueueLoad,
+    QueueOrder, QueuedId, RateMeter, RetryThreshold, Shed, ShedPushback, ShedReason, WorkerLimit,
 };
 pub use balance::weights::a58_weight;
 pub use balance::{

@@ -101,6 +101,7 @@ pub use shed::body::ShedBody;
 pub use shed::future::ResponseFuture;
 pub use shed::layer::ShedLayer;
 pub use shed::service::ShedService;
+pub use shed::shutdown::ShutdownHandle;
 pub use shed::stats::{DrainCounts, Occupancy, ShedSnapshot, ShedStats};
 // What a user of the layer configures, so that one `use stormguard_server::{..}` holds it.
 pub use stormguard_core::wire::AttemptClass;

@@ -2,9 +2,14 @@
 //!
 //! See [`DedupTable`](crate::DedupTable) for what it does and why.
 
+use std::borrow::Borrow;
 use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
+
+use sha2::{Digest as _, Sha256};
 
 use crate::ConfigError;
 use crate::Instant;
@@ -43,10 +48,16 @@ pub struct IdempotencyConfig {
     /// while the first run is still in progress: how long a keyed stormguard client waits
     /// before asking again. Default 100 ms.
     pub in_flight_pushback: Duration,
+    /// The largest request body a keyed call may have: the server reads a keyed request
+    /// whole, to compare its message with the record's, before the handler runs; a larger
+    /// one is refused without running. Default 4 MiB and 5 bytes: tonic's default largest
+    /// message, in its gRPC frame.
+    pub max_request_bytes: usize,
 }
 
 impl Default for IdempotencyConfig {
-    /// 10 000 keys, 16 MiB of answers, 64 KiB per answer, 10 minutes, 100 ms.
+    /// 10 000 keys, 16 MiB of answers, 64 KiB per answer, 10 minutes, 100 ms, requests of
+    /// 4 MiB and 5 bytes.
     fn default() -> Self {
         IdempotencyConfig {
             max_entries: 10_000,
@@ -54,6 +65,7 @@ impl Default for IdempotencyConfig {
             max_record_bytes: 64 << 10,
             ttl: Duration::from_secs(600),
             in_flight_pushback: Duration::from_millis(100),
+            max_request_bytes: (4 << 20) + 5,
         }
     }
 }
@@ -63,6 +75,10 @@ impl IdempotencyConfig {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         check::at_least_one("idempotency.max_entries", self.max_entries as u64)?;
         check::at_least_one("idempotency.max_record_bytes", self.max_record_bytes as u64)?;
+        check::at_least_one(
+            "idempotency.max_request_bytes",
+            self.max_request_bytes as u64,
+        )?;
         if self.max_record_bytes > self.max_bytes {
             return Err(ConfigError::invalid(
                 "idempotency.max_record_bytes",
@@ -93,14 +109,67 @@ impl IdempotencyConfig {
 pub enum Begin<R> {
     /// Not seen (or forgotten): this call runs, and the key is now in flight.
     New,
-    /// A call with this key is running: this one must not run.
+    /// A call with this key and this message is running: this one must not run.
     InFlight,
-    /// A call with this key completed: this one gets its answer.
+    /// A call with this key and this message completed: this one gets its answer.
     Completed(Arc<R>),
+    /// A call with this key ran, or runs, with another message: this one is refused. It
+    /// never runs and never gets the other call's answer.
+    Mismatch,
 }
 
-/// The bounded, in-memory record of idempotency keys: which are running, which completed
-/// and with what answer (`R`). Every bound of [`IdempotencyConfig`] holds after every
+/// A SHA-256 digest: what an idempotency record keeps of a request's message (its
+/// fingerprint), and what a bounded store may key on instead of the key's own text.
+///
+/// SHA-256 because a caller chooses the bytes: with a hash that is not
+/// collision-resistant, a caller could craft a second message with the first one's
+/// fingerprint and be answered with the first call's record.
+///
+/// ```
+/// use stormguard_core::Digest;
+///
+/// let whole = Digest::of([b"alice: 1 book".as_slice()]);
+/// let split = Digest::of([b"alice: ".as_slice(), b"1 book".as_slice()]);
+/// assert_eq!(whole, split, "the bytes, however they arrived");
+/// assert_ne!(whole, Digest::of([b"mallory: 1 car".as_slice()]));
+/// assert_eq!(Digest::from_bytes(*whole.as_bytes()), whole);
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Digest([u8; 32]);
+
+impl Digest {
+    /// The SHA-256 of `chunks`, one after the other.
+    pub fn of<'a>(chunks: impl IntoIterator<Item = &'a [u8]>) -> Self {
+        let mut hasher = Sha256::new();
+        for chunk in chunks {
+            hasher.update(chunk);
+        }
+        Digest(hasher.finalize().into())
+    }
+
+    /// A digest read back (from a store's database, say).
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        Digest(bytes)
+    }
+
+    /// The digest's 32 bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Digest(")?;
+        for b in &self.0[..8] {
+            write!(f, "{b:02x}")?;
+        }
+        f.write_str("..)")
+    }
+}
+
+/// The bounded, in-memory record of idempotency keys (`K`): which are running, which
+/// completed and with what answer (`R`), each with the [`Digest`] of its call's message. Every bound of [`IdempotencyConfig`] holds after every
 /// call; the oldest entry (by its first run) goes first. Not shared: a server wraps it in a
 /// lock.
 ///
@@ -122,8 +191,11 @@ pub enum Begin<R> {
 ///   record's bytes, time to live) and the pushback of an in-flight duplicate, read from
 ///   code, JSON, YAML or TOML (`{"idempotency": {...}}`), validated with errors that name
 ///   the field;
-/// * [`DedupTable`]: the bounded, in-memory record itself, keyed by the key's text and
-///   generic over the answer it keeps, with `*_at(now)` methods for injected time.
+/// * [`DedupTable`]: the bounded, in-memory record itself, generic over the key (a server
+///   keys on the key's method and caller scope as well as its text) and the answer it
+///   keeps, with `*_at(now)` methods for injected time. Each entry keeps the [`Digest`] of
+///   its call's message: a repeat with another message is [`Begin::Mismatch`], never
+///   run and never answered from the record.
 ///
 /// The header and its validation are in [`crate::wire`] ([`IDEMPOTENCY_KEY`]); which
 /// methods are keyed is in the method table
@@ -146,26 +218,30 @@ pub enum Begin<R> {
 /// ```
 /// use std::time::Duration;
 /// use stormguard_core::Instant;
-/// use stormguard_core::{Begin, DedupTable, IdempotencyConfig};
+/// use stormguard_core::{Begin, DedupTable, Digest, IdempotencyConfig};
 ///
-/// let mut table = DedupTable::new(IdempotencyConfig::default())?;
+/// let mut table = DedupTable::<String, _>::new(IdempotencyConfig::default())?;
 /// let now = Instant::now();
-/// assert!(matches!(table.begin_at("key-1", now), Begin::New));
-/// assert!(matches!(table.begin_at("key-1", now), Begin::InFlight));
-/// table.complete_at("key-1", "the answer", 10, now);
-/// assert!(matches!(table.begin_at("key-1", now), Begin::Completed(a) if *a == "the answer"));
+/// let book = Digest::of([b"alice: 1 book".as_slice()]);
+/// assert!(matches!(table.begin_at("key-1", book, now), Begin::New));
+/// assert!(matches!(table.begin_at("key-1", book, now), Begin::InFlight));
+/// table.complete_at("key-1", book, "the answer", 10, now);
+/// assert!(matches!(table.begin_at("key-1", book, now), Begin::Completed(a) if *a == "the answer"));
+/// // The same key with another message is refused, never answered from the record.
+/// let car = Digest::of([b"mallory: 1 car".as_slice()]);
+/// assert!(matches!(table.begin_at("key-1", car, now), Begin::Mismatch));
 /// // After its time to live, the key is forgotten.
 /// let later = now + Duration::from_secs(601);
-/// assert!(matches!(table.begin_at("key-1", later), Begin::New));
+/// assert!(matches!(table.begin_at("key-1", car, later), Begin::New));
 /// # Ok::<(), stormguard_core::ConfigError>(())
 /// ```
 #[derive(Debug)]
-pub struct DedupTable<R> {
+pub struct DedupTable<K, R> {
     config: IdempotencyConfig,
-    entries: HashMap<Arc<str>, Entry<R>>,
+    entries: HashMap<K, Entry<R>>,
     /// Keys by first run, oldest first, with the generation of the entry they were pushed
     /// for (an entry removed or replaced leaves a stale item, skipped when reached).
-    order: VecDeque<(Arc<str>, u64)>,
+    order: VecDeque<(K, u64)>,
     generation: u64,
     bytes: usize,
     evictions: u64,
@@ -176,6 +252,8 @@ pub struct DedupTable<R> {
 struct Entry<R> {
     generation: u64,
     created: Instant,
+    /// The digest of the message of the call that holds the key.
+    fingerprint: Digest,
     state: State<R>,
 }
 
@@ -198,7 +276,7 @@ pub struct DedupCounts {
     pub expired: u64,
 }
 
-impl<R> DedupTable<R> {
+impl<K: Hash + Eq + Clone, R> DedupTable<K, R> {
     /// An empty record with `config`'s bounds (validated).
     pub fn new(config: IdempotencyConfig) -> Result<Self, ConfigError> {
         config.validate()?;
@@ -228,12 +306,20 @@ impl<R> DedupTable<R> {
         }
     }
 
-    /// A call with `key` begins at `now`: what the record says of it. A key not held (or
-    /// held past its time to live) becomes in flight, evicting the oldest entry when the
-    /// record is full.
-    pub fn begin_at(&mut self, key: &str, now: Instant) -> Begin<R> {
+    /// A call with `key` and a message of digest `fingerprint` begins at `now`: what the
+    /// record says of it. A key held with another fingerprint is [`Begin::Mismatch`]. A
+    /// key not held (or held past its time to live) becomes in flight, evicting the oldest
+    /// entry when the record is full.
+    pub fn begin_at<Q>(&mut self, key: &Q, fingerprint: Digest, now: Instant) -> Begin<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.expire_at(now);
         if let Some(entry) = self.entries.get(key) {
+            if entry.fingerprint != fingerprint {
+                return Begin::Mismatch;
+            }
             return match &entry.state {
                 State::InFlight => Begin::InFlight,
                 State::Done { answer, .. } => Begin::Completed(Arc::clone(answer)),
@@ -244,34 +330,60 @@ impl<R> DedupTable<R> {
                 break;
             }
         }
-        self.insert(Arc::from(key), State::InFlight, now);
+        self.insert(key.to_owned(), fingerprint, State::InFlight, now);
         Begin::New
     }
 
-    /// The call with `key` completed at `now` with `answer` (`bytes` long, at most
-    /// [`max_record_bytes`](IdempotencyConfig::max_record_bytes)): repeats get it until the
-    /// key's time to live ends. Returns `false`, keeping nothing, for an answer over that
-    /// bound. A key evicted while it ran is held again, from `now`.
-    pub fn complete_at(&mut self, key: &str, answer: R, bytes: usize, now: Instant) -> bool {
+    /// The call with `key` and a message of digest `fingerprint` completed at `now` with
+    /// `answer` (`bytes` long, at most
+    /// [`max_record_bytes`](IdempotencyConfig::max_record_bytes)): repeats of that message
+    /// get it until the key's time to live ends. Returns `false`, keeping nothing, for an
+    /// answer over that bound, or when the key is now held for another message. A key
+    /// evicted while it ran is held again, from `now`.
+    pub fn complete_at<Q>(
+        &mut self,
+        key: &Q,
+        fingerprint: Digest,
+        answer: R,
+        bytes: usize,
+        now: Instant,
+    ) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         if bytes > self.config.max_record_bytes {
-            self.abandon(key);
+            self.abandon(key, fingerprint);
             return false;
         }
-        self.record_at(key, answer, bytes, now);
-        true
+        self.record_at(key, fingerprint, answer, bytes, now)
     }
 
     /// [`complete_at`](Self::complete_at) without the bound on one answer (the total
     /// bound still holds): for a fixed, small answer of the server's own, such as the one
     /// that says "the call ran, its answer was too large to keep", which must be kept
-    /// however small `max_record_bytes` is.
-    pub fn record_at(&mut self, key: &str, answer: R, bytes: usize, now: Instant) {
+    /// however small `max_record_bytes` is. Returns `false`, keeping nothing, when the key
+    /// is held for another message (it was evicted while this call ran, and another call
+    /// took it).
+    pub fn record_at<Q>(
+        &mut self,
+        key: &Q,
+        fingerprint: Digest,
+        answer: R,
+        bytes: usize,
+        now: Instant,
+    ) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.expire_at(now);
         let done = State::Done {
             answer: Arc::new(answer),
             bytes,
         };
         match self.entries.get_mut(key) {
+            Some(entry) if entry.fingerprint != fingerprint => return false,
             Some(entry) => {
                 if let State::Done { bytes: old, .. } = &entry.state {
                     self.bytes -= old;
@@ -284,7 +396,7 @@ impl<R> DedupTable<R> {
                         break;
                     }
                 }
-                self.insert(Arc::from(key), done, now);
+                self.insert(key.to_owned(), fingerprint, done, now);
             }
         }
         self.bytes += bytes;
@@ -293,29 +405,37 @@ impl<R> DedupTable<R> {
                 break;
             }
         }
+        true
     }
 
-    /// The call with `key` ended without an answer worth keeping (it failed in transport,
-    /// was cancelled, or answered "try again"): the key is forgotten, so a retry runs. A
-    /// completed key is left as it is.
-    pub fn abandon(&mut self, key: &str) {
-        if matches!(
-            self.entries.get(key).map(|e| &e.state),
-            Some(State::InFlight)
-        ) {
+    /// The call with `key` and a message of digest `fingerprint` ended without an answer
+    /// worth keeping (it failed in transport, was cancelled, or answered "try again"): the
+    /// key is forgotten, so a retry runs. A completed key, or one held for another
+    /// message, is left as it is.
+    pub fn abandon<Q>(&mut self, key: &Q, fingerprint: Digest)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if self
+            .entries
+            .get(key)
+            .is_some_and(|e| e.fingerprint == fingerprint && matches!(e.state, State::InFlight))
+        {
             self.entries.remove(key);
         }
     }
 
-    fn insert(&mut self, key: Arc<str>, state: State<R>, now: Instant) {
+    fn insert(&mut self, key: K, fingerprint: Digest, state: State<R>, now: Instant) {
         self.generation += 1;
         let generation = self.generation;
-        self.order.push_back((Arc::clone(&key), generation));
+        self.order.push_back((key.clone(), generation));
         self.entries.insert(
             key,
             Entry {
                 generation,
                 created: now,
+                fingerprint,
                 state,
             },
         );
@@ -348,7 +468,7 @@ impl<R> DedupTable<R> {
             match live {
                 Some(e) if now.saturating_duration_since(e.created) < self.config.ttl => break,
                 Some(_) => {
-                    let (key, generation) = (Arc::clone(key), *generation);
+                    let (key, generation) = (key.clone(), *generation);
                     self.order.pop_front();
                     self.remove_if(&key, generation);
                     self.expired += 1;
@@ -361,7 +481,7 @@ impl<R> DedupTable<R> {
     }
 
     /// Removes `key`'s entry if it is of `generation`.
-    fn remove_if(&mut self, key: &str, generation: u64) -> bool {
+    fn remove_if(&mut self, key: &K, generation: u64) -> bool {
         if self
             .entries
             .get(key)

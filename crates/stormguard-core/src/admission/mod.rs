@@ -9,7 +9,7 @@ mod queue;
 mod rates;
 
 pub use config::{AdmissionConfig, CallClass, QueueOrder, RetryThreshold, WorkerLimit};
-pub use dedup::{Begin, DedupCounts, DedupTable, IdempotencyConfig};
+pub use dedup::{Begin, DedupCounts, DedupTable, Digest, IdempotencyConfig};
 pub use limit::AdaptiveLimitConfig;
 pub use queue::{AdmissionQueue, Arrival, Dispatch, Left, QueuedId};
 pub use rates::RateMeter;

@@ -28,6 +28,7 @@ struct IdempotencyDoc {
     max_record_bytes: Option<Int<usize>>,
     ttl: Option<Human>,
     in_flight_pushback: Option<Human>,
+    max_request_bytes: Option<Int<usize>>,
 }
 
 impl Build for IdempotencyDoc {
@@ -49,6 +50,9 @@ impl Build for IdempotencyDoc {
         }
         if let Some(Human(d)) = self.in_flight_pushback {
             c.in_flight_pushback = d;
+        }
+        if let Some(Int(n)) = self.max_request_bytes {
+            c.max_request_bytes = n;
         }
         c.validate()?;
         Ok(c)

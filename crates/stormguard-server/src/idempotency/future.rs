@@ -1,10 +1,12 @@
 //! The response future of [`Idempotency`](super::Idempotency), and the layer's own answers.
 //!
-//! Four states, each with the data it alone needs:
+//! Five states, each with the data it alone needs:
 //!
 //! - `Answer`: the layer answers itself (a refused key, an in-flight repeat, a recorded
-//!   answer);
+//!   answer, a key used with another message);
 //! - `Passthrough`: a call the layer does not record (no key, or no store);
+//! - `Request`: a keyed call's request is read (bounded), to fingerprint its message
+//!   before the store is asked;
 //! - `Running`: a first run of a key is in the handler;
 //! - `Reading`: the handler answered; its body is read (bounded) to record it.
 //!
@@ -37,31 +39,55 @@ use stormguard_core::{
 };
 use tonic::Status;
 use tonic::body::Body;
+use tower_service::Service;
 
 use super::store::header_bytes;
 use super::{
-    IdempotencyKey, IdempotencyStats, IdempotencyStore, MESSAGE_IN_FLIGHT, MESSAGE_NOT_KEPT, Record,
+    Begin, Digest, IdempotencyStats, IdempotencyStore, MESSAGE_IN_FLIGHT, MESSAGE_MISMATCH,
+    MESSAGE_NOT_KEPT, Record, ScopedKey,
 };
 
 pin_project! {
     /// The future of one call through the idempotency layer.
-    pub struct ResponseFuture<F> {
+    pub struct ResponseFuture<S>
+    where
+        S: Service<http::Request<Body>>,
+    {
         #[pin]
-        state: State<F>,
+        state: State<S>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<F> {
+    enum State<S>
+    where
+        S: Service<http::Request<Body>>,
+    {
         Answer { response: Option<http::Response<Body>> },
-        Passthrough { #[pin] fut: F },
-        Running { #[pin] fut: F, claim: Option<Claim> },
+        Passthrough { #[pin] fut: S::Future },
+        Request { keyed: Option<Keyed<S>> },
+        Running { #[pin] fut: S::Future, claim: Option<Claim> },
         Reading { read: Option<Reading> },
     }
 }
 
-impl<F> std::fmt::Debug for ResponseFuture<F> {
+/// A keyed call whose request is being read, with what it needs to begin: the service
+/// readied for it, the request, and the store.
+pub(super) struct Keyed<S> {
+    pub(super) service: S,
+    pub(super) parts: http::request::Parts,
+    pub(super) body: Body,
+    pub(super) key: ScopedKey,
+    pub(super) store: Arc<dyn IdempotencyStore>,
+    pub(super) stats: IdempotencyStats,
+    pub(super) in_flight_pushback: Duration,
+    pub(super) max_request_bytes: usize,
+    pub(super) data: VecDeque<Bytes>,
+    pub(super) size: usize,
+}
+
+impl<S: Service<http::Request<Body>>> std::fmt::Debug for ResponseFuture<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
@@ -70,7 +96,8 @@ impl<F> std::fmt::Debug for ResponseFuture<F> {
 /// A first run's hold on its key: released (abandoned) when dropped unrecorded.
 struct Claim {
     store: Arc<dyn IdempotencyStore>,
-    key: IdempotencyKey,
+    key: ScopedKey,
+    fingerprint: Digest,
     stats: IdempotencyStats,
     done: bool,
 }
@@ -86,7 +113,7 @@ impl Claim {
 impl Drop for Claim {
     fn drop(&mut self) {
         if !self.done {
-            self.store.abandon(&self.key);
+            self.store.abandon(&self.key, &self.fingerprint);
             self.stats.0.released.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -102,7 +129,7 @@ struct Reading {
     claim: Claim,
 }
 
-impl<F> ResponseFuture<F> {
+impl<S: Service<http::Request<Body>>> ResponseFuture<S> {
     pub(super) fn answer(response: http::Response<Body>) -> Self {
         ResponseFuture {
             state: State::Answer {
@@ -111,39 +138,26 @@ impl<F> ResponseFuture<F> {
         }
     }
 
-    pub(super) fn passthrough(fut: F) -> Self {
+    pub(super) fn passthrough(fut: S::Future) -> Self {
         ResponseFuture {
             state: State::Passthrough { fut },
         }
     }
 
-    pub(super) fn running(
-        fut: F,
-        store: Arc<dyn IdempotencyStore>,
-        key: IdempotencyKey,
-        stats: IdempotencyStats,
-    ) -> Self {
+    pub(super) fn reading_request(keyed: Keyed<S>) -> Self {
         ResponseFuture {
-            state: State::Running {
-                fut,
-                claim: Some(Claim {
-                    store,
-                    key,
-                    stats,
-                    done: false,
-                }),
-            },
+            state: State::Request { keyed: Some(keyed) },
         }
     }
 }
 
-impl<F, B, E> Future for ResponseFuture<F>
+impl<S, B> Future for ResponseFuture<S>
 where
-    F: Future<Output = Result<http::Response<B>, E>>,
+    S: Service<http::Request<Body>, Response = http::Response<B>>,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    type Output = Result<http::Response<Body>, E>;
+    type Output = Result<http::Response<Body>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
@@ -156,6 +170,18 @@ where
                 StateProj::Passthrough { fut } => {
                     let response = ready!(fut.poll(cx))?;
                     return Poll::Ready(Ok(response.map(Body::new)));
+                }
+                StateProj::Request { keyed } => {
+                    let reading = keyed.as_mut().expect("polled after completion");
+                    let end = ready!(poll_request(reading, cx));
+                    let keyed = keyed.take().expect("polled after completion");
+                    match keyed.begin(end) {
+                        Ok(response) => return Poll::Ready(Ok(response)),
+                        Err((fut, claim)) => state.set(State::Running {
+                            fut,
+                            claim: Some(claim),
+                        }),
+                    }
                 }
                 StateProj::Running { fut, claim } => {
                     // An error drops the claim with the future: the key is released.
@@ -180,6 +206,89 @@ where
                     let reading = read.take().expect("polled after completion");
                     return Poll::Ready(Ok(reading.finish(end)));
                 }
+            }
+        }
+    }
+}
+
+/// How reading a keyed call's request ended.
+enum RequestEnd {
+    /// The body ended (with these trailers, if any).
+    Whole(Option<HeaderMap>),
+    /// The body passed `max_request_bytes`.
+    TooLarge,
+    /// The body failed (the caller went away, most often).
+    Failed,
+}
+
+/// Reads a keyed call's request until it ends, fails or passes the bound.
+fn poll_request<S>(keyed: &mut Keyed<S>, cx: &mut Context<'_>) -> Poll<RequestEnd> {
+    loop {
+        let frame = match ready!(Pin::new(&mut keyed.body).poll_frame(cx)) {
+            None => return Poll::Ready(RequestEnd::Whole(None)),
+            Some(Err(_)) => return Poll::Ready(RequestEnd::Failed),
+            Some(Ok(frame)) => frame,
+        };
+        match frame.into_data() {
+            Ok(data) => {
+                keyed.size += data.len();
+                if keyed.size > keyed.max_request_bytes {
+                    return Poll::Ready(RequestEnd::TooLarge);
+                }
+                keyed.data.push_back(data);
+            }
+            Err(frame) => {
+                if let Ok(trailers) = frame.into_trailers() {
+                    return Poll::Ready(RequestEnd::Whole(Some(trailers)));
+                }
+            }
+        }
+    }
+}
+
+impl<S: Service<http::Request<Body>>> Keyed<S> {
+    /// Asks the store about the whole request: the layer's own answer (`Ok`), or the first
+    /// run, started, with its claim on the key (`Err`).
+    fn begin(self, end: RequestEnd) -> Result<http::Response<Body>, (S::Future, Claim)> {
+        let trailers = match end {
+            RequestEnd::Whole(trailers) => trailers,
+            RequestEnd::TooLarge => return Ok(request_too_large(self.max_request_bytes)),
+            RequestEnd::Failed => return Ok(request_failed()),
+        };
+        let Keyed {
+            mut service,
+            parts,
+            data,
+            key,
+            store,
+            stats,
+            ..
+        } = self;
+        let fingerprint = Digest::of(data.iter().map(|d| &d[..]));
+        match store.begin(&key, &fingerprint) {
+            Begin::New => {
+                let body = held(data, None, trailers.map(Ok));
+                let fut = service.call(http::Request::from_parts(parts, body));
+                let claim = Claim {
+                    store,
+                    key,
+                    fingerprint,
+                    stats,
+                    done: false,
+                };
+                Err((fut, claim))
+            }
+            Begin::InFlight => {
+                stats.0.in_flight.fetch_add(1, Ordering::Relaxed);
+                Ok(in_flight(self.in_flight_pushback))
+            }
+            Begin::Completed(record) => {
+                stats.0.replayed.fetch_add(1, Ordering::Relaxed);
+                Ok(replay(&record))
+            }
+            Begin::Mismatch => {
+                stats.0.mismatched.fetch_add(1, Ordering::Relaxed);
+                Ok(mismatch(&key))
             }
         }
     }
@@ -248,7 +357,9 @@ impl Reading {
                     // "Try again": nothing a retry must not repeat. Released by the drop.
                     drop(claim);
                 } else {
+                    let fingerprint = claim.fingerprint;
                     claim.complete(Record::new(
+                        fingerprint,
                         parts.headers.clone(),
                         bytes.clone(),
                         trailers.clone(),
@@ -259,7 +370,8 @@ impl Reading {
             }
             End::TooLarge(trailers) => {
                 claim.stats.0.oversize.fetch_add(1, Ordering::Relaxed);
-                claim.complete(not_kept());
+                let fingerprint = claim.fingerprint;
+                claim.complete(not_kept(fingerprint));
                 let rest = trailers.is_none() && !body.is_end_stream();
                 let body = held(data, rest.then_some(body), trailers.map(Ok));
                 http::Response::from_parts(parts, body)
@@ -334,12 +446,57 @@ pub(super) fn in_flight(pushback: Duration) -> http::Response<Body> {
 }
 
 /// What is recorded for a call whose answer was too large to keep.
-fn not_kept() -> Record {
+fn not_kept(fingerprint: Digest) -> Record {
     let response = trailers_only(
         Code::AlreadyExists,
         HeaderValue::from_static(MESSAGE_NOT_KEPT),
     );
-    Record::not_kept(response.headers().clone())
+    Record::not_kept(fingerprint, response.headers().clone())
+}
+
+/// A trailers-only answer of the layer's own that no retry can change: `code`, `message`
+/// and `grpc-retry-pushback-ms: -1`.
+fn final_answer(code: Code, message: HeaderValue) -> http::Response<Body> {
+    let mut response = trailers_only(code, message);
+    if let Ok(value) = HeaderValue::from_str(&encode_pushback(Pushback::DoNotRetry)) {
+        response.headers_mut().insert(GRPC_RETRY_PUSHBACK_MS, value);
+    }
+    response
+}
+
+/// The answer to a call whose key is held for another message, on its method in its
+/// scope: `FAILED_PRECONDITION`, naming the key and nothing of the other call.
+pub(super) fn mismatch(key: &ScopedKey) -> http::Response<Body> {
+    let message = format!(
+        "{MESSAGE_MISMATCH}: {:?}; a new request needs a new key",
+        key.key().as_str()
+    );
+    // A key is visible ASCII: only its `%` needs encoding in a grpc-message.
+    let message = HeaderValue::from_str(&message.replace('%', "%25"))
+        .unwrap_or(HeaderValue::from_static(MESSAGE_MISMATCH));
+    final_answer(Code::FailedPrecondition, message)
+}
+
+/// The answer to a keyed call whose request is larger than the layer reads.
+fn request_too_large(limit: usize) -> http::Response<Body> {
+    let message = format!(
+        "stormguard: idempotency-key call not run: its request is larger than the {limit} bytes the server reads to compare it with the record's"
+    );
+    let message = HeaderValue::from_str(&message).unwrap_or(HeaderValue::from_static(
+        "stormguard: idempotency-key call not run: its request is too large",
+    ));
+    final_answer(Code::ResourceExhausted, message)
+}
+
+/// The answer to a keyed call whose request failed before its end (its caller is gone,
+/// most often): nothing stored, nothing run.
+fn request_failed() -> http::Response<Body> {
+    trailers_only(
+        Code::Cancelled,
+        HeaderValue::from_static(
+            "stormguard: idempotency-key call not run: its request ended before its end",
+        ),
+    )
 }
 
 /// A recorded answer, sent again.

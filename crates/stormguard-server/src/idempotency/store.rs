@@ -1,5 +1,6 @@
 //! Where a server remembers the idempotency keys it ran: the [`IdempotencyStore`] trait,
-//! the recorded answer ([`Record`]) and the bounded in-memory store ([`MemoryStore`]).
+//! what it keys on ([`ScopedKey`]), the recorded answer ([`Record`]) and the bounded
+//! in-memory store ([`MemoryStore`]).
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -8,24 +9,105 @@ use bytes::Bytes;
 use http::HeaderMap;
 pub use stormguard_core::Begin;
 use stormguard_core::ConfigError;
+pub use stormguard_core::Digest;
 use stormguard_core::Instant;
 use stormguard_core::{DedupCounts, DedupTable, IdempotencyConfig};
 
 use super::IdempotencyKey;
 
+/// What a store keys a record on: the call's method (its request path), its caller scope
+/// (what the layer's scope function returned, see
+/// [`IdempotencyLayer::with_scope`](super::IdempotencyLayer::with_scope)) and its key. The
+/// same key under another method or another scope is another record.
+///
+/// ```
+/// use stormguard_server::idempotency::{IdempotencyKey, ScopedKey};
+///
+/// let key = IdempotencyKey::new("order-123")?;
+/// let create = ScopedKey::new("/shop.Orders/Create", Some("alice"), key.clone());
+/// let get = ScopedKey::new("/shop.Orders/Get", Some("alice"), key.clone());
+/// let mallory = ScopedKey::new("/shop.Orders/Create", Some("mallory"), key);
+/// assert_ne!(create.digest(), get.digest());
+/// assert_ne!(create.digest(), mallory.digest());
+/// assert_eq!(create.scope(), Some("alice"));
+/// # Ok::<(), stormguard_core::wire::IdempotencyKeyError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ScopedKey {
+    method: Box<str>,
+    scope: Option<Box<str>>,
+    key: IdempotencyKey,
+}
+
+impl ScopedKey {
+    /// The key `key` of a call to `method` (`/package.Service/Method`) in `scope` (`None`:
+    /// the one scope of the calls without one).
+    pub fn new(method: &str, scope: Option<&str>, key: IdempotencyKey) -> Self {
+        ScopedKey {
+            method: method.into(),
+            scope: scope.map(Into::into),
+            key,
+        }
+    }
+
+    /// The call's method: its request path.
+    pub fn method(&self) -> &str {
+        &self.method
+    }
+
+    /// The call's caller scope, if it has one.
+    pub fn scope(&self) -> Option<&str> {
+        self.scope.as_deref()
+    }
+
+    /// The idempotency key.
+    pub fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+
+    /// A SHA-256 of the method, the scope and the key, each with its length (so no two
+    /// scoped keys share one): 32 bytes to key on however long the parts, as
+    /// [`MemoryStore`] does.
+    pub fn digest(&self) -> Digest {
+        let len = |part: &str| (part.len() as u64).to_be_bytes();
+        let (method, key) = (self.method(), self.key.as_str());
+        let (tag, scope) = match self.scope() {
+            Some(scope) => ([1u8], scope),
+            None => ([0u8], ""),
+        };
+        let (m, s, k) = (len(method), len(scope), len(key));
+        Digest::of([
+            &m[..],
+            method.as_bytes(),
+            &tag[..],
+            &s[..],
+            scope.as_bytes(),
+            &k[..],
+            key.as_bytes(),
+        ])
+    }
+}
+
 /// The record of idempotency keys behind an [`IdempotencyLayer`](super::IdempotencyLayer).
 ///
-/// For each call with a key the layer calls, in this order:
+/// A record is keyed by a [`ScopedKey`] (method, caller scope, key) and keeps the
+/// [`Digest`] of the message of the call that holds it (its fingerprint: the SHA-256 of
+/// the request body's bytes). For each call with a key the layer reads the request whole,
+/// then calls, in this order:
 ///
 /// 1. [`begin`](Self::begin): what the store knows of the key. [`Begin::New`] means the
-///    key was not held and is now *in flight*: the call runs. [`Begin::InFlight`] means a
-///    call with the key is running: this one is answered `ABORTED` without running.
-///    [`Begin::Completed`] means a call with the key completed: this one gets the recorded
-///    answer without running. `begin` must decide atomically: two calls with one key must
-///    never both get `New`.
+///    key was not held and is now *in flight*, for this fingerprint: the call runs.
+///    [`Begin::InFlight`] means a call with the key and the same fingerprint is running:
+///    this one is answered `ABORTED` without running. [`Begin::Completed`] means a call
+///    with the key and the same fingerprint completed: this one gets the recorded answer
+///    without running. [`Begin::Mismatch`] means the key is held with another fingerprint,
+///    running or completed: this one is refused (`FAILED_PRECONDITION`), never run and
+///    never answered from the record. `begin` must decide atomically: two calls with one
+///    key must never both get `New`.
 /// 2. Exactly one of, for a call that got `New`:
 ///    * [`complete`](Self::complete) once the handler answered with something worth
-///      repeating (an `OK`, or a status the application chose), with that answer;
+///      repeating (an `OK`, or a status the application chose), with that answer and its
+///      fingerprint ([`Record::fingerprint`]);
 ///    * [`abandon`](Self::abandon) when the handler did not finish (its future or its
 ///      response body failed, the client went away and the call was cancelled) or answered
 ///      `UNAVAILABLE` (it says it did nothing that must not be repeated): the key is
@@ -40,23 +122,28 @@ use super::IdempotencyKey;
 /// transaction**. If the side effect commits and the record does not (a crash between
 /// the two), a retry runs the write twice; if the record commits and the side effect does
 /// not, a retry is told the call completed when it did nothing. So the handler itself,
-/// which sees the key in its request extensions ([`IdempotencyKey`]), writes the key and
-/// its answer in the transaction of its write, and the store's `begin` reads that table
-/// (`SELECT ... FOR UPDATE`, or an insert of an "in flight" row that fails on a duplicate
-/// key). `complete` may then only cache what the transaction wrote, and `abandon` deletes
-/// an "in flight" row that no transaction completed. The methods are called on the
-/// server's tasks and must not block for long (a lookup by primary key, not a scan).
+/// which sees the key in its request extensions ([`IdempotencyKey`]), writes the key
+/// and its answer in the transaction of its write, and the store's `begin` reads that table (`SELECT ... FOR
+/// UPDATE`, or an insert of an "in flight" row that fails on a duplicate key), keyed by
+/// method, scope and key (or by [`ScopedKey::digest`]), comparing the fingerprint column.
+/// `complete` may then only cache what the transaction wrote, and `abandon` deletes an
+/// "in flight" row of that fingerprint that no transaction completed. The methods are
+/// called on the server's tasks and must not block for long (a lookup by primary key, not
+/// a scan).
 ///
 /// A key's record must outlive every retry of its call: keep it longer than the longest
 /// deadline a client gives one logical call (see
 /// [`IdempotencyConfig::ttl`](stormguard_core::IdempotencyConfig::ttl)).
 pub trait IdempotencyStore: Send + Sync + 'static {
-    /// A call with `key` begins: what the store knows of it (see the trait's docs).
-    fn begin(&self, key: &IdempotencyKey) -> Begin<Record>;
-    /// The call with `key` answered `record`: repeats get it.
-    fn complete(&self, key: &IdempotencyKey, record: Record);
-    /// The call with `key` ended without an answer worth repeating: a retry runs it.
-    fn abandon(&self, key: &IdempotencyKey);
+    /// A call with `key` and a message of digest `fingerprint` begins: what the store knows
+    /// of it (see the trait's docs).
+    fn begin(&self, key: &ScopedKey, fingerprint: &Digest) -> Begin<Record>;
+    /// The call with `key` answered `record` (for the message of
+    /// [`record.fingerprint()`](Record::fingerprint)): repeats of that message get it.
+    fn complete(&self, key: &ScopedKey, record: Record);
+    /// The call with `key` and a message of digest `fingerprint` ended without an answer
+    /// worth repeating: a retry runs it.
+    fn abandon(&self, key: &ScopedKey, fingerprint: &Digest);
     /// The largest answer the store keeps ([`Record::size`]); the layer does not hold a
     /// larger one to record it. Default: the default
     /// [`max_record_bytes`](IdempotencyConfig::max_record_bytes), 64 KiB.
@@ -69,6 +156,7 @@ pub trait IdempotencyStore: Send + Sync + 'static {
 /// call, sent again as they were to a repeat of the call.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Record {
+    fingerprint: Digest,
     headers: HeaderMap,
     body: Bytes,
     trailers: Option<HeaderMap>,
@@ -76,11 +164,17 @@ pub struct Record {
 }
 
 impl Record {
-    /// An answer with these headers, body bytes (the gRPC-framed messages as they were
-    /// sent) and trailers (`None` for a trailers-only answer, whose status is in
-    /// `headers`).
-    pub fn new(headers: HeaderMap, body: Bytes, trailers: Option<HeaderMap>) -> Self {
+    /// The answer to a request of digest `fingerprint`, with these headers, body bytes (the
+    /// gRPC-framed messages as they were sent) and trailers (`None` for a trailers-only
+    /// answer, whose status is in `headers`).
+    pub fn new(
+        fingerprint: Digest,
+        headers: HeaderMap,
+        body: Bytes,
+        trailers: Option<HeaderMap>,
+    ) -> Self {
         Record {
+            fingerprint,
             headers,
             body,
             trailers,
@@ -93,11 +187,17 @@ impl Record {
     /// [`MESSAGE_NOT_KEPT`](super::MESSAGE_NOT_KEPT) (the call ran; a repeat is not run, and
     /// learns that). A store keeps it whatever its bound on one answer: it is small and
     /// fixed.
-    pub fn not_kept(headers: HeaderMap) -> Self {
+    pub fn not_kept(fingerprint: Digest, headers: HeaderMap) -> Self {
         Record {
             not_kept: true,
-            ..Record::new(headers, Bytes::new(), None)
+            ..Record::new(fingerprint, headers, Bytes::new(), None)
         }
+    }
+
+    /// The digest of the request message this is the answer to: a repeat with another
+    /// message never gets it.
+    pub fn fingerprint(&self) -> &Digest {
+        &self.fingerprint
     }
 
     /// Whether this is the record of an answer too large to keep ([`Record::not_kept`]).
@@ -139,7 +239,8 @@ pub(super) fn header_bytes(headers: &HeaderMap) -> usize {
 
 /// The default [`IdempotencyStore`]: a bounded record in the server's memory (the core's
 /// [`DedupTable`] behind a lock), with every bound of [`IdempotencyConfig`]: keys, bytes in
-/// total and per answer, time to live. The oldest entry is evicted first, and evictions
+/// total and per answer, time to live. It keys on [`ScopedKey::digest`], so an entry costs
+/// the same however long its method, scope and key. The oldest entry is evicted first, and evictions
 /// are counted ([`counts`](Self::counts)). Time is `tokio::time::Instant`, so tests can
 /// run it on paused time.
 ///
@@ -154,7 +255,7 @@ pub(super) fn header_bytes(headers: &HeaderMap) -> usize {
 /// # Ok::<(), stormguard_core::ConfigError>(())
 /// ```
 pub struct MemoryStore {
-    table: Mutex<DedupTable<Record>>,
+    table: Mutex<DedupTable<Digest, Record>>,
 }
 
 impl fmt::Debug for MemoryStore {
@@ -183,7 +284,7 @@ impl MemoryStore {
         self.lock().config().clone()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, DedupTable<Record>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, DedupTable<Digest, Record>> {
         // Every update leaves the table consistent before it can panic: a poisoned lock
         // holds a usable table.
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
@@ -191,22 +292,24 @@ impl MemoryStore {
 }
 
 impl IdempotencyStore for MemoryStore {
-    fn begin(&self, key: &IdempotencyKey) -> Begin<Record> {
-        self.lock().begin_at(key.as_str(), Instant::now())
+    fn begin(&self, key: &ScopedKey, fingerprint: &Digest) -> Begin<Record> {
+        self.lock()
+            .begin_at(&key.digest(), *fingerprint, Instant::now())
     }
 
-    fn complete(&self, key: &IdempotencyKey, record: Record) {
-        let size = record.size();
+    fn complete(&self, key: &ScopedKey, record: Record) {
+        let (size, fingerprint) = (record.size(), *record.fingerprint());
+        let (key, now) = (key.digest(), Instant::now());
         let mut table = self.lock();
         if record.is_not_kept() {
-            table.record_at(key.as_str(), record, size, Instant::now());
+            table.record_at(&key, fingerprint, record, size, now);
         } else {
-            table.complete_at(key.as_str(), record, size, Instant::now());
+            table.complete_at(&key, fingerprint, record, size, now);
         }
     }
 
-    fn abandon(&self, key: &IdempotencyKey) {
-        self.lock().abandon(key.as_str());
+    fn abandon(&self, key: &ScopedKey, fingerprint: &Digest) {
+        self.lock().abandon(&key.digest(), *fingerprint);
     }
 
     fn max_record_bytes(&self) -> usize {
@@ -215,16 +318,16 @@ impl IdempotencyStore for MemoryStore {
 }
 
 impl<T: IdempotencyStore + ?Sized> IdempotencyStore for Arc<T> {
-    fn begin(&self, key: &IdempotencyKey) -> Begin<Record> {
-        (**self).begin(key)
+    fn begin(&self, key: &ScopedKey, fingerprint: &Digest) -> Begin<Record> {
+        (**self).begin(key, fingerprint)
     }
 
-    fn complete(&self, key: &IdempotencyKey, record: Record) {
+    fn complete(&self, key: &ScopedKey, record: Record) {
         (**self).complete(key, record)
     }
 
-    fn abandon(&self, key: &IdempotencyKey) {
-        (**self).abandon(key)
+    fn abandon(&self, key: &ScopedKey, fingerprint: &Digest) {
+        (**self).abandon(key, fingerprint)
     }
 
     fn max_record_bytes(&self) -> usize {

@@ -47,7 +47,7 @@ pub(crate) struct Gate {
     config: AdmissionConfig,
     /// Whether the server is shutting down (set once, under the lock, never cleared).
     closing: AtomicBool,
-    /// Wakes the futures of [`ShutdownHandle::begun`](super::ShutdownHandle::begun).
+    /// Wakes the futures of [`ShutdownHandle::begun`](crate::ShutdownHandle::begun).
     closed: Notify,
 }
 

@@ -1,10 +1,27 @@
 //! The readiness a shutdown takes away (feature `health`): a `tonic-health` service set to
 //! `NOT_SERVING` when the queue's shutdown begins.
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
-/// The health service [`ShutdownHandle::begin`](super::ShutdownHandle::begin) sets to
+/// The readiness of one queue, shared by its layer, the layer's clones and every
+/// [`ShutdownHandle`](crate::ShutdownHandle): empty until `ShedLayer::with_readiness`.
+pub(crate) type ReadinessCell = Arc<Mutex<Option<Arc<Readiness>>>>;
+
+/// Gives `cell` its readiness (the last one given wins).
+pub(crate) fn set(cell: &ReadinessCell, readiness: Readiness) {
+    // A poisoned lock holds an `Option`, whole: nothing to repair.
+    *cell.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(readiness));
+}
+
+/// The readiness `cell` holds now.
+pub(crate) fn get(cell: &ReadinessCell) -> Option<Arc<Readiness>> {
+    cell.lock().unwrap_or_else(PoisonError::into_inner).clone()
+}
+
+/// The health service [`ShutdownHandle::begin`](crate::ShutdownHandle::begin) sets to
 /// `NOT_SERVING`.
 #[derive(Clone, Debug)]
 pub(crate) struct Readiness {

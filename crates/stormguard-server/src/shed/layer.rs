@@ -7,13 +7,14 @@ use stormguard_core::LayerName;
 use stormguard_core::{AdmissionConfig, AdmissionController};
 use tower_layer::Layer;
 
+use super::Shared;
 use super::events::ShedEvents;
 use super::exempt::NeverShed;
 use super::gate::Gate;
 use super::load::LoadReporter;
 use super::service::ShedService;
+use super::shutdown::ShutdownHandle;
 use super::stats::ShedStats;
-use super::{Shared, ShutdownHandle};
 
 /// Puts services behind one admission queue that sheds retries before first attempts.
 ///
@@ -46,8 +47,11 @@ use super::{Shared, ShutdownHandle};
 #[derive(Clone)]
 pub struct ShedLayer {
     shared: Shared,
+    /// The health service a shutdown sets `NOT_SERVING`: one cell shared by the layer, its
+    /// clones and every [`ShutdownHandle`] taken from them, so a handle taken before
+    /// [`with_readiness`](Self::with_readiness) still sees it.
     #[cfg(feature = "health")]
-    readiness: Option<Arc<super::health::Readiness>>,
+    readiness: super::health::ReadinessCell,
     #[cfg(feature = "opentelemetry")]
     meter: Option<opentelemetry::metrics::Meter>,
     /// The queue's instruments, registered on `meter` when the layer first wraps a
@@ -86,7 +90,7 @@ impl ShedLayer {
                 load: None,
             },
             #[cfg(feature = "health")]
-            readiness: None,
+            readiness: Arc::default(),
             #[cfg(feature = "opentelemetry")]
             meter: None,
             #[cfg(feature = "opentelemetry")]
@@ -258,7 +262,10 @@ impl ShedLayer {
     /// pushback; clients that watch it (gRFC A17's client-side health checks) stop sending
     /// it attempts. Then the service's open `Watch` streams end, so that they do not hold
     /// tonic's graceful shutdown, and the name is no longer known (answered `NOT_FOUND`).
-    /// Call it before [`shutdown_handle`](Self::shutdown_handle).
+    ///
+    /// It may come before or after [`shutdown_handle`](Self::shutdown_handle): the layer,
+    /// its clones and every handle taken from them share one readiness, so a handle taken
+    /// earlier sets the service given here. Given twice, the last one is set.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -276,14 +283,14 @@ impl ShedLayer {
     /// ```
     #[cfg(feature = "health")]
     pub fn with_readiness(
-        mut self,
+        self,
         reporter: tonic_health::server::HealthReporter,
         service: impl Into<String>,
     ) -> Self {
-        self.readiness = Some(Arc::new(super::health::Readiness::new(
-            reporter,
-            service.into(),
-        )));
+        super::health::set(
+            &self.readiness,
+            super::health::Readiness::new(reporter, service.into()),
+        );
         self
     }
 
@@ -355,12 +362,13 @@ impl ShedLayer {
     }
 
     /// A handle that shuts this layer's queue down gracefully (see [`ShutdownHandle`]):
-    /// take it before handing the layer to the server builder.
+    /// take it before handing the layer to the server builder, before or after
+    /// [`with_readiness`](Self::with_readiness) alike.
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         ShutdownHandle::new(
             Arc::clone(&self.shared.gate),
             #[cfg(feature = "health")]
-            self.readiness.clone(),
+            Arc::clone(&self.readiness),
         )
     }
 

@@ -1,7 +1,7 @@
 //! The admission queue as a tower middleware: [`ShedLayer`](crate::ShedLayer) wraps each
 //! service in a [`ShedService`](crate::ShedService); this module holds what its answers
-//! say, its [`ShutdownHandle`], the limits of reading the bodies it discards ([`drain`]),
-//! the services it never sheds ([`exempt`]) and, with `opentelemetry`, its metrics.
+//! say, the limits of reading the bodies it discards ([`drain`]), the services it never
+//! sheds ([`exempt`]) and, with `opentelemetry`, its metrics.
 //!
 //! # Readiness contract
 //!
@@ -29,7 +29,7 @@
 //!      `grpc-retry-pushback-ms`.
 //! 5. A queued call whose expiry passes (too little `grpc-timeout` left, or queued for
 //!    `max_time_queued`) is answered `DEADLINE_EXCEEDED` without running.
-//! 6. Once the server is shutting down ([`ShutdownHandle::begin`]), every queued call and
+//! 6. Once the server is shutting down ([`ShutdownHandle::begin`](crate::ShutdownHandle::begin)), every queued call and
 //!    every arrival is answered `UNAVAILABLE` with a pushback of
 //!    [`SHUTDOWN_PUSHBACK_MS`], while the calls already running finish.
 //!
@@ -67,16 +67,15 @@ pub(crate) mod load;
 pub mod metrics;
 pub(crate) mod response;
 pub(crate) mod service;
-mod shutdown;
+pub(crate) mod shutdown;
 pub(crate) mod stats;
 
-// The layer, its service, body and future, and its counters are at the crate's root (one
-// path each); this module holds the rest: what the answers say, the shutdown handle, the
+// The layer, its service, body and future, its counters and its shutdown handle are at
+// the crate's root (one path each); this module holds the rest: what the answers say, the
 // limits of draining, the exempt services and, with `opentelemetry`, the metrics.
 pub use response::{
     MESSAGE_DEADLINE_CUT, MESSAGE_EXPIRED, MESSAGE_QUEUE_FULL, MESSAGE_RETRY_SHED,
     MESSAGE_SHEDDABLE, MESSAGE_SHUTTING_DOWN, SHUTDOWN_PUSHBACK_MS,
 };
-pub use shutdown::ShutdownHandle;
 
 pub(crate) use service::Shared;

@@ -30,7 +30,7 @@ pub const MESSAGE_RETRY_SHED: &str = "stormguard: overloaded, retries shed first
 /// its place to a call of a higher criticality.
 pub const MESSAGE_SHEDDABLE: &str = "stormguard: overloaded, lower-priority work shed first";
 /// The `grpc-message` of a call answered, queued or on arrival, because the server is
-/// shutting down (see [`ShutdownHandle`](super::ShutdownHandle)).
+/// shutting down (see [`ShutdownHandle`](crate::ShutdownHandle)).
 pub const MESSAGE_SHUTTING_DOWN: &str = "stormguard: server shutting down, try another replica";
 /// The `grpc-retry-pushback-ms` of a call answered because the server is shutting down:
 /// come back at once, to another replica. 1, not 0: gRPC C-core clients never finish a

@@ -27,8 +27,8 @@
 //! [`begin`](ShutdownHandle::begin) is called (from a signal handler, say). The queued calls
 //! are answered at once; tonic then sends `GOAWAY` and waits for the running ones.
 //!
-//! [`SHUTDOWN_PUSHBACK_MS`]: super::SHUTDOWN_PUSHBACK_MS
-//! [`MESSAGE_SHUTTING_DOWN`]: super::MESSAGE_SHUTTING_DOWN
+//! [`SHUTDOWN_PUSHBACK_MS`]: crate::shed::SHUTDOWN_PUSHBACK_MS
+//! [`MESSAGE_SHUTTING_DOWN`]: crate::shed::MESSAGE_SHUTTING_DOWN
 
 use std::fmt;
 use std::future::Future;
@@ -68,13 +68,13 @@ use super::gate::Gate;
 pub struct ShutdownHandle {
     gate: Arc<Gate>,
     #[cfg(feature = "health")]
-    readiness: Option<Arc<super::health::Readiness>>,
+    readiness: super::health::ReadinessCell,
 }
 
 impl ShutdownHandle {
     pub(crate) fn new(
         gate: Arc<Gate>,
-        #[cfg(feature = "health")] readiness: Option<Arc<super::health::Readiness>>,
+        #[cfg(feature = "health")] readiness: super::health::ReadinessCell,
     ) -> Self {
         ShutdownHandle {
             gate,
@@ -107,7 +107,7 @@ impl ShutdownHandle {
     pub fn begin(&self) -> bool {
         let begun = self.gate.begin_shutdown(Instant::now());
         #[cfg(feature = "health")]
-        if let (true, Some(readiness)) = (begun, &self.readiness) {
+        if begun && let Some(readiness) = super::health::get(&self.readiness) {
             readiness.not_serving();
         }
         if begun {

@@ -273,7 +273,7 @@ pub struct ShedSnapshot {
     /// in `completed`.
     pub cut_at_deadline: u64,
     /// Calls answered `UNAVAILABLE` because the server was shutting down (see
-    /// [`ShutdownHandle`](crate::shed::ShutdownHandle)): the ones queued when it began,
+    /// [`ShutdownHandle`](crate::ShutdownHandle)): the ones queued when it began,
     /// and every call that arrived after.
     pub shutting_down: u64,
     /// Calls waiting for a worker now.

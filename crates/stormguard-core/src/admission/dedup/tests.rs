@@ -2,6 +2,11 @@
 use super::*;
 use proptest::prelude::*;
 
+/// The digest of the message every call in these tests carries.
+fn fp() -> Digest {
+    Digest::of([b"the message".as_slice()])
+}
+
 fn config(max_entries: usize, max_bytes: usize, max_record_bytes: usize) -> IdempotencyConfig {
     IdempotencyConfig {
         max_entries,
@@ -15,23 +20,46 @@ fn config(max_entries: usize, max_bytes: usize, max_record_bytes: usize) -> Idem
 fn a_key_runs_once_then_answers_from_the_record() {
     let mut t = DedupTable::new(IdempotencyConfig::default()).unwrap();
     let now = Instant::now();
-    assert!(matches!(t.begin_at("k", now), Begin::New));
-    assert!(matches!(t.begin_at("k", now), Begin::InFlight));
-    assert!(t.complete_at("k", 7u32, 4, now));
-    assert!(matches!(t.begin_at("k", now), Begin::Completed(a) if *a == 7));
+    assert!(matches!(t.begin_at("k", fp(), now), Begin::New));
+    assert!(matches!(t.begin_at("k", fp(), now), Begin::InFlight));
+    assert!(t.complete_at("k", fp(), 7u32, 4, now));
+    assert!(matches!(t.begin_at("k", fp(), now), Begin::Completed(a) if *a == 7));
     assert_eq!(t.counts().bytes, 4);
     // A completed key is not abandoned.
-    t.abandon("k");
-    assert!(matches!(t.begin_at("k", now), Begin::Completed(_)));
+    t.abandon("k", fp());
+    assert!(matches!(t.begin_at("k", fp(), now), Begin::Completed(_)));
+}
+
+#[test]
+fn a_key_with_another_message_is_a_mismatch_never_the_holder_s_answer() {
+    let mut t = DedupTable::<String, u32>::new(IdempotencyConfig::default()).unwrap();
+    let now = Instant::now();
+    let other = Digest::of([b"another message".as_slice()]);
+    assert!(matches!(t.begin_at("k", fp(), now), Begin::New));
+    assert!(
+        matches!(t.begin_at("k", other, now), Begin::Mismatch),
+        "in flight"
+    );
+    // A call of the other message can neither release nor fill the holder's entry.
+    t.abandon("k", other);
+    assert!(!t.complete_at("k", other, 9, 4, now));
+    assert!(matches!(t.begin_at("k", fp(), now), Begin::InFlight));
+    assert!(t.complete_at("k", fp(), 7, 4, now));
+    assert!(
+        matches!(t.begin_at("k", other, now), Begin::Mismatch),
+        "completed"
+    );
+    assert!(matches!(t.begin_at("k", fp(), now), Begin::Completed(a) if *a == 7));
+    assert_eq!(t.counts().entries, 1);
 }
 
 #[test]
 fn an_abandoned_key_runs_again() {
-    let mut t = DedupTable::<u32>::new(IdempotencyConfig::default()).unwrap();
+    let mut t = DedupTable::<String, u32>::new(IdempotencyConfig::default()).unwrap();
     let now = Instant::now();
-    assert!(matches!(t.begin_at("k", now), Begin::New));
-    t.abandon("k");
-    assert!(matches!(t.begin_at("k", now), Begin::New));
+    assert!(matches!(t.begin_at("k", fp(), now), Begin::New));
+    t.abandon("k", fp());
+    assert!(matches!(t.begin_at("k", fp(), now), Begin::New));
     assert_eq!(t.counts().entries, 1);
 }
 
@@ -40,40 +68,46 @@ fn the_oldest_entry_goes_when_the_record_is_full() {
     let mut t = DedupTable::new(config(3, 1000, 100)).unwrap();
     let now = Instant::now();
     for k in ["a", "b", "c"] {
-        assert!(matches!(t.begin_at(k, now), Begin::New));
-        t.complete_at(k, k.to_owned(), 1, now);
+        assert!(matches!(t.begin_at(k, fp(), now), Begin::New));
+        t.complete_at(k, fp(), k.to_owned(), 1, now);
     }
-    assert!(matches!(t.begin_at("d", now), Begin::New));
+    assert!(matches!(t.begin_at("d", fp(), now), Begin::New));
     assert_eq!(t.counts().entries, 3);
     assert_eq!(t.counts().evictions, 1);
-    assert!(matches!(t.begin_at("a", now), Begin::New), "a was evicted");
-    assert!(matches!(t.begin_at("c", now), Begin::Completed(_)));
+    assert!(
+        matches!(t.begin_at("a", fp(), now), Begin::New),
+        "a was evicted"
+    );
+    assert!(matches!(t.begin_at("c", fp(), now), Begin::Completed(_)));
 }
 
 #[test]
 fn bytes_are_bounded_in_total_and_per_answer() {
     let mut t = DedupTable::new(config(100, 10, 4)).unwrap();
     let now = Instant::now();
-    assert!(matches!(t.begin_at("big", now), Begin::New));
-    assert!(!t.complete_at("big", (), 5, now), "over max_record_bytes");
+    assert!(matches!(t.begin_at("big", fp(), now), Begin::New));
     assert!(
-        matches!(t.begin_at("big", now), Begin::New),
+        !t.complete_at("big", fp(), (), 5, now),
+        "over max_record_bytes"
+    );
+    assert!(
+        matches!(t.begin_at("big", fp(), now), Begin::New),
         "not kept: runs again"
     );
     // The server's own small answer is kept past the bound on one answer.
-    t.record_at("big", (), 5, now);
-    assert!(matches!(t.begin_at("big", now), Begin::Completed(_)));
+    t.record_at("big", fp(), (), 5, now);
+    assert!(matches!(t.begin_at("big", fp(), now), Begin::Completed(_)));
     for k in ["a", "b", "c"] {
-        t.begin_at(k, now);
-        assert!(t.complete_at(k, (), 4, now));
+        t.begin_at(k, fp(), now);
+        assert!(t.complete_at(k, fp(), (), 4, now));
     }
     let c = t.counts();
     assert!(c.bytes <= 10, "{c:?}");
     assert!(
-        matches!(t.begin_at("a", now), Begin::New),
+        matches!(t.begin_at("a", fp(), now), Begin::New),
         "oldest evicted for bytes"
     );
-    assert!(matches!(t.begin_at("c", now), Begin::Completed(_)));
+    assert!(matches!(t.begin_at("c", fp(), now), Begin::Completed(_)));
 }
 
 #[test]
@@ -84,12 +118,12 @@ fn keys_expire_after_their_time_to_live() {
     })
     .unwrap();
     let t0 = Instant::now();
-    t.begin_at("k", t0);
-    t.complete_at("k", (), 1, t0);
+    t.begin_at("k", fp(), t0);
+    t.complete_at("k", fp(), (), 1, t0);
     let almost = t0 + Duration::from_millis(9_999);
-    assert!(matches!(t.begin_at("k", almost), Begin::Completed(_)));
+    assert!(matches!(t.begin_at("k", fp(), almost), Begin::Completed(_)));
     assert!(matches!(
-        t.begin_at("k", t0 + Duration::from_secs(10)),
+        t.begin_at("k", fp(), t0 + Duration::from_secs(10)),
         Begin::New
     ));
     assert_eq!(t.counts().expired, 1);
@@ -129,10 +163,10 @@ proptest! {
             let now = t0 + Duration::from_secs(clock);
             let key = format!("k{key}");
             match op {
-                0 => { t.begin_at(&key, now); }
-                1 => { t.complete_at(&key, (), bytes, now); }
-                2 => t.abandon(&key),
-                _ => t.record_at(&key, (), bytes, now),
+                0 => { t.begin_at(&key, fp(), now); }
+                1 => { t.complete_at(&key, fp(), (), bytes, now); }
+                2 => t.abandon(&key, fp()),
+                _ => { t.record_at(&key, fp(), (), bytes, now); }
             }
             let c = t.counts();
             prop_assert!(c.entries <= 5);

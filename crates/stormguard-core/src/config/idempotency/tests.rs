@@ -8,9 +8,10 @@ use super::*;
 #[test]
 fn the_same_settings_read_from_json_yaml_and_toml() {
     let json = r#"{ "idempotency": { "max_entries": 64, "max_bytes": 65536,
-            "max_record_bytes": 1024, "ttl": "90s", "in_flight_pushback": "20ms" } }"#;
-    let yaml = "idempotency:\n  max_entries: 64\n  max_bytes: 65536\n  max_record_bytes: 1024\n  ttl: 90s\n  in_flight_pushback: 20ms\n";
-    let toml = "[idempotency]\nmax_entries = 64\nmax_bytes = 65536\nmax_record_bytes = 1024\nttl = \"90s\"\nin_flight_pushback = \"20ms\"\n";
+            "max_record_bytes": 1024, "ttl": "90s", "in_flight_pushback": "20ms",
+            "max_request_bytes": 2048 } }"#;
+    let yaml = "idempotency:\n  max_entries: 64\n  max_bytes: 65536\n  max_record_bytes: 1024\n  ttl: 90s\n  in_flight_pushback: 20ms\n  max_request_bytes: 2048\n";
+    let toml = "[idempotency]\nmax_entries = 64\nmax_bytes = 65536\nmax_record_bytes = 1024\nttl = \"90s\"\nin_flight_pushback = \"20ms\"\nmax_request_bytes = 2048\n";
     let c = IdempotencyConfig::from_json(json).unwrap();
     assert_eq!(c, IdempotencyConfig::from_text(yaml, Format::Yaml).unwrap());
     assert_eq!(c, IdempotencyConfig::from_text(toml, Format::Toml).unwrap());
@@ -22,6 +23,7 @@ fn the_same_settings_read_from_json_yaml_and_toml() {
             max_record_bytes: 1024,
             ttl: Duration::from_secs(90),
             in_flight_pushback: Duration::from_millis(20),
+            max_request_bytes: 2048,
         }
     );
     assert_eq!(
