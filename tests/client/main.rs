@@ -14,6 +14,7 @@ mod tracing_support;
 mod body;
 mod committed;
 mod config_notices;
+mod coop;
 mod hedging;
 mod http2;
 mod http_status;

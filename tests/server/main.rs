@@ -8,6 +8,7 @@ mod server_support;
 mod adaptive;
 mod bounds;
 mod cancel;
+mod coop;
 mod criticality;
 mod deadline;
 mod hostile_h2;

@@ -123,6 +123,6 @@ pub use stormguard_core::{
     A6BudgetConfig, AdaptiveThrottleConfig, BackoffConfig, BreakerConfig, BudgetConfig,
     ClientConfig, Code, ConfigError, Criticality, CriticalityTable, EjectReason, EjectionConfig,
     Floor, Format, HealthCheckConfig, HedgeDelay, HedgingPolicy, LearnedDelay, LoadConfig,
-    MethodScope, MethodTable, RefreshConfig, ReplicaConfig, ReportWeightConfig, RetryPolicy,
-    SaturationConfig, SlowStartConfig,
+    MethodScope, MethodTable, RefreshConfig, ReplicaConfig, ReplicaSnapshot, ReportWeightConfig,
+    RetryPolicy, SaturationConfig, ServingStatus, SlowStartConfig,
 };

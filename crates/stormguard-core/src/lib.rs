@@ -74,9 +74,9 @@ pub use admission::{
 };
 pub use balance::weights::a58_weight;
 pub use balance::{
-    EjectReason, EjectionConfig, HealthCheckConfig, LoadConfig, ReplicaConfig, ReplicaEvent,
-    ReplicaId, ReplicaOutcome, ReplicaSet, ReplicaSnapshot, ReplicaState, ReportWeightConfig,
-    ServingStatus, SlowStartConfig,
+    EjectReason, EjectionConfig, FIRST_PICK_WAIT, HealthCheckConfig, LoadConfig, ReplicaConfig,
+    ReplicaEvent, ReplicaId, ReplicaOutcome, ReplicaSet, ReplicaSnapshot, ReplicaState,
+    ReportWeightConfig, ServingStatus, SlowStartConfig, Unpicked,
 };
 pub use balance::{
     Refresh, RefreshAnswer, RefreshConfig, RefreshCounts, RefreshHealth, RefreshUpdate,

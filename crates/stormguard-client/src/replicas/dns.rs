@@ -13,7 +13,7 @@ use stormguard_core::{
 use tokio::sync::{Notify, oneshot, watch};
 use tonic::transport::{Channel, Endpoint};
 
-use super::{EndpointKey, FirstAnswer, Replicas, Resolutions, Shared, Unresolved};
+use super::{EndpointKey, Replicas, Shared, Unresolved};
 use stormguard_core::ReplicaConfig;
 
 /// Makes each replica's [`Endpoint`] from its default (`http://{address}`).
@@ -175,16 +175,16 @@ impl Replicas<Channel, EndpointKey> {
     /// A channel over the addresses `dns` resolves to (see [`Dns`]), each
     /// a replica with its own lazily connected [`Channel`], keyed `http://{address}`. A
     /// task on the current tokio runtime resolves the name and applies what changed; it
-    /// ends with the channel's last clone. Until the first resolution ends the channel is
-    /// not ready; a call that then finds no replica fails with [`Unresolved`]. Must be
-    /// called within a tokio runtime.
+    /// ends with the channel's last clone. A call made before the first resolution ends
+    /// waits for it, within its deadline ([`NotYet`](super::NotYet) after it); a call that
+    /// then finds no replica fails with [`Unresolved`]. Must be called within a tokio
+    /// runtime.
     pub fn from_dns(config: ReplicaConfig, dns: Dns) -> Result<Self, DnsError> {
         let port = dns.port.ok_or_else(|| DnsError::NoPort(dns.host.clone()))?;
         let now = Instant::now();
         let refresh = Refresh::new(dns.refresh.clone(), now)?;
         let resolver = dns.resolver()?;
         let early = Arc::new(Notify::new());
-        let (first_tx, first_rx) = watch::channel::<Resolutions>(0);
         let name: Arc<str> = Arc::from(dns.host.as_str());
         let (reports, _) = watch::channel(DnsReport {
             name: Arc::clone(&name),
@@ -193,6 +193,7 @@ impl Replicas<Channel, EndpointKey> {
         let shared = super::transport::channels(config, |shared| {
             shared.early = Some(Arc::clone(&early));
             shared.dns = Some(reports.clone());
+            shared.lock().resolving = Some(Arc::clone(&name));
         })?;
         let (alive, gone) = oneshot::channel();
         let task = Task {
@@ -203,17 +204,12 @@ impl Replicas<Channel, EndpointKey> {
             resolver,
             refresh,
             early,
-            first: first_tx,
             reports,
         };
         tokio::spawn(task.run(gone));
         Ok(Replicas {
             shared,
             _alive: Some(Arc::new(alive)),
-            first: Some(FirstAnswer {
-                reports: first_rx,
-                wait: None,
-            }),
         })
     }
 }
@@ -235,7 +231,6 @@ struct Task {
     resolver: TokioResolver,
     refresh: Refresh<IpAddr>,
     early: Arc<Notify>,
-    first: watch::Sender<Resolutions>,
     reports: watch::Sender<DnsReport>,
 }
 
@@ -274,7 +269,7 @@ impl Task {
             .resolver
             .lookup_ip(&*self.name)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| lookup_error(&e))?;
         let ttl = lookup
             .valid_until()
             .saturating_duration_since(std::time::Instant::now());
@@ -317,7 +312,11 @@ impl Task {
             if self.refresh.resolved() {
                 inner.unresolved = None;
             }
+            inner.resolving = None;
         }
+        // The first resolution's end (or a change of the set) ends the wait of the calls
+        // waiting for a replica: they pick, or fail with the resolver's error.
+        shared.picks_changed();
         self.log(&update, error.as_deref());
         let counts = self.refresh.counts();
         let records = self
@@ -331,7 +330,6 @@ impl Task {
             records,
             failing: error,
         });
-        self.first.send_replace(counts.resolutions);
         true
     }
 
@@ -355,6 +353,11 @@ impl Task {
             );
         }
         match update.health {
+            Some(RefreshHealth::Failing) if !self.refresh.resolved() => tracing::warn!(
+                name,
+                error = error.unwrap_or(""),
+                "stormguard: dns resolution failing; no address has resolved yet"
+            ),
             Some(RefreshHealth::Failing) => tracing::warn!(
                 name,
                 error = error.unwrap_or(""),
@@ -366,5 +369,17 @@ impl Task {
             }
             None => {}
         }
+    }
+}
+
+/// A failed lookup's reason, as a user reads it: a name that does not exist or has no
+/// address is said so (for A and AAAA alike), anything else as the resolver says it.
+fn lookup_error(e: &hickory_resolver::net::NetError) -> String {
+    if e.is_nx_domain() {
+        "the name does not exist (NXDOMAIN for A and AAAA)".to_owned()
+    } else if e.is_no_records_found() {
+        "the name has no A or AAAA record".to_owned()
+    } else {
+        e.to_string()
     }
 }

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use http::StatusCode;
 use pin_project_lite::pin_project;
@@ -15,7 +16,11 @@ use stormguard_core::Pushback;
 use stormguard_core::{ReplicaId, ReplicaOutcome};
 use tower_service::Service;
 
-use super::EndAttempt;
+use stormguard_core::wire::{GRPC_TIMEOUT, decode_grpc_timeout};
+use stormguard_core::{Deadline, FIRST_PICK_WAIT};
+
+use super::route::Route;
+use super::{EndAttempt, Pick, Picked};
 use crate::status::{
     BoxError, classify_error, code_from_http_status, pushback, trailers_only_code,
 };
@@ -58,6 +63,19 @@ pub struct Unresolved {
     pub reason: Arc<str>,
 }
 
+/// The error of a call that waited for a replica to take it until its deadline (or
+/// [`FIRST_PICK_WAIT`](stormguard_core::FIRST_PICK_WAIT), 10 s, for a call without one):
+/// a replica had not answered its first health check, or the channel's first DNS lookup
+/// had not ended (see [`Unpicked::Wait`](stormguard_core::Unpicked::Wait)). `why` says which.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("stormguard: no replica took the call within {waited:?}: {why}")]
+pub struct NotYet {
+    /// How long the call waited.
+    pub waited: Duration,
+    /// What it waited for.
+    pub why: Arc<str>,
+}
+
 /// The error of a call through [`Replicas`](super::Replicas): a typed error, so that
 /// middleware bounded on `S::Error: std::error::Error` sits over the channel as over a tonic
 /// `Channel`.
@@ -72,6 +90,9 @@ pub enum Error {
     /// Every replica's health check says it does not serve.
     #[error(transparent)]
     NotServing(#[from] NotServing),
+    /// The call waited for a replica until its deadline.
+    #[error(transparent)]
+    NotYet(#[from] NotYet),
     /// The chosen replica's service failed: its error is this one's source, and its message
     /// this one's (so a status built from it reads as the replica's error does).
     #[error("{0}")]
@@ -85,6 +106,7 @@ impl Error {
             Error::NoReplica(e) => Box::new(e),
             Error::Unresolved(e) => Box::new(e),
             Error::NotServing(e) => Box::new(e),
+            Error::NotYet(e) => Box::new(e),
             Error::Replica(e) => e,
         }
     }
@@ -109,14 +131,40 @@ pin_project! {
         svc: Option<S>,
         request: Option<http::Request<B>>,
         attempt: Option<Attempt>,
+        // While the call waits for a replica (boxed: only a call at start waits).
+        wait: Option<Box<Wait<S>>>,
         #[pin]
         state: State<S::Future>,
     }
 }
 
+/// A call waiting for a replica to take it: it picks again after each change of the
+/// channel, until its deadline.
+struct Wait<S> {
+    picker: Arc<dyn Pick<S>>,
+    route: Option<Route>,
+    changed: Pin<Box<dyn Future<Output = Changes> + Send>>,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    why: Arc<str>,
+    since: Instant,
+}
+
+type Changes = tokio::sync::watch::Receiver<u64>;
+
+/// Waits for the next change of the channel.
+fn next_change(mut changes: Changes) -> Pin<Box<dyn Future<Output = Changes> + Send>> {
+    Box::pin(async move {
+        // An error: the channel is gone; picking again then fails the call.
+        let _ = changes.changed().await;
+        changes
+    })
+}
+
 pin_project! {
     #[project = StateProj]
     enum State<F> {
+        // No replica can take the call yet: it waits (see `Wait`).
+        Waiting,
         // The chosen replica's service is being readied.
         Ready,
         // The attempt is in flight.
@@ -180,15 +228,45 @@ where
                 started,
                 ended: false,
             }),
+            wait: None,
             state: State::Ready,
         }
     }
 
-    pub(super) fn no_replica(unresolved: Option<Unresolved>) -> Self {
-        ResponseFuture::failed(match unresolved {
-            Some(e) => e.into(),
-            None => NoReplica.into(),
-        })
+    /// A call that waits for a replica (`why`) until its deadline, read from `request`'s
+    /// `grpc-timeout` (or [`FIRST_PICK_WAIT`] without one).
+    pub(super) fn waiting(
+        picker: Arc<dyn Pick<S>>,
+        request: http::Request<B>,
+        route: Option<Route>,
+        changes: Changes,
+        why: Arc<str>,
+        now: Instant,
+    ) -> Self {
+        let timeout = request
+            .headers()
+            .get(GRPC_TIMEOUT)
+            .and_then(|v| decode_grpc_timeout(v.as_bytes()).ok())
+            .unwrap_or(FIRST_PICK_WAIT);
+        if let Some(route) = &route {
+            route.set_waiting(Some(Arc::clone(&why)));
+        }
+        ResponseFuture {
+            svc: None,
+            request: Some(request),
+            attempt: None,
+            wait: Some(Box::new(Wait {
+                picker,
+                route,
+                changed: next_change(changes),
+                deadline: Box::pin(tokio::time::sleep_until(
+                    Deadline::after_at(now, timeout).instant(),
+                )),
+                why,
+                since: now,
+            })),
+            state: State::Waiting,
+        }
     }
 
     /// A call that fails with `error` without an attempt.
@@ -197,6 +275,7 @@ where
             svc: None,
             request: None,
             attempt: None,
+            wait: None,
             state: State::Empty { error: Some(error) },
         }
     }
@@ -214,7 +293,27 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Empty { error } => {
+                    // Answered without I/O: a caller's loop of such calls still yields.
+                    ready!(tokio::task::coop::poll_proceed(cx)).made_progress();
                     return Poll::Ready(Err(error.take().unwrap_or(Error::NoReplica(NoReplica))));
+                }
+                StateProj::Waiting => {
+                    let Some(wait) = this.wait.as_mut() else {
+                        return Poll::Ready(Err(NoReplica.into()));
+                    };
+                    let next = match poll_wait(wait, cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(next) => next,
+                    };
+                    *this.wait = None;
+                    match next {
+                        Ok((svc, attempt)) => {
+                            *this.svc = Some(svc);
+                            *this.attempt = Some(attempt);
+                            this.state.set(State::Ready);
+                        }
+                        Err(error) => this.state.set(State::Empty { error: Some(error) }),
+                    }
                 }
                 StateProj::Ready => {
                     let (Some(svc), Some(request)) = (this.svc.as_mut(), this.request.take())
@@ -250,6 +349,48 @@ where
             }
         }
     }
+}
+
+/// A waiting call: picks again after each change of the channel, until a replica takes
+/// it (its service and attempt), the channel says it fails, or its deadline passes.
+fn poll_wait<S>(wait: &mut Wait<S>, cx: &mut Context<'_>) -> Poll<Result<(S, Attempt), Error>> {
+    while let Poll::Ready(changes) = wait.changed.as_mut().poll(cx) {
+        let now = Instant::now();
+        match Arc::clone(&wait.picker).pick(wait.route.as_ref(), now) {
+            Picked::Replica { svc, id, ends } => {
+                let attempt = Attempt {
+                    ends,
+                    id,
+                    started: now,
+                    ended: false,
+                };
+                return Poll::Ready(Ok((svc, attempt)));
+            }
+            Picked::Failed(error) => {
+                if let Some(route) = &wait.route {
+                    route.set_waiting(None);
+                }
+                return Poll::Ready(Err(error));
+            }
+            Picked::Wait {
+                changes: fresh,
+                why,
+            } => {
+                drop(changes);
+                if let Some(route) = &wait.route {
+                    route.set_waiting(Some(Arc::clone(&why)));
+                }
+                wait.why = why;
+                wait.changed = next_change(fresh);
+            }
+        }
+    }
+    ready!(wait.deadline.as_mut().poll(cx));
+    Poll::Ready(Err(NotYet {
+        waited: Instant::now().saturating_duration_since(wait.since),
+        why: Arc::clone(&wait.why),
+    }
+    .into()))
 }
 
 fn finish(attempt: &mut Option<Attempt>, outcome: ReplicaOutcome) {

@@ -46,6 +46,9 @@
 //! `poll_ready` is always ready: the replica is chosen in `call`, and the response future
 //! readies that replica's service (a clone of it) before sending. A tonic `Channel` is
 //! ready while its buffer has room, so this waits only when a replica's buffer is full.
+//! A call that finds no replica while one may soon take it (the first DNS lookup under
+//! way, a replica without its first health answer) waits in its future too, within the
+//! deadline its `grpc-timeout` says (see [`NotYet`]).
 
 mod discover;
 #[cfg(feature = "dns")]
@@ -64,7 +67,7 @@ use std::task::{Context, Poll};
 
 use stormguard_core::Instant;
 use stormguard_core::{
-    ReplicaConfig, ReplicaEvent, ReplicaId, ReplicaOutcome, ReplicaSet, ReplicaSnapshot,
+    ReplicaConfig, ReplicaEvent, ReplicaId, ReplicaOutcome, ReplicaSet, ReplicaSnapshot, Unpicked,
 };
 use tokio::sync::oneshot;
 use tower_service::Service;
@@ -72,7 +75,7 @@ use tower_service::Service;
 #[cfg(feature = "dns")]
 pub use self::dns::{Dns, DnsError, DnsReport};
 pub(crate) use self::future::unwrap_error;
-pub use self::future::{Error, NoReplica, NotServing, ResponseFuture, Unresolved};
+pub use self::future::{Error, NoReplica, NotServing, NotYet, ResponseFuture, Unresolved};
 pub use self::route::Route;
 pub use tower::discover::Change;
 
@@ -87,9 +90,6 @@ pub struct Replicas<S, K> {
     // `discover`) to end. Attempts in flight and routes hold `shared`, not this. `None`
     // for a channel no task feeds.
     _alive: Option<Arc<oneshot::Sender<()>>>,
-    // A channel found by DNS, until its first resolution has ended: `poll_ready` waits for
-    // it, so that a first call neither hangs nor fails before the name had a chance.
-    first: Option<FirstAnswer>,
 }
 
 impl<S, K> Clone for Replicas<S, K> {
@@ -97,42 +97,7 @@ impl<S, K> Clone for Replicas<S, K> {
         Replicas {
             shared: Arc::clone(&self.shared),
             _alive: self._alive.clone(),
-            first: self.first.as_ref().and_then(FirstAnswer::fresh),
         }
-    }
-}
-
-/// Waits for a DNS-fed channel's first resolution to end (answered or failed).
-struct FirstAnswer {
-    reports: tokio::sync::watch::Receiver<Resolutions>,
-    wait: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + Sync>>>,
-}
-
-/// How many resolutions have ended (the channel's own count for [`FirstAnswer`]).
-pub(crate) type Resolutions = u64;
-
-impl FirstAnswer {
-    /// A waiter for a clone, unless the first answer is in already.
-    fn fresh(&self) -> Option<FirstAnswer> {
-        (*self.reports.borrow() == 0).then(|| FirstAnswer {
-            reports: self.reports.clone(),
-            wait: None,
-        })
-    }
-
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if *self.reports.borrow() > 0 {
-            return Poll::Ready(());
-        }
-        let reports = self.reports.clone();
-        let wait = self.wait.get_or_insert_with(|| {
-            Box::pin(async move {
-                let mut reports = reports;
-                // An error: the task is gone, which ends the wait as well.
-                let _ = reports.wait_for(|n| *n > 0).await;
-            })
-        });
-        wait.as_mut().poll(cx)
     }
 }
 
@@ -160,6 +125,9 @@ pub(crate) struct Shared<S, K> {
     health: Option<StartHealth<S>>,
     /// How many times a replica's health-check status changed ([`Replicas::health_changes`]).
     health_changes: tokio::sync::watch::Sender<u64>,
+    /// Changes after anything that may let a waiting call pick a replica (a replica added,
+    /// a health report, a resolution's end): what calls waiting for a replica watch.
+    picks: tokio::sync::watch::Sender<u64>,
 }
 
 /// Starts the health-check task of a replica (its id, its service).
@@ -183,6 +151,8 @@ struct Inner<S, K> {
     /// For a channel found by DNS whose name has not resolved (yet, or lately while empty):
     /// why, for the error of a call that finds no replica.
     unresolved: Option<Unresolved>,
+    /// For a channel found by DNS, until its first resolution ends: the name.
+    resolving: Option<Arc<str>>,
 }
 
 struct Member<S, K> {
@@ -212,13 +182,21 @@ impl<S, K> Shared<S, K> {
                 members: Vec::new(),
                 serving: false,
                 unresolved: None,
+                resolving: None,
             }),
             early,
             #[cfg(feature = "dns")]
             dns: None,
             health: None,
             health_changes: tokio::sync::watch::Sender::new(0),
+            picks: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// Wakes the calls waiting for a replica: call after any change that may let one
+    /// pick (made before, so that a call that subscribes after it sees it).
+    fn picks_changed(&self) {
+        self.picks.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// Asks the DNS task, if any, for an early resolution (it rate-limits them).
@@ -254,6 +232,8 @@ impl<S, K> Shared<S, K> {
             svc,
             _health,
         });
+        drop(inner);
+        self.picks_changed();
     }
 
     /// Applies a change from a discovery source.
@@ -265,6 +245,7 @@ impl<S, K> Shared<S, K> {
             Change::Insert(key, svc) => self.insert(key, svc),
             Change::Remove(key) => {
                 remove_key(&mut self.lock(), &key);
+                self.picks_changed();
             }
         }
     }
@@ -321,11 +302,14 @@ impl<S: Send, K: Send> EndAttempt for Shared<S, K> {
 impl<S: Send, K: Send> health::HealthSink for Shared<S, K> {
     fn serving(&self, id: ReplicaId, status: stormguard_core::ServingStatus) {
         let mut inner = self.lock();
-        let Some(before) = inner.set.set_serving(id, status) else {
-            return;
-        };
+        let changed = inner.set.set_serving(id, status);
         let name = inner.name_of(id);
         drop(inner);
+        // Even unchanged, a first report may end the wait of calls for a replica.
+        self.picks_changed();
+        let Some(before) = changed else {
+            return;
+        };
         self.health_changes.send_modify(|n| *n += 1);
         tracing::info!(
             replica = name.as_deref().unwrap_or("?"),
@@ -412,7 +396,6 @@ where
         Replicas {
             shared,
             _alive: None,
-            first: None,
         }
     }
 
@@ -431,7 +414,9 @@ where
 
     /// Removes the replica with `key`; attempts in flight on it finish.
     pub fn remove(&self, key: &K) -> bool {
-        remove_key(&mut self.shared.lock(), key)
+        let removed = remove_key(&mut self.shared.lock(), key);
+        self.shared.picks_changed();
+        removed
     }
 
     /// Every replica's key, state and counters, oldest first.
@@ -496,40 +481,104 @@ where
     type Error = Error;
     type Future = ResponseFuture<S, B>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        // The replica is chosen in `call`; its own readiness is waited for in the future.
-        if let Some(first) = &mut self.first {
-            std::task::ready!(first.poll(cx));
-            self.first = None;
-        }
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        // The replica is chosen in `call`: its readiness, and a wait for a first replica,
+        // are the response future's, bounded by the call's deadline.
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let route = request.extensions().get::<Route>();
+        let now = Instant::now();
+        let route = request.extensions().get::<Route>().cloned();
+        match Arc::clone(&self.shared).pick(route.as_ref(), now) {
+            Picked::Replica { svc, id, ends } => ResponseFuture::new(svc, request, ends, id, now),
+            Picked::Failed(error) => ResponseFuture::failed(error),
+            Picked::Wait { changes, why } => {
+                let picker: Arc<dyn Pick<S>> = self.shared.clone();
+                ResponseFuture::waiting(picker, request, route, changes, why, now)
+            }
+        }
+    }
+}
+
+/// What [`Pick::pick`] found for an attempt.
+pub(crate) enum Picked<S> {
+    /// The replica `id`, its service, and where its attempt's end is reported.
+    Replica {
+        svc: S,
+        id: ReplicaId,
+        ends: Arc<dyn EndAttempt>,
+    },
+    /// None yet, but one may soon take it (see [`Unpicked::Wait`]): wait for `changes`;
+    /// `why` says what for.
+    Wait {
+        changes: tokio::sync::watch::Receiver<u64>,
+        why: Arc<str>,
+    },
+    /// None, and the call fails at once.
+    Failed(Error),
+}
+
+/// Chooses a replica for an attempt (the response future of a waiting call picks again
+/// without the channel's key type).
+pub(crate) trait Pick<S>: Send + Sync {
+    /// A replica for an attempt at `now` of the call whose `route` it is (recorded in it).
+    fn pick(self: Arc<Self>, route: Option<&Route>, now: Instant) -> Picked<S>;
+}
+
+impl<S, K> Pick<S> for Shared<S, K>
+where
+    S: Clone + Send + 'static,
+    K: Send + 'static,
+{
+    fn pick(self: Arc<Self>, route: Option<&Route>, now: Instant) -> Picked<S> {
         let mut tried = [ReplicaId::default(); REMEMBERED];
         let n = route.map_or(0, |r| r.tried(&mut tried));
-        let now = Instant::now();
-        let mut inner = self.shared.lock();
-        inner.serving = true;
+        let mut inner = self.lock();
         let Some(id) = inner.set.pick_at(&tried[..n], now) else {
-            if !inner.set.is_empty() {
+            return match inner.set.unpicked(inner.resolving.is_some()) {
+                Unpicked::Wait => Picked::Wait {
+                    // Subscribed under the lock: any change after this look wakes it.
+                    changes: self.picks.subscribe(),
+                    why: inner.waiting_for(),
+                },
                 // Every replica's health check says it does not serve (gRFC A17): fail
                 // fast, as gRPC's balancers do with no ready subchannel.
-                return ResponseFuture::failed(NotServing::of(inner.set.len()).into());
-            }
-            return ResponseFuture::no_replica(inner.unresolved.clone());
+                Unpicked::NotServing => Picked::Failed(NotServing::of(inner.set.len()).into()),
+                Unpicked::Empty => Picked::Failed(match inner.unresolved.clone() {
+                    Some(e) => e.into(),
+                    None => NoReplica.into(),
+                }),
+            };
         };
         let Some(i) = inner.index(id) else {
-            return ResponseFuture::no_replica(None);
+            return Picked::Failed(NoReplica.into());
         };
+        // An attempt goes out: replicas added from now on join with slow start.
+        inner.serving = true;
         let svc = inner.members[i].svc.clone();
         drop(inner);
-        let ends: Arc<dyn EndAttempt> = self.shared.clone();
+        let ends: Arc<dyn EndAttempt> = self;
         if let Some(route) = route {
             route.record(id, Arc::clone(&ends));
         }
-        ResponseFuture::new(svc, request, ends, id, now)
+        Picked::Replica { svc, id, ends }
+    }
+}
+
+impl<S, K> Inner<S, K> {
+    /// What a call that waits for a replica waits for (see [`Unpicked::Wait`]).
+    fn waiting_for(&self) -> Arc<str> {
+        match &self.resolving {
+            Some(name) if self.set.is_empty() => {
+                format!("`{name}` has not resolved yet: the DNS server has not answered").into()
+            }
+            _ => format!(
+                "none of the {} replicas has answered its first health check yet",
+                self.set.len()
+            )
+            .into(),
+        }
     }
 }
 

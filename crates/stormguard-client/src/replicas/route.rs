@@ -38,6 +38,8 @@ struct Tried {
     count: u32,
     /// The channel that chose the latest replica: where its load report goes.
     channel: Option<Arc<dyn EndAttempt>>,
+    /// While the latest attempt waits for a replica to take it: what it waits for.
+    waiting: Option<Arc<str>>,
 }
 
 impl Route {
@@ -77,9 +79,24 @@ impl Route {
         n
     }
 
+    /// The latest attempt waits for a replica to take it (`why`), or no longer (`None`).
+    pub(crate) fn set_waiting(&self, why: Option<Arc<str>>) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .waiting = why;
+    }
+
+    /// What the latest attempt waits for, while it waits for a replica.
+    pub(crate) fn waiting(&self) -> Option<Arc<str>> {
+        let tried = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        tried.waiting.clone()
+    }
+
     /// An attempt went to `id`, chosen by `channel`.
     pub(crate) fn record(&self, id: ReplicaId, channel: Arc<dyn EndAttempt>) {
         let mut tried = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        tried.waiting = None;
         let slot = tried.count as usize % REMEMBERED;
         tried.ids[slot] = Some(id);
         tried.count = tried.count.saturating_add(1);

@@ -91,6 +91,16 @@ pub(super) fn expired<B>(stats: &mut CallStats) -> CallResult<B> {
     )))
 }
 
+/// The caller's deadline ran out while the attempt waited for a replica to take it
+/// (`why`: what for, as the channel says).
+pub(super) fn expired_waiting<B>(stats: &mut CallStats, why: &str) -> CallResult<B> {
+    stats.deadline_exceeded();
+    stats.outcome(Code::DeadlineExceeded);
+    Err(Box::new(Status::deadline_exceeded(format!(
+        "stormguard: the call's deadline was exceeded waiting for a replica: {why}"
+    ))))
+}
+
 /// The channel could not be readied for a retry: the call ends like every other give-up,
 /// as a status marked "do not retry".
 pub(super) fn not_ready<B>(stats: &mut CallStats, err: BoxError) -> CallResult<B> {

@@ -301,6 +301,25 @@ where
     type Output = CallResult<B>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // One unit of the task's cooperative budget per poll, given back unless the call
+        // ends: a call the layer answers without I/O (a refusal) makes a caller's loop
+        // yield to the runtime as a call through tonic's own buffer does.
+        let coop = ready!(tokio::task::coop::poll_proceed(cx));
+        let answer = self.poll_call(cx);
+        if answer.is_ready() {
+            coop.made_progress();
+        }
+        answer
+    }
+}
+
+impl<S, B> ResponseFuture<S, B>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>> + Clone,
+    S::Error: Into<BoxError>,
+    B: http_body::Body,
+{
+    fn poll_call(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<CallResult<B>> {
         let mut this = self.project();
         if this.call.as_ref().is_some_and(CallRetry::is_hedged) {
             return hedged::poll(&mut this, cx);
@@ -488,7 +507,11 @@ where
             // Dropping the call state gives back a retry granted but not started (there is
             // none here) and releases its permit.
             drop(this.call.take());
-            Some(end::expired(this.stats))
+            // An attempt that waited for a replica until the deadline says what for.
+            Some(match this.route.as_ref().and_then(Route::waiting) {
+                Some(why) => end::expired_waiting(this.stats, &why),
+                None => end::expired(this.stats),
+            })
         }
     }
 }

@@ -289,7 +289,9 @@ async fn a_name_that_never_resolved_fails_the_first_call_with_its_reason() {
         .unwrap_err();
     let message = status.message();
     assert!(
-        message.contains(NAME) && message.contains("has not resolved"),
+        message.contains(NAME)
+            && message.contains("has not resolved")
+            && message.contains("does not exist (NXDOMAIN for A and AAAA)"),
         "{status:?}"
     );
     // A DNS server that does not answer: the same, after the resolution's timeout.
@@ -319,4 +321,49 @@ async fn ipv6_records_are_replicas() {
     assert_eq!(keys, [format!("http://[::1]:{}", pod.addr.port())]);
     assert_eq!(pod.entered(), 10);
     let _: &Replicas<_, _> = &replicas;
+}
+
+/// A first call with a 300 ms deadline, while the DNS server (real, on loopback) does not
+/// answer the first lookup (its timeout is 5 s): the call ends at its deadline, on paused
+/// time (nothing on the network ever answers, so the clock only moves to the timers), with
+/// an error that says DNS did not answer; through the retry layer and on the bare channel.
+#[tokio::test(start_paused = true)]
+async fn a_first_call_waits_for_the_first_lookup_no_longer_than_its_deadline() {
+    let dns = DnsServer::start(NAME, [IpAddr::from([127, 0, 0, 2])], 1)
+        .await
+        .unwrap();
+    dns.set_answering(false);
+    let refresh = RefreshConfig {
+        timeout: Duration::from_secs(5),
+        ..quick_refresh()
+    };
+    let (replicas, client) = client(&dns, 50051, refresh, true);
+    let deadline = Duration::from_millis(300);
+    let call = || {
+        let mut request = tonic::Request::new(stormguard_demo::ReserveRequest::default());
+        request.set_timeout(deadline);
+        request
+    };
+    let start = tokio::time::Instant::now();
+    let status = client.clone().reserve(call()).await.unwrap_err();
+    assert!(start.elapsed() <= deadline, "{:?}", start.elapsed());
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+    assert!(
+        status.message().contains("DNS server has not answered") && status.message().contains(NAME),
+        "{status:?}"
+    );
+    let start = tokio::time::Instant::now();
+    let status = stormguard_demo::InventoryClient::new(replicas)
+        .reserve(call())
+        .await
+        .unwrap_err();
+    assert!(
+        start.elapsed() <= deadline + Duration::from_millis(1),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(
+        status.message().contains("DNS server has not answered"),
+        "{status:?}"
+    );
 }

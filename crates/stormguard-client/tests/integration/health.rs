@@ -377,3 +377,30 @@ async fn a_removed_replica_s_watch_stream_ends() {
         .unwrap();
     assert_eq!(*b.watches.open.borrow(), 1, "b's goes on");
 }
+
+/// Cold start: calls made at once, before any replica's first health answer (gRFC A17:
+/// connecting), wait for the first replica that can take them instead of failing; 0 calls
+/// lost. Then, with every replica `NOT_SERVING`, calls fail at once again.
+#[tokio::test]
+async fn calls_made_before_the_first_health_answer_wait_for_it() {
+    let (a, b, c) = (
+        Replica::start(true).await,
+        Replica::start(true).await,
+        Replica::start(true).await,
+    );
+    for r in [&a, &b, &c] {
+        r.set(Status::Serving).await;
+    }
+    let mut failed = 0;
+    for _ in 0..5 {
+        let (replicas, client) = client(&[&a, &b, &c], true);
+        assert!(
+            statuses(&replicas)
+                .iter()
+                .all(|(_, s)| *s == ServingStatus::Unknown),
+            "no answer yet"
+        );
+        failed += batch(&client, 64).await;
+    }
+    assert_eq!(failed, 0, "calls lost at cold start");
+}

@@ -99,6 +99,25 @@ impl ReplicaState {
     }
 }
 
+/// What a call does when [`ReplicaSet::pick_at`] finds no replica for it
+/// ([`ReplicaSet::unpicked`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unpicked {
+    /// Wait for a replica: one has not had its first health answer, or the set's first
+    /// resolution is under way. The wait is bounded by the call's deadline, or by
+    /// [`FIRST_PICK_WAIT`] for a call without one.
+    Wait,
+    /// Fail at once: every replica's health check has said it does not serve (or its
+    /// connection failed).
+    NotServing,
+    /// Fail at once: the set holds no replica (and no first resolution is under way).
+    Empty,
+}
+
+/// How long a call without a deadline waits for its first replica
+/// ([`Unpicked::Wait`]) before it fails: 10 s.
+pub const FIRST_PICK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What a replica's client-side health check (gRFC A17, `grpc.health.v1.Health/Watch`)
 /// says of it. Only [`Unchecked`](Self::Unchecked) and [`Serving`](Self::Serving) let it
 /// take new attempts; attempts in flight on a
@@ -247,6 +266,9 @@ struct Replica {
     /// What its health check says.
     serving: ServingStatus,
     serving_changes: u64,
+    /// Whether its health check has reported since it joined (A17: until then it is
+    /// connecting, and a call that finds no replica waits for it).
+    reported: bool,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -505,6 +527,7 @@ impl ReplicaSet {
                 ServingStatus::Unchecked
             },
             serving_changes: 0,
+            reported: false,
         });
         id
     }
@@ -520,6 +543,7 @@ impl ReplicaSet {
     pub fn set_serving(&mut self, id: ReplicaId, status: ServingStatus) -> Option<ServingStatus> {
         let i = self.index(id)?;
         let r = &mut self.replicas[i];
+        r.reported = true;
         let before = r.serving;
         if before == status {
             return None;
@@ -549,6 +573,47 @@ impl ReplicaSet {
     fn index(&self, id: ReplicaId) -> Option<usize> {
         // Ids only grow and replicas are appended: the vector is sorted by id.
         self.replicas.binary_search_by_key(&id, |r| r.id).ok()
+    }
+
+    /// What a call for which [`pick_at`](Self::pick_at) found no replica does: it waits
+    /// while a replica may soon take it, and fails at once otherwise. `resolving`: the
+    /// set's first resolution (a name's first lookup) has not ended.
+    ///
+    /// gRFC A17 keeps a replica connecting until its health check first answers, and a
+    /// gRPC channel queues a call while a replica is connecting: a call made at start,
+    /// before the first answers, would otherwise fail while every replica is healthy.
+    ///
+    /// ```
+    /// use stormguard_core::{HealthCheckConfig, Instant, ReplicaConfig, ReplicaSet, ServingStatus, Unpicked};
+    ///
+    /// let config = ReplicaConfig { health_check: Some(HealthCheckConfig::service("")), ..ReplicaConfig::default() };
+    /// let mut set = ReplicaSet::new(config)?;
+    /// assert_eq!(set.unpicked(true), Unpicked::Wait); // the first lookup is under way
+    /// assert_eq!(set.unpicked(false), Unpicked::Empty); // it ended with no address
+    /// let id = set.insert_at(Instant::now());
+    /// assert_eq!(set.pick_at(&[], Instant::now()), None);
+    /// assert_eq!(set.unpicked(false), Unpicked::Wait); // its health check has not answered
+    /// set.set_serving(id, ServingStatus::NotServing);
+    /// assert_eq!(set.unpicked(false), Unpicked::NotServing);
+    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// ```
+    pub fn unpicked(&self, resolving: bool) -> Unpicked {
+        if self.replicas.is_empty() {
+            return if resolving {
+                Unpicked::Wait
+            } else {
+                Unpicked::Empty
+            };
+        }
+        if self
+            .replicas
+            .iter()
+            .any(|r| !r.reported && r.serving == ServingStatus::Unknown)
+        {
+            Unpicked::Wait
+        } else {
+            Unpicked::NotServing
+        }
     }
 
     /// Chooses the replica for an attempt at `now`, avoiding those in `tried` (the ones

@@ -18,7 +18,9 @@ pub struct RefreshConfig {
     /// `min_interval`, at most 1 h.
     pub max_interval: Duration,
     /// Each wait is drawn at random from the last `jitter` share of the interval (with 0.5
-    /// and a 10 s TTL, from 5 s to 10 s), so that clients do not ask in step. In [0, 1].
+    /// and a 10 s TTL, from 5 s to 10 s), so that clients do not ask in step; where
+    /// `min_interval` is above that share's start, from a range as wide that starts at
+    /// `min_interval` (a 1 s TTL: from 1 s to 1.5 s). In [0, 1].
     pub jitter: f64,
     /// How long a resolution may take before it counts as failed. 10 ms to 1 min.
     pub timeout: Duration,
@@ -242,13 +244,17 @@ impl<K: Ord + Clone> Refresh<K> {
     }
 
     /// A wait for an `interval` (a TTL or a backoff): bounded by `min_interval` and
-    /// `max_interval`, drawn from its last `jitter` share.
+    /// `max_interval`, drawn from a range as wide as the interval's last `jitter` share.
+    /// Where `min_interval` is above the start of that share (a TTL under twice
+    /// `min_interval` at jitter 0.5), the range starts at `min_interval` and keeps its
+    /// width (up to `max_interval`): clients started together still drift apart.
     fn wait(&mut self, interval: Duration) -> Duration {
         let (min, max) = (self.config.min_interval, self.config.max_interval);
         let interval = interval.clamp(min, max);
-        let shortest = interval.mul_f64(1.0 - self.config.jitter).max(min);
-        let spread = interval.saturating_sub(shortest);
-        shortest + spread.mul_f64(self.rng.f64())
+        let width = interval.mul_f64(self.config.jitter);
+        let shortest = interval.saturating_sub(width).max(min);
+        let longest = (shortest + width).min(max.max(shortest));
+        shortest + (longest - shortest).mul_f64(self.rng.f64())
     }
 
     /// The current set: the last good answer's records, in order.

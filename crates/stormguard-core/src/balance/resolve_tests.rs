@@ -89,7 +89,9 @@ fn the_next_resolution_is_within_the_ttl_and_the_bounds() {
             let wait = dns.due_at() - at;
             let config = RefreshConfig::default();
             let bound = ttl.clamp(config.min_interval, config.max_interval);
-            assert!(wait <= bound, "{wait:?} after a {ttl:?} TTL");
+            // Where `min_interval` lifts the draw's start, the draw keeps its width.
+            let top = bound.max(config.min_interval + bound / 2);
+            assert!(wait <= top, "{wait:?} after a {ttl:?} TTL");
             assert!(wait >= config.min_interval.max(bound / 2), "{wait:?}");
         }
     }
@@ -105,11 +107,13 @@ fn failures_back_off_from_the_min_interval_to_the_max() {
         let (at, _) = resolve(&mut dns, RefreshAnswer::Failed);
         waits.push((dns.due_at() - at).as_secs_f64());
     }
-    // 1 s, 2 s, 4 s, ... (each in its upper half), capped at 30 s.
+    // 1 s, 2 s, 4 s, ... (each in its upper half; 1 s to 1.5 s for the first, where the
+    // min interval lifts the draw), capped at 30 s.
     for (i, wait) in waits.iter().enumerate() {
         let interval = (1u64 << i).min(30) as f64;
+        let top = interval.max(1.0 + interval / 2.0);
         assert!(
-            *wait <= interval && *wait >= (interval / 2.0).max(1.0),
+            *wait <= top && *wait >= (interval / 2.0).max(1.0),
             "{waits:?}"
         );
     }
@@ -176,32 +180,71 @@ fn bad_settings_are_refused_with_the_field() {
 /// resolutions and are not counted (no timer can spread those).
 #[test]
 fn a_thousand_resolvers_spread_their_queries() {
-    const CLIENTS: u64 = 1_000;
-    const SECONDS: usize = 600;
-    let t0 = Instant::now();
-    let mut clients: Vec<Refresh<u32>> = (0..CLIENTS).map(|seed| refresh(seed, t0)).collect();
-    let mut queue: BinaryHeap<Reverse<(Instant, usize)>> = BinaryHeap::new();
-    for (i, dns) in clients.iter_mut().enumerate() {
-        resolve(dns, found(&[1, 2, 3]));
-        queue.push(Reverse((dns.due_at(), i)));
-    }
-    let mut per_second = vec![0u32; SECONDS];
-    while let Some(Reverse((at, i))) = queue.pop() {
-        let second = (at - t0).as_secs() as usize;
-        if second >= SECONDS {
-            break;
-        }
-        per_second[second] += 1;
-        let (_, _) = resolve(&mut clients[i], found(&[1, 2, 3]));
-        queue.push(Reverse((clients[i].due_at(), i)));
-    }
-    let total: u32 = per_second.iter().sum();
-    let mean = f64::from(total) / SECONDS as f64;
-    let busiest = per_second.iter().copied().max().unwrap();
+    let (busiest, mean, total) = thousand_resolvers(TTL, Duration::from_secs(1), 0);
     assert!(
         f64::from(busiest) <= 3.0 * mean,
         "busiest second {busiest}, mean {mean:.0}/s"
     );
     // Every client asked at least once per TTL.
-    assert!(total as usize >= CLIENTS as usize * SECONDS / 5, "{total}");
+    assert!(total >= 1_000 * 600 / 5, "{total}");
+}
+
+/// The same at a 1 s TTL, where `min_interval` (1 s) is above the jittered share's start:
+/// the draw still spreads the queries. A fifth of the TTL is the slot (a second was the
+/// fifth of 5 s); from the 10th second on (the clients' first draws are still bunched
+/// before that), no slot holds more than 2× the mean. Without the spread every query of a
+/// round falls in one slot: 5× the mean.
+#[test]
+fn a_thousand_resolvers_spread_their_queries_at_the_shortest_ttl() {
+    let ttl = Duration::from_secs(1);
+    let (busiest, mean, total) = thousand_resolvers(ttl, Duration::from_millis(200), 50);
+    assert!(
+        f64::from(busiest) <= 2.0 * mean,
+        "busiest 200 ms {busiest}, mean {mean:.0} per 200 ms"
+    );
+    // Never closer than `min_interval`, and at least every 1.5 s.
+    assert!(total >= 1_000 * 590 * 2 / 3, "{total}");
+}
+
+/// 1,000 resolvers (seeds 0..1000) answered at once with `ttl` on a virtual clock for
+/// 600 s, their queries counted per `slot` from slot `skip` on: the busiest slot, the mean
+/// per slot, the total.
+fn thousand_resolvers(ttl: Duration, slot: Duration, skip: usize) -> (u32, f64, usize) {
+    const CLIENTS: u64 = 1_000;
+    let slots = (Duration::from_secs(600).as_nanos() / slot.as_nanos()) as usize;
+    let answer = || RefreshAnswer::Found {
+        records: vec![1, 2, 3],
+        ttl,
+    };
+    let t0 = Instant::now();
+    let mut clients: Vec<Refresh<u32>> = (0..CLIENTS).map(|seed| refresh(seed, t0)).collect();
+    let mut queue: BinaryHeap<Reverse<(Instant, usize)>> = BinaryHeap::new();
+    for (i, dns) in clients.iter_mut().enumerate() {
+        let at = dns.due_at();
+        dns.begin_at(at);
+        dns.answer_at(answer(), at);
+        queue.push(Reverse((dns.due_at(), i)));
+    }
+    let mut per_slot = vec![0u32; slots];
+    while let Some(Reverse((at, i))) = queue.pop() {
+        let n = ((at - t0).as_nanos() / slot.as_nanos()) as usize;
+        if n >= slots {
+            break;
+        }
+        per_slot[n] += 1;
+        let dns = &mut clients[i];
+        let last = dns.due_at();
+        dns.begin_at(at);
+        dns.answer_at(answer(), at);
+        assert!(
+            dns.due_at() - last >= Duration::from_secs(1),
+            "min_interval holds"
+        );
+        queue.push(Reverse((dns.due_at(), i)));
+    }
+    let counted = &per_slot[skip..];
+    let total: u32 = counted.iter().sum();
+    let mean = f64::from(total) / counted.len() as f64;
+    let busiest = counted.iter().copied().max().unwrap();
+    (busiest, mean, total as usize)
 }

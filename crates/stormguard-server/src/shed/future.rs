@@ -180,12 +180,19 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Queued { .. } => {
-                    if let Some(answer) = ready!(poll_queued(&mut this, cx)) {
+                    // A queued call may be answered by the layer (shed, expired, closing):
+                    // it spends the task's cooperative budget as tokio's resources do.
+                    let coop = ready!(tokio::task::coop::poll_proceed(cx));
+                    let answer = ready!(poll_queued(&mut this, cx));
+                    coop.made_progress();
+                    if let Some(answer) = answer {
                         return Poll::Ready(answer);
                     }
                 }
                 StateProj::Running { .. } => return poll_running(&mut this, cx),
                 StateProj::Answered { response } => {
+                    // Answered without I/O: a caller's loop of such calls still yields.
+                    ready!(tokio::task::coop::poll_proceed(cx)).made_progress();
                     return match response.take() {
                         Some(response) => Poll::Ready(Ok(with_empty_body(response))),
                         None => {
