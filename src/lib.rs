@@ -49,15 +49,15 @@ pub mod engine {
     pub use stormguard_core::{
         A6Budget, AdaptiveThrottle, AdmissionQueue, Arrival, AttemptEnd, AttemptPlan, Backoff,
         Begin, BreakerOpen, BreakerPermit, BreakerState, BreakerTransition, Budget, BudgetChoice,
-        CallClass, CallDeadline, CallRetry, CallTimes, CircuitBreaker, CodeSet, Deadline,
-        DeadlineSource, Decision, DedupCounts, DedupTable, Digest, Dispatch, EventSummary, Failure,
-        HedgeDecision, Instant, KeyedBudgets, LayerName, Left, LoadReport, LoadReportError,
-        MethodMap, NotApplied, NotAppliedReason, Notice, OrcaLoadReport, Pushback, QueueLoad,
-        QueuedId, RateMeter, Refusal, ReplicaEvent, ReplicaId, ReplicaOutcome, ReplicaSet,
-        ReplicaSnapshot, ReplicaState, RetryBudget, RetryController, Saturation, ServingStatus,
-        Shed, ShedPushback, ShedReason, Summary, TRANSPARENT_RETRIES, Throttled, TransitionWatch,
-        Transitions, UnknownCode, Unlimited, Verdict, WindowCounts, a58_weight, parse_duration,
-        resolve_deadline_at, wire,
+        CONNECT_SLOT_WAIT, CallClass, CallDeadline, CallRetry, CallTimes, CircuitBreaker, CodeSet,
+        Deadline, DeadlineSource, Decision, DedupCounts, DedupTable, Digest, Dispatch,
+        EventSummary, Failure, HedgeDecision, Instant, KeyedBudgets, LayerName, Left, LoadReport,
+        LoadReportError, MethodMap, NotApplied, NotAppliedReason, Notice, OrcaLoadReport, Pushback,
+        QueueLoad, QueuedId, RateMeter, Refusal, ReplicaEvent, ReplicaId, ReplicaOutcome,
+        ReplicaSet, ReplicaSnapshot, ReplicaState, RetryBudget, RetryController, Saturation,
+        ServingStatus, Shed, ShedPushback, ShedReason, Summary, TRANSPARENT_RETRIES, Throttled,
+        TransitionWatch, Transitions, UnknownCode, Unlimited, Verdict, WindowCounts, a58_weight,
+        parse_duration, resolve_deadline_at, wire,
     };
 }
 

@@ -4,6 +4,12 @@
 //! loop runs only when the loop's task yields: it counts its turns while the loop makes
 //! `CALLS` refused calls. A loop that never yields leaves it at 0; one that spends the
 //! budget (128 units a turn) gives it a turn every 128 calls or so.
+//!
+//! The connection backoff's test is a user's fleet: callers in spawned tasks, each in a
+//! plain loop on a client of its own, over a real tonic channel to an address where nothing
+//! listens, with the README's 300 ms deadline; the same fleet over bare tonic, in the same
+//! test, is the measure. "Every replica says NOT_SERVING" is real tonic-health servers on
+//! loopback. Every wait is bounded (`PATIENCE`), so no test can hang.
 #![allow(clippy::unwrap_used)]
 
 use std::future::Future;
@@ -13,7 +19,8 @@ use std::time::Duration;
 
 use http::Response;
 use stormguard::client::{
-    AdaptiveThrottleConfig, BreakerConfig, MethodScope, MethodTable, RetryLayer, RetryPolicy,
+    AdaptiveThrottleConfig, BreakerConfig, ClientConfig, MethodScope, MethodTable, RetryLayer,
+    RetryPolicy,
 };
 use stormguard::engine::{AdaptiveThrottle, CircuitBreaker, RetryController};
 use stormguard_demo::InventoryClient;
@@ -21,7 +28,7 @@ use tonic::body::Body;
 use tonic::{Code, Status};
 use tower::ServiceBuilder;
 
-use crate::client_support::{budget, idempotent_policy, reserve};
+use crate::client_support::{self, budget, idempotent_policy, reserve};
 
 /// Refused calls per test.
 const CALLS: u64 = 4_096;
@@ -268,4 +275,227 @@ async fn a_loop_over_replicas_with_none_yields() {
     )
     .await;
     assert_yielded("no replica (retry layer)", turns);
+}
+
+/// Callers of a fleet test: spawned tasks, as a user's own, each in a plain loop.
+const CALLERS: u64 = 16;
+
+/// Every wait of a fleet test is bounded by this: a caller that does not finish fails the
+/// test instead of hanging it.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// An address where nothing listens: connections to it are refused.
+fn refusing_address() -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap()
+}
+
+/// A `Reserve` request with the README's 300 ms deadline.
+fn with_deadline() -> tonic::Request<stormguard_demo::ReserveRequest> {
+    let mut request = tonic::Request::new(reserve("r"));
+    request.set_timeout(Duration::from_millis(300));
+    request
+}
+
+/// Runs `CALLERS` spawned tasks, each the loop `caller(per_caller)` makes (a plain loop of
+/// `per_caller` calls on a client of its own, without `yield_now`), beside a task that
+/// counts its turns; returns the turns it got while they ran.
+async fn turns_beside_callers<F, Fut>(caller: F, per_caller: u64) -> u64
+where
+    F: Fn(u64) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let turns = Arc::new(AtomicU64::new(0));
+    let counter = tokio::spawn({
+        let turns = Arc::clone(&turns);
+        async move {
+            loop {
+                turns.fetch_add(1, Ordering::Relaxed);
+                tokio::task::yield_now().await;
+            }
+        }
+    });
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|_| tokio::spawn(caller(per_caller)))
+        .collect();
+    for caller in callers {
+        let joined = tokio::time::timeout(PATIENCE, caller).await;
+        assert!(
+            matches!(joined, Ok(Ok(()))),
+            "a caller did not end its {per_caller} calls within {PATIENCE:?}: {joined:?}"
+        );
+    }
+    let got = turns.load(Ordering::Relaxed);
+    counter.abort();
+    got
+}
+
+/// The turns a task beside `CALLERS` callers must get in `calls` calls: half of one per
+/// round of 128 calls (a task's budget) per caller.
+fn fleet_turns(calls: u64) -> u64 {
+    calls / (256 * CALLERS)
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn callers_refused_by_the_connection_backoff_yield_as_over_bare_tonic() {
+    let addr = refusing_address();
+    // Bare tonic: every call dials, and is refused.
+    let bare = InventoryClient::new(client_support::endpoint(addr).connect_lazy());
+    let bare_calls = 64 * CALLERS;
+    let bare_turns = turns_beside_callers(
+        |calls| {
+            let mut c = bare.clone();
+            async move {
+                for _ in 0..calls {
+                    let _ = c.reserve(with_deadline()).await;
+                }
+            }
+        },
+        bare_calls / CALLERS,
+    )
+    .await;
+    // The standard layer: the first calls dial and are refused; the dependency is then in
+    // connection backoff, and the calls after them are refused without dialing.
+    let layer = RetryLayer::from_config(&ClientConfig::standard()).unwrap();
+    let stats = layer.stats();
+    let c = client!(layer, client_support::endpoint(addr).connect_lazy());
+    let calls = 32 * 256 * CALLERS;
+    let turns = turns_beside_callers(
+        |calls| {
+            let mut c = c.clone();
+            async move {
+                for _ in 0..calls {
+                    let _ = c.reserve(with_deadline()).await;
+                }
+            }
+        },
+        calls / CALLERS,
+    )
+    .await;
+    let refused = stats.snapshot().refused;
+    assert!(
+        refused.connect_backoff >= calls * 9 / 10,
+        "{} of {calls} calls refused by the connection backoff: {refused:?}",
+        refused.connect_backoff
+    );
+    // Over bare tonic every call waits for the channel, so the task beside the callers
+    // gets a turn at least once per round of calls; through the layer, whose calls are
+    // answered without I/O, at least half of one per round of the callers' budgets.
+    assert!(
+        bare_turns >= bare_calls / CALLERS,
+        "bare tonic: {bare_turns} turns in {bare_calls} calls"
+    );
+    assert!(
+        turns >= fleet_turns(calls),
+        "connection backoff: the task beside {CALLERS} callers ran {turns} times in {calls} refused calls (want ≥ {}; {bare_turns} in {bare_calls} over bare tonic)",
+        fleet_turns(calls)
+    );
+}
+
+/// A tonic server on loopback serving the demo Inventory beside a tonic-health service that
+/// says `NOT_SERVING` for the whole server; stopped when the handle is dropped.
+struct NotServingReplica {
+    addr: std::net::SocketAddr,
+    _health: tonic_health::server::HealthReporter,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl NotServingReplica {
+    async fn start() -> NotServingReplica {
+        use stormguard_demo::server::{DemoConfig, DemoInventory};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (health, service) = tonic_health::server::health_reporter();
+        health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+        let router = tonic::transport::Server::builder()
+            .add_service(service)
+            .add_service(stormguard_demo::InventoryServer::new(DemoInventory::new(
+                DemoConfig::default(),
+            )));
+        // Bound before the client exists: its connections are accepted from the start.
+        let task = tokio::spawn(async move {
+            let incoming = tonic::transport::server::TcpIncoming::from(listener);
+            let _ = router.serve_with_incoming(incoming).await;
+        });
+        NotServingReplica {
+            addr,
+            _health: health,
+            task,
+        }
+    }
+}
+
+impl Drop for NotServingReplica {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_loop_over_replicas_that_all_say_not_serving_yields() {
+    use stormguard::client::replicas::Replicas;
+    use stormguard::client::{HealthCheckConfig, ReplicaConfig, ServingStatus};
+    let servers = [
+        NotServingReplica::start().await,
+        NotServingReplica::start().await,
+        NotServingReplica::start().await,
+    ];
+    let config = ReplicaConfig {
+        health_check: Some(HealthCheckConfig::service("")),
+        ..ReplicaConfig::default()
+    };
+    let replicas = Replicas::from_endpoints(
+        config,
+        servers.iter().map(|s| client_support::endpoint(s.addr)),
+    )
+    .unwrap();
+    // Every replica's health check has answered NOT_SERVING (the channel's health changes,
+    // waited on within `PATIENCE`): calls now fail at once, without I/O.
+    let mut changes = replicas.health_changes();
+    let all_said = tokio::time::timeout(PATIENCE, async {
+        while !replicas
+            .snapshot()
+            .iter()
+            .all(|r| r.snapshot.serving == ServingStatus::NotServing)
+        {
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(
+        all_said.is_ok(),
+        "not every replica said NOT_SERVING within {PATIENCE:?}"
+    );
+    let not_serving = |r: &Result<_, Status>| {
+        r.as_ref()
+            .is_err_and(|s| s.message().contains("no replica serving"))
+    };
+    // Bare, and under the standard retry layer.
+    let bare = InventoryClient::new(replicas.clone());
+    let turns = turns_beside(
+        || {
+            let mut c = bare.clone();
+            async move { c.reserve(reserve("r")).await }
+        },
+        not_serving,
+    )
+    .await;
+    assert_yielded("every replica NOT_SERVING (bare)", turns);
+    let layer = RetryLayer::from_config(&ClientConfig::standard())
+        .unwrap()
+        .over_replicas();
+    let layered = client!(layer, replicas);
+    let turns = turns_beside(
+        || {
+            let mut c = layered.clone();
+            async move { c.reserve(reserve("r")).await }
+        },
+        not_serving,
+    )
+    .await;
+    assert_yielded("every replica NOT_SERVING (retry layer)", turns);
 }

@@ -113,7 +113,11 @@ impl ConnectBackoff {
     /// Each refusal takes the next free instant, one backoff step after the last one
     /// handed out (or after `now`, when that has passed): the calls refused together
     /// connect again one at a time, not together. The probe out, if any, has reported.
-    pub(crate) fn refused_at(&self, now: Instant) -> Instant {
+    ///
+    /// The slot is taken only when it comes by `limit` (the latest its call can use it):
+    /// `Ok(slot)`; else `Err(slot)`, the slot the call would have had, left free, so a
+    /// call that gives up puts no later call's slot off.
+    pub(crate) fn refused_at(&self, now: Instant, limit: Instant) -> Result<Instant, Instant> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         self.down.store(true, Ordering::Relaxed);
         // The refusal that begins the backoff, or the one that reports the probe out:
@@ -127,8 +131,11 @@ impl ConnectBackoff {
         let wait = nominal(state.refusals) * state.jitter();
         state.refusals = state.refusals.saturating_add(1);
         let next = from + Duration::from_secs_f64(wait);
+        if next > limit {
+            return Err(next);
+        }
         state.next_at = Some(next);
-        next
+        Ok(next)
     }
 
     /// The dependency answered: connections are made again.
@@ -149,19 +156,25 @@ impl ConnectBackoff {
 mod tests {
     use super::*;
 
+    /// The slot a refusal at `now` takes, for a call that can wait for any.
+    fn taken(backoff: &ConnectBackoff, now: Instant) -> Instant {
+        let never = now + Duration::from_secs(86_400);
+        backoff.refused_at(now, never).unwrap_or(never)
+    }
+
     #[test]
     fn waits_grow_per_refusal_in_a_row_up_to_the_cap_and_an_answer_resets_them() {
         let backoff = ConnectBackoff::new(7);
         let mut now = Instant::now();
         let mut waits = Vec::new();
         for _ in 0..10 {
-            let next = backoff.refused_at(now);
+            let next = taken(&backoff, now);
             waits.push(next - now);
             now = next;
         }
         // Refused together, connecting one step apart.
-        let first = backoff.refused_at(now);
-        let second = backoff.refused_at(now);
+        let first = taken(&backoff, now);
+        let second = taken(&backoff, now);
         assert!(
             second - first >= MAX.mul_f64(1.0 - JITTER),
             "{:?}",
@@ -177,7 +190,7 @@ mod tests {
             );
         }
         backoff.connected();
-        let wait = backoff.refused_at(now) - now;
+        let wait = taken(&backoff, now) - now;
         assert!(wait <= INITIAL.mul_f64(1.0 + JITTER), "{wait:?}");
     }
 
@@ -188,7 +201,7 @@ mod tests {
         let ms = Duration::from_millis;
         // Connections are made: every first attempt goes.
         assert!((0..5).all(|i| backoff.admits_first_at(t0 + ms(i))));
-        backoff.refused_at(t0);
+        taken(&backoff, t0);
         // Before the slot (1 s ± 20 %): none; at it: one probe, and no second one beside it.
         assert!(!backoff.admits_first_at(t0 + ms(1)));
         assert!(!backoff.admits_first_at(t0 + ms(799)));
@@ -197,7 +210,7 @@ mod tests {
         assert!(!backoff.admits_first_at(probe + ms(1)));
         // The probe is refused: the next slot is one grown step later (1.6 s ± 20 %).
         let refused = probe + ms(10);
-        backoff.refused_at(refused);
+        taken(&backoff, refused);
         assert!(!backoff.admits_first_at(refused + ms(1_279)));
         let next = refused + ms(1_920);
         assert!(backoff.admits_first_at(next));
@@ -218,12 +231,29 @@ mod tests {
         let backoff = ConnectBackoff::new(5);
         let t0 = Instant::now();
         let ms = Duration::from_millis;
-        let slots: Vec<_> = (0..10).map(|i| backoff.refused_at(t0 + ms(i))).collect();
+        let slots: Vec<_> = (0..10).map(|i| taken(&backoff, t0 + ms(i))).collect();
         assert!(
             slots[9] - t0 > Duration::from_secs(30),
             "{:?}",
             slots[9] - t0
         );
         assert!(backoff.admits_first_at(t0 + ms(1_200)));
+    }
+
+    #[test]
+    fn a_slot_past_its_calls_limit_is_left_free() {
+        // A call that cannot wait for its slot gives up: the slot goes to the next refused
+        // call that can, not one step later.
+        let backoff = ConnectBackoff::new(9);
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let first = taken(&backoff, t0);
+        let short = backoff.refused_at(t0, t0 + ms(100));
+        assert!(short.is_err_and(|slot| slot > first), "{short:?}");
+        let next = taken(&backoff, t0);
+        // One step after the first (the third refusal's, 2.56 s ± 20 %), not two (at
+        // least 1.28 s + 2.048 s, had the short call taken its slot).
+        let gap = next - first;
+        assert!((ms(2_048)..=ms(3_072)).contains(&gap), "{gap:?}");
     }
 }

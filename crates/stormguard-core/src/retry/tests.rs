@@ -1635,6 +1635,38 @@ fn a_transparent_retry_after_a_refused_connection_waits_for_the_connection_backo
 }
 
 #[test]
+fn a_call_without_a_deadline_waits_for_its_connection_slot_at_most_connect_slot_wait() {
+    // Calls without a deadline refused together: each takes the next slot, one step after
+    // the last; a call whose slot is more than 10 s off fails at once instead of waiting
+    // behind every call before it (32 callers would wait minutes each).
+    let c = controller(retried(), budget(5, 0.1));
+    let now = Instant::now();
+    let refused = Failure {
+        unsent: true,
+        ..unavailable()
+    };
+    let mut waited = Vec::new();
+    let mut gave_up = 0;
+    // Begun while connections were made (once one is refused, first attempts wait too).
+    let calls: Vec<_> = (0..10)
+        .map(|_| c.begin_at(PATH, None, now).unwrap())
+        .collect();
+    for mut call in calls {
+        call.on_connect_refused_at(now);
+        match call
+            .on_attempt_end_at(AttemptEnd::Failed(refused), now)
+            .decision
+        {
+            Decision::Retry { delay } => waited.push(delay),
+            Decision::GiveUp(Refusal::ConnectBackoff) => gave_up += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(!waited.is_empty() && gave_up > 0, "{waited:?}, {gave_up}");
+    assert!(waited.iter().all(|d| *d <= CONNECT_SLOT_WAIT), "{waited:?}");
+}
+
+#[test]
 fn while_connections_are_refused_a_first_attempt_is_sent_only_as_the_slots_probe() {
     let c = controller(retried(), budget(5, 0.1));
     let now = Instant::now();

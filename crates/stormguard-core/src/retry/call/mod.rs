@@ -12,7 +12,7 @@ use std::time::Duration;
 
 pub use hedging::HedgeDecision;
 pub(super) use hedging::HedgeState;
-pub use transparent::TRANSPARENT_RETRIES;
+pub use transparent::{CONNECT_SLOT_WAIT, TRANSPARENT_RETRIES};
 
 use super::controller::Shared;
 use crate::wire::UuidKey;

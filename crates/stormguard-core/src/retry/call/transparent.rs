@@ -20,6 +20,14 @@ use crate::{BreakerState, CallRetry, Decision, Failure, Instant, Pushback, Refus
 /// connection attempt. A failure that is not unsent does not use them up.
 pub const TRANSPARENT_RETRIES: u32 = 3;
 
+/// The longest a call without a deadline waits for its slot of the connection backoff
+/// before a transparent retry ([`CallRetry::on_connect_refused_at`]): 10 s, the longest
+/// backoff step. A slot further off (the slots of calls refused before it come first) is
+/// not waited for: the call fails with the refused attempt's `UNAVAILABLE`, as a call with
+/// a deadline does when its slot is past it. So a caller without deadlines waits at most
+/// 10 s per transparent retry however many calls are refused beside it.
+pub const CONNECT_SLOT_WAIT: Duration = Duration::from_secs(10);
+
 impl CallRetry {
     /// The transparent retry of `failure`, when it is one (see
     /// [`on_attempt_end_at`](Self::on_attempt_end_at), step 3): `None` when the failure may
@@ -50,6 +58,8 @@ impl CallRetry {
             .is_some_and(|d| delay + policy.min_attempt_time >= d.saturating_duration_since(now))
         {
             Some(Refusal::Deadline)
+        } else if self.deadline.is_none() && delay > CONNECT_SLOT_WAIT {
+            Some(Refusal::ConnectBackoff)
         } else if self
             .shared
             .breaker
@@ -78,8 +88,26 @@ impl CallRetry {
     /// before [`on_attempt_end_at`](Self::on_attempt_end_at) with the attempt's unsent
     /// failure, for a connection to the dependency as a whole: a failed connection to one
     /// replica of several is the balancer's to route around, at once.
+    ///
+    /// A call without a deadline waits at most [`CONNECT_SLOT_WAIT`] for its slot. A call
+    /// that will not wait for its slot (past its deadline or that bound, or no transparent
+    /// retry left) leaves it to the next refused call.
     pub fn on_connect_refused_at(&mut self, now: Instant) {
-        self.connect_at = Some(self.shared.connect.refused_at(now));
+        let limit = match &self.policy {
+            Some(_) if self.transparent_retries >= TRANSPARENT_RETRIES => now,
+            Some(policy) => match self.deadline {
+                // The check of `transparent_retry_at`: a slot leaving less than
+                // `min_attempt_time` before the deadline is not waited for.
+                Some(deadline) => deadline
+                    .checked_sub(policy.min_attempt_time + Duration::from_nanos(1))
+                    .unwrap_or(now),
+                None => now + CONNECT_SLOT_WAIT,
+            },
+            None => now,
+        };
+        self.connect_at = Some(match self.shared.connect.refused_at(now, limit) {
+            Ok(slot) | Err(slot) => slot,
+        });
     }
 
     #[cfg(test)]
