@@ -145,6 +145,18 @@ const EXAMPLES: &[Example] = &[
         bad_value: &["--clients", "0"],
     },
     Example {
+        name: "steady",
+        flags: &[
+            "--handler-ms",
+            "--callers",
+            "--watchers",
+            "--rounds",
+            "--secs",
+            "--guards",
+        ],
+        bad_value: &["--rounds", "many"],
+    },
+    Example {
         name: "storm",
         flags: &[
             "--quick",

@@ -15,6 +15,7 @@ mod client;
 mod fleet;
 mod fleet_sim;
 mod help;
+mod never_stall;
 mod process_faults;
 mod server;
 mod storm;
