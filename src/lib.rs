@@ -54,10 +54,10 @@ pub mod engine {
         EventSummary, Failure, HedgeDecision, Instant, KeyedBudgets, LayerName, Left, LoadReport,
         LoadReportError, MethodMap, NotApplied, NotAppliedReason, Notice, OrcaLoadReport, Pushback,
         QueueLoad, QueuedId, RateMeter, Refusal, ReplicaEvent, ReplicaId, ReplicaOutcome,
-        ReplicaSet, ReplicaSnapshot, ReplicaState, RetryBudget, RetryController, Saturation,
-        ServingStatus, Shed, ShedPushback, ShedReason, Summary, TRANSPARENT_RETRIES, Throttled,
-        TransitionWatch, Transitions, UnknownCode, Unlimited, Verdict, WindowCounts, a58_weight,
-        parse_duration, resolve_deadline_at, wire,
+        ReplicaSet, ReplicaState, RetryBudget, RetryController, Saturation, Shed, ShedPushback,
+        ShedReason, Summary, TRANSPARENT_RETRIES, Throttled, TransitionWatch, Transitions,
+        UnknownCode, Unlimited, Verdict, WindowCounts, a58_weight, parse_duration,
+        resolve_deadline_at, wire,
     };
 }
 
