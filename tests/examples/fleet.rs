@@ -243,7 +243,11 @@ fn quick_fleet_over_dns_writes_the_contract() {
         .collect();
     assert_eq!(names, ["scale-down", "dns-down", "not-serving"]);
     for scenario in scenarios {
-        assert!(count(scenario, "resolutions") >= 1, "{scenario:#}");
+        // At the 1 s TTL each re-resolution is drawn from 1 to 1.5 s after the last one:
+        // in `dns-down`, whose DNS server stops answering 1 s in, the first may come after.
+        if scenario["name"] != "dns-down" {
+            assert!(count(scenario, "resolutions") >= 1, "{scenario:#}");
+        }
         assert!(count(scenario, "dns_failures") <= count(scenario, "resolutions"));
         let policies = scenario["policies"].as_array().unwrap();
         assert_eq!(policies.len(), 1);
