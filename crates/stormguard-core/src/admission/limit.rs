@@ -34,9 +34,9 @@ use crate::config::check;
 ///
 /// and steers `queued` into a small band `[α, β]`, with `β = max(1, log10 L, L/16)` and
 /// `α = β/4`: above `β` the limit drops at once to the capacity the window measured
-/// (`L·m/rtt`) plus the middle of the band (by at least `α`); below `α` it grows, by `α`
-/// and then by twice the last step after each window that grew it with nothing queued
-/// inside, so a large server reaches its capacity in a few windows. Dropping at once
+/// (`L·m/rtt`) plus the middle of the band (by at least `α`); below `α` (`β/2` once
+/// `β > 1`) it grows, by `α` and then by twice the last step after each window that grew it
+/// with nothing queued inside, so a large server reaches its capacity in a few windows. Dropping at once
 /// matters: a limit far too high (a deploy made calls slower, or the start value was a
 /// guess) makes every call wait inside the handler until callers time out, and stepping
 /// down a little per window would take seconds. So the limit settles a few calls above
@@ -71,9 +71,13 @@ use crate::config::check;
 ///   further. So, as Envoy does, the limit *probes*: at the first call and then every
 ///   [`AdaptiveLimitConfig::probe_interval`] (jittered by ±25 % so a fleet does not probe
 ///   together) it drops to [`AdaptiveLimitConfig::min_limit`], waits until no more than
-///   that many calls run, takes the median latency of the next
-///   [`AdaptiveLimitConfig::min_window_samples`] calls as `m`, and returns to the limit it
-///   had. Between probes `m` follows a faster window down at once.
+///   that many calls run, takes the mean latency of the next
+///   [`AdaptiveLimitConfig::min_window_samples`] calls (a quarter of them at the first
+///   probe), without their slowest eighth, as `m`, and returns to the limit it had. A
+///   mean, because the windows are read by theirs: on real time a sleep of 1 ms takes
+///   about 1.3 or 2.3 ms by where the timer's tick falls, and a median is one mode or the
+///   other, a third from every window's mean. Between probes `m` follows a faster window
+///   down at once.
 /// - **A higher floor is read from two windows, not probed.** Vegas cannot tell a higher
 ///   latency floor (a slower dependency, a capacity drop that slows every call) from
 ///   queueing: with the old `m` it cuts the limit below the capacity and holds it there.
@@ -87,6 +91,22 @@ use crate::config::check;
 ///   took is the new floor. A floor that *fell* while every window stays saturated is
 ///   only seen from above (every window includes the calls queued inside), so after a
 ///   second of that a probe measures it.
+/// - **A run of shallow cuts is tested as one deep cut.** A window a few percent over the
+///   floor by noise (a stall, a late timer, the scheduler) reads as a call or two queued
+///   inside and cuts a little; one after another, such cuts took the limit of a service
+///   whose latency never moved with them down to a handful of calls. So the window that
+///   made the first of a run of cuts (where the limit held the calls running) is compared
+///   with the window in which the run has gone a sixth deep, within 8 windows, as a deep
+///   cut is: latency that did not fall with the limit shows a higher floor, and the limit
+///   goes back to the capacity the two windows show.
+/// - **A window that did not reach the limit cuts only far over the band** (3 `β`): the
+///   limit did not let those calls in, and a moderate reading there is as likely noise.
+///   A capacity drop reads far over it and still cuts at once.
+/// - **Growth within the lower half of the band.** Above the one-call band (`β > 1`) a
+///   saturated window grows the limit while it reads fewer than `β/2` calls queued inside,
+///   not `α`: a reading of a few percent over the floor, usual on real time, no longer
+///   holds a healthy service's limit where it started. Below it, growth by one call is
+///   tried and taken back as described next.
 /// - **After a cut, only calls that started under the new limit count**: the calls let
 ///   in before it still queue inside, and would read as a need to cut again.
 /// - **A window in which callers left is a lower bound.** A call abandoned mid-run took
@@ -294,6 +314,10 @@ pub(crate) struct AdaptiveLimit {
     /// The last window that cut the limit, until the window after the cut is compared
     /// with it.
     last: Option<Seen>,
+    /// The window that made the first of a run of shallow cuts and the windows since,
+    /// until the limit grows again, the cuts together are deep enough to test, or the run
+    /// is older than `SERIES_WINDOWS` (the service may have changed since).
+    cuts_from: Option<(Seen, u32)>,
     /// When a window first showed the floor falling, while windows stay saturated.
     fell_at: Option<Instant>,
     /// Samples count from calls started at or after this instant (the last cut).
@@ -333,6 +357,7 @@ impl AdaptiveLimit {
             probe: None,
             next_probe: None,
             last: None,
+            cuts_from: None,
             fell_at: None,
             counted_from: None,
             growth: 0,
@@ -410,6 +435,7 @@ impl AdaptiveLimit {
             self.limit = self.probe_limit();
             self.window = None;
             self.last = None;
+            self.cuts_from = None;
             self.fell_at = None;
         }
     }
@@ -454,7 +480,9 @@ impl AdaptiveLimit {
             probe.clean_from = Some(now);
         }
         // The first probe, with nothing known yet, serves at the floor: a quarter of the
-        // samples keeps that short; a later one refines the floor.
+        // samples keeps that short; a later one refines the floor. (On real time a few
+        // samples may read the floor a tenth away from the mean, by where a timer's tick
+        // falls: a run of shallow cuts that the latency does not follow restores it.)
         let wanted = match self.min_latency {
             None => self.config.min_window_samples.div_ceil(4),
             Some(_) => self.config.min_window_samples,
@@ -464,13 +492,13 @@ impl AdaptiveLimit {
         let overdue = now.saturating_duration_since(probe.began) >= PROBE_LONGEST;
         if probe.samples.len() >= wanted || overdue {
             probe.samples.sort_unstable();
-            if let Some(median) = probe.samples.get(probe.samples.len() / 2) {
-                let median = (*median).max(Duration::from_micros(1));
+            if let Some(floor) = mean_without_stalls(&probe.samples) {
+                let floor = floor.max(Duration::from_micros(1));
                 // The calls that finish first are the fast ones, so a probe reads a
                 // little low: it lowers a known floor only by more than that.
                 self.min_latency = Some(match self.min_latency {
-                    Some(m) if median < m && median > m.mul_f64(FOLLOWED_DOWN) => m,
-                    _ => median,
+                    Some(m) if floor < m && floor > m.mul_f64(FOLLOWED_DOWN) => m,
+                    _ => floor,
                 });
             }
             self.limit = probe.saved;
@@ -591,7 +619,13 @@ impl AdaptiveLimit {
         let mut next = match capacity {
             // The floor rose: the calls take longer, but as many run at once.
             Some(capacity) => capacity + beta / 2.0,
-            None => self.next_limit(queued, m, rtt, saturated && !censored && !refusing),
+            None => self.next_limit(
+                queued,
+                m,
+                rtt,
+                saturated && !censored && !refusing,
+                saturated,
+            ),
         };
         if refusing {
             // A tenth of the calls or more were not served: the handler refuses work, which
@@ -611,11 +645,27 @@ impl AdaptiveLimit {
             // Calls let in under the higher limit still queue inside: the next window
             // counts only the calls that start under the new one.
             self.counted_from = Some(now);
-            if !censored && capacity.is_none() && self.limit <= CUT_TESTED * before {
-                // A deep cut is a test of "those calls queued inside": the next window
-                // answers (a shallow one moves the latency too little to tell).
-                self.last = Some(seen);
+            if !censored && capacity.is_none() {
+                if self.limit <= CUT_TESTED * before {
+                    // A deep cut is a test of "those calls queued inside": the next window
+                    // answers (a shallow one moves the latency too little to tell).
+                    self.last = Some(seen);
+                } else {
+                    // A run of shallow cuts is tested once it is as deep: on real time a
+                    // latency a little above the floor by noise alone (the timer's tick,
+                    // the scheduler) reads as a call or two queued inside, window after
+                    // window, and cut after shallow cut would take the limit of a service
+                    // whose latency never moved with it down to the floor.
+                    // Only where the limit held the calls running: elsewhere the demand did.
+                    match &mut self.cuts_from {
+                        Some((_, age)) if *age < SERIES_WINDOWS => {}
+                        run if saturated => *run = Some((seen, 0)),
+                        run => *run = None,
+                    }
+                }
             }
+        } else if self.limit > before {
+            self.cuts_from = None;
         }
     }
 
@@ -634,6 +684,17 @@ impl AdaptiveLimit {
         let rtt = seen.rtt;
         // The window after a cut shows whether the floor rose (see `floor_between`).
         let shown = self.last.take().and_then(|last| floor_between(last, seen));
+        // So does a window after a run of shallow cuts that together went as deep.
+        let shown = shown.or_else(|| {
+            let (from, age) = self.cuts_from.as_mut()?;
+            *age += 1;
+            let from = *from;
+            if !saturated || seen.running > CUT_TESTED * from.running {
+                return None;
+            }
+            self.cuts_from = None;
+            floor_between(from, seen)
+        });
         if censored {
             // Its mean is a lower bound, the calls cut short by their callers: it shows no
             // lower floor. But it still answers the test of a deep cut made by a window
@@ -683,7 +744,7 @@ impl AdaptiveLimit {
     /// latency `m`, in which `queued` calls seemed to queue inside; the limit grows only
     /// after a window that was `saturated` (as many calls ran, on average, as it allowed):
     /// growing a limit that was not used tests nothing.
-    fn next_limit(&mut self, queued: f64, m: f64, rtt: f64, saturated: bool) -> f64 {
+    fn next_limit(&mut self, queued: f64, m: f64, rtt: f64, saturated: bool, bound: bool) -> f64 {
         let limit = self.limit;
         let (alpha, beta) = band(limit);
         if let Some(from) = self.raised_from.take() {
@@ -699,7 +760,8 @@ impl AdaptiveLimit {
                 self.hold = 0;
             }
         }
-        let next = if queued < alpha && saturated {
+        let grows_below = if beta > 1.0 { beta / 2.0 } else { alpha };
+        let next = if queued < grows_below && saturated {
             if self.hold_left > 0 {
                 self.hold_left -= 1;
                 self.growth = 0;
@@ -715,12 +777,16 @@ impl AdaptiveLimit {
                 self.raised_from = Some(limit);
             }
             return next;
-        } else if queued > beta {
+        } else if queued > beta && (bound || queued > CUT_AT_ONCE * beta) {
             // `L · m / rtt` is the capacity the window measured: go at once to it plus
             // the middle of the band, or by `α` if that is less of a step.
             let target = limit * m / rtt + (alpha + beta) / 2.0;
             target.min(limit - alpha)
         } else {
+            // A window in which fewer calls ran than the limit allows, a little over the
+            // band, holds: the limit did not let those calls in, and on real time a stall
+            // or a late timer moves one window's mean by a tenth. Far over the band (a
+            // capacity drop), it cuts at once.
             limit
         };
         self.growth = 0;
@@ -746,6 +812,22 @@ fn queued(limit: f64, m: f64, rtt: f64) -> f64 {
     } else {
         0.0
     }
+}
+
+/// The mean of `sorted` without its slowest eighth, `None` when empty.
+///
+/// The probe's reading of the no-load latency. A window is read by its mean, so the floor
+/// it is compared with must be a mean too: on real time a sleep of 1 ms takes about 1.3 or
+/// 2.3 ms, by where the timer's tick falls, and the median of such samples is one mode or
+/// the other, up to a third away from the mean of every window that follows. The slowest
+/// eighth left out is a stall of the runtime, which a window's many samples dilute and a
+/// probe's few do not. Exact where latencies are.
+fn mean_without_stalls(sorted: &[Duration]) -> Option<Duration> {
+    let kept = sorted
+        .get(..sorted.len() - sorted.len() / 8)
+        .filter(|k| !k.is_empty())?;
+    let sum: f64 = kept.iter().map(Duration::as_secs_f64).sum();
+    Duration::try_from_secs_f64(sum / kept.len() as f64).ok()
 }
 
 /// The share of a window's samples abandoned by their callers from which its mean
@@ -786,6 +868,15 @@ const CUT_TESTED: f64 = 0.85;
 /// A window whose mean latency is below this share of the floor moves the floor down to
 /// it: more than the noise of a window's mean.
 const FOLLOWED_DOWN: f64 = 0.9;
+
+/// The most windows a run of shallow cuts is tested over, from the window that made its
+/// first: a longer one may straddle a change of the service itself (a slowdown), which a
+/// test of "those calls queued inside" would read as a higher floor.
+const SERIES_WINDOWS: u32 = 8;
+
+/// How far over the band (in `β`s) the reading of a window in which fewer calls ran than
+/// the limit allows must be to cut it.
+const CUT_AT_ONCE: f64 = 3.0;
 
 /// The longest a probe holds the limit down, whatever it has measured by then.
 const PROBE_LONGEST: Duration = Duration::from_secs(1);

@@ -196,7 +196,8 @@ fn an_idle_limit_does_not_grow() {
 
 #[test]
 fn a_probe_drops_to_the_floor_and_measures_only_clean_calls() {
-    // The first probe takes a quarter of `min_window_samples`: 8 here.
+    // The first probe takes a quarter of `min_window_samples`: 8 here. Its floor is the
+    // mean of all but the slowest eighth: the stall of one call (40 ms) is left out.
     let config = AdaptiveLimitConfig {
         min_window_samples: 32,
         ..config()
@@ -639,4 +640,44 @@ fn answers_that_were_not_served_do_not_end_the_probe() {
     }
     assert_eq!(limit.min_latency(), None);
     assert!(limit.probing());
+}
+
+#[test]
+fn a_run_of_shallow_cuts_that_the_latency_does_not_follow_is_undone() {
+    // Windows a little over the band, one after another, on a service whose latency does
+    // not move with the limit: each cuts a little, none deep enough to be tested alone.
+    // Once together they are a sixth deep and the latency has not fallen with them, the
+    // calls were not queued inside: the floor is higher, and the limit goes back. (Every
+    // shallow cut kept took it from 40 to 20.)
+    let mut limit = starting(frequent_probes(), 40);
+    let t0 = Instant::now();
+    // The first probe reads a floor of 10 ms.
+    limit.sample_at(t0, t0, 0);
+    let mut t = t0;
+    while limit.probing() {
+        t += MS;
+        limit.sample_at(t + 10 * MS, t, 0);
+    }
+    assert_eq!(limit.min_latency(), Some(10 * MS));
+    let before = limit.limit();
+    // Every call takes 10.8 ms, whatever runs: each window reads about 3 calls queued
+    // (over β = 2.5 at 40) and cuts by a few percent.
+    let mut lowest = before;
+    // Two seconds: some twenty windows.
+    for _ in 0..200 {
+        let running = limit.limit();
+        for _ in 0..running {
+            t += Duration::from_micros(10_800 / running as u64);
+            limit.sample_at(t, t - 10_800 * US, running - 1);
+        }
+        lowest = lowest.min(limit.limit());
+    }
+    assert!(lowest < before, "the windows cut the limit ({before})");
+    // Undone, and with the floor read where it is, the limit grows on: this service has
+    // no capacity to find.
+    assert!(
+        limit.limit() > before,
+        "undone: {} after cuts to {lowest}, from {before}",
+        limit.limit()
+    );
 }
