@@ -21,6 +21,7 @@ const SERVICE: Duration = Duration::from_millis(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_adaptive_limit_finds_the_handlers_capacity() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let admission = AdmissionConfig {
         queue_capacity: 64,
         // Every call is served in turn: none waits past max_time_queued.
@@ -81,6 +82,38 @@ async fn an_adaptive_limit_finds_the_handlers_capacity() {
     assert_eq!(pool.completed(), 3 * C as u64 * 100);
 }
 
+/// The tests here measure real latency and real throughput: one at a time, so that none
+/// runs beside another's load.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Runs `steady` with no layer and behind `guard` in turn, three rounds: asserts that
+/// behind the layer no call failed and the watches got their levels, and returns the
+/// rounds' ratios of calls served (layer / no layer), sorted.
+async fn interleaved(
+    steady: stormguard_demo::steady::Steady,
+    guard: stormguard_demo::steady::Guard,
+) -> Vec<f64> {
+    use stormguard_demo::steady::{Guard, run_steady};
+
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let mut ratios = Vec::new();
+    for _ in 0..3 {
+        let bare = run_steady(steady, Guard::Bare).await.expect("bare run");
+        let layer = run_steady(steady, guard).await.expect("layer run");
+        assert_eq!(layer.failed, 0, "calls failed behind {guard:?}: {layer:?}");
+        assert!(
+            layer.levels as f64 >= 0.95 * bare.levels as f64 && bare.levels > 0,
+            "the watches got {} levels behind {guard:?}, {} without it (of {} due)",
+            layer.levels,
+            bare.levels,
+            layer.levels_due
+        );
+        ratios.push(layer.ok as f64 / bare.ok.max(1) as f64);
+    }
+    ratios.sort_by(f64::total_cmp);
+    ratios
+}
+
 /// A server-streaming call holds a worker while its handler works, not while its stream
 /// sits idle between messages: beside 1,000 open watches (one level every 250 ms), a
 /// server behind a fixed limit of 64 serves its unary callers as the same server with no
@@ -89,7 +122,7 @@ async fn an_adaptive_limit_finds_the_handlers_capacity() {
 /// limit is fixed here so that the test reads streams alone, not the adaptive estimator.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_watch_streams_hold_no_worker() {
-    use stormguard_demo::steady::{Guard, Steady, run_steady};
+    use stormguard_demo::steady::{Guard, Steady};
 
     let steady = Steady {
         watchers: 1_000,
@@ -100,26 +133,7 @@ async fn idle_watch_streams_hold_no_worker() {
         run: Duration::from_millis(1_500),
         ..Steady::new(Duration::from_millis(2), 32)
     };
-    let mut ratios = Vec::new();
-    for _ in 0..3 {
-        let bare = run_steady(steady, Guard::Bare).await.expect("bare run");
-        let layer = run_steady(steady, Guard::Fixed(64))
-            .await
-            .expect("layer run");
-        assert_eq!(
-            layer.failed, 0,
-            "unary calls failed beside idle watches: {layer:?}"
-        );
-        assert!(
-            layer.levels as f64 >= 0.95 * bare.levels as f64 && bare.levels > 0,
-            "the watches got {} levels behind the layer, {} without it (of {} due)",
-            layer.levels,
-            bare.levels,
-            layer.levels_due
-        );
-        ratios.push(layer.ok as f64 / bare.ok.max(1) as f64);
-    }
-    ratios.sort_by(f64::total_cmp);
+    let ratios = interleaved(steady, Guard::Fixed(64)).await;
     // Before streams gave their worker back while idle, the 64 workers were held by the
     // first 64 watches and every unary call failed. The margin below 1 is the noise of a
     // debug build on a shared 2-core machine (`examples/steady.rs` measures it).
@@ -136,7 +150,7 @@ async fn idle_watch_streams_hold_no_worker() {
 /// the same round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_layer_keeps_a_healthy_services_throughput() {
-    use stormguard_demo::steady::{Guard, Steady, run_steady};
+    use stormguard_demo::steady::{Guard, Steady};
 
     let steady = Steady {
         watchers: 100,
@@ -145,20 +159,7 @@ async fn the_default_layer_keeps_a_healthy_services_throughput() {
         run: Duration::from_millis(1_500),
         ..Steady::new(Duration::from_millis(10), 32)
     };
-    let mut ratios = Vec::new();
-    for _ in 0..3 {
-        let bare = run_steady(steady, Guard::Bare).await.expect("bare run");
-        let layer = run_steady(steady, Guard::Default).await.expect("layer run");
-        assert_eq!(layer.failed, 0, "a healthy service failed calls: {layer:?}");
-        assert!(
-            layer.levels as f64 >= 0.95 * bare.levels as f64 && bare.levels > 0,
-            "the watches got {} levels behind the layer, {} without it",
-            layer.levels,
-            bare.levels
-        );
-        ratios.push(layer.ok as f64 / bare.ok.max(1) as f64);
-    }
-    ratios.sort_by(f64::total_cmp);
+    let ratios = interleaved(steady, Guard::Default).await;
     // `examples/steady.rs` measures 1.00× in a release build; the margin is a debug
     // build's noise on a shared 2-core machine.
     assert!(

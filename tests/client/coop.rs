@@ -12,9 +12,8 @@
 //! loopback. Every wait is bounded (`PATIENCE`), so no test can hang.
 #![allow(clippy::unwrap_used)]
 
+use crate::turns_support::TurnCounter;
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::Response;
@@ -43,24 +42,15 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, Status>>,
 {
-    let turns = Arc::new(AtomicU64::new(0));
-    let counter = tokio::spawn({
-        let turns = Arc::clone(&turns);
-        async move {
-            loop {
-                turns.fetch_add(1, Ordering::Relaxed);
-                tokio::task::yield_now().await;
-            }
-        }
-    });
+    let counter = TurnCounter::spawn();
     let mut not_refused = 0;
     for _ in 0..CALLS {
         if !refused(&call().await) {
             not_refused += 1;
         }
     }
-    let got = turns.load(Ordering::Relaxed);
-    counter.abort();
+    let got = counter.turns();
+    drop(counter);
     assert!(
         not_refused <= CALLS / 10,
         "{not_refused} of {CALLS} calls were not refused"
@@ -305,16 +295,7 @@ where
     F: Fn(u64) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let turns = Arc::new(AtomicU64::new(0));
-    let counter = tokio::spawn({
-        let turns = Arc::clone(&turns);
-        async move {
-            loop {
-                turns.fetch_add(1, Ordering::Relaxed);
-                tokio::task::yield_now().await;
-            }
-        }
-    });
+    let counter = TurnCounter::spawn();
     let callers: Vec<_> = (0..CALLERS)
         .map(|_| tokio::spawn(caller(per_caller)))
         .collect();
@@ -325,8 +306,8 @@ where
             "a caller did not end its {per_caller} calls within {PATIENCE:?}: {joined:?}"
         );
     }
-    let got = turns.load(Ordering::Relaxed);
-    counter.abort();
+    let got = counter.turns();
+    drop(counter);
     got
 }
 

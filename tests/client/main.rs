@@ -30,3 +30,5 @@ mod stream;
 mod throttle;
 mod timeout;
 mod transparent;
+#[path = "../support/turns.rs"]
+mod turns_support;

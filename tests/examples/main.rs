@@ -10,6 +10,8 @@
 mod client_support;
 
 mod support;
+#[path = "../support/turns.rs"]
+mod turns_support;
 
 mod client;
 mod fleet;

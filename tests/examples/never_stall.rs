@@ -12,9 +12,8 @@
 //! No timed assertion: the task counts its turns; every wait is bounded.
 #![allow(clippy::unwrap_used)]
 
+use crate::turns_support::TurnCounter;
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use stormguard::client::replicas::Replicas;
@@ -59,16 +58,7 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let turns = Arc::new(AtomicU64::new(0));
-    let counter = tokio::spawn({
-        let turns = Arc::clone(&turns);
-        async move {
-            loop {
-                turns.fetch_add(1, Ordering::Relaxed);
-                tokio::task::yield_now().await;
-            }
-        }
-    });
+    let counter = TurnCounter::spawn();
     let callers: Vec<_> = (0..CALLERS).map(|_| tokio::spawn(caller())).collect();
     for caller in callers {
         let joined = tokio::time::timeout(PATIENCE, caller).await;
@@ -77,8 +67,8 @@ where
             "a caller did not end its {per_caller} calls within {PATIENCE:?}: {joined:?}"
         );
     }
-    let got = turns.load(Ordering::Relaxed);
-    counter.abort();
+    let got = counter.turns();
+    drop(counter);
     got
 }
 

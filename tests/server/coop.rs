@@ -3,8 +3,7 @@
 //! task yields, and it counts its turns while the loop gets `CALLS` shed answers.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::turns_support::TurnCounter;
 
 use stormguard::server::ShedLayer;
 use tonic::body::Body;
@@ -31,23 +30,14 @@ async fn a_loop_of_shed_calls_yields() {
             .unwrap()
     };
     let _held = svc.ready().await.unwrap().call(request());
-    let turns = Arc::new(AtomicU64::new(0));
-    let counter = tokio::spawn({
-        let turns = Arc::clone(&turns);
-        async move {
-            loop {
-                turns.fetch_add(1, Ordering::Relaxed);
-                tokio::task::yield_now().await;
-            }
-        }
-    });
+    let counter = TurnCounter::spawn();
     for _ in 0..CALLS {
         let response = svc.ready().await.unwrap().call(request()).await.unwrap();
         let status = response.headers().get("grpc-status").unwrap();
         assert_ne!(status, "0", "shed");
     }
-    let got = turns.load(Ordering::Relaxed);
-    counter.abort();
+    let got = counter.turns();
+    drop(counter);
     assert!(
         got >= CALLS / 256,
         "the task beside the loop ran {got} times in {CALLS} shed calls"

@@ -22,3 +22,5 @@ mod routes;
 mod shed_connection;
 mod shutdown;
 mod streams;
+#[path = "../support/turns.rs"]
+mod turns_support;

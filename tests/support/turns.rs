@@ -1,0 +1,44 @@
+//! A task that counts its turns on the runtime: what a caller's loop leaves to the rest of
+//! the runtime. On a current-thread runtime it runs only when the loop's task yields
+//! (tokio's cooperative budget), so its count shows whether a loop of calls answered
+//! without I/O spins the runtime.
+#![allow(dead_code, reason = "each test binary uses what it needs")]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::task::JoinHandle;
+
+/// The counting task, stopped when dropped.
+pub(crate) struct TurnCounter {
+    turns: Arc<AtomicU64>,
+    task: JoinHandle<()>,
+}
+
+impl TurnCounter {
+    /// Spawns the task on the current runtime.
+    pub(crate) fn spawn() -> Self {
+        let turns = Arc::new(AtomicU64::new(0));
+        let task = tokio::spawn({
+            let turns = Arc::clone(&turns);
+            async move {
+                loop {
+                    turns.fetch_add(1, Ordering::Relaxed);
+                    tokio::task::yield_now().await;
+                }
+            }
+        });
+        TurnCounter { turns, task }
+    }
+
+    /// The turns it has had.
+    pub(crate) fn turns(&self) -> u64 {
+        self.turns.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for TurnCounter {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
