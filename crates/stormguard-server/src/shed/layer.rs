@@ -363,7 +363,7 @@ impl ShedLayer {
 
     /// A handle that shuts this layer's queue down gracefully (see [`ShutdownHandle`]):
     /// take it before handing the layer to the server builder, before or after
-    /// [`with_readiness`](Self::with_readiness) alike.
+    /// `with_readiness` (the `health` feature) alike.
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         ShutdownHandle::new(
             Arc::clone(&self.shared.gate),
