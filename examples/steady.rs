@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release --example steady -- [--handler-ms 1,2,10,20] [--callers 32,256]
-//!     [--watchers 0] [--rounds 3] [--secs 5] [--guards bare,default,fixed64]
+//!     [--watchers 0] [--rounds 3] [--secs 5] [--guards bare,default,fixed64] [--limits]
 //! ```
 //!
 //! `--help` describes every flag.
@@ -49,6 +49,10 @@ struct Args {
     /// Guards compared: `bare` (no layer), `default`, `fixedN` (a fixed limit of N).
     #[arg(long, value_delimiter = ',', default_values_t = ["bare".to_owned(), "default".to_owned()])]
     guards: Vec<String>,
+    /// Also print, after each run, the layer's worker limit and no-load latency (µs) every
+    /// 250 ms.
+    #[arg(long)]
+    limits: bool,
 }
 
 fn guard(name: &str) -> Result<Guard, String> {
@@ -113,7 +117,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
                     outcome.levels,
                     outcome.levels_due,
                 );
-                if std::env::var_os("STEADY_TRACE").is_some() {
+                if args.limits {
                     eprintln!("  limits: {:?}", outcome.limits);
                 }
                 results[l][g].push(outcome);

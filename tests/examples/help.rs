@@ -153,6 +153,7 @@ const EXAMPLES: &[Example] = &[
             "--rounds",
             "--secs",
             "--guards",
+            "--limits",
         ],
         bad_value: &["--rounds", "many"],
     },
