@@ -35,11 +35,11 @@ use crate::config::check;
 /// and steers `queued` into a small band `[α, β]`, with `β = max(1, log10 L, L/16)` and
 /// `α = β/4`: above `β` the limit drops at once to the capacity the window measured
 /// (`L·m/rtt`) plus the middle of the band (by at least `α`); below `α` (`β/2` once
-/// `β > 1`) it grows, by `α` and then by twice the last step after each window that grew it
-/// with nothing queued inside, so a large server reaches its capacity in a few windows. Dropping at once
-/// matters: a limit far too high (a deploy made calls slower, or the start value was a
-/// guess) makes every call wait inside the handler until callers time out, and stepping
-/// down a little per window would take seconds. So the limit settles a few calls above
+/// `β > 1`) it grows, by `α` and then by twice the last step after each window that grew
+/// it with nothing queued inside, so a large server reaches its capacity in a few windows.
+/// Dropping at once matters: a limit far too high (a deploy made calls slower, or the
+/// start value was a guess) makes every call wait inside the handler until callers time
+/// out, and stepping down a little per window would take seconds. So the limit settles a few calls above
 /// `C`: every unit of real capacity stays busy, and the calls beyond it wait in the
 /// admission queue, where they can be ordered, expired and shed (retries first), instead
 /// of inside the handler. Each call queued inside adds `1/C` of a service time to every
@@ -743,7 +743,9 @@ impl AdaptiveLimit {
     /// The Vegas step: the new limit after a window of mean latency `rtt` with no-load
     /// latency `m`, in which `queued` calls seemed to queue inside; the limit grows only
     /// after a window that was `saturated` (as many calls ran, on average, as it allowed):
-    /// growing a limit that was not used tests nothing.
+    /// growing a limit that was not used tests nothing. `bound`: whether the limit held the
+    /// calls running (`saturated` before the guards for callers that left and calls not
+    /// served); a window it did not bind cuts only far over the band (`CUT_AT_ONCE`).
     fn next_limit(&mut self, queued: f64, m: f64, rtt: f64, saturated: bool, bound: bool) -> f64 {
         let limit = self.limit;
         let (alpha, beta) = band(limit);
