@@ -39,10 +39,10 @@ use crate::config::check;
 /// it with nothing queued inside, so a large server reaches its capacity in a few windows.
 /// Dropping at once matters: a limit far too high (a deploy made calls slower, or the
 /// start value was a guess) makes every call wait inside the handler until callers time
-/// out, and stepping down a little per window would take seconds. So the limit settles a few calls above
-/// `C`: every unit of real capacity stays busy, and the calls beyond it wait in the
-/// admission queue, where they can be ordered, expired and shed (retries first), instead
-/// of inside the handler. Each call queued inside adds `1/C` of a service time to every
+/// out, and stepping down a little per window would take seconds. So the limit settles a
+/// few calls above `C`: every unit of real capacity stays busy, and the calls beyond it
+/// wait in the admission queue, where they can be ordered, expired and shed (retries
+/// first), instead of inside the handler. Each call queued inside adds `1/C` of a service time to every
 /// call, so the band is narrow: one call at most for a small limit, a sixteenth of the
 /// limit for a large one, where a window's mean latency is known to a few percent and `L`
 /// times that error reads as calls queued. Netflix's `VegasLimit` keeps `3·log10 L` to
