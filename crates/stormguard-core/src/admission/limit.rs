@@ -32,21 +32,20 @@ use crate::config::check;
 /// queued ≈ L · (1 − m / rtt)        (= L − C when L > C, ≈ 0 when L ≤ C)
 /// ```
 ///
-/// and steers `queued` into a small band `[α, β]`, with `β = max(1, log10 L, L/16)` and
-/// `α = β/4`: above `β` the limit drops at once to the capacity the window measured
-/// (`L·m/rtt`) plus the middle of the band (by at least `α`); below `α` (`β/2` once
-/// `β > 1`) it grows, by `α` and then by twice the last step after each window that grew
-/// it with nothing queued inside, so a large server reaches its capacity in a few windows.
-/// Dropping at once matters: a limit far too high (a deploy made calls slower, or the
-/// start value was a guess) makes every call wait inside the handler until callers time
-/// out, and stepping down a little per window would take seconds. So the limit settles a
-/// few calls above `C`: every unit of real capacity stays busy, and the calls beyond it
-/// wait in the admission queue, where they can be ordered, expired and shed (retries
-/// first), instead of inside the handler. Each call queued inside adds `1/C` of a service time to every
-/// call, so the band is narrow: one call at most for a small limit, a sixteenth of the
-/// limit for a large one, where a window's mean latency is known to a few percent and `L`
-/// times that error reads as calls queued. Netflix's `VegasLimit` keeps `3·log10 L` to
-/// `6·log10 L` queued, which settled too far above `C` and cost goodput.
+/// and steers `queued` into a small band `[α, β]`, with `β = max(1, log10 L, L/16)` and `α = β/4`:
+/// above `β` the limit drops at once to the capacity the window measured (`L·m/rtt`) plus the
+/// middle of the band (by at least `α`); below `α` (`β/2` once `β > 1`) it grows, by `α` and then
+/// by twice the last step after each window that grew it with nothing queued inside, so a large
+/// server reaches its capacity in a few windows. Dropping at once matters: a limit far too high (a
+/// deploy made calls slower, or the start value was a guess) makes every call wait inside the
+/// handler until callers time out, and stepping down a little per window would take seconds. So the
+/// limit settles a few calls above `C`: every unit of real capacity stays busy, and the calls
+/// beyond it wait in the admission queue, where they can be ordered, expired and shed (retries
+/// first), instead of inside the handler. Each call queued inside adds `1/C` of a service time to
+/// every call, so the band is narrow: one call at most for a small limit, a sixteenth of the limit
+/// for a large one, where a window's mean latency is known to a few percent and `L` times that
+/// error reads as calls queued. Netflix's `VegasLimit` keeps `3·log10 L` to `6·log10 L` queued,
+/// which settled too far above `C` and cost goodput.
 ///
 /// Why Vegas rather than a gradient (Netflix's Gradient2, Envoy's adaptive concurrency
 /// filter) or AIMD? AIMD needs drops to learn, and the drops it needs are the
