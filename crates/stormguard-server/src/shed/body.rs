@@ -23,7 +23,10 @@ pin_project! {
     /// streaming call counts against the workers while its handler works, not while its
     /// stream sits idle waiting for its next message, so a server with many open watches
     /// serves its unary callers as it does without them. A unary answer is complete when
-    /// the handler returns, and holds its worker to its end. For the layer's own answers
+    /// the handler returns, and holds its worker to its end. A stream that yields to the
+    /// runtime while it still has messages to send (`tokio_stream::iter` does every 32)
+    /// gives its worker back at that first yield too: from then on its messages are the
+    /// transport's work, not a worker's. For the layer's own answers
     /// it is empty. With load reports on, it adds the call's report to the handler's
     /// trailers.
     ///
