@@ -12,7 +12,7 @@
 //! loopback. Every wait is bounded (`PATIENCE`), so no test can hang.
 #![allow(clippy::unwrap_used)]
 
-use crate::turns_support::TurnCounter;
+use crate::turns_support::{TurnCounter, turns_beside_tasks};
 use std::future::Future;
 use std::time::Duration;
 
@@ -244,10 +244,7 @@ async fn a_loop_over_replicas_with_none_yields() {
             let mut c = bare.clone();
             async move { c.reserve(reserve("r")).await }
         },
-        |r| {
-            r.as_ref()
-                .is_err_and(|s| s.message().contains("no replica"))
-        },
+        refused_for_no_replica,
     )
     .await;
     assert_yielded("no replica (bare)", turns);
@@ -258,13 +255,17 @@ async fn a_loop_over_replicas_with_none_yields() {
             let mut c = layered.clone();
             async move { c.reserve(reserve("r")).await }
         },
-        |r| {
-            r.as_ref()
-                .is_err_and(|s| s.message().contains("no replica"))
-        },
+        refused_for_no_replica,
     )
     .await;
     assert_yielded("no replica (retry layer)", turns);
+}
+
+/// Whether a call was refused because no replica could take it.
+fn refused_for_no_replica<T>(answer: &Result<T, Status>) -> bool {
+    answer
+        .as_ref()
+        .is_err_and(|s| s.message().contains("no replica"))
 }
 
 /// Callers of a fleet test: spawned tasks, as a user's own, each in a plain loop.
@@ -295,20 +296,10 @@ where
     F: Fn(u64) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let counter = TurnCounter::spawn();
-    let callers: Vec<_> = (0..CALLERS)
+    let callers = (0..CALLERS)
         .map(|_| tokio::spawn(caller(per_caller)))
         .collect();
-    for caller in callers {
-        let joined = tokio::time::timeout(PATIENCE, caller).await;
-        assert!(
-            matches!(joined, Ok(Ok(()))),
-            "a caller did not end its {per_caller} calls within {PATIENCE:?}: {joined:?}"
-        );
-    }
-    let got = counter.turns();
-    drop(counter);
-    got
+    turns_beside_tasks(callers, PATIENCE).await
 }
 
 /// The turns a task beside `CALLERS` callers must get in `calls` calls: half of one per

@@ -12,7 +12,7 @@
 //! No timed assertion: the task counts its turns; every wait is bounded.
 #![allow(clippy::unwrap_used)]
 
-use crate::turns_support::TurnCounter;
+use crate::turns_support::turns_beside_tasks;
 use std::future::Future;
 use std::time::Duration;
 
@@ -53,23 +53,13 @@ fn request() -> tonic::Request<ReserveRequest> {
 
 /// Runs `CALLERS` spawned tasks, each the loop `caller()` makes, beside a task that counts
 /// its turns; returns the turns it got while they ran.
-async fn turns_beside_callers<F, Fut>(caller: F, per_caller: u64) -> u64
+async fn turns_beside_callers<F, Fut>(caller: F) -> u64
 where
     F: Fn() -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let counter = TurnCounter::spawn();
-    let callers: Vec<_> = (0..CALLERS).map(|_| tokio::spawn(caller())).collect();
-    for caller in callers {
-        let joined = tokio::time::timeout(PATIENCE, caller).await;
-        assert!(
-            matches!(joined, Ok(Ok(()))),
-            "a caller did not end its {per_caller} calls within {PATIENCE:?}: {joined:?}"
-        );
-    }
-    let got = counter.turns();
-    drop(counter);
-    got
+    let callers = (0..CALLERS).map(|_| tokio::spawn(caller())).collect();
+    turns_beside_tasks(callers, PATIENCE).await
 }
 
 /// An address where nothing listens: connections to it are refused.
@@ -111,17 +101,14 @@ async fn the_readmes_client_in_a_loop_against_a_dependency_that_refuses_connecti
         matches!(ended, Ok(Ok(Ok(())))),
         "the server did not stop: {ended:?}"
     );
-    let turns = turns_beside_callers(
-        || {
-            let mut client = client.clone();
-            async move {
-                for _ in 0..PER_CALLER {
-                    let _ = client.reserve(request()).await;
-                }
+    let turns = turns_beside_callers(|| {
+        let mut client = client.clone();
+        async move {
+            for _ in 0..PER_CALLER {
+                let _ = client.reserve(request()).await;
             }
-        },
-        PER_CALLER,
-    )
+        }
+    })
     .await;
     let refused = stats.snapshot().refused;
     assert!(
@@ -166,17 +153,14 @@ async fn the_fleet_examples_dns_client_with_health_checks_against_replicas_that_
         .unwrap()
         .over_replicas();
     let client = InventoryClient::new(ServiceBuilder::new().layer(layer).service(replicas));
-    let turns = turns_beside_callers(
-        || {
-            let mut client = client.clone();
-            async move {
-                for _ in 0..PER_CALLER {
-                    let _ = client.reserve(request()).await;
-                }
+    let turns = turns_beside_callers(|| {
+        let mut client = client.clone();
+        async move {
+            for _ in 0..PER_CALLER {
+                let _ = client.reserve(request()).await;
             }
-        },
-        PER_CALLER,
-    )
+        }
+    })
     .await;
     // The calls failed at once: every replica's health check could not connect.
     let last = client.clone().reserve(request()).await;

@@ -42,3 +42,22 @@ impl Drop for TurnCounter {
         self.task.abort();
     }
 }
+
+/// Awaits `callers` (spawned tasks, each a caller's plain loop, not yet run: on a
+/// current-thread runtime a task runs once the test awaits), each within `patience`, beside
+/// a task that counts its turns; returns the turns it got while they ran. A caller that
+/// does not end in time fails the test instead of hanging it.
+pub(crate) async fn turns_beside_tasks(
+    callers: Vec<JoinHandle<()>>,
+    patience: std::time::Duration,
+) -> u64 {
+    let counter = TurnCounter::spawn();
+    for caller in callers {
+        let joined = tokio::time::timeout(patience, caller).await;
+        assert!(
+            matches!(joined, Ok(Ok(()))),
+            "a caller did not end its calls within {patience:?}: {joined:?}"
+        );
+    }
+    counter.turns()
+}
