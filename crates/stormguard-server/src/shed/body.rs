@@ -26,9 +26,8 @@ pin_project! {
     /// the handler returns, and holds its worker to its end. A stream that yields to the
     /// runtime while it still has messages to send (`tokio_stream::iter` does every 32)
     /// gives its worker back at that first yield too: from then on its messages are the
-    /// transport's work, not a worker's. For the layer's own answers
-    /// it is empty. With load reports on, it adds the call's report to the handler's
-    /// trailers.
+    /// transport's work, not a worker's. For the layer's own answers it is empty. With load
+    /// reports on, it adds the call's report to the handler's trailers.
     ///
     /// A call with a deadline is held to it while it streams: when its cut-off passes
     /// ([`AdmissionConfig::cut_at`](stormguard_core::AdmissionConfig::cut_at))
