@@ -370,6 +370,7 @@ const JSON_TOKENS: &[&str] = &[
     "\"queue_order\"",
     "\"fifo\"",
     "\"adaptive_lifo\"",
+    "\"lifo_when_late\"",
     "\"lifo_from_depth\"",
     "\"no_retry_depth\"",
     "\"no_retry_margin\"",

@@ -85,9 +85,11 @@ impl Default for RetryThreshold {
 
 /// The order in which queued calls get a free worker.
 ///
-/// Adaptive LIFO is the default: under a capacity drop, serving the newest calls keeps the
-/// work whose callers are still waiting, and the server both serves more and abandons
-/// less mid-run than with FIFO (`docs/admission.md`, "Queue order", has the run).
+/// [`LifoWhenLate`](QueueOrder::LifoWhenLate) is the default: under a capacity drop,
+/// serving the newest calls keeps the work whose callers are still waiting, and the server
+/// both serves more and abandons less mid-run than with FIFO; while the queue drains within
+/// its callers' deadlines, the oldest are served first, so a crowd of callers is served in
+/// turn (`docs/admission.md`, "Queue order", has the runs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QueueOrder {
     /// Oldest first, always.
@@ -100,6 +102,16 @@ pub enum QueueOrder {
         /// The queue depth from which the newest call is served first.
         from_depth: usize,
     },
+    /// Oldest first while the oldest waiter has waited less than the time it has left
+    /// before its expiry; newest first from then on.
+    ///
+    /// A queue's depth does not tell a crowd from an overload: 256 callers of a service
+    /// that answers each within a few milliseconds keep a deep queue that drains well
+    /// within every deadline, and serving it newest first would leave its oldest calls
+    /// waiting until they expire. Time does tell: once the oldest call has spent half of
+    /// what it could wait, the queue is not draining within its callers' deadlines, and
+    /// from then on serving the oldest serves calls whose callers are about to give up.
+    LifoWhenLate,
 }
 
 /// How many calls the admission queue lets run at once.
@@ -168,7 +180,12 @@ pub struct AdmissionConfig {
     /// latency ([`WorkerLimit`]); `WorkerLimit::Fixed(n)` (n at least 1) for exactly `n`.
     pub workers: WorkerLimit,
     /// Calls that may wait for a worker; beyond it every call is shed. 0 means no queue.
-    /// Default 64.
+    /// Default 1 024: a bound on memory, not the overload's limit. A crowd of callers that
+    /// the service answers well within their deadlines waits here rather than being shed
+    /// (256 callers of a healthy service keep hundreds queued); under overload, retries
+    /// are shed from [`retry_threshold`](Self::retry_threshold) on, and queued calls
+    /// expire at their deadlines and are served newest first
+    /// ([`QueueOrder::LifoWhenLate`]) long before the queue is full.
     pub queue_capacity: usize,
     /// When retries start to be shed. Default: 8 queued calls.
     pub retry_threshold: RetryThreshold,
@@ -235,18 +252,19 @@ pub struct AdmissionConfig {
 }
 
 impl Default for AdmissionConfig {
-    /// An adaptive worker limit, 64 queued, retries shed from 8 queued, 1 s in queue at most, 2 ms
-    /// minimum time left, adaptive LIFO from 8 queued, pushback at most 1 s, shed with
+    /// An adaptive worker limit, 1 024 queued, retries shed from 8 queued, 1 s in queue at most,
+    /// 2 ms minimum time left, newest first once the oldest call is late
+    /// ([`QueueOrder::LifoWhenLate`]), pushback at most 1 s, shed with
     /// `UNAVAILABLE`; "do not retry" for a shed call whose deadline leaves no room
     /// (5 ms margin) and for every shed call after 500 ms of shedding without a break.
     fn default() -> Self {
         AdmissionConfig {
             workers: WorkerLimit::default(),
-            queue_capacity: 64,
+            queue_capacity: 1024,
             retry_threshold: RetryThreshold::default(),
             max_time_queued: Duration::from_secs(1),
             min_time_left: Duration::from_millis(2),
-            queue_order: QueueOrder::AdaptiveLifo { from_depth: 8 },
+            queue_order: QueueOrder::LifoWhenLate,
             pushback_max: Duration::from_secs(1),
             shed_code: Code::Unavailable,
             no_retry_code: Some(Code::ResourceExhausted),

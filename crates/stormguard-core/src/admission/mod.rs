@@ -33,6 +33,15 @@ pub struct QueueLoad {
     pub oldest_enqueued: Option<Instant>,
 }
 
+/// The oldest waiting call, as the queue order reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Oldest {
+    /// When it was queued.
+    pub(crate) enqueued_at: Instant,
+    /// When it stops being worth running.
+    pub(crate) expiry: Instant,
+}
+
 /// Why a call was shed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ShedReason {
@@ -224,7 +233,8 @@ impl CompletionRate {
 /// - `AdmissionController::expiry`: when queued work stops being worth running (its
 ///   `grpc-timeout` leaves less than [`AdmissionConfig::min_time_left`], or it has waited
 ///   [`AdmissionConfig::max_time_queued`]).
-/// - `AdmissionController::serve_newest`: FIFO, or newest-first once a queue has formed
+/// - `AdmissionController::serve_newest`: FIFO, newest-first once the oldest waiter is late
+///   ([`QueueOrder::LifoWhenLate`]), or once a queue has formed
 ///   ([`QueueOrder::AdaptiveLifo`]).
 ///
 /// Every time-dependent method has an `_at(now)` form taking the instant explicitly. The
@@ -243,10 +253,10 @@ impl CompletionRate {
 ///
 /// ```json
 /// { "admission": {
-///     "queue_capacity": 64,
+///     "queue_capacity": 1024,
 ///     "retry_threshold": { "depth": 8, "queue_delay": "20ms" },
 ///     "max_time_queued": "1s", "min_time_left": "2ms",
-///     "queue_order": "adaptive_lifo", "lifo_from_depth": 8,
+///     "queue_order": "lifo_when_late",
 ///     "pushback_max": "1s", "shed_code": "UNAVAILABLE", "no_retry_depth": 48,
 ///     "no_retry_margin": "5ms", "no_retry_after_shedding": "500ms",
 ///     "seed": 7,
@@ -255,8 +265,8 @@ impl CompletionRate {
 ///                   "min_window_samples": 16, "probe_interval": "30s" } } }
 /// ```
 ///
-/// `queue_order` is `"fifo"` or `"adaptive_lifo"` (newest first from `lifo_from_depth`
-/// queued calls, default 8); `null` turns off `retry_threshold.depth`,
+/// `queue_order` is `"lifo_when_late"` (the default), `"fifo"` or `"adaptive_lifo"` (newest
+/// first from `lifo_from_depth` queued calls, default 8); `null` turns off `retry_threshold.depth`,
 /// `retry_threshold.queue_delay`, `sheddable_threshold.*`, `no_retry_depth`,
 /// `no_retry_margin` or `no_retry_after_shedding`.
 ///
@@ -549,11 +559,15 @@ impl AdmissionController {
     }
 
     /// Whether the next free worker goes to the newest queued call (rather than the
-    /// oldest) when `depth` calls are queued.
-    pub(crate) fn serve_newest(&self, depth: usize) -> bool {
+    /// oldest) at `now`, when `depth` calls are queued and `oldest` is the oldest of them.
+    pub(crate) fn serve_newest(&self, now: Instant, depth: usize, oldest: Option<Oldest>) -> bool {
         match self.config.queue_order {
             QueueOrder::Fifo => false,
             QueueOrder::AdaptiveLifo { from_depth } => depth >= from_depth,
+            QueueOrder::LifoWhenLate => oldest.is_some_and(|oldest| {
+                now.saturating_duration_since(oldest.enqueued_at)
+                    >= oldest.expiry.saturating_duration_since(now)
+            }),
         }
     }
 

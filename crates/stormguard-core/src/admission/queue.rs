@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
+use super::Oldest;
 use super::limit::AdaptiveLimit;
 use super::limit::Ended;
 use crate::Criticality;
@@ -480,7 +481,11 @@ impl<T> AdmissionQueue<T> {
     fn dispatch_at(&mut self, now: Instant, mut sink: impl FnMut(Dispatch<T>)) {
         self.expire_due_at(now, &mut sink);
         while self.running < self.limit {
-            let newest = self.policy.serve_newest(self.waiting.len());
+            let oldest = self.waiting.first_key_value().map(|(_, w)| Oldest {
+                enqueued_at: w.enqueued_at,
+                expiry: w.expiry,
+            });
+            let newest = self.policy.serve_newest(now, self.waiting.len(), oldest);
             let next = if newest {
                 self.waiting.pop_last()
             } else {

@@ -561,14 +561,42 @@ fn adaptive_lifo_switches_at_its_depth() {
         ..config()
     })
     .unwrap();
-    assert!(!fifo.serve_newest(0) && !fifo.serve_newest(10));
+    let t0 = Instant::now();
+    let late = Some(Oldest {
+        enqueued_at: t0,
+        expiry: t0 + Duration::from_millis(10),
+    });
+    let at = t0 + Duration::from_millis(9);
+    assert!(!fifo.serve_newest(at, 0, None) && !fifo.serve_newest(at, 10, late));
     let lifo = AdmissionController::new(AdmissionConfig {
         queue_order: QueueOrder::AdaptiveLifo { from_depth: 3 },
         ..config()
     })
     .unwrap();
-    assert!(!lifo.serve_newest(2));
-    assert!(lifo.serve_newest(3));
+    assert!(!lifo.serve_newest(t0, 2, late));
+    assert!(lifo.serve_newest(t0, 3, late));
+}
+
+#[test]
+fn lifo_when_late_serves_the_oldest_until_it_has_waited_half_its_time() {
+    let queue = AdmissionController::new(AdmissionConfig {
+        queue_order: QueueOrder::LifoWhenLate,
+        ..config()
+    })
+    .unwrap();
+    let t0 = Instant::now();
+    let oldest = Oldest {
+        enqueued_at: t0,
+        expiry: t0 + Duration::from_millis(300),
+    };
+    // However deep the queue, a call that has waited less than it has left is served
+    // first: a crowd, not an overload.
+    let early = t0 + Duration::from_millis(149);
+    assert!(!queue.serve_newest(early, 10_000, Some(oldest)));
+    // From half its time on, the queue is not draining in time: newest first.
+    let half = t0 + Duration::from_millis(150);
+    assert!(queue.serve_newest(half, 1, Some(oldest)));
+    assert!(!queue.serve_newest(half, 0, None));
 }
 
 proptest! {

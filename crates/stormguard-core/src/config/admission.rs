@@ -69,6 +69,7 @@ struct ThresholdDoc {
 enum QueueOrderName {
     Fifo,
     AdaptiveLifo,
+    LifoWhenLate,
 }
 
 impl ThresholdDoc {
@@ -108,16 +109,17 @@ impl Build for AdmissionDoc {
         }
         let default_from_depth = match c.queue_order {
             QueueOrder::AdaptiveLifo { from_depth } => from_depth,
-            QueueOrder::Fifo => 8,
+            QueueOrder::Fifo | QueueOrder::LifoWhenLate => 8,
         };
         c.queue_order = match (self.queue_order, self.lifo_from_depth.map(|n| n.0)) {
-            (Some(QueueOrderName::Fifo), Some(_)) => {
+            (Some(QueueOrderName::Fifo | QueueOrderName::LifoWhenLate), Some(_)) => {
                 return Err(ConfigError::invalid(
                     "admission.lifo_from_depth",
                     "only applies with queue_order \"adaptive_lifo\"",
                 ));
             }
             (Some(QueueOrderName::Fifo), None) => QueueOrder::Fifo,
+            (Some(QueueOrderName::LifoWhenLate), None) => QueueOrder::LifoWhenLate,
             (Some(QueueOrderName::AdaptiveLifo), depth) => QueueOrder::AdaptiveLifo {
                 from_depth: depth.unwrap_or(default_from_depth),
             },

@@ -79,6 +79,13 @@ fn json_reads_every_field() {
     );
     let c = AdmissionConfig::from_json(r#"{"admission": {"lifo_from_depth": 2}}"#).unwrap();
     assert_eq!(c.queue_order, QueueOrder::AdaptiveLifo { from_depth: 2 });
+    let c =
+        AdmissionConfig::from_json(r#"{"admission": {"queue_order": "lifo_when_late"}}"#).unwrap();
+    assert_eq!(c.queue_order, QueueOrder::LifoWhenLate);
+    assert_eq!(
+        AdmissionConfig::default().queue_order,
+        QueueOrder::LifoWhenLate
+    );
 }
 
 #[test]
@@ -131,6 +138,10 @@ fn json_errors_name_the_field_as_written() {
             "admission.lifo_from_depth",
         ),
         (
+            r#"{"admission": {"queue_order": "lifo_when_late", "lifo_from_depth": 3}}"#,
+            "admission.lifo_from_depth",
+        ),
+        (
             r#"{"admission": {"pushback_max": "500us"}}"#,
             "admission.pushback_max",
         ),
@@ -148,7 +159,7 @@ fn json_errors_name_the_field_as_written() {
             "admission.no_retry_code",
         ),
         (
-            r#"{"admission": {"no_retry_depth": 65}}"#,
+            r#"{"admission": {"no_retry_depth": 1025}}"#,
             "admission.no_retry_depth",
         ),
         (r#"{"admission": {"seed": -3}}"#, "admission.seed"),
@@ -169,7 +180,7 @@ fn json_errors_name_the_field_as_written() {
             "admission.no_retry_after_shedding",
         ),
         (
-            r#"{"admission": {"sheddable_threshold": {"depth": 65}}}"#,
+            r#"{"admission": {"sheddable_threshold": {"depth": 1025}}}"#,
             "admission.sheddable_threshold.depth",
         ),
         (
