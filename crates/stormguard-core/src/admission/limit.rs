@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use serde::Deserialize;
+use tokio::time::Instant;
 
-use crate::ConfigError;
-use crate::Instant;
-use crate::config::check;
+use crate::error::ConfigError;
+use crate::field::check;
 
 /// The adaptive worker limit's bounds and pace: how many calls may run at once, learned
 /// from latency.
