@@ -31,9 +31,11 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use crate::Deadline;
-use crate::Instant;
-use crate::{wire::MAX_ALLOWANCE, wire::parse_allowance};
+use tokio::time::Instant;
+
+use crate::deadline::Deadline;
+use crate::wire::MAX_ALLOWANCE;
+use crate::wire::parse_allowance;
 
 tokio::task_local! {
     static CURRENT: CallContext;

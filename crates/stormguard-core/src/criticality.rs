@@ -2,7 +2,7 @@
 //!
 //! See [`Criticality`](crate::Criticality) for what it does and why.
 
-use crate::ConfigError;
+use crate::error::ConfigError;
 
 /// How much a call matters, lowest first (so `min` is "the lower class").
 ///

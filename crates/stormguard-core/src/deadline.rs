@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use crate::Instant;
+use tokio::time::Instant;
+
 #[cfg(test)]
 use crate::wire::{GrpcTimeout, encode_grpc_timeout};
 

@@ -60,6 +60,7 @@ pub mod context;
 mod criticality;
 mod deadline;
 mod error;
+mod field;
 mod observe;
 mod retry;
 pub mod wire;
@@ -103,7 +104,5 @@ pub use retry::{
 };
 pub use wire::code::{Code, CodeSet, UnknownCode};
 
-pub(crate) use admission::Admission;
-pub(crate) use retry::DelayEstimator;
 pub use wire::orca::{LoadReport, LoadReportError, OrcaLoadReport};
 pub use wire::pushback::Pushback;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::Instant;
+use tokio::time::Instant;
 
 /// How often a layer writes a summary at most.
 pub const DEFAULT_SUMMARY_INTERVAL: Duration = Duration::from_secs(1);

@@ -29,6 +29,7 @@ use std::task::{Context, Waker};
 use std::time::Duration;
 
 use stormguard_core::Code;
+use stormguard_core::wire::response_pushback;
 use stormguard_core::{
     AttemptEnd, AttemptPlan, CallRetry, CallTimes, Failure, HedgeDecision, Refusal, RetryController,
 };
@@ -343,8 +344,9 @@ impl Run<'_> {
                     None => (answer, None),
                 };
                 let code = parse_grpc_status(status);
-                let pushback =
-                    pushback.and_then(|v| crate::targets::pushback_header(v.split(|b| *b == b',')));
+                // The answer's `grpc-retry-pushback-ms` values, with no status details.
+                let pushback = pushback
+                    .and_then(|v| response_pushback(v.split(|b| *b == b','), std::iter::empty()));
                 let unprocessed = unprocessed && is_unprocessed([b"1".as_slice()]);
                 let failure = Failure {
                     unsent,

@@ -2,9 +2,15 @@
 
 use std::time::Duration;
 
-use crate::config::check;
+use tokio::time::Instant;
+
+use super::ShedPushback;
+use super::limit::AdaptiveLimitConfig;
+use crate::criticality::Criticality;
+use crate::error::ConfigError;
+use crate::field::check;
 use crate::wire::AttemptClass;
-use crate::{AdaptiveLimitConfig, Code, ConfigError, Criticality, Instant, ShedPushback};
+use crate::wire::code::Code;
 
 /// The largest `pushback_max` accepted: one hour. Longer advice is no advice.
 pub(crate) const MAX_PUSHBACK: Duration = Duration::from_secs(3600);

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest as _, Sha256};
+use tokio::time::Instant;
 
-use crate::ConfigError;
-use crate::Instant;
-use crate::config::check;
+use crate::error::ConfigError;
+use crate::field::check;
 use crate::wire::MAX_PUSHBACK_MS;
 
 /// The bounds of a server's record of idempotency keys, and what an in-flight duplicate is

@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use serde::Deserialize;
+use tokio::time::Instant;
 
-use crate::ConfigError;
-use crate::Instant;
-use crate::config::check;
+use crate::error::ConfigError;
+use crate::field::check;
 
 /// The adaptive worker limit's bounds and pace: how many calls may run at once, learned
 /// from latency.
@@ -165,25 +165,25 @@ use crate::config::check;
 pub struct AdaptiveLimitConfig {
     /// Where the limit starts, before anything has been measured (within the bounds).
     /// Default 16.
-    #[serde(deserialize_with = "crate::config::whole")]
+    #[serde(deserialize_with = "crate::field::whole")]
     pub initial_limit: usize,
     /// The floor: the limit never goes below it, and it is the limit during a probe.
     /// At least 1. Default 2.
-    #[serde(deserialize_with = "crate::config::whole")]
+    #[serde(deserialize_with = "crate::field::whole")]
     pub min_limit: usize,
     /// The ceiling. At least `min_limit`. Default 1 000.
-    #[serde(deserialize_with = "crate::config::whole")]
+    #[serde(deserialize_with = "crate::field::whole")]
     pub max_limit: usize,
     /// The shortest decision window. Above zero. Default 100 ms (a window also lasts at
     /// least two no-load latencies).
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::field::duration")]
     pub window: Duration,
     /// Samples a window (and a probe) needs before it decides. At least 1. Default 16.
-    #[serde(deserialize_with = "crate::config::whole")]
+    #[serde(deserialize_with = "crate::field::whole")]
     pub min_window_samples: usize,
     /// Time between probes of the no-load latency (jittered ±25 %). Above zero.
     /// Default 30 s.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::field::duration")]
     pub probe_interval: Duration,
 }
 

@@ -16,10 +16,10 @@ pub use rates::RateMeter;
 
 use std::time::Duration;
 
-use crate::Instant;
+use tokio::time::Instant;
 
-use crate::ConfigError;
-use crate::Criticality;
+use crate::criticality::Criticality;
+use crate::error::ConfigError;
 use crate::wire::AttemptClass;
 
 /// The state of the queue a decision is made against.

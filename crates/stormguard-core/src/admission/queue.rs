@@ -7,13 +7,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
-use super::Oldest;
+use tokio::time::Instant;
+
+use super::config::{CallClass, WorkerLimit};
 use super::limit::AdaptiveLimit;
 use super::limit::Ended;
-use crate::Criticality;
-use crate::Instant;
+use super::{Admission, AdmissionController, Oldest, QueueLoad, Shed, ShedReason};
+use crate::criticality::Criticality;
 use crate::wire::AttemptClass;
-use crate::{Admission, AdmissionController, CallClass, QueueLoad, Shed, ShedReason, WorkerLimit};
 
 /// The place of one queued call, unique for the life of its queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

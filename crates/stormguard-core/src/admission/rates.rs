@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::Instant;
+use tokio::time::Instant;
 
 /// Calls per second over a sliding window of about one second (the current second and
 /// a share of the previous one), for a server's `rps_fractional` and `eps`.

@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
-use crate::Code;
 use crate::admission::config::{MAX_PUSHBACK, MAX_TIME_QUEUED};
+use crate::wire::code::Code;
 
 use proptest::prelude::*;
 
@@ -744,7 +744,7 @@ proptest! {
 
 #[test]
 fn sheddable_calls_rank_lowest_then_retries_then_first_attempts() {
-    use crate::Criticality::{Critical, Default, Sheddable};
+    use crate::criticality::Criticality::{Critical, Default, Sheddable};
     use AttemptClass::{First, Retry};
 
     let rank = |a, c| CallClass::new(a, c).rank();

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use crate::ConfigError;
-use crate::config::check::{share, within};
+use crate::error::ConfigError;
+use crate::field::check::{share, within};
 
 /// How a [`ReplicaSet`](crate::ReplicaSet) chooses and ejects replicas.
 ///
@@ -81,32 +81,32 @@ impl HealthCheckConfig {
 )]
 pub struct EjectionConfig {
     /// Failures in a row that eject a replica; 0 turns this rule off.
-    #[serde(deserialize_with = "crate::config::whole")]
+    #[serde(deserialize_with = "crate::field::whole")]
     pub consecutive_failures: u32,
     /// The share of failed answers over `window` that ejects a replica, in (0, 1]; with
     /// fewer than `min_requests` answers in the window the rule does not apply.
-    #[serde(deserialize_with = "crate::config::finite")]
+    #[serde(deserialize_with = "crate::field::finite")]
     pub failure_share: f64,
     /// Answers needed in the window before `failure_share` applies; 0 turns that rule off.
-    #[serde(deserialize_with = "crate::config::whole")]
+    #[serde(deserialize_with = "crate::field::whole")]
     pub min_requests: u32,
     /// The window of `failure_share`, and how long a returned replica must stay healthy
     /// before its next ejection starts again from `base_time`. 1 s to 10 min.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::field::duration")]
     pub window: Duration,
     /// The first ejection's length; each ejection in a row doubles it. 10 ms to 1 h.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::field::duration")]
     pub base_time: Duration,
     /// The longest ejection, at least `base_time`, at most 1 h.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::field::duration")]
     pub max_time: Duration,
     /// Each ejection lasts up to this fraction longer, at random, so that clients that saw
     /// the same failures do not probe together. In [0, 1].
-    #[serde(deserialize_with = "crate::config::finite")]
+    #[serde(deserialize_with = "crate::field::finite")]
     pub jitter: f64,
     /// The most replicas out at once, as a share of the set, in [0, 1]; at least one when
     /// the set has two or more, and never the last one. 0 turns ejection off.
-    #[serde(deserialize_with = "crate::config::finite")]
+    #[serde(deserialize_with = "crate::field::finite")]
     pub max_ejected_share: f64,
 }
 
@@ -136,10 +136,10 @@ impl Default for EjectionConfig {
 )]
 pub struct SlowStartConfig {
     /// How long the ramp lasts; 0 turns slow start off. At most 10 min.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::field::duration")]
     pub window: Duration,
     /// The share a replica starts from, as a fraction of a full one, in (0, 1].
-    #[serde(deserialize_with = "crate::config::finite")]
+    #[serde(deserialize_with = "crate::field::finite")]
     pub min_weight: f64,
 }
 
@@ -158,17 +158,17 @@ impl Default for SlowStartConfig {
 #[serde(default, deny_unknown_fields, expecting = "an object of load settings")]
 pub struct LoadConfig {
     /// How fast the peak-EWMA latency forgets a slow answer. 10 ms to 1 min.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::field::duration")]
     pub decay: Duration,
     /// The latency a replica is assumed to have before its first answer, and the one its
     /// estimate returns to while it gets none. Keep it at or below the service's real
     /// latency: an optimistic guess makes the choice try a replica it knows nothing about,
     /// a pessimistic one starves it. 1 µs to 1 min.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::field::duration")]
     pub default_rtt: Duration,
     /// How fast the memory of failures fades while a replica gets no answers (so a replica
     /// avoided for its failures is tried again). 10 ms to 10 min.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::field::duration")]
     pub failure_decay: Duration,
 }
 
@@ -197,18 +197,18 @@ pub struct ReportWeightConfig {
     pub enabled: bool,
     /// How long after a replica's first report (or its first after expiry) its reports
     /// start to count. A58's default, 10 s. At most 10 min.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::field::duration")]
     pub blackout_period: Duration,
     /// A replica's reports stop counting when none came for this long. A58's default,
     /// 3 min. 1 s to 1 h.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::field::duration")]
     pub expiration_period: Duration,
     /// A58's `error_utilization_penalty`: how much errors per request add to the
     /// utilization. Default 1.0, at least 0, at most 100.
-    #[serde(deserialize_with = "crate::config::finite")]
+    #[serde(deserialize_with = "crate::field::finite")]
     pub error_utilization_penalty: f64,
     /// The least a report multiplies a replica's share by, in (0, 1]. Default 0.05.
-    #[serde(deserialize_with = "crate::config::finite")]
+    #[serde(deserialize_with = "crate::field::finite")]
     pub min_factor: f64,
 }
 

@@ -17,9 +17,9 @@ use weights::ReportWeight;
 
 use std::fmt;
 use std::time::Duration;
+use tokio::time::Instant;
 
-use crate::ConfigError;
-use crate::Instant;
+use crate::error::ConfigError;
 
 /// A replica's identity within its [`ReplicaSet`], never reused. (The default, 0, is the
 /// first replica a set adds.)

@@ -4,9 +4,10 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use crate::ConfigError;
-use crate::Instant;
-use crate::config::check::{share, within};
+use tokio::time::Instant;
+
+use crate::error::ConfigError;
+use crate::field::check::{share, within};
 
 /// When [`Refresh`] resolves again.
 #[derive(Debug, Clone, PartialEq)]

@@ -11,8 +11,8 @@ fn set(seed: u64) -> ReplicaSet {
 
 const MS: Duration = Duration::from_millis(1);
 
-fn load(utilization: f64) -> crate::LoadReport {
-    crate::LoadReport {
+fn load(utilization: f64) -> crate::wire::orca::LoadReport {
+    crate::wire::orca::LoadReport {
         utilization,
         rps: 100.0,
         eps: 0.0,
@@ -551,7 +551,7 @@ fn a_replica_that_is_not_serving_gets_no_new_attempts() {
 fn with_health_checks_on_a_replica_waits_for_its_first_answer() {
     let mut s = ReplicaSet::new(ReplicaConfig {
         seed: Some(5),
-        health_check: Some(crate::HealthCheckConfig::service("")),
+        health_check: Some(crate::balance::HealthCheckConfig::service("")),
         ..ReplicaConfig::default()
     })
     .unwrap();

@@ -1,8 +1,10 @@
 //! What a replica's load reports (ORCA) do to its share: gRPC A58's weight, as a factor
 //! that can only lower it.
 
+use tokio::time::Instant;
+
 use super::{ReplicaId, ReplicaSet};
-use crate::{Instant, LoadReport};
+use crate::wire::orca::LoadReport;
 
 /// gRPC A58's weight of an endpoint from its report:
 /// `qps / (utilization + eps / qps * error_utilization_penalty)`; `None` when the report
@@ -29,7 +31,7 @@ impl ReplicaSet {
     /// `id` answered with the load report `report` at `now` (from the trailers of an
     /// attempt the channel sent it). A report whose A58 weight is not defined (no requests,
     /// no utilization) is ignored, as A58 ignores it; a replica not in the set, too.
-    pub fn record_load_at(&mut self, id: ReplicaId, report: &crate::LoadReport, now: Instant) {
+    pub fn record_load_at(&mut self, id: ReplicaId, report: &LoadReport, now: Instant) {
         let config = &self.config.reports;
         if !config.enabled {
             return;

@@ -6,9 +6,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::ConfigError;
-use crate::Instant;
-use crate::{Budget, budget::truncate_decimal};
+use tokio::time::Instant;
+
+use super::Budget;
+use crate::budget::truncate_decimal;
+use crate::error::ConfigError;
 
 const MILLI: u64 = 1000;
 
@@ -22,11 +24,11 @@ const MILLI: u64 = 1000;
 pub struct A6BudgetConfig {
     /// `maxTokens`: the bucket's size, and where it starts. In (0, 1000], kept to 3
     /// decimal places.
-    #[serde(deserialize_with = "crate::config::finite")]
+    #[serde(deserialize_with = "crate::field::finite")]
     pub max_tokens: f64,
     /// `tokenRatio`: tokens added per success. Greater than 0 and finite; truncated to
     /// 3 decimal places, and at least 0.001 once truncated.
-    #[serde(deserialize_with = "crate::config::finite")]
+    #[serde(deserialize_with = "crate::field::finite")]
     pub token_ratio: f64,
 }
 

@@ -4,10 +4,11 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Mutex, PoisonError};
 
+use tokio::time::Instant;
+
 use super::{Budget, BudgetConfig, RetryBudget};
-use crate::ConfigError;
-use crate::Instant;
-use crate::config::check;
+use crate::error::ConfigError;
+use crate::field::check;
 
 /// The most keys a [`KeyedBudgets`] tracks by default.
 pub(crate) const DEFAULT_MAX_KEYS: usize = 256;

@@ -17,9 +17,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::ConfigError;
-use crate::Instant;
-use crate::config::check;
+use tokio::time::Instant;
+
+use crate::error::ConfigError;
+use crate::field::check;
 use ring::{Ring, unpack};
 
 /// A retry budget: decides whether the process can afford one more retry now.
@@ -121,21 +122,21 @@ pub trait Budget: Send + Sync + fmt::Debug {
 )]
 pub struct BudgetConfig {
     /// How long a deposit (a success) and a withdrawal (a retry) count. 1 s to 60 s.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::field::duration")]
     pub ttl: Duration,
     /// The standing reserve: `min_retries_per_second × ttl` retries per window, whatever
     /// the success traffic. Below 2³¹.
-    #[serde(deserialize_with = "crate::config::whole")]
+    #[serde(deserialize_with = "crate::field::whole")]
     pub min_retries_per_second: u32,
     /// Retries minted per success: 0.1 allows one retry per ten successes. In (0, 1000],
     /// resolved to millionths (truncated), and at least 0.000001.
-    #[serde(deserialize_with = "crate::config::finite")]
+    #[serde(deserialize_with = "crate::field::finite")]
     pub retry_ratio: f64,
     /// How many processes share the dependency: the standing reserve is divided by it, so
     /// the *fleet* gets `min_retries_per_second`, not each process (see
     /// [the docs](RetryBudget#a-floor-for-the-fleet-not-for-each-process)). 1 (the
     /// default) to [`MAX_FLEET_SIZE`].
-    #[serde(deserialize_with = "crate::config::whole")]
+    #[serde(deserialize_with = "crate::field::whole")]
     pub fleet_size: u32,
     /// When the standing reserve may be spent (see
     /// [the docs](RetryBudget#a-floor-that-lends-only-while-the-dependency-answers)):

@@ -10,8 +10,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::{SLOTS, STALE_LIMIT};
-use crate::Instant;
 
 /// Buckets per ring.
 pub(crate) const BUCKETS: usize = 10;

@@ -7,12 +7,13 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
 use super::document::{self, Build, Format};
-use super::duration::Human;
-use super::value::{Int, nullable};
-use crate::AdaptiveLimitConfig;
-use crate::Code;
-use crate::ConfigError;
-use crate::{AdmissionConfig, QueueOrder, RetryThreshold, WorkerLimit};
+use super::value::nullable;
+use crate::admission::AdaptiveLimitConfig;
+use crate::admission::{AdmissionConfig, QueueOrder, RetryThreshold, WorkerLimit};
+use crate::error::ConfigError;
+use crate::field::Int;
+use crate::field::duration::Human;
+use crate::wire::code::Code;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, expecting = "an object with `admission`")]

@@ -8,18 +8,19 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, Unexpected, Visitor};
 
 use super::document::Build;
-use super::duration::{Human, parse_duration};
-use super::value::{Finite, Int, present};
+use super::value::present;
 use super::{BudgetChoice, ClientConfig, MethodPolicy};
-use crate::AdaptiveThrottleConfig;
-use crate::BackoffConfig;
-use crate::BreakerConfig;
-use crate::BudgetConfig;
-use crate::CodeSet;
-use crate::ConfigError;
-use crate::SaturationConfig;
-use crate::{HedgeDelay, HedgingPolicy, LearnedDelay};
-use crate::{MethodScope, MethodTable, RetryPolicy};
+use crate::budget::BudgetConfig;
+use crate::error::ConfigError;
+use crate::field::duration::{Human, parse_duration};
+use crate::field::{Finite, Int};
+use crate::retry::AdaptiveThrottleConfig;
+use crate::retry::BackoffConfig;
+use crate::retry::BreakerConfig;
+use crate::retry::SaturationConfig;
+use crate::retry::{HedgeDelay, HedgingPolicy, LearnedDelay};
+use crate::retry::{MethodScope, MethodTable, RetryPolicy};
+use crate::wire::code::CodeSet;
 
 /// The document: every key optional, unknown keys refused (a typo must not quietly fall
 /// back to a default).

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Deserializer};
 
 use super::document::{self, Build, Format};
-use crate::ConfigError;
-use crate::{Criticality, CriticalityTable};
+use crate::criticality::{Criticality, CriticalityTable};
+use crate::error::ConfigError;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, expecting = "an object with `criticality`")]

@@ -11,7 +11,7 @@ use serde::de::{self, DeserializeOwned};
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
-use crate::ConfigError;
+use crate::error::ConfigError;
 
 /// The format of a config document. YAML and TOML are read when their features of
 /// stormguard-core (`yaml`, `toml`, both on by default) are on; without them, reading

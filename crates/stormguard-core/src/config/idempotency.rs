@@ -7,10 +7,10 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
 use super::document::{self, Build, Format};
-use super::duration::Human;
-use super::value::Int;
-use crate::ConfigError;
-use crate::IdempotencyConfig;
+use crate::admission::IdempotencyConfig;
+use crate::error::ConfigError;
+use crate::field::Int;
+use crate::field::duration::Human;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, expecting = "an object with `idempotency`")]

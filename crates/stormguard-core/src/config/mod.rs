@@ -44,31 +44,29 @@ use serde_json::{Map, Value};
 
 use document::Build;
 
-use crate::A6BudgetConfig;
-use crate::AdaptiveThrottleConfig;
-use crate::BreakerConfig;
-use crate::BudgetConfig;
-use crate::ConfigError;
-use crate::HedgingPolicy;
-use crate::{MethodScope, MethodTable, RetryPolicy};
+use crate::budget::A6BudgetConfig;
+use crate::budget::BudgetConfig;
+use crate::error::ConfigError;
+use crate::retry::BreakerConfig;
+use crate::retry::HedgingPolicy;
+use crate::retry::{AdaptiveThrottleConfig, SaturationConfig};
+use crate::retry::{MethodScope, MethodTable, RetryPolicy};
 
 mod admission;
-pub(crate) mod check;
 mod client;
+mod controller;
 mod criticality;
 pub(crate) mod document;
-pub(crate) mod duration;
 mod idempotency;
 pub(crate) mod notice;
 mod replica;
 mod service;
 mod value;
 
+pub use crate::field::duration::parse_duration;
 pub use admission::ShedSettings;
 pub use document::Format;
-pub use duration::parse_duration;
 pub use notice::{IDEMPOTENT_SETTING, NotApplied, NotAppliedReason, Notice};
-pub(crate) use value::{finite, whole};
 
 /// Which budget pays for retries.
 #[derive(Clone, Debug, PartialEq)]
@@ -120,7 +118,7 @@ pub struct ClientConfig {
     /// Refuse retries and hedges to a dependency whose load reports (ORCA) say it is
     /// saturated (`retry.load_reports`; see [`crate::orca`](crate::LoadReport)). Default `None`: reports are
     /// not read for retries.
-    pub load_reports: Option<crate::SaturationConfig>,
+    pub load_reports: Option<SaturationConfig>,
     /// The seed of every random draw of a client built from this config (backoff jitter,
     /// the breaker's open-duration jitter, the adaptive throttle, idempotency keys), so a
     /// run can be reproduced; `None` draws one. Not read from documents: set it in code,

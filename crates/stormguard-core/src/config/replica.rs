@@ -5,7 +5,8 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::document;
-use crate::{ConfigError, ReplicaConfig};
+use crate::balance::ReplicaConfig;
+use crate::error::ConfigError;
 
 /// The document [`ReplicaConfig::from_text`] reads: `{"replicas": {...}}`.
 #[derive(serde::Deserialize)]
@@ -32,7 +33,7 @@ impl ReplicaConfig {
     /// assert!(ReplicaConfig::from_text(r#"{"replicas":{"ejection":{"jitter":3}}}"#, Format::Json).is_err());
     /// # Ok::<(), stormguard_core::ConfigError>(())
     /// ```
-    pub fn from_text(text: &str, format: crate::Format) -> Result<Self, ConfigError> {
+    pub fn from_text(text: &str, format: document::Format) -> Result<Self, ConfigError> {
         read(document::parse(text, format)?)
     }
 

@@ -13,16 +13,16 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::document;
-use super::duration::Proto;
 use super::notice::NotApplied;
-use super::value::{Finite, Int};
 use super::{BudgetChoice, ClientConfig, MethodPolicy};
-use crate::A6BudgetConfig;
-use crate::BackoffConfig;
-use crate::CodeSet;
-use crate::ConfigError;
-use crate::{HedgeDelay, HedgingPolicy};
-use crate::{MethodScope, MethodTable, RetryPolicy};
+use crate::budget::A6BudgetConfig;
+use crate::error::ConfigError;
+use crate::field::duration::Proto;
+use crate::field::{Finite, Int};
+use crate::retry::BackoffConfig;
+use crate::retry::{HedgeDelay, HedgingPolicy};
+use crate::retry::{MethodScope, MethodTable, RetryPolicy};
+use crate::wire::code::CodeSet;
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", expecting = "a gRPC service config object")]

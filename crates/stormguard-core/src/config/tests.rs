@@ -5,10 +5,10 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
-use crate::BackoffConfig;
 use crate::config::notice::IDEMPOTENT_SETTING;
-use crate::{Code, CodeSet};
-use crate::{HedgeDelay, LearnedDelay};
+use crate::retry::BackoffConfig;
+use crate::retry::{HedgeDelay, LearnedDelay};
+use crate::wire::code::{Code, CodeSet};
 
 /// The field an error names, or the whole message for an error that names none.
 fn field_of(e: ConfigError) -> String {
@@ -259,7 +259,7 @@ fn stormguard_shape_reads_every_field() {
             min_retries_per_second: 2,
             retry_ratio: 0.2,
             fleet_size: 40,
-            floor: crate::Floor::Always,
+            floor: crate::budget::Floor::Always,
         })
     );
     let b = c.breaker.unwrap();
@@ -1194,8 +1194,8 @@ hedging = { delay = "10ms" }
 }
 #[test]
 fn hedging_in_the_service_config_sits_where_a_retry_policy_would() -> Result<(), ConfigError> {
-    use crate::ClientConfig;
-    use crate::HedgeDelay;
+    use super::ClientConfig;
+    use crate::retry::HedgeDelay;
     use std::time::Duration;
 
     let config = ClientConfig::from_service_config_json(
@@ -1221,8 +1221,8 @@ fn hedging_in_the_service_config_sits_where_a_retry_policy_would() -> Result<(),
 
 #[test]
 fn hedging_in_stormguard_s_shape_is_per_method_and_alone_in_its_entry() -> Result<(), ConfigError> {
-    use crate::ClientConfig;
-    use crate::HedgeDelay;
+    use super::ClientConfig;
+    use crate::retry::HedgeDelay;
 
     let config = ClientConfig::from_json(
         r#"{ "methods": {
@@ -1255,7 +1255,7 @@ fn hedging_in_stormguard_s_shape_is_per_method_and_alone_in_its_entry() -> Resul
 
 #[test]
 fn the_adaptive_throttle_is_read_and_checked() -> Result<(), ConfigError> {
-    use crate::ClientConfig;
+    use super::ClientConfig;
 
     let config = ClientConfig::from_json(
         r#"{ "adaptive_throttle": { "k": 1.5, "sheddable_k": 1.2,
@@ -1279,7 +1279,7 @@ fn the_adaptive_throttle_is_read_and_checked() -> Result<(), ConfigError> {
 
 #[test]
 fn an_application_config_embeds_a_client_config_and_deserializing_validates() {
-    use crate::ClientConfig;
+    use super::ClientConfig;
     use serde::Deserialize;
 
     #[derive(Deserialize)]

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::ConfigError;
+use crate::error::ConfigError;
 
 /// How delays grow between attempts.
 ///

@@ -8,10 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::ConfigError;
-use crate::Instant;
+use tokio::time::Instant;
+
 use crate::budget::ring::{BUCKETS, BucketClock, BucketRing};
-use crate::config::check;
+use crate::error::ConfigError;
+use crate::field::check;
 
 /// Number of rolling buckets the sliding window is split into.
 ///
@@ -44,27 +45,27 @@ pub(crate) const TRANSITION_LOG: usize = 8;
 pub struct BreakerConfig {
     /// Open when `failures / total` over the window is at least this. In `(0, 1]`;
     /// default `0.5`.
-    #[serde(deserialize_with = "crate::config::finite")]
+    #[serde(deserialize_with = "crate::field::finite")]
     pub failure_rate: f64,
     /// Length of the sliding window the rate is computed over. From 1 s to 600 s;
     /// default 10 s.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::field::duration")]
     pub window: Duration,
     /// Minimum number of outcomes in the window before the breaker may open, so that a
     /// single early failure does not trip it. At least 1; default 20.
-    #[serde(deserialize_with = "crate::config::whole")]
+    #[serde(deserialize_with = "crate::field::whole")]
     pub min_requests: u32,
     /// Base duration of the open state. Greater than zero and at most one hour;
     /// default 5 s.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::field::duration")]
     pub open_for: Duration,
     /// Each open period lasts `open_for · (1 + U[0, open_jitter])`, so that breakers that
     /// opened together do not probe together. In `[0, 10]`; default `0.5`.
-    #[serde(deserialize_with = "crate::config::finite")]
+    #[serde(deserialize_with = "crate::field::finite")]
     pub open_jitter: f64,
     /// Probes admitted at once in the half-open state, and probe successes needed to
     /// close. At least 1; default 3.
-    #[serde(deserialize_with = "crate::config::whole")]
+    #[serde(deserialize_with = "crate::field::whole")]
     pub half_open_probes: u32,
 }
 

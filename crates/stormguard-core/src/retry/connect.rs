@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::Instant;
+use tokio::time::Instant;
 
 /// The wait after the first refused connection.
 const INITIAL: Duration = Duration::from_secs(1);

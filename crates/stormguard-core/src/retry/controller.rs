@@ -5,17 +5,23 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
+use super::backoff::Backoff;
+use super::breaker::{BreakerConfig, CircuitBreaker};
 use super::call::keying::{backoff_seed, breaker_seed, call_key, connect_seed};
 use super::call::{CallRetry, HedgeState};
 use super::connect::ConnectBackoff;
-use crate::BudgetChoice;
-use crate::budget::DEFAULT_MAX_KEYS;
-use crate::{
-    A6Budget, Backoff, Budget, CallTimes, CircuitBreaker, ClientConfig, ConfigError,
-    DelayEstimator, HedgeDelay, HedgingPolicy, Instant, KeyedBudgets, MethodTable, Refusal,
-    RetryBudget, Saturation,
-};
-use crate::{CallDeadline, DeadlineSource, deadline::resolve_deadline_at};
+use super::decision::Refusal;
+use super::delay::DelayEstimator;
+use super::policy::{HedgeDelay, HedgingPolicy, MethodTable};
+use super::saturation::Saturation;
+use super::shared::Shared;
+use crate::budget::{Budget, KeyedBudgets};
+use crate::deadline::CallTimes;
+use crate::deadline::resolve_deadline_at;
+use crate::deadline::{CallDeadline, DeadlineSource};
+use crate::error::ConfigError;
 
 /// The retry policy of one dependency: its method table, one budget and one optional
 /// breaker, shared by every clone.
@@ -88,24 +94,6 @@ use crate::{CallDeadline, DeadlineSource, deadline::resolve_deadline_at};
 #[derive(Clone)]
 pub struct RetryController {
     shared: Arc<Shared>,
-}
-
-pub(super) struct Shared {
-    pub(super) methods: MethodTable,
-    pub(super) budget: Arc<dyn Budget>,
-    pub(super) breaker: Option<CircuitBreaker>,
-    /// Accounts per key (replica or shard), when the budget is stormguard's.
-    pub(super) keyed: Option<Arc<KeyedBudgets>>,
-    /// What the dependency's load reports say, when the layer reads them.
-    pub(super) saturation: Option<Arc<Saturation>>,
-    /// The learned hedge delays, one per hedging policy of the table that learns its delay
-    /// (found by the policy's address: a lookup allocates nothing).
-    pub(super) estimators: Vec<(Arc<HedgingPolicy>, Arc<DelayEstimator>)>,
-    pub(super) seed: u64,
-    pub(super) calls: AtomicU64,
-    /// How long a transparent retry waits after a refused connection, and whether a first
-    /// attempt may be sent meanwhile.
-    pub(super) connect: Arc<ConnectBackoff>,
 }
 
 /// One estimator per learned hedging policy of `methods`.
@@ -243,40 +231,21 @@ impl RetryController {
         self.shared.keyed.as_deref()
     }
 
-    /// A controller for `config` (validated first): its method table, the budget or A6
-    /// bucket it names, and its breaker, their random draws seeded by [`ClientConfig::seed`]
-    /// (so a seeded run can be reproduced; `None` draws a seed).
-    ///
-    /// ```
-    /// use stormguard_core::{CallTimes, ClientConfig, Instant, RetryController};
-    ///
-    /// let controller = RetryController::from_config(&ClientConfig::standard().with_seed(7)).unwrap();
-    /// let call = controller.begin_call_at("/pkg.Svc/Get", &CallTimes::default(), Instant::now());
-    /// assert!(call.unwrap().is_retryable_method());
-    /// ```
-    pub fn from_config(config: &ClientConfig) -> Result<Self, ConfigError> {
-        config.validate()?;
-        let seed = config.seed.unwrap_or_else(|| fastrand::u64(..));
-        let budget: Arc<dyn Budget> = match &config.budget {
-            BudgetChoice::Stormguard(b) => Arc::new(RetryBudget::new(b.clone())?),
-            BudgetChoice::A6(t) => Arc::new(A6Budget::new(t.clone())?),
-        };
-        let breaker = match &config.breaker {
-            Some(b) => Some(CircuitBreaker::new(b.clone(), breaker_seed(seed))?),
+    /// A controller over `methods` paying from `budget`, with the breaker `breaker`
+    /// describes, its open-duration jitter seeded from `seed` as every random draw of the
+    /// controller is ([`from_config`](Self::from_config) builds it so). The table is
+    /// already checked.
+    pub(crate) fn seeded(
+        methods: MethodTable,
+        budget: Arc<dyn Budget>,
+        breaker: Option<BreakerConfig>,
+        seed: u64,
+    ) -> Result<Self, ConfigError> {
+        let breaker = match breaker {
+            Some(b) => Some(CircuitBreaker::new(b, breaker_seed(seed))?),
             None => None,
         };
-        let mut controller = RetryController::over(config.methods.clone(), budget, breaker, seed);
-        if let Some(load_reports) = config.load_reports {
-            controller = controller.with_saturation(Arc::new(Saturation::new(load_reports)?));
-        }
-        Ok(match &config.budget {
-            // One account per replica (or shard) beside the shared budget; an A6 throttle
-            // is one token bucket, as A6 defines it.
-            BudgetChoice::Stormguard(b) => {
-                controller.with_key_budgets(KeyedBudgets::new(b.clone(), DEFAULT_MAX_KEYS)?)
-            }
-            BudgetChoice::A6(_) => controller,
-        })
+        Ok(Self::over(methods, budget, breaker, seed))
     }
 
     /// The budget that pays for retries.

@@ -5,9 +5,10 @@
 use std::fmt;
 use std::time::Duration;
 
-#[allow(unused_imports)]
-use crate::{CallRetry, KeyedBudgets};
-use crate::{Code, Instant, Pushback};
+use tokio::time::Instant;
+
+use crate::wire::code::Code;
+use crate::wire::pushback::Pushback;
 
 /// Why a failed attempt was not retried.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -28,7 +29,7 @@ pub enum Refusal {
     /// The retry budget is spent.
     Budget,
     /// The key the failed attempt went to (its replica, or the request's shard) has spent
-    /// its own account: see [`KeyedBudgets`].
+    /// its own account: see [`KeyedBudgets`](crate::budget::KeyedBudgets).
     KeyBudget,
     /// The request body was too large to buffer for replay.
     ReplayLimit,
@@ -116,8 +117,8 @@ pub struct Failure {
     /// could not be made, HTTP/2 refused the stream (`REFUSED_STREAM`, or a stream above a
     /// `GOAWAY`'s last stream id), or the request was never handed to a connection. Even a
     /// non-idempotent method may then be retried, and the retry is
-    /// [transparent](CallRetry::on_attempt_end_at) while the call has transparent retries
-    /// left.
+    /// [transparent](super::CallRetry::on_attempt_end_at) while the call has transparent
+    /// retries left.
     pub unsent: bool,
     /// Whether the server said its application never ran the request (a stormguard
     /// server's own answer: shed, shutting down, expired while queued; the
@@ -142,7 +143,8 @@ impl Failure {
 /// The verdict on a failed attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// Wait `delay`, call [`CallRetry::start_retry_at`], then send the next attempt.
+    /// Wait `delay`, call [`CallRetry::start_retry_at`](super::CallRetry::start_retry_at),
+    /// then send the next attempt.
     Retry {
         /// How long to wait first.
         delay: Duration,
@@ -150,13 +152,13 @@ pub enum Decision {
     /// Return the last status to the caller.
     GiveUp(Refusal),
     /// The caller's deadline has passed: the call ends with `DEADLINE_EXCEEDED`, never
-    /// retried, whatever the attempt's answer was (only [`CallRetry::on_attempt_end_at`]
-    /// decides this).
+    /// retried, whatever the attempt's answer was (only
+    /// [`CallRetry::on_attempt_end_at`](super::CallRetry::on_attempt_end_at) decides this).
     Expired,
 }
 
 /// How an attempt ended before the call committed, as the layer (or the simulator) saw it:
-/// the one input of [`CallRetry::on_attempt_end_at`].
+/// the one input of [`CallRetry::on_attempt_end_at`](super::CallRetry::on_attempt_end_at).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttemptEnd {
     /// An answer that is not `OK`: a trailers-only status, a proxy's HTTP error, or a
@@ -184,14 +186,15 @@ pub struct Verdict {
     /// Whether the retry granted is transparent: the attempt never reached the server's
     /// application ([`Failure::unsent`]), so its retry is free. It is not paid from the
     /// budget, not counted against `maxAttempts` nor in `grpc-previous-rpc-attempts` (the
-    /// plan [`start_retry_at`](CallRetry::start_retry_at) makes carries the same number as the
+    /// plan [`start_retry_at`](super::CallRetry::start_retry_at) makes carries the same number as the
     /// attempt it replaces), not a failure for the breaker, and sent without a delay. Only
     /// with [`Decision::Retry`].
     pub transparent: bool,
 }
 
 /// What the attempt about to be sent carries and when it must end: from
-/// [`CallRetry::first_attempt_at`] and [`CallRetry::start_retry_at`].
+/// [`CallRetry::first_attempt_at`](super::CallRetry::first_attempt_at) and
+/// [`CallRetry::start_retry_at`](super::CallRetry::start_retry_at).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttemptPlan {
     /// Attempts before this one: the value of `grpc-previous-rpc-attempts` (0 on the first).

@@ -6,7 +6,9 @@ use std::fmt;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::{Instant, LearnedDelay};
+use tokio::time::Instant;
+
+use super::policy::LearnedDelay;
 
 /// Buckets per doubling of latency: 8, so a percentile is read within 9 %.
 const PER_OCTAVE: usize = 8;

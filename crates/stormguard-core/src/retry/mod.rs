@@ -11,6 +11,7 @@ mod decision;
 mod delay;
 mod policy;
 mod saturation;
+mod shared;
 mod throttle;
 
 pub use backoff::{Backoff, BackoffConfig};
@@ -21,7 +22,6 @@ pub use breaker::{
 pub use call::{CONNECT_SLOT_WAIT, CallRetry, HedgeDecision, TRANSPARENT_RETRIES};
 pub use controller::RetryController;
 pub use decision::{AttemptEnd, AttemptPlan, Decision, Failure, Refusal, Verdict};
-pub(crate) use delay::DelayEstimator;
 pub use policy::{
     HedgeDelay, HedgingPolicy, LearnedDelay, MAX_ATTEMPTS_CAP, MethodMap, MethodScope, MethodTable,
     RetryPolicy,

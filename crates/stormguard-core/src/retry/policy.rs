@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::BackoffConfig;
-use crate::ConfigError;
-use crate::{Code, CodeSet};
+use super::backoff::BackoffConfig;
+use crate::error::ConfigError;
+use crate::wire::code::{Code, CodeSet};
 
 /// The largest number of attempts A6 allows; larger configured values are treated as this.
 pub const MAX_ATTEMPTS_CAP: u32 = 5;

@@ -4,8 +4,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
+use crate::error::ConfigError;
 use crate::wire::MAX_UTILIZATION;
-use crate::{ConfigError, Instant, LoadReport};
+use crate::wire::orca::LoadReport;
 
 /// When a client reads a server as saturated, and for how long it remembers (config key
 /// `retry.load_reports`, see `docs/config.md`).

@@ -3,13 +3,19 @@ use super::*;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{Budget, CallTimes, ClientConfig, Code, Instant, KeyedBudgets, Pushback};
+use tokio::time::Instant;
 
-use crate::BreakerConfig;
-use crate::CodeSet;
-use crate::{A6Budget, A6BudgetConfig};
-use crate::{BudgetConfig, RetryBudget};
-use crate::{HedgeDelay, HedgingPolicy};
+use crate::budget::{Budget, KeyedBudgets};
+use crate::config::ClientConfig;
+use crate::deadline::CallTimes;
+use crate::wire::code::Code;
+use crate::wire::pushback::Pushback;
+
+use super::breaker::BreakerConfig;
+use super::policy::{HedgeDelay, HedgingPolicy};
+use crate::budget::{A6Budget, A6BudgetConfig};
+use crate::budget::{BudgetConfig, RetryBudget};
+use crate::wire::code::CodeSet;
 
 const PATH: &str = "/pkg.Svc/Get";
 
@@ -32,7 +38,7 @@ fn budget(floor: u32, ratio: f64) -> Arc<dyn Budget> {
             min_retries_per_second: floor,
             retry_ratio: ratio,
             // These tests are about the other checks: a floor lent whatever the answers.
-            floor: crate::Floor::Always,
+            floor: crate::budget::Floor::Always,
             ..BudgetConfig::default()
         })
         .unwrap(),
@@ -49,7 +55,8 @@ fn unavailable() -> Failure {
 
 #[test]
 fn saturated_load_reports_refuse_retries_and_hedges() {
-    use crate::{LoadReport, Saturation, SaturationConfig};
+    use super::saturation::{Saturation, SaturationConfig};
+    use crate::wire::orca::LoadReport;
     let sat = Arc::new(Saturation::new(SaturationConfig::default()).unwrap());
     let c = controller(retried(), budget(100, 0.5)).with_saturation(Arc::clone(&sat));
     let t0 = Instant::now();
@@ -290,7 +297,7 @@ fn a_learned_delay_sends_no_hedge_until_it_has_samples() {
     table.set_hedging(
         MethodScope::Default,
         Some(HedgingPolicy {
-            delay: HedgeDelay::Learned(crate::LearnedDelay {
+            delay: HedgeDelay::Learned(crate::retry::LearnedDelay {
                 min_samples: 10,
                 ..Default::default()
             }),
@@ -1288,7 +1295,8 @@ fn an_attempt_timeout_is_a_retryable_failure_whatever_the_codes() {
 
 #[tokio::test]
 async fn the_requests_allowance_is_spent_last_and_given_back_when_unused() {
-    use crate::{context, context::RequestScope};
+    use crate::context;
+    use crate::context::RequestScope;
     let now = Instant::now();
     let failure = Failure::status(Code::Unavailable);
     // A budget that grants nothing: the allowance it was about to spend comes back.
@@ -1700,11 +1708,11 @@ fn while_connections_are_refused_a_first_attempt_is_sent_only_as_the_slots_probe
 fn a_controller_refuses_a_table_with_a_policy_out_of_range() {
     let field = |methods: MethodTable| match RetryController::new(
         methods,
-        Arc::new(crate::Unlimited),
+        Arc::new(crate::budget::Unlimited),
         None,
         1,
     ) {
-        Err(crate::ConfigError::Invalid { field, .. }) => field,
+        Err(crate::error::ConfigError::Invalid { field, .. }) => field,
         other => panic!("{:?}", other.map(|_| ())),
     };
     let one_attempt = RetryPolicy {
@@ -1717,7 +1725,7 @@ fn a_controller_refuses_a_table_with_a_policy_out_of_range() {
     );
     let mut hedged = MethodTable::none();
     hedged.set_hedging(
-        crate::MethodScope::Method("pkg.Svc", "Get"),
+        crate::retry::MethodScope::Method("pkg.Svc", "Get"),
         Some(HedgingPolicy {
             non_fatal_codes: CodeSet::single(Code::Ok),
             ..HedgingPolicy::default()
@@ -1728,7 +1736,7 @@ fn a_controller_refuses_a_table_with_a_policy_out_of_range() {
     assert!(
         RetryController::new(
             MethodTable::uniform(RetryPolicy::default()),
-            Arc::new(crate::Unlimited),
+            Arc::new(crate::budget::Unlimited),
             None,
             1
         )

@@ -7,12 +7,13 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::ConfigError;
-use crate::Criticality;
-use crate::Instant;
+use tokio::time::Instant;
+
 use crate::budget::ring::{BUCKETS, BucketClock, BucketRing};
-use crate::config::check;
-use crate::{Code, CodeSet};
+use crate::criticality::Criticality;
+use crate::error::ConfigError;
+use crate::field::check;
+use crate::wire::code::{Code, CodeSet};
 
 /// Number of time buckets each class's window is split into: a count is forgotten
 /// between `0.9 · window` and `window` after it was recorded.
@@ -37,21 +38,21 @@ pub struct AdaptiveThrottleConfig {
     /// `K` of [`Criticality::Default`] calls: they are refused locally once fewer than
     /// `1/K` of their recent requests were accepted. From 1 to 1000; default 2 (the SRE
     /// book's).
-    #[serde(deserialize_with = "crate::config::finite")]
+    #[serde(deserialize_with = "crate::field::finite")]
     pub k: f64,
     /// `K` of [`Criticality::Sheddable`] calls. From 1 to `k`; default 1.5.
-    #[serde(deserialize_with = "crate::config::finite")]
+    #[serde(deserialize_with = "crate::field::finite")]
     pub sheddable_k: f64,
     /// `K` of [`Criticality::Critical`] calls. From `k` to 1000; default 3.
-    #[serde(deserialize_with = "crate::config::finite")]
+    #[serde(deserialize_with = "crate::field::finite")]
     pub critical_k: f64,
     /// The highest probability of refusing a call locally, so that some calls always go
     /// out as probes and the first accepts bring the probability down. In `[0, 1)`;
     /// default 0.9.
-    #[serde(deserialize_with = "crate::config::finite")]
+    #[serde(deserialize_with = "crate::field::finite")]
     pub max_reject_probability: f64,
     /// How far back requests and accepts are counted. From 1 s to 600 s; default 10 s.
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::field::duration")]
     pub window: Duration,
     /// Codes that are a refusal for overload whatever the answer carries. Default
     /// `[RESOURCE_EXHAUSTED]`.

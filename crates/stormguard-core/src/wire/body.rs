@@ -15,9 +15,8 @@ use std::task::{Context, Poll};
 use bytes::Buf;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use tokio::time::Instant;
 use tokio::time::Sleep;
-
-use crate::Instant;
 
 pin_project! {
     #[project = DeadlineCutProj]

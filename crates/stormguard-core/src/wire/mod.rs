@@ -47,9 +47,9 @@ pub use retry_info::{
 use std::fmt;
 use std::time::Duration;
 
-use crate::Code;
-use crate::Criticality;
-use crate::Pushback;
+use crate::criticality::Criticality;
+use code::Code;
+use pushback::Pushback;
 
 /// The request header with the call's timeout: `grpc-timeout`.
 pub const GRPC_TIMEOUT: &str = "grpc-timeout";
@@ -621,9 +621,10 @@ const BIN_BASE64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpos
 /// ```
 pub fn parse_load_report<'a>(
     values: impl IntoIterator<Item = &'a [u8]>,
-) -> Option<Result<crate::LoadReport, crate::LoadReportError>> {
-    use crate::{LoadReport, LoadReportError, wire::MAX_REPORT_BYTES};
+) -> Option<Result<orca::LoadReport, orca::LoadReportError>> {
+    use crate::wire::MAX_REPORT_BYTES;
     use base64::Engine as _;
+    use orca::{LoadReport, LoadReportError};
 
     let mut values = values.into_iter();
     let value = values.next()?;
@@ -644,7 +645,7 @@ pub fn parse_load_report<'a>(
 
 /// Encodes a load report as an [`ENDPOINT_LOAD_METRICS_BIN`] value: the message's bytes in
 /// base64 without padding, as tonic encodes `-bin` metadata.
-pub fn encode_load_report(report: &crate::OrcaLoadReport) -> String {
+pub fn encode_load_report(report: &orca::OrcaLoadReport) -> String {
     use base64::Engine as _;
     use prost::Message as _;
     BIN_BASE64.encode(report.encode_to_vec())

@@ -21,8 +21,9 @@
 
 use std::time::Duration;
 
+use super::code::Code;
+use super::pushback::Pushback;
 use super::{BIN_BASE64, MAX_PUSHBACK_MS};
-use crate::{Code, Pushback};
 
 /// The type URL of a `google.rpc.RetryInfo` detail.
 pub const RETRY_INFO_TYPE_URL: &str = "type.googleapis.com/google.rpc.RetryInfo";

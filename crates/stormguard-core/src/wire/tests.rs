@@ -320,7 +320,7 @@ proptest! {
         cap in 0usize..3,
     ) {
         let cap = Criticality::ALL[cap];
-        let table = crate::CriticalityTable::new(cap);
+        let table = crate::criticality::CriticalityTable::new(cap);
         let got = table.resolve("/x.Y/Z", parse_criticality(Some(&value)));
         prop_assert!(got <= cap);
         match Criticality::from_value(&value) {

@@ -14,8 +14,9 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::{AdaptiveLimit, AdaptiveLimitConfig};
-use crate::Instant;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {

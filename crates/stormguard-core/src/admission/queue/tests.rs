@@ -1,8 +1,8 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
-use crate::AdaptiveLimitConfig;
-use crate::AdmissionConfig;
-use crate::{QueueOrder, RetryThreshold};
+use crate::admission::config::AdmissionConfig;
+use crate::admission::config::{QueueOrder, RetryThreshold};
+use crate::admission::limit::AdaptiveLimitConfig;
 use proptest::prelude::*;
 
 const MS: Duration = Duration::from_millis(1);

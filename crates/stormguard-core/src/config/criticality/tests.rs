@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
-use crate::Criticality;
+use crate::criticality::Criticality;
 
 #[test]
 fn json_errors_name_the_field() {

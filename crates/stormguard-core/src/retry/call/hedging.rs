@@ -4,11 +4,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
+use super::CallRetry;
 use super::is_overload;
-use crate::{
-    AttemptEnd, AttemptPlan, BreakerState, CallRetry, Code, DelayEstimator, Failure, HedgeDelay,
-    HedgingPolicy, Instant, Pushback, Refusal, context,
-};
+use crate::context;
+use crate::deadline::Deadline;
+use crate::retry::breaker::BreakerState;
+use crate::retry::decision::{AttemptEnd, AttemptPlan, Failure, Refusal};
+use crate::retry::delay::DelayEstimator;
+use crate::retry::policy::{HedgeDelay, HedgingPolicy};
+use crate::wire::code::Code;
+use crate::wire::pushback::Pushback;
 
 /// The hedges of one call.
 pub(in crate::retry) struct HedgeState {
@@ -39,7 +46,7 @@ impl HedgeState {
         self.next_at = match self.stopped {
             Some(_) => None,
             None if self.sent >= self.policy.effective_max_attempts() => None,
-            None => after.map(|d| crate::Deadline::after_at(now, d).instant()),
+            None => after.map(|d| Deadline::after_at(now, d).instant()),
         };
     }
 }

@@ -1,8 +1,9 @@
 //! Keying: the seeded draws of one call (its backoff jitter, its idempotency key) and the
 //! budget key its retries are charged to.
 
-use crate::CallRetry;
-use crate::{wire::UuidKey, wire::uuid_v4};
+use super::CallRetry;
+use crate::wire::UuidKey;
+use crate::wire::uuid_v4;
 
 /// Mixed into the seed of a call's idempotency key, so the key and the call's backoff
 /// jitter (seeded from the same call number) are unrelated draws.

@@ -14,12 +14,19 @@ pub use hedging::HedgeDecision;
 pub(super) use hedging::HedgeState;
 pub use transparent::{CONNECT_SLOT_WAIT, TRANSPARENT_RETRIES};
 
-use super::controller::Shared;
+use tokio::time::Instant;
+
+use super::backoff::Backoff;
+use super::breaker::{BreakerPermit, BreakerState};
+use super::decision::{AttemptEnd, AttemptPlan, Decision, Failure, Refusal, Verdict};
+use super::policy::RetryPolicy;
+use super::shared::Shared;
+use crate::context;
+use crate::deadline::Deadline;
 use crate::wire::UuidKey;
-use crate::{
-    AttemptEnd, AttemptPlan, Backoff, BreakerPermit, BreakerState, Code, Decision, Failure,
-    Instant, LoadReport, Pushback, Refusal, RetryPolicy, Verdict, context,
-};
+use crate::wire::code::Code;
+use crate::wire::orca::LoadReport;
+use crate::wire::pushback::Pushback;
 
 /// The retry state of one logical call.
 pub struct CallRetry {
@@ -167,7 +174,7 @@ impl CallRetry {
         // Saturates: an absurd timeout means "no practical limit", not a panic.
         let own = self
             .attempt_timeout
-            .map(|t| crate::Deadline::after_at(now, t).instant());
+            .map(|t| Deadline::after_at(now, t).instant());
         self.attempt_deadline = match (self.deadline, own) {
             (Some(call), Some(attempt)) if attempt < call => Some(attempt),
             (Some(_), _) => None,

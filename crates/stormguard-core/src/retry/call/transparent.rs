@@ -4,7 +4,12 @@
 
 use std::time::Duration;
 
-use crate::{BreakerState, CallRetry, Decision, Failure, Instant, Pushback, Refusal};
+use tokio::time::Instant;
+
+use super::CallRetry;
+use crate::retry::breaker::BreakerState;
+use crate::retry::decision::{Decision, Failure, Refusal};
+use crate::wire::pushback::Pushback;
 
 /// How many transparent retries one logical call may make (see
 /// [`CallRetry::on_attempt_end_at`], step 3); past them an unsent failure is an ordinary

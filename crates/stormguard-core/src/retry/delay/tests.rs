@@ -1,6 +1,8 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
-use crate::{Code, CodeSet, ConfigError, HedgeDelay, HedgingPolicy};
+use crate::error::ConfigError;
+use crate::retry::policy::{HedgeDelay, HedgingPolicy};
+use crate::wire::code::{Code, CodeSet};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)

@@ -1,8 +1,9 @@
 #![allow(clippy::unwrap_used)]
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::*;
-use crate::Instant;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -78,7 +79,7 @@ fn config_is_checked() {
 
 #[test]
 fn config_key_reads_and_names_its_fields() {
-    use crate::ClientConfig;
+    use crate::config::ClientConfig;
     let c = ClientConfig::from_json(
         r#"{"retry": {"load_reports": {"utilization": 0.9, "queue_depth": 2, "window": "500ms"}}}"#,
     )
@@ -102,7 +103,7 @@ fn config_key_reads_and_names_its_fields() {
     );
     let e = ClientConfig::from_json(r#"{"methods": {"/a.B/": {"load_reports": {}}}}"#).unwrap_err();
     assert!(e.to_string().contains("load_reports"), "{e}");
-    let controller = crate::RetryController::from_config(
+    let controller = crate::retry::RetryController::from_config(
         &(ClientConfig::from_json(r#"{"retry": {"load_reports": {}}}"#).unwrap()).with_seed(1),
     )
     .unwrap();

@@ -2,7 +2,10 @@
 use super::*;
 use std::time::Duration;
 
-use crate::{Instant, RateMeter, a58_weight};
+use tokio::time::Instant;
+
+use crate::admission::RateMeter;
+use crate::balance::weights::a58_weight;
 
 use prost::Message as _;
 

@@ -9,14 +9,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::Instant;
-use crate::MethodScope;
-use crate::MethodTable;
-use crate::Pushback;
-use crate::{AttemptEnd, Failure, HedgeDecision, RetryController};
-use crate::{Budget, BudgetConfig, RetryBudget};
-use crate::{Code, CodeSet};
-use crate::{HedgeDelay, HedgingPolicy};
+use tokio::time::Instant;
+
+use super::HedgeDecision;
+use crate::budget::{Budget, BudgetConfig, RetryBudget};
+use crate::retry::controller::RetryController;
+use crate::retry::decision::{AttemptEnd, Failure};
+use crate::retry::policy::MethodScope;
+use crate::retry::policy::MethodTable;
+use crate::retry::policy::{HedgeDelay, HedgingPolicy};
+use crate::wire::code::{Code, CodeSet};
+use crate::wire::pushback::Pushback;
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]

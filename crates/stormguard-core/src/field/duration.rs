@@ -132,7 +132,7 @@ impl<'de> Deserialize<'de> for Proto {
     }
 }
 
-/// Reads a duration field with [`parse_duration`] (`#[serde(with = "crate::config::duration")]`).
+/// Reads a duration field with [`parse_duration`] (`#[serde(with = "crate::field::duration")]`).
 pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     Human::deserialize(d).map(|h| h.0)
 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::ConfigError;
+use crate::error::ConfigError;
 
 /// `n` is at least 1: "must be at least 1".
 pub(crate) fn at_least_one(field: &str, n: u64) -> Result<(), ConfigError> {
