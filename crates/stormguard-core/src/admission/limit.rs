@@ -326,6 +326,12 @@ pub(crate) struct AdaptiveLimit {
     /// The last growth that let one more call run at once, until the window after it
     /// answers: the limit before it.
     raised_from: Option<f64>,
+    /// How much a window's mean latency moves from one window to the next with nothing
+    /// changed, as a share of it: a moving mean of the absolute log-ratio of consecutive
+    /// windows' latencies at about the same limit (each at most `NOISE_CLIP`).
+    noise: f64,
+    /// The last window's limit and mean latency, for `noise`.
+    previous: Option<(f64, f64)>,
     /// Windows a refuted growth holds the limit back for; doubles each time.
     hold: u32,
     /// Windows left before the limit may grow again.
@@ -361,6 +367,8 @@ impl AdaptiveLimit {
             counted_from: None,
             growth: 0,
             raised_from: None,
+            noise: 0.0,
+            previous: None,
             hold: 0,
             hold_left: 0,
             last_sample: None,
@@ -615,11 +623,25 @@ impl AdaptiveLimit {
         let before = self.limit;
         let (_, beta) = band(before);
         let queued = queued(before, m, rtt);
+        if saturated && !censored && !refusing && rtt > 0.0 {
+            self.follow_noise(before, rtt);
+        } else {
+            // Fewer calls ran than the limit allows: the latency moved with the demand.
+            self.previous = None;
+        }
+        // What the window's noise alone reads as calls queued inside is no evidence either
+        // way: the Vegas step reads what is beyond it. Where the band is one call (`β = 1`),
+        // the test of a growth by one call decides instead (`next_limit`).
+        let beyond_noise = if queued > 0.0 && beta > 1.0 {
+            (queued - NOISE_BANDS * self.noise * before).max(0.0)
+        } else {
+            queued
+        };
         let mut next = match capacity {
             // The floor rose: the calls take longer, but as many run at once.
             Some(capacity) => capacity + beta / 2.0,
             None => self.next_limit(
-                queued,
+                beyond_noise,
                 m,
                 rtt,
                 saturated && !censored && !refusing,
@@ -665,6 +687,20 @@ impl AdaptiveLimit {
             }
         } else if self.limit > before {
             self.cuts_from = None;
+        }
+    }
+
+    /// Follows how much a window's mean latency moves by itself: the window just closed at
+    /// `limit` read `rtt`. Only consecutive windows that reached the limit, at about the same
+    /// limit, count (a change of the limit
+    /// moves the latency by what it let in), and no single pair counts for more than
+    /// `NOISE_CLIP` (a capacity drop is a change, not noise).
+    fn follow_noise(&mut self, limit: f64, rtt: f64) {
+        if let Some((was, before)) = self.previous.replace((limit, rtt)) {
+            if (limit - was).abs() <= NOISE_SAME_LIMIT * was && before > 0.0 {
+                let moved = (rtt / before).ln().abs().min(NOISE_CLIP);
+                self.noise += (moved - self.noise) / NOISE_WINDOWS;
+            }
         }
     }
 
@@ -853,6 +889,23 @@ fn floor_between(hi: Seen, lo: Seen) -> Option<(f64, f64)> {
         (lo.rtt, capacity)
     })
 }
+
+/// How many of the measured window-to-window moves of the latency (`AdaptiveLimit::noise`,
+/// times the limit) a reading of calls queued inside must exceed to count. A mean absolute
+/// log-ratio of two windows is about 1.1 standard deviations of one window's mean: one and a
+/// half of it leave out most of what noise reads, and on exact latencies it is nothing.
+const NOISE_BANDS: f64 = 1.5;
+
+/// The most one pair of windows moves the noise estimate by (as a log-ratio): a stall of the
+/// runtime, or a capacity drop, is not the noise of every window.
+const NOISE_CLIP: f64 = 0.25;
+
+/// Two windows whose limits differ by at most this share are "at the same limit" for the
+/// noise estimate.
+const NOISE_SAME_LIMIT: f64 = 0.1;
+
+/// Windows the noise estimate averages over (the weight of the newest pair is one over it).
+const NOISE_WINDOWS: f64 = 8.0;
 
 /// The longest a refuted growth holds the limit back, in windows.
 const HOLD_LONGEST: u32 = 16;
