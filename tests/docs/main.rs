@@ -10,6 +10,8 @@
 //! the others' by `stormguard-demo`.)
 #![allow(clippy::unwrap_used)]
 
+mod api;
+
 use std::path::{Path, PathBuf};
 
 use stormguard_core::AdmissionConfig;
