@@ -140,9 +140,15 @@ impl Api {
         out: &mut BTreeMap<Item, Vec<String>>,
         depth: usize,
     ) {
-        assert!(depth < 16, "{prefix}: modules nested 16 deep (a cycle of re-exports?)");
+        assert!(
+            depth < 16,
+            "{prefix}: modules nested 16 deep (a cycle of re-exports?)"
+        );
         let index = &self.docs[krate].json["index"];
-        let items = inner(module).1["items"].as_array().cloned().unwrap_or_default();
+        let items = inner(module).1["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         for id in items {
             let item = &index[key(&id)];
             if item["visibility"] != json!("public") {
@@ -150,7 +156,9 @@ impl Api {
             }
             let name = item["name"].as_str().unwrap_or_default();
             match inner(item) {
-                ("module", _) => self.walk(krate, item, format!("{prefix}::{name}"), out, depth + 1),
+                ("module", _) => {
+                    self.walk(krate, item, format!("{prefix}::{name}"), out, depth + 1)
+                }
                 ("use", u) => {
                     let Some(target) = u.get("id").filter(|t| !t.is_null()) else {
                         continue;
@@ -215,7 +223,10 @@ impl Api {
                 add(&body["bounds"], format!("{name}'s bounds"));
                 for m in body["items"].as_array().into_iter().flatten() {
                     let m = &index[key(m)];
-                    add(inner(m).1, format!("{name}::{}", m["name"].as_str().unwrap_or("?")));
+                    add(
+                        inner(m).1,
+                        format!("{name}::{}", m["name"].as_str().unwrap_or("?")),
+                    );
                 }
             }
             _ => {}
@@ -251,7 +262,10 @@ impl Api {
             for m in imp["items"].as_array().into_iter().flatten() {
                 let m = &index[key(m)];
                 if of_trait || m["visibility"] == json!("public") {
-                    add(inner(m).1, format!("{name}::{}", m["name"].as_str().unwrap_or("?")));
+                    add(
+                        inner(m).1,
+                        format!("{name}::{}", m["name"].as_str().unwrap_or("?")),
+                    );
                 }
             }
         }
@@ -263,8 +277,18 @@ impl Api {
 fn fields(index: &Value, body: &Value) -> Vec<Value> {
     let kind = &body["kind"];
     let mut out: Vec<Value> = Vec::new();
-    for list in [&kind["plain"]["fields"], &kind["struct"]["fields"], &kind["tuple"]] {
-        out.extend(list.as_array().into_iter().flatten().filter(|f| !f.is_null()).cloned());
+    for list in [
+        &kind["plain"]["fields"],
+        &kind["struct"]["fields"],
+        &kind["tuple"],
+    ] {
+        out.extend(
+            list.as_array()
+                .into_iter()
+                .flatten()
+                .filter(|f| !f.is_null())
+                .cloned(),
+        );
     }
     out.retain(|f| index.get(key(f)).is_some());
     out
@@ -305,7 +329,11 @@ pub(crate) fn problems(api: &Api, krate: &str) -> Vec<String> {
     let mut out = BTreeSet::new();
     for (item, at) in &paths {
         if in_workspace(item) && at.len() > 1 {
-            out.insert(format!("{item} has {} public paths: {}", at.len(), at.join(", ")));
+            out.insert(format!(
+                "{item} has {} public paths: {}",
+                at.len(),
+                at.join(", ")
+            ));
         }
     }
     let facade = krate == "stormguard";
@@ -317,7 +345,9 @@ pub(crate) fn problems(api: &Api, krate: &str) -> Vec<String> {
         // methods of the engine objects; the facade reads everything it reaches whole.
         let own = item.starts_with(&format!("{krate}::"));
         let object = item.starts_with("stormguard_core::")
-            && ENGINE_OBJECTS.iter().any(|name| item.ends_with(&format!("::{name}")));
+            && ENGINE_OBJECTS
+                .iter()
+                .any(|name| item.ends_with(&format!("::{name}")));
         let methods = facade || own || !object;
         for (named, place) in api.named(item, methods) {
             if in_workspace(&named) && !paths.contains_key(&named) {
@@ -354,13 +384,17 @@ fn every_type_a_layer_names_has_one_path_from_its_root() {
     let server = api.paths("stormguard_server");
     let find = |paths: &BTreeMap<Item, Vec<String>>, path: &str| {
         let found = paths.iter().find(|(_, at)| at.iter().any(|p| p == path));
-        found.map(|(item, _)| item.clone()).unwrap_or_else(|| panic!("{path} not found: {paths:#?}"))
+        found
+            .map(|(item, _)| item.clone())
+            .unwrap_or_else(|| panic!("{path} not found: {paths:#?}"))
     };
     let layer = find(&client, "stormguard_client::RetryLayer");
     find(&server, "stormguard_server::ShedLayer");
     let named = api.named(&layer, true);
     assert!(
-        named.iter().any(|(n, place)| n.ends_with("::ClientConfig") && place.contains("from_config")),
+        named
+            .iter()
+            .any(|(n, place)| n.ends_with("::ClientConfig") && place.contains("from_config")),
         "RetryLayer::from_config's argument not read: {named:?}"
     );
     let mut failures = Vec::new();
@@ -409,8 +443,10 @@ fn the_rules_catch_what_they_say() {
     );
     // stormguard_client re-exports `Config` and `Code` at its root, and `Code` again in a
     // module; its `Layer::new(Config) -> Layer` is its own.
-    let use_ = |name: &str, id: u32| json!({"name": null, "visibility": "public",
-        "inner": {"use": {"source": name, "name": name, "id": id, "is_glob": false}}});
+    let use_ = |name: &str, id: u32| {
+        json!({"name": null, "visibility": "public",
+        "inner": {"use": {"source": name, "name": name, "id": id, "is_glob": false}}})
+    };
     let client = crate_json(
         "stormguard_client",
         json!({
@@ -453,5 +489,14 @@ fn the_rules_catch_what_they_say() {
         // A method of the crate's own type returns a type nobody can name.
         "stormguard_client::layer::Hidden has no path from stormguard_client's root, and stormguard_client::Layer names it (Layer::new)",
     ];
-    assert_eq!(found, expected.map(String::from).to_vec().into_iter().collect::<BTreeSet<_>>().into_iter().collect::<Vec<_>>());
+    assert_eq!(
+        found,
+        expected
+            .map(String::from)
+            .to_vec()
+            .into_iter()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect::<Vec<_>>()
+    );
 }
