@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod api;
+mod commands;
 
 use std::path::{Path, PathBuf};
 
