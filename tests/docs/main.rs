@@ -12,6 +12,7 @@
 
 mod api;
 mod commands;
+mod storm;
 
 use std::path::{Path, PathBuf};
 
