@@ -191,7 +191,7 @@ impl RetryLayer {
 
     /// Refuse calls locally while the dependency refuses most of them for overload: the SRE
     /// book's client-side throttling (see
-    /// [`adaptive_throttle`](stormguard_core::AdaptiveThrottle) for the formula and its
+    /// [`AdaptiveThrottle`](crate::AdaptiveThrottle) for the formula and its
     /// settings). Off by default; a config's `adaptive_throttle` turns it on in
     /// [`from_config`](Self::from_config).
     ///

@@ -116,11 +116,11 @@ pub struct ClientConfig {
     /// The circuit breaker, if any.
     pub breaker: Option<BreakerConfig>,
     /// Client-side adaptive throttling (stormguard's `adaptive_throttle`), if any: see
-    /// [`adaptive_throttle`](crate::AdaptiveThrottle). Off by default.
+    /// [`AdaptiveThrottle`](crate::AdaptiveThrottle). Off by default.
     pub adaptive_throttle: Option<AdaptiveThrottleConfig>,
     /// Refuse retries and hedges to a dependency whose load reports (ORCA) say it is
-    /// saturated (`retry.load_reports`; see [`crate::orca`](crate::LoadReport)). Default `None`: reports are
-    /// not read for retries.
+    /// saturated (`retry.load_reports`; see [`LoadReport`](crate::LoadReport)). Default
+    /// `None`: reports are not read for retries.
     pub load_reports: Option<SaturationConfig>,
     /// The seed of every random draw of a client built from this config (backoff jitter,
     /// the breaker's open-duration jitter, the adaptive throttle, idempotency keys), so a
@@ -280,7 +280,7 @@ impl Default for ClientConfig {
     /// What stormguard recommends for every method: retry `UNAVAILABLE`, 3 attempts, full
     /// jitter, the default budget, no breaker. No method is taken for idempotent, so only
     /// requests that never reached the server are retried; mark the methods that are safe to
-    /// repeat with a policy of their own (see [`policy`](crate::RetryPolicy)). The same
+    /// repeat with a policy of their own (see [`RetryPolicy`](crate::RetryPolicy)). The same
     /// config as an empty document.
     ///
     /// ```
