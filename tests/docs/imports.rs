@@ -104,6 +104,13 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+fn relative(root: &Path, path: &Path) -> String {
+    path.strip_prefix(root)
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
 /// What is wrong in one published crate's docs, one line each.
 fn problems(root: &Path, own: &str, dir: &str) -> (usize, Vec<String>) {
     let mut out = Vec::new();
@@ -121,11 +128,7 @@ fn problems(root: &Path, own: &str, dir: &str) -> (usize, Vec<String>) {
     };
     let readme = root.join(dir).join("README.md");
     let readme_text = std::fs::read_to_string(&readme).unwrap_or_default();
-    let readme_name = readme
-        .strip_prefix(root)
-        .unwrap_or(&readme)
-        .display()
-        .to_string();
+    let readme_name = relative(root, &readme);
     for (at, line) in readme_rust(&readme_text) {
         check(format!("{readme_name}:{at}"), &line);
     }
@@ -133,11 +136,7 @@ fn problems(root: &Path, own: &str, dir: &str) -> (usize, Vec<String>) {
     sources(&root.join(dir).join("src"), &mut files);
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap_or_default();
-        let name = file
-            .strip_prefix(root)
-            .unwrap_or(&file)
-            .display()
-            .to_string();
+        let name = relative(root, &file);
         for (at, line) in doc_examples(&text) {
             check(format!("{name}:{at}"), &line);
         }
