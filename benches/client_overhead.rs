@@ -229,7 +229,7 @@ fn serve_bare_on(listener: TcpListener, addr: SocketAddr) -> SocketAddr {
 /// exporter's meter.
 async fn serve_shed(prometheus: bool, admission: AdmissionConfig) -> SocketAddr {
     let (listener, addr) = listener().await;
-    let shed = ShedLayer::from_config(admission).expect("admission config");
+    let shed = ShedLayer::from_config(&admission).expect("admission config");
     let shed = if prometheus {
         exporter::shed(shed)
     } else {

@@ -47,7 +47,7 @@ fn bench(c: &mut Criterion) {
 
     // Zero workers are not allowed; one worker held for the whole run and no queue
     // makes every call a shed.
-    let full = ShedLayer::from_config(AdmissionConfig {
+    let full = ShedLayer::from_config(&AdmissionConfig {
         workers: WorkerLimit::Fixed(1),
         queue_capacity: 0,
         retry_threshold: RetryThreshold {
@@ -95,7 +95,7 @@ fn bench(c: &mut Criterion) {
     });
     group.finish();
 
-    let free = ShedLayer::from_config(AdmissionConfig::default()).expect("config");
+    let free = ShedLayer::from_config(&AdmissionConfig::default()).expect("config");
     let mut admitted = free.layer(handler());
     let mut bare = handler();
     let mut group = c.benchmark_group("admitted");

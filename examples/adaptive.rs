@@ -176,7 +176,7 @@ type Client = InventoryClient<stormguard::client::Retry<tonic::transport::Channe
 
 /// A tonic channel to `addr` through a `RetryLayer` (standard policy, 50 ms per attempt).
 async fn connect(addr: SocketAddr) -> Result<(Client, RetryStats), Box<dyn std::error::Error>> {
-    let retry = RetryLayer::from_config(&ClientConfig::standard().with_seed(7))?
+    let retry = RetryLayer::from_config(&ClientConfig::default().with_seed(7))?
         .with_per_attempt_timeout(PER_ATTEMPT);
     let stats = retry.stats();
     let channel = Endpoint::from_shared(format!("http://{addr}"))?
@@ -215,7 +215,7 @@ async fn storm(
     const WINDOW: Duration = Duration::from_millis(500);
     const WINDOWS: usize = 32;
     let (trigger_from, trigger_until) = (10, 16);
-    let layer = ShedLayer::from_config(admission(name, args.capacity))?;
+    let layer = ShedLayer::from_config(&admission(name, args.capacity))?;
     let stats = layer.stats();
     let pool = PoolInventory::new(args.capacity, STORM_SERVICE);
     let addr = serve(pool.clone(), layer).await?;
@@ -276,7 +276,7 @@ async fn run(
     args: &Args,
     capacity: f64,
 ) -> Result<Outcome, Box<dyn std::error::Error>> {
-    let layer = ShedLayer::from_config(admission(name, args.capacity))?;
+    let layer = ShedLayer::from_config(&admission(name, args.capacity))?;
     let stats: ShedStats = layer.stats();
     let addr = serve(PoolInventory::new(args.capacity, args.service), layer).await?;
 

@@ -96,7 +96,7 @@ pub enum PolicyName {
 /// Which retry configuration to use.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PolicyArg {
-    /// `ClientConfig::standard()`, with the demo's `Reserve` marked idempotent (each call
+    /// `ClientConfig::default()`, with the demo's `Reserve` marked idempotent (each call
     /// carries a request id), so that its failures are retried.
     Default,
     /// `ClientConfig::no_retries()`.

@@ -15,7 +15,7 @@
 //!    servers. Service time × 2.5 from 5 s to 8 s.
 //! 2. A dead dependency (the simulator's table 2): 50 client hosts × 10 calls/s against a
 //!    server that answers every attempt `UNAVAILABLE`, 30 s measured, for each variant
-//!    (`defaults`: `ClientConfig::standard()` with the method marked idempotent).
+//!    (`defaults`: `ClientConfig::default()` with the method marked idempotent).
 //! 3. A dependency that refuses connections: the same 50 hosts against a host that
 //!    listens on nothing; connection attempts counted by each client's connector.
 //! 4. A blip: the same 50 hosts against a healthy server that answers `UNAVAILABLE` for

@@ -134,7 +134,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let relay = Relay {
         downstream: InventoryClient::new(ServiceBuilder::new().layer(retry).service(channel)),
     };
-    let shed = ShedLayer::from_config(AdmissionConfig::default())?;
+    let shed = ShedLayer::from_config(&AdmissionConfig::default())?;
     let shed_stats = shed.stats();
 
     let listener = TcpListener::bind(args.addr).await?;

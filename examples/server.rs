@@ -313,7 +313,10 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
 /// The admission layer of [`admission`], with load reports on `--load-reports` or
 /// `admission.load_reports` in the `--config` file; `None` with `--no-shed`.
 fn shed_layer(args: &Args) -> Result<Option<ShedLayer>, Box<dyn Error>> {
-    let layer = admission(args)?.map(ShedLayer::from_config).transpose()?;
+    let layer = admission(args)?
+        .as_ref()
+        .map(ShedLayer::from_config)
+        .transpose()?;
     let from_file = match &args.config {
         Some(path) => {
             ShedSettings::from_path(path)

@@ -128,7 +128,7 @@ struct Served {
 async fn serve(admission: AdmissionConfig, seed: u64) -> Served {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let layer = ShedLayer::from_config(admission).expect("config");
+    let layer = ShedLayer::from_config(&admission).expect("config");
     let stats = layer.stats();
     let inventory = DemoInventory::new(DemoConfig {
         service_time: SERVICE,

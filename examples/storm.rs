@@ -66,7 +66,7 @@ struct Args {
     #[arg(long, value_name = "M", value_enum, default_value_t = Model::Cancelling)]
     model: Model,
     /// The policies to run, comma-separated, in the table's order [default: all but
-    /// hedging, throttle and reports]
+    /// hedging, throttle, reports and unguarded]
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = policy())]
     policies: Vec<Policy>,
     /// Offered load as a share of the measured capacity

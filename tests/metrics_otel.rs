@@ -238,7 +238,7 @@ async fn exported_values_equal_the_layers_own_counters() {
 
     // A small server that must queue and shed: 2 workers, 4 places, retries shed once one
     // call waits; a third of the calls fail. Named after the meter is given: either order.
-    let shed = ShedLayer::from_config(AdmissionConfig {
+    let shed = ShedLayer::from_config(&AdmissionConfig {
         workers: WorkerLimit::Fixed(2),
         queue_capacity: 4,
         retry_threshold: RetryThreshold {
@@ -616,7 +616,7 @@ async fn calls_the_adaptive_throttle_refuses_are_exported_by_criticality() {
     let (provider, exporter) = provider();
     let meter = provider.meter("stormguard-test");
     // A real ShedLayer with one worker and one place: most of a wave of calls is shed.
-    let shed = ShedLayer::from_config(AdmissionConfig {
+    let shed = ShedLayer::from_config(&AdmissionConfig {
         workers: WorkerLimit::Fixed(1),
         queue_capacity: 1,
         retry_threshold: RetryThreshold {
@@ -681,7 +681,7 @@ async fn hedges_timeouts_cuts_and_transparent_retries_are_exported() {
     let (provider, exporter) = provider();
     let meter = provider.meter("stormguard-test");
     // 50 ms a call; a third of the calls fail at once, from a seeded draw.
-    let shed = ShedLayer::from_config(AdmissionConfig::default())
+    let shed = ShedLayer::from_config(&AdmissionConfig::default())
         .unwrap()
         .with_meter(&meter)
         .with_name("inventory-server");
@@ -733,7 +733,7 @@ async fn hedges_timeouts_cuts_and_transparent_retries_are_exported() {
     // Calls with a 600 ms deadline to a server whose handler takes 1 s and that cuts a
     // call 500 ms before its deadline (long before the client gives up, however slow the
     // machine): every one is cut while its handler runs.
-    let cutting = ShedLayer::from_config(AdmissionConfig {
+    let cutting = ShedLayer::from_config(&AdmissionConfig {
         min_time_left: Duration::from_millis(500),
         ..AdmissionConfig::default()
     })
@@ -878,7 +878,7 @@ async fn an_adaptive_limit_exports_its_bounds_and_a_fixed_one_none() {
         seed: 1,
     };
     for (name, config) in [("adaptive", adaptive), ("fixed", fixed)] {
-        let shed = ShedLayer::from_config(config)
+        let shed = ShedLayer::from_config(&config)
             .unwrap()
             .with_meter(&meter)
             .with_name(name);

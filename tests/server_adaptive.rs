@@ -34,7 +34,7 @@ async fn an_adaptive_limit_finds_the_handlers_capacity() {
         }),
         ..AdmissionConfig::default()
     };
-    let layer = ShedLayer::from_config(admission).expect("valid");
+    let layer = ShedLayer::from_config(&admission).expect("valid");
     let stats = layer.stats();
     assert_eq!(stats.workers(), 4 * C);
     assert_eq!(stats.snapshot().min_latency_us, None);

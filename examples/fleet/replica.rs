@@ -142,7 +142,7 @@ async fn serve(
     });
     write_line(&format!("port {port}"));
 
-    let shed = ShedLayer::from_config(AdmissionConfig {
+    let shed = ShedLayer::from_config(&AdmissionConfig {
         workers: WorkerLimit::Fixed(WORKERS),
         seed: Some(seed),
         ..AdmissionConfig::default()

@@ -163,7 +163,7 @@ impl Caller {
             Policy::Hedging => HedgeDelay::Fixed(FIXED_DELAY),
             Policy::HedgingLearned => HedgeDelay::Learned(LearnedDelay::default()),
         };
-        let mut config = ClientConfig::standard();
+        let mut config = ClientConfig::default();
         config.methods.set_hedging(
             MethodScope::Method(INVENTORY_SERVICE, RESERVE_METHOD),
             Some(hedging_policy(delay)),

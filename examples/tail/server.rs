@@ -253,7 +253,7 @@ pub(crate) async fn serve(tail: Tail, seed: u64) -> Result<Serving, tower::BoxEr
             inner,
             counts: Arc::clone(&counts),
         }))
-        .layer(ShedLayer::from_config(admission(seed))?);
+        .layer(ShedLayer::from_config(&admission(seed))?);
     Ok(Serving::spawn(
         addr,
         builder

@@ -18,10 +18,10 @@ use std::time::Duration;
 
 use http::Response;
 use stormguard::client::{
-    AdaptiveThrottleConfig, BreakerConfig, ClientConfig, MethodScope, MethodTable, RetryLayer,
-    RetryPolicy,
+    AdaptiveThrottle, AdaptiveThrottleConfig, BreakerConfig, ClientConfig, MethodScope,
+    MethodTable, RetryController, RetryLayer, RetryPolicy,
 };
-use stormguard::engine::{AdaptiveThrottle, CircuitBreaker, RetryController};
+use stormguard::engine::CircuitBreaker;
 use stormguard_demo::InventoryClient;
 use tonic::body::Body;
 use tonic::{Code, Status};
@@ -328,7 +328,7 @@ async fn callers_refused_by_the_connection_backoff_yield_as_over_bare_tonic() {
     .await;
     // The standard layer: the first calls dial and are refused; the dependency is then in
     // connection backoff, and the calls after them are refused without dialing.
-    let layer = RetryLayer::from_config(&ClientConfig::standard()).unwrap();
+    let layer = RetryLayer::from_config(&ClientConfig::default()).unwrap();
     let stats = layer.stats();
     let c = client!(layer, client_support::endpoint(addr).connect_lazy());
     let calls = 32 * 256 * CALLERS;
@@ -457,7 +457,7 @@ async fn a_loop_over_replicas_that_all_say_not_serving_yields() {
     )
     .await;
     assert_yielded("every replica NOT_SERVING (bare)", turns);
-    let layer = RetryLayer::from_config(&ClientConfig::standard())
+    let layer = RetryLayer::from_config(&ClientConfig::default())
         .unwrap()
         .over_replicas();
     let layered = client!(layer, replicas);

@@ -556,7 +556,7 @@ async fn a_hedge_a_shedding_server_refuses_does_not_fail_the_copy_still_running(
     let channel = in_memory(|incoming| {
         tokio::spawn(
             Server::builder()
-                .layer(ShedLayer::from_config(admission).unwrap())
+                .layer(ShedLayer::from_config(&admission).unwrap())
                 .add_service(stormguard_demo::InventoryServer::new(svc.clone()))
                 .serve_with_incoming(incoming),
         );

@@ -445,7 +445,7 @@ async fn serve_shed(svc: Scripted, draining: bool) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let layer =
-        stormguard_server::ShedLayer::from_config(stormguard_server::AdmissionConfig::default())
+        stormguard_server::ShedLayer::from_config(&stormguard_server::AdmissionConfig::default())
             .unwrap();
     if draining {
         assert!(layer.shutdown_handle().begin());

@@ -1,3 +1,5 @@
+//! The docs as a user reads them, checked.
+//!
 //! Every JSON, YAML and TOML document shown in the README, the `docs/` pages and the crate
 //! READMEs is read by the loader it is written for, so that a document a user copies
 //! loads. A block names its loader after its format: ```` ```json client ````
@@ -5,10 +7,19 @@
 //! (`ReplicaConfig`), `criticality` (`CriticalityTable`), `idempotency`
 //! (`IdempotencyConfig`) or `kubernetes` (Kubernetes manifests: each a YAML document with
 //! its `apiVersion`, `kind` and name, checked for what docs/kubernetes.md relies on); a
-//! document without one fails
-//! here. (The Rust of the same pages is compiled as doc tests: the README's by this crate,
-//! the others' by `stormguard-demo`.)
+//! document without one fails here. (The Rust of the same pages is compiled as doc tests:
+//! the README's by this crate, the others' by `stormguard-demo`.)
+//!
+//! Beside it: every `cargo test` command of the pages runs a test (`commands`), the
+//! README's storm rows are `docs/storm.md`'s (`storm`), a published crate's docs import
+//! from that crate (`imports`), and the published crates' public API, read from rustdoc's
+//! JSON, gives every type one path from a layer's root (`api`, run by `.ci/public-api`).
 #![allow(clippy::unwrap_used)]
+
+mod api;
+mod commands;
+mod imports;
+mod storm;
 
 use std::path::{Path, PathBuf};
 

@@ -80,7 +80,7 @@ async fn serve_front(back: SocketAddr, front_layer: RetryLayer) -> SocketAddr {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(
         Server::builder()
-            .layer(ShedLayer::from_config(AdmissionConfig::default()).unwrap())
+            .layer(ShedLayer::from_config(&AdmissionConfig::default()).unwrap())
             .serve_with_incoming(InventoryServer::new(front), TcpIncoming::from(listener)),
     );
     addr

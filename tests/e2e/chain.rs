@@ -168,7 +168,7 @@ async fn serve_hop(
 }
 
 fn shed_layer() -> ShedLayer {
-    ShedLayer::from_config(AdmissionConfig::default()).unwrap()
+    ShedLayer::from_config(&AdmissionConfig::default()).unwrap()
 }
 
 fn pushback(status: &Status) -> Option<&str> {

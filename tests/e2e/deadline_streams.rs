@@ -517,7 +517,7 @@ async fn a_committed_bidi_stream_ends_deadline_exceeded_at_its_deadline() {
 
 /// One worker, a queue that waits as long as it must (so only the cut frees the worker).
 fn one_worker() -> (ShedLayer, ShedStats) {
-    let layer = ShedLayer::from_config(AdmissionConfig {
+    let layer = ShedLayer::from_config(&AdmissionConfig {
         workers: WorkerLimit::Fixed(1),
         queue_capacity: 4,
         retry_threshold: RetryThreshold {

@@ -440,7 +440,7 @@ pub fn add_server(
                 fail_rate: 0.0,
                 seed,
             });
-            let shed = ShedLayer::from_config(admission(seed))?;
+            let shed = ShedLayer::from_config(&admission(seed))?;
             // A new layer per boot over the store that outlives the host.
             let idempotency = IdempotencyLayer::new().with_store(world.store.clone());
             world.booted(host, shed.stats(), idempotency.stats());
@@ -491,7 +491,7 @@ pub fn endpoint(host: &str) -> Endpoint {
 /// 500 ms ± 50 %), and `Reserve` retried on `UNAVAILABLE` and on its [`PER_ATTEMPT`]
 /// timeout, up to 3 attempts, marked idempotent or not, keyed or not.
 pub fn client_config(idempotent: bool, keyed: bool) -> ClientConfig {
-    let mut config = ClientConfig::standard();
+    let mut config = ClientConfig::default();
     config.budget = BudgetChoice::Stormguard(BudgetConfig {
         ttl: BUDGET_TTL,
         min_retries_per_second: MIN_RETRIES_PER_SECOND,

@@ -189,7 +189,7 @@ async fn serve(svc: Writes, idem: IdempotencyLayer, lossy: Option<LoseAnswers>) 
     tokio::spawn(
         Server::builder()
             .layer(lossy)
-            .layer(ShedLayer::from_config(AdmissionConfig::default()).unwrap())
+            .layer(ShedLayer::from_config(&AdmissionConfig::default()).unwrap())
             .layer(idem)
             .add_service(InventoryServer::new(svc))
             .serve_with_incoming(incoming),

@@ -119,7 +119,7 @@ async fn serve(orders: Orders, idem: IdempotencyLayer) -> SocketAddr {
     tokio::spawn(
         Server::builder()
             .layer(authenticate)
-            .layer(ShedLayer::from_config(AdmissionConfig::default()).unwrap())
+            .layer(ShedLayer::from_config(&AdmissionConfig::default()).unwrap())
             .layer(idem)
             .add_service(orders)
             .serve_with_incoming(TcpIncoming::from(listener)),

@@ -2,7 +2,7 @@
 //! callers' plain loops (spawned tasks, a client each, no `yield_now`) against a
 //! dependency that refuses connections, on a current-thread runtime: a task beside them
 //! keeps getting turns. Each client is built as its source builds it: the README's "Use"
-//! section (an `Endpoint` connected at once, `RetryLayer::from_config(&ClientConfig::standard())`,
+//! section (an `Endpoint` connected at once, `RetryLayer::from_config(&ClientConfig::default())`,
 //! a 300 ms deadline per call), whose calls the connection backoff refuses without I/O;
 //! and `examples/fleet/dns.rs` (`Replicas::from_dns` with health checks under the
 //! `RetryLayer` of `stormguard_client_config` over replicas), whose calls fail at once
@@ -91,7 +91,7 @@ async fn the_readmes_client_in_a_loop_against_a_dependency_that_refuses_connecti
         .connect()
         .await
         .unwrap();
-    let layer = RetryLayer::from_config(&ClientConfig::standard()).unwrap();
+    let layer = RetryLayer::from_config(&ClientConfig::default()).unwrap();
     let stats = layer.stats();
     let client = InventoryClient::new(ServiceBuilder::new().layer(layer).service(channel));
     // The dependency goes away: its connection closes, and its port refuses.

@@ -260,7 +260,7 @@ async fn run(
     timeout: Duration,
     secs: u64,
 ) -> Run {
-    let layer = ShedLayer::from_config(admission).expect("valid");
+    let layer = ShedLayer::from_config(&admission).expect("valid");
     let stats = layer.stats();
     let service = layer.layer(handler);
     let start = Instant::now();
@@ -353,7 +353,7 @@ fn slow_down(slow: &Arc<AtomicU64>) -> tokio::task::JoinHandle<()> {
 /// `handler` behind a `ShedLayer` of `admission`, as a handler a layer above may call
 /// (its answer's body read to the end), and the layer's stats.
 fn behind(admission: AdmissionConfig, handler: Handler) -> (Handler, ShedStats) {
-    let layer = ShedLayer::from_config(admission).expect("valid");
+    let layer = ShedLayer::from_config(&admission).expect("valid");
     let stats = layer.stats();
     let service = layer.layer(handler);
     let handler = tower::service_fn(move |req: http::Request<String>| {
@@ -507,7 +507,7 @@ async fn a_response_stream_that_runs_for_seconds_is_not_read_as_queueing() {
     // then stream for 3 s each (no permit), three in a row from 0.5 s: the streams hold
     // workers, but their length is no latency of the handler's.
     let pool = Pool::new(8, 10 * MS);
-    let layer = ShedLayer::from_config(AdmissionConfig::default()).expect("valid");
+    let layer = ShedLayer::from_config(&AdmissionConfig::default()).expect("valid");
     let stats = layer.stats();
     let streams = layer
         .clone()

@@ -73,7 +73,7 @@ async fn busy<const N: usize>(
     impl Service<http::Request<String>, Response = http::Response<String>, Error = Infallible> + Clone,
     N,
 > {
-    let layer = ShedLayer::from_config(config).expect("config");
+    let layer = ShedLayer::from_config(&config).expect("config");
     let stats = layer.stats();
     let gate = Arc::new(Semaphore::new(0));
     let service = layer.layer(gated_handler(Arc::clone(&gate)));

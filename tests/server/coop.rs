@@ -20,7 +20,7 @@ async fn a_loop_of_shed_calls_yields() {
     let handler = tower::service_fn(|_: http::Request<Body>| {
         std::future::pending::<Result<http::Response<Body>, std::convert::Infallible>>()
     });
-    let mut svc = ShedLayer::from_config(one_worker_no_queue())
+    let mut svc = ShedLayer::from_config(&one_worker_no_queue())
         .unwrap()
         .layer(handler);
     let request = || {

@@ -197,11 +197,11 @@ async fn the_admission_key_turns_reports_on() {
         r#"{"admission": {"workers": 2, "load_reports": true}}"#,
     )
     .expect("valid");
-    let layer = stormguard_server::ShedLayer::from_settings(settings).expect("valid");
+    let layer = stormguard_server::ShedLayer::from_settings(&settings).expect("valid");
     assert!(layer.sends_load_reports());
     let off = stormguard_core::ShedSettings::from_json(r#"{"admission": {}}"#).expect("valid");
     assert!(
-        !stormguard_server::ShedLayer::from_settings(off)
+        !stormguard_server::ShedLayer::from_settings(&off)
             .expect("valid")
             .sends_load_reports()
     );

@@ -161,7 +161,7 @@ fn header_pushback_ms<B>(response: &http::Response<B>) -> u64 {
 /// estimate is exact, not a band wide enough for a loaded machine.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn the_pushback_follows_the_observed_completion_rate() {
-    let layer = ShedLayer::from_config(AdmissionConfig {
+    let layer = ShedLayer::from_config(&AdmissionConfig {
         workers: WorkerLimit::Fixed(1),
         queue_capacity: 4,
         retry_threshold: RetryThreshold {
@@ -277,7 +277,7 @@ async fn a_call_whose_deadline_leaves_no_room_after_pushback_and_drain_is_told_n
 /// apart, so the stretch of shedding is exact.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn sustained_shedding_turns_pushback_to_do_not_retry_and_back_when_it_ends() {
-    let layer = ShedLayer::from_config(AdmissionConfig {
+    let layer = ShedLayer::from_config(&AdmissionConfig {
         // Drain estimate: pushback_max (100 ms), no rate known; sheds 50 ms apart are
         // one stretch.
         pushback_max: Duration::from_millis(100),

@@ -55,7 +55,7 @@ fn ready_exactly_when_the_inner_service_is_even_with_the_queue_full() {
         .build()
         .expect("runtime");
     let _guard = runtime.enter();
-    let layer = ShedLayer::from_config(AdmissionConfig {
+    let layer = ShedLayer::from_config(&AdmissionConfig {
         workers: WorkerLimit::Fixed(1),
         queue_capacity: 1,
         retry_threshold: RetryThreshold {

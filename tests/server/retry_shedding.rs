@@ -98,7 +98,7 @@ async fn retries_are_shed_past_the_threshold_and_first_attempts_queue_until_full
 /// 10 ms, arrivals come exactly every 10 ms, so every run makes the same decisions.
 /// Returns (ok first, ok retry, shed first, shed retry, expired).
 async fn overload_run(retry_threshold: RetryThreshold) -> [u64; 5] {
-    let layer = ShedLayer::from_config(AdmissionConfig {
+    let layer = ShedLayer::from_config(&AdmissionConfig {
         workers: WorkerLimit::Fixed(2),
         queue_capacity: 16,
         retry_threshold,

@@ -120,7 +120,7 @@ async fn every_early_answer_reads_the_request_body() {
     use std::convert::Infallible;
     use tower::{Layer, ServiceExt};
 
-    let layer = stormguard_server::ShedLayer::from_config(AdmissionConfig {
+    let layer = stormguard_server::ShedLayer::from_config(&AdmissionConfig {
         workers: WorkerLimit::Fixed(1),
         queue_capacity: 1,
         retry_threshold: RetryThreshold {

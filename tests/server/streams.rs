@@ -209,7 +209,7 @@ async fn a_trickling_client_stream_holds_its_worker_until_its_answer_ends() {
 /// worker alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_layer_of_its_own_gives_client_streams_a_separate_limit() {
-    let streams = ShedLayer::from_config(one_worker_no_queue()).expect("valid config");
+    let streams = ShedLayer::from_config(&one_worker_no_queue()).expect("valid config");
     let stream_stats = streams.stats();
     let server = start_with(
         one_worker_no_queue(),

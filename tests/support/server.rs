@@ -53,7 +53,7 @@ pub fn one_worker_short_queue() -> AdmissionConfig {
     }
 }
 
-/// Binds 127.0.0.1:0, then serves the demo Inventory behind `ShedLayer::from_config(admission)`.
+/// Binds 127.0.0.1:0, then serves the demo Inventory behind `ShedLayer::from_config(&admission)`.
 /// The demo's gate starts closed when `gated`.
 pub async fn start(admission: AdmissionConfig, demo: DemoConfig, gated: bool) -> TestServer {
     start_with(admission, demo, gated, |layer, inventory, incoming| {
@@ -80,7 +80,7 @@ where
         .await
         .expect("bind loopback");
     let addr = listener.local_addr().expect("local addr");
-    let layer = ShedLayer::from_config(admission).expect("valid admission config");
+    let layer = ShedLayer::from_config(&admission).expect("valid admission config");
     let stats = layer.stats();
     let inventory = DemoInventory::new(demo);
     let control = inventory.control();

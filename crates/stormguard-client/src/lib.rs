@@ -7,7 +7,7 @@
 //! service for one user request, and a per-call attempt cap does nothing against a fleet
 //! of callers that all retry at once. When a dependency slows down, the retry load alone
 //! can keep it saturated after the trigger is gone (a metastable failure). This crate puts
-//! one [`RetryController`](stormguard_core::RetryController) per dependency in front
+//! one [`RetryController`] per dependency in front
 //! of a tonic channel: a retry goes out only when the failure is retryable, the server did
 //! not push back, the deadline leaves room, the breaker is closed and the shared budget
 //! (retries ≤ ~10 % of successes) can pay for it.
@@ -19,11 +19,8 @@
 //! # Use
 //!
 //! ```no_run
-//! use std::{sync::Arc, time::Duration};
-//! use stormguard_client::RetryLayer;
-//! use stormguard_core::{
-//!     Budget, BudgetConfig, MethodScope, MethodTable, RetryBudget, RetryController, RetryPolicy,
-//! };
+//! use std::time::Duration;
+//! use stormguard_client::{ClientConfig, MethodScope, RetryLayer, RetryPolicy};
 //! use tower::ServiceBuilder;
 //! # use tonic::transport::Endpoint;
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -32,9 +29,9 @@
 //!     .http2_max_local_error_reset_streams(None)
 //!     .connect()
 //!     .await?;
-//! let budget: Arc<dyn Budget> = Arc::new(RetryBudget::new(BudgetConfig::default())?);
-//! // Every method: retry only requests that never reached the server (a failed connection).
-//! let mut methods = MethodTable::uniform(RetryPolicy::default());
+//! // Every method: retry only requests that never reached the server (a failed
+//! // connection), paid from the default budget (retries ≤ 10 % of recent successes).
+//! let mut config = ClientConfig::default();
 //! // Reserve carries a request id, so repeating it is harmless: retry its UNAVAILABLE
 //! // answers too.
 //! let reserve = RetryPolicy {
@@ -43,10 +40,10 @@
 //!     per_attempt_timeout: Some(Duration::from_millis(50)),
 //!     ..RetryPolicy::default()
 //! };
-//! methods.set_retry(MethodScope::Method("stormguard.demo.v1.Inventory", "Reserve"), Some(reserve));
-//! let controller = RetryController::new(methods, budget, None, 7)?;
+//! let scope = MethodScope::Method("stormguard.demo.v1.Inventory", "Reserve");
+//! config.methods.set_retry(scope, Some(reserve));
 //! // Calls that set no deadline of their own get 150 ms for all their attempts.
-//! let layer = RetryLayer::new(controller).with_default_timeout(Duration::from_millis(150));
+//! let layer = RetryLayer::from_config(&config)?.with_default_timeout(Duration::from_millis(150));
 //! let stats = layer.stats();
 //! let svc = ServiceBuilder::new().layer(layer).service(channel);
 //! // let mut client = InventoryClient::new(svc);   // the generated client, unchanged
@@ -71,7 +68,7 @@
 //! | knob | bounds | the server learns it | when it runs out |
 //! |---|---|---|---|
 //! | `tonic::Request::set_timeout` | the whole call: every attempt, every backoff delay and, once committed, the response stream (see [`ResponseBody`]) | yes: each attempt's `grpc-timeout` is what is left | `DEADLINE_EXCEEDED`, final (never retried) |
-//! | per-attempt timeout: [`RetryPolicy::per_attempt_timeout`](stormguard_core::RetryPolicy::per_attempt_timeout), `retry.per_attempt_timeout`, `retryPolicy.perAttemptRecvTimeout`, [`RetryLayer::with_per_attempt_timeout`] | one attempt | yes: `grpc-timeout` is the smaller of it and what is left of the call | a failure of the dependency (budget, breaker), retried; when the layer gives up, `DEADLINE_EXCEEDED` with `grpc-retry-pushback-ms: -1` |
+//! | per-attempt timeout: [`RetryPolicy::per_attempt_timeout`], `retry.per_attempt_timeout`, `retryPolicy.perAttemptRecvTimeout`, [`RetryLayer::with_per_attempt_timeout`] | one attempt | yes: `grpc-timeout` is the smaller of it and what is left of the call | a failure of the dependency (budget, breaker), retried; when the layer gives up, `DEADLINE_EXCEEDED` with `grpc-retry-pushback-ms: -1` |
 //! | `Endpoint::timeout`, or a `tower::timeout` layer *under* the `RetryLayer` | one attempt (the channel takes the smaller of it and `grpc-timeout`) | no | read by the layer exactly as a per-attempt timeout |
 //! | a `tower::timeout` layer *above* the `RetryLayer` | the whole call | no | the layer's future is dropped: the attempt in flight is cancelled, nothing is recorded for the budget or the breaker, the caller gets `tower`'s `Elapsed`, not a gRPC status |
 //!
@@ -118,11 +115,15 @@ pub use retry::service::Retry;
 pub use retry::stats::{RefusedCounts, RetrySnapshot, RetryStats, ThrottledCounts};
 pub use status::{BoxError, code_from_tonic, code_to_tonic};
 
-// What a user of the layer configures, so that one `use stormguard_client::{..}` holds it.
+// What a user of the layer configures, and every type the layer's API names, so that one
+// `use stormguard_client::{..}` holds it. `RetryController` and `AdaptiveThrottle` are the
+// engine's objects the layer takes built: their own methods are the engine's API.
 pub use stormguard_core::{
-    A6BudgetConfig, AdaptiveThrottleConfig, BackoffConfig, BreakerConfig, BudgetConfig,
-    ClientConfig, Code, ConfigError, Criticality, CriticalityTable, EjectReason, EjectionConfig,
-    Floor, Format, HealthCheckConfig, HedgeDelay, HedgingPolicy, LearnedDelay, LoadConfig,
-    MethodScope, MethodTable, RefreshConfig, ReplicaConfig, ReplicaSnapshot, ReportWeightConfig,
-    RetryPolicy, SaturationConfig, ServingStatus, SlowStartConfig,
+    A6BudgetConfig, AdaptiveThrottle, AdaptiveThrottleConfig, BackoffConfig, BreakerConfig,
+    BudgetChoice, BudgetConfig, ClientConfig, Code, CodeSet, ConfigError, Criticality,
+    CriticalityTable, EjectReason, EjectionConfig, Floor, Format, HealthCheckConfig, HedgeDelay,
+    HedgingPolicy, LearnedDelay, LoadConfig, MethodScope, MethodTable, NotApplied,
+    NotAppliedReason, Notice, RefreshConfig, ReplicaConfig, ReplicaId, ReplicaSnapshot,
+    ReplicaState, ReportWeightConfig, RetryController, RetryPolicy, SaturationConfig,
+    ServingStatus, SlowStartConfig, UnknownCode,
 };

@@ -35,13 +35,13 @@ pub use v1::{
     inventory_server::{Inventory, InventoryServer},
 };
 
-/// stormguard's standard client policy ([`ClientConfig::standard`]) with the demo's
+/// stormguard's standard client policy ([`ClientConfig::default`]) with the demo's
 /// `Reserve` marked idempotent, as the proto documents it (a reservation is keyed by its
 /// `request_id`): the policy the examples use when no config file is given.
 ///
-/// [`ClientConfig::standard`]: stormguard_core::ClientConfig::standard
+/// [`ClientConfig::default`]: stormguard_core::ClientConfig::default
 pub fn client_config() -> stormguard_core::ClientConfig {
-    let mut config = stormguard_core::ClientConfig::standard();
+    let mut config = stormguard_core::ClientConfig::default();
     config.methods.set_retry(
         stormguard_core::MethodScope::Method("stormguard.demo.v1.Inventory", "Reserve"),
         Some(stormguard_core::RetryPolicy {

@@ -143,7 +143,7 @@ pub async fn run_steady(
                 },
                 _ => AdmissionConfig::default(),
             };
-            let layer = ShedLayer::from_config(config)?;
+            let layer = ShedLayer::from_config(&config)?;
             let stats = layer.stats();
             (
                 tokio::spawn(

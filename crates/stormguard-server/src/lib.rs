@@ -8,11 +8,11 @@
 //! the server saturated after whatever slowed it is gone (a *metastable* failure). Two
 //! things break the loop:
 //!
-//! - **Bound the work.** A fixed number of workers and a bounded wait queue: memory
-//!   stays bounded under any offered load, and work that can no longer finish in time
-//!   (its `grpc-timeout` leaves less than `min_time_left`, on arrival or while queued, or
-//!   it has waited `max_time_queued`) is answered `DEADLINE_EXCEEDED` instead of being
-//!   given a worker.
+//! - **Bound the work.** A bounded number of workers (learned from latency unless
+//!   [`WorkerLimit::Fixed`] says how many) and a bounded wait queue: memory stays bounded
+//!   under any offered load, and work that can no longer finish in time (its `grpc-timeout`
+//!   leaves less than `min_time_left`, on arrival or while queued, or it has waited
+//!   `max_time_queued`) is answered `DEADLINE_EXCEEDED` instead of being given a worker.
 //! - **Choose what to drop.** A retry is evidence of load already being amplified; a
 //!   first attempt is a user's only chance so far. Retries are shed as soon as the queue
 //!   passes a threshold; first attempts only when the queue is full. Under sustained
@@ -27,7 +27,7 @@
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! use stormguard_core::{AdmissionConfig, AdmissionController};
+//! use stormguard_server::{AdmissionConfig, AdmissionController};
 //! use stormguard_server::ShedLayer;
 //!
 //! // Validated once, at start-up: a bad value is an error that names the field. The
@@ -91,7 +91,7 @@
 //!   limit for a streaming service, say).
 //!
 //! The decision itself (attempt classes, thresholds, pushback, expiry, queue order) is
-//! [`stormguard_core::AdmissionController`], shared with the fleet simulator; this crate is the
+//! [`AdmissionController`], shared with the fleet simulator; this crate is the
 //! queue and the tower plumbing around it.
 
 pub mod idempotency;
@@ -103,10 +103,11 @@ pub use shed::layer::ShedLayer;
 pub use shed::service::ShedService;
 pub use shed::shutdown::ShutdownHandle;
 pub use shed::stats::{DrainCounts, Occupancy, ShedSnapshot, ShedStats};
-// What a user of the layer configures, so that one `use stormguard_server::{..}` holds it.
-pub use stormguard_core::wire::AttemptClass;
+// What a user of the layer configures, and every type the layer's API names, so that one
+// `use stormguard_server::{..}` holds it. `AdmissionController` is the engine's object the
+// layer takes built: its own methods are the engine's API.
 pub use stormguard_core::{
     AdaptiveLimitConfig, AdmissionConfig, AdmissionController, Code, ConfigError, Criticality,
-    CriticalityTable, Format, IdempotencyConfig, QueueOrder, RetryThreshold, ShedSettings,
-    WorkerLimit,
+    CriticalityTable, Format, IdempotencyConfig, QueueOrder, RetryThreshold, ShedPushback,
+    ShedSettings, UnknownCode, WorkerLimit,
 };

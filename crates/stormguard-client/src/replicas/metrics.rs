@@ -118,7 +118,7 @@ where
     /// let replicas = Replicas::from_services(ReplicaConfig::default(), [("a", answer)])?
     ///     .with_meter(&meter);
     /// # let _ = replicas;
-    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// # Ok::<(), stormguard_client::ConfigError>(())
     /// ```
     pub fn with_meter(self, meter: &Meter) -> Self {
         let weak: Weak<Shared<S, K>> = Arc::downgrade(&self.shared);

@@ -25,7 +25,7 @@
 //! // Clones share the replicas and their health: one to watch them.
 //! let watch = replicas.clone();
 //! let channel = tower::ServiceBuilder::new()
-//!     .layer(RetryLayer::from_config(&ClientConfig::standard())?.over_replicas())
+//!     .layer(RetryLayer::from_config(&ClientConfig::default())?.over_replicas())
 //!     .service(replicas);
 //! // let mut client = InventoryClient::new(channel);
 //! for replica in watch.snapshot() {
@@ -77,6 +77,9 @@ pub use self::dns::{Dns, DnsError, DnsReport};
 pub(crate) use self::future::unwrap_error;
 pub use self::future::{Error, NoReplica, NotServing, NotYet, ResponseFuture, Unresolved};
 pub use self::route::Route;
+/// What a DNS report counts (`DnsReport::counts`).
+#[cfg(feature = "dns")]
+pub use stormguard_core::RefreshCounts;
 pub use tower::discover::Change;
 
 use self::route::REMEMBERED;

@@ -119,9 +119,9 @@ impl RetryLayer {
     ///
     /// ```
     /// use stormguard_client::RetryLayer;
-    /// use stormguard_core::ClientConfig;
+    /// use stormguard_client::ClientConfig;
     ///
-    /// let layer = RetryLayer::from_config(&ClientConfig::standard()).unwrap();
+    /// let layer = RetryLayer::from_config(&ClientConfig::default()).unwrap();
     /// let json = r#"{"methodConfig":[{"name":[{}],"retryPolicy":{"maxAttempts":2,
     ///   "initialBackoff":"0.1s","maxBackoff":"1s","backoffMultiplier":2,
     ///   "retryableStatusCodes":["UNAVAILABLE"]}}]}"#;
@@ -174,9 +174,9 @@ impl RetryLayer {
     /// ```
     /// use std::time::Duration;
     /// use stormguard_client::RetryLayer;
-    /// use stormguard_core::ClientConfig;
+    /// use stormguard_client::ClientConfig;
     ///
-    /// let layer = RetryLayer::from_config(&ClientConfig::standard())
+    /// let layer = RetryLayer::from_config(&ClientConfig::default())
     ///     .unwrap()
     ///     .with_default_timeout(Duration::from_millis(150))
     ///     .with_per_attempt_timeout(Duration::from_millis(50));
@@ -191,7 +191,7 @@ impl RetryLayer {
 
     /// Refuse calls locally while the dependency refuses most of them for overload: the SRE
     /// book's client-side throttling (see
-    /// [`adaptive_throttle`](stormguard_core::AdaptiveThrottle) for the formula and its
+    /// [`AdaptiveThrottle`](crate::AdaptiveThrottle) for the formula and its
     /// settings). Off by default; a config's `adaptive_throttle` turns it on in
     /// [`from_config`](Self::from_config).
     ///
@@ -207,14 +207,14 @@ impl RetryLayer {
     ///
     /// ```
     /// use stormguard_client::RetryLayer;
-    /// use stormguard_core::{AdaptiveThrottle, AdaptiveThrottleConfig};
-    /// use stormguard_core::ClientConfig;
+    /// use stormguard_client::{AdaptiveThrottle, AdaptiveThrottleConfig};
+    /// use stormguard_client::ClientConfig;
     ///
     /// let throttle = AdaptiveThrottle::new(AdaptiveThrottleConfig::default(), 7)?;
-    /// let layer = RetryLayer::from_config(&ClientConfig::standard())?
+    /// let layer = RetryLayer::from_config(&ClientConfig::default())?
     ///     .with_adaptive_throttle(throttle);
     /// assert!(layer.adaptive_throttle().is_some());
-    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// # Ok::<(), stormguard_client::ConfigError>(())
     /// ```
     pub fn with_adaptive_throttle(mut self, throttle: AdaptiveThrottle) -> Self {
         Arc::make_mut(&mut self.shared).throttle = Some(throttle);
@@ -239,9 +239,9 @@ impl RetryLayer {
     ///
     /// ```
     /// use stormguard_client::RetryLayer;
-    /// use stormguard_core::ClientConfig;
+    /// use stormguard_client::ClientConfig;
     ///
-    /// let layer = RetryLayer::from_config(&ClientConfig::standard()).unwrap().with_name("inventory-eu");
+    /// let layer = RetryLayer::from_config(&ClientConfig::default()).unwrap().with_name("inventory-eu");
     /// assert_eq!(layer.name(), Some("inventory-eu"));
     /// ```
     pub fn with_name(mut self, name: impl Into<Arc<str>>) -> Self {
@@ -262,9 +262,9 @@ impl RetryLayer {
     ///
     /// ```
     /// use stormguard_client::RetryLayer;
-    /// use stormguard_core::ClientConfig;
+    /// use stormguard_client::ClientConfig;
     ///
-    /// let layer = RetryLayer::from_config(&ClientConfig::standard()).unwrap().over_replicas();
+    /// let layer = RetryLayer::from_config(&ClientConfig::default()).unwrap().over_replicas();
     /// # let _ = layer;
     /// ```
     pub fn over_replicas(mut self) -> Self {
@@ -286,10 +286,10 @@ impl RetryLayer {
     /// ```
     /// use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
     /// use stormguard_client::RetryLayer;
-    /// use stormguard_core::ClientConfig;
+    /// use stormguard_client::ClientConfig;
     ///
     /// // One account per tenant shard, read from the `x-shard` metadata.
-    /// let layer = RetryLayer::from_config(&ClientConfig::standard()).unwrap().budget_key(|request| {
+    /// let layer = RetryLayer::from_config(&ClientConfig::default()).unwrap().budget_key(|request| {
     ///     let shard = request.headers().get("x-shard")?;
     ///     Some(BuildHasherDefault::<DefaultHasher>::default().hash_one(shard.as_bytes()))
     /// });
@@ -313,13 +313,13 @@ impl RetryLayer {
     ///
     /// ```
     /// use stormguard_client::RetryLayer;
-    /// use stormguard_core::ClientConfig;
-    /// use stormguard_core::SaturationConfig;
+    /// use stormguard_client::ClientConfig;
+    /// use stormguard_client::SaturationConfig;
     ///
-    /// let layer = RetryLayer::from_config(&ClientConfig::standard())?
+    /// let layer = RetryLayer::from_config(&ClientConfig::default())?
     ///     .with_load_reports(SaturationConfig { utilization: 0.9, ..SaturationConfig::default() })?;
     /// assert!(layer.controller().saturation().is_some());
-    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// # Ok::<(), stormguard_client::ConfigError>(())
     /// ```
     pub fn with_load_reports(
         mut self,
@@ -346,11 +346,11 @@ impl RetryLayer {
     /// ```
     /// use opentelemetry::metrics::MeterProvider as _;
     /// use stormguard_client::RetryLayer;
-    /// use stormguard_core::ClientConfig;
+    /// use stormguard_client::ClientConfig;
     ///
     /// # fn provider() -> impl opentelemetry::metrics::MeterProvider { opentelemetry::metrics::noop::NoopMeterProvider::new() }
     /// let meter = provider().meter("checkout");
-    /// let layer = RetryLayer::from_config(&ClientConfig::standard())
+    /// let layer = RetryLayer::from_config(&ClientConfig::default())
     ///     .unwrap()
     ///     .with_meter(&meter)
     ///     .with_name("inventory");

@@ -15,7 +15,7 @@
 //! # let channel = tower::service_fn(|_: http::Request<tonic::body::Body>| async {
 //! #     Ok::<_, std::convert::Infallible>(http::Response::new(tonic::body::Body::empty()))
 //! # });
-//! let layer = RetryLayer::from_config(&ClientConfig::standard())?;
+//! let layer = RetryLayer::from_config(&ClientConfig::default())?;
 //! let service = ServiceBuilder::new().layer(layer.clone()).service(channel);
 //! // Every service the layer built shares one budget, one breaker and these counters.
 //! assert_eq!(layer.stats().snapshot().logical, 0);

@@ -337,7 +337,7 @@ pub struct RetrySnapshot {
     /// [`CallRetry::on_attempt_end_at`](stormguard_core::CallRetry::on_attempt_end_at)).
     pub transparent_retries: u64,
     /// Copies of hedged calls sent after the first (see
-    /// [`hedge`](stormguard_core::HedgingPolicy)): counted in `attempts`, not in `retries`; each
+    /// [`HedgingPolicy`](crate::HedgingPolicy)): counted in `attempts`, not in `retries`; each
     /// paid from the retry budget.
     pub hedges: u64,
     /// Hedged calls answered by a copy other than the first.

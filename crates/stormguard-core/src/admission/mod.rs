@@ -51,7 +51,7 @@ pub enum ShedReason {
     RetryThreshold,
     /// A sheddable call arrived after the queue passed the sheddable threshold, or a
     /// queued call gave its place in a full queue to a call of a higher criticality
-    /// ([`crate::queue`](crate::AdmissionQueue)).
+    /// ([`AdmissionQueue`](crate::AdmissionQueue)).
     Sheddable,
 }
 
@@ -201,8 +201,8 @@ impl CompletionRate {
 ///   `grpc-previous-rpc-attempts`, what standard gRPC clients send on retries, or
 ///   `x-retry-attempt`, by [`wire::attempt_class`](crate::wire::attempt_class); a
 ///   malformed value counts as a retry: a peer cannot buy priority with garbage) and its
-///   [`Criticality`] ([`crate::criticality`](crate::Criticality)): sheddable work is shed before retries,
-///   retries before the rest (`CallClass::rank`).
+///   [`Criticality`]: sheddable work is shed before retries, retries before the rest
+///   (`CallClass::rank`).
 /// - `AdmissionController::decide_at`: admit at once, queue, or shed. **Retries are shed
 ///   first**: once the queue passes the [`RetryThreshold`] a retry is answered at once,
 ///   while a first attempt is shed only when the queue is full. Under sustained overload
@@ -238,7 +238,8 @@ impl CompletionRate {
 ///   ([`QueueOrder::AdaptiveLifo`]).
 ///
 /// Every time-dependent method has an `_at(now)` form taking the instant explicitly. The
-/// queue that asks these questions at the right moments is [`crate::queue`](crate::AdmissionQueue).
+/// queue that asks these questions at the right moments is
+/// [`AdmissionQueue`](crate::AdmissionQueue).
 ///
 /// # Configuration from JSON
 ///
@@ -249,7 +250,7 @@ impl CompletionRate {
 /// field as the document spells it (`admission.retry_threshold.queue_delay`).
 /// `AdmissionConfig` implements `serde::Deserialize` for the fields of the `admission`
 /// object, with the same checks, so an application can hold it in its own config (see
-/// [`crate::config`](crate::ClientConfig), where the reader lives).
+/// [`ClientConfig`](crate::ClientConfig), beside whose reader it lives).
 ///
 /// ```json
 /// { "admission": {

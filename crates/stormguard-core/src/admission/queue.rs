@@ -110,7 +110,7 @@ struct Waiting<T> {
 /// - [`AdmissionQueue::finish_at`] / [`AdmissionQueue::give_back_at`]: a worker turned
 ///   over; the next live waiter gets it, oldest or newest first as the policy says for
 ///   the depth of *live* waiters.
-/// - Criticality ([`crate::criticality`](crate::Criticality)): sheddable calls are shed first, retries
+/// - Criticality ([`Criticality`](crate::Criticality)): sheddable calls are shed first, retries
 ///   next; and when the queue is full, a call takes the place of a waiter of a *lower
 ///   criticality* if there is one (the lowest-ranked by `CallClass::rank`, the oldest
 ///   of those), which is answered with the shed status ([`Dispatch::Shed`]). So a full

@@ -216,7 +216,7 @@ pub struct ShedSettings {
     /// The queue.
     pub admission: AdmissionConfig,
     /// `admission.load_reports`: attach an ORCA load report to every answer
-    /// (`endpoint-load-metrics-bin`; see [`crate::orca`](crate::LoadReport)). Default `false`.
+    /// (`endpoint-load-metrics-bin`; see [`LoadReport`](crate::LoadReport)). Default `false`.
     pub load_reports: bool,
 }
 

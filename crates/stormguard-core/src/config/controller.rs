@@ -16,7 +16,7 @@ impl RetryController {
     /// ```
     /// use stormguard_core::{CallTimes, ClientConfig, Instant, RetryController};
     ///
-    /// let controller = RetryController::from_config(&ClientConfig::standard().with_seed(7)).unwrap();
+    /// let controller = RetryController::from_config(&ClientConfig::default().with_seed(7)).unwrap();
     /// let call = controller.begin_call_at("/pkg.Svc/Get", &CallTimes::default(), Instant::now());
     /// assert!(call.unwrap().is_retryable_method());
     /// ```

@@ -104,7 +104,10 @@ impl Default for BudgetChoice {
 /// assert!(matches!(config.budget, BudgetChoice::A6(_)));
 /// assert!(config.methods.lookup("/other.Svc/Get").is_none());
 /// ```
-#[derive(Clone, Debug, Default, PartialEq)]
+///
+/// [`ClientConfig::default`] is what stormguard recommends, as is an empty document (`{}`);
+/// [`ClientConfig::no_retries`] retries nothing.
+#[derive(Clone, Debug, PartialEq)]
 pub struct ClientConfig {
     /// Retry and hedging policies by method.
     pub methods: MethodTable,
@@ -113,11 +116,11 @@ pub struct ClientConfig {
     /// The circuit breaker, if any.
     pub breaker: Option<BreakerConfig>,
     /// Client-side adaptive throttling (stormguard's `adaptive_throttle`), if any: see
-    /// [`adaptive_throttle`](crate::AdaptiveThrottle). Off by default.
+    /// [`AdaptiveThrottle`](crate::AdaptiveThrottle). Off by default.
     pub adaptive_throttle: Option<AdaptiveThrottleConfig>,
     /// Refuse retries and hedges to a dependency whose load reports (ORCA) say it is
-    /// saturated (`retry.load_reports`; see [`crate::orca`](crate::LoadReport)). Default `None`: reports are
-    /// not read for retries.
+    /// saturated (`retry.load_reports`; see [`LoadReport`](crate::LoadReport)). Default
+    /// `None`: reports are not read for retries.
     pub load_reports: Option<SaturationConfig>,
     /// The seed of every random draw of a client built from this config (backoff jitter,
     /// the breaker's open-duration jitter, the adaptive throttle, idempotency keys), so a
@@ -134,26 +137,24 @@ impl ClientConfig {
     /// ```
     /// use stormguard_core::ClientConfig;
     ///
-    /// assert_eq!(ClientConfig::standard().with_seed(7).seed, Some(7));
+    /// assert_eq!(ClientConfig::default().with_seed(7).seed, Some(7));
     /// ```
     pub fn with_seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
         self
     }
-    /// stormguard's defaults for every method: retry `UNAVAILABLE`, 3 attempts, full jitter,
-    /// the default budget, no breaker. No method is taken for idempotent, so only requests
-    /// that never reached the server are retried; mark the methods that are safe to repeat
-    /// with a policy of their own (see [`policy`](crate::RetryPolicy)).
-    pub fn standard() -> Self {
+    /// No retries at all (the layer still counts and stamps headers).
+    ///
+    /// ```
+    /// use stormguard_core::ClientConfig;
+    ///
+    /// assert!(ClientConfig::no_retries().methods.lookup("/pkg.Svc/Get").is_none());
+    /// ```
+    pub fn no_retries() -> Self {
         ClientConfig {
-            methods: MethodTable::uniform(RetryPolicy::default()),
+            methods: MethodTable::default(),
             ..ClientConfig::default()
         }
-    }
-
-    /// No retries at all (the layer still counts and stamps headers).
-    pub fn no_retries() -> Self {
-        ClientConfig::default()
     }
 
     /// Checks every part.
@@ -266,7 +267,7 @@ impl ClientConfig {
     }
 
     /// Reads stormguard's own shape (see `docs/config.md`). Every field is optional
-    /// and defaults as in [`ClientConfig::standard`]; unknown fields are errors (a typo must
+    /// and defaults as in [`ClientConfig::default`]; unknown fields are errors (a typo must
     /// not silently fall back to a default).
     pub fn from_json(json: &str) -> Result<Self, ConfigError> {
         document::strict::<client::ClientDoc>(document::parse(json, Format::Json)?)?.build()
@@ -275,6 +276,34 @@ impl ClientConfig {
 
 /// stormguard's own shape (see `docs/config.md`),
 /// validated: what deserializes is what [`ClientConfig::from_json`] accepts.
+impl Default for ClientConfig {
+    /// What stormguard recommends for every method: retry `UNAVAILABLE`, 3 attempts, full
+    /// jitter, the default budget, no breaker. No method is taken for idempotent, so only
+    /// requests that never reached the server are retried; mark the methods that are safe to
+    /// repeat with a policy of their own (see [`RetryPolicy`](crate::RetryPolicy)). The same
+    /// config as an empty document.
+    ///
+    /// ```
+    /// use stormguard_core::ClientConfig;
+    ///
+    /// let config = ClientConfig::default();
+    /// assert_eq!(config.methods.lookup("/pkg.Svc/Get").map(|p| p.max_attempts), Some(3));
+    /// assert_eq!(ClientConfig::from_json("{}")?, config);
+    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// ```
+    fn default() -> Self {
+        ClientConfig {
+            methods: MethodTable::uniform(RetryPolicy::default()),
+            budget: BudgetChoice::default(),
+            breaker: None,
+            adaptive_throttle: None,
+            load_reports: None,
+            seed: None,
+            not_applied: Vec::new(),
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for ClientConfig {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         document::built::<client::ClientDoc, D>(d)

@@ -167,7 +167,7 @@ fn only_methods_marked_idempotent_have_their_answers_retried() {
     // stormguard's shape applies to every method: not idempotent unless it says so.
     let c = ClientConfig::from_json("{}").unwrap();
     assert!(!c.methods.lookup("/a.B/C").unwrap().idempotent);
-    assert_eq!(c, ClientConfig::standard());
+    assert_eq!(c, ClientConfig::default());
     let c = ClientConfig::from_json(r#"{"retry": {"idempotent": true}}"#).unwrap();
     assert!(c.methods.lookup("/a.B/C").unwrap().idempotent);
     // The gRPC service config names the methods it retries: gRPC retries them.
@@ -285,7 +285,7 @@ fn stormguard_shape_reads_every_field() {
 #[test]
 fn stormguard_shape_defaults_and_errors() {
     let c = ClientConfig::from_json("{}").unwrap();
-    assert_eq!(c, ClientConfig::standard());
+    assert_eq!(c, ClientConfig::default());
     let cases = [
         (r#"{"retry": {"max_atempts": 3}}"#, "retry.max_atempts"),
         (r#"{"retri": {}}"#, "retri"),
@@ -535,7 +535,7 @@ fn no_answer_retried_is_a_notice_naming_the_setting() {
             .notices()
             .is_empty()
     );
-    let mut in_code = ClientConfig::standard();
+    let mut in_code = ClientConfig::default();
     assert_eq!(in_code.notices().len(), 1);
     in_code.methods.set_retry(
         MethodScope::Method("pkg.Svc", "Get"),

@@ -50,7 +50,7 @@ use crate::error::ConfigError;
 ///    the time left means no retry);
 /// 8. the breaker is not open;
 /// 9. the dependency's recent load reports (ORCA, when the layer reads them; see
-///    [`crate::orca`](crate::LoadReport)) do not say that every endpoint is saturated;
+///    [`LoadReport`](crate::LoadReport)) do not say that every endpoint is saturated;
 /// 10. the request's retry allowance, when the call runs inside a
 ///     [`RequestScope`](crate::context::RequestScope) that has one (`x-retry-budget`), has
 ///     a retry left (it spends one);

@@ -36,7 +36,8 @@ pub enum Refusal {
     /// The request-scoped retry allowance (`x-retry-budget`) is spent.
     Allowance,
     /// The dependency's recent load reports (ORCA) say it is saturated: every endpoint
-    /// heard from is running at its limit with calls queued (see [`crate::orca`](crate::LoadReport)).
+    /// heard from is running at its limit with calls queued (see
+    /// [`LoadReport`](crate::LoadReport)).
     Saturated,
     /// The dependency refused connections and is in connection backoff (gRPC's
     /// `TRANSIENT_FAILURE`): a call's first attempt is not sent, except the one probe per

@@ -1214,7 +1214,7 @@ fn from_config_builds_the_named_budget_and_breaker() {
     // An A6 throttle of 4 tokens: 2 above the threshold.
     assert!((c.budget().balance_at(now) - 2.0).abs() < 1e-9);
     assert!(c.breaker().is_none());
-    let mut with_breaker = ClientConfig::standard();
+    let mut with_breaker = ClientConfig::default();
     with_breaker.breaker = Some(BreakerConfig::default());
     assert!(
         RetryController::from_config(&with_breaker.clone().with_seed(1))
@@ -1222,7 +1222,7 @@ fn from_config_builds_the_named_budget_and_breaker() {
             .breaker()
             .is_some()
     );
-    let mut bad = ClientConfig::standard();
+    let mut bad = ClientConfig::default();
     bad.breaker = Some(BreakerConfig {
         failure_rate: 0.0,
         ..BreakerConfig::default()

@@ -18,7 +18,7 @@
 //! | [`X_RETRY_BUDGET`] | request | `RetryLayer` inside a request with an allowance (the retries left, on every attempt) | `ShedLayer` with `with_retry_allowance` ([`RequestScope::with_peer_allowance`](crate::context::RequestScope::with_peer_allowance)) | the retries left for the whole logical operation, decimal, at most [`MAX_ALLOWANCE`]; it can lower the server's allowance, never raise it | ignored: the server's own allowance stands |
 //! | [`STORMGUARD_UNPROCESSED`] | response (trailers-only headers) | `ShedLayer` on its own answers (shed, shutting down, expired while queued): the handler never ran | `RetryLayer` ([`is_unprocessed`]): a non-idempotent method may be retried, paid and counted as any retry | exactly `1` | processed (the method's idempotency decides) |
 //! | [`STORMGUARD_CRITICALITY`] | request | the client's `CriticalityLayer` | `ShedLayer` ([`parse_criticality`], then capped by its table) | exactly `critical`, `default` or `sheddable` | `default` |
-//! | [`ENDPOINT_LOAD_METRICS_BIN`] | response (trailers, or trailers-only headers) | `ShedLayer` with `with_load_reports` ([`encode_load_report`]) | `RetryLayer` on every attempt ([`parse_load_report`]): with `with_load_reports` it refuses retries to a saturated server; over `Replicas` it weights the replica that answered | an ORCA `OrcaLoadReport` ([`crate::orca`](crate::LoadReport)), base64 without padding as tonic writes `-bin` keys (padding accepted) | ignored and counted |
+//! | [`ENDPOINT_LOAD_METRICS_BIN`] | response (trailers, or trailers-only headers) | `ShedLayer` with `with_load_reports` ([`encode_load_report`]) | `RetryLayer` on every attempt ([`parse_load_report`]): with `with_load_reports` it refuses retries to a saturated server; over `Replicas` it weights the replica that answered | an ORCA `OrcaLoadReport` ([`LoadReport`](crate::LoadReport)), base64 without padding as tonic writes `-bin` keys (padding accepted) | ignored and counted |
 //! | [`IDEMPOTENCY_KEY`] | request | `RetryLayer` for methods configured with an idempotency key: one UUID v4 per logical call, the same on every attempt and hedge (a key the caller set is kept) | the server's `IdempotencyLayer` ([`parse_idempotency_key`]): the handler's `IdempotencyKey`, and the key its store deduplicates by | 1 to [`MAX_IDEMPOTENCY_KEY_LEN`] visible ASCII characters (`!` to `~`) | refused: `INVALID_ARGUMENT`, the handler does not run, nothing is stored |
 //!
 //! The header names are `&str` constants, which is what tonic's metadata and the
@@ -84,7 +84,8 @@ pub const STORMGUARD_UNPROCESSED: &str = "stormguard-unprocessed";
 
 /// The trailer with a server's load report (gRPC ORCA, gRFC A51):
 /// `endpoint-load-metrics-bin`, a binary (`-bin`) key whose value is an
-/// `xds.data.orca.v3.OrcaLoadReport`, base64 on the wire (see [`crate::orca`](crate::LoadReport)).
+/// `xds.data.orca.v3.OrcaLoadReport`, base64 on the wire (see
+/// [`LoadReport`](crate::LoadReport)).
 pub const ENDPOINT_LOAD_METRICS_BIN: &str = "endpoint-load-metrics-bin";
 
 /// The request header that carries a logical call's idempotency key: `idempotency-key`
@@ -381,7 +382,7 @@ pub fn encode_grpc_timeout(duration: Duration) -> GrpcTimeout {
 /// Returns `None` when the header is absent. Anything but exactly one well-formed
 /// non-negative decimal integer of at most [`MAX_PUSHBACK_MS`] means
 /// [`Pushback::DoNotRetry`]: a server that sends garbage is not one to hammer. What each
-/// reading means for the retry is [`crate::pushback`](crate::Pushback)'s.
+/// reading means for the retry is [`Pushback`](crate::Pushback)'s.
 pub(crate) fn parse_pushback<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Option<Pushback> {
     let mut values = values.into_iter();
     let first = values.next()?;

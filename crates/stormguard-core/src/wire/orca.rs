@@ -79,10 +79,11 @@ pub enum LoadReportError {
 /// `xds.data.orca.v3.OrcaLoadReport` in the `ENDPOINT_LOAD_METRICS_BIN` trailer. grpc-go,
 /// Java and Envoy use those reports only to weight load balancing. stormguard uses them
 /// for that too (the endpoint-aware channel weights replicas with gRPC A58's formula, see
-/// [`crate::replica`](crate::ReplicaSet)) and, first of all, to **stop retries to a server that says it is
-/// saturated before it starts shedding**: a retry sent there would only queue behind the
-/// work that is already late, and a shed answer would come back at the cost of one more
-/// call ([`Saturation`](crate::Saturation), [`Refusal::Saturated`](crate::Refusal::Saturated)).
+/// [`ReplicaSet`](crate::ReplicaSet)) and, first of all, to **stop retries to a server that
+/// says it is saturated before it starts shedding**: a retry sent there would only queue
+/// behind the work that is already late, and a shed answer would come back at the cost of
+/// one more call ([`Saturation`](crate::Saturation),
+/// [`Refusal::Saturated`](crate::Refusal::Saturated)).
 ///
 /// # Trust
 ///

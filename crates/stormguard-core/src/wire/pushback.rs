@@ -28,8 +28,8 @@ use std::time::Duration;
 ///
 /// The value comes from a peer, so it can only make the client *more* careful: a pushback
 /// longer than the time left on the call means no retry at all (see
-/// [`retry`](crate::RetryController)), and a pushback never unlocks a retry that the budget, the
-/// attempt limit or the breaker refused.
+/// [`RetryController`](crate::RetryController)), and a pushback never unlocks a retry that
+/// the budget, the attempt limit or the breaker refused.
 ///
 /// A server may also say when to come back in a `google.rpc.RetryInfo` inside
 /// `grpc-status-details-bin` ([`parse_retry_info`]). When an answer carries both, the

@@ -296,7 +296,7 @@ fn set_reserve_retry(config: &mut ClientConfig, policy: RetryPolicy) {
 /// stormguard's client defaults, with `Reserve` configured explicitly as idempotent (so
 /// the scenario does not depend on the default idempotency of methods).
 pub fn stormguard_client_config(per_attempt: Option<Duration>) -> ClientConfig {
-    let mut config = ClientConfig::standard();
+    let mut config = ClientConfig::default();
     let policy = RetryPolicy {
         idempotent: true,
         per_attempt_timeout: per_attempt,
@@ -317,7 +317,7 @@ pub fn unguarded_client_config(
     backoff: Duration,
     max_attempts: u32,
 ) -> ClientConfig {
-    let mut config = ClientConfig::standard();
+    let mut config = ClientConfig::default();
     config.budget = stormguard_core::BudgetChoice::Stormguard(stormguard_core::BudgetConfig {
         min_retries_per_second: 1_000_000,
         // Lent whether or not the dependency answers, as a loop without a budget would.
@@ -371,7 +371,7 @@ pub fn throttle_client_config(per_attempt: Option<Duration>) -> ClientConfig {
 /// No per-attempt timeout: a hedged call's copies each have what is left of its deadline
 /// (the slow copy is answered by the next one, not by a timer).
 pub fn hedging_client_config(delay: Duration) -> ClientConfig {
-    let mut config = ClientConfig::standard();
+    let mut config = ClientConfig::default();
     let policy = HedgingPolicy {
         max_attempts: 2,
         delay: HedgeDelay::Fixed(delay),

@@ -191,7 +191,7 @@ async fn serve<T: crate::Inventory>(
     match admission {
         Some(config) => {
             builder
-                .layer(ShedLayer::from_config(config)?)
+                .layer(ShedLayer::from_config(&config)?)
                 .add_service(service)
                 .serve_with_incoming(incoming)
                 .await?
@@ -467,7 +467,7 @@ pub enum DeadVariant {
     FleetAwareFloor,
     /// The default budget and the default circuit breaker (`retry.breaker`).
     FloorWithBreaker,
-    /// `ClientConfig::standard()` with the method marked idempotent, nothing else: the
+    /// `ClientConfig::default()` with the method marked idempotent, nothing else: the
     /// floor lent only while the dependency answers, no fleet size, no breaker.
     Defaults,
 }

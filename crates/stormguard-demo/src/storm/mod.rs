@@ -91,7 +91,7 @@ pub enum Policy {
     /// `RetryLayer`'s defaults with `Reserve` idempotent and the run's per-attempt timeout.
     Stormguard,
     /// Both layers exactly as a newcomer installs them: `AdmissionConfig::default()` (an
-    /// adaptive worker limit, told nothing) and `ClientConfig::standard()` with `Reserve`
+    /// adaptive worker limit, told nothing) and `ClientConfig::default()` with `Reserve`
     /// marked idempotent, nothing else set (no per-attempt timeout: each call has its
     /// deadline).
     Defaults,

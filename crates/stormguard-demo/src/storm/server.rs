@@ -251,7 +251,7 @@ pub(crate) async fn serve_costed<T: Inventory>(
     instrument: &dyn Fn(ShedLayer) -> ShedLayer,
 ) -> Result<Serving, StormError> {
     let shed = |config| -> Result<ShedLayer, StormError> {
-        let layer = ShedLayer::from_config(config)?;
+        let layer = ShedLayer::from_config(&config)?;
         Ok(instrument(if load_reports {
             layer.with_load_reports()
         } else {

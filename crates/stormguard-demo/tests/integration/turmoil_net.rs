@@ -22,7 +22,7 @@ fn real_layers_over_the_simulated_network() {
         .build();
     sim.host("server", || async {
         let service = DemoInventory::new(DemoConfig::default());
-        let shed = ShedLayer::from_config(AdmissionConfig::default())?;
+        let shed = ShedLayer::from_config(&AdmissionConfig::default())?;
         Server::builder()
             .layer(shed)
             .add_service(InventoryServer::new(service))

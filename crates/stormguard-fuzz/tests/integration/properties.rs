@@ -134,7 +134,7 @@ fn a_pushback_of_2_pow_31_ms_means_no_retry() {
         pushback,
         Some(Pushback::RetryAfter(Duration::from_millis((1 << 31) - 1)))
     );
-    let controller = RetryController::from_config(&ClientConfig::standard().with_seed(1)).unwrap();
+    let controller = RetryController::from_config(&ClientConfig::default().with_seed(1)).unwrap();
     let now = Instant::now();
     for inbound in [None, Some(now + Duration::from_secs(3600))] {
         let times = CallTimes {

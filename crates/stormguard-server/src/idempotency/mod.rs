@@ -24,7 +24,7 @@
 //! let idempotency = IdempotencyLayer::in_memory(IdempotencyConfig::default())?;
 //! let stats = idempotency.stats();
 //! let server = tonic::transport::Server::builder()
-//!     .layer(ShedLayer::from_config(AdmissionConfig::default())?)
+//!     .layer(ShedLayer::from_config(&AdmissionConfig::default())?)
 //!     .layer(idempotency);
 //! // server.add_service(...).serve(addr).await
 //! # let _ = server;
@@ -52,13 +52,15 @@ use http::HeaderValue;
 use stormguard_core::ConfigError;
 use stormguard_core::IdempotencyConfig;
 use stormguard_core::wire::http::IDEMPOTENCY_KEY;
-use stormguard_core::{wire::IdempotencyKeyError, wire::parse_idempotency_key};
+use stormguard_core::wire::parse_idempotency_key;
 use tonic::body::Body;
 use tower_layer::Layer;
 use tower_service::Service;
 
 pub use self::future::ResponseFuture;
 pub use self::store::{Begin, Digest, IdempotencyStore, MemoryStore, Record, ScopedKey};
+pub use stormguard_core::DedupCounts;
+pub use stormguard_core::wire::IdempotencyKeyError;
 
 /// The `grpc-message` of the `ABORTED` answer to a duplicate whose first run is in flight.
 pub const MESSAGE_IN_FLIGHT: &str = "stormguard: idempotency-key in flight: a call with this key is still running; ask again after the pushback";

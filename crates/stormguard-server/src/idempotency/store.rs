@@ -30,7 +30,7 @@ use super::IdempotencyKey;
 /// assert_ne!(create.digest(), get.digest());
 /// assert_ne!(create.digest(), mallory.digest());
 /// assert_eq!(create.scope(), Some("alice"));
-/// # Ok::<(), stormguard_core::wire::IdempotencyKeyError>(())
+/// # Ok::<(), stormguard_server::idempotency::IdempotencyKeyError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ScopedKey {
@@ -246,13 +246,13 @@ pub(super) fn header_bytes(headers: &HeaderMap) -> usize {
 ///
 /// ```
 /// use stormguard_server::idempotency::{IdempotencyLayer, MemoryStore};
-/// use stormguard_core::IdempotencyConfig;
+/// use stormguard_server::IdempotencyConfig;
 /// use std::sync::Arc;
 ///
 /// let store = Arc::new(MemoryStore::new(IdempotencyConfig::default())?);
 /// let layer = IdempotencyLayer::new().with_store(store.clone());
 /// assert_eq!(store.counts().entries, 0);
-/// # Ok::<(), stormguard_core::ConfigError>(())
+/// # Ok::<(), stormguard_server::ConfigError>(())
 /// ```
 pub struct MemoryStore {
     table: Mutex<DedupTable<Digest, Record>>,

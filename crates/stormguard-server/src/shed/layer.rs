@@ -29,11 +29,11 @@ use super::stats::ShedStats;
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// use stormguard_core::AdmissionConfig;
+/// use stormguard_server::AdmissionConfig;
 /// use stormguard_server::ShedLayer;
 ///
 /// // The worker limit is learned from latency: nothing to size.
-/// let layer = ShedLayer::from_config(AdmissionConfig::default())?;
+/// let layer = ShedLayer::from_config(&AdmissionConfig::default())?;
 /// let stats = layer.stats();
 /// tonic::transport::Server::builder()
 ///     .layer(layer)
@@ -65,9 +65,10 @@ pub struct ShedLayer {
 
 impl ShedLayer {
     /// A layer with its own queue, for a valid `config` (checked by
-    /// [`AdmissionController::new`], whose error names the first bad field).
-    pub fn from_config(config: AdmissionConfig) -> Result<Self, ConfigError> {
-        AdmissionController::new(config).map(Self::new)
+    /// [`AdmissionController::new`], whose error names the first bad field). One config
+    /// builds as many layers as it is given to, each with its own queue.
+    pub fn from_config(config: &AdmissionConfig) -> Result<Self, ConfigError> {
+        AdmissionController::new(config.clone()).map(Self::new)
     }
 
     /// A layer with its own queue, driven by `policy` (already validated).
@@ -105,12 +106,12 @@ impl ShedLayer {
     /// the metrics take the name the layer has then.
     ///
     /// ```
-    /// use stormguard_core::AdmissionConfig;
+    /// use stormguard_server::AdmissionConfig;
     /// use stormguard_server::ShedLayer;
     ///
-    /// let layer = ShedLayer::from_config(AdmissionConfig::default())?.with_name("inventory");
+    /// let layer = ShedLayer::from_config(&AdmissionConfig::default())?.with_name("inventory");
     /// assert_eq!(layer.name(), Some("inventory"));
-    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// # Ok::<(), stormguard_server::ConfigError>(())
     /// ```
     pub fn with_name(mut self, name: impl Into<Arc<str>>) -> Self {
         let name = Arc::new(LayerName::named(name));
@@ -131,15 +132,15 @@ impl ShedLayer {
     /// `critical` is read as `default`, and `sheddable` is honoured.
     ///
     /// ```
-    /// use stormguard_core::AdmissionConfig;
-    /// use stormguard_core::{Criticality, CriticalityTable};
+    /// use stormguard_server::AdmissionConfig;
+    /// use stormguard_server::{Criticality, CriticalityTable};
     /// use stormguard_server::ShedLayer;
     ///
     /// let table = CriticalityTable::default()
     ///     .with_method("/shop.Cart/Checkout", Criticality::Critical)?
     ///     .with_method("/shop.Reports/", Criticality::Sheddable)?;
-    /// let layer = ShedLayer::from_config(AdmissionConfig::default())?.with_criticality(table);
-    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// let layer = ShedLayer::from_config(&AdmissionConfig::default())?.with_criticality(table);
+    /// # Ok::<(), stormguard_server::ConfigError>(())
     /// ```
     pub fn with_criticality(mut self, table: CriticalityTable) -> Self {
         self.shared.criticality = Arc::new(table);
@@ -151,15 +152,15 @@ impl ShedLayer {
     /// [`exempt`](crate::shed::exempt)). Such calls run at once, without a worker.
     ///
     /// ```
-    /// use stormguard_core::AdmissionConfig;
+    /// use stormguard_server::AdmissionConfig;
     /// use stormguard_server::ShedLayer;
     ///
-    /// let layer = ShedLayer::from_config(AdmissionConfig::default())?
+    /// let layer = ShedLayer::from_config(&AdmissionConfig::default())?
     ///     .never_shed(["my.pkg.Admin", "/my.pkg.Inventory/Ping"])?;
-    /// assert!(ShedLayer::from_config(AdmissionConfig::default())?
+    /// assert!(ShedLayer::from_config(&AdmissionConfig::default())?
     ///     .never_shed(["Inventory/Ping"])
     ///     .is_err());
-    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// # Ok::<(), stormguard_server::ConfigError>(())
     /// ```
     pub fn never_shed<I>(self, entries: I) -> Result<Self, ConfigError>
     where
@@ -177,12 +178,12 @@ impl ShedLayer {
     /// top of the named ones. Called again, it replaces the previous predicate.
     ///
     /// ```
-    /// use stormguard_core::AdmissionConfig;
+    /// use stormguard_server::AdmissionConfig;
     /// use stormguard_server::ShedLayer;
     ///
-    /// let layer = ShedLayer::from_config(AdmissionConfig::default())?
+    /// let layer = ShedLayer::from_config(&AdmissionConfig::default())?
     ///     .never_shed_if(|path| path.ends_with("/Ping"));
-    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// # Ok::<(), stormguard_server::ConfigError>(())
     /// ```
     pub fn never_shed_if(self, predicate: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
         let mut never = NeverShed::clone(&self.shared.never_shed);
@@ -212,10 +213,10 @@ impl ShedLayer {
     /// a bounded number of retries across all its services.
     ///
     /// ```
-    /// use stormguard_core::AdmissionConfig;
+    /// use stormguard_server::AdmissionConfig;
     /// use stormguard_server::ShedLayer;
     ///
-    /// let layer = ShedLayer::from_config(AdmissionConfig::default())
+    /// let layer = ShedLayer::from_config(&AdmissionConfig::default())
     ///     .unwrap()
     ///     .with_retry_allowance(2);
     /// # let _ = layer;
@@ -243,12 +244,12 @@ impl ShedLayer {
     /// [`stormguard_core::LoadReport`]).
     ///
     /// ```
-    /// use stormguard_core::AdmissionConfig;
+    /// use stormguard_server::AdmissionConfig;
     /// use stormguard_server::ShedLayer;
     ///
-    /// let layer = ShedLayer::from_config(AdmissionConfig::default())?.with_load_reports();
+    /// let layer = ShedLayer::from_config(&AdmissionConfig::default())?.with_load_reports();
     /// assert!(layer.sends_load_reports());
-    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// # Ok::<(), stormguard_server::ConfigError>(())
     /// ```
     pub fn with_load_reports(mut self) -> Self {
         self.shared.load = Some(Arc::new(LoadReporter::new()));
@@ -269,12 +270,12 @@ impl ShedLayer {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), stormguard_core::ConfigError> {
-    /// use stormguard_core::AdmissionConfig;
+    /// # async fn main() -> Result<(), stormguard_server::ConfigError> {
+    /// use stormguard_server::AdmissionConfig;
     /// use stormguard_server::ShedLayer;
     ///
     /// let (reporter, health) = tonic_health::server::health_reporter();
-    /// let layer = ShedLayer::from_config(AdmissionConfig::default())?.with_readiness(reporter, "");
+    /// let layer = ShedLayer::from_config(&AdmissionConfig::default())?.with_readiness(reporter, "");
     /// let shutdown = layer.shutdown_handle();
     /// // Server::builder().layer(layer).add_service(health).add_service(...)
     /// # let _ = health;
@@ -303,15 +304,15 @@ impl ShedLayer {
     /// `admission.load_reports` is `true`.
     ///
     /// ```
-    /// use stormguard_core::ShedSettings;
+    /// use stormguard_server::ShedSettings;
     /// use stormguard_server::ShedLayer;
     ///
     /// let settings = ShedSettings::from_json(r#"{"admission": {"load_reports": true}}"#)?;
-    /// assert!(ShedLayer::from_settings(settings)?.sends_load_reports());
-    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// assert!(ShedLayer::from_settings(&settings)?.sends_load_reports());
+    /// # Ok::<(), stormguard_server::ConfigError>(())
     /// ```
-    pub fn from_settings(settings: stormguard_core::ShedSettings) -> Result<Self, ConfigError> {
-        let layer = Self::from_config(settings.admission)?;
+    pub fn from_settings(settings: &stormguard_core::ShedSettings) -> Result<Self, ConfigError> {
+        let layer = Self::from_config(&settings.admission)?;
         Ok(if settings.load_reports {
             layer.with_load_reports()
         } else {
@@ -327,12 +328,12 @@ impl ShedLayer {
     ///
     /// ```
     /// use opentelemetry::metrics::MeterProvider as _;
-    /// use stormguard_core::AdmissionConfig;
+    /// use stormguard_server::AdmissionConfig;
     /// use stormguard_server::ShedLayer;
     ///
     /// # fn provider() -> impl opentelemetry::metrics::MeterProvider { opentelemetry::metrics::noop::NoopMeterProvider::new() }
     /// let meter = provider().meter("inventory");
-    /// let layer = ShedLayer::from_config(AdmissionConfig::default()).unwrap().with_meter(&meter);
+    /// let layer = ShedLayer::from_config(&AdmissionConfig::default()).unwrap().with_meter(&meter);
     /// # let _ = layer;
     /// ```
     #[cfg(feature = "opentelemetry")]

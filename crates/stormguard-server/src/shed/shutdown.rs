@@ -43,10 +43,10 @@ use super::gate::Gate;
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// use stormguard_core::AdmissionConfig;
+/// use stormguard_server::AdmissionConfig;
 /// use stormguard_server::ShedLayer;
 ///
-/// let layer = ShedLayer::from_config(AdmissionConfig::default())?;
+/// let layer = ShedLayer::from_config(&AdmissionConfig::default())?;
 /// let shutdown = layer.shutdown_handle();
 /// // On SIGTERM (from `tokio::signal`, say): answer the queue, then let tonic drain the
 /// // running calls.
@@ -93,16 +93,16 @@ impl ShutdownHandle {
     /// new server).
     ///
     /// ```
-    /// use stormguard_core::AdmissionConfig;
+    /// use stormguard_server::AdmissionConfig;
     /// use stormguard_server::ShedLayer;
     ///
-    /// let layer = ShedLayer::from_config(AdmissionConfig::default())?;
+    /// let layer = ShedLayer::from_config(&AdmissionConfig::default())?;
     /// let shutdown = layer.shutdown_handle();
     /// assert!(!shutdown.is_shutting_down());
     /// assert!(shutdown.begin());
     /// assert!(!shutdown.begin(), "once");
     /// assert!(shutdown.is_shutting_down());
-    /// # Ok::<(), stormguard_core::ConfigError>(())
+    /// # Ok::<(), stormguard_server::ConfigError>(())
     /// ```
     pub fn begin(&self) -> bool {
         let begun = self.gate.begin_shutdown(Instant::now());

@@ -342,7 +342,7 @@ pub struct DrainCounts {
 /// ```
 /// use stormguard_server::{AdmissionConfig, ShedLayer};
 ///
-/// let layer = ShedLayer::from_config(AdmissionConfig::default()).expect("valid config");
+/// let layer = ShedLayer::from_config(&AdmissionConfig::default()).expect("valid config");
 /// let stats = layer.stats();
 /// // ... Server::builder().layer(layer) ...
 /// assert_eq!(stats.snapshot().admitted, 0);
