@@ -81,6 +81,13 @@ fn scenarios() -> Vec<(&'static str, AdmissionConfig)> {
             },
         ),
         (
+            "stormguard-lifo-when-late",
+            AdmissionConfig {
+                queue_order: QueueOrder::LifoWhenLate,
+                ..base.clone()
+            },
+        ),
+        (
             "stormguard-fifo-minleft10",
             AdmissionConfig {
                 queue_order: QueueOrder::Fifo,
