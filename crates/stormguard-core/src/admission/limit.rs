@@ -692,15 +692,16 @@ impl AdaptiveLimit {
 
     /// Follows how much a window's mean latency moves by itself: the window just closed at
     /// `limit` read `rtt`. Only consecutive windows that reached the limit, at about the same
-    /// limit, count (a change of the limit
-    /// moves the latency by what it let in), and no single pair counts for more than
-    /// `NOISE_CLIP` (a capacity drop is a change, not noise).
+    /// limit, count (a change of the limit moves the latency by what it let in), and no
+    /// single pair counts for more than `NOISE_CLIP` (a capacity drop is a change, not
+    /// noise).
     fn follow_noise(&mut self, limit: f64, rtt: f64) {
-        if let Some((was, before)) = self.previous.replace((limit, rtt)) {
-            if (limit - was).abs() <= NOISE_SAME_LIMIT * was && before > 0.0 {
-                let moved = (rtt / before).ln().abs().min(NOISE_CLIP);
-                self.noise += (moved - self.noise) / NOISE_WINDOWS;
-            }
+        if let Some((was, before)) = self.previous.replace((limit, rtt))
+            && (limit - was).abs() <= NOISE_SAME_LIMIT * was
+            && before > 0.0
+        {
+            let moved = (rtt / before).ln().abs().min(NOISE_CLIP);
+            self.noise += (moved - self.noise) / NOISE_WINDOWS;
         }
     }
 
