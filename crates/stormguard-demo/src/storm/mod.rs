@@ -49,7 +49,7 @@ pub use report::{
     Hedges, PolicyRun, PolicySummary, RECOVERED_FOR_S, RECOVERED_SHARE, Second, StormReport,
     TriggerReport, recovery_s, storm_report, summarize,
 };
-pub use peers::NEWCOMER_LIMIT;
+pub use peers::{NEWCOMER_LIMIT, TowerBudgetRetry};
 pub use server::{
     MAX_PENDING_ACCEPT_RESET_STREAMS, RejectCost, RejectCostService, ServerModel, Serving, Workers,
 };
@@ -59,7 +59,7 @@ use crate::server::{DemoConfig, DemoControl, DemoInventory};
 use client::{
     Naive, Observe, attempt_service, layered_caller, layered_client, naive_caller, retry_caller,
 };
-use peers::{PeerServer, TowerBudgetRetry, resilience_caller, serve_peer};
+use peers::{PeerServer, resilience_caller, serve_peer};
 use report::Timeline;
 use server::{serve, serve_costed};
 

@@ -20,6 +20,7 @@
 //! retry sits above the generated client, over a small service that turns a cloneable
 //! request into a fresh `tonic::Request` per attempt.
 
+use std::borrow::BorrowMut;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -111,8 +112,11 @@ pub(crate) async fn serve_peer<T: Inventory>(
 /// limits: every answer that succeeded deposits, every failed attempt is retried (tower's
 /// examples retry every error) while the call has attempts and deadline left and a
 /// withdrawal succeeds, after a fixed delay.
+///
+/// The request is anything that holds the call's [`Attempt`] (the fleet's also carries the
+/// call's id); the policy counts the attempt in it.
 #[derive(Clone, Debug)]
-pub(crate) struct TowerBudgetRetry {
+pub struct TowerBudgetRetry {
     max_attempts: u32,
     backoff: Duration,
     budget: Arc<TpsBudget>,
@@ -122,7 +126,7 @@ pub(crate) struct TowerBudgetRetry {
 impl TowerBudgetRetry {
     /// `max_attempts` attempts `backoff` apart, paid from `TpsBudget::default()` (10 s,
     /// 10 retries a second, 20 % of the successes).
-    pub(crate) fn new(max_attempts: u32, backoff: Duration) -> Self {
+    pub fn new(max_attempts: u32, backoff: Duration) -> Self {
         TowerBudgetRetry {
             max_attempts,
             backoff,
@@ -132,37 +136,37 @@ impl TowerBudgetRetry {
     }
 
     /// Retries the budget refused so far (shared by clones).
-    pub(crate) fn refused(&self) -> Arc<AtomicU64> {
+    pub fn refused(&self) -> Arc<AtomicU64> {
         Arc::clone(&self.refused)
     }
 }
 
-impl tower::retry::Policy<Attempt, ReserveReply, Status> for TowerBudgetRetry {
+impl<Rq, Res, E> tower::retry::Policy<Rq, Res, E> for TowerBudgetRetry
+where
+    Rq: BorrowMut<Attempt> + Clone,
+{
     type Future = Sleep;
 
-    fn retry(
-        &mut self,
-        request: &mut Attempt,
-        result: &mut Result<ReserveReply, Status>,
-    ) -> Option<Sleep> {
+    fn retry(&mut self, request: &mut Rq, result: &mut Result<Res, E>) -> Option<Sleep> {
         if result.is_ok() {
             self.budget.deposit();
             return None;
         }
+        let attempt = request.borrow_mut();
         let at = Instant::now() + self.backoff;
-        if request.previous + 1 >= self.max_attempts || at >= request.deadline {
+        if attempt.previous + 1 >= self.max_attempts || at >= attempt.deadline {
             return None;
         }
         if !self.budget.withdraw() {
             self.refused.fetch_add(1, Ordering::Relaxed);
             return None;
         }
-        request.previous += 1;
+        attempt.previous += 1;
         Some(tokio::time::sleep_until(at))
     }
 
-    fn clone_request(&mut self, request: &Attempt) -> Option<Attempt> {
-        Some(*request)
+    fn clone_request(&mut self, request: &Rq) -> Option<Rq> {
+        Some(request.clone())
     }
 }
 
