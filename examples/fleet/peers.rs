@@ -103,9 +103,8 @@ pub(crate) fn tower_p2c(
         DECAY,
         CompleteOnResponse::default(),
     );
-    let balanced: Balanced = BoxCloneSyncService::new(
-        Buffer::new(Balance::new(discover), BUFFER).map_err(BalanceError),
-    );
+    let balanced: Balanced =
+        BoxCloneSyncService::new(Buffer::new(Balance::new(discover), BUFFER).map_err(BalanceError));
     let client = InventoryClient::new(Observe::new(balanced, counts.clone()));
     let attempt = tower::service_fn(move |n: Numbered| {
         let future: BoxFuture<Result<(), Status>> =
@@ -198,15 +197,15 @@ pub(crate) fn resilience(
     for (i, endpoint) in endpoints.iter().enumerate() {
         let name = format!("replica-{i}");
         detector.register(name.clone(), EJECT_AFTER);
-        let client = InventoryClient::new(Observe::new(
-            endpoint.connect_lazy(),
-            counts.clone(),
-        ));
+        let client = InventoryClient::new(Observe::new(endpoint.connect_lazy(), counts.clone()));
         let send = tower::service_fn(move |c: Counted| {
             let mut client = client.clone();
             async move {
                 let previous = c.sent.fetch_add(1, Ordering::Relaxed);
-                client.reserve(request(c.call, previous, None)).await.map(drop)
+                client
+                    .reserve(request(c.call, previous, None))
+                    .await
+                    .map(drop)
             }
         });
         let outlier = OutlierDetectionLayer::builder()
@@ -244,7 +243,11 @@ pub(crate) fn resilience(
         })
         .build();
     let stack = ServiceBuilder::new()
-        .layer(TimeLimiterLayer::builder().timeout_duration(deadline).build())
+        .layer(
+            TimeLimiterLayer::builder()
+                .timeout_duration(deadline)
+                .build(),
+        )
         .layer(retry)
         .service(balanced)
         .map_err(|e: TimeLimiterError<BoxError>| match e {

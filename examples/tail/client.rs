@@ -38,12 +38,13 @@ pub(crate) enum Policy {
 }
 
 impl Policy {
-    pub(crate) const ALL: [Policy; 5] = [
+    /// The policies a run compares unless told otherwise (the peer's on request:
+    /// `docs/comparison.md`).
+    pub(crate) const DEFAULT: [Policy; 4] = [
         Policy::None,
         Policy::TowerHedge,
         Policy::Hedging,
         Policy::HedgingLearned,
-        Policy::ResilienceHedge,
     ];
 
     pub(crate) fn as_str(self) -> &'static str {

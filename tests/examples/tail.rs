@@ -33,11 +33,19 @@ const POLICY_FIELDS: [&str; 6] = [
     "overload",
 ];
 const OVERLOAD_FIELDS: [&str; 2] = ["extra_attempts_per_call", "goodput"];
-const POLICIES: [&str; 4] = ["none", "tower-hedge", "hedging", "hedging-learned"];
+const POLICIES: [&str; 5] = [
+    "none",
+    "tower-hedge",
+    "hedging",
+    "hedging-learned",
+    "resilience-hedge",
+];
 
 #[test]
 fn quick_tail_reports_every_policy_and_hedges_within_its_budget() {
-    let report = support::run_with_report("tail", &["--quick", "--seed", "3"]);
+    let policies = POLICIES.join(",");
+    let report =
+        support::run_with_report("tail", &["--quick", "--seed", "3", "--policies", &policies]);
 
     let policies = report["policies"].as_array().unwrap();
     let names: Vec<&str> = policies

@@ -45,11 +45,11 @@ pub use client::{
     grpc_throttle_client_config, hedging_client_config, stormguard_client_config,
     throttle_client_config, unguarded_client_config,
 };
+pub use peers::{NEWCOMER_LIMIT, TowerBudgetRetry};
 pub use report::{
     Hedges, PolicyRun, PolicySummary, RECOVERED_FOR_S, RECOVERED_SHARE, Second, StormReport,
     TriggerReport, recovery_s, storm_report, summarize,
 };
-pub use peers::{NEWCOMER_LIMIT, TowerBudgetRetry};
 pub use server::{
     MAX_PENDING_ACCEPT_RESET_STREAMS, RejectCost, RejectCostService, ServerModel, Serving, Workers,
 };
@@ -207,6 +207,12 @@ impl Policy {
                 | Policy::Reports
                 | Policy::Unguarded
         )
+    }
+
+    /// Whether the policy is a peer's stack (tower with tonic's limits, or
+    /// tower-resilience) rather than stormguard's or a loop of this repository's.
+    pub fn is_peer(self) -> bool {
+        self.peer_server(1).is_some()
     }
 
     /// The admission of a peer's server (`None`: the policy is not a peer's), for a server

@@ -206,7 +206,11 @@ pub(crate) fn resilience_caller<T: Transport>(
         })
         .build();
     let stack = ServiceBuilder::new()
-        .layer(TimeLimiterLayer::builder().timeout_duration(deadline).build())
+        .layer(
+            TimeLimiterLayer::builder()
+                .timeout_duration(deadline)
+                .build(),
+        )
         .layer(retry)
         .layer(
             TimeLimiterLayer::builder()
