@@ -142,8 +142,9 @@ async fn quick_storm_has_the_shape_of_the_report() {
     // their defaults keep at least the goodput of tower with tonic's own limits and of
     // tower-resilience through the trigger (a limit of 32 admits work the slowed server
     // cannot finish within an attempt's 50 ms; Vegas cuts its limit below the workers).
-    // (After the trigger the default adaptive limit takes a few seconds to grow back, more
-    // than the quick run's 3 s: docs/comparison.md measures it on the full run.)
+    // (Not the 95 % after it: in the quick run's 3 s after the trigger one stall of a busy
+    // machine moves the share by points, 94.9 % in one debug run beside other builds;
+    // docs/comparison.md measures it on the full run.)
     let defaults = by_name("defaults");
     for peer in ["tower", "resilience"] {
         assert!(
