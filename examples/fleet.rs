@@ -40,6 +40,8 @@ mod dns;
 mod meters;
 #[path = "support/otel.rs"]
 mod otel;
+#[path = "fleet/peers.rs"]
+mod peers;
 #[path = "fleet/process.rs"]
 mod process;
 #[path = "fleet/replica.rs"]
@@ -85,7 +87,8 @@ struct Args {
     /// default: the not-serving scenario's comparison)
     #[arg(long = "no-health-checks")]
     no_health_checks: bool,
-    /// The policies to run, comma-separated, in the table's order [default: all]
+    /// The policies to run, comma-separated, in the table's order [default: naive, layer,
+    /// stormguard; the peers' tower-p2c and resilience on request]
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
     policies: Vec<Policy>,
     /// Offered load as a share of the fleet's capacity
@@ -333,7 +336,7 @@ async fn run_scenario(
     bar: &ProgressBar,
 ) -> Result<ScenarioReport, Box<dyn Error>> {
     let policies = if args.policies.is_empty() {
-        &Policy::ALL[..]
+        &Policy::DEFAULT[..]
     } else {
         &args.policies
     };

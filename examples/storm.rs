@@ -22,7 +22,10 @@
 //! `--policies stormguard,throttle --overload 10 --reject-cost-us 300`. The `reports`
 //! policy is `stormguard` with load reports (ORCA) on both layers: `--policies
 //! stormguard,reports`. The `unguarded` policy is the naive loop built from stormguard's
-//! layers with every protection off, so that its metrics can be seen.
+//! layers with every protection off, so that its metrics can be seen. The peers' policies
+//! (`tower`, `tower-sized`, `resilience`, `resilience-sized`: tower with tonic's own limits,
+//! and tower-resilience, each as its docs recommend) run on request; `docs/comparison.md`
+//! has their run: `--policies naive,tower,tower-sized,resilience,resilience-sized,stormguard,defaults`.
 //!
 //! `--metrics-addr ADDR` serves every policy's layers' metrics to Prometheus at
 //! `http://ADDR/metrics`, each layer named after its policy (`stormguard_layer`), and writes
@@ -66,7 +69,8 @@ struct Args {
     #[arg(long, value_name = "M", value_enum, default_value_t = Model::Cancelling)]
     model: Model,
     /// The policies to run, comma-separated, in the table's order [default: all but
-    /// hedging, throttle, reports and unguarded]
+    /// hedging, throttle, reports, unguarded and the peers' tower, tower-sized, resilience
+    /// and resilience-sized]
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = policy())]
     policies: Vec<Policy>,
     /// Offered load as a share of the measured capacity
@@ -220,7 +224,7 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
 }
 
 /// One colour per policy, in [`Policy::ALL`]'s order.
-const COLOURS: [RGBColor; 11] = [
+const COLOURS: [RGBColor; 15] = [
     RGBColor(214, 39, 40),
     RGBColor(255, 127, 14),
     RGBColor(148, 103, 189),
@@ -232,6 +236,10 @@ const COLOURS: [RGBColor; 11] = [
     RGBColor(188, 189, 34),
     RGBColor(127, 127, 127),
     RGBColor(0, 0, 0),
+    RGBColor(174, 199, 232),
+    RGBColor(255, 187, 120),
+    RGBColor(152, 223, 138),
+    RGBColor(197, 176, 213),
 ];
 
 /// What one panel plots, per second.

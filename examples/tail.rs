@@ -55,7 +55,8 @@ use run::{RunConfig, Timing};
 struct Args {
     #[command(flatten)]
     run: cli::RunArgs,
-    /// The policies to run, comma-separated, in the table's order [default: all]
+    /// The policies to run, comma-separated, in the table's order [default: all but the
+    /// peer's resilience-hedge]
     #[arg(long, value_name = "LIST", value_enum, value_delimiter = ',')]
     policies: Vec<Policy>,
 }
@@ -80,7 +81,7 @@ async fn tail(args: &Args) -> Result<(), BoxError> {
         Timing::standard()
     };
     let policies = if args.policies.is_empty() {
-        &Policy::ALL[..]
+        &Policy::DEFAULT[..]
     } else {
         &args.policies
     };

@@ -30,6 +30,7 @@ use tonic::{Code, Request, Status};
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceExt};
 
+use crate::peers;
 use crate::process::{Received, Replica, SharedReports};
 use crate::replica::CALL_ID;
 
@@ -84,16 +85,32 @@ pub(crate) enum Policy {
     Layer,
     /// The RetryLayer over stormguard's endpoint-aware replica channel
     Stormguard,
+    /// tower's p2c balancer (PeakEWMA) over the replicas, tower's retry with a TpsBudget
+    #[value(name = "tower-p2c")]
+    TowerP2c,
+    /// tower-resilience's outlier ejection under tower's p2c balancer, its retry with its
+    /// token-bucket budget and its time limits
+    Resilience,
 }
 
 impl Policy {
-    pub(crate) const ALL: [Policy; 3] = [Policy::Naive, Policy::Layer, Policy::Stormguard];
+    pub(crate) const ALL: [Policy; 5] = [
+        Policy::Naive,
+        Policy::Layer,
+        Policy::Stormguard,
+        Policy::TowerP2c,
+        Policy::Resilience,
+    ];
+    /// The policies a run compares unless told otherwise (the peers' run on request).
+    pub(crate) const DEFAULT: [Policy; 3] = [Policy::Naive, Policy::Layer, Policy::Stormguard];
 
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             Policy::Naive => "naive",
             Policy::Layer => "layer",
             Policy::Stormguard => "stormguard",
+            Policy::TowerP2c => "tower-p2c",
+            Policy::Resilience => "resilience",
         }
     }
 }
@@ -228,6 +245,7 @@ pub(crate) async fn run(
     let Client {
         caller,
         budget,
+        peer_refused,
         replicas,
     } = client((scenario, policy), endpoints, config, (&counts, meters))?;
 
@@ -285,7 +303,9 @@ pub(crate) async fn run(
         downs,
         ejected_at,
         ejections: replicas.map(|r| r.snapshot().iter().map(|r| r.snapshot.ejections).sum()),
-        budget_refusals: budget.map(|stats| stats.snapshot().refused.budget),
+        budget_refusals: budget
+            .map(|stats| stats.snapshot().refused.budget)
+            .or_else(|| peer_refused.map(|n| n.load(Ordering::Relaxed))),
     })
 }
 
@@ -363,10 +383,12 @@ fn endpoint(port: u16) -> Result<Endpoint, String> {
 type ReplicaChannel = Replicas<Channel, EndpointKey>;
 
 /// A policy's client: one logical call, the retry layer's counters where it has one, the
-/// replica channel where it is one.
+/// retries a peer's budget refused where it is a peer's, the replica channel where it is
+/// one.
 struct Client {
     caller: Caller,
     budget: Option<stormguard::client::RetryStats>,
+    peer_refused: Option<Arc<AtomicU64>>,
     replicas: Option<ReplicaChannel>,
 }
 
@@ -394,6 +416,7 @@ fn client(
             Ok(Client {
                 caller: naive(client, deadline, per_attempt),
                 budget: None,
+                peer_refused: None,
                 replicas: None,
             })
         }
@@ -407,6 +430,7 @@ fn client(
             Ok(Client {
                 caller: layered(InventoryClient::new(service), deadline),
                 budget,
+                peer_refused: None,
                 replicas: None,
             })
         }
@@ -423,7 +447,27 @@ fn client(
             Ok(Client {
                 caller: layered(InventoryClient::new(service), deadline),
                 budget,
+                peer_refused: None,
                 replicas: Some(replicas),
+            })
+        }
+        Policy::TowerP2c => {
+            let limits = (NAIVE_ATTEMPTS, NAIVE_BACKOFF, per_attempt);
+            let (caller, refused) = peers::tower_p2c(endpoints, counts, deadline, limits);
+            Ok(Client {
+                caller,
+                budget: None,
+                peer_refused: Some(refused),
+                replicas: None,
+            })
+        }
+        Policy::Resilience => {
+            let (caller, refused) = peers::resilience(endpoints, counts, deadline, per_attempt)?;
+            Ok(Client {
+                caller,
+                budget: None,
+                peer_refused: Some(refused),
+                replicas: None,
             })
         }
     }

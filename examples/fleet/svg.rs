@@ -11,10 +11,12 @@ use crate::report::{Bucket, FleetReport, ScenarioReport};
 use crate::run::{BUCKET, Policy};
 
 /// One colour per policy, in [`Policy::ALL`]'s order.
-const COLOURS: [RGBColor; 3] = [
+const COLOURS: [RGBColor; 5] = [
     RGBColor(214, 39, 40),
     RGBColor(31, 119, 180),
     RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(255, 127, 14),
 ];
 const ROW: u32 = 280;
 /// The panels' caption and margins.

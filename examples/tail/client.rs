@@ -17,7 +17,8 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 use tower::hedge::Hedge;
 use tower::util::BoxCloneSyncService;
-use tower::{BoxError, ServiceBuilder, ServiceExt};
+use tower::{BoxError, Layer, ServiceBuilder, ServiceExt};
+use tower_resilience::hedge::{HedgeError, HedgeLayer};
 
 use crate::server::{PHASE_HEADER, Phase};
 
@@ -32,10 +33,14 @@ pub(crate) enum Policy {
     Hedging,
     /// stormguard's RetryLayer: one hedge after the learned delay (its defaults)
     HedgingLearned,
+    /// tower-resilience's hedge: one hedge after a fixed 15 ms
+    ResilienceHedge,
 }
 
 impl Policy {
-    pub(crate) const ALL: [Policy; 4] = [
+    /// The policies a run compares unless told otherwise (the peer's on request:
+    /// `docs/comparison.md`).
+    pub(crate) const DEFAULT: [Policy; 4] = [
         Policy::None,
         Policy::TowerHedge,
         Policy::Hedging,
@@ -48,12 +53,13 @@ impl Policy {
             Policy::TowerHedge => "tower-hedge",
             Policy::Hedging => "hedging",
             Policy::HedgingLearned => "hedging-learned",
+            Policy::ResilienceHedge => "resilience-hedge",
         }
     }
 }
 
-/// `hedging`'s fixed delay: a bit above the p99 of a normal attempt (10 ms of service, which
-/// the 1 ms timer makes 10–12 ms, plus the round trip).
+/// `hedging`'s and `resilience-hedge`'s fixed delay: a bit above the p99 of a normal attempt
+/// (10 ms of service, which the 1 ms timer makes 10–12 ms, plus the round trip).
 pub(crate) const FIXED_DELAY: Duration = Duration::from_millis(15);
 /// `tower-hedge`: the percentile of recent latency it hedges after (the same as stormguard's
 /// learned default), the samples it needs first, and how long one histogram collects before
@@ -62,9 +68,10 @@ pub(crate) const TOWER_PERCENTILE: f32 = 0.95;
 pub(crate) const TOWER_MIN_POINTS: u64 = 100;
 pub(crate) const TOWER_PERIOD: Duration = Duration::from_secs(1);
 
-/// One logical call as the tower-hedge policy sees it: everything needed to send it again.
+/// One logical call as the tower-hedge and resilience-hedge policies see it: everything
+/// needed to send it again.
 ///
-/// tower's `Hedge` sends a second copy of the request, so it needs a request it can clone,
+/// tower's `Hedge` (and tower-resilience's) sends a second copy of the request, so it needs a request it can clone,
 /// and a tonic request cannot be cloned (its body is a stream, and `tonic::Request` is not
 /// `Clone`). For a unary call the user keeps the message instead, which is the buffered
 /// body, and puts the hedge *above* the generated client: each copy becomes a fresh
@@ -102,14 +109,39 @@ impl tower::hedge::Policy<Call> for Idempotent {
     }
 }
 
+/// Sends each copy of a call as a fresh request through a client over `channel`.
+fn send(
+    channel: Channel,
+) -> impl tower::Service<
+    Call,
+    Response = ReserveReply,
+    Error = tonic::Status,
+    Future = impl Future<Output = Result<ReserveReply, tonic::Status>> + Send,
+> + Clone
++ Send
++ Sync
++ 'static {
+    let client = InventoryClient::new(channel);
+    tower::service_fn(move |call: Call| {
+        let mut client = client.clone();
+        async move {
+            client
+                .reserve(call.request())
+                .await
+                .map(tonic::Response::into_inner)
+        }
+    })
+}
+
 /// Makes logical calls, whatever the policy. Clones share the channel and the policy's
 /// state (histograms, budget).
 #[derive(Clone)]
 pub(crate) enum Caller {
     Plain(InventoryClient<Channel>),
-    /// `Hedge` is not `Clone`: a `Buffer` in front of it, as tower's docs suggest for a
-    /// service shared by many tasks.
-    TowerHedge(BoxCloneSyncService<Call, ReserveReply, BoxError>),
+    /// A hedge above the generated client: tower's (not `Clone`: a `Buffer` in front of
+    /// it, as tower's docs suggest for a service shared by many tasks) or
+    /// tower-resilience's.
+    Hedged(BoxCloneSyncService<Call, ReserveReply, BoxError>),
     Layered(InventoryClient<Retry<Channel>>, RetryStats),
 }
 
@@ -117,7 +149,7 @@ impl std::fmt::Debug for Caller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Caller::Plain(_) => "Caller::Plain",
-            Caller::TowerHedge(_) => "Caller::TowerHedge",
+            Caller::Hedged(_) => "Caller::Hedged",
             Caller::Layered(..) => "Caller::Layered",
         })
     }
@@ -140,25 +172,25 @@ impl Caller {
         let delay = match policy {
             Policy::None => return Ok(Caller::Plain(InventoryClient::new(channel))),
             Policy::TowerHedge => {
-                let client = InventoryClient::new(channel);
-                let send = tower::service_fn(move |call: Call| {
-                    let mut client = client.clone();
-                    async move {
-                        client
-                            .reserve(call.request())
-                            .await
-                            .map(tonic::Response::into_inner)
-                    }
-                });
                 let hedge = Hedge::new(
-                    send,
+                    send(channel),
                     Idempotent,
                     TOWER_MIN_POINTS,
                     TOWER_PERCENTILE,
                     TOWER_PERIOD,
                 );
                 let shared = tower::buffer::Buffer::new(hedge, 1024);
-                return Ok(Caller::TowerHedge(BoxCloneSyncService::new(shared)));
+                return Ok(Caller::Hedged(BoxCloneSyncService::new(shared)));
+            }
+            Policy::ResilienceHedge => {
+                // 2 attempts (its default and its guide's), the second after a fixed delay.
+                let hedge = HedgeLayer::builder()
+                    .delay(FIXED_DELAY)
+                    .max_hedged_attempts(2)
+                    .build()
+                    .layer(send(channel))
+                    .map_err(|e: HedgeError<tonic::Status>| BoxError::from(e.into_inner()));
+                return Ok(Caller::Hedged(BoxCloneSyncService::new(hedge)));
             }
             Policy::Hedging => HedgeDelay::Fixed(FIXED_DELAY),
             Policy::HedgingLearned => HedgeDelay::Learned(LearnedDelay::default()),
@@ -200,7 +232,7 @@ impl Caller {
             Caller::Layered(mut client, _) => {
                 client.reserve(call.request()).await?;
             }
-            Caller::TowerHedge(service) => {
+            Caller::Hedged(service) => {
                 service.oneshot(call).await?;
             }
         }

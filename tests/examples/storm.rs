@@ -3,7 +3,8 @@
 //! These check the shape of the result (every policy, every second, counts that add up,
 //! the JSON the examples write) and the outcomes that hold by construction (about 27 bottom
 //! calls per request through three naive hops; no connection lost to h2's reset limits;
-//! hedges held by the retry budget), never how fast anything ran.
+//! hedges held by the retry budget; the defaults' goodput through the trigger against the
+//! peers' in the same run), never how fast anything ran.
 #![allow(clippy::unwrap_used)]
 
 use stormguard_demo::storm::chain::{ChainConfig, run_chain};
@@ -24,10 +25,16 @@ fn keys(value: &serde_json::Value) -> Vec<&str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_storm_has_the_shape_of_the_report() {
     let loopback = LoopbackStorm::quick();
-    // `unguarded` (naive on the layers) runs in tests/ops/, under a real Prometheus.
+    // `unguarded` (naive on the layers) runs in tests/ops/, under a real Prometheus; of the
+    // peers, the two a newcomer installs (the sized ones need a number measured first).
     let compared: Vec<Policy> = Policy::ALL
         .into_iter()
-        .filter(|p| *p != Policy::Unguarded)
+        .filter(|p| {
+            !matches!(
+                p,
+                Policy::Unguarded | Policy::TowerSized | Policy::ResilienceSized
+            )
+        })
         .collect();
     let report = run_storm(&loopback, &compared, &|_, _| {}, &Instruments::default())
         .await
@@ -55,7 +62,9 @@ async fn quick_storm_has_the_shape_of_the_report() {
             "defaults",
             "hedging",
             "throttle",
-            "reports"
+            "reports",
+            "tower",
+            "resilience"
         ]
     );
     for p in &report.policies {
@@ -81,12 +90,13 @@ async fn quick_storm_has_the_shape_of_the_report() {
         // Every policy's client and server use the h2 settings of docs/operating.md:
         // no attempt is lost to a closed connection, however hard the storm.
         assert_eq!(p.connection_errors, 0, "{}: connection failures", p.name);
-        // Only a shedding server sends pushback; only a budgeted client refuses retries.
+        // Only a shedding server sheds (the `ShedLayer`, or tonic's load shedding in front
+        // of a peer's limit); only a budgeted client refuses retries.
         let policy = Policy::ALL
             .into_iter()
             .find(|x| x.as_str() == p.name)
             .unwrap();
-        if !policy.sheds() {
+        if !policy.sheds() && !policy.is_peer() {
             assert_eq!(p.shed, 0, "{}: shed by a plain server", p.name);
         }
         let budgeted = matches!(
@@ -98,6 +108,8 @@ async fn quick_storm_has_the_shape_of_the_report() {
                 | Policy::Hedging
                 | Policy::Throttle
                 | Policy::Reports
+                | Policy::Tower
+                | Policy::Resilience
         );
         assert_eq!(p.budget_refusals.is_some(), budgeted, "{}", p.name);
         assert_eq!(
@@ -126,6 +138,22 @@ async fn quick_storm_has_the_shape_of_the_report() {
         by_name("naive").amplification_during_trigger
             > by_name("stormguard").amplification_during_trigger
     );
+    // Against what a newcomer installs instead (docs/comparison.md): stormguard's layers on
+    // their defaults keep at least the goodput of tower with tonic's own limits and of
+    // tower-resilience through the trigger (a limit of 32 admits work the slowed server
+    // cannot finish within an attempt's 50 ms; Vegas cuts its limit below the workers).
+    // (Not the 95 % after it: in the quick run's 3 s after the trigger one stall of a busy
+    // machine moves the share by points, 94.9 % in one debug run beside other builds;
+    // docs/comparison.md measures it on the full run.)
+    let defaults = by_name("defaults");
+    for peer in ["tower", "resilience"] {
+        assert!(
+            defaults.goodput_during >= by_name(peer).goodput_during,
+            "defaults {} < {peer} {} during the trigger",
+            defaults.goodput_during,
+            by_name(peer).goodput_during
+        );
+    }
     // Hedging: every call served during the trigger takes longer than the hedge delay
     // (the slowed service time alone does), so every one is due a hedge, and the budget
     // pays for few of them: its reserve of 50 and a tenth of the successes of the 3 s up

@@ -33,11 +33,19 @@ const POLICY_FIELDS: [&str; 6] = [
     "overload",
 ];
 const OVERLOAD_FIELDS: [&str; 2] = ["extra_attempts_per_call", "goodput"];
-const POLICIES: [&str; 4] = ["none", "tower-hedge", "hedging", "hedging-learned"];
+const POLICIES: [&str; 5] = [
+    "none",
+    "tower-hedge",
+    "hedging",
+    "hedging-learned",
+    "resilience-hedge",
+];
 
 #[test]
 fn quick_tail_reports_every_policy_and_hedges_within_its_budget() {
-    let report = support::run_with_report("tail", &["--quick", "--seed", "3"]);
+    let policies = POLICIES.join(",");
+    let report =
+        support::run_with_report("tail", &["--quick", "--seed", "3", "--policies", &policies]);
 
     let policies = report["policies"].as_array().unwrap();
     let names: Vec<&str> = policies
@@ -62,8 +70,12 @@ fn quick_tail_reports_every_policy_and_hedges_within_its_budget() {
             number(p, "p999_ms"),
         );
         assert!(10.0 <= p50 && p50 <= p99 && p99 <= p999, "{at}: {p:#}");
-        // Well under capacity every call succeeds.
-        assert!(number(p, "success") >= 0.99, "{at}: {p:#}");
+        // Well under capacity every call succeeds; but for the peer's hedge, which no
+        // budget holds: on a slow (debug) build under load its fixed 15 ms delay hedges a
+        // third of the calls, which loads the server it hedges against.
+        if at != "resilience-hedge" {
+            assert!(number(p, "success") >= 0.99, "{at}: {p:#}");
+        }
         // Every policy but `none` hedges a slow attempt (100 ms, past every delay).
         if at != "none" {
             assert!(number(p, "extra_attempts_per_call") > 0.0, "{at}: {p:#}");

@@ -6,6 +6,9 @@
 #[doc = include_str!("../../../docs/admission.md")]
 struct Admission;
 
+#[doc = include_str!("../../../docs/comparison.md")]
+struct Comparison;
+
 #[doc = include_str!("../../../docs/config.md")]
 struct Config;
 

@@ -51,8 +51,8 @@ pub async fn connect(addr: SocketAddr) -> Result<Channel, tonic::transport::Erro
     Ok(channel)
 }
 
-/// Counts every physical attempt sent through it, the answers that carry
-/// `grpc-retry-pushback-ms` (shed answers), and failures of the connection itself (an
+/// Counts every physical attempt sent through it, the answers the server shed (see
+/// [`shed`]), and failures of the connection itself (an
 /// attempt whose `grpc-timeout` ran out in the channel is not one).
 #[derive(Clone, Debug)]
 pub(crate) struct Observe<S> {
@@ -90,9 +90,7 @@ where
         Box::pin(async move {
             let result = future.await;
             match &result {
-                Ok(response) if response.headers().contains_key(GRPC_RETRY_PUSHBACK_MS) => {
-                    timeline.shed(Instant::now());
-                }
+                Ok(response) if shed(response.headers()) => timeline.shed(Instant::now()),
                 Ok(_) => {}
                 Err(e) if !timed_out(e) => timeline.connection_error(),
                 Err(_) => {}
@@ -100,6 +98,16 @@ where
             result
         })
     }
+}
+
+/// Whether an answer was shed: it carries `grpc-retry-pushback-ms` (stormguard's
+/// `ShedLayer`), or it is tonic's own load-shed answer, a trailers-only
+/// `RESOURCE_EXHAUSTED` (the peers' servers; nothing else in the scenarios answers it).
+fn shed(headers: &http::HeaderMap) -> bool {
+    headers.contains_key(GRPC_RETRY_PUSHBACK_MS)
+        || headers
+            .get("grpc-status")
+            .is_some_and(|code| code.as_bytes() == b"8")
 }
 
 /// Whether `error` is the channel's own `grpc-timeout` running out (not a connection
@@ -253,8 +261,22 @@ impl<T> Transport for T where
 
 /// A caller that retries with [`NaiveRetry`] through a plain tonic client.
 pub(crate) fn naive_caller<T: Transport>(client: InventoryClient<T>, naive: Naive) -> Caller {
-    let per_attempt = naive.per_attempt;
-    let attempt = tower::service_fn(move |attempt: Attempt| {
+    let policy = NaiveRetry::new(naive.max_attempts, naive.delays, naive.seed);
+    retry_caller(
+        attempt_service(client, naive.per_attempt),
+        policy,
+        naive.deadline,
+    )
+}
+
+/// One attempt of a call through `client`, as the naive loop sends it: at most
+/// `per_attempt` and what is left of the call's deadline (sent as `grpc-timeout` and
+/// enforced by a timer), numbered in `grpc-previous-rpc-attempts`.
+pub(crate) fn attempt_service<T: Transport>(
+    client: InventoryClient<T>,
+    per_attempt: Option<Duration>,
+) -> BoxCloneSyncService<Attempt, ReserveReply, Status> {
+    BoxCloneSyncService::new(tower::service_fn(move |attempt: Attempt| {
         let mut client = client.clone();
         async move {
             let left = attempt.deadline.saturating_duration_since(Instant::now());
@@ -274,10 +296,21 @@ pub(crate) fn naive_caller<T: Transport>(client: InventoryClient<T>, naive: Naiv
                 Err(_) => Err(Status::deadline_exceeded("naive: attempt timed out")),
             }
         }
-    });
-    let policy = NaiveRetry::new(naive.max_attempts, naive.delays, naive.seed);
+    }))
+}
+
+/// A caller that sends each logical call's attempts through `attempt` under
+/// `tower::retry::Retry` with `policy`, the call given `deadline`.
+pub(crate) fn retry_caller<P>(
+    attempt: BoxCloneSyncService<Attempt, ReserveReply, Status>,
+    policy: P,
+    deadline: Duration,
+) -> Caller
+where
+    P: tower::retry::Policy<Attempt, ReserveReply, Status> + Clone + Send + Sync + 'static,
+    P::Future: Send,
+{
     let retry = tower::retry::Retry::new(policy, attempt);
-    let deadline = naive.deadline;
     BoxCloneSyncService::new(tower::service_fn(move |()| {
         let retry = retry.clone();
         retry.oneshot(Attempt {

@@ -22,6 +22,7 @@
 pub mod chain;
 mod client;
 pub mod fleet_sim;
+mod peers;
 mod report;
 mod server;
 
@@ -44,6 +45,7 @@ pub use client::{
     grpc_throttle_client_config, hedging_client_config, stormguard_client_config,
     throttle_client_config, unguarded_client_config,
 };
+pub use peers::{NEWCOMER_LIMIT, TowerBudgetRetry};
 pub use report::{
     Hedges, PolicyRun, PolicySummary, RECOVERED_FOR_S, RECOVERED_SHARE, Second, StormReport,
     TriggerReport, recovery_s, storm_report, summarize,
@@ -54,7 +56,10 @@ pub use server::{
 
 use crate::InventoryClient;
 use crate::server::{DemoConfig, DemoControl, DemoInventory};
-use client::{Naive, Observe, layered_caller, layered_client, naive_caller};
+use client::{
+    Naive, Observe, attempt_service, layered_caller, layered_client, naive_caller, retry_caller,
+};
+use peers::{PeerServer, resilience_caller, serve_peer};
 use report::Timeline;
 use server::{serve, serve_costed};
 
@@ -70,6 +75,9 @@ pub enum StormError {
     /// A policy's configuration was refused.
     #[error("configuration: {0}")]
     Config(#[from] ConfigError),
+    /// A peer library refused its configuration.
+    #[error("peer configuration: {0}")]
+    Peer(String),
 }
 
 /// The retry policies compared, in the order they run.
@@ -113,11 +121,28 @@ pub enum Policy {
     /// server a `ShedLayer` that queues in arrival order and sheds nothing
     /// ([`LoopbackStorm::unguarded_admission`]). Not in the default run.
     Unguarded,
+    /// tower and tonic as their docs recommend: the client `tower::retry::Retry` with the
+    /// policy of tower's budget docs over `TpsBudget::default()`, the naive loop's attempts,
+    /// backoff and per-attempt timeout; the server tonic's
+    /// `concurrency_limit_per_connection(`[`NEWCOMER_LIMIT`]`)` with `load_shed(true)`.
+    /// Not in the default run.
+    Tower,
+    /// `tower` with the server's limit at its real concurrency (`workers`). Not in the
+    /// default run.
+    TowerSized,
+    /// tower-resilience as its docs recommend: the client its standard stack (a time limit
+    /// per call and per attempt around its `exponential_backoff()` retry with its
+    /// token-bucket budget); the server its `AdaptiveLimiterLayer` with Vegas at its
+    /// defaults, tonic's `load_shed(true)` beside it. Not in the default run.
+    Resilience,
+    /// `resilience` with the limiter told the server's real concurrency (its initial and
+    /// highest limit). Not in the default run.
+    ResilienceSized,
 }
 
 impl Policy {
     /// Every policy, in the order they run when named together.
-    pub const ALL: [Policy; 11] = [
+    pub const ALL: [Policy; 15] = [
         Policy::Naive,
         Policy::Jitter,
         Policy::GrpcThrottle,
@@ -129,6 +154,10 @@ impl Policy {
         Policy::Throttle,
         Policy::Reports,
         Policy::Unguarded,
+        Policy::Tower,
+        Policy::TowerSized,
+        Policy::Resilience,
+        Policy::ResilienceSized,
     ];
 
     /// The policies a run compares unless told otherwise: the six retry policies and
@@ -159,6 +188,10 @@ impl Policy {
             Policy::Throttle => "throttle",
             Policy::Reports => "reports",
             Policy::Unguarded => "unguarded",
+            Policy::Tower => "tower",
+            Policy::TowerSized => "tower-sized",
+            Policy::Resilience => "resilience",
+            Policy::ResilienceSized => "resilience-sized",
         }
     }
 
@@ -174,6 +207,28 @@ impl Policy {
                 | Policy::Reports
                 | Policy::Unguarded
         )
+    }
+
+    /// Whether the policy is a peer's stack (tower with tonic's limits, or
+    /// tower-resilience) rather than stormguard's or a loop of this repository's.
+    pub fn is_peer(self) -> bool {
+        self.peer_server(1).is_some()
+    }
+
+    /// The admission of a peer's server (`None`: the policy is not a peer's), for a server
+    /// of `workers` workers.
+    fn peer_server(self, workers: usize) -> Option<PeerServer> {
+        match self {
+            Policy::Tower => Some(PeerServer::Tonic {
+                limit: NEWCOMER_LIMIT,
+            }),
+            Policy::TowerSized => Some(PeerServer::Tonic { limit: workers }),
+            Policy::Resilience => Some(PeerServer::Vegas { capacity: None }),
+            Policy::ResilienceSized => Some(PeerServer::Vegas {
+                capacity: Some(workers),
+            }),
+            _ => None,
+        }
     }
 }
 
@@ -454,21 +509,30 @@ pub async fn run_policy(
         .then(|| RejectCost::new(config.reject_cost));
     let reports = policy == Policy::Reports;
     let instrument = |layer| instruments.server(layer, policy.as_str());
-    let serving = serve_costed(
-        workers.clone(),
-        admission,
-        reject_cost.clone(),
-        reports,
-        &instrument,
-    )
-    .await?;
+    let serving = match policy.peer_server(config.storm.workers) {
+        Some(peer) => serve_peer(workers.clone(), peer).await?,
+        None => {
+            serve_costed(
+                workers.clone(),
+                admission,
+                reject_cost.clone(),
+                reports,
+                &instrument,
+            )
+            .await?
+        }
+    };
     let channel: Channel = connect(serving.addr).await?;
 
     let start = Instant::now();
     progress(0.0);
     let timeline = Arc::new(Timeline::new(start, config.storm.total_s() as usize));
     let observed = Observe::new(channel, Arc::clone(&timeline));
-    let (caller, stats) = policy_caller(policy, config, observed, instruments)?;
+    let PolicyClient {
+        caller,
+        stats,
+        refused,
+    } = policy_caller(policy, config, observed, instruments)?;
     let offered = Offered {
         config,
         control: &control,
@@ -486,10 +550,12 @@ pub async fn run_policy(
         timeline: timeline.snapshot(),
         // A hedge is paid from the same budget as a retry; the layer counts a refused hedge
         // once as a hedge and again as the call's refusal if its other copy then failed.
-        budget_refusals: snapshot.map(|s| match policy {
-            Policy::Hedging => s.hedges_refused.budget,
-            _ => s.refused.budget,
-        }),
+        budget_refusals: snapshot
+            .map(|s| match policy {
+                Policy::Hedging => s.hedges_refused.budget,
+                _ => s.refused.budget,
+            })
+            .or_else(|| refused.map(|n| n.load(std::sync::atomic::Ordering::Relaxed))),
         connection_errors: timeline.connection_errors(),
         reject_cpu: reject_cost.map_or(Duration::ZERO, |c| c.spent()),
         throttled: snapshot.map(|s| s.throttled.total()),
@@ -504,13 +570,31 @@ pub async fn run_policy(
     })
 }
 
-/// The caller of `policy` over `observed`, and the retry layer's counters if it has one.
+/// A policy's client: its caller, the retry layer's counters if it has one, the retries a
+/// peer's budget refused if it is a peer's.
+struct PolicyClient {
+    caller: client::Caller,
+    stats: Option<stormguard_client::RetryStats>,
+    refused: Option<Arc<std::sync::atomic::AtomicU64>>,
+}
+
+impl From<(client::Caller, Option<stormguard_client::RetryStats>)> for PolicyClient {
+    fn from((caller, stats): (client::Caller, Option<stormguard_client::RetryStats>)) -> Self {
+        PolicyClient {
+            caller,
+            stats,
+            refused: None,
+        }
+    }
+}
+
+/// The client of `policy` over `observed`.
 fn policy_caller(
     policy: Policy,
     config: &LoopbackStorm,
     observed: Observe<Channel>,
     instruments: &Instruments,
-) -> Result<(client::Caller, Option<stormguard_client::RetryStats>), StormError> {
+) -> Result<PolicyClient, StormError> {
     let storm = &config.storm;
     let per_attempt = Some(storm.per_attempt);
     let naive = |delays| Naive {
@@ -521,7 +605,29 @@ fn policy_caller(
         seed: storm.seed,
     };
     let fixed = Delays::Fixed(storm.naive_backoff);
-    Ok(match policy {
+    Ok(PolicyClient::from(match policy {
+        Policy::Tower | Policy::TowerSized => {
+            let retry = TowerBudgetRetry::new(storm.naive_attempts, storm.naive_backoff);
+            let refused = retry.refused();
+            let attempt = attempt_service(InventoryClient::new(observed), per_attempt);
+            return Ok(PolicyClient {
+                caller: retry_caller(attempt, retry, storm.deadline),
+                stats: None,
+                refused: Some(refused),
+            });
+        }
+        Policy::Resilience | Policy::ResilienceSized => {
+            let (caller, refused) = resilience_caller(
+                InventoryClient::new(observed),
+                storm.deadline,
+                storm.per_attempt,
+            )?;
+            return Ok(PolicyClient {
+                caller,
+                stats: None,
+                refused: Some(refused),
+            });
+        }
         Policy::Naive | Policy::ServerOnly => (
             naive_caller(InventoryClient::new(observed), naive(fixed)),
             None,
@@ -562,7 +668,7 @@ fn policy_caller(
                 layered_client(observed, &client_config, storm.seed, reports, instrument)?;
             (layered_caller(client, Some(storm.deadline)), Some(stats))
         }
-    })
+    }))
 }
 
 /// The open-loop arrivals of one policy's run, and the trigger on the server's speed.
