@@ -46,9 +46,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// call is committed). A status that is not a valid code reads as `UNKNOWN`, as the gRPC
 /// spec asks ([`parse_grpc_status`]). Reads the `grpc-status` of trailers the same way.
 pub(crate) fn trailers_only_code(headers: &HeaderMap) -> Option<Code> {
-    headers
-        .get(GRPC_STATUS)
-        .map(|value| parse_grpc_status(value.as_bytes()))
+    let [status] = wire::http::first_values(headers, [&GRPC_STATUS]);
+    status.map(|value| parse_grpc_status(value.as_bytes()))
 }
 
 /// The code of a response that ended without a `grpc-status`, from its HTTP status, as

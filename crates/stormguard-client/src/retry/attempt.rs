@@ -29,6 +29,7 @@ use http::{HeaderMap, HeaderValue, Method, Uri, Version};
 use stormguard_core::AttemptPlan;
 use stormguard_core::context;
 use stormguard_core::wire::http::IDEMPOTENCY_KEY;
+use stormguard_core::wire::http::first_values;
 use stormguard_core::{
     wire::IdempotencyKeyError, wire::UuidKey, wire::decode_grpc_timeout, wire::encode_grpc_timeout,
     wire::parse_idempotency_key,
@@ -243,9 +244,8 @@ pub(super) fn stamp_idempotency_key(
 /// The caller's own timeout: the request's `grpc-timeout` (from `Request::set_timeout`), if
 /// it has a well-formed one.
 pub(super) fn caller_timeout(headers: &HeaderMap) -> Option<Duration> {
-    headers
-        .get(&GRPC_TIMEOUT)
-        .and_then(|v| decode_grpc_timeout(v.as_bytes()).ok())
+    let [timeout] = first_values(headers, [&GRPC_TIMEOUT]);
+    timeout.and_then(|v| decode_grpc_timeout(v.as_bytes()).ok())
 }
 
 /// How a layer stamps its attempts, with the `grpc-timeout` value of a per-attempt limit

@@ -13,7 +13,7 @@
 use http::HeaderMap;
 use stormguard_core::CallRetry;
 use stormguard_core::Instant;
-use stormguard_core::wire::http::ENDPOINT_LOAD_METRICS_BIN;
+use stormguard_core::wire::http::{ENDPOINT_LOAD_METRICS_BIN, first_values};
 use stormguard_core::wire::parse_load_report;
 
 use super::stats::RetryStats;
@@ -31,6 +31,11 @@ pub(super) fn read(
     route: Option<&Route>,
     stats: &RetryStats,
 ) {
+    // Every answer is read, and few carry a report: a pass over the handful of headers
+    // costs less than hashing the name.
+    if first_values(headers, [&ENDPOINT_LOAD_METRICS_BIN])[0].is_none() {
+        return;
+    }
     let Some(parsed) = parse_load_report(
         headers
             .get_all(ENDPOINT_LOAD_METRICS_BIN)

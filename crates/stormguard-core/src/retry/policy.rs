@@ -246,6 +246,11 @@ impl<T> MethodMap<T> {
     /// The most specific value for a request path (`/pkg.Service/Method`): the method's,
     /// else its service's, else the default.
     pub fn get(&self, path: &str) -> Option<&T> {
+        // Every call looks its method up (policy, deadline, key; the server's exempt
+        // calls): a map with a default alone, the usual one, answers without reading the path.
+        if self.methods.is_empty() && self.services.is_empty() {
+            return self.default.as_ref();
+        }
         let key = path.strip_prefix('/').unwrap_or(path);
         self.methods
             .get(key)

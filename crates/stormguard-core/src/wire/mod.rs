@@ -557,6 +557,16 @@ pub fn parse_criticality(value: Option<&[u8]>) -> Criticality {
 /// assert_eq!(parse_grpc_status(b"UNAVAILABLE"), Code::Unknown);
 /// ```
 pub fn parse_grpc_status(value: &[u8]) -> Code {
+    // Every answer carries one: the usual forms, one or two digits, read without the parser.
+    let digit = |b: u8| b.is_ascii_digit().then(|| i32::from(b - b'0'));
+    let number = match *value {
+        [a] => digit(a),
+        [a, b] => digit(a).zip(digit(b)).map(|(a, b)| a * 10 + b),
+        _ => None,
+    };
+    if let Some(n) = number {
+        return Code::from_i32(n).unwrap_or(Code::Unknown);
+    }
     std::str::from_utf8(value)
         .ok()
         .and_then(|s| s.trim().parse::<i32>().ok())
@@ -664,7 +674,44 @@ pub fn encode_load_report(report: &orca::OrcaLoadReport) -> String {
 /// ```
 #[cfg(feature = "http")]
 pub mod http {
-    use ::http::{HeaderName, HeaderValue};
+    use ::http::{HeaderMap, HeaderName, HeaderValue};
+
+    /// The first value of each of `names` in `headers` (what [`HeaderMap::get`] gives for
+    /// each), found in one pass over the map.
+    ///
+    /// A call's headers are a handful, and both layers read several names from each:
+    /// comparing them in one pass costs less than hashing every name for a lookup.
+    ///
+    /// ```
+    /// use http::{HeaderMap, HeaderValue};
+    /// use stormguard_core::wire::http::{GRPC_STATUS, GRPC_TIMEOUT, first_values};
+    ///
+    /// let mut headers = HeaderMap::new();
+    /// headers.insert(GRPC_STATUS, HeaderValue::from_static("14"));
+    /// let [status, timeout] = first_values(&headers, [&GRPC_STATUS, &GRPC_TIMEOUT]);
+    /// assert_eq!(status.map(HeaderValue::as_bytes), Some(&b"14"[..]));
+    /// assert_eq!(timeout, None);
+    /// ```
+    pub fn first_values<'a, const N: usize>(
+        headers: &'a HeaderMap,
+        names: [&HeaderName; N],
+    ) -> [Option<&'a HeaderValue>; N] {
+        let mut found = [None; N];
+        let mut left = N;
+        // A name's values follow one another, its first first: the first seen is `get`'s.
+        for (name, value) in headers {
+            if let Some(i) = names.iter().position(|n| *n == name)
+                && found[i].is_none()
+            {
+                found[i] = Some(value);
+                left -= 1;
+                if left == 0 {
+                    break;
+                }
+            }
+        }
+        found
+    }
 
     /// [`super::GRPC_TIMEOUT`].
     pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(super::GRPC_TIMEOUT);

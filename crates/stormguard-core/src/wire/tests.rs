@@ -246,6 +246,34 @@ fn grpc_status_values_are_the_code_numbers_and_read_back() {
 
 #[cfg(feature = "http")]
 #[test]
+fn first_values_are_what_get_finds() {
+    use ::http::{HeaderMap, HeaderName, HeaderValue};
+    let names = [
+        &http::GRPC_STATUS,
+        &http::GRPC_TIMEOUT,
+        &http::ENDPOINT_LOAD_METRICS_BIN,
+        &http::X_RETRY_BUDGET,
+    ];
+    let mut headers = HeaderMap::new();
+    assert_eq!(http::first_values(&headers, names), [None; 4]);
+    headers.insert("content-type", HeaderValue::from_static("application/grpc"));
+    headers.append(http::GRPC_TIMEOUT, HeaderValue::from_static("1S"));
+    headers.append("te", HeaderValue::from_static("trailers"));
+    headers.append(http::GRPC_TIMEOUT, HeaderValue::from_static("2S"));
+    headers.append(http::ENDPOINT_LOAD_METRICS_BIN, HeaderValue::from_static("a"));
+    headers.append(http::ENDPOINT_LOAD_METRICS_BIN, HeaderValue::from_static("b"));
+    // A name removed and added again moves: the first value is still the one `get` sees.
+    headers.remove("content-type");
+    headers.append(HeaderName::from_static("content-type"), HeaderValue::from_static("x"));
+    let found = http::first_values(&headers, names);
+    for (name, value) in names.iter().zip(found) {
+        assert_eq!(value, headers.get(*name), "{name}");
+    }
+    assert_eq!(found[1].map(HeaderValue::as_bytes), Some(&b"1S"[..]));
+}
+
+#[cfg(feature = "http")]
+#[test]
 fn http_names_are_the_str_names() {
     let pairs = [
         (http::GRPC_TIMEOUT, GRPC_TIMEOUT),
@@ -265,6 +293,22 @@ fn http_names_are_the_str_names() {
 }
 
 proptest! {
+    /// The short forms read without the parser read as the parser reads them.
+    #[test]
+    fn grpc_status_reads_as_the_decimal_parser_does(
+        value in proptest::collection::vec(
+            prop_oneof![4 => 0x30u8..0x3a, 1 => Just(b' '), 1 => Just(b'+'), 1 => any::<u8>()],
+            0..4,
+        ),
+    ) {
+        let parsed = std::str::from_utf8(&value)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+            .and_then(Code::from_i32)
+            .unwrap_or(Code::Unknown);
+        prop_assert_eq!(parse_grpc_status(&value), parsed);
+    }
+
     #[test]
     fn attempt_class_never_panics(
         prev in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..24)),

@@ -46,7 +46,7 @@ impl Default for NeverShed {
 impl NeverShed {
     /// Whether a call to `path` bypasses the queue.
     pub(crate) fn matches(&self, path: &str) -> bool {
-        if self.health && service_of(path) == Some(HEALTH_SERVICE) {
+        if self.health && is_health_check(path) {
             return true;
         }
         if self.named.get(path).is_some() {
@@ -91,10 +91,12 @@ impl NeverShed {
     }
 }
 
-/// `package.Service` of `/package.Service/Method`.
-fn service_of(path: &str) -> Option<&str> {
-    let (service, _method) = path.strip_prefix('/')?.split_once('/')?;
-    Some(service)
+/// Whether `path` is `/grpc.health.v1.Health/Method` (compared in place: every call that
+/// can be shed asks).
+fn is_health_check(path: &str) -> bool {
+    path.strip_prefix('/')
+        .and_then(|rest| rest.strip_prefix(HEALTH_SERVICE))
+        .is_some_and(|method| method.starts_with('/'))
 }
 
 impl fmt::Debug for NeverShed {
@@ -132,6 +134,8 @@ mod tests {
         assert!(never.matches("/grpc.health.v1.Health/Check"));
         assert!(never.matches("/grpc.health.v1.Health/Watch"));
         assert!(!never.matches("/grpc.health.v1.HealthX/Check"));
+        assert!(!never.matches("/grpc.health.v1.Health"));
+        assert!(!never.matches("grpc.health.v1.Health/Check"));
         assert!(!never.matches("/pkg.Svc/Check"));
         never.set_health(false);
         assert!(!never.matches("/grpc.health.v1.Health/Check"));

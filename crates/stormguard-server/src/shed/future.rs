@@ -7,7 +7,6 @@ use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
 use stormguard_core::Instant;
-use stormguard_core::wire::http::GRPC_STATUS;
 use stormguard_core::{
     context, context::CallContext, context::RequestScope, context::RequestScoped, context::Scoped,
 };
@@ -25,8 +24,9 @@ pin_project! {
     #[project = FutureProj]
     /// The response future of [`ShedService`](super::ShedService).
     ///
-    /// A hand-written state machine, no boxing: a queued call holds its place
-    /// ([`Ticket`]), a timer for its expiry, the readied inner service and the request;
+    /// A hand-written state machine, the inner future not boxed: a queued call holds its
+    /// place ([`Ticket`]), a timer for its expiry, the readied inner service and the request
+    /// (in one allocation, which a call admitted at once never makes);
     /// once a worker is granted it calls the inner service and holds the worker
     /// ([`WorkerPermit`]) until the inner future finishes, then hands it to the response
     /// body ([`ShedBody`]), which holds it until the body ends. The inner future runs with the
@@ -65,12 +65,10 @@ pin_project! {
     where
         S: Service<Req>,
     {
+        // Boxed: the happy path never waits, and a running call's future stays small as
+        // the server's stack moves it.
         Queued {
-            ticket: Ticket,
-            service: Option<S>,
-            request: Discard<Req>,
-            context: CallContext,
-            scope: Option<RequestScope>,
+            queued: Box<Queued<S, Req>>,
         },
         Running {
             #[pin]
@@ -81,6 +79,16 @@ pin_project! {
             response: Option<http::Response<()>>,
         },
     }
+}
+
+/// What a queued call keeps until its turn: its place, the readied inner service and the
+/// request, and what its handler runs with.
+struct Queued<S, Req> {
+    ticket: Ticket,
+    service: Option<S>,
+    request: Discard<Req>,
+    context: CallContext,
+    scope: Option<RequestScope>,
 }
 
 impl<S, Req> ResponseFuture<S, Req>
@@ -122,11 +130,13 @@ where
         let timer = tokio::time::sleep_until(ticket.expiry());
         ResponseFuture {
             state: State::Queued {
-                ticket,
-                service: Some(service),
-                request,
-                context,
-                scope: Some(scope),
+                queued: Box::new(Queued {
+                    ticket,
+                    service: Some(service),
+                    request,
+                    context,
+                    scope: Some(scope),
+                }),
             },
             report,
             timer: Some(timer),
@@ -218,16 +228,16 @@ fn poll_queued<S, Req, B>(
 where
     S: Service<Req, Response = http::Response<B>>,
 {
-    let StateProj::Queued {
+    let StateProj::Queued { queued } = this.state.as_mut().project() else {
+        return Poll::Ready(None);
+    };
+    let Queued {
         ticket,
         service,
         request,
         context,
         scope,
-    } = this.state.as_mut().project()
-    else {
-        return Poll::Ready(None);
-    };
+    } = &mut **queued;
     let fired = poll_timer(this.timer.as_mut(), cx);
     let (answer, shed) = match ticket.poll_turn(cx.waker(), fired) {
         Turn::Wait => return Poll::Pending,
@@ -337,17 +347,17 @@ where
         Ok(mut response) => {
             // A trailers-only answer (its status in the headers) carries the report there;
             // any other in its trailers (see `ShedBody`).
-            if response.headers().contains_key(GRPC_STATUS)
+            let status = response::status_code(response.headers());
+            if status.is_some()
                 && let Some(report) = report.take()
             {
                 report.attach_at(response.headers_mut(), stormguard_core::Instant::now());
             }
             let cut = this.cut_at.take().zip(this.events.take());
-            let trailers_only = response.headers().contains_key(GRPC_STATUS);
             let permit = permit.map(|mut permit| {
                 permit.answered();
-                if trailers_only {
-                    permit.answered_with(response.headers());
+                if let Some(code) = status {
+                    permit.answered_with_code(code);
                 }
                 permit
             });

@@ -435,6 +435,13 @@ impl WorkerPermit {
         }
     }
 
+    /// [`answered_with`](Self::answered_with), the answer's code read already.
+    pub(crate) fn answered_with_code(&mut self, code: Code) {
+        if code.is_overload() {
+            self.served = false;
+        }
+    }
+
     /// The call finished on this worker: count it and give the worker back.
     pub(crate) fn finished(mut self) {
         self.gate.counters.record_completed();

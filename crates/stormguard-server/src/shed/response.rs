@@ -19,7 +19,7 @@ use stormguard_core::wire::{encode_grpc_status, encode_retry_info, parse_grpc_st
 use stormguard_core::{
     wire::http::DO_NOT_RETRY, wire::http::GRPC_MESSAGE, wire::http::GRPC_RETRY_PUSHBACK_MS,
     wire::http::GRPC_STATUS, wire::http::GRPC_STATUS_DETAILS_BIN,
-    wire::http::STORMGUARD_UNPROCESSED, wire::http::UNPROCESSED,
+    wire::http::STORMGUARD_UNPROCESSED, wire::http::UNPROCESSED, wire::http::first_values,
 };
 
 /// The `grpc-message` of a call shed because the queue was full.
@@ -170,9 +170,13 @@ const RETRYABLE: [Code; 4] = [
 /// ([`Code::is_overload`]: `UNAVAILABLE`, `RESOURCE_EXHAUSTED`, `DEADLINE_EXCEEDED`,
 /// `CANCELLED`). No status at all is no such answer.
 pub(crate) fn is_not_served(status: &HeaderMap) -> bool {
-    status
-        .get(GRPC_STATUS)
-        .is_some_and(|v| parse_grpc_status(v.as_bytes()).is_overload())
+    status_code(status).is_some_and(Code::is_overload)
+}
+
+/// The `grpc-status` in `headers` (a trailers-only answer's headers, or trailers), if any.
+pub(crate) fn status_code(headers: &HeaderMap) -> Option<Code> {
+    let [status] = first_values(headers, [&GRPC_STATUS]);
+    status.map(|v| parse_grpc_status(v.as_bytes()))
 }
 
 /// Marks a handler's trailers-only answer with `grpc-retry-pushback-ms: -1` when its code

@@ -4,6 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use http::HeaderValue;
+
 use stormguard_core::CallClass;
 use stormguard_core::CriticalityTable;
 use stormguard_core::Instant;
@@ -12,6 +14,7 @@ use stormguard_core::{wire::attempt_class, wire::decode_grpc_timeout, wire::pars
 use stormguard_core::{
     wire::http::GRPC_PREVIOUS_RPC_ATTEMPTS, wire::http::GRPC_TIMEOUT,
     wire::http::STORMGUARD_CRITICALITY, wire::http::X_RETRY_ATTEMPT, wire::http::X_RETRY_BUDGET,
+    wire::http::first_values,
 };
 use tower_service::Service;
 
@@ -32,7 +35,8 @@ use super::load::{CallReport, LoadReporter};
 #[derive(Clone)]
 pub struct ShedService<S> {
     inner: S,
-    shared: Shared,
+    // One reference to count when the transport clones the service for each request.
+    shared: Arc<Shared>,
 }
 
 /// What a [`ShedLayer`] gives every service it wraps: the one queue, the rules its calls
@@ -63,7 +67,10 @@ impl Shared {
 impl<S> ShedService<S> {
     /// `inner` behind the queue and rules of `shared`.
     pub(crate) fn new(inner: S, shared: Shared) -> Self {
-        ShedService { inner, shared }
+        ShedService {
+            inner,
+            shared: Arc::new(shared),
+        }
     }
 
     /// The queue's counters.
@@ -186,22 +193,26 @@ struct Inbound {
 impl<S> ShedService<S> {
     /// Reads the headers of `request`, arrived at `now`.
     fn inbound<B>(&self, request: &http::Request<B>, now: Instant) -> Inbound {
-        let headers = request.headers();
-        let class = attempt_class(
-            headers
-                .get(GRPC_PREVIOUS_RPC_ATTEMPTS)
-                .map(|v| v.as_bytes()),
-            headers.get(X_RETRY_ATTEMPT).map(|v| v.as_bytes()),
-        );
+        let [previous, x_attempt, criticality, timeout, peer_allowance] = first_values(
+            request.headers(),
+            [
+                &GRPC_PREVIOUS_RPC_ATTEMPTS,
+                &X_RETRY_ATTEMPT,
+                &STORMGUARD_CRITICALITY,
+                &GRPC_TIMEOUT,
+                &X_RETRY_BUDGET,
+            ],
+        )
+        .map(|v| v.map(HeaderValue::as_bytes));
+        let class = attempt_class(previous, x_attempt);
         // A peer's claim, never above what this server grants the method.
-        let criticality = self.shared.criticality.resolve(
-            request.uri().path(),
-            parse_criticality(headers.get(STORMGUARD_CRITICALITY).map(|v| v.as_bytes())),
-        );
-        let deadline = headers
-            .get(GRPC_TIMEOUT)
+        let criticality = self
+            .shared
+            .criticality
+            .resolve(request.uri().path(), parse_criticality(criticality));
+        let deadline = timeout
             // Malformed (or non-ASCII) values read as "no deadline", as tonic does.
-            .and_then(|v| decode_grpc_timeout(v.as_bytes()).ok())
+            .and_then(|v| decode_grpc_timeout(v).ok())
             .and_then(|t| now.checked_add(t));
         // The handler's outgoing calls inherit this call's deadline (see `CallContext`).
         let context = match deadline {
@@ -214,8 +225,8 @@ impl<S> ShedService<S> {
         let scope = match self.shared.retry_allowance {
             Some(limit) => {
                 let scope = RequestScope::new().with_allowance(limit);
-                match headers.get(X_RETRY_BUDGET) {
-                    Some(peer) => scope.with_peer_allowance(peer.as_bytes()),
+                match peer_allowance {
+                    Some(peer) => scope.with_peer_allowance(peer),
                     None => scope,
                 }
             }
