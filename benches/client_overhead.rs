@@ -149,6 +149,11 @@ use tower::util::MapRequest;
 use tower::util::rng::HasherRng;
 use tower::{Service, ServiceExt};
 
+#[path = "client_overhead/peers.rs"]
+mod peers;
+
+use peers::PeerServer;
+
 #[global_allocator]
 static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
 
@@ -244,6 +249,12 @@ async fn serve_shed(prometheus: bool, admission: AdmissionConfig) -> SocketAddr 
     addr
 }
 
+/// A server behind a peer's admission (see `peers`).
+async fn serve_peer(server: PeerServer) -> SocketAddr {
+    let (listener, addr) = listener().await;
+    peers::serve(listener, addr, server)
+}
+
 /// The `*-prometheus` variants' meter: a provider of the bench's own with OpenTelemetry's
 /// Prometheus exporter registered, as a service that Prometheus scrapes has it. Nothing
 /// scrapes it during the run: a scrape reads the layers' counters on the scraper's own
@@ -311,6 +322,10 @@ struct Servers {
     shed_prometheus: SocketAddr,
     /// Behind a `ShedLayer` with a fixed limit of 64 workers.
     shed_fixed: SocketAddr,
+    /// Behind tonic's own `concurrency_limit_per_connection` and `load_shed`.
+    tonic_limit: SocketAddr,
+    /// Behind tower-resilience's Vegas limiter and tonic's `load_shed`.
+    vegas: SocketAddr,
     /// On 127.0.0.2, 127.0.0.3, ..., one port: what a DNS name can list.
     fleet: [SocketAddr; FLEET],
     /// The DNS server that lists the fleet under [`FLEET_NAME`].
@@ -330,6 +345,10 @@ async fn servers() -> Servers {
         ..AdmissionConfig::default()
     };
     let shed_fixed = serve_shed(false, fixed).await;
+    let (tonic_limit, vegas) = (
+        serve_peer(PeerServer::Tonic).await,
+        serve_peer(PeerServer::Vegas).await,
+    );
     let shed_prometheus = if cfg!(feature = "otel-examples") {
         serve_shed(true, AdmissionConfig::default()).await
     } else {
@@ -348,6 +367,8 @@ async fn servers() -> Servers {
         shed,
         shed_prometheus,
         shed_fixed,
+        tonic_limit,
+        vegas,
         fleet,
         dns: dns_addr,
     }
@@ -597,6 +618,10 @@ enum Stack {
     BalanceList {
         retry: bool,
     },
+    /// tower's `Retry` with a `TpsBudget` above the generated client (see `peers`).
+    PeerTower,
+    /// tower-resilience's retry with its token bucket above the generated client.
+    PeerResilience,
     /// stormguard's `Replicas` over the fleet; `retry`: under a `RetryLayer` built with
     /// `over_replicas`; `dns`: the fleet found by DNS (`Replicas::from_dns`).
     Replicas {
@@ -623,9 +648,11 @@ struct Variant {
     /// Whether its `ShedLayer` has a fixed worker limit (64) instead of the default,
     /// adaptive one.
     fixed_limit: bool,
+    /// A peer's server admission instead of stormguard's (`shed_server` false).
+    peer_server: Option<PeerServer>,
 }
 
-const VARIANTS: [Variant; 18] = [
+const VARIANTS: [Variant; 24] = [
     Variant {
         name: "bare",
         baseline: "bare",
@@ -635,6 +662,7 @@ const VARIANTS: [Variant; 18] = [
         deadline: false,
         prometheus: false,
         fixed_limit: false,
+        peer_server: None,
     },
     Variant {
         name: "retry",
@@ -645,6 +673,7 @@ const VARIANTS: [Variant; 18] = [
         deadline: false,
         prometheus: false,
         fixed_limit: false,
+        peer_server: None,
     },
     Variant {
         name: "shed",
@@ -655,6 +684,7 @@ const VARIANTS: [Variant; 18] = [
         deadline: false,
         prometheus: false,
         fixed_limit: false,
+        peer_server: None,
     },
     Variant {
         name: "shed-fixed",
@@ -665,6 +695,7 @@ const VARIANTS: [Variant; 18] = [
         deadline: false,
         prometheus: false,
         fixed_limit: true,
+        peer_server: None,
     },
     Variant {
         name: "both",
@@ -675,6 +706,73 @@ const VARIANTS: [Variant; 18] = [
         deadline: false,
         prometheus: false,
         fixed_limit: false,
+        peer_server: None,
+    },
+    Variant {
+        name: "tower",
+        baseline: "bare",
+        rival: Some("retry"),
+        stack: Stack::PeerTower,
+        shed_server: false,
+        deadline: false,
+        prometheus: false,
+        fixed_limit: false,
+        peer_server: None,
+    },
+    Variant {
+        name: "tonic-shed",
+        baseline: "bare",
+        rival: Some("shed"),
+        stack: Stack::Plain,
+        shed_server: false,
+        deadline: false,
+        prometheus: false,
+        fixed_limit: false,
+        peer_server: Some(PeerServer::Tonic),
+    },
+    Variant {
+        name: "tower-both",
+        baseline: "bare",
+        rival: Some("both"),
+        stack: Stack::PeerTower,
+        shed_server: false,
+        deadline: false,
+        prometheus: false,
+        fixed_limit: false,
+        peer_server: Some(PeerServer::Tonic),
+    },
+    Variant {
+        name: "resilience",
+        baseline: "bare",
+        rival: Some("retry"),
+        stack: Stack::PeerResilience,
+        shed_server: false,
+        deadline: false,
+        prometheus: false,
+        fixed_limit: false,
+        peer_server: None,
+    },
+    Variant {
+        name: "resilience-shed",
+        baseline: "bare",
+        rival: Some("shed"),
+        stack: Stack::Plain,
+        shed_server: false,
+        deadline: false,
+        prometheus: false,
+        fixed_limit: false,
+        peer_server: Some(PeerServer::Vegas),
+    },
+    Variant {
+        name: "resilience-both",
+        baseline: "bare",
+        rival: Some("both"),
+        stack: Stack::PeerResilience,
+        shed_server: false,
+        deadline: false,
+        prometheus: false,
+        fixed_limit: false,
+        peer_server: Some(PeerServer::Vegas),
     },
     Variant {
         name: "bare-deadline",
@@ -685,6 +783,7 @@ const VARIANTS: [Variant; 18] = [
         deadline: true,
         prometheus: false,
         fixed_limit: false,
+        peer_server: None,
     },
     Variant {
         name: "retry-deadline",
@@ -695,6 +794,7 @@ const VARIANTS: [Variant; 18] = [
         deadline: true,
         prometheus: false,
         fixed_limit: false,
+        peer_server: None,
     },
     Variant {
         name: "retry-attempt",
@@ -705,6 +805,7 @@ const VARIANTS: [Variant; 18] = [
         deadline: true,
         prometheus: false,
         fixed_limit: false,
+        peer_server: None,
     },
     Variant {
         name: "hedge-deadline",
@@ -715,6 +816,7 @@ const VARIANTS: [Variant; 18] = [
         deadline: true,
         prometheus: false,
         fixed_limit: false,
+        peer_server: None,
     },
     Variant {
         name: "tower-retry",
@@ -725,6 +827,7 @@ const VARIANTS: [Variant; 18] = [
         deadline: true,
         prometheus: false,
         fixed_limit: false,
+        peer_server: None,
     },
     Variant {
         name: "balance-list",
@@ -735,6 +838,7 @@ const VARIANTS: [Variant; 18] = [
         deadline: false,
         prometheus: false,
         fixed_limit: false,
+        peer_server: None,
     },
     Variant {
         name: "replicas",
@@ -748,6 +852,7 @@ const VARIANTS: [Variant; 18] = [
         deadline: false,
         prometheus: false,
         fixed_limit: false,
+        peer_server: None,
     },
     Variant {
         name: "retry-balance-list",
@@ -758,6 +863,7 @@ const VARIANTS: [Variant; 18] = [
         deadline: false,
         prometheus: false,
         fixed_limit: false,
+        peer_server: None,
     },
     Variant {
         name: "retry-replicas",
@@ -771,6 +877,7 @@ const VARIANTS: [Variant; 18] = [
         deadline: false,
         prometheus: false,
         fixed_limit: false,
+        peer_server: None,
     },
     Variant {
         name: "replicas-dns",
@@ -784,6 +891,7 @@ const VARIANTS: [Variant; 18] = [
         deadline: false,
         prometheus: false,
         fixed_limit: false,
+        peer_server: None,
     },
     Variant {
         name: "retry-replicas-dns",
@@ -797,6 +905,7 @@ const VARIANTS: [Variant; 18] = [
         deadline: false,
         prometheus: false,
         fixed_limit: false,
+        peer_server: None,
     },
     Variant {
         name: "retry-prometheus",
@@ -807,6 +916,7 @@ const VARIANTS: [Variant; 18] = [
         deadline: false,
         prometheus: true,
         fixed_limit: false,
+        peer_server: None,
     },
     Variant {
         name: "shed-prometheus",
@@ -817,6 +927,7 @@ const VARIANTS: [Variant; 18] = [
         deadline: false,
         prometheus: true,
         fixed_limit: false,
+        peer_server: None,
     },
 ];
 
@@ -848,6 +959,56 @@ enum Stub {
 struct Client {
     stub: Stub,
     deadline: Option<Duration>,
+}
+
+/// What the callers of a run call through: the generated client (`Client`), or a peer's
+/// retry above it (`peers`).
+trait Caller: Clone + Send + 'static {
+    /// One call, its answer checked.
+    fn call(&mut self) -> impl Future<Output = ()> + Send;
+}
+
+impl Caller for Client {
+    fn call(&mut self) -> impl Future<Output = ()> + Send {
+        Client::call(self)
+    }
+}
+
+/// A variant's callers behind one type, for the runs that hold several variants: the runs
+/// are boxed, once each, and the calls in them are not.
+struct Runner {
+    timed: Box<dyn Fn(usize, f64) -> LocalFuture<Sample>>,
+    counted: Box<dyn Fn(usize, u64) -> LocalFuture<()>>,
+}
+
+/// A run, awaited on the thread that started it.
+type LocalFuture<T> = Pin<Box<dyn Future<Output = T>>>;
+
+impl Runner {
+    fn new<C: Caller>(caller: C) -> Runner {
+        let again = caller.clone();
+        Runner {
+            timed: Box::new(move |callers, secs| {
+                let caller = caller.clone();
+                Box::pin(async move { run_for(&caller, callers, secs).await })
+            }),
+            counted: Box::new(move |callers, total| {
+                let caller = again.clone();
+                Box::pin(async move { run_calls(&caller, callers, total).await })
+            }),
+        }
+    }
+}
+
+/// The callers of `v`.
+async fn runner(v: &Variant, timeouts: Timeouts, servers: Servers) -> Runner {
+    match v.stack {
+        Stack::PeerTower => Runner::new(peers::tower(channel(server_of(v, servers)).await)),
+        Stack::PeerResilience => {
+            Runner::new(peers::resilience(channel(server_of(v, servers)).await))
+        }
+        _ => Runner::new(client(v, timeouts, servers).await),
+    }
 }
 
 impl Client {
@@ -910,15 +1071,21 @@ async fn client(v: &Variant, timeouts: Timeouts, servers: Servers) -> Client {
     }
 }
 
+/// The server a variant that calls one server calls.
+fn server_of(v: &Variant, servers: Servers) -> SocketAddr {
+    match (v.peer_server, v.shed_server, v.prometheus, v.fixed_limit) {
+        (Some(PeerServer::Tonic), ..) => servers.tonic_limit,
+        (Some(PeerServer::Vegas), ..) => servers.vegas,
+        (None, true, true, _) => servers.shed_prometheus,
+        (None, true, false, true) => servers.shed_fixed,
+        (None, true, false, false) => servers.shed,
+        (None, false, _, _) => servers.bare,
+    }
+}
+
 /// The stub of a variant that calls one server over one connected channel.
 async fn one_server_stub(v: &Variant, timeouts: Timeouts, servers: Servers) -> Stub {
-    let channel = channel(match (v.shed_server, v.prometheus, v.fixed_limit) {
-        (true, true, _) => servers.shed_prometheus,
-        (true, false, true) => servers.shed_fixed,
-        (true, false, false) => servers.shed,
-        (false, _, _) => servers.bare,
-    })
-    .await;
+    let channel = channel(server_of(v, servers)).await;
     match v.stack {
         Stack::Plain => Stub::Bare(InventoryClient::new(channel)),
         Stack::Layer { per_attempt } => {
@@ -941,6 +1108,7 @@ async fn one_server_stub(v: &Variant, timeouts: Timeouts, servers: Servers) -> S
         Stack::BalanceList { .. } | Stack::Replicas { .. } => {
             unreachable!("balanced variants call the fleet")
         }
+        Stack::PeerTower | Stack::PeerResilience => unreachable!("peers call without a stub"),
     }
 }
 
@@ -976,7 +1144,7 @@ impl Sample {
 }
 
 /// `callers` callers calling as fast as they can for `secs`.
-async fn run_for(client: &Client, callers: usize, secs: f64) -> Sample {
+async fn run_for<C: Caller>(client: &C, callers: usize, secs: f64) -> Sample {
     let stop = Arc::new(AtomicBool::new(false));
     let calls = Arc::new(AtomicU64::new(0));
     let allocs0 = GLOBAL.stats().allocations;
@@ -1010,7 +1178,7 @@ async fn run_for(client: &Client, callers: usize, secs: f64) -> Sample {
 }
 
 /// Exactly `total` calls shared by `callers` callers (for instruction counts).
-async fn run_calls(client: &Client, callers: usize, total: u64) {
+async fn run_calls<C: Caller>(client: &C, callers: usize, total: u64) {
     let next = Arc::new(AtomicU64::new(0));
     let tasks: Vec<_> = (0..callers)
         .map(|_| {
@@ -1096,9 +1264,9 @@ fn selected(asked: Option<&[&'static Variant]>) -> Vec<&'static Variant> {
 
 /// Runs exactly `calls` calls of `v` and prints what they allocated.
 async fn count_calls(v: &Variant, calls: u64, callers: usize, servers: Servers) {
-    let client = client(v, COUNTED, servers).await;
+    let runner = runner(v, COUNTED, servers).await;
     let before = GLOBAL.stats();
-    run_calls(&client, callers, calls).await;
+    (runner.counted)(callers, calls).await;
     let after = GLOBAL.stats();
     println!(
         "variant={} calls={calls} allocations={} bytes={}",
@@ -1163,9 +1331,9 @@ fn main() {
 async fn time_rounds(o: &Options, variants: &[&'static Variant], servers: Servers) -> Rounds {
     let mut clients = Vec::new();
     for v in variants {
-        let c = client(v, TIMED, servers).await;
+        let c = runner(v, TIMED, servers).await;
         // Warm up: connections, h2 windows, allocator caches.
-        run_for(&c, o.callers, 0.3).await;
+        (c.timed)(o.callers, 0.3).await;
         clients.push(c);
     }
     println!(
@@ -1184,7 +1352,7 @@ async fn time_rounds(o: &Options, variants: &[&'static Variant], servers: Server
         let mut samples: Vec<Option<Sample>> = (0..n).map(|_| None).collect();
         for k in 0..n {
             let i = (round - 1 + k) % n;
-            samples[i] = Some(run_for(&clients[i], o.callers, o.secs).await);
+            samples[i] = Some((clients[i].timed)(o.callers, o.secs).await);
         }
         record_round(round, variants, &samples, &mut rounds);
     }

@@ -97,10 +97,10 @@ pub use observe::{DEFAULT_SUMMARY_INTERVAL, EventSummary, LayerName, Summary, sp
 pub use retry::{
     AdaptiveThrottle, AdaptiveThrottleConfig, AttemptEnd, AttemptPlan, Backoff, BackoffConfig,
     BreakerConfig, BreakerOpen, BreakerPermit, BreakerState, BreakerTransition, CONNECT_SLOT_WAIT,
-    CallRetry, CircuitBreaker, Decision, Failure, HedgeDecision, HedgeDelay, HedgingPolicy,
-    LearnedDelay, MAX_ATTEMPTS_CAP, MethodMap, MethodScope, MethodTable, Refusal, RetryController,
-    RetryPolicy, Saturation, SaturationConfig, TRANSPARENT_RETRIES, Throttled, TransitionWatch,
-    Transitions, Verdict, WindowCounts,
+    CallRetry, CircuitBreaker, CommittedCall, Decision, Failure, HedgeDecision, HedgeDelay,
+    HedgingPolicy, LearnedDelay, MAX_ATTEMPTS_CAP, MethodMap, MethodScope, MethodTable, Refusal,
+    RetryController, RetryPolicy, Saturation, SaturationConfig, TRANSPARENT_RETRIES, Throttled,
+    TransitionWatch, Transitions, Verdict, WindowCounts,
 };
 pub use wire::code::{Code, CodeSet, UnknownCode};
 

@@ -50,24 +50,26 @@ pub(super) struct Attempts {
 }
 
 impl Attempts {
-    /// Prepares the first attempt of `request` as `plan` says. When the method may be
+    /// Prepares `request` as the first attempt, as `plan` says. When the method may be
     /// retried (`retryable`), its body is made replayable within `replay_limit` bytes and
     /// the parts are kept for a retry.
     ///
     /// A streaming body (one not ready at once) is held to the call's `deadline` (see
     /// [`DeadlineBody`]).
     pub(super) fn first(
-        request: http::Request<Body>,
+        request: &mut http::Request<Body>,
         plan: &AttemptPlan,
         retryable: bool,
         replay_limit: usize,
         stamps: &Stamps,
         deadline: Option<Instant>,
-    ) -> (Attempts, http::Request<Body>) {
-        let (mut parts, body) = request.into_parts();
-        stamps.stamp(&mut parts.headers, plan);
-        let (resend, body) = if retryable {
-            match buffer(body, replay_limit) {
+    ) -> Attempts {
+        // The request is changed where it is (its headers stamped, its body replaced by a
+        // replayable one): it is large, and every copy of it costs the call.
+        stamps.stamp(request.headers_mut(), plan);
+        let resend = if retryable {
+            let body = std::mem::take(request.body_mut());
+            let (resend, body) = match buffer(body, replay_limit) {
                 Buffered::Whole(data) => (Resend::Whole(data.clone()), full(data)),
                 Buffered::Stream(replay, first) => {
                     let body = match deadline {
@@ -78,14 +80,16 @@ impl Attempts {
                 }
                 // The body announced a length over the bound: sent once, never copied.
                 Buffered::Once(body) => (Resend::Never, body),
-            }
+            };
+            *request.body_mut() = body;
+            resend
         } else {
-            (Resend::Never, body)
+            Resend::Never
         };
         let mut template = Template {
-            method: parts.method.clone(),
-            uri: parts.uri.clone(),
-            version: parts.version,
+            method: request.method().clone(),
+            uri: request.uri().clone(),
+            version: request.version(),
             headers: SavedHeaders::Few(Default::default()),
             extensions: SavedExtensions::Empty,
         };
@@ -96,11 +100,10 @@ impl Attempts {
             // the first attempt's is not kept (nor cloned).
             let timeout = GRPC_TIMEOUT;
             let renewed = plan.fire_at.is_some().then_some(&timeout);
-            template.headers = SavedHeaders::of(&parts.headers, renewed);
-            template.extensions = SavedExtensions::of(&parts.extensions);
+            template.headers = SavedHeaders::of(request.headers(), renewed);
+            template.extensions = SavedExtensions::of(request.extensions());
         }
-        let attempts = Attempts { template, resend };
-        (attempts, http::Request::from_parts(parts, body))
+        Attempts { template, resend }
     }
 
     /// A call that is not sent at all (refused before its first attempt): nothing is kept

@@ -15,8 +15,8 @@ use std::task::{Context, Poll, ready};
 use http::{HeaderMap, HeaderValue, Uri};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use stormguard_core::CallRetry;
 use stormguard_core::Code;
+use stormguard_core::CommittedCall;
 use stormguard_core::wire::encode_grpc_status;
 use stormguard_core::{DeadlineCut, Instant, Polled};
 use stormguard_core::{wire::http::GRPC_MESSAGE, wire::http::GRPC_STATUS};
@@ -96,7 +96,7 @@ pin_project! {
 
 /// A committed call whose outcome is not known yet.
 struct Pending {
-    call: Option<CallRetry>,
+    call: Option<CommittedCall>,
     stats: CallStats,
     /// The replicas the call used, when the layer is over an endpoint-aware channel.
     route: Option<Route>,
@@ -120,12 +120,12 @@ impl<B: Body> ResponseBody<B> {
     /// A load report in its trailers is read as every attempt's is (see `load`).
     pub(super) fn committed(
         inner: B,
-        call: Option<CallRetry>,
+        call: Option<CommittedCall>,
         stats: CallStats,
         route: Option<Route>,
         uri: Uri,
     ) -> Self {
-        let deadline = call.as_ref().and_then(CallRetry::deadline);
+        let deadline = call.as_ref().and_then(CommittedCall::deadline);
         let pending = Pending {
             call,
             stats,
@@ -185,7 +185,7 @@ impl Pending {
             End::Eos | End::Error => Code::Unavailable,
         };
         if let Some(call) = self.call.as_mut() {
-            call.on_committed_at(code, Instant::now());
+            call.on_ended_at(code, Instant::now());
         }
         self.stats.committed_ended(code);
         self.ended = true;
@@ -360,7 +360,7 @@ mod tests {
             .unwrap();
         ResponseBody::committed(
             Frames(frames.into()),
-            Some(call),
+            Some(call.commit_at(Instant::now())),
             CallStats::new(stats.clone(), crate::retry::metrics::CallMetrics::none()),
             None,
             Uri::from_static(PATH),
@@ -558,7 +558,7 @@ mod tests {
         let call = c.begin_call_at(PATH, &times, Instant::now()).unwrap();
         ResponseBody::committed(
             inner,
-            Some(call),
+            Some(call.commit_at(Instant::now())),
             CallStats::new(stats.clone(), crate::retry::metrics::CallMetrics::none()),
             None,
             Uri::from_static(PATH),

@@ -32,7 +32,7 @@ use tonic::Status;
 use tonic::body::Body;
 use tower_service::Service;
 
-use super::attempt::{Attempts, Stamps, caller_timeout, stamp_idempotency_key};
+use super::attempt::{Attempts, caller_timeout, stamp_idempotency_key};
 use super::body::ResponseBody;
 use super::classify::{Last, Outcome, classify};
 use super::end::{self, CallResult, log_refusal};
@@ -56,7 +56,6 @@ pin_project! {
         // The service retries go out on: cloned from `spare` when the first retry starts.
         svc: Option<S>,
         spare: Arc<Mutex<S>>,
-        stamps: Arc<Stamps>,
         // The call's retry state; `None` once the call ended or a committed response's
         // body took it.
         call: Option<CallRetry>,
@@ -142,17 +141,19 @@ where
         svc: &mut S,
         spare: &Arc<Mutex<S>>,
         mut request: http::Request<Body>,
-        shared: &Shared,
+        shared: &Arc<Shared>,
     ) -> Self {
         let now = Instant::now();
         let mut stats = CallStats::start(shared, request.uri().path());
         match admit(&mut request, shared, &mut stats, now) {
             Ok(admitted) => Self::send_first(svc, spare, shared, request, admitted, stats, now),
-            Err(status) => Self::refused(spare, shared, request.uri(), stats, status),
+            Err(status) => Self::refused(spare, request.uri(), stats, status),
         }
     }
 
-    /// Sends the first attempt of an admitted call.
+    /// Sends the first attempt of an admitted call. Inlined into `start`, its one caller, so
+    /// that the call's state is built where the future is, not copied there.
+    #[inline(always)]
     fn send_first(
         svc: &mut S,
         spare: &Arc<Mutex<S>>,
@@ -164,16 +165,16 @@ where
     ) -> Self {
         let plan = call.first_attempt_at(now);
         let retryable = call.is_retryable_method();
-        let stamps = Arc::clone(&shared.stamps);
         if let Some(key) = &shared.budget_key {
             call.set_budget_key(key(&request));
         }
-        let (attempts, mut request) = Attempts::first(
-            request,
+        let mut request = request;
+        let attempts = Attempts::first(
+            &mut request,
             &plan,
             retryable,
             shared.replay_limit,
-            &stamps,
+            &shared.stamps,
             call.deadline(),
         );
         if call.is_hedged() && !attempts.can_copy() {
@@ -199,7 +200,6 @@ where
         ResponseFuture {
             svc: None,
             spare: Arc::clone(spare),
-            stamps,
             call: Some(call),
             attempts,
             keyed_by_route,
@@ -222,7 +222,8 @@ where
 /// dependency is in connection backoff but for the slot's probe, or once the deadline
 /// passed), the throttle's admission, and the call's idempotency key stamped on
 /// `request`; else the status the call ends with, unsent. Dropping a call state that is
-/// not sent releases its breaker permit unused.
+/// not sent releases its breaker permit unused. Inlined into `start`, as `send_first` is.
+#[inline(always)]
 fn admit(
     request: &mut http::Request<Body>,
     shared: &Shared,
@@ -265,17 +266,10 @@ where
 {
     /// A call that ends before its first attempt, with `status` (while a breaker is open,
     /// every call: it allocates only the boxed status).
-    fn refused(
-        spare: &Arc<Mutex<S>>,
-        shared: &Shared,
-        uri: &Uri,
-        stats: CallStats,
-        status: Status,
-    ) -> Self {
+    fn refused(spare: &Arc<Mutex<S>>, uri: &Uri, stats: CallStats, status: Status) -> Self {
         ResponseFuture {
             svc: None,
             spare: Arc::clone(spare),
-            stamps: Arc::clone(&shared.stamps),
             call: None,
             attempts: Attempts::unsent(uri.clone()),
             route: None,
@@ -605,7 +599,7 @@ where
             return Poll::Ready(Some(end::give_up(this.stats, refusal, *last, false)));
         }
     };
-    let mut request = this.attempts.retry(&plan, this.stamps);
+    let mut request = this.attempts.retry(&plan, this.stats.stamps());
     if let Some(route) = this.route.as_ref() {
         request.extensions_mut().insert(route.clone());
     }
@@ -658,15 +652,14 @@ where
     B: http_body::Body,
 {
     this.attempts.commit();
-    if let Some(call) = this.call.as_mut() {
-        call.on_commit_at(Instant::now());
-    }
+    // What the end records, small enough to travel in the response body.
+    let call = this.call.take().map(|call| call.commit_at(Instant::now()));
     this.stats.committed();
     this.state.set(State::Done { status: None });
     let (parts, body) = response.into_parts();
     let body = ResponseBody::committed(
         body,
-        this.call.take(),
+        call,
         this.stats.take(),
         this.route.clone(),
         this.attempts.take_uri(),

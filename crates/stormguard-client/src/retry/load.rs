@@ -12,12 +12,31 @@
 
 use http::HeaderMap;
 use stormguard_core::CallRetry;
+use stormguard_core::CommittedCall;
 use stormguard_core::Instant;
+use stormguard_core::LoadReport;
 use stormguard_core::wire::http::{ENDPOINT_LOAD_METRICS_BIN, first_values};
 use stormguard_core::wire::parse_load_report;
 
 use super::stats::RetryStats;
 use crate::replicas::Route;
+
+/// What a report feeds: a call's retry state, or a committed call's.
+pub(super) trait Reports {
+    fn record_load_report_at(&self, endpoint: u64, report: &LoadReport, now: Instant);
+}
+
+impl Reports for CallRetry {
+    fn record_load_report_at(&self, endpoint: u64, report: &LoadReport, now: Instant) {
+        CallRetry::record_load_report_at(self, endpoint, report, now);
+    }
+}
+
+impl Reports for CommittedCall {
+    fn record_load_report_at(&self, endpoint: u64, report: &LoadReport, now: Instant) {
+        CommittedCall::record_load_report_at(self, endpoint, report, now);
+    }
+}
 
 /// The endpoint key of an attempt over a plain channel (one endpoint as far as the layer
 /// can tell).
@@ -27,7 +46,7 @@ const CHANNEL: u64 = 0;
 /// the replica the route's latest attempt went to.
 pub(super) fn read(
     headers: &HeaderMap,
-    call: Option<&CallRetry>,
+    call: Option<&impl Reports>,
     route: Option<&Route>,
     stats: &RetryStats,
 ) {

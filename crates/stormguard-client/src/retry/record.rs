@@ -9,6 +9,7 @@ use std::sync::Arc;
 use stormguard_core::AttemptPlan;
 use stormguard_core::Code;
 
+use super::attempt::Stamps;
 use super::events::LayerEvents;
 use super::layer::Shared;
 use super::stats::RetryStats;
@@ -19,40 +20,42 @@ use crate::retry::metrics::CallMetrics;
 ///
 /// When the call's outcome is recorded, and when it is dropped, it reports the breaker's
 /// transitions that no call has reported yet (see [`events`](super::events)).
-#[derive(Debug)]
+///
+/// It holds the layer's shared state (one reference for the counters, the events and what
+/// stamps the call's retries), not a reference to each.
 pub(crate) struct CallStats {
-    layer: RetryStats,
+    shared: Arc<Shared>,
     metrics: CallMetrics,
-    events: Arc<LayerEvents>,
+}
+
+impl std::fmt::Debug for CallStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallStats")
+            .field("layer", &self.shared.stats)
+            .field("metrics", &self.metrics)
+            .finish()
+    }
 }
 
 impl std::ops::Deref for CallStats {
     type Target = RetryStats;
 
     fn deref(&self) -> &RetryStats {
-        &self.layer
+        &self.shared.stats
     }
 }
 
 impl CallStats {
     /// Starts counting a call to `path` through the layer of `shared` (the call names the
     /// layer when it has no name yet).
-    pub(crate) fn start(shared: &Shared, path: &str) -> Self {
+    pub(crate) fn start(shared: &Arc<Shared>, path: &str) -> Self {
         shared.events.name().get_or_name_after(path);
-        Self::with(
-            shared.stats.clone(),
-            shared.call_metrics(path),
-            Arc::clone(&shared.events),
-        )
+        Self::with(Arc::clone(shared), shared.call_metrics(path))
     }
 
-    fn with(layer: RetryStats, metrics: CallMetrics, events: Arc<LayerEvents>) -> Self {
-        layer.logical();
-        CallStats {
-            layer,
-            metrics,
-            events,
-        }
+    fn with(shared: Arc<Shared>, metrics: CallMetrics) -> Self {
+        shared.stats.logical();
+        CallStats { shared, metrics }
     }
 
     /// A call counted into `layer` only, for tests of what counts.
@@ -65,24 +68,29 @@ impl CallStats {
             0,
         )
         .expect("an empty table is valid");
-        let events = LayerEvents::new(Arc::default(), &controller);
-        Self::with(layer, metrics, Arc::new(events))
+        let layer_shared = crate::RetryLayer::new(controller).with_stats(layer).shared;
+        Self::with(layer_shared, metrics)
     }
 
     /// The layer's events.
     pub(crate) fn events(&self) -> &LayerEvents {
-        &self.events
+        &self.shared.events
+    }
+
+    /// How the layer stamps its attempts.
+    pub(crate) fn stamps(&self) -> &Stamps {
+        &self.shared.stamps
     }
 
     pub(crate) fn attempt(&mut self, retry: bool) {
-        self.layer.attempt(retry);
+        self.shared.stats.attempt(retry);
         self.metrics.attempt();
     }
 
     /// A retry is sent as `plan` says: a paid retry, or a transparent one.
     pub(crate) fn retry_attempt(&mut self, plan: &AttemptPlan) {
         if plan.transparent {
-            self.layer.transparent_retry();
+            self.shared.stats.transparent_retry();
             self.metrics.attempt();
         } else {
             self.attempt(true);
@@ -91,30 +99,29 @@ impl CallStats {
 
     /// A hedge was sent.
     pub(crate) fn hedge_attempt(&mut self) {
-        self.layer.hedge();
+        self.shared.stats.hedge();
         self.metrics.attempt();
     }
 
     /// The call ended with `code` (counted once by method and code).
     pub(crate) fn outcome(&mut self, code: Code) {
-        self.layer.outcome(code == Code::Ok);
+        self.shared.stats.outcome(code == Code::Ok);
         self.metrics.ended(code);
-        self.events.report_breaker();
+        self.shared.events.report_breaker();
     }
 
     /// A committed call's body ended with `code`.
     pub(crate) fn committed_ended(&mut self, code: Code) {
-        self.layer.committed_ended(code == Code::Ok);
+        self.shared.stats.committed_ended(code == Code::Ok);
         self.metrics.ended(code);
-        self.events.report_breaker();
+        self.shared.events.report_breaker();
     }
 
     /// Hands the call's counting on (to the response body of a committed call).
     pub(crate) fn take(&mut self) -> CallStats {
         CallStats {
-            layer: self.layer.clone(),
+            shared: Arc::clone(&self.shared),
             metrics: std::mem::take(&mut self.metrics),
-            events: Arc::clone(&self.events),
         }
     }
 }
@@ -123,6 +130,6 @@ impl Drop for CallStats {
     fn drop(&mut self) {
         // A call dropped before its end (or a committed body dropped before its last frame)
         // still tells what its breaker did.
-        self.events.report_breaker();
+        self.shared.events.report_breaker();
     }
 }

@@ -19,7 +19,7 @@ pub use breaker::{
     BreakerConfig, BreakerOpen, BreakerPermit, BreakerState, BreakerTransition, CircuitBreaker,
     TransitionWatch, Transitions,
 };
-pub use call::{CONNECT_SLOT_WAIT, CallRetry, HedgeDecision, TRANSPARENT_RETRIES};
+pub use call::{CONNECT_SLOT_WAIT, CallRetry, CommittedCall, HedgeDecision, TRANSPARENT_RETRIES};
 pub use controller::RetryController;
 pub use decision::{AttemptEnd, AttemptPlan, Decision, Failure, Refusal, Verdict};
 pub use policy::{

@@ -260,11 +260,20 @@ fn first_values_are_what_get_finds() {
     headers.append(http::GRPC_TIMEOUT, HeaderValue::from_static("1S"));
     headers.append("te", HeaderValue::from_static("trailers"));
     headers.append(http::GRPC_TIMEOUT, HeaderValue::from_static("2S"));
-    headers.append(http::ENDPOINT_LOAD_METRICS_BIN, HeaderValue::from_static("a"));
-    headers.append(http::ENDPOINT_LOAD_METRICS_BIN, HeaderValue::from_static("b"));
+    headers.append(
+        http::ENDPOINT_LOAD_METRICS_BIN,
+        HeaderValue::from_static("a"),
+    );
+    headers.append(
+        http::ENDPOINT_LOAD_METRICS_BIN,
+        HeaderValue::from_static("b"),
+    );
     // A name removed and added again moves: the first value is still the one `get` sees.
     headers.remove("content-type");
-    headers.append(HeaderName::from_static("content-type"), HeaderValue::from_static("x"));
+    headers.append(
+        HeaderName::from_static("content-type"),
+        HeaderValue::from_static("x"),
+    );
     let found = http::first_values(&headers, names);
     for (name, value) in names.iter().zip(found) {
         assert_eq!(value, headers.get(*name), "{name}");

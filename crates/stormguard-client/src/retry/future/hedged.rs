@@ -303,7 +303,7 @@ where
             return false;
         }
     };
-    let mut request = this.attempts.retry(&plan, this.stamps);
+    let mut request = this.attempts.retry(&plan, this.stats.stamps());
     if let Some(route) = this.route.as_ref() {
         // The channel avoids the replicas the call's copies went to.
         request.extensions_mut().insert(route.clone());

@@ -2,6 +2,7 @@
 //! whether another may follow. Hedged calls ([`hedging`]), transparent retries
 //! ([`transparent`]) and idempotency keys ([`keying`]) each have their own file.
 
+mod committed;
 mod hedging;
 pub(super) mod keying;
 mod transparent;
@@ -10,6 +11,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use committed::CommittedCall;
 pub use hedging::HedgeDecision;
 pub(super) use hedging::HedgeState;
 pub use transparent::{CONNECT_SLOT_WAIT, TRANSPARENT_RETRIES};
@@ -24,7 +26,7 @@ use super::shared::Shared;
 use crate::context;
 use crate::deadline::Deadline;
 use crate::wire::UuidKey;
-use crate::wire::code::Code;
+use crate::wire::code::{Code, CodeSet};
 use crate::wire::orca::LoadReport;
 use crate::wire::pushback::Pushback;
 
@@ -86,6 +88,51 @@ impl fmt::Debug for CallRetry {
     }
 }
 
+/// Records an `OK` answer: the connection works, the budget earns a deposit (and the budget
+/// key's account), the breaker hears a success.
+fn record_success(
+    shared: &Shared,
+    permit: &mut Option<BreakerPermit>,
+    key: Option<u64>,
+    now: Instant,
+) {
+    shared.connect.connected();
+    shared.budget.deposit_at(now);
+    if let (Some(keyed), Some(key)) = (&shared.keyed, key) {
+        keyed.deposit_at(key, now);
+    }
+    if let Some(permit) = permit.take() {
+        permit.success_at(now);
+    }
+}
+
+/// Records an answer other than `OK` (see `CallRetry::record_outcome_at`): a `retryable`
+/// code is a failure for the breaker and the budget; an overload or expiry answer releases
+/// the permit without an outcome; any other code is a sign of life.
+fn record_outcome(
+    shared: &Shared,
+    permit: &mut Option<BreakerPermit>,
+    retryable: bool,
+    code: Code,
+    pushback: Option<Pushback>,
+    now: Instant,
+) {
+    let permit = permit.take();
+    if retryable {
+        if let Some(permit) = permit {
+            permit.failure_at(now);
+        }
+        shared.budget.record_failure_at(now);
+        if matches!(pushback, Some(Pushback::RetryAfter(_))) {
+            shared.budget.record_pushback_at(now);
+        }
+    } else if !is_overload(code, pushback)
+        && let Some(permit) = permit
+    {
+        permit.success_at(now);
+    }
+}
+
 /// An answer that says the server is overloaded or out of time: never a sign of health.
 pub(super) fn is_overload(code: Code, pushback: Option<Pushback>) -> bool {
     pushback.is_some() || code.is_overload()
@@ -117,14 +164,7 @@ impl CallRetry {
     /// The attempt answered `OK`: deposits into the budget and reports a success to the
     /// breaker. Only `OK` mints retries (as in gRPC A6 and its C-core and Java clients).
     pub fn on_success_at(&mut self, now: Instant) {
-        self.shared.connect.connected();
-        self.shared.budget.deposit_at(now);
-        if let (Some(keyed), Some(key)) = (&self.shared.keyed, self.key) {
-            keyed.deposit_at(key, now);
-        }
-        if let Some(permit) = self.permit.take() {
-            permit.success_at(now);
-        }
+        record_success(&self.shared, &mut self.permit, self.key, now);
     }
 
     /// The attempt failed before the call was committed. Records the failure (breaker,
@@ -324,6 +364,22 @@ impl CallRetry {
         }
     }
 
+    /// The call committed at `now` ([`on_commit_at`](Self::on_commit_at)), and what its end
+    /// records from here on: a [`CommittedCall`], much smaller than the call's retry state,
+    /// for the response body that carries it. Its [`on_ended_at`](CommittedCall::on_ended_at)
+    /// records the end as [`on_committed_at`](Self::on_committed_at) would. A retry granted
+    /// and not started (none can start after a commit) goes back to the budget now.
+    pub fn commit_at(mut self, now: Instant) -> CommittedCall {
+        self.on_commit_at(now);
+        CommittedCall {
+            shared: Arc::clone(&self.shared),
+            retryable: self.retryable_codes(),
+            permit: self.permit.take(),
+            key: self.key,
+            deadline: self.deadline,
+        }
+    }
+
     /// The caller's own deadline ran out at `now`; the call ends without a retry. `answer`
     /// is the failure that arrived at that moment, if one did. The caller's deadline says
     /// nothing about the dependency (a batch job with 5 ms deadlines on a 10 ms method must
@@ -368,26 +424,26 @@ impl CallRetry {
             self.on_success_at(now);
             return false;
         }
-        let retryable_code = match (&self.policy, &self.hedge) {
-            (Some(p), _) => p.retryable_codes.contains(code),
-            (None, Some(h)) => h.policy.non_fatal_codes.contains(code),
-            (None, None) => code == Code::Unavailable,
-        };
-        let permit = self.permit.take();
-        if retryable_code {
-            if let Some(permit) = permit {
-                permit.failure_at(now);
-            }
-            self.shared.budget.record_failure_at(now);
-            if matches!(pushback, Some(Pushback::RetryAfter(_))) {
-                self.shared.budget.record_pushback_at(now);
-            }
-        } else if !is_overload(code, pushback)
-            && let Some(permit) = permit
-        {
-            permit.success_at(now);
-        }
+        let retryable_code = self.retryable_codes().contains(code);
+        record_outcome(
+            &self.shared,
+            &mut self.permit,
+            retryable_code,
+            code,
+            pushback,
+            now,
+        );
         retryable_code
+    }
+
+    /// The codes that are failures of the dependency for this method: its policy's
+    /// retryable codes, a hedged method's non-fatal ones, else `UNAVAILABLE`.
+    fn retryable_codes(&self) -> CodeSet {
+        match (&self.policy, &self.hedge) {
+            (Some(p), _) => p.retryable_codes,
+            (None, Some(h)) => h.policy.non_fatal_codes,
+            (None, None) => CodeSet::single(Code::Unavailable),
+        }
     }
 
     fn decide(
