@@ -7,8 +7,10 @@
 # by the difference in calls, so that start-up cancels out. Each variant's ratio is taken
 # against its baseline (`retry`, `shed`, `both` against `bare`; the deadline variants
 # against `bare-deadline`; `replicas`, `retry-balance-list`, `retry-replicas` against
-# `balance-list`) and, where it has one, its rival (`retry-deadline` and `retry-attempt`
-# against `tower-retry`, `retry-replicas` against `retry-balance-list`); the bench's
+# `balance-list`; the peers `tower`, `tonic-shed`, `tower-both`, `resilience`,
+# `resilience-shed`, `resilience-both` against `bare`) and, where it has one, its rival
+# (`retry-deadline` and `retry-attempt` against `tower-retry`, `retry-replicas` against
+# `retry-balance-list`, each peer against the stormguard variant doing its job); the bench's
 # `--list` says which is which, and baselines and rivals of the variants named are run too.
 #
 # Usage: benches/callgrind.sh [--json] [--calls N1,N2] [--features F] [--keep DIR] [--valgrind-arg A]... [VARIANT...]

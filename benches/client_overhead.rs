@@ -10,6 +10,14 @@
 //!   adaptive worker limit), against `shed-fixed` as its rival, the same with a fixed
 //!   limit of 64 workers;
 //! - `both`: the `RetryLayer` channel to the `ShedLayer` server;
+//! - the peers, each against `bare` and with the stormguard variant that does its job as
+//!   its rival (see `client_overhead/peers.rs`, and `docs/comparison.md` for the docs each
+//!   setting follows): `tower` (tower's `Retry` with the `TpsBudget` policy of its docs,
+//!   above the generated client, rival `retry`), `tonic-shed` (the plain channel to a
+//!   server with tonic's own `concurrency_limit_per_connection(32)` and `load_shed(true)`,
+//!   rival `shed`), `tower-both` (both, rival `both`), and `resilience`,
+//!   `resilience-shed`, `resilience-both` (tower-resilience's retry with its token-bucket
+//!   budget; its Vegas limiter behind tonic's `load_shed`);
 //! - `retry-prometheus`, `shed-prometheus` (only with `--features otel-examples`): `retry`
 //!   and `shed` with the layer recording into a meter whose provider has OpenTelemetry's
 //!   Prometheus exporter registered, each against its plain variant as its rival: what
@@ -92,23 +100,9 @@
 //! benches/callgrind.sh balance-list replicas retry-balance-list retry-replicas
 //! ```
 //!
-//! Measured so (tonic 0.14.9, `--calls 2000,4000`; instructions of the whole process, client
-//! and server, per call), the fleet variants:
-//!
-//! ```text
-//! variant             instr/call  ratio  allocs/call  rival               ratio  +allocs
-//! balance-list        116358      1.000  61.05        -                   -      -
-//! replicas            113787      0.978  61.04        -                   -      -
-//! retry-balance-list  121823      1.047  62.05        -                   -      -
-//! retry-replicas      119272      1.025  64.05        retry-balance-list  0.979  +2.00
-//! ```
-//!
-//! `Replicas` costs some 4,800 instructions of its own per call (the pick, about 2,900 with
-//! its two candidates' costs, and the end of the attempt, about 1,800: mostly the
-//! peak-EWMA and health decays' `exp`), less than the buffer worker and p2c
-//! `poll_ready` (ready cache and its hashing) that `balance_list` runs per call. The two
-//! allocations that `over_replicas` adds per call are the `Route` and its entry in the
-//! attempt's extensions.
+//! The figures measured so: the happy path and the peers in `docs/comparison.md`, the
+//! fleet variants in `docs/development.md`, the DNS variants in `docs/replicas.md`, the
+//! adaptive limit in `docs/admission.md`, the meters in `docs/observability.md`.
 
 use std::future::Future;
 use std::net::SocketAddr;

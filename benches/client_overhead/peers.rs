@@ -63,11 +63,9 @@ where
     S::Error: std::fmt::Debug,
     S::Future: Send,
 {
-    fn call(&mut self) -> impl Future<Output = ()> + Send {
-        async move {
-            let reply = self.svc.ready().await.expect("ready").call(message()).await;
-            assert!(reply.expect("echo").reserved);
-        }
+    async fn call(&mut self) {
+        let reply = self.svc.ready().await.expect("ready").call(message()).await;
+        assert!(reply.expect("echo").reserved);
     }
 }
 
