@@ -94,13 +94,13 @@ pub mod engine {
     pub use stormguard_core::{
         A6Budget, AdmissionQueue, Arrival, AttemptEnd, AttemptPlan, Backoff, BreakerOpen,
         BreakerPermit, BreakerState, BreakerTransition, Budget, CONNECT_SLOT_WAIT, CallClass,
-        CallDeadline, CallRetry, CallTimes, CircuitBreaker, Deadline, DeadlineSource, Decision,
-        DedupTable, Dispatch, EventSummary, Failure, HedgeDecision, Instant, KeyedBudgets,
-        LayerName, Left, LoadReport, LoadReportError, MethodMap, OrcaLoadReport, Pushback,
-        QueueLoad, QueuedId, RateMeter, Refusal, ReplicaEvent, ReplicaOutcome, ReplicaSet,
-        RetryBudget, Saturation, Shed, ShedReason, Summary, TRANSPARENT_RETRIES, Throttled,
-        TransitionWatch, Transitions, Unlimited, Unpicked, Verdict, WindowCounts, a58_weight,
-        parse_duration, resolve_deadline_at,
+        CallDeadline, CallRetry, CallTimes, CircuitBreaker, CommittedCall, Deadline,
+        DeadlineSource, Decision, DedupTable, Dispatch, EventSummary, Failure, HedgeDecision,
+        Instant, KeyedBudgets, LayerName, Left, LoadReport, LoadReportError, MethodMap,
+        OrcaLoadReport, Pushback, QueueLoad, QueuedId, RateMeter, Refusal, ReplicaEvent,
+        ReplicaOutcome, ReplicaSet, RetryBudget, Saturation, Shed, ShedReason, Summary,
+        TRANSPARENT_RETRIES, Throttled, TransitionWatch, Transitions, Unlimited, Unpicked, Verdict,
+        WindowCounts, a58_weight, parse_duration, resolve_deadline_at,
     };
 
     /// The wire vocabulary: the gRPC and stormguard header names and their encoders and

@@ -5,8 +5,9 @@
 //! a unary call whose status comes in the trailers, may still end with `UNAVAILABLE`.
 //! Counting it as a success when the headers arrive would let failures mint retry budget
 //! (or A6 tokens) and keep the breaker closed while the dependency fails. So the layer
-//! hands the caller a [`ResponseBody`] that holds the call's retry state and records the
-//! final outcome when the body ends; the rules are on [`ResponseBody`].
+//! hands the caller a [`ResponseBody`] that holds what the call's end records (core's
+//! `CommittedCall`: the budget, the breaker permit, the deadline) and records the final
+//! outcome when the body ends; the rules are on [`ResponseBody`].
 
 use std::fmt;
 use std::pin::Pin;

@@ -56,8 +56,8 @@ pin_project! {
         // The service retries go out on: cloned from `spare` when the first retry starts.
         svc: Option<S>,
         spare: Arc<Mutex<S>>,
-        // The call's retry state; `None` once the call ended or a committed response's
-        // body took it.
+        // The call's retry state; `None` once the call ended or committed (a committed
+        // response's body carries what its end records).
         call: Option<CallRetry>,
         attempts: Attempts,
         // The replicas the call used, when the layer is over an endpoint-aware channel.
