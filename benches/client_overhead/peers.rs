@@ -13,9 +13,9 @@
 //!   tonic's `load_shed(true)` sits outside it.
 //!
 //! Neither retry sits on a tonic `Channel` as it is: both keep the request to send it again,
-//! and a tonic request's body is a stream, not `Clone`. As the peers' own tonic examples do,
-//! the retry sits above the generated client, over a service that sends each attempt's
-//! message as a fresh `tonic::Request`: the adapter a user writes.
+//! and a tonic request's body is a stream, not `Clone`. Each sits above the generated
+//! client, over a service that sends each attempt's message as a fresh `tonic::Request`:
+//! the adapter a user writes.
 
 use std::future::Future;
 use std::net::SocketAddr;
