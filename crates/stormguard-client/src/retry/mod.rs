@@ -60,6 +60,7 @@ mod metrics {
 mod record;
 pub(crate) mod replay;
 pub(crate) mod service;
+mod shared;
 pub(crate) mod stats;
 mod throttle;
 mod timer;

@@ -11,7 +11,7 @@ use stormguard_core::Code;
 
 use super::attempt::Stamps;
 use super::events::LayerEvents;
-use super::layer::Shared;
+use super::shared::Shared;
 use super::stats::RetryStats;
 use crate::retry::metrics::CallMetrics;
 

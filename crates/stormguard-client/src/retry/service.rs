@@ -1,4 +1,4 @@
-//! The service a [`RetryLayer`] wraps a channel in.
+//! The service a [`RetryLayer`](crate::RetryLayer) wraps a channel in.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -9,13 +9,12 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::future::ResponseFuture;
-use super::layer;
-#[cfg(doc)]
-use super::layer::RetryLayer;
+use super::shared::Shared;
 use super::stats::RetryStats;
 use crate::status::BoxError;
 
-/// A tonic channel wrapped in stormguard's retry controller; built by [`RetryLayer`].
+/// A tonic channel wrapped in stormguard's retry controller; built by
+/// [`RetryLayer`](crate::RetryLayer).
 ///
 /// Responses pass through unchanged (their body wrapped in a [`ResponseBody`], which
 /// forwards it and records how a committed call ended) except when the layer gives up on a retryable failure
@@ -27,12 +26,12 @@ pub struct Retry<S> {
     inner: S,
     // What a retry clones its service from (the first attempt uses `inner` itself).
     spare: Arc<Mutex<S>>,
-    shared: Arc<layer::Shared>,
+    shared: Arc<Shared>,
 }
 
 impl<S> Retry<S> {
     /// `inner` behind the layer that `shared` describes.
-    pub(super) fn new(inner: S, shared: Arc<layer::Shared>) -> Self
+    pub(super) fn new(inner: S, shared: Arc<Shared>) -> Self
     where
         S: Clone,
     {
