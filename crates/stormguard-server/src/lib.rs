@@ -98,11 +98,12 @@ pub mod idempotency;
 pub mod shed;
 
 pub use shed::body::ShedBody;
+pub use shed::counters::{DrainCounts, Occupancy, ShedSnapshot};
 pub use shed::future::ResponseFuture;
 pub use shed::layer::ShedLayer;
 pub use shed::service::ShedService;
 pub use shed::shutdown::ShutdownHandle;
-pub use shed::stats::{DrainCounts, Occupancy, ShedSnapshot, ShedStats};
+pub use shed::stats::ShedStats;
 // What a user of the layer configures, and every type the layer's API names, so that one
 // `use stormguard_server::{..}` holds it. `AdmissionController` is the engine's object the
 // layer takes built: its own methods are the engine's API.

@@ -45,7 +45,7 @@ use std::time::Duration;
 use bytes::Buf;
 use http_body::Body;
 
-use super::stats::DrainCounts;
+use super::counters::DrainCounts;
 
 /// The most request bytes read after an early answer.
 pub const MAX_BYTES: usize = 64 * 1024;

@@ -17,7 +17,7 @@ use super::body::ShedBody;
 use super::drain::Discard;
 use super::events::QueuedEvents;
 use super::gate::{Ticket, Turn, WorkerPermit};
-use super::load::CallReport;
+use super::load::{self, CallReport};
 use super::response;
 
 pin_project! {
@@ -266,7 +266,7 @@ where
     };
     // Dropping the queued state discards the unread request body.
     this.state.set(State::Answered { response: None });
-    let answer = response::with_report(answer, this.report.as_ref(), shed);
+    let answer = load::with_report(answer, this.report.as_ref(), shed);
     Poll::Ready(Some(Ok(with_empty_body(answer))))
 }
 
@@ -384,7 +384,7 @@ where
     if let Some(events) = this.events.as_ref() {
         events.cut(false);
     }
-    let answer = response::with_report(response::deadline_cut(), this.report.as_ref(), false);
+    let answer = load::with_report(response::deadline_cut(), this.report.as_ref(), false);
     if let Some(permit) = permit {
         permit.cut();
     }

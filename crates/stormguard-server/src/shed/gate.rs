@@ -29,7 +29,7 @@ use stormguard_core::Instant;
 use stormguard_core::{AdmissionConfig, AdmissionController, CallClass, Shed, ShedPushback};
 use stormguard_core::{AdmissionQueue, Arrival, Dispatch, QueuedId};
 
-use crate::shed::stats::{Counters, Occupancy};
+use crate::shed::counters::{Counters, Occupancy};
 
 /// One server's admission gate: the core queue (every decision), the outcomes its
 /// waiters have not yet seen, and the counters.

@@ -152,3 +152,20 @@ impl fmt::Debug for CallReport {
             .finish_non_exhaustive()
     }
 }
+
+/// Adds the call's load report, when the layer sends them, to one of the layer's own
+/// trailers-only answers; `shed` counts it among the errors the report's `eps` gives.
+pub(crate) fn with_report<B>(
+    mut response: http::Response<B>,
+    report: Option<&CallReport>,
+    shed: bool,
+) -> http::Response<B> {
+    if let Some(report) = report {
+        let now = stormguard_core::Instant::now();
+        if shed {
+            report.shed_at(now);
+        }
+        report.attach_at(response.headers_mut(), now);
+    }
+    response
+}

@@ -36,8 +36,8 @@ use opentelemetry::metrics::{
 };
 use stormguard_core::LayerName;
 
+use crate::shed::counters::{Counters, TimeQueuedRecorder};
 use crate::shed::gate::Gate;
-use crate::shed::stats::{Counters, TimeQueuedRecorder};
 
 /// `[rpc.system, stormguard.layer]`, once the layer has a name.
 fn base(name: &LayerName) -> Option<[KeyValue; 2]> {

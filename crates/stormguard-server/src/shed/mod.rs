@@ -54,6 +54,7 @@
 //! worker limit, criticality and "do not retry": `docs/admission.md`.
 
 pub(crate) mod body;
+pub(crate) mod counters;
 pub mod drain;
 mod events;
 pub mod exempt;

@@ -138,23 +138,6 @@ pub(crate) fn deadline_cut<B: Default>() -> http::Response<B> {
     response
 }
 
-/// Adds the call's load report, when the layer sends them, to one of the layer's own
-/// trailers-only answers; `shed` counts it among the errors the report's `eps` gives.
-pub(crate) fn with_report<B>(
-    mut response: http::Response<B>,
-    report: Option<&super::load::CallReport>,
-    shed: bool,
-) -> http::Response<B> {
-    if let Some(report) = report {
-        let now = stormguard_core::Instant::now();
-        if shed {
-            report.shed_at(now);
-        }
-        report.attach_at(response.headers_mut(), now);
-    }
-    response
-}
-
 /// Codes that standard clients are commonly configured to retry (gRPC A6
 /// `retryableStatusCodes`): a handler's answer with one of them is marked "do not retry"
 /// when a downstream call of the same request was refused a retry.

@@ -1,4 +1,4 @@
-//! The service a [`ShedLayer`] wraps each service in.
+//! The service a [`ShedLayer`](crate::ShedLayer) wraps each service in.
 
 use std::fmt;
 use std::sync::Arc;
@@ -20,8 +20,6 @@ use tower_service::Service;
 
 use super::body::ShedBody;
 use super::future::ResponseFuture;
-#[cfg(doc)]
-use super::layer::ShedLayer;
 use super::stats::ShedStats;
 
 use super::drain::{Discard, Drains};
@@ -30,8 +28,8 @@ use super::exempt::{Bypassed, NeverShed};
 use super::gate::{Entry, Gate, Ticket};
 use super::load::{CallReport, LoadReporter};
 
-/// A service behind the admission queue. Built by [`ShedLayer`]; every clone, and every
-/// service the same layer wraps, shares one queue.
+/// A service behind the admission queue. Built by [`ShedLayer`](crate::ShedLayer); every
+/// clone, and every service the same layer wraps, shares one queue.
 #[derive(Clone)]
 pub struct ShedService<S> {
     inner: S,
@@ -39,8 +37,8 @@ pub struct ShedService<S> {
     shared: Arc<Shared>,
 }
 
-/// What a [`ShedLayer`] gives every service it wraps: the one queue, the rules its calls
-/// are admitted by, and where they are counted and logged.
+/// What a [`ShedLayer`](crate::ShedLayer) gives every service it wraps: the one queue, the
+/// rules its calls are admitted by, and where they are counted and logged.
 #[derive(Clone)]
 pub(crate) struct Shared {
     pub(crate) gate: Arc<Gate>,
@@ -150,11 +148,7 @@ where
                 let code = self.shared.gate.shed_code(shed.pushback);
                 let retry_info = self.shared.gate.sends_retry_info();
                 let answer = super::response::shed(code, shed.reason, shed.pushback, retry_info);
-                ResponseFuture::answered(super::response::with_report(
-                    answer,
-                    report.as_ref(),
-                    true,
-                ))
+                ResponseFuture::answered(super::load::with_report(answer, report.as_ref(), true))
             }
             Entry::Expired => {
                 self.shared
@@ -162,20 +156,12 @@ where
                     .expired(request.uri().path(), inbound.class, false);
                 super::drain::discard_request(request, &self.shared.drains);
                 let answer = super::response::expired();
-                ResponseFuture::answered(super::response::with_report(
-                    answer,
-                    report.as_ref(),
-                    false,
-                ))
+                ResponseFuture::answered(super::load::with_report(answer, report.as_ref(), false))
             }
             Entry::Closing => {
                 super::drain::discard_request(request, &self.shared.drains);
                 let answer = super::response::shutting_down(self.shared.gate.sends_retry_info());
-                ResponseFuture::answered(super::response::with_report(
-                    answer,
-                    report.as_ref(),
-                    false,
-                ))
+                ResponseFuture::answered(super::load::with_report(answer, report.as_ref(), false))
             }
         }
     }
