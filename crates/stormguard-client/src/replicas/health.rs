@@ -182,20 +182,4 @@ fn connection_failed(status: &tonic::Status) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_serving_serves() {
-        assert_eq!(serving(Answer::Serving), ServingStatus::Serving);
-        assert_eq!(serving(Answer::NotServing), ServingStatus::NotServing);
-        assert_eq!(serving(Answer::Unknown), ServingStatus::NotServing);
-        assert_eq!(
-            serving(Answer::ServiceUnknown),
-            ServingStatus::ServiceUnknown
-        );
-        assert!(!connection_failed(&tonic::Status::unavailable(
-            "from the server"
-        )));
-    }
-}
+mod tests;
