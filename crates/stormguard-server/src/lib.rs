@@ -96,6 +96,8 @@
 
 pub mod idempotency;
 pub mod shed;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 
 pub use shed::body::ShedBody;
 pub use shed::counters::{DrainCounts, Occupancy, ShedSnapshot};

@@ -529,6 +529,3 @@ impl Drop for Ticket {
         }
     }
 }
-
-#[cfg(test)]
-mod parity;

@@ -1,18 +1,17 @@
 //! The server's gate and the simulator's server decide alike.
 //!
 //! One script (arrivals of first attempts and retries of every criticality, with and
-//! without deadlines, completions, cancellations, at scripted instants) runs through this crate's [`Gate`]
-//! (on paused time, polling tickets as the response future does, with the expiry timers
-//! firing at their instants) and through `stormguard_sim::SimServer` (on the same
-//! instants). Every decision is recorded with its instant: a call run (at once or
-//! later), queued (with its expiry), shed (why, and the pushback sent; on arrival or
-//! displaced from a full queue), or expired (on arrival or while queued). The two
-//! records must be equal, decision by decision, with a fixed and with an adaptive limit
-//! (the limit's every step is compared too).
+//! without deadlines, completions, cancellations, at scripted instants) runs through the
+//! server's gate (`stormguard_server::test_util::GateDriver`, on paused time, polling
+//! tickets as the response future does, with the expiry timers firing at their instants)
+//! and through the simulator's [`SimServer`] (on the same instants). Every decision is
+//! recorded with its instant: a call run (at once or later), queued (with its expiry),
+//! shed (why, and the pushback sent; on arrival or displaced from a full queue), or
+//! expired (on arrival or while queued). The two records must be equal, decision by
+//! decision, with a fixed and with an adaptive limit (the limit's every step is compared
+//! too).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-use std::task::Waker;
 use std::time::Duration;
 
 use stormguard_core::AdaptiveLimitConfig;
@@ -23,9 +22,8 @@ use stormguard_core::wire::AttemptClass;
 use stormguard_core::{
     AdmissionConfig, AdmissionController, CallClass, QueueOrder, RetryThreshold, Shed, ShedReason,
 };
+use stormguard_server::test_util::{Decided, GateDriver};
 use stormguard_sim::{Job, ServerAction, SimServer};
-
-use super::{Entry, Gate, Ticket, Turn, WorkerPermit};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -93,50 +91,29 @@ fn shed(s: Shed) -> What {
 }
 
 /// The server's gate, used as the response future uses it.
-struct Server {
-    gate: Arc<Gate>,
-    tickets: BTreeMap<u32, Ticket>,
-    permits: BTreeMap<u32, WorkerPermit>,
-}
+struct Server(GateDriver);
 
-impl Server {
-    /// Polls every waiting ticket as its woken future would (its timer has fired once
-    /// its expiry has come), recording what it learns.
-    fn poll_all(&mut self, now: Instant, out: &mut Vec<(u32, What)>) {
-        let calls: Vec<u32> = self.tickets.keys().copied().collect();
-        for call in calls {
-            self.poll(now, call, out);
-        }
-    }
-
-    fn poll(&mut self, now: Instant, call: u32, out: &mut Vec<(u32, What)>) {
-        let Some(ticket) = self.tickets.get_mut(&call) else {
-            return;
-        };
-        let fired = ticket.expiry() <= now;
-        match ticket.poll_turn(Waker::noop(), fired) {
-            Turn::Wait => {}
-            Turn::Run(permit) => {
-                self.tickets.remove(&call);
-                self.permits.insert(call, permit);
-                out.push((call, What::Run));
-            }
-            Turn::Expired => {
-                self.tickets.remove(&call);
-                out.push((call, What::Expired));
-            }
-            Turn::Shed(s) => {
-                self.tickets.remove(&call);
-                out.push((call, shed(s)));
-            }
-            Turn::Closing => panic!("the scripts never shut the gate down"),
-        }
-    }
+fn gate_records(now: Instant, decided: Vec<(u32, Decided)>) -> Vec<(u32, What)> {
+    decided
+        .into_iter()
+        .map(|(call, decided)| match decided {
+            Decided::Run => (call, What::Run),
+            Decided::Queued { expiry } => (
+                call,
+                What::Queued {
+                    expires_in: expiry - now,
+                },
+            ),
+            Decided::Shed(s) => (call, shed(s)),
+            Decided::Expired => (call, What::Expired),
+            Decided::Closing => panic!("the scripts never shut the gate down"),
+        })
+        .collect()
 }
 
 impl Side for Server {
     fn limit(&self) -> usize {
-        self.gate.counters().workers()
+        self.0.worker_limit()
     }
 
     fn arrive(
@@ -146,48 +123,19 @@ impl Side for Server {
         class: CallClass,
         deadline: Option<Instant>,
     ) -> Vec<(u32, What)> {
-        let mut out = Vec::new();
-        match self.gate.enter(now, class, deadline) {
-            Entry::Admitted(permit) => {
-                self.permits.insert(call, permit);
-                out.push((call, What::Run));
-            }
-            Entry::Queued(ticket) => {
-                let expires_in = ticket.expiry() - now;
-                self.tickets.insert(call, ticket);
-                out.push((call, What::Queued { expires_in }));
-            }
-            Entry::Shed(s) => out.push((call, shed(s))),
-            Entry::Expired => out.push((call, What::Expired)),
-            Entry::Closing => panic!("the scripts never shut the gate down"),
-        }
-        self.poll_all(now, &mut out);
-        out
+        gate_records(now, self.0.arrive(now, call, class, deadline))
     }
 
     fn finish(&mut self, now: Instant, call: u32) -> Vec<(u32, What)> {
-        let mut out = Vec::new();
-        if let Some(permit) = self.permits.remove(&call) {
-            permit.finished();
-        }
-        self.poll_all(now, &mut out);
-        out
+        gate_records(now, self.0.finish(now, call))
     }
 
     fn cancel(&mut self, now: Instant, call: u32) -> Vec<(u32, What)> {
-        let mut out = Vec::new();
-        // Dropping what the call holds is what a dropped response future does.
-        drop(self.tickets.remove(&call));
-        drop(self.permits.remove(&call));
-        self.poll_all(now, &mut out);
-        out
+        gate_records(now, self.0.cancel(now, call))
     }
 
     fn timer(&mut self, now: Instant, call: u32) -> Vec<(u32, What)> {
-        let mut out = Vec::new();
-        self.poll(now, call, &mut out);
-        self.poll_all(now, &mut out);
-        out
+        gate_records(now, self.0.timer(now, call))
     }
 }
 
@@ -400,13 +348,9 @@ fn config(queue_order: QueueOrder) -> AdmissionConfig {
 async fn compare(config: AdmissionConfig, seed: u64) -> Vec<Record> {
     let script = script(seed, 600);
     let t0 = Instant::now();
-    let mut server = Server {
-        gate: Arc::new(Gate::new(
-            AdmissionController::new(config.clone()).expect("valid config"),
-        )),
-        tickets: BTreeMap::new(),
-        permits: BTreeMap::new(),
-    };
+    let mut server = Server(GateDriver::new(
+        AdmissionController::new(config.clone()).expect("valid config"),
+    ));
     let served = play(&mut server, t0, &script).await;
     let end = Instant::now();
     let mut sim = Sim(SimServer::shedding(config).expect("valid config"));
