@@ -89,7 +89,8 @@ fn doc_examples(source: &str) -> Vec<(usize, String)> {
     out
 }
 
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+/// Every `.rs` file under `dir`, in a stable order.
+pub(crate) fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -104,7 +105,8 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-fn relative(root: &Path, path: &Path) -> String {
+/// `path` relative to the workspace's `root`.
+pub(crate) fn relative(root: &Path, path: &Path) -> String {
     path.strip_prefix(root)
         .unwrap_or(path)
         .display()

@@ -12,13 +12,16 @@
 //!
 //! Beside it: every `cargo test` command of the pages runs a test (`commands`), the
 //! README's storm rows are `docs/storm.md`'s (`storm`), a published crate's docs import
-//! from that crate (`imports`), and the published crates' public API, read from rustdoc's
-//! JSON, gives every type one path from a layer's root (`api`, run by `.ci/public-api`).
+//! from that crate (`imports`), no production file holds a test module and no layer's
+//! `src/` imports the simulator (`layout`), and the published crates' public API, read from
+//! rustdoc's JSON, gives every type one path from a layer's root (`api`, run by
+//! `.ci/public-api`).
 #![allow(clippy::unwrap_used)]
 
 mod api;
 mod commands;
 mod imports;
+mod layout;
 mod storm;
 
 use std::path::{Path, PathBuf};
