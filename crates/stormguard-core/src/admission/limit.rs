@@ -106,6 +106,12 @@ use crate::field::check;
 ///   not `α`: a reading of a few percent over the floor, usual on real time, no longer
 ///   holds a healthy service's limit where it started. Below it, growth by one call is
 ///   tried and taken back as described next.
+/// - **What the windows' own noise reads is no evidence.** The limit keeps a moving mean of
+///   how much a window's mean latency moves from the last one at about the same limit
+///   (both reaching it, each move counted at most a quarter), and above the one-call band
+///   reads as queued inside only the calls beyond one and a half times that share of the
+///   limit. On exact latencies it is nothing; on real time a window's mean moves by a tenth
+///   with the runtime's load, which at a limit of 40 read as four calls queued inside.
 /// - **After a cut, only calls that started under the new limit count**: the calls let
 ///   in before it still queue inside, and would read as a need to cut again.
 /// - **A window in which callers left is a lower bound.** A call abandoned mid-run took
