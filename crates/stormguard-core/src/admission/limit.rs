@@ -112,6 +112,19 @@ use crate::field::check;
 ///   reads as queued inside only the calls beyond one and a half times that share of the
 ///   limit. On exact latencies it is nothing; on real time a window's mean moves by a tenth
 ///   with the runtime's load, which at a limit of 40 read as four calls queued inside.
+/// - **A growth is judged by the throughput it bought.** With callers on the same machine,
+///   or a runtime busy with other work, each call let in makes every call a little slower
+///   (the runtime wakes each later): from 26 to 39 calls running, a 1 ms handler's latency
+///   rose a fifth and its throughput a quarter. Vegas reads that rise as calls queued
+///   inside and held such a limit near its start. So above the one-call band the limit
+///   keeps, as its base, the first window that reached it since it last fell; once the
+///   calls running have grown a tenth or more from the base, a window whose throughput
+///   (calls running over latency, Little's law) grew by at least half as much shows the
+///   calls let in were served, whatever Vegas reads: the limit grows on (by 15 % at least)
+///   from that window as the new base. A growth that bought less is judged by Vegas as
+///   before. A limit resting in the band that has not grown enough to judge tries a step of
+///   15 % and goes back if the next window shows it wasted, held back as a refuted growth
+///   by one call is (below).
 /// - **After a cut, only calls that started under the new limit count**: the calls let
 ///   in before it still queue inside, and would read as a need to cut again.
 /// - **A window in which callers left is a lower bound.** A call abandoned mid-run took
@@ -325,6 +338,9 @@ pub(crate) struct AdaptiveLimit {
     cuts_from: Option<(Seen, u32)>,
     /// When a window first showed the floor falling, while windows stay saturated.
     fell_at: Option<Instant>,
+    /// The first saturated window since the limit last fell (or a probe ended): a growth
+    /// since is judged by the throughput it bought.
+    base: Option<Seen>,
     /// Samples count from calls started at or after this instant (the last cut).
     counted_from: Option<Instant>,
     /// Windows in a row that grew the limit: each doubles the next step.
@@ -338,6 +354,9 @@ pub(crate) struct AdaptiveLimit {
     noise: f64,
     /// The last window's limit and mean latency, for `noise`.
     previous: Option<(f64, f64)>,
+    /// The last trial step from within the band, until the window after it answers: the
+    /// limit before it.
+    tried_from: Option<f64>,
     /// Windows a refuted growth holds the limit back for; doubles each time.
     hold: u32,
     /// Windows left before the limit may grow again.
@@ -370,9 +389,11 @@ impl AdaptiveLimit {
             last: None,
             cuts_from: None,
             fell_at: None,
+            base: None,
             counted_from: None,
             growth: 0,
             raised_from: None,
+            tried_from: None,
             noise: 0.0,
             previous: None,
             hold: 0,
@@ -450,6 +471,7 @@ impl AdaptiveLimit {
             self.last = None;
             self.cuts_from = None;
             self.fell_at = None;
+            self.base = None;
         }
     }
 
@@ -652,6 +674,7 @@ impl AdaptiveLimit {
                 rtt,
                 saturated && !censored && !refusing,
                 saturated,
+                seen,
             ),
         };
         if refusing {
@@ -668,6 +691,11 @@ impl AdaptiveLimit {
             }
         }
         self.limit = next.clamp(self.config.min_limit as f64, self.config.max_limit as f64);
+        if self.limit < before {
+            self.base = None;
+        } else if saturated && !censored && !refusing && self.base.is_none() {
+            self.base = Some(seen);
+        }
         if self.limit < before {
             // Calls let in under the higher limit still queue inside: the next window
             // counts only the calls that start under the new one.
@@ -788,9 +816,30 @@ impl AdaptiveLimit {
     /// growing a limit that was not used tests nothing. `bound`: whether the limit held the
     /// calls running (`saturated` before the guards for callers that left and calls not
     /// served); a window it did not bind cuts only far over the band (`CUT_AT_ONCE`).
-    fn next_limit(&mut self, queued: f64, m: f64, rtt: f64, saturated: bool, bound: bool) -> f64 {
+    fn next_limit(
+        &mut self,
+        queued: f64,
+        m: f64,
+        rtt: f64,
+        saturated: bool,
+        bound: bool,
+        seen: Seen,
+    ) -> f64 {
         let limit = self.limit;
         let (alpha, beta) = band(limit);
+        let growth = self.base.map(|base| judge_growth(base, seen));
+        if let Some(from) = self.tried_from.take()
+            && saturated
+        {
+            if growth == Some(Growth::Wasted) {
+                // The calls the trial let in waited inside: back, and no trial for a while.
+                self.hold = (self.hold * 2).clamp(2, HOLD_LONGEST);
+                self.hold_left = self.hold;
+                self.growth = 0;
+                return from;
+            }
+            self.hold = 0;
+        }
         if let Some(from) = self.raised_from.take() {
             if saturated && queued >= REFUTES_GROWTH {
                 // The call the growth let in waited inside: back to where it was, and no
@@ -805,7 +854,31 @@ impl AdaptiveLimit {
             }
         }
         let grows_below = if beta > 1.0 { beta / 2.0 } else { alpha };
-        let next = if queued < grows_below && saturated {
+        // A limit that grew since its base and bought throughput with most of the calls it
+        // let in is still below the capacity, whatever Vegas reads: the latency rose with the
+        // load on the machine, not with calls waiting inside. It grows on, by `TRIAL` at
+        // least (less would not be judged), from a new base.
+        let bought = beta > 1.0 && saturated && growth == Some(Growth::Bought);
+        if bought {
+            self.base = Some(seen);
+        }
+        // Within the band, one that has not grown enough since its base to tell tries a
+        // step of `TRIAL`, which the next window judges.
+        if beta > 1.0
+            && saturated
+            && (grows_below..=beta).contains(&queued)
+            && growth == Some(Growth::TooSmall)
+        {
+            if self.hold_left > 0 {
+                self.hold_left -= 1;
+                self.growth = 0;
+                return limit;
+            }
+            self.tried_from = Some(limit);
+            self.growth = 0;
+            return (limit * (1.0 + TRIAL)).clamp(limit, self.config.max_limit as f64);
+        }
+        let next = if (queued < grows_below || bought) && saturated {
             if self.hold_left > 0 {
                 self.hold_left -= 1;
                 self.growth = 0;
@@ -813,7 +886,10 @@ impl AdaptiveLimit {
             }
             // Each window that grows the limit with nothing queued inside doubles the
             // next step, from `l/2`: a large server reaches its capacity in a few windows.
-            let step = (alpha * f64::from(1u32 << self.growth.min(16))).min(limit);
+            let mut step = (alpha * f64::from(1u32 << self.growth.min(16))).min(limit);
+            if bought {
+                step = step.max(TRIAL * limit);
+            }
             self.growth += 1;
             let next =
                 (limit + step).clamp(self.config.min_limit as f64, self.config.max_limit as f64);
@@ -846,6 +922,35 @@ impl AdaptiveLimit {
 fn band(limit: f64) -> (f64, f64) {
     let beta = limit.log10().max(limit / 16.0).max(1.0);
     (beta / 4.0, beta)
+}
+
+/// Whether the calls running grew by `GROWTH_JUDGED` or more from `base` to `now`, and if
+/// so, whether the throughput (`running / rtt`, Little's law) grew by at least `BOUGHT` of
+/// that: most of the calls let in were served, not queued inside.
+fn judge_growth(base: Seen, now: Seen) -> Growth {
+    if base.running <= 0.0 || base.rtt <= 0.0 || now.rtt <= 0.0 {
+        return Growth::TooSmall;
+    }
+    let more_calls = now.running / base.running - 1.0;
+    let more_served = (now.running / now.rtt) / (base.running / base.rtt) - 1.0;
+    if more_calls < GROWTH_JUDGED {
+        Growth::TooSmall
+    } else if more_served >= BOUGHT * more_calls {
+        Growth::Bought
+    } else {
+        Growth::Wasted
+    }
+}
+
+/// What a growth of the calls running since the base bought.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Growth {
+    /// Too little growth to tell from a window's noise.
+    TooSmall,
+    /// Throughput, for most of the calls let in.
+    Bought,
+    /// Little: most of the calls let in waited inside.
+    Wasted,
 }
 
 /// Vegas's reading of the calls queued inside at `limit`, with floor `m` and mean
@@ -913,6 +1018,18 @@ const NOISE_SAME_LIMIT: f64 = 0.1;
 
 /// Windows the noise estimate averages over (the weight of the newest pair is one over it).
 const NOISE_WINDOWS: f64 = 8.0;
+
+/// How much more calls must run than at the base for a growth to be judged by its
+/// throughput: below it a window's noise decides.
+const GROWTH_JUDGED: f64 = 0.1;
+
+/// The share of a growth in calls running that must show as throughput for the growth to
+/// have bought it.
+const BOUGHT: f64 = 0.5;
+
+/// The step a limit in the band tries when it has not grown enough since its base to be
+/// judged: a little over `GROWTH_JUDGED`.
+const TRIAL: f64 = 0.15;
 
 /// The longest a refuted growth holds the limit back, in windows.
 const HOLD_LONGEST: u32 = 16;

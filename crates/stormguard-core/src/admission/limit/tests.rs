@@ -681,3 +681,42 @@ fn a_run_of_shallow_cuts_that_the_latency_does_not_follow_is_undone() {
         limit.limit()
     );
 }
+
+#[test]
+fn latency_that_rises_a_little_with_each_call_let_in_does_not_hold_the_limit_down() {
+    // Callers and server on one machine: each call let in makes every call a little slower
+    // (the runtime wakes each later), here by 0.4 % a call up to a capacity of 128, so 64
+    // calls take a quarter longer than one and serve 51 times as much. Vegas alone read
+    // that rise as calls queued inside and held the limit near its start.
+    let capacity = 128.0;
+    let mut limit = starting(config(), 16);
+    let t0 = Instant::now();
+    let mut t = t0;
+    let mut limits = Vec::new();
+    while t < t0 + Duration::from_secs(6) {
+        let running = limit.limit();
+        let n = running as f64;
+        let latency = (3 * MS).mul_f64((1.0 + 0.004 * n) * (n / capacity).max(1.0));
+        t += latency / u32::try_from(running).unwrap();
+        limit.sample_at(t, t - latency, running - 1);
+        limits.push((t.duration_since(t0), limit.limit()));
+    }
+    let settled: Vec<usize> = limits
+        .iter()
+        .filter(|(at, _)| *at >= Duration::from_secs(3))
+        .map(|(_, l)| *l)
+        .collect();
+    let mean = settled.iter().sum::<usize>() as f64 / settled.len() as f64;
+    let reached = limits
+        .iter()
+        .find(|(_, l)| *l as f64 >= 0.9 * capacity)
+        .map(|(at, _)| *at);
+    assert!(
+        (0.9 * capacity..=1.25 * capacity).contains(&mean),
+        "settled at {mean:.1} for a capacity of {capacity}"
+    );
+    assert!(
+        reached.is_some_and(|at| at < Duration::from_secs(2)),
+        "reached 90 % of the capacity at {reached:?}"
+    );
+}
