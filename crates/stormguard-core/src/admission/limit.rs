@@ -119,8 +119,8 @@ use crate::field::check;
 ///   inside and held such a limit near its start. So above the one-call band the limit
 ///   keeps, as its base, the first window that reached it since it last fell; once the
 ///   calls running have grown a tenth or more from the base, a window whose throughput
-///   (calls running over latency, Little's law) grew by at least half as much shows the
-///   calls let in were served, whatever Vegas reads: the limit grows on (by 15 % at least)
+///   (calls running over latency, Little's law) grew by at least half as much, less the
+///   windows' own noise (below), shows the calls let in were served, whatever Vegas reads: the limit grows on (by 15 % at least)
 ///   from that window as the new base. A growth that bought less is judged by Vegas as
 ///   before. A limit resting in the band that has not grown enough to judge tries a step of
 ///   15 % and goes back if the next window shows it wasted, held back as a refuted growth
@@ -827,7 +827,8 @@ impl AdaptiveLimit {
     ) -> f64 {
         let limit = self.limit;
         let (alpha, beta) = band(limit);
-        let growth = self.base.map(|base| judge_growth(base, seen));
+        let noise = self.noise;
+        let growth = self.base.map(|base| judge_growth(base, seen, noise));
         if let Some(from) = self.tried_from.take()
             && saturated
         {
@@ -926,8 +927,9 @@ fn band(limit: f64) -> (f64, f64) {
 
 /// Whether the calls running grew by `GROWTH_JUDGED` or more from `base` to `now`, and if
 /// so, whether the throughput (`running / rtt`, Little's law) grew by at least `BOUGHT` of
-/// that: most of the calls let in were served, not queued inside.
-fn judge_growth(base: Seen, now: Seen) -> Growth {
+/// that, less what the windows' own `noise` moves a latency by: most of the calls let in
+/// were served, not queued inside.
+fn judge_growth(base: Seen, now: Seen, noise: f64) -> Growth {
     if base.running <= 0.0 || base.rtt <= 0.0 || now.rtt <= 0.0 {
         return Growth::TooSmall;
     }
@@ -935,7 +937,7 @@ fn judge_growth(base: Seen, now: Seen) -> Growth {
     let more_served = (now.running / now.rtt) / (base.running / base.rtt) - 1.0;
     if more_calls < GROWTH_JUDGED {
         Growth::TooSmall
-    } else if more_served >= BOUGHT * more_calls {
+    } else if more_served >= BOUGHT * more_calls - NOISE_BANDS * noise {
         Growth::Bought
     } else {
         Growth::Wasted
