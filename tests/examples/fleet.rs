@@ -137,8 +137,9 @@ fn quick_fleet_writes_the_report_of_every_scenario_and_policy() {
             // no request pending on either: every replica gets about 1/5. The
             // endpoint-aware channel prefers the replica of lower peak-EWMA latency, and
             // on a shared machine one slow answer keeps a replica out of the choice for
-            // about a second (the latency decays over 1 s): only that each replica was
-            // chosen holds, and that none took the fleet's load alone.
+            // about a second (the latency decays over 1 s), which is the whole healthy phase
+            // of the quick run: only that the load was spread holds (no replica took more
+            // than 0.6 of it, and at most one, slow once, was left out).
             let shares: Vec<f64> = p["replica_shares_before_fault"]
                 .as_array()
                 .unwrap()
@@ -146,13 +147,19 @@ fn quick_fleet_writes_the_report_of_every_scenario_and_policy() {
                 .map(|s| s.as_f64().unwrap())
                 .collect();
             assert_eq!(shares.len(), 5);
-            let spread = if p["name"] == "stormguard" {
-                f64::MIN_POSITIVE..=0.6
+            if p["name"] == "stormguard" {
+                let chosen = shares.iter().filter(|s| **s > 0.0).count();
+                assert!(
+                    chosen >= 4 && shares.iter().all(|s| *s <= 0.6),
+                    "{at}: the replicas' shares {shares:?}"
+                );
             } else {
-                0.05..=0.45
-            };
-            for s in &shares {
-                assert!(spread.contains(s), "{at}: the replicas' shares {shares:?}");
+                for s in &shares {
+                    assert!(
+                        (0.05..=0.45).contains(s),
+                        "{at}: the replicas' shares {shares:?}"
+                    );
+                }
             }
 
             // What holds by construction.
