@@ -450,6 +450,10 @@ impl AdaptiveLimit {
     /// Starts a probe when one is due: the limit drops to the floor until the probe has
     /// measured the no-load latency.
     fn start_probe_if_due_at(&mut self, now: Instant) {
+        if self.probe.is_some() || self.next_probe.is_some_and(|at| now < at) {
+            // The path of every call between probes: nothing due, nothing to read.
+            return;
+        }
         let idle = self
             .last_sample
             .is_some_and(|at| now.saturating_duration_since(at) >= IDLE);
