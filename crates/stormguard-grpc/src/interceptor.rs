@@ -192,7 +192,8 @@ impl RetryInterceptor {
                     Code::DeadlineExceeded,
                     "stormguard: the call's deadline had passed before it was sent",
                 );
-                let recv = RetryRecvStream::ended(invoker, headers, settings, Arc::clone(&log), last);
+                let recv =
+                    RetryRecvStream::ended(invoker, headers, settings, Arc::clone(&log), last);
                 return (RetrySendStream::new(log), recv);
             }
             Err(refusal) => {
@@ -208,7 +209,8 @@ impl RetryInterceptor {
                     format!("stormguard: call not sent ({refusal}): {why}"),
                 );
                 wire::mark_do_not_retry(&mut last);
-                let recv = RetryRecvStream::ended(invoker, headers, settings, Arc::clone(&log), last);
+                let recv =
+                    RetryRecvStream::ended(invoker, headers, settings, Arc::clone(&log), last);
                 return (RetrySendStream::new(log), recv);
             }
         };
@@ -218,7 +220,8 @@ impl RetryInterceptor {
         }
         let log = Log::new(retry.is_retryable_method(), settings.replay_limit);
         let send = RetrySendStream::new(Arc::clone(&log));
-        let recv = RetryRecvStream::start(invoker, headers, options, settings, log, retry, plan).await;
+        let recv =
+            RetryRecvStream::start(invoker, headers, options, settings, log, retry, plan).await;
         (send, recv)
     }
 }

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use grpc::client::{CallOptions, Invoke, RecvStream, ResponseStreamItem};
 use grpc::core::{RecvMessage, RequestHeaders, Trailers};
 use stormguard_core::{
-    AttemptEnd, AttemptPlan, CallRetry, Code, CommittedCall, Deadline, Decision, Failure,
-    Instant, Pushback, Refusal,
+    AttemptEnd, AttemptPlan, CallRetry, Code, CommittedCall, Deadline, Decision, Failure, Instant,
+    Pushback, Refusal,
 };
 
 use crate::interceptor::Settings;
@@ -168,9 +168,10 @@ impl<I: Invoke> Call<I> {
         loop {
             let read = match &mut self.phase {
                 Phase::Ended { last } => {
-                    return last
-                        .take()
-                        .map_or(ResponseStreamItem::StreamClosed, ResponseStreamItem::Trailers);
+                    return last.take().map_or(
+                        ResponseStreamItem::StreamClosed,
+                        ResponseStreamItem::Trailers,
+                    );
                 }
                 Phase::Committed {
                     recv,
@@ -309,7 +310,11 @@ impl<I: Invoke> Call<I> {
     /// retry state grants a retry, which is waited out and sent (`None`), or the call ends
     /// with the item returned. An attempt that cannot be sent before its limit is another
     /// failure, decided on in turn.
-    async fn failed(&mut self, mut end: AttemptEnd, mut last: Trailers) -> Option<ResponseStreamItem> {
+    async fn failed(
+        &mut self,
+        mut end: AttemptEnd,
+        mut last: Trailers,
+    ) -> Option<ResponseStreamItem> {
         loop {
             // The ended attempt's stream is dropped: cancelled, if it still runs.
             self.phase = Phase::Ended { last: None };
@@ -373,7 +378,12 @@ impl<I: Invoke> Call<I> {
     /// limit). A timed-out attempt answers `DEADLINE_EXCEEDED`; any other failure goes to
     /// the caller as it came; either is marked "do not retry" when stormguard refused to
     /// retry a retryable failure.
-    fn give_up(&mut self, refusal: Refusal, mut last: Trailers, timed_out: bool) -> ResponseStreamItem {
+    fn give_up(
+        &mut self,
+        refusal: Refusal,
+        mut last: Trailers,
+        timed_out: bool,
+    ) -> ResponseStreamItem {
         let stats = &self.settings.stats;
         stats.refused(refusal);
         stats.outcome(false);

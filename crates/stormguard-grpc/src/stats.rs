@@ -121,7 +121,11 @@ impl InterceptorStats {
     }
 
     pub(crate) fn outcome(&self, ok: bool) {
-        add(if ok { &self.inner.ok } else { &self.inner.failed });
+        add(if ok {
+            &self.inner.ok
+        } else {
+            &self.inner.failed
+        });
     }
 
     pub(crate) fn committed(&self) {

@@ -53,7 +53,10 @@ async fn a_failed_attempt_is_retried_with_its_attempt_number() {
 
     assert_eq!(answer.code(), Code::Ok);
     assert_eq!(answer.messages.len(), 1);
-    assert_eq!(answer.messages[0].attempt, 2, "the server saw the retry as attempt 2");
+    assert_eq!(
+        answer.messages[0].attempt, 2,
+        "the server saw the retry as attempt 2"
+    );
     let seen = inventory.take_seen();
     assert_eq!(
         seen.iter().map(|s| s.previous).collect::<Vec<_>>(),
@@ -77,13 +80,20 @@ async fn a_server_streaming_call_is_retried_before_it_commits() {
         interval_ms: 0,
     };
 
-    let answer = call::<_, _, StockLevel>(&chan, support::WATCH, &request, CallOptions::new()).await;
+    let answer =
+        call::<_, _, StockLevel>(&chan, support::WATCH, &request, CallOptions::new()).await;
 
     assert_eq!(answer.code(), Code::Ok);
-    assert!(answer.headers, "the committed attempt's headers reach the caller");
+    assert!(
+        answer.headers,
+        "the committed attempt's headers reach the caller"
+    );
     let seqs: Vec<u32> = answer.messages.iter().map(|m| m.seq).collect();
     assert_eq!(seqs, [0, 1, 2]);
-    assert!(answer.messages.iter().all(|m| m.sku == "sku-9"), "the retry replayed the request");
+    assert!(
+        answer.messages.iter().all(|m| m.sku == "sku-9"),
+        "the retry replayed the request"
+    );
     assert_eq!(inventory.take_seen().len(), 2);
 }
 
@@ -101,11 +111,15 @@ async fn one_deadline_holds_across_attempts() {
     let mut options = CallOptions::new();
     options.set_deadline((started + deadline).into_std());
 
-    let answer = call::<_, _, ReserveReply>(&chan, support::RESERVE, &reserve_request(), options).await;
+    let answer =
+        call::<_, _, ReserveReply>(&chan, support::RESERVE, &reserve_request(), options).await;
     let took = started.elapsed();
 
     assert_eq!(answer.code(), Code::DeadlineExceeded);
-    assert!(took >= deadline, "ended at the call's deadline, took {took:?}");
+    assert!(
+        took >= deadline,
+        "ended at the call's deadline, took {took:?}"
+    );
     assert!(
         took < deadline + Duration::from_millis(300),
         "one deadline for both attempts, not one each: took {took:?}"
@@ -113,8 +127,14 @@ async fn one_deadline_holds_across_attempts() {
     let seen = inventory.take_seen();
     assert_eq!(seen.len(), 2);
     let [first, retry] = [&seen[0], &seen[1]].map(|s: &Seen| s.timeout.expect("grpc-timeout sent"));
-    assert!(first <= deadline && first > deadline - Duration::from_millis(100), "{first:?}");
-    assert!(retry < first, "the retry carries what is left: {retry:?} after {first:?}");
+    assert!(
+        first <= deadline && first > deadline - Duration::from_millis(100),
+        "{first:?}"
+    );
+    assert!(
+        retry < first,
+        "the retry carries what is left: {retry:?} after {first:?}"
+    );
     assert_eq!(stats.snapshot().deadline_exceeded, 1);
 }
 
@@ -133,12 +153,17 @@ async fn the_budget_refuses_and_the_refusal_is_marked_do_not_retry() {
     let stats = interceptor.stats();
     let chan = channel(addr).with_interceptor(interceptor);
     let request = reserve_request();
-    let reserve = || call::<_, _, ReserveReply>(&chan, support::RESERVE, &request, CallOptions::new());
+    let reserve =
+        || call::<_, _, ReserveReply>(&chan, support::RESERVE, &request, CallOptions::new());
 
     inventory.script([Answer::Fail(tonic::Code::Unavailable, None)]);
     let refused = reserve().await;
     assert_eq!(refused.code(), Code::Unavailable);
-    assert_eq!(refused.pushback(), Some("-1"), "no caller above retries what the budget refused");
+    assert_eq!(
+        refused.pushback(),
+        Some("-1"),
+        "no caller above retries what the budget refused"
+    );
     assert_eq!(inventory.take_seen().len(), 1, "the retry was not sent");
     assert_eq!(stats.snapshot().refused(Refusal::Budget), 1);
 
@@ -167,8 +192,18 @@ async fn grpc_0_9_drops_a_trailers_only_pushback_before_the_interceptor() {
     let addr = serve(inventory.clone()).await;
     let chan = channel(addr).with_interceptor(RetryInterceptor::from_config(&config()).unwrap());
 
-    let answer = call::<_, _, ReserveReply>(&chan, support::RESERVE, &reserve_request(), CallOptions::new()).await;
+    let answer = call::<_, _, ReserveReply>(
+        &chan,
+        support::RESERVE,
+        &reserve_request(),
+        CallOptions::new(),
+    )
+    .await;
 
     assert_eq!(answer.code(), Code::Ok);
-    assert_eq!(inventory.take_seen().len(), 2, "the pushback was not seen: retried");
+    assert_eq!(
+        inventory.take_seen().len(),
+        2,
+        "the pushback was not seen: retried"
+    );
 }

@@ -76,7 +76,12 @@ impl Scripted {
             .and_then(|v| wire::decode_grpc_timeout(v.as_bytes()).ok());
         let seen = Seen { previous, timeout };
         self.seen.lock().unwrap().push(seen.clone());
-        let answer = self.answers.lock().unwrap().pop_front().unwrap_or(Answer::Ok);
+        let answer = self
+            .answers
+            .lock()
+            .unwrap()
+            .pop_front()
+            .unwrap_or(Answer::Ok);
         match answer {
             Answer::Ok => Ok(seen),
             Answer::Fail(code, pushback) => {
@@ -128,7 +133,9 @@ impl Inventory for Scripted {
 
 /// Serves `inventory` on 127.0.0.1:0 with tonic; the address.
 pub async fn serve(inventory: Scripted) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
     let addr = listener.local_addr().expect("local addr");
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let server = Server::builder()
