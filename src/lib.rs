@@ -81,6 +81,21 @@ pub mod server {
     };
 }
 
+/// The retry decision as an interceptor for the official `grpc` crate's client (a preview,
+/// pinned exactly): [`RetryInterceptor`](grpc::RetryInterceptor), on the same engine as
+/// [`client::RetryLayer`], and its counters. With the `grpc` feature (off by default).
+///
+/// Its config is the retry layer's ([`client::ClientConfig`]) and the controller it takes
+/// is [`client::RetryController`]; [`stormguard_grpc`]'s documentation and the
+/// repository's `docs/grpc.md` say what it does and what the preview does not allow yet.
+#[cfg(feature = "grpc")]
+pub mod grpc {
+    pub use stormguard_grpc::{
+        DEFAULT_REPLAY_LIMIT, InterceptorSnapshot, InterceptorStats, RetryInterceptor,
+        RetryRecvStream, RetrySendStream,
+    };
+}
+
 /// The engine under both layers, for a custom call loop or a simulator: the retry
 /// decision, budgets, breaker, replica set, admission queue and the wire vocabulary.
 ///

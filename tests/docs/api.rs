@@ -30,10 +30,11 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 /// The workspace's crates whose items the rules are about (the others' are external).
-const WORKSPACE: [&str; 4] = [
+const WORKSPACE: [&str; 5] = [
     "stormguard_core",
     "stormguard_client",
     "stormguard_server",
+    "stormguard_grpc",
     "stormguard",
 ];
 
@@ -359,7 +360,7 @@ pub(crate) fn problems(api: &Api, krate: &str) -> Vec<String> {
         }
     }
     if facade {
-        for layer in ["stormguard_client", "stormguard_server"] {
+        for layer in ["stormguard_client", "stormguard_server", "stormguard_grpc"] {
             for (item, at) in api.paths(layer) {
                 if in_workspace(&item) && !paths.contains_key(&item) {
                     out.insert(format!("{item} ({}) has no path in the facade", at[0]));
@@ -398,7 +399,12 @@ fn every_type_a_layer_names_has_one_path_from_its_root() {
         "RetryLayer::from_config's argument not read: {named:?}"
     );
     let mut failures = Vec::new();
-    for krate in ["stormguard_client", "stormguard_server", "stormguard"] {
+    for krate in [
+        "stormguard_client",
+        "stormguard_server",
+        "stormguard_grpc",
+        "stormguard",
+    ] {
         failures.extend(problems(&api, krate));
     }
     assert!(failures.is_empty(), "{failures:#?}");

@@ -6,11 +6,12 @@
 use std::path::{Path, PathBuf};
 
 /// The published crates: the name their code uses, their directory.
-const PUBLISHED: [(&str, &str); 4] = [
+const PUBLISHED: [(&str, &str); 5] = [
     ("stormguard", "."),
     ("stormguard_client", "crates/stormguard-client"),
     ("stormguard_server", "crates/stormguard-server"),
     ("stormguard_core", "crates/stormguard-core"),
+    ("stormguard_grpc", "crates/stormguard-grpc"),
 ];
 
 const UNPUBLISHED: [&str; 3] = ["stormguard_demo", "stormguard_sim", "stormguard_fuzz"];

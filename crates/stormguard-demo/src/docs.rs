@@ -21,6 +21,9 @@ struct Examples;
 #[doc = include_str!("../../../docs/faults.md")]
 struct Faults;
 
+#[doc = include_str!("../../../docs/grpc.md")]
+struct Grpc;
+
 #[doc = include_str!("../../../docs/hedging.md")]
 struct Hedging;
 
@@ -62,3 +65,6 @@ struct CoreReadme;
 
 #[doc = include_str!("../../stormguard-server/README.md")]
 struct ServerReadme;
+
+#[doc = include_str!("../../stormguard-grpc/README.md")]
+struct GrpcReadme;

@@ -74,8 +74,12 @@ pub use send::RetrySendStream;
 pub use stats::{InterceptorSnapshot, InterceptorStats};
 
 // What a user configures, and every type the interceptor's API names, so that one
-// `use stormguard_grpc::{..}` holds it.
+// `use stormguard_grpc::{..}` holds it (the same config vocabulary as the tonic layer's
+// crate). `RetryController` is the engine's object the interceptor takes built: its own
+// methods are the engine's API.
 pub use stormguard_core::{
-    BudgetConfig, ClientConfig, Code, ConfigError, MethodScope, Refusal, RetryController,
-    RetryPolicy,
+    A6BudgetConfig, AdaptiveThrottleConfig, BackoffConfig, BreakerConfig, BudgetChoice,
+    BudgetConfig, ClientConfig, Code, CodeSet, ConfigError, Floor, Format, HedgeDelay,
+    HedgingPolicy, LearnedDelay, MethodScope, MethodTable, NotApplied, NotAppliedReason, Notice,
+    Refusal, RetryController, RetryPolicy, SaturationConfig, UnknownCode,
 };

@@ -6,8 +6,6 @@
 //! retry" mark) and the budget's balance after it. The two traces must be equal, call by
 //! call: the interceptor adds no decision of its own and drops none.
 
-#![allow(clippy::unwrap_used)]
-
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -149,11 +147,14 @@ fn controller() -> RetryController {
     RetryController::from_config(&config()).unwrap()
 }
 
+/// When an attempt arrived, its `grpc-previous-rpc-attempts` and its `grpc-timeout`.
+type Arrival = (Instant, u32, Option<Duration>);
+
 /// The attempts recorded by a scripted peer, and its answers to come.
 #[derive(Clone, Default)]
 struct Peer {
     answers: Arc<Mutex<VecDeque<Answer>>>,
-    attempts: Arc<Mutex<Vec<(Instant, u32, Option<Duration>)>>>,
+    attempts: Arc<Mutex<Vec<Arrival>>>,
 }
 
 impl Peer {

@@ -2,18 +2,14 @@
 //! a retried call, a server-streaming call retried before it committed, one deadline
 //! across attempts, the budget refusing, and what the preview drops of a pushback.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{Answer, Scripted, Seen, call, channel, reserve_request, serve};
 use grpc::client::CallOptions;
 use grpc::client::interceptor::InvokeExt;
 use stormguard_core::{BudgetChoice, BudgetConfig, Code, Refusal};
 use stormguard_demo::{ReserveReply, StockLevel, WatchStockRequest};
 use stormguard_grpc::{ClientConfig, MethodScope, RetryInterceptor, RetryPolicy};
-use support::{Answer, Scripted, Seen, call, channel, reserve_request, serve};
 use tokio::time::Instant;
 
 /// Reserve and WatchStock retried on UNAVAILABLE (3 attempts, full jitter from 50 ms), a
@@ -183,7 +179,7 @@ async fn the_budget_refuses_and_the_refusal_is_marked_do_not_retry() {
 /// tonic handler error and every shed takes): a server's `grpc-retry-pushback-ms: -1`
 /// never reaches an interceptor, so the interceptor retries under its other rules (the
 /// budget still bounds it). This test fails once a `grpc` release carries the metadata:
-/// then docs/grpc.md and this test change (the scripted transport of `parity.rs` shows the
+/// then docs/grpc.md and this test change (the scripted channel of `parity.rs` shows the
 /// interceptor honouring the same answer once it can read it).
 #[tokio::test]
 async fn grpc_0_9_drops_a_trailers_only_pushback_before_the_interceptor() {

@@ -1,0 +1,8 @@
+//! The interceptor's tests, one binary: over loopback with `grpc`'s own channel and a tonic
+//! server (`e2e`), and beside the tonic layer on one script (`parity`).
+
+#![allow(clippy::unwrap_used)]
+
+mod e2e;
+mod parity;
+mod support;
