@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::support::{Answer, Scripted, Seen, call, channel, reserve_request, serve};
+use crate::support::{self, Answer, Scripted, Seen, call, channel, reserve_request, serve};
 use grpc::client::CallOptions;
 use grpc::client::interceptor::InvokeExt;
 use stormguard_core::{BudgetChoice, BudgetConfig, Code, Refusal};
