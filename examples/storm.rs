@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release --example storm -- [--quick] [--json FILE] [--svg FILE] [--seed N]
 //!     [--model cancelling|pool] [--policies LIST] [--load SHARE] [--deadline-ms MS]
-//!     [--limit fixed|adaptive] [--overload X] [--reject-cost-us N]
+//!     [--limit fixed|adaptive] [--overload X] [--reject-cost-us N] [--client tonic|grpc]
 //! ```
 //!
 //! `--help` describes every flag.
@@ -27,6 +27,11 @@
 //! and tower-resilience, each as its docs recommend) run on request; `docs/comparison.md`
 //! has their run: `--policies naive,tower,tower-sized,resilience,resilience-sized,stormguard,defaults`.
 //!
+//! `--client grpc` runs the policies whose client is stormguard's retry decision
+//! (`stormguard`, `defaults`, `client-only`, `grpc-throttle`, `unguarded`) on the official
+//! `grpc` crate's channel under stormguard's `RetryInterceptor` instead of tonic's under the
+//! `RetryLayer` (`docs/grpc.md`), e.g. `--client grpc --policies stormguard,defaults`.
+//!
 //! `--metrics-addr ADDR` serves every policy's layers' metrics to Prometheus at
 //! `http://ADDR/metrics`, each layer named after its policy (`stormguard_layer`), and writes
 //! on stderr when each policy's run starts (`storm: POLICY started at unix ms N`); needs
@@ -40,7 +45,9 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Parser, ValueEnum};
 use indicatif::ProgressBar;
 use plotters::prelude::*;
-use stormguard_demo::storm::{LoopbackStorm, Policy, Second, ServerModel, StormReport, run_storm};
+use stormguard_demo::storm::{
+    ClientKind, LoopbackStorm, Policy, Second, ServerModel, StormReport, run_storm,
+};
 use stormguard_sim::StormConfig;
 #[path = "support/chart.rs"]
 mod chart;
@@ -98,6 +105,20 @@ struct Args {
     /// after its policy (needs `--features otel-examples`)
     #[arg(long = "metrics-addr", value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// The client library: tonic under the RetryLayer, or the official `grpc` crate
+    /// (0.9) under stormguard's RetryInterceptor (only the policies whose client is
+    /// stormguard's retry decision run on it)
+    #[arg(long, value_name = "C", value_enum, default_value_t = Client::Tonic)]
+    client: Client,
+}
+
+/// `--client`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Client {
+    /// tonic's channel
+    Tonic,
+    /// The official `grpc` crate's channel
+    Grpc,
 }
 
 /// `--model`.
@@ -146,6 +167,10 @@ impl Args {
         config.fixed_limit = matches!(self.limit, Limit::Fixed);
         config.overload = self.overload;
         config.reject_cost = Duration::from_micros(self.reject_cost_us.unwrap_or(0));
+        config.client = match self.client {
+            Client::Tonic => ClientKind::Tonic,
+            Client::Grpc => ClientKind::Grpc,
+        };
         config
     }
 
@@ -199,6 +224,9 @@ async fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     let report = run_storm(config, policies, &progress, &instruments).await?;
     if let Some(export) = export {
         export.finish();
+    }
+    if config.client != ClientKind::Tonic {
+        println!("client: {}", config.client.as_str());
     }
     println!(
         "{}\n",

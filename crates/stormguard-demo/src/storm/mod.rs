@@ -22,6 +22,7 @@
 pub mod chain;
 mod client;
 pub mod fleet_sim;
+mod grpc;
 mod peers;
 mod report;
 mod server;
@@ -31,6 +32,7 @@ use std::time::Duration;
 
 use stormguard_client::RetryLayer;
 use stormguard_core::BackoffConfig;
+use stormguard_core::ClientConfig;
 use stormguard_core::ConfigError;
 use stormguard_core::{AdmissionConfig, WorkerLimit};
 use stormguard_core::{QueueOrder, RetryThreshold};
@@ -45,6 +47,7 @@ pub use client::{
     grpc_throttle_client_config, hedging_client_config, stormguard_client_config,
     throttle_client_config, unguarded_client_config,
 };
+pub use grpc::ClientKind;
 pub use peers::{NEWCOMER_LIMIT, TowerBudgetRetry};
 pub use report::{
     Hedges, PolicyRun, PolicySummary, RECOVERED_FOR_S, RECOVERED_SHARE, Second, StormReport,
@@ -78,6 +81,15 @@ pub enum StormError {
     /// A peer library refused its configuration.
     #[error("peer configuration: {0}")]
     Peer(String),
+    /// The policy has no client on the chosen client library (`--client grpc` runs only
+    /// the policies whose client is stormguard's retry decision).
+    #[error("the {policy} policy does not run on the {client} client")]
+    Unsupported {
+        /// The policy.
+        policy: &'static str,
+        /// The client library.
+        client: &'static str,
+    },
 }
 
 /// The retry policies compared, in the order they run.
@@ -318,6 +330,9 @@ pub struct LoopbackStorm {
     /// before the shed decision cost a real server), totalled in
     /// [`PolicySummary::reject_cpu_ms`]. Zero in [`standard`](Self::standard).
     pub reject_cost: Duration,
+    /// The client library the policies' calls go out on: tonic (the default), or the
+    /// official `grpc` crate under stormguard's interceptor.
+    pub client: ClientKind,
 }
 
 impl LoopbackStorm {
@@ -332,6 +347,7 @@ impl LoopbackStorm {
             hedge_delay: Duration::from_millis(20),
             overload: None,
             reject_cost: Duration::ZERO,
+            client: ClientKind::Tonic,
         }
     }
 
@@ -522,17 +538,43 @@ pub async fn run_policy(
             .await?
         }
     };
-    let channel: Channel = connect(serving.addr).await?;
-
-    let start = Instant::now();
+    let (start, timeline, client) = match config.client {
+        ClientKind::Tonic => {
+            let channel: Channel = connect(serving.addr).await?;
+            let start = Instant::now();
+            let timeline = Arc::new(Timeline::new(start, config.storm.total_s() as usize));
+            let observed = Observe::new(channel, Arc::clone(&timeline));
+            let client = policy_caller(policy, config, observed, instruments)?;
+            (start, timeline, client)
+        }
+        ClientKind::Grpc => {
+            let client_config = interceptor_config(policy, config)?;
+            // The `grpc` channel connects on its first call, as tonic's lazily would.
+            let start = Instant::now();
+            let timeline = Arc::new(Timeline::new(start, config.storm.total_s() as usize));
+            let (caller, stats) = grpc::grpc_caller(
+                serving.addr,
+                &client_config,
+                config.storm.seed,
+                Arc::clone(&timeline),
+                config.storm.deadline,
+            )?;
+            let client = PolicyClient {
+                caller,
+                stats: None,
+                refused: None,
+                interceptor: Some(stats),
+            };
+            (start, timeline, client)
+        }
+    };
     progress(0.0);
-    let timeline = Arc::new(Timeline::new(start, config.storm.total_s() as usize));
-    let observed = Observe::new(channel, Arc::clone(&timeline));
     let PolicyClient {
         caller,
         stats,
         refused,
-    } = policy_caller(policy, config, observed, instruments)?;
+        interceptor,
+    } = client;
     let offered = Offered {
         config,
         control: &control,
@@ -555,6 +597,7 @@ pub async fn run_policy(
                 Policy::Hedging => s.hedges_refused.budget,
                 _ => s.refused.budget,
             })
+            .or_else(|| interceptor.map(|s| s.snapshot().refused(stormguard_core::Refusal::Budget)))
             .or_else(|| refused.map(|n| n.load(std::sync::atomic::Ordering::Relaxed))),
         connection_errors: timeline.connection_errors(),
         reject_cpu: reject_cost.map_or(Duration::ZERO, |c| c.spent()),
@@ -576,6 +619,8 @@ struct PolicyClient {
     caller: client::Caller,
     stats: Option<stormguard_client::RetryStats>,
     refused: Option<Arc<std::sync::atomic::AtomicU64>>,
+    /// The interceptor's counters, on the `grpc` client.
+    interceptor: Option<stormguard_grpc::InterceptorStats>,
 }
 
 impl From<(client::Caller, Option<stormguard_client::RetryStats>)> for PolicyClient {
@@ -584,6 +629,7 @@ impl From<(client::Caller, Option<stormguard_client::RetryStats>)> for PolicyCli
             caller,
             stats,
             refused: None,
+            interceptor: None,
         }
     }
 }
@@ -614,6 +660,7 @@ fn policy_caller(
                 caller: retry_caller(attempt, retry, storm.deadline),
                 stats: None,
                 refused: Some(refused),
+                interceptor: None,
             });
         }
         Policy::Resilience | Policy::ResilienceSized => {
@@ -626,6 +673,7 @@ fn policy_caller(
                 caller,
                 stats: None,
                 refused: Some(refused),
+                interceptor: None,
             });
         }
         Policy::Naive | Policy::ServerOnly => (
@@ -669,6 +717,30 @@ fn policy_caller(
             (layered_caller(client, Some(storm.deadline)), Some(stats))
         }
     }))
+}
+
+/// The client config of `policy` on the `grpc` client: the one its `RetryLayer` has on
+/// tonic. The policies whose client is a loop of their own (`naive`, `jitter`,
+/// `server-only`, the peers') or uses what the interceptor does not have yet (hedging, the
+/// adaptive throttle, load reports) do not run on it.
+fn interceptor_config(policy: Policy, config: &LoopbackStorm) -> Result<ClientConfig, StormError> {
+    let per_attempt = Some(config.storm.per_attempt);
+    Ok(match policy {
+        Policy::GrpcThrottle => grpc_throttle_client_config(per_attempt)?,
+        Policy::Defaults => stormguard_client_config(None),
+        Policy::ClientOnly | Policy::Stormguard => stormguard_client_config(per_attempt),
+        Policy::Unguarded => unguarded_client_config(
+            per_attempt,
+            config.storm.naive_backoff,
+            config.storm.naive_attempts,
+        ),
+        _ => {
+            return Err(StormError::Unsupported {
+                policy: policy.as_str(),
+                client: ClientKind::Grpc.as_str(),
+            });
+        }
+    })
 }
 
 /// The open-loop arrivals of one policy's run, and the trigger on the server's speed.
