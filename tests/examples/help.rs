@@ -172,6 +172,7 @@ const EXAMPLES: &[Example] = &[
             "--overload",
             "--reject-cost-us",
             "--metrics-addr",
+            "--client",
         ],
         bad_value: &["--policies", "naive,patient"],
     },

@@ -8,7 +8,9 @@
 #![allow(clippy::unwrap_used)]
 
 use stormguard_demo::storm::chain::{ChainConfig, run_chain};
-use stormguard_demo::storm::{Instruments, LoopbackStorm, Policy, run_storm};
+use stormguard_demo::storm::{
+    ClientKind, Instruments, LoopbackStorm, Policy, StormError, run_storm,
+};
 
 /// The keys of a JSON object, sorted.
 fn keys(value: &serde_json::Value) -> Vec<&str> {
@@ -212,6 +214,59 @@ async fn quick_storm_has_the_shape_of_the_report() {
             ["attempts", "goodput", "offered", "shed", "t"]
         );
     }
+}
+
+/// `--client grpc`: the stormguard policies on the official `grpc` crate's channel under
+/// the interceptor, against the same server; the policies with a loop of their own are
+/// refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_storm_runs_on_the_grpc_client() {
+    let mut loopback = LoopbackStorm::quick();
+    loopback.client = ClientKind::Grpc;
+    let policies = [Policy::Stormguard, Policy::Defaults];
+    let report = run_storm(&loopback, &policies, &|_, _| {}, &Instruments::default())
+        .await
+        .unwrap();
+    eprintln!("{}", report.table());
+    let names: Vec<&str> = report.policies.iter().map(|p| p.name).collect();
+    assert_eq!(names, ["stormguard", "defaults"]);
+    for p in &report.policies {
+        let attempts: u64 = p.timeline.iter().map(|s| s.attempts).sum();
+        let offered: u64 = p.timeline.iter().map(|s| s.offered).sum();
+        let goodput: u64 = p.timeline.iter().map(|s| s.goodput).sum();
+        assert!(
+            offered > 0 && goodput > 0,
+            "{}: calls succeed on grpc",
+            p.name
+        );
+        assert!(
+            attempts >= goodput,
+            "{}: every success was an attempt",
+            p.name
+        );
+        assert!(
+            p.budget_refusals.is_some(),
+            "{}: the interceptor's counters read",
+            p.name
+        );
+    }
+    let refused = run_storm(
+        &loopback,
+        &[Policy::Naive],
+        &|_, _| {},
+        &Instruments::default(),
+    )
+    .await;
+    assert!(
+        matches!(
+            refused,
+            Err(StormError::Unsupported {
+                policy: "naive",
+                client: "grpc"
+            })
+        ),
+        "{refused:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -55,24 +55,13 @@ pub struct RetryInterceptor {
 }
 
 /// What every call of an interceptor shares.
+#[derive(Clone)]
 pub(crate) struct Settings {
     pub(crate) controller: RetryController,
     pub(crate) stats: InterceptorStats,
     pub(crate) replay_limit: usize,
     pub(crate) default_timeout: Option<Duration>,
     pub(crate) per_attempt_timeout: Option<Duration>,
-}
-
-impl Clone for Settings {
-    fn clone(&self) -> Self {
-        Settings {
-            controller: self.controller.clone(),
-            stats: self.stats.clone(),
-            replay_limit: self.replay_limit,
-            default_timeout: self.default_timeout,
-            per_attempt_timeout: self.per_attempt_timeout,
-        }
-    }
 }
 
 impl fmt::Debug for RetryInterceptor {
