@@ -142,7 +142,7 @@ impl<I: Invoke> Call<I> {
         }
         let retry = self.started > 0;
         self.started += 1;
-        self.settings.stats.attempt(retry, plan.transparent);
+        self.settings.stats.attempt(retry);
         let invoked = self.invoker.invoke(headers, options);
         let streams = match plan.fire_at {
             Some(at) => tokio::time::timeout_at(at, invoked).await.ok(),

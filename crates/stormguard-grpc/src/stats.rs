@@ -27,7 +27,6 @@ struct Counters {
     logical: AtomicU64,
     attempts: AtomicU64,
     retries: AtomicU64,
-    transparent_retries: AtomicU64,
     ok: AtomicU64,
     failed: AtomicU64,
     committed: AtomicU64,
@@ -43,12 +42,10 @@ struct Counters {
 pub struct InterceptorSnapshot {
     /// Logical calls begun.
     pub logical: u64,
-    /// Attempts sent (first attempts, retries and transparent retries).
+    /// Attempts sent (first attempts and retries).
     pub attempts: u64,
-    /// Retries sent that the budget paid for.
+    /// Retries sent (each paid by the budget).
     pub retries: u64,
-    /// Transparent retries sent: attempts that replaced one that never reached the server.
-    pub transparent_retries: u64,
     /// Calls that ended `OK`.
     pub ok: u64,
     /// Calls that ended with any other status.
@@ -96,7 +93,6 @@ impl InterceptorStats {
             logical: get(&c.logical),
             attempts: get(&c.attempts),
             retries: get(&c.retries),
-            transparent_retries: get(&c.transparent_retries),
             ok: get(&c.ok),
             failed: get(&c.failed),
             committed: get(&c.committed),
@@ -111,11 +107,9 @@ impl InterceptorStats {
         add(&self.inner.logical);
     }
 
-    pub(crate) fn attempt(&self, retry: bool, transparent: bool) {
+    pub(crate) fn attempt(&self, retry: bool) {
         add(&self.inner.attempts);
-        if transparent {
-            add(&self.inner.transparent_retries);
-        } else if retry {
+        if retry {
             add(&self.inner.retries);
         }
     }
