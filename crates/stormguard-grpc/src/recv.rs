@@ -427,6 +427,14 @@ fn call_expired() -> Trailers {
     )
 }
 
+impl<I: Invoke> Drop for RetryRecvStream<I> {
+    /// The caller dropped the call: the attempt in flight is cancelled (its streams drop
+    /// with the call), and the caller's sends fail from here on.
+    fn drop(&mut self) {
+        self.call.log.end();
+    }
+}
+
 impl<I: Invoke> RecvStream for RetryRecvStream<I> {
     async fn recv(&mut self, msg: &mut dyn RecvMessage) -> ResponseStreamItem {
         self.call.recv(msg).await

@@ -203,3 +203,28 @@ async fn grpc_0_9_drops_a_trailers_only_pushback_before_the_interceptor() {
         "the pushback was not seen: retried"
     );
 }
+
+/// Dropping the response half cancels the call: the caller's next send fails, whatever the
+/// request log still keeps.
+#[tokio::test]
+async fn a_dropped_call_refuses_further_sends() {
+    use grpc::client::{Invoke, SendOptions, SendStream};
+    use grpc::core::RequestHeaders;
+
+    let inventory = Scripted::default();
+    inventory.script([Answer::Hang]);
+    let addr = serve(inventory.clone()).await;
+    let chan = channel(addr).with_interceptor(RetryInterceptor::from_config(&config()).unwrap());
+    let headers = RequestHeaders::new().with_method_name(support::RESERVE);
+    let (mut tx, rx) = chan.invoke(headers, CallOptions::new()).await;
+    let request = reserve_request();
+    assert_eq!(
+        tx.send(&support::Out(&request), SendOptions::new()).await,
+        Ok(())
+    );
+    drop(rx);
+    assert_eq!(
+        tx.send(&support::Out(&request), SendOptions::new()).await,
+        Err(())
+    );
+}
