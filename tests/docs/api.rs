@@ -20,7 +20,7 @@
 //!
 //! rustdoc's JSON output is unstable: `.ci/public-api` builds it with the stable toolchain
 //! (`RUSTC_BOOTSTRAP=1` for rustdoc alone, so that no dependency is built again) into
-//! `target/doc/`, then runs the test below, which is ignored by a plain `cargo test`
+//! `target/lint/doc/`, then runs the test below, which is ignored by a plain `cargo test`
 //! because it reads those files. The rules themselves are tested on a small document
 //! (`the_rules_catch_what_they_say`), in every run.
 
@@ -372,11 +372,11 @@ pub(crate) fn problems(api: &Api, krate: &str) -> Vec<String> {
 }
 
 #[test]
-#[ignore = "reads rustdoc's JSON from target/doc: run `bash .ci/public-api`"]
+#[ignore = "reads rustdoc's JSON from target/lint/doc: run `bash .ci/public-api`"]
 fn every_type_a_layer_names_has_one_path_from_its_root() {
     let dir = std::env::var_os("STORMGUARD_RUSTDOC_JSON")
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/doc"));
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/lint/doc"));
     let api = Api::load(&dir).unwrap_or_else(|e| panic!("{e}"));
     // The reading itself: a format this check no longer understands must not pass as "no
     // problem". The roots reach what their docs start with, and a layer's constructor names
