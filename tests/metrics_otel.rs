@@ -119,6 +119,25 @@ fn sum_of(points: Vec<(Attributes, f64)>, with: &[(&str, &str)]) -> u64 {
         .sum()
 }
 
+/// A histogram's unit and bucket bounds (those of its first data point).
+fn histogram_shape(metrics: &ResourceMetrics, name: &str) -> (String, Vec<f64>) {
+    let metric = metrics
+        .scope_metrics()
+        .flat_map(|s| s.metrics())
+        .find(|m| m.name() == name)
+        .unwrap_or_else(|| panic!("{name} was not exported"));
+    let bounds: Vec<f64> = match metric.data() {
+        AggregatedMetrics::U64(MetricData::Histogram(h)) => {
+            h.data_points().next().unwrap().bounds().collect()
+        }
+        AggregatedMetrics::F64(MetricData::Histogram(h)) => {
+            h.data_points().next().unwrap().bounds().collect()
+        }
+        _ => panic!("{name}: not a histogram"),
+    };
+    (metric.unit().to_owned(), bounds)
+}
+
 /// The total of `name` over the points whose attributes include every pair of `with`.
 fn total(metrics: &ResourceMetrics, name: &str, with: &[(&str, &str)]) -> u64 {
     sum_of(points(metrics, name), with)
@@ -776,6 +795,7 @@ async fn hedges_timeouts_cuts_and_transparent_retries_are_exported() {
     let transparent = RetryLayer::new(controller(5))
         .over_replicas()
         .with_name("transparent")
+        .with_target("dns:///inventory.test:443")
         .with_meter(&meter);
     let transparent_stats = transparent.stats();
     let mut client =
@@ -851,6 +871,79 @@ async fn hedges_timeouts_cuts_and_transparent_retries_are_exported() {
         ),
         r.transparent_retries
     );
+
+    // gRFC A96's per-call histograms: by `grpc.method` and `grpc.target` alone (the
+    // target given, else the layer's name), their sums the layers' own counters.
+    let reserve = ("grpc.method", "stormguard.demo.v1.Inventory/Reserve");
+    let target = |t: &'static str| [reserve, ("grpc.target", t)];
+    let a96 = [
+        (
+            "grpc.client.call.retries",
+            "{retry}",
+            &[1.0, 2.0, 3.0, 4.0, 5.0][..],
+        ),
+        (
+            "grpc.client.call.transparent_retries",
+            "{transparent_retry}",
+            &[1.0, 2.0, 3.0, 4.0, 5.0, 10.0][..],
+        ),
+        (
+            "grpc.client.call.hedges",
+            "{hedge}",
+            &[1.0, 2.0, 3.0, 4.0, 5.0][..],
+        ),
+    ];
+    for (name, unit, bounds) in a96 {
+        assert_eq!(histogram_shape(m, name), (unit.to_owned(), bounds.to_vec()));
+    }
+    let (unit, bounds) = histogram_shape(m, "grpc.client.call.retry_delay");
+    assert_eq!(unit, "s");
+    assert_eq!(bounds.first(), Some(&0.0));
+    assert_eq!(bounds.last(), Some(&100.0));
+    for name in a96
+        .map(|(name, ..)| name)
+        .iter()
+        .chain(&["grpc.client.call.retry_delay"])
+    {
+        for (attrs, _) in points(m, name) {
+            let keys: Vec<_> = attrs.iter().map(|(k, _)| k.as_str()).collect();
+            assert_eq!(keys, ["grpc.method", "grpc.target"], "{name}");
+            assert_eq!(
+                (attrs[0].0.as_str(), attrs[0].1.as_str()),
+                reserve,
+                "{name}"
+            );
+        }
+    }
+    let hedges = sum_of(sums(m, "grpc.client.call.hedges"), &target("hedging"));
+    assert_eq!(hedges, h.hedges);
+    let transparent = sum_of(
+        sums(m, "grpc.client.call.transparent_retries"),
+        &target("dns:///inventory.test:443"),
+    );
+    assert_eq!(transparent, r.transparent_retries);
+    let mut retries = 0;
+    for (layer, paid) in [
+        ("hedging", h.retries),
+        ("timeouts", t.retries),
+        ("dns:///inventory.test:443", r.retries),
+    ] {
+        let exported = sum_of(sums(m, "grpc.client.call.retries"), &target(layer));
+        assert_eq!(exported, paid, "{layer}");
+        retries += paid;
+    }
+    assert!(retries > 0, "the run retried");
+    // Every call that retried or hedged records its delay, and only those.
+    let delays = points(m, "grpc.client.call.retry_delay");
+    assert!(!delays.is_empty());
+    let waited: f64 = sums(m, "grpc.client.call.retry_delay")
+        .iter()
+        .map(|(_, s)| s)
+        .sum();
+    assert!(waited > 0.0, "{delays:?}");
+    let retried_or_hedged = sum_of(points(m, "grpc.client.call.retries"), &[])
+        + sum_of(points(m, "grpc.client.call.hedges"), &[]);
+    assert!(sum_of(delays, &[]) <= retried_or_hedged);
     provider.shutdown().unwrap();
 }
 

@@ -479,6 +479,7 @@ where
                     AttemptEnd::Failed(f) if matches!(f.pushback, Some(Pushback::RetryAfter(_)))
                 ));
             }
+            this.stats.retry_waiting(now);
             // The delay runs on the layer's timer (a granted delay ends before the call's
             // deadline).
             let until = Deadline::after_at(now, delay).instant();

@@ -53,6 +53,8 @@ impl RetryLayer {
                 #[cfg(feature = "opentelemetry")]
                 meter: None,
                 #[cfg(feature = "opentelemetry")]
+                target: None,
+                #[cfg(feature = "opentelemetry")]
                 metrics: std::sync::OnceLock::new(),
             }),
         }
@@ -303,6 +305,31 @@ impl RetryLayer {
     #[cfg(feature = "opentelemetry")]
     pub fn with_meter(mut self, meter: &opentelemetry::metrics::Meter) -> Self {
         self.configure().meter = Some(meter.clone());
+        self
+    }
+
+    /// The channel's target (`dns:///inventory.internal:443`), which the layer cannot see:
+    /// the `grpc.target` attribute of gRFC A96's per-call retry histograms
+    /// (`grpc.client.call.retries` and the others the [`metrics`](crate::retry::metrics)
+    /// module lists; feature `opentelemetry`). Without it they carry the layer's name
+    /// (see [`with_name`](Self::with_name)) as their `grpc.target`.
+    ///
+    /// ```
+    /// use opentelemetry::metrics::MeterProvider as _;
+    /// use stormguard_client::RetryLayer;
+    /// use stormguard_client::ClientConfig;
+    ///
+    /// # fn provider() -> impl opentelemetry::metrics::MeterProvider { opentelemetry::metrics::noop::NoopMeterProvider::new() }
+    /// let meter = provider().meter("checkout");
+    /// let layer = RetryLayer::from_config(&ClientConfig::default())
+    ///     .unwrap()
+    ///     .with_meter(&meter)
+    ///     .with_target("dns:///inventory.internal:443");
+    /// # let _ = layer;
+    /// ```
+    #[cfg(feature = "opentelemetry")]
+    pub fn with_target(mut self, target: impl Into<Arc<str>>) -> Self {
+        self.configure().target = Some(target.into());
         self
     }
 

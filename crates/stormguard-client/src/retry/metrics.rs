@@ -49,6 +49,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{
@@ -74,6 +75,20 @@ const DURATION_BOUNDS: [f64; 14] = [
 
 /// Bucket bounds of `stormguard.client.attempts_per_call` (A6 caps attempts at 5).
 const ATTEMPTS_BOUNDS: [f64; 5] = [1.0, 2.0, 3.0, 4.0, 5.0];
+
+/// Bucket bounds of `grpc.client.call.retries` and `grpc.client.call.hedges` (gRFC A96).
+const RETRIES_BOUNDS: [f64; 5] = [1.0, 2.0, 3.0, 4.0, 5.0];
+
+/// Bucket bounds of `grpc.client.call.transparent_retries` (gRFC A96).
+const TRANSPARENT_BOUNDS: [f64; 6] = [1.0, 2.0, 3.0, 4.0, 5.0, 10.0];
+
+/// Bucket bounds of `grpc.client.call.retry_delay`, in seconds: gRFC A66's latency bounds
+/// (the ones gRPC's own per-call durations use).
+const RETRY_DELAY_BOUNDS: [f64; 41] = [
+    0.0, 0.000_01, 0.000_05, 0.000_1, 0.000_3, 0.000_6, 0.000_8, 0.001, 0.002, 0.003, 0.004, 0.005,
+    0.006, 0.008, 0.01, 0.013, 0.016, 0.02, 0.025, 0.03, 0.04, 0.05, 0.065, 0.08, 0.1, 0.13, 0.16,
+    0.2, 0.25, 0.3, 0.4, 0.5, 0.65, 0.8, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0,
+];
 
 /// `rpc.system = grpc`, on every series.
 fn system() -> KeyValue {
@@ -112,6 +127,74 @@ struct Bound {
     attempts_per_call: BoundHistogram<u64>,
     /// `rpc.client.duration` by final code, bound when a call first ends with it.
     duration: [OnceLock<BoundHistogram<f64>>; Code::ALL.len()],
+    /// gRFC A96's histograms, bound to `[grpc.method, grpc.target]` when a call of the
+    /// method that retried or hedged first ends (so that a method that never did exports
+    /// no series of them).
+    a96: OnceLock<A96<BoundHistogram<u64>, BoundHistogram<f64>>>,
+}
+
+/// gRFC A96's four per-call histograms: `U` counts, `F` the delay.
+#[derive(Debug)]
+struct A96<U, F> {
+    /// `grpc.client.call.retries`.
+    retries: U,
+    /// `grpc.client.call.transparent_retries`.
+    transparent_retries: U,
+    /// `grpc.client.call.hedges`.
+    hedges: U,
+    /// `grpc.client.call.retry_delay`.
+    retry_delay: F,
+}
+
+impl A96<Histogram<u64>, Histogram<f64>> {
+    fn register(meter: &Meter) -> Self {
+        let count = |metric: &'static str, description: &'static str, unit, bounds: &[f64]| {
+            meter
+                .u64_histogram(metric)
+                .with_description(description)
+                .with_unit(unit)
+                .with_boundaries(bounds.to_vec())
+                .build()
+        };
+        A96 {
+            retries: count(
+                "grpc.client.call.retries",
+                "Retries (not transparent ones) a call made; calls with none record nothing",
+                "{retry}",
+                &RETRIES_BOUNDS,
+            ),
+            transparent_retries: count(
+                "grpc.client.call.transparent_retries",
+                "Transparent retries a call made; calls with none record nothing",
+                "{transparent_retry}",
+                &TRANSPARENT_BOUNDS,
+            ),
+            hedges: count(
+                "grpc.client.call.hedges",
+                "Hedges a call sent; calls with none record nothing",
+                "{hedge}",
+                &RETRIES_BOUNDS,
+            ),
+            retry_delay: meter
+                .f64_histogram("grpc.client.call.retry_delay")
+                .with_description(
+                    "Total time of a call with no attempt in flight, waiting between attempts",
+                )
+                .with_unit("s")
+                .with_boundaries(RETRY_DELAY_BOUNDS.to_vec())
+                .build(),
+        }
+    }
+
+    /// The four bound to `attrs`.
+    fn bind(&self, attrs: &[KeyValue]) -> A96<BoundHistogram<u64>, BoundHistogram<f64>> {
+        A96 {
+            retries: self.retries.bind(attrs),
+            transparent_retries: self.transparent_retries.bind(attrs),
+            hedges: self.hedges.bind(attrs),
+            retry_delay: self.retry_delay.bind(attrs),
+        }
+    }
 }
 
 /// Counters by method: open addressing over a fixed array, claimed with one
@@ -164,6 +247,17 @@ impl Methods {
     }
 }
 
+/// gRFC A66's `grpc.method` of a slot named `(service, method)`: the full name without its
+/// leading slash (`pkg.Service/Method`), `other` for the slot of the methods past
+/// [`MAX_METHODS`].
+fn grpc_method(service: &str, method: &str) -> String {
+    match (service, method) {
+        ("_OTHER", "_OTHER") => "other".to_owned(),
+        ("", method) => method.to_owned(),
+        (service, method) => format!("{service}/{method}"),
+    }
+}
+
 /// `(service, method)` of a gRPC path.
 fn split(path: &str) -> (Arc<str>, Arc<str>) {
     let (service, method) = split_path(path);
@@ -183,6 +277,9 @@ pub(crate) struct ClientMetrics {
     name: Arc<LayerName>,
     duration: Histogram<f64>,
     attempts_per_call: Histogram<u64>,
+    a96: A96<Histogram<u64>, Histogram<f64>>,
+    /// `grpc.target` of the A96 histograms; `None`: the layer's name.
+    target: Option<Arc<str>>,
     _counters: Vec<ObservableCounter<u64>>,
     _gauges: (ObservableGauge<f64>, ObservableGauge<u64>),
 }
@@ -336,6 +433,7 @@ impl ClientMetrics {
         stats: &RetryStats,
         controller: &RetryController,
         name: &Arc<LayerName>,
+        target: Option<Arc<str>>,
     ) -> Self {
         let methods = Arc::new(Methods::new());
         let mut counters = method_counters(meter, &methods, name);
@@ -380,6 +478,8 @@ impl ClientMetrics {
             name: Arc::clone(name),
             duration,
             attempts_per_call,
+            a96: A96::register(meter),
+            target,
             _counters: counters,
             _gauges: gauges,
         }
@@ -397,7 +497,28 @@ impl ClientMetrics {
                 attempts_per_call: self.attempts_per_call.bind(&attrs),
                 attrs,
                 duration: Default::default(),
+                a96: OnceLock::new(),
             })
+        }))
+    }
+
+    /// gRFC A96's histograms of `slot`, whose histograms are `bound`, bound on first use to
+    /// `grpc.method` and `grpc.target` (the target given, else the layer's name).
+    fn a96<'a>(
+        &self,
+        slot: &Slot,
+        bound: &'a Bound,
+    ) -> Option<&'a A96<BoundHistogram<u64>, BoundHistogram<f64>>> {
+        if let Some(a96) = bound.a96.get() {
+            return Some(a96);
+        }
+        let (service, method) = slot.name.get()?;
+        let target = self.target.as_ref().or(self.name.get())?;
+        Some(bound.a96.get_or_init(|| {
+            self.a96.bind(&[
+                KeyValue::new("grpc.method", grpc_method(service, method)),
+                KeyValue::new("grpc.target", Arc::clone(target)),
+            ])
         }))
     }
 
@@ -413,6 +534,7 @@ impl ClientMetrics {
                 slot: index,
                 start: Instant::now(),
                 attempts: 0,
+                retries: Retries::default(),
             }),
         }
     }
@@ -548,6 +670,47 @@ struct Call {
     slot: usize,
     start: Instant,
     attempts: u64,
+    retries: Retries,
+}
+
+/// What gRFC A96 records of a call: its retries, transparent retries and hedges, and the
+/// time it waited with no attempt in flight.
+#[derive(Debug, Default)]
+struct Retries {
+    paid: u64,
+    transparent: u64,
+    hedges: u64,
+    /// Time waited between attempts so far.
+    delay: Duration,
+    /// When the wait under way began.
+    waiting_since: Option<Instant>,
+}
+
+impl Retries {
+    /// Ends the wait under way, if any, at `now`.
+    fn stop_waiting(&mut self, now: impl FnOnce() -> Instant) {
+        if let Some(since) = self.waiting_since.take() {
+            self.delay += now().saturating_duration_since(since);
+        }
+    }
+
+    /// Records the call into `a96`: each count only when above zero, the delay when the
+    /// call retried or hedged.
+    fn record(&mut self, a96: &A96<BoundHistogram<u64>, BoundHistogram<f64>>) {
+        self.stop_waiting(Instant::now);
+        for (count, histogram) in [
+            (self.paid, &a96.retries),
+            (self.transparent, &a96.transparent_retries),
+            (self.hedges, &a96.hedges),
+        ] {
+            if count > 0 {
+                histogram.record(count);
+            }
+        }
+        if self.paid > 0 || self.hedges > 0 {
+            a96.retry_delay.record(self.delay.as_secs_f64());
+        }
+    }
 }
 
 impl CallMetrics {
@@ -565,10 +728,41 @@ impl CallMetrics {
         }
     }
 
+    /// A retry was sent (`transparent`: a transparent one), ending the wait before it.
+    pub(crate) fn retry(&mut self, transparent: bool) {
+        self.attempt();
+        if let Some(call) = &mut self.call {
+            let retries = &mut call.retries;
+            retries.stop_waiting(Instant::now);
+            if transparent {
+                retries.transparent += 1;
+            } else {
+                retries.paid += 1;
+            }
+        }
+    }
+
+    /// A hedge was sent.
+    pub(crate) fn hedge(&mut self) {
+        self.attempt();
+        if let Some(call) = &mut self.call {
+            call.retries.hedges += 1;
+        }
+    }
+
+    /// From `now`, the call has no attempt in flight and waits to send its next one.
+    pub(crate) fn waiting(&mut self, now: Instant) {
+        if let Some(call) = &mut self.call {
+            call.retries.waiting_since.get_or_insert(now);
+        }
+    }
+
     /// The call ended with `code`: counted once by method and code, and its attempts and
-    /// duration recorded.
+    /// duration recorded, and gRFC A96's histograms when it retried or hedged.
     pub(crate) fn ended(&mut self, code: Code) {
-        let Some(call) = self.call.take() else { return };
+        let Some(mut call) = self.call.take() else {
+            return;
+        };
         let metrics = &call.metrics;
         let slot = &metrics.methods.slots[call.slot];
         slot.ended[code.as_i32() as usize].fetch_add(1, Ordering::Relaxed);
@@ -582,6 +776,11 @@ impl CallMetrics {
         });
         duration.record(call.start.elapsed().as_secs_f64());
         bound.attempts_per_call.record(call.attempts);
+        if call.attempts > 1
+            && let Some(a96) = metrics.a96(slot, bound)
+        {
+            call.retries.record(a96);
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use stormguard_core::AttemptPlan;
 use stormguard_core::Code;
+use stormguard_core::Instant;
 
 use super::attempt::Stamps;
 use super::events::LayerEvents;
@@ -91,16 +92,22 @@ impl CallStats {
     pub(crate) fn retry_attempt(&mut self, plan: &AttemptPlan) {
         if plan.transparent {
             self.shared.stats.transparent_retry();
-            self.metrics.attempt();
         } else {
-            self.attempt(true);
+            self.shared.stats.attempt(true);
         }
+        self.metrics.retry(plan.transparent);
     }
 
     /// A hedge was sent.
     pub(crate) fn hedge_attempt(&mut self) {
         self.shared.stats.hedge();
-        self.metrics.attempt();
+        self.metrics.hedge();
+    }
+
+    /// A retry was granted at `now`: the call waits, with no attempt in flight, until it
+    /// is sent or the call ends.
+    pub(crate) fn retry_waiting(&mut self, now: Instant) {
+        self.metrics.waiting(now);
     }
 
     /// The call ended with `code` (counted once by method and code).

@@ -38,6 +38,9 @@ pub(super) struct Shared {
     /// then `with_stats`, `with_meter` and `with_name` have all been applied, in whatever
     /// order. (A meter keeps every callback registered on it, so registering once per
     /// configuration is the only way not to export a series twice.)
+    /// The `grpc.target` of the per-call retry histograms (`with_target`).
+    #[cfg(feature = "opentelemetry")]
+    pub(super) target: Option<Arc<str>>,
     #[cfg(feature = "opentelemetry")]
     pub(super) metrics: std::sync::OnceLock<Arc<crate::retry::metrics::ClientMetrics>>,
 }
@@ -63,6 +66,7 @@ impl Shared {
                     &self.stats,
                     &self.controller,
                     self.events.name(),
+                    self.target.clone(),
                 ))
             });
         }
