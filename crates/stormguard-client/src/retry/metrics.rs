@@ -39,6 +39,22 @@
 //! | `stormguard.client.budget.balance` | gauge | `{retry}` | |
 //! | `stormguard.client.breaker.state` | gauge | `1` | `stormguard.breaker.state` (`closed`, `open`, `half_open`: 1 for the current one) |
 //!
+//! Beside them, the four per-call histograms of gRFC A96 (OpenTelemetry metrics for
+//! retries), with A96's attributes only: `grpc.method`, the full method name without its
+//! leading slash (`pkg.Service/Method`; `other` for the methods past [`MAX_METHODS`], as
+//! gRFC A66 names methods it does not keep apart), and `grpc.target`, the target given to
+//! [`RetryLayer::with_target`](crate::RetryLayer::with_target), else the layer's name (the
+//! layer cannot see its channel's target). Each is recorded when a call ends, and only for
+//! a call that sent more than one attempt: a call without retries or hedges records none
+//! of them, and a method none of whose calls did exports no series of them.
+//!
+//! | name | kind | unit | bucket bounds | recorded |
+//! |---|---|---|---|---|
+//! | `grpc.client.call.retries` | histogram (u64) | `{retry}` | 1, 2, 3, 4, 5 | the call's retries, not transparent ones, when above 0 |
+//! | `grpc.client.call.transparent_retries` | histogram (u64) | `{transparent_retry}` | 1, 2, 3, 4, 5, 10 | its transparent retries, when above 0 |
+//! | `grpc.client.call.hedges` | histogram (u64) | `{hedge}` | 1, 2, 3, 4, 5 | the hedges it sent, when above 0 |
+//! | `grpc.client.call.retry_delay` | histogram (f64) | `s` | gRFC A66's latency bounds, 0 to 100 s | the total time it had no attempt in flight, waiting out backoff and pushback delays (until the next attempt was sent, or the call ended), when it retried or hedged |
+//!
 //! The amplification ratio is `sum(stormguard.client.attempts) / sum(stormguard.client.calls)`.
 //! A call's final code is recorded when it is known (for a committed call, when its
 //! response body ends); a call whose body the caller drops before its end has none, and
