@@ -363,9 +363,15 @@ async fn exported_values_equal_the_layers_own_counters() {
         c.ok
     );
 
-    // Every series names its layer.
+    // Every series names its layer: gRFC A96's as their `grpc.target`, the layer having
+    // no target given.
     for (metric, attrs) in series(m) {
-        let layer = attrs.iter().find(|(k, _)| k == "stormguard.layer");
+        let key = if metric.starts_with("grpc.client.call.") {
+            "grpc.target"
+        } else {
+            "stormguard.layer"
+        };
+        let layer = attrs.iter().find(|(k, _)| k == key);
         let want = if metric.starts_with("stormguard.server") {
             "inventory-server"
         } else {

@@ -143,10 +143,10 @@ struct Bound {
     attempts_per_call: BoundHistogram<u64>,
     /// `rpc.client.duration` by final code, bound when a call first ends with it.
     duration: [OnceLock<BoundHistogram<f64>>; Code::ALL.len()],
-    /// gRFC A96's histograms, bound to `[grpc.method, grpc.target]` when a call of the
-    /// method that retried or hedged first ends (so that a method that never did exports
-    /// no series of them).
-    a96: OnceLock<A96<BoundHistogram<u64>, BoundHistogram<f64>>>,
+    /// gRFC A96's histograms, each bound to `[grpc.method, grpc.target]` when a call of the
+    /// method first records into it (so that a method that never retried, or never hedged,
+    /// exports no series of them).
+    a96: OnceLock<BoundA96>,
 }
 
 /// gRFC A96's four per-call histograms: `U` counts, `F` the delay.
@@ -201,14 +201,31 @@ impl A96<Histogram<u64>, Histogram<f64>> {
                 .build(),
         }
     }
+}
 
-    /// The four bound to `attrs`.
-    fn bind(&self, attrs: &[KeyValue]) -> A96<BoundHistogram<u64>, BoundHistogram<f64>> {
-        A96 {
-            retries: self.retries.bind(attrs),
-            transparent_retries: self.transparent_retries.bind(attrs),
-            hedges: self.hedges.bind(attrs),
-            retry_delay: self.retry_delay.bind(attrs),
+/// gRFC A96's histograms of one method: its attributes, and each histogram bound to them
+/// the first time a call records into it.
+#[derive(Debug)]
+struct BoundA96 {
+    /// `[grpc.method, grpc.target]`.
+    attrs: [KeyValue; 2],
+    histograms: A96<OnceLock<BoundHistogram<u64>>, OnceLock<BoundHistogram<f64>>>,
+}
+
+impl BoundA96 {
+    /// Records `count` into `histogram` of `instruments`, bound on first use.
+    fn count(
+        &self,
+        count: u64,
+        pick: impl Fn(
+            &A96<OnceLock<BoundHistogram<u64>>, OnceLock<BoundHistogram<f64>>>,
+        ) -> &OnceLock<BoundHistogram<u64>>,
+        histogram: &Histogram<u64>,
+    ) {
+        if count > 0 {
+            pick(&self.histograms)
+                .get_or_init(|| histogram.bind(&self.attrs))
+                .record(count);
         }
     }
 }
@@ -520,21 +537,23 @@ impl ClientMetrics {
 
     /// gRFC A96's histograms of `slot`, whose histograms are `bound`, bound on first use to
     /// `grpc.method` and `grpc.target` (the target given, else the layer's name).
-    fn a96<'a>(
-        &self,
-        slot: &Slot,
-        bound: &'a Bound,
-    ) -> Option<&'a A96<BoundHistogram<u64>, BoundHistogram<f64>>> {
+    fn a96<'a>(&self, slot: &Slot, bound: &'a Bound) -> Option<&'a BoundA96> {
         if let Some(a96) = bound.a96.get() {
             return Some(a96);
         }
         let (service, method) = slot.name.get()?;
         let target = self.target.as_ref().or(self.name.get())?;
-        Some(bound.a96.get_or_init(|| {
-            self.a96.bind(&[
+        Some(bound.a96.get_or_init(|| BoundA96 {
+            attrs: [
                 KeyValue::new("grpc.method", grpc_method(service, method)),
                 KeyValue::new("grpc.target", Arc::clone(target)),
-            ])
+            ],
+            histograms: A96 {
+                retries: OnceLock::new(),
+                transparent_retries: OnceLock::new(),
+                hedges: OnceLock::new(),
+                retry_delay: OnceLock::new(),
+            },
         }))
     }
 
@@ -710,21 +729,20 @@ impl Retries {
         }
     }
 
-    /// Records the call into `a96`: each count only when above zero, the delay when the
-    /// call retried or hedged.
-    fn record(&mut self, a96: &A96<BoundHistogram<u64>, BoundHistogram<f64>>) {
+    /// Records the call into its method's `bound` histograms of `instruments`: each count
+    /// only when above zero, the delay when the call retried or hedged.
+    fn record(&mut self, instruments: &A96<Histogram<u64>, Histogram<f64>>, bound: &BoundA96) {
         self.stop_waiting(Instant::now);
-        for (count, histogram) in [
-            (self.paid, &a96.retries),
-            (self.transparent, &a96.transparent_retries),
-            (self.hedges, &a96.hedges),
-        ] {
-            if count > 0 {
-                histogram.record(count);
-            }
-        }
+        bound.count(self.paid, |h| &h.retries, &instruments.retries);
+        let transparent = &instruments.transparent_retries;
+        bound.count(self.transparent, |h| &h.transparent_retries, transparent);
+        bound.count(self.hedges, |h| &h.hedges, &instruments.hedges);
         if self.paid > 0 || self.hedges > 0 {
-            a96.retry_delay.record(self.delay.as_secs_f64());
+            bound
+                .histograms
+                .retry_delay
+                .get_or_init(|| instruments.retry_delay.bind(&bound.attrs))
+                .record(self.delay.as_secs_f64());
         }
     }
 }
@@ -795,7 +813,7 @@ impl CallMetrics {
         if call.attempts > 1
             && let Some(a96) = metrics.a96(slot, bound)
         {
-            call.retries.record(a96);
+            call.retries.record(&metrics.a96, a96);
         }
     }
 }
