@@ -54,6 +54,15 @@ mod metrics {
         pub(crate) fn attempt(&mut self) {}
 
         #[inline(always)]
+        pub(crate) fn retry(&mut self, _transparent: bool) {}
+
+        #[inline(always)]
+        pub(crate) fn hedge(&mut self) {}
+
+        #[inline(always)]
+        pub(crate) fn waiting(&mut self, _now: stormguard_core::Instant) {}
+
+        #[inline(always)]
         pub(crate) fn ended(&mut self, _code: Code) {}
     }
 }
