@@ -457,26 +457,25 @@ impl AdaptiveLimit {
         let idle = self
             .last_sample
             .is_some_and(|at| now.saturating_duration_since(at) >= IDLE);
-        if self.probe.is_none() && self.next_probe.is_some_and(|at| now >= at) && idle {
+        // From here no probe runs and one is due (or none has run yet).
+        if self.next_probe.is_some() && idle {
             // The first calls after a quiet spell run at the limit learned before: a
             // burst is no moment to serve at half of it. The probe comes later.
             self.next_probe = now.checked_add(self.jittered_interval());
             return;
         }
-        if self.probe.is_none() && self.next_probe.is_none_or(|at| now >= at) {
-            self.probe = Some(Probe {
-                began: now,
-                saved: self.limit,
-                clean_from: None,
-                samples: Vec::with_capacity(self.config.min_window_samples),
-            });
-            self.limit = self.probe_limit();
-            self.window = None;
-            self.last = None;
-            self.cuts_from = None;
-            self.fell_at = None;
-            self.base = None;
-        }
+        self.probe = Some(Probe {
+            began: now,
+            saved: self.limit,
+            clean_from: None,
+            samples: Vec::with_capacity(self.config.min_window_samples),
+        });
+        self.limit = self.probe_limit();
+        self.window = None;
+        self.last = None;
+        self.cuts_from = None;
+        self.fell_at = None;
+        self.base = None;
     }
 
     /// The time to the next probe: the probe interval, jittered by ±25 % so that a fleet
