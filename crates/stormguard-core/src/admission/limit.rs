@@ -813,6 +813,17 @@ impl AdaptiveLimit {
         (m, capacity)
     }
 
+    /// Whether a refuted growth still holds the limit back this window (and counts the
+    /// window off).
+    fn held_back(&mut self) -> bool {
+        if self.hold_left == 0 {
+            return false;
+        }
+        self.hold_left -= 1;
+        self.growth = 0;
+        true
+    }
+
     /// The Vegas step: the new limit after a window of mean latency `rtt` with no-load
     /// latency `m`, in which `queued` calls seemed to queue inside; the limit grows only
     /// after a window that was `saturated` (as many calls ran, on average, as it allowed):
@@ -873,9 +884,7 @@ impl AdaptiveLimit {
             && (grows_below..=beta).contains(&queued)
             && growth == Some(Growth::TooSmall)
         {
-            if self.hold_left > 0 {
-                self.hold_left -= 1;
-                self.growth = 0;
+            if self.held_back() {
                 return limit;
             }
             self.tried_from = Some(limit);
@@ -883,9 +892,7 @@ impl AdaptiveLimit {
             return (limit * (1.0 + TRIAL)).clamp(limit, self.config.max_limit as f64);
         }
         let next = if (queued < grows_below || bought) && saturated {
-            if self.hold_left > 0 {
-                self.hold_left -= 1;
-                self.growth = 0;
+            if self.held_back() {
                 return limit;
             }
             // Each window that grows the limit with nothing queued inside doubles the
