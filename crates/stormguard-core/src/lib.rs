@@ -62,6 +62,8 @@ mod deadline;
 mod error;
 mod field;
 mod observe;
+#[cfg(feature = "opentelemetry")]
+pub mod otel;
 mod retry;
 pub mod wire;
 

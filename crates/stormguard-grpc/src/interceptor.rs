@@ -9,9 +9,10 @@ use grpc::client::{CallOptions, Invoke};
 use grpc::core::RequestHeaders;
 use stormguard_core::context::CallContext;
 use stormguard_core::{
-    CallTimes, ClientConfig, Code, ConfigError, Instant, Refusal, RetryController,
+    CallTimes, ClientConfig, Code, ConfigError, Instant, LayerName, Refusal, RetryController,
 };
 
+use crate::metrics::CallMetrics;
 use crate::recv::RetryRecvStream;
 use crate::send::{Log, RetrySendStream};
 use crate::stats::InterceptorStats;
@@ -62,6 +63,39 @@ pub(crate) struct Settings {
     pub(crate) replay_limit: usize,
     pub(crate) default_timeout: Option<Duration>,
     pub(crate) per_attempt_timeout: Option<Duration>,
+    /// The interceptor's name in its logs and metrics (`stormguard.layer`).
+    pub(crate) name: Arc<LayerName>,
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) meter: Option<opentelemetry::metrics::Meter>,
+    /// The `grpc.target` of gRFC A96's histograms (`with_target`).
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) target: Option<Arc<str>>,
+    /// The instruments, registered on `meter` when the interceptor starts its first call:
+    /// by then `with_meter`, `with_name` and `with_target` have all been applied, in
+    /// whatever order.
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) metrics: std::sync::OnceLock<Arc<crate::metrics::InterceptorMetrics>>,
+}
+
+impl Settings {
+    /// The metrics of a new call to `path` (none without a meter).
+    fn call_metrics(&self, path: &str) -> CallMetrics {
+        #[cfg(feature = "opentelemetry")]
+        if let Some(meter) = &self.meter {
+            let metrics = self.metrics.get_or_init(|| {
+                Arc::new(crate::metrics::InterceptorMetrics::register(
+                    meter,
+                    &self.stats,
+                    &self.controller,
+                    &self.name,
+                    self.target.clone(),
+                ))
+            });
+            return metrics.call(path);
+        }
+        let _ = path;
+        CallMetrics::default()
+    }
 }
 
 impl fmt::Debug for RetryInterceptor {
@@ -89,6 +123,13 @@ impl RetryInterceptor {
                 replay_limit: DEFAULT_REPLAY_LIMIT,
                 default_timeout: None,
                 per_attempt_timeout: None,
+                name: Arc::default(),
+                #[cfg(feature = "opentelemetry")]
+                meter: None,
+                #[cfg(feature = "opentelemetry")]
+                target: None,
+                #[cfg(feature = "opentelemetry")]
+                metrics: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -137,6 +178,87 @@ impl RetryInterceptor {
         self
     }
 
+    /// Name this interceptor `name` in its logs and metrics (the `stormguard.layer`
+    /// attribute) instead of the service of its first call.
+    ///
+    /// ```
+    /// use stormguard_grpc::{ClientConfig, RetryInterceptor};
+    ///
+    /// let interceptor = RetryInterceptor::from_config(&ClientConfig::default())?.with_name("inventory");
+    /// assert_eq!(interceptor.name(), Some("inventory"));
+    /// # Ok::<(), stormguard_grpc::ConfigError>(())
+    /// ```
+    pub fn with_name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.configure().name = Arc::new(LayerName::named(name));
+        self
+    }
+
+    /// The interceptor's name: the one given to [`with_name`](Self::with_name), else the
+    /// service of its first call (`None` before it).
+    pub fn name(&self) -> Option<&str> {
+        self.settings.name.get().map(|n| &**n)
+    }
+
+    /// Record this interceptor's metrics into `meter` (feature `opentelemetry`): the tonic
+    /// `RetryLayer`'s instruments, gRFC A96's four per-call retry histograms among them,
+    /// registered by the same code; the [`metrics`](crate::metrics) module lists them.
+    /// Nothing global is read or set. The instruments are registered when the interceptor
+    /// starts its first call, so this goes before or after [`with_name`](Self::with_name)
+    /// and [`with_target`](Self::with_target) alike.
+    ///
+    /// ```
+    /// use opentelemetry::metrics::MeterProvider as _;
+    /// use stormguard_grpc::{ClientConfig, RetryInterceptor};
+    ///
+    /// # fn provider() -> impl opentelemetry::metrics::MeterProvider { opentelemetry::metrics::noop::NoopMeterProvider::new() }
+    /// let meter = provider().meter("checkout");
+    /// let interceptor = RetryInterceptor::from_config(&ClientConfig::default())?
+    ///     .with_meter(&meter)
+    ///     .with_name("inventory");
+    /// # let _ = interceptor;
+    /// # Ok::<(), stormguard_grpc::ConfigError>(())
+    /// ```
+    #[cfg(feature = "opentelemetry")]
+    pub fn with_meter(mut self, meter: &opentelemetry::metrics::Meter) -> Self {
+        self.configure().meter = Some(meter.clone());
+        self
+    }
+
+    /// The channel's target (`dns:///inventory.internal:443`), which an interceptor cannot
+    /// see: the `grpc.target` attribute of gRFC A96's per-call retry histograms (feature
+    /// `opentelemetry`). Without it they carry the interceptor's name (see
+    /// [`with_name`](Self::with_name)).
+    ///
+    /// ```
+    /// use opentelemetry::metrics::MeterProvider as _;
+    /// use stormguard_grpc::{ClientConfig, RetryInterceptor};
+    ///
+    /// # fn provider() -> impl opentelemetry::metrics::MeterProvider { opentelemetry::metrics::noop::NoopMeterProvider::new() }
+    /// let meter = provider().meter("checkout");
+    /// let interceptor = RetryInterceptor::from_config(&ClientConfig::default())?
+    ///     .with_meter(&meter)
+    ///     .with_target("dns:///inventory.internal:443");
+    /// # let _ = interceptor;
+    /// # Ok::<(), stormguard_grpc::ConfigError>(())
+    /// ```
+    #[cfg(feature = "opentelemetry")]
+    pub fn with_target(mut self, target: impl Into<Arc<str>>) -> Self {
+        self.configure().target = Some(target.into());
+        self
+    }
+
+    /// The interceptor's settings, to change. Changing what the instruments read (name,
+    /// meter, target) after a call made new settings: their instruments are registered
+    /// anew when the changed interceptor starts its own first call.
+    fn configure(&mut self) -> &mut Settings {
+        let settings = Arc::make_mut(&mut self.settings);
+        #[cfg(feature = "opentelemetry")]
+        {
+            settings.metrics = std::sync::OnceLock::new();
+        }
+        settings
+    }
+
     /// The engine that decides: share it with a tonic `RetryLayer` (`RetryLayer::new`
     /// takes a controller) for one budget and one breaker over both clients.
     pub fn controller(&self) -> &RetryController {
@@ -159,6 +281,8 @@ impl RetryInterceptor {
     ) -> (RetrySendStream, RetryRecvStream<I>) {
         let settings = Arc::clone(&self.settings);
         settings.stats.logical();
+        settings.name.get_or_name_after(headers.method_name());
+        let mut metrics = settings.call_metrics(headers.method_name());
         let now = Instant::now();
         let inbound = CallContext::current().and_then(|c| c.deadline());
         let own = options.deadline().map(Instant::from_std);
@@ -177,6 +301,7 @@ impl RetryInterceptor {
                 let log = Log::new(false, 0);
                 settings.stats.deadline_exceeded();
                 settings.stats.outcome(false);
+                metrics.ended(Code::DeadlineExceeded);
                 let last = wire::failure(
                     Code::DeadlineExceeded,
                     "stormguard: the call's deadline had passed before it was sent",
@@ -189,6 +314,7 @@ impl RetryInterceptor {
                 let log = Log::new(false, 0);
                 settings.stats.refused(refusal);
                 settings.stats.outcome(false);
+                metrics.ended(Code::Unavailable);
                 let why = match refusal {
                     Refusal::ConnectBackoff => "the dependency is in connection backoff",
                     _ => "the circuit breaker is open",
@@ -209,8 +335,16 @@ impl RetryInterceptor {
         }
         let log = Log::new(retry.is_retryable_method(), settings.replay_limit);
         let send = RetrySendStream::new(Arc::clone(&log));
-        let recv =
-            RetryRecvStream::start(invoker, headers, options, settings, log, retry, plan).await;
+        let recv = RetryRecvStream::start(
+            invoker,
+            headers,
+            options,
+            (settings, metrics),
+            log,
+            retry,
+            plan,
+        )
+        .await;
         (send, recv)
     }
 }
@@ -224,8 +358,9 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 
 impl<I> Intercept<&I> for RetryInterceptor
 where
-    I: Invoke + Clone + 'static,
+    I: Invoke + Clone + Send + 'static,
     I::SendStream: Send,
+    I::RecvStream: Send,
 {
     type SendStream = RetrySendStream;
     type RecvStream = RetryRecvStream<I>;

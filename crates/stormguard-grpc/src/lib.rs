@@ -63,6 +63,33 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
 mod interceptor;
+#[cfg(feature = "opentelemetry")]
+pub mod metrics;
+#[cfg(not(feature = "opentelemetry"))]
+mod metrics {
+    //! Without the `opentelemetry` feature a call records nothing: this is empty.
+    use stormguard_core::{Code, Instant};
+
+    #[derive(Debug, Default)]
+    pub(crate) struct CallMetrics;
+
+    impl CallMetrics {
+        #[inline(always)]
+        pub(crate) fn attempt(&mut self) {}
+
+        #[inline(always)]
+        pub(crate) fn retry(&mut self, _transparent: bool) {}
+
+        #[inline(always)]
+        pub(crate) fn hedge(&mut self) {}
+
+        #[inline(always)]
+        pub(crate) fn waiting(&mut self, _now: Instant) {}
+
+        #[inline(always)]
+        pub(crate) fn ended(&mut self, _code: Code) {}
+    }
+}
 mod recv;
 mod send;
 mod stats;

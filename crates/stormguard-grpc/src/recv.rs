@@ -2,7 +2,9 @@
 //! read, a failure before commit goes to the call's retry state (core's `CallRetry`, the
 //! same object the tonic layer drives), and a granted retry is waited out and sent from
 //! here. The caller sees one stream: the committed attempt's headers, messages and
-//! trailers, or the last failure.
+//! trailers, or the last failure. A hedged call's copies race in [`hedged`].
+
+mod hedged;
 
 use std::fmt;
 use std::sync::Arc;
@@ -15,6 +17,7 @@ use stormguard_core::{
 };
 
 use crate::interceptor::Settings;
+use crate::metrics::CallMetrics;
 use crate::send::{Log, Writer};
 use crate::wire;
 
@@ -49,6 +52,10 @@ struct Call<I: Invoke> {
     retry: Option<CallRetry>,
     /// Attempts started (the log's attempt number of the latest).
     started: u64,
+    /// When the latest attempt was started.
+    attempt_started: Instant,
+    /// The call's metrics (nothing without a meter).
+    metrics: CallMetrics,
     phase: Phase<I::RecvStream>,
 }
 
@@ -86,7 +93,7 @@ impl<I: Invoke> RetryRecvStream<I> {
         invoker: I,
         headers: RequestHeaders,
         options: CallOptions,
-        settings: Arc<Settings>,
+        (settings, metrics): (Arc<Settings>, CallMetrics),
         log: Arc<Log>,
         retry: CallRetry,
         plan: AttemptPlan,
@@ -99,6 +106,8 @@ impl<I: Invoke> RetryRecvStream<I> {
             log,
             retry: Some(retry),
             started: 0,
+            attempt_started: Instant::now(),
+            metrics,
             phase: Phase::Ended { last: None },
         };
         call.send(plan).await;
@@ -123,6 +132,8 @@ impl<I: Invoke> RetryRecvStream<I> {
                 log,
                 retry: None,
                 started: 0,
+                attempt_started: Instant::now(),
+                metrics: CallMetrics::default(),
                 phase: Phase::Ended { last: Some(last) },
             },
         }
@@ -143,6 +154,12 @@ impl<I: Invoke> Call<I> {
         let retry = self.started > 0;
         self.started += 1;
         self.settings.stats.attempt(retry);
+        if retry {
+            self.metrics.retry(false);
+        } else {
+            self.metrics.attempt();
+        }
+        self.attempt_started = Instant::now();
         let invoked = self.invoker.invoke(headers, options);
         let streams = match plan.fire_at {
             Some(at) => tokio::time::timeout_at(at, invoked).await.ok(),
@@ -164,7 +181,15 @@ impl<I: Invoke> Call<I> {
         };
     }
 
-    async fn recv(&mut self, msg: &mut dyn RecvMessage) -> ResponseStreamItem {
+    async fn recv(&mut self, msg: &mut dyn RecvMessage) -> ResponseStreamItem
+    where
+        I: Clone + Send + 'static,
+        I::SendStream: Send,
+        I::RecvStream: Send,
+    {
+        if self.retry.as_ref().is_some_and(CallRetry::is_hedged) {
+            return self.hedged(msg).await;
+        }
         loop {
             let read = match &mut self.phase {
                 Phase::Ended { last } => {
@@ -189,20 +214,14 @@ impl<I: Invoke> Call<I> {
                             if let Some(mut call) = call.take() {
                                 call.on_ended_at(code, Instant::now());
                             }
-                            self.settings.stats.outcome(code == Code::Ok);
-                            self.end(None);
+                            self.finish(code);
                             ResponseStreamItem::Trailers(trailers)
                         }
                         Some(item) => item,
                         // The deadline passed while the committed call ran: dropping the
                         // stream cancels it; nothing is recorded (the caller's deadline
                         // says nothing about the dependency).
-                        None => {
-                            self.settings.stats.deadline_exceeded();
-                            self.settings.stats.outcome(false);
-                            self.end(None);
-                            ResponseStreamItem::Trailers(call_expired())
-                        }
+                        None => self.expired(),
                     };
                 }
                 Phase::Unstarted { .. } => {
@@ -245,7 +264,7 @@ impl<I: Invoke> Call<I> {
             },
             // Response headers (or a message, which only follows them): the call commits.
             Some(item @ (ResponseStreamItem::Headers(_) | ResponseStreamItem::Message)) => {
-                self.commit();
+                self.commit(self.started);
                 Read::Pass(item)
             }
             Some(ResponseStreamItem::Trailers(trailers)) => match trailers.status() {
@@ -254,8 +273,7 @@ impl<I: Invoke> Call<I> {
                     if let Some(retry) = self.retry.as_mut() {
                         retry.on_success_at(Instant::now());
                     }
-                    self.settings.stats.outcome(true);
-                    self.end(None);
+                    self.finish(Code::Ok);
                     Read::Pass(ResponseStreamItem::Trailers(trailers))
                 }
                 Err(e) => Read::Failed {
@@ -280,14 +298,15 @@ impl<I: Invoke> Call<I> {
         }
     }
 
-    /// The call commits: the attempt in flight is the call's from here on, never retried.
-    fn commit(&mut self) {
+    /// The call commits: the attempt in flight (number `attempt`) is the call's from here
+    /// on, never retried.
+    fn commit(&mut self, attempt: u64) {
         let phase = std::mem::replace(&mut self.phase, Phase::Ended { last: None });
         let Phase::Attempt { recv, _writer, .. } = phase else {
             self.phase = phase;
             return;
         };
-        self.log.commit();
+        self.log.commit(attempt);
         self.settings.stats.committed();
         let call = self.retry.take().map(|r| r.commit_at(Instant::now()));
         let deadline = call.as_ref().and_then(CommittedCall::deadline);
@@ -297,6 +316,21 @@ impl<I: Invoke> Call<I> {
             call,
             deadline,
         };
+    }
+
+    /// The call ends with `code`: counted, recorded, and ended.
+    fn finish(&mut self, code: Code) {
+        self.settings.stats.outcome(code == Code::Ok);
+        self.metrics.ended(code);
+        self.end(None);
+    }
+
+    /// The call's deadline ran out: it ends `DEADLINE_EXCEEDED` (nothing is recorded in the
+    /// budget or the breaker: the caller's deadline says nothing about the dependency).
+    fn expired(&mut self) -> ResponseStreamItem {
+        self.settings.stats.deadline_exceeded();
+        self.finish(Code::DeadlineExceeded);
+        ResponseStreamItem::Trailers(call_expired())
     }
 
     /// The call ends (the attempt in flight, if any, is dropped: its stream is cancelled).
@@ -339,7 +373,10 @@ impl<I: Invoke> Call<I> {
                         )
                     {
                         self.settings.stats.delayed_by_pushback();
+                    } else if !verdict.transparent {
+                        self.settings.stats.delayed_by_backoff();
                     }
+                    self.metrics.waiting(now);
                     // A granted delay ends before the call's deadline (the retry state
                     // grants none that does not leave room for an attempt).
                     tokio::time::sleep_until(Deadline::after_at(now, delay).instant()).await;
@@ -364,12 +401,7 @@ impl<I: Invoke> Call<I> {
                 Decision::GiveUp(refusal) => {
                     return Some(self.give_up(refusal, last, verdict.attempt_timed_out));
                 }
-                Decision::Expired => {
-                    self.settings.stats.deadline_exceeded();
-                    self.settings.stats.outcome(false);
-                    self.end(None);
-                    return Some(ResponseStreamItem::Trailers(call_expired()));
-                }
+                Decision::Expired => return Some(self.expired()),
             }
         }
     }
@@ -384,9 +416,7 @@ impl<I: Invoke> Call<I> {
         mut last: Trailers,
         timed_out: bool,
     ) -> ResponseStreamItem {
-        let stats = &self.settings.stats;
-        stats.refused(refusal);
-        stats.outcome(false);
+        self.settings.stats.refused(refusal);
         if timed_out {
             last = wire::failure(
                 Code::DeadlineExceeded,
@@ -405,7 +435,7 @@ impl<I: Invoke> Call<I> {
             retry.refused = refusal.as_str(),
             "stormguard: retry refused"
         );
-        self.end(None);
+        self.finish(wire::trailers_code(&last));
         ResponseStreamItem::Trailers(last)
     }
 }
@@ -435,7 +465,12 @@ impl<I: Invoke> Drop for RetryRecvStream<I> {
     }
 }
 
-impl<I: Invoke> RecvStream for RetryRecvStream<I> {
+impl<I> RecvStream for RetryRecvStream<I>
+where
+    I: Invoke + Clone + Send + 'static,
+    I::SendStream: Send,
+    I::RecvStream: Send,
+{
     async fn recv(&mut self, msg: &mut dyn RecvMessage) -> ResponseStreamItem {
         self.call.recv(msg).await
     }

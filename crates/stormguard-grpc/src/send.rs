@@ -8,6 +8,10 @@
 //! that is never sent twice, nothing is kept: a message is dropped once written, and the
 //! caller's `send` waits until its message is written (as it would on the attempt's own
 //! stream).
+//!
+//! The copies of a hedged call are in flight at once: each has its own writer, all of them
+//! copying the whole log, which is complete (the caller's last message in) and kept before
+//! the first hedge starts; the copy that wins keeps writing, the others stop.
 
 use std::collections::VecDeque;
 use std::pin::pin;
@@ -39,8 +43,10 @@ struct LogState {
     keep: bool,
     /// The caller's last message is in (sent with `final_msg`, or the send half dropped).
     closed: bool,
-    /// The attempt whose writer may write.
+    /// The attempt whose writer may write (the copy that won, once a hedged call commits).
     attempt: u64,
+    /// Copies of a hedged call are in flight: every writer may write.
+    copying: bool,
     /// The call ended: nothing more is written, the caller's sends fail.
     over: bool,
 }
@@ -82,6 +88,7 @@ impl Log {
                 keep,
                 closed: false,
                 attempt: 0,
+                copying: false,
                 over: false,
             }),
             grew: Notify::new(),
@@ -98,9 +105,22 @@ impl Log {
         self.lock().keep
     }
 
-    /// The call committed: no retry follows, so nothing is kept from here on.
-    pub(crate) fn commit(&self) {
-        self.lock().keep = false;
+    /// Whether the whole request is in the log and kept (the caller's last message is in,
+    /// within the replay limit): another copy of the call can be sent while this one runs.
+    pub(crate) fn can_copy(&self) -> bool {
+        let st = self.lock();
+        st.keep && st.closed && !st.over
+    }
+
+    /// The call committed on attempt `attempt`: no retry follows, so nothing is kept from
+    /// here on, and only that attempt's writer writes.
+    pub(crate) fn commit(&self, attempt: u64) {
+        let mut st = self.lock();
+        st.keep = false;
+        st.copying = false;
+        st.attempt = attempt;
+        drop(st);
+        self.grew.notify_waiters();
     }
 
     /// The call ended: writers stop, the caller's sends fail.
@@ -120,6 +140,20 @@ impl Log {
     ) -> Writer {
         self.lock().attempt = attempt;
         self.grew.notify_waiters();
+        Writer(tokio::spawn(write(Arc::clone(self), attempt, stream)))
+    }
+}
+
+impl Log {
+    /// Starts attempt number `attempt`, a copy of a hedged call, on `stream` beside the
+    /// copies in flight: its writer writes the whole log into `stream` (see
+    /// [`can_copy`](Self::can_copy)). The writer stops when the returned handle drops.
+    pub(crate) fn start_copy<S: SendStream + Send + 'static>(
+        self: &Arc<Self>,
+        attempt: u64,
+        stream: S,
+    ) -> Writer {
+        self.lock().copying = true;
         Writer(tokio::spawn(write(Arc::clone(self), attempt, stream)))
     }
 }
@@ -153,7 +187,8 @@ async fn write<S: SendStream>(log: Arc<Log>, attempt: u64, mut stream: S) {
         grew.as_mut().enable();
         let item = {
             let st = log.lock();
-            if st.over || st.attempt != attempt || next < st.first {
+            let mine = st.attempt == attempt || st.copying;
+            if st.over || !mine || next < st.first {
                 return;
             }
             match st.msgs.get(next - st.first) {

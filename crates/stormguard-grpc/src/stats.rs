@@ -33,7 +33,11 @@ struct Counters {
     deadline_exceeded: AtomicU64,
     attempts_timed_out: AtomicU64,
     delayed_by_pushback: AtomicU64,
+    delayed_by_backoff: AtomicU64,
+    hedges: AtomicU64,
+    hedges_won: AtomicU64,
     refused: [AtomicU64; Refusal::ALL.len()],
+    hedges_refused: [AtomicU64; Refusal::ALL.len()],
 }
 
 /// The counters at one moment (see [`InterceptorStats::snapshot`]).
@@ -42,7 +46,7 @@ struct Counters {
 pub struct InterceptorSnapshot {
     /// Logical calls begun.
     pub logical: u64,
-    /// Attempts sent (first attempts and retries).
+    /// Attempts sent (first attempts, retries and hedges).
     pub attempts: u64,
     /// Retries sent (each paid by the budget).
     pub retries: u64,
@@ -58,17 +62,27 @@ pub struct InterceptorSnapshot {
     pub attempts_timed_out: u64,
     /// Retries whose delay was the server's pushback.
     pub delayed_by_pushback: u64,
+    /// Retries whose delay was the backoff's (full jitter).
+    pub delayed_by_backoff: u64,
+    /// Copies of hedged calls sent after the first (attempts, not retries).
+    pub hedges: u64,
+    /// Hedged calls a copy other than the first answered.
+    pub hedges_won: u64,
     /// Retries refused, by [`Refusal`], in the order of [`Refusal::ALL`].
     pub refused: [u64; Refusal::ALL.len()],
+    /// Hedges that were due and not sent, by [`Refusal`], in the order of [`Refusal::ALL`].
+    pub hedges_refused: [u64; Refusal::ALL.len()],
 }
 
 impl InterceptorSnapshot {
     /// Retries refused for `refusal`.
     pub fn refused(&self, refusal: Refusal) -> u64 {
-        Refusal::ALL
-            .iter()
-            .position(|r| *r == refusal)
-            .map_or(0, |i| self.refused[i])
+        index(refusal).map_or(0, |i| self.refused[i])
+    }
+
+    /// Hedges refused for `refusal`.
+    pub fn hedges_refused(&self, refusal: Refusal) -> u64 {
+        index(refusal).map_or(0, |i| self.hedges_refused[i])
     }
 
     /// Attempts per logical call (1.0 when nothing was retried; 0.0 before any call).
@@ -78,6 +92,11 @@ impl InterceptorSnapshot {
         }
         self.attempts as f64 / self.logical as f64
     }
+}
+
+/// Where `refusal` is in [`Refusal::ALL`].
+fn index(refusal: Refusal) -> Option<usize> {
+    Refusal::ALL.iter().position(|r| *r == refusal)
 }
 
 fn add(counter: &AtomicU64) {
@@ -99,7 +118,11 @@ impl InterceptorStats {
             deadline_exceeded: get(&c.deadline_exceeded),
             attempts_timed_out: get(&c.attempts_timed_out),
             delayed_by_pushback: get(&c.delayed_by_pushback),
+            delayed_by_backoff: get(&c.delayed_by_backoff),
+            hedges: get(&c.hedges),
+            hedges_won: get(&c.hedges_won),
             refused: std::array::from_fn(|i| get(&c.refused[i])),
+            hedges_refused: std::array::from_fn(|i| get(&c.hedges_refused[i])),
         }
     }
 
@@ -138,9 +161,29 @@ impl InterceptorStats {
         add(&self.inner.delayed_by_pushback);
     }
 
+    pub(crate) fn delayed_by_backoff(&self) {
+        add(&self.inner.delayed_by_backoff);
+    }
+
+    /// A hedge was sent: an attempt, not a retry.
+    pub(crate) fn hedge(&self) {
+        add(&self.inner.attempts);
+        add(&self.inner.hedges);
+    }
+
+    pub(crate) fn hedge_won(&self) {
+        add(&self.inner.hedges_won);
+    }
+
     pub(crate) fn refused(&self, refusal: Refusal) {
-        if let Some(i) = Refusal::ALL.iter().position(|r| *r == refusal) {
+        if let Some(i) = index(refusal) {
             add(&self.inner.refused[i]);
+        }
+    }
+
+    pub(crate) fn hedge_refused(&self, refusal: Refusal) {
+        if let Some(i) = index(refusal) {
+            add(&self.inner.hedges_refused[i]);
         }
     }
 }

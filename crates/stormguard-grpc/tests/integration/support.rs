@@ -37,6 +37,8 @@ pub enum Answer {
     Fail(tonic::Code, Option<&'static str>),
     /// Never answers (the caller's deadline or timer ends the attempt).
     Hang,
+    /// Answers `OK` after this long: a slow server.
+    After(Duration),
 }
 
 /// What the server saw of one attempt.
@@ -94,6 +96,10 @@ impl Scripted {
                 Err(status)
             }
             Answer::Hang => std::future::pending().await,
+            Answer::After(wait) => {
+                tokio::time::sleep(wait).await;
+                Ok(seen)
+            }
         }
     }
 }

@@ -89,28 +89,15 @@ mod a96 {
 
     /// After `calls` ran through one layer's metrics: the histograms exported (with a data
     /// point, if an empty one), and the A96 ones that recorded a value.
-    fn a96_recorded(calls: impl FnOnce(&Arc<ClientMetrics>)) -> (Vec<String>, Vec<String>) {
+    fn a96_recorded(calls: impl FnOnce(&Arc<MethodMetrics>)) -> (Vec<String>, Vec<String>) {
         let exported = Exported::default();
         let provider = SdkMeterProvider::builder()
             .with_periodic_exporter(exported.clone())
             .build();
         let meter = provider.meter("stormguard-test");
-        let controller = RetryController::new(
-            stormguard_core::MethodTable::default(),
-            Arc::new(stormguard_core::Unlimited),
-            None,
-            0,
-        )
-        .expect("an empty table is valid");
         let name = Arc::new(LayerName::default());
         name.get_or_name_after("/pkg.Svc/A");
-        let metrics = Arc::new(ClientMetrics::register(
-            &meter,
-            &RetryStats::new(),
-            &controller,
-            &name,
-            None,
-        ));
+        let metrics = Arc::new(MethodMetrics::register(&meter, &name, None));
         calls(&metrics);
         provider.force_flush().expect("flushed");
         let all = exported.0.lock().expect("not poisoned").clone();
