@@ -94,6 +94,8 @@ pub mod grpc {
         DEFAULT_REPLAY_LIMIT, InterceptorSnapshot, InterceptorStats, RetryInterceptor,
         RetryRecvStream, RetrySendStream,
     };
+    #[cfg(feature = "opentelemetry")]
+    pub use stormguard_grpc::metrics;
 }
 
 /// The engine under both layers, for a custom call loop or a simulator: the retry

@@ -39,6 +39,8 @@
 //! * **configuration**: [`ClientConfig`], [`AdmissionConfig`], [`ReplicaConfig`] from
 //!   JSON, YAML or TOML (see `docs/config.md`), validated with errors that name the field;
 //! * the task-local call [`context`] that carries a deadline across hops.
+//! * with the `opentelemetry` feature, `otel`: the OpenTelemetry instruments both retry
+//!   clients record into (the tonic layer's and the `grpc` interceptor's), written once.
 //!
 //! Time is [`Instant`] (`tokio::time::Instant`, so tests run on paused time), and every
 //! time-dependent method has an `*_at(now)` form. The `stormguard-client` and

@@ -273,7 +273,6 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-
 /// The counters by method and the per-call histograms of one client, registered once on a
 /// meter (the meter keeps calling the counters' callbacks as long as it lives: an SDK never
 /// unregisters them). Calls and attempts by method and final code come from a small

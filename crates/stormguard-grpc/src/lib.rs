@@ -53,6 +53,20 @@
 //! replay limit, so that unary, server-streaming and client-streaming calls are retried
 //! alike.
 //!
+//! # Hedging
+//!
+//! A method with a hedging policy is hedged as the tonic layer hedges it, by the same
+//! engine calls: copies sent on the policy's schedule, each its own `invoke` on the
+//! channel and paid from the budget's upper half, the first headers or `OK` winning and the
+//! other copies cancelled. A copy is sent only while the whole request is in the call's log
+//! (unary and server-streaming calls).
+//!
+//! # Metrics
+//!
+//! With the `opentelemetry` feature, `RetryInterceptor::with_meter` records the tonic
+//! layer's instruments, gRFC A96's per-call retry histograms among them, through the same
+//! code (`stormguard_core::otel`); the `metrics` module lists them.
+//!
 //! # What the preview does not allow yet
 //!
 //! `docs/grpc.md` in the repository lists them, each with the upstream change it waits on:

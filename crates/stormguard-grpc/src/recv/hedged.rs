@@ -138,7 +138,10 @@ where
                 started: self.attempt_started,
             }),
             // The first copy's `invoke` did not return before its limit: never sent.
-            Phase::Unstarted { end, last: trailers } => {
+            Phase::Unstarted {
+                end,
+                last: trailers,
+            } => {
                 if let Some(item) = self.copy_failed(end, trailers, &mut copies, &mut last) {
                     return item;
                 }
@@ -166,7 +169,10 @@ where
             if copies.is_empty() && retry.next_hedge_at().is_none() {
                 let why = retry.hedges_stopped().unwrap_or(Refusal::Attempts);
                 let last = last.take().unwrap_or_else(|| {
-                    wire::failure(Code::Unavailable, "stormguard: no copy of the call was sent")
+                    wire::failure(
+                        Code::Unavailable,
+                        "stormguard: no copy of the call was sent",
+                    )
                 });
                 return self.give_up(why, last, false);
             }
@@ -254,14 +260,15 @@ where
                 };
                 self.commit(copy.attempt);
                 return Some(match (item, ended.message) {
-                    (ResponseStreamItem::Message, Some(mut bytes)) => match msg.decode(&mut bytes)
-                    {
-                        Ok(()) => ResponseStreamItem::Message,
-                        Err(e) => {
-                            self.finish(Code::Internal);
-                            ResponseStreamItem::Trailers(wire::failure(Code::Internal, e))
+                    (ResponseStreamItem::Message, Some(mut bytes)) => {
+                        match msg.decode(&mut bytes) {
+                            Ok(()) => ResponseStreamItem::Message,
+                            Err(e) => {
+                                self.finish(Code::Internal);
+                                ResponseStreamItem::Trailers(wire::failure(Code::Internal, e))
+                            }
                         }
-                    },
+                    }
                     (item, _) => item,
                 });
             }
@@ -328,7 +335,12 @@ where
     }
 
     /// `copy` won at `now`: every other copy is cancelled.
-    fn won(&mut self, copy: &Copy<I::RecvStream>, copies: &mut Vec<Copy<I::RecvStream>>, now: Instant) {
+    fn won(
+        &mut self,
+        copy: &Copy<I::RecvStream>,
+        copies: &mut Vec<Copy<I::RecvStream>>,
+        now: Instant,
+    ) {
         if copy.attempt != 1 {
             self.settings.stats.hedge_won();
         }

@@ -84,7 +84,14 @@ async fn a_slow_first_copy_is_hedged_and_the_faster_answer_wins() {
     );
     let s = stats.snapshot();
     assert_eq!(
-        (s.logical, s.attempts, s.retries, s.hedges, s.hedges_won, s.ok),
+        (
+            s.logical,
+            s.attempts,
+            s.retries,
+            s.hedges,
+            s.hedges_won,
+            s.ok
+        ),
         (1, 2, 0, 1, 1, 1)
     );
 }

@@ -163,7 +163,8 @@ async fn the_a96_histograms_and_stormguards_own_are_recorded() {
         count: 2,
         interval_ms: 0,
     };
-    let hedged = call::<_, _, StockLevel>(&chan, support::WATCH, &request, CallOptions::new()).await;
+    let hedged =
+        call::<_, _, StockLevel>(&chan, support::WATCH, &request, CallOptions::new()).await;
     assert_eq!((hedged.code(), hedged.messages.len()), (Code::Ok, 2));
 
     provider.force_flush().unwrap();
@@ -220,7 +221,11 @@ async fn the_a96_histograms_and_stormguards_own_are_recorded() {
     assert_eq!(total(&m, "stormguard.client.hedges", &layer), s.hedges);
     assert_eq!(total(&m, "stormguard.client.hedges.won", &layer), 1);
     assert_eq!(
-        total(&m, "stormguard.client.retry.delays", &[("stormguard.delay.source", "backoff")]),
+        total(
+            &m,
+            "stormguard.client.retry.delays",
+            &[("stormguard.delay.source", "backoff")]
+        ),
         1
     );
     assert_eq!(
@@ -228,7 +233,11 @@ async fn the_a96_histograms_and_stormguards_own_are_recorded() {
         2
     );
     assert_eq!(
-        total(&m, "stormguard.client.attempts", &[("rpc.method", "WatchStock")]),
+        total(
+            &m,
+            "stormguard.client.attempts",
+            &[("rpc.method", "WatchStock")]
+        ),
         2
     );
     assert_eq!(
@@ -244,7 +253,9 @@ async fn the_a96_histograms_and_stormguards_own_are_recorded() {
     assert!(
         durations
             .iter()
-            .filter(|p| p.attrs.contains(&("rpc.method".to_owned(), "WatchStock".to_owned())))
+            .filter(|p| p
+                .attrs
+                .contains(&("rpc.method".to_owned(), "WatchStock".to_owned())))
             .all(|p| p.sum >= crate::hedging::HEDGE_DELAY.as_secs_f64()),
         "the hedged call took its hedge delay: {durations:?}"
     );
