@@ -90,12 +90,12 @@ pub mod server {
 /// repository's `docs/grpc.md` say what it does and what the preview does not allow yet.
 #[cfg(feature = "grpc")]
 pub mod grpc {
+    #[cfg(feature = "opentelemetry")]
+    pub use stormguard_grpc::metrics;
     pub use stormguard_grpc::{
         DEFAULT_REPLAY_LIMIT, InterceptorSnapshot, InterceptorStats, RetryInterceptor,
         RetryRecvStream, RetrySendStream,
     };
-    #[cfg(feature = "opentelemetry")]
-    pub use stormguard_grpc::metrics;
 }
 
 /// The engine under both layers, for a custom call loop or a simulator: the retry
