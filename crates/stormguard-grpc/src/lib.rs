@@ -88,6 +88,10 @@ mod metrics {
     pub(crate) struct CallMetrics;
 
     impl CallMetrics {
+        pub(crate) fn none() -> Self {
+            CallMetrics
+        }
+
         #[inline(always)]
         pub(crate) fn attempt(&mut self) {}
 

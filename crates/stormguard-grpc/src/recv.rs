@@ -133,7 +133,7 @@ impl<I: Invoke> RetryRecvStream<I> {
                 retry: None,
                 started: 0,
                 attempt_started: Instant::now(),
-                metrics: CallMetrics::default(),
+                metrics: CallMetrics::none(),
                 phase: Phase::Ended { last: Some(last) },
             },
         }
