@@ -2,47 +2,16 @@
 //! tonic server, a slow first copy hedged and the faster answer winning, and the budget
 //! refusing the hedge.
 
-use std::time::Duration;
-
-use crate::support::{self, Answer, Scripted, call, channel, reserve_request, serve};
+use crate::support::{
+    self, Answer, HEDGE_DELAY, Scripted, a6, call, channel, hedged, reserve_request, serve,
+};
 use grpc::client::CallOptions;
 use grpc::client::interceptor::InvokeExt;
-use stormguard_core::{A6BudgetConfig, BudgetChoice, BudgetConfig, Code, HedgeDelay, Refusal};
+use stormguard_core::{BudgetChoice, BudgetConfig, Code, Refusal};
 use stormguard_demo::{ReserveReply, StockLevel, WatchStockRequest};
-use stormguard_grpc::{ClientConfig, HedgingPolicy, MethodScope};
+use stormguard_grpc::ClientConfig;
 use stormguard_grpc::{InterceptorStats, RetryInterceptor};
 use tokio::time::Instant;
-
-/// The hedge delay of the tests: long enough that a prompt answer is never hedged.
-pub(crate) const HEDGE_DELAY: Duration = Duration::from_millis(100);
-
-/// Reserve and WatchStock hedged (two copies, the second after [`HEDGE_DELAY`]), paid from
-/// `budget`; a fixed seed.
-pub(crate) fn hedged(budget: BudgetChoice) -> ClientConfig {
-    let mut config = ClientConfig::default();
-    let policy = HedgingPolicy {
-        max_attempts: 2,
-        delay: HedgeDelay::Fixed(HEDGE_DELAY),
-        ..HedgingPolicy::default()
-    };
-    for method in ["Reserve", "WatchStock"] {
-        config.methods.set_hedging(
-            MethodScope::Method("stormguard.demo.v1.Inventory", method),
-            Some(policy.clone()),
-        );
-    }
-    config.budget = budget;
-    config.seed = Some(7);
-    config
-}
-
-/// gRPC A6's token bucket, full: it grants a hedge while it holds more than half its tokens.
-pub(crate) fn a6() -> BudgetChoice {
-    BudgetChoice::A6(A6BudgetConfig {
-        max_tokens: 10.0,
-        token_ratio: 0.1,
-    })
-}
 
 fn interceptor(config: &ClientConfig) -> (RetryInterceptor, InterceptorStats) {
     let interceptor = RetryInterceptor::from_config(config).unwrap();

@@ -17,10 +17,11 @@ use grpc::client::{
 };
 use grpc::core::{RecvMessage, RequestHeaders, SendMessage, Trailers};
 use grpc::credentials::LocalChannelCredentials;
-use stormguard_core::wire;
+use stormguard_core::{A6BudgetConfig, BudgetChoice, HedgeDelay, wire};
 use stormguard_demo::{
     Inventory, InventoryServer, ReserveReply, ReserveRequest, StockLevel, WatchStockRequest,
 };
+use stormguard_grpc::{ClientConfig, HedgingPolicy, MethodScope};
 use tokio::net::TcpListener;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
@@ -242,4 +243,35 @@ pub fn reserve_request() -> ReserveRequest {
         request_id: "r-1".into(),
         payload: Vec::new(),
     }
+}
+
+/// The hedge delay of the tests: long enough that a prompt answer is never hedged.
+pub(crate) const HEDGE_DELAY: Duration = Duration::from_millis(100);
+
+/// Reserve and WatchStock hedged (two copies, the second after [`HEDGE_DELAY`]), paid from
+/// `budget`; a fixed seed.
+pub(crate) fn hedged(budget: BudgetChoice) -> ClientConfig {
+    let mut config = ClientConfig::default();
+    let policy = HedgingPolicy {
+        max_attempts: 2,
+        delay: HedgeDelay::Fixed(HEDGE_DELAY),
+        ..HedgingPolicy::default()
+    };
+    for method in ["Reserve", "WatchStock"] {
+        config.methods.set_hedging(
+            MethodScope::Method("stormguard.demo.v1.Inventory", method),
+            Some(policy.clone()),
+        );
+    }
+    config.budget = budget;
+    config.seed = Some(7);
+    config
+}
+
+/// gRPC A6's token bucket, full: it grants a hedge while it holds more than half its tokens.
+pub(crate) fn a6() -> BudgetChoice {
+    BudgetChoice::A6(A6BudgetConfig {
+        max_tokens: 10.0,
+        token_ratio: 0.1,
+    })
 }

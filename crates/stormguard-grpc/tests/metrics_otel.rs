@@ -1,6 +1,8 @@
 //! The interceptor's OpenTelemetry metrics over loopback (feature `opentelemetry`): gRFC
 //! A96's four per-call histograms and stormguard's own instruments, read back through the
-//! SDK's in-memory exporter, as `tests/metrics_otel.rs` reads the tonic layer's.
+//! SDK's in-memory exporter, as the workspace's `tests/metrics_otel.rs` reads the tonic layer's.
+
+#![allow(clippy::unwrap_used)]
 
 use grpc::client::CallOptions;
 use grpc::client::interceptor::InvokeExt;
@@ -11,8 +13,10 @@ use stormguard_core::Code;
 use stormguard_demo::{ReserveReply, StockLevel, WatchStockRequest};
 use stormguard_grpc::{MethodScope, RetryInterceptor, RetryPolicy};
 
-use crate::hedging::{a6, hedged};
-use crate::support::{self, Answer, Scripted, call, channel, reserve_request, serve};
+#[path = "integration/support.rs"]
+mod support;
+
+use support::{Answer, HEDGE_DELAY, Scripted, a6, call, channel, hedged, reserve_request, serve};
 
 /// The target the interceptor is given for A96's `grpc.target`.
 const TARGET: &str = "dns:///inventory.test:50051";
@@ -256,7 +260,7 @@ async fn the_a96_histograms_and_stormguards_own_are_recorded() {
             .filter(|p| p
                 .attrs
                 .contains(&("rpc.method".to_owned(), "WatchStock".to_owned())))
-            .all(|p| p.sum >= crate::hedging::HEDGE_DELAY.as_secs_f64()),
+            .all(|p| p.sum >= HEDGE_DELAY.as_secs_f64()),
         "the hedged call took its hedge delay: {durations:?}"
     );
     assert!(metric(&m, "stormguard.client.budget.balance").is_some());
