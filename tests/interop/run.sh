@@ -7,8 +7,6 @@
 #
 # `--venv-only` makes the virtualenv and stops.
 # INTEROP_VENV chooses where the virtualenv lives (default: target/interop-venv).
-# INTEROP_BUILT=1 skips the build: the caller built the examples (CI, where a build beside
-# holds the target directory's lock).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -24,8 +22,6 @@ if [ "${1:-}" = "--venv-only" ]; then
 fi
 
 # Over the workspace, as `cargo test --workspace` built them: a no-op after it.
-if [ -z "${INTEROP_BUILT:-}" ]; then
-    cargo build --locked --workspace --example server --example client --example relay
-fi
+cargo build --locked --workspace --example server --example client --example relay
 
 exec "$venv/bin/python" tests/interop/interop.py --bin target/debug/examples "$@"
