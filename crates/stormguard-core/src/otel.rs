@@ -310,7 +310,8 @@ fn method_attributes(name: &LayerName, slot: &Slot) -> Option<[KeyValue; 4]> {
 /// An instrument's name, description and unit.
 pub type Spec = (&'static str, &'static str, &'static str);
 
-/// Registers the observable counter `spec` on `meter`; `observe` reports its values.
+/// Registers the observable counter `spec` on `meter`; `observe` reports its values. The
+/// clients' layer-wide counters and the `ShedLayer`'s register through it.
 pub fn counter(
     meter: &Meter,
     (metric, description, unit): Spec,

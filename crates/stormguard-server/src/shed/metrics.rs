@@ -31,10 +31,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::{
-    AsyncInstrument, Histogram, Meter, ObservableCounter, ObservableGauge,
-};
+use opentelemetry::metrics::{Histogram, Meter, ObservableCounter, ObservableGauge};
 use stormguard_core::LayerName;
+use stormguard_core::otel::{Spec, counter};
 
 use crate::shed::counters::{Counters, TimeQueuedRecorder};
 use crate::shed::gate::Gate;
@@ -93,23 +92,6 @@ impl QueueTime {
             self.histogram.record(waited.as_secs_f64(), &attrs);
         }
     }
-}
-
-/// An instrument's name, description and unit.
-type Spec = (&'static str, &'static str, &'static str);
-
-/// Registers the observable counter `spec` on `meter`; `observe` reports its values.
-fn counter(
-    meter: &Meter,
-    (metric, description, unit): Spec,
-    observe: impl Fn(&dyn AsyncInstrument<u64>) + Send + Sync + 'static,
-) -> ObservableCounter<u64> {
-    meter
-        .u64_observable_counter(metric)
-        .with_description(description)
-        .with_unit(unit)
-        .with_callback(observe)
-        .build()
 }
 
 /// Registers the observable gauge `spec` on `meter`: `read`'s value, with the layer
