@@ -28,7 +28,7 @@
 //! has their run: `--policies naive,tower,tower-sized,resilience,resilience-sized,stormguard,defaults`.
 //!
 //! `--client grpc` runs the policies whose client is stormguard's retry decision
-//! (`stormguard`, `defaults`, `client-only`, `grpc-throttle`, `unguarded`) on the official
+//! (`stormguard`, `defaults`, `client-only`, `grpc-throttle`, `hedging`, `unguarded`) on the official
 //! `grpc` crate's channel under stormguard's `RetryInterceptor` instead of tonic's under the
 //! `RetryLayer` (`docs/grpc.md`), e.g. `--client grpc --policies stormguard,defaults`.
 //!

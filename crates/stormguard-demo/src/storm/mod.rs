@@ -587,6 +587,7 @@ pub async fn run_policy(
     workers.close();
     drop(serving);
     let snapshot = stats.map(|s| s.snapshot());
+    let on_grpc = interceptor.map(|s| s.snapshot());
     Ok(PolicyRun {
         policy,
         timeline: timeline.snapshot(),
@@ -597,19 +598,35 @@ pub async fn run_policy(
                 Policy::Hedging => s.hedges_refused.budget,
                 _ => s.refused.budget,
             })
-            .or_else(|| interceptor.map(|s| s.snapshot().refused(stormguard_core::Refusal::Budget)))
+            .or_else(|| {
+                on_grpc.as_ref().map(|s| match policy {
+                    Policy::Hedging => s.hedges_refused(stormguard_core::Refusal::Budget),
+                    _ => s.refused(stormguard_core::Refusal::Budget),
+                })
+            })
             .or_else(|| refused.map(|n| n.load(std::sync::atomic::Ordering::Relaxed))),
         connection_errors: timeline.connection_errors(),
         reject_cpu: reject_cost.map_or(Duration::ZERO, |c| c.spent()),
         throttled: snapshot.map(|s| s.throttled.total()),
         saturated_refusals: snapshot.filter(|_| reports).map(|s| s.refused.saturated),
         hedges: snapshot
-            .filter(|_| policy == Policy::Hedging)
             .map(|s| Hedges {
                 sent: s.hedges,
                 won: s.hedges_won,
                 refused: s.hedges_refused.iter().filter(|(_, n)| *n > 0).collect(),
-            }),
+            })
+            .or_else(|| {
+                on_grpc.as_ref().map(|s| Hedges {
+                    sent: s.hedges,
+                    won: s.hedges_won,
+                    refused: stormguard_core::Refusal::ALL
+                        .into_iter()
+                        .map(|r| (r.as_str(), s.hedges_refused(r)))
+                        .filter(|(_, n)| *n > 0)
+                        .collect(),
+                })
+            })
+            .filter(|_| policy == Policy::Hedging),
     })
 }
 
@@ -721,14 +738,15 @@ fn policy_caller(
 
 /// The client config of `policy` on the `grpc` client: the one its `RetryLayer` has on
 /// tonic. The policies whose client is a loop of their own (`naive`, `jitter`,
-/// `server-only`, the peers') or uses what the interceptor does not have yet (hedging, the
-/// adaptive throttle, load reports) do not run on it.
+/// `server-only`, the peers') or uses what the interceptor does not have yet (the adaptive
+/// throttle, load reports) do not run on it.
 fn interceptor_config(policy: Policy, config: &LoopbackStorm) -> Result<ClientConfig, StormError> {
     let per_attempt = Some(config.storm.per_attempt);
     Ok(match policy {
         Policy::GrpcThrottle => grpc_throttle_client_config(per_attempt)?,
         Policy::Defaults => stormguard_client_config(None),
         Policy::ClientOnly | Policy::Stormguard => stormguard_client_config(per_attempt),
+        Policy::Hedging => hedging_client_config(config.hedge_delay),
         Policy::Unguarded => unguarded_client_config(
             per_attempt,
             config.storm.naive_backoff,
