@@ -10,13 +10,13 @@ use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, Metric, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, SdkMeterProvider};
 use stormguard_core::Code;
-use stormguard_demo::{ReserveReply, StockLevel, WatchStockRequest};
+use stormguard_demo::{StockLevel, WatchStockRequest};
 use stormguard_grpc::{MethodScope, RetryInterceptor, RetryPolicy};
 
 #[path = "integration/support.rs"]
 mod support;
 
-use support::{Answer, HEDGE_DELAY, Scripted, a6, call, channel, hedged, reserve_request, serve};
+use support::{Answer, HEDGE_DELAY, Scripted, a6, call, channel, hedged, reserve, serve};
 
 /// The target the interceptor is given for A96's `grpc.target`.
 const TARGET: &str = "dns:///inventory.test:50051";
@@ -144,22 +144,10 @@ async fn the_a96_histograms_and_stormguards_own_are_recorded() {
     let chan = channel(addr).with_interceptor(interceptor);
 
     // A call with one attempt records none of A96's histograms.
-    let plain = call::<_, _, ReserveReply>(
-        &chan,
-        support::RESERVE,
-        &reserve_request(),
-        CallOptions::new(),
-    )
-    .await;
+    let plain = reserve(&chan, CallOptions::new()).await;
     assert_eq!(plain.code(), Code::Ok);
     inventory.script([Answer::Fail(tonic::Code::Unavailable, None)]);
-    let retried = call::<_, _, ReserveReply>(
-        &chan,
-        support::RESERVE,
-        &reserve_request(),
-        CallOptions::new(),
-    )
-    .await;
+    let retried = reserve(&chan, CallOptions::new()).await;
     assert_eq!((retried.code(), retried.messages[0].attempt), (Code::Ok, 2));
     inventory.script([Answer::Hang]);
     let request = WatchStockRequest {

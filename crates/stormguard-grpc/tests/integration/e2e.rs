@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use crate::support::{self, Answer, Scripted, Seen, call, channel, reserve_request, serve};
+use crate::support::{
+    self, Answer, Scripted, Seen, call, channel, reserve, reserve_request, serve,
+};
 use grpc::client::CallOptions;
 use grpc::client::interceptor::InvokeExt;
 use stormguard_core::{BudgetChoice, BudgetConfig, Code, Refusal};
@@ -39,13 +41,7 @@ async fn a_failed_attempt_is_retried_with_its_attempt_number() {
     let stats = interceptor.stats();
     let chan = channel(addr).with_interceptor(interceptor);
 
-    let answer = call::<_, _, ReserveReply>(
-        &chan,
-        support::RESERVE,
-        &reserve_request(),
-        CallOptions::new(),
-    )
-    .await;
+    let answer = reserve(&chan, CallOptions::new()).await;
 
     assert_eq!(answer.code(), Code::Ok);
     assert_eq!(answer.messages.len(), 1);
@@ -107,8 +103,7 @@ async fn one_deadline_holds_across_attempts() {
     let mut options = CallOptions::new();
     options.set_deadline((started + deadline).into_std());
 
-    let answer =
-        call::<_, _, ReserveReply>(&chan, support::RESERVE, &reserve_request(), options).await;
+    let answer = reserve(&chan, options).await;
     let took = started.elapsed();
 
     assert_eq!(answer.code(), Code::DeadlineExceeded);
@@ -188,13 +183,7 @@ async fn grpc_0_9_drops_a_trailers_only_pushback_before_the_interceptor() {
     let addr = serve(inventory.clone()).await;
     let chan = channel(addr).with_interceptor(RetryInterceptor::from_config(&config()).unwrap());
 
-    let answer = call::<_, _, ReserveReply>(
-        &chan,
-        support::RESERVE,
-        &reserve_request(),
-        CallOptions::new(),
-    )
-    .await;
+    let answer = reserve(&chan, CallOptions::new()).await;
 
     assert_eq!(answer.code(), Code::Ok);
     assert_eq!(

@@ -3,12 +3,12 @@
 //! refusing the hedge.
 
 use crate::support::{
-    self, Answer, HEDGE_DELAY, Scripted, a6, call, channel, hedged, reserve_request, serve,
+    self, Answer, HEDGE_DELAY, Scripted, a6, call, channel, hedged, reserve, serve,
 };
 use grpc::client::CallOptions;
 use grpc::client::interceptor::InvokeExt;
 use stormguard_core::{BudgetChoice, BudgetConfig, Code, Refusal};
-use stormguard_demo::{ReserveReply, StockLevel, WatchStockRequest};
+use stormguard_demo::{StockLevel, WatchStockRequest};
 use stormguard_grpc::ClientConfig;
 use stormguard_grpc::{InterceptorStats, RetryInterceptor};
 use tokio::time::Instant;
@@ -28,13 +28,7 @@ async fn a_slow_first_copy_is_hedged_and_the_faster_answer_wins() {
     let chan = channel(addr).with_interceptor(interceptor);
     let started = Instant::now();
 
-    let answer = call::<_, _, ReserveReply>(
-        &chan,
-        support::RESERVE,
-        &reserve_request(),
-        CallOptions::new(),
-    )
-    .await;
+    let answer = reserve(&chan, CallOptions::new()).await;
     let took = started.elapsed();
 
     assert_eq!(answer.code(), Code::Ok);
@@ -72,13 +66,7 @@ async fn a_prompt_answer_is_not_hedged() {
     let (interceptor, stats) = interceptor(&hedged(a6()));
     let chan = channel(addr).with_interceptor(interceptor);
 
-    let answer = call::<_, _, ReserveReply>(
-        &chan,
-        support::RESERVE,
-        &reserve_request(),
-        CallOptions::new(),
-    )
-    .await;
+    let answer = reserve(&chan, CallOptions::new()).await;
 
     assert_eq!(answer.code(), Code::Ok);
     assert_eq!(answer.messages[0].attempt, 1);
@@ -126,13 +114,7 @@ async fn the_budget_refusing_stops_the_hedge() {
     let chan = channel(addr).with_interceptor(interceptor);
     let started = Instant::now();
 
-    let answer = call::<_, _, ReserveReply>(
-        &chan,
-        support::RESERVE,
-        &reserve_request(),
-        CallOptions::new(),
-    )
-    .await;
+    let answer = reserve(&chan, CallOptions::new()).await;
 
     assert_eq!(answer.code(), Code::Ok);
     assert_eq!(answer.messages[0].attempt, 1, "the first copy answered");
@@ -156,13 +138,7 @@ async fn a_fatal_answer_of_one_copy_ends_the_call() {
     let chan = channel(addr).with_interceptor(interceptor);
     let started = Instant::now();
 
-    let answer = call::<_, _, ReserveReply>(
-        &chan,
-        support::RESERVE,
-        &reserve_request(),
-        CallOptions::new(),
-    )
-    .await;
+    let answer = reserve(&chan, CallOptions::new()).await;
 
     assert_eq!(answer.code(), Code::NotFound);
     assert!(

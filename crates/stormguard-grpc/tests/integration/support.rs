@@ -203,6 +203,11 @@ impl<M> Answered<M> {
     }
 }
 
+/// One Reserve call through `invoker` with `options`.
+pub async fn reserve<I: Invoke>(invoker: &I, options: CallOptions) -> Answered<ReserveReply> {
+    call(invoker, RESERVE, &reserve_request(), options).await
+}
+
 /// One call of `method` on `invoker`: `request` sent as its one message, every item read
 /// to the trailers.
 pub async fn call<I: Invoke, Q: prost::Message, M: prost::Message + Default>(
