@@ -24,6 +24,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint, Server};
 
 use crate::server::{DemoConfig, DemoInventory};
+use crate::storm::MAX_PENDING_ACCEPT_RESET_STREAMS;
 use crate::{InventoryClient, InventoryServer, ReserveRequest, WatchStockRequest};
 
 /// What stands in front of the handler.
@@ -129,12 +130,11 @@ pub async fn run_steady(
     // Every watch and caller shares one connection. A thousand watches opened at once
     // keep the server busy accepting them, and callers that give up at their deadline
     // meanwhile reset streams the server has not accepted yet: past h2's default of 20
-    // such resets the server closes the connection as a rapid-reset attack, and every
-    // stream on it fails, with a layer or without. Both servers here allow one reset per
-    // stream the run opens.
+    // such resets the server closes the connection, and every stream on it fails, with a
+    // layer or without. Both servers allow what the storm's do.
     let server_builder = || {
         Server::builder()
-            .http2_max_pending_accept_reset_streams(Some(steady.watchers + steady.callers))
+            .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))
     };
     let (server, stats) = match guard {
         Guard::Bare => (
