@@ -47,7 +47,12 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// spec asks ([`parse_grpc_status`]). Reads the `grpc-status` of trailers the same way.
 pub(crate) fn trailers_only_code(headers: &HeaderMap) -> Option<Code> {
     let [status] = wire::http::first_values(headers, [&GRPC_STATUS]);
-    status.map(|value| parse_grpc_status(value.as_bytes()))
+    status.map(code_of)
+}
+
+/// The code a `grpc-status` value says (see [`trailers_only_code`]).
+pub(crate) fn code_of(status: &HeaderValue) -> Code {
+    parse_grpc_status(status.as_bytes())
 }
 
 /// The code of a response that ended without a `grpc-status`, from its HTTP status, as

@@ -25,6 +25,7 @@ use stormguard_core::Instant;
 use tonic::Status;
 
 use http::header::HeaderName;
+use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Method, Uri, Version};
 use stormguard_core::AttemptPlan;
 use stormguard_core::context;
@@ -151,10 +152,10 @@ impl Attempts {
         &self.template.uri
     }
 
-    /// Takes the request's URI out (a committed call's body names its method with it; no
+    /// Takes the request's path out (a committed call's body names its method with it; no
     /// retry follows a commit), leaving `/`.
-    pub(super) fn take_uri(&mut self) -> Uri {
-        std::mem::take(&mut self.template.uri)
+    pub(super) fn take_path(&mut self) -> Option<PathAndQuery> {
+        std::mem::take(&mut self.template.uri).into_parts().path_and_query
     }
 }
 

@@ -13,7 +13,8 @@ use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use http::{HeaderMap, HeaderValue, Uri};
+use http::uri::PathAndQuery;
+use http::{HeaderMap, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use stormguard_core::Code;
@@ -24,7 +25,6 @@ use stormguard_core::{wire::http::GRPC_MESSAGE, wire::http::GRPC_STATUS};
 
 use super::record::CallStats;
 use crate::replicas::Route;
-use crate::status::trailers_only_code;
 
 pin_project! {
     /// The response body of a call through [`Retry`](super::Retry).
@@ -101,8 +101,9 @@ struct Pending {
     stats: CallStats,
     /// The replicas the call used, when the layer is over an endpoint-aware channel.
     route: Option<Route>,
-    /// The call's URI (its path names the method in the event of a cut).
-    uri: Uri,
+    /// The call's path (it names the method in the event of a cut): not the whole URI,
+    /// which would more than double what the body moves with it.
+    path: Option<PathAndQuery>,
     ended: bool,
 }
 
@@ -124,14 +125,14 @@ impl<B: Body> ResponseBody<B> {
         call: Option<CommittedCall>,
         stats: CallStats,
         route: Option<Route>,
-        uri: Uri,
+        path: Option<PathAndQuery>,
     ) -> Self {
         let deadline = call.as_ref().and_then(CommittedCall::deadline);
         let pending = Pending {
             call,
             stats,
             route,
-            uri,
+            path,
             ended: false,
         };
         if inner.is_end_stream() {
@@ -174,15 +175,13 @@ impl Pending {
     fn end(mut self, end: End<'_>) {
         let code = match end {
             // Without a final status the stream was cut before the server finished the call.
-            End::Trailers(trailers) => {
-                super::load::read(
-                    trailers,
-                    self.call.as_ref(),
-                    self.route.as_ref(),
-                    &self.stats,
-                );
-                trailers_only_code(trailers).unwrap_or(Code::Unavailable)
-            }
+            End::Trailers(trailers) => super::load::read(
+                trailers,
+                self.call.as_ref(),
+                self.route.as_ref(),
+                &self.stats,
+            )
+            .unwrap_or(Code::Unavailable),
             End::Eos | End::Error => Code::Unavailable,
         };
         if let Some(call) = self.call.as_mut() {
@@ -256,7 +255,7 @@ fn cut<D>(pending: &mut Option<Pending>) -> Frame<D> {
         let events = pending.stats.events();
         tracing::debug!(
             stormguard.layer = events.name().get().map_or("", |n| &**n),
-            rpc.method = pending.uri.path(),
+            rpc.method = pending.path.as_ref().map_or("", PathAndQuery::path),
             "stormguard: committed call cut at its deadline"
         );
         pending.end(End::Trailers(&trailers));

@@ -50,9 +50,11 @@ impl<B> Last<B> {
 }
 
 /// Sorts an attempt's result into "pass it to the caller" and "a failure before commit"
-/// (`replayable`: whether the request can be sent again).
+/// (`status`: the answer's `grpc-status`, as [`load::read`](super::load::read) found it;
+/// `replayable`: whether the request can be sent again).
 pub(super) fn classify<B, E: Into<BoxError>>(
     result: Result<http::Response<B>, E>,
+    status: Option<Code>,
     replayable: bool,
 ) -> Outcome<B> {
     let answered = |code, response: http::Response<B>| Outcome::Failed {
@@ -67,7 +69,7 @@ pub(super) fn classify<B, E: Into<BoxError>>(
         connect: false,
     };
     match result {
-        Ok(response) => match trailers_only_code(response.headers()) {
+        Ok(response) => match status {
             // Not a gRPC answer: a proxy or load balancer in front of the server said
             // 502/503/504 (or worse) before any gRPC response began. Nothing was committed;
             // classify it as tonic will report it to the caller.

@@ -433,17 +433,17 @@ where
     B: http_body::Body,
 {
     set_key(this.call, this.route, *this.keyed_by_route);
-    if let Ok(response) = &result {
-        // A trailers-only answer's load report (a committed answer's comes in its
-        // trailers, read by its body).
+    // A trailers-only answer's status and load report (a committed answer's come in its
+    // trailers, read by its body).
+    let status = result.as_ref().ok().and_then(|response| {
         super::load::read(
             response.headers(),
             this.call.as_ref(),
             this.route.as_ref(),
             this.stats,
-        );
-    }
-    let outcome = classify(result, this.attempts.is_replayable());
+        )
+    });
+    let outcome = classify(result, status, this.attempts.is_replayable());
     if let Some(throttle) = this.throttle.as_ref() {
         throttle.record(&outcome, Instant::now());
     }
@@ -663,7 +663,7 @@ where
         call,
         this.stats.take(),
         this.route.clone(),
-        this.attempts.take_uri(),
+        this.attempts.take_path(),
     );
     http::Response::from_parts(parts, body)
 }
@@ -687,3 +687,4 @@ fn ended_code(end: &AttemptEnd, timed_out: bool) -> Code {
         _ => Code::DeadlineExceeded,
     }
 }
+

@@ -15,11 +15,13 @@ use stormguard_core::CallRetry;
 use stormguard_core::CommittedCall;
 use stormguard_core::Instant;
 use stormguard_core::LoadReport;
-use stormguard_core::wire::http::{ENDPOINT_LOAD_METRICS_BIN, first_values};
+use stormguard_core::Code;
+use stormguard_core::wire::http::{ENDPOINT_LOAD_METRICS_BIN, GRPC_STATUS, first_values};
 use stormguard_core::wire::parse_load_report;
 
 use super::stats::RetryStats;
 use crate::replicas::Route;
+use crate::status::code_of;
 
 /// What a report feeds: a call's retry state, or a committed call's.
 pub(super) trait Reports {
@@ -42,19 +44,32 @@ impl Reports for CommittedCall {
 /// can tell).
 const CHANNEL: u64 = 0;
 
-/// Reads the load report in `headers`, if any, and feeds it to `call`'s saturation and to
-/// the replica the route's latest attempt went to.
+/// Reads an answer's `headers` (a trailers-only answer's headers, or a committed answer's
+/// trailers) in one pass: feeds its load report, if it has one, to `call`'s saturation and
+/// to the replica the route's latest attempt went to, and returns its `grpc-status` (as
+/// [`trailers_only_code`](crate::status::trailers_only_code) reads it).
 pub(super) fn read(
     headers: &HeaderMap,
     call: Option<&impl Reports>,
     route: Option<&Route>,
     stats: &RetryStats,
-) {
+) -> Option<Code> {
     // Every answer is read, and few carry a report: a pass over the handful of headers
-    // costs less than hashing the name.
-    if first_values(headers, [&ENDPOINT_LOAD_METRICS_BIN])[0].is_none() {
-        return;
+    // costs less than hashing the names, and the status is found in the same pass.
+    let [status, report] = first_values(headers, [&GRPC_STATUS, &ENDPOINT_LOAD_METRICS_BIN]);
+    if report.is_some() {
+        feed(headers, call, route, stats);
     }
+    status.map(code_of)
+}
+
+/// Feeds the load report in `headers` (see [`read`]).
+fn feed(
+    headers: &HeaderMap,
+    call: Option<&impl Reports>,
+    route: Option<&Route>,
+    stats: &RetryStats,
+) {
     let Some(parsed) = parse_load_report(
         headers
             .get_all(ENDPOINT_LOAD_METRICS_BIN)

@@ -94,8 +94,12 @@ impl<B: Body> DeadlineCut<B> {
             // Empty, or cut: the cut's trailers were the last frame.
             return Poll::Ready(Polled::Frame(None));
         };
-        if this.cut_at.is_some()
-            && let Some(sleep) = this.timer.as_mut()
+        if this.cut_at.is_none() {
+            // No deadline (or the body ended): nothing to watch, the inner body's frames as
+            // they are. A body without a timer never holds one.
+            return inner.poll_frame(cx).map(Polled::Frame);
+        }
+        if let Some(sleep) = this.timer.as_mut()
             && sleep.as_mut().poll(cx).is_ready()
         {
             return Poll::Ready(cut(this));

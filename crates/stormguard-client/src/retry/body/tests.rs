@@ -86,7 +86,7 @@ fn body(
         Some(call.commit_at(Instant::now())),
         CallStats::new(stats.clone(), crate::retry::metrics::CallMetrics::none()),
         None,
-        Uri::from_static(PATH),
+        Some(http::uri::PathAndQuery::from_static(PATH)),
     )
 }
 
@@ -284,7 +284,7 @@ fn with_deadline<B: Body>(
         Some(call.commit_at(Instant::now())),
         CallStats::new(stats.clone(), crate::retry::metrics::CallMetrics::none()),
         None,
-        Uri::from_static(PATH),
+        Some(http::uri::PathAndQuery::from_static(PATH)),
     )
 }
 

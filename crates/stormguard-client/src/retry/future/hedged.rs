@@ -187,12 +187,12 @@ where
         result,
         ..
     } = ended;
-    if let Ok(response) = &result {
-        // Copies interleave, so the route's latest replica need not be this copy's:
-        // the report feeds the call's saturation under the channel's key only.
-        crate::retry::load::read(response.headers(), Some(&*call), None, this.stats);
-    }
-    let outcome = classify(result, this.attempts.is_replayable());
+    // Copies interleave, so the route's latest replica need not be this copy's: the
+    // report feeds the call's saturation under the channel's key only.
+    let status = result.as_ref().ok().and_then(|response| {
+        crate::retry::load::read(response.headers(), Some(&*call), None, this.stats)
+    });
+    let outcome = classify(result, status, this.attempts.is_replayable());
     if let Some(throttle) = this.throttle.as_ref() {
         throttle.record(&outcome, now);
     }
