@@ -155,7 +155,9 @@ impl Attempts {
     /// Takes the request's path out (a committed call's body names its method with it; no
     /// retry follows a commit), leaving `/`.
     pub(super) fn take_path(&mut self) -> Option<PathAndQuery> {
-        std::mem::take(&mut self.template.uri).into_parts().path_and_query
+        std::mem::take(&mut self.template.uri)
+            .into_parts()
+            .path_and_query
     }
 }
 

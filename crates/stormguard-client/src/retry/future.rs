@@ -135,8 +135,13 @@ where
     S: Service<http::Request<Body>, Response = http::Response<B>>,
     S::Error: Into<BoxError>,
 {
-    /// Begins a call: admits it (breaker, deadline, throttle, idempotency key), then sends
-    /// its first attempt on `svc`.
+    /// Begins a call: admits it (its retry state, refused while the breaker is open, while
+    /// the dependency is in connection backoff but for the slot's probe, or once the
+    /// deadline passed; the throttle's admission; its idempotency key stamped on
+    /// `request`), then sends its first attempt on `svc`.
+    ///
+    /// One function with early returns, not helpers passing `Result`s: the call's state is
+    /// large, and each hand-over would copy it (see `docs/comparison.md`, "The happy path").
     pub(super) fn start(
         svc: &mut S,
         spare: &Arc<Mutex<S>>,
@@ -145,30 +150,49 @@ where
     ) -> Self {
         let now = Instant::now();
         let mut stats = CallStats::start(shared, request.uri().path());
-        match admit(&mut request, shared, &mut stats, now) {
-            Ok(admitted) => Self::send_first(svc, spare, shared, request, admitted, stats, now),
-            Err(status) => Self::refused(spare, request.uri(), stats, status),
+        let times = CallTimes {
+            caller: caller_timeout(request.headers()),
+            inbound: CallContext::current().and_then(|c| c.deadline()),
+            default: shared.default_timeout,
+            per_attempt: shared.per_attempt_timeout,
+        };
+        let mut call = match shared
+            .controller
+            .begin_call_at(request.uri().path(), &times, now)
+        {
+            Ok(call) if call.deadline().is_none_or(|d| d > now) => call,
+            // An open breaker, or a dependency in connection backoff: fail fast. Dropping a
+            // call state that is not sent releases its breaker permit unused.
+            Err(refusal) => {
+                let status = end::not_sent(&mut stats, refusal);
+                return Self::refused(spare, request.uri(), stats, status);
+            }
+            Ok(_) => {
+                let status = end::expired_before_sent(&mut stats);
+                return Self::refused(spare, request.uri(), stats, status);
+            }
+        };
+        let throttle = match &shared.throttle {
+            None => None,
+            Some(throttle) => match CallThrottle::admit(throttle, request.headers(), now) {
+                Ok(admitted) => Some(admitted),
+                Err(throttled) => {
+                    let status = end::throttled(&mut stats, request.uri(), throttled);
+                    return Self::refused(spare, request.uri(), stats, status);
+                }
+            },
+        };
+        if let Some(key) = call.idempotency_key()
+            && let Err(e) = stamp_idempotency_key(request.headers_mut(), key)
+        {
+            let status = end::bad_idempotency_key(&mut stats, &e);
+            return Self::refused(spare, request.uri(), stats, status);
         }
-    }
-
-    /// Sends the first attempt of an admitted call. Inlined into `start`, its one caller, so
-    /// that the call's state is built where the future is, not copied there.
-    #[inline(always)]
-    fn send_first(
-        svc: &mut S,
-        spare: &Arc<Mutex<S>>,
-        shared: &Shared,
-        request: http::Request<Body>,
-        (mut call, throttle): (CallRetry, Option<CallThrottle>),
-        mut stats: CallStats,
-        now: Instant,
-    ) -> Self {
         let plan = call.first_attempt_at(now);
         let retryable = call.is_retryable_method();
         if let Some(key) = &shared.budget_key {
             call.set_budget_key(key(&request));
         }
-        let mut request = request;
         let attempts = Attempts::first(
             &mut request,
             &plan,
@@ -218,54 +242,14 @@ where
     }
 }
 
-/// Admits a call at `now`: its retry state (refused while the breaker is open, while the
-/// dependency is in connection backoff but for the slot's probe, or once the deadline
-/// passed), the throttle's admission, and the call's idempotency key stamped on
-/// `request`; else the status the call ends with, unsent. Dropping a call state that is
-/// not sent releases its breaker permit unused. Inlined into `start`, as `send_first` is.
-#[inline(always)]
-fn admit(
-    request: &mut http::Request<Body>,
-    shared: &Shared,
-    stats: &mut CallStats,
-    now: Instant,
-) -> Result<(CallRetry, Option<CallThrottle>), Status> {
-    let times = CallTimes {
-        caller: caller_timeout(request.headers()),
-        inbound: CallContext::current().and_then(|c| c.deadline()),
-        default: shared.default_timeout,
-        per_attempt: shared.per_attempt_timeout,
-    };
-    let call = match shared
-        .controller
-        .begin_call_at(request.uri().path(), &times, now)
-    {
-        Ok(call) if call.deadline().is_none_or(|d| d > now) => call,
-        // An open breaker, or a dependency in connection backoff: fail fast.
-        Err(refusal) => return Err(end::not_sent(stats, refusal)),
-        Ok(_) => return Err(end::expired_before_sent(stats)),
-    };
-    let throttle = match &shared.throttle {
-        None => None,
-        Some(throttle) => match CallThrottle::admit(throttle, request.headers(), now) {
-            Ok(admitted) => Some(admitted),
-            Err(throttled) => return Err(end::throttled(stats, request.uri(), throttled)),
-        },
-    };
-    if let Some(key) = call.idempotency_key()
-        && let Err(e) = stamp_idempotency_key(request.headers_mut(), key)
-    {
-        return Err(end::bad_idempotency_key(stats, &e));
-    }
-    Ok((call, throttle))
-}
-
 impl<S, B> ResponseFuture<S, B>
 where
     S: Service<http::Request<Body>, Response = http::Response<B>>,
 {
     /// A call that ends before its first attempt, with `status` (while a breaker is open,
     /// every call: it allocates only the boxed status).
+    #[cold]
+    #[inline(never)]
     fn refused(spare: &Arc<Mutex<S>>, uri: &Uri, stats: CallStats, status: Status) -> Self {
         ResponseFuture {
             svc: None,
@@ -687,4 +671,3 @@ fn ended_code(end: &AttemptEnd, timed_out: bool) -> Code {
         _ => Code::DeadlineExceeded,
     }
 }
-

@@ -12,10 +12,10 @@
 
 use http::HeaderMap;
 use stormguard_core::CallRetry;
+use stormguard_core::Code;
 use stormguard_core::CommittedCall;
 use stormguard_core::Instant;
 use stormguard_core::LoadReport;
-use stormguard_core::Code;
 use stormguard_core::wire::http::{ENDPOINT_LOAD_METRICS_BIN, GRPC_STATUS, first_values};
 use stormguard_core::wire::parse_load_report;
 

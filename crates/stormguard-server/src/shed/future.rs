@@ -307,6 +307,9 @@ where
 }
 
 /// `Running`: the handler answers, or its deadline passes first and the call is cut.
+///
+/// The handler's answer is taken where the state holds it, not handed through helpers:
+/// the future runs on every call, and each hand-over copies the response.
 fn poll_running<S, Req, B>(
     this: &mut FutureProj<'_, S, Req>,
     cx: &mut Context<'_>,
@@ -315,12 +318,12 @@ where
     S: Service<Req, Response = http::Response<B>>,
     B: http_body::Body,
 {
-    let ran = match this.state.as_mut().poll_handler(cx) {
-        Poll::Ready(Some(ran)) => ran,
-        Poll::Ready(None) => {
-            unreachable_state();
-            return Poll::Pending;
-        }
+    let StateProj::Running { mut future, permit } = this.state.as_mut().project() else {
+        unreachable_state();
+        return Poll::Pending;
+    };
+    let output = match future.as_mut().poll(cx) {
+        Poll::Ready(output) => output,
         Poll::Pending => {
             if !poll_timer(this.timer.as_mut(), cx) {
                 return Poll::Pending;
@@ -328,48 +331,45 @@ where
             return Poll::Ready(Ok(cut(this)));
         }
     };
-    let Ran {
-        output,
-        permit,
-        refused,
-    } = ran;
-    // A client layer inside the handler gave up on a retryable failure: the handler's own
-    // answer must not invite a retry from above either.
-    let output = output.map(|mut response| {
-        if refused && response::mark_downstream_refused(&mut response) {
-            tracing::debug!("stormguard: answer marked do-not-retry");
-        }
-        response
-    });
-    let mut report = this.report.take();
-    Poll::Ready(match output {
-        // The body holds the worker until it ends (see `ShedBody`).
-        Ok(mut response) => {
-            // A trailers-only answer (its status in the headers) carries the report there;
-            // any other in its trailers (see `ShedBody`).
-            let status = response::status_code(response.headers());
-            if status.is_some()
-                && let Some(report) = report.take()
-            {
-                report.attach_at(response.headers_mut(), stormguard_core::Instant::now());
-            }
-            let cut = this.cut_at.take().zip(this.events.take());
-            let permit = permit.map(|mut permit| {
-                permit.answered();
-                if let Some(code) = status {
-                    permit.answered_with_code(code);
-                }
-                permit
-            });
-            Ok(response.map(|body| ShedBody::holding(body, permit, report, cut)))
-        }
+    // Whether a client layer inside the handler gave up on a retryable failure.
+    let refused = future
+        .take_value()
+        .is_some_and(|scope| scope.downstream_refused());
+    let permit = permit.take();
+    let mut response = match output {
+        Ok(response) => response,
         Err(error) => {
             if let Some(permit) = permit {
                 permit.finished();
             }
-            Err(error)
+            return Poll::Ready(Err(error));
         }
-    })
+    };
+    // The handler's own answer must not invite a retry from above either.
+    if refused && response::mark_downstream_refused(&mut response) {
+        tracing::debug!("stormguard: answer marked do-not-retry");
+    }
+    // A trailers-only answer (its status in the headers) carries the report there; any
+    // other in its trailers (see `ShedBody`).
+    let mut report = this.report.take();
+    let status = response::status_code(response.headers());
+    if status.is_some()
+        && let Some(report) = report.take()
+    {
+        report.attach_at(response.headers_mut(), stormguard_core::Instant::now());
+    }
+    let cut = this.cut_at.take().zip(this.events.take());
+    let permit = permit.map(|mut permit| {
+        permit.answered();
+        if let Some(code) = status {
+            permit.answered_with_code(code);
+        }
+        permit
+    });
+    // The body holds the worker until it ends (see `ShedBody`).
+    Poll::Ready(Ok(
+        response.map(|body| ShedBody::holding(body, permit, report, cut))
+    ))
 }
 
 /// The deadline passed before the handler answered: its future is dropped, then its worker
@@ -391,40 +391,10 @@ where
     with_empty_body(answer)
 }
 
-/// What a handler's future returns.
-type Handled<S, Req> = Result<<S as Service<Req>>::Response, <S as Service<Req>>::Error>;
-
-/// What a handler's future left: its output, the worker it held, and whether a client
-/// layer inside it refused a retry.
-struct Ran<T> {
-    output: T,
-    permit: Option<WorkerPermit>,
-    refused: bool,
-}
-
 impl<S, Req> State<S, Req>
 where
     S: Service<Req>,
 {
-    /// Polls the handler's future (in `Running`; `None` in any other state).
-    fn poll_handler(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Ran<Handled<S, Req>>>> {
-        let StateProj::Running { mut future, permit } = self.project() else {
-            return Poll::Ready(None);
-        };
-        let output = ready!(future.as_mut().poll(cx));
-        let refused = future
-            .take_value()
-            .is_some_and(|scope| scope.downstream_refused());
-        Poll::Ready(Some(Ran {
-            output,
-            permit: permit.take(),
-            refused,
-        }))
-    }
-
     /// The worker a running call holds.
     fn take_permit(self: Pin<&mut Self>) -> Option<WorkerPermit> {
         match self.project() {
