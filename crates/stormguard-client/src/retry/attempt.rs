@@ -152,12 +152,10 @@ impl Attempts {
         &self.template.uri
     }
 
-    /// Takes the request's path out (a committed call's body names its method with it; no
-    /// retry follows a commit), leaving `/`.
-    pub(super) fn take_path(&mut self) -> Option<PathAndQuery> {
-        std::mem::take(&mut self.template.uri)
-            .into_parts()
-            .path_and_query
+    /// The request's path (a committed call's body names its method with it): a clone of
+    /// its bytes, shared with the URI (tonic's are static).
+    pub(super) fn path(&self) -> Option<PathAndQuery> {
+        self.template.uri.path_and_query().cloned()
     }
 }
 
@@ -404,3 +402,6 @@ impl SavedExtensions {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

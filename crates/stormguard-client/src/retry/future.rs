@@ -647,7 +647,7 @@ where
         call,
         this.stats.take(),
         this.route.clone(),
-        this.attempts.take_path(),
+        this.attempts.path(),
     );
     http::Response::from_parts(parts, body)
 }
