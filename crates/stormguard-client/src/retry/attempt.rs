@@ -71,7 +71,9 @@ impl Attempts {
         let resend = if retryable {
             let body = std::mem::take(request.body_mut());
             let (resend, body) = match buffer(body, replay_limit) {
-                Buffered::Whole(data) => (Resend::Whole(data.clone()), full(data)),
+                Buffered::Whole(data, drained) => {
+                    (Resend::Whole(data.clone()), full(data, drained))
+                }
                 Buffered::Stream(replay, first) => {
                     let body = match deadline {
                         Some(at) => Body::new(DeadlineBody::new(first, at)),

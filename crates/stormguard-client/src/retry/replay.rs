@@ -31,7 +31,8 @@ pub const DEFAULT_REPLAY_LIMIT: usize = 64 * 1024;
 #[derive(Debug)]
 pub(crate) enum Buffered {
     /// The whole body, read before the first attempt; every attempt sends these bytes.
-    Whole(Bytes),
+    /// The drained body comes with them (see [`full`]).
+    Whole(Bytes, Body),
     /// A body that was not ready at once, buffered as the first attempt sends it.
     Stream(Replay, ReplayBody),
     /// A body that announced a length over the limit: sent once, never copied.
@@ -53,10 +54,10 @@ pub(crate) fn buffer(mut body: Body, limit: usize) -> Buffered {
     let mut read = Read::default();
     loop {
         if body.is_end_stream() {
-            return Buffered::Whole(read.into_bytes());
+            return Buffered::Whole(read.into_bytes(), body);
         }
         let unread = match Pin::new(&mut body).poll_frame(&mut cx) {
-            Poll::Ready(None) => return Buffered::Whole(read.into_bytes()),
+            Poll::Ready(None) => return Buffered::Whole(read.into_bytes(), body),
             Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                 Ok(data) if read.len + data.len() <= limit => {
                     read.push(data);
@@ -415,18 +416,28 @@ impl Drop for ReplayBody {
     }
 }
 
-/// A body that sends `data`.
-pub(super) fn full(data: Bytes) -> Body {
+/// A body that sends `data`, read from `drained`. The drained body goes with it, and is
+/// dropped where the attempt's body is, as it would have been without the layer.
+pub(super) fn full(data: Bytes, drained: Body) -> Body {
     if data.is_empty() {
         return Body::empty();
     }
-    Body::new(OneChunk(Some(data)))
+    Body::new(OneChunk {
+        data: Some(data),
+        _drained: drained,
+    })
 }
 
 /// A body that sends one chunk of data. Unlike `http_body_util::Full` it announces no
 /// exact length, as tonic's own request body does not: hyper then adds no
 /// `content-length`, and the attempt is framed exactly as it would be without the layer.
-struct OneChunk(Option<Bytes>);
+struct OneChunk {
+    data: Option<Bytes>,
+    // The body `data` was read from, kept only to be dropped with this one: where the
+    // attempt's body is dropped is where the caller's would have been without the layer,
+    // and the allocator's work depends on the order of frees.
+    _drained: Body,
+}
 
 impl http_body::Body for OneChunk {
     type Data = Bytes;
@@ -438,7 +449,7 @@ impl http_body::Body for OneChunk {
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         Poll::Ready(
             self.get_mut()
-                .0
+                .data
                 .take()
                 .map(|d| Ok(http_body::Frame::data(d))),
         )
@@ -467,7 +478,7 @@ impl Resend {
     pub(super) fn body(&self) -> Body {
         match self {
             Resend::Never => Body::empty(),
-            Resend::Whole(data) => full(data.clone()),
+            Resend::Whole(data) => full(data.clone(), Body::empty()),
             Resend::Stream(replay) => Body::new(replay.body()),
         }
     }

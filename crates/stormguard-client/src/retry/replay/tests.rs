@@ -102,15 +102,15 @@ async fn collect_body(body: Body) -> Result<Bytes, Status> {
 #[tokio::test]
 async fn a_body_ready_at_once_is_read_whole_before_the_first_attempt() {
     match buffer(chunked(&[b"ab"]), 16) {
-        Buffered::Whole(data) => assert_eq!(data, Bytes::from_static(b"ab")),
+        Buffered::Whole(data, _) => assert_eq!(data, Bytes::from_static(b"ab")),
         other => panic!("{other:?}"),
     }
     match buffer(chunked(&[b"ab", b"cd", b"ef"]), 16) {
-        Buffered::Whole(data) => assert_eq!(data, Bytes::from_static(b"abcdef")),
+        Buffered::Whole(data, _) => assert_eq!(data, Bytes::from_static(b"abcdef")),
         other => panic!("{other:?}"),
     }
     match buffer(Body::empty(), 16) {
-        Buffered::Whole(data) => assert!(data.is_empty()),
+        Buffered::Whole(data, _) => assert!(data.is_empty()),
         other => panic!("{other:?}"),
     }
 }
