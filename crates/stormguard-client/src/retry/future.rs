@@ -1,12 +1,14 @@
 //! The response future of [`Retry`](super::Retry): one logical call, attempt by attempt.
 //!
-//! A state machine in four states, each holding the data it alone needs:
+//! A state machine in five states, each holding the data it alone needs:
 //!
 //! - `Called`: an attempt is in flight (its future, its span, when it was sent); for a
 //!   hedged call, the first copy (its hedges are in `copies`; see `hedged`);
 //! - `Hedging`: a hedged call whose first copy ended without winning, its hedges running;
 //! - `Waiting`: a retry was granted and waits out its delay, then readies the service;
 //!   it keeps the failure the caller gets if the retry cannot start;
+//! - `Deciding`: an attempt failed while the task's cooperative budget was spent; the
+//!   failure waits for the next poll to be decided on;
 //! - `Done`: the call ended (or was refused before its first attempt).
 //!
 //! What lives across states is the call's retry state (core's `CallRetry`: deadlines,
@@ -102,6 +104,11 @@ pin_project! {
             last: Box<Last<B>>,
             reason: &'static str,
             delay: Duration,
+        },
+        // An attempt failed while the task's cooperative budget was spent: the layer
+        // decides on it at the next poll.
+        Deciding {
+            held: Box<(AttemptEnd, Last<B>, tracing::Span)>,
         },
         // The call ended; `status` when it ended before any attempt was sent.
         Done { status: Option<BoxError> },
@@ -278,16 +285,13 @@ where
 {
     type Output = CallResult<B>;
 
+    /// Every answer the layer makes itself, without I/O (a refusal, a failure it decides
+    /// not to retry), spends a unit of the task's cooperative budget, so that a caller's
+    /// loop of such calls yields to the runtime as a call through tonic's own buffer does.
+    /// An answer that comes from the channel was paid for there: the happy path spends
+    /// nothing here.
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // One unit of the task's cooperative budget per poll, given back unless the call
-        // ends: a call the layer answers without I/O (a refusal) makes a caller's loop
-        // yield to the runtime as a call through tonic's own buffer does.
-        let coop = ready!(tokio::task::coop::poll_proceed(cx));
-        let answer = self.poll_call(cx);
-        if answer.is_ready() {
-            coop.made_progress();
-        }
-        answer
+        self.poll_call(cx)
     }
 }
 
@@ -300,11 +304,18 @@ where
     fn poll_call(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<CallResult<B>> {
         let mut this = self.project();
         if this.call.as_ref().is_some_and(CallRetry::is_hedged) {
-            return hedged::poll(&mut this, cx);
+            // A unit of the budget per poll, given back unless the call ends.
+            let coop = ready!(tokio::task::coop::poll_proceed(cx));
+            let answer = hedged::poll(&mut this, cx);
+            if answer.is_ready() {
+                coop.made_progress();
+            }
+            return answer;
         }
         loop {
             let step = match this.state.as_mut().project() {
                 StateProj::Done { status } => {
+                    ready!(tokio::task::coop::poll_proceed(cx)).made_progress();
                     let status = status.take().unwrap_or_else(|| {
                         Box::new(Status::internal("stormguard: call polled after completion"))
                     });
@@ -315,6 +326,18 @@ where
                     return Poll::Ready(end::expired(this.stats));
                 }
                 StateProj::Called { .. } => poll_called(&mut this, cx),
+                StateProj::Deciding { .. } => {
+                    ready!(tokio::task::coop::poll_proceed(cx)).made_progress();
+                    let StateReplace::Deciding { held } = this
+                        .state
+                        .as_mut()
+                        .project_replace(State::Done { status: None })
+                    else {
+                        unreachable!("the state was Deciding a moment ago");
+                    };
+                    let (end, last, span) = *held;
+                    Poll::Ready(failed(&mut this, end, last, &span))
+                }
                 StateProj::Waiting { slept, .. } => {
                     let deadline = this.call.as_ref().and_then(CallRetry::deadline);
                     if ready!(poll_delay(this.timer.as_mut(), slept, deadline, cx)) {
@@ -379,7 +402,20 @@ where
     let span = this.state.as_mut().take_span();
     // Drops the attempt in flight, if it is still running.
     this.state.set(State::Done { status: None });
-    Poll::Ready(failed(this, end, last, &span))
+    // The layer decides, and may answer itself: a unit of the budget (see `poll`). Spent,
+    // the failure waits for the next poll, held in `Deciding` (boxed: rare).
+    match tokio::task::coop::poll_proceed(cx) {
+        Poll::Ready(coop) => {
+            coop.made_progress();
+            Poll::Ready(failed(this, end, last, &span))
+        }
+        Poll::Pending => {
+            this.state.set(State::Deciding {
+                held: Box::new((end, last, span)),
+            });
+            Poll::Pending
+        }
+    }
 }
 
 /// The layer's timer fired (the call's deadline or the attempt's own timeout): the attempt
