@@ -44,6 +44,10 @@ use tonic::body::Body;
 use super::replay::{Buffered, Resend, buffer, full};
 use super::timer::Timer;
 
+/// `grpc-timeout`, read or left out on every call: a static, as a `const` name is built and
+/// dropped at each use.
+static TIMEOUT: HeaderName = GRPC_TIMEOUT;
+
 /// What a call keeps to send its retries.
 pub(super) struct Attempts {
     template: Template,
@@ -101,8 +105,7 @@ impl Attempts {
         if !matches!(resend, Resend::Never) {
             // When every attempt has a limit, every retry writes its own `grpc-timeout`:
             // the first attempt's is not kept (nor cloned).
-            let timeout = GRPC_TIMEOUT;
-            let renewed = plan.fire_at.is_some().then_some(&timeout);
+            let renewed = plan.fire_at.is_some().then_some(&TIMEOUT);
             template.headers = SavedHeaders::of(request.headers(), renewed);
             template.extensions = SavedExtensions::of(request.extensions());
         }
@@ -250,7 +253,7 @@ pub(super) fn stamp_idempotency_key(
 /// The caller's own timeout: the request's `grpc-timeout` (from `Request::set_timeout`), if
 /// it has a well-formed one.
 pub(super) fn caller_timeout(headers: &HeaderMap) -> Option<Duration> {
-    let [timeout] = first_values(headers, [&GRPC_TIMEOUT]);
+    let [timeout] = first_values(headers, [&TIMEOUT]);
     timeout.and_then(|v| decode_grpc_timeout(v.as_bytes()).ok())
 }
 

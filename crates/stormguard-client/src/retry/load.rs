@@ -10,7 +10,7 @@
 //! [`Route`]). A malformed or absurd report is ignored and counted
 //! (`load_reports_ignored`), never an error of the call.
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use stormguard_core::CallRetry;
 use stormguard_core::Code;
 use stormguard_core::CommittedCall;
@@ -56,7 +56,10 @@ pub(super) fn read(
 ) -> Option<Code> {
     // Every answer is read, and few carry a report: a pass over the handful of headers
     // costs less than hashing the names, and the status is found in the same pass.
-    let [status, report] = first_values(headers, [&GRPC_STATUS, &ENDPOINT_LOAD_METRICS_BIN]);
+    // Statics, as a `const` name is built and dropped at each use.
+    static STATUS: HeaderName = GRPC_STATUS;
+    static REPORT: HeaderName = ENDPOINT_LOAD_METRICS_BIN;
+    let [status, report] = first_values(headers, [&STATUS, &REPORT]);
     if report.is_some() {
         feed(headers, call, route, stats);
     }
