@@ -93,23 +93,33 @@ impl Attempts {
         } else {
             Resend::Never
         };
-        let mut template = Template {
-            method: request.method().clone(),
-            uri: request.uri().clone(),
-            version: request.version(),
-            headers: SavedHeaders::Few(Default::default()),
-            extensions: SavedExtensions::Empty,
-        };
         // Only a replayable body can be resent (see `Failure::replayable`): the parts of any
         // other request go out once and are not copied.
-        if !matches!(resend, Resend::Never) {
+        let (headers, extensions) = if matches!(resend, Resend::Never) {
+            (
+                SavedHeaders::Few(Default::default()),
+                SavedExtensions::Empty,
+            )
+        } else {
             // When every attempt has a limit, every retry writes its own `grpc-timeout`:
             // the first attempt's is not kept (nor cloned).
             let renewed = plan.fire_at.is_some().then_some(&TIMEOUT);
-            template.headers = SavedHeaders::of(request.headers(), renewed);
-            template.extensions = SavedExtensions::of(request.extensions());
+            (
+                SavedHeaders::of(request.headers(), renewed),
+                SavedExtensions::of(request.extensions()),
+            )
+        };
+        // Built once, where it is returned: the kept request is large.
+        Attempts {
+            template: Template {
+                method: request.method().clone(),
+                uri: request.uri().clone(),
+                version: request.version(),
+                headers,
+                extensions,
+            },
+            resend,
         }
-        Attempts { template, resend }
     }
 
     /// A call that is not sent at all (refused before its first attempt): nothing is kept
