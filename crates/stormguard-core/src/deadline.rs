@@ -153,18 +153,27 @@ pub fn resolve_deadline_at(
     now: Instant,
 ) -> Option<CallDeadline> {
     let after = |t: Duration| Deadline::after_at(now, t).instant();
-    let limits = [
-        times.caller.map(|t| (after(t), DeadlineSource::Caller)),
+    // The earliest of the three; of equal ones the first in this order (every call resolves
+    // one: plain comparisons, not an iterator over them).
+    let mut earliest = times.caller.map(|t| CallDeadline {
+        at: after(t),
+        source: DeadlineSource::Caller,
+    });
+    let candidates = [
         times.inbound.map(|at| (at, DeadlineSource::Inbound)),
         method.map(|t| (after(t), DeadlineSource::Method)),
     ];
-    // `min_by_key` keeps the first of equal keys: the order above breaks ties.
-    limits
-        .into_iter()
-        .flatten()
-        .min_by_key(|(at, _)| *at)
-        .or_else(|| times.default.map(|t| (after(t), DeadlineSource::Layer)))
-        .map(|(at, source)| CallDeadline { at, source })
+    for (at, source) in candidates.into_iter().flatten() {
+        if earliest.is_none_or(|e| at < e.at) {
+            earliest = Some(CallDeadline { at, source });
+        }
+    }
+    earliest.or_else(|| {
+        times.default.map(|t| CallDeadline {
+            at: after(t),
+            source: DeadlineSource::Layer,
+        })
+    })
 }
 
 /// Where a deadline goes when its timeout is past the clock's range: about a century, so
