@@ -9,8 +9,8 @@
 //! response, which every gRPC client reads as the call's status (and which is retryable
 //! under gRPC A6).
 
-use http::HeaderMap;
 use http::header::{CONTENT_TYPE, HeaderValue};
+use http::{HeaderMap, HeaderName};
 use std::time::Duration;
 use stormguard_core::Code;
 use stormguard_core::{ShedPushback, ShedReason};
@@ -158,7 +158,10 @@ pub(crate) fn is_not_served(status: &HeaderMap) -> bool {
 
 /// The `grpc-status` in `headers` (a trailers-only answer's headers, or trailers), if any.
 pub(crate) fn status_code(headers: &HeaderMap) -> Option<Code> {
-    let [status] = first_values(headers, [&GRPC_STATUS]);
+    // A static, not the `const`: a `const` name is built and dropped at every use, and
+    // every answer is read.
+    static STATUS: HeaderName = GRPC_STATUS;
+    let [status] = first_values(headers, [&STATUS]);
     status.map(|v| parse_grpc_status(v.as_bytes()))
 }
 

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::HeaderValue;
+use http::{HeaderName, HeaderValue};
 
 use stormguard_core::CallClass;
 use stormguard_core::CriticalityTable;
@@ -179,17 +179,16 @@ struct Inbound {
 impl<S> ShedService<S> {
     /// Reads the headers of `request`, arrived at `now`.
     fn inbound<B>(&self, request: &http::Request<B>, now: Instant) -> Inbound {
-        let [previous, x_attempt, criticality, timeout, peer_allowance] = first_values(
-            request.headers(),
-            [
-                &GRPC_PREVIOUS_RPC_ATTEMPTS,
-                &X_RETRY_ATTEMPT,
-                &STORMGUARD_CRITICALITY,
-                &GRPC_TIMEOUT,
-                &X_RETRY_BUDGET,
-            ],
-        )
-        .map(|v| v.map(HeaderValue::as_bytes));
+        // Statics, not the `const`s: a `const` name is built and dropped at every use.
+        static NAMES: [HeaderName; 5] = [
+            GRPC_PREVIOUS_RPC_ATTEMPTS,
+            X_RETRY_ATTEMPT,
+            STORMGUARD_CRITICALITY,
+            GRPC_TIMEOUT,
+            X_RETRY_BUDGET,
+        ];
+        let [previous, x_attempt, criticality, timeout, peer_allowance] =
+            first_values(request.headers(), NAMES.each_ref()).map(|v| v.map(HeaderValue::as_bytes));
         let class = attempt_class(previous, x_attempt);
         // A peer's claim, never above what this server grants the method.
         let criticality = self
