@@ -61,6 +61,7 @@ impl<B> ShedBody<B> {
     /// The handler's `body`, which holds `permit` until it ends or is dropped, and adds
     /// `report` to its trailers; `cut`: when it is cut, for a call with a deadline, and
     /// what tells of it.
+    #[inline]
     pub(crate) fn holding(
         body: B,
         permit: Option<WorkerPermit>,
