@@ -132,7 +132,7 @@ impl Counters {
 
     /// A call left the queue after waiting `waited`.
     pub(crate) fn record_time_queued(&self, waited: Duration) {
-        let us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+        let us = micros(waited);
         bump(&self.dequeued);
         self.time_queued_us.fetch_add(us, Ordering::Relaxed);
         self.max_time_queued_us.fetch_max(us, Ordering::Relaxed);
@@ -155,7 +155,7 @@ impl Counters {
         self.in_flight.store(in_flight, Ordering::Relaxed);
         self.workers.store(workers, Ordering::Relaxed);
         if let Some(m) = min_latency {
-            let us = u64::try_from(m.as_micros()).unwrap_or(u64::MAX).max(1);
+            let us = micros(m).max(1);
             self.min_latency_us.store(us, Ordering::Relaxed);
         }
     }
@@ -330,4 +330,12 @@ pub struct DrainCounts {
     pub skipped: u64,
     /// Bodies being read now.
     pub active: usize,
+}
+
+/// `d` in whole microseconds, saturating: in 64-bit arithmetic, as the gauges are set on
+/// every call (`Duration::as_micros` divides a 128-bit integer).
+fn micros(d: Duration) -> u64 {
+    d.as_secs()
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::from(d.subsec_micros()))
 }
