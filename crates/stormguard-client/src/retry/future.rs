@@ -148,7 +148,7 @@ where
     /// `request`), then sends its first attempt on `svc`.
     ///
     /// One function with early returns, not helpers passing `Result`s: the call's state is
-    /// large, and each hand-over would copy it (see `docs/comparison.md`, "The happy path").
+    /// large, and each hand-over would copy it.
     pub(super) fn start(
         svc: &mut S,
         spare: &Arc<Mutex<S>>,
