@@ -279,12 +279,15 @@ async fn a_replica_added_while_serving_starts_small_and_a_removed_one_gets_nothi
     for s in &servers {
         addrs.push(serve(s.clone()).await);
     }
-    // The longest ramp there is (10 min): the newcomer's share stays near its first tenth
+    // The longest ramp there is (10 min): the newcomer's share stays near its first weight
     // however slowly a loaded machine runs the calls below (with the default 5 s ramp, a
-    // machine that took 5 s over them gave the newcomer its full third).
+    // machine that took 5 s over them gave the newcomer its full third). That first weight
+    // a hundredth, not the default tenth: the choice weighs each replica's latency too, and
+    // on a loaded machine one stalled answer can make the others look ten times slower
+    // than the newcomer's assumed 1 ms (it then took a third of the calls at a tenth).
     let slow_start = SlowStartConfig {
         window: Duration::from_secs(600),
-        ..SlowStartConfig::default()
+        min_weight: 0.01,
     };
     let config = ReplicaConfig {
         slow_start,
