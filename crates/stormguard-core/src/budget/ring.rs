@@ -31,15 +31,10 @@ impl BucketClock {
     pub(crate) fn advance(&mut self, now: Instant, width: Duration) -> u64 {
         let origin = *self.origin.get_or_insert(now);
         let elapsed = now.saturating_duration_since(origin);
-        // In 64-bit arithmetic while both fit (584 years): every outcome lands here, and a
-        // 128-bit division costs tens of instructions.
-        let index = match (
-            u64::try_from(elapsed.as_nanos()),
-            u64::try_from(width.as_nanos()),
-        ) {
-            (Ok(elapsed), Ok(width)) => elapsed / width.max(1),
-            _ => u64::try_from(elapsed.as_nanos() / width.as_nanos().max(1)).unwrap_or(u64::MAX),
-        };
+        // In 64-bit arithmetic (nanoseconds fit for 584 years, saturating past that): every
+        // outcome lands here, and a 128-bit division costs tens of instructions.
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let index = nanos(elapsed) / nanos(width).max(1);
         self.newest = self.newest.max(index);
         self.newest
     }

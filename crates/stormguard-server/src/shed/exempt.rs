@@ -30,8 +30,6 @@ pub(crate) struct NeverShed {
     health: bool,
     /// The services and methods named, matched like the service config's names.
     named: MethodMap<()>,
-    /// Whether any is named: every call that can be shed asks, and most layers name none.
-    any_named: bool,
     predicate: Option<Predicate>,
 }
 
@@ -40,7 +38,6 @@ impl Default for NeverShed {
         NeverShed {
             health: true,
             named: MethodMap::new(),
-            any_named: false,
             predicate: None,
         }
     }
@@ -52,7 +49,7 @@ impl NeverShed {
         if self.health && is_health_check(path) {
             return true;
         }
-        if self.any_named && self.named.get(path).is_some() {
+        if self.named.get(path).is_some() {
             return true;
         }
         self.predicate.as_ref().is_some_and(|p| p(path))
@@ -72,7 +69,6 @@ impl NeverShed {
                     if !service.is_empty() && !method.is_empty() && !method.contains('/') =>
                 {
                     self.named.insert(MethodScope::Method(service, method), ());
-                    self.any_named = true;
                 }
                 _ => return Err(bad("a method path is `/package.Service/Method`")),
             },
@@ -81,10 +77,7 @@ impl NeverShed {
                     "a service is named without slashes (`package.Service`)",
                 ));
             }
-            None => {
-                self.named.insert(MethodScope::Service(entry), ());
-                self.any_named = true;
-            }
+            None => self.named.insert(MethodScope::Service(entry), ()),
         }
         Ok(())
     }
