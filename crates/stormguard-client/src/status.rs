@@ -33,27 +33,12 @@
 use http::{HeaderMap, HeaderValue};
 use stormguard_core::Code;
 use stormguard_core::Pushback;
-use stormguard_core::{wire, wire::parse_grpc_status, wire::response_pushback};
-use stormguard_core::{
-    wire::http::DO_NOT_RETRY, wire::http::GRPC_RETRY_PUSHBACK_MS, wire::http::GRPC_STATUS,
-};
+use stormguard_core::{wire, wire::response_pushback};
+use stormguard_core::{wire::http::DO_NOT_RETRY, wire::http::GRPC_RETRY_PUSHBACK_MS};
 use tonic::Status;
 
 /// The boxed error type of the retry service.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
-
-/// The code of a trailers-only response, or `None` when the headers carry no status (the
-/// call is committed). A status that is not a valid code reads as `UNKNOWN`, as the gRPC
-/// spec asks ([`parse_grpc_status`]). Reads the `grpc-status` of trailers the same way.
-pub(crate) fn trailers_only_code(headers: &HeaderMap) -> Option<Code> {
-    let [status] = wire::http::first_values(headers, [&GRPC_STATUS]);
-    status.map(code_of)
-}
-
-/// The code a `grpc-status` value says (see [`trailers_only_code`]).
-pub(crate) fn code_of(status: &HeaderValue) -> Code {
-    parse_grpc_status(status.as_bytes())
-}
 
 /// The code of a response that ended without a `grpc-status`, from its HTTP status, as
 /// tonic maps it for the caller (after gRPC's `http-grpc-status-mapping.md`).

@@ -21,9 +21,9 @@ use stormguard_core::{Deadline, FIRST_PICK_WAIT};
 
 use super::route::Route;
 use super::{EndAttempt, Pick, Picked};
-use crate::status::{
-    BoxError, classify_error, code_from_http_status, pushback, trailers_only_code,
-};
+use stormguard_core::wire::http::grpc_status;
+
+use crate::status::{BoxError, classify_error, code_from_http_status, pushback};
 
 /// The error of a call made while the channel holds no replica.
 #[derive(Debug, Clone, Copy, thiserror::Error)]
@@ -402,7 +402,7 @@ fn finish(attempt: &mut Option<Attempt>, outcome: ReplicaOutcome) {
 /// What a response says of the replica: read from a trailers-only status, or a success
 /// when the headers commit the call.
 fn outcome_of_response<RB>(response: &http::Response<RB>) -> ReplicaOutcome {
-    let code = match trailers_only_code(response.headers()) {
+    let code = match grpc_status(response.headers()) {
         Some(code) => code,
         None if response.status() == StatusCode::OK => return ReplicaOutcome::Success,
         None => code_from_http_status(response.status()),

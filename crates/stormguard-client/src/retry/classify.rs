@@ -9,9 +9,10 @@ use stormguard_core::Code;
 use stormguard_core::{AttemptEnd, Failure};
 use tonic::Status;
 
+use stormguard_core::wire::http::grpc_status;
+
 use crate::status::{
-    BoxError, classify_error, code_from_http_status, pushback, status_from_error,
-    trailers_only_code, unprocessed,
+    BoxError, classify_error, code_from_http_status, pushback, status_from_error, unprocessed,
 };
 
 /// What an attempt ended in.
@@ -42,7 +43,7 @@ impl<B> Last<B> {
     pub(super) fn code(&self) -> Code {
         match self {
             Last::Response(r) => {
-                trailers_only_code(r.headers()).unwrap_or_else(|| code_from_http_status(r.status()))
+                grpc_status(r.headers()).unwrap_or_else(|| code_from_http_status(r.status()))
             }
             Last::Error(status) => crate::status::code_from_tonic(status.code()),
         }

@@ -17,11 +17,10 @@ use stormguard_core::CommittedCall;
 use stormguard_core::Instant;
 use stormguard_core::LoadReport;
 use stormguard_core::wire::http::{ENDPOINT_LOAD_METRICS_BIN, GRPC_STATUS, first_values};
-use stormguard_core::wire::parse_load_report;
+use stormguard_core::wire::{parse_grpc_status, parse_load_report};
 
 use super::stats::RetryStats;
 use crate::replicas::Route;
-use crate::status::code_of;
 
 /// What a report feeds: a call's retry state, or a committed call's.
 pub(super) trait Reports {
@@ -47,7 +46,7 @@ const CHANNEL: u64 = 0;
 /// Reads an answer's `headers` (a trailers-only answer's headers, or a committed answer's
 /// trailers) in one pass: feeds its load report, if it has one, to `call`'s saturation and
 /// to the replica the route's latest attempt went to, and returns its `grpc-status` (as
-/// [`trailers_only_code`](crate::status::trailers_only_code) reads it).
+/// [`grpc_status`](stormguard_core::wire::http::grpc_status) reads it).
 pub(super) fn read(
     headers: &HeaderMap,
     call: Option<&impl Reports>,
@@ -63,7 +62,7 @@ pub(super) fn read(
     if report.is_some() {
         feed(headers, call, route, stats);
     }
-    status.map(code_of)
+    status.map(|v| parse_grpc_status(v.as_bytes()))
 }
 
 /// Feeds the load report in `headers` (see [`read`]).

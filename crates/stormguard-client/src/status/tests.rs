@@ -11,34 +11,6 @@ fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
 }
 
 #[test]
-fn trailers_only_status_is_read_from_headers() {
-    assert_eq!(
-        trailers_only_code(&headers(&[("grpc-status", "14")])),
-        Some(Code::Unavailable)
-    );
-    assert_eq!(
-        trailers_only_code(&headers(&[("grpc-status", "0")])),
-        Some(Code::Ok)
-    );
-    assert_eq!(
-        trailers_only_code(&headers(&[("content-type", "application/grpc")])),
-        None
-    );
-}
-
-#[test]
-fn a_malformed_status_reads_as_unknown() {
-    assert_eq!(
-        trailers_only_code(&headers(&[("grpc-status", "x")])),
-        Some(Code::Unknown)
-    );
-    assert_eq!(
-        trailers_only_code(&headers(&[("grpc-status", "99")])),
-        Some(Code::Unknown)
-    );
-}
-
-#[test]
 fn http_statuses_map_as_tonic_maps_them() {
     use http::StatusCode as S;
     let cases = [

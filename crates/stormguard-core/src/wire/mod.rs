@@ -713,6 +713,28 @@ pub mod http {
         found
     }
 
+    /// The code of the `grpc-status` in `headers` (a trailers-only answer's headers, or
+    /// trailers), `None` without one. A value that is not a valid code reads as `UNKNOWN`,
+    /// as the gRPC spec asks ([`parse_grpc_status`](super::parse_grpc_status)).
+    ///
+    /// ```
+    /// use http::{HeaderMap, HeaderValue};
+    /// use stormguard_core::Code;
+    /// use stormguard_core::wire::http::{GRPC_STATUS, grpc_status};
+    ///
+    /// let mut headers = HeaderMap::new();
+    /// assert_eq!(grpc_status(&headers), None);
+    /// headers.insert(GRPC_STATUS, HeaderValue::from_static("14"));
+    /// assert_eq!(grpc_status(&headers), Some(Code::Unavailable));
+    /// ```
+    pub fn grpc_status(headers: &HeaderMap) -> Option<crate::Code> {
+        // A static, not the `const`: a `const` name is built and dropped at every use, and
+        // both layers read every answer.
+        static STATUS: HeaderName = GRPC_STATUS;
+        let [status] = first_values(headers, [&STATUS]);
+        status.map(|v| super::parse_grpc_status(v.as_bytes()))
+    }
+
     /// [`super::GRPC_TIMEOUT`].
     pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(super::GRPC_TIMEOUT);
     /// [`super::GRPC_PREVIOUS_RPC_ATTEMPTS`].

@@ -244,6 +244,48 @@ fn grpc_status_values_are_the_code_numbers_and_read_back() {
     }
 }
 
+/// A `HeaderMap` of `pairs`, appended in order.
+#[cfg(feature = "http")]
+fn header_map(pairs: &[(&'static str, &'static str)]) -> ::http::HeaderMap {
+    let mut h = ::http::HeaderMap::new();
+    for (k, v) in pairs {
+        h.append(*k, ::http::HeaderValue::from_static(v));
+    }
+    h
+}
+
+#[cfg(feature = "http")]
+#[test]
+fn trailers_only_status_is_read_from_headers() {
+    use super::http::grpc_status;
+    assert_eq!(
+        grpc_status(&header_map(&[("grpc-status", "14")])),
+        Some(Code::Unavailable)
+    );
+    assert_eq!(
+        grpc_status(&header_map(&[("grpc-status", "0")])),
+        Some(Code::Ok)
+    );
+    assert_eq!(
+        grpc_status(&header_map(&[("content-type", "application/grpc")])),
+        None
+    );
+}
+
+#[cfg(feature = "http")]
+#[test]
+fn a_malformed_status_reads_as_unknown() {
+    use super::http::grpc_status;
+    assert_eq!(
+        grpc_status(&header_map(&[("grpc-status", "x")])),
+        Some(Code::Unknown)
+    );
+    assert_eq!(
+        grpc_status(&header_map(&[("grpc-status", "99")])),
+        Some(Code::Unknown)
+    );
+}
+
 #[cfg(feature = "http")]
 #[test]
 fn first_values_are_what_get_finds() {

@@ -31,7 +31,7 @@ use stormguard_core::HeldFrames;
 use stormguard_core::Pushback;
 use stormguard_core::{
     wire::IdempotencyKeyError, wire::encode_grpc_status, wire::encode_pushback,
-    wire::parse_grpc_status,
+    wire::http::grpc_status,
 };
 use stormguard_core::{
     wire::http::GRPC_MESSAGE, wire::http::GRPC_RETRY_PUSHBACK_MS, wire::http::GRPC_STATUS,
@@ -349,9 +349,9 @@ impl Reading {
             End::Whole(trailers) => {
                 let code = trailers
                     .as_ref()
-                    .and_then(|t| t.get(&GRPC_STATUS))
-                    .or_else(|| parts.headers.get(&GRPC_STATUS))
-                    .map_or(Code::Ok, |v| parse_grpc_status(v.as_bytes()));
+                    .and_then(grpc_status)
+                    .or_else(|| grpc_status(&parts.headers))
+                    .unwrap_or(Code::Ok);
                 let bytes = concat(&data);
                 if code == Code::Unavailable {
                     // "Try again": nothing a retry must not repeat. Released by the drop.

@@ -7,6 +7,7 @@ use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
 use stormguard_core::Instant;
+use stormguard_core::wire::http::grpc_status;
 use stormguard_core::{
     context, context::CallContext, context::RequestScope, context::RequestScoped, context::Scoped,
 };
@@ -352,7 +353,7 @@ where
     // A trailers-only answer (its status in the headers) carries the report there; any
     // other in its trailers (see `ShedBody`).
     let mut report = this.report.take();
-    let status = response::status_code(response.headers());
+    let status = grpc_status(response.headers());
     if status.is_some()
         && let Some(report) = report.take()
     {

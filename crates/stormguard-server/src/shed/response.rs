@@ -9,17 +9,17 @@
 //! response, which every gRPC client reads as the call's status (and which is retryable
 //! under gRPC A6).
 
+use http::HeaderMap;
 use http::header::{CONTENT_TYPE, HeaderValue};
-use http::{HeaderMap, HeaderName};
 use std::time::Duration;
 use stormguard_core::Code;
 use stormguard_core::{ShedPushback, ShedReason};
 
-use stormguard_core::wire::{encode_grpc_status, encode_retry_info, parse_grpc_status};
+use stormguard_core::wire::{encode_grpc_status, encode_retry_info};
 use stormguard_core::{
     wire::http::DO_NOT_RETRY, wire::http::GRPC_MESSAGE, wire::http::GRPC_RETRY_PUSHBACK_MS,
     wire::http::GRPC_STATUS, wire::http::GRPC_STATUS_DETAILS_BIN,
-    wire::http::STORMGUARD_UNPROCESSED, wire::http::UNPROCESSED, wire::http::first_values,
+    wire::http::STORMGUARD_UNPROCESSED, wire::http::UNPROCESSED, wire::http::grpc_status,
 };
 
 /// The `grpc-message` of a call shed because the queue was full.
@@ -153,16 +153,7 @@ const RETRYABLE: [Code; 4] = [
 /// ([`Code::is_overload`]: `UNAVAILABLE`, `RESOURCE_EXHAUSTED`, `DEADLINE_EXCEEDED`,
 /// `CANCELLED`). No status at all is no such answer.
 pub(crate) fn is_not_served(status: &HeaderMap) -> bool {
-    status_code(status).is_some_and(Code::is_overload)
-}
-
-/// The `grpc-status` in `headers` (a trailers-only answer's headers, or trailers), if any.
-pub(crate) fn status_code(headers: &HeaderMap) -> Option<Code> {
-    // A static, not the `const`: a `const` name is built and dropped at every use, and
-    // every answer is read.
-    static STATUS: HeaderName = GRPC_STATUS;
-    let [status] = first_values(headers, [&STATUS]);
-    status.map(|v| parse_grpc_status(v.as_bytes()))
+    grpc_status(status).is_some_and(Code::is_overload)
 }
 
 /// Marks a handler's trailers-only answer with `grpc-retry-pushback-ms: -1` when its code
@@ -172,9 +163,7 @@ pub(crate) fn status_code(headers: &HeaderMap) -> Option<Code> {
 /// what the layer below already refused to. Returns whether it marked.
 pub(crate) fn mark_downstream_refused<B>(response: &mut http::Response<B>) -> bool {
     let headers = response.headers_mut();
-    let retryable = headers
-        .get(GRPC_STATUS)
-        .is_some_and(|v| RETRYABLE.contains(&parse_grpc_status(v.as_bytes())));
+    let retryable = grpc_status(headers).is_some_and(|code| RETRYABLE.contains(&code));
     if !retryable || headers.contains_key(GRPC_RETRY_PUSHBACK_MS) {
         return false;
     }
