@@ -727,6 +727,7 @@ pub mod http {
     /// headers.insert(GRPC_STATUS, HeaderValue::from_static("14"));
     /// assert_eq!(grpc_status(&headers), Some(Code::Unavailable));
     /// ```
+    #[inline]
     pub fn grpc_status(headers: &HeaderMap) -> Option<crate::Code> {
         // A static, not the `const`: a `const` name is built and dropped at every use, and
         // both layers read every answer.
